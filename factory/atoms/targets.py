@@ -1,0 +1,99 @@
+"""The registry of compilation targets: the one place that knows what each GPU generation has.
+
+A *target* is what we compile for (``--gpu-arch``); a *device* is what we dispatch on (a compute
+capability).  Keeping the two apart is what makes GPU-less builds possible: the factory only ever
+looks at ``Target``; the runtime maps the device's capability to the targets that can run there
+with :func:`targets_for_capability`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+
+class Mma(str, Enum):
+    MMA_SYNC = "mma.sync"  # warp-level, sm_80+
+    WGMMA = "wgmma"  # warpgroup-level, sm_90a only
+    TCGEN05 = "tcgen05"  # TMEM accumulators, sm_100a
+
+
+class Copy(str, Enum):
+    CP_ASYNC = "cp.async"
+    TMA = "tma"
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str  # the --gpu-arch string, e.g. "sm_90a"
+    capability: tuple[int, int]  # the compute capability the cubin is built for
+    family: str  # kernel family written for it: "sm80", "sm90", "sm100"
+    mma: tuple[Mma, ...]
+    copy: tuple[Copy, ...]
+    # Largest dynamic shared memory one CTA may opt into (bytes), from the CUDA programming guide's
+    # per-capability table.  Stage counts are derived from this, less what a kernel keeps for itself.
+    smem_per_cta: int
+    fp8: bool = False
+    clusters: bool = False
+    tmem: bool = False
+    cta_pairs: bool = False
+    # "arch-specific" targets (the ``a`` suffix) run only on exactly their capability; plain
+    # targets run on every later minor revision of the same major (sm_86 on 8.9, not on 9.0).
+    arch_specific: bool = False
+    # Portability builds compile a lower family's source for a newer chip so its numerics can be
+    # proven on hardware we have (the sm80 family built for sm_90 runs on an H100).
+    portability_of: str | None = None
+    # How variants for this target are proven in our lab (an H100 is the only GPU we have):
+    # "executed" (this very cubin runs there), "portability-build" (the same source built for
+    # sm_90 runs there), "sass-only" (compiled and disassembled; never run).
+    proof: str = "portability-build"
+
+    def runs_on(self, capability: tuple[int, int]) -> bool:
+        major, minor = capability
+        if self.arch_specific:
+            return capability == self.capability
+        return major == self.capability[0] and minor >= self.capability[1]
+
+    @property
+    def sm(self) -> int:
+        return self.capability[0] * 10 + self.capability[1]
+
+
+_TARGETS = (
+    Target("sm_80", (8, 0), "sm80", (Mma.MMA_SYNC,), (Copy.CP_ASYNC,), smem_per_cta=163 * 1024),
+    Target("sm_86", (8, 6), "sm80", (Mma.MMA_SYNC,), (Copy.CP_ASYNC,), smem_per_cta=99 * 1024),
+    Target("sm_89", (8, 9), "sm80", (Mma.MMA_SYNC,), (Copy.CP_ASYNC,), smem_per_cta=99 * 1024, fp8=True),
+    # The Ampere/Ada family compiled for Hopper: same source, runs on an H100 (proves numerics).
+    Target(
+        "sm_90", (9, 0), "sm80", (Mma.MMA_SYNC,), (Copy.CP_ASYNC,), smem_per_cta=227 * 1024,
+        fp8=True, portability_of="sm80", proof="executed",
+    ),
+    Target(
+        "sm_90a", (9, 0), "sm90", (Mma.MMA_SYNC, Mma.WGMMA), (Copy.CP_ASYNC, Copy.TMA),
+        smem_per_cta=227 * 1024, fp8=True, clusters=True, arch_specific=True, proof="executed",
+    ),
+    Target(
+        "sm_100a", (10, 0), "sm100", (Mma.MMA_SYNC, Mma.TCGEN05), (Copy.CP_ASYNC, Copy.TMA),
+        smem_per_cta=227 * 1024, fp8=True, clusters=True, tmem=True, cta_pairs=True,
+        arch_specific=True, proof="sass-only",
+    ),
+)
+
+TARGETS: dict[str, Target] = {t.name: t for t in _TARGETS}
+
+
+def get_target(name: str) -> Target:
+    try:
+        return TARGETS[name]
+    except KeyError:
+        raise ValueError(f"unknown target {name!r}; known: {', '.join(TARGETS)}") from None
+
+
+def targets_for_capability(capability: tuple[int, int]) -> list[Target]:
+    """Targets whose cubins can run on a device of this capability, best first.
+
+    Best = the most specific: an arch-specific target for exactly this chip, then the newest plain
+    target of the same major.
+    """
+    fitting = [t for t in _TARGETS if t.runs_on(capability)]
+    return sorted(fitting, key=lambda t: (t.arch_specific, t.capability), reverse=True)
