@@ -59,6 +59,10 @@ class Variant:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
     # --- what a family implements ----------------------------------------------------------------
+    def sass_requirements(self) -> tuple[str, ...]:
+        """Regexes the disassembly must match (``verify``); families refine per dtype."""
+        return self.required_sass
+
     def can_implement(self) -> str | None:
         """None if this config is valid for its target, else the reason it is not."""
         return None

@@ -1,0 +1,342 @@
+"""Ampere/Ada GEMM (sm_80, sm_86, sm_89; sm_90 portability build): C = A·Bᵀ, batched.
+
+One CTA computes a (tile_m, tile_n) block of C for one batch index:
+  * a multistage cp.async pipeline streams (tile_m, tile_k) and (tile_n, tile_k) slabs of A and B
+    into swizzled shared memory (stage count derived from the target's shared-memory capacity);
+  * ldmatrix moves each k-block into registers one k-block ahead of the mma.sync that uses it;
+  * fp32 accumulators are converted (and scaled for fp8) and staged through padded shared memory
+    so global stores are 16-byte vectors.
+Tails: rows past M (or N) are simply not loaded (they only feed C rows that are not stored); the
+K tail is the last k-tile, whose out-of-range 16-byte vectors are zero-filled.  16-byte alignment
+of every row and batch start is required (the signature's divisibility, checked by the loader).
+Tiles are visited in groups of ``GROUP_M`` tile-rows so neighbouring CTAs share A and B in L2.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+
+from ..abi import DTYPE_BYTES
+from ..atoms import sm80 as atoms
+from ..atoms.targets import Target
+from ..registry import register
+from .common import GemmVariant
+
+GROUP_M = 8
+EPILOGUE_PAD_BYTES = 16  # per C row in shared memory: makes fragment stores bank-conflict free
+MAX_STAGES = 5
+
+
+@dataclass(frozen=True, kw_only=True)
+class GemmSm80(GemmVariant):
+    family: ClassVar[str] = "sm80"
+    sources: ClassVar[tuple[str, ...]] = ("gemm/sm80.py", "gemm/common.py", "atoms/sm80.py", "abi.py")
+
+    tile: tuple[int, int, int] = field(default=(128, 128, 32), metadata={"tag": "t"})
+    warps: tuple[int, int] = field(default=(2, 2), metadata={"tag": "w"})
+
+    def sass_requirements(self) -> tuple[str, ...]:
+        # Ada's fp8 mma.sync disassembles as QMMA (HMMA is the 16-bit instruction).
+        mma = r"\bQMMA\.16832\.F32\.E4M3" if self.is_fp8 else r"\bHMMA\.16816\.F32"
+        return (mma, r"\bLDGSTS\.E\.BYPASS\.LTC128B\.128", r"\bLDSM\.16\.M")
+
+    @property
+    def stages(self) -> int:
+        """As many stages as the target's shared memory holds, between 3 and MAX_STAGES."""
+        return max(2, min(MAX_STAGES, self.tgt.smem_per_cta // self._stage_bytes()))
+
+    def _stage_bytes(self) -> int:
+        m, n, k = self.tile
+        return (m + n) * k * DTYPE_BYTES[self.ab]
+
+    def _epilogue_bytes(self) -> int:
+        m, n, _ = self.tile
+        return m * (n * DTYPE_BYTES[self.c] + EPILOGUE_PAD_BYTES)
+
+    def smem_bytes(self) -> int:
+        return max(self.stages * self._stage_bytes(), self._epilogue_bytes())
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps[0] * self.warps[1]
+
+    def can_implement(self) -> str | None:
+        t = self.tgt
+        if t.family != "sm80":
+            return f"{t.name} is not an sm80-family target"
+        if self.ab not in ("bf16", "f16", "e4m3"):
+            return f"operand dtype {self.ab} not supported"
+        if self.is_fp8:
+            if not t.fp8:
+                return f"fp8 mma.sync needs sm_89+, not {t.name}"
+            if (self.a_major, self.b_major) != ("k", "k"):
+                return "fp8 mma.sync takes K-major operands only"
+            if self.c != "bf16":
+                return "fp8 GEMM writes bf16"
+        m, n, k = self.tile
+        wm, wn = self.warps
+        mma_k = 32 if self.is_fp8 else 16
+        if m % (16 * wm) or n % (16 * wn) or k % mma_k:
+            return f"tile {self.tile} does not divide into warps {self.warps} of MMAs"
+        if k // mma_k < 2:
+            return "tile_k must hold at least two MMA k-blocks (the register pipeline needs them)"
+        if self.stages < 3:
+            return f"only {self.stages} stages fit in {t.smem_per_cta} bytes of shared memory"
+        if self.smem_bytes() > t.smem_per_cta:
+            return f"needs {self.smem_bytes()} bytes of shared memory, {t.name} has {t.smem_per_cta}"
+        return None
+
+    def make_kernel(self):
+        k = GemmSm80Kernel(self)
+        return k.scaled if self.is_fp8 else k
+
+    def describe(self) -> dict:
+        d = super().describe()
+        d.update(tile=list(self.tile), warps=list(self.warps), stages=self.stages, threads=self.threads)
+        return d
+
+
+@register("gemm")
+def enumerate_sm80(target: Target, tier: str) -> list[GemmVariant]:
+    if target.family != "sm80":
+        return []
+    if tier == "test":
+        specs = [("bf16", "bf16", "k", "k", (128, 128, 32), (2, 2)),
+                 ("e4m3", "bf16", "k", "k", (128, 128, 64), (2, 2))]
+    else:
+        specs = []
+        for ab in ("bf16", "f16"):
+            for c in (ab, "f32"):
+                specs.append((ab, c, "k", "k", (128, 128, 32), (2, 2)))
+            specs += [
+                (ab, ab, "k", "k", (128, 256, 32), (2, 4)),
+                (ab, ab, "k", "k", (64, 128, 32), (2, 2)),
+                (ab, ab, "m", "k", (128, 128, 32), (2, 2)),
+                (ab, ab, "k", "n", (128, 128, 32), (2, 2)),
+                (ab, ab, "m", "n", (128, 128, 32), (2, 2)),
+            ]
+        specs += [("e4m3", "bf16", "k", "k", (128, 128, 64), (2, 2)),
+                  ("e4m3", "bf16", "k", "k", (128, 256, 64), (2, 4))]
+        if tier == "full":
+            for ab in ("bf16", "f16"):
+                specs += [(ab, ab, "k", "k", (256, 128, 32), (4, 2)),
+                          (ab, ab, "k", "k", (128, 128, 64), (2, 2)),
+                          (ab, ab, "k", "k", (64, 64, 64), (2, 2))]
+    return [GemmSm80(target=target.name, ab=ab, c=c, a_major=am, b_major=bm, tile=t, warps=w)
+            for ab, c, am, bm, t, w in specs]
+
+
+_CUTLASS_DTYPES = {
+    "bf16": cutlass.BFloat16, "f16": cutlass.Float16, "f32": cutlass.Float32,
+    "e4m3": cutlass.Float8E4M3FN,
+}
+
+
+class GemmSm80Kernel:
+    """Host side (``__call__``) builds layouts, copies and the MMA; device side is ``kernel``."""
+
+    def __init__(self, v: GemmSm80):
+        self.v = v
+        self.tile_m, self.tile_n, self.tile_k = v.tile
+        self.threads = v.threads
+        self.stages = v.stages
+        self.ab_dtype = _CUTLASS_DTYPES[v.ab]
+        self.c_dtype = _CUTLASS_DTYPES[v.c]
+        self.a_contig = 1 if v.a_major == "k" else 0  # mode of (M, K) that is contiguous
+        self.b_contig = 1 if v.b_major == "k" else 0
+        self.is_fp8 = v.is_fp8
+
+    @cute.jit
+    def __call__(self, mA: cute.Tensor, mB: cute.Tensor, mC: cute.Tensor, stream: cuda.CUstream):
+        self._launch(mA, mB, mC, None, None, stream)
+
+    @cute.jit
+    def scaled(
+        self, mA: cute.Tensor, mB: cute.Tensor, mC: cute.Tensor, mScaleA: cute.Tensor,
+        mScaleB: cute.Tensor, stream: cuda.CUstream,
+    ):
+        """fp8: C = (scale_a·scale_b)·A·Bᵀ with the scales read on the device (graph-safe)."""
+        self._launch(mA, mB, mC, mScaleA, mScaleB, stream)
+
+    def _launch(self, mA, mB, mC, mScaleA, mScaleB, stream):
+        tm, tn, tk = self.tile_m, self.tile_n, self.tile_k
+        sA_layout = atoms.smem_layout(self.ab_dtype, self.a_contig, (tm, tk), self.stages)
+        sB_layout = atoms.smem_layout(self.ab_dtype, self.b_contig, (tn, tk), self.stages)
+        c_pad = atoms.VECTOR_BYTES * 8 // self.c_dtype.width
+        sC_layout = cute.make_layout((tm, tn), stride=(tn + c_pad, 1))
+        copy_A = atoms.g2s_tiled_copy(self.ab_dtype, self.a_contig, (tm, tk), self.threads)
+        copy_B = atoms.g2s_tiled_copy(self.ab_dtype, self.b_contig, (tn, tk), self.threads)
+        copy_C = atoms.vector_tiled_copy(self.c_dtype, 1, (tm, tn), self.threads)
+        mma = atoms.tiled_mma(self.ab_dtype, self.v.warps)
+
+        tiles_m = cute.ceil_div(cute.size(mC, mode=[0]), tm)
+        tiles_n = cute.ceil_div(cute.size(mC, mode=[1]), tn)
+        self.kernel(
+            mA, mB, mC, mScaleA, mScaleB, sA_layout, sB_layout, sC_layout, copy_A, copy_B, copy_C, mma,
+        ).launch(
+            grid=(tiles_m * tiles_n, 1, cute.size(mC, mode=[2])),
+            block=(self.threads, 1, 1),
+            smem=self.v.smem_bytes(),
+            stream=stream,
+        )
+
+    @cute.kernel
+    def kernel(
+        self, mA: cute.Tensor, mB: cute.Tensor, mC: cute.Tensor, mScaleA, mScaleB,
+        sA_layout: cute.ComposedLayout, sB_layout: cute.ComposedLayout, sC_layout: cute.Layout,
+        copy_A: cute.TiledCopy, copy_B: cute.TiledCopy, copy_C: cute.TiledCopy, mma: cute.TiledMma,
+    ):
+        tidx, _, _ = cute.arch.thread_idx()
+        bid, _, batch = cute.arch.block_idx()
+        tm, tn, tk = self.tile_m, self.tile_n, self.tile_k
+        M = cute.size(mC, mode=[0])
+        N = cute.size(mC, mode=[1])
+        K = cute.size(mA, mode=[1])
+
+        # ---- grouped rasterisation: GROUP_M tile-rows share each B column block in L2 ----------
+        tiles_m = (M + tm - 1) // tm
+        tiles_n = (N + tn - 1) // tn
+        per_group = GROUP_M * tiles_n
+        group = bid // per_group
+        first_m = group * GROUP_M
+        group_rows = cutlass.min(tiles_m - first_m, GROUP_M)
+        tile_m_idx = first_m + (bid % per_group) % group_rows
+        tile_n_idx = (bid % per_group) // group_rows
+
+        coord = (tile_m_idx, tile_n_idx, None)
+        gA = cute.local_tile(mA[None, None, batch], (tm, tn, tk), coord, proj=(1, None, 1))
+        gB = cute.local_tile(mB[None, None, batch], (tm, tn, tk), coord, proj=(None, 1, 1))
+        gC = cute.local_tile(mC[None, None, batch], (tm, tn, tk), coord, proj=(1, 1, None))
+        # Coordinate tensors mirror the tiles, for predication.
+        cA = cute.local_tile(cute.make_identity_tensor((M, K)), (tm, tn, tk), (tile_m_idx, tile_n_idx, None), proj=(1, None, 1))
+        cB = cute.local_tile(cute.make_identity_tensor((N, K)), (tm, tn, tk), (tile_m_idx, tile_n_idx, None), proj=(None, 1, 1))
+        cC = cute.local_tile(cute.make_identity_tensor((M, N)), (tm, tn, tk), (tile_m_idx, tile_n_idx, None), proj=(1, 1, None))
+
+        smem = cutlass.utils.SmemAllocator()
+        storage = smem.allocate(self.v.smem_bytes(), byte_alignment=128)
+        sA = cute.make_tensor(cute.recast_ptr(storage, dtype=self.ab_dtype), sA_layout)
+        sB_ptr = cute.recast_ptr(storage + cute.cosize(sA_layout) * self.ab_dtype.width // 8, dtype=self.ab_dtype)
+        sB = cute.make_tensor(sB_ptr, sB_layout)
+        sC = cute.make_tensor(cute.recast_ptr(storage, dtype=self.c_dtype), sC_layout)
+
+        # ---- global -> shared partitions and predicates ----------------------------------------
+        thr_A = copy_A.get_slice(tidx)
+        thr_B = copy_B.get_slice(tidx)
+        tAgA = thr_A.partition_S(gA)  # (CPY, CPY_M, CPY_K, k_tiles)
+        tAsA = thr_A.partition_D(sA)  # (CPY, CPY_M, CPY_K, stages)
+        tAcA = thr_A.partition_S(cA)
+        tBgB = thr_B.partition_S(gB)
+        tBsB = thr_B.partition_D(sB)
+        tBcB = thr_B.partition_S(cB)
+        k_tiles = cute.size(tAgA, mode=[3])
+
+        A_ops = (copy_A, tAgA, tAsA, tAcA, M, K)
+        B_ops = (copy_B, tBgB, tBsB, tBcB, N, K)
+        has_tail = K % tk != 0
+        # Prologue: stages-1 tiles in flight.
+        for s in cutlass.range_constexpr(self.stages - 1):
+            if s < k_tiles:
+                if has_tail and s == k_tiles - 1:
+                    self._load(A_ops, s, s, True)
+                    self._load(B_ops, s, s, True)
+                else:
+                    self._load(A_ops, s, s, False)
+                    self._load(B_ops, s, s, False)
+            cute.arch.cp_async_commit_group()
+
+        # ---- shared -> register partitions -----------------------------------------------------
+        thr_mma = mma.get_slice(tidx)
+        tCrA = mma.make_fragment_A(thr_mma.partition_A(sA)[None, None, None, 0])
+        tCrB = mma.make_fragment_B(thr_mma.partition_B(sB)[None, None, None, 0])
+        acc = mma.make_fragment_C(thr_mma.partition_C(gC))
+        acc.fill(0.0)
+        s2r_A = cute.make_tiled_copy_A(atoms.s2r_atom(self.ab_dtype, self.a_contig), mma)
+        s2r_B = cute.make_tiled_copy_B(atoms.s2r_atom(self.ab_dtype, self.b_contig), mma)
+        tXsA = s2r_A.get_slice(tidx).partition_S(sA)
+        tXrA = s2r_A.get_slice(tidx).retile(tCrA)
+        tXsB = s2r_B.get_slice(tidx).partition_S(sB)
+        tXrB = s2r_B.get_slice(tidx).retile(tCrB)
+        k_blocks = cute.size(tCrA, mode=[2])
+
+        read_stage = cutlass.Int32(0)
+        write_stage = cutlass.Int32(self.stages - 1)
+        cute.arch.cp_async_wait_group(self.stages - 2)
+        cute.arch.sync_threads()
+        cute.copy(s2r_A, tXsA[None, None, 0, read_stage], tXrA[None, None, 0])
+        cute.copy(s2r_B, tXsB[None, None, 0, read_stage], tXrB[None, None, 0])
+
+        # ---- main loop: tile k_tile is in registers/smem; tile k_tile+stages-1 is being fetched
+        for k_tile in range(k_tiles):
+            for kb in cutlass.range_constexpr(k_blocks):
+                if kb == k_blocks - 1:
+                    # Move to the next stage: wait for it to land, and make sure every warp is
+                    # done with the stage the next cp.async will overwrite.
+                    read_stage = read_stage + 1
+                    if read_stage == self.stages:
+                        read_stage = 0
+                    cute.arch.cp_async_wait_group(self.stages - 2)
+                    cute.arch.sync_threads()
+                kb_next = (kb + 1) % k_blocks
+                cute.copy(s2r_A, tXsA[None, None, kb_next, read_stage], tXrA[None, None, kb_next])
+                cute.copy(s2r_B, tXsB[None, None, kb_next, read_stage], tXrB[None, None, kb_next])
+                if kb == 0:
+                    fetch = k_tile + self.stages - 1
+                    if fetch < k_tiles:
+                        if has_tail and fetch == k_tiles - 1:
+                            self._load(A_ops, fetch, write_stage, True)
+                            self._load(B_ops, fetch, write_stage, True)
+                        else:
+                            self._load(A_ops, fetch, write_stage, False)
+                            self._load(B_ops, fetch, write_stage, False)
+                    cute.arch.cp_async_commit_group()
+                    write_stage = write_stage + 1
+                    if write_stage == self.stages:
+                        write_stage = 0
+                cute.gemm(mma, acc, tCrA[None, None, kb], tCrB[None, None, kb], acc)
+
+        cute.arch.cp_async_wait_group(0)
+        cute.arch.sync_threads()
+
+        # ---- epilogue: registers -> padded smem -> 16-byte global stores -----------------------
+        out = cute.make_fragment_like(acc, self.c_dtype)
+        if cutlass.const_expr(self.is_fp8):
+            scale = mScaleA[0] * mScaleB[0]
+            out.store((acc.load() * scale).to(self.c_dtype))
+        else:
+            out.store(acc.load().to(self.c_dtype))
+        cute.autovec_copy(out, thr_mma.partition_C(sC))
+        cute.arch.sync_threads()
+        thr_C = copy_C.get_slice(tidx)
+        tCsC = thr_C.partition_S(sC)
+        tCgC = thr_C.partition_D(gC)
+        tCcC = thr_C.partition_D(cC)
+        staged = cute.make_fragment_like(tCsC)
+        cute.autovec_copy(tCsC, staged)
+        for i in cutlass.range_constexpr(cute.size(tCgC, mode=[1])):
+            for j in cutlass.range_constexpr(cute.size(tCgC, mode=[2])):
+                m, n = tCcC[0, i, j]
+                if m < M and n < N:
+                    cute.copy(copy_C, staged[None, i, j], tCgC[None, i, j])
+
+    @cute.jit
+    def _load(self, ops, k_tile, stage, tail: cutlass.Constexpr):
+        """Copy one k-tile of one operand; rows past ``extent_mn`` are skipped, and on the tail
+        tile 16-byte vectors past K are zero-filled (they meet the other operand's tail)."""
+        tiled_copy, gsrc, sdst, coords, extent_mn, K = ops
+        for i in cutlass.range_constexpr(cute.size(sdst, mode=[1])):
+            for j in cutlass.range_constexpr(cute.size(sdst, mode=[2])):
+                mn, k = coords[0, i, j, k_tile]
+                if cutlass.const_expr(tail):
+                    if k < K:
+                        if mn < extent_mn:
+                            cute.copy(tiled_copy, gsrc[None, i, j, k_tile], sdst[None, i, j, stage])
+                    else:
+                        sdst[None, i, j, stage].fill(0)
+                else:
+                    if mn < extent_mn:
+                        cute.copy(tiled_copy, gsrc[None, i, j, k_tile], sdst[None, i, j, stage])
