@@ -50,6 +50,9 @@ PERSISTENT_SMS = 132
 # swizzled buffers after them start 1024-aligned).
 _BARRIER_BYTES = 1024
 _SMEM_ALIGN = 1024
+# Static smem the DSL puts into every kernel (seen in the cubins: .nv.shared.<kernel> is 1 KiB);
+# it counts against the same per-CTA capacity as the dynamic part.
+_STATIC_SMEM = 1024
 # setmaxnreg budgets: the producer warpgroup keeps few registers, the consumers take the rest
 # (3 warpgroups: 40*128 + 2*232*128 <= 64K registers; 2 warpgroups can afford 240).
 _PRODUCER_REGS = 40
@@ -97,11 +100,15 @@ class GemmSm90(GemmVariant):
     raster: str = field(default="m", metadata={"tag": "r"})
     swizzle: int = field(default=1, metadata={"tag": "sw"})
 
-    # A property (not the ClassVar of the base) because the MMA opcode depends on the dtype.
-    @property
-    def required_sass(self) -> tuple[str, ...]:  # type: ignore[override]
-        mma = r"QGMMA" if self.is_fp8 else r"HGMMA"
-        return (mma, r"UTMALDG", r"UTMASTG", r"SYNCS")
+    required_sass: ClassVar[tuple[str, ...]] = (r"\bHGMMA\.64x", r"\bUTMALDG\.3D", r"\bUTMASTG\.3D")
+
+    def sass_requirements(self) -> tuple[str, ...]:
+        # fp8 WGMMA disassembles as QGMMA; multicast clusters must show the multicast TMA load.
+        mma = r"\bQGMMA\.64x\d+x32\.F32\.E4M3" if self.is_fp8 else r"\bHGMMA\.64x"
+        req = (mma, r"\bUTMALDG\.3D", r"\bUTMASTG\.3D", r"\bSYNCS\.", r"\bUSETMAXREG\.")
+        if self.cluster != (1, 1):
+            req += (r"\bUTMALDG\.3D\.MULTICAST",)
+        return req
 
     # --- validity --------------------------------------------------------------------------------
     def can_implement(self) -> str | None:
@@ -148,8 +155,8 @@ class GemmSm90(GemmVariant):
             return "swizzle must be >= 1"
         if plan.ab_stages < 2:
             return f"only {plan.ab_stages} smem stage(s) fit"
-        if plan.smem_bytes > tgt.smem_per_cta:
-            return f"needs {plan.smem_bytes} B smem > {tgt.smem_per_cta}"
+        if plan.smem_bytes + _STATIC_SMEM > tgt.smem_per_cta:
+            return f"needs {plan.smem_bytes} + {_STATIC_SMEM} B smem > {tgt.smem_per_cta}"
         return None
 
     # --- derived ---------------------------------------------------------------------------------
@@ -164,7 +171,7 @@ class GemmSm90(GemmVariant):
         epi_bytes = _round_up(epi_tile[0] * epi_tile[1] * cb, _SMEM_ALIGN) * epi_stages
         ab = DTYPE_BYTES[self.ab]
         stage_bytes = _round_up(tm * tk * ab, _SMEM_ALIGN) + _round_up(tn * tk * ab, _SMEM_ALIGN)
-        budget = self.tgt.smem_per_cta - _BARRIER_BYTES - epi_bytes
+        budget = self.tgt.smem_per_cta - _STATIC_SMEM - _BARRIER_BYTES - epi_bytes
         ab_stages = min(budget // stage_bytes, 8)
         return _Plan(self.tile, n_consumer, epi_tile, ab_stages, epi_stages, stage_bytes, epi_bytes)
 
