@@ -1,0 +1,519 @@
+"""FlashAttention-2 forward for Ampere/Ada (mma.sync + cp.async), our own CuTe DSL kernel.
+
+One CTA computes one (query tile, q head, batch) triple.  ``warps`` warps split the query tile by
+rows, 16 rows per warp (one m16n8k16 row block each), so every warp owns whole softmax rows and no
+cross-warp reduction is ever needed.
+
+Data flow per CTA:
+  * Q tile: cp.async gmem -> swizzled smem, then ldmatrix into registers once; it stays there for
+    the whole key loop (its smem is reused, see below).
+  * K/V tiles: a ring of ``stages`` smem slots, each holding one K tile and one V tile; the tile
+    ``stages - 1`` ahead is in flight (cp.async, one commit group per tile) while the current one
+    is consumed.  Key tiles are walked from the last one down, so the tiles that need masking (the
+    sequence tail and, if causal, the diagonal) come first; the others run without mask code.
+  * S = Q·Kᵀ and O += P·V on mma.sync with fp32 accumulators; K through ldmatrix, V through
+    ldmatrix.trans.
+  * Online softmax in registers: running max and sum per row, exp2 with log2(e) folded into the
+    scale, rows reduced within the quad of threads that share them.
+  * Epilogue: O / rowsum -> dtype -> smem (the Q region) -> 16-byte stores; LSE (natural log) by one
+    thread per row.  A row with no visible key writes O = 0 and LSE = -inf.
+
+Shared memory: the Q tile aliases the ring's last slot.  Q is read into registers before the first
+loop iteration's barrier, and that slot is first written (with the tile ``stages - 1`` ahead) after
+it, so one CTA needs ``stages · 2 · tile_n · D`` elements, not that plus the Q tile.  The epilogue
+reuses the same region for O after a barrier.
+
+Causal masking is bottom-right aligned (query row i sees keys j <= i + seqlen_k - seqlen_q), as in
+FlashAttention-2 for seqlen_q != seqlen_k.  GQA/MQA read kv head h // (Hq / Hkv) in place.
+Variable-length batches (varlen) index packed (total_tokens, heads, D) tensors through int32
+cu_seqlens; the grid is sized by max_seqlen_q and tiles past a sequence's end exit at once.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+import cutlass.utils
+from cutlass.cute.nvgpu import cpasync, warp
+
+from ..abi import DTYPE_BYTES, ScalarArg, Signature, TensorArg
+from ..atoms.targets import Target
+from ..registry import register
+from ..variant import Variant
+
+LOG2_E = math.log2(math.e)
+LN_2 = math.log(2.0)
+
+DTYPES = ("bf16", "f16")
+HEAD_DIMS = (64, 128)
+# Row block of one warp: one m16n8k16 A fragment.
+ROWS_PER_WARP = 16
+
+
+# ------------------------------------------------------------------------------------------------
+# The variant: config, calling convention, manifest fields
+# ------------------------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class AttentionSm80(Variant):
+    op: ClassVar[str] = "attention"
+    family: ClassVar[str] = "sm80"
+    required_sass = (r"HMMA", r"LDGSTS", r"LDSM")
+    sources = ("attention/sm80.py",)
+
+    dtype: str = field(default="bf16", metadata={"tag": ""})
+    head_dim: int = field(default=128, metadata={"tag": "d"})
+    tile_m: int = field(default=128, metadata={"tag": "m"})
+    tile_n: int = field(default=64, metadata={"tag": "n"})
+    warps: int = field(default=8, metadata={"tag": "w"})
+    stages: int = field(default=2, metadata={"tag": "s"})
+    causal: bool = field(default=False, metadata={"tag": "causal"})
+    varlen: bool = field(default=False, metadata={"tag": "varlen"})
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps
+
+    def smem_bytes(self) -> int:
+        # The Q tile (and later O) aliases the last K/V slot; see the module docstring.
+        return self.stages * 2 * self.tile_n * self.head_dim * DTYPE_BYTES[self.dtype]
+
+    def can_implement(self) -> str | None:
+        t = self.tgt
+        if t.family != "sm80":
+            return f"target {self.target} is not an sm80-family target"
+        if self.dtype not in DTYPES:
+            return f"dtype {self.dtype} not in {DTYPES}"
+        if self.head_dim not in HEAD_DIMS:
+            return f"head_dim {self.head_dim} not in {HEAD_DIMS}"
+        if self.tile_m != ROWS_PER_WARP * self.warps:
+            return f"tile_m must be {ROWS_PER_WARP}·warps (one row block per warp, Q in registers)"
+        if self.tile_n % 16 or not 16 <= self.tile_n <= 256:
+            return "tile_n must be a multiple of 16 in [16, 256]"
+        if self.tile_m > 2 * self.tile_n:
+            return "the Q tile must fit in one K/V slot (tile_m <= 2·tile_n)"
+        rows_per_copy = self.threads // (64 // 8)
+        if self.tile_n % rows_per_copy or self.tile_m % rows_per_copy:
+            return f"tiles must be whole copy passes of {rows_per_copy} rows"
+        if self.stages < 2:
+            return "stages must be >= 2"
+        if self.smem_bytes() > t.smem_per_cta:
+            return f"needs {self.smem_bytes()} B of shared memory, {self.target} has {t.smem_per_cta}"
+        return None
+
+    def signature(self) -> Signature:
+        d, dt = self.head_dim, self.dtype
+        if self.varlen:
+            args = [
+                TensorArg("q", dt, ("Tq", "Hq", d), ("sQt", "sQh", 1)),
+                TensorArg("k", dt, ("Tk", "Hkv", d), ("sKt", "sKh", 1)),
+                TensorArg("v", dt, ("Tk", "Hkv", d), ("sVt", "sVh", 1)),
+                TensorArg("o", dt, ("Tq", "Hq", d), ("sOt", "sOh", 1)),
+                TensorArg("lse", "f32", ("Hq", "Tq"), ("sLh", 1), align=4),
+                TensorArg("cu_seqlens_q", "i32", ("B1",), (1,), align=4),
+                TensorArg("cu_seqlens_k", "i32", ("B1",), (1,), align=4),
+                ScalarArg("softmax_scale", "f32"),
+                ScalarArg("max_seqlen_q", "i32"),
+            ]
+            strided = ("sQt", "sQh", "sKt", "sKh", "sVt", "sVh", "sOt", "sOh")
+        else:
+            args = [
+                TensorArg("q", dt, ("B", "Sq", "Hq", d), ("sQb", "sQs", "sQh", 1)),
+                TensorArg("k", dt, ("B", "Sk", "Hkv", d), ("sKb", "sKs", "sKh", 1)),
+                TensorArg("v", dt, ("B", "Sk", "Hkv", d), ("sVb", "sVs", "sVh", 1)),
+                TensorArg("o", dt, ("B", "Sq", "Hq", d), ("sOb", "sOs", "sOh", 1)),
+                TensorArg("lse", "f32", ("B", "Hq", "Sq"), ("sLb", "sLh", 1), align=4),
+                ScalarArg("softmax_scale", "f32"),
+            ]
+            strided = ("sQb", "sQs", "sQh", "sKb", "sKs", "sKh", "sVb", "sVs", "sVh",
+                       "sOb", "sOs", "sOh")
+        vec = 16 // DTYPE_BYTES[dt]
+        return Signature(tuple(args), tuple(sorted((s, vec) for s in strided)))
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "dtype": self.dtype,
+            "dtypes": {"q": self.dtype, "k": self.dtype, "v": self.dtype, "o": self.dtype,
+                       "lse": "f32", "acc": "f32"},
+            "head_dim": self.head_dim,
+            "causal": self.causal,
+            "varlen": self.varlen,
+            "tile": [self.tile_m, self.tile_n],
+            "warps": self.warps,
+            "stages": self.stages,
+            "smem_bytes": self.smem_bytes(),
+            "constraints": {
+                "head_dim_contiguous": True,
+                "stride_divisibility_elems": 16 // DTYPE_BYTES[self.dtype],
+                "data_align_bytes": 16,
+                "gqa": "Hq % Hkv == 0",
+                "causal_alignment": "bottom-right",
+                "softmax_scale": "> 0",
+                "lse": "float32, (B, Hq, Sq) compact" if not self.varlen else "float32, (Hq, Tq)",
+                "grid_yz_max": 65535,
+            },
+        }
+
+    def make_kernel(self):
+        k = FlashFwdSm80(
+            dtype=_cutlass_dtype(self.dtype), head_dim=self.head_dim, tile_m=self.tile_m,
+            tile_n=self.tile_n, warps=self.warps, stages=self.stages, causal=self.causal,
+        )
+        return k.packed if self.varlen else k.dense
+
+
+def _cutlass_dtype(name: str):
+    return {"bf16": cutlass.BFloat16, "f16": cutlass.Float16}[name]
+
+
+# Tiles per (head_dim, smem class).  Q in registers caps a warp at 16 rows, so tile_m = 16·warps.
+# Two stages already keep one K/V tile in flight behind the one being consumed; a third costs a
+# CTA per SM on A100 (64 -> 96 KB) for D=128, so it stays at 2 until measured otherwise.
+_TILES = {
+    # head_dim: (tile_m, tile_n, warps, stages)
+    64: (128, 128, 8, 2),   # 64 KB
+    128: (128, 64, 8, 2),   # 64 KB
+}
+
+
+@register("attention")
+def enumerate_attention(target: Target, tier: str) -> list[AttentionSm80]:
+    if target.family != "sm80":
+        return []
+
+    def make(dtype, d, causal, varlen):
+        tm, tn, w, s = _TILES[d]
+        return AttentionSm80(target=target.name, dtype=dtype, head_dim=d, tile_m=tm, tile_n=tn,
+                             warps=w, stages=s, causal=causal, varlen=varlen)
+
+    if tier == "test":
+        return [make("bf16", 64, False, False), make("f16", 128, True, True)]
+    return [make(dt, d, c, vl) for dt in DTYPES for d in HEAD_DIMS
+            for c in (False, True) for vl in (False, True)]
+
+
+# ------------------------------------------------------------------------------------------------
+# The kernel
+# ------------------------------------------------------------------------------------------------
+class FlashFwdSm80:
+    """Host side: ``dense``/``packed`` (the two calling conventions) build smem layouts, copy and
+    MMA atoms and launch ``kernel``; device side: ``kernel`` and its jit helpers."""
+
+    def __init__(self, *, dtype, head_dim: int, tile_m: int, tile_n: int, warps: int, stages: int,
+                 causal: bool):
+        self.dtype = dtype
+        self.head_dim = head_dim
+        self.tile_m = tile_m
+        self.tile_n = tile_n
+        self.warps = warps
+        self.threads = 32 * warps
+        self.stages = stages
+        self.causal = causal
+
+    # --- host ------------------------------------------------------------------------------------
+    @cute.jit
+    def dense(self, q: cute.Tensor, k: cute.Tensor, v: cute.Tensor, o: cute.Tensor,
+              lse: cute.Tensor, softmax_scale: cutlass.Float32, stream: cuda.CUstream):
+        # grid: (query tiles, q heads, batch)
+        grid = (cute.ceil_div(q.shape[1], self.tile_m), q.shape[2], q.shape[0])
+        self._launch(q, k, v, o, lse, None, None, softmax_scale, grid, stream)
+
+    @cute.jit
+    def packed(self, q: cute.Tensor, k: cute.Tensor, v: cute.Tensor, o: cute.Tensor,
+               lse: cute.Tensor, cu_seqlens_q: cute.Tensor, cu_seqlens_k: cute.Tensor,
+               softmax_scale: cutlass.Float32, max_seqlen_q: cutlass.Int32, stream: cuda.CUstream):
+        grid = (cute.ceil_div(max_seqlen_q, self.tile_m), q.shape[1], cu_seqlens_q.shape[0] - 1)
+        self._launch(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, softmax_scale, grid, stream)
+
+    @cute.jit
+    def _launch(self, mQ, mK, mV, mO, mLSE, mCuQ, mCuK, softmax_scale, grid, stream):
+        D = self.head_dim
+        # 64-element (128-byte) swizzled rows: ldmatrix and 16-byte cp.async without bank conflicts.
+        atom = cute.make_composed_layout(
+            cute.make_swizzle(3, 3, 3), 0, cute.make_layout((8, 64), stride=(64, 1)))
+        sQ_layout = cute.tile_to_shape(atom, (self.tile_m, D), (0, 1))
+        # K and V tiles of every stage: mode 2 is (K of slot 0, V of slot 0, K of slot 1, ...).
+        sKV_layout = cute.tile_to_shape(atom, (self.tile_n, D, 2 * self.stages), (0, 1, 2))
+
+        @cute.struct
+        class SharedStorage:
+            kv: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sKV_layout)], 1024]
+
+        vec = 128 // self.dtype.width
+        thr_layout = cute.make_layout((self.threads // 8, 8), stride=(8, 1))
+        val_layout = cute.make_layout((1, vec))
+        g2s = cute.make_tiled_copy_tv(
+            cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL),
+                                self.dtype, num_bits_per_copy=128),
+            thr_layout, val_layout)
+        s2g = cute.make_tiled_copy_tv(
+            cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128),
+            thr_layout, val_layout)
+        tiled_mma = cute.make_tiled_mma(
+            warp.MmaF16BF16Op(self.dtype, cutlass.Float32, (16, 8, 16)),
+            (self.warps, 1, 1),
+            permutation_mnk=(self.warps * 16, 16, 16),
+        )
+        self.kernel(
+            mQ, mK, mV, mO, mLSE, mCuQ, mCuK, softmax_scale * LOG2_E,
+            sQ_layout, sKV_layout, g2s, s2g, tiled_mma, SharedStorage,
+        ).launch(grid=grid, block=[self.threads, 1, 1], smem=SharedStorage.size_in_bytes(),
+                 stream=stream)
+
+    # --- device ----------------------------------------------------------------------------------
+    @cute.kernel
+    def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
+               mLSE: cute.Tensor, mCuQ, mCuK, scale_log2: cutlass.Float32,
+               sQ_layout: cute.ComposedLayout, sKV_layout: cute.ComposedLayout,
+               g2s: cute.TiledCopy, s2g: cute.TiledCopy, tiled_mma: cute.TiledMma,
+               SharedStorage: cutlass.Constexpr):
+        D, BM, BN, S = self.head_dim, self.tile_m, self.tile_n, self.stages
+        tidx, _, _ = cute.arch.thread_idx()
+        m_block, head, batch = cute.arch.block_idx()
+
+        # ---- this CTA's sequence: (seqlen, D) views of q/k/v/o for its heads, and its LSE row
+        if cutlass.const_expr(mCuQ is not None):
+            q_start = mCuQ[batch]
+            q_len = mCuQ[batch + 1] - q_start
+            k_start = mCuK[batch]
+            k_len = mCuK[batch + 1] - k_start
+            kv_head = head // (mQ.shape[1] // mK.shape[1])
+            seqQ = cute.domain_offset((q_start, 0), mQ[None, head, None])
+            seqK = cute.domain_offset((k_start, 0), mK[None, kv_head, None])
+            seqV = cute.domain_offset((k_start, 0), mV[None, kv_head, None])
+            seqO = cute.domain_offset((q_start, 0), mO[None, head, None])
+            seqL = cute.domain_offset((q_start,), mLSE[head, None])
+        else:
+            q_len = mQ.shape[1]
+            k_len = mK.shape[1]
+            kv_head = head // (mQ.shape[2] // mK.shape[2])
+            seqQ = mQ[batch, None, head, None]
+            seqK = mK[batch, None, kv_head, None]
+            seqV = mV[batch, None, kv_head, None]
+            seqO = mO[batch, None, head, None]
+            seqL = mLSE[batch, head, None]
+
+        m0 = m_block * BM
+        if m0 < q_len:
+            # ---- key-tile range: [0, n_end); tiles >= n_mask need the mask
+            n_end = cute.ceil_div(k_len, BN)
+            n_mask = k_len // BN
+            if cutlass.const_expr(self.causal):
+                # bottom-right: row r sees keys < r + 1 + (k_len - q_len)
+                shift = k_len - q_len
+                n_end = cutlass.min(n_end, cutlass.max(0, cute.ceil_div(m0 + BM + shift, BN)))
+                n_mask = cutlass.min(n_mask, cutlass.max(0, (m0 + shift + 1) // BN))
+
+            smem = cutlass.utils.SmemAllocator()
+            storage = smem.allocate(SharedStorage)
+            sKV = storage.kv.get_tensor(sKV_layout)
+            # Q (and at the end O) live in the last slot (2 tiles of BN x D elements).
+            sQ = cute.make_tensor(storage.kv.data_ptr() + (S - 1) * 2 * BN * D, sQ_layout)
+            # V as (D, BN) per stage for the B operand of P·V.
+            sVt = cute.composition(
+                sKV, cute.make_layout((D, BN, 2 * S), stride=(BN, 1, BN * D)))
+
+            # ---- gmem -> smem partitions (coordinates are tile-local: (row, col))
+            thr_g2s = g2s.get_slice(tidx)
+            gQ = cute.local_tile(seqQ, (BM, D), (m_block, 0))
+            gK = cute.local_tile(seqK, (BN, D), (None, 0))
+            gV = cute.local_tile(seqV, (BN, D), (None, 0))
+            tQgQ = thr_g2s.partition_S(gQ)
+            tQsQ = thr_g2s.partition_D(sQ)
+            tQcQ = thr_g2s.partition_S(cute.make_identity_tensor((BM, D)))
+            tKgK = thr_g2s.partition_S(gK)
+            tVgV = thr_g2s.partition_S(gV)
+            tKVsKV = thr_g2s.partition_D(sKV)
+            tKVcKV = thr_g2s.partition_S(cute.make_identity_tensor((BN, D)))
+
+            # ---- MMA partitions
+            thr_mma = tiled_mma.get_slice(tidx)
+            tSrQ = thr_mma.make_fragment_A(thr_mma.partition_A(sQ))
+            tSrK = thr_mma.make_fragment_B(thr_mma.partition_B(sKV[None, None, 0]))
+            tOrV = thr_mma.make_fragment_B(thr_mma.partition_B(sVt[None, None, 1]))
+            acc_O = cute.make_rmem_tensor(thr_mma.partition_shape_C((BM, D)), cutlass.Float32)
+            acc_O.fill(0.0)
+
+            ldsm = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4),
+                                       self.dtype)
+            ldsm_t = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=True, num_matrices=4),
+                                         self.dtype)
+            s2r_Q = cute.make_tiled_copy_A(ldsm, tiled_mma).get_slice(tidx)
+            s2r_K = cute.make_tiled_copy_B(ldsm, tiled_mma)
+            s2r_V = cute.make_tiled_copy_B(ldsm_t, tiled_mma)
+            thr_s2r_K = s2r_K.get_slice(tidx)
+            thr_s2r_V = s2r_V.get_slice(tidx)
+            tSsK = thr_s2r_K.partition_S(sKV)      # (CPY, N, K, 2S)
+            tSrK_v = thr_s2r_K.retile(tSrK)
+            tOsV = thr_s2r_V.partition_S(sVt)      # (CPY, D, BN/16, 2S)
+            tOrV_v = thr_s2r_V.retile(tOrV)
+
+            # ---- prologue: Q, then the first S-1 K/V tiles (highest first), one group each
+            for r in cutlass.range_constexpr(cute.size(tQsQ.shape[1])):
+                if m0 + tQcQ[0, r, 0][0] < q_len:
+                    cute.copy(g2s, tQgQ[None, r, None], tQsQ[None, r, None])
+                else:
+                    tQsQ[None, r, None].fill(0)
+            cute.arch.cp_async_commit_group()
+            for s in cutlass.range_constexpr(S - 1):
+                if n_end - 1 - s >= 0:
+                    self.load_kv(g2s, tKgK, tVgV, tKVsKV, tKVcKV, n_end - 1 - s, s, k_len)
+                cute.arch.cp_async_commit_group()
+            cute.arch.cp_async_wait_group(S - 1)
+            cute.arch.barrier()
+            cute.copy(s2r_Q, s2r_Q.partition_S(sQ), s2r_Q.retile(tSrQ))
+
+            row_max = cute.make_rmem_tensor(acc_O.shape[0][1] * acc_O.shape[1], cutlass.Float32)
+            row_sum = cute.make_rmem_tensor(acc_O.shape[0][1] * acc_O.shape[1], cutlass.Float32)
+            row_max.fill(-cutlass.Float32.inf)
+            row_sum.fill(0.0)
+
+            # ---- main loop over key tiles, last first
+            for it in cutlass.range(n_end, unroll=1):
+                n_block = n_end - 1 - it
+                slot = it % S
+                cute.arch.cp_async_wait_group(S - 2)
+                cute.arch.barrier()  # tile n_block visible; slot (it-1)%S free for reuse
+                if n_block - (S - 1) >= 0:
+                    self.load_kv(g2s, tKgK, tVgV, tKVsKV, tKVcKV, n_block - (S - 1),
+                                 (it + S - 1) % S, k_len)
+                cute.arch.cp_async_commit_group()
+
+                acc_S = cute.make_rmem_tensor(thr_mma.partition_shape_C((BM, BN)), cutlass.Float32)
+                acc_S.fill(0.0)
+                nk = cute.size(tSsK.shape[2])
+                cute.copy(s2r_K, tSsK[None, None, 0, 2 * slot], tSrK_v[None, None, 0])
+                for kk in cutlass.range_constexpr(nk):
+                    if cutlass.const_expr(kk + 1 < nk):
+                        cute.copy(s2r_K, tSsK[None, None, kk + 1, 2 * slot], tSrK_v[None, None, kk + 1])
+                    cute.gemm(tiled_mma, acc_S, tSrQ[None, None, kk], tSrK[None, None, kk], acc_S)
+
+                if n_block >= n_mask:
+                    self.apply_mask(acc_S, thr_mma, m0, n_block * BN, q_len, k_len)
+                self.online_softmax(acc_S, acc_O, row_max, row_sum, scale_log2)
+
+                # P (fp32 C fragments) -> dtype A fragments: two n8 C tiles make one k16 A tile.
+                rP = cute.make_fragment_like(acc_S, self.dtype)
+                rP.store(acc_S.load().to(self.dtype))
+                tOrP = cute.make_tensor(rP.iterator, _c_to_a_layout(rP.layout))
+                nv = cute.size(tOsV.shape[2])
+                cute.copy(s2r_V, tOsV[None, None, 0, 2 * slot + 1], tOrV_v[None, None, 0])
+                for kk in cutlass.range_constexpr(nv):
+                    if cutlass.const_expr(kk + 1 < nv):
+                        cute.copy(s2r_V, tOsV[None, None, kk + 1, 2 * slot + 1], tOrV_v[None, None, kk + 1])
+                    cute.gemm(tiled_mma, acc_O, tOrP[None, None, kk], tOrV[None, None, kk], acc_O)
+
+            # ---- epilogue
+            cute.arch.cp_async_wait_group(0)
+            self.finalize(acc_O, row_max, row_sum, scale_log2, thr_mma, tidx, m0, q_len, seqL)
+            rO = cute.make_fragment_like(acc_O, self.dtype)
+            rO.store(acc_O.load().to(self.dtype))
+            cute.arch.barrier()  # every warp is done reading the slot that O now overwrites
+            r2s = cute.make_tiled_copy_C(
+                cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=32),
+                tiled_mma).get_slice(tidx)
+            sO = cute.make_tensor(sQ.iterator, sQ_layout)
+            cute.copy(r2s, r2s.retile(rO), r2s.partition_D(sO))
+            cute.arch.barrier()
+            thr_s2g = s2g.get_slice(tidx)
+            tOsO = thr_s2g.partition_S(sO)
+            tOgO = thr_s2g.partition_D(cute.local_tile(seqO, (BM, D), (m_block, 0)))
+            tOcO = thr_s2g.partition_D(cute.make_identity_tensor((BM, D)))
+            tOrO = cute.make_fragment_like(tOsO, self.dtype)
+            cute.copy(s2g, tOsO, tOrO)
+            for r in cutlass.range_constexpr(cute.size(tOrO.shape[1])):
+                if m0 + tOcO[0, r, 0][0] < q_len:
+                    cute.copy(s2g, tOrO[None, r, None], tOgO[None, r, None])
+
+    @cute.jit
+    def load_kv(self, g2s, tKgK, tVgV, tKVsKV, tKVcKV, n_block, slot, k_len):
+        """cp.async K and V tile ``n_block`` into ``slot``; rows past k_len are zeroed instead
+        (a stale or garbage V row times P = 0 would still make NaN)."""
+        row0 = n_block * self.tile_n
+        for r in cutlass.range_constexpr(cute.size(tKVsKV.shape[1])):
+            if row0 + tKVcKV[0, r, 0][0] < k_len:
+                cute.copy(g2s, tKgK[None, r, None, n_block], tKVsKV[None, r, None, 2 * slot])
+                cute.copy(g2s, tVgV[None, r, None, n_block], tKVsKV[None, r, None, 2 * slot + 1])
+            else:
+                tKVsKV[None, r, None, 2 * slot].fill(0)
+                tKVsKV[None, r, None, 2 * slot + 1].fill(0)
+
+    @cute.jit
+    def apply_mask(self, acc_S, thr_mma, m0, n0, q_len, k_len):
+        """-inf where the key is past the sequence or (causal) after the query's diagonal."""
+        cS = thr_mma.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n)))
+        s_mn = _mn_view(acc_S)
+        c_mn = _mn_view(cS)
+        for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
+            limit = k_len - n0
+            if cutlass.const_expr(self.causal):
+                limit = cutlass.min(limit, m0 + c_mn[r, 0][0] + 1 + k_len - q_len - n0)
+            for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
+                if c_mn[r, c][1] >= limit:
+                    s_mn[r, c] = -cutlass.Float32.inf
+
+    @cute.jit
+    def online_softmax(self, acc_S, acc_O, row_max, row_sum, scale_log2):
+        """acc_S <- exp2(S·scale_log2 - max·scale_log2); rescale acc_O and the running sum."""
+        s_mn = _mn_view(acc_S)
+        o_mn = _mn_view(acc_O)
+        for r in cutlass.range_constexpr(cute.size(row_max)):
+            s = s_mn[r, None].load()
+            m_new = _quad_allreduce(s.reduce(cute.ReductionOp.MAX, -cutlass.Float32.inf, 0),
+                                    cute.arch.fmax)
+            m_new = cute.arch.fmax(m_new, row_max[r])
+            # A row with nothing visible yet keeps max = -inf; subtract 0 then, not -inf (NaN).
+            m_scaled = (0.0 if m_new == -cutlass.Float32.inf else m_new) * scale_log2
+            p = cute.math.exp2(s * scale_log2 - m_scaled, fastmath=True)
+            corr = cute.math.exp2(row_max[r] * scale_log2 - m_scaled, fastmath=True)
+            row_sum[r] = row_sum[r] * corr + p.reduce(cute.ReductionOp.ADD, cutlass.Float32.zero, 0)
+            o_mn[r, None] = o_mn[r, None].load() * corr
+            row_max[r] = m_new
+            s_mn[r, None] = p
+
+    @cute.jit
+    def finalize(self, acc_O, row_max, row_sum, scale_log2, thr_mma, tidx, m0, q_len, seqL):
+        """O /= rowsum (0 for rows with no key); LSE = ln(sum) + max·scale, -inf if none."""
+        o_mn = _mn_view(acc_O)
+        c_mn = _mn_view(thr_mma.partition_C(cute.make_identity_tensor((self.tile_m, self.head_dim))))
+        for r in cutlass.range_constexpr(cute.size(row_sum)):
+            total = _quad_allreduce(row_sum[r], lambda a, b: a + b)
+            has_keys = total > 0.0
+            inv = cute.arch.rcp_approx(total if has_keys else 1.0)
+            o_mn[r, None] = o_mn[r, None].load() * (inv if has_keys else 0.0)
+            lse = -cutlass.Float32.inf
+            if has_keys:
+                lse = (row_max[r] * scale_log2 + cute.math.log2(total, fastmath=True)) * LN_2
+            row = m0 + c_mn[r, 0][0]
+            if tidx % 4 == 0 and row < q_len:
+                seqL[row] = lse
+
+
+def _quad_allreduce(x, op):
+    """Reduce over the 4 threads of a quad (they hold one accumulator row between them)."""
+    x = op(x, cute.arch.shuffle_sync_bfly(x, offset=2, mask=-1, mask_and_clamp=31))
+    return op(x, cute.arch.shuffle_sync_bfly(x, offset=1, mask=-1, mask_and_clamp=31))
+
+
+def _mn_view(t):
+    """An m16n8 accumulator partition ((2, 2), M, N) viewed as (rows, cols) = ((2, M), (2, N))."""
+    shape = t.layout.shape
+    flat = cute.make_layout(shape)
+    mn = cute.make_layout(
+        ((shape[0][1], shape[1]), (shape[0][0], shape[2])),
+        stride=((flat.stride[0][1], flat.stride[1]), (flat.stride[0][0], flat.stride[2])),
+    )
+    return cute.make_tensor(t.iterator, cute.composition(t.layout, mn))
+
+
+def _c_to_a_layout(layout):
+    """((2, 2), M, N) C fragment -> ((4, 2), M, N/2) A fragment of m16n8k16 (pairs of n8 tiles)."""
+    split = cute.logical_divide(layout, (None, None, 2))
+    return cute.make_layout(
+        ((split.shape[0], split.shape[2][0]), split.shape[1], split.shape[2][1]),
+        stride=((split.stride[0], split.stride[2][0]), split.stride[1], split.stride[2][1]),
+    )
