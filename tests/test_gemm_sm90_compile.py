@@ -1,0 +1,134 @@
+"""Compile-only checks of the Hopper GEMM family (no GPU needed): the "test" tier builds for
+sm_90a, and each cubin shows the instructions that make it a Hopper kernel (WGMMA, TMA loads and
+stores, mbarriers, setmaxnreg; multicast TMA for clusters), no local-memory spills, and the
+shared memory the variant's plan promised.
+
+Everything that imports the DSL runs in one subprocess, because the compile worker must set the
+target architecture before ``cutlass`` is first imported (AOT notes, trap 3).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("cutlass") is None, reason="nvidia-cutlass-dsl is not installed"
+)
+
+_WORKER = textwrap.dedent(
+    """
+    import json, struct, sys
+    from factory.build.compile import init_worker, compile_variant
+    init_worker("sm_90a")
+    from factory.atoms.targets import get_target
+    from factory.build import cubin as cb
+    from factory.gemm.sm90 import GemmSm90, enumerate_sm90
+
+    def regcount(data, name):
+        # EIATTR_REGCOUNT may sit in the global .nv.info section (keyed by symbol), not the
+        # per-kernel one: take the largest count found anywhere.
+        secs = cb._sections(data)
+        best = 0
+        for sname, (_t, off, size, _i) in secs.items():
+            if sname.startswith(".nv.info"):
+                for v in cb._nv_info(data, off, size).get(0x2F, []):
+                    if len(v) >= 8:
+                        best = max(best, struct.unpack_from("<I", v, 4)[0])
+        return best
+
+    out_dir = sys.argv[1]
+    tiers = {t: [v.name for v in enumerate_sm90(get_target("sm_90a"), t)]
+             for t in ("test", "default", "full")}
+    report = {"tiers": tiers, "other_target": len(enumerate_sm90(get_target("sm_80"), "full")),
+              "variants": {}}
+    for v in enumerate_sm90(get_target("sm_90a"), "test"):
+        info = compile_variant(v, out_dir)
+        path = f"{out_dir}/{v.name}.cubin"
+        data = open(path, "rb").read()
+        sass = cb.disassemble(path)
+        (kname, res), = info["kernels"].items()
+        report["variants"][v.name] = {
+            "resources": res,
+            "registers": res["registers"] or regcount(data, kname),
+            "hist": cb.opcode_histogram(sass),
+            "missing_sass": [r for r in v.sass_requirements() if not __import__("re").search(r, sass)],
+            "sass_target": cb.sass_target(sass),
+            "smem_bytes": v.smem_bytes(),
+            "capacity": v.tgt.smem_per_cta,
+            "describe": v.describe(),
+            "fp8": v.is_fp8,
+            "cluster": list(v.cluster),
+            "compile_seconds": info["compile_seconds"],
+        }
+    print("REPORT" + json.dumps(report))
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sm90")
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("CUTE_DSL_ARCH", None)
+    p = subprocess.run([sys.executable, "-c", _WORKER, str(out)], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-4000:]
+    line = next(ln for ln in p.stdout.splitlines() if ln.startswith("REPORT"))
+    return json.loads(line[len("REPORT"):])
+
+
+def test_tiers(report):
+    tiers = report["tiers"]
+    assert 2 <= len(tiers["test"]) <= 3
+    assert 8 <= len(tiers["default"]) <= 24
+    assert len(tiers["full"]) > len(tiers["default"])
+    for names in tiers.values():
+        assert len(names) == len(set(names))
+    assert set(tiers["default"]) <= set(tiers["full"])
+    assert any("_c2x1_" in n or "_c1x2_" in n for n in tiers["default"]), "no multicast variant"
+    assert any("_e4m3_" in n for n in tiers["default"]), "no fp8 variant"
+    assert report["other_target"] == 0  # only sm90-family targets get these variants
+
+
+def test_test_tier_compiles_to_hopper_sass(report):
+    assert report["variants"], "nothing compiled"
+    for name, r in report["variants"].items():
+        assert r["sass_target"] == "sm_90a", name
+        assert not r["missing_sass"], (name, r["missing_sass"])
+        hist = r["hist"]
+        mma = "QGMMA" if r["fp8"] else "HGMMA"
+        assert any(op.startswith(mma) for op in hist), name
+        assert not any(op.startswith("HMMA") for op in hist), f"{name}: fell back to mma.sync"
+        if r["cluster"] != [1, 1]:
+            assert any(op.startswith("UTMALDG") and "MULTICAST" in op for op in hist), name
+        if r["fp8"]:  # the per-tensor scales are read and applied
+            assert hist.get("FMUL", 0) > 0 and any(op.startswith("LDG") for op in hist), name
+
+
+def test_resources(report):
+    for name, r in report["variants"].items():
+        assert r["resources"]["stack_frame_bytes"] == 0, f"{name} spills"
+        assert not any(op.startswith(("LDL", "STL")) for op in r["hist"]), f"{name} spills"
+        # 3 warpgroups at launch (setmaxnreg then moves registers to the consumers).
+        assert 0 < r["registers"] <= 168, (name, r["registers"])
+        assert r["smem_bytes"] + r["resources"]["static_smem_bytes"] <= r["capacity"], name
+        d = r["describe"]
+        assert d["smem_bytes"] == r["smem_bytes"] and d["stages"] >= 3, name
+        for key in ("tile", "cluster", "schedule", "constraints", "threads", "persistent_ctas"):
+            assert key in d, (name, key)
+
+
+def test_names_follow_fields(report):
+    for name in report["variants"]:
+        assert re.match(r"gemm_sm90a_(bf16|f16|e4m3)_o(bf16|f16|f32)_a[km]_b[kn]_t\d+x\d+x\d+_c\dx\d_", name), name
