@@ -1,0 +1,87 @@
+"""python -m factory {build,list,verify,inspect}"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def _cmd_build(a) -> int:
+    from .build.builder import build
+
+    s = build(a.out, a.targets, a.ops, tier=a.tier, name_filter=a.filter, jobs=a.jobs, cache=a.cache)
+    print(f"built {s['bundle']}: {s['variants']} variants ({s['compiled']} compiled, {s['cached']} from cache) "
+          f"in {s['seconds']} s, {s['bytes'] / 1e6:.2f} MB")
+    return 0
+
+
+def _cmd_list(a) -> int:
+    from .runtime.manifest import load_manifest
+
+    m = load_manifest(a.bundle)
+    rows = [("name", "op", "target", "proof", "regs", "smem KB", "spills")]
+    for v in m["variants"].values():
+        r = v["resources"]
+        rows.append((v["name"], v["op"], v["target"], v["proof"], str(r["registers"]),
+                     f"{r['dynamic_smem_bytes'] / 1024:.0f}", str(r["spill_instructions"])))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)))
+    print(f"{len(rows) - 1} variants; DSL {m['versions'].get('nvidia-cutlass-dsl')}")
+    return 0
+
+
+def _cmd_verify(a) -> int:
+    from .verify import verify
+
+    problems, report = verify(a.bundle)
+    for line in report:
+        print(line)
+    if problems:
+        print(f"FAILED: {len(problems)} problem(s)", file=sys.stderr)
+        for p in problems:
+            print("  " + p, file=sys.stderr)
+        return 1
+    print("verify: OK")
+    return 0
+
+
+def _cmd_inspect(a) -> int:
+    from .runtime.manifest import load_manifest
+
+    m = load_manifest(a.bundle)
+    if a.variant not in m["variants"]:
+        print(f"no variant {a.variant!r}; have: {', '.join(sorted(m['variants']))}", file=sys.stderr)
+        return 1
+    print(json.dumps(m["variants"][a.variant], indent=1))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m factory", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("build", help="compile variants into a bundle (no GPU needed)")
+    b.add_argument("--targets", nargs="+", required=True, help="e.g. sm_80 sm_86 sm_89 sm_90 sm_90a sm_100a")
+    b.add_argument("--ops", nargs="+", default=None, help="gemm, attention (default: all)")
+    b.add_argument("--out", required=True)
+    b.add_argument("--tier", default="default", choices=("test", "default", "full"))
+    b.add_argument("--filter", default=None, help="glob over variant names")
+    b.add_argument("--jobs", type=int, default=None, help="compile worker processes (default: cores)")
+    b.add_argument("--cache", default=None, help="compile cache dir (default: ~/.cache/kernel-factory)")
+    b.set_defaults(fn=_cmd_build)
+    for name, fn, helptext in (("list", _cmd_list, "one line per variant"),
+                               ("verify", _cmd_verify, "hashes and SASS of every variant")):
+        s = sub.add_parser(name, help=helptext)
+        s.add_argument("bundle")
+        s.set_defaults(fn=fn)
+    i = sub.add_parser("inspect", help="a variant's manifest entry")
+    i.add_argument("bundle")
+    i.add_argument("variant")
+    i.set_defaults(fn=_cmd_inspect)
+    a = p.parse_args(argv)
+    return a.fn(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,38 @@
+"""``python -m factory verify``: every hash, and every cubin's disassembly against what its kernel
+family must contain (read from the manifest, so no DSL is needed)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from .build.cubin import disassemble, opcode_histogram, sass_target
+from .runtime.manifest import file_ok, load_manifest
+
+
+def verify(bundle: str | Path) -> tuple[list[str], list[str]]:
+    bundle = Path(bundle)
+    m = load_manifest(bundle)
+    problems: list[str] = []
+    report: list[str] = []
+    if not file_ok(bundle, m["host_library"]):
+        problems.append(f"host library {m['host_library']['path']}: sha256 mismatch or missing")
+    for name, v in sorted(m["variants"].items()):
+        bad = [f"{name}: {kind} {f['path']}: sha256 mismatch or missing"
+               for kind, f in v["files"].items() if not file_ok(bundle, f)]
+        problems += bad
+        if bad:
+            continue
+        sass = disassemble(bundle / v["files"]["cubin"]["path"])
+        got = sass_target(sass)
+        if got is None or got.rstrip("a") != v["target"].rstrip("a"):
+            problems.append(f"{name}: cubin is for {got}, manifest says {v['target']}")
+        missing = [p for p in v["sass_requirements"] if not re.search(p, sass)]
+        if missing:
+            problems.append(f"{name}: SASS lacks {missing}")
+        hist = opcode_histogram(sass)
+        spills = sum(c for op, c in hist.items() if op.startswith(("LDL", "STL")))
+        found = ", ".join(f"{m_.group(0)}" for p in v["sass_requirements"] if (m_ := re.search(p, sass)))
+        report.append(f"{'ok ' if not missing else 'BAD'} {name}  [{got}]  {found}"
+                      f"  regs={v['resources']['registers']} spill-instr={spills}")
+    return problems, report
