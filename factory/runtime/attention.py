@@ -1,0 +1,161 @@
+"""Attention forward through a bundle: argument checks, variant choice, launch.  No DSL import.
+
+The kernels (``factory/attention/sm80.py``) take, in this order,
+  dense:  q (B,Sq,Hq,D), k (B,Sk,Hkv,D), v (B,Sk,Hkv,D), o (B,Sq,Hq,D), lse (B,Hq,Sq) f32, scale
+  varlen: q (Tq,Hq,D), k/v (Tk,Hkv,D), o (Tq,Hq,D), lse (Hq,Tq) f32, cu_seqlens_q, cu_seqlens_k,
+          scale, max_seqlen_q
+with head_dim contiguous, every other stride a multiple of 16 bytes and 16-byte aligned data.
+LSE is always written (into a scratch buffer when the caller does not want it).
+"""
+
+from __future__ import annotations
+
+import math
+
+_DTYPES = {"bfloat16": "bf16", "float16": "f16"}
+HEAD_DIMS = (64, 128)
+_GRID_YZ_MAX = 65535
+
+
+def attention(bundle, q, k, v, causal=False, softmax_scale=None, cu_seqlens_q=None,
+              cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, return_lse=False):
+    """softmax(q·kᵀ·scale [+ causal mask]) · v.  Returns o (q's shape), or (o, lse) with
+    ``return_lse``: lse float32 (B, Hq, Sq), or (Hq, Tq) for packed variable-length input.
+
+    Causal masking is bottom-right aligned: query i sees keys j <= i + Sk - Sq.  A query with no
+    visible key gets o = 0 and lse = -inf.  GQA/MQA: Hq must be a multiple of Hkv.
+    ``max_seqlen_k`` is accepted for API symmetry and not needed.
+    """
+    import torch
+
+    varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+    _check_common(torch, q, k, v, varlen)
+    dtype = _DTYPES[str(q.dtype).removeprefix("torch.")]
+    d = q.shape[-1]
+    hq, hkv = q.shape[-2], k.shape[-2]
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(d)
+    softmax_scale = float(softmax_scale)
+    if not (softmax_scale > 0.0 and math.isfinite(softmax_scale)):
+        raise ValueError(f"softmax_scale must be a positive finite number, got {softmax_scale}")
+
+    if varlen:
+        cu_q, cu_k, batch = _check_cu_seqlens(torch, q, k, cu_seqlens_q, cu_seqlens_k)
+        if max_seqlen_q is None:
+            max_seqlen_q = int((cu_q[1:] - cu_q[:-1]).max().item()) if batch else 0  # syncs
+        max_seqlen_q = int(max_seqlen_q)
+        o = torch.empty_like(q)
+        lse = torch.empty((hq, q.shape[0]), dtype=torch.float32, device=q.device)
+        if q.shape[0] == 0 or batch == 0 or max_seqlen_q <= 0:
+            o.zero_()
+            lse.fill_(-math.inf)
+            return (o, lse) if return_lse else o
+        if k.shape[0] == 0:  # no keys anywhere: every query row is empty
+            o.zero_()
+            lse.fill_(-math.inf)
+            return (o, lse) if return_lse else o
+        _check_grid(batch, hq)
+        args = [q, k, v, o, lse, cu_q, cu_k, softmax_scale, max_seqlen_q]
+    else:
+        b, sq, _, _ = q.shape
+        sk = k.shape[1]
+        o = torch.empty_like(q)
+        lse = torch.empty((b, hq, sq), dtype=torch.float32, device=q.device)
+        if o.numel() == 0:
+            return (o, lse) if return_lse else o
+        if sk == 0:
+            o.zero_()
+            lse.fill_(-math.inf)
+            return (o, lse) if return_lse else o
+        _check_grid(b, hq)
+        args = [q, k, v, o, lse, softmax_scale]
+    _check_strides(o, "o (from empty_like(q))")
+
+    entry = select(bundle.candidates("attention"), dtype=dtype, head_dim=d, causal=bool(causal),
+                   varlen=varlen)
+    bundle.launch(entry["name"], args)
+    return (o, lse) if return_lse else o
+
+
+def select(candidates: list[dict], *, dtype: str, head_dim: int, causal: bool,
+           varlen: bool) -> dict:
+    """The first (best-target) manifest entry that implements this problem."""
+    for e in candidates:
+        if (e.get("dtype") == dtype and e.get("head_dim") == head_dim
+                and bool(e.get("causal")) == causal and bool(e.get("varlen")) == varlen):
+            return e
+    have = sorted({(e.get("dtype"), e.get("head_dim"), bool(e.get("causal")), bool(e.get("varlen")))
+                   for e in candidates})
+    raise ValueError(
+        f"no attention kernel in this bundle for dtype={dtype} head_dim={head_dim} causal={causal} "
+        f"varlen={varlen} on this device; available (dtype, head_dim, causal, varlen): {have}")
+
+
+# --- checks ---------------------------------------------------------------------------------------
+def _check_common(torch, q, k, v, varlen: bool) -> None:
+    rank = 3 if varlen else 4
+    layout = "(total_tokens, heads, head_dim)" if varlen else "(batch, seqlen, heads, head_dim)"
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor")
+        if t.dim() != rank:
+            raise ValueError(f"{name} must be {layout}, got shape {tuple(t.shape)}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
+    if str(q.dtype).removeprefix("torch.") not in _DTYPES:
+        raise ValueError(f"dtype {q.dtype} not supported (bfloat16, float16)")
+    if not (q.device == k.device == v.device):
+        raise ValueError("q, k, v are on different devices")
+    d = q.shape[-1]
+    if d not in HEAD_DIMS:
+        raise ValueError(f"head_dim {d} not supported (one of {HEAD_DIMS})")
+    if k.shape[-1] != d or v.shape[-1] != d:
+        raise ValueError(f"head_dim of q, k, v differ: {d}, {k.shape[-1]}, {v.shape[-1]}")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v shapes differ: {tuple(k.shape)} vs {tuple(v.shape)}")
+    hq, hkv = q.shape[-2], k.shape[-2]
+    if hkv == 0 or hq % hkv:
+        raise ValueError(f"q heads ({hq}) must be a multiple of kv heads ({hkv})")
+    if not varlen and q.shape[0] != k.shape[0]:
+        raise ValueError(f"batch of q ({q.shape[0]}) and k/v ({k.shape[0]}) differ")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _check_strides(t, name)
+    if not q.is_cuda:
+        raise ValueError("q, k, v must be CUDA tensors")
+
+
+def _check_strides(t, name: str) -> None:
+    if t.numel() == 0:
+        return
+    vec = 16 // t.element_size()
+    if t.stride(-1) != 1:
+        raise ValueError(f"{name}: head_dim must be contiguous (stride 1), strides {t.stride()}")
+    bad = [s for s in t.stride()[:-1] if s % vec]
+    if bad:
+        raise ValueError(f"{name}: strides {t.stride()} must be multiples of {vec} elements "
+                         f"(16 bytes) except the last")
+    if t.data_ptr() % 16:
+        raise ValueError(f"{name}: data pointer must be 16-byte aligned")
+
+
+def _check_cu_seqlens(torch, q, k, cu_q, cu_k):
+    if cu_q is None or cu_k is None:
+        raise ValueError("varlen needs both cu_seqlens_q and cu_seqlens_k")
+    out = []
+    for name, t in (("cu_seqlens_q", cu_q), ("cu_seqlens_k", cu_k)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 1 or t.dtype != torch.int32:
+            raise ValueError(f"{name} must be a 1-D int32 tensor")
+        if t.device != q.device:
+            raise ValueError(f"{name} must be on {q.device}")
+        if t.numel() < 1:
+            raise ValueError(f"{name} must hold batch + 1 offsets")
+        out.append(t.contiguous())
+    if out[0].numel() != out[1].numel():
+        raise ValueError(f"cu_seqlens_q and cu_seqlens_k lengths differ: "
+                         f"{out[0].numel()} vs {out[1].numel()}")
+    return out[0], out[1], out[0].numel() - 1
+
+
+def _check_grid(batch: int, heads: int) -> None:
+    if batch > _GRID_YZ_MAX or heads > _GRID_YZ_MAX:
+        raise ValueError(f"batch ({batch}) and heads ({heads}) must each be <= {_GRID_YZ_MAX}")

@@ -1,0 +1,115 @@
+"""``Bundle``: open a built bundle, pick the variant for the device and problem, launch it.
+
+No DSL, no MLIR: the standard library, torch, and the bundle's host library via ctypes.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from ..atoms.targets import get_target, targets_for_capability
+from .loader import Binder, HostLibrary, LaunchError
+from .manifest import BundleError, file_ok, load_manifest
+
+
+class NoVariantError(LookupError):
+    pass
+
+
+class Bundle:
+    def __init__(self, path: Path, manifest: dict, capability: tuple[int, int] | None):
+        self.path = path
+        self.manifest = manifest
+        self._capability = capability
+        self._lib: HostLibrary | None = None
+        self._binders: dict[str, Binder] = {}
+        self._select_cache: dict[tuple, str] = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def open(cls, path: str | Path, capability: tuple[int, int] | None = None) -> "Bundle":
+        """Open and check a bundle.  ``capability`` overrides the current device's (for tests and
+        for planning on a machine without the GPU)."""
+        path = Path(path)
+        m = load_manifest(path)
+        if not file_ok(path, m["host_library"]):
+            raise BundleError(f"{path}: host library {m['host_library']['path']} is missing or its sha256 "
+                              f"does not match the manifest")
+        return cls(path, m, capability)
+
+    # --- device -----------------------------------------------------------------------------------
+    @property
+    def capability(self) -> tuple[int, int]:
+        if self._capability is None:
+            import torch
+
+            if not torch.cuda.is_available():
+                raise NoVariantError("no CUDA device is visible")
+            self._capability = tuple(torch.cuda.get_device_capability())
+        return self._capability
+
+    def device_name(self) -> str:
+        return f"compute capability {self.capability[0]}.{self.capability[1]}"
+
+    def candidates(self, op: str) -> list[dict]:
+        """Manifest entries of ``op`` runnable on this device, best target first."""
+        order = {t.name: i for i, t in enumerate(targets_for_capability(self.capability))}
+        fit = [v for v in self.manifest["variants"].values() if v["op"] == op and v["target"] in order]
+        return sorted(fit, key=lambda v: order[v["target"]])
+
+    def describe_contents(self, op: str | None = None) -> str:
+        by_target: dict[str, int] = {}
+        for v in self.manifest["variants"].values():
+            if op is None or v["op"] == op:
+                by_target[v["target"]] = by_target.get(v["target"], 0) + 1
+        have = ", ".join(f"{n} for {t}" for t, n in sorted(by_target.items())) or "nothing"
+        return f"the bundle has {op or 'variants'}: {have}"
+
+    # --- launching --------------------------------------------------------------------------------
+    @property
+    def lib(self) -> HostLibrary:
+        if self._lib is None:
+            with self._lock:
+                if self._lib is None:
+                    self._lib = HostLibrary(self.path / self.manifest["host_library"]["path"])
+        return self._lib
+
+    def binder(self, name: str) -> Binder:
+        b = self._binders.get(name)
+        if b is None:
+            b = self._binders[name] = Binder(self.manifest["variants"][name])
+        return b
+
+    def launch(self, name: str, args: list, stream: int | None = None) -> None:
+        """Launch variant ``name`` with ``args`` in its signature order, on ``stream`` (default: the
+        current torch stream of the current device)."""
+        entry = self.manifest["variants"].get(name)
+        if entry is None:
+            raise NoVariantError(f"no variant {name!r}; {self.describe_contents()}")
+        if not get_target(entry["target"]).runs_on(self.capability):
+            raise NoVariantError(f"{name} is built for {entry['target']}, which cannot run on {self.device_name()}")
+        if stream is None:
+            import torch
+
+            stream = torch.cuda.current_stream().cuda_stream
+        argv, keep = self.binder(name).bind(args, stream)
+        fn = self.lib.launcher(name)
+        err = fn(argv)
+        if err:
+            raise LaunchError(f"{name}: launch failed: {self.lib.error(err)}")
+        del keep
+
+    # --- ops --------------------------------------------------------------------------------------
+    def gemm(self, a, b, out=None, *, out_dtype=None, scale_a=None, scale_b=None, variant: str | None = None):
+        from .gemm import gemm
+
+        return gemm(self, a, b, out, out_dtype=out_dtype, scale_a=scale_a, scale_b=scale_b, variant=variant)
+
+    def attention(self, q, k, v, **kwargs):
+        from .attention import attention
+
+        return attention(self, q, k, v, **kwargs)
+
+
+__all__ = ["Bundle", "BundleError", "LaunchError", "NoVariantError"]
