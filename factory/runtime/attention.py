@@ -29,15 +29,17 @@ def attention(bundle, q, k, v, causal=False, softmax_scale=None, cu_seqlens_q=No
     import torch
 
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+    if softmax_scale is not None:
+        softmax_scale = float(softmax_scale)
+        # The kernel takes the row max of the unscaled scores: the scale must be positive.
+        if not (softmax_scale > 0.0 and math.isfinite(softmax_scale)):
+            raise ValueError(f"softmax_scale must be a positive finite number, got {softmax_scale}")
     _check_common(torch, q, k, v, varlen)
     dtype = _DTYPES[str(q.dtype).removeprefix("torch.")]
     d = q.shape[-1]
-    hq, hkv = q.shape[-2], k.shape[-2]
+    hq = q.shape[-2]
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(d)
-    softmax_scale = float(softmax_scale)
-    if not (softmax_scale > 0.0 and math.isfinite(softmax_scale)):
-        raise ValueError(f"softmax_scale must be a positive finite number, got {softmax_scale}")
 
     if varlen:
         cu_q, cu_k, batch = _check_cu_seqlens(torch, q, k, cu_seqlens_q, cu_seqlens_k)
