@@ -89,7 +89,12 @@ class GemmSm90(GemmVariant):
     swizzle row (64 for 16-bit inputs, 128 for fp8).  ``schedule``: ``coop`` = two consumer
     warpgroups split the tile along M (tile M 128 or 256); ``ws`` = one consumer warpgroup (tile M
     64 or 128).  ``raster`` orders tiles along M or N; ``swizzle`` groups that many clusters for L2
-    reuse (1 = plain raster)."""
+    reuse (1 = plain raster).
+
+    ``swap_ab`` (for decode, M <= 64): the kernel computes Cᵀ = B·Aᵀ, so the large N runs along the
+    WGMMA's 64-row M side and the small M along its N side (down to 16), and C is written
+    M-contiguous-in-the-kernel, i.e. still row-major.  ``tile`` and ``cluster`` stay in the
+    problem's (M, N) orientation; the kernel sees them transposed."""
 
     family: ClassVar[str] = "sm90"
     sources: ClassVar[tuple[str, ...]] = ("gemm/sm90.py", "gemm/common.py")
@@ -99,6 +104,7 @@ class GemmSm90(GemmVariant):
     schedule: str = field(default="coop", metadata={"tag": ""})
     raster: str = field(default="m", metadata={"tag": "r"})
     swizzle: int = field(default=1, metadata={"tag": "sw"})
+    swap_ab: bool = field(default=False, metadata={"tag": "swap"})
 
     required_sass: ClassVar[tuple[str, ...]] = (r"\bHGMMA\.64x", r"\bUTMALDG\.3D", r"\bUTMASTG\.3D")
 
@@ -125,7 +131,7 @@ class GemmSm90(GemmVariant):
             return "fp8 WGMMA reads only K-major operands"
         if self.a_major not in ("k", "m") or self.b_major not in ("k", "n"):
             return f"majorness a={self.a_major} b={self.b_major} not supported"
-        tm, tn, tk = self.tile
+        tm, tn, tk = self.kernel_tile
         if tk * DTYPE_BYTES[self.ab] != 128:
             return f"tile K must be one 128-byte row ({128 // DTYPE_BYTES[self.ab]} for {self.ab})"
         if self.schedule == "coop":
@@ -136,12 +142,13 @@ class GemmSm90(GemmVariant):
                 return "ws needs tile M 64 or 128"
         else:
             return f"unknown schedule {self.schedule!r}"
-        if tn % 64 != 0 or not 64 <= tn <= 256:
-            return "tile N must be 64, 128, 192 or 256"
+        # WGMMA N is a multiple of 8 up to 256; the epilogue works in 32-column sub-tiles.
+        if not 16 <= tn <= 256 or tn % 16 or (tn > 32 and tn % 32):
+            return "kernel tile N must be 16, 32 or a multiple of 32 up to 256"
         plan = self.plan()
         if tm * tn // (plan.n_consumer * 128) > 128:
             return "more than 128 fp32 accumulators per consumer thread would spill"
-        cm, cn = self.cluster
+        cm, cn = self.kernel_cluster
         if not tgt.clusters and (cm, cn) != (1, 1):
             return "target has no clusters"
         if (cm, cn) not in ((1, 1), (2, 1), (1, 2), (2, 2)):
@@ -160,8 +167,17 @@ class GemmSm90(GemmVariant):
         return None
 
     # --- derived ---------------------------------------------------------------------------------
-    def plan(self) -> _Plan:
+    @property
+    def kernel_tile(self) -> tuple[int, int, int]:
         tm, tn, tk = self.tile
+        return (tn, tm, tk) if self.swap_ab else (tm, tn, tk)
+
+    @property
+    def kernel_cluster(self) -> tuple[int, int]:
+        return tuple(reversed(self.cluster)) if self.swap_ab else tuple(self.cluster)
+
+    def plan(self) -> _Plan:
+        tm, tn, tk = self.kernel_tile
         n_consumer = 2 if self.schedule == "coop" else 1
         # One epilogue sub-tile spans every consumer warpgroup's 64-row slab (so the accumulator
         # order matches the sub-tile order) and 32 columns (64 for 8-bit outputs).
@@ -173,7 +189,7 @@ class GemmSm90(GemmVariant):
         stage_bytes = _round_up(tm * tk * ab, _SMEM_ALIGN) + _round_up(tn * tk * ab, _SMEM_ALIGN)
         budget = self.tgt.smem_per_cta - _STATIC_SMEM - _BARRIER_BYTES - epi_bytes
         ab_stages = min(budget // stage_bytes, 8)
-        return _Plan(self.tile, n_consumer, epi_tile, ab_stages, epi_stages, stage_bytes, epi_bytes)
+        return _Plan(self.kernel_tile, n_consumer, epi_tile, ab_stages, epi_stages, stage_bytes, epi_bytes)
 
     def smem_bytes(self) -> int:
         return self.plan().smem_bytes
@@ -188,6 +204,7 @@ class GemmSm90(GemmVariant):
             "schedule": self.schedule,
             "raster": self.raster,
             "swizzle": self.swizzle,
+            "swap_ab": self.swap_ab,
             "stages": plan.ab_stages,
             "smem_bytes": plan.smem_bytes,
             "threads": 128 * (1 + plan.n_consumer),
@@ -205,10 +222,10 @@ class GemmSm90(GemmVariant):
     def make_kernel(self):
         plan = self.plan()
         kernel = GemmSm90Kernel(
-            tile=self.tile, cluster=self.cluster, n_consumer=plan.n_consumer,
+            tile=self.kernel_tile, cluster=self.kernel_cluster, n_consumer=plan.n_consumer,
             epi_tile=plan.epi_tile, ab_stages=plan.ab_stages, epi_stages=plan.epi_stages,
-            raster_along_m=self.raster == "m", swizzle=self.swizzle,
-            max_ctas=PERSISTENT_SMS,
+            raster_along_m=(self.raster == "m") != self.swap_ab, swizzle=self.swizzle,
+            swap_ab=self.swap_ab, max_ctas=PERSISTENT_SMS,
         )
         if self.is_fp8:
             return kernel.scaled
@@ -230,7 +247,7 @@ class GemmSm90Kernel:
     See the module docstring for the warp roles."""
 
     def __init__(self, *, tile, cluster, n_consumer, epi_tile, ab_stages, epi_stages,
-                 raster_along_m, swizzle, max_ctas):
+                 raster_along_m, swizzle, swap_ab, max_ctas):
         self.tile = tuple(tile)
         self.cluster = tuple(cluster)
         self.n_consumer = n_consumer
@@ -239,6 +256,7 @@ class GemmSm90Kernel:
         self.epi_stages = epi_stages
         self.raster_along_m = raster_along_m
         self.swizzle = swizzle
+        self.swap_ab = swap_ab
         self.max_clusters = max_ctas // math.prod(self.cluster)
         self.threads = 128 * (1 + n_consumer)
         self.consumer_threads = 128 * n_consumer
@@ -261,6 +279,10 @@ class GemmSm90Kernel:
 
     @cute.jit
     def _launch(self, a, b, c, scale_a, scale_b, stream):
+        if cutlass.const_expr(self.swap_ab):
+            # Cᵀ = B·Aᵀ: the same kernel on swapped operands and a transposed view of C.
+            a, b = b, a
+            c = cute.make_tensor(c.iterator, cute.select(c.layout, mode=[1, 0, 2]))
         ab_dtype, c_dtype = a.element_type, c.element_type
         a_layout = utils.LayoutEnum.from_tensor(a)
         b_layout = utils.LayoutEnum.from_tensor(b)
@@ -537,23 +559,31 @@ class GemmSm90Kernel:
 _TEST = (
     dict(ab="bf16", c="bf16", tile=(128, 128, 64), cluster=(1, 1)),
     dict(ab="bf16", c="bf16", tile=(128, 256, 64), cluster=(2, 1)),
-    dict(ab="e4m3", c="bf16", tile=(128, 128, 128), cluster=(1, 1)),
+    # fp8 through the decode path: QGMMA, scales, swapped operands, transposed C store.
+    dict(ab="e4m3", c="bf16", tile=(32, 64, 128), schedule="ws", swap_ab=True),
 )
 
 
 def _default() -> list[dict]:
     out = []
     # 16-bit in, every output dtype: the two workhorse tiles, with and without multicast.
-    for ab, c in itertools.product(("bf16", "f16"), ("bf16", "f16", "f32")):
+    for ab, c in (("bf16", "bf16"), ("bf16", "f32"), ("f16", "f16"), ("f16", "f32")):
         out.append(dict(ab=ab, c=c, tile=(128, 128, 64), cluster=(1, 1)))
         out.append(dict(ab=ab, c=c, tile=(128, 256, 64), cluster=(2, 1)))
     out += [
         dict(ab="bf16", c="bf16", tile=(256, 128, 64), cluster=(1, 2)),
         dict(ab="bf16", c="bf16", tile=(128, 128, 64), cluster=(2, 1)),
         dict(ab="bf16", c="bf16", tile=(64, 128, 64), cluster=(1, 1), schedule="ws"),
+        # x @ W with W stored (K, N): B N-major, read transposed by the WGMMA from smem.
+        dict(ab="bf16", c="bf16", tile=(128, 128, 64), cluster=(1, 1), b_major="n"),
         dict(ab="e4m3", c="bf16", tile=(128, 128, 128), cluster=(1, 1)),
         dict(ab="e4m3", c="bf16", tile=(128, 256, 128), cluster=(2, 1)),
     ]
+    # Decode (M <= 64): swap A and B so that N fills the WGMMA's 64-row side; one consumer
+    # warpgroup and 64 N-rows per CTA give N/64 CTAs (64 for N = 4096).
+    for tm in (16, 32, 64):
+        out.append(dict(ab="bf16", c="bf16", tile=(tm, 64, 64), schedule="ws", swap_ab=True))
+    out.append(dict(ab="e4m3", c="bf16", tile=(32, 64, 128), schedule="ws", swap_ab=True))
     return out
 
 
@@ -568,6 +598,10 @@ def _full() -> list[dict]:
         sched = "ws" if tm == 64 else "coop"
         out.append(dict(ab=ab, c=c, tile=(tm, tn, tk), cluster=cl, schedule=sched,
                         a_major=maj[0], b_major=maj[1]))
+    for ab, c, tm, tn in itertools.product(("bf16", "f16", "e4m3"), ("bf16", "f16", "f32"),
+                                           (16, 32, 64), (64, 128)):
+        tk = 128 // DTYPE_BYTES[ab]
+        out.append(dict(ab=ab, c=c, tile=(tm, tn, tk), schedule="ws", swap_ab=True))
     return out
 
 
