@@ -305,8 +305,9 @@ class FlashFwdSm80:
             if cutlass.const_expr(self.causal):
                 # bottom-right: row r sees keys < r + 1 + (k_len - q_len)
                 shift = k_len - q_len
-                n_end = cutlass.min(n_end, cutlass.max(0, cute.ceil_div(m0 + BM + shift, BN)))
-                n_mask = cutlass.min(n_mask, cutlass.max(0, (m0 + shift + 1) // BN))
+                # (clamp before dividing: no division of a negative number anywhere)
+                n_end = cutlass.min(n_end, cute.ceil_div(cutlass.max(0, m0 + BM + shift), BN))
+                n_mask = cutlass.min(n_mask, cutlass.max(0, m0 + shift + 1) // BN)
 
             smem = cutlass.utils.SmemAllocator()
             storage = smem.allocate(SharedStorage)

@@ -1,0 +1,212 @@
+"""FlashAttention forward on a GPU, through a built bundle (builds nothing).
+
+Opens the bundle at ``$FACTORY_BUNDLE`` (default ``artifacts/default``) and compares against a
+float32 reference (GQA by index, bottom-right causal, LSE) and, where the semantics agree, torch
+SDPA: our error against the fp32 reference must be small in absolute terms and not much worse than
+SDPA's own.  Outputs and LSE are NaN-poisoned before launches that write into caller buffers, and
+inputs sit inside NaN-filled storage where a kernel reading past a sequence would pick them up.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+ROOT = Path(__file__).resolve().parents[1]
+BUNDLE = Path(os.environ.get("FACTORY_BUNDLE", ROOT / "artifacts" / "default"))
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+# Relative L2 error against the fp32 reference.
+TOL = {torch.bfloat16: 1e-2, torch.float16: 3e-3}
+
+
+@pytest.fixture(scope="module")
+def bundle():
+    from factory.runtime import Bundle
+
+    if not (BUNDLE / "manifest.json").exists():
+        pytest.skip(f"no bundle at {BUNDLE} (set FACTORY_BUNDLE)")
+    b = Bundle.open(BUNDLE)
+    if not b.candidates("attention"):
+        pytest.skip(f"{BUNDLE} has no attention variant for this device")
+    return b
+
+
+# --- reference ----------------------------------------------------------------------------------
+def reference(q, k, v, causal, scale):
+    """fp32 attention, (B, S, H, D) inputs; returns o (B, Sq, Hq, D) and lse (B, Hq, Sq)."""
+    qf, kf, vf = (t.float() for t in (q, k, v))
+    rep = q.shape[2] // k.shape[2]
+    kf = kf.repeat_interleave(rep, dim=2)
+    vf = vf.repeat_interleave(rep, dim=2)
+    s = torch.einsum("bqhd,bkhd->bhqk", qf, kf) * scale
+    sq, sk = q.shape[1], k.shape[1]
+    if causal:
+        i = torch.arange(sq, device=q.device)[:, None]
+        j = torch.arange(sk, device=q.device)[None, :]
+        s = s.masked_fill(j > i + (sk - sq), -math.inf)
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.exp(s - lse[..., None]).nan_to_num(0.0)  # rows with no key: 0
+    return torch.einsum("bhqk,bkhd->bqhd", p, vf), lse
+
+
+def rel_err(x, ref):
+    return ((x.float() - ref).norm() / ref.norm().clamp_min(1e-6)).item()
+
+
+def check(o, lse, ref_o, ref_lse, dtype, what):
+    assert not o.isnan().any(), f"{what}: NaN in o"
+    assert not lse.isnan().any(), f"{what}: NaN in lse"
+    e = rel_err(o, ref_o)
+    assert e < TOL[dtype], f"{what}: relative error {e:.2e}"
+    empty = torch.isinf(ref_lse)
+    assert torch.equal(torch.isinf(lse) & (lse < 0), empty), f"{what}: -inf LSE rows differ"
+    # o is (B, S, H, D), the masks (B, H, S): rows with no visible key must be exactly 0.
+    assert (o.transpose(1, 2)[empty] == 0).all(), f"{what}: rows with no key are not 0"
+    if (~empty).any():
+        lerr = (lse[~empty] - ref_lse[~empty]).abs().max().item()
+        assert lerr < 2e-2, f"{what}: LSE error {lerr:.2e}"
+
+
+def rand(*shape, dtype, gen):
+    return torch.randn(*shape, dtype=torch.float32, device="cuda", generator=gen).to(dtype)
+
+
+def poisoned(shape, dtype, pad_rows, gen):
+    """A (B, S, H, D) tensor whose storage continues with NaN rows after S in every batch."""
+    b, s, h, d = shape
+    big = torch.full((b, s + pad_rows, h, d), math.nan, dtype=dtype, device="cuda")
+    big[:, :s] = rand(b, s, h, d, dtype=dtype, gen=gen)
+    return big[:, :s]
+
+
+# --- dense --------------------------------------------------------------------------------------
+DENSE = [
+    # (B, Sq, Sk, Hq, Hkv)
+    (2, 256, 256, 8, 8),
+    (1, 100, 300, 8, 2),     # Sq < Sk, GQA 4
+    (2, 300, 100, 8, 1),     # Sq > Sk (causal: rows with no key), MQA 8
+    (1, 1, 777, 4, 4),       # decode-like row
+    (3, 129, 65, 4, 4),      # one past a tile
+    (1, 1000, 1000, 2, 2),   # many key tiles (the cp.async ring wraps)
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", DENSE, ids=lambda s: "x".join(map(str, s)))
+def test_dense(bundle, dtype, d, causal, shape):
+    b, sq, sk, hq, hkv = shape
+    gen = torch.Generator(device="cuda").manual_seed(hash((sq, sk, hq, hkv, d)) % 2**31)
+    q = poisoned((b, sq, hq, d), dtype, 7, gen)
+    k = poisoned((b, sk, hkv, d), dtype, 9, gen)
+    v = poisoned((b, sk, hkv, d), dtype, 9, gen)
+    scale = 1.0 / math.sqrt(d)
+    o, lse = bundle.attention(q, k, v, causal=causal, return_lse=True)
+    torch.cuda.synchronize()
+    assert o.shape == q.shape and lse.shape == (b, hq, sq) and lse.dtype == torch.float32
+    ref_o, ref_lse = reference(q, k, v, causal, scale)
+    check(o, lse, ref_o, ref_lse, dtype, f"dense {shape} d{d} causal={causal}")
+    # SDPA's causal mask is top-left aligned: compare only where that agrees with ours.
+    if not causal or sq == sk:
+        sd = torch.nn.functional.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal,
+            enable_gqa=hq != hkv).transpose(1, 2)
+        ours, theirs = rel_err(o, ref_o), rel_err(sd, ref_o)
+        assert ours <= 2 * theirs + 1e-3, f"ours {ours:.2e} vs SDPA {theirs:.2e}"
+
+
+def test_strided_qkv_and_scale(bundle):
+    """q/k/v as views of one packed (B, S, 3, H, D) projection; a non-default scale."""
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    qkv = rand(2, 200, 3, 4, 128, dtype=torch.bfloat16, gen=gen)
+    q, k, v = qkv.unbind(2)
+    o, lse = bundle.attention(q, k, v, causal=True, softmax_scale=0.3, return_lse=True)
+    ref_o, ref_lse = reference(q, k, v, True, 0.3)
+    check(o, lse, ref_o, ref_lse, torch.bfloat16, "packed qkv")
+
+
+def test_poisoned_outputs(bundle):
+    """Every element of o and lse is written, including rows with no visible key."""
+    from factory.runtime.attention import select
+
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    b, sq, sk, h, d = 2, 200, 70, 4, 64
+    q, k, v = (rand(b, s, h, d, dtype=torch.bfloat16, gen=gen) for s in (sq, sk, sk))
+    o = torch.full_like(q, math.nan)
+    lse = torch.full((b, h, sq), math.nan, device="cuda")
+    e = select(bundle.candidates("attention"), dtype="bf16", head_dim=d, causal=True, varlen=False)
+    bundle.launch(e["name"], [q, k, v, o, lse, 0.125])
+    torch.cuda.synchronize()
+    ref_o, ref_lse = reference(q, k, v, True, 0.125)
+    assert torch.isinf(ref_lse).any()  # rows 0..129 see no key (bottom-right causal)
+    check(o, lse, ref_o, ref_lse, torch.bfloat16, "poisoned")
+
+
+# --- varlen -------------------------------------------------------------------------------------
+VARLEN = [
+    # (q lengths, k lengths, Hq, Hkv)
+    ([1, 17, 128, 300, 64], [1, 17, 128, 300, 64], 8, 8),
+    ([5, 200, 1, 129], [77, 64, 500, 3], 8, 2),
+    ([40, 40], [0, 33], 4, 1),  # a sequence with no keys
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("case", range(len(VARLEN)))
+def test_varlen(bundle, dtype, d, causal, case):
+    lq, lk, hq, hkv = VARLEN[case]
+    gen = torch.Generator(device="cuda").manual_seed(100 + case)
+    cu_q = torch.tensor([0, *torch.tensor(lq).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0, *torch.tensor(lk).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    tq, tk = sum(lq), sum(lk)
+    # NaN tokens after the last sequence: a read past any k/v sequence end would show.
+    q = rand(tq, hq, d, dtype=dtype, gen=gen)
+    kbig = torch.full((tk + 16, hkv, d), math.nan, dtype=dtype, device="cuda")
+    vbig = kbig.clone()
+    kbig[:tk] = rand(tk, hkv, d, dtype=dtype, gen=gen)
+    vbig[:tk] = rand(tk, hkv, d, dtype=dtype, gen=gen)
+    k, v = kbig[:tk], vbig[:tk]
+    o, lse = bundle.attention(q, k, v, causal=causal, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                              max_seqlen_q=max(lq), max_seqlen_k=max(lk), return_lse=True)
+    torch.cuda.synchronize()
+    assert o.shape == q.shape and lse.shape == (hq, tq)
+    for i in range(len(lq)):
+        qs, ks = slice(cu_q[i].item(), cu_q[i + 1].item()), slice(cu_k[i].item(), cu_k[i + 1].item())
+        ref_o, ref_lse = reference(q[None, qs], k[None, ks], v[None, ks], causal, 1 / math.sqrt(d))
+        check(o[None, qs], lse[None, :, qs], ref_o, ref_lse, dtype, f"varlen case {case} seq {i}")
+
+
+def test_varlen_matches_dense(bundle):
+    """One sequence through both paths gives the same bits up to accumulation order."""
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    q, k, v = (rand(1, 333, 4, 128, dtype=torch.bfloat16, gen=gen) for _ in range(3))
+    cu = torch.tensor([0, 333], dtype=torch.int32, device="cuda")
+    od = bundle.attention(q, k, v, causal=True)
+    ov = bundle.attention(q[0], k[0], v[0], causal=True, cu_seqlens_q=cu, cu_seqlens_k=cu)
+    torch.cuda.synchronize()
+    assert torch.equal(od[0], ov)
+
+
+def test_errors(bundle):
+    bf = dict(dtype=torch.bfloat16, device="cuda")
+    q = torch.zeros(1, 8, 4, 128, **bf)
+    with pytest.raises(ValueError, match="head_dim"):
+        bundle.attention(torch.zeros(1, 8, 4, 96, **bf), *(torch.zeros(1, 8, 4, 96, **bf),) * 2)
+    with pytest.raises(ValueError, match="multiple of kv heads"):
+        bundle.attention(q, *(torch.zeros(1, 8, 3, 128, **bf),) * 2)
+    with pytest.raises(ValueError, match="aligned|multiples"):
+        flat = torch.zeros(8 * 4 * 128 + 1, **bf)[1:].view(1, 8, 4, 128)
+        bundle.attention(flat, q, q)
