@@ -10,8 +10,11 @@ Warp roles (one CTA, ``1 + n_consumer`` warpgroups of 128 threads):
   the consumers arrive on).  With a cluster, each CTA loads a slice of the tile its cluster peers
   share and multicasts it: A along the cluster's N direction, B along its M direction.  The other
   three warps of warpgroup 0 give their registers back (setmaxnreg) and leave.
-* warpgroups 1.. — the **consumers**: the tiled MMA spreads the CTA tile over them along M
-  (``coop``: two warpgroups, each a 64-row slab per 128 rows).  Per k-block they wait on "full",
+* warpgroups 1.. — the **consumers**.  ``coop``: the tiled MMA spreads the CTA tile over two
+  warpgroups along M (each a 64-row slab per 128 rows); ``ws``: one warpgroup owns the tile;
+  ``pp`` (ping-pong): each of two warpgroups owns a whole tile, taking every other tile of the
+  schedule, so one warpgroup's epilogue overlaps the other's mainloop (the in-order smem ring
+  staggers them: the second tile's k-blocks arrive only as the first tile's stages free up).  Per k-block they wait on "full",
   issue WGMMAs on the smem descriptors, keep one WGMMA batch in flight and release the previous
   stage.  Then the epilogue: accumulators -> (scale) -> output dtype -> smem (stmatrix) -> TMA store,
   one ``epi_tile`` sub-tile at a time through ``epi_stages`` smem buffers, so the stores of one
@@ -62,7 +65,7 @@ _CONSUMER_REGS = {1: 240, 2: 232}
 class _Bar(enum.IntEnum):
     """Named hardware barriers (id 0 is __syncthreads)."""
 
-    EPILOGUE = 1  # all consumer threads, around each smem -> TMA-store sub-tile
+    EPILOGUE = 1  # the threads of one epilogue (all consumers; in ping-pong, one warpgroup: 1 + wg)
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,7 @@ class _Plan:
 
     tile: tuple[int, int, int]
     n_consumer: int  # consumer warpgroups
+    mma_warpgroups: int  # warpgroups that share one tile's MMA (1 for ws and pp)
     epi_tile: tuple[int, int]
     ab_stages: int
     epi_stages: int
@@ -88,7 +92,7 @@ class GemmSm90(GemmVariant):
     """One Hopper GEMM config.  ``tile`` is the CTA tile (M, N, K); its K must be one 128-byte
     swizzle row (64 for 16-bit inputs, 128 for fp8).  ``schedule``: ``coop`` = two consumer
     warpgroups split the tile along M (tile M 128 or 256); ``ws`` = one consumer warpgroup (tile M
-    64 or 128).  ``raster`` orders tiles along M or N; ``swizzle`` groups that many clusters for L2
+    64 or 128); ``pp`` = ping-pong, two consumer warpgroups with a tile each (tile M 64 or 128).  ``raster`` orders tiles along M or N; ``swizzle`` groups that many clusters for L2
     reuse (1 = plain raster).
 
     ``swap_ab`` (for decode, M <= 64): the kernel computes Cᵀ = B·Aᵀ, so the large N runs along the
@@ -137,16 +141,16 @@ class GemmSm90(GemmVariant):
         if self.schedule == "coop":
             if tm not in (128, 256):
                 return "coop needs tile M 128 or 256"
-        elif self.schedule == "ws":
+        elif self.schedule in ("ws", "pp"):
             if tm not in (64, 128):
-                return "ws needs tile M 64 or 128"
+                return f"{self.schedule} needs tile M 64 or 128"
         else:
             return f"unknown schedule {self.schedule!r}"
         # WGMMA N is a multiple of 8 up to 256; the epilogue works in 32-column sub-tiles.
         if not 16 <= tn <= 256 or tn % 16 or (tn > 32 and tn % 32):
             return "kernel tile N must be 16, 32 or a multiple of 32 up to 256"
         plan = self.plan()
-        if tm * tn // (plan.n_consumer * 128) > 128:
+        if tm * tn // (plan.mma_warpgroups * 128) > 128:
             return "more than 128 fp32 accumulators per consumer thread would spill"
         cm, cn = self.kernel_cluster
         if not tgt.clusters and (cm, cn) != (1, 1):
@@ -178,18 +182,21 @@ class GemmSm90(GemmVariant):
 
     def plan(self) -> _Plan:
         tm, tn, tk = self.kernel_tile
-        n_consumer = 2 if self.schedule == "coop" else 1
-        # One epilogue sub-tile spans every consumer warpgroup's 64-row slab (so the accumulator
-        # order matches the sub-tile order) and 32 columns (64 for 8-bit outputs).
-        epi_tile = (min(tm, 64 * n_consumer), min(tn, 32))
+        n_consumer = 1 if self.schedule == "ws" else 2
+        mma_wgs = 2 if self.schedule == "coop" else 1
+        # One epilogue sub-tile spans the 64-row slabs of the warpgroups sharing the tile (so the
+        # accumulator order matches the sub-tile order) and 32 columns.
+        epi_tile = (min(tm, 64 * mma_wgs), min(tn, 32))
         cb = DTYPE_BYTES[self.c]
         epi_stages = 4 if cb <= 2 else 2
-        epi_bytes = _round_up(epi_tile[0] * epi_tile[1] * cb, _SMEM_ALIGN) * epi_stages
+        # Ping-pong: each warpgroup has its own epilogue buffers.
+        epi_bytes = (_round_up(epi_tile[0] * epi_tile[1] * cb, _SMEM_ALIGN) * epi_stages
+                     * (n_consumer // mma_wgs))
         ab = DTYPE_BYTES[self.ab]
         stage_bytes = _round_up(tm * tk * ab, _SMEM_ALIGN) + _round_up(tn * tk * ab, _SMEM_ALIGN)
         budget = self.tgt.smem_per_cta - _STATIC_SMEM - _BARRIER_BYTES - epi_bytes
         ab_stages = min(budget // stage_bytes, 8)
-        return _Plan(self.kernel_tile, n_consumer, epi_tile, ab_stages, epi_stages, stage_bytes, epi_bytes)
+        return _Plan(self.kernel_tile, n_consumer, mma_wgs, epi_tile, ab_stages, epi_stages, stage_bytes, epi_bytes)
 
     def smem_bytes(self) -> int:
         return self.plan().smem_bytes
@@ -223,6 +230,7 @@ class GemmSm90(GemmVariant):
         plan = self.plan()
         kernel = GemmSm90Kernel(
             tile=self.kernel_tile, cluster=self.kernel_cluster, n_consumer=plan.n_consumer,
+            pingpong=self.schedule == "pp",
             epi_tile=plan.epi_tile, ab_stages=plan.ab_stages, epi_stages=plan.epi_stages,
             raster_along_m=(self.raster == "m") != self.swap_ab, swizzle=self.swizzle,
             swap_ab=self.swap_ab, max_ctas=PERSISTENT_SMS,
@@ -246,11 +254,17 @@ class GemmSm90Kernel:
     build the TMA atoms, the smem layouts and the persistent grid, then launch ``kernel``.
     See the module docstring for the warp roles."""
 
-    def __init__(self, *, tile, cluster, n_consumer, epi_tile, ab_stages, epi_stages,
+    def __init__(self, *, tile, cluster, n_consumer, pingpong, epi_tile, ab_stages, epi_stages,
                  raster_along_m, swizzle, swap_ab, max_ctas):
         self.tile = tuple(tile)
         self.cluster = tuple(cluster)
         self.n_consumer = n_consumer
+        self.pingpong = pingpong
+        # Warpgroups that share one tile's MMA, and the threads of one epilogue.
+        self.mma_wgs = 1 if pingpong else n_consumer
+        self.epi_threads = 128 * self.mma_wgs
+        # Consumer warpgroups with their own tile (ping-pong) and their own epilogue buffers.
+        self.tile_owners = n_consumer // self.mma_wgs
         self.epi_tile = tuple(epi_tile)
         self.ab_stages = ab_stages
         self.epi_stages = epi_stages
@@ -259,13 +273,12 @@ class GemmSm90Kernel:
         self.swap_ab = swap_ab
         self.max_clusters = max_ctas // math.prod(self.cluster)
         self.threads = 128 * (1 + n_consumer)
-        self.consumer_threads = 128 * n_consumer
         self.consumer_regs = _CONSUMER_REGS[n_consumer]
         # A is shared by the CTAs of a cluster row (same M, different N) and multicast along N;
         # B along M.
         self.mcast_a = self.cluster[1]
         self.mcast_b = self.cluster[0]
-        self.epi_store_warp = 4  # first consumer warp issues the TMA stores
+        # The first warp of each epilogue group issues its TMA stores.
 
     # --- host ------------------------------------------------------------------------------------
     @cute.jit
@@ -290,12 +303,13 @@ class GemmSm90Kernel:
 
         tiled_mma = sm90_utils.make_trivial_tiled_mma(
             ab_dtype, b.element_type, a_layout.sm90_mma_major_mode(),
-            b_layout.sm90_mma_major_mode(), cutlass.Float32, (self.n_consumer, 1, 1),
+            b_layout.sm90_mma_major_mode(), cutlass.Float32, (self.mma_wgs, 1, 1),
             tiler_mn=(64, self.tile[1]),
         )
         sA_layout = sm90_utils.make_smem_layout_a(a_layout, self.tile, ab_dtype, self.ab_stages)
         sB_layout = sm90_utils.make_smem_layout_b(b_layout, self.tile, ab_dtype, self.ab_stages)
-        sC_layout = sm90_utils.make_smem_layout_epi(c_dtype, c_layout, self.epi_tile, self.epi_stages)
+        sC_layout = sm90_utils.make_smem_layout_epi(
+            c_dtype, c_layout, self.epi_tile, self.epi_stages * self.tile_owners)
 
         tma_a, gA = self._tma_load(a, sA_layout, (self.tile[0], self.tile[2]), self.mcast_a)
         tma_b, gB = self._tma_load(b, sB_layout, (self.tile[1], self.tile[2]), self.mcast_b)
@@ -313,6 +327,8 @@ class GemmSm90Kernel:
         @cute.struct
         class SharedStorage:
             ab_barriers: cute.struct.MemRange[cutlass.Int64, self.ab_stages * 2]
+            # Ping-pong: one mbarrier per consumer warpgroup, "your turn for the mainloop".
+            order_barriers: cute.struct.MemRange[cutlass.Int64, 2]
             sA: cute.struct.Align[
                 cute.struct.MemRange[ab_dtype, cute.cosize(sA_layout)], _SMEM_ALIGN]
             sB: cute.struct.Align[
@@ -370,8 +386,8 @@ class GemmSm90Kernel:
         sB = storage.sB.get_tensor(sB_layout.outer, swizzle=sB_layout.inner)
         sC = storage.sC.get_tensor(sC_layout.outer, swizzle=sC_layout.inner)
 
-        # Mainloop pipeline.  Every consumer warp releases a stage once to each CTA that
-        # multicasts into it (its cluster row and column, itself counted once).
+        # Mainloop pipeline.  Every consumer warp of the tile's owner releases a stage once to each
+        # CTA that multicasts into it (its cluster row and column, itself counted once).
         stage_bytes = cute.size_in_bytes(
             self.ab_dtype, cute.slice_(sA_layout, (None, None, 0))
         ) + cute.size_in_bytes(self.ab_dtype, cute.slice_(sB_layout, (None, None, 0)))
@@ -381,12 +397,18 @@ class GemmSm90Kernel:
             num_stages=self.ab_stages,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
             consumer_group=pipeline.CooperativeGroup(
-                pipeline.Agent.Thread, mcast_peers * self.n_consumer * 4
+                pipeline.Agent.Thread, mcast_peers * self.mma_wgs * 4
             ),
             tx_count=stage_bytes,
             cta_layout_vmnk=cute.make_layout((1, *cta_layout.shape)),
             defer_sync=True,
         )
+        order_bars = storage.order_barriers.data_ptr()
+        if cutlass.const_expr(self.tile_owners > 1):
+            if warp_idx == 0:
+                with cute.arch.elect_one():
+                    cute.arch.mbarrier_init(order_bars, 128)
+                    cute.arch.mbarrier_init(order_bars + 1, 128)
         pipeline.pipeline_init_arrive(cluster_shape_mn=self.cluster, is_relaxed=True)
 
         # (bM, bK, tiles_m, tiles_k, L) and friends.
@@ -405,8 +427,10 @@ class GemmSm90Kernel:
                              sched_params, k_tiles)
         else:
             cute.arch.setmaxregister_increase(self.consumer_regs)
-            self.consume(tiled_mma, tma_c, sA, sB, sC, gC, ab_pipe, scale_a, scale_b,
-                         sched_params, k_tiles, tidx - 128, warp_idx)
+            # Which tile owner (ping-pong warpgroup) this thread belongs to, and its index there.
+            owner = (warpgroup - 1) // self.mma_wgs
+            self.consume(tiled_mma, tma_c, sA, sB, sC, gC, ab_pipe, order_bars, scale_a, scale_b,
+                         sched_params, k_tiles, (tidx - 128) % self.epi_threads, owner, warp_idx)
 
     @cute.jit
     def produce(self, tma_a, tma_b, sA, sB, gA, gB, ab_pipe, cta_layout, cluster_coord,
@@ -452,9 +476,16 @@ class GemmSm90Kernel:
         ab_pipe.producer_tail(state)
 
     @cute.jit
-    def consume(self, tiled_mma, tma_c, sA, sB, sC, gC, ab_pipe, scale_a, scale_b,
-                sched_params, k_tiles, ctidx, warp_idx):
-        """The MMA warpgroups: mainloop then epilogue, tile after tile."""
+    def consume(self, tiled_mma, tma_c, sA, sB, sC, gC, ab_pipe, order_bars, scale_a, scale_b,
+                sched_params, k_tiles, ctidx, owner, warp_idx):
+        """The MMA warpgroups: mainloop then epilogue, tile after tile.  ``owner`` is the
+        ping-pong warpgroup (0 otherwise): it takes tiles owner, owner + 2, ... of this CTA's
+        schedule and skips the other warpgroup's k-blocks in the smem ring.
+
+        The two ping-pong warpgroups take turns at the mainloop (order barriers).  Beyond overlap,
+        this is what keeps the ring's parity waits sound: a warpgroup starts waiting on its
+        k-blocks only once the other has waited on all of its own, so no "full" barrier is ever
+        more than one phase behind its waiter."""
         thr_mma = tiled_mma.get_slice(ctidx)
         tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
         tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
@@ -484,10 +515,11 @@ class GemmSm90Kernel:
         frag_size = cute.size(tRS_rF)
         store_pipe = pipeline.PipelineTmaStore.create(
             num_stages=self.epi_stages,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.consumer_threads),
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.epi_threads),
         )
-        epi_bar = pipeline.NamedBarrier(barrier_id=int(_Bar.EPILOGUE),
-                                        num_threads=self.consumer_threads)
+        epi_bar = pipeline.NamedBarrier(barrier_id=int(_Bar.EPILOGUE) + owner,
+                                        num_threads=self.epi_threads)
+        store_warp = 4 + owner * 4 * self.mma_wgs
 
         scale = cutlass.Float32(1.0)
         if cutlass.const_expr(scale_a is not None):
@@ -496,11 +528,21 @@ class GemmSm90Kernel:
         sched = utils.StaticPersistentTileScheduler.create(
             sched_params, cute.arch.block_idx(), cute.arch.grid_dim()
         )
-        work = sched.initial_work_tile_info()
         read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stages)
         release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stages)
+        # Warpgroup 0 passes its first turn (parity 1 of a fresh mbarrier counts as completed).
+        turn_phase = cutlass.Int32(1) - owner
+        if cutlass.const_expr(self.tile_owners > 1):
+            # Warpgroup 1 starts at the CTA's second tile, after warpgroup 0's k-blocks.
+            sched.advance_to_next_work(advance_count=owner)
+            read.advance(cutlass.Int32(owner * k_tiles))
+            release.advance(cutlass.Int32(owner * k_tiles))
+        work = sched.get_current_work()
         while work.is_valid_tile:
             m, n, l = work.tile_idx
+            if cutlass.const_expr(self.tile_owners > 1):
+                cute.arch.mbarrier_wait(order_bars + owner, turn_phase)
+                turn_phase = turn_phase ^ 1
             # ---- mainloop: one WGMMA batch in flight; release a stage once its batch retired
             acc.fill(0.0)
             tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
@@ -516,6 +558,8 @@ class GemmSm90Kernel:
                     cute.nvgpu.warpgroup.wait_group(1)
                     ab_pipe.consumer_release(release)
                     release.advance()
+            if cutlass.const_expr(self.tile_owners > 1):
+                cute.arch.mbarrier_arrive(order_bars + (1 - owner))  # the other's turn
             cute.nvgpu.warpgroup.wait_group(0)
             if k_tiles > 0:
                 ab_pipe.consumer_release(release)
@@ -537,17 +581,23 @@ class GemmSm90Kernel:
                 if cutlass.const_expr(scale_a is not None):
                     vals = vals * scale
                 tRS_rC.store(vals.to(c_dtype))
-                buf = (done + e) % self.epi_stages
+                buf = (done + e) % self.epi_stages + owner * self.epi_stages
                 cute.copy(r2s, tRS_rC, tRS_sC[(None, None, None, buf)])
                 # Make the generic-proxy smem writes visible to the TMA (async proxy).
                 cute.arch.fence_proxy("async.shared", space="cta")
                 epi_bar.arrive_and_wait()
-                if warp_idx == self.epi_store_warp:
+                if warp_idx == store_warp:
                     cute.copy(tma_c, bSG_sC[(None, buf)], bSG_gC[(None, epi_order.get_hier_coord(e))])
                     store_pipe.producer_commit()
                     store_pipe.producer_acquire()
                 epi_bar.arrive_and_wait()
-            sched.advance_to_next_work()
+            if cutlass.const_expr(self.tile_owners > 1):
+                # Skip the tile (and the k-blocks) of the other warpgroup.
+                sched.advance_to_next_work(advance_count=self.tile_owners)
+                read.advance(cutlass.Int32(k_tiles))
+                release.advance(cutlass.Int32(k_tiles))
+            else:
+                sched.advance_to_next_work()
             work = sched.get_current_work()
         store_pipe.producer_tail()
 
@@ -574,6 +624,9 @@ def _default() -> list[dict]:
         dict(ab="bf16", c="bf16", tile=(256, 128, 64), cluster=(1, 2)),
         dict(ab="bf16", c="bf16", tile=(128, 128, 64), cluster=(2, 1)),
         dict(ab="bf16", c="bf16", tile=(64, 128, 64), cluster=(1, 1), schedule="ws"),
+        # Ping-pong: one warpgroup's epilogue under the other's mainloop.
+        dict(ab="bf16", c="bf16", tile=(128, 128, 64), cluster=(1, 2), schedule="pp"),
+        dict(ab="e4m3", c="bf16", tile=(128, 128, 128), cluster=(1, 1), schedule="pp"),
         # x @ W with W stored (K, N): B N-major, read transposed by the WGMMA from smem.
         dict(ab="bf16", c="bf16", tile=(128, 128, 64), cluster=(1, 1), b_major="n"),
         dict(ab="e4m3", c="bf16", tile=(128, 128, 128), cluster=(1, 1)),
@@ -595,9 +648,9 @@ def _full() -> list[dict]:
         (("k", "k"), ("m", "k"), ("k", "n"), ("m", "n")),
     ):
         tk = 128 // DTYPE_BYTES[ab]
-        sched = "ws" if tm == 64 else "coop"
-        out.append(dict(ab=ab, c=c, tile=(tm, tn, tk), cluster=cl, schedule=sched,
-                        a_major=maj[0], b_major=maj[1]))
+        for sched in (("ws", "pp") if tm == 64 else ("coop", "pp")):
+            out.append(dict(ab=ab, c=c, tile=(tm, tn, tk), cluster=cl, schedule=sched,
+                            a_major=maj[0], b_major=maj[1]))
     for ab, c, tm, tn in itertools.product(("bf16", "f16", "e4m3"), ("bf16", "f16", "f32"),
                                            (16, 32, 64), (64, 128)):
         tk = 128 // DTYPE_BYTES[ab]
