@@ -109,6 +109,9 @@ class GemmSm90(GemmVariant):
     raster: str = field(default="m", metadata={"tag": "r"})
     swizzle: int = field(default=1, metadata={"tag": "sw"})
     swap_ab: bool = field(default=False, metadata={"tag": "swap"})
+    # fp8 only: accumulate straight in the WGMMA accumulators (faster, fewer registers) instead of
+    # adding each k-tile's partial sum into fp32 registers.
+    fast_accum: bool = field(default=False, metadata={"tag": "fastacc"})
 
     required_sass: ClassVar[tuple[str, ...]] = (r"\bHGMMA\.64x", r"\bUTMALDG\.3D", r"\bUTMASTG\.3D")
 
@@ -149,8 +152,11 @@ class GemmSm90(GemmVariant):
         # WGMMA N is a multiple of 8 up to 256; the epilogue works in 32-column sub-tiles.
         if not 16 <= tn <= 256 or tn % 16 or (tn > 32 and tn % 32):
             return "kernel tile N must be 16, 32 or a multiple of 32 up to 256"
+        if self.fast_accum and not self.is_fp8:
+            return "fast_accum applies to fp8 only"
         plan = self.plan()
-        if tm * tn // (plan.mma_warpgroups * 128) > 128:
+        acc_sets = 2 if self.promotes else 1
+        if acc_sets * tm * tn // (plan.mma_warpgroups * 128) > 128:
             return "more than 128 fp32 accumulators per consumer thread would spill"
         cm, cn = self.kernel_cluster
         if not tgt.clusters and (cm, cn) != (1, 1):
@@ -171,6 +177,11 @@ class GemmSm90(GemmVariant):
         return None
 
     # --- derived ---------------------------------------------------------------------------------
+    @property
+    def promotes(self) -> bool:
+        """fp8 k-tile partial sums are added into separate fp32 accumulators."""
+        return self.is_fp8 and not self.fast_accum
+
     @property
     def kernel_tile(self) -> tuple[int, int, int]:
         tm, tn, tk = self.tile
@@ -217,6 +228,7 @@ class GemmSm90(GemmVariant):
             "threads": 128 * (1 + plan.n_consumer),
             "persistent_ctas": PERSISTENT_SMS,
             "scaled": self.is_fp8,
+            "fp8_accumulation": ("fast" if self.fast_accum else "promoted") if self.is_fp8 else None,
             "constraints": {
                 # Sizes need only the 16-byte divisibility of the signature; tails are handled.
                 "divisibility": dict(sig.divisibility),
@@ -230,7 +242,7 @@ class GemmSm90(GemmVariant):
         plan = self.plan()
         kernel = GemmSm90Kernel(
             tile=self.kernel_tile, cluster=self.kernel_cluster, n_consumer=plan.n_consumer,
-            pingpong=self.schedule == "pp",
+            pingpong=self.schedule == "pp", promote=self.promotes,
             epi_tile=plan.epi_tile, ab_stages=plan.ab_stages, epi_stages=plan.epi_stages,
             raster_along_m=(self.raster == "m") != self.swap_ab, swizzle=self.swizzle,
             swap_ab=self.swap_ab, max_ctas=PERSISTENT_SMS,
@@ -254,12 +266,13 @@ class GemmSm90Kernel:
     build the TMA atoms, the smem layouts and the persistent grid, then launch ``kernel``.
     See the module docstring for the warp roles."""
 
-    def __init__(self, *, tile, cluster, n_consumer, pingpong, epi_tile, ab_stages, epi_stages,
-                 raster_along_m, swizzle, swap_ab, max_ctas):
+    def __init__(self, *, tile, cluster, n_consumer, pingpong, promote, epi_tile, ab_stages,
+                 epi_stages, raster_along_m, swizzle, swap_ab, max_ctas):
         self.tile = tuple(tile)
         self.cluster = tuple(cluster)
         self.n_consumer = n_consumer
         self.pingpong = pingpong
+        self.promote = promote
         # Warpgroups that share one tile's MMA, and the threads of one epilogue.
         self.mma_wgs = 1 if pingpong else n_consumer
         self.epi_threads = 128 * self.mma_wgs
@@ -491,6 +504,9 @@ class GemmSm90Kernel:
         tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
         acc_shape = thr_mma.partition_C(gC).shape[:3]
         acc = cute.make_rmem_tensor(acc_shape, cutlass.Float32)
+        part = None
+        if cutlass.const_expr(self.promote):
+            part = cute.make_rmem_tensor(acc_shape, cutlass.Float32)
         k_blocks = cute.size(tCrA, mode=[2])
 
         # Epilogue copies: registers -> smem with stmatrix (16-bit outputs) laid out like the
@@ -543,27 +559,46 @@ class GemmSm90Kernel:
             if cutlass.const_expr(self.tile_owners > 1):
                 cute.arch.mbarrier_wait(order_bars + owner, turn_phase)
                 turn_phase = turn_phase ^ 1
-            # ---- mainloop: one WGMMA batch in flight; release a stage once its batch retired
+            # ---- mainloop
             acc.fill(0.0)
-            tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+            if cutlass.const_expr(not self.promote):
+                tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
             cute.nvgpu.warpgroup.fence()
             for k in range(k_tiles):
                 ab_pipe.consumer_wait(read)
-                for kb in cutlass.range_constexpr(k_blocks):
-                    blk = (None, None, kb, read.index)
-                    cute.gemm(tiled_mma, acc, tCrA[blk], tCrB[blk], acc)
-                cute.nvgpu.warpgroup.commit_group()
-                read.advance()
-                if k > 0:
-                    cute.nvgpu.warpgroup.wait_group(1)
-                    ab_pipe.consumer_release(release)
-                    release.advance()
+                if cutlass.const_expr(self.promote):
+                    # fp8: the k-block's products go into a fresh partial sum, added to the
+                    # fp32 accumulators once the WGMMAs retire (the tensor core keeps fewer
+                    # accumulator bits for fp8 than fp32 has).
+                    cute.nvgpu.warpgroup.fence()
+                    tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
+                    for kb in cutlass.range_constexpr(k_blocks):
+                        blk = (None, None, kb, read.index)
+                        cute.gemm(tiled_mma, part, tCrA[blk], tCrB[blk], part)
+                        tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+                    cute.nvgpu.warpgroup.commit_group()
+                    cute.nvgpu.warpgroup.wait_group(0)
+                    ab_pipe.consumer_release(read)
+                    read.advance()
+                    acc.store(acc.load() + part.load())
+                else:
+                    # One WGMMA batch in flight; a stage is released once its batch retired.
+                    for kb in cutlass.range_constexpr(k_blocks):
+                        blk = (None, None, kb, read.index)
+                        cute.gemm(tiled_mma, acc, tCrA[blk], tCrB[blk], acc)
+                    cute.nvgpu.warpgroup.commit_group()
+                    read.advance()
+                    if k > 0:
+                        cute.nvgpu.warpgroup.wait_group(1)
+                        ab_pipe.consumer_release(release)
+                        release.advance()
             if cutlass.const_expr(self.tile_owners > 1):
                 cute.arch.mbarrier_arrive(order_bars + (1 - owner))  # the other's turn
-            cute.nvgpu.warpgroup.wait_group(0)
-            if k_tiles > 0:
-                ab_pipe.consumer_release(release)
-                release.advance()
+            if cutlass.const_expr(not self.promote):
+                cute.nvgpu.warpgroup.wait_group(0)
+                if k_tiles > 0:
+                    ab_pipe.consumer_release(release)
+                    release.advance()
 
             # ---- epilogue
             gC_t = cute.zipped_divide(gC[(None, None, m, n, l)], self.epi_tile)
@@ -626,11 +661,13 @@ def _default() -> list[dict]:
         dict(ab="bf16", c="bf16", tile=(64, 128, 64), cluster=(1, 1), schedule="ws"),
         # Ping-pong: one warpgroup's epilogue under the other's mainloop.
         dict(ab="bf16", c="bf16", tile=(128, 128, 64), cluster=(1, 2), schedule="pp"),
-        dict(ab="e4m3", c="bf16", tile=(128, 128, 128), cluster=(1, 1), schedule="pp"),
+        dict(ab="e4m3", c="bf16", tile=(64, 128, 128), cluster=(1, 1), schedule="pp"),
         # x @ W with W stored (K, N): B N-major, read transposed by the WGMMA from smem.
         dict(ab="bf16", c="bf16", tile=(128, 128, 64), cluster=(1, 1), b_major="n"),
         dict(ab="e4m3", c="bf16", tile=(128, 128, 128), cluster=(1, 1)),
-        dict(ab="e4m3", c="bf16", tile=(128, 256, 128), cluster=(2, 1)),
+        dict(ab="e4m3", c="bf16", tile=(128, 128, 128), cluster=(2, 1)),
+        # The largest fp8 tile only fits in registers with fast accumulation.
+        dict(ab="e4m3", c="bf16", tile=(128, 256, 128), cluster=(2, 1), fast_accum=True),
     ]
     # Decode (M <= 64): swap A and B so that N fills the WGMMA's 64-row side; one consumer
     # warpgroup and 64 N-rows per CTA give N/64 CTAs (64 for N = 4096).
@@ -648,9 +685,10 @@ def _full() -> list[dict]:
         (("k", "k"), ("m", "k"), ("k", "n"), ("m", "n")),
     ):
         tk = 128 // DTYPE_BYTES[ab]
-        for sched in (("ws", "pp") if tm == 64 else ("coop", "pp")):
+        for sched, fast in itertools.product(("ws", "pp") if tm == 64 else ("coop", "pp"),
+                                             (False, True) if ab == "e4m3" else (False,)):
             out.append(dict(ab=ab, c=c, tile=(tm, tn, tk), cluster=cl, schedule=sched,
-                            a_major=maj[0], b_major=maj[1]))
+                            a_major=maj[0], b_major=maj[1], fast_accum=fast))
     for ab, c, tm, tn in itertools.product(("bf16", "f16", "e4m3"), ("bf16", "f16", "f32"),
                                            (16, 32, 64), (64, 128)):
         tk = 128 // DTYPE_BYTES[ab]
