@@ -41,8 +41,12 @@ class GemmSm80(GemmVariant):
     warps: tuple[int, int] = field(default=(2, 2), metadata={"tag": "w"})
 
     def sass_requirements(self) -> tuple[str, ...]:
-        # Ada's fp8 mma.sync disassembles as QMMA (HMMA is the 16-bit instruction).
-        mma = r"\bQMMA\.16832\.F32\.E4M3" if self.is_fp8 else r"\bHMMA\.16816\.F32"
+        # Ada's fp8 mma.sync disassembles as QMMA.  Hopper has no fp8 mma.sync unit: for the
+        # sm_90 portability build ptxas lowers it to two f16 HMMA.16816 per m16n8k32 (seen in SASS).
+        if self.is_fp8 and self.tgt.sm < 90:
+            mma = r"\bQMMA\.16832\.F32\.E4M3"
+        else:
+            mma = r"\bHMMA\.16816\.F32"
         return (mma, r"\bLDGSTS\.E\.BYPASS\.LTC128B\.128", r"\bLDSM\.16\.M")
 
     @property

@@ -1,0 +1,55 @@
+"""Shared fixtures: one small bundle (the "test" tier of every family, every target with kernels)
+built once per session on this GPU-less machine; GPU tests use $FACTORY_BUNDLE or that bundle."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+HAVE_DSL = importlib.util.find_spec("cutlass") is not None
+TEST_TARGETS = ["sm_80", "sm_86", "sm_89", "sm_90", "sm_90a"]
+
+needs_dsl = pytest.mark.skipif(not HAVE_DSL, reason="nvidia-cutlass-dsl is not installed (build tests need it)")
+
+
+def _have_gpu() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+needs_gpu = pytest.mark.skipif(not _have_gpu(), reason="no CUDA GPU on this machine")
+
+
+@pytest.fixture(scope="session")
+def test_bundle(tmp_path_factory) -> Path:
+    """The test-tier bundle for every target (built here, from the compile cache when warm)."""
+    env = os.environ.get("FACTORY_TEST_BUNDLE")
+    if env:
+        return Path(env)
+    if not HAVE_DSL:
+        pytest.skip("nvidia-cutlass-dsl is not installed")
+    from factory.build.builder import build
+
+    out = tmp_path_factory.mktemp("bundle") / "test"
+    summary = build(out, TEST_TARGETS, tier="test", jobs=os.cpu_count())
+    assert summary["variants"] > 0
+    return out
+
+
+@pytest.fixture(scope="session")
+def gpu_bundle() -> Path:
+    p = Path(os.environ.get("FACTORY_BUNDLE", ROOT / "artifacts" / "default"))
+    if not (p / "manifest.json").exists():
+        pytest.skip(f"no bundle at {p}: build one (scripts/build_bundle.py) and set FACTORY_BUNDLE")
+    return p

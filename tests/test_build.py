@@ -1,0 +1,98 @@
+"""Building a bundle on this GPU-less machine: manifest, hashes, SASS, cache, host library."""
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import ROOT, TEST_TARGETS, needs_dsl
+
+pytestmark = needs_dsl
+
+
+def manifest(bundle):
+    return json.loads((bundle / "manifest.json").read_text())
+
+
+def test_manifest_describes_every_variant(test_bundle):
+    m = manifest(test_bundle)
+    assert m["schema_version"] == 1
+    assert m["versions"]["nvidia-cutlass-dsl"]
+    assert {v["target"] for v in m["variants"].values()} >= {"sm_80", "sm_86", "sm_89", "sm_90"}
+    for name, v in m["variants"].items():
+        assert name == v["name"]
+        assert v["proof"] in ("executed", "portability-build", "sass-only")
+        assert v["resources"]["registers"] > 0
+        assert 0 < v["resources"]["dynamic_smem_bytes"] <= 227 * 1024
+        assert v["resources"]["spill_instructions"] == 0, f"{name} spills"
+        for f in v["files"].values():
+            assert (test_bundle / f["path"]).stat().st_size == f["bytes"]
+        assert v["abi"]["params"][-1][0] == "cudaStream_t"
+
+
+def test_verify_passes_and_catches_tampering(test_bundle, tmp_path):
+    ok = subprocess.run([sys.executable, "-m", "factory", "verify", str(test_bundle)], cwd=ROOT,
+                        capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "verify: OK" in ok.stdout
+    bad = tmp_path / "bad"
+    shutil.copytree(test_bundle, bad)
+    cubin = next((bad / "cubin").glob("*.cubin"))
+    data = bytearray(cubin.read_bytes())
+    data[-1] ^= 0xFF
+    cubin.write_bytes(bytes(data))
+    r = subprocess.run([sys.executable, "-m", "factory", "verify", str(bad)], cwd=ROOT,
+                       capture_output=True, text=True)
+    assert r.returncode == 1 and "sha256 mismatch" in r.stderr
+
+
+def test_sass_proves_each_family(test_bundle):
+    m = manifest(test_bundle)
+    for v in m["variants"].values():
+        s = v["sass"]
+        if v["family"] == "sm80":
+            assert (s["HMMA"] if v["dtypes"].get("a", v["dtypes"].get("q")) != "e4m3" else s["QMMA"]) > 0, v["name"]
+            assert s["LDGSTS"] > 0 and s["LDSM"] > 0, v["name"]
+        if v["family"] == "sm90":
+            assert s["HGMMA"] + s["QGMMA"] > 0 and s["UTMALDG"] > 0, v["name"]
+
+
+def test_host_library_needs_only_libc(test_bundle):
+    lib = test_bundle / "lib" / "libfactory_bundle.so"
+    out = subprocess.run(["readelf", "-d", str(lib)], capture_output=True, text=True).stdout
+    needed = sorted(line.split("[")[1].rstrip("]") for line in out.splitlines() if "(NEEDED)" in line)
+    assert all(n.startswith(("libc.so", "libm.so", "libpthread", "libdl", "librt", "ld-linux")) for n in needed), needed
+    syms = subprocess.run(["nm", "-D", "--defined-only", str(lib)], capture_output=True, text=True).stdout
+    assert "fx_launch_" in syms and " cudaLaunchKernel" not in syms  # cudart stays private
+
+
+def test_unchanged_rebuild_comes_from_the_cache(test_bundle, tmp_path):
+    from factory.build.builder import build
+
+    t0 = time.perf_counter()
+    s = build(tmp_path / "again", TEST_TARGETS, tier="test")
+    assert s["compiled"] == 0 and s["cached"] == s["variants"]
+    assert time.perf_counter() - t0 < 60
+    a, b = manifest(test_bundle), manifest(tmp_path / "again")
+    assert {k: v["files"]["cubin"]["sha256"] for k, v in a["variants"].items()} == \
+           {k: v["files"]["cubin"]["sha256"] for k, v in b["variants"].items()}
+
+
+def test_cli_list_and_inspect(test_bundle):
+    r = subprocess.run([sys.executable, "-m", "factory", "list", str(test_bundle)], cwd=ROOT,
+                       capture_output=True, text=True, check=True)
+    assert "gemm_sm80_bf16_obf16_ak_bk_t128x128x32_w2x2" in r.stdout
+    r = subprocess.run([sys.executable, "-m", "factory", "inspect", str(test_bundle),
+                        "gemm_sm80_bf16_obf16_ak_bk_t128x128x32_w2x2"], cwd=ROOT, capture_output=True,
+                       text=True, check=True)
+    assert json.loads(r.stdout)["target"] == "sm_80"
+
+
+def test_unknown_target_is_a_clear_error():
+    from factory.registry import enumerate_variants
+
+    with pytest.raises(ValueError, match="unknown target"):
+        enumerate_variants(["sm_75"], ["gemm"])

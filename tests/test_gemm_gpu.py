@@ -1,0 +1,92 @@
+"""GEMM on the GPU through the bundle (skipped without a GPU): the loader's own selection on
+assorted shapes and layouts, fp8 scales, streams and CUDA-graph capture."""
+
+import pytest
+
+from conftest import needs_gpu
+
+pytestmark = [needs_gpu, pytest.mark.gpu]
+
+
+@pytest.fixture(scope="module")
+def bundle(gpu_bundle):
+    from factory.runtime import Bundle
+
+    b = Bundle.open(gpu_bundle)
+    if not b.candidates("gemm"):
+        pytest.skip(f"bundle has no gemm for this GPU ({b.describe_contents('gemm')})")
+    return b
+
+
+@pytest.mark.parametrize("M,N,K", [(1, 8, 8), (7, 24, 40), (129, 200, 264), (300, 4096, 1024), (4096, 1024, 512)])
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+def test_selected_variant_matches_float32(bundle, M, N, K, dtype):
+    import torch
+
+    from factory import testing
+
+    a = testing.gemm_operand(M, K, 1, "k", dtype)[0]
+    b = testing.gemm_operand(N, K, 1, "k", dtype)[0]
+    out = torch.full((M, N), float("nan"), dtype=a.dtype, device="cuda")
+    bundle.gemm(a, b, out)
+    torch.cuda.synchronize()
+    assert not torch.isnan(out).any()
+    assert testing.rel_error(out, a.float() @ b.float().t()) < testing.TOLERANCE[dtype]
+
+
+def test_batched_and_f32_output(bundle):
+    import torch
+
+    from factory import testing
+
+    a = testing.gemm_operand(100, 72, 4, "k", "bf16")
+    b = testing.gemm_operand(56, 72, 4, "k", "bf16")
+    out = bundle.gemm(a, b, out_dtype=torch.float32)
+    assert out.dtype == torch.float32 and out.shape == (4, 100, 56)
+    assert testing.rel_error(out, a.float() @ b.float().transpose(1, 2)) < 1e-2
+
+
+def test_other_majorness(bundle):
+    import torch
+
+    from factory import testing
+
+    names = {(v["layout"]["a"], v["layout"]["b"]) for v in bundle.candidates("gemm")}
+    for am, bm in sorted(names - {("k", "k")}):
+        a = testing.gemm_operand(136, 96, 2, am, "bf16")
+        b = testing.gemm_operand(80, 96, 2, bm, "bf16")
+        out = bundle.gemm(a, b)
+        torch.cuda.synchronize()
+        assert testing.rel_error(out, a.float() @ b.float().transpose(1, 2)) < 1e-2, (am, bm)
+
+
+def test_fp8_with_device_scales(bundle):
+    import torch
+
+    from factory import testing
+
+    if not any(v["dtypes"]["a"] == "e4m3" for v in bundle.candidates("gemm")):
+        pytest.skip("no fp8 gemm for this GPU in the bundle")
+    a = testing.gemm_operand(192, 256, 1, "k", "e4m3")[0]
+    b = testing.gemm_operand(128, 256, 1, "k", "e4m3")[0]
+    sa, sb = torch.tensor([0.5], device="cuda"), torch.tensor([3.0], device="cuda")
+    out = bundle.gemm(a, b, scale_a=sa, scale_b=sb)
+    assert out.dtype == torch.bfloat16
+    assert testing.rel_error(out, 1.5 * (a.float() @ b.float().t())) < testing.TOLERANCE["e4m3"]
+
+
+def test_runs_on_the_callers_stream_and_in_a_graph(bundle):
+    import torch
+
+    from factory import testing
+
+    s = torch.cuda.Stream()
+    a = testing.gemm_operand(256, 512, 1, "k", "bf16")[0]
+    b = testing.gemm_operand(384, 512, 1, "k", "bf16")[0]
+    with torch.cuda.stream(s):
+        out = bundle.gemm(a, b)
+    s.synchronize()
+    assert testing.rel_error(out, a.float() @ b.float().t()) < 1e-2
+    entry = next(v for v in bundle.candidates("gemm") if v["dtypes"]["a"] == "bf16")
+    r = testing.check_graph_capture(bundle, entry)
+    assert r["ok"], r

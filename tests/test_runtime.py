@@ -1,0 +1,76 @@
+"""The DSL-free loader on this GPU-less machine: opening, selection, errors (no launches)."""
+
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import ROOT
+from factory.runtime import Bundle, BundleError, NoVariantError
+from factory.runtime.gemm import _as_rkl, select
+
+
+def _select(b, a, w, out=None, dt="bf16"):
+    out = out if out is not None else torch.empty(a.shape[0], w.shape[0], dtype=a.dtype)
+    return select(b, _as_rkl(a, "a"), _as_rkl(w, "b"), _as_rkl(out, "c"), dt, dt, [])
+
+
+def test_runtime_never_imports_the_dsl(test_bundle):
+    code = (
+        "import sys, torch\n"
+        "from factory.runtime import Bundle\n"
+        f"b = Bundle.open({str(test_bundle)!r}, capability=(8, 6))\n"
+        "from factory.runtime.gemm import select, _as_rkl\n"
+        "a = torch.randn(64, 256).bfloat16(); w = torch.randn(128, 256).bfloat16()\n"
+        "print(select(b, _as_rkl(a,'a'), _as_rkl(w,'b'), _as_rkl(torch.empty(64,128).bfloat16(),'c'), 'bf16','bf16',[]))\n"
+        "b.lib  # loads the host library with ctypes\n"
+        "assert not any(m == 'cutlass' or m.startswith(('cutlass.', 'mlir', '_mlir')) for m in sys.modules), "
+        "sorted(m for m in sys.modules if 'cutlass' in m or 'mlir' in m)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("gemm_sm8")
+
+
+def test_selection_prefers_the_most_specific_target(test_bundle):
+    a, w = torch.randn(512, 256).bfloat16(), torch.randn(512, 256).bfloat16()
+    assert _select(Bundle.open(test_bundle, capability=(8, 0)), a, w).startswith("gemm_sm80_")
+    assert _select(Bundle.open(test_bundle, capability=(8, 6)), a, w).startswith("gemm_sm86_")
+    assert _select(Bundle.open(test_bundle, capability=(8, 9)), a, w).startswith("gemm_sm89_")
+    name = _select(Bundle.open(test_bundle, capability=(9, 0)), a, w)
+    assert name.startswith(("gemm_sm90a_", "gemm_sm90_"))
+
+
+def test_no_fitting_variant_names_bundle_and_device(test_bundle):
+    a, w = torch.randn(64, 256).bfloat16(), torch.randn(64, 256).bfloat16()
+    with pytest.raises(NoVariantError, match=r"compute capability 7\.5.*the bundle has gemm: .*sm_80"):
+        _select(Bundle.open(test_bundle, capability=(7, 5)), a, w)
+
+
+def test_misalignment_is_refused_with_the_reason(test_bundle):
+    b = Bundle.open(test_bundle, capability=(8, 6))
+    a, w = torch.randn(64, 260).bfloat16(), torch.randn(64, 260).bfloat16()
+    with pytest.raises(NoVariantError, match="multiple of 8"):
+        _select(b, a[:, :250], w[:, :250])
+    base = torch.randn(64 * 256 + 1).bfloat16()
+    with pytest.raises(NoVariantError, match="aligned"):
+        _select(b, base[1:].view(64, 256), torch.randn(64, 256).bfloat16())
+
+
+def test_dtype_and_shape_errors(test_bundle):
+    b = Bundle.open(test_bundle, capability=(8, 6))
+    with pytest.raises(ValueError, match="dtypes differ"):
+        b.gemm(torch.randn(8, 16).bfloat16(), torch.randn(8, 16).half())
+    with pytest.raises(ValueError, match="do not match"):
+        b.gemm(torch.randn(8, 16).bfloat16(), torch.randn(8, 24).bfloat16())
+
+
+def test_corrupt_host_library_is_refused(test_bundle, tmp_path):
+    bad = tmp_path / "b"
+    shutil.copytree(test_bundle, bad)
+    lib = bad / "lib" / "libfactory_bundle.so"
+    lib.write_bytes(lib.read_bytes() + b"\0")
+    with pytest.raises(BundleError, match="sha256"):
+        Bundle.open(bad)

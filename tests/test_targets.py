@@ -1,0 +1,27 @@
+from factory.atoms.targets import TARGETS, get_target, targets_for_capability
+
+
+def test_plain_targets_run_on_later_minor_of_same_major():
+    assert get_target("sm_80").runs_on((8, 6)) and get_target("sm_80").runs_on((8, 9))
+    assert get_target("sm_86").runs_on((8, 9)) and not get_target("sm_86").runs_on((8, 0))
+    assert not get_target("sm_89").runs_on((9, 0))
+    assert get_target("sm_90").runs_on((9, 0))
+
+
+def test_arch_specific_targets_run_only_on_their_chip():
+    assert get_target("sm_90a").runs_on((9, 0)) and not get_target("sm_90a").runs_on((10, 0))
+    assert get_target("sm_100a").runs_on((10, 0)) and not get_target("sm_100a").runs_on((10, 3))
+
+
+def test_best_target_first():
+    assert [t.name for t in targets_for_capability((9, 0))] == ["sm_90a", "sm_90"]
+    assert [t.name for t in targets_for_capability((8, 9))] == ["sm_89", "sm_86", "sm_80"]
+    assert [t.name for t in targets_for_capability((8, 6))] == ["sm_86", "sm_80"]
+    assert targets_for_capability((7, 5)) == []
+
+
+def test_proof_levels():
+    assert {t.proof for t in TARGETS.values()} <= {"executed", "portability-build", "sass-only"}
+    assert get_target("sm_100a").proof == "sass-only"
+    assert get_target("sm_80").proof == "portability-build"
+    assert get_target("sm_90").portability_of == "sm80"
