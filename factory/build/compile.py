@@ -46,7 +46,16 @@ def fake_args(sig: Signature) -> list:
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_tensor
 
-    syms = {s: cute.SymInt(divisibility=sig.divisor(s)) for s in sig.symbols()}
+    # Widths matter: this DSL version (4.8.1) writes `int64_t dynamic_strides[]` into the exported
+    # header whatever the SymInt's width, while the generated code reads strides at the SymInt's
+    # width (32 by default).  A 32-bit stride symbol therefore makes the header lie (seen on the
+    # H100: every row stride read as 0).  Strides are 64-bit symbols, sizes 32-bit; the loader
+    # still reads the layout from the header and checks it against these widths.
+    stride_syms = {d for a in sig.args if isinstance(a, TensorArg) for d in a.stride if isinstance(d, str)}
+    syms = {
+        s: (cute.sym_int64 if s in stride_syms else cute.sym_int32)(divisibility=sig.divisor(s))
+        for s in sig.symbols()
+    }
     out = []
     for a in sig.args:
         if isinstance(a, TensorArg):
