@@ -171,6 +171,15 @@ def test_runtime_select_and_checks():
         {"name": "b", "dtype": "bf16", "head_dim": 128, "causal": False, "varlen": True},
     ]
     assert select(cands, dtype="bf16", head_dim=128, causal=True, varlen=False)["name"] == "a90"
+    pref = [{"name": "alt", "target": "sm_90", "dtype": "f16", "head_dim": 64, "causal": False,
+             "varlen": False},
+            {"name": "def", "target": "sm_90", "dtype": "f16", "head_dim": 64, "causal": False,
+             "varlen": False, "preferred": True},
+            {"name": "old", "target": "sm_86", "dtype": "f16", "head_dim": 64, "causal": False,
+             "varlen": False, "preferred": True}]
+    assert select(pref, dtype="f16", head_dim=64, causal=False, varlen=False)["name"] == "def"
+    assert select(pref[:1] + pref[2:], dtype="f16", head_dim=64, causal=False,
+                  varlen=False)["name"] == "alt"
     assert select(cands, dtype="bf16", head_dim=128, causal=False, varlen=True)["name"] == "b"
     with pytest.raises(ValueError, match="no attention kernel"):
         select(cands, dtype="f16", head_dim=64, causal=False, varlen=False)

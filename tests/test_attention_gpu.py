@@ -233,3 +233,46 @@ def test_cuda_graph_capture(bundle):
     torch.cuda.synchronize()
     assert torch.equal(out, bundle.attention(q, k, v, **kw))
     assert not torch.equal(out, eager)
+
+
+def test_every_variant(bundle):
+    """Every attention variant in the bundle runnable here (alternative tiles and stage counts
+    too, not only the ones selection prefers), launched by name on shapes with tails, GQA and
+    seqlen_q != seqlen_k."""
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    dt = {"bf16": torch.bfloat16, "f16": torch.float16}
+    failures = []
+    for e in bundle.candidates("attention"):
+        dtype, d, causal = dt[e["dtype"]], e["head_dim"], e["causal"]
+        scale = 0.7 / math.sqrt(d)
+        if not e["varlen"]:
+            b, sq, sk, hq, hkv = 2, 333, 517, 6, 2
+            q, k, v = (rand(b, s, h, d, dtype=dtype, gen=gen) for s, h in ((sq, hq), (sk, hkv), (sk, hkv)))
+            o = torch.full_like(q, math.nan)
+            lse = torch.full((b, hq, sq), math.nan, device="cuda")
+            bundle.launch(e["name"], [q, k, v, o, lse, scale])
+            ref_o, ref_lse = reference(q, k, v, causal, scale)
+            pieces = [(o, lse, ref_o, ref_lse)]
+        else:
+            lq, lk, hq, hkv = [130, 1, 77], [64, 300, 77], 4, 4
+            cu_q = torch.tensor([0, 130, 131, 208], dtype=torch.int32, device="cuda")
+            cu_k = torch.tensor([0, 64, 364, 441], dtype=torch.int32, device="cuda")
+            q = rand(208, hq, d, dtype=dtype, gen=gen)
+            k, v = (rand(441, hkv, d, dtype=dtype, gen=gen) for _ in range(2))
+            o = torch.full_like(q, math.nan)
+            lse = torch.full((hq, 208), math.nan, device="cuda")
+            bundle.launch(e["name"], [q, k, v, o, lse, cu_q, cu_k, scale, max(lq)])
+            pieces = []
+            for i in range(3):
+                qs = slice(cu_q[i].item(), cu_q[i + 1].item())
+                ks = slice(cu_k[i].item(), cu_k[i + 1].item())
+                ref_o, ref_lse = reference(q[None, qs], k[None, ks], v[None, ks], causal, scale)
+                pieces.append((o[None, qs], lse[None, :, qs], ref_o, ref_lse))
+        torch.cuda.synchronize()
+        for oo, ll, ro, rl in pieces:
+            try:
+                check(oo, ll, ro, rl, dtype, e["name"])
+            except AssertionError as err:
+                failures.append(str(err).splitlines()[0])
+                break
+    assert not failures, failures

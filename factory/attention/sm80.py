@@ -146,6 +146,9 @@ class AttentionSm80(Variant):
             "warps": self.warps,
             "stages": self.stages,
             "smem_bytes": self.smem_bytes(),
+            # The tile the default tier picks for this head_dim: selection prefers it over the
+            # "full" tier's alternatives of the same target.
+            "preferred": (self.tile_m, self.tile_n, self.warps, self.stages) == _TILES[self.head_dim],
             "constraints": {
                 "head_dim_contiguous": True,
                 "stride_divisibility_elems": 16 // DTYPE_BYTES[self.dtype],
@@ -180,20 +183,33 @@ _TILES = {
 }
 
 
+# "full" adds these (tile_n, stages) alternatives per head_dim, for benchmarking; can_implement
+# drops those that do not fit a target's shared memory (128x128 K/V tiles at D=128 on sm_86/89).
+_ALTERNATIVES = {
+    64: ((64, 2), (64, 3), (128, 3)),
+    128: ((64, 3), (128, 2)),
+}
+
+
 @register("attention")
 def enumerate_attention(target: Target, tier: str) -> list[AttentionSm80]:
     if target.family != "sm80":
         return []
 
-    def make(dtype, d, causal, varlen):
+    def make(dtype, d, causal, varlen, tile_n=None, stages=None):
         tm, tn, w, s = _TILES[d]
-        return AttentionSm80(target=target.name, dtype=dtype, head_dim=d, tile_m=tm, tile_n=tn,
-                             warps=w, stages=s, causal=causal, varlen=varlen)
+        return AttentionSm80(target=target.name, dtype=dtype, head_dim=d, tile_m=tm,
+                             tile_n=tile_n or tn, warps=w, stages=stages or s, causal=causal,
+                             varlen=varlen)
 
     if tier == "test":
         return [make("bf16", 64, False, False), make("f16", 128, True, True)]
-    return [make(dt, d, c, vl) for dt in DTYPES for d in HEAD_DIMS
-            for c in (False, True) for vl in (False, True)]
+    problems = [(dt, d, c, vl) for dt in DTYPES for d in HEAD_DIMS
+                for c in (False, True) for vl in (False, True)]
+    out = [make(*p) for p in problems]
+    if tier == "full":
+        out += [make(*p, tile_n=tn, stages=st) for p in problems for tn, st in _ALTERNATIVES[p[1]]]
+    return [v for v in out if v.can_implement() is None]
 
 
 # ------------------------------------------------------------------------------------------------

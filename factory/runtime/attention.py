@@ -81,11 +81,14 @@ def attention(bundle, q, k, v, causal=False, softmax_scale=None, cu_seqlens_q=No
 
 def select(candidates: list[dict], *, dtype: str, head_dim: int, causal: bool,
            varlen: bool) -> dict:
-    """The first (best-target) manifest entry that implements this problem."""
-    for e in candidates:
-        if (e.get("dtype") == dtype and e.get("head_dim") == head_dim
-                and bool(e.get("causal")) == causal and bool(e.get("varlen")) == varlen):
-            return e
+    """The manifest entry that implements this problem on the best target (candidates come
+    best-target first); within that target, the family's preferred tile if there is one."""
+    fit = [e for e in candidates
+           if e.get("dtype") == dtype and e.get("head_dim") == head_dim
+           and bool(e.get("causal")) == causal and bool(e.get("varlen")) == varlen]
+    if fit:
+        best = [e for e in fit if e.get("target") == fit[0].get("target")]
+        return next((e for e in best if e.get("preferred")), best[0])
     have = sorted({(e.get("dtype"), e.get("head_dim"), bool(e.get("causal")), bool(e.get("varlen")))
                    for e in candidates})
     raise ValueError(
