@@ -96,3 +96,28 @@ def test_unknown_target_is_a_clear_error():
 
     with pytest.raises(ValueError, match="unknown target"):
         enumerate_variants(["sm_75"], ["gemm"])
+
+
+def test_header_struct_widths_match_the_symbols_we_compile_with(test_bundle):
+    """Sizes are 32-bit symbols and strides 64-bit ones (see factory/build/compile.py: this DSL's
+    header always declares 64-bit strides, so 32-bit stride symbols would make it lie)."""
+    m = manifest(test_bundle)
+    for v in m["variants"].values():
+        for st in v["abi"]["structs"].values():
+            if st["n_strides"]:
+                assert st["stride_ctype"] == "int64_t", v["name"]
+            if st["n_shapes"]:
+                assert st["shape_ctype"] == "int32_t", v["name"]
+
+
+def test_fake_tensors_use_64_bit_stride_symbols():
+    from factory.build.compile import fake_args, init_worker
+    from factory.gemm.common import GemmVariant
+
+    init_worker("sm_80")
+    sig = GemmVariant(target="sm_80").signature()
+    a = fake_args(sig)[0]
+    strides = [s for s in a.stride if not isinstance(s, int)]
+    shapes = [s for s in a.shape if not isinstance(s, int)]
+    assert strides and all(s.width == 64 for s in strides)
+    assert shapes and all(s.width == 32 for s in shapes)

@@ -18,6 +18,7 @@ import hashlib
 import json
 import multiprocessing as mp
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -51,7 +52,7 @@ def cache_key(v: Variant) -> str:
         "schema": SCHEMA_VERSION, "name": v.name, "config": v.config(), "cls": type(v).__qualname__,
         "versions": toolchain.versions(),
     }, sort_keys=True, default=str).encode())
-    for rel in sorted(set(v.sources) | {"build/compile.py", "variant.py", "atoms/targets.py"}):
+    for rel in sorted(set(v.sources) | {"build/compile.py", "build/cubin.py", "variant.py", "atoms/targets.py"}):
         h.update(rel.encode())
         h.update((PACKAGE_ROOT / rel).read_bytes())
     return h.hexdigest()[:32]
@@ -79,6 +80,14 @@ def _compile_into_cache(v: Variant, entry: str) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=entry_p.parent))
     try:
         info = compile_variant(v, tmp)
+        # Disassemble once, here: the SASS check and histogram are cached with the cubin.
+        sass = disassemble(tmp / f"{v.name}.cubin")
+        info["sass_problems"] = check_sass(v, sass)
+        info["sass_histogram"] = opcode_histogram(sass)
+        regs = [int(r) for r in re.findall(r"SHI_REGISTERS=(\d+)", sass)]
+        for k in info["kernels"].values():  # nvdisasm's count is authoritative where ELF parsing failed
+            if not k["registers"] and regs:
+                k["registers"] = max(regs)
         (tmp / "info.json").write_text(json.dumps(info, indent=1))
         try:
             tmp.rename(entry_p)  # atomic publish; a concurrent builder may have won the race
@@ -142,8 +151,6 @@ def compile_all(variants: list[Variant], jobs: int, cache: Path) -> tuple[dict[s
 
 def check_sass(v: Variant, sass: str) -> list[str]:
     """Problems with a cubin's disassembly (empty when it is what the family must emit)."""
-    import re
-
     problems = []
     want = get_target(v.target).name.rstrip("a")
     got = sass_target(sass)
@@ -178,11 +185,9 @@ def build(
             info = json.loads((e / "info.json").read_text())
             for ext, sub in ((".cubin", "cubin"), (".h", "include"), (".o", "obj")):
                 shutil.copy2(e / f"{v.name}{ext}", staging / sub / f"{v.name}{ext}")
-            sass = disassemble(staging / "cubin" / f"{v.name}.cubin")
-            problems = check_sass(v, sass)
-            if problems:
-                raise RuntimeError(f"{v.name}: " + "; ".join(problems))
-            hist = opcode_histogram(sass)
+            if info["sass_problems"]:
+                raise RuntimeError(f"{v.name}: " + "; ".join(info["sass_problems"]))
+            hist = info["sass_histogram"]
             records.append((v, info, hist))
         link_host_library(staging, [{"name": v.name, "header": info["header"]} for v, info, _ in records])
         manifest = _manifest(staging, records)

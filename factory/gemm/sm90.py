@@ -13,12 +13,13 @@ Warp roles (one CTA, ``1 + n_consumer`` warpgroups of 128 threads):
 * warpgroups 1.. — the **consumers**.  ``coop``: the tiled MMA spreads the CTA tile over two
   warpgroups along M (each a 64-row slab per 128 rows); ``ws``: one warpgroup owns the tile;
   ``pp`` (ping-pong): each of two warpgroups owns a whole tile, taking every other tile of the
-  schedule, so one warpgroup's epilogue overlaps the other's mainloop (the in-order smem ring
-  staggers them: the second tile's k-blocks arrive only as the first tile's stages free up).  Per k-block they wait on "full",
-  issue WGMMAs on the smem descriptors, keep one WGMMA batch in flight and release the previous
-  stage.  Then the epilogue: accumulators -> (scale) -> output dtype -> smem (stmatrix) -> TMA store,
-  one ``epi_tile`` sub-tile at a time through ``epi_stages`` smem buffers, so the stores of one
-  tile overlap the next tile's mainloop.
+  schedule and the mainloop in turns, so one warpgroup's epilogue runs under the other's
+  mainloop.  Per k-block a consumer waits on "full", issues WGMMAs on the smem descriptors, keeps
+  one WGMMA batch in flight and releases the previous stage (fp8 by default instead adds each
+  k-block's partial sum into fp32 registers once it retires).  Then the epilogue: accumulators
+  -> (scale) -> output dtype -> smem (stmatrix) -> TMA store, one ``epi_tile`` sub-tile at a time
+  through ``epi_stages`` smem buffers, so the stores of one tile overlap the next tile's mainloop.
+* ``swap_ab`` (decode shapes) runs the same kernel on Cᵀ = B·Aᵀ.
 
 Tails in M, N, K and L need no code: TMA zero-fills out-of-bounds loads and clips stores; the tile
 scheduler rounds the tile grid up to whole clusters so multicast peers always have a tile.
@@ -81,10 +82,11 @@ class _Plan:
     epi_stages: int
     stage_bytes: int
     epi_bytes: int
+    red_bytes: int
 
     @property
     def smem_bytes(self) -> int:
-        return _BARRIER_BYTES + self.ab_stages * self.stage_bytes + self.epi_bytes
+        return _BARRIER_BYTES + self.ab_stages * self.stage_bytes + self.epi_bytes + self.red_bytes
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -112,6 +114,9 @@ class GemmSm90(GemmVariant):
     # fp8 only: accumulate straight in the WGMMA accumulators (faster, fewer registers) instead of
     # adding each k-tile's partial sum into fp32 registers.
     fast_accum: bool = field(default=False, metadata={"tag": "fastacc"})
+    # Split K over a cluster of this many CTAs (decode: more CTAs than output tiles); the partial
+    # sums meet in the first CTA's shared memory (DSMEM), which runs the epilogue.
+    split_k: int = field(default=1, metadata={"tag": "sk"})
 
     required_sass: ClassVar[tuple[str, ...]] = (r"\bHGMMA\.64x", r"\bUTMALDG\.3D", r"\bUTMASTG\.3D")
 
@@ -121,6 +126,8 @@ class GemmSm90(GemmVariant):
         req = (mma, r"\bUTMALDG\.3D", r"\bUTMASTG\.3D", r"\bSYNCS\.", r"\bUSETMAXREG\.")
         if self.cluster != (1, 1):
             req += (r"\bUTMALDG\.3D\.MULTICAST",)
+        if self.split_k > 1:  # partial sums stored into the first CTA's smem
+            req += (r"\bSTAS\b",)
         return req
 
     # --- validity --------------------------------------------------------------------------------
@@ -163,6 +170,10 @@ class GemmSm90(GemmVariant):
             return "target has no clusters"
         if (cm, cn) not in ((1, 1), (2, 1), (1, 2), (2, 2)):
             return f"cluster {self.cluster} not supported"
+        if self.split_k not in (1, 2, 4):
+            return "split_k must be 1, 2 or 4"
+        if self.split_k > 1 and ((cm, cn) != (1, 1) or self.schedule != "ws"):
+            return "split_k runs with cluster (1, 1) and the ws schedule (the cluster is along K)"
         # Each CTA of a multicast group loads 1/size of the shared operand tile.
         if tm % (cn * 8) or tn % (cm * 8):
             return "tile not divisible among multicast peers"
@@ -205,9 +216,12 @@ class GemmSm90(GemmVariant):
                      * (n_consumer // mma_wgs))
         ab = DTYPE_BYTES[self.ab]
         stage_bytes = _round_up(tm * tk * ab, _SMEM_ALIGN) + _round_up(tn * tk * ab, _SMEM_ALIGN)
-        budget = self.tgt.smem_per_cta - _STATIC_SMEM - _BARRIER_BYTES - epi_bytes
+        # Split-K: the first CTA of the cluster receives the others' fp32 partial tiles.
+        red_bytes = _round_up((self.split_k - 1) * tm * tn * 4, _SMEM_ALIGN)
+        budget = self.tgt.smem_per_cta - _STATIC_SMEM - _BARRIER_BYTES - epi_bytes - red_bytes
         ab_stages = min(budget // stage_bytes, 8)
-        return _Plan(self.kernel_tile, n_consumer, mma_wgs, epi_tile, ab_stages, epi_stages, stage_bytes, epi_bytes)
+        return _Plan(self.kernel_tile, n_consumer, mma_wgs, epi_tile, ab_stages, epi_stages,
+                     stage_bytes, epi_bytes, red_bytes)
 
     def smem_bytes(self) -> int:
         return self.plan().smem_bytes
@@ -223,6 +237,8 @@ class GemmSm90(GemmVariant):
             "raster": self.raster,
             "swizzle": self.swizzle,
             "swap_ab": self.swap_ab,
+            # CTAs per output tile: the grid has ceil(M/tm)*ceil(N/tn)*L*split_k CTAs.
+            "split_k": self.split_k,
             "stages": plan.ab_stages,
             "smem_bytes": plan.smem_bytes,
             "threads": 128 * (1 + plan.n_consumer),
@@ -245,7 +261,7 @@ class GemmSm90(GemmVariant):
             pingpong=self.schedule == "pp", promote=self.promotes,
             epi_tile=plan.epi_tile, ab_stages=plan.ab_stages, epi_stages=plan.epi_stages,
             raster_along_m=(self.raster == "m") != self.swap_ab, swizzle=self.swizzle,
-            swap_ab=self.swap_ab, max_ctas=PERSISTENT_SMS,
+            swap_ab=self.swap_ab, split_k=self.split_k, max_ctas=PERSISTENT_SMS,
         )
         if self.is_fp8:
             return kernel.scaled
@@ -267,7 +283,7 @@ class GemmSm90Kernel:
     See the module docstring for the warp roles."""
 
     def __init__(self, *, tile, cluster, n_consumer, pingpong, promote, epi_tile, ab_stages,
-                 epi_stages, raster_along_m, swizzle, swap_ab, max_ctas):
+                 epi_stages, raster_along_m, swizzle, swap_ab, split_k, max_ctas):
         self.tile = tuple(tile)
         self.cluster = tuple(cluster)
         self.n_consumer = n_consumer
@@ -284,7 +300,11 @@ class GemmSm90Kernel:
         self.raster_along_m = raster_along_m
         self.swizzle = swizzle
         self.swap_ab = swap_ab
-        self.max_clusters = max_ctas // math.prod(self.cluster)
+        self.split_k = split_k
+        # The launched cluster: the multicast cluster, or the split-K group along K.
+        self.launch_cluster = (split_k, 1) if split_k > 1 else self.cluster
+        self.max_clusters = max_ctas // math.prod(self.launch_cluster)
+        self.red_elems = (split_k - 1) * self.tile[0] * self.tile[1]
         self.threads = 128 * (1 + n_consumer)
         self.consumer_regs = _CONSUMER_REGS[n_consumer]
         # A is shared by the CTAs of a cluster row (same M, different N) and multicast along N;
@@ -332,8 +352,12 @@ class GemmSm90Kernel:
         )
 
         tiles_mnl = cute.zipped_divide(c, tiler=self.tile[:2])[(0, (None, None, None))].shape
+        if cutlass.const_expr(self.split_k > 1):
+            # Scheduler "M tiles" are (tile, k-part) pairs; a cluster of split_k CTAs along that
+            # mode shares one output tile.
+            tiles_mnl = (tiles_mnl[0] * self.split_k, tiles_mnl[1], tiles_mnl[2])
         sched = utils.PersistentTileSchedulerParams(
-            tiles_mnl, (*self.cluster, 1), self.swizzle, self.raster_along_m
+            tiles_mnl, (*self.launch_cluster, 1), self.swizzle, self.raster_along_m
         )
         grid = utils.StaticPersistentTileScheduler.get_grid_shape(sched, self.max_clusters)
 
@@ -348,6 +372,10 @@ class GemmSm90Kernel:
                 cute.struct.MemRange[ab_dtype, cute.cosize(sB_layout)], _SMEM_ALIGN]
             sC: cute.struct.Align[
                 cute.struct.MemRange[c_dtype, cute.cosize(sC_layout)], _SMEM_ALIGN]
+            # Split-K: partial tiles from the other CTAs of the cluster; "full" / "empty" barriers.
+            red: cute.struct.Align[
+                cute.struct.MemRange[cutlass.Float32, max(1, self.red_elems)], _SMEM_ALIGN]
+            red_barriers: cute.struct.MemRange[cutlass.Int64, 2]
 
         self.shared_storage = SharedStorage
         self.ab_dtype = ab_dtype
@@ -356,7 +384,7 @@ class GemmSm90Kernel:
             tma_a, gA, tma_b, gB, tma_c, gC, scale_a, scale_b, tiled_mma,
             sA_layout, sB_layout, sC_layout, sched,
         ).launch(
-            grid=grid, block=[self.threads, 1, 1], cluster=(*self.cluster, 1),
+            grid=grid, block=[self.threads, 1, 1], cluster=(*self.launch_cluster, 1),
             min_blocks_per_mp=1, stream=stream,
         )
 
@@ -391,7 +419,10 @@ class GemmSm90Kernel:
 
         cta_layout = cute.make_layout((*self.cluster, 1))
         cta_rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
-        cluster_coord = cta_layout.get_flat_coord(cta_rank)
+        if cutlass.const_expr(self.split_k > 1):
+            cluster_coord = cta_layout.get_flat_coord(0)  # no multicast peers along K
+        else:
+            cluster_coord = cta_layout.get_flat_coord(cta_rank)
 
         smem = utils.SmemAllocator()
         storage = smem.allocate(self.shared_storage)
@@ -417,12 +448,20 @@ class GemmSm90Kernel:
             defer_sync=True,
         )
         order_bars = storage.order_barriers.data_ptr()
+        red_bars = storage.red_barriers.data_ptr()
         if cutlass.const_expr(self.tile_owners > 1):
             if warp_idx == 0:
                 with cute.arch.elect_one():
                     cute.arch.mbarrier_init(order_bars, 128)
                     cute.arch.mbarrier_init(order_bars + 1, 128)
-        pipeline.pipeline_init_arrive(cluster_shape_mn=self.cluster, is_relaxed=True)
+        if cutlass.const_expr(self.split_k > 1):
+            if warp_idx == 0:
+                with cute.arch.elect_one():
+                    # [0] "full" (first CTA): armed with the partial tiles' byte count.
+                    # [1] "empty" (other CTAs): the first CTA's consumer threads arrive.
+                    cute.arch.mbarrier_init(red_bars, 1)
+                    cute.arch.mbarrier_init(red_bars + 1, self.epi_threads)
+        pipeline.pipeline_init_arrive(cluster_shape_mn=self.launch_cluster, is_relaxed=True)
 
         # (bM, bK, tiles_m, tiles_k, L) and friends.
         gA = cute.local_tile(mA, cute.slice_(self.tile, (None, 0, None)), (None, None, None))
@@ -430,7 +469,7 @@ class GemmSm90Kernel:
         gC = cute.local_tile(mC, cute.slice_(self.tile, (None, None, 0)), (None, None, None))
         k_tiles = cute.size(gA, mode=[3])
 
-        pipeline.pipeline_init_wait(cluster_shape_mn=self.cluster)
+        pipeline.pipeline_init_wait(cluster_shape_mn=self.launch_cluster)
 
         warpgroup = cute.arch.make_warp_uniform(tidx // 128)
         if warpgroup == 0:
@@ -442,8 +481,10 @@ class GemmSm90Kernel:
             cute.arch.setmaxregister_increase(self.consumer_regs)
             # Which tile owner (ping-pong warpgroup) this thread belongs to, and its index there.
             owner = (warpgroup - 1) // self.mma_wgs
-            self.consume(tiled_mma, tma_c, sA, sB, sC, gC, ab_pipe, order_bars, scale_a, scale_b,
-                         sched_params, k_tiles, (tidx - 128) % self.epi_threads, owner, warp_idx)
+            red = storage.red.get_tensor(cute.make_layout(max(1, self.red_elems)))
+            self.consume(tiled_mma, tma_c, sA, sB, sC, gC, ab_pipe, order_bars, red, red_bars,
+                         scale_a, scale_b, sched_params, k_tiles,
+                         (tidx - 128) % self.epi_threads, owner, warp_idx, cta_rank)
 
     @cute.jit
     def produce(self, tma_a, tma_b, sA, sB, gA, gB, ab_pipe, cta_layout, cluster_coord,
@@ -472,9 +513,10 @@ class GemmSm90Kernel:
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.ab_stages)
         while work.is_valid_tile:
             m, n, l = work.tile_idx
+            m, k_begin, k_end = self._k_range(m, k_tiles)
             tAgA_t = tAgA[(None, m, None, l)]
             tBgB_t = tBgB[(None, n, None, l)]
-            for k in range(k_tiles):
+            for k in range(k_begin, k_end):
                 ab_pipe.producer_acquire(state)
                 bar = ab_pipe.producer_get_barrier(state)
                 cute.copy(tma_a, tAgA_t[(None, k)], tAsA[(None, state.index)],
@@ -489,8 +531,51 @@ class GemmSm90Kernel:
         ab_pipe.producer_tail(state)
 
     @cute.jit
-    def consume(self, tiled_mma, tma_c, sA, sB, sC, gC, ab_pipe, order_bars, scale_a, scale_b,
-                sched_params, k_tiles, ctidx, owner, warp_idx):
+    def _k_range(self, m, k_tiles):
+        """(output tile M index, first k-tile, end k-tile) of a scheduler tile: with split-K the
+        scheduler's M index is tile * split_k + part, and part p takes the p-th slice of K."""
+        k_begin = cutlass.Int32(0)
+        k_end = k_tiles
+        if cutlass.const_expr(self.split_k > 1):
+            part = m % self.split_k
+            m = m // self.split_k
+            per = (k_tiles + self.split_k - 1) // self.split_k
+            k_begin = part * per
+            k_end = cutlass.min(k_tiles, k_begin + per)
+        return m, k_begin, k_end
+
+    @cute.jit
+    def _reduce_split_k(self, acc, red, red_bars, red_phase, cta_rank, ctidx):
+        """Sum the cluster's partial accumulators into the first CTA's (rank 0's) registers.
+
+        Ranks > 0 wait until their slot in rank 0's ``red`` buffer is free (their own "empty"
+        barrier), then ``st.async`` their fp32 fragment there (each thread its own contiguous
+        values); the stores complete bytes on rank 0's "full" barrier, which rank 0 armed with
+        the expected byte count.  Rank 0 waits on "full", adds the slots into its accumulators and
+        arrives on every other rank's "empty" barrier, which also keeps those CTAs alive until
+        rank 0 is done with their data."""
+        n_acc = cute.size(acc)
+        slot = n_acc * self.epi_threads
+        if cta_rank == 0:
+            if ctidx == 0:
+                cute.arch.mbarrier_arrive_and_expect_tx(red_bars, (self.split_k - 1) * slot * 4)
+            cute.arch.mbarrier_wait(red_bars, red_phase)
+            for r in cutlass.range_constexpr(self.split_k - 1):
+                for v in cutlass.range_constexpr(n_acc):
+                    acc[v] = acc[v] + red[r * slot + ctidx * n_acc + v]
+            for r in cutlass.range_constexpr(1, self.split_k):
+                cute.arch.mbarrier_arrive(red_bars + 1, peer_cta_rank_in_cluster=r)
+        else:
+            # The first wait passes on the fresh barrier (parity 1).
+            cute.arch.mbarrier_wait(red_bars + 1, red_phase ^ 1)
+            bits = cute.recast_tensor(acc, cutlass.Int32)
+            base = red.iterator + (cta_rank - 1) * slot + ctidx * n_acc
+            for v in cutlass.range_constexpr(n_acc):
+                cute.arch.store_async_dsmem(base + v, bits[v], red_bars, 0)
+
+    @cute.jit
+    def consume(self, tiled_mma, tma_c, sA, sB, sC, gC, ab_pipe, order_bars, red, red_bars,
+                scale_a, scale_b, sched_params, k_tiles, ctidx, owner, warp_idx, cta_rank):
         """The MMA warpgroups: mainloop then epilogue, tile after tile.  ``owner`` is the
         ping-pong warpgroup (0 otherwise): it takes tiles owner, owner + 2, ... of this CTA's
         schedule and skips the other warpgroup's k-blocks in the smem ring.
@@ -554,8 +639,10 @@ class GemmSm90Kernel:
             read.advance(cutlass.Int32(owner * k_tiles))
             release.advance(cutlass.Int32(owner * k_tiles))
         work = sched.get_current_work()
+        red_phase = cutlass.Int32(0)
         while work.is_valid_tile:
             m, n, l = work.tile_idx
+            m, k_begin, k_end = self._k_range(m, k_tiles)
             if cutlass.const_expr(self.tile_owners > 1):
                 cute.arch.mbarrier_wait(order_bars + owner, turn_phase)
                 turn_phase = turn_phase ^ 1
@@ -564,7 +651,7 @@ class GemmSm90Kernel:
             if cutlass.const_expr(not self.promote):
                 tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
             cute.nvgpu.warpgroup.fence()
-            for k in range(k_tiles):
+            for k in range(k_begin, k_end):
                 ab_pipe.consumer_wait(read)
                 if cutlass.const_expr(self.promote):
                     # fp8: the k-block's products go into a fresh partial sum, added to the
@@ -588,7 +675,7 @@ class GemmSm90Kernel:
                         cute.gemm(tiled_mma, acc, tCrA[blk], tCrB[blk], acc)
                     cute.nvgpu.warpgroup.commit_group()
                     read.advance()
-                    if k > 0:
+                    if k > k_begin:
                         cute.nvgpu.warpgroup.wait_group(1)
                         ab_pipe.consumer_release(release)
                         release.advance()
@@ -596,36 +683,43 @@ class GemmSm90Kernel:
                 cute.arch.mbarrier_arrive(order_bars + (1 - owner))  # the other's turn
             if cutlass.const_expr(not self.promote):
                 cute.nvgpu.warpgroup.wait_group(0)
-                if k_tiles > 0:
+                if k_end > k_begin:
                     ab_pipe.consumer_release(release)
                     release.advance()
 
-            # ---- epilogue
-            gC_t = cute.zipped_divide(gC[(None, None, m, n, l)], self.epi_tile)
-            bSG_sC, bSG_gC = cute.nvgpu.cpasync.tma_partition(
-                tma_c, 0, cute.make_layout(1), cute.group_modes(sC, 0, 2), gC_t,
-            )
-            epi_shape = gC_t.shape[1]
-            epi_order = cute.make_layout(epi_shape, stride=(epi_shape[1], 1))
-            n_epi = cute.size(gC_t, mode=[1])
-            done = sched.num_tiles_executed * n_epi
-            for e in cutlass.range_constexpr(n_epi):
-                for v in cutlass.range_constexpr(frag_size):
-                    tRS_rF[v] = tRS_acc[e * frag_size + v]
-                vals = tRS_rF.load()
-                if cutlass.const_expr(scale_a is not None):
-                    vals = vals * scale
-                tRS_rC.store(vals.to(c_dtype))
-                buf = (done + e) % self.epi_stages + owner * self.epi_stages
-                cute.copy(r2s, tRS_rC, tRS_sC[(None, None, None, buf)])
-                # Make the generic-proxy smem writes visible to the TMA (async proxy).
-                cute.arch.fence_proxy("async.shared", space="cta")
-                epi_bar.arrive_and_wait()
-                if warp_idx == store_warp:
-                    cute.copy(tma_c, bSG_sC[(None, buf)], bSG_gC[(None, epi_order.get_hier_coord(e))])
-                    store_pipe.producer_commit()
-                    store_pipe.producer_acquire()
-                epi_bar.arrive_and_wait()
+            is_leader = True
+            if cutlass.const_expr(self.split_k > 1):
+                is_leader = cta_rank == 0
+                self._reduce_split_k(acc, red, red_bars, red_phase, cta_rank, ctidx)
+                red_phase = red_phase ^ 1
+
+            if is_leader:  # with split-K only the first CTA of the cluster stores
+                # ---- epilogue
+                gC_t = cute.zipped_divide(gC[(None, None, m, n, l)], self.epi_tile)
+                bSG_sC, bSG_gC = cute.nvgpu.cpasync.tma_partition(
+                    tma_c, 0, cute.make_layout(1), cute.group_modes(sC, 0, 2), gC_t,
+                )
+                epi_shape = gC_t.shape[1]
+                epi_order = cute.make_layout(epi_shape, stride=(epi_shape[1], 1))
+                n_epi = cute.size(gC_t, mode=[1])
+                done = sched.num_tiles_executed * n_epi
+                for e in cutlass.range_constexpr(n_epi):
+                    for v in cutlass.range_constexpr(frag_size):
+                        tRS_rF[v] = tRS_acc[e * frag_size + v]
+                    vals = tRS_rF.load()
+                    if cutlass.const_expr(scale_a is not None):
+                        vals = vals * scale
+                    tRS_rC.store(vals.to(c_dtype))
+                    buf = (done + e) % self.epi_stages + owner * self.epi_stages
+                    cute.copy(r2s, tRS_rC, tRS_sC[(None, None, None, buf)])
+                    # Make the generic-proxy smem writes visible to the TMA (async proxy).
+                    cute.arch.fence_proxy("async.shared", space="cta")
+                    epi_bar.arrive_and_wait()
+                    if warp_idx == store_warp:
+                        cute.copy(tma_c, bSG_sC[(None, buf)], bSG_gC[(None, epi_order.get_hier_coord(e))])
+                        store_pipe.producer_commit()
+                        store_pipe.producer_acquire()
+                    epi_bar.arrive_and_wait()
             if cutlass.const_expr(self.tile_owners > 1):
                 # Skip the tile (and the k-blocks) of the other warpgroup.
                 sched.advance_to_next_work(advance_count=self.tile_owners)
@@ -634,6 +728,9 @@ class GemmSm90Kernel:
             else:
                 sched.advance_to_next_work()
             work = sched.get_current_work()
+        if cutlass.const_expr(self.split_k > 1):
+            if cta_rank != 0:  # rank 0 has read the last partial tile: safe to exit
+                cute.arch.mbarrier_wait(red_bars + 1, red_phase ^ 1)
         store_pipe.producer_tail()
 
 
@@ -644,55 +741,62 @@ class GemmSm90Kernel:
 _TEST = (
     dict(ab="bf16", c="bf16", tile=(128, 128, 64), cluster=(1, 1)),
     dict(ab="bf16", c="bf16", tile=(128, 256, 64), cluster=(2, 1)),
-    # fp8 through the decode path: QGMMA, scales, swapped operands, transposed C store.
-    dict(ab="e4m3", c="bf16", tile=(32, 64, 128), schedule="ws", swap_ab=True),
+    # fp8 through the decode path: QGMMA, scales, swapped operands, transposed C store, split-K
+    # with the DSMEM reduction.
+    dict(ab="e4m3", c="bf16", tile=(32, 64, 128), schedule="ws", swap_ab=True, split_k=2),
 )
 
 
 def _default() -> list[dict]:
-    out = []
-    # 16-bit in, every output dtype: the two workhorse tiles, with and without multicast.
-    for ab, c in (("bf16", "bf16"), ("bf16", "f32"), ("f16", "f16"), ("f16", "f32")):
-        out.append(dict(ab=ab, c=c, tile=(128, 128, 64), cluster=(1, 1)))
-        out.append(dict(ab=ab, c=c, tile=(128, 256, 64), cluster=(2, 1)))
-    out += [
-        dict(ab="bf16", c="bf16", tile=(256, 128, 64), cluster=(1, 2)),
-        dict(ab="bf16", c="bf16", tile=(128, 128, 64), cluster=(2, 1)),
-        dict(ab="bf16", c="bf16", tile=(64, 128, 64), cluster=(1, 1), schedule="ws"),
+    bf16 = dict(ab="bf16", c="bf16")
+    out = [
+        # The workhorses (bf16 4096^3 on the H100: 128x256 c2x1 at cuBLAS parity).
+        dict(**bf16, tile=(128, 128, 64)),
+        dict(**bf16, tile=(128, 256, 64), cluster=(2, 1)),
+        dict(**bf16, tile=(256, 128, 64), cluster=(1, 2)),
+        dict(**bf16, tile=(128, 128, 64), cluster=(2, 1)),
         # Ping-pong: one warpgroup's epilogue under the other's mainloop.
-        dict(ab="bf16", c="bf16", tile=(128, 128, 64), cluster=(1, 2), schedule="pp"),
-        dict(ab="e4m3", c="bf16", tile=(64, 128, 128), cluster=(1, 1), schedule="pp"),
+        dict(**bf16, tile=(128, 128, 64), cluster=(1, 2), schedule="pp"),
+        dict(**bf16, tile=(64, 128, 64), schedule="ws"),
         # x @ W with W stored (K, N): B N-major, read transposed by the WGMMA from smem.
-        dict(ab="bf16", c="bf16", tile=(128, 128, 64), cluster=(1, 1), b_major="n"),
-        dict(ab="e4m3", c="bf16", tile=(128, 128, 128), cluster=(1, 1)),
+        dict(**bf16, tile=(128, 128, 64), b_major="n"),
+        dict(ab="bf16", c="f32", tile=(128, 256, 64), cluster=(2, 1)),
+        dict(ab="f16", c="f16", tile=(128, 128, 64)),
+        dict(ab="f16", c="f16", tile=(128, 256, 64), cluster=(2, 1)),
+        # fp8: promoted accumulation where the registers allow it.
+        dict(ab="e4m3", c="bf16", tile=(128, 128, 128)),
         dict(ab="e4m3", c="bf16", tile=(128, 128, 128), cluster=(2, 1)),
-        # The largest fp8 tile only fits in registers with fast accumulation.
+        dict(ab="e4m3", c="bf16", tile=(64, 128, 128), schedule="pp"),
         dict(ab="e4m3", c="bf16", tile=(128, 256, 128), cluster=(2, 1), fast_accum=True),
     ]
     # Decode (M <= 64): swap A and B so that N fills the WGMMA's 64-row side; one consumer
-    # warpgroup and 64 N-rows per CTA give N/64 CTAs (64 for N = 4096).
+    # warpgroup and 64 N-rows per CTA give N/64 CTAs, doubled by split-K over a 2-CTA cluster.
     for tm in (16, 32, 64):
-        out.append(dict(ab="bf16", c="bf16", tile=(tm, 64, 64), schedule="ws", swap_ab=True))
+        out.append(dict(**bf16, tile=(tm, 64, 64), schedule="ws", swap_ab=True))
+    for tm in (16, 32):
+        out.append(dict(**bf16, tile=(tm, 64, 64), schedule="ws", swap_ab=True, split_k=2))
     out.append(dict(ab="e4m3", c="bf16", tile=(32, 64, 128), schedule="ws", swap_ab=True))
+    out.append(dict(ab="e4m3", c="bf16", tile=(32, 64, 128), schedule="ws", swap_ab=True,
+                    split_k=2))
     return out
 
 
 def _full() -> list[dict]:
     out = _default()
     tiles = ((128, 128), (128, 256), (256, 128), (64, 128), (64, 256), (128, 64))
-    for ab, c, (tm, tn), cl, maj in itertools.product(
-        ("bf16", "f16", "e4m3"), ("bf16", "f16", "f32"), tiles, ((1, 1), (2, 1), (1, 2)),
-        (("k", "k"), ("m", "k"), ("k", "n"), ("m", "n")),
-    ):
+    # Output dtypes: the input's own (bf16 for fp8) and f32.
+    pairs = (("bf16", "bf16"), ("bf16", "f32"), ("f16", "f16"), ("f16", "f32"), ("e4m3", "bf16"))
+    majors = (("k", "k"), ("m", "k"), ("k", "n"), ("m", "n"))
+    for (ab, c), (tm, tn), cl, maj in itertools.product(pairs, tiles, ((1, 1), (2, 1), (1, 2)),
+                                                         majors):
         tk = 128 // DTYPE_BYTES[ab]
         for sched, fast in itertools.product(("ws", "pp") if tm == 64 else ("coop", "pp"),
                                              (False, True) if ab == "e4m3" else (False,)):
             out.append(dict(ab=ab, c=c, tile=(tm, tn, tk), cluster=cl, schedule=sched,
                             a_major=maj[0], b_major=maj[1], fast_accum=fast))
-    for ab, c, tm, tn in itertools.product(("bf16", "f16", "e4m3"), ("bf16", "f16", "f32"),
-                                           (16, 32, 64), (64, 128)):
+    for (ab, c), tm, tn, sk in itertools.product(pairs, (16, 32, 64), (64, 128), (1, 2, 4)):
         tk = 128 // DTYPE_BYTES[ab]
-        out.append(dict(ab=ab, c=c, tile=(tm, tn, tk), schedule="ws", swap_ab=True))
+        out.append(dict(ab=ab, c=c, tile=(tm, tn, tk), schedule="ws", swap_ab=True, split_k=sk))
     return out
 
 
