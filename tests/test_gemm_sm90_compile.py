@@ -98,7 +98,8 @@ def test_tiers(report):
     assert set(tiers["default"]) <= set(tiers["full"])
     assert any("_c2x1_" in n or "_c1x2_" in n for n in tiers["default"]), "no multicast variant"
     assert any("_e4m3_" in n for n in tiers["default"]), "no fp8 variant"
-    assert any(n.endswith("_swap") for n in tiers["default"]), "no decode (swap-AB) variant"
+    assert any("_swap" in n for n in tiers["default"]), "no decode (swap-AB) variant"
+    assert any("_sk2" in n for n in tiers["default"]), "no split-K variant"
     assert report["other_target"] == 0  # only sm90-family targets get these variants
 
 
