@@ -11,6 +11,7 @@ LSE is always written (into a scratch buffer when the caller does not want it).
 from __future__ import annotations
 
 import math
+import weakref
 
 _DTYPES = {"bfloat16": "bf16", "float16": "f16"}
 HEAD_DIMS = (64, 128)
@@ -73,10 +74,25 @@ def attention(bundle, q, k, v, causal=False, softmax_scale=None, cu_seqlens_q=No
         args = [q, k, v, o, lse, softmax_scale]
     _check_strides(o, "o (from empty_like(q))")
 
-    entry = select(bundle.candidates("attention"), dtype=dtype, head_dim=d, causal=bool(causal),
-                   varlen=varlen)
-    bundle.launch(entry["name"], args)
+    bundle.launch(_choose(bundle, dtype, d, bool(causal), varlen), args)
     return (o, lse) if return_lse else o
+
+
+# Per bundle: (dtype, head_dim, causal, varlen) -> variant name (a bundle and its device are fixed).
+_CHOICES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _choose(bundle, dtype: str, head_dim: int, causal: bool, varlen: bool) -> str:
+    try:
+        per_bundle = _CHOICES.setdefault(bundle, {})
+    except TypeError:  # not weak-referenceable: no cache
+        per_bundle = {}
+    key = (dtype, head_dim, causal, varlen)
+    name = per_bundle.get(key)
+    if name is None:
+        name = per_bundle[key] = select(bundle.candidates("attention"), dtype=dtype,
+                                        head_dim=head_dim, causal=causal, varlen=varlen)["name"]
+    return name
 
 
 def select(candidates: list[dict], *, dtype: str, head_dim: int, causal: bool,
