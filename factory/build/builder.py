@@ -84,10 +84,6 @@ def _compile_into_cache(v: Variant, entry: str) -> dict:
         sass = disassemble(tmp / f"{v.name}.cubin")
         info["sass_problems"] = check_sass(v, sass)
         info["sass_histogram"] = opcode_histogram(sass)
-        regs = [int(r) for r in re.findall(r"SHI_REGISTERS=(\d+)", sass)]
-        for k in info["kernels"].values():  # nvdisasm's count is authoritative where ELF parsing failed
-            if not k["registers"] and regs:
-                k["registers"] = max(regs)
         (tmp / "info.json").write_text(json.dumps(info, indent=1))
         try:
             tmp.rename(entry_p)  # atomic publish; a concurrent builder may have won the race
@@ -207,6 +203,20 @@ def build(
     }
 
 
+def _constraints(v: Variant, info: dict) -> dict:
+    """What a problem must satisfy, spelled out from the signature and the header."""
+    from ..abi import TensorArg
+
+    sig = v.signature()
+    tensors = [a for a in sig.args if isinstance(a, TensorArg)]
+    size32 = any(st["shape_ctype"] == "int32_t" and st["n_shapes"] for st in info["header"]["structs"].values())
+    return {
+        "pointer_alignment_bytes": {a.name: a.align for a in tensors},
+        "multiple_of": dict(sig.divisibility),  # sizes and strides, in elements
+        "max_size": 2**31 - 1 if size32 else 2**63 - 1,
+    }
+
+
 _KEY_OPCODES = ("HMMA", "QMMA", "HGMMA", "QGMMA", "UTCHMMA", "UTCQMMA", "UTCMMA", "LDGSTS", "LDSM",
                 "UTMALDG", "UTMASTG", "LDL", "STL", "MUFU.EX2")
 
@@ -231,6 +241,7 @@ def _manifest(bundle: Path, records: list[tuple[Variant, dict, dict]]) -> dict:
             "config": v.config(),
             **v.describe(),
             "signature": v.signature().to_json(),
+            "constraints": _constraints(v, info),
             "abi": {"wrapper": info["header"]["wrapper"], "params": info["header"]["params"],
                     "structs": info["header"]["structs"]},
             "proof": tgt.proof,

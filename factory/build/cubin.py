@@ -93,25 +93,41 @@ def _nv_info(cubin: bytes, off: int, size: int) -> dict[int, list[bytes]]:
     return out
 
 
+def _per_symbol(attrs: dict[int, list[bytes]], code: int) -> dict[int, int]:
+    """(symbol index, u32 value) pairs of one EIATTR."""
+    out = {}
+    for v in attrs.get(code, []):
+        if len(v) >= 8:
+            sym, val = struct.unpack_from("<II", v)
+            out[sym] = val
+    return out
+
+
 def kernel_resources(cubin: bytes) -> dict[str, dict]:
-    """Per kernel: registers, static shared memory, stack frame (spill) bytes."""
+    """Per kernel: registers, static shared memory, stack frame (spill) bytes.
+
+    Register counts live in EIATTR_REGCOUNT records keyed by the kernel's symbol index, in the
+    global ``.nv.info`` (newer ptxas) or the kernel's own ``.nv.info.<k>``; older cubins also put
+    them in the top byte of the ``.text.<k>`` section's sh_info (whose low bits are the symbol).
+    """
     secs = _sections(cubin)
+    glob = {}
+    if ".nv.info" in secs:
+        _, o, s, _ = secs[".nv.info"]
+        glob = _nv_info(cubin, o, s)
     res = {}
     for sname, (_typ, _off, size, info) in secs.items():
         if not sname.startswith(".text."):
             continue
         k = sname[len(".text.") :]
-        regs = info >> 24
-        frame = 0
+        sym = info & 0xFFFFFF
+        regs = _per_symbol(glob, _EIATTR_REGCOUNT).get(sym, info >> 24)
+        frame = _per_symbol(glob, _EIATTR_FRAME_SIZE).get(sym, 0)
         if ".nv.info." + k in secs:
             _, o, s, _ = secs[".nv.info." + k]
             attrs = _nv_info(cubin, o, s)
-            for v in attrs.get(_EIATTR_FRAME_SIZE, []):
-                if len(v) >= 8:
-                    frame = max(frame, struct.unpack_from("<I", v, 4)[0])
-            for v in attrs.get(_EIATTR_REGCOUNT, []):
-                if len(v) >= 8:
-                    regs = struct.unpack_from("<I", v, 4)[0]
+            regs = _per_symbol(attrs, _EIATTR_REGCOUNT).get(sym, regs)
+            frame = max(frame, _per_symbol(attrs, _EIATTR_FRAME_SIZE).get(sym, 0))
         static_smem = secs.get(".nv.shared." + k, (0, 0, 0, 0))[2]
         res[k] = {"registers": regs, "static_smem_bytes": static_smem, "stack_frame_bytes": frame,
                   "code_bytes": size}
