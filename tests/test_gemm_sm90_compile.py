@@ -135,4 +135,5 @@ def test_resources(report):
 
 def test_names_follow_fields(report):
     for name in report["variants"]:
-        assert re.match(r"gemm_sm90a_(bf16|f16|e4m3)_o(bf16|f16|f32)_a[km]_b[kn]_t\d+x\d+x\d+_c\dx\d_", name), name
+        pattern = r"gemm_sm90a_(bf16|f16|e4m3)_o(bf16|f16|f32)_a[km]_b[kn]_t\d+x\d+x\d+_c\dx\d_"
+        assert re.match(pattern, name), name

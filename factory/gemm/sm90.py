@@ -94,8 +94,9 @@ class GemmSm90(GemmVariant):
     """One Hopper GEMM config.  ``tile`` is the CTA tile (M, N, K); its K must be one 128-byte
     swizzle row (64 for 16-bit inputs, 128 for fp8).  ``schedule``: ``coop`` = two consumer
     warpgroups split the tile along M (tile M 128 or 256); ``ws`` = one consumer warpgroup (tile M
-    64 or 128); ``pp`` = ping-pong, two consumer warpgroups with a tile each (tile M 64 or 128).  ``raster`` orders tiles along M or N; ``swizzle`` groups that many clusters for L2
-    reuse (1 = plain raster).
+    64 or 128); ``pp`` = ping-pong, two consumer warpgroups with a tile each (tile M 64 or 128).
+    ``raster`` orders tiles along M or N; ``swizzle`` groups that many clusters for L2 reuse
+    (1 = plain raster).
 
     ``swap_ab`` (for decode, M <= 64): the kernel computes Cᵀ = B·Aᵀ, so the large N runs along the
     WGMMA's 64-row M side and the small M along its N side (down to 16), and C is written
