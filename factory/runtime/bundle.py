@@ -81,24 +81,27 @@ class Bundle:
             b = self._binders[name] = Binder(self.manifest["variants"][name])
         return b
 
-    def launch(self, name: str, args: list, stream: int | None = None) -> None:
-        """Launch variant ``name`` with ``args`` in its signature order, on ``stream`` (default: the
-        current torch stream of the current device)."""
-        entry = self.manifest["variants"].get(name)
-        if entry is None:
-            raise NoVariantError(f"no variant {name!r}; {self.describe_contents()}")
-        if not get_target(entry["target"]).runs_on(self.capability):
-            raise NoVariantError(f"{name} is built for {entry['target']}, which cannot run on {self.device_name()}")
+    def launch(self, name: str, args: list, stream: int | None = None, *, checked: bool = False) -> None:
+        """Launch variant ``name`` with ``args`` (torch tensors, ``(data_ptr, shape, stride)`` specs
+        or numbers, in its signature order) on ``stream`` (default: torch's current stream).
+
+        ``checked=True`` skips validation: only for specs that selection has just validated."""
+        binder = self._binders.get(name)
+        if binder is None:
+            entry = self.manifest["variants"].get(name)
+            if entry is None:
+                raise NoVariantError(f"no variant {name!r}; {self.describe_contents()}")
+            if not get_target(entry["target"]).runs_on(self.capability):
+                raise NoVariantError(f"{name} is built for {entry['target']}, which cannot run on {self.device_name()}")
+            binder = self.binder(name)
         if stream is None:
             import torch
 
             stream = torch.cuda.current_stream().cuda_stream
-        argv, keep = self.binder(name).bind(args, stream)
-        fn = self.lib.launcher(name)
-        err = fn(argv)
+        argv, _buf = binder.pack(args, stream) if checked else binder.bind(args, stream)
+        err = self.lib.launcher(name)(argv)
         if err:
             raise LaunchError(f"{name}: launch failed: {self.lib.error(err)}")
-        del keep
 
     # --- ops --------------------------------------------------------------------------------------
     def gemm(self, a, b, out=None, *, out_dtype=None, scale_a=None, scale_b=None, variant: str | None = None):

@@ -46,10 +46,21 @@ def _as_rkl(t, what: str):
     return t.permute(1, 2, 0)
 
 
-def _major(t3, mn: str) -> str | None:
-    if t3.stride(1) == 1 or t3.shape[1] == 1:
+def rkl_spec(t, what: str) -> tuple[int, tuple, tuple]:
+    """The (data_ptr, shape, stride) of ``_as_rkl(t)`` without building the view (hot path)."""
+    shape, stride = t.shape, t.stride()
+    if len(shape) == 2:
+        return t.data_ptr(), (shape[0], shape[1], 1), (stride[0], stride[1], 0)
+    if len(shape) == 3:
+        return t.data_ptr(), (shape[1], shape[2], shape[0]), (stride[1], stride[2], stride[0])
+    raise ValueError(f"{what} must be 2-D or 3-D, got shape {tuple(shape)}")
+
+
+def _major(spec, mn: str) -> str | None:
+    _, shape, stride = spec
+    if stride[1] == 1 or shape[1] == 1:
         return "k"
-    if t3.stride(0) == 1 or t3.shape[0] == 1:
+    if stride[0] == 1 or shape[0] == 1:
         return mn
     return None
 
@@ -64,24 +75,26 @@ def _sm_count() -> int:
 
 
 def select(bundle, a3, b3, c3, ab: str, c: str, scales: list) -> str:
-    M, K, L = a3.shape
-    N = b3.shape[0]
-    am, bm = _major(a3, "m"), _major(b3, "n")
-    if am is None or bm is None:
-        raise ValueError(f"a and b need a contiguous mode (strides {a3.stride()}, {b3.stride()}); "
-                         f"call .contiguous() first")
-    align = tuple(x % 16 for x in (a3.data_ptr(), b3.data_ptr(), c3.data_ptr()))
-    key = (ab, c, am, bm, M, N, K, L, a3.stride(), b3.stride(), c3.stride(), align)
+    """The variant for these (R, K, L) operand specs (or tensors); cached per problem key."""
+    a3, b3, c3 = (x if isinstance(x, tuple) else (x.data_ptr(), tuple(x.shape), tuple(x.stride()))
+                  for x in (a3, b3, c3))
+    M, K, L = a3[1]
+    N = b3[1][0]
+    key = (ab, c, M, N, K, L, a3[2], b3[2], c3[2], a3[0] % 16, b3[0] % 16, c3[0] % 16)
     name = bundle._select_cache.get(key)
     if name is not None:
         return name
+    am, bm = _major(a3, "m"), _major(b3, "n")
+    if am is None or bm is None:
+        raise ValueError(f"a and b need a contiguous mode (strides {a3[2]}, {b3[2]}); "
+                         f"call .contiguous() first")
     fits, reasons = [], []
     for v in bundle.candidates("gemm"):
         d, lay = v["dtypes"], v["layout"]
         if (d["a"], d["c"], lay["a"], lay["b"]) != (ab, c, am, bm):
             continue
         try:
-            bundle.binder(v["name"]).bind([a3, b3, c3, *scales], 0)
+            bundle.binder(v["name"]).check([a3, b3, c3, *scales])
         except ValueError as e:
             reasons.append(str(e))
             continue
@@ -123,17 +136,19 @@ def gemm(bundle, a, b, out=None, *, out_dtype=None, scale_a=None, scale_b=None, 
         dt = out_dtype or (torch.bfloat16 if fp8 else a.dtype)
         out = torch.empty((*a.shape[:-1], b.shape[-2]), dtype=dt, device=a.device)
     c = _dtype_name(out.dtype)
-    a3, b3, c3 = _as_rkl(a, "a"), _as_rkl(b, "b"), _as_rkl(out, "out")
-    scales = []
+    a3, b3, c3 = rkl_spec(a, "a"), rkl_spec(b, "b"), rkl_spec(out, "out")
+    scales, keep = [], []
     if fp8:
-        one = None
         for s in (scale_a, scale_b):
             if s is None:
-                one = one if one is not None else torch.ones(1, dtype=torch.float32, device=a.device)
-                s = one
-            scales.append(s.reshape(1).to(torch.float32))
+                s = torch.ones(1, dtype=torch.float32, device=a.device)
+            s = s.reshape(1).to(torch.float32)
+            keep.append(s)  # alive until the launch is queued
+            scales.append((s.data_ptr(), (1,), (1,)))
     elif scale_a is not None or scale_b is not None:
         raise ValueError("scale_a/scale_b apply to fp8 GEMMs only")
-    name = variant or select(bundle, a3, b3, c3, ab, c, scales)
-    bundle.launch(name, [a3, b3, c3, *scales])
+    if variant is None:
+        bundle.launch(select(bundle, a3, b3, c3, ab, c, scales), [a3, b3, c3, *scales], checked=True)
+    else:
+        bundle.launch(variant, [a3, b3, c3, *scales])
     return out
