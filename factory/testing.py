@@ -6,6 +6,7 @@ float32 reference by ‖out − ref‖ / ‖ref‖.  Needs torch; never the DSL.
 
 from __future__ import annotations
 
+import itertools
 import math
 
 # Relative-error bounds (‖out − ref‖ / ‖ref‖ against float32 on the same, already-quantised inputs).
@@ -101,3 +102,76 @@ def check_graph_capture(bundle, entry, device="cuda") -> dict:
     nan = int(torch.isnan(out).sum())
     return {"variant": entry["name"] + " [graph replay]", "shape": [M, N, K, L], "rel_err": err, "nan": nan,
             "tol": TOLERANCE[d["a"]], "ok": nan == 0 and err < TOLERANCE[d["a"]]}
+
+
+# --- attention ---------------------------------------------------------------------------------
+def attention_reference(q, k, v, causal: bool, scale: float):
+    """float32 attention for (B, S, H, D) inputs with GQA by head index and bottom-right causal
+    masking; returns o (B, Sq, Hq, D) and lse (B, Hq, Sq); rows with no visible key give 0 / -inf."""
+    import torch
+
+    qf, kf, vf = (t.float() for t in (q, k, v))
+    rep = q.shape[2] // k.shape[2]
+    kf, vf = kf.repeat_interleave(rep, dim=2), vf.repeat_interleave(rep, dim=2)
+    s = torch.einsum("bqhd,bkhd->bhqk", qf, kf) * scale
+    sq, sk = q.shape[1], k.shape[1]
+    if causal:
+        i = torch.arange(sq, device=q.device)[:, None]
+        j = torch.arange(sk, device=q.device)[None, :]
+        s = s.masked_fill(j > i + (sk - sq), -math.inf)
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.exp(s - lse[..., None]).nan_to_num(0.0)
+    return torch.einsum("bhqk,bkhd->bqhd", p, vf), lse
+
+
+def smoke_attention(bundle, entry, device="cuda") -> list[dict]:
+    """One dense (GQA 4, tails, Sq ≠ Sk) or varlen (lengths 1, a tile + 2, a tail) problem, launched
+    by variant name with NaN-poisoned o and lse, against attention_reference."""
+    import torch
+
+    dt, d, causal = torch_dtype(entry["dtype"]), entry["head_dim"], entry["causal"]
+    scale = d ** -0.5
+    hq, hkv = 8, 2
+    if entry["varlen"]:
+        lq, lk = [1, 130, 77], [5, 130, 200]
+    else:
+        lq, lk = [200, 200], [333, 333]
+    qs = [torch.randn(1, n, hq, d, device=device).to(dt) for n in lq]
+    ks = [torch.randn(1, n, hkv, d, device=device).to(dt) for n in lk]
+    vs = [torch.randn(1, n, hkv, d, device=device).to(dt) for n in lk]
+    if entry["varlen"]:
+        q, k, v = (torch.cat(x, 1)[0] for x in (qs, ks, vs))
+        o = torch.full_like(q, float("nan"))
+        lse = torch.full((hq, q.shape[0]), float("nan"), device=device)
+        cu = lambda ls: torch.tensor([0, *itertools.accumulate(ls)], dtype=torch.int32, device=device)  # noqa: E731
+        args = [q, k, v, o, lse, cu(lq), cu(lk), scale, max(lq)]
+    else:
+        q, k, v = (torch.cat(x, 0) for x in (qs, ks, vs))
+        o = torch.full_like(q, float("nan"))
+        lse = torch.full((q.shape[0], hq, q.shape[1]), float("nan"), device=device)
+        args = [q, k, v, o, lse, scale]
+    bundle.launch(entry["name"], args)
+    torch.cuda.synchronize()
+    outs, lses = [], []
+    for i in range(len(lq)):
+        ro, rl = attention_reference(qs[i], ks[i], vs[i], causal, scale)
+        if entry["varlen"]:
+            start = sum(lq[:i])
+            outs.append((o[start:start + lq[i]][None], ro))
+            lses.append((lse[:, start:start + lq[i]][None], rl))
+        else:
+            outs.append((o[i:i + 1], ro))
+            lses.append((lse[i:i + 1], rl))
+    out = torch.cat([x.flatten() for x, _ in outs])
+    ref = torch.cat([r.flatten() for _, r in outs])
+    lse_got = torch.cat([x.flatten() for x, _ in lses])
+    lse_ref = torch.cat([r.flatten() for _, r in lses])
+    nan = int(torch.isnan(out).sum() + torch.isnan(lse_got).sum())
+    finite = torch.isfinite(lse_ref)
+    lse_ok = bool(torch.equal(torch.isinf(lse_got), ~finite)) and (
+        not finite.any() or float((lse_got[finite] - lse_ref[finite]).abs().max()) < 2e-2)
+    err = rel_error(out, ref) if nan == 0 else math.inf
+    tol = TOLERANCE[entry["dtype"]]
+    shape = [len(lq), max(lq), max(lk), hq, hkv, d]
+    return [{"variant": entry["name"], "shape": shape, "rel_err": err, "nan": nan, "tol": tol,
+             "ok": nan == 0 and err < tol and lse_ok}]

@@ -51,7 +51,7 @@ def main() -> int:
         if op == "gemm" and entries:
             results.append(testing.check_graph_capture(bundle, entries[0]))
     width = max([len(r["variant"]) for r in results] + [10])
-    print(f"{'variant'.ljust(width)}  {'shape (M,N,K,L)':22}  {'rel err':>9}  {'NaN':>5}  result")
+    print(f"{'variant'.ljust(width)}  {'problem':22}  {'rel err':>9}  {'NaN':>5}  result")
     for r in results:
         err = "-" if r["rel_err"] is None else f"{r['rel_err']:.2e}"
         shape = "-" if r["shape"] is None else ",".join(map(str, r["shape"]))

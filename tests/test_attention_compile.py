@@ -124,8 +124,10 @@ def test_enumeration():
     for t in ("sm_80", "sm_86", "sm_89", "sm_90"):
         test = enum(get_target(t), "test")
         default = enum(get_target(t), "default")
-        assert len(test) == 2 and len(default) == 16, t
-        assert len({v.name for v in default}) == 16
+        # 16 problems (dtype, head_dim, causal, varlen) + 8 dense ones with 64-row query tiles
+        assert len(test) == 2 and len(default) == 24, t
+        assert len({v.name for v in default}) == 24
+        assert sum(v.tile_m == 64 and not v.varlen for v in default) == 8
         assert all(v.can_implement() is None for v in default), t
         assert {(v.dtype, v.head_dim, v.causal, v.varlen) for v in default} == {
             (dt, d, c, vl) for dt in ("bf16", "f16") for d in (64, 128)
@@ -181,6 +183,14 @@ def test_runtime_select_and_checks():
     assert select(pref[:1] + pref[2:], dtype="f16", head_dim=64, causal=False,
                   varlen=False)["name"] == "alt"
     assert select(cands, dtype="bf16", head_dim=128, causal=False, varlen=True)["name"] == "b"
+    grid = [{"name": "big", "target": "sm_90", "dtype": "bf16", "head_dim": 64, "causal": False,
+             "varlen": False, "preferred": True, "tile": [128, 128], "stages": 2},
+            {"name": "small", "target": "sm_90", "dtype": "bf16", "head_dim": 64, "causal": False,
+             "varlen": False, "tile": [64, 128], "stages": 2}]
+    kw = dict(dtype="bf16", head_dim=64, causal=False, varlen=False, sms=132)
+    assert select(grid, rows=1 * 8 * 512, **kw)["name"] == "small"  # 32 CTAs of 128 rows: under-filled
+    assert select(grid, rows=4 * 16 * 4096, **kw)["name"] == "big"
+    assert select(grid, **kw)["name"] == "big"
     with pytest.raises(ValueError, match="no attention kernel"):
         select(cands, dtype="f16", head_dim=64, causal=False, varlen=False)
 

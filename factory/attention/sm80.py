@@ -200,10 +200,10 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm80]:
     if target.family != "sm80":
         return []
 
-    def make(dtype, d, causal, varlen, tile_n=None, stages=None):
+    def make(dtype, d, causal, varlen, tile_n=None, stages=None, tile_m=None, warps=None):
         tm, tn, w, s = default_tile(target, d)
-        return AttentionSm80(target=target.name, dtype=dtype, head_dim=d, tile_m=tm,
-                             tile_n=tile_n or tn, warps=w, stages=stages or s, causal=causal,
+        return AttentionSm80(target=target.name, dtype=dtype, head_dim=d, tile_m=tile_m or tm,
+                             tile_n=tile_n or tn, warps=warps or w, stages=stages or s, causal=causal,
                              varlen=varlen)
 
     if tier == "test":
@@ -211,6 +211,9 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm80]:
     problems = [(dt, d, c, vl) for dt in DTYPES for d in HEAD_DIMS
                 for c in (False, True) for vl in (False, True)]
     out = [make(*p) for p in problems]
+    # 64-row query tiles (4 warps) for dense problems whose 128-row grid leaves SMs idle
+    # (B·H·ceil(Sq/128) < SMs, e.g. B1 H8 S512: 32 CTAs on 132 SMs); the loader picks them then.
+    out += [make(*p, tile_m=64, warps=4) for p in problems if not p[3]]
     if tier == "full":
         out += [make(*p, tile_n=tn, stages=st) for p in problems for tn, st in _ALTERNATIVES[p[1]]]
     out = list({v.name: v for v in out}.values())  # alternatives may repeat the default

@@ -241,7 +241,7 @@ def _manifest(bundle: Path, records: list[tuple[Variant, dict, dict]]) -> dict:
             "config": v.config(),
             **v.describe(),
             "signature": v.signature().to_json(),
-            "constraints": _constraints(v, info),
+            "constraints": {**v.describe().get("constraints", {}), **_constraints(v, info)},
             "abi": {"wrapper": info["header"]["wrapper"], "params": info["header"]["params"],
                     "structs": info["header"]["structs"]},
             "proof": tgt.proof,
