@@ -44,19 +44,9 @@ def bundle():
 # --- reference ----------------------------------------------------------------------------------
 def reference(q, k, v, causal, scale):
     """fp32 attention, (B, S, H, D) inputs; returns o (B, Sq, Hq, D) and lse (B, Hq, Sq)."""
-    qf, kf, vf = (t.float() for t in (q, k, v))
-    rep = q.shape[2] // k.shape[2]
-    kf = kf.repeat_interleave(rep, dim=2)
-    vf = vf.repeat_interleave(rep, dim=2)
-    s = torch.einsum("bqhd,bkhd->bhqk", qf, kf) * scale
-    sq, sk = q.shape[1], k.shape[1]
-    if causal:
-        i = torch.arange(sq, device=q.device)[:, None]
-        j = torch.arange(sk, device=q.device)[None, :]
-        s = s.masked_fill(j > i + (sk - sq), -math.inf)
-    lse = torch.logsumexp(s, dim=-1)
-    p = torch.exp(s - lse[..., None]).nan_to_num(0.0)  # rows with no key: 0
-    return torch.einsum("bhqk,bkhd->bqhd", p, vf), lse
+    from factory.testing import attention_reference
+
+    return attention_reference(q, k, v, causal, scale)
 
 
 def rel_err(x, ref):

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from ..atoms.targets import get_target
 from ..registry import enumerate_variants
+from ..runtime.manifest import sha256_file
 from ..variant import Variant
 from . import toolchain
 from .cubin import disassemble, opcode_histogram, sass_target
@@ -56,14 +57,6 @@ def cache_key(v: Variant) -> str:
         h.update(rel.encode())
         h.update((PACKAGE_ROOT / rel).read_bytes())
     return h.hexdigest()[:32]
-
-
-def sha256_file(p: Path) -> str:
-    h = hashlib.sha256()
-    with open(p, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 # --- worker side ---------------------------------------------------------------------------------
