@@ -1,10 +1,17 @@
 #!/usr/bin/env python3
-"""Our kernels beside the reference, in the same run, on the same inputs.
+"""Our kernels beside the reference, in the same run, on the same inputs, against a roofline.
 
-gemm: ours (the loader's selected variant, or every variant with --all) vs torch.matmul (cuBLAS).
+gemm: ours (the loader's selected variant, or one forced with --variant) vs torch.matmul (cuBLAS),
+and for fp8 e4m3 vs ``torch._scaled_mm`` (with the same accumulation mode as our variant).
 Timing: CUDA events around CUDA-graph replays (each graph holds one call per input set, rotating
 among enough fresh random input sets to exceed twice the L2), medians of many replays; also eager
-calls.  Outputs are NaN-poisoned before timing and checked after.  Writes JSON and a PNG chart.
+calls.  Outputs are NaN-poisoned before timing and checked after; values are checked against a
+float32 reference on a slice of rows.
+
+Roofline floor per shape, measured in the same run: max(bytes moved once (A, B, C) / device-to-
+device copy bandwidth of a 1 GiB copy, FLOPs / the reference's own rate at 8192³ of that dtype).
+
+Writes ``OUT.json`` and ``OUT.png`` (ratio per shape, one panel per dtype).
 """
 
 from __future__ import annotations
@@ -22,17 +29,26 @@ from factory import testing  # noqa: E402
 from factory.runtime import Bundle  # noqa: E402
 
 SQUARE = [(n, n, n) for n in (2048, 4096, 8192)]
-# Llama-3-8B projections (N, K): qkv, o, gate+up, down; M from decode to prefill.
-LLM_NK = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]
-LLM_M = [1, 16, 128, 2048, 8192]
+# Llama projections (N, K): 3-8B qkv, o, gate+up, down; 3-70B qkv, o, gate+up, down.
+LLM_NK = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336),
+          (10240, 8192), (8192, 8192), (57344, 8192), (8192, 28672)]
+LLM_M = [1, 16, 64, 128, 512, 2048, 8192, 16384]
+CEILING_SHAPE = (8192, 8192, 8192)
+
+
+def shape_grid(which: str) -> list[tuple[int, int, int]]:
+    llm = [(m, n, k) for n, k in LLM_NK for m in LLM_M]
+    return {"square": SQUARE, "llm": llm, "all": SQUARE + llm,
+            "quick": [(8192, 8192, 8192), (4096, 4096, 4096), (16, 4096, 4096), (1, 8192, 28672)]}[which]
 
 
 def _sets_for(bytes_per_set: int, l2: int) -> int:
     return max(1, min(8, -(-2 * l2 // max(1, bytes_per_set))))
 
 
-def time_graph(fn_per_set, n_sets: int, replays: int = 30) -> float:
-    """Median seconds per call, from replays of a graph holding one call per input set."""
+def time_graph(fn_per_set, n_sets: int, replays: int | None = None, budget_s: float = 0.4) -> float:
+    """Median seconds per call, from replays of a graph holding one call per input set.  Without
+    ``replays``: as many as fit ``budget_s`` of GPU time (7 to 40)."""
     import torch
 
     for i in range(n_sets):
@@ -44,8 +60,14 @@ def time_graph(fn_per_set, n_sets: int, replays: int = 30) -> float:
         with torch.cuda.graph(g, stream=s):
             for i in range(n_sets):
                 fn_per_set(i)
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    e0.record()
     g.replay()
-    torch.cuda.synchronize()
+    e1.record()
+    e1.synchronize()
+    first = e0.elapsed_time(e1) / 1e3
+    if replays is None:
+        replays = int(max(7, min(40, budget_s / max(first, 1e-6))))
     times = []
     for _ in range(replays):
         e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -54,10 +76,11 @@ def time_graph(fn_per_set, n_sets: int, replays: int = 30) -> float:
         e1.record()
         e1.synchronize()
         times.append(e0.elapsed_time(e1) / 1e3 / n_sets)
+    del g
     return statistics.median(times)
 
 
-def time_eager(fn_per_set, n_sets: int, iters: int = 20) -> float:
+def time_eager(fn_per_set, n_sets: int, iters: int = 10) -> float:
     import torch
 
     for i in range(n_sets):
@@ -74,53 +97,124 @@ def time_eager(fn_per_set, n_sets: int, iters: int = 20) -> float:
     return statistics.median(times)
 
 
-def bench_gemm(bundle, shapes, dtype: str, variant: str | None = None) -> list[dict]:
+def copy_bandwidth(nbytes: int = 1 << 30) -> float:
+    """Device-to-device copy bandwidth in bytes/s (read + write counted), graph-replay median."""
+    import torch
+
+    src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda").normal_()
+    dst = torch.empty_like(src)
+    t = time_graph(lambda i: dst.copy_(src), 1, replays=20)
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * nbytes / t
+
+
+def read_bandwidth(nbytes: int = 1 << 30) -> float:
+    """Bandwidth of a read-only stream (a sum over 1 GiB) in bytes/s: a GEMM that streams its
+    weights writes next to nothing, so it can beat the copy figure (seen: 1x57344x8192)."""
+    import torch
+
+    src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda").normal_()
+    out = torch.empty((), dtype=torch.float32, device="cuda")
+    t = time_graph(lambda i: torch.sum(src, dim=0, dtype=torch.float32, out=out), 1, replays=20)
+    del src
+    torch.cuda.empty_cache()
+    return nbytes / t
+
+
+def gemm_bytes(M, N, K, dtype: str) -> int:
+    e = 1 if dtype == "e4m3" else 2
+    return (M * K + N * K) * e + M * N * 2
+
+
+def _fast_accum(bundle, variant: str) -> bool:
+    """Whether our fp8 variant accumulates fast (then the reference does too)."""
+    return bundle.manifest["variants"][variant]["fp8_accumulation"] == "fast"
+
+
+def bench_gemm_shape(bundle, M, N, K, dtype: str, variant: str | None, l2: int) -> dict:
+    import torch
+
+    from factory.runtime.gemm import rkl_spec, select
+
+    n_sets = _sets_for(gemm_bytes(M, N, K, dtype), l2)
+    A = [testing.gemm_operand(M, K, 1, "k", dtype)[0] for _ in range(n_sets)]
+    B = [testing.gemm_operand(N, K, 1, "k", dtype)[0] for _ in range(n_sets)]
+    out_dt = torch.bfloat16
+    C_ours = [torch.full((M, N), float("nan"), dtype=out_dt, device="cuda") for _ in range(n_sets)]
+    C_ref = [torch.empty((M, N), dtype=out_dt, device="cuda") for _ in range(n_sets)]
+    one = torch.ones(1, device="cuda")
+    fp8 = dtype == "e4m3"
+    scales = [(one.data_ptr(), (1,), (1,))] * 2 if fp8 else []
+    name = variant or select(bundle, rkl_spec(A[0], "a"), rkl_spec(B[0], "b"), rkl_spec(C_ours[0], "c"),
+                             dtype, "bf16", scales)
+    fast = fp8 and _fast_accum(bundle, name)
+    if fp8:
+        ours = lambda i: bundle.gemm(A[i], B[i], C_ours[i], scale_a=one, scale_b=one, variant=variant)  # noqa: E731
+        ref = lambda i: torch._scaled_mm(A[i], B[i].t(), scale_a=one, scale_b=one, out_dtype=out_dt,  # noqa: E731
+                                         use_fast_accum=fast)
+    else:
+        ours = lambda i: bundle.gemm(A[i], B[i], C_ours[i], variant=variant)  # noqa: E731
+        ref = lambda i: torch.mm(A[i], B[i].t(), out=C_ref[i])  # noqa: E731
+    t_ours = time_graph(ours, n_sets)
+    e_ours = time_eager(ours, n_sets)
+    try:
+        t_ref = time_graph(ref, n_sets)
+        e_ref = time_eager(ref, n_sets)
+    except RuntimeError as e:  # e.g. a shape the reference refuses
+        print(f"  reference failed on {M}x{N}x{K}: {e}", flush=True)
+        t_ref = e_ref = float("nan")
+    nan = sum(int(torch.isnan(c).sum()) for c in C_ours)
+    rows = min(M, 256)
+    err = testing.rel_error(C_ours[0][:rows], A[0][:rows].float() @ B[0].float().t())
+    del A, B, C_ours, C_ref
+    torch.cuda.empty_cache()
+    flops = 2 * M * N * K
+    return {"M": M, "N": N, "K": K, "dtype": dtype, "variant": name, "input_sets": n_sets,
+            "ref_fast_accum": fast if fp8 else None,
+            "ours_us": t_ours * 1e6, "ref_us": t_ref * 1e6, "ours_eager_us": e_ours * 1e6,
+            "ref_eager_us": e_ref * 1e6, "ours_tflops": flops / t_ours / 1e12,
+            "ref_tflops": flops / t_ref / 1e12, "ratio": t_ref / t_ours, "eager_ratio": e_ref / e_ours,
+            "rel_err": err, "nan": nan}
+
+
+def bench_gemm(bundle, shapes, dtype: str, variant: str | None, copy_bw: float, log=print,
+               partial=lambda rows: None, read_bw: float | None = None) -> dict:
+    """Every shape for one dtype; the matmul ceiling (reference at 8192³) is measured first."""
     import torch
 
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    shapes = [CEILING_SHAPE] + [s for s in shapes if s != CEILING_SHAPE]
     rows = []
+    ceiling = None
+    log(f"{'M':>6} {'N':>6} {'K':>6}  {'ours':>9} {'ref':>9} {'floor':>8}  {'TF/s':>6} {'ref':>6}  {'ratio':>5} "
+        f"{'/floor':>6}  {'eager':>8} {'ref':>8}  err nan  variant")
     for M, N, K in shapes:
-        esize = 1 if dtype == "e4m3" else 2
-        n_sets = _sets_for((M * K + N * K) * esize + M * N * 2, l2)
-        A = [testing.gemm_operand(M, K, 1, "k", dtype)[0] for _ in range(n_sets)]
-        B = [testing.gemm_operand(N, K, 1, "k", dtype)[0] for _ in range(n_sets)]
-        out_dt = torch.bfloat16
-        C_ours = [torch.full((M, N), float("nan"), dtype=out_dt, device="cuda") for _ in range(n_sets)]
-        C_ref = [torch.empty((M, N), dtype=out_dt, device="cuda") for _ in range(n_sets)]
-        one = torch.ones(1, device="cuda")
-        if dtype == "e4m3":
-            ours = lambda i: bundle.gemm(A[i], B[i], C_ours[i], scale_a=one, scale_b=one, variant=variant)  # noqa: E731
-            ref = lambda i: torch._scaled_mm(A[i], B[i].t(), scale_a=one, scale_b=one, out_dtype=out_dt)  # noqa: E731
-        else:
-            ours = lambda i: bundle.gemm(A[i], B[i], C_ours[i], variant=variant)  # noqa: E731
-            ref = lambda i: torch.mm(A[i], B[i].t(), out=C_ref[i])  # noqa: E731
-        t_ours = time_graph(ours, n_sets)
-        t_ref = time_graph(ref, n_sets)
-        e_ours = time_eager(ours, n_sets)
-        e_ref = time_eager(ref, n_sets)
-        nan = sum(int(torch.isnan(c).sum()) for c in C_ours)
-        err = testing.rel_error(C_ours[0], A[0].float() @ B[0].float().t())
-        from factory.runtime.gemm import _as_rkl, select
-
-        name = variant or select(bundle, _as_rkl(A[0], "a"), _as_rkl(B[0], "b"), _as_rkl(C_ours[0], "c"),
-                                 dtype, "bf16", [one, one] if dtype == "e4m3" else [])
-        flops = 2 * M * N * K
-        rows.append({
-            "M": M, "N": N, "K": K, "dtype": dtype, "variant": name, "input_sets": n_sets,
-            "ours_us": t_ours * 1e6, "ref_us": t_ref * 1e6, "ours_eager_us": e_ours * 1e6,
-            "ref_eager_us": e_ref * 1e6, "ours_tflops": flops / t_ours / 1e12, "ref_tflops": flops / t_ref / 1e12,
-            "ratio": t_ref / t_ours, "rel_err": err, "nan": nan,
-        })
-        r = rows[-1]
-        print(f"{M:>6} {N:>6} {K:>6}  {r['ours_us']:>9.1f} {r['ref_us']:>9.1f}  {r['ours_tflops']:>7.1f} "
-              f"{r['ref_tflops']:>7.1f}  {r['ratio']:>5.2f}  {r['ours_eager_us']:>8.1f} {r['ref_eager_us']:>8.1f}  "
-              f"{err:.1e} {nan}  {name}", flush=True)
-        del A, B, C_ours, C_ref
-        torch.cuda.empty_cache()
-    return rows
+        r = bench_gemm_shape(bundle, M, N, K, dtype, variant, l2)
+        if ceiling is None:
+            ceiling = r["ref_tflops"] * 1e12
+        t_mem = gemm_bytes(M, N, K, dtype) / copy_bw
+        t_flop = 2 * M * N * K / ceiling
+        r.update({"floor_us": max(t_mem, t_flop) * 1e6, "floor_bound": "memory" if t_mem > t_flop else "compute"})
+        r["ours_over_floor"] = r["ours_us"] / r["floor_us"]
+        r["ref_over_floor"] = r["ref_us"] / r["floor_us"]
+        if read_bw:  # the stricter memory floor: bytes at the read-only stream's bandwidth
+            r["floor_read_us"] = max(gemm_bytes(M, N, K, dtype) / read_bw, t_flop) * 1e6
+            r["ours_over_read_floor"] = r["ours_us"] / r["floor_read_us"]
+        rows.append(r)
+        partial(rows)
+        log(f"{M:>6} {N:>6} {K:>6}  {r['ours_us']:>9.1f} {r['ref_us']:>9.1f} {r['floor_us']:>8.1f}  "
+            f"{r['ours_tflops']:>6.0f} {r['ref_tflops']:>6.0f}  {r['ratio']:>5.2f} {r['ours_over_floor']:>6.2f}  "
+            f"{r['ours_eager_us']:>8.1f} {r['ref_eager_us']:>8.1f}  {r['rel_err']:.1e} {r['nan']}  "
+            f"{r['variant'].replace('gemm_', '')}")
+    ok = [r for r in rows if r["ratio"] == r["ratio"]]  # NaN where the reference failed
+    ratios = [r["ratio"] for r in ok]
+    return {"dtype": dtype, "ceiling_tflops": ceiling / 1e12, "geomean_ratio": statistics.geometric_mean(ratios),
+            "min_ratio": min(ratios), "geomean_eager_ratio": statistics.geometric_mean([r["eager_ratio"] for r in ok]),
+            "rows": rows}
 
 
-def chart(rows: list[dict], path: Path, title: str) -> None:
+def chart(tables: list[dict], path: Path, title: str) -> None:
     try:
         import matplotlib
 
@@ -129,46 +223,70 @@ def chart(rows: list[dict], path: Path, title: str) -> None:
     except ImportError:
         print("(matplotlib missing: no chart)")
         return
-    labels = [f"{r['M']}x{r['N']}x{r['K']}" for r in rows]
-    fig, ax = plt.subplots(figsize=(max(6, len(rows) * 0.45), 4))
-    ax.bar(range(len(rows)), [r["ratio"] for r in rows])
-    ax.axhline(1.0, color="k", lw=0.8)
-    ax.set_xticks(range(len(rows)), labels, rotation=70, fontsize=7)
-    ax.set_ylabel("reference time / our time")
-    ax.set_title(title)
+    n = max(len(t["rows"]) for t in tables)
+    fig, axes = plt.subplots(len(tables), 1, figsize=(max(8, n * 0.22), 3.6 * len(tables)), squeeze=False)
+    for ax, t in zip(axes[:, 0], tables):
+        rows = t["rows"]
+        x = range(len(rows))
+        ax.bar(x, [r["ratio"] for r in rows], label="reference time / ours")
+        ax.plot(x, [r["floor_us"] / r["ours_us"] for r in rows], "k.", ms=4, label="floor / ours")
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.axhline(0.85, color="r", lw=0.5, ls="--")
+        ax.set_xticks(list(x), [f"{r['M']}x{r['N']}x{r['K']}" for r in rows], rotation=80, fontsize=6)
+        ax.set_title(f"{t['dtype']}: geomean {t['geomean_ratio']:.3f}, min {t['min_ratio']:.2f} "
+                     f"(ceiling {t['ceiling_tflops']:.0f} TFLOP/s)", fontsize=9)
+        ax.legend(fontsize=7, loc="upper right")
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=110)
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("op", choices=["gemm"])
     p.add_argument("--bundle", default="artifacts/default")
-    p.add_argument("--dtype", default="bf16", choices=["bf16", "f16", "e4m3"])
+    p.add_argument("--dtypes", nargs="+", default=["bf16", "e4m3"], choices=["bf16", "f16", "e4m3"])
     p.add_argument("--variant", default=None, help="force one variant (default: the loader's choice)")
     p.add_argument("--shapes", default="all", choices=["all", "square", "llm", "quick"])
-    p.add_argument("--out", default="bench")
+    p.add_argument("--heuristic", action="store_true", help="ignore the bundle's tuning.json")
+    p.add_argument("--out", default="bench/bench_gemm")
     a = p.parse_args()
     import torch
 
+    t0 = time.time()
     torch.manual_seed(int(time.time()))
     bundle = Bundle.open(a.bundle)
-    shapes = {"square": SQUARE, "llm": [(m, n, k) for n, k in LLM_NK for m in LLM_M],
-              "quick": [(4096, 4096, 4096), (16, 4096, 4096)]}.get(a.shapes)
-    if shapes is None:
-        shapes = SQUARE + [(m, n, k) for n, k in LLM_NK for m in LLM_M]
-    print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}; times in µs (graph replay medians)")
-    print(f"{'M':>6} {'N':>6} {'K':>6}  {'ours':>9} {'cuBLAS':>9}  {'TF/s':>7} {'ref':>7}  {'ratio':>5}  "
-          f"{'eager':>8} {'ref':>8}  err nan  variant")
-    rows = bench_gemm(bundle, shapes, a.dtype, a.variant)
-    geo = statistics.geometric_mean([r["ratio"] for r in rows])
-    print(f"geomean ratio (ref time / ours) over {len(rows)} shapes: {geo:.3f}")
+    if a.heuristic:
+        bundle._tuning = (None, "tuning.json ignored (--heuristic)")
+    tuned = bundle.tuning
+    bw = copy_bandwidth()
+    rbw = read_bandwidth()
+    dev = torch.cuda.get_device_name()
+    selection = "tuning.json" if tuned is not None else f"heuristic ({bundle._tuning[1]})"
+    print(f"device {dev}, torch {torch.__version__}; selection: {selection}; copy bandwidth "
+          f"{bw / 1e12:.2f} TB/s, read {rbw / 1e12:.2f} TB/s; times in µs (graph replay medians)", flush=True)
+    tables = []
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
-            "bundle_versions": bundle.manifest["versions"], "geomean_ratio": geo, "rows": rows}
+    for dt in a.dtypes:
+        print(f"\n== {dt}", flush=True)
+
+        def partial(rows, dt=dt):  # what has been measured so far survives a time-out
+            Path(str(out) + ".partial.json").write_text(json.dumps({"done": tables, dt: rows}))
+
+        t = bench_gemm(bundle, shape_grid(a.shapes), dt, a.variant, bw, log=lambda s: print(s, flush=True),
+                       partial=partial, read_bw=rbw)
+        print(f"{dt}: geomean ratio (ref time / ours) {t['geomean_ratio']:.3f} over {len(t['rows'])} shapes, "
+              f"min {t['min_ratio']:.3f}; eager geomean {t['geomean_eager_ratio']:.3f}", flush=True)
+        tables.append(t)
+    meta = {"device": dev, "torch": torch.__version__, "cuda": torch.version.cuda, "date": time.strftime("%Y-%m-%d"),
+            "bundle_versions": bundle.manifest["versions"], "copy_bandwidth_tbs": bw / 1e12,
+            "read_bandwidth_tbs": rbw / 1e12,
+            "selection": selection,
+            "seconds": round(time.time() - t0, 1), "tables": tables}
     Path(str(out) + ".json").write_text(json.dumps(meta, indent=1))
-    chart(rows, Path(str(out) + ".png"), f"{a.op} {a.dtype} vs torch on {meta['device']} (geomean {geo:.2f})")
+    chart(tables, Path(str(out) + ".png"), f"{a.op} vs torch on {dev} ({selection[:40]})")
+    print(f"bench: {meta['seconds']} s", flush=True)
     return 0
 
 

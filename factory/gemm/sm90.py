@@ -783,6 +783,20 @@ def _default() -> list[dict]:
         out.append(dict(**bf16, tile=(tm, 64, 64), schedule="ws", swap_ab=True))
     for tm in (16, 32):
         out.append(dict(**bf16, tile=(tm, 64, 64), schedule="ws", swap_ab=True, split_k=2))
+    # 64-row swap tiles cover M = 33..128 with enough CTAs to stream the weights (H100, tuned:
+    # bf16 M = 64..128 x N 4096..8192 picks them, e.g. 128x4096x4096 19.0 us, cuBLAS 18.1).
+    # fp8 the same: without them M=128 N=4096 K=14336 took 40 us, with them 30 (_scaled_mm 27).
+    out.append(dict(**bf16, tile=(64, 64, 64), schedule="ws", swap_ab=True, split_k=2))
+    out.append(dict(ab="e4m3", c="bf16", tile=(64, 64, 128), schedule="ws", swap_ab=True))
+    out.append(dict(ab="e4m3", c="bf16", tile=(64, 64, 128), schedule="ws", swap_ab=True,
+                    split_k=2))
+    # Tall problems (M >= 16384): with plain M-raster the 132 resident CTAs cover one column of
+    # N tiles, so A comes from DRAM once per N column (16384x8192x28672: 32 x 940 MB, 13.3 ms
+    # vs cuBLAS 10.7).  Swizzle 8 walks M in strips of 8 cluster columns: ~8x less A traffic.
+    out.append(dict(**bf16, tile=(128, 256, 64), cluster=(2, 1), swizzle=8))
+    out.append(dict(**bf16, tile=(256, 128, 64), cluster=(1, 2), swizzle=8))
+    out.append(dict(ab="e4m3", c="bf16", tile=(128, 256, 128), cluster=(2, 1), fast_accum=True,
+                    swizzle=8))
     out.append(dict(ab="e4m3", c="bf16", tile=(32, 64, 128), schedule="ws", swap_ab=True))
     out.append(dict(ab="e4m3", c="bf16", tile=(32, 64, 128), schedule="ws", swap_ab=True,
                     split_k=2))

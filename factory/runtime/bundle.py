@@ -18,25 +18,30 @@ class NoVariantError(LookupError):
 
 
 class Bundle:
-    def __init__(self, path: Path, manifest: dict, capability: tuple[int, int] | None):
+    def __init__(self, path: Path, manifest: dict, capability: tuple[int, int] | None,
+                 device: dict | None = None):
         self.path = path
         self.manifest = manifest
         self._capability = capability
+        self._device = device
+        self._tuning = None  # (tuning.Tuning | None, why), read on the first selection
         self._lib: HostLibrary | None = None
         self._binders: dict[str, Binder] = {}
         self._select_cache: dict[tuple, str] = {}
         self._lock = threading.Lock()
 
     @classmethod
-    def open(cls, path: str | Path, capability: tuple[int, int] | None = None) -> "Bundle":
+    def open(cls, path: str | Path, capability: tuple[int, int] | None = None,
+             device: dict | None = None) -> "Bundle":
         """Open and check a bundle.  ``capability`` overrides the current device's (for tests and
-        for planning on a machine without the GPU)."""
+        for planning on a machine without the GPU); so does ``device`` ({"name", "sm_count"}),
+        which decides whether the bundle's tuning.json applies."""
         path = Path(path)
         m = load_manifest(path)
         if not file_ok(path, m["host_library"]):
             raise BundleError(f"{path}: host library {m['host_library']['path']} is missing or its sha256 "
                               f"does not match the manifest")
-        return cls(path, m, capability)
+        return cls(path, m, capability, device)
 
     # --- device -----------------------------------------------------------------------------------
     @property
@@ -48,6 +53,28 @@ class Bundle:
                 raise NoVariantError("no CUDA device is visible")
             self._capability = tuple(torch.cuda.get_device_capability())
         return self._capability
+
+    def device_info(self) -> dict:
+        """{"name", "sm_count"} of the device selection is for (without a GPU and without an
+        override: unknown name, an H100 SXM's 132 SMs)."""
+        if self._device is None:
+            try:
+                import torch
+
+                p = torch.cuda.get_device_properties(torch.cuda.current_device())
+                self._device = {"name": p.name, "sm_count": p.multi_processor_count}
+            except Exception:  # noqa: BLE001 - no device: plan for an H100 SXM, never use tuning
+                self._device = {"name": None, "sm_count": 132}
+        return self._device
+
+    @property
+    def tuning(self):
+        """The bundle's GEMM tuning table for this device, or None (see runtime/tuning.py)."""
+        if self._tuning is None:
+            from . import tuning
+
+            self._tuning = tuning.load(self.path, self.device_info())
+        return self._tuning[0]
 
     def device_name(self) -> str:
         return f"compute capability {self.capability[0]}.{self.capability[1]}"

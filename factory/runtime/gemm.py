@@ -1,19 +1,27 @@
 """``bundle.gemm(a, b)``: a·bᵀ for a (M, K) or (L, M, K) and b (N, K) or (L, N, K).
 
-Selection heuristic (no tuning data yet):
+Selection, once per problem key (dtypes, majorness, sizes, strides, pointer alignment), cached:
   1. keep the variants runnable here (best target first: the arch-specific build for this exact
      chip, then the newest plain target of the same major) whose dtypes and majorness match and
-     whose alignment contract the tensors meet;
-  2. among those, take the largest tile that still gives at least one CTA per SM
-     (ceil(M/tm)·ceil(N/tn)·L ≥ SMs); if no tile reaches that, the tile with the most CTAs.
-     Large tiles re-read A and B least; under-filled grids waste SMs, which dominates for small
-     problems (for mma.sync on an H100: 128×128 and 128×256 are within a few % at 4096³, and
-     64×128 wins once fewer than ~132 CTAs of 128×128 exist).
-The choice is cached per (dtypes, majorness, sizes, strides' alignment).
+     whose alignment contract the tensors meet; drop persistent variants whose launch grid for
+     this problem would exceed the device's SMs (their grid is fixed at build time:
+     ``persistent_ctas``, 132 for an H100 SXM; more CTAs than SMs would run a second wave);
+  2. if the bundle's tuning.json was measured on this device (name, SM count) for this manifest,
+     take its winner for the problem's bucket (runtime/tuning.py) when that winner is in the set;
+  3. otherwise the heuristic of the family:
+     - sm90 (Hopper): the least predicted time of ``tuning.estimate_us`` — max(compute in whole
+       waves of the persistent grid, bytes at a grid-dependent streaming bandwidth) + fixed
+       costs, with the CTA count multiplied by ``split_k`` and tiles counted in the problem's
+       (M, N) orientation (swap-AB too).  Constants from H100 measurements, cited there.
+     - sm80 (mma.sync): the largest tile that still gives at least one CTA per SM
+       (ceil(M/tm)·ceil(N/tn)·L ≥ SMs); if no tile reaches that, the tile with the most CTAs
+       (for mma.sync on an H100: 128×128 and 128×256 are within a few % at 4096³, and 64×128
+       wins once fewer than ~132 CTAs of 128×128 exist).
 """
 
 from __future__ import annotations
 
+from . import tuning
 from .bundle import NoVariantError
 
 _CACHE_LIMIT = 4096
@@ -65,15 +73,6 @@ def _major(spec, mn: str) -> str | None:
     return None
 
 
-def _sm_count() -> int:
-    try:
-        import torch
-
-        return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-    except Exception:  # noqa: BLE001 - no device: plan for an H100
-        return 132
-
-
 def select(bundle, a3, b3, c3, ab: str, c: str, scales: list) -> str:
     """The variant for these (R, K, L) operand specs (or tensors); cached per problem key."""
     a3, b3, c3 = (x if isinstance(x, tuple) else (x.data_ptr(), tuple(x.shape), tuple(x.stride()))
@@ -84,6 +83,19 @@ def select(bundle, a3, b3, c3, ab: str, c: str, scales: list) -> str:
     name = bundle._select_cache.get(key)
     if name is not None:
         return name
+    fits, am, bm = fitting_variants(bundle, a3, b3, c3, ab, c, scales)
+    choice = choose(bundle, fits, ab, c, am, bm, M, N, K, L)
+    if len(bundle._select_cache) >= _CACHE_LIMIT:
+        bundle._select_cache.clear()
+    bundle._select_cache[key] = choice
+    return choice
+
+
+def fitting_variants(bundle, a3, b3, c3, ab: str, c: str, scales: list) -> tuple[list[dict], str, str]:
+    """Manifest entries of the best runnable target that can run this problem (specs as in
+    ``select``), and the majorness of a and b; raises NoVariantError when none can."""
+    M, K, L = a3[1]
+    N = b3[1][0]
     am, bm = _major(a3, "m"), _major(b3, "n")
     if am is None or bm is None:
         raise ValueError(f"a and b need a contiguous mode (strides {a3[2]}, {b3[2]}); "
@@ -105,8 +117,24 @@ def select(bundle, a3, b3, c3, ab: str, c: str, scales: list) -> str:
             f"no gemm variant for a={ab} ({am}-major) b={ab} ({bm}-major) -> {c}, M={M} N={N} K={K} L={L} "
             f"on {bundle.device_name()}{why}; {bundle.describe_contents('gemm')}")
     best_target = fits[0]["target"]
-    fits = [v for v in fits if v["target"] == best_target]
-    sms = _sm_count()
+    return [v for v in fits if v["target"] == best_target], am, bm
+
+
+def choose(bundle, fits: list[dict], ab: str, c: str, am: str, bm: str, M: int, N: int, K: int,
+           L: int) -> str:
+    """The name of the variant to run among ``fits`` (all fit the problem, one target)."""
+    sms = bundle.device_info()["sm_count"]
+    # A persistent grid fixed at build time for more SMs than this device has would leave CTAs
+    # for a second wave (at worst doubling the time): use such variants only where their launch
+    # grid for this problem fits.
+    fits = [v for v in fits if tuning.launch_ctas(v, M, N, L) <= sms] or fits
+    tuned = bundle.tuning
+    if tuned is not None:
+        w = tuned.winner(tuning.bucket_key(ab, c, am, bm, M, N, K, L))
+        if w is not None and any(v["name"] == w for v in fits):
+            return w
+    if fits[0]["family"] == "sm90":
+        return min(fits, key=lambda v: (tuning.estimate_us(v, M, N, K, L, sms), v["name"]))["name"]
 
     def ctas(v):
         tm, tn = v["tile"][0], v["tile"][1]
@@ -114,13 +142,8 @@ def select(bundle, a3, b3, c3, ab: str, c: str, scales: list) -> str:
 
     full = [v for v in fits if ctas(v) >= sms]
     if full:
-        choice = max(full, key=lambda v: (v["tile"][0] * v["tile"][1], -v["threads"]))
-    else:
-        choice = max(fits, key=lambda v: (ctas(v), v["tile"][0] * v["tile"][1]))
-    if len(bundle._select_cache) >= _CACHE_LIMIT:
-        bundle._select_cache.clear()
-    bundle._select_cache[key] = choice["name"]
-    return choice["name"]
+        return max(full, key=lambda v: (v["tile"][0] * v["tile"][1], -v["threads"]))["name"]
+    return max(fits, key=lambda v: (ctas(v), v["tile"][0] * v["tile"][1]))["name"]
 
 
 def gemm(bundle, a, b, out=None, *, out_dtype=None, scale_a=None, scale_b=None, variant=None):

@@ -1,0 +1,230 @@
+"""GEMM tuning data: shape buckets, the bundle's ``tuning.json``, and the cost model used without it.
+
+Standard library only (the runtime never imports the DSL; torch is not needed here either).
+
+``tuning.json`` (written by ``scripts/tune.py`` on the GPU, read by ``Bundle``)::
+
+    {"schema": 1, "created": "...",
+     "device": {"name": "NVIDIA H100 80GB HBM3", "sm_count": 132, "capability": [9, 0],
+                "driver": "...", "torch": "...", "cuda": "..."},
+     "manifest_sha256": "<sha256 of the bundle's manifest.json>",
+     "method": {...how it was timed...},
+     "buckets": {"bf16>bf16:kk:m16_n4096_k4096_l1": {"shape": [16, 4096, 4096, 1],
+                 "winner": "<variant>", "timings_us": {"<variant>": 12.3, ...}}, ...}}
+
+The table is used only when the device name, SM count and manifest hash all match; otherwise
+selection falls back to :func:`estimate_us` (a documented cost model).  Either way the choice is
+made once per problem key and cached by ``runtime/gemm.py``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+SCHEMA = 1
+FILE = "tuning.json"
+
+
+# --- buckets -------------------------------------------------------------------------------------
+def m_bucket(m: int) -> int:
+    """Upper bound of M's bucket: decode (<= 16), then powers of two (32, 64, 128, ...)."""
+    return max(16, 1 << max(0, (m - 1).bit_length()))
+
+
+def nk_bucket(x: int) -> int:
+    """N and K rounded up to 3 significant bits (steps of 1/4 of the power of two below): every
+    Llama projection size (4096, 6144, 10240, 14336, 28672, 57344, ...) is its own bucket."""
+    if x <= 64:
+        return 64
+    step = 1 << max(0, x.bit_length() - 3)
+    return -(-x // step) * step
+
+
+def bucket_shape(M: int, N: int, K: int, L: int) -> tuple[int, int, int, int]:
+    """The representative (largest) shape of the bucket a problem falls into: what tune.py times."""
+    return m_bucket(M), nk_bucket(N), nk_bucket(K), 1 << max(0, (L - 1).bit_length())
+
+
+def bucket_key(ab: str, c: str, a_major: str, b_major: str, M: int, N: int, K: int, L: int) -> str:
+    m, n, k, l_ = bucket_shape(M, N, K, L)
+    return f"{ab}>{c}:{a_major}{b_major}:m{m}_n{n}_k{k}_l{l_}"
+
+
+# --- the table -----------------------------------------------------------------------------------
+def manifest_sha256(bundle_path: str | Path) -> str:
+    return hashlib.sha256((Path(bundle_path) / "manifest.json").read_bytes()).hexdigest()
+
+
+class Tuning:
+    """A loaded table: ``winner(key)`` or None."""
+
+    def __init__(self, data: dict):
+        self.data = data
+        self._winners = {k: b["winner"] for k, b in data.get("buckets", {}).items() if b.get("winner")}
+
+    def winner(self, key: str) -> str | None:
+        return self._winners.get(key)
+
+    def __len__(self) -> int:
+        return len(self._winners)
+
+
+def load(bundle_path: str | Path, device: dict) -> tuple[Tuning | None, str]:
+    """The bundle's tuning table if it was measured on this device for this very manifest, else
+    (None, why not).  ``device``: {"name", "sm_count"} of the GPU selection is for."""
+    p = Path(bundle_path) / FILE
+    if not p.exists():
+        return None, "no tuning.json"
+    try:
+        data = json.loads(p.read_text())
+    except (OSError, ValueError) as e:
+        return None, f"tuning.json unreadable: {e}"
+    if data.get("schema") != SCHEMA:
+        return None, f"tuning.json schema {data.get('schema')}, this loader reads {SCHEMA}"
+    dev = data.get("device", {})
+    if dev.get("name") != device.get("name") or dev.get("sm_count") != device.get("sm_count"):
+        return None, (f"tuned on {dev.get('name')} ({dev.get('sm_count')} SMs), this is "
+                      f"{device.get('name')} ({device.get('sm_count')} SMs)")
+    if data.get("manifest_sha256") != manifest_sha256(bundle_path):
+        return None, "tuning.json was measured for another build of this bundle (manifest hash differs)"
+    return Tuning(data), "ok"
+
+
+def pick_winner(timings_us: dict[str, float], model_pick: str | None, margin: float = 0.03) -> str:
+    """The bucket's winner: the fastest measured variant, unless the cost model's own pick was
+    measured within ``margin`` of it (then the model's pick: a few percent is inside the run-to-run
+    noise of one H100, and the model's choice generalises to the whole bucket)."""
+    best = min(timings_us, key=timings_us.get)
+    if model_pick in timings_us and timings_us[model_pick] <= (1 + margin) * timings_us[best]:
+        return model_pick
+    return best
+
+
+def write(bundle_path: str | Path, data: dict) -> Path:
+    """Write ``tuning.json`` atomically (a reader never sees half a file)."""
+    p = Path(bundle_path) / FILE
+    tmp = p.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+    tmp.replace(p)
+    return p
+
+
+# --- the cost model (no tuning data) --------------------------------------------------------------
+# Constants for the Hopper (sm90) family, from H100 SXM graph-replay measurements (2026-11-22,
+# factory/gemm/sm90.py _default and notes/gemm-sm90.md):
+#   bf16 8192^3: 128x256 c2x1 coop 775 TFLOP/s, 256x128 c1x2 768, 128x128 c1x2 ping-pong 654,
+#   128x128 c1x1 coop 477 (cuBLAS ~790); fp8 4096^3 128x256 c2x1 fast-accum 1404 (2x the bf16
+#   rate is the ceiling); decode M=16 N=4096 K=14336 (117 MB of weights) 48.8 us with 128 CTAs
+#   (split-K 2) vs 54.9 us with 64: ~2.4 TB/s when every SM streams, ~11 % less from half the SMs.
+_PEAK_TFLOPS = {"bf16": 800.0, "f16": 800.0, "e4m3": 1600.0, "e5m2": 1600.0}
+_BYTES = {"bf16": 2, "f16": 2, "f32": 4, "e4m3": 1, "e5m2": 1}
+_STREAM_TBS = 2.5  # weight-streaming bandwidth of the kernel with a full grid (H100 SXM)
+# MODEL["grid_bw_exp"]: bandwidth ~ (busy SMs / SMs)^exp (0.17: 64 of 132 SMs give 0.89x, measured).
+# MODEL["fixed_us"]: launch, prologue, pipeline fill and drain; MODEL["split_us"]: per extra K slice
+# (cluster pairing, the DSMEM reduction); MODEL["overlap"]: the share of the shorter of compute
+# and memory that does not hide under the longer.
+_L2_BYTES = 50 << 20  # H100 SXM
+
+
+# Mainloop efficiency (fraction of the dtype's peak) per kind of config, and the costs the model
+# adds; the values after the measured anchors above were fitted to the H100 tuning table of the
+# default tier (scripts/tune.py; notes/gemm-sm90.md gives the fit's regret).
+MODEL = {
+    "eff_256x128_c1x2": 0.97, "eff_128x256_c2x1": 0.97, "eff_large": 0.9,
+    "eff_pp": 0.76, "eff_coop_mc": 0.88, "eff_coop": 0.7, "eff_small": 0.5,
+    "eff_swap_base": 0.1, "eff_swap_slope": 0.25,
+    "fp8_promoted": 0.9, "fp8_fast": 0.9,
+    "split_us": 2.0, "fixed_us": 3.0, "overlap": 0.35, "grid_bw_exp": 0.1,
+}
+
+
+def _efficiency(v: dict) -> float:
+    """Fraction of the dtype's peak one CTA of this config sustains in its mainloop."""
+    p = MODEL
+    tm, tn = v["tile"][0], v["tile"][1]
+    cluster = list(v.get("cluster", [1, 1]))
+    multicast = cluster != [1, 1]
+    sched = v.get("schedule", "coop")
+    if v.get("swap_ab"):
+        eff = p["eff_swap_base"] + p["eff_swap_slope"] * min(1.0, tm / 64)  # thin WGMMA N side
+    elif tm * tn >= 128 * 256:
+        if (tm, tn, cluster) == (256, 128, [1, 2]):
+            eff = p["eff_256x128_c1x2"]
+        elif (tm, tn, cluster) == (128, 256, [2, 1]):
+            eff = p["eff_128x256_c2x1"]
+        else:
+            eff = p["eff_large"]
+    elif tm * tn >= 128 * 128:
+        eff = p["eff_pp"] if sched == "pp" else p["eff_coop_mc"] if multicast else p["eff_coop"]
+    else:
+        eff = p["eff_small"]
+    if v.get("fp8_accumulation") == "promoted":
+        eff *= p["fp8_promoted"]  # the extra fp32 adds per k-block, one WGMMA batch in flight
+    elif v.get("fp8_accumulation") == "fast":
+        eff *= p["fp8_fast"]
+    return eff
+
+
+def estimate_us(v: dict, M: int, N: int, K: int, L: int, sm_count: int) -> float:
+    """Predicted time of manifest entry ``v`` (sm90 family) on an (M, N, K, L) problem.
+
+    max(compute, memory) + 0.2·min(compute, memory) + fixed costs, where compute counts whole
+    waves of the persistent grid (``ceil(work units / CTAs)`` units per CTA, a unit being one
+    tile's 1/split_k of K, the tile grid rounded up to whole clusters), and memory is the DRAM
+    traffic of :func:`_dram_bytes` at a bandwidth that drops when fewer CTAs than SMs are busy."""
+    tm, tn = v["tile"][0], v["tile"][1]
+    split = v.get("split_k", 1)
+    cm, cn = v.get("cluster", [1, 1])
+    tiles_m = -(-(-(-M // tm)) // cm) * cm
+    tiles_n = -(-(-(-N // tn)) // cn) * cn
+    units = tiles_m * tiles_n * L * split
+    per_cluster = cm * cn * split
+    grid = min(units, max(per_cluster, min(v.get("persistent_ctas", sm_count), sm_count)
+                          // per_cluster * per_cluster))
+    waves = -(-units // grid)
+    ab = v["dtypes"]["a"]
+    per_sm = _PEAK_TFLOPS.get(ab, 800.0) * 1e12 / sm_count * _efficiency(v)
+    t_compute = waves * 2.0 * tm * tn * -(-K // split) / per_sm
+    nbytes = _dram_bytes(v, M, N, K, tiles_m // cm, tiles_n // cn, grid // per_cluster) * L
+    bw = _STREAM_TBS * 1e12 * min(1.0, grid / sm_count) ** MODEL["grid_bw_exp"]
+    t_memory = nbytes / bw
+    # Compute and memory overlap imperfectly: a fifth of the shorter one shows.
+    t = max(t_compute, t_memory) + MODEL["overlap"] * min(t_compute, t_memory)
+    return t * 1e6 + MODEL["fixed_us"] + MODEL["split_us"] * (split - 1)
+
+
+def _dram_bytes(v: dict, M: int, N: int, K: int, m_clusters: int, n_clusters: int, resident: int) -> float:
+    """Bytes one batch moves to and from DRAM.  The resident clusters cover a window of the
+    cluster grid; with raster along M and swizzle s it spans w_n = max(s, resident // m_clusters)
+    cluster columns and w_m = min(m_clusters, resident // s) cluster rows.  An operand larger than
+    half the L2 is streamed again for every window step that cannot reuse it: A once per strip of
+    w_n columns; B once per step of w_m rows unless the strip's B slab stays in L2."""
+    ab = v["dtypes"]["a"]
+    e = _BYTES.get(ab, 2)
+    a_bytes, b_bytes = M * K * e, N * K * e
+    c_bytes = M * N * _BYTES.get(v["dtypes"]["c"], 2)
+    if v.get("swap_ab") or v.get("split_k", 1) > 1:
+        return a_bytes + b_bytes + c_bytes  # decode tiles: A is small, every W row read once
+    s = v.get("swizzle", 1)
+    w_n = max(s, resident // max(1, m_clusters))
+    w_m = max(1, min(m_clusters, resident // s))
+    a_passes = 1 if a_bytes <= _L2_BYTES / 2 else -(-n_clusters // w_n)
+    strip = w_n * v["cluster"][1] * v["tile"][1] * K * e
+    b_passes = 1 if b_bytes <= _L2_BYTES / 2 or strip <= _L2_BYTES / 2 else -(-m_clusters // w_m)
+    return a_bytes * a_passes + b_bytes * b_passes + c_bytes
+
+
+def launch_ctas(v: dict, M: int, N: int, L: int) -> int:
+    """CTAs the variant's persistent launcher starts for this problem (its grid)."""
+    tm, tn = v["tile"][0], v["tile"][1]
+    split = v.get("split_k", 1)
+    cm, cn = v.get("cluster", [1, 1])
+    tiles = (-(-(-(-M // tm)) // cm) * cm) * (-(-(-(-N // tn)) // cn) * cn) * L * split
+    cap = v.get("persistent_ctas")
+    if cap is None:
+        return tiles
+    per_cluster = cm * cn * split
+    return min(tiles, cap // per_cluster * per_cluster)
+

@@ -1,0 +1,224 @@
+#!/usr/bin/env python3
+"""Tune a bundle's GEMM selection on the GPU present; writes BUNDLE/tuning.json.
+
+For every shape bucket of the grid (runtime/tuning.py: M in powers of two with all M <= 16 one
+decode bucket, N and K rounded to 3 significant bits) and every dtype asked for, time every
+variant that fits the bucket's representative (largest) shape:
+
+  0. skip variants the cost model (tuning.estimate_us) puts over 5x behind the best (--all: none);
+  1. screen: one warm-up call, then CUDA events around 3 back-to-back calls (every variant);
+  2. measure: the variants within 1.3x of the best screen time, as medians of CUDA-graph replays
+     (one call per input set, enough fresh input sets to exceed twice the L2), in 3 round-robin
+     passes over the candidates so that clock and power drift hits all of them alike.
+
+The winner is the fastest graph median, unless the cost model's own pick measured within 3 % of
+it (runtime/tuning.py pick_winner: single H100 runs differ by more than that; see
+notes/gemm-sm90.md).  tuning.json records the device (name, SM count,
+capability, driver), torch and CUDA versions, the manifest's sha256 and per bucket the winner and
+every timing; ``Bundle`` uses it only where all of that matches (else the cost-model heuristic).
+K-major operands only (the layouts the default tiers build); other layouts use the heuristic.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench import LLM_NK, SQUARE, _sets_for  # noqa: E402
+
+from factory import testing  # noqa: E402
+from factory.runtime import Bundle, tuning  # noqa: E402
+from factory.runtime.gemm import fitting_variants, rkl_spec  # noqa: E402
+
+# Small problems first (the GPU is cool and its clocks steady; on the H100 the decode buckets timed
+# right after the 8192^3 ones came out erratic), the buckets of the benchmark's M values before the
+# ones between them, the squares last (a time budget stops before the least needed).
+M_BUCKETS = [16, 64, 128, 512, 2048, 8192, 16384, 32, 256, 1024, 4096]
+PAIRS = {"bf16": ("bf16", "bf16"), "f16": ("f16", "f16"), "e4m3": ("e4m3", "bf16")}
+SCREEN_KEEP = 1.3
+ROUNDS = 3
+MARGIN = 0.03  # the model's pick stays unless a variant measures this much faster
+MODEL_CUT = 5.0
+
+
+def grid(which: str) -> list[tuple[int, int, int]]:
+    if which == "quick":
+        return [(16, 4096, 4096), (4096, 4096, 4096)]
+    shapes = [(m, n, k) for m in M_BUCKETS for n, k in LLM_NK]
+    shapes += [tuning.bucket_shape(*s, 1)[:3] for s in SQUARE]
+    return list(dict.fromkeys(shapes))
+
+
+def driver_version() -> str | None:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20).stdout.strip()
+        return out.splitlines()[0] if out else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def screen(call, n: int = 3) -> float:
+    import torch
+
+    call(0)
+    torch.cuda.synchronize()
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    e0.record()
+    for _ in range(n):
+        call(0)
+    e1.record()
+    e1.synchronize()
+    return e0.elapsed_time(e1) / 1e3 / n
+
+
+def time_interleaved(calls: dict, n_sets: int, rounds: int = ROUNDS, budget_s: float = 0.05) -> dict[str, float]:
+    """Median seconds per call of each candidate: one CUDA graph per candidate (one call per input
+    set), replayed in ``rounds`` round-robin passes so that clock and power drift during the run
+    falls on every candidate alike; the median over all replays of all rounds."""
+    import torch
+
+    graphs, samples = {}, {}
+    s = torch.cuda.Stream()
+    for name, fn in calls.items():
+        for i in range(n_sets):
+            fn(i)  # warm-up outside capture
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(s):
+            with torch.cuda.graph(g, stream=s):
+                for i in range(n_sets):
+                    fn(i)
+        graphs[name], samples[name] = g, []
+    torch.cuda.synchronize()
+    reps = {}
+    for _ in range(rounds):
+        for name, g in graphs.items():
+            if name not in reps:  # replays per round from the first replay's time
+                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                e0.record()
+                g.replay()
+                e1.record()
+                e1.synchronize()
+                reps[name] = int(max(3, min(20, budget_s / max(e0.elapsed_time(e1) / 1e3, 1e-6))))
+            for _ in range(reps[name]):
+                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                e0.record()
+                g.replay()
+                e1.record()
+                e1.synchronize()
+                samples[name].append(e0.elapsed_time(e1) / 1e3 / n_sets)
+    return {name: statistics.median(v) for name, v in samples.items()}
+
+
+def tune_bucket(bundle, M, N, K, dt: str, l2: int, everything: bool = False) -> dict:
+    import torch
+
+    ab, c = PAIRS[dt]
+    n_sets = _sets_for((M * K + N * K) * (1 if ab == "e4m3" else 2) + M * N * 2, l2)
+    A = [testing.gemm_operand(M, K, 1, "k", ab)[0] for _ in range(n_sets)]
+    B = [testing.gemm_operand(N, K, 1, "k", ab)[0] for _ in range(n_sets)]
+    C = [torch.empty((M, N), dtype=testing.torch_dtype(c), device="cuda") for _ in range(n_sets)]
+    one = torch.ones(1, device="cuda")
+    kw = {"scale_a": one, "scale_b": one} if ab == "e4m3" else {}
+    scales = [(one.data_ptr(), (1,), (1,))] * 2 if kw else []
+    fits, am, bm = fitting_variants(bundle, rkl_spec(A[0], "a"), rkl_spec(B[0], "b"), rkl_spec(C[0], "c"),
+                                    ab, c, scales)
+    sms = bundle.device_info()["sm_count"]
+    fits = [v for v in fits if tuning.launch_ctas(v, M, N, 1) <= sms] or fits
+    model = {v["name"]: tuning.estimate_us(v, M, N, K, 1, sms) for v in fits}
+    if not everything:  # the cost model is never off by 5x: do not spend seconds on hopeless tiles
+        fits = [v for v in fits if model[v["name"]] <= MODEL_CUT * min(model.values())]
+    screened = {}
+    for v in fits:
+        name = v["name"]
+        screened[name] = screen(lambda i, name=name: bundle.gemm(A[i], B[i], C[i], variant=name, **kw))
+    best = min(screened.values())
+    keep = [n for n, t in sorted(screened.items(), key=lambda kv: kv[1]) if t <= SCREEN_KEEP * best]
+    calls = {n: (lambda i, n=n: bundle.gemm(A[i], B[i], C[i], variant=n, **kw)) for n in keep}
+    timed = time_interleaved(calls, n_sets)
+    # A graph replay slower than the eager screen (which even pays the host's launch cost) means
+    # the GPU changed state under us (seen on the H100 right after the 8192^3 buckets: a split-K
+    # variant screened at 57 us, then replayed at 229 us): measure those again.
+    odd = [n for n in keep if timed[n] > 1.5 * screened[n]]
+    if odd:
+        timed.update(time_interleaved({n: calls[n] for n in odd}, n_sets))
+    model_pick = min(model, key=model.get)
+    winner = tuning.pick_winner(timed, model_pick, MARGIN)
+    del A, B, C
+    torch.cuda.empty_cache()
+    return {"key": tuning.bucket_key(ab, c, am, bm, M, N, K, 1), "shape": [M, N, K, 1], "winner": winner,
+            "fastest": min(timed, key=timed.get), "model_pick": model_pick,
+            "timings_us": {n: round(t * 1e6, 2) for n, t in timed.items()},
+            "screen_us": {n: round(t * 1e6, 2) for n, t in screened.items()},
+            "model_us": {n: round(t, 2) for n, t in model.items()}, "input_sets": n_sets}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("bundle")
+    p.add_argument("--dtypes", nargs="+", default=["bf16", "e4m3"], choices=sorted(PAIRS))
+    p.add_argument("--grid", default="bench", choices=["bench", "quick"])
+    p.add_argument("--budget-s", type=float, default=300.0, help="stop starting new buckets after this long")
+    p.add_argument("--all", action="store_true", help=f"screen even variants the cost model puts "
+                   f"{MODEL_CUT}x behind the best")
+    p.add_argument("--fresh", action="store_true", help="drop the buckets of an existing matching tuning.json")
+    a = p.parse_args()
+    import torch
+
+    t0 = time.time()
+    bundle = Bundle.open(a.bundle)
+    dev = bundle.device_info()
+    props = torch.cuda.get_device_properties(0)
+    l2 = props.L2_cache_size
+    prev, why = tuning.load(bundle.path, dev)
+    buckets = {} if prev is None or a.fresh else dict(prev.data["buckets"])
+    print(f"tuning {bundle.path} on {dev['name']} ({dev['sm_count']} SMs); previous table: {why}", flush=True)
+    data = {
+        "schema": tuning.SCHEMA, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "device": {"name": dev["name"], "sm_count": dev["sm_count"], "capability": list(bundle.capability),
+                   "driver": driver_version(), "torch": torch.__version__, "cuda": torch.version.cuda},
+        "manifest_sha256": tuning.manifest_sha256(bundle.path),
+        "method": {"screen": "CUDA events over 3 back-to-back calls after a warm-up",
+                   "model_cut": None if a.all else MODEL_CUT,
+                   "measure": f"graph-replay median over {ROUNDS} round-robin passes (variants within "
+                              f"{SCREEN_KEEP}x of the best screen)",
+                   "winner": f"fastest, unless the cost model's pick is within {MARGIN:.0%}",
+                   "rotating_input_sets": "enough to exceed 2x L2", "grid": a.grid},
+        "buckets": buckets,  # filled in below, written after every bucket
+    }
+    done = 0
+    for M, N, K in grid(a.grid):
+        if time.time() - t0 > a.budget_s:
+            print(f"budget of {a.budget_s} s spent: stopping before {M}x{N}x{K}", flush=True)
+            break
+        for dt in a.dtypes:
+            tb = time.time()
+            try:
+                r = tune_bucket(bundle, M, N, K, dt, l2, a.all)
+            except Exception as e:  # noqa: BLE001 - e.g. no variant of this dtype: skip the bucket
+                print(f"{dt} {M}x{N}x{K}: skipped ({type(e).__name__}: {e})", flush=True)
+                continue
+            key = r.pop("key")
+            buckets[key] = r
+            done += 1
+            tuning.write(bundle.path, data)  # a time-out keeps what was measured
+            t = r["timings_us"]
+            second = sorted(t.values())[1] if len(t) > 1 else float("nan")
+            print(f"{dt:>4} {M:>6} {N:>6} {K:>6}  {t[r['winner']]:>9.1f} us (next {second:>9.1f}, "
+                  f"{len(r['screen_us'])} screened, {len(t)} timed, {time.time() - tb:4.1f} s)  "
+                  f"{r['winner'].replace('gemm_', '')}", flush=True)
+    path = tuning.write(bundle.path, data)
+    print(f"wrote {path}: {len(buckets)} buckets ({done} measured now) in {time.time() - t0:.0f} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,209 @@
+"""GEMM selection for Hopper bundles on this GPU-less machine: shape buckets, the tuning.json round
+trip and every reason to fall back to the cost model, split-K / swap-AB / persistent-grid
+accounting, the per-shape cache, and no DSL import on the way."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import ROOT
+from factory.runtime import Bundle, tuning
+from factory.runtime import gemm as rgemm
+from factory.runtime.gemm import _as_rkl, select
+
+H100 = {"name": "NVIDIA H100 80GB HBM3", "sm_count": 132}
+SMALL = "gemm_sm90a_bf16_obf16_ak_bk_t128x128x64_c1x1_coop_rm_sw1_sk1"
+LARGE = "gemm_sm90a_bf16_obf16_ak_bk_t128x256x64_c2x1_coop_rm_sw1_sk1"
+
+
+def _select(b, M, N, K, dt="bf16"):
+    a, w = torch.empty(M, K, dtype=torch.bfloat16), torch.empty(N, K, dtype=torch.bfloat16)
+    out = torch.empty(M, N, dtype=torch.bfloat16)
+    return select(b, _as_rkl(a, "a"), _as_rkl(w, "b"), _as_rkl(out, "c"), dt, dt, [])
+
+
+@pytest.fixture()
+def bundle_copy(test_bundle, tmp_path):
+    """A private copy of the test bundle (its tuning.json is ours to write)."""
+    dst = tmp_path / "b"
+    shutil.copytree(test_bundle, dst)
+    return dst
+
+
+def _write_tuning(path, winners: dict, device=H100, manifest_hash=None):
+    buckets = {tuning.bucket_key("bf16", "bf16", "k", "k", *shape, 1): {
+        "shape": [*shape, 1], "winner": name, "timings_us": {name: 1.0}} for shape, name in winners.items()}
+    tuning.write(path, {"schema": tuning.SCHEMA, "device": dict(device, capability=[9, 0]),
+                        "manifest_sha256": manifest_hash or tuning.manifest_sha256(path), "buckets": buckets})
+
+
+# --- buckets ---------------------------------------------------------------------------------------
+def test_buckets():
+    assert [tuning.m_bucket(m) for m in (1, 16, 17, 64, 65, 128, 4000, 16384)] == \
+        [16, 16, 32, 64, 128, 128, 4096, 16384]
+    for x in (4096, 6144, 8192, 10240, 14336, 28672, 57344):  # Llama sizes are their own bucket
+        assert tuning.nk_bucket(x) == x
+    assert tuning.nk_bucket(4097) == 5120 and tuning.nk_bucket(1) == 64
+    assert tuning.bucket_shape(3, 4000, 4096, 3) == (16, 4096, 4096, 4)
+    assert tuning.bucket_key("e4m3", "bf16", "k", "k", 1, 4096, 14336, 1) == "e4m3>bf16:kk:m16_n4096_k14336_l1"
+
+
+# --- tuning.json ---------------------------------------------------------------------------------
+def test_tuning_round_trip_overrides_the_heuristic(bundle_copy):
+    heuristic = _select(Bundle.open(bundle_copy, capability=(9, 0), device=H100), 4096, 4096, 4096)
+    assert heuristic == LARGE  # the cost model's pick for a full grid of large tiles
+    _write_tuning(bundle_copy, {(4096, 4096, 4096): SMALL})
+    b = Bundle.open(bundle_copy, capability=(9, 0), device=H100)
+    assert b.tuning is not None and len(b.tuning) == 1
+    assert _select(b, 4096, 4096, 4096) == SMALL
+    assert _select(b, 3000, 4096, 4096) == SMALL  # same bucket (M 2049..4096)
+    assert _select(b, 8192, 4096, 4096) == LARGE  # no entry for this bucket: heuristic
+    data = json.loads((bundle_copy / "tuning.json").read_text())
+    assert data["device"]["name"] == H100["name"] and data["manifest_sha256"] == tuning.manifest_sha256(bundle_copy)
+
+
+@pytest.mark.parametrize("why", ["device", "sm_count", "manifest", "unknown_winner", "schema", "garbage"])
+def test_mismatched_tuning_falls_back_to_the_heuristic(bundle_copy, why):
+    if why == "device":
+        _write_tuning(bundle_copy, {(4096, 4096, 4096): SMALL}, device={**H100, "name": "NVIDIA H100 PCIe"})
+    elif why == "sm_count":
+        _write_tuning(bundle_copy, {(4096, 4096, 4096): SMALL}, device={**H100, "sm_count": 114})
+    elif why == "manifest":
+        _write_tuning(bundle_copy, {(4096, 4096, 4096): SMALL}, manifest_hash="0" * 64)
+    elif why == "unknown_winner":
+        _write_tuning(bundle_copy, {(4096, 4096, 4096): "gemm_sm90a_not_in_this_bundle"})
+    elif why == "schema":
+        _write_tuning(bundle_copy, {(4096, 4096, 4096): SMALL})
+        d = json.loads((bundle_copy / "tuning.json").read_text())
+        (bundle_copy / "tuning.json").write_text(json.dumps({**d, "schema": 99}))
+    else:
+        (bundle_copy / "tuning.json").write_text("{not json")
+    b = Bundle.open(bundle_copy, capability=(9, 0), device=H100)
+    assert _select(b, 4096, 4096, 4096) == LARGE
+    if why != "unknown_winner":
+        assert b.tuning is None and b._tuning[1]
+
+
+def test_rebuilt_manifest_invalidates_the_table(bundle_copy):
+    _write_tuning(bundle_copy, {(4096, 4096, 4096): SMALL})
+    m = bundle_copy / "manifest.json"
+    m.write_text(m.read_text() + "\n")  # any change to the build changes the hash
+    b = Bundle.open(bundle_copy, capability=(9, 0), device=H100)
+    assert b.tuning is None and "manifest hash" in b._tuning[1]
+    assert _select(b, 4096, 4096, 4096) == LARGE
+
+
+def test_no_device_never_uses_tuning(bundle_copy):
+    _write_tuning(bundle_copy, {(4096, 4096, 4096): SMALL})
+    b = Bundle.open(bundle_copy, capability=(9, 0), device={"name": None, "sm_count": 132})
+    assert _select(b, 4096, 4096, 4096) == LARGE
+
+
+# --- persistent grid, split-K, swap-AB -------------------------------------------------------------
+def test_persistent_grid_larger_than_the_device_is_skipped(bundle_copy):
+    """1536^2: 128x128 needs 144 CTAs (grid 132: more than 114 SMs); 128x256 c2x1 needs 72."""
+    small_dev = {"name": "NVIDIA H100 PCIe", "sm_count": 114}
+    _write_tuning(bundle_copy, {(2048, 2048, 2048): SMALL}, device=small_dev)
+    b = Bundle.open(bundle_copy, capability=(9, 0), device=small_dev)
+    assert b.tuning is not None
+    assert _select(b, 1536, 1536, 2048) == LARGE  # the tuned winner does not fit this device
+    assert _select(b, 256, 256, 2048) == SMALL  # 4 CTAs: fits, and tuned
+    # Every variant's grid too large: still an sm90a variant (no silent fall to mma.sync).
+    assert _select(b, 8192, 8192, 2048).startswith("gemm_sm90a_")
+    b = Bundle.open(bundle_copy, capability=(9, 0), device=H100)  # same file, other device
+    assert _select(b, 1536, 1536, 2048) == LARGE and b.tuning is None
+
+
+def _entry(tile, cluster=(1, 1), schedule="coop", swap=False, split=1, ab="bf16", fp8acc=None, swizzle=1):
+    name = f"t{tile[0]}x{tile[1]}_c{cluster[0]}x{cluster[1]}_{schedule}_sw{swizzle}{'_swap' if swap else ''}_sk{split}"
+    return {"name": name, "family": "sm90", "tile": [*tile, 64], "cluster": list(cluster), "schedule": schedule,
+            "swap_ab": swap, "split_k": split, "swizzle": swizzle, "persistent_ctas": 132,
+            "fp8_accumulation": fp8acc, "dtypes": {"a": ab, "b": ab, "c": "bf16", "acc": "f32"}}
+
+
+DEFAULT_LIKE = [
+    _entry((128, 128)), _entry((128, 256), (2, 1)), _entry((256, 128), (1, 2)), _entry((128, 128), (2, 1)),
+    _entry((128, 128), (1, 2), "pp"), _entry((64, 128), schedule="ws"),
+    _entry((128, 256), (2, 1), swizzle=8),
+    *[_entry((tm, 64), schedule="ws", swap=True) for tm in (16, 32, 64)],
+    *[_entry((tm, 64), schedule="ws", swap=True, split=2) for tm in (16, 32, 64)],
+]
+
+
+def test_launch_ctas_counts_split_k_clusters_and_the_persistent_cap():
+    swap16 = _entry((16, 64), schedule="ws", swap=True, split=2)
+    assert tuning.launch_ctas(swap16, 16, 4096, 1) == 128  # 64 tiles x split-K 2
+    assert tuning.launch_ctas(swap16, 16, 14336, 1) == 132  # 448 units: capped at the grid
+    assert tuning.launch_ctas(_entry((16, 64), schedule="ws", swap=True, split=4), 16, 6144, 1) == 132
+    # Clusters round the tile grid up: 1 M tile becomes a cluster of 2.
+    assert tuning.launch_ctas(_entry((128, 256), (2, 1)), 100, 512, 1) == 4
+    # The cap is whole clusters: 132 // 4 * 4 with split-K 4.
+    assert tuning.launch_ctas({**_entry((16, 64), swap=True, split=4), "persistent_ctas": 130}, 16, 8192, 1) == 128
+
+
+class _Stub:
+    def __init__(self, sms=132):
+        self._dev = {"name": "x", "sm_count": sms}
+        self.tuning = None
+
+    def device_info(self):
+        return self._dev
+
+
+@pytest.mark.parametrize("M,N,K,want", [
+    (16, 4096, 14336, "t16x64_c1x1_ws_sw1_swap_sk2"),  # decode: N/64 = 64 tiles, split-K doubles the CTAs
+    (1, 57344, 8192, "t16x64_c1x1_ws_sw1_swap_sk1"),  # 896 tiles: enough without split-K
+    (128, 4096, 4096, "t64x64_c1x1_ws_sw1_swap_sk1"),  # H100 tuned winner of its bucket
+    (512, 4096, 4096, "t128x128_c2x1_coop"),  # 128x256 would leave 68 of 132 SMs idle
+    (8192, 8192, 8192, "t128x256_c2x1_coop_sw"),  # large: the 128x256 multicast tile
+    (16384, 8192, 28672, "t128x256_c2x1_coop_sw8_sk1"),  # tall: swizzled raster (A re-reads)
+])
+def test_cost_model_picks(M, N, K, want):
+    got = rgemm.choose(_Stub(), DEFAULT_LIKE, "bf16", "bf16", "k", "k", M, N, K, 1)
+    assert got.startswith(want), got
+
+
+def test_split_k_is_not_free():
+    """Same CTA count, same bytes: the split pays its reduction, so it must win on waves."""
+    plain, split = _entry((16, 64), schedule="ws", swap=True), _entry((16, 64), schedule="ws", swap=True, split=2)
+    # N = 16384: 256 tiles already fill 132 SMs twice; split-K 2 only adds reductions.
+    assert tuning.estimate_us(plain, 16, 16384, 4096, 1, 132) < tuning.estimate_us(split, 16, 16384, 4096, 1, 132)
+    # N = 4096: 64 tiles leave half the SMs idle; split-K 2 fills them.
+    assert tuning.estimate_us(split, 16, 4096, 14336, 1, 132) < tuning.estimate_us(plain, 16, 4096, 14336, 1, 132)
+
+
+# --- the hot path ----------------------------------------------------------------------------------
+def test_selection_is_cached_per_shape(bundle_copy, monkeypatch):
+    _write_tuning(bundle_copy, {(4096, 4096, 4096): SMALL})
+    b = Bundle.open(bundle_copy, capability=(9, 0), device=H100)
+    assert _select(b, 4096, 4096, 4096) == SMALL
+    calls = []
+    monkeypatch.setattr(rgemm, "choose", lambda *a: calls.append(a) or "boom")
+    monkeypatch.setattr(rgemm, "fitting_variants", lambda *a: calls.append(a) or "boom")
+    for _ in range(3):
+        assert _select(b, 4096, 4096, 4096) == SMALL  # no search, no tuning lookup
+    assert not calls
+
+
+def test_tuned_selection_never_imports_the_dsl(bundle_copy):
+    _write_tuning(bundle_copy, {(4096, 4096, 4096): SMALL})
+    code = (
+        "import sys, torch\n"
+        "from factory.runtime import Bundle\n"
+        f"b = Bundle.open({str(bundle_copy)!r}, capability=(9, 0), device={H100!r})\n"
+        "from factory.runtime.gemm import select, _as_rkl\n"
+        "a = torch.empty(4096, 4096).bfloat16()\n"
+        "print(select(b, _as_rkl(a,'a'), _as_rkl(a,'b'), _as_rkl(a,'c'), 'bf16','bf16',[]))\n"
+        "assert b.tuning is not None\n"
+        "assert not any(m == 'cutlass' or m.startswith(('cutlass.', 'mlir', '_mlir')) for m in sys.modules), "
+        "sorted(m for m in sys.modules if 'cutlass' in m or 'mlir' in m)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == SMALL
