@@ -242,8 +242,12 @@ def chart(tables: list[dict], path: Path, title: str) -> None:
 
 
 def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "attention":
+        from bench_attention import main as attention_main
+
+        return attention_main(sys.argv[2:])
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("op", choices=["gemm"])
+    p.add_argument("op", choices=["gemm", "attention"], help="attention takes bench_attention.py's options")
     p.add_argument("--bundle", default="artifacts/default")
     p.add_argument("--dtypes", nargs="+", default=["bf16", "e4m3"], choices=["bf16", "f16", "e4m3"])
     p.add_argument("--variant", default=None, help="force one variant (default: the loader's choice)")

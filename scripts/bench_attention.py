@@ -13,6 +13,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench import time_eager, time_graph  # noqa: E402  (same timing as the GEMM bench)
 
 # (B, Hq, Hkv, Sq, Sk, D, causal)
 SHAPES = [
@@ -34,46 +37,6 @@ def _flops(b, hq, sq, sk, d, causal) -> float:
     if causal:  # bottom-right: query i sees i + sk - sq + 1 keys
         pairs = sum(min(sk, max(0, i + sk - sq + 1)) for i in range(sq)) if sq < 4096 else sq * sk - sq * (sq - 1) / 2
     return 4.0 * b * hq * pairs * d
-
-
-def time_graph(fn, replays: int = 30, per_graph: int = 5) -> float:
-    """Median seconds per call over replays of a graph holding ``per_graph`` calls."""
-    import torch
-
-    fn(0)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    with torch.cuda.stream(s), torch.cuda.graph(g, stream=s):
-        for i in range(per_graph):
-            fn(i)
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        g.replay()
-        e1.record()
-        e1.synchronize()
-        times.append(e0.elapsed_time(e1) / 1e3 / per_graph)
-    return statistics.median(times)
-
-
-def time_eager(fn, iters: int = 30) -> float:
-    import torch
-
-    fn(0)
-    torch.cuda.synchronize()
-    times = []
-    for i in range(iters):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        fn(i)
-        e1.record()
-        e1.synchronize()
-        times.append(e0.elapsed_time(e1) / 1e3)
-    return statistics.median(times)
 
 
 def bench_attention(bundle, dtype="bf16") -> list[dict]:
@@ -114,8 +77,8 @@ def bench_attention(bundle, dtype="bf16") -> list[dict]:
         for label, fn in (("ours", ours), ("flash", sdpa(SDPBackend.FLASH_ATTENTION)),
                           ("cudnn", sdpa(SDPBackend.CUDNN_ATTENTION)), ("sdpa", sdpa(None))):
             try:
-                row[f"{label}_us"] = time_graph(fn) * 1e6
-                row[f"{label}_eager_us"] = time_eager(fn) * 1e6
+                row[f"{label}_us"] = time_graph(fn, 5) * 1e6  # 5 calls per graph: launch gaps amortised
+                row[f"{label}_eager_us"] = time_eager(fn, 1) * 1e6
             except Exception as e:  # noqa: BLE001 - a backend that refuses a shape is reported, not fatal
                 row[f"{label}_us"] = row[f"{label}_eager_us"] = None
                 row[f"{label}_error"] = f"{type(e).__name__}: {str(e)[:80]}"
