@@ -74,3 +74,44 @@ def test_corrupt_host_library_is_refused(test_bundle, tmp_path):
     lib.write_bytes(lib.read_bytes() + b"\0")
     with pytest.raises(BundleError, match="sha256"):
         Bundle.open(bad)
+
+
+def test_packed_arguments_match_the_header_structs(test_bundle):
+    """The generated packer writes exactly the C layout of the header's structs (pointer, 32-bit
+    sizes, padding, 64-bit strides) and the stream, for every variant's calling convention."""
+    import ctypes
+
+    from factory.runtime.loader import Binder
+    from factory.runtime.manifest import load_manifest
+
+    m = load_manifest(test_bundle)
+    ctype = {"int32_t": ctypes.c_int32, "int64_t": ctypes.c_int64}
+    for entry in m["variants"].values():
+        binder = Binder(entry)
+        specs, expect = [], []
+        for i, (arg, (cty, _)) in enumerate(zip(binder.sig.args, entry["abi"]["params"][1:])):
+            if arg.kind == "scalar":
+                specs.append(1.5 if arg.dtype == "f32" else 7)
+                expect.append((ctypes.c_float if arg.dtype == "f32" else ctypes.c_int32)(specs[-1]))
+                continue
+            st = entry["abi"]["structs"][cty.rstrip(" *")]
+            shape = tuple(1000 + 10 * i + j for j in range(len(arg.shape)))
+            stride = tuple(2**33 + 100 * i + j for j in range(len(arg.stride)))
+            specs.append((0x10000 * (i + 1), shape, stride))
+            fields = [("data", ctypes.c_void_p)]
+            if st["n_shapes"]:
+                fields.append(("s", ctype[st["shape_ctype"]] * st["n_shapes"]))
+            if st["n_strides"]:
+                fields.append(("t", ctype[st["stride_ctype"]] * st["n_strides"]))
+            S = type("S", (ctypes.Structure,), {"_fields_": fields})
+            val = S(data=specs[-1][0])
+            if st["n_shapes"]:
+                val.s[:] = [shape[j] for j, d in enumerate(arg.shape) if isinstance(d, str)]
+            if st["n_strides"]:
+                val.t[:] = [stride[j] for j, d in enumerate(arg.stride) if isinstance(d, str)]
+            expect.append(val)
+        argv, buf = binder.pack(specs, 0xABCDEF)
+        for i, want in enumerate(expect):
+            got = ctypes.string_at(argv[i], ctypes.sizeof(want))
+            assert got == bytes(want), (entry["name"], binder.sig.args[i].name)
+        assert ctypes.c_uint64.from_address(argv[len(expect)]).value == 0xABCDEF
