@@ -6,6 +6,7 @@ Bundle layout::
     manifest.json          schema, versions, every variant (see README "Bundle format")
     cubin/<name>.cubin     each variant's device code, on its own (nvdisasm / cuobjdump ready)
     include/<name>.h       the DSL's exported header (struct layouts, wrapper)
+    include/fx_bundle.h    the host library's exported functions, for C/C++ callers
     obj/<name>.o           the exported host launcher with the cubin embedded (for C/C++ linking)
     src/fx_glue.c          the generated glue that the host library is built from
     lib/libfactory_bundle.so   the host library the runtime loads with ctypes
