@@ -800,6 +800,19 @@ def _default() -> list[dict]:
     out.append(dict(ab="e4m3", c="bf16", tile=(32, 64, 128), schedule="ws", swap_ab=True))
     out.append(dict(ab="e4m3", c="bf16", tile=(32, 64, 128), schedule="ws", swap_ab=True,
                     split_k=2))
+    # Mid M (128..1024): tile widths chosen for how the tile count fills 132 SMs (H100, v2 tuned:
+    # 512x6144x4096 0.82x cuBLAS on 128x256 = 96 tiles, 73 % of the SMs; 512x10240x8192 0.84x on
+    # 128x128 = 320 tiles, 2.4 waves).  128x192: 4x32 = 128 tiles at M=512 N=6144 (one wave,
+    # 3/4 of the 128x256 tile's work); 128x160: 4x64 = 256 at N=10240 (two waves, 0.83x the
+    # per-SM work of 128x128's three).  Both coop, 96 / 80 fp32 accumulators per thread.
+    out.append(dict(**bf16, tile=(128, 192, 64), cluster=(2, 1)))
+    out.append(dict(**bf16, tile=(128, 160, 64), cluster=(2, 1)))
+    out.append(dict(ab="e4m3", c="bf16", tile=(128, 192, 128), cluster=(2, 1), fast_accum=True))
+    out.append(dict(ab="e4m3", c="bf16", tile=(128, 160, 128), cluster=(2, 1), fast_accum=True))
+    # M=128 with N=6144: 64x128 gives 96 CTAs (128x6144x4096 0.88x); 64x96 gives 128.
+    out.append(dict(**bf16, tile=(64, 96, 64), schedule="ws"))
+    # M=128 with long K (128x8192x28672: 128 CTAs of K=28672): split-K 2 over a 2-CTA cluster.
+    out.append(dict(**bf16, tile=(64, 128, 64), schedule="ws", split_k=2))
     return out
 
 

@@ -130,18 +130,20 @@ _L2_BYTES = 50 << 20  # H100 SXM
 
 # Mainloop efficiency (fraction of the dtype's peak) per kind of config, and the costs the model
 # adds; the values after the measured anchors above were fitted to the H100 tuning table of the
-# default tier (scripts/tune.py; notes/gemm-sm90.md gives the fit's regret).
+# default tier (scripts/tune.py; notes/gemm-sm90.md gives the fit's regret); v3 (33 variants) added
+# the split-K tile cost, useful-CTA bandwidth, the sparse-grid coop rate and eff_small 0.45.
 MODEL = {
     "eff_256x128_c1x2": 0.97, "eff_128x256_c2x1": 0.97, "eff_large": 0.9,
-    "eff_pp": 0.76, "eff_coop_mc": 0.88, "eff_coop": 0.7, "eff_small": 0.5,
+    "eff_pp": 0.76, "eff_coop_mc": 0.88, "eff_coop": 0.7, "eff_small": 0.45,
     "eff_swap_base": 0.1, "eff_swap_slope": 0.25,
     "fp8_promoted": 0.9, "fp8_fast": 0.9,
-    "split_us": 2.0, "fixed_us": 3.0, "overlap": 0.35, "grid_bw_exp": 0.1,
+    "split_us": 2.0, "fixed_us": 3.0, "overlap": 0.35, "grid_bw_exp": 0.1, "split_tile_exp": 1.0,
 }
 
 
-def _efficiency(v: dict) -> float:
-    """Fraction of the dtype's peak one CTA of this config sustains in its mainloop."""
+def _efficiency(v: dict, busy: int | None = None, sm_count: int = 1) -> float:
+    """Fraction of the dtype's peak one CTA of this config sustains in its mainloop, with ``busy``
+    of the device's ``sm_count`` SMs at work (None: a full grid)."""
     p = MODEL
     tm, tn = v["tile"][0], v["tile"][1]
     cluster = list(v.get("cluster", [1, 1]))
@@ -157,7 +159,13 @@ def _efficiency(v: dict) -> float:
         else:
             eff = p["eff_large"]
     elif tm * tn >= 128 * 128:
-        eff = p["eff_pp"] if sched == "pp" else p["eff_coop_mc"] if multicast else p["eff_coop"]
+        # coop without multicast: 0.7 is a full grid's figure (8192^3, every SM pulling its own A
+        # and B tiles through L2); with at most half the SMs busy it runs like the multicast
+        # tile (H100, fp8 128x8192x28672: 64 CTAs of 128x128 c1x1 99-105 us, 128 of 64x128
+        # ping-pong 109-120, in three runs).
+        sparse = busy is not None and busy * 2 <= sm_count
+        eff = (p["eff_pp"] if sched == "pp" else p["eff_coop_mc"] if multicast or sparse
+               else p["eff_coop"])
     else:
         eff = p["eff_small"]
     if v.get("fp8_accumulation") == "promoted":
@@ -170,7 +178,7 @@ def _efficiency(v: dict) -> float:
 def estimate_us(v: dict, M: int, N: int, K: int, L: int, sm_count: int) -> float:
     """Predicted time of manifest entry ``v`` (sm90 family) on an (M, N, K, L) problem.
 
-    max(compute, memory) + 0.2·min(compute, memory) + fixed costs, where compute counts whole
+    max(compute, memory) + overlap·min(compute, memory) + fixed costs, where compute counts whole
     waves of the persistent grid (``ceil(work units / CTAs)`` units per CTA, a unit being one
     tile's 1/split_k of K, the tile grid rounded up to whole clusters), and memory is the DRAM
     traffic of :func:`_dram_bytes` at a bandwidth that drops when fewer CTAs than SMs are busy."""
@@ -185,14 +193,21 @@ def estimate_us(v: dict, M: int, N: int, K: int, L: int, sm_count: int) -> float
                           // per_cluster * per_cluster))
     waves = -(-units // grid)
     ab = v["dtypes"]["a"]
-    per_sm = _PEAK_TFLOPS.get(ab, 800.0) * 1e12 / sm_count * _efficiency(v)
+    per_sm = _PEAK_TFLOPS.get(ab, 800.0) * 1e12 / sm_count * _efficiency(v, grid, sm_count)
     t_compute = waves * 2.0 * tm * tn * -(-K // split) / per_sm
     nbytes = _dram_bytes(v, M, N, K, tiles_m // cm, tiles_n // cn, grid // per_cluster) * L
-    bw = _STREAM_TBS * 1e12 * min(1.0, grid / sm_count) ** MODEL["grid_bw_exp"]
+    # CTAs that a cluster's rounding leaves without a tile (M = 128 on a 2x1 cluster of 128-row
+    # tiles: every other CTA) stream nothing of their own: the bandwidth comes from the others.
+    useful = min(grid, -(-M // tm) * -(-N // tn) * L * split)
+    bw = _STREAM_TBS * 1e12 * min(1.0, useful / sm_count) ** MODEL["grid_bw_exp"]
     t_memory = nbytes / bw
-    # Compute and memory overlap imperfectly: a fifth of the shorter one shows.
+    # Compute and memory overlap imperfectly: MODEL["overlap"] of the shorter one shows.
     t = max(t_compute, t_memory) + MODEL["overlap"] * min(t_compute, t_memory)
-    return t * 1e6 + MODEL["fixed_us"] + MODEL["split_us"] * (split - 1)
+    # Each extra K slice costs its partial tile's trip through DSMEM, ~2 us for up to 64x64 fp32
+    # (H100: 64x128 split-K 2 ran 128x4096x4096 in 27.0 us where 64x96 without split took 19.0).
+    split_cost = (MODEL["split_us"] * (split - 1)
+                  * max(1.0, tm * tn / 4096) ** MODEL["split_tile_exp"])
+    return t * 1e6 + MODEL["fixed_us"] + split_cost
 
 
 def _dram_bytes(v: dict, M: int, N: int, K: int, m_clusters: int, n_clusters: int, resident: int) -> float:
