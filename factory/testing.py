@@ -76,8 +76,14 @@ def check_gemm(bundle, entry, shape, device="cuda") -> dict:
             "ok": nan == 0 and err < tol}
 
 
+# Split-K (decode) variants: L = 1 only; long K so every split has work, and short K so some
+# splits have none (their partial must still be written as zeros).
+SPLIT_K_SHAPES = [(257, 136, 200, 1), (1, 264, 1032, 1), (16, 4096, 4096, 1), (64, 1024, 14336, 1)]
+
+
 def smoke_gemm(bundle, entry, device="cuda") -> list[dict]:
-    return [check_gemm(bundle, entry, s, device) for s in GEMM_SHAPES]
+    shapes = SPLIT_K_SHAPES if "workspace" in entry else GEMM_SHAPES
+    return [check_gemm(bundle, entry, s, device) for s in shapes]
 
 
 def check_graph_capture(bundle, entry, device="cuda") -> dict:
@@ -126,14 +132,21 @@ def attention_reference(q, k, v, causal: bool, scale: float):
 
 def smoke_attention(bundle, entry, device="cuda") -> list[dict]:
     """One dense (GQA 4, tails, Sq ≠ Sk) or varlen (lengths 1, a tile + 2, a tail) problem, launched
-    by variant name with NaN-poisoned o and lse, against attention_reference."""
+    by variant name with NaN-poisoned o and lse, against attention_reference.  Split-KV variants get
+    a decode-shaped problem (Sq 3, or 1 for packed GQA; Sk 777: 7 key tiles, so 16 splits leave
+    some empty) and a NaN-poisoned workspace."""
     import torch
+
+    from .runtime.attention import split_workspace
 
     dt, d, causal = torch_dtype(entry["dtype"]), entry["head_dim"], entry["causal"]
     scale = d ** -0.5
     hq, hkv = 8, 2
+    splits = entry.get("splits", 1)
     if entry["varlen"]:
         lq, lk = [1, 130, 77], [5, 130, 200]
+    elif splits > 1:  # packed-GQA decode variants take seqlen_q == 1 only
+        lq, lk = ([1, 1] if entry.get("pack_gqa") else [3, 3]), [777, 777]
     else:
         lq, lk = [200, 200], [333, 333]
     qs = [torch.randn(1, n, hq, d, device=device).to(dt) for n in lq]
@@ -150,6 +163,11 @@ def smoke_attention(bundle, entry, device="cuda") -> list[dict]:
         o = torch.full_like(q, float("nan"))
         lse = torch.full((q.shape[0], hq, q.shape[1]), float("nan"), device=device)
         args = [q, k, v, o, lse, scale]
+        if splits > 1:
+            ws = split_workspace(torch, q, splits)
+            for w in ws:
+                w.fill_(float("nan"))
+            args[5:5] = ws
     bundle.launch(entry["name"], args)
     torch.cuda.synchronize()
     outs, lses = [], []

@@ -90,3 +90,16 @@ def test_runs_on_the_callers_stream_and_in_a_graph(bundle):
     entry = next(v for v in bundle.candidates("gemm") if v["dtypes"]["a"] == "bf16")
     r = testing.check_graph_capture(bundle, entry)
     assert r["ok"], r
+
+
+def test_split_k_variants_by_name_and_in_a_graph(bundle):
+    from factory import testing
+
+    entries = [v for v in bundle.candidates("gemm") if "workspace" in v]
+    if not entries:
+        pytest.skip("no split-K gemm for this GPU in the bundle")
+    for e in entries:
+        for r in testing.smoke_gemm(bundle, e):
+            assert r["ok"], r
+    r = testing.check_graph_capture(bundle, entries[0])
+    assert r["ok"], r

@@ -115,3 +115,17 @@ def test_packed_arguments_match_the_header_structs(test_bundle):
             got = ctypes.string_at(argv[i], ctypes.sizeof(want))
             assert got == bytes(want), (entry["name"], binder.sig.args[i].name)
         assert ctypes.c_uint64.from_address(argv[len(expect)]).value == 0xABCDEF
+
+
+def test_split_k_only_for_decode_shapes(test_bundle):
+    b = Bundle.open(test_bundle, capability=(8, 6))
+    if not any("workspace" in v for v in b.candidates("gemm")):
+        pytest.skip("test bundle has no split-K variant")
+    decode = _select(b, torch.randn(1, 14336).bfloat16(), torch.randn(4096, 14336).bfloat16())
+    assert "_sk4" in decode
+    big = _select(b, torch.randn(4096, 512).bfloat16(), torch.randn(4096, 512).bfloat16())
+    assert "_sk" not in big
+    short_k = _select(b, torch.randn(1, 64).bfloat16(), torch.randn(4096, 64).bfloat16())
+    assert "_sk" not in short_k  # two k-tiles: nothing to split
+    entry = b.manifest["variants"][decode]
+    assert entry["workspace"]["dtype"] == "f32" and entry["split_k"] == 4

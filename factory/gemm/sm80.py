@@ -97,11 +97,50 @@ class GemmSm80(GemmVariant):
 
     def make_kernel(self):
         k = GemmSm80Kernel(self)
+        if getattr(self, "split_k", 1) > 1:
+            return k.split
         return k.scaled if self.is_fp8 else k
 
     def describe(self) -> dict:
         d = super().describe()
         d.update(tile=list(self.tile), warps=list(self.warps), stages=self.stages, threads=self.threads)
+        return d
+
+
+@dataclass(frozen=True, kw_only=True)
+class GemmSm80SplitK(GemmSm80):
+    """Split-K for decode-shaped problems (few output tiles, long K): CTA (tile, s) reduces its
+    share of the k-tiles into an fp32 workspace slice, and a second kernel of the same launch
+    sums the slices into C.  L must be 1; the loader allocates the (split_k, M, N) workspace."""
+
+    split_k: int = field(default=4, metadata={"tag": "sk"})
+
+    def can_implement(self) -> str | None:
+        if self.split_k not in (2, 4, 8):
+            return "split_k must be 2, 4 or 8"
+        return super().can_implement()
+
+    def _epilogue_bytes(self) -> int:  # the partial tile is staged as fp32
+        m, n, _ = self.tile
+        return m * (n * 4 + EPILOGUE_PAD_BYTES)
+
+    def signature(self):
+        from ..abi import Signature, TensorArg
+
+        base = super().signature()
+        args = []
+        for a in base.args:  # batch mode fixed to 1
+            if a.name in ("a", "b", "c"):
+                a = TensorArg(a.name, a.dtype, (*a.shape[:2], 1), a.stride, a.align)
+            args.append(a)
+        args.append(TensorArg("workspace", "f32", ("M", "N", self.split_k), ("sWm", 1, "sWs")))
+        div = dict(base.divisibility)
+        div.update(sWm=4, sWs=4)
+        return Signature(tuple(args), tuple(sorted(div.items())))
+
+    def describe(self) -> dict:
+        d = super().describe()
+        d.update(split_k=self.split_k, workspace={"dtype": "f32", "shape": ["split_k", "M", "N"]})
         return d
 
 
@@ -135,8 +174,13 @@ def enumerate_sm80(target: Target, tier: str) -> list[GemmVariant]:
                 specs += [(ab, ab, "k", "k", (256, 128, 32), (4, 2)),
                           (ab, ab, "k", "k", (128, 128, 64), (2, 2)),
                           (ab, ab, "k", "k", (64, 64, 64), (2, 2))]
-    return [GemmSm80(target=target.name, ab=ab, c=c, a_major=am, b_major=bm, tile=t, warps=w)
-            for ab, c, am, bm, t, w in specs]
+    out = [GemmSm80(target=target.name, ab=ab, c=c, a_major=am, b_major=bm, tile=t, warps=w)
+           for ab, c, am, bm, t, w in specs]
+    # Decode shapes (M ≤ 64, N·M/tile ≪ SMs, long K): 64×128 tiles split 4 or 8 ways over K.
+    splits = [("bf16", 4)] if tier == "test" else [(ab, sk) for ab in ("bf16", "f16") for sk in (4, 8)]
+    out += [GemmSm80SplitK(target=target.name, ab=ab, c=ab, tile=(64, 128, 32), warps=(2, 2), split_k=sk)
+            for ab, sk in splits]
+    return out
 
 
 _CUTLASS_DTYPES = {
@@ -158,10 +202,42 @@ class GemmSm80Kernel:
         self.a_contig = 1 if v.a_major == "k" else 0  # mode of (M, K) that is contiguous
         self.b_contig = 1 if v.b_major == "k" else 0
         self.is_fp8 = v.is_fp8
+        self.split_k = getattr(v, "split_k", 1)
 
     @cute.jit
     def __call__(self, mA: cute.Tensor, mB: cute.Tensor, mC: cute.Tensor, stream: cuda.CUstream):
         self._launch(mA, mB, mC, None, None, stream)
+
+    @cute.jit
+    def split(self, mA: cute.Tensor, mB: cute.Tensor, mC: cute.Tensor, mWs: cute.Tensor, stream: cuda.CUstream):
+        """Split-K: partial products into the fp32 workspace (M, N, split_k), then C = Σ partials."""
+        self._launch(mA, mB, mWs, None, None, stream)
+        threads = 256
+        vec = atoms.VECTOR_BYTES * 8 // self.c_dtype.width
+        total = cute.size(mC, mode=[0]) * cute.size(mC, mode=[1])
+        self.reduce_kernel(mWs, mC).launch(
+            grid=(cute.ceil_div(total, threads * vec), 1, 1), block=(threads, 1, 1), stream=stream,
+        )
+
+    @cute.kernel
+    def reduce_kernel(self, mWs: cute.Tensor, mC: cute.Tensor):
+        tidx, _, _ = cute.arch.thread_idx()
+        bid, _, _ = cute.arch.block_idx()
+        vec = atoms.VECTOR_BYTES * 8 // self.c_dtype.width
+        N = cute.size(mC, mode=[1])
+        first = (bid * 256 + tidx) * vec  # N is a multiple of vec: a vector never crosses a row
+        m = first // N
+        n = first - m * N
+        if m < cute.size(mC, mode=[0]):
+            acc = cute.make_rmem_tensor((vec,), cutlass.Float32)
+            acc.fill(0.0)
+            for s in cutlass.range_constexpr(self.split_k):
+                for j in cutlass.range_constexpr(vec):
+                    acc[j] = acc[j] + mWs[m, n + j, s]
+            out = cute.make_rmem_tensor((vec,), self.c_dtype)
+            out.store(acc.load().to(self.c_dtype))
+            for j in cutlass.range_constexpr(vec):
+                mC[m, n + j, 0] = out[j]
 
     @cute.jit
     def scaled(
@@ -175,11 +251,12 @@ class GemmSm80Kernel:
         tm, tn, tk = self.tile_m, self.tile_n, self.tile_k
         sA_layout = atoms.smem_layout(self.ab_dtype, self.a_contig, (tm, tk), self.stages)
         sB_layout = atoms.smem_layout(self.ab_dtype, self.b_contig, (tn, tk), self.stages)
-        c_pad = atoms.VECTOR_BYTES * 8 // self.c_dtype.width
+        c_dtype = mC.element_type  # the fp32 workspace when splitting K
+        c_pad = atoms.VECTOR_BYTES * 8 // c_dtype.width
         sC_layout = cute.make_layout((tm, tn), stride=(tn + c_pad, 1))
         copy_A = atoms.g2s_tiled_copy(self.ab_dtype, self.a_contig, (tm, tk), self.threads)
         copy_B = atoms.g2s_tiled_copy(self.ab_dtype, self.b_contig, (tn, tk), self.threads)
-        copy_C = atoms.vector_tiled_copy(self.c_dtype, 1, (tm, tn), self.threads)
+        copy_C = atoms.vector_tiled_copy(c_dtype, 1, (tm, tn), self.threads)
         mma = atoms.tiled_mma(self.ab_dtype, self.v.warps)
 
         tiles_m = cute.ceil_div(cute.size(mC, mode=[0]), tm)
@@ -217,8 +294,10 @@ class GemmSm80Kernel:
         tile_n_idx = (bid % per_group) // group_rows
 
         coord = (tile_m_idx, tile_n_idx, None)
-        gA = cute.local_tile(mA[None, None, batch], (tm, tn, tk), coord, proj=(1, None, 1))
-        gB = cute.local_tile(mB[None, None, batch], (tm, tn, tk), coord, proj=(None, 1, 1))
+        # Split-K: the grid's z is the split (mC is the fp32 workspace); A and B have one batch.
+        ab_batch = 0 if cutlass.const_expr(self.split_k > 1) else batch
+        gA = cute.local_tile(mA[None, None, ab_batch], (tm, tn, tk), coord, proj=(1, None, 1))
+        gB = cute.local_tile(mB[None, None, ab_batch], (tm, tn, tk), coord, proj=(None, 1, 1))
         gC = cute.local_tile(mC[None, None, batch], (tm, tn, tk), coord, proj=(1, 1, None))
         # Coordinate tensors mirror the tiles, for predication.
         cA = cute.local_tile(cute.make_identity_tensor((M, K)), (tm, tn, tk), (tile_m_idx, tile_n_idx, None), proj=(1, None, 1))
@@ -230,7 +309,8 @@ class GemmSm80Kernel:
         sA = cute.make_tensor(cute.recast_ptr(storage, dtype=self.ab_dtype), sA_layout)
         sB_ptr = cute.recast_ptr(storage + cute.cosize(sA_layout) * self.ab_dtype.width // 8, dtype=self.ab_dtype)
         sB = cute.make_tensor(sB_ptr, sB_layout)
-        sC = cute.make_tensor(cute.recast_ptr(storage, dtype=self.c_dtype), sC_layout)
+        c_dtype = mC.element_type
+        sC = cute.make_tensor(cute.recast_ptr(storage, dtype=c_dtype), sC_layout)
 
         # ---- global -> shared partitions and predicates ----------------------------------------
         thr_A = copy_A.get_slice(tidx)
@@ -242,19 +322,30 @@ class GemmSm80Kernel:
         tBsB = thr_B.partition_D(sB)
         tBcB = thr_B.partition_S(cB)
         k_tiles = cute.size(tAgA, mode=[3])
+        # This CTA's k-tiles: [k_begin, k_begin + k_count) (all of them unless splitting K).
+        k_begin = cutlass.Int32(0)
+        k_count = k_tiles
+        if cutlass.const_expr(self.split_k > 1):
+            per_split = (k_tiles + self.split_k - 1) // self.split_k
+            k_begin = batch * per_split
+            k_count = k_tiles - k_begin
+            if k_count > per_split:
+                k_count = per_split
+            if k_count < 0:
+                k_count = 0
 
         A_ops = (copy_A, tAgA, tAsA, tAcA, M, K)
         B_ops = (copy_B, tBgB, tBsB, tBcB, N, K)
         has_tail = K % tk != 0
         # Prologue: stages-1 tiles in flight.
         for s in cutlass.range_constexpr(self.stages - 1):
-            if s < k_tiles:
-                if has_tail and s == k_tiles - 1:
-                    self._load(A_ops, s, s, True)
-                    self._load(B_ops, s, s, True)
+            if s < k_count:
+                if has_tail and k_begin + s == k_tiles - 1:
+                    self._load(A_ops, k_begin + s, s, True)
+                    self._load(B_ops, k_begin + s, s, True)
                 else:
-                    self._load(A_ops, s, s, False)
-                    self._load(B_ops, s, s, False)
+                    self._load(A_ops, k_begin + s, s, False)
+                    self._load(B_ops, k_begin + s, s, False)
             cute.arch.cp_async_commit_group()
 
         # ---- shared -> register partitions -----------------------------------------------------
@@ -279,7 +370,7 @@ class GemmSm80Kernel:
         cute.copy(s2r_B, tXsB[None, None, 0, read_stage], tXrB[None, None, 0])
 
         # ---- main loop: tile k_tile is in registers/smem; tile k_tile+stages-1 is being fetched
-        for k_tile in range(k_tiles):
+        for k_tile in range(k_count):
             for kb in cutlass.range_constexpr(k_blocks):
                 if kb == k_blocks - 1:
                     # Move to the next stage: wait for it to land, and make sure every warp is
@@ -294,13 +385,13 @@ class GemmSm80Kernel:
                 cute.copy(s2r_B, tXsB[None, None, kb_next, read_stage], tXrB[None, None, kb_next])
                 if kb == 0:
                     fetch = k_tile + self.stages - 1
-                    if fetch < k_tiles:
-                        if has_tail and fetch == k_tiles - 1:
-                            self._load(A_ops, fetch, write_stage, True)
-                            self._load(B_ops, fetch, write_stage, True)
+                    if fetch < k_count:
+                        if has_tail and k_begin + fetch == k_tiles - 1:
+                            self._load(A_ops, k_begin + fetch, write_stage, True)
+                            self._load(B_ops, k_begin + fetch, write_stage, True)
                         else:
-                            self._load(A_ops, fetch, write_stage, False)
-                            self._load(B_ops, fetch, write_stage, False)
+                            self._load(A_ops, k_begin + fetch, write_stage, False)
+                            self._load(B_ops, k_begin + fetch, write_stage, False)
                     cute.arch.cp_async_commit_group()
                     write_stage = write_stage + 1
                     if write_stage == self.stages:
@@ -311,12 +402,12 @@ class GemmSm80Kernel:
         cute.arch.sync_threads()
 
         # ---- epilogue: registers -> padded smem -> 16-byte global stores -----------------------
-        out = cute.make_fragment_like(acc, self.c_dtype)
+        out = cute.make_fragment_like(acc, c_dtype)
         if cutlass.const_expr(self.is_fp8):
             scale = mScaleA[0] * mScaleB[0]
-            out.store((acc.load() * scale).to(self.c_dtype))
+            out.store((acc.load() * scale).to(c_dtype))
         else:
-            out.store(acc.load().to(self.c_dtype))
+            out.store(acc.load().to(c_dtype))
         cute.autovec_copy(out, thr_mma.partition_C(sC))
         cute.arch.sync_threads()
         thr_C = copy_C.get_slice(tidx)

@@ -16,7 +16,9 @@ Selection, once per problem key (dtypes, majorness, sizes, strides, pointer alig
      - sm80 (mma.sync): the largest tile that still gives at least one CTA per SM
        (ceil(M/tm)·ceil(N/tn)·L ≥ SMs); if no tile reaches that, the tile with the most CTAs
        (for mma.sync on an H100: 128×128 and 128×256 are within a few % at 4096³, and 64×128
-       wins once fewer than ~132 CTAs of 128×128 exist).
+       wins once fewer than ~132 CTAs of 128×128 exist).  Split-K variants (CTA count × split_k)
+       compete only when no unsplit tile fills the SMs and every split keeps ≥ 8 k-tiles; among
+       grids that fill the SMs the fewest splits win (each split costs a workspace round trip).
 """
 
 from __future__ import annotations
@@ -106,7 +108,7 @@ def fitting_variants(bundle, a3, b3, c3, ab: str, c: str, scales: list) -> tuple
         if (d["a"], d["c"], lay["a"], lay["b"]) != (ab, c, am, bm):
             continue
         try:
-            bundle.binder(v["name"]).check([a3, b3, c3, *scales])
+            bundle.binder(v["name"]).check([a3, b3, c3, *scales, *_workspace_spec(v, M, N)])
         except ValueError as e:
             reasons.append(str(e))
             continue
@@ -127,7 +129,7 @@ def choose(bundle, fits: list[dict], ab: str, c: str, am: str, bm: str, M: int, 
     # A persistent grid fixed at build time for more SMs than this device has would leave CTAs
     # for a second wave (at worst doubling the time): use such variants only where their launch
     # grid for this problem fits.
-    fits = [v for v in fits if tuning.launch_ctas(v, M, N, L) <= sms] or fits
+    fits = [v for v in fits if "persistent_ctas" not in v or tuning.launch_ctas(v, M, N, L) <= sms] or fits
     tuned = bundle.tuning
     if tuned is not None:
         w = tuned.winner(tuning.bucket_key(ab, c, am, bm, M, N, K, L))
@@ -138,12 +140,25 @@ def choose(bundle, fits: list[dict], ab: str, c: str, am: str, bm: str, M: int, 
 
     def ctas(v):
         tm, tn = v["tile"][0], v["tile"][1]
-        return -(-M // tm) * -(-N // tn) * L
+        return -(-M // tm) * -(-N // tn) * L * v.get("split_k", 1)
 
+    # Split-K only where the unsplit grid leaves SMs idle and each split keeps >= 8 k-tiles.
+    unsplit = [v for v in fits if v.get("split_k", 1) == 1]
+    fits = [v for v in fits if v.get("split_k", 1) == 1
+            or (max(map(ctas, unsplit), default=0) < sms and K // v["tile"][2] >= 8 * v["split_k"])]
     full = [v for v in fits if ctas(v) >= sms]
-    if full:
-        return max(full, key=lambda v: (v["tile"][0] * v["tile"][1], -v["threads"]))["name"]
+    if full:  # the fewest splits, then the largest tile
+        return max(full, key=lambda v: (-v.get("split_k", 1), v["tile"][0] * v["tile"][1], -v["threads"]))["name"]
     return max(fits, key=lambda v: (ctas(v), v["tile"][0] * v["tile"][1]))["name"]
+
+
+def _workspace_spec(entry: dict, M: int, N: int, ptr: int = 0) -> list:
+    """The split-K workspace argument of a variant that has one ((split_k, M, N) fp32, passed as
+    its (M, N, split_k) view), else nothing."""
+    if "workspace" not in entry:
+        return []
+    s = entry["split_k"]
+    return [(ptr, (M, N, s), (N, 1, M * N))]
 
 
 def gemm(bundle, a, b, out=None, *, out_dtype=None, scale_a=None, scale_b=None, variant=None):
@@ -170,8 +185,12 @@ def gemm(bundle, a, b, out=None, *, out_dtype=None, scale_a=None, scale_b=None, 
             scales.append((s.data_ptr(), (1,), (1,)))
     elif scale_a is not None or scale_b is not None:
         raise ValueError("scale_a/scale_b apply to fp8 GEMMs only")
-    if variant is None:
-        bundle.launch(select(bundle, a3, b3, c3, ab, c, scales), [a3, b3, c3, *scales], checked=True)
-    else:
-        bundle.launch(variant, [a3, b3, c3, *scales])
+    name = variant or select(bundle, a3, b3, c3, ab, c, scales)
+    entry = bundle.manifest["variants"].get(name, {})
+    if "workspace" in entry:  # split-K partials; freed only after the launch is queued
+        M, N = a3[1][0], b3[1][0]
+        ws = torch.empty((entry["split_k"], M, N), dtype=torch.float32, device=a.device)
+        keep.append(ws)
+        scales += _workspace_spec(entry, M, N, ws.data_ptr())
+    bundle.launch(name, [a3, b3, c3, *scales], checked=variant is None)
     return out
