@@ -149,3 +149,13 @@ int main(void) {{
     r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "abi=1 load=" in r.stdout  # (the DSL header's loader also prints the CUDA error)
+
+
+def test_ada_fp8_variants_are_not_claimed_as_proven_by_the_portability_build(test_bundle):
+    m = manifest(test_bundle)
+    fp8_89 = [v for v in m["variants"].values() if v["target"] == "sm_89" and v["op"] == "gemm"
+              and v["dtypes"]["a"] == "e4m3"]
+    assert fp8_89, "the test tier should hold an sm_89 fp8 GEMM"
+    assert all(v["proof"] == "sass-only" for v in fp8_89)
+    assert all(v["proof"] == "portability-build" for v in m["variants"].values()
+               if v["target"] == "sm_89" and v["op"] == "gemm" and v["dtypes"]["a"] != "e4m3")

@@ -238,7 +238,8 @@ def _manifest(bundle: Path, records: list[tuple[Variant, dict, dict]]) -> dict:
             "constraints": {**v.describe().get("constraints", {}), **_constraints(v, info)},
             "abi": {"wrapper": info["header"]["wrapper"], "params": info["header"]["params"],
                     "structs": info["header"]["structs"]},
-            "proof": tgt.proof,
+            # A family may know better than its target (e.g. an instruction path never executed).
+            "proof": v.proof_level() if hasattr(v, "proof_level") else tgt.proof,
             "resources": {
                 "registers": max(k["registers"] for k in kernels.values()),
                 "dynamic_smem_bytes": v.smem_bytes(),

@@ -49,6 +49,13 @@ class GemmSm80(GemmVariant):
             mma = r"\bHMMA\.16816\.F32"
         return (mma, r"\bLDGSTS\.E\.BYPASS\.LTC128B\.128", r"\bLDSM\.16\.M")
 
+    def proof_level(self) -> str:
+        """Ada's fp8 QMMA path has no executed counterpart (the sm_90 build of the same source runs
+        as f16 HMMA), so it is proven by its SASS only."""
+        if self.is_fp8 and self.tgt.sm < 90:
+            return "sass-only"
+        return self.tgt.proof
+
     @property
     def stages(self) -> int:
         """As many stages as the target's shared memory holds, between 3 and MAX_STAGES."""
