@@ -29,7 +29,29 @@ SHAPES = [
     (1, 16, 16, 16384, 16384, 128, True),
     (4, 32, 8, 2048, 2048, 128, True),  # GQA 4 prefill
     (8, 32, 8, 1, 4096, 128, True),  # GQA decode step
+    (1, 32, 8, 1, 16384, 128, True),  # one long-context decode step (8 kv heads: 32 CTAs unsplit)
+    (8, 32, 32, 1, 4096, 128, True),  # MHA decode (256 CTAs unsplit: no split by the rule)
+    (4, 32, 8, 4, 8192, 128, True),  # speculative decode, 4 query rows
 ]
+
+
+def _decode_variants(bundle, B, hq, hkv, sq, sk, d, causal, dtype) -> dict[str, dict]:
+    """For decode shapes (Sq <= 4): the unsplit variant the loader used before split-KV, and every
+    split-KV / packed-GQA variant that applies, to time side by side by name."""
+    from factory.runtime.attention import select
+
+    cands = bundle.candidates("attention")
+    out = {"unsplit": select(cands, dtype=dtype, head_dim=d, causal=causal, varlen=False,
+                             rows=B * hq * sq)}
+    top = out["unsplit"]["target"]
+    for e in cands:
+        if (e["target"] == top and e.get("splits", 1) > 1 and e["dtype"] == dtype
+                and e["head_dim"] == d and not e["varlen"]):
+            if e.get("pack_gqa") and sq == 1 and hq > hkv:
+                out[f"pack{e['splits']}"] = e
+            elif not e.get("pack_gqa") and e["causal"] == causal:
+                out[f"split{e['splits']}"] = e
+    return out
 
 
 def _flops(b, hq, sq, sk, d, causal) -> float:
@@ -47,7 +69,7 @@ def bench_attention(bundle, dtype="bf16") -> list[dict]:
 
     dt = testing.torch_dtype(dtype)
     rows = []
-    for B, hq, hkv, sq, sk, d, causal in SHAPES:
+    for B, hq, hkv, sq, sk, d, causal in sorted(SHAPES, key=lambda s: s[3] > 4):  # decode first
         q = torch.randn(B, sq, hq, d, device="cuda").to(dt)
         k = torch.randn(B, sk, hkv, d, device="cuda").to(dt)
         v = torch.randn(B, sk, hkv, d, device="cuda").to(dt)
@@ -82,6 +104,22 @@ def bench_attention(bundle, dtype="bf16") -> list[dict]:
             except Exception as e:  # noqa: BLE001 - a backend that refuses a shape is reported, not fatal
                 row[f"{label}_us"] = row[f"{label}_eager_us"] = None
                 row[f"{label}_error"] = f"{type(e).__name__}: {str(e)[:80]}"
+        if sq <= 4:
+            from factory.runtime.attention import split_workspace
+
+            row["variants_us"] = {}
+            for label, e in _decode_variants(bundle, B, hq, hkv, sq, sk, d, causal, dtype).items():
+                o_, l_ = torch.empty_like(q), torch.empty(B, hq, sq, device="cuda")
+                ws = split_workspace(torch, q, e["splits"]) if e.get("splits", 1) > 1 else []
+                args = [q, k, v, o_, l_, *ws, d ** -0.5]
+                try:
+                    row["variants_us"][label] = (e["name"], time_graph(
+                        lambda _i, n=e["name"], a=args: bundle.launch(n, a), 5) * 1e6)
+                    if ref_o is not None:
+                        row["variants_us"][label] += (testing.rel_error(o_, ref_o),)
+                except Exception as ex:  # noqa: BLE001 - reported, not fatal
+                    row["variants_us"][label] = (e["name"], None, f"{type(ex).__name__}: {str(ex)[:80]}")
+            row["chosen"] = _chosen(bundle, q, k, v, causal)
         best = min(x for x in (row["flash_us"], row["cudnn_us"], row["sdpa_us"]) if x is not None)
         row["ratio_vs_best_sdpa"] = best / row["ours_us"]
         rows.append(row)
@@ -90,9 +128,24 @@ def bench_attention(bundle, dtype="bf16") -> list[dict]:
               f"({fl / row['ours_us'] / 1e6:6.1f} TF/s)  flash {f(row['flash_us'])}  cudnn {f(row['cudnn_us'])}  "
               f"sdpa {f(row['sdpa_us'])}  | eager ours {f(row['ours_eager_us'])} sdpa {f(row['sdpa_eager_us'])}  "
               f"ratio {row['ratio_vs_best_sdpa']:.2f}  err {err:.1e}", flush=True)
+        for label, t in row.get("variants_us", {}).items():
+            print(f"    {label:8s} {t[0]:48s} {f(t[1])} µs" + (f"  err {t[2]:.1e}" if len(t) > 2 and
+                                                               isinstance(t[2], float) else
+                                                               (f"  {t[2]}" if len(t) > 2 else "")),
+                  flush=True)
+        if "chosen" in row:
+            print(f"    loader's choice: {row['chosen']}", flush=True)
         del q, k, v, out
         torch.cuda.empty_cache()
     return rows
+
+
+def _chosen(bundle, q, k, v, causal) -> str:
+    from factory.runtime.attention import _choose
+
+    dtype = {"torch.bfloat16": "bf16", "torch.float16": "f16"}[str(q.dtype)]
+    b, sq, hq, d = q.shape
+    return _choose(bundle, dtype, d, causal, False, b * hq * sq, (b, hq, k.shape[2], sq, k.shape[1]))[0]
 
 
 def main(argv=None) -> int:

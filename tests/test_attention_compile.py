@@ -51,12 +51,17 @@ _WORKER = textwrap.dedent(
         return best
 
     report = {}
-    for v in enumerate_attention(get_target(target), "test"):
+    variants = enumerate_attention(get_target(target), "test")
+    if len(sys.argv) > 3:  # "split": one split-KV and one packed-GQA decode variant instead
+        variants = [v for v in enumerate_attention(get_target(target), "default")
+                    if v.name.endswith(("_d128_m64_n128_w4_s2_causal_kv4", "bf16_d64_m64_n128_w4_s2_decode_kv16"))
+                    and v.dtype == "bf16"]
+    for v in variants:
         info = compile_variant(v, out_dir)
         path = f"{out_dir}/{v.name}.cubin"
         data = open(path, "rb").read()
         sass = cb.disassemble(path)
-        (res,) = info["kernels"].values()
+        res = max(info["kernels"].values(), key=lambda r: r["registers"])  # the main kernel
         report[v.name] = {
             "config": v.config(),
             "resources": res,
@@ -67,15 +72,16 @@ _WORKER = textwrap.dedent(
             "params": [p for _, p in info["header"]["params"]],
             "arg_names": [a.name for a in v.signature().args],
             "compile_seconds": info["compile_seconds"],
+            "n_kernels": len(info["kernels"]),
         }
     print("REPORT" + json.dumps(report))
     """
 )
 
 
-def _compile(target: str, out_dir: Path) -> dict:
+def _compile(target: str, out_dir: Path, *extra: str) -> dict:
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    p = subprocess.run([sys.executable, "-c", _WORKER, target, str(out_dir)], capture_output=True,
+    p = subprocess.run([sys.executable, "-c", _WORKER, target, str(out_dir), *extra], capture_output=True,
                        text=True, env=env, cwd=ROOT, timeout=600)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-6000:]
     line = next(ln for ln in p.stdout.splitlines() if ln.startswith("REPORT"))
@@ -108,6 +114,26 @@ def test_test_tier_sass(compiled):
         assert r["params"] == ["module", *r["arg_names"], "stream"], name
 
 
+@needs_dsl
+def test_split_kv_sass(tmp_path):
+    """The split-KV and packed-GQA decode variants (sm_90 build): two kernels in one module (the
+    split attention kernel and the combine), the same mainloop SASS as the plain kernel, fp32
+    partial-O stores, no spills, and the workspace arguments after lse in the header."""
+    report = _compile("sm_90", tmp_path, "split")
+    assert len(report) == 2, sorted(report)
+    for name, r in report.items():
+        cfg, hist = r["config"], r["hist"]
+        assert r["n_kernels"] == 2, name
+        assert not r["missing_sass"], (name, r["missing_sass"])
+        assert hist.get("HMMA.16816.F32.BF16", 0) == cfg["tile_n"] * cfg["head_dim"] // 64, (name, hist)
+        assert hist.get("STG.E", 0) >= 64 * cfg["head_dim"] // 128, name  # fp32 partial O, 4 B each
+        assert hist.get("STG.E.U16", 0) == cfg["head_dim"] // 32, name  # combine: o, one per lane
+        assert not any(op.startswith(("LDL", "STL")) for op in hist), (name, "local memory")
+        assert r["resources"]["stack_frame_bytes"] == 0, name
+        assert r["params"] == ["module", "q", "k", "v", "o", "lse", "o_partial", "lse_partial",
+                               "softmax_scale", "stream"], name
+
+
 # --- no DSL needed below ----------------------------------------------------------------------
 def _variant_cls():
     pytest.importorskip("cutlass")  # the family module imports the DSL at import time
@@ -124,16 +150,56 @@ def test_enumeration():
     for t in ("sm_80", "sm_86", "sm_89", "sm_90"):
         test = enum(get_target(t), "test")
         default = enum(get_target(t), "default")
-        # 16 problems (dtype, head_dim, causal, varlen) + 8 dense ones with 64-row query tiles
-        assert len(test) == 2 and len(default) == 24, t
-        assert len({v.name for v in default}) == 24
-        assert sum(v.tile_m == 64 and not v.varlen for v in default) == 8
+        plain = [v for v in default if v.splits == 1]
+        split = [v for v in default if v.splits > 1]
+        # 16 problems (dtype, head_dim, causal, varlen) + 8 dense ones with 64-row query tiles,
+        # + split-KV: 8 dense problems x 2 split counts, and 4 non-causal packed-GQA x 2
+        assert len(test) == 2 and len(plain) == 24 and len(split) == 24, t
+        assert len({v.name for v in default}) == 48
+        assert sum(v.tile_m == 64 and not v.varlen for v in plain) == 8
         assert all(v.can_implement() is None for v in default), t
+        assert all(v.tile_m == 64 and not v.varlen and v.splits in (4, 16) for v in split), t
+        assert sum(v.pack_gqa for v in split) == 8 and not any(v.causal for v in split if v.pack_gqa)
+        assert {(v.dtype, v.head_dim, v.causal, v.splits) for v in split if not v.pack_gqa} == {
+            (dt, d, c, s) for dt in ("bf16", "f16") for d in (64, 128) for c in (False, True)
+            for s in (4, 16)}
+        assert not any(v.splits > 1 for v in test) and not any(v.splits > 1 for v in enum(get_target(t), "full")
+                                                               if v not in default), t
         assert {(v.dtype, v.head_dim, v.causal, v.varlen) for v in default} == {
             (dt, d, c, vl) for dt in ("bf16", "f16") for d in (64, 128)
             for c in (False, True) for vl in (False, True)}
     for t in ("sm_90a", "sm_100a"):
         assert enum(get_target(t), "default") == []
+
+
+def _old_name(t, dt, d, tm, tn, w, s, causal, varlen):
+    """The names variants had before split-KV existed, spelled out independently of the code."""
+    return (f"attention_{t.replace('_', '')}_{dt}_d{d}_m{tm}_n{tn}_w{w}_s{s}"
+            + ("_causal" if causal else "") + ("_varlen" if varlen else ""))
+
+
+@needs_dsl
+def test_existing_names_unchanged():
+    """Adding split-KV must not rename (or drop) any existing variant: bundles, caches and the
+    tuning tables key on names."""
+    from factory.atoms.targets import get_target
+
+    _, enum = _variant_cls()
+    for t in ("sm_80", "sm_86", "sm_89", "sm_90"):
+        big = 128 if get_target(t).smem_per_cta >= 128 * 1024 else 64
+        want = set()
+        for dt in ("bf16", "f16"):
+            for d in (64, 128):
+                tn = 128 if d == 64 else big
+                for c in (False, True):
+                    for vl in (False, True):
+                        want.add(_old_name(t, dt, d, 128, tn, 8, 2, c, vl))
+                        if not vl:
+                            want.add(_old_name(t, dt, d, 64, tn, 4, 2, c, vl))
+        got = {v.name for v in enum(get_target(t), "default") if v.splits == 1}
+        assert got == want, (t, sorted(got ^ want))
+    assert {v.name for v in enum(get_target("sm_80"), "test")} == {
+        "attention_sm80_bf16_d64_m128_n128_w8_s2", "attention_sm80_f16_d128_m128_n128_w8_s2_causal_varlen"}
 
 
 @needs_dsl
@@ -160,7 +226,29 @@ def test_names_signature_and_limits():
     assert V(target="sm_80", dtype="bf16", tile_m=64).can_implement() is not None  # 16 rows/warp
     d = v.describe()
     assert (d["dtype"], d["head_dim"], d["causal"], d["varlen"]) == ("bf16", 128, True, True)
+    assert d["splits"] == 1 and d["pack_gqa"] is False
     json.dumps(d)
+    # split-KV: the name gains "_kv<n>" (and "_decode" for packed GQA); two fp32 workspace tensors
+    # follow lse in the signature
+    sp = V(target="sm_90", dtype="bf16", head_dim=128, tile_m=64, warps=4, tile_n=128, causal=True,
+           splits=4)
+    assert sp.name == "attention_sm90_bf16_d128_m64_n128_w4_s2_causal_kv4" and sp.can_implement() is None
+    assert V(target="sm_90", dtype="f16", head_dim=64, tile_m=64, warps=4, tile_n=128, splits=16,
+             pack_gqa=True).name == "attention_sm90_f16_d64_m64_n128_w4_s2_decode_kv16"
+    ssig = sp.signature()
+    assert [a.name for a in ssig.args] == ["q", "k", "v", "o", "lse", "o_partial", "lse_partial",
+                                           "softmax_scale"]
+    assert ssig.args[5].shape == (4, "B", "Hq", "Sq", 128) and ssig.args[5].dtype == "f32"
+    assert ssig.args[5].stride[-1] == 1 and ssig.args[6].shape == (4, "B", "Hq", "Sq")
+    assert ssig.args[:5] == V(target="sm_90", dtype="bf16", head_dim=128, tile_m=64, warps=4,
+                              tile_n=128, causal=True).signature().args[:5]
+    sd = sp.describe()
+    assert sd["splits"] == 4 and not sd["preferred"]
+    assert "dense" in V(target="sm_90", dtype="bf16", splits=4, varlen=True).can_implement()
+    assert V(target="sm_90", dtype="bf16", splits=64).can_implement() is not None
+    assert "pack_gqa" in V(target="sm_90", dtype="bf16", pack_gqa=True).can_implement()  # splits 1
+    assert "pack_gqa" in V(target="sm_90", dtype="bf16", pack_gqa=True, splits=4,
+                           causal=True).can_implement()
 
 
 def test_runtime_select_and_checks():
@@ -218,3 +306,113 @@ def test_runtime_select_and_checks():
             attention(NoBundle(), **kw)
     with pytest.raises(ValueError, match="softmax_scale"):
         attention(NoBundle(), q, kv, kv, softmax_scale=-1.0)
+
+
+def test_split_kv_selection():
+    from factory.runtime.attention import select, split_count, split_workspace
+
+    # split_count: only under-filled grids split; <= 2 waves; >= 2 key tiles per split
+    assert split_count(256, 32, 132, {4, 16}) == 1          # B8 H32 Sq1: 256 CTAs fill the SMs
+    assert split_count(32, 32, 132, {4, 16}) == 4           # B1 H32: 128 CTAs
+    assert split_count(8, 32, 132, {4, 16}) == 16           # B1 H8: 128 CTAs
+    assert split_count(8, 7, 132, {4, 16}) == 1             # 777 keys: 7 tiles, too few for 4
+    assert split_count(8, 8, 132, {4, 16}) == 4
+    assert split_count(100, 1000, 132, {4, 16}) == 1        # 400 CTAs > 2 waves
+    assert split_count(8, 32, 132, set()) == 1
+
+    def e(name, causal=False, splits=1, pack=False, tile=(64, 128), target="sm_90", **kw):
+        return {"name": name, "target": target, "dtype": "bf16", "head_dim": 128, "causal": causal,
+                "varlen": False, "tile": list(tile), "stages": 2, "splits": splits, "pack_gqa": pack, **kw}
+
+    cands = [e("big", tile=(128, 128), preferred=True), e("small"),
+             e("bigc", True, tile=(128, 128), preferred=True), e("smallc", True),
+             e("s4", splits=4), e("s16", splits=16), e("s4c", True, splits=4), e("s16c", True, splits=16),
+             e("p4", splits=4, pack=True), e("p16", splits=16, pack=True),
+             e("old", target="sm_86", tile=(128, 128), preferred=True)]
+    kw = dict(dtype="bf16", head_dim=128, varlen=False, sms=132)
+
+    def pick(causal, b, hq, hkv, sq, sk):
+        return select(cands, causal=causal, rows=b * hq * sq, decode=(b, hq, hkv, sq, sk), **kw)["name"]
+
+    # Sq = 1 with GQA: packed rows (B·Hkv row sets), causal or not
+    assert pick(False, 8, 32, 8, 1, 4096) == "p4"     # 64 CTAs -> 4 splits
+    assert pick(True, 8, 32, 8, 1, 4096) == "p4"
+    assert pick(True, 1, 32, 8, 1, 16384) == "p16"    # 8 CTAs -> 16 splits
+    # no GQA, or Sq > 1: plain split-KV of the right causality
+    assert pick(False, 1, 32, 32, 1, 4096) == "s4"
+    assert pick(True, 1, 8, 8, 4, 4096) == "s16c"
+    assert pick(True, 2, 32, 8, 4, 16384) == "s4c"
+    # grids that fill the SMs, short key ranges, prefill: unchanged choices
+    assert pick(False, 8, 32, 32, 1, 4096) == "small"  # 256 CTAs
+    assert pick(True, 1, 8, 8, 1, 777) == "smallc"     # 7 key tiles
+    assert pick(True, 4, 16, 16, 1024, 1024) == "bigc"
+    assert pick(False, 1, 8, 8, 512, 512) == "small"  # the 64-row tile rule still applies
+    assert select(cands, causal=False, **kw)["name"] == "big"
+    # a bundle built before split-KV (no "splits"/"pack_gqa" fields) selects as before
+    old = [{k: v for k, v in c.items() if k not in ("splits", "pack_gqa")} for c in cands[:4]]
+    assert select(old, causal=True, rows=8 * 32, decode=(8, 32, 8, 1, 4096), **kw)["name"] == "smallc"
+    # never a split variant for varlen
+    vl = [dict(c, varlen=True) for c in cands]
+    assert select(vl, dtype="bf16", head_dim=128, causal=False, varlen=True)["name"] == "big"
+
+    torch = pytest.importorskip("torch")
+    q = torch.zeros(2, 3, 8, 64, dtype=torch.bfloat16)
+    op, lp = split_workspace(torch, q, 4)
+    assert op.shape == (4, 2, 8, 3, 64) and lp.shape == (4, 2, 8, 3) and op.dtype == torch.float32
+    assert op.is_contiguous() and lp.is_contiguous() and lp.data_ptr() % 16 == 0
+    assert lp.data_ptr() == op.data_ptr() + op.numel() * 4  # one allocation
+
+
+def test_runtime_launch_glue(monkeypatch):
+    """bundle.attention's glue on CPU tensors (the CUDA check bypassed): what reaches
+    ``bundle.launch`` for varlen, dense, split-KV and packed decode, first call and hot path.  (The
+    H100 run of 2026-11-22 caught a varlen call passing a (name, splits) tuple as the name.)"""
+    torch = pytest.importorskip("torch")
+    from factory.runtime import attention as rt
+
+    monkeypatch.setattr(rt, "_check_common", lambda *a, **k: None)
+
+    def e(name, causal=False, varlen=False, splits=1, pack=False, tile=(64, 128), **kw):
+        return {"name": name, "target": "sm_90", "dtype": "bf16", "head_dim": 64, "causal": causal,
+                "varlen": varlen, "tile": list(tile), "stages": 2, "splits": splits, "pack_gqa": pack, **kw}
+
+    class Fake:
+        def __init__(self):
+            self.calls = []
+
+        def candidates(self, op):
+            return [e("big", tile=(128, 128), preferred=True), e("small"), e("vl", varlen=True, preferred=True),
+                    e("s4", splits=4), e("s16", splits=16), e("p4", splits=4, pack=True),
+                    e("p16", splits=16, pack=True)]
+
+        def launch(self, name, args):
+            assert isinstance(name, str), name
+            self.calls.append((name, args))
+
+    b = Fake()
+    bf = torch.bfloat16
+    q, k = torch.zeros(300, 4, 64, dtype=bf), torch.zeros(300, 2, 64, dtype=bf)
+    cu = torch.tensor([0, 100, 300], dtype=torch.int32)
+    for _ in range(2):
+        b.attention = None
+        o = rt.attention(b, q, k, k, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=200)
+        name, args = b.calls[-1]
+        assert name == "vl" and len(args) == 9 and args[3] is o and args[-1] == 200
+    # (the packed variants are non-causal and serve causal seqlen_q == 1 calls too)
+    cases = [((8, 1, 32, 64), (8, 4096, 8, 64), True, "p4"), ((1, 1, 32, 64), (1, 16384, 8, 64), False, "p16"),
+             ((1, 4, 16, 64), (1, 4096, 16, 64), False, "s16"), ((1, 512, 8, 64), (1, 512, 8, 64), False, "small"),
+             ((8, 1, 32, 64), (8, 4096, 32, 64), False, "small"), ((4, 4096, 8, 64), (4, 4096, 8, 64), False, "big")]
+    for qs, ks, causal, want in cases:
+        for attempt in ("first", "hot path"):
+            qq, kk = torch.zeros(qs, dtype=bf), torch.zeros(ks, dtype=bf)
+            o, lse = rt.attention(b, qq, kk, kk, causal=causal, return_lse=True)
+            name, args = b.calls[-1]
+            assert name == want, (qs, ks, attempt, name)
+            assert args[3] is o and args[4] is lse and lse.shape == (qs[0], qs[2], qs[1])
+            splits = {"p4": 4, "p16": 16, "s16": 16}.get(want, 1)
+            if splits > 1:
+                assert len(args) == 8 and args[5].shape == (splits, qs[0], qs[2], qs[1], 64)
+                assert args[6].shape == (splits, qs[0], qs[2], qs[1]) and args[5].dtype == torch.float32
+            else:
+                assert len(args) == 6
+            assert args[-1] == pytest.approx(64 ** -0.5)

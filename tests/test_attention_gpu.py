@@ -233,6 +233,8 @@ def test_every_variant(bundle):
     dt = {"bf16": torch.bfloat16, "f16": torch.float16}
     failures = []
     for e in bundle.candidates("attention"):
+        if e.get("splits", 1) > 1:
+            continue  # test_split_variants_by_name
         dtype, d, causal = dt[e["dtype"]], e["head_dim"], e["causal"]
         scale = 0.7 / math.sqrt(d)
         if not e["varlen"]:
@@ -266,3 +268,111 @@ def test_every_variant(bundle):
                 failures.append(str(err).splitlines()[0])
                 break
     assert not failures, failures
+
+
+# --- split-KV (flash-decoding) ------------------------------------------------------------------
+DECODE = [
+    # (B, Sq, Sk, Hq, Hkv)
+    (1, 1, 1, 8, 8),          # one key
+    (2, 1, 777, 32, 8),       # GQA 4, a key tail
+    (8, 1, 4096, 32, 8),      # the bench's decode step (packed GQA, 4 splits)
+    (1, 1, 16384, 32, 4),     # GQA 8, long keys (packed, 16 splits)
+    (1, 1, 4096, 16, 16),     # no GQA: plain split-KV
+    (1, 4, 4096, 16, 16),     # Sq 4
+    (2, 4, 16384, 32, 8),     # Sq 4, GQA 4
+    (1, 4, 777, 8, 1),        # MQA, short keys (no split)
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", DECODE, ids=lambda s: "x".join(map(str, s)))
+def test_decode(bundle, dtype, d, causal, shape):
+    """Decode shapes through bundle.attention (its split-KV choice), inputs in NaN-padded
+    storage, twice (the second call takes the dense hot path)."""
+    b, sq, sk, hq, hkv = shape
+    gen = torch.Generator(device="cuda").manual_seed(hash((b, sq, sk, hq, hkv, d)) % 2**31)
+    q = poisoned((b, sq, hq, d), dtype, 3, gen)
+    k = poisoned((b, sk, hkv, d), dtype, 9, gen)
+    v = poisoned((b, sk, hkv, d), dtype, 9, gen)
+    ref_o, ref_lse = reference(q, k, v, causal, 1.0 / math.sqrt(d))
+    for attempt in ("first", "hot path"):
+        o, lse = bundle.attention(q, k, v, causal=causal, return_lse=True)
+        torch.cuda.synchronize()
+        assert o.shape == q.shape and lse.shape == (b, hq, sq)
+        check(o, lse, ref_o, ref_lse, dtype, f"decode {shape} d{d} causal={causal} ({attempt})")
+
+
+def _split_case(e, b, sq, sk, hq, hkv, gen):
+    from factory.runtime.attention import split_workspace
+
+    dt = {"bf16": torch.bfloat16, "f16": torch.float16}[e["dtype"]]
+    d = e["head_dim"]
+    q = poisoned((b, sq, hq, d), dt, 3, gen)
+    k = poisoned((b, sk, hkv, d), dt, 9, gen)
+    v = poisoned((b, sk, hkv, d), dt, 9, gen)
+    o = torch.full_like(q, math.nan)
+    lse = torch.full((b, hq, sq), math.nan, device="cuda")
+    ws = split_workspace(torch, q, e["splits"])
+    for w in ws:
+        w.fill_(math.nan)
+    scale = 0.7 / math.sqrt(d)
+    bundle_args = [q, k, v, o, lse, *ws, scale]
+    ref_o, ref_lse = reference(q, k, v, e["causal"], scale)
+    return bundle_args, (o, lse, ref_o, ref_lse, dt)
+
+
+def test_split_variants_by_name(bundle):
+    """Every split-KV variant launched by name with NaN-poisoned o, lse and workspace: causal
+    rows with no key (Sq > Sk), splits with empty key ranges (few tiles, 16 splits), Sq 1 and 4,
+    key tails; packed-GQA variants (Sq 1 only) with GQA 1/4/8 and a group larger than the tile."""
+    gen = torch.Generator(device="cuda").manual_seed(6)
+    splits = [e for e in bundle.candidates("attention") if e.get("splits", 1) > 1]
+    if not splits:
+        pytest.skip("the bundle has no split-KV variant")
+    failures = []
+    for e in splits:
+        if e.get("pack_gqa"):
+            cases = [(2, 1, 777, 8, 2), (1, 1, 4096, 16, 2), (1, 1, 1, 4, 1), (1, 1, 300, 128, 1),
+                     (3, 1, 129, 4, 4)]
+        else:
+            cases = [(1, 70, 40, 4, 2), (2, 4, 777, 8, 2), (1, 1, 4096, 4, 4), (2, 1, 1, 4, 1),
+                     (1, 130, 1000, 2, 2)]
+        for case in cases:
+            args, (o, lse, ref_o, ref_lse, dt) = _split_case(e, *case, gen)
+            bundle.launch(e["name"], args)
+            torch.cuda.synchronize()
+            try:
+                check(o, lse, ref_o, ref_lse, dt, f"{e['name']} {case}")
+            except AssertionError as err:
+                failures.append(str(err).splitlines()[0])
+    assert not failures, failures
+
+
+def test_decode_graph_capture(bundle):
+    """A split-KV decode step (two kernels and a workspace allocation) under CUDA-graph capture:
+    replay with new q gives the eager result for the new q."""
+    from factory.runtime.attention import select
+
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    b, hq, hkv, sk, d = 8, 32, 8, 4096, 128
+    e = select(bundle.candidates("attention"), dtype="bf16", head_dim=d, causal=True, varlen=False,
+               rows=b * hq, decode=(b, hq, hkv, 1, sk))
+    q = rand(b, 1, hq, d, dtype=torch.bfloat16, gen=gen)
+    k, v = (rand(b, sk, hkv, d, dtype=torch.bfloat16, gen=gen) for _ in range(2))
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        bundle.attention(q, k, v, causal=True)  # warm up (module load, choice) outside capture
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out, lse = bundle.attention(q, k, v, causal=True, return_lse=True)
+    q.copy_(rand(b, 1, hq, d, dtype=torch.bfloat16, gen=gen))
+    out.fill_(math.nan)
+    g.replay()
+    torch.cuda.synchronize()
+    ref_o, ref_lse = reference(q, k, v, True, 1.0 / math.sqrt(d))
+    check(out, lse, ref_o, ref_lse, torch.bfloat16, f"graph replay ({e['name']})")
+    assert torch.equal(out, bundle.attention(q, k, v, causal=True))

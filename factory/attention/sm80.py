@@ -27,10 +27,18 @@ Causal masking is bottom-right aligned (query row i sees keys j <= i + seqlen_k 
 FlashAttention-2 for seqlen_q != seqlen_k.  GQA/MQA read kv head h // (Hq / Hkv) in place.
 Variable-length batches (varlen) index packed (total_tokens, heads, D) tensors through int32
 cu_seqlens; the grid is sized by max_seqlen_q and tiles past a sequence's end exit at once.
+
+Split-KV (``splits`` > 1, dense, for decode): the grid's x is (query tile, split); each CTA walks
+its split's contiguous share of the key tiles its row block sees and writes O normalised by its
+own row sum (fp32) and its LSE to a workspace (O = 0, LSE = -inf when it saw no key); ``combine``,
+launched next from the same host function on the same stream, merges the splits by LSE weight.
+``pack_gqa`` (seqlen_q == 1): a CTA's rows are the q heads that share one kv head, so K/V are read
+once per kv head.  ``notes/attention-sm80.md`` (v3) has the measurements behind both.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -50,6 +58,11 @@ LOG2_E = math.log2(math.e)
 LN_2 = math.log(2.0)
 
 DTYPES = ("bf16", "f16")
+MAX_SPLITS = 32
+# The split counts the default tier builds (dense, 64-row tile); see enumerate_attention.
+DEFAULT_SPLITS = (4, 16)
+# Combine kernel: one warp per query row, this many rows per CTA.
+COMBINE_WARPS = 4
 HEAD_DIMS = (64, 128)
 # Row block of one warp: one m16n8k16 A fragment.
 ROWS_PER_WARP = 16
@@ -73,6 +86,20 @@ class AttentionSm80(Variant):
     stages: int = field(default=2, metadata={"tag": "s"})
     causal: bool = field(default=False, metadata={"tag": "causal"})
     varlen: bool = field(default=False, metadata={"tag": "varlen"})
+    # Decode with GQA packed (seqlen_q == 1 only, split-KV only): one CTA's query rows are the
+    # Hq/Hkv q-heads that share a kv head, so K/V are read once per kv head instead of once per
+    # q head.  With one query the bottom-right causal mask hides nothing: built non-causal, used
+    # for both.
+    pack_gqa: bool = field(default=False, metadata={"tag": "decode"})
+    # Split-KV (flash-decoding): each CTA walks one of ``splits`` contiguous key-tile ranges and
+    # writes an fp32 partial O and its LSE to a workspace; a second kernel combines them.  The
+    # default 1 adds nothing to the name, so every non-split variant keeps its name.
+    splits: int = field(default=1, metadata={"tag": "kv"})
+
+    @property
+    def name(self) -> str:
+        n = super().name  # splits is the last field: "_kv<splits>" ends the name
+        return n.removesuffix("_kv1") if self.splits == 1 else n
 
     @property
     def threads(self) -> int:
@@ -101,6 +128,12 @@ class AttentionSm80(Variant):
             return f"tiles must be whole copy passes of {rows_per_copy} rows"
         if self.stages < 2:
             return "stages must be >= 2"
+        if self.splits < 1 or self.splits > MAX_SPLITS:
+            return f"splits must be in [1, {MAX_SPLITS}]"
+        if self.splits > 1 and self.varlen:
+            return "split-KV is dense-only"
+        if self.pack_gqa and (self.splits < 2 or self.causal or self.varlen):
+            return "pack_gqa (seqlen_q == 1 decode) needs splits > 1, dense, non-causal"
         if self.smem_bytes() > t.smem_per_cta:
             return f"needs {self.smem_bytes()} B of shared memory, {self.target} has {t.smem_per_cta}"
         return None
@@ -131,6 +164,15 @@ class AttentionSm80(Variant):
             ]
             strided = ("sQb", "sQs", "sQh", "sKb", "sKs", "sKh", "sVb", "sVs", "sVh",
                        "sOb", "sOs", "sOh")
+            if self.splits > 1:
+                # The fp32 workspace (the runtime carves both from one torch.empty): per split,
+                # O normalised by its own row sum, and that split's LSE (-inf: no key in range).
+                args[5:5] = [
+                    TensorArg("o_partial", "f32", (self.splits, "B", "Hq", "Sq", d),
+                              ("sWs", "sWb", "sWh", "sWq", 1), align=4),
+                    TensorArg("lse_partial", "f32", (self.splits, "B", "Hq", "Sq"),
+                              ("sPs", "sPb", "sPh", 1), align=4),
+                ]
         vec = 16 // DTYPE_BYTES[dt]
         return Signature(tuple(args), tuple(sorted((s, vec) for s in strided)))
 
@@ -145,10 +187,12 @@ class AttentionSm80(Variant):
             "tile": [self.tile_m, self.tile_n],
             "warps": self.warps,
             "stages": self.stages,
+            "splits": self.splits,
+            "pack_gqa": self.pack_gqa,
             "smem_bytes": self.smem_bytes(),
             # The tile the default tier picks for this head_dim: selection prefers it over the
             # "full" tier's alternatives of the same target.
-            "preferred": ((self.tile_m, self.tile_n, self.warps, self.stages)
+            "preferred": (self.splits == 1 and (self.tile_m, self.tile_n, self.warps, self.stages)
                           == default_tile(self.tgt, self.head_dim)),
             "constraints": {
                 "head_dim_contiguous": True,
@@ -166,8 +210,11 @@ class AttentionSm80(Variant):
         k = FlashFwdSm80(
             dtype=_cutlass_dtype(self.dtype), head_dim=self.head_dim, tile_m=self.tile_m,
             tile_n=self.tile_n, warps=self.warps, stages=self.stages, causal=self.causal,
+            splits=self.splits, pack_gqa=self.pack_gqa,
         )
-        return k.packed if self.varlen else k.dense
+        if self.varlen:
+            return k.packed
+        return k.dense_split if self.splits > 1 else k.dense
 
 
 def _cutlass_dtype(name: str):
@@ -214,6 +261,13 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm80]:
     # 64-row query tiles (4 warps) for dense problems whose 128-row grid leaves SMs idle
     # (B·H·ceil(Sq/128) < SMs, e.g. B1 H8 S512: 32 CTAs on 132 SMs); the loader picks them then.
     out += [make(*p, tile_m=64, warps=4) for p in problems if not p[3]]
+    # Split-KV for decode-shaped problems (few query rows, long keys: B·Hq·ceil(Sq/64) CTAs leave
+    # SMs idle); the loader picks the split count that fills 1-2 waves.
+    out += [dataclasses.replace(make(*p, tile_m=64, warps=4), splits=sp)
+            for p in problems if not p[3] for sp in DEFAULT_SPLITS]
+    # ... and for seqlen_q == 1 with GQA, the q-heads of one kv head packed into one CTA's rows.
+    out += [dataclasses.replace(make(*p, tile_m=64, warps=4), splits=sp, pack_gqa=True)
+            for p in problems if not p[3] and not p[2] for sp in DEFAULT_SPLITS]
     if tier == "full":
         out += [make(*p, tile_n=tn, stages=st) for p in problems for tn, st in _ALTERNATIVES[p[1]]]
     out = list({v.name: v for v in out}.values())  # alternatives may repeat the default
@@ -228,7 +282,7 @@ class FlashFwdSm80:
     MMA atoms and launch ``kernel``; device side: ``kernel`` and its jit helpers."""
 
     def __init__(self, *, dtype, head_dim: int, tile_m: int, tile_n: int, warps: int, stages: int,
-                 causal: bool):
+                 causal: bool, splits: int = 1, pack_gqa: bool = False):
         self.dtype = dtype
         self.head_dim = head_dim
         self.tile_m = tile_m
@@ -237,6 +291,8 @@ class FlashFwdSm80:
         self.threads = 32 * warps
         self.stages = stages
         self.causal = causal
+        self.splits = splits
+        self.pack_gqa = pack_gqa
 
     # --- host ------------------------------------------------------------------------------------
     @cute.jit
@@ -245,6 +301,22 @@ class FlashFwdSm80:
         # grid: (query tiles, q heads, batch)
         grid = (cute.ceil_div(q.shape[1], self.tile_m), q.shape[2], q.shape[0])
         self._launch(q, k, v, o, lse, None, None, softmax_scale, grid, stream)
+
+    @cute.jit
+    def dense_split(self, q: cute.Tensor, k: cute.Tensor, v: cute.Tensor, o: cute.Tensor,
+                    lse: cute.Tensor, o_partial: cute.Tensor, lse_partial: cute.Tensor,
+                    softmax_scale: cutlass.Float32, stream: cuda.CUstream):
+        # grid: (query tiles x splits, q heads, batch); then the combine kernel on the same stream.
+        # pack_gqa (seqlen_q == 1): (tiles of the Hq/Hkv q-heads of a kv head x splits, kv heads, batch)
+        if cutlass.const_expr(self.pack_gqa):
+            grid = (cute.ceil_div(q.shape[2] // k.shape[2], self.tile_m) * self.splits, k.shape[2],
+                    q.shape[0])
+        else:
+            grid = (cute.ceil_div(q.shape[1], self.tile_m) * self.splits, q.shape[2], q.shape[0])
+        self._launch(q, k, v, o_partial, lse_partial, None, None, softmax_scale, grid, stream)
+        self.combine(o_partial, lse_partial, o, lse).launch(
+            grid=(cute.ceil_div(q.shape[1], COMBINE_WARPS), q.shape[2], q.shape[0]),
+            block=[32 * COMBINE_WARPS, 1, 1], stream=stream)
 
     @cute.jit
     def packed(self, q: cute.Tensor, k: cute.Tensor, v: cute.Tensor, o: cute.Tensor,
@@ -298,6 +370,10 @@ class FlashFwdSm80:
         D, BM, BN, S = self.head_dim, self.tile_m, self.tile_n, self.stages
         tidx, _, _ = cute.arch.thread_idx()
         m_block, head, batch = cute.arch.block_idx()
+        split = 0
+        if cutlass.const_expr(self.splits > 1):
+            split = m_block % self.splits
+            m_block = m_block // self.splits
 
         # ---- this CTA's sequence: (seqlen, D) views of q/k/v/o for its heads, and its LSE row
         if cutlass.const_expr(mCuQ is not None):
@@ -311,6 +387,17 @@ class FlashFwdSm80:
             seqV = cute.domain_offset((k_start, 0), mV[None, kv_head, None])
             seqO = cute.domain_offset((q_start, 0), mO[None, head, None])
             seqL = cute.domain_offset((q_start,), mLSE[head, None])
+        elif cutlass.const_expr(self.pack_gqa):
+            # seqlen_q == 1: rows are the q-heads [head·G, head·G + G) of kv head `head`
+            group = mQ.shape[2] // mK.shape[2]
+            q_len = group
+            k_len = mK.shape[1]
+            kv_head = head
+            seqQ = cute.domain_offset((head * group, 0), mQ[batch, 0, None, None])
+            seqK = mK[batch, None, kv_head, None]
+            seqV = mV[batch, None, kv_head, None]
+            seqO = cute.domain_offset((head * group, 0), mO[split, batch, None, 0, None])
+            seqL = cute.domain_offset((head * group,), mLSE[split, batch, None, 0])
         else:
             q_len = mQ.shape[1]
             k_len = mK.shape[1]
@@ -318,8 +405,13 @@ class FlashFwdSm80:
             seqQ = mQ[batch, None, head, None]
             seqK = mK[batch, None, kv_head, None]
             seqV = mV[batch, None, kv_head, None]
-            seqO = mO[batch, None, head, None]
-            seqL = mLSE[batch, head, None]
+            if cutlass.const_expr(self.splits > 1):
+                # mO / mLSE are the fp32 workspace: (splits, B, Hq, Sq, D) and (splits, B, Hq, Sq)
+                seqO = mO[split, batch, head, None, None]
+                seqL = mLSE[split, batch, head, None]
+            else:
+                seqO = mO[batch, None, head, None]
+                seqL = mLSE[batch, head, None]
 
         m0 = m_block * BM
         if m0 < q_len:
@@ -332,6 +424,15 @@ class FlashFwdSm80:
                 # (clamp before dividing: no division of a negative number anywhere)
                 n_end = cutlass.min(n_end, cute.ceil_div(cutlass.max(0, m0 + BM + shift), BN))
                 n_mask = cutlass.min(n_mask, cutlass.max(0, m0 + shift + 1) // BN)
+            # This CTA's key tiles: [n_lo, n_hi), walked from the top.  Split-KV cuts the row
+            # block's visible range into `splits` contiguous chunks; an empty chunk (causal rows
+            # that see few keys) runs no iteration and writes O = 0, LSE = -inf (weight 0).
+            n_lo = 0
+            n_hi = n_end
+            if cutlass.const_expr(self.splits > 1):
+                chunk = (n_end + (self.splits - 1)) // self.splits
+                n_lo = cutlass.min(n_end, split * chunk)
+                n_hi = cutlass.min(n_end, n_lo + chunk)
 
             smem = cutlass.utils.SmemAllocator()
             storage = smem.allocate(SharedStorage)
@@ -385,8 +486,8 @@ class FlashFwdSm80:
                     tQsQ[None, r, None].fill(0)
             cute.arch.cp_async_commit_group()
             for s in cutlass.range_constexpr(S - 1):
-                if n_end - 1 - s >= 0:
-                    self.load_kv(g2s, tKgK, tVgV, tKVsKV, tKVcKV, n_end - 1 - s, s, k_len)
+                if n_hi - 1 - s >= n_lo:
+                    self.load_kv(g2s, tKgK, tVgV, tKVsKV, tKVcKV, n_hi - 1 - s, s, k_len)
                 cute.arch.cp_async_commit_group()
             cute.arch.cp_async_wait_group(S - 1)
             cute.arch.barrier()
@@ -398,12 +499,12 @@ class FlashFwdSm80:
             row_sum.fill(0.0)
 
             # ---- main loop over key tiles, last first
-            for it in cutlass.range(n_end, unroll=1):
-                n_block = n_end - 1 - it
+            for it in cutlass.range(n_hi - n_lo, unroll=1):
+                n_block = n_hi - 1 - it
                 slot = it % S
                 cute.arch.cp_async_wait_group(S - 2)
                 cute.arch.barrier()  # tile n_block visible; slot (it-1)%S free for reuse
-                if n_block - (S - 1) >= 0:
+                if n_block - (S - 1) >= n_lo:
                     self.load_kv(g2s, tKgK, tVgV, tKVsKV, tKVcKV, n_block - (S - 1),
                                  (it + S - 1) % S, k_len)
                 cute.arch.cp_async_commit_group()
@@ -435,24 +536,72 @@ class FlashFwdSm80:
             # ---- epilogue
             cute.arch.cp_async_wait_group(0)
             self.finalize(acc_O, row_max, row_sum, scale_log2, thr_mma, tidx, m0, q_len, seqL)
-            rO = cute.make_fragment_like(acc_O, self.dtype)
-            rO.store(acc_O.load().to(self.dtype))
-            cute.arch.barrier()  # every warp is done reading the slot that O now overwrites
-            r2s = cute.make_tiled_copy_C(
-                cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=32),
-                tiled_mma).get_slice(tidx)
-            sO = cute.make_tensor(sQ.iterator, sQ_layout)
-            cute.copy(r2s, r2s.retile(rO), r2s.partition_D(sO))
-            cute.arch.barrier()
-            thr_s2g = s2g.get_slice(tidx)
-            tOsO = thr_s2g.partition_S(sO)
-            tOgO = thr_s2g.partition_D(cute.local_tile(seqO, (BM, D), (m_block, 0)))
-            tOcO = thr_s2g.partition_D(cute.make_identity_tensor((BM, D)))
-            tOrO = cute.make_fragment_like(tOsO, self.dtype)
-            cute.copy(s2g, tOsO, tOrO)
-            for r in cutlass.range_constexpr(cute.size(tOrO.shape[1])):
-                if m0 + tOcO[0, r, 0][0] < q_len:
-                    cute.copy(s2g, tOrO[None, r, None], tOgO[None, r, None])
+            if cutlass.const_expr(self.splits > 1):
+                # fp32 partial O straight from the accumulators (a few KB per CTA).
+                tOgP = thr_mma.partition_C(cute.local_tile(seqO, (BM, D), (m_block, 0)))
+                tOcP = thr_mma.partition_C(cute.make_identity_tensor((BM, D)))
+                for i in cutlass.range_constexpr(cute.size(acc_O)):
+                    if m0 + tOcP[i][0] < q_len:
+                        tOgP[i] = acc_O[i]
+            else:
+                rO = cute.make_fragment_like(acc_O, self.dtype)
+                rO.store(acc_O.load().to(self.dtype))
+                cute.arch.barrier()  # every warp is done reading the slot that O now overwrites
+                r2s = cute.make_tiled_copy_C(
+                    cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=32),
+                    tiled_mma).get_slice(tidx)
+                sO = cute.make_tensor(sQ.iterator, sQ_layout)
+                cute.copy(r2s, r2s.retile(rO), r2s.partition_D(sO))
+                cute.arch.barrier()
+                thr_s2g = s2g.get_slice(tidx)
+                tOsO = thr_s2g.partition_S(sO)
+                tOgO = thr_s2g.partition_D(cute.local_tile(seqO, (BM, D), (m_block, 0)))
+                tOcO = thr_s2g.partition_D(cute.make_identity_tensor((BM, D)))
+                tOrO = cute.make_fragment_like(tOsO, self.dtype)
+                cute.copy(s2g, tOsO, tOrO)
+                for r in cutlass.range_constexpr(cute.size(tOrO.shape[1])):
+                    if m0 + tOcO[0, r, 0][0] < q_len:
+                        cute.copy(s2g, tOrO[None, r, None], tOgO[None, r, None])
+
+    @cute.kernel
+    def combine(self, mOp: cute.Tensor, mLp: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor):
+        """Split-KV combine: one warp per query row.  lse = ln Σ_s exp(lse_s), o = Σ_s
+        exp(lse_s - lse)·o_s in fp32, then o -> dtype.  Splits with lse_s = -inf weigh 0 (their
+        partial O is 0, never garbage); a row whose splits are all -inf gets o = 0, lse = -inf."""
+        D, SP = self.head_dim, self.splits
+        tidx, _, _ = cute.arch.thread_idx()
+        m_block, head, batch = cute.arch.block_idx()
+        lane = tidx % 32
+        row = m_block * COMBINE_WARPS + tidx // 32
+        if row < mO.shape[1]:
+            lse_s = cute.make_rmem_tensor(SP, cutlass.Float32)
+            lmax = -cutlass.Float32.inf
+            for s in cutlass.range_constexpr(SP):
+                lse_s[s] = mLp[s, batch, head, row]
+                lmax = cute.arch.fmax(lmax, lse_s[s])
+            m_ref = 0.0 if lmax == -cutlass.Float32.inf else lmax
+            acc = cute.make_rmem_tensor(D // 32, cutlass.Float32)
+            acc.fill(0.0)
+            total = cutlass.Float32(0.0)
+            for s in cutlass.range_constexpr(SP):
+                w = cute.math.exp2((lse_s[s] - m_ref) * LOG2_E, fastmath=True)
+                total = total + w
+                for j in cutlass.range_constexpr(D // 32):
+                    acc[j] = acc[j] + w * mOp[s, batch, head, row, lane + 32 * j]
+            has_keys = total > 0.0
+            inv = cute.arch.rcp_approx(total if has_keys else 1.0)
+            scale = inv if has_keys else 0.0
+            for j in cutlass.range_constexpr(D // 32):
+                acc[j] = acc[j] * scale
+            out = cute.make_rmem_tensor(D // 32, self.dtype)
+            out.store(acc.load().to(self.dtype))
+            for j in cutlass.range_constexpr(D // 32):
+                mO[batch, row, head, lane + 32 * j] = out[j]
+            if lane == 0:
+                lse = -cutlass.Float32.inf
+                if has_keys:
+                    lse = m_ref + cute.math.log2(total, fastmath=True) * LN_2
+                mLSE[batch, head, row] = lse
 
     @cute.jit
     def load_kv(self, g2s, tKgK, tVgV, tKVsKV, tKVcKV, n_block, slot, k_len):

@@ -6,6 +6,10 @@ The kernels (``factory/attention/sm80.py``) take, in this order,
           scale, max_seqlen_q
 with head_dim contiguous, every other stride a multiple of 16 bytes and 16-byte aligned data.
 LSE is always written (into a scratch buffer when the caller does not want it).
+Split-KV variants (manifest ``splits`` > 1, dense only) take two fp32 workspace tensors after lse:
+  o_partial (splits,B,Hq,Sq,D), lse_partial (splits,B,Hq,Sq)
+carved here from one torch.empty; the variant combines them into o and lse itself (second kernel,
+same stream), so a split launch is one call like any other and CUDA-graph capturable.
 """
 
 from __future__ import annotations
@@ -37,10 +41,13 @@ def attention(bundle, q, k, v, causal=False, softmax_scale=None, cu_seqlens_q=No
                q.device, q.data_ptr() % 16, k.data_ptr() % 16, v.data_ptr() % 16, bool(causal), softmax_scale)
         hit = _fast_cache(bundle).get(key)
         if hit is not None:
-            name, scale = hit
+            name, scale, splits = hit
             o = torch.empty_like(q)
             lse = torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32, device=q.device)
-            bundle.launch(name, [q, k, v, o, lse, scale])
+            if splits > 1:
+                bundle.launch(name, [q, k, v, o, lse, *split_workspace(torch, q, splits), scale])
+            else:
+                bundle.launch(name, [q, k, v, o, lse, scale])
             return (o, lse) if return_lse else o
     if softmax_scale is not None:
         softmax_scale = float(softmax_scale)
@@ -86,15 +93,30 @@ def attention(bundle, q, k, v, causal=False, softmax_scale=None, cu_seqlens_q=No
         args = [q, k, v, o, lse, softmax_scale]
     _check_strides(o, "o (from empty_like(q))")
 
-    ctas = None if varlen else q.shape[0] * hq * q.shape[1]  # / tile_m, per candidate
-    name = _choose(bundle, dtype, d, bool(causal), varlen, ctas)
+    if varlen:
+        name, splits = _choose(bundle, dtype, d, bool(causal), varlen)
+    else:
+        name, splits = _choose(bundle, dtype, d, bool(causal), varlen, q.shape[0] * hq * q.shape[1],
+                               (q.shape[0], hq, k.shape[2], q.shape[1], k.shape[1]))
+        if splits > 1:
+            args[5:5] = split_workspace(torch, q, splits)
     bundle.launch(name, args)
     if not varlen:
         cache = _fast_cache(bundle)
         if len(cache) > 4096:
             cache.clear()
-        cache[key] = (name, softmax_scale)
+        cache[key] = (name, softmax_scale, splits)
     return (o, lse) if return_lse else o
+
+
+def split_workspace(torch, q, splits: int):
+    """The fp32 workspace of a split-KV variant for dense q (B, Sq, Hq, D): o_partial
+    (splits, B, Hq, Sq, D) and lse_partial (splits, B, Hq, Sq), one allocation (the kernels write
+    every element they later read, so torch.empty is enough)."""
+    b, sq, hq, d = q.shape
+    n = splits * b * hq * sq
+    ws = torch.empty(n * (d + 1), dtype=torch.float32, device=q.device)
+    return ws[: n * d].view(splits, b, hq, sq, d), ws[n * d:].view(splits, b, hq, sq)
 
 
 # Per bundle: (dtype, head_dim, causal, varlen, under-filled grid) -> variant name, and the dense
@@ -119,32 +141,84 @@ def _sm_count() -> int:
         return 132
 
 
-def _choose(bundle, dtype: str, head_dim: int, causal: bool, varlen: bool, rows: int | None = None) -> str:
-    """``rows``: batch·heads·seqlen_q of a dense problem (None for varlen), for the grid check."""
+def _choose(bundle, dtype: str, head_dim: int, causal: bool, varlen: bool, rows: int | None = None,
+            decode: tuple[int, int, int] | None = None) -> tuple[str, int]:
+    """``rows``: batch·heads·seqlen_q of a dense problem (None for varlen), for the grid check;
+    ``decode``: (batch, Hq, Hkv, seqlen_q, seqlen_k) of a dense problem, for split-KV.  Returns
+    the variant name and its split count."""
     try:
         per_bundle = _CHOICES.setdefault(bundle, {})
     except TypeError:  # not weak-referenceable: no cache
         per_bundle = {}
     sms = _sm_count()
-    key = (dtype, head_dim, causal, varlen, rows is not None and rows < 128 * sms, rows is not None and rows <= 64 * sms)
-    name = per_bundle.get(key)
-    if name is None:
-        name = per_bundle[key] = select(bundle.candidates("attention"), dtype=dtype, head_dim=head_dim,
-                                        causal=causal, varlen=varlen, rows=rows, sms=sms)["name"]
-    return name
+    key = (dtype, head_dim, causal, varlen, rows is not None and rows < 128 * sms,
+           rows is not None and rows <= 64 * sms, decode)
+    hit = per_bundle.get(key)
+    if hit is None:
+        if len(per_bundle) > 4096:
+            per_bundle.clear()
+        e = select(bundle.candidates("attention"), dtype=dtype, head_dim=head_dim, causal=causal,
+                   varlen=varlen, rows=rows, sms=sms, decode=decode)
+        hit = per_bundle[key] = (e["name"], int(e.get("splits", 1)))
+    return hit
+
+
+def split_count(ctas: int, key_tiles: int, sms: int, available) -> int:
+    """Split-KV count for a grid of ``ctas`` CTAs over ``key_tiles`` key tiles: 1 unless the grid
+    leaves SMs idle (ctas < SMs); then the largest available count that keeps the grid within two
+    waves (ctas·splits <= 2·SMs) and gives every split at least two key tiles (so its cp.async
+    pipeline has something to overlap), or 1 if none does."""
+    if ctas >= sms:
+        return 1
+    best = 1
+    for s in sorted(available):
+        if s > 1 and ctas * s <= 2 * sms and key_tiles >= 2 * s:
+            best = s
+    return best
+
+
+def _split_pick(entries: list[dict], groups: int, rows: int, sk: int, sms: int) -> dict | None:
+    """The split-KV entry for ``groups`` independent row sets of ``rows`` query rows each over
+    ``sk`` keys, or None when :func:`split_count` says not to split."""
+    if not entries:
+        return None
+    tm, tn = entries[0]["tile"]
+    same = [e for e in entries if list(e["tile"]) == [tm, tn]]
+    n = split_count(groups * -(-rows // tm), -(-sk // tn), sms, {e["splits"] for e in same})
+    return next((e for e in same if e["splits"] == n), None) if n > 1 else None
 
 
 def select(candidates: list[dict], *, dtype: str, head_dim: int, causal: bool,
-           varlen: bool, rows: int | None = None, sms: int = 132) -> dict:
+           varlen: bool, rows: int | None = None, sms: int = 132,
+           decode: tuple[int, int, int, int, int] | None = None) -> dict:
     """The manifest entry that implements this problem on the best target (candidates come
     best-target first); within that target, the family's preferred tile, unless its grid
     (rows / tile_m CTAs) leaves SMs idle and a variant with a smaller query tile exists: then the
-    smallest tile_m (measured on the H100: B1 H8 S512 D64 runs 32 CTAs of 128 rows on 132 SMs)."""
+    smallest tile_m (measured on the H100: B1 H8 S512 D64 runs 32 CTAs of 128 rows on 132 SMs).
+    ``decode`` = (batch, Hq, Hkv, seqlen_q, seqlen_k) of a dense problem: when split-KV variants
+    exist and :func:`split_count` says the grid needs them, the split variant instead; for
+    seqlen_q == 1 with GQA, the packed one (rows = the q-heads of one kv head, so B·Hkv CTAs per
+    split; built non-causal, which equals bottom-right causal for one query)."""
     fit = [e for e in candidates
            if e.get("dtype") == dtype and e.get("head_dim") == head_dim
-           and bool(e.get("causal")) == causal and bool(e.get("varlen")) == varlen]
+           and bool(e.get("varlen")) == varlen]
+    if fit and decode is not None and not varlen:
+        b, hq, hkv, sq, sk = decode
+        top = fit[0].get("target")
+        if sq == 1 and hq > hkv:
+            pack = [e for e in fit if e.get("pack_gqa") and e.get("target") == top]
+            e = _split_pick(pack, b * hkv, -(-hq // hkv), sk, sms)
+            if e is not None:
+                return e
+        split = [e for e in fit if e.get("splits", 1) > 1 and not e.get("pack_gqa")
+                 and bool(e.get("causal")) == causal and e.get("target") == top]
+        e = _split_pick(split, b * hq, sq, sk, sms)
+        if e is not None:
+            return e
+    fit = [e for e in fit if bool(e.get("causal")) == causal]
     if fit:
         best = [e for e in fit if e.get("target") == fit[0].get("target")]
+        best = [e for e in best if e.get("splits", 1) == 1] or best
         preferred = next((e for e in best if e.get("preferred")), best[0])
         if rows is not None and rows < preferred["tile"][0] * sms:
             smaller = [e for e in best if e["tile"][0] < preferred["tile"][0]
