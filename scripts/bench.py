@@ -4,9 +4,10 @@
 gemm: ours (the loader's selected variant, or one forced with --variant) vs torch.matmul (cuBLAS),
 and for fp8 e4m3 vs ``torch._scaled_mm`` (with the same accumulation mode as our variant).
 Timing: CUDA events around CUDA-graph replays (each graph holds one call per input set, rotating
-among enough fresh random input sets to exceed twice the L2), medians of many replays; also eager
-calls.  Outputs are NaN-poisoned before timing and checked after; values are checked against a
-float32 reference on a slice of rows.
+among enough fresh random input sets to exceed twice the L2), ours and the reference replayed in
+4 alternating passes (time_interleaved), medians of all replays; also eager calls.  Outputs are
+NaN-poisoned before timing and checked after; values are checked against a float32 reference on
+a slice of rows.
 
 Roofline floor per shape, measured in the same run: max(bytes moved once (A, B, C) / device-to-
 device copy bandwidth of a 1 GiB copy, FLOPs / the reference's own rate at 8192³ of that dtype).
@@ -80,6 +81,52 @@ def time_graph(fn_per_set, n_sets: int, replays: int | None = None, budget_s: fl
     return statistics.median(times)
 
 
+def time_interleaved(calls: dict, n_sets: int, rounds: int = 3, budget_s: float = 0.05,
+                     max_reps: int = 20) -> dict[str, float]:
+    """Median seconds per call of each of ``calls`` (name -> fn(input set)): one CUDA graph per
+    callable (one call per input set), replayed in ``rounds`` passes over all of them, the order
+    reversed every other pass, so that clock, power and memory-state drift during the run falls
+    on every candidate alike (on the H100 a kernel timed right after a new weight tensor was
+    allocated, or after a long compute-bound run, came out up to 15 % slow whichever came first).
+    Replays per pass from the first replay's time (3 to ``max_reps`` within ``budget_s``)."""
+    import torch
+
+    graphs, samples = {}, {}
+    s = torch.cuda.Stream()
+    for name, fn in calls.items():
+        for i in range(n_sets):
+            fn(i)  # warm-up outside capture (module load, library heuristics)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(s):
+            with torch.cuda.graph(g, stream=s):
+                for i in range(n_sets):
+                    fn(i)
+        graphs[name], samples[name] = g, []
+    torch.cuda.synchronize()
+    reps = {}
+    order = list(graphs)
+    for r in range(rounds):
+        for name in (order if r % 2 == 0 else order[::-1]):
+            g = graphs[name]
+            if name not in reps:  # the first replay is a warm-up that sets the count
+                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                e0.record()
+                g.replay()
+                e1.record()
+                e1.synchronize()
+                reps[name] = int(max(3, min(max_reps, budget_s / max(e0.elapsed_time(e1) / 1e3, 1e-6))))
+            for _ in range(reps[name]):
+                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                e0.record()
+                g.replay()
+                e1.record()
+                e1.synchronize()
+                samples[name].append(e0.elapsed_time(e1) / 1e3 / n_sets)
+    del graphs
+    return {name: statistics.median(v) for name, v in samples.items()}
+
+
 def time_eager(fn_per_set, n_sets: int, iters: int = 10) -> float:
     import torch
 
@@ -104,7 +151,7 @@ def copy_bandwidth(nbytes: int = 1 << 30) -> float:
     src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda").normal_()
     dst = torch.empty_like(src)
     t = time_graph(lambda i: dst.copy_(src), 1, replays=20)
-    del src, dst
+    src = dst = None
     torch.cuda.empty_cache()
     return 2 * nbytes / t
 
@@ -117,7 +164,7 @@ def read_bandwidth(nbytes: int = 1 << 30) -> float:
     src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda").normal_()
     out = torch.empty((), dtype=torch.float32, device="cuda")
     t = time_graph(lambda i: torch.sum(src, dim=0, dtype=torch.float32, out=out), 1, replays=20)
-    del src
+    src = None
     torch.cuda.empty_cache()
     return nbytes / t
 
@@ -156,18 +203,21 @@ def bench_gemm_shape(bundle, M, N, K, dtype: str, variant: str | None, l2: int) 
     else:
         ours = lambda i: bundle.gemm(A[i], B[i], C_ours[i], variant=variant)  # noqa: E731
         ref = lambda i: torch.mm(A[i], B[i].t(), out=C_ref[i])  # noqa: E731
-    t_ours = time_graph(ours, n_sets)
-    e_ours = time_eager(ours, n_sets)
     try:
-        t_ref = time_graph(ref, n_sets)
-        e_ref = time_eager(ref, n_sets)
+        ref(0)
     except RuntimeError as e:  # e.g. a shape the reference refuses
         print(f"  reference failed on {M}x{N}x{K}: {e}", flush=True)
-        t_ref = e_ref = float("nan")
+        ref = None
+    # Ours and the reference in alternating passes over the same inputs (time_interleaved).
+    t = time_interleaved({"ours": ours, **({"ref": ref} if ref else {})}, n_sets,
+                         rounds=4, budget_s=0.1, max_reps=10)
+    t_ours, t_ref = t["ours"], t.get("ref", float("nan"))
+    e_ours = time_eager(ours, n_sets)
+    e_ref = time_eager(ref, n_sets) if ref else float("nan")
     nan = sum(int(torch.isnan(c).sum()) for c in C_ours)
     rows = min(M, 256)
     err = testing.rel_error(C_ours[0][:rows], A[0][:rows].float() @ B[0].float().t())
-    del A, B, C_ours, C_ref
+    A = B = C_ours = C_ref = None  # free before the next shape (the lambdas hold the names)
     torch.cuda.empty_cache()
     flops = 2 * M * N * K
     return {"M": M, "N": N, "K": K, "dtype": dtype, "variant": name, "input_sets": n_sets,

@@ -175,6 +175,11 @@ class GemmSm90(GemmVariant):
             return "split_k must be 1, 2 or 4"
         if self.split_k > 1 and ((cm, cn) != (1, 1) or self.schedule != "ws"):
             return "split_k runs with cluster (1, 1) and the ws schedule (the cluster is along K)"
+        live = acc_sets * tm * tn // (plan.mma_warpgroups * 128)
+        if self.split_k > 1 and live > 64:
+            # The DSMEM reduction's staging spills past that (ptxas, sm_90a: 128 live
+            # accumulators -> 522 spill instructions; 64 -> 0 to 22 by tile shape).
+            return "split-K with more than 64 live accumulators per consumer thread spills"
         # Each CTA of a multicast group loads 1/size of the shared operand tile.
         if tm % (cn * 8) or tn % (cm * 8):
             return "tile not divisible among multicast peers"
@@ -811,8 +816,22 @@ def _default() -> list[dict]:
     out.append(dict(ab="e4m3", c="bf16", tile=(128, 160, 128), cluster=(2, 1), fast_accum=True))
     # M=128 with N=6144: 64x128 gives 96 CTAs (128x6144x4096 0.88x); 64x96 gives 128.
     out.append(dict(**bf16, tile=(64, 96, 64), schedule="ws"))
-    # M=128 with long K (128x8192x28672: 128 CTAs of K=28672): split-K 2 over a 2-CTA cluster.
-    out.append(dict(**bf16, tile=(64, 128, 64), schedule="ws", split_k=2))
+    # M = 128 with large N*K is a weight stream (128x8192x8192 bf16: 128 MB of B, 2 MB of A) that
+    # v3 ran at 0.80-0.84x cuBLAS on every tile it had: 128x128 tiles give 64 CTAs, 64x128 ones
+    # 128 CTAs that each read their B slab from DRAM.  64x128 tiles in a 2x1 cluster multicast B
+    # to both M halves: 128 CTAs, B read once (v5 tuned: 7 bf16 and 5 fp8 buckets).  (128x128 on
+    # one warpgroup split over K lost everywhere and its DSMEM reduction spilled.)
+    out.append(dict(**bf16, tile=(64, 128, 64), cluster=(2, 1), schedule="ws"))
+    out.append(dict(ab="e4m3", c="bf16", tile=(64, 128, 128), cluster=(2, 1), schedule="ws"))
+    # fp8 M = 128 with N = 6144: 64x128 ping-pong gives 96 CTAs (0.81x); 64x96 gives 128.
+    out.append(dict(ab="e4m3", c="bf16", tile=(64, 96, 128), schedule="ws"))
+    # Large fp8 GEMMs (0.94-0.98x): the coop 128x256 tile leaves the tensor cores idle during its
+    # epilogue, a larger share of the tile's time at fp8 rates; ping-pong 64x256 tiles overlap one
+    # warpgroup's epilogue with the other's mainloop (128 fp32 accumulators, fast accumulation).
+    out.append(dict(ab="e4m3", c="bf16", tile=(64, 256, 128), cluster=(2, 1), schedule="pp",
+                    fast_accum=True))
+    out.append(dict(ab="e4m3", c="bf16", tile=(64, 256, 128), cluster=(1, 2), schedule="pp",
+                    fast_accum=True))
     return out
 
 
