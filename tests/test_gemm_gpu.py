@@ -103,3 +103,41 @@ def test_split_k_variants_by_name_and_in_a_graph(bundle):
             assert r["ok"], r
     r = testing.check_graph_capture(bundle, entries[0])
     assert r["ok"], r
+
+
+def test_persistent_grid_of_any_size_covers_every_tile(bundle):
+    """Persistent (sm90a) variants take their grid cap at launch: capped at 1 or 3 clusters, each
+    CTA loops over many tiles (and k-slices) and the result is the same as with the full grid."""
+    import torch
+
+    from factory import testing
+    from factory.runtime.gemm import launch_scalars, rkl_spec
+
+    entries = [v for v in bundle.candidates("gemm") if "persistent" in v
+               and (v["layout"]["a"], v["layout"]["b"]) == ("k", "k")]
+    if not entries:
+        pytest.skip("no persistent (sm90a) gemm for this GPU in the bundle")
+    picks = {}  # one of each kind: split-K, swap-AB, 2-CTA cluster, ping-pong, fp8, plain
+    for e in entries:
+        kind = ("split" if e.get("split_k", 1) > 1 else "swap" if e.get("swap_ab") else
+                "cluster" if e["cluster"] != [1, 1] else e["schedule"]) + e["dtypes"]["a"]
+        picks.setdefault(kind, e)
+    M, N, K = 300, 712, 1008  # tails in M, N and K; 16-byte rows for every dtype
+    for e in picks.values():
+        ab, c = e["dtypes"]["a"], e["dtypes"]["c"]
+        a = testing.gemm_operand(M, K, 1, "k", ab)[0]
+        b = testing.gemm_operand(N, K, 1, "k", ab)[0]
+        ref = a.float() @ b.float().t()
+        scales = []
+        if ab == "e4m3":
+            one = torch.ones(1, device="cuda")
+            scales = [(one.data_ptr(), (1,), (1,))] * 2
+        full = launch_scalars(bundle, e)
+        for cap in (1, 3, full[0]):
+            out = torch.full((M, N), float("nan"), dtype=testing.torch_dtype(c), device="cuda")
+            specs = [rkl_spec(a, "a"), rkl_spec(b, "b"), rkl_spec(out, "c"), *scales]
+            bundle.launch(e["name"], [*specs, cap])
+            torch.cuda.synchronize()
+            assert not torch.isnan(out).any(), (e["name"], cap)
+            err = testing.rel_error(out, ref)
+            assert err < testing.TOLERANCE[ab], (e["name"], cap, err)

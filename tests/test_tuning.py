@@ -106,8 +106,44 @@ def test_no_device_never_uses_tuning(bundle_copy):
 
 
 # --- persistent grid, split-K, swap-AB -------------------------------------------------------------
+def _fix_grids_at_build_time(path, ctas=132):
+    """Make a bundle look like one built before the grid cap became a launch argument: sm90
+    entries with ``persistent_ctas`` and no ``persistent``."""
+    m = json.loads((path / "manifest.json").read_text())
+    for v in m["variants"].values():
+        if v.pop("persistent", None) is not None:
+            v["persistent_ctas"] = ctas
+    (path / "manifest.json").write_text(json.dumps(m))
+
+
+def test_grid_cap_is_passed_at_launch_from_the_device(bundle_copy):
+    """The persistent grid is min(tile clusters, max_clusters): the loader passes the device's SMs
+    over the launched cluster's CTAs, so a tuned winner fits any device and nothing is dropped."""
+    small_dev = {"name": "NVIDIA H100 PCIe", "sm_count": 114}
+    _write_tuning(bundle_copy, {(1536, 1536, 2048): SMALL}, device=small_dev)
+    b = Bundle.open(bundle_copy, capability=(9, 0), device=small_dev)
+    entries = b.manifest["variants"]
+    assert rgemm.launch_scalars(b, entries[SMALL]) == [114]
+    assert rgemm.launch_scalars(b, entries[LARGE]) == [57]  # 2-CTA clusters
+    split = next(v for v in entries.values() if v.get("split_k", 1) == 2)
+    assert split["persistent"]["cluster_ctas"] == 2 and rgemm.launch_scalars(b, split) == [57]
+    assert _select(b, 1536, 1536, 2048) == SMALL  # 144 CTAs of work on a 114-CTA grid: fine
+    assert tuning.launch_ctas(entries[SMALL], 1536, 1536, 1, 114) == 114
+    # The scalar lands in the argument buffer where the header's wrapper reads it.
+    binder = b.binder(SMALL)
+    a = torch.empty(256, 512, dtype=torch.bfloat16)
+    specs = [rgemm.rkl_spec(t, n) for t, n in ((a, "a"), (torch.empty(256, 512, dtype=torch.bfloat16), "b"),
+                                               (torch.empty(256, 256, dtype=torch.bfloat16), "c"))]
+    argv, buf = binder.bind([*specs, 114], stream=0)
+    last = len(binder.plan) - 1
+    assert binder.plan[last][0].name == "max_clusters"
+    assert int.from_bytes(buf.raw[binder.offsets[last]:binder.offsets[last] + 4], "little") == 114
+
+
 def test_persistent_grid_larger_than_the_device_is_skipped(bundle_copy):
-    """1536^2: 128x128 needs 144 CTAs (grid 132: more than 114 SMs); 128x256 c2x1 needs 72."""
+    """Bundles whose grid was fixed at build time (132 CTAs): 1536^2 on 128x128 needs 144 CTAs
+    (grid 132: more than 114 SMs); 128x256 c2x1 needs 72."""
+    _fix_grids_at_build_time(bundle_copy)
     small_dev = {"name": "NVIDIA H100 PCIe", "sm_count": 114}
     _write_tuning(bundle_copy, {(2048, 2048, 2048): SMALL}, device=small_dev)
     b = Bundle.open(bundle_copy, capability=(9, 0), device=small_dev)
@@ -123,7 +159,8 @@ def test_persistent_grid_larger_than_the_device_is_skipped(bundle_copy):
 def _entry(tile, cluster=(1, 1), schedule="coop", swap=False, split=1, ab="bf16", fp8acc=None, swizzle=1):
     name = f"t{tile[0]}x{tile[1]}_c{cluster[0]}x{cluster[1]}_{schedule}_sw{swizzle}{'_swap' if swap else ''}_sk{split}"
     return {"name": name, "family": "sm90", "tile": [*tile, 64], "cluster": list(cluster), "schedule": schedule,
-            "swap_ab": swap, "split_k": split, "swizzle": swizzle, "persistent_ctas": 132,
+            "swap_ab": swap, "split_k": split, "swizzle": swizzle,
+            "persistent": {"arg": "max_clusters", "cluster_ctas": split if split > 1 else cluster[0] * cluster[1]},
             "fp8_accumulation": fp8acc, "dtypes": {"a": ab, "b": ab, "c": "bf16", "acc": "f32"}}
 
 
@@ -138,13 +175,16 @@ DEFAULT_LIKE = [
 
 def test_launch_ctas_counts_split_k_clusters_and_the_persistent_cap():
     swap16 = _entry((16, 64), schedule="ws", swap=True, split=2)
-    assert tuning.launch_ctas(swap16, 16, 4096, 1) == 128  # 64 tiles x split-K 2
-    assert tuning.launch_ctas(swap16, 16, 14336, 1) == 132  # 448 units: capped at the grid
-    assert tuning.launch_ctas(_entry((16, 64), schedule="ws", swap=True, split=4), 16, 6144, 1) == 132
+    assert tuning.launch_ctas(swap16, 16, 4096, 1, 132) == 128  # 64 tiles x split-K 2
+    assert tuning.launch_ctas(swap16, 16, 14336, 1, 132) == 132  # 448 units: capped at the grid
+    assert tuning.launch_ctas(swap16, 16, 14336, 1, 114) == 114  # the device's SMs
+    assert tuning.launch_ctas(_entry((16, 64), schedule="ws", swap=True, split=4), 16, 6144, 1, 132) == 132
     # Clusters round the tile grid up: 1 M tile becomes a cluster of 2.
-    assert tuning.launch_ctas(_entry((128, 256), (2, 1)), 100, 512, 1) == 4
-    # The cap is whole clusters: 132 // 4 * 4 with split-K 4.
-    assert tuning.launch_ctas({**_entry((16, 64), swap=True, split=4), "persistent_ctas": 130}, 16, 8192, 1) == 128
+    assert tuning.launch_ctas(_entry((128, 256), (2, 1)), 100, 512, 1, 132) == 4
+    # The cap is whole clusters: 130 // 4 * 4 with split-K 4 (also a build-time cap, older bundles).
+    assert tuning.launch_ctas(_entry((16, 64), swap=True, split=4), 16, 8192, 1, 130) == 128
+    old = {k: v for k, v in _entry((16, 64), swap=True, split=4).items() if k != "persistent"}
+    assert tuning.launch_ctas({**old, "persistent_ctas": 130}, 16, 8192, 1) == 128
 
 
 class _Stub:

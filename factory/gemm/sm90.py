@@ -24,8 +24,11 @@ Warp roles (one CTA, ``1 + n_consumer`` warpgroups of 128 threads):
 Tails in M, N, K and L need no code: TMA zero-fills out-of-bounds loads and clips stores; the tile
 scheduler rounds the tile grid up to whole clusters so multicast peers always have a tile.
 
-The persistent grid is sized for ``PERSISTENT_SMS`` SMs (an H100 SXM has 132): the exported
-launcher cannot ask the device, so the count is fixed at build time and written to the manifest.
+The persistent grid is sized at launch: the last argument before the stream, ``max_clusters``
+(i32), caps the grid at that many clusters (the loader passes the device's SM count over the
+launched cluster's size: 66 for 2-CTA clusters on a 132-SM H100 SXM, 57 on a 114-SM H100 PCIe).
+The exported launcher cannot ask the device itself; a grid fixed at build time would run a second
+wave of CTAs on any part with fewer SMs than it was built for.
 """
 
 from __future__ import annotations
@@ -43,13 +46,12 @@ import cutlass.pipeline as pipeline
 import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
 
-from ..abi import DTYPE_BYTES
+from ..abi import DTYPE_BYTES, ScalarArg, Signature
 from ..atoms.targets import Target
 from ..registry import register
 from .common import GemmVariant
 
 # Persistent CTAs launched at most (one per SM of an H100 SXM).
-PERSISTENT_SMS = 132
 # Bytes the smem plan keeps for the pipeline mbarriers (2 x 8 B per stage, padded so that the
 # swizzled buffers after them start 1024-aligned).
 _BARRIER_BYTES = 1024
@@ -120,6 +122,10 @@ class GemmSm90(GemmVariant):
     split_k: int = field(default=1, metadata={"tag": "sk"})
 
     required_sass: ClassVar[tuple[str, ...]] = (r"\bHGMMA\.64x", r"\bUTMALDG\.3D", r"\bUTMASTG\.3D")
+
+    def signature(self) -> Signature:
+        sig = super().signature()
+        return Signature(sig.args + (ScalarArg("max_clusters", "i32"),), sig.divisibility)
 
     def sass_requirements(self) -> tuple[str, ...]:
         # fp8 WGMMA disassembles as QGMMA; multicast clusters must show the multicast TMA load.
@@ -248,7 +254,10 @@ class GemmSm90(GemmVariant):
             "stages": plan.ab_stages,
             "smem_bytes": plan.smem_bytes,
             "threads": 128 * (1 + plan.n_consumer),
-            "persistent_ctas": PERSISTENT_SMS,
+            # Persistent grid: min(tile clusters, max_clusters) clusters of cluster_ctas CTAs,
+            # max_clusters passed at launch (the device's SMs // cluster_ctas).
+            "persistent": {"arg": "max_clusters", "cluster_ctas": math.prod(
+                (self.split_k, 1) if self.split_k > 1 else self.kernel_cluster)},
             "scaled": self.is_fp8,
             "fp8_accumulation": ("fast" if self.fast_accum else "promoted") if self.is_fp8 else None,
             "constraints": {
@@ -267,7 +276,7 @@ class GemmSm90(GemmVariant):
             pingpong=self.schedule == "pp", promote=self.promotes,
             epi_tile=plan.epi_tile, ab_stages=plan.ab_stages, epi_stages=plan.epi_stages,
             raster_along_m=(self.raster == "m") != self.swap_ab, swizzle=self.swizzle,
-            swap_ab=self.swap_ab, split_k=self.split_k, max_ctas=PERSISTENT_SMS,
+            swap_ab=self.swap_ab, split_k=self.split_k,
         )
         if self.is_fp8:
             return kernel.scaled
@@ -289,7 +298,7 @@ class GemmSm90Kernel:
     See the module docstring for the warp roles."""
 
     def __init__(self, *, tile, cluster, n_consumer, pingpong, promote, epi_tile, ab_stages,
-                 epi_stages, raster_along_m, swizzle, swap_ab, split_k, max_ctas):
+                 epi_stages, raster_along_m, swizzle, swap_ab, split_k):
         self.tile = tuple(tile)
         self.cluster = tuple(cluster)
         self.n_consumer = n_consumer
@@ -309,7 +318,6 @@ class GemmSm90Kernel:
         self.split_k = split_k
         # The launched cluster: the multicast cluster, or the split-K group along K.
         self.launch_cluster = (split_k, 1) if split_k > 1 else self.cluster
-        self.max_clusters = max_ctas // math.prod(self.launch_cluster)
         self.red_elems = (split_k - 1) * self.tile[0] * self.tile[1]
         self.threads = 128 * (1 + n_consumer)
         self.consumer_regs = _CONSUMER_REGS[n_consumer]
@@ -321,16 +329,17 @@ class GemmSm90Kernel:
 
     # --- host ------------------------------------------------------------------------------------
     @cute.jit
-    def __call__(self, a: cute.Tensor, b: cute.Tensor, c: cute.Tensor, stream: cuda.CUstream):
-        self._launch(a, b, c, None, None, stream)
+    def __call__(self, a: cute.Tensor, b: cute.Tensor, c: cute.Tensor, max_clusters: cutlass.Int32,
+                 stream: cuda.CUstream):
+        self._launch(a, b, c, None, None, max_clusters, stream)
 
     @cute.jit
     def scaled(self, a: cute.Tensor, b: cute.Tensor, c: cute.Tensor, scale_a: cute.Tensor,
-               scale_b: cute.Tensor, stream: cuda.CUstream):
-        self._launch(a, b, c, scale_a, scale_b, stream)
+               scale_b: cute.Tensor, max_clusters: cutlass.Int32, stream: cuda.CUstream):
+        self._launch(a, b, c, scale_a, scale_b, max_clusters, stream)
 
     @cute.jit
-    def _launch(self, a, b, c, scale_a, scale_b, stream):
+    def _launch(self, a, b, c, scale_a, scale_b, max_clusters, stream):
         if cutlass.const_expr(self.swap_ab):
             # Cᵀ = B·Aᵀ: the same kernel on swapped operands and a transposed view of C.
             a, b = b, a
@@ -365,7 +374,8 @@ class GemmSm90Kernel:
         sched = utils.PersistentTileSchedulerParams(
             tiles_mnl, (*self.launch_cluster, 1), self.swizzle, self.raster_along_m
         )
-        grid = utils.StaticPersistentTileScheduler.get_grid_shape(sched, self.max_clusters)
+        grid = utils.StaticPersistentTileScheduler.get_grid_shape(
+            sched, cutlass.max(max_clusters, cutlass.Int32(1)))
 
         @cute.struct
         class SharedStorage:

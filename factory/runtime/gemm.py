@@ -3,9 +3,10 @@
 Selection, once per problem key (dtypes, majorness, sizes, strides, pointer alignment), cached:
   1. keep the variants runnable here (best target first: the arch-specific build for this exact
      chip, then the newest plain target of the same major) whose dtypes and majorness match and
-     whose alignment contract the tensors meet; drop persistent variants whose launch grid for
-     this problem would exceed the device's SMs (their grid is fixed at build time:
-     ``persistent_ctas``, 132 for an H100 SXM; more CTAs than SMs would run a second wave);
+     whose alignment contract the tensors meet.  Persistent (sm90) variants get their grid cap at
+     launch (``max_clusters`` = the device's SMs // CTAs per cluster); bundles built before that
+     had a grid fixed at build time (``persistent_ctas``), and their variants are dropped where
+     that grid would exceed this device's SMs (a second wave of CTAs);
   2. if the bundle's tuning.json was measured on this device (name, SM count) for this manifest,
      take its winner for the problem's bucket (runtime/tuning.py) when that winner is in the set;
   3. otherwise the heuristic of the family:
@@ -93,6 +94,15 @@ def select(bundle, a3, b3, c3, ab: str, c: str, scales: list) -> str:
     return choice
 
 
+def launch_scalars(bundle, entry: dict) -> list:
+    """The variant's scalar arguments after its tensors: a persistent variant's grid cap
+    (``max_clusters``: the device's SMs over the CTAs of one launched cluster), else none."""
+    pers = entry.get("persistent")
+    if pers is None:
+        return []
+    return [max(1, bundle.device_info()["sm_count"] // pers["cluster_ctas"])]
+
+
 def fitting_variants(bundle, a3, b3, c3, ab: str, c: str, scales: list) -> tuple[list[dict], str, str]:
     """Manifest entries of the best runnable target that can run this problem (specs as in
     ``select``), and the majorness of a and b; raises NoVariantError when none can."""
@@ -108,7 +118,8 @@ def fitting_variants(bundle, a3, b3, c3, ab: str, c: str, scales: list) -> tuple
         if (d["a"], d["c"], lay["a"], lay["b"]) != (ab, c, am, bm):
             continue
         try:
-            bundle.binder(v["name"]).check([a3, b3, c3, *scales, *_workspace_spec(v, M, N)])
+            bundle.binder(v["name"]).check([a3, b3, c3, *scales, *_workspace_spec(v, M, N),
+                                            *launch_scalars(bundle, v)])
         except ValueError as e:
             reasons.append(str(e))
             continue
@@ -192,5 +203,7 @@ def gemm(bundle, a, b, out=None, *, out_dtype=None, scale_a=None, scale_b=None, 
         ws = torch.empty((entry["split_k"], M, N), dtype=torch.float32, device=a.device)
         keep.append(ws)
         scales += _workspace_spec(entry, M, N, ws.data_ptr())
+    if "persistent" in entry:
+        scales += launch_scalars(bundle, entry)
     bundle.launch(name, [a3, b3, c3, *scales], checked=variant is None)
     return out

@@ -231,13 +231,15 @@ def _dram_bytes(v: dict, M: int, N: int, K: int, m_clusters: int, n_clusters: in
     return a_bytes * a_passes + b_bytes * b_passes + c_bytes
 
 
-def launch_ctas(v: dict, M: int, N: int, L: int) -> int:
-    """CTAs the variant's persistent launcher starts for this problem (its grid)."""
+def launch_ctas(v: dict, M: int, N: int, L: int, sm_count: int | None = None) -> int:
+    """CTAs the variant's persistent launcher starts for this problem (its grid): capped at the
+    device's SMs (``sm_count``) for a grid sized at launch, at ``persistent_ctas`` for a grid fixed
+    at build time (older bundles)."""
     tm, tn = v["tile"][0], v["tile"][1]
     split = v.get("split_k", 1)
     cm, cn = v.get("cluster", [1, 1])
     tiles = (-(-(-(-M // tm)) // cm) * cm) * (-(-(-(-N // tn)) // cn) * cn) * L * split
-    cap = v.get("persistent_ctas")
+    cap = v.get("persistent_ctas", sm_count if "persistent" in v else None)
     if cap is None:
         return tiles
     per_cluster = cm * cn * split

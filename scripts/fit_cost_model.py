@@ -1,0 +1,72 @@
+#!/usr/bin/env python3
+"""Fit the sm90 cost model (factory/runtime/tuning.py MODEL) to a measured tuning table.
+
+Input: a tuning.json written by scripts/tune.py (per bucket: every screened variant's graph-replay
+time) and the manifest of the bundle it was measured on.  Score of a parameter set: the geometric
+mean over buckets of (measured time of the model's pick / fastest measured time) — the "regret" —
+and the number of buckets where it exceeds 1.1.  Coordinate descent over the MODEL entries, each
+tried at a few multiplicative steps, kept when the geometric-mean regret drops.  Prints the fitted
+values; it never edits tuning.py (paste what you accept, and note the fit in notes/gemm-sm90.md).
+The fit is in-sample: the buckets it scores are the ones it was fitted on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from factory.runtime import tuning  # noqa: E402
+
+
+def regret(table: dict, variants: dict, sm_count: int) -> tuple[float, int, list]:
+    logs, bad, worst = [], 0, []
+    for key, b in table["buckets"].items():
+        times = b.get("screen_us") or b["timings_us"]
+        names = [n for n in times if n in variants]
+        if not names:
+            continue
+        M, N, K, L = b["shape"]
+        pick = min(names, key=lambda n: (tuning.estimate_us(variants[n], M, N, K, L, sm_count), n))
+        r = times[pick] / min(times[n] for n in names)
+        logs.append(math.log(r))
+        bad += r > 1.1
+        worst.append((r, key, pick))
+    return math.exp(sum(logs) / len(logs)), bad, sorted(worst, reverse=True)[:8]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("tuning_json")
+    p.add_argument("manifest")
+    p.add_argument("--rounds", type=int, default=3)
+    a = p.parse_args()
+    table = json.loads(Path(a.tuning_json).read_text())
+    variants = json.loads(Path(a.manifest).read_text())["variants"]
+    sms = table["device"]["sm_count"]
+    base = regret(table, variants, sms)
+    print(f"current model: regret {base[0]:.4f}, buckets > 1.1: {base[1]}")
+    best = base[0]
+    for _ in range(a.rounds):
+        for k in list(tuning.MODEL):
+            v0 = tuning.MODEL[k]
+            for f in (0.8, 0.9, 0.95, 1.05, 1.1, 1.25):
+                tuning.MODEL[k] = v0 * f
+                r = regret(table, variants, sms)[0]
+                if r < best - 1e-4:
+                    best, v0 = r, tuning.MODEL[k]
+                tuning.MODEL[k] = v0
+    fit = regret(table, variants, sms)
+    print(f"fitted model:  regret {fit[0]:.4f}, buckets > 1.1: {fit[1]}")
+    print("MODEL = " + json.dumps({k: round(v, 3) for k, v in tuning.MODEL.items()}))
+    for r, key, pick in fit[2]:
+        print(f"  {r:.2f}  {key}  {pick.replace('gemm_sm90a_', '')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
