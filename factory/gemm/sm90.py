@@ -130,7 +130,11 @@ class GemmSm90(GemmVariant):
     def sass_requirements(self) -> tuple[str, ...]:
         # fp8 WGMMA disassembles as QGMMA; multicast clusters must show the multicast TMA load.
         mma = r"\bQGMMA\.64x\d+x32\.F32\.E4M3" if self.is_fp8 else r"\bHGMMA\.64x"
-        req = (mma, r"\bUTMALDG\.3D", r"\bUTMASTG\.3D", r"\bSYNCS\.", r"\bUSETMAXREG\.")
+        # The mainloop keeps a WGMMA group in flight while it waits for the one before (bf16:
+        # wait_group(1) per k-block; promoted fp8: two k-blocks per step).  Where ptxas serialises
+        # the WGMMAs instead, every wait becomes "DEPBAR.LE gsb0, 0x0".
+        req = (mma, r"\bUTMALDG\.3D", r"\bUTMASTG\.3D", r"\bSYNCS\.", r"\bUSETMAXREG\.",
+               r"WARPGROUP\.DEPBAR\.LE gsb0, 0x1")
         if self.cluster != (1, 1):
             req += (r"\bUTMALDG\.3D\.MULTICAST",)
         if self.split_k > 1:  # partial sums stored into the first CTA's smem
@@ -606,8 +610,10 @@ class GemmSm90Kernel:
         acc_shape = thr_mma.partition_C(gC).shape[:3]
         acc = cute.make_rmem_tensor(acc_shape, cutlass.Float32)
         part = None
+        part2 = None
         if cutlass.const_expr(self.promote):
             part = cute.make_rmem_tensor(acc_shape, cutlass.Float32)
+            part2 = cute.make_rmem_tensor(acc_shape, cutlass.Float32)
         k_blocks = cute.size(tCrA, mode=[2])
 
         # Epilogue copies: registers -> smem with stmatrix (16-bit outputs) laid out like the
@@ -663,16 +669,18 @@ class GemmSm90Kernel:
                 cute.arch.mbarrier_wait(order_bars + owner, turn_phase)
                 turn_phase = turn_phase ^ 1
             # ---- mainloop
-            acc.fill(0.0)
-            if cutlass.const_expr(not self.promote):
-                tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
             cute.nvgpu.warpgroup.fence()
-            for k in range(k_begin, k_end):
-                ab_pipe.consumer_wait(read)
-                if cutlass.const_expr(self.promote):
-                    # fp8: the k-block's products go into a fresh partial sum, added to the
-                    # fp32 accumulators once the WGMMAs retire (the tensor core keeps fewer
-                    # accumulator bits for fp8 than fp32 has).
+            if cutlass.const_expr(self.promote):
+                acc.fill(0.0)
+                # fp8, two k-blocks per step into two partial sums: the second block's WGMMAs
+                # queue right behind the first's and run while the first partial is added into
+                # the fp32 accumulators, so each pair of k-blocks waits once on the tensor core
+                # instead of twice.  No WGMMA is in flight across the loop's back edge: the
+                # DSL carries register tensors through loops as values, and ptxas serialises
+                # every WGMMA when such a copy reads an accumulator in flight.
+                n_k = k_end - k_begin
+                for _pair in range(n_k // 2):
+                    ab_pipe.consumer_wait(read)
                     cute.nvgpu.warpgroup.fence()
                     tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
                     for kb in cutlass.range_constexpr(k_blocks):
@@ -680,15 +688,50 @@ class GemmSm90Kernel:
                         cute.gemm(tiled_mma, part, tCrA[blk], tCrB[blk], part)
                         tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
                     cute.nvgpu.warpgroup.commit_group()
-                    cute.nvgpu.warpgroup.wait_group(0)
-                    ab_pipe.consumer_release(read)
                     read.advance()
+                    ab_pipe.consumer_wait(read)
+                    cute.nvgpu.warpgroup.fence()
+                    tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
+                    for kb in cutlass.range_constexpr(k_blocks):
+                        blk = (None, None, kb, read.index)
+                        cute.gemm(tiled_mma, part2, tCrA[blk], tCrB[blk], part2)
+                        tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+                    cute.nvgpu.warpgroup.commit_group()
+                    read.advance()
+                    cute.nvgpu.warpgroup.wait_group(1)
                     acc.store(acc.load() + part.load())
-                else:
-                    # One WGMMA batch in flight; a stage is released once its batch retired.
+                    ab_pipe.consumer_release(release)
+                    release.advance()
+                    cute.nvgpu.warpgroup.wait_group(0)
+                    acc.store(acc.load() + part2.load())
+                    ab_pipe.consumer_release(release)
+                    release.advance()
+                if n_k % 2 == 1:
+                    ab_pipe.consumer_wait(read)
+                    cute.nvgpu.warpgroup.fence()
+                    tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
+                    for kb in cutlass.range_constexpr(k_blocks):
+                        blk = (None, None, kb, read.index)
+                        cute.gemm(tiled_mma, part, tCrA[blk], tCrB[blk], part)
+                        tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+                    cute.nvgpu.warpgroup.commit_group()
+                    read.advance()
+                    cute.nvgpu.warpgroup.wait_group(0)
+                    acc.store(acc.load() + part.load())
+                    ab_pipe.consumer_release(release)
+                    release.advance()
+            else:
+                # One WGMMA batch in flight; a stage is released once its batch retired.  The
+                # first k-block overwrites the accumulators instead of adding to zeros: a zero
+                # fill before the loop became register copies that ptxas saw reading in-flight
+                # accumulators, and it then serialised every WGMMA (16- and 32-wide swap tiles).
+                tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
+                for k in range(k_begin, k_end):
+                    ab_pipe.consumer_wait(read)
                     for kb in cutlass.range_constexpr(k_blocks):
                         blk = (None, None, kb, read.index)
                         cute.gemm(tiled_mma, acc, tCrA[blk], tCrB[blk], acc)
+                        tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
                     cute.nvgpu.warpgroup.commit_group()
                     read.advance()
                     if k > k_begin:
@@ -702,6 +745,12 @@ class GemmSm90Kernel:
                 if k_end > k_begin:
                     ab_pipe.consumer_release(release)
                     release.advance()
+                if cutlass.const_expr(self.split_k > 1):
+                    # A split-K part can own no k-block (fewer k-blocks than parts): its partial
+                    # sum is zero.  (Only here: in the 128-accumulator tiles this branch made
+                    # ptxas spill.)
+                    if k_end <= k_begin:
+                        acc.fill(0.0)
 
             is_leader = True
             if cutlass.const_expr(self.split_k > 1):
