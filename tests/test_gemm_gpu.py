@@ -112,6 +112,7 @@ def test_persistent_grid_of_any_size_covers_every_tile(bundle):
 
     from factory import testing
     from factory.runtime.gemm import launch_scalars, rkl_spec
+    from factory.runtime.occupancy import max_active_clusters
 
     entries = [v for v in bundle.candidates("gemm") if "persistent" in v
                and (v["layout"]["a"], v["layout"]["b"]) == ("k", "k")]
@@ -133,6 +134,11 @@ def test_persistent_grid_of_any_size_covers_every_tile(bundle):
             one = torch.ones(1, device="cuda")
             scales = [(one.data_ptr(), (1,), (1,))] * 2
         full = launch_scalars(bundle, e)
+        # The driver's count of resident clusters for this kernel, bounded by SMs // cluster.
+        sms = bundle.device_info()["sm_count"]
+        asked = max_active_clusters(bundle.path, e)
+        assert asked is not None and 0 < asked, e["name"]
+        assert full == [min(asked, sms // e["persistent"]["cluster_ctas"])], (e["name"], full, asked)
         for cap in (1, 3, full[0]):
             out = torch.full((M, N), float("nan"), dtype=testing.torch_dtype(c), device="cuda")
             specs = [rkl_spec(a, "a"), rkl_spec(b, "b"), rkl_spec(out, "c"), *scales]

@@ -140,6 +140,18 @@ def test_grid_cap_is_passed_at_launch_from_the_device(bundle_copy):
     assert int.from_bytes(buf.raw[binder.offsets[last]:binder.offsets[last] + 4], "little") == 114
 
 
+def test_grid_cap_without_a_driver_is_the_sm_bound(bundle_copy):
+    """No GPU here: the driver cannot be asked (occupancy.max_active_clusters gives None) and a
+    bundle opened for the machine's own device falls back to SMs // cluster CTAs."""
+    from factory.runtime.occupancy import max_active_clusters
+
+    b = Bundle.open(bundle_copy, capability=(9, 0))  # no device given: the GPU's (none here)
+    entry = b.manifest["variants"][LARGE]
+    assert max_active_clusters(b.path, entry) is None
+    assert rgemm.launch_scalars(b, entry) == [132 // 2]
+    assert b._max_clusters[LARGE] == 66  # asked once per variant
+
+
 def test_persistent_grid_larger_than_the_device_is_skipped(bundle_copy):
     """Bundles whose grid was fixed at build time (132 CTAs): 1536^2 on 128x128 needs 144 CTAs
     (grid 132: more than 114 SMs); 128x256 c2x1 needs 72."""

@@ -884,6 +884,11 @@ def _default() -> list[dict]:
     out.append(dict(ab="e4m3", c="bf16", tile=(64, 128, 128), cluster=(2, 1), schedule="ws"))
     # fp8 M = 128 with N = 6144: 64x128 ping-pong gives 96 CTAs (0.81x); 64x96 gives 128.
     out.append(dict(ab="e4m3", c="bf16", tile=(64, 96, 128), schedule="ws"))
+    # Decode with N = 4096..6144 (16-32 MB of fp8 weights, 1.2-1.5x the copy floor): the swap
+    # tiles give N/64 CTAs (64 at N = 4096) and split-K 2 costs its DSMEM round trip; a plain
+    # 64x32 tile (M padded to 64 by the TMA's zero fill) gives N/32 CTAs without a reduction.
+    out.append(dict(**bf16, tile=(64, 32, 64), schedule="ws"))
+    out.append(dict(ab="e4m3", c="bf16", tile=(64, 32, 128), schedule="ws"))
     # Large fp8 GEMMs (0.94-0.98x): the coop 128x256 tile leaves the tensor cores idle during its
     # epilogue, a larger share of the tile's time at fp8 rates; ping-pong 64x256 tiles overlap one
     # warpgroup's epilogue with the other's mainloop (128 fp32 accumulators, fast accumulation).

@@ -28,6 +28,7 @@ class Bundle:
         self._lib: HostLibrary | None = None
         self._binders: dict[str, Binder] = {}
         self._select_cache: dict[tuple, str] = {}
+        self._max_clusters: dict[str, int] = {}  # persistent grid caps (runtime/gemm.py)
         self._lock = threading.Lock()
 
     @classmethod

@@ -96,11 +96,22 @@ def select(bundle, a3, b3, c3, ab: str, c: str, scales: list) -> str:
 
 def launch_scalars(bundle, entry: dict) -> list:
     """The variant's scalar arguments after its tensors: a persistent variant's grid cap
-    (``max_clusters``: the device's SMs over the CTAs of one launched cluster), else none."""
+    (``max_clusters``), else none.  The cap is the clusters the device holds at once: the
+    driver's answer for this kernel on a real device (runtime/occupancy.py), never more than the
+    SMs over the CTAs of one launched cluster (the only figure for a planned device)."""
     pers = entry.get("persistent")
     if pers is None:
         return []
-    return [max(1, bundle.device_info()["sm_count"] // pers["cluster_ctas"])]
+    name = entry["name"]
+    cap = bundle._max_clusters.get(name)
+    if cap is None:
+        cap = max(1, bundle.device_info()["sm_count"] // pers["cluster_ctas"])
+        if bundle._device is None:  # the GPU itself, not a device given for planning
+            from .occupancy import max_active_clusters
+
+            cap = min(cap, max_active_clusters(bundle.path, entry) or cap)
+        bundle._max_clusters[name] = cap
+    return [cap]
 
 
 def fitting_variants(bundle, a3, b3, c3, ab: str, c: str, scales: list) -> tuple[list[dict], str, str]:
