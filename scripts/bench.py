@@ -11,8 +11,9 @@ a slice of rows.
 
 Roofline floor per shape, measured in the same run: max(bytes moved once (A, B, C) / device-to-
 device copy bandwidth of a 1 GiB copy, FLOPs / the reference's own rate at 8192³ of that dtype);
-also that floor plus the graph-replay time of a one-element kernel (``launch_us``), which no
-kernel avoids and which dominates the floor of a 16-32 MB decode GEMM.
+also that floor plus the time per call of a one-element kernel timed the same way (graphs of as
+many calls as the row has input sets: ``launch_us``), which no kernel avoids and which is a third
+of the floor of a 16-32 MB decode GEMM.
 
 Writes ``OUT.json`` and ``OUT.png`` (ratio per shape, one panel per dtype).
 """
@@ -185,14 +186,14 @@ def read_bandwidth(nbytes: int = 1 << 30) -> float:
     return nbytes / t
 
 
-def launch_latency() -> float:
-    """Seconds one graph replay of a one-element kernel takes (events included): the part of any
-    kernel's time that no bandwidth or FLOP rate accounts for."""
+def launch_latency() -> dict[int, float]:
+    """Seconds per call of a one-element kernel, timed like a GEMM row with n input sets (a graph
+    of n calls, CUDA events around each replay, divided by n), for n = 1..8: the part of any
+    measured kernel time that no bandwidth or FLOP rate accounts for."""
     import torch
 
     x = torch.zeros(1, device="cuda")
-    t = time_graph(lambda i: x.add_(1.0), 1, replays=50)
-    return t
+    return {n: time_graph(lambda i: x.add_(1.0), n, replays=50) for n in range(1, 9)}
 
 
 def gemm_bytes(M, N, K, dtype: str) -> int:
@@ -256,7 +257,7 @@ def bench_gemm_shape(bundle, M, N, K, dtype: str, variant: str | None, l2: int) 
 
 def bench_gemm(bundle, shapes, dtype: str, variant: str | None, copy_bw: float, log=print,
                partial=lambda rows: None, read_bw: float | None = None,
-               launch_s: float | None = None) -> dict:
+               launch_s: dict[int, float] | None = None) -> dict:
     """Every shape for one dtype; the matmul ceiling (reference at 8192³) is measured first."""
     import torch
 
@@ -276,8 +277,8 @@ def bench_gemm(bundle, shapes, dtype: str, variant: str | None, copy_bw: float, 
         r["ours_over_floor"] = r["ours_us"] / r["floor_us"]
         r["ref_over_floor"] = r["ref_us"] / r["floor_us"]
         if launch_s is not None:  # the floor plus one launch: what a kernel of any speed needs
-            r["launch_us"] = launch_s * 1e6
-            r["floor_launch_us"] = r["floor_us"] + launch_s * 1e6
+            r["launch_us"] = launch_s[r["input_sets"]] * 1e6
+            r["floor_launch_us"] = r["floor_us"] + r["launch_us"]
             r["ours_over_floor_launch"] = r["ours_us"] / r["floor_launch_us"]
             r["ref_over_floor_launch"] = r["ref_us"] / r["floor_launch_us"]
         if read_bw:  # the stricter memory floor: bytes at the read-only stream's bandwidth
@@ -356,7 +357,8 @@ def main() -> int:
     dev = torch.cuda.get_device_name()
     selection = "tuning.json" if tuned is not None else f"heuristic ({bundle._tuning[1]})"
     print(f"device {dev}, torch {torch.__version__}; selection: {selection}; copy bandwidth "
-          f"{bw / 1e12:.2f} TB/s, read {rbw / 1e12:.2f} TB/s, one-kernel graph replay {lat * 1e6:.1f} µs; "
+          f"{bw / 1e12:.2f} TB/s, read {rbw / 1e12:.2f} TB/s, empty-kernel time per call {lat[1] * 1e6:.1f} µs "
+          f"(1 per graph) to {lat[8] * 1e6:.1f} µs (8 per graph); "
           f"times in µs (graph replay medians)", flush=True)
     tables = []
     out = Path(a.out)
@@ -378,7 +380,7 @@ def main() -> int:
         tables.append(t)
     meta = {"device": dev, "torch": torch.__version__, "cuda": torch.version.cuda, "date": time.strftime("%Y-%m-%d"),
             "bundle_versions": bundle.manifest["versions"], "copy_bandwidth_tbs": bw / 1e12,
-            "read_bandwidth_tbs": rbw / 1e12, "launch_us": lat * 1e6,
+            "read_bandwidth_tbs": rbw / 1e12, "launch_us_by_input_sets": {n: t * 1e6 for n, t in lat.items()},
             "selection": selection,
             "seconds": round(time.time() - t0, 1), "tables": tables}
     Path(str(out) + ".json").write_text(json.dumps(meta, indent=1))

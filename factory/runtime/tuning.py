@@ -131,13 +131,17 @@ _L2_BYTES = 50 << 20  # H100 SXM
 # Mainloop efficiency (fraction of the dtype's peak) per kind of config, and the costs the model
 # adds; the values after the measured anchors above were fitted to the H100 tuning table of the
 # default tier (scripts/tune.py; notes/gemm-sm90.md gives the fit's regret); v3 (33 variants) added
-# the split-K tile cost, useful-CTA bandwidth, the sparse-grid coop rate and eff_small 0.45.
+# the split-K tile cost, useful-CTA bandwidth, the sparse-grid coop rate and eff_small 0.45; v6
+# (39 variants) the narrow-tile and per-tile terms, then scripts/fit_cost_model.py on the v6
+# table (regret 1.032 -> 1.027; on the v4 and v5 tables it did not see: 1.031 -> 1.026, 1.035 ->
+# 1.026).
 MODEL = {
     "eff_256x128_c1x2": 0.97, "eff_128x256_c2x1": 0.97, "eff_large": 0.9,
-    "eff_pp": 0.76, "eff_coop_mc": 0.88, "eff_coop": 0.7, "eff_small": 0.45,
-    "eff_swap_base": 0.1, "eff_swap_slope": 0.25,
+    "eff_pp": 0.608, "eff_coop_mc": 0.924, "eff_coop": 0.7, "eff_small": 0.416,
+    "eff_swap_base": 0.11, "eff_swap_slope": 0.25,
     "fp8_promoted": 0.9, "fp8_fast": 0.9,
-    "split_us": 2.0, "fixed_us": 3.0, "overlap": 0.35, "grid_bw_exp": 0.1, "split_tile_exp": 1.0,
+    "split_us": 1.8, "fixed_us": 3.0, "overlap": 0.35, "grid_bw_exp": 0.1, "split_tile_exp": 1.0,
+    "narrow_exp": 1.0, "tile_us": 1.0,
 }
 
 
@@ -167,7 +171,9 @@ def _efficiency(v: dict, busy: int | None = None, sm_count: int = 1) -> float:
         eff = (p["eff_pp"] if sched == "pp" else p["eff_coop_mc"] if multicast or sparse
                else p["eff_coop"])
     else:
-        eff = p["eff_small"]
+        # Narrow tiles issue narrow WGMMAs and pull a full A tile per few output columns
+        # (H100 v6 table: 64x32 wins only one-wave decode grids, N = 4096 and M <= 64).
+        eff = p["eff_small"] * min(1.0, tn / 64) ** p["narrow_exp"]
     if v.get("fp8_accumulation") == "promoted":
         eff *= p["fp8_promoted"]  # the extra fp32 adds per k-block, one WGMMA batch in flight
     elif v.get("fp8_accumulation") == "fast":
@@ -207,7 +213,9 @@ def estimate_us(v: dict, M: int, N: int, K: int, L: int, sm_count: int) -> float
     # (H100: 64x128 split-K 2 ran 128x4096x4096 in 27.0 us where 64x96 without split took 19.0).
     split_cost = (MODEL["split_us"] * (split - 1)
                   * max(1.0, tm * tn / 4096) ** MODEL["split_tile_exp"])
-    return t * 1e6 + MODEL["fixed_us"] + split_cost
+    # Every further tile a persistent CTA takes restarts its pipeline (fill, drain, epilogue).
+    tile_cost = MODEL["tile_us"] * (waves - 1)
+    return t * 1e6 + MODEL["fixed_us"] + split_cost + tile_cost
 
 
 def _dram_bytes(v: dict, M: int, N: int, K: int, m_clusters: int, n_clusters: int, resident: int) -> float:
