@@ -3,11 +3,12 @@
 
 gemm: ours (the loader's selected variant, or one forced with --variant) vs torch.matmul (cuBLAS),
 and for fp8 e4m3 vs ``torch._scaled_mm`` (with the same accumulation mode as our variant).
-Timing: CUDA events around CUDA-graph replays (each graph holds one call per input set, rotating
-among enough fresh random input sets to exceed twice the L2), ours and the reference replayed in
-4 alternating passes (time_interleaved), medians of all replays; also eager calls.  Outputs are
-NaN-poisoned before timing and checked after; values are checked against a float32 reference on
-a slice of rows.
+Timing: CUDA events around bursts of back-to-back CUDA-graph replays (each graph holds one call
+per input set, rotating among enough fresh random input sets to exceed twice the L2; the queue is
+kept full so no host launch latency is timed), ours and the reference in 4 alternating passes
+after a 50 ms warm-up (time_interleaved), median of the per-pass medians; also eager calls.
+Outputs are NaN-poisoned before timing and checked after; values are checked against a float32
+reference on a slice of rows.
 
 Roofline floor per shape, measured in the same run: max(bytes moved once (A, B, C) / device-to-
 device copy bandwidth of a 1 GiB copy, FLOPs / the reference's own rate at 8192³ of that dtype);
@@ -50,6 +51,31 @@ def _sets_for(bytes_per_set: int, l2: int) -> int:
     return max(1, min(8, -(-2 * l2 // max(1, bytes_per_set))))
 
 
+def _timed_replays(g, reps: int, burst: int, n_sets: int) -> list[float]:
+    """Seconds per call over ``reps`` samples of ``burst`` back-to-back replays of graph ``g``,
+    all enqueued before one synchronisation, behind an untimed replay: the GPU never waits for
+    the host to submit the next replay (a lone replay between two events on the H100 carries
+    ~18 µs of graph-launch latency: an empty kernel measured 18-20 µs that way, 2.3-2.5 µs in
+    graphs of 8)."""
+    import torch
+
+    ev = [torch.cuda.Event(enable_timing=True) for _ in range(reps + 1)]
+    g.replay()
+    ev[0].record()
+    for j in range(reps):
+        for _ in range(burst):
+            g.replay()
+        ev[j + 1].record()
+    ev[-1].synchronize()
+    return [ev[j].elapsed_time(ev[j + 1]) / 1e3 / burst / n_sets for j in range(reps)]
+
+
+def _burst_for(first_s: float) -> int:
+    """Replays per sample: enough for ~100 µs of GPU work (a sample then outlasts the host's
+    submission of the next), at most 20."""
+    return int(max(1, min(20, 100e-6 / max(first_s, 1e-7))))
+
+
 def time_graph(fn_per_set, n_sets: int, replays: int | None = None, budget_s: float = 0.4) -> float:
     """Median seconds per call, from replays of a graph holding one call per input set.  Without
     ``replays``: as many as fit ``budget_s`` of GPU time (7 to 40)."""
@@ -72,14 +98,7 @@ def time_graph(fn_per_set, n_sets: int, replays: int | None = None, budget_s: fl
     first = e0.elapsed_time(e1) / 1e3
     if replays is None:
         replays = int(max(7, min(40, budget_s / max(first, 1e-6))))
-    times = []
-    for _ in range(replays):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        g.replay()
-        e1.record()
-        e1.synchronize()
-        times.append(e0.elapsed_time(e1) / 1e3 / n_sets)
+    times = _timed_replays(g, replays, _burst_for(first), n_sets)
     del g
     return statistics.median(times)
 
@@ -91,8 +110,8 @@ def time_interleaved(calls: dict, n_sets: int, rounds: int = 3, budget_s: float 
     reversed every other pass, so that clock, power and memory-state drift during the run falls
     on every candidate alike (on the H100 a kernel timed right after a new weight tensor was
     allocated, or after a long compute-bound run, came out up to 15 % slow whichever came first).
-    Replays per pass from the first replay's time (3 to ``max_reps`` within ``budget_s``); the
-    estimate is the median over passes of each pass's median."""
+    Per pass ``reps`` samples (3 to ``max_reps`` within ``budget_s``), each a burst of back-to-back
+    replays (``_timed_replays``); the estimate is the median over passes of each pass's median."""
     import torch
 
     graphs, samples = {}, {}
@@ -118,25 +137,21 @@ def time_interleaved(calls: dict, n_sets: int, rounds: int = 3, budget_s: float 
         torch.cuda.synchronize()
         if time.perf_counter() - t_warm >= warm_s:
             break
-    reps = {}
+    reps, bursts = {}, {}
     order = list(graphs)
     for r in range(rounds):
         for name in (order if r % 2 == 0 else order[::-1]):
             g = graphs[name]
-            if name not in reps:  # the first replay is a warm-up that sets the count
+            if name not in reps:  # the first replay is a warm-up that sets the counts
                 e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 e0.record()
                 g.replay()
                 e1.record()
                 e1.synchronize()
-                reps[name] = int(max(3, min(max_reps, budget_s / max(e0.elapsed_time(e1) / 1e3, 1e-6))))
-            for _ in range(reps[name]):
-                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                e0.record()
-                g.replay()
-                e1.record()
-                e1.synchronize()
-                samples[name].append(e0.elapsed_time(e1) / 1e3 / n_sets)
+                first = e0.elapsed_time(e1) / 1e3
+                bursts[name] = _burst_for(first)
+                reps[name] = int(max(3, min(max_reps, budget_s / max(first * bursts[name], 1e-6))))
+            samples[name] += _timed_replays(g, reps[name], bursts[name], n_sets)
     del graphs
     # Median of the per-pass medians: a pass that ran while the clocks were low (the H100's vary
     # by up to 15 % over a tuning run) moves one value of each candidate's estimate, not a block.
