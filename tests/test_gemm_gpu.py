@@ -147,3 +147,58 @@ def test_persistent_grid_of_any_size_covers_every_tile(bundle):
             assert not torch.isnan(out).any(), (e["name"], cap)
             err = testing.rel_error(out, ref)
             assert err < testing.TOLERANCE[ab], (e["name"], cap, err)
+
+
+def test_chained_gemms_see_each_others_results(bundle):
+    """sm90a GEMMs launch with programmatic dependent launch (the next kernel may start while the
+    previous finishes; it waits before reading).  Dependent GEMMs back to back — the second reads
+    the first's output, the third overwrites the first's input — eager and in a CUDA graph."""
+    import torch
+
+    from factory import testing
+
+    entries = [v for v in bundle.candidates("gemm") if "persistent" in v
+               and v["dtypes"]["a"] == v["dtypes"]["c"] == "bf16"
+               and (v["layout"]["a"], v["layout"]["b"]) == ("k", "k")]
+    if not entries:
+        pytest.skip("no persistent bf16 (sm90a) gemm for this GPU in the bundle")
+    picks = {}
+    for e in entries:
+        kind = "split" if e.get("split_k", 1) > 1 else "swap" if e.get("swap_ab") else e["schedule"]
+        picks.setdefault((kind, e["cluster"] != [1, 1]), e)
+    M, N, K = 96, 1024, 1536
+    for e in picks.values():
+        name = e["name"]
+        x = testing.gemm_operand(M, K, 1, "k", "bf16")[0]
+        w1 = testing.gemm_operand(N, K, 1, "k", "bf16")[0]
+        w2 = testing.gemm_operand(K, N, 1, "k", "bf16")[0]
+        y1 = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
+        y2 = torch.full((M, K), float("nan"), dtype=torch.bfloat16, device="cuda")
+
+        def chain():
+            bundle.gemm(x, w1, y1, variant=name)   # y1 = x w1ᵀ
+            bundle.gemm(y1, w2, y2, variant=name)  # reads y1
+            bundle.gemm(y2, w1, y1, variant=name)  # overwrites y1, reads y2
+
+        x0 = x.clone()
+        chain()
+        torch.cuda.synchronize()
+        y1_first = (x0.float() @ w1.float().t()).to(torch.bfloat16)
+        ref_y2 = y1_first.float() @ w2.float().t()
+        assert testing.rel_error(y2, ref_y2) < 2e-2, name
+        assert testing.rel_error(y1, y2.float() @ w1.float().t()) < 1e-2, name
+        g = torch.cuda.CUDAGraph()
+        s = torch.cuda.Stream()
+        with torch.cuda.stream(s):
+            with torch.cuda.graph(g, stream=s):
+                chain()
+        for _ in range(3):
+            x.copy_(testing.gemm_operand(M, K, 1, "k", "bf16")[0])
+            y1.fill_(float("nan"))
+            y2.fill_(float("nan"))
+            x0 = x.clone()
+            g.replay()
+            torch.cuda.synchronize()
+            y1_first = (x0.float() @ w1.float().t()).to(torch.bfloat16)
+            assert testing.rel_error(y2, y1_first.float() @ w2.float().t()) < 2e-2, name
+            assert testing.rel_error(y1, y2.float() @ w1.float().t()) < 1e-2, name
