@@ -150,9 +150,10 @@ def test_persistent_grid_of_any_size_covers_every_tile(bundle):
 
 
 def test_chained_gemms_see_each_others_results(bundle):
-    """sm90a GEMMs launch with programmatic dependent launch (the next kernel may start while the
-    previous finishes; it waits before reading).  Dependent GEMMs back to back — the second reads
-    the first's output, the third overwrites the first's input — eager and in a CUDA graph."""
+    """Dependent persistent GEMMs back to back on one stream — the second reads the first's
+    output, the third overwrites the first's input — eager and in a CUDA graph (outputs
+    NaN-poisoned before every replay).  Guards any launch-overlap scheme (PDL was tried in
+    session 2 and dropped: notes/gemm-sm90.md)."""
     import torch
 
     from factory import testing

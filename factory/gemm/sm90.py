@@ -120,8 +120,6 @@ class GemmSm90(GemmVariant):
     # Split K over a cluster of this many CTAs (decode: more CTAs than output tiles); the partial
     # sums meet in the first CTA's shared memory (DSMEM), which runs the epilogue.
     split_k: int = field(default=1, metadata={"tag": "sk"})
-    # Launch without programmatic dependent launch (for A/B measurements of PDL).
-    no_pdl: bool = field(default=False, metadata={"tag": "nopdl"})
 
     required_sass: ClassVar[tuple[str, ...]] = (r"\bHGMMA\.64x", r"\bUTMALDG\.3D", r"\bUTMASTG\.3D")
 
@@ -282,7 +280,7 @@ class GemmSm90(GemmVariant):
             pingpong=self.schedule == "pp", promote=self.promotes,
             epi_tile=plan.epi_tile, ab_stages=plan.ab_stages, epi_stages=plan.epi_stages,
             raster_along_m=(self.raster == "m") != self.swap_ab, swizzle=self.swizzle,
-            swap_ab=self.swap_ab, split_k=self.split_k, pdl=not self.no_pdl,
+            swap_ab=self.swap_ab, split_k=self.split_k,
         )
         if self.is_fp8:
             return kernel.scaled
@@ -304,7 +302,7 @@ class GemmSm90Kernel:
     See the module docstring for the warp roles."""
 
     def __init__(self, *, tile, cluster, n_consumer, pingpong, promote, epi_tile, ab_stages,
-                 epi_stages, raster_along_m, swizzle, swap_ab, split_k, pdl=True):
+                 epi_stages, raster_along_m, swizzle, swap_ab, split_k):
         self.tile = tuple(tile)
         self.cluster = tuple(cluster)
         self.n_consumer = n_consumer
@@ -322,7 +320,6 @@ class GemmSm90Kernel:
         self.swizzle = swizzle
         self.swap_ab = swap_ab
         self.split_k = split_k
-        self.pdl = pdl
         # The launched cluster: the multicast cluster, or the split-K group along K.
         self.launch_cluster = (split_k, 1) if split_k > 1 else self.cluster
         self.red_elems = (split_k - 1) * self.tile[0] * self.tile[1]
@@ -408,7 +405,7 @@ class GemmSm90Kernel:
             sA_layout, sB_layout, sC_layout, sched,
         ).launch(
             grid=grid, block=[self.threads, 1, 1], cluster=(*self.launch_cluster, 1),
-            min_blocks_per_mp=1, stream=stream, use_pdl=self.pdl,
+            min_blocks_per_mp=1, stream=stream,
         )
 
     @staticmethod
@@ -534,19 +531,6 @@ class GemmSm90Kernel:
         )
         work = sched.initial_work_tile_info()
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.ab_stages)
-        # Programmatic dependent launch: this kernel may start while the previous one in the
-        # stream finishes.  Until griddepcontrol.wait returns, nothing it wrote may be read into
-        # shared memory; an L2 prefetch of the first tile's B k-blocks is only a hint (L2 is
-        # where writes land), so it may go first: for a decode GEMM, the weights start streaming
-        # under the previous kernel's tail.
-        if cutlass.const_expr(self.mcast_b == 1 and self.pdl):
-            if work.is_valid_tile:
-                m0, n0, l0 = work.tile_idx
-                m0, k0, k1 = self._k_range(m0, k_tiles)
-                tBgB_0 = tBgB[(None, n0, None, l0)]
-                for k in range(k0, cutlass.min(k1, k0 + self.ab_stages)):
-                    cute.prefetch(tma_b, tBgB_0[(None, k)])
-        cute.arch.griddepcontrol_wait()
         while work.is_valid_tile:
             m, n, l = work.tile_idx
             m, k_begin, k_end = self._k_range(m, k_tiles)
@@ -563,9 +547,6 @@ class GemmSm90Kernel:
                 state.advance()
             sched.advance_to_next_work()
             work = sched.get_current_work()
-        # Every load is issued: the next kernel in the stream may start its prologue (it waits
-        # for this one to finish before it reads anything).
-        cute.arch.griddepcontrol_launch_dependents()
         # Do not exit while a peer may still multicast into (or release to) this CTA.
         ab_pipe.producer_tail(state)
 
@@ -663,7 +644,6 @@ class GemmSm90Kernel:
                                         num_threads=self.epi_threads)
         store_warp = 4 + owner * 4 * self.mma_wgs
 
-        cute.arch.griddepcontrol_wait()  # the scales and C may belong to the previous kernel
         scale = cutlass.Float32(1.0)
         if cutlass.const_expr(scale_a is not None):
             scale = scale_a[0] * scale_b[0]
@@ -909,11 +889,6 @@ def _default() -> list[dict]:
     # 64x32 tile (M padded to 64 by the TMA's zero fill) gives N/32 CTAs without a reduction.
     out.append(dict(**bf16, tile=(64, 32, 64), schedule="ws"))
     out.append(dict(ab="e4m3", c="bf16", tile=(64, 32, 128), schedule="ws"))
-    # AB-EXPERIMENT (PDL off)
-    out.append(dict(**bf16, tile=(16, 64, 64), schedule="ws", swap_ab=True, no_pdl=True))
-    out.append(dict(**bf16, tile=(16, 64, 64), schedule="ws", swap_ab=True, split_k=2, no_pdl=True))
-    out.append(dict(ab="e4m3", c="bf16", tile=(32, 64, 128), schedule="ws", swap_ab=True, no_pdl=True))
-    out.append(dict(ab="e4m3", c="bf16", tile=(32, 64, 128), schedule="ws", swap_ab=True, split_k=2, no_pdl=True))
     # Large fp8 GEMMs (0.94-0.98x): the coop 128x256 tile leaves the tensor cores idle during its
     # epilogue, a larger share of the tile's time at fp8 rates; ping-pong 64x256 tiles overlap one
     # warpgroup's epilogue with the other's mainloop (128 fp32 accumulators, fast accumulation).
