@@ -70,6 +70,18 @@ def _timed_replays(g, reps: int, burst: int, n_sets: int) -> list[float]:
     return [ev[j].elapsed_time(ev[j + 1]) / 1e3 / burst / n_sets for j in range(reps)]
 
 
+def _one_replay_s(g) -> float:
+    """Seconds of one replay of graph ``g`` between two events (warm-up; sets the sample sizes)."""
+    import torch
+
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    e0.record()
+    g.replay()
+    e1.record()
+    e1.synchronize()
+    return e0.elapsed_time(e1) / 1e3
+
+
 def _burst_for(first_s: float) -> int:
     """Replays per sample: enough for ~100 µs of GPU work (a sample then outlasts the host's
     submission of the next), at most 20."""
@@ -90,12 +102,7 @@ def time_graph(fn_per_set, n_sets: int, replays: int | None = None, budget_s: fl
         with torch.cuda.graph(g, stream=s):
             for i in range(n_sets):
                 fn_per_set(i)
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    e0.record()
-    g.replay()
-    e1.record()
-    e1.synchronize()
-    first = e0.elapsed_time(e1) / 1e3
+    first = _one_replay_s(g)
     if replays is None:
         replays = int(max(7, min(40, budget_s / max(first, 1e-6))))
     times = _timed_replays(g, replays, _burst_for(first), n_sets)
@@ -143,12 +150,7 @@ def time_interleaved(calls: dict, n_sets: int, rounds: int = 3, budget_s: float 
         for name in (order if r % 2 == 0 else order[::-1]):
             g = graphs[name]
             if name not in reps:  # the first replay is a warm-up that sets the counts
-                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                e0.record()
-                g.replay()
-                e1.record()
-                e1.synchronize()
-                first = e0.elapsed_time(e1) / 1e3
+                first = _one_replay_s(g)
                 bursts[name] = _burst_for(first)
                 reps[name] = int(max(3, min(max_reps, budget_s / max(first * bursts[name], 1e-6))))
             samples[name] += _timed_replays(g, reps[name], bursts[name], n_sets)

@@ -551,6 +551,21 @@ class GemmSm90Kernel:
         ab_pipe.producer_tail(state)
 
     @cute.jit
+    def _issue_k_block(self, tiled_mma, part, tCrA, tCrB, ab_pipe, read, k_blocks):
+        """Wait for the stage at ``read``, start its WGMMAs into ``part`` (overwritten) and
+        commit them as one group.  Returns ``tiled_mma``: its accumulate flag changes here, and
+        the DSL threads it through the caller's loops only as a rebound local."""
+        ab_pipe.consumer_wait(read)
+        cute.nvgpu.warpgroup.fence()
+        tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
+        for kb in cutlass.range_constexpr(k_blocks):
+            blk = (None, None, kb, read.index)
+            cute.gemm(tiled_mma, part, tCrA[blk], tCrB[blk], part)
+            tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+        cute.nvgpu.warpgroup.commit_group()
+        return tiled_mma
+
+    @cute.jit
     def _k_range(self, m, k_tiles):
         """(output tile M index, first k-tile, end k-tile) of a scheduler tile: with split-K the
         scheduler's M index is tile * split_k + part, and part p takes the p-th slice of K."""
@@ -680,23 +695,9 @@ class GemmSm90Kernel:
                 # every WGMMA when such a copy reads an accumulator in flight.
                 n_k = k_end - k_begin
                 for _pair in range(n_k // 2):
-                    ab_pipe.consumer_wait(read)
-                    cute.nvgpu.warpgroup.fence()
-                    tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
-                    for kb in cutlass.range_constexpr(k_blocks):
-                        blk = (None, None, kb, read.index)
-                        cute.gemm(tiled_mma, part, tCrA[blk], tCrB[blk], part)
-                        tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
-                    cute.nvgpu.warpgroup.commit_group()
+                    tiled_mma = self._issue_k_block(tiled_mma, part, tCrA, tCrB, ab_pipe, read, k_blocks)
                     read.advance()
-                    ab_pipe.consumer_wait(read)
-                    cute.nvgpu.warpgroup.fence()
-                    tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
-                    for kb in cutlass.range_constexpr(k_blocks):
-                        blk = (None, None, kb, read.index)
-                        cute.gemm(tiled_mma, part2, tCrA[blk], tCrB[blk], part2)
-                        tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
-                    cute.nvgpu.warpgroup.commit_group()
+                    tiled_mma = self._issue_k_block(tiled_mma, part2, tCrA, tCrB, ab_pipe, read, k_blocks)
                     read.advance()
                     cute.nvgpu.warpgroup.wait_group(1)
                     acc.store(acc.load() + part.load())
@@ -707,14 +708,7 @@ class GemmSm90Kernel:
                     ab_pipe.consumer_release(release)
                     release.advance()
                 if n_k % 2 == 1:
-                    ab_pipe.consumer_wait(read)
-                    cute.nvgpu.warpgroup.fence()
-                    tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
-                    for kb in cutlass.range_constexpr(k_blocks):
-                        blk = (None, None, kb, read.index)
-                        cute.gemm(tiled_mma, part, tCrA[blk], tCrB[blk], part)
-                        tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
-                    cute.nvgpu.warpgroup.commit_group()
+                    tiled_mma = self._issue_k_block(tiled_mma, part, tCrA, tCrB, ab_pipe, read, k_blocks)
                     read.advance()
                     cute.nvgpu.warpgroup.wait_group(0)
                     acc.store(acc.load() + part.load())
