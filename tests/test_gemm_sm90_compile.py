@@ -91,7 +91,7 @@ def report(tmp_path_factory):
 def test_tiers(report):
     tiers = report["tiers"]
     assert 2 <= len(tiers["test"]) <= 3
-    assert 8 <= len(tiers["default"]) <= 40
+    assert 8 <= len(tiers["default"]) <= 44
     assert len(tiers["full"]) > len(tiers["default"])
     for names in tiers.values():
         assert len(names) == len(set(names))

@@ -883,6 +883,13 @@ def _default() -> list[dict]:
     # 64x32 tile (M padded to 64 by the TMA's zero fill) gives N/32 CTAs without a reduction.
     out.append(dict(**bf16, tile=(64, 32, 64), schedule="ws"))
     out.append(dict(ab="e4m3", c="bf16", tile=(64, 32, 128), schedule="ws"))
+    # M = 64..128 with N = 4096..6144 (fp8 0.91-0.95x): cuBLAS runs 64x64 tiles in 2-CTA clusters
+    # there (nvjet "64x64_128x13_1x2", notes/results/probe_cublas_kernels_h100.json): the two
+    # CTAs that share a weight slab get it by one multicast.  The swap tile with a 2x1 cluster
+    # does that (the kernel's A, the weights, multicast along its N, the activations).
+    out.append(dict(**bf16, tile=(64, 64, 64), cluster=(2, 1), schedule="ws", swap_ab=True))
+    out.append(dict(ab="e4m3", c="bf16", tile=(64, 64, 128), cluster=(2, 1), schedule="ws",
+                    swap_ab=True))
     # Large fp8 GEMMs (0.94-0.98x): the coop 128x256 tile leaves the tensor cores idle during its
     # epilogue, a larger share of the tile's time at fp8 rates; ping-pong 64x256 tiles overlap one
     # warpgroup's epilogue with the other's mainloop (128 fp32 accumulators, fast accumulation).
