@@ -25,10 +25,11 @@ Tails in M, N, K and L need no code: TMA zero-fills out-of-bounds loads and clip
 scheduler rounds the tile grid up to whole clusters so multicast peers always have a tile.
 
 The persistent grid is sized at launch: the last argument before the stream, ``max_clusters``
-(i32), caps the grid at that many clusters (the loader passes the device's SM count over the
-launched cluster's size: 66 for 2-CTA clusters on a 132-SM H100 SXM, 57 on a 114-SM H100 PCIe).
-The exported launcher cannot ask the device itself; a grid fixed at build time would run a second
-wave of CTAs on any part with fewer SMs than it was built for.
+(i32), caps the grid at that many clusters.  The loader passes the clusters the device holds at
+once: the driver's ``cuOccupancyMaxActiveClusters`` for this kernel, at most SMs ÷ CTAs per
+cluster (runtime/occupancy.py; 66 2-CTA clusters on a 132-SM H100 SXM).  The exported launcher
+cannot ask the device itself; a grid fixed at build time would run a second wave of CTAs on any
+part with fewer SMs than it was built for.
 """
 
 from __future__ import annotations
@@ -259,7 +260,7 @@ class GemmSm90(GemmVariant):
             "smem_bytes": plan.smem_bytes,
             "threads": 128 * (1 + plan.n_consumer),
             # Persistent grid: min(tile clusters, max_clusters) clusters of cluster_ctas CTAs,
-            # max_clusters passed at launch (the device's SMs // cluster_ctas).
+            # max_clusters passed at launch (resident clusters, see the module docstring).
             "persistent": {"arg": "max_clusters", "cluster_ctas": math.prod(
                 (self.split_k, 1) if self.split_k > 1 else self.kernel_cluster)},
             "scaled": self.is_fp8,
