@@ -309,3 +309,12 @@ def test_tuned_selection_never_imports_the_dsl(bundle_copy):
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == SMALL
+
+
+def test_cost_model_prefers_the_deeper_pipeline_of_a_twin():
+    """A variant with up to 16 stages streams faster than its 8-stage twin (H100 v10 table):
+    the model must rank it first on a weight-streaming shape, and never slower elsewhere."""
+    twin = _entry((64, 64), (2, 1), schedule="ws", swap=True)
+    deep = {**twin, "name": twin["name"] + "_deep", "config": {"deep": True}}
+    for M, N, K in ((128, 4096, 14336), (128, 8192, 28672), (16, 4096, 4096)):
+        assert tuning.estimate_us(deep, M, N, K, 1, 132) < tuning.estimate_us(twin, M, N, K, 1, 132)
