@@ -135,7 +135,7 @@ def bench_attention(bundle, dtype="bf16") -> list[dict]:
                   flush=True)
         if "chosen" in row:
             print(f"    loader's choice: {row['chosen']}", flush=True)
-        del q, k, v, out
+        q = k = v = out = None  # free before the next shape (the closures hold the names)
         torch.cuda.empty_cache()
     return rows
 

@@ -9,6 +9,7 @@ inputs sit inside NaN-filled storage where a kernel reading past a sequence woul
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 from pathlib import Path
@@ -247,8 +248,8 @@ def test_every_variant(bundle):
             pieces = [(o, lse, ref_o, ref_lse)]
         else:
             lq, lk, hq, hkv = [130, 1, 77], [64, 300, 77], 4, 4
-            cu_q = torch.tensor([0, 130, 131, 208], dtype=torch.int32, device="cuda")
-            cu_k = torch.tensor([0, 64, 364, 441], dtype=torch.int32, device="cuda")
+            cu_q, cu_k = (torch.tensor([0, *itertools.accumulate(ls)], dtype=torch.int32, device="cuda")
+                          for ls in (lq, lk))
             q = rand(208, hq, d, dtype=dtype, gen=gen)
             k, v = (rand(441, hkv, d, dtype=dtype, gen=gen) for _ in range(2))
             o = torch.full_like(q, math.nan)
