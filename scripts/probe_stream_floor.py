@@ -1,0 +1,477 @@
+#!/usr/bin/env python3
+"""Probe: how fast can *any* kernel read S bytes on this GPU, timed the way bench.py times a GEMM?
+
+The decode-GEMM criterion of the Hopper issue compares a GEMM with bytes / (1 GiB copy bandwidth).
+For a 16-50 MB weight stream a kernel also pays its launch, the first bytes' DRAM latency and its
+tail, none of which that floor holds.  This probe measures those costs directly with kernels that
+do nothing but read (no GEMM in them), in graphs of back-to-back calls rotating over enough input
+sets to defeat the L2 (bench.time_graph, the same timer as bench.py):
+
+- ``empty``: a kernel that does nothing; per-call time in graphs of n calls (n = 1..64).
+- ``ldg``: each CTA streams one contiguous chunk with 16-byte loads, ``unroll`` loads in flight
+  per thread (grid = ``ctas``, 256 or 512 threads).
+- ``bulk``: each CTA streams its chunk with ``cp.async.bulk`` (the TMA's 1-D form, what our GEMM's
+  producer issues) into a ring of ``stages`` x ``stage_kb`` of shared memory, one thread issuing.
+
+For each size it prints the best time of each kind, that time over bench.py's floor, and (with a
+bundle) our GEMM and torch's on the matching decode shape in the same run.
+
+Needs nvcc (compiles a small .so at start-up).  Run:
+  PYTHONPATH=. python3 scripts/probe_stream_floor.py [BUNDLE] [--json OUT.json] [--profile]
+``--profile``: one call each of the best read kernels and our GEMM between cudaProfilerStart/Stop
+(for ``ncu --profile-from-start off``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench import _sets_for, copy_bandwidth, gemm_bytes, read_bandwidth, time_graph, time_interleaved  # noqa: E402
+
+CU = r"""
+#include <cstdint>
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+
+__global__ void empty_kernel() {}
+
+template <int UNROLL>
+__global__ void __launch_bounds__(512) ldg_read(const int4 *__restrict__ p, long long n16, int *out) {
+  long long per = (n16 + gridDim.x - 1) / gridDim.x;
+  long long beg = (long long)blockIdx.x * per;
+  long long end = beg + per < n16 ? beg + per : n16;
+  int acc = 0;
+  for (long long i = beg + threadIdx.x; i < end; i += (long long)blockDim.x * UNROLL) {
+    int4 v[UNROLL];
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      long long j = i + (long long)u * blockDim.x;
+      if (j < end) {
+        asm volatile("ld.global.nc.L1::no_allocate.v4.s32 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(v[u].x), "=r"(v[u].y), "=r"(v[u].z), "=r"(v[u].w) : "l"(p + j));
+      } else {
+        v[u] = make_int4(0, 0, 0, 0);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+  }
+  if (acc == 0x7f3a5c21) out[0] = acc;  // never true in practice; keeps the loads
+}
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// One thread keeps `stages` bulk copies of `stage_bytes` in flight over this CTA's chunk.
+__global__ void bulk_read(const char *__restrict__ p, long long nbytes, int stages, int stage_bytes, int *out) {
+  extern __shared__ __align__(128) char smem[];
+  __shared__ __align__(8) uint64_t bars[32];
+  if (threadIdx.x != 0) return;
+  long long per = (nbytes + gridDim.x - 1) / gridDim.x;
+  per = (per + 15) / 16 * 16;
+  long long beg = (long long)blockIdx.x * per;
+  long long end = beg + per < nbytes ? beg + per : nbytes;
+  if (beg >= end) return;
+  for (int s = 0; s < stages; ++s)
+    asm volatile("mbarrier.init.shared.b64 [%0], 1;" ::"r"(smem_u32(&bars[s])));
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  long long n_chunks = (end - beg + stage_bytes - 1) / stage_bytes;
+  auto issue = [&](long long c) {
+    int s = (int)(c % stages);
+    long long off = beg + c * stage_bytes;
+    int bytes = (int)((end - off) < stage_bytes ? (end - off) : stage_bytes);
+    uint32_t bar = smem_u32(&bars[s]);
+    asm volatile("mbarrier.arrive.expect_tx.shared.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 ::"r"(smem_u32(smem + (size_t)s * stage_bytes)), "l"(p + off), "r"(bytes), "r"(bar) : "memory");
+  };
+  long long c = 0;
+  for (; c < n_chunks && c < stages; ++c) issue(c);
+  for (long long w = 0; w < n_chunks; ++w) {
+    int s = (int)(w % stages);
+    uint32_t parity = (uint32_t)((w / stages) & 1);
+    uint32_t bar = smem_u32(&bars[s]);
+    asm volatile(
+        "{\n .reg .pred P;\n WAIT_%=:\n"
+        " mbarrier.try_wait.parity.shared.b64 P, [%0], %1;\n"
+        " @!P bra WAIT_%=;\n}\n" ::"r"(bar), "r"(parity) : "memory");
+    if (c < n_chunks) issue(c++);
+  }
+  if (smem[0] == 0x5a && smem[1] == 0x3c && smem[2] == 0x7e && smem[3] == 0x11) out[0] = 1;
+}
+
+
+// ---- A decode GEMM with register-fed mma.sync (prototype for the DSL kernel) ----------------
+// C[m, n] = scale * sum_k X[m, k] W[n, k] for M <= 16.  Each thread loads 16 contiguous bytes of
+// a weight row (and of two activation rows) per 64-byte step; the K order inside a step is
+// permuted identically for both operands so that those 16 bytes are exactly the thread's
+// fragments of two mma.sync (bf16 m16n8k16 or e4m3 m16n8k32): no shared memory, no shuffles.
+__device__ __forceinline__ void mma_step(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1, bool fp8) {
+  if (fp8)
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]) : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  else
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]) : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint4 ldg16(const char *p, bool ok, bool stream) {
+  uint4 v = make_uint4(0, 0, 0, 0);
+  if (ok) {
+    if (stream)
+      asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    else
+      asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  }
+  return v;
+}
+
+template <bool FP8, int G, int KW, int U>
+__global__ void dec_gemm(const char *__restrict__ W, const char *__restrict__ X, __nv_bfloat16 *__restrict__ C,
+                         int M, int N, int K, long long ldw, long long ldx, long long ldc, float scale) {
+  extern __shared__ float red[];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+  const int nwn = (blockDim.x >> 5) / KW;
+  const int wn = warp / KW, wk = warp % KW;
+  const long long kbytes = (long long)K * (FP8 ? 1 : 2);
+  const int steps = (int)((kbytes + 63) / 64);
+  const int per = (steps + KW - 1) / KW;
+  const int s0 = wk * per, s1 = min(s0 + per, steps);
+  const int n0 = (blockIdx.x * nwn + wn) * 8 * G;
+  const bool vg = g < M, vh = g + 8 < M;
+  float acc[G][4];
+#pragma unroll
+  for (int i = 0; i < G; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+  for (int s = s0; s < s1; s += U) {
+    uint4 wv[U][G], av[U], bv[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      long long kb = (long long)(s + u) * 64 + q * 16;
+      bool ok = (s + u < s1) && kb < kbytes;
+#pragma unroll
+      for (int i = 0; i < G; ++i) {
+        int n = n0 + i * 8 + g;
+        wv[u][i] = ldg16(W + n * ldw + kb, ok && n < N, true);
+      }
+      av[u] = ldg16(X + g * ldx + kb, ok && vg, false);
+      bv[u] = ldg16(X + (g + 8) * ldx + kb, ok && vh, false);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int i = 0; i < G; ++i) {
+        mma_step(acc[i], av[u].x, bv[u].x, av[u].y, bv[u].y, wv[u][i].x, wv[u][i].y, FP8);
+        mma_step(acc[i], av[u].z, bv[u].z, av[u].w, bv[u].w, wv[u][i].z, wv[u][i].w, FP8);
+      }
+  }
+  float *mine = red + ((size_t)warp * G * 32 + lane) * 4;
+#pragma unroll
+  for (int i = 0; i < G; ++i)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) mine[i * 128 + r] = acc[i][r];
+  __syncthreads();
+  const int outs = nwn * G * 128;
+  for (int idx = threadIdx.x; idx < outs; idx += blockDim.x) {
+    int r = idx & 3, ln = (idx >> 2) & 31, i = (idx >> 7) % G, w = idx / (G * 128);
+    int m = (ln >> 2) + 8 * (r >> 1), n = (blockIdx.x * nwn + w) * 8 * G + i * 8 + 2 * (ln & 3) + (r & 1);
+    if (m < M && n < N) {
+      float sum = 0.f;
+      for (int k = 0; k < KW; ++k) sum += red[(((size_t)(w * KW + k) * G + i) * 32 + ln) * 4 + r];
+      C[(long long)m * ldc + n] = __float2bfloat16(sum * scale);
+    }
+  }
+}
+
+#define DEC(FP8, G, KW, U) if (fp8 == FP8 && g == G && kw == KW && u == U) { \
+    int smem = warps * G * 128 * 4; \
+    cudaFuncSetAttribute(dec_gemm<FP8, G, KW, U>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem); \
+    dec_gemm<FP8, G, KW, U><<<grid, warps * 32, smem, s>>>((const char *)W, (const char *)X, (__nv_bfloat16 *)C, M, N, K, ldw, ldx, ldc, scale); \
+    return (int)cudaGetLastError(); }
+
+extern "C" int launch_dec(int fp8, int g, int kw, int u, int nwn, const void *W, const void *X, void *C, int M, int N, int K,
+                          long long ldw, long long ldx, long long ldc, float scale, cudaStream_t s) {
+  int warps = nwn * kw;
+  int grid = (N + nwn * 8 * g - 1) / (nwn * 8 * g);
+  DEC(0, 1, 8, 4) DEC(0, 2, 8, 4) DEC(0, 1, 16, 4) DEC(0, 4, 16, 4) DEC(0, 4, 16, 2) DEC(0, 2, 16, 4) DEC(0, 4, 8, 4)
+  DEC(1, 1, 8, 4) DEC(1, 2, 8, 4) DEC(1, 1, 16, 4) DEC(1, 4, 16, 4) DEC(1, 4, 16, 2) DEC(1, 2, 16, 4) DEC(1, 4, 8, 4)
+  return -1;
+}
+
+extern "C" int launch_empty(cudaStream_t s) {
+  empty_kernel<<<1, 32, 0, s>>>();
+  return (int)cudaGetLastError();
+}
+
+extern "C" int launch_ldg(const void *p, long long nbytes, int ctas, int threads, int unroll, int *out, cudaStream_t s) {
+  long long n16 = nbytes / 16;
+  const int4 *q = (const int4 *)p;
+  switch (unroll) {
+    case 4: ldg_read<4><<<ctas, threads, 0, s>>>(q, n16, out); break;
+    case 8: ldg_read<8><<<ctas, threads, 0, s>>>(q, n16, out); break;
+    case 16: ldg_read<16><<<ctas, threads, 0, s>>>(q, n16, out); break;
+    default: return -1;
+  }
+  return (int)cudaGetLastError();
+}
+
+extern "C" int launch_bulk(const void *p, long long nbytes, int ctas, int stages, int stage_bytes, int *out, cudaStream_t s) {
+  int smem = stages * stage_bytes;
+  cudaFuncSetAttribute(bulk_read, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  bulk_read<<<ctas, 32, smem, s>>>((const char *)p, nbytes, stages, stage_bytes, out);
+  return (int)cudaGetLastError();
+}
+"""
+
+# Decode shapes of bench.py's grid (M = 16) whose floor is 7-14 us, and two larger ones.
+SHAPES = [("e4m3", 16, 4096, 4096), ("e4m3", 16, 6144, 4096), ("bf16", 16, 4096, 4096),
+          ("bf16", 16, 6144, 4096), ("e4m3", 16, 8192, 8192), ("bf16", 16, 8192, 8192)]
+
+
+def build_lib() -> ctypes.CDLL:
+    d = Path(tempfile.mkdtemp(prefix="probe_stream_"))
+    (d / "k.cu").write_text(CU)
+    subprocess.run(["nvcc", "-O3", "-std=c++17", "-arch=sm_90a", "-shared", "-Xcompiler", "-fPIC",
+                    "-o", str(d / "k.so"), str(d / "k.cu")], check=True)
+    lib = ctypes.CDLL(str(d / "k.so"))
+    lib.launch_empty.argtypes = [ctypes.c_void_p]
+    lib.launch_ldg.argtypes = [ctypes.c_void_p, ctypes.c_longlong, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                               ctypes.c_void_p, ctypes.c_void_p]
+    lib.launch_dec.argtypes = [ctypes.c_int] * 5 + [ctypes.c_void_p] * 3 + [ctypes.c_int] * 3 + \
+        [ctypes.c_longlong] * 3 + [ctypes.c_float, ctypes.c_void_p]
+    lib.launch_bulk.argtypes = [ctypes.c_void_p, ctypes.c_longlong, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                                ctypes.c_void_p, ctypes.c_void_p]
+    return lib
+
+
+def _stream() -> int:
+    import torch
+
+    return torch.cuda.current_stream().cuda_stream
+
+
+def read_configs(sms: int) -> list[tuple]:
+    out = []
+    for mult in (1, 2, 4):
+        for threads, unroll in ((256, 8), (512, 8), (256, 16), (512, 4)):
+            out.append(("ldg", sms * mult, threads, unroll))
+    for ctas in (64, 128, sms, 2 * sms):
+        for stages, kb in ((8, 8), (16, 8), (8, 16), (12, 16)):
+            if ctas > sms and stages * kb > 100:
+                continue
+            out.append(("bulk", ctas, stages, kb * 1024))
+    return out
+
+
+def launch_read(lib, cfg, buf, nbytes, out) -> None:
+    kind, ctas, a, b = cfg
+    f = lib.launch_ldg if kind == "ldg" else lib.launch_bulk
+    rc = f(buf.data_ptr(), nbytes, ctas, a, b, out.data_ptr(), _stream())
+    if rc:
+        raise RuntimeError(f"{cfg}: CUDA error {rc}")
+
+
+def main() -> int:
+    import torch
+
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    jpath = sys.argv[sys.argv.index("--json") + 1] if "--json" in sys.argv else None
+    if jpath in args:
+        args.remove(jpath)
+    bundle = None
+    if args:
+        from factory.runtime import Bundle
+
+        bundle = Bundle.open(args[0])
+    lib = build_lib()
+    props = torch.cuda.get_device_properties(0)
+    sms, l2 = props.multi_processor_count, props.L2_cache_size
+    out = torch.zeros(4, dtype=torch.int32, device="cuda")
+    res = {"device": props.name, "sms": sms, "l2": l2}
+
+    if "--profile" in sys.argv:
+        return profile(lib, bundle, out)
+
+    bw, rbw = copy_bandwidth(), read_bandwidth()
+    res.update(copy_tbs=bw / 1e12, read_tbs=rbw / 1e12)
+    print(f"{props.name}: copy {bw / 1e12:.3f} TB/s (1 GiB, read+write), read {rbw / 1e12:.3f} TB/s", flush=True)
+
+    empty = {n: time_graph(lambda i: lib.launch_empty(_stream()), n, replays=40) * 1e6 for n in (1, 2, 4, 7, 8, 16, 64)}
+    res["empty_us_by_calls_per_graph"] = empty
+    print("empty kernel, us per call by calls per graph: " + ", ".join(f"{n}: {t:.2f}" for n, t in empty.items()))
+
+    rows = []
+    for dt, M, N, K in SHAPES:
+        nbytes = gemm_bytes(M, N, K, dt)
+        nbytes16 = nbytes // 16 * 16
+        n_sets = _sets_for(nbytes, l2)
+        bufs = [torch.empty(nbytes16, dtype=torch.uint8, device="cuda").random_() for _ in range(n_sets)]
+        floor_us = nbytes / bw * 1e6
+        times = {}
+        for cfg in read_configs(sms):
+            times[cfg] = time_graph(lambda i, c=cfg: launch_read(lib, c, bufs[i], nbytes16, out), n_sets,
+                                    replays=30) * 1e6
+        best = {k: min((t, c) for c, t in times.items() if c[0] == k) for k in ("ldg", "bulk")}
+        row = {"dtype": dt, "M": M, "N": N, "K": K, "bytes": nbytes, "input_sets": n_sets, "floor_us": floor_us,
+               "read_floor_us": nbytes / rbw * 1e6, "empty_us": empty.get(n_sets) or time_graph(
+                   lambda i: lib.launch_empty(_stream()), n_sets, replays=40) * 1e6,
+               "reads": [{"cfg": list(c), "us": t} for c, t in sorted(times.items(), key=lambda x: x[1])]}
+        for k, (t, c) in best.items():
+            row[f"best_{k}_us"], row[f"best_{k}_cfg"] = t, list(c)
+        bufs = None
+        row.update(dec_rows(lib, dt, M, N, K, n_sets))
+        line0 = f"  dec small M (rc, err, row M untouched): {row['dec_small_m']}\n  dec: " + ", ".join(f"{c}:{t:.2f}(err {e:.1e})" for c, t, e in row["dec"])
+        print(line0, flush=True)
+        torch.cuda.empty_cache()
+        if bundle is not None:
+            row.update(gemm_row(bundle, dt, M, N, K, n_sets))
+        rows.append(row)
+        line = (f"{dt} {M}x{N}x{K} ({nbytes / 1e6:.1f} MB, {n_sets} sets): floor {floor_us:.2f} us; "
+                f"empty {row['empty_us']:.2f}; best ldg {best['ldg'][0]:.2f} ({best['ldg'][0] / floor_us:.3f}x floor) "
+                f"{best['ldg'][1]}; best bulk {best['bulk'][0]:.2f} ({best['bulk'][0] / floor_us:.3f}x) {best['bulk'][1]}")
+        line += f"; dec {row['best_dec_us']:.2f} ({row['best_dec_us'] / floor_us:.3f}x) {row['best_dec_cfg']}"
+        if "ours_us" in row:
+            line += (f"; ours {row['ours_us']:.2f} ({row['ours_us'] / floor_us:.3f}x) ref {row['ref_us']:.2f} "
+                     f"({row['ref_us'] / floor_us:.3f}x) [{row['variant']}]")
+        print(line, flush=True)
+    res["rows"] = rows
+    if jpath:
+        Path(jpath).write_text(json.dumps(res, indent=1))
+    return 0
+
+
+DEC_CFGS = [(1, 8, 4, 2), (2, 8, 4, 1), (1, 16, 4, 1), (4, 16, 4, 1), (4, 16, 2, 1), (2, 16, 4, 1), (4, 8, 4, 2),
+            (4, 8, 4, 1)]
+
+
+def dec_rows(lib, dt, M, N, K, n_sets) -> dict:
+    """The register-fed mma.sync decode prototype (CU: dec_gemm) on this shape: error against a
+    float32 reference, and the time per call for each (G, KW, U, NWN)."""
+    import torch
+
+    from factory import testing
+
+    fp8 = dt == "e4m3"
+    sets = []
+    for _ in range(n_sets):
+        A = testing.gemm_operand(M, K, 1, "k", dt)[0]
+        B = testing.gemm_operand(N, K, 1, "k", dt)[0]
+        C = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
+        sets.append((A, B, C))
+    e = 1 if fp8 else 2
+    ref = sets[0][0].float() @ sets[0][1].float().t()
+    out = []
+
+    def call(cfg, i):
+        G, KW, U, NWN = cfg
+        A, B, C = sets[i]
+        rc = lib.launch_dec(int(fp8), G, KW, U, NWN, B.data_ptr(), A.data_ptr(), C.data_ptr(), M, N, K,
+                            B.stride(0) * e, A.stride(0) * e, C.stride(0), 1.0, _stream())
+        if rc:
+            raise RuntimeError(f"dec {cfg}: {rc}")
+
+    for cfg in DEC_CFGS:
+        for i in range(n_sets):
+            sets[i][2].fill_(float("nan"))
+        call(cfg, 0)
+        torch.cuda.synchronize()
+        err = ((sets[0][2].float() - ref).abs().max() / ref.abs().max()).item()
+        t = time_graph(lambda i, c=cfg: call(c, i), n_sets, replays=30) * 1e6
+        out.append((cfg, t, err))
+    best = min(((t, c) for c, t, e in out if e < 2e-2), default=(float("nan"), None))
+    small = {}
+    for m in (1, 5, 9):  # rows past M are neither read nor written
+        A = testing.gemm_operand(m, K, 1, "k", dt)[0]
+        C = torch.full((m + 1, N), float("nan"), dtype=torch.bfloat16, device="cuda")
+        rc = lib.launch_dec(int(fp8), 2, 8, 4, 2, sets[0][1].data_ptr(), A.data_ptr(), C.data_ptr(), m, N, K,
+                            sets[0][1].stride(0) * e, A.stride(0) * e, C.stride(0), 1.0, _stream())
+        torch.cuda.synchronize()
+        r = A.float() @ sets[0][1].float().t()
+        small[m] = (rc, ((C[:m].float() - r).abs().max() / r.abs().max()).item(), bool(C[m].isnan().all()))
+    return {"dec_small_m": small, "dec": out, "best_dec_us": best[0], "best_dec_cfg": list(best[1])}
+
+
+def gemm_row(bundle, dt, M, N, K, n_sets) -> dict:
+    """Ours (the loader's pick) and torch's on the same shape, interleaved (bench's timer)."""
+    import torch
+
+    from factory import testing
+    from factory.runtime.gemm import rkl_spec, select
+
+    sets = []
+    for _ in range(n_sets):
+        A = testing.gemm_operand(M, K, 1, "k", dt)[0]
+        B = testing.gemm_operand(N, K, 1, "k", dt)[0]
+        C = torch.empty((M, N), dtype=torch.bfloat16, device="cuda")
+        sets.append((A, B, C))
+    one = torch.ones(1, device="cuda")
+    if dt == "e4m3":
+        ours = lambda i: bundle.gemm(*sets[i], scale_a=one, scale_b=one)  # noqa: E731
+        ref = lambda i: torch._scaled_mm(sets[i][0], sets[i][1].t(), scale_a=one, scale_b=one,  # noqa: E731
+                                         out_dtype=torch.bfloat16)
+    else:
+        ours = lambda i: bundle.gemm(*sets[i])  # noqa: E731
+        ref = lambda i: torch.mm(sets[i][0], sets[i][1].t(), out=sets[i][2])  # noqa: E731
+    t = time_interleaved({"ours": ours, "ref": ref}, n_sets, rounds=4, warm_s=0.05)
+    A, B, C = sets[0]
+    scales = [(one.data_ptr(), (1,), (1,))] * 2 if dt == "e4m3" else []
+    variant = select(bundle, rkl_spec(A, "a"), rkl_spec(B, "b"), rkl_spec(C, "c"), dt, "bf16", scales)
+    return {"ours_us": t["ours"] * 1e6, "ref_us": t["ref"] * 1e6, "variant": variant}
+
+
+def profile(lib, bundle, out) -> int:
+    import torch
+
+    for nbytes, cfgs in ((gemm_bytes(16, 4096, 4096, "e4m3"), [("bulk", 128, 16, 8192), ("ldg", 264, 256, 8)]),):
+        buf = torch.empty(nbytes // 16 * 16, dtype=torch.uint8, device="cuda").random_()
+        for cfg in cfgs:
+            launch_read(lib, cfg, buf, nbytes // 16 * 16, out)
+            torch.cuda.synchronize()
+            print(f"profiled: read {nbytes} bytes {cfg}", flush=True)
+            torch.cuda.profiler.start()
+            launch_read(lib, cfg, buf, nbytes // 16 * 16, out)
+            torch.cuda.synchronize()
+            torch.cuda.profiler.stop()
+    from factory import testing
+
+    A = testing.gemm_operand(16, 4096, 1, "k", "e4m3")[0]
+    B = testing.gemm_operand(4096, 4096, 1, "k", "e4m3")[0]
+    C = torch.empty((16, 4096), dtype=torch.bfloat16, device="cuda")
+    for cfg in ((4, 16, 4, 1), (2, 8, 4, 1)):
+        args = (1, *cfg, B.data_ptr(), A.data_ptr(), C.data_ptr(), 16, 4096, 4096, 4096, 4096, 4096, 1.0)
+        lib.launch_dec(*args, _stream())
+        torch.cuda.synchronize()
+        print(f"profiled: dec e4m3 16x4096x4096 {cfg}", flush=True)
+        torch.cuda.profiler.start()
+        lib.launch_dec(*args, _stream())
+        torch.cuda.synchronize()
+        torch.cuda.profiler.stop()
+    if bundle is not None:
+        A = testing.gemm_operand(16, 4096, 1, "k", "e4m3")[0]
+        B = testing.gemm_operand(4096, 4096, 1, "k", "e4m3")[0]
+        C = torch.empty((16, 4096), dtype=torch.bfloat16, device="cuda")
+        one = torch.ones(1, device="cuda")
+        for _ in range(3):
+            bundle.gemm(A, B, C, scale_a=one, scale_b=one)
+        torch.cuda.synchronize()
+        print("profiled: ours e4m3 16x4096x4096", flush=True)
+        torch.cuda.profiler.start()
+        bundle.gemm(A, B, C, scale_a=one, scale_b=one)
+        torch.cuda.synchronize()
+        torch.cuda.profiler.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())
