@@ -137,8 +137,8 @@ __device__ __forceinline__ uint4 ldg16(const char *p, bool ok, bool stream) {
   return v;
 }
 
-template <bool FP8, int G, int KW, int U>
-__global__ void dec_gemm(const char *__restrict__ W, const char *__restrict__ X, __nv_bfloat16 *__restrict__ C,
+template <bool FP8, int G, int KW, int U, bool PACKED>
+__global__ void __launch_bounds__(512) dec_gemm(const char *__restrict__ W, const char *__restrict__ X, __nv_bfloat16 *__restrict__ C,
                          int M, int N, int K, long long ldw, long long ldx, long long ldc, float scale) {
   extern __shared__ float red[];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
@@ -162,7 +162,11 @@ __global__ void dec_gemm(const char *__restrict__ W, const char *__restrict__ X,
 #pragma unroll
       for (int i = 0; i < G; ++i) {
         int n = n0 + i * 8 + g;
-        wv[u][i] = ldg16(W + n * ldw + kb, ok && n < N, true);
+        // PACKED: W was rearranged as [N / 8][steps][8 rows][64 bytes], so that a warp's load of
+        // 8 rows x 64 bytes is 512 contiguous bytes (as a pure read's is).
+        const char *wp = PACKED ? W + ((long long)(n >> 3) * steps + (s + u)) * 512 + (n & 7) * 64 + q * 16
+                                : W + n * ldw + kb;
+        wv[u][i] = ldg16(wp, ok && n < N, true);
       }
       av[u] = ldg16(X + g * ldx + kb, ok && vg, false);
       bv[u] = ldg16(X + (g + 8) * ldx + kb, ok && vh, false);
@@ -193,13 +197,15 @@ __global__ void dec_gemm(const char *__restrict__ W, const char *__restrict__ X,
   }
 }
 
-#define DEC(FP8, G, KW, U) if (fp8 == FP8 && g == G && kw == KW && u == U) { \
+#define DEC1(FP8, G, KW, U, P) if (fp8 == FP8 && g == G && kw == KW && u == U && packed == P) { \
     int smem = warps * G * 128 * 4; \
-    cudaFuncSetAttribute(dec_gemm<FP8, G, KW, U>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem); \
-    dec_gemm<FP8, G, KW, U><<<grid, warps * 32, smem, s>>>((const char *)W, (const char *)X, (__nv_bfloat16 *)C, M, N, K, ldw, ldx, ldc, scale); \
+    cudaFuncSetAttribute(dec_gemm<FP8, G, KW, U, P>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem); \
+    dec_gemm<FP8, G, KW, U, P><<<grid, warps * 32, smem, s>>>((const char *)W, (const char *)X, (__nv_bfloat16 *)C, M, N, K, ldw, ldx, ldc, scale); \
     return (int)cudaGetLastError(); }
 
-extern "C" int launch_dec(int fp8, int g, int kw, int u, int nwn, const void *W, const void *X, void *C, int M, int N, int K,
+#define DEC(FP8, G, KW, U) DEC1(FP8, G, KW, U, false) DEC1(FP8, G, KW, U, true)
+
+extern "C" int launch_dec(int packed, int fp8, int g, int kw, int u, int nwn, const void *W, const void *X, void *C, int M, int N, int K,
                           long long ldw, long long ldx, long long ldc, float scale, cudaStream_t s) {
   int warps = nwn * kw;
   int grid = (N + nwn * 8 * g - 1) / (nwn * 8 * g);
@@ -247,7 +253,7 @@ def build_lib() -> ctypes.CDLL:
     lib.launch_empty.argtypes = [ctypes.c_void_p]
     lib.launch_ldg.argtypes = [ctypes.c_void_p, ctypes.c_longlong, ctypes.c_int, ctypes.c_int, ctypes.c_int,
                                ctypes.c_void_p, ctypes.c_void_p]
-    lib.launch_dec.argtypes = [ctypes.c_int] * 5 + [ctypes.c_void_p] * 3 + [ctypes.c_int] * 3 + \
+    lib.launch_dec.argtypes = [ctypes.c_int] * 6 + [ctypes.c_void_p] * 3 + [ctypes.c_int] * 3 + \
         [ctypes.c_longlong] * 3 + [ctypes.c_float, ctypes.c_void_p]
     lib.launch_bulk.argtypes = [ctypes.c_void_p, ctypes.c_longlong, ctypes.c_int, ctypes.c_int, ctypes.c_int,
                                 ctypes.c_void_p, ctypes.c_void_p]
@@ -301,6 +307,8 @@ def main() -> int:
 
     if "--profile" in sys.argv:
         return profile(lib, bundle, out)
+    if "--overhead" in sys.argv:
+        return overhead(lib, bundle, out, jpath)
 
     bw, rbw = copy_bandwidth(), read_bandwidth()
     res.update(copy_tbs=bw / 1e12, read_tbs=rbw / 1e12)
@@ -350,6 +358,7 @@ def main() -> int:
     return 0
 
 
+PACKED_CFGS = [(4, 16, 4, 1), (2, 8, 4, 1), (1, 16, 4, 1), (1, 8, 4, 2)]
 DEC_CFGS = [(1, 8, 4, 2), (2, 8, 4, 1), (1, 16, 4, 1), (4, 16, 4, 1), (4, 16, 2, 1), (2, 16, 4, 1), (4, 8, 4, 2),
             (4, 8, 4, 1)]
 
@@ -372,10 +381,15 @@ def dec_rows(lib, dt, M, N, K, n_sets) -> dict:
     ref = sets[0][0].float() @ sets[0][1].float().t()
     out = []
 
-    def call(cfg, i):
+    packed = []
+    for A, B, C in sets:  # [N / 8][K bytes / 64][8][64]: see dec_gemm
+        nb = K * e
+        packed.append(B.view(torch.uint8).view(N // 8, 8, nb // 64, 64).permute(0, 2, 1, 3).contiguous())
+
+    def call(cfg, i, pk=False):
         G, KW, U, NWN = cfg
         A, B, C = sets[i]
-        rc = lib.launch_dec(int(fp8), G, KW, U, NWN, B.data_ptr(), A.data_ptr(), C.data_ptr(), M, N, K,
+        rc = lib.launch_dec(int(pk), int(fp8), G, KW, U, NWN, (packed[i] if pk else B).data_ptr(), A.data_ptr(), C.data_ptr(), M, N, K,
                             B.stride(0) * e, A.stride(0) * e, C.stride(0), 1.0, _stream())
         if rc:
             raise RuntimeError(f"dec {cfg}: {rc}")
@@ -388,12 +402,19 @@ def dec_rows(lib, dt, M, N, K, n_sets) -> dict:
         err = ((sets[0][2].float() - ref).abs().max() / ref.abs().max()).item()
         t = time_graph(lambda i, c=cfg: call(c, i), n_sets, replays=30) * 1e6
         out.append((cfg, t, err))
+        if cfg in PACKED_CFGS:
+            sets[0][2].fill_(float("nan"))
+            call(cfg, 0, True)
+            torch.cuda.synchronize()
+            err = ((sets[0][2].float() - ref).abs().max() / ref.abs().max()).item()
+            t = time_graph(lambda i, c=cfg: call(c, i, True), n_sets, replays=30) * 1e6
+            out.append(((*cfg, "packed"), t, err))
     best = min(((t, c) for c, t, e in out if e < 2e-2), default=(float("nan"), None))
     small = {}
     for m in (1, 5, 9):  # rows past M are neither read nor written
         A = testing.gemm_operand(m, K, 1, "k", dt)[0]
         C = torch.full((m + 1, N), float("nan"), dtype=torch.bfloat16, device="cuda")
-        rc = lib.launch_dec(int(fp8), 2, 8, 4, 2, sets[0][1].data_ptr(), A.data_ptr(), C.data_ptr(), m, N, K,
+        rc = lib.launch_dec(0, int(fp8), 2, 8, 4, 2, sets[0][1].data_ptr(), A.data_ptr(), C.data_ptr(), m, N, K,
                             sets[0][1].stride(0) * e, A.stride(0) * e, C.stride(0), 1.0, _stream())
         torch.cuda.synchronize()
         r = A.float() @ sets[0][1].float().t()
@@ -429,6 +450,54 @@ def gemm_row(bundle, dt, M, N, K, n_sets) -> dict:
     return {"ours_us": t["ours"] * 1e6, "ref_us": t["ref"] * 1e6, "variant": variant}
 
 
+OVERHEAD_VARIANTS = {"e4m3": ["gemm_sm90a_e4m3_obf16_ak_bk_t32x64x128_c1x1_ws_rm_sw1_swap_sk1"],
+                     "bf16": ["gemm_sm90a_bf16_obf16_ak_bk_t16x64x64_c1x1_ws_rm_sw1_swap_sk1",
+                              "gemm_sm90a_bf16_obf16_ak_bk_t16x64x64_c1x1_ws_rm_sw1_swap_sk2",
+                              "gemm_sm90a_bf16_obf16_ak_bk_t16x64x128_c1x1_ws_rm_sw1_swap_sk1",
+                              "gemm_sm90a_bf16_obf16_ak_bk_t32x64x128_c1x1_ws_rm_sw1_swap_sk1"]}
+
+
+def overhead(lib, bundle, out, jpath) -> int:
+    """Time per call against K at N = 4096, M = 16 (ours per variant, cuBLAS, and the TMA-bulk
+    and LDG reads of the same bytes), all in graphs of 8 calls on 8 input sets: the intercept of
+    time over K is what a call costs beyond streaming its bytes."""
+    import torch
+
+    from factory import testing
+
+    res = {}
+    n_sets, M = 8, 16
+    one = torch.ones(1, device="cuda")
+    for dt, variants in OVERHEAD_VARIANTS.items():
+        e = 1 if dt == "e4m3" else 2
+        for N, K in ((4096, 1024), (4096, 4096), (6144, 4096), (8192, 8192), (28672, 4096)):
+            sets = [(testing.gemm_operand(M, K, 1, "k", dt)[0], testing.gemm_operand(N, K, 1, "k", dt)[0],
+                     torch.empty((M, N), dtype=torch.bfloat16, device="cuda")) for _ in range(n_sets)]
+            calls = {}
+            for v in variants:
+                if v not in bundle.manifest["variants"]:
+                    continue
+                if dt == "e4m3":
+                    calls[v] = lambda i, v=v: bundle.gemm(*sets[i], scale_a=one, scale_b=one, variant=v)
+                else:
+                    calls[v] = lambda i, v=v: bundle.gemm(*sets[i], variant=v)
+            if dt == "e4m3":
+                calls["ref"] = lambda i: torch._scaled_mm(sets[i][0], sets[i][1].t(), scale_a=one, scale_b=one,
+                                                          out_dtype=torch.bfloat16)
+            else:
+                calls["ref"] = lambda i: torch.mm(sets[i][0], sets[i][1].t(), out=sets[i][2])
+            nb = N * K * e
+            calls["bulk128"] = lambda i: launch_read(lib, ("bulk", 128, 8, 16384), sets[i][1], nb, out)
+            calls["ldg264"] = lambda i: launch_read(lib, ("ldg", 264, 512, 8), sets[i][1], nb, out)
+            calls["empty"] = lambda i: lib.launch_empty(_stream())
+            t = time_interleaved(calls, n_sets, rounds=3, warm_s=0.02)
+            res[f"{dt} N={N} K={K}"] = {k: v * 1e6 for k, v in t.items()}
+            print(f"{dt} M={M} N={N} K={K}: " + ", ".join(f"{k[-40:]}={v * 1e6:.2f}" for k, v in t.items()), flush=True)
+    if jpath:
+        Path(jpath).write_text(json.dumps(res, indent=1))
+    return 0
+
+
 def profile(lib, bundle, out) -> int:
     import torch
 
@@ -448,7 +517,7 @@ def profile(lib, bundle, out) -> int:
     B = testing.gemm_operand(4096, 4096, 1, "k", "e4m3")[0]
     C = torch.empty((16, 4096), dtype=torch.bfloat16, device="cuda")
     for cfg in ((4, 16, 4, 1), (2, 8, 4, 1)):
-        args = (1, *cfg, B.data_ptr(), A.data_ptr(), C.data_ptr(), 16, 4096, 4096, 4096, 4096, 4096, 1.0)
+        args = (0, 1, *cfg, B.data_ptr(), A.data_ptr(), C.data_ptr(), 16, 4096, 4096, 4096, 4096, 4096, 1.0)
         lib.launch_dec(*args, _stream())
         torch.cuda.synchronize()
         print(f"profiled: dec e4m3 16x4096x4096 {cfg}", flush=True)

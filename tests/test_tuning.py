@@ -319,3 +319,20 @@ def test_cost_model_prefers_the_deeper_pipeline_of_a_twin():
     deep = {**twin, "name": twin["name"] + "_deep", "config": {"deep": True}}
     for M, N, K in ((128, 4096, 14336), (128, 8192, 28672), (16, 4096, 4096)):
         assert tuning.estimate_us(deep, M, N, K, 1, 132) < tuning.estimate_us(twin, M, N, K, 1, 132)
+
+
+def test_cost_model_prefers_the_wide_k_decode_tile():
+    """bf16 swap tiles with 128-wide K stages streamed faster than their 64-wide twins at M = 16
+    (H100: 4096x4096 14.3 vs 15.3 us): the model must rank them first on decode shapes, and the
+    factor must not touch non-swap tiles."""
+    narrow = _entry((16, 64), schedule="ws", swap=True)
+    wide = {**narrow, "name": "t16x64x128_c1x1_ws_sw1_swap_sk1", "tile": [16, 64, 128]}
+    for M, N, K in ((1, 4096, 4096), (16, 4096, 4096), (16, 6144, 4096), (16, 8192, 28672)):
+        assert tuning.estimate_us(wide, M, N, K, 1, 132) < tuning.estimate_us(narrow, M, N, K, 1, 132)
+    plain = _entry((128, 128))
+    plain_wide = {**plain, "tile": [128, 128, 128]}
+    assert tuning.estimate_us(plain_wide, 4096, 4096, 4096, 1, 132) == tuning.estimate_us(plain, 4096, 4096, 4096, 1, 132)
+    # fp8 at 128 K per stage is one 128-byte row: no wide-K credit.
+    fp8 = {**_entry((32, 64), schedule="ws", swap=True, ab="e4m3", fp8acc="promoted"), "tile": [32, 64, 128]}
+    assert tuning.estimate_us(fp8, 16, 4096, 4096, 1, 132) == tuning.estimate_us(
+        {**fp8, "tile": [32, 64, 64]}, 16, 4096, 4096, 1, 132)

@@ -160,8 +160,11 @@ class GemmSm90(GemmVariant):
         if self.a_major not in ("k", "m") or self.b_major not in ("k", "n"):
             return f"majorness a={self.a_major} b={self.b_major} not supported"
         tm, tn, tk = self.kernel_tile
-        if tk * DTYPE_BYTES[self.ab] != 128:
-            return f"tile K must be one 128-byte row ({128 // DTYPE_BYTES[self.ab]} for {self.ab})"
+        row = 128 // DTYPE_BYTES[self.ab]
+        if tk != row and not (tk == 2 * row and self.swap_ab and self.schedule == "ws"):
+            # Two 128-byte rows per stage (two TMA boxes along K) run on the swap decode tiles
+            # (tested there); elsewhere one row.
+            return f"tile K must be one 128-byte row ({row} for {self.ab}; {2 * row} on ws swap tiles)"
         if self.schedule == "coop":
             if tm not in (128, 256):
                 return "coop needs tile M 128 or 256"
@@ -844,6 +847,15 @@ def _default() -> list[dict]:
         out.append(dict(**bf16, tile=(tm, 64, 64), schedule="ws", swap_ab=True))
     for tm in (16, 32):
         out.append(dict(**bf16, tile=(tm, 64, 64), schedule="ws", swap_ab=True, split_k=2))
+    # The same with 128-wide K tiles (two 128-byte TMA boxes per stage): half as many k-block
+    # round trips (full barrier, WGMMA batch, release) for the one consumer warpgroup, which at
+    # 64 K per stage could not keep up with the stream.  H100, M = 16, graphs of 8 calls
+    # (notes/results/probe_overhead_*.json): 4096x4096 14.3 us vs 15.3-15.4 (16x64x64 with and
+    # without split-K; a TMA-bulk read of the same bytes 13.3), 6144x4096 20.2 vs 20.4-20.5.
+    # fp8 gains nothing from the wider tile (32x64x256: 9.1-9.2 vs 9.1 at 4096x4096, promoted or
+    # fast accumulation alike), nor bf16 from split-K on it (15.1-15.2).
+    for tm in (16, 32):
+        out.append(dict(**bf16, tile=(tm, 64, 128), schedule="ws", swap_ab=True))
     # 64-row swap tiles cover M = 33..128 with enough CTAs to stream the weights (H100, tuned:
     # bf16 M = 64..128 x N 4096..8192 picks them, e.g. 128x4096x4096 19.0 us, cuBLAS 18.1).
     # fp8 the same: without them M=128 N=4096 K=14336 took 40 us, with them 30 (_scaled_mm 27).

@@ -145,6 +145,9 @@ MODEL = {
     # 13-stage multicast swap tiles ran 2-10 % faster than their 8-stage twins in every bucket of
     # the v10 table; any factor 1.02-1.15 gives the same picks there (regret 1.0255 -> 1.0234).
     "deep_bw": 1.05,
+    # bf16 swap tiles with 128-wide K stages (two 128-byte rows) streamed 1.4-6 % faster than
+    # their 64-wide twins at M = 16 (notes/results/probe_overhead_h100.json).
+    "wide_k_bw": 1.05,
 }
 
 
@@ -211,6 +214,8 @@ def estimate_us(v: dict, M: int, N: int, K: int, L: int, sm_count: int) -> float
     bw = _STREAM_TBS * 1e12 * min(1.0, useful / sm_count) ** MODEL["grid_bw_exp"]
     if v.get("config", {}).get("deep"):  # up to 16 stages: more bytes in flight per SM
         bw *= MODEL["deep_bw"]
+    if v.get("swap_ab") and v["tile"][2] * _BYTES.get(ab, 2) >= 256:  # half the k-block trips
+        bw *= MODEL["wide_k_bw"]
     t_memory = nbytes / bw
     # Compute and memory overlap imperfectly: MODEL["overlap"] of the shorter one shows.
     t = max(t_compute, t_memory) + MODEL["overlap"] * min(t_compute, t_memory)
