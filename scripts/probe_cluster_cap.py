@@ -19,8 +19,8 @@ from factory.runtime import Bundle  # noqa: E402
 from factory.runtime.gemm import rkl_spec  # noqa: E402
 
 CASES = [  # (variant suffix, M, N, K)
-    ("bf16_obf16_ak_bk_t64x64x64_c1x1_ws_rm_sw1_swap_sk2", 64, 4096, 14336),
-    ("bf16_obf16_ak_bk_t16x64x64_c1x1_ws_rm_sw1_swap_sk2", 16, 4096, 4096),
+    ("bf16_obf16_ak_bk_t64x64x64_c1x1_ws_rm_sw1_swap_sk2_pdl", 64, 4096, 14336),
+    ("bf16_obf16_ak_bk_t16x64x64_c1x1_ws_rm_sw1_swap_sk2_pdl", 16, 4096, 4096),
     ("bf16_obf16_ak_bk_t128x256x64_c2x1_coop_rm_sw1_sk1", 2048, 28672, 4096),
     ("bf16_obf16_ak_bk_t128x256x64_c2x1_coop_rm_sw8_sk1", 8192, 8192, 8192),
     ("bf16_obf16_ak_bk_t128x128x64_c1x2_pp_rm_sw1_sk1", 512, 4096, 14336),

@@ -24,8 +24,8 @@ def profile(bundle) -> int:
     import torch
 
     pre = "gemm_sm90a_"
-    cases = [("e4m3", "e4m3_obf16_ak_bk_t32x64x128_c1x1_ws_rm_sw1_swap_sk1", 57344, 8192),
-             ("bf16", "bf16_obf16_ak_bk_t16x64x64_c1x1_ws_rm_sw1_swap_sk1", 8192, 8192)]
+    cases = [("e4m3", "e4m3_obf16_ak_bk_t32x64x128_c1x1_ws_rm_sw1_swap_sk1_pdl", 57344, 8192),
+             ("bf16", "bf16_obf16_ak_bk_t16x64x64_c1x1_ws_rm_sw1_swap_sk1_pdl", 8192, 8192)]
     for dt, v, N, K in cases:
         B = testing.gemm_operand(N, K, 1, "k", dt)[0]
         one = torch.ones(1, device="cuda")
@@ -58,9 +58,9 @@ def main() -> int:
     if "--profile" in sys.argv[2:]:
         return profile(bundle)
     pre = "gemm_sm90a_"
-    cases = [("bf16", "bf16_obf16_ak_bk_t16x64x64_c1x1_ws_rm_sw1_swap_sk1", 8192, 8192),
-             ("e4m3", "e4m3_obf16_ak_bk_t32x64x128_c1x1_ws_rm_sw1_swap_sk1", 8192, 28672),
-             ("e4m3", "e4m3_obf16_ak_bk_t32x64x128_c1x1_ws_rm_sw1_swap_sk1", 57344, 8192)]
+    cases = [("bf16", "bf16_obf16_ak_bk_t16x64x64_c1x1_ws_rm_sw1_swap_sk1_pdl", 8192, 8192),
+             ("e4m3", "e4m3_obf16_ak_bk_t32x64x128_c1x1_ws_rm_sw1_swap_sk1_pdl", 8192, 28672),
+             ("e4m3", "e4m3_obf16_ak_bk_t32x64x128_c1x1_ws_rm_sw1_swap_sk1_pdl", 57344, 8192)]
     rows = []
     for dt, v, N, K in cases:
         B = testing.gemm_operand(N, K, 1, "k", dt)[0]

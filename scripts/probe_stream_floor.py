@@ -450,27 +450,38 @@ def gemm_row(bundle, dt, M, N, K, n_sets) -> dict:
     return {"ours_us": t["ours"] * 1e6, "ref_us": t["ref"] * 1e6, "variant": variant}
 
 
-OVERHEAD_VARIANTS = {"e4m3": ["gemm_sm90a_e4m3_obf16_ak_bk_t32x64x128_c1x1_ws_rm_sw1_swap_sk1"],
-                     "bf16": ["gemm_sm90a_bf16_obf16_ak_bk_t16x64x64_c1x1_ws_rm_sw1_swap_sk1",
-                              "gemm_sm90a_bf16_obf16_ak_bk_t16x64x64_c1x1_ws_rm_sw1_swap_sk2",
+# Decode variants of the default tier (PDL: launched with programmatic dependent launch) and two
+# of their non-PDL twins (build them with the full tier or by hand to compare).
+OVERHEAD_VARIANTS = {"e4m3": ["gemm_sm90a_e4m3_obf16_ak_bk_t32x64x128_c1x1_ws_rm_sw1_swap_sk1",
+                              "gemm_sm90a_e4m3_obf16_ak_bk_t32x64x128_c1x1_ws_rm_sw1_swap_sk1_pdl",
+                              "gemm_sm90a_e4m3_obf16_ak_bk_t16x64x128_c1x1_ws_rm_sw1_swap_sk1_pdl"],
+                     "bf16": ["gemm_sm90a_bf16_obf16_ak_bk_t16x64x64_c1x1_ws_rm_sw1_swap_sk1_pdl",
                               "gemm_sm90a_bf16_obf16_ak_bk_t16x64x128_c1x1_ws_rm_sw1_swap_sk1",
-                              "gemm_sm90a_bf16_obf16_ak_bk_t32x64x128_c1x1_ws_rm_sw1_swap_sk1"]}
+                              "gemm_sm90a_bf16_obf16_ak_bk_t16x64x128_c1x1_ws_rm_sw1_swap_sk1_pdl",
+                              "gemm_sm90a_bf16_obf16_ak_bk_t32x64x128_c1x1_ws_rm_sw1_swap_sk1_pdl"]}
 
 
 def overhead(lib, bundle, out, jpath) -> int:
-    """Time per call against K at N = 4096, M = 16 (ours per variant, cuBLAS, and the TMA-bulk
-    and LDG reads of the same bytes), all in graphs of 8 calls on 8 input sets: the intercept of
-    time over K is what a call costs beyond streaming its bytes."""
+    """Time per call against K and N at M = 16 (ours per variant, cuBLAS, and the TMA-bulk and
+    LDG reads of the same bytes), all in graphs of 8 calls on 8 input sets: what a call costs
+    beyond streaming its bytes.  ``--m1``: fp8 only, M = 1 and 16 at N = 4096 and 6144."""
     import torch
 
     from factory import testing
 
     res = {}
-    n_sets, M = 8, 16
+    n_sets = 8
     one = torch.ones(1, device="cuda")
-    for dt, variants in OVERHEAD_VARIANTS.items():
+    if "--m1" in sys.argv:
+        cases = [(M, N, K) for M in (1, 16) for N, K in ((4096, 4096), (6144, 4096))]
+        dtypes = ["e4m3"]
+    else:
+        cases = [(16, N, K) for N, K in ((4096, 1024), (4096, 4096), (6144, 4096), (8192, 8192), (28672, 4096))]
+        dtypes = list(OVERHEAD_VARIANTS)
+    for dt in dtypes:
+        variants = OVERHEAD_VARIANTS[dt]
         e = 1 if dt == "e4m3" else 2
-        for N, K in ((4096, 1024), (4096, 4096), (6144, 4096), (8192, 8192), (28672, 4096)):
+        for M, N, K in cases:
             sets = [(testing.gemm_operand(M, K, 1, "k", dt)[0], testing.gemm_operand(N, K, 1, "k", dt)[0],
                      torch.empty((M, N), dtype=torch.bfloat16, device="cuda")) for _ in range(n_sets)]
             calls = {}
@@ -491,7 +502,7 @@ def overhead(lib, bundle, out, jpath) -> int:
             calls["ldg264"] = lambda i: launch_read(lib, ("ldg", 264, 512, 8), sets[i][1], nb, out)
             calls["empty"] = lambda i: lib.launch_empty(_stream())
             t = time_interleaved(calls, n_sets, rounds=3, warm_s=0.02)
-            res[f"{dt} N={N} K={K}"] = {k: v * 1e6 for k, v in t.items()}
+            res[f"{dt} M={M} N={N} K={K}"] = {k: v * 1e6 for k, v in t.items()}
             print(f"{dt} M={M} N={N} K={K}: " + ", ".join(f"{k[-40:]}={v * 1e6:.2f}" for k, v in t.items()), flush=True)
     if jpath:
         Path(jpath).write_text(json.dumps(res, indent=1))

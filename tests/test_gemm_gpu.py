@@ -152,8 +152,8 @@ def test_persistent_grid_of_any_size_covers_every_tile(bundle):
 def test_chained_gemms_see_each_others_results(bundle):
     """Dependent persistent GEMMs back to back on one stream — the second reads the first's
     output, the third overwrites the first's input — eager and in a CUDA graph (outputs
-    NaN-poisoned before every replay).  Guards any launch-overlap scheme (PDL was tried in
-    session 2 and dropped: notes/gemm-sm90.md)."""
+    NaN-poisoned before every replay).  Guards programmatic dependent launch (the decode tiles
+    launch with it: the next call is scheduled while one runs and waits before touching memory)."""
     import torch
 
     from factory import testing
@@ -166,7 +166,7 @@ def test_chained_gemms_see_each_others_results(bundle):
     picks = {}
     for e in entries:
         kind = "split" if e.get("split_k", 1) > 1 else "swap" if e.get("swap_ab") else e["schedule"]
-        picks.setdefault((kind, e["cluster"] != [1, 1]), e)
+        picks.setdefault((kind, e["cluster"] != [1, 1], bool(e["config"].get("pdl"))), e)
     M, N, K = 96, 1024, 1536
     for e in picks.values():
         name = e["name"]

@@ -155,5 +155,16 @@ def test_two_row_k_tiles_only_on_swap_ws_tiles():
                 dict(tile=(16, 64, 256), schedule="ws", swap_ab=True)):
         assert "128-byte row" in GemmSm90(**bf16, **bad).can_implement(), bad
     names = {GemmSm90(target="sm_90a", **d).name for d in _default()}
-    assert {"gemm_sm90a_bf16_obf16_ak_bk_t16x64x128_c1x1_ws_rm_sw1_swap_sk1",
-            "gemm_sm90a_bf16_obf16_ak_bk_t32x64x128_c1x1_ws_rm_sw1_swap_sk1"} <= names
+    assert {"gemm_sm90a_bf16_obf16_ak_bk_t16x64x128_c1x1_ws_rm_sw1_swap_sk1_pdl",
+            "gemm_sm90a_bf16_obf16_ak_bk_t32x64x128_c1x1_ws_rm_sw1_swap_sk1_pdl"} <= names
+
+
+def test_decode_tiles_launch_with_pdl():
+    """Every swap (decode) tile of the default tier launches with PDL and carries its SASS
+    requirement (PREEXIT = launch_dependents, ACQBULK = wait); no other tile does."""
+    from factory.gemm.sm90 import GemmSm90, _default
+
+    for d in _default():
+        v = GemmSm90(target="sm_90a", **d)
+        assert v.pdl == v.swap_ab, v.name
+        assert (r"\bPREEXIT\b" in v.sass_requirements()) == v.pdl, v.name

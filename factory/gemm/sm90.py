@@ -123,6 +123,9 @@ class GemmSm90(GemmVariant):
     split_k: int = field(default=1, metadata={"tag": "sk"})
     # Up to 16 shared-memory stages instead of 8.
     deep: bool = field(default=False, metadata={"tag": "deep"})
+    # Programmatic dependent launch: the next PDL kernel in the stream may be scheduled while this
+    # one runs, and this one does its prologue before waiting for the previous kernel to finish.
+    pdl: bool = field(default=False, metadata={"tag": "pdl"})
 
     required_sass: ClassVar[tuple[str, ...]] = (r"\bHGMMA\.64x", r"\bUTMALDG\.3D", r"\bUTMASTG\.3D")
 
@@ -142,6 +145,8 @@ class GemmSm90(GemmVariant):
             req += (r"\bUTMALDG\.3D\.MULTICAST",)
         if self.split_k > 1:  # partial sums stored into the first CTA's smem
             req += (r"\bSTAS\b",)
+        if self.pdl:  # griddepcontrol.launch_dependents and .wait
+            req += (r"\bPREEXIT\b", r"\bACQBULK\b")
         return req
 
     # --- validity --------------------------------------------------------------------------------
@@ -286,7 +291,7 @@ class GemmSm90(GemmVariant):
             pingpong=self.schedule == "pp", promote=self.promotes,
             epi_tile=plan.epi_tile, ab_stages=plan.ab_stages, epi_stages=plan.epi_stages,
             raster_along_m=(self.raster == "m") != self.swap_ab, swizzle=self.swizzle,
-            swap_ab=self.swap_ab, split_k=self.split_k,
+            swap_ab=self.swap_ab, split_k=self.split_k, pdl=self.pdl,
         )
         if self.is_fp8:
             return kernel.scaled
@@ -308,7 +313,7 @@ class GemmSm90Kernel:
     See the module docstring for the warp roles."""
 
     def __init__(self, *, tile, cluster, n_consumer, pingpong, promote, epi_tile, ab_stages,
-                 epi_stages, raster_along_m, swizzle, swap_ab, split_k):
+                 epi_stages, raster_along_m, swizzle, swap_ab, split_k, pdl=False):
         self.tile = tuple(tile)
         self.cluster = tuple(cluster)
         self.n_consumer = n_consumer
@@ -326,6 +331,7 @@ class GemmSm90Kernel:
         self.swizzle = swizzle
         self.swap_ab = swap_ab
         self.split_k = split_k
+        self.pdl = pdl
         # The launched cluster: the multicast cluster, or the split-K group along K.
         self.launch_cluster = (split_k, 1) if split_k > 1 else self.cluster
         self.red_elems = (split_k - 1) * self.tile[0] * self.tile[1]
@@ -411,7 +417,7 @@ class GemmSm90Kernel:
             sA_layout, sB_layout, sC_layout, sched,
         ).launch(
             grid=grid, block=[self.threads, 1, 1], cluster=(*self.launch_cluster, 1),
-            min_blocks_per_mp=1, stream=stream,
+            min_blocks_per_mp=1, stream=stream, use_pdl=self.pdl,
         )
 
     @staticmethod
@@ -496,6 +502,12 @@ class GemmSm90Kernel:
         k_tiles = cute.size(gA, mode=[3])
 
         pipeline.pipeline_init_wait(cluster_shape_mn=self.launch_cluster)
+        if cutlass.const_expr(self.pdl):
+            # Every CTA of this persistent grid is resident (the grid is capped at what the
+            # device holds), so the next kernel may be scheduled now: it cannot delay ours.  Then
+            # wait for the previous kernel to finish: nothing above read or wrote global memory.
+            cute.arch.griddepcontrol_launch_dependents()
+            cute.arch.griddepcontrol_wait()
 
         warpgroup = cute.arch.make_warp_uniform(tidx // 128)
         if warpgroup == 0:
@@ -873,6 +885,10 @@ def _default() -> list[dict]:
     out.append(dict(ab="e4m3", c="bf16", tile=(32, 64, 128), schedule="ws", swap_ab=True))
     out.append(dict(ab="e4m3", c="bf16", tile=(32, 64, 128), schedule="ws", swap_ab=True,
                     split_k=2))
+    # The activation box of a swap tile is tile-M rows; the rows past M are the TMA's zero fill,
+    # which is not free: fp8 M = 1 at 6144x4096 took 11.8 us on 32 rows, 10.6 on 16 (M = 16: 11.0
+    # and 10.9), at 4096x4096 8.4 and 8.0 (notes/results/probe_overhead_fp8_m1_h100.json).
+    out.append(dict(ab="e4m3", c="bf16", tile=(16, 64, 128), schedule="ws", swap_ab=True))
     # Mid M (128..1024): tile widths chosen for how the tile count fills 132 SMs (H100, v2 tuned:
     # 512x6144x4096 0.82x cuBLAS on 128x256 = 96 tiles, 73 % of the SMs; 512x10240x8192 0.84x on
     # 128x128 = 320 tiles, 2.4 waves).  128x192: 4x32 = 128 tiles at M=512 N=6144 (one wave,
@@ -919,6 +935,16 @@ def _default() -> list[dict]:
                     fast_accum=True))
     out.append(dict(ab="e4m3", c="bf16", tile=(64, 256, 128), cluster=(1, 2), schedule="pp",
                     fast_accum=True))
+    # The decode (swap) tiles launch with programmatic dependent launch: a call's launch and
+    # prologue overlap the previous PDL kernel in the stream.  H100, graphs of 8 consecutive calls
+    # at M = 16 (notes/results/probe_overhead_pdl_h100.json): fp8 4096x4096 9.11 -> 8.38 us,
+    # 6144x4096 11.56 -> 11.04, 8192x8192 25.6 -> 24.8; bf16 4096x4096 14.25 -> 13.47.  After a
+    # kernel launched without PDL they run as before.  (Session 2's PDL build also asked the L2
+    # for the first weight k-blocks before the wait and measured no gain; an L2 prefetch of the
+    # weights is a loss on its own, see the notes.)
+    for d in out:
+        if d.get("swap_ab"):
+            d["pdl"] = True
     return out
 
 
