@@ -7,7 +7,9 @@ mean over buckets of (measured time of the model's pick / fastest measured time)
 and the number of buckets where it exceeds 1.1.  Coordinate descent over the MODEL entries, each
 tried at a few multiplicative steps, kept when the geometric-mean regret drops.  Prints the fitted
 values; it never edits tuning.py (paste what you accept, and note the fit in notes/gemm-sm90.md).
-The fit is in-sample: the buckets it scores are the ones it was fitted on.
+The fit is in-sample: the buckets it scores are the ones it was fitted on; ``--also T.json ...``
+scores the current and the fitted model on other tables too (out of sample; a name missing from
+the manifest matches its entry with a ``_pdl`` suffix, the same kernel launched with PDL).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ def regret(table: dict, variants: dict, sm_count: int) -> tuple[float, int, list
     logs, bad, worst = [], 0, []
     for key, b in table["buckets"].items():
         times = b.get("screen_us") or b["timings_us"]
+        times = {n if n in variants else n + "_pdl": t for n, t in times.items()}
         names = [n for n in times if n in variants]
         if not names:
             continue
@@ -44,12 +47,21 @@ def main() -> int:
     p.add_argument("tuning_json")
     p.add_argument("manifest")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--also", nargs="*", default=[], help="tuning tables to score out of sample")
     a = p.parse_args()
     table = json.loads(Path(a.tuning_json).read_text())
     variants = json.loads(Path(a.manifest).read_text())["variants"]
     sms = table["device"]["sm_count"]
+    others = {t: json.loads(Path(t).read_text()) for t in a.also}
+
+    def score_others(label: str) -> None:
+        for t, tab in others.items():
+            r = regret(tab, variants, tab["device"]["sm_count"])
+            print(f"  {label} on {Path(t).name}: regret {r[0]:.4f}, buckets > 1.1: {r[1]}")
+
     base = regret(table, variants, sms)
     print(f"current model: regret {base[0]:.4f}, buckets > 1.1: {base[1]}")
+    score_others("current")
     best = base[0]
     for _ in range(a.rounds):
         for k in list(tuning.MODEL):
@@ -62,6 +74,7 @@ def main() -> int:
                 tuning.MODEL[k] = v0
     fit = regret(table, variants, sms)
     print(f"fitted model:  regret {fit[0]:.4f}, buckets > 1.1: {fit[1]}")
+    score_others("fitted")
     print("MODEL = " + json.dumps({k: round(v, 3) for k, v in tuning.MODEL.items()}))
     for r, key, pick in fit[2]:
         print(f"  {r:.2f}  {key}  {pick.replace('gemm_sm90a_', '')}")
