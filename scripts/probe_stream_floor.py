@@ -16,10 +16,17 @@ sets to defeat the L2 (bench.time_graph, the same timer as bench.py):
 For each size it prints the best time of each kind, that time over bench.py's floor, and (with a
 bundle) our GEMM and torch's on the matching decode shape in the same run.
 
+It also holds ``dec_gemm``, a CUDA C prototype of a decode GEMM fed from registers (16-byte loads
+whose K order is permuted alike for both operands so that they are mma.sync fragments), timed on
+the same shapes with the weights as given and pre-packed (notes/gemm-sm90.md, session 3).
+
 Needs nvcc (compiles a small .so at start-up).  Run:
-  PYTHONPATH=. python3 scripts/probe_stream_floor.py [BUNDLE] [--json OUT.json] [--profile]
-``--profile``: one call each of the best read kernels and our GEMM between cudaProfilerStart/Stop
-(for ``ncu --profile-from-start off``).
+  PYTHONPATH=. python3 scripts/probe_stream_floor.py [BUNDLE] [--json OUT.json]
+      [--profile | --overhead [--m1]]
+``--profile``: one call each of the best read kernels, the prototype and our GEMM between
+cudaProfilerStart/Stop (for ``ncu --profile-from-start off``).  ``--overhead``: ours (the decode
+variants in OVERHEAD_VARIANTS that the bundle has), cuBLAS, the reads and an empty kernel
+interleaved as K and N grow; ``--m1``: fp8 at M = 1 and 16.
 """
 
 from __future__ import annotations
