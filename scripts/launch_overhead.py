@@ -1,6 +1,11 @@
 #!/usr/bin/env python3
 """Host cost of one launch through the bundle (selection-cache hit) beside torch.mm, on a problem
-so small that the GPU never holds the host back: the number an eager inference server pays."""
+so small that the GPU never holds the host back: the number an eager inference server pays.
+
+``--host-only`` (no GPU needed): the loader's own Python cost per ``bundle.gemm`` — selection hit,
+checks, argument packing — with CPU tensors, a planned H100 and every launcher replaced by a C
+function that returns at once (built with the system C compiler); the native launcher's own cost
+(the CUDA launch) is not in it."""
 
 from __future__ import annotations
 
@@ -15,25 +20,67 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from factory.runtime import Bundle  # noqa: E402
 
 
-def per_call_us(fn, calls: int = 2000, repeats: int = 7) -> float:
+def per_call_us(fn, calls: int = 2000, repeats: int = 7, sync: bool = True) -> float:
     import torch
 
     fn()
-    torch.cuda.synchronize()
+    if sync:
+        torch.cuda.synchronize()
     samples = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         for _ in range(calls):
             fn()
         samples.append((time.perf_counter() - t0) / calls * 1e6)
-        torch.cuda.synchronize()
+        if sync:
+            torch.cuda.synchronize()
     return statistics.median(samples)
+
+
+def host_only(bundle_path: str) -> int:
+    import ctypes
+    import subprocess
+    import tempfile
+
+    import torch
+
+    d = Path(tempfile.mkdtemp(prefix="launch_overhead_"))
+    (d / "noop.c").write_text("int fx_noop(void *argv) { (void)argv; return 0; }\n")
+    subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-o", str(d / "noop.so"), str(d / "noop.c")], check=True)
+    noop = ctypes.CDLL(str(d / "noop.so")).fx_noop
+    noop.restype, noop.argtypes = ctypes.c_int32, [ctypes.c_void_p]
+
+    class NoLaunch:
+        def launcher(self, name):
+            return noop
+
+    class Stream:
+        cuda_stream = 0
+
+    stream = Stream()
+    torch.cuda.current_stream = lambda *a, **k: stream  # noqa: E731 - no CUDA here
+    b = Bundle.open(bundle_path, capability=(9, 0), device={"name": "planned H100", "sm_count": 132})
+    b._lib = NoLaunch()
+    x = torch.randn(16, 64, dtype=torch.bfloat16)
+    w = torch.randn(64, 64, dtype=torch.bfloat16)
+    out = torch.empty(16, 64, dtype=torch.bfloat16)
+    x8, w8 = x.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn)
+    one = torch.ones(1)
+    rows = {"bf16 gemm(out=)": lambda: b.gemm(x, w, out),
+            "fp8 gemm(out=, scales)": lambda: b.gemm(x8, w8, out, scale_a=one, scale_b=one),
+            "fp8 gemm(out=)": lambda: b.gemm(x8, w8, out)}
+    for name, fn in rows.items():
+        print(f"loader host µs per call, {name}: {per_call_us(fn, sync=False):.1f}")
+    return 0
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--bundle", default="artifacts/default")
+    p.add_argument("--host-only", action="store_true", help="the loader's Python cost, no GPU")
     a = p.parse_args()
+    if a.host_only:
+        return host_only(a.bundle)
     import torch
 
     b = Bundle.open(a.bundle)

@@ -129,3 +129,67 @@ def test_split_k_only_for_decode_shapes(test_bundle):
     assert "_sk" not in short_k  # two k-tiles: nothing to split
     entry = b.manifest["variants"][decode]
     assert entry["workspace"]["dtype"] == "f32" and entry["split_k"] == 4
+
+
+class _Recorder:
+    """A host library whose launchers record the packed argument array instead of launching."""
+
+    def __init__(self):
+        import ctypes
+
+        self.calls = []
+        proto = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p)
+
+        def launch(argv):
+            ptrs = ctypes.cast(argv, ctypes.POINTER(ctypes.c_void_p))
+            # first 8 bytes of each argument slot: the data pointer of a tensor struct
+            self.calls.append([ctypes.c_uint64.from_address(ptrs[i]).value for i in range(5)])
+            return 0
+
+        self._fn = proto(launch)
+
+    def launcher(self, name):
+        self.name = name
+        return self._fn
+
+
+def test_gemm_launch_path_without_a_gpu(test_bundle, monkeypatch):
+    """bundle.gemm end to end on CPU tensors with a recording launcher: the operands' pointers
+    reach the argument array; an fp8 scale that is one float32 element is passed as it is (no
+    copy), another dtype is converted; a missing scale is one cached [1.0] per device, but not
+    cached when made during CUDA-graph capture (its fill would not have run yet)."""
+    from factory.runtime import gemm as rgemm
+
+    b = Bundle.open(test_bundle, capability=(9, 0), device={"name": "planned H100", "sm_count": 132})
+    rec = _Recorder()
+    b._lib = rec
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: type("S", (), {"cuda_stream": 0})())
+    x, w = torch.randn(16, 256).bfloat16(), torch.randn(512, 256).bfloat16()
+    out = torch.empty(16, 512, dtype=torch.bfloat16)
+    assert b.gemm(x, w, out) is out
+    assert rec.calls[-1][:3] == [x.data_ptr(), w.data_ptr(), out.data_ptr()]
+
+    x8, w8 = x.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn)
+    sa, sb = torch.tensor([0.5]), torch.tensor(2.0)  # float32, shapes (1,) and ()
+    b.gemm(x8, w8, out, scale_a=sa, scale_b=sb)
+    assert rec.name.startswith("gemm_sm90a_e4m3")
+    assert rec.calls[-1][3:5] == [sa.data_ptr(), sb.data_ptr()]
+    half = torch.tensor([0.5], dtype=torch.float16)
+    b.gemm(x8, w8, out, scale_a=half, scale_b=sb)
+    assert rec.calls[-1][3] != half.data_ptr()
+    b.gemm(x8, w8, out)
+    one = b._unit_scales[x8.device]
+    assert one.item() == 1.0 and rec.calls[-1][3:5] == [one.data_ptr()] * 2
+    b.gemm(x8, w8, out)
+    assert rec.calls[-1][3:5] == [one.data_ptr()] * 2  # reused, not remade
+
+    # The capture rule, for a CUDA device (faked: tensors are made on the CPU here).
+    real_ones = torch.ones
+    monkeypatch.setattr(torch, "ones", lambda *a, device=None, **k: real_ones(*a, **k))
+    cuda0 = torch.device("cuda", 0)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    first = rgemm._unit_scale(b, cuda0)
+    assert first.item() == 1.0 and cuda0 not in b._unit_scales
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    kept = rgemm._unit_scale(b, cuda0)
+    assert kept is not first and rgemm._unit_scale(b, cuda0) is kept

@@ -17,6 +17,9 @@ class NoVariantError(LookupError):
     pass
 
 
+_OPS: dict = {}  # op name -> its entry point in runtime/<op>.py (bound on first use)
+
+
 class Bundle:
     def __init__(self, path: Path, manifest: dict, capability: tuple[int, int] | None,
                  device: dict | None = None):
@@ -29,6 +32,7 @@ class Bundle:
         self._binders: dict[str, Binder] = {}
         self._select_cache: dict[tuple, str] = {}
         self._max_clusters: dict[str, int] = {}  # persistent grid caps (runtime/gemm.py)
+        self._unit_scales: dict = {}  # device -> float32 [1.0], fp8's default scale (runtime/gemm.py)
         self._lock = threading.Lock()
 
     @classmethod
@@ -133,9 +137,12 @@ class Bundle:
 
     # --- ops --------------------------------------------------------------------------------------
     def gemm(self, a, b, out=None, *, out_dtype=None, scale_a=None, scale_b=None, variant: str | None = None):
-        from .gemm import gemm
+        fn = _OPS.get("gemm")
+        if fn is None:  # runtime/gemm.py imports this module: bind on first use, not per call
+            from .gemm import gemm as fn
 
-        return gemm(self, a, b, out, out_dtype=out_dtype, scale_a=scale_a, scale_b=scale_b, variant=variant)
+            _OPS["gemm"] = fn
+        return fn(self, a, b, out, out_dtype=out_dtype, scale_a=scale_a, scale_b=scale_b, variant=variant)
 
     def attention(self, q, k, v, **kwargs):
         from .attention import attention

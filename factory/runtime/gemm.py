@@ -30,12 +30,21 @@ from .bundle import NoVariantError
 _CACHE_LIMIT = 4096
 
 
+_DTYPE_NAMES: dict = {}
+
+
 def _dtype_name(t) -> str:
+    """Our name of torch dtype ``t`` (the table is built once: this runs on every launch)."""
+    try:
+        return _DTYPE_NAMES[t]
+    except KeyError:
+        pass
     import torch
 
     names = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
     if hasattr(torch, "float8_e4m3fn"):
         names[torch.float8_e4m3fn] = "e4m3"
+    _DTYPE_NAMES.update(names)
     try:
         return names[t]
     except KeyError:
@@ -183,6 +192,19 @@ def _workspace_spec(entry: dict, M: int, N: int, ptr: int = 0) -> list:
     return [(ptr, (M, N, s), (N, 1, M * N))]
 
 
+def _unit_scale(bundle, device):
+    """A float32 [1.0] on ``device`` for an fp8 scale not given, made once per device.  Not kept
+    when made during CUDA-graph capture: its fill would then run only when the graph replays."""
+    s = bundle._unit_scales.get(device)
+    if s is None:
+        import torch
+
+        s = torch.ones(1, dtype=torch.float32, device=device)
+        if device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
+            bundle._unit_scales[device] = s
+    return s
+
+
 def gemm(bundle, a, b, out=None, *, out_dtype=None, scale_a=None, scale_b=None, variant=None):
     import torch
 
@@ -201,8 +223,9 @@ def gemm(bundle, a, b, out=None, *, out_dtype=None, scale_a=None, scale_b=None, 
     if fp8:
         for s in (scale_a, scale_b):
             if s is None:
-                s = torch.ones(1, dtype=torch.float32, device=a.device)
-            s = s.reshape(1).to(torch.float32)
+                s = _unit_scale(bundle, a.device)
+            elif s.dtype != torch.float32 or s.numel() != 1:
+                s = s.reshape(1).to(torch.float32)  # (one float32 element is read as it is)
             keep.append(s)  # alive until the launch is queued
             scales.append((s.data_ptr(), (1,), (1,)))
     elif scale_a is not None or scale_b is not None:
