@@ -191,5 +191,9 @@ def test_gemm_launch_path_without_a_gpu(test_bundle, monkeypatch):
     first = rgemm._unit_scale(b, cuda0)
     assert first.item() == 1.0 and cuda0 not in b._unit_scales
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    synced = []
+    monkeypatch.setattr(torch.cuda, "current_stream",
+                        lambda device=None: type("S", (), {"synchronize": lambda self: synced.append(device)})())
     kept = rgemm._unit_scale(b, cuda0)
+    assert synced == [cuda0]  # the fill has finished before any stream may read it
     assert kept is not first and rgemm._unit_scale(b, cuda0) is kept

@@ -194,13 +194,17 @@ def _workspace_spec(entry: dict, M: int, N: int, ptr: int = 0) -> list:
 
 def _unit_scale(bundle, device):
     """A float32 [1.0] on ``device`` for an fp8 scale not given, made once per device.  Not kept
-    when made during CUDA-graph capture: its fill would then run only when the graph replays."""
+    when made during CUDA-graph capture: its fill would then run only when the graph replays.
+    Kept only once its fill has finished, so a launch on any other stream may read it."""
     s = bundle._unit_scales.get(device)
     if s is None:
         import torch
 
         s = torch.ones(1, dtype=torch.float32, device=device)
-        if device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
+        if device.type != "cuda":
+            bundle._unit_scales[device] = s
+        elif not torch.cuda.is_current_stream_capturing():
+            torch.cuda.current_stream(device).synchronize()
             bundle._unit_scales[device] = s
     return s
 
