@@ -20,6 +20,17 @@ class NoVariantError(LookupError):
 _OPS: dict = {}  # op name -> its entry point in runtime/<op>.py (bound on first use)
 
 
+def _op(name: str):
+    """``runtime/<name>.py``'s entry point.  Those modules import this one, so they are bound on
+    first use, then found in a dict (an import statement per launch costs about a microsecond)."""
+    fn = _OPS.get(name)
+    if fn is None:
+        import importlib
+
+        fn = _OPS[name] = getattr(importlib.import_module(f".{name}", __package__), name)
+    return fn
+
+
 class Bundle:
     def __init__(self, path: Path, manifest: dict, capability: tuple[int, int] | None,
                  device: dict | None = None):
@@ -137,17 +148,11 @@ class Bundle:
 
     # --- ops --------------------------------------------------------------------------------------
     def gemm(self, a, b, out=None, *, out_dtype=None, scale_a=None, scale_b=None, variant: str | None = None):
-        fn = _OPS.get("gemm")
-        if fn is None:  # runtime/gemm.py imports this module: bind on first use, not per call
-            from .gemm import gemm as fn
-
-            _OPS["gemm"] = fn
-        return fn(self, a, b, out, out_dtype=out_dtype, scale_a=scale_a, scale_b=scale_b, variant=variant)
+        return _op("gemm")(self, a, b, out, out_dtype=out_dtype, scale_a=scale_a, scale_b=scale_b,
+                           variant=variant)
 
     def attention(self, q, k, v, **kwargs):
-        from .attention import attention
-
-        return attention(self, q, k, v, **kwargs)
+        return _op("attention")(self, q, k, v, **kwargs)
 
 
 __all__ = ["Bundle", "BundleError", "LaunchError", "NoVariantError"]
