@@ -91,6 +91,13 @@ def main() -> int:
     ours_alloc = per_call_us(lambda: b.gemm(x, w))
     ref = per_call_us(lambda: torch.mm(x, w.t(), out=out))
     print(f"host µs per call: bundle.gemm(out=) {ours:.1f}, bundle.gemm() {ours_alloc:.1f}, torch.mm(out=) {ref:.1f}")
+    x8, w8 = x.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn)
+    one = torch.ones(1, device="cuda")
+    f8 = per_call_us(lambda: b.gemm(x8, w8, out, scale_a=one, scale_b=one))
+    f8_unit = per_call_us(lambda: b.gemm(x8, w8, out))
+    f8_ref = per_call_us(lambda: torch._scaled_mm(x8, w8.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16))
+    print(f"fp8: bundle.gemm(out=, scales) {f8:.1f}, bundle.gemm(out=) {f8_unit:.1f}, "
+          f"torch._scaled_mm {f8_ref:.1f}")
     return 0
 
 

@@ -146,8 +146,12 @@ __device__ __forceinline__ uint4 ldg16(const char *p, bool ok, bool stream) {
 
 template <bool FP8, int G, int KW, int U, bool PACKED>
 __global__ void __launch_bounds__(512) dec_gemm(const char *__restrict__ W, const char *__restrict__ X, __nv_bfloat16 *__restrict__ C,
-                         int M, int N, int K, long long ldw, long long ldx, long long ldc, float scale) {
+                         int M, int N, int K, long long ldw, long long ldx, long long ldc, float scale, int pdl) {
   extern __shared__ float red[];
+  // pdl: launched with programmatic dependent launch; the weights (constant) are loaded before
+  // griddepcontrol.wait, the activations (the previous kernel's output) after it.
+  if (pdl) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  bool waited = !pdl;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
   const int nwn = (blockDim.x >> 5) / KW;
   const int wn = warp / KW, wk = warp % KW;
@@ -175,6 +179,15 @@ __global__ void __launch_bounds__(512) dec_gemm(const char *__restrict__ W, cons
                                 : W + n * ldw + kb;
         wv[u][i] = ldg16(wp, ok && n < N, true);
       }
+    }
+    if (!waited) {
+      asm volatile("griddepcontrol.wait;" ::: "memory");
+      waited = true;
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      long long kb = (long long)(s + u) * 64 + q * 16;
+      bool ok = (s + u < s1) && kb < kbytes;
       av[u] = ldg16(X + g * ldx + kb, ok && vg, false);
       bv[u] = ldg16(X + (g + 8) * ldx + kb, ok && vh, false);
     }
@@ -186,6 +199,7 @@ __global__ void __launch_bounds__(512) dec_gemm(const char *__restrict__ W, cons
         mma_step(acc[i], av[u].z, bv[u].z, av[u].w, bv[u].w, wv[u][i].z, wv[u][i].w, FP8);
       }
   }
+  if (!waited) asm volatile("griddepcontrol.wait;" ::: "memory");
   float *mine = red + ((size_t)warp * G * 32 + lane) * 4;
 #pragma unroll
   for (int i = 0; i < G; ++i)
@@ -207,17 +221,23 @@ __global__ void __launch_bounds__(512) dec_gemm(const char *__restrict__ W, cons
 #define DEC1(FP8, G, KW, U, P) if (fp8 == FP8 && g == G && kw == KW && u == U && packed == P) { \
     int smem = warps * G * 128 * 4; \
     cudaFuncSetAttribute(dec_gemm<FP8, G, KW, U, P>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem); \
-    dec_gemm<FP8, G, KW, U, P><<<grid, warps * 32, smem, s>>>((const char *)W, (const char *)X, (__nv_bfloat16 *)C, M, N, K, ldw, ldx, ldc, scale); \
+    cudaLaunchConfig_t cfg = {}; cudaLaunchAttribute at[1]; \
+    cfg.gridDim = dim3(grid); cfg.blockDim = dim3(warps * 32); cfg.dynamicSmemBytes = smem; cfg.stream = s; \
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization; at[0].val.programmaticStreamSerializationAllowed = pdl; \
+    cfg.attrs = at; cfg.numAttrs = 1; \
+    cudaLaunchKernelEx(&cfg, dec_gemm<FP8, G, KW, U, P>, (const char *)W, (const char *)X, (__nv_bfloat16 *)C, M, N, K, ldw, ldx, ldc, scale, pdl); \
     return (int)cudaGetLastError(); }
 
 #define DEC(FP8, G, KW, U) DEC1(FP8, G, KW, U, false) DEC1(FP8, G, KW, U, true)
 
 extern "C" int launch_dec(int packed, int fp8, int g, int kw, int u, int nwn, const void *W, const void *X, void *C, int M, int N, int K,
-                          long long ldw, long long ldx, long long ldc, float scale, cudaStream_t s) {
+                          long long ldw, long long ldx, long long ldc, float scale, cudaStream_t s, int pdl) {
   int warps = nwn * kw;
   int grid = (N + nwn * 8 * g - 1) / (nwn * 8 * g);
   DEC(0, 1, 8, 4) DEC(0, 2, 8, 4) DEC(0, 1, 16, 4) DEC(0, 4, 16, 4) DEC(0, 4, 16, 2) DEC(0, 2, 16, 4) DEC(0, 4, 8, 4)
   DEC(1, 1, 8, 4) DEC(1, 2, 8, 4) DEC(1, 1, 16, 4) DEC(1, 4, 16, 4) DEC(1, 4, 16, 2) DEC(1, 2, 16, 4) DEC(1, 4, 8, 4)
+  DEC(0, 1, 8, 8) DEC(0, 2, 8, 8) DEC(0, 1, 16, 8) DEC(0, 2, 16, 8) DEC(1, 1, 8, 8) DEC(1, 2, 8, 8) DEC(1, 1, 4, 8)
+  DEC(1, 2, 4, 8) DEC(1, 1, 4, 16) DEC(0, 1, 4, 8)
   return -1;
 }
 
@@ -261,7 +281,7 @@ def build_lib() -> ctypes.CDLL:
     lib.launch_ldg.argtypes = [ctypes.c_void_p, ctypes.c_longlong, ctypes.c_int, ctypes.c_int, ctypes.c_int,
                                ctypes.c_void_p, ctypes.c_void_p]
     lib.launch_dec.argtypes = [ctypes.c_int] * 6 + [ctypes.c_void_p] * 3 + [ctypes.c_int] * 3 + \
-        [ctypes.c_longlong] * 3 + [ctypes.c_float, ctypes.c_void_p]
+        [ctypes.c_longlong] * 3 + [ctypes.c_float, ctypes.c_void_p, ctypes.c_int]
     lib.launch_bulk.argtypes = [ctypes.c_void_p, ctypes.c_longlong, ctypes.c_int, ctypes.c_int, ctypes.c_int,
                                 ctypes.c_void_p, ctypes.c_void_p]
     return lib
@@ -301,6 +321,8 @@ def main() -> int:
     jpath = sys.argv[sys.argv.index("--json") + 1] if "--json" in sys.argv else None
     if jpath in args:
         args.remove(jpath)
+    if "--extra" in sys.argv:
+        args.remove(sys.argv[sys.argv.index("--extra") + 1])
     bundle = None
     if args:
         from factory.runtime import Bundle
@@ -316,6 +338,8 @@ def main() -> int:
         return profile(lib, bundle, out)
     if "--overhead" in sys.argv:
         return overhead(lib, bundle, out, jpath)
+    if "--dec-pdl" in sys.argv:
+        return dec_pdl(lib, bundle, out, jpath)
 
     bw, rbw = copy_bandwidth(), read_bandwidth()
     res.update(copy_tbs=bw / 1e12, read_tbs=rbw / 1e12)
@@ -397,7 +421,7 @@ def dec_rows(lib, dt, M, N, K, n_sets) -> dict:
         G, KW, U, NWN = cfg
         A, B, C = sets[i]
         rc = lib.launch_dec(int(pk), int(fp8), G, KW, U, NWN, (packed[i] if pk else B).data_ptr(), A.data_ptr(), C.data_ptr(), M, N, K,
-                            B.stride(0) * e, A.stride(0) * e, C.stride(0), 1.0, _stream())
+                            B.stride(0) * e, A.stride(0) * e, C.stride(0), 1.0, _stream(), 0)
         if rc:
             raise RuntimeError(f"dec {cfg}: {rc}")
 
@@ -422,7 +446,7 @@ def dec_rows(lib, dt, M, N, K, n_sets) -> dict:
         A = testing.gemm_operand(m, K, 1, "k", dt)[0]
         C = torch.full((m + 1, N), float("nan"), dtype=torch.bfloat16, device="cuda")
         rc = lib.launch_dec(0, int(fp8), 2, 8, 4, 2, sets[0][1].data_ptr(), A.data_ptr(), C.data_ptr(), m, N, K,
-                            sets[0][1].stride(0) * e, A.stride(0) * e, C.stride(0), 1.0, _stream())
+                            sets[0][1].stride(0) * e, A.stride(0) * e, C.stride(0), 1.0, _stream(), 0)
         torch.cuda.synchronize()
         r = A.float() @ sets[0][1].float().t()
         small[m] = (rc, ((C[:m].float() - r).abs().max() / r.abs().max()).item(), bool(C[m].isnan().all()))
@@ -460,12 +484,14 @@ def gemm_row(bundle, dt, M, N, K, n_sets) -> dict:
 # Decode variants of the default tier (PDL: launched with programmatic dependent launch) and two
 # of their non-PDL twins (build them with the full tier or by hand to compare).
 OVERHEAD_VARIANTS = {"e4m3": ["gemm_sm90a_e4m3_obf16_ak_bk_t32x64x128_c1x1_ws_rm_sw1_swap_sk1",
-                              "gemm_sm90a_e4m3_obf16_ak_bk_t32x64x128_c1x1_ws_rm_sw1_swap_sk1_pdl",
-                              "gemm_sm90a_e4m3_obf16_ak_bk_t16x64x128_c1x1_ws_rm_sw1_swap_sk1_pdl"],
-                     "bf16": ["gemm_sm90a_bf16_obf16_ak_bk_t16x64x64_c1x1_ws_rm_sw1_swap_sk1_pdl",
-                              "gemm_sm90a_bf16_obf16_ak_bk_t16x64x128_c1x1_ws_rm_sw1_swap_sk1",
+                              "gemm_sm90a_e4m3_obf16_ak_bk_t16x64x128_c1x1_ws_rm_sw1_swap_sk1_pdl",
+                              "gemm_sm90a_e4m3_obf16_ak_bk_t16x64x128_c1x1_ws_rm_sw1_swap_sk1_pdl_eb",
+                              "gemm_sm90a_e4m3_obf16_ak_bk_t32x64x128_c1x1_ws_rm_sw1_swap_sk1_pdl_eb",
+                              "gemm_sm90a_e4m3_obf16_ak_bk_t64x64x128_c1x1_ws_rm_sw1_swap_sk1_pdl_eb"],
+                     "bf16": ["gemm_sm90a_bf16_obf16_ak_bk_t16x64x128_c1x1_ws_rm_sw1_swap_sk1",
                               "gemm_sm90a_bf16_obf16_ak_bk_t16x64x128_c1x1_ws_rm_sw1_swap_sk1_pdl",
-                              "gemm_sm90a_bf16_obf16_ak_bk_t32x64x128_c1x1_ws_rm_sw1_swap_sk1_pdl"]}
+                              "gemm_sm90a_bf16_obf16_ak_bk_t16x64x128_c1x1_ws_rm_sw1_swap_sk1_pdl_eb",
+                              "gemm_sm90a_bf16_obf16_ak_bk_t32x64x128_c1x1_ws_rm_sw1_swap_sk1_pdl_eb"]}
 
 
 def overhead(lib, bundle, out, jpath) -> int:
@@ -516,6 +542,96 @@ def overhead(lib, bundle, out, jpath) -> int:
     return 0
 
 
+# (G, KW, U, NWN): rows per warp / 8, warps along K, 64-byte steps per load batch, warps along N.
+DEC_PDL_CFGS = [(1, 16, 4, 1), (2, 16, 4, 1), (4, 16, 4, 1), (2, 8, 4, 1), (4, 8, 4, 1), (1, 8, 8, 2),
+                (2, 8, 8, 1), (1, 16, 8, 1), (2, 16, 8, 1), (1, 4, 8, 4), (2, 4, 8, 2), (1, 4, 16, 4)]
+
+
+def dec_pdl(lib, bundle, out, jpath) -> int:
+    """The register-fed decode prototype launched with programmatic dependent launch, its weight
+    loads issued before griddepcontrol.wait (weights constant, activations after the wait),
+    beside ours (PDL; early_b) and the LDG read, graphs of 8 consecutive calls: can any design
+    of this kind meet 1.1x the copy floor at fp8 4096x4096?"""
+    import torch
+
+    from factory import testing
+
+    res = {}
+    n_sets = 8
+    one = torch.ones(1, device="cuda")
+    bw = copy_bandwidth()
+    extra = None
+    if "--extra" in sys.argv:
+        from factory.runtime import Bundle
+
+        extra = Bundle.open(sys.argv[sys.argv.index("--extra") + 1])
+    shapes = [("e4m3", 16, 4096, 4096), ("e4m3", 1, 4096, 4096), ("bf16", 16, 4096, 4096), ("e4m3", 16, 6144, 4096)]
+    if os.environ.get("DEC_SHAPES"):  # e.g. "e4m3:16:4096:4096,bf16:1:4096:4096"
+        shapes = [(d, int(m), int(n), int(k)) for d, m, n, k in
+                  (x.split(":") for x in os.environ["DEC_SHAPES"].split(","))]
+    cfgs = DEC_PDL_CFGS if not os.environ.get("DEC_NO_PROTO") else []
+    for dt, M, N, K in shapes:
+        fp8 = dt == "e4m3"
+        e = 1 if fp8 else 2
+        sets = [(testing.gemm_operand(M, K, 1, "k", dt)[0], testing.gemm_operand(N, K, 1, "k", dt)[0],
+                 torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")) for _ in range(n_sets)]
+        packed = [B.view(torch.uint8).view(N // 8, 8, K * e // 64, 64).permute(0, 2, 1, 3).contiguous()
+                  for _, B, _ in sets]
+        ref = sets[0][0].float() @ sets[0][1].float().t()
+        calls, errs = {}, {}
+        for cfg in cfgs:
+            for pk in (0, 1):
+                for pdl in (0, 1):
+                    def call(i, cfg=cfg, pk=pk, pdl=pdl):
+                        A, B, C = sets[i]
+                        rc = lib.launch_dec(pk, int(fp8), *cfg, (packed[i] if pk else B).data_ptr(), A.data_ptr(),
+                                            C.data_ptr(), M, N, K, B.stride(0) * e, A.stride(0) * e, C.stride(0),
+                                            1.0, _stream(), pdl)
+                        if rc:
+                            raise RuntimeError(f"dec {cfg}: {rc}")
+                    key = f"dec{cfg}{'p' if pk else ''}{'+pdl' if pdl else ''}"
+                    try:
+                        sets[0][2].fill_(float("nan"))
+                        call(0)
+                        torch.cuda.synchronize()
+                    except RuntimeError as ex:
+                        print(f"  {key}: {ex}")
+                        continue
+                    errs[key] = ((sets[0][2].float() - ref).abs().max() / ref.abs().max()).item()
+                    calls[key] = call
+        sc = dict(scale_a=one, scale_b=one) if fp8 else {}
+        if bundle is not None:
+            for v in OVERHEAD_VARIANTS[dt]:
+                if v in bundle.manifest["variants"]:
+                    calls[v] = lambda i, v=v, sc=sc: bundle.gemm(*sets[i], variant=v, **sc)
+        if extra is not None:  # --extra BUNDLE: its variants of this dtype too
+            for v in extra.manifest["variants"]:
+                if f"_{dt}_" in v:
+                    calls["x:" + v] = lambda i, v=v, sc=sc: extra.gemm(*sets[i], variant=v, **sc)
+        for k, f in calls.items():
+            if k not in errs:  # the bundle's variants: checked like the prototype
+                sets[0][2].fill_(float("nan"))
+                f(0)
+                torch.cuda.synchronize()
+                errs[k] = ((sets[0][2].float() - ref).abs().max() / ref.abs().max()).item()
+        nb = N * K * e
+        calls["ldg264"] = lambda i: launch_read(lib, ("ldg", 264, 512, 8), sets[i][1], nb, out)
+        calls["bulk128"] = lambda i: launch_read(lib, ("bulk", 128, 8, 16384), sets[i][1], nb, out)
+        t = time_interleaved(calls, n_sets, rounds=3, warm_s=0.02)
+        floor = gemm_bytes(M, N, K, dt) / bw * 1e6
+        row = {"floor_us": floor, "line_us": 1.1 * floor, "us": {k: v * 1e6 for k, v in t.items()}, "err": errs}
+        res[f"{dt} M={M} N={N} K={K}"] = row
+        best = sorted(row["us"].items(), key=lambda x: x[1])
+        print(f"{dt} M={M} N={N} K={K}: floor {floor:.2f} line {1.1 * floor:.2f}; " + ", ".join(
+            f"{k[-44:]}={v:.2f}" + (f"(err {errs[k]:.0e})" if k in errs else "") for k, v in best[:14]), flush=True)
+        bad = {k: v for k, v in errs.items() if not v < 2e-2}
+        if bad:
+            print(f"  WRONG: {bad}")
+    if jpath:
+        Path(jpath).write_text(json.dumps(res, indent=1))
+    return 0
+
+
 def profile(lib, bundle, out) -> int:
     import torch
 
@@ -536,11 +652,11 @@ def profile(lib, bundle, out) -> int:
     C = torch.empty((16, 4096), dtype=torch.bfloat16, device="cuda")
     for cfg in ((4, 16, 4, 1), (2, 8, 4, 1)):
         args = (0, 1, *cfg, B.data_ptr(), A.data_ptr(), C.data_ptr(), 16, 4096, 4096, 4096, 4096, 4096, 1.0)
-        lib.launch_dec(*args, _stream())
+        lib.launch_dec(*args, _stream(), 0)
         torch.cuda.synchronize()
         print(f"profiled: dec e4m3 16x4096x4096 {cfg}", flush=True)
         torch.cuda.profiler.start()
-        lib.launch_dec(*args, _stream())
+        lib.launch_dec(*args, _stream(), 0)
         torch.cuda.synchronize()
         torch.cuda.profiler.stop()
     if bundle is not None:

@@ -21,6 +21,10 @@ notes/gemm-sm90.md).  tuning.json records the device (name, SM count,
 capability, driver), torch and CUDA versions, the manifest's sha256 and per bucket the winner and
 every timing; ``Bundle`` uses it only where all of that matches (else the cost-model heuristic).
 K-major operands only (the layouts the default tiers build); other layouts use the heuristic.
+
+Buckets up to M = 128 where ``early_b`` variants fit (the decode tiles' twins that load B before
+their PDL wait) also get a ``b_constant`` entry: those variants and the plain winner timed the same way; the
+loader runs its winner for ``bundle.gemm(..., b_constant=True)``.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench import LLM_NK, SQUARE, _sets_for, time_interleaved  # noqa: E402
 
 from factory import testing  # noqa: E402
-from factory.runtime import Bundle, tuning  # noqa: E402
+from factory.runtime import Bundle, NoVariantError, tuning  # noqa: E402
 from factory.runtime.gemm import fitting_variants, rkl_spec  # noqa: E402
 
 # Small problems first (the GPU is cool and its clocks steady; on the H100 the decode buckets timed
@@ -49,6 +53,7 @@ SCREEN_KEEP = 1.2
 ROUNDS = 5
 MARGIN = 0.03  # the model's pick stays unless a variant measures this much faster
 MODEL_CUT = 5.0
+B_CONST_MAX_M = 128  # the early_b variants are decode (swap) tiles: tuned for b_constant up to here
 
 
 def grid(which: str) -> list[tuple[int, int, int]]:
@@ -101,13 +106,36 @@ def tune_bucket(bundle, M, N, K, dt: str, l2: int, everything: bool = False) -> 
         again = time_interleaved({n: calls[n] for n in odd}, n_sets, rounds=ROUNDS, max_reps=8)
         timed.update({n: min(timed[n], again[n]) for n in odd})
     winner = tuning.pick_winner(timed, model_pick, MARGIN)
+    const = tune_b_constant(bundle, A, B, C, kw, scales, ab, c, winner, n_sets) if M <= B_CONST_MAX_M else None
     A = B = C = None  # free before the next bucket (the lambdas hold the names)
     torch.cuda.empty_cache()
     return {"key": tuning.bucket_key(ab, c, am, bm, M, N, K, 1), "shape": [M, N, K, 1], "winner": winner,
             "fastest": min(timed, key=timed.get), "model_pick": model_pick,
             "timings_us": {n: round(t * 1e6, 2) for n, t in timed.items()},
             "screen_us": {n: round(t * 1e6, 2) for n, t in screened.items()},
-            "model_us": {n: round(t, 2) for n, t in model.items()}, "input_sets": n_sets}
+            "model_us": {n: round(t, 2) for n, t in model.items()}, "input_sets": n_sets,
+            **({"b_constant": const} if const else {})}
+
+
+def tune_b_constant(bundle, A, B, C, kw, scales, ab, c, winner, n_sets) -> dict | None:
+    """For a constant B: the bucket's early_b variants (they stream B before the previous kernel
+    has finished), each timed in graphs of back-to-back calls of itself like every candidate here,
+    beside the plain winner.  The winner stays unless an early_b variant measures MARGIN faster;
+    None when no early_b variant fits."""
+    try:
+        fits = fitting_variants(bundle, rkl_spec(A[0], "a"), rkl_spec(B[0], "b"), rkl_spec(C[0], "c"), ab, c,
+                                scales, early_b=True)[0]
+    except NoVariantError:
+        return None
+    calls = {n: (lambda i, n=n: bundle.gemm(A[i], B[i], C[i], variant=n, **kw))
+             for n in [v["name"] for v in fits] + [winner]}
+    screened = time_interleaved(calls, n_sets, rounds=1, budget_s=0.01, max_reps=5)
+    best = min(screened.values())
+    keep = [n for n, t in sorted(screened.items(), key=lambda kv: kv[1]) if t <= SCREEN_KEEP * best or n == winner]
+    timed = time_interleaved({n: calls[n] for n in keep}, n_sets, rounds=ROUNDS, max_reps=8)
+    return {"winner": tuning.pick_winner(timed, winner, MARGIN),
+            "timings_us": {n: round(t * 1e6, 2) for n, t in timed.items()},
+            "screen_us": {n: round(t * 1e6, 2) for n, t in screened.items()}}
 
 
 def main() -> int:
@@ -161,9 +189,12 @@ def main() -> int:
             tuning.write(bundle.path, data)  # a time-out keeps what was measured
             t = r["timings_us"]
             second = sorted(t.values())[1] if len(t) > 1 else float("nan")
+            bc = r.get("b_constant")
             print(f"{dt:>4} {M:>6} {N:>6} {K:>6}  {t[r['winner']]:>9.1f} us (next {second:>9.1f}, "
                   f"{len(r['screen_us'])} screened, {len(t)} timed, {time.time() - tb:4.1f} s)  "
-                  f"{r['winner'].replace('gemm_', '')}", flush=True)
+                  f"{r['winner'].replace('gemm_', '')}"
+                  + (f"  [b_constant: {bc['timings_us'][bc['winner']]:.1f} us {bc['winner'].replace('gemm_', '')}]"
+                     if bc else ""), flush=True)
     path = tuning.write(bundle.path, data)
     print(f"wrote {path}: {len(buckets)} buckets ({done} measured now) in {time.time() - t0:.0f} s", flush=True)
     return 0

@@ -153,7 +153,8 @@ def test_chained_gemms_see_each_others_results(bundle):
     """Dependent persistent GEMMs back to back on one stream — the second reads the first's
     output, the third overwrites the first's input — eager and in a CUDA graph (outputs
     NaN-poisoned before every replay).  Guards programmatic dependent launch (the decode tiles
-    launch with it: the next call is scheduled while one runs and waits before touching memory)."""
+    launch with it: the next call is scheduled while one runs and waits before touching memory;
+    their ``early_b`` twins load B, constant here, before that wait)."""
     import torch
 
     from factory import testing
@@ -166,7 +167,8 @@ def test_chained_gemms_see_each_others_results(bundle):
     picks = {}
     for e in entries:
         kind = "split" if e.get("split_k", 1) > 1 else "swap" if e.get("swap_ab") else e["schedule"]
-        picks.setdefault((kind, e["cluster"] != [1, 1], bool(e["config"].get("pdl"))), e)
+        picks.setdefault((kind, e["cluster"] != [1, 1], bool(e["config"].get("pdl")),
+                          bool(e["config"].get("early_b"))), e)
     M, N, K = 96, 1024, 1536
     for e in picks.values():
         name = e["name"]

@@ -33,7 +33,7 @@ _WORKER = textwrap.dedent(
     init_worker("sm_90a")
     from factory.atoms.targets import get_target
     from factory.build import cubin as cb
-    from factory.gemm.sm90 import GemmSm90, enumerate_sm90
+    from factory.gemm.sm90 import EARLY_LOAD_SASS, GemmSm90, enumerate_sm90
 
     def regcount(data, name):
         # EIATTR_REGCOUNT may sit in the global .nv.info section (keyed by symbol), not the
@@ -71,6 +71,8 @@ _WORKER = textwrap.dedent(
             "cluster": list(v.cluster),
             "compile_seconds": info["compile_seconds"],
         }
+        report.setdefault("early_load", {})[v.name] = bool(
+            __import__("re").search(EARLY_LOAD_SASS, sass))
     print("REPORT" + json.dumps(report))
     """
 )
@@ -90,8 +92,9 @@ def report(tmp_path_factory):
 
 def test_tiers(report):
     tiers = report["tiers"]
-    assert 2 <= len(tiers["test"]) <= 3
-    assert 8 <= len(tiers["default"]) <= 48
+    assert 2 <= len(tiers["test"]) <= 4
+    # 46 kernels, the early_b twins of the decode ones and two more early_b decode tiles.
+    assert 8 <= len(tiers["default"]) <= 72
     assert len(tiers["full"]) > len(tiers["default"])
     for names in tiers.values():
         assert len(names) == len(set(names))
@@ -161,10 +164,29 @@ def test_two_row_k_tiles_only_on_swap_ws_tiles():
 
 def test_decode_tiles_launch_with_pdl():
     """Every swap (decode) tile of the default tier launches with PDL and carries its SASS
-    requirement (PREEXIT = launch_dependents, ACQBULK = wait); no other tile does."""
-    from factory.gemm.sm90 import GemmSm90, _default
+    requirement (PREEXIT = launch_dependents, ACQBULK = wait); no other tile does.  Each has an
+    ``early_b`` twin (``_eb``) that must show a TMA load before a wait."""
+    from factory.gemm.sm90 import EARLY_LOAD_SASS, GemmSm90, _default
 
-    for d in _default():
-        v = GemmSm90(target="sm_90a", **d)
+    vs = [GemmSm90(target="sm_90a", **d) for d in _default()]
+    names = {v.name for v in vs}
+    for v in vs:
         assert v.pdl == v.swap_ab, v.name
         assert (r"\bPREEXIT\b" in v.sass_requirements()) == v.pdl, v.name
+        assert (EARLY_LOAD_SASS in v.sass_requirements()) == v.early_b, v.name
+        if v.pdl and not v.early_b:
+            assert v.name + "_eb" in names, v.name
+        if v.early_b:
+            assert v.pdl and v.swap_ab, v.name
+    assert GemmSm90(target="sm_90a", ab="bf16", c="bf16", tile=(16, 64, 64), schedule="ws",
+                    swap_ab=True, early_b=True).can_implement() == \
+        "early_b loads B before the PDL wait: it needs pdl"
+
+
+def test_early_b_sass_order(report):
+    """The early_b twin issues a TMA load before its griddepcontrol.wait; the plain PDL kernel
+    waits before every load (the pattern must not match it, or the requirement proves nothing)."""
+    eb = [n for n in report["variants"] if n.endswith("_eb")]
+    assert eb
+    for n in eb:
+        assert report["early_load"][n] and report["early_load"][n[:-3]] is False, n

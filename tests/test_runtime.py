@@ -177,6 +177,17 @@ def test_gemm_launch_path_without_a_gpu(test_bundle, monkeypatch):
     half = torch.tensor([0.5], dtype=torch.float16)
     b.gemm(x8, w8, out, scale_a=half, scale_b=sb)
     assert rec.calls[-1][3] != half.data_ptr()
+    # A constant B (weights) takes the variant's early_b twin; selection alone never does.
+    b.gemm(x8, w8, out, scale_a=sa, scale_b=sb, b_constant=True)
+    assert rec.name.endswith("_pdl_eb"), rec.name
+    assert rec.calls[-1][:5] == [x8.data_ptr(), w8.data_ptr(), out.data_ptr(), sa.data_ptr(), sb.data_ptr()]
+    b.gemm(x8, w8, out, scale_a=sa, scale_b=sb)
+    assert rec.name.endswith("_pdl"), rec.name
+    assert not any(v["config"].get("early_b") for v in
+                   rgemm.fitting_variants(b, *(rgemm.rkl_spec(t, "x") for t in (x8, w8, out)), "e4m3", "bf16",
+                                          [(sa.data_ptr(), (1,), (1,))] * 2)[0])
+    b.gemm(x, w, out, b_constant=True)  # no twin: the variant itself
+    assert rec.name == rgemm.select(b, *(rgemm.rkl_spec(t, "x") for t in (x, w, out)), "bf16", "bf16", [])
     b.gemm(x8, w8, out)
     one = b._unit_scales[x8.device]
     assert one.item() == 1.0 and rec.calls[-1][3:5] == [one.data_ptr()] * 2

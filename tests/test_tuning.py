@@ -336,3 +336,35 @@ def test_cost_model_prefers_the_wide_k_decode_tile():
     fp8 = {**_entry((32, 64), schedule="ws", swap=True, ab="e4m3", fp8acc="promoted"), "tile": [32, 64, 128]}
     assert tuning.estimate_us(fp8, 16, 4096, 4096, 1, 132) == tuning.estimate_us(
         {**fp8, "tile": [32, 64, 64]}, 16, 4096, 4096, 1, 132)
+
+
+def test_b_constant_selection(bundle_copy):
+    """``b_constant=True``: the table's measured b_constant winner where the bucket has one (an
+    early_b variant, or the plain winner where none measured faster), else the early_b twin of the
+    plain choice; the plain selection never takes an early_b variant, and a b_constant winner that
+    is neither is ignored."""
+    plain_name = "gemm_sm90a_e4m3_obf16_ak_bk_t32x64x128_c1x1_ws_rm_sw1_swap_sk2_pdl"
+    x8 = torch.empty(16, 4096, dtype=torch.float8_e4m3fn)
+    w8 = torch.empty(4096, 4096, dtype=torch.float8_e4m3fn)
+    out = torch.empty(16, 4096, dtype=torch.bfloat16)
+    specs = [_as_rkl(t, n) for t, n in ((x8, "a"), (w8, "b"), (out, "c"))]
+    scales = [(0, (1,), (1,))] * 2
+
+    def pick(b, const):
+        return select(b, *specs, "e4m3", "bf16", scales, b_constant=const)
+
+    b = Bundle.open(bundle_copy, capability=(9, 0), device=H100)
+    assert pick(b, False) == plain_name
+    assert pick(b, True) == plain_name + "_eb"  # no table: the twin
+    key = tuning.bucket_key("e4m3", "bf16", "k", "k", 16, 4096, 4096, 1)
+    other = "gemm_sm90a_e4m3_obf16_ak_bk_t128x128x128_c1x1_ws_rm_sw1_sk1"
+    for winner, want in ((plain_name + "_eb", plain_name + "_eb"), (plain_name, plain_name),
+                         (other, plain_name + "_eb")):
+        tuning.write(bundle_copy, {"schema": tuning.SCHEMA, "device": dict(H100, capability=[9, 0]),
+                                   "manifest_sha256": tuning.manifest_sha256(bundle_copy),
+                                   "buckets": {key: {"shape": [16, 4096, 4096, 1], "winner": plain_name,
+                                                     "b_constant": {"winner": winner}}}})
+        b = Bundle.open(bundle_copy, capability=(9, 0), device=H100)
+        assert b.tuning.winner(key, b_constant=True) == winner
+        assert pick(b, False) == plain_name
+        assert pick(b, True) == want, winner

@@ -92,6 +92,10 @@ class _Plan:
         return _BARRIER_BYTES + self.ab_stages * self.stage_bytes + self.epi_bytes + self.red_bytes
 
 
+# In SASS order, a TMA load and later a griddepcontrol.wait (ACQBULK): the early_b producer.
+EARLY_LOAD_SASS = r"(?s)\bUTMALDG\.3D\b.*?\bACQBULK\b"
+
+
 @dataclass(frozen=True, kw_only=True)
 class GemmSm90(GemmVariant):
     """One Hopper GEMM config.  ``tile`` is the CTA tile (M, N, K); its K must be one 128-byte
@@ -126,6 +130,11 @@ class GemmSm90(GemmVariant):
     # Programmatic dependent launch: the next PDL kernel in the stream may be scheduled while this
     # one runs, and this one does its prologue before waiting for the previous kernel to finish.
     pdl: bool = field(default=False, metadata={"tag": "pdl"})
+    # With ``pdl``: the producer issues the first stages' loads of B (the weights: N x K) before
+    # waiting for the previous kernel, so they stream while it finishes.  Correct only when no
+    # kernel that may still be running writes B (model weights); the loader picks such a variant
+    # only when the caller says so (``b_constant=True``).
+    early_b: bool = field(default=False, metadata={"tag": "eb"})
 
     required_sass: ClassVar[tuple[str, ...]] = (r"\bHGMMA\.64x", r"\bUTMALDG\.3D", r"\bUTMASTG\.3D")
 
@@ -147,6 +156,8 @@ class GemmSm90(GemmVariant):
             req += (r"\bSTAS\b",)
         if self.pdl:  # griddepcontrol.launch_dependents and .wait
             req += (r"\bPREEXIT\b", r"\bACQBULK\b")
+        if self.early_b:  # a TMA load issued before a wait (without it, every wait comes first)
+            req += (EARLY_LOAD_SASS,)
         return req
 
     # --- validity --------------------------------------------------------------------------------
@@ -208,6 +219,8 @@ class GemmSm90(GemmVariant):
             return "raster must be 'm' or 'n'"
         if self.swizzle < 1:
             return "swizzle must be >= 1"
+        if self.early_b and not self.pdl:
+            return "early_b loads B before the PDL wait: it needs pdl"
         if plan.ab_stages < 2:
             return f"only {plan.ab_stages} smem stage(s) fit"
         if plan.smem_bytes + _STATIC_SMEM > tgt.smem_per_cta:
@@ -291,7 +304,7 @@ class GemmSm90(GemmVariant):
             pingpong=self.schedule == "pp", promote=self.promotes,
             epi_tile=plan.epi_tile, ab_stages=plan.ab_stages, epi_stages=plan.epi_stages,
             raster_along_m=(self.raster == "m") != self.swap_ab, swizzle=self.swizzle,
-            swap_ab=self.swap_ab, split_k=self.split_k, pdl=self.pdl,
+            swap_ab=self.swap_ab, split_k=self.split_k, pdl=self.pdl, early_b=self.early_b,
         )
         if self.is_fp8:
             return kernel.scaled
@@ -313,7 +326,7 @@ class GemmSm90Kernel:
     See the module docstring for the warp roles."""
 
     def __init__(self, *, tile, cluster, n_consumer, pingpong, promote, epi_tile, ab_stages,
-                 epi_stages, raster_along_m, swizzle, swap_ab, split_k, pdl=False):
+                 epi_stages, raster_along_m, swizzle, swap_ab, split_k, pdl=False, early_b=False):
         self.tile = tuple(tile)
         self.cluster = tuple(cluster)
         self.n_consumer = n_consumer
@@ -332,6 +345,7 @@ class GemmSm90Kernel:
         self.swap_ab = swap_ab
         self.split_k = split_k
         self.pdl = pdl
+        self.early_b = early_b
         # The launched cluster: the multicast cluster, or the split-K group along K.
         self.launch_cluster = (split_k, 1) if split_k > 1 else self.cluster
         self.red_elems = (split_k - 1) * self.tile[0] * self.tile[1]
@@ -506,8 +520,13 @@ class GemmSm90Kernel:
             # Every CTA of this persistent grid is resident (the grid is capped at what the
             # device holds), so the next kernel may be scheduled now: it cannot delay ours.  Then
             # wait for the previous kernel to finish: nothing above read or wrote global memory.
+            # With ``early_b`` the TMA warp waits in ``produce``, after its first loads of B.
             cute.arch.griddepcontrol_launch_dependents()
-            cute.arch.griddepcontrol_wait()
+            if cutlass.const_expr(not self.early_b):
+                cute.arch.griddepcontrol_wait()
+            else:
+                if warp_idx != 0:
+                    cute.arch.griddepcontrol_wait()
 
         warpgroup = cute.arch.make_warp_uniform(tidx // 128)
         if warpgroup == 0:
@@ -549,12 +568,43 @@ class GemmSm90Kernel:
         )
         work = sched.initial_work_tile_info()
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.ab_stages)
+        # k-blocks of the first tile already issued (``early_b``).
+        skip = cutlass.Int32(0)
+        if cutlass.const_expr(self.early_b):
+            # The user's B (the weights) is the kernel's A on swap tiles.  Fill the first stages
+            # with it (each stage armed for both operands' bytes), wait for the previous kernel,
+            # then add the other operand, which that kernel may have written, to those stages.
+            tWsW, tWgW, tma_w, w_mask = (tAsA, tAgA, tma_a, a_mask) if self.swap_ab else (
+                tBsB, tBgB, tma_b, b_mask)
+            tXsX, tXgX, tma_x, x_mask = (tBsB, tBgB, tma_b, b_mask) if self.swap_ab else (
+                tAsA, tAgA, tma_a, a_mask)
+            if work.is_valid_tile:
+                m, n, l = work.tile_idx
+                m, k_begin, k_end = self._k_range(m, k_tiles)
+                skip = cutlass.max(cutlass.min(k_end - k_begin, self.ab_stages), 0)
+                w_t = tWgW[(None, m if self.swap_ab else n, None, l)]
+                for k in range(k_begin, k_begin + skip):
+                    ab_pipe.producer_acquire(state)
+                    cute.copy(tma_w, w_t[(None, k)], tWsW[(None, state.index)],
+                              tma_bar_ptr=ab_pipe.producer_get_barrier(state), mcast_mask=w_mask)
+                    state.advance()
+            cute.arch.griddepcontrol_wait()
+            if work.is_valid_tile:
+                m, n, l = work.tile_idx
+                m, k_begin, k_end = self._k_range(m, k_tiles)
+                x_t = tXgX[(None, n if self.swap_ab else m, None, l)]
+                early = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
+                                                     self.ab_stages)
+                for k in range(k_begin, k_begin + skip):
+                    cute.copy(tma_x, x_t[(None, k)], tXsX[(None, early.index)],
+                              tma_bar_ptr=ab_pipe.producer_get_barrier(early), mcast_mask=x_mask)
+                    early.advance()
         while work.is_valid_tile:
             m, n, l = work.tile_idx
             m, k_begin, k_end = self._k_range(m, k_tiles)
             tAgA_t = tAgA[(None, m, None, l)]
             tBgB_t = tBgB[(None, n, None, l)]
-            for k in range(k_begin, k_end):
+            for k in range(k_begin + skip, k_end):
                 ab_pipe.producer_acquire(state)
                 bar = ab_pipe.producer_get_barrier(state)
                 cute.copy(tma_a, tAgA_t[(None, k)], tAsA[(None, state.index)],
@@ -563,6 +613,7 @@ class GemmSm90Kernel:
                           tma_bar_ptr=bar, mcast_mask=b_mask)
                 ab_pipe.producer_commit(state)
                 state.advance()
+            skip = cutlass.Int32(0)
             sched.advance_to_next_work()
             work = sched.get_current_work()
         # Do not exit while a peer may still multicast into (or release to) this CTA.
@@ -819,8 +870,12 @@ _TEST = (
     dict(ab="bf16", c="bf16", tile=(128, 128, 64), cluster=(1, 1)),
     dict(ab="bf16", c="bf16", tile=(128, 256, 64), cluster=(2, 1)),
     # fp8 through the decode path: QGMMA, scales, swapped operands, transposed C store, split-K
-    # with the DSMEM reduction.
-    dict(ab="e4m3", c="bf16", tile=(32, 64, 128), schedule="ws", swap_ab=True, split_k=2),
+    # with the DSMEM reduction, programmatic dependent launch; and its twin that loads the
+    # weights before the PDL wait.
+    dict(ab="e4m3", c="bf16", tile=(32, 64, 128), schedule="ws", swap_ab=True, split_k=2,
+         pdl=True),
+    dict(ab="e4m3", c="bf16", tile=(32, 64, 128), schedule="ws", swap_ab=True, split_k=2,
+         pdl=True, early_b=True),
 )
 
 
@@ -945,6 +1000,19 @@ def _default() -> list[dict]:
     for d in out:
         if d.get("swap_ab"):
             d["pdl"] = True
+    # Each decode tile also as a twin that streams its first stages of weights before the PDL
+    # wait (``early_b``), for callers whose B is constant (``bundle.gemm(..., b_constant=True)``);
+    # never picked otherwise.  Plus the two that the early loads favour: the more bytes of B the
+    # stages hold, the more of the stream runs under the previous kernel.  H100, graphs of 8
+    # consecutive calls at M = 16 (notes/results/probe_decpdl4_h100.json): fp8 16x64x256 with 10
+    # stages 4096x4096 8.33 -> 8.00 us, 6144x4096 10.96 -> 10.13, 8192x8192 24.7 -> 23.4 (the plain
+    # 16x64x128 -> this one); bf16 16x64x128 with 10 stages 6144x4096 20.5 -> 18.4.  (Without the
+    # early loads, the same fp8 tile is slower than 16x64x128 at 6144x4096: 11.4 us.)
+    out += [dict(d, early_b=True) for d in out if d.get("pdl")]
+    out.append(dict(ab="e4m3", c="bf16", tile=(16, 64, 256), schedule="ws", swap_ab=True, deep=True,
+                    pdl=True, early_b=True))
+    out.append(dict(**bf16, tile=(16, 64, 128), schedule="ws", swap_ab=True, deep=True, pdl=True,
+                    early_b=True))
     return out
 
 

@@ -43,6 +43,7 @@ class Bundle:
         self._binders: dict[str, Binder] = {}
         self._select_cache: dict[tuple, str] = {}
         self._max_clusters: dict[str, int] = {}  # persistent grid caps (runtime/gemm.py)
+        self._early_b: dict[str, str] = {}  # variant -> its early_b twin (runtime/gemm.py)
         self._unit_scales: dict = {}  # device -> float32 [1.0], fp8's default scale (runtime/gemm.py)
         self._lock = threading.Lock()
 
@@ -147,9 +148,14 @@ class Bundle:
             raise LaunchError(f"{name}: launch failed: {self.lib.error(err)}")
 
     # --- ops --------------------------------------------------------------------------------------
-    def gemm(self, a, b, out=None, *, out_dtype=None, scale_a=None, scale_b=None, variant: str | None = None):
+    def gemm(self, a, b, out=None, *, out_dtype=None, scale_a=None, scale_b=None, variant: str | None = None,
+             b_constant: bool = False):
+        """``out = a @ b.T`` (see runtime/gemm.py).  ``b_constant=True`` promises that no kernel
+        that may still be running in the stream writes ``b`` (model weights): decode variants
+        launched with programmatic dependent launch then start streaming ``b`` before the
+        previous kernel has finished."""
         return _op("gemm")(self, a, b, out, out_dtype=out_dtype, scale_a=scale_a, scale_b=scale_b,
-                           variant=variant)
+                           variant=variant, b_constant=b_constant)
 
     def attention(self, q, k, v, **kwargs):
         return _op("attention")(self, q, k, v, **kwargs)

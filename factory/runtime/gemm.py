@@ -85,18 +85,25 @@ def _major(spec, mn: str) -> str | None:
     return None
 
 
-def select(bundle, a3, b3, c3, ab: str, c: str, scales: list) -> str:
-    """The variant for these (R, K, L) operand specs (or tensors); cached per problem key."""
+def select(bundle, a3, b3, c3, ab: str, c: str, scales: list, b_constant: bool = False) -> str:
+    """The variant for these (R, K, L) operand specs (or tensors); cached per problem key.
+
+    ``b_constant``: B is not written by any kernel that may still run in the stream, so an
+    ``early_b`` variant may run: the tuning table's measured b_constant winner of the bucket (an
+    early_b variant, or the plain winner where none was faster), or else the ``early_b`` twin of
+    the plain choice (or the plain choice where it has none)."""
     a3, b3, c3 = (x if isinstance(x, tuple) else (x.data_ptr(), tuple(x.shape), tuple(x.stride()))
                   for x in (a3, b3, c3))
     M, K, L = a3[1]
     N = b3[1][0]
-    key = (ab, c, M, N, K, L, a3[2], b3[2], c3[2], a3[0] % 16, b3[0] % 16, c3[0] % 16)
+    key = (ab, c, M, N, K, L, a3[2], b3[2], c3[2], a3[0] % 16, b3[0] % 16, c3[0] % 16, b_constant)
     name = bundle._select_cache.get(key)
     if name is not None:
         return name
     fits, am, bm = fitting_variants(bundle, a3, b3, c3, ab, c, scales)
     choice = choose(bundle, fits, ab, c, am, bm, M, N, K, L)
+    if b_constant:
+        choice = _choose_b_constant(bundle, a3, b3, c3, ab, c, scales, am, bm, choice)
     if len(bundle._select_cache) >= _CACHE_LIMIT:
         bundle._select_cache.clear()
     bundle._select_cache[key] = choice
@@ -123,9 +130,29 @@ def launch_scalars(bundle, entry: dict) -> list:
     return [cap]
 
 
-def fitting_variants(bundle, a3, b3, c3, ab: str, c: str, scales: list) -> tuple[list[dict], str, str]:
+def _choose_b_constant(bundle, a3, b3, c3, ab, c, scales, am, bm, plain: str) -> str:
+    tuned = bundle.tuning
+    if tuned is not None:
+        M, K, L = a3[1]
+        w = tuned.winner(tuning.bucket_key(ab, c, am, bm, M, b3[1][0], K, L), b_constant=True)
+        if w == plain:  # no early_b variant measured faster than the plain winner
+            return w
+        if w is not None:
+            try:
+                fits = fitting_variants(bundle, a3, b3, c3, ab, c, scales, early_b=True)[0]
+            except NoVariantError:
+                fits = []
+            if any(v["name"] == w for v in fits):
+                return w
+    return early_b_twin(bundle, plain)
+
+
+def fitting_variants(bundle, a3, b3, c3, ab: str, c: str, scales: list,
+                     early_b: bool = False) -> tuple[list[dict], str, str]:
     """Manifest entries of the best runnable target that can run this problem (specs as in
-    ``select``), and the majorness of a and b; raises NoVariantError when none can."""
+    ``select``), and the majorness of a and b; raises NoVariantError when none can.  Variants
+    that load B before their PDL wait (config ``early_b``) are left out, or with ``early_b=True``
+    are the only ones listed."""
     M, K, L = a3[1]
     N = b3[1][0]
     am, bm = _major(a3, "m"), _major(b3, "n")
@@ -136,6 +163,8 @@ def fitting_variants(bundle, a3, b3, c3, ab: str, c: str, scales: list) -> tuple
     for v in bundle.candidates("gemm"):
         d, lay = v["dtypes"], v["layout"]
         if (d["a"], d["c"], lay["a"], lay["b"]) != (ab, c, am, bm):
+            continue
+        if bool(v.get("config", {}).get("early_b")) != early_b:  # for a constant B only (select())
             continue
         try:
             # (Scalars are not checked: the grid cap is asked of the driver only at launch.)
@@ -209,7 +238,21 @@ def _unit_scale(bundle, device):
     return s
 
 
-def gemm(bundle, a, b, out=None, *, out_dtype=None, scale_a=None, scale_b=None, variant=None):
+def early_b_twin(bundle, name: str) -> str:
+    """``name``'s twin that loads its first stages of B before waiting for the previous kernel
+    (config ``early_b``), or ``name`` itself when the bundle has none."""
+    twin = bundle._early_b.get(name)
+    if twin is None:
+        twin = name + "_eb"
+        entry = bundle.manifest["variants"].get(twin)
+        if entry is None or not entry.get("config", {}).get("early_b"):
+            twin = name
+        bundle._early_b[name] = twin
+    return twin
+
+
+def gemm(bundle, a, b, out=None, *, out_dtype=None, scale_a=None, scale_b=None, variant=None,
+         b_constant=False):
     import torch
 
     ab = _dtype_name(a.dtype)
@@ -234,7 +277,7 @@ def gemm(bundle, a, b, out=None, *, out_dtype=None, scale_a=None, scale_b=None, 
             scales.append((s.data_ptr(), (1,), (1,)))
     elif scale_a is not None or scale_b is not None:
         raise ValueError("scale_a/scale_b apply to fp8 GEMMs only")
-    name = variant or select(bundle, a3, b3, c3, ab, c, scales)
+    name = variant or select(bundle, a3, b3, c3, ab, c, scales, b_constant)
     entry = bundle.manifest["variants"].get(name, {})
     if "workspace" in entry:  # split-K partials; freed only after the launch is queued
         M, N = a3[1][0], b3[1][0]

@@ -62,10 +62,14 @@ class Tuning:
 
     def __init__(self, data: dict):
         self.data = data
-        self._winners = {k: b["winner"] for k, b in data.get("buckets", {}).items() if b.get("winner")}
+        buckets = data.get("buckets", {})
+        self._winners = {k: b["winner"] for k, b in buckets.items() if b.get("winner")}
+        # Measured separately: the bucket's fastest early_b variant, for a constant B.
+        self._const = {k: b["b_constant"]["winner"] for k, b in buckets.items()
+                       if (b.get("b_constant") or {}).get("winner")}
 
-    def winner(self, key: str) -> str | None:
-        return self._winners.get(key)
+    def winner(self, key: str, b_constant: bool = False) -> str | None:
+        return (self._const if b_constant else self._winners).get(key)
 
     def __len__(self) -> int:
         return len(self._winners)
