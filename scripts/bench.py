@@ -8,7 +8,9 @@ per input set, rotating among enough fresh random input sets to exceed twice the
 kept full so no host launch latency is timed), ours and the reference in 4 alternating passes
 after a 50 ms warm-up (time_interleaved), median of the per-pass medians; also eager calls.
 Outputs are NaN-poisoned before timing and checked after; values are checked against a float32
-reference on a slice of rows.
+reference on a slice of rows.  Where ``bundle.gemm(..., b_constant=True)`` would run another
+variant (an ``early_b`` decode tile: B streamed before the previous call ends), that call is timed
+in the same passes too (``ours_bconst_us``).
 
 Roofline floor per shape, measured in the same run: max(bytes moved once (A, B, C) / device-to-
 device copy bandwidth of a 1 GiB copy, FLOPs / the reference's own rate at 8192³ of that dtype);

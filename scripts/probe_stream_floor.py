@@ -22,11 +22,15 @@ the same shapes with the weights as given and pre-packed (notes/gemm-sm90.md, se
 
 Needs nvcc (compiles a small .so at start-up).  Run:
   PYTHONPATH=. python3 scripts/probe_stream_floor.py [BUNDLE] [--json OUT.json]
-      [--profile | --overhead [--m1]]
+      [--profile | --overhead [--m1] | --dec-pdl [--extra BUNDLE2]]
 ``--profile``: one call each of the best read kernels, the prototype and our GEMM between
 cudaProfilerStart/Stop (for ``ncu --profile-from-start off``).  ``--overhead``: ours (the decode
 variants in OVERHEAD_VARIANTS that the bundle has), cuBLAS, the reads and an empty kernel
-interleaved as K and N grow; ``--m1``: fp8 at M = 1 and 16.
+interleaved as K and N grow; ``--m1``: fp8 at M = 1 and 16.  ``--dec-pdl``: the prototype
+launched with programmatic dependent launch, its weight loads issued before griddepcontrol.wait
+(and without), beside our decode variants (and every variant of ``--extra BUNDLE2``) and the reads,
+graphs of 8 calls; ``DEC_SHAPES=dt:M:N:K,...`` picks the shapes, ``DEC_NO_PROTO=1`` skips the
+prototype (notes/gemm-sm90.md, session 4).
 """
 
 from __future__ import annotations
