@@ -10,6 +10,15 @@ from .build.cubin import disassemble, opcode_histogram, sass_target
 from .runtime.manifest import file_ok, load_manifest
 
 
+
+def _shown(match: str) -> str:
+    """A requirement's match for the report: an order requirement (a match over several SASS
+    lines) as its first and last instruction."""
+    if "\n" not in match:
+        return match
+    words = match.split()
+    return f"{words[0]} … {words[-1]}"
+
 def verify(bundle: str | Path) -> tuple[list[str], list[str]]:
     bundle = Path(bundle)
     m = load_manifest(bundle)
@@ -32,7 +41,7 @@ def verify(bundle: str | Path) -> tuple[list[str], list[str]]:
             problems.append(f"{name}: SASS lacks {missing}")
         hist = opcode_histogram(sass)
         spills = sum(c for op, c in hist.items() if op.startswith(("LDL", "STL")))
-        found = ", ".join(f"{m_.group(0)}" for p in v["sass_requirements"] if (m_ := re.search(p, sass)))
+        found = ", ".join(_shown(m_.group(0)) for p in v["sass_requirements"] if (m_ := re.search(p, sass)))
         report.append(f"{'ok ' if not missing else 'BAD'} {name}  [{got}]  {found}"
                       f"  regs={v['resources']['registers']} spill-instr={spills}")
     return problems, report

@@ -38,6 +38,11 @@ def test_verify_passes_and_catches_tampering(test_bundle, tmp_path):
                         capture_output=True, text=True)
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert "verify: OK" in ok.stdout
+    # One report line per variant (an order requirement shows as "first … last" instruction).
+    lines = [ln for ln in ok.stdout.splitlines() if ln.startswith(("ok ", "BAD"))]
+    assert len(lines) == sum(1 for ln in ok.stdout.splitlines() if ln.strip() and not ln.startswith("verify"))
+    eb = [ln for ln in lines if "_eb " in ln]
+    assert eb and all("UTMALDG.3D … ACQBULK" in ln for ln in eb), eb
     bad = tmp_path / "bad"
     shutil.copytree(test_bundle, bad)
     cubin = next((bad / "cubin").glob("*.cubin"))
