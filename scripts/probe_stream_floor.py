@@ -154,15 +154,19 @@ __global__ void __launch_bounds__(512) dec_gemm(const char *__restrict__ W, cons
   extern __shared__ float red[];
   // pdl: launched with programmatic dependent launch; the weights (constant) are loaded before
   // griddepcontrol.wait, the activations (the previous kernel's output) after it.
+  // pdl == 2 (an experiment, not a valid kernel): the activations are loaded before the wait too.
   if (pdl) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  bool waited = !pdl;
+  bool waited = pdl != 1;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
   const int nwn = (blockDim.x >> 5) / KW;
   const int wn = warp / KW, wk = warp % KW;
   const long long kbytes = (long long)K * (FP8 ? 1 : 2);
   const int steps = (int)((kbytes + 63) / 64);
-  const int per = (steps + KW - 1) / KW;
-  const int s0 = wk * per, s1 = min(s0 + per, steps);
+  // gridDim.y > 1 (timing experiment only): CTAs split K too, each writing its partial sums to its
+  // own M x N slice of C (no reduction: the time of the loads and MMAs of such a design).
+  const int cs = (steps + gridDim.y - 1) / gridDim.y, cb = blockIdx.y * cs, ce = min(cb + cs, steps);
+  const int per = (ce - cb + KW - 1) / KW;
+  const int s0 = cb + wk * per, s1 = min(s0 + per, ce);
   const int n0 = (blockIdx.x * nwn + wn) * 8 * G;
   const bool vg = g < M, vh = g + 8 < M;
   float acc[G][4];
@@ -203,7 +207,7 @@ __global__ void __launch_bounds__(512) dec_gemm(const char *__restrict__ W, cons
         mma_step(acc[i], av[u].z, bv[u].z, av[u].w, bv[u].w, wv[u][i].z, wv[u][i].w, FP8);
       }
   }
-  if (!waited) asm volatile("griddepcontrol.wait;" ::: "memory");
+  if (!waited || pdl == 2) asm volatile("griddepcontrol.wait;" ::: "memory");
   float *mine = red + ((size_t)warp * G * 32 + lane) * 4;
 #pragma unroll
   for (int i = 0; i < G; ++i)
@@ -217,7 +221,7 @@ __global__ void __launch_bounds__(512) dec_gemm(const char *__restrict__ W, cons
     if (m < M && n < N) {
       float sum = 0.f;
       for (int k = 0; k < KW; ++k) sum += red[(((size_t)(w * KW + k) * G + i) * 32 + ln) * 4 + r];
-      C[(long long)m * ldc + n] = __float2bfloat16(sum * scale);
+      C[((long long)blockIdx.y * M + m) * ldc + n] = __float2bfloat16(sum * scale);
     }
   }
 }
@@ -226,8 +230,8 @@ __global__ void __launch_bounds__(512) dec_gemm(const char *__restrict__ W, cons
     int smem = warps * G * 128 * 4; \
     cudaFuncSetAttribute(dec_gemm<FP8, G, KW, U, P>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem); \
     cudaLaunchConfig_t cfg = {}; cudaLaunchAttribute at[1]; \
-    cfg.gridDim = dim3(grid); cfg.blockDim = dim3(warps * 32); cfg.dynamicSmemBytes = smem; cfg.stream = s; \
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization; at[0].val.programmaticStreamSerializationAllowed = pdl; \
+    cfg.gridDim = dim3(grid, ks); cfg.blockDim = dim3(warps * 32); cfg.dynamicSmemBytes = smem; cfg.stream = s; \
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization; at[0].val.programmaticStreamSerializationAllowed = pdl != 0; \
     cfg.attrs = at; cfg.numAttrs = 1; \
     cudaLaunchKernelEx(&cfg, dec_gemm<FP8, G, KW, U, P>, (const char *)W, (const char *)X, (__nv_bfloat16 *)C, M, N, K, ldw, ldx, ldc, scale, pdl); \
     return (int)cudaGetLastError(); }
@@ -235,13 +239,13 @@ __global__ void __launch_bounds__(512) dec_gemm(const char *__restrict__ W, cons
 #define DEC(FP8, G, KW, U) DEC1(FP8, G, KW, U, false) DEC1(FP8, G, KW, U, true)
 
 extern "C" int launch_dec(int packed, int fp8, int g, int kw, int u, int nwn, const void *W, const void *X, void *C, int M, int N, int K,
-                          long long ldw, long long ldx, long long ldc, float scale, cudaStream_t s, int pdl) {
+                          long long ldw, long long ldx, long long ldc, float scale, cudaStream_t s, int pdl, int ks) {
   int warps = nwn * kw;
   int grid = (N + nwn * 8 * g - 1) / (nwn * 8 * g);
   DEC(0, 1, 8, 4) DEC(0, 2, 8, 4) DEC(0, 1, 16, 4) DEC(0, 4, 16, 4) DEC(0, 4, 16, 2) DEC(0, 2, 16, 4) DEC(0, 4, 8, 4)
   DEC(1, 1, 8, 4) DEC(1, 2, 8, 4) DEC(1, 1, 16, 4) DEC(1, 4, 16, 4) DEC(1, 4, 16, 2) DEC(1, 2, 16, 4) DEC(1, 4, 8, 4)
   DEC(0, 1, 8, 8) DEC(0, 2, 8, 8) DEC(0, 1, 16, 8) DEC(0, 2, 16, 8) DEC(1, 1, 8, 8) DEC(1, 2, 8, 8) DEC(1, 1, 4, 8)
-  DEC(1, 2, 4, 8) DEC(1, 1, 4, 16) DEC(0, 1, 4, 8)
+  DEC(1, 2, 4, 8) DEC(1, 1, 4, 16) DEC(0, 1, 4, 8) DEC(1, 4, 4, 4) DEC(1, 2, 4, 4) DEC(1, 4, 4, 2)
   return -1;
 }
 
@@ -285,7 +289,7 @@ def build_lib() -> ctypes.CDLL:
     lib.launch_ldg.argtypes = [ctypes.c_void_p, ctypes.c_longlong, ctypes.c_int, ctypes.c_int, ctypes.c_int,
                                ctypes.c_void_p, ctypes.c_void_p]
     lib.launch_dec.argtypes = [ctypes.c_int] * 6 + [ctypes.c_void_p] * 3 + [ctypes.c_int] * 3 + \
-        [ctypes.c_longlong] * 3 + [ctypes.c_float, ctypes.c_void_p, ctypes.c_int]
+        [ctypes.c_longlong] * 3 + [ctypes.c_float, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
     lib.launch_bulk.argtypes = [ctypes.c_void_p, ctypes.c_longlong, ctypes.c_int, ctypes.c_int, ctypes.c_int,
                                 ctypes.c_void_p, ctypes.c_void_p]
     return lib
@@ -425,7 +429,7 @@ def dec_rows(lib, dt, M, N, K, n_sets) -> dict:
         G, KW, U, NWN = cfg
         A, B, C = sets[i]
         rc = lib.launch_dec(int(pk), int(fp8), G, KW, U, NWN, (packed[i] if pk else B).data_ptr(), A.data_ptr(), C.data_ptr(), M, N, K,
-                            B.stride(0) * e, A.stride(0) * e, C.stride(0), 1.0, _stream(), 0)
+                            B.stride(0) * e, A.stride(0) * e, C.stride(0), 1.0, _stream(), 0, 1)
         if rc:
             raise RuntimeError(f"dec {cfg}: {rc}")
 
@@ -450,7 +454,7 @@ def dec_rows(lib, dt, M, N, K, n_sets) -> dict:
         A = testing.gemm_operand(m, K, 1, "k", dt)[0]
         C = torch.full((m + 1, N), float("nan"), dtype=torch.bfloat16, device="cuda")
         rc = lib.launch_dec(0, int(fp8), 2, 8, 4, 2, sets[0][1].data_ptr(), A.data_ptr(), C.data_ptr(), m, N, K,
-                            sets[0][1].stride(0) * e, A.stride(0) * e, C.stride(0), 1.0, _stream(), 0)
+                            sets[0][1].stride(0) * e, A.stride(0) * e, C.stride(0), 1.0, _stream(), 0, 1)
         torch.cuda.synchronize()
         r = A.float() @ sets[0][1].float().t()
         small[m] = (rc, ((C[:m].float() - r).abs().max() / r.abs().max()).item(), bool(C[m].isnan().all()))
@@ -574,6 +578,9 @@ def dec_pdl(lib, bundle, out, jpath) -> int:
         shapes = [(d, int(m), int(n), int(k)) for d, m, n, k in
                   (x.split(":") for x in os.environ["DEC_SHAPES"].split(","))]
     cfgs = DEC_PDL_CFGS if not os.environ.get("DEC_NO_PROTO") else []
+    if os.environ.get("DEC_SPLIT"):  # CTAs split K as well (G, KW, U, NWN, KS): timing of that design
+        cfgs = [(4, 4, 4, 4, 4), (2, 4, 4, 4, 2), (4, 4, 2, 4, 4), (2, 4, 8, 4, 2), (4, 8, 4, 2, 4),
+                (2, 8, 4, 2, 2), (4, 8, 4, 1, 1), (2, 8, 4, 1, 1)]
     for dt, M, N, K in shapes:
         fp8 = dt == "e4m3"
         e = 1 if fp8 else 2
@@ -582,26 +589,32 @@ def dec_pdl(lib, bundle, out, jpath) -> int:
         packed = [B.view(torch.uint8).view(N // 8, 8, K * e // 64, 64).permute(0, 2, 1, 3).contiguous()
                   for _, B, _ in sets]
         ref = sets[0][0].float() @ sets[0][1].float().t()
+        # KS > 1 (CTAs split K; partial sums, no reduction): outputs KS x M x N.
+        parts = [torch.full((4 * M, N), float("nan"), dtype=torch.bfloat16, device="cuda") for _ in range(n_sets)]
         calls, errs = {}, {}
         for cfg in cfgs:
+            cfg, ks = (cfg, 1) if len(cfg) == 4 else (cfg[:4], cfg[4])
             for pk in (0, 1):
-                for pdl in (0, 1):
-                    def call(i, cfg=cfg, pk=pk, pdl=pdl):
+                for pdl in (0, 1, 2) if os.environ.get("DEC_EARLY_X") else (0, 1):
+                    def call(i, cfg=cfg, pk=pk, pdl=pdl, ks=ks):
                         A, B, C = sets[i]
+                        C = C if ks == 1 else parts[i]
                         rc = lib.launch_dec(pk, int(fp8), *cfg, (packed[i] if pk else B).data_ptr(), A.data_ptr(),
                                             C.data_ptr(), M, N, K, B.stride(0) * e, A.stride(0) * e, C.stride(0),
-                                            1.0, _stream(), pdl)
+                                            1.0, _stream(), pdl, ks)
                         if rc:
                             raise RuntimeError(f"dec {cfg}: {rc}")
-                    key = f"dec{cfg}{'p' if pk else ''}{'+pdl' if pdl else ''}"
+                    key = f"dec{cfg}{f'/ks{ks}' if ks > 1 else ''}{'p' if pk else ''}{('', '+pdl', '+pdl+earlyX')[pdl]}"
                     try:
                         sets[0][2].fill_(float("nan"))
+                        parts[0].fill_(float("nan"))
                         call(0)
                         torch.cuda.synchronize()
                     except RuntimeError as ex:
                         print(f"  {key}: {ex}")
                         continue
-                    errs[key] = ((sets[0][2].float() - ref).abs().max() / ref.abs().max()).item()
+                    got = sets[0][2].float() if ks == 1 else parts[0][:ks * M].float().view(ks, M, N).sum(0)
+                    errs[key] = ((got - ref).abs().max() / ref.abs().max()).item()
                     calls[key] = call
         sc = dict(scale_a=one, scale_b=one) if fp8 else {}
         if bundle is not None:
@@ -656,11 +669,11 @@ def profile(lib, bundle, out) -> int:
     C = torch.empty((16, 4096), dtype=torch.bfloat16, device="cuda")
     for cfg in ((4, 16, 4, 1), (2, 8, 4, 1)):
         args = (0, 1, *cfg, B.data_ptr(), A.data_ptr(), C.data_ptr(), 16, 4096, 4096, 4096, 4096, 4096, 1.0)
-        lib.launch_dec(*args, _stream(), 0)
+        lib.launch_dec(*args, _stream(), 0, 1)
         torch.cuda.synchronize()
         print(f"profiled: dec e4m3 16x4096x4096 {cfg}", flush=True)
         torch.cuda.profiler.start()
-        lib.launch_dec(*args, _stream(), 0)
+        lib.launch_dec(*args, _stream(), 0, 1)
         torch.cuda.synchronize()
         torch.cuda.profiler.stop()
     if bundle is not None:
