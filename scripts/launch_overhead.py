@@ -54,11 +54,9 @@ def host_only(bundle_path: str) -> int:
         def launcher(self, name):
             return noop
 
-    class Stream:
-        cuda_stream = 0
+    from factory.runtime import bundle as rbundle
 
-    stream = Stream()
-    torch.cuda.current_stream = lambda *a, **k: stream  # noqa: E731 - no CUDA here
+    rbundle.current_stream = lambda: 0  # no CUDA here
     b = Bundle.open(bundle_path, capability=(9, 0), device={"name": "planned H100", "sm_count": 132})
     b._lib = NoLaunch()
     x = torch.randn(16, 64, dtype=torch.bfloat16)
@@ -98,7 +96,49 @@ def main() -> int:
     f8_ref = per_call_us(lambda: torch._scaled_mm(x8, w8.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16))
     print(f"fp8: bundle.gemm(out=, scales) {f8:.1f}, bundle.gemm(out=) {f8_unit:.1f}, "
           f"torch._scaled_mm {f8_ref:.1f}")
+    breakdown(b, x, w, out)
     return 0
+
+
+def breakdown(b, x, w, out) -> None:
+    """Where an eager launch's host time goes: the native launcher alone (an argument array
+    packed once, called again and again), the same through ``Bundle.launch``, for the variant the
+    loader picks (sm_90a: TMA descriptors are encoded by the launcher on every call) and for an
+    sm_90 (mma.sync, no TMA) variant of the same problem."""
+    import torch
+
+    from factory.runtime.gemm import fitting_variants, launch_scalars, rkl_spec, select
+
+    specs = [rkl_spec(t, n) for t, n in ((x, "a"), (w, "b"), (out, "c"))]
+    picks = {"picked": select(b, *specs, "bf16", "bf16", [])}
+    fits = [v for v in b.candidates("gemm") if v["target"] == "sm_90"]
+    if fits:
+        b_save = b.candidates
+        b.candidates = lambda op: fits  # noqa: E731 - the sm_90 (portability) variants only
+        try:
+            picks["sm_90 mma.sync"] = fitting_variants(b, *specs, "bf16", "bf16", [])[0][0]["name"]
+        except Exception:  # noqa: BLE001 - none fits: skip the row
+            pass
+        b.candidates = b_save
+    from factory.runtime.bundle import current_stream
+
+    stream = current_stream()
+    assert stream == torch.cuda.current_stream().cuda_stream
+    old = per_call_us(lambda: torch.cuda.current_stream().cuda_stream)
+    new = per_call_us(lambda: current_stream())
+    print(f"current stream: torch.cuda.current_stream().cuda_stream {old:.2f} µs, the raw handle {new:.2f} µs")
+    shape = (x.shape[0], w.shape[0])
+    e1 = per_call_us(lambda: torch.empty(shape, dtype=x.dtype, device=x.device))
+    e2 = per_call_us(lambda: x.new_empty(shape))
+    print(f"output allocation: torch.empty(device=a.device) {e1:.2f} µs, a.new_empty {e2:.2f} µs")
+    for what, name in picks.items():
+        entry = b.manifest["variants"][name]
+        args = [*specs, *launch_scalars(b, entry)]
+        fn = b.lib.launcher(name)
+        argv, _buf = b.binder(name).bind(args, stream)
+        native = per_call_us(lambda: fn(argv))
+        via = per_call_us(lambda: b.launch(name, args, checked=True))
+        print(f"{what} ({name}): native launcher {native:.1f} µs, Bundle.launch {via:.1f} µs")
 
 
 if __name__ == "__main__":

@@ -263,7 +263,7 @@ def gemm(bundle, a, b, out=None, *, out_dtype=None, scale_a=None, scale_b=None, 
     fp8 = ab == "e4m3"
     if out is None:
         dt = out_dtype or (torch.bfloat16 if fp8 else a.dtype)
-        out = torch.empty((*a.shape[:-1], b.shape[-2]), dtype=dt, device=a.device)
+        out = a.new_empty((*a.shape[:-1], b.shape[-2]), dtype=dt)  # (a's device, no device object)
     c = _dtype_name(out.dtype)
     a3, b3, c3 = rkl_spec(a, "a"), rkl_spec(b, "b"), rkl_spec(out, "out")
     scales, keep = [], []
