@@ -162,20 +162,19 @@ def test_two_row_k_tiles_only_on_swap_ws_tiles():
             "gemm_sm90a_bf16_obf16_ak_bk_t32x64x128_c1x1_ws_rm_sw1_swap_sk1_pdl"} <= names
 
 
-def test_decode_tiles_launch_with_pdl():
-    """Every swap (decode) tile of the default tier launches with PDL and carries its SASS
-    requirement (PREEXIT = launch_dependents, ACQBULK = wait); no other tile does.  Each has an
-    ``early_b`` twin (``_eb``) that must show a TMA load before a wait."""
+def test_default_tiles_launch_with_pdl():
+    """Every tile of the default tier launches with PDL and carries its SASS requirement (PREEXIT =
+    launch_dependents, ACQBULK = wait).  Each swap (decode) tile has an ``early_b`` twin (``_eb``)
+    that must show a TMA load before a wait; no other tile has one."""
     from factory.gemm.sm90 import EARLY_LOAD_SASS, GemmSm90, _default
 
     vs = [GemmSm90(target="sm_90a", **d) for d in _default()]
     names = {v.name for v in vs}
     for v in vs:
-        assert v.pdl == v.swap_ab, v.name
-        assert (r"\bPREEXIT\b" in v.sass_requirements()) == v.pdl, v.name
+        assert v.pdl, v.name
+        assert r"\bPREEXIT\b" in v.sass_requirements(), v.name
         assert (EARLY_LOAD_SASS in v.sass_requirements()) == v.early_b, v.name
-        if v.pdl and not v.early_b:
-            assert v.name + "_eb" in names, v.name
+        assert (v.name + "_eb" in names) == (v.swap_ab and not v.early_b), v.name
         if v.early_b:
             assert v.pdl and v.swap_ab, v.name
     assert GemmSm90(target="sm_90a", ab="bf16", c="bf16", tile=(16, 64, 64), schedule="ws",

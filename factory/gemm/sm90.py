@@ -990,16 +990,17 @@ def _default() -> list[dict]:
                     fast_accum=True))
     out.append(dict(ab="e4m3", c="bf16", tile=(64, 256, 128), cluster=(1, 2), schedule="pp",
                     fast_accum=True))
-    # The decode (swap) tiles launch with programmatic dependent launch: a call's launch and
-    # prologue overlap the previous PDL kernel in the stream.  H100, graphs of 8 consecutive calls
-    # at M = 16 (notes/results/probe_overhead_pdl_h100.json): fp8 4096x4096 9.11 -> 8.38 us,
-    # 6144x4096 11.56 -> 11.04, 8192x8192 25.6 -> 24.8; bf16 4096x4096 14.25 -> 13.47.  After a
-    # kernel launched without PDL they run as before.  (Session 2's PDL build also asked the L2
-    # for the first weight k-blocks before the wait and measured no gain; an L2 prefetch of the
-    # weights is a loss on its own, see the notes.)
+    # Every tile launches with programmatic dependent launch: a call's launch and prologue overlap
+    # the previous PDL kernel in the stream (safe: every CTA of these persistent grids is resident
+    # when it lets the next kernel in, and nothing touches global memory before the wait).  H100,
+    # graphs of 8 consecutive calls at M = 16 (notes/results/probe_overhead_pdl_h100.json): fp8
+    # 4096x4096 9.11 -> 8.38 us, 6144x4096 11.56 -> 11.04, 8192x8192 25.6 -> 24.8; bf16 4096x4096
+    # 14.25 -> 13.47 (session 3, decode tiles).  On every tile (session 4, tuned bench, two runs
+    # each; notes/results/bench_gemm_v15_pdl_tuned*.json): geomean bf16 1.023 -> 1.026-1.027, fp8
+    # 1.018-1.020 -> 1.025-1.027, lowest fp8 shape 0.915 -> 0.953.  After a kernel launched without
+    # PDL they run as before.  (An L2 prefetch of the weights before the wait is a loss: notes.)
     for d in out:
-        if d.get("swap_ab"):
-            d["pdl"] = True
+        d["pdl"] = True
     # Each decode tile also as a twin that streams its first stages of weights before the PDL
     # wait (``early_b``), for callers whose B is constant (``bundle.gemm(..., b_constant=True)``);
     # never picked otherwise.  Plus the two that the early loads favour: the more bytes of B the
@@ -1008,7 +1009,7 @@ def _default() -> list[dict]:
     # stages 4096x4096 8.33 -> 8.00 us, 6144x4096 10.96 -> 10.13, 8192x8192 24.7 -> 23.4 (the plain
     # 16x64x128 -> this one); bf16 16x64x128 with 10 stages 6144x4096 20.5 -> 18.4.  (Without the
     # early loads, the same fp8 tile is slower than 16x64x128 at 6144x4096: 11.4 us.)
-    out += [dict(d, early_b=True) for d in out if d.get("pdl")]
+    out += [dict(d, early_b=True) for d in out if d.get("swap_ab")]
     out.append(dict(ab="e4m3", c="bf16", tile=(16, 64, 256), schedule="ws", swap_ab=True, deep=True,
                     pdl=True, early_b=True))
     out.append(dict(**bf16, tile=(16, 64, 128), schedule="ws", swap_ab=True, deep=True, pdl=True,
