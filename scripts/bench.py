@@ -93,20 +93,27 @@ def _burst_for(first_s: float) -> int:
     return int(max(1, min(20, 100e-6 / max(first_s, 1e-7))))
 
 
-def time_graph(fn_per_set, n_sets: int, replays: int | None = None, budget_s: float = 0.4) -> float:
-    """Median seconds per call, from replays of a graph holding one call per input set.  Without
-    ``replays``: as many as fit ``budget_s`` of GPU time (7 to 40)."""
+def capture(fn_per_set, n_sets: int, stream=None):
+    """A CUDA graph of one call per input set, after one eager call per set outside capture
+    (module load, library heuristics)."""
     import torch
 
     for i in range(n_sets):
-        fn_per_set(i)  # warm-up (module load, cuBLAS heuristics) outside capture
+        fn_per_set(i)
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
+    s = stream if stream is not None else torch.cuda.Stream()
     with torch.cuda.stream(s):
         with torch.cuda.graph(g, stream=s):
             for i in range(n_sets):
                 fn_per_set(i)
+    return g
+
+
+def time_graph(fn_per_set, n_sets: int, replays: int | None = None, budget_s: float = 0.4) -> float:
+    """Median seconds per call, from replays of a graph holding one call per input set.  Without
+    ``replays``: as many as fit ``budget_s`` of GPU time (7 to 40)."""
+    g = capture(fn_per_set, n_sets)
     first = _one_replay_s(g)
     if replays is None:
         replays = int(max(7, min(40, budget_s / max(first, 1e-6))))
@@ -129,15 +136,7 @@ def time_interleaved(calls: dict, n_sets: int, rounds: int = 3, budget_s: float 
     graphs, samples = {}, {}
     s = torch.cuda.Stream()
     for name, fn in calls.items():
-        for i in range(n_sets):
-            fn(i)  # warm-up outside capture (module load, library heuristics)
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.stream(s):
-            with torch.cuda.graph(g, stream=s):
-                for i in range(n_sets):
-                    fn(i)
-        graphs[name], samples[name] = g, []
+        graphs[name], samples[name] = capture(fn, n_sets, s), []
     torch.cuda.synchronize()
     # Warm-up: replay all graphs in turn for ``warm_s`` before sampling.  Right after new weights
     # are allocated and filled, the first ~10 ms of replays run up to 15 % slow on the H100 (ours

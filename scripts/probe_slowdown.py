@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench import _burst_for, _one_replay_s, _sets_for, _timed_replays, gemm_bytes  # noqa: E402
+from bench import _burst_for, _one_replay_s, _sets_for, _timed_replays, capture, gemm_bytes  # noqa: E402
 
 from factory import testing  # noqa: E402
 from factory.runtime import Bundle  # noqa: E402
@@ -63,19 +63,9 @@ def main() -> int:
                 else:
                     calls = {"ours": lambda i: bundle.gemm(A[i], B[i], C[i]),
                              "ref": lambda i: torch.mm(A[i], B[i].t(), out=C[i])}
-                graphs, bursts = {}, {}
                 s = torch.cuda.Stream()
-                for name, fn in calls.items():
-                    for i in range(n_sets):
-                        fn(i)
-                    torch.cuda.synchronize()
-                    g = torch.cuda.CUDAGraph()
-                    with torch.cuda.stream(s):
-                        with torch.cuda.graph(g, stream=s):
-                            for i in range(n_sets):
-                                fn(i)
-                    graphs[name] = g
-                    bursts[name] = _burst_for(_one_replay_s(g))
+                graphs = {name: capture(fn, n_sets, s) for name, fn in calls.items()}
+                bursts = {name: _burst_for(_one_replay_s(g)) for name, g in graphs.items()}
                 samples = []
                 t_end = time.time() + a.seconds
                 while time.time() < t_end:
