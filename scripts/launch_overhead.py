@@ -113,13 +113,13 @@ def breakdown(b, x, w, out) -> None:
     picks = {"picked": select(b, *specs, "bf16", "bf16", [])}
     fits = [v for v in b.candidates("gemm") if v["target"] == "sm_90"]
     if fits:
-        b_save = b.candidates
         b.candidates = lambda op: fits  # noqa: E731 - the sm_90 (portability) variants only
         try:
             picks["sm_90 mma.sync"] = fitting_variants(b, *specs, "bf16", "bf16", [])[0][0]["name"]
         except Exception:  # noqa: BLE001 - none fits: skip the row
             pass
-        b.candidates = b_save
+        finally:
+            del b.candidates  # the class's method again
     from factory.runtime.bundle import current_stream
 
     stream = current_stream()

@@ -92,16 +92,12 @@ def tune_bucket(bundle, M, N, K, dt: str, l2: int, everything: bool = False) -> 
     if not everything:  # the cost model is never off by 5x: do not spend seconds on hopeless tiles
         fits = [v for v in fits if model[v["name"]] <= MODEL_CUT * min(model.values())]
     calls = {v["name"]: (lambda i, n=v["name"]: bundle.gemm(A[i], B[i], C[i], variant=n, **kw)) for v in fits}
-    screened = time_interleaved(calls, n_sets, rounds=1, budget_s=0.01, max_reps=5)
-    best = min(screened.values())
     model_pick = min(model, key=model.get)
-    keep = [n for n, t in sorted(screened.items(), key=lambda kv: kv[1])
-            if t <= SCREEN_KEEP * best or n == model_pick]
-    timed = time_interleaved({n: calls[n] for n in keep}, n_sets, rounds=ROUNDS, max_reps=8)
+    screened, timed = screen_then_time(calls, n_sets, model_pick)
     # A candidate whose measured median is well off its own screen means the GPU changed state
     # under us (seen on the H100 right after the 8192^3 buckets: a split-K variant screened at
     # 57 us, then replayed at 229 us): measure those again, and keep the faster median.
-    odd = [n for n in keep if timed[n] > 1.3 * screened[n]]
+    odd = [n for n in timed if timed[n] > 1.3 * screened[n]]
     if odd:
         again = time_interleaved({n: calls[n] for n in odd}, n_sets, rounds=ROUNDS, max_reps=8)
         timed.update({n: min(timed[n], again[n]) for n in odd})
@@ -117,6 +113,15 @@ def tune_bucket(bundle, M, N, K, dt: str, l2: int, everything: bool = False) -> 
             **({"b_constant": const} if const else {})}
 
 
+def screen_then_time(calls: dict, n_sets: int, always: str) -> tuple[dict, dict]:
+    """Screen every candidate (a few graph replays each), then time those within SCREEN_KEEP of
+    the best screen, and ``always``, in ROUNDS round-robin passes: (screen, timed) seconds."""
+    screened = time_interleaved(calls, n_sets, rounds=1, budget_s=0.01, max_reps=5)
+    best = min(screened.values())
+    keep = [n for n, t in sorted(screened.items(), key=lambda kv: kv[1]) if t <= SCREEN_KEEP * best or n == always]
+    return screened, time_interleaved({n: calls[n] for n in keep}, n_sets, rounds=ROUNDS, max_reps=8)
+
+
 def tune_b_constant(bundle, A, B, C, kw, scales, ab, c, winner, n_sets) -> dict | None:
     """For a constant B: the bucket's early_b variants (they stream B before the previous kernel
     has finished), each timed in graphs of back-to-back calls of itself like every candidate here,
@@ -129,10 +134,7 @@ def tune_b_constant(bundle, A, B, C, kw, scales, ab, c, winner, n_sets) -> dict 
         return None
     calls = {n: (lambda i, n=n: bundle.gemm(A[i], B[i], C[i], variant=n, **kw))
              for n in [v["name"] for v in fits] + [winner]}
-    screened = time_interleaved(calls, n_sets, rounds=1, budget_s=0.01, max_reps=5)
-    best = min(screened.values())
-    keep = [n for n, t in sorted(screened.items(), key=lambda kv: kv[1]) if t <= SCREEN_KEEP * best or n == winner]
-    timed = time_interleaved({n: calls[n] for n in keep}, n_sets, rounds=ROUNDS, max_reps=8)
+    screened, timed = screen_then_time(calls, n_sets, winner)
     return {"winner": tuning.pick_winner(timed, winner, MARGIN),
             "timings_us": {n: round(t * 1e6, 2) for n, t in timed.items()},
             "screen_us": {n: round(t * 1e6, 2) for n, t in screened.items()}}

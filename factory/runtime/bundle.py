@@ -23,8 +23,8 @@ _RAW_STREAM = None  # () -> torch's current raw stream (bound on first use)
 
 def current_stream() -> int:
     """torch's current CUDA stream on the current device, as its raw ``cudaStream_t``.
-    ``torch.cuda.current_stream()`` builds a Stream object per call (about 9 µs on the H100's
-    host: most of a launch's Python cost); torch's own launchers (Inductor's, Triton's) read the
+    ``torch.cuda.current_stream()`` builds a Stream object per call (7.6-8.0 µs on the H100's
+    host, session 4: most of a launch's Python cost); torch's own launchers (Inductor's, Triton's) read the
     raw handle as done here, which torch versions without it fall back from."""
     global _RAW_STREAM
     if _RAW_STREAM is None:
