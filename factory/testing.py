@@ -81,7 +81,32 @@ def check_gemm(bundle, entry, shape, device="cuda") -> dict:
 SPLIT_K_SHAPES = [(257, 136, 200, 1), (1, 264, 1032, 1), (16, 4096, 4096, 1), (64, 1024, 14336, 1)]
 
 
+# Packed-weight decode variants: M up to 16; N and K rounded up to the variant's contract.
+DECODE_SHAPES = [(1, 4096, 4096, 1), (16, 4096, 4096, 1), (5, 2048, 8192, 1), (16, 6144, 14336, 1), (3, 96, 2048, 1)]
+
+
+def check_gemm_packed(bundle, entry, shape, device="cuda") -> dict:
+    import torch
+
+    M, N, K, _ = legal_gemm_shape(shape, {"signature": {"divisibility": {
+        "N": entry["rows_per_cta"], "K": entry["k_multiple"]}}})
+    a = gemm_operand(M, K, 1, "k", "e4m3", device)[0]
+    b = gemm_operand(N, K, 1, "k", "e4m3", device)[0]
+    out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device=device)
+    sa, sb = torch.rand(1, device=device) + 0.5, torch.rand(1, device=device) + 0.5
+    bundle.gemm(a, bundle.pack_b(b), out, scale_a=sa, scale_b=sb, variant=entry["name"])
+    torch.cuda.synchronize()
+    ref = (a.float() @ b.float().t()) * float(sa * sb)
+    nan = int(torch.isnan(out).sum())
+    err = rel_error(out, ref) if nan == 0 else math.inf
+    tol = TOLERANCE["e4m3"]
+    return {"variant": entry["name"], "shape": [M, N, K, 1], "rel_err": err, "nan": nan, "tol": tol,
+            "ok": nan == 0 and err < tol}
+
+
 def smoke_gemm(bundle, entry, device="cuda") -> list[dict]:
+    if entry.get("family") == "decode":  # packed weights (runtime/packed.py)
+        return [check_gemm_packed(bundle, entry, s, device) for s in DECODE_SHAPES]
     shapes = SPLIT_K_SHAPES if "workspace" in entry else GEMM_SHAPES
     return [check_gemm(bundle, entry, s, device) for s in shapes]
 

@@ -13,7 +13,9 @@ both epochs of one side to show (every epoch's times are in the JSON).
 Outputs are NaN-poisoned before timing and checked after; values are checked against a float32
 reference on a slice of rows.  Where ``bundle.gemm(..., b_constant=True)`` would run another
 variant (an ``early_b`` decode tile: B streamed before the previous call ends), that call is timed
-in the same passes too (``ours_bconst_us``).
+in the same passes too (``ours_bconst_us``), and for fp8 with M <= 16 ours on weights packed once
+by ``bundle.pack_b`` (a decode variant, with ``b_constant=True``: ``ours_packed_us``) where one
+takes the shape.
 
 Roofline floor per shape, measured in the same run: max(bytes moved once (A, B, C) / device-to-
 device copy bandwidth of a 1 GiB copy, FLOPs / the reference's own rate at 8192³ of that dtype);
@@ -36,7 +38,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from factory import testing  # noqa: E402
-from factory.runtime import Bundle  # noqa: E402
+from factory.runtime import Bundle, NoVariantError  # noqa: E402
 
 SQUARE = [(n, n, n) for n in (2048, 4096, 8192)]
 # Llama projections (N, K): 3-8B qkv, o, gate+up, down; 3-70B qkv, o, gate+up, down.
@@ -222,6 +224,14 @@ def gemm_bytes(M, N, K, dtype: str) -> int:
     return (M * K + N * K) * e + M * N * 2
 
 
+def _packed_name(bundle, a, p, c, one) -> str:
+    """The decode variant ``bundle.gemm(a, p, c, b_constant=True)`` runs."""
+    from factory.runtime.packed import _specs, select_packed
+
+    specs = _specs(a, p, c, [(one.data_ptr(), (1,), (1,))] * 2)
+    return select_packed(bundle, specs, a.shape[0], p.n, p.k, True)
+
+
 def _fast_accum(bundle, variant: str) -> bool:
     """Whether our fp8 variant accumulates fast (then the reference does too)."""
     return bundle.manifest["variants"][variant]["fp8_accumulation"] == "fast"
@@ -243,7 +253,7 @@ def bench_gemm_shape(bundle, M, N, K, dtype: str, variant: str | None, l2: int, 
     fp8 = dtype == "e4m3"
     scales = [(one.data_ptr(), (1,), (1,))] * 2 if fp8 else []
     sc = dict(scale_a=one, scale_b=one) if fp8 else {}
-    name = const = fast = None
+    name = const = fast = packed = None  # packed: the decode variant on packed weights, or False
     per = []  # per epoch: (times, eager ours, eager ref, nan count, rel err)
     for _ in range(epochs):
         A = [testing.gemm_operand(M, K, 1, "k", dtype)[0] for _ in range(n_sets)]
@@ -271,6 +281,15 @@ def bench_gemm_shape(bundle, M, N, K, dtype: str, variant: str | None, l2: int, 
         calls = {"ours": ours, **({"ref": ref} if ref else {})}
         if const != name:
             calls["ours_bconst"] = lambda i: bundle.gemm(A[i], B[i], C_ours[i], b_constant=True, **sc)  # noqa: E731
+        P = None
+        if fp8 and M <= 16 and variant is None and packed is not False:
+            try:  # a decode variant on packed weights (packed once, outside the timing)
+                P = [bundle.pack_b(b) for b in B]
+                packed = _packed_name(bundle, A[0], P[0], C_ours[0], one)
+            except (NoVariantError, ValueError):  # no decode variant takes this shape
+                P, packed = None, False
+            else:
+                calls["ours_packed"] = lambda i: bundle.gemm(A[i], P[i], C_ours[i], b_constant=True, **sc)  # noqa: E731
         # Ours and the reference in alternating passes over the same inputs (time_interleaved).
         t = time_interleaved(calls, n_sets, rounds=4, budget_s=0.1, max_reps=10, warm_s=0.05)
         e_ours = time_eager(ours, n_sets)
@@ -278,8 +297,16 @@ def bench_gemm_shape(bundle, M, N, K, dtype: str, variant: str | None, l2: int, 
         nan = sum(int(torch.isnan(c).sum()) for c in C_ours)
         rows = min(M, 256)
         err = testing.rel_error(C_ours[0][:rows], A[0][:rows].float() @ B[0].float().t())
+        if P is not None:  # the packed call wrote C_ours last in its passes too: check it alone
+            for c in C_ours:
+                c.fill_(float("nan"))
+            for i in range(n_sets):
+                calls["ours_packed"](i)
+            torch.cuda.synchronize()
+            nan += sum(int(torch.isnan(c).sum()) for c in C_ours)
+            err = max(err, testing.rel_error(C_ours[0], A[0].float() @ B[0].float().t()))
         per.append((t, e_ours, e_ref, nan, err))
-        A = B = C_ours = C_ref = None  # free before the next epoch (the lambdas hold the names)
+        A = B = C_ours = C_ref = P = None  # free before the next epoch (the lambdas hold the names)
         torch.cuda.empty_cache()
     best = {k: min(p[0].get(k, float("nan")) for p in per) for k in per[0][0]}
     t_ours, t_ref = best["ours"], best.get("ref", float("nan"))
@@ -288,6 +315,8 @@ def bench_gemm_shape(bundle, M, N, K, dtype: str, variant: str | None, l2: int, 
     extra = {}
     if "ours_bconst" in best:
         extra = {"variant_bconst": const, "ours_bconst_us": best["ours_bconst"] * 1e6}
+    if "ours_packed" in best:
+        extra.update(variant_packed=packed, ours_packed_us=best["ours_packed"] * 1e6)
     return {**extra, "M": M, "N": N, "K": K, "dtype": dtype, "variant": name, "input_sets": n_sets,
             "ref_fast_accum": fast if fp8 else None,
             "ours_us": t_ours * 1e6, "ref_us": t_ref * 1e6, "ours_eager_us": e_ours * 1e6,
@@ -318,6 +347,8 @@ def bench_gemm(bundle, shapes, dtype: str, variant: str | None, copy_bw: float, 
         r.update({"floor_us": max(t_mem, t_flop) * 1e6, "floor_bound": "memory" if t_mem > t_flop else "compute"})
         r["ours_over_floor"] = r["ours_us"] / r["floor_us"]
         r["ours_bconst_over_floor"] = r.get("ours_bconst_us", r["ours_us"]) / r["floor_us"]
+        if "ours_packed_us" in r:
+            r["ours_packed_over_floor"] = r["ours_packed_us"] / r["floor_us"]
         r["ref_over_floor"] = r["ref_us"] / r["floor_us"]
         if launch_s is not None:  # the floor plus one launch: what a kernel of any speed needs
             r["launch_us"] = launch_s[r["input_sets"]] * 1e6
@@ -334,7 +365,9 @@ def bench_gemm(bundle, shapes, dtype: str, variant: str | None, copy_bw: float, 
             f"{r['ours_eager_us']:>8.1f} {r['ref_eager_us']:>8.1f}  {r['rel_err']:.1e} {r['nan']}  "
             f"{r['variant'].replace('gemm_', '')}"
             + (f"  [b_constant: {r['ours_bconst_us']:.1f} = {r['ours_bconst_over_floor']:.2f}x floor]"
-               if "ours_bconst_us" in r else ""))
+               if "ours_bconst_us" in r else "")
+            + (f"  [packed+b_constant: {r['ours_packed_us']:.1f} = {r['ours_packed_over_floor']:.2f}x floor]"
+               if "ours_packed_us" in r else ""))
     ok = [r for r in rows if r["ratio"] == r["ratio"]]  # NaN where the reference failed
     ratios = [r["ratio"] for r in ok]
     # Decode shapes (M <= 16) within 10 % of the floor, and of the floor plus one launch.
@@ -344,6 +377,9 @@ def bench_gemm(bundle, shapes, dtype: str, variant: str | None, copy_bw: float, 
               for who in ("ours", "ref")}
     # Ours called with b_constant=True (the early_b twins where the pick has one).
     within["ours_b_constant"] = {"floor": sum(r["ours_bconst_over_floor"] <= 1.1 for r in dec)}
+    # Packed weights with b_constant=True where a decode variant takes the shape, else as above.
+    within["ours_packed_b_constant"] = {"floor": sum(
+        r.get("ours_packed_over_floor", r["ours_bconst_over_floor"]) <= 1.1 for r in dec)}
     return {"dtype": dtype, "ceiling_tflops": ceiling / 1e12, "geomean_ratio": statistics.geometric_mean(ratios),
             "min_ratio": min(ratios), "geomean_eager_ratio": statistics.geometric_mean([r["eager_ratio"] for r in ok]),
             "decode_shapes": len(dec), "decode_within_10pct": within, "rows": rows}
@@ -424,7 +460,8 @@ def main() -> int:
               f"min {t['min_ratio']:.3f}; eager geomean {t['geomean_eager_ratio']:.3f}; decode shapes within "
               f"10 % of the floor: ours {w['ours']['floor']}/{t['decode_shapes']} (ref {w['ref']['floor']}), "
               f"of floor + launch: ours {w['ours']['floor_plus_launch']} (ref {w['ref']['floor_plus_launch']}); "
-              f"ours with b_constant=True: {w['ours_b_constant']['floor']}",
+              f"ours with b_constant=True: {w['ours_b_constant']['floor']}, with packed weights where a "
+              f"decode variant fits: {w['ours_packed_b_constant']['floor']}",
               flush=True)
         tables.append(t)
     meta = {"device": dev, "torch": torch.__version__, "cuda": torch.version.cuda, "date": time.strftime("%Y-%m-%d"),

@@ -11,6 +11,7 @@ from pathlib import Path
 from ..atoms.targets import get_target, targets_for_capability
 from .loader import Binder, HostLibrary, LaunchError
 from .manifest import BundleError, file_ok, load_manifest
+from .packed import PackedB
 
 
 class NoVariantError(LookupError):
@@ -45,7 +46,8 @@ def _op(name: str):
     if fn is None:
         import importlib
 
-        fn = _OPS[name] = getattr(importlib.import_module(f".{name}", __package__), name)
+        module = "packed" if name == "gemm_packed" else name
+        fn = _OPS[name] = getattr(importlib.import_module(f".{module}", __package__), name)
     return fn
 
 
@@ -63,6 +65,8 @@ class Bundle:
         self._max_clusters: dict[str, int] = {}  # persistent grid caps (runtime/gemm.py)
         self._early_b: dict[str, str] = {}  # variant -> its early_b twin (runtime/gemm.py)
         self._unit_scales: dict = {}  # device -> float32 [1.0], fp8's default scale (runtime/gemm.py)
+        self._workspaces: dict = {}  # (device, stream, split_k) -> decode reduction buffers (runtime/packed.py)
+        self._graph_workspaces: list = []  # those made during CUDA-graph capture (kept for the graphs)
         self._lock = threading.Lock()
 
     @classmethod
@@ -170,11 +174,19 @@ class Bundle:
         that may still be running in the stream writes ``b`` (model weights): decode variants
         launched with programmatic dependent launch then start streaming ``b`` before the
         previous kernel has finished."""
-        return _op("gemm")(self, a, b, out, out_dtype=out_dtype, scale_a=scale_a, scale_b=scale_b,
-                           variant=variant, b_constant=b_constant)
+        op = _op("gemm_packed" if isinstance(b, PackedB) else "gemm")
+        return op(self, a, b, out, out_dtype=out_dtype, scale_a=scale_a, scale_b=scale_b,
+                  variant=variant, b_constant=b_constant)
+
+    def pack_b(self, b) -> PackedB:
+        """(N, K) e4m3 weights packed once for the decode kernels (runtime/packed.py):
+        ``bundle.gemm(a, bundle.pack_b(w), ...)`` with M ≤ 16 then runs one of them."""
+        from .packed import pack_b
+
+        return pack_b(b)
 
     def attention(self, q, k, v, **kwargs):
         return _op("attention")(self, q, k, v, **kwargs)
 
 
-__all__ = ["Bundle", "BundleError", "LaunchError", "NoVariantError"]
+__all__ = ["Bundle", "BundleError", "LaunchError", "NoVariantError", "PackedB"]

@@ -15,16 +15,16 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def max_active_clusters(bundle_path: Path, entry: dict) -> int | None:
-    """Clusters of ``entry["persistent"]["cluster_ctas"]`` CTAs of this variant's kernel that the
-    current device holds at once, or None when the driver cannot be asked."""
+def max_active_clusters(bundle_path: Path, entry: dict, cluster_ctas: int | None = None) -> int | None:
+    """Clusters of ``cluster_ctas`` (default ``entry["persistent"]["cluster_ctas"]``) CTAs of this
+    variant's kernel that the current device holds at once, or None when the driver cannot be asked."""
     try:
-        return _ask_driver(bundle_path, entry)
+        return _ask_driver(bundle_path, entry, cluster_ctas or int(entry["persistent"]["cluster_ctas"]))
     except Exception:  # noqa: BLE001 - no driver library, no context, an old cuda-python: the bound
         return None
 
 
-def _ask_driver(bundle_path: Path, entry: dict) -> int | None:
+def _ask_driver(bundle_path: Path, entry: dict, ctas: int) -> int | None:
     try:
         from cuda.bindings import driver as cu
     except ImportError:
@@ -50,7 +50,6 @@ def _ask_driver(bundle_path: Path, entry: dict) -> int | None:
         attr = cu.CUfunction_attribute
         cu.cuFuncSetAttribute(fn, attr.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)
         cu.cuFuncSetAttribute(fn, attr.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)
-        ctas = int(entry["persistent"]["cluster_ctas"])
         cfg = cu.CUlaunchConfig()
         cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = ctas, 1, 1
         cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = int(entry["threads"]), 1, 1

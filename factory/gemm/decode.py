@@ -1,0 +1,371 @@
+"""Decode GEMM over pre-packed weights (sm_90): C = (sa·sb)·A·Bᵀ for M ≤ 16, fp8 e4m3 in, bf16 out.
+
+For a 16-32 MB weight matrix every TMA kernel here stops at the time of a pure TMA read of those
+bytes (notes/gemm-sm90.md, session 4); plain 16-byte loads read them ~8 % faster.  So this kernel
+feeds mma.sync (m16n8k32, the activations as the 16-row operand) from registers that 16-byte loads
+fill, straight from global memory: no shared-memory staging, no TMA.
+
+Packed weights (``runtime/gemm.py: pack_b``, done once when a server loads its weights): B (N, K)
+stored as (N/8, K/64, 8, 64), i.e. [nb, kc, r, j] = B[8 nb + r, 64 kc + j].  Lane 4 g + q of a
+warp loads the 16 bytes [nb, kc, g, 16 q : 16 q + 16]: a warp's load is 512 contiguous bytes.  The
+lane's 16 activation bytes of rows g and g + 8 at the same K offsets are loaded alike.  Inside a
+64-byte chunk the two k32 MMA steps then see the K order permuted, but identically for both
+operands (step s takes bytes 8 s .. 8 s + 7 of each lane's 16 as its k and k + 16 words), so
+the sums are exact dot products with no shuffles.
+
+CTA: ``warps_n`` × ``warps_k`` warps, each warp ``atoms`` n8 atoms (8·atoms weight rows) over
+K / (cluster_k · warps_k) of K; a cluster of ``cluster_k`` CTAs splits K further.  Grid
+(N / rows, cluster_k): one wave (the loader checks it fits), which keeps the early
+``griddepcontrol.launch_dependents`` harmless.  A warp loads ``unroll`` 64-byte chunks per batch
+(16·atoms·unroll bytes of weights per thread); with ``early_b`` the first batch is issued before
+``griddepcontrol.wait`` (B must not be written by a kernel still running: the loader's
+``b_constant``), the activations always after it.  Partial sums: the K-warps through shared
+memory (every thread sums a few outputs), then the cluster's CTAs into rank 0 through DSMEM
+(st.async on an mbarrier armed with the byte count), which scales, converts and stores C.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+
+from ..abi import Signature, TensorArg
+from ..atoms.targets import Target
+from ..registry import register
+from .common import GemmVariant
+
+M_MAX = 16  # the MMA's row count: activations rows per call at most
+PACK_FORMAT = "rows8_k64"  # [N/8][K/64][8][64]: see the module docstring
+EARLY_LDG_SASS = r"(?s)\bLDG\.E\.128\b.*?\bACQBULK\b"  # early_b: weight loads before the PDL wait
+
+
+@dataclass(frozen=True, kw_only=True)
+class GemmDecode(GemmVariant):
+    family: ClassVar[str] = "decode"
+    sources: ClassVar[tuple[str, ...]] = ("gemm/decode.py", "gemm/common.py", "abi.py")
+
+    warps_n: int = field(default=2, metadata={"tag": "wn"})
+    warps_k: int = field(default=4, metadata={"tag": "wk"})
+    atoms: int = field(default=4, metadata={"tag": "g"})
+    unroll: int = field(default=2, metadata={"tag": "u"})
+    cluster_k: int = field(default=4, metadata={"tag": "ck"})
+    global_red: bool = field(default=False, metadata={"tag": "gr"})
+    early_b: bool = field(default=False, metadata={"tag": "eb"})
+
+    @property
+    def rows(self) -> int:
+        return 8 * self.atoms * self.warps_n
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps_n * self.warps_k
+
+    @property
+    def ctas_per_sm(self) -> int:
+        """CTAs each SM must hold for the grid to be one wave (registers capped to fit them)."""
+        return max(1, 1024 // self.threads // 2)
+
+    def sass_requirements(self) -> tuple[str, ...]:
+        # Hopper runs fp8 mma.sync as f16 HMMA; 16-byte loads; PDL; the DSMEM reduction.
+        req = (r"\bHMMA\.16816\.F32", r"\bLDG\.E\.128\b", r"\bACQBULK\b")
+        if self.cluster_k > 1:
+            req += (r"\bRED\.E\.ADD|\bATOMG\.E\.ADD",) if self.global_red else (r"\bSTAS\b",)
+        if self.early_b:
+            req += (EARLY_LDG_SASS,)
+        return req
+
+    def proof_level(self) -> str:
+        return self.tgt.proof
+
+    def red_row(self) -> int:
+        return self.rows + 4  # padded: the 8 lanes of one column land on different banks
+
+    def smem_bytes(self) -> int:
+        red_c = 0 if self.global_red else max(1, self.cluster_k - 1) * M_MAX * self.rows
+        return 4 * (self.warps_k * M_MAX * self.red_row() + max(1, red_c)) + 64
+
+    def can_implement(self) -> str | None:
+        t = self.tgt
+        if t.name != "sm_90":
+            return "the packed decode kernel is built for sm_90 (mma.sync, PDL, clusters)"
+        if (self.ab, self.c, self.a_major, self.b_major) != ("e4m3", "bf16", "k", "k"):
+            return "e4m3 in, bf16 out, K-major only"
+        if self.cluster_k not in (1, 2, 4):
+            return "cluster_k must be 1, 2 or 4"
+        if self.threads not in (128, 256, 512) or (M_MAX * self.rows) % self.threads \
+                or M_MAX * self.rows // self.threads not in (1, 2, 4):
+            return "128, 256 or 512 threads, each summing 1, 2 or 4 whole outputs"
+        if self.smem_bytes() * self.ctas_per_sm > t.smem_per_cta:
+            return f"needs {self.smem_bytes()} bytes of shared memory"
+        return None
+
+    def k_multiple(self) -> int:
+        """K (bytes) must be a multiple of this: whole load batches for every warp of every CTA."""
+        return 64 * self.unroll * self.warps_k * self.cluster_k
+
+    @property
+    def workspace(self) -> bool:
+        """Partial sums of the K-split CTAs through global memory: a float32 workspace of
+        cluster_k × 16 × N and N / rows int32 counters (zero once; each call leaves them at a
+        multiple of cluster_k)."""
+        return self.global_red and self.cluster_k > 1
+
+    def signature(self) -> Signature:
+        args = (
+            TensorArg("a", "e4m3", ("M", "K"), ("sAm", 1)),
+            # Packed weights (N / 8, K / 64, 8, 64) seen as (N / 8, K / 64, lane, 16 bytes).
+            TensorArg("b", "e4m3", ("NB", "KC", 32, 16), ("sBn", 512, 16, 1)),
+            TensorArg("c", "bf16", ("M", "N"), ("sCm", 1)),
+            TensorArg("scale_a", "f32", (1,), (1,), align=4),
+            TensorArg("scale_b", "f32", (1,), (1,), align=4),
+        )
+        if self.workspace:
+            args += (TensorArg("ws", "f32", ("WS",), (1,)), TensorArg("sem", "i32", ("NS",), (1,), align=4))
+        div = {"sAm": 16, "K": self.k_multiple(), "sBn": 512, "sCm": 8, "N": self.rows,
+               "NB": self.rows // 8, "KC": self.unroll * self.warps_k * self.cluster_k}
+        return Signature(args, tuple(sorted(div.items())))
+
+    def make_kernel(self):
+        k = GemmDecodeKernel(self)
+        return k.scaled_ws if self.workspace else k.scaled
+
+    def describe(self) -> dict:
+        d = super().describe()
+        d.update(
+            packed_b={"format": PACK_FORMAT, "shape": ["N/8", "K/64", 32, 16],
+                      "element": "[nb, kc, 4 r + i, j] = B[8 nb + r, 64 kc + 16 i + j]"},
+            threads=self.threads, cluster=[1, 1 if self.global_red else self.cluster_k],
+            split_k=self.cluster_k, rows_per_cta=self.rows,
+            ctas_per_sm=self.ctas_per_sm, max_m=M_MAX, k_multiple=self.k_multiple(),
+            smem_bytes=self.smem_bytes(),
+        )
+        if self.workspace:
+            d["workspace"] = {"ws_f32": "split_k*16*N", "sem_i32": "N/rows_per_cta", "zeroed_once": True}
+        return d
+
+
+# (warps_n, warps_k, atoms, unroll, cluster_k, global_red).  Chosen on the H100 (notes/gemm-sm90.md, session
+# 5) among 18 shapes of this kernel: 32 rows x K/2 per CTA, two CTAs per SM (the most CTAs that
+# still run as one wave at N = 2048-4096), and 64 rows x K/2 (one wave at N = 6144-8192).  Staging
+# the activations in shared memory, 512-thread CTAs and K/4 clusters measured slower.
+SHAPES = {
+    "test": [(1, 8, 4, 2, 2, False), (4, 4, 4, 2, 4, True)],
+    "default": [(1, 8, 4, 2, 2, False), (2, 4, 4, 2, 2, False), (4, 4, 4, 2, 4, True), (4, 4, 4, 1, 4, True),
+                (2, 4, 4, 2, 4, True), (2, 8, 4, 2, 2, True), (1, 8, 4, 2, 2, True)],
+}
+
+
+@register("gemm")
+def enumerate_decode(target: Target, tier: str) -> list[GemmVariant]:
+    if target.name != "sm_90":
+        return []
+    out = []
+    for wn, wk, g, u, ck, gr in SHAPES["test" if tier == "test" else "default"]:
+        for eb in (False, True):
+            v = GemmDecode(target=target.name, ab="e4m3", c="bf16", warps_n=wn, warps_k=wk, atoms=g,
+                           unroll=u, cluster_k=ck, global_red=gr, early_b=eb)
+            if v.can_implement() is None:
+                out.append(v)
+    return out
+
+
+class GemmDecodeKernel:
+    def __init__(self, v: GemmDecode):
+        self.v = v
+        self.ck = v.cluster_k
+        self.wn, self.wk, self.g, self.u = v.warps_n, v.warps_k, v.atoms, v.unroll
+        self.rows = v.rows
+        self.threads = v.threads
+        self.early_b = v.early_b
+        self.gr = v.workspace  # K-split partial sums through global memory (else DSMEM)
+        self.cl = self.ck > 1 and not self.gr
+
+    @cute.jit
+    def scaled(self, mA: cute.Tensor, mB: cute.Tensor, mC: cute.Tensor, mSa: cute.Tensor,
+               mSb: cute.Tensor, stream: cuda.CUstream):
+        self._launch(mA, mB, mC, mSa, mSb, mSa, mSa, stream)
+
+    @cute.jit
+    def scaled_ws(self, mA: cute.Tensor, mB: cute.Tensor, mC: cute.Tensor, mSa: cute.Tensor,
+                  mSb: cute.Tensor, mW: cute.Tensor, mS: cute.Tensor, stream: cuda.CUstream):
+        self._launch(mA, mB, mC, mSa, mSb, mW, mS, stream)
+
+    @cute.jit
+    def _launch(self, mA, mB, mC, mSa, mSb, mW, mS, stream):
+        op = cute.nvgpu.warp.MmaFP8Op(cutlass.Float8E4M3FN, cutlass.Float32, (16, 8, 32))
+        tiled_mma = cute.make_tiled_mma(op)
+
+        @cute.struct
+        class SharedStorage:
+            red_w: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, self.wk * M_MAX * self.v.red_row()], 16]
+            red_c: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, max(1, self.ck - 1) * M_MAX * self.rows], 16]
+            bar: cute.struct.MemRange[cutlass.Int64, 1]
+            last: cute.struct.MemRange[cutlass.Int32, 1]
+
+        self.shared_storage = SharedStorage
+        n_blocks = cute.size(mC, mode=[1]) // self.rows
+        self.kernel(mA, mB, mC, mSa, mSb, mW, mS, tiled_mma).launch(
+            grid=(n_blocks, self.ck, 1), block=(self.threads, 1, 1), cluster=(1, 1 if self.gr else self.ck, 1),
+            stream=stream, use_pdl=True, min_blocks_per_mp=self.v.ctas_per_sm, preferred_smem_carveout=100,
+        )
+
+    @cute.jit
+    def _load_b(self, mB, tCrB, nb0, kc, g, q):  # noqa: PLR0913
+        """This lane's weights for one batch: 16 bytes per (n8 atom, 64-byte chunk)."""
+        for j in cutlass.range_constexpr(self.g):
+            for c in cutlass.range_constexpr(self.u):
+                cute.autovec_copy(mB[nb0 + j, kc + c, 4 * g + q, None],
+                                  cute.make_tensor(tCrB.iterator + (16 * self.u * j + 16 * c), cute.make_layout(16)))
+
+    @cute.jit
+    def _load_a(self, gA16, stg, M, g, q, kc):
+        """This lane's activations for one batch: 16 bytes of rows g and g + 8 per chunk.  Rows
+        past M read row M - 1 instead: they only feed rows of C that are never stored."""
+        for c in cutlass.range_constexpr(self.u):
+            for h in cutlass.range_constexpr(2):
+                row = cutlass.min(g + 8 * h, M - 1)
+                cute.autovec_copy(gA16[(0, None), (row, 4 * (kc + c) + q)],
+                                  cute.make_tensor(stg.iterator + (32 * c + 16 * h), cute.make_layout(16)))
+
+    @cute.kernel
+    def kernel(self, mA: cute.Tensor, mB: cute.Tensor, mC: cute.Tensor, mSa: cute.Tensor,
+               mSb: cute.Tensor, mW: cute.Tensor, mS: cute.Tensor, tiled_mma: cute.TiledMma):
+        tidx, _, _ = cute.arch.thread_idx()
+        bx, _, _ = cute.arch.block_idx()
+        warp = cute.arch.make_warp_uniform(tidx // 32)
+        lane = tidx % 32
+        g = lane // 4
+        q = lane % 4
+        wn = warp % self.wn
+        wk = warp // self.wn
+        _, by, _ = cute.arch.block_idx()
+        rank = cute.arch.make_warp_uniform(by)  # the CTA's K slice (= its rank in a cluster along K)
+        M = cute.size(mA, mode=[0])
+        K = cute.size(mA, mode=[1])
+        chunks = K // (64 * self.ck * self.wk)  # 64-byte K chunks per warp
+        batches = chunks // self.u
+        nb0 = bx * (self.rows // 8) + wn * self.g
+        kc0 = (rank * self.wk + wk) * chunks
+
+        # Registers: per batch, the weights of atom j, chunk c are 16 bytes at 16 (u j + c) (k32
+        # step 2 c + s: bytes 8 s .. 8 s + 7, b0 then b1); the activations 32 bytes at 32 c (row
+        # g, then row g + 8), moved into the MMA's own A fragment.
+        tCrB = cute.make_rmem_tensor(
+            cute.make_layout(((4, 2), self.g, 2 * self.u), stride=((1, 4), 16 * self.u, 8)), cutlass.Float8E4M3FN)
+        # Every CTA of the grid is resident (one wave): let the next kernel's CTAs in as ours leave.
+        cute.arch.griddepcontrol_launch_dependents()
+        if cutlass.const_expr(self.early_b):
+            self._load_b(mB, tCrB, nb0, kc0, g, q)
+
+        smem = cutlass.utils.SmemAllocator()
+        storage = smem.allocate(self.shared_storage)
+        red_w = storage.red_w.get_tensor(
+            cute.make_layout((self.wk, M_MAX, self.rows), stride=(M_MAX * self.v.red_row(), self.v.red_row(), 1)))
+        red_c = storage.red_c.get_tensor(
+            cute.make_layout((max(1, self.ck - 1), M_MAX, self.rows), stride=(M_MAX * self.rows, self.rows, 1)))
+        per_t = M_MAX * self.rows // self.threads
+        red_cv = cute.make_tensor(red_c.iterator, cute.make_layout(
+            (max(1, self.ck - 1), M_MAX, self.rows // per_t, per_t), stride=(M_MAX * self.rows, self.rows, per_t, 1)))
+        bar = storage.bar.data_ptr()
+        if cutlass.const_expr(self.cl):
+            if warp == 0:
+                with cute.arch.elect_one():
+                    cute.arch.mbarrier_init(bar, 1)
+                    if rank == 0:  # the others' partial sums of the rows that exist
+                        cute.arch.mbarrier_arrive_and_expect_tx(bar, (self.ck - 1) * M * self.rows * 4)
+            cute.arch.mbarrier_init_fence()
+            cute.arch.cluster_arrive_relaxed()
+
+        thr_mma = tiled_mma.get_slice(lane)
+        stg = cute.make_rmem_tensor(cute.make_layout(32 * self.u), cutlass.Float8E4M3FN)
+        tCrA = tiled_mma.make_fragment_A(thr_mma.partition_shape_A((M_MAX, 64 * self.u)))
+        gA16 = cute.zipped_divide(mA, (1, 16))  # ((1, 16), (M, K / 16))
+        cC = cute.make_identity_tensor((M_MAX, 8 * self.g))
+        tCcC = thr_mma.partition_C(cC)
+        acc = cute.make_rmem_tensor(tCcC.shape, cutlass.Float32)
+        acc.fill(0.0)
+
+        cute.arch.griddepcontrol_wait()
+        for b in range(batches):
+            if cutlass.const_expr(self.early_b):
+                if b > 0:
+                    self._load_b(mB, tCrB, nb0, kc0 + b * self.u, g, q)
+            else:
+                self._load_b(mB, tCrB, nb0, kc0 + b * self.u, g, q)
+            self._load_a(gA16, stg, M, g, q, kc0 + b * self.u)
+            # step ks = 2 c + s; A value (v0, v1, v2): byte v0 of the row-(g + 8 v1) word v2.
+            for ks in cutlass.range_constexpr(2 * self.u):
+                for v2 in cutlass.range_constexpr(2):
+                    for v1 in cutlass.range_constexpr(2):
+                        for v0 in cutlass.range_constexpr(4):
+                            tCrA[(v0, v1, v2), 0, ks] = stg[32 * (ks // 2) + 16 * v1 + 8 * (ks % 2) + 4 * v2 + v0]
+            cute.gemm(tiled_mma, acc, tCrA, tCrB, acc)
+
+        # The K-warps: every thread writes its partial sums, then sums whole outputs.
+        n_w = wn * 8 * self.g
+        for v in cutlass.range_constexpr(cute.size(acc)):
+            m, n = tCcC[v]
+            red_w[wk, m, n_w + n] = acc[v]
+        cute.arch.sync_threads()
+        # Each thread sums `per` adjacent outputs of one row (one vector store to rank 0).
+        per = M_MAX * self.rows // self.threads
+        col = (tidx % (self.rows // per)) * per
+        m = tidx // (self.rows // per)
+        part = cute.make_rmem_tensor(cute.make_layout(per), cutlass.Float32)
+        for i in cutlass.range_constexpr(per):
+            s = red_w[0, m, col + i]
+            for w in cutlass.range_constexpr(1, self.wk):
+                s = s + red_w[w, m, col + i]
+            part[i] = s
+        scale = mSa[0] * mSb[0]
+        owner = rank == 0
+        if cutlass.const_expr(self.gr):
+            # Every CTA stores its partial sums; the last of the column block's cluster_k CTAs
+            # to arrive (a counter, never reset: each call adds cluster_k) adds the others'.
+            N = cute.size(mC, mode=[1])
+            n0 = bx * self.rows + col
+            if m < M:
+                for i in cutlass.range_constexpr(per):
+                    mW[(rank * M_MAX + m) * N + n0 + i] = part[i]
+            # The CTA's stores, then one thread's release (cumulative over what the barrier
+            # ordered before it) and acquire of the others' (as CUTLASS's semaphores do).
+            cute.arch.sync_threads()
+            flag = storage.last.get_tensor(cute.make_layout(1))
+            if tidx == 0:
+                old = cute.arch.atomic_add(mS.iterator + bx, cutlass.Int32(1), sem="acq_rel", scope="gpu")
+                flag[0] = cutlass.Int32(old % self.ck == self.ck - 1)
+            cute.arch.sync_threads()
+            owner = flag[0] != 0
+            if owner:
+                if m < M:
+                    for r in cutlass.range_constexpr(self.ck):
+                        if r != rank:
+                            for i in cutlass.range_constexpr(per):
+                                part[i] = part[i] + cute.arch.load(
+                                    mW.iterator + ((r * M_MAX + m) * N + n0 + i), cutlass.Float32, cop="cg")
+        if cutlass.const_expr(self.cl):
+            cute.arch.cluster_wait()
+            if rank == 0:
+                cute.arch.mbarrier_wait(bar, 0)
+                for i in cutlass.range_constexpr(per):
+                    s = part[i]
+                    for r in cutlass.range_constexpr(self.ck - 1):
+                        s = s + red_c[r, m, col + i]
+                    part[i] = s
+            elif m < M:
+                bits = cute.recast_tensor(part, cutlass.Int32)
+                dst = red_cv[rank - 1, m, col // per, None].iterator
+                if cutlass.const_expr(per == 1):
+                    cute.arch.store_async_dsmem(dst, bits[0], bar, 0)
+                elif cutlass.const_expr(per == 2):
+                    cute.arch.store_async_dsmem(dst, (bits[0], bits[1]), bar, 0)
+                else:
+                    cute.arch.store_async_dsmem(dst, (bits[0], bits[1], bits[2], bits[3]), bar, 0)
+        if owner:
+            if m < M:
+                for i in cutlass.range_constexpr(per):
+                    mC[m, bx * self.rows + col + i] = (part[i] * scale).to(cutlass.BFloat16)

@@ -1,0 +1,181 @@
+"""Weights packed once for the decode kernels (family ``decode``, fp8 e4m3, M ≤ 16).
+
+``bundle.pack_b(b)`` rearranges an (N, K) e4m3 weight matrix as (N/8, K/64, 8, 64) —
+``[nb, kc, r, j] = b[8 nb + r, 64 kc + j]`` — so that a warp's 16-byte loads of 8 weight rows × 64
+bytes of K are one contiguous 512-byte piece (gemm/decode.py says why).  An inference server does
+this once when it loads its weights and keeps only the packed copy; ``bundle.gemm(a, packed,
+...)`` then runs a decode variant (M ≤ 16).  Torch only: no DSL.
+
+Selection among the decode variants that fit (N a multiple of their rows per CTA, K of their
+``k_multiple``): the most CTAs among those whose grid is one wave on this device (CTAs per cluster
+× the clusters the driver says fit at once), else the most CTAs.  Measured on the H100 over
+N = 2048-10240 (notes/gemm-sm90.md, session 5): it picks the fastest shape of the kernel at every
+N tried.  ``b_constant=True`` (nothing still running writes the weights) picks among the
+``early_b`` variants, which issue their first weight loads before the PDL wait.
+"""
+
+from __future__ import annotations
+
+FORMAT = "rows8_k64"
+
+
+class PackedB:
+    """An (N, K) e4m3 weight matrix packed for the decode kernels; ``data`` is (N/8, K/64, 32, 16)."""
+
+    __slots__ = ("data", "n", "k")
+
+    def __init__(self, data, n: int, k: int):
+        self.data, self.n, self.k = data, n, k
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.n, self.k)
+
+    @property
+    def dtype(self):
+        return self.data.dtype
+
+    @property
+    def device(self):
+        return self.data.device
+
+    def __repr__(self) -> str:
+        return f"PackedB(N={self.n}, K={self.k}, {FORMAT}, {self.data.dtype}, {self.data.device})"
+
+
+def pack_b(b) -> PackedB:
+    """(N, K) e4m3 → PackedB (a new tensor; ``b`` is not kept).  N must be a multiple of 8 and
+    K of 64 (the variants need more: N of their rows per CTA, K of their ``k_multiple``)."""
+    import torch
+
+    if b.dim() != 2 or b.dtype != torch.float8_e4m3fn:
+        raise ValueError(f"pack_b takes an (N, K) float8_e4m3fn matrix, got {tuple(b.shape)} {b.dtype}")
+    n, k = b.shape
+    if n % 8 or k % 64:
+        raise ValueError(f"pack_b needs N % 8 == 0 and K % 64 == 0, got N={n} K={k}")
+    data = b.contiguous().view(n // 8, 8, k // 64, 64).permute(0, 2, 1, 3).contiguous()
+    return PackedB(data.view(n // 8, k // 64, 32, 16), n, k)
+
+
+def unpack_b(p: PackedB):
+    """The (N, K) matrix back (tests, debugging)."""
+    return p.data.view(p.n // 8, p.k // 64, 8, 64).permute(0, 2, 1, 3).reshape(p.n, p.k)
+
+
+def _specs(a, p: PackedB, out, scales):
+    d = p.data
+    return [(a.data_ptr(), tuple(a.shape), tuple(a.stride())), (d.data_ptr(), tuple(d.shape), tuple(d.stride())),
+            (out.data_ptr(), tuple(out.shape), tuple(out.stride())), *scales]
+
+
+def _workspace_specs(entry: dict, N: int, ptrs=(0, 0)) -> list:
+    """The (ws, sem) arguments of a variant whose K-split CTAs reduce through global memory."""
+    if "workspace" not in entry:
+        return []
+    n_ws, n_sem = entry["split_k"] * 16 * N, N // entry["rows_per_cta"]
+    return [(ptrs[0], (n_ws,), (1,)), (ptrs[1], (n_sem,), (1,))]
+
+
+def workspace(bundle, entry: dict, N: int, device):
+    """(ws, sem) for this variant on the current stream: float32 partial sums and int32 counters
+    that must start at zero and that each call leaves at a multiple of ``split_k``.  One pair per
+    (device, stream, split_k), grown when a larger N comes; calls on one stream are ordered, so
+    they share it safely (two streams never do).  Made during CUDA-graph capture, the zeroing is
+    captured too (it then runs at every replay) and the pair is kept for the graph only."""
+    import torch
+
+    from .bundle import current_stream
+
+    key = (device, current_stream(), entry["split_k"])
+    n_ws, n_sem = entry["split_k"] * 16 * N, N // entry["rows_per_cta"]
+    pair = bundle._workspaces.get(key)
+    if pair is None or pair[0].numel() < n_ws or pair[1].numel() < n_sem:
+        pair = (torch.empty(max(n_ws, pair[0].numel() if pair else 0), dtype=torch.float32, device=device),
+                torch.zeros(max(n_sem, pair[1].numel() if pair else 0), dtype=torch.int32, device=device))
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            bundle._graph_workspaces.append(pair)  # alive as long as the bundle: the graph uses it
+        else:
+            bundle._workspaces[key] = pair
+    return pair
+
+
+def wave_ctas(bundle, entry: dict) -> int:
+    """CTAs of this decode variant the device holds at once (clusters that fit × cluster size;
+    a variant without clusters counts as clusters of one)."""
+    ck = entry["cluster"][0] * entry["cluster"][1]
+    cap = bundle._max_clusters.get(entry["name"])
+    if cap is None:
+        cap = bundle.device_info()["sm_count"] * entry["ctas_per_sm"] // ck
+        if bundle._device is None:  # the GPU itself, not a device given for planning
+            from .occupancy import max_active_clusters
+
+            cap = min(cap, max_active_clusters(bundle.path, entry, ck) or cap)
+        bundle._max_clusters[entry["name"]] = cap
+    return cap * ck
+
+
+def select_packed(bundle, specs: list, M: int, N: int, K: int, b_constant: bool) -> str:
+    key = ("packed", M, N, K, specs[0][2], specs[2][2], specs[0][0] % 16, specs[2][0] % 16, b_constant)
+    name = bundle._select_cache.get(key)
+    if name is not None:
+        return name
+    fits, reasons = [], []
+    for v in bundle.candidates("gemm"):
+        if v.get("family") != "decode" or bool(v["config"].get("early_b")) != b_constant or M > v["max_m"]:
+            continue
+        try:
+            bundle.binder(v["name"]).check(specs + _workspace_specs(v, N))
+        except ValueError as e:
+            reasons.append(f"{v['name']}: {e}")
+            continue
+        fits.append(v)
+    if not fits:
+        from .bundle import NoVariantError
+
+        why = f" (closest: {reasons[0]})" if reasons else ""
+        raise NoVariantError(f"no decode variant for packed weights N={N} K={K}, M={M} on {bundle.device_name()}"
+                             f"{why}: use the unpacked weights; {bundle.describe_contents('gemm')}")
+
+    name = pick(fits, N, lambda v: wave_ctas(bundle, v))
+    bundle._select_cache[key] = name
+    return name
+
+
+def pick(fits: list[dict], N: int, wave) -> str:
+    """The most CTAs among the variants whose grid is one wave (``wave(entry)`` CTAs at once),
+    else the most CTAs."""
+    def ctas(v):
+        return N // v["rows_per_cta"] * v["split_k"]
+
+    one_wave = [v for v in fits if ctas(v) <= wave(v)]
+    return max(one_wave or fits, key=lambda v: (ctas(v), v["name"]))["name"]
+
+
+def gemm_packed(bundle, a, p: PackedB, out=None, *, out_dtype=None, scale_a=None, scale_b=None, variant=None,
+                b_constant=False):
+    import torch
+
+    if a.dim() != 2 or a.shape[1] != p.k:
+        raise ValueError(f"packed weights take a 2-D a of K={p.k} columns, got {tuple(a.shape)}")
+    if a.dtype != torch.float8_e4m3fn:
+        raise ValueError(f"packed weights are e4m3: a must be too, got {a.dtype}")
+    if out is None:
+        out = a.new_empty((a.shape[0], p.n), dtype=out_dtype or torch.bfloat16)
+    scales, keep = [], []
+    for s in (scale_a, scale_b):
+        if s is None:
+            from .gemm import _unit_scale
+
+            s = _unit_scale(bundle, a.device)
+        elif s.dtype != torch.float32 or s.numel() != 1:
+            s = s.reshape(1).to(torch.float32)
+        keep.append(s)
+        scales.append((s.data_ptr(), (1,), (1,)))
+    specs = _specs(a, p, out, scales)
+    name = variant or select_packed(bundle, specs, a.shape[0], p.n, p.k, b_constant)
+    entry = bundle.manifest["variants"].get(name, {})
+    if "workspace" in entry:
+        ws, sem = workspace(bundle, entry, p.n, a.device)
+        specs += _workspace_specs(entry, p.n, (ws.data_ptr(), sem.data_ptr()))
+    bundle.launch(name, specs, checked=variant is None)
+    return out

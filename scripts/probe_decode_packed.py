@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""Every packed-weight decode variant of a bundle (factory/gemm/decode.py) on the GPU: the
+clusters the driver fits at once, correctness against float32, then time per call in graphs of 8
+consecutive calls beside our sm_90a pick (plain and ``b_constant``) and cuBLAS, fp8 decode shapes.
+PYTHONPATH=. python3 scripts/probe_decode_packed.py DEC_BUNDLE [SM90_BUNDLE]"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench import copy_bandwidth, gemm_bytes, time_interleaved  # noqa: E402
+
+from factory import testing  # noqa: E402
+from factory.runtime import Bundle  # noqa: E402
+
+
+from factory.runtime.packed import pack_b  # noqa: E402
+
+
+def clusters(bundle, name):
+    """cuOccupancyMaxActiveClusters of a decode variant (cluster 1 x ck)."""
+    from cuda.bindings import driver as cu
+
+    e = bundle.manifest["variants"][name]
+    kernels = e["resources"]["kernels"]
+    kname = max(kernels, key=lambda k: kernels[k].get("code_bytes", 0))
+    smem = int(e["resources"]["dynamic_smem_bytes"])
+    err, mod = cu.cuModuleLoadData((bundle.path / e["files"]["cubin"]["path"]).read_bytes())
+    err, fn = cu.cuModuleGetFunction(mod, kname.encode())
+    cu.cuFuncSetAttribute(fn, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)
+    ck = e["cluster"][1]
+    cfg = cu.CUlaunchConfig()
+    cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = 1, ck, 1
+    cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = int(e["threads"]), 1, 1
+    cfg.sharedMemBytes = smem
+    la = cu.CUlaunchAttribute()
+    la.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+    la.value.clusterDim.x, la.value.clusterDim.y, la.value.clusterDim.z = 1, ck, 1
+    cfg.attrs = [la]
+    cfg.numAttrs = 1
+    err, n = cu.cuOccupancyMaxActiveClusters(fn, cfg)
+    return int(n) if err == cu.CUresult.CUDA_SUCCESS else f"err {err}"
+
+
+def main() -> int:
+    import torch
+
+    args = [x for x in sys.argv[1:] if not x.startswith("--")]
+    dec = Bundle.open(args[0])
+    ours = Bundle.open(args[1]) if len(args) > 1 and "--one" not in sys.argv else None
+    if "--one" in sys.argv:  # --one NAME M N K: two warm-up calls and one more (for ncu --launch-skip 2)
+        i = sys.argv.index("--one")
+        name, (M, N, K) = sys.argv[i + 1], map(int, sys.argv[i + 2:i + 5])
+        A = testing.gemm_operand(M, K, 1, "k", "e4m3")[0]
+        P = pack_b(testing.gemm_operand(N, K, 1, "k", "e4m3")[0])
+        C = torch.empty((M, N), dtype=torch.bfloat16, device="cuda")
+        one = torch.ones(1, device="cuda")
+        for _ in range(3):
+            dec.gemm(A, P, C, scale_a=one, scale_b=one, variant=name)
+        torch.cuda.synchronize()
+        return 0
+    names = sorted(n for n, e in dec.manifest["variants"].items() if e.get("family") == "decode")
+    torch.zeros(1, device="cuda")
+    for n in names:
+        e = dec.manifest["variants"][n]
+        print(f"{n}: regs {e['resources']['registers']}, threads {e['threads']}, rows {e['rows_per_cta']}, "
+              f"max active clusters {clusters(dec, n)}", flush=True)
+    one = torch.ones(1, device="cuda")
+    bw = copy_bandwidth()
+    shapes = ((16, 4096, 4096), (1, 4096, 4096), (5, 2048, 8192), (16, 6144, 4096), (1, 6144, 4096),
+              (16, 4096, 14336), (16, 8192, 8192), (16, 10240, 8192))
+    for M, N, K in shapes:
+        A = [testing.gemm_operand(M, K, 1, "k", "e4m3")[0] for _ in range(8)]
+        B = [testing.gemm_operand(N, K, 1, "k", "e4m3")[0] for _ in range(8)]
+        P = [pack_b(b) for b in B]
+        C = [torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda") for _ in range(8)]
+        ref = A[0].float() @ B[0].float().t()
+        calls = {}
+        for n in names:
+            e = dec.manifest["variants"][n]
+            if K % e["k_multiple"] or N % e["rows_per_cta"]:
+                continue
+            C[0].fill_(float("nan"))
+            dec.gemm(A[0], P[0], C[0], scale_a=one, scale_b=one, variant=n)
+            torch.cuda.synchronize()
+            err = testing.rel_error(C[0], ref)
+            print(f"{n} {M}x{N}x{K}: rel err {err:.2e} nan {int(torch.isnan(C[0]).sum())}", flush=True)
+            calls[n.replace("gemm_sm90_e4m3_obf16_ak_bk_", "")] = (
+                lambda i, n=n: dec.gemm(A[i], P[i], C[i], scale_a=one, scale_b=one, variant=n))
+        if ours is not None:
+            calls["ours_sm90a"] = lambda i: ours.gemm(A[i], B[i], C[i], scale_a=one, scale_b=one)
+            calls["ours_sm90a_bconst"] = lambda i: ours.gemm(A[i], B[i], C[i], scale_a=one, scale_b=one,
+                                                             b_constant=True)
+        calls["cublas"] = lambda i: torch._scaled_mm(A[i], B[i].t(), scale_a=one, scale_b=one,
+                                                     out_dtype=torch.bfloat16)
+        t = time_interleaved(calls, 8, rounds=3, warm_s=0.02)
+        floor = gemm_bytes(M, N, K, "e4m3") / bw * 1e6
+        print(f"{M}x{N}x{K}: floor {floor:.2f} line {1.1 * floor:.2f}; " + ", ".join(
+            f"{k}={v * 1e6:.2f}" for k, v in sorted(t.items(), key=lambda x: x[1])), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
