@@ -6,6 +6,7 @@ PYTHONPATH=. python3 scripts/probe_decode_packed.py DEC_BUNDLE [SM90_BUNDLE]"""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -73,6 +74,10 @@ def main() -> int:
     bw = copy_bandwidth()
     shapes = ((16, 4096, 4096), (1, 4096, 4096), (5, 2048, 8192), (16, 6144, 4096), (1, 6144, 4096),
               (16, 4096, 14336), (16, 8192, 8192), (16, 10240, 8192))
+    if os.environ.get("PROBE_SHAPES"):  # e.g. "1:4096:4096,16:4096:4096"
+        shapes = [tuple(map(int, x.split(":"))) for x in os.environ["PROBE_SHAPES"].split(",")]
+    if os.environ.get("PROBE_VARIANTS"):  # substrings of the names to keep
+        names = [n for n in names if any(x in n for x in os.environ["PROBE_VARIANTS"].split(","))]
     for M, N, K in shapes:
         A = [testing.gemm_operand(M, K, 1, "k", "e4m3")[0] for _ in range(8)]
         B = [testing.gemm_operand(N, K, 1, "k", "e4m3")[0] for _ in range(8)]

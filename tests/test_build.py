@@ -42,7 +42,7 @@ def test_verify_passes_and_catches_tampering(test_bundle, tmp_path):
     lines = [ln for ln in ok.stdout.splitlines() if ln.startswith(("ok ", "BAD"))]
     assert len(lines) == sum(1 for ln in ok.stdout.splitlines() if ln.strip() and not ln.startswith("verify"))
     eb = [ln for ln in lines if "_eb " in ln]
-    assert eb and all(("LDG.E.128 … ACQBULK" if "[sm_90]" in ln else "UTMALDG.3D … ACQBULK") in ln for ln in eb), eb
+    assert eb and all(("LDG.E.NA.128 … ACQBULK" if "[sm_90]" in ln else "UTMALDG.3D … ACQBULK") in ln for ln in eb), eb
     bad = tmp_path / "bad"
     shutil.copytree(test_bundle, bad)
     cubin = next((bad / "cubin").glob("*.cubin"))

@@ -35,7 +35,7 @@ def test_pack_b_layout_and_round_trip():
 
 
 def _entry(name, rows, ck, ctas_per_sm):
-    return {"name": name, "rows_per_cta": rows, "cluster": [1, ck], "split_k": ck, "ctas_per_sm": ctas_per_sm}
+    return {"name": name, "rows_per_cta": rows, "cluster": [1, ck], "ctas_per_sm": ctas_per_sm}
 
 
 def test_pick_prefers_the_most_ctas_in_one_wave():

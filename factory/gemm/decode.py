@@ -3,9 +3,10 @@
 For a 16-32 MB weight matrix every TMA kernel here stops at the time of a pure TMA read of those
 bytes (notes/gemm-sm90.md, session 4); plain 16-byte loads read them ~8 % faster.  So this kernel
 feeds mma.sync (m16n8k32, the activations as the 16-row operand) from registers that 16-byte loads
-fill, straight from global memory: no shared-memory staging, no TMA.
+fill, straight from global memory: no shared-memory staging, no TMA.  The weight loads do not
+allocate in L1 (read once); the activations, which every N-warp of an SM reads, stay there.
 
-Packed weights (``runtime/gemm.py: pack_b``, done once when a server loads its weights): B (N, K)
+Packed weights (``runtime/packed.py: pack_b``, done once when a server loads its weights): B (N, K)
 stored as (N/8, K/64, 8, 64), i.e. [nb, kc, r, j] = B[8 nb + r, 64 kc + j].  Lane 4 g + q of a
 warp loads the 16 bytes [nb, kc, g, 16 q : 16 q + 16]: a warp's load is 512 contiguous bytes.  The
 lane's 16 activation bytes of rows g and g + 8 at the same K offsets are loaded alike.  Inside a
@@ -15,8 +16,9 @@ the sums are exact dot products with no shuffles.
 
 CTA: ``warps_n`` × ``warps_k`` warps, each warp ``atoms`` n8 atoms (8·atoms weight rows) over
 K / (cluster_k · warps_k) of K; a cluster of ``cluster_k`` CTAs splits K further.  Grid
-(N / rows, cluster_k): one wave (the loader checks it fits), which keeps the early
-``griddepcontrol.launch_dependents`` harmless.  A warp loads ``unroll`` 64-byte chunks per batch
+(N / rows, cluster_k), one wave where the loader's selection can have it (runtime/packed.py);
+``griddepcontrol.launch_dependents`` comes first (a dependent grid is scheduled only once every
+CTA of this one has run it, so CTAs of a second wave are never locked out).  A warp loads ``unroll`` 64-byte chunks per batch
 (16·atoms·unroll bytes of weights per thread); with ``early_b`` the first batch is issued before
 ``griddepcontrol.wait`` (B must not be written by a kernel still running: the loader's
 ``b_constant``), the activations always after it.  Partial sums: the K-warps through shared
@@ -40,7 +42,7 @@ from .common import GemmVariant
 
 M_MAX = 16  # the MMA's row count: activations rows per call at most
 PACK_FORMAT = "rows8_k64"  # [N/8][K/64][8][64]: see the module docstring
-EARLY_LDG_SASS = r"(?s)\bLDG\.E\.128\b.*?\bACQBULK\b"  # early_b: weight loads before the PDL wait
+EARLY_LDG_SASS = r"(?s)\bLDG\.E\.NA\.128\b.*?\bACQBULK\b"  # early_b: weight loads before the PDL wait
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,7 +55,6 @@ class GemmDecode(GemmVariant):
     atoms: int = field(default=4, metadata={"tag": "g"})
     unroll: int = field(default=2, metadata={"tag": "u"})
     cluster_k: int = field(default=4, metadata={"tag": "ck"})
-    global_red: bool = field(default=False, metadata={"tag": "gr"})
     early_b: bool = field(default=False, metadata={"tag": "eb"})
 
     @property
@@ -71,9 +72,9 @@ class GemmDecode(GemmVariant):
 
     def sass_requirements(self) -> tuple[str, ...]:
         # Hopper runs fp8 mma.sync as f16 HMMA; 16-byte loads; PDL; the DSMEM reduction.
-        req = (r"\bHMMA\.16816\.F32", r"\bLDG\.E\.128\b", r"\bACQBULK\b")
+        req = (r"\bHMMA\.16816\.F32", r"\bLDG\.E\.NA\.128\b", r"\bLDG\.E\.128\b", r"\bACQBULK\b")
         if self.cluster_k > 1:
-            req += (r"\bRED\.E\.ADD|\bATOMG\.E\.ADD",) if self.global_red else (r"\bSTAS\b",)
+            req += (r"\bSTAS\b",)
         if self.early_b:
             req += (EARLY_LDG_SASS,)
         return req
@@ -85,8 +86,7 @@ class GemmDecode(GemmVariant):
         return self.rows + 4  # padded: the 8 lanes of one column land on different banks
 
     def smem_bytes(self) -> int:
-        red_c = 0 if self.global_red else max(1, self.cluster_k - 1) * M_MAX * self.rows
-        return 4 * (self.warps_k * M_MAX * self.red_row() + max(1, red_c)) + 64
+        return 4 * (self.warps_k * M_MAX * self.red_row() + max(1, self.cluster_k - 1) * M_MAX * self.rows) + 64
 
     def can_implement(self) -> str | None:
         t = self.tgt
@@ -107,13 +107,6 @@ class GemmDecode(GemmVariant):
         """K (bytes) must be a multiple of this: whole load batches for every warp of every CTA."""
         return 64 * self.unroll * self.warps_k * self.cluster_k
 
-    @property
-    def workspace(self) -> bool:
-        """Partial sums of the K-split CTAs through global memory: a float32 workspace of
-        cluster_k × 16 × N and N / rows int32 counters (zero once; each call leaves them at a
-        multiple of cluster_k)."""
-        return self.global_red and self.cluster_k > 1
-
     def signature(self) -> Signature:
         args = (
             TensorArg("a", "e4m3", ("M", "K"), ("sAm", 1)),
@@ -123,39 +116,32 @@ class GemmDecode(GemmVariant):
             TensorArg("scale_a", "f32", (1,), (1,), align=4),
             TensorArg("scale_b", "f32", (1,), (1,), align=4),
         )
-        if self.workspace:
-            args += (TensorArg("ws", "f32", ("WS",), (1,)), TensorArg("sem", "i32", ("NS",), (1,), align=4))
         div = {"sAm": 16, "K": self.k_multiple(), "sBn": 512, "sCm": 8, "N": self.rows,
                "NB": self.rows // 8, "KC": self.unroll * self.warps_k * self.cluster_k}
         return Signature(args, tuple(sorted(div.items())))
 
     def make_kernel(self):
-        k = GemmDecodeKernel(self)
-        return k.scaled_ws if self.workspace else k.scaled
+        return GemmDecodeKernel(self).scaled
 
     def describe(self) -> dict:
         d = super().describe()
         d.update(
             packed_b={"format": PACK_FORMAT, "shape": ["N/8", "K/64", 32, 16],
                       "element": "[nb, kc, 4 r + i, j] = B[8 nb + r, 64 kc + 16 i + j]"},
-            threads=self.threads, cluster=[1, 1 if self.global_red else self.cluster_k],
-            split_k=self.cluster_k, rows_per_cta=self.rows,
+            threads=self.threads, cluster=[1, self.cluster_k], rows_per_cta=self.rows,
             ctas_per_sm=self.ctas_per_sm, max_m=M_MAX, k_multiple=self.k_multiple(),
             smem_bytes=self.smem_bytes(),
         )
-        if self.workspace:
-            d["workspace"] = {"ws_f32": "split_k*16*N", "sem_i32": "N/rows_per_cta", "zeroed_once": True}
         return d
 
 
-# (warps_n, warps_k, atoms, unroll, cluster_k, global_red).  Chosen on the H100 (notes/gemm-sm90.md, session
+# (warps_n, warps_k, atoms, unroll, cluster_k).  Chosen on the H100 (notes/gemm-sm90.md, session
 # 5) among 18 shapes of this kernel: 32 rows x K/2 per CTA, two CTAs per SM (the most CTAs that
 # still run as one wave at N = 2048-4096), and 64 rows x K/2 (one wave at N = 6144-8192).  Staging
 # the activations in shared memory, 512-thread CTAs and K/4 clusters measured slower.
 SHAPES = {
-    "test": [(1, 8, 4, 2, 2, False), (4, 4, 4, 2, 4, True)],
-    "default": [(1, 8, 4, 2, 2, False), (2, 4, 4, 2, 2, False), (4, 4, 4, 2, 4, True), (4, 4, 4, 1, 4, True),
-                (2, 4, 4, 2, 4, True), (2, 8, 4, 2, 2, True), (1, 8, 4, 2, 2, True)],
+    "test": [(1, 8, 4, 2, 2)],
+    "default": [(1, 8, 4, 2, 2), (2, 4, 4, 2, 2)],
 }
 
 
@@ -164,10 +150,10 @@ def enumerate_decode(target: Target, tier: str) -> list[GemmVariant]:
     if target.name != "sm_90":
         return []
     out = []
-    for wn, wk, g, u, ck, gr in SHAPES["test" if tier == "test" else "default"]:
+    for wn, wk, g, u, ck in SHAPES["test" if tier == "test" else "default"]:
         for eb in (False, True):
             v = GemmDecode(target=target.name, ab="e4m3", c="bf16", warps_n=wn, warps_k=wk, atoms=g,
-                           unroll=u, cluster_k=ck, global_red=gr, early_b=eb)
+                           unroll=u, cluster_k=ck, early_b=eb)
             if v.can_implement() is None:
                 out.append(v)
     return out
@@ -181,21 +167,11 @@ class GemmDecodeKernel:
         self.rows = v.rows
         self.threads = v.threads
         self.early_b = v.early_b
-        self.gr = v.workspace  # K-split partial sums through global memory (else DSMEM)
-        self.cl = self.ck > 1 and not self.gr
+        self.cl = self.ck > 1  # a cluster along K: partial sums through DSMEM
 
     @cute.jit
     def scaled(self, mA: cute.Tensor, mB: cute.Tensor, mC: cute.Tensor, mSa: cute.Tensor,
                mSb: cute.Tensor, stream: cuda.CUstream):
-        self._launch(mA, mB, mC, mSa, mSb, mSa, mSa, stream)
-
-    @cute.jit
-    def scaled_ws(self, mA: cute.Tensor, mB: cute.Tensor, mC: cute.Tensor, mSa: cute.Tensor,
-                  mSb: cute.Tensor, mW: cute.Tensor, mS: cute.Tensor, stream: cuda.CUstream):
-        self._launch(mA, mB, mC, mSa, mSb, mW, mS, stream)
-
-    @cute.jit
-    def _launch(self, mA, mB, mC, mSa, mSb, mW, mS, stream):
         op = cute.nvgpu.warp.MmaFP8Op(cutlass.Float8E4M3FN, cutlass.Float32, (16, 8, 32))
         tiled_mma = cute.make_tiled_mma(op)
 
@@ -204,22 +180,32 @@ class GemmDecodeKernel:
             red_w: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, self.wk * M_MAX * self.v.red_row()], 16]
             red_c: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, max(1, self.ck - 1) * M_MAX * self.rows], 16]
             bar: cute.struct.MemRange[cutlass.Int64, 1]
-            last: cute.struct.MemRange[cutlass.Int32, 1]
 
         self.shared_storage = SharedStorage
         n_blocks = cute.size(mC, mode=[1]) // self.rows
-        self.kernel(mA, mB, mC, mSa, mSb, mW, mS, tiled_mma).launch(
-            grid=(n_blocks, self.ck, 1), block=(self.threads, 1, 1), cluster=(1, 1 if self.gr else self.ck, 1),
+        self.kernel(mA, mB, mC, mSa, mSb, tiled_mma).launch(
+            grid=(n_blocks, self.ck, 1), block=(self.threads, 1, 1), cluster=(1, self.ck, 1),
             stream=stream, use_pdl=True, min_blocks_per_mp=self.v.ctas_per_sm, preferred_smem_carveout=100,
         )
+
+    @staticmethod
+    def _weights_atom():
+        """16-byte weight loads that do not allocate in L1: the weights are read once, and
+        allocating them evicts the activations every N-warp of the SM reads again (measured on
+        the H100, fp8 16 x 4096 x 4096: 8.05 -> 7.44 us; the activations through the read-only
+        path or bypassing L1 changed nothing more)."""
+        nv = cute.nvgpu
+        return cute.make_copy_atom(nv.CopyG2ROp(), cutlass.Float8E4M3FN, num_bits_per_copy=128,
+                                   l1c_evict_priority=nv.CacheEvictionPriority.NO_ALLOCATE)
 
     @cute.jit
     def _load_b(self, mB, tCrB, nb0, kc, g, q):  # noqa: PLR0913
         """This lane's weights for one batch: 16 bytes per (n8 atom, 64-byte chunk)."""
+        atom = self._weights_atom()
         for j in cutlass.range_constexpr(self.g):
             for c in cutlass.range_constexpr(self.u):
-                cute.autovec_copy(mB[nb0 + j, kc + c, 4 * g + q, None],
-                                  cute.make_tensor(tCrB.iterator + (16 * self.u * j + 16 * c), cute.make_layout(16)))
+                cute.copy(atom, mB[nb0 + j, kc + c, 4 * g + q, None],
+                          cute.make_tensor(tCrB.iterator + (16 * self.u * j + 16 * c), cute.make_layout(16)))
 
     @cute.jit
     def _load_a(self, gA16, stg, M, g, q, kc):
@@ -233,7 +219,7 @@ class GemmDecodeKernel:
 
     @cute.kernel
     def kernel(self, mA: cute.Tensor, mB: cute.Tensor, mC: cute.Tensor, mSa: cute.Tensor,
-               mSb: cute.Tensor, mW: cute.Tensor, mS: cute.Tensor, tiled_mma: cute.TiledMma):
+               mSb: cute.Tensor, tiled_mma: cute.TiledMma):
         tidx, _, _ = cute.arch.thread_idx()
         bx, _, _ = cute.arch.block_idx()
         warp = cute.arch.make_warp_uniform(tidx // 32)
@@ -323,30 +309,6 @@ class GemmDecodeKernel:
             part[i] = s
         scale = mSa[0] * mSb[0]
         owner = rank == 0
-        if cutlass.const_expr(self.gr):
-            # Every CTA stores its partial sums; the last of the column block's cluster_k CTAs
-            # to arrive (a counter, never reset: each call adds cluster_k) adds the others'.
-            N = cute.size(mC, mode=[1])
-            n0 = bx * self.rows + col
-            if m < M:
-                for i in cutlass.range_constexpr(per):
-                    mW[(rank * M_MAX + m) * N + n0 + i] = part[i]
-            # The CTA's stores, then one thread's release (cumulative over what the barrier
-            # ordered before it) and acquire of the others' (as CUTLASS's semaphores do).
-            cute.arch.sync_threads()
-            flag = storage.last.get_tensor(cute.make_layout(1))
-            if tidx == 0:
-                old = cute.arch.atomic_add(mS.iterator + bx, cutlass.Int32(1), sem="acq_rel", scope="gpu")
-                flag[0] = cutlass.Int32(old % self.ck == self.ck - 1)
-            cute.arch.sync_threads()
-            owner = flag[0] != 0
-            if owner:
-                if m < M:
-                    for r in cutlass.range_constexpr(self.ck):
-                        if r != rank:
-                            for i in cutlass.range_constexpr(per):
-                                part[i] = part[i] + cute.arch.load(
-                                    mW.iterator + ((r * M_MAX + m) * N + n0 + i), cutlass.Float32, cop="cg")
         if cutlass.const_expr(self.cl):
             cute.arch.cluster_wait()
             if rank == 0:

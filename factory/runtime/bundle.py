@@ -65,8 +65,6 @@ class Bundle:
         self._max_clusters: dict[str, int] = {}  # persistent grid caps (runtime/gemm.py)
         self._early_b: dict[str, str] = {}  # variant -> its early_b twin (runtime/gemm.py)
         self._unit_scales: dict = {}  # device -> float32 [1.0], fp8's default scale (runtime/gemm.py)
-        self._workspaces: dict = {}  # (device, stream, split_k) -> decode reduction buffers (runtime/packed.py)
-        self._graph_workspaces: list = []  # those made during CUDA-graph capture (kept for the graphs)
         self._lock = threading.Lock()
 
     @classmethod

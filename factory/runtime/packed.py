@@ -68,40 +68,8 @@ def _specs(a, p: PackedB, out, scales):
             (out.data_ptr(), tuple(out.shape), tuple(out.stride())), *scales]
 
 
-def _workspace_specs(entry: dict, N: int, ptrs=(0, 0)) -> list:
-    """The (ws, sem) arguments of a variant whose K-split CTAs reduce through global memory."""
-    if "workspace" not in entry:
-        return []
-    n_ws, n_sem = entry["split_k"] * 16 * N, N // entry["rows_per_cta"]
-    return [(ptrs[0], (n_ws,), (1,)), (ptrs[1], (n_sem,), (1,))]
-
-
-def workspace(bundle, entry: dict, N: int, device):
-    """(ws, sem) for this variant on the current stream: float32 partial sums and int32 counters
-    that must start at zero and that each call leaves at a multiple of ``split_k``.  One pair per
-    (device, stream, split_k), grown when a larger N comes; calls on one stream are ordered, so
-    they share it safely (two streams never do).  Made during CUDA-graph capture, the zeroing is
-    captured too (it then runs at every replay) and the pair is kept for the graph only."""
-    import torch
-
-    from .bundle import current_stream
-
-    key = (device, current_stream(), entry["split_k"])
-    n_ws, n_sem = entry["split_k"] * 16 * N, N // entry["rows_per_cta"]
-    pair = bundle._workspaces.get(key)
-    if pair is None or pair[0].numel() < n_ws or pair[1].numel() < n_sem:
-        pair = (torch.empty(max(n_ws, pair[0].numel() if pair else 0), dtype=torch.float32, device=device),
-                torch.zeros(max(n_sem, pair[1].numel() if pair else 0), dtype=torch.int32, device=device))
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            bundle._graph_workspaces.append(pair)  # alive as long as the bundle: the graph uses it
-        else:
-            bundle._workspaces[key] = pair
-    return pair
-
-
 def wave_ctas(bundle, entry: dict) -> int:
-    """CTAs of this decode variant the device holds at once (clusters that fit × cluster size;
-    a variant without clusters counts as clusters of one)."""
+    """CTAs of this decode variant the device holds at once (clusters that fit × cluster size)."""
     ck = entry["cluster"][0] * entry["cluster"][1]
     cap = bundle._max_clusters.get(entry["name"])
     if cap is None:
@@ -124,7 +92,7 @@ def select_packed(bundle, specs: list, M: int, N: int, K: int, b_constant: bool)
         if v.get("family") != "decode" or bool(v["config"].get("early_b")) != b_constant or M > v["max_m"]:
             continue
         try:
-            bundle.binder(v["name"]).check(specs + _workspace_specs(v, N))
+            bundle.binder(v["name"]).check(specs)
         except ValueError as e:
             reasons.append(f"{v['name']}: {e}")
             continue
@@ -145,7 +113,7 @@ def pick(fits: list[dict], N: int, wave) -> str:
     """The most CTAs among the variants whose grid is one wave (``wave(entry)`` CTAs at once),
     else the most CTAs."""
     def ctas(v):
-        return N // v["rows_per_cta"] * v["split_k"]
+        return N // v["rows_per_cta"] * v["cluster"][0] * v["cluster"][1]
 
     one_wave = [v for v in fits if ctas(v) <= wave(v)]
     return max(one_wave or fits, key=lambda v: (ctas(v), v["name"]))["name"]
@@ -173,9 +141,5 @@ def gemm_packed(bundle, a, p: PackedB, out=None, *, out_dtype=None, scale_a=None
         scales.append((s.data_ptr(), (1,), (1,)))
     specs = _specs(a, p, out, scales)
     name = variant or select_packed(bundle, specs, a.shape[0], p.n, p.k, b_constant)
-    entry = bundle.manifest["variants"].get(name, {})
-    if "workspace" in entry:
-        ws, sem = workspace(bundle, entry, p.n, a.device)
-        specs += _workspace_specs(entry, p.n, (ws.data_ptr(), sem.data_ptr()))
     bundle.launch(name, specs, checked=variant is None)
     return out
