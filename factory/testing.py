@@ -111,6 +111,18 @@ def smoke_gemm(bundle, entry, device="cuda") -> list[dict]:
     return [check_gemm(bundle, entry, s, device) for s in shapes]
 
 
+def capture_on_side_stream(fn):
+    """A CUDA graph of ``fn()`` captured on a fresh stream (not the caller's current one)."""
+    import torch
+
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        with torch.cuda.graph(g, stream=s):
+            fn()
+    return g
+
+
 def check_graph_capture(bundle, entry, device="cuda") -> dict:
     """The launcher must work under CUDA-graph capture (torch's capture stream) and on replay."""
     import torch

@@ -172,11 +172,7 @@ def test_every_decode_variant_and_chained_calls(gbundle):
         chain()
         torch.cuda.synchronize()
         check(x0)
-        g = torch.cuda.CUDAGraph()
-        st = torch.cuda.Stream()
-        with torch.cuda.stream(st):
-            with torch.cuda.graph(g, stream=st):
-                chain()
+        g = testing.capture_on_side_stream(chain)
         for _ in range(2):
             x.copy_(_fp8(M, K, gen=gen, device="cuda"))
             t1.fill_(float("nan"))

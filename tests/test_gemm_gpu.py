@@ -190,11 +190,7 @@ def test_chained_gemms_see_each_others_results(bundle):
         ref_y2 = y1_first.float() @ w2.float().t()
         assert testing.rel_error(y2, ref_y2) < 2e-2, name
         assert testing.rel_error(y1, y2.float() @ w1.float().t()) < 1e-2, name
-        g = torch.cuda.CUDAGraph()
-        s = torch.cuda.Stream()
-        with torch.cuda.stream(s):
-            with torch.cuda.graph(g, stream=s):
-                chain()
+        g = testing.capture_on_side_stream(chain)
         for _ in range(3):
             x.copy_(testing.gemm_operand(M, K, 1, "k", "bf16")[0])
             y1.fill_(float("nan"))
