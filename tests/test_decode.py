@@ -38,17 +38,23 @@ def _entry(name, rows, ck, ctas_per_sm):
     return {"name": name, "rows_per_cta": rows, "cluster": [1, ck], "ctas_per_sm": ctas_per_sm}
 
 
-def test_pick_prefers_the_most_ctas_in_one_wave():
+def test_pick_prefers_the_most_ctas_in_one_wave_and_early_b_in_one_wave():
     """The rule measured on the H100 (132 SMs; 2-CTA clusters of two 256-thread CTAs per SM:
     264 CTAs at once): N = 4096 -> 32-row CTAs (256 CTAs), 6144 and 8192 -> 64-row CTAs (192 and
     256; 32-row ones would be 384/512: two waves), 10240 -> nothing is one wave: the most CTAs."""
     fits = [_entry("r32", 32, 2, 2), _entry("r64", 64, 2, 2)]
     wave = lambda v: 264  # noqa: E731
-    assert rpacked.pick(fits, 4096, wave) == "r32"
-    assert rpacked.pick(fits, 2048, wave) == "r32"
-    assert rpacked.pick(fits, 6144, wave) == "r64"
-    assert rpacked.pick(fits, 8192, wave) == "r64"
-    assert rpacked.pick(fits, 10240, wave) == "r32"
+    assert rpacked.pick(fits, 4096, wave, set()) == "r32"
+    assert rpacked.pick(fits, 2048, wave, set()) == "r32"
+    assert rpacked.pick(fits, 6144, wave, set()) == "r64"
+    assert rpacked.pick(fits, 8192, wave, set()) == "r64"
+    assert rpacked.pick(fits, 10240, wave, set()) == "r32"
+    # b_constant: the early_b twin where the grid is one wave, not where it is several.
+    early = {"r32_eb", "r64_eb"}
+    assert rpacked.pick(fits, 4096, wave, early) == "r32_eb"
+    assert rpacked.pick(fits, 8192, wave, early) == "r64_eb"
+    assert rpacked.pick(fits, 10240, wave, early) == "r32"
+    assert rpacked.pick(fits, 4096, wave, {"r64_eb"}) == "r32"  # no twin: the variant itself
 
 
 def test_packed_launch_path_without_a_gpu(test_bundle, monkeypatch):
