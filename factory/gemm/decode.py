@@ -221,14 +221,13 @@ class GemmDecodeKernel:
     def kernel(self, mA: cute.Tensor, mB: cute.Tensor, mC: cute.Tensor, mSa: cute.Tensor,
                mSb: cute.Tensor, tiled_mma: cute.TiledMma):
         tidx, _, _ = cute.arch.thread_idx()
-        bx, _, _ = cute.arch.block_idx()
+        bx, by, _ = cute.arch.block_idx()
         warp = cute.arch.make_warp_uniform(tidx // 32)
         lane = tidx % 32
         g = lane // 4
         q = lane % 4
         wn = warp % self.wn
         wk = warp // self.wn
-        _, by, _ = cute.arch.block_idx()
         rank = cute.arch.make_warp_uniform(by)  # the CTA's K slice (= its rank in a cluster along K)
         M = cute.size(mA, mode=[0])
         K = cute.size(mA, mode=[1])
@@ -242,7 +241,8 @@ class GemmDecodeKernel:
         # g, then row g + 8), moved into the MMA's own A fragment.
         tCrB = cute.make_rmem_tensor(
             cute.make_layout(((4, 2), self.g, 2 * self.u), stride=((1, 4), 16 * self.u, 8)), cutlass.Float8E4M3FN)
-        # Every CTA of the grid is resident (one wave): let the next kernel's CTAs in as ours leave.
+        # The next kernel's CTAs may take our SMs as ours leave (it is scheduled once every CTA of
+        # this grid has run this or exited, so a second wave is never locked out).
         cute.arch.griddepcontrol_launch_dependents()
         if cutlass.const_expr(self.early_b):
             self._load_b(mB, tCrB, nb0, kc0, g, q)
@@ -308,8 +308,9 @@ class GemmDecodeKernel:
                 s = s + red_w[w, m, col + i]
             part[i] = s
         scale = mSa[0] * mSb[0]
-        owner = rank == 0
         if cutlass.const_expr(self.cl):
+            # Rank 0 reads its shared memory only once the mbarrier has counted every byte the
+            # others store there; they may exit right after their stores.
             cute.arch.cluster_wait()
             if rank == 0:
                 cute.arch.mbarrier_wait(bar, 0)
@@ -327,7 +328,7 @@ class GemmDecodeKernel:
                     cute.arch.store_async_dsmem(dst, (bits[0], bits[1]), bar, 0)
                 else:
                     cute.arch.store_async_dsmem(dst, (bits[0], bits[1], bits[2], bits[3]), bar, 0)
-        if owner:
+        if rank == 0:
             if m < M:
                 for i in cutlass.range_constexpr(per):
                     mC[m, bx * self.rows + col + i] = (part[i] * scale).to(cutlass.BFloat16)
