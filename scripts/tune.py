@@ -24,7 +24,9 @@ K-major operands only (the layouts the default tiers build); other layouts use t
 
 Buckets up to M = 128 where ``early_b`` variants fit (the decode tiles' twins that load B before
 their PDL wait) also get a ``b_constant`` entry: those variants and the plain winner timed the same way; the
-loader runs its winner for ``bundle.gemm(..., b_constant=True)``.
+loader runs its winner for ``bundle.gemm(..., b_constant=True)``.  fp8 decode buckets (M <= 16)
+also get a ``packed`` entry: the packed-weight decode variants on weights packed by
+``bundle.pack_b``, without and with ``b_constant`` (runtime/packed.py).
 """
 
 from __future__ import annotations
@@ -103,6 +105,7 @@ def tune_bucket(bundle, M, N, K, dt: str, l2: int, everything: bool = False) -> 
         timed.update({n: min(timed[n], again[n]) for n in odd})
     winner = tuning.pick_winner(timed, model_pick, MARGIN)
     const = tune_b_constant(bundle, A, B, C, kw, scales, ab, c, winner, n_sets) if M <= B_CONST_MAX_M else None
+    packed = tune_packed(bundle, A, B, C, kw, n_sets) if ab == "e4m3" and M <= 16 else None
     A = B = C = None  # free before the next bucket (the lambdas hold the names)
     torch.cuda.empty_cache()
     return {"key": tuning.bucket_key(ab, c, am, bm, M, N, K, 1), "shape": [M, N, K, 1], "winner": winner,
@@ -110,7 +113,36 @@ def tune_bucket(bundle, M, N, K, dt: str, l2: int, everything: bool = False) -> 
             "timings_us": {n: round(t * 1e6, 2) for n, t in timed.items()},
             "screen_us": {n: round(t * 1e6, 2) for n, t in screened.items()},
             "model_us": {n: round(t, 2) for n, t in model.items()}, "input_sets": n_sets,
-            **({"b_constant": const} if const else {})}
+            **({"b_constant": const} if const else {}), **({"packed": packed} if packed else {})}
+
+
+def tune_packed(bundle, A, B, C, kw, n_sets) -> dict | None:
+    """fp8 decode buckets: the packed-weight decode variants on B packed once (``pack_b``), timed
+    like every candidate here: ``winner`` among the plain ones, ``b_constant_winner`` among all
+    (early_b ones included), each beside the selection rule's own pick (runtime/packed.py), which
+    stays unless another variant measures MARGIN faster.  None when no decode variant fits."""
+    from factory.runtime.packed import _specs, fitting, rule_pick
+
+    P = [bundle.pack_b(b) for b in B]
+    M, K = A[0].shape
+    N = B[0].shape[0]
+    specs = _specs(A[0], P[0], C[0], [(kw["scale_a"].data_ptr(), (1,), (1,))] * 2)
+    try:
+        fits = fitting(bundle, specs, M, N, K)
+    except NoVariantError:
+        return None
+    rule = {bc: rule_pick(bundle, fits, N, bc) for bc in (False, True)}
+    calls = {v["name"]: (lambda i, n=v["name"]: bundle.gemm(A[i], P[i], C[i], variant=n, **kw)) for v in fits}
+    screened, timed = screen_then_time(calls, n_sets, rule[True])
+    for bc in (False, True):  # the rule's picks are always measured
+        if rule[bc] not in timed:
+            timed.update(time_interleaved({rule[bc]: calls[rule[bc]]}, n_sets, rounds=ROUNDS, max_reps=8))
+    plain = {n: t for n, t in timed.items() if not bundle.manifest["variants"][n]["config"].get("early_b")}
+    return {"winner": tuning.pick_winner(plain, rule[False], MARGIN),
+            "b_constant_winner": tuning.pick_winner(timed, rule[True], MARGIN),
+            "rule": rule[False], "rule_b_constant": rule[True],
+            "timings_us": {n: round(t * 1e6, 2) for n, t in timed.items()},
+            "screen_us": {n: round(t * 1e6, 2) for n, t in screened.items()}}
 
 
 def screen_then_time(calls: dict, n_sets: int, always: str) -> tuple[dict, dict]:
@@ -196,7 +228,10 @@ def main() -> int:
                   f"{len(r['screen_us'])} screened, {len(t)} timed, {time.time() - tb:4.1f} s)  "
                   f"{r['winner'].replace('gemm_', '')}"
                   + (f"  [b_constant: {bc['timings_us'][bc['winner']]:.1f} us {bc['winner'].replace('gemm_', '')}]"
-                     if bc else ""), flush=True)
+                     if bc else "")
+                  + (f"  [packed: {pk['timings_us'][pk['winner']]:.1f} us, with b_constant "
+                     f"{pk['timings_us'][pk['b_constant_winner']]:.1f} us {pk['b_constant_winner'].replace('gemm_', '')}]"
+                     if (pk := r.get("packed")) else ""), flush=True)
     path = tuning.write(bundle.path, data)
     print(f"wrote {path}: {len(buckets)} buckets ({done} measured now) in {time.time() - t0:.0f} s", flush=True)
     return 0

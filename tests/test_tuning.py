@@ -368,3 +368,32 @@ def test_b_constant_selection(bundle_copy):
         assert b.tuning.winner(key, b_constant=True) == winner
         assert pick(b, False) == plain_name
         assert pick(b, True) == want, winner
+
+
+def test_packed_selection_follows_the_table(bundle_copy):
+    """Packed weights: a matching table's ``packed`` winners (plain and b_constant) replace the
+    rule's picks where they fit; an early_b winner is never taken without b_constant, and an
+    unknown name falls back to the rule."""
+    from factory.runtime import packed as rpacked
+
+    dec = "gemm_sm90_e4m3_obf16_ak_bk_wn1_wk8_g4_u2_ck2"
+    x8 = torch.empty(16, 4096, dtype=torch.float8_e4m3fn)
+    pw = rpacked.PackedB(torch.empty(512, 64, 32, 16, dtype=torch.float8_e4m3fn), 4096, 4096)
+    out = torch.empty(16, 4096, dtype=torch.bfloat16)
+    specs = rpacked._specs(x8, pw, out, [(0, (1,), (1,))] * 2)
+
+    def pick(b, const):
+        return rpacked.select_packed(b, specs, 16, 4096, 4096, const)
+
+    b = Bundle.open(bundle_copy, capability=(9, 0), device=H100)
+    assert (pick(b, False), pick(b, True)) == (dec, dec + "_eb")  # no table: the rule
+    key = tuning.bucket_key("e4m3", "bf16", "k", "k", 16, 4096, 4096, 1)
+    for plain_w, const_w, want in ((dec + "_eb", dec, (dec, dec)), ("gemm_nope", "gemm_nope", (dec, dec + "_eb")),
+                                   (dec, dec + "_eb", (dec, dec + "_eb"))):
+        tuning.write(bundle_copy, {"schema": tuning.SCHEMA, "device": dict(H100, capability=[9, 0]),
+                                   "manifest_sha256": tuning.manifest_sha256(bundle_copy),
+                                   "buckets": {key: {"shape": [16, 4096, 4096, 1], "winner": "x",
+                                                     "packed": {"winner": plain_w, "b_constant_winner": const_w}}}})
+        b = Bundle.open(bundle_copy, capability=(9, 0), device=H100)
+        assert b.tuning.winner(key, packed=True) == plain_w
+        assert (pick(b, False), pick(b, True)) == want, (plain_w, const_w)

@@ -12,7 +12,9 @@ Selection among the decode variants that fit (N a multiple of their rows per CTA
 N = 2048-10240 (notes/gemm-sm90.md, session 5): it picks the fastest shape of the kernel at every
 N tried.  ``b_constant=True`` (nothing still running writes the weights) then takes that shape's
 ``early_b`` twin, which issues its first weight loads before the PDL wait, where the grid is one
-wave.
+wave.  A bundle's tuning.json (``scripts/tune.py``) that matches this device overrides the rule
+with each fp8 decode bucket's measured winner on packed weights (``packed``: ``winner`` and
+``b_constant_winner``).
 """
 
 from __future__ import annotations
@@ -88,6 +90,24 @@ def select_packed(bundle, specs: list, M: int, N: int, K: int, b_constant: bool)
     name = bundle._select_cache.get(key)
     if name is not None:
         return name
+    fits = fitting(bundle, specs, M, N, K)
+    name = None
+    tuned = bundle.tuning
+    if tuned is not None:  # the bucket's measured winner on packed weights, where it fits here
+        from .tuning import bucket_key
+
+        w = tuned.winner(bucket_key("e4m3", "bf16", "k", "k", M, N, K, 1), b_constant=b_constant, packed=True)
+        if w is not None and any(v["name"] == w and (b_constant or not v["config"].get("early_b")) for v in fits):
+            name = w
+    if name is None:
+        name = rule_pick(bundle, fits, N, b_constant)
+    bundle._select_cache[key] = name
+    return name
+
+
+def fitting(bundle, specs: list, M: int, N: int, K: int) -> list[dict]:
+    """The decode variants that take these (a, packed b, c, scales) specs; NoVariantError if none
+    without ``early_b`` does."""
     fits, reasons = [], []
     for v in bundle.candidates("gemm"):
         if v.get("family") != "decode" or M > v["max_m"]:
@@ -98,17 +118,20 @@ def select_packed(bundle, specs: list, M: int, N: int, K: int, b_constant: bool)
             reasons.append(f"{v['name']}: {e}")
             continue
         fits.append(v)
-    plain = [v for v in fits if not v["config"].get("early_b")]
-    if not plain:
+    if not any(not v["config"].get("early_b") for v in fits):
         from .bundle import NoVariantError
 
         why = f" (closest: {reasons[0]})" if reasons else ""
         raise NoVariantError(f"no decode variant for packed weights N={N} K={K}, M={M} on {bundle.device_name()}"
                              f"{why}: use the unpacked weights; {bundle.describe_contents('gemm')}")
-    early = {v["name"] for v in fits if v["config"].get("early_b")}
-    name = pick(plain, N, lambda v: wave_ctas(bundle, v), early if b_constant else set())
-    bundle._select_cache[key] = name
-    return name
+    return fits
+
+
+def rule_pick(bundle, fits: list[dict], N: int, b_constant: bool) -> str:
+    """The selection rule (``pick``) over ``fitting``'s variants, with this device's waves."""
+    plain = [v for v in fits if not v["config"].get("early_b")]
+    early = {v["name"] for v in fits if v["config"].get("early_b")} if b_constant else set()
+    return pick(plain, N, lambda v: wave_ctas(bundle, v), early)
 
 
 def pick(fits: list[dict], N: int, wave, early: set) -> str:

@@ -67,8 +67,14 @@ class Tuning:
         # Measured separately: the bucket's fastest early_b variant, for a constant B.
         self._const = {k: b["b_constant"]["winner"] for k, b in buckets.items()
                        if (b.get("b_constant") or {}).get("winner")}
+        # Decode buckets (fp8): the packed-weight decode variants on packed weights, without and
+        # with b_constant (runtime/packed.py).
+        self._packed = {(k, bc): b["packed"][f] for k, b in buckets.items() if b.get("packed")
+                        for bc, f in ((False, "winner"), (True, "b_constant_winner")) if b["packed"].get(f)}
 
-    def winner(self, key: str, b_constant: bool = False) -> str | None:
+    def winner(self, key: str, b_constant: bool = False, packed: bool = False) -> str | None:
+        if packed:
+            return self._packed.get((key, b_constant))
         return (self._const if b_constant else self._winners).get(key)
 
     def __len__(self) -> int:
