@@ -226,9 +226,9 @@ def gemm_bytes(M, N, K, dtype: str) -> int:
 
 def _packed_name(bundle, a, p, c, one) -> str:
     """The decode variant ``bundle.gemm(a, p, c, b_constant=True)`` runs."""
-    from factory.runtime.packed import _specs, select_packed
+    from factory.runtime.packed import launch_specs, select_packed
 
-    specs = _specs(a, p, c, [(one.data_ptr(), (1,), (1,))] * 2)
+    specs = launch_specs(a, p, c, [(one.data_ptr(), (1,), (1,))] * 2)
     return select_packed(bundle, specs, a.shape[0], p.n, p.k, True)
 
 

@@ -121,12 +121,12 @@ def tune_packed(bundle, A, B, C, kw, n_sets) -> dict | None:
     like every candidate here: ``winner`` among the plain ones, ``b_constant_winner`` among all
     (early_b ones included), each beside the selection rule's own pick (runtime/packed.py), which
     stays unless another variant measures MARGIN faster.  None when no decode variant fits."""
-    from factory.runtime.packed import _specs, fitting, rule_pick
+    from factory.runtime.packed import fitting, launch_specs, rule_pick
 
     P = [bundle.pack_b(b) for b in B]
     M, K = A[0].shape
     N = B[0].shape[0]
-    specs = _specs(A[0], P[0], C[0], [(kw["scale_a"].data_ptr(), (1,), (1,))] * 2)
+    specs = launch_specs(A[0], P[0], C[0], [(kw["scale_a"].data_ptr(), (1,), (1,))] * 2)
     try:
         fits = fitting(bundle, specs, M, N, K)
     except NoVariantError:

@@ -380,7 +380,7 @@ def test_packed_selection_follows_the_table(bundle_copy):
     x8 = torch.empty(16, 4096, dtype=torch.float8_e4m3fn)
     pw = rpacked.PackedB(torch.empty(512, 64, 32, 16, dtype=torch.float8_e4m3fn), 4096, 4096)
     out = torch.empty(16, 4096, dtype=torch.bfloat16)
-    specs = rpacked._specs(x8, pw, out, [(0, (1,), (1,))] * 2)
+    specs = rpacked.launch_specs(x8, pw, out, [(0, (1,), (1,))] * 2)
 
     def pick(b, const):
         return rpacked.select_packed(b, specs, 16, 4096, 4096, const)

@@ -65,7 +65,8 @@ def unpack_b(p: PackedB):
     return p.data.view(p.n // 8, p.k // 64, 8, 64).permute(0, 2, 1, 3).reshape(p.n, p.k)
 
 
-def _specs(a, p: PackedB, out, scales):
+def launch_specs(a, p: PackedB, out, scales) -> list:
+    """(data_ptr, shape, stride) of a, the packed b, out, then the scales: a decode launch's tensors."""
     d = p.data
     return [(a.data_ptr(), tuple(a.shape), tuple(a.stride())), (d.data_ptr(), tuple(d.shape), tuple(d.stride())),
             (out.data_ptr(), tuple(out.shape), tuple(out.stride())), *scales]
@@ -101,6 +102,8 @@ def select_packed(bundle, specs: list, M: int, N: int, K: int, b_constant: bool)
             name = w
     if name is None:
         name = rule_pick(bundle, fits, N, b_constant)
+    if len(bundle._select_cache) >= 4096:  # (as runtime/gemm.py bounds it)
+        bundle._select_cache.clear()
     bundle._select_cache[key] = name
     return name
 
@@ -168,7 +171,7 @@ def gemm_packed(bundle, a, p: PackedB, out=None, *, out_dtype=None, scale_a=None
             s = s.reshape(1).to(torch.float32)
         keep.append(s)
         scales.append((s.data_ptr(), (1,), (1,)))
-    specs = _specs(a, p, out, scales)
+    specs = launch_specs(a, p, out, scales)
     name = variant or select_packed(bundle, specs, a.shape[0], p.n, p.k, b_constant)
     bundle.launch(name, specs, checked=variant is None)
     return out
