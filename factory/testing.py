@@ -69,11 +69,7 @@ def check_gemm(bundle, entry, shape, device="cuda") -> dict:
     bundle.gemm(a, b, out, variant=entry["name"], **scales)
     torch.cuda.synchronize()
     ref = torch.matmul(a.float(), b.float().transpose(1, 2)) * ref_scale
-    nan = int(torch.isnan(out).sum())
-    err = rel_error(out, ref) if nan == 0 else math.inf
-    tol = TOLERANCE[d["a"]]
-    return {"variant": entry["name"], "shape": [M, N, K, L], "rel_err": err, "nan": nan, "tol": tol,
-            "ok": nan == 0 and err < tol}
+    return _judge(entry["name"], [M, N, K, L], out, ref, TOLERANCE[d["a"]])
 
 
 # Split-K (decode) variants: L = 1 only; long K so every split has work, and short K so some
@@ -88,20 +84,23 @@ DECODE_SHAPES = [(1, 4096, 4096, 1), (16, 4096, 4096, 1), (5, 2048, 8192, 1), (1
 def check_gemm_packed(bundle, entry, shape, device="cuda") -> dict:
     import torch
 
-    M, N, K, _ = legal_gemm_shape(shape, {"signature": {"divisibility": {
-        "N": entry["rows_per_cta"], "K": entry["k_multiple"]}}})
+    M, N, K, _ = legal_gemm_shape(shape, entry)  # (its N: rows per CTA, K: k_multiple)
     a = gemm_operand(M, K, 1, "k", "e4m3", device)[0]
     b = gemm_operand(N, K, 1, "k", "e4m3", device)[0]
     out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device=device)
     sa, sb = torch.rand(1, device=device) + 0.5, torch.rand(1, device=device) + 0.5
     bundle.gemm(a, bundle.pack_b(b), out, scale_a=sa, scale_b=sb, variant=entry["name"])
     torch.cuda.synchronize()
-    ref = (a.float() @ b.float().t()) * float(sa * sb)
+    return _judge(entry["name"], [M, N, K, 1], out, (a.float() @ b.float().t()) * float(sa * sb), TOLERANCE["e4m3"])
+
+
+def _judge(name: str, shape: list, out, ref, tol: float) -> dict:
+    """One smoke result: NaN count and relative error of ``out`` against ``ref``."""
+    import torch
+
     nan = int(torch.isnan(out).sum())
     err = rel_error(out, ref) if nan == 0 else math.inf
-    tol = TOLERANCE["e4m3"]
-    return {"variant": entry["name"], "shape": [M, N, K, 1], "rel_err": err, "nan": nan, "tol": tol,
-            "ok": nan == 0 and err < tol}
+    return {"variant": name, "shape": shape, "rel_err": err, "nan": nan, "tol": tol, "ok": nan == 0 and err < tol}
 
 
 def smoke_gemm(bundle, entry, device="cuda") -> list[dict]:

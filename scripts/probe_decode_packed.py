@@ -17,34 +17,10 @@ from bench import copy_bandwidth, gemm_bytes, time_interleaved  # noqa: E402
 
 from factory import testing  # noqa: E402
 from factory.runtime import Bundle  # noqa: E402
+from factory.runtime.occupancy import max_active_clusters  # noqa: E402
 
 
 from factory.runtime.packed import pack_b  # noqa: E402
-
-
-def clusters(bundle, name):
-    """cuOccupancyMaxActiveClusters of a decode variant (cluster 1 x ck)."""
-    from cuda.bindings import driver as cu
-
-    e = bundle.manifest["variants"][name]
-    kernels = e["resources"]["kernels"]
-    kname = max(kernels, key=lambda k: kernels[k].get("code_bytes", 0))
-    smem = int(e["resources"]["dynamic_smem_bytes"])
-    err, mod = cu.cuModuleLoadData((bundle.path / e["files"]["cubin"]["path"]).read_bytes())
-    err, fn = cu.cuModuleGetFunction(mod, kname.encode())
-    cu.cuFuncSetAttribute(fn, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)
-    ck = e["cluster"][1]
-    cfg = cu.CUlaunchConfig()
-    cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = 1, ck, 1
-    cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = int(e["threads"]), 1, 1
-    cfg.sharedMemBytes = smem
-    la = cu.CUlaunchAttribute()
-    la.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
-    la.value.clusterDim.x, la.value.clusterDim.y, la.value.clusterDim.z = 1, ck, 1
-    cfg.attrs = [la]
-    cfg.numAttrs = 1
-    err, n = cu.cuOccupancyMaxActiveClusters(fn, cfg)
-    return int(n) if err == cu.CUresult.CUDA_SUCCESS else f"err {err}"
 
 
 def main() -> int:
@@ -68,8 +44,9 @@ def main() -> int:
     torch.zeros(1, device="cuda")
     for n in names:
         e = dec.manifest["variants"][n]
+        ck = e["cluster"][0] * e["cluster"][1]
         print(f"{n}: regs {e['resources']['registers']}, threads {e['threads']}, rows {e['rows_per_cta']}, "
-              f"max active clusters {clusters(dec, n)}", flush=True)
+              f"max active clusters {max_active_clusters(dec.path, e, ck)}", flush=True)
     one = torch.ones(1, device="cuda")
     bw = copy_bandwidth()
     shapes = ((16, 4096, 4096), (1, 4096, 4096), (5, 2048, 8192), (16, 6144, 4096), (1, 6144, 4096),

@@ -104,10 +104,7 @@ def select(bundle, a3, b3, c3, ab: str, c: str, scales: list, b_constant: bool =
     choice = choose(bundle, fits, ab, c, am, bm, M, N, K, L)
     if b_constant:
         choice = _choose_b_constant(bundle, a3, b3, c3, ab, c, scales, am, bm, choice)
-    if len(bundle._select_cache) >= _CACHE_LIMIT:
-        bundle._select_cache.clear()
-    bundle._select_cache[key] = choice
-    return choice
+    return remember(bundle, key, choice)
 
 
 def launch_scalars(bundle, entry: dict) -> list:
@@ -118,16 +115,48 @@ def launch_scalars(bundle, entry: dict) -> list:
     pers = entry.get("persistent")
     if pers is None:
         return []
+    return [resident_clusters(bundle, entry, pers["cluster_ctas"], bundle.device_info()["sm_count"] // pers["cluster_ctas"])]
+
+
+def resident_clusters(bundle, entry: dict, cluster_ctas: int, bound: int) -> int:
+    """Clusters of ``cluster_ctas`` CTAs of this variant that the device holds at once: the
+    driver's answer on a real device (runtime/occupancy.py), never more than ``bound`` (the only
+    figure for a planned device); asked once per variant."""
     name = entry["name"]
     cap = bundle._max_clusters.get(name)
     if cap is None:
-        cap = max(1, bundle.device_info()["sm_count"] // pers["cluster_ctas"])
+        cap = max(1, bound)
         if bundle._device is None:  # the GPU itself, not a device given for planning
             from .occupancy import max_active_clusters
 
-            cap = min(cap, max_active_clusters(bundle.path, entry) or cap)
+            cap = min(cap, max_active_clusters(bundle.path, entry, cluster_ctas) or cap)
         bundle._max_clusters[name] = cap
-    return [cap]
+    return cap
+
+
+def remember(bundle, key: tuple, name: str) -> str:
+    """Cache a selection (bounded: a long-running server sees unboundedly many shapes)."""
+    if len(bundle._select_cache) >= _CACHE_LIMIT:
+        bundle._select_cache.clear()
+    bundle._select_cache[key] = name
+    return name
+
+
+def fp8_scales(bundle, device, scale_a, scale_b) -> tuple[list, list]:
+    """(launch specs, tensors to keep alive until the launch is queued) of fp8's two per-tensor
+    scales: one float32 element is passed as it is, anything else converted, a missing one is the
+    cached [1.0] of ``device``."""
+    import torch
+
+    scales, keep = [], []
+    for s in (scale_a, scale_b):
+        if s is None:
+            s = _unit_scale(bundle, device)
+        elif s.dtype != torch.float32 or s.numel() != 1:
+            s = s.reshape(1).to(torch.float32)
+        keep.append(s)
+        scales.append((s.data_ptr(), (1,), (1,)))
+    return scales, keep
 
 
 def _choose_b_constant(bundle, a3, b3, c3, ab, c, scales, am, bm, plain: str) -> str:
@@ -266,16 +295,8 @@ def gemm(bundle, a, b, out=None, *, out_dtype=None, scale_a=None, scale_b=None, 
         out = a.new_empty((*a.shape[:-1], b.shape[-2]), dtype=dt)  # (a's device, no device object)
     c = _dtype_name(out.dtype)
     a3, b3, c3 = rkl_spec(a, "a"), rkl_spec(b, "b"), rkl_spec(out, "out")
-    scales, keep = [], []
-    if fp8:
-        for s in (scale_a, scale_b):
-            if s is None:
-                s = _unit_scale(bundle, a.device)
-            elif s.dtype != torch.float32 or s.numel() != 1:
-                s = s.reshape(1).to(torch.float32)  # (one float32 element is read as it is)
-            keep.append(s)  # alive until the launch is queued
-            scales.append((s.data_ptr(), (1,), (1,)))
-    elif scale_a is not None or scale_b is not None:
+    scales, keep = fp8_scales(bundle, a.device, scale_a, scale_b) if fp8 else ([], [])
+    if not fp8 and (scale_a is not None or scale_b is not None):
         raise ValueError("scale_a/scale_b apply to fp8 GEMMs only")
     name = variant or select(bundle, a3, b3, c3, ab, c, scales, b_constant)
     entry = bundle.manifest["variants"].get(name, {})

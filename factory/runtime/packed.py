@@ -20,6 +20,16 @@ with each fp8 decode bucket's measured winner on packed weights (``packed``: ``w
 from __future__ import annotations
 
 FORMAT = "rows8_k64"
+_GEMM = None  # runtime/gemm.py, bound on first use: it imports bundle.py, which imports this module
+
+
+def _gemm():
+    global _GEMM
+    if _GEMM is None:
+        from . import gemm
+
+        _GEMM = gemm
+    return _GEMM
 
 
 class PackedB:
@@ -75,15 +85,7 @@ def launch_specs(a, p: PackedB, out, scales) -> list:
 def wave_ctas(bundle, entry: dict) -> int:
     """CTAs of this decode variant the device holds at once (clusters that fit × cluster size)."""
     ck = entry["cluster"][0] * entry["cluster"][1]
-    cap = bundle._max_clusters.get(entry["name"])
-    if cap is None:
-        cap = bundle.device_info()["sm_count"] * entry["ctas_per_sm"] // ck
-        if bundle._device is None:  # the GPU itself, not a device given for planning
-            from .occupancy import max_active_clusters
-
-            cap = min(cap, max_active_clusters(bundle.path, entry, ck) or cap)
-        bundle._max_clusters[entry["name"]] = cap
-    return cap * ck
+    return ck * _gemm().resident_clusters(bundle, entry, ck, bundle.device_info()["sm_count"] * entry["ctas_per_sm"] // ck)
 
 
 def select_packed(bundle, specs: list, M: int, N: int, K: int, b_constant: bool) -> str:
@@ -102,10 +104,7 @@ def select_packed(bundle, specs: list, M: int, N: int, K: int, b_constant: bool)
             name = w
     if name is None:
         name = rule_pick(bundle, fits, N, b_constant)
-    if len(bundle._select_cache) >= 4096:  # (as runtime/gemm.py bounds it)
-        bundle._select_cache.clear()
-    bundle._select_cache[key] = name
-    return name
+    return _gemm().remember(bundle, key, name)
 
 
 def fitting(bundle, specs: list, M: int, N: int, K: int) -> list[dict]:
@@ -161,16 +160,7 @@ def gemm_packed(bundle, a, p: PackedB, out=None, *, out_dtype=None, scale_a=None
         raise ValueError(f"packed weights are e4m3: a must be too, got {a.dtype}")
     if out is None:
         out = a.new_empty((a.shape[0], p.n), dtype=out_dtype or torch.bfloat16)
-    scales, keep = [], []
-    for s in (scale_a, scale_b):
-        if s is None:
-            from .gemm import _unit_scale
-
-            s = _unit_scale(bundle, a.device)
-        elif s.dtype != torch.float32 or s.numel() != 1:
-            s = s.reshape(1).to(torch.float32)
-        keep.append(s)
-        scales.append((s.data_ptr(), (1,), (1,)))
+    scales, keep = _gemm().fp8_scales(bundle, a.device, scale_a, scale_b)  # (keep: alive until queued)
     specs = launch_specs(a, p, out, scales)
     name = variant or select_packed(bundle, specs, a.shape[0], p.n, p.k, b_constant)
     bundle.launch(name, specs, checked=variant is None)
