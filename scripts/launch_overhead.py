@@ -54,11 +54,8 @@ def host_only(bundle_path: str) -> int:
         def launcher(self, name):
             return noop
 
-    from factory.runtime import bundle as rbundle
-
-    rbundle.current_stream = lambda: 0  # no CUDA here
     b = Bundle.open(bundle_path, capability=(9, 0), device={"name": "planned H100", "sm_count": 132})
-    b._lib = NoLaunch()
+    b.simulate(NoLaunch())  # CPU tensors as device -1, stream 0
     x = torch.randn(16, 64, dtype=torch.bfloat16)
     w = torch.randn(64, 64, dtype=torch.bfloat16)
     out = torch.empty(16, 64, dtype=torch.bfloat16)
@@ -135,7 +132,7 @@ def breakdown(b, x, w, out) -> None:
         entry = b.manifest["variants"][name]
         args = [*specs, *launch_scalars(b, entry)]
         fn = b.lib.launcher(name)
-        argv, _buf = b.binder(name).bind(args, stream)
+        argv, _buf = b.binder(name).bind(args, stream, torch.cuda.current_device())
         native = per_call_us(lambda: fn(argv))
         via = per_call_us(lambda: b.launch(name, args, checked=True))
         print(f"{what} ({name}): native launcher {native:.1f} µs, Bundle.launch {via:.1f} µs")

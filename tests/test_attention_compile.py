@@ -252,6 +252,7 @@ def test_names_signature_and_limits():
 
 def test_runtime_select_and_checks():
     torch = pytest.importorskip("torch")
+    from factory.runtime import InputError, NoVariantError
     from factory.runtime.attention import attention, select
 
     cands = [
@@ -278,12 +279,18 @@ def test_runtime_select_and_checks():
     assert select(grid, rows=1 * 8 * 512, **kw)["name"] == "small"  # 32 CTAs of 128 rows: under-filled
     assert select(grid, rows=4 * 16 * 4096, **kw)["name"] == "big"
     assert select(grid, **kw)["name"] == "big"
-    with pytest.raises(ValueError, match="no attention kernel"):
+    with pytest.raises(NoVariantError, match="no attention kernel"):
         select(cands, dtype="f16", head_dim=64, causal=False, varlen=False)
 
     class NoBundle:
+        """Takes CPU tensors as a simulated bundle does (BundleCore.simulate); selects nothing."""
+        _lowest_device, _simulated = -1, True
+
         def candidates(self, op):
             raise AssertionError("must fail before selecting")
+
+    class GpuBundle(NoBundle):
+        _lowest_device, _simulated = 0, False
 
     bf = torch.bfloat16
     q = torch.zeros(1, 8, 4, 128, dtype=bf)
@@ -298,11 +305,12 @@ def test_runtime_select_and_checks():
         (dict(q=q.transpose(1, 3).contiguous().transpose(1, 3), k=kv, v=kv), "contiguous"),
         (dict(q=torch.zeros(1, 8, 4, 129, dtype=bf)[..., 1:], k=kv, v=kv), "multiples of 8"),
         (dict(q=q[0], k=kv, v=kv), "must be \\(batch"),
-        (dict(q=q, k=kv, v=kv), "CUDA"),
     ]
     for kw, msg in cases:
-        with pytest.raises(ValueError, match=msg):
+        with pytest.raises(InputError, match=msg):
             attention(NoBundle(), **kw)
+    with pytest.raises(InputError, match="q is on cpu: the kernels need CUDA tensors"):
+        attention(GpuBundle(), q, kv, kv)
     with pytest.raises(ValueError, match="softmax_scale"):
         attention(NoBundle(), q, kv, kv, softmax_scale=-1.0)
 
@@ -363,7 +371,7 @@ def test_split_kv_selection():
 
 
 def test_runtime_launch_glue(monkeypatch):
-    """bundle.attention's glue on CPU tensors (the CUDA check bypassed): what reaches
+    """bundle.attention's glue on CPU tensors (as a simulated bundle takes them): what reaches
     ``bundle.launch`` for varlen, dense, split-KV and packed decode, first call and hot path.  (The
     H100 run of 2026-11-22 caught a varlen call passing a (name, splits) tuple as the name.)"""
     torch = pytest.importorskip("torch")
@@ -376,6 +384,8 @@ def test_runtime_launch_glue(monkeypatch):
                 "varlen": varlen, "tile": list(tile), "stages": 2, "splits": splits, "pack_gqa": pack, **kw}
 
     class Fake:
+        _lowest_device, _simulated = -1, True  # CPU tensors, as BundleCore.simulate()
+
         def __init__(self):
             self.calls = []
 
@@ -384,8 +394,9 @@ def test_runtime_launch_glue(monkeypatch):
                     e("s4", splits=4), e("s16", splits=16), e("p4", splits=4, pack=True),
                     e("p16", splits=16, pack=True)]
 
-        def launch(self, name, args):
+        def launch(self, name, args, device=None):
             assert isinstance(name, str), name
+            assert device == -1  # the tensors' device is passed on (checked against the current one)
             self.calls.append((name, args))
 
     b = Fake()

@@ -61,14 +61,13 @@ def test_packed_launch_path_without_a_gpu(test_bundle, monkeypatch):
     """bundle.gemm(a, bundle.pack_b(w)) selects a decode variant (its early_b twin with
     b_constant=True); the plain path never selects one; problems no decode variant takes raise
     NoVariantError naming the reason."""
-    from factory.runtime import bundle as rbundle
     from factory.runtime import gemm as rgemm
 
     b = Bundle.open(test_bundle, capability=(9, 0), device={"name": "planned H100", "sm_count": 132})
+    b.simulate(None)  # CPU tensors; launch itself is replaced below
     launched = []
-    monkeypatch.setattr(Bundle, "launch", lambda self, name, args, stream=None, checked=False:
+    monkeypatch.setattr(Bundle, "launch", lambda self, name, args, stream=None, checked=False, device=None:
                         launched.append((name, args)))
-    monkeypatch.setattr(rbundle, "current_stream", lambda: 0)
     x8, w8 = _fp8(16, 2048), _fp8(256, 2048)
     sa, sb = torch.tensor([0.5]), torch.tensor([2.0])
     pw = b.pack_b(w8)

@@ -138,19 +138,21 @@ class _Recorder:
         import ctypes
 
         self.calls = []
-        proto = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p)
+        self._ctypes = ctypes
+        self._fns = {}  # the bundle asks once per variant: keep each one's function alive
+
+    def launcher(self, name):
+        ctypes = self._ctypes
 
         def launch(argv):
             ptrs = ctypes.cast(argv, ctypes.POINTER(ctypes.c_void_p))
             # first 8 bytes of each argument slot: the data pointer of a tensor struct
             self.calls.append([ctypes.c_uint64.from_address(ptrs[i]).value for i in range(5)])
+            self.name = name
             return 0
 
-        self._fn = proto(launch)
-
-    def launcher(self, name):
-        self.name = name
-        return self._fn
+        fn = self._fns[name] = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p)(launch)
+        return fn
 
 
 def test_gemm_launch_path_without_a_gpu(test_bundle, monkeypatch):
@@ -162,10 +164,7 @@ def test_gemm_launch_path_without_a_gpu(test_bundle, monkeypatch):
 
     b = Bundle.open(test_bundle, capability=(9, 0), device={"name": "planned H100", "sm_count": 132})
     rec = _Recorder()
-    b._lib = rec
-    from factory.runtime import bundle as rbundle
-
-    monkeypatch.setattr(rbundle, "current_stream", lambda: 0)
+    b.simulate(rec)
     x, w = torch.randn(16, 256).bfloat16(), torch.randn(512, 256).bfloat16()
     out = torch.empty(16, 512, dtype=torch.bfloat16)
     assert b.gemm(x, w, out) is out

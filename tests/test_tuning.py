@@ -134,7 +134,7 @@ def test_grid_cap_is_passed_at_launch_from_the_device(bundle_copy):
     a = torch.empty(256, 512, dtype=torch.bfloat16)
     specs = [rgemm.rkl_spec(t, n) for t, n in ((a, "a"), (torch.empty(256, 512, dtype=torch.bfloat16), "b"),
                                                (torch.empty(256, 256, dtype=torch.bfloat16), "c"))]
-    argv, buf = binder.bind([*specs, 114], stream=0)
+    argv, buf = binder.bind([*specs, 114], stream=0, device=0)
     last = len(binder.plan) - 1
     assert binder.plan[last][0].name == "max_clusters"
     assert int.from_bytes(buf.raw[binder.offsets[last]:binder.offsets[last] + 4], "little") == 114

@@ -1,8 +1,20 @@
 """The DSL-free runtime: ``Bundle.open(path)``, then ``bundle.gemm(a, b)`` / ``bundle.attention(q, k, v)``.
 
-Imports only the standard library here; torch is imported when a bundle is used.
+Layers, each importing only those below it (tests/test_imports.py checks there is no cycle):
+
+    api         Bundle: the user's entry points, dispatching to the ops
+    gemm, packed, attention
+                the ops: argument checks, variant selection, launch  (packed uses gemm)
+    validate    the checks every op makes before a pointer reaches a kernel
+    bundle      BundleCore: manifest, files, device, binders, launch
+    loader      the host library (ctypes) and the argument binders
+    manifest, tuning, occupancy, errors
+                reading files, the tuning table, the driver's cluster occupancy, exceptions
+
+Imports only the standard library here; torch is imported when an op is first used.
 """
 
-from .bundle import Bundle, BundleError, LaunchError, NoVariantError
+from .api import Bundle
+from .errors import BundleError, InputError, LaunchError, NoVariantError
 
-__all__ = ["Bundle", "BundleError", "LaunchError", "NoVariantError"]
+__all__ = ["Bundle", "BundleError", "InputError", "LaunchError", "NoVariantError"]

@@ -17,43 +17,64 @@ from __future__ import annotations
 import math
 import weakref
 
+import torch
+
+from . import validate
+from .errors import InputError, NoVariantError
+
 _DTYPES = {"bfloat16": "bf16", "float16": "f16"}
 HEAD_DIMS = (64, 128)
 _GRID_YZ_MAX = 65535
 
 
 def attention(bundle, q, k, v, causal=False, softmax_scale=None, cu_seqlens_q=None,
-              cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, return_lse=False):
+              cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, return_lse=False,
+              check_varlen=None):
     """softmax(q·kᵀ·scale [+ causal mask]) · v.  Returns o (q's shape), or (o, lse) with
     ``return_lse``: lse float32 (B, Hq, Sq), or (Hq, Tq) for packed variable-length input.
 
     Causal masking is bottom-right aligned: query i sees keys j <= i + Sk - Sq.  A query with no
     visible key gets o = 0 and lse = -inf.  GQA/MQA: Hq must be a multiple of Hkv.
-    ``max_seqlen_k`` is accepted for API symmetry and not needed.
-    """
-    import torch
 
+    Varlen (packed batches): q (Tq, Hq, D), k/v (Tk, Hkv, D); ``cu_seqlens_q``/``cu_seqlens_k``
+    int32 (batch + 1,) on q's device, sequence i being tokens cu[i]:cu[i+1]; each starts at 0,
+    never decreases and ends at its token count (Tq, Tk); ``max_seqlen_q`` ≥ the longest query
+    sequence (computed, with a device synchronisation, when None).  By default these are TRUSTED,
+    as FlashAttention trusts them: offsets that break the contract read or write out of bounds.
+    ``check_varlen=True`` (or the environment variable ``FACTORY_CHECK_VARLEN=1`` when the
+    argument is None) checks them on the host first, at the cost of a synchronisation, and raises
+    ``InputError``.  ``max_seqlen_k`` is accepted for API symmetry and not needed.
+    """
+    dev = q.get_device() if isinstance(q, torch.Tensor) else -1
+    if (dev < bundle._lowest_device or not isinstance(k, torch.Tensor) or not isinstance(v, torch.Tensor)
+            or k.get_device() != dev or v.get_device() != dev):
+        dev = validate.one_device(bundle, q=q, k=k, v=v)
+    if (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled():
+        validate.no_grad("attention", q=q, k=k, v=v)
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     if not varlen:
-        # Hot path: a dense problem seen before (same shapes, strides, dtypes, alignment, flags)
-        # was fully checked then; allocate, pack and launch.
+        # Hot path: a dense problem seen before (same shapes, strides, dtypes, alignment, device,
+        # flags) was fully checked then; allocate, pack and launch.
         key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype,
-               q.device, q.data_ptr() % 16, k.data_ptr() % 16, v.data_ptr() % 16, bool(causal), softmax_scale)
+               dev, q.data_ptr() % 16, k.data_ptr() % 16, v.data_ptr() % 16, bool(causal), softmax_scale)
         hit = _fast_cache(bundle).get(key)
         if hit is not None:
             name, scale, splits = hit
             o = torch.empty_like(q)
             lse = torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32, device=q.device)
             if splits > 1:
-                bundle.launch(name, [q, k, v, o, lse, *split_workspace(torch, q, splits), scale])
+                bundle.launch(name, [q, k, v, o, lse, *split_workspace(torch, q, splits), scale], device=dev)
             else:
-                bundle.launch(name, [q, k, v, o, lse, scale])
+                bundle.launch(name, [q, k, v, o, lse, scale], device=dev)
             return (o, lse) if return_lse else o
     if softmax_scale is not None:
-        softmax_scale = float(softmax_scale)
+        try:
+            softmax_scale = float(softmax_scale)
+        except (TypeError, ValueError, RuntimeError):
+            raise InputError(f"softmax_scale must be a number, got {type(softmax_scale).__name__}") from None
         # The kernel takes the row max of the unscaled scores: the scale must be positive.
         if not (softmax_scale > 0.0 and math.isfinite(softmax_scale)):
-            raise ValueError(f"softmax_scale must be a positive finite number, got {softmax_scale}")
+            raise InputError(f"softmax_scale must be a positive finite number, got {softmax_scale}")
     _check_common(torch, q, k, v, varlen)
     dtype = _DTYPES[str(q.dtype).removeprefix("torch.")]
     d = q.shape[-1]
@@ -65,7 +86,12 @@ def attention(bundle, q, k, v, causal=False, softmax_scale=None, cu_seqlens_q=No
         cu_q, cu_k, batch = _check_cu_seqlens(torch, q, k, cu_seqlens_q, cu_seqlens_k)
         if max_seqlen_q is None:
             max_seqlen_q = int((cu_q[1:] - cu_q[:-1]).max().item()) if batch else 0  # syncs
-        max_seqlen_q = int(max_seqlen_q)
+        elif isinstance(max_seqlen_q, bool) or not isinstance(max_seqlen_q, int):
+            raise InputError(f"max_seqlen_q must be an int, got {type(max_seqlen_q).__name__}")
+        if max_seqlen_q > q.shape[0]:
+            raise InputError(f"max_seqlen_q = {max_seqlen_q} exceeds the {q.shape[0]} query tokens")
+        if validate.check_varlen_default() if check_varlen is None else check_varlen:
+            validate.cu_seqlens(cu_q, cu_k, q.shape[0], k.shape[0], max_seqlen_q)
         o = torch.empty_like(q)
         lse = torch.empty((hq, q.shape[0]), dtype=torch.float32, device=q.device)
         if q.shape[0] == 0 or batch == 0 or max_seqlen_q <= 0:
@@ -100,7 +126,7 @@ def attention(bundle, q, k, v, causal=False, softmax_scale=None, cu_seqlens_q=No
                                (q.shape[0], hq, k.shape[2], q.shape[1], k.shape[1]))
         if splits > 1:
             args[5:5] = split_workspace(torch, q, splits)
-    bundle.launch(name, args)
+    bundle.launch(name, args, device=dev)
     if not varlen:
         cache = _fast_cache(bundle)
         if len(cache) > 4096:
@@ -134,8 +160,6 @@ def _fast_cache(bundle) -> dict:
 
 def _sm_count() -> int:
     try:
-        import torch
-
         return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
     except Exception:  # noqa: BLE001 - no device: plan for an H100
         return 132
@@ -228,7 +252,7 @@ def select(candidates: list[dict], *, dtype: str, head_dim: int, causal: bool,
         return preferred
     have = sorted({(e.get("dtype"), e.get("head_dim"), bool(e.get("causal")), bool(e.get("varlen")))
                    for e in candidates})
-    raise ValueError(
+    raise NoVariantError(
         f"no attention kernel in this bundle for dtype={dtype} head_dim={head_dim} causal={causal} "
         f"varlen={varlen} on this device; available (dtype, head_dim, causal, varlen): {have}")
 
@@ -238,32 +262,26 @@ def _check_common(torch, q, k, v, varlen: bool) -> None:
     rank = 3 if varlen else 4
     layout = "(total_tokens, heads, head_dim)" if varlen else "(batch, seqlen, heads, head_dim)"
     for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor")
         if t.dim() != rank:
-            raise ValueError(f"{name} must be {layout}, got shape {tuple(t.shape)}")
+            raise InputError(f"{name} must be {layout}, got shape {tuple(t.shape)}")
     if not (q.dtype == k.dtype == v.dtype):
-        raise ValueError(f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
+        raise InputError(f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
     if str(q.dtype).removeprefix("torch.") not in _DTYPES:
-        raise ValueError(f"dtype {q.dtype} not supported (bfloat16, float16)")
-    if not (q.device == k.device == v.device):
-        raise ValueError("q, k, v are on different devices")
+        raise InputError(f"dtype {q.dtype} not supported (bfloat16, float16)")
     d = q.shape[-1]
     if d not in HEAD_DIMS:
-        raise ValueError(f"head_dim {d} not supported (one of {HEAD_DIMS})")
+        raise InputError(f"head_dim {d} not supported (one of {HEAD_DIMS})")
     if k.shape[-1] != d or v.shape[-1] != d:
-        raise ValueError(f"head_dim of q, k, v differ: {d}, {k.shape[-1]}, {v.shape[-1]}")
+        raise InputError(f"head_dim of q, k, v differ: {d}, {k.shape[-1]}, {v.shape[-1]}")
     if k.shape != v.shape:
-        raise ValueError(f"k and v shapes differ: {tuple(k.shape)} vs {tuple(v.shape)}")
+        raise InputError(f"k and v shapes differ: {tuple(k.shape)} vs {tuple(v.shape)}")
     hq, hkv = q.shape[-2], k.shape[-2]
     if hkv == 0 or hq % hkv:
-        raise ValueError(f"q heads ({hq}) must be a multiple of kv heads ({hkv})")
+        raise InputError(f"q heads ({hq}) must be a multiple of kv heads ({hkv})")
     if not varlen and q.shape[0] != k.shape[0]:
-        raise ValueError(f"batch of q ({q.shape[0]}) and k/v ({k.shape[0]}) differ")
+        raise InputError(f"batch of q ({q.shape[0]}) and k/v ({k.shape[0]}) differ")
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_strides(t, name)
-    if not q.is_cuda:
-        raise ValueError("q, k, v must be CUDA tensors")
 
 
 def _check_strides(t, name: str) -> None:
@@ -271,33 +289,33 @@ def _check_strides(t, name: str) -> None:
         return
     vec = 16 // t.element_size()
     if t.stride(-1) != 1:
-        raise ValueError(f"{name}: head_dim must be contiguous (stride 1), strides {t.stride()}")
+        raise InputError(f"{name}: head_dim must be contiguous (stride 1), strides {t.stride()}")
     bad = [s for s in t.stride()[:-1] if s % vec]
     if bad:
-        raise ValueError(f"{name}: strides {t.stride()} must be multiples of {vec} elements "
+        raise InputError(f"{name}: strides {t.stride()} must be multiples of {vec} elements "
                          f"(16 bytes) except the last")
     if t.data_ptr() % 16:
-        raise ValueError(f"{name}: data pointer must be 16-byte aligned")
+        raise InputError(f"{name}: data pointer must be 16-byte aligned")
 
 
 def _check_cu_seqlens(torch, q, k, cu_q, cu_k):
     if cu_q is None or cu_k is None:
-        raise ValueError("varlen needs both cu_seqlens_q and cu_seqlens_k")
+        raise InputError("varlen needs both cu_seqlens_q and cu_seqlens_k")
     out = []
     for name, t in (("cu_seqlens_q", cu_q), ("cu_seqlens_k", cu_k)):
         if not isinstance(t, torch.Tensor) or t.dim() != 1 or t.dtype != torch.int32:
-            raise ValueError(f"{name} must be a 1-D int32 tensor")
+            raise InputError(f"{name} must be a 1-D int32 tensor")
         if t.device != q.device:
-            raise ValueError(f"{name} must be on {q.device}")
+            raise InputError(f"{name} must be on {q.device}")
         if t.numel() < 1:
-            raise ValueError(f"{name} must hold batch + 1 offsets")
+            raise InputError(f"{name} must hold batch + 1 offsets")
         out.append(t.contiguous())
     if out[0].numel() != out[1].numel():
-        raise ValueError(f"cu_seqlens_q and cu_seqlens_k lengths differ: "
+        raise InputError(f"cu_seqlens_q and cu_seqlens_k lengths differ: "
                          f"{out[0].numel()} vs {out[1].numel()}")
     return out[0], out[1], out[0].numel() - 1
 
 
 def _check_grid(batch: int, heads: int) -> None:
     if batch > _GRID_YZ_MAX or heads > _GRID_YZ_MAX:
-        raise ValueError(f"batch ({batch}) and heads ({heads}) must each be <= {_GRID_YZ_MAX}")
+        raise InputError(f"batch ({batch}) and heads ({heads}) must each be <= {_GRID_YZ_MAX}")

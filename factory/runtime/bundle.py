@@ -1,6 +1,7 @@
-"""``Bundle``: open a built bundle, pick the variant for the device and problem, launch it.
+"""``BundleCore``: a built bundle's files, the device it serves, and the launch of its variants.
 
-No DSL, no MLIR: the standard library, torch, and the bundle's host library via ctypes.
+No DSL, no MLIR: the standard library, torch, and the bundle's host library via ctypes.  The op
+modules (``gemm``, ``packed``, ``attention``) build on this; it knows nothing of them.
 """
 
 from __future__ import annotations
@@ -9,49 +10,40 @@ import threading
 from pathlib import Path
 
 from ..atoms.targets import get_target, targets_for_capability
+from .errors import BundleError, InputError, NoVariantError
 from .loader import Binder, HostLibrary, LaunchError
-from .manifest import BundleError, file_ok, load_manifest
-from .packed import PackedB
+from .manifest import file_ok, load_manifest
+
+_TORCH_DEVICE = None  # (current_device() -> int, raw_stream(index) -> int), bound on first use
 
 
-class NoVariantError(LookupError):
-    pass
-
-
-_OPS: dict = {}  # op name -> its entry point in runtime/<op>.py (bound on first use)
-_RAW_STREAM = None  # () -> torch's current raw stream (bound on first use)
-
-
-def current_stream() -> int:
-    """torch's current CUDA stream on the current device, as its raw ``cudaStream_t``.
+def _device_api():
+    """torch's current CUDA device index and a device's current raw ``cudaStream_t``.
     ``torch.cuda.current_stream()`` builds a Stream object per call (7.6-8.0 µs on the H100's
-    host, session 4: most of a launch's Python cost); torch's own launchers (Inductor's, Triton's) read the
-    raw handle as done here, which torch versions without it fall back from."""
-    global _RAW_STREAM
-    if _RAW_STREAM is None:
+    host, 2026-11-22): torch's own launchers (Inductor's, Triton's) read the raw handle as done
+    here; torch versions without it fall back to the public calls."""
+    global _TORCH_DEVICE
+    if _TORCH_DEVICE is None:
         import torch
 
         raw, dev = (getattr(torch._C, n, None) for n in ("_cuda_getCurrentRawStream", "_cuda_getDevice"))
         if raw is None or dev is None:
-            _RAW_STREAM = lambda: torch.cuda.current_stream().cuda_stream  # noqa: E731
+            _TORCH_DEVICE = (torch.cuda.current_device, lambda i: torch.cuda.current_stream(i).cuda_stream)
         else:
-            _RAW_STREAM = lambda: raw(dev())  # noqa: E731
-    return _RAW_STREAM()
+            _TORCH_DEVICE = (dev, raw)
+    return _TORCH_DEVICE
 
 
-def _op(name: str):
-    """``runtime/<name>.py``'s entry point.  Those modules import this one, so they are bound on
-    first use, then found in a dict (an import statement per launch costs about a microsecond)."""
-    fn = _OPS.get(name)
-    if fn is None:
-        import importlib
-
-        module = "packed" if name == "gemm_packed" else name
-        fn = _OPS[name] = getattr(importlib.import_module(f".{module}", __package__), name)
-    return fn
+def current_stream() -> int:
+    """torch's current CUDA stream on the current device, as its raw handle."""
+    dev, raw = _device_api()
+    return raw(dev())
 
 
-class Bundle:
+class BundleCore:
+    """A bundle opened for one kind of device: its manifest, host library, argument binders and
+    per-device caches.  ``launch`` is the one way a kernel runs."""
+
     def __init__(self, path: Path, manifest: dict, capability: tuple[int, int] | None,
                  device: dict | None = None):
         self.path = path
@@ -61,24 +53,37 @@ class Bundle:
         self._tuning = None  # (tuning.Tuning | None, why), read on the first selection
         self._lib: HostLibrary | None = None
         self._binders: dict[str, Binder] = {}
+        self._launchers: dict[str, object] = {}  # variant -> its native launch function
         self._select_cache: dict[tuple, str] = {}
         self._max_clusters: dict[str, int] = {}  # persistent grid caps (runtime/gemm.py)
         self._early_b: dict[str, str] = {}  # variant -> its early_b twin (runtime/gemm.py)
         self._unit_scales: dict = {}  # device -> float32 [1.0], fp8's default scale (runtime/gemm.py)
         self._lock = threading.Lock()
+        self._cur = None  # () -> the current CUDA device index (bound on the first launch)
+        self._raw = None  # (index) -> that device's current raw stream
+        self._simulated = False  # see simulate()
+        self._lowest_device = 0  # tensors on a lower device index (the CPU's -1) are refused; -1 when simulated
 
     @classmethod
     def open(cls, path: str | Path, capability: tuple[int, int] | None = None,
-             device: dict | None = None) -> "Bundle":
-        """Open and check a bundle.  ``capability`` overrides the current device's (for tests and
-        for planning on a machine without the GPU); so does ``device`` ({"name", "sm_count"}),
-        which decides whether the bundle's tuning.json applies."""
+             device: dict | None = None):
+        """Open and check a bundle: the manifest's schema and the host library's sha256 (each
+        variant's files are checked before its first load).  ``capability`` overrides the current
+        device's (for tests and for planning on a machine without the GPU); so does ``device``
+        ({"name", "sm_count"}), which decides whether the bundle's tuning.json applies."""
         path = Path(path)
         m = load_manifest(path)
-        if not file_ok(path, m["host_library"]):
-            raise BundleError(f"{path}: host library {m['host_library']['path']} is missing or its sha256 "
-                              f"does not match the manifest")
+        lib = m["host_library"]
+        if not file_ok(path, lib):
+            raise BundleError(f"{path / lib['path']}: host library is missing, truncated or altered "
+                              f"(its size or sha256 does not match the manifest)")
         return cls(path, m, capability, device)
+
+    def simulate(self, lib) -> None:
+        """For tests and host-cost timing without a GPU: launch through ``lib`` (anything with
+        ``launcher(name)``) on CPU tensors, as device -1 with stream 0."""
+        self._lib, self._simulated, self._lowest_device = lib, True, -1
+        self._cur, self._raw = (lambda: -1), (lambda i: 0)
 
     # --- device -----------------------------------------------------------------------------------
     @property
@@ -145,46 +150,48 @@ class Bundle:
             b = self._binders[name] = Binder(self.manifest["variants"][name])
         return b
 
-    def launch(self, name: str, args: list, stream: int | None = None, *, checked: bool = False) -> None:
+    def launch(self, name: str, args: list, stream: int | None = None, *, checked: bool = False,
+               device: int | None = None) -> None:
         """Launch variant ``name`` with ``args`` (torch tensors, ``(data_ptr, shape, stride)`` specs
         or numbers, in its signature order) on ``stream`` (default: torch's current stream).
 
-        ``checked=True`` skips validation: only for specs that selection has just validated."""
-        binder = self._binders.get(name)
-        if binder is None:
-            entry = self.manifest["variants"].get(name)
-            if entry is None:
-                raise NoVariantError(f"no variant {name!r}; {self.describe_contents()}")
-            if not get_target(entry["target"]).runs_on(self.capability):
-                raise NoVariantError(f"{name} is built for {entry['target']}, which cannot run on {self.device_name()}")
-            binder = self.binder(name)
+        Tensors are checked against the kernel's contract, their device included; bare specs are
+        pointers this cannot check (they must be on the current device).  ``checked=True`` skips
+        the checks: only for specs the op has just validated, with ``device`` the index of the
+        device its tensors are on, which must be the current one."""
+        cur = self._cur
+        if cur is None:
+            self._cur, self._raw = _device_api()
+            cur = self._cur
+        here = cur()
+        if device is not None and device != here:
+            raise InputError(f"the tensors are on cuda:{device} but the current device is cuda:{here}: "
+                             f"call under `with torch.cuda.device({device}):` (kernels run on the current "
+                             f"device's stream)")
         if stream is None:
-            stream = current_stream()
-        argv, _buf = binder.pack(args, stream) if checked else binder.bind(args, stream)
-        err = self.lib.launcher(name)(argv)
+            stream = self._raw(here)
+        fn = self._launchers.get(name)
+        if fn is None:
+            fn = self._first_load(name)
+        if checked:
+            argv, _buf = self._binders[name].pack(args, stream)
+        else:
+            argv, _buf = self._binders[name].bind(args, stream, here, self._simulated)
+        err = fn(argv)
         if err:
             raise LaunchError(f"{name}: launch failed: {self.lib.error(err)}")
 
-    # --- ops --------------------------------------------------------------------------------------
-    def gemm(self, a, b, out=None, *, out_dtype=None, scale_a=None, scale_b=None, variant: str | None = None,
-             b_constant: bool = False):
-        """``out = a @ b.T`` (see runtime/gemm.py).  ``b_constant=True`` promises that no kernel
-        that may still be running in the stream writes ``b`` (model weights): decode variants
-        launched with programmatic dependent launch then start streaming ``b`` before the
-        previous kernel has finished."""
-        op = _op("gemm_packed" if isinstance(b, PackedB) else "gemm")
-        return op(self, a, b, out, out_dtype=out_dtype, scale_a=scale_a, scale_b=scale_b,
-                  variant=variant, b_constant=b_constant)
-
-    def pack_b(self, b) -> PackedB:
-        """(N, K) e4m3 weights packed once for the decode kernels (runtime/packed.py):
-        ``bundle.gemm(a, bundle.pack_b(w), ...)`` with M ≤ 16 then runs one of them."""
-        from .packed import pack_b
-
-        return pack_b(b)
-
-    def attention(self, q, k, v, **kwargs):
-        return _op("attention")(self, q, k, v, **kwargs)
-
-
-__all__ = ["Bundle", "BundleError", "LaunchError", "NoVariantError", "PackedB"]
+    def _first_load(self, name: str):
+        """Check the variant runs here and its files are intact, then load its module."""
+        entry = self.manifest["variants"].get(name)
+        if entry is None:
+            raise NoVariantError(f"no variant {name!r}; {self.describe_contents()}")
+        if not get_target(entry["target"]).runs_on(self.capability):
+            raise NoVariantError(f"{name} is built for {entry['target']}, which cannot run on {self.device_name()}")
+        for kind, rec in sorted(entry.get("files", {}).items()):
+            if not file_ok(self.path, rec):
+                raise BundleError(f"{self.path / rec['path']}: {name}'s {kind} is missing, truncated or altered "
+                                  f"(its size or sha256 does not match the manifest); nothing was loaded")
+        self.binder(name)
+        fn = self._launchers[name] = self.lib.launcher(name)
+        return fn

@@ -24,37 +24,19 @@ Selection, once per problem key (dtypes, majorness, sizes, strides, pointer alig
 
 from __future__ import annotations
 
-from . import tuning
-from .bundle import NoVariantError
+import torch
+from torch import Tensor
+
+from . import tuning, validate
+from .errors import InputError, NoVariantError
 
 _CACHE_LIMIT = 4096
 
-
-_DTYPE_NAMES: dict = {}
-
-
-def _dtype_name(t) -> str:
-    """Our name of torch dtype ``t`` (the table is built once: this runs on every launch)."""
-    try:
-        return _DTYPE_NAMES[t]
-    except KeyError:
-        pass
-    import torch
-
-    names = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
-    if hasattr(torch, "float8_e4m3fn"):
-        names[torch.float8_e4m3fn] = "e4m3"
-    _DTYPE_NAMES.update(names)
-    try:
-        return names[t]
-    except KeyError:
-        raise ValueError(f"unsupported dtype {t}") from None
-
-
-def _torch_dtype(name: str):
-    import torch
-
-    return {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[name]
+# Our names of the torch dtypes the GEMM kernels take (operands: bf16, f16, e4m3; out: + f32).
+DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
+if hasattr(torch, "float8_e4m3fn"):
+    DTYPES[torch.float8_e4m3fn] = "e4m3"
+_OPERANDS = ("bf16", "f16", "e4m3")
 
 
 def _as_rkl(t, what: str):
@@ -62,7 +44,7 @@ def _as_rkl(t, what: str):
     if t.dim() == 2:
         t = t.unsqueeze(0)
     if t.dim() != 3:
-        raise ValueError(f"{what} must be 2-D or 3-D, got shape {tuple(t.shape)}")
+        raise InputError(f"{what} must be 2-D or 3-D, got shape {tuple(t.shape)}")
     return t.permute(1, 2, 0)
 
 
@@ -73,7 +55,7 @@ def rkl_spec(t, what: str) -> tuple[int, tuple, tuple]:
         return t.data_ptr(), (shape[0], shape[1], 1), (stride[0], stride[1], 0)
     if len(shape) == 3:
         return t.data_ptr(), (shape[1], shape[2], shape[0]), (stride[1], stride[2], stride[0])
-    raise ValueError(f"{what} must be 2-D or 3-D, got shape {tuple(shape)}")
+    raise InputError(f"{what} must be 2-D or 3-D, got shape {tuple(shape)}")
 
 
 def _major(spec, mn: str) -> str | None:
@@ -85,7 +67,7 @@ def _major(spec, mn: str) -> str | None:
     return None
 
 
-def select(bundle, a3, b3, c3, ab: str, c: str, scales: list, b_constant: bool = False) -> str:
+def select(bundle, a3, b3, c3, ab: str, c: str, scales: list, b_constant: bool = False, device: int = 0) -> str:
     """The variant for these (R, K, L) operand specs (or tensors); cached per problem key.
 
     ``b_constant``: B is not written by any kernel that may still run in the stream, so an
@@ -96,7 +78,7 @@ def select(bundle, a3, b3, c3, ab: str, c: str, scales: list, b_constant: bool =
                   for x in (a3, b3, c3))
     M, K, L = a3[1]
     N = b3[1][0]
-    key = (ab, c, M, N, K, L, a3[2], b3[2], c3[2], a3[0] % 16, b3[0] % 16, c3[0] % 16, b_constant)
+    key = (ab, c, M, N, K, L, a3[2], b3[2], c3[2], a3[0] % 16, b3[0] % 16, c3[0] % 16, b_constant, device)
     name = bundle._select_cache.get(key)
     if name is not None:
         return name
@@ -142,21 +124,34 @@ def remember(bundle, key: tuple, name: str) -> str:
     return name
 
 
-def fp8_scales(bundle, device, scale_a, scale_b) -> tuple[list, list]:
+def fp8_scales(bundle, a, scale_a, scale_b, dev: int) -> tuple[list, list]:
     """(launch specs, tensors to keep alive until the launch is queued) of fp8's two per-tensor
-    scales: one float32 element is passed as it is, anything else converted, a missing one is the
-    cached [1.0] of ``device``."""
-    import torch
-
+    scales: one-element tensors on ``a``'s device (index ``dev``); float32 is passed as it is, another floating
+    dtype converted, a missing one is the cached [1.0] of that device."""
     scales, keep = [], []
-    for s in (scale_a, scale_b):
+    for what, s in (("scale_a", scale_a), ("scale_b", scale_b)):
         if s is None:
-            s = _unit_scale(bundle, device)
-        elif s.dtype != torch.float32 or s.numel() != 1:
-            s = s.reshape(1).to(torch.float32)
+            s = _unit_scale(bundle, a.device)
+        else:
+            if not isinstance(s, Tensor) or s.get_device() != dev or s.numel() != 1:
+                _scale_error(what, s, a)
+            if s.dtype != torch.float32:
+                if not s.dtype.is_floating_point:
+                    raise InputError(f"{what} must be a floating-point tensor, got {s.dtype}")
+                s = s.reshape(1).to(torch.float32)
         keep.append(s)
         scales.append((s.data_ptr(), (1,), (1,)))
     return scales, keep
+
+
+def _scale_error(what: str, s, a):
+    if not isinstance(s, Tensor):
+        raise InputError(f"{what} must be a one-element torch.Tensor on {validate.where(a)} "
+                         f"(a per-tensor scale), got {type(s).__name__}")
+    if s.numel() != 1:
+        raise InputError(f"{what} must hold one element (a per-tensor scale), got shape {tuple(s.shape)}")
+    raise InputError(f"{what} is on {validate.where(s)} but a is on {validate.where(a)}: "
+                     f"the scale must be on the operands' device")
 
 
 def _choose_b_constant(bundle, a3, b3, c3, ab, c, scales, am, bm, plain: str) -> str:
@@ -177,16 +172,16 @@ def _choose_b_constant(bundle, a3, b3, c3, ab, c, scales, am, bm, plain: str) ->
 
 
 def fitting_variants(bundle, a3, b3, c3, ab: str, c: str, scales: list,
-                     early_b: bool = False) -> tuple[list[dict], str, str]:
-    """Manifest entries of the best runnable target that can run this problem (specs as in
-    ``select``), and the majorness of a and b; raises NoVariantError when none can.  Variants
-    that load B before their PDL wait (config ``early_b``) are left out, or with ``early_b=True``
-    are the only ones listed."""
+                     early_b: bool = False, every_target: bool = False) -> tuple[list[dict], str, str]:
+    """Manifest entries of the best runnable target (or, with ``every_target``, of every
+    runnable target) that can run this problem (specs as in ``select``), and the majorness of a
+    and b; raises NoVariantError when none can.  Variants that load B before their PDL wait
+    (config ``early_b``) are left out, or with ``early_b=True`` are the only ones listed."""
     M, K, L = a3[1]
     N = b3[1][0]
     am, bm = _major(a3, "m"), _major(b3, "n")
     if am is None or bm is None:
-        raise ValueError(f"a and b need a contiguous mode (strides {a3[2]}, {b3[2]}); "
+        raise InputError(f"a and b need a contiguous mode (strides {a3[2]}, {b3[2]}); "
                          f"call .contiguous() first")
     fits, reasons = [], []
     for v in bundle.candidates("gemm"):
@@ -198,7 +193,7 @@ def fitting_variants(bundle, a3, b3, c3, ab: str, c: str, scales: list,
         try:
             # (Scalars are not checked: the grid cap is asked of the driver only at launch.)
             bundle.binder(v["name"]).check([a3, b3, c3, *scales, *_workspace_spec(v, M, N)])
-        except ValueError as e:
+        except InputError as e:
             reasons.append(str(e))
             continue
         fits.append(v)
@@ -208,7 +203,7 @@ def fitting_variants(bundle, a3, b3, c3, ab: str, c: str, scales: list,
             f"no gemm variant for a={ab} ({am}-major) b={ab} ({bm}-major) -> {c}, M={M} N={N} K={K} L={L} "
             f"on {bundle.device_name()}{why}; {bundle.describe_contents('gemm')}")
     best_target = fits[0]["target"]
-    return [v for v in fits if v["target"] == best_target], am, bm
+    return [v for v in fits if every_target or v["target"] == best_target], am, bm
 
 
 def choose(bundle, fits: list[dict], ab: str, c: str, am: str, bm: str, M: int, N: int, K: int,
@@ -256,8 +251,6 @@ def _unit_scale(bundle, device):
     Kept only once its fill has finished, so a launch on any other stream may read it."""
     s = bundle._unit_scales.get(device)
     if s is None:
-        import torch
-
         s = torch.ones(1, dtype=torch.float32, device=device)
         if device.type != "cuda":
             bundle._unit_scales[device] = s
@@ -282,30 +275,91 @@ def early_b_twin(bundle, name: str) -> str:
 
 def gemm(bundle, a, b, out=None, *, out_dtype=None, scale_a=None, scale_b=None, variant=None,
          b_constant=False):
-    import torch
-
-    ab = _dtype_name(a.dtype)
-    if _dtype_name(b.dtype) != ab:
-        raise ValueError(f"a and b dtypes differ: {a.dtype} vs {b.dtype}")
-    if a.dim() != b.dim() or a.shape[-1] != b.shape[-1] or (a.dim() == 3 and a.shape[0] != b.shape[0]):
-        raise ValueError(f"shapes do not match for a·bᵀ: a {tuple(a.shape)}, b {tuple(b.shape)}")
+    # Checked on every call, cheaply: types, dtypes, ranks and sizes, one CUDA device, autograd.
+    # Strides, alignment and 32-bit sizes are checked once per problem key (select / the binder).
+    if not (isinstance(a, Tensor) and isinstance(b, Tensor)):
+        validate.tensors(a=a, b=b)
+    ab = DTYPES.get(a.dtype)
+    if ab not in _OPERANDS or DTYPES.get(b.dtype) != ab:
+        if a.dtype != b.dtype:
+            raise InputError(f"a and b dtypes differ: {a.dtype} vs {b.dtype}")
+        raise InputError(f"unsupported dtype {a.dtype}: gemm takes bfloat16, float16 or float8_e4m3fn")
+    sa, sb = a.shape, b.shape
+    nd = len(sa)
+    if nd != len(sb) or nd not in (2, 3) or sa[-1] != sb[-1] or (nd == 3 and sa[0] != sb[0]):
+        raise InputError(f"shapes do not match for a·bᵀ: a {tuple(sa)}, b {tuple(sb)} (a (M, K) or (L, M, K), "
+                         f"b (N, K) or (L, N, K))")
+    dev = a.get_device()
+    if b.get_device() != dev or dev < bundle._lowest_device or (out is not None and (not isinstance(out, Tensor) or out.get_device() != dev)):
+        dev = validate.one_device(bundle, a=a, b=b, out=out)
+    if (a.requires_grad or b.requires_grad) and torch.is_grad_enabled():
+        validate.no_grad("gemm", a=a, b=b)
     fp8 = ab == "e4m3"
+    a3, b3 = rkl_spec(a, "a"), rkl_spec(b, "b")
+    M, K, L = a3[1]
+    N = b3[1][0]
     if out is None:
         dt = out_dtype or (torch.bfloat16 if fp8 else a.dtype)
-        out = a.new_empty((*a.shape[:-1], b.shape[-2]), dtype=dt)  # (a's device, no device object)
-    c = _dtype_name(out.dtype)
-    a3, b3, c3 = rkl_spec(a, "a"), rkl_spec(b, "b"), rkl_spec(out, "out")
-    scales, keep = fp8_scales(bundle, a.device, scale_a, scale_b) if fp8 else ([], [])
+        out = a.new_empty((*sa[:-1], N), dtype=dt)  # (a's device, no device object)
+        c3 = rkl_spec(out, "out")
+    else:
+        c3 = rkl_spec(out, "out")
+        if c3[1] != (M, N, L) or out.dim() != nd or (out_dtype is not None and out_dtype != out.dtype):
+            _out_error(a, b, out, out_dtype)
+    c = DTYPES.get(out.dtype)
+    if c is None:
+        raise InputError(f"out dtype {out.dtype} is not one the kernels write (bfloat16, float16, float32)")
     if not fp8 and (scale_a is not None or scale_b is not None):
-        raise ValueError("scale_a/scale_b apply to fp8 GEMMs only")
-    name = variant or select(bundle, a3, b3, c3, ab, c, scales, b_constant)
-    entry = bundle.manifest["variants"].get(name, {})
+        raise InputError("scale_a/scale_b apply to fp8 GEMMs only")
+    scales, keep = fp8_scales(bundle, a, scale_a, scale_b, dev) if fp8 else ([], [])
+    if M == 0 or N == 0 or L == 0 or K == 0:  # torch's result, nothing launched
+        return _empty_problem(out, K, keep if fp8 else None)
+    if variant is None:
+        name = select(bundle, a3, b3, c3, ab, c, scales, b_constant, dev)
+    else:
+        name = _named(bundle, variant, a3, b3, c3, ab, c, scales, dev)
+    entry = bundle.manifest["variants"][name]
     if "workspace" in entry:  # split-K partials; freed only after the launch is queued
-        M, N = a3[1][0], b3[1][0]
         ws = torch.empty((entry["split_k"], M, N), dtype=torch.float32, device=a.device)
         keep.append(ws)
         scales += _workspace_spec(entry, M, N, ws.data_ptr())
     if "persistent" in entry:
         scales += launch_scalars(bundle, entry)
-    bundle.launch(name, [a3, b3, c3, *scales], checked=variant is None)
+    bundle.launch(name, [a3, b3, c3, *scales], checked=True, device=dev)
     return out
+
+
+def _out_error(a, b, out, out_dtype):
+    want = (*a.shape[:-1], b.shape[-2])
+    if tuple(out.shape) != want:
+        raise InputError(f"out must have shape {want} (a {tuple(a.shape)} · b {tuple(b.shape)}ᵀ), "
+                         f"got {tuple(out.shape)}")
+    raise InputError(f"out_dtype {out_dtype} differs from out's dtype {out.dtype}: give one of them")
+
+
+def _empty_problem(out, K: int, scales: list | None):
+    """An empty product: M, N or L = 0 leaves nothing to write; K = 0 is a sum of nothing, zeros
+    (times the fp8 scales, as torch's ``_scaled_mm`` would)."""
+    if out.numel() and K == 0:
+        out.zero_()
+        if scales:
+            out.mul_(scales[0] * scales[1])
+    return out
+
+
+def _named(bundle, name: str, a3, b3, c3, ab: str, c: str, scales: list, dev: int) -> str:
+    """``variant=name`` (benchmarks, tests): a gemm variant runnable here for these dtypes and
+    majorness whose contract the operands meet; checked once per problem key."""
+    key = ("named", name, ab, c, a3[1], b3[1], a3[2], b3[2], c3[2], a3[0] % 16, b3[0] % 16, c3[0] % 16, dev)
+    if key in bundle._select_cache:
+        return name
+    entry = bundle.manifest["variants"].get(name)
+    if entry is None or entry["op"] != "gemm" or entry.get("family") == "decode":
+        raise NoVariantError(f"no gemm variant {name!r} for unpacked operands; {bundle.describe_contents('gemm')}")
+    early_b = bool(entry.get("config", {}).get("early_b"))
+    fits = fitting_variants(bundle, a3, b3, c3, ab, c, scales, early_b=early_b, every_target=True)[0]
+    if not any(v["name"] == name for v in fits):
+        raise InputError(f"{name} does not fit a={ab} {a3[1]} b={b3[1]} -> {c} on {bundle.device_name()} "
+                         f"(dtypes, majorness, alignment or target differ); fitting: "
+                         f"{', '.join(v['name'] for v in fits[:4])}")
+    return remember(bundle, key, name)

@@ -10,13 +10,11 @@ from pathlib import Path
 
 from ..abi import ScalarArg, Signature, TensorArg
 
+from .errors import InputError, LaunchError
+
 _FMT = {"int32_t": "i", "int64_t": "q"}
 _SCALAR_FMT = {"f32": "f", "i32": "i"}
 _INT32_MAX = 2**31 - 1
-
-
-class LaunchError(RuntimeError):
-    pass
 
 
 class HostLibrary:
@@ -126,10 +124,25 @@ class Binder:
     def spec(t) -> tuple[int, tuple, tuple]:
         return t.data_ptr(), tuple(t.shape), tuple(t.stride())
 
-    def bind(self, values: list, stream: int):
-        """The argument array for ``values`` (specs, tensors or numbers); raises ValueError on any
-        mismatch with the kernel's contract.  Valid until this thread's next bind of this variant."""
-        specs = [v if isinstance(v, tuple) or isinstance(v, (int, float)) else self.spec(v) for v in values]
+    def bind(self, values: list, stream: int, device: int, host_ok: bool = False):
+        """The argument array for ``values`` (specs, tensors or numbers); raises InputError on any
+        mismatch with the kernel's contract, and when a tensor is not on CUDA device ``device``
+        (a CPU tensor is accepted only with ``host_ok``: simulated launches).  Valid until this
+        thread's next bind of this variant."""
+        if len(values) != len(self.plan):
+            raise InputError(f"{self.name} takes {len(self.plan)} arguments ({', '.join(a.name for a, *_ in self.plan)}), "
+                             f"got {len(values)}")
+        specs = []
+        for (a, *_), v in zip(self.plan, values):
+            if isinstance(v, (tuple, int, float)):
+                specs.append(v)
+                continue
+            d = v.get_device()
+            if d != device or (d < 0 and not host_ok):
+                where = f"cuda:{d}" if d >= 0 else "the CPU"
+                raise InputError(f"{self.name}: {a.name} is on {where}; every tensor must be on the current "
+                                 f"CUDA device (cuda:{device})")
+            specs.append(self.spec(v))
         key = tuple((s[0] % 16, s[1], s[2]) if isinstance(s, tuple) else None for s in specs)
         if key not in self._checked:
             self.check(specs)
@@ -148,22 +161,27 @@ class Binder:
         syms: dict[str, int] = {}
         for (a, _fmt, dyn_shape, _ds, shape32), s in zip(self.plan, specs):
             if isinstance(a, ScalarArg):
+                if isinstance(s, bool) or not isinstance(s, (int, float)):
+                    raise InputError(f"{self.name}: {a.name} must be a number, got {type(s).__name__}")
                 continue
+            if not (isinstance(s, tuple) and len(s) == 3):
+                raise InputError(f"{self.name}: {a.name} must be a tensor or a (data_ptr, shape, stride) spec, "
+                                 f"got {type(s).__name__}")
             ptr, shape, stride = s
             if len(shape) != len(a.shape):
-                raise ValueError(f"{self.name}: {a.name} has rank {len(shape)}, expected {len(a.shape)}")
+                raise InputError(f"{self.name}: {a.name} has rank {len(shape)}, expected {len(a.shape)}")
             for want_list, got_list, what in ((a.shape, shape, "size"), (a.stride, stride, "stride")):
                 for mode, (want, got) in enumerate(zip(want_list, got_list)):
                     if isinstance(want, str):
                         if syms.setdefault(want, got) != got:
-                            raise ValueError(f"{self.name}: {want} is {syms[want]} elsewhere but {a.name} has {got}")
+                            raise InputError(f"{self.name}: {want} is {syms[want]} elsewhere but {a.name} has {got}")
                         d = self.sig.divisor(want)
                         if got % d:
-                            raise ValueError(f"{self.name}: {a.name} {what} {got} (mode {mode}) must be a multiple of {d} "
+                            raise InputError(f"{self.name}: {a.name} {what} {got} (mode {mode}) must be a multiple of {d} "
                                              f"(16-byte alignment)")
                     elif want != got and not (what == "stride" and shape[mode] == 1):
-                        raise ValueError(f"{self.name}: {a.name} {what} of mode {mode} is {got}, kernel needs {want}")
+                        raise InputError(f"{self.name}: {a.name} {what} of mode {mode} is {got}, kernel needs {want}")
             if ptr % a.align:
-                raise ValueError(f"{self.name}: {a.name} data pointer is not {a.align}-byte aligned")
+                raise InputError(f"{self.name}: {a.name} data pointer is not {a.align}-byte aligned")
             if shape32 and any(shape[i] > _INT32_MAX for i in dyn_shape):
-                raise ValueError(f"{self.name}: {a.name} sizes {shape} exceed the kernel's 32-bit size slots")
+                raise InputError(f"{self.name}: {a.name} sizes {shape} exceed the kernel's 32-bit size slots")

@@ -6,11 +6,9 @@ import hashlib
 import json
 from pathlib import Path
 
+from .errors import BundleError
+
 SUPPORTED_SCHEMA = 1
-
-
-class BundleError(RuntimeError):
-    pass
 
 
 def load_manifest(bundle: str | Path) -> dict:
@@ -18,10 +16,21 @@ def load_manifest(bundle: str | Path) -> dict:
     if not p.exists():
         raise BundleError(f"{bundle}: no manifest.json (is this a bundle? build one with "
                           f"`python -m factory build` or scripts/build_bundle.py)")
-    m = json.loads(p.read_text())
-    if m.get("schema_version") != SUPPORTED_SCHEMA:
-        raise BundleError(f"{bundle}: manifest schema {m.get('schema_version')}, this loader reads "
-                          f"{SUPPORTED_SCHEMA}: rebuild the bundle")
+    try:
+        m = json.loads(p.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise BundleError(f"{p}: not a readable manifest ({e}); rebuild the bundle") from None
+    if not isinstance(m, dict):
+        raise BundleError(f"{p}: not a manifest (a JSON object is expected); rebuild the bundle")
+    schema = m.get("schema_version")
+    if schema != SUPPORTED_SCHEMA:
+        if isinstance(schema, int) and schema > SUPPORTED_SCHEMA:
+            raise BundleError(f"{p}: manifest schema {schema} is newer than this loader, which reads schema "
+                              f"{SUPPORTED_SCHEMA}: upgrade kernel-factory, or rebuild the bundle with this version")
+        raise BundleError(f"{p}: manifest schema {schema!r}, this loader reads {SUPPORTED_SCHEMA}: rebuild the bundle")
+    for key in ("host_library", "variants"):
+        if key not in m:
+            raise BundleError(f"{p}: manifest has no {key!r}; rebuild the bundle")
     return m
 
 

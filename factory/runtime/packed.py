@@ -19,17 +19,13 @@ with each fp8 decode bucket's measured winner on packed weights (``packed``: ``w
 
 from __future__ import annotations
 
+import torch
+from torch import Tensor
+
+from . import gemm, validate
+from .errors import InputError, NoVariantError
+
 FORMAT = "rows8_k64"
-_GEMM = None  # runtime/gemm.py, bound on first use: it imports bundle.py, which imports this module
-
-
-def _gemm():
-    global _GEMM
-    if _GEMM is None:
-        from . import gemm
-
-        _GEMM = gemm
-    return _GEMM
 
 
 class PackedB:
@@ -59,13 +55,12 @@ class PackedB:
 def pack_b(b) -> PackedB:
     """(N, K) e4m3 → PackedB (a new tensor; ``b`` is not kept).  N must be a multiple of 8 and
     K of 64 (the variants need more: N of their rows per CTA, K of their ``k_multiple``)."""
-    import torch
-
+    validate.tensors(b=b)
     if b.dim() != 2 or b.dtype != torch.float8_e4m3fn:
-        raise ValueError(f"pack_b takes an (N, K) float8_e4m3fn matrix, got {tuple(b.shape)} {b.dtype}")
+        raise InputError(f"pack_b takes an (N, K) float8_e4m3fn matrix, got {tuple(b.shape)} {b.dtype}")
     n, k = b.shape
-    if n % 8 or k % 64:
-        raise ValueError(f"pack_b needs N % 8 == 0 and K % 64 == 0, got N={n} K={k}")
+    if n % 8 or k % 64 or k == 0:
+        raise InputError(f"pack_b needs N % 8 == 0 and K a positive multiple of 64, got N={n} K={k}")
     data = b.contiguous().view(n // 8, 8, k // 64, 64).permute(0, 2, 1, 3).contiguous()
     return PackedB(data.view(n // 8, k // 64, 32, 16), n, k)
 
@@ -85,11 +80,11 @@ def launch_specs(a, p: PackedB, out, scales) -> list:
 def wave_ctas(bundle, entry: dict) -> int:
     """CTAs of this decode variant the device holds at once (clusters that fit × cluster size)."""
     ck = entry["cluster"][0] * entry["cluster"][1]
-    return ck * _gemm().resident_clusters(bundle, entry, ck, bundle.device_info()["sm_count"] * entry["ctas_per_sm"] // ck)
+    return ck * gemm.resident_clusters(bundle, entry, ck, bundle.device_info()["sm_count"] * entry["ctas_per_sm"] // ck)
 
 
-def select_packed(bundle, specs: list, M: int, N: int, K: int, b_constant: bool) -> str:
-    key = ("packed", M, N, K, specs[0][2], specs[2][2], specs[0][0] % 16, specs[2][0] % 16, b_constant)
+def select_packed(bundle, specs: list, M: int, N: int, K: int, b_constant: bool, device: int = 0) -> str:
+    key = ("packed", M, N, K, specs[0][2], specs[2][2], specs[0][0] % 16, specs[2][0] % 16, b_constant, device)
     name = bundle._select_cache.get(key)
     if name is not None:
         return name
@@ -104,7 +99,7 @@ def select_packed(bundle, specs: list, M: int, N: int, K: int, b_constant: bool)
             name = w
     if name is None:
         name = rule_pick(bundle, fits, N, b_constant)
-    return _gemm().remember(bundle, key, name)
+    return gemm.remember(bundle, key, name)
 
 
 def fitting(bundle, specs: list, M: int, N: int, K: int) -> list[dict]:
@@ -116,13 +111,11 @@ def fitting(bundle, specs: list, M: int, N: int, K: int) -> list[dict]:
             continue
         try:
             bundle.binder(v["name"]).check(specs)
-        except ValueError as e:
+        except InputError as e:
             reasons.append(f"{v['name']}: {e}")
             continue
         fits.append(v)
     if not any(not v["config"].get("early_b") for v in fits):
-        from .bundle import NoVariantError
-
         why = f" (closest: {reasons[0]})" if reasons else ""
         raise NoVariantError(f"no decode variant for packed weights N={N} K={K}, M={M} on {bundle.device_name()}"
                              f"{why}: use the unpacked weights; {bundle.describe_contents('gemm')}")
@@ -152,16 +145,37 @@ def pick(fits: list[dict], N: int, wave, early: set) -> str:
 
 def gemm_packed(bundle, a, p: PackedB, out=None, *, out_dtype=None, scale_a=None, scale_b=None, variant=None,
                 b_constant=False):
-    import torch
-
+    if not isinstance(a, Tensor):
+        validate.tensors(a=a)
     if a.dim() != 2 or a.shape[1] != p.k:
-        raise ValueError(f"packed weights take a 2-D a of K={p.k} columns, got {tuple(a.shape)}")
+        raise InputError(f"packed weights take a 2-D a of K={p.k} columns, got {tuple(a.shape)}")
     if a.dtype != torch.float8_e4m3fn:
-        raise ValueError(f"packed weights are e4m3: a must be too, got {a.dtype}")
+        raise InputError(f"packed weights are e4m3: a must be too, got {a.dtype}")
+    dev = a.get_device()
+    if p.data.get_device() != dev or dev < bundle._lowest_device or (out is not None and (not isinstance(out, Tensor) or out.get_device() != dev)):
+        dev = validate.one_device(bundle, a=a, b=p.data, out=out)
+    if a.requires_grad and torch.is_grad_enabled():
+        validate.no_grad("gemm", a=a)
+    M = a.shape[0]
     if out is None:
-        out = a.new_empty((a.shape[0], p.n), dtype=out_dtype or torch.bfloat16)
-    scales, keep = _gemm().fp8_scales(bundle, a.device, scale_a, scale_b)  # (keep: alive until queued)
+        out = a.new_empty((M, p.n), dtype=out_dtype or torch.bfloat16)
+    elif out.dim() != 2 or out.shape[0] != M or out.shape[1] != p.n or (out_dtype is not None and out_dtype != out.dtype):
+        if tuple(out.shape) != (M, p.n):
+            raise InputError(f"out must have shape {(M, p.n)}, got {tuple(out.shape)}")
+        raise InputError(f"out_dtype {out_dtype} differs from out's dtype {out.dtype}: give one of them")
+    if out.dtype != torch.bfloat16:
+        raise InputError(f"the packed decode kernels write bfloat16, out is {out.dtype}")
+    scales, keep = gemm.fp8_scales(bundle, a, scale_a, scale_b, dev)  # (keep: alive until queued)
+    if M == 0 or p.n == 0:
+        return out
     specs = launch_specs(a, p, out, scales)
-    name = variant or select_packed(bundle, specs, a.shape[0], p.n, p.k, b_constant)
-    bundle.launch(name, specs, checked=variant is None)
+    if variant is None:
+        name = select_packed(bundle, specs, M, p.n, p.k, b_constant, dev)
+    else:
+        fits = fitting(bundle, specs, M, p.n, p.k)
+        if not any(v["name"] == variant for v in fits):
+            raise InputError(f"{variant} is not a decode variant that takes these operands here; fitting: "
+                             f"{', '.join(v['name'] for v in fits)}")
+        name = variant
+    bundle.launch(name, specs, checked=True, device=dev)
     return out

@@ -1,0 +1,42 @@
+"""``Bundle``: the user's entry points (``gemm``, ``pack_b``, ``attention``) on top of
+``BundleCore`` (runtime/bundle.py).  The op modules are imported on first use, so that opening a
+bundle (and ``python -m factory list``) does not import torch."""
+
+from __future__ import annotations
+
+from .bundle import BundleCore
+
+_OPS = None  # (gemm, packed, attention) modules, bound on first use
+
+
+def _ops():
+    global _OPS
+    if _OPS is None:
+        from . import attention, gemm, packed
+
+        _OPS = (gemm, packed, attention)
+    return _OPS
+
+
+class Bundle(BundleCore):
+    def gemm(self, a, b, out=None, *, out_dtype=None, scale_a=None, scale_b=None, variant: str | None = None,
+             b_constant: bool = False):
+        """``out = a @ b.T`` (runtime/gemm.py; ``b`` packed by ``pack_b``: runtime/packed.py).
+        ``b_constant=True`` promises that no kernel that may still be running in the stream writes
+        ``b`` (model weights): decode variants launched with programmatic dependent launch then
+        start streaming ``b`` before the previous kernel has finished."""
+        gemm, packed, _ = _OPS or _ops()
+        if isinstance(b, packed.PackedB):
+            return packed.gemm_packed(self, a, b, out, out_dtype=out_dtype, scale_a=scale_a, scale_b=scale_b,
+                                      variant=variant, b_constant=b_constant)
+        return gemm.gemm(self, a, b, out, out_dtype=out_dtype, scale_a=scale_a, scale_b=scale_b,
+                         variant=variant, b_constant=b_constant)
+
+    def pack_b(self, b):
+        """(N, K) e4m3 weights packed once for the decode kernels (runtime/packed.py):
+        ``bundle.gemm(a, bundle.pack_b(w), ...)`` with M ≤ 16 then runs one of them."""
+        return _ops()[1].pack_b(b)
+
+    def attention(self, q, k, v, **kwargs):
+        """FlashAttention forward (runtime/attention.py has the arguments)."""
+        return (_OPS or _ops())[2].attention(self, q, k, v, **kwargs)
