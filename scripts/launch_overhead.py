@@ -61,9 +61,14 @@ def host_only(bundle_path: str) -> int:
     out = torch.empty(16, 64, dtype=torch.bfloat16)
     x8, w8 = x.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn)
     one = torch.ones(1)
+    p = b.pack_b(torch.randn(256, 1024).to(torch.float8_e4m3fn))
+    a16, o16 = torch.randn(16, 1024).to(torch.float8_e4m3fn), torch.empty(16, 256, dtype=torch.bfloat16)
+    q = torch.randn(1, 128, 8, 64, dtype=torch.bfloat16)
     rows = {"bf16 gemm(out=)": lambda: b.gemm(x, w, out),
             "fp8 gemm(out=, scales)": lambda: b.gemm(x8, w8, out, scale_a=one, scale_b=one),
-            "fp8 gemm(out=)": lambda: b.gemm(x8, w8, out)}
+            "fp8 gemm(out=)": lambda: b.gemm(x8, w8, out),
+            "packed fp8 gemm(out=, scales)": lambda: b.gemm(a16, p, o16, scale_a=one, scale_b=one),
+            "attention B1 S128 H8 D64 causal": lambda: b.attention(q, q, q, causal=True)}
     for name, fn in rows.items():
         print(f"loader host µs per call, {name}: {per_call_us(fn, sync=False):.1f}")
     return 0
@@ -73,12 +78,17 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--bundle", default="artifacts/default")
     p.add_argument("--host-only", action="store_true", help="the loader's Python cost, no GPU")
+    p.add_argument("--quick", action="store_true", help="the per-op figures only, no breakdown")
     a = p.parse_args()
     if a.host_only:
         return host_only(a.bundle)
+    return on_gpu(a.bundle, a.quick)
+
+
+def on_gpu(bundle: str, quick: bool) -> int:
     import torch
 
-    b = Bundle.open(a.bundle)
+    b = Bundle.open(bundle)
     x = torch.randn(16, 64, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(64, 64, device="cuda", dtype=torch.bfloat16)
     out = torch.empty(16, 64, device="cuda", dtype=torch.bfloat16)
@@ -93,7 +103,18 @@ def main() -> int:
     f8_ref = per_call_us(lambda: torch._scaled_mm(x8, w8.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16))
     print(f"fp8: bundle.gemm(out=, scales) {f8:.1f}, bundle.gemm(out=) {f8_unit:.1f}, "
           f"torch._scaled_mm {f8_ref:.1f}")
-    breakdown(b, x, w, out)
+    p = b.pack_b(torch.randn(256, 1024, device="cuda").to(torch.float8_e4m3fn))
+    a16 = torch.randn(16, 1024, device="cuda").to(torch.float8_e4m3fn)
+    o16 = torch.empty(16, 256, device="cuda", dtype=torch.bfloat16)
+    packed = per_call_us(lambda: b.gemm(a16, p, o16, scale_a=one, scale_b=one))
+    q = torch.randn(1, 128, 8, 64, device="cuda", dtype=torch.bfloat16)
+    att = per_call_us(lambda: b.attention(q, q, q, causal=True))
+    sdpa_q = q.transpose(1, 2)
+    sdpa = per_call_us(lambda: torch.nn.functional.scaled_dot_product_attention(sdpa_q, sdpa_q, sdpa_q, is_causal=True))
+    print(f"packed fp8 decode bundle.gemm(out=, scales) {packed:.1f}; bundle.attention B1 S128 H8 D64 causal {att:.1f}, "
+          f"torch SDPA {sdpa:.1f}")
+    if not quick:
+        breakdown(b, x, w, out)
     return 0
 
 

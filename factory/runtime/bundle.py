@@ -156,9 +156,10 @@ class BundleCore:
         or numbers, in its signature order) on ``stream`` (default: torch's current stream).
 
         Tensors are checked against the kernel's contract, their device included; bare specs are
-        pointers this cannot check (they must be on the current device).  ``checked=True`` skips
-        the checks: only for specs the op has just validated, with ``device`` the index of the
-        device its tensors are on, which must be the current one."""
+        pointers this cannot check (they must be on the current device).  The ops pass ``device``,
+        the index of the device they have checked their tensors are all on, which must be the
+        current one; ``checked=True`` also skips the contract checks: only for specs the op has
+        just validated."""
         cur = self._cur
         if cur is None:
             self._cur, self._raw = _device_api()
@@ -175,8 +176,8 @@ class BundleCore:
             fn = self._first_load(name)
         if checked:
             argv, _buf = self._binders[name].pack(args, stream)
-        else:
-            argv, _buf = self._binders[name].bind(args, stream, here, self._simulated)
+        else:  # (with ``device`` given, the op has checked its tensors' devices)
+            argv, _buf = self._binders[name].bind(args, stream, here if device is None else None, self._simulated)
         err = fn(argv)
         if err:
             raise LaunchError(f"{name}: launch failed: {self.lib.error(err)}")

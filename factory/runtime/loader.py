@@ -124,11 +124,11 @@ class Binder:
     def spec(t) -> tuple[int, tuple, tuple]:
         return t.data_ptr(), tuple(t.shape), tuple(t.stride())
 
-    def bind(self, values: list, stream: int, device: int, host_ok: bool = False):
+    def bind(self, values: list, stream: int, device: int | None, host_ok: bool = False):
         """The argument array for ``values`` (specs, tensors or numbers); raises InputError on any
         mismatch with the kernel's contract, and when a tensor is not on CUDA device ``device``
-        (a CPU tensor is accepted only with ``host_ok``: simulated launches).  Valid until this
-        thread's next bind of this variant."""
+        (None: the caller has checked; a CPU tensor is accepted only with ``host_ok``: simulated
+        launches).  Valid until this thread's next bind of this variant."""
         if len(values) != len(self.plan):
             raise InputError(f"{self.name} takes {len(self.plan)} arguments ({', '.join(a.name for a, *_ in self.plan)}), "
                              f"got {len(values)}")
@@ -137,8 +137,8 @@ class Binder:
             if isinstance(v, (tuple, int, float)):
                 specs.append(v)
                 continue
-            d = v.get_device()
-            if d != device or (d < 0 and not host_ok):
+            d = device if device is None else v.get_device()
+            if d != device or (d is not None and d < 0 and not host_ok):
                 where = f"cuda:{d}" if d >= 0 else "the CPU"
                 raise InputError(f"{self.name}: {a.name} is on {where}; every tensor must be on the current "
                                  f"CUDA device (cuda:{device})")
