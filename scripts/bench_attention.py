@@ -15,7 +15,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench import time_eager, time_graph  # noqa: E402  (same timing as the GEMM bench)
+from bench import copy_bandwidth, time_eager, time_graph  # noqa: E402  (same timing as the GEMM bench)
 
 # (B, Hq, Hkv, Sq, Sk, D, causal)
 SHAPES = [
@@ -33,6 +33,22 @@ SHAPES = [
     (8, 32, 32, 1, 4096, 128, True),  # MHA decode (256 CTAs unsplit: no split by the rule)
     (4, 32, 8, 4, 8192, 128, True),  # speculative decode, 4 query rows
 ]
+
+
+# Decode steps (seqlen_q = 1, causal: bottom-right, so every key is visible): batch 1-256, context
+# 512-32k, GQA 32/8 and MHA, D128 (+ D64 and fp16 spot checks); batch x context <= 1M tokens.
+DECODE_SHAPES = (
+    [(b, 32, 8, 1, sk, 128, True) for b, sks in ((1, (512, 4096, 32768)), (16, (512, 4096, 32768)),
+                                                   (64, (512, 2048, 8192)), (256, (512, 2048, 4096)))
+     for sk in sks]
+    + [(b, 32, 32, 1, sk, 128, True) for b, sk in ((1, 4096), (16, 4096), (64, 2048), (256, 512))]
+    + [(16, 32, 8, 1, 4096, 64, True), (64, 16, 2, 1, 2048, 128, True)]
+)
+
+
+def kv_bytes(B, hq, hkv, sq, sk, d, elem=2) -> int:
+    """Bytes a decode step must move at least: K and V once, q read and o written."""
+    return (2 * B * sk * hkv * d + 2 * B * sq * hq * d) * elem
 
 
 def _decode_variants(bundle, B, hq, hkv, sq, sk, d, causal, dtype) -> dict[str, dict]:
@@ -61,7 +77,7 @@ def _flops(b, hq, sq, sk, d, causal) -> float:
     return 4.0 * b * hq * pairs * d
 
 
-def bench_attention(bundle, dtype="bf16") -> list[dict]:
+def bench_attention(bundle, dtype="bf16", shapes=None, copy_bw=None) -> list[dict]:
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -69,7 +85,7 @@ def bench_attention(bundle, dtype="bf16") -> list[dict]:
 
     dt = testing.torch_dtype(dtype)
     rows = []
-    for B, hq, hkv, sq, sk, d, causal in sorted(SHAPES, key=lambda s: s[3] > 4):  # decode first
+    for B, hq, hkv, sq, sk, d, causal in sorted(shapes or SHAPES, key=lambda s: s[3] > 4):  # decode first
         q = torch.randn(B, sq, hq, d, device="cuda").to(dt)
         k = torch.randn(B, sk, hkv, d, device="cuda").to(dt)
         v = torch.randn(B, sk, hkv, d, device="cuda").to(dt)
@@ -122,6 +138,12 @@ def bench_attention(bundle, dtype="bf16") -> list[dict]:
             row["chosen"] = _chosen(bundle, q, k, v, causal)
         best = min(x for x in (row["flash_us"], row["cudnn_us"], row["sdpa_us"]) if x is not None)
         row["ratio_vs_best_sdpa"] = best / row["ours_us"]
+        if copy_bw and sq <= 16:  # decode: the KV-read floor of this run's copy bandwidth
+            row["floor_us"] = kv_bytes(B, hq, hkv, sq, sk, d) / copy_bw * 1e6
+            row["floor_over_ours"] = row["floor_us"] / row["ours_us"]
+            row["floor_over_best_sdpa"] = row["floor_us"] / best
+            print(f"    KV floor {row['floor_us']:.1f} µs: ours at {row['floor_over_ours']:.0%} of it, "
+                  f"best SDPA at {row['floor_over_best_sdpa']:.0%}", flush=True)
         rows.append(row)
         f = lambda x: "-" if x is None else f"{x:8.1f}"  # noqa: E731
         print(f"B{B} H{hq}/{hkv} S{sq}x{sk} D{d} {'causal' if causal else 'full  '}  ours {f(row['ours_us'])} "
@@ -153,6 +175,8 @@ def main(argv=None) -> int:
     p.add_argument("--bundle", default="artifacts/default")
     p.add_argument("--dtype", default="bf16", choices=["bf16", "f16"])
     p.add_argument("--out", default="bench/bench_attention")
+    p.add_argument("--decode", action="store_true", help="the decode grid (batch 1-256, context 512-32k) "
+                   "with the KV-read floor of this run's copy bandwidth")
     a = p.parse_args(argv)
     import torch
 
@@ -162,9 +186,17 @@ def main(argv=None) -> int:
     bundle = Bundle.open(a.bundle)
     dev = torch.cuda.get_device_name()
     print(f"device {dev}, torch {torch.__version__}; µs: graph-replay medians (eager medians after |)", flush=True)
-    rows = bench_attention(bundle, a.dtype)
+    copy_bw = copy_bandwidth() if a.decode else None
+    if copy_bw:
+        print(f"device-to-device copy bandwidth {copy_bw / 1e12:.2f} TB/s (read + write)", flush=True)
+    rows = bench_attention(bundle, a.dtype, DECODE_SHAPES if a.decode else None, copy_bw)
     geo = statistics.geometric_mean([r["ratio_vs_best_sdpa"] for r in rows])
     print(f"geomean (best SDPA backend time / ours): {geo:.3f} over {len(rows)} shapes")
+    if copy_bw:
+        print(f"decode: ours >= 90% of the KV floor on {sum(r['floor_over_ours'] >= 0.9 for r in rows)}/{len(rows)}, "
+              f"not slower than SDPA on {sum(r['ratio_vs_best_sdpa'] >= 1.0 for r in rows)}/{len(rows)}; lowest "
+              f"floor share {min(r['floor_over_ours'] for r in rows):.0%}, lowest ratio "
+              f"{min(r['ratio_vs_best_sdpa'] for r in rows):.2f}")
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     Path(str(out) + ".json").write_text(json.dumps({

@@ -341,10 +341,20 @@ def test_split_kv_selection():
     def pick(causal, b, hq, hkv, sq, sk):
         return select(cands, causal=causal, rows=b * hq * sq, decode=(b, hq, hkv, sq, sk), **kw)["name"]
 
-    # Sq = 1 with GQA: packed rows (B·Hkv row sets), causal or not
+    # Sq = 1 with GQA: packed rows (B·Hkv row sets), causal or not, at every batch: the fewest
+    # splits that fill the SMs, else the most; never the unpacked variant, which re-reads K/V per q head
     assert pick(False, 8, 32, 8, 1, 4096) == "p4"     # 64 CTAs -> 4 splits
     assert pick(True, 8, 32, 8, 1, 4096) == "p4"
-    assert pick(True, 1, 32, 8, 1, 16384) == "p16"    # 8 CTAs -> 16 splits
+    assert pick(True, 1, 32, 8, 1, 16384) == "p16"    # 8 CTAs -> 16 splits: 128, the most
+    assert pick(True, 16, 32, 8, 1, 4096) == "p4"     # 128 CTAs -> 4 splits
+    assert pick(True, 64, 32, 8, 1, 2048) == "p4"     # 512 CTAs already fill the SMs: still packed
+    assert pick(True, 256, 32, 8, 1, 512) == "p4"     # 4 key tiles: one each
+    assert pick(True, 1, 32, 8, 1, 300) == "smallc"   # 3 key tiles: no packed count fits
+    from factory.runtime.attention import pack_split_count
+    assert pack_split_count(32, 32, 132, {4, 16}) == 16     # 128 < 132: the most
+    assert pack_split_count(33, 32, 132, {4, 16}) == 4      # 132 fills
+    assert pack_split_count(8, 8, 132, {4, 16}) == 4        # 16 splits would leave empty ones
+    assert pack_split_count(8, 2, 132, {4, 16}) is None
     # no GQA, or Sq > 1: plain split-KV of the right causality
     assert pick(False, 1, 32, 32, 1, 4096) == "s4"
     assert pick(True, 1, 8, 8, 4, 4096) == "s16c"

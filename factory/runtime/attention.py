@@ -201,6 +201,20 @@ def split_count(ctas: int, key_tiles: int, sms: int, available) -> int:
     return best
 
 
+def pack_split_count(ctas: int, key_tiles: int, sms: int, available) -> int | None:
+    """Split count of a packed-GQA decode variant (seqlen_q = 1: the rows of a CTA are the q heads
+    of one kv head, so K/V are read once): the fewest splits whose grid fills the SMs
+    (ctas·splits >= SMs), else the most; each split keeps at least one key tile.  Packed variants
+    always split (their partials are combined by LSE), so this never answers 1; None when no
+    available count leaves every split a key tile.  Unlike :func:`split_count`, grids past two
+    waves are fine: the alternative re-reads K/V once per q head (Hq/Hkv times the bytes; the H100
+    ran B16 H32/8 Sk4096 D128 at 249 µs that way, SDPA 90 µs, 2026-11-24)."""
+    ok = sorted(s for s in available if s > 1 and key_tiles >= s)
+    if not ok:
+        return None
+    return next((s for s in ok if ctas * s >= sms), ok[-1])
+
+
 def _split_pick(entries: list[dict], groups: int, rows: int, sk: int, sms: int) -> dict | None:
     """The split-KV entry for ``groups`` independent row sets of ``rows`` query rows each over
     ``sk`` keys, or None when :func:`split_count` says not to split."""
@@ -231,9 +245,13 @@ def select(candidates: list[dict], *, dtype: str, head_dim: int, causal: bool,
         top = fit[0].get("target")
         if sq == 1 and hq > hkv:
             pack = [e for e in fit if e.get("pack_gqa") and e.get("target") == top]
-            e = _split_pick(pack, b * hkv, -(-hq // hkv), sk, sms)
-            if e is not None:
-                return e
+            if pack:
+                tn = pack[0]["tile"][1]
+                n = pack_split_count(b * hkv * -(-(hq // hkv) // pack[0]["tile"][0]), -(-sk // tn), sms,
+                                     {e["splits"] for e in pack if e["tile"][1] == tn})
+                e = next((e for e in pack if e["splits"] == n and e["tile"][1] == tn), None)
+                if e is not None:
+                    return e
         split = [e for e in fit if e.get("splits", 1) > 1 and not e.get("pack_gqa")
                  and bool(e.get("causal")) == causal and e.get("target") == top]
         e = _split_pick(split, b * hq, sq, sk, sms)
