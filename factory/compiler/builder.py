@@ -3,7 +3,7 @@ everything into the bundle directory, link the host library and write the manife
 
 Bundle layout::
 
-    manifest.json          schema, versions, every variant (see README "Bundle format")
+    manifest.json          schema, versions, every variant (see docs/bundle-format.md)
     cubin/<name>.cubin     each variant's device code, on its own (nvdisasm / cuobjdump ready)
     include/<name>.h       the DSL's exported header (struct layouts, wrapper)
     include/fx_bundle.h    the host library's exported functions, for C/C++ callers
@@ -54,7 +54,7 @@ def cache_key(v: Variant) -> str:
         "schema": SCHEMA_VERSION, "name": v.name, "config": v.config(), "cls": type(v).__qualname__,
         "versions": toolchain.versions(),
     }, sort_keys=True, default=str).encode())
-    for rel in sorted(set(v.sources) | {"build/compile.py", "build/cubin.py", "variant.py", "atoms/targets.py"}):
+    for rel in sorted(set(v.sources) | {"compiler/compile.py", "compiler/cubin.py", "variant.py", "atoms/targets.py"}):
         h.update(rel.encode())
         h.update((PACKAGE_ROOT / rel).read_bytes())
     return h.hexdigest()[:32]
