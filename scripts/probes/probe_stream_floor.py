@@ -1,11 +1,20 @@
 #!/usr/bin/env python3
-"""Probe: how fast can *any* kernel read S bytes on this GPU, timed the way bench.py times a GEMM?
+"""Probe: how fast can *any* kernel read a decode GEMM's bytes on this GPU, timed the way bench.py
+times a GEMM?
+
+Answer (H100 SXM, 2026-11-22, results committed in 05a3caf 15:07 UTC and cc898cb 16:52 UTC;
+notes/gemm-sm90.md, "Where a decode GEMM's time goes" and "The register-fed prototype with PDL"):
+for fp8 16x4096x4096 (17 MB, copy floor 6.98 us) the fastest plain 16-byte-load read takes 7.27-7.38
+us (1.04-1.06x the floor), the fastest TMA-bulk read 8.32-8.35 us (1.19-1.20x; 7.97-8.02 in graphs
+of 8), so only plain loads could meet the 1.1x line there. The register-fed prototype below, with
+pre-packed weights loaded before its PDL wait in CTAs of 128 weight rows x K/4 (no cross-CTA
+reduction yet), took 7.17 us at M = 16: the design factory/gemm/decode.py then followed.
 
 The decode-GEMM criterion of the Hopper issue compares a GEMM with bytes / (1 GiB copy bandwidth).
 For a 16-50 MB weight stream a kernel also pays its launch, the first bytes' DRAM latency and its
 tail, none of which that floor holds.  This probe measures those costs directly with kernels that
 do nothing but read (no GEMM in them), in graphs of back-to-back calls rotating over enough input
-sets to defeat the L2 (bench.time_graph, the same timer as bench.py):
+sets to defeat the L2 (factory.benchmark.time_graph, the same timer as bench.py):
 
 - ``empty``: a kernel that does nothing; per-call time in graphs of n calls (n = 1..64).
 - ``ldg``: each CTA streams one contiguous chunk with 16-byte loads, ``unroll`` loads in flight
@@ -18,10 +27,11 @@ bundle) our GEMM and torch's on the matching decode shape in the same run.
 
 It also holds ``dec_gemm``, a CUDA C prototype of a decode GEMM fed from registers (16-byte loads
 whose K order is permuted alike for both operands so that they are mma.sync fragments), timed on
-the same shapes with the weights as given and pre-packed (notes/gemm-sm90.md, session 3).
+the same shapes with the weights as given and pre-packed (notes/gemm-sm90.md, "Experiments, each
+with its prediction").
 
 Needs nvcc (compiles a small .so at start-up).  Run:
-  PYTHONPATH=. python3 scripts/probe_stream_floor.py [BUNDLE] [--json OUT.json]
+  python3 scripts/probes/probe_stream_floor.py [BUNDLE] [--json OUT.json]
       [--profile | --overhead [--m1] | --dec-pdl [--extra BUNDLE2]]
 ``--profile``: one call each of the best read kernels, the prototype and our GEMM between
 cudaProfilerStart/Stop (for ``ncu --profile-from-start off``).  ``--overhead``: ours (the decode
@@ -30,7 +40,7 @@ interleaved as K and N grow; ``--m1``: fp8 at M = 1 and 16.  ``--dec-pdl``: the 
 launched with programmatic dependent launch, its weight loads issued before griddepcontrol.wait
 (and without), beside our decode variants (and every variant of ``--extra BUNDLE2``) and the reads,
 graphs of 8 calls; ``DEC_SHAPES=dt:M:N:K,...`` picks the shapes, ``DEC_NO_PROTO=1`` skips the
-prototype (notes/gemm-sm90.md, session 4).
+prototype (notes/gemm-sm90.md, "The register-fed prototype with PDL").
 """
 
 from __future__ import annotations
@@ -43,10 +53,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench import _sets_for, copy_bandwidth, gemm_bytes, read_bandwidth, time_graph, time_interleaved  # noqa: E402
+from factory.benchmark import (copy_bandwidth, gemm_bytes, read_bandwidth, sets_for, time_graph,  # noqa: E402
+                               time_interleaved)
 
 CU = r"""
 #include <cstdint>
@@ -361,7 +371,7 @@ def main() -> int:
     for dt, M, N, K in SHAPES:
         nbytes = gemm_bytes(M, N, K, dt)
         nbytes16 = nbytes // 16 * 16
-        n_sets = _sets_for(nbytes, l2)
+        n_sets = sets_for(nbytes, l2)
         bufs = [torch.empty(nbytes16, dtype=torch.uint8, device="cuda").random_() for _ in range(n_sets)]
         floor_us = nbytes / bw * 1e6
         times = {}

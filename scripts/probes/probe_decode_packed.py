@@ -1,8 +1,20 @@
 #!/usr/bin/env python3
-"""Every packed-weight decode variant of a bundle (factory/gemm/decode.py) on the GPU: the
-clusters the driver fits at once, correctness against float32, then time per call in graphs of 8
-consecutive calls beside our sm_90a pick (plain and ``b_constant``) and cuBLAS, fp8 decode shapes.
-PYTHONPATH=. python3 scripts/probe_decode_packed.py DEC_BUNDLE [SM90_BUNDLE]"""
+"""Probe: which shape of the packed-weight decode kernel (factory/gemm/decode.py) is fastest, and
+does it meet 1.1x the copy floor at fp8 1/16x4096x4096 where the TMA kernels could not?
+
+Every decode variant of a bundle on the GPU: the clusters the driver fits at once, correctness
+against float32, then time per call in graphs of 8 consecutive calls beside our sm_90a pick (plain
+and ``b_constant``) and ``torch._scaled_mm``, fp8 decode shapes.
+
+Answer (H100 SXM, 2026-11-22, commits e64a681 18:29 UTC and c7803fe 18:39 UTC; notes/gemm-sm90.md,
+"The packed-weight decode kernel"): 4-CTA clusters of 256-thread CTAs fit only 62 at once (64
+needed), so CTAs split K in two over 2-CTA clusters; 32 weight rows x K/2 per 256-thread CTA is
+fastest at N = 4096, 64-row CTAs at N = 6144 and 8192; with the weights loaded without L1 allocation
+fp8 16x4096^2 takes 7.43-7.44 us and 1x4096^2 6.87-6.91 (line 7.68 / 7.60): both under it.
+
+  python3 scripts/probes/probe_decode_packed.py DEC_BUNDLE [SM90_BUNDLE]
+  (--one NAME M N K: three calls of one variant, for ncu; PROBE_SHAPES=M:N:K,...,
+  PROBE_VARIANTS=substring,... narrow the run)"""
 
 from __future__ import annotations
 
@@ -10,16 +22,12 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from bench import copy_bandwidth, gemm_bytes, time_interleaved  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from factory import testing  # noqa: E402
+from factory.benchmark import copy_bandwidth, gemm_bytes, time_interleaved  # noqa: E402
 from factory.runtime import Bundle  # noqa: E402
 from factory.runtime.occupancy import max_active_clusters  # noqa: E402
-
-
 from factory.runtime.packed import pack_b  # noqa: E402
 
 

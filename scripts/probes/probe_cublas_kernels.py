@@ -1,7 +1,17 @@
 #!/usr/bin/env python3
 """Probe: which kernel does the reference (torch.mm / torch._scaled_mm) run for given shapes?
-Prints the kernel names torch.profiler records (cuBLAS encodes tile and cluster shapes in them).
-Usage: probe_cublas_kernels.py [OUT.json]"""
+Prints the kernel names torch.profiler records (cuBLAS's nvjet kernels encode tile, stages and
+cluster shape in them).
+
+Answer (H100 SXM, torch 2.11.0+cu130, 2026-11-22, committed in 3f75b85 14:31 UTC;
+notes/gemm-sm90.md, "v9: what cuBLAS runs, and multicast swap tiles";
+notes/results/probe_cublas_kernels_h100.json): fp8 128x4096x{4096,14336} runs 64x64 tiles with 13
+stages in 2-CTA clusters, fp8 128x6144x4096 96x64 (10 stages, 1x2), fp8 1x10240x8192 128x8 (12
+stages, 4x1), bf16 16x4096x4096 128x16 split-K with a separate reduce kernel, bf16 16384x6144x4096
+192x192, bf16 512x28672x4096 176x128. That led to the multicast 64x64 swap tiles with 13 stages in
+factory/gemm/sm90.py.
+
+  python3 scripts/probes/probe_cublas_kernels.py [OUT.json]"""
 
 from __future__ import annotations
 
@@ -9,7 +19,7 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from factory import testing  # noqa: E402
 

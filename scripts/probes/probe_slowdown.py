@@ -1,13 +1,19 @@
 #!/usr/bin/env python3
-"""Probe: the intermittent whole-shape slowdown seen in every H100 bench session (one shape of a
-run at ~1.4-1.7x its usual time, sometimes for ours and cuBLAS alike).  For a few decode shapes it
+"""Probe: the intermittent whole-shape slowdown seen in the H100 bench runs of 2026-11-22 (one shape
+of a run at ~1.4-1.7x its usual time, sometimes for ours and cuBLAS alike).  For a few decode shapes it
 allocates fresh input sets several times (as bench.py does per shape) and, for each allocation,
 samples ours and the reference alternately for a while, each sample a burst of graph replays
 timed with CUDA events (bench.py's timer), while ``nvidia-smi`` logs SM/memory clocks,
 temperature, power and throttle reasons every 50 ms.  Writes OUT.json (the samples, with host
 timestamps) and OUT_smi.csv, to tell a GPU state (clocks, power) from an allocation effect.
 
-  PYTHONPATH=. python3 scripts/probe_slowdown.py BUNDLE OUT [--seconds S] [--allocs N]
+Answer (H100 SXM, 2026-11-22, results committed in c06c497 17:02 UTC; notes/gemm-sm90.md, "The
+intermittent slowdown: not the clocks"): SM and memory clocks stayed at 1980 / 2619 MHz with no
+throttle reason; 0-2.4% of samples ran 1.2-4.6x slow in runs of up to ~35 samples (~10-20 ms), ~70%
+of them hitting ours and cuBLAS in the same sample: a GPU-wide state, not a kernel's. bench.py since
+times every shape in two allocation epochs and keeps each side's faster one.
+
+  python3 scripts/probes/probe_slowdown.py BUNDLE OUT [--seconds S] [--allocs N]
 """
 
 from __future__ import annotations
@@ -20,12 +26,10 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from bench import _burst_for, _one_replay_s, _sets_for, _timed_replays, capture, gemm_bytes  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from factory import testing  # noqa: E402
+from factory.benchmark import burst_for, capture, gemm_bytes, one_replay_s, sets_for, timed_replays  # noqa: E402
 from factory.runtime import Bundle  # noqa: E402
 
 SHAPES = [("bf16", 16, 8192, 8192), ("e4m3", 1, 10240, 8192), ("bf16", 1, 10240, 8192), ("e4m3", 16, 4096, 4096)]
@@ -51,7 +55,7 @@ def main() -> int:
     one = torch.ones(1, device="cuda")
     try:
         for dt, M, N, K in SHAPES:
-            n_sets = _sets_for(gemm_bytes(M, N, K, dt), l2)
+            n_sets = sets_for(gemm_bytes(M, N, K, dt), l2)
             for alloc in range(a.allocs):
                 A = [testing.gemm_operand(M, K, 1, "k", dt)[0] for _ in range(n_sets)]
                 B = [testing.gemm_operand(N, K, 1, "k", dt)[0] for _ in range(n_sets)]
@@ -65,13 +69,13 @@ def main() -> int:
                              "ref": lambda i: torch.mm(A[i], B[i].t(), out=C[i])}
                 s = torch.cuda.Stream()
                 graphs = {name: capture(fn, n_sets, s) for name, fn in calls.items()}
-                bursts = {name: _burst_for(_one_replay_s(g)) for name, g in graphs.items()}
+                bursts = {name: burst_for(one_replay_s(g)) for name, g in graphs.items()}
                 samples = []
                 t_end = time.time() + a.seconds
                 while time.time() < t_end:
                     rec = {"t": round(time.time() - t0, 4)}
                     for name, g in graphs.items():
-                        rec[name] = statistics.median(_timed_replays(g, 3, bursts[name], n_sets)) * 1e6
+                        rec[name] = statistics.median(timed_replays(g, 3, bursts[name], n_sets)) * 1e6
                     samples.append(rec)
                 med = {k: statistics.median(r[k] for r in samples) for k in calls}
                 hi = {k: max(r[k] for r in samples) / med[k] for k in calls}
