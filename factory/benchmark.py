@@ -199,8 +199,7 @@ def gemm_bytes(M, N, K, dtype: str) -> int:
 
 
 # --- the summary a note keeps ---------------------------------------------------------------------
-RUN_KEYS = ("device", "torch", "cuda", "date", "selection", "epochs", "copy_bandwidth_tbs", "read_bandwidth_tbs",
-            "launch_us_by_input_sets", "bundle_versions")
+RUN_KEYS = ("device", "torch", "cuda", "date", "selection", "epochs", "copy_bandwidth_tbs", "read_bandwidth_tbs")
 TABLE_KEYS = ("dtype", "ceiling_tflops", "geomean_ratio", "min_ratio", "geomean_eager_ratio", "decode_shapes",
               "decode_within_10pct")
 ROW_KEYS = ("M", "N", "K", "ours_us", "ref_us", "ratio", "ours_tflops", "floor_us")
@@ -209,10 +208,13 @@ DECODE_KEYS = ("ours_bconst_us", "ours_packed_us", "ours_packed_plain_us")
 
 
 def _round(x):
-    """A row's number: 3 decimals under 10 (ratios, decode µs), 2 under 100, else 1; NaN -> None."""
-    if not isinstance(x, float) or x != x:
-        return None if isinstance(x, float) else x
-    return round(x, 3 if abs(x) < 10 else 2 if abs(x) < 100 else 1)
+    """A row's number: 3 decimals under 10 (ratios, decode µs), 2 under 100, 1 under 1000, else
+    none; NaN -> None."""
+    if not isinstance(x, float):
+        return x
+    if x != x:
+        return None
+    return round(x, 3 if abs(x) < 10 else 2 if abs(x) < 100 else 1 if abs(x) < 1000 else None)
 
 
 def _round_all(x):
@@ -222,32 +224,50 @@ def _round_all(x):
     return round(x, 4) if isinstance(x, float) else x
 
 
-def summarise(raw: dict, **provenance) -> dict:
+def summarise(raw: dict, /, **provenance) -> dict:
     """The part of bench.py's raw JSON that a note keeps (a few KB): the run (device, versions,
     selection, bandwidths), per dtype the geomeans and decode counts, per shape ours and the
-    reference in µs, their ratio, our TFLOP/s and the floor (decode rows: also the ``b_constant``
-    and packed-weight times).  ``provenance`` (e.g. where the raw file is) goes in first."""
+    reference in µs, their ratio, our TFLOP/s and the floor, and for decode shapes the times with
+    ``b_constant=True`` and on packed weights where the run has them.  ``provenance`` (e.g. where
+    the raw file is) goes first."""
     tables = raw.get("tables") or [{"dtype": raw["rows"][0]["dtype"], "geomean_ratio": raw.get("geomean_ratio"),
                                     "rows": raw["rows"]}]
     out = {**provenance, **{k: _round_all(raw[k]) for k in RUN_KEYS if k in raw}, "tables": []}
     for t in tables:
-        cols = [k for k in ROW_KEYS + DECODE_KEYS if any(k in r for r in t["rows"])]
-        out["tables"].append({**{k: _round_all(t[k]) for k in TABLE_KEYS if k in t}, "columns": cols,
-                              "rows": [[_round(r.get(k)) for k in cols] for r in t["rows"]]})
+        table = {**{k: _round_all(t[k]) for k in TABLE_KEYS if k in t}, "columns": list(ROW_KEYS),
+                 "rows": [[_round(r.get(k)) for k in ROW_KEYS] for r in t["rows"]]}
+        dec = [r for r in t["rows"] if any(k in r for k in DECODE_KEYS)]
+        if dec:
+            cols = ["M", "N", "K"] + [k for k in DECODE_KEYS if any(k in r for r in dec)]
+            table["decode"] = {"columns": cols, "rows": [[_round(r.get(k)) for k in cols] for r in dec]}
+        out["tables"].append(table)
     return out
 
 
-def dump_summary(summary: dict) -> str:
-    """JSON with one table row per line (a diff or a grep then reads one shape at a time)."""
+def compact_json(x, indent: str = "") -> str:
+    """JSON that puts anything short (a table row, a small dict) on one line and the rest one item
+    per line (lists of short items a line's worth at a time): a diff or a grep then reads one row at
+    a time, and a table costs little more than CSV."""
     import json
 
-    def item(k, v, indent):
-        return f"{indent}{json.dumps(k)}: {json.dumps(v, ensure_ascii=False)},"
+    flat = json.dumps(x, ensure_ascii=False, separators=(",", ":"))
+    if len(flat) + len(indent) <= 110 or not isinstance(x, (dict, list)) or not x:
+        return flat
+    inner = indent + " "
+    if isinstance(x, dict):
+        items = [f"{inner}{json.dumps(k, ensure_ascii=False)}: {compact_json(v, inner)}" for k, v in x.items()]
+        return "{\n" + ",\n".join(items) + f"\n{indent}}}"
+    parts = [compact_json(v, inner) for v in x]
+    if max(map(len, parts)) <= 30 and all("\n" not in p for p in parts):  # short items: pack them
+        lines, line = [], ""
+        for part in parts:
+            if line and len(inner) + len(line) + len(part) + 1 > 110:
+                lines.append(inner + line)
+                line = ""
+            line += ("," if line else "") + part
+        parts = [p.strip() for p in lines + [inner + line]]
+    return "[\n" + ",\n".join(inner + p for p in parts) + f"\n{indent}]"
 
-    lines = ["{", *(item(k, v, " ") for k, v in summary.items() if k != "tables"), ' "tables": [']
-    for i, t in enumerate(summary["tables"]):
-        rows = [f"    {json.dumps(r)}," for r in t["rows"]]
-        rows[-1] = rows[-1].rstrip(",")
-        lines += ["  {", *(item(k, v, "   ") for k, v in t.items() if k != "rows"), '   "rows": [', *rows, "   ]",
-                  "  }" + ("," if i < len(summary["tables"]) - 1 else "")]
-    return "\n".join(lines + [" ]", "}"]) + "\n"
+
+def dump_summary(summary: dict) -> str:
+    return compact_json(summary) + "\n"

@@ -8,8 +8,8 @@ per input set, rotating among enough fresh random input sets to exceed twice the
 kept full so no host launch latency is timed), ours and the reference in 4 alternating passes
 after a 50 ms warm-up (time_interleaved), median of the per-pass medians; also eager calls.  Each
 shape runs in ``--epochs`` (2) epochs of freshly allocated random inputs and each side keeps its
-faster epoch: the H100's GPU-wide slow episodes (notes/gemm-sm90.md, session 4) then have to hit
-both epochs of one side to show (every epoch's times are in the JSON).
+faster epoch: the H100's GPU-wide slow episodes (notes/gemm-sm90.md, "The intermittent slowdown")
+then have to hit both epochs of one side to show (every epoch's times are in the JSON).
 Outputs are NaN-poisoned before timing and checked after; values are checked against a float32
 reference on a slice of rows.  Where ``bundle.gemm(..., b_constant=True)`` would run another
 variant (an ``early_b`` decode tile: B streamed before the previous call ends), that call is timed
@@ -72,8 +72,8 @@ def bench_gemm_shape(bundle, M, N, K, dtype: str, variant: str | None, l2: int, 
     """One shape: ``epochs`` times fresh random inputs, each timed with ``time_interleaved`` (ours,
     the reference, and ours with ``b_constant=True`` where that runs another variant); per side the
     faster epoch counts.  The H100 has GPU-wide slow episodes (10-20 ms, sometimes a whole shape's
-    measurement, hitting cuBLAS and ours alike: notes/gemm-sm90.md, session 4) that a second
-    allocation epoch on both sides filters evenly.  Eager times, errors and NaN checks: every epoch."""
+    measurement, hitting cuBLAS and ours alike: notes/gemm-sm90.md, "The intermittent slowdown")
+    that a second allocation epoch on both sides filters evenly.  Eager times, errors and NaN checks: every epoch."""
     import torch
 
     from factory.runtime.gemm import rkl_spec, select
