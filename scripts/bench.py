@@ -87,9 +87,7 @@ def bench_gemm_shape(bundle, M, N, K, dtype: str, variant: str | None, l2: int, 
     name = const = fast = packed = None  # packed: the decode variant on packed weights, or False
     per = []  # per epoch: (times, eager ours, eager ref, nan count, rel err)
     for _ in range(epochs):
-        A = [testing.gemm_operand(M, K, 1, "k", dtype)[0] for _ in range(n_sets)]
-        B = [testing.gemm_operand(N, K, 1, "k", dtype)[0] for _ in range(n_sets)]
-        C_ours = [torch.full((M, N), float("nan"), dtype=out_dt, device="cuda") for _ in range(n_sets)]
+        A, B, C_ours = testing.gemm_input_sets(n_sets, M, N, K, dtype)
         C_ref = [torch.empty((M, N), dtype=out_dt, device="cuda") for _ in range(n_sets)]
         if name is None:
             specs = (rkl_spec(A[0], "a"), rkl_spec(B[0], "b"), rkl_spec(C_ours[0], "c"))

@@ -78,9 +78,7 @@ def tune_bucket(bundle, M, N, K, dt: str, l2: int, everything: bool = False) -> 
 
     ab, c = PAIRS[dt]
     n_sets = sets_for(gemm_bytes(M, N, K, ab), l2)
-    A = [testing.gemm_operand(M, K, 1, "k", ab)[0] for _ in range(n_sets)]
-    B = [testing.gemm_operand(N, K, 1, "k", ab)[0] for _ in range(n_sets)]
-    C = [torch.empty((M, N), dtype=testing.torch_dtype(c), device="cuda") for _ in range(n_sets)]
+    A, B, C = testing.gemm_input_sets(n_sets, M, N, K, ab, c, poison=False)
     one = torch.ones(1, device="cuda")
     kw = {"scale_a": one, "scale_b": one} if ab == "e4m3" else {}
     scales = [(one.data_ptr(), (1,), (1,))] * 2 if kw else []

@@ -40,9 +40,8 @@ def main() -> int:
     if "--one" in sys.argv:  # --one NAME M N K: two warm-up calls and one more (for ncu --launch-skip 2)
         i = sys.argv.index("--one")
         name, (M, N, K) = sys.argv[i + 1], map(int, sys.argv[i + 2:i + 5])
-        A = testing.gemm_operand(M, K, 1, "k", "e4m3")[0]
-        P = pack_b(testing.gemm_operand(N, K, 1, "k", "e4m3")[0])
-        C = torch.empty((M, N), dtype=torch.bfloat16, device="cuda")
+        A, B, C = testing.gemm_inputs(M, N, K, "e4m3", poison=False)
+        P = pack_b(B)
         one = torch.ones(1, device="cuda")
         for _ in range(3):
             dec.gemm(A, P, C, scale_a=one, scale_b=one, variant=name)
@@ -64,10 +63,8 @@ def main() -> int:
     if os.environ.get("PROBE_VARIANTS"):  # substrings of the names to keep
         names = [n for n in names if any(x in n for x in os.environ["PROBE_VARIANTS"].split(","))]
     for M, N, K in shapes:
-        A = [testing.gemm_operand(M, K, 1, "k", "e4m3")[0] for _ in range(8)]
-        B = [testing.gemm_operand(N, K, 1, "k", "e4m3")[0] for _ in range(8)]
+        A, B, C = testing.gemm_input_sets(8, M, N, K, "e4m3")
         P = [pack_b(b) for b in B]
-        C = [torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda") for _ in range(8)]
         ref = A[0].float() @ B[0].float().t()
         calls = {}
         for n in names:

@@ -57,9 +57,7 @@ def main() -> int:
         for dt, M, N, K in SHAPES:
             n_sets = sets_for(gemm_bytes(M, N, K, dt), l2)
             for alloc in range(a.allocs):
-                A = [testing.gemm_operand(M, K, 1, "k", dt)[0] for _ in range(n_sets)]
-                B = [testing.gemm_operand(N, K, 1, "k", dt)[0] for _ in range(n_sets)]
-                C = [torch.empty((M, N), dtype=torch.bfloat16, device="cuda") for _ in range(n_sets)]
+                A, B, C = testing.gemm_input_sets(n_sets, M, N, K, dt, poison=False)
                 if dt == "e4m3":
                     calls = {"ours": lambda i: bundle.gemm(A[i], B[i], C[i], scale_a=one, scale_b=one),
                              "ref": lambda i: torch._scaled_mm(A[i], B[i].t(), scale_a=one, scale_b=one,

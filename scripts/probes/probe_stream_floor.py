@@ -420,12 +420,7 @@ def dec_rows(lib, dt, M, N, K, n_sets) -> dict:
     from factory import testing
 
     fp8 = dt == "e4m3"
-    sets = []
-    for _ in range(n_sets):
-        A = testing.gemm_operand(M, K, 1, "k", dt)[0]
-        B = testing.gemm_operand(N, K, 1, "k", dt)[0]
-        C = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
-        sets.append((A, B, C))
+    sets = [testing.gemm_inputs(M, N, K, dt) for _ in range(n_sets)]
     e = 1 if fp8 else 2
     ref = sets[0][0].float() @ sets[0][1].float().t()
     out = []
@@ -478,12 +473,7 @@ def gemm_row(bundle, dt, M, N, K, n_sets) -> dict:
     from factory import testing
     from factory.runtime.gemm import rkl_spec, select
 
-    sets = []
-    for _ in range(n_sets):
-        A = testing.gemm_operand(M, K, 1, "k", dt)[0]
-        B = testing.gemm_operand(N, K, 1, "k", dt)[0]
-        C = torch.empty((M, N), dtype=torch.bfloat16, device="cuda")
-        sets.append((A, B, C))
+    sets = [testing.gemm_inputs(M, N, K, dt, poison=False) for _ in range(n_sets)]
     one = torch.ones(1, device="cuda")
     if dt == "e4m3":
         ours = lambda i: bundle.gemm(*sets[i], scale_a=one, scale_b=one)  # noqa: E731
@@ -533,8 +523,7 @@ def overhead(lib, bundle, out, jpath) -> int:
         variants = OVERHEAD_VARIANTS[dt]
         e = 1 if dt == "e4m3" else 2
         for M, N, K in cases:
-            sets = [(testing.gemm_operand(M, K, 1, "k", dt)[0], testing.gemm_operand(N, K, 1, "k", dt)[0],
-                     torch.empty((M, N), dtype=torch.bfloat16, device="cuda")) for _ in range(n_sets)]
+            sets = [testing.gemm_inputs(M, N, K, dt, poison=False) for _ in range(n_sets)]
             calls = {}
             for v in variants:
                 if v not in bundle.manifest["variants"]:
@@ -594,8 +583,7 @@ def dec_pdl(lib, bundle, out, jpath) -> int:
     for dt, M, N, K in shapes:
         fp8 = dt == "e4m3"
         e = 1 if fp8 else 2
-        sets = [(testing.gemm_operand(M, K, 1, "k", dt)[0], testing.gemm_operand(N, K, 1, "k", dt)[0],
-                 torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")) for _ in range(n_sets)]
+        sets = [testing.gemm_inputs(M, N, K, dt) for _ in range(n_sets)]
         packed = [B.view(torch.uint8).view(N // 8, 8, K * e // 64, 64).permute(0, 2, 1, 3).contiguous()
                   for _, B, _ in sets]
         ref = sets[0][0].float() @ sets[0][1].float().t()
