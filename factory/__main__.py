@@ -8,7 +8,7 @@ import sys
 
 
 def _cmd_build(a) -> int:
-    from .build.builder import build
+    from .compiler.builder import build
 
     s = build(a.out, a.targets, a.ops, tier=a.tier, name_filter=a.filter, jobs=a.jobs, cache=a.cache)
     print(f"built {s['bundle']}: {s['variants']} variants ({s['compiled']} compiled, {s['cached']} from cache) "

@@ -44,6 +44,24 @@ def gemm_operand(rows: int, k: int, batch: int, major: str, dtype: str, device="
     return x if major == "k" else x.transpose(1, 2)
 
 
+def gemm_inputs(M: int, N: int, K: int, dtype: str, out: str = "bf16", *, poison: bool = True, device="cuda"):
+    """One K-major GEMM problem: a (M, K) and b (N, K) of ``dtype`` and an (M, N) output of ``out``
+    dtype, NaN-poisoned unless ``poison=False`` (then left uninitialised)."""
+    import torch
+
+    a = gemm_operand(M, K, 1, "k", dtype, device)[0]
+    b = gemm_operand(N, K, 1, "k", dtype, device)[0]
+    c = torch.empty((M, N), dtype=torch_dtype(out), device=device)
+    return a, b, c.fill_(float("nan")) if poison else c
+
+
+def gemm_input_sets(n: int, M: int, N: int, K: int, dtype: str, out: str = "bf16", *, poison: bool = True,
+                    device="cuda"):
+    """``n`` fresh problems of one shape (a bench rotates over them to defeat the L2): lists A, B, C."""
+    sets = [gemm_inputs(M, N, K, dtype, out, poison=poison, device=device) for _ in range(n)]
+    return tuple(list(x) for x in zip(*sets))
+
+
 def legal_gemm_shape(shape, entry) -> tuple[int, int, int, int]:
     """Round a shape up to the variant's divisibility contract (M for M-major A, N, K)."""
     div = entry["signature"]["divisibility"]
@@ -52,7 +70,9 @@ def legal_gemm_shape(shape, entry) -> tuple[int, int, int, int]:
     return up(M, div.get("M", 1)), up(N, div.get("N", 1)), up(K, div.get("K", 1)), L
 
 
-def check_gemm(bundle, entry, shape, device="cuda") -> dict:
+def variant_problem(entry, shape, device="cuda"):
+    """``shape`` rounded up to the variant's contract, operands in its dtypes and layouts, and a
+    NaN-poisoned output: ((M, N, K, L), a, b, out)."""
     import torch
 
     M, N, K, L = legal_gemm_shape(shape, entry)
@@ -60,6 +80,14 @@ def check_gemm(bundle, entry, shape, device="cuda") -> dict:
     a = gemm_operand(M, K, L, lay["a"], d["a"], device)
     b = gemm_operand(N, K, L, lay["b"], d["b"], device)
     out = torch.full((L, M, N), float("nan"), dtype=torch_dtype(d["c"]), device=device)
+    return (M, N, K, L), a, b, out
+
+
+def check_gemm(bundle, entry, shape, device="cuda") -> dict:
+    import torch
+
+    (M, N, K, L), a, b, out = variant_problem(entry, shape, device)
+    d = entry["dtypes"]
     scales = {}
     ref_scale = 1.0
     if d["a"] == "e4m3":
@@ -85,9 +113,7 @@ def check_gemm_packed(bundle, entry, shape, device="cuda") -> dict:
     import torch
 
     M, N, K, _ = legal_gemm_shape(shape, entry)  # (its N: rows per CTA, K: k_multiple)
-    a = gemm_operand(M, K, 1, "k", "e4m3", device)[0]
-    b = gemm_operand(N, K, 1, "k", "e4m3", device)[0]
-    out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device=device)
+    a, b, out = gemm_inputs(M, N, K, "e4m3", device=device)
     sa, sb = torch.rand(1, device=device) + 0.5, torch.rand(1, device=device) + 0.5
     bundle.gemm(a, bundle.pack_b(b), out, scale_a=sa, scale_b=sb, variant=entry["name"])
     torch.cuda.synchronize()
@@ -126,11 +152,8 @@ def check_graph_capture(bundle, entry, device="cuda") -> dict:
     """The launcher must work under CUDA-graph capture (torch's capture stream) and on replay."""
     import torch
 
-    M, N, K, L = legal_gemm_shape((384, 256, 512, 1), entry)
+    (M, N, K, L), a, b, out = variant_problem(entry, (384, 256, 512, 1), device)
     d, lay = entry["dtypes"], entry["layout"]
-    a = gemm_operand(M, K, L, lay["a"], d["a"], device)
-    b = gemm_operand(N, K, L, lay["b"], d["b"], device)
-    out = torch.full((L, M, N), float("nan"), dtype=torch_dtype(d["c"]), device=device)
     bundle.gemm(a, b, out, variant=entry["name"])  # warm-up: module load happens outside capture
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):

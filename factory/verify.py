@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from .build.cubin import disassemble, opcode_histogram, sass_target
+from .compiler.cubin import disassemble, opcode_histogram, sass_target
 from .runtime.manifest import file_ok, load_manifest
 
 

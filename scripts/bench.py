@@ -8,8 +8,8 @@ per input set, rotating among enough fresh random input sets to exceed twice the
 kept full so no host launch latency is timed), ours and the reference in 4 alternating passes
 after a 50 ms warm-up (time_interleaved), median of the per-pass medians; also eager calls.  Each
 shape runs in ``--epochs`` (2) epochs of freshly allocated random inputs and each side keeps its
-faster epoch: the H100's GPU-wide slow episodes (notes/gemm-sm90.md, session 4) then have to hit
-both epochs of one side to show (every epoch's times are in the JSON).
+faster epoch: the H100's GPU-wide slow episodes (notes/gemm-sm90.md, "The intermittent slowdown")
+then have to hit both epochs of one side to show (every epoch's times are in the JSON).
 Outputs are NaN-poisoned before timing and checked after; values are checked against a float32
 reference on a slice of rows.  Where ``bundle.gemm(..., b_constant=True)`` would run another
 variant (an ``early_b`` decode tile: B streamed before the previous call ends), that call is timed
@@ -23,7 +23,10 @@ also that floor plus the time per call of a one-element kernel timed the same wa
 many calls as the row has input sets: ``launch_us``), which no kernel avoids and which is a third
 of the floor of a 16-32 MB decode GEMM.
 
-Writes ``OUT.json`` and ``OUT.png`` (ratio per shape, one panel per dtype).
+Writes ``OUT.json`` (raw: every field, every epoch), ``OUT.png`` (ratio per shape, one panel per
+dtype) and ``OUT.summary.json`` (per shape ours, the reference, ratio, TFLOP/s, floor: what a note
+keeps in notes/results/).  ``--out`` defaults to ``$FACTORY_RESULTS/bench_gemm`` (else under the
+system's temporary folder): raw output stays out of the tree.
 """
 
 from __future__ import annotations
@@ -38,13 +41,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from factory import testing  # noqa: E402
+from factory.benchmark import (LLM_M, LLM_NK, SQUARE, copy_bandwidth, default_out, dump_summary,  # noqa: E402
+                               gemm_bytes, launch_latency, read_bandwidth, sets_for, summarise,
+                               time_eager, time_interleaved)
 from factory.runtime import Bundle, NoVariantError  # noqa: E402
 
-SQUARE = [(n, n, n) for n in (2048, 4096, 8192)]
-# Llama projections (N, K): 3-8B qkv, o, gate+up, down; 3-70B qkv, o, gate+up, down.
-LLM_NK = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336),
-          (10240, 8192), (8192, 8192), (57344, 8192), (8192, 28672)]
-LLM_M = [1, 16, 64, 128, 512, 2048, 8192, 16384]
 CEILING_SHAPE = (8192, 8192, 8192)
 
 
@@ -52,176 +53,6 @@ def shape_grid(which: str) -> list[tuple[int, int, int]]:
     llm = [(m, n, k) for n, k in LLM_NK for m in LLM_M]
     return {"square": SQUARE, "llm": llm, "all": SQUARE + llm,
             "quick": [(8192, 8192, 8192), (4096, 4096, 4096), (16, 4096, 4096), (1, 8192, 28672)]}[which]
-
-
-def _sets_for(bytes_per_set: int, l2: int) -> int:
-    return max(1, min(8, -(-2 * l2 // max(1, bytes_per_set))))
-
-
-def _timed_replays(g, reps: int, burst: int, n_sets: int) -> list[float]:
-    """Seconds per call over ``reps`` samples of ``burst`` back-to-back replays of graph ``g``,
-    all enqueued before one synchronisation, behind an untimed replay: the GPU never waits for
-    the host to submit the next replay (a lone replay between two events on the H100 carries
-    ~18 µs of graph-launch latency: an empty kernel measured 18-20 µs that way, 2.3-2.5 µs in
-    graphs of 8)."""
-    import torch
-
-    ev = [torch.cuda.Event(enable_timing=True) for _ in range(reps + 1)]
-    g.replay()
-    ev[0].record()
-    for j in range(reps):
-        for _ in range(burst):
-            g.replay()
-        ev[j + 1].record()
-    ev[-1].synchronize()
-    return [ev[j].elapsed_time(ev[j + 1]) / 1e3 / burst / n_sets for j in range(reps)]
-
-
-def _one_replay_s(g) -> float:
-    """Seconds of one replay of graph ``g`` between two events (warm-up; sets the sample sizes)."""
-    import torch
-
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    e0.record()
-    g.replay()
-    e1.record()
-    e1.synchronize()
-    return e0.elapsed_time(e1) / 1e3
-
-
-def _burst_for(first_s: float) -> int:
-    """Replays per sample: enough for ~100 µs of GPU work (a sample then outlasts the host's
-    submission of the next), at most 20."""
-    return int(max(1, min(20, 100e-6 / max(first_s, 1e-7))))
-
-
-def capture(fn_per_set, n_sets: int, stream=None):
-    """A CUDA graph of one call per input set, after one eager call per set outside capture
-    (module load, library heuristics)."""
-    import torch
-
-    for i in range(n_sets):
-        fn_per_set(i)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    s = stream if stream is not None else torch.cuda.Stream()
-    with torch.cuda.stream(s):
-        with torch.cuda.graph(g, stream=s):
-            for i in range(n_sets):
-                fn_per_set(i)
-    return g
-
-
-def time_graph(fn_per_set, n_sets: int, replays: int | None = None, budget_s: float = 0.4) -> float:
-    """Median seconds per call, from replays of a graph holding one call per input set.  Without
-    ``replays``: as many as fit ``budget_s`` of GPU time (7 to 40)."""
-    g = capture(fn_per_set, n_sets)
-    first = _one_replay_s(g)
-    if replays is None:
-        replays = int(max(7, min(40, budget_s / max(first, 1e-6))))
-    times = _timed_replays(g, replays, _burst_for(first), n_sets)
-    del g
-    return statistics.median(times)
-
-
-def time_interleaved(calls: dict, n_sets: int, rounds: int = 3, budget_s: float = 0.05,
-                     max_reps: int = 20, warm_s: float = 0.0) -> dict[str, float]:
-    """Median seconds per call of each of ``calls`` (name -> fn(input set)): one CUDA graph per
-    callable (one call per input set), replayed in ``rounds`` passes over all of them, the order
-    reversed every other pass, so that clock, power and memory-state drift during the run falls
-    on every candidate alike (on the H100 a kernel timed right after a new weight tensor was
-    allocated, or after a long compute-bound run, came out up to 15 % slow whichever came first).
-    Per pass ``reps`` samples (3 to ``max_reps`` within ``budget_s``), each a burst of back-to-back
-    replays (``_timed_replays``); the estimate is the median over passes of each pass's median."""
-    import torch
-
-    graphs, samples = {}, {}
-    s = torch.cuda.Stream()
-    for name, fn in calls.items():
-        graphs[name], samples[name] = capture(fn, n_sets, s), []
-    torch.cuda.synchronize()
-    # Warm-up: replay all graphs in turn for ``warm_s`` before sampling.  Right after new weights
-    # are allocated and filled, the first ~10 ms of replays run up to 15 % slow on the H100 (ours
-    # and cuBLAS alike: notes/results/probe_decode_m1_v2.log); a server's weights are long-lived.
-    t_warm = time.perf_counter()
-    while True:
-        for g in graphs.values():
-            g.replay()
-        torch.cuda.synchronize()
-        if time.perf_counter() - t_warm >= warm_s:
-            break
-    reps, bursts = {}, {}
-    order = list(graphs)
-    for r in range(rounds):
-        for name in (order if r % 2 == 0 else order[::-1]):
-            g = graphs[name]
-            if name not in reps:  # the first replay is a warm-up that sets the counts
-                first = _one_replay_s(g)
-                bursts[name] = _burst_for(first)
-                reps[name] = int(max(3, min(max_reps, budget_s / max(first * bursts[name], 1e-6))))
-            samples[name] += _timed_replays(g, reps[name], bursts[name], n_sets)
-    del graphs
-    # Median of the per-pass medians: a pass that ran while the clocks were low (the H100's vary
-    # by up to 15 % over a tuning run) moves one value of each candidate's estimate, not a block.
-    return {name: statistics.median(statistics.median(v[i * reps[name]:(i + 1) * reps[name]])
-                                    for i in range(rounds)) for name, v in samples.items()}
-
-
-def time_eager(fn_per_set, n_sets: int, iters: int = 10) -> float:
-    import torch
-
-    for i in range(n_sets):
-        fn_per_set(i)
-    torch.cuda.synchronize()
-    times = []
-    for r in range(iters):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        fn_per_set(r % n_sets)
-        e1.record()
-        e1.synchronize()
-        times.append(e0.elapsed_time(e1) / 1e3)
-    return statistics.median(times)
-
-
-def copy_bandwidth(nbytes: int = 1 << 30) -> float:
-    """Device-to-device copy bandwidth in bytes/s (read + write counted), graph-replay median."""
-    import torch
-
-    src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda").normal_()
-    dst = torch.empty_like(src)
-    t = time_graph(lambda i: dst.copy_(src), 1, replays=20)
-    src = dst = None
-    torch.cuda.empty_cache()
-    return 2 * nbytes / t
-
-
-def read_bandwidth(nbytes: int = 1 << 30) -> float:
-    """Bandwidth of a read-only stream (a sum over 1 GiB) in bytes/s: a GEMM that streams its
-    weights writes next to nothing, so it can beat the copy figure (seen: 1x57344x8192)."""
-    import torch
-
-    src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda").normal_()
-    out = torch.empty((), dtype=torch.float32, device="cuda")
-    t = time_graph(lambda i: torch.sum(src, dim=0, dtype=torch.float32, out=out), 1, replays=20)
-    src = None
-    torch.cuda.empty_cache()
-    return nbytes / t
-
-
-def launch_latency() -> dict[int, float]:
-    """Seconds per call of a one-element kernel, timed like a GEMM row with n input sets (a graph
-    of n calls, CUDA events around each replay, divided by n), for n = 1..8: the part of any
-    measured kernel time that no bandwidth or FLOP rate accounts for."""
-    import torch
-
-    x = torch.zeros(1, device="cuda")
-    return {n: time_graph(lambda i: x.add_(1.0), n, replays=50) for n in range(1, 9)}
-
-
-def gemm_bytes(M, N, K, dtype: str) -> int:
-    e = 1 if dtype == "e4m3" else 2
-    return (M * K + N * K) * e + M * N * 2
 
 
 def _packed_name(bundle, a, p, c, one) -> str:
@@ -241,13 +72,13 @@ def bench_gemm_shape(bundle, M, N, K, dtype: str, variant: str | None, l2: int, 
     """One shape: ``epochs`` times fresh random inputs, each timed with ``time_interleaved`` (ours,
     the reference, and ours with ``b_constant=True`` where that runs another variant); per side the
     faster epoch counts.  The H100 has GPU-wide slow episodes (10-20 ms, sometimes a whole shape's
-    measurement, hitting cuBLAS and ours alike: notes/gemm-sm90.md, session 4) that a second
-    allocation epoch on both sides filters evenly.  Eager times, errors and NaN checks: every epoch."""
+    measurement, hitting cuBLAS and ours alike: notes/gemm-sm90.md, "The intermittent slowdown")
+    that a second allocation epoch on both sides filters evenly.  Eager times, errors and NaN checks: every epoch."""
     import torch
 
     from factory.runtime.gemm import rkl_spec, select
 
-    n_sets = _sets_for(gemm_bytes(M, N, K, dtype), l2)
+    n_sets = sets_for(gemm_bytes(M, N, K, dtype), l2)
     out_dt = torch.bfloat16
     one = torch.ones(1, device="cuda")
     fp8 = dtype == "e4m3"
@@ -256,9 +87,7 @@ def bench_gemm_shape(bundle, M, N, K, dtype: str, variant: str | None, l2: int, 
     name = const = fast = packed = None  # packed: the decode variant on packed weights, or False
     per = []  # per epoch: (times, eager ours, eager ref, nan count, rel err)
     for _ in range(epochs):
-        A = [testing.gemm_operand(M, K, 1, "k", dtype)[0] for _ in range(n_sets)]
-        B = [testing.gemm_operand(N, K, 1, "k", dtype)[0] for _ in range(n_sets)]
-        C_ours = [torch.full((M, N), float("nan"), dtype=out_dt, device="cuda") for _ in range(n_sets)]
+        A, B, C_ours = testing.gemm_input_sets(n_sets, M, N, K, dtype)
         C_ref = [torch.empty((M, N), dtype=out_dt, device="cuda") for _ in range(n_sets)]
         if name is None:
             specs = (rkl_spec(A[0], "a"), rkl_spec(B[0], "b"), rkl_spec(C_ours[0], "c"))
@@ -430,7 +259,7 @@ def main() -> int:
     p.add_argument("--shapes", default="all", choices=["all", "square", "llm", "quick"])
     p.add_argument("--heuristic", action="store_true", help="ignore the bundle's tuning.json")
     p.add_argument("--epochs", type=int, default=2, help="fresh-input epochs per shape; per side the faster counts")
-    p.add_argument("--out", default="bench/bench_gemm")
+    p.add_argument("--out", default=default_out("bench_gemm"), help="path stem of the output files (default: %(default)s)")
     a = p.parse_args()
     import torch
 
@@ -476,6 +305,7 @@ def main() -> int:
             "selection": selection, "epochs": a.epochs,
             "seconds": round(time.time() - t0, 1), "tables": tables}
     Path(str(out) + ".json").write_text(json.dumps(meta, indent=1))
+    Path(str(out) + ".summary.json").write_text(dump_summary(summarise(meta, command=" ".join(sys.argv))))
     chart(tables, Path(str(out) + ".png"), f"{a.op} vs torch on {dev} ({selection[:40]})")
     print(f"bench: {meta['seconds']} s", flush=True)
     return 0

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """``scripts/bench.py attention`` (or this file): ours beside torch SDPA (flash and cuDNN backends,
 and SDPA's own choice) on the same inputs: CUDA events over graph replay and over eager calls,
-medians, TFLOP/s.  Outputs are checked against float32 where the reference fits in memory."""
+medians, TFLOP/s.  Outputs are checked against float32 where the reference fits in memory.
+Writes ``OUT.json`` (a few KB: small enough for a note to keep whole); ``--out`` defaults to
+``$FACTORY_RESULTS/bench_attention`` (else under the system's temporary folder)."""
 
 from __future__ import annotations
 
@@ -13,9 +15,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench import copy_bandwidth, time_eager, time_graph  # noqa: E402  (same timing as the GEMM bench)
+from factory.benchmark import copy_bandwidth, default_out, time_eager, time_graph  # noqa: E402  (the GEMM bench's)
 
 # (B, Hq, Hkv, Sq, Sk, D, causal)
 SHAPES = [
@@ -174,7 +175,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--bundle", default="artifacts/default")
     p.add_argument("--dtype", default="bf16", choices=["bf16", "f16"])
-    p.add_argument("--out", default="bench/bench_attention")
+    p.add_argument("--out", default=default_out("bench_attention"),
+                   help="path stem of the output, OUT.json (default: %(default)s)")
     p.add_argument("--decode", action="store_true", help="the decode grid (batch 1-256, context 512-32k) "
                    "with the KV-read floor of this run's copy bandwidth")
     a = p.parse_args(argv)
@@ -201,7 +203,7 @@ def main(argv=None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     Path(str(out) + ".json").write_text(json.dumps({
         "device": dev, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
-        "geomean_ratio_vs_best_sdpa": geo, "rows": rows}, indent=1))
+        "copy_bandwidth": copy_bw, "geomean_ratio_vs_best_sdpa": geo, "rows": rows}, indent=1))
     return 0
 
 

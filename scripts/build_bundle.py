@@ -14,7 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from factory.build.builder import build  # noqa: E402
+from factory.compiler.builder import build  # noqa: E402
 
 DEFAULT_TARGETS = ["sm_80", "sm_86", "sm_89", "sm_90", "sm_90a"]
 

@@ -38,11 +38,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from bench import LLM_NK, SQUARE, _sets_for, time_interleaved  # noqa: E402
 
 from factory import testing  # noqa: E402
+from factory.benchmark import LLM_NK, SQUARE, gemm_bytes, sets_for, time_interleaved  # noqa: E402
 from factory.runtime import Bundle, NoVariantError, tuning  # noqa: E402
 from factory.runtime.gemm import fitting_variants, rkl_spec  # noqa: E402
 
@@ -79,10 +77,8 @@ def tune_bucket(bundle, M, N, K, dt: str, l2: int, everything: bool = False) -> 
     import torch
 
     ab, c = PAIRS[dt]
-    n_sets = _sets_for((M * K + N * K) * (1 if ab == "e4m3" else 2) + M * N * 2, l2)
-    A = [testing.gemm_operand(M, K, 1, "k", ab)[0] for _ in range(n_sets)]
-    B = [testing.gemm_operand(N, K, 1, "k", ab)[0] for _ in range(n_sets)]
-    C = [torch.empty((M, N), dtype=testing.torch_dtype(c), device="cuda") for _ in range(n_sets)]
+    n_sets = sets_for(gemm_bytes(M, N, K, ab), l2)
+    A, B, C = testing.gemm_input_sets(n_sets, M, N, K, ab, c, poison=False)
     one = torch.ones(1, device="cuda")
     kw = {"scale_a": one, "scale_b": one} if ab == "e4m3" else {}
     scales = [(one.data_ptr(), (1,), (1,))] * 2 if kw else []

@@ -39,7 +39,7 @@ def test_bundle(tmp_path_factory) -> Path:
         return Path(env)
     if not HAVE_DSL:
         pytest.skip("nvidia-cutlass-dsl is not installed")
-    from factory.build.builder import build
+    from factory.compiler.builder import build
 
     out = tmp_path_factory.mktemp("bundle") / "test"
     summary = build(out, TEST_TARGETS, tier="test", jobs=os.cpu_count())

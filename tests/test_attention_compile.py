@@ -32,11 +32,11 @@ needs_dsl = pytest.mark.skipif(
 _WORKER = textwrap.dedent(
     """
     import json, struct, sys
-    from factory.build.compile import init_worker, compile_variant
+    from factory.compiler.compile import init_worker, compile_variant
     target, out_dir = sys.argv[1], sys.argv[2]
     init_worker(target)
     from factory.atoms.targets import get_target
-    from factory.build import cubin as cb
+    from factory.compiler import cubin as cb
     from factory.attention.sm80 import enumerate_attention
 
     def regcount(data):

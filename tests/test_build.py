@@ -81,7 +81,7 @@ def test_host_library_needs_only_libc(test_bundle):
 
 
 def test_unchanged_rebuild_comes_from_the_cache(test_bundle, tmp_path):
-    from factory.build.builder import build
+    from factory.compiler.builder import build
 
     t0 = time.perf_counter()
     s = build(tmp_path / "again", TEST_TARGETS, tier="test")
@@ -110,7 +110,7 @@ def test_unknown_target_is_a_clear_error():
 
 
 def test_header_struct_widths_match_the_symbols_we_compile_with(test_bundle):
-    """Sizes are 32-bit symbols and strides 64-bit ones (see factory/build/compile.py: this DSL's
+    """Sizes are 32-bit symbols and strides 64-bit ones (see factory/compiler/compile.py: this DSL's
     header always declares 64-bit strides, so 32-bit stride symbols would make it lie)."""
     m = manifest(test_bundle)
     for v in m["variants"].values():
@@ -122,7 +122,7 @@ def test_header_struct_widths_match_the_symbols_we_compile_with(test_bundle):
 
 
 def test_fake_tensors_use_64_bit_stride_symbols():
-    from factory.build.compile import fake_args, init_worker
+    from factory.compiler.compile import fake_args, init_worker
     from factory.gemm.common import GemmVariant
 
     init_worker("sm_80")

@@ -94,7 +94,7 @@ def test_packed_launch_path_without_a_gpu(test_bundle, monkeypatch):
 def test_decode_sass(test_bundle):
     """Every decode cubin has its SASS requirements (HMMA from fp8 mma.sync, 16-byte loads, the
     PDL wait, DSMEM stores); the weight loads come before the PDL wait only in early_b ones."""
-    from factory.build import cubin as cb
+    from factory.compiler import cubin as cb
     from factory.gemm.decode import EARLY_LDG_SASS
 
     b = Bundle.open(test_bundle, capability=(9, 0))

@@ -29,10 +29,10 @@ pytestmark = pytest.mark.skipif(
 _WORKER = textwrap.dedent(
     """
     import json, struct, sys
-    from factory.build.compile import init_worker, compile_variant
+    from factory.compiler.compile import init_worker, compile_variant
     init_worker("sm_90a")
     from factory.atoms.targets import get_target
-    from factory.build import cubin as cb
+    from factory.compiler import cubin as cb
     from factory.gemm.sm90 import EARLY_LOAD_SASS, GemmSm90, enumerate_sm90
 
     def regcount(data, name):

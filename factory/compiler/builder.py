@@ -1,0 +1,269 @@
+"""Build a bundle: enumerate variants, compile the ones the cache lacks in worker processes, copy
+everything into the bundle directory, link the host library and write the manifest.
+
+Bundle layout::
+
+    manifest.json          schema, versions, every variant (see docs/bundle-format.md)
+    cubin/<name>.cubin     each variant's device code, on its own (nvdisasm / cuobjdump ready)
+    include/<name>.h       the DSL's exported header (struct layouts, wrapper)
+    include/fx_bundle.h    the host library's exported functions, for C/C++ callers
+    obj/<name>.o           the exported host launcher with the cubin embedded (for C/C++ linking)
+    src/fx_glue.c          the generated glue that the host library is built from
+    lib/libfactory_bundle.so   the host library the runtime loads with ctypes
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import hashlib
+import json
+import multiprocessing as mp
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+from ..atoms.targets import get_target
+from ..registry import enumerate_variants
+from ..runtime.manifest import sha256_file
+from ..variant import Variant
+from . import toolchain
+from .cubin import disassemble, opcode_histogram, sass_target
+from .link import link_host_library
+
+SCHEMA_VERSION = 1
+PACKAGE_ROOT = Path(__file__).resolve().parents[1]
+HOST_LIB = "lib/libfactory_bundle.so"
+
+
+def default_cache_dir() -> Path:
+    env = os.environ.get("FACTORY_CACHE")
+    if env:
+        return Path(env)
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "kernel-factory"
+
+
+def cache_key(v: Variant) -> str:
+    """Content address of a compiled variant: kernel source, config, target, tool versions."""
+    h = hashlib.sha256()
+    h.update(json.dumps({
+        "schema": SCHEMA_VERSION, "name": v.name, "config": v.config(), "cls": type(v).__qualname__,
+        "versions": toolchain.versions(),
+    }, sort_keys=True, default=str).encode())
+    for rel in sorted(set(v.sources) | {"compiler/compile.py", "compiler/cubin.py", "variant.py", "atoms/targets.py"}):
+        h.update(rel.encode())
+        h.update((PACKAGE_ROOT / rel).read_bytes())
+    return h.hexdigest()[:32]
+
+
+# --- worker side ---------------------------------------------------------------------------------
+def _init(target: str) -> None:
+    from .compile import init_worker
+
+    init_worker(target)
+
+
+def _compile_into_cache(v: Variant, entry: str) -> dict:
+    from .compile import compile_variant
+
+    entry_p = Path(entry)
+    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=entry_p.parent))
+    try:
+        info = compile_variant(v, tmp)
+        # Disassemble once, here: the SASS check and histogram are cached with the cubin.
+        sass = disassemble(tmp / f"{v.name}.cubin")
+        info["sass_problems"] = check_sass(v, sass)
+        info["sass_histogram"] = opcode_histogram(sass)
+        (tmp / "info.json").write_text(json.dumps(info, indent=1))
+        try:
+            tmp.rename(entry_p)  # atomic publish; a concurrent builder may have won the race
+        except OSError:
+            pass
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return info
+
+
+# --- driver ---------------------------------------------------------------------------------------
+def _progress(total: int, desc: str):
+    try:
+        from tqdm import tqdm
+
+        return tqdm(total=total, desc=desc, unit="variant", file=sys.stderr, disable=total == 0)
+    except ImportError:  # pragma: no cover
+        class _P:
+            def __init__(self):
+                self.n = 0
+
+            def update(self, k=1):
+                self.n += k
+                print(f"{desc}: {self.n}/{total}", file=sys.stderr)
+
+            def close(self):
+                pass
+
+        return _P()
+
+
+def compile_all(variants: list[Variant], jobs: int, cache: Path) -> tuple[dict[str, Path], int]:
+    """Cache entries for every variant; returns (name -> entry dir, number compiled now)."""
+    cache.mkdir(parents=True, exist_ok=True)
+    entries = {v.name: cache / f"{v.name}-{cache_key(v)}" for v in variants}
+    todo = [v for v in variants if not (entries[v.name] / "info.json").exists()]
+    by_target: dict[str, list[Variant]] = defaultdict(list)
+    for v in todo:
+        by_target[v.target].append(v)
+    bar = _progress(len(todo), "compiling")
+    errors = []
+    ctx = mp.get_context("spawn")
+    try:
+        for target, vs in by_target.items():
+            # One pool per target: CUTE_DSL_ARCH must be set before the worker imports cutlass.
+            with cf.ProcessPoolExecutor(max_workers=max(1, min(jobs, len(vs))), mp_context=ctx,
+                                        initializer=_init, initargs=(target,)) as pool:
+                futs = {pool.submit(_compile_into_cache, v, str(entries[v.name])): v for v in vs}
+                for fut in cf.as_completed(futs):
+                    try:
+                        fut.result()
+                    except Exception as e:  # noqa: BLE001 - report every failure, then stop
+                        errors.append(f"{futs[fut].name}: {type(e).__name__}: {e}")
+                    bar.update(1)
+    finally:
+        bar.close()
+    if errors:
+        raise RuntimeError("compilation failed:\n" + "\n".join(errors))
+    return entries, len(todo)
+
+
+def check_sass(v: Variant, sass: str) -> list[str]:
+    """Problems with a cubin's disassembly (empty when it is what the family must emit)."""
+    problems = []
+    want = get_target(v.target).name.rstrip("a")
+    got = sass_target(sass)
+    if got is None or got.rstrip("a") != want:
+        problems.append(f"SASS target {got}, expected {v.target}")
+    for pat in v.sass_requirements():
+        if not re.search(pat, sass):
+            problems.append(f"SASS lacks {pat}")
+    return problems
+
+
+def build(
+    out: str | Path, targets: list[str], ops: list[str] | None = None, tier: str = "default",
+    name_filter: str | None = None, jobs: int | None = None, cache: str | Path | None = None,
+) -> dict:
+    """Build a bundle into ``out`` (replacing what is there); returns a summary."""
+    t0 = time.perf_counter()
+    out = Path(out)
+    variants = enumerate_variants(targets, ops, tier=tier, name_filter=name_filter)
+    if not variants:
+        raise ValueError(f"no variants for targets={targets} ops={ops} tier={tier} filter={name_filter}")
+    jobs = jobs or max(1, os.cpu_count() or 1)
+    entries, compiled = compile_all(variants, jobs, Path(cache) if cache else default_cache_dir())
+
+    staging = Path(tempfile.mkdtemp(prefix=".bundle-", dir=out.parent if out.parent.exists() else None))
+    try:
+        for sub in ("cubin", "include", "obj"):
+            (staging / sub).mkdir()
+        records = []
+        for v in sorted(variants, key=lambda v: v.name):
+            e = entries[v.name]
+            info = json.loads((e / "info.json").read_text())
+            for ext, sub in ((".cubin", "cubin"), (".h", "include"), (".o", "obj")):
+                shutil.copy2(e / f"{v.name}{ext}", staging / sub / f"{v.name}{ext}")
+            if info["sass_problems"]:
+                raise RuntimeError(f"{v.name}: " + "; ".join(info["sass_problems"]))
+            hist = info["sass_histogram"]
+            records.append((v, info, hist))
+        link_host_library(staging, [{"name": v.name, "header": info["header"]} for v, info, _ in records])
+        manifest = _manifest(staging, records)
+        (staging / "manifest.json").write_text(json.dumps(manifest, indent=1))
+        if out.exists():
+            shutil.rmtree(out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        staging.rename(out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    total_bytes = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+    return {
+        "bundle": str(out), "variants": len(variants), "compiled": compiled,
+        "cached": len(variants) - compiled, "seconds": round(time.perf_counter() - t0, 1),
+        "bytes": total_bytes,
+    }
+
+
+def _constraints(v: Variant, info: dict) -> dict:
+    """What a problem must satisfy, spelled out from the signature and the header."""
+    from ..abi import TensorArg
+
+    sig = v.signature()
+    tensors = [a for a in sig.args if isinstance(a, TensorArg)]
+    size32 = any(st["shape_ctype"] == "int32_t" and st["n_shapes"] for st in info["header"]["structs"].values())
+    return {
+        "pointer_alignment_bytes": {a.name: a.align for a in tensors},
+        "multiple_of": dict(sig.divisibility),  # sizes and strides, in elements
+        "max_size": 2**31 - 1 if size32 else 2**63 - 1,
+    }
+
+
+_KEY_OPCODES = ("HMMA", "QMMA", "HGMMA", "QGMMA", "UTCHMMA", "UTCQMMA", "UTCMMA", "LDGSTS", "LDSM",
+                "UTMALDG", "UTMASTG", "LDL", "STL", "MUFU.EX2")
+
+
+def _manifest(bundle: Path, records: list[tuple[Variant, dict, dict]]) -> dict:
+    variants = {}
+    for v, info, hist in records:
+        files = {}
+        for kind, rel in (("cubin", f"cubin/{v.name}.cubin"), ("header", f"include/{v.name}.h"),
+                          ("object", f"obj/{v.name}.o")):
+            p = bundle / rel
+            files[kind] = {"path": rel, "sha256": sha256_file(p), "bytes": p.stat().st_size}
+        kernels = info["kernels"]
+        spill = sum(k["stack_frame_bytes"] for k in kernels.values()) + sum(
+            c for op, c in hist.items() if op.startswith(("LDL", "STL")))
+        tgt = get_target(v.target)
+        variants[v.name] = {
+            "name": v.name,
+            "op": v.op,
+            "family": v.family,
+            "target": v.target,
+            "config": v.config(),
+            **v.describe(),
+            "signature": v.signature().to_json(),
+            "constraints": {**v.describe().get("constraints", {}), **_constraints(v, info)},
+            "abi": {"wrapper": info["header"]["wrapper"], "params": info["header"]["params"],
+                    "structs": info["header"]["structs"]},
+            # A family may know better than its target (e.g. an instruction path never executed).
+            "proof": v.proof_level() if hasattr(v, "proof_level") else tgt.proof,
+            "resources": {
+                "registers": max(k["registers"] for k in kernels.values()),
+                "dynamic_smem_bytes": v.smem_bytes(),
+                "static_smem_bytes": max(k["static_smem_bytes"] for k in kernels.values()),
+                "stack_frame_bytes": max(k["stack_frame_bytes"] for k in kernels.values()),
+                "spill_instructions": spill,
+                "kernels": kernels,
+            },
+            "sass": {op: sum(c for o, c in hist.items() if o == op or o.startswith(op + "."))
+                     for op in _KEY_OPCODES},
+            "sass_requirements": list(v.sass_requirements()),
+            "compile_seconds": info["compile_seconds"],
+            "files": files,
+        }
+    lib = bundle / HOST_LIB
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "versions": toolchain.versions(),
+        "host_library": {"path": HOST_LIB, "sha256": sha256_file(lib), "bytes": lib.stat().st_size},
+        "proof_levels": {
+            "executed": "this cubin runs on the lab's H100 (smoke.py records the run)",
+            "portability-build": "the same source, built for sm_90, runs on the lab's H100",
+            "sass-only": "compiled and disassembled; never run",
+        },
+        "variants": variants,
+    }
