@@ -1,4 +1,4 @@
-"""python -m factory {build,list,verify,inspect}"""
+"""python -m factory {build,list,verify,inspect,doctor}"""
 
 from __future__ import annotations
 
@@ -58,11 +58,24 @@ def _cmd_inspect(a) -> int:
     return 0
 
 
+def _cmd_doctor(a) -> int:
+    from .doctor import report
+
+    r = report(a.bundle)
+    if a.json:
+        print(json.dumps(r, indent=1))
+    else:
+        w = max(len(k) for k in r)
+        for k, v in r.items():
+            print(f"{k.ljust(w)}  {v if not isinstance(v, (list, dict)) else json.dumps(v)}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m factory", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build", help="compile variants into a bundle (no GPU needed)")
-    b.add_argument("--targets", nargs="+", required=True, help="e.g. sm_80 sm_86 sm_89 sm_90 sm_90a sm_100a")
+    b.add_argument("--targets", nargs="+", required=True, help="e.g. sm_80 sm_86 sm_89 sm_90 sm_90a (or sm_80,sm_90a)")
     b.add_argument("--ops", nargs="+", default=None, help="gemm, attention (default: all)")
     b.add_argument("--out", required=True)
     b.add_argument("--tier", default="default", choices=("test", "default", "full"))
@@ -75,6 +88,10 @@ def main(argv: list[str] | None = None) -> int:
         s = sub.add_parser(name, help=helptext)
         s.add_argument("bundle")
         s.set_defaults(fn=fn)
+    d = sub.add_parser("doctor", help="this machine, its GPU and what the bundle runs here (for bug reports)")
+    d.add_argument("bundle", nargs="?", default="artifacts/default")
+    d.add_argument("--json", action="store_true")
+    d.set_defaults(fn=_cmd_doctor)
     i = sub.add_parser("inspect", help="a variant's manifest entry")
     i.add_argument("bundle")
     i.add_argument("variant")

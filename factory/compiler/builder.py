@@ -156,9 +156,12 @@ def build(
     out: str | Path, targets: list[str], ops: list[str] | None = None, tier: str = "default",
     name_filter: str | None = None, jobs: int | None = None, cache: str | Path | None = None,
 ) -> dict:
-    """Build a bundle into ``out`` (replacing what is there); returns a summary."""
+    """Build a bundle into ``out`` (replacing what is there); returns a summary.  Targets and ops
+    may also be given with commas (``["sm_80,sm_90a"]``)."""
     t0 = time.perf_counter()
     out = Path(out)
+    targets = [t for x in targets for t in x.split(",") if t]
+    ops = [o for x in ops for o in x.split(",") if o] if ops else ops
     variants = enumerate_variants(targets, ops, tier=tier, name_filter=name_filter)
     if not variants:
         raise ValueError(f"no variants for targets={targets} ops={ops} tier={tier} filter={name_filter}")

@@ -1,0 +1,60 @@
+"""``python -m factory doctor [BUNDLE]``: what a bug report needs — this machine's GPU, driver and
+torch, the bundle's build versions, which of its targets and families this device runs, and
+whether its tuning table applies here.  Imports torch (if installed) and the runtime; never the DSL."""
+
+from __future__ import annotations
+
+import platform
+import sys
+from pathlib import Path
+
+from .atoms.targets import targets_for_capability
+from .runtime import tuning
+from .runtime.manifest import file_ok, load_manifest
+
+
+def _gpu() -> dict:
+    try:
+        import torch
+    except ImportError:
+        return {"torch": "not installed"}
+    r = {"torch": torch.__version__, "torch CUDA": torch.version.cuda}
+    if not torch.cuda.is_available():
+        return {**r, "GPU": "none visible"}
+    i = torch.cuda.current_device()
+    p = torch.cuda.get_device_properties(i)
+    r.update({"GPU": f"cuda:{i} {p.name}", "GPUs visible": torch.cuda.device_count(),
+              "compute capability": f"{p.major}.{p.minor}", "SMs": p.multi_processor_count,
+              "memory GiB": round(p.total_memory / 2**30, 1)})
+    try:
+        from cuda.bindings import driver as cu
+
+        err, v = cu.cuDriverGetVersion()
+        if err == cu.CUresult.CUDA_SUCCESS:
+            r["driver CUDA version"] = f"{v // 1000}.{v % 1000 // 10}"
+    except Exception:  # noqa: BLE001 - cuda-python missing or too old: leave it out
+        pass
+    return r
+
+
+def report(bundle: str | Path) -> dict:
+    r = {"python": sys.version.split()[0], "platform": platform.platform(), **_gpu(), "bundle": str(bundle)}
+    try:
+        m = load_manifest(bundle)
+    except Exception as e:  # noqa: BLE001 - the report says why
+        return {**r, "bundle error": str(e)}
+    r["built with"] = m.get("versions", {})
+    r["host library"] = ("ok" if file_ok(Path(bundle), m["host_library"])
+                         else "MISSING, TRUNCATED OR ALTERED") + f" ({m['host_library']['path']})"
+    have: dict[str, dict[str, int]] = {}
+    for v in m["variants"].values():
+        have.setdefault(v["target"], {}).setdefault(f"{v['op']}/{v['family']}", 0)
+        have[v["target"]][f"{v['op']}/{v['family']}"] += 1
+    r["variants by target"] = have
+    cc = r.get("compute capability")
+    if cc:
+        runs = [t.name for t in targets_for_capability(tuple(int(x) for x in cc.split(".")))]
+        r["targets this GPU runs (best first)"] = [t for t in runs if t in have] or "none of the bundle's"
+        r["families selectable here"] = sorted({f for t in runs for f in have.get(t, {})})
+        r["tuning.json"] = tuning.load(bundle, {"name": r["GPU"].split(" ", 1)[1], "sm_count": r["SMs"]})[1]
+    return r
