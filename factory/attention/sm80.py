@@ -61,6 +61,10 @@ DTYPES = ("bf16", "f16")
 MAX_SPLITS = 32
 # The split counts the default tier builds (dense, 64-row tile); see enumerate_attention.
 DEFAULT_SPLITS = (4, 16)
+# Packed-GQA decode always splits (runtime: the fewest splits that fill the SMs); 2 serves large
+# batches at short contexts, where 4 splits left one key tile per CTA (B16 H32/8 Sk512: 19.6 µs,
+# SDPA 8.6 on the H100, 2026-11-25).
+PACK_SPLITS = (2, 4, 16)
 # Combine kernel: one warp per query row, this many rows per CTA.
 COMBINE_WARPS = 4
 HEAD_DIMS = (64, 128)
@@ -267,7 +271,7 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm80]:
             for p in problems if not p[3] for sp in DEFAULT_SPLITS]
     # ... and for seqlen_q == 1 with GQA, the q-heads of one kv head packed into one CTA's rows.
     out += [dataclasses.replace(make(*p, tile_m=64, warps=4), splits=sp, pack_gqa=True)
-            for p in problems if not p[3] and not p[2] for sp in DEFAULT_SPLITS]
+            for p in problems if not p[3] and not p[2] for sp in PACK_SPLITS]
     if tier == "full":
         out += [make(*p, tile_n=tn, stages=st) for p in problems for tn, st in _ALTERNATIVES[p[1]]]
     out = list({v.name: v for v in out}.values())  # alternatives may repeat the default
