@@ -113,9 +113,28 @@ def on_gpu(bundle: str, quick: bool) -> int:
     sdpa = per_call_us(lambda: torch.nn.functional.scaled_dot_product_attention(sdpa_q, sdpa_q, sdpa_q, is_causal=True))
     print(f"packed fp8 decode bundle.gemm(out=, scales) {packed:.1f}; bundle.attention B1 S128 H8 D64 causal {att:.1f}, "
           f"torch SDPA {sdpa:.1f}")
+    torch_ops_cost(b, x, w, out)
     if not quick:
         breakdown(b, x, w, out)
     return 0
+
+
+def torch_ops_cost(b, x, w, out) -> None:
+    """torch.ops.kernel_factory.gemm_out (torch.library define + impl) beside the same call
+    registered with the @torch.library.custom_op decorator, bundle.gemm and torch.mm."""
+    import torch
+
+    kf = b.torch_ops()
+
+    @torch.library.custom_op("kf_overhead::gemm_out", mutates_args=("out",))
+    def deco(a: torch.Tensor, w_: torch.Tensor, out: torch.Tensor) -> None:
+        b.gemm(a, w_, out)
+
+    rows = {"torch.ops.kernel_factory.gemm_out (define+impl)": lambda: kf.gemm_out(x, w, out),
+            "the same through @custom_op": lambda: deco(x, w, out),
+            "bundle.gemm(out=)": lambda: b.gemm(x, w, out),
+            "torch.mm(out=)": lambda: torch.mm(x, w.t(), out=out)}
+    print("; ".join(f"{k} {per_call_us(fn):.1f}" for k, fn in rows.items()) + " (host µs per call)")
 
 
 def breakdown(b, x, w, out) -> None:

@@ -37,6 +37,12 @@ class Bundle(BundleCore):
         ``bundle.gemm(a, bundle.pack_b(w), ...)`` with M ≤ 16 then runs one of them."""
         return _ops()[1].pack_b(b)
 
+    def torch_ops(self):
+        """``torch.ops.kernel_factory``, its ops running on this bundle (runtime/torch_ops.py)."""
+        from . import torch_ops
+
+        return torch_ops.register(self)
+
     def attention(self, q, k, v, **kwargs):
         """FlashAttention forward (runtime/attention.py has the arguments)."""
         return (_OPS or _ops())[2].attention(self, q, k, v, **kwargs)

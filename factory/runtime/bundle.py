@@ -182,11 +182,31 @@ class BundleCore:
         if err:
             raise LaunchError(f"{name}: launch failed: {self.lib.error(err)}")
 
+    def preload(self, ops=("gemm", "attention")) -> int:
+        """Load every variant of ``ops`` that this device runs, now: module loading cannot be
+        captured in a CUDA graph, so call this (or run each call once) before capturing.  Returns
+        the number of modules loaded."""
+        n = 0
+        for op in ops:
+            for v in self.candidates(op):
+                if v["name"] not in self._launchers:
+                    self._first_load(v["name"])
+                    n += 1
+        return n
+
     def _first_load(self, name: str):
-        """Check the variant runs here and its files are intact, then load its module."""
+        """Check the variant runs here and its files are intact, then load its module (never
+        while a CUDA graph is being captured)."""
         entry = self.manifest["variants"].get(name)
         if entry is None:
             raise NoVariantError(f"no variant {name!r}; {self.describe_contents()}")
+        if not self._simulated:
+            import torch
+
+            if torch.cuda.is_current_stream_capturing():
+                raise LaunchError(f"{name} is not loaded yet and a CUDA graph is being captured: module loading "
+                                  f"cannot be captured; call bundle.preload() (or run the same call once) before "
+                                  f"capturing")
         if not get_target(entry["target"]).runs_on(self.capability):
             raise NoVariantError(f"{name} is built for {entry['target']}, which cannot run on {self.device_name()}")
         for kind, rec in sorted(entry.get("files", {}).items()):

@@ -1,0 +1,125 @@
+"""torch.ops.kernel_factory on the GPU: opcheck with every check, a small block compiled with
+torch.compile(fullgraph=True) (inductor), with mode="reduce-overhead" (CUDA graphs) and under a
+manual torch.cuda.graph capture, each equal to eager; dynamic batch sizes without recompiles; a
+first call inside a capture without preload raises a clear error and leaves the process usable."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+ROOT = Path(__file__).resolve().parents[1]
+BUNDLE = Path(os.environ.get("FACTORY_BUNDLE", ROOT / "artifacts" / "default"))
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    pytest.mark.skipif(not (BUNDLE / "manifest.json").exists(), reason=f"no bundle at {BUNDLE} (set FACTORY_BUNDLE)"),
+]
+
+
+@pytest.fixture(scope="module")
+def kf():
+    from factory.runtime import Bundle
+
+    b = Bundle.open(BUNDLE)
+    return b, b.torch_ops()
+
+
+def bf(*s):
+    return torch.randn(*s, dtype=torch.bfloat16, device="cuda")
+
+
+def test_opcheck_on_the_gpu(kf):
+    b, ops = kf
+    one = torch.ones(1, device="cuda")
+    e4 = lambda *s: torch.randn(*s, device="cuda").to(torch.float8_e4m3fn)  # noqa: E731
+    torch.library.opcheck(ops.gemm, (bf(64, 256), bf(128, 256)))
+    torch.library.opcheck(ops.gemm, (bf(2, 64, 256), bf(2, 128, 256)), {"out_dtype": torch.float32})
+    torch.library.opcheck(ops.gemm, (e4(64, 256), e4(128, 256)), {"scale_a": one, "scale_b": one * 0.5})
+    torch.library.opcheck(ops.gemm_out, (bf(64, 256), bf(128, 256), torch.empty(64, 128, dtype=torch.bfloat16, device="cuda")))
+    torch.library.opcheck(ops.gemm_packed, (e4(16, 2048), b.pack_b(e4(256, 2048)).data), {"scale_a": one})
+    q = bf(2, 128, 8, 64)
+    torch.library.opcheck(ops.attention, (q, bf(2, 128, 2, 64), bf(2, 128, 2, 64)), {"causal": True})
+    t, cu = bf(300, 4, 128), torch.tensor([0, 100, 300], dtype=torch.int32, device="cuda")
+    torch.library.opcheck(ops.attention, (t, t, t), {"cu_seqlens_q": cu, "cu_seqlens_k": cu, "max_seqlen_q": 200})
+
+
+class Block(torch.nn.Module):
+    """QKV projection, causal GQA attention, output projection: bundle ops only."""
+
+    def __init__(self, ops, d=512, hq=8, hkv=2, hd=64):
+        super().__init__()
+        self.ops, self.hq, self.hkv, self.hd = ops, hq, hkv, hd
+        self.wqkv = torch.nn.Parameter(torch.randn((hq + 2 * hkv) * hd, d, dtype=torch.bfloat16, device="cuda") / d ** 0.5,
+                                       requires_grad=False)
+        self.wo = torch.nn.Parameter(torch.randn(d, hq * hd, dtype=torch.bfloat16, device="cuda") / d ** 0.5,
+                                     requires_grad=False)
+
+    def forward(self, x):  # x (B, S, d)
+        B, S, d = x.shape
+        qkv = self.ops.gemm(x.reshape(B * S, d), self.wqkv).view(B, S, self.hq + 2 * self.hkv, self.hd)
+        q, k, v = qkv.split([self.hq, self.hkv, self.hkv], dim=2)
+        o, _ = self.ops.attention(q.contiguous(), k.contiguous(), v.contiguous(), causal=True)
+        out = torch.empty(B * S, d, dtype=torch.bfloat16, device=x.device)
+        self.ops.gemm_out(o.reshape(B * S, -1), self.wo, out)
+        return out.view(B, S, d) + x
+
+
+def test_compile_graphs_and_eager_agree(kf):
+    b, ops = kf
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    block = Block(ops)
+    x = bf(2, 128, 512)
+    with torch.inference_mode():
+        ref = block(x)
+        torch._dynamo.reset()
+        counters.clear()
+        full = torch.compile(block, fullgraph=True)
+        torch.testing.assert_close(full(x), ref, rtol=2e-2, atol=2e-2)
+        for bsz in (3, 4, 6):  # dynamic batch: one recompile at most (the first size change)
+            xb = bf(bsz, 128, 512)
+            torch._dynamo.mark_dynamic(xb, 0)
+            torch.testing.assert_close(full(xb), block(xb), rtol=2e-2, atol=2e-2)
+        assert not counters["graph_break"], dict(counters["graph_break"])
+        assert counters["stats"]["unique_graphs"] <= 2, dict(counters["stats"])
+        torch._dynamo.reset()
+        ro = torch.compile(block, mode="reduce-overhead", fullgraph=True)
+        for _ in range(3):  # warm-up runs, then graph replays
+            y = ro(x)
+        torch.testing.assert_close(y.clone(), ref, rtol=2e-2, atol=2e-2)
+        b.preload()
+        static_x = x.clone()
+        block(static_x)  # warm on the side stream as torch.cuda.graph expects
+        g = torch.cuda.CUDAGraph()
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            block(static_x)
+        torch.cuda.current_stream().wait_stream(s)
+        with torch.cuda.graph(g):
+            static_y = block(static_x)
+        x2 = bf(2, 128, 512)
+        static_x.copy_(x2)
+        g.replay()
+        torch.testing.assert_close(static_y, block(x2), rtol=2e-2, atol=2e-2)
+
+
+def test_first_load_inside_a_capture_is_a_clear_error():
+    from test_validation_gpu import run_case
+
+    call = ("g = torch.cuda.CUDAGraph(); s = torch.cuda.Stream(); x = torch.randn(64, 256, **bf)\n"
+            "            try:\n"
+            "                with torch.cuda.stream(s), torch.cuda.graph(g, stream=s):\n"
+            "                    b.gemm(x, w)\n"
+            "            finally:\n"
+            "                torch.cuda.synchronize()")
+    r = run_case(call)
+    assert "LaunchError" in r.stdout and "call bundle.preload()" in r.stdout, r.stdout + r.stderr
+    assert r.returncode == 0 and "CONTEXT OK" in r.stdout, r.stdout + r.stderr
