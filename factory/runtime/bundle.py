@@ -203,7 +203,7 @@ class BundleCore:
         if not self._simulated:
             import torch
 
-            if torch.cuda.is_current_stream_capturing():
+            if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
                 raise LaunchError(f"{name} is not loaded yet and a CUDA graph is being captured: module loading "
                                   f"cannot be captured; call bundle.preload() (or run the same call once) before "
                                   f"capturing")
