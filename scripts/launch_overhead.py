@@ -126,9 +126,10 @@ def torch_ops_cost(b, x, w, out) -> None:
 
     kf = b.torch_ops()
 
-    @torch.library.custom_op("kf_overhead::gemm_out", mutates_args=("out",))
-    def deco(a: torch.Tensor, w_: torch.Tensor, out: torch.Tensor) -> None:
-        b.gemm(a, w_, out)
+    @torch.library.custom_op("kf_overhead::gemm_out", mutates_args=("out",),
+                             schema="(Tensor a, Tensor w, Tensor(a!) out) -> ()")
+    def deco(a, w, out):
+        b.gemm(a, w, out)
 
     rows = {"torch.ops.kernel_factory.gemm_out (define+impl)": lambda: kf.gemm_out(x, w, out),
             "the same through @custom_op": lambda: deco(x, w, out),
