@@ -53,3 +53,31 @@ def gpu_bundle() -> Path:
     if not (p / "manifest.json").exists():
         pytest.skip(f"no bundle at {p}: build one (scripts/build_bundle.py) and set FACTORY_BUNDLE")
     return p
+
+
+# --- shared by the GPU test modules ---------------------------------------------------------------
+GPU_BUNDLE = Path(os.environ.get("FACTORY_BUNDLE", ROOT / "artifacts" / "default"))
+
+
+def gpu_marks() -> list:
+    """pytestmark of a module that runs the bundle at $FACTORY_BUNDLE on a GPU."""
+    return [pytest.mark.gpu,
+            pytest.mark.skipif(not _have_gpu(), reason="needs a CUDA GPU"),
+            pytest.mark.skipif(not (GPU_BUNDLE / "manifest.json").exists(),
+                               reason=f"no bundle at {GPU_BUNDLE} (set FACTORY_BUNDLE)")]
+
+
+class Recorder:
+    """A host library whose launchers record the variant launched instead of launching (for
+    ``BundleCore.simulate``)."""
+
+    def __init__(self):
+        self.launched = []
+
+    def launcher(self, name):
+        def fn(argv):
+            self.launched.append(name)
+            return 0
+
+        return fn
+

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from conftest import Recorder
 from factory.runtime import Bundle, InputError
 
 H100 = {"name": "planned H100", "sm_count": 132}
@@ -15,16 +16,6 @@ CPU_CHECKS = ("test_schema", "test_autograd_registration", "test_faketensor")
 FP8_CPU_CHECKS = CPU_CHECKS[1:]  # test_schema multiplies inputs, which torch's CPU fp8 cannot
 
 
-class Recorder:
-    def __init__(self):
-        self.launched = []
-
-    def launcher(self, name):
-        def fn(argv):
-            self.launched.append(name)
-            return 0
-
-        return fn
 
 
 @pytest.fixture

@@ -11,23 +11,12 @@ import shutil
 import pytest
 import torch
 
+from conftest import Recorder
 from factory.runtime import Bundle, BundleError, InputError, NoVariantError
 
 H100 = {"name": "planned H100", "sm_count": 132}
 
 
-class Recorder:
-    """A host library whose launchers record the variant launched."""
-
-    def __init__(self):
-        self.launched = []
-
-    def launcher(self, name):
-        def fn(argv):
-            self.launched.append(name)
-            return 0
-
-        return fn
 
 
 class OnDevice(torch.Tensor):

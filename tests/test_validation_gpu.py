@@ -12,20 +12,15 @@ import shutil
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
-ROOT = Path(__file__).resolve().parents[1]
-BUNDLE = Path(os.environ.get("FACTORY_BUNDLE", ROOT / "artifacts" / "default"))
+from conftest import GPU_BUNDLE as BUNDLE
+from conftest import ROOT, gpu_marks
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-    pytest.mark.skipif(not (BUNDLE / "manifest.json").exists(), reason=f"no bundle at {BUNDLE} (set FACTORY_BUNDLE)"),
-]
+pytestmark = gpu_marks()
 
 PRELUDE = """
 import sys, torch

@@ -15,9 +15,6 @@ import torch
 
 from .errors import InputError
 
-_INT32_MAX = 2**31 - 1
-
-
 def where(t) -> str:
     d = t.get_device()
     return f"cuda:{d}" if d >= 0 else str(t.device)
@@ -54,12 +51,6 @@ def no_grad(op: str, **named) -> None:
         if need:
             raise InputError(f"{op}: {', '.join(need)} require grad, and {op} has no backward: call it under "
                              f"torch.no_grad() / torch.inference_mode(), or pass .detach()ed tensors")
-
-
-def dims(what: str, shape, limit: int = _INT32_MAX) -> None:
-    """InputError when a size exceeds the kernels' 32-bit size slots."""
-    if any(s > limit for s in shape):
-        raise InputError(f"{what} has a size over {limit} ({tuple(shape)}): the kernels' size arguments are 32-bit")
 
 
 def check_varlen_default() -> bool:
