@@ -152,13 +152,14 @@ def test_enumeration():
         plain = [v for v in default if v.splits == 1]
         split = [v for v in default if v.splits > 1]
         # 16 problems (dtype, head_dim, causal, varlen) + 8 dense ones with 64-row query tiles,
-        # + split-KV: 8 dense problems x 2 split counts, and 4 non-causal packed-GQA x 2
-        assert len(test) == 2 and len(plain) == 24 and len(split) == 24, t
-        assert len({v.name for v in default}) == 48
+        # + split-KV: 8 dense problems x 2 split counts, and 4 non-causal packed-GQA x 3
+        assert len(test) == 2 and len(plain) == 24 and len(split) == 28, t
+        assert len({v.name for v in default}) == 52
         assert sum(v.tile_m == 64 and not v.varlen for v in plain) == 8
         assert all(v.can_implement() is None for v in default), t
-        assert all(v.tile_m == 64 and not v.varlen and v.splits in (4, 16) for v in split), t
-        assert sum(v.pack_gqa for v in split) == 8 and not any(v.causal for v in split if v.pack_gqa)
+        assert all(v.tile_m == 64 and not v.varlen and v.splits in (2, 4, 16) for v in split), t
+        assert {v.splits for v in split if v.pack_gqa} == {2, 4, 16}
+        assert sum(v.pack_gqa for v in split) == 12 and not any(v.causal for v in split if v.pack_gqa)
         assert {(v.dtype, v.head_dim, v.causal, v.splits) for v in split if not v.pack_gqa} == {
             (dt, d, c, s) for dt in ("bf16", "f16") for d in (64, 128) for c in (False, True)
             for s in (4, 16)}
