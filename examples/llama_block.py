@@ -255,6 +255,13 @@ def check(bundle) -> None:
         for fp8 in (False, True):
             a, r = ours(bundle, wts, fp8), reference(wts, fp8)
             x, pos, cu, mx = prefill_case([37, 128, 1, 90])
+            # stage by stage, so that a failure names its stage (and equal outputs cannot hide one)
+            xn = rms_norm(x, wts.n1)
+            stages = {"qkv": rel(a.mm(xn, "wqkv"), r.mm(xn, "wqkv"))}
+            q, k, v = r._qkv(x, pos)
+            stages["attention"] = rel(a.attend(q, k, v, cu=cu, max_len=mx), r.attend(q, k, v, cu=cu, max_len=mx))
+            print(f"check fp8={fp8}: prefill stages {stages}")
+            assert all(0 < e < (6e-2 if fp8 else 2e-2) for e in stages.values()), stages
             e1 = rel(a.prefill(x, pos, cu, mx), r.prefill(x, pos, cu, mx))
             x, ck, cv, lens = decode_case(4, 300)
             e2 = rel(a.decode(x, ck.clone(), cv.clone(), lens), r.decode(x, ck.clone(), cv.clone(), lens))
