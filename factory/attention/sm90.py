@@ -63,6 +63,10 @@ DTYPES = ("bf16", "f16")
 HEAD_DIMS = (64, 128)
 # Rows of one consumer warpgroup: one WGMMA M.
 WG_ROWS = 64
+# Dense problems with fewer queries than this run the sm80 family's kernels on a 9.0 device
+# (runtime/attention.py select; manifest "min_seqlen_q"): their 64-row slabs would be mostly
+# padding, and the sm80 family has split-KV and packed-GQA decode paths that this one lacks.
+MIN_SEQLEN_Q = 64
 _SMEM_ALIGN = 1024
 # Static smem the DSL adds to every kernel (1 KiB) and room for the mbarriers.
 _STATIC_SMEM = 1024
@@ -181,6 +185,7 @@ class AttentionSm90(Variant):
             "overlap": self.overlap,
             "pingpong": self.pingpong,
             "smem_bytes": self.smem_bytes(),
+            "min_seqlen_q": MIN_SEQLEN_Q,
             "threads": self.threads,
             "registers_per_role": {"producer": atoms.PRODUCER_REGS[self.consumers],
                                    "consumer": atoms.CONSUMER_REGS[self.consumers]},
@@ -582,8 +587,9 @@ class FlashFwdSm90:
             if cutlass.const_expr(self.causal):
                 limit = cutlass.min(limit, row0 + cS[r, 0][0] + 1 + k_len - q_len - n0)
             for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
-                if cS[r, c][1] >= limit:
-                    s_mn[r, c] = -cutlass.Float32.inf
+                # a select per score (an `if` statement here yields the whole fragment per
+                # branch: ~15x the instructions)
+                s_mn[r, c] = -cutlass.Float32.inf if cS[r, c][1] >= limit else s_mn[r, c]
 
     @cute.jit
     def online_softmax(self, acc_S, row_max, row_sum, scale_log2):

@@ -198,13 +198,17 @@ def select(candidates: list[dict], *, dtype: str, head_dim: int, causal: bool,
     ``decode`` = (batch, Hq, Hkv, seqlen_q, seqlen_k) of a dense problem: when split-KV variants
     exist and :func:`split_count` says the grid needs them, the split variant instead; for
     seqlen_q == 1 with GQA, the packed one (rows = the q-heads of one kv head, so B·Hkv CTAs per
-    split; built non-causal, which equals bottom-right causal for one query)."""
+    split; built non-causal, which equals bottom-right causal for one query).  Split and packed
+    variants come from the best target that has them (the sm90 family has none, so on a 9.0
+    device decode shapes keep the sm_90 build's).  A variant whose manifest entry names a
+    ``min_seqlen_q`` serves only dense problems with at least that many queries (the sm90
+    family's 64-row warpgroup slabs are padding for fewer); below it the next target's choice."""
     fit = [e for e in candidates
            if e.get("dtype") == dtype and e.get("head_dim") == head_dim
            and bool(e.get("varlen")) == varlen]
     if fit and decode is not None and not varlen:
         b, hq, hkv, sq, sk = decode
-        top = fit[0].get("target")
+        top = next((e.get("target") for e in fit if e.get("splits", 1) > 1), None)
         if sq == 1 and hq > hkv:
             pack = [e for e in fit if e.get("pack_gqa") and e.get("target") == top]
             e = _split_pick(pack, b * hkv, -(-hq // hkv), sk, sms)
@@ -216,6 +220,8 @@ def select(candidates: list[dict], *, dtype: str, head_dim: int, causal: bool,
         if e is not None:
             return e
     fit = [e for e in fit if bool(e.get("causal")) == causal]
+    if decode is not None and not varlen:
+        fit = [e for e in fit if decode[3] >= e.get("min_seqlen_q", 0)] or fit
     if fit:
         best = [e for e in fit if e.get("target") == fit[0].get("target")]
         best = [e for e in best if e.get("splits", 1) == 1] or best
