@@ -109,9 +109,16 @@ def test_enumeration_and_names():
     test = sm90.enumerate_attention(get_target("sm_90a"), "test")
     assert [v.name for v in test] == ["attention_sm90a_bf16_d128_m128_n128_s2_causal_ov_pp"]
     default = sm90.enumerate_attention(get_target("sm_90a"), "default")
-    assert {(v.dtype, v.head_dim, v.causal) for v in default} == {
-        (dt, d, c) for dt in ("bf16", "f16") for d in (64, 128) for c in (False, True)}
-    assert all(v.can_implement() is None and v.overlap and v.pingpong for v in default)
+    problems = {(dt, d, c) for dt in ("bf16", "f16") for d in (64, 128) for c in (False, True)}
+    big = [v for v in default if v.tile_m == 128]
+    small = [v for v in default if v.tile_m == 64]
+    assert len(default) == 16 and len(big) == len(small) == 8
+    assert {(v.dtype, v.head_dim, v.causal) for v in big} == problems
+    assert {(v.dtype, v.head_dim, v.causal) for v in small} == problems
+    assert all(v.can_implement() is None and v.overlap for v in default)
+    assert all(v.pingpong and v.describe()["preferred"] for v in big)
+    assert not any(v.pingpong or v.describe()["preferred"] for v in small)
+    assert small[0].describe()["registers_per_role"] == {"producer": 56, "consumer": 256}
     for t in ("sm_80", "sm_86", "sm_89", "sm_90", "sm_100a"):
         assert sm90.enumerate_attention(get_target(t), "default") == []
 
@@ -218,8 +225,8 @@ def test_h100_selection_through_a_bundle(test_bundle, monkeypatch):
         o, lse = rt.attention(b, q, kv, kv, causal=True, return_lse=True)
         name, args = calls[-1]
         assert name in sm90a and len(args) == 6 and args[3] is o and args[4] is lse
-    # 8 queries: below min_seqlen_q, but this bundle has nothing else for bf16 D128 causal
-    rt.attention(b, torch.zeros(1, 8, 4, 128, dtype=bf), kv, kv, causal=True)
+    # one query: below min_seqlen_q, but this bundle has nothing else for bf16 D128 causal
+    rt.attention(b, torch.zeros(1, 1, 4, 128, dtype=bf), kv, kv, causal=True)
     assert calls[-1][0] in sm90a
     # D64: the sm_90 build's variant
     rt.attention(b, torch.zeros(1, 300, 4, 64, dtype=bf), *(torch.zeros(1, 500, 2, 64, dtype=bf),) * 2)
