@@ -137,7 +137,7 @@ def test_signature_describe_and_limits():
     d = v.describe()
     assert (d["dtype"], d["head_dim"], d["causal"], d["varlen"]) == ("f16", 64, True, False)
     assert d["tile"] == [128, 128] and d["splits"] == 1 and d["pack_gqa"] is False
-    assert d["preferred"] and d["min_seqlen_q"] == sm90.MIN_SEQLEN_Q
+    assert d["preferred"] and d["min_seqlen_q"] == sm90.MIN_SEQLEN_Q and d["ctas_per_sm"] == 1
     assert d["registers_per_role"] == {"producer": 24, "consumer": 240} and d["threads"] == 384
     json.dumps(d)
     assert not V(target="sm_90a", dtype="f16", head_dim=64).describe()["preferred"]
@@ -158,9 +158,10 @@ def _e(name, target, causal=False, tile=(128, 128), splits=1, pack=False, **kw):
 
 
 # Best target first, as Bundle.candidates orders them on a 9.0 device.
+_SM90 = dict(min_seqlen_q=2, ctas_per_sm=1)
 H100 = [
-    _e("h", "sm_90a", preferred=True, min_seqlen_q=64), _e("hc", "sm_90a", True, preferred=True,
-                                                           min_seqlen_q=64),
+    _e("h", "sm_90a", preferred=True, **_SM90), _e("hc", "sm_90a", True, preferred=True, **_SM90),
+    _e("hs", "sm_90a", tile=(64, 128), **_SM90), _e("hsc", "sm_90a", True, tile=(64, 128), **_SM90),
     _e("big", "sm_90", preferred=True), _e("small", "sm_90", tile=(64, 128)),
     _e("bigc", "sm_90", True, preferred=True), _e("smallc", "sm_90", True, tile=(64, 128)),
     _e("s4", "sm_90", tile=(64, 128), splits=4), _e("s16", "sm_90", tile=(64, 128), splits=16),
@@ -181,9 +182,12 @@ def test_h100_prefill_takes_the_sm90_family():
     assert _pick(False, 1, 16, 16, 16384, 16384) == "h"
     assert _pick(True, 2, 16, 16, 4096, 4096) == "hc"
     assert _pick(True, 4, 32, 8, 2048, 2048) == "hc"           # GQA prefill
-    assert _pick(True, 8, 32, 32, 64, 4096) == "hc"            # chunked prefill at the threshold
-    assert _pick(True, 1, 8, 8, 64, 4096) == "s4c"             # ... whose grid needs split-KV
-    assert _pick(False, 1, 8, 8, 512, 512) == "h"
+    # under-filled grids: the 64-row tile when its grid needs no more waves (1 CTA per SM)
+    assert _pick(False, 1, 8, 8, 512, 512) == "hs"             # 64 vs 32 CTAs: one wave each
+    assert _pick(True, 4, 32, 8, 128, 4096) == "hc"            # 256 vs 128 CTAs: two waves vs one
+    assert _pick(True, 4, 32, 8, 4, 8192) == "hsc"             # 128 CTAs either way, no split
+    assert _pick(True, 8, 32, 32, 2, 4096) == "hsc"            # at min_seqlen_q: two waves either way
+    assert _pick(True, 1, 8, 8, 64, 4096) == "s4c"             # a grid that needs split-KV
 
 
 def test_h100_decode_keeps_the_sm80_family():
@@ -193,15 +197,16 @@ def test_h100_decode_keeps_the_sm80_family():
     # no GQA / a few queries: plain split-KV where the grid is under-filled
     assert _pick(False, 1, 32, 32, 1, 4096) == "s4"
     assert _pick(True, 2, 32, 8, 4, 16384) == "s4c"
-    # a full grid without split: the sm_90 build's smallest tile (below min_seqlen_q)
+    # one query, a full grid without split: below min_seqlen_q, the sm_90 build's rule as before
     assert _pick(False, 8, 32, 32, 1, 4096) == "small"
-    assert _pick(True, 8, 32, 32, 63, 4096) == "smallc"
+    assert _pick(True, 8, 32, 32, 1, 4096) == "smallc"
     # bundles without sm_90a variants choose exactly as before
-    old = H100[2:]
+    old = H100[4:]
     assert _pick(False, 1, 16, 16, 16384, 16384, old) == "big"
     assert _pick(False, 8, 32, 8, 1, 4096, old) == "p4"
+    assert _pick(True, 4, 32, 8, 128, 4096, old) == "smallc"   # (no ctas_per_sm: the old rule)
     # only sm_90a variants: used for every shape (correct, if not the fastest)
-    assert _pick(False, 8, 32, 8, 1, 4096, H100[:2]) == "h"
+    assert _pick(False, 8, 32, 8, 1, 4096, H100[:4]) == "hs"
 
 
 def test_h100_selection_through_a_bundle(test_bundle, monkeypatch):

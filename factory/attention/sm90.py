@@ -103,6 +103,9 @@ class AttentionSm90(Variant):
     overlap: bool = field(default=False, metadata={"tag": "ov"})
     # The consumer warpgroups take turns issuing their GEMMs (named barriers).
     pingpong: bool = field(default=False, metadata={"tag": "pp"})
+    # With overlap: O is rescaled while S of the next tile is on the tensor cores, before P·V is
+    # issued, instead of after P·V has retired (FA3's RescaleOBeforeGemm).
+    early_rescale: bool = field(default=False, metadata={"tag": "er"})
 
     @property
     def consumers(self) -> int:
@@ -149,6 +152,8 @@ class AttentionSm90(Variant):
             return "stages must be >= 2"
         if self.pingpong and self.consumers < 2:
             return "pingpong needs two or more consumer warpgroups"
+        if self.early_rescale and not self.overlap:
+            return "early_rescale needs overlap"
         # fp32 registers per consumer thread: S (tile_n/2), O (head_dim/2), P (tile_n/4); with
         # overlap S of the next tile lives beside P of this one.
         live = self.tile_n // 2 + self.head_dim // 2 + self.tile_n // 4
@@ -187,8 +192,12 @@ class AttentionSm90(Variant):
             "pack_gqa": False,
             "overlap": self.overlap,
             "pingpong": self.pingpong,
+            "early_rescale": self.early_rescale,
             "smem_bytes": self.smem_bytes(),
             "min_seqlen_q": MIN_SEQLEN_Q,
+            # Resident CTAs per SM: the setmaxnreg budgets hand the CTA the whole register file
+            # (and the 128-row tiles' smem leaves no room for a second CTA): selection counts waves.
+            "ctas_per_sm": 1,
             "threads": self.threads,
             "registers_per_role": {"producer": atoms.PRODUCER_REGS[self.consumers],
                                    "consumer": atoms.CONSUMER_REGS[self.consumers]},
@@ -210,7 +219,7 @@ class AttentionSm90(Variant):
         return FlashFwdSm90(
             dtype=_cutlass_dtype(self.dtype), head_dim=self.head_dim, tile_m=self.tile_m,
             tile_n=self.tile_n, stages=self.stages, causal=self.causal, overlap=self.overlap,
-            pingpong=self.pingpong,
+            pingpong=self.pingpong, early_rescale=self.early_rescale,
         ).dense
 
 
@@ -262,7 +271,7 @@ class FlashFwdSm90:
     ``kernel``; device side: ``kernel``, ``produce``, ``consume`` and their helpers."""
 
     def __init__(self, *, dtype, head_dim: int, tile_m: int, tile_n: int, stages: int,
-                 causal: bool, overlap: bool, pingpong: bool):
+                 causal: bool, overlap: bool, pingpong: bool, early_rescale: bool = False):
         self.dtype = dtype
         self.head_dim = head_dim
         self.tile_m = tile_m
@@ -271,6 +280,7 @@ class FlashFwdSm90:
         self.causal = causal
         self.overlap = overlap
         self.pingpong = pingpong
+        self.early_rescale = early_rescale
         self.consumers = tile_m // WG_ROWS
         self.threads = 128 * (1 + self.consumers)
         self.producer_regs = atoms.PRODUCER_REGS[self.consumers]
@@ -472,7 +482,8 @@ class FlashFwdSm90:
             k_pipe.consumer_release(read)
             if n_hi - 1 >= n_mask:
                 self.apply_mask(acc_S, cS, row0, (n_hi - 1) * BN, q_len, k_len)
-            self.online_softmax(acc_S, row_max, row_sum, scale_log2)
+            corr = cute.make_rmem_tensor(n_rows, cutlass.Float32)  # O's per-row rescale factor
+            self.online_softmax(acc_S, row_max, row_sum, corr, scale_log2)
             tOrP_c = atoms.acc_as_a_operand(acc_S.layout, tOrP)
             tOrP_c.store(acc_S.load().to(self.dtype))
             # P·V overwrites O on the first key tile and accumulates afterwards.
@@ -493,6 +504,8 @@ class FlashFwdSm90:
                     k_pipe.consumer_wait(read)
                     self.schedule_wait(wg)
                     self.gemm_qk(tiled_mma_qk, acc_S, tSrQ, tSrK, wg, read.index)
+                    if cutlass.const_expr(self.early_rescale):
+                        self.rescale(acc_O, corr)  # (on the first tile: garbage, overwritten)
                     v_pipe.consumer_wait(read_v)
                     tiled_mma_pv = self.gemm_pv(tiled_mma_pv, acc_O, tOrP, tOrV, read_v.index)
                     self.schedule_next(wg)
@@ -500,7 +513,7 @@ class FlashFwdSm90:
                     k_pipe.consumer_release(read)
                     if n >= n_mask:
                         self.apply_mask(acc_S, cS, row0, n * BN, q_len, k_len)
-                    corr = self.online_softmax(acc_S, row_max, row_sum, scale_log2)
+                    self.online_softmax(acc_S, row_max, row_sum, corr, scale_log2)
                     warpgroup.wait_group(0)
                     v_pipe.consumer_release(read_v)
                 else:
@@ -516,10 +529,14 @@ class FlashFwdSm90:
                     k_pipe.consumer_release(read)
                     if n >= n_mask:
                         self.apply_mask(acc_S, cS, row0, n * BN, q_len, k_len)
-                    corr = self.online_softmax(acc_S, row_max, row_sum, scale_log2)
-                self.rescale(acc_O, corr)
+                    self.online_softmax(acc_S, row_max, row_sum, corr, scale_log2)
+                if cutlass.const_expr(not self.early_rescale):
+                    self.rescale(acc_O, corr)
                 tOrP_c.store(acc_S.load().to(self.dtype))
             # ---- P·V of the last tile
+            if cutlass.const_expr(self.early_rescale):
+                if n_hi > 1:
+                    self.rescale(acc_O, corr)
             v_pipe.consumer_wait(read)
             tiled_mma_pv = self.gemm_pv(tiled_mma_pv, acc_O, tOrP, tOrV, read.index)
             warpgroup.wait_group(0)
@@ -600,11 +617,10 @@ class FlashFwdSm90:
                 s_mn[r, c] = -cutlass.Float32.inf if cS[r, c][1] >= limit else s_mn[r, c]
 
     @cute.jit
-    def online_softmax(self, acc_S, row_max, row_sum, scale_log2):
+    def online_softmax(self, acc_S, row_max, row_sum, corr, scale_log2):
         """acc_S <- exp2(S·scale_log2 - max·scale_log2) with the running max and sum updated;
-        returns each row's correction factor for O (exp2 of the old max minus the new)."""
+        ``corr`` <- each row's correction factor for O (exp2 of the old max minus the new)."""
         s_mn = atoms.acc_mn_view(acc_S)
-        corr = cute.make_rmem_tensor(cute.size(row_max), cutlass.Float32)
         for r in cutlass.range_constexpr(cute.size(row_max)):
             s = s_mn[r, None].load()
             m_new = atoms.quad_allreduce(s.reduce(cute.ReductionOp.MAX, -cutlass.Float32.inf, 0),
@@ -617,7 +633,6 @@ class FlashFwdSm90:
             row_sum[r] = row_sum[r] * corr[r] + p.reduce(cute.ReductionOp.ADD, cutlass.Float32.zero, 0)
             row_max[r] = m_new
             s_mn[r, None] = p
-        return corr
 
     @cute.jit
     def rescale(self, acc_O, corr):
