@@ -110,8 +110,10 @@ def test_enumeration_and_names():
     assert [v.name for v in test] == ["attention_sm90a_bf16_d128_m128_n128_s2_causal_ov_pp"]
     default = sm90.enumerate_attention(get_target("sm_90a"), "default")
     problems = {(dt, d, c) for dt in ("bf16", "f16") for d in (64, 128) for c in (False, True)}
-    big = [v for v in default if v.tile_m == 128]
+    big = [v for v in default if v.tile_m > 64]
     small = [v for v in default if v.tile_m == 64]
+    assert {v.tile_m for v in big if v.head_dim == 64 and not v.causal} == {192}
+    assert {v.tile_m for v in big if v.head_dim == 128 or v.causal} == {128}
     assert len(default) == 16 and len(big) == len(small) == 8
     assert {(v.dtype, v.head_dim, v.causal) for v in big} == problems
     assert {(v.dtype, v.head_dim, v.causal) for v in small} == problems
@@ -119,6 +121,8 @@ def test_enumeration_and_names():
     assert all(v.pingpong and v.describe()["preferred"] for v in big)
     assert not any(v.pingpong or v.describe()["preferred"] for v in small)
     assert small[0].describe()["registers_per_role"] == {"producer": 56, "consumer": 256}
+    three = next(v for v in big if v.tile_m == 192).describe()
+    assert three["registers_per_role"] == {"producer": 32, "consumer": 160} and three["threads"] == 512
     for t in ("sm_80", "sm_86", "sm_89", "sm_90", "sm_100a"):
         assert sm90.enumerate_attention(get_target(t), "default") == []
 

@@ -201,8 +201,8 @@ class AttentionSm90(Variant):
             "threads": self.threads,
             "registers_per_role": {"producer": atoms.PRODUCER_REGS[self.consumers],
                                    "consumer": atoms.CONSUMER_REGS[self.consumers]},
-            "preferred": (self.tile_m, self.tile_n, self.stages, self.overlap, self.pingpong)
-            == default_config(self.head_dim),
+            "preferred": (self.tile_m, self.tile_n, self.stages, self.overlap, self.pingpong,
+                          self.early_rescale) == (*default_config(self.head_dim, self.causal), False),
             "constraints": {
                 "head_dim_contiguous": True,
                 "stride_divisibility_elems": 16 // DTYPE_BYTES[self.dtype],
@@ -231,11 +231,15 @@ def _round_up(x: int, a: int) -> int:
     return (x + a - 1) // a * a
 
 
-# The default config per head_dim: (tile_m, tile_n, stages, overlap, pingpong).  H100, bf16, CUDA
-# graph replay, first run (notes/attention-sm90.md): B1 H16 S16384 D128 non-causal plain 624
-# TFLOP/s, overlap 642, overlap + ping-pong 641 (cuDNN 658); causal 596 / 602 / 633 (cuDNN 623);
-# B2 H16 S4096 D128 causal 444 / 478 / 497; B4 H16 S1024 D64 305 / 292 / 316.
-def default_config(head_dim: int) -> tuple[int, int, int, bool, bool]:
+# The default config per problem: (tile_m, tile_n, stages, overlap, pingpong).  H100, bf16, CUDA
+# graph replay (notes/attention-sm90.md): B1 H16 S16384 D128 non-causal plain 624 TFLOP/s,
+# overlap 642, overlap + ping-pong 641 (cuDNN 658); causal 596 / 602 / 633 (cuDNN 623) (run 1);
+# B2 H16 S4096 D128 causal 444 / 478 / 497.  D64 non-causal: three consumer warpgroups (192-row
+# tiles, a third fewer K/V bytes per FLOP) 369 vs 347 TFLOP/s at B4 H16 S1024 (run 2), 371 vs 349
+# (run 3, interleaved); causal 199 vs 223 and 200 vs 221: 128 rows there.
+def default_config(head_dim: int, causal: bool) -> tuple[int, int, int, bool, bool]:
+    if head_dim == 64 and not causal:
+        return (192, 128, 2, True, True)
     return (128, 128, 2, True, True)
 
 
@@ -245,7 +249,7 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm90]:
         return []
 
     def make(dtype, d, causal, tile_m=None, tile_n=None, stages=None, overlap=None, pingpong=None):
-        tm, tn, s, ov, pp = default_config(d)
+        tm, tn, s, ov, pp = default_config(d, causal)
         return AttentionSm90(
             target=target.name, dtype=dtype, head_dim=d, causal=causal, tile_m=tile_m or tm,
             tile_n=tile_n or tn, stages=stages or s,
@@ -255,9 +259,9 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm90]:
         return [make("bf16", 128, True)]
     problems = [(dt, d, c) for dt in DTYPES for d in HEAD_DIMS for c in (False, True)]
     out = [make(*p) for p in problems]
-    # One consumer warpgroup (64-row tiles) for grids the 128-row tile leaves under-filled (the
+    # One consumer warpgroup (64-row tiles) for grids the default tile leaves under-filled (the
     # loader's rule, as for the sm80 family): B1 H8 S512 D64 non-causal ran 8.1 µs on 32 CTAs of
-    # 128 rows vs 7.3 for the sm_90 build's 64 CTAs of 64 rows.
+    # 128 rows vs 7.3 for the sm_90 build's 64 CTAs of 64 rows, 6.0 on 64-row sm_90a CTAs.
     out += [make(*p, tile_m=64, pingpong=False) for p in problems]
     out = list({v.name: v for v in out}.values())
     return [v for v in out if v.can_implement() is None]
