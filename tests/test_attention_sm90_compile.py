@@ -110,6 +110,10 @@ def test_enumeration_and_names():
     assert [v.name for v in test] == ["attention_sm90a_bf16_d128_m128_n128_s2_causal_ov_pp"]
     default = sm90.enumerate_attention(get_target("sm_90a"), "default")
     problems = {(dt, d, c) for dt in ("bf16", "f16") for d in (64, 128) for c in (False, True)}
+    varlen = [v for v in default if v.varlen]
+    default = [v for v in default if not v.varlen]
+    assert {(v.dtype, v.head_dim, v.causal) for v in varlen} == problems and len(varlen) == 8
+    assert all(v.describe()["preferred"] and v.tile_m > 64 for v in varlen)
     big = [v for v in default if v.tile_m > 64]
     small = [v for v in default if v.tile_m == 64]
     assert {v.tile_m for v in big if v.head_dim == 64 and not v.causal} == {192}
@@ -146,7 +150,10 @@ def test_signature_describe_and_limits():
     json.dumps(d)
     assert not V(target="sm_90a", dtype="f16", head_dim=64).describe()["preferred"]
     assert "Hopper" in V(target="sm_90", dtype="bf16").can_implement()
-    assert "varlen" in V(target="sm_90a", dtype="bf16", varlen=True).can_implement()
+    # varlen: the sm80 family's packed convention
+    assert V(target="sm_90a", dtype="bf16", varlen=True).signature() == AttentionSm80(
+        target="sm_90", dtype="bf16", varlen=True).signature()
+    assert "(Hq, Tq)" in V(target="sm_90a", dtype="bf16", varlen=True).describe()["constraints"]["lse"]
     assert "head_dim" in V(target="sm_90a", dtype="bf16", head_dim=96).can_implement()
     assert "tile_m" in V(target="sm_90a", dtype="bf16", tile_m=96).can_implement()
     assert "pingpong" in V(target="sm_90a", dtype="bf16", tile_m=64, pingpong=True).can_implement()
@@ -211,6 +218,17 @@ def test_h100_decode_keeps_the_sm80_family():
     assert _pick(True, 4, 32, 8, 128, 4096, old) == "smallc"   # (no ctas_per_sm: the old rule)
     # only sm_90a variants: used for every shape (correct, if not the fastest)
     assert _pick(False, 8, 32, 8, 1, 4096, H100[:4]) == "hs"
+
+
+def test_h100_varlen_takes_the_sm90_family():
+    from factory.runtime.attention import select
+
+    vl = [dict(_e("hv", "sm_90a", preferred=True, **_SM90), varlen=True),
+          dict(_e("hvs", "sm_90a", tile=(64, 128), **_SM90), varlen=True),
+          dict(_e("bv", "sm_90", preferred=True), varlen=True)]
+    kw = dict(dtype="bf16", head_dim=128, causal=False, varlen=True, sms=132)
+    assert select(vl, **kw)["name"] == "hv"  # no rows / decode: the preferred tile
+    assert select(vl[2:], **kw)["name"] == "bv"
 
 
 def test_h100_selection_through_a_bundle(test_bundle, monkeypatch):

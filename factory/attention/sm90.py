@@ -36,6 +36,7 @@ no new launch code.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import math
 from dataclasses import dataclass, field
@@ -121,11 +122,15 @@ class AttentionSm90(Variant):
         #   HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4], RZ, !UPT, gsb0 ;      (both smem)
         #   HGMMA.64x128x16.F32.BF16 R88, R24, gdesc[UR8].tnspB, R88, UP0 ; (A in registers)
         # (fp16 inputs print no input type: "HGMMA.64x128x16.F32 R24, ...").
+        # Varlen: (tokens, D, heads) TMA boxes (3D) and O by 16-byte stores (a TMA store would
+        # write past the sequence into the next one).
         d = r"\.BF16" if self.dtype == "bf16" else ""
+        store = r"\bSTG\.E\.128\b" if self.varlen else r"\bUTMASTG\.4D\b"
         return (
             rf"\bHGMMA\.64x{self.tile_n}x16\.F32{d} R\d+, gdesc\[",
             rf"\bHGMMA\.64x{self.head_dim}x16\.F32{d} R\d+, R\d+, gdesc\[",
-            r"\bUTMALDG\.4D\b", r"\bUTMASTG\.4D\b", r"\bSYNCS\.", r"\bUSETMAXREG\.", r"\bMUFU\.EX2\b",
+            r"\bUTMALDG\.3D\b" if self.varlen else r"\bUTMALDG\.4D\b", store,
+            r"\bSYNCS\.", r"\bUSETMAXREG\.", r"\bMUFU\.EX2\b",
         )
 
     def smem_bytes(self) -> int:
@@ -142,8 +147,6 @@ class AttentionSm90(Variant):
             return f"dtype {self.dtype} not in {DTYPES}"
         if self.head_dim not in HEAD_DIMS:
             return f"head_dim {self.head_dim} not in {HEAD_DIMS}"
-        if self.varlen:
-            return "varlen is not implemented for the sm90 family yet"
         if self.tile_m % WG_ROWS or self.consumers not in (1, 2, 3):
             return "tile_m must be 64, 128 or 192 (one 64-row slab per consumer warpgroup)"
         if self.tile_n % 16 or not 16 <= self.tile_n <= 256:
@@ -165,6 +168,21 @@ class AttentionSm90(Variant):
 
     def signature(self) -> Signature:
         d, dt = self.head_dim, self.dtype
+        vec = 16 // DTYPE_BYTES[dt]  # TMA: every stride but the last a multiple of 16 bytes
+        if self.varlen:  # the sm80 family's packed calling convention
+            args = [
+                TensorArg("q", dt, ("Tq", "Hq", d), ("sQt", "sQh", 1)),
+                TensorArg("k", dt, ("Tk", "Hkv", d), ("sKt", "sKh", 1)),
+                TensorArg("v", dt, ("Tk", "Hkv", d), ("sVt", "sVh", 1)),
+                TensorArg("o", dt, ("Tq", "Hq", d), ("sOt", "sOh", 1)),
+                TensorArg("lse", "f32", ("Hq", "Tq"), ("sLh", 1), align=4),
+                TensorArg("cu_seqlens_q", "i32", ("B1",), (1,), align=4),
+                TensorArg("cu_seqlens_k", "i32", ("B1",), (1,), align=4),
+                ScalarArg("softmax_scale", "f32"),
+                ScalarArg("max_seqlen_q", "i32"),
+            ]
+            strided = ("sQt", "sQh", "sKt", "sKh", "sVt", "sVh", "sOt", "sOh")
+            return Signature(tuple(args), tuple(sorted((s, vec) for s in strided)))
         args = [
             TensorArg("q", dt, ("B", "Sq", "Hq", d), ("sQb", "sQs", "sQh", 1)),
             TensorArg("k", dt, ("B", "Sk", "Hkv", d), ("sKb", "sKs", "sKh", 1)),
@@ -174,7 +192,6 @@ class AttentionSm90(Variant):
             ScalarArg("softmax_scale", "f32"),
         ]
         strided = ("sQb", "sQs", "sQh", "sKb", "sKs", "sKh", "sVb", "sVs", "sVh", "sOb", "sOs", "sOh")
-        vec = 16 // DTYPE_BYTES[dt]  # TMA: every stride but the last a multiple of 16 bytes
         return Signature(tuple(args), tuple(sorted((s, vec) for s in strided)))
 
     def describe(self) -> dict[str, Any]:
@@ -210,17 +227,18 @@ class AttentionSm90(Variant):
                 "gqa": "Hq % Hkv == 0",
                 "causal_alignment": "bottom-right",
                 "softmax_scale": "> 0",
-                "lse": "float32, (B, Hq, Sq) compact",
+                "lse": "float32, (Hq, Tq)" if self.varlen else "float32, (B, Hq, Sq) compact",
                 "grid_yz_max": 65535,
             },
         }
 
     def make_kernel(self):
-        return FlashFwdSm90(
+        k = FlashFwdSm90(
             dtype=_cutlass_dtype(self.dtype), head_dim=self.head_dim, tile_m=self.tile_m,
             tile_n=self.tile_n, stages=self.stages, causal=self.causal, overlap=self.overlap,
             pingpong=self.pingpong, early_rescale=self.early_rescale,
-        ).dense
+        )
+        return k.packed if self.varlen else k.dense
 
 
 def _cutlass_dtype(name: str):
@@ -248,7 +266,8 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm90]:
     if target.family != "sm90":
         return []
 
-    def make(dtype, d, causal, tile_m=None, tile_n=None, stages=None, overlap=None, pingpong=None):
+    def make(dtype, d, causal, tile_m=None, tile_n=None, stages=None, overlap=None,
+             pingpong=None):
         tm, tn, s, ov, pp = default_config(d, causal)
         return AttentionSm90(
             target=target.name, dtype=dtype, head_dim=d, causal=causal, tile_m=tile_m or tm,
@@ -259,6 +278,8 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm90]:
         return [make("bf16", 128, True)]
     problems = [(dt, d, c) for dt in DTYPES for d in HEAD_DIMS for c in (False, True)]
     out = [make(*p) for p in problems]
+    # Packed variable-length batches (cu_seqlens): the dense problems' tiles.
+    out += [dataclasses.replace(make(*p), varlen=True) for p in problems]
     # One consumer warpgroup (64-row tiles) for grids the default tile leaves under-filled (the
     # loader's rule, as for the sm80 family): B1 H8 S512 D64 non-causal ran 8.1 µs on 32 CTAs of
     # 128 rows vs 7.3 for the sm_90 build's 64 CTAs of 64 rows, 6.0 on 64-row sm_90a CTAs.
@@ -294,14 +315,30 @@ class FlashFwdSm90:
     @cute.jit
     def dense(self, q: cute.Tensor, k: cute.Tensor, v: cute.Tensor, o: cute.Tensor,
               lse: cute.Tensor, softmax_scale: cutlass.Float32, stream: cuda.CUstream):
-        D, BN, dt = self.head_dim, self.tile_n, self.dtype
         # (B, S, H, D) -> (S, D, H, B): row-major (S, D) tiles per (head, batch) for the TMA;
         # V as (D, S, H, B): the B operand of P·V, N (= D) contiguous.
         mQ = cute.make_tensor(q.iterator, cute.select(q.layout, mode=[1, 3, 2, 0]))
         mK = cute.make_tensor(k.iterator, cute.select(k.layout, mode=[1, 3, 2, 0]))
         mVt = cute.make_tensor(v.iterator, cute.select(v.layout, mode=[3, 1, 2, 0]))
         mO = cute.make_tensor(o.iterator, cute.select(o.layout, mode=[1, 3, 2, 0]))
+        grid = (cute.ceil_div(q.shape[1], self.tile_m), q.shape[2], q.shape[0])
+        self._launch(mQ, mK, mVt, mO, lse, None, None, softmax_scale, grid, stream)
 
+    @cute.jit
+    def packed(self, q: cute.Tensor, k: cute.Tensor, v: cute.Tensor, o: cute.Tensor,
+               lse: cute.Tensor, cu_seqlens_q: cute.Tensor, cu_seqlens_k: cute.Tensor,
+               softmax_scale: cutlass.Float32, max_seqlen_q: cutlass.Int32, stream: cuda.CUstream):
+        # (T, H, D) -> (T, D, H); V as (D, T, H).  A CTA offsets these by its sequence's start.
+        mQ = cute.make_tensor(q.iterator, cute.select(q.layout, mode=[0, 2, 1]))
+        mK = cute.make_tensor(k.iterator, cute.select(k.layout, mode=[0, 2, 1]))
+        mVt = cute.make_tensor(v.iterator, cute.select(v.layout, mode=[2, 0, 1]))
+        mO = cute.make_tensor(o.iterator, cute.select(o.layout, mode=[0, 2, 1]))
+        grid = (cute.ceil_div(max_seqlen_q, self.tile_m), q.shape[1], cu_seqlens_q.shape[0] - 1)
+        self._launch(mQ, mK, mVt, mO, lse, cu_seqlens_q, cu_seqlens_k, softmax_scale, grid, stream)
+
+    @cute.jit
+    def _launch(self, mQ, mK, mVt, mO, lse, mCuQ, mCuK, softmax_scale, grid, stream):
+        D, BN, dt = self.head_dim, self.tile_n, self.dtype
         tiled_mma_qk = sm90_utils.make_trivial_tiled_mma(
             dt, dt, OperandMajorMode.K, OperandMajorMode.K, cutlass.Float32, (1, 1, 1),
             tiler_mn=(WG_ROWS, BN))
@@ -324,8 +361,16 @@ class FlashFwdSm90:
                                                 cute.slice_(sK_layout, (None, None, 0)), (BN, D))
         tma_v, tV = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), mVt,
                                                 cute.slice_(sV_layout, (None, None, 0)), (D, BN))
-        tma_o, tO = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), mO, slab,
-                                                (WG_ROWS, D))
+        tma_o, tO, s2g = None, mO, None
+        if cutlass.const_expr(mCuQ is None):
+            tma_o, tO = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), mO, slab,
+                                                    (WG_ROWS, D))
+        else:
+            # 16-byte stores of a warpgroup's O slab, 8 threads per 64 columns, rows predicated.
+            vec = 128 // dt.width
+            s2g = cute.make_tiled_copy_tv(
+                cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dt, num_bits_per_copy=128),
+                cute.make_layout((128 // 8, 8), stride=(8, 1)), cute.make_layout((1, vec)))
 
         @cute.struct
         class SharedStorage:
@@ -337,24 +382,26 @@ class FlashFwdSm90:
             sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sV_layout)], _SMEM_ALIGN]
 
         self.shared_storage = SharedStorage
-        grid = (cute.ceil_div(q.shape[1], self.tile_m), q.shape[2], q.shape[0])
         self.kernel(
-            tma_q, tQ, tma_k, tK, tma_v, tV, tma_o, tO, lse, softmax_scale * LOG2_E,
-            tiled_mma_qk, tiled_mma_pv, sQ_layout, sK_layout, sV_layout,
+            tma_q, tQ, tma_k, tK, tma_v, tV, tma_o, tO, s2g, lse, mCuQ, mCuK,
+            softmax_scale * LOG2_E, tiled_mma_qk, tiled_mma_pv, sQ_layout, sK_layout, sV_layout,
         ).launch(grid=grid, block=[self.threads, 1, 1], min_blocks_per_mp=1, stream=stream)
 
     # --- device ----------------------------------------------------------------------------------
     @cute.kernel
     def kernel(self, tma_q: cute.CopyAtom, mQ: cute.Tensor, tma_k: cute.CopyAtom, mK: cute.Tensor,
-               tma_v: cute.CopyAtom, mVt: cute.Tensor, tma_o: cute.CopyAtom, mO: cute.Tensor,
-               mLSE: cute.Tensor, scale_log2: cutlass.Float32, tiled_mma_qk: cute.TiledMma,
-               tiled_mma_pv: cute.TiledMma, sQ_layout: cute.ComposedLayout,
-               sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout):
+               tma_v: cute.CopyAtom, mVt: cute.Tensor, tma_o, mO: cute.Tensor, s2g,
+               mLSE: cute.Tensor, mCuQ, mCuK, scale_log2: cutlass.Float32,
+               tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma,
+               sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
+               sV_layout: cute.ComposedLayout):
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == 0:
-            for atom in (tma_q, tma_k, tma_v, tma_o):
+            for atom in (tma_q, tma_k, tma_v):
                 cpasync.prefetch_descriptor(atom)
+            if cutlass.const_expr(tma_o is not None):
+                cpasync.prefetch_descriptor(tma_o)
 
         smem = utils.SmemAllocator()
         storage = smem.allocate(self.shared_storage)
@@ -380,27 +427,46 @@ class FlashFwdSm90:
                     cute.arch.mbarrier_init(q_bars + w, 1)
         pipeline.pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
 
-        # This CTA's problem: query tile (last first when causal), q head, batch.
+        # This CTA's problem: query tile (last first when causal), q head, batch; its sequence as
+        # (rows, D) views of q/k/o, (D, rows) of v, and its LSE row.
         m_block, head, batch = cute.arch.block_idx()
         if cutlass.const_expr(self.causal):
             m_block = cute.arch.grid_dim()[0] - 1 - m_block
-        q_len = mQ.shape[0]
-        k_len = mK.shape[0]
         kv_head = head // (mQ.shape[2] // mK.shape[2])
+        if cutlass.const_expr(mCuQ is None):
+            q_len = mQ.shape[0]
+            k_len = mK.shape[0]
+            seqQ = mQ[None, None, head, batch]
+            seqK = mK[None, None, kv_head, batch]
+            seqVt = mVt[None, None, kv_head, batch]
+            seqO = mO[None, None, head, batch]
+            seqL = mLSE[batch, head, None]
+        else:
+            q_start = mCuQ[batch]
+            q_len = mCuQ[batch + 1] - q_start
+            k_start = mCuK[batch]
+            k_len = mCuK[batch + 1] - k_start
+            seqQ = cute.domain_offset((q_start, 0), mQ[None, None, head])
+            seqK = cute.domain_offset((k_start, 0), mK[None, None, kv_head])
+            seqVt = cute.domain_offset((0, k_start), mVt[None, None, kv_head])
+            seqO = cute.domain_offset((q_start, 0), mO[None, None, head])
+            seqL = cute.domain_offset((q_start,), mLSE[head, None])
         n_hi, n_mask = self.key_range(m_block, q_len, k_len)
 
         pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1))
-        warpgroup_idx = cute.arch.make_warp_uniform(tidx // 128)
-        if warpgroup_idx == 0:
-            cute.arch.setmaxregister_decrease(self.producer_regs)
-            if warp_idx == 0:
-                self.produce(tma_q, mQ, tma_k, mK, tma_v, mVt, sQ, sK, sV, q_bars, kv_pipes,
-                             m_block, head, kv_head, batch, n_hi)
-        else:
-            cute.arch.setmaxregister_increase(self.consumer_regs)
-            self.consume(tiled_mma_qk, tiled_mma_pv, tma_o, mO, mLSE, sQ, sK, sV, q_bars,
-                         kv_pipes, scale_log2, m_block, head, batch, q_len, k_len, n_hi, n_mask,
-                         warpgroup_idx - 1, tidx % 128)
+        # Varlen: tiles past a sequence's end (the grid is sized by the longest) leave at once.
+        if m_block * self.tile_m < q_len:
+            warpgroup_idx = cute.arch.make_warp_uniform(tidx // 128)
+            if warpgroup_idx == 0:
+                cute.arch.setmaxregister_decrease(self.producer_regs)
+                if warp_idx == 0:
+                    self.produce(tma_q, seqQ, tma_k, seqK, tma_v, seqVt, sQ, sK, sV, q_bars,
+                                 kv_pipes, m_block, n_hi)
+            else:
+                cute.arch.setmaxregister_increase(self.consumer_regs)
+                self.consume(tiled_mma_qk, tiled_mma_pv, tma_o, seqO, s2g, seqL, sQ, sK, sV,
+                             q_bars, kv_pipes, scale_log2, m_block, q_len, k_len, n_hi, n_mask,
+                             warpgroup_idx - 1, tidx % 128)
 
     @cute.jit
     def key_range(self, m_block, q_len, k_len):
@@ -418,13 +484,13 @@ class FlashFwdSm90:
         return n_hi, n_mask
 
     @cute.jit
-    def produce(self, tma_q, mQ, tma_k, mK, tma_v, mVt, sQ, sK, sV, q_bars, kv_pipes, m_block,
-                head, kv_head, batch, n_hi):
+    def produce(self, tma_q, seqQ, tma_k, seqK, tma_v, seqVt, sQ, sK, sV, q_bars, kv_pipes,
+                m_block, n_hi):
         """The TMA warp: Q slabs, then K and V of tiles n_hi-1 down to 0."""
         k_pipe, v_pipe = kv_pipes
         if n_hi > 0:
             W, D, BN = self.consumers, self.head_dim, self.tile_n
-            gQ = cute.local_tile(mQ[None, None, head, batch], (WG_ROWS, D), (None, 0))
+            gQ = cute.local_tile(seqQ, (WG_ROWS, D), (None, 0))
             tQsQ, tQgQ = cpasync.tma_partition(tma_q, 0, cute.make_layout(1),
                                                cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
             slab_bytes = cute.size_in_bytes(self.dtype, cute.slice_(sQ.layout, (None, None, 0)))
@@ -434,8 +500,8 @@ class FlashFwdSm90:
                 cute.copy(tma_q, tQgQ[(None, m_block * W + w)], tQsQ[(None, w)],
                           tma_bar_ptr=q_bars + w)
 
-            gK = cute.local_tile(mK[None, None, kv_head, batch], (BN, D), (None, 0))
-            gV = cute.local_tile(mVt[None, None, kv_head, batch], (D, BN), (0, None))
+            gK = cute.local_tile(seqK, (BN, D), (None, 0))
+            gV = cute.local_tile(seqVt, (D, BN), (0, None))
             tKsK, tKgK = cpasync.tma_partition(tma_k, 0, cute.make_layout(1),
                                                cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
             tVsV, tVgV = cpasync.tma_partition(tma_v, 0, cute.make_layout(1),
@@ -452,8 +518,8 @@ class FlashFwdSm90:
                 state.advance()
 
     @cute.jit
-    def consume(self, tiled_mma_qk, tiled_mma_pv, tma_o, mO, mLSE, sQ, sK, sV, q_bars, kv_pipes,
-                scale_log2, m_block, head, batch, q_len, k_len, n_hi, n_mask, wg, ltid):
+    def consume(self, tiled_mma_qk, tiled_mma_pv, tma_o, seqO, s2g, seqL, sQ, sK, sV, q_bars,
+                kv_pipes, scale_log2, m_block, q_len, k_len, n_hi, n_mask, wg, ltid):
         """One consumer warpgroup: its 64 query rows against every visible key tile, then its
         part of the epilogue."""
         k_pipe, v_pipe = kv_pipes
@@ -548,9 +614,9 @@ class FlashFwdSm90:
         else:
             acc_O.fill(0.0)
 
-        # ---- epilogue: O / rowsum and LSE, O -> this warpgroup's Q slab -> TMA store
-        self.finalize(acc_O, row_max, row_sum, scale_log2, cS, row0, q_len,
-                      mLSE[batch, head, None], ltid)
+        # ---- epilogue: O / rowsum and LSE, O -> this warpgroup's Q slab -> TMA store (varlen:
+        # 16-byte stores of the rows inside the sequence)
+        self.finalize(acc_O, row_max, row_sum, scale_log2, cS, row0, q_len, seqL, ltid)
         sO = sQ[None, None, wg]
         rO = cute.make_rmem_tensor(acc_O.layout, self.dtype)
         rO.store(acc_O.load().to(self.dtype))
@@ -561,14 +627,25 @@ class FlashFwdSm90:
         # generic-proxy smem writes -> visible to the TMA (async proxy), then all 128 threads
         cute.arch.fence_proxy("async.shared", space="cta")
         cute.arch.barrier(barrier_id=int(_Bar.EPILOGUE) + wg, number_of_threads=128)
-        if ltid < 32:
-            gO = cute.local_tile(mO[None, None, head, batch], (WG_ROWS, D),
-                                 (m_block * self.consumers + wg, 0))
-            tOsO, tOgO = cpasync.tma_partition(tma_o, 0, cute.make_layout(1),
-                                               cute.group_modes(sO, 0, 2), cute.group_modes(gO, 0, 2))
-            cute.copy(tma_o, tOsO, tOgO)
-            cute.arch.cp_async_bulk_commit_group()
-            cute.arch.cp_async_bulk_wait_group(0, read=True)
+        gO = cute.local_tile(seqO, (WG_ROWS, D), (m_block * self.consumers + wg, 0))
+        if cutlass.const_expr(tma_o is not None):
+            if ltid < 32:
+                tOsO, tOgO = cpasync.tma_partition(tma_o, 0, cute.make_layout(1),
+                                                   cute.group_modes(sO, 0, 2),
+                                                   cute.group_modes(gO, 0, 2))
+                cute.copy(tma_o, tOsO, tOgO)
+                cute.arch.cp_async_bulk_commit_group()
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
+        else:
+            thr = s2g.get_slice(ltid)
+            tOsO = thr.partition_S(sO)
+            tOgO = thr.partition_D(gO)
+            tOcO = thr.partition_D(cute.make_identity_tensor((WG_ROWS, D)))
+            tOrO = cute.make_fragment_like(tOsO, self.dtype)
+            cute.copy(s2g, tOsO, tOrO)
+            for r in cutlass.range_constexpr(cute.size(tOrO.shape[1])):
+                if row0 + tOcO[0, r, 0][0] < q_len:
+                    cute.copy(s2g, tOrO[None, r, None], tOgO[None, r, None])
 
     @cute.jit
     def gemm_qk(self, tiled_mma_qk, acc_S, tSrQ, tSrK, wg, slot):
