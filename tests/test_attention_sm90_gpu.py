@@ -1,5 +1,6 @@
 """The Hopper attention family on an H100, through a built bundle (builds nothing): every sm_90a
-attention variant by name against float32, and ``bundle.attention`` choosing it for prefill.
+attention variant by name against float32 (dense and packed variable-length), and
+``bundle.attention`` choosing it for prefill.
 
 Opens ``$FACTORY_BUNDLE`` (default ``artifacts/default``).  Inputs sit inside NaN-filled storage
 (a TMA box reading past a sequence would pick NaN up), outputs and LSE are NaN-poisoned, causal
@@ -66,13 +67,53 @@ def _check(o, lse, q, k, v, causal, scale, what):
         assert lerr < 2e-2, f"{what}: LSE error {lerr:.2e}"
 
 
+# Packed batches: (q lengths, k lengths, Hq, Hkv): a one-token sequence, tails, a sequence with no
+# keys (o = 0, lse = -inf), Sq != Sk per sequence, GQA.
+VARLEN = [
+    ([1, 17, 130, 300, 64], [1, 17, 130, 300, 64], 8, 8),
+    ([5, 200, 1, 129], [77, 64, 500, 3], 8, 2),
+    ([40, 40], [0, 33], 4, 1),
+]
+
+
+def _varlen_case(bundle, e, lq, lk, hq, hkv, gen, failures):
+    """Launch a varlen variant by name on a packed batch whose k/v storage continues with NaN
+    tokens, o and lse NaN-poisoned; check every sequence."""
+    dtype = {"bf16": torch.bfloat16, "f16": torch.float16}[e["dtype"]]
+    d, scale = e["head_dim"], 0.7 / math.sqrt(e["head_dim"])
+    cu_q, cu_k = (torch.tensor([0, *torch.tensor(ls).cumsum(0).tolist()], dtype=torch.int32,
+                               device="cuda") for ls in (lq, lk))
+    tq, tk = sum(lq), sum(lk)
+    q = torch.randn(tq, hq, d, generator=gen, device="cuda").to(dtype)
+    kv = torch.full((2, tk + 16, hkv, d), math.nan, dtype=dtype, device="cuda")
+    kv[:, :tk] = torch.randn(2, tk, hkv, d, generator=gen, device="cuda").to(dtype)
+    k, v = kv[0, :tk], kv[1, :tk]
+    o = torch.full_like(q, math.nan)
+    lse = torch.full((hq, tq), math.nan, device="cuda")
+    bundle.launch(e["name"], [q, k, v, o, lse, cu_q, cu_k, scale, max(lq)])
+    torch.cuda.synchronize()
+    for i in range(len(lq)):
+        qs = slice(cu_q[i].item(), cu_q[i + 1].item())
+        ks = slice(cu_k[i].item(), cu_k[i + 1].item())
+        try:
+            _check(o[None, qs], lse[None, :, qs], q[None, qs], k[None, ks], v[None, ks],
+                   e["causal"], scale, f"{e['name']} {(lq, lk)} sequence {i}")
+        except AssertionError as err:
+            failures.append(str(err).splitlines()[0])
+
+
 def test_every_sm90a_variant(bundle):
-    """Every sm_90a attention variant in the bundle, launched by name on every shape."""
+    """Every sm_90a attention variant in the bundle, launched by name on every shape (dense) or
+    packed batch (varlen)."""
     gen = torch.Generator(device="cuda").manual_seed(90)
     dt = {"bf16": torch.bfloat16, "f16": torch.float16}
     failures = []
     entries = [e for e in bundle.candidates("attention") if e["target"] == "sm_90a"]
     for e in entries:
+        if e["varlen"]:
+            for lq, lk, hq, hkv in VARLEN:
+                _varlen_case(bundle, e, lq, lk, hq, hkv, gen, failures)
+            continue
         dtype, d, causal = dt[e["dtype"]], e["head_dim"], e["causal"]
         scale = 0.7 / math.sqrt(d)
         for b, sq, sk, hq, hkv in SHAPES:
