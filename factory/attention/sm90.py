@@ -21,7 +21,8 @@ Warp roles (``1 + W`` warpgroups of 128 threads):
   runs while the tensor cores work on the other.  ``pingpong``: the consumer warpgroups take turns
   issuing their GEMMs (named barriers), so one warpgroup's softmax runs under the other's GEMMs.
 * Epilogue per consumer warpgroup: O / rowsum -> dtype -> its Q slab in smem (Q is dead by then)
-  -> one TMA store (rows past seqlen_q are clipped by the TMA); LSE (natural log) from registers.
+  -> one TMA store (rows past seqlen_q are clipped by the TMA; varlen: 16-byte stores, below);
+  LSE (natural log) from registers.
   A row with no visible key writes O = 0 and LSE = -inf.
 
 Tails need no code on the load side: TMA zero-fills rows past seqlen (Q and K/V), and masked
@@ -30,8 +31,14 @@ i sees keys j <= i + seqlen_k - seqlen_q); key tiles no row of the tile sees are
 tiles every row sees fully run without mask code.  GQA/MQA read kv head h // (Hq / Hkv) in place.
 Causal grids walk query tiles from the last (longest rows) to the first.
 
-The arguments are the sm80 family's dense ones (q, k, v, o, lse, softmax_scale): the loader needs
-no new launch code.
+``varlen`` (packed sequences, int32 cu_seqlens): a CTA offsets the (tokens, D, heads) TMA tensors
+to its sequence, so boxes past a sequence's end read the next sequence's tokens (finite; masked
+keys meet P = 0, extra query rows are never stored) or the TMA's zero fill past the last token;
+O leaves by predicated 16-byte stores instead of the TMA store, which would write into the next
+sequence.  The grid is sized by max_seqlen_q and tiles past a sequence's end exit at once.
+
+The arguments are the sm80 family's (dense: q, k, v, o, lse, softmax_scale; varlen: q, k, v, o,
+lse, cu_seqlens_q, cu_seqlens_k, softmax_scale, max_seqlen_q): the loader needs no launch code.
 """
 
 from __future__ import annotations
@@ -100,7 +107,9 @@ class AttentionSm90(Variant):
     stages: int = field(default=2, metadata={"tag": "s"})
     causal: bool = field(default=False, metadata={"tag": "causal"})
     varlen: bool = field(default=False, metadata={"tag": "varlen"})
-    # Intra-warpgroup overlap: S of the next key tile is issued before P·V of this one.
+    # Intra-warpgroup overlap: S of the next key tile is issued before P·V of this one.  (ptxas
+    # moves the P·V wait above the softmax, which then overlaps only the other warpgroup's GEMMs:
+    # notes/attention-sm90.md.)
     overlap: bool = field(default=False, metadata={"tag": "ov"})
     # The consumer warpgroups take turns issuing their GEMMs (named barriers).
     pingpong: bool = field(default=False, metadata={"tag": "pp"})
