@@ -20,6 +20,7 @@ FAMILY_MODULES = (
     "factory.gemm.sm90",
     "factory.gemm.decode",
     "factory.attention.sm80",
+    "factory.attention.sm90",
 )
 TIERS = ("test", "default", "full")
 

@@ -226,6 +226,21 @@ def _split_pick(entries: list[dict], groups: int, rows: int, sk: int, sms: int) 
     return next((e for e in same if e["splits"] == n), None) if n > 1 else None
 
 
+def _more_waves(small: dict, big: dict, decode: tuple, sms: int) -> bool:
+    """Whether the smaller query tile's grid needs more waves than the bigger one's, for variants
+    that state their resident CTAs per SM (``ctas_per_sm``; others: False, the rule above alone).
+    H100, sm90 family (1 CTA per SM; a 64-row CTA takes ~0.7x a 128-row one's time): B4 H32/8
+    Sq128 Sk4096 causal ran 78.5 µs on 256 CTAs of 64 rows, 54.9 on 128 CTAs of 128 rows."""
+    if "ctas_per_sm" not in small or "ctas_per_sm" not in big:
+        return False
+    b, hq, _, sq, _ = decode
+
+    def waves(e):
+        return -(-(b * hq * -(-sq // e["tile"][0])) // (sms * e["ctas_per_sm"]))
+
+    return waves(small) > waves(big)
+
+
 def select(candidates: list[dict], *, dtype: str, head_dim: int, causal: bool,
            varlen: bool, rows: int | None = None, sms: int = 132,
            decode: tuple[int, int, int, int, int] | None = None) -> dict:
@@ -236,13 +251,19 @@ def select(candidates: list[dict], *, dtype: str, head_dim: int, causal: bool,
     ``decode`` = (batch, Hq, Hkv, seqlen_q, seqlen_k) of a dense problem: when split-KV variants
     exist and :func:`split_count` says the grid needs them, the split variant instead; for
     seqlen_q == 1 with GQA, the packed one (rows = the q-heads of one kv head, so B·Hkv CTAs per
-    split; built non-causal, which equals bottom-right causal for one query)."""
+    split; built non-causal, which equals bottom-right causal for one query).  Split and packed
+    variants come from the best target that has them (the sm90 family has none, so on a 9.0
+    device decode shapes keep the sm_90 build's).  A variant whose manifest entry names a
+    ``min_seqlen_q`` serves only dense problems with at least that many queries (the sm90
+    family's 64-row warpgroup slabs are padding for fewer); below it the next target's choice.
+    Variants that state ``ctas_per_sm`` take the smaller tile only if its grid needs no more
+    waves than the preferred tile's (:func:`_more_waves`)."""
     fit = [e for e in candidates
            if e.get("dtype") == dtype and e.get("head_dim") == head_dim
            and bool(e.get("varlen")) == varlen]
     if fit and decode is not None and not varlen:
         b, hq, hkv, sq, sk = decode
-        top = fit[0].get("target")
+        top = next((e.get("target") for e in fit if e.get("splits", 1) > 1), None)
         if sq == 1 and hq > hkv:
             pack = [e for e in fit if e.get("pack_gqa") and e.get("target") == top]
             if pack:
@@ -258,6 +279,8 @@ def select(candidates: list[dict], *, dtype: str, head_dim: int, causal: bool,
         if e is not None:
             return e
     fit = [e for e in fit if bool(e.get("causal")) == causal]
+    if decode is not None and not varlen:
+        fit = [e for e in fit if decode[3] >= e.get("min_seqlen_q", 0)] or fit
     if fit:
         best = [e for e in fit if e.get("target") == fit[0].get("target")]
         best = [e for e in best if e.get("splits", 1) == 1] or best
@@ -266,7 +289,10 @@ def select(candidates: list[dict], *, dtype: str, head_dim: int, causal: bool,
             smaller = [e for e in best if e["tile"][0] < preferred["tile"][0]
                        and e["tile"][1] == preferred["tile"][1] and e["stages"] == preferred["stages"]]
             if smaller:
-                return min(smaller, key=lambda e: e["tile"][0])
+                small = min(smaller, key=lambda e: e["tile"][0])
+                if decode is not None and _more_waves(small, preferred, decode, sms):
+                    return preferred
+                return small
         return preferred
     have = sorted({(e.get("dtype"), e.get("head_dim"), bool(e.get("causal")), bool(e.get("varlen")))
                    for e in candidates})

@@ -1,0 +1,58 @@
+"""Hopper (sm_90a) building blocks shared by kernels: WGMMA accumulator views, register budgets.
+
+Imported only by kernel modules (it needs the DSL), never by the runtime.
+
+WGMMA accumulator fragments (m64nNk16, fp32, one warpgroup) have the value mode ``(2, 2, N/8)``:
+(column pair, row +8, 8-column block), per thread two rows (lane/4 and lane/4 + 8 of its warp's
+16) and N/4 columns; the four threads of a quad hold one row between them, as in mma.sync.  The
+register A operand of the next WGMMA (16-bit, k16) has the value mode ``(2, 2, 2)`` per k-block
+with exactly the registers of the accumulator's 16 columns in the same order, so a converted
+accumulator *is* the A fragment of the next GEMM: no shuffles (see :func:`acc_as_a_operand`).
+"""
+
+from __future__ import annotations
+
+import cutlass.cute as cute
+
+# setmaxnreg budgets (registers per thread) by consumer warpgroup count: the producer warpgroup
+# gives registers back, the consumers take them.  The sum over the CTA must stay within the 64K
+# register file: 2 consumers: 24·128 + 2·240·128 = 64512; 3 consumers: 32·128 + 3·160·128 = 65536.
+PRODUCER_REGS = {1: 56, 2: 24, 3: 32}
+CONSUMER_REGS = {1: 256, 2: 240, 3: 160}
+
+
+def acc_mn_view(t: cute.Tensor) -> cute.Tensor:
+    """A WGMMA accumulator partition ``((2, 2, V), M, N)`` (or an identity tensor partitioned
+    like one) viewed as ``(rows, cols) = ((2, M), ((2, V), N))``."""
+    shape = t.layout.shape
+    flat = cute.make_layout(shape)
+    mn = cute.make_layout(
+        ((shape[0][1], shape[1]), ((shape[0][0], shape[0][2]), shape[2])),
+        stride=((flat.stride[0][1], flat.stride[1]),
+                ((flat.stride[0][0], flat.stride[0][2]), flat.stride[2])),
+    )
+    return cute.make_tensor(t.iterator, cute.composition(t.layout, mn))
+
+
+def acc_as_a_operand(acc_layout: cute.Layout, a_fragment: cute.Tensor) -> cute.Tensor:
+    """The register A fragment ``a_fragment`` (``((2, 2, 2), M, K/16)``, 16-bit) viewed with the
+    accumulator's layout: storing converted accumulator values through this view fills the A
+    operand.  Both are compact in the same value order (module docstring); checked here."""
+    if cute.cosize(acc_layout) != cute.cosize(a_fragment.layout):
+        raise ValueError(f"accumulator {acc_layout} and A fragment {a_fragment.layout} differ in size")
+    return cute.make_tensor(a_fragment.iterator, acc_layout)
+
+
+@cute.jit
+def quad_allreduce(x, op):
+    """Reduce over the 4 threads of a quad (they hold one accumulator row between them)."""
+    x = op(x, cute.arch.shuffle_sync_bfly(x, offset=2, mask=-1, mask_and_clamp=31))
+    return op(x, cute.arch.shuffle_sync_bfly(x, offset=1, mask=-1, mask_and_clamp=31))
+
+
+def add(a, b):
+    return a + b
+
+
+__all__ = ["CONSUMER_REGS", "PRODUCER_REGS", "acc_as_a_operand", "acc_mn_view", "add",
+           "quad_allreduce"]

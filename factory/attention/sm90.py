@@ -1,0 +1,747 @@
+"""FlashAttention-3-class forward for Hopper (sm_90a): TMA, WGMMA, warp specialization.  Our own
+CuTe DSL kernel.
+
+One CTA computes one (query tile, q head, batch) triple; query tiles of ``tile_m`` = 64·W rows.
+
+Warp roles (``1 + W`` warpgroups of 128 threads):
+
+* warpgroup 0, warp 0 — the **producer**: TMA loads of the CTA's Q (one 64-row slab per consumer
+  warpgroup, one mbarrier each), then the K and V tiles the tile's rows can see, last first, into
+  two rings of ``stages`` swizzled smem slots (``PipelineTmaAsync``: a "full" mbarrier per slot
+  completed by the TMA's byte count, an "empty" one the consumer warps arrive on).  K and V have
+  separate rings, so S = Q·Kᵀ of a tile starts as soon as its K has landed.  The warpgroup gives
+  its registers back (setmaxnreg) and its other three warps leave.
+* warpgroups 1..W — the **consumers**, one 64-row slab of the query tile each, all reading the same
+  K/V slots.  Per key tile: S = Q·Kᵀ on WGMMA with both operands in smem (fp32 accumulators in
+  registers), the mask where the tile touches the diagonal or the key tail, the online softmax in
+  exp2 with log2(e)·scale folded into one FFMA per score, P converted to 16 bits *in registers* —
+  the accumulator layout of S is the register-A layout of the next WGMMA (atoms/sm90.py) — and
+  O += P·V with P from registers and V from smem (MN-major).  ``overlap`` (intra-warpgroup overlap,
+  FA3): the S GEMM of the next tile is issued before this tile's P·V, so the softmax of one tile
+  runs while the tensor cores work on the other.  ``pingpong``: the consumer warpgroups take turns
+  issuing their GEMMs (named barriers), so one warpgroup's softmax runs under the other's GEMMs.
+* Epilogue per consumer warpgroup: O / rowsum -> dtype -> its Q slab in smem (Q is dead by then)
+  -> one TMA store (rows past seqlen_q are clipped by the TMA; varlen: 16-byte stores, below);
+  LSE (natural log) from registers.
+  A row with no visible key writes O = 0 and LSE = -inf.
+
+Tails need no code on the load side: TMA zero-fills rows past seqlen (Q and K/V), and masked
+scores are -inf, so the zero rows of V meet P = 0.  Causal masking is bottom-right aligned (query
+i sees keys j <= i + seqlen_k - seqlen_q); key tiles no row of the tile sees are never loaded,
+tiles every row sees fully run without mask code.  GQA/MQA read kv head h // (Hq / Hkv) in place.
+Causal grids walk query tiles from the last (longest rows) to the first.
+
+``varlen`` (packed sequences, int32 cu_seqlens): a CTA offsets the (tokens, D, heads) TMA tensors
+to its sequence, so boxes past a sequence's end read the next sequence's tokens (finite; masked
+keys meet P = 0, extra query rows are never stored) or the TMA's zero fill past the last token;
+O leaves by predicated 16-byte stores instead of the TMA store, which would write into the next
+sequence.  The grid is sized by max_seqlen_q and tiles past a sequence's end exit at once.
+
+The arguments are the sm80 family's (dense: q, k, v, o, lse, softmax_scale; varlen: q, k, v, o,
+lse, cu_seqlens_q, cu_seqlens_k, softmax_scale, max_seqlen_q): the loader needs no launch code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils as utils
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
+from cutlass.tensor_utils import LayoutEnum
+
+from ..abi import DTYPE_BYTES, ScalarArg, Signature, TensorArg
+from ..atoms import sm90 as atoms
+from ..atoms.targets import Target
+from ..registry import register
+from ..variant import Variant
+
+LOG2_E = math.log2(math.e)
+LN_2 = math.log(2.0)
+
+DTYPES = ("bf16", "f16")
+HEAD_DIMS = (64, 128)
+# Rows of one consumer warpgroup: one WGMMA M.
+WG_ROWS = 64
+# Dense problems with fewer queries than this run the sm80 family's kernels on a 9.0 device
+# (runtime/attention.py select; manifest "min_seqlen_q").  H100, bf16, graph replay (run 2,
+# notes/attention-sm90.md): one query, 32 heads (MHA, the grid full without split-KV): 128-row
+# tile 179.6 µs vs the sm_90 build's 64-row tile 177.2; four queries (B4 H32/8 Sk 8192) 96.1 vs
+# 123.8, 16..64 queries (Sk 4096) 51 vs 64.  (Split-KV and packed-GQA decode, which this family
+# lacks, are chosen before this rule applies.)
+MIN_SEQLEN_Q = 2
+_SMEM_ALIGN = 1024
+# Static smem the DSL adds to every kernel (1 KiB) and room for the mbarriers.
+_STATIC_SMEM = 1024
+_BARRIER_BYTES = 1024
+
+
+class _Bar(enum.IntEnum):
+    """Named hardware barriers (id 0 is __syncthreads)."""
+
+    EPILOGUE = 1  # + consumer warpgroup: its 128 threads before the TMA store of O
+    SCHEDULE = 4  # + consumer warpgroup: "your turn to issue GEMMs" (ping-pong)
+
+
+# ------------------------------------------------------------------------------------------------
+# The variant: config, calling convention, manifest fields
+# ------------------------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class AttentionSm90(Variant):
+    op: ClassVar[str] = "attention"
+    family: ClassVar[str] = "sm90"
+    sources = ("attention/sm90.py", "atoms/sm90.py")
+
+    dtype: str = field(default="bf16", metadata={"tag": ""})
+    head_dim: int = field(default=128, metadata={"tag": "d"})
+    tile_m: int = field(default=128, metadata={"tag": "m"})
+    tile_n: int = field(default=128, metadata={"tag": "n"})
+    stages: int = field(default=2, metadata={"tag": "s"})
+    causal: bool = field(default=False, metadata={"tag": "causal"})
+    varlen: bool = field(default=False, metadata={"tag": "varlen"})
+    # Intra-warpgroup overlap: S of the next key tile is issued before P·V of this one.  (ptxas
+    # moves the P·V wait above the softmax, which then overlaps only the other warpgroup's GEMMs:
+    # notes/attention-sm90.md.)
+    overlap: bool = field(default=False, metadata={"tag": "ov"})
+    # The consumer warpgroups take turns issuing their GEMMs (named barriers).
+    pingpong: bool = field(default=False, metadata={"tag": "pp"})
+    # With overlap: O is rescaled while S of the next tile is on the tensor cores, before P·V is
+    # issued, instead of after P·V has retired (FA3's RescaleOBeforeGemm).
+    early_rescale: bool = field(default=False, metadata={"tag": "er"})
+
+    @property
+    def consumers(self) -> int:
+        return self.tile_m // WG_ROWS
+
+    @property
+    def threads(self) -> int:
+        return 128 * (1 + self.consumers)
+
+    def sass_requirements(self) -> tuple[str, ...]:
+        # HGMMA with both operands in smem (S = Q·Kᵀ: "gdesc" twice) and with A from registers
+        # (P·V: a register operand "R<n>" first): nvdisasm prints
+        #   HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4], RZ, !UPT, gsb0 ;      (both smem)
+        #   HGMMA.64x128x16.F32.BF16 R88, R24, gdesc[UR8].tnspB, R88, UP0 ; (A in registers)
+        # (fp16 inputs print no input type: "HGMMA.64x128x16.F32 R24, ...").
+        # Varlen: (tokens, D, heads) TMA boxes (3D) and O by 16-byte stores (a TMA store would
+        # write past the sequence into the next one).
+        d = r"\.BF16" if self.dtype == "bf16" else ""
+        store = r"\bSTG\.E\.128\b" if self.varlen else r"\bUTMASTG\.4D\b"
+        return (
+            rf"\bHGMMA\.64x{self.tile_n}x16\.F32{d} R\d+, gdesc\[",
+            rf"\bHGMMA\.64x{self.head_dim}x16\.F32{d} R\d+, R\d+, gdesc\[",
+            r"\bUTMALDG\.3D\b" if self.varlen else r"\bUTMALDG\.4D\b", store,
+            r"\bSYNCS\.", r"\bUSETMAXREG\.", r"\bMUFU\.EX2\b",
+        )
+
+    def smem_bytes(self) -> int:
+        e = DTYPE_BYTES[self.dtype]
+        q = _round_up(self.tile_m * self.head_dim * e, _SMEM_ALIGN)
+        kv = 2 * self.stages * _round_up(self.tile_n * self.head_dim * e, _SMEM_ALIGN)
+        return _BARRIER_BYTES + q + kv
+
+    def can_implement(self) -> str | None:
+        t = self.tgt
+        if t.family != "sm90":
+            return f"target {self.target} is not a Hopper (sm90) target"
+        if self.dtype not in DTYPES:
+            return f"dtype {self.dtype} not in {DTYPES}"
+        if self.head_dim not in HEAD_DIMS:
+            return f"head_dim {self.head_dim} not in {HEAD_DIMS}"
+        if self.tile_m % WG_ROWS or self.consumers not in (1, 2, 3):
+            return "tile_m must be 64, 128 or 192 (one 64-row slab per consumer warpgroup)"
+        if self.tile_n % 16 or not 16 <= self.tile_n <= 256:
+            return "tile_n must be a multiple of 16 in [16, 256] (one WGMMA N, k16 steps of P·V)"
+        if self.stages < 2:
+            return "stages must be >= 2"
+        if self.pingpong and self.consumers < 2:
+            return "pingpong needs two or more consumer warpgroups"
+        if self.early_rescale and not self.overlap:
+            return "early_rescale needs overlap"
+        # fp32 registers per consumer thread: S (tile_n/2), O (head_dim/2), P (tile_n/4); with
+        # overlap S of the next tile lives beside P of this one.
+        live = self.tile_n // 2 + self.head_dim // 2 + self.tile_n // 4
+        if live + 32 > atoms.CONSUMER_REGS[self.consumers]:
+            return f"{live} live accumulator registers do not fit {atoms.CONSUMER_REGS[self.consumers]}"
+        if self.smem_bytes() + _STATIC_SMEM > t.smem_per_cta:
+            return f"needs {self.smem_bytes()} + {_STATIC_SMEM} B smem > {t.smem_per_cta}"
+        return None
+
+    def signature(self) -> Signature:
+        d, dt = self.head_dim, self.dtype
+        vec = 16 // DTYPE_BYTES[dt]  # TMA: every stride but the last a multiple of 16 bytes
+        if self.varlen:  # the sm80 family's packed calling convention
+            args = [
+                TensorArg("q", dt, ("Tq", "Hq", d), ("sQt", "sQh", 1)),
+                TensorArg("k", dt, ("Tk", "Hkv", d), ("sKt", "sKh", 1)),
+                TensorArg("v", dt, ("Tk", "Hkv", d), ("sVt", "sVh", 1)),
+                TensorArg("o", dt, ("Tq", "Hq", d), ("sOt", "sOh", 1)),
+                TensorArg("lse", "f32", ("Hq", "Tq"), ("sLh", 1), align=4),
+                TensorArg("cu_seqlens_q", "i32", ("B1",), (1,), align=4),
+                TensorArg("cu_seqlens_k", "i32", ("B1",), (1,), align=4),
+                ScalarArg("softmax_scale", "f32"),
+                ScalarArg("max_seqlen_q", "i32"),
+            ]
+            strided = ("sQt", "sQh", "sKt", "sKh", "sVt", "sVh", "sOt", "sOh")
+            return Signature(tuple(args), tuple(sorted((s, vec) for s in strided)))
+        args = [
+            TensorArg("q", dt, ("B", "Sq", "Hq", d), ("sQb", "sQs", "sQh", 1)),
+            TensorArg("k", dt, ("B", "Sk", "Hkv", d), ("sKb", "sKs", "sKh", 1)),
+            TensorArg("v", dt, ("B", "Sk", "Hkv", d), ("sVb", "sVs", "sVh", 1)),
+            TensorArg("o", dt, ("B", "Sq", "Hq", d), ("sOb", "sOs", "sOh", 1)),
+            TensorArg("lse", "f32", ("B", "Hq", "Sq"), ("sLb", "sLh", 1), align=4),
+            ScalarArg("softmax_scale", "f32"),
+        ]
+        strided = ("sQb", "sQs", "sQh", "sKb", "sKs", "sKh", "sVb", "sVs", "sVh", "sOb", "sOs", "sOh")
+        return Signature(tuple(args), tuple(sorted((s, vec) for s in strided)))
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "dtype": self.dtype,
+            "dtypes": {"q": self.dtype, "k": self.dtype, "v": self.dtype, "o": self.dtype,
+                       "lse": "f32", "acc": "f32"},
+            "head_dim": self.head_dim,
+            "causal": self.causal,
+            "varlen": self.varlen,
+            "tile": [self.tile_m, self.tile_n],
+            "warps": self.threads // 32,
+            "stages": self.stages,
+            "splits": 1,
+            "pack_gqa": False,
+            "overlap": self.overlap,
+            "pingpong": self.pingpong,
+            "early_rescale": self.early_rescale,
+            "smem_bytes": self.smem_bytes(),
+            "min_seqlen_q": MIN_SEQLEN_Q,
+            # Resident CTAs per SM: the setmaxnreg budgets hand the CTA the whole register file
+            # (and the 128-row tiles' smem leaves no room for a second CTA): selection counts waves.
+            "ctas_per_sm": 1,
+            "threads": self.threads,
+            "registers_per_role": {"producer": atoms.PRODUCER_REGS[self.consumers],
+                                   "consumer": atoms.CONSUMER_REGS[self.consumers]},
+            "preferred": (self.tile_m, self.tile_n, self.stages, self.overlap, self.pingpong,
+                          self.early_rescale) == (*default_config(self.head_dim, self.causal), False),
+            "constraints": {
+                "head_dim_contiguous": True,
+                "stride_divisibility_elems": 16 // DTYPE_BYTES[self.dtype],
+                "data_align_bytes": 16,
+                "gqa": "Hq % Hkv == 0",
+                "causal_alignment": "bottom-right",
+                "softmax_scale": "> 0",
+                "lse": "float32, (Hq, Tq)" if self.varlen else "float32, (B, Hq, Sq) compact",
+                "grid_yz_max": 65535,
+            },
+        }
+
+    def make_kernel(self):
+        k = FlashFwdSm90(
+            dtype=_cutlass_dtype(self.dtype), head_dim=self.head_dim, tile_m=self.tile_m,
+            tile_n=self.tile_n, stages=self.stages, causal=self.causal, overlap=self.overlap,
+            pingpong=self.pingpong, early_rescale=self.early_rescale,
+        )
+        return k.packed if self.varlen else k.dense
+
+
+def _cutlass_dtype(name: str):
+    return {"bf16": cutlass.BFloat16, "f16": cutlass.Float16}[name]
+
+
+def _round_up(x: int, a: int) -> int:
+    return (x + a - 1) // a * a
+
+
+# The default config per problem: (tile_m, tile_n, stages, overlap, pingpong).  H100, bf16, CUDA
+# graph replay (notes/attention-sm90.md): B1 H16 S16384 D128 non-causal plain 624 TFLOP/s,
+# overlap 642, overlap + ping-pong 641 (cuDNN 658); causal 596 / 602 / 633 (cuDNN 623) (run 1);
+# B2 H16 S4096 D128 causal 444 / 478 / 497.  D64 non-causal: three consumer warpgroups (192-row
+# tiles, a third fewer K/V bytes per FLOP) 369 vs 347 TFLOP/s at B4 H16 S1024 (run 2), 371 vs 349
+# (run 3, interleaved); causal 199 vs 223 and 200 vs 221: 128 rows there.
+def default_config(head_dim: int, causal: bool) -> tuple[int, int, int, bool, bool]:
+    if head_dim == 64 and not causal:
+        return (192, 128, 2, True, True)
+    return (128, 128, 2, True, True)
+
+
+@register("attention")
+def enumerate_attention(target: Target, tier: str) -> list[AttentionSm90]:
+    if target.family != "sm90":
+        return []
+
+    def make(dtype, d, causal, tile_m=None, tile_n=None, stages=None, overlap=None,
+             pingpong=None):
+        tm, tn, s, ov, pp = default_config(d, causal)
+        return AttentionSm90(
+            target=target.name, dtype=dtype, head_dim=d, causal=causal, tile_m=tile_m or tm,
+            tile_n=tile_n or tn, stages=stages or s,
+            overlap=ov if overlap is None else overlap, pingpong=pp if pingpong is None else pingpong)
+
+    if tier == "test":
+        return [make("bf16", 128, True)]
+    problems = [(dt, d, c) for dt in DTYPES for d in HEAD_DIMS for c in (False, True)]
+    out = [make(*p) for p in problems]
+    # Packed variable-length batches (cu_seqlens): the dense problems' tiles.
+    out += [dataclasses.replace(make(*p), varlen=True) for p in problems]
+    # One consumer warpgroup (64-row tiles) for grids the default tile leaves under-filled (the
+    # loader's rule, as for the sm80 family): B1 H8 S512 D64 non-causal ran 8.1 µs on 32 CTAs of
+    # 128 rows vs 7.3 for the sm_90 build's 64 CTAs of 64 rows, 6.0 on 64-row sm_90a CTAs.
+    out += [make(*p, tile_m=64, pingpong=False) for p in problems]
+    out = list({v.name: v for v in out}.values())
+    return [v for v in out if v.can_implement() is None]
+
+
+# ------------------------------------------------------------------------------------------------
+# The kernel
+# ------------------------------------------------------------------------------------------------
+class FlashFwdSm90:
+    """Host side: ``dense`` builds the smem layouts, TMA atoms and tiled MMAs and launches
+    ``kernel``; device side: ``kernel``, ``produce``, ``consume`` and their helpers."""
+
+    def __init__(self, *, dtype, head_dim: int, tile_m: int, tile_n: int, stages: int,
+                 causal: bool, overlap: bool, pingpong: bool, early_rescale: bool = False):
+        self.dtype = dtype
+        self.head_dim = head_dim
+        self.tile_m = tile_m
+        self.tile_n = tile_n
+        self.stages = stages
+        self.causal = causal
+        self.overlap = overlap
+        self.pingpong = pingpong
+        self.early_rescale = early_rescale
+        self.consumers = tile_m // WG_ROWS
+        self.threads = 128 * (1 + self.consumers)
+        self.producer_regs = atoms.PRODUCER_REGS[self.consumers]
+        self.consumer_regs = atoms.CONSUMER_REGS[self.consumers]
+
+    # --- host ------------------------------------------------------------------------------------
+    @cute.jit
+    def dense(self, q: cute.Tensor, k: cute.Tensor, v: cute.Tensor, o: cute.Tensor,
+              lse: cute.Tensor, softmax_scale: cutlass.Float32, stream: cuda.CUstream):
+        # (B, S, H, D) -> (S, D, H, B): row-major (S, D) tiles per (head, batch) for the TMA;
+        # V as (D, S, H, B): the B operand of P·V, N (= D) contiguous.
+        mQ = cute.make_tensor(q.iterator, cute.select(q.layout, mode=[1, 3, 2, 0]))
+        mK = cute.make_tensor(k.iterator, cute.select(k.layout, mode=[1, 3, 2, 0]))
+        mVt = cute.make_tensor(v.iterator, cute.select(v.layout, mode=[3, 1, 2, 0]))
+        mO = cute.make_tensor(o.iterator, cute.select(o.layout, mode=[1, 3, 2, 0]))
+        grid = (cute.ceil_div(q.shape[1], self.tile_m), q.shape[2], q.shape[0])
+        self._launch(mQ, mK, mVt, mO, lse, None, None, softmax_scale, grid, stream)
+
+    @cute.jit
+    def packed(self, q: cute.Tensor, k: cute.Tensor, v: cute.Tensor, o: cute.Tensor,
+               lse: cute.Tensor, cu_seqlens_q: cute.Tensor, cu_seqlens_k: cute.Tensor,
+               softmax_scale: cutlass.Float32, max_seqlen_q: cutlass.Int32, stream: cuda.CUstream):
+        # (T, H, D) -> (T, D, H); V as (D, T, H).  A CTA offsets these by its sequence's start.
+        mQ = cute.make_tensor(q.iterator, cute.select(q.layout, mode=[0, 2, 1]))
+        mK = cute.make_tensor(k.iterator, cute.select(k.layout, mode=[0, 2, 1]))
+        mVt = cute.make_tensor(v.iterator, cute.select(v.layout, mode=[2, 0, 1]))
+        mO = cute.make_tensor(o.iterator, cute.select(o.layout, mode=[0, 2, 1]))
+        grid = (cute.ceil_div(max_seqlen_q, self.tile_m), q.shape[1], cu_seqlens_q.shape[0] - 1)
+        self._launch(mQ, mK, mVt, mO, lse, cu_seqlens_q, cu_seqlens_k, softmax_scale, grid, stream)
+
+    @cute.jit
+    def _launch(self, mQ, mK, mVt, mO, lse, mCuQ, mCuK, softmax_scale, grid, stream):
+        D, BN, dt = self.head_dim, self.tile_n, self.dtype
+        tiled_mma_qk = sm90_utils.make_trivial_tiled_mma(
+            dt, dt, OperandMajorMode.K, OperandMajorMode.K, cutlass.Float32, (1, 1, 1),
+            tiler_mn=(WG_ROWS, BN))
+        tiled_mma_pv = sm90_utils.make_trivial_tiled_mma(
+            dt, dt, OperandMajorMode.K, OperandMajorMode.MN, cutlass.Float32, (1, 1, 1),
+            tiler_mn=(WG_ROWS, D), a_source=warpgroup.OperandSource.RMEM)
+
+        # Q: one (64, D) slab per consumer warpgroup (O reuses it); K: (BN, D) per slot; V: (D, BN)
+        # per slot, MN-major.  128-byte swizzles throughout.
+        sQ_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (WG_ROWS, BN, D), dt,
+                                                  self.consumers)
+        sK_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, (WG_ROWS, BN, D), dt,
+                                                  self.stages)
+        sV_layout = sm90_utils.make_smem_layout_b(LayoutEnum.COL_MAJOR, (WG_ROWS, D, BN), dt,
+                                                  self.stages)
+        slab = cute.slice_(sQ_layout, (None, None, 0))
+        tma_q, tQ = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), mQ, slab,
+                                                (WG_ROWS, D))
+        tma_k, tK = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), mK,
+                                                cute.slice_(sK_layout, (None, None, 0)), (BN, D))
+        tma_v, tV = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), mVt,
+                                                cute.slice_(sV_layout, (None, None, 0)), (D, BN))
+        tma_o, tO, s2g = None, mO, None
+        if cutlass.const_expr(mCuQ is None):
+            tma_o, tO = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), mO, slab,
+                                                    (WG_ROWS, D))
+        else:
+            # 16-byte stores of a warpgroup's O slab, 8 threads per 64 columns, rows predicated.
+            vec = 128 // dt.width
+            s2g = cute.make_tiled_copy_tv(
+                cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dt, num_bits_per_copy=128),
+                cute.make_layout((128 // 8, 8), stride=(8, 1)), cute.make_layout((1, vec)))
+
+        @cute.struct
+        class SharedStorage:
+            q_bars: cute.struct.MemRange[cutlass.Int64, self.consumers]
+            k_bars: cute.struct.MemRange[cutlass.Int64, 2 * self.stages]
+            v_bars: cute.struct.MemRange[cutlass.Int64, 2 * self.stages]
+            sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], _SMEM_ALIGN]
+            sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], _SMEM_ALIGN]
+            sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sV_layout)], _SMEM_ALIGN]
+
+        self.shared_storage = SharedStorage
+        self.kernel(
+            tma_q, tQ, tma_k, tK, tma_v, tV, tma_o, tO, s2g, lse, mCuQ, mCuK,
+            softmax_scale * LOG2_E, tiled_mma_qk, tiled_mma_pv, sQ_layout, sK_layout, sV_layout,
+        ).launch(grid=grid, block=[self.threads, 1, 1], min_blocks_per_mp=1, stream=stream)
+
+    # --- device ----------------------------------------------------------------------------------
+    @cute.kernel
+    def kernel(self, tma_q: cute.CopyAtom, mQ: cute.Tensor, tma_k: cute.CopyAtom, mK: cute.Tensor,
+               tma_v: cute.CopyAtom, mVt: cute.Tensor, tma_o, mO: cute.Tensor, s2g,
+               mLSE: cute.Tensor, mCuQ, mCuK, scale_log2: cutlass.Float32,
+               tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma,
+               sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
+               sV_layout: cute.ComposedLayout):
+        tidx, _, _ = cute.arch.thread_idx()
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        if warp_idx == 0:
+            for atom in (tma_q, tma_k, tma_v):
+                cpasync.prefetch_descriptor(atom)
+            if cutlass.const_expr(tma_o is not None):
+                cpasync.prefetch_descriptor(tma_o)
+
+        smem = utils.SmemAllocator()
+        storage = smem.allocate(self.shared_storage)
+        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+        sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
+        q_bars = storage.q_bars.data_ptr()
+
+        # One arrive per consumer warp releases a K or V slot.
+        kv_pipes = [
+            pipeline.PipelineTmaAsync.create(
+                barrier_storage=bars, num_stages=self.stages,
+                producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+                consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 4 * self.consumers),
+                tx_count=cute.size_in_bytes(self.dtype, cute.slice_(layout, (None, None, 0))),
+                cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)), defer_sync=True)
+            for bars, layout in ((storage.k_bars.data_ptr(), sK_layout),
+                                 (storage.v_bars.data_ptr(), sV_layout))
+        ]
+        if warp_idx == 0:
+            with cute.arch.elect_one():
+                for w in cutlass.range_constexpr(self.consumers):
+                    cute.arch.mbarrier_init(q_bars + w, 1)
+        pipeline.pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
+
+        # This CTA's problem: query tile (last first when causal), q head, batch; its sequence as
+        # (rows, D) views of q/k/o, (D, rows) of v, and its LSE row.
+        m_block, head, batch = cute.arch.block_idx()
+        if cutlass.const_expr(self.causal):
+            m_block = cute.arch.grid_dim()[0] - 1 - m_block
+        kv_head = head // (mQ.shape[2] // mK.shape[2])
+        if cutlass.const_expr(mCuQ is None):
+            q_len = mQ.shape[0]
+            k_len = mK.shape[0]
+            seqQ = mQ[None, None, head, batch]
+            seqK = mK[None, None, kv_head, batch]
+            seqVt = mVt[None, None, kv_head, batch]
+            seqO = mO[None, None, head, batch]
+            seqL = mLSE[batch, head, None]
+        else:
+            q_start = mCuQ[batch]
+            q_len = mCuQ[batch + 1] - q_start
+            k_start = mCuK[batch]
+            k_len = mCuK[batch + 1] - k_start
+            seqQ = cute.domain_offset((q_start, 0), mQ[None, None, head])
+            seqK = cute.domain_offset((k_start, 0), mK[None, None, kv_head])
+            seqVt = cute.domain_offset((0, k_start), mVt[None, None, kv_head])
+            seqO = cute.domain_offset((q_start, 0), mO[None, None, head])
+            seqL = cute.domain_offset((q_start,), mLSE[head, None])
+        n_hi, n_mask = self.key_range(m_block, q_len, k_len)
+
+        pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1))
+        # Varlen: tiles past a sequence's end (the grid is sized by the longest) leave at once.
+        if m_block * self.tile_m < q_len:
+            warpgroup_idx = cute.arch.make_warp_uniform(tidx // 128)
+            if warpgroup_idx == 0:
+                cute.arch.setmaxregister_decrease(self.producer_regs)
+                if warp_idx == 0:
+                    self.produce(tma_q, seqQ, tma_k, seqK, tma_v, seqVt, sQ, sK, sV, q_bars,
+                                 kv_pipes, m_block, n_hi)
+            else:
+                cute.arch.setmaxregister_increase(self.consumer_regs)
+                self.consume(tiled_mma_qk, tiled_mma_pv, tma_o, seqO, s2g, seqL, sQ, sK, sV,
+                             q_bars, kv_pipes, scale_log2, m_block, q_len, k_len, n_hi, n_mask,
+                             warpgroup_idx - 1, tidx % 128)
+
+    @cute.jit
+    def key_range(self, m_block, q_len, k_len):
+        """Key tiles [0, n_hi) this query tile sees; tiles >= n_mask need the mask (the key
+        tail, and with causal the tiles some row of the tile does not fully see)."""
+        BM, BN = self.tile_m, self.tile_n
+        m0 = m_block * BM
+        n_hi = cute.ceil_div(k_len, BN)
+        n_mask = k_len // BN
+        if cutlass.const_expr(self.causal):
+            # bottom-right: row r sees keys < r + 1 + (k_len - q_len); clamp before dividing
+            shift = k_len - q_len
+            n_hi = cutlass.min(n_hi, cute.ceil_div(cutlass.max(0, m0 + BM + shift), BN))
+            n_mask = cutlass.min(n_mask, cutlass.max(0, m0 + shift + 1) // BN)
+        return n_hi, n_mask
+
+    @cute.jit
+    def produce(self, tma_q, seqQ, tma_k, seqK, tma_v, seqVt, sQ, sK, sV, q_bars, kv_pipes,
+                m_block, n_hi):
+        """The TMA warp: Q slabs, then K and V of tiles n_hi-1 down to 0."""
+        k_pipe, v_pipe = kv_pipes
+        if n_hi > 0:
+            W, D, BN = self.consumers, self.head_dim, self.tile_n
+            gQ = cute.local_tile(seqQ, (WG_ROWS, D), (None, 0))
+            tQsQ, tQgQ = cpasync.tma_partition(tma_q, 0, cute.make_layout(1),
+                                               cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
+            slab_bytes = cute.size_in_bytes(self.dtype, cute.slice_(sQ.layout, (None, None, 0)))
+            for w in cutlass.range_constexpr(W):
+                with cute.arch.elect_one():
+                    cute.arch.mbarrier_arrive_and_expect_tx(q_bars + w, slab_bytes)
+                cute.copy(tma_q, tQgQ[(None, m_block * W + w)], tQsQ[(None, w)],
+                          tma_bar_ptr=q_bars + w)
+
+            gK = cute.local_tile(seqK, (BN, D), (None, 0))
+            gV = cute.local_tile(seqVt, (D, BN), (0, None))
+            tKsK, tKgK = cpasync.tma_partition(tma_k, 0, cute.make_layout(1),
+                                               cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
+            tVsV, tVgV = cpasync.tma_partition(tma_v, 0, cute.make_layout(1),
+                                               cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
+            state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+            for i in cutlass.range(n_hi, unroll=1):
+                n = n_hi - 1 - i
+                k_pipe.producer_acquire(state)
+                cute.copy(tma_k, tKgK[(None, n)], tKsK[(None, state.index)],
+                          tma_bar_ptr=k_pipe.producer_get_barrier(state))
+                v_pipe.producer_acquire(state)
+                cute.copy(tma_v, tVgV[(None, n)], tVsV[(None, state.index)],
+                          tma_bar_ptr=v_pipe.producer_get_barrier(state))
+                state.advance()
+
+    @cute.jit
+    def consume(self, tiled_mma_qk, tiled_mma_pv, tma_o, seqO, s2g, seqL, sQ, sK, sV, q_bars,
+                kv_pipes, scale_log2, m_block, q_len, k_len, n_hi, n_mask, wg, ltid):
+        """One consumer warpgroup: its 64 query rows against every visible key tile, then its
+        part of the epilogue."""
+        k_pipe, v_pipe = kv_pipes
+        BN, D = self.tile_n, self.head_dim
+        thr_qk = tiled_mma_qk.get_slice(ltid)
+        thr_pv = tiled_mma_pv.get_slice(ltid)
+        tSrQ = tiled_mma_qk.make_fragment_A(thr_qk.partition_A(sQ))    # (MMA, 1, D/16, W)
+        tSrK = tiled_mma_qk.make_fragment_B(thr_qk.partition_B(sK))    # (MMA, 1, D/16, S)
+        tOrV = tiled_mma_pv.make_fragment_B(thr_pv.partition_B(sV))    # (MMA, 1, BN/16, S)
+        acc_O = cute.make_rmem_tensor(thr_pv.partition_shape_C((WG_ROWS, D)), cutlass.Float32)
+        s_shape = thr_qk.partition_shape_C((WG_ROWS, BN))
+        tOrP = tiled_mma_pv.make_fragment_A(thr_pv.partition_shape_A((WG_ROWS, BN)))
+        # (row, col) of each score within this warpgroup's 64 x BN block
+        cS = atoms.acc_mn_view(thr_qk.partition_C(cute.make_identity_tensor((WG_ROWS, BN))))
+        n_rows = cute.size(cS, mode=[0])
+        row_max = cute.make_rmem_tensor(n_rows, cutlass.Float32)
+        row_sum = cute.make_rmem_tensor(n_rows, cutlass.Float32)
+        row_max.fill(-cutlass.Float32.inf)
+        row_sum.fill(0.0)
+        row0 = m_block * self.tile_m + wg * WG_ROWS  # first query row of this warpgroup
+
+        if n_hi > 0:
+            cute.arch.mbarrier_wait(q_bars + wg, 0)
+            read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+            # ---- the first (top) key tile: S, mask, softmax -> P; O is not touched yet
+            acc_S = cute.make_rmem_tensor(s_shape, cutlass.Float32)
+            k_pipe.consumer_wait(read)
+            self.gemm_qk(tiled_mma_qk, acc_S, tSrQ, tSrK, wg, read.index)
+            warpgroup.wait_group(0)
+            k_pipe.consumer_release(read)
+            if n_hi - 1 >= n_mask:
+                self.apply_mask(acc_S, cS, row0, (n_hi - 1) * BN, q_len, k_len)
+            corr = cute.make_rmem_tensor(n_rows, cutlass.Float32)  # O's per-row rescale factor
+            self.online_softmax(acc_S, row_max, row_sum, corr, scale_log2)
+            tOrP_c = atoms.acc_as_a_operand(acc_S.layout, tOrP)
+            tOrP_c.store(acc_S.load().to(self.dtype))
+            # P·V overwrites O on the first key tile and accumulates afterwards.
+            tiled_mma_pv.set(warpgroup.Field.ACCUMULATE, False)
+            if cutlass.const_expr(self.pingpong):
+                if wg == 0:  # the first consumer warpgroup issues first
+                    cute.arch.barrier_arrive(barrier_id=int(_Bar.SCHEDULE),
+                                             number_of_threads=256)
+            # ---- the other tiles: P·V of tile n + 1 and S of tile n
+            for i in cutlass.range(1, n_hi, unroll=1):
+                n = n_hi - 1 - i
+                read_v = read.clone()
+                read.advance()
+                acc_S = cute.make_rmem_tensor(s_shape, cutlass.Float32)
+                if cutlass.const_expr(self.overlap):
+                    # S of tile n is issued first; P·V of tile n + 1 queues behind it, and the
+                    # softmax of tile n runs while P·V is on the tensor cores.
+                    k_pipe.consumer_wait(read)
+                    self.schedule_wait(wg)
+                    self.gemm_qk(tiled_mma_qk, acc_S, tSrQ, tSrK, wg, read.index)
+                    if cutlass.const_expr(self.early_rescale):
+                        self.rescale(acc_O, corr)  # (on the first tile: garbage, overwritten)
+                    v_pipe.consumer_wait(read_v)
+                    tiled_mma_pv = self.gemm_pv(tiled_mma_pv, acc_O, tOrP, tOrV, read_v.index)
+                    self.schedule_next(wg)
+                    warpgroup.wait_group(1)
+                    k_pipe.consumer_release(read)
+                    if n >= n_mask:
+                        self.apply_mask(acc_S, cS, row0, n * BN, q_len, k_len)
+                    self.online_softmax(acc_S, row_max, row_sum, corr, scale_log2)
+                    warpgroup.wait_group(0)
+                    v_pipe.consumer_release(read_v)
+                else:
+                    v_pipe.consumer_wait(read_v)
+                    self.schedule_wait(wg)
+                    tiled_mma_pv = self.gemm_pv(tiled_mma_pv, acc_O, tOrP, tOrV, read_v.index)
+                    warpgroup.wait_group(0)
+                    v_pipe.consumer_release(read_v)
+                    k_pipe.consumer_wait(read)
+                    self.gemm_qk(tiled_mma_qk, acc_S, tSrQ, tSrK, wg, read.index)
+                    self.schedule_next(wg)
+                    warpgroup.wait_group(0)
+                    k_pipe.consumer_release(read)
+                    if n >= n_mask:
+                        self.apply_mask(acc_S, cS, row0, n * BN, q_len, k_len)
+                    self.online_softmax(acc_S, row_max, row_sum, corr, scale_log2)
+                if cutlass.const_expr(not self.early_rescale):
+                    self.rescale(acc_O, corr)
+                tOrP_c.store(acc_S.load().to(self.dtype))
+            # ---- P·V of the last tile
+            if cutlass.const_expr(self.early_rescale):
+                if n_hi > 1:
+                    self.rescale(acc_O, corr)
+            v_pipe.consumer_wait(read)
+            tiled_mma_pv = self.gemm_pv(tiled_mma_pv, acc_O, tOrP, tOrV, read.index)
+            warpgroup.wait_group(0)
+            v_pipe.consumer_release(read)
+        else:
+            acc_O.fill(0.0)
+
+        # ---- epilogue: O / rowsum and LSE, O -> this warpgroup's Q slab -> TMA store (varlen:
+        # 16-byte stores of the rows inside the sequence)
+        self.finalize(acc_O, row_max, row_sum, scale_log2, cS, row0, q_len, seqL, ltid)
+        sO = sQ[None, None, wg]
+        rO = cute.make_rmem_tensor(acc_O.layout, self.dtype)
+        rO.store(acc_O.load().to(self.dtype))
+        r2s = cute.make_tiled_copy_C(
+            cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=32),
+            tiled_mma_pv).get_slice(ltid)
+        cute.copy(r2s, r2s.retile(rO), r2s.partition_D(sO))
+        # generic-proxy smem writes -> visible to the TMA (async proxy), then all 128 threads
+        cute.arch.fence_proxy("async.shared", space="cta")
+        cute.arch.barrier(barrier_id=int(_Bar.EPILOGUE) + wg, number_of_threads=128)
+        gO = cute.local_tile(seqO, (WG_ROWS, D), (m_block * self.consumers + wg, 0))
+        if cutlass.const_expr(tma_o is not None):
+            if ltid < 32:
+                tOsO, tOgO = cpasync.tma_partition(tma_o, 0, cute.make_layout(1),
+                                                   cute.group_modes(sO, 0, 2),
+                                                   cute.group_modes(gO, 0, 2))
+                cute.copy(tma_o, tOsO, tOgO)
+                cute.arch.cp_async_bulk_commit_group()
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
+        else:
+            thr = s2g.get_slice(ltid)
+            tOsO = thr.partition_S(sO)
+            tOgO = thr.partition_D(gO)
+            tOcO = thr.partition_D(cute.make_identity_tensor((WG_ROWS, D)))
+            tOrO = cute.make_fragment_like(tOsO, self.dtype)
+            cute.copy(s2g, tOsO, tOrO)
+            for r in cutlass.range_constexpr(cute.size(tOrO.shape[1])):
+                if row0 + tOcO[0, r, 0][0] < q_len:
+                    cute.copy(s2g, tOrO[None, r, None], tOgO[None, r, None])
+
+    @cute.jit
+    def gemm_qk(self, tiled_mma_qk, acc_S, tSrQ, tSrK, wg, slot):
+        """Issue S = Q·Kᵀ (overwriting acc_S) as one WGMMA group."""
+        warpgroup.fence()
+        tiled_mma_qk.set(warpgroup.Field.ACCUMULATE, False)
+        for kb in cutlass.range_constexpr(self.head_dim // 16):
+            cute.gemm(tiled_mma_qk, acc_S, tSrQ[None, None, kb, wg], tSrK[None, None, kb, slot],
+                      acc_S)
+            tiled_mma_qk.set(warpgroup.Field.ACCUMULATE, True)
+        warpgroup.commit_group()
+
+    @cute.jit
+    def gemm_pv(self, tiled_mma_pv, acc_O, tOrP, tOrV, slot):
+        """Issue O (+)= P·V as one WGMMA group; P from registers.  Returns ``tiled_mma_pv`` with
+        its accumulate flag set (the DSL carries the flag through loops only as a rebound local)."""
+        warpgroup.fence()
+        for kb in cutlass.range_constexpr(self.tile_n // 16):
+            cute.gemm(tiled_mma_pv, acc_O, tOrP[None, None, kb], tOrV[None, None, kb, slot], acc_O)
+            tiled_mma_pv.set(warpgroup.Field.ACCUMULATE, True)
+        warpgroup.commit_group()
+        return tiled_mma_pv
+
+    @cute.jit
+    def schedule_wait(self, wg):
+        """Ping-pong: wait for this warpgroup's turn to issue GEMMs."""
+        if cutlass.const_expr(self.pingpong):
+            cute.arch.barrier(barrier_id=int(_Bar.SCHEDULE) + wg, number_of_threads=256)
+
+    @cute.jit
+    def schedule_next(self, wg):
+        """Ping-pong: hand the turn to the next consumer warpgroup."""
+        if cutlass.const_expr(self.pingpong):
+            nxt = wg + 1
+            if nxt == self.consumers:
+                nxt = 0
+            cute.arch.barrier_arrive(barrier_id=int(_Bar.SCHEDULE) + nxt, number_of_threads=256)
+
+    @cute.jit
+    def apply_mask(self, acc_S, cS, row0, n0, q_len, k_len):
+        """-inf where the key is past the sequence or (causal) after the query's diagonal."""
+        s_mn = atoms.acc_mn_view(acc_S)
+        for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
+            limit = k_len - n0
+            if cutlass.const_expr(self.causal):
+                limit = cutlass.min(limit, row0 + cS[r, 0][0] + 1 + k_len - q_len - n0)
+            for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
+                # a select per score (an `if` statement here yields the whole fragment per
+                # branch: ~15x the instructions)
+                s_mn[r, c] = -cutlass.Float32.inf if cS[r, c][1] >= limit else s_mn[r, c]
+
+    @cute.jit
+    def online_softmax(self, acc_S, row_max, row_sum, corr, scale_log2):
+        """acc_S <- exp2(S·scale_log2 - max·scale_log2) with the running max and sum updated;
+        ``corr`` <- each row's correction factor for O (exp2 of the old max minus the new)."""
+        s_mn = atoms.acc_mn_view(acc_S)
+        for r in cutlass.range_constexpr(cute.size(row_max)):
+            s = s_mn[r, None].load()
+            m_new = atoms.quad_allreduce(s.reduce(cute.ReductionOp.MAX, -cutlass.Float32.inf, 0),
+                                         cute.arch.fmax)
+            m_new = cute.arch.fmax(m_new, row_max[r])
+            # A row with nothing visible yet keeps max = -inf; subtract 0 then, not -inf (NaN).
+            m_scaled = (0.0 if m_new == -cutlass.Float32.inf else m_new) * scale_log2
+            p = cute.math.exp2(s * scale_log2 - m_scaled, fastmath=True)
+            corr[r] = cute.math.exp2(row_max[r] * scale_log2 - m_scaled, fastmath=True)
+            row_sum[r] = row_sum[r] * corr[r] + p.reduce(cute.ReductionOp.ADD, cutlass.Float32.zero, 0)
+            row_max[r] = m_new
+            s_mn[r, None] = p
+
+    @cute.jit
+    def rescale(self, acc_O, corr):
+        o_mn = atoms.acc_mn_view(acc_O)
+        for r in cutlass.range_constexpr(cute.size(corr)):
+            o_mn[r, None] = o_mn[r, None].load() * corr[r]
+
+    @cute.jit
+    def finalize(self, acc_O, row_max, row_sum, scale_log2, cS, row0, q_len, gLSE, ltid):
+        """O /= rowsum (0 for rows with no key); LSE = ln(sum) + max·scale, -inf if none."""
+        o_mn = atoms.acc_mn_view(acc_O)
+        for r in cutlass.range_constexpr(cute.size(row_sum)):
+            total = atoms.quad_allreduce(row_sum[r], atoms.add)
+            has_keys = total > 0.0
+            inv = cute.arch.rcp_approx(total if has_keys else 1.0)
+            o_mn[r, None] = o_mn[r, None].load() * (inv if has_keys else 0.0)
+            lse = -cutlass.Float32.inf
+            if has_keys:
+                lse = (row_max[r] * scale_log2 + cute.math.log2(total, fastmath=True)) * LN_2
+            row = row0 + cS[r, 0][0]
+            if ltid % 4 == 0 and row < q_len:
+                gLSE[row] = lse

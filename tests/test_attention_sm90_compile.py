@@ -1,0 +1,262 @@
+"""Compile-only checks of the Hopper FlashAttention-forward family (``factory/attention/sm90.py``)
+and the runtime's choice between it and the sm80 family on a 9.0 device (no GPU needed).
+
+The "test" tier (one variant: bf16, D128, causal, overlap + ping-pong) is compiled for sm_90a in
+one subprocess (the compile worker sets the target before ``cutlass`` is imported); its cubin must
+show both WGMMA forms (S = Q·Kᵀ from smem, P·V with P from registers), TMA loads and the TMA store,
+setmaxnreg both ways, one WGMMA group kept in flight (the overlap), the ping-pong named barrier,
+no spills, and the header must take the sm80 dense arguments in order.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+needs_dsl = pytest.mark.skipif(
+    importlib.util.find_spec("cutlass") is None, reason="nvidia-cutlass-dsl is not installed"
+)
+
+_WORKER = textwrap.dedent(
+    """
+    import json, re, sys
+    from factory.build.compile import init_worker, compile_variant
+    init_worker("sm_90a")
+    from factory.atoms.targets import get_target
+    from factory.build import cubin as cb
+    from factory.attention.sm90 import enumerate_attention
+
+    report = {}
+    for v in enumerate_attention(get_target("sm_90a"), "test"):
+        info = compile_variant(v, sys.argv[1])
+        sass = cb.disassemble(f"{sys.argv[1]}/{v.name}.cubin")
+        res = max(info["kernels"].values(), key=lambda r: r["registers"])
+        lines = [ln.split(";")[0].split("*/")[-1].strip() for ln in sass.splitlines() if "*/" in ln]
+        report[v.name] = {
+            "config": v.config(),
+            "resources": res,
+            "hist": cb.opcode_histogram(sass),
+            "hgmma": [ln for ln in lines if ln.startswith("HGMMA")],
+            "bars": [ln for ln in lines if ln.startswith(("BAR.", "USETMAXREG", "WARPGROUP.DEPBAR"))],
+            "missing_sass": [r for r in v.sass_requirements() if not re.search(r, sass)],
+            "sass_target": cb.sass_target(sass),
+            "params": [p for _, p in info["header"]["params"]],
+            "arg_names": [a.name for a in v.signature().args],
+        }
+    print("REPORT" + json.dumps(report))
+    """
+)
+
+
+@needs_dsl
+def test_test_tier_sass(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.run([sys.executable, "-c", _WORKER, str(tmp_path)], capture_output=True,
+                       text=True, env=env, cwd=ROOT, timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-6000:]
+    report = json.loads(next(ln for ln in p.stdout.splitlines() if ln.startswith("REPORT"))[6:])
+    assert len(report) == 1
+    for name, r in report.items():
+        cfg = r["config"]
+        d, bn = cfg["head_dim"], cfg["tile_n"]
+        assert r["sass_target"] == "sm_90a", name
+        assert not r["missing_sass"], (name, r["missing_sass"])
+        # S = Q·Kᵀ: both operands from smem descriptors, D/16 k-steps, issued twice (first key
+        # tile, loop); P·V: A from registers, V transposed from smem, tile_n/16 k-steps, twice
+        # (loop, last tile).
+        ss = [h for h in r["hgmma"] if h.startswith(f"HGMMA.64x{bn}x16.F32.BF16 R") and ", gdesc[" in h
+              and not h.split(", ")[1].startswith("R")]
+        rs = [h for h in r["hgmma"] if h.startswith(f"HGMMA.64x{d}x16.F32.BF16 R")
+              and h.split(", ")[1].startswith("R") and ".tnspB" in h]
+        assert len(ss) == 2 * d // 16 and len(rs) == 2 * bn // 16, (name, r["hgmma"])
+        assert len(r["hgmma"]) == len(ss) + len(rs), name
+        bars = r["bars"]
+        assert any(b.startswith("USETMAXREG.DEALLOC") for b in bars), name
+        assert any(b.startswith("USETMAXREG.TRY_ALLOC") for b in bars), name
+        assert "WARPGROUP.DEPBAR.LE gsb0, 0x1" in bars, name  # overlap: P·V in flight over softmax
+        assert any(b.startswith("BAR.SYNC") and b.endswith("0x100") for b in bars), name  # ping-pong
+        hist = r["hist"]
+        assert hist.get("UTMALDG.4D", 0) > 0 and hist.get("UTMASTG.4D", 0) > 0, name
+        assert hist.get("MUFU.EX2", 0) >= bn // 4, name  # one per score element and thread
+        assert not any(op.startswith(("LDL", "STL")) for op in hist), (name, "local memory")
+        assert r["resources"]["stack_frame_bytes"] == 0, name
+        assert r["params"] == ["module", *r["arg_names"], "stream"], name
+
+
+# --- no DSL needed below (the family module imports the DSL, so these skip without it) ----------
+def _family():
+    pytest.importorskip("cutlass")
+    from factory.attention import sm90
+
+    return sm90
+
+
+@needs_dsl
+def test_enumeration_and_names():
+    from factory.atoms.targets import get_target
+
+    sm90 = _family()
+    test = sm90.enumerate_attention(get_target("sm_90a"), "test")
+    assert [v.name for v in test] == ["attention_sm90a_bf16_d128_m128_n128_s2_causal_ov_pp"]
+    default = sm90.enumerate_attention(get_target("sm_90a"), "default")
+    problems = {(dt, d, c) for dt in ("bf16", "f16") for d in (64, 128) for c in (False, True)}
+    varlen = [v for v in default if v.varlen]
+    default = [v for v in default if not v.varlen]
+    assert {(v.dtype, v.head_dim, v.causal) for v in varlen} == problems and len(varlen) == 8
+    assert all(v.describe()["preferred"] and v.tile_m > 64 for v in varlen)
+    big = [v for v in default if v.tile_m > 64]
+    small = [v for v in default if v.tile_m == 64]
+    assert {v.tile_m for v in big if v.head_dim == 64 and not v.causal} == {192}
+    assert {v.tile_m for v in big if v.head_dim == 128 or v.causal} == {128}
+    assert len(default) == 16 and len(big) == len(small) == 8
+    assert {(v.dtype, v.head_dim, v.causal) for v in big} == problems
+    assert {(v.dtype, v.head_dim, v.causal) for v in small} == problems
+    assert all(v.can_implement() is None and v.overlap for v in default)
+    assert all(v.pingpong and v.describe()["preferred"] for v in big)
+    assert not any(v.pingpong or v.describe()["preferred"] for v in small)
+    assert small[0].describe()["registers_per_role"] == {"producer": 56, "consumer": 256}
+    three = next(v for v in big if v.tile_m == 192).describe()
+    assert three["registers_per_role"] == {"producer": 32, "consumer": 160} and three["threads"] == 512
+    for t in ("sm_80", "sm_86", "sm_89", "sm_90", "sm_100a"):
+        assert sm90.enumerate_attention(get_target(t), "default") == []
+
+
+@needs_dsl
+def test_signature_describe_and_limits():
+    sm90 = _family()
+    from factory.attention.sm80 import AttentionSm80
+
+    V = sm90.AttentionSm90
+    v = V(target="sm_90a", dtype="f16", head_dim=64, causal=True, overlap=True, pingpong=True)
+    assert v.name == "attention_sm90a_f16_d64_m128_n128_s2_causal_ov_pp"
+    # The sm80 family's dense calling convention, argument for argument: no new launch code.
+    assert v.signature() == AttentionSm80(target="sm_90", dtype="f16", head_dim=64,
+                                          causal=True).signature()
+    d = v.describe()
+    assert (d["dtype"], d["head_dim"], d["causal"], d["varlen"]) == ("f16", 64, True, False)
+    assert d["tile"] == [128, 128] and d["splits"] == 1 and d["pack_gqa"] is False
+    assert d["preferred"] and d["min_seqlen_q"] == sm90.MIN_SEQLEN_Q and d["ctas_per_sm"] == 1
+    assert d["registers_per_role"] == {"producer": 24, "consumer": 240} and d["threads"] == 384
+    json.dumps(d)
+    assert not V(target="sm_90a", dtype="f16", head_dim=64).describe()["preferred"]
+    assert "Hopper" in V(target="sm_90", dtype="bf16").can_implement()
+    # varlen: the sm80 family's packed convention
+    assert V(target="sm_90a", dtype="bf16", varlen=True).signature() == AttentionSm80(
+        target="sm_90", dtype="bf16", varlen=True).signature()
+    assert "(Hq, Tq)" in V(target="sm_90a", dtype="bf16", varlen=True).describe()["constraints"]["lse"]
+    assert "head_dim" in V(target="sm_90a", dtype="bf16", head_dim=96).can_implement()
+    assert "tile_m" in V(target="sm_90a", dtype="bf16", tile_m=96).can_implement()
+    assert "pingpong" in V(target="sm_90a", dtype="bf16", tile_m=64, pingpong=True).can_implement()
+    assert "smem" in V(target="sm_90a", dtype="bf16", stages=4).can_implement()  # 32K + 4x64K
+    assert "registers" in V(target="sm_90a", dtype="bf16", tile_n=256).can_implement()
+    assert V(target="sm_90a", dtype="bf16", stages=3).can_implement() is None  # 225 KB fits
+
+
+# --- selection on a 9.0 device ----------------------------------------------------------------
+def _e(name, target, causal=False, tile=(128, 128), splits=1, pack=False, **kw):
+    return {"name": name, "target": target, "dtype": "bf16", "head_dim": 128, "causal": causal,
+            "varlen": False, "tile": list(tile), "stages": 2, "splits": splits, "pack_gqa": pack, **kw}
+
+
+# Best target first, as Bundle.candidates orders them on a 9.0 device.
+_SM90 = dict(min_seqlen_q=2, ctas_per_sm=1)
+H100 = [
+    _e("h", "sm_90a", preferred=True, **_SM90), _e("hc", "sm_90a", True, preferred=True, **_SM90),
+    _e("hs", "sm_90a", tile=(64, 128), **_SM90), _e("hsc", "sm_90a", True, tile=(64, 128), **_SM90),
+    _e("big", "sm_90", preferred=True), _e("small", "sm_90", tile=(64, 128)),
+    _e("bigc", "sm_90", True, preferred=True), _e("smallc", "sm_90", True, tile=(64, 128)),
+    _e("s4", "sm_90", tile=(64, 128), splits=4), _e("s16", "sm_90", tile=(64, 128), splits=16),
+    _e("s4c", "sm_90", True, tile=(64, 128), splits=4),
+    _e("p4", "sm_90", tile=(64, 128), splits=4, pack=True),
+    _e("p16", "sm_90", tile=(64, 128), splits=16, pack=True),
+]
+
+
+def _pick(causal, b, hq, hkv, sq, sk, cands=H100):
+    from factory.runtime.attention import select
+
+    return select(cands, dtype="bf16", head_dim=128, causal=causal, varlen=False, rows=b * hq * sq,
+                  sms=132, decode=(b, hq, hkv, sq, sk))["name"]
+
+
+def test_h100_prefill_takes_the_sm90_family():
+    assert _pick(False, 1, 16, 16, 16384, 16384) == "h"
+    assert _pick(True, 2, 16, 16, 4096, 4096) == "hc"
+    assert _pick(True, 4, 32, 8, 2048, 2048) == "hc"           # GQA prefill
+    # under-filled grids: the 64-row tile when its grid needs no more waves (1 CTA per SM)
+    assert _pick(False, 1, 8, 8, 512, 512) == "hs"             # 64 vs 32 CTAs: one wave each
+    assert _pick(True, 4, 32, 8, 128, 4096) == "hc"            # 256 vs 128 CTAs: two waves vs one
+    assert _pick(True, 4, 32, 8, 4, 8192) == "hsc"             # 128 CTAs either way, no split
+    assert _pick(True, 8, 32, 32, 2, 4096) == "hsc"            # at min_seqlen_q: two waves either way
+    assert _pick(True, 1, 8, 8, 64, 4096) == "s4c"             # a grid that needs split-KV
+
+
+def test_h100_decode_keeps_the_sm80_family():
+    # Sq = 1 with GQA: packed split-KV (sm_90 build), as before sm_90a variants existed
+    assert _pick(False, 8, 32, 8, 1, 4096) == "p4"
+    assert _pick(True, 1, 32, 8, 1, 16384) == "p16"
+    # no GQA / a few queries: plain split-KV where the grid is under-filled
+    assert _pick(False, 1, 32, 32, 1, 4096) == "s4"
+    assert _pick(True, 2, 32, 8, 4, 16384) == "s4c"
+    # one query, a full grid without split: below min_seqlen_q, the sm_90 build's rule as before
+    assert _pick(False, 8, 32, 32, 1, 4096) == "small"
+    assert _pick(True, 8, 32, 32, 1, 4096) == "smallc"
+    # bundles without sm_90a variants choose exactly as before
+    old = H100[4:]
+    assert _pick(False, 1, 16, 16, 16384, 16384, old) == "big"
+    assert _pick(False, 8, 32, 8, 1, 4096, old) == "p4"
+    assert _pick(True, 4, 32, 8, 128, 4096, old) == "smallc"   # (no ctas_per_sm: the old rule)
+    # only sm_90a variants: used for every shape (correct, if not the fastest)
+    assert _pick(False, 8, 32, 8, 1, 4096, H100[:4]) == "hs"
+
+
+def test_h100_varlen_takes_the_sm90_family():
+    from factory.runtime.attention import select
+
+    vl = [dict(_e("hv", "sm_90a", preferred=True, **_SM90), varlen=True),
+          dict(_e("hvs", "sm_90a", tile=(64, 128), **_SM90), varlen=True),
+          dict(_e("bv", "sm_90", preferred=True), varlen=True)]
+    kw = dict(dtype="bf16", head_dim=128, causal=False, varlen=True, sms=132)
+    assert select(vl, **kw)["name"] == "hv"  # no rows / decode: the preferred tile
+    assert select(vl[2:], **kw)["name"] == "bv"
+
+
+def test_h100_selection_through_a_bundle(test_bundle, monkeypatch):
+    """The test-tier bundle opened as on an H100: its sm_90a variant (bf16, D128, causal) serves
+    causal bf16 D128 prefill; what it does not cover (D64, decode) comes from the sm_90 build."""
+    torch = pytest.importorskip("torch")
+    from factory.runtime import Bundle
+    from factory.runtime import attention as rt
+
+    b = Bundle.open(test_bundle, capability=(9, 0), device={"name": "planned H100", "sm_count": 132})
+    cands = b.candidates("attention")
+    assert cands[0]["target"] == "sm_90a" and {c["target"] for c in cands} == {"sm_90a", "sm_90"}
+    sm90a = [c["name"] for c in cands if c["target"] == "sm_90a"]
+    monkeypatch.setattr(rt, "_check_common", lambda *a, **k: None)
+    calls = []
+    monkeypatch.setattr(b, "launch", lambda name, args: calls.append((name, args)))
+    bf = torch.bfloat16
+    q = torch.zeros(1, 300, 4, 128, dtype=bf)
+    kv = torch.zeros(1, 500, 2, 128, dtype=bf)
+    for _ in ("first", "hot path"):
+        o, lse = rt.attention(b, q, kv, kv, causal=True, return_lse=True)
+        name, args = calls[-1]
+        assert name in sm90a and len(args) == 6 and args[3] is o and args[4] is lse
+    # one query: below min_seqlen_q, but this bundle has nothing else for bf16 D128 causal
+    rt.attention(b, torch.zeros(1, 1, 4, 128, dtype=bf), kv, kv, causal=True)
+    assert calls[-1][0] in sm90a
+    # D64: the sm_90 build's variant
+    rt.attention(b, torch.zeros(1, 300, 4, 64, dtype=bf), *(torch.zeros(1, 500, 2, 64, dtype=bf),) * 2)
+    assert calls[-1][0] == "attention_sm90_bf16_d64_m128_n128_w8_s2"
+    with pytest.raises(ValueError, match="no attention kernel"):
+        rt.attention(b, torch.zeros(1, 300, 4, 128, dtype=torch.float16), kv.half(), kv.half())
