@@ -19,8 +19,8 @@ Warp roles (one CTA, 6 warps):
 * warps 0-3 — the **epilogue**: warp 0 allocates the TMEM columns (``tcgen05.alloc``; both CTAs'
   TMEM for a pair) and frees them at the end; each warp owns 32 (or 16) TMEM lanes = output rows.
   Per ``epi_tile`` sub-tile: tcgen05.ld -> registers -> (scale) -> output dtype -> smem
-  (``epi_stages`` buffers) -> one TMA store issued by warp 0; then the accumulator stage is
-  released to the MMA warp.
+  (``epi_stages`` buffers) -> one TMA store issued by warp 0.  The accumulator stage goes back to
+  the MMA warp as soon as its last sub-tile is in registers.
 
 Tails in M, N, K and L need no code: TMA zero-fills out-of-bounds loads and clips stores; the tile
 scheduler rounds the tile grid up to whole clusters so multicast peers always have a tile.
@@ -420,12 +420,12 @@ class GemmSm100Kernel:
             self.mma_loop(mma, sA, sB, acc, ab_pipe, acc_pipe, sched_params, k_tiles, mma_v == 0)
         if warp_idx < _MMA_WARP:
             tmem.allocate(self.tmem_cols)
+            tmem.relinquish_alloc_permit()  # this CTA allocates nothing more
             tmem.wait_for_alloc()
             acc_ptr = tmem.retrieve_ptr(cutlass.Float32)
             acc = cute.make_tensor(acc_ptr, acc_layout)
             self.epilogue(tidx, warp_idx, mma, tma_c, acc, sC, tCgC, epi_tile, acc_pipe, scale_a,
                           scale_b, sched_params)
-            tmem.relinquish_alloc_permit()
             tmem.free(acc_ptr)
 
     @cute.jit
@@ -547,6 +547,13 @@ class GemmSm100Kernel:
             done = sched.num_tiles_executed * n_sub
             for s in cutlass.range(n_sub):
                 cute.copy(t2r, tTR_tAcc_t[(None, None, None, s)], tTR_rAcc)
+                if s == n_sub - 1:
+                    # The stage's last tcgen05.ld has been issued: wait for it (tcgen05.wait::ld)
+                    # and give the stage back to the MMA warp, one arrival per warp, so the next
+                    # tile's MMAs may overwrite it while this sub-tile is stored.
+                    cute.arch.fence_view_async_tmem_load()
+                    with cute.arch.elect_one():
+                        acc_pipe.consumer_release(acc_state)
                 vals = tTR_rAcc.load()
                 if cutlass.const_expr(scale_a is not None):
                     vals = vals * scale
@@ -561,10 +568,6 @@ class GemmSm100Kernel:
                     store_pipe.producer_commit()
                     store_pipe.producer_acquire()
                 epi_bar.arrive_and_wait()
-            # Every tcgen05.ld of this stage has completed (the copies wait for them): give the
-            # stage back, one arrival per warp.
-            with cute.arch.elect_one():
-                acc_pipe.consumer_release(acc_state)
             acc_state.advance()
             sched.advance_to_next_work()
             work = sched.get_current_work()
