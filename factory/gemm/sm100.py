@@ -599,6 +599,10 @@ def _default() -> list[dict]:
         dict(**bf16, pair=True, tile=(256, 128, 64), cluster=(2, 2)),
         # Decode (M <= 64): 64-row MMA tiles, N/32 CTAs; rows past M are the TMA's zero fill.
         dict(**bf16, tile=(64, 32, 64)),
+        # fp16 in and out, and bf16 in with fp32 out (the loader matches dtypes exactly).
+        dict(ab="f16", c="f16", pair=True, tile=(256, 256, 64), cluster=(2, 1)),
+        dict(ab="f16", c="f16", tile=(64, 32, 64)),
+        dict(ab="bf16", c="f32", pair=True, tile=(256, 256, 64), cluster=(2, 1)),
         # fp8 e4m3 with per-tensor scales.
         dict(ab="e4m3", c="bf16", pair=True, tile=(256, 256, 128), cluster=(2, 1)),
         dict(ab="e4m3", c="bf16", tile=(64, 32, 128)),
