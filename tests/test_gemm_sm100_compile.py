@@ -35,7 +35,7 @@ _WORKER = textwrap.dedent(
     from factory.atoms.targets import get_target
     from factory.compiler import cubin as cb
     from factory.compiler.builder import check_sass
-    from factory.gemm.sm100 import GemmSm100, enumerate_sm100
+    from factory.gemm.sm100 import GemmSm100, enumerate_sm100, sass_tmem_alloc
 
     out_dir = sys.argv[1]
     tgt = get_target("sm_100a")
@@ -65,6 +65,10 @@ _WORKER = textwrap.dedent(
         v.name: {"problems": check_sass(v, sass_of[one_cta.name]),
                  "pair_only": sorted(set(v.sass_requirements()) - set(one_cta.sass_requirements()))}
         for v in enumerate_sm100(tgt, "test") if v.pair}
+    # The TMEM allocation size as the SASS states it, for every column count an allocation may have.
+    report["tmem_alloc_in_sass"] = {
+        name: [c for c in (32, 64, 128, 256, 512) if re.search(sass_tmem_alloc(c), sass)]
+        for name, sass in sass_of.items()}
     print("REPORT" + json.dumps(report))
     """
 )
@@ -150,6 +154,13 @@ def test_resources(report):
         for key in ("tile", "mma_tile", "cta_group", "cluster", "persistent", "threads", "constraints"):
             assert key in d, (name, key)
         assert d["persistent"]["cluster_ctas"] == r["cluster"][0] * r["cluster"][1], name
+
+
+def test_tmem_allocation_in_sass_is_the_plan(report):
+    """The column count ptxas hands tcgen05.alloc (UMOV URn, cols/32 -> UTCATOMSWS.FIND_AND_SET) is
+    the plan's, and no other count matches (the requirement would catch a wrong plan)."""
+    for name, r in report["variants"].items():
+        assert report["tmem_alloc_in_sass"][name] == [r["describe"]["tmem_columns"]], name
 
 
 def test_names_follow_fields(report):

@@ -79,13 +79,22 @@ class _Bar(enum.IntEnum):
 
 # SASS that proves a cubin is this family's (nvdisasm spellings read from our own cubins; see
 # notes/gemm-sm100.md).  tcgen05.mma is UTCHMMA for 16-bit operands, UTCQMMA for fp8; the CTA pair
-# form carries ".2CTA".  tcgen05.alloc is UTCATOMSWS, tcgen05.ld is LDTM, tcgen05.commit UTCBAR.
+# form carries ".2CTA".  tcgen05.alloc is UTCATOMSWS.FIND_AND_SET (in a retry loop), tcgen05.dealloc
+# UTCATOMSWS.AND, tcgen05.ld LDTM, tcgen05.commit UTCBAR.
 SASS_MMA = {"f16": r"\bUTCHMMA\b", "f8": r"\bUTCQMMA\b"}
 SASS_MMA_PAIR = {"f16": r"\bUTCHMMA\.2CTA\b", "f8": r"\bUTCQMMA\.2CTA\b"}
-SASS_COMMON = (r"\bUTCATOMSWS\.(?:2CTA\.)?FIND_AND_SET\b", r"\bUTCATOMSWS\.AND\b", r"\bLDTM\.",
+SASS_COMMON = (r"\bUTCATOMSWS\.AND\b", r"\bLDTM\.",
                r"\bUTCBAR\b", r"\bUTMALDG\.3D\b", r"\bUTMASTG\.3D\b", r"\bSYNCS\.")
 SASS_PAIR = (r"\bUTMALDG\.3D[\w.]*\.2CTA\b", r"\bUTCATOMSWS\.2CTA\.FIND_AND_SET\b", r"\bUTCBAR\.2CTA\b")
 SASS_MULTICAST = (r"\bUTMALDG\.[\w.]*MULTICAST\b",)
+
+
+def sass_tmem_alloc(columns: int) -> str:
+    """tcgen05.alloc of exactly ``columns`` TMEM columns: ptxas loads the count in 32-column units
+    into a uniform register (UMOV URn, cols/32) that the UTCATOMSWS.FIND_AND_SET then takes (with no
+    other UMOV into that register between them)."""
+    return (rf"UMOV (UR\d+), {hex(columns // 32)} ;(?:(?!UMOV \1,)[\s\S])*?"
+            rf"\bUTCATOMSWS\.(?:2CTA\.)?FIND_AND_SET\.ALIGN(?= UP\d, \1, \1)")
 
 
 @dataclass(frozen=True)
@@ -128,7 +137,7 @@ class GemmSm100(GemmVariant):
 
     def sass_requirements(self) -> tuple[str, ...]:
         kind = "f8" if self.is_fp8 else "f16"
-        req = (SASS_MMA[kind],) + SASS_COMMON
+        req = (SASS_MMA[kind], sass_tmem_alloc(self.plan().tmem_cols)) + SASS_COMMON
         if self.pair:
             req += (SASS_MMA_PAIR[kind],) + SASS_PAIR
         if self.mcast:
