@@ -31,7 +31,8 @@ B200 = {"name": "planned B200", "sm_count": 148}
 def _select(b, a, w, dt="bf16", out_dt=None):
     out = torch.empty(a.shape[0], w.shape[0], dtype=torch.bfloat16 if dt == "e4m3" else a.dtype)
     scales = [(0, (1,), (1,))] * 2 if dt == "e4m3" else []
-    return select(b, _as_rkl(a, "a"), _as_rkl(w, "b"), _as_rkl(out, "c"), dt, out_dt or ("bf16" if dt == "e4m3" else dt), scales)
+    out_dt = out_dt or ("bf16" if dt == "e4m3" else dt)
+    return select(b, _as_rkl(a, "a"), _as_rkl(w, "b"), _as_rkl(out, "c"), dt, out_dt, scales)
 
 
 def _bf16(*shape):

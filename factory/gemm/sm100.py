@@ -10,7 +10,7 @@ Warp roles (one CTA, 6 warps):
   multicast to the CTAs along the cluster's N that share its rows, B along its M; in a CTA pair
   each CTA loads its own half of A's rows and of B's rows (the ``.2CTA`` TMA form completes on the
   leader CTA's "full" barrier, armed there with the whole pair's bytes).
-* warp 4 — the **MMA issuer**: one elected thread of the leader CTA waits on "full", issues the
+* warp 4 — the **MMA issuer**: the leader CTA's MMA warp waits on "full", issues the
   stage's tcgen05.mma instructions into a TMEM accumulator stage and releases the smem stage with
   ``tcgen05.commit`` (multicast to every CTA that loaded into it).  After a tile's last k-block it
   commits the accumulator stage to the epilogue (``PipelineUmmaAsync``: both CTAs of a pair).  Two
@@ -19,7 +19,7 @@ Warp roles (one CTA, 6 warps):
 * warps 0-3 — the **epilogue**: warp 0 allocates the TMEM columns (``tcgen05.alloc``; both CTAs'
   TMEM for a pair) and frees them at the end; each warp owns 32 (or 16) TMEM lanes = output rows.
   Per ``epi_tile`` sub-tile: tcgen05.ld -> registers -> (scale) -> output dtype -> smem
-  (``epi_stages`` buffers) -> one TMA store issued by warp 0.  The accumulator stage goes back to
+  (``_EPI_STAGES`` buffers) -> one TMA store issued by warp 0.  The accumulator stage goes back to
   the MMA warp as soon as its last sub-tile is in registers.
 
 Tails in M, N, K and L need no code: TMA zero-fills out-of-bounds loads and clips stores; the tile
@@ -36,7 +36,6 @@ SASS (``sass_requirements``) and resources; see notes/gemm-sm100.md.
 from __future__ import annotations
 
 import enum
-import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
