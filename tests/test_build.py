@@ -76,6 +76,12 @@ def test_sass_proves_each_family(test_bundle):
         if v["family"] == "sm100":  # tcgen05 (UTC*MMA) fed by TMA; no warp- or warpgroup-MMA
             assert s["UTCHMMA"] + s["UTCQMMA"] > 0 and s["UTMALDG"] > 0, v["name"]
             assert s["HMMA"] == s["HGMMA"] == s["QGMMA"] == 0, v["name"]
+            # Never run: proven by SASS only; its resources recorded and within the SM's.
+            r = v["resources"]
+            assert v["proof"] == "sass-only" and v["target"] == "sm_100a", v["name"]
+            assert r["dynamic_smem_bytes"] + r["static_smem_bytes"] <= 227 * 1024, v["name"]
+            assert 32 <= v["tmem_columns"] <= 512 and r["registers"] * v["threads"] <= 65536, v["name"]
+            assert r["spill_instructions"] == 0 and r["stack_frame_bytes"] == 0, v["name"]
     assert any(v["family"] == "sm100" for v in m["variants"].values()), "no Blackwell variant built"
 
 
