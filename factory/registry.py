@@ -18,6 +18,7 @@ from .variant import Variant
 FAMILY_MODULES = (
     "factory.gemm.sm80",
     "factory.gemm.sm90",
+    "factory.gemm.sm100",
     "factory.gemm.decode",
     "factory.attention.sm80",
     "factory.attention.sm90",

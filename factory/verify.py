@@ -19,6 +19,20 @@ def _shown(match: str) -> str:
     words = match.split()
     return f"{words[0]} … {words[-1]}"
 
+
+def sass_problems(entry: dict, sass: str) -> list[str]:
+    """What is wrong with one variant's disassembly: its target against the manifest's, and each of
+    the family's required instruction patterns that it lacks (empty when it proves the family)."""
+    problems = []
+    got = sass_target(sass)
+    if got is None or got.rstrip("a") != entry["target"].rstrip("a"):
+        problems.append(f"cubin is for {got}, manifest says {entry['target']}")
+    missing = [p for p in entry["sass_requirements"] if not re.search(p, sass)]
+    if missing:
+        problems.append(f"SASS lacks {missing}")
+    return problems
+
+
 def verify(bundle: str | Path) -> tuple[list[str], list[str]]:
     bundle = Path(bundle)
     m = load_manifest(bundle)
@@ -34,14 +48,11 @@ def verify(bundle: str | Path) -> tuple[list[str], list[str]]:
             continue
         sass = disassemble(bundle / v["files"]["cubin"]["path"])
         got = sass_target(sass)
-        if got is None or got.rstrip("a") != v["target"].rstrip("a"):
-            problems.append(f"{name}: cubin is for {got}, manifest says {v['target']}")
-        missing = [p for p in v["sass_requirements"] if not re.search(p, sass)]
-        if missing:
-            problems.append(f"{name}: SASS lacks {missing}")
+        bad_sass = sass_problems(v, sass)
+        problems += [f"{name}: {p}" for p in bad_sass]
         hist = opcode_histogram(sass)
         spills = sum(c for op, c in hist.items() if op.startswith(("LDL", "STL")))
         found = ", ".join(_shown(m_.group(0)) for p in v["sass_requirements"] if (m_ := re.search(p, sass)))
-        report.append(f"{'ok ' if not missing else 'BAD'} {name}  [{got}]  {found}"
+        report.append(f"{'ok ' if not bad_sass else 'BAD'} {name}  [{got}]  {found}"
                       f"  regs={v['resources']['registers']} spill-instr={spills}")
     return problems, report

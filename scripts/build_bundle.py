@@ -2,7 +2,8 @@
 """Build the default bundle into artifacts/default (no GPU needed).
 
 The default bundle: every kernel family for the Ampere/Ada targets (sm_80, sm_86, sm_89), their
-sm_90 portability build (runs on an H100), and the Hopper (sm_90a) families.
+sm_90 portability build (runs on an H100), the Hopper (sm_90a) families, and the Blackwell
+datacenter (sm_100a) GEMM (compiled and disassembled only: no Blackwell GPU has run it).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from factory.compiler.builder import build  # noqa: E402
 
-DEFAULT_TARGETS = ["sm_80", "sm_86", "sm_89", "sm_90", "sm_90a"]
+DEFAULT_TARGETS = ["sm_80", "sm_86", "sm_89", "sm_90", "sm_90a", "sm_100a"]
 
 
 def main() -> int:

@@ -1,6 +1,7 @@
 """Building a bundle on this GPU-less machine: manifest, hashes, SASS, cache, host library."""
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -22,6 +23,9 @@ def test_manifest_describes_every_variant(test_bundle):
     assert m["schema_version"] == 1
     assert m["versions"]["nvidia-cutlass-dsl"]
     assert {v["target"] for v in m["variants"].values()} >= {"sm_80", "sm_86", "sm_89", "sm_90"}
+    # Sorted by name: of equal tiles the loader's heuristic keeps the first, which for Blackwell is
+    # the CTA pair ("..._2cta_t..." sorts before "..._t...").
+    assert list(m["variants"]) == sorted(m["variants"])
     for name, v in m["variants"].items():
         assert name == v["name"]
         assert v["proof"] in ("executed", "portability-build", "sass-only")
@@ -69,6 +73,60 @@ def test_sass_proves_each_family(test_bundle):
             assert s["HGMMA"] + s["QGMMA"] > 0 and s["UTMALDG"] > 0, v["name"]
         if v["family"] == "decode":  # mma.sync fed by plain loads: no shared-memory operands
             assert s["HMMA"] > 0 and s["LDSM"] == s["LDGSTS"] == s["UTMALDG"] == 0, v["name"]
+        if v["family"] == "sm100":  # tcgen05 (UTC*MMA) fed by TMA; no warp- or warpgroup-MMA
+            assert s["UTCHMMA"] + s["UTCQMMA"] > 0 and s["UTMALDG"] > 0, v["name"]
+            assert s["HMMA"] == s["HGMMA"] == s["QGMMA"] == 0, v["name"]
+            # Never run: proven by SASS only; its resources recorded and within the SM's.
+            r = v["resources"]
+            assert v["proof"] == "sass-only" and v["target"] == "sm_100a", v["name"]
+            assert r["dynamic_smem_bytes"] + r["static_smem_bytes"] <= 227 * 1024, v["name"]
+            assert 32 <= v["tmem_columns"] <= 512 and r["registers"] * v["threads"] <= 65536, v["name"]
+            assert r["spill_instructions"] == 0 and r["stack_frame_bytes"] == 0, v["name"]
+    assert any(v["family"] == "sm100" for v in m["variants"].values()), "no Blackwell variant built"
+
+
+def _swap_cubin(bundle, name: str, donor: str) -> None:
+    """Put ``donor``'s cubin in place of ``name``'s, with the manifest's hash and size updated so
+    that only the SASS checks can object."""
+    from factory.runtime.manifest import sha256_file
+
+    m = manifest(bundle)
+    rec = m["variants"][name]["files"]["cubin"]
+    shutil.copyfile(bundle / m["variants"][donor]["files"]["cubin"]["path"], bundle / rec["path"])
+    rec["sha256"] = sha256_file(bundle / rec["path"])
+    rec["bytes"] = (bundle / rec["path"]).stat().st_size
+    (bundle / "manifest.json").write_text(json.dumps(m, indent=1))
+
+
+@pytest.mark.parametrize("donor_family", ["sm90", "sm80"])
+def test_verify_refuses_a_blackwell_variant_whose_cubin_is_not_tcgen05(test_bundle, tmp_path, donor_family):
+    """A Hopper (WGMMA) or Ampere-family (mma.sync) cubin standing in for the sm_100a one must fail
+    ``factory verify``: on its target, and on every tcgen05 / TMEM / TMA requirement on its own
+    (the requirement list applied to the donor's disassembly relabelled as sm_100a)."""
+    from factory.compiler.cubin import disassemble
+    from factory.verify import sass_problems
+
+    m = manifest(test_bundle)
+    bw = next(n for n, v in m["variants"].items() if v["family"] == "sm100")
+    donor = next(n for n, v in m["variants"].items() if v["family"] == donor_family and v["op"] == "gemm")
+    bad = tmp_path / "bad"
+    shutil.copytree(test_bundle, bad)
+    _swap_cubin(bad, bw, donor)
+    r = subprocess.run([sys.executable, "-m", "factory", "verify", str(bad)], cwd=ROOT,
+                       capture_output=True, text=True)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert f"{bw}: cubin is for {m['variants'][donor]['target']}, manifest says sm_100a" in r.stderr
+    assert f"{bw}: SASS lacks" in r.stderr and "UTCHMMA" in r.stderr
+    assert any(ln.startswith("BAD " + bw) for ln in r.stdout.splitlines())
+    # The requirements alone: the donor's SASS relabelled as sm_100a passes the target check and
+    # must still lack every tcgen05 instruction the Blackwell family is proven by.
+    sass = disassemble(test_bundle / m["variants"][donor]["files"]["cubin"]["path"])
+    relabelled = re.sub(r"\.target\s+sm_\w+", ".target sm_100a", sass)
+    problems = sass_problems(m["variants"][bw], relabelled)
+    assert len(problems) == 1 and problems[0].startswith("SASS lacks"), problems
+    for key in ("UTCHMMA", "UTCATOMSWS", "LDTM", "UTCBAR", "2CTA"):
+        assert key in problems[0], (key, problems[0])
+    assert sass_problems(m["variants"][bw], disassemble(test_bundle / m["variants"][bw]["files"]["cubin"]["path"])) == []
 
 
 def test_host_library_needs_only_libc(test_bundle):

@@ -18,6 +18,9 @@ def test_best_target_first():
     assert [t.name for t in targets_for_capability((8, 9))] == ["sm_89", "sm_86", "sm_80"]
     assert [t.name for t in targets_for_capability((8, 6))] == ["sm_86", "sm_80"]
     assert targets_for_capability((7, 5)) == []
+    # Blackwell datacenter: only the arch-specific sm_100a build (no sm_9x cubin runs on 10.0).
+    assert [t.name for t in targets_for_capability((10, 0))] == ["sm_100a"]
+    assert targets_for_capability((10, 3)) == [] and targets_for_capability((12, 0)) == []
 
 
 def test_proof_levels():

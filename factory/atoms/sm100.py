@@ -1,0 +1,158 @@
+"""Blackwell datacenter (sm_100a) atoms: tcgen05 MMA with its accumulator in Tensor Memory (TMEM),
+TMEM allocation and tcgen05.ld copies, TMA loads for one CTA or a CTA pair (``cta_group::2``)
+with cluster multicast, the shared-memory layouts the MMA's descriptors read, and the mbarrier
+pipelines that connect the TMA warp, the MMA warp and the epilogue warps.
+
+The plain-Python part (no MLIR context: :func:`tmem_alloc_columns`, :func:`epilogue_tile`) is what
+a variant's smem/TMEM plan is computed from before anything is traced; the rest is trace-time code
+that a kernel's ``@cute.jit`` host side or ``@cute.kernel`` calls.
+
+A CTA pair (``pair=True``): one tcgen05.mma instruction, issued by the pair's even ("leader") CTA,
+computes an (M, N) tile with M = 2 x the rows each CTA holds.  Each CTA loads its own M/2 rows of
+A and N/2 rows of B into its own shared memory; the MMA reads both CTAs' halves and writes each
+CTA's M/2 x N accumulator into that CTA's TMEM.  TMA loads of a pair complete on the leader's
+mbarrier (the ``.2CTA`` TMA form), and the leader's ``tcgen05.commit`` arrives on both CTAs'
+barriers (multicast).
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+from cutlass.cute.nvgpu import cpasync, tcgen05
+from cutlass.memory import TmemAllocator, get_num_tmem_alloc_cols
+from cutlass.utils import blackwell_helpers as bw
+
+TMEM_COLUMNS = 512  # 128 lanes x 512 columns of 32 bits per SM
+TMEM_MIN_ALLOC = 32  # tcgen05.alloc takes a power of two >= 32 columns
+
+
+# --- plain Python (no MLIR context) ---------------------------------------------------------------
+def tmem_alloc_columns(used: int) -> int:
+    """Columns ``tcgen05.alloc`` must be asked for to hold ``used`` columns."""
+    cols = TMEM_MIN_ALLOC
+    while cols < used:
+        cols *= 2
+    return cols
+
+
+def acc_columns(cta_m: int, mma_n: int, stages: int) -> int:
+    """TMEM columns of ``stages`` fp32 accumulator stages of a CTA's (cta_m, mma_n) tile.  Rows are
+    TMEM lanes: a 128-row tile takes all 128 lanes and one 32-bit column per output column, per
+    stage.  A 64-row tile (cta_group::1, M = 64) takes 16 lanes of each 32-lane subpartition, so
+    the DSL puts a second stage in the other 16 lanes of the same columns (its fragment layout:
+    stage stride = lane 16)."""
+    if cta_m == 64:
+        return mma_n * -(-stages // 2)
+    return mma_n * stages
+
+
+def epilogue_tile(cta_m: int, cta_n: int, pair: bool, c_bits: int, c_m_major: bool) -> tuple[int, int]:
+    """(rows, cols) of one epilogue sub-tile: TMEM -> registers -> smem -> one TMA store.  The DSL's
+    own choice (4 epilogue warps; each reads 16 or 32 TMEM lanes per tcgen05.ld)."""
+    return bw.compute_epilogue_tile_size(cta_m, cta_n, pair, c_bits, None, c_m_major, True)
+
+
+# --- trace time -----------------------------------------------------------------------------------
+def cta_group(pair: bool):
+    return tcgen05.CtaGroup.TWO if pair else tcgen05.CtaGroup.ONE
+
+
+def tmem_columns_of(acc) -> int:
+    """Columns ``tcgen05.alloc`` needs for this (fake) TMEM accumulator tensor, per the DSL."""
+    return get_num_tmem_alloc_cols(acc)
+
+
+def tiled_mma(ab_dtype, a_major, b_major, pair: bool, mma_mn: tuple[int, int]):
+    """One tcgen05.mma atom covering the whole (M, N) MMA tile (kind::f16 for 16-bit operands, K = 16
+    per instruction; kind::f8f6f4 for fp8, K = 32), fp32 accumulator in TMEM."""
+    return bw.make_trivial_tiled_mma(ab_dtype, ab_dtype, a_major, b_major, cutlass.Float32,
+                                     cta_group(pair), mma_mn)
+
+
+def cluster_vmnk(cluster_mn: tuple[int, int], mma):
+    """The cluster as (V, M, N, K): V = the CTAs of one MMA (1, or 2 for a pair)."""
+    return cute.tiled_divide(cute.make_layout((*cluster_mn, 1)), (mma.thr_id.shape,))
+
+
+def smem_layouts(mma, mma_tiler, ab_dtype, stages: int):
+    """Staged, swizzled (128-byte rows) smem layouts of this CTA's share of A and B."""
+    return (bw.make_smem_layout_a(mma, mma_tiler, ab_dtype, stages),
+            bw.make_smem_layout_b(mma, mma_tiler, ab_dtype, stages))
+
+
+def tma_load_a(a, sA_staged, mma_tiler, mma, vmnk, cluster_mn):
+    """TMA load of A: multicast along the cluster's N (the CTAs that share these rows of A); for a
+    pair the ``.2CTA`` form, whose completion lands on the leader CTA's mbarrier."""
+    op = bw.cluster_shape_to_tma_atom_A(cluster_mn, mma.thr_id)
+    return cute.nvgpu.make_tiled_tma_atom_A(op, a, cute.slice_(sA_staged, (None, None, None, 0)),
+                                            mma_tiler, mma, vmnk.shape)
+
+
+def tma_load_b(b, sB_staged, mma_tiler, mma, vmnk, cluster_mn):
+    """TMA load of B: multicast along the cluster's M; for a pair each CTA loads half of B's rows."""
+    op = bw.cluster_shape_to_tma_atom_B(cluster_mn, mma.thr_id)
+    return cute.nvgpu.make_tiled_tma_atom_B(op, b, cute.slice_(sB_staged, (None, None, None, 0)),
+                                            mma_tiler, mma, vmnk.shape)
+
+
+def epilogue_smem_layout(c_dtype, c_layout, epi_tile, stages: int):
+    return bw.make_smem_layout_epi(c_dtype, c_layout, epi_tile, stages)
+
+
+def tma_store(c, sC_staged, epi_tile):
+    """One TMA store per epilogue sub-tile (clipped at the tensor's edges)."""
+    return cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), c,
+                                       cute.select(sC_staged, mode=[0, 1]), epi_tile)
+
+
+def ab_pipeline(barriers, stages: int, vmnk, tx_bytes: int, mcast_peers: int):
+    """TMA warp -> MMA warp, one stage of A and B per k-block.  "full" is armed (by the leader CTA)
+    with the bytes of the whole MMA tile's stage; "empty" is arrived on by ``tcgen05.commit`` of the
+    MMA that read the stage, multicast to every CTA whose TMA wrote into it."""
+    return pipeline.PipelineTmaUmma.create(
+        barrier_storage=barriers, num_stages=stages,
+        producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+        consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, mcast_peers),
+        tx_count=tx_bytes, cta_layout_vmnk=vmnk, defer_sync=True,
+    )
+
+
+def acc_pipeline(barriers, stages: int, vmnk, epilogue_warps: int, pair: bool):
+    """MMA warp -> epilogue warps, one TMEM accumulator stage per output tile.  "full": the MMA
+    warp's ``tcgen05.commit`` after the tile's last MMA (multicast to both CTAs of a pair);
+    "empty": one arrival per epilogue warp of each CTA of the MMA (the leader's barrier)."""
+    return pipeline.PipelineUmmaAsync.create(
+        barrier_storage=barriers, num_stages=stages,
+        producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+        consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread,
+                                                 epilogue_warps * (2 if pair else 1)),
+        cta_layout_vmnk=vmnk, defer_sync=True,
+    )
+
+
+def tmem_allocator(holding, dealloc_barrier, retrieve_barrier_id: int, retrieve_threads: int,
+                   allocator_warp: int, pair: bool):
+    """TMEM allocation (``tcgen05.alloc`` by one warp, the address published through smem and a
+    named barrier); for a pair the allocation spans both CTAs and its release waits for the peer."""
+    return TmemAllocator(
+        holding,
+        barrier_for_retrieve=pipeline.NamedBarrier(barrier_id=retrieve_barrier_id,
+                                                   num_threads=retrieve_threads),
+        allocator_warp_id=allocator_warp, is_two_cta=pair,
+        two_cta_tmem_dealloc_mbar_ptr=dealloc_barrier if pair else None,
+    )
+
+
+def tmem_load(cta_tile, c_layout, c_dtype, epi_tile, pair: bool, acc_epi):
+    """The tcgen05.ld tiled copy of one epilogue sub-tile of the accumulator (TMEM -> registers);
+    ``acc_epi`` is one sub-tile's TMEM view."""
+    atom = bw.get_tmem_load_op(cta_tile, c_layout, c_dtype, cutlass.Float32, epi_tile, pair)
+    return tcgen05.make_tmem_copy(atom, acc_epi)
+
+
+def smem_store(c_layout, c_dtype, t2r):
+    """Registers -> smem in the order the tcgen05.ld left them (stmatrix where it applies)."""
+    atom = bw.get_smem_store_op(c_layout, c_dtype, cutlass.Float32, t2r)
+    return cute.make_tiled_copy_D(atom, t2r)
