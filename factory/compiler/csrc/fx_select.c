@@ -453,6 +453,40 @@ static int valid_stride(const int64_t *s, int32_t n) {
     return 1;
 }
 
+/* Per thread, the last selections (as gemm.select caches per problem key): everything the answer
+   depends on, pointers as their remainder mod 16 (every alignment in a contract divides 16;
+   factory/compiler/selection.py checks), the device name only as whether the tuning table
+   applies. */
+typedef struct {
+    int32_t cc_major, cc_minor, sm_count, tuned, ab, c, am, bm, b_constant, align[5];
+    int64_t M, N, K, L, strides[9];
+} gemm_key;
+
+#define FX_CACHE_SLOTS 64
+static _Thread_local struct {
+    gemm_key key;
+    int32_t choice; /* variant + 1; 0: empty slot */
+} fx_gemm_cache[FX_CACHE_SLOTS];
+
+static uint32_t gemm_key_of(const gemm_ctx *g, const fx_gemm_problem_t *p, gemm_key *k) {
+    memset(k, 0, sizeof *k);
+    k->cc_major = g->dev->cc_major, k->cc_minor = g->dev->cc_minor, k->sm_count = g->dev->sm_count;
+    k->tuned = tuning_applies(g->dev);
+    k->ab = g->ab, k->c = g->c, k->am = g->am, k->bm = g->bm, k->b_constant = p->b_constant != 0;
+    const void *ptrs[5] = {p->a, p->b, p->c, p->scale_a, p->scale_b};
+    for (int i = 0; i < 5; i++) k->align[i] = (int32_t)((uintptr_t)ptrs[i] % 16);
+    k->M = g->M, k->N = g->N, k->K = g->K, k->L = g->L;
+    for (int i = 0; i < 3; i++) {
+        k->strides[i] = p->a_stride[i];
+        k->strides[3 + i] = p->b_stride[i];
+        k->strides[6 + i] = p->c_stride[i];
+    }
+    uint32_t h = 2166136261u; /* FNV-1a */
+    const unsigned char *b = (const unsigned char *)k;
+    for (size_t i = 0; i < sizeof *k; i++) h = (h ^ b[i]) * 16777619u;
+    return h % FX_CACHE_SLOTS;
+}
+
 /* gemm.gemm's checks up to the launch, and gemm.select. */
 static int32_t gemm_select(const fx_device_t *dev, const fx_gemm_problem_t *p, fx_selection_t *out, gemm_ctx *g) {
     memset(out, 0, sizeof *out);
@@ -493,13 +527,22 @@ static int32_t gemm_select(const fx_device_t *dev, const fx_gemm_problem_t *p, f
         return fail(FX_ERR_INPUT, "a and b need a contiguous mode (a strides %lld,%lld,%lld; b strides %lld,%lld,%lld)",
                     (long long)p->a_stride[0], (long long)p->a_stride[1], (long long)p->a_stride[2],
                     (long long)p->b_stride[0], (long long)p->b_stride[1], (long long)p->b_stride[2]);
-    int32_t *fits, n;
-    int32_t rc = gemm_fits(g, 0, &fits, &n);
-    if (rc) return rc;
-    int32_t choice = gemm_choose(g, fits, n);
-    free(fits);
-    if (choice < 0) return fail(FX_ERR_NO_VARIANT, "no gemm variant fits (no unsplit variant and no split one qualifies)");
-    if (p->b_constant) choice = gemm_b_constant(g, choice);
+    gemm_key key;
+    uint32_t slot = gemm_key_of(g, p, &key);
+    int32_t choice;
+    if (fx_gemm_cache[slot].choice && memcmp(&fx_gemm_cache[slot].key, &key, sizeof key) == 0) {
+        choice = fx_gemm_cache[slot].choice - 1;
+    } else {
+        int32_t *fits, n;
+        int32_t rc = gemm_fits(g, 0, &fits, &n);
+        if (rc) return rc;
+        choice = gemm_choose(g, fits, n);
+        free(fits);
+        if (choice < 0) return fail(FX_ERR_NO_VARIANT, "no gemm variant fits (no unsplit variant and no split one qualifies)");
+        if (p->b_constant) choice = gemm_b_constant(g, choice);
+        fx_gemm_cache[slot].key = key;
+        fx_gemm_cache[slot].choice = choice + 1;
+    }
     const fx_variant *v = &fx_variants[choice];
     out->variant = choice;
     out->name = v->name;
@@ -855,8 +898,15 @@ static int32_t driver_clusters(int32_t i) {
     int n = 0;
     cudaKernel_t k = NULL;
     cudaError_t e = v->kernel ? cudaLibraryGetKernel(&k, *v->module, v->kernel) : cudaErrorInvalidValue;
-    if (e == cudaSuccess)
-        e = cudaKernelSetAttributeForDevice(k, cudaFuncAttributeMaxDynamicSharedMemorySize, v->smem_bytes, dev);
+    if (e == cudaSuccess) { /* the occupancy of its shared memory: raise the kernel's limit to it, never lower it */
+        struct cudaFuncAttributes fa;
+        if (cudaFuncGetAttributes(&fa, (const void *)k) != cudaSuccess) {
+            cudaGetLastError();
+            fa.maxDynamicSharedSizeBytes = 0;
+        }
+        if (fa.maxDynamicSharedSizeBytes < v->smem_bytes)
+            e = cudaKernelSetAttributeForDevice(k, cudaFuncAttributeMaxDynamicSharedMemorySize, v->smem_bytes, dev);
+    }
     if (e == cudaSuccess) e = cudaKernelSetAttributeForDevice(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1, dev);
     if (e == cudaSuccess) {
         cudaLaunchConfig_t cfg;
