@@ -213,6 +213,28 @@ def test_relink_keeps_python_on_the_tuning_table(tuned_bundles):
         assert tuning.load(path, TUNED)[0] is not None
 
 
+def test_grids_fixed_at_build_time_match_python(test_bundle, tmp_path):
+    """Persistent variants of older bundles had their grid fixed at build time (persistent_ctas):
+    both selections drop those whose grid would exceed the device's SMs and cap the cost model's
+    grid.  The test bundle's manifest, so marked, relinked."""
+    path = tmp_path / "bundle"
+    shutil.copytree(test_bundle, path)
+    m = json.loads((path / "manifest.json").read_text())
+    marked = 0
+    for e in m["variants"].values():
+        if e.get("persistent"):
+            e["persistent_ctas"] = 120 if "c2x1" in e["name"] else 64
+            marked += 1
+    assert marked >= 2
+    (path / "manifest.json").write_text(json.dumps(m, indent=1))
+    relink(path)
+    lib = cs.CLib(path / "lib" / "libfactory_bundle.so")
+    for sms in (132, 100, 64, 40):
+        _, rows = cs.compare_gemm(path, lib, GEMM_PROBLEMS, (9, 0), sms, None)
+        bad = _mismatches(rows)
+        assert not bad, f"{sms} SMs: {len(bad)} differ\n{_report(bad)}"
+
+
 # --- the comparison can fail -----------------------------------------------------------------------
 def test_known_answers(test_bundle):
     """Answers of the test bundle asserted by name (the comparison above could pass with both

@@ -851,6 +851,11 @@ static int32_t attn_select(const fx_device_t *dev, const fx_attention_problem_t 
     const fx_variant *e = &fx_variants[out->variant];
     out->name = e->name;
     out->splits = a->splits;
+    if (a->n_vals != e->n_args) { /* loader.Binder.bind */
+        out->variant = -1;
+        out->name = NULL;
+        return fail(FX_ERR_INPUT, "%s takes %d arguments, got %d", e->name, e->n_args, a->n_vals);
+    }
     if ((rc = check_contract(e, a->vals, a->n_vals))) {
         out->variant = -1;
         out->name = NULL;
