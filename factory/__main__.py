@@ -1,4 +1,4 @@
-"""python -m factory {build,list,verify,inspect,doctor}"""
+"""python -m factory {build,link,list,verify,inspect,doctor}"""
 
 from __future__ import annotations
 
@@ -13,6 +13,14 @@ def _cmd_build(a) -> int:
     s = build(a.out, a.targets, a.ops, tier=a.tier, name_filter=a.filter, jobs=a.jobs, cache=a.cache)
     print(f"built {s['bundle']}: {s['variants']} variants ({s['compiled']} compiled, {s['cached']} from cache) "
           f"in {s['seconds']} s, {s['bytes'] / 1e6:.2f} MB")
+    return 0
+
+
+def _cmd_link(a) -> int:
+    from .compiler.link import relink
+
+    s = relink(a.bundle)
+    print(f"relinked {s['bundle']}: {s['variants']} variants; tuning compiled in: {s['tuning']}")
     return 0
 
 
@@ -83,6 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--jobs", type=int, default=None, help="compile worker processes (default: cores)")
     b.add_argument("--cache", default=None, help="compile cache dir (default: ~/.cache/kernel-factory)")
     b.set_defaults(fn=_cmd_build)
+    k = sub.add_parser("link", help="relink a bundle's host library, its tuning.json compiled into the C selection")
+    k.add_argument("bundle")
+    k.set_defaults(fn=_cmd_link)
     for name, fn, helptext in (("list", _cmd_list, "one line per variant"),
                                ("verify", _cmd_verify, "hashes and SASS of every variant")):
         s = sub.add_parser(name, help=helptext)

@@ -182,8 +182,9 @@ def build(
                 raise RuntimeError(f"{v.name}: " + "; ".join(info["sass_problems"]))
             hist = info["sass_histogram"]
             records.append((v, info, hist))
-        link_host_library(staging, [{"name": v.name, "header": info["header"]} for v, info, _ in records])
-        manifest = _manifest(staging, records)
+        entries = _variant_entries(staging, records)
+        link_host_library(staging, entries)  # its selection tables come from the entries
+        manifest = _manifest(staging, entries)
         (staging / "manifest.json").write_text(json.dumps(manifest, indent=1))
         if out.exists():
             shutil.rmtree(out)
@@ -218,7 +219,8 @@ _KEY_OPCODES = ("HMMA", "QMMA", "HGMMA", "QGMMA", "UTCHMMA", "UTCQMMA", "UTCMMA"
                 "UTMALDG", "UTMASTG", "LDL", "STL", "MUFU.EX2")
 
 
-def _manifest(bundle: Path, records: list[tuple[Variant, dict, dict]]) -> dict:
+def _variant_entries(bundle: Path, records: list[tuple[Variant, dict, dict]]) -> dict:
+    """The manifest's ``variants``: name -> entry, in name order."""
     variants = {}
     for v, info, hist in records:
         files = {}
@@ -257,6 +259,10 @@ def _manifest(bundle: Path, records: list[tuple[Variant, dict, dict]]) -> dict:
             "compile_seconds": info["compile_seconds"],
             "files": files,
         }
+    return variants
+
+
+def _manifest(bundle: Path, variants: dict) -> dict:
     lib = bundle / HOST_LIB
     return {
         "schema_version": SCHEMA_VERSION,

@@ -1,0 +1,115 @@
+/* ---- Selection: one call per problem (factory/compiler/csrc/fx_select.c) ----------------------
+ *
+ * fx_gemm / fx_attention choose the variant for a problem with the same answers as the Python
+ * loader (factory/runtime: gemm.select, attention.select), from tables generated from this
+ * bundle's manifest (and its tuning.json, when `python -m factory link` compiled it in), then
+ * launch it through the variant's fx_launch_<name>.  fx_gemm_select / fx_attention_select only
+ * choose: no GPU, no CUDA call.
+ *
+ * Sizes and strides are in elements.  Every pointer is a device pointer.  The selection reads only
+ * the pointers' alignment (NULL counts as aligned), so a problem without pointers plans for
+ * aligned data; fx_gemm / fx_attention need the real ones.
+ *
+ * Return values: FX_OK (0); a negative FX_ERR_* below; or a positive cudaError_t from loading or
+ * launching the variant.  fx_error_string(err) names any of them; fx_last_error_message() says
+ * what was wrong with this thread's last failed fx_* call (e.g. which contract a tensor broke). */
+
+#define FX_OK 0
+#define FX_ERR_INPUT (-1)      /* bad arguments (Python: InputError); nothing was launched */
+#define FX_ERR_NO_VARIANT (-2) /* valid arguments, but no variant of this bundle runs them on this
+                                  device (Python: NoVariantError); nothing was launched */
+#define FX_ERR_WORKSPACE (-3)  /* the workspace is missing, too small or not 16-byte aligned */
+
+/* A cudaStream_t (the same type; cuda_runtime.h is not needed to include this header). */
+typedef struct CUstream_st *fx_stream_t;
+
+typedef enum {
+    FX_DTYPE_BF16 = 1,
+    FX_DTYPE_F16 = 2,
+    FX_DTYPE_F32 = 3,
+    FX_DTYPE_E4M3 = 4, /* float8 e4m3fn */
+} fx_dtype_t;
+
+/* The device a call is for.  The tuning table compiled into this library applies only where name
+   and sm_count equal those it was measured on (as in Python); name "" never matches. */
+typedef struct {
+    int32_t cc_major, cc_minor; /* compute capability, e.g. 9, 0 */
+    int32_t sm_count;           /* multiprocessors, e.g. 132 */
+    char name[256];             /* cudaDeviceProp.name, e.g. "NVIDIA H100 80GB HBM3" */
+} fx_device_t;
+
+/* Fills *out from cudaGetDeviceProperties(device); returns a cudaError_t. */
+int32_t fx_device_query(int32_t device, fx_device_t *out);
+
+/* c (L, M, N) = a (L, M, K) · b (L, N, K)ᵀ, each operand's strides given per mode.
+   A row-major (M, K) a has a_stride = {K, 1, 0}; an M-major a (its transpose stored (K, M)
+   row-major) has {1, M, 0}.  The batch stride of L = 1 is best given as 0 (what Python passes for
+   2-D tensors).  b: {n, k, l} strides; c: {m, n, l} strides (the kernels write N-contiguous c). */
+typedef struct {
+    fx_dtype_t ab_dtype;    /* a and b: BF16, F16 or E4M3 */
+    fx_dtype_t c_dtype;     /* BF16, F16 or F32 (what the bundle's variants write) */
+    int64_t m, n, k, l;     /* l: batch count (1 for a plain GEMM) */
+    const void *a;
+    int64_t a_stride[3];    /* m, k, l */
+    const void *b;
+    int64_t b_stride[3];    /* n, k, l */
+    void *c;
+    int64_t c_stride[3];    /* m, n, l */
+    const float *scale_a;   /* E4M3 only, and required there: one float32 each (per-tensor scales) */
+    const float *scale_b;
+    int32_t b_constant;     /* 1: no kernel still running in the stream writes b (weights): a
+                               variant may start loading b before the previous kernel ends */
+} fx_gemm_problem_t;
+
+/* softmax(q·kᵀ·scale [+ bottom-right causal mask])·v.
+   Dense: q/o (batch, seqlen_q, heads_q, head_dim), k/v (batch, seqlen_k, heads_kv, head_dim),
+   lse float32 (batch, heads_q, seqlen_q).  Varlen (packed sequences): seqlen_q / seqlen_k are the
+   total token counts, q/o (seqlen_q, heads_q, head_dim), k/v (seqlen_k, heads_kv, head_dim), lse
+   (heads_q, seqlen_q), batch the number of sequences, cu_seqlens_q/k (batch + 1) int32 offsets.
+   Strides: [0] batch (dense only), [1] token, [2] head; head_dim is contiguous.
+   lse_stride: [0] batch (dense only), [1] head; the token stride is 1. */
+typedef struct {
+    fx_dtype_t dtype;       /* BF16 or F16: q, k, v and o */
+    int32_t varlen;         /* 1: packed sequences (cu_seqlens) */
+    int64_t batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim; /* heads_q % heads_kv == 0 */
+    const void *q, *k, *v;
+    void *o;
+    int64_t q_stride[3], k_stride[3], v_stride[3], o_stride[3];
+    float *lse;             /* NULL: written into the workspace (fx_*_select counts it) */
+    int64_t lse_stride[2];
+    const int32_t *cu_seqlens_q, *cu_seqlens_k; /* varlen: trusted, as FlashAttention trusts them */
+    int32_t max_seqlen_q;   /* varlen: >= the longest query sequence */
+    int32_t causal;
+    float softmax_scale;    /* 0: 1/sqrt(head_dim); else > 0 and finite */
+} fx_attention_problem_t;
+
+typedef struct {
+    int32_t variant;          /* index (fx_variant_name); -1: nothing to launch (an empty problem) */
+    const char *name;         /* the variant's name, NULL for -1 */
+    uint64_t workspace_bytes; /* device memory the launch needs (split-K / split-KV partials, lse
+                                 scratch); 0: none */
+    int32_t max_clusters;     /* persistent GEMM variants: the grid cap without the driver,
+                                 max(1, sm_count / cluster CTAs); fx_gemm lowers it to what
+                                 cudaOccupancyMaxActiveClusters says fits.  0 otherwise */
+    int32_t splits;           /* attention: KV splits (1: none); GEMM: split-K */
+} fx_selection_t;
+
+int32_t fx_gemm_select(const fx_device_t *dev, const fx_gemm_problem_t *p, fx_selection_t *out);
+int32_t fx_attention_select(const fx_device_t *dev, const fx_attention_problem_t *p, fx_selection_t *out);
+
+/* Select, then launch on `stream` (loading the variant's module on first use: do one call before
+   capturing a CUDA graph).  workspace: at least fx_*_select's workspace_bytes, 16-byte aligned,
+   valid until the kernels have run (NULL with 0 when none is needed).  Empty problems launch
+   nothing (fx_gemm with K = 0 zeroes c with cudaMemset2DAsync).  *out (may be NULL) receives the
+   selection. */
+int32_t fx_gemm(const fx_device_t *dev, const fx_gemm_problem_t *p, void *workspace,
+                uint64_t workspace_bytes, fx_stream_t stream, fx_selection_t *out);
+int32_t fx_attention(const fx_device_t *dev, const fx_attention_problem_t *p, void *workspace,
+                     uint64_t workspace_bytes, fx_stream_t stream, fx_selection_t *out);
+
+/* The reason of this thread's last failed fx_* call ("" if none). */
+const char *fx_last_error_message(void);
+int32_t fx_variant_count(void);
+const char *fx_variant_name(int32_t variant); /* NULL out of range */
+/* What the selection tables hold: variant counts and the tuning table's device, one line. */
+const char *fx_selection_info(void);

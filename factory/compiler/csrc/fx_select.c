@@ -1,0 +1,1004 @@
+/* Selection in C: fx_gemm / fx_attention choose a variant with the same answers as the Python
+ * loader, from the tables generated into fx_glue.c (fx_select.h), then launch it.
+ *
+ * Each function below names the Python function it ports (factory/runtime/...); the two are kept
+ * equal by tests/test_c_selection.py, which compares them over hundreds of problems.  Integer
+ * arithmetic that Python does on unbounded ints is done here in __int128 where a product can
+ * pass 2^63; floating point follows Python's order of operations (this file is compiled with
+ * -ffp-contract=off), so the cost model's estimates are bit-identical. */
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fx_bundle.h"
+#include "fx_select.h"
+
+#define FX_EXPORT __attribute__((visibility("default")))
+#define INT32_MAX_ ((int64_t)2147483647)
+
+typedef __int128 i128;
+
+static _Thread_local char fx_msg[1024];
+
+static int32_t fail(int32_t code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(fx_msg, sizeof fx_msg, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+FX_EXPORT const char *fx_last_error_message(void) { return fx_msg; }
+FX_EXPORT int32_t fx_variant_count(void) { return fx_n_variants; }
+FX_EXPORT const char *fx_variant_name(int32_t i) {
+    return i >= 0 && i < fx_n_variants ? fx_variants[i].name : NULL;
+}
+FX_EXPORT const char *fx_selection_info(void) { return fx_selection_summary; }
+
+FX_EXPORT const char *fx_error_string(int32_t err) {
+    switch (err) {
+    case FX_ERR_INPUT: return "FX_ERR_INPUT: invalid arguments (fx_last_error_message says which)";
+    case FX_ERR_NO_VARIANT: return "FX_ERR_NO_VARIANT: no variant of this bundle runs this problem on this device";
+    case FX_ERR_WORKSPACE: return "FX_ERR_WORKSPACE: the workspace is missing, too small or misaligned";
+    default: return err < 0 ? "unknown fx error" : cudaGetErrorString((cudaError_t)err);
+    }
+}
+
+FX_EXPORT int32_t fx_device_query(int32_t device, fx_device_t *out) {
+    struct cudaDeviceProp p;
+    cudaError_t e = cudaGetDeviceProperties(&p, device);
+    if (e != cudaSuccess) return (int32_t)e;
+    memset(out, 0, sizeof *out);
+    out->cc_major = p.major;
+    out->cc_minor = p.minor;
+    out->sm_count = p.multiProcessorCount;
+    snprintf(out->name, sizeof out->name, "%s", p.name);
+    return 0;
+}
+
+static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; } /* a >= 0, b > 0 */
+static i128 cdiv128(i128 a, i128 b) { return (a + b - 1) / b; }
+
+static const char *dtype_name(int32_t d) {
+    switch (d) {
+    case FX_DTYPE_BF16: return "bf16";
+    case FX_DTYPE_F16: return "f16";
+    case FX_DTYPE_F32: return "f32";
+    case FX_DTYPE_E4M3: return "e4m3";
+    default: return "?";
+    }
+}
+
+static void spec(fx_value *v, const void *ptr, int32_t rank, const int64_t *shape, const int64_t *stride) {
+    memset(v, 0, sizeof *v);
+    v->t.ptr = (uintptr_t)ptr;
+    v->t.rank = rank;
+    for (int32_t i = 0; i < rank; i++) {
+        v->t.shape[i] = shape[i];
+        v->t.stride[i] = stride[i];
+    }
+}
+
+/* --- the contract: loader.Binder.check ------------------------------------------------------- */
+/* 0 when the first n values meet variant v's argument contract (zip(plan, specs): arguments past
+   the values given are not checked), else FX_ERR_INPUT with the reason. */
+static int32_t check_contract(const fx_variant *v, const fx_value *vals, int32_t n) {
+    int64_t syms[FX_MAX_SYMS];
+    char set[FX_MAX_SYMS];
+    memset(set, 0, sizeof set);
+    if (n > v->n_args) n = v->n_args;
+    for (int32_t i = 0; i < n; i++) {
+        const fx_arg *a = &v->args[i];
+        if (a->scalar) continue;
+        const fx_spec *s = &vals[i].t;
+        if (s->rank != a->rank)
+            return fail(FX_ERR_INPUT, "%s: %s has rank %d, expected %d", v->name, a->name, s->rank, a->rank);
+        for (int32_t what = 0; what < 2; what++) {
+            const fx_dim *want = what ? a->stride : a->shape;
+            const int64_t *got = what ? s->stride : s->shape;
+            for (int32_t m = 0; m < a->rank; m++) {
+                if (want[m].sym >= 0) {
+                    int32_t y = want[m].sym;
+                    if (!set[y]) {
+                        set[y] = 1;
+                        syms[y] = got[m];
+                    } else if (syms[y] != got[m]) {
+                        return fail(FX_ERR_INPUT, "%s: a size is %lld elsewhere but %s has %lld", v->name,
+                                    (long long)syms[y], a->name, (long long)got[m]);
+                    }
+                    int64_t d = v->divisors[y];
+                    if (got[m] % d)
+                        return fail(FX_ERR_INPUT, "%s: %s %s %lld (mode %d) must be a multiple of %lld (16-byte alignment)",
+                                    v->name, a->name, what ? "stride" : "size", (long long)got[m], m, (long long)d);
+                } else if (want[m].value != got[m] && !(what == 1 && s->shape[m] == 1)) {
+                    return fail(FX_ERR_INPUT, "%s: %s %s of mode %d is %lld, kernel needs %lld", v->name, a->name,
+                                what ? "stride" : "size", m, (long long)got[m], (long long)want[m].value);
+                }
+            }
+        }
+        if (s->ptr % (uintptr_t)a->align)
+            return fail(FX_ERR_INPUT, "%s: %s data pointer is not %d-byte aligned", v->name, a->name, a->align);
+        if (a->shape32)
+            for (int32_t m = 0; m < a->rank; m++)
+                if (a->shape[m].sym >= 0 && s->shape[m] > INT32_MAX_)
+                    return fail(FX_ERR_INPUT, "%s: %s sizes exceed the kernel's 32-bit size slots", v->name, a->name);
+    }
+    return 0;
+}
+
+/* --- candidates: BundleCore.candidates --------------------------------------------------------- */
+/* Indices of op's variants runnable on this capability, best target first (targets_for_capability:
+   arch-specific for exactly this chip, then the newest plain target of the same major), manifest
+   order within a target.  Returns the count; *out is malloc'd (free it). */
+static int32_t candidates(const fx_device_t *dev, int32_t op, int32_t **out) {
+    int32_t order[64], n_order = 0;
+    for (int32_t t = 0; t < fx_n_targets && n_order < 64; t++) {
+        const fx_target *g = &fx_targets[t];
+        int runs = g->arch_specific ? (dev->cc_major == g->major && dev->cc_minor == g->minor)
+                                    : (dev->cc_major == g->major && dev->cc_minor >= g->minor);
+        if (runs) order[n_order++] = t;
+    }
+    /* sorted by (arch_specific, capability), descending (insertion sort keeps ties in order) */
+    for (int32_t i = 1; i < n_order; i++) {
+        int32_t x = order[i], j = i - 1;
+        const fx_target *gx = &fx_targets[x];
+        while (j >= 0) {
+            const fx_target *gj = &fx_targets[order[j]];
+            int before = gx->arch_specific != gj->arch_specific ? gx->arch_specific > gj->arch_specific
+                         : gx->major != gj->major ? gx->major > gj->major : gx->minor > gj->minor;
+            if (!before) break;
+            order[j + 1] = order[j];
+            j--;
+        }
+        order[j + 1] = x;
+    }
+    int32_t *c = malloc(sizeof(int32_t) * (size_t)(fx_n_variants + 1)), n = 0;
+    for (int32_t r = 0; r < n_order; r++)
+        for (int32_t i = 0; i < fx_n_variants; i++)
+            if (fx_variants[i].op == op && fx_variants[i].target == order[r]) c[n++] = i;
+    *out = c;
+    return n;
+}
+
+static int tuning_applies(const fx_device_t *dev) {
+    return fx_tuning_device[0] && dev->sm_count == fx_tuning_sm_count && strcmp(dev->name, fx_tuning_device) == 0;
+}
+
+/* --- tuning buckets: tuning.bucket_key ------------------------------------------------------- */
+static int bit_length(int64_t x) { return x <= 0 ? 0 : 64 - __builtin_clzll((unsigned long long)x); }
+static int64_t m_bucket(int64_t m) {
+    int b = bit_length(m - 1);
+    int64_t v = (int64_t)1 << (b > 0 ? b : 0);
+    return v > 16 ? v : 16;
+}
+static int64_t nk_bucket(int64_t x) {
+    if (x <= 64) return 64;
+    int b = bit_length(x) - 3;
+    int64_t step = (int64_t)1 << (b > 0 ? b : 0);
+    return cdiv(x, step) * step;
+}
+
+static const fx_bucket *find_bucket(int32_t ab, int32_t c, int32_t am, int32_t bm, int64_t M, int64_t N, int64_t K,
+                                    int64_t L) {
+    char key[160];
+    int lb = bit_length(L - 1);
+    snprintf(key, sizeof key, "%s>%s:%s%s:m%lld_n%lld_k%lld_l%lld", dtype_name(ab), dtype_name(c),
+             am == FX_MAJOR_K ? "k" : "m", bm == FX_MAJOR_K ? "k" : "n", (long long)m_bucket(M),
+             (long long)nk_bucket(N), (long long)nk_bucket(K), (long long)((int64_t)1 << (lb > 0 ? lb : 0)));
+    int32_t lo = 0, hi = fx_n_buckets - 1;
+    while (lo <= hi) {
+        int32_t mid = (lo + hi) / 2;
+        int r = strcmp(fx_buckets[mid].key, key);
+        if (r == 0) return &fx_buckets[mid];
+        if (r < 0) lo = mid + 1;
+        else hi = mid - 1;
+    }
+    return NULL;
+}
+
+/* --- the Hopper cost model: tuning._efficiency, tuning.estimate_us, tuning._dram_bytes -------- */
+static double efficiency(const fx_variant *v, int64_t busy, int32_t sm_count) {
+    const fx_model *p = &fx_model_constants;
+    int32_t tm = v->tile[0], tn = v->tile[1];
+    int multicast = !(v->cluster[0] == 1 && v->cluster[1] == 1);
+    double eff;
+    if (v->swap_ab) {
+        double r = (double)tm / 64.0;
+        eff = p->eff_swap_base + p->eff_swap_slope * (r < 1.0 ? r : 1.0);
+    } else if ((int64_t)tm * tn >= 128 * 256) {
+        if (tm == 256 && tn == 128 && v->cluster[0] == 1 && v->cluster[1] == 2) eff = p->eff_256x128_c1x2;
+        else if (tm == 128 && tn == 256 && v->cluster[0] == 2 && v->cluster[1] == 1) eff = p->eff_128x256_c2x1;
+        else eff = p->eff_large;
+    } else if ((int64_t)tm * tn >= 128 * 128) {
+        int sparse = busy * 2 <= sm_count;
+        eff = v->sched_pp ? p->eff_pp : (multicast || sparse) ? p->eff_coop_mc : p->eff_coop;
+    } else {
+        double r = (double)tn / 64.0;
+        eff = p->eff_small * pow(r < 1.0 ? r : 1.0, p->narrow_exp);
+    }
+    if (v->fp8_acc == FX_ACC_PROMOTED) eff *= p->fp8_promoted;
+    else if (v->fp8_acc == FX_ACC_FAST) eff *= p->fp8_fast;
+    return eff;
+}
+
+static i128 dram_bytes(const fx_variant *v, int64_t M, int64_t N, int64_t K, i128 m_clusters, i128 n_clusters,
+                       i128 resident) {
+    i128 e = v->a_bytes;
+    i128 a_bytes = (i128)M * K * e, b_bytes = (i128)N * K * e, c_bytes = (i128)M * N * v->c_bytes;
+    if (v->swap_ab || v->split_k > 1) return a_bytes + b_bytes + c_bytes;
+    i128 s = v->swizzle;
+    i128 w_n = resident / (m_clusters > 1 ? m_clusters : 1);
+    if (w_n < s) w_n = s;
+    i128 w_m = resident / s;
+    if (w_m > m_clusters) w_m = m_clusters;
+    if (w_m < 1) w_m = 1;
+    i128 l2 = fx_model_constants.l2_bytes; /* x <= L2 / 2 is tested as 2 x <= L2: exact */
+    i128 a_passes = 2 * a_bytes <= l2 ? 1 : cdiv128(n_clusters, w_n);
+    i128 strip = w_n * v->cluster[1] * v->tile[1] * (i128)K * e;
+    i128 b_passes = (2 * b_bytes <= l2 || 2 * strip <= l2) ? 1 : cdiv128(m_clusters, w_m);
+    return a_bytes * a_passes + b_bytes * b_passes + c_bytes;
+}
+
+static double estimate_us(const fx_variant *v, int64_t M, int64_t N, int64_t K, int64_t L, int32_t sm_count) {
+    const fx_model *p = &fx_model_constants;
+    int64_t tm = v->tile[0], tn = v->tile[1], split = v->split_k, cm = v->cluster[0], cn = v->cluster[1];
+    i128 tiles_m = cdiv(cdiv(M, tm), cm) * cm;
+    i128 tiles_n = cdiv(cdiv(N, tn), cn) * cn;
+    i128 units = tiles_m * tiles_n * L * split;
+    i128 per_cluster = cm * cn * split;
+    i128 cap = v->persistent_ctas ? v->persistent_ctas : sm_count;
+    if (cap > sm_count) cap = sm_count;
+    cap = cap / per_cluster * per_cluster;
+    if (cap < per_cluster) cap = per_cluster;
+    i128 grid = units < cap ? units : cap;
+    i128 waves = cdiv128(units, grid);
+    double per_sm = v->peak_tflops * 1e12 / (double)sm_count * efficiency(v, (int64_t)grid, sm_count);
+    double t_compute = (double)waves * 2.0 * (double)tm * (double)tn * (double)cdiv(K, split) / per_sm;
+    double nbytes = (double)(dram_bytes(v, M, N, K, tiles_m / cm, tiles_n / cn, grid / per_cluster) * L);
+    i128 tiles = (i128)cdiv(M, tm) * cdiv(N, tn) * L * split;
+    i128 useful = grid < tiles ? grid : tiles;
+    double frac = (double)useful / (double)sm_count;
+    double bw = p->stream_tbs * 1e12 * pow(frac < 1.0 ? frac : 1.0, p->grid_bw_exp);
+    if (v->deep) bw *= p->deep_bw;
+    if (v->swap_ab && (int64_t)v->tile[2] * v->a_bytes >= 256) bw *= p->wide_k_bw;
+    double t_memory = nbytes / bw;
+    double hi = t_memory > t_compute ? t_memory : t_compute;
+    double lo = t_memory < t_compute ? t_memory : t_compute;
+    double t = hi + p->overlap * lo;
+    double area = (double)(tm * tn) / 4096.0;
+    double split_cost = p->split_us * (double)(split - 1) * pow(area > 1.0 ? area : 1.0, p->split_tile_exp);
+    double tile_cost = p->tile_us * (double)(waves - 1);
+    return t * 1e6 + p->fixed_us + split_cost + tile_cost;
+}
+
+/* tuning.launch_ctas for a grid fixed at build time (persistent_ctas). */
+static i128 launch_ctas_fixed(const fx_variant *v, int64_t M, int64_t N, int64_t L) {
+    int64_t tm = v->tile[0], tn = v->tile[1], split = v->split_k, cm = v->cluster[0], cn = v->cluster[1];
+    i128 tiles = (i128)(cdiv(cdiv(M, tm), cm) * cm) * (cdiv(cdiv(N, tn), cn) * cn) * L * split;
+    i128 per_cluster = cm * cn * split;
+    i128 cap = (i128)v->persistent_ctas / per_cluster * per_cluster;
+    return tiles < cap ? tiles : cap;
+}
+
+/* --- GEMM: runtime/gemm.py --------------------------------------------------------------------- */
+typedef struct {
+    const fx_device_t *dev;
+    int32_t ab, c, am, bm;
+    int64_t M, N, K, L;
+    fx_value vals[FX_MAX_ARGS]; /* a, b, c [, scale_a, scale_b] */
+    int32_t n_vals;
+} gemm_ctx;
+
+/* rkl majorness (gemm._major): "k" if K is contiguous, else M (N) if that is, else none. */
+static int32_t gemm_major(const fx_spec *s, int32_t mn) {
+    if (s->stride[1] == 1 || s->shape[1] == 1) return FX_MAJOR_K;
+    if (s->stride[0] == 1 || s->shape[0] == 1) return mn;
+    return 0;
+}
+
+static void workspace_spec(fx_value *v, const fx_variant *e, int64_t M, int64_t N, uintptr_t ptr) {
+    int64_t shape[3] = {M, N, e->split_k}, stride[3] = {N, 1, M * N};
+    spec(v, (const void *)ptr, 3, shape, stride);
+}
+
+/* gemm.fitting_variants: the fitting variants of the best target that has any (every target's
+   with every_target); FX_ERR_NO_VARIANT when none fits.  *fits is malloc'd. */
+static int32_t gemm_fits(const gemm_ctx *g, int32_t early_b, int32_t **fits, int32_t *n_fits) {
+    int32_t *cand, n = candidates(g->dev, FX_OP_GEMM, &cand), k = 0;
+    char reason[1024] = "";
+    fx_value vals[FX_MAX_ARGS];
+    memcpy(vals, g->vals, sizeof vals);
+    for (int32_t i = 0; i < n; i++) {
+        const fx_variant *v = &fx_variants[cand[i]];
+        if (v->ab != g->ab || v->c != g->c || v->a_major != g->am || v->b_major != g->bm) continue;
+        if (v->early_b != early_b) continue;
+        int32_t nv = g->n_vals;
+        if (v->workspace) workspace_spec(&vals[nv++], v, g->M, g->N, 0);
+        if (check_contract(v, vals, nv)) {
+            if (!reason[0]) snprintf(reason, sizeof reason, "%s", fx_msg);
+            continue;
+        }
+        cand[k++] = cand[i];
+    }
+    if (k == 0) {
+        free(cand);
+        *fits = NULL;
+        *n_fits = 0;
+        return fail(FX_ERR_NO_VARIANT, "no gemm variant for a=%s (%s-major) b=%s (%s-major) -> %s, M=%lld N=%lld K=%lld L=%lld "
+                    "on compute capability %d.%d%s%s%s", dtype_name(g->ab), g->am == FX_MAJOR_K ? "k" : "m",
+                    dtype_name(g->ab), g->bm == FX_MAJOR_K ? "k" : "n", dtype_name(g->c), (long long)g->M,
+                    (long long)g->N, (long long)g->K, (long long)g->L, g->dev->cc_major, g->dev->cc_minor,
+                    reason[0] ? " (closest: " : "", reason, reason[0] ? ")" : "");
+    }
+    int32_t best = fx_variants[cand[0]].target, m = 0;
+    for (int32_t i = 0; i < k; i++)
+        if (fx_variants[cand[i]].target == best) cand[m++] = cand[i];
+    *fits = cand;
+    *n_fits = m;
+    return 0;
+}
+
+static int contains(const int32_t *xs, int32_t n, int32_t x) {
+    for (int32_t i = 0; i < n; i++)
+        if (xs[i] == x) return 1;
+    return 0;
+}
+
+static i128 sm80_ctas(const fx_variant *v, const gemm_ctx *g) {
+    return (i128)cdiv(g->M, v->tile[0]) * cdiv(g->N, v->tile[1]) * g->L * v->split_k;
+}
+
+/* gemm.choose: the variant to run among fits (all fit, one target); -1 if fits is empty. */
+static int32_t gemm_choose(const gemm_ctx *g, int32_t *fits, int32_t n) {
+    int32_t sms = g->dev->sm_count;
+    int32_t kept = 0;
+    for (int32_t i = 0; i < n; i++) {
+        const fx_variant *v = &fx_variants[fits[i]];
+        if (!v->persistent_ctas || launch_ctas_fixed(v, g->M, g->N, g->L) <= sms) kept++;
+    }
+    if (kept > 0 && kept < n) {
+        int32_t m = 0;
+        for (int32_t i = 0; i < n; i++) {
+            const fx_variant *v = &fx_variants[fits[i]];
+            if (!v->persistent_ctas || launch_ctas_fixed(v, g->M, g->N, g->L) <= sms) fits[m++] = fits[i];
+        }
+        n = m;
+    }
+    if (n == 0) return -1;
+    if (tuning_applies(g->dev)) {
+        const fx_bucket *b = find_bucket(g->ab, g->c, g->am, g->bm, g->M, g->N, g->K, g->L);
+        if (b && b->winner >= 0 && contains(fits, n, b->winner)) return b->winner;
+    }
+    if (fx_variants[fits[0]].family == FX_FAMILY_SM90) {
+        int32_t best = -1;
+        double best_t = 0;
+        for (int32_t i = 0; i < n; i++) {
+            const fx_variant *v = &fx_variants[fits[i]];
+            double t = estimate_us(v, g->M, g->N, g->K, g->L, sms);
+            if (best < 0 || t < best_t || (t == best_t && strcmp(v->name, fx_variants[best].name) < 0)) {
+                best = fits[i];
+                best_t = t;
+            }
+        }
+        return best;
+    }
+    /* the sm80 rule: split-K only where the unsplit grid leaves SMs idle and each split keeps
+       >= 8 k-tiles; among grids that fill the SMs the fewest splits, then the largest tile */
+    i128 max_unsplit = 0;
+    for (int32_t i = 0; i < n; i++) {
+        const fx_variant *v = &fx_variants[fits[i]];
+        if (v->split_k == 1 && sm80_ctas(v, g) > max_unsplit) max_unsplit = sm80_ctas(v, g);
+    }
+    int32_t m = 0;
+    for (int32_t i = 0; i < n; i++) {
+        const fx_variant *v = &fx_variants[fits[i]];
+        if (v->split_k == 1 || (max_unsplit < sms && g->K / v->tile[2] >= 8 * (int64_t)v->split_k)) fits[m++] = fits[i];
+    }
+    n = m;
+    int32_t best = -1;
+    for (int32_t i = 0; i < n; i++) { /* full grids: max (-split, area, -threads), first maximal */
+        const fx_variant *v = &fx_variants[fits[i]];
+        if (sm80_ctas(v, g) < sms) continue;
+        if (best < 0) {
+            best = fits[i];
+            continue;
+        }
+        const fx_variant *b = &fx_variants[best];
+        int64_t va = (int64_t)v->tile[0] * v->tile[1], ba = (int64_t)b->tile[0] * b->tile[1];
+        if (-v->split_k > -b->split_k ||
+            (v->split_k == b->split_k && (va > ba || (va == ba && -v->threads > -b->threads))))
+            best = fits[i];
+    }
+    if (best >= 0) return best;
+    for (int32_t i = 0; i < n; i++) { /* else: max (ctas, area), first maximal */
+        const fx_variant *v = &fx_variants[fits[i]];
+        if (best < 0) {
+            best = fits[i];
+            continue;
+        }
+        const fx_variant *b = &fx_variants[best];
+        i128 vc = sm80_ctas(v, g), bc = sm80_ctas(b, g);
+        int64_t va = (int64_t)v->tile[0] * v->tile[1], ba = (int64_t)b->tile[0] * b->tile[1];
+        if (vc > bc || (vc == bc && va > ba)) best = fits[i];
+    }
+    return best;
+}
+
+/* gemm._choose_b_constant */
+static int32_t gemm_b_constant(const gemm_ctx *g, int32_t plain) {
+    if (tuning_applies(g->dev)) {
+        const fx_bucket *b = find_bucket(g->ab, g->c, g->am, g->bm, g->M, g->N, g->K, g->L);
+        int32_t w = b ? b->b_constant : -1;
+        if (w >= 0 && w == plain) return w;
+        if (w >= 0) {
+            int32_t *fits = NULL, n = 0;
+            char keep[sizeof fx_msg];
+            memcpy(keep, fx_msg, sizeof keep); /* a NoVariantError here is not the call's error */
+            int32_t rc = gemm_fits(g, 1, &fits, &n);
+            memcpy(fx_msg, keep, sizeof keep);
+            int hit = rc == 0 && contains(fits, n, w);
+            free(fits);
+            if (hit) return w;
+        }
+    }
+    return fx_variants[plain].twin;
+}
+
+static int valid_stride(const int64_t *s, int32_t n) {
+    for (int32_t i = 0; i < n; i++)
+        if (s[i] < 0) return 0;
+    return 1;
+}
+
+/* Per thread, the last selections (as gemm.select caches per problem key): everything the answer
+   depends on, pointers as their remainder mod 16 (every alignment in a contract divides 16;
+   factory/compiler/selection.py checks), the device name only as whether the tuning table
+   applies. */
+typedef struct {
+    int32_t cc_major, cc_minor, sm_count, tuned, ab, c, am, bm, b_constant, align[5];
+    int64_t M, N, K, L, strides[9];
+} gemm_key;
+
+#define FX_CACHE_SLOTS 64
+static _Thread_local struct {
+    gemm_key key;
+    int32_t choice; /* variant + 1; 0: empty slot */
+} fx_gemm_cache[FX_CACHE_SLOTS];
+
+static uint32_t gemm_key_of(const gemm_ctx *g, const fx_gemm_problem_t *p, gemm_key *k) {
+    memset(k, 0, sizeof *k);
+    k->cc_major = g->dev->cc_major, k->cc_minor = g->dev->cc_minor, k->sm_count = g->dev->sm_count;
+    k->tuned = tuning_applies(g->dev);
+    k->ab = g->ab, k->c = g->c, k->am = g->am, k->bm = g->bm, k->b_constant = p->b_constant != 0;
+    const void *ptrs[5] = {p->a, p->b, p->c, p->scale_a, p->scale_b};
+    for (int i = 0; i < 5; i++) k->align[i] = (int32_t)((uintptr_t)ptrs[i] % 16);
+    k->M = g->M, k->N = g->N, k->K = g->K, k->L = g->L;
+    for (int i = 0; i < 3; i++) {
+        k->strides[i] = p->a_stride[i];
+        k->strides[3 + i] = p->b_stride[i];
+        k->strides[6 + i] = p->c_stride[i];
+    }
+    uint32_t h = 2166136261u; /* FNV-1a */
+    const unsigned char *b = (const unsigned char *)k;
+    for (size_t i = 0; i < sizeof *k; i++) h = (h ^ b[i]) * 16777619u;
+    return h % FX_CACHE_SLOTS;
+}
+
+/* gemm.gemm's checks up to the launch, and gemm.select. */
+static int32_t gemm_select(const fx_device_t *dev, const fx_gemm_problem_t *p, fx_selection_t *out, gemm_ctx *g) {
+    memset(out, 0, sizeof *out);
+    out->variant = -1;
+    fx_msg[0] = 0;
+    if (!dev || !p) return fail(FX_ERR_INPUT, "fx_gemm: dev and problem must not be NULL");
+    if (dev->sm_count <= 0) return fail(FX_ERR_INPUT, "fx_device_t.sm_count must be positive, got %d", dev->sm_count);
+    int32_t ab = p->ab_dtype, c = p->c_dtype;
+    if (ab != FX_DTYPE_BF16 && ab != FX_DTYPE_F16 && ab != FX_DTYPE_E4M3)
+        return fail(FX_ERR_INPUT, "unsupported dtype %d: gemm takes bfloat16, float16 or float8_e4m3fn", ab);
+    if (c != FX_DTYPE_BF16 && c != FX_DTYPE_F16 && c != FX_DTYPE_F32 && c != FX_DTYPE_E4M3)
+        return fail(FX_ERR_INPUT, "out dtype %d is not one the kernels write (bfloat16, float16, float32)", c);
+    if (p->m < 0 || p->n < 0 || p->k < 0 || p->l < 0) return fail(FX_ERR_INPUT, "sizes must not be negative");
+    if (!valid_stride(p->a_stride, 3) || !valid_stride(p->b_stride, 3) || !valid_stride(p->c_stride, 3))
+        return fail(FX_ERR_INPUT, "strides must not be negative");
+    int fp8 = ab == FX_DTYPE_E4M3;
+    if (!fp8 && (p->scale_a || p->scale_b)) return fail(FX_ERR_INPUT, "scale_a/scale_b apply to fp8 GEMMs only");
+    if (p->m == 0 || p->n == 0 || p->l == 0 || p->k == 0) return 0; /* nothing to launch */
+
+    memset(g, 0, sizeof *g);
+    g->dev = dev;
+    g->ab = ab;
+    g->c = c;
+    g->M = p->m, g->N = p->n, g->K = p->k, g->L = p->l;
+    int64_t sa[3] = {p->m, p->k, p->l}, sb[3] = {p->n, p->k, p->l}, sc[3] = {p->m, p->n, p->l}, one = 1;
+    spec(&g->vals[0], p->a, 3, sa, p->a_stride);
+    spec(&g->vals[1], p->b, 3, sb, p->b_stride);
+    spec(&g->vals[2], p->c, 3, sc, p->c_stride);
+    g->n_vals = 3;
+    if (fp8) {
+        spec(&g->vals[3], p->scale_a, 1, &one, &one);
+        spec(&g->vals[4], p->scale_b, 1, &one, &one);
+        g->n_vals = 5;
+    }
+    g->am = gemm_major(&g->vals[0].t, FX_MAJOR_M);
+    g->bm = gemm_major(&g->vals[1].t, FX_MAJOR_N);
+    if (!g->am || !g->bm)
+        return fail(FX_ERR_INPUT, "a and b need a contiguous mode (a strides %lld,%lld,%lld; b strides %lld,%lld,%lld)",
+                    (long long)p->a_stride[0], (long long)p->a_stride[1], (long long)p->a_stride[2],
+                    (long long)p->b_stride[0], (long long)p->b_stride[1], (long long)p->b_stride[2]);
+    gemm_key key;
+    uint32_t slot = gemm_key_of(g, p, &key);
+    int32_t choice;
+    if (fx_gemm_cache[slot].choice && memcmp(&fx_gemm_cache[slot].key, &key, sizeof key) == 0) {
+        choice = fx_gemm_cache[slot].choice - 1;
+    } else {
+        int32_t *fits, n;
+        int32_t rc = gemm_fits(g, 0, &fits, &n);
+        if (rc) return rc;
+        choice = gemm_choose(g, fits, n);
+        free(fits);
+        if (choice < 0) return fail(FX_ERR_NO_VARIANT, "no gemm variant fits (no unsplit variant and no split one qualifies)");
+        if (p->b_constant) choice = gemm_b_constant(g, choice);
+        fx_gemm_cache[slot].key = key;
+        fx_gemm_cache[slot].choice = choice + 1;
+    }
+    const fx_variant *v = &fx_variants[choice];
+    out->variant = choice;
+    out->name = v->name;
+    out->splits = v->split_k;
+    out->workspace_bytes = v->workspace ? (uint64_t)v->split_k * (uint64_t)p->m * (uint64_t)p->n * 4u : 0;
+    if (v->cluster_ctas) {
+        int32_t cap = dev->sm_count / v->cluster_ctas;
+        out->max_clusters = cap > 1 ? cap : 1;
+    }
+    return 0;
+}
+
+FX_EXPORT int32_t fx_gemm_select(const fx_device_t *dev, const fx_gemm_problem_t *p, fx_selection_t *out) {
+    fx_selection_t tmp;
+    gemm_ctx g;
+    return gemm_select(dev, p, out ? out : &tmp, &g);
+}
+
+/* --- attention: runtime/attention.py ----------------------------------------------------------- */
+/* attention.split_count */
+static int32_t split_count(i128 ctas, int64_t key_tiles, int32_t sms, const int32_t *avail, int32_t n) {
+    if (ctas >= sms) return 1;
+    int32_t best = 1;
+    for (int32_t i = 0; i < n; i++) {
+        int32_t s = avail[i];
+        if (s > 1 && ctas * s <= 2 * (i128)sms && key_tiles >= 2 * (int64_t)s && s > best) best = s;
+    }
+    return best;
+}
+
+/* attention.pack_split_count: 0 for None */
+static int32_t pack_split_count(i128 ctas, int64_t key_tiles, int32_t sms, const int32_t *avail, int32_t n) {
+    int32_t fill = 0, most = 0;
+    for (int32_t i = 0; i < n; i++) {
+        int32_t s = avail[i];
+        if (s <= 1 || key_tiles < s) continue;
+        if (s > most) most = s;
+        if (ctas * s >= sms && (fill == 0 || s < fill)) fill = s;
+    }
+    return fill ? fill : most;
+}
+
+/* attention._split_pick over split (indices): -1 when not splitting. */
+static int32_t split_pick(const int32_t *split, int32_t n, i128 groups, int64_t rows, int64_t sk, int32_t sms) {
+    if (n == 0) return -1;
+    const fx_variant *e0 = &fx_variants[split[0]];
+    int32_t tm = e0->tile[0], tn = e0->tile[1];
+    int32_t avail[FX_MAX_ARGS * 8], na = 0;
+    for (int32_t i = 0; i < n && na < (int32_t)(sizeof avail / sizeof avail[0]); i++) {
+        const fx_variant *e = &fx_variants[split[i]];
+        if (e->tile[0] == tm && e->tile[1] == tn) avail[na++] = e->splits;
+    }
+    int32_t s = split_count(groups * cdiv(rows, tm), cdiv(sk, tn), sms, avail, na);
+    if (s <= 1) return -1;
+    for (int32_t i = 0; i < n; i++) {
+        const fx_variant *e = &fx_variants[split[i]];
+        if (e->tile[0] == tm && e->tile[1] == tn && e->splits == s) return split[i];
+    }
+    return -1;
+}
+
+typedef struct {
+    int64_t b, hq, hkv, sq, sk;
+} attn_decode;
+
+/* attention._more_waves */
+static int more_waves(const fx_variant *small, const fx_variant *big, const attn_decode *d, int32_t sms) {
+    if (!small->ctas_per_sm || !big->ctas_per_sm) return 0;
+    i128 ws = cdiv128((i128)d->b * d->hq * cdiv(d->sq, small->tile[0]), (i128)sms * small->ctas_per_sm);
+    i128 wb = cdiv128((i128)d->b * d->hq * cdiv(d->sq, big->tile[0]), (i128)sms * big->ctas_per_sm);
+    return ws > wb;
+}
+
+/* attention.select (rows < 0: None; decode NULL: None). */
+static int32_t attn_choose(const fx_device_t *dev, int32_t dtype, int32_t head_dim, int32_t causal, int32_t varlen,
+                           i128 rows, const attn_decode *decode) {
+    int32_t sms = dev->sm_count;
+    int32_t *cand, n = candidates(dev, FX_OP_ATTENTION, &cand), nf = 0;
+    int32_t *fit = malloc(sizeof(int32_t) * (size_t)(n + 1)), *sub = malloc(sizeof(int32_t) * (size_t)(n + 1));
+    int32_t result = -1;
+    for (int32_t i = 0; i < n; i++) {
+        const fx_variant *e = &fx_variants[cand[i]];
+        if (e->dtype == dtype && e->head_dim == head_dim && e->varlen == varlen) fit[nf++] = cand[i];
+    }
+    if (nf && decode && !varlen) {
+        int32_t top = -1;
+        for (int32_t i = 0; i < nf && top < 0; i++)
+            if (fx_variants[fit[i]].splits > 1) top = fx_variants[fit[i]].target;
+        if (decode->sq == 1 && decode->hq > decode->hkv) {
+            int32_t np = 0;
+            for (int32_t i = 0; i < nf; i++)
+                if (fx_variants[fit[i]].pack_gqa && fx_variants[fit[i]].target == top) sub[np++] = fit[i];
+            if (np) {
+                const fx_variant *p0 = &fx_variants[sub[0]];
+                int32_t tn = p0->tile[1];
+                int32_t avail[256], na = 0;
+                for (int32_t i = 0; i < np && na < 256; i++)
+                    if (fx_variants[sub[i]].tile[1] == tn) avail[na++] = fx_variants[sub[i]].splits;
+                i128 ctas = (i128)decode->b * decode->hkv * cdiv(decode->hq / decode->hkv, p0->tile[0]);
+                int32_t s = pack_split_count(ctas, cdiv(decode->sk, tn), sms, avail, na);
+                for (int32_t i = 0; i < np && s; i++)
+                    if (fx_variants[sub[i]].splits == s && fx_variants[sub[i]].tile[1] == tn) {
+                        result = sub[i];
+                        goto done;
+                    }
+            }
+        }
+        int32_t ns = 0;
+        for (int32_t i = 0; i < nf; i++) {
+            const fx_variant *e = &fx_variants[fit[i]];
+            if (e->splits > 1 && !e->pack_gqa && e->causal == causal && e->target == top) sub[ns++] = fit[i];
+        }
+        result = split_pick(sub, ns, (i128)decode->b * decode->hq, decode->sq, decode->sk, sms);
+        if (result >= 0) goto done;
+    }
+    {
+        int32_t m = 0;
+        for (int32_t i = 0; i < nf; i++)
+            if (fx_variants[fit[i]].causal == causal) fit[m++] = fit[i];
+        nf = m;
+        if (decode && !varlen) {
+            m = 0;
+            for (int32_t i = 0; i < nf; i++)
+                if (decode->sq >= fx_variants[fit[i]].min_seqlen_q) sub[m++] = fit[i];
+            if (m) {
+                memcpy(fit, sub, sizeof(int32_t) * (size_t)m);
+                nf = m;
+            }
+        }
+        if (!nf) goto done;
+        int32_t tgt = fx_variants[fit[0]].target, nb = 0, n1 = 0;
+        for (int32_t i = 0; i < nf; i++)
+            if (fx_variants[fit[i]].target == tgt) sub[nb++] = fit[i];
+        for (int32_t i = 0; i < nb; i++)
+            if (fx_variants[sub[i]].splits == 1) n1++;
+        if (n1) {
+            m = 0;
+            for (int32_t i = 0; i < nb; i++)
+                if (fx_variants[sub[i]].splits == 1) sub[m++] = sub[i];
+            nb = m;
+        }
+        int32_t pref = sub[0];
+        for (int32_t i = 0; i < nb; i++)
+            if (fx_variants[sub[i]].preferred) {
+                pref = sub[i];
+                break;
+            }
+        const fx_variant *pe = &fx_variants[pref];
+        result = pref;
+        if (rows >= 0 && rows < (i128)pe->tile[0] * sms) {
+            int32_t small = -1;
+            for (int32_t i = 0; i < nb; i++) {
+                const fx_variant *e = &fx_variants[sub[i]];
+                if (e->tile[0] < pe->tile[0] && e->tile[1] == pe->tile[1] && e->stages == pe->stages &&
+                    (small < 0 || e->tile[0] < fx_variants[small].tile[0]))
+                    small = sub[i];
+            }
+            if (small >= 0) result = (decode && more_waves(&fx_variants[small], pe, decode, sms)) ? pref : small;
+        }
+    }
+done:
+    free(cand);
+    free(fit);
+    free(sub);
+    return result;
+}
+
+typedef struct {
+    fx_value vals[FX_MAX_ARGS];
+    int32_t n_vals;
+    int32_t splits;
+    uint64_t split_bytes, lse_offset; /* workspace layout: [o_partial | lse_partial][lse scratch] */
+} attn_ctx;
+
+static int is_head_dim(int64_t d) {
+    for (int32_t i = 0; i < fx_n_attention_head_dims; i++)
+        if (fx_attention_head_dims[i] == d) return 1;
+    return 0;
+}
+
+/* attention._check_strides for a q/k/v/o of numel elements (head_dim contiguous by construction). */
+static int32_t check_strides(const char *what, const void *ptr, const int64_t *stride, int32_t first, int64_t numel) {
+    if (numel == 0) return 0;
+    for (int32_t i = first; i < 3; i++)
+        if (stride[i] % 8)
+            return fail(FX_ERR_INPUT, "%s: strides must be multiples of 8 elements (16 bytes) except the last, got %lld",
+                        what, (long long)stride[i]);
+    if ((uintptr_t)ptr % 16) return fail(FX_ERR_INPUT, "%s: data pointer must be 16-byte aligned", what);
+    return 0;
+}
+
+/* attention.attention's checks, attention._choose and the launch's contract check; the values
+   are built for a workspace at `workspace` (0 while only selecting). */
+static int32_t attn_select(const fx_device_t *dev, const fx_attention_problem_t *p, fx_selection_t *out, attn_ctx *a,
+                           uintptr_t workspace) {
+    memset(out, 0, sizeof *out);
+    out->variant = -1;
+    fx_msg[0] = 0;
+    if (!dev || !p) return fail(FX_ERR_INPUT, "fx_attention: dev and problem must not be NULL");
+    if (dev->sm_count <= 0) return fail(FX_ERR_INPUT, "fx_device_t.sm_count must be positive, got %d", dev->sm_count);
+    float scale = p->softmax_scale;
+    if (scale != 0.0f && !(scale > 0.0f && isfinite(scale)))
+        return fail(FX_ERR_INPUT, "softmax_scale must be a positive finite number, got %g", (double)scale);
+    if (p->dtype != FX_DTYPE_BF16 && p->dtype != FX_DTYPE_F16)
+        return fail(FX_ERR_INPUT, "dtype %d not supported (bfloat16, float16)", p->dtype);
+    int64_t B = p->batch, Sq = p->seqlen_q, Sk = p->seqlen_k, Hq = p->heads_q, Hkv = p->heads_kv, D = p->head_dim;
+    if (B < 0 || Sq < 0 || Sk < 0 || Hq < 0 || Hkv < 0) return fail(FX_ERR_INPUT, "sizes must not be negative");
+    if (!valid_stride(p->q_stride, 3) || !valid_stride(p->k_stride, 3) || !valid_stride(p->v_stride, 3) ||
+        !valid_stride(p->o_stride, 3) || !valid_stride(p->lse_stride, 2))
+        return fail(FX_ERR_INPUT, "strides must not be negative");
+    if (!is_head_dim(D)) return fail(FX_ERR_INPUT, "head_dim %lld not supported", (long long)D);
+    if (Hkv == 0 || Hq % Hkv)
+        return fail(FX_ERR_INPUT, "q heads (%lld) must be a multiple of kv heads (%lld)", (long long)Hq, (long long)Hkv);
+    int varlen = p->varlen != 0;
+    int32_t first = varlen ? 1 : 0;
+    int64_t qn = (varlen ? 1 : B) * Sq * Hq * D, kn = (varlen ? 1 : B) * Sk * Hkv * D;
+    int32_t rc;
+    if ((rc = check_strides("q", p->q, p->q_stride, first, qn)) || (rc = check_strides("k", p->k, p->k_stride, first, kn)) ||
+        (rc = check_strides("v", p->v, p->v_stride, first, kn)))
+        return rc;
+    if (scale == 0.0f) scale = (float)(1.0 / sqrt((double)D));
+    int64_t grid_max = fx_attention_grid_yz_max;
+    memset(a, 0, sizeof *a);
+    a->splits = 1;
+    fx_value *vals = a->vals;
+    int64_t one = 1;
+    if (varlen) {
+        if (B < 0) return fail(FX_ERR_INPUT, "batch must not be negative");
+        if (p->max_seqlen_q > Sq)
+            return fail(FX_ERR_INPUT, "max_seqlen_q = %d exceeds the %lld query tokens", p->max_seqlen_q, (long long)Sq);
+        if (Sq == 0 || B == 0 || p->max_seqlen_q <= 0) return 0; /* nothing to launch */
+        if (Sk == 0)
+            return fail(FX_ERR_INPUT, "no keys (seqlen_k = 0): o is 0 and lse -inf by definition; fx_attention does "
+                        "not launch for it, write those yourself");
+        if (B > grid_max || Hq > grid_max)
+            return fail(FX_ERR_INPUT, "batch (%lld) and heads (%lld) must each be <= %lld", (long long)B, (long long)Hq,
+                        (long long)grid_max);
+        if ((rc = check_strides("o", p->o, p->o_stride, 1, qn))) return rc;
+        int64_t sq3[3] = {Sq, Hq, D}, sk3[3] = {Sk, Hkv, D}, b1 = B + 1;
+        int64_t qs[3] = {p->q_stride[1], p->q_stride[2], 1}, ks[3] = {p->k_stride[1], p->k_stride[2], 1};
+        int64_t vs[3] = {p->v_stride[1], p->v_stride[2], 1}, os[3] = {p->o_stride[1], p->o_stride[2], 1};
+        spec(&vals[0], p->q, 3, sq3, qs);
+        spec(&vals[1], p->k, 3, sk3, ks);
+        spec(&vals[2], p->v, 3, sk3, vs);
+        spec(&vals[3], p->o, 3, sq3, os);
+        int64_t ls[2] = {Hq, Sq}, lst[2] = {p->lse ? p->lse_stride[1] : Sq, 1};
+        spec(&vals[4], p->lse ? (const void *)p->lse : (const void *)workspace, 2, ls, lst);
+        spec(&vals[5], p->cu_seqlens_q, 1, &b1, &one);
+        spec(&vals[6], p->cu_seqlens_k, 1, &b1, &one);
+        vals[7].f = scale;
+        vals[8].i = p->max_seqlen_q;
+        a->n_vals = 9;
+        a->lse_offset = 0;
+        out->workspace_bytes = p->lse ? 0 : (uint64_t)Hq * (uint64_t)Sq * 4u;
+        int32_t choice = attn_choose(dev, p->dtype, (int32_t)D, p->causal != 0, 1, -1, NULL);
+        if (choice < 0)
+            return fail(FX_ERR_NO_VARIANT, "no attention kernel in this bundle for dtype=%s head_dim=%lld causal=%d varlen=1 "
+                        "on compute capability %d.%d", dtype_name(p->dtype), (long long)D, p->causal != 0,
+                        dev->cc_major, dev->cc_minor);
+        out->variant = choice;
+    } else {
+        if (qn == 0) return 0; /* nothing to launch */
+        if (Sk == 0)
+            return fail(FX_ERR_INPUT, "no keys (seqlen_k = 0): o is 0 and lse -inf by definition; fx_attention does "
+                        "not launch for it, write those yourself");
+        if (B > grid_max || Hq > grid_max)
+            return fail(FX_ERR_INPUT, "batch (%lld) and heads (%lld) must each be <= %lld", (long long)B, (long long)Hq,
+                        (long long)grid_max);
+        if ((rc = check_strides("o", p->o, p->o_stride, 0, qn))) return rc;
+        attn_decode d = {B, Hq, Hkv, Sq, Sk};
+        int32_t choice = attn_choose(dev, p->dtype, (int32_t)D, p->causal != 0, 0, (i128)B * Hq * Sq, &d);
+        if (choice < 0)
+            return fail(FX_ERR_NO_VARIANT, "no attention kernel in this bundle for dtype=%s head_dim=%lld causal=%d varlen=0 "
+                        "on compute capability %d.%d", dtype_name(p->dtype), (long long)D, p->causal != 0,
+                        dev->cc_major, dev->cc_minor);
+        const fx_variant *e = &fx_variants[choice];
+        int64_t s = e->splits > 1 ? e->splits : 1;
+        uint64_t nsplit = s > 1 ? (uint64_t)s * (uint64_t)B * (uint64_t)Hq * (uint64_t)Sq : 0;
+        a->splits = (int32_t)s;
+        a->split_bytes = nsplit * ((uint64_t)D + 1u) * 4u;
+        a->lse_offset = a->split_bytes;
+        out->workspace_bytes = a->split_bytes + (p->lse ? 0 : (uint64_t)B * (uint64_t)Hq * (uint64_t)Sq * 4u);
+        int64_t sq4[4] = {B, Sq, Hq, D}, sk4[4] = {B, Sk, Hkv, D};
+        int64_t qs[4] = {p->q_stride[0], p->q_stride[1], p->q_stride[2], 1};
+        int64_t ks[4] = {p->k_stride[0], p->k_stride[1], p->k_stride[2], 1};
+        int64_t vs[4] = {p->v_stride[0], p->v_stride[1], p->v_stride[2], 1};
+        int64_t os[4] = {p->o_stride[0], p->o_stride[1], p->o_stride[2], 1};
+        spec(&vals[0], p->q, 4, sq4, qs);
+        spec(&vals[1], p->k, 4, sk4, ks);
+        spec(&vals[2], p->v, 4, sk4, vs);
+        spec(&vals[3], p->o, 4, sq4, os);
+        int64_t ls[3] = {B, Hq, Sq};
+        int64_t lst[3] = {p->lse ? p->lse_stride[0] : Hq * Sq, p->lse ? p->lse_stride[1] : Sq, 1};
+        spec(&vals[4], p->lse ? (const void *)p->lse : (const void *)(workspace + a->lse_offset), 3, ls, lst);
+        int32_t k = 5;
+        if (s > 1) { /* attention.split_workspace: o_partial (s,B,Hq,Sq,D), lse_partial (s,B,Hq,Sq), one buffer */
+            int64_t op[5] = {s, B, Hq, Sq, D}, ops[5] = {B * Hq * Sq * D, Hq * Sq * D, Sq * D, D, 1};
+            int64_t lp[4] = {s, B, Hq, Sq}, lps[4] = {B * Hq * Sq, Hq * Sq, Sq, 1};
+            spec(&vals[k++], (const void *)workspace, 5, op, ops);
+            spec(&vals[k++], (const void *)(workspace + nsplit * (uint64_t)D * 4u), 4, lp, lps);
+        }
+        vals[k++].f = scale;
+        a->n_vals = k;
+        out->variant = choice;
+    }
+    const fx_variant *e = &fx_variants[out->variant];
+    out->name = e->name;
+    out->splits = a->splits;
+    if (a->n_vals != e->n_args) { /* loader.Binder.bind */
+        out->variant = -1;
+        out->name = NULL;
+        return fail(FX_ERR_INPUT, "%s takes %d arguments, got %d", e->name, e->n_args, a->n_vals);
+    }
+    if ((rc = check_contract(e, a->vals, a->n_vals))) {
+        out->variant = -1;
+        out->name = NULL;
+        return rc;
+    }
+    return 0;
+}
+
+FX_EXPORT int32_t fx_attention_select(const fx_device_t *dev, const fx_attention_problem_t *p, fx_selection_t *out) {
+    fx_selection_t tmp;
+    attn_ctx a;
+    return attn_select(dev, p, out ? out : &tmp, &a, 0);
+}
+
+/* --- launching ------------------------------------------------------------------------------------ */
+static pthread_mutex_t fx_load_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int32_t ensure_loaded(int32_t i) {
+    fx_state *st = &fx_states[i];
+    if (__atomic_load_n(&st->loaded, __ATOMIC_ACQUIRE)) return 0;
+    pthread_mutex_lock(&fx_load_lock);
+    int32_t rc = 0;
+    if (!st->loaded) {
+        rc = fx_variants[i].load();
+        if (rc == 0) __atomic_store_n(&st->loaded, 1, __ATOMIC_RELEASE);
+        else fail(rc, "loading %s: %s", fx_variants[i].name, cudaGetErrorString((cudaError_t)rc));
+    }
+    pthread_mutex_unlock(&fx_load_lock);
+    return rc;
+}
+
+/* Clusters of this persistent variant's kernel the current device holds at once
+   (cudaOccupancyMaxActiveClusters on the loaded kernel, as runtime/occupancy.py asks the driver),
+   asked once per device; 0 when the driver gives no answer. */
+static int32_t driver_clusters(int32_t i) {
+    const fx_variant *v = &fx_variants[i];
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= FX_MAX_DEVICES) {
+        cudaGetLastError();
+        return 0;
+    }
+    int32_t *slot = &fx_states[i].clusters[dev];
+    int32_t c = __atomic_load_n(slot, __ATOMIC_ACQUIRE);
+    if (c) return c > 0 ? c : 0;
+    int n = 0;
+    cudaKernel_t k = NULL;
+    cudaError_t e = v->kernel ? cudaLibraryGetKernel(&k, *v->module, v->kernel) : cudaErrorInvalidValue;
+    if (e == cudaSuccess) { /* the occupancy of its shared memory: raise the kernel's limit to it, never lower it */
+        struct cudaFuncAttributes fa;
+        if (cudaFuncGetAttributes(&fa, (const void *)k) != cudaSuccess) {
+            cudaGetLastError();
+            fa.maxDynamicSharedSizeBytes = 0;
+        }
+        if (fa.maxDynamicSharedSizeBytes < v->smem_bytes)
+            e = cudaKernelSetAttributeForDevice(k, cudaFuncAttributeMaxDynamicSharedMemorySize, v->smem_bytes, dev);
+    }
+    if (e == cudaSuccess) e = cudaKernelSetAttributeForDevice(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1, dev);
+    if (e == cudaSuccess) {
+        cudaLaunchConfig_t cfg;
+        cudaLaunchAttribute attr;
+        memset(&cfg, 0, sizeof cfg);
+        memset(&attr, 0, sizeof attr);
+        cfg.gridDim.x = (unsigned)v->cluster_ctas, cfg.gridDim.y = 1, cfg.gridDim.z = 1;
+        cfg.blockDim.x = (unsigned)v->threads, cfg.blockDim.y = 1, cfg.blockDim.z = 1;
+        cfg.dynamicSmemBytes = (size_t)v->smem_bytes;
+        attr.id = cudaLaunchAttributeClusterDimension;
+        attr.val.clusterDim.x = (unsigned)v->cluster_ctas, attr.val.clusterDim.y = 1, attr.val.clusterDim.z = 1;
+        cfg.attrs = &attr;
+        cfg.numAttrs = 1;
+        e = cudaOccupancyMaxActiveClusters(&n, (const void *)k, &cfg);
+    }
+    if (e != cudaSuccess || n <= 0) {
+        cudaGetLastError(); /* not this call's error: the launch must not see it */
+        n = -1;
+    }
+    __atomic_store_n(slot, n, __ATOMIC_RELEASE);
+    return n > 0 ? n : 0;
+}
+
+static int32_t check_workspace(uint64_t need, void *workspace, uint64_t bytes) {
+    if (!need) return 0;
+    if (!workspace || bytes < need || (uintptr_t)workspace % 16)
+        return fail(FX_ERR_WORKSPACE, "this launch needs %llu bytes of 16-byte aligned workspace, got %llu at %p",
+                    (unsigned long long)need, (unsigned long long)bytes, workspace);
+    return 0;
+}
+
+/* K = 0: c is a sum of nothing, zeros (cudaMemset2DAsync per batch; c's rows or columns contiguous). */
+static int32_t gemm_zero(const fx_gemm_problem_t *p, cudaStream_t stream) {
+    if (p->m == 0 || p->n == 0 || p->l == 0) return 0;
+    if (!p->c) return fail(FX_ERR_INPUT, "fx_gemm needs c");
+    size_t es = p->c_dtype == FX_DTYPE_F32 ? 4 : p->c_dtype == FX_DTYPE_E4M3 ? 1 : 2;
+    int64_t rows = p->m, cols = p->n, pitch = p->c_stride[0];
+    if (p->c_stride[1] != 1 && p->n != 1) {
+        if (p->c_stride[0] != 1 && p->m != 1)
+            return fail(FX_ERR_INPUT, "K = 0: c must have contiguous rows or columns to be zeroed");
+        rows = p->n, cols = p->m, pitch = p->c_stride[1];
+    }
+    if (rows == 1) pitch = cols;
+    if (pitch < cols) return fail(FX_ERR_INPUT, "K = 0: c's rows overlap");
+    for (int64_t l = 0; l < p->l; l++) {
+        char *base = (char *)p->c + (size_t)(l * p->c_stride[2]) * es;
+        cudaError_t e = cudaMemset2DAsync(base, (size_t)pitch * es, 0, (size_t)cols * es, (size_t)rows, stream);
+        if (e != cudaSuccess) return (int32_t)e;
+    }
+    return 0;
+}
+
+FX_EXPORT int32_t fx_gemm(const fx_device_t *dev, const fx_gemm_problem_t *p, void *workspace, uint64_t workspace_bytes,
+                          fx_stream_t stream, fx_selection_t *out) {
+    fx_selection_t tmp;
+    gemm_ctx g;
+    if (!out) out = &tmp;
+    int32_t rc = gemm_select(dev, p, out, &g);
+    if (rc) return rc;
+    if (out->variant < 0) return p->k == 0 ? gemm_zero(p, stream) : 0;
+    if (!p->a || !p->b || !p->c) return fail(FX_ERR_INPUT, "fx_gemm needs the a, b and c pointers");
+    if (p->ab_dtype == FX_DTYPE_E4M3 && (!p->scale_a || !p->scale_b))
+        return fail(FX_ERR_INPUT, "fp8 GEMMs need scale_a and scale_b (device pointers to one float32 each)");
+    if ((rc = check_workspace(out->workspace_bytes, workspace, workspace_bytes))) return rc;
+    const fx_variant *v = &fx_variants[out->variant];
+    if ((rc = ensure_loaded(out->variant))) return rc;
+    int32_t n = g.n_vals;
+    if (v->workspace) workspace_spec(&g.vals[n++], v, g.M, g.N, (uintptr_t)workspace);
+    if (v->cluster_ctas) {
+        int32_t drv = driver_clusters(out->variant);
+        if (drv > 0 && drv < out->max_clusters) out->max_clusters = drv;
+        g.vals[n++].i = out->max_clusters;
+    }
+    return v->bind(g.vals, stream);
+}
+
+FX_EXPORT int32_t fx_attention(const fx_device_t *dev, const fx_attention_problem_t *p, void *workspace,
+                               uint64_t workspace_bytes, fx_stream_t stream, fx_selection_t *out) {
+    fx_selection_t tmp;
+    attn_ctx a;
+    if (!out) out = &tmp;
+    int32_t rc = attn_select(dev, p, out, &a, (uintptr_t)workspace);
+    if (rc || out->variant < 0) return rc;
+    if (!p->q || !p->k || !p->v || !p->o) return fail(FX_ERR_INPUT, "fx_attention needs the q, k, v and o pointers");
+    if (p->varlen && (!p->cu_seqlens_q || !p->cu_seqlens_k))
+        return fail(FX_ERR_INPUT, "varlen needs both cu_seqlens_q and cu_seqlens_k");
+    if ((rc = check_workspace(out->workspace_bytes, workspace, workspace_bytes))) return rc;
+    if ((rc = ensure_loaded(out->variant))) return rc;
+    return fx_variants[out->variant].bind(a.vals, stream);
+}

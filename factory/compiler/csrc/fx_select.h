@@ -1,0 +1,122 @@
+/* The selection tables that factory/compiler/selection.py generates into fx_glue.c, as
+ * fx_select.c reads them.  Internal to the host library (not installed in include/). */
+#pragma once
+#include <stdint.h>
+#include <cuda_runtime.h>
+
+#define FX_MAX_RANK 6
+#define FX_MAX_SYMS 64
+#define FX_MAX_ARGS 16
+#define FX_MAX_DEVICES 64
+
+enum { FX_OP_GEMM = 1, FX_OP_ATTENTION = 2 };
+enum { FX_FAMILY_OTHER = 0, FX_FAMILY_SM80 = 1, FX_FAMILY_SM90 = 2 };
+enum { FX_MAJOR_K = 1, FX_MAJOR_M = 2, FX_MAJOR_N = 3 }; /* 0: anything else */
+enum { FX_ACC_DEFAULT = 0, FX_ACC_PROMOTED = 1, FX_ACC_FAST = 2 };
+
+/* One mode of a tensor argument: a symbol of the variant (sym >= 0: a size known at launch), or a
+   size fixed at compile time (sym < 0). */
+typedef struct {
+    int32_t sym;
+    int64_t value;
+} fx_dim;
+
+/* One argument of the variant's signature (factory/abi.py). */
+typedef struct {
+    const char *name;
+    int32_t scalar;  /* 1: a number (f32 or i32); 0: a tensor */
+    int32_t rank;
+    int32_t shape32; /* the header's struct holds 32-bit sizes */
+    int32_t align;   /* bytes the data pointer must be aligned to */
+    const fx_dim *shape, *stride;
+} fx_arg;
+
+/* A tensor as the contract sees it: data pointer, shape and strides (elements). */
+typedef struct {
+    uintptr_t ptr;
+    int32_t rank;
+    int64_t shape[FX_MAX_RANK];
+    int64_t stride[FX_MAX_RANK];
+} fx_spec;
+
+/* One launch argument: a tensor spec, or a scalar (f for f32, i for i32). */
+typedef struct {
+    fx_spec t;
+    float f;
+    int32_t i;
+} fx_value;
+
+/* What the selection reads of one manifest entry (fields absent there hold the defaults that
+   factory/runtime uses: split_k 1, cluster 1x1, swizzle 1, splits 1, ...). */
+typedef struct {
+    const char *name;
+    int32_t op, family, target; /* target: index into fx_targets */
+    /* GEMM */
+    int32_t ab, c, a_major, b_major; /* fx_dtype_t / FX_MAJOR_*; -1 / 0 for a name C does not know */
+    int32_t tile[3];                 /* attention: tile_m, tile_n, 0 */
+    int32_t cluster[2];
+    int32_t split_k, threads, swizzle;
+    int32_t persistent_ctas; /* a grid fixed at build time (older bundles); 0: none */
+    int32_t cluster_ctas;    /* persistent: CTAs per launched cluster (max_clusters); 0: not persistent */
+    int32_t swap_ab, sched_pp, deep, early_b, fp8_acc, workspace;
+    int32_t twin;            /* the early_b twin's index; its own index when it has none */
+    double peak_tflops;      /* of its a dtype (tuning._PEAK_TFLOPS) */
+    int32_t a_bytes, c_bytes; /* bytes per element (tuning._BYTES) */
+    /* attention */
+    int32_t dtype, head_dim, causal, varlen, pack_gqa, preferred, splits, stages, min_seqlen_q;
+    int32_t ctas_per_sm;     /* 0: the entry does not state it */
+    /* the contract (loader.Binder.check) */
+    int32_t n_args;
+    const fx_arg *args;
+    int32_t n_syms;
+    const int64_t *divisors;
+    /* launch */
+    int32_t (*load)(void);
+    int32_t (*bind)(const fx_value *values, cudaStream_t stream);
+    cudaLibrary_t *module;
+    const char *kernel;      /* persistent: the kernel the occupancy query asks about */
+    int32_t smem_bytes;      /* its dynamic shared memory */
+} fx_variant;
+
+typedef struct {
+    const char *name;
+    int32_t major, minor, arch_specific;
+} fx_target;
+
+/* A tuning.json bucket: its key (tuning.bucket_key) and winners (-1: none). Sorted by key. */
+typedef struct {
+    const char *key;
+    int32_t winner, b_constant;
+} fx_bucket;
+
+/* tuning.MODEL and the constants estimate_us uses beside it. */
+typedef struct {
+    double eff_256x128_c1x2, eff_128x256_c2x1, eff_large, eff_pp, eff_coop_mc, eff_coop, eff_small;
+    double eff_swap_base, eff_swap_slope, fp8_promoted, fp8_fast;
+    double split_us, fixed_us, overlap, grid_bw_exp, split_tile_exp, narrow_exp, tile_us;
+    double deep_bw, wide_k_bw;
+    double stream_tbs;
+    int64_t l2_bytes;
+} fx_model;
+
+/* Per variant, written at run time: loaded (0/1) and the driver's resident clusters per device
+   (0: not asked yet, -1: no answer). */
+typedef struct {
+    int32_t loaded;
+    int32_t clusters[FX_MAX_DEVICES];
+} fx_state;
+
+extern const fx_variant fx_variants[];
+extern const int32_t fx_n_variants;
+extern fx_state fx_states[];
+extern const fx_target fx_targets[];
+extern const int32_t fx_n_targets;
+extern const fx_bucket fx_buckets[];
+extern const int32_t fx_n_buckets;
+extern const char fx_tuning_device[]; /* "" when no tuning table was compiled in */
+extern const int32_t fx_tuning_sm_count;
+extern const fx_model fx_model_constants;
+extern const int32_t fx_attention_head_dims[];
+extern const int32_t fx_n_attention_head_dims;
+extern const int64_t fx_attention_grid_yz_max;
+extern const char fx_selection_summary[];

@@ -1,0 +1,253 @@
+"""The selection tables of the host library: generated from the manifest's variant entries (and the
+bundle's ``tuning.json``) into C, read by ``csrc/fx_select.c`` (the selection algorithm of
+``factory/runtime`` ported once, table-driven; ``csrc/fx_select.h`` has the table types).
+
+What is generated here is data only: per variant the fields the Python selection reads (dtypes,
+majorness, tile, cluster, split counts, flags, the early_b twin, the attention fields), its
+argument contract (``loader.Binder.check``: symbolic sizes, divisors, fixed modes, pointer
+alignment, 32-bit size slots) and a ``fx_bind_<name>`` function that fills the header's structs and
+calls ``fx_launch_<name>``; the targets; the cost model's constants (``tuning.MODEL``); the tuning
+table's buckets and winners with the device they were measured on.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+from ..atoms.targets import TARGETS
+from ..runtime import tuning
+
+# fx_dtype_t (csrc/fx_api.h); a dtype C callers cannot name maps to -1 and matches nothing.
+DTYPE_IDS = {"bf16": 1, "f16": 2, "f32": 3, "e4m3": 4}
+MAJOR_IDS = {"k": 1, "m": 2, "n": 3}
+FAMILY_IDS = {"sm80": 1, "sm90": 2}
+OP_IDS = {"gemm": 1, "attention": 2}
+ACC_IDS = {"promoted": 1, "fast": 2}
+MAX_RANK, MAX_SYMS, MAX_ARGS = 6, 64, 16  # as csrc/fx_select.h
+# tuning.MODEL's keys, in fx_model's order: a key added to the Python model must be ported to C.
+MODEL_KEYS = ("eff_256x128_c1x2", "eff_128x256_c2x1", "eff_large", "eff_pp", "eff_coop_mc", "eff_coop",
+              "eff_small", "eff_swap_base", "eff_swap_slope", "fp8_promoted", "fp8_fast", "split_us",
+              "fixed_us", "overlap", "grid_bw_exp", "split_tile_exp", "narrow_exp", "tile_us", "deep_bw",
+              "wide_k_bw")
+
+
+def c_str(s: str) -> str:
+    out = []
+    for ch in s.encode():
+        c = chr(ch)
+        if c in '"\\':
+            out.append("\\" + c)
+        elif 32 <= ch < 127:
+            out.append(c)
+        else:
+            out.append(f"\\{ch:03o}")
+    return '"' + "".join(out) + '"'
+
+
+def c_double(x: float) -> str:
+    r = repr(float(x))  # the shortest string that reads back as the same double
+    return r if any(ch in r for ch in ".eEn") else r + ".0"
+
+
+def attention_limits() -> tuple[tuple[int, ...], int]:
+    """HEAD_DIMS and _GRID_YZ_MAX of runtime/attention.py, read from its source (importing it
+    imports torch)."""
+    src = (Path(__file__).resolve().parents[1] / "runtime" / "attention.py").read_text()
+    found = {}
+    for node in ast.parse(src).body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            if node.targets[0].id in ("HEAD_DIMS", "_GRID_YZ_MAX"):
+                found[node.targets[0].id] = ast.literal_eval(node.value)
+    return tuple(found["HEAD_DIMS"]), int(found["_GRID_YZ_MAX"])
+
+
+def tuning_for(bundle: Path, manifest_sha256: str) -> tuple[dict | None, str]:
+    """The bundle's tuning.json when it was measured for this manifest (schema and hash as
+    tuning.load checks them; the device is checked at run time against the caller's), else
+    (None, why not)."""
+    p = Path(bundle) / tuning.FILE
+    if not p.exists():
+        return None, "no tuning.json"
+    try:
+        data = json.loads(p.read_text())
+    except (OSError, ValueError) as e:
+        return None, f"tuning.json unreadable: {e}"
+    if data.get("schema") != tuning.SCHEMA:
+        return None, f"tuning.json schema {data.get('schema')}, not {tuning.SCHEMA}"
+    if data.get("manifest_sha256") != manifest_sha256:
+        return None, "tuning.json was measured for another build of this bundle (manifest hash differs)"
+    dev = data.get("device", {})
+    if not isinstance(dev.get("name"), str) or not dev["name"] or not isinstance(dev.get("sm_count"), int):
+        return None, "tuning.json names no device"
+    return data, "ok"
+
+
+def _shape32(entry: dict, i: int) -> int:
+    ctype = entry["abi"]["params"][1 + i][0]
+    st = entry["abi"]["structs"].get(ctype.rstrip(" *"))
+    return int(bool(st) and st["shape_ctype"] == "int32_t")
+
+
+def _contract(prefix: str, entry: dict) -> tuple[list[str], str, int, str, int]:
+    """C definitions of one variant's argument table; returns (definitions, args symbol, n_args,
+    divisors symbol, n_syms)."""
+    sig = entry["signature"]
+    syms: list[str] = []
+    defs, rows = [], []
+    for i, a in enumerate(sig["args"]):
+        if a["kind"] != "tensor":
+            rows.append(f'{{{c_str(a["name"])}, 1, 0, 0, 1, 0, 0}}')
+            continue
+        if len(a["shape"]) > MAX_RANK:
+            raise ValueError(f"{entry['name']}.{a['name']}: rank {len(a['shape'])} > {MAX_RANK}")
+        dims = []
+        for d in (*a["shape"], *a["stride"]):
+            if isinstance(d, str):
+                if d not in syms:
+                    syms.append(d)
+                dims.append(f"{{{syms.index(d)}, 0}}")
+            else:
+                dims.append(f"{{-1, {int(d)}LL}}")
+        r = len(a["shape"])
+        defs.append(f"static const fx_dim {prefix}_d{i}[] = {{{', '.join(dims)}}};")
+        rows.append(f'{{{c_str(a["name"])}, 0, {r}, {_shape32(entry, i)}, {int(a["align"])}, '
+                    f'{prefix}_d{i}, {prefix}_d{i} + {r}}}')
+    if len(sig["args"]) > MAX_ARGS or len(syms) > MAX_SYMS:
+        raise ValueError(f"{entry['name']}: more arguments or symbols than csrc/fx_select.h holds")
+    if any(int(a.get("align", 1)) <= 0 or 16 % int(a.get("align", 1)) for a in sig["args"] if a["kind"] == "tensor"):
+        raise ValueError(f"{entry['name']}: a pointer alignment that does not divide 16")
+    divs = [int(sig.get("divisibility", {}).get(s, 1)) for s in syms]
+    defs.append(f"static const fx_arg {prefix}_args[] = {{{', '.join(rows)}}};")
+    defs.append(f"static const int64_t {prefix}_div[] = {{{', '.join(f'{d}LL' for d in divs) or '0'}}};")
+    return defs, f"{prefix}_args", len(sig["args"]), f"{prefix}_div", len(syms)
+
+
+def bind_function(entry: dict) -> str:
+    """``fx_bind_<name>(values, stream)``: the header's structs filled from the specs (the
+    compiler checks the field names and types), then ``fx_launch_<name>``."""
+    name, abi = entry["name"], entry["abi"]
+    lines = [f"static int32_t fx_bind_{name}(const fx_value *v, cudaStream_t stream) {{"]
+    ptrs = []
+    for i, (a, (ctype, _p)) in enumerate(zip(entry["signature"]["args"], abi["params"][1:])):
+        if a["kind"] == "tensor":
+            stype = ctype.rstrip(" *")
+            st = abi["structs"][stype]
+            dyn_shape = [m for m, d in enumerate(a["shape"]) if isinstance(d, str)]
+            dyn_stride = [m for m, d in enumerate(a["stride"]) if isinstance(d, str)]
+            if (len(dyn_shape), len(dyn_stride)) != (st["n_shapes"], st["n_strides"]):
+                raise ValueError(f"{name}.{a['name']}: header struct {st} does not match the signature")
+            init = [f".data = (void *)v[{i}].t.ptr"]
+            if dyn_shape:
+                init.append(".dynamic_shapes = {" + ", ".join(f"({st['shape_ctype']})v[{i}].t.shape[{m}]"
+                                                             for m in dyn_shape) + "}")
+            if dyn_stride:
+                init.append(".dynamic_strides = {" + ", ".join(f"({st['stride_ctype']})v[{i}].t.stride[{m}]"
+                                                              for m in dyn_stride) + "}")
+            lines.append(f"    {stype} a{i} = {{{', '.join(init)}}};")
+        elif ctype == "float":
+            lines.append(f"    float a{i} = v[{i}].f;")
+        elif ctype == "int32_t":
+            lines.append(f"    int32_t a{i} = v[{i}].i;")
+        else:
+            raise ValueError(f"{name}.{a['name']}: scalar type {ctype} not supported")
+        ptrs.append(f"&a{i}")
+    ptrs.append("&stream")
+    lines.append(f"    void *args[] = {{{', '.join(ptrs)}}};")
+    lines.append(f"    return fx_launch_{name}(args);")
+    lines.append("}")
+    return "\n".join(lines)
+
+
+def _occupancy_kernel(entry: dict) -> str:
+    kernels = entry.get("resources", {}).get("kernels", {})
+    if not kernels:
+        return "NULL"
+    return c_str(max(kernels, key=lambda k: kernels[k].get("code_bytes", 0)))
+
+
+def tables(entries: dict[str, dict], tuning_data: dict | None) -> str:
+    """The C tables for ``entries`` (the manifest's variants, in manifest order) and the tuning
+    table ``tuning_data`` (already matched to this manifest, or None)."""
+    names = list(entries)
+    index = {n: i for i, n in enumerate(names)}
+    used_targets = sorted({e["target"] for e in entries.values() if e["target"] in TARGETS})
+    tindex = {t: i for i, t in enumerate(used_targets)}
+    out = ['/* --- selection tables (factory.compiler.selection) --- */', '#include "fx_select.h"']
+    rows = []
+    for i, (n, e) in enumerate(entries.items()):
+        defs, args, n_args, divs, n_syms = _contract(f"fx_c{i}", e)
+        out += defs
+        dt = e.get("dtypes", {})
+        lay = e.get("layout", {})
+        cfg = e.get("config", {})
+        tile = list(e.get("tile") or [])[:3]
+        tile += [0] * (3 - len(tile))
+        cluster = list(e.get("cluster", [1, 1]))
+        twin = n + "_eb"
+        twin_i = index[twin] if twin in entries and entries[twin].get("config", {}).get("early_b") else i
+        pers = e.get("persistent")
+        cpsm = e.get("ctas_per_sm", 0)
+        if "ctas_per_sm" in e and not cpsm:
+            raise ValueError(f"{n}: ctas_per_sm must be positive")
+        a_dt = dt.get("a")
+        rows.append("{" + ", ".join(str(x) for x in (
+            c_str(n), OP_IDS.get(e.get("op"), 0), FAMILY_IDS.get(e.get("family"), 0), tindex.get(e["target"], -1),
+            DTYPE_IDS.get(a_dt, -1), DTYPE_IDS.get(dt.get("c"), -1),
+            MAJOR_IDS.get(lay.get("a"), 0), MAJOR_IDS.get(lay.get("b"), 0),
+            "{" + ", ".join(str(int(t)) for t in tile) + "}", "{" + ", ".join(str(int(c)) for c in cluster) + "}",
+            int(e.get("split_k", 1)), int(e.get("threads", 0)), int(e.get("swizzle", 1)),
+            int(e.get("persistent_ctas", 0)), int(pers["cluster_ctas"]) if pers else 0,
+            int(bool(e.get("swap_ab"))), int(e.get("schedule", "coop") == "pp"), int(bool(cfg.get("deep"))),
+            int(bool(cfg.get("early_b"))), ACC_IDS.get(e.get("fp8_accumulation"), 0), int("workspace" in e),
+            twin_i, c_double(tuning._PEAK_TFLOPS.get(a_dt, 800.0)), tuning._BYTES.get(a_dt, 2),
+            tuning._BYTES.get(dt.get("c"), 2),
+            DTYPE_IDS.get(e.get("dtype"), -1), int(e["head_dim"]) if isinstance(e.get("head_dim"), int) else -1,
+            int(bool(e.get("causal"))), int(bool(e.get("varlen"))), int(bool(e.get("pack_gqa"))),
+            int(bool(e.get("preferred"))), int(e.get("splits", 1)), int(e.get("stages", 0)),
+            int(e.get("min_seqlen_q", 0)), int(cpsm),
+            n_args, args, n_syms, divs,
+            f"fx_load_{n}", f"fx_bind_{n}", f"&fx_module_{n}.module",
+            _occupancy_kernel(e) if pers else "NULL", int(e.get("resources", {}).get("dynamic_smem_bytes", 0)),
+        )) + "}")
+    out.append(f"const fx_variant fx_variants[] = {{\n  {(',' + chr(10) + '  ').join(rows)}\n}};")
+    out.append(f"const int32_t fx_n_variants = {len(rows)};")
+    out.append(f"fx_state fx_states[{max(1, len(rows))}];")
+    trows = [f"{{{c_str(t)}, {TARGETS[t].capability[0]}, {TARGETS[t].capability[1]}, {int(TARGETS[t].arch_specific)}}}"
+             for t in used_targets]
+    out.append(f"const fx_target fx_targets[] = {{{', '.join(trows) or '{NULL, 0, 0, 0}'}}};")
+    out.append(f"const int32_t fx_n_targets = {len(trows)};")
+
+    buckets = []
+    if tuning_data is not None:
+        for key, b in tuning_data.get("buckets", {}).items():
+            w = b.get("winner") or None
+            bc = (b.get("b_constant") or {}).get("winner") or None
+            wi, bi = index.get(w, -1), index.get(bc, -1)
+            if wi >= 0 or bi >= 0:
+                buckets.append((key.encode(), wi, bi))
+    buckets.sort()
+    brows = [f"{{{c_str(k.decode())}, {w}, {b}}}" for k, w, b in buckets]
+    out.append(f"const fx_bucket fx_buckets[] = {{{', '.join(brows) or '{NULL, -1, -1}'}}};")
+    out.append(f"const int32_t fx_n_buckets = {len(brows)};")
+    dev = (tuning_data or {}).get("device", {})
+    out.append(f"const char fx_tuning_device[] = {c_str(dev.get('name', '') if tuning_data else '')};")
+    out.append(f"const int32_t fx_tuning_sm_count = {int(dev.get('sm_count', 0)) if tuning_data else 0};")
+
+    if set(tuning.MODEL) != set(MODEL_KEYS):
+        raise ValueError(f"tuning.MODEL has keys {sorted(set(tuning.MODEL) ^ set(MODEL_KEYS))} that csrc/fx_select.c "
+                         f"does not port (or no longer has): port the cost model change to C")
+    consts = [c_double(tuning.MODEL[k]) for k in MODEL_KEYS] + [c_double(tuning._STREAM_TBS), f"{int(tuning._L2_BYTES)}LL"]
+    out.append(f"const fx_model fx_model_constants = {{{', '.join(consts)}}};")
+    head_dims, grid_max = attention_limits()
+    out.append(f"const int32_t fx_attention_head_dims[] = {{{', '.join(str(d) for d in head_dims)}}};")
+    out.append(f"const int32_t fx_n_attention_head_dims = {len(head_dims)};")
+    out.append(f"const int64_t fx_attention_grid_yz_max = {grid_max}LL;")
+    ops = {op: sum(1 for e in entries.values() if e.get("op") == op) for op in OP_IDS}
+    tuned = (f"tuning: {dev['name']} ({dev['sm_count']} SMs), {len(brows)} buckets" if tuning_data
+             else "tuning: none (cost model)")
+    summary = f"{len(rows)} variants ({ops['gemm']} gemm, {ops['attention']} attention); {tuned}"
+    out.append(f"const char fx_selection_summary[] = {c_str(summary)};")
+    return "\n".join(out) + "\n"
+

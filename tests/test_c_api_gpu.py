@@ -1,0 +1,238 @@
+"""fx_gemm / fx_attention on the GPU: the C++ example built and run against $FACTORY_BUNDLE, and the
+C API through ctypes on torch tensors, against the Python loader (same variant, same output) and
+a float reference.  The bundle must have been built (or relinked: python -m factory link) with
+the C selection."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+import c_selection as cs
+from conftest import GPU_BUNDLE, ROOT, gpu_marks
+from factory.runtime import Bundle
+from factory.runtime import attention as rt_attention
+from factory.runtime import gemm as rt_gemm
+
+pytestmark = gpu_marks()
+
+
+@pytest.fixture(scope="module")
+def lib() -> cs.CLib:
+    path = GPU_BUNDLE / "lib" / "libfactory_bundle.so"
+    c = cs.CLib(path)
+    if not hasattr(c.lib, "fx_gemm"):
+        pytest.skip(f"{path} predates the C selection: relink it (python -m factory link {GPU_BUNDLE})")
+    return c
+
+
+@pytest.fixture(scope="module")
+def bundle():
+    return Bundle.open(GPU_BUNDLE)
+
+
+# A capability stated one minor above the GPU's: its arch-specific (sm_90a) variants drop out and
+# the plain target's run (split-K with its workspace among them), in C and in Python alike.
+_PLAIN = {}
+
+
+def _plain_bundle():
+    if "b" not in _PLAIN:
+        major, minor = torch.cuda.get_device_capability()
+        _PLAIN["b"] = Bundle.open(GPU_BUNDLE, capability=(major, minor + 1))
+    return _PLAIN["b"]
+
+
+def cuda_home() -> Path:
+    for p in (os.environ.get("CUDA_HOME"), "/usr/local/cuda"):
+        if p and (Path(p) / "include" / "cuda_runtime.h").exists() and any(
+                (Path(p) / d / "libcudart_static.a").exists() for d in ("lib64", "lib")):
+            return Path(p)
+    from factory.compiler import toolchain  # pip's nvidia-cuda-runtime
+
+    return toolchain.cuda_root()
+
+
+def test_cpp_example_runs(lib, tmp_path):
+    exe = tmp_path / "fx_example"
+    subprocess.run(["make", "-s", "-C", str(ROOT / "examples" / "cpp"), f"BUNDLE={GPU_BUNDLE}",
+                    f"CUDA_HOME={cuda_home()}", f"BIN={exe}"], check=True, capture_output=True, text=True)
+    r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)
+    print(r.stdout)
+    assert r.returncode == 0 and "ALL OK" in r.stdout, r.stdout + r.stderr
+
+
+def _device(lib, sm_count: int | None = None, plain: bool = False) -> cs.Device:
+    dev = cs.Device()
+    assert lib.lib.fx_device_query(torch.cuda.current_device(), ctypes.byref(dev)) == 0
+    p = torch.cuda.get_device_properties(torch.cuda.current_device())
+    assert (dev.cc_major, dev.cc_minor, dev.sm_count, dev.name.decode()) == (p.major, p.minor, p.multi_processor_count, p.name)
+    if sm_count is not None:
+        dev.sm_count = sm_count
+    if plain:
+        dev.cc_minor += 1
+    return dev
+
+
+def _fx_gemm(lib, dev, a, b, c, scales=None, b_constant=False) -> cs.Selection:
+    specs = [rt_gemm.rkl_spec(t, w) for t, w in ((a, "a"), (b, "b"), (c, "c"))]
+    M, K, L = specs[0][1]
+    p = cs.GemmProblem(cs.DTYPE[rt_gemm.DTYPES[a.dtype]], cs.DTYPE[rt_gemm.DTYPES[c.dtype]], M, specs[1][1][0], K, L,
+                       a.data_ptr(), cs.I64x3(*specs[0][2]), b.data_ptr(), cs.I64x3(*specs[1][2]),
+                       c.data_ptr(), cs.I64x3(*specs[2][2]), scales[0].data_ptr() if scales else None,
+                       scales[1].data_ptr() if scales else None, int(b_constant))
+    sel = cs.Selection()
+    rc = lib.lib.fx_gemm_select(ctypes.byref(dev), ctypes.byref(p), ctypes.byref(sel))
+    if rc == cs.FX_ERR_NO_VARIANT:
+        pytest.skip(f"{GPU_BUNDLE} has no variant for this problem: {lib.message()}")
+    assert rc == 0, lib.message()
+    ws = torch.empty(max(1, sel.workspace_bytes), dtype=torch.uint8, device=a.device)
+    rc = lib.lib.fx_gemm(ctypes.byref(dev), ctypes.byref(p), ctypes.c_void_p(ws.data_ptr()),
+                         ctypes.c_uint64(sel.workspace_bytes), ctypes.c_void_p(torch.cuda.current_stream().cuda_stream),
+                         ctypes.byref(sel))
+    assert rc == 0, f"{lib.lib.fx_error_string(rc)}: {lib.message()}"
+    torch.cuda.synchronize()
+    return sel
+
+
+def _rel(x, ref) -> float:
+    return ((x.float() - ref).abs().max() / ref.abs().max().clamp_min(1e-6)).item()
+
+
+@pytest.mark.parametrize("dtype,M,N,K,L,b_constant,plain", [
+    (torch.bfloat16, 4096, 4096, 512, 1, False, False), (torch.bfloat16, 4, 4096, 4096, 1, False, False),
+    (torch.bfloat16, 16, 4096, 4096, 1, True, False), (torch.bfloat16, 300, 1000, 264, 2, False, False),
+    (torch.float8_e4m3fn, 128, 4096, 4096, 1, False, False), (torch.float8_e4m3fn, 16, 4096, 4096, 1, True, False),
+    (torch.bfloat16, 4, 4096, 4096, 1, False, True), (torch.bfloat16, 1000, 512, 1024, 1, False, True)])
+def test_fx_gemm_matches_python(lib, bundle, dtype, M, N, K, L, b_constant, plain):
+    dev = _device(lib, plain=plain)
+    if plain:
+        bundle = _plain_bundle()
+    g = torch.Generator(device="cuda").manual_seed(15)
+    shape_a, shape_b = ((L, M, K), (L, N, K)) if L > 1 else ((M, K), (N, K))
+    a = torch.randn(shape_a, device="cuda", generator=g).to(dtype)
+    b = torch.randn(shape_b, device="cuda", generator=g).to(dtype)
+    out_dtype = torch.bfloat16 if dtype == torch.float8_e4m3fn else dtype
+    fp8 = dtype == torch.float8_e4m3fn
+    scales = [torch.tensor([0.5], device="cuda"), torch.tensor([2.0], device="cuda")] if fp8 else None
+    c = torch.full((*shape_a[:-1], N), float("nan"), dtype=out_dtype, device="cuda")
+    sel = _fx_gemm(lib, dev, a, b, c, scales, b_constant)
+    ref = (a.float() @ b.float().transpose(-1, -2)) * ((scales[0] * scales[1]).item() if fp8 else 1.0)
+    assert _rel(c, ref) < 2e-2, sel.name
+    c_py = bundle.gemm(a, b, scale_a=scales[0] if fp8 else None, scale_b=scales[1] if fp8 else None,
+                       b_constant=b_constant)
+    scal = [(s.data_ptr(), (1,), (1,)) for s in scales] if fp8 else []
+    name = rt_gemm.select(bundle, rt_gemm.rkl_spec(a, "a"), rt_gemm.rkl_spec(b, "b"), rt_gemm.rkl_spec(c, "c"),
+                          rt_gemm.DTYPES[dtype], rt_gemm.DTYPES[out_dtype], scal, b_constant, a.get_device())
+    assert sel.name.decode() == name
+    print(sel.name.decode(), "bitwise equal to Python's launch:", torch.equal(c, c_py))
+    assert _rel(c, c_py.float()) < 1e-2
+
+
+def test_fx_gemm_k0_zeroes_c(lib):
+    dev = _device(lib)
+    a = torch.empty((64, 0), dtype=torch.bfloat16, device="cuda")
+    b = torch.empty((128, 0), dtype=torch.bfloat16, device="cuda")
+    c = torch.full((64, 128), float("nan"), dtype=torch.bfloat16, device="cuda")
+    p = cs.GemmProblem(1, 1, 64, 128, 0, 1, a.data_ptr(), cs.I64x3(0, 1, 0), b.data_ptr(), cs.I64x3(0, 1, 0),
+                       c.data_ptr(), cs.I64x3(128, 1, 0), None, None, 0)
+    sel = cs.Selection()
+    rc = lib.lib.fx_gemm(ctypes.byref(dev), ctypes.byref(p), None, ctypes.c_uint64(0),
+                         ctypes.c_void_p(torch.cuda.current_stream().cuda_stream), ctypes.byref(sel))
+    torch.cuda.synchronize()
+    assert rc == 0 and sel.variant == -1 and torch.equal(c, torch.zeros_like(c))
+
+
+def test_max_clusters_come_from_the_driver(lib, bundle):
+    """fx_gemm lowers the grid cap to what cudaOccupancyMaxActiveClusters says fits: told of 1000
+    SMs, a persistent variant still gets at most what this GPU holds."""
+    dev = _device(lib, sm_count=1000)
+    real = torch.cuda.get_device_properties(0).multi_processor_count
+    a = torch.randn(8192, 4096, device="cuda").to(torch.bfloat16)
+    b = torch.randn(8192, 4096, device="cuda").to(torch.bfloat16)
+    c = torch.empty(8192, 8192, dtype=torch.bfloat16, device="cuda")
+    sel = _fx_gemm(lib, dev, a, b, c)
+    e = bundle.manifest["variants"][sel.name.decode()]
+    if not e.get("persistent"):
+        pytest.skip(f"{sel.name.decode()} is not persistent (no sm_90a variant here)")
+    ctas = e["persistent"]["cluster_ctas"]
+    print(sel.name.decode(), "max_clusters", sel.max_clusters, "bound without the driver", 1000 // ctas)
+    assert 0 < sel.max_clusters <= real // ctas
+    from factory.runtime.occupancy import max_active_clusters
+
+    drv = max_active_clusters(GPU_BUNDLE, e, ctas)  # the Python loader's own question (cuda-python)
+    if drv is not None:
+        assert sel.max_clusters == min(drv, 1000 // ctas)
+    assert _rel(c, a.float() @ b.float().T) < 2e-2
+
+
+def _attention(lib, dev, p) -> cs.Selection:
+    sel = cs.Selection()
+    rc = lib.lib.fx_attention_select(ctypes.byref(dev), ctypes.byref(p), ctypes.byref(sel))
+    if rc == cs.FX_ERR_NO_VARIANT:
+        pytest.skip(f"{GPU_BUNDLE} has no variant for this problem: {lib.message()}")
+    assert rc == 0, lib.message()
+    ws = torch.empty(max(1, sel.workspace_bytes), dtype=torch.uint8, device="cuda")
+    rc = lib.lib.fx_attention(ctypes.byref(dev), ctypes.byref(p), ctypes.c_void_p(ws.data_ptr()),
+                              ctypes.c_uint64(sel.workspace_bytes),
+                              ctypes.c_void_p(torch.cuda.current_stream().cuda_stream), ctypes.byref(sel))
+    assert rc == 0, f"{lib.lib.fx_error_string(rc)}: {lib.message()}"
+    torch.cuda.synchronize()
+    return sel
+
+
+@pytest.mark.parametrize("B,Sq,Sk,Hq,Hkv,D,causal", [
+    (2, 1024, 1024, 16, 4, 128, True), (1, 100, 300, 8, 8, 64, False), (4, 1, 2048, 8, 8, 64, False),
+    (2, 128, 512, 8, 2, 128, True), (8, 1, 4096, 32, 8, 128, False)])
+def test_fx_attention_matches_python(lib, bundle, monkeypatch, B, Sq, Sk, Hq, Hkv, D, causal):
+    dev = _device(lib)
+    g = torch.Generator(device="cuda").manual_seed(15)
+    q = torch.randn(B, Sq, Hq, D, device="cuda", generator=g).to(torch.bfloat16)
+    k = torch.randn(B, Sk, Hkv, D, device="cuda", generator=g).to(torch.bfloat16)
+    v = torch.randn(B, Sk, Hkv, D, device="cuda", generator=g).to(torch.bfloat16)
+    o = torch.full_like(q, float("nan"))
+    lse = torch.empty(B, Hq, Sq, dtype=torch.float32, device="cuda")
+    sq, sk = q.stride(), k.stride()
+    p = cs.AttentionProblem(1, 0, B, Sq, Sk, Hq, Hkv, D, q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(),
+                            cs.I64x3(*sq[:3]), cs.I64x3(*sk[:3]), cs.I64x3(*sk[:3]), cs.I64x3(*o.stride()[:3]),
+                            lse.data_ptr(), (ctypes.c_int64 * 2)(Hq * Sq, Sq), None, None, 0, int(causal), 0.0)
+    sel = _attention(lib, dev, p)
+    o_py, lse_py = bundle.attention(q, k, v, causal=causal, return_lse=True)
+    name, splits = rt_attention._choose(bundle, "bf16", D, causal, False, B * Hq * Sq, (B, Hq, Hkv, Sq, Sk))
+    assert (sel.name.decode(), sel.splits) == (name, splits)
+    print(name, "bitwise equal to Python's launch:", torch.equal(o, o_py), torch.equal(lse, lse_py))
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(1, 2).float(), k.transpose(1, 2).float(), v.transpose(1, 2).float(),
+        is_causal=False, attn_mask=(torch.ones(Sq, Sk, dtype=torch.bool, device="cuda").tril(Sk - Sq) if causal else None),
+        enable_gqa=Hq != Hkv).transpose(1, 2)
+    assert _rel(o, ref) < 2e-2
+    assert _rel(o, o_py.float()) < 1e-2 and _rel(lse, lse_py) < 1e-4
+
+
+def test_fx_attention_varlen_matches_python(lib, bundle):
+    """Packed sequences (f16, head_dim 128, causal; lse in the workspace, lse=NULL)."""
+    dev = _device(lib)
+    lens_q, lens_k, H, D = [100, 37, 300], [120, 37, 500], 8, 128
+    cu_q = torch.tensor([0, *torch.tensor(lens_q).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0, *torch.tensor(lens_k).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    g = torch.Generator(device="cuda").manual_seed(15)
+    q = torch.randn(sum(lens_q), H, D, device="cuda", generator=g).to(torch.float16)
+    k = torch.randn(sum(lens_k), H, D, device="cuda", generator=g).to(torch.float16)
+    v = torch.randn(sum(lens_k), H, D, device="cuda", generator=g).to(torch.float16)
+    o = torch.full_like(q, float("nan"))
+    z = (ctypes.c_int64 * 2)(0, 0)
+    p = cs.AttentionProblem(2, 1, len(lens_q), q.shape[0], k.shape[0], H, H, D, q.data_ptr(), k.data_ptr(),
+                            v.data_ptr(), o.data_ptr(), cs.I64x3(0, *q.stride()[:2]), cs.I64x3(0, *k.stride()[:2]),
+                            cs.I64x3(0, *v.stride()[:2]), cs.I64x3(0, *o.stride()[:2]), None, z,
+                            cu_q.data_ptr(), cu_k.data_ptr(), max(lens_q), 1, 0.0)
+    sel = _attention(lib, dev, p)
+    assert sel.workspace_bytes == 4 * H * q.shape[0]  # the lse it writes
+    o_py = bundle.attention(q, k, v, causal=True, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(lens_q))
+    assert sel.name.decode() == rt_attention._choose(bundle, "f16", D, True, True)[0]
+    print(sel.name.decode(), "bitwise equal to Python's launch:", torch.equal(o, o_py))
+    assert _rel(o, o_py.float()) < 1e-2 and not o.isnan().any()
