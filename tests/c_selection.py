@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from conftest import Recorder
 from factory.runtime import Bundle, InputError, NoVariantError
 from factory.runtime import attention as rt_attention
 from factory.runtime import gemm as rt_gemm
@@ -92,16 +93,6 @@ class CLib:
         return self.lib.fx_last_error_message().decode()
 
 
-class Recorder:
-    def __init__(self):
-        self.launched = []
-
-    def launcher(self, name):
-        def fn(argv):
-            self.launched.append(name)
-            return 0
-
-        return fn
 
 
 def open_simulated(path, cc, sm_count: int, name: str | None):

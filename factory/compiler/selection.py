@@ -13,7 +13,6 @@ table's buckets and winners with the device they were measured on.
 from __future__ import annotations
 
 import ast
-import json
 from pathlib import Path
 
 from ..atoms.targets import TARGETS
@@ -64,20 +63,11 @@ def attention_limits() -> tuple[tuple[int, ...], int]:
 
 
 def tuning_for(bundle: Path, manifest_sha256: str) -> tuple[dict | None, str]:
-    """The bundle's tuning.json when it was measured for this manifest (schema and hash as
-    tuning.load checks them; the device is checked at run time against the caller's), else
-    (None, why not)."""
-    p = Path(bundle) / tuning.FILE
-    if not p.exists():
-        return None, "no tuning.json"
-    try:
-        data = json.loads(p.read_text())
-    except (OSError, ValueError) as e:
-        return None, f"tuning.json unreadable: {e}"
-    if data.get("schema") != tuning.SCHEMA:
-        return None, f"tuning.json schema {data.get('schema')}, not {tuning.SCHEMA}"
-    if data.get("manifest_sha256") != manifest_sha256:
-        return None, "tuning.json was measured for another build of this bundle (manifest hash differs)"
+    """The bundle's tuning.json when it was measured for this manifest (``tuning.read``; the
+    device is checked at run time against the caller's), else (None, why not)."""
+    data, why = tuning.read(bundle, manifest_sha256)
+    if data is None:
+        return None, why
     dev = data.get("device", {})
     if not isinstance(dev.get("name"), str) or not dev["name"] or not isinstance(dev.get("sm_count"), int):
         return None, "tuning.json names no device"

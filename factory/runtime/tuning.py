@@ -81,9 +81,9 @@ class Tuning:
         return len(self._winners)
 
 
-def load(bundle_path: str | Path, device: dict) -> tuple[Tuning | None, str]:
-    """The bundle's tuning table if it was measured on this device for this very manifest, else
-    (None, why not).  ``device``: {"name", "sm_count"} of the GPU selection is for."""
+def read(bundle_path: str | Path, manifest_hash: str) -> tuple[dict | None, str]:
+    """The bundle's tuning.json if it is readable, of this schema and measured for the manifest
+    whose sha256 is ``manifest_hash``, else (None, why not).  (The device is the caller's check.)"""
     p = Path(bundle_path) / FILE
     if not p.exists():
         return None, "no tuning.json"
@@ -93,12 +93,21 @@ def load(bundle_path: str | Path, device: dict) -> tuple[Tuning | None, str]:
         return None, f"tuning.json unreadable: {e}"
     if data.get("schema") != SCHEMA:
         return None, f"tuning.json schema {data.get('schema')}, this loader reads {SCHEMA}"
+    if data.get("manifest_sha256") != manifest_hash:
+        return None, "tuning.json was measured for another build of this bundle (manifest hash differs)"
+    return data, "ok"
+
+
+def load(bundle_path: str | Path, device: dict) -> tuple[Tuning | None, str]:
+    """The bundle's tuning table if it was measured on this device for this very manifest, else
+    (None, why not).  ``device``: {"name", "sm_count"} of the GPU selection is for."""
+    data, why = read(bundle_path, manifest_sha256(bundle_path))
+    if data is None:
+        return None, why
     dev = data.get("device", {})
     if dev.get("name") != device.get("name") or dev.get("sm_count") != device.get("sm_count"):
         return None, (f"tuned on {dev.get('name')} ({dev.get('sm_count')} SMs), this is "
                       f"{device.get('name')} ({device.get('sm_count')} SMs)")
-    if data.get("manifest_sha256") != manifest_sha256(bundle_path):
-        return None, "tuning.json was measured for another build of this bundle (manifest hash differs)"
     return Tuning(data), "ok"
 
 
