@@ -206,7 +206,7 @@ def decode_case(B, context):
     return x, ck, cv, lengths
 
 
-def run(bundle, fp8: bool, prefill_lengths, decode_grid, compile_too: bool) -> list[dict]:
+def run(bundle, fp8: bool, prefill_lengths, decode_grid, compile_too: bool, breakdowns: bool = False) -> list[dict]:
     wts = Weights()
     layers = {"ours": ours(bundle, wts, fp8), "torch": reference(wts, fp8)}
     rows = []
@@ -220,6 +220,8 @@ def run(bundle, fp8: bool, prefill_lengths, decode_grid, compile_too: bool) -> l
                 row[f"{k}_eager_ms"] = time_ms(lambda L=L: L.prefill(x, pos, cu, mx))
             row["ours_tok_s"] = row["tokens"] / row["ours_eager_ms"] * 1e3
             row["torch_tok_s"] = row["tokens"] / row["torch_eager_ms"] * 1e3
+            if breakdowns:
+                row["stages_ms"] = {k: breakdown(L, x, pos, cu, mx) for k, L in layers.items()}
             rows.append(row)
             print(json.dumps(row), flush=True)
         for B, context in decode_grid:
@@ -241,6 +243,8 @@ def run(bundle, fp8: bool, prefill_lengths, decode_grid, compile_too: bool) -> l
                                                                  fullgraph=True))
             for k in ("ours", "torch"):
                 row[f"{k}_tok_s_graph"] = B / row[f"{k}_graph_ms"] * 1e3
+            if breakdowns:
+                row["stages_ms"] = {k: breakdown(L, x, caches=caches[k], lengths=lens) for k, L in layers.items()}
             rows.append(row)
             print(json.dumps(row), flush=True)
     return rows
@@ -249,6 +253,35 @@ def run(bundle, fp8: bool, prefill_lengths, decode_grid, compile_too: bool) -> l
 def reference_float(layer, q, k, v, cu, max_len):
     """The prefill attention of ``layer``'s torch backend on float32 copies of q, k, v."""
     return layer.attend(q.float(), k.float(), v.float(), cu=cu, max_len=max_len)
+
+
+def breakdown(layer, x, pos=None, cu=None, max_len=None, caches=None, lengths=None) -> dict[str, float]:
+    """Where one layer call's time goes: each stage timed on its own (CUDA events, eager, ms),
+    on prefill (``pos``, ``cu``) or decode (``caches``, ``lengths``) inputs."""
+    w = layer.w
+    xn = rms_norm(x, w.n1)
+    qkv = layer.mm(xn, "wqkv")
+    q, k, v = layer._qkv(x, pos if caches is None else lengths)
+    if caches is None:
+        attend = (lambda: layer.attend(q, k, v, cu=cu, max_len=max_len))
+    else:
+        B = x.shape[0]
+        ck, cv = caches
+        attend = (lambda: layer.attend(q.view(B, 1, *q.shape[1:]), ck, cv))
+    o = attend().reshape(x.shape[0], -1)
+    h = x + layer.mm(o, "wo")
+    hn = rms_norm(h, w.n2)
+    g, u = layer.mm(hn, "wgu").chunk(2, dim=-1)
+    act = F.silu(g) * u
+    stages = {"norms, RoPE (torch)": lambda: (rms_norm(x, w.n1), layer._qkv(x, pos if caches is None else lengths)),
+              "QKV projection": lambda: layer.mm(xn, "wqkv"),
+              "attention": attend,
+              "O projection": lambda: layer.mm(o, "wo"),
+              "gate/up projection": lambda: layer.mm(hn, "wgu"),
+              "SiLU * up (torch)": lambda: F.silu(g) * u,
+              "down projection": lambda: layer.mm(act, "wdown")}
+    del qkv
+    return {k: round(time_ms(fn), 4) for k, fn in stages.items()}
 
 
 def check(bundle) -> None:
@@ -290,6 +323,7 @@ def main() -> int:
     p.add_argument("--check", action="store_true")
     p.add_argument("--fp8", action="store_true")
     p.add_argument("--no-compile", action="store_true")
+    p.add_argument("--breakdown", action="store_true", help="also time each stage of the layer on its own")
     p.add_argument("--out", default=None, help="write the rows as JSON here")
     a = p.parse_args()
     bundle = Bundle.open(a.bundle)
@@ -298,7 +332,7 @@ def main() -> int:
         return 0
     prefill = [[2048], [1024] * 4, [512, 1536, 3000, 3100]]
     decode = [(1, 4096), (16, 4096), (64, 2048)]
-    rows = run(bundle, a.fp8, prefill, decode, not a.no_compile)
+    rows = run(bundle, a.fp8, prefill, decode, not a.no_compile, a.breakdown)
     if a.out:
         Path(a.out).write_text(json.dumps(rows, indent=1))
     return 0
