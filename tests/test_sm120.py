@@ -50,7 +50,8 @@ def test_sm120_variants_never_run_on_hopper_or_blackwell_datacenter(test_bundle)
             assert not _select(b, m, n, k).startswith("gemm_sm120a_"), cap
         b.simulate(Recorder())
         name = next(iter(_sm120(b.manifest)))
-        with pytest.raises(NoVariantError, match=rf"built for sm_120a, which cannot run on compute capability {cap[0]}\.0"):
+        why = rf"built for sm_120a, which cannot run on compute capability {cap[0]}\.0"
+        with pytest.raises(NoVariantError, match=why):
             b.launch(name, [])
 
 
@@ -88,12 +89,12 @@ def test_attention_selection_on_12_0(test_bundle, monkeypatch):
     assert b.manifest["variants"][name]["proof"] == "sass-only"
     # f16 D128 causal: only the varlen variant has it in the test tier.
     cu = torch.tensor([0, 100, 300], dtype=torch.int32)
-    rt.attention(b, torch.zeros(300, 4, 128, dtype=torch.float16), *(torch.zeros(300, 4, 128, dtype=torch.float16),) * 2,
-                 causal=True, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=200)
+    packed = torch.zeros(300, 4, 128, dtype=torch.float16)
+    rt.attention(b, packed, packed, packed, causal=True, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=200)
     assert calls[-1][0] == "attention_sm120a_f16_d128_m128_n64_w8_s2_causal_varlen"
     with pytest.raises(LookupError, match="no attention kernel"):
-        rt.attention(b, torch.zeros(1, 300, 4, 128, dtype=torch.bfloat16), *(torch.zeros(1, 500, 2, 128,
-                                                                                          dtype=torch.bfloat16),) * 2)
+        kv128 = torch.zeros(1, 500, 2, 128, dtype=torch.bfloat16)
+        rt.attention(b, torch.zeros(1, 300, 4, 128, dtype=torch.bfloat16), kv128, kv128)
 
 
 def test_sm120_sass_and_resources(test_bundle):
