@@ -146,7 +146,7 @@ def test_enumeration():
     from factory.atoms.targets import get_target
 
     _, enum = _variant_cls()
-    for t in ("sm_80", "sm_86", "sm_89", "sm_90"):
+    for t in ("sm_80", "sm_86", "sm_89", "sm_90", "sm_120a"):
         test = enum(get_target(t), "test")
         default = enum(get_target(t), "default")
         plain = [v for v in default if v.splits == 1]
@@ -185,7 +185,7 @@ def test_existing_names_unchanged():
     from factory.atoms.targets import get_target
 
     _, enum = _variant_cls()
-    for t in ("sm_80", "sm_86", "sm_89", "sm_90"):
+    for t in ("sm_80", "sm_86", "sm_89", "sm_90", "sm_120a"):
         big = 128 if get_target(t).smem_per_cta >= 128 * 1024 else 64
         want = set()
         for dt in ("bf16", "f16"):

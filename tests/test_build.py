@@ -64,11 +64,17 @@ def test_sass_proves_each_family(test_bundle):
         s = v["sass"]
         if v["family"] == "sm80":
             fp8 = v["op"] == "gemm" and v["dtypes"]["a"] == "e4m3"
-            if fp8 and v["target"] == "sm_89":
-                assert s["QMMA"] > 0, v["name"]  # Ada's fp8 mma.sync
+            if fp8 and v["target"] in ("sm_89", "sm_120a"):
+                assert s["QMMA"] > 0 and s["HMMA"] == 0, v["name"]  # Ada's / RTX Blackwell's fp8 mma.sync
             else:
                 assert s["HMMA"] > 0, v["name"]  # (Hopper lowers fp8 mma.sync to f16 HMMA)
             assert s["LDGSTS"] > 0 and s["LDSM"] > 0, v["name"]
+            if v["target"] == "sm_120a":  # consumer Blackwell: never run; 99 KB per CTA
+                r = v["resources"]
+                assert v["proof"] == "sass-only", v["name"]
+                assert r["dynamic_smem_bytes"] + r["static_smem_bytes"] <= 99 * 1024, v["name"]
+                assert r["spill_instructions"] == 0 and r["stack_frame_bytes"] == 0, v["name"]
+                assert s["UTCHMMA"] == s["HGMMA"] == 0, v["name"]
         if v["family"] == "sm90":
             assert s["HGMMA"] + s["QGMMA"] > 0 and s["UTMALDG"] > 0, v["name"]
         if v["family"] == "decode":  # mma.sync fed by plain loads: no shared-memory operands
@@ -83,6 +89,7 @@ def test_sass_proves_each_family(test_bundle):
             assert 32 <= v["tmem_columns"] <= 512 and r["registers"] * v["threads"] <= 65536, v["name"]
             assert r["spill_instructions"] == 0 and r["stack_frame_bytes"] == 0, v["name"]
     assert any(v["family"] == "sm100" for v in m["variants"].values()), "no Blackwell variant built"
+    assert {v["op"] for v in m["variants"].values() if v["target"] == "sm_120a"} == {"gemm", "attention"}
 
 
 def _swap_cubin(bundle, name: str, donor: str) -> None:

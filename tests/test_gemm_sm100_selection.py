@@ -65,8 +65,10 @@ def test_blackwell_variants_serve_bf16_gemm_on_10_0(test_bundle):
         assert name.startswith("gemm_sm100a_bf16_"), name
         entry = b.manifest["variants"][name]
         assert entry["proof"] == "sass-only" and entry["family"] == "sm100"
-    # Other majors and minors of Blackwell get nothing from an sm_100a build.
-    for cap in ((10, 3), (12, 0), (11, 0)):
+    # Other majors and minors of Blackwell get nothing from an sm_100a build (12.0 is served by
+    # its own sm_120a build: tests/test_sm120.py).
+    assert not any(v["target"] == "sm_100a" for v in Bundle.open(test_bundle, capability=(12, 0)).candidates("gemm"))
+    for cap in ((10, 3), (11, 0)):
         with pytest.raises(NoVariantError, match="no gemm variant"):
             _select(Bundle.open(test_bundle, capability=cap), _bf16(64, 256), _bf16(64, 256))
 

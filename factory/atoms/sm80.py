@@ -1,4 +1,4 @@
-"""Ampere/Ada atoms (sm_80, sm_86, sm_89 and the sm_90 portability build): mma.sync, cp.async,
+"""Ampere/Ada atoms (sm_80, sm_86, sm_89, sm_120a and the sm_90 portability build): mma.sync, cp.async,
 ldmatrix and the swizzled shared-memory layouts that make ldmatrix conflict-free.
 
 Everything here is trace-time (host) code that returns CuTe objects; kernels call it from their
@@ -20,7 +20,7 @@ def vector_elems(dtype) -> int:
 
 
 def mma_op(ab_dtype, acc_dtype=cutlass.Float32):
-    """The warp MMA for this operand type: m16n8k16 for 16-bit, m16n8k32 for fp8 (sm_89+)."""
+    """The warp MMA for this operand type: m16n8k16 for 16-bit, m16n8k32 for fp8 (sm_89, sm_120a; emulated on sm_90)."""
     if ab_dtype.width == 8:
         return cute.nvgpu.warp.MmaFP8Op(ab_dtype, acc_dtype, (16, 8, 32))
     return cute.nvgpu.warp.MmaF16BF16Op(ab_dtype, acc_dtype, (16, 8, 16))

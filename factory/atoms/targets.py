@@ -34,6 +34,9 @@ class Target:
     # per-capability table.  Stage counts are derived from this, less what a kernel keeps for itself.
     smem_per_cta: int
     fp8: bool = False
+    # fp8 mma.sync runs on a native fp8 tensor-core path (QMMA in SASS): Ada and consumer
+    # Blackwell.  Hopper accepts the instruction but ptxas lowers it to f16 HMMA plus conversions.
+    fp8_mma_native: bool = False
     clusters: bool = False
     tmem: bool = False
     cta_pairs: bool = False
@@ -62,7 +65,8 @@ class Target:
 _TARGETS = (
     Target("sm_80", (8, 0), "sm80", (Mma.MMA_SYNC,), (Copy.CP_ASYNC,), smem_per_cta=163 * 1024),
     Target("sm_86", (8, 6), "sm80", (Mma.MMA_SYNC,), (Copy.CP_ASYNC,), smem_per_cta=99 * 1024),
-    Target("sm_89", (8, 9), "sm80", (Mma.MMA_SYNC,), (Copy.CP_ASYNC,), smem_per_cta=99 * 1024, fp8=True),
+    Target("sm_89", (8, 9), "sm80", (Mma.MMA_SYNC,), (Copy.CP_ASYNC,), smem_per_cta=99 * 1024, fp8=True,
+           fp8_mma_native=True),
     # The Ampere/Ada family compiled for Hopper: same source, runs on an H100 (proves numerics).
     Target(
         "sm_90", (9, 0), "sm80", (Mma.MMA_SYNC,), (Copy.CP_ASYNC,), smem_per_cta=227 * 1024,
@@ -76,6 +80,15 @@ _TARGETS = (
         "sm_100a", (10, 0), "sm100", (Mma.MMA_SYNC, Mma.TCGEN05), (Copy.CP_ASYNC, Copy.TMA),
         smem_per_cta=227 * 1024, fp8=True, clusters=True, tmem=True, cta_pairs=True,
         arch_specific=True, proof="sass-only",
+    ),
+    # Consumer Blackwell (RTX 50-series, RTX PRO 6000): no TMEM, tcgen05 or WGMMA, so it gets the
+    # mma.sync family (fp8 e4m3 mma.sync runs natively, QMMA).  Shared memory: the CUDA C++
+    # Programming Guide's "Technical Specifications per Compute Capability" table gives 12.x
+    # 128 KB per SM and 99 KB per thread block (CUTLASS: sm120_smem_capacity_bytes = 101376).
+    # Built arch-specific (sm_120a): those cubins run on 12.0 only.  No such GPU in our lab.
+    Target(
+        "sm_120a", (12, 0), "sm80", (Mma.MMA_SYNC,), (Copy.CP_ASYNC,), smem_per_cta=99 * 1024,
+        fp8=True, fp8_mma_native=True, arch_specific=True, proof="sass-only",
     ),
 )
 

@@ -228,7 +228,7 @@ def _cutlass_dtype(name: str):
 # The default tile per target and head_dim: (tile_m, tile_n, warps, stages).  Q in registers caps
 # a warp at 16 rows, so tile_m = 16·warps.  Measured on the H100 (sm_90 build, bf16, B1 H16 S8192,
 # CUDA events): D=128 with 128x128 K/V tiles 314 TFLOP/s vs 278 with 128x64 (causal 267 vs 240),
-# but that needs 128 KB of shared memory, so sm_86/sm_89 (99 KB) keep 128x64.  D=64: 128x128
+# but that needs 128 KB of shared memory, so sm_86/sm_89/sm_120a (99 KB) keep 128x64.  D=64: 128x128
 # tiles beat 128x64 by 15-20 %; a third stage was within 3 % and is left to the "full" tier.
 def default_tile(target: Target, head_dim: int) -> tuple[int, int, int, int]:
     if head_dim == 64:
@@ -239,7 +239,7 @@ def default_tile(target: Target, head_dim: int) -> tuple[int, int, int, int]:
 
 
 # "full" adds these (tile_n, stages) alternatives per head_dim, for benchmarking; can_implement
-# drops those that do not fit a target's shared memory (128x128 K/V tiles at D=128 on sm_86/89).
+# drops those that do not fit a target's shared memory (128x128 K/V tiles at D=128 on sm_86/89/120a).
 _ALTERNATIVES = {
     64: ((64, 2), (64, 3), (128, 3)),
     128: ((64, 2), (64, 3), (128, 2)),

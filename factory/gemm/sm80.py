@@ -1,4 +1,5 @@
-"""Ampere/Ada GEMM (sm_80, sm_86, sm_89; sm_90 portability build): C = A·Bᵀ, batched.
+"""Ampere/Ada/consumer-Blackwell GEMM (sm_80, sm_86, sm_89, sm_120a; sm_90 portability build):
+C = A·Bᵀ, batched.
 
 One CTA computes a (tile_m, tile_n) block of C for one batch index:
   * a multistage cp.async pipeline streams (tile_m, tile_k) and (tile_n, tile_k) slabs of A and B
@@ -41,18 +42,19 @@ class GemmSm80(GemmVariant):
     warps: tuple[int, int] = field(default=(2, 2), metadata={"tag": "w"})
 
     def sass_requirements(self) -> tuple[str, ...]:
-        # Ada's fp8 mma.sync disassembles as QMMA.  Hopper has no fp8 mma.sync unit: for the
-        # sm_90 portability build ptxas lowers it to two f16 HMMA.16816 per m16n8k32 (seen in SASS).
-        if self.is_fp8 and self.tgt.sm < 90:
+        # Ada's and consumer Blackwell's fp8 mma.sync disassembles as QMMA.  Hopper has no fp8
+        # mma.sync unit: for the sm_90 portability build ptxas lowers it to two f16 HMMA.16816
+        # per m16n8k32 (seen in SASS).
+        if self.is_fp8 and self.tgt.fp8_mma_native:
             mma = r"\bQMMA\.16832\.F32\.E4M3"
         else:
             mma = r"\bHMMA\.16816\.F32"
         return (mma, r"\bLDGSTS\.E\.BYPASS\.LTC128B\.128", r"\bLDSM\.16\.M")
 
     def proof_level(self) -> str:
-        """Ada's fp8 QMMA path has no executed counterpart (the sm_90 build of the same source runs
-        as f16 HMMA), so it is proven by its SASS only."""
-        if self.is_fp8 and self.tgt.sm < 90:
+        """The native fp8 QMMA path (Ada, consumer Blackwell) has no executed counterpart (the sm_90
+        build of the same source runs as f16 HMMA), so it is proven by its SASS only."""
+        if self.is_fp8 and self.tgt.fp8_mma_native:
             return "sass-only"
         return self.tgt.proof
 
@@ -157,7 +159,7 @@ def enumerate_sm80(target: Target, tier: str) -> list[GemmVariant]:
         return []
     # Hopper runs fp8 mma.sync as f16 HMMA plus conversions (no fp8 mma.sync unit): twice the
     # warps halve each thread's accumulators, which keeps the portability build from spilling.
-    fp8_warps = (4, 2) if target.sm >= 90 else (2, 2)
+    fp8_warps = (2, 2) if target.fp8_mma_native else (4, 2)
     if tier == "test":
         specs = [("bf16", "bf16", "k", "k", (128, 128, 32), (2, 2)),
                  ("e4m3", "bf16", "k", "k", (128, 128, 64), fp8_warps)]
@@ -174,7 +176,7 @@ def enumerate_sm80(target: Target, tier: str) -> list[GemmVariant]:
                 (ab, ab, "m", "n", (128, 128, 32), (2, 2)),
             ]
         specs.append(("e4m3", "bf16", "k", "k", (128, 128, 64), fp8_warps))
-        if target.sm < 90:  # 128×256 fp8 spills on Hopper at any warp count (emulated MMA)
+        if target.fp8_mma_native:  # 128×256 fp8 spills on Hopper at any warp count (emulated MMA)
             specs.append(("e4m3", "bf16", "k", "k", (128, 256, 64), (2, 4)))
         if tier == "full":
             for ab in ("bf16", "f16"):
