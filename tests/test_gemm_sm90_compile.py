@@ -9,22 +9,18 @@ target architecture before ``cutlass`` is first imported (AOT notes, trap 3).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import ROOT, needs_dsl
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("cutlass") is None, reason="nvidia-cutlass-dsl is not installed"
-)
+pytestmark = needs_dsl
 
 _WORKER = textwrap.dedent(
     """
