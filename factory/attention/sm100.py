@@ -169,7 +169,8 @@ class AttentionSm100(Variant):
 
     def make_kernel(self):
         k = FlashFwdSm100(dtype=_cutlass_dtype(self.dtype), head_dim=self.head_dim,
-                          tile_n=self.tile_n, causal=self.causal, tmem_cols=self.tmem_cols)
+                          tile_n=self.tile_n, causal=self.causal, tmem_cols=self.tmem_cols,
+                          smem_plan=self.smem_bytes())
         return k.dense
 
 
@@ -185,12 +186,14 @@ def _round_up(x: int, a: int) -> int:
 # The kernel
 # ------------------------------------------------------------------------------------------------
 class FlashFwdSm100:
-    def __init__(self, *, dtype, head_dim: int, tile_n: int, causal: bool, tmem_cols: int):
+    def __init__(self, *, dtype, head_dim: int, tile_n: int, causal: bool, tmem_cols: int,
+                 smem_plan: int):
         self.dtype = dtype
         self.head_dim = head_dim
         self.tile_n = tile_n
         self.causal = causal
         self.tmem_cols = tmem_cols
+        self.smem_plan = smem_plan
         self.qk_tiler = (TILE_M, tile_n, head_dim)
         self.pv_tiler = (TILE_M, head_dim, tile_n)
 
@@ -235,6 +238,9 @@ class FlashFwdSm100:
             sP: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sP_layout)], _SMEM_ALIGN]
 
         self.shared_storage = SharedStorage
+        # The smem plan (manifest, occupancy) must cover what the kernel allocates.
+        if cutlass.const_expr(SharedStorage.size_in_bytes() > self.smem_plan):
+            raise ValueError(f"SharedStorage is {SharedStorage.size_in_bytes()} B, the plan {self.smem_plan}")
         grid = (cute.ceil_div(q.shape[1], TILE_M), q.shape[2], q.shape[0])
         self.kernel(qk_mma, pv_mma, tma_q, tQ, tma_k, tK, tma_v, tV, mO, lse,
                     softmax_scale * LOG2_E, sQ_layout, sK_layout, sV_layout, sP_layout,
@@ -316,14 +322,16 @@ class FlashFwdSm100:
             key_limit = cutlass.min(seqlen_k, cutlass.max(row + 1 + seqlen_k - seqlen_q, 0))
 
         # tcgen05.ld / st: 32 lanes per warp, one lane (row) per thread, columns in registers.
+        # S read in 32-column chunks, twice per key tile (max, then exp2 / P): 32 live scores.
+        tS_chunks = cute.flat_divide(tStS[((None, None), 0, 0)], (TILE_M, _CHUNK))  # (M, 32, 1, BN/32)
         ld_s = tcgen05.make_tmem_copy(
             cute.make_copy_atom(tcgen05.Ld32x32bOp(tcgen05.Repetition.x32), cutlass.Float32),
-            tStS[((None, None), 0, 0)])
+            tS_chunks[(None, None, 0, 0)])
         thr_ld_s = ld_s.get_slice(tidx)
-        tStS_t = thr_ld_s.partition_S(tStS[((None, None), 0, 0)])
-        cS = cute.make_identity_tensor((TILE_M, BN))
+        tStS_t = thr_ld_s.partition_S(tS_chunks)
+        cS = cute.flat_divide(cute.make_identity_tensor((TILE_M, BN)), (TILE_M, _CHUNK))
         tScS = thr_ld_s.partition_D(cS)
-        rS = cute.make_rmem_tensor(tScS.shape, cutlass.Float32)
+        rS = cute.make_rmem_tensor(tScS[(None, None, None, 0, 0)].shape, cutlass.Float32)
 
         tO_chunks = cute.flat_divide(tOtO[((None, None), 0, 0)], (TILE_M, _CHUNK))  # (M, 32, 1, D/32)
         ld_o = tcgen05.make_tmem_copy(
@@ -373,33 +381,36 @@ class FlashFwdSm100:
                     tcgen05.commit(mma_bar)
             cute.arch.mbarrier_wait(mma_bar, 0)
 
-            cute.copy(ld_s, tStS_t, rS)
-            cute.arch.fence_view_async_tmem_load()
             # Mask, row max (in log2 units: scores times scale·log2 e).
             tile_max = -cutlass.Float32.inf
-            for i in cutlass.range_constexpr(cute.size(rS)):
-                col = j * BN + tScS[i][1]
-                s = rS[i] * scale_log2
-                if col >= key_limit:
-                    s = -cutlass.Float32.inf
-                rS[i] = s
-                tile_max = cutlass.max(tile_max, s)
+            for c in cutlass.range(BN // _CHUNK, unroll=1):
+                cute.copy(ld_s, tStS_t[(None, None, None, 0, c)], rS)
+                cute.arch.fence_view_async_tmem_load()
+                for i in cutlass.range_constexpr(cute.size(rS)):
+                    col = j * BN + tScS[(i, 0, 0, 0, c)][1]
+                    s = rS[i] * scale_log2
+                    if col >= key_limit:
+                        s = -cutlass.Float32.inf
+                    tile_max = cutlass.max(tile_max, s)
             new_max = cutlass.max(row_max, tile_max)
             use_max = new_max
             if new_max == -cutlass.Float32.inf:
                 use_max = cutlass.Float32(0.0)
             alpha = cute.math.exp2(row_max - use_max, fastmath=True)
+            # exp2, row sum, P -> smem in the P·V MMA's K-major A layout.
             tile_sum = cutlass.Float32(0.0)
-            for i in cutlass.range_constexpr(cute.size(rS)):
-                p = cute.math.exp2(rS[i] - use_max, fastmath=True)
-                rS[i] = p
-                tile_sum += p
+            for c in cutlass.range(BN // _CHUNK, unroll=1):
+                cute.copy(ld_s, tStS_t[(None, None, None, 0, c)], rS)
+                cute.arch.fence_view_async_tmem_load()
+                for i in cutlass.range_constexpr(cute.size(rS)):
+                    kc = tScS[(i, 0, 0, 0, c)][1]
+                    p = cute.math.exp2(rS[i] * scale_log2 - use_max, fastmath=True)
+                    if j * BN + kc >= key_limit:
+                        p = cutlass.Float32(0.0)
+                    tile_sum += p
+                    sP[((tidx, kc % 16), 0, kc // 16, 0)] = p.to(self.dtype)
             row_sum = row_sum * alpha + tile_sum
             row_max = new_max
-            # P -> smem, in the P·V MMA's K-major A layout.
-            for i in cutlass.range_constexpr(cute.size(rS)):
-                c = tScS[i][1]
-                sP[((tidx, c % 16), 0, c // 16, 0)] = rS[i].to(self.dtype)
             # Rescale the running O (after the previous P·V, which has completed).
             if j > 0:
                 for c in cutlass.range_constexpr(D // _CHUNK):
@@ -459,6 +470,6 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm100]:
     if tier == "test":
         specs = [("bf16", 128, True)]
     else:
-        specs = [(dt, 128, c) for dt in DTYPES for c in (False, True)]
+        specs = [(dt, d, c) for dt in DTYPES for d in (128, 64) for c in (False, True)]
     out = [AttentionSm100(target=target.name, dtype=dt, head_dim=d, causal=c) for dt, d, c in specs]
     return [v for v in out if v.can_implement() is None]
