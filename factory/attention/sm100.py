@@ -38,6 +38,7 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.utils as utils
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, tcgen05
+from cutlass.experimental.primitives.nvvm_wrapper import tcgen05_fence
 from cutlass.utils import blackwell_helpers as bw
 
 from ..abi import DTYPE_BYTES, ScalarArg, Signature, TensorArg
@@ -421,10 +422,14 @@ class FlashFwdSm100:
                     cute.copy(st_o, rO, tOtO_st[(None, None, None, 0, c)])
                 cute.arch.fence_view_async_tmem_store()
             cute.arch.fence_proxy("async.shared", space="cta")
+            # Order this thread's tcgen05.ld/st (waited on above) before the barrier, and the
+            # MMA after it (tcgen05.fence::before_thread_sync / after_thread_sync).
+            tcgen05_fence("before_thread_sync")
             cute.arch.barrier()
 
             # O += P·V into TMEM.
             if warp_idx == 0:
+                tcgen05_fence("after_thread_sync")
                 pv_mma.set(tcgen05.Field.ACCUMULATE, j > 0)
                 for kb in cutlass.range_constexpr(pv_blocks):
                     cute.gemm(pv_mma, tOtO, tCrP[(None, None, kb, 0)], tCrV[(None, None, kb, 0)], tOtO)
@@ -455,8 +460,10 @@ class FlashFwdSm100:
         if row < seqlen_q:
             mLSE[b, hq, row] = lse
 
+        tcgen05_fence("before_thread_sync")
         cute.arch.barrier()
         if warp_idx == 0:
+            tcgen05_fence("after_thread_sync")
             tmem.free(tmem_ptr, self.tmem_cols)
 
 
