@@ -22,6 +22,7 @@ FAMILY_MODULES = (
     "factory.gemm.decode",
     "factory.attention.sm80",
     "factory.attention.sm90",
+    "factory.attention.sm100",
 )
 TIERS = ("test", "default", "full")
 

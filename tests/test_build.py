@@ -114,7 +114,7 @@ def test_verify_refuses_a_blackwell_variant_whose_cubin_is_not_tcgen05(test_bund
     from factory.verify import sass_problems
 
     m = manifest(test_bundle)
-    bw = next(n for n, v in m["variants"].items() if v["family"] == "sm100")
+    bw = next(n for n, v in m["variants"].items() if v["family"] == "sm100" and v["op"] == "gemm")
     donor = next(n for n, v in m["variants"].items() if v["family"] == donor_family and v["op"] == "gemm")
     bad = tmp_path / "bad"
     shutil.copytree(test_bundle, bad)
