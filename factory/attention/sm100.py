@@ -41,10 +41,11 @@ from cutlass.cute.nvgpu import OperandMajorMode, cpasync, tcgen05
 from cutlass.experimental.primitives.nvvm_wrapper import tcgen05_fence
 from cutlass.utils import blackwell_helpers as bw
 
-from ..abi import DTYPE_BYTES, ScalarArg, Signature, TensorArg
+from ..abi import DTYPE_BYTES, Signature
 from ..atoms import sm100 as atoms
 from ..atoms.targets import Target
 from ..registry import register
+from . import contract
 from ..variant import Variant
 
 LOG2_E = math.log2(math.e)
@@ -77,7 +78,7 @@ SASS_REQUIREMENTS = (r"\bUTCHMMA\b", r"\bUTCATOMSWS\.AND\b", r"\bUTCATOMSWS\.FIN
 class AttentionSm100(Variant):
     op: ClassVar[str] = "attention"
     family: ClassVar[str] = "sm100"
-    sources = ("attention/sm100.py", "atoms/sm100.py")
+    sources = ("attention/sm100.py", "atoms/sm100.py", "attention/contract.py")
 
     dtype: str = field(default="bf16", metadata={"tag": ""})
     head_dim: int = field(default=128, metadata={"tag": "d"})
@@ -123,27 +124,11 @@ class AttentionSm100(Variant):
         return None
 
     def signature(self) -> Signature:
-        d, dt = self.head_dim, self.dtype
-        vec = 16 // DTYPE_BYTES[dt]
-        args = [
-            TensorArg("q", dt, ("B", "Sq", "Hq", d), ("sQb", "sQs", "sQh", 1)),
-            TensorArg("k", dt, ("B", "Sk", "Hkv", d), ("sKb", "sKs", "sKh", 1)),
-            TensorArg("v", dt, ("B", "Sk", "Hkv", d), ("sVb", "sVs", "sVh", 1)),
-            TensorArg("o", dt, ("B", "Sq", "Hq", d), ("sOb", "sOs", "sOh", 1)),
-            TensorArg("lse", "f32", ("B", "Hq", "Sq"), ("sLb", "sLh", 1), align=4),
-            ScalarArg("softmax_scale", "f32"),
-        ]
-        strided = ("sQb", "sQs", "sQh", "sKb", "sKs", "sKh", "sVb", "sVs", "sVh", "sOb", "sOs", "sOh")
-        return Signature(tuple(args), tuple(sorted((s, vec) for s in strided)))
+        return contract.signature(self.dtype, self.head_dim)
 
     def describe(self) -> dict[str, Any]:
         return {
-            "dtype": self.dtype,
-            "dtypes": {"q": self.dtype, "k": self.dtype, "v": self.dtype, "o": self.dtype,
-                       "lse": "f32", "acc": "f32"},
-            "head_dim": self.head_dim,
-            "causal": self.causal,
-            "varlen": False,
+            **contract.manifest_fields(self.dtype, self.head_dim, self.causal, False),
             "tile": [TILE_M, self.tile_n],
             "warps": THREADS // 32,
             "stages": 1,
@@ -156,16 +141,6 @@ class AttentionSm100(Variant):
             "ctas_per_sm": 1,
             "threads": THREADS,
             "preferred": self.tile_n == 128,
-            "constraints": {
-                "head_dim_contiguous": True,
-                "stride_divisibility_elems": 16 // DTYPE_BYTES[self.dtype],
-                "data_align_bytes": 16,
-                "gqa": "Hq % Hkv == 0",
-                "causal_alignment": "bottom-right",
-                "softmax_scale": "> 0",
-                "lse": "float32, (B, Hq, Sq) compact",
-                "grid_yz_max": 65535,
-            },
         }
 
     def make_kernel(self):

@@ -49,9 +49,10 @@ import cutlass.cute as cute
 import cutlass.utils
 from cutlass.cute.nvgpu import cpasync, warp
 
-from ..abi import DTYPE_BYTES, ScalarArg, Signature, TensorArg
+from ..abi import DTYPE_BYTES, Signature
 from ..atoms.targets import Target
 from ..registry import register
+from . import contract
 from ..variant import Variant
 
 LOG2_E = math.log2(math.e)
@@ -80,7 +81,7 @@ class AttentionSm80(Variant):
     op: ClassVar[str] = "attention"
     family: ClassVar[str] = "sm80"
     required_sass = (r"HMMA", r"LDGSTS", r"LDSM")
-    sources = ("attention/sm80.py",)
+    sources = ("attention/sm80.py", "attention/contract.py")
 
     dtype: str = field(default="bf16", metadata={"tag": ""})
     head_dim: int = field(default=128, metadata={"tag": "d"})
@@ -143,51 +144,11 @@ class AttentionSm80(Variant):
         return None
 
     def signature(self) -> Signature:
-        d, dt = self.head_dim, self.dtype
-        if self.varlen:
-            args = [
-                TensorArg("q", dt, ("Tq", "Hq", d), ("sQt", "sQh", 1)),
-                TensorArg("k", dt, ("Tk", "Hkv", d), ("sKt", "sKh", 1)),
-                TensorArg("v", dt, ("Tk", "Hkv", d), ("sVt", "sVh", 1)),
-                TensorArg("o", dt, ("Tq", "Hq", d), ("sOt", "sOh", 1)),
-                TensorArg("lse", "f32", ("Hq", "Tq"), ("sLh", 1), align=4),
-                TensorArg("cu_seqlens_q", "i32", ("B1",), (1,), align=4),
-                TensorArg("cu_seqlens_k", "i32", ("B1",), (1,), align=4),
-                ScalarArg("softmax_scale", "f32"),
-                ScalarArg("max_seqlen_q", "i32"),
-            ]
-            strided = ("sQt", "sQh", "sKt", "sKh", "sVt", "sVh", "sOt", "sOh")
-        else:
-            args = [
-                TensorArg("q", dt, ("B", "Sq", "Hq", d), ("sQb", "sQs", "sQh", 1)),
-                TensorArg("k", dt, ("B", "Sk", "Hkv", d), ("sKb", "sKs", "sKh", 1)),
-                TensorArg("v", dt, ("B", "Sk", "Hkv", d), ("sVb", "sVs", "sVh", 1)),
-                TensorArg("o", dt, ("B", "Sq", "Hq", d), ("sOb", "sOs", "sOh", 1)),
-                TensorArg("lse", "f32", ("B", "Hq", "Sq"), ("sLb", "sLh", 1), align=4),
-                ScalarArg("softmax_scale", "f32"),
-            ]
-            strided = ("sQb", "sQs", "sQh", "sKb", "sKs", "sKh", "sVb", "sVs", "sVh",
-                       "sOb", "sOs", "sOh")
-            if self.splits > 1:
-                # The fp32 workspace (the runtime carves both from one torch.empty): per split,
-                # O normalised by its own row sum, and that split's LSE (-inf: no key in range).
-                args[5:5] = [
-                    TensorArg("o_partial", "f32", (self.splits, "B", "Hq", "Sq", d),
-                              ("sWs", "sWb", "sWh", "sWq", 1), align=4),
-                    TensorArg("lse_partial", "f32", (self.splits, "B", "Hq", "Sq"),
-                              ("sPs", "sPb", "sPh", 1), align=4),
-                ]
-        vec = 16 // DTYPE_BYTES[dt]
-        return Signature(tuple(args), tuple(sorted((s, vec) for s in strided)))
+        return contract.signature(self.dtype, self.head_dim, self.varlen, self.splits)
 
     def describe(self) -> dict[str, Any]:
         return {
-            "dtype": self.dtype,
-            "dtypes": {"q": self.dtype, "k": self.dtype, "v": self.dtype, "o": self.dtype,
-                       "lse": "f32", "acc": "f32"},
-            "head_dim": self.head_dim,
-            "causal": self.causal,
-            "varlen": self.varlen,
+            **contract.manifest_fields(self.dtype, self.head_dim, self.causal, self.varlen),
             "tile": [self.tile_m, self.tile_n],
             "warps": self.warps,
             "stages": self.stages,
@@ -198,16 +159,6 @@ class AttentionSm80(Variant):
             # "full" tier's alternatives of the same target.
             "preferred": (self.splits == 1 and (self.tile_m, self.tile_n, self.warps, self.stages)
                           == default_tile(self.tgt, self.head_dim)),
-            "constraints": {
-                "head_dim_contiguous": True,
-                "stride_divisibility_elems": 16 // DTYPE_BYTES[self.dtype],
-                "data_align_bytes": 16,
-                "gqa": "Hq % Hkv == 0",
-                "causal_alignment": "bottom-right",
-                "softmax_scale": "> 0",
-                "lse": "float32, (B, Hq, Sq) compact" if not self.varlen else "float32, (Hq, Tq)",
-                "grid_yz_max": 65535,
-            },
         }
 
     def make_kernel(self):

@@ -58,10 +58,11 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
-from ..abi import DTYPE_BYTES, ScalarArg, Signature, TensorArg
+from ..abi import DTYPE_BYTES, Signature
 from ..atoms import sm90 as atoms
 from ..atoms.targets import Target
 from ..registry import register
+from . import contract
 from ..variant import Variant
 
 LOG2_E = math.log2(math.e)
@@ -98,7 +99,7 @@ class _Bar(enum.IntEnum):
 class AttentionSm90(Variant):
     op: ClassVar[str] = "attention"
     family: ClassVar[str] = "sm90"
-    sources = ("attention/sm90.py", "atoms/sm90.py")
+    sources = ("attention/sm90.py", "atoms/sm90.py", "attention/contract.py")
 
     dtype: str = field(default="bf16", metadata={"tag": ""})
     head_dim: int = field(default=128, metadata={"tag": "d"})
@@ -176,41 +177,11 @@ class AttentionSm90(Variant):
         return None
 
     def signature(self) -> Signature:
-        d, dt = self.head_dim, self.dtype
-        vec = 16 // DTYPE_BYTES[dt]  # TMA: every stride but the last a multiple of 16 bytes
-        if self.varlen:  # the sm80 family's packed calling convention
-            args = [
-                TensorArg("q", dt, ("Tq", "Hq", d), ("sQt", "sQh", 1)),
-                TensorArg("k", dt, ("Tk", "Hkv", d), ("sKt", "sKh", 1)),
-                TensorArg("v", dt, ("Tk", "Hkv", d), ("sVt", "sVh", 1)),
-                TensorArg("o", dt, ("Tq", "Hq", d), ("sOt", "sOh", 1)),
-                TensorArg("lse", "f32", ("Hq", "Tq"), ("sLh", 1), align=4),
-                TensorArg("cu_seqlens_q", "i32", ("B1",), (1,), align=4),
-                TensorArg("cu_seqlens_k", "i32", ("B1",), (1,), align=4),
-                ScalarArg("softmax_scale", "f32"),
-                ScalarArg("max_seqlen_q", "i32"),
-            ]
-            strided = ("sQt", "sQh", "sKt", "sKh", "sVt", "sVh", "sOt", "sOh")
-            return Signature(tuple(args), tuple(sorted((s, vec) for s in strided)))
-        args = [
-            TensorArg("q", dt, ("B", "Sq", "Hq", d), ("sQb", "sQs", "sQh", 1)),
-            TensorArg("k", dt, ("B", "Sk", "Hkv", d), ("sKb", "sKs", "sKh", 1)),
-            TensorArg("v", dt, ("B", "Sk", "Hkv", d), ("sVb", "sVs", "sVh", 1)),
-            TensorArg("o", dt, ("B", "Sq", "Hq", d), ("sOb", "sOs", "sOh", 1)),
-            TensorArg("lse", "f32", ("B", "Hq", "Sq"), ("sLb", "sLh", 1), align=4),
-            ScalarArg("softmax_scale", "f32"),
-        ]
-        strided = ("sQb", "sQs", "sQh", "sKb", "sKs", "sKh", "sVb", "sVs", "sVh", "sOb", "sOs", "sOh")
-        return Signature(tuple(args), tuple(sorted((s, vec) for s in strided)))
+        return contract.signature(self.dtype, self.head_dim, self.varlen)
 
     def describe(self) -> dict[str, Any]:
         return {
-            "dtype": self.dtype,
-            "dtypes": {"q": self.dtype, "k": self.dtype, "v": self.dtype, "o": self.dtype,
-                       "lse": "f32", "acc": "f32"},
-            "head_dim": self.head_dim,
-            "causal": self.causal,
-            "varlen": self.varlen,
+            **contract.manifest_fields(self.dtype, self.head_dim, self.causal, self.varlen),
             "tile": [self.tile_m, self.tile_n],
             "warps": self.threads // 32,
             "stages": self.stages,
@@ -229,16 +200,6 @@ class AttentionSm90(Variant):
                                    "consumer": atoms.CONSUMER_REGS[self.consumers]},
             "preferred": (self.tile_m, self.tile_n, self.stages, self.overlap, self.pingpong,
                           self.early_rescale) == (*default_config(self.head_dim, self.causal), False),
-            "constraints": {
-                "head_dim_contiguous": True,
-                "stride_divisibility_elems": 16 // DTYPE_BYTES[self.dtype],
-                "data_align_bytes": 16,
-                "gqa": "Hq % Hkv == 0",
-                "causal_alignment": "bottom-right",
-                "softmax_scale": "> 0",
-                "lse": "float32, (Hq, Tq)" if self.varlen else "float32, (B, Hq, Sq) compact",
-                "grid_yz_max": 65535,
-            },
         }
 
     def make_kernel(self):
