@@ -335,8 +335,10 @@ def check(bundle) -> None:
             e3 = rel(dec(x, ck.clone(), cv.clone(), lens), a.decode(x, ck.clone(), cv.clone(), lens))
             xp, pos, cu, _ = prefill_case([37, 128, 1, 90])
             e4 = rel(pre(xp, pos, cu), a.prefill(xp, pos, cu, mx))
-            print(f"compiled fp8={fp8}: decode rel err vs eager {e3:.2e}, prefill {e4:.2e}")
-            assert e3 < 1e-2 and e4 < 1e-2, (fp8, e3, e4)
+            # Inductor fuses the norm and the fp8 quantisation in fp32 (eager rounds the norm to
+            # bf16 first), so fp8 codes may differ by one step: the fp8 layer's tolerance.
+            print(f"compiled fp8={fp8}: decode rel err vs eager {e3:.2e}, prefill {e4:.2e} (tolerance {tol})")
+            assert e3 < tol and e4 < tol, (fp8, e3, e4)
 
 
 def main() -> int:
