@@ -1,4 +1,6 @@
-"""Hopper (sm_90a) building blocks shared by kernels: WGMMA accumulator views, register budgets.
+"""Hopper (sm_90a) building blocks shared by the GEMM (``gemm/sm90.py``) and the attention
+(``attention/sm90.py``): TMA copy atoms and descriptor prefetch, the TMA mbarrier pipeline,
+register reallocation budgets (setmaxnreg), the persistent tile scheduler, WGMMA accumulator views.
 
 Imported only by kernel modules (it needs the DSL), never by the runtime.
 
@@ -12,13 +14,90 @@ accumulator *is* the A fragment of the next GEMM: no shuffles (see :func:`acc_as
 
 from __future__ import annotations
 
+import cutlass
 import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils as utils
+from cutlass.cute.nvgpu import cpasync
 
-# setmaxnreg budgets (registers per thread) by consumer warpgroup count: the producer warpgroup
-# gives registers back, the consumers take them.  The sum over the CTA must stay within the 64K
-# register file: 2 consumers: 24·128 + 2·240·128 = 64512; 3 consumers: 32·128 + 3·160·128 = 65536.
+# --- register reallocation (setmaxnreg) ----------------------------------------------------------
+# Budgets in registers per thread by consumer warpgroup count: the producer warpgroup gives
+# registers back, the consumers take them.  The sum over the CTA must stay within the 64K register
+# file (checked by :func:`register_split_fits`, CPU-tested for every table below).
+# Attention: 2 consumers: 24·128 + 2·240·128 = 64512; 3 consumers: 32·128 + 3·160·128 = 65536.
 PRODUCER_REGS = {1: 56, 2: 24, 3: 32}
 CONSUMER_REGS = {1: 256, 2: 240, 3: 160}
+# GEMM (its producer warp keeps a few more registers for the tile scheduler and multicast masks):
+# 2 consumers: 40·128 + 2·232·128 = 64512.
+GEMM_PRODUCER_REGS = 40
+GEMM_CONSUMER_REGS = {1: 240, 2: 232}
+REGISTER_FILE = 65536
+
+
+def register_split_fits(producer: int, consumer: int, consumers: int) -> bool:
+    """setmaxnreg takes multiples of 8 in [24, 256]; the CTA's warpgroups share the register file."""
+    ok = all(r % 8 == 0 and 24 <= r <= 256 for r in (producer, consumer))
+    return ok and 128 * (producer + consumers * consumer) <= REGISTER_FILE
+
+
+# --- TMA -----------------------------------------------------------------------------------------
+def tma_load_atom(t: cute.Tensor, smem_layout_staged, smem_tile, n_mcast: int = 1):
+    """TMA load of ``smem_tile`` boxes of ``t`` into one stage of ``smem_layout_staged`` (the
+    multicast form when ``n_mcast`` > 1 CTAs of the cluster receive each box).  Returns the atom
+    and the TMA view of ``t``."""
+    op = cpasync.CopyBulkTensorTileG2SMulticastOp() if n_mcast > 1 else cpasync.CopyBulkTensorTileG2SOp()
+    return cpasync.make_tiled_tma_atom(op, t, cute.slice_(smem_layout_staged, (None, None, 0)), smem_tile,
+                                       num_multicast=n_mcast)
+
+
+def tma_store_atom(t: cute.Tensor, smem_layout_staged, smem_tile):
+    """TMA store of one stage of ``smem_layout_staged`` into ``smem_tile`` boxes of ``t``."""
+    return cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), t,
+                                       cute.slice_(smem_layout_staged, (None, None, 0)), smem_tile)
+
+
+def prefetch_tma_descriptors(*atoms) -> None:
+    """Prefetch the descriptors of ``atoms`` (``None`` entries skipped); one warp calls this."""
+    for atom in atoms:
+        if atom is not None:
+            cpasync.prefetch_descriptor(atom)
+
+
+def stage_bytes(dtype, smem_layout_staged) -> int:
+    """Bytes of one stage of a staged smem layout: a TMA pipeline's transaction count."""
+    return cute.size_in_bytes(dtype, cute.slice_(smem_layout_staged, (None, None, 0)))
+
+
+def tma_pipeline(barriers, stages: int, tx_bytes, consumer_arrivals: int, cta_layout_vmnk):
+    """A ring of ``stages`` smem slots filled by TMA: a "full" mbarrier per slot completed by the
+    copies' byte count (``tx_bytes``, armed by one producer thread), an "empty" one that
+    ``consumer_arrivals`` threads arrive on (one per consumer warp, times the multicast peers that
+    write into the slot).  ``defer_sync``: the caller fences and syncs the cluster once after
+    every barrier is initialised (``pipeline.pipeline_init_arrive`` / ``_wait``)."""
+    return pipeline.PipelineTmaAsync.create(
+        barrier_storage=barriers,
+        num_stages=stages,
+        producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+        consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, consumer_arrivals),
+        tx_count=tx_bytes,
+        cta_layout_vmnk=cta_layout_vmnk,
+        defer_sync=True,
+    )
+
+
+# --- persistent tile scheduler -------------------------------------------------------------------
+def persistent_schedule(tiles_mnl, cluster_mn, swizzle: int, raster_along_m: bool, max_clusters):
+    """Parameters of the static persistent scheduler over a (tiles_m, tiles_n, L) grid of tiles,
+    and the launch grid: at most ``max_clusters`` clusters (a run-time value: the loader passes
+    what the device holds at once, runtime/occupancy.py)."""
+    params = utils.PersistentTileSchedulerParams(tiles_mnl, (*cluster_mn, 1), swizzle, raster_along_m)
+    grid = utils.StaticPersistentTileScheduler.get_grid_shape(params, cutlass.max(max_clusters, cutlass.Int32(1)))
+    return params, grid
+
+
+def tile_scheduler(params):
+    """This CTA's walk over the persistent schedule (device side)."""
+    return utils.StaticPersistentTileScheduler.create(params, cute.arch.block_idx(), cute.arch.grid_dim())
 
 
 def acc_mn_view(t: cute.Tensor) -> cute.Tensor:
@@ -54,5 +133,7 @@ def add(a, b):
     return a + b
 
 
-__all__ = ["CONSUMER_REGS", "PRODUCER_REGS", "acc_as_a_operand", "acc_mn_view", "add",
-           "quad_allreduce"]
+__all__ = ["CONSUMER_REGS", "GEMM_CONSUMER_REGS", "GEMM_PRODUCER_REGS", "PRODUCER_REGS", "REGISTER_FILE",
+           "acc_as_a_operand", "acc_mn_view", "add", "persistent_schedule", "prefetch_tma_descriptors",
+           "quad_allreduce", "register_split_fits", "stage_bytes", "tile_scheduler", "tma_load_atom",
+           "tma_pipeline", "tma_store_atom"]

@@ -48,22 +48,16 @@ import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
 
 from ..abi import DTYPE_BYTES, ScalarArg, Signature
+from ..atoms import sm90 as atoms
+from ..atoms.smem import BARRIER_BYTES as _BARRIER_BYTES
+from ..atoms.smem import SMEM_ALIGN as _SMEM_ALIGN
+from ..atoms.smem import STATIC_SMEM as _STATIC_SMEM
+from ..atoms.smem import round_up as _round_up
 from ..atoms.targets import Target
 from ..registry import register
 from .common import GemmVariant
 
-# Persistent CTAs launched at most (one per SM of an H100 SXM).
-# Bytes the smem plan keeps for the pipeline mbarriers (2 x 8 B per stage, padded so that the
-# swizzled buffers after them start 1024-aligned).
-_BARRIER_BYTES = 1024
-_SMEM_ALIGN = 1024
-# Static smem the DSL puts into every kernel (seen in the cubins: .nv.shared.<kernel> is 1 KiB);
-# it counts against the same per-CTA capacity as the dynamic part.
-_STATIC_SMEM = 1024
-# setmaxnreg budgets: the producer warpgroup keeps few registers, the consumers take the rest
-# (3 warpgroups: 40*128 + 2*232*128 <= 64K registers; 2 warpgroups can afford 240).
-_PRODUCER_REGS = 40
-_CONSUMER_REGS = {1: 240, 2: 232}
+# Smem plan constants and setmaxnreg budgets: factory/atoms/smem.py and factory/atoms/sm90.py.
 
 
 class _Bar(enum.IntEnum):
@@ -311,10 +305,6 @@ class GemmSm90(GemmVariant):
         return kernel
 
 
-def _round_up(x: int, a: int) -> int:
-    return (x + a - 1) // a * a
-
-
 # ------------------------------------------------------------------------------------------------
 # The kernel
 # ------------------------------------------------------------------------------------------------
@@ -350,7 +340,7 @@ class GemmSm90Kernel:
         self.launch_cluster = (split_k, 1) if split_k > 1 else self.cluster
         self.red_elems = (split_k - 1) * self.tile[0] * self.tile[1]
         self.threads = 128 * (1 + n_consumer)
-        self.consumer_regs = _CONSUMER_REGS[n_consumer]
+        self.consumer_regs = atoms.GEMM_CONSUMER_REGS[n_consumer]
         # A is shared by the CTAs of a cluster row (same M, different N) and multicast along N;
         # B along M.
         self.mcast_a = self.cluster[1]
@@ -389,23 +379,17 @@ class GemmSm90Kernel:
         sC_layout = sm90_utils.make_smem_layout_epi(
             c_dtype, c_layout, self.epi_tile, self.epi_stages * self.tile_owners)
 
-        tma_a, gA = self._tma_load(a, sA_layout, (self.tile[0], self.tile[2]), self.mcast_a)
-        tma_b, gB = self._tma_load(b, sB_layout, (self.tile[1], self.tile[2]), self.mcast_b)
-        tma_c, gC = cute.nvgpu.cpasync.make_tiled_tma_atom(
-            cute.nvgpu.cpasync.CopyBulkTensorTileS2GOp(), c,
-            cute.slice_(sC_layout, (None, None, 0)), self.epi_tile,
-        )
+        tma_a, gA = atoms.tma_load_atom(a, sA_layout, (self.tile[0], self.tile[2]), self.mcast_a)
+        tma_b, gB = atoms.tma_load_atom(b, sB_layout, (self.tile[1], self.tile[2]), self.mcast_b)
+        tma_c, gC = atoms.tma_store_atom(c, sC_layout, self.epi_tile)
 
         tiles_mnl = cute.zipped_divide(c, tiler=self.tile[:2])[(0, (None, None, None))].shape
         if cutlass.const_expr(self.split_k > 1):
             # Scheduler "M tiles" are (tile, k-part) pairs; a cluster of split_k CTAs along that
             # mode shares one output tile.
             tiles_mnl = (tiles_mnl[0] * self.split_k, tiles_mnl[1], tiles_mnl[2])
-        sched = utils.PersistentTileSchedulerParams(
-            tiles_mnl, (*self.launch_cluster, 1), self.swizzle, self.raster_along_m
-        )
-        grid = utils.StaticPersistentTileScheduler.get_grid_shape(
-            sched, cutlass.max(max_clusters, cutlass.Int32(1)))
+        sched, grid = atoms.persistent_schedule(tiles_mnl, self.launch_cluster, self.swizzle,
+                                                self.raster_along_m, max_clusters)
 
         @cute.struct
         class SharedStorage:
@@ -434,15 +418,6 @@ class GemmSm90Kernel:
             min_blocks_per_mp=1, stream=stream, use_pdl=self.pdl,
         )
 
-    @staticmethod
-    def _tma_load(t, smem_layout_staged, smem_tile, n_mcast):
-        op = (cute.nvgpu.cpasync.CopyBulkTensorTileG2SMulticastOp() if n_mcast > 1
-              else cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp())
-        return cute.nvgpu.cpasync.make_tiled_tma_atom(
-            op, t, cute.slice_(smem_layout_staged, (None, None, 0)), smem_tile,
-            num_multicast=n_mcast,
-        )
-
     # --- device ----------------------------------------------------------------------------------
     @cute.kernel
     def kernel(
@@ -459,9 +434,7 @@ class GemmSm90Kernel:
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == 0:
-            cute.nvgpu.cpasync.prefetch_descriptor(tma_a)
-            cute.nvgpu.cpasync.prefetch_descriptor(tma_b)
-            cute.nvgpu.cpasync.prefetch_descriptor(tma_c)
+            atoms.prefetch_tma_descriptors(tma_a, tma_b, tma_c)
 
         cta_layout = cute.make_layout((*self.cluster, 1))
         cta_rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
@@ -478,21 +451,12 @@ class GemmSm90Kernel:
 
         # Mainloop pipeline.  Every consumer warp of the tile's owner releases a stage once to each
         # CTA that multicasts into it (its cluster row and column, itself counted once).
-        stage_bytes = cute.size_in_bytes(
-            self.ab_dtype, cute.slice_(sA_layout, (None, None, 0))
-        ) + cute.size_in_bytes(self.ab_dtype, cute.slice_(sB_layout, (None, None, 0)))
+        stage_bytes = (atoms.stage_bytes(self.ab_dtype, sA_layout)
+                       + atoms.stage_bytes(self.ab_dtype, sB_layout))
         mcast_peers = self.mcast_a + self.mcast_b - 1
-        ab_pipe = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.ab_barriers.data_ptr(),
-            num_stages=self.ab_stages,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=pipeline.CooperativeGroup(
-                pipeline.Agent.Thread, mcast_peers * self.mma_wgs * 4
-            ),
-            tx_count=stage_bytes,
-            cta_layout_vmnk=cute.make_layout((1, *cta_layout.shape)),
-            defer_sync=True,
-        )
+        ab_pipe = atoms.tma_pipeline(storage.ab_barriers.data_ptr(), self.ab_stages, stage_bytes,
+                                     mcast_peers * self.mma_wgs * 4,
+                                     cute.make_layout((1, *cta_layout.shape)))
         order_bars = storage.order_barriers.data_ptr()
         red_bars = storage.red_barriers.data_ptr()
         if cutlass.const_expr(self.tile_owners > 1):
@@ -530,7 +494,7 @@ class GemmSm90Kernel:
 
         warpgroup = cute.arch.make_warp_uniform(tidx // 128)
         if warpgroup == 0:
-            cute.arch.setmaxregister_decrease(_PRODUCER_REGS)
+            cute.arch.setmaxregister_decrease(atoms.GEMM_PRODUCER_REGS)
             if warp_idx == 0:
                 self.produce(tma_a, tma_b, sA, sB, gA, gB, ab_pipe, cta_layout, cluster_coord,
                              sched_params, k_tiles)
@@ -563,9 +527,7 @@ class GemmSm90Kernel:
         if cutlass.const_expr(self.mcast_b > 1):
             b_mask = cute.make_layout_image_mask(cta_layout, cluster_coord, mode=0)
 
-        sched = utils.StaticPersistentTileScheduler.create(
-            sched_params, cute.arch.block_idx(), cute.arch.grid_dim()
-        )
+        sched = atoms.tile_scheduler(sched_params)
         work = sched.initial_work_tile_info()
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.ab_stages)
         # k-blocks of the first tile already issued (``early_b``).
@@ -732,9 +694,7 @@ class GemmSm90Kernel:
         if cutlass.const_expr(scale_a is not None):
             scale = scale_a[0] * scale_b[0]
 
-        sched = utils.StaticPersistentTileScheduler.create(
-            sched_params, cute.arch.block_idx(), cute.arch.grid_dim()
-        )
+        sched = atoms.tile_scheduler(sched_params)
         read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stages)
         release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stages)
         # Warpgroup 0 passes its first turn (parity 1 of a fresh mbarrier counts as completed).
