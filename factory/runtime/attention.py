@@ -23,7 +23,7 @@ from . import validate
 from .errors import InputError, NoVariantError
 
 _DTYPES = {"bfloat16": "bf16", "float16": "f16"}
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = (64, 128, 256)
 _GRID_YZ_MAX = 65535
 
 
@@ -182,9 +182,22 @@ def _choose(bundle, dtype: str, head_dim: int, causal: bool, varlen: bool, rows:
         if len(per_bundle) > 4096:
             per_bundle.clear()
         e = select(bundle.candidates("attention"), dtype=dtype, head_dim=head_dim, causal=causal,
-                   varlen=varlen, rows=rows, sms=sms, decode=decode)
+                   varlen=varlen, rows=rows, sms=sms, decode=decode,
+                   tuned=_tuned(bundle, dtype, head_dim, causal, decode) if not varlen else None)
         hit = per_bundle[key] = (e["name"], int(e.get("splits", 1)))
     return hit
+
+
+def _tuned(bundle, dtype: str, head_dim: int, causal: bool, decode) -> str | None:
+    """The bundle's measured winner for this dense problem's bucket (runtime/tuning.py
+    ``attention_bucket_key``), when its tuning.json applies to this device; else None."""
+    table = getattr(bundle, "tuning", None)
+    if table is None or decode is None:
+        return None
+    from .tuning import attention_bucket_key
+
+    b, hq, _, sq, sk = decode
+    return table.attention_winner(attention_bucket_key(dtype, head_dim, causal, sq, sk, b * hq))
 
 
 def split_count(ctas: int, key_tiles: int, sms: int, available) -> int:
@@ -243,7 +256,7 @@ def _more_waves(small: dict, big: dict, decode: tuple, sms: int) -> bool:
 
 def select(candidates: list[dict], *, dtype: str, head_dim: int, causal: bool,
            varlen: bool, rows: int | None = None, sms: int = 132,
-           decode: tuple[int, int, int, int, int] | None = None) -> dict:
+           decode: tuple[int, int, int, int, int] | None = None, tuned: str | None = None) -> dict:
     """The manifest entry that implements this problem on the best target (candidates come
     best-target first); within that target, the family's preferred tile, unless its grid
     (rows / tile_m CTAs) leaves SMs idle and a variant with a smaller query tile exists: then the
@@ -257,7 +270,9 @@ def select(candidates: list[dict], *, dtype: str, head_dim: int, causal: bool,
     ``min_seqlen_q`` serves only dense problems with at least that many queries (the sm90
     family's 64-row warpgroup slabs are padding for fewer); below it the next target's choice.
     Variants that state ``ctas_per_sm`` take the smaller tile only if its grid needs no more
-    waves than the preferred tile's (:func:`_more_waves`)."""
+    waves than the preferred tile's (:func:`_more_waves`).  ``tuned``: the name the bundle's tuning
+    table measured fastest for this dense problem's bucket; taken when it is among the variants
+    left after the decode rules and the min_seqlen_q filter (any target), before the tile rule."""
     fit = [e for e in candidates
            if e.get("dtype") == dtype and e.get("head_dim") == head_dim
            and bool(e.get("varlen")) == varlen]
@@ -281,6 +296,10 @@ def select(candidates: list[dict], *, dtype: str, head_dim: int, causal: bool,
     fit = [e for e in fit if bool(e.get("causal")) == causal]
     if decode is not None and not varlen:
         fit = [e for e in fit if decode[3] >= e.get("min_seqlen_q", 0)] or fit
+    if tuned is not None:
+        e = next((e for e in fit if e["name"] == tuned and e.get("splits", 1) == 1), None)
+        if e is not None:
+            return e
     if fit:
         best = [e for e in fit if e.get("target") == fit[0].get("target")]
         best = [e for e in best if e.get("splits", 1) == 1] or best
