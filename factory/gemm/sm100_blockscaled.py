@@ -342,7 +342,7 @@ class GemmSm100BlockScaledKernel(GemmSm100Kernel):
             raise ValueError(f"epilogue tile {cute.product_each(cute.shape(epi_tile))} differs from the plan")
         sC_layout = atoms.epilogue_smem_layout(c_dtype, c_layout, epi_tile, _EPI_STAGES)
         acc_fake = mma.make_fragment_C(cute.append(mma.partition_shape_C(self.mma_tiler[:2]), _ACC_STAGES))
-        if cutlass.const_expr(atoms.tmem_columns_of(acc_fake) < self.acc_cols):
+        if cutlass.const_expr(atoms.tmem_columns_of(acc_fake) != self.acc_cols):
             raise ValueError(f"accumulators take {atoms.tmem_columns_of(acc_fake)} TMEM columns, "
                              f"the plan {self.acc_cols}")
 
