@@ -264,8 +264,14 @@ def test_loader_refuses_bad_operands(test_bundle):
     # A row start that is not 16-byte aligned (the data is a view at an odd offset).
     big = bs.pack(torch.randn(64, 160), "mxfp8")
     view = bs.BlockScaled(big.data[:, 8:136], bs.swizzle_scales(torch.ones(64, 4, dtype=torch.uint8)), "mxfp8")
-    with pytest.raises(NoVariantError, match="16-byte|multiple of|aligned"):
+    with pytest.raises(InputError, match=r"a.data must start 16-byte aligned .* pointer % 16 = 8"):
         b.gemm(view, bs.pack(torch.randn(8, 128), "mxfp8"))
+    odd = bs.BlockScaled(torch.zeros(64, 136, dtype=torch.float8_e4m3fn)[:, :128], view.scale, "mxfp8")
+    with pytest.raises(InputError, match=r"rows 16 bytes apart .* byte strides \[136\]"):
+        b.gemm(odd, bs.pack(torch.randn(8, 128), "mxfp8"))
+    sc = torch.zeros(1 + view.scale.numel(), dtype=torch.uint8)[1:].view(view.scale.shape)
+    with pytest.raises(InputError, match=r"a.scale must start 16-byte aligned"):
+        b.gemm(bs.BlockScaled(big.data[:, :128], sc, "mxfp8"), bs.pack(torch.randn(8, 128), "mxfp8"))
     # No variant for an output dtype the bundle lacks.
     with pytest.raises(NoVariantError, match=r"nvf4 -> f16"):
         b.gemm(a, w, out_dtype=torch.float16)

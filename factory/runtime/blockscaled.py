@@ -321,6 +321,18 @@ def _check_operand(t, what: str) -> None:
                          f"{tuple(t.data.stride())}")
 
 
+def _check_alignment(t: BlockScaled, what: str) -> None:
+    """What every block-scaled variant's TMA needs of an operand: 16-byte aligned data and scale
+    pointers and data rows (and batches) 16 bytes apart."""
+    strides = [s * t.data.element_size() for s, n in zip(t.data.stride()[:-1], t.data.shape[:-1]) if n > 1]
+    if t.data.data_ptr() % 16 or any(s % 16 for s in strides):
+        raise InputError(f"gemm_blockscaled: {what}.data must start 16-byte aligned with rows 16 bytes apart "
+                         f"(TMA), got pointer % 16 = {t.data.data_ptr() % 16}, byte strides {strides}")
+    if t.scale.data_ptr() % 16:
+        raise InputError(f"gemm_blockscaled: {what}.scale must start 16-byte aligned (TMA), got pointer % 16 = "
+                         f"{t.scale.data_ptr() % 16}")
+
+
 def gemm_blockscaled(bundle, a: BlockScaled, b: BlockScaled, out: Tensor | None = None, *, out_dtype=None,
                      variant: str | None = None) -> Tensor:
     """``out = dequantize(a) @ dequantize(b).T`` for block-scaled a (M, K) / (L, M, K) and b (N, K)
@@ -355,6 +367,8 @@ def gemm_blockscaled(bundle, a: BlockScaled, b: BlockScaled, out: Tensor | None 
         return out
     if K % 32:
         raise InputError(f"gemm_blockscaled: K = {K} must be a multiple of 32 (16-byte rows of fp4, whole MXFP8 blocks)")
+    _check_alignment(a, "a")
+    _check_alignment(b, "b")
     a3, b3, c3 = _data_spec(a, "a"), _data_spec(b, "b"), dense.rkl_spec(out, "out")
     specs = [a3, b3, c3, (a.scale.data_ptr(), (a.scale.numel(),), (1,)), (b.scale.data_ptr(), (b.scale.numel(),), (1,))]
     if f.global_scale:
