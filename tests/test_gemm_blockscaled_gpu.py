@@ -19,9 +19,11 @@ def _capability():
     return tuple(torch.cuda.get_device_capability())
 
 
-blackwell_only = pytest.mark.skipif("not __import__('torch').cuda.is_available() or "
-                                    "__import__('torch').cuda.get_device_capability() != (10, 0)",
-                                    reason="needs a compute capability 10.0 GPU (the block-scaled kernels are sm_100a)")
+@pytest.fixture(scope="module")
+def blackwell():
+    """Skips unless the GPU is compute capability 10.0 (the block-scaled kernels are sm_100a)."""
+    if _capability() != (10, 0):
+        pytest.skip(f"needs a compute capability 10.0 GPU (B200, GB200); this one is {_capability()}")
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +41,7 @@ def entries(bundle):
     return found
 
 
-@blackwell_only
-def test_every_variant_matches_the_decoded_reference(bundle, entries):
+def test_every_variant_matches_the_decoded_reference(blackwell, bundle, entries):
     from factory import testing
 
     results = [r for e in entries for r in testing.smoke_gemm_blockscaled(bundle, e)]
@@ -48,10 +49,9 @@ def test_every_variant_matches_the_decoded_reference(bundle, entries):
     assert not bad, bad
 
 
-@blackwell_only
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp8_e4m3", "mxfp8_e5m2"])
 @pytest.mark.parametrize("M,N,K", [(1, 128, 64), (16, 4096, 4096), (300, 520, 800), (4096, 4096, 4096)])
-def test_selected_variant(bundle, entries, fmt, M, N, K):
+def test_selected_variant(blackwell, bundle, entries, fmt, M, N, K):
     import torch
 
     from factory import testing
@@ -68,8 +68,7 @@ def test_selected_variant(bundle, entries, fmt, M, N, K):
     assert testing.rel_error(out, bs.reference_gemm(a, b)) < testing.TOLERANCE["bf16"]
 
 
-@blackwell_only
-def test_cuda_graph_replay(bundle, entries):
+def test_cuda_graph_replay(blackwell, bundle, entries):
     import torch
 
     from factory import testing

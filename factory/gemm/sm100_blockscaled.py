@@ -49,7 +49,6 @@ from ..abi import BLOCK_FORMATS, DTYPE_BITS, DTYPE_BYTES, SF_LAYOUT, SF_LAYOUT_S
 from ..atoms import sm100 as atoms
 from ..registry import register
 from ..variant import Variant
-from . import sm100 as dense
 from .sm100 import (_ACC_STAGES, _BARRIER_BYTES, _EPI_STAGES, _EPILOGUE_WARPS, _MAX_AB_STAGES, _MMA_WARP,
                     _SMEM_ALIGN, _STATIC_SMEM, _TMA_WARP, SASS_COMMON, SASS_MULTICAST, SASS_PAIR, THREADS,
                     GemmSm100Kernel, _Bar, _round_up, sass_tmem_alloc)
