@@ -182,7 +182,7 @@ class BundleCore:
         if err:
             raise LaunchError(f"{name}: launch failed: {self.lib.error(err)}")
 
-    def preload(self, ops=("gemm", "attention")) -> int:
+    def preload(self, ops=("gemm", "gemm_blockscaled", "attention")) -> int:
         """Load every variant of ``ops`` that this device runs, now: module loading cannot be
         captured in a CUDA graph, so call this (or run each call once) before capturing.  Returns
         the number of modules loaded."""
