@@ -282,22 +282,17 @@ def gemm(bundle, a, b, out=None, *, out_dtype=None, scale_a=None, scale_b=None, 
     try:
         key = (a.shape, b.shape, a.stride(), b.stride(), a.dtype, b.dtype, a.get_device(), b.get_device(),
                out_dtype, b_constant, variant, scale_a is None, scale_b is None)
-        if out is not None:
-            key += (out.shape, out.stride(), out.dtype, out.get_device())
-        if scale_a is not None:
-            key += (scale_a.dtype, scale_a.get_device(), scale_a.numel())
-        if scale_b is not None:
-            key += (scale_b.dtype, scale_b.get_device(), scale_b.numel())
+        if out is not None or scale_a is not None or scale_b is not None:
+            key = hot_key(key, out, scale_a, scale_b)
         fire = bundle._hot_gemm.get(key)
     except (AttributeError, TypeError):  # not tensors, an unhashable argument, a stand-in bundle
         key = fire = None
-    if (fire is not None and isinstance(a, Tensor) and isinstance(b, Tensor)
-            and (out is None or isinstance(out, Tensor)) and (scale_a is None or isinstance(scale_a, Tensor))
-            and (scale_b is None or isinstance(scale_b, Tensor))
+    if (fire is not None and isinstance(a, Tensor) and isinstance(b, Tensor) and hot_types(out, scale_a, scale_b)
             and not ((a.requires_grad or b.requires_grad) and torch.is_grad_enabled())):
         r = fire(a, b, out, scale_a, scale_b)
         if r is not None:
             return r
+        key = None  # a pointer of another alignment: the checked path selects for it, uncached
     # Checked on every call, cheaply: types, dtypes, ranks and sizes, one CUDA device, autograd.
     # Strides, alignment and 32-bit sizes are checked once per problem key (select / the binder).
     if not (isinstance(a, Tensor) and isinstance(b, Tensor)):
@@ -350,19 +345,45 @@ def gemm(bundle, a, b, out=None, *, out_dtype=None, scale_a=None, scale_b=None, 
     if "persistent" in entry:
         scales += launch_scalars(bundle, entry)
     bundle.launch(name, [a3, b3, c3, *scales], checked=True, device=dev)
-    if key is not None:
+    if key is not None and (not fp8 or hot_scales(bundle, a, keep, scale_a, scale_b)):
         unit = bundle._unit_scales.get(a.device) if fp8 else None
-        # (fp8: given scales are float32, as the hot path passes them; a default one was kept)
-        if not fp8 or all(s is unit if g is None else s is g for s, g in zip(keep, (scale_a, scale_b))):
-            fire = _hot_launch(bundle, name, entry, [a3, b3, c3, *scales], dev, out, out_given, unit)
-            if fire is not None:
-                if len(bundle._hot_gemm) >= _CACHE_LIMIT:
-                    bundle._hot_gemm.clear()
-                bundle._hot_gemm[key] = fire
+        remember_hot(bundle, key, hot_launch(bundle, name, entry, [a3, b3, c3, *scales], dev, out, out_given, unit))
     return out
 
 
-def _hot_launch(bundle, name: str, entry: dict, specs: list, dev: int, out, out_given: bool, unit):
+def hot_key(key: tuple, out, scale_a, scale_b) -> tuple:
+    """``key`` extended by what the hot path's launch depends on in ``out`` and the scales (their
+    shapes, strides, dtypes, devices; a scale's element count).  AttributeError when one is not
+    a tensor."""
+    if out is not None:
+        key += (out.shape, out.stride(), out.dtype, out.get_device())
+    if scale_a is not None:
+        key += (scale_a.dtype, scale_a.get_device(), scale_a.numel())
+    if scale_b is not None:
+        key += (scale_b.dtype, scale_b.get_device(), scale_b.numel())
+    return key
+
+
+def hot_scales(bundle, a, keep: list, scale_a, scale_b) -> bool:
+    """Whether the fp8 scales the checked path launched with are the ones the hot path will pass:
+    given ones float32 as given, a default one kept (made outside a graph capture)."""
+    unit = bundle._unit_scales.get(a.device)
+    return all(s is unit if g is None else s is g for s, g in zip(keep, (scale_a, scale_b)))
+
+
+def hot_types(out, scale_a, scale_b) -> bool:
+    return ((out is None or isinstance(out, Tensor)) and (scale_a is None or isinstance(scale_a, Tensor))
+            and (scale_b is None or isinstance(scale_b, Tensor)))
+
+
+def remember_hot(bundle, key: tuple, fire) -> None:
+    if fire is not None:
+        if len(bundle._hot_gemm) >= _CACHE_LIMIT:
+            bundle._hot_gemm.clear()
+        bundle._hot_gemm[key] = fire
+
+
+def hot_launch(bundle, name: str, entry: dict, specs: list, dev: int, out, out_given: bool, unit):
     """The hot path's launch of a problem just launched (and so checked) with ``specs``:
     ``fire(a, b, out, scale_a, scale_b)`` allocates ``out`` when not given (and a split-K
     variant's workspace), launches, and returns ``out``, or None when a data pointer breaks the
@@ -374,7 +395,7 @@ def _hot_launch(bundle, name: str, entry: dict, specs: list, dev: int, out, out_
     if fixed is None:  # not loaded by that launch (a stand-in launch in tests): nothing cached
         return None
     go = fixed.go
-    empty_like, cur_of, raw_of = torch.empty_like, bundle._cur, bundle._raw
+    empty_like = torch.empty_like
     oproto = None if out_given else out.new_empty(1).expand(out.shape)
     if oproto is not None and empty_like(oproto).stride() != out.stride():
         raise AssertionError(f"{name}: empty_like does not reproduce the checked output layout")
@@ -394,17 +415,17 @@ def _hot_launch(bundle, name: str, entry: dict, specs: list, dev: int, out, out_
         def fire(a, b, out, sa, sb):
             if out is None:
                 out = empty_like(oproto)
-            here = cur_of()
+            here = bundle._cur()
             if here != dev:
                 not_current(dev, here)
-            err = go(a.data_ptr(), b.data_ptr(), out.data_ptr(), raw_of(here))
+            err = go(a.data_ptr(), b.data_ptr(), out.data_ptr(), bundle._raw(here))
             return out if err == 0 else failed(err)
         return fire
 
     def fire_any(a, b, out, sa, sb):
         if out is None:
             out = empty_like(oproto)
-        here = cur_of()
+        here = bundle._cur()
         if here != dev:
             not_current(dev, here)
         p = [a.data_ptr(), b.data_ptr(), out.data_ptr()]
@@ -413,7 +434,7 @@ def _hot_launch(bundle, name: str, entry: dict, specs: list, dev: int, out, out_
         if wproto is not None:
             ws = empty_like(wproto)  # (alive until the launch is queued)
             p.append(ws.data_ptr())
-        err = go(*p, raw_of(here))
+        err = go(*p, bundle._raw(here))
         return out if err == 0 else failed(err)
     return fire_any
 
