@@ -321,12 +321,10 @@ def breakdown(b, x, w, out) -> dict:
     name = fire.fixed.name
     argv, _buf = b.binder(name).bind([q, k, v, o, lse, 0.125], stream, 0)
     native = b.lib.launcher(name)
-    flat = torch.empty(1, device="cuda", dtype=q.dtype).expand(q.numel() + 2 * lse.numel())
     steps = {"whole bundle.attention": lambda: b.attention(q, k, v),
              "whole bundle.attention(return_lse=True)": lambda: b.attention(q, k, v, return_lse=True),
              "key + lookup": lambda: b._hot_attention.get(key()),
              "empty_like(q) + empty_like(lse view)": lambda: (torch.empty_like(q), torch.empty_like(lproto)),
-             "empty_like(flat o + lse) + as_strided": lambda: torch.empty_like(flat).as_strided(q.shape, q.stride()),
              "torch.empty((1, 8, 512), float32, device)": lambda: torch.empty((1, 8, 512), dtype=torch.float32,
                                                                              device=q.device),
              "current device + raw stream": lambda: b._raw(b._cur()),

@@ -58,7 +58,7 @@ def test_attention_hot_calls_on_fresh_data(bundle, binds, shape, causal):
         if i == 0:
             bundle._hot_attention.clear()
             binds.clear()
-        if i % 2:  # (without LSE: it goes to the tail of o's buffer)
+        if i % 2:  # (without LSE)
             o, lse = bundle.attention(q, k, v, causal=causal), None
         else:
             o, lse = bundle.attention(q, k, v, causal=causal, return_lse=True)

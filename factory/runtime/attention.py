@@ -59,7 +59,7 @@ def attention(bundle, q, k, v, causal=False, softmax_scale=None, cu_seqlens_q=No
             key = fire = None
         if (fire is not None and isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor)
                 and not ((q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled())):
-            out = fire(q, k, v, return_lse)
+            out = fire(q, k, v)
             if out is not None:
                 return out if return_lse else out[0]
             key = None  # a misaligned pointer: the checked path below refuses it
@@ -155,18 +155,12 @@ def split_workspace(torch, q, splits: int):
 
 def _hot_launch(bundle, name: str, splits: int, q, o, lse, args: list, dev: int):
     """The hot path's launch of a dense problem just launched (and so checked) with ``args``:
-    ``fire(q, k, v, want_lse)`` allocates the outputs (and a split variant's workspace),
-    launches, and returns (o, lse) — lse None unless ``want_lse`` — or None when a data pointer
-    breaks the alignment contract (nothing launched: the checked path then says which).  None
-    instead of ``fire`` when the variant was not loaded by that launch (a stand-in launch in
-    tests): then nothing is cached.
-
-    Everything else of the key's problem is fixed: the packed argument bytes
-    (:meth:`BundleCore.fixed`) and the outputs' layouts, checked here: o as ``empty_like(q)``
-    lays it out, lse compact (``empty_like`` of zero-stride views).  Without ``want_lse`` the
-    LSE the kernel writes anyway goes to the 16-byte-aligned tail of o's own allocation (o is
-    then a view of that buffer, 4·B·H·Sq bytes larger than o): one allocation per call instead
-    of two (3.8 µs each on the H100's host)."""
+    ``fire(q, k, v)`` allocates O, LSE (and a split variant's workspace), launches, and returns
+    (o, lse), or None when a data pointer breaks the alignment contract (nothing launched: the
+    checked path then says which).  None instead of ``fire`` when the variant was not loaded by
+    that launch (a stand-in launch in tests): then nothing is cached.  Everything else of the key's problem is fixed: the packed
+    argument bytes (:meth:`BundleCore.fixed`), the outputs' shapes and strides (``empty_like``
+    of q and of zero-stride views, which give the layouts checked here)."""
     specs = [a if isinstance(a, float) else (a.data_ptr(), tuple(a.shape), tuple(a.stride())) for a in args]
     fixed = bundle.fixed(name, specs) if isinstance(bundle, BundleCore) else None
     if fixed is None:  # a stand-in bundle or launch (tests): every call takes the checked path
@@ -175,35 +169,15 @@ def _hot_launch(bundle, name: str, splits: int, q, o, lse, args: list, dev: int)
     one = torch.empty(1, dtype=torch.float32, device=q.device)
     empty_like = torch.empty_like
     lproto = one.expand(lse.shape)  # empty_like of a zero-stride view: a new compact tensor
-    es = o.element_size()
-    tail = -(-o.numel() * es // 16) * 16  # the LSE's byte offset in o's buffer
-    flat = torch.empty(1, dtype=o.dtype, device=q.device).expand((tail + lse.numel() * 4) // es)
-    oshape, ostride = tuple(o.shape), o.stride()
-    if (empty_like(lproto).stride() != lse.stride() or empty_like(q).stride() != ostride
-            or empty_like(flat).as_strided(oshape, ostride).is_contiguous() != o.is_contiguous()):
+    if empty_like(lproto).stride() != lse.stride() or empty_like(q).stride() != o.stride():
         raise AssertionError(f"{name}: empty_like does not reproduce the checked output layouts")
-
-    def outputs(q, want_lse):
-        if want_lse:
-            o, lse = empty_like(q), empty_like(lproto)
-            return o, lse, o.data_ptr(), lse.data_ptr()
-        buf = empty_like(flat)
-        p = buf.data_ptr()
-        return buf.as_strided(oshape, ostride), None, p, p + tail
-
     if splits == 1:
-        def fire(q, k, v, want_lse):
-            if want_lse:
-                o, lse = empty_like(q), empty_like(lproto)
-                op, lp = o.data_ptr(), lse.data_ptr()
-            else:
-                buf, lse = empty_like(flat), None
-                op = buf.data_ptr()
-                lp, o = op + tail, buf.as_strided(oshape, ostride)
+        def fire(q, k, v):
+            o, lse = empty_like(q), empty_like(lproto)
             here = bundle._cur()
             if here != dev:
                 not_current(dev, here)
-            err = go(q.data_ptr(), k.data_ptr(), v.data_ptr(), op, lp, bundle._raw(here))
+            err = go(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(), bundle._raw(here))
             if err != 0:
                 if err is None:
                     return None
@@ -216,14 +190,13 @@ def _hot_launch(bundle, name: str, splits: int, q, o, lse, args: list, dev: int)
     n = splits * b * hq * sq
     wproto, lse_at = one.expand(n * (d + 1)), n * d * 4  # split_workspace's one allocation
 
-    def fire_split(q, k, v, want_lse):
-        o, lse, op, lp = outputs(q, want_lse)
-        ws = empty_like(wproto)  # (not in o's buffer: it is 2·splits times o's size)
+    def fire_split(q, k, v):
+        o, lse, ws = empty_like(q), empty_like(lproto), empty_like(wproto)
         here = bundle._cur()
         if here != dev:
             not_current(dev, here)
         w = ws.data_ptr()
-        err = go(q.data_ptr(), k.data_ptr(), v.data_ptr(), op, lp, w, w + lse_at, bundle._raw(here))
+        err = go(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(), w, w + lse_at, bundle._raw(here))
         if err != 0:
             if err is None:
                 return None
