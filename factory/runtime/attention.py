@@ -133,7 +133,8 @@ def attention(bundle, q, k, v, causal=False, softmax_scale=None, cu_seqlens_q=No
         if splits > 1:
             args[5:5] = split_workspace(torch, q, splits)
     bundle.launch(name, args, device=dev)
-    if key is not None and (scale_given is None or type(scale_given) in (float, int)):
+    # (cached only for plain flags: a tensor's hash is its identity, so it would never hit again)
+    if key is not None and type(causal) in (bool, int) and (scale_given is None or type(scale_given) in (float, int)):
         fire = _hot_launch(bundle, name, splits, q, o, lse, args, dev)
         if fire is not None:
             cache = _hot(bundle)
@@ -158,9 +159,10 @@ def _hot_launch(bundle, name: str, splits: int, q, o, lse, args: list, dev: int)
     ``fire(q, k, v)`` allocates O, LSE (and a split variant's workspace), launches, and returns
     (o, lse), or None when a data pointer breaks the alignment contract (nothing launched: the
     checked path then says which).  None instead of ``fire`` when the variant was not loaded by
-    that launch (a stand-in launch in tests): then nothing is cached.  Everything else of the key's problem is fixed: the packed
-    argument bytes (:meth:`BundleCore.fixed`), the outputs' shapes and strides (``empty_like``
-    of q and of zero-stride views, which give the layouts checked here)."""
+    that launch (a stand-in launch in tests): then nothing is cached.  Everything else of the
+    key's problem is fixed: the packed argument bytes (:meth:`BundleCore.fixed`), the outputs'
+    shapes and strides (``empty_like`` of q and of zero-stride views, which give the layouts
+    checked here)."""
     specs = [a if isinstance(a, float) else (a.data_ptr(), tuple(a.shape), tuple(a.stride())) for a in args]
     fixed = bundle.fixed(name, specs) if isinstance(bundle, BundleCore) else None
     if fixed is None:  # a stand-in bundle or launch (tests): every call takes the checked path
@@ -196,7 +198,8 @@ def _hot_launch(bundle, name: str, splits: int, q, o, lse, args: list, dev: int)
         if here != dev:
             not_current(dev, here)
         w = ws.data_ptr()
-        err = go(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(), w, w + lse_at, bundle._raw(here))
+        err = go(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(), w, w + lse_at,
+                 bundle._raw(here))
         if err != 0:
             if err is None:
                 return None
