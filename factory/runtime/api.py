@@ -56,6 +56,9 @@ class Bundle(BundleCore):
 
         return torch_ops.register(self)
 
-    def attention(self, q, k, v, **kwargs):
-        """FlashAttention forward (runtime/attention.py has the arguments)."""
-        return (_OPS or _ops())[2].attention(self, q, k, v, **kwargs)
+    def attention(self, q, k, v, causal=False, softmax_scale=None, cu_seqlens_q=None, cu_seqlens_k=None,
+                  max_seqlen_q=None, max_seqlen_k=None, return_lse=False, check_varlen=None):
+        """FlashAttention forward (runtime/attention.py says what the arguments mean).  (Passed on
+        by position: a ``**kwargs`` dict per call is a measurable part of the hot path.)"""
+        return (_OPS or _ops())[2].attention(self, q, k, v, causal, softmax_scale, cu_seqlens_q, cu_seqlens_k,
+                                             max_seqlen_q, max_seqlen_k, return_lse, check_varlen)
