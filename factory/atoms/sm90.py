@@ -44,6 +44,20 @@ def acc_as_a_operand(acc_layout: cute.Layout, a_fragment: cute.Tensor) -> cute.T
 
 
 @cute.jit
+def schedule_fence(x):
+    """Returns ``x`` (a Float32 that is >= 0 or NaN, e.g. a partial row sum of exponentials)
+    through a loop that never runs: a basic-block boundary ptxas can neither if-convert nor
+    schedule across.  ptxas schedules within basic blocks and hoists ``WARPGROUP.DEPBAR`` (a
+    ``wgmma.wait_group``) to the top of its block; a wait placed after this fence stays below
+    everything before it (SASS of the attention mainloop: notes/attention-sm90.md).  Cost: one
+    FSETP and one branch.  (The loop ends for every finite x: t < 0 halves toward 2.)"""
+    t = x
+    while t < 0.0:
+        t = t * 0.5 + 1.0
+    return t
+
+
+@cute.jit
 def quad_allreduce(x, op):
     """Reduce over the 4 threads of a quad (they hold one accumulator row between them)."""
     x = op(x, cute.arch.shuffle_sync_bfly(x, offset=2, mask=-1, mask_and_clamp=31))
@@ -55,4 +69,4 @@ def add(a, b):
 
 
 __all__ = ["CONSUMER_REGS", "PRODUCER_REGS", "acc_as_a_operand", "acc_mn_view", "add",
-           "quad_allreduce"]
+           "quad_allreduce", "schedule_fence"]
