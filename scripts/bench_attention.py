@@ -78,11 +78,13 @@ def _flops(b, hq, sq, sk, d, causal) -> float:
     return 4.0 * b * hq * pairs * d
 
 
-def bench_candidates(bundle, pattern: str, dtype="bf16", shapes=None, rounds: int = 4) -> list[dict]:
+def bench_candidates(bundle, pattern: str, dtype="bf16", shapes=None, rounds: int = 4,
+                     max_reps: int = 20) -> list[dict]:
     """Every dense variant of the bundle whose name matches ``pattern`` (a regex) and implements
     the problem, timed by name beside the flash and cuDNN SDPA backends and ``bundle.attention``
     (the loader's choice): one CUDA graph each, replayed in interleaved passes (the order reversed
-    every other pass: clock drift falls on all alike), medians.  Each candidate's output is first
+    every other pass: clock drift falls on all alike; few replays per pass and many passes
+    (``max_reps``, ``rounds``) interleave finer), medians.  Each candidate's output is first
     checked (NaN-poisoned o, relative error against float32 where the reference fits)."""
     import math
     import re
@@ -122,7 +124,8 @@ def bench_candidates(bundle, pattern: str, dtype="bf16", shapes=None, rounds: in
                     return torch.nn.functional.scaled_dot_product_attention(
                         qt, kt, vt, is_causal=causal and sq == sk, enable_gqa=hq != hkv)
             calls[label] = fn
-        t = {n: s * 1e6 for n, s in time_interleaved(calls, 1, rounds=rounds, budget_s=0.1).items()}
+        t = {n: s * 1e6 for n, s in time_interleaved(calls, 1, rounds=rounds, budget_s=0.1,
+                                                       max_reps=max_reps).items()}
         best = min(t["flash"], t["cudnn"])
         row = {"B": B, "Hq": hq, "Hkv": hkv, "Sq": sq, "Sk": sk, "D": d, "causal": causal, "dtype": dtype,
                "flops": fl, "us": t, "rel_err": errs, "chosen": _chosen(bundle, q, k, v, causal)}
@@ -242,6 +245,10 @@ def main(argv=None) -> int:
                    "with the KV-read floor of this run's copy bandwidth")
     p.add_argument("--candidates", metavar="REGEX", help="instead: time every dense variant whose name "
                    "matches REGEX by name, interleaved with the SDPA backends (prefill shapes)")
+    p.add_argument("--rounds", type=int, default=4, help="--candidates: interleaved passes")
+    p.add_argument("--max-reps", type=int, default=20, help="--candidates: replays per pass at most")
+    p.add_argument("--shapes", help="--candidates: only the shapes whose 'B,Hq,Hkv,Sq,Sk,D,causal' "
+                   "string matches this regex")
     a = p.parse_args(argv)
     import torch
 
@@ -251,7 +258,11 @@ def main(argv=None) -> int:
     bundle = Bundle.open(a.bundle)
     dev = torch.cuda.get_device_name()
     if a.candidates:
-        rows = bench_candidates(bundle, a.candidates, a.dtype)
+        import re
+
+        shapes = [s for s in SHAPES if s[3] > 4 and (not a.shapes or re.search(
+            a.shapes, ",".join(str(int(x)) for x in s)))]
+        rows = bench_candidates(bundle, a.candidates, a.dtype, shapes, a.rounds, a.max_reps)
         out = Path(a.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         Path(str(out) + ".json").write_text(json.dumps({

@@ -119,7 +119,7 @@ def test_enumeration_and_names():
 
     sm90 = _family()
     test = sm90.enumerate_attention(get_target("sm_90a"), "test")
-    assert [v.name for v in test] == ["attention_sm90a_bf16_d128_m128_n128_s2_causal_ov_pp_ps"]
+    assert [v.name for v in test] == ["attention_sm90a_bf16_d128_m128_n128_s2_causal_ov_pp_er_ps"]
     default = sm90.enumerate_attention(get_target("sm_90a"), "default")
     problems = {(dt, d, c) for dt in ("bf16", "f16") for d in (64, 128) for c in (False, True)}
     varlen = [v for v in default if v.varlen]

@@ -217,8 +217,8 @@ class AttentionSm90(Variant):
             "threads": self.threads,
             "registers_per_role": {"producer": atoms.PRODUCER_REGS[self.consumers],
                                    "consumer": atoms.CONSUMER_REGS[self.consumers]},
-            "preferred": (self.tile_m, self.tile_n, self.stages, self.overlap, self.pingpong,
-                          self.early_rescale) == (*default_config(self.head_dim, self.causal), False)
+            "preferred": (self.tile_m, self.tile_n, self.stages, self.overlap, self.pingpong)
+                         == default_config(self.head_dim, self.causal)
                          and all(getattr(self, k) == v for k, v in
                                  default_schedule(self.head_dim, self.causal, self.varlen).items()),
         }
@@ -258,8 +258,13 @@ def default_config(head_dim: int, causal: bool) -> tuple[int, int, int, bool, bo
 # B4 H16 S1024 D64 42.1 vs 47.1 µs, causal 34.1 vs 39.6; B2 H16 S4096 D128 407.5 vs 436.9,
 # causal 250.0 vs 257.8; B4 H32/8 S2048 causal 242.0 vs 279.0; B1 H16 S16384 3280 vs 3361.
 # pin_wait lost everywhere (S16384 626 vs 654 TFLOP/s, causal 574 vs 635).
-def default_schedule(head_dim: int, causal: bool, varlen: bool = False) -> dict[str, bool]:
-    return {"pin_wait": False, "persistent": not varlen}
+def default_schedule(head_dim: int, causal: bool, varlen: bool = False,
+                     small: bool = False) -> dict[str, bool]:
+    """``small``: the 64-row tiles of under-filled grids (and varlen: the options were measured on
+    dense problems with the default tiles only; these keep the previous mainloop)."""
+    big = not varlen and not small
+    return {"pin_wait": False, "persistent": big,
+            "early_rescale": big and not (head_dim == 64 and causal)}
 
 
 # Ablations of the default configs (tier "full"): each mainloop/scheduler option on and off, so
@@ -289,12 +294,14 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm90]:
     problems = [(dt, d, c) for dt in DTYPES for d in HEAD_DIMS for c in (False, True)]
     out = [make(*p) for p in problems]
     # Packed variable-length batches (cu_seqlens): the dense problems' tiles.
-    out += [dataclasses.replace(make(*p, persistent=False), varlen=True) for p in problems]
+    out += [dataclasses.replace(make(*p, **default_schedule(*p[1:], varlen=True)), varlen=True)
+            for p in problems]
     # One consumer warpgroup (64-row tiles) for grids the default tile leaves under-filled (the
     # loader's rule, as for the sm80 family): B1 H8 S512 D64 non-causal ran 8.1 µs on 32 CTAs of
     # 128 rows vs 7.3 for the sm_90 build's 64 CTAs of 64 rows, 6.0 on 64-row sm_90a CTAs.
     # (A grid of at most 132 64-row tiles: persistent CTAs would change nothing.)
-    out += [make(*p, tile_m=64, pingpong=False, persistent=False) for p in problems]
+    out += [make(*p, tile_m=64, pingpong=False, **default_schedule(*p[1:], small=True))
+            for p in problems]
     if tier == "full":
         out += [dataclasses.replace(make(*p), **a) for p in problems for a in _ABLATIONS]
         # D64: the other query tile (128 <-> 192 rows) under the default schedule
