@@ -84,6 +84,9 @@ _SMEM_ALIGN = 1024
 # (the arguments carry no device facts); on a device with fewer SMs (%nsmid) the CTAs past its
 # count leave at once and the others share their tiles, so no CTA waits for a second wave.
 PERSISTENT_CTAS = 132
+# exp_poly: scores per row and thread (of tile_n / 4) whose exp2 comes from the FMA pipe: MUFU time
+# 8 clocks per warp instruction vs ~9 issue slots per polynomial, balanced near 1/8 of them.
+EXP_POLY_COLS = 4
 # Static smem the DSL adds to every kernel (1 KiB) and room for the mbarriers.
 _STATIC_SMEM = 1024
 _BARRIER_BYTES = 1024
@@ -127,6 +130,9 @@ class AttentionSm90(Variant):
     # Persistent CTAs: a grid of min(tiles, PERSISTENT_CTAS), each walking tiles (causal: longest
     # rows first); the next tile's Q loads while this one's O is stored (O gets its own smem).
     persistent: bool = field(default=False, metadata={"tag": "ps"})
+    # In the unmasked mainloop, EXP_POLY_COLS of each thread's scores per row take exp2 from a
+    # polynomial on the FMA pipe (atoms.exp2_poly) instead of the MUFU, which paces the softmax.
+    exp_poly: bool = field(default=False, metadata={"tag": "xp"})
 
     @property
     def consumers(self) -> int:
@@ -179,6 +185,8 @@ class AttentionSm90(Variant):
             return "early_rescale needs overlap"
         if self.pin_wait and not self.overlap:
             return "pin_wait needs overlap"
+        if self.exp_poly and not self.overlap:
+            return "exp_poly needs overlap"
         if self.persistent and self.varlen:
             return "persistent scheduling is for dense problems"
         # fp32 registers per consumer thread: S (tile_n/2), O (head_dim/2), P (tile_n/4); with
@@ -205,6 +213,7 @@ class AttentionSm90(Variant):
             "pingpong": self.pingpong,
             "early_rescale": self.early_rescale,
             "pin_wait": self.pin_wait,
+            "exp_poly": EXP_POLY_COLS if self.exp_poly else 0,
             "smem_bytes": self.smem_bytes(),
             "min_seqlen_q": MIN_SEQLEN_Q,
             "tile_scheduler": ({"persistent": True, "max_ctas": PERSISTENT_CTAS,
@@ -228,7 +237,7 @@ class AttentionSm90(Variant):
             dtype=_cutlass_dtype(self.dtype), head_dim=self.head_dim, tile_m=self.tile_m,
             tile_n=self.tile_n, stages=self.stages, causal=self.causal, overlap=self.overlap,
             pingpong=self.pingpong, early_rescale=self.early_rescale, pin_wait=self.pin_wait,
-            persistent=self.persistent,
+            persistent=self.persistent, exp_poly=self.exp_poly,
         )
         return k.packed if self.varlen else k.dense
 
@@ -304,8 +313,11 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm90]:
             for p in problems]
     if tier == "full":
         out += [dataclasses.replace(make(*p), **a) for p in problems for a in _ABLATIONS]
-        # D64: the other query tile (128 <-> 192 rows) under the default schedule
+        # D64: the other query tile (128 <-> 192 rows) and 3 stages under the default schedule
         out += [make(dt, 64, c, tile_m=320 - make(dt, 64, c).tile_m) for dt, d, c in problems if d == 64]
+        out += [make(dt, 64, c, stages=3) for dt, d, c in problems if d == 64]
+        # the default with part of the exponentials on the FMA pipe
+        out += [dataclasses.replace(make(*p), exp_poly=True) for p in problems]
     out = list({v.name: v for v in out}.values())
     return [v for v in out if v.can_implement() is None]
 
@@ -319,7 +331,7 @@ class FlashFwdSm90:
 
     def __init__(self, *, dtype, head_dim: int, tile_m: int, tile_n: int, stages: int,
                  causal: bool, overlap: bool, pingpong: bool, early_rescale: bool = False,
-                 pin_wait: bool = False, persistent: bool = False):
+                 pin_wait: bool = False, persistent: bool = False, exp_poly: bool = False):
         self.dtype = dtype
         self.head_dim = head_dim
         self.tile_m = tile_m
@@ -331,6 +343,7 @@ class FlashFwdSm90:
         self.early_rescale = early_rescale
         self.pin_wait = pin_wait
         self.persistent = persistent
+        self.exp_poly = exp_poly
         self.consumers = tile_m // WG_ROWS
         self.threads = 128 * (1 + self.consumers)
         self.producer_regs = atoms.PRODUCER_REGS[self.consumers]
@@ -803,7 +816,8 @@ class FlashFwdSm90:
         k_pipe.consumer_release(read)
         if cutlass.const_expr(masked):
             self.apply_mask(acc_S, cS, row0, n * self.tile_n, q_len, k_len)
-        self.online_softmax(acc_S, row_max, row_sum, corr, scale_log2)
+        self.online_softmax(acc_S, row_max, row_sum, corr, scale_log2,
+                            poly=self.exp_poly and not masked)
         if cutlass.const_expr(self.pin_wait):
             # keep the P·V wait below the exponentials: the softmax overlaps P·V (atoms/sm90.py)
             row_sum[0] = atoms.schedule_fence(row_sum[0])
@@ -874,9 +888,11 @@ class FlashFwdSm90:
                 s_mn[r, c] = -cutlass.Float32.inf if cS[r, c][1] >= limit else s_mn[r, c]
 
     @cute.jit
-    def online_softmax(self, acc_S, row_max, row_sum, corr, scale_log2):
+    def online_softmax(self, acc_S, row_max, row_sum, corr, scale_log2,
+                       poly: cutlass.Constexpr = False):
         """acc_S <- exp2(S·scale_log2 - max·scale_log2) with the running max and sum updated;
-        ``corr`` <- each row's correction factor for O (exp2 of the old max minus the new)."""
+        ``corr`` <- each row's correction factor for O (exp2 of the old max minus the new).
+        ``poly``: EXP_POLY_COLS scores per row by atoms.exp2_poly (only where no score is -inf)."""
         s_mn = atoms.acc_mn_view(acc_S)
         for r in cutlass.range_constexpr(cute.size(row_max)):
             s = s_mn[r, None].load()
@@ -885,7 +901,18 @@ class FlashFwdSm90:
             m_new = cute.arch.fmax(m_new, row_max[r])
             # A row with nothing visible yet keeps max = -inf; subtract 0 then, not -inf (NaN).
             m_scaled = (0.0 if m_new == -cutlass.Float32.inf else m_new) * scale_log2
-            p = cute.math.exp2(s * scale_log2 - m_scaled, fastmath=True)
+            if cutlass.const_expr(poly):
+                s_mn[r, None] = s * scale_log2 - m_scaled
+                n_cols = cute.size(s_mn, mode=[1])
+                step = n_cols // EXP_POLY_COLS
+                for c in cutlass.range_constexpr(n_cols):
+                    if cutlass.const_expr(c % step == step - 1):
+                        s_mn[r, c] = atoms.exp2_poly(s_mn[r, c])
+                    else:
+                        s_mn[r, c] = cute.math.exp2(s_mn[r, c], fastmath=True)
+                p = s_mn[r, None].load()
+            else:
+                p = cute.math.exp2(s * scale_log2 - m_scaled, fastmath=True)
             corr[r] = cute.math.exp2(row_max[r] * scale_log2 - m_scaled, fastmath=True)
             row_sum[r] = row_sum[r] * corr[r] + p.reduce(cute.ReductionOp.ADD, cutlass.Float32.zero, 0)
             row_max[r] = m_new
