@@ -119,7 +119,7 @@ def test_enumeration_and_names():
 
     sm90 = _family()
     test = sm90.enumerate_attention(get_target("sm_90a"), "test")
-    assert [v.name for v in test] == ["attention_sm90a_bf16_d128_m128_n128_s2_causal_ov_pp_er_ps"]
+    assert [v.name for v in test] == ["attention_sm90a_bf16_d128_m128_n128_s2_causal_ov_pp_er_ps_kf"]
     default = sm90.enumerate_attention(get_target("sm_90a"), "default")
     problems = {(dt, d, c) for dt in ("bf16", "f16") for d in (64, 128) for c in (False, True)}
     varlen = [v for v in default if v.varlen]
@@ -155,8 +155,8 @@ def test_signature_describe_and_limits():
 
     V = sm90.AttentionSm90
     v = V(target="sm_90a", dtype="f16", head_dim=64, causal=True, overlap=True, pingpong=True,
-          persistent=True)
-    assert v.name == "attention_sm90a_f16_d64_m128_n128_s2_causal_ov_pp_ps"
+          persistent=True, k_first=True)
+    assert v.name == "attention_sm90a_f16_d64_m128_n128_s2_causal_ov_pp_ps_kf"
     # The sm80 family's dense calling convention, argument for argument: no new launch code.
     assert v.signature() == AttentionSm80(target="sm_90", dtype="f16", head_dim=64,
                                           causal=True).signature()

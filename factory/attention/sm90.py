@@ -133,6 +133,8 @@ class AttentionSm90(Variant):
     # In the unmasked mainloop, EXP_POLY_COLS of each thread's scores per row take exp2 from a
     # polynomial on the FMA pipe (atoms.exp2_poly) instead of the MUFU, which paces the softmax.
     exp_poly: bool = field(default=False, metadata={"tag": "xp"})
+    # The producer issues a tile's first K before its Q and each K one tile ahead of its V.
+    k_first: bool = field(default=False, metadata={"tag": "kf"})
 
     @property
     def consumers(self) -> int:
@@ -214,6 +216,7 @@ class AttentionSm90(Variant):
             "early_rescale": self.early_rescale,
             "pin_wait": self.pin_wait,
             "exp_poly": EXP_POLY_COLS if self.exp_poly else 0,
+            "k_first": self.k_first,
             "smem_bytes": self.smem_bytes(),
             "min_seqlen_q": MIN_SEQLEN_Q,
             "tile_scheduler": ({"persistent": True, "max_ctas": PERSISTENT_CTAS,
@@ -237,7 +240,7 @@ class AttentionSm90(Variant):
             dtype=_cutlass_dtype(self.dtype), head_dim=self.head_dim, tile_m=self.tile_m,
             tile_n=self.tile_n, stages=self.stages, causal=self.causal, overlap=self.overlap,
             pingpong=self.pingpong, early_rescale=self.early_rescale, pin_wait=self.pin_wait,
-            persistent=self.persistent, exp_poly=self.exp_poly,
+            persistent=self.persistent, exp_poly=self.exp_poly, k_first=self.k_first,
         )
         return k.packed if self.varlen else k.dense
 
@@ -273,13 +276,14 @@ def default_schedule(head_dim: int, causal: bool, varlen: bool = False,
     dense problems with the default tiles only; these keep the previous mainloop)."""
     big = not varlen and not small
     return {"pin_wait": False, "persistent": big,
-            "early_rescale": big and not (head_dim == 64 and causal)}
+            "early_rescale": big and not (head_dim == 64 and causal), "k_first": big,
+            "exp_poly": False}
 
 
 # Ablations of the default configs (tier "full"): each mainloop/scheduler option on and off, so
 # that one bench process times them side by side (scripts/bench_attention.py --candidates).
 _ABLATIONS = tuple(
-    {"pin_wait": pw, "persistent": ps, "early_rescale": er}
+    {"pin_wait": pw, "persistent": ps, "early_rescale": er, "k_first": False}
     for pw in (False, True) for ps in (False, True) for er in (False, True)
 )
 
@@ -331,7 +335,8 @@ class FlashFwdSm90:
 
     def __init__(self, *, dtype, head_dim: int, tile_m: int, tile_n: int, stages: int,
                  causal: bool, overlap: bool, pingpong: bool, early_rescale: bool = False,
-                 pin_wait: bool = False, persistent: bool = False, exp_poly: bool = False):
+                 pin_wait: bool = False, persistent: bool = False, exp_poly: bool = False,
+                 k_first: bool = False):
         self.dtype = dtype
         self.head_dim = head_dim
         self.tile_m = tile_m
@@ -344,6 +349,7 @@ class FlashFwdSm90:
         self.pin_wait = pin_wait
         self.persistent = persistent
         self.exp_poly = exp_poly
+        self.k_first = k_first
         self.consumers = tile_m // WG_ROWS
         self.threads = 128 * (1 + self.consumers)
         self.producer_regs = atoms.PRODUCER_REGS[self.consumers]
@@ -627,10 +633,23 @@ class FlashFwdSm90:
     def produce(self, tma_q, seqQ, tma_k, seqK, tma_v, seqVt, sQ, sK, sV, q_bars, kv_pipes,
                 m_block, n_hi, state, q_phase):
         """The TMA warp: Q slabs (persistent: each once its warpgroup has released the previous
-        tile's), then K and V of tiles n_hi-1 down to 0.  Returns the K/V ring state."""
+        tile's), then K and V of tiles n_hi-1 down to 0.  ``k_first``: the first K before Q (a
+        persistent CTA's next tile starts on it while the consumers still finish the last one),
+        then each K one tile ahead of the V it pairs with (K(n) before V(n+1): the order the
+        consumers use them in).  Returns the K/V ring state."""
         k_pipe, v_pipe = kv_pipes
         if n_hi > 0:
             W, D, BN = self.consumers, self.head_dim, self.tile_n
+            gK = cute.local_tile(seqK, (BN, D), (None, 0))
+            gV = cute.local_tile(seqVt, (D, BN), (0, None))
+            tKsK, tKgK = cpasync.tma_partition(tma_k, 0, cute.make_layout(1),
+                                               cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
+            tVsV, tVgV = cpasync.tma_partition(tma_v, 0, cute.make_layout(1),
+                                               cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
+            if cutlass.const_expr(self.k_first):
+                k_pipe.producer_acquire(state)
+                cute.copy(tma_k, tKgK[(None, n_hi - 1)], tKsK[(None, state.index)],
+                          tma_bar_ptr=k_pipe.producer_get_barrier(state))
             gQ = cute.local_tile(seqQ, (WG_ROWS, D), (None, 0))
             tQsQ, tQgQ = cpasync.tma_partition(tma_q, 0, cute.make_layout(1),
                                                cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
@@ -643,21 +662,32 @@ class FlashFwdSm90:
                 cute.copy(tma_q, tQgQ[(None, m_block * W + w)], tQsQ[(None, w)],
                           tma_bar_ptr=q_bars + w)
 
-            gK = cute.local_tile(seqK, (BN, D), (None, 0))
-            gV = cute.local_tile(seqVt, (D, BN), (0, None))
-            tKsK, tKgK = cpasync.tma_partition(tma_k, 0, cute.make_layout(1),
-                                               cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
-            tVsV, tVgV = cpasync.tma_partition(tma_v, 0, cute.make_layout(1),
-                                               cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
-            for i in cutlass.range(n_hi, unroll=1):
-                n = n_hi - 1 - i
-                k_pipe.producer_acquire(state)
-                cute.copy(tma_k, tKgK[(None, n)], tKsK[(None, state.index)],
-                          tma_bar_ptr=k_pipe.producer_get_barrier(state))
-                v_pipe.producer_acquire(state)
-                cute.copy(tma_v, tVgV[(None, n)], tVsV[(None, state.index)],
-                          tma_bar_ptr=v_pipe.producer_get_barrier(state))
+            if cutlass.const_expr(self.k_first):
+                state_v = state.clone()  # V(n + 1) goes where K(n + 1) went
                 state.advance()
+                for i in cutlass.range(1, n_hi, unroll=1):
+                    n = n_hi - 1 - i
+                    k_pipe.producer_acquire(state)
+                    cute.copy(tma_k, tKgK[(None, n)], tKsK[(None, state.index)],
+                              tma_bar_ptr=k_pipe.producer_get_barrier(state))
+                    v_pipe.producer_acquire(state_v)
+                    cute.copy(tma_v, tVgV[(None, n + 1)], tVsV[(None, state_v.index)],
+                              tma_bar_ptr=v_pipe.producer_get_barrier(state_v))
+                    state_v = state.clone()
+                    state.advance()
+                v_pipe.producer_acquire(state_v)
+                cute.copy(tma_v, tVgV[(None, 0)], tVsV[(None, state_v.index)],
+                          tma_bar_ptr=v_pipe.producer_get_barrier(state_v))
+            else:
+                for i in cutlass.range(n_hi, unroll=1):
+                    n = n_hi - 1 - i
+                    k_pipe.producer_acquire(state)
+                    cute.copy(tma_k, tKgK[(None, n)], tKsK[(None, state.index)],
+                              tma_bar_ptr=k_pipe.producer_get_barrier(state))
+                    v_pipe.producer_acquire(state)
+                    cute.copy(tma_v, tVgV[(None, n)], tVsV[(None, state.index)],
+                              tma_bar_ptr=v_pipe.producer_get_barrier(state))
+                    state.advance()
         return state
 
     @cute.jit
