@@ -25,6 +25,11 @@ Warp roles (``1 + W`` warpgroups of 128 threads):
   LSE (natural log) from registers.
   A row with no visible key writes O = 0 and LSE = -inf.
 
+Persistent variants (the default for dense problems): a grid of min(tiles, 132) CTAs (fewer on a
+device with fewer SMs), each walking its share of the tiles (causal: longest rows first, dealt
+in zigzag rounds); the producer loads the next tile's Q once the consumers' last S GEMM of the
+current one has read theirs, O leaves through its own smem slabs.
+
 Tails need no code on the load side: TMA zero-fills rows past seqlen (Q and K/V), and masked
 scores are -inf, so the zero rows of V meet P = 0.  Causal masking is bottom-right aligned (query
 i sees keys j <= i + seqlen_k - seqlen_q); key tiles no row of the tile sees are never loaded,
@@ -84,8 +89,9 @@ _SMEM_ALIGN = 1024
 # (the arguments carry no device facts); on a device with fewer SMs (%nsmid) the CTAs past its
 # count leave at once and the others share their tiles, so no CTA waits for a second wave.
 PERSISTENT_CTAS = 132
-# exp_poly: scores per row and thread (of tile_n / 4) whose exp2 comes from the FMA pipe: MUFU time
-# 8 clocks per warp instruction vs ~9 issue slots per polynomial, balanced near 1/8 of them.
+# exp_poly: scores per row and thread (of tile_n / 4) whose exp2 comes from the FMA pipe (MUFU: 8
+# clocks per warp instruction vs ~9 issue slots per polynomial).  Measured slower (run 10): the
+# softmax is bound by issue slots, not by the MUFU.
 EXP_POLY_COLS = 4
 # Static smem the DSL adds to every kernel (1 KiB) and room for the mbarriers.
 _STATIC_SMEM = 1024
@@ -266,10 +272,12 @@ def default_config(head_dim: int, causal: bool) -> tuple[int, int, int, bool, bo
 
 
 # The default mainloop/scheduler options per problem (fields of AttentionSm90): H100, bf16,
-# interleaved graph replay, run 7 (notes/attention-sm90.md): persistent vs one tile per CTA
+# interleaved graph replay (notes/attention-sm90.md, runs 7-11): persistent vs one tile per CTA
 # B4 H16 S1024 D64 42.1 vs 47.1 µs, causal 34.1 vs 39.6; B2 H16 S4096 D128 407.5 vs 436.9,
-# causal 250.0 vs 257.8; B4 H32/8 S2048 causal 242.0 vs 279.0; B1 H16 S16384 3280 vs 3361.
-# pin_wait lost everywhere (S16384 626 vs 654 TFLOP/s, causal 574 vs 635).
+# causal 250.0 vs 257.8; B4 H32/8 S2048 causal 242.0 vs 279.0 (run 7); early_rescale on top
+# S4096 395.0 vs 405.7, S16384 3229 vs 3323, causal 1570 vs 1663, D64 causal 33.9 vs 32.5 (not
+# there) (run 9); k_first 0-2 % better everywhere (run 11).  Lost, kept as ablations: pin_wait
+# (S16384 626 vs 654 TFLOP/s, causal 574 vs 635, run 7), exp_poly (S16384 3400 vs 3086 µs, run 10).
 def default_schedule(head_dim: int, causal: bool, varlen: bool = False,
                      small: bool = False) -> dict[str, bool]:
     """``small``: the 64-row tiles of under-filled grids (and varlen: the options were measured on
