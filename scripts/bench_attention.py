@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from factory.benchmark import copy_bandwidth, default_out, time_eager, time_graph  # noqa: E402  (the GEMM bench's)
+from factory.benchmark import copy_bandwidth, default_out, time_eager, time_graph, time_interleaved  # noqa: E402  (the GEMM bench's)
 
 # (B, Hq, Hkv, Sq, Sk, D, causal)
 SHAPES = [
@@ -106,6 +106,70 @@ def _flops(b, hq, sq, sk, d, causal) -> float:
     if causal:  # bottom-right: query i sees i + sk - sq + 1 keys
         pairs = sum(min(sk, max(0, i + sk - sq + 1)) for i in range(sq)) if sq < 4096 else sq * sk - sq * (sq - 1) / 2
     return 4.0 * b * hq * pairs * d
+
+
+def bench_candidates(bundle, pattern: str, dtype="bf16", shapes=None, rounds: int = 4,
+                     max_reps: int = 20) -> list[dict]:
+    """Every dense variant of the bundle whose name matches ``pattern`` (a regex) and implements
+    the problem, timed by name beside the flash and cuDNN SDPA backends and ``bundle.attention``
+    (the loader's choice): one CUDA graph each, replayed in interleaved passes (the order reversed
+    every other pass: clock drift falls on all alike; few replays per pass and many passes
+    (``max_reps``, ``rounds``) interleave finer), medians.  Each candidate's output is first
+    checked (NaN-poisoned o, relative error against float32 where the reference fits)."""
+    import math
+    import re
+
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from factory import testing
+
+    dt = testing.torch_dtype(dtype)
+    rx = re.compile(pattern)
+    rows = []
+    for B, hq, hkv, sq, sk, d, causal in (shapes or [s for s in SHAPES if s[3] > 4]):
+        q = torch.randn(B, sq, hq, d, device="cuda").to(dt)
+        k = torch.randn(B, sk, hkv, d, device="cuda").to(dt)
+        v = torch.randn(B, sk, hkv, d, device="cuda").to(dt)
+        ref_o = testing.attention_reference(q, k, v, causal, d ** -0.5)[0] if sq * sk <= 4096 * 4096 else None
+        fl = _flops(B, hq, sq, sk, d, causal)
+        names = [e["name"] for e in bundle.candidates("attention")
+                 if rx.search(e["name"]) and e["dtype"] == dtype and e["head_dim"] == d
+                 and bool(e["causal"]) == causal and not e["varlen"] and e.get("splits", 1) == 1
+                 and sq >= e.get("min_seqlen_q", 0)]
+        qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+        calls, errs = {}, {}
+        for n in names:
+            o = torch.full_like(q, math.nan)
+            lse = torch.empty(B, hq, sq, device="cuda")
+            bundle.launch(n, [q, k, v, o, lse, d ** -0.5])
+            torch.cuda.synchronize()
+            errs[n] = (float("nan") if o.isnan().any() else
+                       testing.rel_error(o, ref_o) if ref_o is not None else None)
+            calls[n] = lambda _i, n=n, a=[q, k, v, o, lse, d ** -0.5]: bundle.launch(n, a)
+        calls["ours"] = lambda _i: bundle.attention(q, k, v, causal=causal)
+        for label, be in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+            def fn(_i, be=be):
+                with sdpa_kernel([be]):
+                    return torch.nn.functional.scaled_dot_product_attention(
+                        qt, kt, vt, is_causal=causal and sq == sk, enable_gqa=hq != hkv)
+            calls[label] = fn
+        t = {n: s * 1e6 for n, s in time_interleaved(calls, 1, rounds=rounds, budget_s=0.1,
+                                                       max_reps=max_reps).items()}
+        best = min(t["flash"], t["cudnn"])
+        row = {"B": B, "Hq": hq, "Hkv": hkv, "Sq": sq, "Sk": sk, "D": d, "causal": causal, "dtype": dtype,
+               "flops": fl, "us": t, "rel_err": errs, "chosen": _chosen(bundle, q, k, v, causal)}
+        rows.append(row)
+        print(f"B{B} H{hq}/{hkv} S{sq}x{sk} D{d} {'causal' if causal else 'full'}: flash {t['flash']:.1f} "
+              f"cudnn {t['cudnn']:.1f} ours {t['ours']:.1f} ({fl / t['ours'] / 1e6:.1f} TF/s, {row['chosen']})",
+              flush=True)
+        for n in sorted(names, key=lambda n: t[n]):
+            print(f"    {n:58s} {t[n]:9.1f} µs {fl / t[n] / 1e6:6.1f} TF/s  best SDPA / it {best / t[n]:.3f}"
+                  f"  err {errs[n]}", flush=True)
+        q = k = v = ref_o = qt = kt = vt = None
+        calls = None
+        torch.cuda.empty_cache()
+    return rows
 
 
 def bench_attention(bundle, dtype="bf16", shapes=None, copy_bw=None) -> list[dict]:
@@ -274,6 +338,12 @@ def main(argv=None) -> int:
     p.add_argument("--decode", action="store_true", help="the decode grid (batch 1-256, context 512-32k) "
                    "with the KV-read floor of this run's copy bandwidth (= --grid decode)")
     p.add_argument("--grid", default="default", choices=["default", "decode", "d256", "issue"])
+    p.add_argument("--candidates", metavar="REGEX", help="instead: time every dense variant whose name "
+                   "matches REGEX by name, interleaved with the SDPA backends (prefill shapes)")
+    p.add_argument("--rounds", type=int, default=4, help="--candidates: interleaved passes")
+    p.add_argument("--max-reps", type=int, default=20, help="--candidates: replays per pass at most")
+    p.add_argument("--shapes", help="--candidates: only the shapes whose 'B,Hq,Hkv,Sq,Sk,D,causal' "
+                   "string matches this regex")
     a = p.parse_args(argv)
     import torch
 
@@ -282,6 +352,18 @@ def main(argv=None) -> int:
     torch.manual_seed(int(time.time()))
     bundle = Bundle.open(a.bundle)
     dev = torch.cuda.get_device_name()
+    if a.candidates:
+        import re
+
+        shapes = [s for s in SHAPES if s[3] > 4 and (not a.shapes or re.search(
+            a.shapes, ",".join(str(int(x)) for x in s)))]
+        rows = bench_candidates(bundle, a.candidates, a.dtype, shapes, a.rounds, a.max_reps)
+        out = Path(a.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        Path(str(out) + ".json").write_text(json.dumps({
+            "device": dev, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
+            "candidates": a.candidates, "rows": rows}, indent=1))
+        return 0
     print(f"device {dev}, torch {torch.__version__}; µs: graph-replay medians (eager medians after |)", flush=True)
     a.decode = a.decode or a.grid == "decode"
     copy_bw = copy_bandwidth() if a.decode else None
