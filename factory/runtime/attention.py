@@ -260,7 +260,7 @@ def select(candidates: list[dict], *, dtype: str, head_dim: int, causal: bool,
     waves than the preferred tile's (:func:`_more_waves`)."""
     fit = [e for e in candidates
            if e.get("dtype") == dtype and e.get("head_dim") == head_dim
-           and bool(e.get("varlen")) == varlen]
+           and bool(e.get("varlen")) == varlen and not e.get("decode_rows")]
     if fit and decode is not None and not varlen:
         b, hq, hkv, sq, sk = decode
         top = next((e.get("target") for e in fit if e.get("splits", 1) > 1), None)
