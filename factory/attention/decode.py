@@ -87,6 +87,19 @@ class AttentionDecode(Variant):
     # splits > 1: merge the splits inside the launch (a cluster of `splits` CTAs, DSMEM), else
     # through a workspace and a second kernel.
     cluster: bool = field(default=False, metadata={"tag": "cl"})
+    # Programmatic dependent launch: the grid may start while the previous kernel of the stream
+    # finishes (it waits for it before touching memory) and lets the next one start early.
+    pdl: bool = field(default=False, metadata={"tag": "pdl"})
+    # S = Q·Kᵀ accumulated in two independent chains (even and odd k16 steps), summed after.
+    ilp: bool = field(default=False, metadata={"tag": "x2"})
+    # Resident CTAs per SM asked of the compiler (launch bounds: registers capped to fit them);
+    # 0: none asked.
+    min_ctas: int = field(default=0, metadata={"tag": "o"})
+
+    @property
+    def name(self) -> str:
+        n = super().name  # min_ctas is the last field: "_o0" (none asked) is left out
+        return n.removesuffix("_o0")
 
     @property
     def threads(self) -> int:
@@ -112,8 +125,10 @@ class AttentionDecode(Variant):
         return max(self.ring_bytes(), self.scratch_bytes()) + 16
 
     def ctas_per_sm(self) -> int:
-        """CTAs one SM holds by shared memory (the kernel asks for at most 2 by its registers)."""
-        return max(1, min(2, SMEM_PER_SM // (self.smem_bytes() + _RESERVED_SMEM)))
+        """CTAs one SM holds by shared memory and registers (~184 a thread without launch
+        bounds: two CTAs of 128 threads; ``min_ctas`` caps them to fit that many)."""
+        by_regs = max(self.min_ctas, 65536 // (self.threads * 184))
+        return max(1, min(by_regs, SMEM_PER_SM // (self.smem_bytes() + _RESERVED_SMEM)))
 
     def can_implement(self) -> str | None:
         t = self.tgt
@@ -143,6 +158,9 @@ class AttentionDecode(Variant):
             return "each thread must own a multiple of 4 outputs of one row"
         if self.smem_bytes() > t.smem_per_cta:
             return f"needs {self.smem_bytes()} B of shared memory, {self.target} has {t.smem_per_cta}"
+        if self.min_ctas and (self.min_ctas * (self.smem_bytes() + _RESERVED_SMEM) > SMEM_PER_SM
+                              or self.min_ctas * self.threads > 1024):
+            return f"{self.min_ctas} CTAs do not fit one SM"
         return None
 
     def signature(self) -> Signature:
@@ -166,14 +184,16 @@ class AttentionDecode(Variant):
             "cluster": [self.splits if self.cluster else 1, 1],
             "ctas_per_sm": self.ctas_per_sm(),
             "smem_bytes": self.smem_bytes(),
-            "preferred": False,
+            "pdl": self.pdl,
+            "preferred": (self.tile_n, self.warps, self.stages, self.pdl, self.ilp, self.min_ctas)
+            == DEFAULT.get(self.head_dim),
         }
 
     def make_kernel(self):
         k = FlashDecodeSm90(
             dtype=_cutlass_dtype(self.dtype), head_dim=self.head_dim, tile_n=self.tile_n,
             warps=self.warps, stages=self.stages, causal=self.causal, splits=self.splits,
-            cluster=self.cluster,
+            cluster=self.cluster, pdl=self.pdl, ilp=self.ilp, min_ctas=self.min_ctas,
         )
         return k.dense_split if self.splits > 1 and not self.cluster else k.dense
 
@@ -182,33 +202,42 @@ def _cutlass_dtype(name: str):
     return {"bf16": cutlass.BFloat16, "f16": cutlass.Float16}[name]
 
 
-# (tile_n, warps, stages) per head_dim, and the split counts built.
-CONFIGS = {128: ((64, 4, 3),), 64: ((64, 4, 4),)}
+# The default config per head_dim: (tile_n, warps, stages, pdl, ilp, min_ctas); the runtime's
+# decode rule (runtime/attention.py decode_pick) prefers it where a bundle has several.  H100,
+# bf16 D128 (notes/attention-decode.md, runs 1-2): 64-key tiles in a 3-stage ring (96 KB, two
+# CTAs per SM) were the best or within 2 % of the best of five configs on 45 of the 52 shapes.
+DEFAULT = {128: (64, 4, 3, True, False, 0), 64: (64, 4, 4, True, False, 0)}
+# Split counts built: merged in a cluster (8 is the portable cluster maximum; 16-CTA clusters ran
+# 2x slower than 8: co-scheduling), and through the workspace and the combine kernel.
+CLUSTER_BUILT = (2, 4, 8)
+GLOBAL_BUILT = (32,)
 # "full": alternatives, for measuring.
-FULL_CONFIGS = {128: ((64, 4, 3), (128, 4, 2), (64, 4, 4), (128, 8, 2), (64, 4, 2)),
-                64: ((64, 4, 4), (128, 4, 3), (64, 4, 2))}
-SPLITS = (1, 2, 4, 8, 16)
-GLOBAL_SPLITS = (16, 32)
+FULL_CONFIGS = {128: ((64, 4, 3, False, False, 0), (128, 4, 2, True, False, 0), (64, 4, 4, True, False, 0),
+                      (64, 4, 3, True, True, 0), (64, 4, 2, True, False, 3)),
+                64: ((64, 4, 4, False, False, 0), (128, 4, 3, True, False, 0))}
+
+
+def make(target: str, dtype: str, head_dim: int, config: tuple, splits: int, cluster: bool) -> AttentionDecode:
+    tn, w, st, pdl, ilp, mc = config
+    return AttentionDecode(target=target, dtype=dtype, head_dim=head_dim, tile_n=tn, warps=w, stages=st,
+                           causal=True, splits=splits, cluster=cluster and splits > 1, pdl=pdl, ilp=ilp,
+                           min_ctas=mc)
 
 
 @register("attention")
 def enumerate_decode(target: Target, tier: str) -> list[AttentionDecode]:
     if target.name != "sm_90":
         return []
+    if tier == "test":  # one of each path: unsplit, cluster merge, second-kernel merge
+        out = [make(target.name, "bf16", 128, DEFAULT[128], sp, cl) for sp, cl in ((1, False), (4, True), (32, False))]
+        return [v for v in out if v.can_implement() is None]
     out = []
-    dtypes = ("bf16",) if tier == "test" else DTYPES
-    for dt in dtypes:
-        for d, cfgs in (FULL_CONFIGS if tier == "full" else CONFIGS).items():
-            if tier == "test" and d != 128:
-                continue
-            for tn, w, s in cfgs:
-                mk = lambda sp, cl: AttentionDecode(  # noqa: E731
-                    target=target.name, dtype=dt, head_dim=d, tile_n=tn, warps=w, stages=s,
-                    causal=True, splits=sp, cluster=cl)
-                if tier == "test":
-                    out += [mk(1, False), mk(4, True)]
-                    continue
-                out += [mk(sp, sp > 1) for sp in SPLITS] + [mk(sp, False) for sp in GLOBAL_SPLITS]
+    splits = [(1, False)] + [(sp, True) for sp in CLUSTER_BUILT] + [(sp, False) for sp in GLOBAL_BUILT]
+    for dt in DTYPES:
+        for d in HEAD_DIMS:
+            configs = [DEFAULT[d]] + (list(FULL_CONFIGS[d]) if tier == "full" else [])
+            out += [make(target.name, dt, d, c, sp, cl) for c in configs for sp, cl in splits]
+    out = list({v.name: v for v in out}.values())
     return [v for v in out if v.can_implement() is None]
 
 
@@ -217,7 +246,7 @@ def enumerate_decode(target: Target, tier: str) -> list[AttentionDecode]:
 # ------------------------------------------------------------------------------------------------
 class FlashDecodeSm90:
     def __init__(self, *, dtype, head_dim: int, tile_n: int, warps: int, stages: int, causal: bool,
-                 splits: int, cluster: bool):
+                 splits: int, cluster: bool, pdl: bool = False, ilp: bool = False, min_ctas: int = 0):
         self.dtype = dtype
         self.head_dim = head_dim
         self.tile_n = tile_n
@@ -227,12 +256,15 @@ class FlashDecodeSm90:
         self.causal = causal
         self.splits = splits
         self.cluster = cluster and splits > 1
+        self.pdl = pdl
+        self.ilp = ilp
+        self.min_ctas = min_ctas
         self.bnw = tile_n // warps  # keys of one warp's slice of a tile
         self.tpr = self.threads // ROWS  # threads per row in the merge
         self.epr = head_dim // self.tpr  # outputs per thread in the merge
         v = AttentionDecode(target="sm_90", dtype="bf16" if dtype is cutlass.BFloat16 else "f16",
                             head_dim=head_dim, tile_n=tile_n, warps=warps, stages=stages,
-                            causal=causal, splits=splits, cluster=cluster)
+                            causal=causal, splits=splits, cluster=cluster, min_ctas=min_ctas)
         self.smem_elems = (v.smem_bytes() - 16) // 2
         self.recv_bytes = ROWS * (head_dim + 1) * 4  # what one split pushes to rank 0
 
@@ -280,12 +312,13 @@ class FlashDecodeSm90:
         grid = (row_blocks * self.splits, mK.shape[2], mQ.shape[0])
         kern = self.kernel(mQ, mK, mV, mO, mLSE, mOp, mLp, softmax_scale * LOG2_E, sQ_layout,
                            sKV_layout, g2s, tiled_mma, SharedStorage)
+        extra = {"min_blocks_per_mp": self.min_ctas, "preferred_smem_carveout": 100} if self.min_ctas else {}
         if cutlass.const_expr(self.cluster):
             kern.launch(grid=grid, block=[self.threads, 1, 1], cluster=(self.splits, 1, 1),
-                        smem=SharedStorage.size_in_bytes(), stream=stream)
+                        smem=SharedStorage.size_in_bytes(), stream=stream, use_pdl=self.pdl, **extra)
         else:
             kern.launch(grid=grid, block=[self.threads, 1, 1], smem=SharedStorage.size_in_bytes(),
-                        stream=stream)
+                        stream=stream, use_pdl=self.pdl, **extra)
 
     # --- device ----------------------------------------------------------------------------------
     @cute.kernel
@@ -304,8 +337,9 @@ class FlashDecodeSm90:
         q_len = mQ.shape[1]
         k_len = mK.shape[1]
         n_rows = group * q_len
-        if cutlass.const_expr(SP > 1 and not self.cluster):
-            # The combine kernel may be scheduled once every CTA of this grid has started.
+        if cutlass.const_expr(self.pdl or (SP > 1 and not self.cluster)):
+            # The next grid (the combine kernel, or with pdl whatever follows) may be scheduled
+            # once every CTA of this one has started; it waits for this grid before reading.
             cute.arch.griddepcontrol_launch_dependents()
 
         smem = cutlass.utils.SmemAllocator()
@@ -372,6 +406,8 @@ class FlashDecodeSm90:
         tOsV = thr_s2r_V.partition_S(sVtw)     # (CPY, D/16, BNW/16, 2S)
         tOrV_v = thr_s2r_V.retile(tOrV)
 
+        if cutlass.const_expr(self.pdl):
+            cute.arch.griddepcontrol_wait()  # the previous grid's writes are visible from here
         # ---- prologue: Q row by row (zero rows past the block's queries), then S-1 K/V tiles
         g2s_atom = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL),
                                        self.dtype, num_bits_per_copy=128)
@@ -416,12 +452,20 @@ class FlashDecodeSm90:
 
             acc_S = cute.make_rmem_tensor(thr_mma.partition_shape_C((ROWS, BNW)), cutlass.Float32)
             acc_S.fill(0.0)
+            acc_S1 = cute.make_rmem_tensor(thr_mma.partition_shape_C((ROWS, BNW)), cutlass.Float32)
+            if cutlass.const_expr(self.ilp):
+                acc_S1.fill(0.0)
             nk = cute.size(tSsK.shape[2])
             cute.copy(s2r_K, tSsK[None, None, 0, 2 * slot], tSrK_v[None, None, 0])
             for kk in cutlass.range_constexpr(nk):
                 if cutlass.const_expr(kk + 1 < nk):
                     cute.copy(s2r_K, tSsK[None, None, kk + 1, 2 * slot], tSrK_v[None, None, kk + 1])
-                cute.gemm(tiled_mma, acc_S, tSrQ[None, None, kk], tSrK[None, None, kk], acc_S)
+                if cutlass.const_expr(self.ilp and kk % 2 == 1):
+                    cute.gemm(tiled_mma, acc_S1, tSrQ[None, None, kk], tSrK[None, None, kk], acc_S1)
+                else:
+                    cute.gemm(tiled_mma, acc_S, tSrQ[None, None, kk], tSrK[None, None, kk], acc_S)
+            if cutlass.const_expr(self.ilp):
+                acc_S.store(acc_S.load() + acc_S1.load())
 
             if n_block >= n_mask:
                 self.apply_mask(acc_S, thr_mma, row0, n_block * BN + wid * BNW, group, q_len, k_len)
@@ -550,6 +594,7 @@ class FlashDecodeSm90:
     def combine(self, mOp: cute.Tensor, mLp: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor):
         """Split-KV combine, one warp per query row (PDL: waits for the main grid first)."""
         D, SP = self.head_dim, self.splits
+        cute.arch.griddepcontrol_launch_dependents()
         cute.arch.griddepcontrol_wait()
         tidx, _, _ = cute.arch.thread_idx()
         m_block, head, batch = cute.arch.block_idx()
