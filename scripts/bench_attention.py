@@ -58,7 +58,7 @@ def kv_bytes(B, hq, hkv, sq, sk, d, elem=2) -> int:
 def _decode_variants(bundle, B, hq, hkv, sq, sk, d, causal, dtype) -> dict[str, dict]:
     """For decode shapes (Sq <= 16): the unsplit variant the loader used before split-KV, every
     split-KV / packed-GQA variant that applies, and the decode family's preferred variants
-    (``dec<splits>``, ``c``: merged in a cluster), to time side by side by name."""
+    (``dec<splits>``, ``c``: merged in a cluster, ``p``: PDL), to time side by side by name."""
     from factory.runtime.attention import select
 
     cands = bundle.candidates("attention")
@@ -70,7 +70,7 @@ def _decode_variants(bundle, B, hq, hkv, sq, sk, d, causal, dtype) -> dict[str, 
             continue
         if e.get("decode_rows"):
             if e.get("preferred") and e["causal"] and (causal or sq == 1):
-                out[f"dec{e['kv_splits']}{'c' if e['cluster'][0] > 1 else ''}"] = e
+                out[f"dec{e['kv_splits']}{'c' if e['cluster'][0] > 1 else ''}{'p' if e.get('pdl') else ''}"] = e
         elif e["target"] == top and e.get("splits", 1) > 1:
             if e.get("pack_gqa") and sq == 1 and hq > hkv:
                 out[f"pack{e['splits']}"] = e
@@ -86,7 +86,7 @@ def _flops(b, hq, sq, sk, d, causal) -> float:
     return 4.0 * b * hq * pairs * d
 
 
-def bench_attention(bundle, dtype="bf16", shapes=None, copy_bw=None) -> list[dict]:
+def bench_attention(bundle, dtype="bf16", shapes=None, copy_bw=None, budget_s=0.4) -> list[dict]:
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -125,7 +125,7 @@ def bench_attention(bundle, dtype="bf16", shapes=None, copy_bw=None) -> list[dic
                           ("cudnn", sdpa(SDPBackend.CUDNN_ATTENTION)),
                           ("efficient", sdpa(SDPBackend.EFFICIENT_ATTENTION)), ("sdpa", sdpa(None))):
             try:
-                row[f"{label}_us"] = time_graph(fn, 5) * 1e6  # 5 calls per graph: launch gaps amortised
+                row[f"{label}_us"] = time_graph(fn, 5, budget_s=budget_s) * 1e6  # 5 calls per graph: launch gaps amortised
                 row[f"{label}_eager_us"] = time_eager(fn, 1) * 1e6
             except Exception as e:  # noqa: BLE001 - a backend that refuses a shape is reported, not fatal
                 row[f"{label}_us"] = row[f"{label}_eager_us"] = None
@@ -140,7 +140,7 @@ def bench_attention(bundle, dtype="bf16", shapes=None, copy_bw=None) -> list[dic
                 args = [q, k, v, o_, l_, *ws, d ** -0.5]
                 try:
                     row["variants_us"][label] = (e["name"], time_graph(
-                        lambda _i, n=e["name"], a=args: bundle.launch(n, a), 5) * 1e6)
+                        lambda _i, n=e["name"], a=args: bundle.launch(n, a), 5, budget_s=budget_s) * 1e6)
                     if ref_o is not None:
                         row["variants_us"][label] += (testing.rel_error(o_, ref_o),)
                 except Exception as ex:  # noqa: BLE001 - reported, not fatal
@@ -188,6 +188,7 @@ def main(argv=None) -> int:
                    help="path stem of the output, OUT.json (default: %(default)s)")
     p.add_argument("--decode", action="store_true", help="the decode grid (batch 1-256, context 512-32k) "
                    "with the KV-read floor of this run's copy bandwidth")
+    p.add_argument("--budget", type=float, default=0.4, help="GPU seconds per timed graph (default: %(default)s)")
     a = p.parse_args(argv)
     import torch
 
@@ -200,7 +201,7 @@ def main(argv=None) -> int:
     copy_bw = copy_bandwidth() if a.decode else None
     if copy_bw:
         print(f"device-to-device copy bandwidth {copy_bw / 1e12:.2f} TB/s (read + write)", flush=True)
-    rows = bench_attention(bundle, a.dtype, DECODE_SHAPES if a.decode else None, copy_bw)
+    rows = bench_attention(bundle, a.dtype, DECODE_SHAPES if a.decode else None, copy_bw, a.budget)
     geo = statistics.geometric_mean([r["ratio_vs_best_sdpa"] for r in rows])
     print(f"geomean (best SDPA backend time / ours): {geo:.3f} over {len(rows)} shapes")
     if copy_bw:

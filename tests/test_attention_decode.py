@@ -55,14 +55,16 @@ def test_rule_small_batches_and_short_contexts():
     assert split(1, 32, 32, 1, 4096, sms=114) == 2 and split(12, 32, 8, 1, 4096, sms=114) == 1
 
 
-def _entry(name, splits, cluster, d=128, dtype="bf16", preferred=True, tile=(16, 64), causal=True):
+def _entry(name, splits, cluster, d=128, dtype="bf16", preferred=True, tile=(16, 64), causal=True, pdl=False):
     return {"name": name, "op": "attention", "target": "sm_90", "dtype": dtype, "head_dim": d,
             "causal": causal, "varlen": False, "tile": list(tile), "stages": 3, "decode_rows": 16,
             "kv_splits": splits, "splits": 1 if cluster else splits, "cluster": [splits if cluster else 1, 1],
-            "pack_gqa": False, "preferred": preferred}
+            "pack_gqa": False, "preferred": preferred, "pdl": pdl}
 
 
-DECODE = [_entry(f"dec_kv{sp}", sp, cl) for sp, cl in ((1, False), (2, True), (4, True), (8, True), (32, False))]
+# As the default tier builds them: PDL twins of the cluster splits, the second-kernel split PDL only.
+DECODE = ([_entry(f"dec_kv{sp}", sp, cl) for sp, cl in ((1, False), (2, True), (4, True), (8, True))]
+          + [_entry(f"dec_kv{sp}_pdl", sp, cl, pdl=True) for sp, cl in ((2, True), (4, True), (8, True), (32, False))])
 OLD = [  # the sm_90a and sm_90 families' dense variants, as their manifests state them
     {"name": "sm90a_m128", "target": "sm_90a", "dtype": "bf16", "head_dim": 128, "causal": True, "varlen": False,
      "tile": [128, 128], "stages": 2, "splits": 1, "preferred": True, "min_seqlen_q": 2, "ctas_per_sm": 1},
@@ -81,12 +83,16 @@ def sel(b, hq, hkv, sq, sk, causal=True, cands=None, dtype="bf16"):
 
 
 def test_select_takes_the_decode_family():
-    assert sel(1, 32, 8, 1, 4096) == "dec_kv32"
-    assert sel(1, 32, 8, 1, 512) == "dec_kv4"
+    assert sel(1, 32, 8, 1, 4096) == "dec_kv32_pdl"
+    assert sel(1, 32, 8, 1, 512) == "dec_kv4_pdl"     # 32 CTAs: PDL
     assert sel(16, 32, 8, 1, 512) == "dec_kv1"
-    assert sel(1, 32, 32, 1, 4096) == "dec_kv2"
-    assert sel(1, 32, 8, 1, 4096, causal=False) == "dec_kv32"  # one query: no mask either way
+    assert sel(1, 32, 32, 1, 4096) == "dec_kv2_pdl"   # 64 CTAs <= SMs/2: PDL
+    assert sel(8, 32, 8, 1, 1024) == "dec_kv2"        # 128 CTAs: no PDL
+    assert sel(1, 32, 8, 16, 16384) == "dec_kv4"      # 4 row blocks x 8 kv heads x 4 = 128 CTAs
+    assert sel(1, 32, 8, 1, 4096, causal=False) == "dec_kv32_pdl"  # one query: no mask either way
     assert sel(4, 32, 8, 16, 4096) == "dec_kv1"
+    # without the PDL twins, the plain split
+    assert sel(1, 32, 8, 1, 512, cands=OLD + [e for e in DECODE if not e["pdl"] or e["kv_splits"] == 32]) == "dec_kv4"
 
 
 def test_select_falls_back():
@@ -96,10 +102,10 @@ def test_select_falls_back():
     assert sel(1, 32, 8, 1, 4096, causal=False, cands=OLD) == "sm90_m64_nc"
     # only non-preferred, or a single tile config: still one tile's entries
     alt = [dict(e, preferred=False, name="alt_" + e["name"]) for e in DECODE]
-    assert sel(1, 32, 8, 1, 4096, cands=OLD + alt) == "alt_dec_kv32"
-    assert sel(1, 32, 8, 1, 4096, cands=OLD + DECODE + alt) == "dec_kv32"
+    assert sel(1, 32, 8, 1, 4096, cands=OLD + alt) == "alt_dec_kv32_pdl"
+    assert sel(1, 32, 8, 1, 4096, cands=OLD + DECODE + alt) == "dec_kv32_pdl"
     # a split count the rule wants but the bundle lacks: the old path
-    assert sel(1, 32, 8, 1, 4096, cands=OLD + [e for e in DECODE if e["kv_splits"] != 32]) == "dec_kv8"
+    assert sel(1, 32, 8, 1, 4096, cands=OLD + [e for e in DECODE if e["kv_splits"] != 32]) == "dec_kv8_pdl"
     assert sel(16, 32, 8, 1, 4096, cands=OLD + [e for e in DECODE if e["kv_splits"] != 1]) == "sm90_m64"
     # non-causal decode entries are never taken (the family's rule assumes bottom-right masking)
     assert sel(1, 32, 8, 1, 4096, cands=OLD + [dict(e, causal=False) for e in DECODE]) == "sm90_m64"
@@ -117,7 +123,7 @@ def test_variants_and_calling_convention():
     from factory.atoms.targets import get_target
 
     vs = enumerate_decode(get_target("sm_90"), "default")
-    assert len(vs) == 20 and len({v.name for v in vs}) == 20
+    assert len(vs) == 32 and len({v.name for v in vs}) == 32
     assert not enumerate_decode(get_target("sm_90a"), "default") and not enumerate_decode(get_target("sm_80"), "default")
     for v in vs:
         d = v.describe()

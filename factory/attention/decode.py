@@ -185,8 +185,7 @@ class AttentionDecode(Variant):
             "ctas_per_sm": self.ctas_per_sm(),
             "smem_bytes": self.smem_bytes(),
             "pdl": self.pdl,
-            "preferred": (self.tile_n, self.warps, self.stages, self.pdl, self.ilp, self.min_ctas)
-            == DEFAULT.get(self.head_dim),
+            "preferred": is_default(self),
         }
 
     def make_kernel(self):
@@ -204,17 +203,26 @@ def _cutlass_dtype(name: str):
 
 # The default config per head_dim: (tile_n, warps, stages, pdl, ilp, min_ctas); the runtime's
 # decode rule (runtime/attention.py decode_pick) prefers it where a bundle has several.  H100,
-# bf16 D128 (notes/attention-decode.md, runs 1-2): 64-key tiles in a 3-stage ring (96 KB, two
-# CTAs per SM) were the best or within 2 % of the best of five configs on 45 of the 52 shapes.
-DEFAULT = {128: (64, 4, 3, True, False, 0), 64: (64, 4, 4, True, False, 0)}
+# bf16 D128 (notes/attention-decode.md, runs 1-3): 64-key tiles in a 3-stage ring (96 KB, two
+# CTAs per SM) were the best or within 2 % of the best of five configs on most of 52 shapes.
+# PDL (``pdl``) is built where it paid: the second-kernel split, and twins of the cluster
+# splits that the rule takes for grids leaving half the SMs idle (it cost up to 18 % on grids of
+# ~128 CTAs: the next grid's early CTAs doubled up on the idle SMs and ran last).
+DEFAULT = {128: (64, 4, 3, False, False, 0), 64: (64, 4, 4, False, False, 0)}
 # Split counts built: merged in a cluster (8 is the portable cluster maximum; 16-CTA clusters ran
 # 2x slower than 8: co-scheduling), and through the workspace and the combine kernel.
 CLUSTER_BUILT = (2, 4, 8)
 GLOBAL_BUILT = (32,)
 # "full": alternatives, for measuring.
-FULL_CONFIGS = {128: ((64, 4, 3, False, False, 0), (128, 4, 2, True, False, 0), (64, 4, 4, True, False, 0),
-                      (64, 4, 3, True, True, 0), (64, 4, 2, True, False, 3)),
-                64: ((64, 4, 4, False, False, 0), (128, 4, 3, True, False, 0))}
+FULL_CONFIGS = {128: ((128, 4, 2, False, False, 0), (64, 4, 4, False, False, 0), (64, 4, 3, False, True, 0),
+                      (64, 4, 2, False, False, 3)),
+                64: ((128, 4, 3, False, False, 0),)}
+
+
+def is_default(v: "AttentionDecode") -> bool:
+    """The default config (PDL aside: the split decides it, see DEFAULT)."""
+    tn, w, st, _, ilp, mc = DEFAULT.get(v.head_dim, (0,) * 6)
+    return (v.tile_n, v.warps, v.stages, v.ilp, v.min_ctas) == (tn, w, st, ilp, mc)
 
 
 def make(target: str, dtype: str, head_dim: int, config: tuple, splits: int, cluster: bool) -> AttentionDecode:
@@ -228,15 +236,22 @@ def make(target: str, dtype: str, head_dim: int, config: tuple, splits: int, clu
 def enumerate_decode(target: Target, tier: str) -> list[AttentionDecode]:
     if target.name != "sm_90":
         return []
-    if tier == "test":  # one of each path: unsplit, cluster merge, second-kernel merge
-        out = [make(target.name, "bf16", 128, DEFAULT[128], sp, cl) for sp, cl in ((1, False), (4, True), (32, False))]
+    if tier == "test":  # one of each path: unsplit, cluster merge (and its PDL twin), second kernel
+        c, p = DEFAULT[128], (*DEFAULT[128][:3], True, *DEFAULT[128][4:])
+        out = [make(target.name, "bf16", 128, c, 1, False), make(target.name, "bf16", 128, c, 4, True),
+               make(target.name, "bf16", 128, p, 4, True), make(target.name, "bf16", 128, p, 32, False)]
         return [v for v in out if v.can_implement() is None]
     out = []
     splits = [(1, False)] + [(sp, True) for sp in CLUSTER_BUILT] + [(sp, False) for sp in GLOBAL_BUILT]
     for dt in DTYPES:
         for d in HEAD_DIMS:
             configs = [DEFAULT[d]] + (list(FULL_CONFIGS[d]) if tier == "full" else [])
-            out += [make(target.name, dt, d, c, sp, cl) for c in configs for sp, cl in splits]
+            for c in configs:
+                for sp, cl in splits:
+                    if sp > 1:  # PDL: the second-kernel splits always, the cluster splits as twins
+                        out.append(make(target.name, dt, d, (*c[:3], True, *c[4:]), sp, cl))
+                    if sp == 1 or cl:
+                        out.append(make(target.name, dt, d, c, sp, cl))
     out = list({v.name: v for v in out}.values())
     return [v for v in out if v.can_implement() is None]
 

@@ -6,6 +6,9 @@ The kernels (``factory/attention/sm80.py``) take, in this order,
           scale, max_seqlen_q
 with head_dim contiguous, every other stride a multiple of 16 bytes and 16-byte aligned data.
 LSE is always written (into a scratch buffer when the caller does not want it).
+Decode-family variants (manifest ``decode_rows``; attention/decode.py) serve seqlen_q <= 16 by
+``decode_pick``; those that merge their splits in a cluster take no workspace (manifest
+``splits`` 1, ``kv_splits`` the key splits).
 Split-KV variants (manifest ``splits`` > 1, dense only) take two fp32 workspace tensors after lse:
   o_partial (splits,B,Hq,Sq,D), lse_partial (splits,B,Hq,Sq)
 carved here from one torch.empty; the variant combines them into o and lse itself (second kernel,
@@ -277,9 +280,13 @@ def decode_pick(entries: list[dict], decode: tuple, causal: bool, sms: int,
     row_blocks = -(-(hq // hkv) * sq // DECODE_ROWS)
     kv_bytes = 2 * b * sk * hkv * same[0]["head_dim"] * (2 if same[0]["dtype"] in ("bf16", "f16") else 4)
     avail = {int(e["kv_splits"]): e["cluster"][0] > 1 for e in same}
-    n = decode_split_count(b * hkv * row_blocks, -(-sk // tile[1]), kv_bytes, row_blocks, sms, avail,
-                           l2_bytes)
-    return next((e for e in same if int(e["kv_splits"]) == n), None)
+    groups = b * hkv * row_blocks
+    n = decode_split_count(groups, -(-sk // tile[1]), kv_bytes, row_blocks, sms, avail, l2_bytes)
+    # PDL: for the second-kernel split, and for a cluster split whose grid leaves half the SMs
+    # idle (H100: B1-B4 -0.6 to -0.9 µs; grids of ~128 CTAs lost up to 18 %, DEFAULT's note).
+    pdl = n > 1 and (not avail.get(n) or 2 * groups * n <= sms)
+    fits = [e for e in same if int(e["kv_splits"]) == n]
+    return next((e for e in fits if bool(e.get("pdl")) == pdl), fits[0] if fits else None)
 
 
 def _more_waves(small: dict, big: dict, decode: tuple, sms: int) -> bool:
@@ -313,7 +320,9 @@ def select(candidates: list[dict], *, dtype: str, head_dim: int, causal: bool,
     ``min_seqlen_q`` serves only dense problems with at least that many queries (the sm90
     family's 64-row warpgroup slabs are padding for fewer); below it the next target's choice.
     Variants that state ``ctas_per_sm`` take the smaller tile only if its grid needs no more
-    waves than the preferred tile's (:func:`_more_waves`)."""
+    waves than the preferred tile's (:func:`_more_waves`).  Before all of this, a dense problem
+    with at most 16 queries takes the decode family (manifest ``decode_rows``) where
+    :func:`decode_pick` finds a variant; that family is never taken by the rules above."""
     fit = [e for e in candidates
            if e.get("dtype") == dtype and e.get("head_dim") == head_dim
            and bool(e.get("varlen")) == varlen]

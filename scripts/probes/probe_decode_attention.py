@@ -5,7 +5,14 @@ ragged contexts incl. 1, Sq 1..16, rows with no key, a KV cache with NaN rows pa
 NaN-poisoned o/lse/workspace), (2) each variant timed by name beside every SDPA backend and the
 loader's current choice over the decode grid and a few Sq 4/16 rows, with the KV floor of this
 run's copy bandwidth.  Answers "which split count / tile / merge for which (batch, heads,
-context)", from which runtime/attention.py's decode rule was written (notes/attention-decode.md).
+context)", from which runtime/attention.py's decode rule was written.
+
+Answer (H100 SXM, torch 2.11.0+cu130, 2026-11-25, branch attn-decode runs 1-3;
+notes/attention-decode.md, notes/results/decode-attention-family-2026-11-25.json): every variant
+correct (47 on 11 shapes, 0 failures); the best split gives ~64 CTAs for 8-32 kv-head groups,
+~128 for 64 groups, none from ~100 groups; 32 splits (combine kernel) only where K/V sit in L2;
+16-CTA clusters 2x slower than 8; PDL -0.6 to -0.9 µs on grids leaving half the SMs idle, up to
++18 % on ~128-CTA grids; 64-key tiles in a 3-stage ring (two CTAs per SM) best overall.
 
   python3 scripts/probes/probe_decode_attention.py BUNDLE OUT.json [--quick]"""
 

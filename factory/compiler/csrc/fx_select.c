@@ -655,10 +655,18 @@ static int32_t decode_pick(const int32_t *dec, int32_t n, const attn_decode *d, 
     const fx_variant *e0 = &fx_variants[idx[0]];
     int64_t row_blocks = cdiv((d->hq / d->hkv) * d->sq, 16);
     i128 kv_bytes = (i128)2 * d->b * d->sk * d->hkv * e0->head_dim * 2;
-    int32_t s = decode_split_count((i128)d->b * d->hkv * row_blocks, cdiv(d->sk, t1), kv_bytes, row_blocks, sms, sp, cl, m);
+    i128 groups = (i128)d->b * d->hkv * row_blocks;
+    int32_t s = decode_split_count(groups, cdiv(d->sk, t1), kv_bytes, row_blocks, sms, sp, cl, m);
+    int32_t cluster = 0, first = -1;
     for (int32_t i = 0; i < m; i++)
-        if (sp[i] == s) return idx[i];
-    return -1;
+        if (sp[i] == s && cl[i]) cluster = 1;
+    int32_t pdl = s > 1 && (!cluster || 2 * groups * s <= (i128)sms);
+    for (int32_t i = 0; i < m; i++) {
+        if (sp[i] != s) continue;
+        if (first < 0) first = idx[i];
+        if ((fx_variants[idx[i]].pdl != 0) == pdl) return idx[i];
+    }
+    return first;
 }
 
 /* attention.select (rows < 0: None; decode NULL: None). */
