@@ -73,7 +73,7 @@ _RESERVED_SMEM = 1024  # per CTA, by the driver
 @dataclass(frozen=True, kw_only=True)
 class AttentionDecode(Variant):
     op: ClassVar[str] = "attention"
-    family: ClassVar[str] = "decode"
+    family: ClassVar[str] = "sm90_decode"
     sources = ("attention/decode.py", "attention/contract.py")
 
     dtype: str = field(default="bf16", metadata={"tag": ""})
