@@ -24,6 +24,7 @@ FAMILY_MODULES = (
     "factory.attention.sm80",
     "factory.attention.sm90",
     "factory.attention.sm100",
+    "factory.attention.decode",
 )
 TIERS = ("test", "default", "full")
 

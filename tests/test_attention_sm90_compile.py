@@ -331,8 +331,12 @@ def test_h100_selection_through_a_bundle(test_bundle, monkeypatch):
         o, lse = rt.attention(b, q, kv, kv, causal=True, return_lse=True)
         name, args = calls[-1]
         assert name in sm90a and len(args) == 6 and args[3] is o and args[4] is lse
-    # one query: below min_seqlen_q, but this bundle has nothing else for bf16 D128 causal
+    # one query: the decode family (sm_90 build; its rule: 2 kv heads, 8 key tiles -> 4 splits
+    # merged in a cluster, with PDL); without it, sm_90a (nothing else for bf16 D128 causal)
     rt.attention(b, torch.zeros(1, 1, 4, 128, dtype=bf), kv, kv, causal=True)
+    assert calls[-1][0] == "attention_sm90_bf16_d128_q16_n64_w4_s3_causal_kv4_cl_pdl"
+    monkeypatch.setattr(rt, "decode_pick", lambda *a, **k: None)
+    rt.attention(b, torch.zeros(1, 1, 4, 128, dtype=bf), kv[:, :499], kv[:, :499], causal=True)
     assert calls[-1][0] in sm90a
     # D64: the sm_90 build's variant
     rt.attention(b, torch.zeros(1, 300, 4, 64, dtype=bf), *(torch.zeros(1, 500, 2, 64, dtype=bf),) * 2)
