@@ -86,12 +86,12 @@ SOFTMAX_WARPS = 8  # warps 0-7: two warpgroups
 CORRECTION_WARP0 = 8  # warps 8-11
 MMA_WARP = 12
 LOAD_WARP = 13
-REGS_SOFTMAX = 192
-REGS_CORRECTION = 80
-REGS_OTHER = 48
+REGS_SOFTMAX = 208
+REGS_CORRECTION = 72
+REGS_OTHER = 24
 
 TMEM_COLUMNS = 512
-_CHUNK = 32  # TMEM columns per tcgen05.ld/st of O (rescale, epilogue)
+_CHUNK = 16  # TMEM columns per tcgen05.ld/st of O (rescale, epilogue)
 _SMEM_ALIGN = 1024
 _STATIC_SMEM = 1024
 _HEADER_BYTES = 4096  # mbarriers, the TMEM address, the softmax -> correction row statistics
@@ -639,7 +639,6 @@ class FlashFwdSm100Fa4:
             if row_max == -cutlass.Float32.inf:
                 neg_max = cutlass.Float32(0.0)  # no visible key yet: every P is exp2(-inf) = 0
             # exp2(s·scale - max): 3/4 on MUFU.EX2, 1/4 as a polynomial on the FMA pipe.
-            tile_sum = cutlass.Float32(0.0)
             for i in cutlass.range_constexpr(0, cute.size(rS), 2):
                 x0, x1 = cute.arch.fma_packed_f32x2((rS[i], rS[i + 1]), (scale_log2, scale_log2),
                                                     (neg_max, neg_max))
