@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from .compiler.cubin import disassemble, opcode_histogram, sass_target
+from .compiler.cubin import disassemble, opcode_histogram, role_registers, sass_target
 from .runtime.manifest import file_ok, load_manifest
 
 
@@ -30,6 +30,11 @@ def sass_problems(entry: dict, sass: str) -> list[str]:
     missing = [p for p in entry["sass_requirements"] if not re.search(p, sass)]
     if missing:
         problems.append(f"SASS lacks {missing}")
+    # Warp-specialised kernels (setmaxnreg): each role's code within the registers it set.
+    over = [r for r in role_registers(sass) if r["max_register"] >= r["limit"]]
+    if over:
+        problems.append("registers past a setmaxnreg budget: " + ", ".join(
+            f"R{r['max_register']} after {r['action']} {r['limit']}" for r in over))
     return problems
 
 
@@ -53,6 +58,8 @@ def verify(bundle: str | Path) -> tuple[list[str], list[str]]:
         hist = opcode_histogram(sass)
         spills = sum(c for op, c in hist.items() if op.startswith(("LDL", "STL")))
         found = ", ".join(_shown(m_.group(0)) for p in v["sass_requirements"] if (m_ := re.search(p, sass)))
+        roles = "".join(f" {r['limit']}:R{r['max_register']}" for r in role_registers(sass))
         report.append(f"{'ok ' if not bad_sass else 'BAD'} {name}  [{got}]  {found}"
-                      f"  regs={v['resources']['registers']} spill-instr={spills}")
+                      f"  regs={v['resources']['registers']}{' roles' + roles if roles else ''}"
+                      f" spill-instr={spills}")
     return problems, report

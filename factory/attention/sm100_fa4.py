@@ -48,7 +48,6 @@ Nothing here has run (no Blackwell GPU): the proof is the SASS (sass-only).
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import math
 from dataclasses import dataclass, field
@@ -349,10 +348,6 @@ class FlashFwdSm100Fa4:
                sV_layout: cute.ComposedLayout):
         tidx, _, _ = cute.arch.thread_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        m_blk, hq, b = cute.arch.block_idx()
-        if cutlass.const_expr(self.causal):
-            m_blk = cute.arch.grid_dim()[0] - 1 - m_blk  # the longest rows first
-
         if warp == LOAD_WARP:
             for atom in (tma_q, tma_k, tma_v):
                 cpasync.prefetch_descriptor(atom)
@@ -741,7 +736,8 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm100Fa4]:
     if target.family != "sm100":
         return []
     if tier == "test":
-        specs = [("bf16", 128, True, False)]
+        # dense bf16 D128 causal (4D TMA, degree-3 exp2); varlen f16 D64 (3D TMA, degree 5)
+        specs = [("bf16", 128, True, False), ("f16", 64, False, True)]
     else:
         specs = [(dt, d, c, vl) for dt in DTYPES for d in (128, 64) for c in (False, True)
                  for vl in (False, True)]
