@@ -6,9 +6,69 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from .compiler.cubin import disassemble, opcode_histogram, role_registers, sass_target
+from .compiler.cubin import disassemble, opcode_histogram, sass_target
 from .runtime.manifest import file_ok, load_manifest
 
+
+
+_INSN = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
+_LABEL = re.compile(r"^\s*(\.L_x_\d+):")
+_SETMAXREG = re.compile(r"\bUSETMAXREG\.(TRY_ALLOC|DEALLOC)\.CTAPOOL\b(?:\s+UP\d+,)?\s+(0x[0-9a-f]+|\d+)")
+
+
+def role_registers(sass: str) -> list[dict]:
+    """Per ``setmaxnreg`` in a warp-specialised kernel: the register limit it sets and the highest
+    general register (R<n>) used by any instruction reachable from it, following branches (the
+    code a warp runs after that instruction; ptxas may place a role's cold paths, such as mbarrier
+    retry loops, anywhere in the function, so address ranges would not do).  A role is within
+    its budget when ``max_register < limit``."""
+    insns: list[tuple[str, str]] = []  # (label or "", instruction text) in address order
+    labels: dict[str, int] = {}
+    pending: list[str] = []
+    for line in sass.splitlines():
+        lab = _LABEL.match(line)
+        if lab:
+            pending.append(lab.group(1))
+            continue
+        m = _INSN.search(line)
+        if not m:
+            continue
+        for name in pending:
+            labels[name] = len(insns)
+        pending = []
+        insns.append((m.group(1), m.group(2)))
+    out = []
+    for i, (_addr, text) in enumerate(insns):
+        sm = _SETMAXREG.search(text)
+        if not sm:
+            continue
+        seen, stack, top = set(), [i + 1], -1
+        while stack:
+            k = stack.pop()
+            if k in seen or k >= len(insns):
+                continue
+            seen.add(k)
+            t = insns[k][1]
+            top = max([top] + [int(r) for r in re.findall(r"\bR(\d+)\b", t)])
+            words = t.split()
+            predicated = words[0].startswith("@")
+            if predicated:
+                words = words[1:]
+            op = words[0]
+            if op.startswith("BRA"):
+                target = re.search(r"`\((\.L_x_\d+)\)", t)
+                if target:
+                    stack.append(labels[target.group(1)])
+                # BRA.U UPn, target: taken on a uniform predicate, else falls through
+                if predicated or (len(words) > 1 and re.match(r"!?UP\d", words[1])):
+                    stack.append(k + 1)
+                continue
+            if op == "EXIT" and not predicated:
+                continue
+            stack.append(k + 1)
+        out.append({"action": sm.group(1), "limit": int(sm.group(2), 0), "max_register": top,
+                    "instructions": len(seen)})
+    return out
 
 
 def _shown(match: str) -> str:
