@@ -9,8 +9,6 @@ from pathlib import Path
 from .compiler.cubin import disassemble, opcode_histogram, sass_target
 from .runtime.manifest import file_ok, load_manifest
 
-
-
 _INSN = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
 _LABEL = re.compile(r"^\s*(\.L_x_\d+):")
 _SETMAXREG = re.compile(r"\bUSETMAXREG\.(TRY_ALLOC|DEALLOC)\.CTAPOOL\b(?:\s+UP\d+,)?\s+(0x[0-9a-f]+|\d+)")

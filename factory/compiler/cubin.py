@@ -171,4 +171,3 @@ def opcode_histogram(sass: str) -> dict[str, int]:
 def sass_target(sass: str) -> str | None:
     m = re.search(r"\.target\s+(sm_\w+)", sass)
     return m.group(1) if m else None
-
