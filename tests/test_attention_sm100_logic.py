@@ -235,9 +235,10 @@ def _problem(dtype: str, q_len: int, k_len: int, seed: int, d: int = 64):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("q_len,k_len", [(300, 300), (77, 700), (520, 130), (1, 257), (256, 129)])
 def test_algorithm_model_matches_attention(dtype, causal, q_len, k_len):
-    """The kernel's algorithm (model above) against float32 attention of the same 16-bit inputs,
-    within the bundle's attention tolerance; fully masked rows (causal, k_len < q_len) give exactly
-    0 and -inf."""
+    """The kernel's algorithm (model above) against float32 attention of the same 16-bit inputs:
+    within a few rounding steps of P's 16-bit type (measured 4e-4..1.1e-3 for bf16, 5e-5..1.5e-4
+    for fp16; the bundle's tolerance is 1e-2); fully masked rows (causal, k_len < q_len) give
+    exactly 0 and -inf."""
     q, k, v = _problem(dtype, q_len, k_len, q_len * 1000 + k_len + causal)
     d = q.shape[-1]
     scale = d ** -0.5
@@ -249,9 +250,9 @@ def test_algorithm_model_matches_attention(dtype, causal, q_len, k_len):
     assert np.array_equal(~np.isfinite(lse), empty)
     assert np.all(o[empty] == 0)
     err = np.linalg.norm(o - ref_o) / max(np.linalg.norm(ref_o), 1e-30)
-    assert err < 1e-2, err
+    assert err < {"bf16": 3e-3, "f16": 5e-4}[dtype], err
     if (~empty).any():
-        assert np.abs(lse[~empty] - ref_lse[~empty]).max() < 2e-3
+        assert np.abs(lse[~empty] - ref_lse[~empty]).max() < 3e-4
 
 
 def test_model_exercises_the_rescale_threshold():
