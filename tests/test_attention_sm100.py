@@ -197,3 +197,21 @@ def test_sm100_attention_selection(test_bundle, monkeypatch):
         else:
             assert not any(v["target"] == "sm_100a" for v in b.candidates("attention"))
             assert not name.startswith("attention_sm100a_"), name
+
+
+def test_sm100_attention_refused_elsewhere(test_bundle, monkeypatch):
+    """sm_100a cubins run on 10.0 only: a 10.3 (B300) or 12.1 device finds no attention kernel in
+    this bundle, and the error names the device and what the bundle holds."""
+    from factory.runtime import attention as rt
+    from factory.runtime.errors import NoVariantError
+
+    monkeypatch.setattr(rt, "_check_common", lambda *a, **k: None)
+    q = torch.zeros(1, 300, 8, 128, dtype=torch.bfloat16)
+    kv = torch.zeros(1, 300, 2, 128, dtype=torch.bfloat16)
+    for cap in ((10, 3), (12, 1)):
+        b = Bundle.open(test_bundle, capability=cap, device=B200)
+        b.simulate(None)
+        with pytest.raises(NoVariantError, match="no attention kernel") as e:
+            rt.attention(b, q, kv, kv, causal=True)
+        assert f"compute capability {cap[0]}.{cap[1]}" in str(e.value)
+        assert "for sm_100a" in str(e.value), str(e.value)
