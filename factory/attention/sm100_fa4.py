@@ -11,7 +11,8 @@ walks the key tiles they see, the last first.  16 warps:
   correction warpgroup, else the old max stays (P <= 2^8) and the factor is 1; exp2 — 3/4 on
   MUFU.EX2, 1/4 as an FMA polynomial (attention/sm100_logic.py) —, P to 16 bits, tcgen05.st
   into the S columns it came from (P aliases S: columns BN/2..BN of the tile's S), and one
-  mbarrier arrive tells the MMA warp that P is there.  At the end, row sum and max for the
+  mbarrier arrive per thread tells the MMA warp that P is there (after tcgen05.wait::st and
+  tcgen05.fence::before_thread_sync; every TMEM handoff between threads is fenced so).  At the end, row sum and max for the
   correction warpgroup.
 * warps 8-11 — the **correction** warpgroup: per key tile and Q tile, rescales the running O in
   TMEM (tcgen05.ld, multiply, tcgen05.st) when some row of its warp needs it, off the softmax's
@@ -26,8 +27,9 @@ walks the key tiles they see, the last first.  16 warps:
   (``PipelineTmaUmma``: "full" completed by the TMA's bytes, "empty" by the MMA's commit).
 * warps 14-15: idle (setmaxnreg works on whole warpgroups: 4 x 4 warps).
 
-Registers (setmaxnreg): softmax 192, correction 80, others 48 (2·192 + 80 + 48 = 512 per thread
-of a warpgroup, 64K per SM).  TMEM: S0 [0, 128), S1 [128, 256), O0 [256, 256 + D),
+Registers (setmaxnreg): softmax 208, correction 72, MMA/TMA/idle 24 (2·208 + 72 + 24 = 512 per
+thread slot of a warpgroup: the SM's 64K).  FA4's 192/80/48 left one spilled value in the varlen
+softmax; O moves in 16-column chunks so the correction needs ~50.  TMEM: S0 [0, 128), S1 [128, 256), O0 [256, 256 + D),
 O1 [256 + D, 256 + 2D); P_s in the second half of S_s's columns.
 
 Handshakes (mbarriers, one per Q tile s): ``s_full`` (MMA commit -> softmax), ``p_ready`` (softmax
@@ -41,7 +43,8 @@ been overtaken (each producer's next arrival depends on the consumer's last).
 Varlen (cu_seqlens): a CTA offsets the (tokens, D, heads) TMA tensors to its sequence (boxes past
 its end read the next sequence's rows, masked for K/V and never stored for Q) and leaves at once if
 its first row is past the sequence (the grid is sized by max_seqlen_q).  GQA: kv head = q head //
-(Hq / Hkv).  A row with no visible key writes O = 0 and LSE = -inf.
+(Hq / Hkv).  A row with no visible key writes O = 0 and LSE = -inf.  Causal grids start with the
+last query tiles (the longest rows).  O leaves by 16-byte stores, one row per thread.
 
 Nothing here has run (no Blackwell GPU): the proof is the SASS (sass-only).
 """
