@@ -25,6 +25,7 @@ FAMILY_MODULES = (
     "factory.attention.sm90",
     "factory.attention.sm100",
     "factory.attention.decode",
+    "factory.attention.sm100_fa4",
 )
 TIERS = ("test", "default", "full")
 

@@ -248,9 +248,13 @@ def _choose(bundle, dtype: str, head_dim: int, causal: bool, varlen: bool, rows:
     if hit is None:
         if len(per_bundle) > 4096:
             per_bundle.clear()
-        e = select(bundle.candidates("attention"), dtype=dtype, head_dim=head_dim, causal=causal,
-                   varlen=varlen, rows=rows, sms=sms, decode=decode,
-                   tuned=_tuned(bundle, dtype, head_dim, causal, decode) if not varlen else None)
+        try:
+            e = select(bundle.candidates("attention"), dtype=dtype, head_dim=head_dim, causal=causal,
+                       varlen=varlen, rows=rows, sms=sms, decode=decode,
+                       tuned=_tuned(bundle, dtype, head_dim, causal, decode) if not varlen else None)
+        except NoVariantError as err:  # say which device, and what the bundle was built for
+            raise NoVariantError(f"{err} (on {bundle.device_name()}; "
+                                 f"{bundle.describe_contents('attention')})") from None
         hit = per_bundle[key] = (e["name"], int(e.get("splits", 1)))
     return hit
 
