@@ -110,7 +110,9 @@ def _check_report(report: dict) -> None:
               and not h.split(", ")[1].startswith("R")]
         rs = [h for h in r["hgmma"] if h.startswith(f"HGMMA.64x{d}x16.F32.BF16 R")
               and h.split(", ")[1].startswith("R") and ".tnspB" in h]
-        assert len(ss) == 3 * d // 16 and len(rs) == 3 * bn // 16, (name, r["hgmma"])
+        # (Non-causal: no masked loop over diagonal tiles, so each GEMM is issued twice.)
+        issues = 3 if cfg["causal"] else 2
+        assert len(ss) == issues * d // 16 and len(rs) == issues * bn // 16, (name, r["hgmma"])
         assert len(r["hgmma"]) == len(ss) + len(rs), name
         bars = r["bars"]
         assert any(b.startswith("USETMAXREG.DEALLOC") for b in bars), name
@@ -120,7 +122,7 @@ def _check_report(report: dict) -> None:
         # (with pin_wait; ptxas otherwise hoists it above them) and no exponential follows it
         # before the next WGMMA: the softmax overlaps the warpgroup's own P·V.
         loops = re.findall(r"1(E*)0(E*)G", r["order"])
-        assert len(loops) == 2, (name, r["order"])
+        assert len(loops) == issues - 1, (name, r["order"])
         if cfg["pin_wait"]:
             assert all(len(before) >= bn // 2 and not after for before, after in loops), (name, loops)
         if cfg["pingpong"]:
