@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from .compiler.cubin import disassemble, opcode_histogram, sass_target
+from .compiler.cubin import cubin_target, disassemble, opcode_histogram, sass_target
 from .runtime.manifest import file_ok, load_manifest
 
 
@@ -20,12 +20,25 @@ def _shown(match: str) -> str:
     return f"{words[0]} … {words[-1]}"
 
 
-def sass_problems(entry: dict, sass: str) -> list[str]:
-    """What is wrong with one variant's disassembly: its target against the manifest's, and each of
-    the family's required instruction patterns that it lacks (empty when it proves the family)."""
+def target_problem(want: str, got: str | None, exact: bool) -> bool:
+    """Whether a cubin built for ``got`` cannot be the ``want`` target's.  ``exact``: ``got`` is
+    ptxas's own ``-arch`` (the cubin's note); otherwise it is nvdisasm's ``.target``, which shows a
+    family-specific target without its ``f`` (and older tools an arch-specific one without its
+    ``a``)."""
+    if got is None:
+        return True
+    if exact:
+        return got != want
+    return got.rstrip("a") != want.rstrip("af")
+
+
+def sass_problems(entry: dict, sass: str, arch: str | None = None) -> list[str]:
+    """What is wrong with one variant's disassembly: its target against the manifest's (``arch``:
+    the target ptxas recorded in the cubin, where known), and each of the family's required
+    instruction patterns that it lacks (empty when it proves the family)."""
     problems = []
-    got = sass_target(sass)
-    if got is None or got.rstrip("a") != entry["target"].rstrip("a"):
+    got = arch or sass_target(sass)
+    if target_problem(entry["target"], got, exact=arch is not None):
         problems.append(f"cubin is for {got}, manifest says {entry['target']}")
     missing = [p for p in entry["sass_requirements"] if not re.search(p, sass)]
     if missing:
@@ -46,9 +59,10 @@ def verify(bundle: str | Path) -> tuple[list[str], list[str]]:
         problems += bad
         if bad:
             continue
-        sass = disassemble(bundle / v["files"]["cubin"]["path"])
-        got = sass_target(sass)
-        bad_sass = sass_problems(v, sass)
+        cubin = bundle / v["files"]["cubin"]["path"]
+        sass = disassemble(cubin)
+        got = cubin_target(cubin.read_bytes(), sass)
+        bad_sass = sass_problems(v, sass, arch=got)
         problems += [f"{name}: {p}" for p in bad_sass]
         hist = opcode_histogram(sass)
         spills = sum(c for op, c in hist.items() if op.startswith(("LDL", "STL")))

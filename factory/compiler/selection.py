@@ -25,6 +25,7 @@ FAMILY_IDS = {"sm80": 1, "sm90": 2}
 OP_IDS = {"gemm": 1, "attention": 2}
 ACC_IDS = {"promoted": 1, "fast": 2}
 MAX_RANK, MAX_SYMS, MAX_ARGS = 6, 64, 16  # as csrc/fx_select.h
+MAX_TARGET_CCS = 8  # FX_MAX_TARGET_CCS
 # tuning.MODEL's keys, in fx_model's order: a key added to the Python model must be ported to C.
 MODEL_KEYS = ("eff_256x128_c1x2", "eff_128x256_c2x1", "eff_large", "eff_pp", "eff_coop_mc", "eff_coop",
               "eff_small", "eff_swap_base", "eff_swap_slope", "fp8_promoted", "fp8_fast", "split_us",
@@ -157,6 +158,14 @@ def _occupancy_kernel(entry: dict) -> str:
     return c_str(max(kernels, key=lambda k: kernels[k].get("code_bytes", 0)))
 
 
+def target_row(t) -> str:
+    """One fx_target: capability, specificity and the recorded compute capabilities (Target.runs_on)."""
+    if len(t.ccs) > MAX_TARGET_CCS:
+        raise ValueError(f"{t.name}: more than {MAX_TARGET_CCS} compute capabilities (csrc/fx_select.h)")
+    ccs = ", ".join(f"{{{a}, {b}}}" for a, b in t.ccs) or "{0, 0}"
+    return f"{{{c_str(t.name)}, {t.capability[0]}, {t.capability[1]}, {t.specificity}, {len(t.ccs)}, {{{ccs}}}}}"
+
+
 def tables(entries: dict[str, dict], tuning_data: dict | None) -> str:
     """The C tables for ``entries`` (the manifest's variants, in manifest order) and the tuning
     table ``tuning_data`` (already matched to this manifest, or None)."""
@@ -204,9 +213,8 @@ def tables(entries: dict[str, dict], tuning_data: dict | None) -> str:
     out.append(f"const fx_variant fx_variants[] = {{\n  {(',' + chr(10) + '  ').join(rows)}\n}};")
     out.append(f"const int32_t fx_n_variants = {len(rows)};")
     out.append(f"fx_state fx_states[{max(1, len(rows))}];")
-    trows = [f"{{{c_str(t)}, {TARGETS[t].capability[0]}, {TARGETS[t].capability[1]}, {int(TARGETS[t].arch_specific)}}}"
-             for t in used_targets]
-    out.append(f"const fx_target fx_targets[] = {{{', '.join(trows) or '{NULL, 0, 0, 0}'}}};")
+    trows = [target_row(TARGETS[t]) for t in used_targets]
+    out.append(f"const fx_target fx_targets[] = {{{', '.join(trows) or '{NULL, 0, 0, 0, 0, {{0, 0}}}'}}};")
     out.append(f"const int32_t fx_n_targets = {len(trows)};")
 
     buckets = []

@@ -130,24 +130,31 @@ static int32_t check_contract(const fx_variant *v, const fx_value *vals, int32_t
 }
 
 /* --- candidates: BundleCore.candidates --------------------------------------------------------- */
+/* Target.runs_on: the recorded compute capabilities of an arch- or family-specific target, else
+   the same major and a minor >= the target's. */
+static int target_runs_on(const fx_target *g, int32_t major, int32_t minor) {
+    if (g->n_ccs > 0) {
+        for (int32_t i = 0; i < g->n_ccs; i++)
+            if (g->ccs[i][0] == major && g->ccs[i][1] == minor) return 1;
+        return 0;
+    }
+    return major == g->major && minor >= g->minor;
+}
+
 /* Indices of op's variants runnable on this capability, best target first (targets_for_capability:
-   arch-specific for exactly this chip, then the newest plain target of the same major), manifest
-   order within a target.  Returns the count; *out is malloc'd (free it). */
+   arch-specific for exactly this chip, then family-specific, then the newest plain target of the
+   same major), manifest order within a target.  Returns the count; *out is malloc'd (free it). */
 static int32_t candidates(const fx_device_t *dev, int32_t op, int32_t **out) {
     int32_t order[64], n_order = 0;
-    for (int32_t t = 0; t < fx_n_targets && n_order < 64; t++) {
-        const fx_target *g = &fx_targets[t];
-        int runs = g->arch_specific ? (dev->cc_major == g->major && dev->cc_minor == g->minor)
-                                    : (dev->cc_major == g->major && dev->cc_minor >= g->minor);
-        if (runs) order[n_order++] = t;
-    }
-    /* sorted by (arch_specific, capability), descending (insertion sort keeps ties in order) */
+    for (int32_t t = 0; t < fx_n_targets && n_order < 64; t++)
+        if (target_runs_on(&fx_targets[t], dev->cc_major, dev->cc_minor)) order[n_order++] = t;
+    /* sorted by (specificity, capability), descending (insertion sort keeps ties in order) */
     for (int32_t i = 1; i < n_order; i++) {
         int32_t x = order[i], j = i - 1;
         const fx_target *gx = &fx_targets[x];
         while (j >= 0) {
             const fx_target *gj = &fx_targets[order[j]];
-            int before = gx->arch_specific != gj->arch_specific ? gx->arch_specific > gj->arch_specific
+            int before = gx->specificity != gj->specificity ? gx->specificity > gj->specificity
                          : gx->major != gj->major ? gx->major > gj->major : gx->minor > gj->minor;
             if (!before) break;
             order[j + 1] = order[j];

@@ -78,9 +78,16 @@ typedef struct {
     int32_t smem_bytes;      /* its dynamic shared memory */
 } fx_variant;
 
+#define FX_MAX_TARGET_CCS 8
+
+/* A target (atoms/targets.py Target): its capability, specificity (2 arch-specific, 1
+   family-specific, 0 plain) and the compute capabilities its cubins run on (ccs, n_ccs > 0 for
+   arch- and family-specific targets; plain ones run on every minor >= theirs of their major). */
 typedef struct {
     const char *name;
-    int32_t major, minor, arch_specific;
+    int32_t major, minor, specificity;
+    int32_t n_ccs;
+    int32_t ccs[FX_MAX_TARGET_CCS][2];
 } fx_target;
 
 /* A tuning.json bucket: its key (tuning.bucket_key) and winners (-1: none). Sorted by key. */
