@@ -4,9 +4,10 @@ them, and which one selection takes on a 10.0 device (no launches; nothing Black
 The sm_100a cubins are arch-specific: only a compute capability 10.0 device runs them.  On 10.0
 nothing else in a bundle runs (sm_8x and sm_90 builds run only on their own major, sm_90a only on
 9.0), so every shape there, decode included, is served by this family.  Selection on 10.0 is the
-loader's tile heuristic for non-Hopper families (runtime/gemm.py ``choose``): the largest CTA tile
-that still gives a CTA per SM, else the tile with the most CTAs.  For decode (M <= 16) that is the
-64-row tile (tcgen05 M = 64, N = 32): N/32 CTAs, the rows past M being the TMA's zero fill.
+least time of the Blackwell cost model (runtime/cost_sm100.py: a roofline from published B200
+figures, unmeasured; its own tests in tests/test_cost_sm100.py).  For decode (M <= 16, N = 4096)
+that is the 64-row tile (tcgen05 M = 64, N = 32): N/32 CTAs, the rows past M being the TMA's zero
+fill.
 """
 
 from __future__ import annotations
@@ -133,10 +134,12 @@ def test_decode_on_10_0_takes_the_64_row_tile(default_sm100_bundle, m):
 
 
 def test_large_problems_on_10_0_take_a_cta_pair(default_sm100_bundle):
-    """4096^3: every 128 x 256 CTA tile fills the SMs; of the equal tiles the CTA pair (256 x 256
-    MMA, B read once per pair) comes first.  fp8 the same."""
+    """Large problems take a CTA pair (B split between the pair: half the operand reads per SM).
+    8192^3: the 256 x 256 pair; 4096^3: the 256 x 128 pair (1024 CTA tiles are 6.9 waves of 148
+    CTAs, 512 of the 256 x 256 pair's are 3.5: the model counts whole waves).  fp8: the pair."""
     b = Bundle.open(default_sm100_bundle, capability=(10, 0), device=B200)
-    assert _select(b, _bf16(4096, 4096), _bf16(4096, 4096)) == "gemm_sm100a_bf16_obf16_ak_bk_2cta_t256x256x64_c2x1_pdl"
+    assert _select(b, _bf16(8192, 8192), _bf16(8192, 8192)) == "gemm_sm100a_bf16_obf16_ak_bk_2cta_t256x256x64_c2x1_pdl"
+    assert _select(b, _bf16(4096, 4096), _bf16(4096, 4096)) == "gemm_sm100a_bf16_obf16_ak_bk_2cta_t256x128x64_c2x2_pdl"
     x8 = torch.empty(4096, 4096, dtype=torch.float8_e4m3fn)
     assert _select(b, x8, x8, "e4m3") == "gemm_sm100a_e4m3_obf16_ak_bk_2cta_t256x256x128_c2x1_pdl"
     # x @ W with W stored (K, N): the N-major B variant.
