@@ -86,7 +86,7 @@ def test_tiers(report):
     tiers = report["tiers"]
     assert len(tiers["test"]) == 1  # the CPU suite compiles one Blackwell kernel (CI has 2 cores)
     # The default bundle keeps its Blackwell share small: build time and size.
-    assert 4 <= len(tiers["default"]) <= 12
+    assert 4 <= len(tiers["default"]) <= 16  # 13: 11 + the two 64x64 decode tiles (cost_sm100)
     assert set(tiers["default"]) <= set(tiers["full"])
     for names in tiers.values():
         assert len(names) == len(set(names))
