@@ -29,7 +29,7 @@ def target_problem(want: str, got: str | None, exact: bool) -> bool:
         return True
     if exact:
         return got != want
-    return got.rstrip("a") != want.rstrip("af")
+    return got.rstrip("af") != want.rstrip("af")
 
 
 def sass_problems(entry: dict, sass: str, arch: str | None = None) -> list[str]:
