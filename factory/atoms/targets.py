@@ -50,6 +50,11 @@ class Target:
     # family-specific target (the loader matches devices against it, in Python and in C); empty for
     # plain targets, which run on every minor revision >= theirs of their major.
     ccs: tuple[tuple[int, int], ...] = ()
+    # A plain target whose cubins are the same code as another's it runs alongside: every variant
+    # both targets have compiles to byte-identical SASS, and that target's cubins run on this one's
+    # devices.  When both are built, this one keeps only the variants the other lacks
+    # (registry.enumerate_variants); selection takes the other's on this one's devices.
+    same_code_as: str | None = None
     # Portability builds compile a lower family's source for a newer chip so its numerics can be
     # proven on hardware we have (the sm80 family built for sm_90 runs on an H100).
     portability_of: str | None = None
@@ -86,8 +91,10 @@ class Target:
 _TARGETS = (
     Target("sm_80", (8, 0), "sm80", (Mma.MMA_SYNC,), (Copy.CP_ASYNC,), smem_per_cta=163 * 1024),
     Target("sm_86", (8, 6), "sm80", (Mma.MMA_SYNC,), (Copy.CP_ASYNC,), smem_per_cta=99 * 1024),
+    # Ada: the sm_86 code (same 99 KB per CTA: the .text of all 70 bf16/f16 variants both build was
+    # byte-identical in the 2026-11-25 default bundle; notes/blackwell.md, "Build time"), plus fp8.
     Target("sm_89", (8, 9), "sm80", (Mma.MMA_SYNC,), (Copy.CP_ASYNC,), smem_per_cta=99 * 1024, fp8=True,
-           fp8_mma_native=True),
+           fp8_mma_native=True, same_code_as="sm_86"),
     # The Ampere/Ada family compiled for Hopper: same source, runs on an H100 (proves numerics).
     Target(
         "sm_90", (9, 0), "sm80", (Mma.MMA_SYNC,), (Copy.CP_ASYNC,), smem_per_cta=227 * 1024,
@@ -134,6 +141,9 @@ _TARGETS = (
 )
 
 TARGETS: dict[str, Target] = {t.name: t for t in _TARGETS}
+for _t in _TARGETS:  # the same code must run where this target's devices are
+    if _t.same_code_as is not None and not TARGETS[_t.same_code_as].runs_on(_t.capability):
+        raise ValueError(f"{_t.name}: {_t.same_code_as} cubins do not run on {_t.capability}")
 
 
 def get_target(name: str) -> Target:

@@ -54,13 +54,22 @@ def cache_key(v: Variant) -> str:
         "schema": SCHEMA_VERSION, "name": v.name, "config": v.config(), "cls": type(v).__qualname__,
         "versions": toolchain.versions(),
     }, sort_keys=True, default=str).encode())
-    # The target enters as its registry record, not as the whole of atoms/targets.py: adding or
-    # changing another target must not recompile every variant.
-    h.update(repr(get_target(v.target)).encode())
+    h.update(_target_record(v.target).encode())
     for rel in sorted(set(v.sources) | {"compiler/compile.py", "compiler/cubin.py", "variant.py"}):
         h.update(rel.encode())
         h.update((PACKAGE_ROOT / rel).read_bytes())
     return h.hexdigest()[:32]
+
+
+def _target_record(name: str) -> str:
+    """The target as the cache key sees it: its registry record (not the whole of atoms/targets.py:
+    adding or changing another target must not recompile every variant), fields at their default
+    left out (adding a field to Target must not either)."""
+    import dataclasses
+
+    t = get_target(name)
+    return repr([(f.name, getattr(t, f.name)) for f in dataclasses.fields(t)
+                 if f.default is dataclasses.MISSING or getattr(t, f.name) != f.default])
 
 
 # --- worker side ---------------------------------------------------------------------------------
