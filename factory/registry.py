@@ -20,6 +20,7 @@ FAMILY_MODULES = (
     "factory.gemm.sm80",
     "factory.gemm.sm90",
     "factory.gemm.sm100",
+    "factory.gemm.sm100_blockscaled",
     "factory.gemm.decode",
     "factory.attention.sm80",
     "factory.attention.sm90",

@@ -2,8 +2,15 @@
 """``scripts/bench.py attention`` (or this file): ours beside torch SDPA (flash and cuDNN backends,
 and SDPA's own choice) on the same inputs: CUDA events over graph replay and over eager calls,
 medians, TFLOP/s.  Outputs are checked against float32 where the reference fits in memory.
-Writes ``OUT.json`` (a few KB: small enough for a note to keep whole); ``--out`` defaults to
-``$FACTORY_RESULTS/bench_attention`` (else under the system's temporary folder)."""
+Writes ``OUT.json`` (a few KB: small enough for a note to keep whole) and ``OUT.png`` (per shape
+TFLOP/s of ours and of each SDPA backend, and best SDPA / ours); ``--out`` defaults to
+``$FACTORY_RESULTS/bench_attention`` (else under the system's temporary folder).
+
+Grids (``--grid``): ``default`` (the notes' shapes), ``decode`` (= ``--decode``), ``d256``
+(head_dim 256: FA3's published B1 H16 S16384 point and smaller), ``issue`` (head_dim 64/128/256,
+seqlen 512-16384, batch x heads 1x8 to 32x32, causal and not, GQA 32/8, varlen).  A varlen row
+packs B sequences of equal length S (cu_seqlens) for ours; the SDPA backends run the same tokens
+as a dense (B, S) batch: the same FLOPs."""
 
 from __future__ import annotations
 
@@ -35,6 +42,29 @@ SHAPES = [
     (4, 32, 8, 4, 8192, 128, True),  # speculative decode, 4 query rows
 ]
 
+
+# head_dim 256 (the sm_90a family's 128x80 tiles): FA3 publishes 756 / 642 TFLOP/s at B1 H16
+# S16384 non-causal / causal on an H100 SXM.
+D256_SHAPES = [
+    (1, 16, 16, 16384, 16384, 256, False),
+    (1, 16, 16, 16384, 16384, 256, True),
+    (2, 16, 16, 4096, 4096, 256, False),
+    (2, 16, 16, 4096, 4096, 256, True),
+    (4, 16, 16, 1024, 1024, 256, False),
+    (4, 16, 16, 1024, 1024, 256, True),
+    (4, 32, 8, 2048, 2048, 256, True),  # GQA 4
+    (1, 8, 8, 512, 512, 256, False),
+    (8, 16, 16, 2048, 2048, 256, True, "varlen"),  # 8 packed sequences of 2048
+]
+
+# The issue's grid: head_dim 64/128/256 x seqlen 512-16384 x batch x heads 1x8 .. 32x32, causal and
+# not; GQA 32/8; varlen.  (B, H, S) pairs keep one call under ~0.1 s at D256.
+ISSUE_SHAPES = (
+    [(b, h, h, s, s, d, c) for d in (64, 128, 256) for c in (False, True)
+     for b, h, s in ((1, 8, 512), (32, 32, 512), (8, 16, 2048), (4, 32, 4096), (1, 16, 16384))]
+    + [(4, 32, 8, 2048, 2048, d, True) for d in (64, 128, 256)]
+    + [(8, 16, 16, 2048, 2048, d, c, "varlen") for d in (64, 128, 256) for c in (False, True)]
+)
 
 # Decode steps (seqlen_q = 1, causal: bottom-right, so every key is visible): batch 1-256, context
 # 512-32k, GQA 32/8 and MHA, D128 (+ D64 and fp16 spot checks); batch x context <= 1M tokens.
@@ -86,17 +116,30 @@ def bench_attention(bundle, dtype="bf16", shapes=None, copy_bw=None) -> list[dic
 
     dt = testing.torch_dtype(dtype)
     rows = []
-    for B, hq, hkv, sq, sk, d, causal in sorted(shapes or SHAPES, key=lambda s: s[3] > 4):  # decode first
+    for shape in sorted(shapes or SHAPES, key=lambda s: s[3] > 4):  # decode first
+        B, hq, hkv, sq, sk, d, causal = shape[:7]
+        varlen = "varlen" in shape[7:]
         q = torch.randn(B, sq, hq, d, device="cuda").to(dt)
         k = torch.randn(B, sk, hkv, d, device="cuda").to(dt)
         v = torch.randn(B, sk, hkv, d, device="cuda").to(dt)
-        out = bundle.attention(q, k, v, causal=causal)
-        ref_o, _ = testing.attention_reference(q, k, v, causal, d ** -0.5) if sq * sk <= 4096 * 4096 else (None, None)
+        if varlen:  # B sequences of sq (= sk) tokens, packed: ours gets (tokens, H, D) and cu_seqlens
+            cu = torch.arange(0, (B + 1) * sq, sq, dtype=torch.int32, device="cuda")
+            packed = [t.view(B * sq, t.shape[2], d) for t in (q, k, v)]
+
+            def call():
+                return bundle.attention(*packed, causal=causal, cu_seqlens_q=cu, cu_seqlens_k=cu,
+                                        max_seqlen_q=sq).view(B, sq, hq, d)
+        else:
+            def call():
+                return bundle.attention(q, k, v, causal=causal)
+        out = call()
+        ref_o, _ = testing.attention_reference(q, k, v, causal, d ** -0.5) if B * hq * sq * sk <= 2 ** 31 else (None, None)
         err = testing.rel_error(out, ref_o) if ref_o is not None else float("nan")
+        ref_o = None
         fl = _flops(B, hq, sq, sk, d, causal)
 
         def ours(_i):
-            bundle.attention(q, k, v, causal=causal)
+            call()
 
         qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
         # SDPA's causal mask is top-left aligned: it equals ours only when sq == sk; decode (sq=1)
@@ -112,7 +155,8 @@ def bench_attention(bundle, dtype="bf16", shapes=None, copy_bw=None) -> list[dic
             return fn
 
         row = {"B": B, "Hq": hq, "Hkv": hkv, "Sq": sq, "Sk": sk, "D": d, "causal": causal, "dtype": dtype,
-               "rel_err": err, "flops": fl}
+               "varlen": varlen, "rel_err": err, "flops": fl,
+               "chosen": _chosen(bundle, q, k, v, causal, varlen)}
         for label, fn in (("ours", ours), ("flash", sdpa(SDPBackend.FLASH_ATTENTION)),
                           ("cudnn", sdpa(SDPBackend.CUDNN_ATTENTION)), ("sdpa", sdpa(None))):
             try:
@@ -136,7 +180,6 @@ def bench_attention(bundle, dtype="bf16", shapes=None, copy_bw=None) -> list[dic
                         row["variants_us"][label] += (testing.rel_error(o_, ref_o),)
                 except Exception as ex:  # noqa: BLE001 - reported, not fatal
                     row["variants_us"][label] = (e["name"], None, f"{type(ex).__name__}: {str(ex)[:80]}")
-            row["chosen"] = _chosen(bundle, q, k, v, causal)
         best = min(x for x in (row["flash_us"], row["cudnn_us"], row["sdpa_us"]) if x is not None)
         row["ratio_vs_best_sdpa"] = best / row["ours_us"]
         if copy_bw and sq <= 16:  # decode: the KV-read floor of this run's copy bandwidth
@@ -147,7 +190,11 @@ def bench_attention(bundle, dtype="bf16", shapes=None, copy_bw=None) -> list[dic
                   f"best SDPA at {row['floor_over_best_sdpa']:.0%}", flush=True)
         rows.append(row)
         f = lambda x: "-" if x is None else f"{x:8.1f}"  # noqa: E731
-        print(f"B{B} H{hq}/{hkv} S{sq}x{sk} D{d} {'causal' if causal else 'full  '}  ours {f(row['ours_us'])} "
+        for label in ("ours", "flash", "cudnn", "sdpa"):
+            if row[f"{label}_us"] is not None:
+                row[f"{label}_tflops"] = fl / row[f"{label}_us"] / 1e6
+        print(f"B{B} H{hq}/{hkv} S{sq}x{sk} D{d} {'causal' if causal else 'full  '}{' varlen' if varlen else ''}  "
+              f"ours {f(row['ours_us'])} "
               f"({fl / row['ours_us'] / 1e6:6.1f} TF/s)  flash {f(row['flash_us'])}  cudnn {f(row['cudnn_us'])}  "
               f"sdpa {f(row['sdpa_us'])}  | eager ours {f(row['ours_eager_us'])} sdpa {f(row['sdpa_eager_us'])}  "
               f"ratio {row['ratio_vs_best_sdpa']:.2f}  err {err:.1e}", flush=True)
@@ -156,19 +203,66 @@ def bench_attention(bundle, dtype="bf16", shapes=None, copy_bw=None) -> list[dic
                                                                isinstance(t[2], float) else
                                                                (f"  {t[2]}" if len(t) > 2 else "")),
                   flush=True)
-        if "chosen" in row:
-            print(f"    loader's choice: {row['chosen']}", flush=True)
+        print(f"    loader's choice: {row['chosen']}", flush=True)
         q = k = v = out = None  # free before the next shape (the closures hold the names)
         torch.cuda.empty_cache()
     return rows
 
 
-def _chosen(bundle, q, k, v, causal) -> str:
+def _chosen(bundle, q, k, v, causal, varlen=False) -> str:
     from factory.runtime.attention import _choose
 
     dtype = {"torch.bfloat16": "bf16", "torch.float16": "f16"}[str(q.dtype)]
     b, sq, hq, d = q.shape
+    if varlen:
+        return _choose(bundle, dtype, d, causal, True)[0]
     return _choose(bundle, dtype, d, causal, False, b * hq * sq, (b, hq, k.shape[2], sq, k.shape[1]))[0]
+
+
+BACKENDS = (("ours", "tab:red"), ("flash", "tab:blue"), ("cudnn", "tab:green"), ("sdpa", "tab:gray"))
+
+
+def _label(r: dict) -> str:
+    h = f"H{r['Hq']}" if r["Hq"] == r["Hkv"] else f"H{r['Hq']}/{r['Hkv']}"
+    s = f"S{r['Sq']}" if r["Sq"] == r["Sk"] else f"S{r['Sq']}x{r['Sk']}"
+    return f"B{r['B']} {h} {s} D{r['D']}{' c' if r['causal'] else ''}{' vl' if r.get('varlen') else ''}"
+
+
+def chart(rows: list[dict], path: Path, title: str) -> str:
+    """``path`` (PNG): per shape the TFLOP/s of ours and of each SDPA backend (grouped bars) and
+    best SDPA time / ours (dots, right axis).  matplotlib where installed; otherwise the same
+    bars without text by factory.benchmark.bar_chart_png.  Returns which one drew it."""
+    series = [[r.get(f"{b}_tflops") or 0.0 for r in rows] for b, _ in BACKENDS]
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        from factory.benchmark import bar_chart_png
+
+        bar_chart_png(path, series, [c for _, c in BACKENDS])
+        return "bar_chart_png"
+    n = len(rows)
+    fig, ax = plt.subplots(figsize=(max(8, n * 0.45), 4.6))
+    w = 0.8 / len(BACKENDS)
+    for j, ((label, color), ys) in enumerate(zip(BACKENDS, series)):
+        ax.bar([i + (j - 1.5) * w for i in range(n)], ys, w, color=color, label=label)
+    ax.set_ylabel("TFLOP/s")
+    ax.set_xticks(list(range(n)), [_label(r) for r in rows], rotation=75, fontsize=6)
+    ax2 = ax.twinx()
+    ax2.plot(range(n), [r["ratio_vs_best_sdpa"] for r in rows], "k.", ms=6, label="best SDPA time / ours")
+    ax2.axhline(1.0, color="k", lw=0.6, ls="--")
+    ax2.set_ylabel("best SDPA time / ours")
+    ax2.set_ylim(0, max(1.6, max(r["ratio_vs_best_sdpa"] for r in rows) * 1.1))
+    h1, l1 = ax.get_legend_handles_labels()
+    h2, l2 = ax2.get_legend_handles_labels()
+    ax.legend(h1 + h2, l1 + l2, fontsize=7, ncol=5, loc="lower center", bbox_to_anchor=(0.5, 1.0))
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return "matplotlib"
 
 
 def main(argv=None) -> int:
@@ -178,7 +272,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=default_out("bench_attention"),
                    help="path stem of the output, OUT.json (default: %(default)s)")
     p.add_argument("--decode", action="store_true", help="the decode grid (batch 1-256, context 512-32k) "
-                   "with the KV-read floor of this run's copy bandwidth")
+                   "with the KV-read floor of this run's copy bandwidth (= --grid decode)")
+    p.add_argument("--grid", default="default", choices=["default", "decode", "d256", "issue"])
     a = p.parse_args(argv)
     import torch
 
@@ -188,10 +283,16 @@ def main(argv=None) -> int:
     bundle = Bundle.open(a.bundle)
     dev = torch.cuda.get_device_name()
     print(f"device {dev}, torch {torch.__version__}; µs: graph-replay medians (eager medians after |)", flush=True)
+    a.decode = a.decode or a.grid == "decode"
     copy_bw = copy_bandwidth() if a.decode else None
     if copy_bw:
         print(f"device-to-device copy bandwidth {copy_bw / 1e12:.2f} TB/s (read + write)", flush=True)
-    rows = bench_attention(bundle, a.dtype, DECODE_SHAPES if a.decode else None, copy_bw)
+    tuned = bundle.tuning
+    selection = "tuning.json" if tuned is not None else f"rule ({bundle._tuning[1]})"
+    print(f"selection: {selection}", flush=True)
+    grid = "decode" if a.decode else a.grid
+    shapes = {"default": None, "decode": DECODE_SHAPES, "d256": D256_SHAPES, "issue": ISSUE_SHAPES}[grid]
+    rows = bench_attention(bundle, a.dtype, shapes, copy_bw)
     geo = statistics.geometric_mean([r["ratio_vs_best_sdpa"] for r in rows])
     print(f"geomean (best SDPA backend time / ours): {geo:.3f} over {len(rows)} shapes")
     if copy_bw:
@@ -202,8 +303,12 @@ def main(argv=None) -> int:
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     Path(str(out) + ".json").write_text(json.dumps({
-        "device": dev, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
-        "copy_bandwidth": copy_bw, "geomean_ratio_vs_best_sdpa": geo, "rows": rows}, indent=1))
+        "device": dev, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "grid": grid,
+        "selection": selection, "copy_bandwidth": copy_bw, "geomean_ratio_vs_best_sdpa": geo, "rows": rows},
+        indent=1))
+    drawn = chart(rows, Path(str(out) + ".png"),
+                  f"attention {a.dtype}, {grid} grid, on {dev} ({selection[:40]}): geomean best SDPA / ours {geo:.3f}")
+    print(f"wrote {out}.json and {out}.png ({drawn})", flush=True)
     return 0
 
 

@@ -82,7 +82,10 @@ def test_sass_proves_each_family(test_bundle):
         if v["family"] == "decode":  # mma.sync fed by plain loads: no shared-memory operands
             assert (s["QMMA"] if v["target"] == "sm_120a" else s["HMMA"]) > 0 and s["LDSM"] == s["LDGSTS"] == s["UTMALDG"] == 0, v["name"]
         if v["family"] == "sm100":  # tcgen05 (UTC*MMA) fed by TMA; no warp- or warpgroup-MMA
-            assert s["UTCHMMA"] + s["UTCQMMA"] > 0 and s["UTMALDG"] > 0, v["name"]
+            assert s["UTCHMMA"] + s["UTCQMMA"] + s["UTCOMMA"] > 0 and s["UTMALDG"] > 0, v["name"]
+            # Block-scaled: the scale factors reach TMEM by tcgen05.cp (UTCCP); the dense GEMM: never.
+            if v["op"] in ("gemm", "gemm_blockscaled"):
+                assert (s["UTCCP"] > 0) == (v["op"] == "gemm_blockscaled"), v["name"]
             assert s["HMMA"] == s["HGMMA"] == s["QGMMA"] == 0, v["name"]
             # Never run: proven by SASS only; its resources recorded and within the SM's.
             r = v["resources"]

@@ -316,3 +316,58 @@ def test_fp8_needs_scales_only_to_launch(test_bundle):
     sel = cs.Selection()
     rc = lib.lib.fx_gemm(ctypes.byref(dev), ctypes.byref(prob), None, ctypes.c_uint64(0), None, ctypes.byref(sel))
     assert rc == cs.FX_ERR_INPUT and "scale" in lib.message()
+
+
+# --- attention buckets in tuning.json ------------------------------------------------------------------
+def _write_attention_tuning(path: Path, problems: list[dict]) -> int:
+    """A tuning.json for TUNED with ``attention`` buckets for the dense problems: per bucket (by the
+    key's hash) a variant of the problem's dtype / head_dim / causal other than the rule's pick, a
+    split-KV variant (never taken), a varlen or other-dtype variant (not among the fitting ones), or
+    a name the bundle lacks.  Returns the number of buckets."""
+    bundle = cs.open_simulated(path, (9, 0), TUNED["sm_count"], None)
+    entries = bundle.candidates("attention")
+    names = [e["name"] for e in entries]
+    buckets = {}
+    for p in problems:
+        if p["varlen"] or 0 in (p["B"], p["Sq"], p["Sk"], p["Hq"]):
+            continue
+        key = tuning.attention_bucket_key(p["dtype"], p["D"], p["causal"], p["Sq"], p["Sk"], p["B"] * p["Hq"])
+        if key in buckets:
+            continue
+        h = zlib.crc32(key.encode())
+        same = [e["name"] for e in entries if e["dtype"] == p["dtype"] and e["head_dim"] == p["D"]
+                and bool(e["causal"]) == p["causal"] and not e["varlen"]]
+        split = [e["name"] for e in entries if e.get("splits", 1) > 1]
+        pool = [same[h % len(same)]] * 4 if same else []
+        pool += [split[h % len(split)]] if split else []
+        pool += [names[h % len(names)], "attention_not_in_this_bundle"]
+        buckets[key] = {"shape": [p["B"], p["Hq"], p["Hkv"], p["Sq"], p["Sk"], p["D"]],
+                        "winner": pool[h % len(pool)], "timings_us": {}}
+    tuning.write(path, {"schema": tuning.SCHEMA, "created": "test", "device": {**TUNED, "capability": [9, 0]},
+                        "manifest_sha256": tuning.manifest_sha256(path), "method": {"test": True},
+                        "buckets": {}, "attention": buckets})
+    return len(buckets)
+
+
+def test_tuned_attention_selection_matches_python(bundles, tmp_path, monkeypatch):
+    """Attention buckets compiled into the host library: C takes the same winners as the Python
+    loader (on the tuned device only), and the table changes answers."""
+    problems = ATTN_PROBLEMS + _decode_attention_problems()[::7] + [
+        dict(varlen=False, dtype="bf16", D=d, causal=c, B=b, Sq=s, Sk=s, Hq=h, Hkv=h, layout="bshd", scale=None,
+             q_off=0) for d in (128, 256) for c in (False, True) for b, h, s in ((1, 8, 512), (2, 16, 4096), (32, 32, 512))]
+    for label, src in bundles.items():
+        path = tmp_path / label
+        shutil.copytree(src, path)
+        assert _write_attention_tuning(path, problems) > 50
+        s = relink(path)
+        assert s["tuning"].startswith(TUNED["name"]), s
+        lib = cs.CLib(path / "lib" / "libfactory_bundle.so")
+        b, tuned = cs.compare_attention(path, lib, problems, (9, 0), TUNED["sm_count"], monkeypatch, TUNED["name"])
+        assert b.tuning is not None
+        bad = _mismatches(tuned)
+        assert not bad, f"{label}, tuned: {len(bad)} of {len(tuned)} differ\n{_report(bad)}"
+        _, other = cs.compare_attention(path, lib, problems, (9, 0), TUNED["sm_count"], monkeypatch, "Another GPU")
+        bad = _mismatches(other)
+        assert not bad, f"{label}, another GPU: {len(bad)} of {len(other)} differ\n{_report(bad)}"
+        differ = sum(1 for t, o in zip(tuned, other) if t[1] != o[1])
+        assert differ >= 10, f"{label}: the attention table changed only {differ} answers"

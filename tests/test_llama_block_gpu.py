@@ -17,3 +17,4 @@ def test_llama_block_matches_torch():
                         "--check"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.count("check fp8=") == 4, r.stdout
+    assert r.stdout.count("compiled fp8=") == 2, r.stdout  # torch.compile'd layer, bf16 and fp8 weights

@@ -69,7 +69,7 @@ LOG2_E = math.log2(math.e)
 LN_2 = math.log(2.0)
 
 DTYPES = ("bf16", "f16")
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = (64, 128, 256)
 # Rows of one consumer warpgroup: one WGMMA M.
 WG_ROWS = 64
 # Dense problems with fewer queries than this run the sm80 family's kernels on a 9.0 device
@@ -225,10 +225,28 @@ def _round_up(x: int, a: int) -> int:
 # B2 H16 S4096 D128 causal 444 / 478 / 497.  D64 non-causal: three consumer warpgroups (192-row
 # tiles, a third fewer K/V bytes per FLOP) 369 vs 347 TFLOP/s at B4 H16 S1024 (run 2), 371 vs 349
 # (run 3, interleaved); causal 199 vs 223 and 200 vs 221: 128 rows there.
+#
+# D256: 128 x 80 (FA3's tile): per consumer thread O is 64x256 fp32 / 128 threads = 128 registers,
+# S 40, P 20 (+ addresses, row statistics) inside the 240 of setmaxnreg; smem Q 64 KB + 2 stages
+# of K and V at 40 KB each = 224 KB (+ 2 KB barriers and the DSL's static KB) of 227.  A wider
+# key tile needs a third less K/V per stage (no second stage) or more registers than 240.
 def default_config(head_dim: int, causal: bool) -> tuple[int, int, int, bool, bool]:
+    if head_dim == 256:
+        return (128, 80, 2, True, True)
     if head_dim == 64 and not causal:
         return (192, 128, 2, True, True)
     return (128, 128, 2, True, True)
+
+
+# Alternatives per head_dim the tuner (scripts/tune.py attention) times beside the default
+# config: (tile_m, tile_n, stages, overlap, pingpong).  Dense problems only; can_implement drops
+# what does not fit (registers, smem).
+TUNE_CONFIGS = {
+    64: [(128, 128, 2, True, True), (192, 128, 2, True, True), (128, 192, 2, True, True)],
+    128: [(128, 128, 2, True, True), (128, 160, 2, True, True), (128, 128, 2, True, False)],
+    256: [(128, 80, 2, True, True), (128, 64, 2, True, True), (128, 80, 2, True, False),
+          (128, 80, 2, False, True)],
+}
 
 
 @register("attention")
@@ -245,7 +263,9 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm90]:
             overlap=ov if overlap is None else overlap, pingpong=pp if pingpong is None else pingpong)
 
     if tier == "test":
-        return [make("bf16", 128, True)]
+        # The preferred tile and its 64-row twin: the loader's under-filled-grid rule and a tuning
+        # table (runtime/attention.py select) have a choice in the test bundle.
+        return [make("bf16", 128, True), make("bf16", 128, True, tile_m=64, pingpong=False)]
     problems = [(dt, d, c) for dt in DTYPES for d in HEAD_DIMS for c in (False, True)]
     out = [make(*p) for p in problems]
     # Packed variable-length batches (cu_seqlens): the dense problems' tiles.
@@ -254,6 +274,10 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm90]:
     # loader's rule, as for the sm80 family): B1 H8 S512 D64 non-causal ran 8.1 µs on 32 CTAs of
     # 128 rows vs 7.3 for the sm_90 build's 64 CTAs of 64 rows, 6.0 on 64-row sm_90a CTAs.
     out += [make(*p, tile_m=64, pingpong=False) for p in problems]
+    # The tuner's alternatives (dense): scripts/tune.py attention picks among them per shape bucket.
+    if tier == "full":
+        out += [make(dt, d, c, tile_m=tm, tile_n=tn, stages=s, overlap=ov, pingpong=pp)
+                for dt, d, c in problems for tm, tn, s, ov, pp in TUNE_CONFIGS[d]]
     out = list({v.name: v for v in out}.values())
     return [v for v in out if v.can_implement() is None]
 

@@ -229,8 +229,8 @@ def _constraints(v: Variant, info: dict) -> dict:
     }
 
 
-_KEY_OPCODES = ("HMMA", "QMMA", "HGMMA", "QGMMA", "UTCHMMA", "UTCQMMA", "UTCMMA", "LDGSTS", "LDSM",
-                "UTMALDG", "UTMASTG", "LDL", "STL", "MUFU.EX2")
+_KEY_OPCODES = ("HMMA", "QMMA", "HGMMA", "QGMMA", "UTCHMMA", "UTCQMMA", "UTCOMMA", "UTCMMA", "UTCCP", "LDGSTS",
+                "LDSM", "UTMALDG", "UTMASTG", "LDL", "STL", "MUFU.EX2")
 
 
 def _variant_entries(bundle: Path, records: list[tuple[Variant, dict, dict]]) -> dict:

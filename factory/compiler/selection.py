@@ -230,6 +230,11 @@ def tables(entries: dict[str, dict], tuning_data: dict | None) -> str:
             wi, bi = index.get(w, -1), index.get(bc, -1)
             if wi >= 0 or bi >= 0:
                 buckets.append((key.encode(), wi, bi))
+        # attention buckets ("attention:..." keys, tuning.attention_bucket_key) in the same table
+        for key, b in tuning_data.get("attention", {}).items():
+            wi = index.get(b.get("winner") or None, -1)
+            if wi >= 0:
+                buckets.append((key.encode(), wi, -1))
     buckets.sort()
     brows = [f"{{{c_str(k.decode())}, {w}, {b}}}" for k, w, b in buckets]
     out.append(f"const fx_bucket fx_buckets[] = {{{', '.join(brows) or '{NULL, -1, -1}'}}};")

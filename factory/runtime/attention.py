@@ -18,12 +18,14 @@ import math
 import weakref
 
 import torch
+from torch import Tensor
 
 from . import validate
-from .errors import InputError, NoVariantError
+from .bundle import BundleCore, not_current
+from .errors import InputError, LaunchError, NoVariantError
 
 _DTYPES = {"bfloat16": "bf16", "float16": "f16"}
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = (64, 128, 256)
 _GRID_YZ_MAX = 65535
 
 
@@ -45,28 +47,32 @@ def attention(bundle, q, k, v, causal=False, softmax_scale=None, cu_seqlens_q=No
     argument is None) checks them on the host first, at the cost of a synchronisation, and raises
     ``InputError``.  ``max_seqlen_k`` is accepted for API symmetry and not needed.
     """
-    dev = q.get_device() if isinstance(q, torch.Tensor) else -1
-    if (dev < bundle._lowest_device or not isinstance(k, torch.Tensor) or not isinstance(v, torch.Tensor)
+    if cu_seqlens_q is None and cu_seqlens_k is None:
+        # Hot path: a dense problem seen before (same shapes, strides, dtypes, devices, flags) was
+        # checked in full then; what can differ between calls of one key is checked here: tensor
+        # types, autograd, the current device, the data pointers' alignment (in ``go``).
+        try:
+            key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype,
+                   q.get_device(), k.get_device(), v.get_device(), causal, softmax_scale)
+            fire = _hot(bundle).get(key)
+        except (AttributeError, TypeError):  # not tensors, or an unhashable argument: checked below
+            key = fire = None
+        if (fire is not None and isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor)
+                and not ((q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled())):
+            out = fire(q, k, v)
+            if out is not None:
+                return out if return_lse else out[0]
+            key = None  # a misaligned pointer: the checked path below refuses it
+    else:
+        key = None
+    dev = q.get_device() if isinstance(q, Tensor) else -1
+    if (dev < bundle._lowest_device or not isinstance(k, Tensor) or not isinstance(v, Tensor)
             or k.get_device() != dev or v.get_device() != dev):
         dev = validate.one_device(bundle, q=q, k=k, v=v)
     if (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled():
         validate.no_grad("attention", q=q, k=k, v=v)
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
-    if not varlen:
-        # Hot path: a dense problem seen before (same shapes, strides, dtypes, alignment, device,
-        # flags) was fully checked then; allocate, pack and launch.
-        key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype,
-               dev, q.data_ptr() % 16, k.data_ptr() % 16, v.data_ptr() % 16, bool(causal), softmax_scale)
-        hit = _fast_cache(bundle).get(key)
-        if hit is not None:
-            name, scale, splits = hit
-            o = torch.empty_like(q)
-            lse = torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32, device=q.device)
-            if splits > 1:
-                bundle.launch(name, [q, k, v, o, lse, *split_workspace(torch, q, splits), scale], device=dev)
-            else:
-                bundle.launch(name, [q, k, v, o, lse, scale], device=dev)
-            return (o, lse) if return_lse else o
+    scale_given = softmax_scale
     if softmax_scale is not None:
         try:
             softmax_scale = float(softmax_scale)
@@ -127,11 +133,14 @@ def attention(bundle, q, k, v, causal=False, softmax_scale=None, cu_seqlens_q=No
         if splits > 1:
             args[5:5] = split_workspace(torch, q, splits)
     bundle.launch(name, args, device=dev)
-    if not varlen:
-        cache = _fast_cache(bundle)
-        if len(cache) > 4096:
-            cache.clear()
-        cache[key] = (name, softmax_scale, splits)
+    # (cached only for plain flags: a tensor's hash is its identity, so it would never hit again)
+    if key is not None and type(causal) in (bool, int) and (scale_given is None or type(scale_given) in (float, int)):
+        fire = _hot_launch(bundle, name, splits, q, o, lse, args, dev)
+        if fire is not None:
+            cache = _hot(bundle)
+            if len(cache) >= 4096:
+                cache.clear()
+            cache[key] = fire
     return (o, lse) if return_lse else o
 
 
@@ -145,17 +154,72 @@ def split_workspace(torch, q, splits: int):
     return ws[: n * d].view(splits, b, hq, sq, d), ws[n * d:].view(splits, b, hq, sq)
 
 
-# Per bundle: (dtype, head_dim, causal, varlen, under-filled grid) -> variant name, and the dense
-# hot-path cache (a bundle and its device are fixed).
+def _hot_launch(bundle, name: str, splits: int, q, o, lse, args: list, dev: int):
+    """The hot path's launch of a dense problem just launched (and so checked) with ``args``:
+    ``fire(q, k, v)`` allocates O, LSE (and a split variant's workspace), launches, and returns
+    (o, lse), or None when a data pointer breaks the alignment contract (nothing launched: the
+    checked path then says which).  None instead of ``fire`` when the variant was not loaded by
+    that launch (a stand-in launch in tests): then nothing is cached.  Everything else of the
+    key's problem is fixed: the packed argument bytes (:meth:`BundleCore.fixed`), the outputs'
+    shapes and strides (``empty_like`` of q and of zero-stride views, which give the layouts
+    checked here)."""
+    specs = [a if isinstance(a, float) else (a.data_ptr(), tuple(a.shape), tuple(a.stride())) for a in args]
+    fixed = bundle.fixed(name, specs) if isinstance(bundle, BundleCore) else None
+    if fixed is None:  # a stand-in bundle or launch (tests): every call takes the checked path
+        return None
+    go = fixed.go
+    one = torch.empty(1, dtype=torch.float32, device=q.device)
+    empty_like = torch.empty_like
+    lproto = one.expand(lse.shape)  # empty_like of a zero-stride view: a new compact tensor
+    if empty_like(lproto).stride() != lse.stride() or empty_like(q).stride() != o.stride():
+        raise AssertionError(f"{name}: empty_like does not reproduce the checked output layouts")
+    if splits == 1:
+        def fire(q, k, v):
+            o, lse = empty_like(q), empty_like(lproto)
+            here = bundle._cur()
+            if here != dev:
+                not_current(dev, here)
+            err = go(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(), bundle._raw(here))
+            if err != 0:
+                if err is None:
+                    return None
+                raise LaunchError(f"{name}: launch failed: {bundle.lib.error(err)}")
+            return o, lse
+        fire.fixed = fixed  # (for scripts/launch_overhead.py's breakdown)
+        return fire
+
+    b, sq, hq, d = q.shape
+    n = splits * b * hq * sq
+    wproto, lse_at = one.expand(n * (d + 1)), n * d * 4  # split_workspace's one allocation
+
+    def fire_split(q, k, v):
+        o, lse, ws = empty_like(q), empty_like(lproto), empty_like(wproto)
+        here = bundle._cur()
+        if here != dev:
+            not_current(dev, here)
+        w = ws.data_ptr()
+        err = go(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(), w, w + lse_at,
+                 bundle._raw(here))
+        if err != 0:
+            if err is None:
+                return None
+            raise LaunchError(f"{name}: launch failed: {bundle.lib.error(err)}")
+        return o, lse
+    fire_split.fixed = fixed
+    return fire_split
+
+
+# Per bundle: (dtype, head_dim, causal, varlen, under-filled grid) -> variant name.
 _CHOICES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-_FAST: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_NO_CACHE: dict = {}  # (a stand-in bundle's hot path: never filled, see _hot_launch)
 
 
-def _fast_cache(bundle) -> dict:
+def _hot(bundle) -> dict:
+    """The dense hot path's cache: problem key -> ``fire`` (:func:`_hot_launch`)."""
     try:
-        return _FAST.setdefault(bundle, {})
-    except TypeError:  # not weak-referenceable: no cache
-        return {}
+        return bundle._hot_attention
+    except AttributeError:
+        return _NO_CACHE
 
 
 def _sm_count() -> int:
@@ -182,9 +246,22 @@ def _choose(bundle, dtype: str, head_dim: int, causal: bool, varlen: bool, rows:
         if len(per_bundle) > 4096:
             per_bundle.clear()
         e = select(bundle.candidates("attention"), dtype=dtype, head_dim=head_dim, causal=causal,
-                   varlen=varlen, rows=rows, sms=sms, decode=decode)
+                   varlen=varlen, rows=rows, sms=sms, decode=decode,
+                   tuned=_tuned(bundle, dtype, head_dim, causal, decode) if not varlen else None)
         hit = per_bundle[key] = (e["name"], int(e.get("splits", 1)))
     return hit
+
+
+def _tuned(bundle, dtype: str, head_dim: int, causal: bool, decode) -> str | None:
+    """The bundle's measured winner for this dense problem's bucket (runtime/tuning.py
+    ``attention_bucket_key``), when its tuning.json applies to this device; else None."""
+    table = getattr(bundle, "tuning", None)
+    if table is None or decode is None:
+        return None
+    from .tuning import attention_bucket_key
+
+    b, hq, _, sq, sk = decode
+    return table.attention_winner(attention_bucket_key(dtype, head_dim, causal, sq, sk, b * hq))
 
 
 def split_count(ctas: int, key_tiles: int, sms: int, available) -> int:
@@ -243,7 +320,7 @@ def _more_waves(small: dict, big: dict, decode: tuple, sms: int) -> bool:
 
 def select(candidates: list[dict], *, dtype: str, head_dim: int, causal: bool,
            varlen: bool, rows: int | None = None, sms: int = 132,
-           decode: tuple[int, int, int, int, int] | None = None) -> dict:
+           decode: tuple[int, int, int, int, int] | None = None, tuned: str | None = None) -> dict:
     """The manifest entry that implements this problem on the best target (candidates come
     best-target first); within that target, the family's preferred tile, unless its grid
     (rows / tile_m CTAs) leaves SMs idle and a variant with a smaller query tile exists: then the
@@ -257,7 +334,9 @@ def select(candidates: list[dict], *, dtype: str, head_dim: int, causal: bool,
     ``min_seqlen_q`` serves only dense problems with at least that many queries (the sm90
     family's 64-row warpgroup slabs are padding for fewer); below it the next target's choice.
     Variants that state ``ctas_per_sm`` take the smaller tile only if its grid needs no more
-    waves than the preferred tile's (:func:`_more_waves`)."""
+    waves than the preferred tile's (:func:`_more_waves`).  ``tuned``: the name the bundle's tuning
+    table measured fastest for this dense problem's bucket; taken when it is among the variants
+    left after the decode rules and the min_seqlen_q filter (any target), before the tile rule."""
     fit = [e for e in candidates
            if e.get("dtype") == dtype and e.get("head_dim") == head_dim
            and bool(e.get("varlen")) == varlen]
@@ -281,6 +360,10 @@ def select(candidates: list[dict], *, dtype: str, head_dim: int, causal: bool,
     fit = [e for e in fit if bool(e.get("causal")) == causal]
     if decode is not None and not varlen:
         fit = [e for e in fit if decode[3] >= e.get("min_seqlen_q", 0)] or fit
+    if tuned is not None:
+        e = next((e for e in fit if e["name"] == tuned and e.get("splits", 1) == 1), None)
+        if e is not None:
+            return e
     if fit:
         best = [e for e in fit if e.get("target") == fit[0].get("target")]
         best = [e for e in best if e.get("splits", 1) == 1] or best

@@ -206,6 +206,30 @@ static const fx_bucket *find_bucket(int32_t ab, int32_t c, int32_t am, int32_t b
     return NULL;
 }
 
+/* tuning.attention_bucket_key (dense attention): power-of-two buckets of seqlen_q, seqlen_k and
+   batch x q-heads. */
+static int64_t pow2_bucket(int64_t x) {
+    int b = bit_length(x - 1);
+    return (int64_t)1 << (b > 0 ? b : 0);
+}
+
+static const fx_bucket *find_attention_bucket(int32_t dtype, int32_t head_dim, int32_t causal, int64_t sq,
+                                              int64_t sk, int64_t bh) {
+    char key[160];
+    snprintf(key, sizeof key, "attention:%s:d%d:%s:q%lld_k%lld_bh%lld", dtype_name(dtype), (int)head_dim,
+             causal ? "causal" : "full", (long long)pow2_bucket(sq), (long long)pow2_bucket(sk),
+             (long long)pow2_bucket(bh));
+    int32_t lo = 0, hi = fx_n_buckets - 1;
+    while (lo <= hi) {
+        int32_t mid = (lo + hi) / 2;
+        int r = strcmp(fx_buckets[mid].key, key);
+        if (r == 0) return &fx_buckets[mid];
+        if (r < 0) lo = mid + 1;
+        else hi = mid - 1;
+    }
+    return NULL;
+}
+
 /* --- the Hopper cost model: tuning._efficiency, tuning.estimate_us, tuning._dram_bytes -------- */
 static double efficiency(const fx_variant *v, int64_t busy, int32_t sm_count) {
     const fx_model *p = &fx_model_constants;
@@ -761,6 +785,16 @@ static int32_t attn_choose(const fx_device_t *dev, int32_t dtype, int32_t head_d
             }
         }
         if (!nf) goto done;
+        /* the tuning table's winner of this dense problem's bucket, when among fit */
+        if (decode && !varlen && tuning_applies(dev)) {
+            const fx_bucket *tb = find_attention_bucket(dtype, head_dim, causal, decode->sq, decode->sk,
+                                                        decode->b * decode->hq);
+            for (int32_t i = 0; tb && tb->winner >= 0 && i < nf; i++)
+                if (fit[i] == tb->winner && fx_variants[fit[i]].splits == 1) {
+                    result = fit[i];
+                    goto done;
+                }
+        }
         int32_t tgt = fx_variants[fit[0]].target, nb = 0, n1 = 0;
         for (int32_t i = 0; i < nf; i++)
             if (fx_variants[fit[i]].target == tgt) sub[nb++] = fit[i];
