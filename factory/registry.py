@@ -25,6 +25,8 @@ FAMILY_MODULES = (
     "factory.attention.sm80",
     "factory.attention.sm90",
     "factory.attention.sm100",
+    "factory.attention.decode",
+    "factory.attention.sm100_fa4",
 )
 TIERS = ("test", "default", "full")
 

@@ -22,7 +22,64 @@ from .compiler.cubin import cubin_target, disassemble, kernel_resources, opcode_
 from .runtime.manifest import file_ok, load_manifest
 
 REGISTER_FILE = 65536  # 32-bit registers per SM (every target the factory builds for)
-_SETMAXNREG = re.compile(r"\bUSETMAXREG\.(DEALLOC|TRY_ALLOC)\.CTAPOOL\s+(?:U?P[T0-9]+,\s*)?(0x[0-9a-f]+|\d+)")
+_SETMAXREG = re.compile(r"\bUSETMAXREG\.(DEALLOC|TRY_ALLOC)\.CTAPOOL\s+(?:U?P[T0-9]+,\s*)?(0x[0-9a-f]+|\d+)")
+_INSN = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
+_LABEL = re.compile(r"^\s*(\.L_x_\d+):")
+
+
+def role_registers(sass: str) -> list[dict]:
+    """Per ``setmaxnreg`` in a warp-specialised kernel: the register limit it sets and the highest
+    general register (R<n>) used by any instruction reachable from it, following branches (the
+    code a warp runs after that instruction; ptxas may place a role's cold paths, such as mbarrier
+    retry loops, anywhere in the function, so address ranges would not do).  A role is within
+    its budget when ``max_register < limit``."""
+    insns: list[tuple[str, str]] = []  # (label or "", instruction text) in address order
+    labels: dict[str, int] = {}
+    pending: list[str] = []
+    for line in sass.splitlines():
+        lab = _LABEL.match(line)
+        if lab:
+            pending.append(lab.group(1))
+            continue
+        m = _INSN.search(line)
+        if not m:
+            continue
+        for name in pending:
+            labels[name] = len(insns)
+        pending = []
+        insns.append((m.group(1), m.group(2)))
+    out = []
+    for i, (_addr, text) in enumerate(insns):
+        sm = _SETMAXREG.search(text)
+        if not sm:
+            continue
+        seen, stack, top = set(), [i + 1], -1
+        while stack:
+            k = stack.pop()
+            if k in seen or k >= len(insns):
+                continue
+            seen.add(k)
+            t = insns[k][1]
+            top = max([top] + [int(r) for r in re.findall(r"\bR(\d+)\b", t)])
+            words = t.split()
+            predicated = words[0].startswith("@")
+            if predicated:
+                words = words[1:]
+            op = words[0]
+            if op.startswith("BRA"):
+                target = re.search(r"`\((\.L_x_\d+)\)", t)
+                if target:
+                    stack.append(labels[target.group(1)])
+                # BRA.U UPn, target: taken on a uniform predicate, else falls through
+                if predicated or (len(words) > 1 and re.match(r"!?UP\d", words[1])):
+                    stack.append(k + 1)
+                continue
+            if op == "EXIT" and not predicated:
+                continue
+            stack.append(k + 1)
+        out.append({"action": sm.group(1), "limit": int(sm.group(2), 0), "max_register": top,
+                    "instructions": len(seen)})
+    return out
 
 
 def _shown(match: str) -> str:
@@ -59,13 +116,18 @@ def sass_problems(entry: dict, sass: str, arch: str | None = None) -> list[str]:
     missing = [p for p in entry["sass_requirements"] if not re.search(p, sass)]
     if missing:
         problems.append(f"SASS lacks {missing}")
+    # Warp-specialised kernels (setmaxnreg): each role's code within the registers it set.
+    over = [r for r in role_registers(sass) if r["max_register"] >= r["limit"]]
+    if over:
+        problems.append("registers past a setmaxnreg budget: " + ", ".join(
+            f"R{r['max_register']} after {r['action']} {r['limit']}" for r in over))
     return problems
 
 
 def setmaxnreg_counts(sass: str) -> dict[str, set[int]]:
     """The register counts of the SASS's setmaxnreg instructions: {"DEALLOC": {...}, "TRY_ALLOC": {...}}."""
     out: dict[str, set[int]] = {"DEALLOC": set(), "TRY_ALLOC": set()}
-    for kind, n in _SETMAXNREG.findall(sass):
+    for kind, n in _SETMAXREG.findall(sass):
         out[kind].add(int(n, 0))
     return out
 
@@ -133,7 +195,9 @@ def verify(bundle: str | Path) -> tuple[list[str], list[str]]:
         found = ", ".join(_shown(m_.group(0)) for p in v["sass_requirements"] if (m_ := re.search(p, sass)))
         roles = v.get("registers_per_role")
         roles = f" roles={roles['producer']}/{roles['consumer']}" if roles else ""
+        used = "".join(f" {r['limit']}:R{r['max_register']}" for r in role_registers(sass))
         smem = v["resources"].get("dynamic_smem_bytes", 0) + v["resources"].get("static_smem_bytes", 0)
         report.append(f"{'ok ' if not bad_sass else 'BAD'} {name}  [{got}]  {found}"
-                      f"  regs={v['resources']['registers']}{roles} smem={smem} spill-instr={spills}")
+                      f"  regs={v['resources']['registers']}{roles}{' used' + used if used else ''}"
+                      f" smem={smem} spill-instr={spills}")
     return problems, report

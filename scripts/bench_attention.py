@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from factory.benchmark import copy_bandwidth, default_out, time_eager, time_graph  # noqa: E402  (the GEMM bench's)
+from factory.benchmark import copy_bandwidth, default_out, time_eager, time_graph, time_interleaved  # noqa: E402  (the GEMM bench's)
 
 # (B, Hq, Hkv, Sq, Sk, D, causal)
 SHAPES = [
@@ -74,6 +74,9 @@ DECODE_SHAPES = (
      for sk in sks]
     + [(b, 32, 32, 1, sk, 128, True) for b, sk in ((1, 4096), (16, 4096), (64, 2048), (256, 512))]
     + [(16, 32, 8, 1, 4096, 64, True), (64, 16, 2, 1, 2048, 128, True)]
+    # speculative decoding: 4 and 16 queries (bottom-right causal; SDPA runs them unmasked)
+    + [(4, 32, 8, 4, 8192, 128, True), (16, 32, 8, 4, 4096, 128, True), (64, 32, 8, 4, 2048, 128, True),
+       (4, 32, 8, 16, 4096, 128, True), (1, 32, 8, 16, 16384, 128, True), (16, 32, 32, 4, 4096, 128, True)]
 )
 
 
@@ -83,8 +86,9 @@ def kv_bytes(B, hq, hkv, sq, sk, d, elem=2) -> int:
 
 
 def _decode_variants(bundle, B, hq, hkv, sq, sk, d, causal, dtype) -> dict[str, dict]:
-    """For decode shapes (Sq <= 4): the unsplit variant the loader used before split-KV, and every
-    split-KV / packed-GQA variant that applies, to time side by side by name."""
+    """For decode shapes (Sq <= 16): the unsplit variant the loader used before split-KV, every
+    split-KV / packed-GQA variant that applies, and the decode family's preferred variants
+    (``dec<splits>``, ``c``: merged in a cluster, ``p``: PDL), to time side by side by name."""
     from factory.runtime.attention import select
 
     cands = bundle.candidates("attention")
@@ -92,8 +96,12 @@ def _decode_variants(bundle, B, hq, hkv, sq, sk, d, causal, dtype) -> dict[str, 
                              rows=B * hq * sq)}
     top = out["unsplit"]["target"]
     for e in cands:
-        if (e["target"] == top and e.get("splits", 1) > 1 and e["dtype"] == dtype
-                and e["head_dim"] == d and not e["varlen"]):
+        if e["dtype"] != dtype or e["head_dim"] != d or e["varlen"]:
+            continue
+        if e.get("decode_rows"):
+            if e.get("preferred") and e["causal"] and (causal or sq == 1):
+                out[f"dec{e['kv_splits']}{'c' if e['cluster'][0] > 1 else ''}{'p' if e.get('pdl') else ''}"] = e
+        elif e["target"] == top and e.get("splits", 1) > 1:
             if e.get("pack_gqa") and sq == 1 and hq > hkv:
                 out[f"pack{e['splits']}"] = e
             elif not e.get("pack_gqa") and e["causal"] == causal:
@@ -108,7 +116,71 @@ def _flops(b, hq, sq, sk, d, causal) -> float:
     return 4.0 * b * hq * pairs * d
 
 
-def bench_attention(bundle, dtype="bf16", shapes=None, copy_bw=None) -> list[dict]:
+def bench_candidates(bundle, pattern: str, dtype="bf16", shapes=None, rounds: int = 4,
+                     max_reps: int = 20) -> list[dict]:
+    """Every dense variant of the bundle whose name matches ``pattern`` (a regex) and implements
+    the problem, timed by name beside the flash and cuDNN SDPA backends and ``bundle.attention``
+    (the loader's choice): one CUDA graph each, replayed in interleaved passes (the order reversed
+    every other pass: clock drift falls on all alike; few replays per pass and many passes
+    (``max_reps``, ``rounds``) interleave finer), medians.  Each candidate's output is first
+    checked (NaN-poisoned o, relative error against float32 where the reference fits)."""
+    import math
+    import re
+
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from factory import testing
+
+    dt = testing.torch_dtype(dtype)
+    rx = re.compile(pattern)
+    rows = []
+    for B, hq, hkv, sq, sk, d, causal in (shapes or [s for s in SHAPES if s[3] > 4]):
+        q = torch.randn(B, sq, hq, d, device="cuda").to(dt)
+        k = torch.randn(B, sk, hkv, d, device="cuda").to(dt)
+        v = torch.randn(B, sk, hkv, d, device="cuda").to(dt)
+        ref_o = testing.attention_reference(q, k, v, causal, d ** -0.5)[0] if sq * sk <= 4096 * 4096 else None
+        fl = _flops(B, hq, sq, sk, d, causal)
+        names = [e["name"] for e in bundle.candidates("attention")
+                 if rx.search(e["name"]) and e["dtype"] == dtype and e["head_dim"] == d
+                 and bool(e["causal"]) == causal and not e["varlen"] and e.get("splits", 1) == 1
+                 and sq >= e.get("min_seqlen_q", 0)]
+        qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+        calls, errs = {}, {}
+        for n in names:
+            o = torch.full_like(q, math.nan)
+            lse = torch.empty(B, hq, sq, device="cuda")
+            bundle.launch(n, [q, k, v, o, lse, d ** -0.5])
+            torch.cuda.synchronize()
+            errs[n] = (float("nan") if o.isnan().any() else
+                       testing.rel_error(o, ref_o) if ref_o is not None else None)
+            calls[n] = lambda _i, n=n, a=[q, k, v, o, lse, d ** -0.5]: bundle.launch(n, a)
+        calls["ours"] = lambda _i: bundle.attention(q, k, v, causal=causal)
+        for label, be in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+            def fn(_i, be=be):
+                with sdpa_kernel([be]):
+                    return torch.nn.functional.scaled_dot_product_attention(
+                        qt, kt, vt, is_causal=causal and sq == sk, enable_gqa=hq != hkv)
+            calls[label] = fn
+        t = {n: s * 1e6 for n, s in time_interleaved(calls, 1, rounds=rounds, budget_s=0.1,
+                                                       max_reps=max_reps).items()}
+        best = min(t["flash"], t["cudnn"])
+        row = {"B": B, "Hq": hq, "Hkv": hkv, "Sq": sq, "Sk": sk, "D": d, "causal": causal, "dtype": dtype,
+               "flops": fl, "us": t, "rel_err": errs, "chosen": _chosen(bundle, q, k, v, causal)}
+        rows.append(row)
+        print(f"B{B} H{hq}/{hkv} S{sq}x{sk} D{d} {'causal' if causal else 'full'}: flash {t['flash']:.1f} "
+              f"cudnn {t['cudnn']:.1f} ours {t['ours']:.1f} ({fl / t['ours'] / 1e6:.1f} TF/s, {row['chosen']})",
+              flush=True)
+        for n in sorted(names, key=lambda n: t[n]):
+            print(f"    {n:58s} {t[n]:9.1f} µs {fl / t[n] / 1e6:6.1f} TF/s  best SDPA / it {best / t[n]:.3f}"
+                  f"  err {errs[n]}", flush=True)
+        q = k = v = ref_o = qt = kt = vt = None
+        calls = None
+        torch.cuda.empty_cache()
+    return rows
+
+
+def bench_attention(bundle, dtype="bf16", shapes=None, copy_bw=None, budget_s=0.4) -> list[dict]:
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -158,14 +230,15 @@ def bench_attention(bundle, dtype="bf16", shapes=None, copy_bw=None) -> list[dic
                "varlen": varlen, "rel_err": err, "flops": fl,
                "chosen": _chosen(bundle, q, k, v, causal, varlen)}
         for label, fn in (("ours", ours), ("flash", sdpa(SDPBackend.FLASH_ATTENTION)),
-                          ("cudnn", sdpa(SDPBackend.CUDNN_ATTENTION)), ("sdpa", sdpa(None))):
+                          ("cudnn", sdpa(SDPBackend.CUDNN_ATTENTION)),
+                          ("efficient", sdpa(SDPBackend.EFFICIENT_ATTENTION)), ("sdpa", sdpa(None))):
             try:
-                row[f"{label}_us"] = time_graph(fn, 5) * 1e6  # 5 calls per graph: launch gaps amortised
+                row[f"{label}_us"] = time_graph(fn, 5, budget_s=budget_s) * 1e6  # 5 calls per graph: launch gaps amortised
                 row[f"{label}_eager_us"] = time_eager(fn, 1) * 1e6
             except Exception as e:  # noqa: BLE001 - a backend that refuses a shape is reported, not fatal
                 row[f"{label}_us"] = row[f"{label}_eager_us"] = None
                 row[f"{label}_error"] = f"{type(e).__name__}: {str(e)[:80]}"
-        if sq <= 4:
+        if sq <= 16:
             from factory.runtime.attention import split_workspace
 
             row["variants_us"] = {}
@@ -175,12 +248,12 @@ def bench_attention(bundle, dtype="bf16", shapes=None, copy_bw=None) -> list[dic
                 args = [q, k, v, o_, l_, *ws, d ** -0.5]
                 try:
                     row["variants_us"][label] = (e["name"], time_graph(
-                        lambda _i, n=e["name"], a=args: bundle.launch(n, a), 5) * 1e6)
+                        lambda _i, n=e["name"], a=args: bundle.launch(n, a), 5, budget_s=budget_s) * 1e6)
                     if ref_o is not None:
                         row["variants_us"][label] += (testing.rel_error(o_, ref_o),)
                 except Exception as ex:  # noqa: BLE001 - reported, not fatal
                     row["variants_us"][label] = (e["name"], None, f"{type(ex).__name__}: {str(ex)[:80]}")
-        best = min(x for x in (row["flash_us"], row["cudnn_us"], row["sdpa_us"]) if x is not None)
+        best = min(x for x in (row["flash_us"], row["cudnn_us"], row["efficient_us"], row["sdpa_us"]) if x is not None)
         row["ratio_vs_best_sdpa"] = best / row["ours_us"]
         if copy_bw and sq <= 16:  # decode: the KV-read floor of this run's copy bandwidth
             row["floor_us"] = kv_bytes(B, hq, hkv, sq, sk, d) / copy_bw * 1e6
@@ -196,7 +269,7 @@ def bench_attention(bundle, dtype="bf16", shapes=None, copy_bw=None) -> list[dic
         print(f"B{B} H{hq}/{hkv} S{sq}x{sk} D{d} {'causal' if causal else 'full  '}{' varlen' if varlen else ''}  "
               f"ours {f(row['ours_us'])} "
               f"({fl / row['ours_us'] / 1e6:6.1f} TF/s)  flash {f(row['flash_us'])}  cudnn {f(row['cudnn_us'])}  "
-              f"sdpa {f(row['sdpa_us'])}  | eager ours {f(row['ours_eager_us'])} sdpa {f(row['sdpa_eager_us'])}  "
+              f"efficient {f(row['efficient_us'])}  sdpa {f(row['sdpa_us'])}  | eager ours {f(row['ours_eager_us'])} sdpa {f(row['sdpa_eager_us'])}  "
               f"ratio {row['ratio_vs_best_sdpa']:.2f}  err {err:.1e}", flush=True)
         for label, t in row.get("variants_us", {}).items():
             print(f"    {label:8s} {t[0]:48s} {f(t[1])} µs" + (f"  err {t[2]:.1e}" if len(t) > 2 and
@@ -274,6 +347,13 @@ def main(argv=None) -> int:
     p.add_argument("--decode", action="store_true", help="the decode grid (batch 1-256, context 512-32k) "
                    "with the KV-read floor of this run's copy bandwidth (= --grid decode)")
     p.add_argument("--grid", default="default", choices=["default", "decode", "d256", "issue"])
+    p.add_argument("--candidates", metavar="REGEX", help="instead: time every dense variant whose name "
+                   "matches REGEX by name, interleaved with the SDPA backends (prefill shapes)")
+    p.add_argument("--rounds", type=int, default=4, help="--candidates: interleaved passes")
+    p.add_argument("--max-reps", type=int, default=20, help="--candidates: replays per pass at most")
+    p.add_argument("--shapes", help="--candidates: only the shapes whose 'B,Hq,Hkv,Sq,Sk,D,causal' "
+                   "string matches this regex")
+    p.add_argument("--budget", type=float, default=0.4, help="GPU seconds per timed graph (default: %(default)s)")
     a = p.parse_args(argv)
     import torch
 
@@ -282,6 +362,18 @@ def main(argv=None) -> int:
     torch.manual_seed(int(time.time()))
     bundle = Bundle.open(a.bundle)
     dev = torch.cuda.get_device_name()
+    if a.candidates:
+        import re
+
+        shapes = [s for s in SHAPES if s[3] > 4 and (not a.shapes or re.search(
+            a.shapes, ",".join(str(int(x)) for x in s)))]
+        rows = bench_candidates(bundle, a.candidates, a.dtype, shapes, a.rounds, a.max_reps)
+        out = Path(a.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        Path(str(out) + ".json").write_text(json.dumps({
+            "device": dev, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
+            "candidates": a.candidates, "rows": rows}, indent=1))
+        return 0
     print(f"device {dev}, torch {torch.__version__}; µs: graph-replay medians (eager medians after |)", flush=True)
     a.decode = a.decode or a.grid == "decode"
     copy_bw = copy_bandwidth() if a.decode else None
@@ -292,10 +384,15 @@ def main(argv=None) -> int:
     print(f"selection: {selection}", flush=True)
     grid = "decode" if a.decode else a.grid
     shapes = {"default": None, "decode": DECODE_SHAPES, "d256": D256_SHAPES, "issue": ISSUE_SHAPES}[grid]
-    rows = bench_attention(bundle, a.dtype, shapes, copy_bw)
+    rows = bench_attention(bundle, a.dtype, shapes, copy_bw, a.budget)
     geo = statistics.geometric_mean([r["ratio_vs_best_sdpa"] for r in rows])
     print(f"geomean (best SDPA backend time / ours): {geo:.3f} over {len(rows)} shapes")
     if copy_bw:
+        one = [r for r in rows if r["Sq"] == 1]
+        print(f"seqlen_q 1 ({len(one)} shapes): geomean {statistics.geometric_mean([r['ratio_vs_best_sdpa'] for r in one]):.3f}, "
+              f"ours >= 90% of the KV floor on {sum(r['floor_over_ours'] >= 0.9 for r in one)}/{len(one)}, "
+              f"not slower than SDPA on {sum(r['ratio_vs_best_sdpa'] >= 1.0 for r in one)}/{len(one)}, "
+              f"within 2 % on {sum(r['ratio_vs_best_sdpa'] >= 0.98 for r in one)}/{len(one)}")
         print(f"decode: ours >= 90% of the KV floor on {sum(r['floor_over_ours'] >= 0.9 for r in rows)}/{len(rows)}, "
               f"not slower than SDPA on {sum(r['ratio_vs_best_sdpa'] >= 1.0 for r in rows)}/{len(rows)}; lowest "
               f"floor share {min(r['floor_over_ours'] for r in rows):.0%}, lowest ratio "

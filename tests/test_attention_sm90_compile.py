@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -52,6 +53,10 @@ _WORKER = textwrap.dedent(
             "hist": cb.opcode_histogram(sass),
             "hgmma": [ln for ln in lines if ln.startswith("HGMMA")],
             "bars": [ln for ln in lines if ln.startswith(("BAR.", "USETMAXREG", "WARPGROUP.DEPBAR"))],
+            # the order of the WGMMA waits, exponentials and WGMMAs: 1 / 0 = DEPBAR.LE gsb0 0x1 / 0x0
+            "order": "".join({"WARPGROUP.DEPBAR.LE gsb0, 0x1": "1", "WARPGROUP.DEPBAR.LE gsb0, 0x0": "0"}
+                             .get(ln, "E" if ln.startswith("MUFU.EX2") else "G" if ln.startswith("HGMMA")
+                                  else "") for ln in lines),
             "missing_sass": [r for r in v.sass_requirements() if not re.search(r, sass)],
             "sass_target": cb.sass_target(sass),
             "params": [p for _, p in info["header"]["params"]],
@@ -79,16 +84,17 @@ def test_test_tier_sass(tmp_path):
 
 @needs_dsl
 def test_head_dim_256_sass(tmp_path):
-    """The D256 default (128 x 80, overlap + ping-pong): P·V as m64n256k16 with A from registers
-    (80/16 k-steps), S = Q·Kᵀ as m64n80k16 from smem (256/16 k-steps), setmaxnreg 24 / 240, no
-    spills although O alone holds 128 of the consumer's 240 registers."""
-    name = "attention_sm90a_bf16_d256_m128_n80_s2_causal_ov_pp"
-    report = _compile_report(tmp_path, "default", name)
-    assert list(report) == [name]
+    """The D256 defaults (128 x 80, causal 128 x 64; overlap + ping-pong): P·V as m64n256k16 with A
+    from registers (tile_n/16 k-steps), S = Q·Kᵀ as m64n<tile_n>k16 from smem (256/16 k-steps),
+    setmaxnreg 24 / 240, no spills although O alone holds 128 of the consumer's 240 registers."""
+    names = ["attention_sm90a_bf16_d256_m128_n80_s2_ov_pp", "attention_sm90a_bf16_d256_m128_n64_s2_causal_ov_pp"]
+    report = _compile_report(tmp_path, "default", *names)
+    assert sorted(report) == sorted(names)
     _check_report(report)
-    bars = report[name]["bars"]
-    assert "USETMAXREG.DEALLOC.CTAPOOL 0x18" in bars and "USETMAXREG.TRY_ALLOC.CTAPOOL UP0, 0xf0" in bars, bars
-    assert report[name]["resources"]["registers"] * 384 <= 65536
+    for name in names:
+        bars = report[name]["bars"]
+        assert "USETMAXREG.DEALLOC.CTAPOOL 0x18" in bars and "USETMAXREG.TRY_ALLOC.CTAPOOL UP0, 0xf0" in bars, bars
+        assert report[name]["resources"]["registers"] * 384 <= 65536
 
 
 def _check_report(report: dict) -> None:
@@ -97,19 +103,26 @@ def _check_report(report: dict) -> None:
         d, bn = cfg["head_dim"], cfg["tile_n"]
         assert r["sass_target"] == "sm_90a", name
         assert not r["missing_sass"], (name, r["missing_sass"])
-        # S = Q·Kᵀ: both operands from smem descriptors, D/16 k-steps, issued twice (first key
-        # tile, loop); P·V: A from registers, V transposed from smem, tile_n/16 k-steps, twice
-        # (loop, last tile).
+        # S = Q·Kᵀ: both operands from smem descriptors, D/16 k-steps, issued three times (first
+        # key tile, the masked loop over the diagonal tiles, the unmasked loop); P·V: A from
+        # registers, V transposed from smem, tile_n/16 k-steps, three times (two loops, last tile).
         ss = [h for h in r["hgmma"] if h.startswith(f"HGMMA.64x{bn}x16.F32.BF16 R") and ", gdesc[" in h
               and not h.split(", ")[1].startswith("R")]
         rs = [h for h in r["hgmma"] if h.startswith(f"HGMMA.64x{d}x16.F32.BF16 R")
               and h.split(", ")[1].startswith("R") and ".tnspB" in h]
-        assert len(ss) == 2 * d // 16 and len(rs) == 2 * bn // 16, (name, r["hgmma"])
+        assert len(ss) == 3 * d // 16 and len(rs) == 3 * bn // 16, (name, r["hgmma"])
         assert len(r["hgmma"]) == len(ss) + len(rs), name
         bars = r["bars"]
         assert any(b.startswith("USETMAXREG.DEALLOC") for b in bars), name
         assert any(b.startswith("USETMAXREG.TRY_ALLOC") for b in bars), name
         assert "WARPGROUP.DEPBAR.LE gsb0, 0x1" in bars, name  # overlap: P·V in flight over softmax
+        # In both loops the P·V wait ("0") follows the S wait ("1") after the tile's exponentials
+        # (with pin_wait; ptxas otherwise hoists it above them) and no exponential follows it
+        # before the next WGMMA: the softmax overlaps the warpgroup's own P·V.
+        loops = re.findall(r"1(E*)0(E*)G", r["order"])
+        assert len(loops) == 2, (name, r["order"])
+        if cfg["pin_wait"]:
+            assert all(len(before) >= bn // 2 and not after for before, after in loops), (name, loops)
         if cfg["pingpong"]:
             assert any(b.startswith("BAR.SYNC") and b.endswith("0x100") for b in bars), name
         hist = r["hist"]
@@ -134,7 +147,7 @@ def test_enumeration_and_names():
 
     sm90 = _family()
     test = sm90.enumerate_attention(get_target("sm_90a"), "test")
-    assert [v.name for v in test] == ["attention_sm90a_bf16_d128_m128_n128_s2_causal_ov_pp",
+    assert [v.name for v in test] == ["attention_sm90a_bf16_d128_m128_n128_s2_causal_ov_pp_er_ps_kf",
                                       "attention_sm90a_bf16_d128_m64_n128_s2_causal_ov"]
     default = sm90.enumerate_attention(get_target("sm_90a"), "default")
     problems = {(dt, d, c) for dt in ("bf16", "f16") for d in (64, 128, 256) for c in (False, True)}
@@ -152,7 +165,12 @@ def test_enumeration_and_names():
     assert {(v.dtype, v.head_dim, v.causal) for v in big} == problems
     assert {(v.dtype, v.head_dim, v.causal) for v in small} == problems
     assert all(v.can_implement() is None and v.overlap for v in default)
-    assert all(v.pingpong and v.describe()["preferred"] for v in big)
+    assert all(v.pingpong and v.persistent and v.describe()["preferred"] for v in big)
+    assert not any(v.persistent for v in varlen + small)
+    assert all(v.describe()["tile_scheduler"]["max_ctas"] == sm90.PERSISTENT_CTAS for v in big)
+    full = sm90.enumerate_attention(get_target("sm_90a"), "full")
+    assert {v.name for v in full} > {v.name for v in default + varlen}
+    assert sum(v.describe()["preferred"] for v in full) == 16  # the ablations are not preferred
     assert not any(v.pingpong or v.describe()["preferred"] for v in small)
     assert small[0].describe()["registers_per_role"] == {"producer": 56, "consumer": 256}
     three = next(v for v in big if v.tile_m == 192).describe()
@@ -167,8 +185,9 @@ def test_signature_describe_and_limits():
     from factory.attention.sm80 import AttentionSm80
 
     V = sm90.AttentionSm90
-    v = V(target="sm_90a", dtype="f16", head_dim=64, causal=True, overlap=True, pingpong=True)
-    assert v.name == "attention_sm90a_f16_d64_m128_n128_s2_causal_ov_pp"
+    v = V(target="sm_90a", dtype="f16", head_dim=64, causal=True, overlap=True, pingpong=True,
+          persistent=True, k_first=True)
+    assert v.name == "attention_sm90a_f16_d64_m128_n128_s2_causal_ov_pp_ps_kf"
     # The sm80 family's dense calling convention, argument for argument: no new launch code.
     assert v.signature() == AttentionSm80(target="sm_90", dtype="f16", head_dim=64,
                                           causal=True).signature()
@@ -190,6 +209,11 @@ def test_signature_describe_and_limits():
     assert "smem" in V(target="sm_90a", dtype="bf16", stages=4).can_implement()  # 32K + 4x64K
     assert "registers" in V(target="sm_90a", dtype="bf16", tile_n=256).can_implement()
     assert V(target="sm_90a", dtype="bf16", stages=3).can_implement() is None  # 225 KB fits
+    # persistent: O gets its own slabs (32K more at D128)
+    assert "smem" in V(target="sm_90a", dtype="bf16", stages=3, persistent=True).can_implement()
+    assert "dense" in V(target="sm_90a", dtype="bf16", varlen=True, persistent=True).can_implement()
+    assert "overlap" in V(target="sm_90a", dtype="bf16", pin_wait=True).can_implement()
+    assert not V(target="sm_90a", dtype="bf16", varlen=True).describe()["tile_scheduler"]["persistent"]
 
 
 @needs_dsl
@@ -307,8 +331,12 @@ def test_h100_selection_through_a_bundle(test_bundle, monkeypatch):
         o, lse = rt.attention(b, q, kv, kv, causal=True, return_lse=True)
         name, args = calls[-1]
         assert name in sm90a and len(args) == 6 and args[3] is o and args[4] is lse
-    # one query: below min_seqlen_q, but this bundle has nothing else for bf16 D128 causal
+    # one query: the decode family (sm_90 build; its rule: 2 kv heads, 8 key tiles -> 4 splits
+    # merged in a cluster, with PDL); without it, sm_90a (nothing else for bf16 D128 causal)
     rt.attention(b, torch.zeros(1, 1, 4, 128, dtype=bf), kv, kv, causal=True)
+    assert calls[-1][0] == "attention_sm90_bf16_d128_q16_n64_w4_s3_causal_kv4_cl_pdl"
+    monkeypatch.setattr(rt, "decode_pick", lambda *a, **k: None)
+    rt.attention(b, torch.zeros(1, 1, 4, 128, dtype=bf), kv[:, :499], kv[:, :499], causal=True)
     assert calls[-1][0] in sm90a
     # D64: the sm_90 build's variant
     rt.attention(b, torch.zeros(1, 300, 4, 64, dtype=bf), *(torch.zeros(1, 500, 2, 64, dtype=bf),) * 2)

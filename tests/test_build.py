@@ -81,6 +81,10 @@ def test_sass_proves_each_family(test_bundle):
             assert s["HGMMA"] + s["QGMMA"] > 0 and s["UTMALDG"] > 0, v["name"]
         if v["family"] == "decode":  # mma.sync fed by plain loads: no shared-memory operands
             assert (s["QMMA"] if v["target"] == "sm_120a" else s["HMMA"]) > 0 and s["LDSM"] == s["LDGSTS"] == s["UTMALDG"] == 0, v["name"]
+        if v["family"] == "sm90_decode":  # decode attention: mma.sync, cp.async, ldmatrix; DSMEM merge
+            assert s["HMMA"] > 0 and s["LDGSTS"] > 0 and s["LDSM"] > 0 and s["HGMMA"] == 0, v["name"]
+            r = v["resources"]
+            assert r["spill_instructions"] == 0 and r["stack_frame_bytes"] == 0, v["name"]
         if v["family"] == "sm100":  # tcgen05 (UTC*MMA) fed by TMA; no warp- or warpgroup-MMA
             assert s["UTCHMMA"] + s["UTCQMMA"] + s["UTCOMMA"] > 0 and s["UTMALDG"] > 0, v["name"]
             # Block-scaled: the scale factors reach TMEM by tcgen05.cp (UTCCP); the dense GEMM: never.

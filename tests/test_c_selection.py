@@ -111,12 +111,14 @@ def test_attention_selection_matches_python(bundles, monkeypatch):
 
 
 def _decode_attention_problems() -> list[dict]:
-    """Decode and short prefill with GQA over batch x context: the split-KV and packed-GQA rules."""
+    """Decode and short prefill with GQA over batch x context: the split-KV, packed-GQA and
+    decode-family rules (Sq 1..16, where the family applies)."""
     out = []
-    for b in (1, 2, 4, 16, 64, 256):
-        for sk in (128, 512, 1024, 4096, 8192, 32768):
-            for hq, hkv in ((32, 8), (32, 32), (64, 8), (16, 1)):
-                for sq, causal in ((1, False), (1, True), (4, True), (128, True)):
+    for b in (1, 2, 4, 13, 16, 64, 256):
+        for sk in (1, 100, 128, 200, 512, 1024, 4096, 8192, 16384, 32768):
+            for hq, hkv in ((32, 8), (32, 32), (64, 8), (16, 1), (16, 2)):
+                for sq, causal in ((1, False), (1, True), (2, True), (4, True), (4, False), (16, True),
+                                   (17, True), (128, True)):
                     out.append(dict(varlen=False, dtype="bf16", D=128, causal=causal, B=b, Sq=sq, Sk=sk, Hq=hq,
                                     Hkv=hkv, layout="bshd", scale=None, q_off=0))
     return out
@@ -126,7 +128,7 @@ def test_decode_attention_matches_python(bundles, monkeypatch):
     problems = _decode_attention_problems()
     for label, path in bundles.items():
         lib = cs.CLib(path / "lib" / "libfactory_bundle.so")
-        for cc, sms in ((9, 0), 132), ((8, 9), 58), ((8, 0), 108):
+        for cc, sms in ((9, 0), 132), ((9, 0), 114), ((8, 9), 58), ((8, 0), 108):
             _, rows = cs.compare_attention(path, lib, problems, cc, sms, monkeypatch)
             bad = _mismatches(rows)
             assert not bad, f"{label}, {cc}: {len(bad)} of {len(rows)} differ\n{_report(bad)}"

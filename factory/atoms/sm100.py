@@ -238,3 +238,48 @@ def sf_s2t_copy(sf_dtype, pair: bool, sSF, tSF):
     copy = tcgen05.make_s2t_copy(cute.make_copy_atom(tcgen05.Cp4x32x128bOp(cta_group(pair)), sf_dtype), t)
     thr = copy.get_slice(0)
     return copy, tcgen05.get_s2t_smem_desc_tensor(copy, thr.partition_S(s)), thr.partition_D(t)
+
+
+# --- attention (attention/sm100_fa4.py): P in TMEM as the A operand, fences around TMEM handoffs ---
+def tiled_mma_tmem_a(ab_dtype, b_major, mma_mn: tuple[int, int]):
+    """tcgen05.mma with its A operand read from Tensor Memory (the ``.kind::f16`` form whose A is
+    ``[a_tmem]`` instead of a shared-memory descriptor), B from shared memory; one CTA, fp32
+    accumulator in TMEM.  A is K-major: TMEM lane = row of A, 16-bit elements two per column."""
+    return bw.make_trivial_tiled_mma(ab_dtype, ab_dtype, tcgen05.OperandMajorMode.K, b_major,
+                                     cutlass.Float32, tcgen05.CtaGroup.ONE, mma_mn,
+                                     tcgen05.OperandSource.TMEM)
+
+
+def tmem_a_operand(mma, mma_tiler, ab_dtype, tmem_f32_ptr, column: int):
+    """The MMA's A-operand fragment for a (M, K) tile of 16-bit values that starts at 32-bit TMEM
+    column ``column`` past ``tmem_f32_ptr`` (it takes K/2 columns): the shared-memory A layout's
+    shape, laid over TMEM."""
+    a_layout = bw.make_smem_layout_a(mma, mma_tiler, ab_dtype, 1)
+    frag = mma.make_fragment_A(cute.make_tensor(tmem_f32_ptr, a_layout.outer))[None, None, None, 0]
+    return cute.make_tensor(cute.recast_ptr(tmem_f32_ptr + column, dtype=frag.element_type),
+                            frag.layout)
+
+
+def tmem_copy_32x32b(tmem_tile, columns: int, store: bool):
+    """tcgen05.ld (or .st) of the 32x32b shape, ``columns`` 32-bit columns per instruction: each
+    thread of a warp moves one TMEM lane (= one row of a 128-row tile, warp w of its warpgroup
+    lanes 32w..32w+31), its values in column order."""
+    rep = {1: tcgen05.Repetition.x1, 2: tcgen05.Repetition.x2, 4: tcgen05.Repetition.x4,
+           8: tcgen05.Repetition.x8, 16: tcgen05.Repetition.x16, 32: tcgen05.Repetition.x32,
+           64: tcgen05.Repetition.x64, 128: tcgen05.Repetition.x128}[columns]
+    op = tcgen05.St32x32bOp(rep) if store else tcgen05.Ld32x32bOp(rep)
+    return tcgen05.make_tmem_copy(cute.make_copy_atom(op, cutlass.Float32), tmem_tile)
+
+
+def tmem_fence_before_sync():
+    """tcgen05.fence::before_thread_sync: this thread's completed tcgen05 operations (waited with
+    tcgen05.wait::ld/st) are ordered before the barrier arrive that follows."""
+    from cutlass.experimental.primitives.nvvm_wrapper import tcgen05_fence
+    tcgen05_fence("before_thread_sync")
+
+
+def tmem_fence_after_sync():
+    """tcgen05.fence::after_thread_sync: tcgen05 operations after a barrier wait are ordered after
+    what the arrivals published."""
+    from cutlass.experimental.primitives.nvvm_wrapper import tcgen05_fence
+    tcgen05_fence("after_thread_sync")

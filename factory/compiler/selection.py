@@ -208,7 +208,7 @@ def tables(entries: dict[str, dict], tuning_data: dict | None) -> str:
             DTYPE_IDS.get(e.get("dtype"), -1), int(e["head_dim"]) if isinstance(e.get("head_dim"), int) else -1,
             int(bool(e.get("causal"))), int(bool(e.get("varlen"))), int(bool(e.get("pack_gqa"))),
             int(bool(e.get("preferred"))), int(e.get("splits", 1)), int(e.get("stages", 0)),
-            int(e.get("min_seqlen_q", 0)), int(cpsm),
+            int(e.get("min_seqlen_q", 0)), int(cpsm), int(e.get("decode_rows", 0)), int(e.get("kv_splits", 0)), int(bool(e.get("pdl"))),
             n_args, args, n_syms, divs,
             f"fx_load_{n}", f"fx_bind_{n}", f"&fx_module_{n}.module",
             _occupancy_kernel(e) if pers else "NULL", int(e.get("resources", {}).get("dynamic_smem_bytes", 0)),

@@ -6,6 +6,9 @@ The kernels (``factory/attention/sm80.py``) take, in this order,
           scale, max_seqlen_q
 with head_dim contiguous, every other stride a multiple of 16 bytes and 16-byte aligned data.
 LSE is always written (into a scratch buffer when the caller does not want it).
+Decode-family variants (manifest ``decode_rows``; attention/decode.py) serve seqlen_q <= 16 by
+``decode_pick``; those that merge their splits in a cluster take no workspace (manifest
+``splits`` 1, ``kv_splits`` the key splits).
 Split-KV variants (manifest ``splits`` > 1, dense only) take two fp32 workspace tensors after lse:
   o_partial (splits,B,Hq,Sq,D), lse_partial (splits,B,Hq,Sq)
 carved here from one torch.empty; the variant combines them into o and lse itself (second kernel,
@@ -20,7 +23,7 @@ import weakref
 import torch
 from torch import Tensor
 
-from . import validate
+from . import tuning, validate
 from .bundle import BundleCore, not_current
 from .errors import InputError, LaunchError, NoVariantError
 
@@ -245,9 +248,13 @@ def _choose(bundle, dtype: str, head_dim: int, causal: bool, varlen: bool, rows:
     if hit is None:
         if len(per_bundle) > 4096:
             per_bundle.clear()
-        e = select(bundle.candidates("attention"), dtype=dtype, head_dim=head_dim, causal=causal,
-                   varlen=varlen, rows=rows, sms=sms, decode=decode,
-                   tuned=_tuned(bundle, dtype, head_dim, causal, decode) if not varlen else None)
+        try:
+            e = select(bundle.candidates("attention"), dtype=dtype, head_dim=head_dim, causal=causal,
+                       varlen=varlen, rows=rows, sms=sms, decode=decode,
+                       tuned=_tuned(bundle, dtype, head_dim, causal, decode) if not varlen else None)
+        except NoVariantError as err:  # say which device, and what the bundle was built for
+            raise NoVariantError(f"{err} (on {bundle.device_name()}; "
+                                 f"{bundle.describe_contents('attention')})") from None
         hit = per_bundle[key] = (e["name"], int(e.get("splits", 1)))
     return hit
 
@@ -303,6 +310,66 @@ def _split_pick(entries: list[dict], groups: int, rows: int, sk: int, sms: int) 
     return next((e for e in same if e["splits"] == n), None) if n > 1 else None
 
 
+# Decode family (attention/decode.py): dense problems with at most this many queries.
+DECODE_MAX_SEQLEN_Q = 16
+DECODE_ROWS = 16  # rows of one decode CTA: (query, q head) pairs of one kv head
+_L2_BYTES = tuning._L2_BYTES
+
+
+def decode_split_count(groups: int, key_tiles: int, kv_bytes: int, row_blocks: int, sms: int,
+                       available, l2_bytes: int = _L2_BYTES) -> int:
+    """Split-KV count of a decode-family variant for ``groups`` = batch · kv heads · row blocks
+    CTAs per split (``row_blocks`` = ceil(Hq/Hkv · Sq / 16) per kv head) over ``key_tiles`` key
+    tiles of ``kv_bytes`` K and V.  H100 (notes/attention-decode.md, runs 1-2, 132 SMs, 2 CTAs
+    per SM; the best split of every measured shape):
+      * groups >= 3/4 of the SMs: 1 (B16 H32/8, 128 groups: split 2 ran 10.8 µs vs 8.3 at Sk512;
+        B4 H32/32 Sk1024 28.5 vs 25.7);
+      * fewer: the fewest splits, at least 2, that give more than SMs/4 CTAs, or more than
+        SMs/2 when a kv head has several row blocks (each CTA reads the whole K/V): 64 CTAs for
+        8, 16 or 32 groups (B4 H32/8 Sk4096: 2 splits 29.1 µs, 4 splits 30.7; B2 Sk16384: 4
+        splits 50.0, 8 splits 52.7), 128 for 64 groups (B8 Sk1024: 10.0 vs 12.1 unsplit), 4 for
+        B1 H32/8 Sq16 (58.5 µs, 2 splits 76.9);
+      * every split keeps at least 2 key tiles (B1 Sk512, 8 tiles: 4 splits 6.4 µs, 8 splits 7.4);
+      * when that is the largest cluster split (8), K/V fit in L2 and 32 splits keep 2 tiles each:
+        32 (merged by the second kernel; B1 H32/8 Sk4096 10.1 µs vs 11.3, Sk8192 12.5 vs 15.8).
+    ``available``: {splits: merged in a cluster?} of the built variants."""
+    if groups * 4 >= 3 * sms:
+        return 1
+    target = sms // 2 if row_blocks > 1 else sms // 4
+    fits = sorted(sp for sp in available if sp == 1 or key_tiles >= 2 * sp)
+    cl = [sp for sp in fits if sp >= 2 and available[sp]]
+    n = next((sp for sp in cl if groups * sp > target), cl[-1] if cl else 1)
+    big = [sp for sp in fits if not available[sp] and sp > n]
+    if cl and n == max(sp for sp in available if available[sp]) and kv_bytes <= l2_bytes and big:
+        n = big[-1]
+    return n
+
+
+def decode_pick(entries: list[dict], decode: tuple, causal: bool, sms: int,
+                l2_bytes: int = _L2_BYTES) -> dict | None:
+    """The decode-family entry for a dense problem ``decode`` = (batch, Hq, Hkv, Sq, Sk), or None
+    when the family does not serve it: Sq > 16, or Sq > 1 without causal masking (the family is
+    built bottom-right causal; with one query that equals no mask).  Entries of one tile config
+    (the preferred one where several are built), split count by :func:`decode_split_count`."""
+    b, hq, hkv, sq, sk = decode
+    entries = [e for e in entries if e.get("causal")]
+    if not entries or sq > DECODE_MAX_SEQLEN_Q or (sq > 1 and not causal) or hkv <= 0:
+        return None
+    pref = [e for e in entries if e.get("preferred")] or entries
+    tile = list(pref[0]["tile"])
+    same = [e for e in pref if list(e["tile"]) == tile]
+    row_blocks = -(-(hq // hkv) * sq // DECODE_ROWS)
+    kv_bytes = 2 * b * sk * hkv * same[0]["head_dim"] * (2 if same[0]["dtype"] in ("bf16", "f16") else 4)
+    avail = {int(e["kv_splits"]): e["cluster"][0] > 1 for e in same}
+    groups = b * hkv * row_blocks
+    n = decode_split_count(groups, -(-sk // tile[1]), kv_bytes, row_blocks, sms, avail, l2_bytes)
+    # PDL: for the second-kernel split, and for a cluster split whose grid leaves half the SMs
+    # idle (H100: B1-B4 -0.6 to -0.9 µs; grids of ~128 CTAs lost up to 18 %, DEFAULT's note).
+    pdl = n > 1 and (not avail.get(n) or 2 * groups * n <= sms)
+    fits = [e for e in same if int(e["kv_splits"]) == n]
+    return next((e for e in fits if bool(e.get("pdl")) == pdl), fits[0] if fits else None)
+
+
 def _more_waves(small: dict, big: dict, decode: tuple, sms: int) -> bool:
     """Whether the smaller query tile's grid needs more waves than the bigger one's, for variants
     that state their resident CTAs per SM (``ctas_per_sm``; others: False, the rule above alone).
@@ -336,10 +403,18 @@ def select(candidates: list[dict], *, dtype: str, head_dim: int, causal: bool,
     Variants that state ``ctas_per_sm`` take the smaller tile only if its grid needs no more
     waves than the preferred tile's (:func:`_more_waves`).  ``tuned``: the name the bundle's tuning
     table measured fastest for this dense problem's bucket; taken when it is among the variants
-    left after the decode rules and the min_seqlen_q filter (any target), before the tile rule."""
+    left after the decode rules and the min_seqlen_q filter (any target), before the tile rule.
+    Before all of this, a dense problem with at most 16 queries takes the decode family (manifest
+    ``decode_rows``) where :func:`decode_pick` finds a variant; that family is never taken by the
+    rules above."""
     fit = [e for e in candidates
            if e.get("dtype") == dtype and e.get("head_dim") == head_dim
            and bool(e.get("varlen")) == varlen]
+    if decode is not None and not varlen:
+        e = decode_pick([e for e in fit if e.get("decode_rows")], decode, causal, sms)
+        if e is not None:
+            return e
+    fit = [e for e in fit if not e.get("decode_rows")]
     if fit and decode is not None and not varlen:
         b, hq, hkv, sq, sk = decode
         top = next((e.get("target") for e in fit if e.get("splits", 1) > 1), None)

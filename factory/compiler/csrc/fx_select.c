@@ -728,6 +728,59 @@ static int more_waves(const fx_variant *small, const fx_variant *big, const attn
     return ws > wb;
 }
 
+/* attention.decode_split_count over the built split counts sp[i] (cl[i]: merged in a cluster). */
+static int32_t decode_split_count(i128 groups, int64_t tiles, i128 kv_bytes, int64_t row_blocks, int32_t sms,
+                                  const int32_t *sp, const int32_t *cl, int32_t n) {
+    if (groups * 4 >= 3 * (i128)sms) return 1;
+    i128 target = row_blocks > 1 ? sms / 2 : sms / 4;
+    int32_t first = 0, cl_fit = 0, cl_all = 0;
+    for (int32_t i = 0; i < n; i++) {
+        if (cl[i] && sp[i] > cl_all) cl_all = sp[i];
+        if (!cl[i] || sp[i] < 2 || tiles < 2 * (int64_t)sp[i]) continue;
+        if (sp[i] > cl_fit) cl_fit = sp[i];
+        if (groups * sp[i] > target && (!first || sp[i] < first)) first = sp[i];
+    }
+    int32_t s = first ? first : (cl_fit ? cl_fit : 1);
+    if (cl_fit && s == cl_all && kv_bytes <= (i128)fx_model_constants.l2_bytes) {
+        int32_t big = 0;
+        for (int32_t i = 0; i < n; i++)
+            if (!cl[i] && sp[i] > s && (sp[i] == 1 || tiles >= 2 * (int64_t)sp[i]) && sp[i] > big) big = sp[i];
+        if (big) s = big;
+    }
+    return s;
+}
+
+/* attention.decode_pick over the decode-family entries dec[0..n) (candidates order): -1 for None. */
+static int32_t decode_pick(const int32_t *dec, int32_t n, const attn_decode *d, int32_t causal, int32_t sms) {
+    if (n == 0 || d->sq > 16 || (d->sq > 1 && !causal) || d->hkv <= 0) return -1;
+    int32_t npref = 0;
+    for (int32_t i = 0; i < n; i++) npref += fx_variants[dec[i]].preferred != 0;
+    int32_t t0 = -1, t1 = -1, sp[64], cl[64], idx[64], m = 0;
+    for (int32_t i = 0; i < n && m < 64; i++) {
+        const fx_variant *e = &fx_variants[dec[i]];
+        if (npref && !e->preferred) continue;
+        if (t0 < 0) t0 = e->tile[0], t1 = e->tile[1];
+        if (e->tile[0] != t0 || e->tile[1] != t1) continue;
+        sp[m] = e->kv_splits, cl[m] = e->cluster[0] > 1, idx[m] = dec[i], m++;
+    }
+    if (!m) return -1;
+    const fx_variant *e0 = &fx_variants[idx[0]];
+    int64_t row_blocks = cdiv((d->hq / d->hkv) * d->sq, 16);
+    i128 kv_bytes = (i128)2 * d->b * d->sk * d->hkv * e0->head_dim * 2;
+    i128 groups = (i128)d->b * d->hkv * row_blocks;
+    int32_t s = decode_split_count(groups, cdiv(d->sk, t1), kv_bytes, row_blocks, sms, sp, cl, m);
+    int32_t cluster = 0, first = -1;
+    for (int32_t i = 0; i < m; i++)
+        if (sp[i] == s && cl[i]) cluster = 1;
+    int32_t pdl = s > 1 && (!cluster || 2 * groups * s <= (i128)sms);
+    for (int32_t i = 0; i < m; i++) {
+        if (sp[i] != s) continue;
+        if (first < 0) first = idx[i];
+        if ((fx_variants[idx[i]].pdl != 0) == pdl) return idx[i];
+    }
+    return first;
+}
+
 /* attention.select (rows < 0: None; decode NULL: None). */
 static int32_t attn_choose(const fx_device_t *dev, int32_t dtype, int32_t head_dim, int32_t causal, int32_t varlen,
                            i128 rows, const attn_decode *decode) {
@@ -738,6 +791,19 @@ static int32_t attn_choose(const fx_device_t *dev, int32_t dtype, int32_t head_d
     for (int32_t i = 0; i < n; i++) {
         const fx_variant *e = &fx_variants[cand[i]];
         if (e->dtype == dtype && e->head_dim == head_dim && e->varlen == varlen) fit[nf++] = cand[i];
+    }
+    if (nf && decode && !varlen) {
+        int32_t nd = 0;
+        for (int32_t i = 0; i < nf; i++)
+            if (fx_variants[fit[i]].decode_rows && fx_variants[fit[i]].causal) sub[nd++] = fit[i];
+        result = decode_pick(sub, nd, decode, causal, sms);
+        if (result >= 0) goto done;
+    }
+    {
+        int32_t m = 0;
+        for (int32_t i = 0; i < nf; i++)
+            if (!fx_variants[fit[i]].decode_rows) fit[m++] = fit[i];
+        nf = m;
     }
     if (nf && decode && !varlen) {
         int32_t top = -1;

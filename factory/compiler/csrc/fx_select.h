@@ -65,6 +65,7 @@ typedef struct {
     /* attention */
     int32_t dtype, head_dim, causal, varlen, pack_gqa, preferred, splits, stages, min_seqlen_q;
     int32_t ctas_per_sm;     /* 0: the entry does not state it */
+    int32_t decode_rows, kv_splits, pdl; /* decode family (attention/decode.py): rows per CTA, key splits, PDL; 0: other */
     /* the contract (loader.Binder.check) */
     int32_t n_args;
     const fx_arg *args;
