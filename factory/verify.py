@@ -18,7 +18,7 @@ import re
 from pathlib import Path
 
 from .atoms.targets import TARGETS
-from .compiler.cubin import disassemble, kernel_resources, opcode_histogram, sass_target
+from .compiler.cubin import cubin_target, disassemble, kernel_resources, opcode_histogram, sass_target
 from .runtime.manifest import file_ok, load_manifest
 
 REGISTER_FILE = 65536  # 32-bit registers per SM (every target the factory builds for)
@@ -91,17 +91,28 @@ def _shown(match: str) -> str:
     return f"{words[0]} … {words[-1]}"
 
 
-def sass_problems(entry: dict, sass: str) -> list[str]:
-    """What is wrong with one variant's disassembly: its target against the manifest's, and each of
-    the family's required instruction patterns that it lacks (empty when it proves the family)."""
-    problems = []
-    got = sass_target(sass)
-    want = entry["target"]
+def target_problem(want: str, got: str | None, exact: bool) -> bool:
+    """Whether a cubin built for ``got`` cannot be the ``want`` target's.  ``exact``: ``got`` is
+    ptxas's own ``-arch`` (the cubin's note); otherwise it is nvdisasm's ``.target``, which shows a
+    family-specific target without its ``f`` (and older tools an arch-specific one without its
+    ``a``)."""
+    if got is None:
+        return True
     # An arch-specific target (sm_90a: WGMMA, setmaxnreg) must be exactly that: an sm_90 cubin in
     # an sm_90a slot is the portability build, not the family the manifest claims.
-    exact = TARGETS[want].arch_specific if want in TARGETS else want.endswith("a")
-    if got is None or (got != want if exact else got.rstrip("a") != want.rstrip("a")):
-        problems.append(f"cubin is for {got}, manifest says {want}")
+    if exact or (TARGETS[want].arch_specific if want in TARGETS else want.endswith("a")):
+        return got != want
+    return got.rstrip("af") != want.rstrip("af")
+
+
+def sass_problems(entry: dict, sass: str, arch: str | None = None) -> list[str]:
+    """What is wrong with one variant's disassembly: its target against the manifest's (``arch``:
+    the target ptxas recorded in the cubin, where known), and each of the family's required
+    instruction patterns that it lacks (empty when it proves the family)."""
+    problems = []
+    got = arch or sass_target(sass)
+    if target_problem(entry["target"], got, exact=arch is not None):
+        problems.append(f"cubin is for {got}, manifest says {entry['target']}")
     missing = [p for p in entry["sass_requirements"] if not re.search(p, sass)]
     if missing:
         problems.append(f"SASS lacks {missing}")
@@ -144,7 +155,7 @@ def resource_problems(entry: dict, cubin: bytes, sass: str) -> list[str]:
     if threads and got["registers"] * threads > REGISTER_FILE:
         problems.append(f"{got['registers']} registers x {threads} threads > the {REGISTER_FILE}-register file")
     roles = entry.get("registers_per_role")
-    if roles is not None:
+    if roles is not None and {"producer", "consumer"} <= set(roles):
         counts = setmaxnreg_counts(sass)
         for role, kind in (("producer", "DEALLOC"), ("consumer", "TRY_ALLOC")):
             if counts[kind] != {int(roles[role])}:
@@ -154,6 +165,9 @@ def resource_problems(entry: dict, cubin: bytes, sass: str) -> list[str]:
         total = 128 * (int(roles["producer"]) + consumers * int(roles["consumer"]))
         if threads % 128 or consumers < 1 or total > REGISTER_FILE:
             problems.append(f"register budget per role {roles} over {threads} threads: {total} > {REGISTER_FILE}")
+    if roles is not None:
+        # (Other role sets -- the sm100 FA4 attention's softmax/correction/mma_tma -- are checked by
+        # role_registers above: no register past its setmaxnreg budget.)
         hist = opcode_histogram(sass)
         spills = sum(c for op, c in hist.items() if op.startswith(("LDL", "STL")))
         if spills or got["stack_frame_bytes"]:
@@ -176,14 +190,14 @@ def verify(bundle: str | Path) -> tuple[list[str], list[str]]:
             continue
         cubin = bundle / v["files"]["cubin"]["path"]
         sass = disassemble(cubin)
-        got = sass_target(sass)
-        bad_sass = sass_problems(v, sass) + resource_problems(v, cubin.read_bytes(), sass)
+        got = cubin_target(cubin.read_bytes(), sass)
+        bad_sass = sass_problems(v, sass, arch=got) + resource_problems(v, cubin.read_bytes(), sass)
         problems += [f"{name}: {p}" for p in bad_sass]
         hist = opcode_histogram(sass)
         spills = sum(c for op, c in hist.items() if op.startswith(("LDL", "STL")))
         found = ", ".join(_shown(m_.group(0)) for p in v["sass_requirements"] if (m_ := re.search(p, sass)))
         roles = v.get("registers_per_role")
-        roles = f" roles={roles['producer']}/{roles['consumer']}" if roles else ""
+        roles = f" roles={'/'.join(str(r) for r in roles.values())}" if roles else ""
         used = "".join(f" {r['limit']}:R{r['max_register']}" for r in role_registers(sass))
         smem = v["resources"].get("dynamic_smem_bytes", 0) + v["resources"].get("static_smem_bytes", 0)
         report.append(f"{'ok ' if not bad_sass else 'BAD'} {name}  [{got}]  {found}"

@@ -1,4 +1,4 @@
-"""The Blackwell (sm_100a) attention forward on this GPU-less machine: the SASS and resources of both
+"""The Blackwell datacenter attention forward (built for the family target sm_100f: 10.0 and 10.3) on this GPU-less machine: the SASS and resources of both
 kernels (the FA4-structured one the selection takes, attention/sm100_fa4.py, and the first serial
 one, attention/sm100.py), the negative checks (a non-tcgen05 attention cubin fails the requirements;
 the serial tcgen05 cubin fails the FA4 structure's; a role over its register budget fails verify)
@@ -14,15 +14,18 @@ import re
 import pytest
 import torch
 
+from conftest import BLACKWELL_DC
+from factory.compiler.cubin import ptxas_arch
 from factory.runtime import Bundle
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("cutlass") is None,
                                 reason="nvidia-cutlass-dsl is not installed (the bundle is built here)")
 
 B200 = {"name": "planned B200", "sm_count": 148}
-TEST_VARIANT = "attention_sm100a_bf16_d128_n128_causal"  # serial
-FA4 = "attention_sm100a_bf16_d128_q2_n128_causal"
-FA4_VARLEN = "attention_sm100a_f16_d64_q2_n128_varlen"
+DC = BLACKWELL_DC.replace("_", "")  # "sm100f" in variant names
+TEST_VARIANT = f"attention_{DC}_bf16_d128_n128_causal"  # serial
+FA4 = f"attention_{DC}_bf16_d128_q2_n128_causal"
+FA4_VARLEN = f"attention_{DC}_f16_d64_q2_n128_varlen"
 
 
 def _manifest(bundle) -> dict:
@@ -52,14 +55,15 @@ def test_sm100_serial_attention_sass_and_resources(test_bundle):
 
     v = _manifest(test_bundle)["variants"][TEST_VARIANT]
     sass = _sass(test_bundle, v)
-    assert re.search(r"\.target\s+sm_100a\b", sass)
+    assert re.search(r"\.target\s+sm_100a?\b", sass)  # nvdisasm shows sm_100f as sm_100
+    assert ptxas_arch((test_bundle / v["files"]["cubin"]["path"]).read_bytes()) == BLACKWELL_DC
     assert sass_problems(v, sass) == []
     for key in (r"\bUTCHMMA\b", r"\bUTCATOMSWS\.FIND_AND_SET\b", r"\bLDTM\.x32\b",
                 r"\bSTTM\.x32\b", r"\bUTMALDG\.4D\b", r"\bUTCBAR\b"):
         assert re.search(key, sass), key
     assert not re.search(r"\b(HGMMA|HMMA|LDSM|LDGSTS)\b", sass)
     r = v["resources"]
-    assert v["proof"] == "sass-only" and v["target"] == "sm_100a" and not v["preferred"]
+    assert v["proof"] == "sass-only" and v["target"] == BLACKWELL_DC and not v["preferred"]
     assert r["dynamic_smem_bytes"] + r["static_smem_bytes"] <= 227 * 1024
     assert v["tmem_columns"] == 256 and r["registers"] * v["threads"] <= 65536
     assert r["spill_instructions"] == 0 and r["stack_frame_bytes"] == 0
@@ -79,7 +83,8 @@ def test_sm100_fa4_attention_sass_and_resources(test_bundle, name):
 
     v = _manifest(test_bundle)["variants"][name]
     sass = _sass(test_bundle, v)
-    assert re.search(r"\.target\s+sm_100a\b", sass)
+    assert re.search(r"\.target\s+sm_100a?\b", sass)  # nvdisasm shows sm_100f as sm_100
+    assert ptxas_arch((test_bundle / v["files"]["cubin"]["path"]).read_bytes()) == BLACKWELL_DC
     assert sass_problems(v, sass) == []
     d, bn = v["head_dim"], v["tile"][1]
     # S0, S1 before the loop, both in the loop, none after: 4 tiles of D/16 instructions (SS form);
@@ -107,21 +112,21 @@ def test_sm100_fa4_attention_sass_and_resources(test_bundle, name):
     assert sum(r["limit"] for r in roles) + roles[0]["limit"] == 512  # 2 softmax warpgroups
     assert not re.search(r"\b(HGMMA|HMMA|LDSM|LDGSTS)\b", sass)
     r = v["resources"]
-    assert v["proof"] == "sass-only" and v["target"] == "sm_100a" and v["preferred"]
+    assert v["proof"] == "sass-only" and v["target"] == BLACKWELL_DC and v["preferred"]
     assert r["dynamic_smem_bytes"] + r["static_smem_bytes"] <= 227 * 1024
     assert v["tmem_columns"] == 512 and v["threads"] == 512 and r["registers"] * v["threads"] <= 65536
     assert r["spill_instructions"] == 0 and r["stack_frame_bytes"] == 0
 
 
 def test_sm100_attention_requirements_fail_on_a_hopper_attention_cubin(test_bundle):
-    """The sm_90a attention test-tier cubin (WGMMA, TMA, no tcgen05) relabelled as sm_100a lacks
+    """The sm_90a attention test-tier cubin (WGMMA, TMA, no tcgen05) relabelled as sm_100 lacks
     every tcgen05 / TMEM requirement of both Blackwell attention kernels."""
     from factory.verify import sass_problems
 
     m = _manifest(test_bundle)
     donor = next(n for n, v in m["variants"].items()
                  if v["op"] == "attention" and v["target"] == "sm_90a")
-    sass = re.sub(r"\.target\s+sm_\w+", ".target sm_100a", _sass(test_bundle, m["variants"][donor]))
+    sass = re.sub(r"\.target\s+sm_\w+", ".target sm_100", _sass(test_bundle, m["variants"][donor]))
     for name in (TEST_VARIANT, FA4, FA4_VARLEN):
         problems = sass_problems(m["variants"][name], sass)
         assert len(problems) == 1 and problems[0].startswith("SASS lacks"), problems
@@ -165,20 +170,21 @@ def test_verify_refuses_a_role_over_its_register_budget(test_bundle):
 
 def test_sm100_attention_selection(test_bundle, monkeypatch):
     """On 10.0 the FA4 variants serve dense and varlen calls (the serial kernel in the same bundle
-    is never chosen), with the shared argument order; on 9.0 no sm_100a variant is a candidate."""
+    is never chosen), with the shared argument order, on 10.3 too (the family cubin); on 9.0 no
+    datacenter Blackwell variant is a candidate."""
     from factory.runtime import attention as rt
 
     monkeypatch.setattr(rt, "_check_common", lambda *a, **k: None)
     q = torch.zeros(2, 300, 8, 128, dtype=torch.bfloat16)
     kv = torch.zeros(2, 500, 2, 128, dtype=torch.bfloat16)  # GQA 8:2
-    for cap, device in (((10, 0), B200), ((9, 0), None)):
+    for cap, device in (((10, 0), B200), ((10, 3), B200), ((9, 0), None)):
         b = Bundle.open(test_bundle, capability=cap, device=device)
         b.simulate(None)
         calls = []
         monkeypatch.setattr(b, "launch", lambda name, args, device=None: calls.append((name, args)))
         o, lse = rt.attention(b, q, kv, kv, causal=True, return_lse=True)
         name, args = calls[-1]
-        if cap == (10, 0):
+        if cap[0] == 10:
             assert name == FA4
             assert len(args) == 6 and args[3] is o and args[4] is lse  # (q, k, v, o, lse, scale)
             assert b.manifest["variants"][name]["proof"] == "sass-only"
@@ -195,23 +201,23 @@ def test_sm100_attention_selection(test_bundle, monkeypatch):
             assert name == FA4_VARLEN and len(args) == 9 and args[3] is o
             assert args[5] is cu_q and args[6] is cu_k and args[8] == 300
         else:
-            assert not any(v["target"] == "sm_100a" for v in b.candidates("attention"))
-            assert not name.startswith("attention_sm100a_"), name
+            assert not any(v["target"] == BLACKWELL_DC for v in b.candidates("attention"))
+            assert not name.startswith(f"attention_{DC}_"), name
 
 
 def test_sm100_attention_refused_elsewhere(test_bundle, monkeypatch):
-    """sm_100a cubins run on 10.0 only: a 10.3 (B300) or 12.1 device finds no attention kernel in
-    this bundle, and the error names the device and what the bundle holds."""
+    """The family cubins run on 10.0 and 10.3 only: an 11.0 (Thor) or 12.1 device finds no attention
+    kernel in this bundle, and the error names the device and what the bundle holds."""
     from factory.runtime import attention as rt
     from factory.runtime.errors import NoVariantError
 
     monkeypatch.setattr(rt, "_check_common", lambda *a, **k: None)
     q = torch.zeros(1, 300, 8, 128, dtype=torch.bfloat16)
     kv = torch.zeros(1, 300, 2, 128, dtype=torch.bfloat16)
-    for cap in ((10, 3), (12, 1)):
+    for cap in ((11, 0), (12, 1)):
         b = Bundle.open(test_bundle, capability=cap, device=B200)
         b.simulate(None)
         with pytest.raises(NoVariantError, match="no attention kernel") as e:
             rt.attention(b, q, kv, kv, causal=True)
         assert f"compute capability {cap[0]}.{cap[1]}" in str(e.value)
-        assert "for sm_100a" in str(e.value), str(e.value)
+        assert f"for {BLACKWELL_DC}" in str(e.value), str(e.value)

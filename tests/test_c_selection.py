@@ -27,9 +27,10 @@ from factory.runtime.errors import NoVariantError
 
 pytestmark = needs_dsl  # relinking needs the toolchain (the DSL's static runtime)
 
-# (capability, SMs): A100, A10/3090, L4 and 4090, H100 SXM and PCIe, and two with no target here.
+# (capability, SMs): A100, A10/3090, L4 and 4090, H100 SXM and PCIe, one with no target here, B200
+# and B300 (the family target's recorded capabilities, Target.ccs, in C as in Python).
 DEVICES = [((8, 0), 108), ((8, 6), 84), ((8, 9), 58), ((8, 9), 128), ((9, 0), 132), ((9, 0), 114),
-           ((7, 5), 40), ((10, 0), 148)]
+           ((7, 5), 40), ((10, 0), 148), ((10, 3), 148)]
 ATTN_DEVICES = DEVICES[:7]  # 7.5: no target, no variant
 GEMM_PROBLEMS = cs.gemm_problems(seed=15, n=420)
 ATTN_PROBLEMS = cs.attention_problems(seed=15, n_dense=340, n_varlen=120)

@@ -20,7 +20,7 @@ import textwrap
 import pytest
 import torch
 
-from conftest import ROOT, Recorder, needs_dsl
+from conftest import BLACKWELL_DC, ROOT, Recorder, needs_dsl
 from factory.runtime import Bundle, InputError, NoVariantError
 from factory.runtime import blockscaled as bs
 from test_blockscaled import documented_offset
@@ -94,7 +94,7 @@ def test_manifest_describes_the_scale_tensors_and_resources(test_bundle):
     assert {v["format"] for v in entries.values()} == {"nvf4", "mxf8e4m3"}
     assert {v["cta_group"] for v in entries.values()} == {1, 2}
     for name, v in entries.items():
-        assert v["family"] == "sm100" and v["target"] == "sm_100a" and v["proof"] == "sass-only"
+        assert v["family"] == "sm100" and v["target"] == BLACKWELL_DC and v["proof"] == "sass-only"
         vec = 16 if v["format"] == "nvf4" else 32
         for op_, rows in (("a", "M"), ("b", "N")):
             sc = v["scales"][op_]
@@ -125,13 +125,14 @@ def _disasm(bundle, entry):
 
 def test_requirements_tell_block_scaled_from_dense_sass(test_bundle):
     """Each block-scaled variant's requirements hold on its own cubin and fail on every other
-    kind: the dense sm_100a GEMM relabelled into its slot (UTCQMMA/UTCHMMA without scale-factor
+    kind: the dense datacenter Blackwell GEMM relabelled into its slot (UTCQMMA/UTCHMMA without scale-factor
     operands, no tcgen05.cp), and the other block-scaled kind (mxf8f6f4 vs mxf4nvf4)."""
     from factory.verify import sass_problems
 
     m = _manifest(test_bundle)
     entries = _bs_entries(m)
-    dense = [v for v in m["variants"].values() if v["op"] == "gemm" and v["target"] == "sm_100a"]
+    dense = [v for v in m["variants"].values() if v["op"] == "gemm" and v["target"] == BLACKWELL_DC
+             and v["family"] == "sm100"]
     assert dense
     for name, v in entries.items():
         assert sass_problems(v, _disasm(test_bundle, v)) == [], name
@@ -155,7 +156,8 @@ def test_verify_refuses_a_dense_cubin_in_a_block_scaled_slot(test_bundle, tmp_pa
 
     m = _manifest(test_bundle)
     name = next(iter(_bs_entries(m)))
-    donor = next(n for n, v in m["variants"].items() if v["op"] == "gemm" and v["target"] == "sm_100a")
+    donor = next(n for n, v in m["variants"].items() if v["op"] == "gemm" and v["target"] == BLACKWELL_DC
+                 and v["family"] == "sm100")
     bad = tmp_path / "bad"
     shutil.copytree(test_bundle, bad)
     rec = m["variants"][name]["files"]["cubin"]
@@ -201,15 +203,18 @@ def _simulated(test_bundle, cap=(10, 0)):
 def test_other_devices_are_refused_with_the_reason(test_bundle):
     a = bs.pack(torch.randn(64, 128), "nvfp4")
     w = bs.pack(torch.randn(128, 128), "nvfp4")
-    for cap in ((9, 0), (10, 3), (12, 0), (8, 0)):
+    for cap in ((9, 0), (11, 0), (12, 0), (8, 0)):  # (10.3 runs the family build: below)
         b, rec = _simulated(test_bundle, cap)
-        with pytest.raises(NoVariantError, match=r"built for sm_100a only, which runs on Blackwell datacenter GPUs "
-                                                 r"\(compute capability 10\.0"):
+        with pytest.raises(NoVariantError, match=rf"built for {BLACKWELL_DC} only, which runs on Blackwell datacenter "
+                                                 r"GPUs \(compute capability 10\.0, 10\.3\)"):
             b.gemm_blockscaled(a, w)
         assert rec.launched == []
+    b, rec = _simulated(test_bundle, (10, 3))  # B300: the family build (sm_100f) runs there too
+    b.gemm_blockscaled(a, w)
+    assert rec.launched and b.manifest["variants"][rec.launched[-1]]["target"] == BLACKWELL_DC
     b, rec = _simulated(test_bundle, (9, 0))
     name = next(iter(_bs_entries(b.manifest)))
-    with pytest.raises(NoVariantError, match=r"built for sm_100a, which cannot run on compute capability 9\.0"):
+    with pytest.raises(NoVariantError, match=rf"built for {BLACKWELL_DC}, which cannot run on compute capability 9\.0"):
         b.launch(name, [])
 
 
@@ -291,7 +296,7 @@ def test_selection_prefers_one_cta_for_short_m(test_bundle, tmp_path):
     shutil.copytree(test_bundle, out)
     m = _manifest(out)
     base = next(v for v in _bs_entries(m).values() if v["format"] == "nvf4")
-    for v in enumerate_sm100_blockscaled(get_target("sm_100a"), "default"):
+    for v in enumerate_sm100_blockscaled(get_target(BLACKWELL_DC), "default"):
         if v.fmt != "nvf4":  # (same argument list as the compiled nvf4 entry whose ABI is reused)
             continue
         e = json.loads(json.dumps(base))

@@ -26,8 +26,8 @@ Blackwell GPU compares ``bundle.gemm_blockscaled`` with.  Quantization recipes:
   {0, 0.5, 1, 1.5, 2, 3, 4, 6} and clamped to ±6.
 
 The op (``gemm_blockscaled``) validates operands, output, devices and alignment (InputError), picks a
-variant of the op ``gemm_blockscaled`` (family sm100, arch-specific sm_100a: compute capability 10.0
-only) and launches it; on any other device it raises NoVariantError saying so.
+variant of the op ``gemm_blockscaled`` (family sm100, built for the family target sm_100f: compute
+capability 10.0 and 10.3) and launches it; on any other device it raises NoVariantError saying so.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ import torch
 from torch import Tensor
 
 from ..abi import BLOCK_FORMATS, SF_LAYOUT, BlockFormat, sf_blocks
+from ..atoms.targets import TARGETS
 from . import gemm as dense
 from . import validate
 from .errors import InputError, NoVariantError
@@ -336,7 +337,7 @@ def _check_alignment(t: BlockScaled, what: str) -> None:
 def gemm_blockscaled(bundle, a: BlockScaled, b: BlockScaled, out: Tensor | None = None, *, out_dtype=None,
                      variant: str | None = None) -> Tensor:
     """``out = dequantize(a) @ dequantize(b).T`` for block-scaled a (M, K) / (L, M, K) and b (N, K)
-    / (L, N, K) of one format, on a Blackwell datacenter GPU (sm_100a variants); bf16 out unless
+    / (L, N, K) of one format, on a Blackwell datacenter GPU (sm_100f variants); bf16 out unless
     ``out``/``out_dtype`` say otherwise (and the bundle has a variant for it)."""
     _check_operand(a, "a")
     _check_operand(b, "b")
@@ -415,10 +416,11 @@ def _no_variant(bundle, fmt, c, M, N, K, L, variant, reasons) -> str:
     where = sorted({v["target"] for v in have})
     what = f"{'variant ' + repr(variant) + ' for ' if variant else ''}{fmt} -> {c}, M={M} N={N} K={K} L={L}"
     if not have:
-        return f"no {OP} variant for {what}: the bundle has none (build it with --ops {OP} for sm_100a)"
+        return f"no {OP} variant for {what}: the bundle has none (build it with --ops {OP} for sm_100f)"
     if not bundle.candidates(OP):
+        ccs = sorted({cc for t in where if t in TARGETS for cc in TARGETS[t].ccs})
         return (f"no {OP} variant for {what} on {bundle.device_name()}: block-scaled GEMM (MXFP8/NVFP4, "
                 f"tcgen05 block-scaled MMA) is built for {', '.join(where)} only, which runs on Blackwell "
-                f"datacenter GPUs (compute capability 10.0: B200, GB200) and nowhere else")
+                f"datacenter GPUs (compute capability {', '.join(f'{a}.{b}' for a, b in ccs)}) and nowhere else")
     why = f" (closest: {reasons[0]})" if reasons else ""
     return f"no {OP} variant for {what} on {bundle.device_name()}{why}; {bundle.describe_contents(OP)}"

@@ -14,6 +14,12 @@ Selection, once per problem key (dtypes, majorness, sizes, strides, pointer alig
        waves of the persistent grid, bytes at a grid-dependent streaming bandwidth) + fixed
        costs, with the CTA count multiplied by ``split_k`` and tiles counted in the problem's
        (M, N) orientation (swap-AB too).  Constants from H100 measurements, cited there.
+     - sm100 (Blackwell datacenter, tcgen05): the least time of ``cost_sm100.estimate_us``, a
+       roofline from published B200 figures (tensor rate per SM and the operand reads from shared
+       memory, waves of the persistent grid, DRAM bytes at HBM bandwidth or each CTA's pipeline
+       depth per round trip, L2 operand traffic).  Unmeasured (no B200 here); decode shapes
+       (M <= 16) take the 64-row tiles or, where that grid needs several waves, a one-wave 128-row
+       tile (notes/gemm-sm100.md).
      - sm80 (mma.sync): the largest tile that still gives at least one CTA per SM
        (ceil(M/tm)·ceil(N/tn)·L ≥ SMs); if no tile reaches that, the tile with the most CTAs
        (for mma.sync on an H100: 128×128 and 128×256 are within a few % at 4096³, and 64×128
@@ -27,7 +33,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from . import tuning, validate
+from . import cost_sm100, tuning, validate
 from .bundle import not_current
 from .errors import InputError, LaunchError, NoVariantError
 
@@ -222,6 +228,8 @@ def choose(bundle, fits: list[dict], ab: str, c: str, am: str, bm: str, M: int, 
             return w
     if fits[0]["family"] == "sm90":
         return min(fits, key=lambda v: (tuning.estimate_us(v, M, N, K, L, sms), v["name"]))["name"]
+    if fits[0]["family"] == "sm100":  # unmeasured: a roofline from published B200 figures
+        return min(fits, key=lambda v: (cost_sm100.estimate_us(v, M, N, K, L, sms), v["name"]))["name"]
 
     def ctas(v):
         tm, tn = v["tile"][0], v["tile"][1]

@@ -130,24 +130,31 @@ static int32_t check_contract(const fx_variant *v, const fx_value *vals, int32_t
 }
 
 /* --- candidates: BundleCore.candidates --------------------------------------------------------- */
+/* Target.runs_on: the recorded compute capabilities of an arch- or family-specific target, else
+   the same major and a minor >= the target's. */
+static int target_runs_on(const fx_target *g, int32_t major, int32_t minor) {
+    if (g->n_ccs > 0) {
+        for (int32_t i = 0; i < g->n_ccs; i++)
+            if (g->ccs[i][0] == major && g->ccs[i][1] == minor) return 1;
+        return 0;
+    }
+    return major == g->major && minor >= g->minor;
+}
+
 /* Indices of op's variants runnable on this capability, best target first (targets_for_capability:
-   arch-specific for exactly this chip, then the newest plain target of the same major), manifest
-   order within a target.  Returns the count; *out is malloc'd (free it). */
+   arch-specific for exactly this chip, then family-specific, then the newest plain target of the
+   same major), manifest order within a target.  Returns the count; *out is malloc'd (free it). */
 static int32_t candidates(const fx_device_t *dev, int32_t op, int32_t **out) {
     int32_t order[64], n_order = 0;
-    for (int32_t t = 0; t < fx_n_targets && n_order < 64; t++) {
-        const fx_target *g = &fx_targets[t];
-        int runs = g->arch_specific ? (dev->cc_major == g->major && dev->cc_minor == g->minor)
-                                    : (dev->cc_major == g->major && dev->cc_minor >= g->minor);
-        if (runs) order[n_order++] = t;
-    }
-    /* sorted by (arch_specific, capability), descending (insertion sort keeps ties in order) */
+    for (int32_t t = 0; t < fx_n_targets && n_order < 64; t++)
+        if (target_runs_on(&fx_targets[t], dev->cc_major, dev->cc_minor)) order[n_order++] = t;
+    /* sorted by (specificity, capability), descending (insertion sort keeps ties in order) */
     for (int32_t i = 1; i < n_order; i++) {
         int32_t x = order[i], j = i - 1;
         const fx_target *gx = &fx_targets[x];
         while (j >= 0) {
             const fx_target *gj = &fx_targets[order[j]];
-            int before = gx->arch_specific != gj->arch_specific ? gx->arch_specific > gj->arch_specific
+            int before = gx->specificity != gj->specificity ? gx->specificity > gj->specificity
                          : gx->major != gj->major ? gx->major > gj->major : gx->minor > gj->minor;
             if (!before) break;
             order[j + 1] = order[j];
@@ -371,6 +378,74 @@ static int contains(const int32_t *xs, int32_t n, int32_t x) {
     return 0;
 }
 
+/* --- the Blackwell cost model: cost_sm100.kblock_clocks, grid, dram_bytes, l2_bytes, estimate_us -- */
+static double sm100_kblock_clocks(const fx_variant *v) {
+    const fx_model_sm100 *p = &fx_model_sm100_constants;
+    int64_t cta_m = v->tile[0], tn = v->tile[1], tk = v->tile[2], group = v->cta_group > 0 ? v->cta_group : 1;
+    int64_t mma_m = v->mma_m > 0 ? v->mma_m : v->tile[0];
+    double rate = mma_m / group < 128 ? p->rate_m64 : 1.0;
+    double mma = 2.0 * (double)cta_m * (double)tn * (double)tk / (v->flops_per_clk * rate);
+    double smem = (double)((cta_m + tn / group) * tk * v->a_bytes) / p->smem_bytes_per_clk;
+    double hi = mma >= smem ? mma : smem, lo = mma >= smem ? smem : mma;
+    return hi + p->issue_overlap * lo;
+}
+
+static void sm100_grid(const fx_variant *v, int64_t M, int64_t N, int64_t L, int32_t sm_count, i128 *units, i128 *ctas,
+                       i128 *waves) {
+    int64_t cm = v->cluster[0], cn = v->cluster[1];
+    i128 tiles_m = cdiv(cdiv(M, v->tile[0]), cm) * cm;
+    i128 tiles_n = cdiv(cdiv(N, v->tile[1]), cn) * cn;
+    *units = tiles_m * tiles_n * L;
+    i128 per_cluster = cm * cn;
+    i128 cap = (i128)sm_count / per_cluster * per_cluster;
+    if (cap < per_cluster) cap = per_cluster;
+    *ctas = *units < cap ? *units : cap;
+    *waves = cdiv128(*units, *ctas);
+}
+
+static i128 sm100_dram_bytes(const fx_variant *v, int64_t M, int64_t N, int64_t K, int64_t L, int32_t sm_count) {
+    i128 e = v->a_bytes;
+    i128 a_bytes = (i128)M * K * e, b_bytes = (i128)N * K * e, c_bytes = (i128)M * N * v->c_bytes;
+    int64_t cm = v->cluster[0], cn = v->cluster[1], tn = v->tile[1];
+    i128 units, ctas, waves;
+    sm100_grid(v, M, N, 1, sm_count, &units, &ctas, &waves);
+    i128 m_clusters = cdiv(cdiv(M, v->tile[0]), cm), n_clusters = cdiv(cdiv(N, tn), cn);
+    i128 resident = ctas / (cm * cn);
+    i128 w_n = resident / (m_clusters > 1 ? m_clusters : 1);
+    if (w_n < 1) w_n = 1;
+    i128 w_m = resident < m_clusters ? resident : m_clusters;
+    if (w_m < 1) w_m = 1;
+    i128 l2 = fx_model_sm100_constants.l2_bytes; /* x <= L2 / 2 is tested as 2 x <= L2: exact */
+    i128 a_passes = 2 * a_bytes <= l2 ? 1 : cdiv128(n_clusters, w_n);
+    i128 strip = w_n * cn * tn * (i128)K * e;
+    i128 b_passes = (2 * b_bytes <= l2 || 2 * strip <= l2) ? 1 : cdiv128(m_clusters, w_m);
+    return (a_bytes * a_passes + b_bytes * b_passes + c_bytes) * L;
+}
+
+static double sm100_l2_bytes(const fx_variant *v, int64_t M, int64_t N, int64_t K, int64_t L) {
+    int64_t cta_m = v->tile[0], tn = v->tile[1], cm = v->cluster[0], cn = v->cluster[1];
+    int64_t group = v->cta_group > 0 ? v->cta_group : 1, b_share = cm / group > 1 ? cm / group : 1;
+    double rows = (double)(cta_m < M ? cta_m : M) / (double)cn + (double)(tn / group) / (double)b_share;
+    i128 tiles = (i128)cdiv(M, cta_m) * cdiv(N, tn) * L;
+    return (double)tiles * rows * (double)K * (double)v->a_bytes;
+}
+
+static double sm100_estimate_us(const fx_variant *v, int64_t M, int64_t N, int64_t K, int64_t L, int32_t sm_count) {
+    const fx_model_sm100 *p = &fx_model_sm100_constants;
+    i128 units, ctas, waves;
+    sm100_grid(v, M, N, L, sm_count, &units, &ctas, &waves);
+    i128 k_blocks = cdiv(K, v->tile[2]);
+    double t_compute = (double)(waves * k_blocks) * sm100_kblock_clocks(v) / (p->clock_ghz * 1e9);
+    double t_bw = (double)sm100_dram_bytes(v, M, N, K, L, sm_count) / (p->hbm_tbs * 1e12 * p->hbm_eff);
+    double t_lat = (double)(waves * k_blocks) * p->latency_us * 1e-6 / (double)(v->stages > 0 ? v->stages : 4);
+    double t_dram = t_bw >= t_lat ? t_bw : t_lat;
+    double t_l2 = sm100_l2_bytes(v, M, N, K, L) / (p->l2_tbs * 1e12);
+    double t_memory = t_dram >= t_l2 ? t_dram : t_l2;
+    double hi = t_compute >= t_memory ? t_compute : t_memory, lo = t_compute >= t_memory ? t_memory : t_compute;
+    double t = hi + p->mem_overlap * lo;
+    return t * 1e6 + p->fixed_us + p->wave_us * (double)(waves - 1);
+}
+
 static i128 sm80_ctas(const fx_variant *v, const gemm_ctx *g) {
     return (i128)cdiv(g->M, v->tile[0]) * cdiv(g->N, v->tile[1]) * g->L * v->split_k;
 }
@@ -395,6 +470,19 @@ static int32_t gemm_choose(const gemm_ctx *g, int32_t *fits, int32_t n) {
     if (tuning_applies(g->dev)) {
         const fx_bucket *b = find_bucket(g->ab, g->c, g->am, g->bm, g->M, g->N, g->K, g->L);
         if (b && b->winner >= 0 && contains(fits, n, b->winner)) return b->winner;
+    }
+    if (fx_variants[fits[0]].family == FX_FAMILY_SM100) {
+        int32_t best = -1;
+        double best_t = 0;
+        for (int32_t i = 0; i < n; i++) {
+            const fx_variant *v = &fx_variants[fits[i]];
+            double t = sm100_estimate_us(v, g->M, g->N, g->K, g->L, sms);
+            if (best < 0 || t < best_t || (t == best_t && strcmp(v->name, fx_variants[best].name) < 0)) {
+                best = fits[i];
+                best_t = t;
+            }
+        }
+        return best;
     }
     if (fx_variants[fits[0]].family == FX_FAMILY_SM90) {
         int32_t best = -1;
