@@ -162,12 +162,14 @@ def test_enumeration_and_names():
     assert {v.tile_m for v in big if v.head_dim == 64 and not v.causal} == {192}
     assert {v.tile_m for v in big if v.head_dim >= 128 or v.causal} == {128}
     # D256: FA3's 128 x 80 (O alone is 128 registers per consumer thread), 64 x 80 when under-filled
-    assert {tuple(v.describe()["tile"]) for v in default if v.head_dim == 256} == {(128, 80), (64, 80)}
+    assert {tuple(v.describe()["tile"]) for v in default if v.head_dim == 256} == {(128, 80), (64, 80), (128, 64), (64, 64)}  # causal: 128x64 (128x80 spills)
     assert len(default) == 24 and len(big) == len(small) == 12
     assert {(v.dtype, v.head_dim, v.causal) for v in big} == problems
     assert {(v.dtype, v.head_dim, v.causal) for v in small} == problems
     assert all(v.can_implement() is None and v.overlap for v in default)
-    assert all(v.pingpong and v.persistent and v.describe()["preferred"] for v in big)
+    assert all(v.pingpong and v.describe()["preferred"] for v in big)
+    # persistent where the O buffer fits beside the tiles (not at head_dim 256)
+    assert all(v.persistent == (v.head_dim <= 128) for v in big)
     assert not any(v.persistent for v in varlen + small)
     assert all(v.describe()["tile_scheduler"]["max_ctas"] == sm90.PERSISTENT_CTAS for v in big)
     full = sm90.enumerate_attention(get_target("sm_90a"), "full")
@@ -239,7 +241,7 @@ def test_head_dim_256_budgets():
     full = sm90.enumerate_attention(get_target("sm_90a"), "full")
     tiles = {(v.tile_m, v.tile_n, v.overlap, v.pingpong) for v in full if v.head_dim == 256 and not v.varlen}
     assert tiles == {(128, 80, True, True), (128, 64, True, True), (128, 80, True, False), (128, 80, False, True),
-                     (64, 80, True, False)}
+                     (64, 80, True, False), (64, 64, True, False)}
 
 
 # --- selection on a 9.0 device ----------------------------------------------------------------
