@@ -20,8 +20,11 @@ Dim = Union[str, int]
 # dtype names used across manifest, runtime and factory; the runtime maps them to torch dtypes,
 # the factory to cutlass numeric types.
 DTYPE_BYTES = {
-    "f32": 4, "f16": 2, "bf16": 2, "e4m3": 1, "e5m2": 1, "i32": 4, "i64": 8,
+    "f32": 4, "f16": 2, "bf16": 2, "e4m3": 1, "e5m2": 1, "i32": 4, "i64": 8, "e8m0": 1,
 }
+# Bits per element, sub-byte types included: "e2m1" (fp4) is stored two to a byte, the element at
+# the even index in the low nibble.
+DTYPE_BITS = {**{k: 8 * v for k, v in DTYPE_BYTES.items()}, "e2m1": 4}
 
 
 @dataclass(frozen=True)
@@ -93,3 +96,40 @@ class StructLayout:
     n_shapes: int
     stride_ctype: str
     n_strides: int
+
+
+# --- block-scaled operands (MXFP8, NVFP4) ---------------------------------------------------------
+@dataclass(frozen=True)
+class BlockFormat:
+    """A block-scaled operand format: ``data`` elements, one ``scale`` factor per ``vec``
+    consecutive elements along K (the scale factors laid out as ``SF_LAYOUT``), and, where
+    ``global_scale``, one more fp32 factor for the whole tensor.  Decoded value of element (r, k):
+    ``data[r, k] * scale[r, k // vec] (* global_scale)``."""
+
+    name: str
+    data: str
+    scale: str
+    vec: int
+    global_scale: bool
+
+
+BLOCK_FORMATS = {
+    "mxf8e4m3": BlockFormat("mxf8e4m3", "e4m3", "e8m0", 32, False),  # OCP MXFP8 (E4M3)
+    "mxf8e5m2": BlockFormat("mxf8e5m2", "e5m2", "e8m0", 32, False),  # OCP MXFP8 (E5M2)
+    "nvf4": BlockFormat("nvf4", "e2m1", "e4m3", 16, True),  # NVFP4
+}
+
+# The scale factors' layout, in global memory as the kernels read it (the PTX ISA's tcgen05
+# "scale factor" 128x4 atom, cuBLAS's block-scaling layout): an operand of R rows (M of A, N of B),
+# K columns and L batches has Rb = ceil(R / 128) row blocks and Kb = ceil(ceil(K / vec) / 4) blocks
+# of 4 scale factors; the buffer is a contiguous (L, Rb, Kb, 32, 4, 4) array whose element
+# [l, rb, kb, i, j, s] is the scale factor of row 128 rb + 32 j + i, k-block 4 kb + s.  Entries past
+# R or past ceil(K / vec) are padding (zeros).
+SF_LAYOUT = "sf128x4"
+SF_LAYOUT_SHAPE = "(L, ceil(R/128), ceil(ceil(K/vec)/4), 32, 4, 4)"
+
+
+def sf_blocks(rows: int, k: int, vec: int) -> tuple[int, int]:
+    """(row blocks, k blocks) of the ``SF_LAYOUT`` buffer of an operand with ``rows`` rows and
+    ``k`` elements along K."""
+    return -(-rows // 128), -(-(-(-k // vec)) // 4)

@@ -198,6 +198,49 @@ def gemm_bytes(M, N, K, dtype: str) -> int:
 
 
 
+# --- a chart without matplotlib -------------------------------------------------------------------
+_COLORS = {"tab:red": (214, 39, 40), "tab:blue": (31, 119, 180), "tab:green": (44, 160, 44),
+           "tab:gray": (127, 127, 127)}
+
+
+def write_png(path, width: int, height: int, rgb: bytes) -> None:
+    """An 8-bit RGB PNG from ``rgb`` (rows top to bottom, 3 bytes a pixel): zlib and struct only."""
+    import struct
+    import zlib
+
+    if len(rgb) != width * height * 3:
+        raise ValueError(f"{len(rgb)} bytes for {width}x{height} RGB")
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    stride = width * 3
+    raw = b"".join(b"\0" + rgb[y * stride:(y + 1) * stride] for y in range(height))
+    Path(path).write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+                           + chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b""))
+
+
+def bar_chart_png(path, series: list[list[float]], colors: list[str], bar_px: int = 6, height: int = 240) -> None:
+    """Grouped bars (one group per x position, one bar per series, heights scaled to the largest
+    value) on white with a baseline, no text: what bench_attention.py draws where matplotlib is
+    missing (its JSON holds the numbers)."""
+    n = max((len(s) for s in series), default=0)
+    group = bar_px * len(series) + bar_px
+    width, top = max(1, n * group + bar_px), max([v for s in series for v in s if v == v] + [1e-30])
+    img = bytearray(b"\xff" * (width * height * 3))
+    for j, s in enumerate(series):
+        color = bytes(_COLORS.get(colors[j], (0, 0, 0)))
+        for i, v in enumerate(s):
+            h = int(round((height - 2) * max(0.0, v if v == v else 0.0) / top))
+            x0 = bar_px + i * group + j * bar_px
+            for y in range(height - 1 - h, height - 1):
+                row = (y * width + x0) * 3
+                img[row:row + 3 * bar_px] = color * bar_px
+    base = (height - 1) * width * 3
+    img[base:base + width * 3] = b"\0" * (width * 3)
+    write_png(path, width, height, bytes(img))
+
+
 # --- the summary a note keeps ---------------------------------------------------------------------
 RUN_KEYS = ("device", "torch", "cuda", "date", "selection", "epochs", "copy_bandwidth_tbs", "read_bandwidth_tbs")
 TABLE_KEYS = ("dtype", "ceiling_tflops", "geomean_ratio", "min_ratio", "geomean_eager_ratio", "decode_shapes",

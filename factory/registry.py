@@ -7,6 +7,7 @@ the build machine), never by the runtime.
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import importlib
 from typing import Callable, Iterable
@@ -19,10 +20,13 @@ FAMILY_MODULES = (
     "factory.gemm.sm80",
     "factory.gemm.sm90",
     "factory.gemm.sm100",
+    "factory.gemm.sm100_blockscaled",
     "factory.gemm.decode",
     "factory.attention.sm80",
     "factory.attention.sm90",
     "factory.attention.sm100",
+    "factory.attention.decode",
+    "factory.attention.sm100_fa4",
 )
 TIERS = ("test", "default", "full")
 
@@ -66,6 +70,7 @@ def enumerate_variants(
     unknown = [o for o in wanted if o not in _ENUMERATORS]
     if unknown:
         raise ValueError(f"unknown op(s) {unknown}; known: {sorted(_ENUMERATORS)}")
+    targets = list(targets)
     out: dict[str, Variant] = {}
     for tname in targets:
         target = get_target(tname)
@@ -79,4 +84,10 @@ def enumerate_variants(
                     if v.name in out and out[v.name] != v:
                         raise RuntimeError(f"two different variants share the name {v.name}")
                     out[v.name] = v
+    # A target whose code is another's (Target.same_code_as: sm_89 = sm_86 + fp8) keeps, when that
+    # other target is built too, only the variants the other lacks.
+    for name, v in list(out.items()):
+        same = get_target(v.target).same_code_as
+        if same in targets and dataclasses.replace(v, target=same).name in out:
+            del out[name]
     return list(out.values())

@@ -136,6 +136,34 @@ def smoke_gemm(bundle, entry, device="cuda") -> list[dict]:
     return [check_gemm(bundle, entry, s, device) for s in shapes]
 
 
+# Block-scaled (MXFP8 / NVFP4, Blackwell only): tails in M and N, K a multiple of 32 but not of the
+# k-tile, a batch, a multi-tile grid.  The reference is the float32 product of the decoded operands
+# (the values the kernel multiplies): only summation order and the output rounding remain, so the
+# bf16 bound applies.
+BLOCKSCALED_SHAPES = [(257, 136, 320, 1), (1, 264, 1024, 1), (64, 128, 96, 3), (1000, 1032, 2048, 2)]
+BLOCKSCALED_FORMATS = {"nvf4": "nvfp4", "mxf8e4m3": "mxfp8_e4m3", "mxf8e5m2": "mxfp8_e5m2"}
+
+
+def check_gemm_blockscaled(bundle, entry, shape, device="cuda") -> dict:
+    import torch
+
+    from .runtime import blockscaled as bs
+
+    M, N, K, L = legal_gemm_shape(shape, entry)
+    lead = (L,) if L > 1 else ()
+    fmt = BLOCKSCALED_FORMATS[entry["format"]]
+    a = bs.pack(torch.randn(*lead, M, K, device=device), fmt)
+    b = bs.pack(torch.randn(*lead, N, K, device=device), fmt)
+    out = torch.full((*lead, M, N), float("nan"), dtype=torch_dtype(entry["dtypes"]["c"]), device=device)
+    bundle.gemm_blockscaled(a, b, out, variant=entry["name"])
+    torch.cuda.synchronize()
+    return _judge(entry["name"], [M, N, K, L], out, bs.reference_gemm(a, b), TOLERANCE["bf16"])
+
+
+def smoke_gemm_blockscaled(bundle, entry, device="cuda") -> list[dict]:
+    return [check_gemm_blockscaled(bundle, entry, s, device) for s in BLOCKSCALED_SHAPES]
+
+
 def capture_on_side_stream(fn):
     """A CUDA graph of ``fn()`` captured on a fresh stream (not the caller's current one)."""
     import torch

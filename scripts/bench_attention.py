@@ -2,8 +2,15 @@
 """``scripts/bench.py attention`` (or this file): ours beside torch SDPA (flash and cuDNN backends,
 and SDPA's own choice) on the same inputs: CUDA events over graph replay and over eager calls,
 medians, TFLOP/s.  Outputs are checked against float32 where the reference fits in memory.
-Writes ``OUT.json`` (a few KB: small enough for a note to keep whole); ``--out`` defaults to
-``$FACTORY_RESULTS/bench_attention`` (else under the system's temporary folder)."""
+Writes ``OUT.json`` (a few KB: small enough for a note to keep whole) and ``OUT.png`` (per shape
+TFLOP/s of ours and of each SDPA backend, and best SDPA / ours); ``--out`` defaults to
+``$FACTORY_RESULTS/bench_attention`` (else under the system's temporary folder).
+
+Grids (``--grid``): ``default`` (the notes' shapes), ``decode`` (= ``--decode``), ``d256``
+(head_dim 256: FA3's published B1 H16 S16384 point and smaller), ``issue`` (head_dim 64/128/256,
+seqlen 512-16384, batch x heads 1x8 to 32x32, causal and not, GQA 32/8, varlen).  A varlen row
+packs B sequences of equal length S (cu_seqlens) for ours; the SDPA backends run the same tokens
+as a dense (B, S) batch: the same FLOPs."""
 
 from __future__ import annotations
 
@@ -16,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from factory.benchmark import copy_bandwidth, default_out, time_eager, time_graph  # noqa: E402  (the GEMM bench's)
+from factory.benchmark import copy_bandwidth, default_out, time_eager, time_graph, time_interleaved  # noqa: E402  (the GEMM bench's)
 
 # (B, Hq, Hkv, Sq, Sk, D, causal)
 SHAPES = [
@@ -36,6 +43,29 @@ SHAPES = [
 ]
 
 
+# head_dim 256 (the sm_90a family's 128x80 tiles): FA3 publishes 756 / 642 TFLOP/s at B1 H16
+# S16384 non-causal / causal on an H100 SXM.
+D256_SHAPES = [
+    (1, 16, 16, 16384, 16384, 256, False),
+    (1, 16, 16, 16384, 16384, 256, True),
+    (2, 16, 16, 4096, 4096, 256, False),
+    (2, 16, 16, 4096, 4096, 256, True),
+    (4, 16, 16, 1024, 1024, 256, False),
+    (4, 16, 16, 1024, 1024, 256, True),
+    (4, 32, 8, 2048, 2048, 256, True),  # GQA 4
+    (1, 8, 8, 512, 512, 256, False),
+    (8, 16, 16, 2048, 2048, 256, True, "varlen"),  # 8 packed sequences of 2048
+]
+
+# The issue's grid: head_dim 64/128/256 x seqlen 512-16384 x batch x heads 1x8 .. 32x32, causal and
+# not; GQA 32/8; varlen.  (B, H, S) pairs keep one call under ~0.1 s at D256.
+ISSUE_SHAPES = (
+    [(b, h, h, s, s, d, c) for d in (64, 128, 256) for c in (False, True)
+     for b, h, s in ((1, 8, 512), (32, 32, 512), (8, 16, 2048), (4, 32, 4096), (1, 16, 16384))]
+    + [(4, 32, 8, 2048, 2048, d, True) for d in (64, 128, 256)]
+    + [(8, 16, 16, 2048, 2048, d, c, "varlen") for d in (64, 128, 256) for c in (False, True)]
+)
+
 # Decode steps (seqlen_q = 1, causal: bottom-right, so every key is visible): batch 1-256, context
 # 512-32k, GQA 32/8 and MHA, D128 (+ D64 and fp16 spot checks); batch x context <= 1M tokens.
 DECODE_SHAPES = (
@@ -44,6 +74,9 @@ DECODE_SHAPES = (
      for sk in sks]
     + [(b, 32, 32, 1, sk, 128, True) for b, sk in ((1, 4096), (16, 4096), (64, 2048), (256, 512))]
     + [(16, 32, 8, 1, 4096, 64, True), (64, 16, 2, 1, 2048, 128, True)]
+    # speculative decoding: 4 and 16 queries (bottom-right causal; SDPA runs them unmasked)
+    + [(4, 32, 8, 4, 8192, 128, True), (16, 32, 8, 4, 4096, 128, True), (64, 32, 8, 4, 2048, 128, True),
+       (4, 32, 8, 16, 4096, 128, True), (1, 32, 8, 16, 16384, 128, True), (16, 32, 32, 4, 4096, 128, True)]
 )
 
 
@@ -53,8 +86,9 @@ def kv_bytes(B, hq, hkv, sq, sk, d, elem=2) -> int:
 
 
 def _decode_variants(bundle, B, hq, hkv, sq, sk, d, causal, dtype) -> dict[str, dict]:
-    """For decode shapes (Sq <= 4): the unsplit variant the loader used before split-KV, and every
-    split-KV / packed-GQA variant that applies, to time side by side by name."""
+    """For decode shapes (Sq <= 16): the unsplit variant the loader used before split-KV, every
+    split-KV / packed-GQA variant that applies, and the decode family's preferred variants
+    (``dec<splits>``, ``c``: merged in a cluster, ``p``: PDL), to time side by side by name."""
     from factory.runtime.attention import select
 
     cands = bundle.candidates("attention")
@@ -62,8 +96,12 @@ def _decode_variants(bundle, B, hq, hkv, sq, sk, d, causal, dtype) -> dict[str, 
                              rows=B * hq * sq)}
     top = out["unsplit"]["target"]
     for e in cands:
-        if (e["target"] == top and e.get("splits", 1) > 1 and e["dtype"] == dtype
-                and e["head_dim"] == d and not e["varlen"]):
+        if e["dtype"] != dtype or e["head_dim"] != d or e["varlen"]:
+            continue
+        if e.get("decode_rows"):
+            if e.get("preferred") and e["causal"] and (causal or sq == 1):
+                out[f"dec{e['kv_splits']}{'c' if e['cluster'][0] > 1 else ''}{'p' if e.get('pdl') else ''}"] = e
+        elif e["target"] == top and e.get("splits", 1) > 1:
             if e.get("pack_gqa") and sq == 1 and hq > hkv:
                 out[f"pack{e['splits']}"] = e
             elif not e.get("pack_gqa") and e["causal"] == causal:
@@ -78,7 +116,71 @@ def _flops(b, hq, sq, sk, d, causal) -> float:
     return 4.0 * b * hq * pairs * d
 
 
-def bench_attention(bundle, dtype="bf16", shapes=None, copy_bw=None) -> list[dict]:
+def bench_candidates(bundle, pattern: str, dtype="bf16", shapes=None, rounds: int = 4,
+                     max_reps: int = 20) -> list[dict]:
+    """Every dense variant of the bundle whose name matches ``pattern`` (a regex) and implements
+    the problem, timed by name beside the flash and cuDNN SDPA backends and ``bundle.attention``
+    (the loader's choice): one CUDA graph each, replayed in interleaved passes (the order reversed
+    every other pass: clock drift falls on all alike; few replays per pass and many passes
+    (``max_reps``, ``rounds``) interleave finer), medians.  Each candidate's output is first
+    checked (NaN-poisoned o, relative error against float32 where the reference fits)."""
+    import math
+    import re
+
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from factory import testing
+
+    dt = testing.torch_dtype(dtype)
+    rx = re.compile(pattern)
+    rows = []
+    for B, hq, hkv, sq, sk, d, causal in (shapes or [s for s in SHAPES if s[3] > 4]):
+        q = torch.randn(B, sq, hq, d, device="cuda").to(dt)
+        k = torch.randn(B, sk, hkv, d, device="cuda").to(dt)
+        v = torch.randn(B, sk, hkv, d, device="cuda").to(dt)
+        ref_o = testing.attention_reference(q, k, v, causal, d ** -0.5)[0] if sq * sk <= 4096 * 4096 else None
+        fl = _flops(B, hq, sq, sk, d, causal)
+        names = [e["name"] for e in bundle.candidates("attention")
+                 if rx.search(e["name"]) and e["dtype"] == dtype and e["head_dim"] == d
+                 and bool(e["causal"]) == causal and not e["varlen"] and e.get("splits", 1) == 1
+                 and sq >= e.get("min_seqlen_q", 0)]
+        qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+        calls, errs = {}, {}
+        for n in names:
+            o = torch.full_like(q, math.nan)
+            lse = torch.empty(B, hq, sq, device="cuda")
+            bundle.launch(n, [q, k, v, o, lse, d ** -0.5])
+            torch.cuda.synchronize()
+            errs[n] = (float("nan") if o.isnan().any() else
+                       testing.rel_error(o, ref_o) if ref_o is not None else None)
+            calls[n] = lambda _i, n=n, a=[q, k, v, o, lse, d ** -0.5]: bundle.launch(n, a)
+        calls["ours"] = lambda _i: bundle.attention(q, k, v, causal=causal)
+        for label, be in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+            def fn(_i, be=be):
+                with sdpa_kernel([be]):
+                    return torch.nn.functional.scaled_dot_product_attention(
+                        qt, kt, vt, is_causal=causal and sq == sk, enable_gqa=hq != hkv)
+            calls[label] = fn
+        t = {n: s * 1e6 for n, s in time_interleaved(calls, 1, rounds=rounds, budget_s=0.1,
+                                                       max_reps=max_reps).items()}
+        best = min(t["flash"], t["cudnn"])
+        row = {"B": B, "Hq": hq, "Hkv": hkv, "Sq": sq, "Sk": sk, "D": d, "causal": causal, "dtype": dtype,
+               "flops": fl, "us": t, "rel_err": errs, "chosen": _chosen(bundle, q, k, v, causal)}
+        rows.append(row)
+        print(f"B{B} H{hq}/{hkv} S{sq}x{sk} D{d} {'causal' if causal else 'full'}: flash {t['flash']:.1f} "
+              f"cudnn {t['cudnn']:.1f} ours {t['ours']:.1f} ({fl / t['ours'] / 1e6:.1f} TF/s, {row['chosen']})",
+              flush=True)
+        for n in sorted(names, key=lambda n: t[n]):
+            print(f"    {n:58s} {t[n]:9.1f} µs {fl / t[n] / 1e6:6.1f} TF/s  best SDPA / it {best / t[n]:.3f}"
+                  f"  err {errs[n]}", flush=True)
+        q = k = v = ref_o = qt = kt = vt = None
+        calls = None
+        torch.cuda.empty_cache()
+    return rows
+
+
+def bench_attention(bundle, dtype="bf16", shapes=None, copy_bw=None, budget_s=0.4) -> list[dict]:
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -86,17 +188,30 @@ def bench_attention(bundle, dtype="bf16", shapes=None, copy_bw=None) -> list[dic
 
     dt = testing.torch_dtype(dtype)
     rows = []
-    for B, hq, hkv, sq, sk, d, causal in sorted(shapes or SHAPES, key=lambda s: s[3] > 4):  # decode first
+    for shape in sorted(shapes or SHAPES, key=lambda s: s[3] > 4):  # decode first
+        B, hq, hkv, sq, sk, d, causal = shape[:7]
+        varlen = "varlen" in shape[7:]
         q = torch.randn(B, sq, hq, d, device="cuda").to(dt)
         k = torch.randn(B, sk, hkv, d, device="cuda").to(dt)
         v = torch.randn(B, sk, hkv, d, device="cuda").to(dt)
-        out = bundle.attention(q, k, v, causal=causal)
-        ref_o, _ = testing.attention_reference(q, k, v, causal, d ** -0.5) if sq * sk <= 4096 * 4096 else (None, None)
+        if varlen:  # B sequences of sq (= sk) tokens, packed: ours gets (tokens, H, D) and cu_seqlens
+            cu = torch.arange(0, (B + 1) * sq, sq, dtype=torch.int32, device="cuda")
+            packed = [t.view(B * sq, t.shape[2], d) for t in (q, k, v)]
+
+            def call():
+                return bundle.attention(*packed, causal=causal, cu_seqlens_q=cu, cu_seqlens_k=cu,
+                                        max_seqlen_q=sq).view(B, sq, hq, d)
+        else:
+            def call():
+                return bundle.attention(q, k, v, causal=causal)
+        out = call()
+        ref_o, _ = testing.attention_reference(q, k, v, causal, d ** -0.5) if B * hq * sq * sk <= 2 ** 31 else (None, None)
         err = testing.rel_error(out, ref_o) if ref_o is not None else float("nan")
+        ref_o = None
         fl = _flops(B, hq, sq, sk, d, causal)
 
         def ours(_i):
-            bundle.attention(q, k, v, causal=causal)
+            call()
 
         qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
         # SDPA's causal mask is top-left aligned: it equals ours only when sq == sk; decode (sq=1)
@@ -112,16 +227,18 @@ def bench_attention(bundle, dtype="bf16", shapes=None, copy_bw=None) -> list[dic
             return fn
 
         row = {"B": B, "Hq": hq, "Hkv": hkv, "Sq": sq, "Sk": sk, "D": d, "causal": causal, "dtype": dtype,
-               "rel_err": err, "flops": fl}
+               "varlen": varlen, "rel_err": err, "flops": fl,
+               "chosen": _chosen(bundle, q, k, v, causal, varlen)}
         for label, fn in (("ours", ours), ("flash", sdpa(SDPBackend.FLASH_ATTENTION)),
-                          ("cudnn", sdpa(SDPBackend.CUDNN_ATTENTION)), ("sdpa", sdpa(None))):
+                          ("cudnn", sdpa(SDPBackend.CUDNN_ATTENTION)),
+                          ("efficient", sdpa(SDPBackend.EFFICIENT_ATTENTION)), ("sdpa", sdpa(None))):
             try:
-                row[f"{label}_us"] = time_graph(fn, 5) * 1e6  # 5 calls per graph: launch gaps amortised
+                row[f"{label}_us"] = time_graph(fn, 5, budget_s=budget_s) * 1e6  # 5 calls per graph: launch gaps amortised
                 row[f"{label}_eager_us"] = time_eager(fn, 1) * 1e6
             except Exception as e:  # noqa: BLE001 - a backend that refuses a shape is reported, not fatal
                 row[f"{label}_us"] = row[f"{label}_eager_us"] = None
                 row[f"{label}_error"] = f"{type(e).__name__}: {str(e)[:80]}"
-        if sq <= 4:
+        if sq <= 16:
             from factory.runtime.attention import split_workspace
 
             row["variants_us"] = {}
@@ -131,13 +248,12 @@ def bench_attention(bundle, dtype="bf16", shapes=None, copy_bw=None) -> list[dic
                 args = [q, k, v, o_, l_, *ws, d ** -0.5]
                 try:
                     row["variants_us"][label] = (e["name"], time_graph(
-                        lambda _i, n=e["name"], a=args: bundle.launch(n, a), 5) * 1e6)
+                        lambda _i, n=e["name"], a=args: bundle.launch(n, a), 5, budget_s=budget_s) * 1e6)
                     if ref_o is not None:
                         row["variants_us"][label] += (testing.rel_error(o_, ref_o),)
                 except Exception as ex:  # noqa: BLE001 - reported, not fatal
                     row["variants_us"][label] = (e["name"], None, f"{type(ex).__name__}: {str(ex)[:80]}")
-            row["chosen"] = _chosen(bundle, q, k, v, causal)
-        best = min(x for x in (row["flash_us"], row["cudnn_us"], row["sdpa_us"]) if x is not None)
+        best = min(x for x in (row["flash_us"], row["cudnn_us"], row["efficient_us"], row["sdpa_us"]) if x is not None)
         row["ratio_vs_best_sdpa"] = best / row["ours_us"]
         if copy_bw and sq <= 16:  # decode: the KV-read floor of this run's copy bandwidth
             row["floor_us"] = kv_bytes(B, hq, hkv, sq, sk, d) / copy_bw * 1e6
@@ -147,28 +263,79 @@ def bench_attention(bundle, dtype="bf16", shapes=None, copy_bw=None) -> list[dic
                   f"best SDPA at {row['floor_over_best_sdpa']:.0%}", flush=True)
         rows.append(row)
         f = lambda x: "-" if x is None else f"{x:8.1f}"  # noqa: E731
-        print(f"B{B} H{hq}/{hkv} S{sq}x{sk} D{d} {'causal' if causal else 'full  '}  ours {f(row['ours_us'])} "
+        for label in ("ours", "flash", "cudnn", "sdpa"):
+            if row[f"{label}_us"] is not None:
+                row[f"{label}_tflops"] = fl / row[f"{label}_us"] / 1e6
+        print(f"B{B} H{hq}/{hkv} S{sq}x{sk} D{d} {'causal' if causal else 'full  '}{' varlen' if varlen else ''}  "
+              f"ours {f(row['ours_us'])} "
               f"({fl / row['ours_us'] / 1e6:6.1f} TF/s)  flash {f(row['flash_us'])}  cudnn {f(row['cudnn_us'])}  "
-              f"sdpa {f(row['sdpa_us'])}  | eager ours {f(row['ours_eager_us'])} sdpa {f(row['sdpa_eager_us'])}  "
+              f"efficient {f(row['efficient_us'])}  sdpa {f(row['sdpa_us'])}  | eager ours {f(row['ours_eager_us'])} sdpa {f(row['sdpa_eager_us'])}  "
               f"ratio {row['ratio_vs_best_sdpa']:.2f}  err {err:.1e}", flush=True)
         for label, t in row.get("variants_us", {}).items():
             print(f"    {label:8s} {t[0]:48s} {f(t[1])} µs" + (f"  err {t[2]:.1e}" if len(t) > 2 and
                                                                isinstance(t[2], float) else
                                                                (f"  {t[2]}" if len(t) > 2 else "")),
                   flush=True)
-        if "chosen" in row:
-            print(f"    loader's choice: {row['chosen']}", flush=True)
+        print(f"    loader's choice: {row['chosen']}", flush=True)
         q = k = v = out = None  # free before the next shape (the closures hold the names)
         torch.cuda.empty_cache()
     return rows
 
 
-def _chosen(bundle, q, k, v, causal) -> str:
+def _chosen(bundle, q, k, v, causal, varlen=False) -> str:
     from factory.runtime.attention import _choose
 
     dtype = {"torch.bfloat16": "bf16", "torch.float16": "f16"}[str(q.dtype)]
     b, sq, hq, d = q.shape
+    if varlen:
+        return _choose(bundle, dtype, d, causal, True)[0]
     return _choose(bundle, dtype, d, causal, False, b * hq * sq, (b, hq, k.shape[2], sq, k.shape[1]))[0]
+
+
+BACKENDS = (("ours", "tab:red"), ("flash", "tab:blue"), ("cudnn", "tab:green"), ("sdpa", "tab:gray"))
+
+
+def _label(r: dict) -> str:
+    h = f"H{r['Hq']}" if r["Hq"] == r["Hkv"] else f"H{r['Hq']}/{r['Hkv']}"
+    s = f"S{r['Sq']}" if r["Sq"] == r["Sk"] else f"S{r['Sq']}x{r['Sk']}"
+    return f"B{r['B']} {h} {s} D{r['D']}{' c' if r['causal'] else ''}{' vl' if r.get('varlen') else ''}"
+
+
+def chart(rows: list[dict], path: Path, title: str) -> str:
+    """``path`` (PNG): per shape the TFLOP/s of ours and of each SDPA backend (grouped bars) and
+    best SDPA time / ours (dots, right axis).  matplotlib where installed; otherwise the same
+    bars without text by factory.benchmark.bar_chart_png.  Returns which one drew it."""
+    series = [[r.get(f"{b}_tflops") or 0.0 for r in rows] for b, _ in BACKENDS]
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        from factory.benchmark import bar_chart_png
+
+        bar_chart_png(path, series, [c for _, c in BACKENDS])
+        return "bar_chart_png"
+    n = len(rows)
+    fig, ax = plt.subplots(figsize=(max(8, n * 0.45), 4.6))
+    w = 0.8 / len(BACKENDS)
+    for j, ((label, color), ys) in enumerate(zip(BACKENDS, series)):
+        ax.bar([i + (j - 1.5) * w for i in range(n)], ys, w, color=color, label=label)
+    ax.set_ylabel("TFLOP/s")
+    ax.set_xticks(list(range(n)), [_label(r) for r in rows], rotation=75, fontsize=6)
+    ax2 = ax.twinx()
+    ax2.plot(range(n), [r["ratio_vs_best_sdpa"] for r in rows], "k.", ms=6, label="best SDPA time / ours")
+    ax2.axhline(1.0, color="k", lw=0.6, ls="--")
+    ax2.set_ylabel("best SDPA time / ours")
+    ax2.set_ylim(0, max(1.6, max(r["ratio_vs_best_sdpa"] for r in rows) * 1.1))
+    h1, l1 = ax.get_legend_handles_labels()
+    h2, l2 = ax2.get_legend_handles_labels()
+    ax.legend(h1 + h2, l1 + l2, fontsize=7, ncol=5, loc="lower center", bbox_to_anchor=(0.5, 1.0))
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return "matplotlib"
 
 
 def main(argv=None) -> int:
@@ -178,7 +345,15 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=default_out("bench_attention"),
                    help="path stem of the output, OUT.json (default: %(default)s)")
     p.add_argument("--decode", action="store_true", help="the decode grid (batch 1-256, context 512-32k) "
-                   "with the KV-read floor of this run's copy bandwidth")
+                   "with the KV-read floor of this run's copy bandwidth (= --grid decode)")
+    p.add_argument("--grid", default="default", choices=["default", "decode", "d256", "issue"])
+    p.add_argument("--candidates", metavar="REGEX", help="instead: time every dense variant whose name "
+                   "matches REGEX by name, interleaved with the SDPA backends (prefill shapes)")
+    p.add_argument("--rounds", type=int, default=4, help="--candidates: interleaved passes")
+    p.add_argument("--max-reps", type=int, default=20, help="--candidates: replays per pass at most")
+    p.add_argument("--shapes", help="--candidates: only the shapes whose 'B,Hq,Hkv,Sq,Sk,D,causal' "
+                   "string matches this regex")
+    p.add_argument("--budget", type=float, default=0.4, help="GPU seconds per timed graph (default: %(default)s)")
     a = p.parse_args(argv)
     import torch
 
@@ -187,14 +362,37 @@ def main(argv=None) -> int:
     torch.manual_seed(int(time.time()))
     bundle = Bundle.open(a.bundle)
     dev = torch.cuda.get_device_name()
+    if a.candidates:
+        import re
+
+        shapes = [s for s in SHAPES if s[3] > 4 and (not a.shapes or re.search(
+            a.shapes, ",".join(str(int(x)) for x in s)))]
+        rows = bench_candidates(bundle, a.candidates, a.dtype, shapes, a.rounds, a.max_reps)
+        out = Path(a.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        Path(str(out) + ".json").write_text(json.dumps({
+            "device": dev, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
+            "candidates": a.candidates, "rows": rows}, indent=1))
+        return 0
     print(f"device {dev}, torch {torch.__version__}; µs: graph-replay medians (eager medians after |)", flush=True)
+    a.decode = a.decode or a.grid == "decode"
     copy_bw = copy_bandwidth() if a.decode else None
     if copy_bw:
         print(f"device-to-device copy bandwidth {copy_bw / 1e12:.2f} TB/s (read + write)", flush=True)
-    rows = bench_attention(bundle, a.dtype, DECODE_SHAPES if a.decode else None, copy_bw)
+    tuned = bundle.tuning
+    selection = "tuning.json" if tuned is not None else f"rule ({bundle._tuning[1]})"
+    print(f"selection: {selection}", flush=True)
+    grid = "decode" if a.decode else a.grid
+    shapes = {"default": None, "decode": DECODE_SHAPES, "d256": D256_SHAPES, "issue": ISSUE_SHAPES}[grid]
+    rows = bench_attention(bundle, a.dtype, shapes, copy_bw, a.budget)
     geo = statistics.geometric_mean([r["ratio_vs_best_sdpa"] for r in rows])
     print(f"geomean (best SDPA backend time / ours): {geo:.3f} over {len(rows)} shapes")
     if copy_bw:
+        one = [r for r in rows if r["Sq"] == 1]
+        print(f"seqlen_q 1 ({len(one)} shapes): geomean {statistics.geometric_mean([r['ratio_vs_best_sdpa'] for r in one]):.3f}, "
+              f"ours >= 90% of the KV floor on {sum(r['floor_over_ours'] >= 0.9 for r in one)}/{len(one)}, "
+              f"not slower than SDPA on {sum(r['ratio_vs_best_sdpa'] >= 1.0 for r in one)}/{len(one)}, "
+              f"within 2 % on {sum(r['ratio_vs_best_sdpa'] >= 0.98 for r in one)}/{len(one)}")
         print(f"decode: ours >= 90% of the KV floor on {sum(r['floor_over_ours'] >= 0.9 for r in rows)}/{len(rows)}, "
               f"not slower than SDPA on {sum(r['ratio_vs_best_sdpa'] >= 1.0 for r in rows)}/{len(rows)}; lowest "
               f"floor share {min(r['floor_over_ours'] for r in rows):.0%}, lowest ratio "
@@ -202,8 +400,12 @@ def main(argv=None) -> int:
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     Path(str(out) + ".json").write_text(json.dumps({
-        "device": dev, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
-        "copy_bandwidth": copy_bw, "geomean_ratio_vs_best_sdpa": geo, "rows": rows}, indent=1))
+        "device": dev, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "grid": grid,
+        "selection": selection, "copy_bandwidth": copy_bw, "geomean_ratio_vs_best_sdpa": geo, "rows": rows},
+        indent=1))
+    drawn = chart(rows, Path(str(out) + ".png"),
+                  f"attention {a.dtype}, {grid} grid, on {dev} ({selection[:40]}): geomean best SDPA / ours {geo:.3f}")
+    print(f"wrote {out}.json and {out}.png ({drawn})", flush=True)
     return 0
 
 

@@ -3,7 +3,8 @@
 
 The default bundle: every kernel family for the Ampere/Ada targets (sm_80, sm_86, sm_89), their
 sm_90 portability build (runs on an H100), the Hopper (sm_90a) families, the Blackwell
-datacenter (sm_100a) GEMM and the consumer-Blackwell (sm_120a) builds of the Ampere/Ada families
+datacenter GEMM (dense and block-scaled MXFP8/NVFP4) and attention (sm_100f: one cubin for 10.0 and
+10.3) and the consumer-Blackwell (sm_120a) builds of the Ampere/Ada families
 (these two compiled and disassembled only: no Blackwell GPU has run them).
 """
 
@@ -18,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from factory.compiler.builder import build  # noqa: E402
 
-DEFAULT_TARGETS = ["sm_80", "sm_86", "sm_89", "sm_90", "sm_90a", "sm_100a", "sm_120a"]
+DEFAULT_TARGETS = ["sm_80", "sm_86", "sm_89", "sm_90", "sm_90a", "sm_100f", "sm_120a"]
 
 
 def main() -> int:

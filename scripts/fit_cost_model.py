@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""Fit the sm90 cost model (factory/runtime/tuning.py MODEL) to a measured tuning table.
+"""Fit a GEMM cost model to a measured tuning table: the sm90 one (factory/runtime/tuning.py MODEL,
+the default) or with ``--family sm100`` the Blackwell one (factory/runtime/cost_sm100.py MODEL, whose
+constants are assumptions until a B200 has measured a table: scripts/tune.py on a B200, then this).
 
 Input: a tuning.json written by scripts/tune.py (per bucket: every screened variant's graph-replay
 time) and the manifest of the bundle it was measured on.  Score of a parameter set: the geometric
@@ -22,7 +24,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from factory.runtime import tuning  # noqa: E402
+from factory.runtime import cost_sm100, tuning  # noqa: E402
+
+MODELS = {"sm90": (tuning.MODEL, tuning.estimate_us), "sm100": (cost_sm100.MODEL, cost_sm100.estimate_us)}
+estimate = tuning.estimate_us
 
 
 def regret(table: dict, variants: dict, sm_count: int) -> tuple[float, int, list]:
@@ -34,7 +39,7 @@ def regret(table: dict, variants: dict, sm_count: int) -> tuple[float, int, list
         if not names:
             continue
         M, N, K, L = b["shape"]
-        pick = min(names, key=lambda n: (tuning.estimate_us(variants[n], M, N, K, L, sm_count), n))
+        pick = min(names, key=lambda n: (estimate(variants[n], M, N, K, L, sm_count), n))
         r = times[pick] / min(times[n] for n in names)
         logs.append(math.log(r))
         bad += r > 1.1
@@ -48,7 +53,10 @@ def main() -> int:
     p.add_argument("manifest")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--also", nargs="*", default=[], help="tuning tables to score out of sample")
+    p.add_argument("--family", choices=sorted(MODELS), default="sm90", help="the cost model to fit")
     a = p.parse_args()
+    global estimate
+    model, estimate = MODELS[a.family]
     table = json.loads(Path(a.tuning_json).read_text())
     variants = json.loads(Path(a.manifest).read_text())["variants"]
     sms = table["device"]["sm_count"]
@@ -64,20 +72,21 @@ def main() -> int:
     score_others("current")
     best = base[0]
     for _ in range(a.rounds):
-        for k in list(tuning.MODEL):
-            v0 = tuning.MODEL[k]
-            for f in (0.8, 0.9, 0.95, 1.05, 1.1, 1.25):
-                tuning.MODEL[k] = v0 * f
+        for k in list(model):
+            v0 = model[k]
+            # The sm100 constants are guesses: wider steps first.
+            for f in ((0.5, 2.0) if a.family == "sm100" else ()) + (0.8, 0.9, 0.95, 1.05, 1.1, 1.25):
+                model[k] = v0 * f
                 r = regret(table, variants, sms)[0]
                 if r < best - 1e-4:
-                    best, v0 = r, tuning.MODEL[k]
-                tuning.MODEL[k] = v0
+                    best, v0 = r, model[k]
+                model[k] = v0
     fit = regret(table, variants, sms)
     print(f"fitted model:  regret {fit[0]:.4f}, buckets > 1.1: {fit[1]}")
     score_others("fitted")
-    print("MODEL = " + json.dumps({k: round(v, 3) for k, v in tuning.MODEL.items()}))
+    print("MODEL = " + json.dumps({k: round(v, 3) for k, v in model.items()}))
     for r, key, pick in fit[2]:
-        print(f"  {r:.2f}  {key}  {pick.replace('gemm_sm90a_', '')}")
+        print(f"  {r:.2f}  {key}  {pick.split('_ak_')[-1]}")
     return 0
 
 

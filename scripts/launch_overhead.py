@@ -1,15 +1,31 @@
 #!/usr/bin/env python3
-"""Host cost of one launch through the bundle (selection-cache hit) beside torch.mm, on a problem
-so small that the GPU never holds the host back: the number an eager inference server pays.
+"""Host cost of one launch through the bundle (hot-path hit) beside torch, on problems so small
+that the GPU never holds the host back: the number an eager inference server pays.
 
-``--host-only`` (no GPU needed): the loader's own Python cost per ``bundle.gemm`` — selection hit,
-checks, argument packing — with CPU tensors, a planned H100 and every launcher replaced by a C
-function that returns at once (built with the system C compiler); the native launcher's own cost
-(the CUDA launch) is not in it."""
+``--host-only`` (no GPU needed): the loader's own Python cost per ``bundle.gemm`` /
+``bundle.attention`` — hot-path hit, checks, argument packing, output allocation — with CPU
+tensors, a planned H100 and every launcher replaced by a C function that returns at once (built
+with the system C compiler); the native launcher's own cost (the CUDA launch) is not in it.
+
+On a GPU: host µs per call of each op beside torch's, and the design's reference attention
+problem (B1 H8 S512 D64 bf16) as an eager call beside torch SDPA: wall time per call of 1000
+back-to-back calls by CUDA events (host time included: nothing is queued ahead, so the GPU waits
+for each launch when the host is the slower), the host's time per call over the same loop, and
+each kernel's time per call under CUDA-graph replay.
+
+``--baseline DIR``: DIR holds another copy of the package (``DIR/factory``, e.g. ``git worktree
+add DIR <commit>``), imported beside this one as ``factory_baseline``; every row of ours is then
+timed for both, alternately in one process (host figures on a shared machine drift by a third
+between processes; the paired difference holds).  Each figure is the median of ``--repeats``
+timings of 2000 calls (1000 for the reference attention), with the least beside it on the host-
+only rows.  ``--json PATH`` writes every figure."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
+import json
 import statistics
 import sys
 import time
@@ -20,24 +36,54 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from factory.runtime import Bundle  # noqa: E402
 
 
-def per_call_us(fn, calls: int = 2000, repeats: int = 7, sync: bool = True) -> float:
+def baseline_bundle_class(root: str):
+    """``Bundle`` of the package copy at ``root/factory``, imported as ``factory_baseline``."""
+    pkg = Path(root) / "factory"
+    spec = importlib.util.spec_from_file_location("factory_baseline", pkg / "__init__.py",
+                                                  submodule_search_locations=[str(pkg)])
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["factory_baseline"] = mod
+    spec.loader.exec_module(mod)
+    return importlib.import_module("factory_baseline.runtime").Bundle
+
+
+def timed(rows: dict, calls: int = 2000, repeats: int = 7, sync: bool = True) -> dict:
+    """Host µs per call of each callable in ``rows`` ({name: fn}): ``repeats`` rounds, each
+    timing ``calls`` calls of every row in turn (so paired rows see the same machine state).
+    Returns {name: (median, least)}."""
     import torch
 
-    fn()
+    for fn in rows.values():
+        fn()
     if sync:
         torch.cuda.synchronize()
-    samples = []
+    samples = {k: [] for k in rows}
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        samples.append((time.perf_counter() - t0) / calls * 1e6)
-        if sync:
-            torch.cuda.synchronize()
-    return statistics.median(samples)
+        for name, fn in rows.items():
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            samples[name].append((time.perf_counter() - t0) / calls * 1e6)
+            if sync:
+                torch.cuda.synchronize()
+    return {k: (statistics.median(v), min(v)) for k, v in samples.items()}
 
 
-def host_only(bundle_path: str) -> int:
+def per_call_us(fn, calls: int = 2000, repeats: int = 7, sync: bool = True) -> float:
+    return timed({"fn": fn}, calls, repeats, sync)["fn"][0]
+
+
+def _pairs(ours: dict, base: dict | None) -> dict:
+    """{row: fn} -> {row: fn, row + " [baseline]": its twin} (alternating) when a baseline is given."""
+    out = {}
+    for k, fn in ours.items():
+        out[k] = fn
+        if base is not None and k in base:
+            out[k + " [baseline]"] = base[k]
+    return out
+
+
+def host_only(bundle_path: str, repeats: int, baseline: str | None) -> dict:
     import ctypes
     import subprocess
     import tempfile
@@ -54,24 +100,35 @@ def host_only(bundle_path: str) -> int:
         def launcher(self, name):
             return noop
 
-    b = Bundle.open(bundle_path, capability=(9, 0), device={"name": "planned H100", "sm_count": 132})
-    b.simulate(NoLaunch())  # CPU tensors as device -1, stream 0
     x = torch.randn(16, 64, dtype=torch.bfloat16)
     w = torch.randn(64, 64, dtype=torch.bfloat16)
     out = torch.empty(16, 64, dtype=torch.bfloat16)
     x8, w8 = x.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn)
     one = torch.ones(1)
-    p = b.pack_b(torch.randn(256, 1024).to(torch.float8_e4m3fn))
+    w16 = torch.randn(256, 1024).to(torch.float8_e4m3fn)
     a16, o16 = torch.randn(16, 1024).to(torch.float8_e4m3fn), torch.empty(16, 256, dtype=torch.bfloat16)
     q = torch.randn(1, 128, 8, 64, dtype=torch.bfloat16)
-    rows = {"bf16 gemm(out=)": lambda: b.gemm(x, w, out),
-            "fp8 gemm(out=, scales)": lambda: b.gemm(x8, w8, out, scale_a=one, scale_b=one),
-            "fp8 gemm(out=)": lambda: b.gemm(x8, w8, out),
-            "packed fp8 gemm(out=, scales)": lambda: b.gemm(a16, p, o16, scale_a=one, scale_b=one),
-            "attention B1 S128 H8 D64 causal": lambda: b.attention(q, q, q, causal=True)}
-    for name, fn in rows.items():
-        print(f"loader host µs per call, {name}: {per_call_us(fn, sync=False):.1f}")
-    return 0
+    r = [torch.randn(1, 512, 8, 64, dtype=torch.bfloat16) for _ in range(3)]
+
+    def rows(cls):
+        b = cls.open(bundle_path, capability=(9, 0), device={"name": "planned H100", "sm_count": 132})
+        b.simulate(NoLaunch())  # CPU tensors as device -1, stream 0
+        p = b.pack_b(w16)
+        return {"bf16 gemm(out=)": lambda: b.gemm(x, w, out),
+                "bf16 gemm()": lambda: b.gemm(x, w),
+                "fp8 gemm(out=, scales)": lambda: b.gemm(x8, w8, out, scale_a=one, scale_b=one),
+                "fp8 gemm(out=)": lambda: b.gemm(x8, w8, out),
+                "packed fp8 gemm(out=, scales)": lambda: b.gemm(a16, p, o16, scale_a=one, scale_b=one),
+                "attention B1 S128 H8 D64 causal": lambda: b.attention(q, q, q, causal=True),
+                "attention B1 H8 S512 D64": lambda: b.attention(*r)}
+
+    fns = _pairs(rows(Bundle), rows(baseline_bundle_class(baseline)) if baseline else None)
+    fns["ctypes call of the no-op launcher"] = lambda: noop(0)
+    res = {}
+    for name, (med, least) in timed(fns, repeats=repeats, sync=False).items():
+        res[name] = {"median_us": round(med, 2), "least_us": round(least, 2)}
+        print(f"loader host µs per call, {name}: {med:.1f} (least {least:.1f})")
+    return res
 
 
 def main() -> int:
@@ -79,47 +136,144 @@ def main() -> int:
     p.add_argument("--bundle", default="artifacts/default")
     p.add_argument("--host-only", action="store_true", help="the loader's Python cost, no GPU")
     p.add_argument("--quick", action="store_true", help="the per-op figures only, no breakdown")
+    p.add_argument("--baseline", help="a directory holding another copy of the package, timed alongside")
+    p.add_argument("--repeats", type=int, default=7, help="timings per row")
+    p.add_argument("--json", help="write the figures here")
     a = p.parse_args()
     if a.host_only:
-        return host_only(a.bundle)
-    return on_gpu(a.bundle, a.quick)
-
-
-def on_gpu(bundle: str, quick: bool) -> int:
-    import torch
-
-    b = Bundle.open(bundle)
-    x = torch.randn(16, 64, device="cuda", dtype=torch.bfloat16)
-    w = torch.randn(64, 64, device="cuda", dtype=torch.bfloat16)
-    out = torch.empty(16, 64, device="cuda", dtype=torch.bfloat16)
-    ours = per_call_us(lambda: b.gemm(x, w, out))
-    ours_alloc = per_call_us(lambda: b.gemm(x, w))
-    ref = per_call_us(lambda: torch.mm(x, w.t(), out=out))
-    print(f"host µs per call: bundle.gemm(out=) {ours:.1f}, bundle.gemm() {ours_alloc:.1f}, torch.mm(out=) {ref:.1f}")
-    x8, w8 = x.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn)
-    one = torch.ones(1, device="cuda")
-    f8 = per_call_us(lambda: b.gemm(x8, w8, out, scale_a=one, scale_b=one))
-    f8_unit = per_call_us(lambda: b.gemm(x8, w8, out))
-    f8_ref = per_call_us(lambda: torch._scaled_mm(x8, w8.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16))
-    print(f"fp8: bundle.gemm(out=, scales) {f8:.1f}, bundle.gemm(out=) {f8_unit:.1f}, "
-          f"torch._scaled_mm {f8_ref:.1f}")
-    p = b.pack_b(torch.randn(256, 1024, device="cuda").to(torch.float8_e4m3fn))
-    a16 = torch.randn(16, 1024, device="cuda").to(torch.float8_e4m3fn)
-    o16 = torch.empty(16, 256, device="cuda", dtype=torch.bfloat16)
-    packed = per_call_us(lambda: b.gemm(a16, p, o16, scale_a=one, scale_b=one))
-    q = torch.randn(1, 128, 8, 64, device="cuda", dtype=torch.bfloat16)
-    att = per_call_us(lambda: b.attention(q, q, q, causal=True))
-    sdpa_q = q.transpose(1, 2)
-    sdpa = per_call_us(lambda: torch.nn.functional.scaled_dot_product_attention(sdpa_q, sdpa_q, sdpa_q, is_causal=True))
-    print(f"packed fp8 decode bundle.gemm(out=, scales) {packed:.1f}; bundle.attention B1 S128 H8 D64 causal {att:.1f}, "
-          f"torch SDPA {sdpa:.1f}")
-    torch_ops_cost(b, x, w, out)
-    if not quick:
-        breakdown(b, x, w, out)
+        res = host_only(a.bundle, a.repeats, a.baseline)
+    else:
+        res = on_gpu(a.bundle, a.quick, a.baseline, a.repeats)
+    if a.json:
+        Path(a.json).write_text(json.dumps(res, indent=1) + "\n")
     return 0
 
 
-def torch_ops_cost(b, x, w, out) -> None:
+def on_gpu(bundle: str, quick: bool, baseline: str | None = None, repeats: int = 7) -> dict:
+    import torch
+
+    res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
+    x = torch.randn(16, 64, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(64, 64, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty(16, 64, device="cuda", dtype=torch.bfloat16)
+    x8, w8 = x.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn)
+    one = torch.ones(1, device="cuda")
+    w16 = torch.randn(256, 1024, device="cuda").to(torch.float8_e4m3fn)
+    a16 = torch.randn(16, 1024, device="cuda").to(torch.float8_e4m3fn)
+    o16 = torch.empty(16, 256, device="cuda", dtype=torch.bfloat16)
+    q = torch.randn(1, 128, 8, 64, device="cuda", dtype=torch.bfloat16)
+    sdpa_q = q.transpose(1, 2)
+    F = torch.nn.functional
+
+    def rows(b):
+        p = b.pack_b(w16)
+        return {"bundle.gemm(out=) bf16": lambda: b.gemm(x, w, out),
+                "bundle.gemm() bf16": lambda: b.gemm(x, w),
+                "bundle.gemm(out=, scales) fp8": lambda: b.gemm(x8, w8, out, scale_a=one, scale_b=one),
+                "bundle.gemm(out=) fp8": lambda: b.gemm(x8, w8, out),
+                "bundle.gemm packed fp8 (out=, scales)": lambda: b.gemm(a16, p, o16, scale_a=one, scale_b=one),
+                "bundle.attention B1 S128 H8 D64 causal": lambda: b.attention(q, q, q, causal=True)}
+
+    b = Bundle.open(bundle)
+    b0 = baseline_bundle_class(baseline).open(bundle) if baseline else None
+    fns = _pairs(rows(b), rows(b0) if b0 is not None else None)
+    fns.update({"torch.mm(out=) bf16": lambda: torch.mm(x, w.t(), out=out),
+                "torch._scaled_mm fp8": lambda: torch._scaled_mm(x8, w8.t(), scale_a=one, scale_b=one,
+                                                                 out_dtype=torch.bfloat16),
+                "torch SDPA B1 S128 H8 D64 causal": lambda: F.scaled_dot_product_attention(sdpa_q, sdpa_q, sdpa_q,
+                                                                                           is_causal=True)})
+    host = timed(fns, repeats=repeats)
+    res["host_us_per_call"] = {k: round(v[0], 2) for k, v in host.items()}
+    for k, v in res["host_us_per_call"].items():
+        print(f"host µs per call, {k}: {v:.1f}")
+    res["attention_B1_H8_S512_D64"] = reference_attention(b, b0, repeats=max(repeats, 9))
+    res["torch_ops_host_us_per_call"] = torch_ops_cost(b, x, w, out)
+    if not quick:
+        res["breakdown_us"] = breakdown(b, x, w, out)
+    return res
+
+
+def reference_attention(b, b0=None, calls: int = 1000, repeats: int = 9) -> dict:
+    """The design's reference attention problem, B1 H8 S512 D64 bf16 (non-causal), ours (and the
+    baseline's) beside torch SDPA (its default backend, on (B, H, S, D) views of the same
+    tensors): eager wall time per call of ``calls`` back-to-back calls (CUDA events around them:
+    host time included), the host's time per call (perf_counter over the same loop, without its
+    final synchronisation), and the kernel's time per call under CUDA-graph replay (``calls``
+    replays of a graph of 20 calls).  Medians of ``repeats``, the eager rows timed in turn."""
+    import torch
+
+    F = torch.nn.functional
+    g = torch.Generator(device="cuda").manual_seed(1234)
+    q, k, v = (torch.randn(1, 512, 8, 64, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+    qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, S, D) views for SDPA
+    fns = {"ours": lambda: b.attention(q, k, v)}
+    if b0 is not None:
+        fns["baseline"] = lambda: b0.attention(q, k, v)
+    fns["ours, return_lse=True"] = lambda: b.attention(q, k, v, return_lse=True)[0]
+    fns["sdpa"] = lambda: F.scaled_dot_product_attention(qt, kt, vt)
+    ref = F.scaled_dot_product_attention(qt.double(), kt.double(), vt.double()).transpose(1, 2)
+    errs = {}
+    for name, fn in fns.items():
+        o = fn()
+        o = o.transpose(1, 2) if name == "sdpa" else o
+        errs[name] = float((o.double() - ref).norm() / ref.norm())
+        assert errs[name] < 1e-2, (name, errs[name])
+
+    for fn in fns.values():
+        for _ in range(100):
+            fn()
+    torch.cuda.synchronize()
+    wall = {n: [] for n in fns}
+    host = {n: [] for n in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            e0.record()
+            for _ in range(calls):
+                fn()
+            e1.record()
+            host[name].append((time.perf_counter() - t0) / calls * 1e6)
+            e1.synchronize()
+            wall[name].append(e0.elapsed_time(e1) * 1e3 / calls)
+
+    def replay(fn, per_graph: int = 20):
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(3):
+                fn()
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(per_graph):
+                fn()
+        graph.replay()
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(repeats):
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record()
+            for _ in range(calls // per_graph):
+                graph.replay()
+            e1.record()
+            e1.synchronize()
+            times.append(e0.elapsed_time(e1) * 1e3 / (calls // per_graph * per_graph))
+        return statistics.median(times)
+
+    res = {}
+    for name, fn in fns.items():
+        res[name] = {"eager_wall_us": round(statistics.median(wall[name]), 2),
+                     "host_us": round(statistics.median(host[name]), 2),
+                     "graph_replay_us": round(replay(fn), 2), "rel_err_vs_f64": float(f"{errs[name]:.3g}")}
+    print("attention B1 H8 S512 D64 bf16, µs per call (eager wall by CUDA events / host issue / graph replay): "
+          + "; ".join(f"{n} {r['eager_wall_us']:.1f} / {r['host_us']:.1f} / {r['graph_replay_us']:.2f}"
+                      for n, r in res.items()))
+    return res
+
+
+def torch_ops_cost(b, x, w, out) -> dict:
     """torch.ops.kernel_factory.gemm_out (torch.library define + impl) beside the same call
     registered with the @torch.library.custom_op decorator, bundle.gemm and torch.mm."""
     import torch
@@ -135,17 +289,53 @@ def torch_ops_cost(b, x, w, out) -> None:
             "the same through @custom_op": lambda: deco(x, w, out),
             "bundle.gemm(out=)": lambda: b.gemm(x, w, out),
             "torch.mm(out=)": lambda: torch.mm(x, w.t(), out=out)}
-    print("; ".join(f"{k} {per_call_us(fn):.1f}" for k, fn in rows.items()) + " (host µs per call)")
+    res = {k: round(v[0], 2) for k, v in timed(rows).items()}
+    print("; ".join(f"{k} {v:.1f}" for k, v in res.items()) + " (host µs per call)")
+    return res
 
 
-def breakdown(b, x, w, out) -> None:
-    """Where an eager launch's host time goes: the native launcher alone (an argument array
-    packed once, called again and again), the same through ``Bundle.launch``, for the variant the
-    loader picks (sm_90a: TMA descriptors are encoded by the launcher on every call) and for an
-    sm_90 (mma.sync, no TMA) variant of the same problem."""
+def breakdown(b, x, w, out) -> dict:
+    """Where an eager launch's host time goes: for the reference attention problem, each step of
+    the hot path alone (the problem key and its lookup, the two output allocations, the device
+    and stream queries, the pointer writes plus the native launch, the native launcher alone on
+    arguments packed once) beside the whole call; for a GEMM, the native launcher alone and
+    through ``Bundle.launch``, for the variant the loader picks (sm_90a: TMA descriptors are
+    encoded by the launcher on every call) and for an sm_90 (mma.sync, no TMA) variant."""
     import torch
 
+    from factory.runtime.bundle import current_stream
     from factory.runtime.gemm import fitting_variants, launch_scalars, rkl_spec, select
+
+    res = {}
+    q, k, v = (torch.randn(1, 512, 8, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    o, lse = b.attention(q, k, v, return_lse=True)
+
+    def key():
+        return (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype,
+                q.get_device(), k.get_device(), v.get_device(), False, None)
+
+    fire = b._hot_attention[key()]
+    go = fire.fixed.go
+    lproto = torch.empty(1, device="cuda").expand(lse.shape)
+    stream = current_stream()
+    name = fire.fixed.name
+    argv, _buf = b.binder(name).bind([q, k, v, o, lse, 0.125], stream, 0)
+    native = b.lib.launcher(name)
+    steps = {"whole bundle.attention": lambda: b.attention(q, k, v),
+             "whole bundle.attention(return_lse=True)": lambda: b.attention(q, k, v, return_lse=True),
+             "key + lookup": lambda: b._hot_attention.get(key()),
+             "empty_like(q) + empty_like(lse view)": lambda: (torch.empty_like(q), torch.empty_like(lproto)),
+             "torch.empty((1, 8, 512), float32, device)": lambda: torch.empty((1, 8, 512), dtype=torch.float32,
+                                                                             device=q.device),
+             "current device + raw stream": lambda: b._raw(b._cur()),
+             "5 data_ptr() calls": lambda: (q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr()),
+             "go: pointers written + native launch": lambda: go(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(),
+                                                                lse.data_ptr(), stream),
+             "native launcher alone": lambda: native(argv)}
+    t = timed(steps)
+    res["attention B1 H8 S512 D64 " + name] = {k: round(m, 2) for k, (m, _) in t.items()}
+    for k_, (m, _) in t.items():
+        print(f"attention hot path, {k_}: {m:.2f} µs")
 
     specs = [rkl_spec(t, n) for t, n in ((x, "a"), (w, "b"), (out, "c"))]
     picks = {"picked": select(b, *specs, "bf16", "bf16", [])}
@@ -158,17 +348,7 @@ def breakdown(b, x, w, out) -> None:
             pass
         finally:
             del b.candidates  # the class's method again
-    from factory.runtime.bundle import current_stream
-
-    stream = current_stream()
     assert stream == torch.cuda.current_stream().cuda_stream
-    old = per_call_us(lambda: torch.cuda.current_stream().cuda_stream)
-    new = per_call_us(lambda: current_stream())
-    print(f"current stream: torch.cuda.current_stream().cuda_stream {old:.2f} µs, the raw handle {new:.2f} µs")
-    shape = (x.shape[0], w.shape[0])
-    e1 = per_call_us(lambda: torch.empty(shape, dtype=x.dtype, device=x.device))
-    e2 = per_call_us(lambda: x.new_empty(shape))
-    print(f"output allocation: torch.empty(device=a.device) {e1:.2f} µs, a.new_empty {e2:.2f} µs")
     for what, name in picks.items():
         entry = b.manifest["variants"][name]
         args = [*specs, *launch_scalars(b, entry)]
@@ -176,7 +356,9 @@ def breakdown(b, x, w, out) -> None:
         argv, _buf = b.binder(name).bind(args, stream, torch.cuda.current_device())
         native = per_call_us(lambda: fn(argv))
         via = per_call_us(lambda: b.launch(name, args, checked=True))
-        print(f"{what} ({name}): native launcher {native:.1f} µs, Bundle.launch {via:.1f} µs")
+        res[f"gemm {what} {name}"] = {"native launcher": round(native, 2), "Bundle.launch": round(via, 2)}
+        print(f"gemm {what} ({name}): native launcher {native:.1f} µs, Bundle.launch {via:.1f} µs")
+    return res
 
 
 if __name__ == "__main__":

@@ -22,6 +22,16 @@ capability, driver), torch and CUDA versions, the manifest's sha256 and per buck
 every timing; ``Bundle`` uses it only where all of that matches (else the cost-model heuristic).
 K-major operands only (the layouts the default tiers build); other layouts use the heuristic.
 
+``--op attention``: dense attention buckets (runtime/tuning.py attention_bucket_key: dtype,
+head_dim, causal, seqlen_q and seqlen_k rounded up to a power of two, batch x q-heads likewise).
+Per bucket its representative problem (seqlen_q = seqlen_k = the bucket's bound, MHA) is timed the
+same way (screen, then round-robin passes) on every single-pass variant of the bundle that takes it
+(every loadable target; a bundle built with the "full" tier has the sm_90a family's alternative
+tiles per head_dim, attention/sm90.py TUNE_CONFIGS), beside the loader's rule's own pick, which
+stays unless another variant measures MARGIN faster.  Written under ``attention`` in tuning.json
+(the GEMM buckets of a matching table are kept, and the other way round); the loader's attention
+selection (and its C port) takes the bucket's winner after the split-KV / packed-GQA decode rules.
+
 Buckets up to M = 128 where ``early_b`` variants fit (the decode tiles' twins that load B before
 their PDL wait) also get a ``b_constant`` entry: those variants and the plain winner timed the same way; the
 loader runs its winner for ``bundle.gemm(..., b_constant=True)``.  fp8 decode buckets (M <= 16)
@@ -62,6 +72,71 @@ def grid(which: str) -> list[tuple[int, int, int]]:
     shapes = [(m, n, k) for m in M_BUCKETS for n, k in LLM_NK]
     shapes += [tuning.bucket_shape(*s, 1)[:3] for s in SQUARE]
     return list(dict.fromkeys(shapes))
+
+
+# Attention buckets: (seqlen, batch x heads); the representative problem's B x Hq comes from
+# attention_shape.  "quick": one bucket per seqlen regime; "issue": the issue's grid (seqlen
+# 512-16384, batch x heads 8 to 1024) with the work per call capped (ATTN_MAX_FLOP).
+ATTN_GRIDS = {
+    "quick": [(1024, 64), (4096, 32), (16384, 16)],
+    "issue": [(s, bh) for s in (512, 1024, 2048, 4096, 8192, 16384) for bh in (8, 32, 128, 512, 1024)],
+}
+ATTN_HEAD_DIMS = (64, 128, 256)
+ATTN_MAX_FLOP = 3e13  # 4·bh·S²·D per call: ~50 ms at 600 TFLOP/s
+
+
+def attention_shape(s: int, bh: int) -> tuple[int, int, int, int]:
+    """(B, Hq, Hkv, S) of a bucket's representative dense problem: 16 heads (32 from 512 batch x
+    heads up), the batch the rest."""
+    hq = 32 if bh >= 512 else min(bh, 16)
+    return bh // hq, hq, hq, s
+
+
+def attention_buckets(which: str, head_dims=ATTN_HEAD_DIMS) -> list[tuple[int, bool, int, int]]:
+    """(head_dim, causal, seqlen, batch x heads) per bucket, long sequences last."""
+    out = []
+    for s, bh in ATTN_GRIDS[which]:
+        for d in head_dims:
+            for causal in (False, True):
+                if 4.0 * bh * s * s * d / (2 if causal else 1) <= ATTN_MAX_FLOP:
+                    out.append((d, causal, s, bh))
+    return out
+
+
+def tune_attention_bucket(bundle, dt: str, d: int, causal: bool, s: int, bh: int, l2: int) -> dict | None:
+    """Time every single-pass dense variant that takes the bucket's representative problem beside
+    the rule's pick; None when the rule takes a split-KV variant (then the decode rule decides and
+    a table entry would never be read)."""
+    import torch
+
+    from factory.runtime.attention import _sm_count, select
+
+    b, hq, hkv, sq = attention_shape(s, bh)
+    sms = _sm_count()
+    cands = bundle.candidates("attention")
+    rule = select(cands, dtype=dt, head_dim=d, causal=causal, varlen=False, rows=b * hq * sq, sms=sms,
+                  decode=(b, hq, hkv, sq, sq))
+    if rule.get("splits", 1) > 1:
+        return None
+    fits = [e for e in cands if e["dtype"] == dt and e["head_dim"] == d and bool(e["causal"]) == causal
+            and not e["varlen"] and e.get("splits", 1) == 1 and sq >= e.get("min_seqlen_q", 0)]
+    tdt = testing.torch_dtype(dt)
+    n_sets = min(4, sets_for(4 * b * sq * hq * d * 2, l2))
+    sets = [(torch.randn(b, sq, hq, d, device="cuda").to(tdt), torch.randn(b, sq, hkv, d, device="cuda").to(tdt),
+             torch.randn(b, sq, hkv, d, device="cuda").to(tdt)) for _ in range(n_sets)]
+    outs = [(torch.empty_like(q), torch.empty(b, hq, sq, device="cuda")) for q, _, _ in sets]
+    scale = d ** -0.5
+    calls = {e["name"]: (lambda i, n=e["name"]: bundle.launch(n, [*sets[i], *outs[i], scale])) for e in fits}
+    screened, timed = screen_then_time(calls, n_sets, rule["name"])
+    winner = tuning.pick_winner(timed, rule["name"], MARGIN)
+    sets = outs = calls = None
+    torch.cuda.empty_cache()
+    flop = 4.0 * b * hq * sq * sq * d / (2 if causal else 1)
+    return {"key": tuning.attention_bucket_key(dt, d, causal, sq, sq, b * hq), "shape": [b, hq, hkv, sq, sq, d],
+            "winner": winner, "fastest": min(timed, key=timed.get), "rule_pick": rule["name"],
+            "timings_us": {n: round(t * 1e6, 2) for n, t in timed.items()},
+            "screen_us": {n: round(t * 1e6, 2) for n, t in screened.items()},
+            "tflops": {n: round(flop / t / 1e12, 1) for n, t in timed.items()}, "input_sets": n_sets}
 
 
 def driver_version() -> str | None:
@@ -171,8 +246,12 @@ def tune_b_constant(bundle, A, B, C, kw, scales, ab, c, winner, n_sets) -> dict 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("bundle")
-    p.add_argument("--dtypes", nargs="+", default=["bf16", "e4m3"], choices=sorted(PAIRS))
-    p.add_argument("--grid", default="bench", choices=["bench", "quick"])
+    p.add_argument("--op", default="gemm", choices=["gemm", "attention"])
+    p.add_argument("--dtypes", nargs="+", default=None, choices=sorted(PAIRS),
+                   help="default: bf16 e4m3 (gemm), bf16 (attention)")
+    p.add_argument("--grid", default=None, choices=["bench", "quick", "issue"],
+                   help="gemm: bench (default) or quick; attention: quick (default) or issue")
+    p.add_argument("--head-dims", nargs="+", type=int, default=list(ATTN_HEAD_DIMS), help="attention only")
     p.add_argument("--budget-s", type=float, default=300.0, help="stop starting new buckets after this long")
     p.add_argument("--all", action="store_true", help=f"screen even variants the cost model puts "
                    f"{MODEL_CUT}x behind the best")
@@ -186,7 +265,15 @@ def main() -> int:
     props = torch.cuda.get_device_properties(0)
     l2 = props.L2_cache_size
     prev, why = tuning.load(bundle.path, dev)
-    buckets = {} if prev is None or a.fresh else dict(prev.data["buckets"])
+    attention = a.op == "attention"
+    a.dtypes = a.dtypes or (["bf16"] if attention else ["bf16", "e4m3"])
+    a.grid = a.grid or ("quick" if attention else "bench")
+    if (a.grid == "issue") != attention and a.grid != "quick":
+        p.error(f"--grid {a.grid} is not a {a.op} grid")
+    # The other op's buckets of a matching table are kept as they are; this op's unless --fresh.
+    old = {} if prev is None else prev.data
+    buckets = {} if prev is None or (a.fresh and not attention) else dict(old.get("buckets", {}))
+    attn_buckets = {} if prev is None or (a.fresh and attention) else dict(old.get("attention", {}))
     print(f"tuning {bundle.path} on {dev['name']} ({dev['sm_count']} SMs); previous table: {why}", flush=True)
     data = {
         "schema": tuning.SCHEMA, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -200,7 +287,22 @@ def main() -> int:
                    "winner": f"fastest, unless the cost model's pick is within {MARGIN:.0%}",
                    "rotating_input_sets": "enough to exceed 2x L2", "grid": a.grid},
         "buckets": buckets,  # filled in below, written after every bucket
+        "attention": attn_buckets,
     }
+    if attention:
+        data["attention_method"] = {
+            "screen": "graph replays (one call per input set), up to 5 per variant",
+            "measure": f"median of per-pass graph-replay medians, {ROUNDS} round-robin passes (variants "
+                       f"within {SCREEN_KEEP}x of the best screen, and the rule's pick)",
+            "winner": f"fastest, unless the loader's rule's pick is within {MARGIN:.0%}",
+            "problem": "seqlen_q = seqlen_k = the bucket's bound, MHA, B x Hq = the bucket's bound",
+            "grid": a.grid}
+        del data["method"]
+        if prev is not None and "method" in old:
+            data["method"] = old["method"]
+        return tune_attention(bundle, a, data, attn_buckets, l2, t0)
+    if "attention_method" in old:
+        data["attention_method"] = old["attention_method"]
     done = 0
     for M, N, K in grid(a.grid):
         if time.time() - t0 > a.budget_s:
@@ -230,6 +332,37 @@ def main() -> int:
                      if (pk := r.get("packed")) else ""), flush=True)
     path = tuning.write(bundle.path, data)
     print(f"wrote {path}: {len(buckets)} buckets ({done} measured now) in {time.time() - t0:.0f} s", flush=True)
+    return 0
+
+
+def tune_attention(bundle, a, data: dict, buckets: dict, l2: int, t0: float) -> int:
+    done = 0
+    for d, causal, s, bh in attention_buckets(a.grid, tuple(a.head_dims)):
+        if time.time() - t0 > a.budget_s:
+            print(f"budget of {a.budget_s} s spent: stopping before D{d} S{s} bh{bh}", flush=True)
+            break
+        for dt in a.dtypes:
+            tb = time.time()
+            try:
+                r = tune_attention_bucket(bundle, dt, d, causal, s, bh, l2)
+            except NoVariantError as e:
+                print(f"{dt} D{d} S{s} bh{bh}: skipped ({e})"[:160], flush=True)
+                continue
+            if r is None:
+                print(f"{dt} D{d} S{s} bh{bh}: the split-KV rule decides; not tuned", flush=True)
+                continue
+            key = r.pop("key")
+            buckets[key] = r
+            done += 1
+            tuning.write(bundle.path, data)  # a time-out keeps what was measured
+            t = r["timings_us"]
+            rule = t.get(r["rule_pick"], float("nan"))
+            print(f"{dt:>4} D{d:<3} {'causal' if causal else 'full  '} S{s:>5} bh{bh:>4}  {t[r['winner']]:>9.1f} us "
+                  f"({r['tflops'][r['winner']]:6.1f} TF/s; rule's pick {rule:9.1f} us, {len(t)} timed, "
+                  f"{time.time() - tb:4.1f} s)  {r['winner'].replace('attention_', '')}", flush=True)
+    path = tuning.write(bundle.path, data)
+    print(f"wrote {path}: {len(buckets)} attention buckets ({done} measured now) in {time.time() - t0:.0f} s",
+          flush=True)
     return 0
 
 

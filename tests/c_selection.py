@@ -298,10 +298,12 @@ def keyless(p: dict) -> bool:
     return p["Sk"] == 0 and p["B"] * p["Sq"] * p["Hq"] * p["D"] > 0
 
 
-def compare_attention(bundle_path, lib: CLib, problems: list[dict], cc, sm_count: int, monkeypatch):
-    bundle = open_simulated(bundle_path, cc, sm_count, None)
+def compare_attention(bundle_path, lib: CLib, problems: list[dict], cc, sm_count: int, monkeypatch,
+                      name: str | None = None):
+    """``name``: the device's name (whether a tuning.json compiled in applies)."""
+    bundle = open_simulated(bundle_path, cc, sm_count, name)
     monkeypatch.setattr(rt_attention, "_sm_count", lambda: sm_count)  # the GPU's SMs, as attention() asks
-    dev = lib.device(cc, sm_count, None)
+    dev = lib.device(cc, sm_count, name)
     rows = []
     for p in problems:
         q, k, v, o = attention_tensors(p)

@@ -14,7 +14,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 HAVE_DSL = importlib.util.find_spec("cutlass") is not None
-TEST_TARGETS = ["sm_80", "sm_86", "sm_89", "sm_90", "sm_90a", "sm_100a", "sm_120a"]
+# Datacenter Blackwell is built for the family target sm_100f (10.0 and 10.3: notes/blackwell.md).
+BLACKWELL_DC = "sm_100f"
+TEST_TARGETS = ["sm_80", "sm_86", "sm_89", "sm_90", "sm_90a", BLACKWELL_DC, "sm_120a"]
 
 needs_dsl = pytest.mark.skipif(not HAVE_DSL, reason="nvidia-cutlass-dsl is not installed (build tests need it)")
 

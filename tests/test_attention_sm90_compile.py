@@ -1,11 +1,12 @@
 """Compile-only checks of the Hopper FlashAttention-forward family (``factory/attention/sm90.py``)
 and the runtime's choice between it and the sm80 family on a 9.0 device (no GPU needed).
 
-The "test" tier (one variant: bf16, D128, causal, overlap + ping-pong) is compiled for sm_90a in
-one subprocess (the compile worker sets the target before ``cutlass`` is imported); its cubin must
-show both WGMMA forms (S = Q·Kᵀ from smem, P·V with P from registers), TMA loads and the TMA store,
-setmaxnreg both ways, one WGMMA group kept in flight (the overlap), the ping-pong named barrier,
-no spills, and the header must take the sm80 dense arguments in order.
+The "test" tier (bf16, D128, causal, overlap: the 128-row tile with ping-pong and its 64-row twin)
+is compiled for sm_90a in one subprocess (the compile worker sets the target before ``cutlass`` is
+imported); each cubin must show both WGMMA forms (S = Q·Kᵀ from smem, P·V with P from registers),
+TMA loads and the TMA store, setmaxnreg both ways, one WGMMA group kept in flight (the overlap),
+the ping-pong named barrier where it ping-pongs, no spills, and the header must take the sm80
+dense arguments in order.  So must the head_dim 256 default (128 x 80).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -37,7 +39,10 @@ _WORKER = textwrap.dedent(
     from factory.attention.sm90 import enumerate_attention
 
     report = {}
-    for v in enumerate_attention(get_target("sm_90a"), "test"):
+    tier, names = (sys.argv[2], sys.argv[3:]) if len(sys.argv) > 2 else ("test", [])
+    for v in enumerate_attention(get_target("sm_90a"), tier):
+        if names and v.name not in names:
+            continue
         info = compile_variant(v, sys.argv[1])
         sass = cb.disassemble(f"{sys.argv[1]}/{v.name}.cubin")
         res = max(info["kernels"].values(), key=lambda r: r["registers"])
@@ -48,6 +53,10 @@ _WORKER = textwrap.dedent(
             "hist": cb.opcode_histogram(sass),
             "hgmma": [ln for ln in lines if ln.startswith("HGMMA")],
             "bars": [ln for ln in lines if ln.startswith(("BAR.", "USETMAXREG", "WARPGROUP.DEPBAR"))],
+            # the order of the WGMMA waits, exponentials and WGMMAs: 1 / 0 = DEPBAR.LE gsb0 0x1 / 0x0
+            "order": "".join({"WARPGROUP.DEPBAR.LE gsb0, 0x1": "1", "WARPGROUP.DEPBAR.LE gsb0, 0x0": "0"}
+                             .get(ln, "E" if ln.startswith("MUFU.EX2") else "G" if ln.startswith("HGMMA")
+                                  else "") for ln in lines),
             "missing_sass": [r for r in v.sass_requirements() if not re.search(r, sass)],
             "sass_target": cb.sass_target(sass),
             "params": [p for _, p in info["header"]["params"]],
@@ -58,33 +67,66 @@ _WORKER = textwrap.dedent(
 )
 
 
-@needs_dsl
-def test_test_tier_sass(tmp_path):
+def _compile_report(tmp_path, *args) -> dict:
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    p = subprocess.run([sys.executable, "-c", _WORKER, str(tmp_path)], capture_output=True,
+    p = subprocess.run([sys.executable, "-c", _WORKER, str(tmp_path), *args], capture_output=True,
                        text=True, env=env, cwd=ROOT, timeout=600)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-6000:]
-    report = json.loads(next(ln for ln in p.stdout.splitlines() if ln.startswith("REPORT"))[6:])
-    assert len(report) == 1
+    return json.loads(next(ln for ln in p.stdout.splitlines() if ln.startswith("REPORT"))[6:])
+
+
+@needs_dsl
+def test_test_tier_sass(tmp_path):
+    report = _compile_report(tmp_path)
+    assert len(report) == 2
+    _check_report(report)
+
+
+@needs_dsl
+def test_head_dim_256_sass(tmp_path):
+    """The D256 defaults (128 x 80, causal 128 x 64; overlap + ping-pong): P·V as m64n256k16 with A
+    from registers (tile_n/16 k-steps), S = Q·Kᵀ as m64n<tile_n>k16 from smem (256/16 k-steps),
+    setmaxnreg 24 / 240, no spills although O alone holds 128 of the consumer's 240 registers."""
+    names = ["attention_sm90a_bf16_d256_m128_n80_s2_ov_pp", "attention_sm90a_bf16_d256_m128_n64_s2_causal_ov_pp"]
+    report = _compile_report(tmp_path, "default", *names)
+    assert sorted(report) == sorted(names)
+    _check_report(report)
+    for name in names:
+        bars = report[name]["bars"]
+        assert "USETMAXREG.DEALLOC.CTAPOOL 0x18" in bars and "USETMAXREG.TRY_ALLOC.CTAPOOL UP0, 0xf0" in bars, bars
+        assert report[name]["resources"]["registers"] * 384 <= 65536
+
+
+def _check_report(report: dict) -> None:
     for name, r in report.items():
         cfg = r["config"]
         d, bn = cfg["head_dim"], cfg["tile_n"]
         assert r["sass_target"] == "sm_90a", name
         assert not r["missing_sass"], (name, r["missing_sass"])
-        # S = Q·Kᵀ: both operands from smem descriptors, D/16 k-steps, issued twice (first key
-        # tile, loop); P·V: A from registers, V transposed from smem, tile_n/16 k-steps, twice
-        # (loop, last tile).
+        # S = Q·Kᵀ: both operands from smem descriptors, D/16 k-steps, issued three times (first
+        # key tile, the masked loop over the diagonal tiles, the unmasked loop); P·V: A from
+        # registers, V transposed from smem, tile_n/16 k-steps, three times (two loops, last tile).
         ss = [h for h in r["hgmma"] if h.startswith(f"HGMMA.64x{bn}x16.F32.BF16 R") and ", gdesc[" in h
               and not h.split(", ")[1].startswith("R")]
         rs = [h for h in r["hgmma"] if h.startswith(f"HGMMA.64x{d}x16.F32.BF16 R")
               and h.split(", ")[1].startswith("R") and ".tnspB" in h]
-        assert len(ss) == 2 * d // 16 and len(rs) == 2 * bn // 16, (name, r["hgmma"])
+        # (Non-causal: no masked loop over diagonal tiles, so each GEMM is issued twice.)
+        issues = 3 if cfg["causal"] else 2
+        assert len(ss) == issues * d // 16 and len(rs) == issues * bn // 16, (name, r["hgmma"])
         assert len(r["hgmma"]) == len(ss) + len(rs), name
         bars = r["bars"]
         assert any(b.startswith("USETMAXREG.DEALLOC") for b in bars), name
         assert any(b.startswith("USETMAXREG.TRY_ALLOC") for b in bars), name
         assert "WARPGROUP.DEPBAR.LE gsb0, 0x1" in bars, name  # overlap: P·V in flight over softmax
-        assert any(b.startswith("BAR.SYNC") and b.endswith("0x100") for b in bars), name  # ping-pong
+        # In both loops the P·V wait ("0") follows the S wait ("1") after the tile's exponentials
+        # (with pin_wait; ptxas otherwise hoists it above them) and no exponential follows it
+        # before the next WGMMA: the softmax overlaps the warpgroup's own P·V.
+        loops = re.findall(r"1(E*)0(E*)G", r["order"])
+        assert len(loops) == issues - 1, (name, r["order"])
+        if cfg["pin_wait"]:
+            assert all(len(before) >= bn // 2 and not after for before, after in loops), (name, loops)
+        if cfg["pingpong"]:
+            assert any(b.startswith("BAR.SYNC") and b.endswith("0x100") for b in bars), name
         hist = r["hist"]
         assert hist.get("UTMALDG.4D", 0) > 0 and hist.get("UTMASTG.4D", 0) > 0, name
         assert hist.get("MUFU.EX2", 0) >= bn // 4, name  # one per score element and thread
@@ -107,22 +149,32 @@ def test_enumeration_and_names():
 
     sm90 = _family()
     test = sm90.enumerate_attention(get_target("sm_90a"), "test")
-    assert [v.name for v in test] == ["attention_sm90a_bf16_d128_m128_n128_s2_causal_ov_pp"]
+    assert [v.name for v in test] == ["attention_sm90a_bf16_d128_m128_n128_s2_causal_ov_pp_er_ps_kf",
+                                      "attention_sm90a_bf16_d128_m64_n128_s2_causal_ov"]
     default = sm90.enumerate_attention(get_target("sm_90a"), "default")
-    problems = {(dt, d, c) for dt in ("bf16", "f16") for d in (64, 128) for c in (False, True)}
+    problems = {(dt, d, c) for dt in ("bf16", "f16") for d in (64, 128, 256) for c in (False, True)}
     varlen = [v for v in default if v.varlen]
     default = [v for v in default if not v.varlen]
-    assert {(v.dtype, v.head_dim, v.causal) for v in varlen} == problems and len(varlen) == 8
+    assert {(v.dtype, v.head_dim, v.causal) for v in varlen} == problems and len(varlen) == 12
     assert all(v.describe()["preferred"] and v.tile_m > 64 for v in varlen)
     big = [v for v in default if v.tile_m > 64]
     small = [v for v in default if v.tile_m == 64]
     assert {v.tile_m for v in big if v.head_dim == 64 and not v.causal} == {192}
-    assert {v.tile_m for v in big if v.head_dim == 128 or v.causal} == {128}
-    assert len(default) == 16 and len(big) == len(small) == 8
+    assert {v.tile_m for v in big if v.head_dim >= 128 or v.causal} == {128}
+    # D256: FA3's 128 x 80 (O alone is 128 registers per consumer thread), 64 x 80 when under-filled
+    assert {tuple(v.describe()["tile"]) for v in default if v.head_dim == 256} == {(128, 80), (64, 80), (128, 64), (64, 64)}  # causal: 128x64 (128x80 spills)
+    assert len(default) == 24 and len(big) == len(small) == 12
     assert {(v.dtype, v.head_dim, v.causal) for v in big} == problems
     assert {(v.dtype, v.head_dim, v.causal) for v in small} == problems
     assert all(v.can_implement() is None and v.overlap for v in default)
     assert all(v.pingpong and v.describe()["preferred"] for v in big)
+    # persistent where the O buffer fits beside the tiles (not at head_dim 256)
+    assert all(v.persistent == (v.head_dim <= 128) for v in big)
+    assert not any(v.persistent for v in varlen + small)
+    assert all(v.describe()["tile_scheduler"]["max_ctas"] == sm90.PERSISTENT_CTAS for v in big if v.persistent)
+    full = sm90.enumerate_attention(get_target("sm_90a"), "full")
+    assert {v.name for v in full} > {v.name for v in default + varlen}
+    assert sum(v.describe()["preferred"] for v in full) == 24  # the ablations are not preferred
     assert not any(v.pingpong or v.describe()["preferred"] for v in small)
     assert small[0].describe()["registers_per_role"] == {"producer": 56, "consumer": 256}
     three = next(v for v in big if v.tile_m == 192).describe()
@@ -137,8 +189,9 @@ def test_signature_describe_and_limits():
     from factory.attention.sm80 import AttentionSm80
 
     V = sm90.AttentionSm90
-    v = V(target="sm_90a", dtype="f16", head_dim=64, causal=True, overlap=True, pingpong=True)
-    assert v.name == "attention_sm90a_f16_d64_m128_n128_s2_causal_ov_pp"
+    v = V(target="sm_90a", dtype="f16", head_dim=64, causal=True, overlap=True, pingpong=True,
+          persistent=True, k_first=True)
+    assert v.name == "attention_sm90a_f16_d64_m128_n128_s2_causal_ov_pp_ps_kf"
     # The sm80 family's dense calling convention, argument for argument: no new launch code.
     assert v.signature() == AttentionSm80(target="sm_90", dtype="f16", head_dim=64,
                                           causal=True).signature()
@@ -160,6 +213,35 @@ def test_signature_describe_and_limits():
     assert "smem" in V(target="sm_90a", dtype="bf16", stages=4).can_implement()  # 32K + 4x64K
     assert "registers" in V(target="sm_90a", dtype="bf16", tile_n=256).can_implement()
     assert V(target="sm_90a", dtype="bf16", stages=3).can_implement() is None  # 225 KB fits
+    # persistent: O gets its own slabs (32K more at D128)
+    assert "smem" in V(target="sm_90a", dtype="bf16", stages=3, persistent=True).can_implement()
+    assert "dense" in V(target="sm_90a", dtype="bf16", varlen=True, persistent=True).can_implement()
+    assert "overlap" in V(target="sm_90a", dtype="bf16", pin_wait=True).can_implement()
+    assert not V(target="sm_90a", dtype="bf16", varlen=True).describe()["tile_scheduler"]["persistent"]
+
+
+@needs_dsl
+def test_head_dim_256_budgets():
+    """D256 tiles: registers (O 128 + S tile_n/2 + P tile_n/4 per consumer thread, +32, within
+    setmaxnreg's 240 / 256) and smem (Q 64 KB + 2 stages of K and V) decide what exists."""
+    sm90 = _family()
+    V = sm90.AttentionSm90
+
+    def why(tm, tn, s=2):
+        return V(target="sm_90a", dtype="bf16", head_dim=256, tile_m=tm, tile_n=tn, stages=s,
+                 overlap=True, pingpong=tm > 64).can_implement()
+
+    assert why(128, 80) is None and why(128, 64) is None and why(64, 80) is None and why(64, 96) is None
+    assert V(target="sm_90a", head_dim=256, tile_n=80).smem_bytes() + 1024 == 231424 <= 227 * 1024
+    assert "registers" in why(128, 112) and "registers" in why(128, 128)
+    assert "smem" in why(128, 96) and "smem" in why(128, 64, 3) and "smem" in why(64, 128)
+    assert "registers" in why(192, 64)  # 3 consumers at 160 registers: no room for O
+    from factory.atoms.targets import get_target
+
+    full = sm90.enumerate_attention(get_target("sm_90a"), "full")
+    tiles = {(v.tile_m, v.tile_n, v.overlap, v.pingpong) for v in full if v.head_dim == 256 and not v.varlen}
+    assert tiles == {(128, 80, True, True), (128, 64, True, True), (128, 80, True, False), (128, 80, False, True),
+                     (64, 80, True, False), (64, 64, True, False)}
 
 
 # --- selection on a 9.0 device ----------------------------------------------------------------
@@ -253,8 +335,12 @@ def test_h100_selection_through_a_bundle(test_bundle, monkeypatch):
         o, lse = rt.attention(b, q, kv, kv, causal=True, return_lse=True)
         name, args = calls[-1]
         assert name in sm90a and len(args) == 6 and args[3] is o and args[4] is lse
-    # one query: below min_seqlen_q, but this bundle has nothing else for bf16 D128 causal
+    # one query: the decode family (sm_90 build; its rule: 2 kv heads, 8 key tiles -> 4 splits
+    # merged in a cluster, with PDL); without it, sm_90a (nothing else for bf16 D128 causal)
     rt.attention(b, torch.zeros(1, 1, 4, 128, dtype=bf), kv, kv, causal=True)
+    assert calls[-1][0] == "attention_sm90_bf16_d128_q16_n64_w4_s3_causal_kv4_cl_pdl"
+    monkeypatch.setattr(rt, "decode_pick", lambda *a, **k: None)
+    rt.attention(b, torch.zeros(1, 1, 4, 128, dtype=bf), kv[:, :499], kv[:, :499], causal=True)
     assert calls[-1][0] in sm90a
     # D64: the sm_90 build's variant
     rt.attention(b, torch.zeros(1, 300, 4, 64, dtype=bf), *(torch.zeros(1, 500, 2, 64, dtype=bf),) * 2)

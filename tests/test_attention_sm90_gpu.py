@@ -132,7 +132,7 @@ def test_every_sm90a_variant(bundle):
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 128, 256])
 def test_bundle_attention_uses_sm90a_for_prefill(bundle, d, causal):
     """``bundle.attention`` on a prefill shape picks an sm_90a variant where the bundle has one
     for the problem, and its result (first call and hot path) matches float32."""

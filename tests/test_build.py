@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from conftest import ROOT, TEST_TARGETS, needs_dsl
+from conftest import BLACKWELL_DC, ROOT, TEST_TARGETS, needs_dsl
 
 pytestmark = needs_dsl
 
@@ -46,7 +46,9 @@ def test_verify_passes_and_catches_tampering(test_bundle, tmp_path):
     lines = [ln for ln in ok.stdout.splitlines() if ln.startswith(("ok ", "BAD"))]
     assert len(lines) == sum(1 for ln in ok.stdout.splitlines() if ln.strip() and not ln.startswith("verify"))
     eb = [ln for ln in lines if "_eb " in ln]
-    assert eb and all(("LDG.E.NA.128 … ACQBULK" if "[sm_90]" in ln else "UTMALDG.3D … ACQBULK") in ln for ln in eb), eb
+    # (the decode kernel's early weight loads: sm_90 and sm_120a builds; sm90's TMA ones otherwise)
+    assert eb and all(("LDG.E.NA.128 … ACQBULK" if "[sm_90]" in ln or "[sm_120a]" in ln else "UTMALDG.3D … ACQBULK")
+                      in ln for ln in eb), eb
     bad = tmp_path / "bad"
     shutil.copytree(test_bundle, bad)
     cubin = next((bad / "cubin").glob("*.cubin"))
@@ -78,13 +80,20 @@ def test_sass_proves_each_family(test_bundle):
         if v["family"] == "sm90":
             assert s["HGMMA"] + s["QGMMA"] > 0 and s["UTMALDG"] > 0, v["name"]
         if v["family"] == "decode":  # mma.sync fed by plain loads: no shared-memory operands
-            assert s["HMMA"] > 0 and s["LDSM"] == s["LDGSTS"] == s["UTMALDG"] == 0, v["name"]
+            assert (s["QMMA"] if v["target"] == "sm_120a" else s["HMMA"]) > 0 and s["LDSM"] == s["LDGSTS"] == s["UTMALDG"] == 0, v["name"]
+        if v["family"] == "sm90_decode":  # decode attention: mma.sync, cp.async, ldmatrix; DSMEM merge
+            assert s["HMMA"] > 0 and s["LDGSTS"] > 0 and s["LDSM"] > 0 and s["HGMMA"] == 0, v["name"]
+            r = v["resources"]
+            assert r["spill_instructions"] == 0 and r["stack_frame_bytes"] == 0, v["name"]
         if v["family"] == "sm100":  # tcgen05 (UTC*MMA) fed by TMA; no warp- or warpgroup-MMA
-            assert s["UTCHMMA"] + s["UTCQMMA"] > 0 and s["UTMALDG"] > 0, v["name"]
+            assert s["UTCHMMA"] + s["UTCQMMA"] + s["UTCOMMA"] > 0 and s["UTMALDG"] > 0, v["name"]
+            # Block-scaled: the scale factors reach TMEM by tcgen05.cp (UTCCP); the dense GEMM: never.
+            if v["op"] in ("gemm", "gemm_blockscaled"):
+                assert (s["UTCCP"] > 0) == (v["op"] == "gemm_blockscaled"), v["name"]
             assert s["HMMA"] == s["HGMMA"] == s["QGMMA"] == 0, v["name"]
             # Never run: proven by SASS only; its resources recorded and within the SM's.
             r = v["resources"]
-            assert v["proof"] == "sass-only" and v["target"] == "sm_100a", v["name"]
+            assert v["proof"] == "sass-only" and v["target"] == BLACKWELL_DC, v["name"]
             assert r["dynamic_smem_bytes"] + r["static_smem_bytes"] <= 227 * 1024, v["name"]
             assert 32 <= v["tmem_columns"] <= 512 and r["registers"] * v["threads"] <= 65536, v["name"]
             assert r["spill_instructions"] == 0 and r["stack_frame_bytes"] == 0, v["name"]
@@ -107,9 +116,9 @@ def _swap_cubin(bundle, name: str, donor: str) -> None:
 
 @pytest.mark.parametrize("donor_family", ["sm90", "sm80"])
 def test_verify_refuses_a_blackwell_variant_whose_cubin_is_not_tcgen05(test_bundle, tmp_path, donor_family):
-    """A Hopper (WGMMA) or Ampere-family (mma.sync) cubin standing in for the sm_100a one must fail
-    ``factory verify``: on its target, and on every tcgen05 / TMEM / TMA requirement on its own
-    (the requirement list applied to the donor's disassembly relabelled as sm_100a)."""
+    """A Hopper (WGMMA) or Ampere-family (mma.sync) cubin standing in for the datacenter Blackwell
+    one must fail ``factory verify``: on its target, and on every tcgen05 / TMEM / TMA requirement
+    on its own (the requirement list applied to the donor's disassembly relabelled as sm_100)."""
     from factory.compiler.cubin import disassemble
     from factory.verify import sass_problems
 
@@ -122,13 +131,13 @@ def test_verify_refuses_a_blackwell_variant_whose_cubin_is_not_tcgen05(test_bund
     r = subprocess.run([sys.executable, "-m", "factory", "verify", str(bad)], cwd=ROOT,
                        capture_output=True, text=True)
     assert r.returncode == 1, r.stdout + r.stderr
-    assert f"{bw}: cubin is for {m['variants'][donor]['target']}, manifest says sm_100a" in r.stderr
+    assert f"{bw}: cubin is for {m['variants'][donor]['target']}, manifest says {BLACKWELL_DC}" in r.stderr
     assert f"{bw}: SASS lacks" in r.stderr and "UTCHMMA" in r.stderr
     assert any(ln.startswith("BAD " + bw) for ln in r.stdout.splitlines())
-    # The requirements alone: the donor's SASS relabelled as sm_100a passes the target check and
+    # The requirements alone: the donor's SASS relabelled as sm_100 passes the target check and
     # must still lack every tcgen05 instruction the Blackwell family is proven by.
     sass = disassemble(test_bundle / m["variants"][donor]["files"]["cubin"]["path"])
-    relabelled = re.sub(r"\.target\s+sm_\w+", ".target sm_100a", sass)
+    relabelled = re.sub(r"\.target\s+sm_\w+", ".target sm_100", sass)  # nvdisasm's spelling of sm_100f
     problems = sass_problems(m["variants"][bw], relabelled)
     assert len(problems) == 1 and problems[0].startswith("SASS lacks"), problems
     for key in ("UTCHMMA", "UTCATOMSWS", "LDTM", "UTCBAR", "2CTA"):

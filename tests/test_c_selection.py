@@ -27,9 +27,10 @@ from factory.runtime.errors import NoVariantError
 
 pytestmark = needs_dsl  # relinking needs the toolchain (the DSL's static runtime)
 
-# (capability, SMs): A100, A10/3090, L4 and 4090, H100 SXM and PCIe, and two with no target here.
+# (capability, SMs): A100, A10/3090, L4 and 4090, H100 SXM and PCIe, one with no target here, B200
+# and B300 (the family target's recorded capabilities, Target.ccs, in C as in Python).
 DEVICES = [((8, 0), 108), ((8, 6), 84), ((8, 9), 58), ((8, 9), 128), ((9, 0), 132), ((9, 0), 114),
-           ((7, 5), 40), ((10, 0), 148)]
+           ((7, 5), 40), ((10, 0), 148), ((10, 3), 148)]
 ATTN_DEVICES = DEVICES[:7]  # 7.5: no target, no variant
 GEMM_PROBLEMS = cs.gemm_problems(seed=15, n=420)
 ATTN_PROBLEMS = cs.attention_problems(seed=15, n_dense=340, n_varlen=120)
@@ -110,12 +111,14 @@ def test_attention_selection_matches_python(bundles, monkeypatch):
 
 
 def _decode_attention_problems() -> list[dict]:
-    """Decode and short prefill with GQA over batch x context: the split-KV and packed-GQA rules."""
+    """Decode and short prefill with GQA over batch x context: the split-KV, packed-GQA and
+    decode-family rules (Sq 1..16, where the family applies)."""
     out = []
-    for b in (1, 2, 4, 16, 64, 256):
-        for sk in (128, 512, 1024, 4096, 8192, 32768):
-            for hq, hkv in ((32, 8), (32, 32), (64, 8), (16, 1)):
-                for sq, causal in ((1, False), (1, True), (4, True), (128, True)):
+    for b in (1, 2, 4, 13, 16, 64, 256):
+        for sk in (1, 100, 128, 200, 512, 1024, 4096, 8192, 16384, 32768):
+            for hq, hkv in ((32, 8), (32, 32), (64, 8), (16, 1), (16, 2)):
+                for sq, causal in ((1, False), (1, True), (2, True), (4, True), (4, False), (16, True),
+                                   (17, True), (128, True)):
                     out.append(dict(varlen=False, dtype="bf16", D=128, causal=causal, B=b, Sq=sq, Sk=sk, Hq=hq,
                                     Hkv=hkv, layout="bshd", scale=None, q_off=0))
     return out
@@ -125,7 +128,7 @@ def test_decode_attention_matches_python(bundles, monkeypatch):
     problems = _decode_attention_problems()
     for label, path in bundles.items():
         lib = cs.CLib(path / "lib" / "libfactory_bundle.so")
-        for cc, sms in ((9, 0), 132), ((8, 9), 58), ((8, 0), 108):
+        for cc, sms in ((9, 0), 132), ((9, 0), 114), ((8, 9), 58), ((8, 0), 108):
             _, rows = cs.compare_attention(path, lib, problems, cc, sms, monkeypatch)
             bad = _mismatches(rows)
             assert not bad, f"{label}, {cc}: {len(bad)} of {len(rows)} differ\n{_report(bad)}"
@@ -315,3 +318,58 @@ def test_fp8_needs_scales_only_to_launch(test_bundle):
     sel = cs.Selection()
     rc = lib.lib.fx_gemm(ctypes.byref(dev), ctypes.byref(prob), None, ctypes.c_uint64(0), None, ctypes.byref(sel))
     assert rc == cs.FX_ERR_INPUT and "scale" in lib.message()
+
+
+# --- attention buckets in tuning.json ------------------------------------------------------------------
+def _write_attention_tuning(path: Path, problems: list[dict]) -> int:
+    """A tuning.json for TUNED with ``attention`` buckets for the dense problems: per bucket (by the
+    key's hash) a variant of the problem's dtype / head_dim / causal other than the rule's pick, a
+    split-KV variant (never taken), a varlen or other-dtype variant (not among the fitting ones), or
+    a name the bundle lacks.  Returns the number of buckets."""
+    bundle = cs.open_simulated(path, (9, 0), TUNED["sm_count"], None)
+    entries = bundle.candidates("attention")
+    names = [e["name"] for e in entries]
+    buckets = {}
+    for p in problems:
+        if p["varlen"] or 0 in (p["B"], p["Sq"], p["Sk"], p["Hq"]):
+            continue
+        key = tuning.attention_bucket_key(p["dtype"], p["D"], p["causal"], p["Sq"], p["Sk"], p["B"] * p["Hq"])
+        if key in buckets:
+            continue
+        h = zlib.crc32(key.encode())
+        same = [e["name"] for e in entries if e["dtype"] == p["dtype"] and e["head_dim"] == p["D"]
+                and bool(e["causal"]) == p["causal"] and not e["varlen"]]
+        split = [e["name"] for e in entries if e.get("splits", 1) > 1]
+        pool = [same[h % len(same)]] * 4 if same else []
+        pool += [split[h % len(split)]] if split else []
+        pool += [names[h % len(names)], "attention_not_in_this_bundle"]
+        buckets[key] = {"shape": [p["B"], p["Hq"], p["Hkv"], p["Sq"], p["Sk"], p["D"]],
+                        "winner": pool[h % len(pool)], "timings_us": {}}
+    tuning.write(path, {"schema": tuning.SCHEMA, "created": "test", "device": {**TUNED, "capability": [9, 0]},
+                        "manifest_sha256": tuning.manifest_sha256(path), "method": {"test": True},
+                        "buckets": {}, "attention": buckets})
+    return len(buckets)
+
+
+def test_tuned_attention_selection_matches_python(bundles, tmp_path, monkeypatch):
+    """Attention buckets compiled into the host library: C takes the same winners as the Python
+    loader (on the tuned device only), and the table changes answers."""
+    problems = ATTN_PROBLEMS + _decode_attention_problems()[::7] + [
+        dict(varlen=False, dtype="bf16", D=d, causal=c, B=b, Sq=s, Sk=s, Hq=h, Hkv=h, layout="bshd", scale=None,
+             q_off=0) for d in (128, 256) for c in (False, True) for b, h, s in ((1, 8, 512), (2, 16, 4096), (32, 32, 512))]
+    for label, src in bundles.items():
+        path = tmp_path / label
+        shutil.copytree(src, path)
+        assert _write_attention_tuning(path, problems) > 50
+        s = relink(path)
+        assert s["tuning"].startswith(TUNED["name"]), s
+        lib = cs.CLib(path / "lib" / "libfactory_bundle.so")
+        b, tuned = cs.compare_attention(path, lib, problems, (9, 0), TUNED["sm_count"], monkeypatch, TUNED["name"])
+        assert b.tuning is not None
+        bad = _mismatches(tuned)
+        assert not bad, f"{label}, tuned: {len(bad)} of {len(tuned)} differ\n{_report(bad)}"
+        _, other = cs.compare_attention(path, lib, problems, (9, 0), TUNED["sm_count"], monkeypatch, "Another GPU")
+        bad = _mismatches(other)
+        assert not bad, f"{label}, another GPU: {len(bad)} of {len(other)} differ\n{_report(bad)}"
+        differ = sum(1 for t, o in zip(tuned, other) if t[1] != o[1])
+        assert differ >= 10, f"{label}: the attention table changed only {differ} answers"

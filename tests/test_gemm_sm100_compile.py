@@ -79,14 +79,14 @@ def report(tmp_path_factory):
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-4000:]
     line = next(ln for ln in p.stdout.splitlines() if ln.startswith("REPORT"))
-    return json.loads(line[len("REPORT"):])
+    return {**json.loads(line[len("REPORT"):]), "out": str(out)}
 
 
 def test_tiers(report):
     tiers = report["tiers"]
     assert len(tiers["test"]) == 1  # the CPU suite compiles one Blackwell kernel (CI has 2 cores)
     # The default bundle keeps its Blackwell share small: build time and size.
-    assert 4 <= len(tiers["default"]) <= 12
+    assert 4 <= len(tiers["default"]) <= 16  # 13: 11 + the two 64x64 decode tiles (cost_sm100)
     assert set(tiers["default"]) <= set(tiers["full"])
     for names in tiers.values():
         assert len(names) == len(set(names))
@@ -163,3 +163,35 @@ def test_names_follow_fields(report):
     for name in report["variants"]:
         assert re.match(r"gemm_sm100a_(bf16|f16|e4m3)_o(bf16|f16|f32)_a[km]_b[kn]_(2cta_)?t\d+x\d+x\d+_c\dx\d",
                         name), name
+
+
+def test_the_family_target_cubin_holds_the_arch_specific_code(report, test_bundle):
+    """The evidence for building datacenter Blackwell as sm_100f (notes/blackwell.md): ptxas
+    accepts every tcgen05 / TMEM / 2-CTA form of the test-tier pair variant for the family target,
+    and the cubin's code is byte for byte the sm_100a build's (every .text section equal, the ELF
+    header flags equal); what differs is the ptxas -arch it records and its .nv.compat attributes,
+    which is where the driver learns that it may also load it on 10.3."""
+    import struct
+    from pathlib import Path
+
+    from conftest import BLACKWELL_DC
+    from factory.compiler.cubin import _sections, ptxas_arch
+
+    m = json.loads((test_bundle / "manifest.json").read_text())
+    fam = next(v for v in m["variants"].values() if v["target"] == BLACKWELL_DC and v["family"] == "sm100"
+               and v["op"] == "gemm")
+    assert fam["target"] == "sm_100f"
+    a_name = fam["name"].replace("sm100f", "sm100a")
+    assert a_name in report["variants"]
+    f_bin = (test_bundle / fam["files"]["cubin"]["path"]).read_bytes()
+    a_bin = (Path(report["out"]) / f"{a_name}.cubin").read_bytes()
+    assert (ptxas_arch(f_bin), ptxas_arch(a_bin)) == ("sm_100f", "sm_100a")
+    assert struct.unpack_from("<I", f_bin, 0x30) == struct.unpack_from("<I", a_bin, 0x30)
+    fs, as_ = _sections(f_bin), _sections(a_bin)
+    texts = [k for k in as_ if k.startswith(".text.")]
+    assert texts and set(texts) == {k for k in fs if k.startswith(".text.")}
+    for k in texts:
+        (_, fo, fn, _), (_, ao, an, _) = fs[k], as_[k]
+        assert f_bin[fo:fo + fn] == a_bin[ao:ao + an], k
+    compat = [a_bin[as_[".nv.compat"][1]:][:as_[".nv.compat"][2]], f_bin[fs[".nv.compat"][1]:][:fs[".nv.compat"][2]]]
+    assert compat[0] != compat[1]

@@ -156,3 +156,130 @@ def smem_store(c_layout, c_dtype, t2r):
     """Registers -> smem in the order the tcgen05.ld left them (stmatrix where it applies)."""
     atom = bw.get_smem_store_op(c_layout, c_dtype, cutlass.Float32, t2r)
     return cute.make_tiled_copy_D(atom, t2r)
+
+
+# --- block-scaled MMA (MXFP8, NVFP4): scale factors through smem into TMEM ------------------------
+# The scale factors of A (and B) reach the MMA as the PTX ISA's "128x4" atoms (see
+# runtime/blockscaled.py for the byte layout, which is the global layout too): TMA copies whole
+# 512-byte atoms (128 rows x 4 scale factors along K) into smem next to the data, the MMA warp
+# moves them into TMEM with tcgen05.cp (.32x128b.warpx4: each 32-row slice of an atom is
+# broadcast to the 4 lane quadrants), and tcgen05.mma ...block_scale reads them from there.
+SF_ATOM_ROWS = 128  # rows of one scale-factor atom (M of A, N of B)
+SF_ATOM_K = 4  # scale factors along K in one atom
+SF_ATOM_BYTES = SF_ATOM_ROWS * SF_ATOM_K
+
+
+def sf_tmem_columns(rows: int, k_blocks: int) -> int:
+    """TMEM columns one k-tile's scale factors take for ``rows`` rows (A: the CTA's M; B: N
+    rounded up to 128) and ``k_blocks`` MMA instructions per k-tile: one 32-bit column per
+    32-lane slice of rows per instruction."""
+    return rows // 32 * k_blocks
+
+
+def blockscaled_tiled_mma(ab_dtype, sf_dtype, sf_vec: int, pair: bool, mma_mn: tuple[int, int]):
+    """One block-scaled tcgen05.mma atom over the (M, N) MMA tile, K-major A and B: kind::mxf8f6f4
+    for fp8 data with e8m0 scales per 32 (K = 32 per instruction), kind::mxf4nvf4 for packed
+    e2m1 data with scales per 16 (K = 64 per instruction); fp32 accumulator in TMEM."""
+    from cutlass.cute.nvgpu import OperandMajorMode
+
+    return bw.make_blockscaled_trivial_tiled_mma(ab_dtype, ab_dtype, OperandMajorMode.K, OperandMajorMode.K,
+                                                 sf_dtype, sf_vec, cta_group(pair), mma_mn)
+
+
+def sf_smem_layouts(mma, mma_tiler, sf_vec: int, stages: int):
+    """Staged smem layouts of one k-tile's scale factors of A (this CTA's rows) and of B (all N,
+    rounded up to 128), as the tcgen05.cp atoms read them."""
+    from cutlass.utils import blockscaled_layout as bsl
+
+    return (bsl.make_smem_layout_sfa(mma, mma_tiler, sf_vec, stages),
+            bsl.make_smem_layout_sfb(mma, mma_tiler, sf_vec, stages))
+
+
+def sf_global_tensor(sf, data_shape, sf_vec: int):
+    """The scale-factor tensor of an (rows, K, L) operand, over the flat buffer ``sf``: the 128x4
+    atoms tiled K-block-fastest, then rows, then L (``blockscaled_layout.tile_atom_to_shape_SF``)."""
+    from cutlass.utils import blockscaled_layout as bsl
+
+    return cute.make_tensor(sf.iterator, bsl.tile_atom_to_shape_SF(data_shape, sf_vec))
+
+
+def tma_load_sfa(sfa, sSFA_staged, mma_tiler, mma, vmnk, cluster_mn):
+    """TMA of A's scale factors: as A (multicast along N, ``.2CTA`` in a pair), moved as 16-bit
+    words (the atoms' 16-byte rows hold one row's 4 scale factors of 4 row slices)."""
+    op = bw.cluster_shape_to_tma_atom_A(cluster_mn, mma.thr_id)
+    return cute.nvgpu.make_tiled_tma_atom_A(op, sfa, cute.slice_(sSFA_staged, (None, None, None, 0)),
+                                            mma_tiler, mma, vmnk.shape, internal_type=cutlass.Int16)
+
+
+def tma_load_sfb(sfb, sSFB_staged, sfb_tiler, mma_sfb, sfb_vmnk, cluster_mn, mma):
+    """TMA of B's scale factors.  Every CTA's MMA needs all N of them (a pair's B data is split,
+    its scale factors are not), so they are partitioned for a 1-CTA MMA over N rounded up to 128
+    and multicast along the cluster's M (both CTAs of a pair included)."""
+    op = bw.cluster_shape_to_tma_atom_SFB(cluster_mn, mma.thr_id)
+    return cute.nvgpu.make_tiled_tma_atom_B(op, sfb, cute.slice_(sSFB_staged, (None, None, None, 0)),
+                                            sfb_tiler, mma_sfb, sfb_vmnk.shape, internal_type=cutlass.Int16)
+
+
+def sf_tmem_tensors(mma, mma_tiler, sf_vec: int, sSFA_staged, sSFB_staged, sfa_ptr, sfb_ptr):
+    """TMEM views of one k-tile's scale factors of A and B at ``sfa_ptr`` / ``sfb_ptr`` (TMEM
+    addresses recast to the scale-factor dtype), in the layout the block-scaled MMA reads."""
+    from cutlass.utils import blockscaled_layout as bsl
+
+    la = bsl.make_tmem_layout_sfa(mma, mma_tiler, sf_vec, cute.slice_(sSFA_staged, (None, None, None, 0)))
+    lb = bsl.make_tmem_layout_sfb(mma, mma_tiler, sf_vec, cute.slice_(sSFB_staged, (None, None, None, 0)))
+    return cute.make_tensor(sfa_ptr, la), cute.make_tensor(sfb_ptr, lb)
+
+
+def sf_s2t_copy(sf_dtype, pair: bool, sSF, tSF):
+    """tcgen05.cp (smem -> TMEM) of scale factors, ``.32x128b.warpx4``, issued by one thread of
+    the MMA warp.  Returns (tiled copy, staged smem source as descriptors, TMEM destination)."""
+    s = cute.filter_zeros(sSF)
+    t = cute.filter_zeros(tSF)
+    copy = tcgen05.make_s2t_copy(cute.make_copy_atom(tcgen05.Cp4x32x128bOp(cta_group(pair)), sf_dtype), t)
+    thr = copy.get_slice(0)
+    return copy, tcgen05.get_s2t_smem_desc_tensor(copy, thr.partition_S(s)), thr.partition_D(t)
+
+
+# --- attention (attention/sm100_fa4.py): P in TMEM as the A operand, fences around TMEM handoffs ---
+def tiled_mma_tmem_a(ab_dtype, b_major, mma_mn: tuple[int, int]):
+    """tcgen05.mma with its A operand read from Tensor Memory (the ``.kind::f16`` form whose A is
+    ``[a_tmem]`` instead of a shared-memory descriptor), B from shared memory; one CTA, fp32
+    accumulator in TMEM.  A is K-major: TMEM lane = row of A, 16-bit elements two per column."""
+    return bw.make_trivial_tiled_mma(ab_dtype, ab_dtype, tcgen05.OperandMajorMode.K, b_major,
+                                     cutlass.Float32, tcgen05.CtaGroup.ONE, mma_mn,
+                                     tcgen05.OperandSource.TMEM)
+
+
+def tmem_a_operand(mma, mma_tiler, ab_dtype, tmem_f32_ptr, column: int):
+    """The MMA's A-operand fragment for a (M, K) tile of 16-bit values that starts at 32-bit TMEM
+    column ``column`` past ``tmem_f32_ptr`` (it takes K/2 columns): the shared-memory A layout's
+    shape, laid over TMEM."""
+    a_layout = bw.make_smem_layout_a(mma, mma_tiler, ab_dtype, 1)
+    frag = mma.make_fragment_A(cute.make_tensor(tmem_f32_ptr, a_layout.outer))[None, None, None, 0]
+    return cute.make_tensor(cute.recast_ptr(tmem_f32_ptr + column, dtype=frag.element_type),
+                            frag.layout)
+
+
+def tmem_copy_32x32b(tmem_tile, columns: int, store: bool):
+    """tcgen05.ld (or .st) of the 32x32b shape, ``columns`` 32-bit columns per instruction: each
+    thread of a warp moves one TMEM lane (= one row of a 128-row tile, warp w of its warpgroup
+    lanes 32w..32w+31), its values in column order."""
+    rep = {1: tcgen05.Repetition.x1, 2: tcgen05.Repetition.x2, 4: tcgen05.Repetition.x4,
+           8: tcgen05.Repetition.x8, 16: tcgen05.Repetition.x16, 32: tcgen05.Repetition.x32,
+           64: tcgen05.Repetition.x64, 128: tcgen05.Repetition.x128}[columns]
+    op = tcgen05.St32x32bOp(rep) if store else tcgen05.Ld32x32bOp(rep)
+    return tcgen05.make_tmem_copy(cute.make_copy_atom(op, cutlass.Float32), tmem_tile)
+
+
+def tmem_fence_before_sync():
+    """tcgen05.fence::before_thread_sync: this thread's completed tcgen05 operations (waited with
+    tcgen05.wait::ld/st) are ordered before the barrier arrive that follows."""
+    from cutlass.experimental.primitives.nvvm_wrapper import tcgen05_fence
+    tcgen05_fence("before_thread_sync")
+
+
+def tmem_fence_after_sync():
+    """tcgen05.fence::after_thread_sync: tcgen05 operations after a barrier wait are ordered after
+    what the arrivals published."""
+    from cutlass.experimental.primitives.nvvm_wrapper import tcgen05_fence
+    tcgen05_fence("after_thread_sync")

@@ -25,6 +25,11 @@ Warp roles (``1 + W`` warpgroups of 128 threads):
   LSE (natural log) from registers.
   A row with no visible key writes O = 0 and LSE = -inf.
 
+Persistent variants (the default for dense problems): a grid of min(tiles, 132) CTAs (fewer on a
+device with fewer SMs), each walking its share of the tiles (causal: longest rows first, dealt
+in zigzag rounds); the producer loads the next tile's Q once the consumers' last S GEMM of the
+current one has read theirs, O leaves through its own smem slabs.
+
 Tails need no code on the load side: TMA zero-fills rows past seqlen (Q and K/V), and masked
 scores are -inf, so the zero rows of V meet P = 0.  Causal masking is bottom-right aligned (query
 i sees keys j <= i + seqlen_k - seqlen_q); key tiles no row of the tile sees are never loaded,
@@ -69,7 +74,7 @@ LOG2_E = math.log2(math.e)
 LN_2 = math.log(2.0)
 
 DTYPES = ("bf16", "f16")
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = (64, 128, 256)
 # Rows of one consumer warpgroup: one WGMMA M.
 WG_ROWS = 64
 # Dense problems with fewer queries than this run the sm80 family's kernels on a 9.0 device
@@ -80,6 +85,14 @@ WG_ROWS = 64
 # lacks, are chosen before this rule applies.)
 MIN_SEQLEN_Q = 2
 _SMEM_ALIGN = 1024
+# Grid of a persistent variant: at most the H100 SXM's (and H200's) SM count, fixed at build time
+# (the arguments carry no device facts); on a device with fewer SMs (%nsmid) the CTAs past its
+# count leave at once and the others share their tiles, so no CTA waits for a second wave.
+PERSISTENT_CTAS = 132
+# exp_poly: scores per row and thread (of tile_n / 4) whose exp2 comes from the FMA pipe (MUFU: 8
+# clocks per warp instruction vs ~9 issue slots per polynomial).  Measured slower (run 10): the
+# softmax is bound by issue slots, not by the MUFU.
+EXP_POLY_COLS = 4
 # Static smem the DSL adds to every kernel (1 KiB) and room for the mbarriers.
 _STATIC_SMEM = 1024
 _BARRIER_BYTES = 1024
@@ -117,6 +130,17 @@ class AttentionSm90(Variant):
     # With overlap: O is rescaled while S of the next tile is on the tensor cores, before P·V is
     # issued, instead of after P·V has retired (FA3's RescaleOBeforeGemm).
     early_rescale: bool = field(default=False, metadata={"tag": "er"})
+    # With overlap: a schedule fence after the exponentials (atoms.schedule_fence) keeps ptxas
+    # from hoisting the P·V wait above the softmax, so the softmax overlaps this warpgroup's P·V.
+    pin_wait: bool = field(default=False, metadata={"tag": "pw"})
+    # Persistent CTAs: a grid of min(tiles, PERSISTENT_CTAS), each walking tiles (causal: longest
+    # rows first); the next tile's Q loads while this one's O is stored (O gets its own smem).
+    persistent: bool = field(default=False, metadata={"tag": "ps"})
+    # In the unmasked mainloop, EXP_POLY_COLS of each thread's scores per row take exp2 from a
+    # polynomial on the FMA pipe (atoms.exp2_poly) instead of the MUFU, which paces the softmax.
+    exp_poly: bool = field(default=False, metadata={"tag": "xp"})
+    # The producer issues a tile's first K before its Q and each K one tile ahead of its V.
+    k_first: bool = field(default=False, metadata={"tag": "kf"})
 
     @property
     def consumers(self) -> int:
@@ -147,7 +171,7 @@ class AttentionSm90(Variant):
         e = DTYPE_BYTES[self.dtype]
         q = _round_up(self.tile_m * self.head_dim * e, _SMEM_ALIGN)
         kv = 2 * self.stages * _round_up(self.tile_n * self.head_dim * e, _SMEM_ALIGN)
-        return _BARRIER_BYTES + q + kv
+        return _BARRIER_BYTES + q * (2 if self.persistent else 1) + kv
 
     def can_implement(self) -> str | None:
         t = self.tgt
@@ -167,6 +191,12 @@ class AttentionSm90(Variant):
             return "pingpong needs two or more consumer warpgroups"
         if self.early_rescale and not self.overlap:
             return "early_rescale needs overlap"
+        if self.pin_wait and not self.overlap:
+            return "pin_wait needs overlap"
+        if self.exp_poly and not self.overlap:
+            return "exp_poly needs overlap"
+        if self.persistent and self.varlen:
+            return "persistent scheduling is for dense problems"
         # fp32 registers per consumer thread: S (tile_n/2), O (head_dim/2), P (tile_n/4); with
         # overlap S of the next tile lives beside P of this one.
         live = self.tile_n // 2 + self.head_dim // 2 + self.tile_n // 4
@@ -190,23 +220,33 @@ class AttentionSm90(Variant):
             "overlap": self.overlap,
             "pingpong": self.pingpong,
             "early_rescale": self.early_rescale,
+            "pin_wait": self.pin_wait,
+            "exp_poly": EXP_POLY_COLS if self.exp_poly else 0,
+            "k_first": self.k_first,
             "smem_bytes": self.smem_bytes(),
             "min_seqlen_q": MIN_SEQLEN_Q,
+            "tile_scheduler": ({"persistent": True, "max_ctas": PERSISTENT_CTAS,
+                                "order": "longest rows first, zigzag" if self.causal
+                                else "query tiles fastest"} if self.persistent
+                               else {"persistent": False}),
             # Resident CTAs per SM: the setmaxnreg budgets hand the CTA the whole register file
             # (and the 128-row tiles' smem leaves no room for a second CTA): selection counts waves.
             "ctas_per_sm": 1,
             "threads": self.threads,
             "registers_per_role": {"producer": atoms.PRODUCER_REGS[self.consumers],
                                    "consumer": atoms.CONSUMER_REGS[self.consumers]},
-            "preferred": (self.tile_m, self.tile_n, self.stages, self.overlap, self.pingpong,
-                          self.early_rescale) == (*default_config(self.head_dim, self.causal), False),
+            "preferred": (self.tile_m, self.tile_n, self.stages, self.overlap, self.pingpong)
+                         == default_config(self.head_dim, self.causal)
+                         and all(getattr(self, k) == v for k, v in
+                                 default_schedule(self.head_dim, self.causal, self.varlen).items()),
         }
 
     def make_kernel(self):
         k = FlashFwdSm90(
             dtype=_cutlass_dtype(self.dtype), head_dim=self.head_dim, tile_m=self.tile_m,
             tile_n=self.tile_n, stages=self.stages, causal=self.causal, overlap=self.overlap,
-            pingpong=self.pingpong, early_rescale=self.early_rescale,
+            pingpong=self.pingpong, early_rescale=self.early_rescale, pin_wait=self.pin_wait,
+            persistent=self.persistent, exp_poly=self.exp_poly, k_first=self.k_first,
         )
         return k.packed if self.varlen else k.dense
 
@@ -225,10 +265,57 @@ def _round_up(x: int, a: int) -> int:
 # B2 H16 S4096 D128 causal 444 / 478 / 497.  D64 non-causal: three consumer warpgroups (192-row
 # tiles, a third fewer K/V bytes per FLOP) 369 vs 347 TFLOP/s at B4 H16 S1024 (run 2), 371 vs 349
 # (run 3, interleaved); causal 199 vs 223 and 200 vs 221: 128 rows there.
+#
+# D256: 128 x 80 (FA3's tile): per consumer thread O is 64x256 fp32 / 128 threads = 128 registers,
+# S 40, P 20 (+ addresses, row statistics) inside the 240 of setmaxnreg; smem Q 64 KB + 2 stages
+# of K and V at 40 KB each = 224 KB (+ 2 KB barriers and the DSL's static KB) of 227.  A wider
+# key tile needs a third less K/V per stage (no second stage) or more registers than 240.
 def default_config(head_dim: int, causal: bool) -> tuple[int, int, int, bool, bool]:
+    if head_dim == 256:
+        # Causal 128x80 with overlap spills 4 LDL/STL since the masked/unmasked loop split
+        # (168 registers at launch, the O accumulator alone is 128): 128x64 does not.
+        return (128, 64 if causal else 80, 2, True, True)
     if head_dim == 64 and not causal:
         return (192, 128, 2, True, True)
     return (128, 128, 2, True, True)
+
+
+# Alternatives per head_dim the tuner (scripts/tune.py attention) times beside the default
+# config: (tile_m, tile_n, stages, overlap, pingpong).  Dense problems only; can_implement drops
+# what does not fit (registers, smem).
+TUNE_CONFIGS = {
+    64: [(128, 128, 2, True, True), (192, 128, 2, True, True), (128, 192, 2, True, True)],
+    128: [(128, 128, 2, True, True), (128, 160, 2, True, True), (128, 128, 2, True, False)],
+    256: [(128, 80, 2, True, True), (128, 64, 2, True, True), (128, 80, 2, True, False),
+          (128, 80, 2, False, True)],
+}
+
+
+# The default mainloop/scheduler options per problem (fields of AttentionSm90): H100, bf16,
+# interleaved graph replay (notes/attention-sm90.md, runs 7-11): persistent vs one tile per CTA
+# B4 H16 S1024 D64 42.1 vs 47.1 µs, causal 34.1 vs 39.6; B2 H16 S4096 D128 407.5 vs 436.9,
+# causal 250.0 vs 257.8; B4 H32/8 S2048 causal 242.0 vs 279.0 (run 7); early_rescale on top
+# S4096 395.0 vs 405.7, S16384 3229 vs 3323, causal 1570 vs 1663, D64 causal 33.9 vs 32.5 (not
+# there) (run 9); k_first 0-2 % better everywhere (run 11).  Lost, kept as ablations: pin_wait
+# (S16384 626 vs 654 TFLOP/s, causal 574 vs 635, run 7), exp_poly (S16384 3400 vs 3086 µs, run 10).
+def default_schedule(head_dim: int, causal: bool, varlen: bool = False,
+                     small: bool = False) -> dict[str, bool]:
+    """``small``: the 64-row tiles of under-filled grids (and varlen: the options were measured on
+    dense problems with the default tiles only; these keep the previous mainloop)."""
+    # head_dim 256: the persistent CTA's own O buffer does not fit beside the 128x80 tiles' smem
+    # (296 KB), and the D256 tiles were measured (run 7) with the previous mainloop: keep it.
+    big = not varlen and not small and head_dim <= 128
+    return {"pin_wait": False, "persistent": big,
+            "early_rescale": big and not (head_dim == 64 and causal), "k_first": big,
+            "exp_poly": False}
+
+
+# Ablations of the default configs (tier "full"): each mainloop/scheduler option on and off, so
+# that one bench process times them side by side (scripts/bench_attention.py --candidates).
+_ABLATIONS = tuple(
+    {"pin_wait": pw, "persistent": ps, "early_rescale": er, "k_first": False}
+    for pw in (False, True) for ps in (False, True) for er in (False, True)
+)
 
 
 @register("attention")
@@ -237,23 +324,40 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm90]:
         return []
 
     def make(dtype, d, causal, tile_m=None, tile_n=None, stages=None, overlap=None,
-             pingpong=None):
+             pingpong=None, **schedule):
         tm, tn, s, ov, pp = default_config(d, causal)
         return AttentionSm90(
             target=target.name, dtype=dtype, head_dim=d, causal=causal, tile_m=tile_m or tm,
             tile_n=tile_n or tn, stages=stages or s,
-            overlap=ov if overlap is None else overlap, pingpong=pp if pingpong is None else pingpong)
+            overlap=ov if overlap is None else overlap, pingpong=pp if pingpong is None else pingpong,
+            **{**default_schedule(d, causal), **schedule})
 
     if tier == "test":
-        return [make("bf16", 128, True)]
+        # The preferred tile and its 64-row twin: the loader's under-filled-grid rule and a tuning
+        # table (runtime/attention.py select) have a choice in the test bundle.
+        return [make("bf16", 128, True),
+                make("bf16", 128, True, tile_m=64, pingpong=False, **default_schedule(128, True, small=True))]
     problems = [(dt, d, c) for dt in DTYPES for d in HEAD_DIMS for c in (False, True)]
     out = [make(*p) for p in problems]
     # Packed variable-length batches (cu_seqlens): the dense problems' tiles.
-    out += [dataclasses.replace(make(*p), varlen=True) for p in problems]
+    out += [dataclasses.replace(make(*p, **default_schedule(*p[1:], varlen=True)), varlen=True)
+            for p in problems]
     # One consumer warpgroup (64-row tiles) for grids the default tile leaves under-filled (the
     # loader's rule, as for the sm80 family): B1 H8 S512 D64 non-causal ran 8.1 µs on 32 CTAs of
     # 128 rows vs 7.3 for the sm_90 build's 64 CTAs of 64 rows, 6.0 on 64-row sm_90a CTAs.
-    out += [make(*p, tile_m=64, pingpong=False) for p in problems]
+    # (A grid of at most 132 64-row tiles: persistent CTAs would change nothing.)
+    out += [make(*p, tile_m=64, pingpong=False, **default_schedule(*p[1:], small=True))
+            for p in problems]
+    if tier == "full":
+        # The tuner's alternatives (dense): scripts/tune.py attention picks among them per shape bucket.
+        out += [make(dt, d, c, tile_m=tm, tile_n=tn, stages=s, overlap=ov, pingpong=pp)
+                for dt, d, c in problems for tm, tn, s, ov, pp in TUNE_CONFIGS[d]]
+        out += [dataclasses.replace(make(*p), **a) for p in problems for a in _ABLATIONS]
+        # D64: the other query tile (128 <-> 192 rows) and 3 stages under the default schedule
+        out += [make(dt, 64, c, tile_m=320 - make(dt, 64, c).tile_m) for dt, d, c in problems if d == 64]
+        out += [make(dt, 64, c, stages=3) for dt, d, c in problems if d == 64]
+        # the default with part of the exponentials on the FMA pipe
+        out += [dataclasses.replace(make(*p), exp_poly=True) for p in problems]
     out = list({v.name: v for v in out}.values())
     return [v for v in out if v.can_implement() is None]
 
@@ -266,7 +370,9 @@ class FlashFwdSm90:
     ``kernel``; device side: ``kernel``, ``produce``, ``consume`` and their helpers."""
 
     def __init__(self, *, dtype, head_dim: int, tile_m: int, tile_n: int, stages: int,
-                 causal: bool, overlap: bool, pingpong: bool, early_rescale: bool = False):
+                 causal: bool, overlap: bool, pingpong: bool, early_rescale: bool = False,
+                 pin_wait: bool = False, persistent: bool = False, exp_poly: bool = False,
+                 k_first: bool = False):
         self.dtype = dtype
         self.head_dim = head_dim
         self.tile_m = tile_m
@@ -276,6 +382,10 @@ class FlashFwdSm90:
         self.overlap = overlap
         self.pingpong = pingpong
         self.early_rescale = early_rescale
+        self.pin_wait = pin_wait
+        self.persistent = persistent
+        self.exp_poly = exp_poly
+        self.k_first = k_first
         self.consumers = tile_m // WG_ROWS
         self.threads = 128 * (1 + self.consumers)
         self.producer_regs = atoms.PRODUCER_REGS[self.consumers]
@@ -292,6 +402,8 @@ class FlashFwdSm90:
         mVt = cute.make_tensor(v.iterator, cute.select(v.layout, mode=[3, 1, 2, 0]))
         mO = cute.make_tensor(o.iterator, cute.select(o.layout, mode=[1, 3, 2, 0]))
         grid = (cute.ceil_div(q.shape[1], self.tile_m), q.shape[2], q.shape[0])
+        if cutlass.const_expr(self.persistent):
+            grid = (cutlass.min(grid[0] * grid[1] * grid[2], PERSISTENT_CTAS), 1, 1)
         self._launch(mQ, mK, mVt, mO, lse, None, None, softmax_scale, grid, stream)
 
     @cute.jit
@@ -344,12 +456,15 @@ class FlashFwdSm90:
 
         @cute.struct
         class SharedStorage:
-            q_bars: cute.struct.MemRange[cutlass.Int64, self.consumers]
+            q_bars: cute.struct.MemRange[cutlass.Int64, 2 * self.consumers]  # full, empty
             k_bars: cute.struct.MemRange[cutlass.Int64, 2 * self.stages]
             v_bars: cute.struct.MemRange[cutlass.Int64, 2 * self.stages]
             sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], _SMEM_ALIGN]
             sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], _SMEM_ALIGN]
             sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sV_layout)], _SMEM_ALIGN]
+            # persistent: O's own slabs (the next tile's Q lands while O leaves); else O reuses Q's
+            sO: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout) if self.persistent else 0],
+                                  _SMEM_ALIGN]
 
         self.shared_storage = SharedStorage
         self.kernel(
@@ -378,6 +493,9 @@ class FlashFwdSm90:
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
+        sO = sQ
+        if cutlass.const_expr(self.persistent):
+            sO = storage.sO.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
         q_bars = storage.q_bars.data_ptr()
 
         # One arrive per consumer warp releases a K or V slot.
@@ -394,14 +512,123 @@ class FlashFwdSm90:
         if warp_idx == 0:
             with cute.arch.elect_one():
                 for w in cutlass.range_constexpr(self.consumers):
-                    cute.arch.mbarrier_init(q_bars + w, 1)
+                    cute.arch.mbarrier_init(q_bars + w, 1)  # Q slab w landed (TMA bytes)
+                    # Q slab w read by its warpgroup's last S GEMM (one arrive per warp)
+                    cute.arch.mbarrier_init(q_bars + self.consumers + w, 4)
         pipeline.pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
 
-        # This CTA's problem: query tile (last first when causal), q head, batch; its sequence as
-        # (rows, D) views of q/k/o, (D, rows) of v, and its LSE row.
-        m_block, head, batch = cute.arch.block_idx()
+        pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1))
+        warpgroup_idx = cute.arch.make_warp_uniform(tidx // 128)
+        wg = warpgroup_idx - 1
+        if cutlass.const_expr(not self.persistent):
+            # One query tile per CTA (last first when causal), q head, batch.
+            m_block, head, batch = cute.arch.block_idx()
+            if cutlass.const_expr(self.causal):
+                m_block = cute.arch.grid_dim()[0] - 1 - m_block
+            q_len, k_len, seqQ, seqK, seqVt, seqO, seqL = self.problem(
+                mQ, mK, mVt, mO, mLSE, mCuQ, mCuK, head, batch)
+            n_hi, n_mask = self.key_range(m_block, q_len, k_len)
+            # Varlen: tiles past a sequence's end (the grid is sized by the longest) leave at once.
+            if m_block * self.tile_m < q_len:
+                if warpgroup_idx == 0:
+                    cute.arch.setmaxregister_decrease(self.producer_regs)
+                    if warp_idx == 0:
+                        self.produce(tma_q, seqQ, tma_k, seqK, tma_v, seqVt, sQ, sK, sV, q_bars,
+                                     kv_pipes, m_block, n_hi, self.kv_state(True), 0)
+                else:
+                    cute.arch.setmaxregister_increase(self.consumer_regs)
+                    self.schedule_start(wg)
+                    self.consume(tiled_mma_qk, tiled_mma_pv, tma_o, seqO, s2g, seqL, sQ, sO, sK,
+                                 sV, q_bars, kv_pipes, scale_log2, m_block, q_len, k_len, n_hi,
+                                 n_mask, wg, tidx % 128, self.kv_state(False), 0)
+        else:
+            # Persistent: CTA c walks tiles c, c + grid, ... (``tile_coords``); the producer loads
+            # the next tile's Q as soon as the consumers' last S GEMM of this one has read theirs
+            # (the O epilogue has its own smem), K/V rings run on across tiles.
+            n_m = cute.ceil_div(mQ.shape[0], self.tile_m)
+            n_tiles = n_m * mQ.shape[2] * mQ.shape[3]
+            first, _, _ = cute.arch.block_idx()
+            # the CTAs that take part: one per SM of this device at most
+            stride = cutlass.min(cute.arch.grid_dim()[0], cute.arch.nsmid())
+            n_slots = self.slots(n_tiles, stride)
+            if first >= stride:
+                n_slots = first  # (no slot: this CTA leaves)
+            q_phase = cutlass.Int32(0)
+            if warpgroup_idx == 0:
+                cute.arch.setmaxregister_decrease(self.producer_regs)
+                if warp_idx == 0:
+                    state = self.kv_state(True)
+                    for t in cutlass.range(first, n_slots, stride, unroll=1):
+                        m_block, head, batch, real = self.tile_coords(t, stride, n_m,
+                                                                      mQ.shape[2], mQ.shape[3])
+                        if real:
+                            q_len, k_len, seqQ, seqK, seqVt, seqO, seqL = self.problem(
+                                mQ, mK, mVt, mO, mLSE, mCuQ, mCuK, head, batch)
+                            n_hi, n_mask = self.key_range(m_block, q_len, k_len)
+                            state = self.produce(tma_q, seqQ, tma_k, seqK, tma_v, seqVt, sQ, sK,
+                                                 sV, q_bars, kv_pipes, m_block, n_hi, state,
+                                                 q_phase)
+                            if n_hi > 0:
+                                q_phase = q_phase ^ 1
+            else:
+                cute.arch.setmaxregister_increase(self.consumer_regs)
+                self.schedule_start(wg)
+                read = self.kv_state(False)
+                for t in cutlass.range(first, n_slots, stride, unroll=1):
+                    m_block, head, batch, real = self.tile_coords(t, stride, n_m, mQ.shape[2],
+                                                                  mQ.shape[3])
+                    if real:
+                        q_len, k_len, seqQ, seqK, seqVt, seqO, seqL = self.problem(
+                            mQ, mK, mVt, mO, mLSE, mCuQ, mCuK, head, batch)
+                        n_hi, n_mask = self.key_range(m_block, q_len, k_len)
+                        read = self.consume(tiled_mma_qk, tiled_mma_pv, tma_o, seqO, s2g, seqL,
+                                            sQ, sO, sK, sV, q_bars, kv_pipes, scale_log2, m_block,
+                                            q_len, k_len, n_hi, n_mask, wg, tidx % 128, read,
+                                            q_phase)
+                        if n_hi > 0:
+                            q_phase = q_phase ^ 1
+
+    def kv_state(self, producer: bool):
+        return pipeline.make_pipeline_state(
+            pipeline.PipelineUserType.Producer if producer else pipeline.PipelineUserType.Consumer,
+            self.stages)
+
+    @cute.jit
+    def tile_coords(self, t, grid, n_m, n_heads, n_batch):
+        """(query tile, q head, batch) of the persistent schedule's slot ``t`` (CTA t % grid,
+        round t // grid), and whether the slot has a tile.  Causal: tiles sorted longest rows
+        first (query tiles last first, every head and batch of one query tile before the next),
+        dealt to the CTAs in zigzag rounds (even rounds CTA 0 first, odd rounds CTA grid-1
+        first), so each CTA's sum of tile lengths is within about one tile of the mean (dealt
+        round-robin, CTA 0 would get the longest tile of every round: B1 H16 S16384 +6 %).  Not
+        causal: every tile is as long; query tiles fastest (the CTAs in flight share one head's
+        K/V in L2)."""
+        n_tiles = n_m * n_heads * n_batch
         if cutlass.const_expr(self.causal):
-            m_block = cute.arch.grid_dim()[0] - 1 - m_block
+            r = t // grid
+            c = t - r * grid
+            if r % 2 == 1:
+                c = grid - 1 - c
+            p = r * grid + c
+            hb = p % (n_heads * n_batch)
+            m_block = n_m - 1 - p // (n_heads * n_batch)
+        else:
+            p = t
+            m_block = t % n_m
+            hb = t // n_m
+        return m_block, hb % n_heads, hb // n_heads, p < n_tiles
+
+    def slots(self, n_tiles, grid):
+        """Slots the persistent loop walks: every tile (causal: whole zigzag rounds, some
+        slots of the last one empty)."""
+        if cutlass.const_expr(self.causal):
+            return cute.ceil_div(n_tiles, grid) * grid
+        return n_tiles
+
+    @cute.jit
+    def problem(self, mQ, mK, mVt, mO, mLSE, mCuQ, mCuK, head, batch):
+        """Sequence lengths and the sequence's (rows, D) views of q/k/o, (D, rows) of v, and its
+        LSE row, for q head ``head`` of batch (varlen: sequence) ``batch``."""
         kv_head = head // (mQ.shape[2] // mK.shape[2])
         if cutlass.const_expr(mCuQ is None):
             q_len = mQ.shape[0]
@@ -421,22 +648,7 @@ class FlashFwdSm90:
             seqVt = cute.domain_offset((0, k_start), mVt[None, None, kv_head])
             seqO = cute.domain_offset((q_start, 0), mO[None, None, head])
             seqL = cute.domain_offset((q_start,), mLSE[head, None])
-        n_hi, n_mask = self.key_range(m_block, q_len, k_len)
-
-        pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1))
-        # Varlen: tiles past a sequence's end (the grid is sized by the longest) leave at once.
-        if m_block * self.tile_m < q_len:
-            warpgroup_idx = cute.arch.make_warp_uniform(tidx // 128)
-            if warpgroup_idx == 0:
-                cute.arch.setmaxregister_decrease(self.producer_regs)
-                if warp_idx == 0:
-                    self.produce(tma_q, seqQ, tma_k, seqK, tma_v, seqVt, sQ, sK, sV, q_bars,
-                                 kv_pipes, m_block, n_hi)
-            else:
-                cute.arch.setmaxregister_increase(self.consumer_regs)
-                self.consume(tiled_mma_qk, tiled_mma_pv, tma_o, seqO, s2g, seqL, sQ, sK, sV,
-                             q_bars, kv_pipes, scale_log2, m_block, q_len, k_len, n_hi, n_mask,
-                             warpgroup_idx - 1, tidx % 128)
+        return q_len, k_len, seqQ, seqK, seqVt, seqO, seqL
 
     @cute.jit
     def key_range(self, m_block, q_len, k_len):
@@ -455,43 +667,71 @@ class FlashFwdSm90:
 
     @cute.jit
     def produce(self, tma_q, seqQ, tma_k, seqK, tma_v, seqVt, sQ, sK, sV, q_bars, kv_pipes,
-                m_block, n_hi):
-        """The TMA warp: Q slabs, then K and V of tiles n_hi-1 down to 0."""
+                m_block, n_hi, state, q_phase):
+        """The TMA warp: Q slabs (persistent: each once its warpgroup has released the previous
+        tile's), then K and V of tiles n_hi-1 down to 0.  ``k_first``: the first K before Q (a
+        persistent CTA's next tile starts on it while the consumers still finish the last one),
+        then each K one tile ahead of the V it pairs with (K(n) before V(n+1): the order the
+        consumers use them in).  Returns the K/V ring state."""
         k_pipe, v_pipe = kv_pipes
         if n_hi > 0:
             W, D, BN = self.consumers, self.head_dim, self.tile_n
-            gQ = cute.local_tile(seqQ, (WG_ROWS, D), (None, 0))
-            tQsQ, tQgQ = cpasync.tma_partition(tma_q, 0, cute.make_layout(1),
-                                               cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
-            slab_bytes = cute.size_in_bytes(self.dtype, cute.slice_(sQ.layout, (None, None, 0)))
-            for w in cutlass.range_constexpr(W):
-                with cute.arch.elect_one():
-                    cute.arch.mbarrier_arrive_and_expect_tx(q_bars + w, slab_bytes)
-                cute.copy(tma_q, tQgQ[(None, m_block * W + w)], tQsQ[(None, w)],
-                          tma_bar_ptr=q_bars + w)
-
             gK = cute.local_tile(seqK, (BN, D), (None, 0))
             gV = cute.local_tile(seqVt, (D, BN), (0, None))
             tKsK, tKgK = cpasync.tma_partition(tma_k, 0, cute.make_layout(1),
                                                cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
             tVsV, tVgV = cpasync.tma_partition(tma_v, 0, cute.make_layout(1),
                                                cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
-            state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
-            for i in cutlass.range(n_hi, unroll=1):
-                n = n_hi - 1 - i
+            if cutlass.const_expr(self.k_first):
                 k_pipe.producer_acquire(state)
-                cute.copy(tma_k, tKgK[(None, n)], tKsK[(None, state.index)],
+                cute.copy(tma_k, tKgK[(None, n_hi - 1)], tKsK[(None, state.index)],
                           tma_bar_ptr=k_pipe.producer_get_barrier(state))
-                v_pipe.producer_acquire(state)
-                cute.copy(tma_v, tVgV[(None, n)], tVsV[(None, state.index)],
-                          tma_bar_ptr=v_pipe.producer_get_barrier(state))
+            gQ = cute.local_tile(seqQ, (WG_ROWS, D), (None, 0))
+            tQsQ, tQgQ = cpasync.tma_partition(tma_q, 0, cute.make_layout(1),
+                                               cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
+            slab_bytes = cute.size_in_bytes(self.dtype, cute.slice_(sQ.layout, (None, None, 0)))
+            for w in cutlass.range_constexpr(W):
+                if cutlass.const_expr(self.persistent):
+                    cute.arch.mbarrier_wait(q_bars + W + w, q_phase ^ 1)
+                with cute.arch.elect_one():
+                    cute.arch.mbarrier_arrive_and_expect_tx(q_bars + w, slab_bytes)
+                cute.copy(tma_q, tQgQ[(None, m_block * W + w)], tQsQ[(None, w)],
+                          tma_bar_ptr=q_bars + w)
+
+            if cutlass.const_expr(self.k_first):
+                state_v = state.clone()  # V(n + 1) goes where K(n + 1) went
                 state.advance()
+                for i in cutlass.range(1, n_hi, unroll=1):
+                    n = n_hi - 1 - i
+                    k_pipe.producer_acquire(state)
+                    cute.copy(tma_k, tKgK[(None, n)], tKsK[(None, state.index)],
+                              tma_bar_ptr=k_pipe.producer_get_barrier(state))
+                    v_pipe.producer_acquire(state_v)
+                    cute.copy(tma_v, tVgV[(None, n + 1)], tVsV[(None, state_v.index)],
+                              tma_bar_ptr=v_pipe.producer_get_barrier(state_v))
+                    state_v = state.clone()
+                    state.advance()
+                v_pipe.producer_acquire(state_v)
+                cute.copy(tma_v, tVgV[(None, 0)], tVsV[(None, state_v.index)],
+                          tma_bar_ptr=v_pipe.producer_get_barrier(state_v))
+            else:
+                for i in cutlass.range(n_hi, unroll=1):
+                    n = n_hi - 1 - i
+                    k_pipe.producer_acquire(state)
+                    cute.copy(tma_k, tKgK[(None, n)], tKsK[(None, state.index)],
+                              tma_bar_ptr=k_pipe.producer_get_barrier(state))
+                    v_pipe.producer_acquire(state)
+                    cute.copy(tma_v, tVgV[(None, n)], tVsV[(None, state.index)],
+                              tma_bar_ptr=v_pipe.producer_get_barrier(state))
+                    state.advance()
+        return state
 
     @cute.jit
-    def consume(self, tiled_mma_qk, tiled_mma_pv, tma_o, seqO, s2g, seqL, sQ, sK, sV, q_bars,
-                kv_pipes, scale_log2, m_block, q_len, k_len, n_hi, n_mask, wg, ltid):
+    def consume(self, tiled_mma_qk, tiled_mma_pv, tma_o, seqO, s2g, seqL, sQ, sO, sK, sV, q_bars,
+                kv_pipes, scale_log2, m_block, q_len, k_len, n_hi, n_mask, wg, ltid, read,
+                q_phase):
         """One consumer warpgroup: its 64 query rows against every visible key tile, then its
-        part of the epilogue."""
+        part of the epilogue.  Returns the K/V ring state ``read``."""
         k_pipe, v_pipe = kv_pipes
         BN, D = self.tile_n, self.head_dim
         thr_qk = tiled_mma_qk.get_slice(ltid)
@@ -512,12 +752,11 @@ class FlashFwdSm90:
         row0 = m_block * self.tile_m + wg * WG_ROWS  # first query row of this warpgroup
 
         if n_hi > 0:
-            cute.arch.mbarrier_wait(q_bars + wg, 0)
-            read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+            cute.arch.mbarrier_wait(q_bars + wg, q_phase)
             # ---- the first (top) key tile: S, mask, softmax -> P; O is not touched yet
             acc_S = cute.make_rmem_tensor(s_shape, cutlass.Float32)
             k_pipe.consumer_wait(read)
-            self.gemm_qk(tiled_mma_qk, acc_S, tSrQ, tSrK, wg, read.index)
+            tiled_mma_qk = self.gemm_qk(tiled_mma_qk, acc_S, tSrQ, tSrK, wg, read.index)
             warpgroup.wait_group(0)
             k_pipe.consumer_release(read)
             if n_hi - 1 >= n_mask:
@@ -528,51 +767,49 @@ class FlashFwdSm90:
             tOrP_c.store(acc_S.load().to(self.dtype))
             # P·V overwrites O on the first key tile and accumulates afterwards.
             tiled_mma_pv.set(warpgroup.Field.ACCUMULATE, False)
-            if cutlass.const_expr(self.pingpong):
-                if wg == 0:  # the first consumer warpgroup issues first
-                    cute.arch.barrier_arrive(barrier_id=int(_Bar.SCHEDULE),
-                                             number_of_threads=256)
-            # ---- the other tiles: P·V of tile n + 1 and S of tile n
-            for i in cutlass.range(1, n_hi, unroll=1):
-                n = n_hi - 1 - i
-                read_v = read.clone()
-                read.advance()
-                acc_S = cute.make_rmem_tensor(s_shape, cutlass.Float32)
-                if cutlass.const_expr(self.overlap):
-                    # S of tile n is issued first; P·V of tile n + 1 queues behind it, and the
-                    # softmax of tile n runs while P·V is on the tensor cores.
-                    k_pipe.consumer_wait(read)
-                    self.schedule_wait(wg)
-                    self.gemm_qk(tiled_mma_qk, acc_S, tSrQ, tSrK, wg, read.index)
-                    if cutlass.const_expr(self.early_rescale):
-                        self.rescale(acc_O, corr)  # (on the first tile: garbage, overwritten)
-                    v_pipe.consumer_wait(read_v)
-                    tiled_mma_pv = self.gemm_pv(tiled_mma_pv, acc_O, tOrP, tOrV, read_v.index)
-                    self.schedule_next(wg)
-                    warpgroup.wait_group(1)
-                    k_pipe.consumer_release(read)
-                    if n >= n_mask:
-                        self.apply_mask(acc_S, cS, row0, n * BN, q_len, k_len)
-                    self.online_softmax(acc_S, row_max, row_sum, corr, scale_log2)
-                    warpgroup.wait_group(0)
-                    v_pipe.consumer_release(read_v)
-                else:
+            # ---- the other tiles: P·V of tile n + 1 and S of tile n.  Overlap: the tiles that
+            # need the mask (causal: the diagonal ones, visited first) and those that do not run
+            # in two loops, so no loop body holds a branch around the mask.
+            if cutlass.const_expr(self.overlap):
+                i_unmasked = 1
+                if cutlass.const_expr(self.causal):
+                    i_unmasked = cutlass.max(1, n_hi - n_mask)
+                    for i in cutlass.range(1, i_unmasked, unroll=1):
+                        read, tiled_mma_qk, tiled_mma_pv = self.overlap_step(
+                            True, n_hi - 1 - i, read, kv_pipes, tiled_mma_qk, tiled_mma_pv, acc_O, tOrP,
+                            tOrP_c, tSrQ, tSrK, tOrV, s_shape, cS, row_max, row_sum, corr,
+                            scale_log2, row0, q_len, k_len, wg)
+                for i in cutlass.range(i_unmasked, n_hi, unroll=1):
+                    read, tiled_mma_qk, tiled_mma_pv = self.overlap_step(
+                        False, n_hi - 1 - i, read, kv_pipes, tiled_mma_qk, tiled_mma_pv, acc_O, tOrP,
+                        tOrP_c, tSrQ, tSrK, tOrV, s_shape, cS, row_max, row_sum, corr,
+                        scale_log2, row0, q_len, k_len, wg)
+            else:
+                for i in cutlass.range(1, n_hi, unroll=1):
+                    # (no overlap: P·V of tile n + 1, then S of tile n)
+                    n = n_hi - 1 - i
+                    read_v = read.clone()
+                    read.advance()
+                    acc_S = cute.make_rmem_tensor(s_shape, cutlass.Float32)
                     v_pipe.consumer_wait(read_v)
                     self.schedule_wait(wg)
                     tiled_mma_pv = self.gemm_pv(tiled_mma_pv, acc_O, tOrP, tOrV, read_v.index)
                     warpgroup.wait_group(0)
                     v_pipe.consumer_release(read_v)
                     k_pipe.consumer_wait(read)
-                    self.gemm_qk(tiled_mma_qk, acc_S, tSrQ, tSrK, wg, read.index)
+                    tiled_mma_qk = self.gemm_qk(tiled_mma_qk, acc_S, tSrQ, tSrK, wg, read.index)
                     self.schedule_next(wg)
                     warpgroup.wait_group(0)
                     k_pipe.consumer_release(read)
                     if n >= n_mask:
                         self.apply_mask(acc_S, cS, row0, n * BN, q_len, k_len)
                     self.online_softmax(acc_S, row_max, row_sum, corr, scale_log2)
-                if cutlass.const_expr(not self.early_rescale):
                     self.rescale(acc_O, corr)
-                tOrP_c.store(acc_S.load().to(self.dtype))
+                    tOrP_c.store(acc_S.load().to(self.dtype))
+            if cutlass.const_expr(self.persistent):
+                # every S GEMM of this tile has completed: Q's slab may take the next tile's
+                with cute.arch.elect_one():
+                    cute.arch.mbarrier_arrive(q_bars + self.consumers + wg)
             # ---- P·V of the last tile
             if cutlass.const_expr(self.early_rescale):
                 if n_hi > 1:
@@ -581,14 +818,18 @@ class FlashFwdSm90:
             tiled_mma_pv = self.gemm_pv(tiled_mma_pv, acc_O, tOrP, tOrV, read.index)
             warpgroup.wait_group(0)
             v_pipe.consumer_release(read)
+            read.advance()
         else:
             acc_O.fill(0.0)
 
         # ---- epilogue: O / rowsum and LSE, O -> this warpgroup's Q slab -> TMA store (varlen:
         # 16-byte stores of the rows inside the sequence)
         self.finalize(acc_O, row_max, row_sum, scale_log2, cS, row0, q_len, seqL, ltid)
-        sO = sQ[None, None, wg]
+        sO = sO[None, None, wg]
         rO = cute.make_rmem_tensor(acc_O.layout, self.dtype)
+        if cutlass.const_expr(self.persistent):
+            # the previous tile's TMA store has read this slab (its issuing warp waited)
+            cute.arch.barrier(barrier_id=int(_Bar.EPILOGUE) + wg, number_of_threads=128)
         rO.store(acc_O.load().to(self.dtype))
         r2s = cute.make_tiled_copy_C(
             cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=32),
@@ -616,6 +857,42 @@ class FlashFwdSm90:
             for r in cutlass.range_constexpr(cute.size(tOrO.shape[1])):
                 if row0 + tOcO[0, r, 0][0] < q_len:
                     cute.copy(s2g, tOrO[None, r, None], tOgO[None, r, None])
+        return read
+
+    @cute.jit
+    def overlap_step(self, masked: cutlass.Constexpr, n, read, kv_pipes, tiled_mma_qk, tiled_mma_pv, acc_O,
+                     tOrP, tOrP_c, tSrQ, tSrK, tOrV, s_shape, cS, row_max, row_sum, corr,
+                     scale_log2, row0, q_len, k_len, wg):
+        """One trip of the overlapped mainloop: S of key tile n is issued first, P·V of tile
+        n + 1 queues behind it, and the softmax of tile n runs while P·V is on the tensor cores.
+        Returns the advanced read state and the P·V MMA (accumulate flag set)."""
+        k_pipe, v_pipe = kv_pipes
+        read_v = read.clone()
+        read.advance()
+        acc_S = cute.make_rmem_tensor(s_shape, cutlass.Float32)
+        k_pipe.consumer_wait(read)
+        self.schedule_wait(wg)
+        tiled_mma_qk = self.gemm_qk(tiled_mma_qk, acc_S, tSrQ, tSrK, wg, read.index)
+        if cutlass.const_expr(self.early_rescale):
+            self.rescale(acc_O, corr)  # (on the first tile: garbage, overwritten)
+        v_pipe.consumer_wait(read_v)
+        tiled_mma_pv = self.gemm_pv(tiled_mma_pv, acc_O, tOrP, tOrV, read_v.index)
+        self.schedule_next(wg)
+        warpgroup.wait_group(1)
+        k_pipe.consumer_release(read)
+        if cutlass.const_expr(masked):
+            self.apply_mask(acc_S, cS, row0, n * self.tile_n, q_len, k_len)
+        self.online_softmax(acc_S, row_max, row_sum, corr, scale_log2,
+                            poly=self.exp_poly and not masked)
+        if cutlass.const_expr(self.pin_wait):
+            # keep the P·V wait below the exponentials: the softmax overlaps P·V (atoms/sm90.py)
+            row_sum[0] = atoms.schedule_fence(row_sum[0])
+        warpgroup.wait_group(0)
+        v_pipe.consumer_release(read_v)
+        if cutlass.const_expr(not self.early_rescale):
+            self.rescale(acc_O, corr)
+        tOrP_c.store(acc_S.load().to(self.dtype))
+        return read, tiled_mma_qk, tiled_mma_pv
 
     @cute.jit
     def gemm_qk(self, tiled_mma_qk, acc_S, tSrQ, tSrK, wg, slot):
@@ -627,6 +904,7 @@ class FlashFwdSm90:
                       acc_S)
             tiled_mma_qk.set(warpgroup.Field.ACCUMULATE, True)
         warpgroup.commit_group()
+        return tiled_mma_qk
 
     @cute.jit
     def gemm_pv(self, tiled_mma_pv, acc_O, tOrP, tOrV, slot):
@@ -638,6 +916,14 @@ class FlashFwdSm90:
             tiled_mma_pv.set(warpgroup.Field.ACCUMULATE, True)
         warpgroup.commit_group()
         return tiled_mma_pv
+
+    @cute.jit
+    def schedule_start(self, wg):
+        """Ping-pong: the first consumer warpgroup issues first (once per CTA: a persistent CTA's
+        tiles continue the turn order, each warpgroup making the same number of turns)."""
+        if cutlass.const_expr(self.pingpong):
+            if wg == 0:
+                cute.arch.barrier_arrive(barrier_id=int(_Bar.SCHEDULE), number_of_threads=256)
 
     @cute.jit
     def schedule_wait(self, wg):
@@ -668,9 +954,11 @@ class FlashFwdSm90:
                 s_mn[r, c] = -cutlass.Float32.inf if cS[r, c][1] >= limit else s_mn[r, c]
 
     @cute.jit
-    def online_softmax(self, acc_S, row_max, row_sum, corr, scale_log2):
+    def online_softmax(self, acc_S, row_max, row_sum, corr, scale_log2,
+                       poly: cutlass.Constexpr = False):
         """acc_S <- exp2(S·scale_log2 - max·scale_log2) with the running max and sum updated;
-        ``corr`` <- each row's correction factor for O (exp2 of the old max minus the new)."""
+        ``corr`` <- each row's correction factor for O (exp2 of the old max minus the new).
+        ``poly``: EXP_POLY_COLS scores per row by atoms.exp2_poly (only where no score is -inf)."""
         s_mn = atoms.acc_mn_view(acc_S)
         for r in cutlass.range_constexpr(cute.size(row_max)):
             s = s_mn[r, None].load()
@@ -679,7 +967,18 @@ class FlashFwdSm90:
             m_new = cute.arch.fmax(m_new, row_max[r])
             # A row with nothing visible yet keeps max = -inf; subtract 0 then, not -inf (NaN).
             m_scaled = (0.0 if m_new == -cutlass.Float32.inf else m_new) * scale_log2
-            p = cute.math.exp2(s * scale_log2 - m_scaled, fastmath=True)
+            if cutlass.const_expr(poly):
+                s_mn[r, None] = s * scale_log2 - m_scaled
+                n_cols = cute.size(s_mn, mode=[1])
+                step = n_cols // EXP_POLY_COLS
+                for c in cutlass.range_constexpr(n_cols):
+                    if cutlass.const_expr(c % step == step - 1):
+                        s_mn[r, c] = atoms.exp2_poly(s_mn[r, c])
+                    else:
+                        s_mn[r, c] = cute.math.exp2(s_mn[r, c], fastmath=True)
+                p = s_mn[r, None].load()
+            else:
+                p = cute.math.exp2(s * scale_log2 - m_scaled, fastmath=True)
             corr[r] = cute.math.exp2(row_max[r] * scale_log2 - m_scaled, fastmath=True)
             row_sum[r] = row_sum[r] * corr[r] + p.reduce(cute.ReductionOp.ADD, cutlass.Float32.zero, 0)
             row_max[r] = m_new

@@ -32,7 +32,7 @@ from ..registry import enumerate_variants
 from ..runtime.manifest import sha256_file
 from ..variant import Variant
 from . import toolchain
-from .cubin import disassemble, opcode_histogram, sass_target
+from .cubin import disassemble, opcode_histogram, ptxas_arch, sass_target
 from .link import link_host_library
 
 SCHEMA_VERSION = 1
@@ -54,10 +54,22 @@ def cache_key(v: Variant) -> str:
         "schema": SCHEMA_VERSION, "name": v.name, "config": v.config(), "cls": type(v).__qualname__,
         "versions": toolchain.versions(),
     }, sort_keys=True, default=str).encode())
-    for rel in sorted(set(v.sources) | {"compiler/compile.py", "compiler/cubin.py", "variant.py", "atoms/targets.py"}):
+    h.update(_target_record(v.target).encode())
+    for rel in sorted(set(v.sources) | {"compiler/compile.py", "compiler/cubin.py", "variant.py"}):
         h.update(rel.encode())
         h.update((PACKAGE_ROOT / rel).read_bytes())
     return h.hexdigest()[:32]
+
+
+def _target_record(name: str) -> str:
+    """The target as the cache key sees it: its registry record (not the whole of atoms/targets.py:
+    adding or changing another target must not recompile every variant), fields at their default
+    left out (adding a field to Target must not either)."""
+    import dataclasses
+
+    t = get_target(name)
+    return repr([(f.name, getattr(t, f.name)) for f in dataclasses.fields(t)
+                 if f.default is dataclasses.MISSING or getattr(t, f.name) != f.default])
 
 
 # --- worker side ---------------------------------------------------------------------------------
@@ -76,7 +88,7 @@ def _compile_into_cache(v: Variant, entry: str) -> dict:
         info = compile_variant(v, tmp)
         # Disassemble once, here: the SASS check and histogram are cached with the cubin.
         sass = disassemble(tmp / f"{v.name}.cubin")
-        info["sass_problems"] = check_sass(v, sass)
+        info["sass_problems"] = check_sass(v, sass, ptxas_arch((tmp / f"{v.name}.cubin").read_bytes()))
         info["sass_histogram"] = opcode_histogram(sass)
         (tmp / "info.json").write_text(json.dumps(info, indent=1))
         try:
@@ -139,12 +151,14 @@ def compile_all(variants: list[Variant], jobs: int, cache: Path) -> tuple[dict[s
     return entries, len(todo)
 
 
-def check_sass(v: Variant, sass: str) -> list[str]:
-    """Problems with a cubin's disassembly (empty when it is what the family must emit)."""
+def check_sass(v: Variant, sass: str, arch: str | None = None) -> list[str]:
+    """Problems with a cubin's disassembly (empty when it is what the family must emit); ``arch``:
+    the target ptxas recorded in the cubin (``cubin.ptxas_arch``), compared exactly when given."""
+    from ..verify import target_problem
+
     problems = []
-    want = get_target(v.target).name.rstrip("a")
-    got = sass_target(sass)
-    if got is None or got.rstrip("a") != want:
+    got = arch or sass_target(sass)
+    if target_problem(get_target(v.target).name, got, exact=arch is not None):
         problems.append(f"SASS target {got}, expected {v.target}")
     for pat in v.sass_requirements():
         if not re.search(pat, sass):
@@ -215,8 +229,8 @@ def _constraints(v: Variant, info: dict) -> dict:
     }
 
 
-_KEY_OPCODES = ("HMMA", "QMMA", "HGMMA", "QGMMA", "UTCHMMA", "UTCQMMA", "UTCMMA", "LDGSTS", "LDSM",
-                "UTMALDG", "UTMASTG", "LDL", "STL", "MUFU.EX2")
+_KEY_OPCODES = ("HMMA", "QMMA", "HGMMA", "QGMMA", "UTCHMMA", "UTCQMMA", "UTCOMMA", "UTCMMA", "UTCCP", "LDGSTS",
+                "LDSM", "UTMALDG", "UTMASTG", "LDL", "STL", "MUFU.EX2")
 
 
 def _variant_entries(bundle: Path, records: list[tuple[Variant, dict, dict]]) -> dict:

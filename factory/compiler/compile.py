@@ -39,6 +39,7 @@ def cutlass_dtype(name: str):
         "f32": cutlass.Float32, "f16": cutlass.Float16, "bf16": cutlass.BFloat16,
         "e4m3": cutlass.Float8E4M3FN, "e5m2": cutlass.Float8E5M2,
         "i32": cutlass.Int32, "i64": cutlass.Int64,
+        "e8m0": cutlass.Float8E8M0FNU, "e2m1": cutlass.Float4E2M1FN,
     }[name]
 
 

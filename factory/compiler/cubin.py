@@ -171,3 +171,24 @@ def opcode_histogram(sass: str) -> dict[str, int]:
 def sass_target(sass: str) -> str | None:
     m = re.search(r"\.target\s+(sm_\w+)", sass)
     return m.group(1) if m else None
+
+
+def ptxas_arch(cubin: bytes) -> str | None:
+    """The ``-arch`` ptxas was given for this cubin (its ``.note.nv.tkinfo`` records the command
+    line): ``sm_100f`` where nvdisasm's ``.target`` says only ``sm_100``.  None if absent."""
+    try:
+        secs = _sections(cubin)
+    except (struct.error, ValueError, IndexError):
+        return None
+    note = secs.get(".note.nv.tkinfo")
+    if note is None:
+        return None
+    m = re.search(rb"-arch (sm_\w+)", cubin[note[1] : note[1] + note[2]])
+    return m.group(1).decode() if m else None
+
+
+def cubin_target(cubin: bytes, sass: str) -> str | None:
+    """The target a cubin was built for: ptxas's ``-arch`` where the cubin records it, else the
+    disassembly's ``.target`` (which prints a family-specific ``sm_100f`` as ``sm_100``)."""
+    return ptxas_arch(cubin) or sass_target(sass)
+

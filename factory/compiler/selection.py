@@ -16,20 +16,24 @@ import ast
 from pathlib import Path
 
 from ..atoms.targets import TARGETS
-from ..runtime import tuning
+from ..runtime import cost_sm100, tuning
 
 # fx_dtype_t (csrc/fx_api.h); a dtype C callers cannot name maps to -1 and matches nothing.
 DTYPE_IDS = {"bf16": 1, "f16": 2, "f32": 3, "e4m3": 4}
 MAJOR_IDS = {"k": 1, "m": 2, "n": 3}
-FAMILY_IDS = {"sm80": 1, "sm90": 2}
+FAMILY_IDS = {"sm80": 1, "sm90": 2, "sm100": 3}
 OP_IDS = {"gemm": 1, "attention": 2}
 ACC_IDS = {"promoted": 1, "fast": 2}
 MAX_RANK, MAX_SYMS, MAX_ARGS = 6, 64, 16  # as csrc/fx_select.h
+MAX_TARGET_CCS = 8  # FX_MAX_TARGET_CCS
 # tuning.MODEL's keys, in fx_model's order: a key added to the Python model must be ported to C.
 MODEL_KEYS = ("eff_256x128_c1x2", "eff_128x256_c2x1", "eff_large", "eff_pp", "eff_coop_mc", "eff_coop",
               "eff_small", "eff_swap_base", "eff_swap_slope", "fp8_promoted", "fp8_fast", "split_us",
               "fixed_us", "overlap", "grid_bw_exp", "split_tile_exp", "narrow_exp", "tile_us", "deep_bw",
               "wide_k_bw")
+# cost_sm100.MODEL's keys, in fx_model_sm100's order.
+SM100_MODEL_KEYS = ("smem_bytes_per_clk", "rate_m64", "issue_overlap", "hbm_eff", "latency_us", "l2_tbs",
+                    "mem_overlap", "fixed_us", "wave_us")
 
 
 def c_str(s: str) -> str:
@@ -157,6 +161,14 @@ def _occupancy_kernel(entry: dict) -> str:
     return c_str(max(kernels, key=lambda k: kernels[k].get("code_bytes", 0)))
 
 
+def target_row(t) -> str:
+    """One fx_target: capability, specificity and the recorded compute capabilities (Target.runs_on)."""
+    if len(t.ccs) > MAX_TARGET_CCS:
+        raise ValueError(f"{t.name}: more than {MAX_TARGET_CCS} compute capabilities (csrc/fx_select.h)")
+    ccs = ", ".join(f"{{{a}, {b}}}" for a, b in t.ccs) or "{0, 0}"
+    return f"{{{c_str(t.name)}, {t.capability[0]}, {t.capability[1]}, {t.specificity}, {len(t.ccs)}, {{{ccs}}}}}"
+
+
 def tables(entries: dict[str, dict], tuning_data: dict | None) -> str:
     """The C tables for ``entries`` (the manifest's variants, in manifest order) and the tuning
     table ``tuning_data`` (already matched to this manifest, or None)."""
@@ -196,17 +208,18 @@ def tables(entries: dict[str, dict], tuning_data: dict | None) -> str:
             DTYPE_IDS.get(e.get("dtype"), -1), int(e["head_dim"]) if isinstance(e.get("head_dim"), int) else -1,
             int(bool(e.get("causal"))), int(bool(e.get("varlen"))), int(bool(e.get("pack_gqa"))),
             int(bool(e.get("preferred"))), int(e.get("splits", 1)), int(e.get("stages", 0)),
-            int(e.get("min_seqlen_q", 0)), int(cpsm),
+            int(e.get("min_seqlen_q", 0)), int(cpsm), int(e.get("decode_rows", 0)), int(e.get("kv_splits", 0)), int(bool(e.get("pdl"))),
             n_args, args, n_syms, divs,
             f"fx_load_{n}", f"fx_bind_{n}", f"&fx_module_{n}.module",
             _occupancy_kernel(e) if pers else "NULL", int(e.get("resources", {}).get("dynamic_smem_bytes", 0)),
+            int((e.get("mma_tile") or tile)[0]), int(e.get("cta_group", 1)),
+            c_double(cost_sm100.flops_per_clk(a_dt) if a_dt else 0.0),
         )) + "}")
     out.append(f"const fx_variant fx_variants[] = {{\n  {(',' + chr(10) + '  ').join(rows)}\n}};")
     out.append(f"const int32_t fx_n_variants = {len(rows)};")
     out.append(f"fx_state fx_states[{max(1, len(rows))}];")
-    trows = [f"{{{c_str(t)}, {TARGETS[t].capability[0]}, {TARGETS[t].capability[1]}, {int(TARGETS[t].arch_specific)}}}"
-             for t in used_targets]
-    out.append(f"const fx_target fx_targets[] = {{{', '.join(trows) or '{NULL, 0, 0, 0}'}}};")
+    trows = [target_row(TARGETS[t]) for t in used_targets]
+    out.append(f"const fx_target fx_targets[] = {{{', '.join(trows) or '{NULL, 0, 0, 0, 0, {{0, 0}}}'}}};")
     out.append(f"const int32_t fx_n_targets = {len(trows)};")
 
     buckets = []
@@ -217,6 +230,11 @@ def tables(entries: dict[str, dict], tuning_data: dict | None) -> str:
             wi, bi = index.get(w, -1), index.get(bc, -1)
             if wi >= 0 or bi >= 0:
                 buckets.append((key.encode(), wi, bi))
+        # attention buckets ("attention:..." keys, tuning.attention_bucket_key) in the same table
+        for key, b in tuning_data.get("attention", {}).items():
+            wi = index.get(b.get("winner") or None, -1)
+            if wi >= 0:
+                buckets.append((key.encode(), wi, -1))
     buckets.sort()
     brows = [f"{{{c_str(k.decode())}, {w}, {b}}}" for k, w, b in buckets]
     out.append(f"const fx_bucket fx_buckets[] = {{{', '.join(brows) or '{NULL, -1, -1}'}}};")
@@ -230,6 +248,13 @@ def tables(entries: dict[str, dict], tuning_data: dict | None) -> str:
                          f"does not port (or no longer has): port the cost model change to C")
     consts = [c_double(tuning.MODEL[k]) for k in MODEL_KEYS] + [c_double(tuning._STREAM_TBS), f"{int(tuning._L2_BYTES)}LL"]
     out.append(f"const fx_model fx_model_constants = {{{', '.join(consts)}}};")
+    if set(cost_sm100.MODEL) != set(SM100_MODEL_KEYS):
+        raise ValueError(f"cost_sm100.MODEL has keys {sorted(set(cost_sm100.MODEL) ^ set(SM100_MODEL_KEYS))} that "
+                         f"csrc/fx_select.c does not port (or no longer has): port the cost model change to C")
+    b200 = cost_sm100.B200
+    consts = ([c_double(cost_sm100.MODEL[k]) for k in SM100_MODEL_KEYS]
+              + [c_double(cost_sm100.CLOCK_GHZ), c_double(b200["hbm_tbs"]), f"{int(b200['l2_bytes'])}LL"])
+    out.append(f"const fx_model_sm100 fx_model_sm100_constants = {{{', '.join(consts)}}};")
     head_dims, grid_max = attention_limits()
     out.append(f"const int32_t fx_attention_head_dims[] = {{{', '.join(str(d) for d in head_dims)}}};")
     out.append(f"const int32_t fx_n_attention_head_dims = {len(head_dims)};")

@@ -1,4 +1,11 @@
-"""Decode GEMM over pre-packed weights (sm_90): C = (sa·sb)·A·Bᵀ for M ≤ 16, fp8 e4m3 in, bf16 out.
+"""Decode GEMM over pre-packed weights: C = (sa·sb)·A·Bᵀ for M ≤ 16, fp8 e4m3 in, bf16 out.
+
+Built for sm_90 (executed on the H100) and for Blackwell: the datacenter target (sm_100a/sm_100f:
+10.0, 10.3) and consumer Blackwell (sm_120a: 12.0), both ``sass-only``.  Nothing here needs an
+arch-specific feature (mma.sync, 16-byte loads, clusters with DSMEM, PDL are all sm_90+), so the
+source is the same; what differs is how ptxas runs the m16n8k32 e4m3 MMA: 10.0, like 9.0, has no
+fp8 mma.sync unit and lowers it to two f16 ``HMMA.16816.F32`` (seen in SASS), 12.0 runs it as
+``QMMA.16832.F32.E4M3.E4M3`` (``Target.fp8_mma_native``).
 
 For a 16-32 MB weight matrix every TMA kernel here stops at the time of a pure TMA read of those
 bytes (notes/gemm-sm90.md, session 4); plain 16-byte loads read them ~8 % faster.  So this kernel
@@ -71,8 +78,10 @@ class GemmDecode(GemmVariant):
         return max(1, 1024 // self.threads // 2)
 
     def sass_requirements(self) -> tuple[str, ...]:
-        # Hopper runs fp8 mma.sync as f16 HMMA; 16-byte loads; PDL; the DSMEM reduction.
-        req = (r"\bHMMA\.16816\.F32", r"\bLDG\.E\.NA\.128\b", r"\bLDG\.E\.128\b", r"\bACQBULK\b")
+        # Hopper and datacenter Blackwell run fp8 mma.sync as f16 HMMA, consumer Blackwell as QMMA;
+        # 16-byte weight loads that do not allocate in L1 (.NA); PDL; the DSMEM reduction.
+        mma = r"\bQMMA\.16832\.F32\.E4M3\.E4M3\b" if self.tgt.fp8_mma_native else r"\bHMMA\.16816\.F32"
+        req = (mma, r"\bLDG\.E\.NA\.128\b", r"\bLDG\.E\.128\b", r"\bACQBULK\b")
         if self.cluster_k > 1:
             req += (r"\bSTAS\b",)
         if self.early_b:
@@ -90,8 +99,15 @@ class GemmDecode(GemmVariant):
 
     def can_implement(self) -> str | None:
         t = self.tgt
-        if t.name != "sm_90":
-            return "the packed decode kernel is built for sm_90 (mma.sync, PDL, clusters)"
+        if not builds_for(t):
+            return "the packed decode kernel is built for sm_90 and the Blackwell targets (fp8 mma.sync, PDL, clusters)"
+        if self.cluster_k > 1 and not t.clusters:
+            return f"{t.name} has no thread block clusters"
+        if self.early_b and t.family == "sm100":
+            # ptxas for 10.x needs more than the 128 registers that 2 CTAs of 256 threads per SM
+            # leave: the early_b twins spill (5 LDL + 5 STL, 24-byte frame; the plain ones take
+            # 118-120).  On 10.x the plain variant serves b_constant too.
+            return "early_b spills on the datacenter Blackwell targets at 2 CTAs per SM"
         if (self.ab, self.c, self.a_major, self.b_major) != ("e4m3", "bf16", "k", "k"):
             return "e4m3 in, bf16 out, K-major only"
         if self.cluster_k not in (1, 2, 4):
@@ -145,9 +161,16 @@ SHAPES = {
 }
 
 
+def builds_for(t: Target) -> bool:
+    """sm_90 (the Hopper build, which runs on an H100: sm_90a adds nothing this kernel uses) and
+    every Blackwell target with fp8 mma.sync: sm_100a/sm_100f/sm_103a and sm_120a."""
+    return t.name == "sm_90" or (t.capability >= (10, 0) and t.fp8)
+
+
 @register("gemm")
 def enumerate_decode(target: Target, tier: str) -> list[GemmVariant]:
-    if target.name != "sm_90":
+    # The H100's shapes serve Blackwell as well (unmeasured there: notes/blackwell.md, decode).
+    if not builds_for(target):
         return []
     out = []
     for wn, wk, g, u, ck in SHAPES["test" if tier == "test" else "default"]:

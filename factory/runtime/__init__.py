@@ -3,8 +3,8 @@
 Layers, each importing only those below it (tests/test_imports.py checks there is no cycle):
 
     api         Bundle: the user's entry points, dispatching to the ops
-    gemm, packed, attention
-                the ops: argument checks, variant selection, launch  (packed uses gemm)
+    gemm, packed, attention, blockscaled
+                the ops: argument checks, variant selection, launch  (packed and blockscaled use gemm)
     validate    the checks every op makes before a pointer reaches a kernel
     bundle      BundleCore: manifest, files, device, binders, launch
     loader      the host library (ctypes) and the argument binders

@@ -5,16 +5,17 @@ bundle (and ``python -m factory list``) does not import torch."""
 from __future__ import annotations
 
 from .bundle import BundleCore
+from .errors import InputError
 
-_OPS = None  # (gemm, packed, attention) modules, bound on first use
+_OPS = None  # (gemm, packed, attention, blockscaled) modules, bound on first use
 
 
 def _ops():
     global _OPS
     if _OPS is None:
-        from . import attention, gemm, packed
+        from . import attention, blockscaled, gemm, packed
 
-        _OPS = (gemm, packed, attention)
+        _OPS = (gemm, packed, attention, blockscaled)
     return _OPS
 
 
@@ -25,12 +26,24 @@ class Bundle(BundleCore):
         ``b_constant=True`` promises that no kernel that may still be running in the stream writes
         ``b`` (model weights): decode variants launched with programmatic dependent launch then
         start streaming ``b`` before the previous kernel has finished."""
-        gemm, packed, _ = _OPS or _ops()
+        gemm, packed, _, bs = _OPS or _ops()
+        if isinstance(a, bs.BlockScaled) or isinstance(b, bs.BlockScaled):
+            if scale_a is not None or scale_b is not None or b_constant:
+                raise InputError("block-scaled operands carry their own scales: scale_a, scale_b and "
+                                    "b_constant do not apply")
+            return bs.gemm_blockscaled(self, a, b, out, out_dtype=out_dtype, variant=variant)
         if isinstance(b, packed.PackedB):
             return packed.gemm_packed(self, a, b, out, out_dtype=out_dtype, scale_a=scale_a, scale_b=scale_b,
                                       variant=variant, b_constant=b_constant)
         return gemm.gemm(self, a, b, out, out_dtype=out_dtype, scale_a=scale_a, scale_b=scale_b,
                          variant=variant, b_constant=b_constant)
+
+    def gemm_blockscaled(self, a, b, out=None, *, out_dtype=None, variant: str | None = None):
+        """``out = a @ b.T`` for block-scaled (MXFP8 / NVFP4) operands made by
+        ``factory.runtime.blockscaled.pack`` (or wrapped with ``BlockScaled(data, scale, fmt)``);
+        Blackwell datacenter GPUs only (runtime/blockscaled.py).  ``bundle.gemm(a, b)`` with such
+        operands does the same."""
+        return (_OPS or _ops())[3].gemm_blockscaled(self, a, b, out, out_dtype=out_dtype, variant=variant)
 
     def pack_b(self, b):
         """(N, K) e4m3 weights packed once for the decode kernels (runtime/packed.py):
@@ -43,6 +56,9 @@ class Bundle(BundleCore):
 
         return torch_ops.register(self)
 
-    def attention(self, q, k, v, **kwargs):
-        """FlashAttention forward (runtime/attention.py has the arguments)."""
-        return (_OPS or _ops())[2].attention(self, q, k, v, **kwargs)
+    def attention(self, q, k, v, causal=False, softmax_scale=None, cu_seqlens_q=None, cu_seqlens_k=None,
+                  max_seqlen_q=None, max_seqlen_k=None, return_lse=False, check_varlen=None):
+        """FlashAttention forward (runtime/attention.py says what the arguments mean).  (Passed on
+        by position: a ``**kwargs`` dict per call is a measurable part of the hot path.)"""
+        return (_OPS or _ops())[2].attention(self, q, k, v, causal, softmax_scale, cu_seqlens_q, cu_seqlens_k,
+                                             max_seqlen_q, max_seqlen_k, return_lse, check_varlen)

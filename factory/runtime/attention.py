@@ -6,6 +6,9 @@ The kernels (``factory/attention/sm80.py``) take, in this order,
           scale, max_seqlen_q
 with head_dim contiguous, every other stride a multiple of 16 bytes and 16-byte aligned data.
 LSE is always written (into a scratch buffer when the caller does not want it).
+Decode-family variants (manifest ``decode_rows``; attention/decode.py) serve seqlen_q <= 16 by
+``decode_pick``; those that merge their splits in a cluster take no workspace (manifest
+``splits`` 1, ``kv_splits`` the key splits).
 Split-KV variants (manifest ``splits`` > 1, dense only) take two fp32 workspace tensors after lse:
   o_partial (splits,B,Hq,Sq,D), lse_partial (splits,B,Hq,Sq)
 carved here from one torch.empty; the variant combines them into o and lse itself (second kernel,
@@ -18,12 +21,14 @@ import math
 import weakref
 
 import torch
+from torch import Tensor
 
-from . import validate
-from .errors import InputError, NoVariantError
+from . import tuning, validate
+from .bundle import BundleCore, not_current
+from .errors import InputError, LaunchError, NoVariantError
 
 _DTYPES = {"bfloat16": "bf16", "float16": "f16"}
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = (64, 128, 256)
 _GRID_YZ_MAX = 65535
 
 
@@ -45,28 +50,32 @@ def attention(bundle, q, k, v, causal=False, softmax_scale=None, cu_seqlens_q=No
     argument is None) checks them on the host first, at the cost of a synchronisation, and raises
     ``InputError``.  ``max_seqlen_k`` is accepted for API symmetry and not needed.
     """
-    dev = q.get_device() if isinstance(q, torch.Tensor) else -1
-    if (dev < bundle._lowest_device or not isinstance(k, torch.Tensor) or not isinstance(v, torch.Tensor)
+    if cu_seqlens_q is None and cu_seqlens_k is None:
+        # Hot path: a dense problem seen before (same shapes, strides, dtypes, devices, flags) was
+        # checked in full then; what can differ between calls of one key is checked here: tensor
+        # types, autograd, the current device, the data pointers' alignment (in ``go``).
+        try:
+            key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype,
+                   q.get_device(), k.get_device(), v.get_device(), causal, softmax_scale)
+            fire = _hot(bundle).get(key)
+        except (AttributeError, TypeError):  # not tensors, or an unhashable argument: checked below
+            key = fire = None
+        if (fire is not None and isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor)
+                and not ((q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled())):
+            out = fire(q, k, v)
+            if out is not None:
+                return out if return_lse else out[0]
+            key = None  # a misaligned pointer: the checked path below refuses it
+    else:
+        key = None
+    dev = q.get_device() if isinstance(q, Tensor) else -1
+    if (dev < bundle._lowest_device or not isinstance(k, Tensor) or not isinstance(v, Tensor)
             or k.get_device() != dev or v.get_device() != dev):
         dev = validate.one_device(bundle, q=q, k=k, v=v)
     if (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled():
         validate.no_grad("attention", q=q, k=k, v=v)
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
-    if not varlen:
-        # Hot path: a dense problem seen before (same shapes, strides, dtypes, alignment, device,
-        # flags) was fully checked then; allocate, pack and launch.
-        key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype,
-               dev, q.data_ptr() % 16, k.data_ptr() % 16, v.data_ptr() % 16, bool(causal), softmax_scale)
-        hit = _fast_cache(bundle).get(key)
-        if hit is not None:
-            name, scale, splits = hit
-            o = torch.empty_like(q)
-            lse = torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32, device=q.device)
-            if splits > 1:
-                bundle.launch(name, [q, k, v, o, lse, *split_workspace(torch, q, splits), scale], device=dev)
-            else:
-                bundle.launch(name, [q, k, v, o, lse, scale], device=dev)
-            return (o, lse) if return_lse else o
+    scale_given = softmax_scale
     if softmax_scale is not None:
         try:
             softmax_scale = float(softmax_scale)
@@ -127,11 +136,14 @@ def attention(bundle, q, k, v, causal=False, softmax_scale=None, cu_seqlens_q=No
         if splits > 1:
             args[5:5] = split_workspace(torch, q, splits)
     bundle.launch(name, args, device=dev)
-    if not varlen:
-        cache = _fast_cache(bundle)
-        if len(cache) > 4096:
-            cache.clear()
-        cache[key] = (name, softmax_scale, splits)
+    # (cached only for plain flags: a tensor's hash is its identity, so it would never hit again)
+    if key is not None and type(causal) in (bool, int) and (scale_given is None or type(scale_given) in (float, int)):
+        fire = _hot_launch(bundle, name, splits, q, o, lse, args, dev)
+        if fire is not None:
+            cache = _hot(bundle)
+            if len(cache) >= 4096:
+                cache.clear()
+            cache[key] = fire
     return (o, lse) if return_lse else o
 
 
@@ -145,17 +157,72 @@ def split_workspace(torch, q, splits: int):
     return ws[: n * d].view(splits, b, hq, sq, d), ws[n * d:].view(splits, b, hq, sq)
 
 
-# Per bundle: (dtype, head_dim, causal, varlen, under-filled grid) -> variant name, and the dense
-# hot-path cache (a bundle and its device are fixed).
+def _hot_launch(bundle, name: str, splits: int, q, o, lse, args: list, dev: int):
+    """The hot path's launch of a dense problem just launched (and so checked) with ``args``:
+    ``fire(q, k, v)`` allocates O, LSE (and a split variant's workspace), launches, and returns
+    (o, lse), or None when a data pointer breaks the alignment contract (nothing launched: the
+    checked path then says which).  None instead of ``fire`` when the variant was not loaded by
+    that launch (a stand-in launch in tests): then nothing is cached.  Everything else of the
+    key's problem is fixed: the packed argument bytes (:meth:`BundleCore.fixed`), the outputs'
+    shapes and strides (``empty_like`` of q and of zero-stride views, which give the layouts
+    checked here)."""
+    specs = [a if isinstance(a, float) else (a.data_ptr(), tuple(a.shape), tuple(a.stride())) for a in args]
+    fixed = bundle.fixed(name, specs) if isinstance(bundle, BundleCore) else None
+    if fixed is None:  # a stand-in bundle or launch (tests): every call takes the checked path
+        return None
+    go = fixed.go
+    one = torch.empty(1, dtype=torch.float32, device=q.device)
+    empty_like = torch.empty_like
+    lproto = one.expand(lse.shape)  # empty_like of a zero-stride view: a new compact tensor
+    if empty_like(lproto).stride() != lse.stride() or empty_like(q).stride() != o.stride():
+        raise AssertionError(f"{name}: empty_like does not reproduce the checked output layouts")
+    if splits == 1:
+        def fire(q, k, v):
+            o, lse = empty_like(q), empty_like(lproto)
+            here = bundle._cur()
+            if here != dev:
+                not_current(dev, here)
+            err = go(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(), bundle._raw(here))
+            if err != 0:
+                if err is None:
+                    return None
+                raise LaunchError(f"{name}: launch failed: {bundle.lib.error(err)}")
+            return o, lse
+        fire.fixed = fixed  # (for scripts/launch_overhead.py's breakdown)
+        return fire
+
+    b, sq, hq, d = q.shape
+    n = splits * b * hq * sq
+    wproto, lse_at = one.expand(n * (d + 1)), n * d * 4  # split_workspace's one allocation
+
+    def fire_split(q, k, v):
+        o, lse, ws = empty_like(q), empty_like(lproto), empty_like(wproto)
+        here = bundle._cur()
+        if here != dev:
+            not_current(dev, here)
+        w = ws.data_ptr()
+        err = go(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(), w, w + lse_at,
+                 bundle._raw(here))
+        if err != 0:
+            if err is None:
+                return None
+            raise LaunchError(f"{name}: launch failed: {bundle.lib.error(err)}")
+        return o, lse
+    fire_split.fixed = fixed
+    return fire_split
+
+
+# Per bundle: (dtype, head_dim, causal, varlen, under-filled grid) -> variant name.
 _CHOICES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-_FAST: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_NO_CACHE: dict = {}  # (a stand-in bundle's hot path: never filled, see _hot_launch)
 
 
-def _fast_cache(bundle) -> dict:
+def _hot(bundle) -> dict:
+    """The dense hot path's cache: problem key -> ``fire`` (:func:`_hot_launch`)."""
     try:
-        return _FAST.setdefault(bundle, {})
-    except TypeError:  # not weak-referenceable: no cache
-        return {}
+        return bundle._hot_attention
+    except AttributeError:
+        return _NO_CACHE
 
 
 def _sm_count() -> int:
@@ -181,10 +248,27 @@ def _choose(bundle, dtype: str, head_dim: int, causal: bool, varlen: bool, rows:
     if hit is None:
         if len(per_bundle) > 4096:
             per_bundle.clear()
-        e = select(bundle.candidates("attention"), dtype=dtype, head_dim=head_dim, causal=causal,
-                   varlen=varlen, rows=rows, sms=sms, decode=decode)
+        try:
+            e = select(bundle.candidates("attention"), dtype=dtype, head_dim=head_dim, causal=causal,
+                       varlen=varlen, rows=rows, sms=sms, decode=decode,
+                       tuned=_tuned(bundle, dtype, head_dim, causal, decode) if not varlen else None)
+        except NoVariantError as err:  # say which device, and what the bundle was built for
+            raise NoVariantError(f"{err} (on {bundle.device_name()}; "
+                                 f"{bundle.describe_contents('attention')})") from None
         hit = per_bundle[key] = (e["name"], int(e.get("splits", 1)))
     return hit
+
+
+def _tuned(bundle, dtype: str, head_dim: int, causal: bool, decode) -> str | None:
+    """The bundle's measured winner for this dense problem's bucket (runtime/tuning.py
+    ``attention_bucket_key``), when its tuning.json applies to this device; else None."""
+    table = getattr(bundle, "tuning", None)
+    if table is None or decode is None:
+        return None
+    from .tuning import attention_bucket_key
+
+    b, hq, _, sq, sk = decode
+    return table.attention_winner(attention_bucket_key(dtype, head_dim, causal, sq, sk, b * hq))
 
 
 def split_count(ctas: int, key_tiles: int, sms: int, available) -> int:
@@ -226,6 +310,66 @@ def _split_pick(entries: list[dict], groups: int, rows: int, sk: int, sms: int) 
     return next((e for e in same if e["splits"] == n), None) if n > 1 else None
 
 
+# Decode family (attention/decode.py): dense problems with at most this many queries.
+DECODE_MAX_SEQLEN_Q = 16
+DECODE_ROWS = 16  # rows of one decode CTA: (query, q head) pairs of one kv head
+_L2_BYTES = tuning._L2_BYTES
+
+
+def decode_split_count(groups: int, key_tiles: int, kv_bytes: int, row_blocks: int, sms: int,
+                       available, l2_bytes: int = _L2_BYTES) -> int:
+    """Split-KV count of a decode-family variant for ``groups`` = batch · kv heads · row blocks
+    CTAs per split (``row_blocks`` = ceil(Hq/Hkv · Sq / 16) per kv head) over ``key_tiles`` key
+    tiles of ``kv_bytes`` K and V.  H100 (notes/attention-decode.md, runs 1-2, 132 SMs, 2 CTAs
+    per SM; the best split of every measured shape):
+      * groups >= 3/4 of the SMs: 1 (B16 H32/8, 128 groups: split 2 ran 10.8 µs vs 8.3 at Sk512;
+        B4 H32/32 Sk1024 28.5 vs 25.7);
+      * fewer: the fewest splits, at least 2, that give more than SMs/4 CTAs, or more than
+        SMs/2 when a kv head has several row blocks (each CTA reads the whole K/V): 64 CTAs for
+        8, 16 or 32 groups (B4 H32/8 Sk4096: 2 splits 29.1 µs, 4 splits 30.7; B2 Sk16384: 4
+        splits 50.0, 8 splits 52.7), 128 for 64 groups (B8 Sk1024: 10.0 vs 12.1 unsplit), 4 for
+        B1 H32/8 Sq16 (58.5 µs, 2 splits 76.9);
+      * every split keeps at least 2 key tiles (B1 Sk512, 8 tiles: 4 splits 6.4 µs, 8 splits 7.4);
+      * when that is the largest cluster split (8), K/V fit in L2 and 32 splits keep 2 tiles each:
+        32 (merged by the second kernel; B1 H32/8 Sk4096 10.1 µs vs 11.3, Sk8192 12.5 vs 15.8).
+    ``available``: {splits: merged in a cluster?} of the built variants."""
+    if groups * 4 >= 3 * sms:
+        return 1
+    target = sms // 2 if row_blocks > 1 else sms // 4
+    fits = sorted(sp for sp in available if sp == 1 or key_tiles >= 2 * sp)
+    cl = [sp for sp in fits if sp >= 2 and available[sp]]
+    n = next((sp for sp in cl if groups * sp > target), cl[-1] if cl else 1)
+    big = [sp for sp in fits if not available[sp] and sp > n]
+    if cl and n == max(sp for sp in available if available[sp]) and kv_bytes <= l2_bytes and big:
+        n = big[-1]
+    return n
+
+
+def decode_pick(entries: list[dict], decode: tuple, causal: bool, sms: int,
+                l2_bytes: int = _L2_BYTES) -> dict | None:
+    """The decode-family entry for a dense problem ``decode`` = (batch, Hq, Hkv, Sq, Sk), or None
+    when the family does not serve it: Sq > 16, or Sq > 1 without causal masking (the family is
+    built bottom-right causal; with one query that equals no mask).  Entries of one tile config
+    (the preferred one where several are built), split count by :func:`decode_split_count`."""
+    b, hq, hkv, sq, sk = decode
+    entries = [e for e in entries if e.get("causal")]
+    if not entries or sq > DECODE_MAX_SEQLEN_Q or (sq > 1 and not causal) or hkv <= 0:
+        return None
+    pref = [e for e in entries if e.get("preferred")] or entries
+    tile = list(pref[0]["tile"])
+    same = [e for e in pref if list(e["tile"]) == tile]
+    row_blocks = -(-(hq // hkv) * sq // DECODE_ROWS)
+    kv_bytes = 2 * b * sk * hkv * same[0]["head_dim"] * (2 if same[0]["dtype"] in ("bf16", "f16") else 4)
+    avail = {int(e["kv_splits"]): e["cluster"][0] > 1 for e in same}
+    groups = b * hkv * row_blocks
+    n = decode_split_count(groups, -(-sk // tile[1]), kv_bytes, row_blocks, sms, avail, l2_bytes)
+    # PDL: for the second-kernel split, and for a cluster split whose grid leaves half the SMs
+    # idle (H100: B1-B4 -0.6 to -0.9 µs; grids of ~128 CTAs lost up to 18 %, DEFAULT's note).
+    pdl = n > 1 and (not avail.get(n) or 2 * groups * n <= sms)
+    fits = [e for e in same if int(e["kv_splits"]) == n]
+    return next((e for e in fits if bool(e.get("pdl")) == pdl), fits[0] if fits else None)
+
+
 def _more_waves(small: dict, big: dict, decode: tuple, sms: int) -> bool:
     """Whether the smaller query tile's grid needs more waves than the bigger one's, for variants
     that state their resident CTAs per SM (``ctas_per_sm``; others: False, the rule above alone).
@@ -243,7 +387,7 @@ def _more_waves(small: dict, big: dict, decode: tuple, sms: int) -> bool:
 
 def select(candidates: list[dict], *, dtype: str, head_dim: int, causal: bool,
            varlen: bool, rows: int | None = None, sms: int = 132,
-           decode: tuple[int, int, int, int, int] | None = None) -> dict:
+           decode: tuple[int, int, int, int, int] | None = None, tuned: str | None = None) -> dict:
     """The manifest entry that implements this problem on the best target (candidates come
     best-target first); within that target, the family's preferred tile, unless its grid
     (rows / tile_m CTAs) leaves SMs idle and a variant with a smaller query tile exists: then the
@@ -257,10 +401,20 @@ def select(candidates: list[dict], *, dtype: str, head_dim: int, causal: bool,
     ``min_seqlen_q`` serves only dense problems with at least that many queries (the sm90
     family's 64-row warpgroup slabs are padding for fewer); below it the next target's choice.
     Variants that state ``ctas_per_sm`` take the smaller tile only if its grid needs no more
-    waves than the preferred tile's (:func:`_more_waves`)."""
+    waves than the preferred tile's (:func:`_more_waves`).  ``tuned``: the name the bundle's tuning
+    table measured fastest for this dense problem's bucket; taken when it is among the variants
+    left after the decode rules and the min_seqlen_q filter (any target), before the tile rule.
+    Before all of this, a dense problem with at most 16 queries takes the decode family (manifest
+    ``decode_rows``) where :func:`decode_pick` finds a variant; that family is never taken by the
+    rules above."""
     fit = [e for e in candidates
            if e.get("dtype") == dtype and e.get("head_dim") == head_dim
            and bool(e.get("varlen")) == varlen]
+    if decode is not None and not varlen:
+        e = decode_pick([e for e in fit if e.get("decode_rows")], decode, causal, sms)
+        if e is not None:
+            return e
+    fit = [e for e in fit if not e.get("decode_rows")]
     if fit and decode is not None and not varlen:
         b, hq, hkv, sq, sk = decode
         top = next((e.get("target") for e in fit if e.get("splits", 1) > 1), None)
@@ -281,6 +435,10 @@ def select(candidates: list[dict], *, dtype: str, head_dim: int, causal: bool,
     fit = [e for e in fit if bool(e.get("causal")) == causal]
     if decode is not None and not varlen:
         fit = [e for e in fit if decode[3] >= e.get("min_seqlen_q", 0)] or fit
+    if tuned is not None:
+        e = next((e for e in fit if e["name"] == tuned and e.get("splits", 1) == 1), None)
+        if e is not None:
+            return e
     if fit:
         best = [e for e in fit if e.get("target") == fit[0].get("target")]
         best = [e for e in best if e.get("splits", 1) == 1] or best

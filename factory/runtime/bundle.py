@@ -40,6 +40,13 @@ def current_stream() -> int:
     return raw(dev())
 
 
+def not_current(device: int, here: int):
+    """The InputError of tensors on ``device`` while ``here`` is the current device."""
+    raise InputError(f"the tensors are on cuda:{device} but the current device is cuda:{here}: "
+                     f"call under `with torch.cuda.device({device}):` (kernels run on the current "
+                     f"device's stream)")
+
+
 class BundleCore:
     """A bundle opened for one kind of device: its manifest, host library, argument binders and
     per-device caches.  ``launch`` is the one way a kernel runs."""
@@ -55,6 +62,10 @@ class BundleCore:
         self._binders: dict[str, Binder] = {}
         self._launchers: dict[str, object] = {}  # variant -> its native launch function
         self._select_cache: dict[tuple, str] = {}
+        # The ops' hot paths: problem key -> a launch with everything but the pointers prepared
+        # (runtime/attention.py, runtime/gemm.py); bounded like the selection cache.
+        self._hot_attention: dict[tuple, object] = {}
+        self._hot_gemm: dict[tuple, object] = {}
         self._max_clusters: dict[str, int] = {}  # persistent grid caps (runtime/gemm.py)
         self._early_b: dict[str, str] = {}  # variant -> its early_b twin (runtime/gemm.py)
         self._unit_scales: dict = {}  # device -> float32 [1.0], fp8's default scale (runtime/gemm.py)
@@ -166,9 +177,7 @@ class BundleCore:
             cur = self._cur
         here = cur()
         if device is not None and device != here:
-            raise InputError(f"the tensors are on cuda:{device} but the current device is cuda:{here}: "
-                             f"call under `with torch.cuda.device({device}):` (kernels run on the current "
-                             f"device's stream)")
+            not_current(device, here)
         if stream is None:
             stream = self._raw(here)
         fn = self._launchers.get(name)
@@ -182,7 +191,15 @@ class BundleCore:
         if err:
             raise LaunchError(f"{name}: launch failed: {self.lib.error(err)}")
 
-    def preload(self, ops=("gemm", "attention")) -> int:
+    def fixed(self, name: str, specs: list):
+        """A :class:`~.loader.FixedLaunch` of variant ``name`` for these specs, checked here in
+        full, or None when the variant is not loaded (by a launch); the ops' hot paths call its
+        ``go`` with the data pointers and the stream, after checking the device themselves
+        (:func:`not_current`)."""
+        fn = self._launchers.get(name)
+        return None if fn is None else self._binders[name].fixed(fn, specs)
+
+    def preload(self, ops=("gemm", "gemm_blockscaled", "attention")) -> int:
         """Load every variant of ``ops`` that this device runs, now: module loading cannot be
         captured in a CUDA graph, so call this (or run each call once) before capturing.  Returns
         the number of modules loaded."""

@@ -14,6 +14,12 @@ Selection, once per problem key (dtypes, majorness, sizes, strides, pointer alig
        waves of the persistent grid, bytes at a grid-dependent streaming bandwidth) + fixed
        costs, with the CTA count multiplied by ``split_k`` and tiles counted in the problem's
        (M, N) orientation (swap-AB too).  Constants from H100 measurements, cited there.
+     - sm100 (Blackwell datacenter, tcgen05): the least time of ``cost_sm100.estimate_us``, a
+       roofline from published B200 figures (tensor rate per SM and the operand reads from shared
+       memory, waves of the persistent grid, DRAM bytes at HBM bandwidth or each CTA's pipeline
+       depth per round trip, L2 operand traffic).  Unmeasured (no B200 here); decode shapes
+       (M <= 16) take the 64-row tiles or, where that grid needs several waves, a one-wave 128-row
+       tile (notes/gemm-sm100.md).
      - sm80 (mma.sync): the largest tile that still gives at least one CTA per SM
        (ceil(M/tm)·ceil(N/tn)·L ≥ SMs); if no tile reaches that, the tile with the most CTAs
        (for mma.sync on an H100: 128×128 and 128×256 are within a few % at 4096³, and 64×128
@@ -27,8 +33,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from . import tuning, validate
-from .errors import InputError, NoVariantError
+from . import cost_sm100, tuning, validate
+from .bundle import not_current
+from .errors import InputError, LaunchError, NoVariantError
 
 _CACHE_LIMIT = 4096
 
@@ -221,6 +228,8 @@ def choose(bundle, fits: list[dict], ab: str, c: str, am: str, bm: str, M: int, 
             return w
     if fits[0]["family"] == "sm90":
         return min(fits, key=lambda v: (tuning.estimate_us(v, M, N, K, L, sms), v["name"]))["name"]
+    if fits[0]["family"] == "sm100":  # unmeasured: a roofline from published B200 figures
+        return min(fits, key=lambda v: (cost_sm100.estimate_us(v, M, N, K, L, sms), v["name"]))["name"]
 
     def ctas(v):
         tm, tn = v["tile"][0], v["tile"][1]
@@ -275,6 +284,23 @@ def early_b_twin(bundle, name: str) -> str:
 
 def gemm(bundle, a, b, out=None, *, out_dtype=None, scale_a=None, scale_b=None, variant=None,
          b_constant=False):
+    # Hot path: a problem seen before (shapes, strides, dtypes and devices of every tensor, the
+    # flags) was checked in full then; what can differ between calls of one key is checked here:
+    # tensor types, autograd, the current device, the data pointers' alignment (in ``go``).
+    try:
+        key = (a.shape, b.shape, a.stride(), b.stride(), a.dtype, b.dtype, a.get_device(), b.get_device(),
+               out_dtype, b_constant, variant, scale_a is None, scale_b is None)
+        if out is not None or scale_a is not None or scale_b is not None:
+            key = hot_key(key, out, scale_a, scale_b)
+        fire = bundle._hot_gemm.get(key)
+    except (AttributeError, TypeError):  # not tensors, an unhashable argument, a stand-in bundle
+        key = fire = None
+    if (fire is not None and isinstance(a, Tensor) and isinstance(b, Tensor) and hot_types(out, scale_a, scale_b)
+            and not ((a.requires_grad or b.requires_grad) and torch.is_grad_enabled())):
+        r = fire(a, b, out, scale_a, scale_b)
+        if r is not None:
+            return r
+        key = None  # a pointer of another alignment: the checked path selects for it, uncached
     # Checked on every call, cheaply: types, dtypes, ranks and sizes, one CUDA device, autograd.
     # Strides, alignment and 32-bit sizes are checked once per problem key (select / the binder).
     if not (isinstance(a, Tensor) and isinstance(b, Tensor)):
@@ -298,6 +324,7 @@ def gemm(bundle, a, b, out=None, *, out_dtype=None, scale_a=None, scale_b=None, 
     a3, b3 = rkl_spec(a, "a"), rkl_spec(b, "b")
     M, K, L = a3[1]
     N = b3[1][0]
+    out_given = out is not None
     if out is None:
         dt = out_dtype or (torch.bfloat16 if fp8 else a.dtype)
         out = a.new_empty((*sa[:-1], N), dtype=dt)  # (a's device, no device object)
@@ -326,7 +353,98 @@ def gemm(bundle, a, b, out=None, *, out_dtype=None, scale_a=None, scale_b=None, 
     if "persistent" in entry:
         scales += launch_scalars(bundle, entry)
     bundle.launch(name, [a3, b3, c3, *scales], checked=True, device=dev)
+    if key is not None and (not fp8 or hot_scales(bundle, a, keep, scale_a, scale_b)):
+        unit = bundle._unit_scales.get(a.device) if fp8 else None
+        remember_hot(bundle, key, hot_launch(bundle, name, entry, [a3, b3, c3, *scales], dev, out, out_given, unit))
     return out
+
+
+def hot_key(key: tuple, out, scale_a, scale_b) -> tuple:
+    """``key`` extended by what the hot path's launch depends on in ``out`` and the scales (their
+    shapes, strides, dtypes, devices; a scale's element count).  AttributeError when one is not
+    a tensor."""
+    if out is not None:
+        key += (out.shape, out.stride(), out.dtype, out.get_device())
+    if scale_a is not None:
+        key += (scale_a.dtype, scale_a.get_device(), scale_a.numel())
+    if scale_b is not None:
+        key += (scale_b.dtype, scale_b.get_device(), scale_b.numel())
+    return key
+
+
+def hot_scales(bundle, a, keep: list, scale_a, scale_b) -> bool:
+    """Whether the fp8 scales the checked path launched with are the ones the hot path will pass:
+    given ones float32 as given, a default one kept (made outside a graph capture)."""
+    unit = bundle._unit_scales.get(a.device)
+    return all(s is unit if g is None else s is g for s, g in zip(keep, (scale_a, scale_b)))
+
+
+def hot_types(out, scale_a, scale_b) -> bool:
+    return ((out is None or isinstance(out, Tensor)) and (scale_a is None or isinstance(scale_a, Tensor))
+            and (scale_b is None or isinstance(scale_b, Tensor)))
+
+
+def remember_hot(bundle, key: tuple, fire) -> None:
+    if fire is not None:
+        if len(bundle._hot_gemm) >= _CACHE_LIMIT:
+            bundle._hot_gemm.clear()
+        bundle._hot_gemm[key] = fire
+
+
+def hot_launch(bundle, name: str, entry: dict, specs: list, dev: int, out, out_given: bool, unit):
+    """The hot path's launch of a problem just launched (and so checked) with ``specs``:
+    ``fire(a, b, out, scale_a, scale_b)`` allocates ``out`` when not given (and a split-K
+    variant's workspace), launches, and returns ``out``, or None when a data pointer breaks the
+    alignment contract (nothing launched: the checked path then says which).  Everything else of
+    the key's problem is fixed: the packed argument bytes (:meth:`BundleCore.fixed`) and the
+    allocations' layouts (``empty_like`` of zero-stride views, checked here).  None when the
+    variant was not loaded by that launch (a stand-in launch in tests)."""
+    fixed = bundle.fixed(name, specs)
+    if fixed is None:  # not loaded by that launch (a stand-in launch in tests): nothing cached
+        return None
+    go = fixed.go
+    empty_like = torch.empty_like
+    oproto = None if out_given else out.new_empty(1).expand(out.shape)
+    if oproto is not None and empty_like(oproto).stride() != out.stride():
+        raise AssertionError(f"{name}: empty_like does not reproduce the checked output layout")
+    wproto = None
+    if "workspace" in entry:
+        M, N = specs[0][1][0], specs[1][1][0]  # (split_k, M, N) float32, as the checked path allocates it
+        wproto = out.new_empty(1, dtype=torch.float32).expand(entry["split_k"] * M * N)
+    fp8 = entry["dtypes"]["a"] == "e4m3"
+    unit_ptr = unit.data_ptr() if unit is not None else 0
+
+    def failed(err):
+        if err is None:
+            return None
+        raise LaunchError(f"{name}: launch failed: {bundle.lib.error(err)}")
+
+    if not fp8 and wproto is None:
+        def fire(a, b, out, sa, sb):
+            if out is None:
+                out = empty_like(oproto)
+            here = bundle._cur()
+            if here != dev:
+                not_current(dev, here)
+            err = go(a.data_ptr(), b.data_ptr(), out.data_ptr(), bundle._raw(here))
+            return out if err == 0 else failed(err)
+        return fire
+
+    def fire_any(a, b, out, sa, sb):
+        if out is None:
+            out = empty_like(oproto)
+        here = bundle._cur()
+        if here != dev:
+            not_current(dev, here)
+        p = [a.data_ptr(), b.data_ptr(), out.data_ptr()]
+        if fp8:
+            p += (unit_ptr if sa is None else sa.data_ptr(), unit_ptr if sb is None else sb.data_ptr())
+        if wproto is not None:
+            ws = empty_like(wproto)  # (alive until the launch is queued)
+            p.append(ws.data_ptr())
+        err = go(*p, bundle._raw(here))
+        return out if err == 0 else failed(err)
+    return fire_any
 
 
 def _out_error(a, b, out, out_dtype):

@@ -185,3 +185,56 @@ class Binder:
                 raise InputError(f"{self.name}: {a.name} data pointer is not {a.align}-byte aligned")
             if shape32 and any(shape[i] > _INT32_MAX for i in dyn_shape):
                 raise InputError(f"{self.name}: {a.name} sizes {shape} exceed the kernel's 32-bit size slots")
+
+    def fixed(self, fn, specs: list) -> "FixedLaunch":
+        """``fn`` (the variant's launcher) bound to these specs' sizes, strides and scalars, which
+        are checked here, in full: see :class:`FixedLaunch`."""
+        return FixedLaunch(self, fn, specs)
+
+
+class FixedLaunch:
+    """One variant's launch for one problem whose sizes, strides and scalars are fixed and were
+    checked once (``Binder.check``): a call writes only the data pointers and the stream into
+    this thread's copy of the packed arguments, and calls the launcher.  The ops keep one per
+    problem key (the hot path of an eager call).
+
+    ``go(p0, p1, ..., stream)`` takes the data pointers of the tensor arguments in signature
+    order and returns the launcher's code (0: launched), or None without launching when a
+    pointer breaks its argument's alignment contract (the caller then takes its checked path,
+    which names the argument)."""
+
+    def __init__(self, binder: Binder, fn, specs: list):
+        binder.check(specs)
+        self.name = binder.name
+        tensors = [i for i, (a, *_) in enumerate(binder.plan) if isinstance(a, TensorArg)]
+        template = ctypes.create_string_buffer(binder.size)
+        binder.pack_into(template, [(0, *s[1:]) if i in tensors else s for i, s in enumerate(specs)], 0)
+        slots = [binder.offsets[i] for i in tensors] + [binder.stream_offset]
+        assert all(o % 8 == 0 for o in slots) and binder.size % 8 == 0  # every pointer is a whole u64
+        offsets = [*binder.offsets, binder.stream_offset]
+        n = len(tensors)
+        by_align: dict[int, list[str]] = {}
+        for j, i in enumerate(tensors):
+            if binder.plan[i][0].align > 1:
+                by_align.setdefault(binder.plan[i][0].align, []).append(f"p{j}")
+        test = " or ".join(f"({' | '.join(ps)}) & {al - 1}" for al, ps in sorted(by_align.items()))
+        ptrs = ", ".join(f"p{j}" for j in range(n))
+        src = (f"def go({ptrs}, stream):\n"
+               + (f"    if {test}:\n        return None\n" if test else "")
+               + "    try:\n        mv, argv = tls.b\n    except AttributeError:\n        mv, argv = new()\n"
+               + "".join(f"    mv[{o // 8}] = p{j}\n" for j, o in enumerate(slots[:-1]))
+               + f"    mv[{slots[-1] // 8}] = stream\n    return fn(argv)\n")
+        raw, size, tls = template.raw, binder.size, threading.local()
+
+        def new():
+            buf = ctypes.create_string_buffer(raw, size)
+            base = ctypes.addressof(buf)
+            argv = (ctypes.c_void_p * len(offsets))(*[base + o for o in offsets])
+            argv._buf = buf  # (the array keeps the buffer alive)
+            tls.b = (memoryview(buf).cast("B").cast("Q"), argv)
+            return tls.b
+
+        ns = {"tls": tls, "new": new, "fn": fn}
+        exec(src, ns)  # noqa: S102 - source built above from the variant's argument layout
+        self.go = ns["go"]
+        self.source = src

@@ -145,6 +145,24 @@ def pick(fits: list[dict], N: int, wave, early: set) -> str:
 
 def gemm_packed(bundle, a, p: PackedB, out=None, *, out_dtype=None, scale_a=None, scale_b=None, variant=None,
                 b_constant=False):
+    # Hot path (as bundle.gemm's, runtime/gemm.py): a problem key seen before launches with its
+    # arguments packed then; the tensor types, autograd, the current device and the pointers'
+    # alignment are checked per call.
+    try:
+        d = p.data
+        key = (a.shape, d.shape, a.stride(), d.stride(), a.dtype, d.dtype, a.get_device(), d.get_device(),
+               out_dtype, b_constant, variant, scale_a is None, scale_b is None, "packed", p.n, p.k)
+        if out is not None or scale_a is not None or scale_b is not None:
+            key = gemm.hot_key(key, out, scale_a, scale_b)
+        fire = bundle._hot_gemm.get(key)
+    except (AttributeError, TypeError):
+        key = fire = None
+    if (fire is not None and isinstance(a, Tensor) and isinstance(d, Tensor) and gemm.hot_types(out, scale_a, scale_b)
+            and not (a.requires_grad and torch.is_grad_enabled())):
+        r = fire(a, d, out, scale_a, scale_b)
+        if r is not None:
+            return r
+        key = None  # a pointer of another alignment: selected for below, uncached
     if not isinstance(a, Tensor):
         validate.tensors(a=a)
     if a.dim() != 2 or a.shape[1] != p.k:
@@ -157,6 +175,7 @@ def gemm_packed(bundle, a, p: PackedB, out=None, *, out_dtype=None, scale_a=None
     if a.requires_grad and torch.is_grad_enabled():
         validate.no_grad("gemm", a=a)
     M = a.shape[0]
+    out_given = out is not None
     if out is None:
         out = a.new_empty((M, p.n), dtype=out_dtype or torch.bfloat16)
     elif out.dim() != 2 or out.shape[0] != M or out.shape[1] != p.n or (out_dtype is not None and out_dtype != out.dtype):
@@ -178,4 +197,8 @@ def gemm_packed(bundle, a, p: PackedB, out=None, *, out_dtype=None, scale_a=None
                              f"{', '.join(v['name'] for v in fits)}")
         name = variant
     bundle.launch(name, specs, checked=True, device=dev)
+    if key is not None and gemm.hot_scales(bundle, a, keep, scale_a, scale_b):
+        entry = bundle.manifest["variants"][name]
+        gemm.remember_hot(bundle, key, gemm.hot_launch(bundle, name, entry, specs, dev, out, out_given,
+                                                       bundle._unit_scales.get(a.device)))
     return out

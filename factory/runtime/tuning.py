@@ -1,4 +1,4 @@
-"""GEMM tuning data: shape buckets, the bundle's ``tuning.json``, and the cost model used without it.
+"""GEMM (and attention) tuning data: shape buckets, the bundle's ``tuning.json``, and the cost model used without it.
 
 Standard library only (the runtime never imports the DSL; torch is not needed here either).
 
@@ -10,7 +10,13 @@ Standard library only (the runtime never imports the DSL; torch is not needed he
      "manifest_sha256": "<sha256 of the bundle's manifest.json>",
      "method": {...how it was timed...},
      "buckets": {"bf16>bf16:kk:m16_n4096_k4096_l1": {"shape": [16, 4096, 4096, 1],
-                 "winner": "<variant>", "timings_us": {"<variant>": 12.3, ...}}, ...}}
+                 "winner": "<variant>", "timings_us": {"<variant>": 12.3, ...}}, ...},
+     "attention": {"attention:bf16:d128:causal:q4096_k4096_bh32": {"shape": [B, Hq, Hkv, Sq, Sk, D],
+                   "winner": "<variant>", "timings_us": {...}}, ...}}
+
+``attention`` (optional; ``scripts/tune.py attention``): dense attention buckets
+(:func:`attention_bucket_key`), consumed by ``runtime/attention.py select`` (and its C port) after
+the split-KV / packed-GQA decode rules.
 
 The table is used only when the device name, SM count and manifest hash all match; otherwise
 selection falls back to :func:`estimate_us` (a documented cost model).  Either way the choice is
@@ -52,6 +58,20 @@ def bucket_key(ab: str, c: str, a_major: str, b_major: str, M: int, N: int, K: i
     return f"{ab}>{c}:{a_major}{b_major}:m{m}_n{n}_k{k}_l{l_}"
 
 
+# --- attention buckets (dense problems; scripts/tune.py attention) ----------------------------------
+def pow2_bucket(x: int) -> int:
+    """Upper bound of x's power-of-two bucket (1, 2, 4, ...)."""
+    return 1 << max(0, (x - 1).bit_length())
+
+
+def attention_bucket_key(dtype: str, head_dim: int, causal: bool, sq: int, sk: int, bh: int) -> str:
+    """The bucket of a dense attention problem: dtype, head_dim, causal, seqlen_q, seqlen_k and
+    batch x q-heads, each sequence length and batch x heads rounded up to a power of two.  (A
+    tuning table names only the buckets it measured: scripts/tune.py times seqlen_q = seqlen_k.)"""
+    return (f"attention:{dtype}:d{head_dim}:{'causal' if causal else 'full'}:"
+            f"q{pow2_bucket(sq)}_k{pow2_bucket(sk)}_bh{pow2_bucket(bh)}")
+
+
 # --- the table -----------------------------------------------------------------------------------
 def manifest_sha256(bundle_path: str | Path) -> str:
     return hashlib.sha256((Path(bundle_path) / "manifest.json").read_bytes()).hexdigest()
@@ -71,11 +91,16 @@ class Tuning:
         # with b_constant (runtime/packed.py).
         self._packed = {(k, bc): b["packed"][f] for k, b in buckets.items() if b.get("packed")
                         for bc, f in ((False, "winner"), (True, "b_constant_winner")) if b["packed"].get(f)}
+        # Attention buckets (attention_bucket_key -> the fastest variant measured there).
+        self._attention = {k: b["winner"] for k, b in data.get("attention", {}).items() if b.get("winner")}
 
     def winner(self, key: str, b_constant: bool = False, packed: bool = False) -> str | None:
         if packed:
             return self._packed.get((key, b_constant))
         return (self._const if b_constant else self._winners).get(key)
+
+    def attention_winner(self, key: str) -> str | None:
+        return self._attention.get(key)
 
     def __len__(self) -> int:
         return len(self._winners)

@@ -130,24 +130,31 @@ static int32_t check_contract(const fx_variant *v, const fx_value *vals, int32_t
 }
 
 /* --- candidates: BundleCore.candidates --------------------------------------------------------- */
+/* Target.runs_on: the recorded compute capabilities of an arch- or family-specific target, else
+   the same major and a minor >= the target's. */
+static int target_runs_on(const fx_target *g, int32_t major, int32_t minor) {
+    if (g->n_ccs > 0) {
+        for (int32_t i = 0; i < g->n_ccs; i++)
+            if (g->ccs[i][0] == major && g->ccs[i][1] == minor) return 1;
+        return 0;
+    }
+    return major == g->major && minor >= g->minor;
+}
+
 /* Indices of op's variants runnable on this capability, best target first (targets_for_capability:
-   arch-specific for exactly this chip, then the newest plain target of the same major), manifest
-   order within a target.  Returns the count; *out is malloc'd (free it). */
+   arch-specific for exactly this chip, then family-specific, then the newest plain target of the
+   same major), manifest order within a target.  Returns the count; *out is malloc'd (free it). */
 static int32_t candidates(const fx_device_t *dev, int32_t op, int32_t **out) {
     int32_t order[64], n_order = 0;
-    for (int32_t t = 0; t < fx_n_targets && n_order < 64; t++) {
-        const fx_target *g = &fx_targets[t];
-        int runs = g->arch_specific ? (dev->cc_major == g->major && dev->cc_minor == g->minor)
-                                    : (dev->cc_major == g->major && dev->cc_minor >= g->minor);
-        if (runs) order[n_order++] = t;
-    }
-    /* sorted by (arch_specific, capability), descending (insertion sort keeps ties in order) */
+    for (int32_t t = 0; t < fx_n_targets && n_order < 64; t++)
+        if (target_runs_on(&fx_targets[t], dev->cc_major, dev->cc_minor)) order[n_order++] = t;
+    /* sorted by (specificity, capability), descending (insertion sort keeps ties in order) */
     for (int32_t i = 1; i < n_order; i++) {
         int32_t x = order[i], j = i - 1;
         const fx_target *gx = &fx_targets[x];
         while (j >= 0) {
             const fx_target *gj = &fx_targets[order[j]];
-            int before = gx->arch_specific != gj->arch_specific ? gx->arch_specific > gj->arch_specific
+            int before = gx->specificity != gj->specificity ? gx->specificity > gj->specificity
                          : gx->major != gj->major ? gx->major > gj->major : gx->minor > gj->minor;
             if (!before) break;
             order[j + 1] = order[j];
@@ -188,6 +195,30 @@ static const fx_bucket *find_bucket(int32_t ab, int32_t c, int32_t am, int32_t b
     snprintf(key, sizeof key, "%s>%s:%s%s:m%lld_n%lld_k%lld_l%lld", dtype_name(ab), dtype_name(c),
              am == FX_MAJOR_K ? "k" : "m", bm == FX_MAJOR_K ? "k" : "n", (long long)m_bucket(M),
              (long long)nk_bucket(N), (long long)nk_bucket(K), (long long)((int64_t)1 << (lb > 0 ? lb : 0)));
+    int32_t lo = 0, hi = fx_n_buckets - 1;
+    while (lo <= hi) {
+        int32_t mid = (lo + hi) / 2;
+        int r = strcmp(fx_buckets[mid].key, key);
+        if (r == 0) return &fx_buckets[mid];
+        if (r < 0) lo = mid + 1;
+        else hi = mid - 1;
+    }
+    return NULL;
+}
+
+/* tuning.attention_bucket_key (dense attention): power-of-two buckets of seqlen_q, seqlen_k and
+   batch x q-heads. */
+static int64_t pow2_bucket(int64_t x) {
+    int b = bit_length(x - 1);
+    return (int64_t)1 << (b > 0 ? b : 0);
+}
+
+static const fx_bucket *find_attention_bucket(int32_t dtype, int32_t head_dim, int32_t causal, int64_t sq,
+                                              int64_t sk, int64_t bh) {
+    char key[160];
+    snprintf(key, sizeof key, "attention:%s:d%d:%s:q%lld_k%lld_bh%lld", dtype_name(dtype), (int)head_dim,
+             causal ? "causal" : "full", (long long)pow2_bucket(sq), (long long)pow2_bucket(sk),
+             (long long)pow2_bucket(bh));
     int32_t lo = 0, hi = fx_n_buckets - 1;
     while (lo <= hi) {
         int32_t mid = (lo + hi) / 2;
@@ -347,6 +378,74 @@ static int contains(const int32_t *xs, int32_t n, int32_t x) {
     return 0;
 }
 
+/* --- the Blackwell cost model: cost_sm100.kblock_clocks, grid, dram_bytes, l2_bytes, estimate_us -- */
+static double sm100_kblock_clocks(const fx_variant *v) {
+    const fx_model_sm100 *p = &fx_model_sm100_constants;
+    int64_t cta_m = v->tile[0], tn = v->tile[1], tk = v->tile[2], group = v->cta_group > 0 ? v->cta_group : 1;
+    int64_t mma_m = v->mma_m > 0 ? v->mma_m : v->tile[0];
+    double rate = mma_m / group < 128 ? p->rate_m64 : 1.0;
+    double mma = 2.0 * (double)cta_m * (double)tn * (double)tk / (v->flops_per_clk * rate);
+    double smem = (double)((cta_m + tn / group) * tk * v->a_bytes) / p->smem_bytes_per_clk;
+    double hi = mma >= smem ? mma : smem, lo = mma >= smem ? smem : mma;
+    return hi + p->issue_overlap * lo;
+}
+
+static void sm100_grid(const fx_variant *v, int64_t M, int64_t N, int64_t L, int32_t sm_count, i128 *units, i128 *ctas,
+                       i128 *waves) {
+    int64_t cm = v->cluster[0], cn = v->cluster[1];
+    i128 tiles_m = cdiv(cdiv(M, v->tile[0]), cm) * cm;
+    i128 tiles_n = cdiv(cdiv(N, v->tile[1]), cn) * cn;
+    *units = tiles_m * tiles_n * L;
+    i128 per_cluster = cm * cn;
+    i128 cap = (i128)sm_count / per_cluster * per_cluster;
+    if (cap < per_cluster) cap = per_cluster;
+    *ctas = *units < cap ? *units : cap;
+    *waves = cdiv128(*units, *ctas);
+}
+
+static i128 sm100_dram_bytes(const fx_variant *v, int64_t M, int64_t N, int64_t K, int64_t L, int32_t sm_count) {
+    i128 e = v->a_bytes;
+    i128 a_bytes = (i128)M * K * e, b_bytes = (i128)N * K * e, c_bytes = (i128)M * N * v->c_bytes;
+    int64_t cm = v->cluster[0], cn = v->cluster[1], tn = v->tile[1];
+    i128 units, ctas, waves;
+    sm100_grid(v, M, N, 1, sm_count, &units, &ctas, &waves);
+    i128 m_clusters = cdiv(cdiv(M, v->tile[0]), cm), n_clusters = cdiv(cdiv(N, tn), cn);
+    i128 resident = ctas / (cm * cn);
+    i128 w_n = resident / (m_clusters > 1 ? m_clusters : 1);
+    if (w_n < 1) w_n = 1;
+    i128 w_m = resident < m_clusters ? resident : m_clusters;
+    if (w_m < 1) w_m = 1;
+    i128 l2 = fx_model_sm100_constants.l2_bytes; /* x <= L2 / 2 is tested as 2 x <= L2: exact */
+    i128 a_passes = 2 * a_bytes <= l2 ? 1 : cdiv128(n_clusters, w_n);
+    i128 strip = w_n * cn * tn * (i128)K * e;
+    i128 b_passes = (2 * b_bytes <= l2 || 2 * strip <= l2) ? 1 : cdiv128(m_clusters, w_m);
+    return (a_bytes * a_passes + b_bytes * b_passes + c_bytes) * L;
+}
+
+static double sm100_l2_bytes(const fx_variant *v, int64_t M, int64_t N, int64_t K, int64_t L) {
+    int64_t cta_m = v->tile[0], tn = v->tile[1], cm = v->cluster[0], cn = v->cluster[1];
+    int64_t group = v->cta_group > 0 ? v->cta_group : 1, b_share = cm / group > 1 ? cm / group : 1;
+    double rows = (double)(cta_m < M ? cta_m : M) / (double)cn + (double)(tn / group) / (double)b_share;
+    i128 tiles = (i128)cdiv(M, cta_m) * cdiv(N, tn) * L;
+    return (double)tiles * rows * (double)K * (double)v->a_bytes;
+}
+
+static double sm100_estimate_us(const fx_variant *v, int64_t M, int64_t N, int64_t K, int64_t L, int32_t sm_count) {
+    const fx_model_sm100 *p = &fx_model_sm100_constants;
+    i128 units, ctas, waves;
+    sm100_grid(v, M, N, L, sm_count, &units, &ctas, &waves);
+    i128 k_blocks = cdiv(K, v->tile[2]);
+    double t_compute = (double)(waves * k_blocks) * sm100_kblock_clocks(v) / (p->clock_ghz * 1e9);
+    double t_bw = (double)sm100_dram_bytes(v, M, N, K, L, sm_count) / (p->hbm_tbs * 1e12 * p->hbm_eff);
+    double t_lat = (double)(waves * k_blocks) * p->latency_us * 1e-6 / (double)(v->stages > 0 ? v->stages : 4);
+    double t_dram = t_bw >= t_lat ? t_bw : t_lat;
+    double t_l2 = sm100_l2_bytes(v, M, N, K, L) / (p->l2_tbs * 1e12);
+    double t_memory = t_dram >= t_l2 ? t_dram : t_l2;
+    double hi = t_compute >= t_memory ? t_compute : t_memory, lo = t_compute >= t_memory ? t_memory : t_compute;
+    double t = hi + p->mem_overlap * lo;
+    return t * 1e6 + p->fixed_us + p->wave_us * (double)(waves - 1);
+}
+
 static i128 sm80_ctas(const fx_variant *v, const gemm_ctx *g) {
     return (i128)cdiv(g->M, v->tile[0]) * cdiv(g->N, v->tile[1]) * g->L * v->split_k;
 }
@@ -371,6 +470,19 @@ static int32_t gemm_choose(const gemm_ctx *g, int32_t *fits, int32_t n) {
     if (tuning_applies(g->dev)) {
         const fx_bucket *b = find_bucket(g->ab, g->c, g->am, g->bm, g->M, g->N, g->K, g->L);
         if (b && b->winner >= 0 && contains(fits, n, b->winner)) return b->winner;
+    }
+    if (fx_variants[fits[0]].family == FX_FAMILY_SM100) {
+        int32_t best = -1;
+        double best_t = 0;
+        for (int32_t i = 0; i < n; i++) {
+            const fx_variant *v = &fx_variants[fits[i]];
+            double t = sm100_estimate_us(v, g->M, g->N, g->K, g->L, sms);
+            if (best < 0 || t < best_t || (t == best_t && strcmp(v->name, fx_variants[best].name) < 0)) {
+                best = fits[i];
+                best_t = t;
+            }
+        }
+        return best;
     }
     if (fx_variants[fits[0]].family == FX_FAMILY_SM90) {
         int32_t best = -1;
@@ -616,6 +728,59 @@ static int more_waves(const fx_variant *small, const fx_variant *big, const attn
     return ws > wb;
 }
 
+/* attention.decode_split_count over the built split counts sp[i] (cl[i]: merged in a cluster). */
+static int32_t decode_split_count(i128 groups, int64_t tiles, i128 kv_bytes, int64_t row_blocks, int32_t sms,
+                                  const int32_t *sp, const int32_t *cl, int32_t n) {
+    if (groups * 4 >= 3 * (i128)sms) return 1;
+    i128 target = row_blocks > 1 ? sms / 2 : sms / 4;
+    int32_t first = 0, cl_fit = 0, cl_all = 0;
+    for (int32_t i = 0; i < n; i++) {
+        if (cl[i] && sp[i] > cl_all) cl_all = sp[i];
+        if (!cl[i] || sp[i] < 2 || tiles < 2 * (int64_t)sp[i]) continue;
+        if (sp[i] > cl_fit) cl_fit = sp[i];
+        if (groups * sp[i] > target && (!first || sp[i] < first)) first = sp[i];
+    }
+    int32_t s = first ? first : (cl_fit ? cl_fit : 1);
+    if (cl_fit && s == cl_all && kv_bytes <= (i128)fx_model_constants.l2_bytes) {
+        int32_t big = 0;
+        for (int32_t i = 0; i < n; i++)
+            if (!cl[i] && sp[i] > s && (sp[i] == 1 || tiles >= 2 * (int64_t)sp[i]) && sp[i] > big) big = sp[i];
+        if (big) s = big;
+    }
+    return s;
+}
+
+/* attention.decode_pick over the decode-family entries dec[0..n) (candidates order): -1 for None. */
+static int32_t decode_pick(const int32_t *dec, int32_t n, const attn_decode *d, int32_t causal, int32_t sms) {
+    if (n == 0 || d->sq > 16 || (d->sq > 1 && !causal) || d->hkv <= 0) return -1;
+    int32_t npref = 0;
+    for (int32_t i = 0; i < n; i++) npref += fx_variants[dec[i]].preferred != 0;
+    int32_t t0 = -1, t1 = -1, sp[64], cl[64], idx[64], m = 0;
+    for (int32_t i = 0; i < n && m < 64; i++) {
+        const fx_variant *e = &fx_variants[dec[i]];
+        if (npref && !e->preferred) continue;
+        if (t0 < 0) t0 = e->tile[0], t1 = e->tile[1];
+        if (e->tile[0] != t0 || e->tile[1] != t1) continue;
+        sp[m] = e->kv_splits, cl[m] = e->cluster[0] > 1, idx[m] = dec[i], m++;
+    }
+    if (!m) return -1;
+    const fx_variant *e0 = &fx_variants[idx[0]];
+    int64_t row_blocks = cdiv((d->hq / d->hkv) * d->sq, 16);
+    i128 kv_bytes = (i128)2 * d->b * d->sk * d->hkv * e0->head_dim * 2;
+    i128 groups = (i128)d->b * d->hkv * row_blocks;
+    int32_t s = decode_split_count(groups, cdiv(d->sk, t1), kv_bytes, row_blocks, sms, sp, cl, m);
+    int32_t cluster = 0, first = -1;
+    for (int32_t i = 0; i < m; i++)
+        if (sp[i] == s && cl[i]) cluster = 1;
+    int32_t pdl = s > 1 && (!cluster || 2 * groups * s <= (i128)sms);
+    for (int32_t i = 0; i < m; i++) {
+        if (sp[i] != s) continue;
+        if (first < 0) first = idx[i];
+        if ((fx_variants[idx[i]].pdl != 0) == pdl) return idx[i];
+    }
+    return first;
+}
+
 /* attention.select (rows < 0: None; decode NULL: None). */
 static int32_t attn_choose(const fx_device_t *dev, int32_t dtype, int32_t head_dim, int32_t causal, int32_t varlen,
                            i128 rows, const attn_decode *decode) {
@@ -626,6 +791,19 @@ static int32_t attn_choose(const fx_device_t *dev, int32_t dtype, int32_t head_d
     for (int32_t i = 0; i < n; i++) {
         const fx_variant *e = &fx_variants[cand[i]];
         if (e->dtype == dtype && e->head_dim == head_dim && e->varlen == varlen) fit[nf++] = cand[i];
+    }
+    if (nf && decode && !varlen) {
+        int32_t nd = 0;
+        for (int32_t i = 0; i < nf; i++)
+            if (fx_variants[fit[i]].decode_rows && fx_variants[fit[i]].causal) sub[nd++] = fit[i];
+        result = decode_pick(sub, nd, decode, causal, sms);
+        if (result >= 0) goto done;
+    }
+    {
+        int32_t m = 0;
+        for (int32_t i = 0; i < nf; i++)
+            if (!fx_variants[fit[i]].decode_rows) fit[m++] = fit[i];
+        nf = m;
     }
     if (nf && decode && !varlen) {
         int32_t top = -1;
@@ -673,6 +851,16 @@ static int32_t attn_choose(const fx_device_t *dev, int32_t dtype, int32_t head_d
             }
         }
         if (!nf) goto done;
+        /* the tuning table's winner of this dense problem's bucket, when among fit */
+        if (decode && !varlen && tuning_applies(dev)) {
+            const fx_bucket *tb = find_attention_bucket(dtype, head_dim, causal, decode->sq, decode->sk,
+                                                        decode->b * decode->hq);
+            for (int32_t i = 0; tb && tb->winner >= 0 && i < nf; i++)
+                if (fit[i] == tb->winner && fx_variants[fit[i]].splits == 1) {
+                    result = fit[i];
+                    goto done;
+                }
+        }
         int32_t tgt = fx_variants[fit[0]].target, nb = 0, n1 = 0;
         for (int32_t i = 0; i < nf; i++)
             if (fx_variants[fit[i]].target == tgt) sub[nb++] = fit[i];

@@ -10,7 +10,7 @@
 #define FX_MAX_DEVICES 64
 
 enum { FX_OP_GEMM = 1, FX_OP_ATTENTION = 2 };
-enum { FX_FAMILY_OTHER = 0, FX_FAMILY_SM80 = 1, FX_FAMILY_SM90 = 2 };
+enum { FX_FAMILY_OTHER = 0, FX_FAMILY_SM80 = 1, FX_FAMILY_SM90 = 2, FX_FAMILY_SM100 = 3 };
 enum { FX_MAJOR_K = 1, FX_MAJOR_M = 2, FX_MAJOR_N = 3 }; /* 0: anything else */
 enum { FX_ACC_DEFAULT = 0, FX_ACC_PROMOTED = 1, FX_ACC_FAST = 2 };
 
@@ -65,6 +65,7 @@ typedef struct {
     /* attention */
     int32_t dtype, head_dim, causal, varlen, pack_gqa, preferred, splits, stages, min_seqlen_q;
     int32_t ctas_per_sm;     /* 0: the entry does not state it */
+    int32_t decode_rows, kv_splits, pdl; /* decode family (attention/decode.py): rows per CTA, key splits, PDL; 0: other */
     /* the contract (loader.Binder.check) */
     int32_t n_args;
     const fx_arg *args;
@@ -76,11 +77,22 @@ typedef struct {
     cudaLibrary_t *module;
     const char *kernel;      /* persistent: the kernel the occupancy query asks about */
     int32_t smem_bytes;      /* its dynamic shared memory */
+    /* the Blackwell cost model (runtime/cost_sm100.py): MMA tile rows, CTAs per MMA, tensor FLOPs
+       per clock per SM of its a dtype */
+    int32_t mma_m, cta_group;
+    double flops_per_clk;
 } fx_variant;
 
+#define FX_MAX_TARGET_CCS 8
+
+/* A target (atoms/targets.py Target): its capability, specificity (2 arch-specific, 1
+   family-specific, 0 plain) and the compute capabilities its cubins run on (ccs, n_ccs > 0 for
+   arch- and family-specific targets; plain ones run on every minor >= theirs of their major). */
 typedef struct {
     const char *name;
-    int32_t major, minor, arch_specific;
+    int32_t major, minor, specificity;
+    int32_t n_ccs;
+    int32_t ccs[FX_MAX_TARGET_CCS][2];
 } fx_target;
 
 /* A tuning.json bucket: its key (tuning.bucket_key) and winners (-1: none). Sorted by key. */
@@ -99,6 +111,14 @@ typedef struct {
     int64_t l2_bytes;
 } fx_model;
 
+/* runtime/cost_sm100.py: MODEL, then the published B200 figures it uses. */
+typedef struct {
+    double smem_bytes_per_clk, rate_m64, issue_overlap, hbm_eff, latency_us, l2_tbs, mem_overlap, fixed_us,
+        wave_us;
+    double clock_ghz, hbm_tbs;
+    int64_t l2_bytes;
+} fx_model_sm100;
+
 /* Per variant, written at run time: loaded (0/1) and the driver's resident clusters per device
    (0: not asked yet, -1: no answer). */
 typedef struct {
@@ -116,6 +136,7 @@ extern const int32_t fx_n_buckets;
 extern const char fx_tuning_device[]; /* "" when no tuning table was compiled in */
 extern const int32_t fx_tuning_sm_count;
 extern const fx_model fx_model_constants;
+extern const fx_model_sm100 fx_model_sm100_constants;
 extern const int32_t fx_attention_head_dims[];
 extern const int32_t fx_n_attention_head_dims;
 extern const int64_t fx_attention_grid_yz_max;

@@ -1,0 +1,718 @@
+"""Decode attention (seqlen_q 1-16) for sm_90: packed query rows, key-split warps, split-KV
+combined inside the launch (a cluster's CTAs through DSMEM) or by a second, PDL-launched kernel.
+Our own CuTe DSL kernel (mma.sync + cp.async, like the sm80 family it borrows its tile code from).
+
+Why a kernel of its own (notes/attention-decode.md): the sm80 family's decode variants give every
+CTA a 64-row query tile for the 4 real rows of a GQA group (one row per q head, seqlen_q = 1), so
+16x the useful MMA work runs on the tensor cores, and at short contexts the K/V tiles come from L2
+faster than that work drains: the kernel is bound by padding, not by memory.  Here:
+
+* Rows: a CTA's 16 rows (one m16n8k16 A fragment) are (query, q head) pairs of one kv head,
+  row r = s·G + h (G = Hq/Hkv): the G q heads of a GQA group and up to 16/G queries
+  (speculative decoding), so K/V are read once for all of them.  G·Sq > 16 takes several row
+  blocks (CTAs along grid x, each reading the K/V).  MHA has G = 1: rows are the queries.
+* Warps: every warp holds all 16 rows and owns a ``tile_n / warps``-key slice of each key tile:
+  S = Q·Kᵀ and O += P·V of its slice, its own online softmax (running max and sum per row).  The
+  MMA work per key is 16 rows, not 64, and all four tensor-core quadrants of the SM work.
+* K/V: a ring of ``stages`` cp.async slots shared by the CTA (one barrier per tile), tiles walked
+  last first (the causal/tail tile needs the mask; the others run without mask code), as in the
+  sm80 family.  Q is loaded once, row by row (its rows are not one strided tile), into a padded
+  smem tile that aliases the ring's last slot and is read into registers before that slot is
+  first written.
+* End of the key loop: the warps' partials meet in shared memory (the ring, now free): per row
+  M = max m_w, L = Σ l_w·2^(m_w - M), O = Σ O_w·2^(m_w - M) / L; each thread then owns
+  ``head_dim·16 / threads`` contiguous outputs of one row.
+* Split-KV (``splits`` > 1): a CTA walks one of ``splits`` contiguous ranges of the key tiles.
+  - ``cluster``: the ``splits`` CTAs of a row block form one thread-block cluster.  After a
+    cluster barrier (every CTA is done with its ring) the others push their normalised O and LSE
+    into rank 0's ring with ``st.async`` (DSMEM), counted by an mbarrier armed with the byte count
+    at the start; rank 0 merges them by LSE weight and writes O and LSE.  One launch, no
+    workspace.
+  - otherwise: every CTA writes its normalised O (fp32) and LSE into the workspace of the
+    contract's split-KV signature and a combine kernel (one warp per query row) merges them; it is
+    launched with programmatic dependent launch, so its launch overlaps this kernel's tail.
+  A split with no key tile, and rows that see no key, give O = 0 and LSE = -inf (weight 0).
+
+Causal masking is bottom-right aligned (query s sees keys j <= s + Sk - Sq); with one query it
+hides nothing.  The arguments are the attention contract's dense ones (``contract.py``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+import cutlass.utils
+from cutlass.cute.nvgpu import cpasync, warp
+
+from ..abi import DTYPE_BYTES, Signature
+from ..atoms.targets import Target
+from ..registry import register
+from . import contract
+from ..variant import Variant
+
+LOG2_E = math.log2(math.e)
+LN_2 = math.log(2.0)
+
+DTYPES = ("bf16", "f16")
+HEAD_DIMS = (64, 128)
+ROWS = 16  # query rows of a CTA: one m16n8k16 A fragment
+# Cluster sizes: 8 is the portable maximum; 16 needs the non-portable attribute, which the DSL's
+# exported module loader sets on every kernel.
+CLUSTER_SPLITS = (2, 4, 8, 16)
+MAX_SPLITS = 32
+COMBINE_WARPS = 4  # combine kernel: one warp per query row
+SMEM_PER_SM = 228 * 1024
+_RESERVED_SMEM = 1024  # per CTA, by the driver
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttentionDecode(Variant):
+    op: ClassVar[str] = "attention"
+    family: ClassVar[str] = "sm90_decode"
+    sources = ("attention/decode.py", "attention/contract.py")
+
+    dtype: str = field(default="bf16", metadata={"tag": ""})
+    head_dim: int = field(default=128, metadata={"tag": "d"})
+    rows: int = field(default=ROWS, metadata={"tag": "q"})
+    tile_n: int = field(default=64, metadata={"tag": "n"})
+    warps: int = field(default=4, metadata={"tag": "w"})
+    stages: int = field(default=3, metadata={"tag": "s"})
+    causal: bool = field(default=True, metadata={"tag": "causal"})
+    splits: int = field(default=1, metadata={"tag": "kv"})
+    # splits > 1: merge the splits inside the launch (a cluster of `splits` CTAs, DSMEM), else
+    # through a workspace and a second kernel.
+    cluster: bool = field(default=False, metadata={"tag": "cl"})
+    # Programmatic dependent launch: the grid may start while the previous kernel of the stream
+    # finishes (it waits for it before touching memory) and lets the next one start early.
+    pdl: bool = field(default=False, metadata={"tag": "pdl"})
+    # S = Q·Kᵀ accumulated in two independent chains (even and odd k16 steps), summed after.
+    ilp: bool = field(default=False, metadata={"tag": "x2"})
+    # Resident CTAs per SM asked of the compiler (launch bounds: registers capped to fit them);
+    # 0: none asked.
+    min_ctas: int = field(default=0, metadata={"tag": "o"})
+
+    @property
+    def name(self) -> str:
+        n = super().name  # min_ctas is the last field: "_o0" (none asked) is left out
+        return n.removesuffix("_o0")
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps
+
+    def sass_requirements(self) -> tuple[str, ...]:
+        req = (r"\bHMMA\.16816\.F32", r"\bLDGSTS\.", r"\bLDSM\.16\.M88\.4\b", r"\bLDSM\.16\.MT88\.4\b")
+        if self.cluster:
+            req += (r"\bSTAS\b", r"\bUCGABAR_ARV\b|\bCGABAR")
+        return req
+
+    def ring_bytes(self) -> int:
+        return self.stages * 2 * self.tile_n * self.head_dim * DTYPE_BYTES[self.dtype]
+
+    def scratch_bytes(self) -> int:
+        """The warps' partials (O, max, sum per row), then (cluster) the other splits' O and LSE
+        that rank 0 receives: both reuse the ring."""
+        warps = self.warps * ROWS * (self.head_dim + 2) * 4
+        recv = (self.splits - 1) * ROWS * (self.head_dim + 1) * 4 if self.cluster else 0
+        return max(warps, recv)
+
+    def smem_bytes(self) -> int:
+        return max(self.ring_bytes(), self.scratch_bytes()) + 16
+
+    def ctas_per_sm(self) -> int:
+        """CTAs one SM holds by shared memory and registers (~184 a thread without launch
+        bounds: two CTAs of 128 threads; ``min_ctas`` caps them to fit that many)."""
+        by_regs = max(self.min_ctas, 65536 // (self.threads * 184))
+        return max(1, min(by_regs, SMEM_PER_SM // (self.smem_bytes() + _RESERVED_SMEM)))
+
+    def can_implement(self) -> str | None:
+        t = self.tgt
+        if t.name != "sm_90":
+            return "the decode attention kernel is built for sm_90 (mma.sync, clusters, PDL)"
+        if self.dtype not in DTYPES:
+            return f"dtype {self.dtype} not in {DTYPES}"
+        if self.head_dim not in HEAD_DIMS:
+            return f"head_dim {self.head_dim} not in {HEAD_DIMS}"
+        if self.rows != ROWS:
+            return f"rows must be {ROWS} (one m16n8k16 A fragment)"
+        if self.warps not in (4, 8):
+            return "warps must be 4 or 8"
+        if self.tile_n % (16 * self.warps) or not 16 <= self.tile_n <= 256:
+            return "tile_n must be a multiple of 16·warps (a k16 slice per warp) in [16, 256]"
+        if self.tile_n % (self.threads // 8):
+            return "tile_n must be whole copy passes"
+        if self.stages < 2:
+            return "stages must be >= 2"
+        if ROWS * (self.head_dim + 8) > 2 * self.tile_n * self.head_dim:
+            return "the Q tile must fit in one K/V slot"
+        if not 1 <= self.splits <= MAX_SPLITS:
+            return f"splits must be in [1, {MAX_SPLITS}]"
+        if self.cluster and self.splits not in CLUSTER_SPLITS:
+            return f"cluster splits must be one of {CLUSTER_SPLITS}"
+        if self.head_dim * ROWS % self.threads or self.head_dim * ROWS // self.threads % 4:
+            return "each thread must own a multiple of 4 outputs of one row"
+        if self.smem_bytes() > t.smem_per_cta:
+            return f"needs {self.smem_bytes()} B of shared memory, {self.target} has {t.smem_per_cta}"
+        if self.min_ctas and (self.min_ctas * (self.smem_bytes() + _RESERVED_SMEM) > SMEM_PER_SM
+                              or self.min_ctas * self.threads > 1024):
+            return f"{self.min_ctas} CTAs do not fit one SM"
+        return None
+
+    def signature(self) -> Signature:
+        return contract.signature(self.dtype, self.head_dim, False, 1 if self.cluster else self.splits)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            **contract.manifest_fields(self.dtype, self.head_dim, self.causal, False),
+            "tile": [ROWS, self.tile_n],
+            "warps": self.warps,
+            "threads": self.threads,
+            "stages": self.stages,
+            # The workspace convention (runtime/attention.py split_workspace): cluster variants
+            # merge in the launch and take none.
+            "splits": 1 if self.cluster else self.splits,
+            "pack_gqa": False,
+            # What the decode rule selects on (runtime/attention.py decode_pick): rows per CTA
+            # (q heads x queries of one kv head), the key splits and how they merge.
+            "decode_rows": ROWS,
+            "kv_splits": self.splits,
+            "cluster": [self.splits if self.cluster else 1, 1],
+            "ctas_per_sm": self.ctas_per_sm(),
+            "smem_bytes": self.smem_bytes(),
+            "pdl": self.pdl,
+            "preferred": is_default(self),
+        }
+
+    def make_kernel(self):
+        k = FlashDecodeSm90(
+            dtype=_cutlass_dtype(self.dtype), head_dim=self.head_dim, tile_n=self.tile_n,
+            warps=self.warps, stages=self.stages, causal=self.causal, splits=self.splits,
+            cluster=self.cluster, pdl=self.pdl, ilp=self.ilp, min_ctas=self.min_ctas,
+        )
+        return k.dense_split if self.splits > 1 and not self.cluster else k.dense
+
+
+def _cutlass_dtype(name: str):
+    return {"bf16": cutlass.BFloat16, "f16": cutlass.Float16}[name]
+
+
+# The default config per head_dim: (tile_n, warps, stages, pdl, ilp, min_ctas); the runtime's
+# decode rule (runtime/attention.py decode_pick) prefers it where a bundle has several.  H100,
+# bf16 D128 (notes/attention-decode.md, runs 1-3): 64-key tiles in a 3-stage ring (96 KB, two
+# CTAs per SM) were the best or within 2 % of the best of five configs on most of 52 shapes.
+# PDL (``pdl``) is built where it paid: the second-kernel split, and twins of the cluster
+# splits that the rule takes for grids leaving half the SMs idle (it cost up to 18 % on grids of
+# ~128 CTAs: the next grid's early CTAs doubled up on the idle SMs and ran last).
+DEFAULT = {128: (64, 4, 3, False, False, 0), 64: (64, 4, 4, False, False, 0)}
+# Split counts built: merged in a cluster (8 is the portable cluster maximum; 16-CTA clusters ran
+# 2x slower than 8: co-scheduling), and through the workspace and the combine kernel.
+CLUSTER_BUILT = (2, 4, 8)
+GLOBAL_BUILT = (32,)
+# "full": alternatives, for measuring.
+FULL_CONFIGS = {128: ((128, 4, 2, False, False, 0), (64, 4, 4, False, False, 0), (64, 4, 3, False, True, 0),
+                      (64, 4, 2, False, False, 3)),
+                64: ((128, 4, 3, False, False, 0),)}
+
+
+def is_default(v: "AttentionDecode") -> bool:
+    """The default config (PDL aside: the split decides it, see DEFAULT)."""
+    tn, w, st, _, ilp, mc = DEFAULT.get(v.head_dim, (0,) * 6)
+    return (v.tile_n, v.warps, v.stages, v.ilp, v.min_ctas) == (tn, w, st, ilp, mc)
+
+
+def make(target: str, dtype: str, head_dim: int, config: tuple, splits: int, cluster: bool) -> AttentionDecode:
+    tn, w, st, pdl, ilp, mc = config
+    return AttentionDecode(target=target, dtype=dtype, head_dim=head_dim, tile_n=tn, warps=w, stages=st,
+                           causal=True, splits=splits, cluster=cluster and splits > 1, pdl=pdl, ilp=ilp,
+                           min_ctas=mc)
+
+
+@register("attention")
+def enumerate_decode(target: Target, tier: str) -> list[AttentionDecode]:
+    if target.name != "sm_90":
+        return []
+    if tier == "test":  # one of each path: unsplit, cluster merge (and its PDL twin), second kernel
+        c, p = DEFAULT[128], (*DEFAULT[128][:3], True, *DEFAULT[128][4:])
+        out = [make(target.name, "bf16", 128, c, 1, False), make(target.name, "bf16", 128, c, 4, True),
+               make(target.name, "bf16", 128, p, 4, True), make(target.name, "bf16", 128, p, 32, False)]
+        return [v for v in out if v.can_implement() is None]
+    out = []
+    splits = [(1, False)] + [(sp, True) for sp in CLUSTER_BUILT] + [(sp, False) for sp in GLOBAL_BUILT]
+    for dt in DTYPES:
+        for d in HEAD_DIMS:
+            configs = [DEFAULT[d]] + (list(FULL_CONFIGS[d]) if tier == "full" else [])
+            for c in configs:
+                for sp, cl in splits:
+                    if sp > 1:  # PDL: the second-kernel splits always, the cluster splits as twins
+                        out.append(make(target.name, dt, d, (*c[:3], True, *c[4:]), sp, cl))
+                    if sp == 1 or cl:
+                        out.append(make(target.name, dt, d, c, sp, cl))
+    out = list({v.name: v for v in out}.values())
+    return [v for v in out if v.can_implement() is None]
+
+
+# ------------------------------------------------------------------------------------------------
+# The kernel
+# ------------------------------------------------------------------------------------------------
+class FlashDecodeSm90:
+    def __init__(self, *, dtype, head_dim: int, tile_n: int, warps: int, stages: int, causal: bool,
+                 splits: int, cluster: bool, pdl: bool = False, ilp: bool = False, min_ctas: int = 0):
+        self.dtype = dtype
+        self.head_dim = head_dim
+        self.tile_n = tile_n
+        self.warps = warps
+        self.threads = 32 * warps
+        self.stages = stages
+        self.causal = causal
+        self.splits = splits
+        self.cluster = cluster and splits > 1
+        self.pdl = pdl
+        self.ilp = ilp
+        self.min_ctas = min_ctas
+        self.bnw = tile_n // warps  # keys of one warp's slice of a tile
+        self.tpr = self.threads // ROWS  # threads per row in the merge
+        self.epr = head_dim // self.tpr  # outputs per thread in the merge
+        v = AttentionDecode(target="sm_90", dtype="bf16" if dtype is cutlass.BFloat16 else "f16",
+                            head_dim=head_dim, tile_n=tile_n, warps=warps, stages=stages,
+                            causal=causal, splits=splits, cluster=cluster, min_ctas=min_ctas)
+        self.smem_elems = (v.smem_bytes() - 16) // 2
+        self.recv_bytes = ROWS * (head_dim + 1) * 4  # what one split pushes to rank 0
+
+    # --- host ------------------------------------------------------------------------------------
+    @cute.jit
+    def dense(self, q: cute.Tensor, k: cute.Tensor, v: cute.Tensor, o: cute.Tensor,
+              lse: cute.Tensor, softmax_scale: cutlass.Float32, stream: cuda.CUstream):
+        self._launch(q, k, v, o, lse, None, None, softmax_scale, stream)
+
+    @cute.jit
+    def dense_split(self, q: cute.Tensor, k: cute.Tensor, v: cute.Tensor, o: cute.Tensor,
+                    lse: cute.Tensor, o_partial: cute.Tensor, lse_partial: cute.Tensor,
+                    softmax_scale: cutlass.Float32, stream: cuda.CUstream):
+        self._launch(q, k, v, o, lse, o_partial, lse_partial, softmax_scale, stream)
+        self.combine(o_partial, lse_partial, o, lse).launch(
+            grid=(cute.ceil_div(q.shape[1], COMBINE_WARPS), q.shape[2], q.shape[0]),
+            block=[32 * COMBINE_WARPS, 1, 1], stream=stream, use_pdl=True)
+
+    @cute.jit
+    def _launch(self, mQ, mK, mV, mO, mLSE, mOp, mLp, softmax_scale, stream):
+        D, BN, S = self.head_dim, self.tile_n, self.stages
+        # K/V: 64-element (128-byte) swizzled rows (ldmatrix and 16-byte cp.async without bank
+        # conflicts); mode 2 is (K of slot 0, V of slot 0, K of slot 1, ...).
+        atom = cute.make_composed_layout(
+            cute.make_swizzle(3, 3, 3), 0, cute.make_layout((8, 64), stride=(64, 1)))
+        sKV_layout = cute.tile_to_shape(atom, (BN, D, 2 * S), (0, 1, 2))
+        # Q: rows padded by 16 bytes (ldmatrix without conflicts; rows are loaded one by one).
+        sQ_layout = cute.make_layout((ROWS, D), stride=(D + 8, 1))
+
+        @cute.struct
+        class SharedStorage:
+            kv: cute.struct.Align[cute.struct.MemRange[self.dtype, self.smem_elems], 1024]
+            bar: cute.struct.MemRange[cutlass.Int64, 1]
+
+        vec = 128 // self.dtype.width
+        g2s = cute.make_tiled_copy_tv(
+            cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL),
+                                self.dtype, num_bits_per_copy=128),
+            cute.make_layout((self.threads // 8, 8), stride=(8, 1)), cute.make_layout((1, vec)))
+        tiled_mma = cute.make_tiled_mma(
+            warp.MmaF16BF16Op(self.dtype, cutlass.Float32, (16, 8, 16)), (1, 1, 1),
+            permutation_mnk=(ROWS, 16, 16))
+        group = mQ.shape[2] // mK.shape[2]
+        row_blocks = cute.ceil_div(group * mQ.shape[1], ROWS)
+        grid = (row_blocks * self.splits, mK.shape[2], mQ.shape[0])
+        kern = self.kernel(mQ, mK, mV, mO, mLSE, mOp, mLp, softmax_scale * LOG2_E, sQ_layout,
+                           sKV_layout, g2s, tiled_mma, SharedStorage)
+        extra = {"min_blocks_per_mp": self.min_ctas, "preferred_smem_carveout": 100} if self.min_ctas else {}
+        if cutlass.const_expr(self.cluster):
+            kern.launch(grid=grid, block=[self.threads, 1, 1], cluster=(self.splits, 1, 1),
+                        smem=SharedStorage.size_in_bytes(), stream=stream, use_pdl=self.pdl, **extra)
+        else:
+            kern.launch(grid=grid, block=[self.threads, 1, 1], smem=SharedStorage.size_in_bytes(),
+                        stream=stream, use_pdl=self.pdl, **extra)
+
+    # --- device ----------------------------------------------------------------------------------
+    @cute.kernel
+    def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
+               mLSE: cute.Tensor, mOp, mLp, scale_log2: cutlass.Float32,
+               sQ_layout: cute.Layout, sKV_layout: cute.ComposedLayout, g2s: cute.TiledCopy,
+               tiled_mma: cute.TiledMma, SharedStorage: cutlass.Constexpr):
+        D, BN, S, W, SP, BNW = self.head_dim, self.tile_n, self.stages, self.warps, self.splits, self.bnw
+        tidx, _, _ = cute.arch.thread_idx()
+        bx, kv_head, batch = cute.arch.block_idx()
+        wid = cute.arch.make_warp_uniform(tidx // 32)
+        lane = tidx % 32
+        split = bx % SP
+        row0 = (bx // SP) * ROWS
+        group = mQ.shape[2] // mK.shape[2]
+        q_len = mQ.shape[1]
+        k_len = mK.shape[1]
+        n_rows = group * q_len
+        if cutlass.const_expr(self.pdl or (SP > 1 and not self.cluster)):
+            # The next grid (the combine kernel, or with pdl whatever follows) may be scheduled
+            # once every CTA of this one has started; it waits for this grid before reading.
+            cute.arch.griddepcontrol_launch_dependents()
+
+        smem = cutlass.utils.SmemAllocator()
+        storage = smem.allocate(SharedStorage)
+        bar = storage.bar.data_ptr()
+        if cutlass.const_expr(self.cluster):
+            if wid == 0:
+                with cute.arch.elect_one():
+                    cute.arch.mbarrier_init(bar, 1)
+                    if split == 0:  # what the other splits push: O and LSE of 16 rows each
+                        cute.arch.mbarrier_arrive_and_expect_tx(bar, (SP - 1) * self.recv_bytes)
+            cute.arch.mbarrier_init_fence()
+
+        # ---- key tiles [0, n_end); tiles >= n_mask need the mask; this split's [n_lo, n_hi)
+        n_end = cute.ceil_div(k_len, BN)
+        n_mask = k_len // BN
+        if cutlass.const_expr(self.causal):
+            # bottom-right: query s sees keys < s + 1 + (k_len - q_len); clamp before dividing
+            shift = k_len - q_len
+            s_last = cutlass.min(q_len - 1, (row0 + ROWS - 1) // group)
+            s_first = row0 // group
+            n_end = cutlass.min(n_end, cute.ceil_div(cutlass.max(0, s_last + 1 + shift), BN))
+            n_mask = cutlass.min(n_mask, cutlass.max(0, s_first + 1 + shift) // BN)
+        n_lo = 0
+        n_hi = n_end
+        if cutlass.const_expr(SP > 1):
+            chunk = (n_end + (SP - 1)) // SP
+            n_lo = cutlass.min(n_end, split * chunk)
+            n_hi = cutlass.min(n_end, n_lo + chunk)
+
+        sKV = storage.kv.get_tensor(sKV_layout)
+        # Q aliases the last slot (read into registers before that slot is first written).
+        sQ = cute.make_tensor(storage.kv.data_ptr() + (S - 1) * 2 * BN * D, sQ_layout)
+        sVt = cute.composition(sKV, cute.make_layout((D, BN, 2 * S), stride=(BN, 1, BN * D)))
+        # This warp's key slice of every slot.
+        sKw = cute.local_tile(sKV, (BNW, D, 2 * S), (wid, 0, 0))
+        sVtw = cute.local_tile(sVt, (D, BNW, 2 * S), (0, wid, 0))
+
+        seqK = mK[batch, None, kv_head, None]
+        seqV = mV[batch, None, kv_head, None]
+        thr_g2s = g2s.get_slice(tidx)
+        gK = cute.local_tile(seqK, (BN, D), (None, 0))
+        gV = cute.local_tile(seqV, (BN, D), (None, 0))
+        tKgK = thr_g2s.partition_S(gK)
+        tVgV = thr_g2s.partition_S(gV)
+        tKVsKV = thr_g2s.partition_D(sKV)
+        tKVcKV = thr_g2s.partition_S(cute.make_identity_tensor((BN, D)))
+
+        thr_mma = tiled_mma.get_slice(lane)
+        tSrQ = thr_mma.make_fragment_A(thr_mma.partition_A(sQ))
+        tSrK = thr_mma.make_fragment_B(thr_mma.partition_B(sKw[None, None, 0]))
+        tOrV = thr_mma.make_fragment_B(thr_mma.partition_B(sVtw[None, None, 1]))
+        acc_O = cute.make_rmem_tensor(thr_mma.partition_shape_C((ROWS, D)), cutlass.Float32)
+        acc_O.fill(0.0)
+        ldsm = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
+        ldsm_t = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=True, num_matrices=4), self.dtype)
+        s2r_Q = cute.make_tiled_copy_A(ldsm, tiled_mma).get_slice(lane)
+        s2r_K = cute.make_tiled_copy_B(ldsm, tiled_mma)
+        s2r_V = cute.make_tiled_copy_B(ldsm_t, tiled_mma)
+        thr_s2r_K = s2r_K.get_slice(lane)
+        thr_s2r_V = s2r_V.get_slice(lane)
+        tSsK = thr_s2r_K.partition_S(sKw)      # (CPY, BNW/16, D/16, 2S)
+        tSrK_v = thr_s2r_K.retile(tSrK)
+        tOsV = thr_s2r_V.partition_S(sVtw)     # (CPY, D/16, BNW/16, 2S)
+        tOrV_v = thr_s2r_V.retile(tOrV)
+
+        if cutlass.const_expr(self.pdl):
+            cute.arch.griddepcontrol_wait()  # the previous grid's writes are visible from here
+        # ---- prologue: Q row by row (zero rows past the block's queries), then S-1 K/V tiles
+        g2s_atom = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL),
+                                       self.dtype, num_bits_per_copy=128)
+        vec = 128 // self.dtype.width
+        per_row = D // vec
+        for i in cutlass.range_constexpr((ROWS * per_row + self.threads - 1) // self.threads):
+            idx = tidx + i * self.threads
+            r = idx // per_row
+            c = idx % per_row
+            if idx < ROWS * per_row:
+                dst = cute.local_tile(sQ[r, None], (vec,), (c,))
+                row = row0 + r
+                if row < n_rows:
+                    s = row // group
+                    head = kv_head * group + (row - s * group)
+                    cute.copy(g2s_atom, cute.local_tile(mQ[batch, s, head, None], (vec,), (c,)), dst)
+                else:
+                    dst.fill(0)
+        cute.arch.cp_async_commit_group()
+        for s in cutlass.range_constexpr(S - 1):
+            if n_hi - 1 - s >= n_lo:
+                self.load_kv(g2s, tKgK, tVgV, tKVsKV, tKVcKV, n_hi - 1 - s, s, k_len)
+            cute.arch.cp_async_commit_group()
+        cute.arch.cp_async_wait_group(S - 1)
+        cute.arch.barrier()
+        cute.copy(s2r_Q, s2r_Q.partition_S(sQ), s2r_Q.retile(tSrQ))
+
+        row_max = cute.make_rmem_tensor(acc_O.shape[0][1] * acc_O.shape[1], cutlass.Float32)
+        row_sum = cute.make_rmem_tensor(acc_O.shape[0][1] * acc_O.shape[1], cutlass.Float32)
+        row_max.fill(-cutlass.Float32.inf)
+        row_sum.fill(0.0)
+
+        # ---- key tiles, last first; this warp computes its slice of each
+        for it in cutlass.range(n_hi - n_lo, unroll=1):
+            n_block = n_hi - 1 - it
+            slot = it % S
+            cute.arch.cp_async_wait_group(S - 2)
+            cute.arch.barrier()  # tile n_block visible; slot (it-1)%S free for reuse
+            if n_block - (S - 1) >= n_lo:
+                self.load_kv(g2s, tKgK, tVgV, tKVsKV, tKVcKV, n_block - (S - 1), (it + S - 1) % S, k_len)
+            cute.arch.cp_async_commit_group()
+
+            acc_S = cute.make_rmem_tensor(thr_mma.partition_shape_C((ROWS, BNW)), cutlass.Float32)
+            acc_S.fill(0.0)
+            acc_S1 = cute.make_rmem_tensor(thr_mma.partition_shape_C((ROWS, BNW)), cutlass.Float32)
+            if cutlass.const_expr(self.ilp):
+                acc_S1.fill(0.0)
+            nk = cute.size(tSsK.shape[2])
+            cute.copy(s2r_K, tSsK[None, None, 0, 2 * slot], tSrK_v[None, None, 0])
+            for kk in cutlass.range_constexpr(nk):
+                if cutlass.const_expr(kk + 1 < nk):
+                    cute.copy(s2r_K, tSsK[None, None, kk + 1, 2 * slot], tSrK_v[None, None, kk + 1])
+                if cutlass.const_expr(self.ilp and kk % 2 == 1):
+                    cute.gemm(tiled_mma, acc_S1, tSrQ[None, None, kk], tSrK[None, None, kk], acc_S1)
+                else:
+                    cute.gemm(tiled_mma, acc_S, tSrQ[None, None, kk], tSrK[None, None, kk], acc_S)
+            if cutlass.const_expr(self.ilp):
+                acc_S.store(acc_S.load() + acc_S1.load())
+
+            if n_block >= n_mask:
+                self.apply_mask(acc_S, thr_mma, row0, n_block * BN + wid * BNW, group, q_len, k_len)
+            self.online_softmax(acc_S, acc_O, row_max, row_sum, scale_log2)
+
+            rP = cute.make_fragment_like(acc_S, self.dtype)
+            rP.store(acc_S.load().to(self.dtype))
+            tOrP = cute.make_tensor(rP.iterator, _c_to_a_layout(rP.layout))
+            nv = cute.size(tOsV.shape[2])
+            cute.copy(s2r_V, tOsV[None, None, 0, 2 * slot + 1], tOrV_v[None, None, 0])
+            for kk in cutlass.range_constexpr(nv):
+                if cutlass.const_expr(kk + 1 < nv):
+                    cute.copy(s2r_V, tOsV[None, None, kk + 1, 2 * slot + 1], tOrV_v[None, None, kk + 1])
+                cute.gemm(tiled_mma, acc_O, tOrP[None, None, kk], tOrV[None, None, kk], acc_O)
+
+        # ---- the warps' partials meet in the (now free) ring
+        cute.arch.cp_async_wait_group(0)
+        cute.arch.barrier()
+        f32 = cute.recast_ptr(storage.kv.data_ptr(), dtype=cutlass.Float32)
+        scr_O = cute.make_tensor(f32, cute.make_layout((ROWS, D, W), stride=(D, 1, ROWS * D)))
+        scr_m = cute.make_tensor(f32 + W * ROWS * D, cute.make_layout((ROWS, W), stride=(1, ROWS)))
+        scr_l = cute.make_tensor(f32 + W * ROWS * (D + 1), cute.make_layout((ROWS, W), stride=(1, ROWS)))
+        tOcO = thr_mma.partition_C(cute.make_identity_tensor((ROWS, D)))
+        for i in cutlass.range_constexpr(cute.size(acc_O)):
+            rr, cc = tOcO[i]
+            scr_O[rr, cc, wid] = acc_O[i]
+        c_mn = _mn_view(tOcO)
+        for r in cutlass.range_constexpr(cute.size(row_max)):
+            total = _quad_allreduce(row_sum[r], lambda a, b: a + b)
+            if lane % 4 == 0:
+                scr_m[c_mn[r, 0][0], wid] = row_max[r]
+                scr_l[c_mn[r, 0][0], wid] = total
+        cute.arch.barrier()
+
+        # Each thread: outputs [c0, c0 + epr) of row `mr`.
+        mr = tidx // self.tpr
+        c0 = (tidx % self.tpr) * self.epr
+        mx = -cutlass.Float32.inf
+        for w in cutlass.range_constexpr(W):
+            mx = cute.arch.fmax(mx, scr_m[mr, w])
+        m_ref = 0.0 if mx == -cutlass.Float32.inf else mx
+        acc = cute.make_rmem_tensor(self.epr, cutlass.Float32)
+        acc.fill(0.0)
+        total = cutlass.Float32(0.0)
+        for w in cutlass.range_constexpr(W):
+            e = cute.math.exp2((scr_m[mr, w] - m_ref) * scale_log2, fastmath=True)
+            total = total + scr_l[mr, w] * e
+            for j in cutlass.range_constexpr(self.epr):
+                acc[j] = acc[j] + e * scr_O[mr, c0 + j, w]
+        has_keys = total > 0.0
+        inv = cute.arch.rcp_approx(total if has_keys else 1.0)
+        scale = inv if has_keys else 0.0
+        for j in cutlass.range_constexpr(self.epr):
+            acc[j] = acc[j] * scale
+        lse = -cutlass.Float32.inf
+        if has_keys:
+            lse = (m_ref * scale_log2 + cute.math.log2(total, fastmath=True)) * LN_2
+
+        row = row0 + mr
+        s_row = row // group
+        head = kv_head * group + (row - s_row * group)
+        if cutlass.const_expr(SP == 1):
+            if row < n_rows:
+                self.store_row(acc, lse, mO, mLSE, batch, s_row, head, c0, tidx)
+        elif cutlass.const_expr(self.cluster):
+            # Every CTA is done with its ring (the partials above): rank 0 may receive.
+            cute.arch.cluster_arrive()
+            cute.arch.cluster_wait()
+            recv_O = cute.make_tensor(f32, cute.make_layout((ROWS, D, SP - 1), stride=(D, 1, ROWS * D)))
+            recv_L = cute.make_tensor(f32 + (SP - 1) * ROWS * D, cute.make_layout((ROWS, SP - 1), stride=(1, ROWS)))
+            if split != 0:
+                bits = cute.recast_tensor(acc, cutlass.Int32)
+                for j in cutlass.range_constexpr(self.epr // 4):
+                    dst = cute.local_tile(recv_O[mr, None, split - 1], (4,), (c0 // 4 + j,))
+                    cute.arch.store_async_dsmem(dst.iterator, (bits[4 * j], bits[4 * j + 1], bits[4 * j + 2],
+                                                               bits[4 * j + 3]), bar, 0)
+                if c0 == 0:
+                    lse_t = cute.make_rmem_tensor(1, cutlass.Float32)
+                    lse_t[0] = lse
+                    lbits = cute.recast_tensor(lse_t, cutlass.Int32)
+                    dstl = cute.local_tile(recv_L[mr, None], (1,), (split - 1,))
+                    cute.arch.store_async_dsmem(dstl.iterator, lbits[0], bar, 0)
+            else:
+                cute.arch.mbarrier_wait(bar, 0)
+                lmax = lse
+                for sp in cutlass.range_constexpr(SP - 1):
+                    lmax = cute.arch.fmax(lmax, recv_L[mr, sp])
+                l_ref = 0.0 if lmax == -cutlass.Float32.inf else lmax
+                w0 = cute.math.exp2((lse - l_ref) * LOG2_E, fastmath=True)
+                wsum = w0
+                for j in cutlass.range_constexpr(self.epr):
+                    acc[j] = acc[j] * w0
+                for sp in cutlass.range_constexpr(SP - 1):
+                    wsp = cute.math.exp2((recv_L[mr, sp] - l_ref) * LOG2_E, fastmath=True)
+                    wsum = wsum + wsp
+                    for j in cutlass.range_constexpr(self.epr):
+                        acc[j] = acc[j] + wsp * recv_O[mr, c0 + j, sp]
+                has = wsum > 0.0
+                winv = cute.arch.rcp_approx(wsum if has else 1.0)
+                wsc = winv if has else 0.0
+                for j in cutlass.range_constexpr(self.epr):
+                    acc[j] = acc[j] * wsc
+                lse_all = -cutlass.Float32.inf
+                if has:
+                    lse_all = l_ref + cute.math.log2(wsum, fastmath=True) * LN_2
+                if row < n_rows:
+                    self.store_row(acc, lse_all, mO, mLSE, batch, s_row, head, c0, tidx)
+        else:
+            # fp32 partial O and LSE into the workspace (splits, B, Hq, Sq[, D])
+            if row < n_rows:
+                dst = cute.local_tile(mOp[split, batch, head, s_row, None], (self.epr,), (c0 // self.epr,))
+                cute.autovec_copy(acc, dst)
+                if c0 == 0:
+                    mLp[split, batch, head, s_row] = lse
+
+    @cute.jit
+    def store_row(self, acc, lse, mO, mLSE, batch, s_row, head, c0, tidx):
+        out = cute.make_rmem_tensor(self.epr, self.dtype)
+        out.store(acc.load().to(self.dtype))
+        dst = cute.local_tile(mO[batch, s_row, head, None], (self.epr,), (c0 // self.epr,))
+        cute.autovec_copy(out, dst)
+        if c0 == 0:
+            mLSE[batch, head, s_row] = lse
+
+    @cute.kernel
+    def combine(self, mOp: cute.Tensor, mLp: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor):
+        """Split-KV combine, one warp per query row (PDL: waits for the main grid first)."""
+        D, SP = self.head_dim, self.splits
+        cute.arch.griddepcontrol_launch_dependents()
+        cute.arch.griddepcontrol_wait()
+        tidx, _, _ = cute.arch.thread_idx()
+        m_block, head, batch = cute.arch.block_idx()
+        lane = tidx % 32
+        row = m_block * COMBINE_WARPS + tidx // 32
+        if row < mO.shape[1]:
+            lse_s = cute.make_rmem_tensor(SP, cutlass.Float32)
+            lmax = -cutlass.Float32.inf
+            for s in cutlass.range_constexpr(SP):
+                lse_s[s] = mLp[s, batch, head, row]
+                lmax = cute.arch.fmax(lmax, lse_s[s])
+            m_ref = 0.0 if lmax == -cutlass.Float32.inf else lmax
+            acc = cute.make_rmem_tensor(D // 32, cutlass.Float32)
+            acc.fill(0.0)
+            total = cutlass.Float32(0.0)
+            for s in cutlass.range_constexpr(SP):
+                w = cute.math.exp2((lse_s[s] - m_ref) * LOG2_E, fastmath=True)
+                total = total + w
+                for j in cutlass.range_constexpr(D // 32):
+                    acc[j] = acc[j] + w * mOp[s, batch, head, row, lane + 32 * j]
+            has_keys = total > 0.0
+            inv = cute.arch.rcp_approx(total if has_keys else 1.0)
+            scale = inv if has_keys else 0.0
+            for j in cutlass.range_constexpr(D // 32):
+                acc[j] = acc[j] * scale
+            out = cute.make_rmem_tensor(D // 32, self.dtype)
+            out.store(acc.load().to(self.dtype))
+            for j in cutlass.range_constexpr(D // 32):
+                mO[batch, row, head, lane + 32 * j] = out[j]
+            if lane == 0:
+                lse = -cutlass.Float32.inf
+                if has_keys:
+                    lse = m_ref + cute.math.log2(total, fastmath=True) * LN_2
+                mLSE[batch, head, row] = lse
+
+    @cute.jit
+    def load_kv(self, g2s, tKgK, tVgV, tKVsKV, tKVcKV, n_block, slot, k_len):
+        """cp.async K and V tile ``n_block`` into ``slot``; rows past k_len are zeroed (a stale
+        V row times P = 0 could still make NaN)."""
+        row0 = n_block * self.tile_n
+        for r in cutlass.range_constexpr(cute.size(tKVsKV.shape[1])):
+            if row0 + tKVcKV[0, r, 0][0] < k_len:
+                cute.copy(g2s, tKgK[None, r, None, n_block], tKVsKV[None, r, None, 2 * slot])
+                cute.copy(g2s, tVgV[None, r, None, n_block], tKVsKV[None, r, None, 2 * slot + 1])
+            else:
+                tKVsKV[None, r, None, 2 * slot].fill(0)
+                tKVsKV[None, r, None, 2 * slot + 1].fill(0)
+
+    @cute.jit
+    def apply_mask(self, acc_S, thr_mma, row0, n0, group, q_len, k_len):
+        """-inf where the key is past the sequence or (causal) after the row's query."""
+        cS = thr_mma.partition_C(cute.make_identity_tensor((ROWS, self.bnw)))
+        s_mn = _mn_view(acc_S)
+        c_mn = _mn_view(cS)
+        for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
+            limit = k_len - n0
+            if cutlass.const_expr(self.causal):
+                s = (row0 + c_mn[r, 0][0]) // group
+                limit = cutlass.min(limit, s + 1 + k_len - q_len - n0)
+            for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
+                if c_mn[r, c][1] >= limit:
+                    s_mn[r, c] = -cutlass.Float32.inf
+
+    @cute.jit
+    def online_softmax(self, acc_S, acc_O, row_max, row_sum, scale_log2):
+        """acc_S <- exp2(S·scale_log2 - max·scale_log2); rescale acc_O and the running sum."""
+        s_mn = _mn_view(acc_S)
+        o_mn = _mn_view(acc_O)
+        for r in cutlass.range_constexpr(cute.size(row_max)):
+            s = s_mn[r, None].load()
+            m_new = _quad_allreduce(s.reduce(cute.ReductionOp.MAX, -cutlass.Float32.inf, 0),
+                                    cute.arch.fmax)
+            m_new = cute.arch.fmax(m_new, row_max[r])
+            m_scaled = (0.0 if m_new == -cutlass.Float32.inf else m_new) * scale_log2
+            p = cute.math.exp2(s * scale_log2 - m_scaled, fastmath=True)
+            corr = cute.math.exp2(row_max[r] * scale_log2 - m_scaled, fastmath=True)
+            row_sum[r] = row_sum[r] * corr + p.reduce(cute.ReductionOp.ADD, cutlass.Float32.zero, 0)
+            o_mn[r, None] = o_mn[r, None].load() * corr
+            row_max[r] = m_new
+            s_mn[r, None] = p
+
+
+def _quad_allreduce(x, op):
+    """Reduce over the 4 threads of a quad (they hold one accumulator row between them)."""
+    x = op(x, cute.arch.shuffle_sync_bfly(x, offset=2, mask=-1, mask_and_clamp=31))
+    return op(x, cute.arch.shuffle_sync_bfly(x, offset=1, mask=-1, mask_and_clamp=31))
+
+
+def _mn_view(t):
+    """An m16n8 accumulator partition ((2, 2), M, N) viewed as (rows, cols) = ((2, M), (2, N))."""
+    shape = t.layout.shape
+    flat = cute.make_layout(shape)
+    mn = cute.make_layout(
+        ((shape[0][1], shape[1]), (shape[0][0], shape[2])),
+        stride=((flat.stride[0][1], flat.stride[1]), (flat.stride[0][0], flat.stride[2])),
+    )
+    return cute.make_tensor(t.iterator, cute.composition(t.layout, mn))
+
+
+def _c_to_a_layout(layout):
+    """((2, 2), M, N) C fragment -> ((4, 2), M, N/2) A fragment of m16n8k16 (pairs of n8 tiles)."""
+    split = cute.logical_divide(layout, (None, None, 2))
+    return cute.make_layout(
+        ((split.shape[0], split.shape[2][0]), split.shape[1], split.shape[2][1]),
+        stride=((split.stride[0], split.stride[2][0]), split.stride[1], split.stride[2][1]),
+    )

@@ -1,0 +1,235 @@
+"""The ops' hot path (runtime/loader.py ``FixedLaunch``, ``_hot_launch`` in runtime/attention.py
+and runtime/gemm.py) on this GPU-less machine: a problem key seen before launches with argument
+bytes packed once, writing only the data pointers and the stream per call.  Shown here on a
+simulated bundle whose launchers copy the packed arguments they are given: the hot path hands the
+kernel the same bytes as the checked path (``Binder.bind``) for the same tensors, refuses what
+the checked path refuses (alignment, autograd, the current device), and keeps threads apart."""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import time
+
+import pytest
+import torch
+
+from factory.runtime import Bundle, InputError, NoVariantError
+from factory.runtime.loader import Binder
+
+H100 = {"name": "planned H100", "sm_count": 132}
+
+
+class Copier:
+    """Launchers that record (variant, the packed argument bytes, the calling thread)."""
+
+    def __init__(self, bundle):
+        self.bundle, self.launched = bundle, []
+
+    def launcher(self, name):
+        size = self.bundle.binder(name).size
+
+        def fn(argv):
+            self.launched.append((name, ctypes.string_at(argv[0], size), threading.get_ident()))
+            return 0
+
+        return fn
+
+
+@pytest.fixture
+def sim(test_bundle, monkeypatch):
+    b = Bundle.open(test_bundle, capability=(9, 0), device=H100)
+    b.rec = Copier(b)
+    b.simulate(b.rec)
+    b._raw = lambda i: 0xABC0  # a stream handle the packed bytes must carry
+    binds = []
+    real = Binder.bind
+    monkeypatch.setattr(Binder, "bind", lambda self, *a, **k: (binds.append(self.name), real(self, *a, **k))[1])
+    b.binds = binds
+    return b
+
+
+def bf(*shape):
+    return torch.randn(*shape, dtype=torch.bfloat16)
+
+
+def misaligned(t):
+    """``t``'s shape and strides, its data pointer 2 bytes past 16-byte alignment."""
+    flat = torch.empty(t.numel() + 8, dtype=t.dtype)
+    return flat[1:1 + t.numel()].view(t.shape).copy_(t)
+
+
+def checked_bytes(b, name, args):
+    """What ``Binder.bind`` packs for ``args`` (the checked path's bytes)."""
+    argv, buf = b.binder(name).bind(args, 0xABC0, None, True)
+    return ctypes.string_at(argv[0], b.binder(name).size)
+
+
+def test_attention_hot_path_packs_what_the_checked_path_packs(sim):
+    q, k, v = bf(1, 128, 8, 64), bf(1, 128, 8, 64), bf(1, 128, 8, 64)
+    o, lse = sim.attention(q, k, v, return_lse=True)  # checked path: selected, bound, cached
+    assert sim.binds and len(sim._hot_attention) == 1
+    name, first, _ = sim.rec.launched[-1]
+    scale = 64 ** -0.5
+    assert first == checked_bytes(sim, name, [q, k, v, o, lse, scale])
+    sim.binds.clear()
+    for _ in range(3):  # new tensors, same key: hot path, no binder
+        q, k, v = bf(1, 128, 8, 64), bf(1, 128, 8, 64), bf(1, 128, 8, 64)
+        o, lse = sim.attention(q, k, v, return_lse=True)
+        assert o.shape == q.shape and o.stride() == q.stride() and o.dtype == q.dtype
+        assert lse.shape == (1, 8, 128) and lse.is_contiguous() and lse.dtype == torch.float32
+        hot_name, hot, _ = sim.rec.launched[-1]
+        assert hot_name == name and hot == checked_bytes(sim, name, [q, k, v, o, lse, scale])
+    assert sim.binds == [name] * 3  # (only checked_bytes bound)
+    # without return_lse (the LSE is written all the same, into a tensor dropped after the launch)
+    at = sim.binder(name).offsets[4]  # lse's data pointer
+    for _ in range(2):
+        q, k, v = bf(1, 128, 8, 64), bf(1, 128, 8, 64), bf(1, 128, 8, 64)
+        o = sim.attention(q, k, v)
+        assert o.shape == q.shape and o.stride() == q.stride() and o.dtype == q.dtype
+        got = sim.rec.launched[-1][1]
+        lse_spec = (int.from_bytes(got[at:at + 8], "little"), (1, 8, 128), (8 * 128, 128, 1))
+        assert lse_spec[0] % 16 == 0 and got == checked_bytes(sim, name, [q, k, v, o, lse_spec, scale])
+    # strided views (a fused QKV projection) and a given scale: their own key, the same bytes
+    qkv = bf(2, 64, 3, 8, 64)
+    for _ in range(2):
+        q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+        o, lse = sim.attention(q, k, v, softmax_scale=0.25, causal=False, return_lse=True)
+        assert o.is_contiguous()  # empty_like of a view with gaps: compact
+        assert sim.rec.launched[-1][1] == checked_bytes(sim, name, [q, k, v, o, lse, 0.25])
+        qkv = bf(2, 64, 3, 8, 64)
+    assert len(sim._hot_attention) == 2
+
+
+def test_gemm_hot_path_packs_what_the_checked_path_packs(sim):
+    from factory.runtime.gemm import fp8_scales, launch_scalars, rkl_spec
+
+    def expect(name, a, w, out, scales=()):
+        entry = sim.manifest["variants"][name]
+        return checked_bytes(sim, name, [rkl_spec(a, "a"), rkl_spec(w, "b"), rkl_spec(out, "c"), *scales,
+                                         *launch_scalars(sim, entry)])
+
+    for alloc in (False, True):
+        for i in range(3):
+            a, w = bf(256, 512), bf(384, 512)
+            out = None if alloc else torch.empty(256, 384, dtype=torch.bfloat16)
+            r = sim.gemm(a, w, out)
+            assert r.shape == (256, 384) and r.dtype == torch.bfloat16 and r.is_contiguous()
+            name, got, _ = sim.rec.launched[-1]
+            assert "persistent" in sim.manifest["variants"][name]  # sm_90a: the grid cap is a packed scalar
+            assert got == expect(name, a, w, r)
+    e4 = torch.float8_e4m3fn
+    for scales in ((torch.tensor([0.5]), torch.tensor([2.0])), (None, None), (torch.tensor([0.5]), None)):
+        for i in range(3):
+            a, w = torch.randn(256, 512).to(e4), torch.randn(384, 512).to(e4)
+            r = sim.gemm(a, w, scale_a=scales[0], scale_b=scales[1])
+            name, got, _ = sim.rec.launched[-1]
+            specs, keep = fp8_scales(sim, a, *scales, -1)
+            assert got == expect(name, a, w, r, specs)
+    assert len(sim._hot_gemm) == 5
+
+
+def test_packed_hot_path_packs_what_the_checked_path_packs(sim):
+    from factory.runtime.gemm import fp8_scales
+    from factory.runtime.packed import launch_specs
+
+    e4 = torch.float8_e4m3fn
+    p = sim.pack_b(torch.randn(256, 2048).to(e4))
+    for scales in ((torch.tensor([0.5]), torch.tensor([2.0])), (None, None)):
+        for b_constant in (False, True):
+            for i in range(3):
+                a = torch.randn(4, 2048).to(e4)
+                out = None if i % 2 else torch.empty(4, 256, dtype=torch.bfloat16)
+                r = sim.gemm(a, p, out, scale_a=scales[0], scale_b=scales[1], b_constant=b_constant)
+                assert r.shape == (4, 256) and r.dtype == torch.bfloat16 and (out is None or r is out)
+                name, got, _ = sim.rec.launched[-1]
+                assert sim.manifest["variants"][name]["family"] == "decode"
+                assert name.endswith("_eb") == b_constant
+                assert got == checked_bytes(sim, name, launch_specs(a, p, r, fp8_scales(sim, a, *scales, -1)[0]))
+    assert len(sim._hot_gemm) == 8
+
+
+def test_split_k_workspace_is_allocated_per_call(sim):
+    name = "gemm_sm90_bf16_obf16_ak_bk_t64x128x32_w2x2_sk4"
+    ws_arg = next(i for i, (a, *_) in enumerate(sim.binder(name).plan) if a.name not in ("a", "b", "c"))
+    at = sim.binder(name).offsets[ws_arg]
+    seen = []
+    for i in range(3):
+        a, w, out = bf(64, 1024), bf(128, 1024), torch.empty(64, 128, dtype=torch.bfloat16)
+        sim.gemm(a, w, out, variant=name)
+        got = sim.rec.launched[-1][1]
+        from factory.runtime.gemm import rkl_spec
+
+        ws = int.from_bytes(got[at:at + 8], "little")
+        seen.append(ws)
+        want = checked_bytes(sim, name, [rkl_spec(a, "a"), rkl_spec(w, "b"), rkl_spec(out, "c"),
+                                         (ws, (64, 128, 4), (128, 1, 64 * 128))])
+        assert got == want and ws % 16 == 0
+    assert len(sim._hot_gemm) == 1
+
+
+def test_hot_path_refuses_what_the_checked_path_refuses(sim):
+    q = bf(1, 64, 4, 64)
+    sim.attention(q, q, q)
+    n = len(sim.rec.launched)
+    with pytest.raises(InputError, match="q: data pointer must be 16-byte aligned"):
+        sim.attention(misaligned(q), q, q)
+    with pytest.raises(InputError, match="attention: q require grad"):
+        sim.attention(q.clone().requires_grad_(), q, q)
+    with torch.no_grad():
+        sim.attention(q.clone().requires_grad_(), q, q)  # allowed: launched
+    sim._cur = lambda: 3  # the caller switched devices (the tensors' "device" is -1)
+    with pytest.raises(InputError, match="the tensors are on cuda:-1 but the current device is cuda:3"):
+        sim.attention(q, q, q)
+    assert len(sim.rec.launched) == n + 1
+    sim._cur = lambda: -1
+    a, w, out = bf(256, 512), bf(384, 512), torch.empty(256, 384, dtype=torch.bfloat16)
+    sim.gemm(a, w, out)
+    n = len(sim.rec.launched)
+    with pytest.raises(NoVariantError, match="aligned"):  # (no variant takes a misaligned a)
+        sim.gemm(misaligned(a), w, out)
+    with pytest.raises(InputError, match="gemm: a require grad"):
+        sim.gemm(a.clone().requires_grad_(), w, out)
+    with pytest.raises(InputError, match="must be a torch.Tensor"):
+        sim.gemm([1], w, out)
+    with pytest.raises(InputError, match="one-element torch.Tensor"):
+        sim.gemm(a.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn), scale_a=2.0)
+    assert len(sim.rec.launched) == n
+    sim.gemm(a, w, out)  # the misaligned call did not replace the cached launch
+    assert sim.rec.launched[-1][0] == sim.rec.launched[n - 1][0]
+
+
+def test_threads_write_their_own_argument_buffers(sim):
+    """Two threads launching one problem key at once: each launch carries its own pointers (the
+    buffers are per thread; a shared one would be rewritten while the other thread's launcher
+    reads it — the native launcher runs without the GIL)."""
+    q0 = bf(1, 64, 4, 64)
+    sim.attention(q0, q0, q0)
+    name = sim.rec.launched[-1][0]
+    mine, bad, count = {}, [], []
+
+    def slow(argv):  # reads q's pointer, lets the other thread run, reads it again
+        before = int.from_bytes(ctypes.string_at(argv[0], 8), "little")
+        time.sleep(0)
+        after = int.from_bytes(ctypes.string_at(argv[0], 8), "little")
+        if before != after or before != mine.get(threading.get_ident(), before):
+            bad.append((before, after, mine.get(threading.get_ident())))
+        count.append(1)
+        return 0
+
+    sim._hot_attention.clear()
+    sim._launchers[name] = slow
+    sim.attention(q0, q0, q0)  # re-made with the slow launcher
+
+    def work(t):
+        mine[threading.get_ident()] = t.data_ptr()
+        for _ in range(300):
+            sim.attention(t, t, t)
+
+    ts = [threading.Thread(target=work, args=(bf(1, 64, 4, 64),)) for _ in range(2)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not bad, bad[:3]
+    assert len(count) == 601
