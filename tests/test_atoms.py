@@ -25,7 +25,7 @@ def test_register_budgets_fit():
     assert not sm90.register_split_fits(16, 240, 2)
 
 
-@pytest.mark.parametrize("kernel", ["gemm/sm90.py"])
+@pytest.mark.parametrize("kernel", ["gemm/sm90.py", "attention/sm90.py"])
 def test_hopper_kernels_use_the_shared_atoms(kernel):
     """Both Hopper kernels build their TMA atoms, pipelines and descriptor prefetches through
     factory/atoms/sm90.py (no private copies of those pieces)."""

@@ -65,6 +65,10 @@ from cutlass.tensor_utils import LayoutEnum
 
 from ..abi import DTYPE_BYTES, Signature
 from ..atoms import sm90 as atoms
+from ..atoms.smem import BARRIER_BYTES as _BARRIER_BYTES
+from ..atoms.smem import SMEM_ALIGN as _SMEM_ALIGN
+from ..atoms.smem import STATIC_SMEM as _STATIC_SMEM
+from ..atoms.smem import round_up as _round_up
 from ..atoms.targets import Target
 from ..registry import register
 from . import contract
@@ -84,7 +88,6 @@ WG_ROWS = 64
 # 123.8, 16..64 queries (Sk 4096) 51 vs 64.  (Split-KV and packed-GQA decode, which this family
 # lacks, are chosen before this rule applies.)
 MIN_SEQLEN_Q = 2
-_SMEM_ALIGN = 1024
 # Grid of a persistent variant: at most the H100 SXM's (and H200's) SM count, fixed at build time
 # (the arguments carry no device facts); on a device with fewer SMs (%nsmid) the CTAs past its
 # count leave at once and the others share their tiles, so no CTA waits for a second wave.
@@ -93,9 +96,6 @@ PERSISTENT_CTAS = 132
 # clocks per warp instruction vs ~9 issue slots per polynomial).  Measured slower (run 10): the
 # softmax is bound by issue slots, not by the MUFU.
 EXP_POLY_COLS = 4
-# Static smem the DSL adds to every kernel (1 KiB) and room for the mbarriers.
-_STATIC_SMEM = 1024
-_BARRIER_BYTES = 1024
 
 
 class _Bar(enum.IntEnum):
@@ -253,10 +253,6 @@ class AttentionSm90(Variant):
 
 def _cutlass_dtype(name: str):
     return {"bf16": cutlass.BFloat16, "f16": cutlass.Float16}[name]
-
-
-def _round_up(x: int, a: int) -> int:
-    return (x + a - 1) // a * a
 
 
 # The default config per problem: (tile_m, tile_n, stages, overlap, pingpong).  H100, bf16, CUDA
@@ -436,17 +432,12 @@ class FlashFwdSm90:
                                                   self.stages)
         sV_layout = sm90_utils.make_smem_layout_b(LayoutEnum.COL_MAJOR, (WG_ROWS, D, BN), dt,
                                                   self.stages)
-        slab = cute.slice_(sQ_layout, (None, None, 0))
-        tma_q, tQ = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), mQ, slab,
-                                                (WG_ROWS, D))
-        tma_k, tK = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), mK,
-                                                cute.slice_(sK_layout, (None, None, 0)), (BN, D))
-        tma_v, tV = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), mVt,
-                                                cute.slice_(sV_layout, (None, None, 0)), (D, BN))
+        tma_q, tQ = atoms.tma_load_atom(mQ, sQ_layout, (WG_ROWS, D))
+        tma_k, tK = atoms.tma_load_atom(mK, sK_layout, (BN, D))
+        tma_v, tV = atoms.tma_load_atom(mVt, sV_layout, (D, BN))
         tma_o, tO, s2g = None, mO, None
         if cutlass.const_expr(mCuQ is None):
-            tma_o, tO = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), mO, slab,
-                                                    (WG_ROWS, D))
+            tma_o, tO = atoms.tma_store_atom(mO, sQ_layout, (WG_ROWS, D))
         else:
             # 16-byte stores of a warpgroup's O slab, 8 threads per 64 columns, rows predicated.
             vec = 128 // dt.width
@@ -483,10 +474,7 @@ class FlashFwdSm90:
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == 0:
-            for atom in (tma_q, tma_k, tma_v):
-                cpasync.prefetch_descriptor(atom)
-            if cutlass.const_expr(tma_o is not None):
-                cpasync.prefetch_descriptor(tma_o)
+            atoms.prefetch_tma_descriptors(tma_q, tma_k, tma_v, tma_o)
 
         smem = utils.SmemAllocator()
         storage = smem.allocate(self.shared_storage)
@@ -500,12 +488,8 @@ class FlashFwdSm90:
 
         # One arrive per consumer warp releases a K or V slot.
         kv_pipes = [
-            pipeline.PipelineTmaAsync.create(
-                barrier_storage=bars, num_stages=self.stages,
-                producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-                consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 4 * self.consumers),
-                tx_count=cute.size_in_bytes(self.dtype, cute.slice_(layout, (None, None, 0))),
-                cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)), defer_sync=True)
+            atoms.tma_pipeline(bars, self.stages, atoms.stage_bytes(self.dtype, layout), 4 * self.consumers,
+                               cute.make_layout((1, 1, 1, 1)))
             for bars, layout in ((storage.k_bars.data_ptr(), sK_layout),
                                  (storage.v_bars.data_ptr(), sV_layout))
         ]
