@@ -46,7 +46,7 @@ def main() -> int:
         # 132 resident CTAs: each CTA runs several (the next tile's Q loads under this epilogue).
         for causal in (True, False):
             pref = [n for n, e in b.manifest["variants"].items()
-                    if e.get("family") == "sm90" and e["head_dim"] == d and e["dtype"] == "bf16"
+                    if e["op"] == "attention" and e.get("family") == "sm90" and e["head_dim"] == d and e["dtype"] == "bf16"
                     and bool(e["causal"]) == causal and not e["varlen"] and e.get("preferred")]
             q = torch.randn(1, 512, 48, d, device="cuda", dtype=torch.bfloat16)
             k, v = (torch.randn(1, 512, 8, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
