@@ -58,7 +58,9 @@ def gpu_bundle() -> Path:
 
 
 # --- shared by the GPU test modules ---------------------------------------------------------------
-GPU_BUNDLE = Path(os.environ.get("FACTORY_BUNDLE", ROOT / "artifacts" / "default"))
+# Absolute (a relative FACTORY_BUNDLE is taken from the repository root), so that tests that run
+# tools in other directories (make -C examples/cpp) find it.
+GPU_BUNDLE = ROOT / os.environ.get("FACTORY_BUNDLE", ROOT / "artifacts" / "default")
 
 
 def gpu_marks() -> list:

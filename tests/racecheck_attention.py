@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""One sm_90a attention call per head_dim (causal, GQA, a ragged tail), checked against float32:
+"""sm_90a attention per head_dim (the loader's choice for a small causal GQA problem with a ragged
+tail; the preferred, persistent tiles on more tiles than resident CTAs), checked against float32:
 run under ``compute-sanitizer --tool racecheck`` (issue 14 asks it clean on one variant per head_dim).
 
     compute-sanitizer --tool racecheck python3 tests/racecheck_attention.py [BUNDLE]
@@ -20,18 +21,37 @@ from factory.runtime import Bundle  # noqa: E402
 from factory.runtime.attention import _choose  # noqa: E402
 
 
+def _check(b, name, q, k, v, causal=True) -> None:
+    """Launch ``name`` by name on (q, k, v) and compare with float32 SDPA (bottom-right causal with
+    Sq == Sk is SDPA's top-left)."""
+    B, S, H, d = q.shape
+    o = torch.full_like(q, float("nan"))
+    lse = torch.empty(B, H, S, device="cuda")
+    b.launch(name, [q, k, v, o, lse, d ** -0.5])
+    qt, kt, vt = (x.transpose(1, 2).float() for x in (q, k, v))
+    ref = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, enable_gqa=True).transpose(1, 2)
+    err = float((o.float() - ref).norm() / ref.norm())
+    print(f"D{d} B{B} H{H}/{k.shape[2]} S{S} {name}: rel err {err:.2e}", flush=True)
+    assert b.manifest["variants"][name]["target"] == "sm_90a" and err < 2e-2, (name, err)
+
+
 def main() -> int:
     b = Bundle.open(sys.argv[1] if len(sys.argv) > 1 else os.environ.get("FACTORY_BUNDLE", ROOT / "artifacts" / "default"))
-    for d in (64, 128):
+    for d in (64, 128, 256):
+        # The loader's choice for a small causal GQA problem with a ragged tail (64-row tiles).
         q = torch.randn(1, 200, 4, d, device="cuda", dtype=torch.bfloat16)
         k, v = (torch.randn(1, 200, 2, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-        name = _choose(b, "bf16", d, True, False, 200 * 4, (1, 4, 2, 200, 200))[0]
-        o = b.attention(q, k, v, causal=True)
-        qt, kt, vt = (x.transpose(1, 2).float() for x in (q, k, v))
-        ref = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=True).transpose(1, 2)
-        err = float((o.float() - ref).norm() / ref.norm())
-        print(f"D{d} {name}: rel err {err:.2e}")
-        assert b.manifest["variants"][name]["target"] == "sm_90a" and err < 2e-2, (name, err)
+        _check(b, _choose(b, "bf16", d, True, False, 200 * 4, (1, 4, 2, 200, 200))[0], q, k, v)
+        # The preferred (persistent at D64/D128) tiles, causal and not, on more tiles than the
+        # 132 resident CTAs: each CTA runs several (the next tile's Q loads under this epilogue).
+        for causal in (True, False):
+            pref = [n for n, e in b.manifest["variants"].items()
+                    if e["op"] == "attention" and e.get("family") == "sm90" and e["head_dim"] == d and e["dtype"] == "bf16"
+                    and bool(e["causal"]) == causal and not e["varlen"] and e.get("preferred")]
+            q = torch.randn(1, 512, 48, d, device="cuda", dtype=torch.bfloat16)
+            k, v = (torch.randn(1, 512, 8, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+            for name in pref:
+                _check(b, name, q, k, v, causal)
     torch.cuda.synchronize()
     return 0
 
