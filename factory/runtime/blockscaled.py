@@ -390,16 +390,8 @@ def select(bundle, fmt: str, c: str, specs: list, M: int, N: int, K: int, L: int
     name = bundle._select_cache.get(key)
     if name is not None:
         return name
-    fits, reasons = [], []
-    for v in bundle.candidates(OP):
-        if v.get("format") != fmt or v["dtypes"]["c"] != c or (variant is not None and v["name"] != variant):
-            continue
-        try:
-            bundle.binder(v["name"]).check(specs)
-        except InputError as e:
-            reasons.append(f"{v['name']}: {e}")
-            continue
-        fits.append(v)
+    fits, reasons = bundle.fitting(OP, specs, lambda v: v.get("format") == fmt and v["dtypes"]["c"] == c
+                                   and (variant is None or v["name"] == variant))
     if not fits:
         raise NoVariantError(_no_variant(bundle, fmt, c, M, N, K, L, variant, reasons))
 

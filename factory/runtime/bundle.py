@@ -161,6 +161,21 @@ class BundleCore:
             b = self._binders[name] = Binder(self.manifest["variants"][name])
         return b
 
+    def fitting(self, op: str, specs: list, keep=None) -> tuple[list[dict], list[str]]:
+        """The variants of ``op`` that ``keep(entry)`` admits (all when None) and whose argument
+        contract takes ``specs``, and why each admitted variant that does not take them refuses."""
+        fits, reasons = [], []
+        for v in self.candidates(op):
+            if keep is not None and not keep(v):
+                continue
+            try:
+                self.binder(v["name"]).check(specs)
+            except InputError as e:
+                reasons.append(f"{v['name']}: {e}")
+                continue
+            fits.append(v)
+        return fits, reasons
+
     def launch(self, name: str, args: list, stream: int | None = None, *, checked: bool = False,
                device: int | None = None) -> None:
         """Launch variant ``name`` with ``args`` (torch tensors, ``(data_ptr, shape, stride)`` specs

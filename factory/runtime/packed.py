@@ -105,16 +105,7 @@ def select_packed(bundle, specs: list, M: int, N: int, K: int, b_constant: bool,
 def fitting(bundle, specs: list, M: int, N: int, K: int) -> list[dict]:
     """The decode variants that take these (a, packed b, c, scales) specs; NoVariantError if none
     without ``early_b`` does."""
-    fits, reasons = [], []
-    for v in bundle.candidates("gemm"):
-        if v.get("family") != "decode" or M > v["max_m"]:
-            continue
-        try:
-            bundle.binder(v["name"]).check(specs)
-        except InputError as e:
-            reasons.append(f"{v['name']}: {e}")
-            continue
-        fits.append(v)
+    fits, reasons = bundle.fitting("gemm", specs, lambda v: v.get("family") == "decode" and M <= v["max_m"])
     if not any(not v["config"].get("early_b") for v in fits):
         why = f" (closest: {reasons[0]})" if reasons else ""
         raise NoVariantError(f"no decode variant for packed weights N={N} K={K}, M={M} on {bundle.device_name()}"
