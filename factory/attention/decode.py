@@ -53,6 +53,7 @@ from ..abi import DTYPE_BYTES, Signature
 from ..atoms.targets import Target
 from ..registry import register
 from . import contract
+from .sm80 import FlashFwdSm80, _c_to_a_layout, _mn_view, _quad_allreduce
 from ..variant import Variant
 
 LOG2_E = math.log2(math.e)
@@ -74,7 +75,7 @@ _RESERVED_SMEM = 1024  # per CTA, by the driver
 class AttentionDecode(Variant):
     op: ClassVar[str] = "attention"
     family: ClassVar[str] = "sm90_decode"
-    sources = ("attention/decode.py", "attention/contract.py")
+    sources = ("attention/decode.py", "attention/sm80.py", "attention/contract.py")
 
     dtype: str = field(default="bf16", metadata={"tag": ""})
     head_dim: int = field(default=128, metadata={"tag": "d"})
@@ -260,6 +261,11 @@ def enumerate_decode(target: Target, tier: str) -> list[AttentionDecode]:
 # The kernel
 # ------------------------------------------------------------------------------------------------
 class FlashDecodeSm90:
+    # The sm80 family's K/V loads (cp.async, rows past k_len zeroed) and online softmax: the same
+    # mma.sync m16n8 fragments (they read ``self.tile_n`` only).
+    load_kv = FlashFwdSm80.load_kv
+    online_softmax = FlashFwdSm80.online_softmax
+
     def __init__(self, *, dtype, head_dim: int, tile_n: int, warps: int, stages: int, causal: bool,
                  splits: int, cluster: bool, pdl: bool = False, ilp: bool = False, min_ctas: int = 0):
         self.dtype = dtype
@@ -646,19 +652,6 @@ class FlashDecodeSm90:
                 mLSE[batch, head, row] = lse
 
     @cute.jit
-    def load_kv(self, g2s, tKgK, tVgV, tKVsKV, tKVcKV, n_block, slot, k_len):
-        """cp.async K and V tile ``n_block`` into ``slot``; rows past k_len are zeroed (a stale
-        V row times P = 0 could still make NaN)."""
-        row0 = n_block * self.tile_n
-        for r in cutlass.range_constexpr(cute.size(tKVsKV.shape[1])):
-            if row0 + tKVcKV[0, r, 0][0] < k_len:
-                cute.copy(g2s, tKgK[None, r, None, n_block], tKVsKV[None, r, None, 2 * slot])
-                cute.copy(g2s, tVgV[None, r, None, n_block], tKVsKV[None, r, None, 2 * slot + 1])
-            else:
-                tKVsKV[None, r, None, 2 * slot].fill(0)
-                tKVsKV[None, r, None, 2 * slot + 1].fill(0)
-
-    @cute.jit
     def apply_mask(self, acc_S, thr_mma, row0, n0, group, q_len, k_len):
         """-inf where the key is past the sequence or (causal) after the row's query."""
         cS = thr_mma.partition_C(cute.make_identity_tensor((ROWS, self.bnw)))
@@ -672,47 +665,3 @@ class FlashDecodeSm90:
             for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
                 if c_mn[r, c][1] >= limit:
                     s_mn[r, c] = -cutlass.Float32.inf
-
-    @cute.jit
-    def online_softmax(self, acc_S, acc_O, row_max, row_sum, scale_log2):
-        """acc_S <- exp2(S·scale_log2 - max·scale_log2); rescale acc_O and the running sum."""
-        s_mn = _mn_view(acc_S)
-        o_mn = _mn_view(acc_O)
-        for r in cutlass.range_constexpr(cute.size(row_max)):
-            s = s_mn[r, None].load()
-            m_new = _quad_allreduce(s.reduce(cute.ReductionOp.MAX, -cutlass.Float32.inf, 0),
-                                    cute.arch.fmax)
-            m_new = cute.arch.fmax(m_new, row_max[r])
-            m_scaled = (0.0 if m_new == -cutlass.Float32.inf else m_new) * scale_log2
-            p = cute.math.exp2(s * scale_log2 - m_scaled, fastmath=True)
-            corr = cute.math.exp2(row_max[r] * scale_log2 - m_scaled, fastmath=True)
-            row_sum[r] = row_sum[r] * corr + p.reduce(cute.ReductionOp.ADD, cutlass.Float32.zero, 0)
-            o_mn[r, None] = o_mn[r, None].load() * corr
-            row_max[r] = m_new
-            s_mn[r, None] = p
-
-
-def _quad_allreduce(x, op):
-    """Reduce over the 4 threads of a quad (they hold one accumulator row between them)."""
-    x = op(x, cute.arch.shuffle_sync_bfly(x, offset=2, mask=-1, mask_and_clamp=31))
-    return op(x, cute.arch.shuffle_sync_bfly(x, offset=1, mask=-1, mask_and_clamp=31))
-
-
-def _mn_view(t):
-    """An m16n8 accumulator partition ((2, 2), M, N) viewed as (rows, cols) = ((2, M), (2, N))."""
-    shape = t.layout.shape
-    flat = cute.make_layout(shape)
-    mn = cute.make_layout(
-        ((shape[0][1], shape[1]), (shape[0][0], shape[2])),
-        stride=((flat.stride[0][1], flat.stride[1]), (flat.stride[0][0], flat.stride[2])),
-    )
-    return cute.make_tensor(t.iterator, cute.composition(t.layout, mn))
-
-
-def _c_to_a_layout(layout):
-    """((2, 2), M, N) C fragment -> ((4, 2), M, N/2) A fragment of m16n8k16 (pairs of n8 tiles)."""
-    split = cute.logical_divide(layout, (None, None, 2))
-    return cute.make_layout(
-        ((split.shape[0], split.shape[2][0]), split.shape[1], split.shape[2][1]),
-        stride=((split.stride[0], split.stride[2][0]), split.stride[1], split.stride[2][1]),
-    )
