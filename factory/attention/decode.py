@@ -261,10 +261,11 @@ def enumerate_decode(target: Target, tier: str) -> list[AttentionDecode]:
 # The kernel
 # ------------------------------------------------------------------------------------------------
 class FlashDecodeSm90:
-    # The sm80 family's K/V loads (cp.async, rows past k_len zeroed) and online softmax: the same
-    # mma.sync m16n8 fragments (they read ``self.tile_n`` only).
+    # The sm80 family's K/V loads (cp.async, rows past k_len zeroed), online softmax and split
+    # combine: the same mma.sync m16n8 fragments (they read tile_n, head_dim, splits, dtype).
     load_kv = FlashFwdSm80.load_kv
     online_softmax = FlashFwdSm80.online_softmax
+    combine_rows = FlashFwdSm80.combine_rows
 
     def __init__(self, *, dtype, head_dim: int, tile_n: int, warps: int, stages: int, causal: bool,
                  splits: int, cluster: bool, pdl: bool = False, ilp: bool = False, min_ctas: int = 0):
@@ -614,42 +615,9 @@ class FlashDecodeSm90:
     @cute.kernel
     def combine(self, mOp: cute.Tensor, mLp: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor):
         """Split-KV combine, one warp per query row (PDL: waits for the main grid first)."""
-        D, SP = self.head_dim, self.splits
         cute.arch.griddepcontrol_launch_dependents()
         cute.arch.griddepcontrol_wait()
-        tidx, _, _ = cute.arch.thread_idx()
-        m_block, head, batch = cute.arch.block_idx()
-        lane = tidx % 32
-        row = m_block * COMBINE_WARPS + tidx // 32
-        if row < mO.shape[1]:
-            lse_s = cute.make_rmem_tensor(SP, cutlass.Float32)
-            lmax = -cutlass.Float32.inf
-            for s in cutlass.range_constexpr(SP):
-                lse_s[s] = mLp[s, batch, head, row]
-                lmax = cute.arch.fmax(lmax, lse_s[s])
-            m_ref = 0.0 if lmax == -cutlass.Float32.inf else lmax
-            acc = cute.make_rmem_tensor(D // 32, cutlass.Float32)
-            acc.fill(0.0)
-            total = cutlass.Float32(0.0)
-            for s in cutlass.range_constexpr(SP):
-                w = cute.math.exp2((lse_s[s] - m_ref) * LOG2_E, fastmath=True)
-                total = total + w
-                for j in cutlass.range_constexpr(D // 32):
-                    acc[j] = acc[j] + w * mOp[s, batch, head, row, lane + 32 * j]
-            has_keys = total > 0.0
-            inv = cute.arch.rcp_approx(total if has_keys else 1.0)
-            scale = inv if has_keys else 0.0
-            for j in cutlass.range_constexpr(D // 32):
-                acc[j] = acc[j] * scale
-            out = cute.make_rmem_tensor(D // 32, self.dtype)
-            out.store(acc.load().to(self.dtype))
-            for j in cutlass.range_constexpr(D // 32):
-                mO[batch, row, head, lane + 32 * j] = out[j]
-            if lane == 0:
-                lse = -cutlass.Float32.inf
-                if has_keys:
-                    lse = m_ref + cute.math.log2(total, fastmath=True) * LN_2
-                mLSE[batch, head, row] = lse
+        self.combine_rows(mOp, mLp, mO, mLSE)
 
     @cute.jit
     def apply_mask(self, acc_S, thr_mma, row0, n0, group, q_len, k_len):

@@ -520,9 +520,15 @@ class FlashFwdSm80:
 
     @cute.kernel
     def combine(self, mOp: cute.Tensor, mLp: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor):
-        """Split-KV combine: one warp per query row.  lse = ln Σ_s exp(lse_s), o = Σ_s
-        exp(lse_s - lse)·o_s in fp32, then o -> dtype.  Splits with lse_s = -inf weigh 0 (their
-        partial O is 0, never garbage); a row whose splits are all -inf gets o = 0, lse = -inf."""
+        """Split-KV combine: one warp per query row (:meth:`combine_rows`)."""
+        self.combine_rows(mOp, mLp, mO, mLSE)
+
+    @cute.jit
+    def combine_rows(self, mOp: cute.Tensor, mLp: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor):
+        """lse = ln Σ_s exp(lse_s), o = Σ_s exp(lse_s - lse)·o_s in fp32, then o -> dtype, one warp
+        per query row of this CTA.  Splits with lse_s = -inf weigh 0 (their partial O is 0, never
+        garbage); a row whose splits are all -inf gets o = 0, lse = -inf.  (Also the decode
+        family's combine, after its PDL wait.)"""
         D, SP = self.head_dim, self.splits
         tidx, _, _ = cute.arch.thread_idx()
         m_block, head, batch = cute.arch.block_idx()
