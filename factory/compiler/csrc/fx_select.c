@@ -471,25 +471,15 @@ static int32_t gemm_choose(const gemm_ctx *g, int32_t *fits, int32_t n) {
         const fx_bucket *b = find_bucket(g->ab, g->c, g->am, g->bm, g->M, g->N, g->K, g->L);
         if (b && b->winner >= 0 && contains(fits, n, b->winner)) return b->winner;
     }
-    if (fx_variants[fits[0]].family == FX_FAMILY_SM100) {
+    const int family = fx_variants[fits[0]].family;
+    if (family == FX_FAMILY_SM100 || family == FX_FAMILY_SM90) {
+        /* the family's cost model: the fastest estimate, ties by name */
         int32_t best = -1;
         double best_t = 0;
         for (int32_t i = 0; i < n; i++) {
             const fx_variant *v = &fx_variants[fits[i]];
-            double t = sm100_estimate_us(v, g->M, g->N, g->K, g->L, sms);
-            if (best < 0 || t < best_t || (t == best_t && strcmp(v->name, fx_variants[best].name) < 0)) {
-                best = fits[i];
-                best_t = t;
-            }
-        }
-        return best;
-    }
-    if (fx_variants[fits[0]].family == FX_FAMILY_SM90) {
-        int32_t best = -1;
-        double best_t = 0;
-        for (int32_t i = 0; i < n; i++) {
-            const fx_variant *v = &fx_variants[fits[i]];
-            double t = estimate_us(v, g->M, g->N, g->K, g->L, sms);
+            double t = family == FX_FAMILY_SM100 ? sm100_estimate_us(v, g->M, g->N, g->K, g->L, sms)
+                                                 : estimate_us(v, g->M, g->N, g->K, g->L, sms);
             if (best < 0 || t < best_t || (t == best_t && strcmp(v->name, fx_variants[best].name) < 0)) {
                 best = fits[i];
                 best_t = t;
