@@ -72,3 +72,110 @@ def manifest_fields(dtype: str, head_dim: int, causal: bool, varlen: bool) -> di
             "grid_yz_max": 65535,
         },
     }
+
+
+# --- attention over a KV cache (paged or dense), FlashAttention's flash_attn_with_kvcache -------
+# One signature for every kvcache variant (decode and prefill families); a variant whose
+# compile-time switch is off ignores the matching argument, and the runtime passes a cached
+# 1-element dummy where the caller gave none:
+#   q             (B, Sq, Hq, D)   dtype (bf16/f16)        [varlen q: (Tq, Hq, D)]
+#   k_cache       (P, PS, Hkv, D)  kv_dtype (dtype or e4m3) paged: P pages of PS rows (PS fixed at
+#   v_cache       (P, PS, Hkv, D)  kv_dtype                 compile time); dense: P = B, PS = Sk
+#   o             (B, Sq, Hq, D)   dtype                    [varlen q: (Tq, Hq, D)]
+#   lse           (B, Hq, Sq)      f32                      [varlen q: (Hq, Tq)]
+#   [o_partial (splits, B, Hq, Sq, D) f32, lse_partial (splits, B, Hq, Sq) f32]  workspace splits only
+#   block_table   (B, MP)          i32  page indices of each sequence (dense: a (B, 1) dummy)
+#   cache_seqlens (B,)             i32  each sequence's key count (read on the device only)
+#   [cu_seqlens_q (B+1,) i32: varlen q only]
+#   sinks         (Hq,)            f32  learned sink logits (a variant without sinks ignores it)
+#   kv_descale    (2, Hkv)         f32  row 0 k_descale, row 1 v_descale (per-tensor: broadcast)
+#   softmax_scale f32, softcap f32 (0: off), window_left i32, window_right i32 (-1: unbounded)
+#   [max_seqlen_q i32: varlen q only]
+# Causal is bottom-right: query s of Sq sees keys j <= s + L - Sq, L = cache_seqlens[b]; with a
+# window also j >= s + L - Sq - window_left and j <= s + L - Sq + window_right.
+KV_DTYPES = ("bf16", "f16", "e4m3")
+PAGE_SIZES = (1, 8, 16, 32, 64, 128, 256)
+
+
+def signature_kvcache(dtype: str, kv_dtype: str, head_dim: int, paged: bool, page_size: int | None = None,
+                      splits: int = 1, varlen_q: bool = False) -> Signature:
+    """The kernel arguments of an attention-over-KV-cache variant (see the table above).
+    ``splits`` > 1: the variant merges its key splits through the fp32 workspace (dense q only)."""
+    d, dt, kt = head_dim, dtype, kv_dtype
+    if paged and page_size is not None and page_size not in PAGE_SIZES:
+        raise ValueError(f"page_size {page_size} not one of {PAGE_SIZES}")
+    # A paged variant fixes its page size at compile time, or (page_size None) takes it at launch
+    # as the symbol PS (a kernel that handles several page sizes: manifest "page_sizes").
+    ps: Any = ("PS" if page_size is None else page_size) if paged else "Sk"
+    pages = "P" if paged else "B"
+    if varlen_q:
+        q_shape, q_stride = ("Tq", "Hq", d), ("sQt", "sQh", 1)
+        o_shape, o_stride = ("Tq", "Hq", d), ("sOt", "sOh", 1)
+        lse = TensorArg("lse", "f32", ("Hq", "Tq"), ("sLh", 1), align=4)
+        q_strided = ("sQt", "sQh", "sOt", "sOh")
+    else:
+        q_shape, q_stride = ("B", "Sq", "Hq", d), ("sQb", "sQs", "sQh", 1)
+        o_shape, o_stride = ("B", "Sq", "Hq", d), ("sOb", "sOs", "sOh", 1)
+        lse = TensorArg("lse", "f32", ("B", "Hq", "Sq"), ("sLb", "sLh", 1), align=4)
+        q_strided = ("sQb", "sQs", "sQh", "sOb", "sOs", "sOh")
+    args = [
+        TensorArg("q", dt, q_shape, q_stride),
+        TensorArg("k_cache", kt, (pages, ps, "Hkv", d), ("sKp", "sKs", "sKh", 1)),
+        TensorArg("v_cache", kt, (pages, ps, "Hkv", d), ("sVp", "sVs", "sVh", 1)),
+        TensorArg("o", dt, o_shape, o_stride),
+        lse,
+    ]
+    if splits > 1 and not varlen_q:
+        args += [
+            TensorArg("o_partial", "f32", (splits, "B", "Hq", "Sq", d), ("sWs", "sWb", "sWh", "sWq", 1), align=4),
+            TensorArg("lse_partial", "f32", (splits, "B", "Hq", "Sq"), ("sPs", "sPb", "sPh", 1), align=4),
+        ]
+    args += [
+        TensorArg("block_table", "i32", ("B", "MP"), ("sTb", 1), align=4),
+        TensorArg("cache_seqlens", "i32", ("B",), (1,), align=4),
+    ]
+    if varlen_q:
+        args.append(TensorArg("cu_seqlens_q", "i32", ("B1",), (1,), align=4))
+    args += [
+        TensorArg("sinks", "f32", ("Hq",), (1,), align=4),
+        TensorArg("kv_descale", "f32", (2, "Hkv"), ("sDk", 1), align=4),
+        ScalarArg("softmax_scale", "f32"),
+        ScalarArg("softcap", "f32"),
+        ScalarArg("window_left", "i32"),
+        ScalarArg("window_right", "i32"),
+    ]
+    if varlen_q:
+        args.append(ScalarArg("max_seqlen_q", "i32"))
+    qvec, kvec = 16 // DTYPE_BYTES[dt], 16 // DTYPE_BYTES[kt]
+    div = {s: qvec for s in q_strided}
+    div.update({s: kvec for s in ("sKp", "sKs", "sKh", "sVp", "sVs", "sVh")})
+    return Signature(tuple(args), tuple(sorted(div.items())))
+
+
+def manifest_fields_kvcache(dtype: str, kv_dtype: str, head_dim: int, *, paged: bool, page_size: int | None,
+                            causal: bool, local: bool, softcap: bool, sinks: bool,
+                            varlen_q: bool = False) -> dict[str, Any]:
+    """The manifest fields every kvcache variant has (its family adds tile, splits, ...); the
+    runtime's selection (runtime/kvcache.py) filters on these."""
+    return {
+        "dtype": dtype,
+        "kv_dtype": kv_dtype,
+        "dtypes": {"q": dtype, "k_cache": kv_dtype, "v_cache": kv_dtype, "o": dtype, "lse": "f32", "acc": "f32"},
+        "head_dim": head_dim,
+        "paged": paged,
+        "page_size": page_size if paged else None,
+        "causal": causal,
+        "local": local,
+        "softcap": softcap,
+        "sinks": sinks,
+        "varlen": varlen_q,
+        "constraints": {
+            "head_dim_contiguous": True,
+            "stride_divisibility_elems": {"q": 16 // DTYPE_BYTES[dtype], "kv": 16 // DTYPE_BYTES[kv_dtype]},
+            "data_align_bytes": 16,
+            "gqa": "Hq % Hkv == 0",
+            "causal_alignment": "bottom-right",
+            "block_table": "int32 (B, max_pages), page indices < num_pages (caller's contract)",
+            "cache_seqlens": "int32 (B,), <= max_pages * page_size (caller's contract)",
+        },
+    }
