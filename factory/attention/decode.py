@@ -198,6 +198,63 @@ class AttentionDecode(Variant):
         return k.dense_split if self.splits > 1 and not self.cluster else k.dense
 
 
+@dataclass(frozen=True, kw_only=True)
+class AttentionDecodeKV(AttentionDecode):
+    """The decode kernel over a KV cache (contract.signature_kvcache): per-sequence key counts
+    (cache_seqlens), a dense (B, max_seqlen, Hkv, D) cache or a paged one read through the block
+    table (any power-of-two page size: the kernel addresses rows, so a page may be smaller or
+    larger than a key tile), and the window, softcap and sink switches.  Split-KV merges in a
+    cluster only (no workspace)."""
+
+    op: ClassVar[str] = "attention_kvcache"
+    family: ClassVar[str] = "sm90_decode"
+
+    kv_dtype: str = field(default="bf16", metadata={"tag": "c"})
+    paged: bool = field(default=True, metadata={"tag": "paged"})
+    local: bool = field(default=False, metadata={"tag": "win"})
+    softcap: bool = field(default=False, metadata={"tag": "cap"})
+    sinks: bool = field(default=False, metadata={"tag": "sink"})
+
+    @property
+    def name(self) -> str:
+        return Variant.name.fget(self).replace("_o0_", "_")
+
+    def can_implement(self) -> str | None:
+        why = super().can_implement()
+        if why:
+            return why
+        if self.kv_dtype != self.dtype:
+            return "the K/V cache dtype must be the query dtype (fp8 caches are not built)"
+        if not self.causal:
+            return "built bottom-right causal (one query: the same as no mask)"
+        if self.splits > 1 and not self.cluster:
+            return "split-KV merges in a cluster only"
+        return None
+
+    def signature(self) -> Signature:
+        return contract.signature_kvcache(self.dtype, self.kv_dtype, self.head_dim, self.paged, None)
+
+    def describe(self) -> dict[str, Any]:
+        d = super().describe()
+        d.update(contract.manifest_fields_kvcache(
+            self.dtype, self.kv_dtype, self.head_dim, paged=self.paged, page_size=None, causal=self.causal,
+            local=self.local, softcap=self.softcap, sinks=self.sinks))
+        d["page_sizes"] = list(contract.PAGE_SIZES) if self.paged else []
+        d["max_seqlen_q"] = DECODE_MAX_SEQLEN_Q
+        return d
+
+    def make_kernel(self):
+        return FlashDecodeSm90(
+            dtype=_cutlass_dtype(self.dtype), head_dim=self.head_dim, tile_n=self.tile_n,
+            warps=self.warps, stages=self.stages, causal=self.causal, splits=self.splits,
+            cluster=self.cluster, pdl=self.pdl, ilp=self.ilp, min_ctas=self.min_ctas,
+            kv=True, paged=self.paged, local=self.local, softcap=self.softcap, sinks=self.sinks,
+        ).kvcache
+
+
+DECODE_MAX_SEQLEN_Q = 16
+
+
 def _cutlass_dtype(name: str):
     return {"bf16": cutlass.BFloat16, "f16": cutlass.Float16}[name]
 
@@ -268,8 +325,18 @@ class FlashDecodeSm90:
     combine_rows = FlashFwdSm80.combine_rows
 
     def __init__(self, *, dtype, head_dim: int, tile_n: int, warps: int, stages: int, causal: bool,
-                 splits: int, cluster: bool, pdl: bool = False, ilp: bool = False, min_ctas: int = 0):
+                 splits: int, cluster: bool, pdl: bool = False, ilp: bool = False, min_ctas: int = 0,
+                 kv: bool = False, paged: bool = False, local: bool = False, softcap: bool = False,
+                 sinks: bool = False):
         self.dtype = dtype
+        # Attention over a KV cache (contract.signature_kvcache): per-sequence key counts from
+        # cache_seqlens; ``paged``: K/V rows addressed through the block table; window, softcap
+        # and sink switches.  All off: the dense attention contract, code unchanged.
+        self.kv = kv
+        self.paged = paged
+        self.local = local
+        self.softcap = softcap
+        self.sinks = sinks
         self.head_dim = head_dim
         self.tile_n = tile_n
         self.warps = warps
@@ -306,7 +373,16 @@ class FlashDecodeSm90:
             block=[32 * COMBINE_WARPS, 1, 1], stream=stream, use_pdl=True)
 
     @cute.jit
-    def _launch(self, mQ, mK, mV, mO, mLSE, mOp, mLp, softmax_scale, stream):
+    def kvcache(self, q: cute.Tensor, k_cache: cute.Tensor, v_cache: cute.Tensor, o: cute.Tensor,
+                lse: cute.Tensor, block_table: cute.Tensor, cache_seqlens: cute.Tensor, sinks: cute.Tensor,
+                kv_descale: cute.Tensor, softmax_scale: cutlass.Float32, softcap: cutlass.Float32,
+                window_left: cutlass.Int32, window_right: cutlass.Int32, stream: cuda.CUstream):
+        self._launch(q, k_cache, v_cache, o, lse, None, None, softmax_scale, stream,
+                     block_table, cache_seqlens, sinks, softcap, window_left)
+
+    @cute.jit
+    def _launch(self, mQ, mK, mV, mO, mLSE, mOp, mLp, softmax_scale, stream,
+                mBT=None, mSeq=None, mSinks=None, softcap=None, wl=None):
         D, BN, S = self.head_dim, self.tile_n, self.stages
         # K/V: 64-element (128-byte) swizzled rows (ldmatrix and 16-byte cp.async without bank
         # conflicts); mode 2 is (K of slot 0, V of slot 0, K of slot 1, ...).
@@ -332,8 +408,14 @@ class FlashDecodeSm90:
         group = mQ.shape[2] // mK.shape[2]
         row_blocks = cute.ceil_div(group * mQ.shape[1], ROWS)
         grid = (row_blocks * self.splits, mK.shape[2], mQ.shape[0])
-        kern = self.kernel(mQ, mK, mV, mO, mLSE, mOp, mLp, softmax_scale * LOG2_E, sQ_layout,
-                           sKV_layout, g2s, tiled_mma, SharedStorage)
+        scale_log2 = softmax_scale * LOG2_E
+        score_mul = None
+        if cutlass.const_expr(self.softcap):
+            # scores become cap·tanh(s·scale/cap), already in natural-log units
+            score_mul = softmax_scale / softcap
+            scale_log2 = cutlass.Float32(LOG2_E)
+        kern = self.kernel(mQ, mK, mV, mO, mLSE, mOp, mLp, scale_log2, sQ_layout,
+                           sKV_layout, g2s, tiled_mma, SharedStorage, mBT, mSeq, mSinks, score_mul, softcap, wl)
         extra = {"min_blocks_per_mp": self.min_ctas, "preferred_smem_carveout": 100} if self.min_ctas else {}
         if cutlass.const_expr(self.cluster):
             kern.launch(grid=grid, block=[self.threads, 1, 1], cluster=(self.splits, 1, 1),
@@ -347,7 +429,8 @@ class FlashDecodeSm90:
     def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
                mLSE: cute.Tensor, mOp, mLp, scale_log2: cutlass.Float32,
                sQ_layout: cute.Layout, sKV_layout: cute.ComposedLayout, g2s: cute.TiledCopy,
-               tiled_mma: cute.TiledMma, SharedStorage: cutlass.Constexpr):
+               tiled_mma: cute.TiledMma, SharedStorage: cutlass.Constexpr, mBT, mSeq, mSinks,
+               score_mul, cap, wl):
         D, BN, S, W, SP, BNW = self.head_dim, self.tile_n, self.stages, self.warps, self.splits, self.bnw
         tidx, _, _ = cute.arch.thread_idx()
         bx, kv_head, batch = cute.arch.block_idx()
@@ -358,6 +441,8 @@ class FlashDecodeSm90:
         group = mQ.shape[2] // mK.shape[2]
         q_len = mQ.shape[1]
         k_len = mK.shape[1]
+        if cutlass.const_expr(self.kv):
+            k_len = mSeq[batch]
         n_rows = group * q_len
         if cutlass.const_expr(self.pdl or (SP > 1 and not self.cluster)):
             # The next grid (the combine kernel, or with pdl whatever follows) may be scheduled
@@ -386,10 +471,18 @@ class FlashDecodeSm90:
             n_end = cutlass.min(n_end, cute.ceil_div(cutlass.max(0, s_last + 1 + shift), BN))
             n_mask = cutlass.min(n_mask, cutlass.max(0, s_first + 1 + shift) // BN)
         n_lo = 0
+        n_begin = 0
+        lo_last = 0  # (local) keys below this one are outside the last row's window
+        if cutlass.const_expr(self.local):
+            if wl >= 0:
+                lo_last = (row0 + ROWS - 1) // group
+                lo_last = cutlass.min(q_len - 1, lo_last) + k_len - q_len - wl
+                n_begin = cutlass.min(n_end, cutlass.max(0, row0 // group + k_len - q_len - wl) // BN)
+                n_lo = n_begin
         n_hi = n_end
         if cutlass.const_expr(SP > 1):
-            chunk = (n_end + (SP - 1)) // SP
-            n_lo = cutlass.min(n_end, split * chunk)
+            chunk = (n_end - n_begin + (SP - 1)) // SP
+            n_lo = cutlass.min(n_end, n_begin + split * chunk)
             n_hi = cutlass.min(n_end, n_lo + chunk)
 
         sKV = storage.kv.get_tensor(sKV_layout)
@@ -449,9 +542,16 @@ class FlashDecodeSm90:
                 else:
                     dst.fill(0)
         cute.arch.cp_async_commit_group()
+        ps_shift = 0
+        if cutlass.const_expr(self.paged):  # page sizes are powers of two (checked by the runtime)
+            ps_shift = 31 - cutlass.Int32(cute.arch.clz(cutlass.Int32(mK.shape[1])))
         for s in cutlass.range_constexpr(S - 1):
             if n_hi - 1 - s >= n_lo:
-                self.load_kv(g2s, tKgK, tVgV, tKVsKV, tKVcKV, n_hi - 1 - s, s, k_len)
+                if cutlass.const_expr(self.paged):
+                    self.load_kv_paged(g2s_atom, mK, mV, mBT, sKV, batch, kv_head, n_hi - 1 - s, s, k_len,
+                                       tidx, ps_shift)
+                else:
+                    self.load_kv(g2s, tKgK, tVgV, tKVsKV, tKVcKV, n_hi - 1 - s, s, k_len)
             cute.arch.cp_async_commit_group()
         cute.arch.cp_async_wait_group(S - 1)
         cute.arch.barrier()
@@ -469,7 +569,11 @@ class FlashDecodeSm90:
             cute.arch.cp_async_wait_group(S - 2)
             cute.arch.barrier()  # tile n_block visible; slot (it-1)%S free for reuse
             if n_block - (S - 1) >= n_lo:
-                self.load_kv(g2s, tKgK, tVgV, tKVsKV, tKVcKV, n_block - (S - 1), (it + S - 1) % S, k_len)
+                if cutlass.const_expr(self.paged):
+                    self.load_kv_paged(g2s_atom, mK, mV, mBT, sKV, batch, kv_head, n_block - (S - 1),
+                                       (it + S - 1) % S, k_len, tidx, ps_shift)
+                else:
+                    self.load_kv(g2s, tKgK, tVgV, tKVsKV, tKVcKV, n_block - (S - 1), (it + S - 1) % S, k_len)
             cute.arch.cp_async_commit_group()
 
             acc_S = cute.make_rmem_tensor(thr_mma.partition_shape_C((ROWS, BNW)), cutlass.Float32)
@@ -489,8 +593,14 @@ class FlashDecodeSm90:
             if cutlass.const_expr(self.ilp):
                 acc_S.store(acc_S.load() + acc_S1.load())
 
-            if n_block >= n_mask:
-                self.apply_mask(acc_S, thr_mma, row0, n_block * BN + wid * BNW, group, q_len, k_len)
+            if cutlass.const_expr(self.softcap):
+                acc_S.store(cute.math.tanh(acc_S.load() * score_mul, fastmath=True) * cap)
+            if cutlass.const_expr(self.local):
+                if n_block >= n_mask or n_block * BN < lo_last:
+                    self.apply_mask_kv(acc_S, thr_mma, row0, n_block * BN + wid * BNW, group, q_len, k_len, wl)
+            else:
+                if n_block >= n_mask:
+                    self.apply_mask(acc_S, thr_mma, row0, n_block * BN + wid * BNW, group, q_len, k_len)
             self.online_softmax(acc_S, acc_O, row_max, row_sum, scale_log2)
 
             rP = cute.make_fragment_like(acc_S, self.dtype)
@@ -550,6 +660,8 @@ class FlashDecodeSm90:
         s_row = row // group
         head = kv_head * group + (row - s_row * group)
         if cutlass.const_expr(SP == 1):
+            if cutlass.const_expr(self.sinks):
+                lse = self.add_sink(acc, lse, mSinks[head])
             if row < n_rows:
                 self.store_row(acc, lse, mO, mLSE, batch, s_row, head, c0, tidx)
         elif cutlass.const_expr(self.cluster):
@@ -593,6 +705,8 @@ class FlashDecodeSm90:
                 lse_all = -cutlass.Float32.inf
                 if has:
                     lse_all = l_ref + cute.math.log2(wsum, fastmath=True) * LN_2
+                if cutlass.const_expr(self.sinks):
+                    lse_all = self.add_sink(acc, lse_all, mSinks[head])
                 if row < n_rows:
                     self.store_row(acc, lse_all, mO, mLSE, batch, s_row, head, c0, tidx)
         else:
@@ -611,6 +725,66 @@ class FlashDecodeSm90:
         cute.autovec_copy(out, dst)
         if c0 == 0:
             mLSE[batch, head, s_row] = lse
+
+    @cute.jit
+    def load_kv_paged(self, g2s_atom, mK, mV, mBT, sKV, batch, kv_head, n_block, slot, k_len, tidx, ps_shift):
+        """cp.async K and V tile ``n_block`` of a paged cache into ``slot``, row by row: key j lies
+        in page block_table[batch, j >> ps_shift], row j & (page_size - 1) (a thread's 16-byte
+        chunks are those of the sm80 copy tiling: row tidx / 8 of each pass, chunk tidx % 8);
+        rows past k_len are zeroed."""
+        vec = 128 // self.dtype.width
+        per_pass = self.threads // 8
+        mask = (1 << ps_shift) - 1
+        for r in cutlass.range_constexpr(self.tile_n // per_pass):
+            row = r * per_pass + tidx // 8
+            key = n_block * self.tile_n + row
+            if key < k_len:
+                page = mBT[batch, key >> ps_shift]
+                off = key & mask
+                for cc in cutlass.range_constexpr(self.head_dim // (8 * vec)):
+                    col = cc * 8 + tidx % 8
+                    cute.copy(g2s_atom, cute.local_tile(mK[page, off, kv_head, None], (vec,), (col,)),
+                              cute.local_tile(sKV[row, None, 2 * slot], (vec,), (col,)))
+                    cute.copy(g2s_atom, cute.local_tile(mV[page, off, kv_head, None], (vec,), (col,)),
+                              cute.local_tile(sKV[row, None, 2 * slot + 1], (vec,), (col,)))
+            else:
+                for cc in cutlass.range_constexpr(self.head_dim // (8 * vec)):
+                    col = cc * 8 + tidx % 8
+                    cute.local_tile(sKV[row, None, 2 * slot], (vec,), (col,)).fill(0)
+                    cute.local_tile(sKV[row, None, 2 * slot + 1], (vec,), (col,)).fill(0)
+
+    @cute.jit
+    def add_sink(self, acc, lse, sink):
+        """Fold a learned sink logit into a finished row: the softmax denominator gains
+        exp(sink) (no value row), so O scales by exp(lse - lse') with lse' = logaddexp(lse, sink);
+        returns lse'.  A sink of -inf (no sinks given) changes nothing."""
+        out = lse
+        if sink > -cutlass.Float32.inf:
+            mx = cute.arch.fmax(lse, sink)
+            out = mx + cute.math.log2(cute.math.exp2((lse - mx) * LOG2_E, fastmath=True)
+                                      + cute.math.exp2((sink - mx) * LOG2_E, fastmath=True), fastmath=True) * LN_2
+            f = cute.math.exp2((lse - out) * LOG2_E, fastmath=True)
+            for j in cutlass.range_constexpr(self.epr):
+                acc[j] = acc[j] * f
+        return out
+
+    @cute.jit
+    def apply_mask_kv(self, acc_S, thr_mma, row0, n0, group, q_len, k_len, wl):
+        """The causal mask of :meth:`apply_mask` and a left window: row s also hides keys below
+        s + k_len - q_len - wl (wl >= 0)."""
+        cS = thr_mma.partition_C(cute.make_identity_tensor((ROWS, self.bnw)))
+        s_mn = _mn_view(acc_S)
+        c_mn = _mn_view(cS)
+        for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
+            s = (row0 + c_mn[r, 0][0]) // group
+            limit = cutlass.min(k_len - n0, s + 1 + k_len - q_len - n0)
+            low = -1
+            if wl >= 0:
+                low = s + k_len - q_len - wl - n0
+            for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
+                col = c_mn[r, c][1]
+                if col >= limit or col < low:
+                    s_mn[r, c] = -cutlass.Float32.inf
 
     @cute.kernel
     def combine(self, mOp: cute.Tensor, mLp: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor):
@@ -633,3 +807,36 @@ class FlashDecodeSm90:
             for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
                 if c_mn[r, c][1] >= limit:
                     s_mn[r, c] = -cutlass.Float32.inf
+
+
+# --- attention over a KV cache ----------------------------------------------------------------------
+# Split counts built (all merged in a cluster; no PDL twins: the runtime takes the plain one).
+KV_SPLITS = (1, 2, 4, 8)
+
+
+def make_kv(target: str, dtype: str, head_dim: int, splits: int, *, paged: bool = True,
+            switches: bool = False) -> AttentionDecodeKV:
+    tn, w, st, _pdl, ilp, mc = DEFAULT[head_dim]
+    return AttentionDecodeKV(target=target, dtype=dtype, head_dim=head_dim, tile_n=tn, warps=w, stages=st,
+                             causal=True, splits=splits, cluster=splits > 1, ilp=ilp, min_ctas=mc,
+                             kv_dtype=dtype, paged=paged, local=switches, softcap=switches, sinks=switches)
+
+
+@register("attention_kvcache")
+def enumerate_decode_kv(target: Target, tier: str) -> list[AttentionDecodeKV]:
+    """test: one of each path (paged and dense cache, unsplit and cluster-split, the window /
+    softcap / sink switches, f16 and head_dim 64); default: paged and dense caches for both
+    dtypes and head_dims at every split count, and the switch build (window + softcap + sinks in
+    one variant: gpt-oss, Gemma 2) for bf16 paged caches."""
+    if target.name != "sm_90":
+        return []
+    t = target.name
+    if tier == "test":
+        out = [make_kv(t, "bf16", 128, 1), make_kv(t, "bf16", 128, 4), make_kv(t, "bf16", 128, 1, paged=False),
+               make_kv(t, "bf16", 128, 4, paged=False), make_kv(t, "bf16", 128, 1, switches=True),
+               make_kv(t, "bf16", 128, 4, switches=True), make_kv(t, "f16", 64, 1), make_kv(t, "f16", 64, 2)]
+    else:
+        out = [make_kv(t, dt, d, sp, paged=pg) for dt in DTYPES for d in HEAD_DIMS for sp in KV_SPLITS
+               for pg in (True, False)]
+        out += [make_kv(t, "bf16", d, sp, switches=True) for d in HEAD_DIMS for sp in KV_SPLITS]
+    return [v for v in out if v.can_implement() is None]
