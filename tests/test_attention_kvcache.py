@@ -58,8 +58,11 @@ def test_enumeration():
     assert any(v.local and v.softcap and v.sinks for v in test)
     assert {v.dtype for v in test} == {"bf16", "f16"} and {v.head_dim for v in test} == {64, 128}
     default = enumerate_decode_kv(get_target("sm_90"), "default")
-    assert len({v.name for v in default}) == len(default) <= 40
-    assert all(v.can_implement() is None and not v.pdl and (v.splits == 1 or v.cluster) for v in default)
+    assert len({v.name for v in default}) == len(default) <= 44
+    assert all(v.can_implement() is None for v in default)
+    # cluster merges without PDL twins; the workspace split (PDL combine) only without sinks
+    assert all(v.pdl == (v.splits > 1 and not v.cluster) for v in default)
+    assert all(v.cluster or not v.sinks for v in default if v.splits > 1)
     assert enumerate_decode_kv(get_target("sm_90a"), "default") == []
     d = default[0].describe()
     assert d["page_sizes"] == list(contract.PAGE_SIZES) if d["paged"] else d["page_sizes"] == []

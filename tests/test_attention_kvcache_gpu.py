@@ -164,7 +164,8 @@ def test_selection(bundle, batch):
 
     gen = torch.Generator(device="cuda").manual_seed(batch)
     lens = [int(x) for x in torch.randint(0, 3000, (batch,), generator=gen.manual_seed(batch), device="cuda")]
-    lens[0] = 0
+    if batch > 1:
+        lens[0] = 0
     k, v, bt = make_cache(lens, 8, 128, torch.bfloat16, 16, gen, spare_pages=1)
     q = torch.randn(batch, 1, 32, 128, device="cuda", generator=gen).to(torch.bfloat16)
     sl = torch.tensor(lens, dtype=torch.int32, device="cuda")
@@ -176,7 +177,7 @@ def test_selection(bundle, batch):
                   page_size=16)
         o2 = bundle.attention_kvcache(q, k, v, sl, block_table=bt, plan=pl)
     ref, _ = attention_kvcache_reference(q, k, v, sl, bt)
-    assert ((o.float() - ref).norm() / ref.norm()).item() < 1e-2
+    assert ((o.float() - ref).norm() / ref.norm().clamp_min(1e-6)).item() < 1e-2
     assert torch.equal(o, o2)
 
 
@@ -219,7 +220,7 @@ def test_graph_replay_changed_lengths_and_tables(bundle):
             torch.cuda.synchronize()
             ref, _ = attention_kvcache_reference(q, k, v, sl, bt)
             assert not out.isnan().any()
-            assert ((out.float() - ref).norm() / ref.norm()).item() < 1e-2, f"replay {step}"
+            assert ((out.float() - ref).norm() / ref.norm().clamp_min(1e-6)).item() < 1e-2, f"replay {step}"
 
 
 def test_bad_block_table_in_subprocess(bundle):

@@ -204,7 +204,8 @@ class AttentionDecodeKV(AttentionDecode):
     (cache_seqlens), a dense (B, max_seqlen, Hkv, D) cache or a paged one read through the block
     table (any power-of-two page size: the kernel addresses rows, so a page may be smaller or
     larger than a key tile), and the window, softcap and sink switches.  Split-KV merges in a
-    cluster only (no workspace)."""
+    cluster (no workspace), or, for 32 splits, through the contract's fp32 workspace and the
+    PDL-launched combine kernel (no sinks there: the combine adds none)."""
 
     op: ClassVar[str] = "attention_kvcache"
     family: ClassVar[str] = "sm90_decode"
@@ -227,12 +228,13 @@ class AttentionDecodeKV(AttentionDecode):
             return "the K/V cache dtype must be the query dtype (fp8 caches are not built)"
         if not self.causal:
             return "built bottom-right causal (one query: the same as no mask)"
-        if self.splits > 1 and not self.cluster:
-            return "split-KV merges in a cluster only"
+        if self.splits > 1 and not self.cluster and self.sinks:
+            return "the combine kernel of a workspace split adds no sink: sinks split in a cluster only"
         return None
 
     def signature(self) -> Signature:
-        return contract.signature_kvcache(self.dtype, self.kv_dtype, self.head_dim, self.paged, None)
+        return contract.signature_kvcache(self.dtype, self.kv_dtype, self.head_dim, self.paged, None,
+                                          splits=1 if self.cluster else self.splits)
 
     def describe(self) -> dict[str, Any]:
         d = super().describe()
@@ -244,12 +246,13 @@ class AttentionDecodeKV(AttentionDecode):
         return d
 
     def make_kernel(self):
-        return FlashDecodeSm90(
+        k = FlashDecodeSm90(
             dtype=_cutlass_dtype(self.dtype), head_dim=self.head_dim, tile_n=self.tile_n,
             warps=self.warps, stages=self.stages, causal=self.causal, splits=self.splits,
             cluster=self.cluster, pdl=self.pdl, ilp=self.ilp, min_ctas=self.min_ctas,
             kv=True, paged=self.paged, local=self.local, softcap=self.softcap, sinks=self.sinks,
-        ).kvcache
+        )
+        return k.kvcache_split if self.splits > 1 and not self.cluster else k.kvcache
 
 
 DECODE_MAX_SEQLEN_Q = 16
@@ -381,6 +384,18 @@ class FlashDecodeSm90:
                      block_table, cache_seqlens, sinks, softcap, window_left)
 
     @cute.jit
+    def kvcache_split(self, q: cute.Tensor, k_cache: cute.Tensor, v_cache: cute.Tensor, o: cute.Tensor,
+                      lse: cute.Tensor, o_partial: cute.Tensor, lse_partial: cute.Tensor, block_table: cute.Tensor,
+                      cache_seqlens: cute.Tensor, sinks: cute.Tensor, kv_descale: cute.Tensor,
+                      softmax_scale: cutlass.Float32, softcap: cutlass.Float32, window_left: cutlass.Int32,
+                      window_right: cutlass.Int32, stream: cuda.CUstream):
+        self._launch(q, k_cache, v_cache, o, lse, o_partial, lse_partial, softmax_scale, stream,
+                     block_table, cache_seqlens, sinks, softcap, window_left)
+        self.combine(o_partial, lse_partial, o, lse).launch(
+            grid=(cute.ceil_div(q.shape[1], COMBINE_WARPS), q.shape[2], q.shape[0]),
+            block=[32 * COMBINE_WARPS, 1, 1], stream=stream, use_pdl=True)
+
+    @cute.jit
     def _launch(self, mQ, mK, mV, mO, mLSE, mOp, mLp, softmax_scale, stream,
                 mBT=None, mSeq=None, mSinks=None, softcap=None, wl=None):
         D, BN, S = self.head_dim, self.tile_n, self.stages
@@ -408,14 +423,15 @@ class FlashDecodeSm90:
         group = mQ.shape[2] // mK.shape[2]
         row_blocks = cute.ceil_div(group * mQ.shape[1], ROWS)
         grid = (row_blocks * self.splits, mK.shape[2], mQ.shape[0])
-        scale_log2 = softmax_scale * LOG2_E
         score_mul = None
+        cap_s = None
         if cutlass.const_expr(self.softcap):
-            # scores become cap·tanh(s·scale/cap), already in natural-log units
+            # scores s become cap·tanh(s·scale/cap)/scale (so the softmax's scale still applies);
+            # softcap 0 at launch: off
             score_mul = softmax_scale / softcap
-            scale_log2 = cutlass.Float32(LOG2_E)
-        kern = self.kernel(mQ, mK, mV, mO, mLSE, mOp, mLp, scale_log2, sQ_layout,
-                           sKV_layout, g2s, tiled_mma, SharedStorage, mBT, mSeq, mSinks, score_mul, softcap, wl)
+            cap_s = softcap / softmax_scale
+        kern = self.kernel(mQ, mK, mV, mO, mLSE, mOp, mLp, softmax_scale * LOG2_E, sQ_layout,
+                           sKV_layout, g2s, tiled_mma, SharedStorage, mBT, mSeq, mSinks, score_mul, cap_s, wl)
         extra = {"min_blocks_per_mp": self.min_ctas, "preferred_smem_carveout": 100} if self.min_ctas else {}
         if cutlass.const_expr(self.cluster):
             kern.launch(grid=grid, block=[self.threads, 1, 1], cluster=(self.splits, 1, 1),
@@ -543,16 +559,24 @@ class FlashDecodeSm90:
                     dst.fill(0)
         cute.arch.cp_async_commit_group()
         ps_shift = 0
+        pages = None
         if cutlass.const_expr(self.paged):  # page sizes are powers of two (checked by the runtime)
             ps_shift = 31 - cutlass.Int32(cute.arch.clz(cutlass.Int32(mK.shape[1])))
+            # This thread's rows' page indices for the next tile to load, read one tile ahead
+            # (their latency hides behind a tile's MMAs instead of stalling the copy issue).
+            pages = cute.make_rmem_tensor((self.tile_n // (self.threads // 8),), cutlass.Int32)
         for s in cutlass.range_constexpr(S - 1):
             if n_hi - 1 - s >= n_lo:
                 if cutlass.const_expr(self.paged):
-                    self.load_kv_paged(g2s_atom, mK, mV, mBT, sKV, batch, kv_head, n_hi - 1 - s, s, k_len,
+                    self.fetch_pages(mBT, pages, batch, n_hi - 1 - s, k_len, tidx, ps_shift)
+                    self.load_kv_paged(g2s_atom, mK, mV, pages, sKV, kv_head, n_hi - 1 - s, s, k_len,
                                        tidx, ps_shift)
                 else:
                     self.load_kv(g2s, tKgK, tVgV, tKVsKV, tKVcKV, n_hi - 1 - s, s, k_len)
             cute.arch.cp_async_commit_group()
+        if cutlass.const_expr(self.paged):
+            if n_hi - S >= n_lo:
+                self.fetch_pages(mBT, pages, batch, n_hi - S, k_len, tidx, ps_shift)
         cute.arch.cp_async_wait_group(S - 1)
         cute.arch.barrier()
         cute.copy(s2r_Q, s2r_Q.partition_S(sQ), s2r_Q.retile(tSrQ))
@@ -570,8 +594,10 @@ class FlashDecodeSm90:
             cute.arch.barrier()  # tile n_block visible; slot (it-1)%S free for reuse
             if n_block - (S - 1) >= n_lo:
                 if cutlass.const_expr(self.paged):
-                    self.load_kv_paged(g2s_atom, mK, mV, mBT, sKV, batch, kv_head, n_block - (S - 1),
+                    self.load_kv_paged(g2s_atom, mK, mV, pages, sKV, kv_head, n_block - (S - 1),
                                        (it + S - 1) % S, k_len, tidx, ps_shift)
+                    if n_block - S >= n_lo:
+                        self.fetch_pages(mBT, pages, batch, n_block - S, k_len, tidx, ps_shift)
                 else:
                     self.load_kv(g2s, tKgK, tVgV, tKVsKV, tKVcKV, n_block - (S - 1), (it + S - 1) % S, k_len)
             cute.arch.cp_async_commit_group()
@@ -594,7 +620,8 @@ class FlashDecodeSm90:
                 acc_S.store(acc_S.load() + acc_S1.load())
 
             if cutlass.const_expr(self.softcap):
-                acc_S.store(cute.math.tanh(acc_S.load() * score_mul, fastmath=True) * cap)
+                if cap > 0.0:
+                    acc_S.store(cute.math.tanh(acc_S.load() * score_mul, fastmath=True) * cap)
             if cutlass.const_expr(self.local):
                 if n_block >= n_mask or n_block * BN < lo_last:
                     self.apply_mask_kv(acc_S, thr_mma, row0, n_block * BN + wid * BNW, group, q_len, k_len, wl)
@@ -727,11 +754,23 @@ class FlashDecodeSm90:
             mLSE[batch, head, s_row] = lse
 
     @cute.jit
-    def load_kv_paged(self, g2s_atom, mK, mV, mBT, sKV, batch, kv_head, n_block, slot, k_len, tidx, ps_shift):
+    def fetch_pages(self, mBT, pages, batch, n_block, k_len, tidx, ps_shift):
+        """The page of each of this thread's rows of key tile ``n_block`` (see load_kv_paged):
+        block_table[batch, key >> ps_shift]; rows past k_len are not read (0)."""
+        per_pass = self.threads // 8
+        for r in cutlass.range_constexpr(self.tile_n // per_pass):
+            key = n_block * self.tile_n + r * per_pass + tidx // 8
+            pg = 0
+            if key < k_len:
+                pg = mBT[batch, key >> ps_shift]
+            pages[r] = pg
+
+    @cute.jit
+    def load_kv_paged(self, g2s_atom, mK, mV, pages, sKV, kv_head, n_block, slot, k_len, tidx, ps_shift):
         """cp.async K and V tile ``n_block`` of a paged cache into ``slot``, row by row: key j lies
-        in page block_table[batch, j >> ps_shift], row j & (page_size - 1) (a thread's 16-byte
-        chunks are those of the sm80 copy tiling: row tidx / 8 of each pass, chunk tidx % 8);
-        rows past k_len are zeroed."""
+        in page block_table[batch, j >> ps_shift] (``pages``, from fetch_pages), row
+        j & (page_size - 1) (a thread's 16-byte chunks are those of the sm80 copy tiling: row
+        tidx / 8 of each pass, chunk tidx % 8); rows past k_len are zeroed."""
         vec = 128 // self.dtype.width
         per_pass = self.threads // 8
         mask = (1 << ps_shift) - 1
@@ -739,7 +778,7 @@ class FlashDecodeSm90:
             row = r * per_pass + tidx // 8
             key = n_block * self.tile_n + row
             if key < k_len:
-                page = mBT[batch, key >> ps_shift]
+                page = pages[r]
                 off = key & mask
                 for cc in cutlass.range_constexpr(self.head_dim // (8 * vec)):
                     col = cc * 8 + tidx % 8
@@ -810,16 +849,21 @@ class FlashDecodeSm90:
 
 
 # --- attention over a KV cache ----------------------------------------------------------------------
-# Split counts built (all merged in a cluster; no PDL twins: the runtime takes the plain one).
+# Split counts built: merged in a cluster (no PDL twins: the runtime takes the plain one), and
+# 32 through the workspace and the PDL combine kernel (paged, no sinks: few sequences whose K/V
+# fit in L2, MQA).
 KV_SPLITS = (1, 2, 4, 8)
+KV_GLOBAL_SPLITS = (32,)
 
 
 def make_kv(target: str, dtype: str, head_dim: int, splits: int, *, paged: bool = True,
             switches: bool = False) -> AttentionDecodeKV:
     tn, w, st, _pdl, ilp, mc = DEFAULT[head_dim]
+    cluster = splits in CLUSTER_BUILT
     return AttentionDecodeKV(target=target, dtype=dtype, head_dim=head_dim, tile_n=tn, warps=w, stages=st,
-                             causal=True, splits=splits, cluster=splits > 1, ilp=ilp, min_ctas=mc,
-                             kv_dtype=dtype, paged=paged, local=switches, softcap=switches, sinks=switches)
+                             causal=True, splits=splits, cluster=cluster, pdl=splits > 1 and not cluster,
+                             ilp=ilp, min_ctas=mc, kv_dtype=dtype, paged=paged, local=switches, softcap=switches,
+                             sinks=switches)
 
 
 @register("attention_kvcache")
@@ -834,9 +878,11 @@ def enumerate_decode_kv(target: Target, tier: str) -> list[AttentionDecodeKV]:
     if tier == "test":
         out = [make_kv(t, "bf16", 128, 1), make_kv(t, "bf16", 128, 4), make_kv(t, "bf16", 128, 1, paged=False),
                make_kv(t, "bf16", 128, 4, paged=False), make_kv(t, "bf16", 128, 1, switches=True),
-               make_kv(t, "bf16", 128, 4, switches=True), make_kv(t, "f16", 64, 1), make_kv(t, "f16", 64, 2)]
+               make_kv(t, "bf16", 128, 4, switches=True), make_kv(t, "f16", 64, 1), make_kv(t, "f16", 64, 2),
+               make_kv(t, "bf16", 128, 32)]
     else:
         out = [make_kv(t, dt, d, sp, paged=pg) for dt in DTYPES for d in HEAD_DIMS for sp in KV_SPLITS
                for pg in (True, False)]
+        out += [make_kv(t, dt, d, sp) for dt in DTYPES for d in HEAD_DIMS for sp in KV_GLOBAL_SPLITS]
         out += [make_kv(t, "bf16", d, sp, switches=True) for d in HEAD_DIMS for sp in KV_SPLITS]
     return [v for v in out if v.can_implement() is None]

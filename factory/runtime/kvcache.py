@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from . import validate
-from .attention import DECODE_MAX_SEQLEN_Q, _sm_count, decode_pick
+from .attention import DECODE_MAX_SEQLEN_Q, _sm_count, decode_pick, split_workspace
 from .errors import InputError, NoVariantError
 
 OP = "attention_kvcache"
@@ -166,8 +166,8 @@ def _feature(e: dict, what: str):
 @dataclass(frozen=True)
 class Plan:
     """A variant chosen for the maxima a server fixes at capture (batch, max pages, ...): pass it
-    as ``plan=`` and a call only checks that its problem is the planned one.  ``workspace`` is 0:
-    the decode family merges its key splits inside the launch."""
+    as ``plan=`` and a call only checks that its problem is the planned one.  ``workspace_bytes``:
+    the fp32 split-KV workspace a call allocates (0 where the splits merge in a cluster)."""
 
     problem: Problem
     variant: str
@@ -197,7 +197,9 @@ def plan(bundle, *, batch: int, seqlen_q: int, heads_q: int, heads_kv: int, head
                  _dtype_name(kv_dtype or dtype, _KV_DTYPES, "kv_dtype"), page_size, causal,
                  _window(window_size, causal), _softcap(softcap) > 0.0, bool(sinks), varlen_q)
     e = choose(bundle, p)
-    return Plan(p, e["name"], int(e.get("kv_splits", 1)))
+    ws = int(e.get("splits", 1))
+    ws = ws * p.batch * p.heads_q * p.seqlen_q * (p.head_dim + 1) * 4 if ws > 1 else 0
+    return Plan(p, e["name"], int(e.get("kv_splits", 1)), ws)
 
 
 def _dtype_name(dt, table, what) -> str:
@@ -479,6 +481,7 @@ def attention_kvcache(bundle, q, k_cache, v_cache, cache_seqlens, block_table=No
         name = plan.variant
     else:
         name = choose(bundle, p)["name"]
+    splits = int(bundle.manifest["variants"][name].get("splits", 1))
     o = torch.empty_like(q) if out is None else out
     lse = torch.empty((p.batch, p.heads_q, p.seqlen_q) if not p.varlen_q else (p.heads_q, q.shape[0]),
                       dtype=torch.float32, device=q.device)
@@ -494,6 +497,8 @@ def attention_kvcache(bundle, q, k_cache, v_cache, cache_seqlens, block_table=No
                             for t in (k_descale, v_descale)])
     wl, wr = window_size
     args = [q, k_cache, v_cache, o, lse, bt, cache_seqlens]
+    if splits > 1:  # the workspace of a split merged by the combine kernel (dense q only)
+        args[5:5] = split_workspace(torch, q, splits)
     if p.varlen_q:
         args.append(cu_seqlens_q)
     args += [sk, desc, scale, float(softcap), wl if wl >= 0 else -1, wr if wr >= 0 else -1]
