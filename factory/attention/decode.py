@@ -39,7 +39,6 @@ hides nothing.  The arguments are the attention contract's dense ones (``contrac
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -50,16 +49,15 @@ import cutlass.utils
 from cutlass.cute.nvgpu import cpasync, warp
 
 from ..abi import DTYPE_BYTES, Signature
+from ..atoms.common import add, quad_allreduce
+from ..atoms.sm80 import acc_as_a_layout, acc_mn_view
 from ..atoms.targets import Target
 from ..registry import register
-from . import contract
-from .sm80 import FlashFwdSm80, _c_to_a_layout, _mn_view, _quad_allreduce
-from ..variant import Variant
+from . import contract, mask, softmax
+from .base import DTYPES, AttentionVariant, causal_field
+from .kv_load import load_kv
+from .softmax import LN_2, LOG2_E
 
-LOG2_E = math.log2(math.e)
-LN_2 = math.log(2.0)
-
-DTYPES = ("bf16", "f16")
 HEAD_DIMS = (64, 128)
 ROWS = 16  # query rows of a CTA: one m16n8k16 A fragment
 # Cluster sizes: 8 is the portable maximum; 16 needs the non-portable attribute, which the DSL's
@@ -72,18 +70,18 @@ _RESERVED_SMEM = 1024  # per CTA, by the driver
 
 
 @dataclass(frozen=True, kw_only=True)
-class AttentionDecode(Variant):
-    op: ClassVar[str] = "attention"
+class AttentionDecode(AttentionVariant):
     family: ClassVar[str] = "sm90_decode"
-    sources = ("attention/decode.py", "attention/sm80.py", "attention/contract.py")
+    sources = ("attention/decode.py", "attention/contract.py", "attention/base.py", "attention/mask.py",
+               "attention/keyrange.py", "attention/softmax.py", "attention/kv_load.py", "atoms/sm80.py",
+               "atoms/common.py")
+    HEAD_DIMS = HEAD_DIMS
 
-    dtype: str = field(default="bf16", metadata={"tag": ""})
-    head_dim: int = field(default=128, metadata={"tag": "d"})
     rows: int = field(default=ROWS, metadata={"tag": "q"})
     tile_n: int = field(default=64, metadata={"tag": "n"})
     warps: int = field(default=4, metadata={"tag": "w"})
     stages: int = field(default=3, metadata={"tag": "s"})
-    causal: bool = field(default=True, metadata={"tag": "causal"})
+    causal: bool = causal_field(True)
     splits: int = field(default=1, metadata={"tag": "kv"})
     # splits > 1: merge the splits inside the launch (a cluster of `splits` CTAs, DSMEM), else
     # through a workspace and a second kernel.
@@ -135,10 +133,8 @@ class AttentionDecode(Variant):
         t = self.tgt
         if t.name != "sm_90":
             return "the decode attention kernel is built for sm_90 (mma.sync, clusters, PDL)"
-        if self.dtype not in DTYPES:
-            return f"dtype {self.dtype} not in {DTYPES}"
-        if self.head_dim not in HEAD_DIMS:
-            return f"head_dim {self.head_dim} not in {HEAD_DIMS}"
+        if (problem := self.check_problem()) is not None:
+            return problem
         if self.rows != ROWS:
             return f"rows must be {ROWS} (one m16n8k16 A fragment)"
         if self.warps not in (4, 8):
@@ -169,7 +165,7 @@ class AttentionDecode(Variant):
 
     def describe(self) -> dict[str, Any]:
         return {
-            **contract.manifest_fields(self.dtype, self.head_dim, self.causal, False),
+            **self.contract_fields(),
             "tile": [ROWS, self.tile_n],
             "warps": self.warps,
             "threads": self.threads,
@@ -191,7 +187,7 @@ class AttentionDecode(Variant):
 
     def make_kernel(self):
         k = FlashDecodeSm90(
-            dtype=_cutlass_dtype(self.dtype), head_dim=self.head_dim, tile_n=self.tile_n,
+            dtype=self.cutlass_dtype, head_dim=self.head_dim, tile_n=self.tile_n,
             warps=self.warps, stages=self.stages, causal=self.causal, splits=self.splits,
             cluster=self.cluster, pdl=self.pdl, ilp=self.ilp, min_ctas=self.min_ctas,
         )
@@ -205,7 +201,7 @@ class AttentionDecodeKV(AttentionDecode):
     table (any power-of-two page size: the kernel addresses rows, so a page may be smaller or
     larger than a key tile), and the window, softcap and sink switches.  Split-KV merges in a
     cluster (no workspace), or, for 32 splits, through the contract's fp32 workspace and the
-    PDL-launched combine kernel (no sinks there: the combine adds none)."""
+    PDL-launched combine kernel (which adds the sink)."""
 
     op: ClassVar[str] = "attention_kvcache"
     family: ClassVar[str] = "sm90_decode"
@@ -228,8 +224,6 @@ class AttentionDecodeKV(AttentionDecode):
             return "the K/V cache dtype must be the query dtype (fp8 caches are not built)"
         if not self.causal:
             return "built bottom-right causal (one query: the same as no mask)"
-        if self.splits > 1 and not self.cluster and self.sinks:
-            return "the combine kernel of a workspace split adds no sink: sinks split in a cluster only"
         return None
 
     def signature(self) -> Signature:
@@ -247,7 +241,7 @@ class AttentionDecodeKV(AttentionDecode):
 
     def make_kernel(self):
         k = FlashDecodeSm90(
-            dtype=_cutlass_dtype(self.dtype), head_dim=self.head_dim, tile_n=self.tile_n,
+            dtype=self.cutlass_dtype, head_dim=self.head_dim, tile_n=self.tile_n,
             warps=self.warps, stages=self.stages, causal=self.causal, splits=self.splits,
             cluster=self.cluster, pdl=self.pdl, ilp=self.ilp, min_ctas=self.min_ctas,
             kv=True, paged=self.paged, local=self.local, softcap=self.softcap, sinks=self.sinks,
@@ -256,10 +250,6 @@ class AttentionDecodeKV(AttentionDecode):
 
 
 DECODE_MAX_SEQLEN_Q = 16
-
-
-def _cutlass_dtype(name: str):
-    return {"bf16": cutlass.BFloat16, "f16": cutlass.Float16}[name]
 
 
 # The default config per head_dim: (tile_n, warps, stages, pdl, ilp, min_ctas); the runtime's
@@ -321,12 +311,6 @@ def enumerate_decode(target: Target, tier: str) -> list[AttentionDecode]:
 # The kernel
 # ------------------------------------------------------------------------------------------------
 class FlashDecodeSm90:
-    # The sm80 family's K/V loads (cp.async, rows past k_len zeroed), online softmax and split
-    # combine: the same mma.sync m16n8 fragments (they read tile_n, head_dim, splits, dtype).
-    load_kv = FlashFwdSm80.load_kv
-    online_softmax = FlashFwdSm80.online_softmax
-    combine_rows = FlashFwdSm80.combine_rows
-
     def __init__(self, *, dtype, head_dim: int, tile_n: int, warps: int, stages: int, causal: bool,
                  splits: int, cluster: bool, pdl: bool = False, ilp: bool = False, min_ctas: int = 0,
                  kv: bool = False, paged: bool = False, local: bool = False, softcap: bool = False,
@@ -346,6 +330,7 @@ class FlashDecodeSm90:
         self.threads = 32 * warps
         self.stages = stages
         self.causal = causal
+        self.mask = mask.MaskSpec(causal=causal, local=local)
         self.splits = splits
         self.cluster = cluster and splits > 1
         self.pdl = pdl
@@ -371,7 +356,7 @@ class FlashDecodeSm90:
                     lse: cute.Tensor, o_partial: cute.Tensor, lse_partial: cute.Tensor,
                     softmax_scale: cutlass.Float32, stream: cuda.CUstream):
         self._launch(q, k, v, o, lse, o_partial, lse_partial, softmax_scale, stream)
-        self.combine(o_partial, lse_partial, o, lse).launch(
+        self.combine(o_partial, lse_partial, o, lse, None).launch(
             grid=(cute.ceil_div(q.shape[1], COMBINE_WARPS), q.shape[2], q.shape[0]),
             block=[32 * COMBINE_WARPS, 1, 1], stream=stream, use_pdl=True)
 
@@ -381,7 +366,7 @@ class FlashDecodeSm90:
                 kv_descale: cute.Tensor, softmax_scale: cutlass.Float32, softcap: cutlass.Float32,
                 window_left: cutlass.Int32, window_right: cutlass.Int32, stream: cuda.CUstream):
         self._launch(q, k_cache, v_cache, o, lse, None, None, softmax_scale, stream,
-                     block_table, cache_seqlens, sinks, softcap, window_left)
+                     block_table, cache_seqlens, sinks, softcap, window_left, window_right)
 
     @cute.jit
     def kvcache_split(self, q: cute.Tensor, k_cache: cute.Tensor, v_cache: cute.Tensor, o: cute.Tensor,
@@ -390,14 +375,14 @@ class FlashDecodeSm90:
                       softmax_scale: cutlass.Float32, softcap: cutlass.Float32, window_left: cutlass.Int32,
                       window_right: cutlass.Int32, stream: cuda.CUstream):
         self._launch(q, k_cache, v_cache, o, lse, o_partial, lse_partial, softmax_scale, stream,
-                     block_table, cache_seqlens, sinks, softcap, window_left)
-        self.combine(o_partial, lse_partial, o, lse).launch(
+                     block_table, cache_seqlens, sinks, softcap, window_left, window_right)
+        self.combine(o_partial, lse_partial, o, lse, sinks).launch(
             grid=(cute.ceil_div(q.shape[1], COMBINE_WARPS), q.shape[2], q.shape[0]),
             block=[32 * COMBINE_WARPS, 1, 1], stream=stream, use_pdl=True)
 
     @cute.jit
     def _launch(self, mQ, mK, mV, mO, mLSE, mOp, mLp, softmax_scale, stream,
-                mBT=None, mSeq=None, mSinks=None, softcap=None, wl=None):
+                mBT=None, mSeq=None, mSinks=None, softcap=None, wl=None, wr=None):
         D, BN, S = self.head_dim, self.tile_n, self.stages
         # K/V: 64-element (128-byte) swizzled rows (ldmatrix and 16-byte cp.async without bank
         # conflicts); mode 2 is (K of slot 0, V of slot 0, K of slot 1, ...).
@@ -431,7 +416,7 @@ class FlashDecodeSm90:
             score_mul = softmax_scale / softcap
             cap_s = softcap / softmax_scale
         kern = self.kernel(mQ, mK, mV, mO, mLSE, mOp, mLp, softmax_scale * LOG2_E, sQ_layout,
-                           sKV_layout, g2s, tiled_mma, SharedStorage, mBT, mSeq, mSinks, score_mul, cap_s, wl)
+                           sKV_layout, g2s, tiled_mma, SharedStorage, mBT, mSeq, mSinks, score_mul, cap_s, wl, wr)
         extra = {"min_blocks_per_mp": self.min_ctas, "preferred_smem_carveout": 100} if self.min_ctas else {}
         if cutlass.const_expr(self.cluster):
             kern.launch(grid=grid, block=[self.threads, 1, 1], cluster=(self.splits, 1, 1),
@@ -446,7 +431,7 @@ class FlashDecodeSm90:
                mLSE: cute.Tensor, mOp, mLp, scale_log2: cutlass.Float32,
                sQ_layout: cute.Layout, sKV_layout: cute.ComposedLayout, g2s: cute.TiledCopy,
                tiled_mma: cute.TiledMma, SharedStorage: cutlass.Constexpr, mBT, mSeq, mSinks,
-               score_mul, cap, wl):
+               score_mul, cap, wl, wr):
         D, BN, S, W, SP, BNW = self.head_dim, self.tile_n, self.stages, self.warps, self.splits, self.bnw
         tidx, _, _ = cute.arch.thread_idx()
         bx, kv_head, batch = cute.arch.block_idx()
@@ -477,24 +462,12 @@ class FlashDecodeSm90:
             cute.arch.mbarrier_init_fence()
 
         # ---- key tiles [0, n_end); tiles >= n_mask need the mask; this split's [n_lo, n_hi)
-        n_end = cute.ceil_div(k_len, BN)
-        n_mask = k_len // BN
-        if cutlass.const_expr(self.causal):
-            # bottom-right: query s sees keys < s + 1 + (k_len - q_len); clamp before dividing
-            shift = k_len - q_len
-            s_last = cutlass.min(q_len - 1, (row0 + ROWS - 1) // group)
-            s_first = row0 // group
-            n_end = cutlass.min(n_end, cute.ceil_div(cutlass.max(0, s_last + 1 + shift), BN))
-            n_mask = cutlass.min(n_mask, cutlass.max(0, s_first + 1 + shift) // BN)
-        n_lo = 0
-        n_begin = 0
-        lo_last = 0  # (local) keys below this one are outside the last row's window
-        if cutlass.const_expr(self.local):
-            if wl >= 0:
-                lo_last = (row0 + ROWS - 1) // group
-                lo_last = cutlass.min(q_len - 1, lo_last) + k_len - q_len - wl
-                n_begin = cutlass.min(n_end, cutlass.max(0, row0 // group + k_len - q_len - wl) // BN)
-                n_lo = n_begin
+        # (the block's rows are queries row0 // group .. its last row's, at most q_len - 1)
+        s_last = cutlass.min(q_len - 1, (row0 + ROWS - 1) // group)
+        win = mask.window(self.mask, wl, wr, q_len, k_len)  # (None, None) without the window switch
+        n_begin, n_end, mask_lo, n_mask = mask.key_tiles(self.mask, row0 // group, s_last + 1, q_len, k_len, BN,
+                                                         win=win)
+        n_lo = n_begin
         n_hi = n_end
         if cutlass.const_expr(SP > 1):
             chunk = (n_end - n_begin + (SP - 1)) // SP
@@ -572,7 +545,7 @@ class FlashDecodeSm90:
                     self.load_kv_paged(g2s_atom, mK, mV, pages, sKV, kv_head, n_hi - 1 - s, s, k_len,
                                        tidx, ps_shift)
                 else:
-                    self.load_kv(g2s, tKgK, tVgV, tKVsKV, tKVcKV, n_hi - 1 - s, s, k_len)
+                    load_kv(g2s, tKgK, tVgV, tKVsKV, tKVcKV, n_hi - 1 - s, s, k_len, BN)
             cute.arch.cp_async_commit_group()
         if cutlass.const_expr(self.paged):
             if n_hi - S >= n_lo:
@@ -599,7 +572,7 @@ class FlashDecodeSm90:
                     if n_block - S >= n_lo:
                         self.fetch_pages(mBT, pages, batch, n_block - S, k_len, tidx, ps_shift)
                 else:
-                    self.load_kv(g2s, tKgK, tVgV, tKVsKV, tKVcKV, n_block - (S - 1), (it + S - 1) % S, k_len)
+                    load_kv(g2s, tKgK, tVgV, tKVsKV, tKVcKV, n_block - (S - 1), (it + S - 1) % S, k_len, BN)
             cute.arch.cp_async_commit_group()
 
             acc_S = cute.make_rmem_tensor(thr_mma.partition_shape_C((ROWS, BNW)), cutlass.Float32)
@@ -623,16 +596,19 @@ class FlashDecodeSm90:
                 if cap > 0.0:
                     acc_S.store(cute.math.tanh(acc_S.load() * score_mul, fastmath=True) * cap)
             if cutlass.const_expr(self.local):
-                if n_block >= n_mask or n_block * BN < lo_last:
-                    self.apply_mask_kv(acc_S, thr_mma, row0, n_block * BN + wid * BNW, group, q_len, k_len, wl)
-            else:
-                if n_block >= n_mask:
-                    self.apply_mask(acc_S, thr_mma, row0, n_block * BN + wid * BNW, group, q_len, k_len)
-            self.online_softmax(acc_S, acc_O, row_max, row_sum, scale_log2)
+                if n_block >= n_mask or n_block < mask_lo:
+                    cS = thr_mma.partition_C(cute.make_identity_tensor((ROWS, BNW)))  # (row, col)
+                    mask.apply_mask(self.mask, acc_mn_view(acc_S), acc_mn_view(cS), row0, n_block * BN + wid * BNW,
+                                    q_len, k_len, group=group, win=win)
+            elif n_block >= n_mask:
+                cS = thr_mma.partition_C(cute.make_identity_tensor((ROWS, BNW)))  # (row, col)
+                mask.apply_mask(self.mask, acc_mn_view(acc_S), acc_mn_view(cS), row0, n_block * BN + wid * BNW,
+                                q_len, k_len, group=group)
+            softmax.online_softmax(acc_mn_view(acc_S), row_max, row_sum, scale_log2, o_mn=acc_mn_view(acc_O))
 
             rP = cute.make_fragment_like(acc_S, self.dtype)
             rP.store(acc_S.load().to(self.dtype))
-            tOrP = cute.make_tensor(rP.iterator, _c_to_a_layout(rP.layout))
+            tOrP = cute.make_tensor(rP.iterator, acc_as_a_layout(rP.layout))
             nv = cute.size(tOsV.shape[2])
             cute.copy(s2r_V, tOsV[None, None, 0, 2 * slot + 1], tOrV_v[None, None, 0])
             for kk in cutlass.range_constexpr(nv):
@@ -651,9 +627,9 @@ class FlashDecodeSm90:
         for i in cutlass.range_constexpr(cute.size(acc_O)):
             rr, cc = tOcO[i]
             scr_O[rr, cc, wid] = acc_O[i]
-        c_mn = _mn_view(tOcO)
+        c_mn = acc_mn_view(tOcO)
         for r in cutlass.range_constexpr(cute.size(row_max)):
-            total = _quad_allreduce(row_sum[r], lambda a, b: a + b)
+            total = quad_allreduce(row_sum[r], add)
             if lane % 4 == 0:
                 scr_m[c_mn[r, 0][0], wid] = row_max[r]
                 scr_l[c_mn[r, 0][0], wid] = total
@@ -807,51 +783,23 @@ class FlashDecodeSm90:
                 acc[j] = acc[j] * f
         return out
 
-    @cute.jit
-    def apply_mask_kv(self, acc_S, thr_mma, row0, n0, group, q_len, k_len, wl):
-        """The causal mask of :meth:`apply_mask` and a left window: row s also hides keys below
-        s + k_len - q_len - wl (wl >= 0)."""
-        cS = thr_mma.partition_C(cute.make_identity_tensor((ROWS, self.bnw)))
-        s_mn = _mn_view(acc_S)
-        c_mn = _mn_view(cS)
-        for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
-            s = (row0 + c_mn[r, 0][0]) // group
-            limit = cutlass.min(k_len - n0, s + 1 + k_len - q_len - n0)
-            low = -1
-            if wl >= 0:
-                low = s + k_len - q_len - wl - n0
-            for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
-                col = c_mn[r, c][1]
-                if col >= limit or col < low:
-                    s_mn[r, c] = -cutlass.Float32.inf
-
     @cute.kernel
-    def combine(self, mOp: cute.Tensor, mLp: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor):
-        """Split-KV combine, one warp per query row (PDL: waits for the main grid first)."""
+    def combine(self, mOp: cute.Tensor, mLp: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor, mSinks):
+        """Split-KV combine, one warp per query row (PDL: waits for the main grid first); with
+        sinks the row's sink logit joins there (the splits leave it out)."""
         cute.arch.griddepcontrol_launch_dependents()
         cute.arch.griddepcontrol_wait()
-        self.combine_rows(mOp, mLp, mO, mLSE)
-
-    @cute.jit
-    def apply_mask(self, acc_S, thr_mma, row0, n0, group, q_len, k_len):
-        """-inf where the key is past the sequence or (causal) after the row's query."""
-        cS = thr_mma.partition_C(cute.make_identity_tensor((ROWS, self.bnw)))
-        s_mn = _mn_view(acc_S)
-        c_mn = _mn_view(cS)
-        for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
-            limit = k_len - n0
-            if cutlass.const_expr(self.causal):
-                s = (row0 + c_mn[r, 0][0]) // group
-                limit = cutlass.min(limit, s + 1 + k_len - q_len - n0)
-            for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
-                if c_mn[r, c][1] >= limit:
-                    s_mn[r, c] = -cutlass.Float32.inf
+        sink = None
+        if cutlass.const_expr(self.sinks):
+            _, head, _ = cute.arch.block_idx()
+            sink = mSinks[head]
+        softmax.combine_splits(mOp, mLp, mO, mLSE, self.head_dim, self.splits, self.dtype, COMBINE_WARPS, sink=sink)
 
 
 # --- attention over a KV cache ----------------------------------------------------------------------
 # Split counts built: merged in a cluster (no PDL twins: the runtime takes the plain one), and
-# 32 through the workspace and the PDL combine kernel (paged, no sinks: few sequences whose K/V
-# fit in L2, MQA).
+# 32 through the workspace and the PDL combine kernel (paged: few sequences whose K/V fit in L2,
+# MQA).
 KV_SPLITS = (1, 2, 4, 8)
 KV_GLOBAL_SPLITS = (32,)
 
