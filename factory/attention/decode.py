@@ -214,7 +214,7 @@ class AttentionDecodeKV(AttentionDecode):
 
     @property
     def name(self) -> str:
-        return Variant.name.fget(self).replace("_o0_", "_")
+        return AttentionVariant.name.fget(self).replace("_o0_", "_")
 
     def can_implement(self) -> str | None:
         why = super().can_implement()
@@ -469,9 +469,13 @@ class FlashDecodeSm90:
                                                          win=win)
         n_lo = n_begin
         n_hi = n_end
-        if cutlass.const_expr(SP > 1):
+        if cutlass.const_expr(SP > 1 and self.local):  # the window's first tile may be > 0
             chunk = (n_end - n_begin + (SP - 1)) // SP
             n_lo = cutlass.min(n_end, n_begin + split * chunk)
+            n_hi = cutlass.min(n_end, n_lo + chunk)
+        elif cutlass.const_expr(SP > 1):
+            chunk = (n_end + (SP - 1)) // SP
+            n_lo = cutlass.min(n_end, split * chunk)
             n_hi = cutlass.min(n_end, n_lo + chunk)
 
         sKV = storage.kv.get_tensor(sKV_layout)
@@ -827,7 +831,7 @@ def enumerate_decode_kv(target: Target, tier: str) -> list[AttentionDecodeKV]:
         out = [make_kv(t, "bf16", 128, 1), make_kv(t, "bf16", 128, 4), make_kv(t, "bf16", 128, 1, paged=False),
                make_kv(t, "bf16", 128, 4, paged=False), make_kv(t, "bf16", 128, 1, switches=True),
                make_kv(t, "bf16", 128, 4, switches=True), make_kv(t, "f16", 64, 1), make_kv(t, "f16", 64, 2),
-               make_kv(t, "bf16", 128, 32)]
+               make_kv(t, "bf16", 128, 32), make_kv(t, "bf16", 128, 32, switches=True)]
     else:
         out = [make_kv(t, dt, d, sp, paged=pg) for dt in DTYPES for d in HEAD_DIMS for sp in KV_SPLITS
                for pg in (True, False)]
