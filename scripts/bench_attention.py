@@ -435,6 +435,17 @@ def bench_kvcache(bundle, dtype="bf16", shapes=None, copy_bw=None, budget_s=0.15
                 row["ours_us"] = time_graph(lambda _i: bundle.attention_kvcache(q, kc, vc, lens, block_table=bt),
                                             3, budget_s=budget_s) * 1e6
                 row["ours_eager_us"] = time_eager(lambda _i: bundle.attention_kvcache(q, kc, vc, lens, block_table=bt), 1) * 1e6
+                if B * hkv <= 64 and ps in (16, None):  # few groups: every split count, by name
+                    row["splits_us"] = {}
+                    for e in bundle.candidates("attention_kvcache"):
+                        if (e["dtype"] == dtype and e["head_dim"] == d and bool(e["paged"]) == (ps is not None)
+                                and not e.get("sinks")):
+                            row["splits_us"][e["kv_splits"]] = time_graph(
+                                lambda _i, n=e["name"]: bundle.attention_kvcache(q, kc, vc, lens, block_table=bt,
+                                                                                 variant=n), 3,
+                                budget_s=budget_s) * 1e6
+                    print("    by split count (µs): " + ", ".join(f"{k}: {v:.1f}" for k, v in
+                                                             sorted(row["splits_us"].items())), flush=True)
             except Exception as e:  # noqa: BLE001 - reported, not fatal
                 row["ours_us"] = None
                 row["error"] = f"{type(e).__name__}: {str(e)[:120]}"
