@@ -111,9 +111,23 @@ def prob(b=8, sq=1, hq=32, hkv=8, d=128, sk=4096, page=16, **kw):
 def test_select_splits_and_layouts():
     assert kv.select(CANDS, prob(b=256))["name"] == "p1"          # the grid fills the GPU
     assert kv.select(CANDS, prob(b=1, sk=32768))["name"] == "p8"  # one long sequence: 8 kv heads x 8
-    assert kv.select(CANDS, prob(b=4, sk=32768, hq=64))["name"] == "p2"  # 32 groups: 64 CTAs
-    assert kv.select(CANDS, prob(b=1, sk=32768, page=None))["name"] == "d8"
+    assert kv.select(CANDS, prob(b=8, sk=8192, hq=64))["name"] == "p4"  # 64 groups x 4: 2 per SM
+    assert kv.select(CANDS, prob(b=1, sk=32768, page=None))["name"] == "d8"  # the dense rule
+    assert kv.select(CANDS, prob(b=4, sk=32768, hq=64, page=None))["name"] == "d2"
     assert kv.select(CANDS, prob(b=1, sk=100))["name"] == "p1"    # two key tiles: no split
+
+
+def test_paged_split_rule():
+    """paged_split_count on the measured shapes (H200, notes/attention-kvcache.md)."""
+    both = {1: False, 2: True, 4: True, 8: True, 32: False}
+    assert kv.paged_split_count(8, 512, 132, both) == 32      # B1 H32/8 32k
+    assert kv.paged_split_count(32, 512, 132, both) == 32     # B4 H64/8 32k: not the 8-cluster
+    assert kv.paged_split_count(8, 64, 132, both) == 8        # MQA B8 4k: 4 tiles per split at most
+    assert kv.paged_split_count(64, 128, 132, both) == 4      # B8 H64/8 D64 8k
+    assert kv.paged_split_count(128, 64, 132, both) == 1      # B16 H32/8: fills 3/4 of the SMs
+    no32 = {1: False, 2: True, 4: True, 8: True}
+    assert kv.paged_split_count(8, 512, 132, no32) == 8 and kv.paged_split_count(32, 512, 132, no32) == 8
+    assert kv.paged_split_count(8, 3, 132, both) == 1         # 3 tiles: nothing keeps 4
 
 
 def test_select_switches():

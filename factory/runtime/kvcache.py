@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from . import validate
-from .attention import DECODE_MAX_SEQLEN_Q, _sm_count, decode_pick, split_workspace
+from .attention import DECODE_MAX_SEQLEN_Q, DECODE_ROWS, _sm_count, decode_pick, split_workspace
 from .errors import InputError, NoVariantError
 
 OP = "attention_kvcache"
@@ -87,12 +87,46 @@ def _switch_cost(e: dict) -> int:
     return sum(bool(e.get(s)) for s in ("local", "softcap", "sinks"))
 
 
+def paged_split_count(groups: int, key_tiles: int, sms: int, available: dict) -> int:
+    """Split-KV count of a paged decode variant for ``groups`` = batch · kv heads · row blocks
+    CTAs per split over ``key_tiles`` tiles of the cache's capacity; ``available``: {splits:
+    merged in a cluster?}.  The paged kernel spends more instructions per key tile than the dense
+    one (a page lookup and an address per row), so it wants more resident CTAs than the dense
+    rule gives.  H200 (notes/attention-kvcache.md, page 16, every split timed by name):
+      * groups >= 3/4 of the SMs: 1 (as the dense rule);
+      * else the fewest splits, each keeping at least 4 key tiles, that give ~2 CTAs per SM
+        (groups · splits >= 1.9 · SMs): B1 H32/8 32k 32 splits 39.6 µs (8: 61.6), B8 H64/8 D64
+        8k 4 splits 42.7 (2: 53.7); none reaches it: the most that keep 4 tiles (MQA B8 H16/1 4k:
+        8 splits 13.2, 32: 15.4);
+      * an 8-CTA cluster split whose grid passes one CTA per SM packs into clusters badly: the
+        32-split instead where built (B4 H64/8 32k: 8 splits 172 µs, 32: 140, 4: 149)."""
+    if groups * 4 >= 3 * sms:
+        return 1
+    fits = sorted(s for s in available if s == 1 or key_tiles >= 4 * s)
+    n = next((s for s in fits if groups * s >= 1.9 * sms), fits[-1])
+    if n > 1 and available.get(n) and n >= 8 and groups * n > sms:
+        big = [s for s in fits if s > n and not available[s]]
+        if big:
+            n = big[0]
+    return n
+
+
 def _pick_decode(entries: list[dict], p: Problem, sms: int) -> dict | None:
-    """sm90_decode: dense q with at most 16 queries (packed rows of one kv head), its split-KV
-    count from :func:`runtime.attention.decode_pick` on the cache's capacity."""
+    """sm90_decode: dense q with at most 16 queries (packed rows of one kv head).  Split-KV count:
+    paged caches by :func:`paged_split_count`, dense ones by the dense rule
+    (:func:`runtime.attention.decode_pick`), both on the cache's capacity (fixed for a graph)."""
     if p.varlen_q or p.seqlen_q > DECODE_MAX_SEQLEN_Q:
         return None
-    return decode_pick(entries, (p.batch, p.heads_q, p.heads_kv, p.seqlen_q, p.max_seqlen_k), True, sms)
+    shape = (p.batch, p.heads_q, p.heads_kv, p.seqlen_q, p.max_seqlen_k)
+    if p.page_size is None:
+        return decode_pick(entries, shape, True, sms)
+    pref = [e for e in entries if e.get("preferred")] or entries
+    tile = list(pref[0]["tile"])
+    same = [e for e in pref if list(e["tile"]) == tile]
+    row_blocks = -(-(p.heads_q // p.heads_kv) * p.seqlen_q // DECODE_ROWS)
+    avail = {int(e["kv_splits"]): e["cluster"][0] > 1 for e in same}
+    n = paged_split_count(p.batch * p.heads_kv * row_blocks, -(-p.max_seqlen_k // tile[1]), sms, avail)
+    return next((e for e in same if int(e["kv_splits"]) == n), None)
 
 
 # (family, rule): best first.  A rule gets the family's variants that implement the problem
