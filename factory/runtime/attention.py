@@ -101,9 +101,12 @@ def attention(bundle, q, k, v, causal=False, softmax_scale=None, cu_seqlens_q=No
             raise InputError(f"max_seqlen_q = {max_seqlen_q} exceeds the {q.shape[0]} query tokens")
         if validate.check_varlen_default() if check_varlen is None else check_varlen:
             validate.cu_seqlens(cu_q, cu_k, q.shape[0], k.shape[0], max_seqlen_q)
+        if max_seqlen_q < 0 or (max_seqlen_q == 0 and q.shape[0] > 0 and batch > 0):
+            raise InputError(f"max_seqlen_q = {max_seqlen_q}: with {q.shape[0]} query tokens in {batch} sequences it "
+                             f"must be at least 1 (the longest query sequence)")
         o = torch.empty_like(q)
         lse = torch.empty((hq, q.shape[0]), dtype=torch.float32, device=q.device)
-        if q.shape[0] == 0 or batch == 0 or max_seqlen_q <= 0:
+        if q.shape[0] == 0 or batch == 0:
             o.zero_()
             lse.fill_(-math.inf)
             return (o, lse) if return_lse else o
@@ -225,13 +228,6 @@ def _hot(bundle) -> dict:
         return _NO_CACHE
 
 
-def _sm_count() -> int:
-    try:
-        return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-    except Exception:  # noqa: BLE001 - no device: plan for an H100
-        return 132
-
-
 def _choose(bundle, dtype: str, head_dim: int, causal: bool, varlen: bool, rows: int | None = None,
             decode: tuple[int, int, int] | None = None) -> tuple[str, int]:
     """``rows``: batch·heads·seqlen_q of a dense problem (None for varlen), for the grid check;
@@ -241,7 +237,7 @@ def _choose(bundle, dtype: str, head_dim: int, causal: bool, varlen: bool, rows:
         per_bundle = _CHOICES.setdefault(bundle, {})
     except TypeError:  # not weak-referenceable: no cache
         per_bundle = {}
-    sms = _sm_count()
+    sms = bundle.device_info()["sm_count"]  # (the device given to Bundle.open, else the GPU's)
     key = (dtype, head_dim, causal, varlen, rows is not None and rows < 128 * sms,
            rows is not None and rows <= 64 * sms, decode)
     hit = per_bundle.get(key)

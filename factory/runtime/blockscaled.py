@@ -361,6 +361,9 @@ def gemm_blockscaled(bundle, a: BlockScaled, b: BlockScaled, out: Tensor | None 
             raise InputError(f"out must have shape {(*lead, M, N)} (a {a.shape} · b {b.shape}ᵀ), got {tuple(out.shape)}")
         if out_dtype is not None and out_dtype != out.dtype:
             raise InputError(f"out_dtype {out_dtype} differs from out's dtype {out.dtype}: give one of them")
+        validate.distinct("out", out.shape, out.stride())
+        validate.disjoint("out", out, a_data=a.data, a_scale=a.scale, a_global=a.global_scale, b_data=b.data,
+                          b_scale=b.scale, b_global=b.global_scale)
     c = _OUT.get(out.dtype)
     if c is None:
         raise InputError(f"out dtype {out.dtype} is not one the kernels write (bfloat16, float16, float32)")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from ..atoms.targets import get_target, targets_for_capability
+from ..atoms.targets import KNOWN_CAPABILITIES, get_target, targets_for_capability
 from .errors import BundleError, InputError, NoVariantError
 from .loader import Binder, HostLibrary, LaunchError
 from .manifest import file_ok, load_manifest
@@ -82,6 +82,13 @@ class BundleCore:
         variant's files are checked before its first load).  ``capability`` overrides the current
         device's (for tests and for planning on a machine without the GPU); so does ``device``
         ({"name", "sm_count"}), which decides whether the bundle's tuning.json applies."""
+        if capability is not None:
+            capability = tuple(capability)
+            if capability not in KNOWN_CAPABILITIES:
+                raise InputError(f"compute capability {'.'.join(map(str, capability))} is not one an NVIDIA device has "
+                                 f"(known: {', '.join(f'{a}.{b}' for a, b in KNOWN_CAPABILITIES)})")
+        if device is not None and not (isinstance(device.get("sm_count"), int) and device["sm_count"] > 0):
+            raise InputError(f"device['sm_count'] must be a positive int, got {device.get('sm_count')!r}")
         path = Path(path)
         m = load_manifest(path)
         lib = m["host_library"]

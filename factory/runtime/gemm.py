@@ -44,6 +44,7 @@ DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
 if hasattr(torch, "float8_e4m3fn"):
     DTYPES[torch.float8_e4m3fn] = "e4m3"
 _OPERANDS = ("bf16", "f16", "e4m3")
+_ELEMENT_BYTES = {"bf16": 2, "f16": 2, "f32": 4, "e4m3": 1}
 
 
 def _as_rkl(t, what: str):
@@ -333,6 +334,8 @@ def gemm(bundle, a, b, out=None, *, out_dtype=None, scale_a=None, scale_b=None, 
         c3 = rkl_spec(out, "out")
         if c3[1] != (M, N, L) or out.dim() != nd or (out_dtype is not None and out_dtype != out.dtype):
             _out_error(a, b, out, out_dtype)
+        validate.distinct("out", out.shape, out.stride())
+        validate.disjoint("out", out, a=a, b=b, scale_a=scale_a, scale_b=scale_b)
     c = DTYPES.get(out.dtype)
     if c is None:
         raise InputError(f"out dtype {out.dtype} is not one the kernels write (bfloat16, float16, float32)")
@@ -413,6 +416,12 @@ def hot_launch(bundle, name: str, entry: dict, specs: list, dev: int, out, out_g
         wproto = out.new_empty(1, dtype=torch.float32).expand(entry["split_k"] * M * N)
     fp8 = entry["dtypes"]["a"] == "e4m3"
     unit_ptr = unit.data_ptr() if unit is not None else 0
+    # A given ``out`` must share no byte with a, b (or a given scale): checked per call, the
+    # pointers differ; the byte extents are fixed by the key.  (An overlap returns None: the
+    # checked path then raises the InputError.)
+    es = _ELEMENT_BYTES
+    ea, eb = (validate.span(s[1], s[2]) * es[entry["dtypes"]["a"]] for s in specs[:2])
+    eo = validate.span(specs[2][1], specs[2][2]) * es[entry["dtypes"]["c"]]
 
     def failed(err):
         if err is None:
@@ -420,9 +429,20 @@ def hot_launch(bundle, name: str, entry: dict, specs: list, dev: int, out, out_g
         raise LaunchError(f"{name}: launch failed: {bundle.lib.error(err)}")
 
     if not fp8 and wproto is None:
+        if out_given:
+            def fire_out(a, b, out, sa, sb):
+                here = bundle._cur()
+                if here != dev:
+                    not_current(dev, here)
+                pa, pb, po = a.data_ptr(), b.data_ptr(), out.data_ptr()
+                if (po < pa + ea and pa < po + eo) or (po < pb + eb and pb < po + eo):
+                    return None
+                err = go(pa, pb, po, bundle._raw(here))
+                return out if err == 0 else failed(err)
+            return fire_out
+
         def fire(a, b, out, sa, sb):
-            if out is None:
-                out = empty_like(oproto)
+            out = empty_like(oproto)
             here = bundle._cur()
             if here != dev:
                 not_current(dev, here)
@@ -437,8 +457,14 @@ def hot_launch(bundle, name: str, entry: dict, specs: list, dev: int, out, out_g
         if here != dev:
             not_current(dev, here)
         p = [a.data_ptr(), b.data_ptr(), out.data_ptr()]
+        if out_given:
+            pa, pb, po = p
+            if (po < pa + ea and pa < po + eo) or (po < pb + eb and pb < po + eo):
+                return None
         if fp8:
             p += (unit_ptr if sa is None else sa.data_ptr(), unit_ptr if sb is None else sb.data_ptr())
+            if out_given and any(po <= x < po + eo for x in p[3:]):
+                return None
         if wproto is not None:
             ws = empty_like(wproto)  # (alive until the launch is queued)
             p.append(ws.data_ptr())

@@ -175,6 +175,9 @@ def gemm_packed(bundle, a, p: PackedB, out=None, *, out_dtype=None, scale_a=None
         raise InputError(f"out_dtype {out_dtype} differs from out's dtype {out.dtype}: give one of them")
     if out.dtype != torch.bfloat16:
         raise InputError(f"the packed decode kernels write bfloat16, out is {out.dtype}")
+    if out_given:
+        validate.distinct("out", out.shape, out.stride())
+        validate.disjoint("out", out, a=a, b=p.data, scale_a=scale_a, scale_b=scale_b)
     scales, keep = gemm.fp8_scales(bundle, a, scale_a, scale_b, dev)  # (keep: alive until queued)
     if M == 0 or p.n == 0:
         return out
