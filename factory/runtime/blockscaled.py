@@ -390,7 +390,7 @@ def select(bundle, fmt: str, c: str, specs: list, M: int, N: int, K: int, L: int
     B's data read once per pair), else a single CTA (a pair would compute zero rows in its second
     CTA); then the most CTAs.  A rule, not a measurement: no Blackwell GPU has run these."""
     key = (OP, fmt, c, variant, tuple((s[0] % 16, s[1], s[2]) for s in specs), dev)
-    name = bundle._select_cache.get(key)
+    name = bundle.selections.get(key)
     if name is not None:
         return name
     fits, reasons = bundle.fitting(OP, specs, lambda v: v.get("format") == fmt and v["dtypes"]["c"] == c

@@ -38,7 +38,7 @@ def one_device(bundle, **named) -> int:
     if any(d != first for d in devs.values()):
         listed = ", ".join(f"{k} on {where(named[k])}" for k in devs)
         raise InputError(f"tensors on different devices ({listed}): every tensor must be on one CUDA device")
-    if first < 0 and not bundle._simulated:
+    if first < 0 and not bundle.simulated:
         k = next(iter(devs))
         raise InputError(f"{k} is on {where(named[k])}: the kernels need CUDA tensors (move them with .cuda())")
     return first
