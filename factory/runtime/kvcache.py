@@ -20,7 +20,6 @@ reads nothing on the host, and :func:`plan` makes the choice once, ahead of capt
 from __future__ import annotations
 
 import math
-import weakref
 from dataclasses import dataclass
 from typing import Callable
 
@@ -28,7 +27,7 @@ import torch
 from torch import Tensor
 
 from . import validate
-from .attention import DECODE_MAX_SEQLEN_Q, DECODE_ROWS, _sm_count, decode_pick, split_workspace
+from .attention import DECODE_MAX_SEQLEN_Q, DECODE_ROWS, decode_pick, split_workspace
 from .errors import InputError, NoVariantError
 
 OP = "attention_kvcache"
@@ -253,25 +252,23 @@ def _problem(b, sq, hq, hkv, d, sk, dtype, kv_dtype, page_size, causal, window, 
                    bool(varlen_q))
 
 
-_CHOICES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-
-
 def choose(bundle, p: Problem) -> dict:
-    """The selected manifest entry for ``p`` (cached per bundle), or NoVariantError."""
-    try:
-        cache = _CHOICES.setdefault(bundle, {})
-    except TypeError:
+    """The selected manifest entry for ``p`` (cached in the bundle's ``selections``), or
+    NoVariantError."""
+    cache = getattr(bundle, "selections", None)
+    if cache is None:  # a stand-in bundle (tests): no cache
         cache = {}
-    e = cache.get(p)
+    key = (OP, p)
+    e = cache.get(key)
     if e is None:
         try:
-            e = select(bundle.candidates(OP), p, _sm_count())
+            e = select(bundle.candidates(OP), p, bundle.device_info()["sm_count"])
         except NoVariantError as err:
             raise NoVariantError(f"{err} (on {bundle.device_name()}; {bundle.describe_contents(OP)}"
                                  f"{_blackwell_note(bundle)})") from None
         if len(cache) > 4096:
             cache.clear()
-        cache[p] = e
+        cache[key] = e
     return e
 
 
