@@ -432,11 +432,16 @@ def test_c_entry_refuses_bad_problems(test_bundle):
         (dict(window_left=64), "the window/softcap build reads sinks"),
         (dict(num_pages=0), "at least one page"),
         (dict(causal=2), "causal"),
+        (dict(o=0x10000, q=0x10000), "o overlaps q in memory"),
+        (dict(o=0x10000, o_stride=(32 * 128, 32 * 128, 0)), "o: stride 0 of mode 2 makes elements overlap"),
     ]
     for change, msg in cases:
         p = _c_problem(cs, 2, 1, 32, 8, 128, 1000, 16, "bf16", False)
         for k, v in change.items():
-            setattr(p, k, v)
+            if isinstance(v, tuple):
+                getattr(p, k)[:] = list(v)
+            else:
+                setattr(p, k, v)
         got, sel = lib.kvcache_select(dev, p)
         assert got == ("input",) and msg in lib.message() and sel.variant == -1, (change, got, lib.message())
     got, sel = lib.kvcache_select(dev, _c_problem(cs, 2, 1, 32, 8, 128, 1000, 16, "bf16", False))

@@ -1456,6 +1456,35 @@ static int32_t kv_select(const fx_device_t *dev, const fx_attention_kvcache_prob
         if ((uintptr_t)ptr % 16) return fail(FX_ERR_INPUT, "%s: data pointer must be 16-byte aligned",
                                              w ? "v_cache" : "k_cache");
     }
+    { /* outputs: every element its own address, no byte shared with an input or the other output */
+        const int64_t qst[4] = {p->q_stride[0], p->q_stride[1], p->q_stride[2], 1};
+        const int64_t ost[4] = {p->o_stride[0], p->o_stride[1], p->o_stride[2], 1};
+        const int64_t kst[4] = {p->k_stride[0], p->k_stride[1], p->k_stride[2], 1};
+        const int64_t vst[4] = {p->v_stride[0], p->v_stride[1], p->v_stride[2], 1};
+        const int64_t eb = 2, kb = p->kv_dtype == FX_DTYPE_E4M3 ? 1 : 2;
+        int64_t span;
+        fx_range in[7], ro, rl;
+        if ((rc = span_of("q", 4, q4, qst, &span)) || (rc = range_of(&in[0], "q", p->q, span, eb)) ||
+            (rc = span_of("k_cache", 4, k4, kst, &span)) || (rc = range_of(&in[1], "k_cache", p->k_cache, span, kb)) ||
+            (rc = span_of("v_cache", 4, k4, vst, &span)) || (rc = range_of(&in[2], "v_cache", p->v_cache, span, kb)) ||
+            (rc = span_of("o", 4, q4, ost, &span)) || (rc = range_of(&ro, "o", p->o, span, eb)))
+            return rc;
+        const int64_t bt2[2] = {B, p->max_pages}, bts2[2] = {p->block_table_stride, 1};
+        if ((rc = span_of("block_table", 2, bt2, bts2, &span)) ||
+            (rc = range_of(&in[3], "block_table", p->max_pages > 0 ? (const void *)p->block_table : NULL, span, 4)))
+            return rc;
+        range_of(&in[4], "cache_seqlens", p->cache_seqlens, B, 4);
+        range_of(&in[5], "sinks", p->sinks, Hq, 4);
+        range_of(&in[6], "kv_descale", p->kv_descale, 2 * Hkv, 4);
+        if ((rc = check_distinct("o", 4, q4, ost)) || (rc = check_disjoint(&ro, in, 7))) return rc;
+        if (p->lse) {
+            const int64_t ld[3] = {B, Hq, Sq}, lst_[3] = {p->lse_stride[0], p->lse_stride[1], 1};
+            if ((rc = check_stride("lse_stride", p->lse_stride, 0, 2)) || (rc = span_of("lse", 3, ld, lst_, &span)) ||
+                (rc = range_of(&rl, "lse", p->lse, span, 4)) || (rc = check_distinct("lse", 3, ld, lst_)) ||
+                (rc = check_disjoint(&rl, in, 7)) || (rc = check_disjoint(&rl, &ro, 1)))
+                return rc;
+        }
+    }
     int local = p->window_left >= 0 || (p->window_right >= 0 && !p->causal);
     if ((local || p->softcap > 0.0f) && !p->sinks)
         return fail(FX_ERR_INPUT, "sinks: the window/softcap build reads sinks: pass heads_q float32 logits "
