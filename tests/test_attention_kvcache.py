@@ -57,8 +57,11 @@ def test_enumeration():
     assert {v.splits > 1 for v in test} == {True, False}
     assert any(v.local and v.softcap and v.sinks for v in test)
     assert {v.dtype for v in test} == {"bf16", "f16"} and {v.head_dim for v in test} == {64, 128}
+    f8 = [v for v in test if v.kv_dtype == "e4m3"]
+    assert f8 and all(v.paged and v.head_dim == 128 and v.proof_level() == "sass-only" for v in f8)
     default = enumerate_decode_kv(get_target("sm_90"), "default")
     assert len({v.name for v in default}) == len(default) <= 44
+    assert not [v for v in default if v.kv_dtype == "e4m3"]  # not run yet: test tier only
     assert all(v.can_implement() is None for v in default)
     # cluster merges without PDL twins; the workspace split with its PDL combine kernel
     assert all(v.pdl == (v.splits > 1 and not v.cluster) for v in default)
@@ -269,8 +272,12 @@ def test_no_variant_for_combos_not_built(sim):
         sim.attention_kvcache(q, k, v, sl, block_table=bt)
     q, k, v, sl, bt = paged()
     k8, v8 = k.to(torch.float8_e4m3fn), v.to(torch.float8_e4m3fn)
-    with pytest.raises(NoVariantError, match="dtype/kv_dtype"):
-        sim.attention_kvcache(q, k8, v8, sl, block_table=bt, k_descale=torch.ones(1))
+    with pytest.raises(NoVariantError, match="cache layout"):  # fp8: paged only
+        sim.attention_kvcache(q, bf(2, 64, 8, 128).to(torch.float8_e4m3fn), bf(2, 64, 8, 128).to(torch.float8_e4m3fn),
+                              sl, k_descale=torch.ones(1))
+    sim.attention_kvcache(q, k8, v8, sl, block_table=bt, k_descale=torch.ones(1), v_descale=torch.full((8,), 2.0))
+    assert sim.rec.launched[-1].endswith("_ce4m3_paged")
+    sim.rec.launched.clear()
     with pytest.raises(NoVariantError, match="at most 16 queries"):
         sim.attention_kvcache(bf(2, 17, 32, 128), k, v, sl, block_table=bt)
     with pytest.raises(InputError, match="head_dim 96 not supported"):
@@ -414,6 +421,22 @@ def test_c_selection_equals_python(test_bundle):
                                     n += 1
                                     n_ok += got[0] == "ok"
     assert n_ok > 300 and n > n_ok  # both answers occur
+    # fp8 caches (C needs the descales; Python passes unit ones)
+    b_py = Bundle.open(test_bundle, capability=(9, 0), device={"name": None, "sm_count": 132})
+    dev = lib.device((9, 0), 132, None)
+    for b in (1, 4, 64):
+        for page in (None, 16, 64):
+            for dtype in ("bf16", "f16"):
+                pr = prob(b=b, sk=4096, page=page, dtype=dtype, kv_dtype="e4m3")
+                try:
+                    want = ("ok", kv.select(b_py.candidates("attention_kvcache"), pr, 132)["name"])
+                except NoVariantError:
+                    want = ("novariant",)
+                cp = _c_problem(cs, b, 1, 32, 8, 128, 4096, page, dtype, False)
+                cp.kv_dtype, cp.kv_descale = 4, 0x2000
+                cp.k_stride[:] = list(cp.k_stride)  # (element strides: multiples of 16 for e4m3)
+                got, _ = lib.kvcache_select(dev, cp)
+                assert got == want, (pr, got, want, lib.message())
 
 
 def test_c_entry_refuses_bad_problems(test_bundle):

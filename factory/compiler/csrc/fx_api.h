@@ -95,7 +95,7 @@ typedef struct {
    Bottom-right causal; window_left/right -1 unbounded; softcap 0 off; sinks: heads_q float32
    logits or NULL.  A window, softcap or sinks selects the build with all three switches, which
    reads sinks: pass -inf logits where the model has none (sinks NULL with a window or softcap is
-   FX_ERR_INPUT).  kv_descale: fp8 caches only (none is built). */
+   FX_ERR_INPUT).  kv_descale: e4m3 caches (paged, head_dim 128), required there. */
 typedef struct {
     fx_dtype_t dtype;       /* q and o: BF16 or F16 */
     fx_dtype_t kv_dtype;    /* the caches: dtype (E4M3: no variant is built) */
@@ -113,7 +113,7 @@ typedef struct {
     int64_t block_table_stride; /* elements between rows */
     const int32_t *cache_seqlens;
     const float *sinks;
-    const float *kv_descale; /* (2, heads_kv) float32: fp8 caches only */
+    const float *kv_descale; /* (2, heads_kv) float32: row 0 k, row 1 v; e4m3 caches only, required there */
     int32_t causal;
     int32_t window_left, window_right;
     float softcap;

@@ -1433,6 +1433,8 @@ static int32_t kv_select(const fx_device_t *dev, const fx_attention_kvcache_prob
         return fail(FX_ERR_INPUT, "softmax_scale must be a positive finite number, got %g", (double)p->softmax_scale);
     if (p->kv_descale && p->kv_dtype != FX_DTYPE_E4M3)
         return fail(FX_ERR_INPUT, "kv_descale applies to e4m3 caches only");
+    if (!p->kv_descale && p->kv_dtype == FX_DTYPE_E4M3)
+        return fail(FX_ERR_INPUT, "kv_descale: an e4m3 cache needs its (2, heads_kv) float32 descales (1.0: none)");
     if (B > fx_attention_grid_yz_max)
         return fail(FX_ERR_INPUT, "batch (%lld) must be <= %lld", (long long)B, (long long)fx_attention_grid_yz_max);
     int64_t numel_q, max_k;
