@@ -214,13 +214,28 @@ def main() -> int:
                     bad = [k for k in ("rel_err_vs_unsplit", "rel_err_vs_torch") if not row[k] < tol]
                     if bad or not row["graph_vs_eager"] < 1e-3:
                         raise SystemExit(f"{phase} {spec}: {bad or 'graph_vs_eager'} over tolerance: {row}")
+    if rank == 0:
+        if rows and "split_ms" in rows[0]:
+            print(table(rows, world), flush=True)
+        if a.out:
+            Path(a.out).write_text(json.dumps(rows, indent=1))
     print(f"rank {rank} cuda:{local} contexts after the run: {gpu_contexts()}", flush=True)
     finish(graphs)
     if rank == 0:
-        if a.out:
-            Path(a.out).write_text(json.dumps(rows, indent=1))
         print(f"world {world}: all {len(rows)} cases match the unsplit layer; process group destroyed", flush=True)
     return 0
+
+
+def table(rows: list[dict], world: int) -> str:
+    """Tokens/s of the unsplit layer on one GPU and of the split layer on ``world``, side by side."""
+    lines = [f"{'case':<34} {'1 GPU tok/s':>12} {f'{world} GPUs tok/s':>13} {'speedup':>8} {'all-reduce share':>17}"]
+    for r in rows:
+        case = (f"prefill {r['tokens']} tokens / {r['sequences']} seqs" if r["phase"] == "prefill"
+                else f"decode batch {r['batch']} context {r['context']}")
+        share = f"{r['allreduce_share']:.1%}" if "allreduce_share" in r else "-"
+        lines.append(f"{case:<34} {r['unsplit_tok_s']:>12,.0f} {r['split_tok_s']:>13,.0f} {r['speedup']:>7.2f}x "
+                     f"{share:>17}")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

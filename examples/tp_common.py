@@ -48,7 +48,8 @@ def capture(fn, graphs: list):
 
 
 def release(graphs: list) -> None:
-    """Reset (free) every graph in ``graphs`` and empty the list."""
+    """Reset (free) every graph in ``graphs`` and empty the list (after their replays have run)."""
+    torch.cuda.synchronize()
     for g in graphs:
         g.reset()
     graphs.clear()

@@ -117,10 +117,10 @@ def resident_clusters(bundle, entry: dict, cluster_ctas: int, bound: int, device
     if cap is None:
         cap = max(1, bound)
         if not bundle._planned and not bundle._simulated:  # the GPU itself, not a device given for planning
-            from .occupancy import current_device, max_active_clusters
+            from .occupancy import capturing, current_device, max_active_clusters
 
-            if current_device() not in (device, None):  # the driver would answer for another device
-                return cap
+            if current_device() not in (device, None) or capturing():
+                return cap  # the driver would answer for another device / must not be asked inside a capture
             cap = min(cap, max_active_clusters(bundle.path, entry, cluster_ctas) or cap)
         bundle._max_clusters[key] = cap
     return cap

@@ -25,6 +25,17 @@ def current_device() -> int | None:
         return None
 
 
+def capturing() -> bool:
+    """Whether torch's current CUDA stream is capturing a graph (module loads and occupancy
+    questions do not belong in a capture)."""
+    try:
+        import torch
+
+        return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+    except Exception:  # noqa: BLE001
+        return False
+
+
 def max_active_clusters(bundle_path: Path, entry: dict, cluster_ctas: int | None = None) -> int | None:
     """Clusters of ``cluster_ctas`` (default ``entry["persistent"]["cluster_ctas"]``) CTAs of this
     variant's kernel that the current device holds at once, or None when the driver cannot be asked."""
