@@ -193,9 +193,11 @@ def test_c_api_on_the_second_device(bundle):
 
 
 @two_gpus
-def test_c_api_with_the_other_device_current_fails_cleanly():
-    """cuda:1's tensors and stream handed to fx_gemm while cuda:0 is current: an error code or a
-    right result, never a crash, and the process still runs a correct GEMM after."""
+def test_c_api_refuses_another_devices_stream_or_pointers():
+    """fx_gemm / fx_attention run on the current device: a stream or a pointer of the other device
+    (or host memory) is FX_ERR_INPUT with nothing launched, never a silent no-op or a fault (a
+    cuda:1 stream with cuda:0 current once returned success and wrote nothing); the process then
+    runs correct GEMMs on both devices."""
     r = python(CHILD_TIMEOUT_S, f"""
         import ctypes, torch
         sys.path.insert(0, {str(ROOT / "tests")!r})
@@ -204,29 +206,34 @@ def test_c_api_with_the_other_device_current_fails_cleanly():
         dev = cs.Device()
         assert lib.lib.fx_device_query(1, ctypes.byref(dev)) == 0
 
-        def gemm(device, stream):
-            a = torch.randn(256, 512, device=device).bfloat16()
-            b = torch.randn(384, 512, device=device).bfloat16()
-            c = torch.zeros(256, 384, device=device, dtype=torch.bfloat16)
+        def gemm(a_dev, c_dev, stream):
+            a = torch.randn(256, 512, device=a_dev).bfloat16()
+            b = torch.randn(384, 512, device=a_dev).bfloat16()
+            c = torch.zeros(256, 384, device=c_dev, dtype=torch.bfloat16)
             p = cs.GemmProblem(1, 1, 256, 384, 512, 1, a.data_ptr(), cs.I64x3(512, 1, 0), b.data_ptr(),
                                cs.I64x3(512, 1, 0), c.data_ptr(), cs.I64x3(384, 1, 0), None, None, 0)
-            sel = cs.Selection()
             rc = lib.lib.fx_gemm(ctypes.byref(dev), ctypes.byref(p), None, ctypes.c_uint64(0),
-                                 ctypes.c_void_p(stream), ctypes.byref(sel))
-            torch.cuda.synchronize(device)
+                                 ctypes.c_void_p(stream), None)
+            msg = lib.lib.fx_last_error_message().decode()
+            torch.cuda.synchronize(0), torch.cuda.synchronize(1)
             ref = a.float() @ b.float().T
-            return rc, float((c.float() - ref).norm() / ref.norm())
+            return rc, msg, float((c.float().cpu() - ref.cpu()).norm() / ref.norm().cpu())
 
+        s0, s1 = torch.cuda.current_stream(0).cuda_stream, torch.cuda.current_stream(1).cuda_stream
         with torch.cuda.device(0):
-            rc, err = gemm("cuda:1", torch.cuda.current_stream(1).cuda_stream)
-        print("mismatched device: rc", rc, lib.lib.fx_error_string(rc).decode(), "rel err", err)
-        assert rc != 0 or err < 1e-2
+            for what, args, want in (("cuda:1 stream", ("cuda:1", "cuda:1", s1), "stream belongs to device 1"),
+                                     ("cuda:1 pointers", ("cuda:1", "cuda:1", s0), "is on device 1"),
+                                     ("one cuda:1 pointer", ("cuda:0", "cuda:1", s0), "c is on device 1"),
+                                     ("host memory", ("cpu", "cpu", s0), "not device memory")):
+                rc, msg, err = gemm(*args)
+                print(what, "->", rc, msg)
+                assert rc == cs.FX_ERR_INPUT and want in msg, (what, rc, msg)
         with torch.cuda.device(1):
-            rc, err = gemm("cuda:1", torch.cuda.current_stream(1).cuda_stream)
-        assert rc == 0 and err < 1e-2, (rc, err)
+            rc, msg, err = gemm("cuda:1", "cuda:1", s1)
+            assert rc == 0 and err < 1e-2, (rc, msg, err)
         with torch.cuda.device(0):
-            rc, err = gemm("cuda:0", torch.cuda.current_stream(0).cuda_stream)
-        assert rc == 0 and err < 1e-2, (rc, err)
+            rc, msg, err = gemm("cuda:0", "cuda:0", s0)
+            assert rc == 0 and err < 1e-2, (rc, msg, err)
         print("OK after")
     """)
     assert r.returncode == 0 and "OK after" in r.stdout, r.stdout + r.stderr
