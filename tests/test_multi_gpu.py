@@ -197,7 +197,8 @@ def test_c_api_refuses_another_devices_stream_or_pointers():
     """fx_gemm / fx_attention run on the current device: a stream or a pointer of the other device
     (or host memory) is FX_ERR_INPUT with nothing launched, never a silent no-op or a fault (a
     cuda:1 stream with cuda:0 current once returned success and wrote nothing); the process then
-    runs correct GEMMs on both devices."""
+    runs correct GEMMs on both devices.  (torch's default stream is the handle 0 on every device,
+    which means the current device's: a stream of another device needs a created stream.)"""
     r = python(CHILD_TIMEOUT_S, f"""
         import ctypes, torch
         sys.path.insert(0, {str(ROOT / "tests")!r})
@@ -219,7 +220,8 @@ def test_c_api_refuses_another_devices_stream_or_pointers():
             ref = a.float() @ b.float().T
             return rc, msg, float((c.float().cpu() - ref.cpu()).norm() / ref.norm().cpu())
 
-        s0, s1 = torch.cuda.current_stream(0).cuda_stream, torch.cuda.current_stream(1).cuda_stream
+        # Created streams: torch's default stream is handle 0 on every device (the current device's).
+        s0, s1 = torch.cuda.Stream(device=0).cuda_stream, torch.cuda.Stream(device=1).cuda_stream
         with torch.cuda.device(0):
             for what, args, want in (("cuda:1 stream", ("cuda:1", "cuda:1", s1), "stream belongs to device 1"),
                                      ("cuda:1 pointers", ("cuda:1", "cuda:1", s0), "is on device 1"),
