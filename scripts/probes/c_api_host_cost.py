@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
 """Host µs per fx_gemm call (through ctypes) of two builds of a bundle's host library, interleaved
-in one process on one problem (16x256x512 bf16: less GPU time per launch than host time, so the launch queue never fills):
+in one process on one problem (16x256x512 bf16: less GPU time per launch than host time, so the
+launch queue never fills):
 
     python3 scripts/probes/c_api_host_cost.py BEFORE.so AFTER.so
 
 Both libraries are loaded side by side (each holds its own static cudart); per round each runs
 ``--calls`` launches back to back, then the device is synchronized.  Prints the median µs per call
-of each over the rounds and their paired difference, as JSON."""
+of each over the rounds and their paired difference, as JSON.  Answer for the device check of
+fx_gemm / fx_attention (H200 host, 2026-11-26): 3.90 -> 4.65 us, paired +0.71 us.
+notes/multi-gpu.md."""
 
 from __future__ import annotations
 

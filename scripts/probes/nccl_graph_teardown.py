@@ -5,8 +5,9 @@ torch, no bundle.  One process per GPU:
     torchrun --nproc-per-node 2 scripts/probes/nccl_graph_teardown.py           # graph alive
     torchrun --nproc-per-node 2 scripts/probes/nccl_graph_teardown.py --free    # reset first
 
-Each rank prints when the teardown returns; run it under a timeout (the first form is expected
-to hang where the issue was seen)."""
+Each rank prints when the teardown returns; run it under a timeout.  Answer on two H200s (torch
+2.11.0+cu130, NCCL 2.28.9, 2026-11-26): with the graph reset first, 0.47 / 0.49 s; with it alive,
+still running after 25 s (killed).  notes/multi-gpu.md."""
 
 from __future__ import annotations
 
