@@ -195,10 +195,11 @@ def test_c_api_on_the_second_device(bundle):
 @two_gpus
 def test_c_api_refuses_another_devices_stream_or_pointers():
     """fx_gemm / fx_attention run on the current device: a stream or a pointer of the other device
-    (or host memory) is FX_ERR_INPUT with nothing launched, never a silent no-op or a fault (a
-    cuda:1 stream with cuda:0 current once returned success and wrote nothing); the process then
-    runs correct GEMMs on both devices.  (torch's default stream is the handle 0 on every device,
-    which means the current device's: a stream of another device needs a created stream.)"""
+    (or host memory) is FX_ERR_INPUT with nothing launched, never a silent no-op or a fault (cuda:1
+    pointers on the default stream with cuda:0 current once returned success and left c
+    unwritten); the process then runs correct GEMMs on both devices.  (torch's default stream is
+    the handle 0 on every device, which means the current device's: a stream of another device
+    needs a created stream.)"""
     r = python(CHILD_TIMEOUT_S, f"""
         import ctypes, torch
         sys.path.insert(0, {str(ROOT / "tests")!r})

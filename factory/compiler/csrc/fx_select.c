@@ -1123,8 +1123,9 @@ static int32_t check_workspace(uint64_t need, void *workspace, uint64_t bytes) {
 
 /* Every pointer a launch uses must be device (or managed) memory of the current device, and the
    stream must belong to that device: a kernel given another device's stream or pointers would
-   run where the data is not (seen on two H100s: a cuda:1 stream with cuda:0 current returned
-   success and wrote nothing).  names[i] names ptrs[i]; NULL pointers are skipped (optional ones). */
+   run where the data is not (seen on two H200s: cuda:1 pointers on the default stream with cuda:0
+   current returned success and left c unwritten).  names[i] names ptrs[i]; NULL pointers are
+   skipped (optional ones). */
 static int32_t check_device(fx_stream_t stream, int32_t n, const void *const *ptrs, const char *const *names) {
     int cur = -1;
     cudaError_t e = cudaGetDevice(&cur);
