@@ -18,6 +18,8 @@ import threading
 import torch
 import torch.distributed as dist
 
+import llama_block as lb
+
 TEARDOWN_HUNG = 3
 
 
@@ -32,17 +34,10 @@ def start() -> tuple[int, int, int]:
 
 
 def capture(fn, graphs: list):
-    """``fn`` run once on a side stream (its modules loaded, NCCL's first-call setup done), then
-    captured in a CUDA graph; returns the graph and what the captured call returned (the tensors
-    each replay writes).  The graph is appended to ``graphs`` for ``finish``."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        out = fn()
+    """``llama_block.capture``: ``fn`` run once on a side stream (modules loaded, NCCL's first-call
+    setup done), then captured; returns (graph, the captured call's output).  The graph is also
+    appended to ``graphs`` for ``finish``."""
+    g, out = lb.capture(fn)
     graphs.append(g)
     return g, out
 
