@@ -12,7 +12,7 @@ from pathlib import Path
 from ..atoms.targets import get_target, targets_for_capability
 from .errors import BundleError, InputError, NoVariantError
 from .loader import Binder, HostLibrary, LaunchError
-from .manifest import file_ok, load_manifest
+from .manifest import host_library_problem, load_manifest, variant_problems
 
 _TORCH_DEVICE = None  # (current_device() -> int, raw_stream(index) -> int), bound on first use
 
@@ -78,16 +78,16 @@ class BundleCore:
     @classmethod
     def open(cls, path: str | Path, capability: tuple[int, int] | None = None,
              device: dict | None = None):
-        """Open and check a bundle: the manifest's schema and the host library's sha256 (each
-        variant's files are checked before its first load).  ``capability`` overrides the current
+        """Open and check a bundle: the manifest (runtime/manifest.py: its schema, every file path
+        inside the bundle) and the host library's size and sha256 (each variant's files are checked
+        before its first load).  ``capability`` overrides the current
         device's (for tests and for planning on a machine without the GPU); so does ``device``
         ({"name", "sm_count"}), which decides whether the bundle's tuning.json applies."""
         path = Path(path)
         m = load_manifest(path)
-        lib = m["host_library"]
-        if not file_ok(path, lib):
-            raise BundleError(f"{path / lib['path']}: host library is missing, truncated or altered "
-                              f"(its size or sha256 does not match the manifest)")
+        problem = host_library_problem(path, m)
+        if problem:
+            raise BundleError(f"{problem}; nothing was loaded")
         return cls(path, m, capability, device)
 
     def simulate(self, lib) -> None:
@@ -241,10 +241,9 @@ class BundleCore:
                                   f"capturing")
         if not get_target(entry["target"]).runs_on(self.capability):
             raise NoVariantError(f"{name} is built for {entry['target']}, which cannot run on {self.device_name()}")
-        for kind, rec in sorted(entry.get("files", {}).items()):
-            if not file_ok(self.path, rec):
-                raise BundleError(f"{self.path / rec['path']}: {name}'s {kind} is missing, truncated or altered "
-                                  f"(its size or sha256 does not match the manifest); nothing was loaded")
+        problems = variant_problems(self.path, name, entry)
+        if problems:
+            raise BundleError(f"{problems[0]}; nothing was loaded")
         self.binder(name)
         fn = self._launchers[name] = self.lib.launcher(name)
         return fn

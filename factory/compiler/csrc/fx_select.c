@@ -31,6 +31,23 @@ static int32_t fail(int32_t code, const char *fmt, ...) {
     return code;
 }
 
+int32_t fx_record_error(int32_t code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(fx_msg, sizeof fx_msg, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+int32_t fx_require_device(const char *what) {
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e == cudaSuccess && n > 0) return 0;
+    cudaGetLastError(); /* not a later call's error */
+    if (e == cudaSuccess) e = cudaErrorNoDevice;
+    return fail((int32_t)e, "%s: no usable CUDA device (%s: %s)", what, cudaGetErrorName(e), cudaGetErrorString(e));
+}
+
 FX_EXPORT const char *fx_last_error_message(void) { return fx_msg; }
 FX_EXPORT int32_t fx_variant_count(void) { return fx_n_variants; }
 FX_EXPORT const char *fx_variant_name(int32_t i) {
@@ -48,9 +65,16 @@ FX_EXPORT const char *fx_error_string(int32_t err) {
 }
 
 FX_EXPORT int32_t fx_device_query(int32_t device, fx_device_t *out) {
+    if (!out) return fail(FX_ERR_INPUT, "fx_device_query: out must not be NULL");
+    int32_t rc = fx_require_device("fx_device_query");
+    if (rc) return rc;
     struct cudaDeviceProp p;
     cudaError_t e = cudaGetDeviceProperties(&p, device);
-    if (e != cudaSuccess) return (int32_t)e;
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return fail((int32_t)e, "fx_device_query: device %d: %s: %s", (int)device, cudaGetErrorName(e),
+                    cudaGetErrorString(e));
+    }
     memset(out, 0, sizeof *out);
     out->cc_major = p.major;
     out->cc_minor = p.minor;
@@ -1058,8 +1082,7 @@ static int32_t ensure_loaded(int32_t i) {
     int32_t rc = 0;
     if (!st->loaded) {
         rc = fx_variants[i].load();
-        if (rc == 0) __atomic_store_n(&st->loaded, 1, __ATOMIC_RELEASE);
-        else fail(rc, "loading %s: %s", fx_variants[i].name, cudaGetErrorString((cudaError_t)rc));
+        if (rc == 0) __atomic_store_n(&st->loaded, 1, __ATOMIC_RELEASE); /* (else the load named the error) */
     }
     pthread_mutex_unlock(&fx_load_lock);
     return rc;
@@ -1113,6 +1136,13 @@ static int32_t driver_clusters(int32_t i) {
     return n > 0 ? n : 0;
 }
 
+/* A launch's return code, its error named in fx_last_error_message. */
+static int32_t launched(int32_t i, int32_t rc) {
+    if (rc > 0) return fail(rc, "launching %s: %s: %s", fx_variants[i].name, cudaGetErrorName((cudaError_t)rc),
+                            cudaGetErrorString((cudaError_t)rc));
+    return rc;
+}
+
 static int32_t check_workspace(uint64_t need, void *workspace, uint64_t bytes) {
     if (!need) return 0;
     if (!workspace || bytes < need || (uintptr_t)workspace % 16)
@@ -1137,7 +1167,10 @@ static int32_t gemm_zero(const fx_gemm_problem_t *p, cudaStream_t stream) {
     for (int64_t l = 0; l < p->l; l++) {
         char *base = (char *)p->c + (size_t)(l * p->c_stride[2]) * es;
         cudaError_t e = cudaMemset2DAsync(base, (size_t)pitch * es, 0, (size_t)cols * es, (size_t)rows, stream);
-        if (e != cudaSuccess) return (int32_t)e;
+        if (e != cudaSuccess) {
+            cudaGetLastError();
+            return fail((int32_t)e, "fx_gemm (K = 0): zeroing c: %s: %s", cudaGetErrorName(e), cudaGetErrorString(e));
+        }
     }
     return 0;
 }
@@ -1163,7 +1196,7 @@ FX_EXPORT int32_t fx_gemm(const fx_device_t *dev, const fx_gemm_problem_t *p, vo
         if (drv > 0 && drv < out->max_clusters) out->max_clusters = drv;
         g.vals[n++].i = out->max_clusters;
     }
-    return v->bind(g.vals, stream);
+    return launched(out->variant, v->bind(g.vals, stream));
 }
 
 FX_EXPORT int32_t fx_attention(const fx_device_t *dev, const fx_attention_problem_t *p, void *workspace,
@@ -1178,5 +1211,5 @@ FX_EXPORT int32_t fx_attention(const fx_device_t *dev, const fx_attention_proble
         return fail(FX_ERR_INPUT, "varlen needs both cu_seqlens_q and cu_seqlens_k");
     if ((rc = check_workspace(out->workspace_bytes, workspace, workspace_bytes))) return rc;
     if ((rc = ensure_loaded(out->variant))) return rc;
-    return fx_variants[out->variant].bind(a.vals, stream);
+    return launched(out->variant, fx_variants[out->variant].bind(a.vals, stream));
 }
