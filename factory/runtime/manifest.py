@@ -278,7 +278,7 @@ def load_manifest(bundle: str | Path) -> dict:
     except OSError as e:
         raise BundleError(f"{p}: cannot be read ({e})") from None
     if len(raw) > MAX_MANIFEST_BYTES:
-        raise BundleError(f"{p}: larger than {MAX_MANIFEST_BYTES >> 20} MiB, more than any bundle's manifest; "
+        raise BundleError(f"{p}: larger than {MAX_MANIFEST_BYTES} bytes, more than any bundle's manifest; "
                           f"rebuild the bundle")
     try:
         m = json.loads(raw.decode("utf-8"))
