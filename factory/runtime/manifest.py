@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import stat
 from pathlib import Path, PurePosixPath
 
 from .errors import BundleError
@@ -30,6 +31,7 @@ _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _CTYPE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*( \*)?\Z")  # written into the host library's C glue
 _SHA256 = re.compile(r"[0-9a-f]{64}\Z")
 _INT_TYPES = ("int32_t", "int64_t")
+_SCALAR_CTYPES = {"f32": "float", "i32": "int32_t"}
 
 
 class _Bad(Exception):
@@ -98,6 +100,8 @@ def check_path(rel, where: str) -> str:
     _need(rel != "" and "\\" not in rel and "\0" not in rel, where, f"{rel[:80]!r} is not a file path")
     _need(not p.is_absolute(), where, f"{rel[:80]!r} is absolute: files must lie inside the bundle")
     _need(".." not in p.parts, where, f"{rel[:80]!r} climbs out of its folder: files must lie inside the bundle")
+    _need(len(rel) <= 1024 and all(len(part.encode()) <= 255 for part in p.parts), where,
+          f"{rel[:80]!r}... is longer than a file path can be")
     return rel
 
 
@@ -159,11 +163,14 @@ def _abi(abi, sig: dict, name: str, where: str) -> None:
         _need(_field(st, "stride_ctype", w) in _INT_TYPES, f"{w}.stride_ctype", "must be int32_t or int64_t")
         _int(_field(st, "n_shapes", w), f"{w}.n_shapes", 0, MAX_RANK)
         _int(_field(st, "n_strides", w), f"{w}.n_strides", 0, MAX_RANK)
+    _need(params[0][0] == f"{name}_Kernel_Module_t *", f"{where}.params[0][0]", f"must be {name}_Kernel_Module_t *")
+    _need(params[-1][0] == "cudaStream_t", f"{where}.params[{len(params) - 1}][0]", "must be cudaStream_t")
     for i, a in enumerate(sig["args"]):
         ctype = params[i + 1][0]
         w = f"{where}.params[{i + 1}]"
         if a["kind"] == "scalar":
-            _need(not ctype.endswith("*"), w, f"{a['name']} is a scalar, the header passes a pointer")
+            want = _SCALAR_CTYPES[a["dtype"]]
+            _need(ctype == want, f"{w}[0]", f"{ctype!r}: {a['name']} is a {a['dtype']} scalar, passed as {want}")
             continue
         st = structs.get(ctype.rstrip(" *"))
         _need(ctype.endswith(" *") and st is not None, w, f"{ctype!r}: no struct of that name in abi.structs")
@@ -323,11 +330,15 @@ def file_problem(bundle: str | Path, rec: dict) -> str | None:
         return f"cannot be resolved ({e})"
     if real != root and root not in real.parents:
         return f"lies outside the bundle (it resolves to {real})"
-    if not real.exists():
+    try:
+        st = real.stat()
+    except FileNotFoundError:
         return "is missing"
-    if not real.is_file():
+    except OSError as e:
+        return f"cannot be read ({e.strerror})"
+    if not stat.S_ISREG(st.st_mode):
         return "is not a regular file"
-    size = real.stat().st_size
+    size = st.st_size
     if size != rec["bytes"]:
         return f"is truncated or altered ({size} bytes, the manifest says {rec['bytes']})"
     try:
