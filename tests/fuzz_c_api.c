@@ -4,7 +4,7 @@
  * usable CUDA device: no call can do GPU work, so a call that returns FX_OK must have had nothing
  * to do.
  *
- * usage: fuzz_c_api SEED ITERATIONS
+ * usage: fuzz_c_api SEED ITERATIONS   (the hand-made cases run first, then ITERATIONS random ones)
  * Writes nothing to stdout.  On stderr: each broken invariant (the first few of each), then one
  * JSON line {"iterations": n, "calls": n, "violations": {invariant: count, ...}}; exit status 0.
  * AddressSanitizer aborts the process at the first memory error; UndefinedBehaviorSanitizer
@@ -63,17 +63,20 @@ static long violations[INV_COUNT];
 static long calls;
 
 static void violate(int inv, const char *call, int32_t rc, const char *what) {
-    if (violations[inv]++ < 3)
+    if (violations[inv]++ < (getenv("FUZZ_VERBOSE") ? 100000 : 3))
         fprintf(stderr, "VIOLATION %s: %s rc=%d message=\"%s\" (%s)\n", INV_NAMES[inv], call, rc,
                 fx_last_error_message(), what);
 }
 
-/* Whether `msg` names one of `fields` (a word of identifier characters equal to one). */
+/* Whether `msg` names one of `fields` (a word of identifier characters equal to one); the
+   operand "a", also an English word, counts only as a message's subject (first, or after ": "). */
 static int names_field(const char *msg, const char *const *fields) {
     char word[64];
     const char *s = msg;
     while (*s) {
         while (*s && !(isalnum_ascii(*s) || *s == '_')) s++;
+        if (s[0] == 'a' && !isalnum_ascii(s[1]) && s[1] != '_' && (s == msg || (s - msg >= 2 && s[-2] == ':')))
+            return 1;
         int n = 0;
         while (*s && (isalnum_ascii(*s) || *s == '_')) {
             if (n < 63) word[n++] = *s;
@@ -87,11 +90,11 @@ static int names_field(const char *msg, const char *const *fields) {
 }
 
 static const char *const GEMM_FIELDS[] = {
-    "dev", "problem", "cc_major", "cc_minor", "sm_count", "name", "ab_dtype", "c_dtype", "m", "n", "k", "l", "M", "N",
+    "dev", "fx_device_t", "problem", "cc_major", "cc_minor", "sm_count", "name", "ab_dtype", "c_dtype", "m", "n", "k", "l", "M", "N",
     "K", "L", "a_stride", "b", "b_stride", "c", "c_stride", "scale_a", "scale_b", "b_constant", "workspace",
     "workspace_bytes", "dtype", "mA", "mB", "mC", "out", NULL};
 static const char *const ATTN_FIELDS[] = {
-    "dev", "problem", "cc_major", "cc_minor", "sm_count", "name", "dtype", "varlen", "batch", "seqlen_q", "seqlen_k",
+    "dev", "fx_device_t", "problem", "cc_major", "cc_minor", "sm_count", "name", "dtype", "varlen", "batch", "seqlen_q", "seqlen_k",
     "heads_q", "heads_kv", "head_dim", "q", "k", "v", "o", "q_stride", "k_stride", "v_stride", "o_stride", "lse",
     "lse_stride", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "causal", "softmax_scale", "workspace",
     "workspace_bytes", "heads", "out", NULL};
@@ -259,16 +262,116 @@ static void fuzz_misc(void) {
     (void)fx_selection_info();
 }
 
+/* ---- hand-made cases: each must give `want` with a message containing `field` ------------------ */
+static int handmade_failures;
+
+static void expect(const char *what, int32_t rc, int32_t want, const char *field) {
+    calls++;
+    const char *msg = fx_last_error_message();
+    if (rc != want || (field && !strstr(msg, field))) {
+        handmade_failures++;
+        fprintf(stderr, "HANDMADE %s: rc=%d (want %d) message=\"%s\" (want it to name %s)\n", what, rc, want, msg,
+                field ? field : "-");
+    }
+}
+
+static fx_gemm_problem_t gemm_ok(void) {
+    fx_gemm_problem_t p;
+    memset(&p, 0, sizeof p);
+    p.ab_dtype = FX_DTYPE_BF16, p.c_dtype = FX_DTYPE_BF16, p.m = 256, p.n = 256, p.k = 256, p.l = 1;
+    p.a = (void *)(uintptr_t)(1u << 20), p.b = (void *)(uintptr_t)(2u << 20), p.c = (void *)(uintptr_t)(3u << 20);
+    int64_t row[3] = {256, 1, 0};
+    memcpy(p.a_stride, row, sizeof row), memcpy(p.b_stride, row, sizeof row), memcpy(p.c_stride, row, sizeof row);
+    return p;
+}
+
+static fx_attention_problem_t attn_ok(void) {
+    fx_attention_problem_t p;
+    memset(&p, 0, sizeof p);
+    p.dtype = FX_DTYPE_BF16, p.batch = 2, p.seqlen_q = 128, p.seqlen_k = 128, p.heads_q = 8, p.heads_kv = 8;
+    p.head_dim = 64;
+    int64_t st[3] = {128 * 8 * 64, 8 * 64, 64};
+    memcpy(p.q_stride, st, sizeof st), memcpy(p.k_stride, st, sizeof st), memcpy(p.v_stride, st, sizeof st),
+        memcpy(p.o_stride, st, sizeof st);
+    p.q = (void *)(uintptr_t)(1u << 24), p.k = (void *)(uintptr_t)(2u << 24), p.v = (void *)(uintptr_t)(3u << 24),
+    p.o = (void *)(uintptr_t)(4u << 24);
+    p.lse = (float *)(uintptr_t)(6u << 24), p.lse_stride[0] = 8 * 128, p.lse_stride[1] = 128;
+    return p;
+}
+
+static void handmade(void) {
+    fx_device_t h100;
+    memset(&h100, 0, sizeof h100);
+    h100.cc_major = 9, h100.cc_minor = 0, h100.sm_count = 132;
+    fx_selection_t sel;
+    fx_gemm_problem_t g = gemm_ok();
+    expect("gemm valid", fx_gemm_select(&h100, &g, &sel), FX_OK, NULL);
+    expect("gemm valid: no message left", fx_last_error_message()[0] != 0, 0, NULL);
+    g.m = INT64_MAX, g.a_stride[2] = 0;
+    expect("gemm M = INT64_MAX", fx_gemm_select(&h100, &g, &sel), FX_ERR_INPUT, "overflows");
+    expect("gemm refused: selection zeroed", sel.variant, -1, NULL);
+    g = gemm_ok(), g.a_stride[0] = INT64_MAX;
+    expect("gemm a stride INT64_MAX", fx_gemm_select(&h100, &g, &sel), FX_ERR_INPUT, "a");
+    g = gemm_ok(), g.c = (void *)(uintptr_t)g.a;
+    expect("gemm c aliasing a", fx_gemm_select(&h100, &g, &sel), FX_ERR_INPUT, "c overlaps a");
+    g = gemm_ok(), g.c_stride[0] = 0;
+    expect("gemm c rows on one address", fx_gemm_select(&h100, &g, &sel), FX_ERR_INPUT, "c");
+    g = gemm_ok(), g.b_constant = 2;
+    expect("gemm b_constant 2", fx_gemm_select(&h100, &g, &sel), FX_ERR_INPUT, "b_constant");
+    g = gemm_ok(), g.m = 0;
+    expect("gemm M = 0: nothing to do", fx_gemm(&h100, &g, NULL, 0, NULL, &sel), FX_OK, NULL);
+    g = gemm_ok(), g.k = 0;
+    expect("gemm K = 0 zeroes c: no device", fx_gemm(&h100, &g, NULL, 0, NULL, &sel) > 0, 1, "zeroing c");
+    g = gemm_ok();
+    expect("gemm without a device", fx_gemm(&h100, &g, NULL, 0, NULL, &sel) > 0, 1, "no usable CUDA device");
+
+    fx_device_t d = h100;
+    d.sm_count = 0;
+    g = gemm_ok();
+    expect("sm_count 0", fx_gemm_select(&d, &g, &sel), FX_ERR_INPUT, "sm_count");
+    d = h100, d.cc_minor = -1;
+    expect("capability 9.-1", fx_gemm_select(&d, &g, &sel), FX_ERR_INPUT, "compute capability");
+    d = h100, memset(d.name, 'H', sizeof d.name);
+    expect("name without NUL", fx_gemm_select(&d, &g, &sel), FX_ERR_INPUT, "name");
+    expect("NULL problem", fx_gemm_select(&h100, NULL, &sel), FX_ERR_INPUT, "problem");
+
+    fx_attention_problem_t a = attn_ok();
+    expect("attention valid", fx_attention_select(&h100, &a, &sel), FX_OK, NULL);
+    a.causal = 2;
+    expect("attention causal 2", fx_attention_select(&h100, &a, &sel), FX_ERR_INPUT, "causal");
+    a = attn_ok(), a.varlen = -1;
+    expect("attention varlen -1", fx_attention_select(&h100, &a, &sel), FX_ERR_INPUT, "varlen");
+    a = attn_ok(), a.o = (void *)(uintptr_t)a.q;
+    expect("attention o aliasing q", fx_attention_select(&h100, &a, &sel), FX_ERR_INPUT, "o overlaps q");
+    a = attn_ok(), a.batch = (int64_t)1 << 62;
+    expect("attention batch 2^62", fx_attention_select(&h100, &a, &sel), FX_ERR_INPUT, "batch");
+    a = attn_ok(), a.seqlen_k = 0;
+    expect("attention without keys", fx_attention_select(&h100, &a, &sel), FX_ERR_INPUT, "seqlen_k");
+    a = attn_ok(), a.softmax_scale = NAN;
+    expect("attention softmax_scale NaN", fx_attention_select(&h100, &a, &sel), FX_ERR_INPUT, "softmax_scale");
+    a = attn_ok(), a.varlen = 1, a.batch = 2, a.seqlen_q = 256, a.seqlen_k = 256, a.max_seqlen_q = -1;
+    a.q_stride[0] = a.k_stride[0] = a.v_stride[0] = a.o_stride[0] = 0;
+    a.cu_seqlens_q = a.cu_seqlens_k = (const int32_t *)(uintptr_t)(5u << 24), a.lse = NULL;
+    expect("attention max_seqlen_q -1", fx_attention_select(&h100, &a, &sel), FX_ERR_INPUT, "max_seqlen_q");
+    a = attn_ok();
+    expect("attention without a device", fx_attention(&h100, &a, NULL, 0, NULL, &sel) > 0, 1, "no usable CUDA device");
+    fx_device_t q;
+    expect("device query without a device", fx_device_query(0, &q) > 0, 1, "no usable CUDA device");
+    expect("device query NULL", fx_device_query(0, NULL), FX_ERR_INPUT, "out");
+}
+
 int main(int argc, char **argv) {
     rng_state = argc > 1 ? strtoull(argv[1], NULL, 0) * 0x9E3779B97F4A7C15ull + 1 : 1;
     long n = argc > 2 ? strtol(argv[2], NULL, 0) : 10000;
+    handmade();
     for (long it = 0; it < n; it++) {
         uint64_t r = rnd() % 10;
         if (r < 5) fuzz_gemm();
         else if (r < 9) fuzz_attention();
         else fuzz_misc();
     }
-    fprintf(stderr, "{\"iterations\": %ld, \"calls\": %ld, \"violations\": {", n, calls);
+    fprintf(stderr, "{\"iterations\": %ld, \"calls\": %ld, \"handmade_failures\": %d, \"violations\": {", n, calls,
+            handmade_failures);
     for (int i = 0; i < INV_COUNT; i++) fprintf(stderr, "%s\"%s\": %ld", i ? ", " : "", INV_NAMES[i], violations[i]);
     fprintf(stderr, "}}\n");
     return 0;

@@ -29,7 +29,7 @@ SAN_ENV = {"ASAN_OPTIONS": "detect_leaks=0:protect_shadow_gap=0:abort_on_error=0
 
 
 def test_manifest_fuzz(test_bundle):
-    r = subprocess.run([sys.executable, str(HERE / "fuzz_manifest.py"), str(test_bundle), "20261126", "120"],
+    r = subprocess.run([sys.executable, str(HERE / "fuzz_manifest.py"), str(test_bundle), "20261126", "100"],
                        cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and r.stdout, r.stdout[-4000:] + r.stderr[-4000:]
     res = json.loads(r.stdout.strip().splitlines()[-1])
@@ -49,7 +49,8 @@ def c_fuzzer(test_bundle, tmp_path_factory) -> tuple[Path, bool]:
     m = json.loads((test_bundle / "manifest.json").read_text())
     objs = [str(test_bundle / v["files"]["object"]["path"]) for v in m["variants"].values()]
     out = tmp_path_factory.mktemp("fuzz") / "fuzz_c_api"
-    cmd = [toolchain.cc(), "-O1", "-g", "-ffp-contract=off", f"-I{cuda / 'include'}",
+    # (-O0: a third of -O1's compile time here; the sanitizers check the same)
+    cmd = [toolchain.cc(), "-O0", "-g", "-ffp-contract=off", f"-I{cuda / 'include'}",
            f"-I{test_bundle / 'include'}", f"-I{test_bundle / 'src'}", "-o", str(out),
            str(HERE / "fuzz_c_api.c"), str(test_bundle / "src" / "fx_glue.c"), str(test_bundle / "src" / "fx_select.c"),
            *objs, "-Wl,--whole-archive", str(toolchain.dsl_runtime_static()), "-Wl,--no-whole-archive",
@@ -85,6 +86,7 @@ HARDENED = ("success_without_work", "message_names_no_field", "message_not_clear
 def test_c_api_fuzz(c_fuzzer, seed):
     res, err, ub = run_c_fuzz(c_fuzzer, seed, 20000)
     assert res["iterations"] == 20000 and res["calls"] > 30000, res
+    assert res["handmade_failures"] == 0, err[-6000:]
     assert {k: res["violations"][k] for k in BASIC} == dict.fromkeys(BASIC, 0), err[-6000:]
     assert ub == [], ub  # (each place reported once by UndefinedBehaviorSanitizer)
     assert {k: res["violations"][k] for k in HARDENED} == dict.fromkeys(HARDENED, 0), err[-6000:]

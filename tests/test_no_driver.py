@@ -40,16 +40,16 @@ SCRIPT = textwrap.dedent("""
     record("device_query", lib.fx_device_query(0, ctypes.byref(dev)))
     record("device_query_null", lib.fx_device_query(0, None))
     h100 = c.device((9, 0), 132, "planned H100")
-    F = 1 << 20  # aligned addresses that are never dereferenced: the load fails first
-    g = GemmProblem(1, 1, 256, 256, 256, 1, F, I64x3(256, 1, 0), F, I64x3(256, 1, 0), F, I64x3(256, 1, 0))
+    F = [i << 24 for i in range(1, 7)]  # aligned, disjoint, never dereferenced: the load fails first
+    g = GemmProblem(1, 1, 256, 256, 256, 1, F[0], I64x3(256, 1, 0), F[1], I64x3(256, 1, 0), F[2], I64x3(256, 1, 0))
     sel = Selection()
     record("gemm", lib.fx_gemm(ctypes.byref(h100), ctypes.byref(g), None, 0, None, ctypes.byref(sel)))
     res["gemm_variant"] = sel.name.decode() if sel.name else None
     g.k = 0
     record("gemm_k0", lib.fx_gemm(ctypes.byref(h100), ctypes.byref(g), None, 0, None, None))
     s = (128 * 8 * 64, 8 * 64, 64)
-    a = AttentionProblem(1, 0, 1, 128, 128, 8, 8, 64, F, F, F, F, I64x3(*s), I64x3(*s), I64x3(*s), I64x3(*s),
-                         F, (ctypes.c_int64 * 2)(8 * 128, 128), None, None, 0, 0, 0.0)
+    a = AttentionProblem(1, 0, 1, 128, 128, 8, 8, 64, *F[:4], I64x3(*s), I64x3(*s), I64x3(*s), I64x3(*s),
+                         F[4], (ctypes.c_int64 * 2)(8 * 128, 128), None, None, 0, 0, 0.0)
     record("attention", lib.fx_attention(ctypes.byref(h100), ctypes.byref(a), None, 0, None, None))
     lib.fx_get_last_error()
     b = Bundle.open(bundle, capability=(9, 0))
@@ -75,7 +75,8 @@ def test_every_entry_point_names_the_missing_driver_and_prints_nothing(test_bund
                      ("gemm", res["gemm_variant"])):
         rc, msg = res[key]
         assert rc in NO_DEVICE and msg.startswith(f"{who}: no usable CUDA device (cudaError"), (key, rc, msg)
-    assert res["attention"][0] in NO_DEVICE and "no usable CUDA device" in res["attention"][1], res["attention"]
+    rc, msg = res["attention"]
+    assert rc in NO_DEVICE and msg.startswith("attention_") and ": no usable CUDA device (cudaError" in msg, (rc, msg)
     assert res["device_query_null"] == [-1, "fx_device_query: out must not be NULL"]
     rc, msg = res["gemm_k0"]  # K = 0 zeroes c with a memset, which names the driver's refusal
     assert rc in NO_DEVICE and msg.startswith("fx_gemm (K = 0): zeroing c: cudaError"), (rc, msg)

@@ -219,7 +219,7 @@ def test_the_command_line_prints_one_line_not_a_traceback(small):
     path, m, name = small
     m["variants"] = []
     write_manifest(path, m)
-    for cmd in ("verify", "list", "doctor", "link"):
+    for cmd in ("verify", "list", "link"):  # (doctor: in-process above; its torch import is slow)
         r = subprocess.run([sys.executable, "-m", "factory", cmd, str(path)], cwd=ROOT, capture_output=True,
                            text=True, timeout=120)
         assert r.returncode == 1 and "Traceback" not in r.stderr + r.stdout, (cmd, r.stderr)
