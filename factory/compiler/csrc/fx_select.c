@@ -5,7 +5,25 @@
  * equal by tests/test_c_selection.py, which compares them over hundreds of problems.  Integer
  * arithmetic that Python does on unbounded ints is done here in __int128 where a product can
  * pass 2^63; floating point follows Python's order of operations (this file is compiled with
- * -ffp-contract=off), so the cost model's estimates are bit-identical. */
+ * -ffp-contract=off), so the cost model's estimates are bit-identical.
+ *
+ * The pattern of an op (how to add one, e.g. fx_attention_kvcache):
+ *   1. fx_api.h: a fx_<op>_problem_t (sizes int64, strides in elements per mode, pointers, flags
+ *      int32 0/1), and the two entry points fx_<op>_select (no GPU, no CUDA call) and fx_<op>
+ *      (select, then launch), both filling a fx_selection_t.
+ *   2. here, <op>_select(dev, p, out, ctx, workspace): first every check, in this order, each a
+ *      FX_ERR_INPUT whose message names the field: check_device; check_bool for each flag;
+ *      check_sizes / check_stride (named); product / span_of / range_of for every element count,
+ *      extent and byte count (checked arithmetic: never a wrapped value); check_distinct for each
+ *      output and check_disjoint of each output against the inputs and the other outputs; then
+ *      the empty problem (FX_OK, variant -1, nothing launched); then the choice (<op>_choose over
+ *      candidates(dev, FX_OP_<OP>, ...), tuning buckets by find_bucket-style keys when
+ *      tuning_applies(dev)); then the launch values (spec() per tensor, in signature order) and
+ *      check_contract(variant, values) (loader.Binder.check); workspace sizes with mulu64.
+ *   3. the exported functions return finish(rc, out): the message cleared on success, the
+ *      selection zeroed on FX_ERR_INPUT / FX_ERR_NO_VARIANT.
+ *   4. factory/compiler/selection.py: the variant fields the choice reads (a column of fx_variant
+ *      in fx_select.h, OP_IDS for the op), generated from the manifest entry. */
 #include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
