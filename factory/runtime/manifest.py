@@ -62,6 +62,8 @@ def _field(d: dict, key: str, where: str):
 
 
 def _str(x, where: str, pattern: re.Pattern | None = None, what: str = "") -> str:
+    if type(x) is str and (pattern is None or pattern.match(x)):  # (the common case, fast)
+        return x
     _need(isinstance(x, str), where, f"must be a string, got {type(x).__name__}")
     if pattern is not None:
         _need(bool(pattern.match(x)), where, f"{x[:80]!r} is not {what}")
@@ -69,6 +71,8 @@ def _str(x, where: str, pattern: re.Pattern | None = None, what: str = "") -> st
 
 
 def _int(x, where: str, lo: int = 0, hi: int = 2**63 - 1) -> int:
+    if type(x) is int and lo <= x <= hi:  # (the common case, fast)
+        return x
     _need(_is_int(x), where, f"must be an integer, got {type(x).__name__}")
     _need(lo <= x <= hi, where, f"{x} is outside [{lo}, {hi}]")
     return x
@@ -82,14 +86,18 @@ def _int_list(x, where: str, n_max: int = 8) -> None:
 
 def _depth(value) -> int:
     """Nesting depth of parsed JSON, without recursion."""
-    deepest, stack = 0, [(value, 1)]
+    if not isinstance(value, (dict, list)):
+        return 0
+    deepest, stack = 1, [(value, 1)]
     while stack:
         v, d = stack.pop()
-        if isinstance(v, (dict, list)):
-            deepest = max(deepest, d)
+        if d > deepest:
+            deepest = d
             if d > MAX_DEPTH:
                 break
-            stack.extend((c, d + 1) for c in (v.values() if isinstance(v, dict) else v))
+        for c in v.values() if type(v) is dict else v:
+            if type(c) is dict or type(c) is list:
+                stack.append((c, d + 1))
     return deepest
 
 
