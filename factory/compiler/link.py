@@ -5,9 +5,12 @@ runtime and static cudart.
 The exported header's load and wrapper functions are ``static inline`` (trap 2 of the AOT notes),
 so the glue gives each variant two callable symbols:
 
-  int32_t fx_load_<name>(void)            load the embedded cubin on every visible device (once)
-  int32_t fx_launch_<name>(void **args)   args[i] points at the i-th wrapper argument: a tensor
-                                          struct, a scalar, and last the cudaStream_t
+  int32_t fx_load_<name>(void)            load the embedded cubin on every visible device (once;
+                                          without a usable driver or device: its error, named,
+                                          and nothing printed)
+  int32_t fx_launch_<name>(void **args)   load if needed, then launch: args[i] points at the i-th
+                                          wrapper argument: a tensor struct, a scalar, and last the
+                                          cudaStream_t
 
 and the selection exports ``fx_gemm`` / ``fx_attention`` (and their ``_select``), which choose a
 variant as the Python loader does, from tables generated here from the manifest entries and the
@@ -128,9 +131,11 @@ def public_header(variants) -> str:
         "const char *fx_error_string(int32_t err);",
         "int32_t fx_get_last_error(void);",
         (CSRC / "fx_api.h").read_text(),
-        "/* Per variant: load its module on every visible device (once; returns a cudaError_t), and",
-        "   launch it: args[i] points at the i-th wrapper argument of include/<name>.h (a tensor",
-        "   struct or a scalar), the last one at the cudaStream_t. */",
+        "/* Per variant: load its module on every visible device (once; returns a cudaError_t, named by",
+        "   fx_last_error_message: cudaErrorInsufficientDriver / cudaErrorNoDevice without a usable",
+        "   driver or device), and launch it (loading it first if needed): args[i] points at the i-th",
+        "   wrapper argument of include/<name>.h (a tensor struct or a scalar), the last one at the",
+        "   cudaStream_t. */",
     ]
     for name in variants:
         lines.append(f"int32_t fx_load_{name}(void);")
