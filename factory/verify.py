@@ -15,6 +15,7 @@ frame): its register budget is the design.
 from __future__ import annotations
 
 import re
+import struct
 from pathlib import Path
 
 from .atoms.targets import TARGETS
@@ -191,9 +192,15 @@ def verify(bundle: str | Path) -> tuple[list[str], list[str]]:
         if bad:
             continue
         cubin = bundle / v["files"]["cubin"]["path"]
-        sass = disassemble(cubin)
-        got = cubin_target(cubin.read_bytes(), sass)
-        bad_sass = sass_problems(v, sass, arch=got) + resource_problems(v, cubin.read_bytes(), sass)
+        try:  # (a manifest re-stamped for a file that is no cubin: reported, not a traceback)
+            sass = disassemble(cubin)
+            data = cubin.read_bytes()
+            got = cubin_target(data, sass)
+            bad_sass = sass_problems(v, sass, arch=got) + resource_problems(v, data, sass)
+        except (RuntimeError, ValueError, LookupError, struct.error) as e:
+            problems.append(f"{cubin}: {name}'s cubin is not a cubin nvdisasm and the ELF reader take ({e})")
+            report.append(f"BAD {name}  not a readable cubin")
+            continue
         problems += [f"{name}: {p}" for p in bad_sass]
         hist = opcode_histogram(sass)
         spills = sum(c for op, c in hist.items() if op.startswith(("LDL", "STL")))

@@ -215,6 +215,22 @@ def test_a_flipped_byte_is_reported_by_all(small, capsys, kind):
     assert msg.endswith("; nothing was loaded")
 
 
+@pytest.mark.parametrize("data", [b"", b"\x7fELF" + bytes(range(256)) * 8, bytes(range(256)) * 20],
+                         ids=["empty", "bad-elf", "not-elf"])
+def test_a_cubin_that_is_no_cubin_with_its_hash_restamped(small, capsys, data):
+    """The manifest is not signed: whoever rewrites a file can rewrite its hash.  The loader never
+    reads the cubin file (the host library embeds its own copy); ``verify`` reports it."""
+    path, m, name = small
+    rec = m["variants"][name]["files"]["cubin"]
+    (path / rec["path"]).unlink()
+    (path / rec["path"]).write_bytes(data)
+    rec.update(sha256=sha256(data), bytes=len(data))
+    write_manifest(path, m)
+    open_and_load(path)
+    rc, out, err = cli(capsys, "verify", str(path))
+    assert rc == 1 and f"{name}'s cubin is not a cubin nvdisasm and the ELF reader take" in err, (out, err)
+
+
 def test_the_command_line_prints_one_line_not_a_traceback(small):
     path, m, name = small
     m["variants"] = []
