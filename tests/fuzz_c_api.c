@@ -158,14 +158,14 @@ static fx_gemm_problem_t *gemm_problem(void) {
     strides(p->b_stride, p->n, p->k, p->l, chance(90));
     strides(p->c_stride, p->m, p->n, p->l, 1);
     if (p->ab_dtype == FX_DTYPE_E4M3 ? chance(90) : chance(3)) p->scale_a = ptr(), p->scale_b = ptr();
-    p->b_constant = (int32_t)(chance(90) ? rnd() % 2 : PICK(BOOLS));
+    p->b_constant = (int32_t)(chance(90) ? (int64_t)(rnd() % 2) : PICK(BOOLS));
     return p;
 }
 
 static fx_attention_problem_t *attention_problem(void) {
     fx_attention_problem_t *p = malloc(sizeof *p);
     memset(p, 0, sizeof *p);
-    p->dtype = (fx_dtype_t)(chance(90) ? 1 + rnd() % 2 : PICK(DTYPES));
+    p->dtype = (fx_dtype_t)(chance(90) ? 1 + (int64_t)(rnd() % 2) : PICK(DTYPES));
     p->varlen = (int32_t)(chance(70) ? 0 : chance(80) ? 1 : PICK(BOOLS));
     p->batch = chance(85) ? 1 + (int64_t)(rnd() % 4) : PICK(EDGE);
     p->seqlen_q = dim(), p->seqlen_k = dim();
@@ -190,7 +190,7 @@ static fx_attention_problem_t *attention_problem(void) {
         p->cu_seqlens_q = chance(95) ? ptr() : NULL, p->cu_seqlens_k = chance(95) ? ptr() : NULL;
         p->max_seqlen_q = (int32_t)(chance(80) ? (p->seqlen_q < 1 << 20 ? p->seqlen_q : 1) : PICK(EDGE));
     }
-    p->causal = (int32_t)(chance(90) ? rnd() % 2 : PICK(BOOLS));
+    p->causal = (int32_t)(chance(90) ? (int64_t)(rnd() % 2) : PICK(BOOLS));
     static const float SCALES[] = {0.0f, 0.125f, 1.0f, -1.0f, INFINITY, -INFINITY, NAN, 1e-45f, 3e38f};
     p->softmax_scale = chance(80) ? 0.0f : SCALES[rnd() % (sizeof SCALES / sizeof SCALES[0])];
     return p;
