@@ -231,6 +231,32 @@ def test_a_cubin_that_is_no_cubin_with_its_hash_restamped(small, capsys, data):
     assert rc == 1 and f"{name}'s cubin is not a cubin nvdisasm and the ELF reader take" in err, (out, err)
 
 
+@pytest.mark.parametrize("body", [
+    [], "[" * 100_000, {"device": []}, {"device": "H100"}, {"buckets": []}, {"buckets": {"k": 5}},
+    {"buckets": {"k": {"winner": "x", "b_constant": 7}}}, {"buckets": {"k": {"packed": "x"}}}, {"attention": [1]},
+], ids=["list", "deep", "device-list", "device-str", "buckets-list", "bucket-int", "b-constant-int", "packed-str",
+        "attention-list"])
+def test_a_tuning_table_of_another_shape_falls_back_to_the_cost_model(small, body):
+    """tuning.json is a bundle file too: one that is not what tune.py writes (but names this
+    manifest) is set aside with the reason, and selection runs on the cost model."""
+    from factory.runtime import tuning
+
+    path, _m, name = small
+    if isinstance(body, dict):
+        body = {"schema": tuning.SCHEMA, "manifest_sha256": tuning.manifest_sha256(path),
+                "device": {**H100, "capability": [9, 0]}, **body}
+    (path / "tuning.json").write_text(body if isinstance(body, str) else json.dumps(body))
+    b = Bundle.open(path, capability=(9, 0), device=H100)
+    rec = Recorder()
+    b.simulate(rec)
+    assert b.tuning is None
+    assert tuning.load(path, H100)[1].startswith("tuning.json unreadable")
+    import torch
+
+    b.gemm(torch.randn(128, 256, dtype=torch.bfloat16), torch.randn(256, 256, dtype=torch.bfloat16))
+    assert rec.launched == [name]
+
+
 def test_the_command_line_prints_one_line_not_a_traceback(small):
     path, m, name = small
     m["variants"] = []
