@@ -6,6 +6,7 @@ captured; skipped where a CUDA device is usable."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -18,6 +19,7 @@ pytestmark = pytest.mark.skipif(_have_gpu(), reason="a CUDA device is usable her
 
 # cudaErrorInsufficientDriver (no driver, or one older than the runtime), cudaErrorNoDevice
 NO_DEVICE = (35, 100)
+DRIVER_REASON = r"CUDA driver version is insufficient|no CUDA-capable device"
 
 SCRIPT = textwrap.dedent("""
     import ctypes, json, sys
@@ -71,13 +73,13 @@ def test_every_entry_point_names_the_missing_driver_and_prints_nothing(test_bund
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout == "", r.stdout[:500]  # not one line of "Got Cuda Error"
     res = json.loads(out.read_text())
-    for key, who in (("load", name), ("launch", name), ("device_query", "fx_device_query"),
-                     ("gemm", res["gemm_variant"])):
+    for key, who in (("load", name), ("launch", name), ("device_query", "fx_device_query")):
         rc, msg = res[key]
         assert rc in NO_DEVICE and msg.startswith(f"{who}: no usable CUDA device (cudaError"), (key, rc, msg)
-    rc, msg = res["attention"]
-    assert rc in NO_DEVICE and msg.startswith("attention_") and ": no usable CUDA device (cudaError" in msg, (rc, msg)
+    # fx_gemm / fx_attention: refused by whichever check meets the missing driver first (the module
+    # load, a device check of the pointers, the K = 0 memset), with the driver's reason
+    for key in ("gemm", "attention", "gemm_k0"):
+        rc, msg = res[key]
+        assert rc != 0 and re.search(DRIVER_REASON, msg), (key, rc, msg)
     assert res["device_query_null"] == [-1, "fx_device_query: out must not be NULL"]
-    rc, msg = res["gemm_k0"]  # K = 0 zeroes c with a memset, which names the driver's refusal
-    assert rc in NO_DEVICE and msg.startswith("fx_gemm (K = 0): zeroing c: cudaError"), (rc, msg)
     assert res["python"] and "no usable CUDA device" in res["python"], res["python"]
