@@ -213,6 +213,8 @@ def test_a_flipped_byte_is_reported_by_all(small, capsys, kind):
     msg = assert_all_refuse(capsys, path, rf"{re.escape(str(p))}: {name}'s {kind} is altered "
                                           rf"\(its sha256 differs from the manifest's\)")
     assert msg.endswith("; nothing was loaded")
+    rc, _, err = cli(capsys, "link", str(path))  # no new library from a tampered object or header
+    assert rc == 1 and "not relinked: 1 file problem(s)" in err and f"{name}'s {kind} is altered" in err, err
 
 
 @pytest.mark.parametrize("data", [b"", b"\x7fELF" + bytes(range(256)) * 8, bytes(range(256)) * 20],

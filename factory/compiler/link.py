@@ -31,7 +31,8 @@ import tempfile
 from pathlib import Path
 
 from ..runtime import tuning
-from ..runtime.manifest import load_manifest, sha256_file
+from ..runtime.errors import BundleError
+from ..runtime.manifest import load_manifest, sha256_file, variant_problems
 from . import selection, toolchain
 
 CSRC = Path(__file__).resolve().parent / "csrc"
@@ -190,6 +191,11 @@ def relink(bundle: str | Path) -> dict:
     what was compiled in."""
     bundle = Path(bundle)
     m = load_manifest(bundle)
+    # The variants' files go into the new library: each must be the one the manifest records (the
+    # old library need not be: it is replaced).
+    problems = [p for name, v in sorted(m["variants"].items()) for p in variant_problems(bundle, name, v)]
+    if problems:
+        raise BundleError(f"not relinked: {len(problems)} file problem(s): " + "; ".join(problems[:5]))
     data, why = selection.tuning_for(bundle, tuning.manifest_sha256(bundle))
     lib = bundle / m["host_library"]["path"]
     fd, tmp = tempfile.mkstemp(prefix=".relink-", suffix=".so", dir=lib.parent)
