@@ -36,7 +36,7 @@ def _cmd_list(a) -> int:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)))
-    print(f"{len(rows) - 1} variants; DSL {m['versions'].get('nvidia-cutlass-dsl')}")
+    print(f"{len(rows) - 1} variants; DSL {m.get('versions', {}).get('nvidia-cutlass-dsl')}")
     return 0
 
 
@@ -67,7 +67,7 @@ def _cmd_inspect(a) -> int:
 
 
 def _cmd_doctor(a) -> int:
-    from .doctor import report
+    from .doctor import healthy, report
 
     r = report(a.bundle)
     if a.json:
@@ -76,7 +76,7 @@ def _cmd_doctor(a) -> int:
         w = max(len(k) for k in r)
         for k, v in r.items():
             print(f"{k.ljust(w)}  {v if not isinstance(v, (list, dict)) else json.dumps(v)}")
-    return 0
+    return 0 if healthy(r) else 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -108,7 +108,13 @@ def main(argv: list[str] | None = None) -> int:
     i.add_argument("variant")
     i.set_defaults(fn=_cmd_inspect)
     a = p.parse_args(argv)
-    return a.fn(a)
+    from .runtime.errors import BundleError
+
+    try:
+        return a.fn(a)
+    except BundleError as e:  # a bundle that is not one, or was tampered with: one line, no traceback
+        print(f"error: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -15,11 +15,12 @@ frame): its register budget is the design.
 from __future__ import annotations
 
 import re
+import struct
 from pathlib import Path
 
 from .atoms.targets import TARGETS
 from .compiler.cubin import cubin_target, disassemble, kernel_resources, opcode_histogram, sass_target
-from .runtime.manifest import file_ok, load_manifest
+from .runtime.manifest import host_library_problem, load_manifest, variant_problems
 
 REGISTER_FILE = 65536  # 32-bit registers per SM (every target the factory builds for)
 _SETMAXREG = re.compile(r"\bUSETMAXREG\.(DEALLOC|TRY_ALLOC)\.CTAPOOL\s+(?:U?P[T0-9]+,\s*)?(0x[0-9a-f]+|\d+)")
@@ -176,22 +177,30 @@ def resource_problems(entry: dict, cubin: bytes, sass: str) -> list[str]:
 
 
 def verify(bundle: str | Path) -> tuple[list[str], list[str]]:
+    """(problems, report lines) of a bundle.  The manifest and the files are checked as the loader
+    checks them (runtime/manifest.py: a manifest it refuses raises BundleError here too)."""
     bundle = Path(bundle)
     m = load_manifest(bundle)
     problems: list[str] = []
     report: list[str] = []
-    if not file_ok(bundle, m["host_library"]):
-        problems.append(f"host library {m['host_library']['path']}: sha256 mismatch or missing")
+    lib = host_library_problem(bundle, m)
+    if lib:
+        problems.append(lib)
     for name, v in sorted(m["variants"].items()):
-        bad = [f"{name}: {kind} {f['path']}: sha256 mismatch or missing"
-               for kind, f in v["files"].items() if not file_ok(bundle, f)]
+        bad = variant_problems(bundle, name, v)
         problems += bad
         if bad:
             continue
         cubin = bundle / v["files"]["cubin"]["path"]
-        sass = disassemble(cubin)
-        got = cubin_target(cubin.read_bytes(), sass)
-        bad_sass = sass_problems(v, sass, arch=got) + resource_problems(v, cubin.read_bytes(), sass)
+        try:  # (a manifest re-stamped for a file that is no cubin: reported, not a traceback)
+            sass = disassemble(cubin)
+            data = cubin.read_bytes()
+            got = cubin_target(data, sass)
+            bad_sass = sass_problems(v, sass, arch=got) + resource_problems(v, data, sass)
+        except (RuntimeError, ValueError, LookupError, struct.error) as e:
+            problems.append(f"{cubin}: {name}'s cubin is not a cubin nvdisasm and the ELF reader take ({e})")
+            report.append(f"BAD {name}  not a readable cubin")
+            continue
         problems += [f"{name}: {p}" for p in bad_sass]
         hist = opcode_histogram(sass)
         spills = sum(c for op, c in hist.items() if op.startswith(("LDL", "STL")))

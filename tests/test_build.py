@@ -57,7 +57,7 @@ def test_verify_passes_and_catches_tampering(test_bundle, tmp_path):
     cubin.write_bytes(bytes(data))
     r = subprocess.run([sys.executable, "-m", "factory", "verify", str(bad)], cwd=ROOT,
                        capture_output=True, text=True)
-    assert r.returncode == 1 and "sha256 mismatch" in r.stderr
+    assert r.returncode == 1 and "is altered (its sha256 differs from the manifest's)" in r.stderr
 
 
 def test_sass_proves_each_family(test_bundle):
