@@ -175,6 +175,34 @@ def resource_problems(entry: dict, cubin: bytes, sass: str) -> list[str]:
     return problems
 
 
+def proof_problems(bundle: Path, m: dict) -> list[str]:
+    """Every ``executed`` label backed by a run record the bundle carries (``evidence/``, hashed in
+    the manifest) in which this cubin's sha256 passed; every ``portability-build`` label by an
+    ``executed`` sm_90 twin (factory/evidence.py, docs/proof.md)."""
+    from .evidence import passed_cubins, read_record
+
+    problems, records = [], {}
+    for f in m.get("evidence", []):
+        if not file_ok(bundle, f):
+            problems.append(f"run record {f['path']}: sha256 mismatch or missing")
+            continue
+        try:
+            records[f["path"]] = read_record(bundle / f["path"])
+        except ValueError as e:
+            problems.append(str(e))
+    passed = passed_cubins(records)
+    variants = m["variants"]
+    for name, v in sorted(variants.items()):
+        if v.get("proof") == "executed" and v["files"]["cubin"]["sha256"] not in passed:
+            problems.append(f"{name}: labelled executed, but no run record in the bundle shows its cubin passed")
+        if v.get("proof") == "portability-build":
+            twin = variants.get(v.get("portability_twin", ""), {})
+            if twin.get("proof") != "executed":
+                problems.append(f"{name}: labelled portability-build, but its sm_90 twin "
+                                f"{v.get('portability_twin')!r} is not executed in this bundle")
+    return problems
+
+
 def verify(bundle: str | Path) -> tuple[list[str], list[str]]:
     bundle = Path(bundle)
     m = load_manifest(bundle)
@@ -182,6 +210,7 @@ def verify(bundle: str | Path) -> tuple[list[str], list[str]]:
     report: list[str] = []
     if not file_ok(bundle, m["host_library"]):
         problems.append(f"host library {m['host_library']['path']}: sha256 mismatch or missing")
+    problems += proof_problems(bundle, m)
     for name, v in sorted(m["variants"].items()):
         bad = [f"{name}: {kind} {f['path']}: sha256 mismatch or missing"
                for kind, f in v["files"].items() if not file_ok(bundle, f)]

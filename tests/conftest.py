@@ -44,9 +44,34 @@ def test_bundle(tmp_path_factory) -> Path:
     from factory.compiler.builder import build
 
     out = tmp_path_factory.mktemp("bundle") / "test"
-    summary = build(out, TEST_TARGETS, tier="test", jobs=os.cpu_count())
+    # No run records: its proof labels do not depend on the repository's evidence/runs
+    # (tests/test_evidence.py builds with records of its own).
+    summary = build(out, TEST_TARGETS, tier="test", jobs=os.cpu_count(), evidence=tmp_path_factory.mktemp("no-runs"))
     assert summary["variants"] > 0
     return out
+
+
+def pytest_addoption(parser):
+    parser.addoption("--run-record", default=os.environ.get("FACTORY_RUN_RECORD"), metavar="PATH",
+                     help="write the run record of the variants the GPU tests launched and checked against "
+                          "float32 (a .json file, or a directory for <date>-<device>.json; docs/proof.md)")
+
+
+@pytest.fixture(scope="session")
+def run_record(request):
+    """Collects each variant a GPU test launched and checked (``run_record.add(bundle, name,
+    results)``, results from ``factory.testing``); written at the end of the session to
+    ``--run-record`` (or $FACTORY_RUN_RECORD) when given: the evidence the build's ``executed``
+    labels come from."""
+    from factory.evidence import RunRecord
+
+    rec = RunRecord(source="python3 -m pytest " + " ".join(request.config.invocation_params.args))
+    yield rec
+    path = request.config.getoption("--run-record")
+    if path and rec.rows:
+        written = rec.write(path, rec.bundle)
+        print(f"\nrun record: {written} ({len(rec.rows)} variants, "
+              f"{sum(not r['pass'] for r in rec.rows.values())} failed)")
 
 
 @pytest.fixture(scope="session")
