@@ -305,6 +305,13 @@ ATTENTION_DECODE = [(2, 1, 1, 32, 8), (2, 1, 777, 32, 8), (3, 1, 4109, 32, 8), (
 LSE_TOLERANCE = 2e-2  # absolute, on rows with a visible key
 
 
+def _sync(device) -> None:
+    import torch
+
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
 def _nan_padded(shape, dtype, pad: int, gen, device="cuda"):
     """A (B, S, H, D) tensor whose storage continues with ``pad`` NaN rows (a kernel reading past
     its sequence sees NaN)."""
@@ -350,7 +357,7 @@ def check_attention_dense(bundle, entry, case, gen, device="cuda") -> dict:
     for w in ws:
         w.fill_(math.nan)
     bundle.launch(entry["name"], [q, k, v, o, lse, *ws, scale])
-    torch.cuda.synchronize()
+    _sync(device)
     ref_o, ref_lse = attention_reference(q, k, v, entry["causal"], scale)
     return judge_attention(entry["name"], list(case), o, lse, ref_o, ref_lse, TOLERANCE[entry["dtype"]])
 
@@ -372,7 +379,7 @@ def check_attention_varlen(bundle, entry, case, gen, device="cuda") -> dict:
     o = torch.full_like(q, math.nan)
     lse = torch.full((hq, tq), math.nan, device=device)
     bundle.launch(entry["name"], [q, k, v, o, lse, cu_q, cu_k, scale, max(lq)])
-    torch.cuda.synchronize()
+    _sync(device)
     refs = [attention_reference(q[None, a:a + n], k[None, c:c + m], v[None, c:c + m], entry["causal"], scale)
             for a, n, c, m in zip(itertools.accumulate([0, *lq]), lq, itertools.accumulate([0, *lk]), lk)]
     ref_o = torch.cat([r[0][0] for r in refs])[None]

@@ -125,3 +125,56 @@ def test_build_and_verify_read_the_run_records(test_bundle, tmp_path):
     build(out, ["sm_80", "sm_90"], ["gemm"], tier="test", name_filter=FILTER, jobs=1, evidence=runs)
     v = json.loads((out / "manifest.json").read_text())["variants"]
     assert v[SM90]["proof"] == "compiled" and v[SM80]["proof"] == "compiled"
+
+
+class _FakeAttention:
+    """Stands in for ``Bundle.launch`` on the CPU: writes the float32 reference (then spoils it
+    as told), so the checks the GPU run records can be shown to pass and to fail."""
+
+    def __init__(self, entry, spoil=None):
+        self.entry, self.spoil = entry, spoil
+
+    def launch(self, name, args):
+        from factory.testing import attention_reference
+
+        e = self.entry
+        a = dict(zip([x["name"] for x in e["signature"]["args"]], args))
+        scale = a["softmax_scale"]
+        if e["varlen"]:
+            cq, ck = a["cu_seqlens_q"].tolist(), a["cu_seqlens_k"].tolist()
+            for i in range(len(cq) - 1):
+                ro, rl = attention_reference(a["q"][None, cq[i]:cq[i + 1]], a["k"][None, ck[i]:ck[i + 1]],
+                                             a["v"][None, ck[i]:ck[i + 1]], e["causal"], scale)
+                a["o"][cq[i]:cq[i + 1]] = ro[0].to(a["o"].dtype)
+                a["lse"][:, cq[i]:cq[i + 1]] = rl[0]
+        else:
+            ro, rl = attention_reference(a["q"], a["k"], a["v"], e["causal"], scale)
+            a["o"].copy_(ro)
+            a["lse"].copy_(rl)
+        if self.spoil == "nan":
+            a["o"].view(-1)[5] = float("nan")
+        elif self.spoil == "scale":
+            a["o"].mul_(1.05)
+        elif self.spoil == "lse":
+            a["lse"].add_(0.1)
+
+
+@pytest.mark.parametrize("name", ["attention_sm90a_bf16_d64_m128_n128_s2_causal_ov_pp_ps_kf",
+                                  "attention_sm90_bf16_d64_m128_n128_w8_s2_causal_varlen",
+                                  "attention_sm90_bf16_d64_q16_n64_w4_s4_causal_kv1"])
+def test_the_recorded_checks_can_fail(name):
+    """factory.testing.check_variant's attention checks (what the GPU run records) pass the float32
+    reference itself and fail a NaN, a 5 % error or a wrong lse."""
+    torch = pytest.importorskip("torch")
+    from factory import testing
+    from factory.registry import enumerate_variants
+
+    v = next(v for v in enumerate_variants(["sm_90", "sm_90a"], ["attention"], tier="default") if v.name == name)
+    e = {"name": v.name, "op": v.op, "family": v.family, **v.describe(), "signature": v.signature().to_json()}
+    kind, cases = testing.attention_cases(e)
+    fn = testing.check_attention_varlen if kind == "varlen" else testing.check_attention_dense
+    gen = torch.Generator().manual_seed(0)
+    case = cases[1]
+    assert fn(_FakeAttention(e), e, case, gen, "cpu")["ok"]
+    for spoil in ("nan", "scale", "lse"):
+        assert not fn(_FakeAttention(e, spoil), e, case, gen, "cpu")["ok"], spoil
