@@ -101,6 +101,10 @@ def proof_label(ceiling: str, cubin_sha256: str, passed: dict[str, str], twin_la
 
 # --- writing ---------------------------------------------------------------------------------------
 def _git_commit() -> str | None:
+    """The checkout's commit (``-dirty`` with uncommitted changes); $FACTORY_COMMIT where the tree
+    was copied without its git directory."""
+    if os.environ.get("FACTORY_COMMIT"):
+        return os.environ["FACTORY_COMMIT"]
     try:
         r = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "--short=12", "HEAD"],
                            capture_output=True, text=True, timeout=10)

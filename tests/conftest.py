@@ -82,6 +82,36 @@ def gpu_bundle() -> Path:
     return p
 
 
+def bundle_with_swapped_cubin(test_bundle: Path, dst: Path, name: str, donor: str | None = None) -> Path:
+    """A copy of the test bundle whose manifest keeps only ``name``, with ``donor``'s cubin in its
+    place (when given) and the manifest's hash and size updated, so that only the SASS and resource
+    checks can object: ``factory verify`` then disassembles one cubin, not the whole bundle (one
+    full verify of the test bundle runs in tests/test_build.py)."""
+    import json
+    import shutil
+
+    from factory.runtime.manifest import sha256_file
+
+    shutil.copytree(test_bundle, dst)
+    m = json.loads((dst / "manifest.json").read_text())
+    if donor is not None:
+        rec = m["variants"][name]["files"]["cubin"]
+        shutil.copyfile(dst / m["variants"][donor]["files"]["cubin"]["path"], dst / rec["path"])
+        rec["sha256"] = sha256_file(dst / rec["path"])
+        rec["bytes"] = (dst / rec["path"]).stat().st_size
+    m["variants"] = {name: m["variants"][name]}
+    (dst / "manifest.json").write_text(json.dumps(m, indent=1))
+    return dst
+
+
+def verify_cli(bundle: Path):
+    """``python -m factory verify BUNDLE`` (a CompletedProcess)."""
+    import subprocess
+
+    return subprocess.run([sys.executable, "-m", "factory", "verify", str(bundle)], cwd=ROOT,
+                          capture_output=True, text=True)
+
+
 # --- shared by the GPU test modules ---------------------------------------------------------------
 # Absolute (a relative FACTORY_BUNDLE is taken from the repository root), so that tests that run
 # tools in other directories (make -C examples/cpp) find it.

@@ -102,6 +102,21 @@ def _compile_into_cache(v: Variant, entry: str) -> dict:
     return info
 
 
+def compile_cached(v: Variant, out_dir: str | Path, cache: str | Path | None = None) -> dict:
+    """``compile.compile_variant(v, out_dir)`` through the build's cache: the cubin, header and
+    object of ``v`` in ``out_dir`` and its info, compiled only if the cache lacks them (then into
+    the cache, for builds and later callers).  For a process that ran ``compile.init_worker`` for
+    ``v``'s target, as ``compile_variant`` needs."""
+    cache = Path(cache) if cache else default_cache_dir()
+    entry = cache / f"{v.name}-{cache_key(v)}"
+    if not (entry / "info.json").exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        _compile_into_cache(v, str(entry))
+    for ext in (".cubin", ".h", ".o"):
+        shutil.copy2(entry / f"{v.name}{ext}", Path(out_dir) / f"{v.name}{ext}")
+    return json.loads((entry / "info.json").read_text())
+
+
 # --- driver ---------------------------------------------------------------------------------------
 def _progress(total: int, desc: str):
     try:
