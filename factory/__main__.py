@@ -14,6 +14,8 @@ def _cmd_build(a) -> int:
               evidence=a.evidence)
     print(f"built {s['bundle']}: {s['variants']} variants ({s['compiled']} compiled, {s['cached']} from cache) "
           f"in {s['seconds']} s, {s['bytes'] / 1e6:.2f} MB")
+    print("proof labels: " + ", ".join(f"{k} {n}" for k, n in sorted(s["proof"].items()))
+          + (f" (run records: {', '.join(s['evidence'])})" if s["evidence"] else " (no run record applies)"))
     return 0
 
 

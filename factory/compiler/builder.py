@@ -228,8 +228,12 @@ def build(
         shutil.rmtree(staging, ignore_errors=True)
         raise
     total_bytes = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+    labels: dict[str, int] = {}
+    for e in manifest["variants"].values():
+        labels[e["proof"]] = labels.get(e["proof"], 0) + 1
     return {
-        "bundle": str(out), "variants": len(variants), "compiled": compiled,
+        "bundle": str(out), "variants": len(variants), "compiled": compiled, "proof": labels,
+        "evidence": used,
         "cached": len(variants) - compiled, "seconds": round(time.perf_counter() - t0, 1),
         "bytes": total_bytes,
     }
