@@ -178,3 +178,28 @@ def test_the_recorded_checks_can_fail(name):
     assert fn(_FakeAttention(e), e, case, gen, "cpu")["ok"]
     for spoil in ("nan", "scale", "lse"):
         assert not fn(_FakeAttention(e, spoil), e, case, gen, "cpu")["ok"], spoil
+
+
+def test_a_written_record_reads_back(tmp_path, monkeypatch):
+    """RunRecord.write: one file per run (<date>-<device>.json in a directory), read back by the build."""
+    import factory.evidence as ev
+    from factory.runtime.manifest import sha256_file
+
+    monkeypatch.setattr(ev, "device_info", lambda: {"device": "NVIDIA H100 80GB HBM3", "capability": [9, 0],
+                                                   "sms": 132, "driver": "x", "torch": "y", "cuda": "z", "commit": "c"})
+    (tmp_path / "x.cubin").write_bytes(b"cubin")
+
+    class B:
+        path = tmp_path
+        manifest = {"versions": {"nvidia-cutlass-dsl": "v"}, "variants": {"x": {"files": {"cubin": {
+            "path": "x.cubin", "sha256": sha256_file(tmp_path / "x.cubin"), "bytes": 5}}}}}
+
+    rec = RunRecord("test")
+    rec.add(B, "x", [{"rel_err": 1.234567e-3, "tol": 1e-2, "ok": True}])
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    path = rec.write(runs, B)
+    assert path.parent == runs and path.name.endswith("-h100-80gb-hbm3.json")
+    r = read_record(path)
+    assert r["device"] == "NVIDIA H100 80GB HBM3" and r["variants"][0]["max_rel_err"] == 0.00123
+    assert passed_cubins(load_records(runs)) == {sha256_file(tmp_path / "x.cubin"): path.name}
