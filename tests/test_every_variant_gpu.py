@@ -42,6 +42,12 @@ def test_every_variant_against_float32(bundle, run_record, op, family):
         except Exception as ex:  # noqa: BLE001 - a launch error fails this variant, the others still run
             results = [{"variant": e["name"], "rel_err": None, "tol": None, "ok": False,
                         "error": f"{type(ex).__name__}: {ex}"}]
+            try:
+                torch.cuda.synchronize()
+            except Exception as lost:  # noqa: BLE001 - the context is gone: record no one else's failure
+                run_record.add(bundle, e["name"], results)
+                pytest.fail(f"{e['name']}: {ex}; the CUDA context is lost ({lost}): the variants after it "
+                            f"in this family were not run")
         run_record.add(bundle, e["name"], results)
         failures += [f"{r['variant']} {r.get('shape')}: rel_err {r.get('rel_err')} lse_err {r.get('lse_err')} "
                      f"nan {r.get('nan')} {r.get('error', '')}" for r in results if not r["ok"]]
