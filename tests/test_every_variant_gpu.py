@@ -20,6 +20,9 @@ FAMILIES = [("gemm", "sm80"), ("gemm", "sm90"), ("gemm", "decode"),
             ("attention", "sm80"), ("attention", "sm90"), ("attention", "sm90_decode")]
 
 
+_LOST: list[str] = []  # the variant after which the CUDA context was lost, if it was
+
+
 @pytest.fixture(scope="module")
 def bundle():
     from factory.runtime import Bundle
@@ -31,6 +34,8 @@ def bundle():
 def test_every_variant_against_float32(bundle, run_record, op, family):
     from factory.testing import check_variant
 
+    if _LOST:
+        pytest.fail(f"not run: the CUDA context was lost after {_LOST[0]}")
     entries = [e for e in bundle.candidates(op) if e["family"] == family]
     if not entries:
         pytest.skip(f"{GPU_BUNDLE} has no {op}/{family} variant this GPU runs")
@@ -46,6 +51,7 @@ def test_every_variant_against_float32(bundle, run_record, op, family):
                 torch.cuda.synchronize()
             except Exception as lost:  # noqa: BLE001 - the context is gone: record no one else's failure
                 run_record.add(bundle, e["name"], results)
+                _LOST.append(e["name"])
                 pytest.fail(f"{e['name']}: {ex}; the CUDA context is lost ({lost}): the variants after it "
                             f"in this family were not run")
         run_record.add(bundle, e["name"], results)
