@@ -76,13 +76,13 @@ def passed_cubins(records: dict[str, dict]) -> dict[str, str]:
     return {sha: f for sha, f in passed.items() if sha not in failed}
 
 
-def twin_name(name: str, target: str, portability_of: str = "sm_90") -> str:
-    """The name the same variant has when built for ``portability_of`` (names start ``<op>_<target>_``)."""
-    op, rest = name.split("_", 1)
-    tag = target.replace("_", "")
-    if not rest.startswith(tag + "_"):
-        raise ValueError(f"{name}: does not name its target {target}")
-    return f"{op}_{portability_of.replace('_', '')}_{rest[len(tag) + 1:]}"
+def twin_name(name: str, op: str, target: str, portability_of: str = "sm_90") -> str | None:
+    """The name the same variant has when built for ``portability_of`` (names start
+    ``<op>_<target>_``, variant.Variant.name); None for a name of another form."""
+    head = f"{op}_{target.replace('_', '')}_"
+    if not name.startswith(head):
+        return None
+    return f"{op}_{portability_of.replace('_', '')}_{name[len(head):]}"
 
 
 def proof_label(ceiling: str, cubin_sha256: str, passed: dict[str, str], twin_label: str | None = None) -> str:

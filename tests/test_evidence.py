@@ -40,7 +40,10 @@ def test_labels_from_the_evidence():
     assert proof_label("portability-build", other, passed, "executed") == "portability-build"
     assert proof_label("portability-build", other, passed, "compiled") == "compiled"
     assert proof_label("portability-build", other, passed, None) == "compiled"
-    assert twin_name(SM80, "sm_80") == SM90 and twin_name("attention_sm86_x", "sm_86") == "attention_sm90_x"
+    assert twin_name(SM80, "gemm", "sm_80") == SM90
+    assert twin_name("attention_sm86_x", "attention", "sm_86") == "attention_sm90_x"
+    assert twin_name("attention_kvcache_sm80_x", "attention_kvcache", "sm_80") == "attention_kvcache_sm90_x"
+    assert twin_name("gemm_sm90_x", "gemm", "sm_80") is None
 
 
 def test_a_failure_outweighs_passes(tmp_path):

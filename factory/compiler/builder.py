@@ -320,7 +320,7 @@ def _label_proofs(bundle: Path, variants: dict, evidence: Path) -> list[str]:
     for e in variants.values():
         if e["proof"] == "portability-build":
             tgt = get_target(e["target"])
-            twin = variants.get(twin_name(e["name"], e["target"], "sm_90")) if tgt.capability < (9, 0) else None
+            twin = variants.get(twin_name(e["name"], e["op"], e["target"]) or "") if tgt.capability < (9, 0) else None
             e["proof"] = proof_label("portability-build", e["files"]["cubin"]["sha256"], passed,
                                      twin["proof"] if twin else None)
             if e["proof"] == "portability-build":
