@@ -10,9 +10,12 @@ import sys
 def _cmd_build(a) -> int:
     from .compiler.builder import build
 
-    s = build(a.out, a.targets, a.ops, tier=a.tier, name_filter=a.filter, jobs=a.jobs, cache=a.cache)
+    s = build(a.out, a.targets, a.ops, tier=a.tier, name_filter=a.filter, jobs=a.jobs, cache=a.cache,
+              evidence=a.evidence)
     print(f"built {s['bundle']}: {s['variants']} variants ({s['compiled']} compiled, {s['cached']} from cache) "
           f"in {s['seconds']} s, {s['bytes'] / 1e6:.2f} MB")
+    print("proof labels: " + ", ".join(f"{k} {n}" for k, n in sorted(s["proof"].items()))
+          + (f" (run records: {', '.join(s['evidence'])})" if s["evidence"] else " (no run record applies)"))
     return 0
 
 
@@ -90,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--filter", default=None, help="glob over variant names")
     b.add_argument("--jobs", type=int, default=None, help="compile worker processes (default: cores)")
     b.add_argument("--cache", default=None, help="compile cache dir (default: ~/.cache/kernel-factory)")
+    b.add_argument("--evidence", default=None,
+                   help="run records that proof labels come from (default: evidence/runs; docs/proof.md)")
     b.set_defaults(fn=_cmd_build)
     k = sub.add_parser("link", help="relink a bundle's host library, its tuning.json compiled into the C selection")
     k.add_argument("bundle")

@@ -24,7 +24,7 @@ MAX_DEPTH = 24                 # nesting of objects and arrays (a built manifest
 MAX_FILE_BYTES = 1 << 31       # any one file of the bundle (a host library is ~100 MB at most)
 MAX_RANK = 6                   # fx_select.h FX_MAX_RANK / FX_MAX_ARGS
 MAX_ARGS = 16
-PROOFS = ("executed", "portability-build", "sass-only")
+PROOFS = ("executed", "portability-build", "compiled", "sass-only")  # docs/proof.md
 FILE_KINDS = ("cubin", "header", "object")  # what the builder records per variant
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -276,6 +276,11 @@ def validate(m) -> None:
     for k in ("versions", "proof_levels"):
         if k in m:
             _obj(m[k], k)
+    if "evidence" in m:  # the run records the proof labels rest on (factory/evidence.py)
+        records = m["evidence"]
+        _need(isinstance(records, list), "evidence", f"must be a list of file records, got {type(records).__name__}")
+        for i, rec in enumerate(records):
+            _file_record(rec, f"evidence[{i}]")
 
 
 def load_manifest(bundle: str | Path) -> dict:
