@@ -12,7 +12,9 @@ import sys
 import pytest
 import torch
 
+import selection_lib as sl
 from conftest import ROOT
+from factory.compiler.link import relink
 from factory.runtime import Bundle, tuning
 from factory.runtime import gemm as rgemm
 from factory.runtime.gemm import _as_rkl, select
@@ -41,6 +43,7 @@ def _write_tuning(path, winners: dict, device=H100, manifest_hash=None):
         "shape": [*shape, 1], "winner": name, "timings_us": {name: 1.0}} for shape, name in winners.items()}
     tuning.write(path, {"schema": tuning.SCHEMA, "device": dict(device, capability=[9, 0]),
                         "manifest_sha256": manifest_hash or tuning.manifest_sha256(path), "buckets": buckets})
+    relink(path)  # the selection reads the table compiled into the host library (python -m factory link)
 
 
 # --- buckets ---------------------------------------------------------------------------------------
@@ -84,6 +87,7 @@ def test_mismatched_tuning_falls_back_to_the_heuristic(bundle_copy, why):
         (bundle_copy / "tuning.json").write_text(json.dumps({**d, "schema": 99}))
     else:
         (bundle_copy / "tuning.json").write_text("{not json")
+    relink(bundle_copy)  # (what python -m factory link compiles in of that file: nothing)
     b = Bundle.open(bundle_copy, capability=(9, 0), device=H100)
     assert _select(b, 4096, 4096, 4096) == LARGE
     if why != "unknown_winner":
@@ -96,6 +100,8 @@ def test_rebuilt_manifest_invalidates_the_table(bundle_copy):
     m.write_text(m.read_text() + "\n")  # any change to the build changes the hash
     b = Bundle.open(bundle_copy, capability=(9, 0), device=H100)
     assert b.tuning is None and "manifest hash" in b._tuning[1]
+    relink(bundle_copy)  # a rebuilt bundle's library compiles in no table measured for another build
+    b = Bundle.open(bundle_copy, capability=(9, 0), device=H100)
     assert _select(b, 4096, 4096, 4096) == LARGE
 
 
@@ -200,15 +206,6 @@ def test_launch_ctas_counts_split_k_clusters_and_the_persistent_cap():
     assert tuning.launch_ctas({**old, "persistent_ctas": 130}, 16, 8192, 1) == 128
 
 
-class _Stub:
-    def __init__(self, sms=132):
-        self._dev = {"name": "x", "sm_count": sms}
-        self.tuning = None
-
-    def device_info(self):
-        return self._dev
-
-
 @pytest.mark.parametrize("M,N,K,want", [
     (16, 4096, 14336, "t16x64_c1x1_ws_sw1_swap_sk2"),  # decode: N/64 = 64 tiles, split-K doubles the CTAs
     (1, 57344, 8192, "t16x64_c1x1_ws_sw1_swap_sk1"),  # 896 tiles: enough without split-K
@@ -218,7 +215,7 @@ class _Stub:
     (16384, 8192, 28672, "t128x256_c2x1_coop_sw8_sk1"),  # tall: swizzled raster (A re-reads)
 ])
 def test_cost_model_picks(M, N, K, want):
-    got = rgemm.choose(_Stub(), DEFAULT_LIKE, "bf16", "bf16", "k", "k", M, N, K, 1)
+    got = sl.Lib(DEFAULT_LIKE).gemm(M, N, K, 1, "bf16", "bf16")
     assert got.startswith(want), got
 
 
@@ -237,7 +234,7 @@ DEFAULT_V3 = DEFAULT_LIKE + [
     (16, 4096, 14336, "t16x64_c1x1_ws_sw1_swap_sk2"),  # decode unchanged
 ])
 def test_mid_m_tiles_fill_the_grid(M, N, K, want):
-    got = rgemm.choose(_Stub(), DEFAULT_V3, "bf16", "bf16", "k", "k", M, N, K, 1)
+    got = sl.Lib(DEFAULT_V3).gemm(M, N, K, 1, "bf16", "bf16")
     assert got.startswith(want), got
 
 
@@ -254,7 +251,7 @@ def test_heuristic_agrees_with_the_tuned_table_on_the_reported_fp8_minimum():
     """The fp8 heuristic minimum of the 2026-11-22 final H100 run (128x28672x4096, 0.335x) ran
     the very variant the tuned table picked, which measured 0.98x in the same call (its eager
     time was 6.7x slower in the heuristic pass: the GPU's state, not the selection)."""
-    got = rgemm.choose(_Stub(), FP8_LIKE, "e4m3", "bf16", "k", "k", 128, 28672, 4096, 1)
+    got = sl.Lib(FP8_LIKE).gemm(128, 28672, 4096, 1, "e4m3", "bf16")
     assert got == "t128x128_c1x1_coop_sw1_sk1", got
 
 
@@ -268,7 +265,7 @@ def test_heuristic_agrees_with_the_tuned_table_on_the_reported_fp8_minimum():
     (128, 10240, 8192, "t128x160_c2x1_coop"),
 ])
 def test_v3_heuristic_misses_stay_fixed(M, N, K, not_want):
-    got = rgemm.choose(_Stub(), DEFAULT_V3, "bf16", "bf16", "k", "k", M, N, K, 1)
+    got = sl.Lib(DEFAULT_V3).gemm(M, N, K, 1, "bf16", "bf16")
     assert not got.startswith(not_want), got
 
 
@@ -287,8 +284,7 @@ def test_selection_is_cached_per_shape(bundle_copy, monkeypatch):
     b = Bundle.open(bundle_copy, capability=(9, 0), device=H100)
     assert _select(b, 4096, 4096, 4096) == SMALL
     calls = []
-    monkeypatch.setattr(rgemm, "choose", lambda *a: calls.append(a) or "boom")
-    monkeypatch.setattr(rgemm, "fitting_variants", lambda *a: calls.append(a) or "boom")
+    monkeypatch.setattr(b.selector, "select", lambda *a: calls.append(a) or "boom")
     for _ in range(3):
         assert _select(b, 4096, 4096, 4096) == SMALL  # no search, no tuning lookup
     assert not calls
@@ -301,8 +297,8 @@ def test_tuned_selection_never_imports_the_dsl(bundle_copy):
         "from factory.runtime import Bundle\n"
         f"b = Bundle.open({str(bundle_copy)!r}, capability=(9, 0), device={H100!r})\n"
         "from factory.runtime.gemm import select, _as_rkl\n"
-        "a = torch.empty(4096, 4096).bfloat16()\n"
-        "print(select(b, _as_rkl(a,'a'), _as_rkl(a,'b'), _as_rkl(a,'c'), 'bf16','bf16',[]))\n"
+        "a, w, c = (torch.empty(4096, 4096).bfloat16() for _ in range(3))\n"
+        "print(select(b, _as_rkl(a,'a'), _as_rkl(w,'b'), _as_rkl(c,'c'), 'bf16','bf16',[]))\n"
         "assert b.tuning is not None\n"
         "assert not any(m == 'cutlass' or m.startswith(('cutlass.', 'mlir', '_mlir')) for m in sys.modules), "
         "sorted(m for m in sys.modules if 'cutlass' in m or 'mlir' in m)\n"
@@ -364,6 +360,7 @@ def test_b_constant_selection(bundle_copy):
                                    "manifest_sha256": tuning.manifest_sha256(bundle_copy),
                                    "buckets": {key: {"shape": [16, 4096, 4096, 1], "winner": plain_name,
                                                      "b_constant": {"winner": winner}}}})
+        relink(bundle_copy)
         b = Bundle.open(bundle_copy, capability=(9, 0), device=H100)
         assert b.tuning.winner(key, b_constant=True) == winner
         assert pick(b, False) == plain_name
@@ -394,6 +391,7 @@ def test_packed_selection_follows_the_table(bundle_copy):
                                    "manifest_sha256": tuning.manifest_sha256(bundle_copy),
                                    "buckets": {key: {"shape": [16, 4096, 4096, 1], "winner": "x",
                                                      "packed": {"winner": plain_w, "b_constant_winner": const_w}}}})
+        relink(bundle_copy)
         b = Bundle.open(bundle_copy, capability=(9, 0), device=H100)
         assert b.tuning.winner(key, packed=True) == plain_w
         assert (pick(b, False), pick(b, True)) == want, (plain_w, const_w)

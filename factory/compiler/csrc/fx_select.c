@@ -1282,6 +1282,239 @@ FX_EXPORT int32_t fx_attention_select(const fx_device_t *dev, const fx_attention
     return finish(attn_select(dev, p, out, &a, 0), out);
 }
 
+/* --- packed-weight decode GEMM: runtime/packed.py's rule ------------------------------------------ */
+typedef struct {
+    fx_value vals[FX_MAX_ARGS]; /* a (M, K), b (N/8, K/64, 32, 16), c (M, N), scale_a, scale_b */
+    int32_t n_vals;
+} packed_ctx;
+
+/* CTAs of decode variant v for N weight rows, and the CTAs the device holds at once (clusters
+   that fit on sm_count SMs at ctas_per_sm each, times the cluster). */
+static int64_t packed_ctas(const fx_variant *v, int64_t N) {
+    return N / v->rows_per_cta * v->cluster[0] * v->cluster[1];
+}
+
+static int64_t packed_wave(const fx_variant *v, int32_t sms) {
+    int64_t ck = (int64_t)v->cluster[0] * v->cluster[1];
+    int64_t clusters = (int64_t)sms * (v->ctas_per_sm > 0 ? v->ctas_per_sm : 1) / ck;
+    return ck * (clusters > 1 ? clusters : 1);
+}
+
+/* The decode variants that take the problem: the tuning table's measured winner on packed weights
+   (where it fits, and is early_b only for a constant b), else the most CTAs among the variants
+   whose grid is one wave, else the most CTAs (ties: the greater name); then, for a constant b
+   and a one-wave grid, that variant's early_b twin where it fits. */
+static int32_t packed_select(const fx_device_t *dev, const fx_gemm_packed_problem_t *p, fx_selection_t *out,
+                             packed_ctx *x) {
+    memset(out, 0, sizeof *out);
+    out->variant = -1;
+    fx_msg[0] = 0;
+    int32_t rc;
+    if (!dev || !p) return fail(FX_ERR_INPUT, "fx_gemm_packed: dev and problem must not be NULL");
+    if ((rc = check_device(dev))) return rc;
+    static const char *const size_names[3] = {"m", "n", "k"};
+    int64_t sizes[3] = {p->m, p->n, p->k};
+    if ((rc = check_sizes(size_names, sizes, 3))) return rc;
+    if ((rc = check_stride("a_stride", p->a_stride, 0, 2)) || (rc = check_stride("b_stride", p->b_stride, 0, 4)) ||
+        (rc = check_stride("c_stride", p->c_stride, 0, 2)) || (rc = check_bool("b_constant", p->b_constant)))
+        return rc;
+    int64_t M = p->m, N = p->n, K = p->k;
+    if (N % 8 || K % 64 || K == 0)
+        return fail(FX_ERR_INPUT, "packed weights need N %% 8 == 0 and K a positive multiple of 64, got N=%lld K=%lld",
+                    (long long)N, (long long)K);
+    int64_t sa[2] = {M, K}, sb[4] = {N / 8, K / 64, 32, 16}, sc[2] = {M, N}, one = 1, span;
+    fx_range in[4], oc;
+    if ((rc = span_of("a", 2, sa, p->a_stride, &span)) || (rc = range_of(&in[0], "a", p->a, span, 1)) ||
+        (rc = span_of("b_packed", 4, sb, p->b_stride, &span)) || (rc = range_of(&in[1], "b_packed", p->b_packed, span, 1)) ||
+        (rc = span_of("c", 2, sc, p->c_stride, &span)) || (rc = range_of(&oc, "c", p->c, span, 2)))
+        return rc;
+    range_of(&in[2], "scale_a", p->scale_a, 1, 4);
+    range_of(&in[3], "scale_b", p->scale_b, 1, 4);
+    if ((rc = check_distinct("c", 2, sc, p->c_stride)) || (rc = check_disjoint(&oc, in, 4))) return rc;
+    if (M == 0 || N == 0) return 0; /* nothing to launch */
+    memset(x, 0, sizeof *x);
+    spec(&x->vals[0], p->a, 2, sa, p->a_stride);
+    spec(&x->vals[1], p->b_packed, 4, sb, p->b_stride);
+    spec(&x->vals[2], p->c, 2, sc, p->c_stride);
+    spec(&x->vals[3], p->scale_a, 1, &one, &one);
+    spec(&x->vals[4], p->scale_b, 1, &one, &one);
+    x->n_vals = 5;
+
+    int32_t *fits, n = candidates(dev, FX_OP_GEMM, &fits), k = 0, plain = 0;
+    char reason[1024] = "";
+    for (int32_t i = 0; i < n; i++) {
+        const fx_variant *v = &fx_variants[fits[i]];
+        if (v->family != FX_FAMILY_DECODE || M > v->max_m) continue;
+        if (check_contract(v, x->vals, x->n_vals)) {
+            if (!reason[0]) snprintf(reason, sizeof reason, "%s", fx_msg);
+            continue;
+        }
+        plain += !v->early_b;
+        fits[k++] = fits[i];
+    }
+    if (!plain) {
+        free(fits);
+        return fail(FX_ERR_NO_VARIANT, "no decode variant for packed weights N=%lld K=%lld, M=%lld on compute capability "
+                    "%d.%d%s%s%s: use the unpacked weights", (long long)N, (long long)K, (long long)M, dev->cc_major,
+                    dev->cc_minor, reason[0] ? " (closest: " : "", reason, reason[0] ? ")" : "");
+    }
+    int32_t choice = -1;
+    if (tuning_applies(dev)) {
+        const fx_bucket *b = find_bucket(FX_DTYPE_E4M3, FX_DTYPE_BF16, FX_MAJOR_K, FX_MAJOR_K, M, N, K, 1);
+        int32_t w = b ? (p->b_constant ? b->packed_b_constant : b->packed) : -1;
+        if (w >= 0 && contains(fits, k, w) && (p->b_constant || !fx_variants[w].early_b)) choice = w;
+    }
+    if (choice < 0) {
+        int any_wave = 0;
+        for (int32_t i = 0; i < k; i++) {
+            const fx_variant *v = &fx_variants[fits[i]];
+            if (!v->early_b && packed_ctas(v, N) <= packed_wave(v, dev->sm_count)) any_wave = 1;
+        }
+        for (int32_t i = 0; i < k; i++) {
+            const fx_variant *v = &fx_variants[fits[i]];
+            if (v->early_b || (any_wave && packed_ctas(v, N) > packed_wave(v, dev->sm_count))) continue;
+            if (choice < 0) {
+                choice = fits[i];
+                continue;
+            }
+            const fx_variant *b = &fx_variants[choice];
+            int64_t vc = packed_ctas(v, N), bc = packed_ctas(b, N);
+            if (vc > bc || (vc == bc && strcmp(v->name, b->name) > 0)) choice = fits[i];
+        }
+        int32_t twin = fx_variants[choice].twin;
+        if (any_wave && p->b_constant && twin != choice && contains(fits, k, twin)) choice = twin;
+    }
+    free(fits);
+    out->variant = choice;
+    out->name = fx_variants[choice].name;
+    out->splits = 1;
+    return 0;
+}
+
+FX_EXPORT int32_t fx_gemm_packed_select(const fx_device_t *dev, const fx_gemm_packed_problem_t *p,
+                                        fx_selection_t *out) {
+    fx_selection_t tmp;
+    packed_ctx x;
+    if (!out) out = &tmp;
+    return finish(packed_select(dev, p, out, &x), out);
+}
+
+/* --- block-scaled GEMM: runtime/blockscaled.py's rule ----------------------------------------------- */
+typedef struct {
+    fx_value vals[FX_MAX_ARGS]; /* a, b, c, a_scale, b_scale [, a_global, b_global] */
+    int32_t n_vals;
+} bs_ctx;
+
+static const char *format_name(int32_t f) {
+    switch (f) {
+    case FX_FORMAT_MXF8E4M3: return "mxf8e4m3";
+    case FX_FORMAT_MXF8E5M2: return "mxf8e5m2";
+    case FX_FORMAT_NVF4: return "nvf4";
+    default: return "?";
+    }
+}
+
+/* Among the variants of the format and output dtype that take the problem: where M > 128 a CTA
+   pair (one MMA over 256 rows), else a single CTA; then the most CTAs; then the largest tile (the
+   first of equals, best target first).  A rule, not a measurement: no Blackwell GPU has run these. */
+static int32_t bs_select(const fx_device_t *dev, const fx_gemm_blockscaled_problem_t *p, fx_selection_t *out,
+                         bs_ctx *x) {
+    memset(out, 0, sizeof *out);
+    out->variant = -1;
+    fx_msg[0] = 0;
+    int32_t rc;
+    if (!dev || !p) return fail(FX_ERR_INPUT, "fx_gemm_blockscaled: dev and problem must not be NULL");
+    if ((rc = check_device(dev))) return rc;
+    int32_t f = p->format, c = p->c_dtype;
+    if (f != FX_FORMAT_MXF8E4M3 && f != FX_FORMAT_MXF8E5M2 && f != FX_FORMAT_NVF4)
+        return fail(FX_ERR_INPUT, "unknown block-scaled format %d (mxf8e4m3 1, mxf8e5m2 2, nvf4 3)", f);
+    if (c != FX_DTYPE_BF16 && c != FX_DTYPE_F16 && c != FX_DTYPE_F32)
+        return fail(FX_ERR_INPUT, "out dtype %d is not one the kernels write (bfloat16, float16, float32)", c);
+    static const char *const size_names[4] = {"m", "n", "k", "l"};
+    int64_t sizes[4] = {p->m, p->n, p->k, p->l};
+    if ((rc = check_sizes(size_names, sizes, 4))) return rc;
+    if ((rc = check_stride("a_stride", p->a_stride, 0, 3)) || (rc = check_stride("b_stride", p->b_stride, 0, 3)) ||
+        (rc = check_stride("c_stride", p->c_stride, 0, 3)))
+        return rc;
+    int64_t M = p->m, N = p->n, K = p->k, L = p->l, vec = f == FX_FORMAT_NVF4 ? 16 : 32;
+    int nvf4 = f == FX_FORMAT_NVF4;
+    int64_t sa[3] = {M, K, L}, sb[3] = {N, K, L}, sc[3] = {M, N, L}, span, one = 1;
+    /* scale factors: L x ceil(R/128) x ceil(ceil(K/vec)/4) atoms of 512 bytes */
+    int64_t fa[4] = {L, cdiv(M, 128), cdiv(cdiv(K, vec), 4), 512}, fb[4] = {L, cdiv(N, 128), cdiv(cdiv(K, vec), 4), 512};
+    int64_t na, nb;
+    fx_range in[6], oc;
+    if ((rc = product(fa, 4, &na, "a_scale's bytes")) || (rc = product(fb, 4, &nb, "b_scale's bytes")) ||
+        (rc = span_of("a", 3, sa, p->a_stride, &span)) || (rc = range_of(&in[0], "a", p->a, nvf4 ? span / 2 + 1 : span, 1)) ||
+        (rc = span_of("b", 3, sb, p->b_stride, &span)) || (rc = range_of(&in[1], "b", p->b, nvf4 ? span / 2 + 1 : span, 1)) ||
+        (rc = span_of("c", 3, sc, p->c_stride, &span)) || (rc = range_of(&oc, "c", p->c, span, elem_bytes(c))))
+        return rc;
+    range_of(&in[2], "a_scale", p->a_scale, na, 1);
+    range_of(&in[3], "b_scale", p->b_scale, nb, 1);
+    range_of(&in[4], "a_global", p->a_global, nvf4, 4);
+    range_of(&in[5], "b_global", p->b_global, nvf4, 4);
+    if ((rc = check_distinct("c", 3, sc, p->c_stride)) || (rc = check_disjoint(&oc, in, 6))) return rc;
+    if (!nvf4 && (p->a_global || p->b_global)) return fail(FX_ERR_INPUT, "%s has no global scale (only nvf4 does)", format_name(f));
+    if (M == 0 || N == 0 || L == 0) return 0; /* nothing to launch */
+    if (K == 0 || K % 32)
+        return fail(FX_ERR_INPUT, "gemm_blockscaled: K = %lld must be a positive multiple of 32 (16-byte rows of fp4, "
+                    "whole MXFP8 blocks)", (long long)K);
+    memset(x, 0, sizeof *x);
+    spec(&x->vals[0], p->a, 3, sa, p->a_stride);
+    spec(&x->vals[1], p->b, 3, sb, p->b_stride);
+    spec(&x->vals[2], p->c, 3, sc, p->c_stride);
+    spec(&x->vals[3], p->a_scale, 1, &na, &one);
+    spec(&x->vals[4], p->b_scale, 1, &nb, &one);
+    x->n_vals = 5;
+    if (nvf4) {
+        spec(&x->vals[5], p->a_global, 1, &one, &one);
+        spec(&x->vals[6], p->b_global, 1, &one, &one);
+        x->n_vals = 7;
+    }
+    int32_t *cand, n = candidates(dev, FX_OP_GEMM_BLOCKSCALED, &cand), best = -1;
+    char reason[1024] = "";
+    i128 best_ctas = 0;
+    int best_pair = 0;
+    for (int32_t i = 0; i < n; i++) {
+        const fx_variant *v = &fx_variants[cand[i]];
+        if (v->format != f || v->c != c) continue;
+        if (check_contract(v, x->vals, x->n_vals)) {
+            if (!reason[0]) snprintf(reason, sizeof reason, "%s", fx_msg);
+            continue;
+        }
+        int pair = (v->cta_group == 2) == (M > 128);
+        i128 ctas = (i128)cdiv(M, v->tile[0]) * cdiv(N, v->tile[1]) * L;
+        if (best >= 0) {
+            const fx_variant *b = &fx_variants[best];
+            int64_t va = (int64_t)v->tile[0] * v->tile[1], ba = (int64_t)b->tile[0] * b->tile[1];
+            if (!(pair > best_pair || (pair == best_pair && (ctas > best_ctas || (ctas == best_ctas && va > ba)))))
+                continue;
+        }
+        best = cand[i], best_ctas = ctas, best_pair = pair;
+    }
+    free(cand);
+    if (best < 0)
+        return fail(FX_ERR_NO_VARIANT, "no gemm_blockscaled variant for %s -> %s, M=%lld N=%lld K=%lld L=%lld on compute "
+                    "capability %d.%d%s%s%s", format_name(f), dtype_name(c), (long long)M, (long long)N, (long long)K,
+                    (long long)L, dev->cc_major, dev->cc_minor, reason[0] ? " (closest: " : "", reason, reason[0] ? ")" : "");
+    const fx_variant *v = &fx_variants[best];
+    out->variant = best;
+    out->name = v->name;
+    out->splits = 1;
+    if (v->cluster_ctas) {
+        int32_t cap = dev->sm_count / v->cluster_ctas;
+        out->max_clusters = cap > 1 ? cap : 1;
+    }
+    return 0;
+}
+
+FX_EXPORT int32_t fx_gemm_blockscaled_select(const fx_device_t *dev, const fx_gemm_blockscaled_problem_t *p,
+                                             fx_selection_t *out) {
+    fx_selection_t tmp;
+    bs_ctx x;
+    if (!out) out = &tmp;
+    return finish(bs_select(dev, p, out, &x), out);
+}
+
 /* --- launching ------------------------------------------------------------------------------------ */
 static pthread_mutex_t fx_load_lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -1423,4 +1656,49 @@ FX_EXPORT int32_t fx_attention(const fx_device_t *dev, const fx_attention_proble
     fx_selection_t tmp;
     if (!out) out = &tmp;
     return finish(attn_run(dev, p, workspace, workspace_bytes, stream, out), out);
+}
+
+static int32_t packed_run(const fx_device_t *dev, const fx_gemm_packed_problem_t *p, fx_stream_t stream,
+                          fx_selection_t *out) {
+    packed_ctx x;
+    int32_t rc = packed_select(dev, p, out, &x);
+    if (rc || out->variant < 0) return rc;
+    if (!p->a || !p->b_packed || !p->c || !p->scale_a || !p->scale_b)
+        return fail(FX_ERR_INPUT, "fx_gemm_packed needs the a, b_packed, c, scale_a and scale_b pointers");
+    if ((rc = ensure_loaded(out->variant))) return rc;
+    return fx_variants[out->variant].bind(x.vals, stream);
+}
+
+FX_EXPORT int32_t fx_gemm_packed(const fx_device_t *dev, const fx_gemm_packed_problem_t *p, fx_stream_t stream,
+                                 fx_selection_t *out) {
+    fx_selection_t tmp;
+    if (!out) out = &tmp;
+    return finish(packed_run(dev, p, stream, out), out);
+}
+
+static int32_t bs_run(const fx_device_t *dev, const fx_gemm_blockscaled_problem_t *p, fx_stream_t stream,
+                      fx_selection_t *out) {
+    bs_ctx x;
+    int32_t rc = bs_select(dev, p, out, &x);
+    if (rc || out->variant < 0) return rc;
+    if (!p->a || !p->b || !p->c || !p->a_scale || !p->b_scale)
+        return fail(FX_ERR_INPUT, "fx_gemm_blockscaled needs the a, b, c, a_scale and b_scale pointers");
+    if (p->format == FX_FORMAT_NVF4 && (!p->a_global || !p->b_global))
+        return fail(FX_ERR_INPUT, "nvf4 needs a_global and b_global (one float32 each)");
+    const fx_variant *v = &fx_variants[out->variant];
+    if ((rc = ensure_loaded(out->variant))) return rc;
+    int32_t n = x.n_vals;
+    if (v->cluster_ctas) {
+        int32_t drv = driver_clusters(out->variant);
+        if (drv > 0 && drv < out->max_clusters) out->max_clusters = drv;
+        x.vals[n++].i = out->max_clusters;
+    }
+    return v->bind(x.vals, stream);
+}
+
+FX_EXPORT int32_t fx_gemm_blockscaled(const fx_device_t *dev, const fx_gemm_blockscaled_problem_t *p,
+                                      fx_stream_t stream, fx_selection_t *out) {
+    fx_selection_t tmp;
+    if (!out) out = &tmp;
+    return finish(bs_run(dev, p, stream, out), out);
 }
