@@ -65,7 +65,7 @@ def signature(e: dict) -> dict:
 
 def _entry(e: dict) -> dict:
     e = dict(e)
-    e.setdefault("op", "gemm")
+    e.setdefault("op", "attention" if "head_dim" in e else "gemm")
     e.setdefault("target", "sm_90a" if e.get("family") == "sm90" else "sm_90")
     if e["op"] == "gemm":
         e.setdefault("layout", {"a": "k", "b": "k", "c": "n"})
@@ -150,3 +150,12 @@ def lib_of(entries, **kw) -> Lib:
 
 
 __all__ = ["Lib", "build", "lib_of", "signature", "ctypes"]
+
+
+def attach(bundle):
+    """Make ``bundle`` (a Bundle opened on a manifest whose entries were edited or added without
+    being built, e.g. another tier's variants for selection only) select with a library built
+    from its manifest's entries; returns the bundle."""
+    entries = list(bundle.manifest["variants"].values())
+    bundle._selector = rs.Selector(build(entries), bundle.capability, bundle.device_info())
+    return bundle
