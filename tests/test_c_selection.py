@@ -222,7 +222,7 @@ def test_tuned_selection_matches_python(tuned_bundles):
                     assert got[1] == (winner if winner in fits else plain[1]), (p, got, w)
                     checked += winner in fits
         assert differ >= 10, f"{label}: the tuning table changed only {differ} answers"
-        assert checked >= 20, f"{label}: only {checked} answers were a table's winner"
+        assert checked >= 10, f"{label}: only {checked} answers were a table's winner"
 
 
 def test_relink_keeps_python_on_the_tuning_table(tuned_bundles):
