@@ -28,14 +28,10 @@ FORMAT_IDS = {"mxf8e4m3": 1, "mxf8e5m2": 2, "nvf4": 3}
 ACC_IDS = {"promoted": 1, "fast": 2}
 MAX_RANK, MAX_SYMS, MAX_ARGS = 6, 64, 16  # as csrc/fx_select.h
 MAX_TARGET_CCS = 8  # FX_MAX_TARGET_CCS
-# tuning.MODEL's keys, in fx_model's order: a key added to the Python model must be ported to C.
-MODEL_KEYS = ("eff_256x128_c1x2", "eff_128x256_c2x1", "eff_large", "eff_pp", "eff_coop_mc", "eff_coop",
-              "eff_small", "eff_swap_base", "eff_swap_slope", "fp8_promoted", "fp8_fast", "split_us",
-              "fixed_us", "overlap", "grid_bw_exp", "split_tile_exp", "narrow_exp", "tile_us", "deep_bw",
-              "wide_k_bw")
-# cost_sm100.MODEL's keys, in fx_model_sm100's order.
-SM100_MODEL_KEYS = ("smem_bytes_per_clk", "rate_m64", "issue_overlap", "hbm_eff", "latency_us", "l2_tbs",
-                    "mem_overlap", "fixed_us", "wave_us")
+# tuning.MODEL's and cost_sm100.MODEL's keys in fx_model's / fx_model_sm100's order (defined there:
+# the order fx_cost_model_set reads them in): a key added to a Python model must be ported to C.
+MODEL_KEYS = tuning.MODEL_KEYS
+SM100_MODEL_KEYS = cost_sm100.MODEL_KEYS
 
 
 def c_str(s: str) -> str:

@@ -7,7 +7,7 @@ The kernels (``factory/attention/sm80.py``) take, in this order,
 with head_dim contiguous, every other stride a multiple of 16 bytes and 16-byte aligned data.
 LSE is always written (into a scratch buffer when the caller does not want it).
 Decode-family variants (manifest ``decode_rows``; attention/decode.py) serve seqlen_q <= 16 by
-``decode_pick``; those that merge their splits in a cluster take no workspace (manifest
+the selection's decode rule (compiler/csrc/fx_select.c ``decode_pick``); those that merge their splits in a cluster take no workspace (manifest
 ``splits`` 1, ``kv_splits`` the key splits).
 Split-KV variants (manifest ``splits`` > 1, dense only) take two fp32 workspace tensors after lse:
   o_partial (splits,B,Hq,Sq,D), lse_partial (splits,B,Hq,Sq)

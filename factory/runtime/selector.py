@@ -119,6 +119,42 @@ class Selector:
             raise NoVariantError(msg)
         raise RuntimeError(f"fx_{op}_select returned {rc}: {msg}")
 
+    # --- the cost models (tools) ----------------------------------------------------------------------
+    def index(self, name: str) -> int:
+        """The library's index of variant ``name``."""
+        names = getattr(self, "_index", None)
+        if names is None:
+            fn = self.lib.fx_variant_name
+            fn.restype, fn.argtypes = ctypes.c_char_p, [ctypes.c_int32]
+            names = self._index = {fn(i).decode(): i for i in range(self.lib.fx_variant_count())}
+        return names[name]
+
+    def estimate_us(self, name: str, M: int, N: int, K: int, L: int = 1) -> float:
+        """The family's cost model's predicted time (us) of GEMM variant ``name`` on (M, N, K, L):
+        what the selection ranks by (``fx_gemm_estimate_us``)."""
+        us = ctypes.c_double()
+        fn = self.lib.fx_gemm_estimate_us
+        fn.restype = ctypes.c_int32
+        fn.argtypes = [ctypes.POINTER(Device), ctypes.c_int32] + [ctypes.c_int64] * 4 + [ctypes.POINTER(ctypes.c_double)]
+        rc = fn(self._dev, self.index(name), M, N, K, L, ctypes.byref(us))
+        if rc:
+            raise InputError((self.lib.fx_last_error_message() or b"").decode(errors="replace"))
+        return us.value
+
+    def set_cost_model(self, sm90: dict | None = None, sm100: dict | None = None) -> None:
+        """For fitting tools: evaluate with these constants (tuning.MODEL / cost_sm100.MODEL's
+        keys; None: the compiled-in ones) from now on, in this process."""
+        from .cost_sm100 import MODEL_KEYS as SM100_MODEL_KEYS
+        from .tuning import MODEL_KEYS as SM90_MODEL_KEYS
+
+        def arr(model, keys):
+            return None if model is None else (ctypes.c_double * len(keys))(*(float(model[k]) for k in keys))
+
+        a, b = arr(sm90, SM90_MODEL_KEYS), arr(sm100, SM100_MODEL_KEYS)
+        rc = self.lib.fx_cost_model_set(a, len(SM90_MODEL_KEYS), b, len(SM100_MODEL_KEYS))
+        if rc:
+            raise InputError((self.lib.fx_last_error_message() or b"").decode(errors="replace"))
+
     # --- problems from (data_ptr, shape, stride) specs ---------------------------------------------
     @staticmethod
     def gemm_problem(a3, b3, c3, ab: str, c: str, scales: list, b_constant: bool) -> GemmProblem:

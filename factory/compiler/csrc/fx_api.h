@@ -155,6 +155,13 @@ int32_t fx_gemm_packed(const fx_device_t *dev, const fx_gemm_packed_problem_t *p
 int32_t fx_gemm_blockscaled(const fx_device_t *dev, const fx_gemm_blockscaled_problem_t *p, fx_stream_t stream,
                             fx_selection_t *out);
 
+/* The GEMM cost model's predicted time (us) of a variant (index) on an (m, n, k, l) problem: the
+   sm90 and sm100 families' models the selection ranks by. */
+int32_t fx_gemm_estimate_us(const fx_device_t *dev, int32_t variant, int64_t m, int64_t n, int64_t k, int64_t l,
+                            double *us);
+/* For fitting tools only: replace the cost models' constants (NULL: the compiled-in ones). */
+int32_t fx_cost_model_set(const double *sm90, int32_t n90, const double *sm100, int32_t n100);
+
 /* The reason of this thread's last failed fx_* call ("" if none). */
 const char *fx_last_error_message(void);
 int32_t fx_variant_count(void);

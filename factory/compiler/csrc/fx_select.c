@@ -389,9 +389,36 @@ static const fx_bucket *find_attention_bucket(int32_t dtype, int32_t head_dim, i
     return NULL;
 }
 
+/* --- the cost models' constants: compiled in (factory/compiler/selection.py from runtime/tuning.py
+   MODEL and runtime/cost_sm100.py MODEL), or a fitting tool's (fx_cost_model_set) --------------- */
+static fx_model fx_model90_set;
+static fx_model_sm100 fx_model100_set;
+static int fx_model90_given, fx_model100_given;
+
+static const fx_model *model90(void) { return fx_model90_given ? &fx_model90_set : &fx_model_constants; }
+static const fx_model_sm100 *model100(void) {
+    return fx_model100_given ? &fx_model100_set : &fx_model_sm100_constants;
+}
+
+/* For fitting tools only (scripts/fit_cost_model.py; not thread-safe, never needed to serve): the
+   models' tunable constants in the order of selection.py MODEL_KEYS (20) / SM100_MODEL_KEYS (9);
+   NULL restores the compiled-in ones. */
+FX_EXPORT int32_t fx_cost_model_set(const double *sm90, int32_t n90, const double *sm100, int32_t n100) {
+    if ((sm90 && n90 != 20) || (sm100 && n100 != 9))
+        return fail(FX_ERR_INPUT, "fx_cost_model_set takes 20 sm90 and 9 sm100 constants, got %d and %d", n90, n100);
+    fx_model90_set = fx_model_constants;
+    fx_model100_set = fx_model_sm100_constants;
+    if (sm90) memcpy(&fx_model90_set, sm90, 20 * sizeof(double));
+    if (sm100) memcpy(&fx_model100_set, sm100, 9 * sizeof(double));
+    fx_model90_given = sm90 != NULL;
+    fx_model100_given = sm100 != NULL;
+    fx_msg[0] = 0;
+    return 0;
+}
+
 /* --- the Hopper cost model: tuning._efficiency, tuning.estimate_us, tuning._dram_bytes -------- */
 static double efficiency(const fx_variant *v, int64_t busy, int32_t sm_count) {
-    const fx_model *p = &fx_model_constants;
+    const fx_model *p = model90();
     int32_t tm = v->tile[0], tn = v->tile[1];
     int multicast = !(v->cluster[0] == 1 && v->cluster[1] == 1);
     double eff;
@@ -425,7 +452,7 @@ static i128 dram_bytes(const fx_variant *v, int64_t M, int64_t N, int64_t K, i12
     i128 w_m = resident / s;
     if (w_m > m_clusters) w_m = m_clusters;
     if (w_m < 1) w_m = 1;
-    i128 l2 = fx_model_constants.l2_bytes; /* x <= L2 / 2 is tested as 2 x <= L2: exact */
+    i128 l2 = model90()->l2_bytes; /* x <= L2 / 2 is tested as 2 x <= L2: exact */
     i128 a_passes = 2 * a_bytes <= l2 ? 1 : cdiv128(n_clusters, w_n);
     i128 strip = w_n * v->cluster[1] * v->tile[1] * (i128)K * e;
     i128 b_passes = (2 * b_bytes <= l2 || 2 * strip <= l2) ? 1 : cdiv128(m_clusters, w_m);
@@ -433,7 +460,7 @@ static i128 dram_bytes(const fx_variant *v, int64_t M, int64_t N, int64_t K, i12
 }
 
 static double estimate_us(const fx_variant *v, int64_t M, int64_t N, int64_t K, int64_t L, int32_t sm_count) {
-    const fx_model *p = &fx_model_constants;
+    const fx_model *p = model90();
     int64_t tm = v->tile[0], tn = v->tile[1], split = v->split_k, cm = v->cluster[0], cn = v->cluster[1];
     i128 tiles_m = cdiv(cdiv(M, tm), cm) * cm;
     i128 tiles_n = cdiv(cdiv(N, tn), cn) * cn;
@@ -539,7 +566,7 @@ static int contains(const int32_t *xs, int32_t n, int32_t x) {
 
 /* --- the Blackwell cost model: cost_sm100.kblock_clocks, grid, dram_bytes, l2_bytes, estimate_us -- */
 static double sm100_kblock_clocks(const fx_variant *v) {
-    const fx_model_sm100 *p = &fx_model_sm100_constants;
+    const fx_model_sm100 *p = model100();
     int64_t cta_m = v->tile[0], tn = v->tile[1], tk = v->tile[2], group = v->cta_group > 0 ? v->cta_group : 1;
     int64_t mma_m = v->mma_m > 0 ? v->mma_m : v->tile[0];
     double rate = mma_m / group < 128 ? p->rate_m64 : 1.0;
@@ -574,7 +601,7 @@ static i128 sm100_dram_bytes(const fx_variant *v, int64_t M, int64_t N, int64_t 
     if (w_n < 1) w_n = 1;
     i128 w_m = resident < m_clusters ? resident : m_clusters;
     if (w_m < 1) w_m = 1;
-    i128 l2 = fx_model_sm100_constants.l2_bytes; /* x <= L2 / 2 is tested as 2 x <= L2: exact */
+    i128 l2 = model100()->l2_bytes; /* x <= L2 / 2 is tested as 2 x <= L2: exact */
     i128 a_passes = 2 * a_bytes <= l2 ? 1 : cdiv128(n_clusters, w_n);
     i128 strip = w_n * cn * tn * (i128)K * e;
     i128 b_passes = (2 * b_bytes <= l2 || 2 * strip <= l2) ? 1 : cdiv128(m_clusters, w_m);
@@ -590,7 +617,7 @@ static double sm100_l2_bytes(const fx_variant *v, int64_t M, int64_t N, int64_t 
 }
 
 static double sm100_estimate_us(const fx_variant *v, int64_t M, int64_t N, int64_t K, int64_t L, int32_t sm_count) {
-    const fx_model_sm100 *p = &fx_model_sm100_constants;
+    const fx_model_sm100 *p = model100();
     i128 units, ctas, waves;
     sm100_grid(v, M, N, L, sm_count, &units, &ctas, &waves);
     i128 k_blocks = cdiv(K, v->tile[2]);
@@ -603,6 +630,27 @@ static double sm100_estimate_us(const fx_variant *v, int64_t M, int64_t N, int64
     double hi = t_compute >= t_memory ? t_compute : t_memory, lo = t_compute >= t_memory ? t_memory : t_compute;
     double t = hi + p->mem_overlap * lo;
     return t * 1e6 + p->fixed_us + p->wave_us * (double)(waves - 1);
+}
+
+/* The family's cost model's predicted time (us) of GEMM variant `variant` on an (m, n, k, l)
+   problem on this device (sm90: fitted to H100 measurements; sm100: a roofline from published B200
+   figures, unmeasured): what the selection ranks by, for tools (scripts/tune.py screens with it). */
+FX_EXPORT int32_t fx_gemm_estimate_us(const fx_device_t *dev, int32_t variant, int64_t m, int64_t n, int64_t k,
+                                      int64_t l, double *us) {
+    int32_t rc;
+    fx_msg[0] = 0;
+    if (!dev || !us) return fail(FX_ERR_INPUT, "fx_gemm_estimate_us: dev and us must not be NULL");
+    if ((rc = check_device(dev))) return rc;
+    if (variant < 0 || variant >= fx_n_variants) return fail(FX_ERR_INPUT, "no variant %d", variant);
+    if (m <= 0 || n <= 0 || k <= 0 || l <= 0 || m > INT32_MAX_ || n > INT32_MAX_ || k > INT32_MAX_ || l > INT32_MAX_)
+        return fail(FX_ERR_INPUT, "m, n, k, l must be in 1..2^31-1, got %lld, %lld, %lld, %lld", (long long)m,
+                    (long long)n, (long long)k, (long long)l);
+    const fx_variant *v = &fx_variants[variant];
+    if (v->op != FX_OP_GEMM || (v->family != FX_FAMILY_SM90 && v->family != FX_FAMILY_SM100))
+        return fail(FX_ERR_INPUT, "%s has no cost model (the sm90 and sm100 GEMM families have)", v->name);
+    *us = v->family == FX_FAMILY_SM100 ? sm100_estimate_us(v, m, n, k, l, dev->sm_count)
+                                       : estimate_us(v, m, n, k, l, dev->sm_count);
+    return 0;
 }
 
 static i128 sm80_ctas(const fx_variant *v, const gemm_ctx *g) {
@@ -920,7 +968,7 @@ static int32_t decode_split_count(i128 groups, int64_t tiles, i128 kv_bytes, int
         if (groups * sp[i] > target && (!first || sp[i] < first)) first = sp[i];
     }
     int32_t s = first ? first : (cl_fit ? cl_fit : 1);
-    if (cl_fit && s == cl_all && kv_bytes <= (i128)fx_model_constants.l2_bytes) {
+    if (cl_fit && s == cl_all && kv_bytes <= (i128)model90()->l2_bytes) {
         int32_t big = 0;
         for (int32_t i = 0; i < n; i++)
             if (!cl[i] && sp[i] > s && (sp[i] == 1 || tiles >= 2 * (int64_t)sp[i]) && sp[i] > big) big = sp[i];
