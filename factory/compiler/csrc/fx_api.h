@@ -1,10 +1,9 @@
 /* ---- Selection: one call per problem (factory/compiler/csrc/fx_select.c) ----------------------
  *
- * fx_gemm / fx_attention choose the variant for a problem with the same answers as the Python
- * loader (factory/runtime: gemm.select, attention.select), from tables generated from this
- * bundle's manifest (and its tuning.json, when `python -m factory link` compiled it in), then
- * launch it through the variant's fx_launch_<name>.  fx_gemm_select / fx_attention_select only
- * choose: no GPU, no CUDA call.
+ * fx_gemm / fx_attention / fx_gemm_packed / fx_gemm_blockscaled choose the variant for a problem
+ * (the one selection: the Python loader calls these fx_*_select too), from tables generated from
+ * this bundle's manifest (and its tuning.json, when `python -m factory link` compiled it in), then
+ * launch it through the variant's fx_launch_<name>.  fx_*_select only choose: no GPU, no CUDA call.
  *
  * Sizes and strides are in elements.  Every pointer is a device pointer.  The selection reads only
  * the pointers' alignment (NULL counts as aligned), so a problem without pointers plans for

@@ -1,11 +1,13 @@
-/* Selection in C: fx_gemm / fx_attention choose a variant with the same answers as the Python
- * loader, from the tables generated into fx_glue.c (fx_select.h), then launch it.
+/* The variant selection, the one implementation: fx_gemm / fx_attention / fx_gemm_packed /
+ * fx_gemm_blockscaled choose a variant from the tables generated into fx_glue.c (fx_select.h),
+ * then launch it; their fx_*_select only choose, and are what the Python loader calls
+ * (factory/runtime/selector.py).  The cost models' constants come from factory/runtime/tuning.py
+ * and cost_sm100.py (their one description); their code is here.
  *
- * Each function below names the Python function it ports (factory/runtime/...); the two are kept
- * equal by tests/test_c_selection.py, which compares them over hundreds of problems.  Integer
- * arithmetic that Python does on unbounded ints is done here in __int128 where a product can
- * pass 2^63; floating point follows Python's order of operations (this file is compiled with
- * -ffp-contract=off), so the cost model's estimates are bit-identical.
+ * Comments name the runtime module whose op a function serves (factory/runtime/...).  Integer
+ * arithmetic that can pass 2^63 is done in __int128; this file is compiled with -ffp-contract=off.
+ * Tests: tests/test_c_selection.py (answers on the test bundle, tuning overrides, refusals) and
+ * tests/selection_lib.py (this file compiled with the tables of synthetic entries).
  *
  * The pattern of an op (how to add one, e.g. fx_attention_kvcache):
  *   1. fx_api.h: a fx_<op>_problem_t (sizes int64, strides in elements per mode, pointers, flags
@@ -365,7 +367,7 @@ static const fx_bucket *find_bucket(int32_t ab, int32_t c, int32_t am, int32_t b
     return NULL;
 }
 
-/* tuning.attention_bucket_key (dense attention): power-of-two buckets of seqlen_q, seqlen_k and
+/* The attention bucket key (tuning.attention_bucket_key, dense problems): power-of-two buckets of seqlen_q, seqlen_k and
    batch x q-heads. */
 static int64_t pow2_bucket(int64_t x) {
     int b = bit_length(x - 1);
@@ -491,7 +493,8 @@ static double estimate_us(const fx_variant *v, int64_t M, int64_t N, int64_t K, 
     return t * 1e6 + p->fixed_us + split_cost + tile_cost;
 }
 
-/* tuning.launch_ctas for a grid fixed at build time (persistent_ctas). */
+/* CTAs a persistent launcher whose grid was fixed at build time (persistent_ctas, older bundles)
+   starts for this problem: the tile grid in whole clusters, capped at persistent_ctas. */
 static i128 launch_ctas_fixed(const fx_variant *v, int64_t M, int64_t N, int64_t L) {
     int64_t tm = v->tile[0], tn = v->tile[1], split = v->split_k, cm = v->cluster[0], cn = v->cluster[1];
     i128 tiles = (i128)(cdiv(cdiv(M, tm), cm) * cm) * (cdiv(cdiv(N, tn), cn) * cn) * L * split;
@@ -521,7 +524,8 @@ static void workspace_spec(fx_value *v, const fx_variant *e, int64_t M, int64_t 
     spec(v, (const void *)ptr, 3, shape, stride);
 }
 
-/* gemm.fitting_variants: the fitting variants of the best target that has any (every target's
+/* The variants whose dtypes, majorness and argument contract take the problem, of the best target
+   that has any (every target's
    with every_target); FX_ERR_NO_VARIANT when none fits.  *fits is malloc'd. */
 static int32_t gemm_fits(const gemm_ctx *g, int32_t early_b, int32_t **fits, int32_t *n_fits) {
     int32_t *cand, n = candidates(g->dev, FX_OP_GEMM, &cand), k = 0;
@@ -657,7 +661,20 @@ static i128 sm80_ctas(const fx_variant *v, const gemm_ctx *g) {
     return (i128)cdiv(g->M, v->tile[0]) * cdiv(g->N, v->tile[1]) * g->L * v->split_k;
 }
 
-/* gemm.choose: the variant to run among fits (all fit, one target); -1 if fits is empty. */
+/* The variant to run among fits (all fit, one target); -1 if fits is empty:
+     1. a persistent grid fixed at build time for more SMs than this device has is used only where
+        its launch grid for this problem fits (else a second wave of CTAs);
+     2. the compiled-in tuning table's winner of the problem's bucket, where the device matches and
+        the winner fits;
+     3. sm90 (Hopper) and sm100 (Blackwell datacenter): the least predicted time of the family's
+        cost model (estimate_us: fitted to H100 measurements, notes/gemm-sm90.md;
+        sm100_estimate_us: a roofline from published B200 figures, unmeasured, notes/gemm-sm100.md),
+        ties by name;
+     4. sm80 (mma.sync): the largest tile that still gives at least one CTA per SM; else the tile
+        with the most CTAs (on an H100 128x128 and 128x256 are within a few % at 4096^3, and 64x128
+        wins once fewer than ~132 CTAs of 128x128 exist).  Split-K variants compete only when no
+        unsplit tile fills the SMs and every split keeps >= 8 k-tiles; among grids that fill the
+        SMs the fewest splits win (each split costs a workspace round trip). */
 static int32_t gemm_choose(const gemm_ctx *g, int32_t *fits, int32_t n) {
     int32_t sms = g->dev->sm_count;
     int32_t kept = 0;
@@ -736,7 +753,9 @@ static int32_t gemm_choose(const gemm_ctx *g, int32_t *fits, int32_t n) {
     return best;
 }
 
-/* gemm._choose_b_constant */
+/* b_constant (nothing still running writes B): the table's measured b_constant winner of the bucket
+   (an early_b variant, or the plain winner where none was faster) where it fits, else the early_b
+   twin of the plain choice (or the plain choice where it has none). */
 static int32_t gemm_b_constant(const gemm_ctx *g, int32_t plain) {
     if (tuning_applies(g->dev)) {
         const fx_bucket *b = find_bucket(g->ab, g->c, g->am, g->bm, g->M, g->N, g->K, g->L);
@@ -806,7 +825,7 @@ static int64_t elem_bytes(int32_t dtype) {
     return dtype == FX_DTYPE_F32 ? 4 : dtype == FX_DTYPE_E4M3 ? 1 : 2;
 }
 
-/* gemm.gemm's checks up to the launch, and gemm.select. */
+/* The GEMM op's checks up to the launch (runtime/gemm.py), and the choice, cached per thread. */
 static int32_t gemm_select(const fx_device_t *dev, const fx_gemm_problem_t *p, fx_selection_t *out, gemm_ctx *g) {
     memset(out, 0, sizeof *out);
     out->variant = -1;
@@ -901,7 +920,9 @@ FX_EXPORT int32_t fx_gemm_select(const fx_device_t *dev, const fx_gemm_problem_t
 }
 
 /* --- attention: runtime/attention.py ----------------------------------------------------------- */
-/* attention.split_count */
+/* Split-KV count for a grid of `ctas` CTAs over `key_tiles` key tiles: 1 unless the grid leaves SMs
+   idle; then the largest available count that keeps the grid within two waves and gives every
+   split at least two key tiles (so its cp.async pipeline has something to overlap), or 1. */
 static int32_t split_count(i128 ctas, int64_t key_tiles, int32_t sms, const int32_t *avail, int32_t n) {
     if (ctas >= sms) return 1;
     int32_t best = 1;
@@ -912,7 +933,10 @@ static int32_t split_count(i128 ctas, int64_t key_tiles, int32_t sms, const int3
     return best;
 }
 
-/* attention.pack_split_count: 0 for None */
+/* Split count of a packed-GQA decode variant (seqlen_q 1: a CTA's rows are the q heads of one kv
+   head, so K/V are read once): the fewest splits whose grid fills the SMs, else the most; each
+   split keeps a key tile; 0 when none does.  Grids past two waves are fine here: the alternative
+   re-reads K/V once per q head (H100: B16 H32/8 Sk4096 D128 ran 249 us that way, SDPA 90 us). */
 static int32_t pack_split_count(i128 ctas, int64_t key_tiles, int32_t sms, const int32_t *avail, int32_t n) {
     int32_t fill = 0, most = 0;
     for (int32_t i = 0; i < n; i++) {
@@ -924,7 +948,8 @@ static int32_t pack_split_count(i128 ctas, int64_t key_tiles, int32_t sms, const
     return fill ? fill : most;
 }
 
-/* attention._split_pick over split (indices): -1 when not splitting. */
+/* The split-KV entry (of one tile config) for `groups` row sets of `rows` query rows over `sk` keys;
+   -1 when split_count says not to split. */
 static int32_t split_pick(const int32_t *split, int32_t n, i128 groups, int64_t rows, int64_t sk, int32_t sms) {
     if (n == 0) return -1;
     const fx_variant *e0 = &fx_variants[split[0]];
@@ -947,7 +972,9 @@ typedef struct {
     int64_t b, hq, hkv, sq, sk;
 } attn_decode;
 
-/* attention._more_waves */
+/* Whether the smaller query tile's grid needs more waves than the bigger one's, for variants that
+   state their resident CTAs per SM (H100, sm90 family: B4 H32/8 Sq128 Sk4096 causal ran 78.5 us on
+   256 CTAs of 64 rows, 54.9 on 128 CTAs of 128 rows). */
 static int more_waves(const fx_variant *small, const fx_variant *big, const attn_decode *d, int32_t sms) {
     if (!small->ctas_per_sm || !big->ctas_per_sm) return 0;
     i128 ws = cdiv128((i128)d->b * d->hq * cdiv(d->sq, small->tile[0]), (i128)sms * small->ctas_per_sm);
@@ -955,7 +982,14 @@ static int more_waves(const fx_variant *small, const fx_variant *big, const attn
     return ws > wb;
 }
 
-/* attention.decode_split_count over the built split counts sp[i] (cl[i]: merged in a cluster). */
+/* Split-KV count of a decode-family variant for `groups` = batch x kv heads x row blocks CTAs per
+   split, over the built split counts sp[i] (cl[i]: merged in a cluster).  H100
+   (notes/attention-decode.md; 132 SMs, 2 CTAs per SM; the best split of every measured shape):
+   groups >= 3/4 of the SMs: 1 (B16 H32/8 Sk512: split 2 ran 10.8 us vs 8.3); fewer: the fewest
+   splits, at least 2, that give more than SMs/4 CTAs, or SMs/2 when a kv head has several row
+   blocks (B4 H32/8 Sk4096: 2 splits 29.1 us, 4 splits 30.7); every split keeps at least 2 key
+   tiles (B1 Sk512: 4 splits 6.4 us, 8 splits 7.4); when that is the largest cluster split, K/V fit
+   in L2 and a second-kernel split keeps 2 tiles each: that one (B1 H32/8 Sk4096 10.1 us vs 11.3). */
 static int32_t decode_split_count(i128 groups, int64_t tiles, i128 kv_bytes, int64_t row_blocks, int32_t sms,
                                   const int32_t *sp, const int32_t *cl, int32_t n) {
     if (groups * 4 >= 3 * (i128)sms) return 1;
@@ -977,7 +1011,11 @@ static int32_t decode_split_count(i128 groups, int64_t tiles, i128 kv_bytes, int
     return s;
 }
 
-/* attention.decode_pick over the decode-family entries dec[0..n) (candidates order): -1 for None. */
+/* The decode-family entry (attention/decode.py) for a dense problem, over the family's entries
+   dec[0..n) (candidates order); -1 when the family does not serve it: Sq > 16, or Sq > 1 without
+   the causal mask (the family is built bottom-right causal; one query equals no mask).  Entries of
+   one tile config (the preferred one), split count by decode_split_count; PDL for the
+   second-kernel split and for a cluster split whose grid leaves half the SMs idle. */
 static int32_t decode_pick(const int32_t *dec, int32_t n, const attn_decode *d, int32_t causal, int32_t sms) {
     if (n == 0 || d->sq > 16 || (d->sq > 1 && !causal) || d->hkv <= 0) return -1;
     int32_t npref = 0;
@@ -1008,7 +1046,14 @@ static int32_t decode_pick(const int32_t *dec, int32_t n, const attn_decode *d, 
     return first;
 }
 
-/* attention.select (rows < 0: None; decode NULL: None). */
+/* The attention variant (rows < 0: varlen; decode NULL: varlen), best target first: a dense problem
+   of at most 16 queries takes the decode family where decode_pick finds one; then, for one query
+   with GQA, the packed split-KV variant, and for grids that leave SMs idle the split-KV one (both of
+   the best target that has them); then the tuning table's winner of the dense bucket where it fits
+   (after the min_seqlen_q filter: the sm90 family's 64-row slabs are padding for fewer queries);
+   then the family's preferred tile, or the smallest query tile where the preferred grid leaves SMs
+   idle, unless its grid needs more waves (more_waves; measured on the H100: B1 H8 S512 D64 runs
+   32 CTAs of 128 rows on 132 SMs). */
 static int32_t attn_choose(const fx_device_t *dev, int32_t dtype, int32_t head_dim, int32_t causal, int32_t varlen,
                            i128 rows, const attn_decode *decode) {
     int32_t sms = dev->sm_count;
@@ -1138,7 +1183,7 @@ static int is_head_dim(int64_t d) {
     return 0;
 }
 
-/* attention._check_strides for a q/k/v/o of numel elements (head_dim contiguous by construction). */
+/* The strides and alignment of a q/k/v/o of numel elements (head_dim contiguous by construction). */
 static int32_t check_strides(const char *what, const void *ptr, const int64_t *stride, int32_t first, int64_t numel) {
     if (numel == 0) return 0;
     for (int32_t i = first; i < 3; i++)
@@ -1149,7 +1194,7 @@ static int32_t check_strides(const char *what, const void *ptr, const int64_t *s
     return 0;
 }
 
-/* attention.attention's checks, attention._choose and the launch's contract check; the values
+/* The attention op's checks (runtime/attention.py), the choice and the launch's contract check; the values
    are built for a workspace at `workspace` (0 while only selecting). */
 static int32_t attn_select(const fx_device_t *dev, const fx_attention_problem_t *p, fx_selection_t *out, attn_ctx *a,
                            uintptr_t workspace) {
@@ -1297,7 +1342,7 @@ static int32_t attn_select(const fx_device_t *dev, const fx_attention_problem_t 
         int64_t lst[3] = {p->lse ? p->lse_stride[0] : Hq * Sq, p->lse ? p->lse_stride[1] : Sq, 1};
         spec(&vals[4], p->lse ? (const void *)p->lse : (const void *)(workspace + a->lse_offset), 3, ls, lst);
         int32_t k = 5;
-        if (s > 1) { /* attention.split_workspace: o_partial (s,B,Hq,Sq,D), lse_partial (s,B,Hq,Sq), one buffer */
+        if (s > 1) { /* the split workspace (runtime/attention.py split_workspace): o_partial (s,B,Hq,Sq,D), lse_partial (s,B,Hq,Sq), one buffer */
             int64_t op[5] = {s, B, Hq, Sq, D}, ops[5] = {B * Hq * Sq * D, Hq * Sq * D, Sq * D, D, 1};
             int64_t lp[4] = {s, B, Hq, Sq}, lps[4] = {B * Hq * Sq, Hq * Sq, Sq, 1};
             spec(&vals[k++], (const void *)workspace, 5, op, ops);
