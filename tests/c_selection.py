@@ -18,7 +18,6 @@ import torch
 
 from conftest import Recorder
 from factory.runtime import Bundle, InputError, NoVariantError
-from factory.runtime import attention as rt_attention
 from factory.runtime import gemm as rt_gemm
 
 DTYPE = {"bf16": 1, "f16": 2, "f32": 3, "e4m3": 4}

@@ -15,7 +15,6 @@ import selection_lib as sl
 from conftest import ROOT, Recorder
 from factory.compiler.link import relink
 from factory.runtime import Bundle, tuning
-from factory.runtime import attention as rt_attention
 
 H100 = {"name": "NVIDIA H100 80GB HBM3", "sm_count": 132}
 BIG = "attention_sm90a_bf16_d128_m128_n128_s2_causal_ov_pp_er_ps_kf"

@@ -178,7 +178,7 @@ class AttentionDecode(Variant):
             # merge in the launch and take none.
             "splits": 1 if self.cluster else self.splits,
             "pack_gqa": False,
-            # What the decode rule selects on (compiler/csrc/fx_select.c decode_pick): rows per CTA
+            # What the decode rule selects on (runtime/attention.py decode_pick): rows per CTA
             # (q heads x queries of one kv head), the key splits and how they merge.
             "decode_rows": ROWS,
             "kv_splits": self.splits,
@@ -203,7 +203,7 @@ def _cutlass_dtype(name: str):
 
 
 # The default config per head_dim: (tile_n, warps, stages, pdl, ilp, min_ctas); the runtime's
-# decode rule (compiler/csrc/fx_select.c decode_pick) prefers it where a bundle has several.  H100,
+# decode rule (runtime/attention.py decode_pick) prefers it where a bundle has several.  H100,
 # bf16 D128 (notes/attention-decode.md, runs 1-3): 64-key tiles in a 3-stage ring (96 KB, two
 # CTAs per SM) were the best or within 2 % of the best of five configs on most of 52 shapes.
 # PDL (``pdl``) is built where it paid: the second-kernel split, and twins of the cluster
