@@ -216,12 +216,6 @@ class AttentionDecodeKV(AttentionDecode):
     def name(self) -> str:
         return AttentionVariant.name.fget(self).replace("_o0_", "_")
 
-    def proof_level(self) -> str:
-        """The switch build's cubins (window + softcap + sinks) changed after their GPU run (softcap
-        by a select per score, which removed a register spill), and the fp8-cache build has not
-        run: compiled and checked, not run."""
-        return "sass-only" if self.softcap or self.kv_dtype == "e4m3" else self.tgt.proof
-
     def can_implement(self) -> str | None:
         why = super().can_implement()
         if why:
