@@ -71,6 +71,34 @@ COMBINE_WARPS = 4
 HEAD_DIMS = (64, 128)
 # Row block of one warp: one m16n8k16 A fragment.
 ROWS_PER_WARP = 16
+# A window side given as < 0 (unbounded), as a key distance no sequence reaches.
+UNBOUNDED = 1 << 30
+
+
+@dataclass(frozen=True)
+class KvOptions:
+    """The compile-time switches of attention over a KV cache (the contract's kvcache variant
+    fields) as the kernel sees them."""
+    paged: bool
+    kv_dtype: Any  # cutlass numeric type of k_cache/v_cache
+    fp8: bool
+    local: bool
+    softcap: bool
+    sinks: bool
+
+
+class KvArgs:
+    """The KV-cache kernel arguments beyond q/k/v/o/lse, handed from the host entry to the kernel."""
+
+    def __init__(self, block_table, cache_seqlens, sinks, kv_descale, softcap, window_left,
+                 window_right):
+        self.block_table = block_table
+        self.cache_seqlens = cache_seqlens
+        self.sinks = sinks
+        self.kv_descale = kv_descale
+        self.softcap = softcap
+        self.window_left = window_left
+        self.window_right = window_right
 
 
 # ------------------------------------------------------------------------------------------------
@@ -230,6 +258,131 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm80]:
 
 
 # ------------------------------------------------------------------------------------------------
+# Attention over a KV cache (contract.signature_kvcache): the same kernel, K/V rows gathered
+# through the block table, per-sequence key counts, window/softcap/sinks, fp8 K/V
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttentionKvcacheSm80(Variant):
+    """The sm80 family over a KV cache.  Pages of any power-of-two size (the kernel addresses
+    key rows, so a page may be smaller or larger than a key tile): the page size is a launch-time
+    symbol, manifest ``page_sizes``.  Any seqlen_q, dense or packed (varlen) q."""
+
+    op: ClassVar[str] = "attention_kvcache"
+    family: ClassVar[str] = "sm80"
+    required_sass = (r"HMMA", r"LDGSTS", r"LDSM")
+    sources = ("attention/sm80.py", "attention/contract.py")
+
+    dtype: str = field(default="bf16", metadata={"tag": ""})
+    kv_dtype: str = field(default="bf16", metadata={"tag": "c"})
+    head_dim: int = field(default=128, metadata={"tag": "d"})
+    tile_m: int = field(default=128, metadata={"tag": "m"})
+    tile_n: int = field(default=64, metadata={"tag": "n"})
+    warps: int = field(default=8, metadata={"tag": "w"})
+    stages: int = field(default=2, metadata={"tag": "s"})
+    causal: bool = field(default=True, metadata={"tag": "causal"})
+    paged: bool = field(default=True, metadata={"tag": "paged"})
+    local: bool = field(default=False, metadata={"tag": "win"})
+    softcap: bool = field(default=False, metadata={"tag": "cap"})
+    sinks: bool = field(default=False, metadata={"tag": "sink"})
+    varlen: bool = field(default=False, metadata={"tag": "varlen"})
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps
+
+    @property
+    def fp8(self) -> bool:
+        return self.kv_dtype != self.dtype
+
+    def smem_bytes(self) -> int:
+        # dtype K/V ring (Q/O alias its last slot); fp8: one dtype slot plus the fp8 ring
+        tile = 2 * self.tile_n * self.head_dim
+        if self.fp8:
+            return tile * DTYPE_BYTES[self.dtype] + self.stages * tile * DTYPE_BYTES[self.kv_dtype]
+        return self.stages * tile * DTYPE_BYTES[self.dtype]
+
+    def can_implement(self) -> str | None:
+        base = AttentionSm80(target=self.target, dtype=self.dtype, head_dim=self.head_dim,
+                             tile_m=self.tile_m, tile_n=self.tile_n, warps=self.warps,
+                             stages=self.stages, causal=self.causal)
+        why = base.can_implement()
+        if why:
+            return why
+        if self.kv_dtype not in (self.dtype, "e4m3"):
+            return f"kv_dtype must be {self.dtype} or e4m3"
+        if self.fp8:
+            if not self.tgt.fp8:
+                return f"fp8 K/V need a target with e4m3 conversions; {self.target} has none"
+            if self.tile_n % (self.threads // (self.head_dim // 16)):
+                return "fp8 K/V tiles must be whole copy passes"
+        if self.smem_bytes() > self.tgt.smem_per_cta:
+            return f"needs {self.smem_bytes()} B of shared memory, {self.target} has {self.tgt.smem_per_cta}"
+        return None
+
+    def signature(self) -> Signature:
+        return contract.signature_kvcache(self.dtype, self.kv_dtype, self.head_dim, self.paged, None,
+                                          varlen_q=self.varlen)
+
+    def describe(self) -> dict[str, Any]:
+        d = contract.manifest_fields_kvcache(
+            self.dtype, self.kv_dtype, self.head_dim, paged=self.paged, page_size=None,
+            causal=self.causal, local=self.local, softcap=self.softcap, sinks=self.sinks,
+            varlen_q=self.varlen)
+        d["page_sizes"] = list(contract.PAGE_SIZES) if self.paged else []
+        d.update({
+            "tile": [self.tile_m, self.tile_n],
+            "warps": self.warps,
+            "stages": self.stages,
+            "splits": 1,
+            "smem_bytes": self.smem_bytes(),
+            "preferred": (self.tile_m, self.tile_n, self.warps, self.stages)
+            == default_tile(self.tgt, self.head_dim),
+        })
+        return d
+
+    def make_kernel(self):
+        kv = KvOptions(paged=self.paged, kv_dtype=_cutlass_kv_dtype(self.kv_dtype), fp8=self.fp8,
+                       local=self.local, softcap=self.softcap, sinks=self.sinks)
+        k = FlashFwdSm80(
+            dtype=_cutlass_dtype(self.dtype), head_dim=self.head_dim, tile_m=self.tile_m,
+            tile_n=self.tile_n, warps=self.warps, stages=self.stages, causal=self.causal, kv=kv)
+        return k.kvcache_packed if self.varlen else k.kvcache
+
+
+def _cutlass_kv_dtype(name: str):
+    return cutlass.Float8E4M3FN if name == "e4m3" else _cutlass_dtype(name)
+
+
+@register("attention_kvcache")
+def enumerate_attention_kvcache(target: Target, tier: str) -> list[AttentionKvcacheSm80]:
+    if target.family != "sm80":
+        return []
+
+    def make(dtype, d, kv_dtype=None, **switches):
+        tm, tn, w, s = default_tile(target, d)
+        return AttentionKvcacheSm80(target=target.name, dtype=dtype, kv_dtype=kv_dtype or dtype,
+                                    head_dim=d, tile_m=tm, tile_n=tn, warps=w, stages=s, **switches)
+
+    if tier == "test":
+        out = [
+            make("bf16", 128),
+            make("f16", 64, varlen=True),
+            make("bf16", 128, paged=False, causal=False),
+            make("bf16", 64, local=True, softcap=True, sinks=True),
+            make("bf16", 128, "e4m3"),
+            make("f16", 128, "e4m3", varlen=True, local=True),
+        ]
+    else:
+        # Chunked prefill and speculative verification against a cache: causal, paged, dense or
+        # packed q, each dtype and head_dim; fp8 caches where the target converts e4m3.
+        out = [make(dt, d, kv, varlen=vl) for dt in DTYPES for d in HEAD_DIMS
+               for kv in (None, "e4m3") for vl in (False, True)]
+    return [v for v in out if v.can_implement() is None]
+
+
+# ------------------------------------------------------------------------------------------------
 # The kernel
 # ------------------------------------------------------------------------------------------------
 class FlashFwdSm80:
@@ -237,7 +390,7 @@ class FlashFwdSm80:
     MMA atoms and launch ``kernel``; device side: ``kernel`` and its jit helpers."""
 
     def __init__(self, *, dtype, head_dim: int, tile_m: int, tile_n: int, warps: int, stages: int,
-                 causal: bool, splits: int = 1, pack_gqa: bool = False):
+                 causal: bool, splits: int = 1, pack_gqa: bool = False, kv: "KvOptions | None" = None):
         self.dtype = dtype
         self.head_dim = head_dim
         self.tile_m = tile_m
@@ -248,6 +401,9 @@ class FlashFwdSm80:
         self.causal = causal
         self.splits = splits
         self.pack_gqa = pack_gqa
+        # Attention over a KV cache (paged or dense, per-sequence key counts on the device): the
+        # compile-time switches of that contract; None for the plain dense/varlen kernels.
+        self.kv = kv
 
     # --- host ------------------------------------------------------------------------------------
     @cute.jit
@@ -281,18 +437,55 @@ class FlashFwdSm80:
         self._launch(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, softmax_scale, grid, stream)
 
     @cute.jit
-    def _launch(self, mQ, mK, mV, mO, mLSE, mCuQ, mCuK, softmax_scale, grid, stream):
+    def kvcache(self, q: cute.Tensor, k_cache: cute.Tensor, v_cache: cute.Tensor, o: cute.Tensor,
+                lse: cute.Tensor, block_table: cute.Tensor, cache_seqlens: cute.Tensor,
+                sinks: cute.Tensor, kv_descale: cute.Tensor, softmax_scale: cutlass.Float32,
+                softcap: cutlass.Float32, window_left: cutlass.Int32, window_right: cutlass.Int32,
+                stream: cuda.CUstream):
+        # grid: (query tiles, q heads, batch); the contract's kvcache signature, dense q
+        grid = (cute.ceil_div(q.shape[1], self.tile_m), q.shape[2], q.shape[0])
+        cache = KvArgs(block_table, cache_seqlens, sinks, kv_descale, softcap, window_left, window_right)
+        self._launch(q, k_cache, v_cache, o, lse, None, None, softmax_scale, grid, stream, cache)
+
+    @cute.jit
+    def kvcache_packed(self, q: cute.Tensor, k_cache: cute.Tensor, v_cache: cute.Tensor,
+                       o: cute.Tensor, lse: cute.Tensor, block_table: cute.Tensor,
+                       cache_seqlens: cute.Tensor, cu_seqlens_q: cute.Tensor, sinks: cute.Tensor,
+                       kv_descale: cute.Tensor, softmax_scale: cutlass.Float32,
+                       softcap: cutlass.Float32, window_left: cutlass.Int32,
+                       window_right: cutlass.Int32, max_seqlen_q: cutlass.Int32,
+                       stream: cuda.CUstream):
+        # the packed-q form: q/o (Tq, Hq, D), lse (Hq, Tq), sequence b's queries cu[b]:cu[b+1]
+        grid = (cute.ceil_div(max_seqlen_q, self.tile_m), q.shape[1], cu_seqlens_q.shape[0] - 1)
+        cache = KvArgs(block_table, cache_seqlens, sinks, kv_descale, softcap, window_left, window_right)
+        self._launch(q, k_cache, v_cache, o, lse, cu_seqlens_q, None, softmax_scale, grid, stream, cache)
+
+    @cute.jit
+    def _launch(self, mQ, mK, mV, mO, mLSE, mCuQ, mCuK, softmax_scale, grid, stream, cache=None):
         D = self.head_dim
+        fp8 = cutlass.const_expr(self.kv is not None and self.kv.fp8)
         # 64-element (128-byte) swizzled rows: ldmatrix and 16-byte cp.async without bank conflicts.
         atom = cute.make_composed_layout(
             cute.make_swizzle(3, 3, 3), 0, cute.make_layout((8, 64), stride=(64, 1)))
         sQ_layout = cute.tile_to_shape(atom, (self.tile_m, D), (0, 1))
         # K and V tiles of every stage: mode 2 is (K of slot 0, V of slot 0, K of slot 1, ...).
-        sKV_layout = cute.tile_to_shape(atom, (self.tile_n, D, 2 * self.stages), (0, 1, 2))
-
-        @cute.struct
-        class SharedStorage:
-            kv: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sKV_layout)], 1024]
+        # fp8 K/V: the cp.async ring holds the fp8 tiles (sKV8) and one K/V slot holds the current
+        # tile converted to dtype for ldmatrix.
+        sKV_layout = cute.tile_to_shape(atom, (self.tile_n, D, 2 * (1 if fp8 else self.stages)), (0, 1, 2))
+        sKV8_layout = None
+        g2s_kv = None
+        if cutlass.const_expr(fp8):
+            sKV8_layout = cute.make_layout((self.tile_n, D, 2 * self.stages),
+                                           stride=(D, 1, self.tile_n * D))
+            cols = D // 16
+            g2s_kv = cute.make_tiled_copy_tv(
+                cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL),
+                                    self.kv.kv_dtype, num_bits_per_copy=128),
+                cute.make_layout((self.threads // cols, cols), stride=(cols, 1)),
+                cute.make_layout((1, 16)))
+        SharedStorage = self._storage(sKV_layout, sKV8_layout)
+        if cutlass.const_expr(not fp8):
+            sKV8_layout = cute.make_layout(1)  # unused
 
         vec = 128 // self.dtype.width
         thr_layout = cute.make_layout((self.threads // 8, 8), stride=(8, 1))
@@ -301,6 +494,8 @@ class FlashFwdSm80:
             cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL),
                                 self.dtype, num_bits_per_copy=128),
             thr_layout, val_layout)
+        if cutlass.const_expr(not fp8):
+            g2s_kv = g2s
         s2g = cute.make_tiled_copy_tv(
             cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128),
             thr_layout, val_layout)
@@ -309,11 +504,32 @@ class FlashFwdSm80:
             (self.warps, 1, 1),
             permutation_mnk=(self.warps * 16, 16, 16),
         )
-        self.kernel(
-            mQ, mK, mV, mO, mLSE, mCuQ, mCuK, softmax_scale * LOG2_E,
-            sQ_layout, sKV_layout, g2s, s2g, tiled_mma, SharedStorage,
-        ).launch(grid=grid, block=[self.threads, 1, 1], smem=SharedStorage.size_in_bytes(),
-                 stream=stream)
+        if cutlass.const_expr(cache is None):
+            self.kernel(
+                mQ, mK, mV, mO, mLSE, mCuQ, mCuK, softmax_scale * LOG2_E,
+                sQ_layout, sKV_layout, g2s, s2g, tiled_mma, SharedStorage,
+                None, None, None, None, cutlass.Float32(0.0), cutlass.Int32(0), cutlass.Int32(0),
+                g2s, cute.make_layout(1),
+            ).launch(grid=grid, block=[self.threads, 1, 1], smem=SharedStorage.size_in_bytes(),
+                     stream=stream)
+        else:
+            self.kernel(
+                mQ, mK, mV, mO, mLSE, mCuQ, mCuK, softmax_scale * LOG2_E,
+                sQ_layout, sKV_layout, g2s, s2g, tiled_mma, SharedStorage,
+                cache.block_table, cache.cache_seqlens, cache.sinks, cache.kv_descale,
+                cache.softcap, cache.window_left, cache.window_right, g2s_kv, sKV8_layout,
+            ).launch(grid=grid, block=[self.threads, 1, 1], smem=SharedStorage.size_in_bytes(),
+                     stream=stream)
+
+    def _storage(self, sKV_layout, sKV8_layout):
+        """The CTA's shared memory: the K/V ring (Q and O alias its last slot); fp8 K/V add their
+        cp.async ring.  (Annotations built as objects: this module's annotations are strings.)"""
+        fields = {"kv": cute.struct.Align[
+            cute.struct.MemRange[self.dtype, cute.cosize(sKV_layout)], 1024]}
+        if sKV8_layout is not None:
+            fields["kv8"] = cute.struct.Align[
+                cute.struct.MemRange[self.kv.kv_dtype, cute.cosize(sKV8_layout)], 1024]
+        return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
 
     # --- device ----------------------------------------------------------------------------------
     @cute.kernel
@@ -321,8 +537,12 @@ class FlashFwdSm80:
                mLSE: cute.Tensor, mCuQ, mCuK, scale_log2: cutlass.Float32,
                sQ_layout: cute.ComposedLayout, sKV_layout: cute.ComposedLayout,
                g2s: cute.TiledCopy, s2g: cute.TiledCopy, tiled_mma: cute.TiledMma,
-               SharedStorage: cutlass.Constexpr):
+               SharedStorage: cutlass.Constexpr, mTable, mSeqlens, mSinks, mDescale,
+               softcap: cutlass.Float32, win_l: cutlass.Int32, win_r: cutlass.Int32,
+               g2s_kv: cute.TiledCopy, sKV8_layout: cute.Layout):
         D, BM, BN, S = self.head_dim, self.tile_m, self.tile_n, self.stages
+        kv = self.kv
+        fp8 = cutlass.const_expr(kv is not None and kv.fp8)
         tidx, _, _ = cute.arch.thread_idx()
         m_block, head, batch = cute.arch.block_idx()
         split = 0
@@ -331,7 +551,27 @@ class FlashFwdSm80:
             m_block = m_block // self.splits
 
         # ---- this CTA's sequence: (seqlen, D) views of q/k/v/o for its heads, and its LSE row
-        if cutlass.const_expr(mCuQ is not None):
+        if cutlass.const_expr(kv is not None):
+            # KV cache: keys 0..k_len of sequence `batch` live in pages (paged: page
+            # block_table[b][j // PS], row j % PS; dense: page b, row j), read row by row in
+            # load_kv_cache.  seqK/seqV are unused.
+            k_len = mSeqlens[batch]
+            if cutlass.const_expr(mCuQ is not None):
+                q_start = mCuQ[batch]
+                q_len = mCuQ[batch + 1] - q_start
+                kv_head = head // (mQ.shape[1] // mK.shape[2])
+                seqQ = cute.domain_offset((q_start, 0), mQ[None, head, None])
+                seqO = cute.domain_offset((q_start, 0), mO[None, head, None])
+                seqL = cute.domain_offset((q_start,), mLSE[head, None])
+            else:
+                q_len = mQ.shape[1]
+                kv_head = head // (mQ.shape[2] // mK.shape[2])
+                seqQ = mQ[batch, None, head, None]
+                seqO = mO[batch, None, head, None]
+                seqL = mLSE[batch, head, None]
+            seqK = mK[0, None, kv_head, None]
+            seqV = mV[0, None, kv_head, None]
+        elif cutlass.const_expr(mCuQ is not None):
             q_start = mCuQ[batch]
             q_len = mCuQ[batch + 1] - q_start
             k_start = mCuK[batch]
@@ -368,14 +608,36 @@ class FlashFwdSm80:
                 seqO = mO[batch, None, head, None]
                 seqL = mLSE[batch, head, None]
 
+        # KV cache: k_descale folds into the score scale, v_descale into the final O scale;
+        # softcap: S <- softcap·tanh(S·scale/softcap), then softmax with scale 1 (softcap·log2 e
+        # in the exp2 domain).  A window bound < 0 is unbounded.
+        cap_pre = scale_log2
+        o_scale = None
+        sink = None
+        wl = 0
+        wr = 0
+        if cutlass.const_expr(kv is not None):
+            if cutlass.const_expr(fp8):
+                scale_log2 = scale_log2 * mDescale[0, kv_head]
+                o_scale = mDescale[1, kv_head]
+            if cutlass.const_expr(kv.softcap):
+                cap = cutlass.max(softcap, 1e-30)
+                cap_pre = scale_log2 / (cap * LOG2_E)
+                scale_log2 = cap * LOG2_E
+            if cutlass.const_expr(kv.sinks):
+                sink = mSinks[head]
+            if cutlass.const_expr(kv.local):
+                wl = win_l if win_l >= 0 else UNBOUNDED
+                wr = win_r if win_r >= 0 else UNBOUNDED
+
         m0 = m_block * BM
         if m0 < q_len:
             # ---- key-tile range: [0, n_end); tiles >= n_mask need the mask
             n_end = cute.ceil_div(k_len, BN)
             n_mask = k_len // BN
+            shift = k_len - q_len
             if cutlass.const_expr(self.causal):
                 # bottom-right: row r sees keys < r + 1 + (k_len - q_len)
-                shift = k_len - q_len
                 # (clamp before dividing: no division of a negative number anywhere)
                 n_end = cutlass.min(n_end, cute.ceil_div(cutlass.max(0, m0 + BM + shift), BN))
                 n_mask = cutlass.min(n_mask, cutlass.max(0, m0 + shift + 1) // BN)
@@ -383,6 +645,14 @@ class FlashFwdSm80:
             # block's visible range into `splits` contiguous chunks; an empty chunk (causal rows
             # that see few keys) runs no iteration and writes O = 0, LSE = -inf (weight 0).
             n_lo = 0
+            # local window: keys below `left_key` are hidden from some row of the tile
+            left_key = 0
+            if cutlass.const_expr(kv is not None and kv.local):
+                n_end = cutlass.min(n_end, cute.ceil_div(
+                    cutlass.max(0, cutlass.min(m0 + BM + shift + wr, k_len)), BN))
+                n_mask = cutlass.min(n_mask, cutlass.max(0, cutlass.min(m0 + shift + wr + 1, k_len)) // BN)
+                n_lo = cutlass.min(n_end, cutlass.max(0, cutlass.min(m0 + shift - wl, k_len)) // BN)
+                left_key = cutlass.max(0, cutlass.min(m0 + BM - 1 + shift - wl, k_len))
             n_hi = n_end
             if cutlass.const_expr(self.splits > 1):
                 chunk = (n_end + (self.splits - 1)) // self.splits
@@ -392,8 +662,10 @@ class FlashFwdSm80:
             smem = cutlass.utils.SmemAllocator()
             storage = smem.allocate(SharedStorage)
             sKV = storage.kv.get_tensor(sKV_layout)
-            # Q (and at the end O) live in the last slot (2 tiles of BN x D elements).
-            sQ = cute.make_tensor(storage.kv.data_ptr() + (S - 1) * 2 * BN * D, sQ_layout)
+            # Q (and at the end O) live in the last slot (2 tiles of BN x D elements); fp8 K/V have
+            # one dtype slot (the converted tile), so Q lives in it.
+            slots = 1 if fp8 else S
+            sQ = cute.make_tensor(storage.kv.data_ptr() + (slots - 1) * 2 * BN * D, sQ_layout)
             # V as (D, BN) per stage for the B operand of P·V.
             sVt = cute.composition(
                 sKV, cute.make_layout((D, BN, 2 * S), stride=(BN, 1, BN * D)))
@@ -401,15 +673,31 @@ class FlashFwdSm80:
             # ---- gmem -> smem partitions (coordinates are tile-local: (row, col))
             thr_g2s = g2s.get_slice(tidx)
             gQ = cute.local_tile(seqQ, (BM, D), (m_block, 0))
-            gK = cute.local_tile(seqK, (BN, D), (None, 0))
-            gV = cute.local_tile(seqV, (BN, D), (None, 0))
             tQgQ = thr_g2s.partition_S(gQ)
             tQsQ = thr_g2s.partition_D(sQ)
             tQcQ = thr_g2s.partition_S(cute.make_identity_tensor((BM, D)))
-            tKgK = thr_g2s.partition_S(gK)
-            tVgV = thr_g2s.partition_S(gV)
-            tKVsKV = thr_g2s.partition_D(sKV)
-            tKVcKV = thr_g2s.partition_S(cute.make_identity_tensor((BN, D)))
+            if cutlass.const_expr(kv is not None):
+                # K/V rows are gathered one by one: the partitions hold this thread's column
+                # offsets only (row stride 0); load_kv_cache adds each row's page offset.
+                thr_kv = g2s_kv.get_slice(tidx)
+                row_cols = cute.make_layout((BN, D), stride=(0, 1))
+                tKgK = thr_kv.partition_S(cute.make_tensor(seqK.iterator, row_cols))
+                tVgV = thr_kv.partition_S(cute.make_tensor(seqV.iterator, row_cols))
+                sKV8 = None
+                if cutlass.const_expr(fp8):
+                    sKV8 = storage.kv8.get_tensor(sKV8_layout)
+                    tKVsKV = thr_kv.partition_D(sKV8)
+                else:
+                    tKVsKV = thr_kv.partition_D(sKV)
+                tKVcKV = thr_kv.partition_S(cute.make_identity_tensor((BN, D)))
+                kv_load = (mK, mV, mTable, batch, k_len)
+            else:
+                gK = cute.local_tile(seqK, (BN, D), (None, 0))
+                gV = cute.local_tile(seqV, (BN, D), (None, 0))
+                tKgK = thr_g2s.partition_S(gK)
+                tVgV = thr_g2s.partition_S(gV)
+                tKVsKV = thr_g2s.partition_D(sKV)
+                tKVcKV = thr_g2s.partition_S(cute.make_identity_tensor((BN, D)))
 
             # ---- MMA partitions
             thr_mma = tiled_mma.get_slice(tidx)
@@ -442,7 +730,10 @@ class FlashFwdSm80:
             cute.arch.cp_async_commit_group()
             for s in cutlass.range_constexpr(S - 1):
                 if n_hi - 1 - s >= n_lo:
-                    self.load_kv(g2s, tKgK, tVgV, tKVsKV, tKVcKV, n_hi - 1 - s, s, k_len)
+                    if cutlass.const_expr(kv is not None):
+                        self.load_kv_cache(g2s_kv, tKgK, tVgV, tKVsKV, tKVcKV, n_hi - 1 - s, s, kv_load)
+                    else:
+                        self.load_kv(g2s, tKgK, tVgV, tKVsKV, tKVcKV, n_hi - 1 - s, s, k_len)
                 cute.arch.cp_async_commit_group()
             cute.arch.cp_async_wait_group(S - 1)
             cute.arch.barrier()
@@ -460,9 +751,19 @@ class FlashFwdSm80:
                 cute.arch.cp_async_wait_group(S - 2)
                 cute.arch.barrier()  # tile n_block visible; slot (it-1)%S free for reuse
                 if n_block - (S - 1) >= n_lo:
-                    self.load_kv(g2s, tKgK, tVgV, tKVsKV, tKVcKV, n_block - (S - 1),
-                                 (it + S - 1) % S, k_len)
+                    if cutlass.const_expr(kv is not None):
+                        self.load_kv_cache(g2s_kv, tKgK, tVgV, tKVsKV, tKVcKV, n_block - (S - 1),
+                                           (it + S - 1) % S, kv_load)
+                    else:
+                        self.load_kv(g2s, tKgK, tVgV, tKVsKV, tKVcKV, n_block - (S - 1),
+                                     (it + S - 1) % S, k_len)
                 cute.arch.cp_async_commit_group()
+                if cutlass.const_expr(fp8):
+                    # this tile's fp8 K/V -> dtype into the one dtype slot (its previous readers
+                    # passed the barrier above), visible to every warp after the next barrier
+                    self.convert_kv(thr_kv, sKV8, sKV, slot)
+                    cute.arch.barrier()
+                    slot = 0
 
                 acc_S = cute.make_rmem_tensor(thr_mma.partition_shape_C((BM, BN)), cutlass.Float32)
                 acc_S.fill(0.0)
@@ -473,8 +774,18 @@ class FlashFwdSm80:
                         cute.copy(s2r_K, tSsK[None, None, kk + 1, 2 * slot], tSrK_v[None, None, kk + 1])
                     cute.gemm(tiled_mma, acc_S, tSrQ[None, None, kk], tSrK[None, None, kk], acc_S)
 
-                if n_block >= n_mask:
-                    self.apply_mask(acc_S, thr_mma, m0, n_block * BN, q_len, k_len)
+                if cutlass.const_expr(kv is not None):
+                    if cutlass.const_expr(kv.softcap):
+                        acc_S.store(cute.math.tanh(acc_S.load() * cap_pre, fastmath=True))
+                    if cutlass.const_expr(kv.local):
+                        if n_block >= n_mask or n_block * BN < left_key:
+                            self.apply_mask_kv(acc_S, thr_mma, m0, n_block * BN, q_len, k_len, wl, wr)
+                    else:
+                        if n_block >= n_mask:
+                            self.apply_mask_kv(acc_S, thr_mma, m0, n_block * BN, q_len, k_len, wl, wr)
+                else:
+                    if n_block >= n_mask:
+                        self.apply_mask(acc_S, thr_mma, m0, n_block * BN, q_len, k_len)
                 self.online_softmax(acc_S, acc_O, row_max, row_sum, scale_log2)
 
                 # P (fp32 C fragments) -> dtype A fragments: two n8 C tiles make one k16 A tile.
@@ -490,7 +801,8 @@ class FlashFwdSm80:
 
             # ---- epilogue
             cute.arch.cp_async_wait_group(0)
-            self.finalize(acc_O, row_max, row_sum, scale_log2, thr_mma, tidx, m0, q_len, seqL)
+            self.finalize(acc_O, row_max, row_sum, scale_log2, thr_mma, tidx, m0, q_len, seqL,
+                          sink, o_scale)
             if cutlass.const_expr(self.splits > 1):
                 # fp32 partial O straight from the accumulators (a few KB per CTA).
                 tOgP = thr_mma.partition_C(cute.local_tile(seqO, (BM, D), (m_block, 0)))
@@ -578,6 +890,68 @@ class FlashFwdSm80:
                 tKVsKV[None, r, None, 2 * slot + 1].fill(0)
 
     @cute.jit
+    def load_kv_cache(self, g2s, tKgK, tVgV, tKVsKV, tKVcKV, n_block, slot, kv_load):
+        """cp.async K and V tile ``n_block`` of a KV cache into ``slot``, row by row: key j lives
+        in page block_table[b][j // PS], row j % PS (dense cache: page b, row j).  Rows past the
+        sequence's key count are zeroed."""
+        mK, mV, mTable, batch, k_len = kv_load
+        row0 = n_block * self.tile_n
+        for r in cutlass.range_constexpr(cute.size(tKVsKV.shape[1])):
+            j = row0 + tKVcKV[0, r, 0][0]
+            if j < k_len:
+                page = batch
+                row = j
+                if cutlass.const_expr(self.kv.paged):
+                    page_size = mK.shape[1]
+                    page = mTable[batch, j // page_size]
+                    row = j % page_size
+                k_row = tKgK[None, r, None]
+                v_row = tVgV[None, r, None]
+                src_k = cute.make_tensor(
+                    k_row.iterator + (cutlass.Int64(page) * mK.stride[0] + cutlass.Int64(row) * mK.stride[1]),
+                    k_row.layout)
+                src_v = cute.make_tensor(
+                    v_row.iterator + (cutlass.Int64(page) * mV.stride[0] + cutlass.Int64(row) * mV.stride[1]),
+                    v_row.layout)
+                cute.copy(g2s, src_k, tKVsKV[None, r, None, 2 * slot])
+                cute.copy(g2s, src_v, tKVsKV[None, r, None, 2 * slot + 1])
+            else:
+                tKVsKV[None, r, None, 2 * slot].fill(0)
+                tKVsKV[None, r, None, 2 * slot + 1].fill(0)
+
+    @cute.jit
+    def convert_kv(self, thr_kv, sKV8, sKV, slot):
+        """fp8 K and V of ring ``slot`` -> dtype, into the dtype slot the MMAs read (exact: every
+        e4m3 value is a bf16 and an f16 value)."""
+        for i in cutlass.range_constexpr(2):
+            src = thr_kv.partition_S(sKV8[None, None, 2 * slot + i])
+            dst = thr_kv.partition_D(sKV[None, None, i])
+            r8 = cute.make_fragment_like(src)
+            cute.autovec_copy(src, r8)
+            dst.store(r8.load().to(self.dtype))
+
+    @cute.jit
+    def apply_mask_kv(self, acc_S, thr_mma, m0, n0, q_len, k_len, wl, wr):
+        """-inf where key j is past the sequence or hidden from query row s: causal j > s + L - Sq,
+        window j < s + L - Sq - wl or j > s + L - Sq + wr (bottom-right aligned)."""
+        cS = thr_mma.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n)))
+        s_mn = _mn_view(acc_S)
+        c_mn = _mn_view(cS)
+        for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
+            diag = m0 + c_mn[r, 0][0] + k_len - q_len - n0  # column of this row's diagonal key
+            hi = k_len - n0
+            lo = 0
+            if cutlass.const_expr(self.causal):
+                hi = cutlass.min(hi, diag + 1)
+            if cutlass.const_expr(self.kv.local):
+                hi = cutlass.min(hi, diag + wr + 1)
+                lo = diag - wl
+            for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
+                col = c_mn[r, c][1]
+                if col >= hi or col < lo:
+                    s_mn[r, c] = -cutlass.Float32.inf
+
+    @cute.jit
     def apply_mask(self, acc_S, thr_mma, m0, n0, q_len, k_len):
         """-inf where the key is past the sequence or (causal) after the query's diagonal."""
         cS = thr_mma.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n)))
@@ -611,18 +985,28 @@ class FlashFwdSm80:
             s_mn[r, None] = p
 
     @cute.jit
-    def finalize(self, acc_O, row_max, row_sum, scale_log2, thr_mma, tidx, m0, q_len, seqL):
-        """O /= rowsum (0 for rows with no key); LSE = ln(sum) + max·scale, -inf if none."""
+    def finalize(self, acc_O, row_max, row_sum, scale_log2, thr_mma, tidx, m0, q_len, seqL,
+                 sink=None, o_scale=None):
+        """O /= rowsum (0 for rows with no key); LSE = ln(sum) + max·scale, -inf if none.
+        ``sink`` (a logit, natural units) joins every row's sum, so O = Σ p·v / (Σ p + e^sink) and
+        LSE includes it (a row with no key: O = 0, LSE = sink); ``o_scale`` multiplies O (the V
+        descale of fp8 K/V)."""
         o_mn = _mn_view(acc_O)
         c_mn = _mn_view(thr_mma.partition_C(cute.make_identity_tensor((self.tile_m, self.head_dim))))
         for r in cutlass.range_constexpr(cute.size(row_sum)):
             total = _quad_allreduce(row_sum[r], lambda a, b: a + b)
+            m_scaled = row_max[r] * scale_log2
+            if cutlass.const_expr(sink is not None):
+                m_scaled = 0.0 if row_max[r] == -cutlass.Float32.inf else m_scaled
+                total = total + cute.math.exp2(sink * LOG2_E - m_scaled, fastmath=True)
             has_keys = total > 0.0
             inv = cute.arch.rcp_approx(total if has_keys else 1.0)
+            if cutlass.const_expr(o_scale is not None):
+                inv = inv * o_scale
             o_mn[r, None] = o_mn[r, None].load() * (inv if has_keys else 0.0)
             lse = -cutlass.Float32.inf
             if has_keys:
-                lse = (row_max[r] * scale_log2 + cute.math.log2(total, fastmath=True)) * LN_2
+                lse = (m_scaled + cute.math.log2(total, fastmath=True)) * LN_2
             row = m0 + c_mn[r, 0][0]
             if tidx % 4 == 0 and row < q_len:
                 seqL[row] = lse
