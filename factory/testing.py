@@ -217,6 +217,69 @@ def attention_reference(q, k, v, causal: bool, scale: float):
     return torch.einsum("bhqk,bkhd->bqhd", p, vf), lse
 
 
+def gather_kv_cache(cache, block_table, cache_seqlens, b: int):
+    """Sequence ``b``'s keys (or values) of a KV cache as (L, Hkv, D), L = cache_seqlens[b]: rows
+    0..L-1 of its pages (block_table row b) in order, or of row b of a dense cache."""
+    n = int(cache_seqlens[b])
+    if block_table is None:
+        return cache[b, :n]
+    ps = cache.shape[1]
+    pages = block_table[b, : -(-n // ps)].long()
+    return cache[pages].reshape(-1, *cache.shape[2:])[:n]
+
+
+def attention_kvcache_reference(q, k_cache, v_cache, cache_seqlens, block_table=None, *, causal: bool = True,
+                                scale: float | None = None, window_size=(-1, -1), softcap: float = 0.0,
+                                sinks=None, k_descale=None, v_descale=None):
+    """float32 attention over a paged or dense KV cache, sequence by sequence on the gathered K/V
+    (:func:`gather_kv_cache`): q (B, Sq, Hq, D); GQA by head index; bottom-right causal (query s
+    sees keys j <= s + L - Sq) and the window (j >= s + L - Sq - left; without causal also
+    j <= s + L - Sq + right); softcap: scores cap·tanh(s·scale/cap); sinks (Hq,): one more logit
+    per head in the denominator, with no value row; fp8 caches times k_descale / v_descale
+    (per tensor or per kv head).  Returns o (B, Sq, Hq, D) float32 and lse (B, Hq, Sq) (the sink
+    included); rows that see no key give o = 0 and lse = -inf (the sink's logit with sinks)."""
+    import torch
+
+    b, sq, hq, d = q.shape
+    hkv = k_cache.shape[2]
+    scale = d ** -0.5 if scale is None else scale
+    o = torch.zeros(b, sq, hq, d, dtype=torch.float32, device=q.device)
+    lse = torch.full((b, hq, sq), -math.inf, dtype=torch.float32, device=q.device)
+    for i in range(b):
+        k = gather_kv_cache(k_cache, block_table, cache_seqlens, i).float()
+        v = gather_kv_cache(v_cache, block_table, cache_seqlens, i).float()
+        if k_descale is not None:
+            k = k * k_descale.float().reshape(-1)[None, :, None].expand(1, hkv, 1)
+        if v_descale is not None:
+            v = v * v_descale.float().reshape(-1)[None, :, None].expand(1, hkv, 1)
+        n = k.shape[0]
+        rep = hq // hkv
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        s = torch.einsum("qhd,khd->hqk", q[i].float(), k) * scale
+        if softcap:
+            s = softcap * torch.tanh(s / softcap)
+        qi = torch.arange(sq, device=q.device)[:, None] + (n - sq)
+        j = torch.arange(n, device=q.device)[None, :]
+        hide = torch.zeros(sq, n, dtype=torch.bool, device=q.device)
+        if causal:
+            hide |= j > qi
+        elif window_size[1] >= 0:
+            hide |= j > qi + window_size[1]
+        if window_size[0] >= 0:
+            hide |= j < qi - window_size[0]
+        s = s.masked_fill(hide, -math.inf)
+        if sinks is not None:
+            s = torch.cat([s, sinks.float()[:, None, None].expand(hq, sq, 1)], dim=-1)
+            v = torch.cat([v, torch.zeros(1, hq, d, device=q.device)], dim=0)
+        if s.shape[-1] == 0:
+            continue
+        ls = torch.logsumexp(s, dim=-1)
+        p = torch.exp(s - ls[..., None]).nan_to_num(0.0)
+        o[i] = torch.einsum("hqk,khd->qhd", p, v)
+        lse[i] = ls
+    return o, lse
+
+
 def smoke_attention(bundle, entry, device="cuda") -> list[dict]:
     """One dense (GQA 4, tails, Sq ≠ Sk) or varlen (lengths 1, a tile + 2, a tail) problem, launched
     by variant name with NaN-poisoned o and lse, against attention_reference.  Split-KV variants get
