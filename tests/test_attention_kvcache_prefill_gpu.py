@@ -1,6 +1,8 @@
-"""The sm80 family over a KV cache (``attention_kvcache``, factory/attention/sm80.py) on a GPU.
+"""Prefill attention over a KV cache (``attention_kvcache``) on a GPU: the sm80 family
+(factory/attention/sm80.py, cp.async row gathers) and the sm90a family (factory/attention/sm90.py,
+TMA page boxes).
 
-Every sm80-family kvcache variant of ``$FACTORY_BUNDLE`` is launched by name against the float32
+Every sm80- and sm90-family kvcache variant of ``$FACTORY_BUNDLE`` is launched by name against the float32
 reference on gathered K/V (factory.testing.attention_kvcache_reference): every page size the
 variant takes (1 to 256) for paged caches, ragged lengths with 0 and 1 keys and partly filled last
 pages, seqlen_q from 1 to a few hundred (rows with no visible key where Sq > L), GQA and MQA, the
@@ -37,12 +39,12 @@ def bundle():
         pytest.skip(f"no bundle at {BUNDLE} (set FACTORY_BUNDLE)")
     b = Bundle.open(BUNDLE)
     if not _entries(b):
-        pytest.skip(f"{BUNDLE} has no sm80-family attention_kvcache variant for this device")
+        pytest.skip(f"{BUNDLE} has no sm80/sm90-family attention_kvcache variant for this device")
     return b
 
 
 def _entries(b):
-    return [e for e in b.candidates("attention_kvcache") if e["family"] == "sm80"]
+    return [e for e in b.candidates("attention_kvcache") if e["family"] in ("sm80", "sm90")]
 
 
 def make_cache(lengths, ps, hkv, d, kv_dtype, paged, gen):
@@ -175,8 +177,8 @@ def test_kvcache_window_sides(bundle):
 
 
 def test_kvcache_selection(bundle):
-    """bundle.attention_kvcache picks an sm80-family variant for seqlen_q > 16 on this device
-    when the bundle has no other prefill family, and its result matches the reference."""
+    """bundle.attention_kvcache serves seqlen_q > 16 from these families, and its result
+    matches the reference."""
     if not hasattr(bundle, "attention_kvcache"):
         pytest.skip("this runtime has no attention_kvcache")
     from factory.testing import attention_kvcache_reference

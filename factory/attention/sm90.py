@@ -361,6 +361,90 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm90]:
 
 
 # ------------------------------------------------------------------------------------------------
+# Attention over a paged KV cache (contract.signature_kvcache): chunked prefill and speculative
+# verification against a cached prefix, K/V by TMA one page box at a time
+# ------------------------------------------------------------------------------------------------
+# Rows of one K/V TMA box: the smallest page size this family reads by TMA (smaller pages go to
+# the sm80 family's cp.async row gathers).  Pages of 64, 128 and 256 rows are whole boxes.
+PAGE_BOX = 64
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttentionKvcacheSm90(AttentionSm90):
+    """The sm90a kernel over a paged KV cache: per-sequence key counts (cache_seqlens), pages of
+    any size that is a multiple of ``page_box`` (the page size is a launch-time symbol, manifest
+    ``page_sizes``), bottom-right causal or none, dense or packed q.  No window, softcap, sinks or
+    fp8 cache (the sm80 family's kvcache variants have them)."""
+
+    op: ClassVar[str] = "attention_kvcache"
+    family: ClassVar[str] = "sm90"
+
+    kv_dtype: str = field(default="bf16", metadata={"tag": "c"})
+    page_box: int = field(default=PAGE_BOX, metadata={"tag": "pb"})
+
+    def sass_requirements(self) -> tuple[str, ...]:
+        d = r"\.BF16" if self.dtype == "bf16" else ""
+        store = r"\bSTG\.E\.128\b" if self.varlen else r"\bUTMASTG\.4D\b"
+        return (
+            rf"\bHGMMA\.64x{self.tile_n}x16\.F32{d} R\d+, gdesc\[",
+            rf"\bHGMMA\.64x{self.head_dim}x16\.F32{d} R\d+, R\d+, gdesc\[",
+            r"\bUTMALDG\.4D\b", store, r"\bSYNCS\.", r"\bUSETMAXREG\.", r"\bMUFU\.EX2\b",
+        )
+
+    def can_implement(self) -> str | None:
+        why = super().can_implement()
+        if why:
+            return why
+        if self.kv_dtype != self.dtype:
+            return "the K/V cache dtype must be the query dtype (fp8 caches: the sm80 family)"
+        if self.persistent or self.k_first:
+            return "one tile per CTA, K before V per tile (the paged producer)"
+        if self.page_box not in (64, 128) or self.tile_n % self.page_box:
+            return "page_box must be 64 or 128 and divide tile_n"
+        return None
+
+    def signature(self) -> Signature:
+        return contract.signature_kvcache(self.dtype, self.kv_dtype, self.head_dim, True, None,
+                                          varlen_q=self.varlen)
+
+    def describe(self) -> dict[str, Any]:
+        d = super().describe()
+        d.update(contract.manifest_fields_kvcache(
+            self.dtype, self.kv_dtype, self.head_dim, paged=True, page_size=None,
+            causal=self.causal, local=False, softcap=False, sinks=False, varlen_q=self.varlen))
+        d["page_sizes"] = [p for p in contract.PAGE_SIZES if p >= self.page_box]
+        d["page_box"] = self.page_box
+        return d
+
+    def make_kernel(self):
+        k = FlashFwdSm90(
+            dtype=_cutlass_dtype(self.dtype), head_dim=self.head_dim, tile_m=self.tile_m,
+            tile_n=self.tile_n, stages=self.stages, causal=self.causal, overlap=self.overlap,
+            pingpong=self.pingpong, early_rescale=self.early_rescale, pin_wait=self.pin_wait,
+            persistent=False, exp_poly=self.exp_poly, k_first=False, page_box=self.page_box,
+        )
+        return k.kvcache_packed if self.varlen else k.kvcache
+
+
+@register("attention_kvcache")
+def enumerate_attention_kvcache(target: Target, tier: str) -> list[AttentionKvcacheSm90]:
+    if target.family != "sm90" or target.name != "sm_90a":
+        return []
+
+    def make(dtype, d, varlen):
+        tm, tn, s, ov, pp = default_config(d, True)
+        return AttentionKvcacheSm90(
+            target=target.name, dtype=dtype, kv_dtype=dtype, head_dim=d, causal=True, tile_m=tm,
+            tile_n=tn, stages=s, overlap=ov, pingpong=pp, varlen=varlen,
+            **default_schedule(d, True, varlen=True))
+
+    if tier == "test":
+        return [v for v in (make("bf16", 128, False), make("bf16", 128, True)) if v.can_implement() is None]
+    out = [make(dt, d, vl) for dt in DTYPES for d in (64, 128) for vl in (False, True)]
+    return [v for v in out if v.can_implement() is None]
+
+
+# ------------------------------------------------------------------------------------------------
 # The kernel
 # ------------------------------------------------------------------------------------------------
 class FlashFwdSm90:
@@ -370,7 +454,7 @@ class FlashFwdSm90:
     def __init__(self, *, dtype, head_dim: int, tile_m: int, tile_n: int, stages: int,
                  causal: bool, overlap: bool, pingpong: bool, early_rescale: bool = False,
                  pin_wait: bool = False, persistent: bool = False, exp_poly: bool = False,
-                 k_first: bool = False):
+                 k_first: bool = False, page_box: int = 0):
         self.dtype = dtype
         self.head_dim = head_dim
         self.tile_m = tile_m
@@ -384,6 +468,9 @@ class FlashFwdSm90:
         self.persistent = persistent
         self.exp_poly = exp_poly
         self.k_first = k_first
+        # KV cache (paged): K/V tiles arrive as tile_n / page_box TMA boxes of page_box rows, each
+        # from the page the block table names; 0: the plain dense/varlen kernel.
+        self.page_box = page_box
         self.consumers = tile_m // WG_ROWS
         self.threads = 128 * (1 + self.consumers)
         self.producer_regs = atoms.PRODUCER_REGS[self.consumers]
@@ -417,7 +504,42 @@ class FlashFwdSm90:
         self._launch(mQ, mK, mVt, mO, lse, cu_seqlens_q, cu_seqlens_k, softmax_scale, grid, stream)
 
     @cute.jit
-    def _launch(self, mQ, mK, mVt, mO, lse, mCuQ, mCuK, softmax_scale, grid, stream):
+    def kvcache(self, q: cute.Tensor, k_cache: cute.Tensor, v_cache: cute.Tensor, o: cute.Tensor,
+                lse: cute.Tensor, block_table: cute.Tensor, cache_seqlens: cute.Tensor,
+                sinks: cute.Tensor, kv_descale: cute.Tensor, softmax_scale: cutlass.Float32,
+                softcap: cutlass.Float32, window_left: cutlass.Int32, window_right: cutlass.Int32,
+                stream: cuda.CUstream):
+        # The contract's kvcache signature, dense q.  Pages (P, PS, Hkv, D) -> (PS, D, Hkv, P) for
+        # the TMA (V: (D, PS, Hkv, P)); q/o as in ``dense``.  (sinks, descales, softcap and the
+        # window are switches this family does not have: ignored.)
+        mQ = cute.make_tensor(q.iterator, cute.select(q.layout, mode=[1, 3, 2, 0]))
+        mO = cute.make_tensor(o.iterator, cute.select(o.layout, mode=[1, 3, 2, 0]))
+        mK = cute.make_tensor(k_cache.iterator, cute.select(k_cache.layout, mode=[1, 3, 2, 0]))
+        mVt = cute.make_tensor(v_cache.iterator, cute.select(v_cache.layout, mode=[3, 1, 2, 0]))
+        grid = (cute.ceil_div(q.shape[1], self.tile_m), q.shape[2], q.shape[0])
+        self._launch(mQ, mK, mVt, mO, lse, None, None, softmax_scale, grid, stream,
+                     block_table, cache_seqlens)
+
+    @cute.jit
+    def kvcache_packed(self, q: cute.Tensor, k_cache: cute.Tensor, v_cache: cute.Tensor,
+                       o: cute.Tensor, lse: cute.Tensor, block_table: cute.Tensor,
+                       cache_seqlens: cute.Tensor, cu_seqlens_q: cute.Tensor, sinks: cute.Tensor,
+                       kv_descale: cute.Tensor, softmax_scale: cutlass.Float32,
+                       softcap: cutlass.Float32, window_left: cutlass.Int32,
+                       window_right: cutlass.Int32, max_seqlen_q: cutlass.Int32,
+                       stream: cuda.CUstream):
+        # The packed-q form: q/o (Tq, Hq, D) as in ``packed``, pages as in ``kvcache``.
+        mQ = cute.make_tensor(q.iterator, cute.select(q.layout, mode=[0, 2, 1]))
+        mO = cute.make_tensor(o.iterator, cute.select(o.layout, mode=[0, 2, 1]))
+        mK = cute.make_tensor(k_cache.iterator, cute.select(k_cache.layout, mode=[1, 3, 2, 0]))
+        mVt = cute.make_tensor(v_cache.iterator, cute.select(v_cache.layout, mode=[3, 1, 2, 0]))
+        grid = (cute.ceil_div(max_seqlen_q, self.tile_m), q.shape[1], cu_seqlens_q.shape[0] - 1)
+        self._launch(mQ, mK, mVt, mO, lse, cu_seqlens_q, None, softmax_scale, grid, stream,
+                     block_table, cache_seqlens)
+
+    @cute.jit
+    def _launch(self, mQ, mK, mVt, mO, lse, mCuQ, mCuK, softmax_scale, grid, stream,
+                mTable=None, mSeqlens=None):
         D, BN, dt = self.head_dim, self.tile_n, self.dtype
         tiled_mma_qk = sm90_utils.make_trivial_tiled_mma(
             dt, dt, OperandMajorMode.K, OperandMajorMode.K, cutlass.Float32, (1, 1, 1),
@@ -435,8 +557,19 @@ class FlashFwdSm90:
         sV_layout = sm90_utils.make_smem_layout_b(LayoutEnum.COL_MAJOR, (WG_ROWS, D, BN), dt,
                                                   self.stages)
         tma_q, tQ = atoms.tma_load_atom(mQ, sQ_layout, (WG_ROWS, D))
-        tma_k, tK = atoms.tma_load_atom(mK, sK_layout, (BN, D))
-        tma_v, tV = atoms.tma_load_atom(mVt, sV_layout, (D, BN))
+        if cutlass.const_expr(self.page_box):
+            # one box: page_box rows of a page, landing in rows [i·box, (i+1)·box) of a slot (the
+            # slot's layout restricted to its first box rows; the others differ by an offset)
+            KB = self.page_box
+            k_box = cute.composition(cute.slice_(sK_layout, (None, None, 0)),
+                                     cute.make_layout((KB, D), stride=(1, BN)))
+            v_box = cute.composition(cute.slice_(sV_layout, (None, None, 0)),
+                                     cute.make_layout((D, KB), stride=(1, D)))
+            tma_k, tK = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), mK, k_box, (KB, D))
+            tma_v, tV = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), mVt, v_box, (D, KB))
+        else:
+            tma_k, tK = atoms.tma_load_atom(mK, sK_layout, (BN, D))
+            tma_v, tV = atoms.tma_load_atom(mVt, sV_layout, (D, BN))
         tma_o, tO, s2g = None, mO, None
         if cutlass.const_expr(mCuQ is None):
             tma_o, tO = atoms.tma_store_atom(mO, sQ_layout, (WG_ROWS, D))
@@ -463,6 +596,7 @@ class FlashFwdSm90:
         self.kernel(
             tma_q, tQ, tma_k, tK, tma_v, tV, tma_o, tO, s2g, lse, mCuQ, mCuK,
             softmax_scale * LOG2_E, tiled_mma_qk, tiled_mma_pv, sQ_layout, sK_layout, sV_layout,
+            mTable, mSeqlens,
         ).launch(grid=grid, block=[self.threads, 1, 1], min_blocks_per_mp=1, stream=stream)
 
     # --- device ----------------------------------------------------------------------------------
@@ -472,7 +606,7 @@ class FlashFwdSm90:
                mLSE: cute.Tensor, mCuQ, mCuK, scale_log2: cutlass.Float32,
                tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma,
                sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
-               sV_layout: cute.ComposedLayout):
+               sV_layout: cute.ComposedLayout, mTable, mSeqlens):
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == 0:
@@ -512,15 +646,20 @@ class FlashFwdSm90:
             if cutlass.const_expr(self.causal):
                 m_block = cute.arch.grid_dim()[0] - 1 - m_block
             q_len, k_len, seqQ, seqK, seqVt, seqO, seqL = self.problem(
-                mQ, mK, mVt, mO, mLSE, mCuQ, mCuK, head, batch)
+                mQ, mK, mVt, mO, mLSE, mCuQ, mCuK, head, batch, mSeqlens)
             n_hi, n_mask = self.key_range(m_block, q_len, k_len)
             # Varlen: tiles past a sequence's end (the grid is sized by the longest) leave at once.
             if m_block * self.tile_m < q_len:
                 if warpgroup_idx == 0:
                     cute.arch.setmaxregister_decrease(self.producer_regs)
                     if warp_idx == 0:
-                        self.produce(tma_q, seqQ, tma_k, seqK, tma_v, seqVt, sQ, sK, sV, q_bars,
-                                     kv_pipes, m_block, n_hi, self.kv_state(True), 0)
+                        if cutlass.const_expr(self.page_box):
+                            self.produce_paged(tma_q, seqQ, tma_k, seqK, tma_v, seqVt, sQ, sK, sV,
+                                               q_bars, kv_pipes, m_block, n_hi, self.kv_state(True),
+                                               mTable, batch, k_len)
+                        else:
+                            self.produce(tma_q, seqQ, tma_k, seqK, tma_v, seqVt, sQ, sK, sV, q_bars,
+                                         kv_pipes, m_block, n_hi, self.kv_state(True), 0)
                 else:
                     cute.arch.setmaxregister_increase(self.consumer_regs)
                     self.schedule_start(wg)
@@ -621,11 +760,27 @@ class FlashFwdSm90:
         return n_tiles
 
     @cute.jit
-    def problem(self, mQ, mK, mVt, mO, mLSE, mCuQ, mCuK, head, batch):
+    def problem(self, mQ, mK, mVt, mO, mLSE, mCuQ, mCuK, head, batch, mSeqlens=None):
         """Sequence lengths and the sequence's (rows, D) views of q/k/o, (D, rows) of v, and its
-        LSE row, for q head ``head`` of batch (varlen: sequence) ``batch``."""
+        LSE row, for q head ``head`` of batch (varlen: sequence) ``batch``.  KV cache: k/v are
+        the kv head's (PS, D, pages) and (D, PS, pages) views, the key count cache_seqlens[b]."""
         kv_head = head // (mQ.shape[2] // mK.shape[2])
-        if cutlass.const_expr(mCuQ is None):
+        if cutlass.const_expr(mSeqlens is not None):
+            k_len = mSeqlens[batch]
+            seqK = mK[None, None, kv_head, None]
+            seqVt = mVt[None, None, kv_head, None]
+            if cutlass.const_expr(mCuQ is None):
+                q_len = mQ.shape[0]
+                seqQ = mQ[None, None, head, batch]
+                seqO = mO[None, None, head, batch]
+                seqL = mLSE[batch, head, None]
+            else:
+                q_start = mCuQ[batch]
+                q_len = mCuQ[batch + 1] - q_start
+                seqQ = cute.domain_offset((q_start, 0), mQ[None, None, head])
+                seqO = cute.domain_offset((q_start, 0), mO[None, None, head])
+                seqL = cute.domain_offset((q_start,), mLSE[head, None])
+        elif cutlass.const_expr(mCuQ is None):
             q_len = mQ.shape[0]
             k_len = mK.shape[0]
             seqQ = mQ[None, None, head, batch]
@@ -722,6 +877,68 @@ class FlashFwdSm90:
         return state
 
     @cute.jit
+    def produce_paged(self, tma_q, seqQ, tma_k, seqK, tma_v, seqVt, sQ, sK, sV, q_bars, kv_pipes,
+                      m_block, n_hi, state, mTable, batch, k_len):
+        """The TMA warp over a paged cache: Q slabs, then K and V of tiles n_hi-1 down to 0, each
+        tile as tile_n / page_box boxes: key j0 of a box lives in page block_table[b][j0 // PS],
+        rows from j0 % PS.  Boxes past the sequence's last key reload its last page (those keys
+        are masked; their V rows are zeroed by the consumers, ``zero_v_tail``), so every slot
+        gets its full byte count and no table entry past the sequence is read."""
+        k_pipe, v_pipe = kv_pipes
+        if n_hi > 0:
+            W, D, BN, KB = self.consumers, self.head_dim, self.tile_n, self.page_box
+            page_size = seqK.shape[0]
+            gQ = cute.local_tile(seqQ, (WG_ROWS, D), (None, 0))
+            tQsQ, tQgQ = cpasync.tma_partition(tma_q, 0, cute.make_layout(1),
+                                               cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
+            slab_bytes = cute.size_in_bytes(self.dtype, cute.slice_(sQ.layout, (None, None, 0)))
+            for w in cutlass.range_constexpr(W):
+                with cute.arch.elect_one():
+                    cute.arch.mbarrier_arrive_and_expect_tx(q_bars + w, slab_bytes)
+                cute.copy(tma_q, tQgQ[(None, m_block * W + w)], tQsQ[(None, w)],
+                          tma_bar_ptr=q_bars + w)
+            for i in cutlass.range(n_hi, unroll=1):
+                n = n_hi - 1 - i
+                k_pipe.producer_acquire(state)
+                for b in cutlass.range_constexpr(BN // KB):
+                    j0 = cutlass.min(n * BN + b * KB, k_len - 1)
+                    page = mTable[batch, j0 // page_size]
+                    box = (j0 % page_size) // KB
+                    gK = cute.local_tile(seqK[None, None, page], (KB, D), (box, 0))
+                    dK = cute.local_tile(sK[None, None, state.index], (KB, D), (b, 0))
+                    tKsK, tKgK = cpasync.tma_partition(tma_k, 0, cute.make_layout(1),
+                                                       cute.group_modes(dK, 0, 2), cute.group_modes(gK, 0, 2))
+                    cute.copy(tma_k, tKgK, tKsK, tma_bar_ptr=k_pipe.producer_get_barrier(state))
+                v_pipe.producer_acquire(state)
+                for b in cutlass.range_constexpr(BN // KB):
+                    j0 = cutlass.min(n * BN + b * KB, k_len - 1)
+                    page = mTable[batch, j0 // page_size]
+                    box = (j0 % page_size) // KB
+                    gV = cute.local_tile(seqVt[None, None, page], (D, KB), (0, box))
+                    dV = cute.local_tile(sV[None, None, state.index], (D, KB), (0, b))
+                    tVsV, tVgV = cpasync.tma_partition(tma_v, 0, cute.make_layout(1),
+                                                       cute.group_modes(dV, 0, 2), cute.group_modes(gV, 0, 2))
+                    cute.copy(tma_v, tVgV, tVsV, tma_bar_ptr=v_pipe.producer_get_barrier(state))
+                state.advance()
+        return state
+
+    @cute.jit
+    def zero_v_tail(self, sV, slot, tile, k_len, ltid, wg):
+        """Paged cache: the V rows of key tile ``tile`` past the sequence's last key hold whatever
+        the page holds there (NaN stays NaN times P = 0); zero them in slot ``slot`` before this
+        warpgroup's P·V reads it.  Only the sequence's last tile has such rows.  (Both consumer
+        warpgroups write the same zeros; each fences its own writes for its WGMMA.)"""
+        if cutlass.const_expr(self.page_box):
+            BN, D = self.tile_n, self.head_dim
+            lim = k_len - tile * BN
+            if lim < BN:
+                sVs = sV[None, None, slot]
+                for idx in cutlass.range(ltid + lim * D, BN * D, 128, unroll=1):
+                    sVs[idx % D, idx // D] = self.dtype(0.0)
+                cute.arch.fence_proxy("async.shared", space="cta")
+                cute.arch.barrier(barrier_id=int(_Bar.EPILOGUE) + wg, number_of_threads=128)
+
+    @cute.jit
     def consume(self, tiled_mma_qk, tiled_mma_pv, tma_o, seqO, s2g, seqL, sQ, sO, sK, sV, q_bars,
                 kv_pipes, scale_log2, m_block, q_len, k_len, n_hi, n_mask, wg, ltid, read,
                 q_phase):
@@ -773,12 +990,12 @@ class FlashFwdSm90:
                         read, tiled_mma_qk, tiled_mma_pv = self.overlap_step(
                             True, n_hi - 1 - i, read, kv_pipes, tiled_mma_qk, tiled_mma_pv, acc_O, tOrP,
                             tOrP_c, tSrQ, tSrK, tOrV, s_shape, cS, row_max, row_sum, corr,
-                            scale_log2, row0, q_len, k_len, wg)
+                            scale_log2, row0, q_len, k_len, wg, sV, ltid)
                 for i in cutlass.range(i_unmasked, n_hi, unroll=1):
                     read, tiled_mma_qk, tiled_mma_pv = self.overlap_step(
                         False, n_hi - 1 - i, read, kv_pipes, tiled_mma_qk, tiled_mma_pv, acc_O, tOrP,
                         tOrP_c, tSrQ, tSrK, tOrV, s_shape, cS, row_max, row_sum, corr,
-                        scale_log2, row0, q_len, k_len, wg)
+                        scale_log2, row0, q_len, k_len, wg, sV, ltid)
             else:
                 for i in cutlass.range(1, n_hi, unroll=1):
                     # (no overlap: P·V of tile n + 1, then S of tile n)
@@ -787,6 +1004,7 @@ class FlashFwdSm90:
                     read.advance()
                     acc_S = cute.make_rmem_tensor(s_shape, cutlass.Float32)
                     v_pipe.consumer_wait(read_v)
+                    self.zero_v_tail(sV, read_v.index, n + 1, k_len, ltid, wg)
                     self.schedule_wait(wg)
                     tiled_mma_pv = self.gemm_pv(tiled_mma_pv, acc_O, tOrP, tOrV, read_v.index)
                     warpgroup.wait_group(0)
@@ -810,6 +1028,7 @@ class FlashFwdSm90:
                 if n_hi > 1:
                     self.rescale(acc_O, corr)
             v_pipe.consumer_wait(read)
+            self.zero_v_tail(sV, read.index, 0, k_len, ltid, wg)
             tiled_mma_pv = self.gemm_pv(tiled_mma_pv, acc_O, tOrP, tOrV, read.index)
             warpgroup.wait_group(0)
             v_pipe.consumer_release(read)
@@ -857,7 +1076,7 @@ class FlashFwdSm90:
     @cute.jit
     def overlap_step(self, masked: cutlass.Constexpr, n, read, kv_pipes, tiled_mma_qk, tiled_mma_pv, acc_O,
                      tOrP, tOrP_c, tSrQ, tSrK, tOrV, s_shape, cS, row_max, row_sum, corr,
-                     scale_log2, row0, q_len, k_len, wg):
+                     scale_log2, row0, q_len, k_len, wg, sV=None, ltid=None):
         """One trip of the overlapped mainloop: S of key tile n is issued first, P·V of tile
         n + 1 queues behind it, and the softmax of tile n runs while P·V is on the tensor cores.
         Returns the advanced read state and the P·V MMA (accumulate flag set)."""
@@ -871,6 +1090,7 @@ class FlashFwdSm90:
         if cutlass.const_expr(self.early_rescale):
             self.rescale(acc_O, corr)  # (on the first tile: garbage, overwritten)
         v_pipe.consumer_wait(read_v)
+        self.zero_v_tail(sV, read_v.index, n + 1, k_len, ltid, wg)
         tiled_mma_pv = self.gemm_pv(tiled_mma_pv, acc_O, tOrP, tOrV, read_v.index)
         self.schedule_next(wg)
         warpgroup.wait_group(1)
