@@ -620,9 +620,11 @@ class FlashFwdSm80:
                 scale_log2 = scale_log2 * mDescale[0, kv_head]
                 o_scale = mDescale[1, kv_head]
             if cutlass.const_expr(kv.softcap):
+                # softcap <= 0: off (the variant serves calls without a softcap too)
+                use_cap = softcap > 0.0
                 cap = cutlass.max(softcap, 1e-30)
-                cap_pre = scale_log2 / (cap * LOG2_E)
-                scale_log2 = cap * LOG2_E
+                cap_pre = scale_log2 / (cap * LOG2_E) if use_cap else 0.0
+                scale_log2 = cap * LOG2_E if use_cap else scale_log2
             if cutlass.const_expr(kv.sinks):
                 sink = mSinks[head]
             if cutlass.const_expr(kv.local):
@@ -775,7 +777,9 @@ class FlashFwdSm80:
 
                 if cutlass.const_expr(kv is not None):
                     if cutlass.const_expr(kv.softcap):
-                        acc_S.store(cute.math.tanh(acc_S.load() * cap_pre, fastmath=True))
+                        for i in cutlass.range_constexpr(cute.size(acc_S)):
+                            capped = cute.math.tanh(acc_S[i] * cap_pre, fastmath=True)
+                            acc_S[i] = capped if use_cap else acc_S[i]
                     if cutlass.const_expr(kv.local):
                         if n_block >= n_mask or n_block * BN < left_key:
                             self.apply_mask_kv(acc_S, thr_mma, m0, n_block * BN, q_len, k_len, wl, wr)

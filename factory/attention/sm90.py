@@ -388,7 +388,10 @@ class AttentionKvcacheSm90(AttentionSm90):
         return (
             rf"\bHGMMA\.64x{self.tile_n}x16\.F32{d} R\d+, gdesc\[",
             rf"\bHGMMA\.64x{self.head_dim}x16\.F32{d} R\d+, R\d+, gdesc\[",
-            r"\bUTMALDG\.4D\b", store, r"\bSYNCS\.", r"\bUSETMAXREG\.", r"\bMUFU\.EX2\b",
+            # Q by TMA ((tokens, D, heads) boxes for packed q); K/V by TMA page boxes or cp.async
+            r"\bUTMALDG\.3D\b" if self.varlen else r"\bUTMALDG\.4D\b",
+            r"\bUTMALDG\.4D\b" if self.page_box else r"\bLDGSTS\.E\.BYPASS\.128\b",
+            store, r"\bSYNCS\.", r"\bUSETMAXREG\.", r"\bMUFU\.EX2\b",
         )
 
     def can_implement(self) -> str | None:
@@ -399,8 +402,8 @@ class AttentionKvcacheSm90(AttentionSm90):
             return "the K/V cache dtype must be the query dtype (fp8 caches: the sm80 family)"
         if self.persistent or self.k_first:
             return "one tile per CTA, K before V per tile (the paged producer)"
-        if self.page_box not in (64, 128) or self.tile_n % self.page_box:
-            return "page_box must be 64 or 128 and divide tile_n"
+        if self.page_box and (self.page_box not in (64, 128) or self.tile_n % self.page_box):
+            return "page_box must be 0 (cp.async row gathers), 64 or 128 and divide tile_n"
         return None
 
     def signature(self) -> Signature:
@@ -414,6 +417,7 @@ class AttentionKvcacheSm90(AttentionSm90):
             causal=self.causal, local=False, softcap=False, sinks=False, varlen_q=self.varlen))
         d["page_sizes"] = [p for p in contract.PAGE_SIZES if p >= self.page_box]
         d["page_box"] = self.page_box
+        d["kv_loads"] = "tma" if self.page_box else "cp.async"
         return d
 
     def make_kernel(self):
@@ -422,6 +426,7 @@ class AttentionKvcacheSm90(AttentionSm90):
             tile_n=self.tile_n, stages=self.stages, causal=self.causal, overlap=self.overlap,
             pingpong=self.pingpong, early_rescale=self.early_rescale, pin_wait=self.pin_wait,
             persistent=False, exp_poly=self.exp_poly, k_first=False, page_box=self.page_box,
+            gather=not self.page_box,
         )
         return k.kvcache_packed if self.varlen else k.kvcache
 
@@ -431,15 +436,17 @@ def enumerate_attention_kvcache(target: Target, tier: str) -> list[AttentionKvca
     if target.family != "sm90" or target.name != "sm_90a":
         return []
 
-    def make(dtype, d, varlen):
+    def make(dtype, d, varlen, page_box=PAGE_BOX):
         tm, tn, s, ov, pp = default_config(d, True)
         return AttentionKvcacheSm90(
             target=target.name, dtype=dtype, kv_dtype=dtype, head_dim=d, causal=True, tile_m=tm,
-            tile_n=tn, stages=s, overlap=ov, pingpong=pp, varlen=varlen,
+            tile_n=tn, stages=s, overlap=ov, pingpong=pp, varlen=varlen, page_box=page_box,
             **default_schedule(d, True, varlen=True))
 
     if tier == "test":
-        return [v for v in (make("bf16", 128, False), make("bf16", 128, True)) if v.can_implement() is None]
+        out = [make("bf16", 128, False), make("bf16", 128, True), make("bf16", 128, False, page_box=0),
+               make("f16", 64, True, page_box=0)]
+        return [v for v in out if v.can_implement() is None]
     out = [make(dt, d, vl) for dt in DTYPES for d in (64, 128) for vl in (False, True)]
     return [v for v in out if v.can_implement() is None]
 
@@ -454,7 +461,7 @@ class FlashFwdSm90:
     def __init__(self, *, dtype, head_dim: int, tile_m: int, tile_n: int, stages: int,
                  causal: bool, overlap: bool, pingpong: bool, early_rescale: bool = False,
                  pin_wait: bool = False, persistent: bool = False, exp_poly: bool = False,
-                 k_first: bool = False, page_box: int = 0):
+                 k_first: bool = False, page_box: int = 0, gather: bool = False):
         self.dtype = dtype
         self.head_dim = head_dim
         self.tile_m = tile_m
@@ -471,6 +478,9 @@ class FlashFwdSm90:
         # KV cache (paged): K/V tiles arrive as tile_n / page_box TMA boxes of page_box rows, each
         # from the page the block table names; 0: the plain dense/varlen kernel.
         self.page_box = page_box
+        # KV cache (paged, pages of any size): the producer warpgroup's 128 threads gather K/V
+        # rows by cp.async, each row from its own page (``produce_gather``).
+        self.gather = gather
         self.consumers = tile_m // WG_ROWS
         self.threads = 128 * (1 + self.consumers)
         self.producer_regs = atoms.PRODUCER_REGS[self.consumers]
@@ -557,16 +567,20 @@ class FlashFwdSm90:
         sV_layout = sm90_utils.make_smem_layout_b(LayoutEnum.COL_MAJOR, (WG_ROWS, D, BN), dt,
                                                   self.stages)
         tma_q, tQ = atoms.tma_load_atom(mQ, sQ_layout, (WG_ROWS, D))
-        if cutlass.const_expr(self.page_box):
+        if cutlass.const_expr(self.page_box or self.gather):
             # one box: page_box rows of a page, landing in rows [i·box, (i+1)·box) of a slot (the
-            # slot's layout restricted to its first box rows; the others differ by an offset)
-            KB = self.page_box
+            # slot's layout restricted to its first box rows; the others differ by an offset).
+            # gather: K/V come by cp.async from the tensors themselves; the (one-row) TMA atoms
+            # are built only to keep the kernel's arguments and are never used.
+            KB = self.page_box if self.page_box else 1
             k_box = cute.composition(cute.slice_(sK_layout, (None, None, 0)),
                                      cute.make_layout((KB, D), stride=(1, BN)))
             v_box = cute.composition(cute.slice_(sV_layout, (None, None, 0)),
                                      cute.make_layout((D, KB), stride=(1, D)))
             tma_k, tK = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), mK, k_box, (KB, D))
             tma_v, tV = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), mVt, v_box, (D, KB))
+            if cutlass.const_expr(self.gather):
+                tK, tV = mK, mVt
         else:
             tma_k, tK = atoms.tma_load_atom(mK, sK_layout, (BN, D))
             tma_v, tV = atoms.tma_load_atom(mVt, sV_layout, (D, BN))
@@ -623,12 +637,23 @@ class FlashFwdSm90:
         q_bars = storage.q_bars.data_ptr()
 
         # One arrive per consumer warp releases a K or V slot.
-        kv_pipes = [
-            atoms.tma_pipeline(bars, self.stages, atoms.stage_bytes(self.dtype, layout), 4 * self.consumers,
-                               cute.make_layout((1, 1, 1, 1)))
-            for bars, layout in ((storage.k_bars.data_ptr(), sK_layout),
-                                 (storage.v_bars.data_ptr(), sV_layout))
-        ]
+        if cutlass.const_expr(self.gather):
+            # filled by the producer warpgroup's cp.async (one arrive per thread, on completion)
+            kv_pipes = [
+                pipeline.PipelineCpAsync.create(
+                    barrier_storage=bars, num_stages=self.stages,
+                    producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 128),
+                    consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 4 * self.consumers),
+                    defer_sync=True)
+                for bars in (storage.k_bars.data_ptr(), storage.v_bars.data_ptr())
+            ]
+        else:
+            kv_pipes = [
+                atoms.tma_pipeline(bars, self.stages, atoms.stage_bytes(self.dtype, layout), 4 * self.consumers,
+                                   cute.make_layout((1, 1, 1, 1)))
+                for bars, layout in ((storage.k_bars.data_ptr(), sK_layout),
+                                     (storage.v_bars.data_ptr(), sV_layout))
+            ]
         if warp_idx == 0:
             with cute.arch.elect_one():
                 for w in cutlass.range_constexpr(self.consumers):
@@ -652,7 +677,11 @@ class FlashFwdSm90:
             if m_block * self.tile_m < q_len:
                 if warpgroup_idx == 0:
                     cute.arch.setmaxregister_decrease(self.producer_regs)
-                    if warp_idx == 0:
+                    if cutlass.const_expr(self.gather):
+                        self.produce_gather(tma_q, seqQ, seqK, seqVt, sQ, sK, sV, q_bars, kv_pipes,
+                                            m_block, n_hi, self.kv_state(True), mTable, batch,
+                                            k_len, warp_idx, tidx)
+                    elif warp_idx == 0:
                         if cutlass.const_expr(self.page_box):
                             self.produce_paged(tma_q, seqQ, tma_k, seqK, tma_v, seqVt, sQ, sK, sV,
                                                q_bars, kv_pipes, m_block, n_hi, self.kv_state(True),
@@ -923,12 +952,83 @@ class FlashFwdSm90:
         return state
 
     @cute.jit
+    def produce_gather(self, tma_q, seqQ, seqK, seqVt, sQ, sK, sV, q_bars, kv_pipes, m_block,
+                       n_hi, state, mTable, batch, k_len, warp_idx, tidx):
+        """The producer warpgroup over a paged cache of any page size: warp 0 loads the Q slabs by
+        TMA; all 128 threads gather K and V of tiles n_hi-1 down to 0 by cp.async, 16 bytes at a
+        time, key j from page block_table[b][j // PS], row j % PS; each thread arrives on the
+        slot's barrier when its copies have landed.  Rows past the sequence are not loaded (their
+        scores are masked; their V rows are zeroed by the consumers, ``zero_v_tail``), so no
+        table entry past the sequence is read."""
+        k_pipe, v_pipe = kv_pipes
+        if n_hi > 0:
+            W, D, BN = self.consumers, self.head_dim, self.tile_n
+            if warp_idx == 0:
+                gQ = cute.local_tile(seqQ, (WG_ROWS, D), (None, 0))
+                tQsQ, tQgQ = cpasync.tma_partition(tma_q, 0, cute.make_layout(1),
+                                                   cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
+                slab_bytes = cute.size_in_bytes(self.dtype, cute.slice_(sQ.layout, (None, None, 0)))
+                for w in cutlass.range_constexpr(W):
+                    with cute.arch.elect_one():
+                        cute.arch.mbarrier_arrive_and_expect_tx(q_bars + w, slab_bytes)
+                    cute.copy(tma_q, tQgQ[(None, m_block * W + w)], tQsQ[(None, w)],
+                              tma_bar_ptr=q_bars + w)
+            vec = 128 // self.dtype.width
+            atom = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL),
+                                       self.dtype, num_bits_per_copy=128)
+            # K rows (keys, D): 8 threads per 64 columns; V as (D, keys): 8 threads per 64 of D.
+            g2s_k = cute.make_tiled_copy_tv(atom, cute.make_layout((16, 8), stride=(8, 1)),
+                                            cute.make_layout((1, vec)))
+            g2s_v = cute.make_tiled_copy_tv(atom, cute.make_layout((8, 16), stride=(1, 8)),
+                                            cute.make_layout((vec, 1)))
+            thr_k = g2s_k.get_slice(tidx)
+            thr_v = g2s_v.get_slice(tidx)
+            # this thread's column offsets (row stride 0); each row adds its page's offset
+            tKg = thr_k.partition_S(cute.make_tensor(seqK.iterator, cute.make_layout((BN, D), stride=(0, 1))))
+            tVg = thr_v.partition_S(cute.make_tensor(seqVt.iterator, cute.make_layout((D, BN), stride=(1, 0))))
+            tKc = thr_k.partition_S(cute.make_identity_tensor((BN, D)))
+            tVc = thr_v.partition_S(cute.make_identity_tensor((D, BN)))
+            page_size = seqK.shape[0]
+            for i in cutlass.range(n_hi, unroll=1):
+                n = n_hi - 1 - i
+                k_pipe.producer_acquire(state)
+                tKs = thr_k.partition_D(sK[None, None, state.index])
+                for r in cutlass.range_constexpr(cute.size(tKs.shape[1])):
+                    j = n * BN + tKc[0, r, 0][0]
+                    if j < k_len:
+                        page = mTable[batch, j // page_size]
+                        off = cutlass.Int64(page) * seqK.stride[2] + cutlass.Int64(j % page_size) * seqK.stride[0]
+                        row = tKg[None, r, None]
+                        cute.copy(g2s_k, cute.make_tensor(row.iterator + off, row.layout), tKs[None, r, None])
+                k_pipe.producer_commit(state)
+                v_pipe.producer_acquire(state)
+                tVs = thr_v.partition_D(sV[None, None, state.index])
+                for c in cutlass.range_constexpr(cute.size(tVs.shape[2])):
+                    j = n * BN + tVc[0, 0, c][1]
+                    if j < k_len:
+                        page = mTable[batch, j // page_size]
+                        off = cutlass.Int64(page) * seqVt.stride[2] + cutlass.Int64(j % page_size) * seqVt.stride[1]
+                        col = tVg[None, None, c]
+                        cute.copy(g2s_v, cute.make_tensor(col.iterator + off, col.layout), tVs[None, None, c])
+                v_pipe.producer_commit(state)
+                state.advance()
+        return state
+
+    @cute.jit
+    def kv_wait(self, pipe, state):
+        """Wait for a K or V slot; slots filled by cp.async (``gather``) are generic-proxy writes,
+        made visible to this thread's WGMMA (async proxy) by a proxy fence."""
+        pipe.consumer_wait(state)
+        if cutlass.const_expr(self.gather):
+            cute.arch.fence_proxy("async.shared", space="cta")
+
+    @cute.jit
     def zero_v_tail(self, sV, slot, tile, k_len, ltid, wg):
         """Paged cache: the V rows of key tile ``tile`` past the sequence's last key hold whatever
         the page holds there (NaN stays NaN times P = 0); zero them in slot ``slot`` before this
         warpgroup's P·V reads it.  Only the sequence's last tile has such rows.  (Both consumer
         warpgroups write the same zeros; each fences its own writes for its WGMMA.)"""
-        if cutlass.const_expr(self.page_box):
+        if cutlass.const_expr(self.page_box or self.gather):
             BN, D = self.tile_n, self.head_dim
             lim = k_len - tile * BN
             if lim < BN:
@@ -967,7 +1067,7 @@ class FlashFwdSm90:
             cute.arch.mbarrier_wait(q_bars + wg, q_phase)
             # ---- the first (top) key tile: S, mask, softmax -> P; O is not touched yet
             acc_S = cute.make_rmem_tensor(s_shape, cutlass.Float32)
-            k_pipe.consumer_wait(read)
+            self.kv_wait(k_pipe, read)
             tiled_mma_qk = self.gemm_qk(tiled_mma_qk, acc_S, tSrQ, tSrK, wg, read.index)
             warpgroup.wait_group(0)
             k_pipe.consumer_release(read)
@@ -1003,13 +1103,13 @@ class FlashFwdSm90:
                     read_v = read.clone()
                     read.advance()
                     acc_S = cute.make_rmem_tensor(s_shape, cutlass.Float32)
-                    v_pipe.consumer_wait(read_v)
+                    self.kv_wait(v_pipe, read_v)
                     self.zero_v_tail(sV, read_v.index, n + 1, k_len, ltid, wg)
                     self.schedule_wait(wg)
                     tiled_mma_pv = self.gemm_pv(tiled_mma_pv, acc_O, tOrP, tOrV, read_v.index)
                     warpgroup.wait_group(0)
                     v_pipe.consumer_release(read_v)
-                    k_pipe.consumer_wait(read)
+                    self.kv_wait(k_pipe, read)
                     tiled_mma_qk = self.gemm_qk(tiled_mma_qk, acc_S, tSrQ, tSrK, wg, read.index)
                     self.schedule_next(wg)
                     warpgroup.wait_group(0)
@@ -1027,7 +1127,7 @@ class FlashFwdSm90:
             if cutlass.const_expr(self.early_rescale):
                 if n_hi > 1:
                     self.rescale(acc_O, corr)
-            v_pipe.consumer_wait(read)
+            self.kv_wait(v_pipe, read)
             self.zero_v_tail(sV, read.index, 0, k_len, ltid, wg)
             tiled_mma_pv = self.gemm_pv(tiled_mma_pv, acc_O, tOrP, tOrV, read.index)
             warpgroup.wait_group(0)
@@ -1084,12 +1184,12 @@ class FlashFwdSm90:
         read_v = read.clone()
         read.advance()
         acc_S = cute.make_rmem_tensor(s_shape, cutlass.Float32)
-        k_pipe.consumer_wait(read)
+        self.kv_wait(k_pipe, read)
         self.schedule_wait(wg)
         tiled_mma_qk = self.gemm_qk(tiled_mma_qk, acc_S, tSrQ, tSrK, wg, read.index)
         if cutlass.const_expr(self.early_rescale):
             self.rescale(acc_O, corr)  # (on the first tile: garbage, overwritten)
-        v_pipe.consumer_wait(read_v)
+        self.kv_wait(v_pipe, read_v)
         self.zero_v_tail(sV, read_v.index, n + 1, k_len, ltid, wg)
         tiled_mma_pv = self.gemm_pv(tiled_mma_pv, acc_O, tOrP, tOrV, read_v.index)
         self.schedule_next(wg)
