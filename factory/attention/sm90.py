@@ -643,7 +643,8 @@ class FlashFwdSm90:
                 pipeline.PipelineCpAsync.create(
                     barrier_storage=bars, num_stages=self.stages,
                     producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 128),
-                    consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 4 * self.consumers),
+                    # (this pipeline's consumer release arrives from every consumer thread)
+                    consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 128 * self.consumers),
                     defer_sync=True)
                 for bars in (storage.k_bars.data_ptr(), storage.v_bars.data_ptr())
             ]
@@ -1012,6 +1013,9 @@ class FlashFwdSm90:
                         cute.copy(g2s_v, cute.make_tensor(col.iterator + off, col.layout), tVs[None, None, c])
                 v_pipe.producer_commit(state)
                 state.advance()
+            # no thread leaves with copies (and their barrier arrives) in flight
+            cute.arch.cp_async_commit_group()
+            cute.arch.cp_async_wait_group(0)
         return state
 
     @cute.jit
