@@ -50,12 +50,11 @@ from cutlass.cute.nvgpu import cpasync, warp
 
 from ..abi import DTYPE_BYTES, Signature
 from ..atoms.common import add, quad_allreduce
-from ..atoms.sm80 import acc_as_a_layout, acc_mn_view
+from ..atoms.sm80 import acc_mn_view
 from ..atoms.targets import Target
 from ..registry import register
-from . import contract, mask, softmax
+from . import contract, mask, mma_sync, softmax
 from .base import DTYPES, AttentionVariant, causal_field
-from .kv_load import load_kv
 from .softmax import LN_2, LOG2_E
 
 HEAD_DIMS = (64, 128)
@@ -73,7 +72,7 @@ _RESERVED_SMEM = 1024  # per CTA, by the driver
 class AttentionDecode(AttentionVariant):
     family: ClassVar[str] = "sm90_decode"
     sources = ("attention/decode.py", "attention/contract.py", "attention/base.py", "attention/mask.py",
-               "attention/keyrange.py", "attention/softmax.py", "attention/kv_load.py", "atoms/sm80.py",
+               "attention/keyrange.py", "attention/softmax.py", "attention/mma_sync.py", "atoms/sm80.py",
                "atoms/common.py")
     HEAD_DIMS = HEAD_DIMS
 
@@ -430,45 +429,22 @@ class FlashDecodeSm90:
                 else:
                     dst.fill(0)
         cute.arch.cp_async_commit_group()
-        for s in cutlass.range_constexpr(S - 1):
-            if n_hi - 1 - s >= n_lo:
-                load_kv(g2s, tKgK, tVgV, tKVsKV, tKVcKV, n_hi - 1 - s, s, k_len, BN)
-            cute.arch.cp_async_commit_group()
-        cute.arch.cp_async_wait_group(S - 1)
-        cute.arch.barrier()
+        kv = (tKgK, tVgV, tKVsKV, tKVcKV)
+        mma_sync.ring_prologue(g2s, kv, n_lo, n_hi, k_len, BN, S)
         cute.copy(s2r_Q, s2r_Q.partition_S(sQ), s2r_Q.retile(tSrQ))
-
-        row_max = cute.make_rmem_tensor(acc_O.shape[0][1] * acc_O.shape[1], cutlass.Float32)
-        row_sum = cute.make_rmem_tensor(acc_O.shape[0][1] * acc_O.shape[1], cutlass.Float32)
-        row_max.fill(-cutlass.Float32.inf)
-        row_sum.fill(0.0)
+        row_max, row_sum = softmax.row_state(acc_O.shape[0][1] * acc_O.shape[1])
 
         # ---- key tiles, last first; this warp computes its slice of each
         for it in cutlass.range(n_hi - n_lo, unroll=1):
-            n_block = n_hi - 1 - it
-            slot = it % S
-            cute.arch.cp_async_wait_group(S - 2)
-            cute.arch.barrier()  # tile n_block visible; slot (it-1)%S free for reuse
-            if n_block - (S - 1) >= n_lo:
-                load_kv(g2s, tKgK, tVgV, tKVsKV, tKVcKV, n_block - (S - 1), (it + S - 1) % S, k_len, BN)
-            cute.arch.cp_async_commit_group()
+            n_block, slot = mma_sync.ring_step(it, g2s, kv, n_lo, n_hi, k_len, BN, S)
 
             acc_S = cute.make_rmem_tensor(thr_mma.partition_shape_C((ROWS, BNW)), cutlass.Float32)
             acc_S.fill(0.0)
-            acc_S1 = cute.make_rmem_tensor(thr_mma.partition_shape_C((ROWS, BNW)), cutlass.Float32)
-            if cutlass.const_expr(self.ilp):
+            acc_S1 = None
+            if cutlass.const_expr(self.ilp):  # two independent chains
+                acc_S1 = cute.make_rmem_tensor(thr_mma.partition_shape_C((ROWS, BNW)), cutlass.Float32)
                 acc_S1.fill(0.0)
-            nk = cute.size(tSsK.shape[2])
-            cute.copy(s2r_K, tSsK[None, None, 0, 2 * slot], tSrK_v[None, None, 0])
-            for kk in cutlass.range_constexpr(nk):
-                if cutlass.const_expr(kk + 1 < nk):
-                    cute.copy(s2r_K, tSsK[None, None, kk + 1, 2 * slot], tSrK_v[None, None, kk + 1])
-                if cutlass.const_expr(self.ilp and kk % 2 == 1):
-                    cute.gemm(tiled_mma, acc_S1, tSrQ[None, None, kk], tSrK[None, None, kk], acc_S1)
-                else:
-                    cute.gemm(tiled_mma, acc_S, tSrQ[None, None, kk], tSrK[None, None, kk], acc_S)
-            if cutlass.const_expr(self.ilp):
-                acc_S.store(acc_S.load() + acc_S1.load())
+            mma_sync.gemm_qk(tiled_mma, acc_S, tSrQ, tSrK, tSsK, tSrK_v, s2r_K, slot, acc_S1)
 
             if n_block >= n_mask:
                 cS = thr_mma.partition_C(cute.make_identity_tensor((ROWS, BNW)))  # (row, col)
@@ -476,15 +452,7 @@ class FlashDecodeSm90:
                                 q_len, k_len, group=group)
             softmax.online_softmax(acc_mn_view(acc_S), row_max, row_sum, scale_log2, o_mn=acc_mn_view(acc_O))
 
-            rP = cute.make_fragment_like(acc_S, self.dtype)
-            rP.store(acc_S.load().to(self.dtype))
-            tOrP = cute.make_tensor(rP.iterator, acc_as_a_layout(rP.layout))
-            nv = cute.size(tOsV.shape[2])
-            cute.copy(s2r_V, tOsV[None, None, 0, 2 * slot + 1], tOrV_v[None, None, 0])
-            for kk in cutlass.range_constexpr(nv):
-                if cutlass.const_expr(kk + 1 < nv):
-                    cute.copy(s2r_V, tOsV[None, None, kk + 1, 2 * slot + 1], tOrV_v[None, None, kk + 1])
-                cute.gemm(tiled_mma, acc_O, tOrP[None, None, kk], tOrV[None, None, kk], acc_O)
+            mma_sync.gemm_pv(tiled_mma, acc_O, acc_S, self.dtype, tOsV, tOrV, tOrV_v, s2r_V, slot)
 
         # ---- the warps' partials meet in the (now free) ring
         cute.arch.cp_async_wait_group(0)

@@ -49,12 +49,11 @@ import cutlass.utils
 from cutlass.cute.nvgpu import cpasync, warp
 
 from ..abi import DTYPE_BYTES, Signature
-from ..atoms.sm80 import acc_as_a_layout, acc_mn_view
+from ..atoms.sm80 import acc_mn_view
 from ..atoms.targets import Target
 from ..registry import register
-from . import contract, mask, softmax
+from . import contract, mask, mma_sync, softmax
 from .base import DTYPES, AttentionVariant, causal_field, varlen_field
-from .kv_load import load_kv
 from .softmax import LOG2_E
 
 MAX_SPLITS = 32
@@ -79,7 +78,7 @@ class AttentionSm80(AttentionVariant):
     family: ClassVar[str] = "sm80"
     required_sass = (r"HMMA", r"LDGSTS", r"LDSM")
     sources = ("attention/sm80.py", "attention/contract.py", "attention/base.py", "attention/mask.py",
-               "attention/keyrange.py", "attention/softmax.py", "attention/kv_load.py", "atoms/sm80.py",
+               "attention/keyrange.py", "attention/softmax.py", "attention/mma_sync.py", "atoms/sm80.py",
                "atoms/common.py")
     HEAD_DIMS = HEAD_DIMS
 
@@ -426,38 +425,18 @@ class FlashFwdSm80:
                 else:
                     tQsQ[None, r, None].fill(0)
             cute.arch.cp_async_commit_group()
-            for s in cutlass.range_constexpr(S - 1):
-                if n_hi - 1 - s >= n_lo:
-                    load_kv(g2s, tKgK, tVgV, tKVsKV, tKVcKV, n_hi - 1 - s, s, k_len, BN)
-                cute.arch.cp_async_commit_group()
-            cute.arch.cp_async_wait_group(S - 1)
-            cute.arch.barrier()
+            kv = (tKgK, tVgV, tKVsKV, tKVcKV)
+            mma_sync.ring_prologue(g2s, kv, n_lo, n_hi, k_len, BN, S)
             cute.copy(s2r_Q, s2r_Q.partition_S(sQ), s2r_Q.retile(tSrQ))
-
-            row_max = cute.make_rmem_tensor(acc_O.shape[0][1] * acc_O.shape[1], cutlass.Float32)
-            row_sum = cute.make_rmem_tensor(acc_O.shape[0][1] * acc_O.shape[1], cutlass.Float32)
-            row_max.fill(-cutlass.Float32.inf)
-            row_sum.fill(0.0)
+            row_max, row_sum = softmax.row_state(acc_O.shape[0][1] * acc_O.shape[1])
 
             # ---- main loop over key tiles, last first
             for it in cutlass.range(n_hi - n_lo, unroll=1):
-                n_block = n_hi - 1 - it
-                slot = it % S
-                cute.arch.cp_async_wait_group(S - 2)
-                cute.arch.barrier()  # tile n_block visible; slot (it-1)%S free for reuse
-                if n_block - (S - 1) >= n_lo:
-                    load_kv(g2s, tKgK, tVgV, tKVsKV, tKVcKV, n_block - (S - 1), (it + S - 1) % S,
-                            k_len, BN)
-                cute.arch.cp_async_commit_group()
+                n_block, slot = mma_sync.ring_step(it, g2s, kv, n_lo, n_hi, k_len, BN, S)
 
                 acc_S = cute.make_rmem_tensor(thr_mma.partition_shape_C((BM, BN)), cutlass.Float32)
                 acc_S.fill(0.0)
-                nk = cute.size(tSsK.shape[2])
-                cute.copy(s2r_K, tSsK[None, None, 0, 2 * slot], tSrK_v[None, None, 0])
-                for kk in cutlass.range_constexpr(nk):
-                    if cutlass.const_expr(kk + 1 < nk):
-                        cute.copy(s2r_K, tSsK[None, None, kk + 1, 2 * slot], tSrK_v[None, None, kk + 1])
-                    cute.gemm(tiled_mma, acc_S, tSrQ[None, None, kk], tSrK[None, None, kk], acc_S)
+                mma_sync.gemm_qk(tiled_mma, acc_S, tSrQ, tSrK, tSsK, tSrK_v, s2r_K, slot)
 
                 if n_block >= n_mask:
                     cS = thr_mma.partition_C(cute.make_identity_tensor((BM, BN)))  # (row, col)
@@ -466,16 +445,7 @@ class FlashFwdSm80:
                 softmax.online_softmax(acc_mn_view(acc_S), row_max, row_sum, scale_log2,
                                        o_mn=acc_mn_view(acc_O))
 
-                # P (fp32 C fragments) -> dtype A fragments: two n8 C tiles make one k16 A tile.
-                rP = cute.make_fragment_like(acc_S, self.dtype)
-                rP.store(acc_S.load().to(self.dtype))
-                tOrP = cute.make_tensor(rP.iterator, acc_as_a_layout(rP.layout))
-                nv = cute.size(tOsV.shape[2])
-                cute.copy(s2r_V, tOsV[None, None, 0, 2 * slot + 1], tOrV_v[None, None, 0])
-                for kk in cutlass.range_constexpr(nv):
-                    if cutlass.const_expr(kk + 1 < nv):
-                        cute.copy(s2r_V, tOsV[None, None, kk + 1, 2 * slot + 1], tOrV_v[None, None, kk + 1])
-                    cute.gemm(tiled_mma, acc_O, tOrP[None, None, kk], tOrV[None, None, kk], acc_O)
+                mma_sync.gemm_pv(tiled_mma, acc_O, acc_S, self.dtype, tOsV, tOrV, tOrV_v, s2r_V, slot)
 
             # ---- epilogue
             cute.arch.cp_async_wait_group(0)

@@ -11,6 +11,7 @@ is 0 and its LSE -inf (with sinks: the sink's).
 * :func:`softcap_scores` — score -> tanh(score·softmax_scale/softcap) (compile-time switch,
   runtime Float32 softcap; with :func:`log2_scale`'s ``scale_log2`` = softcap·log2(e) the
   softmax then sees softcap·tanh(score·softmax_scale/softcap)).  Apply before the mask.
+* :func:`row_state` — the running max and sum, before the first key tile.
 * :func:`online_softmax` — one key tile: row max over the quad, P = exp2(S·scale_log2 -
   max·scale_log2) in place, running sum; the rows' O correction either applied to ``o_mn`` at
   once or written to ``corr`` (:func:`rescale` later).
@@ -168,5 +169,14 @@ def combine_splits(mOp: cute.Tensor, mLp: cute.Tensor, mO: cute.Tensor, mLSE: cu
             mLSE[batch, head, row] = lse
 
 
+def row_state(n_rows):
+    """The running max (-inf) and sum (0) of ``n_rows`` accumulator rows per thread."""
+    row_max = cute.make_rmem_tensor(n_rows, cutlass.Float32)
+    row_sum = cute.make_rmem_tensor(n_rows, cutlass.Float32)
+    row_max.fill(-cutlass.Float32.inf)
+    row_sum.fill(0.0)
+    return row_max, row_sum
+
+
 __all__ = ["LN_2", "LOG2_E", "combine_splits", "finalize", "log2_scale", "online_softmax", "rescale",
-           "softcap_scores"]
+           "row_state", "softcap_scores"]
