@@ -87,3 +87,27 @@ def s2r_atom(dtype, contiguous_mode: int):
             raise ValueError("fp8 mma.sync operands must be K-major")
         return cute.make_copy_atom(cute.nvgpu.warp.LdMatrix8x16x8bOp(False, 4), dtype)
     return cute.make_copy_atom(cute.nvgpu.warp.LdMatrix8x8x16bOp(contiguous_mode != 1, 4), dtype)
+
+
+def acc_mn_view(t):
+    """An m16n8 accumulator partition ``((2, 2), M, N)`` (or an identity tensor partitioned like
+    one) viewed as ``(rows, cols) = ((2, M), (2, N))``: per thread two rows (lane/4 and lane/4 + 8
+    of each 16-row block), two adjacent columns of each 8-column block."""
+    shape = t.layout.shape
+    flat = cute.make_layout(shape)
+    mn = cute.make_layout(
+        ((shape[0][1], shape[1]), (shape[0][0], shape[2])),
+        stride=((flat.stride[0][1], flat.stride[1]), (flat.stride[0][0], flat.stride[2])),
+    )
+    return cute.make_tensor(t.iterator, cute.composition(t.layout, mn))
+
+
+def acc_as_a_layout(layout):
+    """An m16n8k16 accumulator layout ``((2, 2), M, N)`` as the A operand of the next MMA,
+    ``((4, 2), M, N/2)``: two n8 C tiles hold the registers of one k16 A tile, in order, so a
+    converted accumulator feeds P·V without shuffles."""
+    split = cute.logical_divide(layout, (None, None, 2))
+    return cute.make_layout(
+        ((split.shape[0], split.shape[2][0]), split.shape[1], split.shape[2][1]),
+        stride=((split.stride[0], split.stride[2][0]), split.stride[1], split.stride[2][1]),
+    )

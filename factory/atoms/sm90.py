@@ -14,15 +14,11 @@ accumulator *is* the A fragment of the next GEMM: no shuffles (see :func:`acc_as
 
 from __future__ import annotations
 
-import struct
-
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils as utils
-from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import cpasync
-from cutlass.cutlass_dsl import T, dsl_user_op
 
 # --- register reallocation (setmaxnreg) ----------------------------------------------------------
 # Budgets in registers per thread by consumer warpgroup count: the producer warpgroup gives
@@ -126,62 +122,7 @@ def acc_as_a_operand(acc_layout: cute.Layout, a_fragment: cute.Tensor) -> cute.T
     return cute.make_tensor(a_fragment.iterator, acc_layout)
 
 
-@cute.jit
-def schedule_fence(x):
-    """Returns ``x`` (a Float32 that is >= 0 or NaN, e.g. a partial row sum of exponentials)
-    through a loop that never runs: a basic-block boundary ptxas can neither if-convert nor
-    schedule across.  ptxas schedules within basic blocks and hoists ``WARPGROUP.DEPBAR`` (a
-    ``wgmma.wait_group``) to the top of its block; a wait placed after this fence stays below
-    everything before it (SASS of the attention mainloop: notes/attention-sm90.md).  Cost: one
-    FSETP and one branch.  (The loop ends for every finite x: t < 0 halves toward 2.)"""
-    t = x
-    while t < 0.0:
-        t = t * 0.5 + 1.0
-    return t
-
-
-# 2^f on f in [-1/2, 1/2], degree 3, fitted for relative error (max 7.5e-5 in float32: far below
-# the bf16/fp16 rounding of P).
-_EXP2_POLY = (0.9999280571937561, 0.6932609677314758, 0.24261115491390228, 0.0551716685295105)
-
-
-@dsl_user_op
-def exp2_poly(x, *, loc=None, ip=None):
-    """2^x for finite x <= 0 on the FMA/ALU pipes instead of the MUFU (16 results per clock per
-    SM on Hopper): x clamped to >= -126, j = round(x) by the 1.5·2^23 trick (its bits carry j),
-    2^(x-j) by a cubic, j added into the exponent bits.  Nine instructions, no MUFU.  Not for
-    x = -inf (returns 2^-126, not 0): callers use it only where no score is masked."""
-    c0, c1, c2, c3 = (f"0f{struct.unpack('>I', struct.pack('>f', c))[0]:08X}" for c in _EXP2_POLY)
-    return cutlass.Float32(llvm.inline_asm(
-        T.f32(), [cutlass.Float32(x).ir_value(loc=loc, ip=ip)],
-        "{\n\t.reg .f32 a, t, r, f, p;\n\t.reg .b32 ti, pi;\n\t"
-        "max.f32 a, $1, 0fC2FC0000;\n\t"            # -126
-        "add.rn.f32 t, a, 0f4B400000;\n\t"           # + 1.5·2^23: low bits = round(a)
-        "sub.rn.f32 r, t, 0f4B400000;\n\t"
-        "sub.rn.f32 f, a, r;\n\t"
-        f"fma.rn.f32 p, {c3}, f, {c2};\n\t"
-        f"fma.rn.f32 p, p, f, {c1};\n\t"
-        f"fma.rn.f32 p, p, f, {c0};\n\t"
-        "mov.b32 ti, t;\n\tmov.b32 pi, p;\n\t"
-        "shl.b32 ti, ti, 23;\n\t"
-        "add.s32 pi, pi, ti;\n\t"
-        "mov.b32 $0, pi;\n\t}",
-        "=f,f", has_side_effects=False, is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip))
-
-
-@cute.jit
-def quad_allreduce(x, op):
-    """Reduce over the 4 threads of a quad (they hold one accumulator row between them)."""
-    x = op(x, cute.arch.shuffle_sync_bfly(x, offset=2, mask=-1, mask_and_clamp=31))
-    return op(x, cute.arch.shuffle_sync_bfly(x, offset=1, mask=-1, mask_and_clamp=31))
-
-
-def add(a, b):
-    return a + b
-
-
 __all__ = ["CONSUMER_REGS", "GEMM_CONSUMER_REGS", "GEMM_PRODUCER_REGS", "PRODUCER_REGS", "REGISTER_FILE",
-           "acc_as_a_operand", "acc_mn_view", "add", "exp2_poly", "persistent_schedule", "prefetch_tma_descriptors",
-           "quad_allreduce", "register_split_fits", "schedule_fence", "stage_bytes", "tile_scheduler",
-           "tma_load_atom", "tma_pipeline", "tma_store_atom"]
+           "acc_as_a_operand", "acc_mn_view", "persistent_schedule", "prefetch_tma_descriptors",
+           "register_split_fits", "stage_bytes", "tile_scheduler", "tma_load_atom", "tma_pipeline",
+           "tma_store_atom"]

@@ -39,7 +39,6 @@ hides nothing.  The arguments are the attention contract's dense ones (``contrac
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -50,16 +49,14 @@ import cutlass.utils
 from cutlass.cute.nvgpu import cpasync, warp
 
 from ..abi import DTYPE_BYTES, Signature
+from ..atoms.common import add, quad_allreduce
+from ..atoms.sm80 import acc_mn_view
 from ..atoms.targets import Target
 from ..registry import register
-from . import contract
-from .sm80 import FlashFwdSm80, _c_to_a_layout, _mn_view, _quad_allreduce
-from ..variant import Variant
+from . import contract, mask, mma_sync, softmax
+from .base import DTYPES, AttentionVariant, causal_field
+from .softmax import LN_2, LOG2_E
 
-LOG2_E = math.log2(math.e)
-LN_2 = math.log(2.0)
-
-DTYPES = ("bf16", "f16")
 HEAD_DIMS = (64, 128)
 ROWS = 16  # query rows of a CTA: one m16n8k16 A fragment
 # Cluster sizes: 8 is the portable maximum; 16 needs the non-portable attribute, which the DSL's
@@ -72,18 +69,18 @@ _RESERVED_SMEM = 1024  # per CTA, by the driver
 
 
 @dataclass(frozen=True, kw_only=True)
-class AttentionDecode(Variant):
-    op: ClassVar[str] = "attention"
+class AttentionDecode(AttentionVariant):
     family: ClassVar[str] = "sm90_decode"
-    sources = ("attention/decode.py", "attention/sm80.py", "attention/contract.py")
+    sources = ("attention/decode.py", "attention/contract.py", "attention/base.py", "attention/mask.py",
+               "attention/keyrange.py", "attention/softmax.py", "attention/mma_sync.py", "atoms/sm80.py",
+               "atoms/common.py")
+    HEAD_DIMS = HEAD_DIMS
 
-    dtype: str = field(default="bf16", metadata={"tag": ""})
-    head_dim: int = field(default=128, metadata={"tag": "d"})
     rows: int = field(default=ROWS, metadata={"tag": "q"})
     tile_n: int = field(default=64, metadata={"tag": "n"})
     warps: int = field(default=4, metadata={"tag": "w"})
     stages: int = field(default=3, metadata={"tag": "s"})
-    causal: bool = field(default=True, metadata={"tag": "causal"})
+    causal: bool = causal_field(True)
     splits: int = field(default=1, metadata={"tag": "kv"})
     # splits > 1: merge the splits inside the launch (a cluster of `splits` CTAs, DSMEM), else
     # through a workspace and a second kernel.
@@ -135,10 +132,8 @@ class AttentionDecode(Variant):
         t = self.tgt
         if t.name != "sm_90":
             return "the decode attention kernel is built for sm_90 (mma.sync, clusters, PDL)"
-        if self.dtype not in DTYPES:
-            return f"dtype {self.dtype} not in {DTYPES}"
-        if self.head_dim not in HEAD_DIMS:
-            return f"head_dim {self.head_dim} not in {HEAD_DIMS}"
+        if (problem := self.check_problem()) is not None:
+            return problem
         if self.rows != ROWS:
             return f"rows must be {ROWS} (one m16n8k16 A fragment)"
         if self.warps not in (4, 8):
@@ -169,7 +164,7 @@ class AttentionDecode(Variant):
 
     def describe(self) -> dict[str, Any]:
         return {
-            **contract.manifest_fields(self.dtype, self.head_dim, self.causal, False),
+            **self.contract_fields(),
             "tile": [ROWS, self.tile_n],
             "warps": self.warps,
             "threads": self.threads,
@@ -191,15 +186,11 @@ class AttentionDecode(Variant):
 
     def make_kernel(self):
         k = FlashDecodeSm90(
-            dtype=_cutlass_dtype(self.dtype), head_dim=self.head_dim, tile_n=self.tile_n,
+            dtype=self.cutlass_dtype, head_dim=self.head_dim, tile_n=self.tile_n,
             warps=self.warps, stages=self.stages, causal=self.causal, splits=self.splits,
             cluster=self.cluster, pdl=self.pdl, ilp=self.ilp, min_ctas=self.min_ctas,
         )
         return k.dense_split if self.splits > 1 and not self.cluster else k.dense
-
-
-def _cutlass_dtype(name: str):
-    return {"bf16": cutlass.BFloat16, "f16": cutlass.Float16}[name]
 
 
 # The default config per head_dim: (tile_n, warps, stages, pdl, ilp, min_ctas); the runtime's
@@ -261,12 +252,6 @@ def enumerate_decode(target: Target, tier: str) -> list[AttentionDecode]:
 # The kernel
 # ------------------------------------------------------------------------------------------------
 class FlashDecodeSm90:
-    # The sm80 family's K/V loads (cp.async, rows past k_len zeroed), online softmax and split
-    # combine: the same mma.sync m16n8 fragments (they read tile_n, head_dim, splits, dtype).
-    load_kv = FlashFwdSm80.load_kv
-    online_softmax = FlashFwdSm80.online_softmax
-    combine_rows = FlashFwdSm80.combine_rows
-
     def __init__(self, *, dtype, head_dim: int, tile_n: int, warps: int, stages: int, causal: bool,
                  splits: int, cluster: bool, pdl: bool = False, ilp: bool = False, min_ctas: int = 0):
         self.dtype = dtype
@@ -276,6 +261,7 @@ class FlashDecodeSm90:
         self.threads = 32 * warps
         self.stages = stages
         self.causal = causal
+        self.mask = mask.MaskSpec(causal=causal)
         self.splits = splits
         self.cluster = cluster and splits > 1
         self.pdl = pdl
@@ -376,15 +362,9 @@ class FlashDecodeSm90:
             cute.arch.mbarrier_init_fence()
 
         # ---- key tiles [0, n_end); tiles >= n_mask need the mask; this split's [n_lo, n_hi)
-        n_end = cute.ceil_div(k_len, BN)
-        n_mask = k_len // BN
-        if cutlass.const_expr(self.causal):
-            # bottom-right: query s sees keys < s + 1 + (k_len - q_len); clamp before dividing
-            shift = k_len - q_len
-            s_last = cutlass.min(q_len - 1, (row0 + ROWS - 1) // group)
-            s_first = row0 // group
-            n_end = cutlass.min(n_end, cute.ceil_div(cutlass.max(0, s_last + 1 + shift), BN))
-            n_mask = cutlass.min(n_mask, cutlass.max(0, s_first + 1 + shift) // BN)
+        # (the block's rows are queries row0 // group .. its last row's, at most q_len - 1)
+        s_last = cutlass.min(q_len - 1, (row0 + ROWS - 1) // group)
+        _, n_end, _, n_mask = mask.key_tiles(self.mask, row0 // group, s_last + 1, q_len, k_len, BN)
         n_lo = 0
         n_hi = n_end
         if cutlass.const_expr(SP > 1):
@@ -449,59 +429,30 @@ class FlashDecodeSm90:
                 else:
                     dst.fill(0)
         cute.arch.cp_async_commit_group()
-        for s in cutlass.range_constexpr(S - 1):
-            if n_hi - 1 - s >= n_lo:
-                self.load_kv(g2s, tKgK, tVgV, tKVsKV, tKVcKV, n_hi - 1 - s, s, k_len)
-            cute.arch.cp_async_commit_group()
-        cute.arch.cp_async_wait_group(S - 1)
-        cute.arch.barrier()
+        kv = (tKgK, tVgV, tKVsKV, tKVcKV)
+        mma_sync.ring_prologue(g2s, kv, n_lo, n_hi, k_len, BN, S)
         cute.copy(s2r_Q, s2r_Q.partition_S(sQ), s2r_Q.retile(tSrQ))
-
-        row_max = cute.make_rmem_tensor(acc_O.shape[0][1] * acc_O.shape[1], cutlass.Float32)
-        row_sum = cute.make_rmem_tensor(acc_O.shape[0][1] * acc_O.shape[1], cutlass.Float32)
-        row_max.fill(-cutlass.Float32.inf)
-        row_sum.fill(0.0)
+        row_max, row_sum = softmax.row_state(acc_O.shape[0][1] * acc_O.shape[1])
 
         # ---- key tiles, last first; this warp computes its slice of each
         for it in cutlass.range(n_hi - n_lo, unroll=1):
-            n_block = n_hi - 1 - it
-            slot = it % S
-            cute.arch.cp_async_wait_group(S - 2)
-            cute.arch.barrier()  # tile n_block visible; slot (it-1)%S free for reuse
-            if n_block - (S - 1) >= n_lo:
-                self.load_kv(g2s, tKgK, tVgV, tKVsKV, tKVcKV, n_block - (S - 1), (it + S - 1) % S, k_len)
-            cute.arch.cp_async_commit_group()
+            n_block, slot = mma_sync.ring_step(it, g2s, kv, n_lo, n_hi, k_len, BN, S)
 
             acc_S = cute.make_rmem_tensor(thr_mma.partition_shape_C((ROWS, BNW)), cutlass.Float32)
             acc_S.fill(0.0)
-            acc_S1 = cute.make_rmem_tensor(thr_mma.partition_shape_C((ROWS, BNW)), cutlass.Float32)
-            if cutlass.const_expr(self.ilp):
+            acc_S1 = None
+            if cutlass.const_expr(self.ilp):  # two independent chains
+                acc_S1 = cute.make_rmem_tensor(thr_mma.partition_shape_C((ROWS, BNW)), cutlass.Float32)
                 acc_S1.fill(0.0)
-            nk = cute.size(tSsK.shape[2])
-            cute.copy(s2r_K, tSsK[None, None, 0, 2 * slot], tSrK_v[None, None, 0])
-            for kk in cutlass.range_constexpr(nk):
-                if cutlass.const_expr(kk + 1 < nk):
-                    cute.copy(s2r_K, tSsK[None, None, kk + 1, 2 * slot], tSrK_v[None, None, kk + 1])
-                if cutlass.const_expr(self.ilp and kk % 2 == 1):
-                    cute.gemm(tiled_mma, acc_S1, tSrQ[None, None, kk], tSrK[None, None, kk], acc_S1)
-                else:
-                    cute.gemm(tiled_mma, acc_S, tSrQ[None, None, kk], tSrK[None, None, kk], acc_S)
-            if cutlass.const_expr(self.ilp):
-                acc_S.store(acc_S.load() + acc_S1.load())
+            mma_sync.gemm_qk(tiled_mma, acc_S, tSrQ, tSrK, tSsK, tSrK_v, s2r_K, slot, acc_S1)
 
             if n_block >= n_mask:
-                self.apply_mask(acc_S, thr_mma, row0, n_block * BN + wid * BNW, group, q_len, k_len)
-            self.online_softmax(acc_S, acc_O, row_max, row_sum, scale_log2)
+                cS = thr_mma.partition_C(cute.make_identity_tensor((ROWS, BNW)))  # (row, col)
+                mask.apply_mask(self.mask, acc_mn_view(acc_S), acc_mn_view(cS), row0, n_block * BN + wid * BNW,
+                                q_len, k_len, group=group)
+            softmax.online_softmax(acc_mn_view(acc_S), row_max, row_sum, scale_log2, o_mn=acc_mn_view(acc_O))
 
-            rP = cute.make_fragment_like(acc_S, self.dtype)
-            rP.store(acc_S.load().to(self.dtype))
-            tOrP = cute.make_tensor(rP.iterator, _c_to_a_layout(rP.layout))
-            nv = cute.size(tOsV.shape[2])
-            cute.copy(s2r_V, tOsV[None, None, 0, 2 * slot + 1], tOrV_v[None, None, 0])
-            for kk in cutlass.range_constexpr(nv):
-                if cutlass.const_expr(kk + 1 < nv):
-                    cute.copy(s2r_V, tOsV[None, None, kk + 1, 2 * slot + 1], tOrV_v[None, None, kk + 1])
-                cute.gemm(tiled_mma, acc_O, tOrP[None, None, kk], tOrV[None, None, kk], acc_O)
+            mma_sync.gemm_pv(tiled_mma, acc_O, acc_S, self.dtype, tOsV, tOrV, tOrV_v, s2r_V, slot)
 
         # ---- the warps' partials meet in the (now free) ring
         cute.arch.cp_async_wait_group(0)
@@ -514,9 +465,9 @@ class FlashDecodeSm90:
         for i in cutlass.range_constexpr(cute.size(acc_O)):
             rr, cc = tOcO[i]
             scr_O[rr, cc, wid] = acc_O[i]
-        c_mn = _mn_view(tOcO)
+        c_mn = acc_mn_view(tOcO)
         for r in cutlass.range_constexpr(cute.size(row_max)):
-            total = _quad_allreduce(row_sum[r], lambda a, b: a + b)
+            total = quad_allreduce(row_sum[r], add)
             if lane % 4 == 0:
                 scr_m[c_mn[r, 0][0], wid] = row_max[r]
                 scr_l[c_mn[r, 0][0], wid] = total
@@ -617,19 +568,4 @@ class FlashDecodeSm90:
         """Split-KV combine, one warp per query row (PDL: waits for the main grid first)."""
         cute.arch.griddepcontrol_launch_dependents()
         cute.arch.griddepcontrol_wait()
-        self.combine_rows(mOp, mLp, mO, mLSE)
-
-    @cute.jit
-    def apply_mask(self, acc_S, thr_mma, row0, n0, group, q_len, k_len):
-        """-inf where the key is past the sequence or (causal) after the row's query."""
-        cS = thr_mma.partition_C(cute.make_identity_tensor((ROWS, self.bnw)))
-        s_mn = _mn_view(acc_S)
-        c_mn = _mn_view(cS)
-        for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
-            limit = k_len - n0
-            if cutlass.const_expr(self.causal):
-                s = (row0 + c_mn[r, 0][0]) // group
-                limit = cutlass.min(limit, s + 1 + k_len - q_len - n0)
-            for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
-                if c_mn[r, c][1] >= limit:
-                    s_mn[r, c] = -cutlass.Float32.inf
+        softmax.combine_splits(mOp, mLp, mO, mLSE, self.head_dim, self.splits, self.dtype, COMBINE_WARPS)

@@ -39,7 +39,6 @@ once per kv head.  ``notes/attention-sm80.md`` (v3) has the measurements behind 
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -50,15 +49,15 @@ import cutlass.utils
 from cutlass.cute.nvgpu import cpasync, warp
 
 from ..abi import DTYPE_BYTES, Signature
+from ..atoms.common import cutlass_dtype
+from ..atoms.sm80 import acc_mn_view
 from ..atoms.targets import Target
-from ..registry import register
-from . import contract
 from ..variant import Variant
+from ..registry import register
+from . import contract, mask, mma_sync, softmax
+from .base import DTYPES, AttentionVariant, causal_field, varlen_field
+from .softmax import LOG2_E
 
-LOG2_E = math.log2(math.e)
-LN_2 = math.log(2.0)
-
-DTYPES = ("bf16", "f16")
 MAX_SPLITS = 32
 # The split counts the default tier builds (dense, 64-row tile); see enumerate_attention.
 DEFAULT_SPLITS = (4, 16)
@@ -71,8 +70,6 @@ COMBINE_WARPS = 4
 HEAD_DIMS = (64, 128)
 # Row block of one warp: one m16n8k16 A fragment.
 ROWS_PER_WARP = 16
-# A window side given as < 0 (unbounded), as a key distance no sequence reaches.
-UNBOUNDED = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -105,20 +102,20 @@ class KvArgs:
 # The variant: config, calling convention, manifest fields
 # ------------------------------------------------------------------------------------------------
 @dataclass(frozen=True, kw_only=True)
-class AttentionSm80(Variant):
-    op: ClassVar[str] = "attention"
+class AttentionSm80(AttentionVariant):
     family: ClassVar[str] = "sm80"
     required_sass = (r"HMMA", r"LDGSTS", r"LDSM")
-    sources = ("attention/sm80.py", "attention/contract.py")
+    sources = ("attention/sm80.py", "attention/contract.py", "attention/base.py", "attention/mask.py",
+               "attention/keyrange.py", "attention/softmax.py", "attention/mma_sync.py", "atoms/sm80.py",
+               "atoms/common.py")
+    HEAD_DIMS = HEAD_DIMS
 
-    dtype: str = field(default="bf16", metadata={"tag": ""})
-    head_dim: int = field(default=128, metadata={"tag": "d"})
     tile_m: int = field(default=128, metadata={"tag": "m"})
     tile_n: int = field(default=64, metadata={"tag": "n"})
     warps: int = field(default=8, metadata={"tag": "w"})
     stages: int = field(default=2, metadata={"tag": "s"})
-    causal: bool = field(default=False, metadata={"tag": "causal"})
-    varlen: bool = field(default=False, metadata={"tag": "varlen"})
+    causal: bool = causal_field()
+    varlen: bool = varlen_field()
     # Decode with GQA packed (seqlen_q == 1 only, split-KV only): one CTA's query rows are the
     # Hq/Hkv q-heads that share a kv head, so K/V are read once per kv head instead of once per
     # q head.  With one query the bottom-right causal mask hides nothing: built non-causal, used
@@ -146,10 +143,8 @@ class AttentionSm80(Variant):
         t = self.tgt
         if t.family != "sm80":
             return f"target {self.target} is not an sm80-family target"
-        if self.dtype not in DTYPES:
-            return f"dtype {self.dtype} not in {DTYPES}"
-        if self.head_dim not in HEAD_DIMS:
-            return f"head_dim {self.head_dim} not in {HEAD_DIMS}"
+        if (problem := self.check_problem()) is not None:
+            return problem
         if self.tile_m != ROWS_PER_WARP * self.warps:
             return f"tile_m must be {ROWS_PER_WARP}·warps (one row block per warp, Q in registers)"
         if self.tile_n % 16 or not 16 <= self.tile_n <= 256:
@@ -176,7 +171,7 @@ class AttentionSm80(Variant):
 
     def describe(self) -> dict[str, Any]:
         return {
-            **contract.manifest_fields(self.dtype, self.head_dim, self.causal, self.varlen),
+            **self.contract_fields(),
             "tile": [self.tile_m, self.tile_n],
             "warps": self.warps,
             "stages": self.stages,
@@ -191,17 +186,13 @@ class AttentionSm80(Variant):
 
     def make_kernel(self):
         k = FlashFwdSm80(
-            dtype=_cutlass_dtype(self.dtype), head_dim=self.head_dim, tile_m=self.tile_m,
+            dtype=self.cutlass_dtype, head_dim=self.head_dim, tile_m=self.tile_m,
             tile_n=self.tile_n, warps=self.warps, stages=self.stages, causal=self.causal,
             splits=self.splits, pack_gqa=self.pack_gqa,
         )
         if self.varlen:
             return k.packed
         return k.dense_split if self.splits > 1 else k.dense
-
-
-def _cutlass_dtype(name: str):
-    return {"bf16": cutlass.BFloat16, "f16": cutlass.Float16}[name]
 
 
 # The default tile per target and head_dim: (tile_m, tile_n, warps, stages).  Q in registers caps
@@ -272,7 +263,7 @@ class AttentionKvcacheSm80(Variant):
     op: ClassVar[str] = "attention_kvcache"
     family: ClassVar[str] = "sm80"
     required_sass = (r"HMMA", r"LDGSTS", r"LDSM")
-    sources = ("attention/sm80.py", "attention/contract.py")
+    sources = AttentionSm80.sources
 
     dtype: str = field(default="bf16", metadata={"tag": ""})
     kv_dtype: str = field(default="bf16", metadata={"tag": "c"})
@@ -343,16 +334,12 @@ class AttentionKvcacheSm80(Variant):
         return d
 
     def make_kernel(self):
-        kv = KvOptions(paged=self.paged, kv_dtype=_cutlass_kv_dtype(self.kv_dtype), fp8=self.fp8,
+        kv = KvOptions(paged=self.paged, kv_dtype=cutlass_dtype(self.kv_dtype), fp8=self.fp8,
                        local=self.local, softcap=self.softcap, sinks=self.sinks)
         k = FlashFwdSm80(
-            dtype=_cutlass_dtype(self.dtype), head_dim=self.head_dim, tile_m=self.tile_m,
+            dtype=cutlass_dtype(self.dtype), head_dim=self.head_dim, tile_m=self.tile_m,
             tile_n=self.tile_n, warps=self.warps, stages=self.stages, causal=self.causal, kv=kv)
         return k.kvcache_packed if self.varlen else k.kvcache
-
-
-def _cutlass_kv_dtype(name: str):
-    return cutlass.Float8E4M3FN if name == "e4m3" else _cutlass_dtype(name)
 
 
 @register("attention_kvcache")
@@ -398,6 +385,7 @@ class FlashFwdSm80:
         self.threads = 32 * warps
         self.stages = stages
         self.causal = causal
+        self.mask = mask.MaskSpec(causal=causal, local=kv is not None and kv.local)
         self.splits = splits
         self.pack_gqa = pack_gqa
         # Attention over a KV cache (paged or dense, per-sequence key counts on the device): the
@@ -607,53 +595,35 @@ class FlashFwdSm80:
                 seqO = mO[batch, None, head, None]
                 seqL = mLSE[batch, head, None]
 
-        # KV cache: k_descale folds into the score scale, v_descale into the final O scale;
-        # softcap: S <- softcap·tanh(S·scale/softcap), then softmax with scale 1 (softcap·log2 e
-        # in the exp2 domain).  A window bound < 0 is unbounded.
-        cap_pre = scale_log2
+        # KV cache: k_descale folds into the score scale, v_descale into O; softcap (runtime value,
+        # <= 0: off) through softmax.softcap_scores; the window's -1 sides through mask.window.
+        cap_pre = None
+        use_cap = None
         o_scale = None
         sink = None
-        wl = 0
-        wr = 0
+        win = (None, None)
         if cutlass.const_expr(kv is not None):
             if cutlass.const_expr(fp8):
                 scale_log2 = scale_log2 * mDescale[0, kv_head]
                 o_scale = mDescale[1, kv_head]
             if cutlass.const_expr(kv.softcap):
-                # softcap <= 0: off (the variant serves calls without a softcap too)
                 use_cap = softcap > 0.0
                 cap = cutlass.max(softcap, 1e-30)
                 cap_pre = scale_log2 / (cap * LOG2_E) if use_cap else 0.0
                 scale_log2 = cap * LOG2_E if use_cap else scale_log2
             if cutlass.const_expr(kv.sinks):
                 sink = mSinks[head]
-            if cutlass.const_expr(kv.local):
-                wl = win_l if win_l >= 0 else UNBOUNDED
-                wr = win_r if win_r >= 0 else UNBOUNDED
+            win = mask.window(self.mask, win_l, win_r, q_len, k_len)
 
         m0 = m_block * BM
         if m0 < q_len:
-            # ---- key-tile range: [0, n_end); tiles >= n_mask need the mask
-            n_end = cute.ceil_div(k_len, BN)
-            n_mask = k_len // BN
-            shift = k_len - q_len
-            if cutlass.const_expr(self.causal):
-                # bottom-right: row r sees keys < r + 1 + (k_len - q_len)
-                # (clamp before dividing: no division of a negative number anywhere)
-                n_end = cutlass.min(n_end, cute.ceil_div(cutlass.max(0, m0 + BM + shift), BN))
-                n_mask = cutlass.min(n_mask, cutlass.max(0, m0 + shift + 1) // BN)
+            # ---- key-tile range: [n_lo, n_end); tiles >= n_mask (or, windowed, < mask_lo) need
+            # the mask
+            n_lo, n_end, mask_lo, n_mask = mask.key_tiles(self.mask, m0, m0 + BM, q_len, k_len, BN,
+                                                          win=win)
             # This CTA's key tiles: [n_lo, n_hi), walked from the top.  Split-KV cuts the row
             # block's visible range into `splits` contiguous chunks; an empty chunk (causal rows
             # that see few keys) runs no iteration and writes O = 0, LSE = -inf (weight 0).
-            n_lo = 0
-            # local window: keys below `left_key` are hidden from some row of the tile
-            left_key = 0
-            if cutlass.const_expr(kv is not None and kv.local):
-                n_end = cutlass.min(n_end, cute.ceil_div(
-                    cutlass.max(0, cutlass.min(m0 + BM + shift + wr, k_len)), BN))
-                n_mask = cutlass.min(n_mask, cutlass.max(0, cutlass.min(m0 + shift + wr + 1, k_len)) // BN)
-                n_lo = cutlass.min(n_end, cutlass.max(0, cutlass.min(m0 + shift - wl, k_len)) // BN)
-                left_key = cutlass.max(0, cutlass.min(m0 + BM - 1 + shift - wl, k_len))
             n_hi = n_end
             if cutlass.const_expr(self.splits > 1):
                 chunk = (n_end + (self.splits - 1)) // self.splits
@@ -729,83 +699,48 @@ class FlashFwdSm80:
                 else:
                     tQsQ[None, r, None].fill(0)
             cute.arch.cp_async_commit_group()
-            for s in cutlass.range_constexpr(S - 1):
-                if n_hi - 1 - s >= n_lo:
-                    if cutlass.const_expr(kv is not None):
-                        self.load_kv_cache(g2s_kv, tKgK, tVgV, tKVsKV, tKVcKV, n_hi - 1 - s, s, kv_load)
-                    else:
-                        self.load_kv(g2s, tKgK, tVgV, tKVsKV, tKVcKV, n_hi - 1 - s, s, k_len)
-                cute.arch.cp_async_commit_group()
-            cute.arch.cp_async_wait_group(S - 1)
-            cute.arch.barrier()
+            ring = (tKgK, tVgV, tKVsKV, tKVcKV)
+            cache = None
+            if cutlass.const_expr(kv is not None):
+                cache = (mK, mV, mTable, batch, k_len, kv.paged)
+            mma_sync.ring_prologue(g2s_kv, ring, n_lo, n_hi, k_len, BN, S, cache)
             cute.copy(s2r_Q, s2r_Q.partition_S(sQ), s2r_Q.retile(tSrQ))
-
-            row_max = cute.make_rmem_tensor(acc_O.shape[0][1] * acc_O.shape[1], cutlass.Float32)
-            row_sum = cute.make_rmem_tensor(acc_O.shape[0][1] * acc_O.shape[1], cutlass.Float32)
-            row_max.fill(-cutlass.Float32.inf)
-            row_sum.fill(0.0)
+            row_max, row_sum = softmax.row_state(acc_O.shape[0][1] * acc_O.shape[1])
 
             # ---- main loop over key tiles, last first
             for it in cutlass.range(n_hi - n_lo, unroll=1):
-                n_block = n_hi - 1 - it
-                slot = it % S
-                cute.arch.cp_async_wait_group(S - 2)
-                cute.arch.barrier()  # tile n_block visible; slot (it-1)%S free for reuse
-                if n_block - (S - 1) >= n_lo:
-                    if cutlass.const_expr(kv is not None):
-                        self.load_kv_cache(g2s_kv, tKgK, tVgV, tKVsKV, tKVcKV, n_block - (S - 1),
-                                           (it + S - 1) % S, kv_load)
-                    else:
-                        self.load_kv(g2s, tKgK, tVgV, tKVsKV, tKVcKV, n_block - (S - 1),
-                                     (it + S - 1) % S, k_len)
-                cute.arch.cp_async_commit_group()
+                n_block, slot = mma_sync.ring_step(it, g2s_kv, ring, n_lo, n_hi, k_len, BN, S, cache)
                 if cutlass.const_expr(fp8):
                     # this tile's fp8 K/V -> dtype into the one dtype slot (its previous readers
-                    # passed the barrier above), visible to every warp after the next barrier
+                    # passed ring_step's barrier), visible to every warp after this barrier
                     self.convert_kv(thr_kv, sKV8, sKV, slot)
                     cute.arch.barrier()
                     slot = 0
 
                 acc_S = cute.make_rmem_tensor(thr_mma.partition_shape_C((BM, BN)), cutlass.Float32)
                 acc_S.fill(0.0)
-                nk = cute.size(tSsK.shape[2])
-                cute.copy(s2r_K, tSsK[None, None, 0, 2 * slot], tSrK_v[None, None, 0])
-                for kk in cutlass.range_constexpr(nk):
-                    if cutlass.const_expr(kk + 1 < nk):
-                        cute.copy(s2r_K, tSsK[None, None, kk + 1, 2 * slot], tSrK_v[None, None, kk + 1])
-                    cute.gemm(tiled_mma, acc_S, tSrQ[None, None, kk], tSrK[None, None, kk], acc_S)
+                mma_sync.gemm_qk(tiled_mma, acc_S, tSrQ, tSrK, tSsK, tSrK_v, s2r_K, slot)
 
-                if cutlass.const_expr(kv is not None):
-                    if cutlass.const_expr(kv.softcap):
-                        for i in cutlass.range_constexpr(cute.size(acc_S)):
-                            capped = cute.math.tanh(acc_S[i] * cap_pre, fastmath=True)
-                            acc_S[i] = capped if use_cap else acc_S[i]
-                    if cutlass.const_expr(kv.local):
-                        if n_block >= n_mask or n_block * BN < left_key:
-                            self.apply_mask_kv(acc_S, thr_mma, m0, n_block * BN, q_len, k_len, wl, wr)
-                    else:
-                        if n_block >= n_mask:
-                            self.apply_mask_kv(acc_S, thr_mma, m0, n_block * BN, q_len, k_len, wl, wr)
-                else:
-                    if n_block >= n_mask:
-                        self.apply_mask(acc_S, thr_mma, m0, n_block * BN, q_len, k_len)
-                self.online_softmax(acc_S, acc_O, row_max, row_sum, scale_log2)
+                if cutlass.const_expr(kv is not None and kv.softcap):
+                    softmax.softcap_scores(acc_S, cap_pre, use_cap)
+                masked = n_block >= n_mask
+                if cutlass.const_expr(self.mask.local):
+                    masked = masked or n_block < mask_lo
+                if masked:
+                    cS = thr_mma.partition_C(cute.make_identity_tensor((BM, BN)))  # (row, col)
+                    mask.apply_mask(self.mask, acc_mn_view(acc_S), acc_mn_view(cS), m0, n_block * BN,
+                                    q_len, k_len, win=win)
+                softmax.online_softmax(acc_mn_view(acc_S), row_max, row_sum, scale_log2,
+                                       o_mn=acc_mn_view(acc_O))
 
-                # P (fp32 C fragments) -> dtype A fragments: two n8 C tiles make one k16 A tile.
-                rP = cute.make_fragment_like(acc_S, self.dtype)
-                rP.store(acc_S.load().to(self.dtype))
-                tOrP = cute.make_tensor(rP.iterator, _c_to_a_layout(rP.layout))
-                nv = cute.size(tOsV.shape[2])
-                cute.copy(s2r_V, tOsV[None, None, 0, 2 * slot + 1], tOrV_v[None, None, 0])
-                for kk in cutlass.range_constexpr(nv):
-                    if cutlass.const_expr(kk + 1 < nv):
-                        cute.copy(s2r_V, tOsV[None, None, kk + 1, 2 * slot + 1], tOrV_v[None, None, kk + 1])
-                    cute.gemm(tiled_mma, acc_O, tOrP[None, None, kk], tOrV[None, None, kk], acc_O)
+                mma_sync.gemm_pv(tiled_mma, acc_O, acc_S, self.dtype, tOsV, tOrV, tOrV_v, s2r_V, slot)
 
             # ---- epilogue
             cute.arch.cp_async_wait_group(0)
-            self.finalize(acc_O, row_max, row_sum, scale_log2, thr_mma, tidx, m0, q_len, seqL,
-                          sink, o_scale)
+            if cutlass.const_expr(o_scale is not None):
+                acc_O.store(acc_O.load() * o_scale)
+            softmax.finalize(acc_mn_view(acc_O), acc_mn_view(thr_mma.partition_C(cute.make_identity_tensor((BM, D)))),
+                             row_max, row_sum, scale_log2, m0, q_len, seqL, tidx, sink=sink)
             if cutlass.const_expr(self.splits > 1):
                 # fp32 partial O straight from the accumulators (a few KB per CTA).
                 tOgP = thr_mma.partition_C(cute.local_tile(seqO, (BM, D), (m_block, 0)))
@@ -833,95 +768,6 @@ class FlashFwdSm80:
                     if m0 + tOcO[0, r, 0][0] < q_len:
                         cute.copy(s2g, tOrO[None, r, None], tOgO[None, r, None])
 
-    @cute.kernel
-    def combine(self, mOp: cute.Tensor, mLp: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor):
-        """Split-KV combine: one warp per query row (:meth:`combine_rows`)."""
-        self.combine_rows(mOp, mLp, mO, mLSE)
-
-    @cute.jit
-    def combine_rows(self, mOp: cute.Tensor, mLp: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor):
-        """lse = ln Σ_s exp(lse_s), o = Σ_s exp(lse_s - lse)·o_s in fp32, then o -> dtype, one warp
-        per query row of this CTA.  Splits with lse_s = -inf weigh 0 (their partial O is 0, never
-        garbage); a row whose splits are all -inf gets o = 0, lse = -inf.  (Also the decode
-        family's combine, after its PDL wait.)"""
-        D, SP = self.head_dim, self.splits
-        tidx, _, _ = cute.arch.thread_idx()
-        m_block, head, batch = cute.arch.block_idx()
-        lane = tidx % 32
-        row = m_block * COMBINE_WARPS + tidx // 32
-        if row < mO.shape[1]:
-            lse_s = cute.make_rmem_tensor(SP, cutlass.Float32)
-            lmax = -cutlass.Float32.inf
-            for s in cutlass.range_constexpr(SP):
-                lse_s[s] = mLp[s, batch, head, row]
-                lmax = cute.arch.fmax(lmax, lse_s[s])
-            m_ref = 0.0 if lmax == -cutlass.Float32.inf else lmax
-            acc = cute.make_rmem_tensor(D // 32, cutlass.Float32)
-            acc.fill(0.0)
-            total = cutlass.Float32(0.0)
-            for s in cutlass.range_constexpr(SP):
-                w = cute.math.exp2((lse_s[s] - m_ref) * LOG2_E, fastmath=True)
-                total = total + w
-                for j in cutlass.range_constexpr(D // 32):
-                    acc[j] = acc[j] + w * mOp[s, batch, head, row, lane + 32 * j]
-            has_keys = total > 0.0
-            inv = cute.arch.rcp_approx(total if has_keys else 1.0)
-            scale = inv if has_keys else 0.0
-            for j in cutlass.range_constexpr(D // 32):
-                acc[j] = acc[j] * scale
-            out = cute.make_rmem_tensor(D // 32, self.dtype)
-            out.store(acc.load().to(self.dtype))
-            for j in cutlass.range_constexpr(D // 32):
-                mO[batch, row, head, lane + 32 * j] = out[j]
-            if lane == 0:
-                lse = -cutlass.Float32.inf
-                if has_keys:
-                    lse = m_ref + cute.math.log2(total, fastmath=True) * LN_2
-                mLSE[batch, head, row] = lse
-
-    @cute.jit
-    def load_kv(self, g2s, tKgK, tVgV, tKVsKV, tKVcKV, n_block, slot, k_len):
-        """cp.async K and V tile ``n_block`` into ``slot``; rows past k_len are zeroed instead
-        (a stale or garbage V row times P = 0 would still make NaN)."""
-        row0 = n_block * self.tile_n
-        for r in cutlass.range_constexpr(cute.size(tKVsKV.shape[1])):
-            if row0 + tKVcKV[0, r, 0][0] < k_len:
-                cute.copy(g2s, tKgK[None, r, None, n_block], tKVsKV[None, r, None, 2 * slot])
-                cute.copy(g2s, tVgV[None, r, None, n_block], tKVsKV[None, r, None, 2 * slot + 1])
-            else:
-                tKVsKV[None, r, None, 2 * slot].fill(0)
-                tKVsKV[None, r, None, 2 * slot + 1].fill(0)
-
-    @cute.jit
-    def load_kv_cache(self, g2s, tKgK, tVgV, tKVsKV, tKVcKV, n_block, slot, kv_load):
-        """cp.async K and V tile ``n_block`` of a KV cache into ``slot``, row by row: key j lives
-        in page block_table[b][j // PS], row j % PS (dense cache: page b, row j).  Rows past the
-        sequence's key count are zeroed."""
-        mK, mV, mTable, batch, k_len = kv_load
-        row0 = n_block * self.tile_n
-        for r in cutlass.range_constexpr(cute.size(tKVsKV.shape[1])):
-            j = row0 + tKVcKV[0, r, 0][0]
-            if j < k_len:
-                page = batch
-                row = j
-                if cutlass.const_expr(self.kv.paged):
-                    page_size = mK.shape[1]
-                    page = mTable[batch, j // page_size]
-                    row = j % page_size
-                k_row = tKgK[None, r, None]
-                v_row = tVgV[None, r, None]
-                src_k = cute.make_tensor(
-                    k_row.iterator + (cutlass.Int64(page) * mK.stride[0] + cutlass.Int64(row) * mK.stride[1]),
-                    k_row.layout)
-                src_v = cute.make_tensor(
-                    v_row.iterator + (cutlass.Int64(page) * mV.stride[0] + cutlass.Int64(row) * mV.stride[1]),
-                    v_row.layout)
-                cute.copy(g2s, src_k, tKVsKV[None, r, None, 2 * slot])
-                cute.copy(g2s, src_v, tKVsKV[None, r, None, 2 * slot + 1])
-            else:
-                tKVsKV[None, r, None, 2 * slot].fill(0)
-                tKVsKV[None, r, None, 2 * slot + 1].fill(0)
-
     @cute.jit
     def convert_kv(self, thr_kv, sKV8, sKV, slot):
         """fp8 K and V of ring ``slot`` -> dtype, into the dtype slot the MMAs read (exact: every
@@ -933,109 +779,7 @@ class FlashFwdSm80:
             cute.autovec_copy(src, r8)
             dst.store(r8.load().to(self.dtype))
 
-    @cute.jit
-    def apply_mask_kv(self, acc_S, thr_mma, m0, n0, q_len, k_len, wl, wr):
-        """-inf where key j is past the sequence or hidden from query row s: causal j > s + L - Sq,
-        window j < s + L - Sq - wl or j > s + L - Sq + wr (bottom-right aligned)."""
-        cS = thr_mma.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n)))
-        s_mn = _mn_view(acc_S)
-        c_mn = _mn_view(cS)
-        for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
-            diag = m0 + c_mn[r, 0][0] + k_len - q_len - n0  # column of this row's diagonal key
-            hi = k_len - n0
-            lo = 0
-            if cutlass.const_expr(self.causal):
-                hi = cutlass.min(hi, diag + 1)
-            if cutlass.const_expr(self.kv.local):
-                hi = cutlass.min(hi, diag + wr + 1)
-                lo = diag - wl
-            for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
-                col = c_mn[r, c][1]
-                if col >= hi or col < lo:
-                    s_mn[r, c] = -cutlass.Float32.inf
-
-    @cute.jit
-    def apply_mask(self, acc_S, thr_mma, m0, n0, q_len, k_len):
-        """-inf where the key is past the sequence or (causal) after the query's diagonal."""
-        cS = thr_mma.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n)))
-        s_mn = _mn_view(acc_S)
-        c_mn = _mn_view(cS)
-        for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
-            limit = k_len - n0
-            if cutlass.const_expr(self.causal):
-                limit = cutlass.min(limit, m0 + c_mn[r, 0][0] + 1 + k_len - q_len - n0)
-            for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
-                if c_mn[r, c][1] >= limit:
-                    s_mn[r, c] = -cutlass.Float32.inf
-
-    @cute.jit
-    def online_softmax(self, acc_S, acc_O, row_max, row_sum, scale_log2):
-        """acc_S <- exp2(S·scale_log2 - max·scale_log2); rescale acc_O and the running sum."""
-        s_mn = _mn_view(acc_S)
-        o_mn = _mn_view(acc_O)
-        for r in cutlass.range_constexpr(cute.size(row_max)):
-            s = s_mn[r, None].load()
-            m_new = _quad_allreduce(s.reduce(cute.ReductionOp.MAX, -cutlass.Float32.inf, 0),
-                                    cute.arch.fmax)
-            m_new = cute.arch.fmax(m_new, row_max[r])
-            # A row with nothing visible yet keeps max = -inf; subtract 0 then, not -inf (NaN).
-            m_scaled = (0.0 if m_new == -cutlass.Float32.inf else m_new) * scale_log2
-            p = cute.math.exp2(s * scale_log2 - m_scaled, fastmath=True)
-            corr = cute.math.exp2(row_max[r] * scale_log2 - m_scaled, fastmath=True)
-            row_sum[r] = row_sum[r] * corr + p.reduce(cute.ReductionOp.ADD, cutlass.Float32.zero, 0)
-            o_mn[r, None] = o_mn[r, None].load() * corr
-            row_max[r] = m_new
-            s_mn[r, None] = p
-
-    @cute.jit
-    def finalize(self, acc_O, row_max, row_sum, scale_log2, thr_mma, tidx, m0, q_len, seqL,
-                 sink=None, o_scale=None):
-        """O /= rowsum (0 for rows with no key); LSE = ln(sum) + max·scale, -inf if none.
-        ``sink`` (a logit, natural units) joins every row's sum, so O = Σ p·v / (Σ p + e^sink) and
-        LSE includes it (a row with no key: O = 0, LSE = sink); ``o_scale`` multiplies O (the V
-        descale of fp8 K/V)."""
-        o_mn = _mn_view(acc_O)
-        c_mn = _mn_view(thr_mma.partition_C(cute.make_identity_tensor((self.tile_m, self.head_dim))))
-        for r in cutlass.range_constexpr(cute.size(row_sum)):
-            total = _quad_allreduce(row_sum[r], lambda a, b: a + b)
-            m_scaled = row_max[r] * scale_log2
-            if cutlass.const_expr(sink is not None):
-                m_scaled = 0.0 if row_max[r] == -cutlass.Float32.inf else m_scaled
-                total = total + cute.math.exp2(sink * LOG2_E - m_scaled, fastmath=True)
-            has_keys = total > 0.0
-            inv = cute.arch.rcp_approx(total if has_keys else 1.0)
-            if cutlass.const_expr(o_scale is not None):
-                inv = inv * o_scale
-            o_mn[r, None] = o_mn[r, None].load() * (inv if has_keys else 0.0)
-            lse = -cutlass.Float32.inf
-            if has_keys:
-                lse = (m_scaled + cute.math.log2(total, fastmath=True)) * LN_2
-            row = m0 + c_mn[r, 0][0]
-            if tidx % 4 == 0 and row < q_len:
-                seqL[row] = lse
-
-
-def _quad_allreduce(x, op):
-    """Reduce over the 4 threads of a quad (they hold one accumulator row between them)."""
-    x = op(x, cute.arch.shuffle_sync_bfly(x, offset=2, mask=-1, mask_and_clamp=31))
-    return op(x, cute.arch.shuffle_sync_bfly(x, offset=1, mask=-1, mask_and_clamp=31))
-
-
-def _mn_view(t):
-    """An m16n8 accumulator partition ((2, 2), M, N) viewed as (rows, cols) = ((2, M), (2, N))."""
-    shape = t.layout.shape
-    flat = cute.make_layout(shape)
-    mn = cute.make_layout(
-        ((shape[0][1], shape[1]), (shape[0][0], shape[2])),
-        stride=((flat.stride[0][1], flat.stride[1]), (flat.stride[0][0], flat.stride[2])),
-    )
-    return cute.make_tensor(t.iterator, cute.composition(t.layout, mn))
-
-
-def _c_to_a_layout(layout):
-    """((2, 2), M, N) C fragment -> ((4, 2), M, N/2) A fragment of m16n8k16 (pairs of n8 tiles)."""
-    split = cute.logical_divide(layout, (None, None, 2))
-    return cute.make_layout(
-        ((split.shape[0], split.shape[2][0]), split.shape[1], split.shape[2][1]),
-        stride=((split.stride[0], split.stride[2][0]), split.stride[1], split.stride[2][1]),
-    )
+    @cute.kernel
+    def combine(self, mOp: cute.Tensor, mLp: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor):
+        """Split-KV combine: one warp per query row (softmax.combine_splits)."""
+        softmax.combine_splits(mOp, mLp, mO, mLSE, self.head_dim, self.splits, self.dtype, COMBINE_WARPS)

@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -71,13 +70,10 @@ from ..atoms.smem import STATIC_SMEM as _STATIC_SMEM
 from ..atoms.smem import round_up as _round_up
 from ..atoms.targets import Target
 from ..registry import register
-from . import contract
-from ..variant import Variant
+from . import contract, layout, mask, softmax
+from .base import DTYPES, AttentionVariant, causal_field, varlen_field
+from .softmax import LOG2_E
 
-LOG2_E = math.log2(math.e)
-LN_2 = math.log(2.0)
-
-DTYPES = ("bf16", "f16")
 HEAD_DIMS = (64, 128, 256)
 # Rows of one consumer warpgroup: one WGMMA M.
 WG_ROWS = 64
@@ -94,10 +90,6 @@ MIN_SEQLEN_Q = 2
 PERSISTENT_CTAS = 132
 # Causal persistent order: CTAs in flight per kv head (the section width, tile_coords).
 CAUSAL_CTAS_PER_KV_HEAD = 4
-# exp_poly: scores per row and thread (of tile_n / 4) whose exp2 comes from the FMA pipe (MUFU: 8
-# clocks per warp instruction vs ~9 issue slots per polynomial).  Measured slower (run 10): the
-# softmax is bound by issue slots, not by the MUFU.
-EXP_POLY_COLS = 4
 
 
 class _Bar(enum.IntEnum):
@@ -111,18 +103,18 @@ class _Bar(enum.IntEnum):
 # The variant: config, calling convention, manifest fields
 # ------------------------------------------------------------------------------------------------
 @dataclass(frozen=True, kw_only=True)
-class AttentionSm90(Variant):
-    op: ClassVar[str] = "attention"
+class AttentionSm90(AttentionVariant):
     family: ClassVar[str] = "sm90"
-    sources = ("attention/sm90.py", "atoms/sm90.py", "attention/contract.py")
+    sources = ("attention/sm90.py", "atoms/sm90.py", "attention/contract.py", "attention/base.py",
+               "attention/mask.py", "attention/keyrange.py", "attention/softmax.py", "attention/layout.py",
+               "atoms/common.py", "atoms/smem.py")
+    HEAD_DIMS = HEAD_DIMS
 
-    dtype: str = field(default="bf16", metadata={"tag": ""})
-    head_dim: int = field(default=128, metadata={"tag": "d"})
     tile_m: int = field(default=128, metadata={"tag": "m"})
     tile_n: int = field(default=128, metadata={"tag": "n"})
     stages: int = field(default=2, metadata={"tag": "s"})
-    causal: bool = field(default=False, metadata={"tag": "causal"})
-    varlen: bool = field(default=False, metadata={"tag": "varlen"})
+    causal: bool = causal_field()
+    varlen: bool = varlen_field()
     # Intra-warpgroup overlap: S of the next key tile is issued before P·V of this one.  (ptxas
     # moves the P·V wait above the softmax, which then overlaps only the other warpgroup's GEMMs:
     # notes/attention-sm90.md.)
@@ -132,15 +124,9 @@ class AttentionSm90(Variant):
     # With overlap: O is rescaled while S of the next tile is on the tensor cores, before P·V is
     # issued, instead of after P·V has retired (FA3's RescaleOBeforeGemm).
     early_rescale: bool = field(default=False, metadata={"tag": "er"})
-    # With overlap: a schedule fence after the exponentials (atoms.schedule_fence) keeps ptxas
-    # from hoisting the P·V wait above the softmax, so the softmax overlaps this warpgroup's P·V.
-    pin_wait: bool = field(default=False, metadata={"tag": "pw"})
     # Persistent CTAs: a grid of min(tiles, PERSISTENT_CTAS), each walking tiles (causal: longest
     # rows first); the next tile's Q loads while this one's O is stored (O gets its own smem).
     persistent: bool = field(default=False, metadata={"tag": "ps"})
-    # In the unmasked mainloop, EXP_POLY_COLS of each thread's scores per row take exp2 from a
-    # polynomial on the FMA pipe (atoms.exp2_poly) instead of the MUFU, which paces the softmax.
-    exp_poly: bool = field(default=False, metadata={"tag": "xp"})
     # The producer issues a tile's first K before its Q and each K one tile ahead of its V.
     k_first: bool = field(default=False, metadata={"tag": "kf"})
 
@@ -179,10 +165,8 @@ class AttentionSm90(Variant):
         t = self.tgt
         if t.family != "sm90":
             return f"target {self.target} is not a Hopper (sm90) target"
-        if self.dtype not in DTYPES:
-            return f"dtype {self.dtype} not in {DTYPES}"
-        if self.head_dim not in HEAD_DIMS:
-            return f"head_dim {self.head_dim} not in {HEAD_DIMS}"
+        if (problem := self.check_problem()) is not None:
+            return problem
         if self.tile_m % WG_ROWS or self.consumers not in (1, 2, 3):
             return "tile_m must be 64, 128 or 192 (one 64-row slab per consumer warpgroup)"
         if self.tile_n % 16 or not 16 <= self.tile_n <= 256:
@@ -193,10 +177,6 @@ class AttentionSm90(Variant):
             return "pingpong needs two or more consumer warpgroups"
         if self.early_rescale and not self.overlap:
             return "early_rescale needs overlap"
-        if self.pin_wait and not self.overlap:
-            return "pin_wait needs overlap"
-        if self.exp_poly and not self.overlap:
-            return "exp_poly needs overlap"
         if self.persistent and self.varlen:
             return "persistent scheduling is for dense problems"
         # fp32 registers per consumer thread: S (tile_n/2), O (head_dim/2), P (tile_n/4); with
@@ -213,7 +193,7 @@ class AttentionSm90(Variant):
 
     def describe(self) -> dict[str, Any]:
         return {
-            **contract.manifest_fields(self.dtype, self.head_dim, self.causal, self.varlen),
+            **self.contract_fields(),
             "tile": [self.tile_m, self.tile_n],
             "warps": self.threads // 32,
             "stages": self.stages,
@@ -222,8 +202,6 @@ class AttentionSm90(Variant):
             "overlap": self.overlap,
             "pingpong": self.pingpong,
             "early_rescale": self.early_rescale,
-            "pin_wait": self.pin_wait,
-            "exp_poly": EXP_POLY_COLS if self.exp_poly else 0,
             "k_first": self.k_first,
             "smem_bytes": self.smem_bytes(),
             "min_seqlen_q": MIN_SEQLEN_Q,
@@ -245,16 +223,12 @@ class AttentionSm90(Variant):
 
     def make_kernel(self):
         k = FlashFwdSm90(
-            dtype=_cutlass_dtype(self.dtype), head_dim=self.head_dim, tile_m=self.tile_m,
+            dtype=self.cutlass_dtype, head_dim=self.head_dim, tile_m=self.tile_m,
             tile_n=self.tile_n, stages=self.stages, causal=self.causal, overlap=self.overlap,
-            pingpong=self.pingpong, early_rescale=self.early_rescale, pin_wait=self.pin_wait,
-            persistent=self.persistent, exp_poly=self.exp_poly, k_first=self.k_first,
+            pingpong=self.pingpong, early_rescale=self.early_rescale, persistent=self.persistent,
+            k_first=self.k_first,
         )
         return k.packed if self.varlen else k.dense
-
-
-def _cutlass_dtype(name: str):
-    return {"bf16": cutlass.BFloat16, "f16": cutlass.Float16}[name]
 
 
 # The default config per problem: (tile_m, tile_n, stages, overlap, pingpong).  H100, bf16, CUDA
@@ -294,8 +268,9 @@ TUNE_CONFIGS = {
 # B4 H16 S1024 D64 42.1 vs 47.1 µs, causal 34.1 vs 39.6; B2 H16 S4096 D128 407.5 vs 436.9,
 # causal 250.0 vs 257.8; B4 H32/8 S2048 causal 242.0 vs 279.0 (run 7); early_rescale on top
 # S4096 395.0 vs 405.7, S16384 3229 vs 3323, causal 1570 vs 1663, D64 causal 33.9 vs 32.5 (not
-# there) (run 9); k_first 0-2 % better everywhere (run 11).  Lost, kept as ablations: pin_wait
-# (S16384 626 vs 654 TFLOP/s, causal 574 vs 635, run 7), exp_poly (S16384 3400 vs 3086 µs, run 10).
+# there) (run 9); k_first 0-2 % better everywhere (run 11).  Lost and removed (their code and
+# numbers: notes/attention-sm90.md): a schedule fence pinning the P·V wait below the softmax (runs
+# 7, 8) and a quarter of the exponentials from an FMA polynomial (run 10).
 def default_schedule(head_dim: int, causal: bool, varlen: bool = False,
                      small: bool = False) -> dict[str, bool]:
     """``small``: the 64-row tiles of under-filled grids (and varlen: the options were measured on
@@ -303,16 +278,15 @@ def default_schedule(head_dim: int, causal: bool, varlen: bool = False,
     # head_dim 256: the persistent CTA's own O buffer does not fit beside the 128x80 tiles' smem
     # (296 KB), and the D256 tiles were measured (run 7) with the previous mainloop: keep it.
     big = not varlen and not small and head_dim <= 128
-    return {"pin_wait": False, "persistent": big,
-            "early_rescale": big and not (head_dim == 64 and causal), "k_first": big,
-            "exp_poly": False}
+    return {"persistent": big, "early_rescale": big and not (head_dim == 64 and causal),
+            "k_first": big}
 
 
 # Ablations of the default configs (tier "full"): each mainloop/scheduler option on and off, so
 # that one bench process times them side by side (scripts/bench_attention.py --candidates).
 _ABLATIONS = tuple(
-    {"pin_wait": pw, "persistent": ps, "early_rescale": er, "k_first": False}
-    for pw in (False, True) for ps in (False, True) for er in (False, True)
+    {"persistent": ps, "early_rescale": er, "k_first": False}
+    for ps in (False, True) for er in (False, True)
 )
 
 
@@ -354,8 +328,6 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm90]:
         # D64: the other query tile (128 <-> 192 rows) and 3 stages under the default schedule
         out += [make(dt, 64, c, tile_m=320 - make(dt, 64, c).tile_m) for dt, d, c in problems if d == 64]
         out += [make(dt, 64, c, stages=3) for dt, d, c in problems if d == 64]
-        # the default with part of the exponentials on the FMA pipe
-        out += [dataclasses.replace(make(*p), exp_poly=True) for p in problems]
     out = list({v.name: v for v in out}.values())
     return [v for v in out if v.can_implement() is None]
 
@@ -382,6 +354,12 @@ class AttentionKvcacheSm90(AttentionSm90):
     kv_dtype: str = field(default="bf16", metadata={"tag": "c"})
     page_box: int = field(default=PAGE_BOX, metadata={"tag": "pb"})
 
+    # the contract's switches this family has fixed (a paged cache; no window, softcap or sinks)
+    paged: ClassVar[bool] = True
+    local: ClassVar[bool] = False
+    softcap: ClassVar[bool] = False
+    sinks: ClassVar[bool] = False
+
     def sass_requirements(self) -> tuple[str, ...]:
         d = r"\.BF16" if self.dtype == "bf16" else ""
         store = r"\bSTG\.E\.128\b" if self.varlen else r"\bUTMASTG\.4D\b"
@@ -401,7 +379,7 @@ class AttentionKvcacheSm90(AttentionSm90):
         if self.kv_dtype != self.dtype:
             return "the K/V cache dtype must be the query dtype (fp8 caches: the sm80 family)"
         if self.persistent or self.k_first:
-            return "one tile per CTA, K before V per tile (the paged producer)"
+            return "not persistent (one tile per CTA), no k_first (K before V per tile): the paged producers"
         if self.page_box and (self.page_box not in (64, 128) or self.tile_n % self.page_box):
             return "page_box must be 0 (cp.async row gathers), 64 or 128 and divide tile_n"
         return None
@@ -422,11 +400,10 @@ class AttentionKvcacheSm90(AttentionSm90):
 
     def make_kernel(self):
         k = FlashFwdSm90(
-            dtype=_cutlass_dtype(self.dtype), head_dim=self.head_dim, tile_m=self.tile_m,
+            dtype=self.cutlass_dtype, head_dim=self.head_dim, tile_m=self.tile_m,
             tile_n=self.tile_n, stages=self.stages, causal=self.causal, overlap=self.overlap,
-            pingpong=self.pingpong, early_rescale=self.early_rescale, pin_wait=self.pin_wait,
-            persistent=False, exp_poly=self.exp_poly, k_first=False, page_box=self.page_box,
-            gather=not self.page_box,
+            pingpong=self.pingpong, early_rescale=self.early_rescale, persistent=False,
+            k_first=False, page_box=self.page_box, gather=not self.page_box,
         )
         return k.kvcache_packed if self.varlen else k.kvcache
 
@@ -460,20 +437,19 @@ class FlashFwdSm90:
 
     def __init__(self, *, dtype, head_dim: int, tile_m: int, tile_n: int, stages: int,
                  causal: bool, overlap: bool, pingpong: bool, early_rescale: bool = False,
-                 pin_wait: bool = False, persistent: bool = False, exp_poly: bool = False,
-                 k_first: bool = False, page_box: int = 0, gather: bool = False):
+                 persistent: bool = False, k_first: bool = False, page_box: int = 0,
+                 gather: bool = False):
         self.dtype = dtype
         self.head_dim = head_dim
         self.tile_m = tile_m
         self.tile_n = tile_n
         self.stages = stages
         self.causal = causal
+        self.mask = mask.MaskSpec(causal=causal)
         self.overlap = overlap
         self.pingpong = pingpong
         self.early_rescale = early_rescale
-        self.pin_wait = pin_wait
         self.persistent = persistent
-        self.exp_poly = exp_poly
         self.k_first = k_first
         # KV cache (paged): K/V tiles arrive as tile_n / page_box TMA boxes of page_box rows, each
         # from the page the block table names; 0: the plain dense/varlen kernel.
@@ -490,12 +466,7 @@ class FlashFwdSm90:
     @cute.jit
     def dense(self, q: cute.Tensor, k: cute.Tensor, v: cute.Tensor, o: cute.Tensor,
               lse: cute.Tensor, softmax_scale: cutlass.Float32, stream: cuda.CUstream):
-        # (B, S, H, D) -> (S, D, H, B): row-major (S, D) tiles per (head, batch) for the TMA;
-        # V as (D, S, H, B): the B operand of P·V, N (= D) contiguous.
-        mQ = cute.make_tensor(q.iterator, cute.select(q.layout, mode=[1, 3, 2, 0]))
-        mK = cute.make_tensor(k.iterator, cute.select(k.layout, mode=[1, 3, 2, 0]))
-        mVt = cute.make_tensor(v.iterator, cute.select(v.layout, mode=[3, 1, 2, 0]))
-        mO = cute.make_tensor(o.iterator, cute.select(o.layout, mode=[1, 3, 2, 0]))
+        mQ, mK, mVt, mO = layout.dense_views(q, k, v, o)  # (S, D, H, B); V (D, S, H, B)
         grid = (cute.ceil_div(q.shape[1], self.tile_m), q.shape[2], q.shape[0])
         if cutlass.const_expr(self.persistent):
             grid = (cutlass.min(grid[0] * grid[1] * grid[2], PERSISTENT_CTAS), 1, 1)
@@ -505,11 +476,8 @@ class FlashFwdSm90:
     def packed(self, q: cute.Tensor, k: cute.Tensor, v: cute.Tensor, o: cute.Tensor,
                lse: cute.Tensor, cu_seqlens_q: cute.Tensor, cu_seqlens_k: cute.Tensor,
                softmax_scale: cutlass.Float32, max_seqlen_q: cutlass.Int32, stream: cuda.CUstream):
-        # (T, H, D) -> (T, D, H); V as (D, T, H).  A CTA offsets these by its sequence's start.
-        mQ = cute.make_tensor(q.iterator, cute.select(q.layout, mode=[0, 2, 1]))
-        mK = cute.make_tensor(k.iterator, cute.select(k.layout, mode=[0, 2, 1]))
-        mVt = cute.make_tensor(v.iterator, cute.select(v.layout, mode=[2, 0, 1]))
-        mO = cute.make_tensor(o.iterator, cute.select(o.layout, mode=[0, 2, 1]))
+        # (T, D, H); V (D, T, H).  A CTA offsets these by its sequence's start.
+        mQ, mK, mVt, mO = layout.packed_views(q, k, v, o)
         grid = (cute.ceil_div(max_seqlen_q, self.tile_m), q.shape[1], cu_seqlens_q.shape[0] - 1)
         self._launch(mQ, mK, mVt, mO, lse, cu_seqlens_q, cu_seqlens_k, softmax_scale, grid, stream)
 
@@ -522,10 +490,7 @@ class FlashFwdSm90:
         # The contract's kvcache signature, dense q.  Pages (P, PS, Hkv, D) -> (PS, D, Hkv, P) for
         # the TMA (V: (D, PS, Hkv, P)); q/o as in ``dense``.  (sinks, descales, softcap and the
         # window are switches this family does not have: ignored.)
-        mQ = cute.make_tensor(q.iterator, cute.select(q.layout, mode=[1, 3, 2, 0]))
-        mO = cute.make_tensor(o.iterator, cute.select(o.layout, mode=[1, 3, 2, 0]))
-        mK = cute.make_tensor(k_cache.iterator, cute.select(k_cache.layout, mode=[1, 3, 2, 0]))
-        mVt = cute.make_tensor(v_cache.iterator, cute.select(v_cache.layout, mode=[3, 1, 2, 0]))
+        mQ, mK, mVt, mO = layout.dense_views(q, k_cache, v_cache, o)
         grid = (cute.ceil_div(q.shape[1], self.tile_m), q.shape[2], q.shape[0])
         self._launch(mQ, mK, mVt, mO, lse, None, None, softmax_scale, grid, stream,
                      block_table, cache_seqlens)
@@ -539,10 +504,8 @@ class FlashFwdSm90:
                        window_right: cutlass.Int32, max_seqlen_q: cutlass.Int32,
                        stream: cuda.CUstream):
         # The packed-q form: q/o (Tq, Hq, D) as in ``packed``, pages as in ``kvcache``.
-        mQ = cute.make_tensor(q.iterator, cute.select(q.layout, mode=[0, 2, 1]))
-        mO = cute.make_tensor(o.iterator, cute.select(o.layout, mode=[0, 2, 1]))
-        mK = cute.make_tensor(k_cache.iterator, cute.select(k_cache.layout, mode=[1, 3, 2, 0]))
-        mVt = cute.make_tensor(v_cache.iterator, cute.select(v_cache.layout, mode=[3, 1, 2, 0]))
+        mQ, _, _, mO = layout.packed_views(q, q, q, o)
+        _, mK, mVt, _ = layout.dense_views(k_cache, k_cache, v_cache, k_cache)
         grid = (cute.ceil_div(max_seqlen_q, self.tile_m), q.shape[1], cu_seqlens_q.shape[0] - 1)
         self._launch(mQ, mK, mVt, mO, lse, cu_seqlens_q, None, softmax_scale, grid, stream,
                      block_table, cache_seqlens)
@@ -671,8 +634,12 @@ class FlashFwdSm90:
             m_block, head, batch = cute.arch.block_idx()
             if cutlass.const_expr(self.causal):
                 m_block = cute.arch.grid_dim()[0] - 1 - m_block
-            q_len, k_len, seqQ, seqK, seqVt, seqO, seqL = self.problem(
-                mQ, mK, mVt, mO, mLSE, mCuQ, mCuK, head, batch, mSeqlens)
+            if cutlass.const_expr(mSeqlens is not None):
+                q_len, k_len, seqQ, seqK, seqVt, seqO, seqL = layout.cache_views(
+                    mQ, mK, mVt, mO, mLSE, mCuQ, mSeqlens, head, batch)
+            else:
+                q_len, k_len, seqQ, seqK, seqVt, seqO, seqL = layout.sequence_views(
+                    mQ, mK, mVt, mO, mLSE, mCuQ, mCuK, head, batch)
             n_hi, n_mask = self.key_range(m_block, q_len, k_len)
             # Varlen: tiles past a sequence's end (the grid is sized by the longest) leave at once.
             if m_block * self.tile_m < q_len:
@@ -717,7 +684,7 @@ class FlashFwdSm90:
                         m_block, head, batch, real = self.tile_coords(t, stride, n_m, mQ.shape[2],
                                                                       mQ.shape[3], mK.shape[2])
                         if real:
-                            q_len, k_len, seqQ, seqK, seqVt, seqO, seqL = self.problem(
+                            q_len, k_len, seqQ, seqK, seqVt, seqO, seqL = layout.sequence_views(
                                 mQ, mK, mVt, mO, mLSE, mCuQ, mCuK, head, batch)
                             n_hi, n_mask = self.key_range(m_block, q_len, k_len)
                             state = self.produce(tma_q, seqQ, tma_k, seqK, tma_v, seqVt, sQ, sK,
@@ -733,7 +700,7 @@ class FlashFwdSm90:
                     m_block, head, batch, real = self.tile_coords(t, stride, n_m, mQ.shape[2],
                                                                   mQ.shape[3], mK.shape[2])
                     if real:
-                        q_len, k_len, seqQ, seqK, seqVt, seqO, seqL = self.problem(
+                        q_len, k_len, seqQ, seqK, seqVt, seqO, seqL = layout.sequence_views(
                             mQ, mK, mVt, mO, mLSE, mCuQ, mCuK, head, batch)
                         n_hi, n_mask = self.key_range(m_block, q_len, k_len)
                         read = self.consume(tiled_mma_qk, tiled_mma_pv, tma_o, seqO, s2g, seqL,
@@ -789,60 +756,11 @@ class FlashFwdSm90:
             return cute.ceil_div(n_tiles, grid) * grid
         return n_tiles
 
-    @cute.jit
-    def problem(self, mQ, mK, mVt, mO, mLSE, mCuQ, mCuK, head, batch, mSeqlens=None):
-        """Sequence lengths and the sequence's (rows, D) views of q/k/o, (D, rows) of v, and its
-        LSE row, for q head ``head`` of batch (varlen: sequence) ``batch``.  KV cache: k/v are
-        the kv head's (PS, D, pages) and (D, PS, pages) views, the key count cache_seqlens[b]."""
-        kv_head = head // (mQ.shape[2] // mK.shape[2])
-        if cutlass.const_expr(mSeqlens is not None):
-            k_len = mSeqlens[batch]
-            seqK = mK[None, None, kv_head, None]
-            seqVt = mVt[None, None, kv_head, None]
-            if cutlass.const_expr(mCuQ is None):
-                q_len = mQ.shape[0]
-                seqQ = mQ[None, None, head, batch]
-                seqO = mO[None, None, head, batch]
-                seqL = mLSE[batch, head, None]
-            else:
-                q_start = mCuQ[batch]
-                q_len = mCuQ[batch + 1] - q_start
-                seqQ = cute.domain_offset((q_start, 0), mQ[None, None, head])
-                seqO = cute.domain_offset((q_start, 0), mO[None, None, head])
-                seqL = cute.domain_offset((q_start,), mLSE[head, None])
-        elif cutlass.const_expr(mCuQ is None):
-            q_len = mQ.shape[0]
-            k_len = mK.shape[0]
-            seqQ = mQ[None, None, head, batch]
-            seqK = mK[None, None, kv_head, batch]
-            seqVt = mVt[None, None, kv_head, batch]
-            seqO = mO[None, None, head, batch]
-            seqL = mLSE[batch, head, None]
-        else:
-            q_start = mCuQ[batch]
-            q_len = mCuQ[batch + 1] - q_start
-            k_start = mCuK[batch]
-            k_len = mCuK[batch + 1] - k_start
-            seqQ = cute.domain_offset((q_start, 0), mQ[None, None, head])
-            seqK = cute.domain_offset((k_start, 0), mK[None, None, kv_head])
-            seqVt = cute.domain_offset((0, k_start), mVt[None, None, kv_head])
-            seqO = cute.domain_offset((q_start, 0), mO[None, None, head])
-            seqL = cute.domain_offset((q_start,), mLSE[head, None])
-        return q_len, k_len, seqQ, seqK, seqVt, seqO, seqL
-
-    @cute.jit
     def key_range(self, m_block, q_len, k_len):
         """Key tiles [0, n_hi) this query tile sees; tiles >= n_mask need the mask (the key
         tail, and with causal the tiles some row of the tile does not fully see)."""
-        BM, BN = self.tile_m, self.tile_n
-        m0 = m_block * BM
-        n_hi = cute.ceil_div(k_len, BN)
-        n_mask = k_len // BN
-        if cutlass.const_expr(self.causal):
-            # bottom-right: row r sees keys < r + 1 + (k_len - q_len); clamp before dividing
-            shift = k_len - q_len
-            n_hi = cutlass.min(n_hi, cute.ceil_div(cutlass.max(0, m0 + BM + shift), BN))
-            n_mask = cutlass.min(n_mask, cutlass.max(0, m0 + shift + 1) // BN)
+        m0 = m_block * self.tile_m
+        _, n_hi, _, n_mask = mask.key_tiles(self.mask, m0, m0 + self.tile_m, q_len, k_len, self.tile_n)
         return n_hi, n_mask
 
     @cute.jit
@@ -1076,9 +994,9 @@ class FlashFwdSm90:
             warpgroup.wait_group(0)
             k_pipe.consumer_release(read)
             if n_hi - 1 >= n_mask:
-                self.apply_mask(acc_S, cS, row0, (n_hi - 1) * BN, q_len, k_len)
+                mask.apply_mask(self.mask, atoms.acc_mn_view(acc_S), cS, row0, (n_hi - 1) * BN, q_len, k_len)
             corr = cute.make_rmem_tensor(n_rows, cutlass.Float32)  # O's per-row rescale factor
-            self.online_softmax(acc_S, row_max, row_sum, corr, scale_log2)
+            softmax.online_softmax(atoms.acc_mn_view(acc_S), row_max, row_sum, scale_log2, corr=corr)
             tOrP_c = atoms.acc_as_a_operand(acc_S.layout, tOrP)
             tOrP_c.store(acc_S.load().to(self.dtype))
             # P·V overwrites O on the first key tile and accumulates afterwards.
@@ -1119,9 +1037,9 @@ class FlashFwdSm90:
                     warpgroup.wait_group(0)
                     k_pipe.consumer_release(read)
                     if n >= n_mask:
-                        self.apply_mask(acc_S, cS, row0, n * BN, q_len, k_len)
-                    self.online_softmax(acc_S, row_max, row_sum, corr, scale_log2)
-                    self.rescale(acc_O, corr)
+                        mask.apply_mask(self.mask, atoms.acc_mn_view(acc_S), cS, row0, n * BN, q_len, k_len)
+                    softmax.online_softmax(atoms.acc_mn_view(acc_S), row_max, row_sum, scale_log2, corr=corr)
+                    softmax.rescale(atoms.acc_mn_view(acc_O), corr)
                     tOrP_c.store(acc_S.load().to(self.dtype))
             if cutlass.const_expr(self.persistent):
                 # every S GEMM of this tile has completed: Q's slab may take the next tile's
@@ -1130,7 +1048,7 @@ class FlashFwdSm90:
             # ---- P·V of the last tile
             if cutlass.const_expr(self.early_rescale):
                 if n_hi > 1:
-                    self.rescale(acc_O, corr)
+                    softmax.rescale(atoms.acc_mn_view(acc_O), corr)
             self.kv_wait(v_pipe, read)
             self.zero_v_tail(sV, read.index, 0, k_len, ltid, wg)
             tiled_mma_pv = self.gemm_pv(tiled_mma_pv, acc_O, tOrP, tOrV, read.index)
@@ -1142,7 +1060,7 @@ class FlashFwdSm90:
 
         # ---- epilogue: O / rowsum and LSE, O -> this warpgroup's Q slab -> TMA store (varlen:
         # 16-byte stores of the rows inside the sequence)
-        self.finalize(acc_O, row_max, row_sum, scale_log2, cS, row0, q_len, seqL, ltid)
+        softmax.finalize(atoms.acc_mn_view(acc_O), cS, row_max, row_sum, scale_log2, row0, q_len, seqL, ltid)
         sO = sO[None, None, wg]
         rO = cute.make_rmem_tensor(acc_O.layout, self.dtype)
         if cutlass.const_expr(self.persistent):
@@ -1192,7 +1110,7 @@ class FlashFwdSm90:
         self.schedule_wait(wg)
         tiled_mma_qk = self.gemm_qk(tiled_mma_qk, acc_S, tSrQ, tSrK, wg, read.index)
         if cutlass.const_expr(self.early_rescale):
-            self.rescale(acc_O, corr)  # (on the first tile: garbage, overwritten)
+            softmax.rescale(atoms.acc_mn_view(acc_O), corr)  # (on the first tile: garbage, overwritten)
         self.kv_wait(v_pipe, read_v)
         self.zero_v_tail(sV, read_v.index, n + 1, k_len, ltid, wg)
         tiled_mma_pv = self.gemm_pv(tiled_mma_pv, acc_O, tOrP, tOrV, read_v.index)
@@ -1200,16 +1118,12 @@ class FlashFwdSm90:
         warpgroup.wait_group(1)
         k_pipe.consumer_release(read)
         if cutlass.const_expr(masked):
-            self.apply_mask(acc_S, cS, row0, n * self.tile_n, q_len, k_len)
-        self.online_softmax(acc_S, row_max, row_sum, corr, scale_log2,
-                            poly=self.exp_poly and not masked)
-        if cutlass.const_expr(self.pin_wait):
-            # keep the P·V wait below the exponentials: the softmax overlaps P·V (atoms/sm90.py)
-            row_sum[0] = atoms.schedule_fence(row_sum[0])
+            mask.apply_mask(self.mask, atoms.acc_mn_view(acc_S), cS, row0, n * self.tile_n, q_len, k_len)
+        softmax.online_softmax(atoms.acc_mn_view(acc_S), row_max, row_sum, scale_log2, corr=corr)
         warpgroup.wait_group(0)
         v_pipe.consumer_release(read_v)
         if cutlass.const_expr(not self.early_rescale):
-            self.rescale(acc_O, corr)
+            softmax.rescale(atoms.acc_mn_view(acc_O), corr)
         tOrP_c.store(acc_S.load().to(self.dtype))
         return read, tiled_mma_qk, tiled_mma_pv
 
@@ -1258,69 +1172,3 @@ class FlashFwdSm90:
             if nxt == self.consumers:
                 nxt = 0
             cute.arch.barrier_arrive(barrier_id=int(_Bar.SCHEDULE) + nxt, number_of_threads=256)
-
-    @cute.jit
-    def apply_mask(self, acc_S, cS, row0, n0, q_len, k_len):
-        """-inf where the key is past the sequence or (causal) after the query's diagonal."""
-        s_mn = atoms.acc_mn_view(acc_S)
-        for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
-            limit = k_len - n0
-            if cutlass.const_expr(self.causal):
-                limit = cutlass.min(limit, row0 + cS[r, 0][0] + 1 + k_len - q_len - n0)
-            for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
-                # a select per score (an `if` statement here yields the whole fragment per
-                # branch: ~15x the instructions)
-                s_mn[r, c] = -cutlass.Float32.inf if cS[r, c][1] >= limit else s_mn[r, c]
-
-    @cute.jit
-    def online_softmax(self, acc_S, row_max, row_sum, corr, scale_log2,
-                       poly: cutlass.Constexpr = False):
-        """acc_S <- exp2(S·scale_log2 - max·scale_log2) with the running max and sum updated;
-        ``corr`` <- each row's correction factor for O (exp2 of the old max minus the new).
-        ``poly``: EXP_POLY_COLS scores per row by atoms.exp2_poly (only where no score is -inf)."""
-        s_mn = atoms.acc_mn_view(acc_S)
-        for r in cutlass.range_constexpr(cute.size(row_max)):
-            s = s_mn[r, None].load()
-            m_new = atoms.quad_allreduce(s.reduce(cute.ReductionOp.MAX, -cutlass.Float32.inf, 0),
-                                         cute.arch.fmax)
-            m_new = cute.arch.fmax(m_new, row_max[r])
-            # A row with nothing visible yet keeps max = -inf; subtract 0 then, not -inf (NaN).
-            m_scaled = (0.0 if m_new == -cutlass.Float32.inf else m_new) * scale_log2
-            if cutlass.const_expr(poly):
-                s_mn[r, None] = s * scale_log2 - m_scaled
-                n_cols = cute.size(s_mn, mode=[1])
-                step = n_cols // EXP_POLY_COLS
-                for c in cutlass.range_constexpr(n_cols):
-                    if cutlass.const_expr(c % step == step - 1):
-                        s_mn[r, c] = atoms.exp2_poly(s_mn[r, c])
-                    else:
-                        s_mn[r, c] = cute.math.exp2(s_mn[r, c], fastmath=True)
-                p = s_mn[r, None].load()
-            else:
-                p = cute.math.exp2(s * scale_log2 - m_scaled, fastmath=True)
-            corr[r] = cute.math.exp2(row_max[r] * scale_log2 - m_scaled, fastmath=True)
-            row_sum[r] = row_sum[r] * corr[r] + p.reduce(cute.ReductionOp.ADD, cutlass.Float32.zero, 0)
-            row_max[r] = m_new
-            s_mn[r, None] = p
-
-    @cute.jit
-    def rescale(self, acc_O, corr):
-        o_mn = atoms.acc_mn_view(acc_O)
-        for r in cutlass.range_constexpr(cute.size(corr)):
-            o_mn[r, None] = o_mn[r, None].load() * corr[r]
-
-    @cute.jit
-    def finalize(self, acc_O, row_max, row_sum, scale_log2, cS, row0, q_len, gLSE, ltid):
-        """O /= rowsum (0 for rows with no key); LSE = ln(sum) + max·scale, -inf if none."""
-        o_mn = atoms.acc_mn_view(acc_O)
-        for r in cutlass.range_constexpr(cute.size(row_sum)):
-            total = atoms.quad_allreduce(row_sum[r], atoms.add)
-            has_keys = total > 0.0
-            inv = cute.arch.rcp_approx(total if has_keys else 1.0)
-            o_mn[r, None] = o_mn[r, None].load() * (inv if has_keys else 0.0)
-            lse = -cutlass.Float32.inf
-            if has_keys:
-                lse = (row_max[r] * scale_log2 + cute.math.log2(total, fastmath=True)) * LN_2
-            row = row0 + cS[r, 0][0]
-            if ltid % 4 == 0 and row < q_len:
-                gLSE[row] = lse

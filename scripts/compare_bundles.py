@@ -1,0 +1,97 @@
+"""Compare the cubins of two bundles variant by variant: byte-identical, identical ``.text``
+sections, identical SASS once register numbers are normalised, or different (then the opcode
+counts that changed).  For proving that a refactor left the kernels as they were.
+
+    python3 scripts/compare_bundles.py BEFORE_BUNDLE AFTER_BUNDLE [--filter GLOB] [--diff N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import re
+import sys
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from factory.compiler.cubin import _sections, disassemble, opcode_histogram  # noqa: E402
+
+_REG = re.compile(r"\b(U?R|U?P|B)\d+\b")
+_COMMENT = re.compile(r"/\*.*?\*/")
+_LABEL = re.compile(r"\.L_x_\d+")
+
+
+def _cubin(bundle: Path, entry: dict) -> Path:
+    return bundle / entry["files"]["cubin"]["path"]
+
+
+def _text(data: bytes) -> dict[str, bytes]:
+    return {k: data[o:o + n] for k, (_t, o, n, _i) in _sections(data).items() if k.startswith(".text.")}
+
+
+def _norm_sass(sass: str) -> list[str]:
+    """Instructions without addresses, encodings, register numbers and label numbers."""
+    out, labels = [], {}
+    for line in sass.splitlines():
+        line = _REG.sub(lambda m: m.group(1), _COMMENT.sub("", line)).strip()
+        # labels are numbered across the whole cubin: renumber by first appearance
+        line = _LABEL.sub(lambda m: labels.setdefault(m.group(0), f".L{len(labels)}"), line)
+        if line and not line.startswith((".section", ".sectionflags", ".sectioninfo", "//")):
+            out.append(line)
+    return out
+
+
+def compare(before: Path, after: Path, glob: str = "*") -> dict[str, tuple[str, dict]]:
+    mb = json.loads((before / "manifest.json").read_text())["variants"]
+    ma = json.loads((after / "manifest.json").read_text())["variants"]
+    out: dict[str, tuple[str, dict]] = {}
+    for name in sorted(set(mb) | set(ma)):
+        if not fnmatch.fnmatch(name, glob):
+            continue
+        if name not in mb or name not in ma:
+            out[name] = ("only-after" if name in ma else "only-before", {})
+            continue
+        pb, pa = _cubin(before, mb[name]), _cubin(after, ma[name])
+        db, da = pb.read_bytes(), pa.read_bytes()
+        if db == da:
+            out[name] = ("bytes", {})
+            continue
+        if _text(db) == _text(da):
+            out[name] = ("text", {})
+            continue
+        sb, sa = disassemble(pb), disassemble(pa)
+        if _norm_sass(sb) == _norm_sass(sa):
+            out[name] = ("sass-regs", {})
+            continue
+        hb, ha = Counter(opcode_histogram(sb)), Counter(opcode_histogram(sa))
+        delta = {k: ha[k] - hb[k] for k in sorted(set(hb) | set(ha)) if ha[k] != hb[k]}
+        delta["total"] = sum(ha.values()) - sum(hb.values())
+        delta["before_total"] = sum(hb.values())
+        out[name] = ("differs", delta)
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("before", type=Path)
+    p.add_argument("after", type=Path)
+    p.add_argument("--filter", default="*", help="glob over variant names")
+    p.add_argument("--diff", type=int, default=40, help="list at most this many differing variants")
+    a = p.parse_args()
+    res = compare(a.before, a.after, a.filter)
+    kinds = Counter(k for k, _ in res.values())
+    print(f"{len(res)} variants: " + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())))
+    shown = 0
+    for name, (kind, delta) in res.items():
+        if kind in ("bytes", "text", "sass-regs") or shown >= a.diff:
+            continue
+        shown += 1
+        print(f"  {kind:12s} {name} {json.dumps(delta) if delta else ''}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
