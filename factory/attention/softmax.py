@@ -47,10 +47,16 @@ def log2_scale(softmax_scale, softcap=None):
 
 
 @cute.jit
-def softcap_scores(s: cute.Tensor, factor):
-    """``s <- tanh(s·factor)`` in place (``factor`` from :func:`log2_scale`)."""
+def softcap_scores(s: cute.Tensor, factor, on=None):
+    """``s <- tanh(s·factor)`` in place (``factor`` from :func:`log2_scale`).  ``on``: a runtime
+    Boolean; where false the scores stay as they are (a select per score: a kernel built with the
+    softcap switch then also serves calls without a softcap)."""
     for i in cutlass.range_constexpr(cute.size(s)):
-        s[i] = cute.math.tanh(s[i] * factor, fastmath=True)
+        if cutlass.const_expr(on is None):
+            s[i] = cute.math.tanh(s[i] * factor, fastmath=True)
+        else:
+            capped = cute.math.tanh(s[i] * factor, fastmath=True)
+            s[i] = capped if on else s[i]
 
 
 @cute.jit
