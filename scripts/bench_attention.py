@@ -338,6 +338,192 @@ def chart(rows: list[dict], path: Path, title: str) -> str:
     return "matplotlib"
 
 
+# --- attention over a KV cache (bundle.attention_kvcache) ---------------------------------------------
+# (B, context, Hq, Hkv, D, page sizes): decode steps (Sq 1).  "mixed": lengths drawn from
+# [context/16, context] (the row's context is their maximum); page None: the dense-cache form.
+KV_SHAPES = [
+    (1, 32768, 32, 8, 128, (16, 64, 1, None)),
+    (4, 32768, 64, 8, 128, (16, 64, None)),        # few long sequences, GQA 8
+    (8, 4096, 16, 1, 128, (16, 64, 1, None)),      # MQA 16
+    (16, 4096, 32, 8, 128, (16, 64, None)),
+    (64, 2048, 32, 8, 128, (16, 64, 1)),
+    (256, 512, 32, 8, 128, (16, 64)),
+    (32, 1024, 32, 32, 128, (16, 64, None)),       # MHA
+    (8, 8192, 64, 8, 64, (16, 64, None)),          # D64 (gpt-oss-like heads)
+    (64, 1024, 32, 8, 64, (16, 64)),
+    (32, 8192, 32, 8, 128, (16, 64, 1, None), "mixed"),
+    (128, 2048, 16, 1, 64, (16, 64), "mixed"),
+]
+
+
+def bench_kvcache(bundle, dtype="bf16", shapes=None, copy_bw=None, budget_s=0.15) -> list[dict]:
+    """Per shape and page size: ours (``attention_kvcache``, graph replay of 3 calls per graph)
+    beside the KV-read floor (the K/V rows the lengths cover, plus q and o, over this run's
+    copy bandwidth), torch SDPA (each backend and its own choice) on the gathered dense K/V (a
+    key-padding mask where lengths differ), and, for equal lengths, our dense path
+    (``bundle.attention`` on the same K/V)."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from factory import testing
+
+    dt = testing.torch_dtype(dtype)
+    rows = []
+    for shape in shapes or KV_SHAPES:
+        B, ctx, hq, hkv, d, pages = shape[:6]
+        mixed = "mixed" in shape[6:]
+        gen = torch.Generator(device="cuda").manual_seed(B * 7 + ctx)
+        if mixed:
+            lens = torch.randint(ctx // 16, ctx + 1, (B,), generator=gen, device="cuda")
+            lens[0] = ctx
+        else:
+            lens = torch.full((B,), ctx, device="cuda")
+        lens = lens.to(torch.int32)
+        keys = int(lens.sum())
+        q = torch.randn(B, 1, hq, d, device="cuda", generator=gen).to(dt)
+        kd = torch.randn(B, ctx, hkv, d, device="cuda", generator=gen).to(dt)
+        vd = torch.randn(B, ctx, hkv, d, device="cuda", generator=gen).to(dt)
+        floor = (2 * keys * hkv * d + 2 * B * hq * d) * kd.element_size() / copy_bw * 1e6 if copy_bw else None
+        base = {"B": B, "ctx": ctx, "Hq": hq, "Hkv": hkv, "D": d, "mixed": mixed, "dtype": dtype,
+                "keys": keys, "floor_us": floor}
+        # SDPA on the gathered dense K/V (B, H, S, D); a key-padding mask where lengths differ.
+        qt, kt, vt = (x.transpose(1, 2) for x in (q, kd, vd))
+        mask = None
+        if mixed:
+            mask = (torch.arange(ctx, device="cuda")[None, :] < lens[:, None].long())[:, None, None, :]
+        sdpa_us = {}
+        for label, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION),
+                               ("efficient", SDPBackend.EFFICIENT_ATTENTION), ("sdpa", None)):
+            def fn(_i, backend=backend):
+                if backend is None:
+                    return F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, enable_gqa=hq != hkv)
+                with sdpa_kernel([backend]):
+                    return F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, enable_gqa=hq != hkv)
+            try:
+                sdpa_us[label] = time_graph(fn, 3, budget_s=budget_s) * 1e6
+            except Exception:  # noqa: BLE001 - a backend that refuses the shape is left out
+                sdpa_us[label] = None
+        best_sdpa = min(x for x in sdpa_us.values() if x is not None)
+        dense_us = None
+        if not mixed:
+            try:
+                dense_us = time_graph(lambda _i: bundle.attention(q, kd, vd, causal=True), 3, budget_s=budget_s) * 1e6
+            except Exception:  # noqa: BLE001
+                dense_us = None
+        for ps in pages:
+            row = dict(base, page_size=ps, sdpa_us=sdpa_us, best_sdpa_us=best_sdpa, dense_us=dense_us)
+            if ps is None:
+                kc, vc, bt = kd, vd, None
+            else:  # pages dealt out in a shuffled order
+                per = -(-ctx // ps)
+                perm = torch.randperm(B * per, generator=gen, device="cuda")
+                kc = torch.empty(B * per, ps, hkv, d, device="cuda", dtype=dt)
+                vc = torch.empty_like(kc)
+                pad = per * ps - ctx
+                kc[perm] = F.pad(kd, (0, 0, 0, 0, 0, pad)).view(B * per, ps, hkv, d)
+                vc[perm] = F.pad(vd, (0, 0, 0, 0, 0, pad)).view(B * per, ps, hkv, d)
+                bt = perm.view(B, per).to(torch.int32)
+            try:
+                out = bundle.attention_kvcache(q, kc, vc, lens, block_table=bt)
+                ref, _ = testing.attention_kvcache_reference(q[:4], kc, vc, lens[:4], bt[:4] if bt is not None else None) \
+                    if ps is not None else testing.attention_kvcache_reference(q[:4], kc[:4], vc[:4], lens[:4])
+                row["rel_err"] = testing.rel_error(out[:4], ref)
+                row["variant"] = bundle.plan_kvcache(
+                    batch=B, seqlen_q=1, heads_q=hq, heads_kv=hkv, head_dim=d, dtype=dt,
+                    **({"max_seqlen_k": ctx} if ps is None else {"page_size": ps, "max_pages": bt.shape[1]})).variant
+                row["ours_us"] = time_graph(lambda _i: bundle.attention_kvcache(q, kc, vc, lens, block_table=bt),
+                                            3, budget_s=budget_s) * 1e6
+                row["ours_eager_us"] = time_eager(lambda _i: bundle.attention_kvcache(q, kc, vc, lens, block_table=bt), 1) * 1e6
+                if B * hkv <= 64 and ps in (16, None):  # few groups: every split count, by name
+                    row["splits_us"] = {}
+                    for e in bundle.candidates("attention_kvcache"):
+                        if (e["dtype"] == dtype and e["head_dim"] == d and bool(e["paged"]) == (ps is not None)
+                                and not e.get("sinks")):
+                            row["splits_us"][e["kv_splits"]] = time_graph(
+                                lambda _i, n=e["name"]: bundle.attention_kvcache(q, kc, vc, lens, block_table=bt,
+                                                                                 variant=n), 3,
+                                budget_s=budget_s) * 1e6
+                    print("    by split count (µs): " + ", ".join(f"{k}: {v:.1f}" for k, v in
+                                                             sorted(row["splits_us"].items())), flush=True)
+            except Exception as e:  # noqa: BLE001 - reported, not fatal
+                row["ours_us"] = None
+                row["error"] = f"{type(e).__name__}: {str(e)[:120]}"
+            if row["ours_us"]:
+                row["ratio_vs_best_sdpa"] = best_sdpa / row["ours_us"]
+                if floor:
+                    row["floor_over_ours"] = floor / row["ours_us"]
+                if dense_us:
+                    row["dense_over_ours"] = dense_us / row["ours_us"]
+            rows.append(row)
+            print(f"B{B} ctx{ctx}{' mixed' if mixed else ''} H{hq}/{hkv} D{d} page {ps}: ours "
+                  f"{row['ours_us'] or float('nan'):.1f} µs (floor {floor or float('nan'):.1f}, "
+                  f"{row.get('floor_over_ours', float('nan')):.0%}), best SDPA {best_sdpa:.1f} "
+                  f"({row.get('ratio_vs_best_sdpa', float('nan')):.2f}x), dense path {dense_us or float('nan'):.1f}, "
+                  f"err {row.get('rel_err', float('nan')):.1e} {row.get('error', '')}", flush=True)
+            kc = vc = None
+        q = kd = vd = qt = kt = vt = mask = None
+        torch.cuda.empty_cache()
+    return rows
+
+
+def chart_kvcache(rows: list[dict], path: Path, title: str) -> None:
+    """``path`` (PNG): per row the share of the KV-read floor ours reaches, and best SDPA / ours."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in rows if r.get("ours_us")]
+    n = len(rows)
+    fig, ax = plt.subplots(figsize=(max(8, n * 0.35), 4.4))
+    ax.bar(range(n), [r.get("floor_over_ours", 0) for r in rows], 0.4, color="tab:red", label="floor / ours")
+    ax.bar([i + 0.4 for i in range(n)], [r.get("ratio_vs_best_sdpa", 0) for r in rows], 0.4, color="tab:gray",
+           label="best SDPA / ours")
+    ax.axhline(0.9, color="k", lw=0.6, ls="--")
+    ax.axhline(1.0, color="k", lw=0.4)
+    ax.set_xticks(list(range(n)), [f"B{r['B']} {r['ctx']}{'m' if r['mixed'] else ''} H{r['Hq']}/{r['Hkv']} "
+                                   f"D{r['D']} p{r['page_size'] if r['page_size'] else 'dense'}" for r in rows],
+                  rotation=75, fontsize=6)
+    ax.legend(fontsize=7)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main_kvcache(a, bundle) -> int:
+    import torch
+
+    dev = torch.cuda.get_device_name()
+    copy_bw = copy_bandwidth()
+    print(f"{dev}: device-to-device copy bandwidth {copy_bw / 1e12:.2f} TB/s (read + write)", flush=True)
+    rows = bench_kvcache(bundle, a.dtype, None, copy_bw, min(a.budget, 0.15))
+    ok = [r for r in rows if r.get("ours_us")]
+    summary = {
+        "rows": len(rows), "ran": len(ok),
+        "floor90_page16_64": f"{sum(r['floor_over_ours'] >= 0.9 for r in ok if r['page_size'] in (16, 64))}/"
+                             f"{sum(1 for r in ok if r['page_size'] in (16, 64))}",
+        "floor75_page1": f"{sum(r['floor_over_ours'] >= 0.75 for r in ok if r['page_size'] == 1)}/"
+                         f"{sum(1 for r in ok if r['page_size'] == 1)}",
+        "geomean_vs_best_sdpa": statistics.geometric_mean([r["ratio_vs_best_sdpa"] for r in ok]) if ok else None,
+        "min_dense_over_ours_page16plus": min((r["dense_over_ours"] for r in ok if r.get("dense_over_ours")
+                                               and (r["page_size"] or 0) >= 16), default=None),
+    }
+    print(json.dumps(summary), flush=True)
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    Path(str(out) + ".json").write_text(json.dumps({
+        "device": dev, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "grid": "kvcache",
+        "copy_bandwidth": copy_bw, "summary": summary, "rows": rows}, indent=1))
+    try:
+        chart_kvcache(rows, Path(str(out) + ".png"), f"attention_kvcache decode {a.dtype} on {dev}")
+    except ImportError:
+        pass
+    print(f"wrote {out}.json", flush=True)
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--bundle", default="artifacts/default")
@@ -346,7 +532,9 @@ def main(argv=None) -> int:
                    help="path stem of the output, OUT.json (default: %(default)s)")
     p.add_argument("--decode", action="store_true", help="the decode grid (batch 1-256, context 512-32k) "
                    "with the KV-read floor of this run's copy bandwidth (= --grid decode)")
-    p.add_argument("--grid", default="default", choices=["default", "decode", "d256", "issue"])
+    p.add_argument("--grid", default="default", choices=["default", "decode", "d256", "issue", "kvcache"],
+                   help="kvcache: attention_kvcache decode over paged and dense caches beside the KV-read floor, "
+                        "SDPA on the gathered K/V and our dense path")
     p.add_argument("--candidates", metavar="REGEX", help="instead: time every dense variant whose name "
                    "matches REGEX by name, interleaved with the SDPA backends (prefill shapes)")
     p.add_argument("--rounds", type=int, default=4, help="--candidates: interleaved passes")
@@ -362,6 +550,8 @@ def main(argv=None) -> int:
     torch.manual_seed(int(time.time()))
     bundle = Bundle.open(a.bundle)
     dev = torch.cuda.get_device_name()
+    if a.grid == "kvcache":
+        return main_kvcache(a, bundle)
     if a.candidates:
         import re
 

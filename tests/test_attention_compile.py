@@ -285,13 +285,13 @@ def test_runtime_select_and_checks():
 
     class NoBundle:
         """Takes CPU tensors as a simulated bundle does (BundleCore.simulate); selects nothing."""
-        _lowest_device, _simulated = -1, True
+        lowest_device, simulated = -1, True
 
         def candidates(self, op):
             raise AssertionError("must fail before selecting")
 
     class GpuBundle(NoBundle):
-        _lowest_device, _simulated = 0, False
+        lowest_device, simulated = 0, False
 
     bf = torch.bfloat16
     q = torch.zeros(1, 8, 4, 128, dtype=bf)
@@ -395,10 +395,13 @@ def test_runtime_launch_glue(monkeypatch):
                 "varlen": varlen, "tile": list(tile), "stages": 2, "splits": splits, "pack_gqa": pack, **kw}
 
     class Fake:
-        _lowest_device, _simulated = -1, True  # CPU tensors, as BundleCore.simulate()
+        lowest_device, simulated = -1, True  # CPU tensors, as BundleCore.simulate()
 
         def __init__(self):
             self.calls = []
+
+        def device_info(self):
+            return {"name": None, "sm_count": 132}
 
         def candidates(self, op):
             return [e("big", tile=(128, 128), preferred=True), e("small"), e("vl", varlen=True, preferred=True),

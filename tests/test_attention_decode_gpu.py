@@ -103,7 +103,7 @@ CHOSEN = [(b, 1, sk, 32, 8) for b in (1, 16, 64, 256) for sk in (512, 4096)] + [
 def test_attention_chooses_decode(bundle, dtype, d, shape):
     """bundle.attention (causal) picks the decode family by the rule and matches float32, twice
     (the second call takes the hot path)."""
-    from factory.runtime.attention import _choose, decode_pick, _sm_count
+    from factory.runtime.attention import _choose, decode_pick
 
     b, sq, sk, hq, hkv = shape
     if b * sk * hkv * d > 2**28:
@@ -113,7 +113,8 @@ def test_attention_chooses_decode(bundle, dtype, d, shape):
     k = poisoned((b, sk, hkv, d), DT[dtype], 9, gen)
     v = poisoned((b, sk, hkv, d), DT[dtype], 9, gen)
     want = decode_pick([e for e in bundle.candidates("attention") if e.get("decode_rows")
-                        and e["dtype"] == dtype and e["head_dim"] == d], (b, hq, hkv, sq, sk), True, _sm_count())
+                        and e["dtype"] == dtype and e["head_dim"] == d], (b, hq, hkv, sq, sk), True,
+                       bundle.device_info()["sm_count"])
     if want is None:
         pytest.skip(f"the bundle has no decode variant for {dtype} d{d}")
     name, _ = _choose(bundle, dtype, d, True, False, b * hq * sq, (b, hq, hkv, sq, sk))

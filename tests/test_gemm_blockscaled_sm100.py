@@ -193,7 +193,7 @@ class ArgRecorder(Recorder):
         return fn
 
 
-def _simulated(test_bundle, cap=(10, 0)):
+def simulated(test_bundle, cap=(10, 0)):
     b = Bundle.open(test_bundle, capability=cap, device=B200)
     rec = ArgRecorder(b)
     b.simulate(rec)
@@ -204,22 +204,22 @@ def test_other_devices_are_refused_with_the_reason(test_bundle):
     a = bs.pack(torch.randn(64, 128), "nvfp4")
     w = bs.pack(torch.randn(128, 128), "nvfp4")
     for cap in ((9, 0), (11, 0), (12, 0), (8, 0)):  # (10.3 runs the family build: below)
-        b, rec = _simulated(test_bundle, cap)
+        b, rec = simulated(test_bundle, cap)
         with pytest.raises(NoVariantError, match=rf"built for {BLACKWELL_DC} only, which runs on Blackwell datacenter "
                                                  r"GPUs \(compute capability 10\.0, 10\.3\)"):
             b.gemm_blockscaled(a, w)
         assert rec.launched == []
-    b, rec = _simulated(test_bundle, (10, 3))  # B300: the family build (sm_100f) runs there too
+    b, rec = simulated(test_bundle, (10, 3))  # B300: the family build (sm_100f) runs there too
     b.gemm_blockscaled(a, w)
     assert rec.launched and b.manifest["variants"][rec.launched[-1]]["target"] == BLACKWELL_DC
-    b, rec = _simulated(test_bundle, (9, 0))
+    b, rec = simulated(test_bundle, (9, 0))
     name = next(iter(_bs_entries(b.manifest)))
     with pytest.raises(NoVariantError, match=rf"built for {BLACKWELL_DC}, which cannot run on compute capability 9\.0"):
         b.launch(name, [])
 
 
 def test_launch_on_10_0_packs_elements_and_scales(test_bundle):
-    b, rec = _simulated(test_bundle)
+    b, rec = simulated(test_bundle)
     M, N, K = 200, 136, 320
     a = bs.pack(torch.randn(M, K), "nvfp4")
     w = bs.pack(torch.randn(N, K), "nvfp4")
@@ -248,7 +248,7 @@ def test_launch_on_10_0_packs_elements_and_scales(test_bundle):
 
 
 def test_loader_refuses_bad_operands(test_bundle):
-    b, rec = _simulated(test_bundle)
+    b, rec = simulated(test_bundle)
     a = bs.pack(torch.randn(64, 128), "nvfp4")
     w = bs.pack(torch.randn(96, 128), "nvfp4")
     with pytest.raises(InputError, match="both operands need one format"):
@@ -306,7 +306,7 @@ def test_selection_prefers_one_cta_for_short_m(test_bundle, tmp_path):
         m["variants"][v.name] = e
     m["variants"] = dict(sorted(m["variants"].items()))
     (out / "manifest.json").write_text(json.dumps(m, indent=1))
-    b, rec = _simulated(out)
+    b, rec = simulated(out)
     w = bs.pack(torch.randn(256, 256), "nvfp4")
     b.gemm(bs.pack(torch.randn(16, 256), "nvfp4"), w)
     assert b.manifest["variants"][rec.launched[-1]]["cta_group"] == 1

@@ -150,7 +150,7 @@ def test_grid_cap_without_a_driver_is_the_sm_bound(bundle_copy):
     entry = b.manifest["variants"][LARGE]
     assert max_active_clusters(b.path, entry) is None
     assert rgemm.launch_scalars(b, entry) == [132 // 2]
-    assert b._max_clusters[LARGE] == 66  # asked once per variant
+    assert b.variant_facts[("max_clusters", LARGE)] == 66  # asked once per variant
 
 
 def test_persistent_grid_larger_than_the_device_is_skipped(bundle_copy):

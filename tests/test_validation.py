@@ -40,8 +40,9 @@ def real(test_bundle):
     b = Bundle.open(test_bundle, capability=(9, 0), device=H100)
     rec = Recorder()
     b.simulate(rec)
-    b._simulated, b._lowest_device = False, 0
-    b._cur = lambda: 0
+    b.simulated, b.lowest_device = False, 0
+    b.current = 0  # the current device (a test switches it)
+    b._cur = lambda: b.current
     b.rec = rec
     return b
 
@@ -110,7 +111,7 @@ def test_another_device_than_the_current_one_is_refused(real):
     q = on(bf(1, 8, 2, 64), 1)
     with pytest.raises(InputError, match="current device is cuda:0"):
         real.attention(q, q, q)
-    real._cur = lambda: 1  # the caller switched devices: now it runs
+    real.current = 1  # the caller switched devices: now it runs
     assert real.gemm(a, b).shape == (16, 32) and len(real.rec.launched) == 1
 
 

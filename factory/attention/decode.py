@@ -50,11 +50,12 @@ from cutlass.cute.nvgpu import cpasync, warp
 
 from ..abi import DTYPE_BYTES, Signature
 from ..atoms.common import add, quad_allreduce
-from ..atoms.sm80 import acc_mn_view
+from ..atoms.sm80 import acc_as_a_layout, acc_mn_view
 from ..atoms.targets import Target
 from ..registry import register
-from . import contract, mask, mma_sync, softmax
+from . import contract, mask, softmax
 from .base import DTYPES, AttentionVariant, causal_field
+from .mma_sync import load_kv
 from .softmax import LN_2, LOG2_E
 
 HEAD_DIMS = (64, 128)
@@ -72,7 +73,7 @@ _RESERVED_SMEM = 1024  # per CTA, by the driver
 class AttentionDecode(AttentionVariant):
     family: ClassVar[str] = "sm90_decode"
     sources = ("attention/decode.py", "attention/contract.py", "attention/base.py", "attention/mask.py",
-               "attention/keyrange.py", "attention/softmax.py", "attention/mma_sync.py", "atoms/sm80.py",
+               "attention/keyrange.py", "attention/softmax.py", "attention/kv_load.py", "atoms/sm80.py",
                "atoms/common.py")
     HEAD_DIMS = HEAD_DIMS
 
@@ -193,6 +194,64 @@ class AttentionDecode(AttentionVariant):
         return k.dense_split if self.splits > 1 and not self.cluster else k.dense
 
 
+@dataclass(frozen=True, kw_only=True)
+class AttentionDecodeKV(AttentionDecode):
+    """The decode kernel over a KV cache (contract.signature_kvcache): per-sequence key counts
+    (cache_seqlens), a dense (B, max_seqlen, Hkv, D) cache or a paged one read through the block
+    table (any power-of-two page size: the kernel addresses rows, so a page may be smaller or
+    larger than a key tile), and the window, softcap and sink switches.  Split-KV merges in a
+    cluster (no workspace), or, for 32 splits, through the contract's fp32 workspace and the
+    PDL-launched combine kernel (which adds the sink)."""
+
+    op: ClassVar[str] = "attention_kvcache"
+    family: ClassVar[str] = "sm90_decode"
+
+    kv_dtype: str = field(default="bf16", metadata={"tag": "c"})
+    paged: bool = field(default=True, metadata={"tag": "paged"})
+    local: bool = field(default=False, metadata={"tag": "win"})
+    softcap: bool = field(default=False, metadata={"tag": "cap"})
+    sinks: bool = field(default=False, metadata={"tag": "sink"})
+
+    @property
+    def name(self) -> str:
+        return AttentionVariant.name.fget(self).replace("_o0_", "_")
+
+    def can_implement(self) -> str | None:
+        why = super().can_implement()
+        if why:
+            return why
+        if self.kv_dtype != self.dtype:
+            return "the K/V cache dtype must be the query dtype (fp8 caches are not built)"
+        if not self.causal:
+            return "built bottom-right causal (one query: the same as no mask)"
+        return None
+
+    def signature(self) -> Signature:
+        return contract.signature_kvcache(self.dtype, self.kv_dtype, self.head_dim, self.paged, None,
+                                          splits=1 if self.cluster else self.splits)
+
+    def describe(self) -> dict[str, Any]:
+        d = super().describe()
+        d.update(contract.manifest_fields_kvcache(
+            self.dtype, self.kv_dtype, self.head_dim, paged=self.paged, page_size=None, causal=self.causal,
+            local=self.local, softcap=self.softcap, sinks=self.sinks))
+        d["page_sizes"] = list(contract.PAGE_SIZES) if self.paged else []
+        d["max_seqlen_q"] = DECODE_MAX_SEQLEN_Q
+        return d
+
+    def make_kernel(self):
+        k = FlashDecodeSm90(
+            dtype=self.cutlass_dtype, head_dim=self.head_dim, tile_n=self.tile_n,
+            warps=self.warps, stages=self.stages, causal=self.causal, splits=self.splits,
+            cluster=self.cluster, pdl=self.pdl, ilp=self.ilp, min_ctas=self.min_ctas,
+            kv=True, paged=self.paged, local=self.local, softcap=self.softcap, sinks=self.sinks,
+        )
+        return k.kvcache_split if self.splits > 1 and not self.cluster else k.kvcache
+
+
+DECODE_MAX_SEQLEN_Q = 16
+
+
 # The default config per head_dim: (tile_n, warps, stages, pdl, ilp, min_ctas); the runtime's
 # decode rule (runtime/attention.py decode_pick) prefers it where a bundle has several.  H100,
 # bf16 D128 (notes/attention-decode.md, runs 1-3): 64-key tiles in a 3-stage ring (96 KB, two
@@ -253,15 +312,25 @@ def enumerate_decode(target: Target, tier: str) -> list[AttentionDecode]:
 # ------------------------------------------------------------------------------------------------
 class FlashDecodeSm90:
     def __init__(self, *, dtype, head_dim: int, tile_n: int, warps: int, stages: int, causal: bool,
-                 splits: int, cluster: bool, pdl: bool = False, ilp: bool = False, min_ctas: int = 0):
+                 splits: int, cluster: bool, pdl: bool = False, ilp: bool = False, min_ctas: int = 0,
+                 kv: bool = False, paged: bool = False, local: bool = False, softcap: bool = False,
+                 sinks: bool = False):
         self.dtype = dtype
+        # Attention over a KV cache (contract.signature_kvcache): per-sequence key counts from
+        # cache_seqlens; ``paged``: K/V rows addressed through the block table; window, softcap
+        # and sink switches.  All off: the dense attention contract, code unchanged.
+        self.kv = kv
+        self.paged = paged
+        self.local = local
+        self.softcap = softcap
+        self.sinks = sinks
         self.head_dim = head_dim
         self.tile_n = tile_n
         self.warps = warps
         self.threads = 32 * warps
         self.stages = stages
         self.causal = causal
-        self.mask = mask.MaskSpec(causal=causal)
+        self.mask = mask.MaskSpec(causal=causal, local=local)
         self.splits = splits
         self.cluster = cluster and splits > 1
         self.pdl = pdl
@@ -287,12 +356,33 @@ class FlashDecodeSm90:
                     lse: cute.Tensor, o_partial: cute.Tensor, lse_partial: cute.Tensor,
                     softmax_scale: cutlass.Float32, stream: cuda.CUstream):
         self._launch(q, k, v, o, lse, o_partial, lse_partial, softmax_scale, stream)
-        self.combine(o_partial, lse_partial, o, lse).launch(
+        self.combine(o_partial, lse_partial, o, lse, None).launch(
             grid=(cute.ceil_div(q.shape[1], COMBINE_WARPS), q.shape[2], q.shape[0]),
             block=[32 * COMBINE_WARPS, 1, 1], stream=stream, use_pdl=True)
 
     @cute.jit
-    def _launch(self, mQ, mK, mV, mO, mLSE, mOp, mLp, softmax_scale, stream):
+    def kvcache(self, q: cute.Tensor, k_cache: cute.Tensor, v_cache: cute.Tensor, o: cute.Tensor,
+                lse: cute.Tensor, block_table: cute.Tensor, cache_seqlens: cute.Tensor, sinks: cute.Tensor,
+                kv_descale: cute.Tensor, softmax_scale: cutlass.Float32, softcap: cutlass.Float32,
+                window_left: cutlass.Int32, window_right: cutlass.Int32, stream: cuda.CUstream):
+        self._launch(q, k_cache, v_cache, o, lse, None, None, softmax_scale, stream,
+                     block_table, cache_seqlens, sinks, softcap, window_left, window_right)
+
+    @cute.jit
+    def kvcache_split(self, q: cute.Tensor, k_cache: cute.Tensor, v_cache: cute.Tensor, o: cute.Tensor,
+                      lse: cute.Tensor, o_partial: cute.Tensor, lse_partial: cute.Tensor, block_table: cute.Tensor,
+                      cache_seqlens: cute.Tensor, sinks: cute.Tensor, kv_descale: cute.Tensor,
+                      softmax_scale: cutlass.Float32, softcap: cutlass.Float32, window_left: cutlass.Int32,
+                      window_right: cutlass.Int32, stream: cuda.CUstream):
+        self._launch(q, k_cache, v_cache, o, lse, o_partial, lse_partial, softmax_scale, stream,
+                     block_table, cache_seqlens, sinks, softcap, window_left, window_right)
+        self.combine(o_partial, lse_partial, o, lse, sinks).launch(
+            grid=(cute.ceil_div(q.shape[1], COMBINE_WARPS), q.shape[2], q.shape[0]),
+            block=[32 * COMBINE_WARPS, 1, 1], stream=stream, use_pdl=True)
+
+    @cute.jit
+    def _launch(self, mQ, mK, mV, mO, mLSE, mOp, mLp, softmax_scale, stream,
+                mBT=None, mSeq=None, mSinks=None, softcap=None, wl=None, wr=None):
         D, BN, S = self.head_dim, self.tile_n, self.stages
         # K/V: 64-element (128-byte) swizzled rows (ldmatrix and 16-byte cp.async without bank
         # conflicts); mode 2 is (K of slot 0, V of slot 0, K of slot 1, ...).
@@ -318,8 +408,15 @@ class FlashDecodeSm90:
         group = mQ.shape[2] // mK.shape[2]
         row_blocks = cute.ceil_div(group * mQ.shape[1], ROWS)
         grid = (row_blocks * self.splits, mK.shape[2], mQ.shape[0])
+        score_mul = None
+        cap_s = None
+        if cutlass.const_expr(self.softcap):
+            # scores s become cap·tanh(s·scale/cap)/scale (so the softmax's scale still applies);
+            # softcap 0 at launch: off
+            score_mul = softmax_scale / softcap
+            cap_s = softcap / softmax_scale
         kern = self.kernel(mQ, mK, mV, mO, mLSE, mOp, mLp, softmax_scale * LOG2_E, sQ_layout,
-                           sKV_layout, g2s, tiled_mma, SharedStorage)
+                           sKV_layout, g2s, tiled_mma, SharedStorage, mBT, mSeq, mSinks, score_mul, cap_s, wl, wr)
         extra = {"min_blocks_per_mp": self.min_ctas, "preferred_smem_carveout": 100} if self.min_ctas else {}
         if cutlass.const_expr(self.cluster):
             kern.launch(grid=grid, block=[self.threads, 1, 1], cluster=(self.splits, 1, 1),
@@ -333,7 +430,8 @@ class FlashDecodeSm90:
     def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
                mLSE: cute.Tensor, mOp, mLp, scale_log2: cutlass.Float32,
                sQ_layout: cute.Layout, sKV_layout: cute.ComposedLayout, g2s: cute.TiledCopy,
-               tiled_mma: cute.TiledMma, SharedStorage: cutlass.Constexpr):
+               tiled_mma: cute.TiledMma, SharedStorage: cutlass.Constexpr, mBT, mSeq, mSinks,
+               score_mul, cap, wl, wr):
         D, BN, S, W, SP, BNW = self.head_dim, self.tile_n, self.stages, self.warps, self.splits, self.bnw
         tidx, _, _ = cute.arch.thread_idx()
         bx, kv_head, batch = cute.arch.block_idx()
@@ -344,6 +442,8 @@ class FlashDecodeSm90:
         group = mQ.shape[2] // mK.shape[2]
         q_len = mQ.shape[1]
         k_len = mK.shape[1]
+        if cutlass.const_expr(self.kv):
+            k_len = mSeq[batch]
         n_rows = group * q_len
         if cutlass.const_expr(self.pdl or (SP > 1 and not self.cluster)):
             # The next grid (the combine kernel, or with pdl whatever follows) may be scheduled
@@ -364,10 +464,16 @@ class FlashDecodeSm90:
         # ---- key tiles [0, n_end); tiles >= n_mask need the mask; this split's [n_lo, n_hi)
         # (the block's rows are queries row0 // group .. its last row's, at most q_len - 1)
         s_last = cutlass.min(q_len - 1, (row0 + ROWS - 1) // group)
-        _, n_end, _, n_mask = mask.key_tiles(self.mask, row0 // group, s_last + 1, q_len, k_len, BN)
-        n_lo = 0
+        win = mask.window(self.mask, wl, wr, q_len, k_len)  # (None, None) without the window switch
+        n_begin, n_end, mask_lo, n_mask = mask.key_tiles(self.mask, row0 // group, s_last + 1, q_len, k_len, BN,
+                                                         win=win)
+        n_lo = n_begin
         n_hi = n_end
-        if cutlass.const_expr(SP > 1):
+        if cutlass.const_expr(SP > 1 and self.local):  # the window's first tile may be > 0
+            chunk = (n_end - n_begin + (SP - 1)) // SP
+            n_lo = cutlass.min(n_end, n_begin + split * chunk)
+            n_hi = cutlass.min(n_end, n_lo + chunk)
+        elif cutlass.const_expr(SP > 1):
             chunk = (n_end + (SP - 1)) // SP
             n_lo = cutlass.min(n_end, split * chunk)
             n_hi = cutlass.min(n_end, n_lo + chunk)
@@ -429,30 +535,90 @@ class FlashDecodeSm90:
                 else:
                     dst.fill(0)
         cute.arch.cp_async_commit_group()
-        kv = (tKgK, tVgV, tKVsKV, tKVcKV)
-        mma_sync.ring_prologue(g2s, kv, n_lo, n_hi, k_len, BN, S)
+        ps_shift = 0
+        pages = None
+        if cutlass.const_expr(self.paged):  # page sizes are powers of two (checked by the runtime)
+            ps_shift = 31 - cutlass.Int32(cute.arch.clz(cutlass.Int32(mK.shape[1])))
+            # This thread's rows' page indices for the next tile to load, read one tile ahead
+            # (their latency hides behind a tile's MMAs instead of stalling the copy issue).
+            pages = cute.make_rmem_tensor((self.tile_n // (self.threads // 8),), cutlass.Int32)
+        for s in cutlass.range_constexpr(S - 1):
+            if n_hi - 1 - s >= n_lo:
+                if cutlass.const_expr(self.paged):
+                    self.fetch_pages(mBT, pages, batch, n_hi - 1 - s, k_len, tidx, ps_shift)
+                    self.load_kv_paged(g2s_atom, mK, mV, pages, sKV, kv_head, n_hi - 1 - s, s, k_len,
+                                       tidx, ps_shift)
+                else:
+                    load_kv(g2s, tKgK, tVgV, tKVsKV, tKVcKV, n_hi - 1 - s, s, k_len, BN)
+            cute.arch.cp_async_commit_group()
+        if cutlass.const_expr(self.paged):
+            if n_hi - S >= n_lo:
+                self.fetch_pages(mBT, pages, batch, n_hi - S, k_len, tidx, ps_shift)
+        cute.arch.cp_async_wait_group(S - 1)
+        cute.arch.barrier()
         cute.copy(s2r_Q, s2r_Q.partition_S(sQ), s2r_Q.retile(tSrQ))
-        row_max, row_sum = softmax.row_state(acc_O.shape[0][1] * acc_O.shape[1])
+
+        row_max = cute.make_rmem_tensor(acc_O.shape[0][1] * acc_O.shape[1], cutlass.Float32)
+        row_sum = cute.make_rmem_tensor(acc_O.shape[0][1] * acc_O.shape[1], cutlass.Float32)
+        row_max.fill(-cutlass.Float32.inf)
+        row_sum.fill(0.0)
 
         # ---- key tiles, last first; this warp computes its slice of each
         for it in cutlass.range(n_hi - n_lo, unroll=1):
-            n_block, slot = mma_sync.ring_step(it, g2s, kv, n_lo, n_hi, k_len, BN, S)
+            n_block = n_hi - 1 - it
+            slot = it % S
+            cute.arch.cp_async_wait_group(S - 2)
+            cute.arch.barrier()  # tile n_block visible; slot (it-1)%S free for reuse
+            if n_block - (S - 1) >= n_lo:
+                if cutlass.const_expr(self.paged):
+                    self.load_kv_paged(g2s_atom, mK, mV, pages, sKV, kv_head, n_block - (S - 1),
+                                       (it + S - 1) % S, k_len, tidx, ps_shift)
+                    if n_block - S >= n_lo:
+                        self.fetch_pages(mBT, pages, batch, n_block - S, k_len, tidx, ps_shift)
+                else:
+                    load_kv(g2s, tKgK, tVgV, tKVsKV, tKVcKV, n_block - (S - 1), (it + S - 1) % S, k_len, BN)
+            cute.arch.cp_async_commit_group()
 
             acc_S = cute.make_rmem_tensor(thr_mma.partition_shape_C((ROWS, BNW)), cutlass.Float32)
             acc_S.fill(0.0)
-            acc_S1 = None
-            if cutlass.const_expr(self.ilp):  # two independent chains
-                acc_S1 = cute.make_rmem_tensor(thr_mma.partition_shape_C((ROWS, BNW)), cutlass.Float32)
+            acc_S1 = cute.make_rmem_tensor(thr_mma.partition_shape_C((ROWS, BNW)), cutlass.Float32)
+            if cutlass.const_expr(self.ilp):
                 acc_S1.fill(0.0)
-            mma_sync.gemm_qk(tiled_mma, acc_S, tSrQ, tSrK, tSsK, tSrK_v, s2r_K, slot, acc_S1)
+            nk = cute.size(tSsK.shape[2])
+            cute.copy(s2r_K, tSsK[None, None, 0, 2 * slot], tSrK_v[None, None, 0])
+            for kk in cutlass.range_constexpr(nk):
+                if cutlass.const_expr(kk + 1 < nk):
+                    cute.copy(s2r_K, tSsK[None, None, kk + 1, 2 * slot], tSrK_v[None, None, kk + 1])
+                if cutlass.const_expr(self.ilp and kk % 2 == 1):
+                    cute.gemm(tiled_mma, acc_S1, tSrQ[None, None, kk], tSrK[None, None, kk], acc_S1)
+                else:
+                    cute.gemm(tiled_mma, acc_S, tSrQ[None, None, kk], tSrK[None, None, kk], acc_S)
+            if cutlass.const_expr(self.ilp):
+                acc_S.store(acc_S.load() + acc_S1.load())
 
-            if n_block >= n_mask:
+            if cutlass.const_expr(self.softcap):
+                if cap > 0.0:
+                    acc_S.store(cute.math.tanh(acc_S.load() * score_mul, fastmath=True) * cap)
+            if cutlass.const_expr(self.local):
+                if n_block >= n_mask or n_block < mask_lo:
+                    cS = thr_mma.partition_C(cute.make_identity_tensor((ROWS, BNW)))  # (row, col)
+                    mask.apply_mask(self.mask, acc_mn_view(acc_S), acc_mn_view(cS), row0, n_block * BN + wid * BNW,
+                                    q_len, k_len, group=group, win=win)
+            elif n_block >= n_mask:
                 cS = thr_mma.partition_C(cute.make_identity_tensor((ROWS, BNW)))  # (row, col)
                 mask.apply_mask(self.mask, acc_mn_view(acc_S), acc_mn_view(cS), row0, n_block * BN + wid * BNW,
                                 q_len, k_len, group=group)
             softmax.online_softmax(acc_mn_view(acc_S), row_max, row_sum, scale_log2, o_mn=acc_mn_view(acc_O))
 
-            mma_sync.gemm_pv(tiled_mma, acc_O, acc_S, self.dtype, tOsV, tOrV, tOrV_v, s2r_V, slot)
+            rP = cute.make_fragment_like(acc_S, self.dtype)
+            rP.store(acc_S.load().to(self.dtype))
+            tOrP = cute.make_tensor(rP.iterator, acc_as_a_layout(rP.layout))
+            nv = cute.size(tOsV.shape[2])
+            cute.copy(s2r_V, tOsV[None, None, 0, 2 * slot + 1], tOrV_v[None, None, 0])
+            for kk in cutlass.range_constexpr(nv):
+                if cutlass.const_expr(kk + 1 < nv):
+                    cute.copy(s2r_V, tOsV[None, None, kk + 1, 2 * slot + 1], tOrV_v[None, None, kk + 1])
+                cute.gemm(tiled_mma, acc_O, tOrP[None, None, kk], tOrV[None, None, kk], acc_O)
 
         # ---- the warps' partials meet in the (now free) ring
         cute.arch.cp_async_wait_group(0)
@@ -501,6 +667,8 @@ class FlashDecodeSm90:
         s_row = row // group
         head = kv_head * group + (row - s_row * group)
         if cutlass.const_expr(SP == 1):
+            if cutlass.const_expr(self.sinks):
+                lse = self.add_sink(acc, lse, mSinks[head])
             if row < n_rows:
                 self.store_row(acc, lse, mO, mLSE, batch, s_row, head, c0, tidx)
         elif cutlass.const_expr(self.cluster):
@@ -544,6 +712,8 @@ class FlashDecodeSm90:
                 lse_all = -cutlass.Float32.inf
                 if has:
                     lse_all = l_ref + cute.math.log2(wsum, fastmath=True) * LN_2
+                if cutlass.const_expr(self.sinks):
+                    lse_all = self.add_sink(acc, lse_all, mSinks[head])
                 if row < n_rows:
                     self.store_row(acc, lse_all, mO, mLSE, batch, s_row, head, c0, tidx)
         else:
@@ -563,9 +733,108 @@ class FlashDecodeSm90:
         if c0 == 0:
             mLSE[batch, head, s_row] = lse
 
+    @cute.jit
+    def fetch_pages(self, mBT, pages, batch, n_block, k_len, tidx, ps_shift):
+        """The page of each of this thread's rows of key tile ``n_block`` (see load_kv_paged):
+        block_table[batch, key >> ps_shift]; rows past k_len are not read (0)."""
+        per_pass = self.threads // 8
+        for r in cutlass.range_constexpr(self.tile_n // per_pass):
+            key = n_block * self.tile_n + r * per_pass + tidx // 8
+            pg = 0
+            if key < k_len:
+                pg = mBT[batch, key >> ps_shift]
+            pages[r] = pg
+
+    @cute.jit
+    def load_kv_paged(self, g2s_atom, mK, mV, pages, sKV, kv_head, n_block, slot, k_len, tidx, ps_shift):
+        """cp.async K and V tile ``n_block`` of a paged cache into ``slot``, row by row: key j lies
+        in page block_table[batch, j >> ps_shift] (``pages``, from fetch_pages), row
+        j & (page_size - 1) (a thread's 16-byte chunks are those of the sm80 copy tiling: row
+        tidx / 8 of each pass, chunk tidx % 8); rows past k_len are zeroed."""
+        vec = 128 // self.dtype.width
+        per_pass = self.threads // 8
+        mask = (1 << ps_shift) - 1
+        for r in cutlass.range_constexpr(self.tile_n // per_pass):
+            row = r * per_pass + tidx // 8
+            key = n_block * self.tile_n + row
+            if key < k_len:
+                page = pages[r]
+                off = key & mask
+                for cc in cutlass.range_constexpr(self.head_dim // (8 * vec)):
+                    col = cc * 8 + tidx % 8
+                    cute.copy(g2s_atom, cute.local_tile(mK[page, off, kv_head, None], (vec,), (col,)),
+                              cute.local_tile(sKV[row, None, 2 * slot], (vec,), (col,)))
+                    cute.copy(g2s_atom, cute.local_tile(mV[page, off, kv_head, None], (vec,), (col,)),
+                              cute.local_tile(sKV[row, None, 2 * slot + 1], (vec,), (col,)))
+            else:
+                for cc in cutlass.range_constexpr(self.head_dim // (8 * vec)):
+                    col = cc * 8 + tidx % 8
+                    cute.local_tile(sKV[row, None, 2 * slot], (vec,), (col,)).fill(0)
+                    cute.local_tile(sKV[row, None, 2 * slot + 1], (vec,), (col,)).fill(0)
+
+    @cute.jit
+    def add_sink(self, acc, lse, sink):
+        """Fold a learned sink logit into a finished row: the softmax denominator gains
+        exp(sink) (no value row), so O scales by exp(lse - lse') with lse' = logaddexp(lse, sink);
+        returns lse'.  A sink of -inf (no sinks given) changes nothing."""
+        out = lse
+        if sink > -cutlass.Float32.inf:
+            mx = cute.arch.fmax(lse, sink)
+            out = mx + cute.math.log2(cute.math.exp2((lse - mx) * LOG2_E, fastmath=True)
+                                      + cute.math.exp2((sink - mx) * LOG2_E, fastmath=True), fastmath=True) * LN_2
+            f = cute.math.exp2((lse - out) * LOG2_E, fastmath=True)
+            for j in cutlass.range_constexpr(self.epr):
+                acc[j] = acc[j] * f
+        return out
+
     @cute.kernel
-    def combine(self, mOp: cute.Tensor, mLp: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor):
-        """Split-KV combine, one warp per query row (PDL: waits for the main grid first)."""
+    def combine(self, mOp: cute.Tensor, mLp: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor, mSinks):
+        """Split-KV combine, one warp per query row (PDL: waits for the main grid first); with
+        sinks the row's sink logit joins there (the splits leave it out)."""
         cute.arch.griddepcontrol_launch_dependents()
         cute.arch.griddepcontrol_wait()
-        softmax.combine_splits(mOp, mLp, mO, mLSE, self.head_dim, self.splits, self.dtype, COMBINE_WARPS)
+        sink = None
+        if cutlass.const_expr(self.sinks):
+            _, head, _ = cute.arch.block_idx()
+            sink = mSinks[head]
+        softmax.combine_splits(mOp, mLp, mO, mLSE, self.head_dim, self.splits, self.dtype, COMBINE_WARPS, sink=sink)
+
+
+# --- attention over a KV cache ----------------------------------------------------------------------
+# Split counts built: merged in a cluster (no PDL twins: the runtime takes the plain one), and
+# 32 through the workspace and the PDL combine kernel (paged: few sequences whose K/V fit in L2,
+# MQA).
+KV_SPLITS = (1, 2, 4, 8)
+KV_GLOBAL_SPLITS = (32,)
+
+
+def make_kv(target: str, dtype: str, head_dim: int, splits: int, *, paged: bool = True,
+            switches: bool = False) -> AttentionDecodeKV:
+    tn, w, st, _pdl, ilp, mc = DEFAULT[head_dim]
+    cluster = splits in CLUSTER_BUILT
+    return AttentionDecodeKV(target=target, dtype=dtype, head_dim=head_dim, tile_n=tn, warps=w, stages=st,
+                             causal=True, splits=splits, cluster=cluster, pdl=splits > 1 and not cluster,
+                             ilp=ilp, min_ctas=mc, kv_dtype=dtype, paged=paged, local=switches, softcap=switches,
+                             sinks=switches)
+
+
+@register("attention_kvcache")
+def enumerate_decode_kv(target: Target, tier: str) -> list[AttentionDecodeKV]:
+    """test: one of each path (paged and dense cache, unsplit and cluster-split, the window /
+    softcap / sink switches, f16 and head_dim 64); default: paged and dense caches for both
+    dtypes and head_dims at every split count, and the switch build (window + softcap + sinks in
+    one variant: gpt-oss, Gemma 2) for bf16 paged caches."""
+    if target.name != "sm_90":
+        return []
+    t = target.name
+    if tier == "test":
+        out = [make_kv(t, "bf16", 128, 1), make_kv(t, "bf16", 128, 4), make_kv(t, "bf16", 128, 1, paged=False),
+               make_kv(t, "bf16", 128, 4, paged=False), make_kv(t, "bf16", 128, 1, switches=True),
+               make_kv(t, "bf16", 128, 4, switches=True), make_kv(t, "f16", 64, 1), make_kv(t, "f16", 64, 2),
+               make_kv(t, "bf16", 128, 32), make_kv(t, "bf16", 128, 32, switches=True)]
+    else:
+        out = [make_kv(t, dt, d, sp, paged=pg) for dt in DTYPES for d in HEAD_DIMS for sp in KV_SPLITS
+               for pg in (True, False)]
+        out += [make_kv(t, dt, d, sp) for dt in DTYPES for d in HEAD_DIMS for sp in KV_GLOBAL_SPLITS]
+        out += [make_kv(t, "bf16", d, sp, switches=True) for d in HEAD_DIMS for sp in KV_SPLITS]
+    return [v for v in out if v.can_implement() is None]

@@ -62,3 +62,25 @@ class Bundle(BundleCore):
         by position: a ``**kwargs`` dict per call is a measurable part of the hot path.)"""
         return (_OPS or _ops())[2].attention(self, q, k, v, causal, softmax_scale, cu_seqlens_q, cu_seqlens_k,
                                              max_seqlen_q, max_seqlen_k, return_lse, check_varlen)
+
+    def attention_kvcache(self, q, k_cache, v_cache, cache_seqlens, *, block_table=None, causal=True,
+                          softmax_scale=None, window_size=(-1, -1), softcap=0.0, sinks=None, k_descale=None,
+                          v_descale=None, return_lse=False, out=None, cu_seqlens_q=None, max_seqlen_q=None,
+                          plan=None, check_varlen=None, variant=None):
+        """Attention over a paged (``block_table``) or dense KV cache, each sequence's first
+        ``cache_seqlens[b]`` keys (runtime/kvcache.py says what the arguments mean)."""
+        from . import kvcache
+
+        return kvcache.attention_kvcache(self, q, k_cache, v_cache, cache_seqlens, block_table, causal,
+                                         softmax_scale, window_size, softcap, sinks, k_descale, v_descale,
+                                         return_lse, out, cu_seqlens_q, max_seqlen_q, plan, check_varlen,
+                                         variant)
+
+    def plan_kvcache(self, **problem):
+        """The ``attention_kvcache`` variant for maxima fixed ahead of a CUDA-graph capture
+        (batch, seqlen_q, heads, head_dim, max_pages and page_size or max_seqlen_k, dtypes,
+        switches): pass the result as ``plan=`` (runtime/kvcache.py ``plan``)."""
+        from . import kvcache
+
+        return kvcache.plan(self, **problem)
+

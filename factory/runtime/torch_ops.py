@@ -1,5 +1,5 @@
 """The bundle's ops as torch custom ops: ``torch.ops.kernel_factory.{gemm, gemm_out, gemm_packed,
-attention}``, for ``torch.compile`` (Dynamo traces them as opaque calls, no graph break) and CUDA
+attention, attention_kvcache}``, for ``torch.compile`` (Dynamo traces them as opaque calls, no graph break) and CUDA
 graphs.  ``bundle.torch_ops()`` registers them once per process (``torch.library`` define + impl,
 the lower-cost path: see notes) and routes them to that bundle; a later call routes them to
 another bundle.  Fake (meta) implementations give the exact output shapes, dtypes and strides and
@@ -24,6 +24,11 @@ _SCHEMAS = {
                    "bool b_constant=False) -> Tensor",
     "attention": "attention(Tensor q, Tensor k, Tensor v, bool causal=False, float? softmax_scale=None, "
                  "Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, int? max_seqlen_q=None) -> (Tensor, Tensor)",
+    "attention_kvcache": "attention_kvcache(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cache_seqlens, "
+                         "Tensor? block_table=None, bool causal=True, float? softmax_scale=None, int window_left=-1, "
+                         "int window_right=-1, float softcap=0.0, Tensor? sinks=None, Tensor? k_descale=None, "
+                         "Tensor? v_descale=None, Tensor? cu_seqlens_q=None, int? max_seqlen_q=None) "
+                         "-> (Tensor, Tensor)",
 }
 
 
@@ -45,6 +50,15 @@ def _gemm_packed(a, packed, scale_a=None, scale_b=None, b_constant=False):
 def _attention(q, k, v, causal=False, softmax_scale=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None):
     return _BUNDLE.attention(q, k, v, causal=causal, softmax_scale=softmax_scale, cu_seqlens_q=cu_seqlens_q,
                              cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, return_lse=True)
+
+
+def _attention_kvcache(q, k_cache, v_cache, cache_seqlens, block_table=None, causal=True, softmax_scale=None,
+                       window_left=-1, window_right=-1, softcap=0.0, sinks=None, k_descale=None, v_descale=None,
+                       cu_seqlens_q=None, max_seqlen_q=None):
+    return _BUNDLE.attention_kvcache(q, k_cache, v_cache, cache_seqlens, block_table=block_table, causal=causal,
+                                     softmax_scale=softmax_scale, window_size=(window_left, window_right),
+                                     softcap=softcap, sinks=sinks, k_descale=k_descale, v_descale=v_descale,
+                                     return_lse=True, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q)
 
 
 def _gemm_fake(a, b, out_dtype=None, scale_a=None, scale_b=None, b_constant=False):
@@ -69,8 +83,27 @@ def _attention_fake(q, k, v, causal=False, softmax_scale=None, cu_seqlens_q=None
     return torch.empty_like(q), lse  # as the real op: empty_like keeps q's strides
 
 
+def _attention_kvcache_fake(q, k_cache, v_cache, cache_seqlens, block_table=None, causal=True,
+                            softmax_scale=None, window_left=-1, window_right=-1, softcap=0.0, sinks=None,
+                            k_descale=None, v_descale=None, cu_seqlens_q=None, max_seqlen_q=None):
+    """Checks as the real op does (shapes, dtypes, strides, switches, the bundle's variants; no
+    data is read), then the outputs' shapes."""
+    from . import kvcache
+
+    p, _ = kvcache.check(q, k_cache, v_cache, cache_seqlens, block_table, causal, softmax_scale,
+                         (window_left, window_right), softcap, sinks, k_descale, v_descale, None, cu_seqlens_q,
+                         max_seqlen_q, data=False)
+    kvcache.choose(_BUNDLE, p)
+    if cu_seqlens_q is not None:
+        lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+    else:
+        lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
+    return torch.empty_like(q), lse
+
+
 _IMPLS = {"gemm": (_gemm, _gemm_fake), "gemm_out": (_gemm_out, _gemm_out_fake),
-          "gemm_packed": (_gemm_packed, _gemm_packed_fake), "attention": (_attention, _attention_fake)}
+          "gemm_packed": (_gemm_packed, _gemm_packed_fake), "attention": (_attention, _attention_fake),
+          "attention_kvcache": (_attention_kvcache, _attention_kvcache_fake)}
 
 
 def register(bundle):

@@ -137,6 +137,8 @@ extern const char fx_tuning_device[]; /* "" when no tuning table was compiled in
 extern const int32_t fx_tuning_sm_count;
 extern const fx_model fx_model_constants;
 extern const fx_model_sm100 fx_model_sm100_constants;
+extern const int32_t fx_known_ccs[][2]; /* atoms/targets.py KNOWN_CAPABILITIES */
+extern const int32_t fx_n_known_ccs;
 extern const int32_t fx_attention_head_dims[];
 extern const int32_t fx_n_attention_head_dims;
 extern const int64_t fx_attention_grid_yz_max;

@@ -1,0 +1,542 @@
+"""Attention over a KV cache (paged or dense), FlashAttention's ``flash_attn_with_kvcache``
+conventions: argument checks, variant choice, launch.  No DSL import.
+
+The kernels take the arguments of ``contract.signature_kvcache`` (factory/attention/contract.py):
+  q (B,Sq,Hq,D), k_cache/v_cache (P,PS,Hkv,D) [dense: (B,Sk,Hkv,D)], o, lse (B,Hq,Sq) f32,
+  block_table (B,MP) i32, cache_seqlens (B,) i32, sinks (Hq,) f32, kv_descale (2,Hkv) f32,
+  softmax_scale, softcap, window_left, window_right
+A variant whose switch is off ignores the matching argument; this module passes a cached dummy
+where the caller gave none (a (B,1) block table, -inf sinks, unit descales).
+
+Selection is table-driven: :data:`FAMILIES` lists, best first, the kernel families that serve
+this op with the rule that picks one of their variants for a problem (``Problem``); the first
+family whose rule answers wins.  A family registers with :func:`register_family`.
+
+The choice depends on shapes and switches only (batch, heads, seqlen_q, the cache's capacity
+max_pages · page_size), never on the cached lengths, so it is fixed for a CUDA graph: a call
+reads nothing on the host, and :func:`plan` makes the choice once, ahead of capture.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from . import validate
+from .attention import DECODE_MAX_SEQLEN_Q, DECODE_ROWS, _sm_count, decode_pick, split_workspace
+from .errors import InputError, NoVariantError
+
+OP = "attention_kvcache"
+_DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16"}
+_KV_DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float8_e4m3fn: "e4m3"}
+HEAD_DIMS = (64, 128, 256)
+PAGE_SIZES = (1, 8, 16, 32, 64, 128, 256)  # (= contract.PAGE_SIZES; the runtime imports no factory code)
+_GRID_YZ_MAX = 65535
+
+
+@dataclass(frozen=True)
+class Problem:
+    """What the selection sees of a call: shapes, dtypes and switches (no data)."""
+
+    batch: int
+    seqlen_q: int  # dense q: Sq; packed varlen q: max_seqlen_q
+    heads_q: int
+    heads_kv: int
+    head_dim: int
+    max_seqlen_k: int  # the cache's capacity per sequence: max_pages · page_size, or the dense Sk
+    dtype: str
+    kv_dtype: str
+    page_size: int | None  # None: dense cache
+    causal: bool
+    local: bool
+    softcap: bool
+    sinks: bool
+    varlen_q: bool = False
+
+    def describe(self) -> str:
+        cache = f"paged page_size={self.page_size}" if self.page_size else "dense cache"
+        sw = [n for n in ("local", "softcap", "sinks") if getattr(self, n)]
+        return (f"dtype={self.dtype} kv_dtype={self.kv_dtype} head_dim={self.head_dim} {cache} "
+                f"seqlen_q={self.seqlen_q} causal={self.causal} varlen_q={self.varlen_q}"
+                + (f" with {'/'.join(sw)}" if sw else ""))
+
+
+def _admits(e: dict, p: Problem) -> bool:
+    """Whether variant ``e`` implements problem ``p``: dtypes, head_dim, cache layout, page size,
+    q form, and every switch the call needs (a variant with a switch on also serves calls that
+    leave it off)."""
+    if (e.get("dtype") != p.dtype or e.get("kv_dtype") != p.kv_dtype or e.get("head_dim") != p.head_dim
+            or bool(e.get("varlen")) != p.varlen_q or bool(e.get("paged")) != (p.page_size is not None)):
+        return False
+    if p.page_size is not None:
+        sizes = e.get("page_sizes") or ([e["page_size"]] if e.get("page_size") else [])
+        if p.page_size not in sizes:
+            return False
+    # One query per sequence: bottom-right causal hides nothing, so either build serves.
+    if bool(e.get("causal")) != p.causal and p.seqlen_q > 1:
+        return False
+    return all(e.get(s) or not getattr(p, s) for s in ("local", "softcap", "sinks"))
+
+
+def _switch_cost(e: dict) -> int:
+    return sum(bool(e.get(s)) for s in ("local", "softcap", "sinks"))
+
+
+def paged_split_count(groups: int, key_tiles: int, sms: int, available: dict) -> int:
+    """Split-KV count of a paged decode variant for ``groups`` = batch · kv heads · row blocks
+    CTAs per split over ``key_tiles`` tiles of the cache's capacity; ``available``: {splits:
+    merged in a cluster?}.  The paged kernel spends more instructions per key tile than the dense
+    one (a page lookup and an address per row), so it wants more resident CTAs than the dense
+    rule gives.  H200 (notes/attention-kvcache.md, page 16, every split timed by name):
+      * groups >= 3/4 of the SMs: 1 (as the dense rule);
+      * else the fewest splits, each keeping at least 4 key tiles, that give ~2 CTAs per SM
+        (groups · splits >= 1.9 · SMs): B1 H32/8 32k 32 splits 39.6 µs (8: 61.6), B8 H64/8 D64
+        8k 4 splits 42.7 (2: 53.7); none reaches it: the most that keep 4 tiles (MQA B8 H16/1 4k:
+        8 splits 13.2, 32: 15.4);
+      * an 8-CTA cluster split whose grid passes one CTA per SM packs into clusters badly: the
+        32-split instead where built (B4 H64/8 32k: 8 splits 172 µs, 32: 140, 4: 149)."""
+    if groups * 4 >= 3 * sms:
+        return 1
+    fits = sorted(s for s in available if s == 1 or key_tiles >= 4 * s)
+    n = next((s for s in fits if groups * s >= 1.9 * sms), fits[-1])
+    if n > 1 and available.get(n) and n >= 8 and groups * n > sms:
+        big = [s for s in fits if s > n and not available[s]]
+        if big:
+            n = big[0]
+    return n
+
+
+def _pick_decode(entries: list[dict], p: Problem, sms: int) -> dict | None:
+    """sm90_decode: dense q with at most 16 queries (packed rows of one kv head).  Split-KV count:
+    paged caches by :func:`paged_split_count`, dense ones by the dense rule
+    (:func:`runtime.attention.decode_pick`), both on the cache's capacity (fixed for a graph)."""
+    if p.varlen_q or p.seqlen_q > DECODE_MAX_SEQLEN_Q:
+        return None
+    shape = (p.batch, p.heads_q, p.heads_kv, p.seqlen_q, p.max_seqlen_k)
+    if p.page_size is None:
+        return decode_pick(entries, shape, True, sms)
+    pref = [e for e in entries if e.get("preferred")] or entries
+    tile = list(pref[0]["tile"])
+    same = [e for e in pref if list(e["tile"]) == tile]
+    row_blocks = -(-(p.heads_q // p.heads_kv) * p.seqlen_q // DECODE_ROWS)
+    avail = {int(e["kv_splits"]): e["cluster"][0] > 1 for e in same}
+    n = paged_split_count(p.batch * p.heads_kv * row_blocks, -(-p.max_seqlen_k // tile[1]), sms, avail)
+    return next((e for e in same if int(e["kv_splits"]) == n), None)
+
+
+# (family, rule): best first.  A rule gets the family's variants that implement the problem
+# (fewest extra switches first) and returns one, or None when the family does not serve it.
+FAMILIES: list[tuple[str, Callable[[list[dict], Problem, int], dict | None]]] = [
+    ("sm90_decode", _pick_decode),
+]
+
+
+def register_family(family: str, rule: Callable[[list[dict], Problem, int], dict | None],
+                    before: str | None = None) -> None:
+    """Add (or replace) a family's rule in :data:`FAMILIES`, before family ``before`` (else last)."""
+    FAMILIES[:] = [(f, r) for f, r in FAMILIES if f != family]
+    at = next((i for i, (f, _) in enumerate(FAMILIES) if f == before), len(FAMILIES))
+    FAMILIES.insert(at, (family, rule))
+
+
+def select(candidates: list[dict], p: Problem, sms: int = 132) -> dict:
+    """The manifest entry for problem ``p`` (candidates best target first), or NoVariantError
+    saying what is missing."""
+    fit = [e for e in candidates if _admits(e, p)]
+    for family, rule in FAMILIES:
+        mine = [e for e in fit if e.get("family") == family]
+        if not mine:
+            continue
+        least = min(_switch_cost(e) for e in mine)
+        e = rule([e for e in mine if _switch_cost(e) == least], p, sms)
+        if e is not None:
+            return e
+    raise NoVariantError(_missing(candidates, p))
+
+
+def _missing(candidates: list[dict], p: Problem) -> str:
+    """What the bundle lacks for ``p``: the first filter that leaves nothing."""
+    msg = f"no attention_kvcache kernel in this bundle for {p.describe()}"
+    if not candidates:
+        return msg + ": the bundle has no attention_kvcache variant for this device"
+    steps = [
+        ("dtype/kv_dtype", lambda e: e.get("dtype") == p.dtype and e.get("kv_dtype") == p.kv_dtype),
+        ("head_dim", lambda e: e.get("head_dim") == p.head_dim),
+        ("cache layout (paged/dense)", lambda e: bool(e.get("paged")) == (p.page_size is not None)),
+        ("page size", lambda e: p.page_size is None or p.page_size in (e.get("page_sizes") or [])),
+        ("q form (dense/varlen)", lambda e: bool(e.get("varlen")) == p.varlen_q),
+        ("causal", lambda e: bool(e.get("causal")) == p.causal or p.seqlen_q == 1),
+        ("window/softcap/sinks switches", lambda e: all(e.get(s) or not getattr(p, s)
+                                                        for s in ("local", "softcap", "sinks"))),
+    ]
+    left = candidates
+    for what, keep in steps:
+        nxt = [e for e in left if keep(e)]
+        if not nxt:
+            have = sorted({str(_feature(e, what)) for e in left})
+            return f"{msg}: no variant matches its {what} (the bundle has {', '.join(have)})"
+        left = nxt
+    fams = sorted({e.get("family") for e in left})
+    return (f"{msg}: the variants that match ({', '.join(fams)}) do not serve seqlen_q={p.seqlen_q} "
+            f"(the decode family takes at most {DECODE_MAX_SEQLEN_Q} queries)")
+
+
+def _feature(e: dict, what: str):
+    return {
+        "dtype/kv_dtype": (e.get("dtype"), e.get("kv_dtype")), "head_dim": e.get("head_dim"),
+        "cache layout (paged/dense)": "paged" if e.get("paged") else "dense",
+        "page size": tuple(e.get("page_sizes") or ()), "q form (dense/varlen)": "varlen" if e.get("varlen") else "dense",
+        "causal": e.get("causal"),
+        "window/softcap/sinks switches": "/".join(s for s in ("local", "softcap", "sinks") if e.get(s)) or "none",
+    }[what]
+
+
+# --- plan: the choice made once, ahead of a CUDA-graph capture ------------------------------------
+@dataclass(frozen=True)
+class Plan:
+    """A variant chosen for the maxima a server fixes at capture (batch, max pages, ...): pass it
+    as ``plan=`` and a call only checks that its problem is the planned one.  ``workspace_bytes``:
+    the fp32 split-KV workspace a call allocates (0 where the splits merge in a cluster)."""
+
+    problem: Problem
+    variant: str
+    kv_splits: int
+    workspace_bytes: int = 0
+
+
+def plan(bundle, *, batch: int, seqlen_q: int, heads_q: int, heads_kv: int, head_dim: int,
+         max_seqlen_k: int | None = None, max_pages: int | None = None, page_size: int | None = None,
+         dtype=torch.bfloat16, kv_dtype=None, causal: bool = True, window_size=(-1, -1),
+         softcap: float = 0.0, sinks: bool = False, varlen_q: bool = False) -> Plan:
+    """Choose the variant for these maxima once (no tensor, no device work): a paged cache gives
+    ``page_size`` and ``max_pages`` (the block table's width), a dense one ``max_seqlen_k``."""
+    for n, v in (("batch", batch), ("seqlen_q", seqlen_q), ("heads_q", heads_q), ("heads_kv", heads_kv),
+                 ("head_dim", head_dim)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise InputError(f"plan: {n} must be a non-negative int, got {v!r}")
+    if page_size is not None:
+        if page_size not in PAGE_SIZES:
+            raise InputError(f"page size {page_size} not offered (one of {PAGE_SIZES})")
+        if not isinstance(max_pages, int) or max_pages < 1:
+            raise InputError("plan: a paged cache needs max_pages >= 1 (the block table's width)")
+        max_seqlen_k = max_pages * page_size
+    elif not isinstance(max_seqlen_k, int) or max_seqlen_k < 0:
+        raise InputError("plan: a dense cache needs max_seqlen_k (its second dimension)")
+    p = _problem(batch, seqlen_q, heads_q, heads_kv, head_dim, max_seqlen_k, _dtype_name(dtype, _DTYPES, "dtype"),
+                 _dtype_name(kv_dtype or dtype, _KV_DTYPES, "kv_dtype"), page_size, causal,
+                 _window(window_size, causal), _softcap(softcap) > 0.0, bool(sinks), varlen_q)
+    e = choose(bundle, p)
+    ws = int(e.get("splits", 1))
+    ws = ws * p.batch * p.heads_q * p.seqlen_q * (p.head_dim + 1) * 4 if ws > 1 else 0
+    return Plan(p, e["name"], int(e.get("kv_splits", 1)), ws)
+
+
+def _dtype_name(dt, table, what) -> str:
+    if dt not in table:
+        raise InputError(f"{what} {dt} not supported ({', '.join(str(t).removeprefix('torch.') for t in table)})")
+    return table[dt]
+
+
+def _problem(b, sq, hq, hkv, d, sk, dtype, kv_dtype, page_size, causal, window, softcap_on, sinks_on, varlen_q):
+    if d not in HEAD_DIMS:
+        raise InputError(f"head_dim {d} not supported (one of {HEAD_DIMS})")
+    if hkv == 0 or hq % hkv:
+        raise InputError(f"q heads ({hq}) must be a multiple of kv heads ({hkv})")
+    wl, wr = window
+    local = wl >= 0 or (wr >= 0 and not causal)
+    return Problem(b, sq, hq, hkv, d, sk, dtype, kv_dtype, page_size, bool(causal), local, softcap_on, sinks_on,
+                   bool(varlen_q))
+
+
+_CHOICES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def choose(bundle, p: Problem) -> dict:
+    """The selected manifest entry for ``p`` (cached per bundle), or NoVariantError."""
+    try:
+        cache = _CHOICES.setdefault(bundle, {})
+    except TypeError:
+        cache = {}
+    e = cache.get(p)
+    if e is None:
+        try:
+            e = select(bundle.candidates(OP), p, _sm_count())
+        except NoVariantError as err:
+            raise NoVariantError(f"{err} (on {bundle.device_name()}; {bundle.describe_contents(OP)}"
+                                 f"{_blackwell_note(bundle)})") from None
+        if len(cache) > 4096:
+            cache.clear()
+        cache[p] = e
+    return e
+
+
+def _blackwell_note(bundle) -> str:
+    cap = getattr(bundle, "capability", None)
+    if cap and cap[0] >= 10:
+        return ("; Blackwell has no attention_kvcache kernel yet: the sm100 attention (FA4 structure) "
+                "would take page tables through per-row TMA gathers or cp.async page loads in its load "
+                "warp, per-sequence key counts from cache_seqlens, and the decode rows packed per kv head")
+    return ""
+
+
+# --- checks ----------------------------------------------------------------------------------------
+def _window(window_size, causal) -> tuple[int, int]:
+    try:
+        wl, wr = window_size
+    except (TypeError, ValueError):
+        raise InputError(f"window_size must be a (left, right) pair of ints, got {window_size!r}") from None
+    for w in (wl, wr):
+        if isinstance(w, bool) or not isinstance(w, int) or w < -1:
+            raise InputError(f"window_size entries must be ints >= -1 (-1: unbounded), got {window_size!r}")
+    if wl > 2**31 - 1 or wr > 2**31 - 1:
+        raise InputError(f"window_size {window_size!r} exceeds int32")
+    return wl, wr
+
+
+def _softcap(softcap) -> float:
+    try:
+        c = float(softcap)
+    except (TypeError, ValueError, RuntimeError):
+        raise InputError(f"softcap must be a number, got {type(softcap).__name__}") from None
+    if not (c >= 0.0 and math.isfinite(c)):
+        raise InputError(f"softcap must be a finite number >= 0 (0: off), got {c}")
+    return c
+
+
+def _scale(softmax_scale, d) -> float:
+    if softmax_scale is None:
+        return 1.0 / math.sqrt(d)
+    try:
+        s = float(softmax_scale)
+    except (TypeError, ValueError, RuntimeError):
+        raise InputError(f"softmax_scale must be a number, got {type(softmax_scale).__name__}") from None
+    if not (s > 0.0 and math.isfinite(s)):
+        raise InputError(f"softmax_scale must be a positive finite number, got {s}")
+    return s
+
+
+def _strides(t, name: str, data: bool) -> None:
+    """head_dim contiguous, other strides multiples of 16 bytes, 16-byte aligned data (``data``:
+    the pointer is read; a fake tensor has none)."""
+    if t.numel() == 0:
+        return
+    vec = 16 // t.element_size()
+    if t.stride(-1) != 1:
+        raise InputError(f"{name}: head_dim must be contiguous (stride 1), strides {t.stride()}")
+    if any(s % vec for s in t.stride()[:-1]):
+        raise InputError(f"{name}: strides {t.stride()} must be multiples of {vec} elements (16 bytes) "
+                         f"except the last")
+    if data and t.data_ptr() % 16:
+        raise InputError(f"{name}: data pointer must be 16-byte aligned")
+
+
+def _small(t, name: str, dtype, shape: tuple, dev) -> None:
+    if not isinstance(t, Tensor):
+        raise InputError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != dtype:
+        raise InputError(f"{name} must be {str(dtype).removeprefix('torch.')}, got {str(t.dtype).removeprefix('torch.')}")
+    if t.device != dev:
+        raise InputError(f"{name} is on {t.device}, q on {dev}: every tensor must be on one device")
+    if tuple(t.shape) != shape:
+        raise InputError(f"{name} must have shape {shape}, got {tuple(t.shape)}")
+
+
+def check(q, k_cache, v_cache, cache_seqlens, block_table, causal, softmax_scale, window_size, softcap, sinks,
+          k_descale, v_descale, out, cu_seqlens_q, max_seqlen_q, *, data: bool = True) -> tuple[Problem, float]:
+    """Every check that needs no device data, in the order docs/errors.md lists them; returns the
+    problem and the softmax scale.  ``data=False`` (fake tensors, torch.compile): no pointer read."""
+    validate.tensors(q=q, k_cache=k_cache, v_cache=v_cache, cache_seqlens=cache_seqlens)
+    varlen_q = cu_seqlens_q is not None
+    if varlen_q:
+        if q.dim() != 3:
+            raise InputError(f"q with cu_seqlens_q must be (total_q, heads, head_dim), got shape {tuple(q.shape)}")
+    elif q.dim() != 4:
+        raise InputError(f"q must be (batch, seqlen_q, heads, head_dim), got shape {tuple(q.shape)}")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.dim() != 4:
+            raise InputError(f"{name} must be (num_pages, page_size, kv_heads, head_dim) or (batch, max_seqlen, "
+                             f"kv_heads, head_dim), got shape {tuple(t.shape)}")
+    if q.dtype not in _DTYPES:
+        raise InputError(f"q dtype {q.dtype} not supported (bfloat16, float16)")
+    if k_cache.dtype != v_cache.dtype:
+        raise InputError(f"k_cache and v_cache dtypes differ: {k_cache.dtype}, {v_cache.dtype}")
+    if k_cache.dtype not in (q.dtype, torch.float8_e4m3fn):
+        raise InputError(f"k_cache/v_cache dtype {k_cache.dtype} must be q's ({q.dtype}) or float8_e4m3fn")
+    if k_cache.shape != v_cache.shape:
+        raise InputError(f"k_cache and v_cache shapes differ: {tuple(k_cache.shape)} vs {tuple(v_cache.shape)}")
+    d, hq, hkv = q.shape[-1], q.shape[-2], k_cache.shape[2]
+    if k_cache.shape[3] != d:
+        raise InputError(f"head_dim of q ({d}) and k_cache/v_cache ({k_cache.shape[3]}) differ")
+    dev = q.device
+    if varlen_q:
+        if not isinstance(cu_seqlens_q, Tensor) or cu_seqlens_q.dtype != torch.int32 or cu_seqlens_q.dim() != 1 \
+                or cu_seqlens_q.numel() < 1:
+            raise InputError("cu_seqlens_q must be a 1-D int32 tensor of batch + 1 offsets")
+        if cu_seqlens_q.device != dev:
+            raise InputError(f"cu_seqlens_q is on {cu_seqlens_q.device}, q on {dev}")
+        b = cu_seqlens_q.numel() - 1
+        if isinstance(max_seqlen_q, bool) or not isinstance(max_seqlen_q, int) or not 0 <= max_seqlen_q <= q.shape[0]:
+            raise InputError(f"packed varlen q needs an int max_seqlen_q in [0, {q.shape[0]}] (no host sync "
+                             f"computes it), got {max_seqlen_q!r}")
+        sq = max_seqlen_q
+    else:
+        if max_seqlen_q is not None:
+            raise InputError("max_seqlen_q goes with cu_seqlens_q (packed varlen q) only")
+        b, sq = q.shape[0], q.shape[1]
+    _small(cache_seqlens, "cache_seqlens", torch.int32, (b,), dev)
+    if block_table is not None:
+        if not isinstance(block_table, Tensor):
+            raise InputError(f"block_table must be a torch.Tensor, got {type(block_table).__name__}")
+        if block_table.dtype != torch.int32:
+            raise InputError(f"block_table must be int32, got {str(block_table.dtype).removeprefix('torch.')}")
+        if block_table.device != dev:
+            raise InputError(f"block_table is on {block_table.device}, q on {dev}: every tensor must be on one device")
+        if block_table.dim() != 2 or block_table.shape[0] != b or block_table.shape[1] < 1:
+            raise InputError(f"block_table must be (batch={b}, max_pages >= 1), got shape {tuple(block_table.shape)}")
+        if block_table.stride(1) != 1 and block_table.shape[1] > 1:
+            raise InputError(f"block_table rows must be contiguous (stride 1), strides {block_table.stride()}")
+        page_size = k_cache.shape[1]
+        if page_size not in PAGE_SIZES:
+            raise InputError(f"page size {page_size} (k_cache.shape[1]) not offered: one of {PAGE_SIZES}")
+        if k_cache.shape[0] < 1:
+            raise InputError("a paged k_cache needs at least one page")
+        max_k = block_table.shape[1] * page_size
+    else:
+        page_size = None
+        if k_cache.shape[0] != b:
+            raise InputError(f"a dense cache (no block_table) must be (batch={b}, max_seqlen, kv_heads, head_dim), "
+                             f"got shape {tuple(k_cache.shape)}")
+        max_k = k_cache.shape[1]
+    if k_cache.device != dev or v_cache.device != dev:
+        raise InputError(f"k_cache on {k_cache.device}, v_cache on {v_cache.device}, q on {dev}: every tensor "
+                         f"must be on one device")
+    scale = _scale(softmax_scale, d)
+    window = _window(window_size, causal)
+    cap = _softcap(softcap)
+    if sinks is not None:
+        _small(sinks, "sinks", torch.float32, (hq,), dev)
+    fp8 = k_cache.dtype == torch.float8_e4m3fn
+    for name, t in (("k_descale", k_descale), ("v_descale", v_descale)):
+        if t is None:
+            continue
+        if not fp8:
+            raise InputError(f"{name} applies to float8_e4m3fn caches only (the cache is {k_cache.dtype})")
+        if not isinstance(t, Tensor) or t.dtype != torch.float32 or t.device != dev or t.numel() not in (1, hkv):
+            raise InputError(f"{name} must be a float32 tensor on {dev} of 1 (per tensor) or {hkv} (per kv head) "
+                             f"elements")
+    if out is not None:
+        if not isinstance(out, Tensor) or out.shape != q.shape or out.dtype != q.dtype or out.device != dev:
+            raise InputError(f"out must be a tensor of q's shape {tuple(q.shape)}, dtype and device")
+        _strides(out, "out", data)
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        _strides(t, name, data)
+    if b > _GRID_YZ_MAX:
+        raise InputError(f"batch ({b}) must be <= {_GRID_YZ_MAX}")
+    p = _problem(b, sq, hq, hkv, d, max_k, _DTYPES[q.dtype], _KV_DTYPES[k_cache.dtype], page_size, causal, window,
+                 cap > 0.0, sinks is not None, varlen_q)
+    return p, scale
+
+
+def check_contents(cache_seqlens, block_table, num_pages: int, max_k: int) -> None:
+    """The caller's contract, checked on the host (a device synchronisation): lengths in
+    [0, capacity], and the pages a sequence uses in [0, num_pages)."""
+    lens = cache_seqlens.cpu()
+    if lens.numel() and int(lens.min()) < 0:
+        raise InputError(f"cache_seqlens must be >= 0, has {int(lens.min())}")
+    if lens.numel() and int(lens.max()) > max_k:
+        i = int(lens.argmax())
+        raise InputError(f"cache_seqlens[{i}] = {int(lens[i])} exceeds the cache's {max_k} rows per sequence")
+    if block_table is not None:
+        bt = block_table.cpu()
+        ps = max_k // bt.shape[1]
+        for i, n in enumerate(lens.tolist()):
+            used = bt[i, : -(-n // ps)]
+            if used.numel() and (int(used.min()) < 0 or int(used.max()) >= num_pages):
+                raise InputError(f"block_table[{i}] holds a page index outside [0, {num_pages}) among the "
+                                 f"{used.numel()} pages its {n} keys use")
+
+
+# --- the op ---------------------------------------------------------------------------------------
+_DUMMIES: dict = {}
+
+
+def _dummy(kind: str, dev, n: int) -> Tensor:
+    """Cached stand-ins for arguments a call leaves out: (n,) -inf sinks, (2, n) unit descales,
+    a one-element block table (expanded to (B, 1) by the caller)."""
+    key = (kind, dev, n)
+    t = _DUMMIES.get(key)
+    if t is None:
+        if len(_DUMMIES) > 1024:
+            _DUMMIES.clear()
+        if kind == "sinks":
+            t = torch.full((n,), -math.inf, dtype=torch.float32, device=dev)
+        elif kind == "descale":
+            t = torch.ones((2, n), dtype=torch.float32, device=dev)
+        else:
+            t = torch.zeros((1, 1), dtype=torch.int32, device=dev)
+        _DUMMIES[key] = t
+    return t
+
+
+def attention_kvcache(bundle, q, k_cache, v_cache, cache_seqlens, block_table=None, causal=True,
+                      softmax_scale=None, window_size=(-1, -1), softcap=0.0, sinks=None, k_descale=None,
+                      v_descale=None, return_lse=False, out=None, cu_seqlens_q=None, max_seqlen_q=None,
+                      plan=None, check_varlen=None, variant=None):
+    """softmax(q·Kᵀ·scale [masked]) · V over each sequence's first ``cache_seqlens[b]`` cached
+    keys (see :func:`check` and docs/errors.md for every argument's contract).  Returns o (q's
+    shape, or ``out``), or (o, lse) with ``return_lse`` (lse float32 (B, Hq, Sq), the sink
+    included).  ``cache_seqlens`` and ``block_table`` are read on the device only: indices and
+    lengths past the cache are the caller's contract, checked on the host (a synchronisation)
+    with ``check_varlen=True`` or ``FACTORY_CHECK_VARLEN=1``."""
+    p, scale = check(q, k_cache, v_cache, cache_seqlens, block_table, causal, softmax_scale, window_size, softcap,
+                     sinks, k_descale, v_descale, out, cu_seqlens_q, max_seqlen_q)
+    dev = validate.one_device(bundle, q=q, k_cache=k_cache, v_cache=v_cache)
+    validate.no_grad("attention_kvcache", q=q, k_cache=k_cache, v_cache=v_cache, sinks=sinks)
+    if validate.check_varlen_default() if check_varlen is None else check_varlen:
+        check_contents(cache_seqlens, block_table, k_cache.shape[0], p.max_seqlen_k)
+        if cu_seqlens_q is not None:
+            validate.cu_seqlens(cu_seqlens_q, cu_seqlens_q, q.shape[0], q.shape[0], max_seqlen_q)
+    if variant is not None:  # (tests, benchmarks: one variant by name)
+        e = bundle.manifest["variants"].get(variant) if isinstance(variant, str) else None
+        if e is None or e.get("op") != OP or not _admits(e, p):
+            raise NoVariantError(f"variant {variant!r} is not an attention_kvcache variant that implements "
+                                 f"{p.describe()}")
+        name = variant
+    elif plan is not None:
+        if not isinstance(plan, Plan):
+            raise InputError(f"plan must come from bundle.plan_kvcache, got {type(plan).__name__}")
+        if plan.problem != p:
+            raise InputError(f"this call's problem ({p}) is not the planned one ({plan.problem})")
+        name = plan.variant
+    else:
+        name = choose(bundle, p)["name"]
+    splits = int(bundle.manifest["variants"][name].get("splits", 1))
+    o = torch.empty_like(q) if out is None else out
+    lse = torch.empty((p.batch, p.heads_q, p.seqlen_q) if not p.varlen_q else (p.heads_q, q.shape[0]),
+                      dtype=torch.float32, device=q.device)
+    if q.numel() == 0:
+        return (o, lse) if return_lse else o
+    bt = block_table if block_table is not None else _dummy("table", q.device, 1).expand(p.batch, 1)
+    sk = sinks if sinks is not None else _dummy("sinks", q.device, p.heads_q)
+    if k_descale is None and v_descale is None:
+        desc = _dummy("descale", q.device, p.heads_kv)
+    else:  # (fp8 caches only: one small tensor per call)
+        one = _dummy("descale", q.device, p.heads_kv)[0]
+        desc = torch.stack([(t.reshape(-1) if t is not None else one).expand(p.heads_kv)
+                            for t in (k_descale, v_descale)])
+    wl, wr = window_size
+    args = [q, k_cache, v_cache, o, lse, bt, cache_seqlens]
+    if splits > 1:  # the workspace of a split merged by the combine kernel (dense q only)
+        args[5:5] = split_workspace(torch, q, splits)
+    if p.varlen_q:
+        args.append(cu_seqlens_q)
+    args += [sk, desc, scale, float(softcap), wl if wl >= 0 else -1, wr if wr >= 0 else -1]
+    if p.varlen_q:
+        args.append(max_seqlen_q)
+    bundle.launch(name, args, device=dev)
+    return (o, lse) if return_lse else o

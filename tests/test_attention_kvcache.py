@@ -1,0 +1,358 @@
+"""Attention over a KV cache on this GPU-less machine: the contract's signature, the decode
+family's kvcache variants (enumeration; one compiled and its SASS checked where the DSL is
+installed), the table-driven selection and its NoVariantError messages, the plan, every
+validation row of docs/errors.md for ``attention_kvcache`` through a simulated bundle (CPU tensors,
+a launcher that records: nothing may be launched on a refusal), the float32 reference, and the
+torch op's fake implementation checking like the real op."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from conftest import Recorder, needs_dsl
+from factory.attention import contract
+from factory.runtime import Bundle, InputError, NoVariantError
+from factory.runtime import kvcache as kv
+
+H100 = {"name": "planned H100", "sm_count": 132}
+
+
+# --- contract ------------------------------------------------------------------------------------
+def test_signature_kvcache():
+    s = contract.signature_kvcache("bf16", "bf16", 128, paged=True, page_size=16)
+    assert [a.name for a in s.args] == ["q", "k_cache", "v_cache", "o", "lse", "block_table", "cache_seqlens",
+                                        "sinks", "kv_descale", "softmax_scale", "softcap", "window_left",
+                                        "window_right"]
+    k = s.args[1]
+    assert k.shape == ("P", 16, "Hkv", 128) and k.stride == ("sKp", "sKs", "sKh", 1)
+    assert s.args[5].shape == ("B", "MP") and s.args[6].shape == ("B",)
+    assert [a.dtype for a in s.args[9:]] == ["f32", "f32", "i32", "i32"]
+    # a page-size class (the kernel takes any size at launch) and the dense cache
+    assert contract.signature_kvcache("bf16", "bf16", 128, True).args[1].shape[1] == "PS"
+    assert contract.signature_kvcache("bf16", "bf16", 128, False).args[1].shape[:2] == ("B", "Sk")
+    # fp8 caches: 16 elements per 16 bytes; q keeps 8
+    f8 = contract.signature_kvcache("bf16", "e4m3", 128, True, 64)
+    assert f8.divisor("sKs") == 16 and f8.divisor("sQs") == 8 and f8.args[1].dtype == "e4m3"
+    split = contract.signature_kvcache("f16", "f16", 64, True, 16, splits=4)
+    assert [a.name for a in split.args[5:7]] == ["o_partial", "lse_partial"]
+    vq = contract.signature_kvcache("bf16", "bf16", 128, True, 16, varlen_q=True)
+    names = [a.name for a in vq.args]
+    assert names[0] == "q" and vq.args[0].shape == ("Tq", "Hq", 128) and "cu_seqlens_q" in names
+    assert names[-1] == "max_seqlen_q"
+    with pytest.raises(ValueError, match="page_size 12"):
+        contract.signature_kvcache("bf16", "bf16", 128, True, 12)
+
+
+# --- the decode family's variants ---------------------------------------------------------------
+@needs_dsl
+def test_enumeration():
+    from factory.atoms.targets import get_target
+    from factory.attention.decode import enumerate_decode_kv
+
+    test = enumerate_decode_kv(get_target("sm_90"), "test")
+    assert {v.paged for v in test} == {True, False}
+    assert {v.splits > 1 for v in test} == {True, False}
+    assert any(v.local and v.softcap and v.sinks for v in test)
+    assert {v.dtype for v in test} == {"bf16", "f16"} and {v.head_dim for v in test} == {64, 128}
+    default = enumerate_decode_kv(get_target("sm_90"), "default")
+    assert len({v.name for v in default}) == len(default) <= 44
+    assert all(v.can_implement() is None for v in default)
+    # cluster merges without PDL twins; the workspace split with its PDL combine kernel
+    assert all(v.pdl == (v.splits > 1 and not v.cluster) for v in default)
+    assert enumerate_decode_kv(get_target("sm_90a"), "default") == []
+    d = default[0].describe()
+    assert d["page_sizes"] == list(contract.PAGE_SIZES) if d["paged"] else d["page_sizes"] == []
+    assert d["kv_dtype"] == d["dtype"] and d["decode_rows"] == 16
+
+
+@needs_dsl
+def test_compiles_with_paged_loads(tmp_path):
+    """One paged variant with every switch, compiled for sm_90 in a worker: vectorised cp.async
+    (the block-table-addressed rows), tanh (softcap), the cluster merge."""
+    import subprocess
+    import sys
+
+    src = (
+        "from factory.compiler.compile import init_worker; init_worker('sm_90')\n"
+        "from factory.attention.decode import make_kv\n"
+        "from factory.compiler.compile import compile_variant\n"
+        "v = make_kv('sm_90', 'bf16', 128, 2, switches=True)\n"
+        f"compile_variant(v, {str(tmp_path)!r}); print(v.name)\n")
+    r = subprocess.run([sys.executable, "-c", src], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    from factory.compiler.cubin import disassemble
+
+    sass = disassemble(next(tmp_path.glob("*.cubin")))
+    assert "LDGSTS.E.BYPASS.LTC128B.128" in sass and "MUFU.TANH" in sass and "STAS" in sass
+
+
+# --- selection -----------------------------------------------------------------------------------
+def entry(name, splits=1, paged=True, d=128, dtype="bf16", switches=False, family="sm90_decode"):
+    return {"name": name, "op": "attention_kvcache", "family": family, "target": "sm_90", "dtype": dtype,
+            "kv_dtype": dtype, "head_dim": d, "causal": True, "varlen": False, "paged": paged,
+            "page_sizes": list(contract.PAGE_SIZES) if paged else [], "local": switches, "softcap": switches,
+            "sinks": switches, "tile": [16, 64], "stages": 3, "decode_rows": 16, "kv_splits": splits,
+            "splits": 1, "cluster": [splits, 1], "preferred": True, "pdl": False}
+
+
+CANDS = ([entry(f"p{s}", s) for s in (1, 2, 4, 8)] + [entry(f"d{s}", s, paged=False) for s in (1, 2, 4, 8)]
+         + [entry(f"w{s}", s, switches=True) for s in (1, 8)])
+
+
+def prob(b=8, sq=1, hq=32, hkv=8, d=128, sk=4096, page=16, **kw):
+    base = dict(dtype="bf16", kv_dtype="bf16", causal=True, local=False, softcap=False, sinks=False)
+    base.update(kw)
+    return kv.Problem(b, sq, hq, hkv, d, sk, page_size=page, **base)
+
+
+def test_select_splits_and_layouts():
+    assert kv.select(CANDS, prob(b=256))["name"] == "p1"          # the grid fills the GPU
+    assert kv.select(CANDS, prob(b=1, sk=32768))["name"] == "p8"  # one long sequence: 8 kv heads x 8
+    assert kv.select(CANDS, prob(b=8, sk=8192, hq=64))["name"] == "p4"  # 64 groups x 4: 2 per SM
+    assert kv.select(CANDS, prob(b=1, sk=32768, page=None))["name"] == "d8"  # the dense rule
+    assert kv.select(CANDS, prob(b=4, sk=32768, hq=64, page=None))["name"] == "d2"
+    assert kv.select(CANDS, prob(b=1, sk=100))["name"] == "p1"    # two key tiles: no split
+
+
+def test_paged_split_rule():
+    """paged_split_count on the measured shapes (H200, notes/attention-kvcache.md)."""
+    both = {1: False, 2: True, 4: True, 8: True, 32: False}
+    assert kv.paged_split_count(8, 512, 132, both) == 32      # B1 H32/8 32k
+    assert kv.paged_split_count(32, 512, 132, both) == 32     # B4 H64/8 32k: not the 8-cluster
+    assert kv.paged_split_count(8, 64, 132, both) == 8        # MQA B8 4k: 4 tiles per split at most
+    assert kv.paged_split_count(64, 128, 132, both) == 4      # B8 H64/8 D64 8k
+    assert kv.paged_split_count(128, 64, 132, both) == 1      # B16 H32/8: fills 3/4 of the SMs
+    no32 = {1: False, 2: True, 4: True, 8: True}
+    assert kv.paged_split_count(8, 512, 132, no32) == 8 and kv.paged_split_count(32, 512, 132, no32) == 8
+    assert kv.paged_split_count(8, 3, 132, both) == 1         # 3 tiles: nothing keeps 4
+
+
+def test_select_switches():
+    assert kv.select(CANDS, prob(b=256, local=True))["name"] == "w1"
+    assert kv.select(CANDS, prob(b=1, sk=32768, sinks=True, softcap=True))["name"] == "w8"
+    with pytest.raises(NoVariantError, match="window/softcap/sinks"):
+        kv.select(CANDS, prob(page=None, sinks=True))
+
+
+def test_select_no_variant_messages():
+    with pytest.raises(NoVariantError, match="page size"):
+        kv.select([dict(e, page_sizes=[16]) for e in CANDS], prob(page=64))
+    with pytest.raises(NoVariantError, match="head_dim"):
+        kv.select(CANDS, prob(d=256))
+    with pytest.raises(NoVariantError, match="dtype/kv_dtype"):
+        kv.select(CANDS, prob(kv_dtype="e4m3"))
+    with pytest.raises(NoVariantError, match="at most 16 queries"):
+        kv.select(CANDS, prob(sq=17))
+    with pytest.raises(NoVariantError, match="no attention_kvcache variant"):
+        kv.select([], prob())
+
+
+def test_families_are_table_driven():
+    """A second family (as the prefill kernels register) serves what the decode family does not."""
+    other = [entry("pre", family="other"), entry("pre_nc", family="other")]
+    other[1]["causal"] = False
+    saved = list(kv.FAMILIES)
+    try:
+        kv.register_family("other", lambda es, p, sms: next((e for e in es if e["causal"] == p.causal), None))
+        assert kv.select(CANDS + other, prob(sq=100))["name"] == "pre"
+        assert kv.select(CANDS + other, prob(sq=100, causal=False))["name"] == "pre_nc"
+        assert kv.select(CANDS + other, prob(sq=1))["name"] != "pre"  # decode stays first
+        kv.register_family("other", kv.FAMILIES[-1][1], before="sm90_decode")
+        assert kv.FAMILIES[0][0] == "other"
+    finally:
+        kv.FAMILIES[:] = saved
+
+
+# --- validation through a simulated bundle --------------------------------------------------------
+@pytest.fixture
+def sim(test_bundle):
+    b = Bundle.open(test_bundle, capability=(9, 0), device=H100)
+    if not b.candidates("attention_kvcache"):
+        pytest.skip("the test bundle has no attention_kvcache variant")
+    b.rec = Recorder()
+    b.simulate(b.rec)
+    return b
+
+
+def bf(*shape):
+    return torch.randn(*shape, dtype=torch.bfloat16)
+
+
+def paged(b=2, hq=32, hkv=8, d=128, ps=16, pages=20, mp=8):
+    q = bf(b, 1, hq, d)
+    k, v = bf(pages, ps, hkv, d), bf(pages, ps, hkv, d)
+    bt = torch.randint(0, pages, (b, mp), dtype=torch.int32)
+    sl = torch.full((b,), 50, dtype=torch.int32)
+    return q, k, v, sl, bt
+
+
+def test_launches_paged_dense_and_switches(sim):
+    q, k, v, sl, bt = paged()
+    o, lse = sim.attention_kvcache(q, k, v, sl, block_table=bt, return_lse=True)
+    assert o.shape == q.shape and lse.shape == (2, 32, 1) and lse.dtype == torch.float32
+    dense = bf(2, 300, 8, 128)
+    sim.attention_kvcache(q, dense, dense, sl)
+    sim.attention_kvcache(q, k, v, sl, block_table=bt, window_size=(64, 0), softcap=30.0,
+                          sinks=torch.zeros(32), softmax_scale=0.1)
+    out = torch.empty_like(q)
+    assert sim.attention_kvcache(q, k, v, sl, block_table=bt, out=out) is out
+    names = sim.rec.launched
+    assert len(names) == 4 and "paged" in names[0] and "paged" not in names[1] and names[2].endswith("_win_cap_sink")
+
+
+BAD = [
+    (dict(block_table="bt64"), "block_table must be int32"),
+    (dict(block_table="bt_short"), r"block_table must be \(batch=2, max_pages >= 1\)"),
+    (dict(block_table="bt_list"), "block_table must be a torch.Tensor"),
+    (dict(block_table="bt_cols"), "rows must be contiguous"),
+    (dict(cache_seqlens="sl64"), "cache_seqlens must be int32"),
+    (dict(cache_seqlens="sl3"), r"cache_seqlens must have shape \(2,\)"),
+    (dict(k="k12"), "page size 12 .* not offered"),
+    (dict(k="k_hd64"), r"head_dim of q \(128\) and k_cache/v_cache \(64\) differ"),
+    (dict(k="k_f32"), "k_cache and v_cache dtypes differ"),
+    (dict(q="q_f32"), "q dtype torch.float32 not supported"),
+    (dict(q="q_heads"), r"q heads \(12\) must be a multiple of kv heads \(8\)"),
+    (dict(q="q_rank"), "q must be"),
+    (dict(window_size=(3,)), "window_size must be a"),
+    (dict(window_size=(-2, 0)), "window_size entries must be ints >= -1"),
+    (dict(softcap=-1.0), "softcap must be a finite number >= 0"),
+    (dict(softcap=math.inf), "softcap must be a finite number >= 0"),
+    (dict(softmax_scale=0.0), "softmax_scale must be a positive finite number"),
+    (dict(sinks="sinks_bf16"), "sinks must be float32"),
+    (dict(sinks="sinks_short"), r"sinks must have shape \(32,\)"),
+    (dict(k_descale="one"), "k_descale applies to float8_e4m3fn caches only"),
+    (dict(out="out_bad"), "out must be a tensor of q's shape"),
+    (dict(max_seqlen_q=4), "max_seqlen_q goes with cu_seqlens_q"),
+    (dict(dense_batch=True), r"a dense cache \(no block_table\) must be \(batch=2"),
+    (dict(q="q_strided"), "strides .* must be multiples of 8"),
+]
+
+
+@pytest.mark.parametrize("bad,msg", BAD, ids=[m[:30] for _, m in BAD])
+def test_bad_inputs_are_refused_before_launch(sim, bad, msg):
+    q, k, v, sl, bt = paged()
+    kw = dict(block_table=bt)
+    sub = {
+        "bt64": bt.long(), "bt_short": bt[:1], "bt_list": bt.tolist(), "bt_cols": bt.t().contiguous().t(),
+        "sl64": sl.long(), "sl3": torch.zeros(3, dtype=torch.int32), "k12": bf(20, 12, 8, 128),
+        "k_hd64": bf(20, 16, 8, 64), "k_f32": torch.randn(20, 16, 8, 128), "q_f32": torch.randn(2, 1, 32, 128),
+        "q_heads": bf(2, 1, 12, 128), "q_rank": bf(2, 32, 128), "sinks_bf16": bf(32),
+        "sinks_short": torch.zeros(31), "one": torch.ones(1), "out_bad": bf(2, 1, 32, 64),
+        "q_strided": bf(2, 1, 32, 130)[..., :128],
+    }
+    for key, val in bad.items():
+        val = sub.get(val, val) if isinstance(val, str) else val
+        if key == "q":
+            q = val
+        elif key == "k":
+            k = val
+            if val.dtype == torch.bfloat16:
+                v = val.clone()
+        elif key == "cache_seqlens":
+            sl = val
+        elif key == "dense_batch":
+            kw.pop("block_table")
+            k = v = bf(3, 64, 8, 128)
+        else:
+            kw[key] = val
+    with pytest.raises(InputError, match=msg):
+        sim.attention_kvcache(q, k, v, sl, **kw)
+    assert sim.rec.launched == []
+
+
+def test_no_variant_for_combos_not_built(sim):
+    q, k, v, sl, bt = paged(d=256)
+    with pytest.raises(NoVariantError, match="head_dim"):
+        sim.attention_kvcache(q, k, v, sl, block_table=bt)
+    q, k, v, sl, bt = paged()
+    k8, v8 = k.to(torch.float8_e4m3fn), v.to(torch.float8_e4m3fn)
+    with pytest.raises(NoVariantError, match="dtype/kv_dtype"):
+        sim.attention_kvcache(q, k8, v8, sl, block_table=bt, k_descale=torch.ones(1))
+    with pytest.raises(NoVariantError, match="at most 16 queries"):
+        sim.attention_kvcache(bf(2, 17, 32, 128), k, v, sl, block_table=bt)
+    with pytest.raises(InputError, match="head_dim 96 not supported"):
+        sim.attention_kvcache(bf(2, 1, 32, 96), bf(20, 16, 8, 96), bf(20, 16, 8, 96), sl, block_table=bt)
+    assert sim.rec.launched == []
+
+
+def test_check_varlen_contents(sim):
+    q, k, v, sl, bt = paged()
+    bt[1, 2] = 20  # past the 20 pages; used by 50 keys (4 pages of 16)
+    with pytest.raises(InputError, match=r"block_table\[1\] holds a page index outside \[0, 20\)"):
+        sim.attention_kvcache(q, k, v, sl, block_table=bt, check_varlen=True)
+    bt[1, 2] = 0
+    bt[1, 7] = -5  # not used by 50 keys: fine
+    sim.attention_kvcache(q, k, v, sl, block_table=bt, check_varlen=True)
+    with pytest.raises(InputError, match=r"cache_seqlens\[0\] = 129 exceeds the cache's 128 rows"):
+        sim.attention_kvcache(q, k, v, torch.tensor([129, 3], dtype=torch.int32), block_table=bt, check_varlen=True)
+    with pytest.raises(InputError, match="cache_seqlens must be >= 0"):
+        sim.attention_kvcache(q, k, v, torch.tensor([-1, 3], dtype=torch.int32), block_table=bt, check_varlen=True)
+    assert len(sim.rec.launched) == 1
+
+
+def test_plan(sim):
+    q, k, v, sl, bt = paged()
+    pl = sim.plan_kvcache(batch=2, seqlen_q=1, heads_q=32, heads_kv=8, head_dim=128, max_pages=8, page_size=16)
+    assert pl.variant.startswith("attention_kvcache_") and pl.workspace_bytes == 0
+    sim.attention_kvcache(q, k, v, sl, block_table=bt, plan=pl)
+    assert sim.rec.launched == [pl.variant]
+    with pytest.raises(InputError, match="not the planned one"):
+        sim.attention_kvcache(q, k, v, sl, block_table=bt[:, :4], plan=pl)
+    with pytest.raises(InputError, match="page size 12 not offered"):
+        sim.plan_kvcache(batch=2, seqlen_q=1, heads_q=32, heads_kv=8, head_dim=128, max_pages=8, page_size=12)
+
+
+def test_torch_op_fake_checks_like_the_real_op(sim):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    ops = sim.torch_ops()
+    q, k, v, sl, bt = paged()
+    bt64, q256, k256 = bt.long(), bf(2, 1, 32, 256), bf(20, 16, 8, 256)
+    o, lse = ops.attention_kvcache(q, k, v, sl, bt)
+    assert o.shape == q.shape and lse.shape == (2, 32, 1)
+    with FakeTensorMode(allow_non_fake_inputs=False) as mode:
+        fq, fk, fv, fsl, fbt = (mode.from_tensor(t) for t in (q, k, v, sl, bt))
+        fo, flse = ops.attention_kvcache(fq, fk, fv, fsl, fbt, window_left=8, softcap=2.0)
+        assert fo.shape == q.shape and fo.stride() == q.stride() and flse.shape == (2, 32, 1)
+        fbt64 = mode.from_tensor(bt64)
+        with pytest.raises(InputError, match="block_table must be int32"):
+            ops.attention_kvcache(fq, fk, fv, fsl, fbt64)
+        with pytest.raises(NoVariantError, match="head_dim"):
+            q2, k2 = mode.from_tensor(q256), mode.from_tensor(k256)
+            ops.attention_kvcache(q2, k2, k2, fsl, fbt)
+    torch.library.opcheck(ops.attention_kvcache, (q, k, v, sl, bt),
+                          test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
+
+
+# --- the float32 reference -----------------------------------------------------------------------
+def test_reference_paged_equals_dense_and_masks():
+    from factory.testing import attention_kvcache_reference, gather_kv_cache
+
+    torch.manual_seed(0)
+    q, k, v, sl, bt = paged(b=3, ps=8, pages=24)
+    sl = torch.tensor([0, 1, 61], dtype=torch.int32)
+    bt = torch.randperm(24).view(3, 8).to(torch.int32)
+    dense_k = torch.zeros(3, 64, 8, 128, dtype=torch.bfloat16)
+    dense_v = torch.zeros_like(dense_k)
+    for i in range(3):
+        n = int(sl[i])
+        dense_k[i, :n] = gather_kv_cache(k, bt, sl, i)
+        dense_v[i, :n] = gather_kv_cache(v, bt, sl, i)
+    o1, l1 = attention_kvcache_reference(q, k, v, sl, bt)
+    o2, l2 = attention_kvcache_reference(q, dense_k, dense_v, sl)
+    assert torch.allclose(o1, o2) and torch.equal(l1.isinf(), l2.isinf())
+    assert (o1[0] == 0).all() and torch.isinf(l1[0]).all()
+    # one key: o is that key's value row (GQA: kv head h // 4)
+    assert torch.allclose(o1[1, 0], v[bt[1, 0]][0].float().repeat_interleave(4, dim=0), atol=1e-6)
+    # a sink of -inf changes nothing; a huge one takes all the weight
+    o3, _ = attention_kvcache_reference(q, k, v, sl, bt, sinks=torch.full((32,), -math.inf))
+    assert torch.allclose(o1, o3)
+    o4, l4 = attention_kvcache_reference(q, k, v, sl, bt, sinks=torch.full((32,), 1e4))
+    assert o4.abs().max() < 1e-6 and torch.allclose(l4[1:], torch.full_like(l4[1:], 1e4))
+    # window 0: only the last key
+    o5, _ = attention_kvcache_reference(q, k, v, sl, bt, window_size=(0, 0))
+    last = gather_kv_cache(v, bt, sl, 2)[-1].float().repeat_interleave(4, dim=0)
+    assert torch.allclose(o5[2, 0], last, atol=1e-6)

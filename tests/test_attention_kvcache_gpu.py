@@ -1,0 +1,250 @@
+"""Attention over a paged or dense KV cache (``bundle.attention_kvcache``) on a GPU, against the
+float32 reference on the gathered K/V (``factory.testing.attention_kvcache_reference``).
+
+Every attention_kvcache variant of the bundle launched by name: every page size, ragged lengths
+(0, 1, a partly filled last page, several key tiles), GQA / MQA / MHA, seqlen_q 1 / 4 / 16
+(bottom-right causal); pages handed out in a shuffled order, the pool's unused pages and the
+block table's unused entries pointing at NaN pages, NaN-poisoned o and lse.  The switch build:
+a left window, softcap, sinks, each alone and together.  Selection through ``attention_kvcache``
+over batch 1-64; a CUDA-graph replay with lengths and block tables changed between replays; a
+bad block table refused under ``check_varlen=True`` in a subprocess that then still computes.
+Skips without a GPU or without attention_kvcache variants in ``$FACTORY_BUNDLE``.
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from test_attention_gpu import BUNDLE  # noqa: E402
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+DT = {"bf16": torch.bfloat16, "f16": torch.float16}
+TOL = {torch.bfloat16: 1e-2, torch.float16: 3e-3}
+
+
+@pytest.fixture(scope="module")
+def bundle():
+    from factory.runtime import Bundle
+
+    if not (BUNDLE / "manifest.json").exists():
+        pytest.skip(f"no bundle at {BUNDLE} (set FACTORY_BUNDLE)")
+    b = Bundle.open(BUNDLE)
+    if not b.candidates("attention_kvcache"):
+        pytest.skip(f"{BUNDLE} has no attention_kvcache variant for this device")
+    return b
+
+
+def entries(bundle, **want):
+    return [e for e in bundle.candidates("attention_kvcache") if all(e.get(k) == v for k, v in want.items())]
+
+
+def make_cache(lens, hkv, d, dtype, page_size, gen, spare_pages=3):
+    """(k_cache, v_cache, block_table) holding random K/V for sequences of ``lens`` keys: a paged
+    pool (page_size given) with the pages dealt out in a shuffled order, or a dense
+    (B, max, Hkv, D) cache (page_size None).  Every row no sequence uses is NaN, and the block
+    table's unused entries point at a NaN page."""
+    b = len(lens)
+    if page_size is None:
+        cap = max(max(lens), 1) + 5
+        k = torch.full((b, cap, hkv, d), math.nan, dtype=dtype, device="cuda")
+        v = k.clone()
+        for i, n in enumerate(lens):
+            k[i, :n] = torch.randn(n, hkv, d, device="cuda", generator=gen).to(dtype)
+            v[i, :n] = torch.randn(n, hkv, d, device="cuda", generator=gen).to(dtype)
+        return k, v, None
+    need = [-(-n // page_size) for n in lens]
+    max_pages = max(max(need), 1) + 1
+    total = sum(need) + spare_pages
+    k = torch.full((total, page_size, hkv, d), math.nan, dtype=dtype, device="cuda")
+    v = k.clone()
+    order = torch.randperm(total, device="cuda", generator=gen).to(torch.int32)
+    nan_page = order[-1].item()
+    bt = torch.full((b, max_pages), nan_page, dtype=torch.int32, device="cuda")
+    at = 0
+    for i, n in enumerate(lens):
+        pages = order[at: at + need[i]]
+        at += need[i]
+        bt[i, : need[i]] = pages
+        for j, pg in enumerate(pages.tolist()):
+            rows = min(page_size, n - j * page_size)
+            k[pg, :rows] = torch.randn(rows, hkv, d, device="cuda", generator=gen).to(dtype)
+            v[pg, :rows] = torch.randn(rows, hkv, d, device="cuda", generator=gen).to(dtype)
+    return k, v, bt
+
+
+def run_case(bundle, e, lens, hq, hkv, sq, page_size, gen, **opts):
+    from factory.testing import attention_kvcache_reference
+
+    dtype, d = DT[e["dtype"]], e["head_dim"]
+    k, v, bt = make_cache(lens, hkv, d, dtype, page_size, gen)
+    q = torch.randn(len(lens), sq, hq, d, device="cuda", generator=gen).to(dtype)
+    seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    out = torch.full_like(q, math.nan)
+    o, lse = bundle.attention_kvcache(q, k, v, seqlens, block_table=bt, return_lse=True, out=out,
+                                      variant=e["name"], **opts)
+    assert o is out
+    ref_o, ref_lse = attention_kvcache_reference(
+        q, k, v, seqlens, bt, causal=True, scale=opts.get("softmax_scale"),
+        window_size=opts.get("window_size", (-1, -1)), softcap=opts.get("softcap", 0.0), sinks=opts.get("sinks"))
+    what = f"{e['name']} lens={lens} H{hq}/{hkv} Sq{sq} page={page_size} {sorted(opts)}"
+    assert not o.isnan().any(), f"{what}: NaN in o"
+    assert not lse.isnan().any(), f"{what}: NaN in lse"
+    err = ((o.float() - ref_o).norm() / ref_o.norm().clamp_min(1e-6)).item()
+    assert err < TOL[dtype], f"{what}: relative error {err:.2e}"
+    empty = torch.isinf(ref_lse)
+    assert torch.equal(torch.isinf(lse) & (lse < 0), empty), f"{what}: -inf LSE rows differ"
+    assert (o.transpose(1, 2)[empty] == 0).all(), f"{what}: rows with no key are not 0"
+    if (~empty).any():
+        lerr = (lse[~empty] - ref_lse[~empty]).abs().max().item()
+        assert lerr < 2e-2, f"{what}: LSE error {lerr:.2e}"
+
+
+PAGE_SIZES = (1, 8, 16, 32, 64, 128, 256)
+# (lens, Hq, Hkv, Sq)
+CASES = [
+    ([0, 1, 77, 1000], 32, 8, 1),      # empty, one key, partial pages, many tiles
+    ([4109, 65], 16, 1, 1),            # MQA 16, a long one beside a short one
+    ([300, 129, 64], 8, 8, 1),         # MHA
+    ([999, 3, 513], 32, 8, 4),         # speculative: 4 queries, Sq > L for one sequence
+    ([513, 20], 32, 8, 16),            # 64 rows: four row blocks
+]
+
+
+@pytest.mark.parametrize("page_size", (None,) + PAGE_SIZES)
+def test_every_variant(bundle, page_size):
+    gen = torch.Generator(device="cuda").manual_seed(7 + (page_size or 0))
+    es = entries(bundle, paged=page_size is not None)
+    if not es:
+        pytest.skip("no variant for this cache layout")
+    with torch.no_grad():
+        for e in es:
+            cases = CASES if page_size in (None, 16) or e["kv_splits"] == 1 else CASES[:2]
+            for lens, hq, hkv, sq in cases:
+                run_case(bundle, e, lens, hq, hkv, sq, page_size, gen)
+
+
+@pytest.mark.parametrize("opts", [
+    dict(window_size=(100, 0)),
+    dict(window_size=(0, -1)),
+    dict(softcap=5.0),
+    dict(sinks="rand"),
+    dict(window_size=(37, 0), softcap=30.0, sinks="rand", softmax_scale=0.05),
+])
+def test_switches(bundle, opts):
+    es = [e for e in bundle.candidates("attention_kvcache") if e.get("local") and e.get("softcap") and e.get("sinks")]
+    if not es:
+        pytest.skip("no switch build")
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    with torch.no_grad():
+        for e in es:
+            for page_size in ((16, 64, 1) if e["paged"] else (None,)):
+                for lens, hq, hkv, sq in CASES[:2] + CASES[3:4]:
+                    o = dict(opts)
+                    if o.get("sinks") == "rand":
+                        o["sinks"] = torch.randn(hq, device="cuda", generator=gen) * 2
+                    run_case(bundle, e, lens, hq, hkv, sq, page_size, gen, **o)
+
+
+@pytest.mark.parametrize("batch", (1, 4, 16, 64))
+def test_selection(bundle, batch):
+    if not entries(bundle, paged=True, dtype="bf16", head_dim=128):
+        pytest.skip("no bf16 D128 paged variant")
+    from factory.runtime.kvcache import plan
+
+    gen = torch.Generator(device="cuda").manual_seed(batch)
+    lens = [int(x) for x in torch.randint(0, 3000, (batch,), generator=gen.manual_seed(batch), device="cuda")]
+    if batch > 1:
+        lens[0] = 0
+    k, v, bt = make_cache(lens, 8, 128, torch.bfloat16, 16, gen, spare_pages=1)
+    q = torch.randn(batch, 1, 32, 128, device="cuda", generator=gen).to(torch.bfloat16)
+    sl = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    from factory.testing import attention_kvcache_reference
+
+    with torch.no_grad():
+        o = bundle.attention_kvcache(q, k, v, sl, block_table=bt)
+        pl = plan(bundle, batch=batch, seqlen_q=1, heads_q=32, heads_kv=8, head_dim=128, max_pages=bt.shape[1],
+                  page_size=16)
+        o2 = bundle.attention_kvcache(q, k, v, sl, block_table=bt, plan=pl)
+    ref, _ = attention_kvcache_reference(q, k, v, sl, bt)
+    assert ((o.float() - ref).norm() / ref.norm().clamp_min(1e-6)).item() < 1e-2
+    assert torch.equal(o, o2)
+
+
+def test_graph_replay_changed_lengths_and_tables(bundle):
+    es = entries(bundle, paged=True, dtype="bf16", head_dim=128)
+    if not es:
+        pytest.skip("no bf16 D128 paged variant")
+    from factory.testing import attention_kvcache_reference
+
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    b, hq, hkv, d, ps, max_pages = 4, 32, 8, 128, 16, 40
+    pool = 200
+    k = torch.randn(pool, ps, hkv, d, device="cuda", generator=gen).to(torch.bfloat16)
+    v = torch.randn(pool, ps, hkv, d, device="cuda", generator=gen).to(torch.bfloat16)
+    q = torch.randn(b, 1, hq, d, device="cuda", generator=gen).to(torch.bfloat16)
+    bt = torch.zeros(b, max_pages, dtype=torch.int32, device="cuda")
+    sl = torch.zeros(b, dtype=torch.int32, device="cuda")
+    out = torch.empty_like(q)
+    pl = bundle.plan_kvcache(batch=b, seqlen_q=1, heads_q=hq, heads_kv=hkv, head_dim=d, max_pages=max_pages,
+                             page_size=ps)
+    with torch.no_grad():
+        bundle.attention_kvcache(q, k, v, sl, block_table=bt, out=out, plan=pl)  # loads the module
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            with torch.cuda.graph(g, stream=s):
+                bundle.attention_kvcache(q, k, v, sl, block_table=bt, out=out, plan=pl)
+        torch.cuda.current_stream().wait_stream(s)
+        for step in range(3):
+            lens = torch.randint(0, max_pages * ps + 1, (b,), generator=gen, device="cuda").to(torch.int32)
+            if step == 1:
+                lens[1] = 0
+            sl.copy_(lens)
+            bt.copy_(torch.randperm(pool, device="cuda", generator=gen)[: b * max_pages].view(b, max_pages))
+            q.copy_(torch.randn(b, 1, hq, d, device="cuda", generator=gen))
+            out.fill_(math.nan)
+            g.replay()
+            torch.cuda.synchronize()
+            ref, _ = attention_kvcache_reference(q, k, v, sl, bt)
+            assert not out.isnan().any()
+            assert ((out.float() - ref).norm() / ref.norm().clamp_min(1e-6)).item() < 1e-2, f"replay {step}"
+
+
+def test_bad_block_table_in_subprocess(bundle):
+    """check_varlen=True refuses out-of-range page indices and lengths past the cache before any
+    launch; the process then still computes."""
+    src = textwrap.dedent(f"""
+        import torch
+        from factory.runtime import Bundle, InputError
+        b = Bundle.open({str(BUNDLE)!r})
+        q = torch.randn(2, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(10, 16, 8, 128, device="cuda", dtype=torch.bfloat16)
+        bt = torch.tensor([[0, 1, 2], [3, 10**6, 5]], dtype=torch.int32, device="cuda")
+        sl = torch.tensor([40, 40], dtype=torch.int32, device="cuda")
+        for t, l in ((bt, sl), (bt.clamp(max=9), torch.tensor([40, 49], dtype=torch.int32, device="cuda"))):
+            try:
+                b.attention_kvcache(q, k, k, l, block_table=t, check_varlen=True)
+                raise SystemExit("not refused")
+            except InputError as e:
+                print("refused:", e)
+        o = b.attention_kvcache(q, k, k, sl, block_table=bt.clamp(max=9))
+        torch.cuda.synchronize()
+        assert not o.isnan().any()
+        print("ok")
+    """)
+    r = subprocess.run([sys.executable, "-c", src], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.count("refused:") == 2 and r.stdout.strip().endswith("ok"), r.stdout
