@@ -131,7 +131,7 @@ def _compile(target: str, out_dir: Path, pattern: str) -> dict:
 def test_compile_sm80_family_switches(tmp_path):
     """The window/softcap/sink variant (sm_90 portability build): mma.sync, cp.async gathers,
     tanh for the softcap, no local memory, the header's arguments in the contract's order."""
-    report = _compile("sm_90", tmp_path, "*_win_cap_sink*")
+    report = _compile("sm_90", tmp_path, "attention_kvcache_sm90_*_m128_*_win_cap_sink*")
     assert len(report) == 1
     for name, r in report.items():
         h = r["hist"]
@@ -155,3 +155,48 @@ def test_compile_sm90_paged(tmp_path):
         else:
             assert h.get("LDGSTS.E.BYPASS.128", 0) > 0 and h.get("ARRIVES.LDGSTSBAR.64.ARVCNT", 0) > 0, name
         assert r["params"] == ["module", *r["args"], "stream"], name
+
+
+def _entries(target: str, tier: str = "test"):
+    return [{"name": v.name, "family": v.family, "target": v.target, **v.describe()}
+            for v in _variants(target, tier)]
+
+
+def _problem(**kw):
+    from factory.runtime.kvcache import Problem
+
+    base = dict(batch=4, seqlen_q=512, heads_q=32, heads_kv=8, head_dim=128, max_seqlen_k=8192,
+                dtype="bf16", kv_dtype="bf16", page_size=16, causal=True, local=False, softcap=False,
+                sinks=False, varlen_q=False)
+    return Problem(**{**base, **kw})
+
+
+def test_selection_hopper():
+    """On a 9.0 device (sm_90a candidates before sm_90): page sizes of whole TMA boxes take the
+    sm90 TMA variant, smaller ones its cp.async gather; switches the sm90 family lacks (window,
+    softcap, sinks, fp8) and a dense cache fall to the sm80 family's sm_90 build."""
+    from factory.runtime.kvcache import select
+
+    cands = _entries("sm_90a") + _entries("sm_90")
+    pick = lambda **kw: select(cands, _problem(**kw))  # noqa: E731
+    assert pick(page_size=128)["kv_loads"] == "tma"
+    assert pick(page_size=64, seqlen_q=2048)["kv_loads"] == "tma"
+    assert pick(page_size=16)["kv_loads"] == "cp.async" and pick(page_size=16)["family"] == "sm90"
+    assert pick(page_size=128, varlen_q=True)["varlen"]
+    e = pick(head_dim=64, dtype="f16", kv_dtype="f16", local=True, softcap=True, sinks=True, varlen_q=True)
+    assert e["family"] == "sm80" and e["target"] == "sm_90"
+    e = pick(kv_dtype="e4m3", page_size=None, causal=False)
+    assert e["family"] == "sm80" and e["kv_dtype"] == "e4m3" and not e["paged"]
+
+
+def test_selection_ampere_ada():
+    """sm_80 / sm_89 devices: the sm80 family for every seqlen_q (no decode family there)."""
+    from factory.runtime.kvcache import select
+
+    for t in ("sm_80", "sm_89"):
+        cands = _entries(t, "default")
+        for sq in (1, 4, 17, 2048):
+            e = select(cands, _problem(seqlen_q=sq, page_size=16))
+            assert e["family"] == "sm80" and e["paged"] and e["causal"], (t, sq)
+    e = select(_entries("sm_89", "default"), _problem(kv_dtype="e4m3", page_size=256))
+    assert e["kv_dtype"] == "e4m3"

@@ -73,7 +73,7 @@ _RESERVED_SMEM = 1024  # per CTA, by the driver
 class AttentionDecode(AttentionVariant):
     family: ClassVar[str] = "sm90_decode"
     sources = ("attention/decode.py", "attention/contract.py", "attention/base.py", "attention/mask.py",
-               "attention/keyrange.py", "attention/softmax.py", "attention/kv_load.py", "atoms/sm80.py",
+               "attention/keyrange.py", "attention/softmax.py", "attention/mma_sync.py", "atoms/sm80.py",
                "atoms/common.py")
     HEAD_DIMS = HEAD_DIMS
 

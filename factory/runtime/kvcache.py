@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from . import validate
-from .attention import DECODE_MAX_SEQLEN_Q, DECODE_ROWS, _sm_count, decode_pick, split_workspace
+from .attention import DECODE_MAX_SEQLEN_Q, DECODE_ROWS, decode_pick, split_workspace
 from .errors import InputError, NoVariantError
 
 OP = "attention_kvcache"
@@ -129,10 +129,22 @@ def _pick_decode(entries: list[dict], p: Problem, sms: int) -> dict | None:
     return next((e for e in same if int(e["kv_splits"]) == n), None)
 
 
+def _pick_prefill(entries: list[dict], p: Problem, sms: int) -> dict | None:
+    """sm90 (sm_90a: K/V by TMA page boxes, or cp.async row gathers for any page size) and sm80
+    (cp.async row gathers; Ampere/Ada/sm_120, and the sm_90 build): any seqlen_q, dense or packed
+    q.  TMA page boxes where the page size takes them (the variant admits it), the default tile
+    first."""
+    tma = [e for e in entries if e.get("kv_loads") == "tma"]
+    pool = tma or entries
+    return next((e for e in pool if e.get("preferred")), pool[0])
+
+
 # (family, rule): best first.  A rule gets the family's variants that implement the problem
 # (fewest extra switches first) and returns one, or None when the family does not serve it.
 FAMILIES: list[tuple[str, Callable[[list[dict], Problem, int], dict | None]]] = [
     ("sm90_decode", _pick_decode),
+    ("sm90", _pick_prefill),
+    ("sm80", _pick_prefill),
 ]
 
 
@@ -265,7 +277,7 @@ def choose(bundle, p: Problem) -> dict:
     e = cache.get(p)
     if e is None:
         try:
-            e = select(bundle.candidates(OP), p, _sm_count())
+            e = select(bundle.candidates(OP), p, bundle.device_info()["sm_count"])
         except NoVariantError as err:
             raise NoVariantError(f"{err} (on {bundle.device_name()}; {bundle.describe_contents(OP)}"
                                  f"{_blackwell_note(bundle)})") from None
