@@ -53,8 +53,8 @@ def test_test_tier_has_each_switch():
 
 def test_fp8_only_where_the_target_converts():
     for t in ("sm_80", "sm_86"):
-        assert not [v for v in _variants(t, "test") + _variants(t, "default") if v.kv_dtype == "e4m3"], t
-    assert [v for v in _variants("sm_89", "default") if v.kv_dtype == "e4m3"]
+        assert not [v for v in _variants(t, "test") + _variants(t, "full") if v.kv_dtype == "e4m3"], t
+    assert [v for v in _variants("sm_89", "full") if v.kv_dtype == "e4m3"]
     from factory.attention.sm80 import AttentionKvcacheSm80
 
     v = AttentionKvcacheSm80(target="sm_80", dtype="bf16", kv_dtype="e4m3", head_dim=128, tile_m=128,
@@ -143,15 +143,16 @@ def test_compile_sm80_family_switches(tmp_path):
 
 def test_compile_sm90_paged(tmp_path):
     """sm_90a: the TMA page-box variant loads K/V with 4D TMA boxes and no LDGSTS, the gather
-    variant with LDGSTS and per-thread barrier arrives; both on HGMMA."""
+    variant with LDGSTS and per-thread barrier arrives (its producer's 40 registers: no local
+    memory); both on HGMMA."""
     report = _compile("sm_90a", tmp_path, "*bf16_d128*causal_ov_pp*")
     assert {r["page_box"] for r in report.values()} == {0, 64}
     for name, r in report.items():
         h = r["hist"]
         assert not r["missing"], (name, r["missing"])
+        assert not any(op.startswith(("LDL", "STL")) for op in h), (name, "local memory")
         if r["page_box"]:
             assert h.get("UTMALDG.4D", 0) >= 3 and not h.get("LDGSTS.E.BYPASS.128"), name
-            assert not any(op.startswith(("LDL", "STL")) for op in h), name
         else:
             assert h.get("LDGSTS.E.BYPASS.128", 0) > 0 and h.get("ARRIVES.LDGSTSBAR.64.ARVCNT", 0) > 0, name
         assert r["params"] == ["module", *r["args"], "stream"], name
@@ -198,5 +199,5 @@ def test_selection_ampere_ada():
         for sq in (1, 4, 17, 2048):
             e = select(cands, _problem(seqlen_q=sq, page_size=16))
             assert e["family"] == "sm80" and e["paged"] and e["causal"], (t, sq)
-    e = select(_entries("sm_89", "default"), _problem(kv_dtype="e4m3", page_size=256))
+    e = select(_entries("sm_89", "full"), _problem(kv_dtype="e4m3", page_size=256))
     assert e["kv_dtype"] == "e4m3"

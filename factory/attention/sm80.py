@@ -360,11 +360,23 @@ def enumerate_attention_kvcache(target: Target, tier: str) -> list[AttentionKvca
             make("bf16", 128, "e4m3", paged=False, causal=False),
             make("bf16", 64, "e4m3", causal=False, local=True, varlen=True),
         ]
+    elif tier == "default":
+        # What the selection picks where this family is the only prefill kernel (Ampere, Ada,
+        # sm_120): chunked prefill / speculative verification, bf16, head_dim 128, causal, paged
+        # (any page size), dense and packed q.  (The sm_90 build: Hopper takes the sm90 family's.)
+        # Build-time budget of the default bundle: other dtypes, head_dims, fp8 and the switches
+        # are in "full".
+        if target.name == "sm_90":
+            return []
+        out = [make("bf16", 128, varlen=vl) for vl in (False, True)]
     else:
-        # Chunked prefill and speculative verification against a cache: causal, paged, dense or
-        # packed q, each dtype and head_dim; fp8 caches where the target converts e4m3.
-        out = [make(dt, d, kv, varlen=vl) for dt in DTYPES for d in HEAD_DIMS
-               for kv in (None, "e4m3") for vl in (False, True)]
+        # Every dtype, head_dim, cache dtype (fp8 where the target converts e4m3) and q form,
+        # plain and with every switch on (a variant with a switch on serves calls without it:
+        # window -1, softcap 0, sinks -inf), and the dense-cache form.
+        out = [make(dt, d, kv, varlen=vl, **sw) for dt in DTYPES for d in HEAD_DIMS
+               for kv in (None, "e4m3") for vl in (False, True)
+               for sw in ({}, {"local": True, "softcap": True, "sinks": True})]
+        out += [make(dt, d, paged=False, varlen=vl) for dt in DTYPES for d in HEAD_DIMS for vl in (False, True)]
     return [v for v in out if v.can_implement() is None]
 
 

@@ -336,6 +336,18 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm90]:
 # Attention over a paged KV cache (contract.signature_kvcache): chunked prefill and speculative
 # verification against a cached prefix, K/V by TMA one page box at a time
 # ------------------------------------------------------------------------------------------------
+def register_split(consumers: int, gather: bool = False) -> tuple[int, int]:
+    """setmaxnreg budgets (producer, consumer) per thread.  The cp.async gather producer computes
+    row addresses in all 128 threads: 24 registers spilled, so it takes 40 (2 consumers: 40 +
+    2·232 = 504 of 512 per thread slot)."""
+    if gather and consumers == 2:
+        return GATHER_PRODUCER_REGS, GATHER_CONSUMER_REGS
+    return atoms.PRODUCER_REGS[consumers], atoms.CONSUMER_REGS[consumers]
+
+
+GATHER_PRODUCER_REGS, GATHER_CONSUMER_REGS = 40, 232
+
+
 # Rows of one K/V TMA box: the smallest page size this family reads by TMA (smaller pages go to
 # the sm80 family's cp.async row gathers).  Pages of 64, 128 and 256 rows are whole boxes.
 PAGE_BOX = 64
@@ -396,6 +408,8 @@ class AttentionKvcacheSm90(AttentionSm90):
         d["page_sizes"] = [p for p in contract.PAGE_SIZES if p >= self.page_box]
         d["page_box"] = self.page_box
         d["kv_loads"] = "tma" if self.page_box else "cp.async"
+        producer, consumer = register_split(self.consumers, gather=not self.page_box)
+        d["registers_per_role"] = {"producer": producer, "consumer": consumer}
         return d
 
     def make_kernel(self):
@@ -424,7 +438,13 @@ def enumerate_attention_kvcache(target: Target, tier: str) -> list[AttentionKvca
         out = [make("bf16", 128, False), make("bf16", 128, True), make("bf16", 128, False, page_box=0),
                make("f16", 64, True, page_box=0)]
         return [v for v in out if v.can_implement() is None]
-    out = [make(dt, d, vl) for dt in DTYPES for d in (64, 128) for vl in (False, True)]
+    if tier == "default":
+        # bf16, head_dim 128, dense and packed q: TMA page boxes (pages of 64-256 rows) and the
+        # cp.async gathers (any page size).  Other dtypes and head_dims: "full".
+        out = [make("bf16", 128, vl, page_box=pb) for vl in (False, True) for pb in (PAGE_BOX, 0)]
+    else:
+        out = [make(dt, d, vl, page_box=pb) for dt in DTYPES for d in (64, 128) for vl in (False, True)
+               for pb in (PAGE_BOX, 0)]
     return [v for v in out if v.can_implement() is None]
 
 
@@ -459,8 +479,7 @@ class FlashFwdSm90:
         self.gather = gather
         self.consumers = tile_m // WG_ROWS
         self.threads = 128 * (1 + self.consumers)
-        self.producer_regs = atoms.PRODUCER_REGS[self.consumers]
-        self.consumer_regs = atoms.CONSUMER_REGS[self.consumers]
+        self.producer_regs, self.consumer_regs = register_split(self.consumers, gather)
 
     # --- host ------------------------------------------------------------------------------------
     @cute.jit
