@@ -201,3 +201,11 @@ def test_selection_ampere_ada():
             assert e["family"] == "sm80" and e["paged"] and e["causal"], (t, sq)
     e = select(_entries("sm_89", "full"), _problem(kv_dtype="e4m3", page_size=256))
     assert e["kv_dtype"] == "e4m3"
+
+
+def test_proof_levels():
+    """executed only for the build whose SASS ran (the sm90a TMA page-box variants); the others
+    are proven by their SASS until their GPU test passes on them."""
+    for v in _variants("sm_90", "test") + _variants("sm_90a", "test"):
+        want = "executed" if getattr(v, "page_box", 0) else "sass-only"
+        assert v.proof_level() == want, v.name
