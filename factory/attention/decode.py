@@ -1,6 +1,7 @@
 """Decode attention (seqlen_q 1-16) for sm_90: packed query rows, key-split warps, split-KV
 combined inside the launch (a cluster's CTAs through DSMEM) or by a second, PDL-launched kernel.
-Our own CuTe DSL kernel (mma.sync + cp.async, like the sm80 family it borrows its tile code from).
+Our own CuTe DSL kernel (mma.sync + cp.async; its key loop is the attention toolkit's mma.sync
+mainloop, mma_sync.py, which the sm80 family runs too).
 
 Why a kernel of its own (notes/attention-decode.md): the sm80 family's decode variants give every
 CTA a 64-row query tile for the 4 real rows of a GQA group (one row per q head, seqlen_q = 1), so
@@ -48,13 +49,13 @@ import cutlass.cute as cute
 import cutlass.utils
 from cutlass.cute.nvgpu import cpasync, warp
 
-from ..abi import DTYPE_BYTES, Signature
+from ..abi import DTYPE_BYTES
 from ..atoms.common import add, quad_allreduce
 from ..atoms.sm80 import acc_mn_view
 from ..atoms.targets import Target
 from ..registry import register
-from . import contract, mask, mma_sync, softmax
-from .base import DTYPES, AttentionVariant, causal_field
+from . import mask, mma_sync, softmax
+from .base import DTYPES, AttentionKernel, AttentionVariant, causal_field
 from .softmax import LN_2, LOG2_E
 
 HEAD_DIMS = (64, 128)
@@ -152,15 +153,15 @@ class AttentionDecode(AttentionVariant):
             return f"cluster splits must be one of {CLUSTER_SPLITS}"
         if self.head_dim * ROWS % self.threads or self.head_dim * ROWS // self.threads % 4:
             return "each thread must own a multiple of 4 outputs of one row"
-        if self.smem_bytes() > t.smem_per_cta:
-            return f"needs {self.smem_bytes()} B of shared memory, {self.target} has {t.smem_per_cta}"
+        if (smem := self.smem_problem()) is not None:
+            return smem
         if self.min_ctas and (self.min_ctas * (self.smem_bytes() + _RESERVED_SMEM) > SMEM_PER_SM
                               or self.min_ctas * self.threads > 1024):
             return f"{self.min_ctas} CTAs do not fit one SM"
         return None
 
-    def signature(self) -> Signature:
-        return contract.signature(self.dtype, self.head_dim, False, 1 if self.cluster else self.splits)
+    def workspace_splits(self) -> int:
+        return 1 if self.cluster else self.splits  # cluster variants merge in the launch
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -251,17 +252,14 @@ def enumerate_decode(target: Target, tier: str) -> list[AttentionDecode]:
 # ------------------------------------------------------------------------------------------------
 # The kernel
 # ------------------------------------------------------------------------------------------------
-class FlashDecodeSm90:
+class FlashDecodeSm90(AttentionKernel):
     def __init__(self, *, dtype, head_dim: int, tile_n: int, warps: int, stages: int, causal: bool,
                  splits: int, cluster: bool, pdl: bool = False, ilp: bool = False, min_ctas: int = 0):
-        self.dtype = dtype
-        self.head_dim = head_dim
+        super().__init__(dtype=dtype, head_dim=head_dim, causal=causal)
         self.tile_n = tile_n
         self.warps = warps
         self.threads = 32 * warps
         self.stages = stages
-        self.causal = causal
-        self.mask = mask.MaskSpec(causal=causal)
         self.splits = splits
         self.cluster = cluster and splits > 1
         self.pdl = pdl
@@ -382,31 +380,8 @@ class FlashDecodeSm90:
 
         seqK = mK[batch, None, kv_head, None]
         seqV = mV[batch, None, kv_head, None]
-        thr_g2s = g2s.get_slice(tidx)
-        gK = cute.local_tile(seqK, (BN, D), (None, 0))
-        gV = cute.local_tile(seqV, (BN, D), (None, 0))
-        tKgK = thr_g2s.partition_S(gK)
-        tVgV = thr_g2s.partition_S(gV)
-        tKVsKV = thr_g2s.partition_D(sKV)
-        tKVcKV = thr_g2s.partition_S(cute.make_identity_tensor((BN, D)))
-
-        thr_mma = tiled_mma.get_slice(lane)
-        tSrQ = thr_mma.make_fragment_A(thr_mma.partition_A(sQ))
-        tSrK = thr_mma.make_fragment_B(thr_mma.partition_B(sKw[None, None, 0]))
-        tOrV = thr_mma.make_fragment_B(thr_mma.partition_B(sVtw[None, None, 1]))
-        acc_O = cute.make_rmem_tensor(thr_mma.partition_shape_C((ROWS, D)), cutlass.Float32)
-        acc_O.fill(0.0)
-        ldsm = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
-        ldsm_t = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=True, num_matrices=4), self.dtype)
-        s2r_Q = cute.make_tiled_copy_A(ldsm, tiled_mma).get_slice(lane)
-        s2r_K = cute.make_tiled_copy_B(ldsm, tiled_mma)
-        s2r_V = cute.make_tiled_copy_B(ldsm_t, tiled_mma)
-        thr_s2r_K = s2r_K.get_slice(lane)
-        thr_s2r_V = s2r_V.get_slice(lane)
-        tSsK = thr_s2r_K.partition_S(sKw)      # (CPY, BNW/16, D/16, 2S)
-        tSrK_v = thr_s2r_K.retile(tSrK)
-        tOsV = thr_s2r_V.partition_S(sVtw)     # (CPY, D/16, BNW/16, 2S)
-        tOrV_v = thr_s2r_V.retile(tOrV)
+        kv = mma_sync.kv_partitions(g2s, tidx, seqK, seqV, sKV, BN, D)
+        thr_mma, q_regs, frags, acc_O = mma_sync.operands(tiled_mma, lane, self.dtype, sQ, sKw, sVtw, (ROWS, D))
 
         if cutlass.const_expr(self.pdl):
             cute.arch.griddepcontrol_wait()  # the previous grid's writes are visible from here
@@ -429,30 +404,10 @@ class FlashDecodeSm90:
                 else:
                     dst.fill(0)
         cute.arch.cp_async_commit_group()
-        kv = (tKgK, tVgV, tKVsKV, tKVcKV)
-        mma_sync.ring_prologue(g2s, kv, n_lo, n_hi, k_len, BN, S)
-        cute.copy(s2r_Q, s2r_Q.partition_S(sQ), s2r_Q.retile(tSrQ))
-        row_max, row_sum = softmax.row_state(acc_O.shape[0][1] * acc_O.shape[1])
-
-        # ---- key tiles, last first; this warp computes its slice of each
-        for it in cutlass.range(n_hi - n_lo, unroll=1):
-            n_block, slot = mma_sync.ring_step(it, g2s, kv, n_lo, n_hi, k_len, BN, S)
-
-            acc_S = cute.make_rmem_tensor(thr_mma.partition_shape_C((ROWS, BNW)), cutlass.Float32)
-            acc_S.fill(0.0)
-            acc_S1 = None
-            if cutlass.const_expr(self.ilp):  # two independent chains
-                acc_S1 = cute.make_rmem_tensor(thr_mma.partition_shape_C((ROWS, BNW)), cutlass.Float32)
-                acc_S1.fill(0.0)
-            mma_sync.gemm_qk(tiled_mma, acc_S, tSrQ, tSrK, tSsK, tSrK_v, s2r_K, slot, acc_S1)
-
-            if n_block >= n_mask:
-                cS = thr_mma.partition_C(cute.make_identity_tensor((ROWS, BNW)))  # (row, col)
-                mask.apply_mask(self.mask, acc_mn_view(acc_S), acc_mn_view(cS), row0, n_block * BN + wid * BNW,
-                                q_len, k_len, group=group)
-            softmax.online_softmax(acc_mn_view(acc_S), row_max, row_sum, scale_log2, o_mn=acc_mn_view(acc_O))
-
-            mma_sync.gemm_pv(tiled_mma, acc_O, acc_S, self.dtype, tOsV, tOrV, tOrV_v, s2r_V, slot)
+        # ---- key tiles, last first; this warp computes its slice of each (mma_sync.py)
+        row_max, row_sum = mma_sync.mainloop(
+            self.mask, self.dtype, BN, S, (ROWS, BNW), g2s, kv, n_lo, n_hi, n_mask, q_len, k_len, tiled_mma,
+            thr_mma, q_regs, frags, acc_O, scale_log2, row0, group=group, key_slice=(wid, BNW), ilp=self.ilp)
 
         # ---- the warps' partials meet in the (now free) ring
         cute.arch.cp_async_wait_group(0)

@@ -17,6 +17,9 @@ Data flow per CTA:
     scale, rows reduced within the quad of threads that share them.
   * Epilogue: O / rowsum -> dtype -> smem (the Q region) -> 16-byte stores; LSE (natural log) by one
     thread per row.  A row with no visible key writes O = 0 and LSE = -inf.
+  The key loop is the attention toolkit's mma.sync mainloop (mma_sync.py: the ring, both GEMMs,
+  the mask of mask.py, the online softmax and finalisation of softmax.py), shared with the decode
+  family.
 
 Shared memory: the Q tile aliases the ring's last slot.  Q is read into registers before the first
 loop iteration's barrier, and that slot is first written (with the tile ``stages - 1`` ahead) after
@@ -48,12 +51,12 @@ import cutlass.cute as cute
 import cutlass.utils
 from cutlass.cute.nvgpu import cpasync, warp
 
-from ..abi import DTYPE_BYTES, Signature
+from ..abi import DTYPE_BYTES
 from ..atoms.sm80 import acc_mn_view
 from ..atoms.targets import Target
 from ..registry import register
-from . import contract, mask, mma_sync, softmax
-from .base import DTYPES, AttentionVariant, causal_field, varlen_field
+from . import mask, mma_sync, softmax
+from .base import DTYPES, AttentionKernel, AttentionVariant, causal_field, varlen_field
 from .softmax import LOG2_E
 
 MAX_SPLITS = 32
@@ -134,12 +137,7 @@ class AttentionSm80(AttentionVariant):
             return "split-KV is dense-only"
         if self.pack_gqa and (self.splits < 2 or self.causal or self.varlen):
             return "pack_gqa (seqlen_q == 1 decode) needs splits > 1, dense, non-causal"
-        if self.smem_bytes() > t.smem_per_cta:
-            return f"needs {self.smem_bytes()} B of shared memory, {self.target} has {t.smem_per_cta}"
-        return None
-
-    def signature(self) -> Signature:
-        return contract.signature(self.dtype, self.head_dim, self.varlen, self.splits)
+        return self.smem_problem()
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -223,21 +221,18 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm80]:
 # ------------------------------------------------------------------------------------------------
 # The kernel
 # ------------------------------------------------------------------------------------------------
-class FlashFwdSm80:
+class FlashFwdSm80(AttentionKernel):
     """Host side: ``dense``/``packed`` (the two calling conventions) build smem layouts, copy and
     MMA atoms and launch ``kernel``; device side: ``kernel`` and its jit helpers."""
 
     def __init__(self, *, dtype, head_dim: int, tile_m: int, tile_n: int, warps: int, stages: int,
                  causal: bool, splits: int = 1, pack_gqa: bool = False):
-        self.dtype = dtype
-        self.head_dim = head_dim
+        super().__init__(dtype=dtype, head_dim=head_dim, causal=causal)
         self.tile_m = tile_m
         self.tile_n = tile_n
         self.warps = warps
         self.threads = 32 * warps
         self.stages = stages
-        self.causal = causal
-        self.mask = mask.MaskSpec(causal=causal)
         self.splits = splits
         self.pack_gqa = pack_gqa
 
@@ -386,37 +381,12 @@ class FlashFwdSm80:
             # ---- gmem -> smem partitions (coordinates are tile-local: (row, col))
             thr_g2s = g2s.get_slice(tidx)
             gQ = cute.local_tile(seqQ, (BM, D), (m_block, 0))
-            gK = cute.local_tile(seqK, (BN, D), (None, 0))
-            gV = cute.local_tile(seqV, (BN, D), (None, 0))
             tQgQ = thr_g2s.partition_S(gQ)
             tQsQ = thr_g2s.partition_D(sQ)
             tQcQ = thr_g2s.partition_S(cute.make_identity_tensor((BM, D)))
-            tKgK = thr_g2s.partition_S(gK)
-            tVgV = thr_g2s.partition_S(gV)
-            tKVsKV = thr_g2s.partition_D(sKV)
-            tKVcKV = thr_g2s.partition_S(cute.make_identity_tensor((BN, D)))
-
+            kv = mma_sync.kv_partitions(g2s, tidx, seqK, seqV, sKV, BN, D)
             # ---- MMA partitions
-            thr_mma = tiled_mma.get_slice(tidx)
-            tSrQ = thr_mma.make_fragment_A(thr_mma.partition_A(sQ))
-            tSrK = thr_mma.make_fragment_B(thr_mma.partition_B(sKV[None, None, 0]))
-            tOrV = thr_mma.make_fragment_B(thr_mma.partition_B(sVt[None, None, 1]))
-            acc_O = cute.make_rmem_tensor(thr_mma.partition_shape_C((BM, D)), cutlass.Float32)
-            acc_O.fill(0.0)
-
-            ldsm = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4),
-                                       self.dtype)
-            ldsm_t = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=True, num_matrices=4),
-                                         self.dtype)
-            s2r_Q = cute.make_tiled_copy_A(ldsm, tiled_mma).get_slice(tidx)
-            s2r_K = cute.make_tiled_copy_B(ldsm, tiled_mma)
-            s2r_V = cute.make_tiled_copy_B(ldsm_t, tiled_mma)
-            thr_s2r_K = s2r_K.get_slice(tidx)
-            thr_s2r_V = s2r_V.get_slice(tidx)
-            tSsK = thr_s2r_K.partition_S(sKV)      # (CPY, N, K, 2S)
-            tSrK_v = thr_s2r_K.retile(tSrK)
-            tOsV = thr_s2r_V.partition_S(sVt)      # (CPY, D, BN/16, 2S)
-            tOrV_v = thr_s2r_V.retile(tOrV)
+            thr_mma, q_regs, frags, acc_O = mma_sync.operands(tiled_mma, tidx, self.dtype, sQ, sKV, sVt, (BM, D))
 
             # ---- prologue: Q, then the first S-1 K/V tiles (highest first), one group each
             for r in cutlass.range_constexpr(cute.size(tQsQ.shape[1])):
@@ -425,27 +395,10 @@ class FlashFwdSm80:
                 else:
                     tQsQ[None, r, None].fill(0)
             cute.arch.cp_async_commit_group()
-            kv = (tKgK, tVgV, tKVsKV, tKVcKV)
-            mma_sync.ring_prologue(g2s, kv, n_lo, n_hi, k_len, BN, S)
-            cute.copy(s2r_Q, s2r_Q.partition_S(sQ), s2r_Q.retile(tSrQ))
-            row_max, row_sum = softmax.row_state(acc_O.shape[0][1] * acc_O.shape[1])
-
-            # ---- main loop over key tiles, last first
-            for it in cutlass.range(n_hi - n_lo, unroll=1):
-                n_block, slot = mma_sync.ring_step(it, g2s, kv, n_lo, n_hi, k_len, BN, S)
-
-                acc_S = cute.make_rmem_tensor(thr_mma.partition_shape_C((BM, BN)), cutlass.Float32)
-                acc_S.fill(0.0)
-                mma_sync.gemm_qk(tiled_mma, acc_S, tSrQ, tSrK, tSsK, tSrK_v, s2r_K, slot)
-
-                if n_block >= n_mask:
-                    cS = thr_mma.partition_C(cute.make_identity_tensor((BM, BN)))  # (row, col)
-                    mask.apply_mask(self.mask, acc_mn_view(acc_S), acc_mn_view(cS), m0, n_block * BN,
-                                    q_len, k_len)
-                softmax.online_softmax(acc_mn_view(acc_S), row_max, row_sum, scale_log2,
-                                       o_mn=acc_mn_view(acc_O))
-
-                mma_sync.gemm_pv(tiled_mma, acc_O, acc_S, self.dtype, tOsV, tOrV, tOrV_v, s2r_V, slot)
+            # ---- key tiles, last first (mma_sync.py)
+            row_max, row_sum = mma_sync.mainloop(
+                self.mask, self.dtype, BN, S, (BM, BN), g2s, kv, n_lo, n_hi, n_mask, q_len, k_len,
+                tiled_mma, thr_mma, q_regs, frags, acc_O, scale_log2, m0)
 
             # ---- epilogue
             cute.arch.cp_async_wait_group(0)

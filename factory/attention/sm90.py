@@ -53,7 +53,6 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
@@ -62,7 +61,7 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
-from ..abi import DTYPE_BYTES, Signature
+from ..abi import DTYPE_BYTES
 from ..atoms import sm90 as atoms
 from ..atoms.smem import BARRIER_BYTES as _BARRIER_BYTES
 from ..atoms.smem import SMEM_ALIGN as _SMEM_ALIGN
@@ -70,7 +69,7 @@ from ..atoms.smem import STATIC_SMEM as _STATIC_SMEM
 from ..atoms.smem import round_up as _round_up
 from ..atoms.targets import Target
 from ..registry import register
-from . import contract, layout, mask, softmax
+from . import layout, mask, softmax
 from .base import DTYPES, AttentionVariant, causal_field, varlen_field
 from .softmax import LOG2_E
 
@@ -184,12 +183,7 @@ class AttentionSm90(AttentionVariant):
         live = self.tile_n // 2 + self.head_dim // 2 + self.tile_n // 4
         if live + 32 > atoms.CONSUMER_REGS[self.consumers]:
             return f"{live} live accumulator registers do not fit {atoms.CONSUMER_REGS[self.consumers]}"
-        if self.smem_bytes() + _STATIC_SMEM > t.smem_per_cta:
-            return f"needs {self.smem_bytes()} + {_STATIC_SMEM} B smem > {t.smem_per_cta}"
-        return None
-
-    def signature(self) -> Signature:
-        return contract.signature(self.dtype, self.head_dim, self.varlen)
+        return self.smem_problem(_STATIC_SMEM)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -335,48 +329,34 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm90]:
 # ------------------------------------------------------------------------------------------------
 # The kernel
 # ------------------------------------------------------------------------------------------------
-class FlashFwdSm90:
+class FlashFwdSm90(layout.TmaViewsKernel):
     """Host side: ``dense`` builds the smem layouts, TMA atoms and tiled MMAs and launches
     ``kernel``; device side: ``kernel``, ``produce``, ``consume`` and their helpers."""
 
     def __init__(self, *, dtype, head_dim: int, tile_m: int, tile_n: int, stages: int,
                  causal: bool, overlap: bool, pingpong: bool, early_rescale: bool = False,
                  persistent: bool = False, k_first: bool = False):
-        self.dtype = dtype
-        self.head_dim = head_dim
+        super().__init__(dtype=dtype, head_dim=head_dim, causal=causal)
         self.tile_m = tile_m
         self.tile_n = tile_n
         self.stages = stages
-        self.causal = causal
-        self.mask = mask.MaskSpec(causal=causal)
         self.overlap = overlap
         self.pingpong = pingpong
         self.early_rescale = early_rescale
         self.persistent = persistent
         self.k_first = k_first
         self.consumers = tile_m // WG_ROWS
+        self.cta_rows = tile_m
         self.threads = 128 * (1 + self.consumers)
         self.producer_regs = atoms.PRODUCER_REGS[self.consumers]
         self.consumer_regs = atoms.CONSUMER_REGS[self.consumers]
 
     # --- host ------------------------------------------------------------------------------------
-    @cute.jit
-    def dense(self, q: cute.Tensor, k: cute.Tensor, v: cute.Tensor, o: cute.Tensor,
-              lse: cute.Tensor, softmax_scale: cutlass.Float32, stream: cuda.CUstream):
-        mQ, mK, mVt, mO = layout.dense_views(q, k, v, o)  # (S, D, H, B); V (D, S, H, B)
-        grid = (cute.ceil_div(q.shape[1], self.tile_m), q.shape[2], q.shape[0])
+    # (dense, packed: layout.TmaViewsKernel)
+    def dense_grid(self, grid):
         if cutlass.const_expr(self.persistent):
             grid = (cutlass.min(grid[0] * grid[1] * grid[2], PERSISTENT_CTAS), 1, 1)
-        self._launch(mQ, mK, mVt, mO, lse, None, None, softmax_scale, grid, stream)
-
-    @cute.jit
-    def packed(self, q: cute.Tensor, k: cute.Tensor, v: cute.Tensor, o: cute.Tensor,
-               lse: cute.Tensor, cu_seqlens_q: cute.Tensor, cu_seqlens_k: cute.Tensor,
-               softmax_scale: cutlass.Float32, max_seqlen_q: cutlass.Int32, stream: cuda.CUstream):
-        # (T, D, H); V (D, T, H).  A CTA offsets these by its sequence's start.
-        mQ, mK, mVt, mO = layout.packed_views(q, k, v, o)
-        grid = (cute.ceil_div(max_seqlen_q, self.tile_m), q.shape[1], cu_seqlens_q.shape[0] - 1)
-        self._launch(mQ, mK, mVt, mO, lse, cu_seqlens_q, cu_seqlens_k, softmax_scale, grid, stream)
+        return grid
 
     @cute.jit
     def _launch(self, mQ, mK, mVt, mO, lse, mCuQ, mCuK, softmax_scale, grid, stream):
