@@ -18,18 +18,59 @@ tiles [n_lo, n_hi) are walked from the top, one cp.async commit group per tile, 
 * :func:`gemm_qk` — S = Q·Kᵀ (Q in registers, K by ldmatrix one k16 step ahead); ``acc_S1``: odd
   k-steps into a second accumulator (two independent chains), summed at the end;
 * :func:`gemm_pv` — O += P·V with P converted from the S accumulator in registers (its layout is
-  the A operand's: atoms/sm80.py ``acc_as_a_layout``) and V by ldmatrix.trans.
+  the A operand's: atoms/sm80.py ``acc_as_a_layout``) and V by ldmatrix.trans;
+* :func:`mainloop` — all of it: the ring prologue, Q into registers, then per key tile S, the
+  mask where the tile needs it (mask.py), the online softmax (softmax.py) and P·V; returns the
+  rows' running max and sum for the family's epilogue (over a KV cache also the softcap, the
+  window's lower tiles and fp8 rings, :func:`convert_slot`).
 
 ``kv`` is (tKgK, tVgV, tKVsKV, tKVcKV): the g2s partitions of the key-tiled K and V, of the ring,
-and of a (tile_n, D) identity tensor (row coordinates).
+and of a (tile_n, D) identity tensor (row coordinates) (:func:`kv_partitions`); :func:`operands`
+gives a thread's MMA operands.
 """
 
 from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
+from cutlass.cute.nvgpu import warp
 
-from ..atoms.sm80 import acc_as_a_layout
+from ..atoms.sm80 import acc_as_a_layout, acc_mn_view
+from . import mask, softmax
+
+
+def kv_partitions(g2s, tid, seqK, seqV, sKV, tile_n: int, head_dim: int):
+    """``kv``: thread ``tid``'s cp.async partitions of the key-tiled K and V of one sequence
+    ((keys, D) views), of the ring ``sKV`` and of a (tile_n, D) identity tensor."""
+    thr_g2s = g2s.get_slice(tid)
+    gK = cute.local_tile(seqK, (tile_n, head_dim), (None, 0))
+    gV = cute.local_tile(seqV, (tile_n, head_dim), (None, 0))
+    return (thr_g2s.partition_S(gK), thr_g2s.partition_S(gV), thr_g2s.partition_D(sKV),
+            thr_g2s.partition_S(cute.make_identity_tensor((tile_n, head_dim))))
+
+
+def operands(tiled_mma, tid, dtype, sQ, sK, sVt, o_tile):
+    """Thread ``tid``'s MMA slice and operands: ``q_regs`` (s2r_Q, sQ, tSrQ), ``frags`` (tSrK,
+    tSsK, tSrK_v, s2r_K, tOsV, tOrV, tOrV_v, s2r_V: K by ldmatrix, V by ldmatrix.trans from the
+    (D, keys, slots) view ``sVt``) and the zeroed O accumulator of ``o_tile`` (rows, D)."""
+    thr_mma = tiled_mma.get_slice(tid)
+    tSrQ = thr_mma.make_fragment_A(thr_mma.partition_A(sQ))
+    tSrK = thr_mma.make_fragment_B(thr_mma.partition_B(sK[None, None, 0]))
+    tOrV = thr_mma.make_fragment_B(thr_mma.partition_B(sVt[None, None, 1]))
+    acc_O = cute.make_rmem_tensor(thr_mma.partition_shape_C(o_tile), cutlass.Float32)
+    acc_O.fill(0.0)
+    ldsm = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), dtype)
+    ldsm_t = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=True, num_matrices=4), dtype)
+    s2r_Q = cute.make_tiled_copy_A(ldsm, tiled_mma).get_slice(tid)
+    s2r_K = cute.make_tiled_copy_B(ldsm, tiled_mma)
+    s2r_V = cute.make_tiled_copy_B(ldsm_t, tiled_mma)
+    thr_s2r_K = s2r_K.get_slice(tid)
+    thr_s2r_V = s2r_V.get_slice(tid)
+    tSsK = thr_s2r_K.partition_S(sK)      # (CPY, keys/16, D/16, 2S)
+    tSrK_v = thr_s2r_K.retile(tSrK)
+    tOsV = thr_s2r_V.partition_S(sVt)     # (CPY, D/16, keys/16, 2S)
+    tOrV_v = thr_s2r_V.retile(tOrV)
+    return thr_mma, (s2r_Q, sQ, tSrQ), (tSrK, tSsK, tSrK_v, s2r_K, tOsV, tOrV, tOrV_v, s2r_V), acc_O
 
 
 @cute.jit
@@ -149,4 +190,81 @@ def gemm_pv(tiled_mma, acc_O, acc_S, dtype: cutlass.Constexpr, tOsV, tOrV, tOrV_
         cute.gemm(tiled_mma, acc_O, tOrP[None, None, kk], tOrV[None, None, kk], acc_O)
 
 
-__all__ = ["gemm_pv", "gemm_qk", "load_kv", "load_kv_rows", "ring_prologue", "ring_step"]
+@cute.jit
+def convert_slot(thr_copy, ring8, ring, slot, dtype: cutlass.Constexpr):
+    """fp8 K and V of ``ring8``'s slot -> ``dtype`` into ``ring``'s slot 0 (exact: every e4m3 value
+    is a bf16 and an f16 value); ``thr_copy``: the thread's slice of the fp8 ring's copy."""
+    for i in cutlass.range_constexpr(2):
+        src = thr_copy.partition_S(ring8[None, None, 2 * slot + i])
+        dst = thr_copy.partition_D(ring[None, None, i])
+        r8 = cute.make_fragment_like(src)
+        cute.autovec_copy(src, r8)
+        dst.store(r8.load().to(dtype))
+
+
+@cute.jit
+def _mask_tile(spec: cutlass.Constexpr, acc_S, thr_mma, s_tile: cutlass.Constexpr, tile_n: cutlass.Constexpr,
+               n_block, row0, q_len, k_len, group, key_slice, win):
+    cS = thr_mma.partition_C(cute.make_identity_tensor(s_tile))  # (row, col)
+    n0 = n_block * tile_n
+    if cutlass.const_expr(key_slice is not None):
+        n0 = n_block * tile_n + key_slice[0] * key_slice[1]
+    mask.apply_mask(spec, acc_mn_view(acc_S), acc_mn_view(cS), row0, n0, q_len, k_len, group=group, win=win)
+
+
+@cute.jit
+def mainloop(spec: cutlass.Constexpr, dtype: cutlass.Constexpr, tile_n: cutlass.Constexpr,
+             stages: cutlass.Constexpr, s_tile: cutlass.Constexpr, g2s, kv, n_lo, n_hi, n_mask, q_len,
+             k_len, tiled_mma, thr_mma, q_regs, frags, acc_O, scale_log2, row0, group=None,
+             key_slice=None, ilp: cutlass.Constexpr = False, cache=None, win=(None, None),
+             mask_lo=None, softcap=None, fp8_ring=None):
+    """Key tiles [n_lo, n_hi) (``tile_n`` keys, a ring of ``stages`` slots) walked from the top
+    against the Q tile; tiles >= n_mask masked.  Call after Q's cp.async group is committed.
+    ``s_tile``: (rows, keys) of S this thread's MMA covers; ``q_regs``: (s2r_Q, sQ, tSrQ);
+    ``frags``: (tSrK, tSsK, tSrK_v, s2r_K, tOsV, tOrV, tOrV_v, s2r_V); fragment row r is query
+    ``row0 + r`` (``// group`` if given); ``key_slice`` (index, keys): this warp's keys start
+    ``index·keys`` into each tile; ``ilp``: S in two accumulator chains.  A KV cache: ``cache``
+    (:func:`load_kv_rows`), the window ``win`` (mask.window) with tiles < ``mask_lo`` masked too,
+    ``softcap`` (factor, on) (softmax.softcap_scores), ``fp8_ring`` (thr_copy, ring8, ring): the
+    ring holds fp8 tiles, each converted into the dtype ring's slot 0 before the MMAs
+    (:func:`convert_slot`).  Returns (row_max, row_sum)."""
+    s2r_Q, sQ, tSrQ = q_regs
+    tSrK, tSsK, tSrK_v, s2r_K, tOsV, tOrV, tOrV_v, s2r_V = frags
+    ring_prologue(g2s, kv, n_lo, n_hi, k_len, tile_n, stages, cache)
+    cute.copy(s2r_Q, s2r_Q.partition_S(sQ), s2r_Q.retile(tSrQ))
+    row_max, row_sum = softmax.row_state(acc_O.shape[0][1] * acc_O.shape[1])
+
+    for it in cutlass.range(n_hi - n_lo, unroll=1):
+        n_block, slot = ring_step(it, g2s, kv, n_lo, n_hi, k_len, tile_n, stages, cache)
+        if cutlass.const_expr(fp8_ring is not None):
+            # (the slot's previous readers passed ring_step's barrier; this one publishes it)
+            convert_slot(fp8_ring[0], fp8_ring[1], fp8_ring[2], slot, dtype)
+            cute.arch.barrier()
+            slot = 0
+
+        acc_S = cute.make_rmem_tensor(thr_mma.partition_shape_C(s_tile), cutlass.Float32)
+        acc_S.fill(0.0)
+        acc_S1 = None
+        if cutlass.const_expr(ilp):
+            acc_S1 = cute.make_rmem_tensor(thr_mma.partition_shape_C(s_tile), cutlass.Float32)
+            acc_S1.fill(0.0)
+        gemm_qk(tiled_mma, acc_S, tSrQ, tSrK, tSsK, tSrK_v, s2r_K, slot, acc_S1)
+
+        if cutlass.const_expr(softcap is not None):
+            softmax.softcap_scores(acc_S, softcap[0], softcap[1])
+        if cutlass.const_expr(mask_lo is None):
+            if n_block >= n_mask:
+                _mask_tile(spec, acc_S, thr_mma, s_tile, tile_n, n_block, row0, q_len, k_len, group,
+                           key_slice, win)
+        else:
+            if n_block >= n_mask or n_block < mask_lo:
+                _mask_tile(spec, acc_S, thr_mma, s_tile, tile_n, n_block, row0, q_len, k_len, group,
+                           key_slice, win)
+        softmax.online_softmax(acc_mn_view(acc_S), row_max, row_sum, scale_log2, o_mn=acc_mn_view(acc_O))
+
+        gemm_pv(tiled_mma, acc_O, acc_S, dtype, tOsV, tOrV, tOrV_v, s2r_V, slot)
+    return row_max, row_sum
+
+
+__all__ = ["convert_slot", "gemm_pv", "gemm_qk", "kv_partitions", "load_kv", "load_kv_rows", "mainloop", "operands",
+           "ring_prologue", "ring_step"]

@@ -55,7 +55,6 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
@@ -63,14 +62,14 @@ import cutlass.utils as utils
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, tcgen05
 from cutlass.utils import blackwell_helpers as bw
 
-from ..abi import DTYPE_BYTES, Signature
+from ..abi import DTYPE_BYTES
 from ..atoms import sm100 as atoms
 from ..atoms.smem import SMEM_ALIGN as _SMEM_ALIGN
 from ..atoms.smem import STATIC_SMEM as _STATIC_SMEM
 from ..atoms.smem import round_up as _round_up
 from ..atoms.targets import Target
 from ..registry import register
-from . import contract, keyrange, layout, mask
+from . import keyrange, layout, mask
 from . import sm100_logic as logic
 from .base import DTYPES, AttentionVariant, causal_field, varlen_field
 from .softmax import LN_2, LOG2_E
@@ -167,12 +166,7 @@ class AttentionSm100Fa4(AttentionVariant):
             return f"the structure is {Q_STAGES} Q tiles of {TILE_M} rows, {TILE_N}-key tiles"
         if self.tmem_cols > atoms.TMEM_COLUMNS:
             return f"needs {self.tmem_cols} TMEM columns"
-        if self.smem_bytes() + _STATIC_SMEM > t.smem_per_cta:
-            return f"needs {self.smem_bytes()} + {_STATIC_SMEM} B smem > {t.smem_per_cta}"
-        return None
-
-    def signature(self) -> Signature:
-        return contract.signature(self.dtype, self.head_dim, self.varlen)
+        return self.smem_problem(_STATIC_SMEM)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -242,17 +236,15 @@ def _ex2_combine(rounded: cutlass.Float32, frac_ex2: cutlass.Float32) -> cutlass
 # ------------------------------------------------------------------------------------------------
 # The kernel
 # ------------------------------------------------------------------------------------------------
-class FlashFwdSm100Fa4:
+class FlashFwdSm100Fa4(layout.TmaViewsKernel):
     def __init__(self, *, dtype, head_dim: int, causal: bool, stages: int, tmem_cols: int,
                  smem_plan: int, ex2_degree: int):
-        self.dtype = dtype
-        self.head_dim = head_dim
-        self.causal = causal
-        self.mask = mask.MaskSpec(causal=causal)
+        super().__init__(dtype=dtype, head_dim=head_dim, causal=causal)
         self.stages = stages
         self.tmem_cols = tmem_cols
         self.smem_plan = smem_plan
         self.ex2_degree = ex2_degree
+        self.cta_rows = CTA_M
         self.qk_tiler = (TILE_M, TILE_N, head_dim)
         self.pv_tiler = (TILE_M, head_dim, TILE_N)
         # TMEM columns (32-bit): S_s, P_s (inside S_s), O_s.
@@ -261,22 +253,7 @@ class FlashFwdSm100Fa4:
         self.tmem_o = (2 * TILE_N, 2 * TILE_N + head_dim)
 
     # --- host ------------------------------------------------------------------------------------
-    @cute.jit
-    def dense(self, q: cute.Tensor, k: cute.Tensor, v: cute.Tensor, o: cute.Tensor,
-              lse: cute.Tensor, softmax_scale: cutlass.Float32, stream: cuda.CUstream):
-        mQ, mK, mVt, mO = layout.dense_views(q, k, v, o)  # (S, D, H, B); V (D, S, H, B)
-        grid = (cute.ceil_div(q.shape[1], CTA_M), q.shape[2], q.shape[0])
-        self._launch(mQ, mK, mVt, mO, lse, None, None, softmax_scale, grid, stream)
-
-    @cute.jit
-    def packed(self, q: cute.Tensor, k: cute.Tensor, v: cute.Tensor, o: cute.Tensor,
-               lse: cute.Tensor, cu_seqlens_q: cute.Tensor, cu_seqlens_k: cute.Tensor,
-               softmax_scale: cutlass.Float32, max_seqlen_q: cutlass.Int32, stream: cuda.CUstream):
-        # (T, D, H); V (D, T, H).  A CTA offsets these by its sequence's start.
-        mQ, mK, mVt, mO = layout.packed_views(q, k, v, o)
-        grid = (cute.ceil_div(max_seqlen_q, CTA_M), q.shape[1], cu_seqlens_q.shape[0] - 1)
-        self._launch(mQ, mK, mVt, mO, lse, cu_seqlens_q, cu_seqlens_k, softmax_scale, grid, stream)
-
+    # (dense, packed: layout.TmaViewsKernel)
     @cute.jit
     def _launch(self, mQ, mK, mVt, mO, lse, mCuQ, mCuK, softmax_scale, grid, stream):
         dt, S = self.dtype, self.stages

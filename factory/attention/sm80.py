@@ -17,6 +17,9 @@ Data flow per CTA:
     scale, rows reduced within the quad of threads that share them.
   * Epilogue: O / rowsum -> dtype -> smem (the Q region) -> 16-byte stores; LSE (natural log) by one
     thread per row.  A row with no visible key writes O = 0 and LSE = -inf.
+  The key loop is the attention toolkit's mma.sync mainloop (mma_sync.py: the ring, both GEMMs,
+  the mask of mask.py, the online softmax and finalisation of softmax.py), shared with the decode
+  family.
 
 Shared memory: the Q tile aliases the ring's last slot.  Q is read into registers before the first
 loop iteration's barrier, and that slot is first written (with the tile ``stages - 1`` ahead) after
@@ -52,10 +55,10 @@ from ..abi import DTYPE_BYTES, Signature
 from ..atoms.common import cutlass_dtype
 from ..atoms.sm80 import acc_mn_view
 from ..atoms.targets import Target
-from ..variant import Variant
 from ..registry import register
+from ..variant import Variant
 from . import contract, mask, mma_sync, softmax
-from .base import DTYPES, AttentionVariant, causal_field, varlen_field
+from .base import DTYPES, AttentionKernel, AttentionVariant, causal_field, varlen_field
 from .softmax import LOG2_E
 
 MAX_SPLITS = 32
@@ -162,12 +165,7 @@ class AttentionSm80(AttentionVariant):
             return "split-KV is dense-only"
         if self.pack_gqa and (self.splits < 2 or self.causal or self.varlen):
             return "pack_gqa (seqlen_q == 1 decode) needs splits > 1, dense, non-causal"
-        if self.smem_bytes() > t.smem_per_cta:
-            return f"needs {self.smem_bytes()} B of shared memory, {self.target} has {t.smem_per_cta}"
-        return None
-
-    def signature(self) -> Signature:
-        return contract.signature(self.dtype, self.head_dim, self.varlen, self.splits)
+        return self.smem_problem()
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -391,21 +389,18 @@ def enumerate_attention_kvcache(target: Target, tier: str) -> list[AttentionKvca
 # ------------------------------------------------------------------------------------------------
 # The kernel
 # ------------------------------------------------------------------------------------------------
-class FlashFwdSm80:
+class FlashFwdSm80(AttentionKernel):
     """Host side: ``dense``/``packed`` (the two calling conventions) build smem layouts, copy and
     MMA atoms and launch ``kernel``; device side: ``kernel`` and its jit helpers."""
 
     def __init__(self, *, dtype, head_dim: int, tile_m: int, tile_n: int, warps: int, stages: int,
                  causal: bool, splits: int = 1, pack_gqa: bool = False, kv: "KvOptions | None" = None):
-        self.dtype = dtype
-        self.head_dim = head_dim
+        super().__init__(dtype=dtype, head_dim=head_dim, causal=causal, local=kv is not None and kv.local)
         self.tile_m = tile_m
         self.tile_n = tile_n
         self.warps = warps
         self.threads = 32 * warps
         self.stages = stages
-        self.causal = causal
-        self.mask = mask.MaskSpec(causal=causal, local=kv is not None and kv.local)
         self.splits = splits
         self.pack_gqa = pack_gqa
         # Attention over a KV cache (paged or dense, per-sequence key counts on the device): the
@@ -667,50 +662,26 @@ class FlashFwdSm80:
             tQgQ = thr_g2s.partition_S(gQ)
             tQsQ = thr_g2s.partition_D(sQ)
             tQcQ = thr_g2s.partition_S(cute.make_identity_tensor((BM, D)))
+            cache = None
+            fp8_ring = None
             if cutlass.const_expr(kv is not None):
-                # K/V rows are gathered one by one: the partitions hold this thread's column
-                # offsets only (row stride 0); load_kv_cache adds each row's page offset.
+                # K/V rows are gathered one by one (mma_sync.load_kv_rows): the partitions hold
+                # this thread's column offsets only (row stride 0), each row adds its page offset.
                 thr_kv = g2s_kv.get_slice(tidx)
                 row_cols = cute.make_layout((BN, D), stride=(0, 1))
-                tKgK = thr_kv.partition_S(cute.make_tensor(seqK.iterator, row_cols))
-                tVgV = thr_kv.partition_S(cute.make_tensor(seqV.iterator, row_cols))
-                sKV8 = None
+                ring = sKV
                 if cutlass.const_expr(fp8):
-                    sKV8 = storage.kv8.get_tensor(sKV8_layout)
-                    tKVsKV = thr_kv.partition_D(sKV8)
-                else:
-                    tKVsKV = thr_kv.partition_D(sKV)
-                tKVcKV = thr_kv.partition_S(cute.make_identity_tensor((BN, D)))
-                kv_load = (mK, mV, mTable, batch, k_len)
+                    ring = storage.kv8.get_tensor(sKV8_layout)
+                    fp8_ring = (thr_kv, ring, sKV)
+                kv_parts = (thr_kv.partition_S(cute.make_tensor(seqK.iterator, row_cols)),
+                            thr_kv.partition_S(cute.make_tensor(seqV.iterator, row_cols)),
+                            thr_kv.partition_D(ring),
+                            thr_kv.partition_S(cute.make_identity_tensor((BN, D))))
+                cache = (mK, mV, mTable, batch, k_len, kv.paged)
             else:
-                gK = cute.local_tile(seqK, (BN, D), (None, 0))
-                gV = cute.local_tile(seqV, (BN, D), (None, 0))
-                tKgK = thr_g2s.partition_S(gK)
-                tVgV = thr_g2s.partition_S(gV)
-                tKVsKV = thr_g2s.partition_D(sKV)
-                tKVcKV = thr_g2s.partition_S(cute.make_identity_tensor((BN, D)))
-
+                kv_parts = mma_sync.kv_partitions(g2s, tidx, seqK, seqV, sKV, BN, D)
             # ---- MMA partitions
-            thr_mma = tiled_mma.get_slice(tidx)
-            tSrQ = thr_mma.make_fragment_A(thr_mma.partition_A(sQ))
-            tSrK = thr_mma.make_fragment_B(thr_mma.partition_B(sKV[None, None, 0]))
-            tOrV = thr_mma.make_fragment_B(thr_mma.partition_B(sVt[None, None, 1]))
-            acc_O = cute.make_rmem_tensor(thr_mma.partition_shape_C((BM, D)), cutlass.Float32)
-            acc_O.fill(0.0)
-
-            ldsm = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4),
-                                       self.dtype)
-            ldsm_t = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=True, num_matrices=4),
-                                         self.dtype)
-            s2r_Q = cute.make_tiled_copy_A(ldsm, tiled_mma).get_slice(tidx)
-            s2r_K = cute.make_tiled_copy_B(ldsm, tiled_mma)
-            s2r_V = cute.make_tiled_copy_B(ldsm_t, tiled_mma)
-            thr_s2r_K = s2r_K.get_slice(tidx)
-            thr_s2r_V = s2r_V.get_slice(tidx)
-            tSsK = thr_s2r_K.partition_S(sKV)      # (CPY, N, K, 2S)
-            tSrK_v = thr_s2r_K.retile(tSrK)
-            tOsV = thr_s2r_V.partition_S(sVt)      # (CPY, D, BN/16, 2S)
-            tOrV_v = thr_s2r_V.retile(tOrV)
+            thr_mma, q_regs, frags, acc_O = mma_sync.operands(tiled_mma, tidx, self.dtype, sQ, sKV, sVt, (BM, D))
 
             # ---- prologue: Q, then the first S-1 K/V tiles (highest first), one group each
             for r in cutlass.range_constexpr(cute.size(tQsQ.shape[1])):
@@ -719,41 +690,17 @@ class FlashFwdSm80:
                 else:
                     tQsQ[None, r, None].fill(0)
             cute.arch.cp_async_commit_group()
-            ring = (tKgK, tVgV, tKVsKV, tKVcKV)
-            cache = None
-            if cutlass.const_expr(kv is not None):
-                cache = (mK, mV, mTable, batch, k_len, kv.paged)
-            mma_sync.ring_prologue(g2s_kv, ring, n_lo, n_hi, k_len, BN, S, cache)
-            cute.copy(s2r_Q, s2r_Q.partition_S(sQ), s2r_Q.retile(tSrQ))
-            row_max, row_sum = softmax.row_state(acc_O.shape[0][1] * acc_O.shape[1])
-
-            # ---- main loop over key tiles, last first
-            for it in cutlass.range(n_hi - n_lo, unroll=1):
-                n_block, slot = mma_sync.ring_step(it, g2s_kv, ring, n_lo, n_hi, k_len, BN, S, cache)
-                if cutlass.const_expr(fp8):
-                    # this tile's fp8 K/V -> dtype into the one dtype slot (its previous readers
-                    # passed ring_step's barrier), visible to every warp after this barrier
-                    self.convert_kv(thr_kv, sKV8, sKV, slot)
-                    cute.arch.barrier()
-                    slot = 0
-
-                acc_S = cute.make_rmem_tensor(thr_mma.partition_shape_C((BM, BN)), cutlass.Float32)
-                acc_S.fill(0.0)
-                mma_sync.gemm_qk(tiled_mma, acc_S, tSrQ, tSrK, tSsK, tSrK_v, s2r_K, slot)
-
-                if cutlass.const_expr(kv is not None and kv.softcap):
-                    softmax.softcap_scores(acc_S, cap_pre, use_cap)
-                masked = n_block >= n_mask
-                if cutlass.const_expr(self.mask.local):
-                    masked = masked or n_block < mask_lo
-                if masked:
-                    cS = thr_mma.partition_C(cute.make_identity_tensor((BM, BN)))  # (row, col)
-                    mask.apply_mask(self.mask, acc_mn_view(acc_S), acc_mn_view(cS), m0, n_block * BN,
-                                    q_len, k_len, win=win)
-                softmax.online_softmax(acc_mn_view(acc_S), row_max, row_sum, scale_log2,
-                                       o_mn=acc_mn_view(acc_O))
-
-                mma_sync.gemm_pv(tiled_mma, acc_O, acc_S, self.dtype, tOsV, tOrV, tOrV_v, s2r_V, slot)
+            # ---- key tiles, last first (mma_sync.py)
+            softcap_arg = None
+            if cutlass.const_expr(kv is not None and kv.softcap):
+                softcap_arg = (cap_pre, use_cap)
+            mask_lo_arg = None
+            if cutlass.const_expr(self.mask.local):
+                mask_lo_arg = mask_lo
+            row_max, row_sum = mma_sync.mainloop(
+                self.mask, self.dtype, BN, S, (BM, BN), g2s_kv, kv_parts, n_lo, n_hi, n_mask, q_len,
+                k_len, tiled_mma, thr_mma, q_regs, frags, acc_O, scale_log2, m0, cache=cache, win=win,
+                mask_lo=mask_lo_arg, softcap=softcap_arg, fp8_ring=fp8_ring)
 
             # ---- epilogue
             cute.arch.cp_async_wait_group(0)
@@ -787,17 +734,6 @@ class FlashFwdSm80:
                 for r in cutlass.range_constexpr(cute.size(tOrO.shape[1])):
                     if m0 + tOcO[0, r, 0][0] < q_len:
                         cute.copy(s2g, tOrO[None, r, None], tOgO[None, r, None])
-
-    @cute.jit
-    def convert_kv(self, thr_kv, sKV8, sKV, slot):
-        """fp8 K and V of ring ``slot`` -> dtype, into the dtype slot the MMAs read (exact: every
-        e4m3 value is a bf16 and an f16 value)."""
-        for i in cutlass.range_constexpr(2):
-            src = thr_kv.partition_S(sKV8[None, None, 2 * slot + i])
-            dst = thr_kv.partition_D(sKV[None, None, i])
-            r8 = cute.make_fragment_like(src)
-            cute.autovec_copy(src, r8)
-            dst.store(r8.load().to(self.dtype))
 
     @cute.kernel
     def combine(self, mOp: cute.Tensor, mLp: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor):

@@ -184,12 +184,7 @@ class AttentionSm90(AttentionVariant):
         live = self.tile_n // 2 + self.head_dim // 2 + self.tile_n // 4
         if live + 32 > atoms.CONSUMER_REGS[self.consumers]:
             return f"{live} live accumulator registers do not fit {atoms.CONSUMER_REGS[self.consumers]}"
-        if self.smem_bytes() + _STATIC_SMEM > t.smem_per_cta:
-            return f"needs {self.smem_bytes()} + {_STATIC_SMEM} B smem > {t.smem_per_cta}"
-        return None
-
-    def signature(self) -> Signature:
-        return contract.signature(self.dtype, self.head_dim, self.varlen)
+        return self.smem_problem(_STATIC_SMEM)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -457,7 +452,7 @@ def enumerate_attention_kvcache(target: Target, tier: str) -> list[AttentionKvca
 # ------------------------------------------------------------------------------------------------
 # The kernel
 # ------------------------------------------------------------------------------------------------
-class FlashFwdSm90:
+class FlashFwdSm90(layout.TmaViewsKernel):
     """Host side: ``dense`` builds the smem layouts, TMA atoms and tiled MMAs and launches
     ``kernel``; device side: ``kernel``, ``produce``, ``consume`` and their helpers."""
 
@@ -465,13 +460,10 @@ class FlashFwdSm90:
                  causal: bool, overlap: bool, pingpong: bool, early_rescale: bool = False,
                  persistent: bool = False, k_first: bool = False, page_box: int = 0,
                  gather: bool = False):
-        self.dtype = dtype
-        self.head_dim = head_dim
+        super().__init__(dtype=dtype, head_dim=head_dim, causal=causal)
         self.tile_m = tile_m
         self.tile_n = tile_n
         self.stages = stages
-        self.causal = causal
-        self.mask = mask.MaskSpec(causal=causal)
         self.overlap = overlap
         self.pingpong = pingpong
         self.early_rescale = early_rescale
@@ -484,27 +476,16 @@ class FlashFwdSm90:
         # rows by cp.async, each row from its own page (``produce_gather``).
         self.gather = gather
         self.consumers = tile_m // WG_ROWS
+        self.cta_rows = tile_m
         self.threads = 128 * (1 + self.consumers)
         self.producer_regs, self.consumer_regs = register_split(self.consumers, gather)
 
     # --- host ------------------------------------------------------------------------------------
-    @cute.jit
-    def dense(self, q: cute.Tensor, k: cute.Tensor, v: cute.Tensor, o: cute.Tensor,
-              lse: cute.Tensor, softmax_scale: cutlass.Float32, stream: cuda.CUstream):
-        mQ, mK, mVt, mO = layout.dense_views(q, k, v, o)  # (S, D, H, B); V (D, S, H, B)
-        grid = (cute.ceil_div(q.shape[1], self.tile_m), q.shape[2], q.shape[0])
+    # (dense, packed: layout.TmaViewsKernel)
+    def dense_grid(self, grid):
         if cutlass.const_expr(self.persistent):
             grid = (cutlass.min(grid[0] * grid[1] * grid[2], PERSISTENT_CTAS), 1, 1)
-        self._launch(mQ, mK, mVt, mO, lse, None, None, softmax_scale, grid, stream)
-
-    @cute.jit
-    def packed(self, q: cute.Tensor, k: cute.Tensor, v: cute.Tensor, o: cute.Tensor,
-               lse: cute.Tensor, cu_seqlens_q: cute.Tensor, cu_seqlens_k: cute.Tensor,
-               softmax_scale: cutlass.Float32, max_seqlen_q: cutlass.Int32, stream: cuda.CUstream):
-        # (T, D, H); V (D, T, H).  A CTA offsets these by its sequence's start.
-        mQ, mK, mVt, mO = layout.packed_views(q, k, v, o)
-        grid = (cute.ceil_div(max_seqlen_q, self.tile_m), q.shape[1], cu_seqlens_q.shape[0] - 1)
-        self._launch(mQ, mK, mVt, mO, lse, cu_seqlens_q, cu_seqlens_k, softmax_scale, grid, stream)
+        return grid
 
     @cute.jit
     def kvcache(self, q: cute.Tensor, k_cache: cute.Tensor, v_cache: cute.Tensor, o: cute.Tensor,
