@@ -54,6 +54,21 @@ class AttentionProblem(ctypes.Structure):
                 ("max_seqlen_q", ctypes.c_int32), ("causal", ctypes.c_int32), ("softmax_scale", ctypes.c_float)]
 
 
+class KVCacheProblem(ctypes.Structure):
+    _fields_ = [("dtype", ctypes.c_int), ("kv_dtype", ctypes.c_int),
+                ("batch", ctypes.c_int64), ("seqlen_q", ctypes.c_int64), ("heads_q", ctypes.c_int64),
+                ("heads_kv", ctypes.c_int64), ("head_dim", ctypes.c_int64), ("num_pages", ctypes.c_int64),
+                ("page_size", ctypes.c_int64), ("max_pages", ctypes.c_int64),
+                ("q", ctypes.c_void_p), ("q_stride", I64x3), ("k_cache", ctypes.c_void_p),
+                ("v_cache", ctypes.c_void_p), ("k_stride", I64x3), ("v_stride", I64x3),
+                ("o", ctypes.c_void_p), ("o_stride", I64x3), ("lse", ctypes.c_void_p),
+                ("lse_stride", ctypes.c_int64 * 2), ("block_table", ctypes.c_void_p),
+                ("block_table_stride", ctypes.c_int64), ("cache_seqlens", ctypes.c_void_p),
+                ("sinks", ctypes.c_void_p), ("kv_descale", ctypes.c_void_p), ("causal", ctypes.c_int32),
+                ("window_left", ctypes.c_int32), ("window_right", ctypes.c_int32), ("softcap", ctypes.c_float),
+                ("softmax_scale", ctypes.c_float)]
+
+
 class Selection(ctypes.Structure):
     _fields_ = [("variant", ctypes.c_int32), ("name", ctypes.c_char_p), ("workspace_bytes", ctypes.c_uint64),
                 ("max_clusters", ctypes.c_int32), ("splits", ctypes.c_int32)]
@@ -90,6 +105,11 @@ class CLib:
     def attention_select(self, dev: Device, p: AttentionProblem) -> tuple[tuple, Selection]:
         sel = Selection()
         rc = self.lib.fx_attention_select(ctypes.byref(dev), ctypes.byref(p), ctypes.byref(sel))
+        return self._answer(rc, sel), sel
+
+    def kvcache_select(self, dev: Device, p: KVCacheProblem) -> tuple[tuple, Selection]:
+        sel = Selection()
+        rc = self.lib.fx_attention_kvcache_select(ctypes.byref(dev), ctypes.byref(p), ctypes.byref(sel))
         return self._answer(rc, sel), sel
 
     def message(self) -> str:

@@ -354,3 +354,93 @@ def test_reference_paged_equals_dense_and_masks():
     o5, _ = attention_kvcache_reference(q, k, v, sl, bt, window_size=(0, 0))
     last = gather_kv_cache(v, bt, sl, 2)[-1].float().repeat_interleave(4, dim=0)
     assert torch.allclose(o5[2, 0], last, atol=1e-6)
+
+
+# --- the C entry: fx_attention_kvcache_select agrees with the Python selection ---------------------
+def _c_problem(cs, b, sq, hq, hkv, d, sk, page, dtype, switches):
+    dt = {"bf16": 1, "f16": 2}[dtype]
+    p = cs.KVCacheProblem()
+    p.dtype = p.kv_dtype = dt
+    p.batch, p.seqlen_q, p.heads_q, p.heads_kv, p.head_dim = b, sq, hq, hkv, d
+    if page:
+        p.page_size, p.max_pages, p.num_pages = page, -(-sk // page), b * -(-sk // page) + 1
+    else:
+        p.page_size, p.max_pages, p.num_pages = sk, 0, b
+    p.q_stride[:] = [sq * hq * d, hq * d, d]
+    p.o_stride[:] = [sq * hq * d, hq * d, d]
+    p.k_stride[:] = [p.page_size * hkv * d, hkv * d, d]
+    p.v_stride[:] = [p.page_size * hkv * d, hkv * d, d]
+    p.block_table_stride = max(p.max_pages, 1)
+    p.causal = 1
+    p.window_left = p.window_right = -1
+    if switches:
+        p.window_left, p.softcap, p.sinks = 128, 30.0, 0x1000
+    return p
+
+
+def test_c_selection_equals_python(test_bundle):
+    """Over batch 1-256, GQA/MQA/MHA, head_dim 64/128/256, seqlen_q 1-17, caches of 64-32768 rows,
+    paged (every page size) and dense, with and without the switches, bf16 and f16, on three
+    devices: the same variant, or both refuse (NoVariantError / FX_ERR_NO_VARIANT)."""
+    import json
+
+    import c_selection as cs
+
+    lib = cs.CLib(test_bundle / json.loads((test_bundle / "manifest.json").read_text())["host_library"]["path"])
+    n_ok = n = 0
+    for cc, sms in (((9, 0), 132), ((9, 0), 114), ((8, 0), 108)):
+        b_py = Bundle.open(test_bundle, capability=cc, device={"name": None, "sm_count": sms})
+        cands = b_py.candidates("attention_kvcache")
+        dev = lib.device(cc, sms, None)
+        for b in (1, 2, 4, 8, 16, 64, 256):
+            for hq, hkv in ((32, 8), (16, 1), (8, 8), (64, 8)):
+                for d in (64, 128, 256):
+                    for sq in (1, 4, 17):
+                        for sk in (64, 1000, 4096, 32768):
+                            for page in (None, 1, 16, 64, 256):
+                                for dtype, switches in (("bf16", False), ("f16", False), ("bf16", True)):
+                                    pr = prob(b=b, sq=sq, hq=hq, hkv=hkv, d=d, sk=(-(-sk // page) * page) if page else sk,
+                                              page=page, dtype=dtype, kv_dtype=dtype, local=switches,
+                                              softcap=switches, sinks=switches)
+                                    try:
+                                        want = ("ok", kv.select(cands, pr, sms)["name"])
+                                    except NoVariantError:
+                                        want = ("novariant",)
+                                    got, _ = lib.kvcache_select(dev, _c_problem(cs, b, sq, hq, hkv, d, sk, page, dtype,
+                                                                                switches))
+                                    assert got == want, (cc, sms, pr, got, want, lib.message())
+                                    n += 1
+                                    n_ok += got[0] == "ok"
+    assert n_ok > 300 and n > n_ok  # both answers occur
+
+
+def test_c_entry_refuses_bad_problems(test_bundle):
+    import json
+
+    import c_selection as cs
+
+    lib = cs.CLib(test_bundle / json.loads((test_bundle / "manifest.json").read_text())["host_library"]["path"])
+    dev = lib.device((9, 0), 132, None)
+    cases = [
+        (dict(page_size=12), "page size 12 not offered"),
+        (dict(head_dim=96), "head_dim 96 not supported"),
+        (dict(heads_q=12), "must be a multiple of kv heads"),
+        (dict(window_left=-2), "window_size entries must be >= -1"),
+        (dict(softcap=-1.0), "softcap must be a finite number >= 0"),
+        (dict(window_left=64), "the window/softcap build reads sinks"),
+        (dict(num_pages=0), "at least one page"),
+        (dict(causal=2), "causal"),
+        (dict(o=0x10000, q=0x10000), "o overlaps q in memory"),
+        (dict(o=0x10000, o_stride=(32 * 128, 32 * 128, 0)), "o: stride 0 of mode 2 makes elements overlap"),
+    ]
+    for change, msg in cases:
+        p = _c_problem(cs, 2, 1, 32, 8, 128, 1000, 16, "bf16", False)
+        for k, v in change.items():
+            if isinstance(v, tuple):
+                getattr(p, k)[:] = list(v)
+            else:
+                setattr(p, k, v)
+        got, sel = lib.kvcache_select(dev, p)
+        assert got == ("input",) and msg in lib.message() and sel.variant == -1, (change, got, lib.message())
+    got, sel = lib.kvcache_select(dev, _c_problem(cs, 2, 1, 32, 8, 128, 1000, 16, "bf16", False))
+    assert got[0] == "ok" and sel.workspace_bytes == 2 * 32 * 4  # the lse scratch (no lse pointer)

@@ -253,3 +253,56 @@ def test_fx_attention_varlen_matches_python(lib, bundle):
     assert sel.name.decode() == rt_attention._choose(bundle, "f16", D, True, True)[0]
     print(sel.name.decode(), "bitwise equal to Python's launch:", torch.equal(o, o_py))
     assert _rel(o, o_py.float()) < 1e-2 and not o.isnan().any()
+
+
+@pytest.mark.parametrize("paged,switches,B,Hq,Hkv,D", [
+    (True, False, 4, 32, 8, 128), (False, False, 2, 16, 1, 128), (True, True, 3, 32, 8, 128), (True, False, 1, 8, 8, 64)])
+def test_fx_attention_kvcache_matches_python(lib, bundle, paged, switches, B, Hq, Hkv, D):
+    """fx_attention_kvcache on a paged (page 16, shuffled pages) or dense cache of ragged lengths:
+    the variant Python picks, and Python's output bit for bit."""
+    if not hasattr(lib.lib, "fx_attention_kvcache"):
+        pytest.skip(f"{GPU_BUNDLE} predates fx_attention_kvcache: relink it")
+    dev = _device(lib)
+    g = torch.Generator(device="cuda").manual_seed(B)
+    lens = torch.tensor([777, 1, 2000, 64][:B], dtype=torch.int32, device="cuda")
+    q = torch.randn(B, 1, Hq, D, device="cuda", generator=g).to(torch.bfloat16)
+    ps, mp = (16, 128) if paged else (2048, 0)
+    pages = B * mp + 1 if paged else B
+    k = torch.randn(pages, ps, Hkv, D, device="cuda", generator=g).to(torch.bfloat16)
+    v = torch.randn_like(k)
+    bt = torch.randperm(pages - 1, device="cuda", generator=g)[: B * mp].view(B, mp).to(torch.int32) if paged else None
+    sinks = torch.randn(Hq, device="cuda", generator=g) if switches else None
+    opts = dict(window_size=(300, 0), softcap=20.0, sinks=sinks) if switches else {}
+    o = torch.full_like(q, float("nan"))
+    lse = torch.empty(B, Hq, 1, dtype=torch.float32, device="cuda")
+    p = cs.KVCacheProblem()
+    p.dtype = p.kv_dtype = 1
+    p.batch, p.seqlen_q, p.heads_q, p.heads_kv, p.head_dim = B, 1, Hq, Hkv, D
+    p.num_pages, p.page_size, p.max_pages = pages, ps, mp
+    p.q, p.k_cache, p.v_cache, p.o, p.lse = q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr()
+    p.q_stride[:], p.o_stride[:] = list(q.stride()[:3]), list(o.stride()[:3])
+    p.k_stride[:], p.v_stride[:] = list(k.stride()[:3]), list(v.stride()[:3])
+    p.lse_stride[:] = [Hq, 1]
+    p.block_table, p.block_table_stride = (bt.data_ptr(), mp) if paged else (None, 0)
+    p.cache_seqlens = lens.data_ptr()
+    p.sinks = sinks.data_ptr() if switches else None
+    p.causal, p.window_left, p.window_right = 1, (300 if switches else -1), (0 if switches else -1)
+    p.softcap = 20.0 if switches else 0.0
+    sel = cs.Selection()
+    rc = lib.lib.fx_attention_kvcache_select(ctypes.byref(dev), ctypes.byref(p), ctypes.byref(sel))
+    if rc == cs.FX_ERR_NO_VARIANT:
+        pytest.skip(f"{GPU_BUNDLE} has no variant for this problem: {lib.message()}")
+    assert rc == 0, lib.message()
+    ws = torch.empty(max(1, sel.workspace_bytes), dtype=torch.uint8, device="cuda")
+    rc = lib.lib.fx_attention_kvcache(ctypes.byref(dev), ctypes.byref(p), ctypes.c_void_p(ws.data_ptr()),
+                                      ctypes.c_uint64(sel.workspace_bytes),
+                                      ctypes.c_void_p(torch.cuda.current_stream().cuda_stream), ctypes.byref(sel))
+    assert rc == 0, f"{lib.lib.fx_error_string(rc)}: {lib.message()}"
+    torch.cuda.synchronize()
+    o_py, lse_py = bundle.attention_kvcache(q, k, v, lens, block_table=bt, return_lse=True, **opts)
+    plan = bundle.plan_kvcache(batch=B, seqlen_q=1, heads_q=Hq, heads_kv=Hkv, head_dim=D,
+                               **({"max_pages": mp, "page_size": ps} if paged else {"max_seqlen_k": ps}),
+                               window_size=opts.get("window_size", (-1, -1)), softcap=opts.get("softcap", 0.0),
+                               sinks=switches)
+    assert sel.name.decode() == plan.variant
+    assert torch.equal(o, o_py) and torch.equal(lse, lse_py)

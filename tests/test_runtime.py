@@ -213,7 +213,8 @@ def test_gemm_launch_path_without_a_gpu(test_bundle, monkeypatch):
 
 
 # --- the op modules and the core ----------------------------------------------------------------------
-OP_MODULES = ("gemm.py", "packed.py", "attention.py", "blockscaled.py", "torch_ops.py", "validate.py", "api.py")
+OP_MODULES = ("gemm.py", "packed.py", "attention.py", "blockscaled.py", "kvcache.py", "torch_ops.py", "validate.py",
+              "api.py")
 
 
 def test_op_modules_use_only_the_cores_public_surface():

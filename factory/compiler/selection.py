@@ -21,8 +21,8 @@ from ..runtime import cost_sm100, tuning
 # fx_dtype_t (csrc/fx_api.h); a dtype C callers cannot name maps to -1 and matches nothing.
 DTYPE_IDS = {"bf16": 1, "f16": 2, "f32": 3, "e4m3": 4}
 MAJOR_IDS = {"k": 1, "m": 2, "n": 3}
-FAMILY_IDS = {"sm80": 1, "sm90": 2, "sm100": 3}
-OP_IDS = {"gemm": 1, "attention": 2}
+FAMILY_IDS = {"sm80": 1, "sm90": 2, "sm100": 3, "sm90_decode": 4}
+OP_IDS = {"gemm": 1, "attention": 2, "attention_kvcache": 3}
 ACC_IDS = {"promoted": 1, "fast": 2}
 MAX_RANK, MAX_SYMS, MAX_ARGS = 6, 64, 16  # as csrc/fx_select.h
 MAX_TARGET_CCS = 8  # FX_MAX_TARGET_CCS
@@ -154,6 +154,14 @@ def bind_function(entry: dict) -> str:
     return "\n".join(lines)
 
 
+def _page_size_mask(entry: dict) -> int:
+    """Bit i set: the variant takes pages of 2^i rows (manifest ``page_sizes``, or ``page_size``)."""
+    sizes = list(entry.get("page_sizes") or ([entry["page_size"]] if entry.get("page_size") else []))
+    if any(s <= 0 or s & (s - 1) or s > 2 ** 30 for s in sizes):
+        raise ValueError(f"{entry['name']}: page sizes must be powers of two")
+    return sum(1 << (s.bit_length() - 1) for s in set(sizes))
+
+
 def _occupancy_kernel(entry: dict) -> str:
     kernels = entry.get("resources", {}).get("kernels", {})
     if not kernels:
@@ -209,6 +217,8 @@ def tables(entries: dict[str, dict], tuning_data: dict | None) -> str:
             int(bool(e.get("causal"))), int(bool(e.get("varlen"))), int(bool(e.get("pack_gqa"))),
             int(bool(e.get("preferred"))), int(e.get("splits", 1)), int(e.get("stages", 0)),
             int(e.get("min_seqlen_q", 0)), int(cpsm), int(e.get("decode_rows", 0)), int(e.get("kv_splits", 0)), int(bool(e.get("pdl"))),
+            DTYPE_IDS.get(e.get("kv_dtype"), -1), int(bool(e.get("paged"))), _page_size_mask(e),
+            int(bool(e.get("local"))), int(bool(e.get("softcap"))), int(bool(e.get("sinks"))),
             n_args, args, n_syms, divs,
             f"fx_load_{n}", f"fx_bind_{n}", f"&fx_module_{n}.module",
             _occupancy_kernel(e) if pers else "NULL", int(e.get("resources", {}).get("dynamic_smem_bytes", 0)),

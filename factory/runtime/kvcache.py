@@ -20,7 +20,6 @@ reads nothing on the host, and :func:`plan` makes the choice once, ahead of capt
 from __future__ import annotations
 
 import math
-import weakref
 from dataclasses import dataclass
 from typing import Callable
 
@@ -132,11 +131,9 @@ def _pick_decode(entries: list[dict], p: Problem, sms: int) -> dict | None:
 def _pick_prefill(entries: list[dict], p: Problem, sms: int) -> dict | None:
     """sm90 (sm_90a: K/V by TMA page boxes, or cp.async row gathers for any page size) and sm80
     (cp.async row gathers; Ampere/Ada/sm_120, and the sm_90 build): any seqlen_q, dense or packed
-    q.  TMA page boxes where the page size takes them (the variant admits it), the default tile
-    first."""
-    tma = [e for e in entries if e.get("kv_loads") == "tma"]
-    pool = tma or entries
-    return next((e for e in pool if e.get("preferred")), pool[0])
+    q.  The variant taking the fewest page sizes (a TMA page-box build over a gather build, when
+    the page size is one it takes), then the default tile; the first of equals."""
+    return min(entries, key=lambda e: (len(e.get("page_sizes") or ()), not e.get("preferred")))
 
 
 # (family, rule): best first.  A rule gets the family's variants that implement the problem
@@ -265,16 +262,14 @@ def _problem(b, sq, hq, hkv, d, sk, dtype, kv_dtype, page_size, causal, window, 
                    bool(varlen_q))
 
 
-_CHOICES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-
-
 def choose(bundle, p: Problem) -> dict:
-    """The selected manifest entry for ``p`` (cached per bundle), or NoVariantError."""
-    try:
-        cache = _CHOICES.setdefault(bundle, {})
-    except TypeError:
+    """The selected manifest entry for ``p`` (cached in the bundle's ``selections``), or
+    NoVariantError."""
+    cache = getattr(bundle, "selections", None)
+    if cache is None:  # a stand-in bundle (tests): no cache
         cache = {}
-    e = cache.get(p)
+    key = (OP, p)
+    e = cache.get(key)
     if e is None:
         try:
             e = select(bundle.candidates(OP), p, bundle.device_info()["sm_count"])
@@ -283,7 +278,7 @@ def choose(bundle, p: Problem) -> dict:
                                  f"{_blackwell_note(bundle)})") from None
         if len(cache) > 4096:
             cache.clear()
-        cache[p] = e
+        cache[key] = e
     return e
 
 

@@ -83,6 +83,43 @@ typedef struct {
     float softmax_scale;    /* 0: 1/sqrt(head_dim); else > 0 and finite */
 } fx_attention_problem_t;
 
+/* Attention over a KV cache (FlashAttention's flash_attn_with_kvcache; Python:
+   bundle.attention_kvcache, runtime/kvcache.py).  q/o (batch, seqlen_q, heads_q, head_dim), lse
+   float32 (batch, heads_q, seqlen_q).  Paged (max_pages > 0): k_cache/v_cache (num_pages,
+   page_size, heads_kv, head_dim) with page_size one of 1, 8, 16, 32, 64, 128, 256 and block_table
+   (batch, max_pages) int32 page indices; dense (max_pages = 0, block_table NULL): (batch,
+   page_size, heads_kv, head_dim), page_size being the cache's rows per sequence (num_pages =
+   batch).  Sequence b sees its first cache_seqlens[b] keys (int32 on the device, never read on the
+   host: lengths and page indices past the cache are the caller's contract).  Strides: q/o [0]
+   batch, [1] token, [2] head; caches [0] page (or batch), [1] row, [2] head; head_dim contiguous.
+   Bottom-right causal; window_left/right -1 unbounded; softcap 0 off; sinks: heads_q float32
+   logits or NULL.  A window, softcap or sinks selects the build with all three switches, which
+   reads sinks: pass -inf logits where the model has none (sinks NULL with a window or softcap is
+   FX_ERR_INPUT).  kv_descale: fp8 caches only (none is built). */
+typedef struct {
+    fx_dtype_t dtype;       /* q and o: BF16 or F16 */
+    fx_dtype_t kv_dtype;    /* the caches: dtype (E4M3: no variant is built) */
+    int64_t batch, seqlen_q, heads_q, heads_kv, head_dim;
+    int64_t num_pages, page_size, max_pages;
+    const void *q;
+    int64_t q_stride[3];
+    const void *k_cache, *v_cache;
+    int64_t k_stride[3], v_stride[3];
+    void *o;
+    int64_t o_stride[3];
+    float *lse;             /* NULL: written into the workspace */
+    int64_t lse_stride[2];
+    const int32_t *block_table;
+    int64_t block_table_stride; /* elements between rows */
+    const int32_t *cache_seqlens;
+    const float *sinks;
+    const float *kv_descale; /* (2, heads_kv) float32: fp8 caches only */
+    int32_t causal;
+    int32_t window_left, window_right;
+    float softcap;
+    float softmax_scale;    /* 0: 1/sqrt(head_dim); else > 0 and finite */
+} fx_attention_kvcache_problem_t;
+
 typedef struct {
     int32_t variant;          /* index (fx_variant_name); -1: nothing to launch (an empty problem) */
     const char *name;         /* the variant's name, NULL for -1 */
@@ -96,6 +133,8 @@ typedef struct {
 
 int32_t fx_gemm_select(const fx_device_t *dev, const fx_gemm_problem_t *p, fx_selection_t *out);
 int32_t fx_attention_select(const fx_device_t *dev, const fx_attention_problem_t *p, fx_selection_t *out);
+int32_t fx_attention_kvcache_select(const fx_device_t *dev, const fx_attention_kvcache_problem_t *p,
+                                    fx_selection_t *out);
 
 /* Select, then launch on `stream` (loading the variant's module on first use: do one call before
    capturing a CUDA graph).  workspace: at least fx_*_select's workspace_bytes, 16-byte aligned,
@@ -106,6 +145,8 @@ int32_t fx_gemm(const fx_device_t *dev, const fx_gemm_problem_t *p, void *worksp
                 uint64_t workspace_bytes, fx_stream_t stream, fx_selection_t *out);
 int32_t fx_attention(const fx_device_t *dev, const fx_attention_problem_t *p, void *workspace,
                      uint64_t workspace_bytes, fx_stream_t stream, fx_selection_t *out);
+int32_t fx_attention_kvcache(const fx_device_t *dev, const fx_attention_kvcache_problem_t *p, void *workspace,
+                             uint64_t workspace_bytes, fx_stream_t stream, fx_selection_t *out);
 
 /* The reason of this thread's last failed fx_* call ("" if none). */
 const char *fx_last_error_message(void);

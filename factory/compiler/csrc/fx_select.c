@@ -1282,6 +1282,307 @@ FX_EXPORT int32_t fx_attention_select(const fx_device_t *dev, const fx_attention
     return finish(attn_select(dev, p, out, &a, 0), out);
 }
 
+/* --- attention over a KV cache: runtime/kvcache.py ------------------------------------------------ */
+/* kvcache.paged_split_count over the built split counts sp[i] (cl[i]: merged in a cluster). */
+static int32_t paged_split_count(i128 groups, int64_t tiles, int32_t sms, const int32_t *sp, const int32_t *cl,
+                                 int32_t n) {
+    if (groups * 4 >= 3 * (i128)sms) return 1;
+    int32_t fits[64], fcl[64], m = 0;
+    for (int32_t i = 0; i < n && m < 64; i++) /* sorted ascending, duplicates dropped */
+        if (sp[i] == 1 || tiles >= 4 * (int64_t)sp[i]) {
+            int32_t j = m, dup = 0;
+            for (int32_t k = 0; k < m; k++) dup |= fits[k] == sp[i];
+            if (dup) continue;
+            while (j > 0 && fits[j - 1] > sp[i]) fits[j] = fits[j - 1], fcl[j] = fcl[j - 1], j--;
+            fits[j] = sp[i], fcl[j] = cl[i], m++;
+        }
+    if (!m) return 1; /* (Python: fits is never empty when 1 is built) */
+    int32_t s = fits[m - 1], scl = fcl[m - 1];
+    for (int32_t i = 0; i < m; i++) /* groups · s >= 1.9 · SMs, in Python's float arithmetic */
+        if ((double)(groups * fits[i]) >= 1.9 * (double)sms) { s = fits[i], scl = fcl[i]; break; }
+    if (s > 1 && scl && s >= 8 && groups * s > (i128)sms)
+        for (int32_t i = 0; i < m; i++)
+            if (fits[i] > s && !fcl[i]) return fits[i];
+    return s;
+}
+
+typedef struct {
+    int64_t b, sq, hq, hkv, d, sk, page_size; /* page_size 0: dense cache */
+    int32_t dtype, kv_dtype, causal, local, softcap, sinks;
+} kv_problem;
+
+/* kvcache._admits */
+static int kv_admits(const fx_variant *e, const kv_problem *q) {
+    if (e->dtype != q->dtype || e->kv_dtype != q->kv_dtype || e->head_dim != q->d || e->varlen ||
+        e->paged != (q->page_size > 0))
+        return 0;
+    if (q->page_size > 0 && !(e->page_size_mask >> (63 - __builtin_clzll((unsigned long long)q->page_size)) & 1))
+        return 0;
+    if (e->causal != q->causal && q->sq > 1) return 0;
+    return (e->local || !q->local) && (e->softcap || !q->softcap) && (e->sinks || !q->sinks);
+}
+
+/* kvcache._pick_decode over one family's entries of the least switch cost: -1 for None. */
+static int32_t kv_pick_decode(const int32_t *c, int32_t n, const kv_problem *q, int32_t sms) {
+    if (q->sq > 16) return -1;
+    if (q->page_size == 0) {
+        attn_decode d = {q->b, q->hq, q->hkv, q->sq, q->sk};
+        return decode_pick(c, n, &d, 1, sms);
+    }
+    int32_t npref = 0;
+    for (int32_t i = 0; i < n; i++) npref += fx_variants[c[i]].preferred != 0;
+    int32_t t0 = -1, t1 = -1, sp[64], cl[64], idx[64], m = 0;
+    for (int32_t i = 0; i < n && m < 64; i++) {
+        const fx_variant *e = &fx_variants[c[i]];
+        if (npref && !e->preferred) continue;
+        if (t0 < 0) t0 = e->tile[0], t1 = e->tile[1];
+        if (e->tile[0] != t0 || e->tile[1] != t1) continue;
+        sp[m] = e->kv_splits, cl[m] = e->cluster[0] > 1, idx[m] = c[i], m++;
+    }
+    if (!m) return -1;
+    /* Python builds {splits: cluster} from the entries in order: a later entry of a split count wins */
+    int32_t cl_last[64];
+    for (int32_t i = 0; i < m; i++) {
+        cl_last[i] = cl[i];
+        for (int32_t j = i + 1; j < m; j++)
+            if (sp[j] == sp[i]) cl_last[i] = cl[j];
+    }
+    int64_t row_blocks = cdiv((q->hq / q->hkv) * q->sq, 16);
+    int32_t s = paged_split_count((i128)q->b * q->hkv * row_blocks, cdiv(q->sk, t1), sms, sp, cl_last, m);
+    for (int32_t i = 0; i < m; i++)
+        if (sp[i] == s) return idx[i];
+    return -1;
+}
+
+/* kvcache._pick_prefill: the entry taking the fewest page sizes, then a preferred one; the first of
+   equals. */
+static int32_t kv_pick_prefill(const int32_t *c, int32_t n) {
+    int32_t best = -1, best_sizes = 65, best_other = 2;
+    for (int32_t i = 0; i < n; i++) {
+        const fx_variant *e = &fx_variants[c[i]];
+        int32_t sizes = __builtin_popcountll((unsigned long long)e->page_size_mask), other = !e->preferred;
+        if (sizes < best_sizes || (sizes == best_sizes && other < best_other))
+            best = c[i], best_sizes = sizes, best_other = other;
+    }
+    return best;
+}
+
+/* kvcache.select: the families in FAMILIES order; within one, the entries of the least switch
+   cost.  -1: none (FX_ERR_NO_VARIANT). */
+static int32_t kv_choose(const fx_device_t *dev, const kv_problem *q) {
+    static const int32_t families[] = {FX_FAMILY_SM90_DECODE, FX_FAMILY_SM90, FX_FAMILY_SM80};
+    int32_t *c, n = candidates(dev, FX_OP_ATTENTION_KVCACHE, &c), choice = -1;
+    int32_t *mine = malloc(sizeof(int32_t) * (size_t)(n + 1));
+    for (size_t f = 0; f < sizeof families / sizeof families[0] && choice < 0; f++) {
+        int32_t m = 0, least = 4;
+        for (int32_t i = 0; i < n; i++) {
+            const fx_variant *e = &fx_variants[c[i]];
+            if (e->family != families[f] || !kv_admits(e, q)) continue;
+            int32_t cost = e->local + e->softcap + e->sinks;
+            if (cost < least) least = cost;
+        }
+        for (int32_t i = 0; i < n; i++) {
+            const fx_variant *e = &fx_variants[c[i]];
+            if (e->family == families[f] && kv_admits(e, q) && e->local + e->softcap + e->sinks == least)
+                mine[m++] = c[i];
+        }
+        if (m && families[f] == FX_FAMILY_SM90_DECODE) choice = kv_pick_decode(mine, m, q, dev->sm_count);
+        else if (m) choice = kv_pick_prefill(mine, m);
+    }
+    free(mine);
+    free(c);
+    return choice;
+}
+
+static int is_page_size(int64_t ps) {
+    return ps == 1 || ps == 8 || ps == 16 || ps == 32 || ps == 64 || ps == 128 || ps == 256;
+}
+
+/* kvcache.check's checks, kvcache.choose and the launch's contract check; values for a workspace
+   at `workspace` (0 while only selecting). */
+static int32_t kv_select(const fx_device_t *dev, const fx_attention_kvcache_problem_t *p, fx_selection_t *out,
+                         attn_ctx *a, uintptr_t workspace) {
+    memset(out, 0, sizeof *out);
+    out->variant = -1;
+    fx_msg[0] = 0;
+    int32_t rc;
+    if (!p) return fail(FX_ERR_INPUT, "the problem pointer is NULL");
+    if ((rc = check_device(dev))) return rc;
+    if ((rc = check_bool("causal", p->causal))) return rc;
+    if (p->dtype != FX_DTYPE_BF16 && p->dtype != FX_DTYPE_F16)
+        return fail(FX_ERR_INPUT, "q dtype %s not supported (bf16, f16)", dtype_name(p->dtype));
+    if (p->kv_dtype != p->dtype && p->kv_dtype != FX_DTYPE_E4M3)
+        return fail(FX_ERR_INPUT, "k_cache/v_cache dtype %s must be q's (%s) or e4m3", dtype_name(p->kv_dtype),
+                    dtype_name(p->dtype));
+    static const char *const names[] = {"batch", "seqlen_q", "heads_q", "heads_kv", "head_dim", "num_pages",
+                                        "page_size", "max_pages"};
+    const int64_t sizes[] = {p->batch, p->seqlen_q, p->heads_q, p->heads_kv, p->head_dim, p->num_pages,
+                             p->page_size, p->max_pages};
+    if ((rc = check_sizes(names, sizes, 8))) return rc;
+    const int64_t B = p->batch, Sq = p->seqlen_q, Hq = p->heads_q, Hkv = p->heads_kv, D = p->head_dim;
+    if (!is_head_dim(D)) return fail(FX_ERR_INPUT, "head_dim %lld not supported", (long long)D);
+    if (Hkv == 0 || Hq % Hkv) return fail(FX_ERR_INPUT, "q heads (%lld) must be a multiple of kv heads (%lld)",
+                                          (long long)Hq, (long long)Hkv);
+    const int paged = p->max_pages > 0;
+    if (paged) {
+        if (!is_page_size(p->page_size))
+            return fail(FX_ERR_INPUT, "page size %lld not offered: one of (1, 8, 16, 32, 64, 128, 256)",
+                        (long long)p->page_size);
+        if (p->num_pages < 1) return fail(FX_ERR_INPUT, "a paged k_cache needs at least one page");
+        if (p->block_table_stride < 0) return fail(FX_ERR_INPUT, "block_table_stride must not be negative");
+    } else if (p->num_pages != B) {
+        return fail(FX_ERR_INPUT, "a dense cache (max_pages 0) must have num_pages = batch (%lld), got %lld",
+                    (long long)B, (long long)p->num_pages);
+    }
+    if ((rc = check_stride("q_stride", p->q_stride, 0, 3)) || (rc = check_stride("k_stride", p->k_stride, 0, 3)) ||
+        (rc = check_stride("v_stride", p->v_stride, 0, 3)) || (rc = check_stride("o_stride", p->o_stride, 0, 3)))
+        return rc;
+    if (p->window_left < -1 || p->window_right < -1)
+        return fail(FX_ERR_INPUT, "window_size entries must be >= -1 (-1: unbounded)");
+    if (!(p->softcap >= 0.0f) || isinf(p->softcap))
+        return fail(FX_ERR_INPUT, "softcap must be a finite number >= 0 (0: off), got %g", (double)p->softcap);
+    float scale = p->softmax_scale;
+    if (scale == 0.0f) scale = (float)(1.0 / sqrt((double)D));
+    if (!(scale > 0.0f) || isinf(scale))
+        return fail(FX_ERR_INPUT, "softmax_scale must be a positive finite number, got %g", (double)p->softmax_scale);
+    if (p->kv_descale && p->kv_dtype != FX_DTYPE_E4M3)
+        return fail(FX_ERR_INPUT, "kv_descale applies to e4m3 caches only");
+    if (B > fx_attention_grid_yz_max)
+        return fail(FX_ERR_INPUT, "batch (%lld) must be <= %lld", (long long)B, (long long)fx_attention_grid_yz_max);
+    int64_t numel_q, max_k;
+    const int64_t q4[4] = {B, Sq, Hq, D};
+    if ((rc = product(q4, 4, &numel_q, "q's element count"))) return rc;
+    if ((rc = mul64(paged ? p->max_pages : 1, p->page_size, &max_k, "the cache's rows per sequence"))) return rc;
+    const int64_t qs_[3] = {p->q_stride[0], p->q_stride[1], p->q_stride[2]};
+    int64_t numel_k;
+    const int64_t k4[4] = {p->num_pages, p->page_size, Hkv, D};
+    if ((rc = product(k4, 4, &numel_k, "the cache's element count"))) return rc;
+    int32_t kvec = p->kv_dtype == FX_DTYPE_E4M3 ? 16 : 8;
+    if ((rc = check_strides("q", p->q, qs_, 0, numel_q)) || (rc = check_strides("o", p->o, p->o_stride, 0, numel_q)))
+        return rc;
+    for (int32_t w = 0; w < 2 && numel_k; w++) {
+        const int64_t *st = w ? p->v_stride : p->k_stride;
+        const void *ptr = w ? p->v_cache : p->k_cache;
+        for (int32_t i = 0; i < 3; i++)
+            if (st[i] % kvec)
+                return fail(FX_ERR_INPUT, "%s: strides must be multiples of %d elements (16 bytes) except the last",
+                            w ? "v_cache" : "k_cache", kvec);
+        if ((uintptr_t)ptr % 16) return fail(FX_ERR_INPUT, "%s: data pointer must be 16-byte aligned",
+                                             w ? "v_cache" : "k_cache");
+    }
+    { /* outputs: every element its own address, no byte shared with an input or the other output */
+        const int64_t qst[4] = {p->q_stride[0], p->q_stride[1], p->q_stride[2], 1};
+        const int64_t ost[4] = {p->o_stride[0], p->o_stride[1], p->o_stride[2], 1};
+        const int64_t kst[4] = {p->k_stride[0], p->k_stride[1], p->k_stride[2], 1};
+        const int64_t vst[4] = {p->v_stride[0], p->v_stride[1], p->v_stride[2], 1};
+        const int64_t eb = 2, kb = p->kv_dtype == FX_DTYPE_E4M3 ? 1 : 2;
+        int64_t span;
+        fx_range in[7], ro, rl;
+        if ((rc = span_of("q", 4, q4, qst, &span)) || (rc = range_of(&in[0], "q", p->q, span, eb)) ||
+            (rc = span_of("k_cache", 4, k4, kst, &span)) || (rc = range_of(&in[1], "k_cache", p->k_cache, span, kb)) ||
+            (rc = span_of("v_cache", 4, k4, vst, &span)) || (rc = range_of(&in[2], "v_cache", p->v_cache, span, kb)) ||
+            (rc = span_of("o", 4, q4, ost, &span)) || (rc = range_of(&ro, "o", p->o, span, eb)))
+            return rc;
+        const int64_t bt2[2] = {B, p->max_pages}, bts2[2] = {p->block_table_stride, 1};
+        if ((rc = span_of("block_table", 2, bt2, bts2, &span)) ||
+            (rc = range_of(&in[3], "block_table", p->max_pages > 0 ? (const void *)p->block_table : NULL, span, 4)))
+            return rc;
+        range_of(&in[4], "cache_seqlens", p->cache_seqlens, B, 4);
+        range_of(&in[5], "sinks", p->sinks, Hq, 4);
+        range_of(&in[6], "kv_descale", p->kv_descale, 2 * Hkv, 4);
+        if ((rc = check_distinct("o", 4, q4, ost)) || (rc = check_disjoint(&ro, in, 7))) return rc;
+        if (p->lse) {
+            const int64_t ld[3] = {B, Hq, Sq}, lst_[3] = {p->lse_stride[0], p->lse_stride[1], 1};
+            if ((rc = check_stride("lse_stride", p->lse_stride, 0, 2)) || (rc = span_of("lse", 3, ld, lst_, &span)) ||
+                (rc = range_of(&rl, "lse", p->lse, span, 4)) || (rc = check_distinct("lse", 3, ld, lst_)) ||
+                (rc = check_disjoint(&rl, in, 7)) || (rc = check_disjoint(&rl, &ro, 1)))
+                return rc;
+        }
+    }
+    int local = p->window_left >= 0 || (p->window_right >= 0 && !p->causal);
+    if ((local || p->softcap > 0.0f) && !p->sinks)
+        return fail(FX_ERR_INPUT, "sinks: the window/softcap build reads sinks: pass heads_q float32 logits "
+                                  "(-inf where the model has none)");
+    uint64_t lse_bytes = 0, ln = (uint64_t)B * (uint64_t)Hq * (uint64_t)Sq;
+    if (!p->lse && (rc = mulu64(ln, 4u, &lse_bytes, "the lse scratch"))) return rc;
+    if (numel_q == 0) { /* kvcache.attention_kvcache: nothing to launch */
+        out->workspace_bytes = 0;
+        return 0;
+    }
+    kv_problem q = {B, Sq, Hq, Hkv, D, max_k, paged ? p->page_size : 0, p->dtype, p->kv_dtype, p->causal, local,
+                    p->softcap > 0.0f, p->sinks != NULL};
+    int32_t choice = kv_choose(dev, &q);
+    if (choice < 0)
+        return fail(FX_ERR_NO_VARIANT, "no attention_kvcache kernel in this bundle for dtype=%s kv_dtype=%s head_dim=%lld "
+                    "%s seqlen_q=%lld causal=%d (on compute capability %d.%d)", dtype_name(p->dtype),
+                    dtype_name(p->kv_dtype), (long long)D, paged ? "paged" : "dense cache", (long long)Sq, p->causal,
+                    dev->cc_major, dev->cc_minor);
+    const fx_variant *e = &fx_variants[choice];
+    int64_t s = e->splits > 1 ? e->splits : 1; /* the workspace splits (cluster merges take none) */
+    uint64_t nsplit = 0;
+    a->split_bytes = 0;
+    if (s > 1 && ((rc = mulu64((uint64_t)s, ln, &nsplit, "the split-KV workspace")) ||
+                  (rc = mulu64(nsplit, ((uint64_t)D + 1u) * 4u, &a->split_bytes, "the split-KV workspace"))))
+        return rc;
+    a->splits = e->kv_splits > 0 ? e->kv_splits : 1;
+    a->lse_offset = a->split_bytes;
+    if (__builtin_add_overflow(a->split_bytes, lse_bytes, &out->workspace_bytes))
+        return fail(FX_ERR_INPUT, "the attention workspace overflows 64 bits");
+    fx_value *vals = a->vals;
+    const int64_t kshape[4] = {p->num_pages, p->page_size, Hkv, D};
+    const int64_t qs[4] = {p->q_stride[0], p->q_stride[1], p->q_stride[2], 1};
+    const int64_t os[4] = {p->o_stride[0], p->o_stride[1], p->o_stride[2], 1};
+    const int64_t ks[4] = {p->k_stride[0], p->k_stride[1], p->k_stride[2], 1};
+    const int64_t vs[4] = {p->v_stride[0], p->v_stride[1], p->v_stride[2], 1};
+    spec(&vals[0], p->q, 4, q4, qs);
+    spec(&vals[1], p->k_cache, 4, kshape, ks);
+    spec(&vals[2], p->v_cache, 4, kshape, vs);
+    spec(&vals[3], p->o, 4, q4, os);
+    const int64_t ls[3] = {B, Hq, Sq};
+    const int64_t lst[3] = {p->lse ? p->lse_stride[0] : Hq * Sq, p->lse ? p->lse_stride[1] : Sq, 1};
+    spec(&vals[4], p->lse ? (const void *)p->lse : (const void *)(workspace + a->lse_offset), 3, ls, lst);
+    int32_t k = 5;
+    if (s > 1) {
+        int64_t op[5] = {s, B, Hq, Sq, D}, ops[5] = {B * Hq * Sq * D, Hq * Sq * D, Sq * D, D, 1};
+        int64_t lp[4] = {s, B, Hq, Sq}, lps[4] = {B * Hq * Sq, Hq * Sq, Sq, 1};
+        spec(&vals[k++], (const void *)workspace, 5, op, ops);
+        spec(&vals[k++], (const void *)(workspace + nsplit * (uint64_t)D * 4u), 4, lp, lps);
+    }
+    /* arguments a variant's switches leave unread get a valid pointer of the contract's shape:
+       the dense cache's (B, 1) block table and the sinks / descales of builds without them */
+    const void *any = p->cache_seqlens ? (const void *)p->cache_seqlens : (const void *)p->q;
+    const int64_t bts[2] = {B, paged ? p->max_pages : 1}, btst[2] = {paged ? p->block_table_stride : 1, 1};
+    spec(&vals[k++], paged ? (const void *)p->block_table : any, 2, bts, btst);
+    const int64_t bsh[1] = {B}, one[1] = {1};
+    spec(&vals[k++], p->cache_seqlens, 1, bsh, one);
+    const int64_t hsh[1] = {Hq};
+    spec(&vals[k++], p->sinks ? (const void *)p->sinks : any, 1, hsh, one);
+    const int64_t dsh[2] = {2, Hkv}, dst[2] = {Hkv, 1};
+    spec(&vals[k++], p->kv_descale ? (const void *)p->kv_descale : any, 2, dsh, dst);
+    vals[k++].f = scale;
+    vals[k++].f = p->softcap;
+    vals[k++].i = p->window_left;
+    vals[k++].i = p->window_right;
+    a->n_vals = k;
+    out->variant = choice;
+    out->name = e->name;
+    out->splits = a->splits;
+    if (a->n_vals != e->n_args || (rc = check_contract(e, a->vals, a->n_vals))) {
+        out->variant = -1;
+        out->name = NULL;
+        return rc ? rc : fail(FX_ERR_INPUT, "%s takes %d arguments, got %d", e->name, e->n_args, a->n_vals);
+    }
+    return 0;
+}
+
+FX_EXPORT int32_t fx_attention_kvcache_select(const fx_device_t *dev, const fx_attention_kvcache_problem_t *p,
+                                              fx_selection_t *out) {
+    fx_selection_t tmp;
+    attn_ctx a;
+    if (!out) out = &tmp;
+    return finish(kv_select(dev, p, out, &a, 0), out);
+}
+
 /* --- launching ------------------------------------------------------------------------------------ */
 static pthread_mutex_t fx_load_lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -1423,4 +1724,25 @@ FX_EXPORT int32_t fx_attention(const fx_device_t *dev, const fx_attention_proble
     fx_selection_t tmp;
     if (!out) out = &tmp;
     return finish(attn_run(dev, p, workspace, workspace_bytes, stream, out), out);
+}
+
+static int32_t kv_run(const fx_device_t *dev, const fx_attention_kvcache_problem_t *p, void *workspace,
+                      uint64_t workspace_bytes, fx_stream_t stream, fx_selection_t *out) {
+    attn_ctx a;
+    int32_t rc = kv_select(dev, p, out, &a, (uintptr_t)workspace);
+    if (rc || out->variant < 0) return rc;
+    if (!p->q || !p->k_cache || !p->v_cache || !p->o || !p->cache_seqlens || (p->max_pages > 0 && !p->block_table))
+        return fail(FX_ERR_INPUT, "fx_attention_kvcache needs the q, k_cache, v_cache, o, cache_seqlens (and, paged, "
+                                  "block_table) pointers");
+    if ((rc = check_workspace(out->workspace_bytes, workspace, workspace_bytes))) return rc;
+    if ((rc = ensure_loaded(out->variant))) return rc;
+    return fx_variants[out->variant].bind(a.vals, stream);
+}
+
+FX_EXPORT int32_t fx_attention_kvcache(const fx_device_t *dev, const fx_attention_kvcache_problem_t *p,
+                                       void *workspace, uint64_t workspace_bytes, fx_stream_t stream,
+                                       fx_selection_t *out) {
+    fx_selection_t tmp;
+    if (!out) out = &tmp;
+    return finish(kv_run(dev, p, workspace, workspace_bytes, stream, out), out);
 }

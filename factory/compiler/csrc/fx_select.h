@@ -9,8 +9,8 @@
 #define FX_MAX_ARGS 16
 #define FX_MAX_DEVICES 64
 
-enum { FX_OP_GEMM = 1, FX_OP_ATTENTION = 2 };
-enum { FX_FAMILY_OTHER = 0, FX_FAMILY_SM80 = 1, FX_FAMILY_SM90 = 2, FX_FAMILY_SM100 = 3 };
+enum { FX_OP_GEMM = 1, FX_OP_ATTENTION = 2, FX_OP_ATTENTION_KVCACHE = 3 };
+enum { FX_FAMILY_OTHER = 0, FX_FAMILY_SM80 = 1, FX_FAMILY_SM90 = 2, FX_FAMILY_SM100 = 3, FX_FAMILY_SM90_DECODE = 4 };
 enum { FX_MAJOR_K = 1, FX_MAJOR_M = 2, FX_MAJOR_N = 3 }; /* 0: anything else */
 enum { FX_ACC_DEFAULT = 0, FX_ACC_PROMOTED = 1, FX_ACC_FAST = 2 };
 
@@ -66,6 +66,9 @@ typedef struct {
     int32_t dtype, head_dim, causal, varlen, pack_gqa, preferred, splits, stages, min_seqlen_q;
     int32_t ctas_per_sm;     /* 0: the entry does not state it */
     int32_t decode_rows, kv_splits, pdl; /* decode family (attention/decode.py): rows per CTA, key splits, PDL; 0: other */
+    /* attention_kvcache (runtime/kvcache.py): cache dtype, paged, the page sizes taken (bit i:
+       2^i rows), the window / softcap / sink switches */
+    int32_t kv_dtype, paged, page_size_mask, local, softcap, sinks;
     /* the contract (loader.Binder.check) */
     int32_t n_args;
     const fx_arg *args;
