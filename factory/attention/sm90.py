@@ -546,8 +546,8 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                                      cute.make_layout((KB, D), stride=(1, BN)))
             v_box = cute.composition(cute.slice_(sV_layout, (None, None, 0)),
                                      cute.make_layout((D, KB), stride=(1, D)))
-            tma_k, tK = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), mK, k_box, (KB, D))
-            tma_v, tV = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), mVt, v_box, (D, KB))
+            tma_k, tK = atoms.tma_load_box_atom(mK, k_box, (KB, D))
+            tma_v, tV = atoms.tma_load_box_atom(mVt, v_box, (D, KB))
             if cutlass.const_expr(self.gather):
                 tK, tV = mK, mVt
         else:
