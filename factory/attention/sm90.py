@@ -831,6 +831,20 @@ class FlashFwdSm90(layout.TmaViewsKernel):
         return state
 
     @cute.jit
+    def load_q(self, tma_q, seqQ, sQ, q_bars, m_block):
+        """The paged producers' Q: one TMA slab per consumer warpgroup, each on its mbarrier (one
+        warp issues it)."""
+        W, D = self.consumers, self.head_dim
+        gQ = cute.local_tile(seqQ, (WG_ROWS, D), (None, 0))
+        tQsQ, tQgQ = cpasync.tma_partition(tma_q, 0, cute.make_layout(1),
+                                           cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
+        slab_bytes = cute.size_in_bytes(self.dtype, cute.slice_(sQ.layout, (None, None, 0)))
+        for w in cutlass.range_constexpr(W):
+            with cute.arch.elect_one():
+                cute.arch.mbarrier_arrive_and_expect_tx(q_bars + w, slab_bytes)
+            cute.copy(tma_q, tQgQ[(None, m_block * W + w)], tQsQ[(None, w)], tma_bar_ptr=q_bars + w)
+
+    @cute.jit
     def produce_paged(self, tma_q, seqQ, tma_k, seqK, tma_v, seqVt, sQ, sK, sV, q_bars, kv_pipes,
                       m_block, n_hi, state, mTable, batch, k_len):
         """The TMA warp over a paged cache: Q slabs, then K and V of tiles n_hi-1 down to 0, each
@@ -840,17 +854,9 @@ class FlashFwdSm90(layout.TmaViewsKernel):
         gets its full byte count and no table entry past the sequence is read."""
         k_pipe, v_pipe = kv_pipes
         if n_hi > 0:
-            W, D, BN, KB = self.consumers, self.head_dim, self.tile_n, self.page_box
+            D, BN, KB = self.head_dim, self.tile_n, self.page_box
             page_size = seqK.shape[0]
-            gQ = cute.local_tile(seqQ, (WG_ROWS, D), (None, 0))
-            tQsQ, tQgQ = cpasync.tma_partition(tma_q, 0, cute.make_layout(1),
-                                               cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
-            slab_bytes = cute.size_in_bytes(self.dtype, cute.slice_(sQ.layout, (None, None, 0)))
-            for w in cutlass.range_constexpr(W):
-                with cute.arch.elect_one():
-                    cute.arch.mbarrier_arrive_and_expect_tx(q_bars + w, slab_bytes)
-                cute.copy(tma_q, tQgQ[(None, m_block * W + w)], tQsQ[(None, w)],
-                          tma_bar_ptr=q_bars + w)
+            self.load_q(tma_q, seqQ, sQ, q_bars, m_block)
             for i in cutlass.range(n_hi, unroll=1):
                 n = n_hi - 1 - i
                 k_pipe.producer_acquire(state)
@@ -887,17 +893,9 @@ class FlashFwdSm90(layout.TmaViewsKernel):
         table entry past the sequence is read."""
         k_pipe, v_pipe = kv_pipes
         if n_hi > 0:
-            W, D, BN = self.consumers, self.head_dim, self.tile_n
+            D, BN = self.head_dim, self.tile_n
             if warp_idx == 0:
-                gQ = cute.local_tile(seqQ, (WG_ROWS, D), (None, 0))
-                tQsQ, tQgQ = cpasync.tma_partition(tma_q, 0, cute.make_layout(1),
-                                                   cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
-                slab_bytes = cute.size_in_bytes(self.dtype, cute.slice_(sQ.layout, (None, None, 0)))
-                for w in cutlass.range_constexpr(W):
-                    with cute.arch.elect_one():
-                        cute.arch.mbarrier_arrive_and_expect_tx(q_bars + w, slab_bytes)
-                    cute.copy(tma_q, tQgQ[(None, m_block * W + w)], tQsQ[(None, w)],
-                              tma_bar_ptr=q_bars + w)
+                self.load_q(tma_q, seqQ, sQ, q_bars, m_block)
             vec = 128 // self.dtype.width
             atom = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL),
                                        self.dtype, num_bits_per_copy=128)
