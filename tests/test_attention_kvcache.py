@@ -16,6 +16,7 @@ from conftest import Recorder, needs_dsl
 from factory.attention import contract
 from factory.runtime import Bundle, InputError, NoVariantError
 from factory.runtime import kvcache as kv
+import kvcache_rules as rules
 
 H100 = {"name": "planned H100", "sm_count": 132}
 
@@ -57,8 +58,11 @@ def test_enumeration():
     assert {v.splits > 1 for v in test} == {True, False}
     assert any(v.local and v.softcap and v.sinks for v in test)
     assert {v.dtype for v in test} == {"bf16", "f16"} and {v.head_dim for v in test} == {64, 128}
+    f8 = [v for v in test if v.kv_dtype == "e4m3"]
+    assert f8 and all(v.paged and v.head_dim == 128 for v in f8)
     default = enumerate_decode_kv(get_target("sm_90"), "default")
     assert len({v.name for v in default}) == len(default) <= 44
+    assert not [v for v in default if v.kv_dtype == "e4m3"]  # not run yet: test tier only
     assert all(v.can_implement() is None for v in default)
     # cluster merges without PDL twins; the workspace split with its PDL combine kernel
     assert all(v.pdl == (v.splits > 1 and not v.cluster) for v in default)
@@ -109,61 +113,61 @@ def prob(b=8, sq=1, hq=32, hkv=8, d=128, sk=4096, page=16, **kw):
 
 
 def test_select_splits_and_layouts():
-    assert kv.select(CANDS, prob(b=256))["name"] == "p1"          # the grid fills the GPU
-    assert kv.select(CANDS, prob(b=1, sk=32768))["name"] == "p8"  # one long sequence: 8 kv heads x 8
-    assert kv.select(CANDS, prob(b=8, sk=8192, hq=64))["name"] == "p4"  # 64 groups x 4: 2 per SM
-    assert kv.select(CANDS, prob(b=1, sk=32768, page=None))["name"] == "d8"  # the dense rule
-    assert kv.select(CANDS, prob(b=4, sk=32768, hq=64, page=None))["name"] == "d2"
-    assert kv.select(CANDS, prob(b=1, sk=100))["name"] == "p1"    # two key tiles: no split
+    assert rules.select(CANDS, prob(b=256))["name"] == "p1"          # the grid fills the GPU
+    assert rules.select(CANDS, prob(b=1, sk=32768))["name"] == "p8"  # one long sequence: 8 kv heads x 8
+    assert rules.select(CANDS, prob(b=8, sk=8192, hq=64))["name"] == "p4"  # 64 groups x 4: 2 per SM
+    assert rules.select(CANDS, prob(b=1, sk=32768, page=None))["name"] == "d8"  # the dense rule
+    assert rules.select(CANDS, prob(b=4, sk=32768, hq=64, page=None))["name"] == "d2"
+    assert rules.select(CANDS, prob(b=1, sk=100))["name"] == "p1"    # two key tiles: no split
 
 
 def test_paged_split_rule():
     """paged_split_count on the measured shapes (H200, notes/attention-kvcache.md)."""
     both = {1: False, 2: True, 4: True, 8: True, 32: False}
-    assert kv.paged_split_count(8, 512, 132, both) == 32      # B1 H32/8 32k
-    assert kv.paged_split_count(32, 512, 132, both) == 32     # B4 H64/8 32k: not the 8-cluster
-    assert kv.paged_split_count(8, 64, 132, both) == 8        # MQA B8 4k: 4 tiles per split at most
-    assert kv.paged_split_count(64, 128, 132, both) == 4      # B8 H64/8 D64 8k
-    assert kv.paged_split_count(128, 64, 132, both) == 1      # B16 H32/8: fills 3/4 of the SMs
+    assert rules.paged_split_count(8, 512, 132, both) == 32      # B1 H32/8 32k
+    assert rules.paged_split_count(32, 512, 132, both) == 32     # B4 H64/8 32k: not the 8-cluster
+    assert rules.paged_split_count(8, 64, 132, both) == 8        # MQA B8 4k: 4 tiles per split at most
+    assert rules.paged_split_count(64, 128, 132, both) == 4      # B8 H64/8 D64 8k
+    assert rules.paged_split_count(128, 64, 132, both) == 1      # B16 H32/8: fills 3/4 of the SMs
     no32 = {1: False, 2: True, 4: True, 8: True}
-    assert kv.paged_split_count(8, 512, 132, no32) == 8 and kv.paged_split_count(32, 512, 132, no32) == 8
-    assert kv.paged_split_count(8, 3, 132, both) == 1         # 3 tiles: nothing keeps 4
+    assert rules.paged_split_count(8, 512, 132, no32) == 8 and rules.paged_split_count(32, 512, 132, no32) == 8
+    assert rules.paged_split_count(8, 3, 132, both) == 1         # 3 tiles: nothing keeps 4
 
 
 def test_select_switches():
-    assert kv.select(CANDS, prob(b=256, local=True))["name"] == "w1"
-    assert kv.select(CANDS, prob(b=1, sk=32768, sinks=True, softcap=True))["name"] == "w8"
+    assert rules.select(CANDS, prob(b=256, local=True))["name"] == "w1"
+    assert rules.select(CANDS, prob(b=1, sk=32768, sinks=True, softcap=True))["name"] == "w8"
     with pytest.raises(NoVariantError, match="window/softcap/sinks"):
-        kv.select(CANDS, prob(page=None, sinks=True))
+        rules.select(CANDS, prob(page=None, sinks=True))
 
 
 def test_select_no_variant_messages():
     with pytest.raises(NoVariantError, match="page size"):
-        kv.select([dict(e, page_sizes=[16]) for e in CANDS], prob(page=64))
+        rules.select([dict(e, page_sizes=[16]) for e in CANDS], prob(page=64))
     with pytest.raises(NoVariantError, match="head_dim"):
-        kv.select(CANDS, prob(d=256))
+        rules.select(CANDS, prob(d=256))
     with pytest.raises(NoVariantError, match="dtype/kv_dtype"):
-        kv.select(CANDS, prob(kv_dtype="e4m3"))
+        rules.select(CANDS, prob(kv_dtype="e4m3"))
     with pytest.raises(NoVariantError, match="at most 16 queries"):
-        kv.select(CANDS, prob(sq=17))
+        rules.select(CANDS, prob(sq=17))
     with pytest.raises(NoVariantError, match="no attention_kvcache variant"):
-        kv.select([], prob())
+        rules.select([], prob())
 
 
 def test_families_are_table_driven():
     """A second family (as the prefill kernels register) serves what the decode family does not."""
     other = [entry("pre", family="other"), entry("pre_nc", family="other")]
     other[1]["causal"] = False
-    saved = list(kv.FAMILIES)
+    saved = list(rules.FAMILIES)
     try:
-        kv.register_family("other", lambda es, p, sms: next((e for e in es if e["causal"] == p.causal), None))
-        assert kv.select(CANDS + other, prob(sq=100))["name"] == "pre"
-        assert kv.select(CANDS + other, prob(sq=100, causal=False))["name"] == "pre_nc"
-        assert kv.select(CANDS + other, prob(sq=1))["name"] != "pre"  # decode stays first
-        kv.register_family("other", kv.FAMILIES[-1][1], before="sm90_decode")
-        assert kv.FAMILIES[0][0] == "other"
+        rules.register_family("other", lambda es, p, sms: next((e for e in es if e["causal"] == p.causal), None))
+        assert rules.select(CANDS + other, prob(sq=100))["name"] == "pre"
+        assert rules.select(CANDS + other, prob(sq=100, causal=False))["name"] == "pre_nc"
+        assert rules.select(CANDS + other, prob(sq=1))["name"] != "pre"  # decode stays first
+        rules.register_family("other", rules.FAMILIES[-1][1], before="sm90_decode")
+        assert rules.FAMILIES[0][0] == "other"
     finally:
-        kv.FAMILIES[:] = saved
+        rules.FAMILIES[:] = saved
 
 
 # --- validation through a simulated bundle --------------------------------------------------------
@@ -269,8 +273,12 @@ def test_no_variant_for_combos_not_built(sim):
         sim.attention_kvcache(q, k, v, sl, block_table=bt)
     q, k, v, sl, bt = paged()
     k8, v8 = k.to(torch.float8_e4m3fn), v.to(torch.float8_e4m3fn)
-    with pytest.raises(NoVariantError, match="dtype/kv_dtype"):  # (no f16 q over an e4m3 cache)
-        sim.attention_kvcache(q.half(), k8, v8, sl, block_table=bt, k_descale=torch.ones(1))
+    with pytest.raises(NoVariantError, match="cache layout"):  # fp8: paged only
+        sim.attention_kvcache(q, bf(2, 64, 8, 128).to(torch.float8_e4m3fn), bf(2, 64, 8, 128).to(torch.float8_e4m3fn),
+                              sl, k_descale=torch.ones(1))
+    sim.attention_kvcache(q, k8, v8, sl, block_table=bt, k_descale=torch.ones(1), v_descale=torch.full((8,), 2.0))
+    assert sim.rec.launched[-1].endswith("_ce4m3_paged")
+    sim.rec.launched.clear()
     with pytest.raises(InputError, match="head_dim 96 not supported"):
         sim.attention_kvcache(bf(2, 1, 32, 96), bf(20, 16, 8, 96), bf(20, 16, 8, 96), sl, block_table=bt)
     assert sim.rec.launched == []
@@ -403,7 +411,7 @@ def test_c_selection_equals_python(test_bundle):
                                               page=page, dtype=dtype, kv_dtype=dtype, local=switches,
                                               softcap=switches, sinks=switches)
                                     try:
-                                        want = ("ok", kv.select(cands, pr, sms)["name"])
+                                        want = ("ok", rules.select(cands, pr, sms)["name"])
                                     except NoVariantError:
                                         want = ("novariant",)
                                     got, _ = lib.kvcache_select(dev, _c_problem(cs, b, sq, hq, hkv, d, sk, page, dtype,
@@ -412,6 +420,22 @@ def test_c_selection_equals_python(test_bundle):
                                     n += 1
                                     n_ok += got[0] == "ok"
     assert n_ok > 300 and n > n_ok  # both answers occur
+    # fp8 caches (C needs the descales; Python passes unit ones)
+    b_py = Bundle.open(test_bundle, capability=(9, 0), device={"name": None, "sm_count": 132})
+    dev = lib.device((9, 0), 132, None)
+    for b in (1, 4, 64):
+        for page in (None, 16, 64):
+            for dtype in ("bf16", "f16"):
+                pr = prob(b=b, sk=4096, page=page, dtype=dtype, kv_dtype="e4m3")
+                try:
+                    want = ("ok", rules.select(b_py.candidates("attention_kvcache"), pr, 132)["name"])
+                except NoVariantError:
+                    want = ("novariant",)
+                cp = _c_problem(cs, b, 1, 32, 8, 128, 4096, page, dtype, False)
+                cp.kv_dtype, cp.kv_descale = 4, 0x2000
+                cp.k_stride[:] = list(cp.k_stride)  # (element strides: multiples of 16 for e4m3)
+                got, _ = lib.kvcache_select(dev, cp)
+                assert got == want, (pr, got, want, lib.message())
 
 
 def test_c_entry_refuses_bad_problems(test_bundle):

@@ -2,7 +2,8 @@
 float32 reference on the gathered K/V (``factory.testing.attention_kvcache_reference``).
 
 Every attention_kvcache variant of the bundle launched by name: every page size, ragged lengths
-(0, 1, a partly filled last page, several key tiles), GQA / MQA / MHA, seqlen_q 1 / 4 / 16
+(0, 1, a partly filled last page, several key tiles), GQA / MQA / MHA, seqlen_q 1 / 4 / 16, fp8 e4m3
+caches with per-kv-head k_descale and a per-tensor v_descale where the bundle has them
 (bottom-right causal); pages handed out in a shuffled order, the pool's unused pages and the
 block table's unused entries pointing at NaN pages, NaN-poisoned o and lse.  The switch build:
 a left window, softcap, sinks, each alone and together.  Selection through ``attention_kvcache``
@@ -88,6 +89,10 @@ def run_case(bundle, e, lens, hq, hkv, sq, page_size, gen, **opts):
 
     dtype, d = DT[e["dtype"]], e["head_dim"]
     k, v, bt = make_cache(lens, hkv, d, dtype, page_size, gen)
+    if e.get("kv_dtype") == "e4m3":  # fp8 cache (NaN rows stay NaN) with per-kv-head descales
+        k, v = k.to(torch.float8_e4m3fn), v.to(torch.float8_e4m3fn)
+        opts = dict(opts, k_descale=torch.rand(hkv, device="cuda", generator=gen) + 0.5,
+                    v_descale=torch.rand(1, device="cuda", generator=gen) + 0.5)
     q = torch.randn(len(lens), sq, hq, d, device="cuda", generator=gen).to(dtype)
     seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
     out = torch.full_like(q, math.nan)
@@ -96,7 +101,8 @@ def run_case(bundle, e, lens, hq, hkv, sq, page_size, gen, **opts):
     assert o is out
     ref_o, ref_lse = attention_kvcache_reference(
         q, k, v, seqlens, bt, causal=True, scale=opts.get("softmax_scale"),
-        window_size=opts.get("window_size", (-1, -1)), softcap=opts.get("softcap", 0.0), sinks=opts.get("sinks"))
+        window_size=opts.get("window_size", (-1, -1)), softcap=opts.get("softcap", 0.0), sinks=opts.get("sinks"),
+        k_descale=opts.get("k_descale"), v_descale=opts.get("v_descale"))
     what = f"{e['name']} lens={lens} H{hq}/{hkv} Sq{sq} page={page_size} {sorted(opts)}"
     assert not o.isnan().any(), f"{what}: NaN in o"
     assert not lse.isnan().any(), f"{what}: NaN in lse"
@@ -124,7 +130,7 @@ CASES = [
 @pytest.mark.parametrize("page_size", (None,) + PAGE_SIZES)
 def test_every_variant(bundle, page_size):
     gen = torch.Generator(device="cuda").manual_seed(7 + (page_size or 0))
-    es = entries(bundle, paged=page_size is not None)
+    es = entries(bundle, paged=page_size is not None)  # (fp8 caches among them)
     if not es:
         pytest.skip("no variant for this cache layout")
     with torch.no_grad():

@@ -164,7 +164,7 @@ def _entries(target: str, tier: str = "test"):
 
 
 def _problem(**kw):
-    from factory.runtime.kvcache import Problem
+    from kvcache_rules import Problem
 
     base = dict(batch=4, seqlen_q=512, heads_q=32, heads_kv=8, head_dim=128, max_seqlen_k=8192,
                 dtype="bf16", kv_dtype="bf16", page_size=16, causal=True, local=False, softcap=False,
@@ -176,7 +176,7 @@ def test_selection_hopper():
     """On a 9.0 device (sm_90a candidates before sm_90): page sizes of whole TMA boxes take the
     sm90 TMA variant, smaller ones its cp.async gather; switches the sm90 family lacks (window,
     softcap, sinks, fp8) and a dense cache fall to the sm80 family's sm_90 build."""
-    from factory.runtime.kvcache import select
+    from kvcache_rules import select
 
     cands = _entries("sm_90a") + _entries("sm_90")
     pick = lambda **kw: select(cands, _problem(**kw))  # noqa: E731
@@ -186,13 +186,15 @@ def test_selection_hopper():
     assert pick(page_size=128, varlen_q=True)["varlen"]
     e = pick(head_dim=64, dtype="f16", kv_dtype="f16", local=True, softcap=True, sinks=True, varlen_q=True)
     assert e["family"] == "sm80" and e["target"] == "sm_90"
-    e = pick(kv_dtype="e4m3", page_size=None, causal=False)
-    assert e["family"] == "sm80" and e["kv_dtype"] == "e4m3" and not e["paged"]
+    e = pick(kv_dtype="e4m3", causal=False)
+    assert e["family"] == "sm80" and e["kv_dtype"] == "e4m3" and e["paged"]
+    e = pick(head_dim=64, page_size=None, causal=False, varlen_q=True)
+    assert e["family"] == "sm80" and not e["paged"]
 
 
 def test_selection_ampere_ada():
     """sm_80 / sm_89 devices: the sm80 family for every seqlen_q (no decode family there)."""
-    from factory.runtime.kvcache import select
+    from kvcache_rules import select
 
     for t in ("sm_80", "sm_89"):
         cands = _entries(t, "default")
@@ -202,10 +204,3 @@ def test_selection_ampere_ada():
     e = select(_entries("sm_89", "full"), _problem(kv_dtype="e4m3", page_size=256))
     assert e["kv_dtype"] == "e4m3"
 
-
-def test_proof_levels():
-    """executed only for the build whose SASS ran (the sm90a TMA page-box variants); the others
-    are proven by their SASS until their GPU test passes on them."""
-    for v in _variants("sm_90", "test") + _variants("sm_90a", "test"):
-        want = "executed" if getattr(v, "page_box", 0) else "sass-only"
-        assert v.proof_level() == want, v.name

@@ -20,7 +20,8 @@ import textwrap
 import pytest
 import torch
 
-from conftest import BLACKWELL_DC, ROOT, Recorder, needs_dsl
+import selection_lib as sl
+from conftest import BLACKWELL_DC, ROOT, Recorder, bundle_with_swapped_cubin, needs_dsl, verify_cli
 from factory.runtime import Bundle, InputError, NoVariantError
 from factory.runtime import blockscaled as bs
 from test_blockscaled import documented_offset
@@ -152,20 +153,12 @@ def test_requirements_tell_block_scaled_from_dense_sass(test_bundle):
 
 
 def test_verify_refuses_a_dense_cubin_in_a_block_scaled_slot(test_bundle, tmp_path):
-    from factory.runtime.manifest import sha256_file
 
     m = _manifest(test_bundle)
     name = next(iter(_bs_entries(m)))
     donor = next(n for n, v in m["variants"].items() if v["op"] == "gemm" and v["target"] == BLACKWELL_DC
                  and v["family"] == "sm100")
-    bad = tmp_path / "bad"
-    shutil.copytree(test_bundle, bad)
-    rec = m["variants"][name]["files"]["cubin"]
-    shutil.copyfile(bad / m["variants"][donor]["files"]["cubin"]["path"], bad / rec["path"])
-    rec["sha256"] = sha256_file(bad / rec["path"])
-    rec["bytes"] = (bad / rec["path"]).stat().st_size
-    (bad / "manifest.json").write_text(json.dumps(m, indent=1))
-    r = subprocess.run([sys.executable, "-m", "factory", "verify", str(bad)], cwd=ROOT, capture_output=True, text=True)
+    r = verify_cli(bundle_with_swapped_cubin(test_bundle, tmp_path / "bad", name, donor))
     assert r.returncode == 1, r.stdout + r.stderr
     assert f"{name}: SASS lacks" in r.stderr and "UTCCP" in r.stderr
     assert any(ln.startswith("BAD " + name) for ln in r.stdout.splitlines())
@@ -307,6 +300,7 @@ def test_selection_prefers_one_cta_for_short_m(test_bundle, tmp_path):
     m["variants"] = dict(sorted(m["variants"].items()))
     (out / "manifest.json").write_text(json.dumps(m, indent=1))
     b, rec = simulated(out)
+    sl.attach(b)  # (the added entries are not in the host library: select with a library of the manifest's)
     w = bs.pack(torch.randn(256, 256), "nvfp4")
     b.gemm(bs.pack(torch.randn(16, 256), "nvfp4"), w)
     assert b.manifest["variants"][rec.launched[-1]]["cta_group"] == 1

@@ -58,9 +58,11 @@ class Target:
     # Portability builds compile a lower family's source for a newer chip so its numerics can be
     # proven on hardware we have (the sm80 family built for sm_90 runs on an H100).
     portability_of: str | None = None
-    # How variants for this target are proven in our lab (an H100 is the only GPU we have):
-    # "executed" (this very cubin runs there), "portability-build" (the same source built for
-    # sm_90 runs there), "sass-only" (compiled and disassembled; never run).
+    # The strongest proof label a variant for this target can get with the GPU the project has (an
+    # H100): "executed" (its cubin can run there), "portability-build" (the same source built for
+    # sm_90 can), "sass-only" (no GPU here runs it).  A ceiling, not a claim: the build gives
+    # "executed" only where a run record shows that cubin ran and passed, else "compiled"
+    # (factory/evidence.py, docs/proof.md).
     proof: str = "portability-build"
 
     def __post_init__(self):

@@ -216,17 +216,18 @@ class AttentionDecodeKV(AttentionDecode):
     def name(self) -> str:
         return AttentionVariant.name.fget(self).replace("_o0_", "_")
 
-    def proof_level(self) -> str:
-        """The switch build's cubins (window + softcap + sinks) changed after their GPU run (softcap
-        by a select per score, which removed a register spill): compiled and checked, not run."""
-        return "sass-only" if self.softcap else self.tgt.proof
-
     def can_implement(self) -> str | None:
         why = super().can_implement()
         if why:
             return why
-        if self.kv_dtype != self.dtype:
-            return "the K/V cache dtype must be the query dtype (fp8 caches are not built)"
+        if self.kv_dtype not in (self.dtype, "e4m3"):
+            return f"the K/V cache dtype must be {self.dtype} or e4m3"
+        if self.kv_dtype == "e4m3" and not self.paged:
+            return "fp8 caches are built paged only"
+        if self.kv_dtype == "e4m3" and (self.tile_n * self.head_dim // 16) % self.threads:
+            return "fp8 K/V tiles must be whole copy passes"
+        if self.kv_dtype == "e4m3" and self.head_dim != 128:
+            return "fp8 caches are built for head_dim 128 (head_dim 64's register staging spills)"
         if not self.causal:
             return "built bottom-right causal (one query: the same as no mask)"
         return None
@@ -250,6 +251,7 @@ class AttentionDecodeKV(AttentionDecode):
             warps=self.warps, stages=self.stages, causal=self.causal, splits=self.splits,
             cluster=self.cluster, pdl=self.pdl, ilp=self.ilp, min_ctas=self.min_ctas,
             kv=True, paged=self.paged, local=self.local, softcap=self.softcap, sinks=self.sinks,
+            fp8=self.kv_dtype == "e4m3",
         )
         return k.kvcache_split if self.splits > 1 and not self.cluster else k.kvcache
 
@@ -319,7 +321,7 @@ class FlashDecodeSm90:
     def __init__(self, *, dtype, head_dim: int, tile_n: int, warps: int, stages: int, causal: bool,
                  splits: int, cluster: bool, pdl: bool = False, ilp: bool = False, min_ctas: int = 0,
                  kv: bool = False, paged: bool = False, local: bool = False, softcap: bool = False,
-                 sinks: bool = False):
+                 sinks: bool = False, fp8: bool = False):
         self.dtype = dtype
         # Attention over a KV cache (contract.signature_kvcache): per-sequence key counts from
         # cache_seqlens; ``paged``: K/V rows addressed through the block table; window, softcap
@@ -329,6 +331,13 @@ class FlashDecodeSm90:
         self.local = local
         self.softcap = softcap
         self.sinks = sinks
+        # fp8 e4m3 K/V (paged): 16-byte chunks of a row by LDG into registers during the previous
+        # tile's MMAs, converted to dtype into the ring after them; k_descale folds into the score
+        # scale, v_descale into O.
+        self.fp8 = fp8
+        self.c_per_row = head_dim // 16  # fp8 chunks of one row
+        self.rows_pp = (32 * warps) // self.c_per_row  # rows of one pass
+        self.passes = tile_n // self.rows_pp
         self.head_dim = head_dim
         self.tile_n = tile_n
         self.warps = warps
@@ -371,7 +380,7 @@ class FlashDecodeSm90:
                 kv_descale: cute.Tensor, softmax_scale: cutlass.Float32, softcap: cutlass.Float32,
                 window_left: cutlass.Int32, window_right: cutlass.Int32, stream: cuda.CUstream):
         self._launch(q, k_cache, v_cache, o, lse, None, None, softmax_scale, stream,
-                     block_table, cache_seqlens, sinks, softcap, window_left, window_right)
+                     block_table, cache_seqlens, sinks, softcap, window_left, window_right, kv_descale)
 
     @cute.jit
     def kvcache_split(self, q: cute.Tensor, k_cache: cute.Tensor, v_cache: cute.Tensor, o: cute.Tensor,
@@ -380,14 +389,14 @@ class FlashDecodeSm90:
                       softmax_scale: cutlass.Float32, softcap: cutlass.Float32, window_left: cutlass.Int32,
                       window_right: cutlass.Int32, stream: cuda.CUstream):
         self._launch(q, k_cache, v_cache, o, lse, o_partial, lse_partial, softmax_scale, stream,
-                     block_table, cache_seqlens, sinks, softcap, window_left, window_right)
+                     block_table, cache_seqlens, sinks, softcap, window_left, window_right, kv_descale)
         self.combine(o_partial, lse_partial, o, lse, sinks).launch(
             grid=(cute.ceil_div(q.shape[1], COMBINE_WARPS), q.shape[2], q.shape[0]),
             block=[32 * COMBINE_WARPS, 1, 1], stream=stream, use_pdl=True)
 
     @cute.jit
     def _launch(self, mQ, mK, mV, mO, mLSE, mOp, mLp, softmax_scale, stream,
-                mBT=None, mSeq=None, mSinks=None, softcap=None, wl=None, wr=None):
+                mBT=None, mSeq=None, mSinks=None, softcap=None, wl=None, wr=None, mDesc=None):
         D, BN, S = self.head_dim, self.tile_n, self.stages
         # K/V: 64-element (128-byte) swizzled rows (ldmatrix and 16-byte cp.async without bank
         # conflicts); mode 2 is (K of slot 0, V of slot 0, K of slot 1, ...).
@@ -421,7 +430,8 @@ class FlashDecodeSm90:
             score_mul = softmax_scale / softcap
             cap_s = softcap / softmax_scale
         kern = self.kernel(mQ, mK, mV, mO, mLSE, mOp, mLp, softmax_scale * LOG2_E, sQ_layout,
-                           sKV_layout, g2s, tiled_mma, SharedStorage, mBT, mSeq, mSinks, score_mul, cap_s, wl, wr)
+                           sKV_layout, g2s, tiled_mma, SharedStorage, mBT, mSeq, mSinks, score_mul, cap_s, wl, wr,
+                           mDesc)
         extra = {"min_blocks_per_mp": self.min_ctas, "preferred_smem_carveout": 100} if self.min_ctas else {}
         if cutlass.const_expr(self.cluster):
             kern.launch(grid=grid, block=[self.threads, 1, 1], cluster=(self.splits, 1, 1),
@@ -436,7 +446,7 @@ class FlashDecodeSm90:
                mLSE: cute.Tensor, mOp, mLp, scale_log2: cutlass.Float32,
                sQ_layout: cute.Layout, sKV_layout: cute.ComposedLayout, g2s: cute.TiledCopy,
                tiled_mma: cute.TiledMma, SharedStorage: cutlass.Constexpr, mBT, mSeq, mSinks,
-               score_mul, cap, wl, wr):
+               score_mul, cap, wl, wr, mDesc):
         D, BN, S, W, SP, BNW = self.head_dim, self.tile_n, self.stages, self.warps, self.splits, self.bnw
         tidx, _, _ = cute.arch.thread_idx()
         bx, kv_head, batch = cute.arch.block_idx()
@@ -449,6 +459,16 @@ class FlashDecodeSm90:
         k_len = mK.shape[1]
         if cutlass.const_expr(self.kv):
             k_len = mSeq[batch]
+        v_descale = None
+        if cutlass.const_expr(self.fp8):
+            # s·k_descale: the scale (and, with softcap on, tanh's argument; its output keeps the
+            # softcap in true units: divided here, multiplied back by the scale)
+            k_descale = mDesc[0, kv_head]
+            v_descale = mDesc[1, kv_head]
+            scale_log2 = scale_log2 * k_descale
+            if cutlass.const_expr(self.softcap):
+                score_mul = score_mul * k_descale
+                cap = cap / k_descale
         n_rows = group * q_len
         if cutlass.const_expr(self.pdl or (SP > 1 and not self.cluster)):
             # The next grid (the combine kernel, or with pdl whatever follows) may be scheduled
@@ -491,15 +511,17 @@ class FlashDecodeSm90:
         sKw = cute.local_tile(sKV, (BNW, D, 2 * S), (wid, 0, 0))
         sVtw = cute.local_tile(sVt, (D, BNW, 2 * S), (0, wid, 0))
 
-        seqK = mK[batch, None, kv_head, None]
-        seqV = mV[batch, None, kv_head, None]
-        thr_g2s = g2s.get_slice(tidx)
-        gK = cute.local_tile(seqK, (BN, D), (None, 0))
-        gV = cute.local_tile(seqV, (BN, D), (None, 0))
-        tKgK = thr_g2s.partition_S(gK)
-        tVgV = thr_g2s.partition_S(gV)
-        tKVsKV = thr_g2s.partition_D(sKV)
-        tKVcKV = thr_g2s.partition_S(cute.make_identity_tensor((BN, D)))
+        tKgK = tVgV = tKVsKV = tKVcKV = None
+        if cutlass.const_expr(not self.fp8):
+            seqK = mK[batch, None, kv_head, None]
+            seqV = mV[batch, None, kv_head, None]
+            thr_g2s = g2s.get_slice(tidx)
+            gK = cute.local_tile(seqK, (BN, D), (None, 0))
+            gV = cute.local_tile(seqV, (BN, D), (None, 0))
+            tKgK = thr_g2s.partition_S(gK)
+            tVgV = thr_g2s.partition_S(gV)
+            tKVsKV = thr_g2s.partition_D(sKV)
+            tKVcKV = thr_g2s.partition_S(cute.make_identity_tensor((BN, D)))
 
         thr_mma = tiled_mma.get_slice(lane)
         tSrQ = thr_mma.make_fragment_A(thr_mma.partition_A(sQ))
@@ -546,17 +568,29 @@ class FlashDecodeSm90:
             ps_shift = 31 - cutlass.Int32(cute.arch.clz(cutlass.Int32(mK.shape[1])))
             # This thread's rows' page indices for the next tile to load, read one tile ahead
             # (their latency hides behind a tile's MMAs instead of stalling the copy issue).
-            pages = cute.make_rmem_tensor((self.tile_n // (self.threads // 8),), cutlass.Int32)
+            pages = cute.make_rmem_tensor((self.passes if self.fp8 else self.tile_n // (self.threads // 8),),
+                                          cutlass.Int32)
+        kreg = vreg = None
+        if cutlass.const_expr(self.fp8):
+            kreg = cute.make_rmem_tensor(cute.make_layout((self.passes, 16), stride=(16, 1)), mK.element_type)
+            vreg = cute.make_rmem_tensor(cute.make_layout((self.passes, 16), stride=(16, 1)), mK.element_type)
         for s in cutlass.range_constexpr(S - 1):
             if n_hi - 1 - s >= n_lo:
-                if cutlass.const_expr(self.paged):
+                if cutlass.const_expr(self.fp8):
+                    self.fetch_pages_fp8(mBT, pages, batch, n_hi - 1 - s, k_len, tidx, ps_shift)
+                    self.load_fp8_regs(mK, mV, pages, kreg, vreg, kv_head, n_hi - 1 - s, k_len, tidx, ps_shift)
+                    self.store_fp8_regs(kreg, vreg, sKV, s, tidx, n_hi - 1 - s, k_len)
+                elif cutlass.const_expr(self.paged):
                     self.fetch_pages(mBT, pages, batch, n_hi - 1 - s, k_len, tidx, ps_shift)
                     self.load_kv_paged(g2s_atom, mK, mV, pages, sKV, kv_head, n_hi - 1 - s, s, k_len,
                                        tidx, ps_shift)
                 else:
                     load_kv(g2s, tKgK, tVgV, tKVsKV, tKVcKV, n_hi - 1 - s, s, k_len, BN)
             cute.arch.cp_async_commit_group()
-        if cutlass.const_expr(self.paged):
+        if cutlass.const_expr(self.fp8):
+            if n_hi - S >= n_lo:
+                self.fetch_pages_fp8(mBT, pages, batch, n_hi - S, k_len, tidx, ps_shift)
+        elif cutlass.const_expr(self.paged):
             if n_hi - S >= n_lo:
                 self.fetch_pages(mBT, pages, batch, n_hi - S, k_len, tidx, ps_shift)
         cute.arch.cp_async_wait_group(S - 1)
@@ -575,7 +609,12 @@ class FlashDecodeSm90:
             cute.arch.cp_async_wait_group(S - 2)
             cute.arch.barrier()  # tile n_block visible; slot (it-1)%S free for reuse
             if n_block - (S - 1) >= n_lo:
-                if cutlass.const_expr(self.paged):
+                if cutlass.const_expr(self.fp8):
+                    self.load_fp8_regs(mK, mV, pages, kreg, vreg, kv_head, n_block - (S - 1), k_len, tidx,
+                                       ps_shift)
+                    if n_block - S >= n_lo:
+                        self.fetch_pages_fp8(mBT, pages, batch, n_block - S, k_len, tidx, ps_shift)
+                elif cutlass.const_expr(self.paged):
                     self.load_kv_paged(g2s_atom, mK, mV, pages, sKV, kv_head, n_block - (S - 1),
                                        (it + S - 1) % S, k_len, tidx, ps_shift)
                     if n_block - S >= n_lo:
@@ -626,6 +665,9 @@ class FlashDecodeSm90:
                 if cutlass.const_expr(kk + 1 < nv):
                     cute.copy(s2r_V, tOsV[None, None, kk + 1, 2 * slot + 1], tOrV_v[None, None, kk + 1])
                 cute.gemm(tiled_mma, acc_O, tOrP[None, None, kk], tOrV[None, None, kk], acc_O)
+            if cutlass.const_expr(self.fp8):  # the next tile's rows, converted, into the freed slot
+                if n_block - (S - 1) >= n_lo:
+                    self.store_fp8_regs(kreg, vreg, sKV, (it + S - 1) % S, tidx, n_block - (S - 1), k_len)
 
         # ---- the warps' partials meet in the (now free) ring
         cute.arch.cp_async_wait_group(0)
@@ -664,6 +706,8 @@ class FlashDecodeSm90:
         has_keys = total > 0.0
         inv = cute.arch.rcp_approx(total if has_keys else 1.0)
         scale = inv if has_keys else 0.0
+        if cutlass.const_expr(self.fp8):
+            scale = scale * v_descale
         for j in cutlass.range_constexpr(self.epr):
             acc[j] = acc[j] * scale
         lse = -cutlass.Float32.inf
@@ -780,6 +824,54 @@ class FlashDecodeSm90:
                     cute.local_tile(sKV[row, None, 2 * slot + 1], (vec,), (col,)).fill(0)
 
     @cute.jit
+    def fetch_pages_fp8(self, mBT, pages, batch, n_block, k_len, tidx, ps_shift):
+        """fetch_pages for the fp8 copy tiling: pass p's row is p·rows_pp + tidx / c_per_row."""
+        for p in cutlass.range_constexpr(self.passes):
+            key = n_block * self.tile_n + p * self.rows_pp + tidx // self.c_per_row
+            pg = 0
+            if key < k_len:
+                pg = mBT[batch, key >> ps_shift]
+            pages[p] = pg
+
+    @cute.jit
+    def load_fp8_regs(self, mK, mV, pages, kreg, vreg, kv_head, n_block, k_len, tidx, ps_shift):
+        """This thread's 16-byte chunks (chunk tidx % c_per_row of its row in each pass) of K and V
+        tile ``n_block`` into registers.  Unconditional (a register tensor written under a
+        runtime ``if`` goes to local memory): a row past k_len reads its row of page 0
+        (fetch_pages_fp8), in bounds, and store_fp8_regs writes zeros for it instead."""
+        mask = (1 << ps_shift) - 1
+        c = tidx % self.c_per_row
+        ldg = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), mK.element_type, num_bits_per_copy=128)
+        for p in cutlass.range_constexpr(self.passes):
+            key = n_block * self.tile_n + p * self.rows_pp + tidx // self.c_per_row
+            off = key & mask
+            for src, dst in ((mK, kreg), (mV, vreg)):
+                g = cute.local_tile(src[pages[p], off, kv_head, None], (16,), (c,))
+                # 16-byte aligned: the contract's strides are multiples of 16 fp8 elements
+                g = cute.make_tensor(cute.make_ptr(src.element_type, g.iterator.toint(), cute.AddressSpace.gmem,
+                                                   assumed_align=16), g.layout)
+                cute.copy(ldg, g, dst[p, None])
+
+    @cute.jit
+    def store_fp8_regs(self, kreg, vreg, sKV, slot, tidx, n_block, k_len):
+        """The staged chunks of tile ``n_block`` converted to dtype into ``slot`` of the ring (two
+        8-element chunks of the swizzled row each); rows past k_len zeroed."""
+        c = tidx % self.c_per_row
+        k8 = cute.make_tensor(kreg.iterator, cute.make_layout((self.passes, 2, 8), stride=(16, 8, 1)))
+        v8 = cute.make_tensor(vreg.iterator, cute.make_layout((self.passes, 2, 8), stride=(16, 8, 1)))
+        for p in cutlass.range_constexpr(self.passes):
+            row = p * self.rows_pp + tidx // self.c_per_row
+            for h in cutlass.range_constexpr(2):
+                dk = cute.local_tile(sKV[row, None, 2 * slot], (8,), (2 * c + h,))
+                dv = cute.local_tile(sKV[row, None, 2 * slot + 1], (8,), (2 * c + h,))
+                if n_block * self.tile_n + row < k_len:
+                    dk.store(k8[p, h, None].load().to(self.dtype))
+                    dv.store(v8[p, h, None].load().to(self.dtype))
+                else:
+                    dk.fill(0)
+                    dv.fill(0)
+
+    @cute.jit
     def add_sink(self, acc, lse, sink):
         """Fold a learned sink logit into a finished row: the softmax denominator gains
         exp(sink) (no value row), so O scales by exp(lse - lse') with lse' = logaddexp(lse, sink);
@@ -816,13 +908,13 @@ KV_GLOBAL_SPLITS = (32,)
 
 
 def make_kv(target: str, dtype: str, head_dim: int, splits: int, *, paged: bool = True,
-            switches: bool = False) -> AttentionDecodeKV:
+            switches: bool = False, kv_dtype: str | None = None) -> AttentionDecodeKV:
     tn, w, st, _pdl, ilp, mc = DEFAULT[head_dim]
     cluster = splits in CLUSTER_BUILT
     return AttentionDecodeKV(target=target, dtype=dtype, head_dim=head_dim, tile_n=tn, warps=w, stages=st,
                              causal=True, splits=splits, cluster=cluster, pdl=splits > 1 and not cluster,
-                             ilp=ilp, min_ctas=mc, kv_dtype=dtype, paged=paged, local=switches, softcap=switches,
-                             sinks=switches)
+                             ilp=ilp, min_ctas=mc, kv_dtype=kv_dtype or dtype, paged=paged, local=switches,
+                             softcap=switches, sinks=switches)
 
 
 @register("attention_kvcache")
@@ -838,7 +930,9 @@ def enumerate_decode_kv(target: Target, tier: str) -> list[AttentionDecodeKV]:
         out = [make_kv(t, "bf16", 128, 1), make_kv(t, "bf16", 128, 4), make_kv(t, "bf16", 128, 1, paged=False),
                make_kv(t, "bf16", 128, 4, paged=False), make_kv(t, "bf16", 128, 1, switches=True),
                make_kv(t, "bf16", 128, 4, switches=True), make_kv(t, "f16", 64, 1), make_kv(t, "f16", 64, 2),
-               make_kv(t, "bf16", 128, 32), make_kv(t, "bf16", 128, 32, switches=True)]
+               make_kv(t, "bf16", 128, 32), make_kv(t, "bf16", 128, 32, switches=True),
+               # fp8 e4m3 caches (head_dim 128: D64's build spills), not in the default tier until run
+               make_kv(t, "bf16", 128, 1, kv_dtype="e4m3"), make_kv(t, "f16", 128, 4, kv_dtype="e4m3")]
     else:
         out = [make_kv(t, dt, d, sp, paged=pg) for dt in DTYPES for d in HEAD_DIMS for sp in KV_SPLITS
                for pg in (True, False)]

@@ -285,12 +285,6 @@ class AttentionKvcacheSm80(Variant):
     def fp8(self) -> bool:
         return self.kv_dtype != self.dtype
 
-    def proof_level(self) -> str:
-        """These kernels' GPU runs (H200, tests/test_attention_kvcache_prefill_gpu.py) were of the
-        build before the shared mask/softmax code; this build's SASS differs from what ran, so it
-        is proven by its SASS only until the GPU test passes on it (notes/attention-kvcache.md)."""
-        return "sass-only"
-
     def smem_bytes(self) -> int:
         # dtype K/V ring (Q/O alias its last slot); fp8: one dtype slot plus the fp8 ring
         tile = 2 * self.tile_n * self.head_dim
@@ -363,8 +357,8 @@ def enumerate_attention_kvcache(target: Target, tier: str) -> list[AttentionKvca
         if target.name == "sm_90":
             out += [
                 make("f16", 64, varlen=True, local=True, softcap=True, sinks=True),
-                make("bf16", 128, "e4m3", paged=False, causal=False),
-                make("bf16", 64, "e4m3", causal=False, local=True, varlen=True),
+                make("bf16", 128, "e4m3", causal=False),
+                make("bf16", 64, paged=False, causal=False, local=True, varlen=True),
             ]
     elif tier == "default":
         # What the selection picks where this family is the only prefill kernel (Ampere, Ada,

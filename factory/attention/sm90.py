@@ -379,12 +379,6 @@ class AttentionKvcacheSm90(AttentionSm90):
             store, r"\bSYNCS\.", r"\bUSETMAXREG\.", r"\bMUFU\.EX2\b",
         )
 
-    def proof_level(self) -> str:
-        """TMA page boxes: the cubins that passed the GPU test against float32 (H200) have the SASS
-        of this build.  cp.async gathers: the register split changed after their GPU run, so
-        their SASS is what proves them until the GPU test passes on it (notes/attention-kvcache.md)."""
-        return self.tgt.proof if self.page_box else "sass-only"
-
     def can_implement(self) -> str | None:
         why = super().can_implement()
         if why:

@@ -8,8 +8,8 @@ touch nothing private):
 * the device: ``capability``, ``device_info()``, ``planned`` (a device given to ``open``),
   ``device_api()`` (the current device index and its raw stream), ``simulated`` and
   ``lowest_device`` (the lowest device index whose tensors are taken: -1 when simulated);
-* the variants: ``manifest``, ``candidates``, ``binder``, ``fitting``, ``tuning``,
-  ``describe_contents``, ``device_name``;
+* the variants: ``manifest``, ``selector`` (the host library's selection, runtime/selector.py),
+  ``candidates``, ``binder``, ``fitting``, ``tuning``, ``describe_contents``, ``device_name``;
 * launching: ``launch``, ``fixed``, ``lib``;
 * per-bundle caches the op modules own and bound themselves (the core never reads them):
   ``selections`` (problem key -> choice), ``hot_gemm`` / ``hot_attention`` (problem key -> the hot
@@ -25,7 +25,7 @@ from pathlib import Path
 from ..atoms.targets import KNOWN_CAPABILITIES, get_target, targets_for_capability
 from .errors import BundleError, InputError, NoVariantError
 from .loader import Binder, HostLibrary, LaunchError
-from .manifest import file_ok, load_manifest
+from .manifest import host_library_problem, load_manifest, variant_problems
 
 _TORCH_DEVICE = None  # (current_device() -> int, raw_stream(index) -> int), bound on first use
 
@@ -73,6 +73,7 @@ class BundleCore:
         self._tuning = None  # (tuning.Tuning | None, why), read on the first selection
         self.planned = device is not None  # a device given for planning (no driver to ask)
         self._lib: HostLibrary | None = None
+        self._selector = None  # selector.Selector: the host library's fx_*_select for this device
         self._binders: dict[str, Binder] = {}
         self._launchers: dict[str, object] = {}  # variant -> its native launch function
         # The op modules' caches (module docstring): theirs to fill and bound.
@@ -90,8 +91,9 @@ class BundleCore:
     @classmethod
     def open(cls, path: str | Path, capability: tuple[int, int] | None = None,
              device: dict | None = None):
-        """Open and check a bundle: the manifest's schema and the host library's sha256 (each
-        variant's files are checked before its first load).  ``capability`` overrides the current
+        """Open and check a bundle: the manifest (runtime/manifest.py: its schema, every file path
+        inside the bundle) and the host library's size and sha256 (each variant's files are checked
+        before its first load).  ``capability`` overrides the current
         device's (for tests and for planning on a machine without the GPU); so does ``device``
         ({"name", "sm_count"}), which decides whether the bundle's tuning.json applies."""
         if capability is not None:
@@ -103,10 +105,9 @@ class BundleCore:
             raise InputError(f"device['sm_count'] must be a positive int, got {device.get('sm_count')!r}")
         path = Path(path)
         m = load_manifest(path)
-        lib = m["host_library"]
-        if not file_ok(path, lib):
-            raise BundleError(f"{path / lib['path']}: host library is missing, truncated or altered "
-                              f"(its size or sha256 does not match the manifest)")
+        problem = host_library_problem(path, m)
+        if problem:
+            raise BundleError(f"{problem}; nothing was loaded")
         return cls(path, m, capability, device)
 
     def simulate(self, lib) -> None:
@@ -146,6 +147,18 @@ class BundleCore:
             except Exception:  # noqa: BLE001 - no device: plan for an H100 SXM, never use tuning
                 self._device = {"name": None, "sm_count": 132}
         return self._device
+
+    @property
+    def selector(self):
+        """The host library's selection (runtime/selector.py) for this device: its capability, SM
+        count and name (which decides whether the tuning table compiled into the library
+        applies).  Loaded on first use, also on a simulated bundle (it needs no GPU)."""
+        if self._selector is None:
+            from .selector import Selector
+
+            lib = self.manifest["host_library"]
+            self._selector = Selector(self.path / lib["path"], self.capability, self.device_info(), lib.get("sha256"))
+        return self._selector
 
     @property
     def tuning(self):
@@ -268,10 +281,9 @@ class BundleCore:
                                   f"capturing")
         if not get_target(entry["target"]).runs_on(self.capability):
             raise NoVariantError(f"{name} is built for {entry['target']}, which cannot run on {self.device_name()}")
-        for kind, rec in sorted(entry.get("files", {}).items()):
-            if not file_ok(self.path, rec):
-                raise BundleError(f"{self.path / rec['path']}: {name}'s {kind} is missing, truncated or altered "
-                                  f"(its size or sha256 does not match the manifest); nothing was loaded")
+        problems = variant_problems(self.path, name, entry)
+        if problems:
+            raise BundleError(f"{problems[0]}; nothing was loaded")
         self.binder(name)
         fn = self._launchers[name] = self.lib.launcher(name)
         return fn

@@ -8,9 +8,9 @@ The kernels take the arguments of ``contract.signature_kvcache`` (factory/attent
 A variant whose switch is off ignores the matching argument; this module passes a cached dummy
 where the caller gave none (a (B,1) block table, -inf sinks, unit descales).
 
-Selection is table-driven: :data:`FAMILIES` lists, best first, the kernel families that serve
-this op with the rule that picks one of their variants for a problem (``Problem``); the first
-family whose rule answers wins.  A family registers with :func:`register_family`.
+Selection is the host library's ``fx_attention_kvcache_select`` (csrc/fx_select.c: the families
+in order, best first, each with its rule; the first that answers wins), called once per problem
+key through runtime/selector.py; this module only says, on a refusal, what the bundle lacks.
 
 The choice depends on shapes and switches only (batch, heads, seqlen_q, the cache's capacity
 max_pages · page_size), never on the cached lengths, so it is fixed for a CUDA graph: a call
@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch import Tensor
 
 from . import validate
-from .attention import DECODE_MAX_SEQLEN_Q, DECODE_ROWS, decode_pick, split_workspace
+from .attention import split_workspace
+
+DECODE_MAX_SEQLEN_Q = 16  # the sm90_decode family's queries per sequence
 from .errors import InputError, NoVariantError
 
 OP = "attention_kvcache"
@@ -82,90 +83,34 @@ def _admits(e: dict, p: Problem) -> bool:
     return all(e.get(s) or not getattr(p, s) for s in ("local", "softcap", "sinks"))
 
 
-def _switch_cost(e: dict) -> int:
-    return sum(bool(e.get(s)) for s in ("local", "softcap", "sinks"))
+def kvcache_problem(p: Problem):
+    """The C selection's problem (csrc/fx_api.h ``fx_attention_kvcache_problem_t``) for ``p``:
+    compact strides, no pointers (the selection reads only their alignment), and stand-in
+    pointers where a switch needs an argument to be present (sinks with any switch, descales for
+    fp8 caches)."""
+    from .selector import DTYPE, KVCacheProblem
 
-
-def paged_split_count(groups: int, key_tiles: int, sms: int, available: dict) -> int:
-    """Split-KV count of a paged decode variant for ``groups`` = batch · kv heads · row blocks
-    CTAs per split over ``key_tiles`` tiles of the cache's capacity; ``available``: {splits:
-    merged in a cluster?}.  The paged kernel spends more instructions per key tile than the dense
-    one (a page lookup and an address per row), so it wants more resident CTAs than the dense
-    rule gives.  H200 (notes/attention-kvcache.md, page 16, every split timed by name):
-      * groups >= 3/4 of the SMs: 1 (as the dense rule);
-      * else the fewest splits, each keeping at least 4 key tiles, that give ~2 CTAs per SM
-        (groups · splits >= 1.9 · SMs): B1 H32/8 32k 32 splits 39.6 µs (8: 61.6), B8 H64/8 D64
-        8k 4 splits 42.7 (2: 53.7); none reaches it: the most that keep 4 tiles (MQA B8 H16/1 4k:
-        8 splits 13.2, 32: 15.4);
-      * an 8-CTA cluster split whose grid passes one CTA per SM packs into clusters badly: the
-        32-split instead where built (B4 H64/8 32k: 8 splits 172 µs, 32: 140, 4: 149)."""
-    if groups * 4 >= 3 * sms:
-        return 1
-    fits = sorted(s for s in available if s == 1 or key_tiles >= 4 * s)
-    n = next((s for s in fits if groups * s >= 1.9 * sms), fits[-1])
-    if n > 1 and available.get(n) and n >= 8 and groups * n > sms:
-        big = [s for s in fits if s > n and not available[s]]
-        if big:
-            n = big[0]
-    return n
-
-
-def _pick_decode(entries: list[dict], p: Problem, sms: int) -> dict | None:
-    """sm90_decode: dense q with at most 16 queries (packed rows of one kv head).  Split-KV count:
-    paged caches by :func:`paged_split_count`, dense ones by the dense rule
-    (:func:`runtime.attention.decode_pick`), both on the cache's capacity (fixed for a graph)."""
-    if p.varlen_q or p.seqlen_q > DECODE_MAX_SEQLEN_Q:
-        return None
-    shape = (p.batch, p.heads_q, p.heads_kv, p.seqlen_q, p.max_seqlen_k)
-    if p.page_size is None:
-        return decode_pick(entries, shape, True, sms)
-    pref = [e for e in entries if e.get("preferred")] or entries
-    tile = list(pref[0]["tile"])
-    same = [e for e in pref if list(e["tile"]) == tile]
-    row_blocks = -(-(p.heads_q // p.heads_kv) * p.seqlen_q // DECODE_ROWS)
-    avail = {int(e["kv_splits"]): e["cluster"][0] > 1 for e in same}
-    n = paged_split_count(p.batch * p.heads_kv * row_blocks, -(-p.max_seqlen_k // tile[1]), sms, avail)
-    return next((e for e in same if int(e["kv_splits"]) == n), None)
-
-
-def _pick_prefill(entries: list[dict], p: Problem, sms: int) -> dict | None:
-    """sm90 (sm_90a: K/V by TMA page boxes, or cp.async row gathers for any page size) and sm80
-    (cp.async row gathers; Ampere/Ada/sm_120, and the sm_90 build): any seqlen_q, dense or packed
-    q.  The variant taking the fewest page sizes (a TMA page-box build over a gather build, when
-    the page size is one it takes), then the default tile; the first of equals."""
-    return min(entries, key=lambda e: (len(e.get("page_sizes") or ()), not e.get("preferred")))
-
-
-# (family, rule): best first.  A rule gets the family's variants that implement the problem
-# (fewest extra switches first) and returns one, or None when the family does not serve it.
-FAMILIES: list[tuple[str, Callable[[list[dict], Problem, int], dict | None]]] = [
-    ("sm90_decode", _pick_decode),
-    ("sm90", _pick_prefill),
-    ("sm80", _pick_prefill),
-]
-
-
-def register_family(family: str, rule: Callable[[list[dict], Problem, int], dict | None],
-                    before: str | None = None) -> None:
-    """Add (or replace) a family's rule in :data:`FAMILIES`, before family ``before`` (else last)."""
-    FAMILIES[:] = [(f, r) for f, r in FAMILIES if f != family]
-    at = next((i for i, (f, _) in enumerate(FAMILIES) if f == before), len(FAMILIES))
-    FAMILIES.insert(at, (family, rule))
-
-
-def select(candidates: list[dict], p: Problem, sms: int = 132) -> dict:
-    """The manifest entry for problem ``p`` (candidates best target first), or NoVariantError
-    saying what is missing."""
-    fit = [e for e in candidates if _admits(e, p)]
-    for family, rule in FAMILIES:
-        mine = [e for e in fit if e.get("family") == family]
-        if not mine:
-            continue
-        least = min(_switch_cost(e) for e in mine)
-        e = rule([e for e in mine if _switch_cost(e) == least], p, sms)
-        if e is not None:
-            return e
-    raise NoVariantError(_missing(candidates, p))
+    b, sq, hq, hkv, d = p.batch, p.seqlen_q, p.heads_q, p.heads_kv, p.head_dim
+    c = KVCacheProblem()
+    c.dtype, c.kv_dtype = DTYPE[p.dtype], DTYPE[p.kv_dtype]
+    c.batch, c.seqlen_q, c.heads_q, c.heads_kv, c.head_dim = b, sq, hq, hkv, d
+    if p.page_size is not None:
+        c.page_size, c.max_pages = p.page_size, max(1, p.max_seqlen_k // p.page_size)
+        c.num_pages, c.block_table_stride = max(1, b * c.max_pages), c.max_pages
+    else:
+        c.page_size, c.max_pages, c.num_pages = p.max_seqlen_k, 0, b
+    c.q_stride[:] = c.o_stride[:] = [sq * hq * d, hq * d, d]
+    c.k_stride[:] = c.v_stride[:] = [c.page_size * hkv * d, hkv * d, d]
+    c.causal = int(p.causal)
+    c.window_left = c.window_right = -1
+    if p.local:
+        c.window_left = 1 << 20
+    c.softcap = 1.0 if p.softcap else 0.0
+    if p.local or p.softcap or p.sinks:
+        c.sinks = 256
+    if p.kv_dtype == "e4m3":
+        c.kv_descale = 512
+    return c
 
 
 def _missing(candidates: list[dict], p: Problem) -> str:
@@ -263,8 +208,9 @@ def _problem(b, sq, hq, hkv, d, sk, dtype, kv_dtype, page_size, causal, window, 
 
 
 def choose(bundle, p: Problem) -> dict:
-    """The selected manifest entry for ``p`` (cached in the bundle's ``selections``), or
-    NoVariantError."""
+    """The selected manifest entry for ``p``: the host library's ``fx_attention_kvcache_select``
+    (the one selection implementation, csrc/fx_select.c), cached in the bundle's ``selections``;
+    NoVariantError saying what the bundle lacks."""
     cache = getattr(bundle, "selections", None)
     if cache is None:  # a stand-in bundle (tests): no cache
         cache = {}
@@ -272,10 +218,11 @@ def choose(bundle, p: Problem) -> dict:
     e = cache.get(key)
     if e is None:
         try:
-            e = select(bundle.candidates(OP), p, bundle.device_info()["sm_count"])
-        except NoVariantError as err:
-            raise NoVariantError(f"{err} (on {bundle.device_name()}; {bundle.describe_contents(OP)}"
-                                 f"{_blackwell_note(bundle)})") from None
+            sel = bundle.selector.select(OP, kvcache_problem(p))
+        except NoVariantError:
+            raise NoVariantError(f"{_missing(bundle.candidates(OP), p)} (on {bundle.device_name()}; "
+                                 f"{bundle.describe_contents(OP)}{_blackwell_note(bundle)})") from None
+        e = bundle.manifest["variants"][sel.name.decode()]
         if len(cache) > 4096:
             cache.clear()
         cache[key] = e

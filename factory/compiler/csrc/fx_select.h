@@ -9,8 +9,9 @@
 #define FX_MAX_ARGS 16
 #define FX_MAX_DEVICES 64
 
-enum { FX_OP_GEMM = 1, FX_OP_ATTENTION = 2, FX_OP_ATTENTION_KVCACHE = 3 };
-enum { FX_FAMILY_OTHER = 0, FX_FAMILY_SM80 = 1, FX_FAMILY_SM90 = 2, FX_FAMILY_SM100 = 3, FX_FAMILY_SM90_DECODE = 4 };
+enum { FX_OP_GEMM = 1, FX_OP_ATTENTION = 2, FX_OP_GEMM_BLOCKSCALED = 3, FX_OP_ATTENTION_KVCACHE = 4 };
+enum { FX_FAMILY_OTHER = 0, FX_FAMILY_SM80 = 1, FX_FAMILY_SM90 = 2, FX_FAMILY_SM100 = 3, FX_FAMILY_DECODE = 4,
+       FX_FAMILY_SM90_DECODE = 5 };
 enum { FX_MAJOR_K = 1, FX_MAJOR_M = 2, FX_MAJOR_N = 3 }; /* 0: anything else */
 enum { FX_ACC_DEFAULT = 0, FX_ACC_PROMOTED = 1, FX_ACC_FAST = 2 };
 
@@ -84,6 +85,10 @@ typedef struct {
        per clock per SM of its a dtype */
     int32_t mma_m, cta_group;
     double flops_per_clk;
+    /* the packed-weight decode family (gemm/decode.py): largest M, weight rows per CTA */
+    int32_t max_m, rows_per_cta;
+    /* block-scaled GEMM: its format (fx_block_format_t; 0: none) */
+    int32_t format;
 } fx_variant;
 
 #define FX_MAX_TARGET_CCS 8
@@ -98,10 +103,12 @@ typedef struct {
     int32_t ccs[FX_MAX_TARGET_CCS][2];
 } fx_target;
 
-/* A tuning.json bucket: its key (tuning.bucket_key) and winners (-1: none). Sorted by key. */
+/* A tuning.json bucket: its key (tuning.bucket_key / attention_bucket_key) and winners (-1:
+   none). Sorted by key. */
 typedef struct {
     const char *key;
     int32_t winner, b_constant;
+    int32_t packed, packed_b_constant; /* decode buckets: the winners on packed weights */
 } fx_bucket;
 
 /* tuning.MODEL and the constants estimate_us uses beside it. */
@@ -146,3 +153,9 @@ extern const int32_t fx_attention_head_dims[];
 extern const int32_t fx_n_attention_head_dims;
 extern const int64_t fx_attention_grid_yz_max;
 extern const char fx_selection_summary[];
+
+/* For the glue (fx_glue.c), in fx_select.c: set this thread's fx_last_error_message, return code. */
+int32_t fx_record_error(int32_t code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* 0 when the CUDA driver answers and sees a device; else its cudaError_t (cudaErrorNoDevice for
+   none), with a message naming `what` and the reason. */
+int32_t fx_require_device(const char *what);

@@ -1,0 +1,157 @@
+"""The attention_kvcache selection rules stated in Python: the reference that
+tests/test_attention_kvcache.py checks the host library's ``fx_attention_kvcache_select``
+(csrc/fx_select.c, the one implementation the runtime calls) against, problem by problem, and
+the specification a new family's rule follows (``FAMILIES``: (family, rule), best first; the
+first rule that answers wins; within a family the variants with the fewest extra switches).
+``decode_split_count`` / ``decode_pick`` are the dense decode rule as runtime/attention.py stated
+it before the selection moved to C (H100 measurements: notes/attention-decode.md)."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from factory.runtime.errors import NoVariantError
+from factory.runtime.kvcache import DECODE_MAX_SEQLEN_Q, Problem, _admits, _missing
+
+DECODE_ROWS = 16
+_L2_BYTES = 50 * 1024 * 1024
+
+
+def decode_split_count(groups: int, key_tiles: int, kv_bytes: int, row_blocks: int, sms: int,
+                       available, l2_bytes: int = _L2_BYTES) -> int:
+    """Split-KV count of a decode-family variant for ``groups`` = batch · kv heads · row blocks
+    CTAs per split (``row_blocks`` = ceil(Hq/Hkv · Sq / 16) per kv head) over ``key_tiles`` key
+    tiles of ``kv_bytes`` K and V.  H100 (notes/attention-decode.md, runs 1-2, 132 SMs, 2 CTAs
+    per SM; the best split of every measured shape):
+      * groups >= 3/4 of the SMs: 1 (B16 H32/8, 128 groups: split 2 ran 10.8 µs vs 8.3 at Sk512;
+        B4 H32/32 Sk1024 28.5 vs 25.7);
+      * fewer: the fewest splits, at least 2, that give more than SMs/4 CTAs, or more than
+        SMs/2 when a kv head has several row blocks (each CTA reads the whole K/V): 64 CTAs for
+        8, 16 or 32 groups (B4 H32/8 Sk4096: 2 splits 29.1 µs, 4 splits 30.7; B2 Sk16384: 4
+        splits 50.0, 8 splits 52.7), 128 for 64 groups (B8 Sk1024: 10.0 vs 12.1 unsplit), 4 for
+        B1 H32/8 Sq16 (58.5 µs, 2 splits 76.9);
+      * every split keeps at least 2 key tiles (B1 Sk512, 8 tiles: 4 splits 6.4 µs, 8 splits 7.4);
+      * when that is the largest cluster split (8), K/V fit in L2 and 32 splits keep 2 tiles each:
+        32 (merged by the second kernel; B1 H32/8 Sk4096 10.1 µs vs 11.3, Sk8192 12.5 vs 15.8).
+    ``available``: {splits: merged in a cluster?} of the built variants."""
+    if groups * 4 >= 3 * sms:
+        return 1
+    target = sms // 2 if row_blocks > 1 else sms // 4
+    fits = sorted(sp for sp in available if sp == 1 or key_tiles >= 2 * sp)
+    cl = [sp for sp in fits if sp >= 2 and available[sp]]
+    n = next((sp for sp in cl if groups * sp > target), cl[-1] if cl else 1)
+    big = [sp for sp in fits if not available[sp] and sp > n]
+    if cl and n == max(sp for sp in available if available[sp]) and kv_bytes <= l2_bytes and big:
+        n = big[-1]
+    return n
+
+
+def decode_pick(entries: list[dict], decode: tuple, causal: bool, sms: int,
+                l2_bytes: int = _L2_BYTES) -> dict | None:
+    """The decode-family entry for a dense problem ``decode`` = (batch, Hq, Hkv, Sq, Sk), or None
+    when the family does not serve it: Sq > 16, or Sq > 1 without causal masking (the family is
+    built bottom-right causal; with one query that equals no mask).  Entries of one tile config
+    (the preferred one where several are built), split count by :func:`decode_split_count`."""
+    b, hq, hkv, sq, sk = decode
+    entries = [e for e in entries if e.get("causal")]
+    if not entries or sq > DECODE_MAX_SEQLEN_Q or (sq > 1 and not causal) or hkv <= 0:
+        return None
+    pref = [e for e in entries if e.get("preferred")] or entries
+    tile = list(pref[0]["tile"])
+    same = [e for e in pref if list(e["tile"]) == tile]
+    row_blocks = -(-(hq // hkv) * sq // DECODE_ROWS)
+    kv_bytes = 2 * b * sk * hkv * same[0]["head_dim"] * (2 if same[0]["dtype"] in ("bf16", "f16") else 4)
+    avail = {int(e["kv_splits"]): e["cluster"][0] > 1 for e in same}
+    groups = b * hkv * row_blocks
+    n = decode_split_count(groups, -(-sk // tile[1]), kv_bytes, row_blocks, sms, avail, l2_bytes)
+    # PDL: for the second-kernel split, and for a cluster split whose grid leaves half the SMs
+    # idle (H100: B1-B4 -0.6 to -0.9 µs; grids of ~128 CTAs lost up to 18 %, DEFAULT's note).
+    pdl = n > 1 and (not avail.get(n) or 2 * groups * n <= sms)
+    fits = [e for e in same if int(e["kv_splits"]) == n]
+    return next((e for e in fits if bool(e.get("pdl")) == pdl), fits[0] if fits else None)
+
+
+def _switch_cost(e: dict) -> int:
+    return sum(bool(e.get(s)) for s in ("local", "softcap", "sinks"))
+
+
+def paged_split_count(groups: int, key_tiles: int, sms: int, available: dict) -> int:
+    """Split-KV count of a paged decode variant for ``groups`` = batch · kv heads · row blocks
+    CTAs per split over ``key_tiles`` tiles of the cache's capacity; ``available``: {splits:
+    merged in a cluster?}.  The paged kernel spends more instructions per key tile than the dense
+    one (a page lookup and an address per row), so it wants more resident CTAs than the dense
+    rule gives.  H200 (notes/attention-kvcache.md, page 16, every split timed by name):
+      * groups >= 3/4 of the SMs: 1 (as the dense rule);
+      * else the fewest splits, each keeping at least 4 key tiles, that give ~2 CTAs per SM
+        (groups · splits >= 1.9 · SMs): B1 H32/8 32k 32 splits 39.6 µs (8: 61.6), B8 H64/8 D64
+        8k 4 splits 42.7 (2: 53.7); none reaches it: the most that keep 4 tiles (MQA B8 H16/1 4k:
+        8 splits 13.2, 32: 15.4);
+      * an 8-CTA cluster split whose grid passes one CTA per SM packs into clusters badly: the
+        32-split instead where built (B4 H64/8 32k: 8 splits 172 µs, 32: 140, 4: 149)."""
+    if groups * 4 >= 3 * sms:
+        return 1
+    fits = sorted(s for s in available if s == 1 or key_tiles >= 4 * s)
+    n = next((s for s in fits if groups * s >= 1.9 * sms), fits[-1])
+    if n > 1 and available.get(n) and n >= 8 and groups * n > sms:
+        big = [s for s in fits if s > n and not available[s]]
+        if big:
+            n = big[0]
+    return n
+
+
+def _pick_decode(entries: list[dict], p: Problem, sms: int) -> dict | None:
+    """sm90_decode: dense q with at most 16 queries (packed rows of one kv head).  Split-KV count:
+    paged caches by :func:`paged_split_count`, dense ones by the dense rule
+    (:func:`runtime.attention.decode_pick`), both on the cache's capacity (fixed for a graph)."""
+    if p.varlen_q or p.seqlen_q > DECODE_MAX_SEQLEN_Q:
+        return None
+    shape = (p.batch, p.heads_q, p.heads_kv, p.seqlen_q, p.max_seqlen_k)
+    if p.page_size is None:
+        return decode_pick(entries, shape, True, sms)
+    pref = [e for e in entries if e.get("preferred")] or entries
+    tile = list(pref[0]["tile"])
+    same = [e for e in pref if list(e["tile"]) == tile]
+    row_blocks = -(-(p.heads_q // p.heads_kv) * p.seqlen_q // DECODE_ROWS)
+    avail = {int(e["kv_splits"]): e["cluster"][0] > 1 for e in same}
+    n = paged_split_count(p.batch * p.heads_kv * row_blocks, -(-p.max_seqlen_k // tile[1]), sms, avail)
+    return next((e for e in same if int(e["kv_splits"]) == n), None)
+
+
+def _pick_prefill(entries: list[dict], p: Problem, sms: int) -> dict | None:
+    """sm90 (sm_90a: K/V by TMA page boxes, or cp.async row gathers for any page size) and sm80
+    (cp.async row gathers; Ampere/Ada/sm_120, and the sm_90 build): any seqlen_q, dense or packed
+    q.  The variant taking the fewest page sizes (a TMA page-box build over a gather build, when
+    the page size is one it takes), then the default tile; the first of equals."""
+    return min(entries, key=lambda e: (len(e.get("page_sizes") or ()), not e.get("preferred")))
+
+
+# (family, rule): best first.  A rule gets the family's variants that implement the problem
+# (fewest extra switches first) and returns one, or None when the family does not serve it.
+FAMILIES: list[tuple[str, Callable[[list[dict], Problem, int], dict | None]]] = [
+    ("sm90_decode", _pick_decode),
+    ("sm90", _pick_prefill),
+    ("sm80", _pick_prefill),
+]
+
+
+def register_family(family: str, rule: Callable[[list[dict], Problem, int], dict | None],
+                    before: str | None = None) -> None:
+    """Add (or replace) a family's rule in :data:`FAMILIES`, before family ``before`` (else last)."""
+    FAMILIES[:] = [(f, r) for f, r in FAMILIES if f != family]
+    at = next((i for i, (f, _) in enumerate(FAMILIES) if f == before), len(FAMILIES))
+    FAMILIES.insert(at, (family, rule))
+
+
+def select(candidates: list[dict], p: Problem, sms: int = 132) -> dict:
+    """The manifest entry for problem ``p`` (candidates best target first), or NoVariantError
+    saying what is missing."""
+    fit = [e for e in candidates if _admits(e, p)]
+    for family, rule in FAMILIES:
+        mine = [e for e in fit if e.get("family") == family]
+        if not mine:
+            continue
+        least = min(_switch_cost(e) for e in mine)
+        e = rule([e for e in mine if _switch_cost(e) == least], p, sms)
+        if e is not None:
+            return e
+    raise NoVariantError(_missing(candidates, p))
