@@ -20,6 +20,10 @@ from . import contract
 from .mask import MaskSpec
 
 DTYPES = ("bf16", "f16")
+# The toolkit modules every family's kernel is traced through (a family's ``sources``, hashed into
+# the compile cache key, lists them after its own files).
+TOOLKIT_SOURCES = ("attention/contract.py", "attention/base.py", "attention/mask.py", "attention/keyrange.py",
+                   "attention/softmax.py", "atoms/common.py")
 
 
 def causal_field(default: bool = False):
@@ -89,4 +93,4 @@ class AttentionKernel:
         self.mask = MaskSpec(causal=causal, local=local)
 
 
-__all__ = ["DTYPES", "AttentionKernel", "AttentionVariant", "causal_field", "varlen_field"]
+__all__ = ["DTYPES", "TOOLKIT_SOURCES", "AttentionKernel", "AttentionVariant", "causal_field", "varlen_field"]

@@ -71,7 +71,7 @@ from ..atoms.targets import Target
 from ..registry import register
 from . import keyrange, layout, mask
 from . import sm100_logic as logic
-from .base import DTYPES, AttentionVariant, causal_field, varlen_field
+from .base import DTYPES, TOOLKIT_SOURCES, AttentionVariant, causal_field, varlen_field
 from .softmax import LN_2, LOG2_E
 
 HEAD_DIMS = (64, 128)
@@ -120,9 +120,8 @@ SASS_TMEM_A = r"\bUTCHMMA\s+tmem\["
 @dataclass(frozen=True, kw_only=True)
 class AttentionSm100Fa4(AttentionVariant):
     family: ClassVar[str] = "sm100"
-    sources = ("attention/sm100_fa4.py", "attention/sm100_logic.py", "atoms/sm100.py",
-               "attention/contract.py", "attention/base.py", "attention/mask.py", "attention/keyrange.py",
-               "attention/softmax.py", "attention/layout.py", "atoms/common.py", "atoms/smem.py")
+    sources = ("attention/sm100_fa4.py", "attention/sm100_logic.py", "atoms/sm100.py", "attention/layout.py",
+               "atoms/smem.py", *TOOLKIT_SOURCES)
     HEAD_DIMS = HEAD_DIMS
 
     q_tiles: int = field(default=Q_STAGES, metadata={"tag": "q"})

@@ -58,7 +58,7 @@ from ..atoms.targets import Target
 from ..registry import register
 from ..variant import Variant
 from . import contract, mask, mma_sync, softmax
-from .base import DTYPES, AttentionKernel, AttentionVariant, causal_field, varlen_field
+from .base import DTYPES, TOOLKIT_SOURCES, AttentionKernel, AttentionVariant, causal_field, varlen_field
 from .softmax import LOG2_E
 
 MAX_SPLITS = 32
@@ -108,9 +108,7 @@ class KvArgs:
 class AttentionSm80(AttentionVariant):
     family: ClassVar[str] = "sm80"
     required_sass = (r"HMMA", r"LDGSTS", r"LDSM")
-    sources = ("attention/sm80.py", "attention/contract.py", "attention/base.py", "attention/mask.py",
-               "attention/keyrange.py", "attention/softmax.py", "attention/mma_sync.py", "atoms/sm80.py",
-               "atoms/common.py")
+    sources = ("attention/sm80.py", "attention/mma_sync.py", "atoms/sm80.py", *TOOLKIT_SOURCES)
     HEAD_DIMS = HEAD_DIMS
 
     tile_m: int = field(default=128, metadata={"tag": "m"})

@@ -71,7 +71,7 @@ from ..atoms.smem import round_up as _round_up
 from ..atoms.targets import Target
 from ..registry import register
 from . import contract, layout, mask, softmax
-from .base import DTYPES, AttentionVariant, causal_field, varlen_field
+from .base import DTYPES, TOOLKIT_SOURCES, AttentionVariant, causal_field, varlen_field
 from .softmax import LOG2_E
 
 HEAD_DIMS = (64, 128, 256)
@@ -105,9 +105,7 @@ class _Bar(enum.IntEnum):
 @dataclass(frozen=True, kw_only=True)
 class AttentionSm90(AttentionVariant):
     family: ClassVar[str] = "sm90"
-    sources = ("attention/sm90.py", "atoms/sm90.py", "attention/contract.py", "attention/base.py",
-               "attention/mask.py", "attention/keyrange.py", "attention/softmax.py", "attention/layout.py",
-               "atoms/common.py", "atoms/smem.py")
+    sources = ("attention/sm90.py", "atoms/sm90.py", "attention/layout.py", "atoms/smem.py", *TOOLKIT_SOURCES)
     HEAD_DIMS = HEAD_DIMS
 
     tile_m: int = field(default=128, metadata={"tag": "m"})
