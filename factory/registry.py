@@ -24,7 +24,6 @@ FAMILY_MODULES = (
     "factory.gemm.decode",
     "factory.attention.sm80",
     "factory.attention.sm90",
-    "factory.attention.sm100",
     "factory.attention.decode",
     "factory.attention.sm100_fa4",
 )

@@ -3,6 +3,11 @@ sections, identical SASS once register numbers are normalised, or different (the
 counts that changed).  For proving that a refactor left the kernels as they were.
 
     python3 scripts/compare_bundles.py BEFORE_BUNDLE AFTER_BUNDLE [--filter GLOB] [--diff N]
+        [--by-family [--opcodes FSEL,MUFU.EX2]]
+
+``--by-family``: one line per (family, target): how many variants of each kind, and summed over
+the variants that differ the SASS instruction count, the named opcodes' counts, code bytes and
+the largest register count, before -> after.
 """
 
 from __future__ import annotations
@@ -74,14 +79,49 @@ def compare(before: Path, after: Path, glob: str = "*") -> dict[str, tuple[str, 
     return out
 
 
+def family_summary(before: Path, after: Path, res: dict, opcodes: list[str]) -> list[str]:
+    mb = json.loads((before / "manifest.json").read_text())["variants"]
+    ma = json.loads((after / "manifest.json").read_text())["variants"]
+    groups: dict[tuple[str, str], list[str]] = {}
+    for name in res:
+        e = ma.get(name) or mb[name]
+        groups.setdefault((e["family"], e["target"]), []).append(name)
+    lines = []
+    for (fam, tgt), names in sorted(groups.items()):
+        kinds = Counter(res[n][0] for n in names)
+        line = f"{fam:12s} {tgt:8s} " + ", ".join(f"{c} {k}" for k, c in sorted(kinds.items()))
+        diff = [n for n in names if res[n][0] == "differs"]
+        if diff:
+            tot = {"instructions": [0, 0], "code bytes": [0, 0], **{o: [0, 0] for o in opcodes}}
+            regs = [0, 0]
+            for n in diff:
+                for i, (m, b) in enumerate(((mb, before), (ma, after))):
+                    h = opcode_histogram(disassemble(_cubin(b, m[n])))
+                    tot["instructions"][i] += sum(h.values())
+                    for o in opcodes:
+                        tot[o][i] += h.get(o, 0)
+                    r = m[n]["resources"]
+                    tot["code bytes"][i] += sum(k["code_bytes"] for k in r["kernels"].values())
+                    regs[i] = max(regs[i], r["registers"])
+            line += "; differing: " + ", ".join(f"{k} {a} -> {b}" for k, (a, b) in tot.items())
+            line += f", max registers {regs[0]} -> {regs[1]}"
+        lines.append(line)
+    return lines
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("before", type=Path)
     p.add_argument("after", type=Path)
     p.add_argument("--filter", default="*", help="glob over variant names")
     p.add_argument("--diff", type=int, default=40, help="list at most this many differing variants")
+    p.add_argument("--by-family", action="store_true", help="summary per (family, target)")
+    p.add_argument("--opcodes", default="FSEL", help="with --by-family: opcodes to count")
     a = p.parse_args()
     res = compare(a.before, a.after, a.filter)
+    if a.by_family:
+        for line in family_summary(a.before, a.after, res, [o for o in a.opcodes.split(",") if o]):
+            print(line)
     kinds = Counter(k for k, _ in res.values())
     print(f"{len(res)} variants: " + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())))
     shown = 0

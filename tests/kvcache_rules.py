@@ -117,10 +117,20 @@ def _pick_decode(entries: list[dict], p: Problem, sms: int) -> dict | None:
     return next((e for e in same if int(e["kv_splits"]) == n), None)
 
 
+def _pick_prefill(entries: list[dict], p: Problem, sms: int) -> dict | None:
+    """sm90 (sm_90a: K/V by TMA page boxes, or cp.async row gathers for any page size) and sm80
+    (cp.async row gathers; Ampere/Ada/sm_120, and the sm_90 build): any seqlen_q, dense or packed
+    q.  The variant taking the fewest page sizes (a TMA page-box build over a gather build, when
+    the page size is one it takes), then the default tile; the first of equals."""
+    return min(entries, key=lambda e: (len(e.get("page_sizes") or ()), not e.get("preferred")))
+
+
 # (family, rule): best first.  A rule gets the family's variants that implement the problem
 # (fewest extra switches first) and returns one, or None when the family does not serve it.
 FAMILIES: list[tuple[str, Callable[[list[dict], Problem, int], dict | None]]] = [
     ("sm90_decode", _pick_decode),
+    ("sm90", _pick_prefill),
+    ("sm80", _pick_prefill),
 ]
 
 

@@ -1,8 +1,9 @@
-"""The Blackwell datacenter attention forward (built for the family target sm_100f: 10.0 and 10.3) on this GPU-less machine: the SASS and resources of both
-kernels (the FA4-structured one the selection takes, attention/sm100_fa4.py, and the first serial
-one, attention/sm100.py), the negative checks (a non-tcgen05 attention cubin fails the requirements;
-the serial tcgen05 cubin fails the FA4 structure's; a role over its register budget fails verify)
-and selection on a 10.0 device (no launches; nothing Blackwell has run: proof is the SASS).
+"""The Blackwell datacenter attention forward (built for the family target sm_100f: 10.0 and 10.3)
+on this GPU-less machine: the SASS and resources of the FA4-structured kernel
+(attention/sm100_fa4.py), the negative checks (a non-tcgen05 attention cubin fails the
+requirements; a tcgen05 cubin without the FA4 structure, the Blackwell GEMM's, fails the
+structure's; a role over its register budget fails verify) and selection on a 10.0 device (no
+launches; nothing Blackwell has run: proof is the SASS).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("cutlass") is None,
 
 B200 = {"name": "planned B200", "sm_count": 148}
 DC = BLACKWELL_DC.replace("_", "")  # "sm100f" in variant names
-TEST_VARIANT = f"attention_{DC}_bf16_d128_n128_causal"  # serial
+GEMM = f"gemm_{DC}_bf16_obf16_ak_bk_2cta_t256x128x64_c2x2_pdl"  # tcgen05 and TMEM, no attention
 FA4 = f"attention_{DC}_bf16_d128_q2_n128_causal"
 FA4_VARLEN = f"attention_{DC}_f16_d64_q2_n128_varlen"
 
@@ -47,26 +48,7 @@ def _count(pattern: str, sass: str) -> int:
 
 
 def test_sm100_attention_variants(test_bundle):
-    assert set(_attn100(_manifest(test_bundle))) == {TEST_VARIANT, FA4, FA4_VARLEN}
-
-
-def test_sm100_serial_attention_sass_and_resources(test_bundle):
-    from factory.verify import sass_problems
-
-    v = _manifest(test_bundle)["variants"][TEST_VARIANT]
-    sass = _sass(test_bundle, v)
-    assert re.search(r"\.target\s+sm_100a?\b", sass)  # nvdisasm shows sm_100f as sm_100
-    assert ptxas_arch((test_bundle / v["files"]["cubin"]["path"]).read_bytes()) == BLACKWELL_DC
-    assert sass_problems(v, sass) == []
-    for key in (r"\bUTCHMMA\b", r"\bUTCATOMSWS\.FIND_AND_SET\b", r"\bLDTM\.x32\b",
-                r"\bSTTM\.x32\b", r"\bUTMALDG\.4D\b", r"\bUTCBAR\b"):
-        assert re.search(key, sass), key
-    assert not re.search(r"\b(HGMMA|HMMA|LDSM|LDGSTS)\b", sass)
-    r = v["resources"]
-    assert v["proof"] == "sass-only" and v["target"] == BLACKWELL_DC and not v["preferred"]
-    assert r["dynamic_smem_bytes"] + r["static_smem_bytes"] <= 227 * 1024
-    assert v["tmem_columns"] == 256 and r["registers"] * v["threads"] <= 65536
-    assert r["spill_instructions"] == 0 and r["stack_frame_bytes"] == 0
+    assert set(_attn100(_manifest(test_bundle))) == {FA4, FA4_VARLEN}
 
 
 @pytest.mark.parametrize("name", [FA4, FA4_VARLEN])
@@ -120,36 +102,37 @@ def test_sm100_fa4_attention_sass_and_resources(test_bundle, name):
 
 def test_sm100_attention_requirements_fail_on_a_hopper_attention_cubin(test_bundle):
     """The sm_90a attention test-tier cubin (WGMMA, TMA, no tcgen05) relabelled as sm_100 lacks
-    every tcgen05 / TMEM requirement of both Blackwell attention kernels."""
+    every tcgen05 / TMEM requirement of the Blackwell attention kernels."""
     from factory.verify import sass_problems
 
     m = _manifest(test_bundle)
     donor = next(n for n, v in m["variants"].items()
                  if v["op"] == "attention" and v["target"] == "sm_90a")
     sass = re.sub(r"\.target\s+sm_\w+", ".target sm_100", _sass(test_bundle, m["variants"][donor]))
-    for name in (TEST_VARIANT, FA4, FA4_VARLEN):
+    for name in (FA4, FA4_VARLEN):
         problems = sass_problems(m["variants"][name], sass)
         assert len(problems) == 1 and problems[0].startswith("SASS lacks"), problems
         for key in ("UTCHMMA", "UTCATOMSWS", "LDTM", "STTM", "UTCBAR"):
             assert key in problems[0], (name, key, problems[0])
 
 
-def test_sm100_fa4_requirements_fail_on_the_serial_tcgen05_cubin(test_bundle):
-    """A fallback to the serial structure — tcgen05 and TMEM all the same, but P through shared
-    memory, no warp roles, every exp2 on MUFU, 256 TMEM columns — fails the FA4 variant's
-    requirements on exactly those."""
+def test_sm100_fa4_requirements_fail_on_a_tcgen05_gemm_cubin(test_bundle):
+    """A cubin with tcgen05.mma, TMEM loads, commits and mbarriers all the same but no FA4
+    attention structure (the test tier's 2-CTA Blackwell GEMM) fails the FA4 variant's
+    requirements on exactly the structure: no MMA reading P from TMEM, no tcgen05.st of P, no
+    exp2 (MUFU or the emulated one's floor), no setmaxnreg roles, no 512-column allocation."""
     from factory.verify import sass_problems
 
     m = _manifest(test_bundle)
     fa4 = m["variants"][FA4]
-    sass = _sass(test_bundle, m["variants"][TEST_VARIANT])
+    sass = _sass(test_bundle, m["variants"][GEMM])
     problems = sass_problems(fa4, sass)
     assert len(problems) == 1 and problems[0].startswith("SASS lacks"), problems
     missing = [p for p in fa4["sass_requirements"] if not re.search(p, sass)]
-    assert len(missing) == 4, missing
-    for key in (r"UTCHMMA\s+tmem", "USETMAXREG", r"FADD2?", "UMOV (UR"):  # TS MMA, roles, floor, 512 cols
+    for key in (r"UTCHMMA\s+tmem", "STTM", "MUFU", "FADD2?", "USETMAXREG", "UMOV (UR"):
         assert sum(key in p for p in missing) == 1, (key, missing)
-    assert "UMOV (UR\\d+), 0x10 ;" in missing[-1]  # tcgen05.alloc of 512 columns, not 256
+    for present in (r"\bUTCHMMA\b", r"\bLDTM\.", r"\bUTCBAR\b", r"\bSYNCS\."):  # tcgen05 is there
+        assert present in fa4["sass_requirements"] and present not in missing, present
 
 
 def test_verify_refuses_a_role_over_its_register_budget(test_bundle):
@@ -169,8 +152,7 @@ def test_verify_refuses_a_role_over_its_register_budget(test_bundle):
 
 
 def test_sm100_attention_selection(test_bundle, monkeypatch):
-    """On 10.0 the FA4 variants serve dense and varlen calls (the serial kernel in the same bundle
-    is never chosen), with the shared argument order, on 10.3 too (the family cubin); on 9.0 no
+    """On 10.0 the FA4 variants serve dense and varlen calls, with the shared argument order, on 10.3 too (the family cubin); on 9.0 no
     datacenter Blackwell variant is a candidate."""
     from factory.runtime import attention as rt
 

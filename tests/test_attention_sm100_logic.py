@@ -1,6 +1,6 @@
 """CPU tests of what the Blackwell FA4-class attention kernel (attention/sm100_fa4.py) does that does
 not depend on the tensor cores, run with the very constants and helpers the kernel traces
-(attention/sm100_logic.py): the emulated exp2 (its float32 coefficients, clamp and range reduction),
+(attention/sm100_logic.py, attention/keyrange.py): the emulated exp2 (its float32 coefficients, clamp and range reduction),
 the key tiles a CTA sees and which need the mask, the tile order, the varlen offsets, and a model of
 the whole per-row algorithm (reverse tile order, masks, the conditional rescale with its
 threshold, 1/4 of the exponentials emulated, P rounded to 16 bits, O / row sum, LSE) against
@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 
+from factory.attention import keyrange as kr
 from factory.attention import sm100_logic as logic
 from factory.testing import attention_reference
 
@@ -131,7 +132,7 @@ def test_key_tiles_and_mask(causal):
             m0 = m_blk * CTA_M
             rows = np.arange(m0, min(m0 + CTA_M, q_len))
             vis = _visible(rows, k_len, q_len, causal)
-            n_hi, n_mask = logic.key_tiles(m0, CTA_M, q_len, k_len, BN, causal)
+            _, n_hi, _, n_mask = kr.key_tiles(m0, m0 + CTA_M, q_len, k_len, BN, causal)
             seen = np.nonzero(vis.any(axis=0))[0]
             if len(seen):
                 assert n_hi == seen.max() // BN + 1, (q_len, k_len, m_blk)
@@ -140,7 +141,7 @@ def test_key_tiles_and_mask(causal):
             assert 0 <= n_mask <= max(n_hi, 0) or n_mask <= k_len // BN
             for t in range(min(n_mask, n_hi)):
                 assert vis[:, t * BN:(t + 1) * BN].all(), (q_len, k_len, m_blk, t)
-            limits = np.array([logic.key_limit(int(r), q_len, k_len, causal) for r in rows])
+            limits = np.array([kr.key_limit(int(r), q_len, k_len, causal) for r in rows])
             assert np.array_equal(np.arange(k_len)[None, :] < limits[:, None], vis)
 
 
@@ -148,9 +149,9 @@ def test_tile_order():
     """The kernel's steps visit every tile once, the last first, so the masked tiles (key tail,
     causal diagonal) come first."""
     for n_hi in range(0, 9):
-        order = [logic.tile_at(j, n_hi) for j in range(n_hi)]
+        order = [kr.tile_at(j, n_hi) for j in range(n_hi)]
         assert order == list(range(n_hi - 1, -1, -1))
-    assert logic.needs_mask(3, 3) and not logic.needs_mask(2, 3)
+    assert kr.needs_mask(3, 3) and not kr.needs_mask(2, 3)
 
 
 def test_varlen_bounds():
@@ -158,10 +159,10 @@ def test_varlen_bounds():
     cu_q = [0, *itertools.accumulate(lens_q)]
     cu_k = [0, *itertools.accumulate(lens_k)]
     for b in range(len(lens_q)):
-        q_start, q_len, k_start, k_len = logic.varlen_bounds(cu_q, cu_k, b)
+        q_start, q_len, k_start, k_len = kr.varlen_bounds(cu_q, cu_k, b)
         assert (q_start, q_len, k_start, k_len) == (sum(lens_q[:b]), lens_q[b], sum(lens_k[:b]), lens_k[b])
         ctas = -(-max(lens_q) // CTA_M)
-        assert [m for m in range(ctas) if logic.cta_has_rows(m, CTA_M, q_len)] == list(range(-(-q_len // CTA_M)))
+        assert [m for m in range(ctas) if kr.cta_has_rows(m, CTA_M, q_len)] == list(range(-(-q_len // CTA_M)))
 
 
 # --- the whole algorithm, modelled per row ---------------------------------------------------------------
@@ -180,20 +181,20 @@ def _kernel_model(q, k, v, causal: bool, scale: float, dtype: str):
     lse = np.zeros(q_len, np.float32)
     for m_blk in range(-(-q_len // CTA_M)):
         m0 = m_blk * CTA_M
-        n_hi, n_mask = logic.key_tiles(m0, CTA_M, q_len, k_len, BN, causal)
+        _, n_hi, _, n_mask = kr.key_tiles(m0, m0 + CTA_M, q_len, k_len, BN, causal)
         rows = np.arange(m0, min(m0 + CTA_M, q_len))
-        limit = np.array([logic.key_limit(int(r), q_len, k_len, causal) for r in rows])
+        limit = np.array([kr.key_limit(int(r), q_len, k_len, causal) for r in rows])
         row_max = np.full(len(rows), -np.inf, np.float32)
         row_sum = np.zeros(len(rows), np.float32)
         acc = np.zeros((len(rows), d), np.float32)
         for j in range(n_hi):
-            tile = logic.tile_at(j, n_hi)
+            tile = kr.tile_at(j, n_hi)
             kt = np.zeros((BN, d), np.float32)
             vt = np.zeros((BN, d), np.float32)
             n = min(BN, k_len - tile * BN)
             kt[:n], vt[:n] = k[tile * BN:tile * BN + n], v[tile * BN:tile * BN + n]
             s = (q[rows].astype(np.float64) @ kt.T.astype(np.float64)).astype(np.float32)
-            if logic.needs_mask(tile, n_mask):
+            if kr.needs_mask(tile, n_mask):
                 s = np.where(np.arange(BN)[None, :] >= (limit - tile * BN)[:, None], -np.inf, s)
             new_max = np.maximum(row_max, s.max(axis=1) * c)
             alpha = np.ones(len(rows), np.float32)
@@ -261,9 +262,9 @@ def test_model_exercises_the_rescale_threshold():
     q, k, _ = _problem("bf16", 300, 700, 300 * 1000 + 700)
     q, k = q[0, :, 0].float().numpy(), k[0, :, 0].float().numpy()
     c = q.shape[1] ** -0.5 * math.log2(math.e)
-    n_hi, _ = logic.key_tiles(0, CTA_M, 300, 700, BN, False)
+    n_hi = kr.key_tiles(0, CTA_M, 300, 700, BN, False).hi
     maxes = np.stack([(q @ k[t * BN:(t + 1) * BN].T).max(axis=1) * c
-                      for t in (logic.tile_at(j, n_hi) for j in range(n_hi))])
+                      for t in (kr.tile_at(j, n_hi) for j in range(n_hi))])
     growth = np.diff(np.maximum.accumulate(maxes, axis=0), axis=0)
     assert (growth > logic.RESCALE_THRESHOLD).sum() > 10
     assert ((growth > 0) & (growth <= logic.RESCALE_THRESHOLD)).sum() > 10

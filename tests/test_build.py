@@ -96,7 +96,7 @@ def test_sass_proves_each_family(test_bundle):
             assert 32 <= v["tmem_columns"] <= 512 and r["registers"] * v["threads"] <= 65536, v["name"]
             assert r["spill_instructions"] == 0 and r["stack_frame_bytes"] == 0, v["name"]
     assert any(v["family"] == "sm100" for v in m["variants"].values()), "no Blackwell variant built"
-    assert {v["op"] for v in m["variants"].values() if v["target"] == "sm_120a"} == {"gemm", "attention"}
+    assert {v["op"] for v in m["variants"].values() if v["target"] == "sm_120a"} == {"gemm", "attention", "attention_kvcache"}
 
 
 @pytest.mark.parametrize("donor_family", ["sm90", "sm80"])

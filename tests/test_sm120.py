@@ -103,7 +103,7 @@ def test_sm120_sass_and_resources(test_bundle):
 
     m = json.loads((test_bundle / "manifest.json").read_text())
     vs = _sm120(m)
-    assert {v["op"] for v in vs.values()} == {"gemm", "attention"}
+    assert {v["op"] for v in vs.values()} == {"gemm", "attention", "attention_kvcache"}
     assert any(v["dtypes"].get("a") == "e4m3" for v in vs.values() if v["op"] == "gemm")
     for name, v in vs.items():
         sass = disassemble(test_bundle / v["files"]["cubin"]["path"])

@@ -50,6 +50,13 @@ def tma_load_atom(t: cute.Tensor, smem_layout_staged, smem_tile, n_mcast: int = 
                                        num_multicast=n_mcast)
 
 
+def tma_load_box_atom(t: cute.Tensor, smem_box_layout, box):
+    """TMA load of ``box`` boxes of ``t`` into shared memory laid out as ``smem_box_layout``: one
+    box that fills part of a larger slot (e.g. a page's rows of a K/V tile, the slot's layout
+    restricted to them).  Returns the atom and the TMA view of ``t``."""
+    return cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), t, smem_box_layout, box)
+
+
 def tma_store_atom(t: cute.Tensor, smem_layout_staged, smem_tile):
     """TMA store of one stage of ``smem_layout_staged`` into ``smem_tile`` boxes of ``t``."""
     return cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), t,
@@ -124,5 +131,5 @@ def acc_as_a_operand(acc_layout: cute.Layout, a_fragment: cute.Tensor) -> cute.T
 
 __all__ = ["CONSUMER_REGS", "GEMM_CONSUMER_REGS", "GEMM_PRODUCER_REGS", "PRODUCER_REGS", "REGISTER_FILE",
            "acc_as_a_operand", "acc_mn_view", "persistent_schedule", "prefetch_tma_descriptors",
-           "register_split_fits", "stage_bytes", "tile_scheduler", "tma_load_atom", "tma_pipeline",
+           "register_split_fits", "stage_bytes", "tile_scheduler", "tma_load_atom", "tma_load_box_atom", "tma_pipeline",
            "tma_store_atom"]

@@ -53,9 +53,9 @@ from ..atoms.common import add, quad_allreduce
 from ..atoms.sm80 import acc_as_a_layout, acc_mn_view
 from ..atoms.targets import Target
 from ..registry import register
-from . import contract, mask, softmax
-from .base import DTYPES, AttentionVariant, causal_field
-from .kv_load import load_kv
+from . import contract, mask, mma_sync, softmax
+from .base import DTYPES, TOOLKIT_SOURCES, AttentionKernel, AttentionVariant, causal_field
+from .mma_sync import load_kv
 from .softmax import LN_2, LOG2_E
 
 HEAD_DIMS = (64, 128)
@@ -72,9 +72,7 @@ _RESERVED_SMEM = 1024  # per CTA, by the driver
 @dataclass(frozen=True, kw_only=True)
 class AttentionDecode(AttentionVariant):
     family: ClassVar[str] = "sm90_decode"
-    sources = ("attention/decode.py", "attention/contract.py", "attention/base.py", "attention/mask.py",
-               "attention/keyrange.py", "attention/softmax.py", "attention/kv_load.py", "atoms/sm80.py",
-               "atoms/common.py")
+    sources = ("attention/decode.py", "attention/mma_sync.py", "atoms/sm80.py", *TOOLKIT_SOURCES)
     HEAD_DIMS = HEAD_DIMS
 
     rows: int = field(default=ROWS, metadata={"tag": "q"})

@@ -130,8 +130,9 @@ def needs_mask(tile, n_mask):
 def varlen_bounds(cu_seqlens_q, cu_seqlens_k, batch):
     """(q_start, q_len, k_start, k_len) of sequence ``batch``: its rows of the packed tensors."""
     q_start = cu_seqlens_q[batch]
+    q_len = cu_seqlens_q[batch + 1] - q_start
     k_start = cu_seqlens_k[batch]
-    return q_start, cu_seqlens_q[batch + 1] - q_start, k_start, cu_seqlens_k[batch + 1] - k_start
+    return q_start, q_len, k_start, cu_seqlens_k[batch + 1] - k_start
 
 
 def cta_has_rows(m_block, cta_m: int, q_len):

@@ -52,11 +52,9 @@ Nothing here has run (no Blackwell GPU): the proof is the SASS (sass-only).
 from __future__ import annotations
 
 import enum
-import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
@@ -64,18 +62,18 @@ import cutlass.utils as utils
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, tcgen05
 from cutlass.utils import blackwell_helpers as bw
 
-from ..abi import DTYPE_BYTES, Signature
+from ..abi import DTYPE_BYTES
 from ..atoms import sm100 as atoms
+from ..atoms.smem import SMEM_ALIGN as _SMEM_ALIGN
+from ..atoms.smem import STATIC_SMEM as _STATIC_SMEM
+from ..atoms.smem import round_up as _round_up
 from ..atoms.targets import Target
 from ..registry import register
-from ..variant import Variant
-from . import contract
+from . import keyrange, layout, mask
 from . import sm100_logic as logic
+from .base import DTYPES, TOOLKIT_SOURCES, AttentionVariant, causal_field, varlen_field
+from .softmax import LN_2, LOG2_E
 
-LOG2_E = math.log2(math.e)
-LN_2 = math.log(2.0)
-
-DTYPES = ("bf16", "f16")
 HEAD_DIMS = (64, 128)
 TILE_M = 128  # rows of one Q tile = tcgen05.mma M = TMEM lanes = threads of a warpgroup
 Q_STAGES = 2  # Q tiles per CTA (ping-pong)
@@ -94,8 +92,6 @@ REGS_OTHER = 24
 
 TMEM_COLUMNS = 512
 _CHUNK = 16  # TMEM columns per tcgen05.ld/st of O (rescale, epilogue)
-_SMEM_ALIGN = 1024
-_STATIC_SMEM = 1024
 _HEADER_BYTES = 4096  # mbarriers, the TMEM address, the softmax -> correction row statistics
 
 
@@ -122,18 +118,16 @@ SASS_TMEM_A = r"\bUTCHMMA\s+tmem\["
 
 
 @dataclass(frozen=True, kw_only=True)
-class AttentionSm100Fa4(Variant):
-    op: ClassVar[str] = "attention"
+class AttentionSm100Fa4(AttentionVariant):
     family: ClassVar[str] = "sm100"
-    sources = ("attention/sm100_fa4.py", "attention/sm100_logic.py", "atoms/sm100.py",
-               "attention/contract.py")
+    sources = ("attention/sm100_fa4.py", "attention/sm100_logic.py", "atoms/sm100.py", "attention/layout.py",
+               "atoms/smem.py", *TOOLKIT_SOURCES)
+    HEAD_DIMS = HEAD_DIMS
 
-    dtype: str = field(default="bf16", metadata={"tag": ""})
-    head_dim: int = field(default=128, metadata={"tag": "d"})
     q_tiles: int = field(default=Q_STAGES, metadata={"tag": "q"})
     tile_n: int = field(default=TILE_N, metadata={"tag": "n"})
-    causal: bool = field(default=False, metadata={"tag": "causal"})
-    varlen: bool = field(default=False, metadata={"tag": "varlen"})
+    causal: bool = causal_field()
+    varlen: bool = varlen_field()
 
     @property
     def stages(self) -> int:
@@ -165,24 +159,17 @@ class AttentionSm100Fa4(Variant):
         t = self.tgt
         if t.family != "sm100" or not t.tmem:
             return f"target {self.target} is not a Blackwell datacenter (sm100) target"
-        if self.dtype not in DTYPES:
-            return f"dtype {self.dtype} not in {DTYPES}"
-        if self.head_dim not in HEAD_DIMS:
-            return f"head_dim {self.head_dim} not in {HEAD_DIMS}"
+        if (problem := self.check_problem()) is not None:
+            return problem
         if self.q_tiles != Q_STAGES or self.tile_n != TILE_N:
             return f"the structure is {Q_STAGES} Q tiles of {TILE_M} rows, {TILE_N}-key tiles"
         if self.tmem_cols > atoms.TMEM_COLUMNS:
             return f"needs {self.tmem_cols} TMEM columns"
-        if self.smem_bytes() + _STATIC_SMEM > t.smem_per_cta:
-            return f"needs {self.smem_bytes()} + {_STATIC_SMEM} B smem > {t.smem_per_cta}"
-        return None
-
-    def signature(self) -> Signature:
-        return contract.signature(self.dtype, self.head_dim, self.varlen)
+        return self.smem_problem(_STATIC_SMEM)
 
     def describe(self) -> dict[str, Any]:
         return {
-            **contract.manifest_fields(self.dtype, self.head_dim, self.causal, self.varlen),
+            **self.contract_fields(),
             # The rows one CTA covers (the loader counts CTAs with tile[0]).
             "tile": [CTA_M, self.tile_n],
             "warps": THREADS // 32,
@@ -205,18 +192,14 @@ class AttentionSm100Fa4(Variant):
         }
 
     def make_kernel(self):
-        k = FlashFwdSm100Fa4(dtype=_cutlass_dtype(self.dtype), head_dim=self.head_dim,
+        k = FlashFwdSm100Fa4(dtype=self.cutlass_dtype, head_dim=self.head_dim,
                              causal=self.causal, stages=self.stages, tmem_cols=self.tmem_cols,
                              smem_plan=self.smem_bytes(), ex2_degree=logic.EX2_DEGREE[self.dtype])
         return k.packed if self.varlen else k.dense
 
 
-def _cutlass_dtype(name: str):
-    return {"bf16": cutlass.BFloat16, "f16": cutlass.Float16}[name]
-
-
-def _round_up(x: int, a: int) -> int:
-    return (x + a - 1) // a * a
+# Key-tile arithmetic: the DSL's, dividing by adding bn - 1 (as this kernel was verified).
+_OPS = mask.DSL._replace(ceil_div=keyrange.PY.ceil_div)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -252,16 +235,15 @@ def _ex2_combine(rounded: cutlass.Float32, frac_ex2: cutlass.Float32) -> cutlass
 # ------------------------------------------------------------------------------------------------
 # The kernel
 # ------------------------------------------------------------------------------------------------
-class FlashFwdSm100Fa4:
+class FlashFwdSm100Fa4(layout.TmaViewsKernel):
     def __init__(self, *, dtype, head_dim: int, causal: bool, stages: int, tmem_cols: int,
                  smem_plan: int, ex2_degree: int):
-        self.dtype = dtype
-        self.head_dim = head_dim
-        self.causal = causal
+        super().__init__(dtype=dtype, head_dim=head_dim, causal=causal)
         self.stages = stages
         self.tmem_cols = tmem_cols
         self.smem_plan = smem_plan
         self.ex2_degree = ex2_degree
+        self.cta_rows = CTA_M
         self.qk_tiler = (TILE_M, TILE_N, head_dim)
         self.pv_tiler = (TILE_M, head_dim, TILE_N)
         # TMEM columns (32-bit): S_s, P_s (inside S_s), O_s.
@@ -270,29 +252,7 @@ class FlashFwdSm100Fa4:
         self.tmem_o = (2 * TILE_N, 2 * TILE_N + head_dim)
 
     # --- host ------------------------------------------------------------------------------------
-    @cute.jit
-    def dense(self, q: cute.Tensor, k: cute.Tensor, v: cute.Tensor, o: cute.Tensor,
-              lse: cute.Tensor, softmax_scale: cutlass.Float32, stream: cuda.CUstream):
-        # (B, S, H, D) -> (S, D, H, B); V as (D, S, H, B): the B operand of P·V, N = D contiguous.
-        mQ = cute.make_tensor(q.iterator, cute.select(q.layout, mode=[1, 3, 2, 0]))
-        mK = cute.make_tensor(k.iterator, cute.select(k.layout, mode=[1, 3, 2, 0]))
-        mVt = cute.make_tensor(v.iterator, cute.select(v.layout, mode=[3, 1, 2, 0]))
-        mO = cute.make_tensor(o.iterator, cute.select(o.layout, mode=[1, 3, 2, 0]))
-        grid = (cute.ceil_div(q.shape[1], CTA_M), q.shape[2], q.shape[0])
-        self._launch(mQ, mK, mVt, mO, lse, None, None, softmax_scale, grid, stream)
-
-    @cute.jit
-    def packed(self, q: cute.Tensor, k: cute.Tensor, v: cute.Tensor, o: cute.Tensor,
-               lse: cute.Tensor, cu_seqlens_q: cute.Tensor, cu_seqlens_k: cute.Tensor,
-               softmax_scale: cutlass.Float32, max_seqlen_q: cutlass.Int32, stream: cuda.CUstream):
-        # (T, H, D) -> (T, D, H); V as (D, T, H).  A CTA offsets these by its sequence's start.
-        mQ = cute.make_tensor(q.iterator, cute.select(q.layout, mode=[0, 2, 1]))
-        mK = cute.make_tensor(k.iterator, cute.select(k.layout, mode=[0, 2, 1]))
-        mVt = cute.make_tensor(v.iterator, cute.select(v.layout, mode=[2, 0, 1]))
-        mO = cute.make_tensor(o.iterator, cute.select(o.layout, mode=[0, 2, 1]))
-        grid = (cute.ceil_div(max_seqlen_q, CTA_M), q.shape[1], cu_seqlens_q.shape[0] - 1)
-        self._launch(mQ, mK, mVt, mO, lse, cu_seqlens_q, cu_seqlens_k, softmax_scale, grid, stream)
-
+    # (dense, packed: layout.TmaViewsKernel)
     @cute.jit
     def _launch(self, mQ, mK, mVt, mO, lse, mCuQ, mCuK, softmax_scale, grid, stream):
         dt, S = self.dtype, self.stages
@@ -443,26 +403,11 @@ class FlashFwdSm100Fa4:
         m_blk, hq, b = cute.arch.block_idx()
         if cutlass.const_expr(self.causal):
             m_blk = cute.arch.grid_dim()[0] - 1 - m_blk  # the longest rows first
-        kv_head = hq // (mQ.shape[2] // mK.shape[2])
-        if cutlass.const_expr(mCuQ is None):
-            q_len = mQ.shape[0]
-            k_len = mK.shape[0]
-            seqQ = mQ[None, None, hq, b]
-            seqK = mK[None, None, kv_head, b]
-            seqVt = mVt[None, None, kv_head, b]
-            seqO = mO[None, None, hq, b]
-            seqL = mLSE[b, hq, None]
-        else:
-            q_start, q_len, k_start, k_len = logic.varlen_bounds(mCuQ, mCuK, b)
-            seqQ = cute.domain_offset((q_start, 0), mQ[None, None, hq])
-            seqK = cute.domain_offset((k_start, 0), mK[None, None, kv_head])
-            seqVt = cute.domain_offset((0, k_start), mVt[None, None, kv_head])
-            seqO = cute.domain_offset((q_start, 0), mO[None, None, hq])
-            seqL = cute.domain_offset((q_start,), mLSE[hq, None])
+        q_len, k_len, seqQ, seqK, seqVt, seqO, seqL = layout.sequence_views(
+            mQ, mK, mVt, mO, mLSE, mCuQ, mCuK, hq, b)
         m0 = m_blk * CTA_M
-        has_rows = logic.cta_has_rows(m_blk, CTA_M, q_len)
-        n_hi, n_mask = logic.key_tiles(m0, CTA_M, q_len, k_len, TILE_N, self.causal,
-                                       cutlass.min, cutlass.max)
+        has_rows = keyrange.cta_has_rows(m_blk, CTA_M, q_len)
+        _, n_hi, _, n_mask = mask.key_tiles(self.mask, m0, m0 + CTA_M, q_len, k_len, TILE_N, _OPS)
         n_hi = cutlass.Int32(cutlass.select_(has_rows, n_hi, 0))
         return {"m_blk": m_blk, "m0": m0, "q_len": q_len, "k_len": k_len, "seqQ": seqQ,
                 "seqK": seqK, "seqVt": seqVt, "seqO": seqO, "seqL": seqL, "has_rows": has_rows,
@@ -496,7 +441,7 @@ class FlashFwdSm100Fa4:
         v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         if n_hi > 0:
             for j in cutlass.range(n_hi, unroll=1):
-                t = logic.tile_at(j, n_hi)
+                t = keyrange.tile_at(j, n_hi)
                 if j == 0:
                     with cute.arch.elect_one():
                         cute.arch.mbarrier_arrive_and_expect_tx(q_full, self.q_bytes)
@@ -604,22 +549,18 @@ class FlashFwdSm100Fa4:
         tPcP = st_p.partition_S(cute.make_identity_tensor((TILE_M, p_cols)))
 
         row = row0 + t
-        limit = logic.key_limit(row, q_len, k_len, self.causal, cutlass.min, cutlass.max)
+        limit = keyrange.key_limit(row, q_len, k_len, self.causal, cutlass.min, cutlass.max)
         row_max = -cutlass.Float32.inf
         row_sum = cutlass.Float32(0.0)
         for j in cutlass.range(n_hi, unroll=1):
-            tile = logic.tile_at(j, n_hi)
+            tile = keyrange.tile_at(j, n_hi)
             rS = cute.make_rmem_tensor(tScS.shape, cutlass.Float32)
             cute.arch.mbarrier_wait(s_full + stage, j & 1)
             atoms.tmem_fence_after_sync()
             cute.copy(ld_s, tStS, rS)
             cute.arch.fence_view_async_tmem_load()
-            if logic.needs_mask(tile, n_mask):
-                lim = limit - tile * TILE_N
-                for i in cutlass.range_constexpr(cute.size(rS)):
-                    # a select per score (a branch would make the whole row a yielded value)
-                    rS[i] = cutlass.Float32(cutlass.select_(tScS[i][1] >= lim,
-                                                            -cutlass.Float32.inf, rS[i]))
+            if keyrange.needs_mask(tile, n_mask):
+                mask.mask_keys(rS, tScS, limit - tile * TILE_N)
             tile_max = rS.load().reduce(cute.ReductionOp.MAX, -cutlass.Float32.inf, 0)
             new_max = cutlass.max(row_max, tile_max * scale_log2)
             alpha = cutlass.Float32(1.0)

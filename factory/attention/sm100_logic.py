@@ -4,15 +4,11 @@ MMA, written once in plain Python so that the kernel traces them and the CPU tes
 * the exp2 emulation: Cody-Waite range reduction (x = j + f, j = floor(x), f in [0, 1)), a minimax
   polynomial p(f) ~ 2^f with p(0) = 1 exactly, and 2^j put in by adding j to the exponent field;
   its float32 coefficients, its clamp, and which elements of a row the kernel emulates;
-* the key tiles a query tile sees and which of them need the mask (bottom-right causal, key tail),
-  the order the kernel walks them in (last first), and the per-row key limit of the mask;
-* the varlen offsets of one CTA (cu_seqlens);
 * the rescale threshold of the online softmax (O is rescaled only when a row's max grows by more
   than 2^8: otherwise P stays <= 2^8 with the old max, and the correction warps skip the rescale).
 
-Integer helpers take ``mn``/``mx`` (Python's ``min``/``max`` on the CPU, ``cutlass.min``/``max`` in
-the kernel) and only ever divide non-negative values, so ``//`` means the same in both.  Nothing
-here imports the DSL; numpy is imported only by :func:`ex2_emulated`.
+The key tiles, masks, walk order and varlen offsets the kernel shares with the other families are
+keyrange.py's.  Nothing here imports the DSL; numpy is imported only by :func:`ex2_emulated`.
 """
 
 from __future__ import annotations
@@ -76,47 +72,3 @@ def ex2_emulated(x, degree: int):
 # --- the online softmax ------------------------------------------------------------------------------
 # log2 units: the running max grows past this before O is rescaled (FA4's conditional rescale).
 RESCALE_THRESHOLD = 8.0
-
-
-# --- key tiles, masks, order ---------------------------------------------------------------------------
-def key_tiles(m0, rows, q_len, k_len, bn: int, causal: bool, mn=min, mx=max):
-    """Key tiles [0, n_hi) that the query rows [m0, m0 + rows) see, and n_mask: tiles >= n_mask
-    need the mask (the key tail; with causal, the tiles some row of the range does not see whole).
-    Bottom-right causal: row r sees keys k < r + 1 + k_len - q_len."""
-    n_hi = (k_len + bn - 1) // bn
-    n_mask = k_len // bn
-    if causal:
-        shift = k_len - q_len
-        n_hi = mn(n_hi, (mx(m0 + rows + shift, 0) + bn - 1) // bn)
-        n_mask = mn(n_mask, mx(m0 + shift + 1, 0) // bn)
-    return n_hi, n_mask
-
-
-def key_limit(row, q_len, k_len, causal: bool, mn=min, mx=max):
-    """One past the last key row ``row`` sees (keys >= it are masked to -inf)."""
-    if causal:
-        return mn(k_len, mx(row + 1 + k_len - q_len, 0))
-    return k_len
-
-
-def tile_at(j, n_hi):
-    """The key tile of the kernel's ``j``-th step: the last tile first, so the masked tiles (the
-    key tail and the causal diagonal) come first and the rest run without mask code."""
-    return n_hi - 1 - j
-
-
-def needs_mask(tile, n_mask):
-    return tile >= n_mask
-
-
-# --- varlen ------------------------------------------------------------------------------------------
-def varlen_bounds(cu_seqlens_q, cu_seqlens_k, batch):
-    """(q_start, q_len, k_start, k_len) of sequence ``batch``: its rows of the packed tensors."""
-    q_start = cu_seqlens_q[batch]
-    k_start = cu_seqlens_k[batch]
-    return q_start, cu_seqlens_q[batch + 1] - q_start, k_start, cu_seqlens_k[batch + 1] - k_start
-
-
-def cta_has_rows(m_block, cta_m: int, q_len):
-    """A CTA of a grid sized by max_seqlen_q whose first row is past its sequence does nothing."""
-    return m_block * cta_m < q_len

@@ -17,6 +17,9 @@ Data flow per CTA:
     scale, rows reduced within the quad of threads that share them.
   * Epilogue: O / rowsum -> dtype -> smem (the Q region) -> 16-byte stores; LSE (natural log) by one
     thread per row.  A row with no visible key writes O = 0 and LSE = -inf.
+  The key loop is the attention toolkit's mma.sync mainloop (mma_sync.py: the ring, both GEMMs,
+  the mask of mask.py, the online softmax and finalisation of softmax.py), shared with the decode
+  family.
 
 Shared memory: the Q tile aliases the ring's last slot.  Q is read into registers before the first
 loop iteration's barrier, and that slot is first written (with the tile ``stages - 1`` ahead) after
@@ -49,12 +52,13 @@ import cutlass.utils
 from cutlass.cute.nvgpu import cpasync, warp
 
 from ..abi import DTYPE_BYTES, Signature
-from ..atoms.sm80 import acc_as_a_layout, acc_mn_view
+from ..atoms.common import cutlass_dtype
+from ..atoms.sm80 import acc_mn_view
 from ..atoms.targets import Target
 from ..registry import register
-from . import contract, mask, softmax
-from .base import DTYPES, AttentionVariant, causal_field, varlen_field
-from .kv_load import load_kv
+from ..variant import Variant
+from . import contract, mask, mma_sync, softmax
+from .base import DTYPES, TOOLKIT_SOURCES, AttentionKernel, AttentionVariant, causal_field, varlen_field
 from .softmax import LOG2_E
 
 MAX_SPLITS = 32
@@ -71,6 +75,32 @@ HEAD_DIMS = (64, 128)
 ROWS_PER_WARP = 16
 
 
+@dataclass(frozen=True)
+class KvOptions:
+    """The compile-time switches of attention over a KV cache (the contract's kvcache variant
+    fields) as the kernel sees them."""
+    paged: bool
+    kv_dtype: Any  # cutlass numeric type of k_cache/v_cache
+    fp8: bool
+    local: bool
+    softcap: bool
+    sinks: bool
+
+
+class KvArgs:
+    """The KV-cache kernel arguments beyond q/k/v/o/lse, handed from the host entry to the kernel."""
+
+    def __init__(self, block_table, cache_seqlens, sinks, kv_descale, softcap, window_left,
+                 window_right):
+        self.block_table = block_table
+        self.cache_seqlens = cache_seqlens
+        self.sinks = sinks
+        self.kv_descale = kv_descale
+        self.softcap = softcap
+        self.window_left = window_left
+        self.window_right = window_right
+
+
 # ------------------------------------------------------------------------------------------------
 # The variant: config, calling convention, manifest fields
 # ------------------------------------------------------------------------------------------------
@@ -78,9 +108,7 @@ ROWS_PER_WARP = 16
 class AttentionSm80(AttentionVariant):
     family: ClassVar[str] = "sm80"
     required_sass = (r"HMMA", r"LDGSTS", r"LDSM")
-    sources = ("attention/sm80.py", "attention/contract.py", "attention/base.py", "attention/mask.py",
-               "attention/keyrange.py", "attention/softmax.py", "attention/kv_load.py", "atoms/sm80.py",
-               "atoms/common.py")
+    sources = ("attention/sm80.py", "attention/mma_sync.py", "atoms/sm80.py", *TOOLKIT_SOURCES)
     HEAD_DIMS = HEAD_DIMS
 
     tile_m: int = field(default=128, metadata={"tag": "m"})
@@ -135,12 +163,7 @@ class AttentionSm80(AttentionVariant):
             return "split-KV is dense-only"
         if self.pack_gqa and (self.splits < 2 or self.causal or self.varlen):
             return "pack_gqa (seqlen_q == 1 decode) needs splits > 1, dense, non-causal"
-        if self.smem_bytes() > t.smem_per_cta:
-            return f"needs {self.smem_bytes()} B of shared memory, {self.target} has {t.smem_per_cta}"
-        return None
-
-    def signature(self) -> Signature:
-        return contract.signature(self.dtype, self.head_dim, self.varlen, self.splits)
+        return self.smem_problem()
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -222,25 +245,159 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm80]:
 
 
 # ------------------------------------------------------------------------------------------------
+# Attention over a KV cache (contract.signature_kvcache): the same kernel, K/V rows gathered
+# through the block table, per-sequence key counts, window/softcap/sinks, fp8 K/V
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttentionKvcacheSm80(Variant):
+    """The sm80 family over a KV cache.  Pages of any power-of-two size (the kernel addresses
+    key rows, so a page may be smaller or larger than a key tile): the page size is a launch-time
+    symbol, manifest ``page_sizes``.  Any seqlen_q, dense or packed (varlen) q."""
+
+    op: ClassVar[str] = "attention_kvcache"
+    family: ClassVar[str] = "sm80"
+    required_sass = (r"HMMA", r"LDGSTS", r"LDSM")
+    sources = AttentionSm80.sources
+
+    dtype: str = field(default="bf16", metadata={"tag": ""})
+    kv_dtype: str = field(default="bf16", metadata={"tag": "c"})
+    head_dim: int = field(default=128, metadata={"tag": "d"})
+    tile_m: int = field(default=128, metadata={"tag": "m"})
+    tile_n: int = field(default=64, metadata={"tag": "n"})
+    warps: int = field(default=8, metadata={"tag": "w"})
+    stages: int = field(default=2, metadata={"tag": "s"})
+    causal: bool = field(default=True, metadata={"tag": "causal"})
+    paged: bool = field(default=True, metadata={"tag": "paged"})
+    local: bool = field(default=False, metadata={"tag": "win"})
+    softcap: bool = field(default=False, metadata={"tag": "cap"})
+    sinks: bool = field(default=False, metadata={"tag": "sink"})
+    varlen: bool = field(default=False, metadata={"tag": "varlen"})
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps
+
+    @property
+    def fp8(self) -> bool:
+        return self.kv_dtype != self.dtype
+
+    def smem_bytes(self) -> int:
+        # dtype K/V ring (Q/O alias its last slot); fp8: one dtype slot plus the fp8 ring
+        tile = 2 * self.tile_n * self.head_dim
+        if self.fp8:
+            return tile * DTYPE_BYTES[self.dtype] + self.stages * tile * DTYPE_BYTES[self.kv_dtype]
+        return self.stages * tile * DTYPE_BYTES[self.dtype]
+
+    def can_implement(self) -> str | None:
+        base = AttentionSm80(target=self.target, dtype=self.dtype, head_dim=self.head_dim,
+                             tile_m=self.tile_m, tile_n=self.tile_n, warps=self.warps,
+                             stages=self.stages, causal=self.causal)
+        why = base.can_implement()
+        if why:
+            return why
+        if self.kv_dtype not in (self.dtype, "e4m3"):
+            return f"kv_dtype must be {self.dtype} or e4m3"
+        if self.fp8:
+            if not self.tgt.fp8:
+                return f"fp8 K/V need a target with e4m3 conversions; {self.target} has none"
+            if self.tile_n % (self.threads // (self.head_dim // 16)):
+                return "fp8 K/V tiles must be whole copy passes"
+        if self.smem_bytes() > self.tgt.smem_per_cta:
+            return f"needs {self.smem_bytes()} B of shared memory, {self.target} has {self.tgt.smem_per_cta}"
+        return None
+
+    def signature(self) -> Signature:
+        return contract.signature_kvcache(self.dtype, self.kv_dtype, self.head_dim, self.paged, None,
+                                          varlen_q=self.varlen)
+
+    def describe(self) -> dict[str, Any]:
+        d = contract.manifest_fields_kvcache(
+            self.dtype, self.kv_dtype, self.head_dim, paged=self.paged, page_size=None,
+            causal=self.causal, local=self.local, softcap=self.softcap, sinks=self.sinks,
+            varlen_q=self.varlen)
+        d["page_sizes"] = list(contract.PAGE_SIZES) if self.paged else []
+        d.update({
+            "tile": [self.tile_m, self.tile_n],
+            "warps": self.warps,
+            "stages": self.stages,
+            "splits": 1,
+            "smem_bytes": self.smem_bytes(),
+            "preferred": (self.tile_m, self.tile_n, self.warps, self.stages)
+            == default_tile(self.tgt, self.head_dim),
+        })
+        return d
+
+    def make_kernel(self):
+        kv = KvOptions(paged=self.paged, kv_dtype=cutlass_dtype(self.kv_dtype), fp8=self.fp8,
+                       local=self.local, softcap=self.softcap, sinks=self.sinks)
+        k = FlashFwdSm80(
+            dtype=cutlass_dtype(self.dtype), head_dim=self.head_dim, tile_m=self.tile_m,
+            tile_n=self.tile_n, warps=self.warps, stages=self.stages, causal=self.causal, kv=kv)
+        return k.kvcache_packed if self.varlen else k.kvcache
+
+
+@register("attention_kvcache")
+def enumerate_attention_kvcache(target: Target, tier: str) -> list[AttentionKvcacheSm80]:
+    if target.family != "sm80":
+        return []
+
+    def make(dtype, d, kv_dtype=None, **switches):
+        tm, tn, w, s = default_tile(target, d)
+        return AttentionKvcacheSm80(target=target.name, dtype=dtype, kv_dtype=kv_dtype or dtype,
+                                    head_dim=d, tile_m=tm, tile_n=tn, warps=w, stages=s, **switches)
+
+    if tier == "test":
+        # sm_90 (the build the GPU tests run): one of each switch (paged/dense cache, causal or
+        # not, window, softcap, sinks, fp8, varlen); elsewhere the plain build (compile checks).
+        out = [make("bf16", 128)]
+        if target.name == "sm_90":
+            out += [
+                make("f16", 64, varlen=True, local=True, softcap=True, sinks=True),
+                make("bf16", 128, "e4m3", causal=False),
+                make("bf16", 64, paged=False, causal=False, local=True, varlen=True),
+            ]
+    elif tier == "default":
+        # What the selection picks where this family is the only prefill kernel (Ampere, Ada,
+        # sm_120): chunked prefill / speculative verification, bf16, head_dim 128, causal, paged
+        # (any page size), dense and packed q.  (The sm_90 build: Hopper takes the sm90 family's.)
+        # Build-time budget of the default bundle: other dtypes, head_dims, fp8 and the switches
+        # are in "full".
+        if target.name == "sm_90":
+            return []
+        out = [make("bf16", 128, varlen=vl) for vl in (False, True)]
+    else:
+        # Every dtype, head_dim, cache dtype (fp8 where the target converts e4m3) and q form,
+        # plain and with every switch on (a variant with a switch on serves calls without it:
+        # window -1, softcap 0, sinks -inf), and the dense-cache form.
+        out = [make(dt, d, kv, varlen=vl, **sw) for dt in DTYPES for d in HEAD_DIMS
+               for kv in (None, "e4m3") for vl in (False, True)
+               for sw in ({}, {"local": True, "softcap": True, "sinks": True})]
+        out += [make(dt, d, paged=False, varlen=vl) for dt in DTYPES for d in HEAD_DIMS for vl in (False, True)]
+    return [v for v in out if v.can_implement() is None]
+
+
+# ------------------------------------------------------------------------------------------------
 # The kernel
 # ------------------------------------------------------------------------------------------------
-class FlashFwdSm80:
+class FlashFwdSm80(AttentionKernel):
     """Host side: ``dense``/``packed`` (the two calling conventions) build smem layouts, copy and
     MMA atoms and launch ``kernel``; device side: ``kernel`` and its jit helpers."""
 
     def __init__(self, *, dtype, head_dim: int, tile_m: int, tile_n: int, warps: int, stages: int,
-                 causal: bool, splits: int = 1, pack_gqa: bool = False):
-        self.dtype = dtype
-        self.head_dim = head_dim
+                 causal: bool, splits: int = 1, pack_gqa: bool = False, kv: "KvOptions | None" = None):
+        super().__init__(dtype=dtype, head_dim=head_dim, causal=causal, local=kv is not None and kv.local)
         self.tile_m = tile_m
         self.tile_n = tile_n
         self.warps = warps
         self.threads = 32 * warps
         self.stages = stages
-        self.causal = causal
-        self.mask = mask.MaskSpec(causal=causal)
         self.splits = splits
         self.pack_gqa = pack_gqa
+        # Attention over a KV cache (paged or dense, per-sequence key counts on the device): the
+        # compile-time switches of that contract; None for the plain dense/varlen kernels.
+        self.kv = kv
 
     # --- host ------------------------------------------------------------------------------------
     @cute.jit
@@ -274,18 +431,55 @@ class FlashFwdSm80:
         self._launch(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, softmax_scale, grid, stream)
 
     @cute.jit
-    def _launch(self, mQ, mK, mV, mO, mLSE, mCuQ, mCuK, softmax_scale, grid, stream):
+    def kvcache(self, q: cute.Tensor, k_cache: cute.Tensor, v_cache: cute.Tensor, o: cute.Tensor,
+                lse: cute.Tensor, block_table: cute.Tensor, cache_seqlens: cute.Tensor,
+                sinks: cute.Tensor, kv_descale: cute.Tensor, softmax_scale: cutlass.Float32,
+                softcap: cutlass.Float32, window_left: cutlass.Int32, window_right: cutlass.Int32,
+                stream: cuda.CUstream):
+        # grid: (query tiles, q heads, batch); the contract's kvcache signature, dense q
+        grid = (cute.ceil_div(q.shape[1], self.tile_m), q.shape[2], q.shape[0])
+        cache = KvArgs(block_table, cache_seqlens, sinks, kv_descale, softcap, window_left, window_right)
+        self._launch(q, k_cache, v_cache, o, lse, None, None, softmax_scale, grid, stream, cache)
+
+    @cute.jit
+    def kvcache_packed(self, q: cute.Tensor, k_cache: cute.Tensor, v_cache: cute.Tensor,
+                       o: cute.Tensor, lse: cute.Tensor, block_table: cute.Tensor,
+                       cache_seqlens: cute.Tensor, cu_seqlens_q: cute.Tensor, sinks: cute.Tensor,
+                       kv_descale: cute.Tensor, softmax_scale: cutlass.Float32,
+                       softcap: cutlass.Float32, window_left: cutlass.Int32,
+                       window_right: cutlass.Int32, max_seqlen_q: cutlass.Int32,
+                       stream: cuda.CUstream):
+        # the packed-q form: q/o (Tq, Hq, D), lse (Hq, Tq), sequence b's queries cu[b]:cu[b+1]
+        grid = (cute.ceil_div(max_seqlen_q, self.tile_m), q.shape[1], cu_seqlens_q.shape[0] - 1)
+        cache = KvArgs(block_table, cache_seqlens, sinks, kv_descale, softcap, window_left, window_right)
+        self._launch(q, k_cache, v_cache, o, lse, cu_seqlens_q, None, softmax_scale, grid, stream, cache)
+
+    @cute.jit
+    def _launch(self, mQ, mK, mV, mO, mLSE, mCuQ, mCuK, softmax_scale, grid, stream, cache=None):
         D = self.head_dim
+        fp8 = cutlass.const_expr(self.kv is not None and self.kv.fp8)
         # 64-element (128-byte) swizzled rows: ldmatrix and 16-byte cp.async without bank conflicts.
         atom = cute.make_composed_layout(
             cute.make_swizzle(3, 3, 3), 0, cute.make_layout((8, 64), stride=(64, 1)))
         sQ_layout = cute.tile_to_shape(atom, (self.tile_m, D), (0, 1))
         # K and V tiles of every stage: mode 2 is (K of slot 0, V of slot 0, K of slot 1, ...).
-        sKV_layout = cute.tile_to_shape(atom, (self.tile_n, D, 2 * self.stages), (0, 1, 2))
-
-        @cute.struct
-        class SharedStorage:
-            kv: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sKV_layout)], 1024]
+        # fp8 K/V: the cp.async ring holds the fp8 tiles (sKV8) and one K/V slot holds the current
+        # tile converted to dtype for ldmatrix.
+        sKV_layout = cute.tile_to_shape(atom, (self.tile_n, D, 2 * (1 if fp8 else self.stages)), (0, 1, 2))
+        sKV8_layout = None
+        g2s_kv = None
+        if cutlass.const_expr(fp8):
+            sKV8_layout = cute.make_layout((self.tile_n, D, 2 * self.stages),
+                                           stride=(D, 1, self.tile_n * D))
+            cols = D // 16
+            g2s_kv = cute.make_tiled_copy_tv(
+                cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL),
+                                    self.kv.kv_dtype, num_bits_per_copy=128),
+                cute.make_layout((self.threads // cols, cols), stride=(cols, 1)),
+                cute.make_layout((1, 16)))
+        SharedStorage = self._storage(sKV_layout, sKV8_layout)
+        if cutlass.const_expr(not fp8):
+            sKV8_layout = cute.make_layout(1)  # unused
 
         vec = 128 // self.dtype.width
         thr_layout = cute.make_layout((self.threads // 8, 8), stride=(8, 1))
@@ -294,6 +488,8 @@ class FlashFwdSm80:
             cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL),
                                 self.dtype, num_bits_per_copy=128),
             thr_layout, val_layout)
+        if cutlass.const_expr(not fp8):
+            g2s_kv = g2s
         s2g = cute.make_tiled_copy_tv(
             cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128),
             thr_layout, val_layout)
@@ -302,11 +498,32 @@ class FlashFwdSm80:
             (self.warps, 1, 1),
             permutation_mnk=(self.warps * 16, 16, 16),
         )
-        self.kernel(
-            mQ, mK, mV, mO, mLSE, mCuQ, mCuK, softmax_scale * LOG2_E,
-            sQ_layout, sKV_layout, g2s, s2g, tiled_mma, SharedStorage,
-        ).launch(grid=grid, block=[self.threads, 1, 1], smem=SharedStorage.size_in_bytes(),
-                 stream=stream)
+        if cutlass.const_expr(cache is None):
+            self.kernel(
+                mQ, mK, mV, mO, mLSE, mCuQ, mCuK, softmax_scale * LOG2_E,
+                sQ_layout, sKV_layout, g2s, s2g, tiled_mma, SharedStorage,
+                None, None, None, None, cutlass.Float32(0.0), cutlass.Int32(0), cutlass.Int32(0),
+                g2s, cute.make_layout(1),
+            ).launch(grid=grid, block=[self.threads, 1, 1], smem=SharedStorage.size_in_bytes(),
+                     stream=stream)
+        else:
+            self.kernel(
+                mQ, mK, mV, mO, mLSE, mCuQ, mCuK, softmax_scale * LOG2_E,
+                sQ_layout, sKV_layout, g2s, s2g, tiled_mma, SharedStorage,
+                cache.block_table, cache.cache_seqlens, cache.sinks, cache.kv_descale,
+                cache.softcap, cache.window_left, cache.window_right, g2s_kv, sKV8_layout,
+            ).launch(grid=grid, block=[self.threads, 1, 1], smem=SharedStorage.size_in_bytes(),
+                     stream=stream)
+
+    def _storage(self, sKV_layout, sKV8_layout):
+        """The CTA's shared memory: the K/V ring (Q and O alias its last slot); fp8 K/V add their
+        cp.async ring.  (Annotations built as objects: this module's annotations are strings.)"""
+        fields = {"kv": cute.struct.Align[
+            cute.struct.MemRange[self.dtype, cute.cosize(sKV_layout)], 1024]}
+        if sKV8_layout is not None:
+            fields["kv8"] = cute.struct.Align[
+                cute.struct.MemRange[self.kv.kv_dtype, cute.cosize(sKV8_layout)], 1024]
+        return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
 
     # --- device ----------------------------------------------------------------------------------
     @cute.kernel
@@ -314,8 +531,12 @@ class FlashFwdSm80:
                mLSE: cute.Tensor, mCuQ, mCuK, scale_log2: cutlass.Float32,
                sQ_layout: cute.ComposedLayout, sKV_layout: cute.ComposedLayout,
                g2s: cute.TiledCopy, s2g: cute.TiledCopy, tiled_mma: cute.TiledMma,
-               SharedStorage: cutlass.Constexpr):
+               SharedStorage: cutlass.Constexpr, mTable, mSeqlens, mSinks, mDescale,
+               softcap: cutlass.Float32, win_l: cutlass.Int32, win_r: cutlass.Int32,
+               g2s_kv: cute.TiledCopy, sKV8_layout: cute.Layout):
         D, BM, BN, S = self.head_dim, self.tile_m, self.tile_n, self.stages
+        kv = self.kv
+        fp8 = cutlass.const_expr(kv is not None and kv.fp8)
         tidx, _, _ = cute.arch.thread_idx()
         m_block, head, batch = cute.arch.block_idx()
         split = 0
@@ -324,7 +545,27 @@ class FlashFwdSm80:
             m_block = m_block // self.splits
 
         # ---- this CTA's sequence: (seqlen, D) views of q/k/v/o for its heads, and its LSE row
-        if cutlass.const_expr(mCuQ is not None):
+        if cutlass.const_expr(kv is not None):
+            # KV cache: keys 0..k_len of sequence `batch` live in pages (paged: page
+            # block_table[b][j // PS], row j % PS; dense: page b, row j), read row by row in
+            # load_kv_cache.  seqK/seqV are unused.
+            k_len = mSeqlens[batch]
+            if cutlass.const_expr(mCuQ is not None):
+                q_start = mCuQ[batch]
+                q_len = mCuQ[batch + 1] - q_start
+                kv_head = head // (mQ.shape[1] // mK.shape[2])
+                seqQ = cute.domain_offset((q_start, 0), mQ[None, head, None])
+                seqO = cute.domain_offset((q_start, 0), mO[None, head, None])
+                seqL = cute.domain_offset((q_start,), mLSE[head, None])
+            else:
+                q_len = mQ.shape[1]
+                kv_head = head // (mQ.shape[2] // mK.shape[2])
+                seqQ = mQ[batch, None, head, None]
+                seqO = mO[batch, None, head, None]
+                seqL = mLSE[batch, head, None]
+            seqK = mK[0, None, kv_head, None]
+            seqV = mV[0, None, kv_head, None]
+        elif cutlass.const_expr(mCuQ is not None):
             q_start = mCuQ[batch]
             q_len = mCuQ[batch + 1] - q_start
             k_start = mCuK[batch]
@@ -361,14 +602,35 @@ class FlashFwdSm80:
                 seqO = mO[batch, None, head, None]
                 seqL = mLSE[batch, head, None]
 
+        # KV cache: k_descale folds into the score scale, v_descale into O; softcap (runtime value,
+        # <= 0: off) through softmax.softcap_scores; the window's -1 sides through mask.window.
+        cap_pre = None
+        use_cap = None
+        o_scale = None
+        sink = None
+        win = (None, None)
+        if cutlass.const_expr(kv is not None):
+            if cutlass.const_expr(fp8):
+                scale_log2 = scale_log2 * mDescale[0, kv_head]
+                o_scale = mDescale[1, kv_head]
+            if cutlass.const_expr(kv.softcap):
+                use_cap = softcap > 0.0
+                cap = cutlass.max(softcap, 1e-30)
+                cap_pre = scale_log2 / (cap * LOG2_E) if use_cap else 0.0
+                scale_log2 = cap * LOG2_E if use_cap else scale_log2
+            if cutlass.const_expr(kv.sinks):
+                sink = mSinks[head]
+            win = mask.window(self.mask, win_l, win_r, q_len, k_len)
+
         m0 = m_block * BM
         if m0 < q_len:
-            # ---- key-tile range: [0, n_end); tiles >= n_mask need the mask
-            _, n_end, _, n_mask = mask.key_tiles(self.mask, m0, m0 + BM, q_len, k_len, BN)
+            # ---- key-tile range: [n_lo, n_end); tiles >= n_mask (or, windowed, < mask_lo) need
+            # the mask
+            n_lo, n_end, mask_lo, n_mask = mask.key_tiles(self.mask, m0, m0 + BM, q_len, k_len, BN,
+                                                          win=win)
             # This CTA's key tiles: [n_lo, n_hi), walked from the top.  Split-KV cuts the row
             # block's visible range into `splits` contiguous chunks; an empty chunk (causal rows
             # that see few keys) runs no iteration and writes O = 0, LSE = -inf (weight 0).
-            n_lo = 0
             n_hi = n_end
             if cutlass.const_expr(self.splits > 1):
                 chunk = (n_end + (self.splits - 1)) // self.splits
@@ -378,8 +640,10 @@ class FlashFwdSm80:
             smem = cutlass.utils.SmemAllocator()
             storage = smem.allocate(SharedStorage)
             sKV = storage.kv.get_tensor(sKV_layout)
-            # Q (and at the end O) live in the last slot (2 tiles of BN x D elements).
-            sQ = cute.make_tensor(storage.kv.data_ptr() + (S - 1) * 2 * BN * D, sQ_layout)
+            # Q (and at the end O) live in the last slot (2 tiles of BN x D elements); fp8 K/V have
+            # one dtype slot (the converted tile), so Q lives in it.
+            slots = 1 if fp8 else S
+            sQ = cute.make_tensor(storage.kv.data_ptr() + (slots - 1) * 2 * BN * D, sQ_layout)
             # V as (D, BN) per stage for the B operand of P·V.
             sVt = cute.composition(
                 sKV, cute.make_layout((D, BN, 2 * S), stride=(BN, 1, BN * D)))
@@ -387,37 +651,29 @@ class FlashFwdSm80:
             # ---- gmem -> smem partitions (coordinates are tile-local: (row, col))
             thr_g2s = g2s.get_slice(tidx)
             gQ = cute.local_tile(seqQ, (BM, D), (m_block, 0))
-            gK = cute.local_tile(seqK, (BN, D), (None, 0))
-            gV = cute.local_tile(seqV, (BN, D), (None, 0))
             tQgQ = thr_g2s.partition_S(gQ)
             tQsQ = thr_g2s.partition_D(sQ)
             tQcQ = thr_g2s.partition_S(cute.make_identity_tensor((BM, D)))
-            tKgK = thr_g2s.partition_S(gK)
-            tVgV = thr_g2s.partition_S(gV)
-            tKVsKV = thr_g2s.partition_D(sKV)
-            tKVcKV = thr_g2s.partition_S(cute.make_identity_tensor((BN, D)))
-
+            cache = None
+            fp8_ring = None
+            if cutlass.const_expr(kv is not None):
+                # K/V rows are gathered one by one (mma_sync.load_kv_rows): the partitions hold
+                # this thread's column offsets only (row stride 0), each row adds its page offset.
+                thr_kv = g2s_kv.get_slice(tidx)
+                row_cols = cute.make_layout((BN, D), stride=(0, 1))
+                ring = sKV
+                if cutlass.const_expr(fp8):
+                    ring = storage.kv8.get_tensor(sKV8_layout)
+                    fp8_ring = (thr_kv, ring, sKV)
+                kv_parts = (thr_kv.partition_S(cute.make_tensor(seqK.iterator, row_cols)),
+                            thr_kv.partition_S(cute.make_tensor(seqV.iterator, row_cols)),
+                            thr_kv.partition_D(ring),
+                            thr_kv.partition_S(cute.make_identity_tensor((BN, D))))
+                cache = (mK, mV, mTable, batch, k_len, kv.paged)
+            else:
+                kv_parts = mma_sync.kv_partitions(g2s, tidx, seqK, seqV, sKV, BN, D)
             # ---- MMA partitions
-            thr_mma = tiled_mma.get_slice(tidx)
-            tSrQ = thr_mma.make_fragment_A(thr_mma.partition_A(sQ))
-            tSrK = thr_mma.make_fragment_B(thr_mma.partition_B(sKV[None, None, 0]))
-            tOrV = thr_mma.make_fragment_B(thr_mma.partition_B(sVt[None, None, 1]))
-            acc_O = cute.make_rmem_tensor(thr_mma.partition_shape_C((BM, D)), cutlass.Float32)
-            acc_O.fill(0.0)
-
-            ldsm = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4),
-                                       self.dtype)
-            ldsm_t = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=True, num_matrices=4),
-                                         self.dtype)
-            s2r_Q = cute.make_tiled_copy_A(ldsm, tiled_mma).get_slice(tidx)
-            s2r_K = cute.make_tiled_copy_B(ldsm, tiled_mma)
-            s2r_V = cute.make_tiled_copy_B(ldsm_t, tiled_mma)
-            thr_s2r_K = s2r_K.get_slice(tidx)
-            thr_s2r_V = s2r_V.get_slice(tidx)
-            tSsK = thr_s2r_K.partition_S(sKV)      # (CPY, N, K, 2S)
-            tSrK_v = thr_s2r_K.retile(tSrK)
-            tOsV = thr_s2r_V.partition_S(sVt)      # (CPY, D, BN/16, 2S)
-            tOrV_v = thr_s2r_V.retile(tOrV)
+            thr_mma, q_regs, frags, acc_O = mma_sync.operands(tiled_mma, tidx, self.dtype, sQ, sKV, sVt, (BM, D))
 
             # ---- prologue: Q, then the first S-1 K/V tiles (highest first), one group each
             for r in cutlass.range_constexpr(cute.size(tQsQ.shape[1])):
@@ -426,61 +682,24 @@ class FlashFwdSm80:
                 else:
                     tQsQ[None, r, None].fill(0)
             cute.arch.cp_async_commit_group()
-            for s in cutlass.range_constexpr(S - 1):
-                if n_hi - 1 - s >= n_lo:
-                    load_kv(g2s, tKgK, tVgV, tKVsKV, tKVcKV, n_hi - 1 - s, s, k_len, BN)
-                cute.arch.cp_async_commit_group()
-            cute.arch.cp_async_wait_group(S - 1)
-            cute.arch.barrier()
-            cute.copy(s2r_Q, s2r_Q.partition_S(sQ), s2r_Q.retile(tSrQ))
-
-            row_max = cute.make_rmem_tensor(acc_O.shape[0][1] * acc_O.shape[1], cutlass.Float32)
-            row_sum = cute.make_rmem_tensor(acc_O.shape[0][1] * acc_O.shape[1], cutlass.Float32)
-            row_max.fill(-cutlass.Float32.inf)
-            row_sum.fill(0.0)
-
-            # ---- main loop over key tiles, last first
-            for it in cutlass.range(n_hi - n_lo, unroll=1):
-                n_block = n_hi - 1 - it
-                slot = it % S
-                cute.arch.cp_async_wait_group(S - 2)
-                cute.arch.barrier()  # tile n_block visible; slot (it-1)%S free for reuse
-                if n_block - (S - 1) >= n_lo:
-                    load_kv(g2s, tKgK, tVgV, tKVsKV, tKVcKV, n_block - (S - 1), (it + S - 1) % S,
-                            k_len, BN)
-                cute.arch.cp_async_commit_group()
-
-                acc_S = cute.make_rmem_tensor(thr_mma.partition_shape_C((BM, BN)), cutlass.Float32)
-                acc_S.fill(0.0)
-                nk = cute.size(tSsK.shape[2])
-                cute.copy(s2r_K, tSsK[None, None, 0, 2 * slot], tSrK_v[None, None, 0])
-                for kk in cutlass.range_constexpr(nk):
-                    if cutlass.const_expr(kk + 1 < nk):
-                        cute.copy(s2r_K, tSsK[None, None, kk + 1, 2 * slot], tSrK_v[None, None, kk + 1])
-                    cute.gemm(tiled_mma, acc_S, tSrQ[None, None, kk], tSrK[None, None, kk], acc_S)
-
-                if n_block >= n_mask:
-                    cS = thr_mma.partition_C(cute.make_identity_tensor((BM, BN)))  # (row, col)
-                    mask.apply_mask(self.mask, acc_mn_view(acc_S), acc_mn_view(cS), m0, n_block * BN,
-                                    q_len, k_len)
-                softmax.online_softmax(acc_mn_view(acc_S), row_max, row_sum, scale_log2,
-                                       o_mn=acc_mn_view(acc_O))
-
-                # P (fp32 C fragments) -> dtype A fragments: two n8 C tiles make one k16 A tile.
-                rP = cute.make_fragment_like(acc_S, self.dtype)
-                rP.store(acc_S.load().to(self.dtype))
-                tOrP = cute.make_tensor(rP.iterator, acc_as_a_layout(rP.layout))
-                nv = cute.size(tOsV.shape[2])
-                cute.copy(s2r_V, tOsV[None, None, 0, 2 * slot + 1], tOrV_v[None, None, 0])
-                for kk in cutlass.range_constexpr(nv):
-                    if cutlass.const_expr(kk + 1 < nv):
-                        cute.copy(s2r_V, tOsV[None, None, kk + 1, 2 * slot + 1], tOrV_v[None, None, kk + 1])
-                    cute.gemm(tiled_mma, acc_O, tOrP[None, None, kk], tOrV[None, None, kk], acc_O)
+            # ---- key tiles, last first (mma_sync.py)
+            softcap_arg = None
+            if cutlass.const_expr(kv is not None and kv.softcap):
+                softcap_arg = (cap_pre, use_cap)
+            mask_lo_arg = None
+            if cutlass.const_expr(self.mask.local):
+                mask_lo_arg = mask_lo
+            row_max, row_sum = mma_sync.mainloop(
+                self.mask, self.dtype, BN, S, (BM, BN), g2s_kv, kv_parts, n_lo, n_hi, n_mask, q_len,
+                k_len, tiled_mma, thr_mma, q_regs, frags, acc_O, scale_log2, m0, cache=cache, win=win,
+                mask_lo=mask_lo_arg, softcap=softcap_arg, fp8_ring=fp8_ring)
 
             # ---- epilogue
             cute.arch.cp_async_wait_group(0)
+            if cutlass.const_expr(o_scale is not None):
+                acc_O.store(acc_O.load() * o_scale)
             softmax.finalize(acc_mn_view(acc_O), acc_mn_view(thr_mma.partition_C(cute.make_identity_tensor((BM, D)))),
-                             row_max, row_sum, scale_log2, m0, q_len, seqL, tidx)
+                             row_max, row_sum, scale_log2, m0, q_len, seqL, tidx, sink=sink)
             if cutlass.const_expr(self.splits > 1):
                 # fp32 partial O straight from the accumulators (a few KB per CTA).
                 tOgP = thr_mma.partition_C(cute.local_tile(seqO, (BM, D), (m_block, 0)))

@@ -71,7 +71,7 @@ from ..atoms.smem import round_up as _round_up
 from ..atoms.targets import Target
 from ..registry import register
 from . import contract, layout, mask, softmax
-from .base import DTYPES, AttentionVariant, causal_field, varlen_field
+from .base import DTYPES, TOOLKIT_SOURCES, AttentionVariant, causal_field, varlen_field
 from .softmax import LOG2_E
 
 HEAD_DIMS = (64, 128, 256)
@@ -105,9 +105,7 @@ class _Bar(enum.IntEnum):
 @dataclass(frozen=True, kw_only=True)
 class AttentionSm90(AttentionVariant):
     family: ClassVar[str] = "sm90"
-    sources = ("attention/sm90.py", "atoms/sm90.py", "attention/contract.py", "attention/base.py",
-               "attention/mask.py", "attention/keyrange.py", "attention/softmax.py", "attention/layout.py",
-               "atoms/common.py", "atoms/smem.py")
+    sources = ("attention/sm90.py", "atoms/sm90.py", "attention/layout.py", "atoms/smem.py", *TOOLKIT_SOURCES)
     HEAD_DIMS = HEAD_DIMS
 
     tile_m: int = field(default=128, metadata={"tag": "m"})
@@ -184,12 +182,7 @@ class AttentionSm90(AttentionVariant):
         live = self.tile_n // 2 + self.head_dim // 2 + self.tile_n // 4
         if live + 32 > atoms.CONSUMER_REGS[self.consumers]:
             return f"{live} live accumulator registers do not fit {atoms.CONSUMER_REGS[self.consumers]}"
-        if self.smem_bytes() + _STATIC_SMEM > t.smem_per_cta:
-            return f"needs {self.smem_bytes()} + {_STATIC_SMEM} B smem > {t.smem_per_cta}"
-        return None
-
-    def signature(self) -> Signature:
-        return contract.signature(self.dtype, self.head_dim, self.varlen)
+        return self.smem_problem(_STATIC_SMEM)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -333,53 +326,191 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm90]:
 
 
 # ------------------------------------------------------------------------------------------------
+# Attention over a paged KV cache (contract.signature_kvcache): chunked prefill and speculative
+# verification against a cached prefix, K/V by TMA one page box at a time
+# ------------------------------------------------------------------------------------------------
+def register_split(consumers: int, gather: bool = False) -> tuple[int, int]:
+    """setmaxnreg budgets (producer, consumer) per thread.  The cp.async gather producer computes
+    row addresses in all 128 threads: 24 registers spilled, so it takes 40 (2 consumers: 40 +
+    2·232 = 504 of 512 per thread slot)."""
+    if gather and consumers == 2:
+        return GATHER_PRODUCER_REGS, GATHER_CONSUMER_REGS
+    return atoms.PRODUCER_REGS[consumers], atoms.CONSUMER_REGS[consumers]
+
+
+GATHER_PRODUCER_REGS, GATHER_CONSUMER_REGS = 40, 232
+
+
+# Rows of one K/V TMA box: the smallest page size this family reads by TMA (smaller pages go to
+# the sm80 family's cp.async row gathers).  Pages of 64, 128 and 256 rows are whole boxes.
+PAGE_BOX = 64
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttentionKvcacheSm90(AttentionSm90):
+    """The sm90a kernel over a paged KV cache: per-sequence key counts (cache_seqlens), pages of
+    any size that is a multiple of ``page_box`` (the page size is a launch-time symbol, manifest
+    ``page_sizes``), bottom-right causal or none, dense or packed q.  No window, softcap, sinks or
+    fp8 cache (the sm80 family's kvcache variants have them)."""
+
+    op: ClassVar[str] = "attention_kvcache"
+    family: ClassVar[str] = "sm90"
+
+    kv_dtype: str = field(default="bf16", metadata={"tag": "c"})
+    page_box: int = field(default=PAGE_BOX, metadata={"tag": "pb"})
+
+    # the contract's switches this family has fixed (a paged cache; no window, softcap or sinks)
+    paged: ClassVar[bool] = True
+    local: ClassVar[bool] = False
+    softcap: ClassVar[bool] = False
+    sinks: ClassVar[bool] = False
+
+    def sass_requirements(self) -> tuple[str, ...]:
+        d = r"\.BF16" if self.dtype == "bf16" else ""
+        store = r"\bSTG\.E\.128\b" if self.varlen else r"\bUTMASTG\.4D\b"
+        return (
+            rf"\bHGMMA\.64x{self.tile_n}x16\.F32{d} R\d+, gdesc\[",
+            rf"\bHGMMA\.64x{self.head_dim}x16\.F32{d} R\d+, R\d+, gdesc\[",
+            # Q by TMA ((tokens, D, heads) boxes for packed q); K/V by TMA page boxes or cp.async
+            r"\bUTMALDG\.3D\b" if self.varlen else r"\bUTMALDG\.4D\b",
+            r"\bUTMALDG\.4D\b" if self.page_box else r"\bLDGSTS\.E\.BYPASS\.128\b",
+            store, r"\bSYNCS\.", r"\bUSETMAXREG\.", r"\bMUFU\.EX2\b",
+        )
+
+    def can_implement(self) -> str | None:
+        why = super().can_implement()
+        if why:
+            return why
+        if self.kv_dtype != self.dtype:
+            return "the K/V cache dtype must be the query dtype (fp8 caches: the sm80 family)"
+        if self.persistent or self.k_first:
+            return "not persistent (one tile per CTA), no k_first (K before V per tile): the paged producers"
+        if self.page_box and (self.page_box not in (64, 128) or self.tile_n % self.page_box):
+            return "page_box must be 0 (cp.async row gathers), 64 or 128 and divide tile_n"
+        return None
+
+    def signature(self) -> Signature:
+        return contract.signature_kvcache(self.dtype, self.kv_dtype, self.head_dim, True, None,
+                                          varlen_q=self.varlen)
+
+    def describe(self) -> dict[str, Any]:
+        d = super().describe()
+        d.update(contract.manifest_fields_kvcache(
+            self.dtype, self.kv_dtype, self.head_dim, paged=True, page_size=None,
+            causal=self.causal, local=False, softcap=False, sinks=False, varlen_q=self.varlen))
+        d["page_sizes"] = [p for p in contract.PAGE_SIZES if p >= self.page_box]
+        d["page_box"] = self.page_box
+        d["kv_loads"] = "tma" if self.page_box else "cp.async"
+        producer, consumer = register_split(self.consumers, gather=not self.page_box)
+        d["registers_per_role"] = {"producer": producer, "consumer": consumer}
+        return d
+
+    def make_kernel(self):
+        k = FlashFwdSm90(
+            dtype=self.cutlass_dtype, head_dim=self.head_dim, tile_m=self.tile_m,
+            tile_n=self.tile_n, stages=self.stages, causal=self.causal, overlap=self.overlap,
+            pingpong=self.pingpong, early_rescale=self.early_rescale, persistent=False,
+            k_first=False, page_box=self.page_box, gather=not self.page_box,
+        )
+        return k.kvcache_packed if self.varlen else k.kvcache
+
+
+@register("attention_kvcache")
+def enumerate_attention_kvcache(target: Target, tier: str) -> list[AttentionKvcacheSm90]:
+    if target.family != "sm90" or target.name != "sm_90a":
+        return []
+
+    def make(dtype, d, varlen, page_box=PAGE_BOX):
+        tm, tn, s, ov, pp = default_config(d, True)
+        return AttentionKvcacheSm90(
+            target=target.name, dtype=dtype, kv_dtype=dtype, head_dim=d, causal=True, tile_m=tm,
+            tile_n=tn, stages=s, overlap=ov, pingpong=pp, varlen=varlen, page_box=page_box,
+            **default_schedule(d, True, varlen=True))
+
+    if tier == "test":
+        out = [make("bf16", 128, False), make("bf16", 128, True), make("bf16", 128, False, page_box=0),
+               make("f16", 64, True, page_box=0)]
+        return [v for v in out if v.can_implement() is None]
+    if tier == "default":
+        # bf16, head_dim 128, dense and packed q: TMA page boxes (pages of 64-256 rows) and the
+        # cp.async gathers (any page size).  Other dtypes and head_dims: "full".
+        out = [make("bf16", 128, vl, page_box=pb) for vl in (False, True) for pb in (PAGE_BOX, 0)]
+    else:
+        out = [make(dt, d, vl, page_box=pb) for dt in DTYPES for d in (64, 128) for vl in (False, True)
+               for pb in (PAGE_BOX, 0)]
+    return [v for v in out if v.can_implement() is None]
+
+
+# ------------------------------------------------------------------------------------------------
 # The kernel
 # ------------------------------------------------------------------------------------------------
-class FlashFwdSm90:
+class FlashFwdSm90(layout.TmaViewsKernel):
     """Host side: ``dense`` builds the smem layouts, TMA atoms and tiled MMAs and launches
     ``kernel``; device side: ``kernel``, ``produce``, ``consume`` and their helpers."""
 
     def __init__(self, *, dtype, head_dim: int, tile_m: int, tile_n: int, stages: int,
                  causal: bool, overlap: bool, pingpong: bool, early_rescale: bool = False,
-                 persistent: bool = False, k_first: bool = False):
-        self.dtype = dtype
-        self.head_dim = head_dim
+                 persistent: bool = False, k_first: bool = False, page_box: int = 0,
+                 gather: bool = False):
+        super().__init__(dtype=dtype, head_dim=head_dim, causal=causal)
         self.tile_m = tile_m
         self.tile_n = tile_n
         self.stages = stages
-        self.causal = causal
-        self.mask = mask.MaskSpec(causal=causal)
         self.overlap = overlap
         self.pingpong = pingpong
         self.early_rescale = early_rescale
         self.persistent = persistent
         self.k_first = k_first
+        # KV cache (paged): K/V tiles arrive as tile_n / page_box TMA boxes of page_box rows, each
+        # from the page the block table names; 0: the plain dense/varlen kernel.
+        self.page_box = page_box
+        # KV cache (paged, pages of any size): the producer warpgroup's 128 threads gather K/V
+        # rows by cp.async, each row from its own page (``produce_gather``).
+        self.gather = gather
         self.consumers = tile_m // WG_ROWS
+        self.cta_rows = tile_m
         self.threads = 128 * (1 + self.consumers)
-        self.producer_regs = atoms.PRODUCER_REGS[self.consumers]
-        self.consumer_regs = atoms.CONSUMER_REGS[self.consumers]
+        self.producer_regs, self.consumer_regs = register_split(self.consumers, gather)
 
     # --- host ------------------------------------------------------------------------------------
-    @cute.jit
-    def dense(self, q: cute.Tensor, k: cute.Tensor, v: cute.Tensor, o: cute.Tensor,
-              lse: cute.Tensor, softmax_scale: cutlass.Float32, stream: cuda.CUstream):
-        mQ, mK, mVt, mO = layout.dense_views(q, k, v, o)  # (S, D, H, B); V (D, S, H, B)
-        grid = (cute.ceil_div(q.shape[1], self.tile_m), q.shape[2], q.shape[0])
+    # (dense, packed: layout.TmaViewsKernel)
+    def dense_grid(self, grid):
         if cutlass.const_expr(self.persistent):
             grid = (cutlass.min(grid[0] * grid[1] * grid[2], PERSISTENT_CTAS), 1, 1)
-        self._launch(mQ, mK, mVt, mO, lse, None, None, softmax_scale, grid, stream)
+        return grid
 
     @cute.jit
-    def packed(self, q: cute.Tensor, k: cute.Tensor, v: cute.Tensor, o: cute.Tensor,
-               lse: cute.Tensor, cu_seqlens_q: cute.Tensor, cu_seqlens_k: cute.Tensor,
-               softmax_scale: cutlass.Float32, max_seqlen_q: cutlass.Int32, stream: cuda.CUstream):
-        # (T, D, H); V (D, T, H).  A CTA offsets these by its sequence's start.
-        mQ, mK, mVt, mO = layout.packed_views(q, k, v, o)
+    def kvcache(self, q: cute.Tensor, k_cache: cute.Tensor, v_cache: cute.Tensor, o: cute.Tensor,
+                lse: cute.Tensor, block_table: cute.Tensor, cache_seqlens: cute.Tensor,
+                sinks: cute.Tensor, kv_descale: cute.Tensor, softmax_scale: cutlass.Float32,
+                softcap: cutlass.Float32, window_left: cutlass.Int32, window_right: cutlass.Int32,
+                stream: cuda.CUstream):
+        # The contract's kvcache signature, dense q.  Pages (P, PS, Hkv, D) -> (PS, D, Hkv, P) for
+        # the TMA (V: (D, PS, Hkv, P)); q/o as in ``dense``.  (sinks, descales, softcap and the
+        # window are switches this family does not have: ignored.)
+        mQ, mK, mVt, mO = layout.dense_views(q, k_cache, v_cache, o)
+        grid = (cute.ceil_div(q.shape[1], self.tile_m), q.shape[2], q.shape[0])
+        self._launch(mQ, mK, mVt, mO, lse, None, None, softmax_scale, grid, stream,
+                     block_table, cache_seqlens)
+
+    @cute.jit
+    def kvcache_packed(self, q: cute.Tensor, k_cache: cute.Tensor, v_cache: cute.Tensor,
+                       o: cute.Tensor, lse: cute.Tensor, block_table: cute.Tensor,
+                       cache_seqlens: cute.Tensor, cu_seqlens_q: cute.Tensor, sinks: cute.Tensor,
+                       kv_descale: cute.Tensor, softmax_scale: cutlass.Float32,
+                       softcap: cutlass.Float32, window_left: cutlass.Int32,
+                       window_right: cutlass.Int32, max_seqlen_q: cutlass.Int32,
+                       stream: cuda.CUstream):
+        # The packed-q form: q/o (Tq, Hq, D) as in ``packed``, pages as in ``kvcache``.
+        mQ, _, _, mO = layout.packed_views(q, q, q, o)
+        _, mK, mVt, _ = layout.dense_views(k_cache, k_cache, v_cache, k_cache)
         grid = (cute.ceil_div(max_seqlen_q, self.tile_m), q.shape[1], cu_seqlens_q.shape[0] - 1)
-        self._launch(mQ, mK, mVt, mO, lse, cu_seqlens_q, cu_seqlens_k, softmax_scale, grid, stream)
+        self._launch(mQ, mK, mVt, mO, lse, cu_seqlens_q, None, softmax_scale, grid, stream,
+                     block_table, cache_seqlens)
 
     @cute.jit
-    def _launch(self, mQ, mK, mVt, mO, lse, mCuQ, mCuK, softmax_scale, grid, stream):
+    def _launch(self, mQ, mK, mVt, mO, lse, mCuQ, mCuK, softmax_scale, grid, stream,
+                mTable=None, mSeqlens=None):
         D, BN, dt = self.head_dim, self.tile_n, self.dtype
         tiled_mma_qk = sm90_utils.make_trivial_tiled_mma(
             dt, dt, OperandMajorMode.K, OperandMajorMode.K, cutlass.Float32, (1, 1, 1),
@@ -397,8 +528,23 @@ class FlashFwdSm90:
         sV_layout = sm90_utils.make_smem_layout_b(LayoutEnum.COL_MAJOR, (WG_ROWS, D, BN), dt,
                                                   self.stages)
         tma_q, tQ = atoms.tma_load_atom(mQ, sQ_layout, (WG_ROWS, D))
-        tma_k, tK = atoms.tma_load_atom(mK, sK_layout, (BN, D))
-        tma_v, tV = atoms.tma_load_atom(mVt, sV_layout, (D, BN))
+        if cutlass.const_expr(self.page_box or self.gather):
+            # one box: page_box rows of a page, landing in rows [i·box, (i+1)·box) of a slot (the
+            # slot's layout restricted to its first box rows; the others differ by an offset).
+            # gather: K/V come by cp.async from the tensors themselves; the (one-row) TMA atoms
+            # are built only to keep the kernel's arguments and are never used.
+            KB = self.page_box if self.page_box else 1
+            k_box = cute.composition(cute.slice_(sK_layout, (None, None, 0)),
+                                     cute.make_layout((KB, D), stride=(1, BN)))
+            v_box = cute.composition(cute.slice_(sV_layout, (None, None, 0)),
+                                     cute.make_layout((D, KB), stride=(1, D)))
+            tma_k, tK = atoms.tma_load_box_atom(mK, k_box, (KB, D))
+            tma_v, tV = atoms.tma_load_box_atom(mVt, v_box, (D, KB))
+            if cutlass.const_expr(self.gather):
+                tK, tV = mK, mVt
+        else:
+            tma_k, tK = atoms.tma_load_atom(mK, sK_layout, (BN, D))
+            tma_v, tV = atoms.tma_load_atom(mVt, sV_layout, (D, BN))
         tma_o, tO, s2g = None, mO, None
         if cutlass.const_expr(mCuQ is None):
             tma_o, tO = atoms.tma_store_atom(mO, sQ_layout, (WG_ROWS, D))
@@ -425,6 +571,7 @@ class FlashFwdSm90:
         self.kernel(
             tma_q, tQ, tma_k, tK, tma_v, tV, tma_o, tO, s2g, lse, mCuQ, mCuK,
             softmax_scale * LOG2_E, tiled_mma_qk, tiled_mma_pv, sQ_layout, sK_layout, sV_layout,
+            mTable, mSeqlens,
         ).launch(grid=grid, block=[self.threads, 1, 1], min_blocks_per_mp=1, stream=stream)
 
     # --- device ----------------------------------------------------------------------------------
@@ -434,7 +581,7 @@ class FlashFwdSm90:
                mLSE: cute.Tensor, mCuQ, mCuK, scale_log2: cutlass.Float32,
                tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma,
                sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
-               sV_layout: cute.ComposedLayout):
+               sV_layout: cute.ComposedLayout, mTable, mSeqlens):
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == 0:
@@ -451,12 +598,24 @@ class FlashFwdSm90:
         q_bars = storage.q_bars.data_ptr()
 
         # One arrive per consumer warp releases a K or V slot.
-        kv_pipes = [
-            atoms.tma_pipeline(bars, self.stages, atoms.stage_bytes(self.dtype, layout), 4 * self.consumers,
-                               cute.make_layout((1, 1, 1, 1)))
-            for bars, layout in ((storage.k_bars.data_ptr(), sK_layout),
-                                 (storage.v_bars.data_ptr(), sV_layout))
-        ]
+        if cutlass.const_expr(self.gather):
+            # filled by the producer warpgroup's cp.async (one arrive per thread, on completion)
+            kv_pipes = [
+                pipeline.PipelineCpAsync.create(
+                    barrier_storage=bars, num_stages=self.stages,
+                    producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 128),
+                    # (this pipeline's consumer release arrives from every consumer thread)
+                    consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 128 * self.consumers),
+                    defer_sync=True)
+                for bars in (storage.k_bars.data_ptr(), storage.v_bars.data_ptr())
+            ]
+        else:
+            kv_pipes = [
+                atoms.tma_pipeline(bars, self.stages, atoms.stage_bytes(self.dtype, layout), 4 * self.consumers,
+                                   cute.make_layout((1, 1, 1, 1)))
+                for bars, layout in ((storage.k_bars.data_ptr(), sK_layout),
+                                     (storage.v_bars.data_ptr(), sV_layout))
+            ]
         if warp_idx == 0:
             with cute.arch.elect_one():
                 for w in cutlass.range_constexpr(self.consumers):
@@ -473,16 +632,29 @@ class FlashFwdSm90:
             m_block, head, batch = cute.arch.block_idx()
             if cutlass.const_expr(self.causal):
                 m_block = cute.arch.grid_dim()[0] - 1 - m_block
-            q_len, k_len, seqQ, seqK, seqVt, seqO, seqL = layout.sequence_views(
-                mQ, mK, mVt, mO, mLSE, mCuQ, mCuK, head, batch)
+            if cutlass.const_expr(mSeqlens is not None):
+                q_len, k_len, seqQ, seqK, seqVt, seqO, seqL = layout.cache_views(
+                    mQ, mK, mVt, mO, mLSE, mCuQ, mSeqlens, head, batch)
+            else:
+                q_len, k_len, seqQ, seqK, seqVt, seqO, seqL = layout.sequence_views(
+                    mQ, mK, mVt, mO, mLSE, mCuQ, mCuK, head, batch)
             n_hi, n_mask = self.key_range(m_block, q_len, k_len)
             # Varlen: tiles past a sequence's end (the grid is sized by the longest) leave at once.
             if m_block * self.tile_m < q_len:
                 if warpgroup_idx == 0:
                     cute.arch.setmaxregister_decrease(self.producer_regs)
-                    if warp_idx == 0:
-                        self.produce(tma_q, seqQ, tma_k, seqK, tma_v, seqVt, sQ, sK, sV, q_bars,
-                                     kv_pipes, m_block, n_hi, self.kv_state(True), 0)
+                    if cutlass.const_expr(self.gather):
+                        self.produce_gather(tma_q, seqQ, seqK, seqVt, sQ, sK, sV, q_bars, kv_pipes,
+                                            m_block, n_hi, self.kv_state(True), mTable, batch,
+                                            k_len, warp_idx, tidx)
+                    elif warp_idx == 0:
+                        if cutlass.const_expr(self.page_box):
+                            self.produce_paged(tma_q, seqQ, tma_k, seqK, tma_v, seqVt, sQ, sK, sV,
+                                               q_bars, kv_pipes, m_block, n_hi, self.kv_state(True),
+                                               mTable, batch, k_len)
+                        else:
+                            self.produce(tma_q, seqQ, tma_k, seqK, tma_v, seqVt, sQ, sK, sV, q_bars,
+                                         kv_pipes, m_block, n_hi, self.kv_state(True), 0)
                 else:
                     cute.arch.setmaxregister_increase(self.consumer_regs)
                     self.schedule_start(wg)
@@ -651,6 +823,140 @@ class FlashFwdSm90:
         return state
 
     @cute.jit
+    def load_q(self, tma_q, seqQ, sQ, q_bars, m_block):
+        """The paged producers' Q: one TMA slab per consumer warpgroup, each on its mbarrier (one
+        warp issues it)."""
+        W, D = self.consumers, self.head_dim
+        gQ = cute.local_tile(seqQ, (WG_ROWS, D), (None, 0))
+        tQsQ, tQgQ = cpasync.tma_partition(tma_q, 0, cute.make_layout(1),
+                                           cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
+        slab_bytes = cute.size_in_bytes(self.dtype, cute.slice_(sQ.layout, (None, None, 0)))
+        for w in cutlass.range_constexpr(W):
+            with cute.arch.elect_one():
+                cute.arch.mbarrier_arrive_and_expect_tx(q_bars + w, slab_bytes)
+            cute.copy(tma_q, tQgQ[(None, m_block * W + w)], tQsQ[(None, w)], tma_bar_ptr=q_bars + w)
+
+    @cute.jit
+    def produce_paged(self, tma_q, seqQ, tma_k, seqK, tma_v, seqVt, sQ, sK, sV, q_bars, kv_pipes,
+                      m_block, n_hi, state, mTable, batch, k_len):
+        """The TMA warp over a paged cache: Q slabs, then K and V of tiles n_hi-1 down to 0, each
+        tile as tile_n / page_box boxes: key j0 of a box lives in page block_table[b][j0 // PS],
+        rows from j0 % PS.  Boxes past the sequence's last key reload its last page (those keys
+        are masked; their V rows are zeroed by the consumers, ``zero_v_tail``), so every slot
+        gets its full byte count and no table entry past the sequence is read."""
+        k_pipe, v_pipe = kv_pipes
+        if n_hi > 0:
+            D, BN, KB = self.head_dim, self.tile_n, self.page_box
+            page_size = seqK.shape[0]
+            self.load_q(tma_q, seqQ, sQ, q_bars, m_block)
+            for i in cutlass.range(n_hi, unroll=1):
+                n = n_hi - 1 - i
+                k_pipe.producer_acquire(state)
+                for b in cutlass.range_constexpr(BN // KB):
+                    j0 = cutlass.min(n * BN + b * KB, k_len - 1)
+                    page = mTable[batch, j0 // page_size]
+                    box = (j0 % page_size) // KB
+                    gK = cute.local_tile(seqK[None, None, page], (KB, D), (box, 0))
+                    dK = cute.local_tile(sK[None, None, state.index], (KB, D), (b, 0))
+                    tKsK, tKgK = cpasync.tma_partition(tma_k, 0, cute.make_layout(1),
+                                                       cute.group_modes(dK, 0, 2), cute.group_modes(gK, 0, 2))
+                    cute.copy(tma_k, tKgK, tKsK, tma_bar_ptr=k_pipe.producer_get_barrier(state))
+                v_pipe.producer_acquire(state)
+                for b in cutlass.range_constexpr(BN // KB):
+                    j0 = cutlass.min(n * BN + b * KB, k_len - 1)
+                    page = mTable[batch, j0 // page_size]
+                    box = (j0 % page_size) // KB
+                    gV = cute.local_tile(seqVt[None, None, page], (D, KB), (0, box))
+                    dV = cute.local_tile(sV[None, None, state.index], (D, KB), (0, b))
+                    tVsV, tVgV = cpasync.tma_partition(tma_v, 0, cute.make_layout(1),
+                                                       cute.group_modes(dV, 0, 2), cute.group_modes(gV, 0, 2))
+                    cute.copy(tma_v, tVgV, tVsV, tma_bar_ptr=v_pipe.producer_get_barrier(state))
+                state.advance()
+        return state
+
+    @cute.jit
+    def produce_gather(self, tma_q, seqQ, seqK, seqVt, sQ, sK, sV, q_bars, kv_pipes, m_block,
+                       n_hi, state, mTable, batch, k_len, warp_idx, tidx):
+        """The producer warpgroup over a paged cache of any page size: warp 0 loads the Q slabs by
+        TMA; all 128 threads gather K and V of tiles n_hi-1 down to 0 by cp.async, 16 bytes at a
+        time, key j from page block_table[b][j // PS], row j % PS; each thread arrives on the
+        slot's barrier when its copies have landed.  Rows past the sequence are not loaded (their
+        scores are masked; their V rows are zeroed by the consumers, ``zero_v_tail``), so no
+        table entry past the sequence is read."""
+        k_pipe, v_pipe = kv_pipes
+        if n_hi > 0:
+            D, BN = self.head_dim, self.tile_n
+            if warp_idx == 0:
+                self.load_q(tma_q, seqQ, sQ, q_bars, m_block)
+            vec = 128 // self.dtype.width
+            atom = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL),
+                                       self.dtype, num_bits_per_copy=128)
+            # K rows (keys, D): 8 threads per 64 columns; V as (D, keys): 8 threads per 64 of D.
+            g2s_k = cute.make_tiled_copy_tv(atom, cute.make_layout((16, 8), stride=(8, 1)),
+                                            cute.make_layout((1, vec)))
+            g2s_v = cute.make_tiled_copy_tv(atom, cute.make_layout((8, 16), stride=(1, 8)),
+                                            cute.make_layout((vec, 1)))
+            thr_k = g2s_k.get_slice(tidx)
+            thr_v = g2s_v.get_slice(tidx)
+            # this thread's column offsets (row stride 0); each row adds its page's offset
+            tKg = thr_k.partition_S(cute.make_tensor(seqK.iterator, cute.make_layout((BN, D), stride=(0, 1))))
+            tVg = thr_v.partition_S(cute.make_tensor(seqVt.iterator, cute.make_layout((D, BN), stride=(1, 0))))
+            tKc = thr_k.partition_S(cute.make_identity_tensor((BN, D)))
+            tVc = thr_v.partition_S(cute.make_identity_tensor((D, BN)))
+            page_size = seqK.shape[0]
+            for i in cutlass.range(n_hi, unroll=1):
+                n = n_hi - 1 - i
+                k_pipe.producer_acquire(state)
+                tKs = thr_k.partition_D(sK[None, None, state.index])
+                for r in cutlass.range_constexpr(cute.size(tKs.shape[1])):
+                    j = n * BN + tKc[0, r, 0][0]
+                    if j < k_len:
+                        page = mTable[batch, j // page_size]
+                        off = cutlass.Int64(page) * seqK.stride[2] + cutlass.Int64(j % page_size) * seqK.stride[0]
+                        row = tKg[None, r, None]
+                        cute.copy(g2s_k, cute.make_tensor(row.iterator + off, row.layout), tKs[None, r, None])
+                k_pipe.producer_commit(state)
+                v_pipe.producer_acquire(state)
+                tVs = thr_v.partition_D(sV[None, None, state.index])
+                for c in cutlass.range_constexpr(cute.size(tVs.shape[2])):
+                    j = n * BN + tVc[0, 0, c][1]
+                    if j < k_len:
+                        page = mTable[batch, j // page_size]
+                        off = cutlass.Int64(page) * seqVt.stride[2] + cutlass.Int64(j % page_size) * seqVt.stride[1]
+                        col = tVg[None, None, c]
+                        cute.copy(g2s_v, cute.make_tensor(col.iterator + off, col.layout), tVs[None, None, c])
+                v_pipe.producer_commit(state)
+                state.advance()
+            # no thread leaves with copies (and their barrier arrives) in flight
+            cute.arch.cp_async_commit_group()
+            cute.arch.cp_async_wait_group(0)
+        return state
+
+    @cute.jit
+    def kv_wait(self, pipe, state):
+        """Wait for a K or V slot; slots filled by cp.async (``gather``) are generic-proxy writes,
+        made visible to this thread's WGMMA (async proxy) by a proxy fence."""
+        pipe.consumer_wait(state)
+        if cutlass.const_expr(self.gather):
+            cute.arch.fence_proxy("async.shared", space="cta")
+
+    @cute.jit
+    def zero_v_tail(self, sV, slot, tile, k_len, ltid, wg):
+        """Paged cache: the V rows of key tile ``tile`` past the sequence's last key hold whatever
+        the page holds there (NaN stays NaN times P = 0); zero them in slot ``slot`` before this
+        warpgroup's P·V reads it.  Only the sequence's last tile has such rows.  (Both consumer
+        warpgroups write the same zeros; each fences its own writes for its WGMMA.)"""
+        if cutlass.const_expr(self.page_box or self.gather):
+            BN, D = self.tile_n, self.head_dim
+            lim = k_len - tile * BN
+            if lim < BN:
+                sVs = sV[None, None, slot]
+                for idx in cutlass.range(ltid + lim * D, BN * D, 128, unroll=1):
+                    sVs[idx % D, idx // D] = self.dtype(0.0)
+                cute.arch.fence_proxy("async.shared", space="cta")
+                cute.arch.barrier(barrier_id=int(_Bar.EPILOGUE) + wg, number_of_threads=128)
+
+    @cute.jit
     def consume(self, tiled_mma_qk, tiled_mma_pv, tma_o, seqO, s2g, seqL, sQ, sO, sK, sV, q_bars,
                 kv_pipes, scale_log2, m_block, q_len, k_len, n_hi, n_mask, wg, ltid, read,
                 q_phase):
@@ -679,7 +985,7 @@ class FlashFwdSm90:
             cute.arch.mbarrier_wait(q_bars + wg, q_phase)
             # ---- the first (top) key tile: S, mask, softmax -> P; O is not touched yet
             acc_S = cute.make_rmem_tensor(s_shape, cutlass.Float32)
-            k_pipe.consumer_wait(read)
+            self.kv_wait(k_pipe, read)
             tiled_mma_qk = self.gemm_qk(tiled_mma_qk, acc_S, tSrQ, tSrK, wg, read.index)
             warpgroup.wait_group(0)
             k_pipe.consumer_release(read)
@@ -702,12 +1008,12 @@ class FlashFwdSm90:
                         read, tiled_mma_qk, tiled_mma_pv = self.overlap_step(
                             True, n_hi - 1 - i, read, kv_pipes, tiled_mma_qk, tiled_mma_pv, acc_O, tOrP,
                             tOrP_c, tSrQ, tSrK, tOrV, s_shape, cS, row_max, row_sum, corr,
-                            scale_log2, row0, q_len, k_len, wg)
+                            scale_log2, row0, q_len, k_len, wg, sV, ltid)
                 for i in cutlass.range(i_unmasked, n_hi, unroll=1):
                     read, tiled_mma_qk, tiled_mma_pv = self.overlap_step(
                         False, n_hi - 1 - i, read, kv_pipes, tiled_mma_qk, tiled_mma_pv, acc_O, tOrP,
                         tOrP_c, tSrQ, tSrK, tOrV, s_shape, cS, row_max, row_sum, corr,
-                        scale_log2, row0, q_len, k_len, wg)
+                        scale_log2, row0, q_len, k_len, wg, sV, ltid)
             else:
                 for i in cutlass.range(1, n_hi, unroll=1):
                     # (no overlap: P·V of tile n + 1, then S of tile n)
@@ -715,12 +1021,13 @@ class FlashFwdSm90:
                     read_v = read.clone()
                     read.advance()
                     acc_S = cute.make_rmem_tensor(s_shape, cutlass.Float32)
-                    v_pipe.consumer_wait(read_v)
+                    self.kv_wait(v_pipe, read_v)
+                    self.zero_v_tail(sV, read_v.index, n + 1, k_len, ltid, wg)
                     self.schedule_wait(wg)
                     tiled_mma_pv = self.gemm_pv(tiled_mma_pv, acc_O, tOrP, tOrV, read_v.index)
                     warpgroup.wait_group(0)
                     v_pipe.consumer_release(read_v)
-                    k_pipe.consumer_wait(read)
+                    self.kv_wait(k_pipe, read)
                     tiled_mma_qk = self.gemm_qk(tiled_mma_qk, acc_S, tSrQ, tSrK, wg, read.index)
                     self.schedule_next(wg)
                     warpgroup.wait_group(0)
@@ -738,7 +1045,8 @@ class FlashFwdSm90:
             if cutlass.const_expr(self.early_rescale):
                 if n_hi > 1:
                     softmax.rescale(atoms.acc_mn_view(acc_O), corr)
-            v_pipe.consumer_wait(read)
+            self.kv_wait(v_pipe, read)
+            self.zero_v_tail(sV, read.index, 0, k_len, ltid, wg)
             tiled_mma_pv = self.gemm_pv(tiled_mma_pv, acc_O, tOrP, tOrV, read.index)
             warpgroup.wait_group(0)
             v_pipe.consumer_release(read)
@@ -786,7 +1094,7 @@ class FlashFwdSm90:
     @cute.jit
     def overlap_step(self, masked: cutlass.Constexpr, n, read, kv_pipes, tiled_mma_qk, tiled_mma_pv, acc_O,
                      tOrP, tOrP_c, tSrQ, tSrK, tOrV, s_shape, cS, row_max, row_sum, corr,
-                     scale_log2, row0, q_len, k_len, wg):
+                     scale_log2, row0, q_len, k_len, wg, sV=None, ltid=None):
         """One trip of the overlapped mainloop: S of key tile n is issued first, P·V of tile
         n + 1 queues behind it, and the softmax of tile n runs while P·V is on the tensor cores.
         Returns the advanced read state and the P·V MMA (accumulate flag set)."""
@@ -794,12 +1102,13 @@ class FlashFwdSm90:
         read_v = read.clone()
         read.advance()
         acc_S = cute.make_rmem_tensor(s_shape, cutlass.Float32)
-        k_pipe.consumer_wait(read)
+        self.kv_wait(k_pipe, read)
         self.schedule_wait(wg)
         tiled_mma_qk = self.gemm_qk(tiled_mma_qk, acc_S, tSrQ, tSrK, wg, read.index)
         if cutlass.const_expr(self.early_rescale):
             softmax.rescale(atoms.acc_mn_view(acc_O), corr)  # (on the first tile: garbage, overwritten)
-        v_pipe.consumer_wait(read_v)
+        self.kv_wait(v_pipe, read_v)
+        self.zero_v_tail(sV, read_v.index, n + 1, k_len, ltid, wg)
         tiled_mma_pv = self.gemm_pv(tiled_mma_pv, acc_O, tOrP, tOrV, read_v.index)
         self.schedule_next(wg)
         warpgroup.wait_group(1)

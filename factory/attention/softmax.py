@@ -11,6 +11,7 @@ is 0 and its LSE -inf (with sinks: the sink's).
 * :func:`softcap_scores` — score -> tanh(score·softmax_scale/softcap) (compile-time switch,
   runtime Float32 softcap; with :func:`log2_scale`'s ``scale_log2`` = softcap·log2(e) the
   softmax then sees softcap·tanh(score·softmax_scale/softcap)).  Apply before the mask.
+* :func:`row_state` — the running max and sum, before the first key tile.
 * :func:`online_softmax` — one key tile: row max over the quad, P = exp2(S·scale_log2 -
   max·scale_log2) in place, running sum; the rows' O correction either applied to ``o_mn`` at
   once or written to ``corr`` (:func:`rescale` later).
@@ -46,10 +47,16 @@ def log2_scale(softmax_scale, softcap=None):
 
 
 @cute.jit
-def softcap_scores(s: cute.Tensor, factor):
-    """``s <- tanh(s·factor)`` in place (``factor`` from :func:`log2_scale`)."""
+def softcap_scores(s: cute.Tensor, factor, on=None):
+    """``s <- tanh(s·factor)`` in place (``factor`` from :func:`log2_scale`).  ``on``: a runtime
+    Boolean; where false the scores stay as they are (a select per score: a kernel built with the
+    softcap switch then also serves calls without a softcap)."""
     for i in cutlass.range_constexpr(cute.size(s)):
-        s[i] = cute.math.tanh(s[i] * factor, fastmath=True)
+        if cutlass.const_expr(on is None):
+            s[i] = cute.math.tanh(s[i] * factor, fastmath=True)
+        else:
+            capped = cute.math.tanh(s[i] * factor, fastmath=True)
+            s[i] = capped if on else s[i]
 
 
 @cute.jit
@@ -168,5 +175,14 @@ def combine_splits(mOp: cute.Tensor, mLp: cute.Tensor, mO: cute.Tensor, mLSE: cu
             mLSE[batch, head, row] = lse
 
 
+def row_state(n_rows):
+    """The running max (-inf) and sum (0) of ``n_rows`` accumulator rows per thread."""
+    row_max = cute.make_rmem_tensor(n_rows, cutlass.Float32)
+    row_sum = cute.make_rmem_tensor(n_rows, cutlass.Float32)
+    row_max.fill(-cutlass.Float32.inf)
+    row_sum.fill(0.0)
+    return row_max, row_sum
+
+
 __all__ = ["LN_2", "LOG2_E", "combine_splits", "finalize", "log2_scale", "online_softmax", "rescale",
-           "softcap_scores"]
+           "row_state", "softcap_scores"]

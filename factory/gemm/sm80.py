@@ -24,6 +24,7 @@ import cutlass.cute as cute
 
 from ..abi import DTYPE_BYTES
 from ..atoms import sm80 as atoms
+from ..atoms.common import cutlass_dtype
 from ..atoms.targets import Target
 from ..registry import register
 from .common import GemmVariant
@@ -36,7 +37,8 @@ MAX_STAGES = 5
 @dataclass(frozen=True, kw_only=True)
 class GemmSm80(GemmVariant):
     family: ClassVar[str] = "sm80"
-    sources: ClassVar[tuple[str, ...]] = ("gemm/sm80.py", "gemm/common.py", "atoms/sm80.py", "abi.py")
+    sources: ClassVar[tuple[str, ...]] = ("gemm/sm80.py", "gemm/common.py", "atoms/sm80.py", "atoms/common.py",
+                                          "abi.py")
 
     tile: tuple[int, int, int] = field(default=(128, 128, 32), metadata={"tag": "t"})
     warps: tuple[int, int] = field(default=(2, 2), metadata={"tag": "w"})
@@ -192,12 +194,6 @@ def enumerate_sm80(target: Target, tier: str) -> list[GemmVariant]:
     return out
 
 
-_CUTLASS_DTYPES = {
-    "bf16": cutlass.BFloat16, "f16": cutlass.Float16, "f32": cutlass.Float32,
-    "e4m3": cutlass.Float8E4M3FN,
-}
-
-
 class GemmSm80Kernel:
     """Host side (``__call__``) builds layouts, copies and the MMA; device side is ``kernel``."""
 
@@ -206,8 +202,8 @@ class GemmSm80Kernel:
         self.tile_m, self.tile_n, self.tile_k = v.tile
         self.threads = v.threads
         self.stages = v.stages
-        self.ab_dtype = _CUTLASS_DTYPES[v.ab]
-        self.c_dtype = _CUTLASS_DTYPES[v.c]
+        self.ab_dtype = cutlass_dtype(v.ab)
+        self.c_dtype = cutlass_dtype(v.c)
         self.a_contig = 1 if v.a_major == "k" else 0  # mode of (M, K) that is contiguous
         self.b_contig = 1 if v.b_major == "k" else 0
         self.is_fp8 = v.is_fp8

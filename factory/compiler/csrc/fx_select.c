@@ -1704,10 +1704,23 @@ static int32_t kv_pick_decode(const int32_t *c, int32_t n, const kv_problem *q, 
     return -1;
 }
 
+/* kvcache._pick_prefill: the entry taking the fewest page sizes, then a preferred one; the first of
+   equals. */
+static int32_t kv_pick_prefill(const int32_t *c, int32_t n) {
+    int32_t best = -1, best_sizes = 65, best_other = 2;
+    for (int32_t i = 0; i < n; i++) {
+        const fx_variant *e = &fx_variants[c[i]];
+        int32_t sizes = __builtin_popcountll((unsigned long long)e->page_size_mask), other = !e->preferred;
+        if (sizes < best_sizes || (sizes == best_sizes && other < best_other))
+            best = c[i], best_sizes = sizes, best_other = other;
+    }
+    return best;
+}
+
 /* kvcache.select: the families in FAMILIES order; within one, the entries of the least switch
    cost.  -1: none (FX_ERR_NO_VARIANT). */
 static int32_t kv_choose(const fx_device_t *dev, const kv_problem *q) {
-    static const int32_t families[] = {FX_FAMILY_SM90_DECODE};
+    static const int32_t families[] = {FX_FAMILY_SM90_DECODE, FX_FAMILY_SM90, FX_FAMILY_SM80};
     int32_t *c, n = candidates(dev, FX_OP_ATTENTION_KVCACHE, &c), choice = -1;
     int32_t *mine = malloc(sizeof(int32_t) * (size_t)(n + 1));
     for (size_t f = 0; f < sizeof families / sizeof families[0] && choice < 0; f++) {
@@ -1724,6 +1737,7 @@ static int32_t kv_choose(const fx_device_t *dev, const kv_problem *q) {
                 mine[m++] = c[i];
         }
         if (m && families[f] == FX_FAMILY_SM90_DECODE) choice = kv_pick_decode(mine, m, q, dev->sm_count);
+        else if (m) choice = kv_pick_prefill(mine, m);
     }
     free(mine);
     free(c);

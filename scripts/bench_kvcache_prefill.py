@@ -1,0 +1,132 @@
+#!/usr/bin/env python3
+"""Chunked prefill over a paged KV cache beside our dense varlen attention on the same tokens.
+
+Per shape (B sequences, each a chunk of Sq new queries against L cached keys, the chunk's own
+keys included, bottom-right causal): an ``attention_kvcache`` variant launched by name on a
+paged cache (page size PS, pages shuffled) and each dense varlen ``attention`` variant named on
+the command line, on packed q (B·Sq tokens) and contiguous packed K/V (B·L tokens) holding the
+same values.  CUDA events over graph replay (time_interleaved: the candidates alternate), medians;
+TFLOP/s count the visible (causal) score entries.  One result row per shape, checked against
+each other (max |Δo|) before timing.  Writes ``OUT.json``.
+
+  python3 scripts/bench_kvcache_prefill.py --kv-bundle B1 --dense-bundle B2 \
+      --kv NAME --dense NAME [NAME ...] [--out OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from factory.benchmark import default_out, time_interleaved  # noqa: E402
+
+# (B, Sq, L, Hq, Hkv, D, PS)
+SHAPES = [
+    (8, 128, 1024, 32, 8, 128, 16),
+    (4, 512, 4096, 32, 8, 128, 16),
+    (2, 2048, 8192, 32, 8, 128, 16),
+    (1, 2048, 32768, 32, 8, 128, 16),
+    (4, 512, 4096, 32, 8, 128, 128),
+    (1, 2048, 32768, 32, 8, 128, 128),
+    (4, 512, 4096, 32, 8, 128, 1),
+    (4, 512, 4096, 32, 8, 128, 64),
+    (8, 128, 1024, 32, 8, 128, 64),
+]
+
+
+def visible_pairs(sq: int, L: int) -> int:
+    """Score entries a bottom-right causal chunk of sq queries over L keys computes."""
+    return sum(min(L, L - sq + s + 1) for s in range(sq))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--kv-bundle", required=True)
+    p.add_argument("--dense-bundle", required=True)
+    p.add_argument("--kv", nargs="+", required=True,
+                   help="attention_kvcache variants (paged, causal, dense q); each runs the page sizes it takes")
+    p.add_argument("--dense", nargs="+", required=True, help="attention varlen causal variants")
+    p.add_argument("--out", default=default_out("bench_kvcache_prefill"))
+    args = p.parse_args()
+
+    import torch
+
+    from factory.runtime import Bundle
+
+    kvb, db = Bundle.open(args.kv_bundle), Bundle.open(args.dense_bundle)
+    rows = []
+    for (b, sq, L, hq, hkv, d, ps) in SHAPES:
+        g = torch.Generator(device="cuda").manual_seed(b * sq + L)
+        dt = torch.bfloat16
+        q = torch.randn(b, sq, hq, d, device="cuda", generator=g).to(dt)
+        k = torch.randn(b, L, hkv, d, device="cuda", generator=g).to(dt)
+        v = torch.randn(b, L, hkv, d, device="cuda", generator=g).to(dt)
+        npages = -(-L // ps)
+        perm = torch.randperm(b * npages, device="cuda", generator=g).to(torch.int32)
+        table = perm.reshape(b, npages).contiguous()
+        kc = torch.empty(b * npages, ps, hkv, d, device="cuda", dtype=dt)
+        vc = torch.empty_like(kc)
+        pad = npages * ps - L
+        kp = torch.nn.functional.pad(k, (0, 0, 0, 0, 0, pad)).reshape(b * npages, ps, hkv, d)
+        vp = torch.nn.functional.pad(v, (0, 0, 0, 0, 0, pad)).reshape(b * npages, ps, hkv, d)
+        kc[table.reshape(-1).long()] = kp
+        vc[table.reshape(-1).long()] = vp
+        seqlens = torch.full((b,), L, dtype=torch.int32, device="cuda")
+        sinks = torch.zeros(hq, device="cuda")
+        desc = torch.ones(2, hkv, device="cuda")
+        scale = 1.0 / math.sqrt(d)
+        o_kv = torch.empty_like(q)
+        lse_kv = torch.empty(b, hq, sq, device="cuda")
+        qp = q.reshape(b * sq, hq, d)
+        kp_, vp_ = k.reshape(b * L, hkv, d), v.reshape(b * L, hkv, d)
+        cu_q = torch.arange(0, b * sq + 1, sq, dtype=torch.int32, device="cuda")
+        cu_k = torch.arange(0, b * L + 1, L, dtype=torch.int32, device="cuda")
+        o_d = torch.empty_like(qp)
+        lse_d = torch.empty(hq, b * sq, device="cuda")
+
+        kv_names = [n for n in args.kv if ps in kvb.manifest["variants"][n]["page_sizes"]]
+        calls = {}
+        for name in kv_names:
+            calls[name] = (lambda n: lambda _i: kvb.launch(
+                n, [q, kc, vc, o_kv, lse_kv, table, seqlens, sinks, desc, scale, 0.0, -1, -1]))(name)
+        for name in args.dense:
+            calls[name] = (lambda n: lambda _i: db.launch(
+                n, [qp, kp_, vp_, o_d, lse_d, cu_q, cu_k, scale, sq]))(name)
+        # every candidate against the first dense one (an unwritten output shows as NaN)
+        o_d.fill_(math.nan)
+        calls[args.dense[0]](0)
+        ref = o_d.reshape(b, sq, hq, d).float().clone()
+        diffs = {}
+        for name in calls:
+            out = o_kv if name in kv_names else o_d
+            out.fill_(math.nan)
+            calls[name](0)
+            torch.cuda.synchronize()
+            diffs[name] = (out.reshape(b, sq, hq, d).float() - ref).abs().max().item()
+        t = time_interleaved(calls, 1)
+        flops = 4 * b * hq * d * visible_pairs(sq, L)
+        row = {"shape": {"B": b, "Sq": sq, "L": L, "Hq": hq, "Hkv": hkv, "D": d, "PS": ps},
+               "us": {n: round(s * 1e6, 2) for n, s in t.items()},
+               "tflops": {n: round(flops / s / 1e12, 1) for n, s in t.items()},
+               "max_abs_diff_vs_first_dense": diffs}
+        best_dense = min(t[n] for n in args.dense)
+        row["speedup_vs_best_dense"] = {n: round(best_dense / t[n], 3) for n in kv_names}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        del kc, vc, kp, vp, k, v
+        torch.cuda.empty_cache()
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    dev = torch.cuda.get_device_name()
+    out.with_suffix(".json").write_text(json.dumps({"device": dev, "kv": args.kv, "dense": args.dense,
+                                                    "rows": rows}, indent=1))
+    print("wrote", out.with_suffix(".json"))
+
+
+if __name__ == "__main__":
+    main()

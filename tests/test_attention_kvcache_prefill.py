@@ -1,0 +1,206 @@
+"""Prefill attention over a KV cache, without a GPU: the sm80 family's kvcache variants (cp.async
+row gathers, every switch) and the sm90a family's (TMA page boxes for pages of >= 64 rows, cp.async
+row gathers for any page size).
+
+Enumeration (one variant per switch in the test tier), the contract's signature (the page size a
+launch-time symbol), manifest fields the selection reads, refusals; and, with the DSL, one compile
+per kind of K/V load (in a subprocess: the target must be set before ``cutlass`` is imported)
+checked in the SASS: mma.sync/cp.async/ldmatrix for sm80, HGMMA with TMA page boxes or LDGSTS
+gathers for sm90a, no local memory where the register budget allows.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+needs_dsl = pytest.mark.skipif(
+    importlib.util.find_spec("cutlass") is None, reason="nvidia-cutlass-dsl is not installed"
+)
+pytestmark = needs_dsl  # the family modules import the DSL
+
+
+def _variants(target: str, tier: str):
+    from factory.registry import enumerate_variants
+
+    return [v for v in enumerate_variants([target], ["attention_kvcache"], tier=tier)
+            if v.family in ("sm80", "sm90")]
+
+
+def test_test_tier_has_each_switch():
+    vs = _variants("sm_90", "test")
+    assert {v.family for v in vs} == {"sm80"}
+    for switch in ("local", "softcap", "sinks", "varlen"):
+        assert any(getattr(v, switch) for v in vs), switch
+    assert any(not v.paged for v in vs) and any(v.paged for v in vs)
+    assert any(not v.causal for v in vs) and any(v.causal for v in vs)
+    assert any(v.kv_dtype == "e4m3" for v in vs)
+    hopper = _variants("sm_90a", "test")
+    assert {v.family for v in hopper} == {"sm90"}
+    assert {v.page_box for v in hopper} == {0, 64}
+    assert any(v.varlen for v in hopper)
+
+
+def test_fp8_only_where_the_target_converts():
+    for t in ("sm_80", "sm_86"):
+        assert not [v for v in _variants(t, "test") + _variants(t, "full") if v.kv_dtype == "e4m3"], t
+    assert [v for v in _variants("sm_89", "full") if v.kv_dtype == "e4m3"]
+    from factory.attention.sm80 import AttentionKvcacheSm80
+
+    v = AttentionKvcacheSm80(target="sm_80", dtype="bf16", kv_dtype="e4m3", head_dim=128, tile_m=128,
+                             tile_n=128, warps=8, stages=2)
+    assert "e4m3" in v.can_implement()
+
+
+def test_signature_is_the_contract():
+    from factory.attention import contract
+
+    for v in _variants("sm_90", "test") + _variants("sm_90a", "test"):
+        sig = v.signature()
+        assert sig == contract.signature_kvcache(v.dtype, v.kv_dtype, v.head_dim, v.paged, None,
+                                                 varlen_q=v.varlen), v.name
+        k = next(a for a in sig.args if a.name == "k_cache")
+        assert k.shape[1] == ("PS" if v.paged else "Sk"), v.name  # the page size at launch
+        names = [a.name for a in sig.args]
+        assert ("cu_seqlens_q" in names) == v.varlen and ("max_seqlen_q" in names) == v.varlen
+
+
+def test_manifest_fields():
+    for v in _variants("sm_90", "test") + _variants("sm_90a", "test"):
+        d = v.describe()
+        for k in ("dtype", "kv_dtype", "head_dim", "paged", "causal", "local", "softcap", "sinks",
+                  "varlen", "page_sizes", "tile"):
+            assert k in d, (v.name, k)
+        if v.family == "sm80":
+            assert d["page_sizes"] == ([1, 8, 16, 32, 64, 128, 256] if v.paged else [])
+        else:
+            assert d["page_sizes"] == ([64, 128, 256] if v.page_box else [1, 8, 16, 32, 64, 128, 256])
+            assert d["kv_loads"] == ("tma" if v.page_box else "cp.async")
+            assert not (d["local"] or d["softcap"] or d["sinks"]) and d["kv_dtype"] == d["dtype"]
+
+
+def test_sm90_refusals():
+    import dataclasses
+
+    v = _variants("sm_90a", "test")[0]
+    assert "persistent" in dataclasses.replace(v, persistent=True).can_implement()
+    assert "k_first" in dataclasses.replace(v, k_first=True).can_implement()
+    assert "page_box" in dataclasses.replace(v, page_box=32).can_implement()
+    assert "dtype" in dataclasses.replace(v, kv_dtype="e4m3").can_implement()
+
+
+_WORKER = textwrap.dedent(
+    """
+    import json, re, sys
+    from factory.compiler.compile import init_worker, compile_variant
+    target, out_dir, pattern = sys.argv[1], sys.argv[2], sys.argv[3]
+    init_worker(target)
+    from factory.compiler import cubin as cb
+    from factory.registry import enumerate_variants
+    report = {}
+    for v in enumerate_variants([target], ["attention_kvcache"], tier="test", name_filter=pattern):
+        info = compile_variant(v, out_dir)
+        sass = cb.disassemble(f"{out_dir}/{v.name}.cubin")
+        report[v.name] = {"hist": cb.opcode_histogram(sass), "page_box": getattr(v, "page_box", None),
+                          "missing": [r for r in v.sass_requirements() if not re.search(r, sass)],
+                          "params": [p for _, p in info["header"]["params"]],
+                          "args": [a.name for a in v.signature().args]}
+    print("REPORT" + json.dumps(report))
+    """
+)
+
+
+def _compile(target: str, out_dir: Path, pattern: str) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.run([sys.executable, "-c", _WORKER, target, str(out_dir), pattern], capture_output=True,
+                       text=True, env=env, cwd=ROOT, timeout=900)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-6000:]
+    return json.loads(next(ln for ln in p.stdout.splitlines() if ln.startswith("REPORT"))[len("REPORT"):])
+
+
+def test_compile_sm80_family_switches(tmp_path):
+    """The window/softcap/sink variant (sm_90 portability build): mma.sync, cp.async gathers,
+    tanh for the softcap, no local memory, the header's arguments in the contract's order."""
+    report = _compile("sm_90", tmp_path, "attention_kvcache_sm90_*_m128_*_win_cap_sink*")
+    assert len(report) == 1
+    for name, r in report.items():
+        h = r["hist"]
+        assert not r["missing"], (name, r["missing"])
+        assert h.get("LDGSTS.E.BYPASS.LTC128B.128", 0) > 0 and h.get("MUFU.TANH", 0) > 0, name
+        assert not any(op.startswith(("LDL", "STL")) for op in h), name
+        assert r["params"] == ["module", *r["args"], "stream"], name
+
+
+def test_compile_sm90_paged(tmp_path):
+    """sm_90a: the TMA page-box variant loads K/V with 4D TMA boxes and no LDGSTS, the gather
+    variant with LDGSTS and per-thread barrier arrives (its producer's 40 registers: no local
+    memory); both on HGMMA."""
+    report = _compile("sm_90a", tmp_path, "*bf16_d128*causal_ov_pp*")
+    assert {r["page_box"] for r in report.values()} == {0, 64}
+    for name, r in report.items():
+        h = r["hist"]
+        assert not r["missing"], (name, r["missing"])
+        assert not any(op.startswith(("LDL", "STL")) for op in h), (name, "local memory")
+        if r["page_box"]:
+            assert h.get("UTMALDG.4D", 0) >= 3 and not h.get("LDGSTS.E.BYPASS.128"), name
+        else:
+            assert h.get("LDGSTS.E.BYPASS.128", 0) > 0 and h.get("ARRIVES.LDGSTSBAR.64.ARVCNT", 0) > 0, name
+        assert r["params"] == ["module", *r["args"], "stream"], name
+
+
+def _entries(target: str, tier: str = "test"):
+    return [{"name": v.name, "family": v.family, "target": v.target, **v.describe()}
+            for v in _variants(target, tier)]
+
+
+def _problem(**kw):
+    from kvcache_rules import Problem
+
+    base = dict(batch=4, seqlen_q=512, heads_q=32, heads_kv=8, head_dim=128, max_seqlen_k=8192,
+                dtype="bf16", kv_dtype="bf16", page_size=16, causal=True, local=False, softcap=False,
+                sinks=False, varlen_q=False)
+    return Problem(**{**base, **kw})
+
+
+def test_selection_hopper():
+    """On a 9.0 device (sm_90a candidates before sm_90): page sizes of whole TMA boxes take the
+    sm90 TMA variant, smaller ones its cp.async gather; switches the sm90 family lacks (window,
+    softcap, sinks, fp8) and a dense cache fall to the sm80 family's sm_90 build."""
+    from kvcache_rules import select
+
+    cands = _entries("sm_90a") + _entries("sm_90")
+    pick = lambda **kw: select(cands, _problem(**kw))  # noqa: E731
+    assert pick(page_size=128)["kv_loads"] == "tma"
+    assert pick(page_size=64, seqlen_q=2048)["kv_loads"] == "tma"
+    assert pick(page_size=16)["kv_loads"] == "cp.async" and pick(page_size=16)["family"] == "sm90"
+    assert pick(page_size=128, varlen_q=True)["varlen"]
+    e = pick(head_dim=64, dtype="f16", kv_dtype="f16", local=True, softcap=True, sinks=True, varlen_q=True)
+    assert e["family"] == "sm80" and e["target"] == "sm_90"
+    e = pick(kv_dtype="e4m3", causal=False)
+    assert e["family"] == "sm80" and e["kv_dtype"] == "e4m3" and e["paged"]
+    e = pick(head_dim=64, page_size=None, causal=False, varlen_q=True)
+    assert e["family"] == "sm80" and not e["paged"]
+
+
+def test_selection_ampere_ada():
+    """sm_80 / sm_89 devices: the sm80 family for every seqlen_q (no decode family there)."""
+    from kvcache_rules import select
+
+    for t in ("sm_80", "sm_89"):
+        cands = _entries(t, "default")
+        for sq in (1, 4, 17, 2048):
+            e = select(cands, _problem(seqlen_q=sq, page_size=16))
+            assert e["family"] == "sm80" and e["paged"] and e["causal"], (t, sq)
+    e = select(_entries("sm_89", "full"), _problem(kv_dtype="e4m3", page_size=256))
+    assert e["kv_dtype"] == "e4m3"
+

@@ -1,0 +1,200 @@
+"""Prefill attention over a KV cache (``attention_kvcache``) on a GPU: the sm80 family
+(factory/attention/sm80.py, cp.async row gathers) and the sm90a family (factory/attention/sm90.py,
+TMA page boxes).
+
+Every sm80- and sm90-family kvcache variant of ``$FACTORY_BUNDLE`` is launched by name against the float32
+reference on gathered K/V (factory.testing.attention_kvcache_reference): every page size the
+variant takes (1 to 256) for paged caches, ragged lengths with 0 and 1 keys and partly filled last
+pages, seqlen_q from 1 to a few hundred (rows with no visible key where Sq > L), GQA and MQA, the
+window, softcap and sink switches where the variant has them, fp8 e4m3 caches with per-kv-head
+descales, dense and packed (varlen) q.  Unused pages, rows past each sequence and the caller's
+o/lse are NaN: a read past a sequence or a row left unwritten shows.  Skips without a GPU or
+without such variants in the bundle.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from test_attention_gpu import BUNDLE, check  # noqa: E402
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+DT = {"bf16": torch.bfloat16, "f16": torch.float16, "e4m3": torch.float8_e4m3fn}
+
+
+@pytest.fixture(scope="module")
+def bundle():
+    from factory.runtime import Bundle
+
+    if not (BUNDLE / "manifest.json").exists():
+        pytest.skip(f"no bundle at {BUNDLE} (set FACTORY_BUNDLE)")
+    b = Bundle.open(BUNDLE)
+    if not _entries(b):
+        pytest.skip(f"{BUNDLE} has no sm80/sm90-family attention_kvcache variant for this device")
+    return b
+
+
+def _entries(b):
+    return [e for e in b.candidates("attention_kvcache") if e["family"] in ("sm80", "sm90")]
+
+
+def make_cache(lengths, ps, hkv, d, kv_dtype, paged, gen):
+    """(k_cache, v_cache, block_table) holding ``lengths[b]`` random keys per sequence; paged:
+    pages in a shuffled order with NaN pages between them, NaN rows past each sequence's end in
+    its last page, table entries past a sequence pointing at a NaN page; dense: (B, Smax) with NaN
+    rows past each length."""
+    b = len(lengths)
+    if paged:
+        need = [-(-n // ps) for n in lengths]
+        mp = max(need + [1]) + 1
+        total = sum(need) + b + 3  # spare NaN pages
+        order = torch.randperm(total, generator=torch.Generator().manual_seed(total))
+        table = torch.empty((b, mp), dtype=torch.int32)
+        nan_page = int(order[-1])
+        at = 0
+        for i, n in enumerate(need):
+            table[i, :n] = order[at:at + n]
+            table[i, n:] = nan_page
+            at += n
+        shape = (total, ps, hkv, d)
+    else:
+        table = torch.zeros((b, 1), dtype=torch.int32)
+        shape = (b, max(lengths + [1]) + 5, hkv, d)
+    caches = []
+    for _ in range(2):
+        c = torch.full(shape, math.nan, dtype=torch.float32, device="cuda")
+        for i, n in enumerate(lengths):
+            x = torch.randn(n, hkv, d, device="cuda", generator=gen)
+            if paged:
+                rows = c[table[i, : -(-n // ps)].long().cuda()].reshape(-1, hkv, d)
+                rows[:n] = x
+                c[table[i, : -(-n // ps)].long().cuda()] = rows.reshape(-1, ps, hkv, d)
+            else:
+                c[i, :n] = x
+        caches.append(c.to(DT[kv_dtype]))
+    return caches[0], caches[1], table.cuda()
+
+
+def run_case(bundle, e, lengths, sqs, hq, hkv, ps, *, window=(-1, -1), softcap=0.0, seed=0):
+    from factory.testing import attention_kvcache_reference
+
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    dt, d, kvt = DT[e["dtype"]], e["head_dim"], e["kv_dtype"]
+    fp8 = kvt == "e4m3"
+    b = len(lengths)
+    k_cache, v_cache, table = make_cache(lengths, ps, hkv, d, kvt, e["paged"], gen)
+    seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    sinks = (torch.randn(hq, device="cuda", generator=gen) if e["sinks"]
+             else torch.zeros(hq, device="cuda"))
+    descale = (torch.rand(2, hkv, device="cuda", generator=gen) + 0.5 if fp8
+               else torch.ones(2, hkv, device="cuda"))
+    if not e["local"]:
+        window = (-1, -1)
+    if not e["softcap"]:
+        softcap = 0.0
+    scale = 0.9 / math.sqrt(d)
+    ref = dict(causal=e["causal"], scale=scale, window_size=window, softcap=softcap,
+               sinks=sinks if e["sinks"] else None,
+               k_descale=descale[0] if fp8 else None, v_descale=descale[1] if fp8 else None)
+    tail = [sinks, descale, scale, softcap, window[0], window[1]]
+    if e["varlen"]:
+        cu = torch.tensor([0, *itertools.accumulate(sqs)], dtype=torch.int32, device="cuda")
+        tq = int(cu[-1])
+        q = torch.randn(tq + 3, hq, d, device="cuda", generator=gen).to(dt)[:tq]
+        o = torch.full_like(q, math.nan)
+        lse = torch.full((hq, tq), math.nan, device="cuda")
+        bundle.launch(e["name"], [q, k_cache, v_cache, o, lse, table, seqlens, cu, *tail, max(sqs)])
+        torch.cuda.synchronize()
+        for i in range(b):
+            s0, s1 = int(cu[i]), int(cu[i + 1])
+            if s1 == s0:
+                continue
+            if e["paged"]:
+                kc, vc, tb = k_cache, v_cache, table[i:i + 1]
+            else:
+                kc, vc, tb = k_cache[i:i + 1], v_cache[i:i + 1], None
+            r_o, r_lse = attention_kvcache_reference(q[None, s0:s1], kc, vc, seqlens[i:i + 1], tb, **ref)
+            check(o[None, s0:s1], lse[None, :, s0:s1], r_o, r_lse, dt,
+                  f"{e['name']} seq {i} L={lengths[i]} Sq={s1 - s0} PS={ps}")
+    else:
+        sq = sqs
+        q = torch.randn(b, sq + 2, hq, d, device="cuda", generator=gen).to(dt)[:, :sq]
+        o = torch.full_like(q, math.nan)
+        lse = torch.full((b, hq, sq), math.nan, device="cuda")
+        bundle.launch(e["name"], [q, k_cache, v_cache, o, lse, table, seqlens, *tail])
+        torch.cuda.synchronize()
+        r_o, r_lse = attention_kvcache_reference(q, k_cache, v_cache, seqlens,
+                                                 table if e["paged"] else None, **ref)
+        check(o, lse, r_o, r_lse, dt, f"{e['name']} L={lengths} Sq={sq} PS={ps}")
+
+
+# (lengths, Sq (dense) or per-sequence Sq (varlen), Hq, Hkv)
+CASES = [
+    ([0, 1, 300], 37, [37, 5, 200], 8, 2),            # empty and one-key sequences, a tail
+    ([129, 1000], 300, [300, 1], 4, 1),               # MQA; Sq > L: rows with no key
+    ([2049, 1536, 777], 129, [129, 64, 333], 8, 8),   # MHA, many key tiles
+]
+PAGE_SIZES = (1, 8, 16, 32, 64, 128, 256)
+
+
+@pytest.mark.parametrize("case", range(len(CASES)))
+@pytest.mark.parametrize("ps", PAGE_SIZES)
+def test_kvcache_prefill(bundle, ps, case):
+    lengths, sq, sqs, hq, hkv = CASES[case]
+    ran = 0
+    for e in _entries(bundle):
+        if not e["paged"] and ps != PAGE_SIZES[0]:
+            continue  # a dense cache has no page size: once
+        if e["paged"] and ps not in e["page_sizes"]:
+            continue
+        run_case(bundle, e, lengths, sqs if e["varlen"] else sq, hq, hkv, ps,
+                 window=(100, 0) if e["causal"] else (70, 33), softcap=1.5, seed=ps * 10 + case)
+        ran += 1
+    assert ran
+
+
+def test_kvcache_window_sides(bundle):
+    """Left-only, right-only and both window sides, and windows wider than the sequence."""
+    ran = 0
+    for e in _entries(bundle):
+        if not e["local"]:
+            continue
+        for w in ((0, -1), (-1, 0), (5, 300), (5000, 5000), (1, 1)):
+            run_case(bundle, e, [300, 1, 64], [64, 7, 130] if e["varlen"] else 64, 8, 2, 16,
+                     window=w, softcap=0.0, seed=sum(w))  # softcap 0: off, on a softcap variant too
+            ran += 1
+    if not ran:
+        pytest.skip("no variant with the window switch")
+
+
+def test_kvcache_selection(bundle):
+    """bundle.attention_kvcache serves seqlen_q > 16 from these families, and its result
+    matches the reference."""
+    if not hasattr(bundle, "attention_kvcache"):
+        pytest.skip("this runtime has no attention_kvcache")
+    from factory.testing import attention_kvcache_reference
+
+    e = next((e for e in _entries(bundle) if e["paged"] and e["causal"] and not e["varlen"]
+              and e["kv_dtype"] == e["dtype"] and not (e["local"] or e["softcap"] or e["sinks"])), None)
+    if e is None:
+        pytest.skip("no plain paged causal variant")
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    dt, d = DT[e["dtype"]], e["head_dim"]
+    lengths = [500, 1200]
+    k_cache, v_cache, table = make_cache(lengths, 16, 2, d, e["kv_dtype"], True, gen)
+    seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    q = torch.randn(2, 100, 8, d, device="cuda", generator=gen).to(dt)
+    o, lse = bundle.attention_kvcache(q, k_cache, v_cache, seqlens, block_table=table, causal=True,
+                                      return_lse=True)
+    torch.cuda.synchronize()
+    r_o, r_lse = attention_kvcache_reference(q, k_cache, v_cache, seqlens, table, causal=True)
+    check(o, lse, r_o, r_lse, dt, "attention_kvcache Sq=100")
