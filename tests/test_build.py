@@ -120,7 +120,7 @@ def test_verify_refuses_a_blackwell_variant_whose_cubin_is_not_tcgen05(test_bund
     one must fail ``factory verify``: on its target, and on every tcgen05 / TMEM / TMA requirement
     on its own (the requirement list applied to the donor's disassembly relabelled as sm_100)."""
     from factory.compiler.cubin import disassemble
-    from factory.verify import sass_problems
+    from factory.compiler.sass import sass_problems
 
     m = manifest(test_bundle)
     bw = next(n for n, v in m["variants"].items() if v["family"] == "sm100" and v["op"] == "gemm")
@@ -138,11 +138,12 @@ def test_verify_refuses_a_blackwell_variant_whose_cubin_is_not_tcgen05(test_bund
     # must still lack every tcgen05 instruction the Blackwell family is proven by.
     sass = disassemble(test_bundle / m["variants"][donor]["files"]["cubin"]["path"])
     relabelled = re.sub(r"\.target\s+sm_\w+", ".target sm_100", sass)  # nvdisasm's spelling of sm_100f
-    problems = sass_problems(m["variants"][bw], relabelled)
+    e = m["variants"][bw]
+    problems = sass_problems(e["target"], e["sass_requirements"], relabelled)
     assert len(problems) == 1 and problems[0].startswith("SASS lacks"), problems
     for key in ("UTCHMMA", "UTCATOMSWS", "LDTM", "UTCBAR", "2CTA"):
         assert key in problems[0], (key, problems[0])
-    assert sass_problems(m["variants"][bw], disassemble(test_bundle / m["variants"][bw]["files"]["cubin"]["path"])) == []
+    assert sass_problems(e["target"], e["sass_requirements"], disassemble(test_bundle / e["files"]["cubin"]["path"])) == []
 
 
 def test_host_library_needs_only_libc(test_bundle):

@@ -1,4 +1,5 @@
-"""No import cycles in factory/ or scripts/: each module can be read knowing only what it imports.
+"""Imports go one way: no import cycles in factory/ or scripts/ (each module can be read knowing
+only what it imports), and each layer of factory/ imports only the layers below it (LAYERS).
 
 The graph is read from the source with ``ast`` (nothing is imported).  An edge is every import of a
 module of this project, wherever it stands: at the top, inside a function (a lazy import breaks the
@@ -179,3 +180,57 @@ def test_the_cycle_finder_passes_one_direction(tmp_path):
     assert graph["factory.pkg.b"] == {"factory.leaf"}
     assert graph["scripts.probes.p"] == {"factory.pkg", "scripts.probes.q"}
     assert find_cycles(graph) == []
+
+
+# The layers, lowest first: each prefix may import itself and the prefixes named with it, nothing
+# else of the project (the runtime loads bundles without the DSL, the kernels, or the compiler;
+# the compiler sees kernels only through the registry; verify and doctor stand above the compiler).
+LAYERS = {
+    "factory.atoms": (),
+    "factory.abi": (),
+    "factory.runtime": ("factory.abi", "factory.atoms.targets"),
+    "factory.variant": ("factory.abi", "factory.atoms"),
+    "factory.registry": ("factory.atoms", "factory.variant"),
+    "factory.gemm": ("factory.abi", "factory.atoms", "factory.variant", "factory.registry"),
+    "factory.attention": ("factory.abi", "factory.atoms", "factory.variant", "factory.registry", "factory.gemm"),
+    "factory.compiler": ("factory.abi", "factory.atoms", "factory.variant", "factory.registry", "factory.runtime"),
+    "factory.verify": ("factory.atoms", "factory.compiler", "factory.runtime"),
+    "factory.doctor": ("factory.atoms", "factory.runtime"),
+}
+
+
+def _under(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
+
+
+def layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    """``a -> b`` for every import of a layered module that its layer does not allow."""
+    out = []
+    for me, deps in sorted(graph.items()):
+        layer = next((p for p in LAYERS if _under(me, p)), None)
+        if layer is None:
+            continue
+        allowed = (layer, *LAYERS[layer])
+        out += [f"{me} -> {d}" for d in sorted(deps) if d != "factory" and not any(_under(d, a) for a in allowed)]
+    return out
+
+
+def test_imports_go_one_way():
+    graph = import_graph(ROOT)
+    assert {"factory.compiler.builder", "factory.compiler.sass", "factory.verify"} <= set(graph)
+    assert layer_violations(graph) == []
+
+
+def test_the_layer_check_catches_an_upward_import(tmp_path):
+    """The compiler importing verify, and the runtime importing the compiler, are both reported."""
+    root = _tree(tmp_path, {
+        "factory/__init__.py": "",
+        "factory/verify.py": "from .compiler.sass import check\n",
+        "factory/compiler/__init__.py": "",
+        "factory/compiler/sass.py": "def check():\n    from ..verify import x\n",
+        "factory/runtime/__init__.py": "",
+        "factory/runtime/bundle.py": "from factory.compiler import sass\nfrom .errors import E\n",
+        "factory/runtime/errors.py": "E = 1\n",
+    })
+    assert layer_violations(import_graph(root, ("factory",))) == [
+        "factory.compiler.sass -> factory.verify", "factory.runtime.bundle -> factory.compiler.sass"]

@@ -26,7 +26,7 @@ from factory.compiler.compile import init_worker  # noqa: E402
 init_worker("sm_100a")  # before anything imports cutlass (AOT notes, trap 3)
 
 from factory.compiler import cubin as cb  # noqa: E402
-from factory.compiler.builder import check_sass  # noqa: E402
+from factory.compiler.sass import sass_problems  # noqa: E402
 from factory.compiler.compile import compile_variant  # noqa: E402
 from factory.gemm.sm100 import GemmSm100  # noqa: E402
 
@@ -45,7 +45,7 @@ def main() -> int:
         seen.add(key)
         try:
             compile_variant(v, out)
-            problems = check_sass(v, cb.disassemble(out / f"{v.name}.cubin"))
+            problems = sass_problems(v.target, v.sass_requirements(), cb.disassemble(out / f"{v.name}.cubin"))
         except Exception as e:  # noqa: BLE001 - report every failure
             problems = [f"{type(e).__name__}: {e}"]
         if problems:
