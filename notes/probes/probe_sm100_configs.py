@@ -10,7 +10,7 @@ a 128-row MMA (64 rows per CTA), 64-row single-CTA tiles up to N = 256, M-major 
 output and 4x1 clusters.  So ``can_implement`` admits nothing that fails to build; whether any of
 it computes the right numbers is unknown (no Blackwell GPU).
 
-  python3 scripts/probes/probe_sm100_configs.py [OUT_DIR]"""
+  python3 notes/probes/probe_sm100_configs.py [OUT_DIR]"""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ pairs need an even cluster M); registers 40-56, no stack frame.  So ``can_implem
 nothing that fails to build; whether any of it computes the right numbers is unknown (no
 Blackwell GPU).
 
-  python3 scripts/probes/probe_sm100_blockscaled_configs.py [OUT_DIR]"""
+  python3 notes/probes/probe_sm100_blockscaled_configs.py [OUT_DIR]"""
 
 from __future__ import annotations
 
