@@ -188,13 +188,15 @@ def test_the_cycle_finder_passes_one_direction(tmp_path):
 LAYERS = {
     "factory.atoms": (),
     "factory.abi": (),
+    "factory.evidence": (),  # run records and proof labels: plain data, read by the build and verify
     "factory.runtime": ("factory.abi", "factory.atoms.targets"),
     "factory.variant": ("factory.abi", "factory.atoms"),
     "factory.registry": ("factory.atoms", "factory.variant"),
     "factory.gemm": ("factory.abi", "factory.atoms", "factory.variant", "factory.registry"),
     "factory.attention": ("factory.abi", "factory.atoms", "factory.variant", "factory.registry", "factory.gemm"),
-    "factory.compiler": ("factory.abi", "factory.atoms", "factory.variant", "factory.registry", "factory.runtime"),
-    "factory.verify": ("factory.atoms", "factory.compiler", "factory.runtime"),
+    "factory.compiler": ("factory.abi", "factory.atoms", "factory.evidence", "factory.variant", "factory.registry",
+                         "factory.runtime"),
+    "factory.verify": ("factory.atoms", "factory.compiler", "factory.evidence", "factory.runtime"),
     "factory.doctor": ("factory.atoms", "factory.runtime"),
 }
 
