@@ -55,7 +55,8 @@ SM90_TEST = (
     dict(**FP8, tile=(32, 64, 128), schedule="ws", swap_ab=True, split_k=2, pdl=True, early_b=True),
 )
 # Every default row is built with pdl=True; each swap_ab row also as an early_b twin
-# (SM90_EARLY_B_ONLY: rows built only as early_b).
+# (SM90_EARLY_B_ONLY: rows built only as early_b).  No tier sets ``raster``: every row keeps "m",
+# which swap_ab rows walk along N (raster_along_m = (raster == "m") != swap_ab).
 SM90_DEFAULT = (
     # Large problems: cooperative and ping-pong tiles, 1- and 2-CTA clusters.
     dict(**BF16, tile=(128, 128, 64)),
@@ -124,7 +125,7 @@ SM90_FULL_MAJORS = (("k", "k"), ("m", "k"), ("k", "n"), ("m", "n"))
 SM90_FULL_SWAP = dict(tile_m=(16, 32, 64), tile_n=(64, 128), split_k=(1, 2, 4))
 
 # --- sm100 family (tcgen05, TMEM; sm_100f) ---------------------------------------------------------
-# Every row is built with pdl=True.
+# Every row of every tier is built with pdl=True (enumerate_sm100); ``pdl=False`` is never built.
 SM100_TEST = (
     # The CTA pair with multicast along N: every SASS form the family relies on.
     dict(**BF16, pair=True, tile=(256, 128, 64), cluster=(2, 2)),
