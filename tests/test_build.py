@@ -167,6 +167,33 @@ def test_unchanged_rebuild_comes_from_the_cache(test_bundle, tmp_path):
            {k: v["files"]["cubin"]["sha256"] for k, v in b["variants"].items()}
 
 
+def test_a_cached_cubin_is_checked_again_when_the_sass_check_changes(test_bundle, tmp_path):
+    """The build caches each cubin's SASS check with the check's version: an entry checked by
+    another version is checked again (and rewritten) before it enters a bundle, so a problem the
+    old check recorded, or missed, does not outlive the check."""
+    from factory.compiler.builder import build, cache_key, default_cache_dir
+    from factory.compiler.sass import checker_version
+    from factory.registry import enumerate_variants
+
+    v = enumerate_variants(["sm_80"], ["gemm"], tier="test")[0]
+    entry = f"{v.name}-{cache_key(v)}"
+    cache = tmp_path / "cache"
+    shutil.copytree(default_cache_dir() / entry, cache / entry)  # filled by the test bundle's build
+    info_path = cache / entry / "info.json"
+    info = json.loads(info_path.read_text())
+    info.update(sass_problems=["planted by an older check"], sass_checked_by="older")
+    info_path.write_text(json.dumps(info))
+    s = build(tmp_path / "b", ["sm_80"], ops=["gemm"], tier="test", name_filter=v.name, cache=cache, jobs=1)
+    assert s["compiled"] == 0 and s["variants"] == 1
+    again = json.loads(info_path.read_text())
+    assert again["sass_problems"] == [] and again["sass_checked_by"] == checker_version()
+    # A problem recorded by the current check stops the build.
+    again["sass_problems"] = ["registers past a setmaxnreg budget: R250 after TRY_ALLOC 240"]
+    info_path.write_text(json.dumps(again))
+    with pytest.raises(RuntimeError, match="setmaxnreg budget"):
+        build(tmp_path / "c", ["sm_80"], ops=["gemm"], tier="test", name_filter=v.name, cache=cache, jobs=1)
+
+
 def test_cli_list_and_inspect(test_bundle):
     r = subprocess.run([sys.executable, "-m", "factory", "list", str(test_bundle)], cwd=ROOT,
                        capture_output=True, text=True, check=True)

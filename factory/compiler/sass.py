@@ -20,7 +20,6 @@ _INSN = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
 _LABEL = re.compile(r"^\s*(\.L_x_\d+):")
 
 
-
 def role_registers(sass: str) -> list[dict]:
     """Per ``setmaxnreg`` in a warp-specialised kernel: the register limit it sets and the highest
     general register (R<n>) used by any instruction reachable from it, following branches (the
