@@ -185,8 +185,9 @@ def time_ms(fn, iters=20, warmup=3) -> float:
     return statistics.median(ts)
 
 
-def graphed(fn):
-    """fn captured once in a CUDA graph; returns the replay."""
+def capture(fn):
+    """``fn`` run once on a side stream (its modules loaded), then captured in a CUDA graph;
+    returns the graph and what the captured call returned (the tensors each replay writes)."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -194,8 +195,13 @@ def graphed(fn):
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        fn()
-    return g.replay
+        out = fn()
+    return g, out
+
+
+def graphed(fn):
+    """fn captured once in a CUDA graph; returns the replay."""
+    return capture(fn)[0].replay
 
 
 def rel(a, b) -> float:

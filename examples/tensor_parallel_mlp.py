@@ -8,13 +8,14 @@ all-reduce; the bundle's GEMMs do the matmuls. One process per GPU:
 
 Every rank builds the same full weights from one seed and keeps its shard; rank 0 checks the result
 against the unsplit block (torch's matmuls in float32) and prints tokens per second for
-``--tokens`` tokens (graph-replay medians of the whole block, all-reduce included).
+``--tokens`` tokens (graph-replay medians of the whole block, all-reduce included).  The graph
+that captured the all-reduce is freed before the process group is destroyed (``tp_common.finish``):
+with it alive, ``destroy_process_group()`` waits forever.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 from pathlib import Path
@@ -26,7 +27,10 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
 from factory.runtime import Bundle  # noqa: E402
+from tp_common import capture, finish, start  # noqa: E402
 
 HIDDEN, FFN = 4096, 14336
 
@@ -54,10 +58,7 @@ def main() -> int:
     p.add_argument("--tokens", type=int, default=2048)
     p.add_argument("--iters", type=int, default=20)
     a = p.parse_args()
-    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    local = int(os.environ.get("LOCAL_RANK", 0))
-    torch.cuda.set_device(local)
-    dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+    rank, world, _local = start()
     if FFN % world:
         raise SystemExit(f"FFN {FFN} does not split over {world} ranks")
     bundle = Bundle.open(a.bundle)
@@ -76,14 +77,8 @@ def main() -> int:
             assert err < 2e-2, err
         del wgu, wdown
         bundle.preload(("gemm",))
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            block(bundle, x, gu, down, dist.group.WORLD)
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            block(bundle, x, gu, down, dist.group.WORLD)
+        graphs: list = []
+        g, _ = capture(lambda: block(bundle, x, gu, down, dist.group.WORLD), graphs)
         ts = []
         for _ in range(a.iters):
             e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -96,7 +91,10 @@ def main() -> int:
     if rank == 0:
         ms = statistics.median(ts)
         print(f"world {world}: {ms:.3f} ms per block of {a.tokens} tokens, {a.tokens / ms * 1e3:,.0f} tokens/s", flush=True)
-    dist.destroy_process_group()
+    del g
+    finish(graphs)
+    if rank == 0:
+        print(f"world {world}: process group destroyed", flush=True)
     return 0
 
 

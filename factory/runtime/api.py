@@ -38,6 +38,27 @@ class Bundle(BundleCore):
         return gemm.gemm(self, a, b, out, out_dtype=out_dtype, scale_a=scale_a, scale_b=scale_b,
                          variant=variant, b_constant=b_constant)
 
+    def preload(self, ops=("gemm", "gemm_blockscaled", "attention")) -> int:
+        """Load every variant of ``ops`` that this device runs (``BundleCore.preload``; the modules
+        load on every visible device), then ask the driver, for the current device, how many
+        clusters of each persistent GEMM variant it holds at once (the grid cap; a question that
+        is not asked inside a CUDA-graph capture, where the SM bound is used instead).  Call it
+        under ``torch.cuda.device(d)`` for each device ``d`` that will capture.  Returns the
+        number of modules loaded."""
+        n = super().preload(ops)
+        from .occupancy import current_device
+
+        dev = current_device()
+        if dev is not None and not self._planned:
+            gemm, packed = (_OPS or _ops())[:2]
+            for op in ops:
+                for v in self.candidates(op):
+                    if "persistent" in v:
+                        gemm.launch_scalars(self, v, dev)
+                    elif v.get("family") == "decode" and "ctas_per_sm" in v:
+                        packed.wave_ctas(self, v, dev)
+        return n
+
     def gemm_blockscaled(self, a, b, out=None, *, out_dtype=None, variant: str | None = None):
         """``out = a @ b.T`` for block-scaled (MXFP8 / NVFP4) operands made by
         ``factory.runtime.blockscaled.pack`` (or wrapped with ``BlockScaled(data, scale, fmt)``);

@@ -376,7 +376,7 @@ def gemm_blockscaled(bundle, a: BlockScaled, b: BlockScaled, out: Tensor | None 
         specs += [(t.global_scale.data_ptr(), (1,), (1,)) for t in (a, b)]
     name = select(bundle, f.name, c, specs, M, N, K, L, dev, variant)
     entry = bundle.manifest["variants"][name]
-    bundle.launch(name, [*specs, *dense.launch_scalars(bundle, entry)], checked=True, device=dev)
+    bundle.launch(name, [*specs, *dense.launch_scalars(bundle, entry, dev)], checked=True, device=dev)
     return out
 
 

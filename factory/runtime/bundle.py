@@ -66,7 +66,8 @@ class BundleCore:
         # (runtime/attention.py, runtime/gemm.py); bounded like the selection cache.
         self._hot_attention: dict[tuple, object] = {}
         self._hot_gemm: dict[tuple, object] = {}
-        self._max_clusters: dict[str, int] = {}  # persistent grid caps (runtime/gemm.py)
+        self._planned = device is not None  # a device described by the caller: never ask the driver
+        self._max_clusters: dict[tuple, int] = {}  # (variant, device) -> persistent grid cap (runtime/gemm.py)
         self._early_b: dict[str, str] = {}  # variant -> its early_b twin (runtime/gemm.py)
         self._unit_scales: dict = {}  # device -> float32 [1.0], fp8's default scale (runtime/gemm.py)
         self._lock = threading.Lock()

@@ -96,7 +96,7 @@ def select(bundle, a3, b3, c3, ab: str, c: str, scales: list, b_constant: bool =
     return remember(bundle, key, choice)
 
 
-def launch_scalars(bundle, entry: dict) -> list:
+def launch_scalars(bundle, entry: dict, device: int = 0) -> list:
     """The variant's scalar arguments after its tensors: a persistent variant's grid cap
     (``max_clusters``), else none.  The cap is the clusters the device holds at once: the
     driver's answer for this kernel on a real device (runtime/occupancy.py), never more than the
@@ -104,22 +104,25 @@ def launch_scalars(bundle, entry: dict) -> list:
     pers = entry.get("persistent")
     if pers is None:
         return []
-    return [resident_clusters(bundle, entry, pers["cluster_ctas"], bundle.device_info()["sm_count"] // pers["cluster_ctas"])]
+    return [resident_clusters(bundle, entry, pers["cluster_ctas"], bundle.device_info()["sm_count"] // pers["cluster_ctas"],
+                              device)]
 
 
-def resident_clusters(bundle, entry: dict, cluster_ctas: int, bound: int) -> int:
-    """Clusters of ``cluster_ctas`` CTAs of this variant that the device holds at once: the
-    driver's answer on a real device (runtime/occupancy.py), never more than ``bound`` (the only
-    figure for a planned device); asked once per variant."""
-    name = entry["name"]
-    cap = bundle._max_clusters.get(name)
+def resident_clusters(bundle, entry: dict, cluster_ctas: int, bound: int, device: int = 0) -> int:
+    """Clusters of ``cluster_ctas`` CTAs of this variant that CUDA device ``device`` (the current
+    one) holds at once: the driver's answer on a real device (runtime/occupancy.py), never more
+    than ``bound`` (the only figure for a planned device); asked once per variant and device."""
+    key = (entry["name"], None if bundle._planned else device)
+    cap = bundle._max_clusters.get(key)
     if cap is None:
         cap = max(1, bound)
-        if bundle._device is None:  # the GPU itself, not a device given for planning
-            from .occupancy import max_active_clusters
+        if not bundle._planned and not bundle._simulated:  # the GPU itself, not a device given for planning
+            from .occupancy import capturing, current_device, max_active_clusters
 
+            if current_device() not in (device, None) or capturing():
+                return cap  # the driver would answer for another device / must not be asked inside a capture
             cap = min(cap, max_active_clusters(bundle.path, entry, cluster_ctas) or cap)
-        bundle._max_clusters[name] = cap
+        bundle._max_clusters[key] = cap
     return cap
 
 
@@ -351,7 +354,7 @@ def gemm(bundle, a, b, out=None, *, out_dtype=None, scale_a=None, scale_b=None, 
         keep.append(ws)
         scales += _workspace_spec(entry, M, N, ws.data_ptr())
     if "persistent" in entry:
-        scales += launch_scalars(bundle, entry)
+        scales += launch_scalars(bundle, entry, dev)
     bundle.launch(name, [a3, b3, c3, *scales], checked=True, device=dev)
     if key is not None and (not fp8 or hot_scales(bundle, a, keep, scale_a, scale_b)):
         unit = bundle._unit_scales.get(a.device) if fp8 else None

@@ -6,13 +6,34 @@ a multiple of the cluster size strands some (H100 SXM, 132 SMs: 66 clusters of 2
 not 33 — notes/results/probe_clusters_h100.txt).  A grid larger than what fits runs its last
 clusters as a second wave.  The driver knows: ``cuOccupancyMaxActiveClusters`` on the variant's
 own kernel (its cubin is in the bundle), with the launch's block size, shared memory and cluster
-shape.  Asked once per variant per process; any failure (no cuda-python, no context, an old
-driver) falls back to the upper bound.
+shape, on the current device.  Asked once per variant and device per process; any failure (no
+cuda-python, no context, an old driver) falls back to the upper bound.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+
+
+def current_device() -> int | None:
+    """torch's current CUDA device index, or None without a usable CUDA device."""
+    try:
+        import torch
+
+        return torch.cuda.current_device() if torch.cuda.is_available() else None
+    except Exception:  # noqa: BLE001 - no CUDA build, no driver
+        return None
+
+
+def capturing() -> bool:
+    """Whether torch's current CUDA stream is capturing a graph (module loads and occupancy
+    questions do not belong in a capture)."""
+    try:
+        import torch
+
+        return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+    except Exception:  # noqa: BLE001
+        return False
 
 
 def max_active_clusters(bundle_path: Path, entry: dict, cluster_ctas: int | None = None) -> int | None:

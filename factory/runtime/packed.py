@@ -77,10 +77,11 @@ def launch_specs(a, p: PackedB, out, scales) -> list:
             (out.data_ptr(), tuple(out.shape), tuple(out.stride())), *scales]
 
 
-def wave_ctas(bundle, entry: dict) -> int:
-    """CTAs of this decode variant the device holds at once (clusters that fit × cluster size)."""
+def wave_ctas(bundle, entry: dict, device: int = 0) -> int:
+    """CTAs of this decode variant device ``device`` holds at once (clusters that fit × cluster size)."""
     ck = entry["cluster"][0] * entry["cluster"][1]
-    return ck * gemm.resident_clusters(bundle, entry, ck, bundle.device_info()["sm_count"] * entry["ctas_per_sm"] // ck)
+    return ck * gemm.resident_clusters(bundle, entry, ck, bundle.device_info()["sm_count"] * entry["ctas_per_sm"] // ck,
+                                       device)
 
 
 def select_packed(bundle, specs: list, M: int, N: int, K: int, b_constant: bool, device: int = 0) -> str:
@@ -98,7 +99,7 @@ def select_packed(bundle, specs: list, M: int, N: int, K: int, b_constant: bool,
         if w is not None and any(v["name"] == w and (b_constant or not v["config"].get("early_b")) for v in fits):
             name = w
     if name is None:
-        name = rule_pick(bundle, fits, N, b_constant)
+        name = rule_pick(bundle, fits, N, b_constant, device)
     return gemm.remember(bundle, key, name)
 
 
@@ -113,11 +114,11 @@ def fitting(bundle, specs: list, M: int, N: int, K: int) -> list[dict]:
     return fits
 
 
-def rule_pick(bundle, fits: list[dict], N: int, b_constant: bool) -> str:
+def rule_pick(bundle, fits: list[dict], N: int, b_constant: bool, device: int = 0) -> str:
     """The selection rule (``pick``) over ``fitting``'s variants, with this device's waves."""
     plain = [v for v in fits if not v["config"].get("early_b")]
     early = {v["name"] for v in fits if v["config"].get("early_b")} if b_constant else set()
-    return pick(plain, N, lambda v: wave_ctas(bundle, v), early)
+    return pick(plain, N, lambda v: wave_ctas(bundle, v, device), early)
 
 
 def pick(fits: list[dict], N: int, wave, early: set) -> str:

@@ -98,7 +98,9 @@ int32_t fx_gemm_select(const fx_device_t *dev, const fx_gemm_problem_t *p, fx_se
 int32_t fx_attention_select(const fx_device_t *dev, const fx_attention_problem_t *p, fx_selection_t *out);
 
 /* Select, then launch on `stream` (loading the variant's module on first use: do one call before
-   capturing a CUDA graph).  workspace: at least fx_*_select's workspace_bytes, 16-byte aligned,
+   capturing a CUDA graph).  The launch runs on the current device (cudaSetDevice): `stream` must
+   be one of its streams and every pointer device (or managed) memory of it, else FX_ERR_INPUT
+   and nothing is launched.  workspace: at least fx_*_select's workspace_bytes, 16-byte aligned,
    valid until the kernels have run (NULL with 0 when none is needed).  Empty problems launch
    nothing (fx_gemm with K = 0 zeroes c with cudaMemset2DAsync).  *out (may be NULL) receives the
    selection. */

@@ -1121,6 +1121,46 @@ static int32_t check_workspace(uint64_t need, void *workspace, uint64_t bytes) {
     return 0;
 }
 
+/* Every pointer a launch uses must be device (or managed) memory of the current device, and the
+   stream must belong to that device: a kernel given another device's stream or pointers would
+   run where the data is not (seen on two H200s: cuda:1 pointers on the default stream with cuda:0
+   current returned success and left c unwritten).  names[i] names ptrs[i]; NULL pointers are
+   skipped (optional ones). */
+static int32_t check_device(fx_stream_t stream, int32_t n, const void *const *ptrs, const char *const *names) {
+    int cur = -1;
+    cudaError_t e = cudaGetDevice(&cur);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return fail(FX_ERR_INPUT, "no current CUDA device (%s)", cudaGetErrorString(e));
+    }
+    if ((uintptr_t)stream > 2) { /* 0, 1, 2: the current device's default, legacy and per-thread streams */
+        int sd = -1;
+        e = cudaStreamGetDevice((cudaStream_t)stream, &sd);
+        if (e != cudaSuccess) {
+            cudaGetLastError();
+            return fail(FX_ERR_INPUT, "the stream is not a CUDA stream of this process (%s)", cudaGetErrorString(e));
+        }
+        if (sd != cur)
+            return fail(FX_ERR_INPUT, "the stream belongs to device %d but the current device is %d: "
+                        "cudaSetDevice(%d) before the call", sd, cur, sd);
+    }
+    for (int32_t i = 0; i < n; i++) {
+        if (!ptrs[i]) continue;
+        struct cudaPointerAttributes pa;
+        e = cudaPointerGetAttributes(&pa, ptrs[i]);
+        if (e != cudaSuccess) {
+            cudaGetLastError();
+            return fail(FX_ERR_INPUT, "%s (%p): %s", names[i], ptrs[i], cudaGetErrorString(e));
+        }
+        if (pa.type != cudaMemoryTypeDevice && pa.type != cudaMemoryTypeManaged)
+            return fail(FX_ERR_INPUT, "%s (%p) is not device memory", names[i], ptrs[i]);
+        if (pa.type == cudaMemoryTypeDevice && pa.device != cur)
+            return fail(FX_ERR_INPUT, "%s is on device %d but the current device is %d: cudaSetDevice(%d) "
+                        "before the call", names[i], pa.device, cur, pa.device);
+    }
+    return 0;
+}
+
 /* K = 0: c is a sum of nothing, zeros (cudaMemset2DAsync per batch; c's rows or columns contiguous). */
 static int32_t gemm_zero(const fx_gemm_problem_t *p, cudaStream_t stream) {
     if (p->m == 0 || p->n == 0 || p->l == 0) return 0;
@@ -1149,11 +1189,21 @@ FX_EXPORT int32_t fx_gemm(const fx_device_t *dev, const fx_gemm_problem_t *p, vo
     if (!out) out = &tmp;
     int32_t rc = gemm_select(dev, p, out, &g);
     if (rc) return rc;
-    if (out->variant < 0) return p->k == 0 ? gemm_zero(p, stream) : 0;
+    if (out->variant < 0) {
+        if (p->k != 0) return 0;
+        const void *c[1] = {p->m && p->n && p->l ? p->c : NULL};
+        const char *cn[1] = {"c"};
+        return (rc = check_device(stream, 1, c, cn)) ? rc : gemm_zero(p, stream);
+    }
     if (!p->a || !p->b || !p->c) return fail(FX_ERR_INPUT, "fx_gemm needs the a, b and c pointers");
     if (p->ab_dtype == FX_DTYPE_E4M3 && (!p->scale_a || !p->scale_b))
         return fail(FX_ERR_INPUT, "fp8 GEMMs need scale_a and scale_b (device pointers to one float32 each)");
     if ((rc = check_workspace(out->workspace_bytes, workspace, workspace_bytes))) return rc;
+    {
+        const void *ptrs[6] = {p->a, p->b, p->c, p->scale_a, p->scale_b, out->workspace_bytes ? workspace : NULL};
+        static const char *const names[6] = {"a", "b", "c", "scale_a", "scale_b", "workspace"};
+        if ((rc = check_device(stream, 6, ptrs, names))) return rc;
+    }
     const fx_variant *v = &fx_variants[out->variant];
     if ((rc = ensure_loaded(out->variant))) return rc;
     int32_t n = g.n_vals;
@@ -1177,6 +1227,12 @@ FX_EXPORT int32_t fx_attention(const fx_device_t *dev, const fx_attention_proble
     if (p->varlen && (!p->cu_seqlens_q || !p->cu_seqlens_k))
         return fail(FX_ERR_INPUT, "varlen needs both cu_seqlens_q and cu_seqlens_k");
     if ((rc = check_workspace(out->workspace_bytes, workspace, workspace_bytes))) return rc;
+    {
+        const void *ptrs[8] = {p->q, p->k, p->v, p->o, p->lse, p->varlen ? p->cu_seqlens_q : NULL,
+                               p->varlen ? p->cu_seqlens_k : NULL, out->workspace_bytes ? workspace : NULL};
+        static const char *const names[8] = {"q", "k", "v", "o", "lse", "cu_seqlens_q", "cu_seqlens_k", "workspace"};
+        if ((rc = check_device(stream, 8, ptrs, names))) return rc;
+    }
     if ((rc = ensure_loaded(out->variant))) return rc;
     return fx_variants[out->variant].bind(a.vals, stream);
 }
