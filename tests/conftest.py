@@ -1,5 +1,5 @@
 """Shared fixtures: one small bundle (the "test" tier of every family, every target with kernels)
-built once per session on this GPU-less machine; GPU tests use $FACTORY_BUNDLE or that bundle."""
+built once per test run on this GPU-less machine; GPU tests use $FACTORY_BUNDLE or that bundle."""
 
 from __future__ import annotations
 

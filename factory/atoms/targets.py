@@ -58,7 +58,7 @@ class Target:
     # Portability builds compile a lower family's source for a newer chip so its numerics can be
     # proven on hardware we have (the sm80 family built for sm_90 runs on an H100).
     portability_of: str | None = None
-    # How variants for this target are proven in our lab (an H100 is the only GPU we have):
+    # The proof a variant of this target can have where the only GPU is an H100 (docs/proof.md):
     # "executed" (this very cubin runs there), "portability-build" (the same source built for
     # sm_90 runs there), "sass-only" (compiled and disassembled; never run).
     proof: str = "portability-build"
@@ -130,7 +130,7 @@ _TARGETS = (
     # mma.sync family (fp8 e4m3 mma.sync runs natively, QMMA).  Shared memory: the CUDA C++
     # Programming Guide's "Technical Specifications per Compute Capability" table gives 12.x
     # 128 KB per SM and 99 KB per thread block (CUTLASS: sm120_smem_capacity_bytes = 101376).
-    # Built arch-specific (sm_120a): those cubins run on 12.0 only.  No such GPU in our lab.
+    # Built arch-specific (sm_120a): those cubins run on 12.0 only.  No 12.0 GPU has run them.
     # Thread block clusters and distributed shared memory: yes on 12.x (the Programming Guide's
     # "Feature Support per Compute Capability"; the Blackwell Tuning Guide), no TMA multicast use here.
     Target(
