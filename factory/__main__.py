@@ -10,9 +10,12 @@ import sys
 def _cmd_build(a) -> int:
     from .compiler.builder import build
 
-    s = build(a.out, a.targets, a.ops, tier=a.tier, name_filter=a.filter, jobs=a.jobs, cache=a.cache)
+    s = build(a.out, a.targets, a.ops, tier=a.tier, name_filter=a.filter, jobs=a.jobs, cache=a.cache,
+              evidence=a.evidence)
     print(f"built {s['bundle']}: {s['variants']} variants ({s['compiled']} compiled, {s['cached']} from cache) "
           f"in {s['seconds']} s, {s['bytes'] / 1e6:.2f} MB")
+    print("proof labels: " + ", ".join(f"{k} {n}" for k, n in sorted(s["proof"].items()))
+          + (f" (run records: {', '.join(s['evidence'])})" if s["evidence"] else " (no run record applies)"))
     return 0
 
 
@@ -36,7 +39,7 @@ def _cmd_list(a) -> int:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)))
-    print(f"{len(rows) - 1} variants; DSL {m['versions'].get('nvidia-cutlass-dsl')}")
+    print(f"{len(rows) - 1} variants; DSL {m.get('versions', {}).get('nvidia-cutlass-dsl')}")
     return 0
 
 
@@ -67,7 +70,7 @@ def _cmd_inspect(a) -> int:
 
 
 def _cmd_doctor(a) -> int:
-    from .doctor import report
+    from .doctor import healthy, report
 
     r = report(a.bundle)
     if a.json:
@@ -76,7 +79,7 @@ def _cmd_doctor(a) -> int:
         w = max(len(k) for k in r)
         for k, v in r.items():
             print(f"{k.ljust(w)}  {v if not isinstance(v, (list, dict)) else json.dumps(v)}")
-    return 0
+    return 0 if healthy(r) else 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--filter", default=None, help="glob over variant names")
     b.add_argument("--jobs", type=int, default=None, help="compile worker processes (default: cores)")
     b.add_argument("--cache", default=None, help="compile cache dir (default: ~/.cache/kernel-factory)")
+    b.add_argument("--evidence", default=None,
+                   help="run records that proof labels come from (default: evidence/runs; docs/proof.md)")
     b.set_defaults(fn=_cmd_build)
     k = sub.add_parser("link", help="relink a bundle's host library, its tuning.json compiled into the C selection")
     k.add_argument("bundle")
@@ -108,7 +113,13 @@ def main(argv: list[str] | None = None) -> int:
     i.add_argument("variant")
     i.set_defaults(fn=_cmd_inspect)
     a = p.parse_args(argv)
-    return a.fn(a)
+    from .runtime.errors import BundleError
+
+    try:
+        return a.fn(a)
+    except BundleError as e:  # a bundle that is not one, or was tampered with: one line, no traceback
+        print(f"error: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from .atoms.targets import targets_for_capability
 from .runtime import tuning
-from .runtime.manifest import file_ok, load_manifest
+from .runtime.errors import BundleError
+from .runtime.manifest import bundle_problems, host_library_problem, load_manifest
 
 
 def _gpu() -> dict:
@@ -37,15 +38,23 @@ def _gpu() -> dict:
     return r
 
 
+def healthy(r: dict) -> bool:
+    """Whether a report found the bundle usable: its manifest readable and every file intact."""
+    return "bundle error" not in r and isinstance(r.get("files"), str)
+
+
 def report(bundle: str | Path) -> dict:
     r = {"python": sys.version.split()[0], "platform": platform.platform(), **_gpu(), "bundle": str(bundle)}
     try:
         m = load_manifest(bundle)
-    except Exception as e:  # noqa: BLE001 - the report says why
+    except BundleError as e:  # the report says why
         return {**r, "bundle error": str(e)}
     r["built with"] = m.get("versions", {})
-    r["host library"] = ("ok" if file_ok(Path(bundle), m["host_library"])
+    r["host library"] = ("ok" if host_library_problem(bundle, m) is None
                          else "MISSING, TRUNCATED OR ALTERED") + f" ({m['host_library']['path']})"
+    problems = bundle_problems(bundle, m)  # as verify and the loader word them
+    n_files = 1 + sum(len(v["files"]) for v in m["variants"].values())
+    r["files"] = f"{n_files} files, sizes and sha256 as the manifest says" if not problems else problems
     have: dict[str, dict[str, int]] = {}
     for v in m["variants"].values():
         have.setdefault(v["target"], {}).setdefault(f"{v['op']}/{v['family']}", 0)

@@ -280,3 +280,138 @@ def smoke_attention(bundle, entry, device="cuda") -> list[dict]:
     shape = [len(lq), max(lq), max(lk), hq, hkv, d]
     return [{"variant": entry["name"], "shape": shape, "rel_err": err, "nan": nan, "tol": tol,
              "ok": nan == 0 and err < tol and lse_ok}]
+
+
+# --- every variant, by name ----------------------------------------------------------------------
+# Problems per attention family, (B, Sq, Sk, Hq, Hkv): tails, GQA/MQA, Sq != Sk (bottom-right
+# causal, so Sq > Sk leaves rows with no key: o = 0, lse = -inf), one key, one query.
+ATTENTION_DENSE = [(2, 256, 256, 8, 8), (1, 100, 300, 8, 2), (2, 300, 100, 8, 1), (1, 1, 777, 4, 4),
+                   (3, 129, 65, 4, 4), (2, 333, 517, 6, 2), (1, 200, 70, 3, 1)]
+# Packed batches: (q lengths, k lengths, Hq, Hkv): a one-token sequence, tails, a sequence with no
+# keys, Sq != Sk per sequence, GQA.
+ATTENTION_VARLEN = [([1, 17, 130, 300, 64], [1, 17, 130, 300, 64], 8, 8),
+                    ([5, 200, 1, 129], [77, 64, 500, 3], 8, 2),
+                    ([40, 40], [0, 33], 4, 1)]
+# Split-KV variants with a workspace (sm80 family): empty splits (few key tiles), Sq 1 and 4,
+# causal rows with no key; packed-GQA ones take Sq 1 only (GQA 1/4/8, a group larger than a tile).
+ATTENTION_SPLIT = [(1, 70, 40, 4, 2), (2, 4, 777, 8, 2), (1, 1, 4096, 4, 4), (2, 1, 1, 4, 1), (1, 130, 1000, 2, 2)]
+ATTENTION_SPLIT_PACKED = [(2, 1, 777, 8, 2), (1, 1, 4096, 16, 2), (1, 1, 1, 4, 1), (1, 1, 300, 128, 1),
+                          (3, 1, 129, 4, 4)]
+# Decode family (16 (query, q-head) rows per CTA; Sq <= 16): one key, key tails, many tiles,
+# MHA/GQA/MQA, speculative Sq 4/16, partial row blocks, rows with no key.
+ATTENTION_DECODE = [(2, 1, 1, 32, 8), (2, 1, 777, 32, 8), (3, 1, 4109, 32, 8), (2, 1, 300, 32, 32),
+                    (1, 1, 2000, 8, 1), (1, 1, 1500, 64, 8), (2, 4, 999, 32, 8), (1, 16, 513, 32, 8),
+                    (2, 16, 100, 16, 16), (1, 3, 2, 32, 8), (2, 5, 65, 8, 2), (1, 2, 1, 4, 4)]
+LSE_TOLERANCE = 2e-2  # absolute, on rows with a visible key
+
+
+def _sync(device) -> None:
+    import torch
+
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _nan_padded(shape, dtype, pad: int, gen, device="cuda"):
+    """A (B, S, H, D) tensor whose storage continues with ``pad`` NaN rows (a kernel reading past
+    its sequence sees NaN)."""
+    import torch
+
+    b, s, h, d = shape
+    big = torch.full((b, s + pad, h, d), math.nan, dtype=dtype, device=device)
+    big[:, :s] = torch.randn(b, s, h, d, generator=gen, device=device).to(dtype)
+    return big[:, :s]
+
+
+def judge_attention(name: str, shape: list, o, lse, ref_o, ref_lse, tol: float) -> dict:
+    """One attention result: no NaN in o or lse, ‖o − ref‖/‖ref‖ < tol, lse = −inf (and o = 0)
+    exactly on the rows with no visible key, |lse − ref| < LSE_TOLERANCE elsewhere."""
+    import torch
+
+    nan = int(torch.isnan(o).sum() + torch.isnan(lse).sum())
+    err = rel_error(o, ref_o) if nan == 0 else math.inf
+    empty = torch.isinf(ref_lse)
+    lse_ok = bool(torch.equal(torch.isinf(lse) & (lse < 0), empty)) and bool((o.transpose(1, 2)[empty] == 0).all())
+    lse_err = float((lse[~empty] - ref_lse[~empty]).abs().max()) if nan == 0 and (~empty).any() else 0.0
+    ok = nan == 0 and err < tol and lse_ok and lse_err < LSE_TOLERANCE
+    return {"variant": name, "shape": shape, "rel_err": err, "lse_err": lse_err, "nan": nan, "tol": tol, "ok": ok}
+
+
+def check_attention_dense(bundle, entry, case, gen, device="cuda") -> dict:
+    """One dense problem launched by name: q, k, v in NaN-padded storage, o, lse (and a split
+    variant's workspace) NaN-poisoned."""
+    import torch
+
+    from .runtime.attention import split_workspace
+
+    b, sq, sk, hq, hkv = case
+    dt, d = torch_dtype(entry["dtype"]), entry["head_dim"]
+    scale = 0.7 / math.sqrt(d)
+    q = _nan_padded((b, sq, hq, d), dt, 7, gen, device)
+    k = _nan_padded((b, sk, hkv, d), dt, 9, gen, device)
+    v = _nan_padded((b, sk, hkv, d), dt, 9, gen, device)
+    o = torch.full_like(q, math.nan)
+    lse = torch.full((b, hq, sq), math.nan, device=device)
+    names = [a["name"] for a in entry["signature"]["args"]]
+    ws = list(split_workspace(torch, q, entry["splits"])) if "o_partial" in names else []
+    for w in ws:
+        w.fill_(math.nan)
+    bundle.launch(entry["name"], [q, k, v, o, lse, *ws, scale])
+    _sync(device)
+    ref_o, ref_lse = attention_reference(q, k, v, entry["causal"], scale)
+    return judge_attention(entry["name"], list(case), o, lse, ref_o, ref_lse, TOLERANCE[entry["dtype"]])
+
+
+def check_attention_varlen(bundle, entry, case, gen, device="cuda") -> dict:
+    """One packed batch launched by name (k/v storage continues with NaN tokens; o and lse
+    NaN-poisoned); every sequence against its own float32 reference."""
+    import torch
+
+    lq, lk, hq, hkv = case
+    dt, d = torch_dtype(entry["dtype"]), entry["head_dim"]
+    scale = 0.7 / math.sqrt(d)
+    cu_q, cu_k = (torch.tensor([0, *itertools.accumulate(ls)], dtype=torch.int32, device=device) for ls in (lq, lk))
+    tq, tk = sum(lq), sum(lk)
+    q = torch.randn(tq, hq, d, generator=gen, device=device).to(dt)
+    kv = torch.full((2, tk + 16, hkv, d), math.nan, dtype=dt, device=device)
+    kv[:, :tk] = torch.randn(2, tk, hkv, d, generator=gen, device=device).to(dt)
+    k, v = kv[0, :tk], kv[1, :tk]
+    o = torch.full_like(q, math.nan)
+    lse = torch.full((hq, tq), math.nan, device=device)
+    bundle.launch(entry["name"], [q, k, v, o, lse, cu_q, cu_k, scale, max(lq)])
+    _sync(device)
+    refs = [attention_reference(q[None, a:a + n], k[None, c:c + m], v[None, c:c + m], entry["causal"], scale)
+            for a, n, c, m in zip(itertools.accumulate([0, *lq]), lq, itertools.accumulate([0, *lk]), lk)]
+    ref_o = torch.cat([r[0][0] for r in refs])[None]
+    ref_lse = torch.cat([r[1][0] for r in refs], dim=1)[None]
+    return judge_attention(entry["name"], [lq, lk, hq, hkv], o[None], lse[None], ref_o, ref_lse,
+                           TOLERANCE[entry["dtype"]])
+
+
+def attention_cases(entry) -> tuple[str, list]:
+    """("varlen" | "dense", the problems) that exercise one attention variant."""
+    if entry["varlen"]:
+        return "varlen", ATTENTION_VARLEN
+    if entry.get("decode_rows"):
+        return "dense", ATTENTION_DECODE
+    if "o_partial" in [a["name"] for a in entry["signature"]["args"]]:
+        return "dense", ATTENTION_SPLIT_PACKED if entry.get("pack_gqa") else ATTENTION_SPLIT
+    return "dense", ATTENTION_DENSE
+
+
+def check_variant(bundle, entry, gen=None, device="cuda") -> list[dict]:
+    """Every check of one variant, launched by name on fresh random data against float32: the
+    smoke problems of a GEMM (packed-weight decode ones through ``pack_b``), the problems of
+    :func:`attention_cases` for attention.  One result per problem (``ok``, ``rel_err``, ``tol``)."""
+    import torch
+
+    if entry["op"] == "gemm":
+        return smoke_gemm(bundle, entry, device)
+    if entry["op"] == "gemm_blockscaled":
+        return smoke_gemm_blockscaled(bundle, entry, device)
+    if entry["op"] != "attention":
+        raise ValueError(f"{entry['name']}: no check for op {entry['op']!r}")
+    gen = gen or torch.Generator(device=device).manual_seed(torch.seed() % 2**31)
+    kind, cases = attention_cases(entry)
+    fn = check_attention_varlen if kind == "varlen" else check_attention_dense
+    return [fn(bundle, entry, c, gen, device) for c in cases]

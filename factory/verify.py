@@ -15,12 +15,13 @@ frame): its register budget is the design.
 from __future__ import annotations
 
 import re
+import struct
 from pathlib import Path
 
 from .atoms.targets import TARGETS
 from .compiler.cubin import cubin_target, disassemble, kernel_resources, opcode_histogram
 from .compiler.sass import role_registers, sass_problems, setmaxnreg_counts
-from .runtime.manifest import file_ok, load_manifest
+from .runtime.manifest import file_problem, host_library_problem, load_manifest, variant_problems
 
 REGISTER_FILE = 65536  # 32-bit registers per SM (every target the factory builds for)
 
@@ -77,23 +78,62 @@ def resource_problems(entry: dict, cubin: bytes, sass: str) -> list[str]:
     return problems
 
 
+def proof_problems(bundle: Path, m: dict) -> list[str]:
+    """Every ``executed`` label backed by a run record the bundle carries (``evidence/``, hashed in
+    the manifest) in which this cubin's sha256 passed; every ``portability-build`` label by an
+    ``executed`` sm_90 twin (factory/evidence.py, docs/proof.md)."""
+    from .evidence import passed_cubins, read_record
+
+    problems, records = [], {}
+    for f in m.get("evidence", []):
+        bad = file_problem(bundle, f)
+        if bad:
+            problems.append(f"run record {bad}")
+            continue
+        try:
+            records[f["path"]] = read_record(bundle / f["path"])
+        except ValueError as e:
+            problems.append(str(e))
+    passed = passed_cubins(records)
+    variants = m["variants"]
+    for name, v in sorted(variants.items()):
+        if v.get("proof") == "executed" and v["files"]["cubin"]["sha256"] not in passed:
+            problems.append(f"{name}: labelled executed, but no run record in the bundle shows its cubin passed")
+        if v.get("proof") == "portability-build":
+            twin = variants.get(v.get("portability_twin", ""), {})
+            if twin.get("proof") != "executed":
+                problems.append(f"{name}: labelled portability-build, but its sm_90 twin "
+                                f"{v.get('portability_twin')!r} is not executed in this bundle")
+    return problems
+
+
 def verify(bundle: str | Path) -> tuple[list[str], list[str]]:
+    """(problems, report lines) of a bundle.  The manifest and the files are checked as the loader
+    checks them (runtime/manifest.py: a manifest it refuses raises BundleError here too)."""
     bundle = Path(bundle)
     m = load_manifest(bundle)
     problems: list[str] = []
     report: list[str] = []
-    if not file_ok(bundle, m["host_library"]):
-        problems.append(f"host library {m['host_library']['path']}: sha256 mismatch or missing")
+    lib = host_library_problem(bundle, m)
+    if lib:
+        problems.append(lib)
+    problems += proof_problems(bundle, m)
     for name, v in sorted(m["variants"].items()):
-        bad = [f"{name}: {kind} {f['path']}: sha256 mismatch or missing"
-               for kind, f in v["files"].items() if not file_ok(bundle, f)]
+        bad = variant_problems(bundle, name, v)
         problems += bad
         if bad:
             continue
         cubin = bundle / v["files"]["cubin"]["path"]
-        sass = disassemble(cubin)
-        got = cubin_target(cubin.read_bytes(), sass)
-        bad_sass = sass_problems(v["target"], v["sass_requirements"], sass, arch=got) + resource_problems(v, cubin.read_bytes(), sass)
+        try:  # (a manifest re-stamped for a file that is no cubin: reported, not a traceback)
+            sass = disassemble(cubin)
+            data = cubin.read_bytes()
+            got = cubin_target(data, sass)
+            bad_sass = sass_problems(v["target"], v["sass_requirements"], sass, arch=got)
+            bad_sass += resource_problems(v, data, sass)
+        except (RuntimeError, ValueError, LookupError, struct.error) as e:
+            problems.append(f"{cubin}: {name}'s cubin is not a cubin nvdisasm and the ELF reader take ({e})")
+            report.append(f"BAD {name}  not a readable cubin")
+            continue
         problems += [f"{name}: {p}" for p in bad_sass]
         hist = opcode_histogram(sass)
         spills = sum(c for op, c in hist.items() if op.startswith(("LDL", "STL")))

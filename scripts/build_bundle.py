@@ -33,6 +33,7 @@ def main() -> int:
     s = build(a.out, a.targets, a.ops, tier=a.tier, jobs=a.jobs)
     print(f"built {s['bundle']}: {s['variants']} variants ({s['compiled']} compiled, {s['cached']} cached) "
           f"in {s['seconds']} s, {s['bytes'] / 1e6:.2f} MB")
+    print("proof labels (docs/proof.md): " + ", ".join(f"{k} {n}" for k, n in sorted(s["proof"].items())))
     return 0
 
 

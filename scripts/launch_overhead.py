@@ -314,7 +314,7 @@ def breakdown(b, x, w, out) -> dict:
         return (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype,
                 q.get_device(), k.get_device(), v.get_device(), False, None)
 
-    fire = b._hot_attention[key()]
+    fire = b.hot_attention[key()]
     go = fire.fixed.go
     lproto = torch.empty(1, device="cuda").expand(lse.shape)
     stream = current_stream()
@@ -323,7 +323,7 @@ def breakdown(b, x, w, out) -> dict:
     native = b.lib.launcher(name)
     steps = {"whole bundle.attention": lambda: b.attention(q, k, v),
              "whole bundle.attention(return_lse=True)": lambda: b.attention(q, k, v, return_lse=True),
-             "key + lookup": lambda: b._hot_attention.get(key()),
+             "key + lookup": lambda: b.hot_attention.get(key()),
              "empty_like(q) + empty_like(lse view)": lambda: (torch.empty_like(q), torch.empty_like(lproto)),
              "torch.empty((1, 8, 512), float32, device)": lambda: torch.empty((1, 8, 512), dtype=torch.float32,
                                                                              device=q.device),

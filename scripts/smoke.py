@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """Run every variant of a bundle that fits the GPU present against a float32 reference.
 
-Fresh random inputs, NaN-poisoned outputs; prints a table; exits non-zero on any failure.
-``--json`` writes the results (device, driver, versions, per-variant errors): the record of which
-variants were executed.
+Fresh random inputs, NaN-poisoned outputs (``factory.testing.check_variant``, the checks of
+``tests/test_every_variant_gpu.py``); prints a table; exits non-zero on any failure.  ``--record``
+writes the run record (device, driver, versions, commit, per variant its cubin's sha256, largest
+error and pass: ``factory/evidence.py``, docs/proof.md) that the build's ``executed`` labels come
+from; ``--json`` the per-problem results.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from factory import testing  # noqa: E402
+from factory.evidence import RunRecord  # noqa: E402
 from factory.runtime import Bundle  # noqa: E402
 
 
@@ -25,7 +28,8 @@ def main() -> int:
     p.add_argument("bundle", nargs="?", default="artifacts/default")
     p.add_argument("--op", action="append", help="only these ops (default: all)")
     p.add_argument("--filter", default=None, help="substring of variant names")
-    p.add_argument("--json", default=None)
+    p.add_argument("--json", default=None, help="per-problem results")
+    p.add_argument("--record", default=None, help="the run record: a .json file, or a directory (evidence/runs)")
     a = p.parse_args()
     import torch
 
@@ -36,18 +40,21 @@ def main() -> int:
     bundle = Bundle.open(a.bundle)
     ops = a.op or sorted({v["op"] for v in bundle.manifest["variants"].values()})
     results, skipped = [], []
+    record = RunRecord(source="scripts/smoke.py " + " ".join(sys.argv[1:]))
+    gen = torch.Generator(device="cuda").manual_seed(int(time.time()))
     for op in ops:
-        check = getattr(testing, f"smoke_{op}", None)
         entries = [e for e in bundle.candidates(op) if not a.filter or a.filter in e["name"]]
-        if check is None:
+        if op not in ("gemm", "gemm_blockscaled", "attention"):
             skipped += [e["name"] for e in entries]
             continue
         for e in entries:
             try:
-                results += check(bundle, e)
+                got = testing.check_variant(bundle, e, gen)
             except Exception as ex:  # noqa: BLE001 - a crash is a failure of that variant
-                results.append({"variant": e["name"], "shape": None, "rel_err": None, "nan": None,
-                                "ok": False, "error": f"{type(ex).__name__}: {ex}"})
+                got = [{"variant": e["name"], "shape": None, "rel_err": None, "nan": None,
+                        "ok": False, "error": f"{type(ex).__name__}: {ex}"}]
+            record.add(bundle, e["name"], got)
+            results += got
         plain = [e for e in entries if e.get("family") != "decode"]  # (decode: graphs in tests/test_decode.py)
         if op == "gemm" and plain:
             results.append(testing.check_graph_capture(bundle, plain[0]))
@@ -63,6 +70,8 @@ def main() -> int:
     print(f"\n{len(results) - len(failed)} passed, {len(failed)} failed "
           f"({len(names)} variants on {torch.cuda.get_device_name()})"
           + (f"; no smoke check for {len(skipped)} variants" if skipped else ""))
+    if a.record:
+        print(f"run record: {record.write(a.record, bundle)}")
     if a.json:
         Path(a.json).write_text(json.dumps({
             "device": torch.cuda.get_device_name(), "capability": list(bundle.capability),

@@ -109,10 +109,10 @@ def tune_attention_bucket(bundle, dt: str, d: int, causal: bool, s: int, bh: int
     a table entry would never be read)."""
     import torch
 
-    from factory.runtime.attention import _sm_count, select
+    from factory.runtime.attention import select
 
     b, hq, hkv, sq = attention_shape(s, bh)
-    sms = _sm_count()
+    sms = bundle.device_info()["sm_count"]
     cands = bundle.candidates("attention")
     rule = select(cands, dtype=dt, head_dim=d, causal=causal, varlen=False, rows=b * hq * sq, sms=sms,
                   decode=(b, hq, hkv, sq, sq))

@@ -25,6 +25,9 @@ DTYPE = {"bf16": 1, "f16": 2, "f32": 3, "e4m3": 4}
 TORCH = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32, "e4m3": torch.float8_e4m3fn}
 FX_OK, FX_ERR_INPUT, FX_ERR_NO_VARIANT, FX_ERR_WORKSPACE = 0, -1, -2, -3
 I64x3 = ctypes.c_int64 * 3
+# fp8 scale pointers of the planned problems: far above the small offsets the operands get, so
+# that no range overlaps.
+SCALE_A, SCALE_B = 1 << 40, (1 << 40) + 0x100
 
 
 class Device(ctypes.Structure):
@@ -158,7 +161,7 @@ def c_gemm_problem(p: dict, a, b, c) -> GemmProblem:
     fp8 = p["ab"] == "e4m3"
     return GemmProblem(DTYPE[p["ab"]], DTYPE[p["c"]], p["M"], p["N"], p["K"], p["L"],
                        p["a_off"], I64x3(*specs[0][2]), p["b_off"], I64x3(*specs[1][2]),
-                       p["c_off"], I64x3(*specs[2][2]), 0x100 if fp8 else None, 0x200 if fp8 else None,
+                       p["c_off"], I64x3(*specs[2][2]), SCALE_A if fp8 else None, SCALE_B if fp8 else None,
                        int(p["b_constant"]))
 
 
@@ -176,7 +179,7 @@ def py_gemm(bundle, p: dict, a, b, c) -> tuple:
         for t, w, off in ((a, "a", p["a_off"]), (b, "b", p["b_off"]), (c, "c", p["c_off"])):
             _, shape, stride = rt_gemm.rkl_spec(t, w)
             specs.append((off, shape, stride))
-        scales = [(0x100, (1,), (1,)), (0x200, (1,), (1,))] if fp8 else []
+        scales = [(SCALE_A, (1,), (1,)), (SCALE_B, (1,), (1,))] if fp8 else []
         return ("ok", rt_gemm.select(bundle, *specs, p["ab"], p["c"], scales, p["b_constant"], -1))
     except NoVariantError:
         return ("novariant",)
@@ -302,7 +305,6 @@ def compare_attention(bundle_path, lib: CLib, problems: list[dict], cc, sm_count
                       name: str | None = None):
     """``name``: the device's name (whether a tuning.json compiled in applies)."""
     bundle = open_simulated(bundle_path, cc, sm_count, name)
-    monkeypatch.setattr(rt_attention, "_sm_count", lambda: sm_count)  # the GPU's SMs, as attention() asks
     dev = lib.device(cc, sm_count, name)
     rows = []
     for p in problems:

@@ -44,9 +44,34 @@ def test_bundle(tmp_path_factory) -> Path:
     from factory.compiler.builder import build
 
     out = tmp_path_factory.mktemp("bundle") / "test"
-    summary = build(out, TEST_TARGETS, tier="test", jobs=os.cpu_count())
+    # No run records: its proof labels do not depend on the repository's evidence/runs
+    # (tests/test_evidence.py builds with records of its own).
+    summary = build(out, TEST_TARGETS, tier="test", jobs=os.cpu_count(), evidence=tmp_path_factory.mktemp("no-runs"))
     assert summary["variants"] > 0
     return out
+
+
+def pytest_addoption(parser):
+    parser.addoption("--run-record", default=os.environ.get("FACTORY_RUN_RECORD"), metavar="PATH",
+                     help="write the run record of the variants the GPU tests launched and checked against "
+                          "float32 (a .json file, or a directory for <date>-<device>.json; docs/proof.md)")
+
+
+@pytest.fixture(scope="session")
+def run_record(request):
+    """Collects each variant a GPU test launched and checked (``run_record.add(bundle, name,
+    results)``, results from ``factory.testing``); written at the end of the session to
+    ``--run-record`` (or $FACTORY_RUN_RECORD) when given: the evidence the build's ``executed``
+    labels come from."""
+    from factory.evidence import RunRecord
+
+    rec = RunRecord(source="python3 -m pytest " + " ".join(request.config.invocation_params.args))
+    yield rec
+    path = request.config.getoption("--run-record")
+    if path and rec.rows:
+        written = rec.write(path, rec.bundle)
+        print(f"\nrun record: {written} ({len(rec.rows)} variants, "
+              f"{sum(not r['pass'] for r in rec.rows.values())} failed)")
 
 
 @pytest.fixture(scope="session")
@@ -55,6 +80,36 @@ def gpu_bundle() -> Path:
     if not (p / "manifest.json").exists():
         pytest.skip(f"no bundle at {p}: build one (scripts/build_bundle.py) and set FACTORY_BUNDLE")
     return p
+
+
+def bundle_with_swapped_cubin(test_bundle: Path, dst: Path, name: str, donor: str | None = None) -> Path:
+    """A copy of the test bundle whose manifest keeps only ``name``, with ``donor``'s cubin in its
+    place (when given) and the manifest's hash and size updated, so that only the SASS and resource
+    checks can object: ``factory verify`` then disassembles one cubin, not the whole bundle (one
+    full verify of the test bundle runs in tests/test_build.py)."""
+    import json
+    import shutil
+
+    from factory.runtime.manifest import sha256_file
+
+    shutil.copytree(test_bundle, dst)
+    m = json.loads((dst / "manifest.json").read_text())
+    if donor is not None:
+        rec = m["variants"][name]["files"]["cubin"]
+        shutil.copyfile(dst / m["variants"][donor]["files"]["cubin"]["path"], dst / rec["path"])
+        rec["sha256"] = sha256_file(dst / rec["path"])
+        rec["bytes"] = (dst / rec["path"]).stat().st_size
+    m["variants"] = {name: m["variants"][name]}
+    (dst / "manifest.json").write_text(json.dumps(m, indent=1))
+    return dst
+
+
+def verify_cli(bundle: Path):
+    """``python -m factory verify BUNDLE`` (a CompletedProcess)."""
+    import subprocess
+
+    return subprocess.run([sys.executable, "-m", "factory", "verify", str(bundle)], cwd=ROOT,
+                          capture_output=True, text=True)
 
 
 # --- shared by the GPU test modules ---------------------------------------------------------------

@@ -32,9 +32,10 @@ needs_dsl = pytest.mark.skipif(
 _WORKER = textwrap.dedent(
     """
     import json, struct, sys
-    from factory.compiler.compile import init_worker, compile_variant
+    from factory.compiler.compile import init_worker
     target, out_dir = sys.argv[1], sys.argv[2]
     init_worker(target)
+    from factory.compiler.builder import compile_cached  # the build's cache: compiled once
     from factory.atoms.targets import get_target
     from factory.compiler import cubin as cb
     from factory.attention.sm80 import enumerate_attention
@@ -56,7 +57,7 @@ _WORKER = textwrap.dedent(
                     if v.name.endswith(("_d128_m64_n128_w4_s2_causal_kv4", "bf16_d64_m64_n128_w4_s2_decode_kv16"))
                     and v.dtype == "bf16"]
     for v in variants:
-        info = compile_variant(v, out_dir)
+        info = compile_cached(v, out_dir)
         path = f"{out_dir}/{v.name}.cubin"
         data = open(path, "rb").read()
         sass = cb.disassemble(path)
@@ -285,13 +286,13 @@ def test_runtime_select_and_checks():
 
     class NoBundle:
         """Takes CPU tensors as a simulated bundle does (BundleCore.simulate); selects nothing."""
-        _lowest_device, _simulated = -1, True
+        lowest_device, simulated = -1, True
 
         def candidates(self, op):
             raise AssertionError("must fail before selecting")
 
     class GpuBundle(NoBundle):
-        _lowest_device, _simulated = 0, False
+        lowest_device, simulated = 0, False
 
     bf = torch.bfloat16
     q = torch.zeros(1, 8, 4, 128, dtype=bf)
@@ -395,10 +396,13 @@ def test_runtime_launch_glue(monkeypatch):
                 "varlen": varlen, "tile": list(tile), "stages": 2, "splits": splits, "pack_gqa": pack, **kw}
 
     class Fake:
-        _lowest_device, _simulated = -1, True  # CPU tensors, as BundleCore.simulate()
+        lowest_device, simulated = -1, True  # CPU tensors, as BundleCore.simulate()
 
         def __init__(self):
             self.calls = []
+
+        def device_info(self):
+            return {"name": None, "sm_count": 132}
 
         def candidates(self, op):
             return [e("big", tile=(128, 128), preferred=True), e("small"), e("vl", varlen=True, preferred=True),

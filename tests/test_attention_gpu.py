@@ -43,11 +43,14 @@ def bundle():
 
 
 # --- reference ----------------------------------------------------------------------------------
-def reference(q, k, v, causal, scale):
-    """fp32 attention, (B, S, H, D) inputs; returns o (B, Sq, Hq, D) and lse (B, Hq, Sq)."""
+def reference(q, k, v, causal, scale, batch_chunk: int = 16):
+    """fp32 attention, (B, S, H, D) inputs; returns o (B, Sq, Hq, D) and lse (B, Hq, Sq).  Computed
+    ``batch_chunk`` sequences at a time (a 256-sequence decode batch fits in memory)."""
     from factory.testing import attention_reference
 
-    return attention_reference(q, k, v, causal, scale)
+    parts = [attention_reference(q[i:i + batch_chunk], k[i:i + batch_chunk], v[i:i + batch_chunk], causal, scale)
+             for i in range(0, q.shape[0], batch_chunk)]
+    return torch.cat([o for o, _ in parts]), torch.cat([lse for _, lse in parts])
 
 
 def rel_err(x, ref):
@@ -181,13 +184,16 @@ def test_varlen(bundle, dtype, d, causal, case):
 
 
 def test_varlen_matches_dense(bundle):
-    """One sequence through both paths gives the same bits up to accumulation order."""
+    """One sequence through both paths: each matches float32, and they give the same bits."""
     gen = torch.Generator(device="cuda").manual_seed(3)
     q, k, v = (rand(1, 333, 4, 128, dtype=torch.bfloat16, gen=gen) for _ in range(3))
     cu = torch.tensor([0, 333], dtype=torch.int32, device="cuda")
-    od = bundle.attention(q, k, v, causal=True)
-    ov = bundle.attention(q[0], k[0], v[0], causal=True, cu_seqlens_q=cu, cu_seqlens_k=cu)
+    od, ld = bundle.attention(q, k, v, causal=True, return_lse=True)
+    ov, lv = bundle.attention(q[0], k[0], v[0], causal=True, cu_seqlens_q=cu, cu_seqlens_k=cu, return_lse=True)
     torch.cuda.synchronize()
+    ref_o, ref_lse = reference(q, k, v, True, 1 / math.sqrt(128))
+    check(od, ld, ref_o, ref_lse, torch.bfloat16, "dense")
+    check(ov[None], lv[None], ref_o, ref_lse, torch.bfloat16, "varlen")
     assert torch.equal(od[0], ov)
 
 
@@ -218,10 +224,16 @@ def test_cuda_graph_capture(bundle):
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        out = bundle.attention(q, k, v, **kw)
+        out, lse = bundle.attention(q, k, v, return_lse=True, **kw)
     q.copy_(rand(300, 4, 64, dtype=torch.bfloat16, gen=gen))
+    out.fill_(math.nan)
+    lse.fill_(math.nan)
     g.replay()
     torch.cuda.synchronize()
+    for i in range(2):  # the replay against float32, sequence by sequence, for the new q
+        s_ = slice(cu[i].item(), cu[i + 1].item())
+        ref_o, ref_lse = reference(q[None, s_], k[None, s_], v[None, s_], True, 1 / math.sqrt(64))
+        check(out[None, s_], lse[None, :, s_], ref_o, ref_lse, torch.bfloat16, f"graph replay, sequence {i}")
     assert torch.equal(out, bundle.attention(q, k, v, **kw))
     assert not torch.equal(out, eager)
 

@@ -148,7 +148,7 @@ def _write_tuning(path: Path, problems: list[dict]) -> int:
             continue
         a, b, c = cs.gemm_tensors(p)
         specs = [rt_gemm.rkl_spec(t, w) for t, w in ((a, "a"), (b, "b"), (c, "c"))]
-        scales = [(0x100, (1,), (1,)), (0x200, (1,), (1,))] if p["ab"] == "e4m3" else []
+        scales = [(cs.SCALE_A, (1,), (1,)), (cs.SCALE_B, (1,), (1,))] if p["ab"] == "e4m3" else []
         for bundle in per_cc.values():
             try:
                 fits, am, bm = rt_gemm.fitting_variants(bundle, *specs, p["ab"], p["c"], scales)
@@ -311,7 +311,7 @@ def test_fp8_needs_scales_only_to_launch(test_bundle):
     p = dict(ab="e4m3", c="bf16", M=256, N=4096, K=4096, L=1, a_major="k", b_major="k", pad_a=0, pad_b=0, pad_c=0,
              b_constant=False, a_off=0, b_off=0, c_off=0)
     prob = cs.c_gemm_problem(p, *cs.gemm_tensors(p))
-    prob.a, prob.b, prob.c = 0x1000, 0x2000, 0x3000
+    prob.a, prob.b, prob.c = 1 << 32, 2 << 32, 3 << 32  # (disjoint: an output must not alias an input)
     prob.scale_a = prob.scale_b = None
     dev = lib.device((9, 0), 132, None)
     assert lib.gemm_select(dev, prob)[0][0] == "ok"

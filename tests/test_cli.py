@@ -24,11 +24,15 @@ def test_doctor_reports_the_bundle_and_the_machine(test_bundle, tmp_path):
     assert rep["built with"]["nvidia-cutlass-dsl"]
     assert "gemm/sm90" in rep["variants by target"]["sm_90a"]
     assert "python" in rep and "torch" in rep and "GPU" in rep
+    # The damaged bundle through the same report, in this process (the command line is shown
+    # above with --json and below in text form).
+    from factory.doctor import report
+
     copy = tmp_path / "b"
     shutil.copytree(test_bundle, copy)
     lib = copy / json.loads((copy / "manifest.json").read_text())["host_library"]["path"]
     lib.write_bytes(lib.read_bytes()[:-1])
-    assert "MISSING, TRUNCATED OR ALTERED" in json.loads(_factory("doctor", str(copy), "--json").stdout)["host library"]
+    assert "MISSING, TRUNCATED OR ALTERED" in report(copy)["host library"]
     assert "no manifest.json" in _factory("doctor", str(tmp_path / "none")).stdout
 
 

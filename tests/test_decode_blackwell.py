@@ -9,14 +9,11 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
-import subprocess
-import sys
 
 import pytest
 import torch
 
-from conftest import ROOT, needs_dsl
+from conftest import bundle_with_swapped_cubin, needs_dsl, verify_cli
 from factory.atoms.targets import get_target
 from factory.runtime import Bundle, NoVariantError
 
@@ -72,20 +69,12 @@ def test_verify_refuses_a_decode_cubin_of_the_other_blackwell(test_bundle, tmp_p
     """The 10.x decode cubin in the sm_120a slot fails ``factory verify`` (on its target and on
     the missing QMMA); the sm_120a cubin's SASS relabelled as 10.x lacks the HMMA form."""
     from factory.compiler.cubin import disassemble
-    from factory.runtime.manifest import sha256_file
     from factory.compiler.sass import sass_problems
 
     m = _manifest(test_bundle)
     v10 = min(_decode(m, 10))
     v12 = next(n for n, v in _decode(m, 12).items() if v["config"] == {**m["variants"][v10]["config"], "target": "sm_120a"})
-    bad = tmp_path / "bad"
-    shutil.copytree(test_bundle, bad)
-    rec = m["variants"][v12]["files"]["cubin"]
-    shutil.copyfile(bad / m["variants"][v10]["files"]["cubin"]["path"], bad / rec["path"])
-    rec["sha256"] = sha256_file(bad / rec["path"])
-    rec["bytes"] = (bad / rec["path"]).stat().st_size
-    (bad / "manifest.json").write_text(json.dumps(m, indent=1))
-    r = subprocess.run([sys.executable, "-m", "factory", "verify", str(bad)], cwd=ROOT, capture_output=True, text=True)
+    r = verify_cli(bundle_with_swapped_cubin(test_bundle, tmp_path / "bad", v12, v10))
     assert r.returncode == 1, r.stdout + r.stderr
     t10 = m["variants"][v10]["target"]
     assert f"{v12}: cubin is for {t10}, manifest says sm_120a" in r.stderr

@@ -20,7 +20,7 @@ import textwrap
 import pytest
 import torch
 
-from conftest import BLACKWELL_DC, ROOT, Recorder, needs_dsl
+from conftest import BLACKWELL_DC, ROOT, Recorder, bundle_with_swapped_cubin, needs_dsl, verify_cli
 from factory.runtime import Bundle, InputError, NoVariantError
 from factory.runtime import blockscaled as bs
 from test_blockscaled import documented_offset
@@ -152,20 +152,12 @@ def test_requirements_tell_block_scaled_from_dense_sass(test_bundle):
 
 
 def test_verify_refuses_a_dense_cubin_in_a_block_scaled_slot(test_bundle, tmp_path):
-    from factory.runtime.manifest import sha256_file
 
     m = _manifest(test_bundle)
     name = next(iter(_bs_entries(m)))
     donor = next(n for n, v in m["variants"].items() if v["op"] == "gemm" and v["target"] == BLACKWELL_DC
                  and v["family"] == "sm100")
-    bad = tmp_path / "bad"
-    shutil.copytree(test_bundle, bad)
-    rec = m["variants"][name]["files"]["cubin"]
-    shutil.copyfile(bad / m["variants"][donor]["files"]["cubin"]["path"], bad / rec["path"])
-    rec["sha256"] = sha256_file(bad / rec["path"])
-    rec["bytes"] = (bad / rec["path"]).stat().st_size
-    (bad / "manifest.json").write_text(json.dumps(m, indent=1))
-    r = subprocess.run([sys.executable, "-m", "factory", "verify", str(bad)], cwd=ROOT, capture_output=True, text=True)
+    r = verify_cli(bundle_with_swapped_cubin(test_bundle, tmp_path / "bad", name, donor))
     assert r.returncode == 1, r.stdout + r.stderr
     assert f"{name}: SASS lacks" in r.stderr and "UTCCP" in r.stderr
     assert any(ln.startswith("BAD " + name) for ln in r.stdout.splitlines())
@@ -193,7 +185,7 @@ class ArgRecorder(Recorder):
         return fn
 
 
-def _simulated(test_bundle, cap=(10, 0)):
+def simulated(test_bundle, cap=(10, 0)):
     b = Bundle.open(test_bundle, capability=cap, device=B200)
     rec = ArgRecorder(b)
     b.simulate(rec)
@@ -204,22 +196,22 @@ def test_other_devices_are_refused_with_the_reason(test_bundle):
     a = bs.pack(torch.randn(64, 128), "nvfp4")
     w = bs.pack(torch.randn(128, 128), "nvfp4")
     for cap in ((9, 0), (11, 0), (12, 0), (8, 0)):  # (10.3 runs the family build: below)
-        b, rec = _simulated(test_bundle, cap)
+        b, rec = simulated(test_bundle, cap)
         with pytest.raises(NoVariantError, match=rf"built for {BLACKWELL_DC} only, which runs on Blackwell datacenter "
                                                  r"GPUs \(compute capability 10\.0, 10\.3\)"):
             b.gemm_blockscaled(a, w)
         assert rec.launched == []
-    b, rec = _simulated(test_bundle, (10, 3))  # B300: the family build (sm_100f) runs there too
+    b, rec = simulated(test_bundle, (10, 3))  # B300: the family build (sm_100f) runs there too
     b.gemm_blockscaled(a, w)
     assert rec.launched and b.manifest["variants"][rec.launched[-1]]["target"] == BLACKWELL_DC
-    b, rec = _simulated(test_bundle, (9, 0))
+    b, rec = simulated(test_bundle, (9, 0))
     name = next(iter(_bs_entries(b.manifest)))
     with pytest.raises(NoVariantError, match=rf"built for {BLACKWELL_DC}, which cannot run on compute capability 9\.0"):
         b.launch(name, [])
 
 
 def test_launch_on_10_0_packs_elements_and_scales(test_bundle):
-    b, rec = _simulated(test_bundle)
+    b, rec = simulated(test_bundle)
     M, N, K = 200, 136, 320
     a = bs.pack(torch.randn(M, K), "nvfp4")
     w = bs.pack(torch.randn(N, K), "nvfp4")
@@ -248,7 +240,7 @@ def test_launch_on_10_0_packs_elements_and_scales(test_bundle):
 
 
 def test_loader_refuses_bad_operands(test_bundle):
-    b, rec = _simulated(test_bundle)
+    b, rec = simulated(test_bundle)
     a = bs.pack(torch.randn(64, 128), "nvfp4")
     w = bs.pack(torch.randn(96, 128), "nvfp4")
     with pytest.raises(InputError, match="both operands need one format"):
@@ -306,7 +298,7 @@ def test_selection_prefers_one_cta_for_short_m(test_bundle, tmp_path):
         m["variants"][v.name] = e
     m["variants"] = dict(sorted(m["variants"].items()))
     (out / "manifest.json").write_text(json.dumps(m, indent=1))
-    b, rec = _simulated(out)
+    b, rec = simulated(out)
     w = bs.pack(torch.randn(256, 256), "nvfp4")
     b.gemm(bs.pack(torch.randn(16, 256), "nvfp4"), w)
     assert b.manifest["variants"][rec.launched[-1]]["cta_group"] == 1

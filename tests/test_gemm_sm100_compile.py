@@ -27,8 +27,9 @@ pytestmark = needs_dsl
 _WORKER = textwrap.dedent(
     """
     import json, re, sys
-    from factory.compiler.compile import init_worker, compile_variant
+    from factory.compiler.compile import init_worker
     init_worker("sm_100a")
+    from factory.compiler.builder import compile_cached  # the build's cache: compiled once
     from factory.atoms.targets import get_target
     from factory.compiler import cubin as cb
     from factory.compiler.sass import sass_problems
@@ -42,7 +43,7 @@ _WORKER = textwrap.dedent(
     one_cta = GemmSm100(target="sm_100a", ab="bf16", c="bf16", tile=(128, 128, 64), pdl=True)
     sass_of = {}
     for v in enumerate_sm100(tgt, "test") + [one_cta]:
-        info = compile_variant(v, out_dir)
+        info = compile_cached(v, out_dir)
         sass = sass_of[v.name] = cb.disassemble(f"{out_dir}/{v.name}.cubin")
         (kname, res), = info["kernels"].items()
         report["variants"][v.name] = {

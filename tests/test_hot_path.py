@@ -42,6 +42,8 @@ def sim(test_bundle, monkeypatch):
     b.rec = Copier(b)
     b.simulate(b.rec)
     b._raw = lambda i: 0xABC0  # a stream handle the packed bytes must carry
+    b.current = -1  # the simulated current device (a test switches it)
+    b._cur = lambda: b.current
     binds = []
     real = Binder.bind
     monkeypatch.setattr(Binder, "bind", lambda self, *a, **k: (binds.append(self.name), real(self, *a, **k))[1])
@@ -68,7 +70,7 @@ def checked_bytes(b, name, args):
 def test_attention_hot_path_packs_what_the_checked_path_packs(sim):
     q, k, v = bf(1, 128, 8, 64), bf(1, 128, 8, 64), bf(1, 128, 8, 64)
     o, lse = sim.attention(q, k, v, return_lse=True)  # checked path: selected, bound, cached
-    assert sim.binds and len(sim._hot_attention) == 1
+    assert sim.binds and len(sim.hot_attention) == 1
     name, first, _ = sim.rec.launched[-1]
     scale = 64 ** -0.5
     assert first == checked_bytes(sim, name, [q, k, v, o, lse, scale])
@@ -98,7 +100,7 @@ def test_attention_hot_path_packs_what_the_checked_path_packs(sim):
         assert o.is_contiguous()  # empty_like of a view with gaps: compact
         assert sim.rec.launched[-1][1] == checked_bytes(sim, name, [q, k, v, o, lse, 0.25])
         qkv = bf(2, 64, 3, 8, 64)
-    assert len(sim._hot_attention) == 2
+    assert len(sim.hot_attention) == 2
 
 
 def test_gemm_hot_path_packs_what_the_checked_path_packs(sim):
@@ -126,7 +128,7 @@ def test_gemm_hot_path_packs_what_the_checked_path_packs(sim):
             name, got, _ = sim.rec.launched[-1]
             specs, keep = fp8_scales(sim, a, *scales, -1)
             assert got == expect(name, a, w, r, specs)
-    assert len(sim._hot_gemm) == 5
+    assert len(sim.hot_gemm) == 5
 
 
 def test_packed_hot_path_packs_what_the_checked_path_packs(sim):
@@ -146,7 +148,7 @@ def test_packed_hot_path_packs_what_the_checked_path_packs(sim):
                 assert sim.manifest["variants"][name]["family"] == "decode"
                 assert name.endswith("_eb") == b_constant
                 assert got == checked_bytes(sim, name, launch_specs(a, p, r, fp8_scales(sim, a, *scales, -1)[0]))
-    assert len(sim._hot_gemm) == 8
+    assert len(sim.hot_gemm) == 8
 
 
 def test_split_k_workspace_is_allocated_per_call(sim):
@@ -165,7 +167,7 @@ def test_split_k_workspace_is_allocated_per_call(sim):
         want = checked_bytes(sim, name, [rkl_spec(a, "a"), rkl_spec(w, "b"), rkl_spec(out, "c"),
                                          (ws, (64, 128, 4), (128, 1, 64 * 128))])
         assert got == want and ws % 16 == 0
-    assert len(sim._hot_gemm) == 1
+    assert len(sim.hot_gemm) == 1
 
 
 def test_hot_path_refuses_what_the_checked_path_refuses(sim):
@@ -178,11 +180,11 @@ def test_hot_path_refuses_what_the_checked_path_refuses(sim):
         sim.attention(q.clone().requires_grad_(), q, q)
     with torch.no_grad():
         sim.attention(q.clone().requires_grad_(), q, q)  # allowed: launched
-    sim._cur = lambda: 3  # the caller switched devices (the tensors' "device" is -1)
+    sim.current = 3  # the caller switched devices (the tensors' "device" is -1)
     with pytest.raises(InputError, match="the tensors are on cuda:-1 but the current device is cuda:3"):
         sim.attention(q, q, q)
     assert len(sim.rec.launched) == n + 1
-    sim._cur = lambda: -1
+    sim.current = -1
     a, w, out = bf(256, 512), bf(384, 512), torch.empty(256, 384, dtype=torch.bfloat16)
     sim.gemm(a, w, out)
     n = len(sim.rec.launched)
@@ -217,7 +219,7 @@ def test_threads_write_their_own_argument_buffers(sim):
         count.append(1)
         return 0
 
-    sim._hot_attention.clear()
+    sim.hot_attention.clear()
     sim._launchers[name] = slow
     sim.attention(q0, q0, q0)  # re-made with the slow launcher
 

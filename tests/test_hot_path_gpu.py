@@ -56,7 +56,7 @@ def test_attention_hot_calls_on_fresh_data(bundle, binds, shape, causal):
         q = torch.randn(b, sq, hq, d, device="cuda", dtype=torch.bfloat16)
         k, v = (torch.randn(b, sk, hkv, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
         if i == 0:
-            bundle._hot_attention.clear()
+            bundle.hot_attention.clear()
             binds.clear()
         if i % 2:  # (without LSE)
             o, lse = bundle.attention(q, k, v, causal=causal), None
@@ -79,7 +79,7 @@ def test_gemm_hot_calls_on_fresh_data(bundle, binds):
              "bf16": lambda a, w: bundle.gemm(a, w),
              "fp8 scales": lambda a, w: bundle.gemm(a.to(e4), w.to(e4), scale_a=one, scale_b=one),
              "fp8": lambda a, w: bundle.gemm(a.to(e4), w.to(e4))}
-    bundle._hot_gemm.clear()
+    bundle.hot_gemm.clear()
     for what, fn in cases.items():
         binds.clear()
         for i in range(3):

@@ -73,7 +73,7 @@ def test_corrupt_host_library_is_refused(test_bundle, tmp_path):
     shutil.copytree(test_bundle, bad)
     lib = bad / "lib" / "libfactory_bundle.so"
     lib.write_bytes(lib.read_bytes() + b"\0")
-    with pytest.raises(BundleError, match="sha256"):
+    with pytest.raises(BundleError, match=r"host library is truncated or altered \(\d+ bytes, the manifest says \d+\)"):
         Bundle.open(bad)
 
 
@@ -191,7 +191,7 @@ def test_gemm_launch_path_without_a_gpu(test_bundle, monkeypatch):
     b.gemm(x, w, out, b_constant=True)  # no twin: the variant itself
     assert rec.name == rgemm.select(b, *(rgemm.rkl_spec(t, "x") for t in (x, w, out)), "bf16", "bf16", [])
     b.gemm(x8, w8, out)
-    one = b._unit_scales[x8.device]
+    one = b.unit_scales[x8.device]
     assert one.item() == 1.0 and rec.calls[-1][3:5] == [one.data_ptr()] * 2
     b.gemm(x8, w8, out)
     assert rec.calls[-1][3:5] == [one.data_ptr()] * 2  # reused, not remade
@@ -202,7 +202,7 @@ def test_gemm_launch_path_without_a_gpu(test_bundle, monkeypatch):
     cuda0 = torch.device("cuda", 0)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     first = rgemm._unit_scale(b, cuda0)
-    assert first.item() == 1.0 and cuda0 not in b._unit_scales
+    assert first.item() == 1.0 and cuda0 not in b.unit_scales
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     synced = []
     monkeypatch.setattr(torch.cuda, "current_stream",
@@ -210,3 +210,63 @@ def test_gemm_launch_path_without_a_gpu(test_bundle, monkeypatch):
     kept = rgemm._unit_scale(b, cuda0)
     assert synced == [cuda0]  # the fill has finished before any stream may read it
     assert kept is not first and rgemm._unit_scale(b, cuda0) is kept
+
+
+# --- the op modules and the core ----------------------------------------------------------------------
+OP_MODULES = ("gemm.py", "packed.py", "attention.py", "blockscaled.py", "torch_ops.py", "validate.py", "api.py")
+
+
+def test_op_modules_use_only_the_cores_public_surface():
+    """runtime/bundle.py lists what the op modules may use of a BundleCore; none reaches into a
+    private field or method of it (``bundle._x``, ``self._x`` in api.Bundle, ``_BUNDLE._x``)."""
+    import re
+
+    runtime = ROOT / "factory" / "runtime"
+    bad = []
+    for name in OP_MODULES:
+        for i, line in enumerate((runtime / name).read_text().splitlines(), 1):
+            code = line.split("#", 1)[0]
+            if re.search(r"\b(bundle|_BUNDLE|core)\._[A-Za-z]", code) or (name == "api.py" and re.search(r"\bself\._[a-z]", code)):
+                bad.append(f"{name}:{i}: {line.strip()}")
+    assert not bad, "private reach-ins into BundleCore:\n" + "\n".join(bad)
+
+
+def _module_entries(fn) -> dict:
+    """{runtime module: times a function of it was called from a frame of another module} during
+    ``fn()`` (Python frames only)."""
+    import collections
+
+    counts = collections.Counter()
+
+    def prof(frame, event, arg):
+        if event == "call":
+            f = frame.f_code.co_filename
+            back = frame.f_back.f_code.co_filename if frame.f_back else ""
+            if "factory/runtime/" in f.replace("\\", "/") and f != back:
+                counts[f.replace("\\", "/").rsplit("/", 1)[1]] += 1
+
+    sys.setprofile(prof)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return dict(counts)
+
+
+def test_a_call_passes_through_each_op_module_once(test_bundle):
+    """A GEMM / attention call enters its op module once (from api.Bundle), checked or hot: the
+    core and the loader never call back into it; on the hot path every runtime module is entered
+    at most once."""
+    from conftest import Recorder
+
+    b = Bundle.open(test_bundle, capability=(9, 0), device={"name": "planned H100", "sm_count": 132})
+    b.simulate(Recorder())
+    a, w = torch.randn(64, 64, dtype=torch.bfloat16), torch.randn(64, 64, dtype=torch.bfloat16)
+    q = torch.randn(1, 128, 8, 128, dtype=torch.bfloat16)
+    b.gemm(a, w), b.attention(q, q, q, causal=True)  # (imports the op modules)
+    b.hot_gemm.clear(), b.hot_attention.clear(), b.selections.clear()
+    for op, call in (("gemm.py", lambda: b.gemm(a, w)), ("attention.py", lambda: b.attention(q, q, q, causal=True))):
+        cold, hot = _module_entries(call), _module_entries(call)
+        assert cold[op] == 1 and hot[op] == 1, (cold, hot)
+        assert all(n == 1 for m, n in hot.items() if m != "loader.py"), hot
+        assert hot.get("loader.py", 0) <= 1, hot  # (a thread's first hot launch makes its argument buffer)

@@ -11,14 +11,11 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
-import shutil
-import subprocess
-import sys
 
 import pytest
 import torch
 
-from conftest import ROOT, Recorder
+from conftest import Recorder, bundle_with_swapped_cubin, verify_cli
 from factory.runtime import Bundle, NoVariantError
 from factory.runtime.gemm import _as_rkl, select
 
@@ -125,22 +122,13 @@ def test_verify_refuses_an_sm120_variant_with_another_targets_cubin(test_bundle,
     """An sm_89 cubin (same source and SASS family) in place of an sm_120a one fails ``factory
     verify`` on its target; Hopper's fp8 build (HMMA) relabelled as sm_120a lacks the QMMA."""
     from factory.compiler.cubin import disassemble
-    from factory.runtime.manifest import sha256_file
     from factory.compiler.sass import sass_problems
 
     m = json.loads((test_bundle / "manifest.json").read_text())
     v120 = next(n for n, v in _sm120(m).items() if v["op"] == "gemm" and v["dtypes"]["a"] == "e4m3")
     donor = v120.replace("sm120a", "sm89")
     assert donor in m["variants"]
-    bad = tmp_path / "bad"
-    shutil.copytree(test_bundle, bad)
-    rec = m["variants"][v120]["files"]["cubin"]
-    shutil.copyfile(bad / m["variants"][donor]["files"]["cubin"]["path"], bad / rec["path"])
-    rec["sha256"] = sha256_file(bad / rec["path"])
-    rec["bytes"] = (bad / rec["path"]).stat().st_size
-    (bad / "manifest.json").write_text(json.dumps(m, indent=1))
-    r = subprocess.run([sys.executable, "-m", "factory", "verify", str(bad)], cwd=ROOT,
-                       capture_output=True, text=True)
+    r = verify_cli(bundle_with_swapped_cubin(test_bundle, tmp_path / "bad", v120, donor))
     assert r.returncode == 1, r.stdout + r.stderr
     assert f"{v120}: cubin is for sm_89, manifest says sm_120a" in r.stderr
     hopper = next(n for n, v in m["variants"].items()

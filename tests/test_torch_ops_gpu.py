@@ -1,6 +1,6 @@
 """torch.ops.kernel_factory on the GPU: opcheck with every check, a small block compiled with
 torch.compile(fullgraph=True) (inductor), with mode="reduce-overhead" (CUDA graphs) and under a
-manual torch.cuda.graph capture, each equal to eager; dynamic batch sizes without recompiles; a
+manual torch.cuda.graph capture, each against a float32 reference and equal to eager; dynamic batch sizes without recompiles; a
 first call inside a capture without preload raises a clear error and leaves the process usable."""
 
 from __future__ import annotations
@@ -68,6 +68,25 @@ class Block(torch.nn.Module):
         return out.view(B, S, d) + x
 
 
+def block_reference(block, x):
+    """The block in float32 from plain torch (matmuls, factory.testing.attention_reference), rounded
+    to bf16 where the block's ops return bf16: an independent reference for every mode below."""
+    from factory.testing import attention_reference
+
+    B, S, d = x.shape
+    qkv = (x.reshape(B * S, d).float() @ block.wqkv.float().T).bfloat16().view(B, S, -1, block.hd)
+    q, k, v = qkv.split([block.hq, block.hkv, block.hkv], dim=2)
+    o = attention_reference(q, k, v, True, block.hd ** -0.5)[0].bfloat16()
+    return (o.reshape(B * S, -1).float() @ block.wo.float().T).bfloat16().view(B, S, d) + x
+
+
+def assert_matches_float32(y, block, x, what):
+    from factory.testing import rel_error
+
+    err = rel_error(y, block_reference(block, x))
+    assert err < 1e-2, f"{what}: relative error {err:.2e} against float32"
+
+
 def test_compile_graphs_and_eager_agree(kf):
     b, ops = kf
     import torch._dynamo
@@ -77,20 +96,26 @@ def test_compile_graphs_and_eager_agree(kf):
     x = bf(2, 128, 512)
     with torch.inference_mode():
         ref = block(x)
+        assert_matches_float32(ref, block, x, "eager")
         torch._dynamo.reset()
         counters.clear()
         full = torch.compile(block, fullgraph=True)
-        torch.testing.assert_close(full(x), ref, rtol=2e-2, atol=2e-2)
+        y = full(x)
+        assert_matches_float32(y, block, x, "torch.compile")
+        torch.testing.assert_close(y, ref, rtol=2e-2, atol=2e-2)
         for bsz in (3, 4, 6):  # dynamic batch: one recompile at most (the first size change)
             xb = bf(bsz, 128, 512)
             torch._dynamo.mark_dynamic(xb, 0)
-            torch.testing.assert_close(full(xb), block(xb), rtol=2e-2, atol=2e-2)
+            yb = full(xb)
+            assert_matches_float32(yb, block, xb, f"torch.compile, batch {bsz}")
+            torch.testing.assert_close(yb, block(xb), rtol=2e-2, atol=2e-2)
         assert not counters["graph_break"], dict(counters["graph_break"])
         assert counters["stats"]["unique_graphs"] <= 2, dict(counters["stats"])
         torch._dynamo.reset()
         ro = torch.compile(block, mode="reduce-overhead", fullgraph=True)
         for _ in range(3):  # warm-up runs, then graph replays
             y = ro(x)
+        assert_matches_float32(y.clone(), block, x, "reduce-overhead")
         torch.testing.assert_close(y.clone(), ref, rtol=2e-2, atol=2e-2)
         b.preload()
         static_x = x.clone()
@@ -105,7 +130,9 @@ def test_compile_graphs_and_eager_agree(kf):
             static_y = block(static_x)
         x2 = bf(2, 128, 512)
         static_x.copy_(x2)
+        static_y.fill_(float("nan"))
         g.replay()
+        assert_matches_float32(static_y, block, x2, "graph replay")
         torch.testing.assert_close(static_y, block(x2), rtol=2e-2, atol=2e-2)
 
 

@@ -150,8 +150,9 @@ def test_grid_cap_without_a_driver_is_the_sm_bound(bundle_copy):
     entry = b.manifest["variants"][LARGE]
     assert max_active_clusters(b.path, entry) is None
     assert rgemm.launch_scalars(b, entry) == [132 // 2]
-    assert b._max_clusters[(LARGE, 0)] == 66  # asked once per variant and device
-    assert rgemm.launch_scalars(b, entry, 1) == [66] and set(b._max_clusters) == {(LARGE, 0), (LARGE, 1)}
+    assert b.variant_facts[("max_clusters", LARGE, 0)] == 66  # asked once per variant and device
+    assert rgemm.launch_scalars(b, entry, 1) == [66]
+    assert {k for k in b.variant_facts if k[0] == "max_clusters"} == {("max_clusters", LARGE, 0), ("max_clusters", LARGE, 1)}
 
 
 def test_persistent_grid_larger_than_the_device_is_skipped(bundle_copy):

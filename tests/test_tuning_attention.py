@@ -68,7 +68,6 @@ def test_select_takes_the_tables_winner_among_the_fitting():
 def tuned_copy(test_bundle, tmp_path, monkeypatch):
     dst = tmp_path / "b"
     shutil.copytree(test_bundle, dst)
-    monkeypatch.setattr(rt_attention, "_sm_count", lambda: H100["sm_count"])
     return dst
 
 

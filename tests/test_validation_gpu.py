@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -125,9 +126,23 @@ def test_edge_cases():
     assert r.returncode == 0, r.stdout + r.stderr
 
 
-@pytest.mark.skipif(shutil.which("compute-sanitizer") is None, reason="compute-sanitizer is not on PATH")
+def compute_sanitizer() -> str | None:
+    """compute-sanitizer on PATH, in $CUDA_HOME/bin or /usr/local/cuda/bin."""
+    for p in (shutil.which("compute-sanitizer"), *(Path(d) / "bin" / "compute-sanitizer" for d in
+                                                    (os.environ.get("CUDA_HOME"), "/usr/local/cuda") if d)):
+        if p and Path(p).is_file():
+            return str(p)
+    return None
+
+
 def test_edge_cases_under_memcheck():
-    r = subprocess.run(["compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "3",
+    """memcheck over the edge cases.  A GPU machine without compute-sanitizer fails this test
+    (it does not pass unseen); FACTORY_SKIP_MEMCHECK=1 skips it on purpose."""
+    if os.environ.get("FACTORY_SKIP_MEMCHECK") == "1":
+        pytest.skip("FACTORY_SKIP_MEMCHECK=1")
+    tool = compute_sanitizer()
+    assert tool, "compute-sanitizer not found (PATH, $CUDA_HOME/bin, /usr/local/cuda/bin); FACTORY_SKIP_MEMCHECK=1 skips"
+    r = subprocess.run([tool, "--tool", "memcheck", "--error-exitcode", "3",
                         sys.executable, str(ROOT / "tests" / "edge_cases.py"), str(BUNDLE)],
                        cwd=ROOT, capture_output=True, text=True, timeout=1200)
     assert r.returncode == 0 and "ERROR SUMMARY: 0 errors" in r.stdout + r.stderr, (r.stdout + r.stderr)[-4000:]

@@ -58,9 +58,11 @@ class Target:
     # Portability builds compile a lower family's source for a newer chip so its numerics can be
     # proven on hardware we have (the sm80 family built for sm_90 runs on an H100).
     portability_of: str | None = None
-    # The proof a variant of this target can have where the only GPU is an H100 (docs/proof.md):
-    # "executed" (this very cubin runs there), "portability-build" (the same source built for
-    # sm_90 runs there), "sass-only" (compiled and disassembled; never run).
+    # The strongest proof label a variant for this target can get with the GPU the project has (an
+    # H100): "executed" (its cubin can run there), "portability-build" (the same source built for
+    # sm_90 can), "sass-only" (no GPU here runs it).  A ceiling, not a claim: the build gives
+    # "executed" only where a run record shows that cubin ran and passed, else "compiled"
+    # (factory/evidence.py, docs/proof.md).
     proof: str = "portability-build"
 
     def __post_init__(self):
@@ -141,6 +143,13 @@ _TARGETS = (
 )
 
 TARGETS: dict[str, Target] = {t.name: t for t in _TARGETS}
+# The compute capabilities NVIDIA devices have (the CUDA C++ Programming Guide's table; 10.1 is
+# CUDA 12.8's name for what CUDA 13 calls 11.0).  A device, or a capability given for planning,
+# outside this list is refused (InputError, FX_ERR_INPUT): never matched to a target by its minor.
+KNOWN_CAPABILITIES: tuple[tuple[int, int], ...] = (
+    (5, 0), (5, 2), (5, 3), (6, 0), (6, 1), (6, 2), (7, 0), (7, 2), (7, 5), (8, 0), (8, 6), (8, 7), (8, 9),
+    (9, 0), (10, 0), (10, 1), (10, 3), (11, 0), (12, 0), (12, 1),
+)
 for _t in _TARGETS:  # the same code must run where this target's devices are
     if _t.same_code_as is not None and not TARGETS[_t.same_code_as].runs_on(_t.capability):
         raise ValueError(f"{_t.name}: {_t.same_code_as} cubins do not run on {_t.capability}")

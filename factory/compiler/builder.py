@@ -27,6 +27,8 @@ from collections import defaultdict
 from pathlib import Path
 
 from ..atoms.targets import get_target
+from ..evidence import PROOF_LEVELS, load_records, passed_cubins, proof_label, twin_name
+from ..evidence import default_dir as default_evidence_dir
 from ..registry import enumerate_variants
 from ..runtime.manifest import sha256_file
 from ..variant import Variant
@@ -100,6 +102,21 @@ def _compile_into_cache(v: Variant, entry: str) -> dict:
     return info
 
 
+def compile_cached(v: Variant, out_dir: str | Path, cache: str | Path | None = None) -> dict:
+    """``compile.compile_variant(v, out_dir)`` through the build's cache: the cubin, header and
+    object of ``v`` in ``out_dir`` and its info, compiled only if the cache lacks them (then into
+    the cache, for builds and later callers).  For a process that ran ``compile.init_worker`` for
+    ``v``'s target, as ``compile_variant`` needs."""
+    cache = Path(cache) if cache else default_cache_dir()
+    entry = cache / f"{v.name}-{cache_key(v)}"
+    if not (entry / "info.json").exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        _compile_into_cache(v, str(entry))
+    for ext in (".cubin", ".h", ".o"):
+        shutil.copy2(entry / f"{v.name}{ext}", Path(out_dir) / f"{v.name}{ext}")
+    return json.loads((entry / "info.json").read_text())
+
+
 # --- driver ---------------------------------------------------------------------------------------
 def _progress(total: int, desc: str):
     try:
@@ -168,9 +185,11 @@ def _check_sass(v: Variant, cubin: Path, sass: str | None = None) -> dict:
 def build(
     out: str | Path, targets: list[str], ops: list[str] | None = None, tier: str = "default",
     name_filter: str | None = None, jobs: int | None = None, cache: str | Path | None = None,
+    evidence: str | Path | None = None,
 ) -> dict:
     """Build a bundle into ``out`` (replacing what is there); returns a summary.  Targets and ops
-    may also be given with commas (``["sm_80,sm_90a"]``)."""
+    may also be given with commas (``["sm_80,sm_90a"]``).  ``evidence``: the directory of run
+    records that proof labels come from (default: ``factory.evidence.default_dir()``)."""
     t0 = time.perf_counter()
     out = Path(out)
     targets = [t for x in targets for t in x.split(",") if t]
@@ -200,8 +219,9 @@ def build(
             hist = info["sass_histogram"]
             records.append((v, info, hist))
         entries = _variant_entries(staging, records)
+        used = _label_proofs(staging, entries, Path(evidence) if evidence else default_evidence_dir())
         link_host_library(staging, entries)  # its selection tables come from the entries
-        manifest = _manifest(staging, entries)
+        manifest = _manifest(staging, entries, used)
         (staging / "manifest.json").write_text(json.dumps(manifest, indent=1))
         if out.exists():
             shutil.rmtree(out)
@@ -211,8 +231,12 @@ def build(
         shutil.rmtree(staging, ignore_errors=True)
         raise
     total_bytes = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+    labels: dict[str, int] = {}
+    for e in manifest["variants"].values():
+        labels[e["proof"]] = labels.get(e["proof"], 0) + 1
     return {
-        "bundle": str(out), "variants": len(variants), "compiled": compiled,
+        "bundle": str(out), "variants": len(variants), "compiled": compiled, "proof": labels,
+        "evidence": used,
         "cached": len(variants) - compiled, "seconds": round(time.perf_counter() - t0, 1),
         "bytes": total_bytes,
     }
@@ -260,7 +284,9 @@ def _variant_entries(bundle: Path, records: list[tuple[Variant, dict, dict]]) ->
             "constraints": {**v.describe().get("constraints", {}), **_constraints(v, info)},
             "abi": {"wrapper": info["header"]["wrapper"], "params": info["header"]["params"],
                     "structs": info["header"]["structs"]},
-            # A family may know better than its target (e.g. an instruction path never executed).
+            # The best label its target and family allow (a family may know better than its target,
+            # e.g. an instruction path no GPU here runs); _label_proofs replaces it with what the run
+            # records show.
             "proof": v.proof_level() if hasattr(v, "proof_level") else tgt.proof,
             "resources": {
                 "registers": max(k["registers"] for k in kernels.values()),
@@ -279,17 +305,46 @@ def _variant_entries(bundle: Path, records: list[tuple[Variant, dict, dict]]) ->
     return variants
 
 
-def _manifest(bundle: Path, variants: dict) -> dict:
+def _label_proofs(bundle: Path, variants: dict, evidence: Path) -> list[str]:
+    """Each variant's ``proof`` from the run records (factory/evidence.py, docs/proof.md):
+    ``executed`` only where a record shows this cubin (its sha256) ran and passed; a portability
+    build (sm_8x) is ``portability-build`` only where its sm_90 twin in this bundle is
+    ``executed``.  Copies the records that gave an ``executed`` label into ``bundle/evidence/``
+    and returns their file names."""
+    passed = passed_cubins(load_records(evidence))
+    used: set[str] = set()
+    for e in variants.values():  # sm_90 / sm_90a first: the portability builds look at their twins
+        ceiling = e["proof"]
+        if ceiling != "portability-build":
+            e["proof"] = proof_label(ceiling, e["files"]["cubin"]["sha256"], passed)
+            if e["proof"] == "executed":
+                used.add(passed[e["files"]["cubin"]["sha256"]])
+                e["evidence"] = "evidence/" + passed[e["files"]["cubin"]["sha256"]]
+    for e in variants.values():
+        if e["proof"] == "portability-build":
+            tgt = get_target(e["target"])
+            twin = variants.get(twin_name(e["name"], e["op"], e["target"]) or "") if tgt.capability < (9, 0) else None
+            e["proof"] = proof_label("portability-build", e["files"]["cubin"]["sha256"], passed,
+                                     twin["proof"] if twin else None)
+            if e["proof"] == "portability-build":
+                e["portability_twin"] = twin["name"]
+    if used:
+        (bundle / "evidence").mkdir()
+        for fname in sorted(used):
+            shutil.copy2(evidence / fname, bundle / "evidence" / fname)
+    return sorted(used)
+
+
+def _manifest(bundle: Path, variants: dict, evidence: list[str] = ()) -> dict:
     lib = bundle / HOST_LIB
     return {
         "schema_version": SCHEMA_VERSION,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "versions": toolchain.versions(),
         "host_library": {"path": HOST_LIB, "sha256": sha256_file(lib), "bytes": lib.stat().st_size},
-        "proof_levels": {
-            "executed": "this cubin runs on the lab's H100 (smoke.py records the run)",
-            "portability-build": "the same source, built for sm_90, runs on the lab's H100",
-            "sass-only": "compiled and disassembled; never run",
-        },
+        "proof_levels": dict(PROOF_LEVELS),
+        # The run records behind the ``executed`` labels (copied from the repository's evidence/runs).
+        "evidence": [{"path": f"evidence/{f}", "sha256": sha256_file(bundle / "evidence" / f),
+                      "bytes": (bundle / "evidence" / f).stat().st_size} for f in evidence],
         "variants": variants,
     }

@@ -15,7 +15,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from ..atoms.targets import TARGETS
+from ..atoms.targets import KNOWN_CAPABILITIES, TARGETS
 from ..runtime import cost_sm100, tuning
 
 # fx_dtype_t (csrc/fx_api.h); a dtype C callers cannot name maps to -1 and matches nothing.
@@ -255,6 +255,8 @@ def tables(entries: dict[str, dict], tuning_data: dict | None) -> str:
     consts = ([c_double(cost_sm100.MODEL[k]) for k in SM100_MODEL_KEYS]
               + [c_double(cost_sm100.CLOCK_GHZ), c_double(b200["hbm_tbs"]), f"{int(b200['l2_bytes'])}LL"])
     out.append(f"const fx_model_sm100 fx_model_sm100_constants = {{{', '.join(consts)}}};")
+    out.append(f"const int32_t fx_known_ccs[][2] = {{{', '.join(f'{{{a}, {b}}}' for a, b in KNOWN_CAPABILITIES)}}};")
+    out.append(f"const int32_t fx_n_known_ccs = {len(KNOWN_CAPABILITIES)};")
     head_dims, grid_max = attention_limits()
     out.append(f"const int32_t fx_attention_head_dims[] = {{{', '.join(str(d) for d in head_dims)}}};")
     out.append(f"const int32_t fx_n_attention_head_dims = {len(head_dims)};")

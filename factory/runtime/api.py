@@ -49,7 +49,7 @@ class Bundle(BundleCore):
         from .occupancy import current_device
 
         dev = current_device()
-        if dev is not None and not self._planned:
+        if dev is not None and not self.planned:
             gemm, packed = (_OPS or _ops())[:2]
             for op in ops:
                 for v in self.candidates(op):

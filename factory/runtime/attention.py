@@ -18,7 +18,6 @@ same stream), so a split launch is one call like any other and CUDA-graph captur
 from __future__ import annotations
 
 import math
-import weakref
 
 import torch
 from torch import Tensor
@@ -69,7 +68,7 @@ def attention(bundle, q, k, v, causal=False, softmax_scale=None, cu_seqlens_q=No
     else:
         key = None
     dev = q.get_device() if isinstance(q, Tensor) else -1
-    if (dev < bundle._lowest_device or not isinstance(k, Tensor) or not isinstance(v, Tensor)
+    if (dev < bundle.lowest_device or not isinstance(k, Tensor) or not isinstance(v, Tensor)
             or k.get_device() != dev or v.get_device() != dev):
         dev = validate.one_device(bundle, q=q, k=k, v=v)
     if (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled():
@@ -101,9 +100,12 @@ def attention(bundle, q, k, v, causal=False, softmax_scale=None, cu_seqlens_q=No
             raise InputError(f"max_seqlen_q = {max_seqlen_q} exceeds the {q.shape[0]} query tokens")
         if validate.check_varlen_default() if check_varlen is None else check_varlen:
             validate.cu_seqlens(cu_q, cu_k, q.shape[0], k.shape[0], max_seqlen_q)
+        if max_seqlen_q < 0 or (max_seqlen_q == 0 and q.shape[0] > 0 and batch > 0):
+            raise InputError(f"max_seqlen_q = {max_seqlen_q}: with {q.shape[0]} query tokens in {batch} sequences it "
+                             f"must be at least 1 (the longest query sequence)")
         o = torch.empty_like(q)
         lse = torch.empty((hq, q.shape[0]), dtype=torch.float32, device=q.device)
-        if q.shape[0] == 0 or batch == 0 or max_seqlen_q <= 0:
+        if q.shape[0] == 0 or batch == 0:
             o.zero_()
             lse.fill_(-math.inf)
             return (o, lse) if return_lse else o
@@ -171,6 +173,7 @@ def _hot_launch(bundle, name: str, splits: int, q, o, lse, args: list, dev: int)
     if fixed is None:  # a stand-in bundle or launch (tests): every call takes the checked path
         return None
     go = fixed.go
+    cur, raw = bundle.device_api()
     one = torch.empty(1, dtype=torch.float32, device=q.device)
     empty_like = torch.empty_like
     lproto = one.expand(lse.shape)  # empty_like of a zero-stride view: a new compact tensor
@@ -179,10 +182,10 @@ def _hot_launch(bundle, name: str, splits: int, q, o, lse, args: list, dev: int)
     if splits == 1:
         def fire(q, k, v):
             o, lse = empty_like(q), empty_like(lproto)
-            here = bundle._cur()
+            here = cur()
             if here != dev:
                 not_current(dev, here)
-            err = go(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(), bundle._raw(here))
+            err = go(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(), raw(here))
             if err != 0:
                 if err is None:
                     return None
@@ -197,12 +200,12 @@ def _hot_launch(bundle, name: str, splits: int, q, o, lse, args: list, dev: int)
 
     def fire_split(q, k, v):
         o, lse, ws = empty_like(q), empty_like(lproto), empty_like(wproto)
-        here = bundle._cur()
+        here = cur()
         if here != dev:
             not_current(dev, here)
         w = ws.data_ptr()
         err = go(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(), w, w + lse_at,
-                 bundle._raw(here))
+                 raw(here))
         if err != 0:
             if err is None:
                 return None
@@ -212,24 +215,15 @@ def _hot_launch(bundle, name: str, splits: int, q, o, lse, args: list, dev: int)
     return fire_split
 
 
-# Per bundle: (dtype, head_dim, causal, varlen, under-filled grid) -> variant name.
-_CHOICES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _NO_CACHE: dict = {}  # (a stand-in bundle's hot path: never filled, see _hot_launch)
 
 
 def _hot(bundle) -> dict:
     """The dense hot path's cache: problem key -> ``fire`` (:func:`_hot_launch`)."""
     try:
-        return bundle._hot_attention
+        return bundle.hot_attention
     except AttributeError:
         return _NO_CACHE
-
-
-def _sm_count() -> int:
-    try:
-        return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-    except Exception:  # noqa: BLE001 - no device: plan for an H100
-        return 132
 
 
 def _choose(bundle, dtype: str, head_dim: int, causal: bool, varlen: bool, rows: int | None = None,
@@ -237,12 +231,11 @@ def _choose(bundle, dtype: str, head_dim: int, causal: bool, varlen: bool, rows:
     """``rows``: batch·heads·seqlen_q of a dense problem (None for varlen), for the grid check;
     ``decode``: (batch, Hq, Hkv, seqlen_q, seqlen_k) of a dense problem, for split-KV.  Returns
     the variant name and its split count."""
-    try:
-        per_bundle = _CHOICES.setdefault(bundle, {})
-    except TypeError:  # not weak-referenceable: no cache
+    per_bundle = getattr(bundle, "selections", None)
+    if per_bundle is None:  # a stand-in bundle (tests): no cache
         per_bundle = {}
-    sms = _sm_count()
-    key = (dtype, head_dim, causal, varlen, rows is not None and rows < 128 * sms,
+    sms = bundle.device_info()["sm_count"]  # (the device given to Bundle.open, else the GPU's)
+    key = ("attention", dtype, head_dim, causal, varlen, rows is not None and rows < 128 * sms,
            rows is not None and rows <= 64 * sms, decode)
     hit = per_bundle.get(key)
     if hit is None:

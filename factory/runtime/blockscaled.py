@@ -361,6 +361,9 @@ def gemm_blockscaled(bundle, a: BlockScaled, b: BlockScaled, out: Tensor | None 
             raise InputError(f"out must have shape {(*lead, M, N)} (a {a.shape} · b {b.shape}ᵀ), got {tuple(out.shape)}")
         if out_dtype is not None and out_dtype != out.dtype:
             raise InputError(f"out_dtype {out_dtype} differs from out's dtype {out.dtype}: give one of them")
+        validate.distinct("out", out.shape, out.stride())
+        validate.disjoint("out", out, a_data=a.data, a_scale=a.scale, a_global=a.global_scale, b_data=b.data,
+                          b_scale=b.scale, b_global=b.global_scale)
     c = _OUT.get(out.dtype)
     if c is None:
         raise InputError(f"out dtype {out.dtype} is not one the kernels write (bfloat16, float16, float32)")
@@ -387,7 +390,7 @@ def select(bundle, fmt: str, c: str, specs: list, M: int, N: int, K: int, L: int
     B's data read once per pair), else a single CTA (a pair would compute zero rows in its second
     CTA); then the most CTAs.  A rule, not a measurement: no Blackwell GPU has run these."""
     key = (OP, fmt, c, variant, tuple((s[0] % 16, s[1], s[2]) for s in specs), dev)
-    name = bundle._select_cache.get(key)
+    name = bundle.selections.get(key)
     if name is not None:
         return name
     fits, reasons = bundle.fitting(OP, specs, lambda v: v.get("format") == fmt and v["dtypes"]["c"] == c

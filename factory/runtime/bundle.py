@@ -1,7 +1,20 @@
 """``BundleCore``: a built bundle's files, the device it serves, and the launch of its variants.
 
 No DSL, no MLIR: the standard library, torch, and the bundle's host library via ctypes.  The op
-modules (``gemm``, ``packed``, ``attention``) build on this; it knows nothing of them.
+modules (``gemm``, ``packed``, ``attention``, ``blockscaled``) build on this; it knows nothing of
+them.  What they use of it is public and listed here (tests/test_runtime.py checks that they
+touch nothing private):
+
+* the device: ``capability``, ``device_info()``, ``planned`` (a device given to ``open``),
+  ``device_api()`` (the current device index and its raw stream), ``simulated`` and
+  ``lowest_device`` (the lowest device index whose tensors are taken: -1 when simulated);
+* the variants: ``manifest``, ``candidates``, ``binder``, ``fitting``, ``tuning``,
+  ``describe_contents``, ``device_name``;
+* launching: ``launch``, ``fixed``, ``lib``;
+* per-bundle caches the op modules own and bound themselves (the core never reads them):
+  ``selections`` (problem key -> choice), ``hot_gemm`` / ``hot_attention`` (problem key -> the hot
+  path's launch), ``variant_facts`` ((fact, variant) -> value: grid caps, early_b twins) and
+  ``unit_scales`` (device -> fp8's default scale).
 """
 
 from __future__ import annotations
@@ -9,10 +22,10 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from ..atoms.targets import get_target, targets_for_capability
+from ..atoms.targets import KNOWN_CAPABILITIES, get_target, targets_for_capability
 from .errors import BundleError, InputError, NoVariantError
 from .loader import Binder, HostLibrary, LaunchError
-from .manifest import file_ok, load_manifest
+from .manifest import host_library_problem, load_manifest, variant_problems
 
 _TORCH_DEVICE = None  # (current_device() -> int, raw_stream(index) -> int), bound on first use
 
@@ -58,44 +71,57 @@ class BundleCore:
         self._capability = capability
         self._device = device
         self._tuning = None  # (tuning.Tuning | None, why), read on the first selection
+        self.planned = device is not None  # a device given for planning (no driver to ask)
         self._lib: HostLibrary | None = None
         self._binders: dict[str, Binder] = {}
         self._launchers: dict[str, object] = {}  # variant -> its native launch function
-        self._select_cache: dict[tuple, str] = {}
-        # The ops' hot paths: problem key -> a launch with everything but the pointers prepared
-        # (runtime/attention.py, runtime/gemm.py); bounded like the selection cache.
-        self._hot_attention: dict[tuple, object] = {}
-        self._hot_gemm: dict[tuple, object] = {}
-        self._planned = device is not None  # a device described by the caller: never ask the driver
-        self._max_clusters: dict[tuple, int] = {}  # (variant, device) -> persistent grid cap (runtime/gemm.py)
-        self._early_b: dict[str, str] = {}  # variant -> its early_b twin (runtime/gemm.py)
-        self._unit_scales: dict = {}  # device -> float32 [1.0], fp8's default scale (runtime/gemm.py)
+        # The op modules' caches (module docstring): theirs to fill and bound.
+        self.selections: dict[tuple, object] = {}
+        self.hot_attention: dict[tuple, object] = {}
+        self.hot_gemm: dict[tuple, object] = {}
+        self.variant_facts: dict[tuple, object] = {}
+        self.unit_scales: dict = {}
         self._lock = threading.Lock()
         self._cur = None  # () -> the current CUDA device index (bound on the first launch)
         self._raw = None  # (index) -> that device's current raw stream
-        self._simulated = False  # see simulate()
-        self._lowest_device = 0  # tensors on a lower device index (the CPU's -1) are refused; -1 when simulated
+        self.simulated = False  # see simulate()
+        self.lowest_device = 0  # tensors on a lower device index (the CPU's -1) are refused; -1 when simulated
 
     @classmethod
     def open(cls, path: str | Path, capability: tuple[int, int] | None = None,
              device: dict | None = None):
-        """Open and check a bundle: the manifest's schema and the host library's sha256 (each
-        variant's files are checked before its first load).  ``capability`` overrides the current
+        """Open and check a bundle: the manifest (runtime/manifest.py: its schema, every file path
+        inside the bundle) and the host library's size and sha256 (each variant's files are checked
+        before its first load).  ``capability`` overrides the current
         device's (for tests and for planning on a machine without the GPU); so does ``device``
         ({"name", "sm_count"}), which decides whether the bundle's tuning.json applies."""
+        if capability is not None:
+            capability = tuple(capability)
+            if capability not in KNOWN_CAPABILITIES:
+                raise InputError(f"compute capability {'.'.join(map(str, capability))} is not one an NVIDIA device has "
+                                 f"(known: {', '.join(f'{a}.{b}' for a, b in KNOWN_CAPABILITIES)})")
+        if device is not None and not (isinstance(device.get("sm_count"), int) and device["sm_count"] > 0):
+            raise InputError(f"device['sm_count'] must be a positive int, got {device.get('sm_count')!r}")
         path = Path(path)
         m = load_manifest(path)
-        lib = m["host_library"]
-        if not file_ok(path, lib):
-            raise BundleError(f"{path / lib['path']}: host library is missing, truncated or altered "
-                              f"(its size or sha256 does not match the manifest)")
+        problem = host_library_problem(path, m)
+        if problem:
+            raise BundleError(f"{problem}; nothing was loaded")
         return cls(path, m, capability, device)
 
     def simulate(self, lib) -> None:
         """For tests and host-cost timing without a GPU: launch through ``lib`` (anything with
         ``launcher(name)``) on CPU tensors, as device -1 with stream 0."""
-        self._lib, self._simulated, self._lowest_device = lib, True, -1
-        self._cur, self._raw = (lambda: -1), (lambda i: 0)
+        self._lib, self.simulated, self.lowest_device = lib, True, -1
+        # (builtins, like torch's: () -> -1 and (index) -> 0 without a Python frame)
+        self._cur, self._raw = (-1).__index__, (0).__mul__
+
+    def device_api(self):
+        """(current_device() -> index, raw_stream(index) -> cudaStream_t as an int): torch's, or
+        the simulated device's (bound on first use).  The ops' hot paths call them per launch."""
+        if self._cur is None:
+            self._cur, self._raw = _device_api()
+        return self._cur, self._raw
 
     # --- device -----------------------------------------------------------------------------------
     @property
@@ -202,7 +228,7 @@ class BundleCore:
         if checked:
             argv, _buf = self._binders[name].pack(args, stream)
         else:  # (with ``device`` given, the op has checked its tensors' devices)
-            argv, _buf = self._binders[name].bind(args, stream, here if device is None else None, self._simulated)
+            argv, _buf = self._binders[name].bind(args, stream, here if device is None else None, self.simulated)
         err = fn(argv)
         if err:
             raise LaunchError(f"{name}: launch failed: {self.lib.error(err)}")
@@ -233,7 +259,7 @@ class BundleCore:
         entry = self.manifest["variants"].get(name)
         if entry is None:
             raise NoVariantError(f"no variant {name!r}; {self.describe_contents()}")
-        if not self._simulated:
+        if not self.simulated:
             import torch
 
             if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
@@ -242,10 +268,9 @@ class BundleCore:
                                   f"capturing")
         if not get_target(entry["target"]).runs_on(self.capability):
             raise NoVariantError(f"{name} is built for {entry['target']}, which cannot run on {self.device_name()}")
-        for kind, rec in sorted(entry.get("files", {}).items()):
-            if not file_ok(self.path, rec):
-                raise BundleError(f"{self.path / rec['path']}: {name}'s {kind} is missing, truncated or altered "
-                                  f"(its size or sha256 does not match the manifest); nothing was loaded")
+        problems = variant_problems(self.path, name, entry)
+        if problems:
+            raise BundleError(f"{problems[0]}; nothing was loaded")
         self.binder(name)
         fn = self._launchers[name] = self.lib.launcher(name)
         return fn

@@ -44,6 +44,7 @@ DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
 if hasattr(torch, "float8_e4m3fn"):
     DTYPES[torch.float8_e4m3fn] = "e4m3"
 _OPERANDS = ("bf16", "f16", "e4m3")
+_ELEMENT_BYTES = {"bf16": 2, "f16": 2, "f32": 4, "e4m3": 1}
 
 
 def _as_rkl(t, what: str):
@@ -86,7 +87,7 @@ def select(bundle, a3, b3, c3, ab: str, c: str, scales: list, b_constant: bool =
     M, K, L = a3[1]
     N = b3[1][0]
     key = (ab, c, M, N, K, L, a3[2], b3[2], c3[2], a3[0] % 16, b3[0] % 16, c3[0] % 16, b_constant, device)
-    name = bundle._select_cache.get(key)
+    name = bundle.selections.get(key)
     if name is not None:
         return name
     fits, am, bm = fitting_variants(bundle, a3, b3, c3, ab, c, scales)
@@ -112,25 +113,25 @@ def resident_clusters(bundle, entry: dict, cluster_ctas: int, bound: int, device
     """Clusters of ``cluster_ctas`` CTAs of this variant that CUDA device ``device`` (the current
     one) holds at once: the driver's answer on a real device (runtime/occupancy.py), never more
     than ``bound`` (the only figure for a planned device); asked once per variant and device."""
-    key = (entry["name"], None if bundle._planned else device)
-    cap = bundle._max_clusters.get(key)
+    key = ("max_clusters", entry["name"], None if bundle.planned else device)
+    cap = bundle.variant_facts.get(key)
     if cap is None:
         cap = max(1, bound)
-        if not bundle._planned and not bundle._simulated:  # the GPU itself, not a device given for planning
+        if not bundle.planned and not bundle.simulated:  # the GPU itself, not a device given for planning
             from .occupancy import capturing, current_device, max_active_clusters
 
             if current_device() not in (device, None) or capturing():
                 return cap  # the driver would answer for another device / must not be asked inside a capture
             cap = min(cap, max_active_clusters(bundle.path, entry, cluster_ctas) or cap)
-        bundle._max_clusters[key] = cap
+        bundle.variant_facts[key] = cap
     return cap
 
 
 def remember(bundle, key: tuple, name: str) -> str:
     """Cache a selection (bounded: a long-running server sees unboundedly many shapes)."""
-    if len(bundle._select_cache) >= _CACHE_LIMIT:
-        bundle._select_cache.clear()
-    bundle._select_cache[key] = name
+    if len(bundle.selections) >= _CACHE_LIMIT:
+        bundle.selections.clear()
+    bundle.selections[key] = name
     return name
 
 
@@ -261,27 +262,27 @@ def _unit_scale(bundle, device):
     """A float32 [1.0] on ``device`` for an fp8 scale not given, made once per device.  Not kept
     when made during CUDA-graph capture: its fill would then run only when the graph replays.
     Kept only once its fill has finished, so a launch on any other stream may read it."""
-    s = bundle._unit_scales.get(device)
+    s = bundle.unit_scales.get(device)
     if s is None:
         s = torch.ones(1, dtype=torch.float32, device=device)
         if device.type != "cuda":
-            bundle._unit_scales[device] = s
+            bundle.unit_scales[device] = s
         elif not torch.cuda.is_current_stream_capturing():
             torch.cuda.current_stream(device).synchronize()
-            bundle._unit_scales[device] = s
+            bundle.unit_scales[device] = s
     return s
 
 
 def early_b_twin(bundle, name: str) -> str:
     """``name``'s twin that loads its first stages of B before waiting for the previous kernel
     (config ``early_b``), or ``name`` itself when the bundle has none."""
-    twin = bundle._early_b.get(name)
+    twin = bundle.variant_facts.get(("early_b", name))
     if twin is None:
         twin = name + "_eb"
         entry = bundle.manifest["variants"].get(twin)
         if entry is None or not entry.get("config", {}).get("early_b"):
             twin = name
-        bundle._early_b[name] = twin
+        bundle.variant_facts[("early_b", name)] = twin
     return twin
 
 
@@ -295,7 +296,7 @@ def gemm(bundle, a, b, out=None, *, out_dtype=None, scale_a=None, scale_b=None, 
                out_dtype, b_constant, variant, scale_a is None, scale_b is None)
         if out is not None or scale_a is not None or scale_b is not None:
             key = hot_key(key, out, scale_a, scale_b)
-        fire = bundle._hot_gemm.get(key)
+        fire = bundle.hot_gemm.get(key)
     except (AttributeError, TypeError):  # not tensors, an unhashable argument, a stand-in bundle
         key = fire = None
     if (fire is not None and isinstance(a, Tensor) and isinstance(b, Tensor) and hot_types(out, scale_a, scale_b)
@@ -319,7 +320,7 @@ def gemm(bundle, a, b, out=None, *, out_dtype=None, scale_a=None, scale_b=None, 
         raise InputError(f"shapes do not match for a·bᵀ: a {tuple(sa)}, b {tuple(sb)} (a (M, K) or (L, M, K), "
                          f"b (N, K) or (L, N, K))")
     dev = a.get_device()
-    if b.get_device() != dev or dev < bundle._lowest_device or (out is not None and (not isinstance(out, Tensor) or out.get_device() != dev)):
+    if b.get_device() != dev or dev < bundle.lowest_device or (out is not None and (not isinstance(out, Tensor) or out.get_device() != dev)):
         dev = validate.one_device(bundle, a=a, b=b, out=out)
     if (a.requires_grad or b.requires_grad) and torch.is_grad_enabled():
         validate.no_grad("gemm", a=a, b=b)
@@ -336,6 +337,8 @@ def gemm(bundle, a, b, out=None, *, out_dtype=None, scale_a=None, scale_b=None, 
         c3 = rkl_spec(out, "out")
         if c3[1] != (M, N, L) or out.dim() != nd or (out_dtype is not None and out_dtype != out.dtype):
             _out_error(a, b, out, out_dtype)
+        validate.distinct("out", out.shape, out.stride())
+        validate.disjoint("out", out, a=a, b=b, scale_a=scale_a, scale_b=scale_b)
     c = DTYPES.get(out.dtype)
     if c is None:
         raise InputError(f"out dtype {out.dtype} is not one the kernels write (bfloat16, float16, float32)")
@@ -357,7 +360,7 @@ def gemm(bundle, a, b, out=None, *, out_dtype=None, scale_a=None, scale_b=None, 
         scales += launch_scalars(bundle, entry, dev)
     bundle.launch(name, [a3, b3, c3, *scales], checked=True, device=dev)
     if key is not None and (not fp8 or hot_scales(bundle, a, keep, scale_a, scale_b)):
-        unit = bundle._unit_scales.get(a.device) if fp8 else None
+        unit = bundle.unit_scales.get(a.device) if fp8 else None
         remember_hot(bundle, key, hot_launch(bundle, name, entry, [a3, b3, c3, *scales], dev, out, out_given, unit))
     return out
 
@@ -378,7 +381,7 @@ def hot_key(key: tuple, out, scale_a, scale_b) -> tuple:
 def hot_scales(bundle, a, keep: list, scale_a, scale_b) -> bool:
     """Whether the fp8 scales the checked path launched with are the ones the hot path will pass:
     given ones float32 as given, a default one kept (made outside a graph capture)."""
-    unit = bundle._unit_scales.get(a.device)
+    unit = bundle.unit_scales.get(a.device)
     return all(s is unit if g is None else s is g for s, g in zip(keep, (scale_a, scale_b)))
 
 
@@ -389,9 +392,9 @@ def hot_types(out, scale_a, scale_b) -> bool:
 
 def remember_hot(bundle, key: tuple, fire) -> None:
     if fire is not None:
-        if len(bundle._hot_gemm) >= _CACHE_LIMIT:
-            bundle._hot_gemm.clear()
-        bundle._hot_gemm[key] = fire
+        if len(bundle.hot_gemm) >= _CACHE_LIMIT:
+            bundle.hot_gemm.clear()
+        bundle.hot_gemm[key] = fire
 
 
 def hot_launch(bundle, name: str, entry: dict, specs: list, dev: int, out, out_given: bool, unit):
@@ -406,6 +409,7 @@ def hot_launch(bundle, name: str, entry: dict, specs: list, dev: int, out, out_g
     if fixed is None:  # not loaded by that launch (a stand-in launch in tests): nothing cached
         return None
     go = fixed.go
+    cur, raw = bundle.device_api()
     empty_like = torch.empty_like
     oproto = None if out_given else out.new_empty(1).expand(out.shape)
     if oproto is not None and empty_like(oproto).stride() != out.stride():
@@ -416,6 +420,12 @@ def hot_launch(bundle, name: str, entry: dict, specs: list, dev: int, out, out_g
         wproto = out.new_empty(1, dtype=torch.float32).expand(entry["split_k"] * M * N)
     fp8 = entry["dtypes"]["a"] == "e4m3"
     unit_ptr = unit.data_ptr() if unit is not None else 0
+    # A given ``out`` must share no byte with a, b (or a given scale): checked per call, the
+    # pointers differ; the byte extents are fixed by the key.  (An overlap returns None: the
+    # checked path then raises the InputError.)
+    es = _ELEMENT_BYTES
+    ea, eb = (validate.span(s[1], s[2]) * es[entry["dtypes"]["a"]] for s in specs[:2])
+    eo = validate.span(specs[2][1], specs[2][2]) * es[entry["dtypes"]["c"]]
 
     def failed(err):
         if err is None:
@@ -423,29 +433,46 @@ def hot_launch(bundle, name: str, entry: dict, specs: list, dev: int, out, out_g
         raise LaunchError(f"{name}: launch failed: {bundle.lib.error(err)}")
 
     if not fp8 and wproto is None:
+        if out_given:
+            def fire_out(a, b, out, sa, sb):
+                here = cur()
+                if here != dev:
+                    not_current(dev, here)
+                pa, pb, po = a.data_ptr(), b.data_ptr(), out.data_ptr()
+                if (po < pa + ea and pa < po + eo) or (po < pb + eb and pb < po + eo):
+                    return None
+                err = go(pa, pb, po, raw(here))
+                return out if err == 0 else failed(err)
+            return fire_out
+
         def fire(a, b, out, sa, sb):
-            if out is None:
-                out = empty_like(oproto)
-            here = bundle._cur()
+            out = empty_like(oproto)
+            here = cur()
             if here != dev:
                 not_current(dev, here)
-            err = go(a.data_ptr(), b.data_ptr(), out.data_ptr(), bundle._raw(here))
+            err = go(a.data_ptr(), b.data_ptr(), out.data_ptr(), raw(here))
             return out if err == 0 else failed(err)
         return fire
 
     def fire_any(a, b, out, sa, sb):
         if out is None:
             out = empty_like(oproto)
-        here = bundle._cur()
+        here = cur()
         if here != dev:
             not_current(dev, here)
         p = [a.data_ptr(), b.data_ptr(), out.data_ptr()]
+        if out_given:
+            pa, pb, po = p
+            if (po < pa + ea and pa < po + eo) or (po < pb + eb and pb < po + eo):
+                return None
         if fp8:
             p += (unit_ptr if sa is None else sa.data_ptr(), unit_ptr if sb is None else sb.data_ptr())
+            if out_given and any(po <= x < po + eo for x in p[3:]):
+                return None
         if wproto is not None:
             ws = empty_like(wproto)  # (alive until the launch is queued)
             p.append(ws.data_ptr())
-        err = go(*p, bundle._raw(here))
+        err = go(*p, raw(here))
         return out if err == 0 else failed(err)
     return fire_any
 
@@ -472,7 +499,7 @@ def _named(bundle, name: str, a3, b3, c3, ab: str, c: str, scales: list, dev: in
     """``variant=name`` (benchmarks, tests): a gemm variant runnable here for these dtypes and
     majorness whose contract the operands meet; checked once per problem key."""
     key = ("named", name, ab, c, a3[1], b3[1], a3[2], b3[2], c3[2], a3[0] % 16, b3[0] % 16, c3[0] % 16, dev)
-    if key in bundle._select_cache:
+    if key in bundle.selections:
         return name
     entry = bundle.manifest["variants"].get(name)
     if entry is None or entry["op"] != "gemm" or entry.get("family") == "decode":

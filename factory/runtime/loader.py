@@ -23,6 +23,7 @@ class HostLibrary:
         self.lib = ctypes.CDLL(str(path))
         self.lib.fx_error_string.restype = ctypes.c_char_p
         self.lib.fx_error_string.argtypes = [ctypes.c_int32]
+        self.lib.fx_last_error_message.restype = ctypes.c_char_p
         self._lock = threading.Lock()
         self._launchers: dict[str, object] = {}
 
@@ -40,8 +41,9 @@ class HostLibrary:
                 load = getattr(self.lib, f"fx_load_{name}")
                 load.restype = ctypes.c_int32
                 err = load()
-                if err:
-                    raise LaunchError(f"loading {name}: {self.error(err)}")
+                if err:  # (the load names its error: no usable driver or device, or the driver's refusal)
+                    why = self.lib.fx_last_error_message().decode(errors="replace")
+                    raise LaunchError(f"{why or f'loading {name}: ' + self.error(err)} ({err})")
                 fn = getattr(self.lib, f"fx_launch_{name}")
                 fn.restype = ctypes.c_int32
                 fn.argtypes = [ctypes.c_void_p]

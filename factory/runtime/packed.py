@@ -86,7 +86,7 @@ def wave_ctas(bundle, entry: dict, device: int = 0) -> int:
 
 def select_packed(bundle, specs: list, M: int, N: int, K: int, b_constant: bool, device: int = 0) -> str:
     key = ("packed", M, N, K, specs[0][2], specs[2][2], specs[0][0] % 16, specs[2][0] % 16, b_constant, device)
-    name = bundle._select_cache.get(key)
+    name = bundle.selections.get(key)
     if name is not None:
         return name
     fits = fitting(bundle, specs, M, N, K)
@@ -146,7 +146,7 @@ def gemm_packed(bundle, a, p: PackedB, out=None, *, out_dtype=None, scale_a=None
                out_dtype, b_constant, variant, scale_a is None, scale_b is None, "packed", p.n, p.k)
         if out is not None or scale_a is not None or scale_b is not None:
             key = gemm.hot_key(key, out, scale_a, scale_b)
-        fire = bundle._hot_gemm.get(key)
+        fire = bundle.hot_gemm.get(key)
     except (AttributeError, TypeError):
         key = fire = None
     if (fire is not None and isinstance(a, Tensor) and isinstance(d, Tensor) and gemm.hot_types(out, scale_a, scale_b)
@@ -162,7 +162,7 @@ def gemm_packed(bundle, a, p: PackedB, out=None, *, out_dtype=None, scale_a=None
     if a.dtype != torch.float8_e4m3fn:
         raise InputError(f"packed weights are e4m3: a must be too, got {a.dtype}")
     dev = a.get_device()
-    if p.data.get_device() != dev or dev < bundle._lowest_device or (out is not None and (not isinstance(out, Tensor) or out.get_device() != dev)):
+    if p.data.get_device() != dev or dev < bundle.lowest_device or (out is not None and (not isinstance(out, Tensor) or out.get_device() != dev)):
         dev = validate.one_device(bundle, a=a, b=p.data, out=out)
     if a.requires_grad and torch.is_grad_enabled():
         validate.no_grad("gemm", a=a)
@@ -176,6 +176,9 @@ def gemm_packed(bundle, a, p: PackedB, out=None, *, out_dtype=None, scale_a=None
         raise InputError(f"out_dtype {out_dtype} differs from out's dtype {out.dtype}: give one of them")
     if out.dtype != torch.bfloat16:
         raise InputError(f"the packed decode kernels write bfloat16, out is {out.dtype}")
+    if out_given:
+        validate.distinct("out", out.shape, out.stride())
+        validate.disjoint("out", out, a=a, b=p.data, scale_a=scale_a, scale_b=scale_b)
     scales, keep = gemm.fp8_scales(bundle, a, scale_a, scale_b, dev)  # (keep: alive until queued)
     if M == 0 or p.n == 0:
         return out
@@ -192,5 +195,5 @@ def gemm_packed(bundle, a, p: PackedB, out=None, *, out_dtype=None, scale_a=None
     if key is not None and gemm.hot_scales(bundle, a, keep, scale_a, scale_b):
         entry = bundle.manifest["variants"][name]
         gemm.remember_hot(bundle, key, gemm.hot_launch(bundle, name, entry, specs, dev, out, out_given,
-                                                       bundle._unit_scales.get(a.device)))
+                                                       bundle.unit_scales.get(a.device)))
     return out

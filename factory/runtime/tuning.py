@@ -114,8 +114,10 @@ def read(bundle_path: str | Path, manifest_hash: str) -> tuple[dict | None, str]
         return None, "no tuning.json"
     try:
         data = json.loads(p.read_text())
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, RecursionError) as e:
         return None, f"tuning.json unreadable: {e}"
+    if not isinstance(data, dict):
+        return None, "tuning.json unreadable: not a JSON object"
     if data.get("schema") != SCHEMA:
         return None, f"tuning.json schema {data.get('schema')}, this loader reads {SCHEMA}"
     if data.get("manifest_sha256") != manifest_hash:
@@ -130,10 +132,15 @@ def load(bundle_path: str | Path, device: dict) -> tuple[Tuning | None, str]:
     if data is None:
         return None, why
     dev = data.get("device", {})
+    if not isinstance(dev, dict):
+        return None, "tuning.json unreadable: its device is not a JSON object"
     if dev.get("name") != device.get("name") or dev.get("sm_count") != device.get("sm_count"):
         return None, (f"tuned on {dev.get('name')} ({dev.get('sm_count')} SMs), this is "
                       f"{device.get('name')} ({device.get('sm_count')} SMs)")
-    return Tuning(data), "ok"
+    try:  # (a table of another shape than tune.py writes: selection falls back to the cost model)
+        return Tuning(data), "ok"
+    except (AttributeError, TypeError, KeyError) as e:
+        return None, f"tuning.json unreadable: {type(e).__name__}: {e}"
 
 
 def pick_winner(timings_us: dict[str, float], model_pick: str | None, margin: float = 0.03) -> str:

@@ -15,6 +15,7 @@ import torch
 
 from .errors import InputError
 
+
 def where(t) -> str:
     d = t.get_device()
     return f"cuda:{d}" if d >= 0 else str(t.device)
@@ -37,7 +38,7 @@ def one_device(bundle, **named) -> int:
     if any(d != first for d in devs.values()):
         listed = ", ".join(f"{k} on {where(named[k])}" for k in devs)
         raise InputError(f"tensors on different devices ({listed}): every tensor must be on one CUDA device")
-    if first < 0 and not bundle._simulated:
+    if first < 0 and not bundle.simulated:
         k = next(iter(devs))
         raise InputError(f"{k} is on {where(named[k])}: the kernels need CUDA tensors (move them with .cuda())")
     return first
@@ -78,3 +79,39 @@ def cu_seqlens(cu_q, cu_k, total_q: int, total_k: int, max_seqlen_q: int | None)
             longest = int(steps.max())
             if longest > max_seqlen_q:
                 raise InputError(f"max_seqlen_q = {max_seqlen_q} is below the longest query sequence ({longest})")
+
+
+def span(shape, stride) -> int:
+    """Elements a tensor of these sizes and strides spans (0 when it has none)."""
+    if any(n == 0 for n in shape):
+        return 0
+    return 1 + sum((n - 1) * s for n, s in zip(shape, stride))
+
+
+def distinct(what: str, shape, stride) -> None:
+    """InputError unless every element of an output of these sizes and strides has its own
+    address (a zero stride, e.g. a tensor made by ``expand``, or rows that overlap would make the
+    kernel's CTAs write one address from several places)."""
+    if any(n == 0 for n in shape):
+        return
+    ext = 1
+    for n, s in sorted(((n, s) for n, s in zip(shape, stride) if n > 1), key=lambda x: x[1]):
+        if s < ext:
+            raise InputError(f"{what} has overlapping elements (shape {tuple(shape)}, strides {tuple(stride)}): an "
+                             f"output needs its own address per element (not a view made by expand)")
+        ext += (n - 1) * s
+
+
+def disjoint(out_name: str, out, **inputs) -> None:
+    """InputError when the output tensor ``out`` shares memory with one of ``inputs`` (tensors or
+    None): the kernels read the inputs while they write the output."""
+    po = out.data_ptr()
+    if out.numel() == 0 or po == 0:  # (meta tensors have no memory)
+        return
+    eo = po + span(out.shape, out.stride()) * out.element_size()
+    for what, t in inputs.items():
+        if t is None or t.numel() == 0 or not t.data_ptr():
+            continue
+        pt = t.data_ptr()
+        if po < pt + span(t.shape, t.stride()) * t.element_size() and pt < eo:
+            raise InputError(f"{out_name} overlaps {what} in memory: the output must not alias an input")

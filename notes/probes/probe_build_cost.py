@@ -54,7 +54,6 @@ def gemm_grid() -> list[dict]:
 
 def reachability(bundle_path: Path, n_random: int) -> dict[str, set]:
     import c_selection as cs
-    from factory.runtime import attention as rt_attention
 
     gemm_ps = gemm_grid() + cs.gemm_problems(seed=7, n=n_random)
     attn_ps = cs.attention_problems(seed=7, n_dense=n_random, n_varlen=n_random // 3)
@@ -66,7 +65,6 @@ def reachability(bundle_path: Path, n_random: int) -> dict[str, set]:
             r = cs.py_gemm(b, p, a, w, c)
             if r[0] == "ok":
                 picked[r[1]].add(label)
-        rt_attention._sm_count = lambda sms=sms: sms  # the GPU's SMs, as attention() asks
         for p in attn_ps:
             if p["q_off"]:
                 continue

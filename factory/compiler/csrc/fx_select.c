@@ -5,7 +5,25 @@
  * equal by tests/test_c_selection.py, which compares them over hundreds of problems.  Integer
  * arithmetic that Python does on unbounded ints is done here in __int128 where a product can
  * pass 2^63; floating point follows Python's order of operations (this file is compiled with
- * -ffp-contract=off), so the cost model's estimates are bit-identical. */
+ * -ffp-contract=off), so the cost model's estimates are bit-identical.
+ *
+ * The pattern of an op (how to add one, e.g. fx_attention_kvcache):
+ *   1. fx_api.h: a fx_<op>_problem_t (sizes int64, strides in elements per mode, pointers, flags
+ *      int32 0/1), and the two entry points fx_<op>_select (no GPU, no CUDA call) and fx_<op>
+ *      (select, then launch), both filling a fx_selection_t.
+ *   2. here, <op>_select(dev, p, out, ctx, workspace): first every check, in this order, each a
+ *      FX_ERR_INPUT whose message names the field: check_device; check_bool for each flag;
+ *      check_sizes / check_stride (named); product / span_of / range_of for every element count,
+ *      extent and byte count (checked arithmetic: never a wrapped value); check_distinct for each
+ *      output and check_disjoint of each output against the inputs and the other outputs; then
+ *      the empty problem (FX_OK, variant -1, nothing launched); then the choice (<op>_choose over
+ *      candidates(dev, FX_OP_<OP>, ...), tuning buckets by find_bucket-style keys when
+ *      tuning_applies(dev)); then the launch values (spec() per tensor, in signature order) and
+ *      check_contract(variant, values) (loader.Binder.check); workspace sizes with mulu64.
+ *   3. the exported functions return finish(rc, out): the message cleared on success, the
+ *      selection zeroed on FX_ERR_INPUT / FX_ERR_NO_VARIANT.
+ *   4. factory/compiler/selection.py: the variant fields the choice reads (a column of fx_variant
+ *      in fx_select.h, OP_IDS for the op), generated from the manifest entry. */
 #include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -31,6 +49,164 @@ static int32_t fail(int32_t code, const char *fmt, ...) {
     return code;
 }
 
+int32_t fx_record_error(int32_t code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(fx_msg, sizeof fx_msg, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+int32_t fx_require_device(const char *what) {
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e == cudaSuccess && n > 0) return 0;
+    cudaGetLastError(); /* not a later call's error */
+    if (e == cudaSuccess) e = cudaErrorNoDevice;
+    return fail((int32_t)e, "%s: no usable CUDA device (%s: %s)", what, cudaGetErrorName(e), cudaGetErrorString(e));
+}
+
+/* --- checked arithmetic ------------------------------------------------------------------------
+   Every size, product and byte count a call forms goes through these: a value past int64 (or a
+   uint64 byte count past 2^64) is FX_ERR_INPUT naming what overflowed, never a wrapped value. */
+static int32_t mul64(int64_t a, int64_t b, int64_t *r, const char *what) {
+    if (__builtin_mul_overflow(a, b, r))
+        return fail(FX_ERR_INPUT, "%s overflows int64 (%lld x %lld)", what, (long long)a, (long long)b);
+    return 0;
+}
+
+static int32_t add64(int64_t a, int64_t b, int64_t *r, const char *what) {
+    if (__builtin_add_overflow(a, b, r))
+        return fail(FX_ERR_INPUT, "%s overflows int64 (%lld + %lld)", what, (long long)a, (long long)b);
+    return 0;
+}
+
+static int32_t mulu64(uint64_t a, uint64_t b, uint64_t *r, const char *what) {
+    if (__builtin_mul_overflow(a, b, r))
+        return fail(FX_ERR_INPUT, "%s overflows 64 bits (%llu x %llu bytes)", what, (unsigned long long)a,
+                    (unsigned long long)b);
+    return 0;
+}
+
+/* The product of n sizes (each >= 0), checked: FX_ERR_INPUT naming `what` when it passes int64. */
+static int32_t product(const int64_t *xs, int32_t n, int64_t *r, const char *what) {
+    int64_t p = 1;
+    int32_t rc;
+    for (int32_t i = 0; i < n; i++)
+        if ((rc = mul64(p, xs[i], &p, what))) return rc;
+    *r = p;
+    return 0;
+}
+
+/* The elements a tensor of these sizes and (non-negative) strides spans: 1 + sum (size - 1) x
+   stride, 0 when a size is 0; FX_ERR_INPUT when that passes int64. */
+static int32_t span_of(const char *what, int32_t n, const int64_t *shape, const int64_t *stride, int64_t *span) {
+    int64_t s = 1, t;
+    int32_t rc;
+    for (int32_t i = 0; i < n; i++) {
+        if (shape[i] == 0) {
+            *span = 0;
+            return 0;
+        }
+    }
+    for (int32_t i = 0; i < n; i++) {
+        if ((rc = mul64(shape[i] - 1, stride[i], &t, what)) || (rc = add64(s, t, &s, what))) return rc;
+    }
+    *span = s;
+    return 0;
+}
+
+/* An output's layout must give every element its own address: modes of size > 1, in order of
+   stride, each with a stride of at least the span of the smaller ones (a zero stride, or rows
+   that overlap, is refused: the kernels' CTAs would race on one address). */
+static int32_t check_distinct(const char *what, int32_t n, const int64_t *shape, const int64_t *stride) {
+    int32_t idx[FX_MAX_RANK], m = 0;
+    for (int32_t i = 0; i < n; i++)
+        if (shape[i] == 0) return 0; /* no elements */
+    for (int32_t i = 0; i < n && m < FX_MAX_RANK; i++)
+        if (shape[i] > 1) idx[m++] = i;
+    for (int32_t i = 1; i < m; i++) { /* insertion sort by stride */
+        int32_t x = idx[i], j = i - 1;
+        while (j >= 0 && stride[idx[j]] > stride[x]) {
+            idx[j + 1] = idx[j];
+            j--;
+        }
+        idx[j + 1] = x;
+    }
+    int64_t span = 1, t;
+    for (int32_t i = 0; i < m; i++) {
+        int32_t d = idx[i];
+        if (stride[d] < span)
+            return fail(FX_ERR_INPUT, "%s: stride %lld of mode %d makes elements overlap (sizes and strides must "
+                        "give every output element its own address; zero strides are refused)", what,
+                        (long long)stride[d], d);
+        if (__builtin_mul_overflow(shape[d] - 1, stride[d], &t) || __builtin_add_overflow(span, t, &span))
+            return fail(FX_ERR_INPUT, "%s: its span overflows int64", what);
+    }
+    return 0;
+}
+
+/* A byte range [p, p + bytes) of a caller's tensor; NULL pointers and empty ranges overlap nothing. */
+typedef struct {
+    const char *what;
+    uintptr_t p;
+    uint64_t bytes;
+} fx_range;
+
+static int32_t range_of(fx_range *r, const char *what, const void *p, int64_t span, int64_t elem) {
+    r->what = what;
+    r->p = (uintptr_t)p;
+    return mulu64((uint64_t)span, (uint64_t)elem, &r->bytes, what);
+}
+
+/* FX_ERR_INPUT when the output range o shares a byte with any of the n input ranges. */
+static int32_t check_disjoint(const fx_range *o, const fx_range *in, int32_t n) {
+    if (!o->p || !o->bytes) return 0;
+    for (int32_t i = 0; i < n; i++) {
+        if (!in[i].p || !in[i].bytes) continue;
+        int overlap = o->p < in[i].p ? in[i].p - o->p < o->bytes : o->p - in[i].p < in[i].bytes;
+        if (overlap)
+            return fail(FX_ERR_INPUT, "%s overlaps %s in memory: an output must not alias an input or another output",
+                        o->what, in[i].what);
+    }
+    return 0;
+}
+
+static int32_t check_bool(const char *what, int32_t x) {
+    if (x != 0 && x != 1) return fail(FX_ERR_INPUT, "%s must be 0 or 1, got %d", what, (int)x);
+    return 0;
+}
+
+static int known_capability(int32_t major, int32_t minor) {
+    for (int32_t i = 0; i < fx_n_known_ccs; i++)
+        if (fx_known_ccs[i][0] == major && fx_known_ccs[i][1] == minor) return 1;
+    return 0;
+}
+
+/* What every entry point checks of the device. */
+static int32_t check_device(const fx_device_t *dev) {
+    if (dev->sm_count <= 0) return fail(FX_ERR_INPUT, "fx_device_t.sm_count must be positive, got %d", dev->sm_count);
+    if (!known_capability(dev->cc_major, dev->cc_minor))
+        return fail(FX_ERR_INPUT, "fx_device_t compute capability %d.%d is not one an NVIDIA device has",
+                    dev->cc_major, dev->cc_minor);
+    if (memchr(dev->name, 0, sizeof dev->name) == NULL)
+        return fail(FX_ERR_INPUT, "fx_device_t.name is not NUL-terminated within its 256 bytes");
+    return 0;
+}
+
+/* How every exported function returns: on success the last-error message is cleared; on an
+   FX_ERR_INPUT / FX_ERR_NO_VARIANT the selection is zeroed (variant -1), so nothing stale of an
+   earlier call remains (FX_ERR_WORKSPACE keeps it: it says how much workspace to give). */
+static int32_t finish(int32_t rc, fx_selection_t *out) {
+    if (rc == 0) {
+        fx_msg[0] = 0;
+    } else if (rc == FX_ERR_INPUT || rc == FX_ERR_NO_VARIANT) {
+        memset(out, 0, sizeof *out);
+        out->variant = -1;
+    }
+    return rc;
+}
+
 FX_EXPORT const char *fx_last_error_message(void) { return fx_msg; }
 FX_EXPORT int32_t fx_variant_count(void) { return fx_n_variants; }
 FX_EXPORT const char *fx_variant_name(int32_t i) {
@@ -48,9 +224,16 @@ FX_EXPORT const char *fx_error_string(int32_t err) {
 }
 
 FX_EXPORT int32_t fx_device_query(int32_t device, fx_device_t *out) {
+    if (!out) return fail(FX_ERR_INPUT, "fx_device_query: out must not be NULL");
+    int32_t rc = fx_require_device("fx_device_query");
+    if (rc) return rc;
     struct cudaDeviceProp p;
     cudaError_t e = cudaGetDeviceProperties(&p, device);
-    if (e != cudaSuccess) return (int32_t)e;
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return fail((int32_t)e, "fx_device_query: device %d: %s: %s", (int)device, cudaGetErrorName(e),
+                    cudaGetErrorString(e));
+    }
     memset(out, 0, sizeof *out);
     out->cc_major = p.major;
     out->cc_minor = p.minor;
@@ -59,7 +242,7 @@ FX_EXPORT int32_t fx_device_query(int32_t device, fx_device_t *out) {
     return 0;
 }
 
-static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; } /* a >= 0, b > 0 */
+static int64_t cdiv(int64_t a, int64_t b) { return a / b + (a % b != 0); } /* a >= 0, b > 0 */
 static i128 cdiv128(i128 a, i128 b) { return (a + b - 1) / b; }
 
 static const char *dtype_name(int32_t d) {
@@ -549,12 +732,6 @@ static int32_t gemm_b_constant(const gemm_ctx *g, int32_t plain) {
     return fx_variants[plain].twin;
 }
 
-static int valid_stride(const int64_t *s, int32_t n) {
-    for (int32_t i = 0; i < n; i++)
-        if (s[i] < 0) return 0;
-    return 1;
-}
-
 /* Per thread, the last selections (as gemm.select caches per problem key): everything the answer
    depends on, pointers as their remainder mod 16 (every alignment in a contract divides 16;
    factory/compiler/selection.py checks), the device name only as whether the tuning table
@@ -589,23 +766,55 @@ static uint32_t gemm_key_of(const gemm_ctx *g, const fx_gemm_problem_t *p, gemm_
     return h % FX_CACHE_SLOTS;
 }
 
+static int32_t check_sizes(const char *const *names, const int64_t *xs, int32_t n) {
+    for (int32_t i = 0; i < n; i++)
+        if (xs[i] < 0) return fail(FX_ERR_INPUT, "%s must not be negative, got %lld", names[i], (long long)xs[i]);
+    return 0;
+}
+
+static int32_t check_stride(const char *what, const int64_t *s, int32_t first, int32_t n) {
+    for (int32_t i = first; i < n; i++)
+        if (s[i] < 0) return fail(FX_ERR_INPUT, "%s[%d] must not be negative, got %lld", what, i, (long long)s[i]);
+    return 0;
+}
+
+static int64_t elem_bytes(int32_t dtype) {
+    return dtype == FX_DTYPE_F32 ? 4 : dtype == FX_DTYPE_E4M3 ? 1 : 2;
+}
+
 /* gemm.gemm's checks up to the launch, and gemm.select. */
 static int32_t gemm_select(const fx_device_t *dev, const fx_gemm_problem_t *p, fx_selection_t *out, gemm_ctx *g) {
     memset(out, 0, sizeof *out);
     out->variant = -1;
     fx_msg[0] = 0;
+    int32_t rc;
     if (!dev || !p) return fail(FX_ERR_INPUT, "fx_gemm: dev and problem must not be NULL");
-    if (dev->sm_count <= 0) return fail(FX_ERR_INPUT, "fx_device_t.sm_count must be positive, got %d", dev->sm_count);
+    if ((rc = check_device(dev))) return rc;
     int32_t ab = p->ab_dtype, c = p->c_dtype;
     if (ab != FX_DTYPE_BF16 && ab != FX_DTYPE_F16 && ab != FX_DTYPE_E4M3)
         return fail(FX_ERR_INPUT, "unsupported dtype %d: gemm takes bfloat16, float16 or float8_e4m3fn", ab);
     if (c != FX_DTYPE_BF16 && c != FX_DTYPE_F16 && c != FX_DTYPE_F32 && c != FX_DTYPE_E4M3)
         return fail(FX_ERR_INPUT, "out dtype %d is not one the kernels write (bfloat16, float16, float32)", c);
-    if (p->m < 0 || p->n < 0 || p->k < 0 || p->l < 0) return fail(FX_ERR_INPUT, "sizes must not be negative");
-    if (!valid_stride(p->a_stride, 3) || !valid_stride(p->b_stride, 3) || !valid_stride(p->c_stride, 3))
-        return fail(FX_ERR_INPUT, "strides must not be negative");
+    static const char *const size_names[4] = {"m", "n", "k", "l"};
+    int64_t sizes[4] = {p->m, p->n, p->k, p->l};
+    if ((rc = check_sizes(size_names, sizes, 4))) return rc;
+    if ((rc = check_stride("a_stride", p->a_stride, 0, 3)) || (rc = check_stride("b_stride", p->b_stride, 0, 3)) ||
+        (rc = check_stride("c_stride", p->c_stride, 0, 3)))
+        return rc;
+    if ((rc = check_bool("b_constant", p->b_constant))) return rc;
     int fp8 = ab == FX_DTYPE_E4M3;
     if (!fp8 && (p->scale_a || p->scale_b)) return fail(FX_ERR_INPUT, "scale_a/scale_b apply to fp8 GEMMs only");
+    /* the operands' extents (checked: each fits int64, in elements and in bytes), c's layout, and
+       c against every input */
+    int64_t sa[3] = {p->m, p->k, p->l}, sb[3] = {p->n, p->k, p->l}, sc[3] = {p->m, p->n, p->l}, one = 1, span;
+    fx_range in[4], oc;
+    if ((rc = span_of("a", 3, sa, p->a_stride, &span)) || (rc = range_of(&in[0], "a", p->a, span, elem_bytes(ab))) ||
+        (rc = span_of("b", 3, sb, p->b_stride, &span)) || (rc = range_of(&in[1], "b", p->b, span, elem_bytes(ab))) ||
+        (rc = span_of("c", 3, sc, p->c_stride, &span)) || (rc = range_of(&oc, "c", p->c, span, elem_bytes(c))))
+        return rc;
+    range_of(&in[2], "scale_a", p->scale_a, fp8, 4);
+    range_of(&in[3], "scale_b", p->scale_b, fp8, 4);
+    if ((rc = check_distinct("c", 3, sc, p->c_stride)) || (rc = check_disjoint(&oc, in, 4))) return rc;
     if (p->m == 0 || p->n == 0 || p->l == 0 || p->k == 0) return 0; /* nothing to launch */
 
     memset(g, 0, sizeof *g);
@@ -613,7 +822,6 @@ static int32_t gemm_select(const fx_device_t *dev, const fx_gemm_problem_t *p, f
     g->ab = ab;
     g->c = c;
     g->M = p->m, g->N = p->n, g->K = p->k, g->L = p->l;
-    int64_t sa[3] = {p->m, p->k, p->l}, sb[3] = {p->n, p->k, p->l}, sc[3] = {p->m, p->n, p->l}, one = 1;
     spec(&g->vals[0], p->a, 3, sa, p->a_stride);
     spec(&g->vals[1], p->b, 3, sb, p->b_stride);
     spec(&g->vals[2], p->c, 3, sc, p->c_stride);
@@ -636,8 +844,7 @@ static int32_t gemm_select(const fx_device_t *dev, const fx_gemm_problem_t *p, f
         choice = fx_gemm_cache[slot].choice - 1;
     } else {
         int32_t *fits, n;
-        int32_t rc = gemm_fits(g, 0, &fits, &n);
-        if (rc) return rc;
+        if ((rc = gemm_fits(g, 0, &fits, &n))) return rc;
         choice = gemm_choose(g, fits, n);
         free(fits);
         if (choice < 0) return fail(FX_ERR_NO_VARIANT, "no gemm variant fits (no unsplit variant and no split one qualifies)");
@@ -649,7 +856,12 @@ static int32_t gemm_select(const fx_device_t *dev, const fx_gemm_problem_t *p, f
     out->variant = choice;
     out->name = v->name;
     out->splits = v->split_k;
-    out->workspace_bytes = v->workspace ? (uint64_t)v->split_k * (uint64_t)p->m * (uint64_t)p->n * 4u : 0;
+    if (v->workspace) { /* (split_k, M, N) float32 partials */
+        uint64_t b;
+        if ((rc = mulu64((uint64_t)v->split_k * 4u, (uint64_t)p->m, &b, "the split-K workspace")) ||
+            (rc = mulu64(b, (uint64_t)p->n, &out->workspace_bytes, "the split-K workspace")))
+            return rc;
+    }
     if (v->cluster_ctas) {
         int32_t cap = dev->sm_count / v->cluster_ctas;
         out->max_clusters = cap > 1 ? cap : 1;
@@ -660,7 +872,8 @@ static int32_t gemm_select(const fx_device_t *dev, const fx_gemm_problem_t *p, f
 FX_EXPORT int32_t fx_gemm_select(const fx_device_t *dev, const fx_gemm_problem_t *p, fx_selection_t *out) {
     fx_selection_t tmp;
     gemm_ctx g;
-    return gemm_select(dev, p, out ? out : &tmp, &g);
+    if (!out) out = &tmp;
+    return finish(gemm_select(dev, p, out, &g), out);
 }
 
 /* --- attention: runtime/attention.py ----------------------------------------------------------- */
@@ -919,25 +1132,61 @@ static int32_t attn_select(const fx_device_t *dev, const fx_attention_problem_t 
     memset(out, 0, sizeof *out);
     out->variant = -1;
     fx_msg[0] = 0;
+    int32_t rc;
     if (!dev || !p) return fail(FX_ERR_INPUT, "fx_attention: dev and problem must not be NULL");
-    if (dev->sm_count <= 0) return fail(FX_ERR_INPUT, "fx_device_t.sm_count must be positive, got %d", dev->sm_count);
+    if ((rc = check_device(dev))) return rc;
+    if ((rc = check_bool("varlen", p->varlen)) || (rc = check_bool("causal", p->causal))) return rc;
     float scale = p->softmax_scale;
     if (scale != 0.0f && !(scale > 0.0f && isfinite(scale)))
         return fail(FX_ERR_INPUT, "softmax_scale must be a positive finite number, got %g", (double)scale);
     if (p->dtype != FX_DTYPE_BF16 && p->dtype != FX_DTYPE_F16)
         return fail(FX_ERR_INPUT, "dtype %d not supported (bfloat16, float16)", p->dtype);
     int64_t B = p->batch, Sq = p->seqlen_q, Sk = p->seqlen_k, Hq = p->heads_q, Hkv = p->heads_kv, D = p->head_dim;
-    if (B < 0 || Sq < 0 || Sk < 0 || Hq < 0 || Hkv < 0) return fail(FX_ERR_INPUT, "sizes must not be negative");
-    if (!valid_stride(p->q_stride, 3) || !valid_stride(p->k_stride, 3) || !valid_stride(p->v_stride, 3) ||
-        !valid_stride(p->o_stride, 3) || !valid_stride(p->lse_stride, 2))
-        return fail(FX_ERR_INPUT, "strides must not be negative");
+    static const char *const size_names[5] = {"batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv"};
+    int64_t sizes[5] = {B, Sq, Sk, Hq, Hkv};
+    int varlen = p->varlen;
+    int32_t first = varlen ? 1 : 0;
+    if ((rc = check_sizes(size_names, sizes, 5))) return rc;
+    if ((rc = check_stride("q_stride", p->q_stride, first, 3)) || (rc = check_stride("k_stride", p->k_stride, first, 3)) ||
+        (rc = check_stride("v_stride", p->v_stride, first, 3)) || (rc = check_stride("o_stride", p->o_stride, first, 3)) ||
+        (rc = check_stride("lse_stride", p->lse_stride, first, 2)))
+        return rc;
     if (!is_head_dim(D)) return fail(FX_ERR_INPUT, "head_dim %lld not supported", (long long)D);
     if (Hkv == 0 || Hq % Hkv)
         return fail(FX_ERR_INPUT, "q heads (%lld) must be a multiple of kv heads (%lld)", (long long)Hq, (long long)Hkv);
-    int varlen = p->varlen != 0;
-    int32_t first = varlen ? 1 : 0;
-    int64_t qn = (varlen ? 1 : B) * Sq * Hq * D, kn = (varlen ? 1 : B) * Sk * Hkv * D;
-    int32_t rc;
+    /* q/o (B, Sq, Hq, D) and k/v (B, Sk, Hkv, D) (varlen: no B), lse (B, Hq, Sq) (varlen: (Hq, Sq)):
+       element counts and extents checked against int64, o and lse laid out without overlap and
+       disjoint from the inputs and from each other */
+    int64_t qd[4] = {B, Sq, Hq, D}, kd[4] = {B, Sk, Hkv, D}, ld[3] = {B, Hq, Sq};
+    int64_t qst[4] = {p->q_stride[0], p->q_stride[1], p->q_stride[2], 1};
+    int64_t kst[4] = {p->k_stride[0], p->k_stride[1], p->k_stride[2], 1};
+    int64_t vst[4] = {p->v_stride[0], p->v_stride[1], p->v_stride[2], 1};
+    int64_t ost[4] = {p->o_stride[0], p->o_stride[1], p->o_stride[2], 1};
+    int64_t lst_[3] = {p->lse_stride[0], p->lse_stride[1], 1};
+    int64_t qn, kn, ln, span;
+    int64_t eb = 2;
+    fx_range in[5], ro, rl;
+    if ((rc = product(qd + first, 4 - first, &qn, "q's element count (batch x seqlen_q x heads_q x head_dim)")) ||
+        (rc = product(kd + first, 4 - first, &kn, "k's element count (batch x seqlen_k x heads_kv x head_dim)")) ||
+        (rc = product(ld + first, 3 - first, &ln, "lse's element count (batch x heads_q x seqlen_q)")) ||
+        (rc = span_of("q", 4 - first, qd + first, qst + first, &span)) || (rc = range_of(&in[0], "q", p->q, span, eb)) ||
+        (rc = span_of("k", 4 - first, kd + first, kst + first, &span)) || (rc = range_of(&in[1], "k", p->k, span, eb)) ||
+        (rc = span_of("v", 4 - first, kd + first, vst + first, &span)) || (rc = range_of(&in[2], "v", p->v, span, eb)) ||
+        (rc = span_of("o", 4 - first, qd + first, ost + first, &span)) || (rc = range_of(&ro, "o", p->o, span, eb)))
+        return rc;
+    if (p->lse) {
+        if ((rc = span_of("lse", 3 - first, ld + first, lst_ + first, &span)) ||
+            (rc = range_of(&rl, "lse", p->lse, span, 4)) || (rc = check_distinct("lse", 3 - first, ld + first, lst_ + first)))
+            return rc;
+    } else {
+        range_of(&rl, "lse", NULL, 0, 4);
+    }
+    in[3] = rl;
+    if ((rc = check_distinct("o", 4 - first, qd + first, ost + first)) || (rc = check_disjoint(&ro, in, 4)))
+        return rc;
+    in[3] = ro;
+    if ((rc = check_disjoint(&rl, in, 4))) return rc;
+    (void)ln;
     if ((rc = check_strides("q", p->q, p->q_stride, first, qn)) || (rc = check_strides("k", p->k, p->k_stride, first, kn)) ||
         (rc = check_strides("v", p->v, p->v_stride, first, kn)))
         return rc;
@@ -948,10 +1197,12 @@ static int32_t attn_select(const fx_device_t *dev, const fx_attention_problem_t 
     fx_value *vals = a->vals;
     int64_t one = 1;
     if (varlen) {
-        if (B < 0) return fail(FX_ERR_INPUT, "batch must not be negative");
         if (p->max_seqlen_q > Sq)
             return fail(FX_ERR_INPUT, "max_seqlen_q = %d exceeds the %lld query tokens", p->max_seqlen_q, (long long)Sq);
-        if (Sq == 0 || B == 0 || p->max_seqlen_q <= 0) return 0; /* nothing to launch */
+        if (p->max_seqlen_q < 0 || (p->max_seqlen_q == 0 && Sq > 0 && B > 0))
+            return fail(FX_ERR_INPUT, "max_seqlen_q = %d: with %lld query tokens in %lld sequences it must be at least 1 "
+                        "(the longest query sequence)", p->max_seqlen_q, (long long)Sq, (long long)B);
+        if (Sq == 0 || B == 0) return 0; /* nothing to launch */
         if (Sk == 0)
             return fail(FX_ERR_INPUT, "no keys (seqlen_k = 0): o is 0 and lse -inf by definition; fx_attention does "
                         "not launch for it, write those yourself");
@@ -974,7 +1225,7 @@ static int32_t attn_select(const fx_device_t *dev, const fx_attention_problem_t 
         vals[8].i = p->max_seqlen_q;
         a->n_vals = 9;
         a->lse_offset = 0;
-        out->workspace_bytes = p->lse ? 0 : (uint64_t)Hq * (uint64_t)Sq * 4u;
+        out->workspace_bytes = p->lse ? 0 : (uint64_t)ln * 4u; /* ln < 2^63: no wrap */
         int32_t choice = attn_choose(dev, p->dtype, (int32_t)D, p->causal != 0, 1, -1, NULL);
         if (choice < 0)
             return fail(FX_ERR_NO_VARIANT, "no attention kernel in this bundle for dtype=%s head_dim=%lld causal=%d varlen=1 "
@@ -998,11 +1249,17 @@ static int32_t attn_select(const fx_device_t *dev, const fx_attention_problem_t 
                         dev->cc_major, dev->cc_minor);
         const fx_variant *e = &fx_variants[choice];
         int64_t s = e->splits > 1 ? e->splits : 1;
-        uint64_t nsplit = s > 1 ? (uint64_t)s * (uint64_t)B * (uint64_t)Hq * (uint64_t)Sq : 0;
+        /* the split partials: s x B x Hq x Sq rows of D + 1 float32 (o_partial, lse_partial) */
+        uint64_t nsplit = 0, lse_bytes = p->lse ? 0 : (uint64_t)ln * 4u;
+        a->split_bytes = 0;
+        if (s > 1 && ((rc = mulu64((uint64_t)s, (uint64_t)ln, &nsplit, "the split-KV workspace")) ||
+                      (rc = mulu64(nsplit, ((uint64_t)D + 1u) * 4u, &a->split_bytes, "the split-KV workspace"))))
+            return rc;
         a->splits = (int32_t)s;
-        a->split_bytes = nsplit * ((uint64_t)D + 1u) * 4u;
         a->lse_offset = a->split_bytes;
-        out->workspace_bytes = a->split_bytes + (p->lse ? 0 : (uint64_t)B * (uint64_t)Hq * (uint64_t)Sq * 4u);
+        if (__builtin_add_overflow(a->split_bytes, lse_bytes, &out->workspace_bytes))
+            return fail(FX_ERR_INPUT, "the attention workspace overflows 64 bits (%llu + %llu bytes)",
+                        (unsigned long long)a->split_bytes, (unsigned long long)lse_bytes);
         int64_t sq4[4] = {B, Sq, Hq, D}, sk4[4] = {B, Sk, Hkv, D};
         int64_t qs[4] = {p->q_stride[0], p->q_stride[1], p->q_stride[2], 1};
         int64_t ks[4] = {p->k_stride[0], p->k_stride[1], p->k_stride[2], 1};
@@ -1045,7 +1302,8 @@ static int32_t attn_select(const fx_device_t *dev, const fx_attention_problem_t 
 FX_EXPORT int32_t fx_attention_select(const fx_device_t *dev, const fx_attention_problem_t *p, fx_selection_t *out) {
     fx_selection_t tmp;
     attn_ctx a;
-    return attn_select(dev, p, out ? out : &tmp, &a, 0);
+    if (!out) out = &tmp;
+    return finish(attn_select(dev, p, out, &a, 0), out);
 }
 
 /* --- launching ------------------------------------------------------------------------------------ */
@@ -1058,8 +1316,7 @@ static int32_t ensure_loaded(int32_t i) {
     int32_t rc = 0;
     if (!st->loaded) {
         rc = fx_variants[i].load();
-        if (rc == 0) __atomic_store_n(&st->loaded, 1, __ATOMIC_RELEASE);
-        else fail(rc, "loading %s: %s", fx_variants[i].name, cudaGetErrorString((cudaError_t)rc));
+        if (rc == 0) __atomic_store_n(&st->loaded, 1, __ATOMIC_RELEASE); /* (else the load named the error) */
     }
     pthread_mutex_unlock(&fx_load_lock);
     return rc;
@@ -1113,6 +1370,13 @@ static int32_t driver_clusters(int32_t i) {
     return n > 0 ? n : 0;
 }
 
+/* A launch's return code, its error named in fx_last_error_message. */
+static int32_t launched(int32_t i, int32_t rc) {
+    if (rc > 0) return fail(rc, "launching %s: %s: %s", fx_variants[i].name, cudaGetErrorName((cudaError_t)rc),
+                            cudaGetErrorString((cudaError_t)rc));
+    return rc;
+}
+
 static int32_t check_workspace(uint64_t need, void *workspace, uint64_t bytes) {
     if (!need) return 0;
     if (!workspace || bytes < need || (uintptr_t)workspace % 16)
@@ -1126,12 +1390,13 @@ static int32_t check_workspace(uint64_t need, void *workspace, uint64_t bytes) {
    run where the data is not (seen on two H200s: cuda:1 pointers on the default stream with cuda:0
    current returned success and left c unwritten).  names[i] names ptrs[i]; NULL pointers are
    skipped (optional ones). */
-static int32_t check_device(fx_stream_t stream, int32_t n, const void *const *ptrs, const char *const *names) {
+static int32_t check_launch_device(fx_stream_t stream, int32_t n, const void *const *ptrs, const char *const *names) {
     int cur = -1;
     cudaError_t e = cudaGetDevice(&cur);
     if (e != cudaSuccess) {
         cudaGetLastError();
-        return fail(FX_ERR_INPUT, "no current CUDA device (%s)", cudaGetErrorString(e));
+        int32_t rc = fx_require_device("the call"); /* no driver or device: its cudaError_t, named */
+        return rc ? rc : fail(FX_ERR_INPUT, "no current CUDA device (%s)", cudaGetErrorString(e));
     }
     if ((uintptr_t)stream > 2) { /* 0, 1, 2: the current device's default, legacy and per-thread streams */
         int sd = -1;
@@ -1177,23 +1442,24 @@ static int32_t gemm_zero(const fx_gemm_problem_t *p, cudaStream_t stream) {
     for (int64_t l = 0; l < p->l; l++) {
         char *base = (char *)p->c + (size_t)(l * p->c_stride[2]) * es;
         cudaError_t e = cudaMemset2DAsync(base, (size_t)pitch * es, 0, (size_t)cols * es, (size_t)rows, stream);
-        if (e != cudaSuccess) return (int32_t)e;
+        if (e != cudaSuccess) {
+            cudaGetLastError();
+            return fail((int32_t)e, "fx_gemm (K = 0): zeroing c: %s: %s", cudaGetErrorName(e), cudaGetErrorString(e));
+        }
     }
     return 0;
 }
 
-FX_EXPORT int32_t fx_gemm(const fx_device_t *dev, const fx_gemm_problem_t *p, void *workspace, uint64_t workspace_bytes,
-                          fx_stream_t stream, fx_selection_t *out) {
-    fx_selection_t tmp;
+static int32_t gemm_run(const fx_device_t *dev, const fx_gemm_problem_t *p, void *workspace, uint64_t workspace_bytes,
+                        fx_stream_t stream, fx_selection_t *out) {
     gemm_ctx g;
-    if (!out) out = &tmp;
     int32_t rc = gemm_select(dev, p, out, &g);
     if (rc) return rc;
     if (out->variant < 0) {
         if (p->k != 0) return 0;
         const void *c[1] = {p->m && p->n && p->l ? p->c : NULL};
         const char *cn[1] = {"c"};
-        return (rc = check_device(stream, 1, c, cn)) ? rc : gemm_zero(p, stream);
+        return (rc = check_launch_device(stream, 1, c, cn)) ? rc : gemm_zero(p, stream);
     }
     if (!p->a || !p->b || !p->c) return fail(FX_ERR_INPUT, "fx_gemm needs the a, b and c pointers");
     if (p->ab_dtype == FX_DTYPE_E4M3 && (!p->scale_a || !p->scale_b))
@@ -1202,7 +1468,7 @@ FX_EXPORT int32_t fx_gemm(const fx_device_t *dev, const fx_gemm_problem_t *p, vo
     {
         const void *ptrs[6] = {p->a, p->b, p->c, p->scale_a, p->scale_b, out->workspace_bytes ? workspace : NULL};
         static const char *const names[6] = {"a", "b", "c", "scale_a", "scale_b", "workspace"};
-        if ((rc = check_device(stream, 6, ptrs, names))) return rc;
+        if ((rc = check_launch_device(stream, 6, ptrs, names))) return rc;
     }
     const fx_variant *v = &fx_variants[out->variant];
     if ((rc = ensure_loaded(out->variant))) return rc;
@@ -1213,14 +1479,19 @@ FX_EXPORT int32_t fx_gemm(const fx_device_t *dev, const fx_gemm_problem_t *p, vo
         if (drv > 0 && drv < out->max_clusters) out->max_clusters = drv;
         g.vals[n++].i = out->max_clusters;
     }
-    return v->bind(g.vals, stream);
+    return launched(out->variant, v->bind(g.vals, stream));
 }
 
-FX_EXPORT int32_t fx_attention(const fx_device_t *dev, const fx_attention_problem_t *p, void *workspace,
-                               uint64_t workspace_bytes, fx_stream_t stream, fx_selection_t *out) {
+FX_EXPORT int32_t fx_gemm(const fx_device_t *dev, const fx_gemm_problem_t *p, void *workspace, uint64_t workspace_bytes,
+                          fx_stream_t stream, fx_selection_t *out) {
     fx_selection_t tmp;
-    attn_ctx a;
     if (!out) out = &tmp;
+    return finish(gemm_run(dev, p, workspace, workspace_bytes, stream, out), out);
+}
+
+static int32_t attn_run(const fx_device_t *dev, const fx_attention_problem_t *p, void *workspace,
+                        uint64_t workspace_bytes, fx_stream_t stream, fx_selection_t *out) {
+    attn_ctx a;
     int32_t rc = attn_select(dev, p, out, &a, (uintptr_t)workspace);
     if (rc || out->variant < 0) return rc;
     if (!p->q || !p->k || !p->v || !p->o) return fail(FX_ERR_INPUT, "fx_attention needs the q, k, v and o pointers");
@@ -1231,8 +1502,15 @@ FX_EXPORT int32_t fx_attention(const fx_device_t *dev, const fx_attention_proble
         const void *ptrs[8] = {p->q, p->k, p->v, p->o, p->lse, p->varlen ? p->cu_seqlens_q : NULL,
                                p->varlen ? p->cu_seqlens_k : NULL, out->workspace_bytes ? workspace : NULL};
         static const char *const names[8] = {"q", "k", "v", "o", "lse", "cu_seqlens_q", "cu_seqlens_k", "workspace"};
-        if ((rc = check_device(stream, 8, ptrs, names))) return rc;
+        if ((rc = check_launch_device(stream, 8, ptrs, names))) return rc;
     }
     if ((rc = ensure_loaded(out->variant))) return rc;
-    return fx_variants[out->variant].bind(a.vals, stream);
+    return launched(out->variant, fx_variants[out->variant].bind(a.vals, stream));
+}
+
+FX_EXPORT int32_t fx_attention(const fx_device_t *dev, const fx_attention_problem_t *p, void *workspace,
+                               uint64_t workspace_bytes, fx_stream_t stream, fx_selection_t *out) {
+    fx_selection_t tmp;
+    if (!out) out = &tmp;
+    return finish(attn_run(dev, p, workspace, workspace_bytes, stream, out), out);
 }

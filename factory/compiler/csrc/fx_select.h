@@ -137,7 +137,15 @@ extern const char fx_tuning_device[]; /* "" when no tuning table was compiled in
 extern const int32_t fx_tuning_sm_count;
 extern const fx_model fx_model_constants;
 extern const fx_model_sm100 fx_model_sm100_constants;
+extern const int32_t fx_known_ccs[][2]; /* atoms/targets.py KNOWN_CAPABILITIES */
+extern const int32_t fx_n_known_ccs;
 extern const int32_t fx_attention_head_dims[];
 extern const int32_t fx_n_attention_head_dims;
 extern const int64_t fx_attention_grid_yz_max;
 extern const char fx_selection_summary[];
+
+/* For the glue (fx_glue.c), in fx_select.c: set this thread's fx_last_error_message, return code. */
+int32_t fx_record_error(int32_t code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* 0 when the CUDA driver answers and sees a device; else its cudaError_t (cudaErrorNoDevice for
+   none), with a message naming `what` and the reason. */
+int32_t fx_require_device(const char *what);
