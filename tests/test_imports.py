@@ -188,8 +188,9 @@ def test_the_cycle_finder_passes_one_direction(tmp_path):
 LAYERS = {
     "factory.atoms": (),
     "factory.abi": (),
-    "factory.evidence": (),  # run records and proof labels: plain data, read by the build and verify
     "factory.runtime": ("factory.abi", "factory.atoms.targets"),
+    # Run records and proof labels, read by the build and verify (file checks: the runtime's).
+    "factory.evidence": ("factory.runtime",),
     "factory.variant": ("factory.abi", "factory.atoms"),
     "factory.registry": ("factory.atoms", "factory.variant"),
     "factory.gemm": ("factory.abi", "factory.atoms", "factory.variant", "factory.registry"),
