@@ -60,7 +60,7 @@ def pytest_addoption(parser):
 @pytest.fixture(scope="session")
 def run_record(request):
     """Collects each variant a GPU test launched and checked (``run_record.add(bundle, name,
-    results)``, results from ``factory.testing``); written at the end of the session to
+    results)``, results from ``factory.testing``); written at the end of the test run to
     ``--run-record`` (or $FACTORY_RUN_RECORD) when given: the evidence the build's ``executed``
     labels come from."""
     from factory.evidence import RunRecord

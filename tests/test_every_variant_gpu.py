@@ -3,7 +3,7 @@
 outputs, against a float32 reference (``factory.testing.check_variant``): GEMM (bf16/fp16, fp8
 e4m3 with scales, split-K, the packed-weight decode GEMMs), attention (the sm80 family's
 portability build with its split-KV and varlen variants, the sm90 family, the sm90_decode family).
-Each variant's checks go into the session's run record (``--run-record``): the evidence that
+Each variant's checks go into the test run's record (``--run-record``): the evidence that
 ``python -m factory build`` turns into ``executed`` labels (docs/proof.md)."""
 
 from __future__ import annotations
