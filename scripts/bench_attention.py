@@ -89,11 +89,14 @@ def _decode_variants(bundle, B, hq, hkv, sq, sk, d, causal, dtype) -> dict[str, 
     """For decode shapes (Sq <= 16): the unsplit variant the loader used before split-KV, every
     split-KV / packed-GQA variant that applies, and the decode family's preferred variants
     (``dec<splits>``, ``c``: merged in a cluster, ``p``: PDL), to time side by side by name."""
-    from factory.runtime.attention import select
-
     cands = bundle.candidates("attention")
-    out = {"unsplit": select(cands, dtype=dtype, head_dim=d, causal=causal, varlen=False,
-                             rows=B * hq * sq)}
+    # the unsplit variant: the preferred tile of the best target's single-pass variants
+    plain = [e for e in cands if e["dtype"] == dtype and e["head_dim"] == d and not e["varlen"]
+             and bool(e["causal"]) == causal and e.get("splits", 1) == 1 and not e.get("decode_rows")]
+    best = [e for e in plain if e["target"] == plain[0]["target"]] if plain else []
+    out = {"unsplit": next((e for e in best if e.get("preferred")), best[0] if best else None)}
+    if out["unsplit"] is None:
+        raise SystemExit(f"no single-pass {dtype} D{d} attention variant in the bundle")
     top = out["unsplit"]["target"]
     for e in cands:
         if e["dtype"] != dtype or e["head_dim"] != d or e["varlen"]:

@@ -4,7 +4,9 @@ the default) or with ``--family sm100`` the Blackwell one (factory/runtime/cost_
 constants are assumptions until a B200 has measured a table: scripts/tune.py on a B200, then this).
 
 Input: a tuning.json written by scripts/tune.py (per bucket: every screened variant's graph-replay
-time) and the manifest of the bundle it was measured on.  Score of a parameter set: the geometric
+time) and the manifest of the bundle it was measured on.  The model is evaluated by that bundle's
+host library (``fx_gemm_estimate_us``, the selection's own code, with the candidate constants set by
+``fx_cost_model_set``).  Score of a parameter set: the geometric
 mean over buckets of (measured time of the model's pick / fastest measured time) — the "regret" —
 and the number of buckets where it exceeds 1.1.  Coordinate descent over the MODEL entries, each
 tried at a few multiplicative steps, kept when the geometric-mean regret drops.  Prints the fitted
@@ -25,12 +27,21 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from factory.runtime import cost_sm100, tuning  # noqa: E402
+from factory.runtime.selector import Selector  # noqa: E402
 
-MODELS = {"sm90": (tuning.MODEL, tuning.estimate_us), "sm100": (cost_sm100.MODEL, cost_sm100.estimate_us)}
-estimate = tuning.estimate_us
+MODELS = {"sm90": (tuning.MODEL, (9, 0)), "sm100": (cost_sm100.MODEL, (10, 0))}
+FAMILY = "sm90"
+LIB = None  # the bundle's host library
 
 
 def regret(table: dict, variants: dict, sm_count: int) -> tuple[float, int, list]:
+    model, cc = MODELS[FAMILY]
+    sel = Selector(LIB, cc, {"name": None, "sm_count": sm_count})
+    sel.set_cost_model(**{FAMILY: model})
+
+    def estimate(v, M, N, K, L, _sms):
+        return sel.estimate_us(v["name"], M, N, K, L)
+
     logs, bad, worst = [], 0, []
     for key, b in table["buckets"].items():
         times = b.get("screen_us") or b["timings_us"]
@@ -55,8 +66,11 @@ def main() -> int:
     p.add_argument("--also", nargs="*", default=[], help="tuning tables to score out of sample")
     p.add_argument("--family", choices=sorted(MODELS), default="sm90", help="the cost model to fit")
     a = p.parse_args()
-    global estimate
-    model, estimate = MODELS[a.family]
+    global FAMILY, LIB
+    FAMILY = a.family
+    model = MODELS[a.family][0]
+    m = json.loads(Path(a.manifest).read_text())
+    LIB = Path(a.manifest).parent / m["host_library"]["path"]
     table = json.loads(Path(a.tuning_json).read_text())
     variants = json.loads(Path(a.manifest).read_text())["variants"]
     sms = table["device"]["sm_count"]

@@ -5,7 +5,7 @@ For every shape bucket of the grid (runtime/tuning.py: M in powers of two with a
 decode bucket, N and K rounded to 3 significant bits) and every dtype asked for, time every
 variant that fits the bucket's representative (largest) shape:
 
-  0. skip variants the cost model (tuning.estimate_us) puts over 5x behind the best (--all: none);
+  0. skip variants the cost model (the selection's, Selector.estimate_us) puts over 5x behind the best (--all: none);
   1. screen: every variant, a CUDA graph of one call per input set (enough fresh input sets to
      exceed twice the L2), a few replays each (eager calls measured the host's ~25 us launch
      path instead of the GPU for every decode kernel, and dropped the fastest fp8 64x8192x8192
@@ -51,8 +51,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from factory import testing  # noqa: E402
 from factory.benchmark import LLM_NK, SQUARE, gemm_bytes, sets_for, time_interleaved  # noqa: E402
-from factory.runtime import Bundle, NoVariantError, tuning  # noqa: E402
+from factory.runtime import Bundle, InputError, NoVariantError, tuning  # noqa: E402
 from factory.runtime.gemm import fitting_variants, rkl_spec  # noqa: E402
+from factory.runtime.gemm import select as gemm_select  # noqa: E402
 
 # Small problems first (the GPU is cool and its clocks steady; on the H100 the decode buckets timed
 # right after the 8192^3 ones came out erratic), the buckets of the benchmark's M values before the
@@ -103,21 +104,32 @@ def attention_buckets(which: str, head_dims=ATTN_HEAD_DIMS) -> list[tuple[int, b
     return out
 
 
+_RULE = {}
+
+
+def rule_bundle(bundle):
+    """``bundle`` opened for this device's SM count under no device name: the host library's
+    selection without any tuning table (the rule's own pick, which a table entry must beat)."""
+    if id(bundle) not in _RULE:
+        _RULE[id(bundle)] = Bundle.open(bundle.path, capability=bundle.capability,
+                                        device={"name": None, "sm_count": bundle.device_info()["sm_count"]})
+    return _RULE[id(bundle)]
+
+
 def tune_attention_bucket(bundle, dt: str, d: int, causal: bool, s: int, bh: int, l2: int) -> dict | None:
     """Time every single-pass dense variant that takes the bucket's representative problem beside
     the rule's pick; None when the rule takes a split-KV variant (then the decode rule decides and
     a table entry would never be read)."""
     import torch
 
-    from factory.runtime.attention import select
+    from factory.runtime.attention import _choose
 
     b, hq, hkv, sq = attention_shape(s, bh)
-    sms = bundle.device_info()["sm_count"]
     cands = bundle.candidates("attention")
-    rule = select(cands, dtype=dt, head_dim=d, causal=causal, varlen=False, rows=b * hq * sq, sms=sms,
-                  decode=(b, hq, hkv, sq, sq))
-    if rule.get("splits", 1) > 1:
+    name, splits = _choose(rule_bundle(bundle), dt, d, causal, False, b * hq * sq, (b, hq, hkv, sq, sq))
+    if splits > 1:
         return None
+    rule = bundle.manifest["variants"][name]
     fits = [e for e in cands if e["dtype"] == dt and e["head_dim"] == d and bool(e["causal"]) == causal
             and not e["varlen"] and e.get("splits", 1) == 1 and sq >= e.get("min_seqlen_q", 0)]
     tdt = testing.torch_dtype(dt)
@@ -159,13 +171,16 @@ def tune_bucket(bundle, M, N, K, dt: str, l2: int, everything: bool = False) -> 
     scales = [(one.data_ptr(), (1,), (1,))] * 2 if kw else []
     fits, am, bm = fitting_variants(bundle, rkl_spec(A[0], "a"), rkl_spec(B[0], "b"), rkl_spec(C[0], "c"),
                                     ab, c, scales)
-    sms = bundle.device_info()["sm_count"]
-    fits = [v for v in fits if "persistent_ctas" not in v or tuning.launch_ctas(v, M, N, 1) <= sms] or fits
-    model = {v["name"]: tuning.estimate_us(v, M, N, K, 1, sms) for v in fits}
-    if not everything:  # the cost model is never off by 5x: do not spend seconds on hopeless tiles
-        fits = [v for v in fits if model[v["name"]] <= MODEL_CUT * min(model.values())]
+    # the selection's own pick without a table (the rule a table entry must beat)
+    model_pick = gemm_select(rule_bundle(bundle), rkl_spec(A[0], "a"), rkl_spec(B[0], "b"), rkl_spec(C[0], "c"),
+                             ab, c, scales)
+    try:
+        model = {v["name"]: bundle.selector.estimate_us(v["name"], M, N, K, 1) for v in fits}
+    except InputError:  # a family without a cost model (sm80): nothing to screen by
+        model = {}
+    if model and not everything:  # the cost model is never off by 5x: do not spend seconds on hopeless tiles
+        fits = [v for v in fits if model[v["name"]] <= MODEL_CUT * min(model.values()) or v["name"] == model_pick]
     calls = {v["name"]: (lambda i, n=v["name"]: bundle.gemm(A[i], B[i], C[i], variant=n, **kw)) for v in fits}
-    model_pick = min(model, key=model.get)
     screened, timed = screen_then_time(calls, n_sets, model_pick)
     # A candidate whose measured median is well off its own screen means the GPU changed state
     # under us (seen on the H100 right after the 8192^3 buckets: a split-K variant screened at
@@ -192,7 +207,7 @@ def tune_packed(bundle, A, B, C, kw, n_sets) -> dict | None:
     like every candidate here: ``winner`` among the plain ones, ``b_constant_winner`` among all
     (early_b ones included), each beside the selection rule's own pick (runtime/packed.py), which
     stays unless another variant measures MARGIN faster.  None when no decode variant fits."""
-    from factory.runtime.packed import fitting, launch_specs, rule_pick
+    from factory.runtime.packed import fitting, launch_specs, select_packed
 
     P = [bundle.pack_b(b) for b in B]
     M, K = A[0].shape
@@ -202,7 +217,7 @@ def tune_packed(bundle, A, B, C, kw, n_sets) -> dict | None:
         fits = fitting(bundle, specs, M, N, K)
     except NoVariantError:
         return None
-    rule = {bc: rule_pick(bundle, fits, N, bc) for bc in (False, True)}
+    rule = {bc: select_packed(rule_bundle(bundle), specs, M, N, K, bc) for bc in (False, True)}
     calls = {v["name"]: (lambda i, n=v["name"]: bundle.gemm(A[i], P[i], C[i], variant=n, **kw)) for v in fits}
     screened, timed = screen_then_time(calls, n_sets, rule[True])
     for bc in (False, True):  # the rule's picks are always measured
@@ -332,7 +347,20 @@ def main() -> int:
                      if (pk := r.get("packed")) else ""), flush=True)
     path = tuning.write(bundle.path, data)
     print(f"wrote {path}: {len(buckets)} buckets ({done} measured now) in {time.time() - t0:.0f} s", flush=True)
+    compile_in(bundle.path)
     return 0
+
+
+def compile_in(path) -> None:
+    """The selection reads the table compiled into the host library: relink it where the
+    toolchain is here (else say how)."""
+    try:
+        from factory.compiler.link import relink
+
+        print(f"relinked: {relink(path)['tuning']}", flush=True)
+    except Exception as e:  # noqa: BLE001 - no toolchain on this machine
+        print(f"the table is not compiled in yet ({type(e).__name__}: {e}): run python -m factory link {path}",
+              flush=True)
 
 
 def tune_attention(bundle, a, data: dict, buckets: dict, l2: int, t0: float) -> int:
@@ -363,6 +391,7 @@ def tune_attention(bundle, a, data: dict, buckets: dict, l2: int, t0: float) -> 
     path = tuning.write(bundle.path, data)
     print(f"wrote {path}: {len(buckets)} attention buckets ({done} measured now) in {time.time() - t0:.0f} s",
           flush=True)
+    compile_in(bundle.path)
     return 0
 
 

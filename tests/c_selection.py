@@ -18,7 +18,6 @@ import torch
 
 from conftest import Recorder
 from factory.runtime import Bundle, InputError, NoVariantError
-from factory.runtime import attention as rt_attention
 from factory.runtime import gemm as rt_gemm
 
 DTYPE = {"bf16": 1, "f16": 2, "f32": 3, "e4m3": 4}
@@ -63,7 +62,10 @@ class CLib:
     """A host library's C API."""
 
     def __init__(self, path: str | Path):
-        self.lib = ctypes.CDLL(str(path))
+        from factory.runtime.manifest import sha256_file
+        from factory.runtime.selector import load
+
+        self.lib = load(Path(path), sha256_file(Path(path)))  # (the file as it is now, also after a relink)
         for fn in ("fx_last_error_message", "fx_selection_info", "fx_error_string", "fx_variant_name"):
             getattr(self.lib, fn).restype = ctypes.c_char_p
         self.lib.fx_error_string.argtypes = [ctypes.c_int32]
@@ -154,6 +156,14 @@ def gemm_tensors(p: dict):
     b = _operand(p["N"], p["K"], p["L"], {"n": "m"}.get(p["b_major"], p["b_major"]), p["pad_b"], TORCH[p["ab"]])
     c = _operand(p["M"], p["N"], p["L"], "k", p["pad_c"], TORCH[p["c"]])
     return a, b, c
+
+
+def majors(p: dict) -> tuple[str, str]:
+    """The (a, b) majorness runtime/gemm.py reads of the problem's operands."""
+    a, b, _ = gemm_tensors(p)
+    from factory.runtime.gemm import _major
+
+    return _major(rt_gemm.rkl_spec(a, "a"), "m"), _major(rt_gemm.rkl_spec(b, "b"), "n")
 
 
 def c_gemm_problem(p: dict, a, b, c) -> GemmProblem:

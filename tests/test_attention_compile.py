@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+import selection_lib as sl
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -255,7 +257,15 @@ def test_names_signature_and_limits():
 def test_runtime_select_and_checks():
     torch = pytest.importorskip("torch")
     from factory.runtime import InputError, NoVariantError
-    from factory.runtime.attention import attention, select
+    from factory.runtime.attention import attention
+
+    def select(cands, dtype, head_dim, causal, varlen, rows=None, sms=132):
+        """The host library's choice (tests/selection_lib.py) for a problem of ``rows`` query rows
+        (a grid that fills the SMs when None)."""
+        b, h, s = (1, 8, rows // 8) if rows else (4, 16, 8192)
+        name = sl.Lib(cands, sm_count=sms).attention(b, h, h, s, s, d=head_dim, dtype=dtype, causal=causal,
+                                                     varlen=varlen)[0]
+        return {"name": name}
 
     cands = [
         {"name": "a90", "dtype": "bf16", "head_dim": 128, "causal": True, "varlen": False},
@@ -318,16 +328,10 @@ def test_runtime_select_and_checks():
 
 
 def test_split_kv_selection():
-    from factory.runtime.attention import select, split_count, split_workspace
-
-    # split_count: only under-filled grids split; <= 2 waves; >= 2 key tiles per split
-    assert split_count(256, 32, 132, {4, 16}) == 1          # B8 H32 Sq1: 256 CTAs fill the SMs
-    assert split_count(32, 32, 132, {4, 16}) == 4           # B1 H32: 128 CTAs
-    assert split_count(8, 32, 132, {4, 16}) == 16           # B1 H8: 128 CTAs
-    assert split_count(8, 7, 132, {4, 16}) == 1             # 777 keys: 7 tiles, too few for 4
-    assert split_count(8, 8, 132, {4, 16}) == 4
-    assert split_count(100, 1000, 132, {4, 16}) == 1        # 400 CTAs > 2 waves
-    assert split_count(8, 32, 132, set()) == 1
+    """Split-KV and packed-GQA choices of the host library (tests/selection_lib.py): split only
+    under-filled grids, within two waves, at least two key tiles per split; packed rows for one
+    query with GQA."""
+    from factory.runtime.attention import split_workspace
 
     def e(name, causal=False, splits=1, pack=False, tile=(64, 128), target="sm_90", **kw):
         return {"name": name, "target": target, "dtype": "bf16", "head_dim": 128, "causal": causal,
@@ -338,10 +342,10 @@ def test_split_kv_selection():
              e("s4", splits=4), e("s16", splits=16), e("s4c", True, splits=4), e("s16c", True, splits=16),
              e("p4", splits=4, pack=True), e("p16", splits=16, pack=True),
              e("old", target="sm_86", tile=(128, 128), preferred=True)]
-    kw = dict(dtype="bf16", head_dim=128, varlen=False, sms=132)
+    lib = sl.Lib(cands, sm_count=132)
 
-    def pick(causal, b, hq, hkv, sq, sk):
-        return select(cands, causal=causal, rows=b * hq * sq, decode=(b, hq, hkv, sq, sk), **kw)["name"]
+    def pick(causal, b, hq, hkv, sq, sk, lib=lib):
+        return lib.attention(b, hq, hkv, sq, sk, causal=causal)[0]
 
     # Sq = 1 with GQA: packed rows (B·Hkv row sets), causal or not, at every batch: the fewest
     # splits that fill the SMs, else the most; never the unpacked variant, which re-reads K/V per q head
@@ -352,11 +356,8 @@ def test_split_kv_selection():
     assert pick(True, 64, 32, 8, 1, 2048) == "p4"     # 512 CTAs already fill the SMs: still packed
     assert pick(True, 256, 32, 8, 1, 512) == "p4"     # 4 key tiles: one each
     assert pick(True, 1, 32, 8, 1, 300) == "smallc"   # 3 key tiles: no packed count fits
-    from factory.runtime.attention import pack_split_count
-    assert pack_split_count(32, 32, 132, {4, 16}) == 16     # 128 < 132: the most
-    assert pack_split_count(33, 32, 132, {4, 16}) == 4      # 132 fills
-    assert pack_split_count(8, 8, 132, {4, 16}) == 4        # 16 splits would leave empty ones
-    assert pack_split_count(8, 2, 132, {4, 16}) is None
+    assert pick(True, 1, 32, 8, 1, 512) == "p4"       # 8 CTAs, 4 key tiles: 16 splits would leave empty ones
+    assert pick(True, 33, 32, 8, 1, 4096) == "p4"     # 264 CTAs fill the SMs: the fewest splits
     # no GQA, or Sq > 1: plain split-KV of the right causality
     assert pick(False, 1, 32, 32, 1, 4096) == "s4"
     assert pick(True, 1, 8, 8, 4, 4096) == "s16c"
@@ -366,13 +367,13 @@ def test_split_kv_selection():
     assert pick(True, 1, 8, 8, 1, 777) == "smallc"     # 7 key tiles
     assert pick(True, 4, 16, 16, 1024, 1024) == "bigc"
     assert pick(False, 1, 8, 8, 512, 512) == "small"  # the 64-row tile rule still applies
-    assert select(cands, causal=False, **kw)["name"] == "big"
+    assert pick(False, 4, 16, 16, 8192, 8192) == "big"
     # a bundle built before split-KV (no "splits"/"pack_gqa" fields) selects as before
     old = [{k: v for k, v in c.items() if k not in ("splits", "pack_gqa")} for c in cands[:4]]
-    assert select(old, causal=True, rows=8 * 32, decode=(8, 32, 8, 1, 4096), **kw)["name"] == "smallc"
+    assert pick(True, 8, 32, 8, 1, 4096, lib=sl.Lib(old)) == "smallc"
     # never a split variant for varlen
     vl = [dict(c, varlen=True) for c in cands]
-    assert select(vl, dtype="bf16", head_dim=128, causal=False, varlen=True)["name"] == "big"
+    assert sl.Lib(vl).attention(1, 8, 8, 64, 64, causal=False, varlen=True)[0] == "big"
 
     torch = pytest.importorskip("torch")
     q = torch.zeros(2, 3, 8, 64, dtype=torch.bfloat16)
@@ -408,6 +409,10 @@ def test_runtime_launch_glue(monkeypatch):
             return [e("big", tile=(128, 128), preferred=True), e("small"), e("vl", varlen=True, preferred=True),
                     e("s4", splits=4), e("s16", splits=16), e("p4", splits=4, pack=True),
                     e("p16", splits=16, pack=True)]
+
+        @property
+        def selector(self):  # the host library's selection, of these entries
+            return sl.Lib(self.candidates("attention")).sel
 
         def launch(self, name, args, device=None):
             assert isinstance(name, str), name

@@ -1,13 +1,14 @@
 """The decode-attention family's variants and the runtime's decode rule, on the CPU (no GPU, no
 DSL needed except where marked): the rule's split count at batch 1/16/64/256 over contexts
 512-32k (GQA 32/8, MHA, Sq 1/4/16), where the family is not used, how ``select`` falls back, and
-the variants' calling conventions.  The C selection's agreement is tested in test_c_selection.py."""
+the variants' calling conventions.  The rule is the host library's (compiler/csrc/fx_select.c),
+run on synthetic entries (tests/selection_lib.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from factory.runtime import attention as ra
+import selection_lib as sl
 from factory.runtime.errors import NoVariantError
 
 SMS = 132
@@ -15,8 +16,11 @@ AVAIL = {1: False, 2: True, 4: True, 8: True, 32: False}  # the default tier: {s
 
 
 def split(b, hq, hkv, sq, sk, d=128, sms=SMS, avail=AVAIL):
-    rb = -(-(hq // hkv) * sq // 16)
-    return ra.decode_split_count(b * hkv * rb, -(-sk // 64), 2 * b * sk * hkv * d * 2, rb, sms, avail)
+    """The split count the selection takes with decode variants of these split counts built
+    ({splits: merged in a cluster?}), no PDL twins."""
+    entries = [_entry(f"kv{sp}", sp, cl, d=d) for sp, cl in avail.items()]
+    name = sl.Lib(entries, sm_count=sms).attention(b, hq, hkv, sq, sk, d=d)[0]
+    return next(e["kv_splits"] for e in entries if e["name"] == name)
 
 
 CONTEXTS = (512, 1024, 2048, 4096, 8192, 16384, 32768)
@@ -78,8 +82,8 @@ OLD = [  # the sm_90a and sm_90 families' dense variants, as their manifests sta
 
 
 def sel(b, hq, hkv, sq, sk, causal=True, cands=None, dtype="bf16"):
-    return ra.select(cands if cands is not None else OLD + DECODE, dtype=dtype, head_dim=128, causal=causal,
-                     varlen=False, rows=b * hq * sq, sms=SMS, decode=(b, hq, hkv, sq, sk))["name"]
+    lib = sl.Lib(cands if cands is not None else OLD + DECODE, sm_count=SMS)
+    return lib.attention(b, hq, hkv, sq, sk, dtype=dtype, causal=causal)[0]
 
 
 def test_select_takes_the_decode_family():
@@ -111,10 +115,9 @@ def test_select_falls_back():
     assert sel(1, 32, 8, 1, 4096, cands=OLD + [dict(e, causal=False) for e in DECODE]) == "sm90_m64"
     # the old rule never takes a decode entry, even as the only candidate of its target
     with pytest.raises(NoVariantError):
-        ra.select(DECODE, dtype="bf16", head_dim=128, causal=True, varlen=False, rows=32 * 300, sms=SMS,
-                  decode=(1, 32, 8, 300, 4096))
+        sl.Lib(DECODE).attention(1, 32, 8, 300, 4096)
     with pytest.raises(NoVariantError):
-        ra.select(DECODE, dtype="bf16", head_dim=128, causal=True, varlen=True)
+        sl.Lib(DECODE).attention(1, 8, 8, 64, 64, varlen=True)
 
 
 def test_variants_and_calling_convention():

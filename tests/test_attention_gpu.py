@@ -132,15 +132,16 @@ def test_strided_qkv_and_scale(bundle):
 
 def test_poisoned_outputs(bundle):
     """Every element of o and lse is written, including rows with no visible key."""
-    from factory.runtime.attention import select
+    from factory.runtime.attention import _choose
 
     gen = torch.Generator(device="cuda").manual_seed(2)
     b, sq, sk, h, d = 2, 200, 70, 4, 64
     q, k, v = (rand(b, s, h, d, dtype=torch.bfloat16, gen=gen) for s in (sq, sk, sk))
     o = torch.full_like(q, math.nan)
     lse = torch.full((b, h, sq), math.nan, device="cuda")
-    e = select(bundle.candidates("attention"), dtype="bf16", head_dim=d, causal=True, varlen=False)
-    bundle.launch(e["name"], [q, k, v, o, lse, 0.125])
+    name, splits = _choose(bundle, "bf16", d, True, False, b * h * sq, (b, h, h, sq, sk))
+    assert splits == 1  # (one key tile: nothing to split)
+    bundle.launch(name, [q, k, v, o, lse, 0.125])
     torch.cuda.synchronize()
     ref_o, ref_lse = reference(q, k, v, True, 0.125)
     assert torch.isinf(ref_lse).any()  # rows 0..129 see no key (bottom-right causal)
@@ -366,12 +367,11 @@ def test_split_variants_by_name(bundle):
 def test_decode_graph_capture(bundle):
     """A split-KV decode step (two kernels and a workspace allocation) under CUDA-graph capture:
     replay with new q gives the eager result for the new q."""
-    from factory.runtime.attention import select
+    from factory.runtime.attention import _choose
 
     gen = torch.Generator(device="cuda").manual_seed(7)
     b, hq, hkv, sk, d = 8, 32, 8, 4096, 128
-    e = select(bundle.candidates("attention"), dtype="bf16", head_dim=d, causal=True, varlen=False,
-               rows=b * hq, decode=(b, hq, hkv, 1, sk))
+    e = {"name": _choose(bundle, "bf16", d, True, False, b * hq, (b, hq, hkv, 1, sk))[0]}
     q = rand(b, 1, hq, d, dtype=torch.bfloat16, gen=gen)
     k, v = (rand(b, sk, hkv, d, dtype=torch.bfloat16, gen=gen) for _ in range(2))
     s = torch.cuda.Stream()

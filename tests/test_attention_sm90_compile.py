@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+import selection_lib as sl
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -266,10 +268,8 @@ H100 = [
 
 
 def _pick(causal, b, hq, hkv, sq, sk, cands=H100):
-    from factory.runtime.attention import select
-
-    return select(cands, dtype="bf16", head_dim=128, causal=causal, varlen=False, rows=b * hq * sq,
-                  sms=132, decode=(b, hq, hkv, sq, sk))["name"]
+    """The host library's choice on these entries (tests/selection_lib.py), a 132-SM H100."""
+    return sl.Lib(cands, sm_count=132).attention(b, hq, hkv, sq, sk, causal=causal)[0]
 
 
 def test_h100_prefill_takes_the_sm90_family():
@@ -304,14 +304,11 @@ def test_h100_decode_keeps_the_sm80_family():
 
 
 def test_h100_varlen_takes_the_sm90_family():
-    from factory.runtime.attention import select
-
     vl = [dict(_e("hv", "sm_90a", preferred=True, **_SM90), varlen=True),
           dict(_e("hvs", "sm_90a", tile=(64, 128), **_SM90), varlen=True),
           dict(_e("bv", "sm_90", preferred=True), varlen=True)]
-    kw = dict(dtype="bf16", head_dim=128, causal=False, varlen=True, sms=132)
-    assert select(vl, **kw)["name"] == "hv"  # no rows / decode: the preferred tile
-    assert select(vl[2:], **kw)["name"] == "bv"
+    assert sl.Lib(vl).attention(2, 8, 8, 64, 64, causal=False, varlen=True)[0] == "hv"  # the preferred tile
+    assert sl.Lib(vl[2:]).attention(2, 8, 8, 64, 64, causal=False, varlen=True)[0] == "bv"
 
 
 def test_h100_selection_through_a_bundle(test_bundle, monkeypatch):
@@ -340,7 +337,9 @@ def test_h100_selection_through_a_bundle(test_bundle, monkeypatch):
     # merged in a cluster, with PDL); without it, sm_90a (nothing else for bf16 D128 causal)
     rt.attention(b, torch.zeros(1, 1, 4, 128, dtype=bf), kv, kv, causal=True)
     assert calls[-1][0] == "attention_sm90_bf16_d128_q16_n64_w4_s3_causal_kv4_cl_pdl"
-    monkeypatch.setattr(rt, "decode_pick", lambda *a, **k: None)
+    # (a library of the bundle's entries without the decode family)
+    b._selector = sl.Lib([e for e in b.manifest["variants"].values() if not e.get("decode_rows")],
+                         sm_count=132, name="planned H100").sel
     rt.attention(b, torch.zeros(1, 1, 4, 128, dtype=bf), kv[:, :499], kv[:, :499], causal=True)
     assert calls[-1][0] in sm90a
     # D64: the sm_90 build's variant

@@ -136,14 +136,13 @@ def test_every_sm90a_variant(bundle):
 def test_bundle_attention_uses_sm90a_for_prefill(bundle, d, causal):
     """``bundle.attention`` on a prefill shape picks an sm_90a variant where the bundle has one
     for the problem, and its result (first call and hot path) matches float32."""
-    from factory.runtime.attention import select
+    from factory.runtime.attention import _choose
 
     cands = bundle.candidates("attention")
-    e = select(cands, dtype="bf16", head_dim=d, causal=causal, varlen=False, rows=2 * 8 * 700,
-               decode=(2, 8, 2, 700, 900))
     if not any(c["target"] == "sm_90a" and c["head_dim"] == d and c["causal"] == causal
                and c["dtype"] == "bf16" for c in cands):
         pytest.skip("no bf16 sm_90a variant for this problem in the bundle")
+    e = bundle.manifest["variants"][_choose(bundle, "bf16", d, causal, False, 2 * 8 * 700, (2, 8, 2, 700, 900))[0]]
     assert e["target"] == "sm_90a", e["name"]
     gen = torch.Generator(device="cuda").manual_seed(d + causal)
     q = _poisoned((2, 700, 8, d), torch.bfloat16, 5, gen)

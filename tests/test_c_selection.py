@@ -1,9 +1,12 @@
-"""Selection in C (fx_gemm_select / fx_attention_select of the host library) against the Python
-loader's, on this GPU-less machine: every answer equal (the variant, or no launch, or the error
-kind) over hundreds of GEMM and attention problems, several capabilities and SM counts, with and
-without a tuning.json compiled in; and the comparison shown to fail on a perturbed table.
+"""The selection: the host library's fx_gemm_select / fx_attention_select (compiler/csrc/
+fx_select.c, the one implementation; the Python loader calls it through runtime/selector.py) on this
+GPU-less machine.  Answers asserted by name on the test bundle for several capabilities and SM
+counts; a tuning table compiled in changes them (its winners where they fit), only for the device it
+names; a perturbed table changes them; refusals say why.  Over hundreds of GEMM and attention
+problems, what ``bundle.gemm`` / ``bundle.attention`` launch is what the library answers for the
+same problem through the C API (the loader's own checks never disagree with the library's).
 
-The default bundle ($FACTORY_BUNDLE or artifacts/default), when present, is compared too (a copy,
+The default bundle ($FACTORY_BUNDLE or artifacts/default), when present, is checked too (a copy,
 relinked with this tree's C selection)."""
 
 from __future__ import annotations
@@ -66,7 +69,7 @@ def _report(bad) -> str:
     return "\n".join(f"{p}: python {want}, C {got}" for p, want, got in bad[:12])
 
 
-def test_gemm_selection_matches_python(bundles):
+def test_gemm_launches_what_the_library_selects(bundles):
     for label, path in bundles.items():
         lib = cs.CLib(path / "lib" / "libfactory_bundle.so")
         seen, names = collections.Counter(), set()
@@ -89,7 +92,7 @@ def test_gemm_selection_matches_python(bundles):
         assert len(names) >= (8 if label == "test" else 40), sorted(names)
 
 
-def test_attention_selection_matches_python(bundles, monkeypatch):
+def test_attention_launches_what_the_library_selects(bundles, monkeypatch):
     for label, path in bundles.items():
         lib = cs.CLib(path / "lib" / "libfactory_bundle.so")
         seen, names = collections.Counter(), set()
@@ -124,7 +127,7 @@ def _decode_attention_problems() -> list[dict]:
     return out
 
 
-def test_decode_attention_matches_python(bundles, monkeypatch):
+def test_decode_attention_launches_what_the_library_selects(bundles, monkeypatch):
     problems = _decode_attention_problems()
     for label, path in bundles.items():
         lib = cs.CLib(path / "lib" / "libfactory_bundle.so")
@@ -135,6 +138,9 @@ def test_decode_attention_matches_python(bundles, monkeypatch):
 
 
 # --- tuning.json compiled in --------------------------------------------------------------------------
+WINNERS: dict = {}  # (capability, bucket key) -> (the table's winner, the model's pick, the fitting names)
+
+
 def _write_tuning(path: Path, problems: list[dict]) -> int:
     """A tuning.json for TUNED whose winners differ from the cost model's picks: per bucket a
     fitting variant other than the model's (chosen by the key's hash), now and then a name the
@@ -158,7 +164,7 @@ def _write_tuning(path: Path, problems: list[dict]) -> int:
             if key in buckets:
                 continue
             h = zlib.crc32(key.encode())
-            model = rt_gemm.choose(bundle, fits, p["ab"], p["c"], am, bm, p["M"], p["N"], p["K"], p["L"])
+            model = rt_gemm.select(bundle, *specs, p["ab"], p["c"], scales)  # (no device name: no table)
             others = [v["name"] for v in fits if v["name"] != model] or [model]
             winner = (others[h % len(others)] if h % 7 else
                       "gemm_not_in_this_bundle" if h % 2 else names[h % len(names)])
@@ -167,6 +173,7 @@ def _write_tuning(path: Path, problems: list[dict]) -> int:
             except NoVariantError:
                 eb = []
             const = (eb[h % len(eb)]["name"] if eb and h % 3 else winner if h % 3 == 1 else None)
+            WINNERS[(bundle.capability, key)] = (winner, model, {v["name"] for v in fits})
             buckets[key] = {"shape": list(tuning.bucket_shape(p["M"], p["N"], p["K"], p["L"])), "winner": winner,
                             "timings_us": {winner: 1.0}, **({"b_constant": {"winner": const}} if const else {})}
     tuning.write(path, {"schema": tuning.SCHEMA, "created": "test", "device": {**TUNED, "capability": [9, 0]},
@@ -192,7 +199,7 @@ def test_tuned_selection_matches_python(tuned_bundles):
     for label, path in tuned_bundles.items():
         lib = cs.CLib(path / "lib" / "libfactory_bundle.so")
         assert TUNED["name"] in lib.lib.fx_selection_info().decode()
-        differ = 0
+        differ = checked = 0
         for cc, sms in (((9, 0), 132), ((8, 0), 132), ((9, 0), 114)):
             tuned_b, tuned = cs.compare_gemm(path, lib, GEMM_PROBLEMS, cc, sms, TUNED["name"])
             assert (tuned_b.tuning is not None) == (sms == TUNED["sm_count"])
@@ -203,7 +210,19 @@ def test_tuned_selection_matches_python(tuned_bundles):
             bad = _mismatches(model)
             assert not bad, f"{label}, untuned, {cc} {sms}: {len(bad)} differ\n{_report(bad)}"
             differ += sum(1 for t, m in zip(tuned, model) if t[1] != m[1])
+            if sms != TUNED["sm_count"]:
+                continue
+            for (p, _, got, *_), (_, _, plain, *_) in zip(tuned, model):  # the table's winner where it fits
+                if got[0] != "ok" or p["b_constant"]:
+                    continue
+                key = tuning.bucket_key(p["ab"], p["c"], *cs.majors(p), p["M"], p["N"], p["K"], p["L"])
+                w = WINNERS.get((cc, key))
+                if w is not None:
+                    winner, _model, fits = w
+                    assert got[1] == (winner if winner in fits else plain[1]), (p, got, w)
+                    checked += winner in fits
         assert differ >= 10, f"{label}: the tuning table changed only {differ} answers"
+        assert checked >= 10, f"{label}: only {checked} answers were a table's winner"
 
 
 def test_relink_keeps_python_on_the_tuning_table(tuned_bundles):
@@ -216,7 +235,7 @@ def test_relink_keeps_python_on_the_tuning_table(tuned_bundles):
         assert tuning.load(path, TUNED)[0] is not None
 
 
-def test_grids_fixed_at_build_time_match_python(test_bundle, tmp_path):
+def test_grids_fixed_at_build_time_launch_what_the_library_selects(test_bundle, tmp_path):
     """Persistent variants of older bundles had their grid fixed at build time (persistent_ctas):
     both selections drop those whose grid would exceed the device's SMs and cap the cost model's
     grid.  The test bundle's manifest, so marked, relinked."""

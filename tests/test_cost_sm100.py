@@ -1,8 +1,9 @@
-"""The Blackwell (sm100) GEMM cost model, runtime/cost_sm100.py: unmeasured (no B200 here), so
-what is tested is that it is a sane ranking device -- monotone in the problem, the published
-figures it is built on, the picks on a table of shapes being what its reasoning says -- and that
-the C selection computes the same answers (tests/c_selection.py) over the default tier's sm100
-variants.  Nothing here says any pick is fastest on a B200."""
+"""The Blackwell (sm100) GEMM cost model (constants: runtime/cost_sm100.py; code: the host library's
+sm100_estimate_us, compiler/csrc/fx_select.c): unmeasured (no B200 here), so what is tested is that
+it is a sane ranking device -- monotone in the problem, the published figures it is built on, the
+picks on a table of shapes being what its reasoning says -- over the default tier's sm100 variants
+(a selection library of their entries, tests/selection_lib.py, and a compiled bundle).  Nothing here
+says any pick is fastest on a B200."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import math
 
 import pytest
 
+import selection_lib as sl
 from conftest import TEST_TARGETS, needs_dsl
 from factory.atoms.targets import get_target
 from factory.runtime import cost_sm100 as cm
@@ -35,9 +37,23 @@ def _short(name: str) -> str:
     return name.split("_ak_")[1].split("_", 1)[1]
 
 
+_LIBS: dict = {}
+
+
+def _lib(entries: dict, sms: int = B200_SMS) -> sl.Lib:
+    key = (tuple(entries), sms)
+    if key not in _LIBS:
+        _LIBS[key] = sl.Lib(list(entries.values()), cc=(10, 0), sm_count=sms)
+    return _LIBS[key]
+
+
+def _est(entries: dict, name: str, M: int, N: int, K: int, L: int = 1) -> float:
+    return _lib(entries).sel.estimate_us(name, M, N, K, L)
+
+
 def _pick(entries: dict, ab: str, c: str, M: int, N: int, K: int, L: int = 1, b_major: str = "k") -> str:
-    fits = [e for e in entries.values() if (e["dtypes"]["a"], e["dtypes"]["c"], e["layout"]["b"]) == (ab, c, b_major)]
-    return _short(min(fits, key=lambda e: (cm.estimate_us(e, M, N, K, L, B200_SMS), e["name"]))["name"])
+    """The selection's choice on a B200 (the least estimate among the fitting variants)."""
+    return _short(_lib(entries).gemm(M, N, K, L, ab, c, "k", b_major))
 
 
 def test_published_figures_it_is_built_on():
@@ -54,7 +70,8 @@ def test_monotone_in_every_dimension():
     """More work never predicts less time: M, N, K, L each grown with the others fixed, for every
     default sm100 variant."""
     sizes = [1, 16, 17, 64, 128, 129, 255, 256, 1000, 1024, 4096, 4097, 8192, 14336, 28672]
-    for e in _entries().values():
+    entries = _entries()
+    for e in entries.values():
         for a, b in ((1, 4096), (16, 4096), (4096, 4096), (128, 28672), (8192, 1024)):
             for dim in range(3):
                 ts = []
@@ -62,9 +79,9 @@ def test_monotone_in_every_dimension():
                     mnk = [a, b, b] if dim == 0 else [a, x, b] if dim == 1 else [a, b, x]
                     if dim == 0:
                         mnk[0] = x
-                    ts.append(cm.estimate_us(e, *mnk, 1, B200_SMS))
+                    ts.append(_est(entries, e["name"], *mnk, 1))
                 assert all(t1 <= t2 for t1, t2 in zip(ts, ts[1:])), (e["name"], dim, a, b, ts)
-        ls = [cm.estimate_us(e, 512, 4096, 4096, L, B200_SMS) for L in (1, 2, 3, 8)]
+        ls = [_est(entries, e["name"], 512, 4096, 4096, L) for L in (1, 2, 3, 8)]
         assert ls == sorted(ls), e["name"]
 
 
@@ -72,12 +89,17 @@ def test_a_cta_pair_reads_less_shared_memory_per_flop():
     """The reason CTA pairs exist: B's rows are split between the pair, so per FLOP an SM reads
     fewer operand bytes from shared memory; the model's mainloop is never slower for the pair than
     for the 1-CTA tile of the same CTA shape, and a 64-row MMA runs at half the rate."""
-    base = {"dtypes": {"a": "bf16", "c": "bf16"}, "cluster": [2, 1], "stages": 6}
-    one = {**base, "tile": [128, 256, 64], "mma_tile": [128, 256, 64], "cta_group": 1}
-    pair = {**base, "tile": [128, 256, 64], "mma_tile": [256, 256, 64], "cta_group": 2}
-    assert cm.kblock_clocks(pair) < cm.kblock_clocks(one)
-    m64 = {**base, "tile": [64, 256, 64], "mma_tile": [64, 256, 64], "cta_group": 1}
-    assert cm.kblock_clocks(m64) >= 2 * 64 * 256 * 64 / (8192 * cm.MODEL["rate_m64"])
+    base = {"family": "sm100", "target": DC, "dtypes": {"a": "bf16", "b": "bf16", "c": "bf16", "acc": "f32"},
+            "cluster": [2, 1], "stages": 6, "persistent": {"arg": "max_clusters", "cluster_ctas": 2}}
+    one = {**base, "name": "one", "tile": [128, 256, 64], "mma_tile": [128, 256, 64], "cta_group": 1}
+    pair = {**base, "name": "pair", "tile": [128, 256, 64], "mma_tile": [256, 256, 64], "cta_group": 2}
+    m64 = {**base, "name": "m64", "tile": [64, 256, 64], "mma_tile": [64, 256, 64], "cta_group": 1}
+    es = {e["name"]: e for e in (one, pair, m64)}
+    # compute-bound problems: the mainloop decides
+    for M, N, K in ((8192, 8192, 8192), (4096, 4096, 16384)):
+        assert _est(es, "pair", M, N, K) < _est(es, "one", M, N, K)
+        # twice the tiles at half the MMA rate: more than twice the compute of the 128-row tile
+        assert _est(es, "m64", M, N, K) > 1.5 * _est(es, "one", M, N, K)
 
 
 # (ab, c, M, N, K) -> the variant the model picks, and why (the model's reasoning, not a measurement)
@@ -143,19 +165,18 @@ def test_fit_script_reads_the_sm100_model(tmp_path):
     from conftest import ROOT
 
     entries = _entries()
-    manifest = {"variants": entries}
-    saved = dict(cm.MODEL)
+    lib = _lib(entries)
+    manifest = {"variants": entries, "host_library": {"path": str(sl.build(list(entries.values())))}}
     try:
-        cm.MODEL["latency_us"] = 2.0  # the "device" streams with twice the round trip
+        lib.sel.set_cost_model(sm100={**cm.MODEL, "latency_us": 2.0})  # the "device" streams with twice the round trip
         buckets = {}
         for i, (M, N, K) in enumerate([(16, 4096, 4096), (16, 14336, 4096), (4096, 4096, 4096), (128, 8192, 8192)]):
             fits = [e for e in entries.values() if e["dtypes"]["a"] == "bf16" and e["dtypes"]["c"] == "bf16"
                     and e["layout"]["b"] == "k"]
             buckets[f"b{i}"] = {"shape": [M, N, K, 1],
-                                "timings_us": {e["name"]: cm.estimate_us(e, M, N, K, 1, B200_SMS) for e in fits}}
+                                "timings_us": {e["name"]: lib.sel.estimate_us(e["name"], M, N, K, 1) for e in fits}}
     finally:
-        cm.MODEL.clear()
-        cm.MODEL.update(saved)
+        lib.sel.set_cost_model()
     table = {"device": {"name": "synthetic B200", "sm_count": B200_SMS}, "buckets": buckets}
     (tmp_path / "t.json").write_text(json.dumps(table))
     (tmp_path / "m.json").write_text(json.dumps(manifest))
@@ -169,8 +190,8 @@ def test_fit_script_reads_the_sm100_model(tmp_path):
 
 @needs_dsl
 def test_c_selection_computes_the_same_model(tmp_path_factory):
-    """The default tier's sm100 GEMM variants compiled into a bundle: the C selection (fx_select.c
-    sm100_estimate_us) and the Python loader answer every problem alike on 10.0 devices."""
+    """The default tier's sm100 GEMM variants compiled into a bundle: what the loader launches is
+    the library's answer on 10.0 devices, and the table's picks hold for the compiled entries."""
     import collections
 
     import c_selection as cs

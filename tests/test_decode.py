@@ -7,6 +7,8 @@ from __future__ import annotations
 import re
 
 import pytest
+
+import selection_lib as sl
 import torch
 
 from conftest import needs_gpu
@@ -34,27 +36,32 @@ def test_pack_b_layout_and_round_trip():
         rpacked.pack_b(b[:, :100])
 
 
-def _entry(name, rows, ck, ctas_per_sm):
-    return {"name": name, "rows_per_cta": rows, "cluster": [1, ck], "ctas_per_sm": ctas_per_sm}
+def _entry(name, rows, ck, ctas_per_sm, early_b=False):
+    return {"name": name, "op": "gemm", "family": "decode", "target": "sm_90", "max_m": 16, "rows_per_cta": rows,
+            "cluster": [1, ck], "ctas_per_sm": ctas_per_sm, "config": {"early_b": early_b},
+            "dtypes": {"a": "e4m3", "b": "e4m3", "c": "bf16", "acc": "f32"}, "layout": {"a": "k", "b": "k", "c": "n"}}
 
 
 def test_pick_prefers_the_most_ctas_in_one_wave_and_early_b_in_one_wave():
     """The rule measured on the H100 (132 SMs; 2-CTA clusters of two 256-thread CTAs per SM:
     264 CTAs at once): N = 4096 -> 32-row CTAs (256 CTAs), 6144 and 8192 -> 64-row CTAs (192 and
-    256; 32-row ones would be 384/512: two waves), 10240 -> nothing is one wave: the most CTAs."""
-    fits = [_entry("r32", 32, 2, 2), _entry("r64", 64, 2, 2)]
-    wave = lambda v: 264  # noqa: E731
-    assert rpacked.pick(fits, 4096, wave, set()) == "r32"
-    assert rpacked.pick(fits, 2048, wave, set()) == "r32"
-    assert rpacked.pick(fits, 6144, wave, set()) == "r64"
-    assert rpacked.pick(fits, 8192, wave, set()) == "r64"
-    assert rpacked.pick(fits, 10240, wave, set()) == "r32"
+    256; 32-row ones would be 384/512: two waves), 10240 -> nothing is one wave: the most CTAs.
+    The host library's rule (fx_gemm_packed_select) on synthetic entries."""
+    plain = [_entry("r32", 32, 2, 2), _entry("r64", 64, 2, 2)]
+    lib = sl.Lib(plain, sm_count=132)
+    for n, want in ((4096, "r32"), (2048, "r32"), (6144, "r64"), (8192, "r64"), (10240, "r32")):
+        assert lib.packed(16, n, 2048) == want, n
+        assert lib.packed(16, n, 2048, b_constant=True) == want, n  # no early_b variant built
     # b_constant: the early_b twin where the grid is one wave, not where it is several.
-    early = {"r32_eb", "r64_eb"}
-    assert rpacked.pick(fits, 4096, wave, early) == "r32_eb"
-    assert rpacked.pick(fits, 8192, wave, early) == "r64_eb"
-    assert rpacked.pick(fits, 10240, wave, early) == "r32"
-    assert rpacked.pick(fits, 4096, wave, {"r64_eb"}) == "r32"  # no twin: the variant itself
+    both = sl.Lib(plain + [_entry("r32_eb", 32, 2, 2, True), _entry("r64_eb", 64, 2, 2, True)], sm_count=132)
+    assert both.packed(16, 4096, 2048, b_constant=True) == "r32_eb"
+    assert both.packed(16, 8192, 2048, b_constant=True) == "r64_eb"
+    assert both.packed(16, 10240, 2048, b_constant=True) == "r32"
+    assert both.packed(16, 4096, 2048) == "r32"  # never an early_b variant without b_constant
+    one = sl.Lib(plain + [_entry("r64_eb", 64, 2, 2, True)], sm_count=132)
+    assert one.packed(16, 4096, 2048, b_constant=True) == "r32"  # no twin: the variant itself
+    # another device: 114 SMs hold 228 CTAs, so N = 4096 is one wave only for 64-row CTAs
+    assert sl.Lib(plain, sm_count=114).packed(16, 4096, 2048) == "r64"
 
 
 def test_packed_launch_path_without_a_gpu(test_bundle, monkeypatch):

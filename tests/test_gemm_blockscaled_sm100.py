@@ -20,6 +20,7 @@ import textwrap
 import pytest
 import torch
 
+import selection_lib as sl
 from conftest import BLACKWELL_DC, ROOT, Recorder, bundle_with_swapped_cubin, needs_dsl, verify_cli
 from factory.runtime import Bundle, InputError, NoVariantError
 from factory.runtime import blockscaled as bs
@@ -299,6 +300,7 @@ def test_selection_prefers_one_cta_for_short_m(test_bundle, tmp_path):
     m["variants"] = dict(sorted(m["variants"].items()))
     (out / "manifest.json").write_text(json.dumps(m, indent=1))
     b, rec = simulated(out)
+    sl.attach(b)  # (the added entries are not in the host library: select with a library of the manifest's)
     w = bs.pack(torch.randn(256, 256), "nvfp4")
     b.gemm(bs.pack(torch.randn(16, 256), "nvfp4"), w)
     assert b.manifest["variants"][rec.launched[-1]]["cta_group"] == 1

@@ -20,6 +20,7 @@ import shutil
 import pytest
 import torch
 
+import selection_lib as sl
 from conftest import BLACKWELL_DC, Recorder
 from factory.runtime import Bundle, NoVariantError
 from factory.runtime.gemm import _as_rkl, select
@@ -130,7 +131,7 @@ def default_sm100_bundle(test_bundle, tmp_path_factory):
 @pytest.mark.parametrize("m", [1, 8, 16])
 def test_decode_on_10_0_takes_the_64_row_tile(default_sm100_bundle, m):
     """M <= 16, N = 4096: the 64 x 32 tile (128 CTAs) over every 128-row tile (32 CTAs or fewer)."""
-    b = Bundle.open(default_sm100_bundle, capability=(10, 0), device=B200)
+    b = sl.attach(Bundle.open(default_sm100_bundle, capability=(10, 0), device=B200))
     assert _select(b, _bf16(m, 4096), _bf16(4096, 4096)) == f"gemm_{DC}_bf16_obf16_ak_bk_t64x32x64_c1x1_pdl"
     x8 = torch.empty(m, 4096, dtype=torch.float8_e4m3fn)
     w8 = torch.empty(4096, 4096, dtype=torch.float8_e4m3fn)
@@ -141,7 +142,7 @@ def test_large_problems_on_10_0_take_a_cta_pair(default_sm100_bundle):
     """Large problems take a CTA pair (B split between the pair: half the operand reads per SM).
     8192^3: the 256 x 256 pair; 4096^3: the 256 x 128 pair (1024 CTA tiles are 6.9 waves of 148
     CTAs, 512 of the 256 x 256 pair's are 3.5: the model counts whole waves).  fp8: the pair."""
-    b = Bundle.open(default_sm100_bundle, capability=(10, 0), device=B200)
+    b = sl.attach(Bundle.open(default_sm100_bundle, capability=(10, 0), device=B200))
     assert _select(b, _bf16(8192, 8192), _bf16(8192, 8192)) == f"gemm_{DC}_bf16_obf16_ak_bk_2cta_t256x256x64_c2x1_pdl"
     assert _select(b, _bf16(4096, 4096), _bf16(4096, 4096)) == f"gemm_{DC}_bf16_obf16_ak_bk_2cta_t256x128x64_c2x2_pdl"
     x8 = torch.empty(4096, 4096, dtype=torch.float8_e4m3fn)

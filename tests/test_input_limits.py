@@ -242,3 +242,55 @@ def test_python_attention_uses_the_devices_sm_count(test_bundle, lib):
         rc, sel, _ = run(lib, "fx_attention_select", dev(sms=sms), p)
         assert rc == 0 and sel.name.decode() == picks[sms]
     assert picks[48] != picks[132]
+
+
+# --- the packed and block-scaled entry points ------------------------------------------------------------
+def packed_problem(M=16, N=4096, K=4096, **kw):
+    from factory.runtime import selector as rs
+
+    p = rs.PackedProblem(M, N, K, GOOD, rs._I64x2(K, 1), 2 * GOOD, rs._I64x4((K // 64) * 512, 512, 16, 1),
+                         3 * GOOD, rs._I64x2(N, 1), 4 * GOOD, 4 * GOOD + 64, 0)
+    for k, v in kw.items():
+        setattr(p, k, v)
+    return p
+
+
+def blockscaled_problem(M=256, N=256, K=256, fmt=3, **kw):
+    from factory.runtime import selector as rs
+
+    p = rs.BlockScaledProblem(fmt, 1, M, N, K, 1, GOOD, rs._I64x3(K, 1, 0), 2 * GOOD, rs._I64x3(K, 1, 0),
+                              3 * GOOD, rs._I64x3(N, 1, 0), 4 * GOOD, 5 * GOOD, 6 * GOOD, 6 * GOOD + 64)
+    for k, v in kw.items():
+        setattr(p, k, v)
+    return p
+
+
+def test_packed_selection_and_refusals(lib):
+    rc, sel, msg = run(lib, "fx_gemm_packed_select", dev(), packed_problem())
+    assert rc == 0 and sel.name.decode().startswith("gemm_sm90_e4m3") and msg == ""
+    rc, sel2, _ = run(lib, "fx_gemm_packed_select", dev(), packed_problem(b_constant=1))
+    assert rc == 0 and sel2.name.decode() == sel.name.decode() + "_eb"  # one wave: the early_b twin
+    refused(lib, "fx_gemm_packed_select", packed_problem(b_constant=2), "b_constant must be 0 or 1")
+    refused(lib, "fx_gemm_packed_select", packed_problem(N=100), "N % 8 == 0")
+    refused(lib, "fx_gemm_packed_select", packed_problem(m=-1), "m must not be negative")
+    refused(lib, "fx_gemm_packed_select", packed_problem(c=GOOD), "c overlaps a")
+    refused(lib, "fx_gemm_packed_select", packed_problem(c_stride=(ctypes.c_int64 * 2)(0, 1)), "c: stride")
+    refused(lib, "fx_gemm_packed_select", packed_problem(), "compute capability 9.1", dev((9, 1)))
+    rc, sel, msg = run(lib, "fx_gemm_packed_select", dev(), packed_problem(M=17))  # decode variants: M <= 16
+    assert rc == cs.FX_ERR_NO_VARIANT and "use the unpacked weights" in msg and sel.variant == -1
+    rc, sel, _ = run(lib, "fx_gemm_packed_select", dev(), packed_problem(M=0))
+    assert rc == 0 and sel.variant == -1  # nothing to launch
+
+
+def test_blockscaled_selection_and_refusals(lib):
+    rc, sel, msg = run(lib, "fx_gemm_blockscaled_select", dev((10, 0), 148), blockscaled_problem())
+    assert rc == 0 and "nvf4" in sel.name.decode() and sel.max_clusters > 0 and msg == ""
+    rc, sel, msg = run(lib, "fx_gemm_blockscaled_select", dev((9, 0)), blockscaled_problem())
+    assert rc == cs.FX_ERR_NO_VARIANT and "gemm_blockscaled" in msg  # built for sm_100f only
+    refused(lib, "fx_gemm_blockscaled_select", blockscaled_problem(fmt=7), "unknown block-scaled format 7",
+            dev((10, 0), 148))
+    refused(lib, "fx_gemm_blockscaled_select", blockscaled_problem(K=48), "multiple of 32", dev((10, 0), 148))
+    refused(lib, "fx_gemm_blockscaled_select", blockscaled_problem(c=2 * GOOD), "c overlaps b", dev((10, 0), 148))
+    refused(lib, "fx_gemm_blockscaled_select", blockscaled_problem(fmt=1), "has no global scale", dev((10, 0), 148))
+    refused(lib, "fx_gemm_blockscaled_select", blockscaled_problem(m=2**62, a_stride=cs.I64x3(2**62, 1, 0)),
+            "overflows", dev((10, 0), 148))

@@ -12,7 +12,9 @@ import sys
 import pytest
 import torch
 
+import selection_lib as sl
 from conftest import ROOT
+from factory.compiler.link import relink
 from factory.runtime import Bundle, tuning
 from factory.runtime import gemm as rgemm
 from factory.runtime.gemm import _as_rkl, select
@@ -41,6 +43,7 @@ def _write_tuning(path, winners: dict, device=H100, manifest_hash=None):
         "shape": [*shape, 1], "winner": name, "timings_us": {name: 1.0}} for shape, name in winners.items()}
     tuning.write(path, {"schema": tuning.SCHEMA, "device": dict(device, capability=[9, 0]),
                         "manifest_sha256": manifest_hash or tuning.manifest_sha256(path), "buckets": buckets})
+    relink(path)  # the selection reads the table compiled into the host library (python -m factory link)
 
 
 # --- buckets ---------------------------------------------------------------------------------------
@@ -84,6 +87,7 @@ def test_mismatched_tuning_falls_back_to_the_heuristic(bundle_copy, why):
         (bundle_copy / "tuning.json").write_text(json.dumps({**d, "schema": 99}))
     else:
         (bundle_copy / "tuning.json").write_text("{not json")
+    relink(bundle_copy)  # (what python -m factory link compiles in of that file: nothing)
     b = Bundle.open(bundle_copy, capability=(9, 0), device=H100)
     assert _select(b, 4096, 4096, 4096) == LARGE
     if why != "unknown_winner":
@@ -96,6 +100,8 @@ def test_rebuilt_manifest_invalidates_the_table(bundle_copy):
     m.write_text(m.read_text() + "\n")  # any change to the build changes the hash
     b = Bundle.open(bundle_copy, capability=(9, 0), device=H100)
     assert b.tuning is None and "manifest hash" in b._tuning[1]
+    relink(bundle_copy)  # a rebuilt bundle's library compiles in no table measured for another build
+    b = Bundle.open(bundle_copy, capability=(9, 0), device=H100)
     assert _select(b, 4096, 4096, 4096) == LARGE
 
 
@@ -128,7 +134,6 @@ def test_grid_cap_is_passed_at_launch_from_the_device(bundle_copy):
     split = next(v for v in entries.values() if v.get("split_k", 1) == 2)
     assert split["persistent"]["cluster_ctas"] == 2 and rgemm.launch_scalars(b, split) == [57]
     assert _select(b, 1536, 1536, 2048) == SMALL  # 144 CTAs of work on a 114-CTA grid: fine
-    assert tuning.launch_ctas(entries[SMALL], 1536, 1536, 1, 114) == 114
     # The scalar lands in the argument buffer where the header's wrapper reads it.
     binder = b.binder(SMALL)
     a = torch.empty(256, 512, dtype=torch.bfloat16)
@@ -188,27 +193,9 @@ DEFAULT_LIKE = [
 ]
 
 
-def test_launch_ctas_counts_split_k_clusters_and_the_persistent_cap():
-    swap16 = _entry((16, 64), schedule="ws", swap=True, split=2)
-    assert tuning.launch_ctas(swap16, 16, 4096, 1, 132) == 128  # 64 tiles x split-K 2
-    assert tuning.launch_ctas(swap16, 16, 14336, 1, 132) == 132  # 448 units: capped at the grid
-    assert tuning.launch_ctas(swap16, 16, 14336, 1, 114) == 114  # the device's SMs
-    assert tuning.launch_ctas(_entry((16, 64), schedule="ws", swap=True, split=4), 16, 6144, 1, 132) == 132
-    # Clusters round the tile grid up: 1 M tile becomes a cluster of 2.
-    assert tuning.launch_ctas(_entry((128, 256), (2, 1)), 100, 512, 1, 132) == 4
-    # The cap is whole clusters: 130 // 4 * 4 with split-K 4 (also a build-time cap, older bundles).
-    assert tuning.launch_ctas(_entry((16, 64), swap=True, split=4), 16, 8192, 1, 130) == 128
-    old = {k: v for k, v in _entry((16, 64), swap=True, split=4).items() if k != "persistent"}
-    assert tuning.launch_ctas({**old, "persistent_ctas": 130}, 16, 8192, 1) == 128
-
-
-class _Stub:
-    def __init__(self, sms=132):
-        self._dev = {"name": "x", "sm_count": sms}
-        self.tuning = None
-
-    def device_info(self):
-        return self._dev
+def _est(e: dict, M: int, N: int, K: int, L: int = 1, sms: int = 132) -> float:
+    """The selection's cost model (the host library's fx_gemm_estimate_us) of synthetic entry ``e``."""
+    return sl.Lib([e], sm_count=sms).sel.estimate_us(e["name"], M, N, K, L)
 
 
 @pytest.mark.parametrize("M,N,K,want", [
@@ -220,7 +207,7 @@ class _Stub:
     (16384, 8192, 28672, "t128x256_c2x1_coop_sw8_sk1"),  # tall: swizzled raster (A re-reads)
 ])
 def test_cost_model_picks(M, N, K, want):
-    got = rgemm.choose(_Stub(), DEFAULT_LIKE, "bf16", "bf16", "k", "k", M, N, K, 1)
+    got = sl.Lib(DEFAULT_LIKE).gemm(M, N, K, 1, "bf16", "bf16")
     assert got.startswith(want), got
 
 
@@ -239,7 +226,7 @@ DEFAULT_V3 = DEFAULT_LIKE + [
     (16, 4096, 14336, "t16x64_c1x1_ws_sw1_swap_sk2"),  # decode unchanged
 ])
 def test_mid_m_tiles_fill_the_grid(M, N, K, want):
-    got = rgemm.choose(_Stub(), DEFAULT_V3, "bf16", "bf16", "k", "k", M, N, K, 1)
+    got = sl.Lib(DEFAULT_V3).gemm(M, N, K, 1, "bf16", "bf16")
     assert got.startswith(want), got
 
 
@@ -256,7 +243,7 @@ def test_heuristic_agrees_with_the_tuned_table_on_the_reported_fp8_minimum():
     """The fp8 heuristic minimum of the 2026-11-22 final H100 run (128x28672x4096, 0.335x) ran
     the very variant the tuned table picked, which measured 0.98x in the same call (its eager
     time was 6.7x slower in the heuristic pass: the GPU's state, not the selection)."""
-    got = rgemm.choose(_Stub(), FP8_LIKE, "e4m3", "bf16", "k", "k", 128, 28672, 4096, 1)
+    got = sl.Lib(FP8_LIKE).gemm(128, 28672, 4096, 1, "e4m3", "bf16")
     assert got == "t128x128_c1x1_coop_sw1_sk1", got
 
 
@@ -270,7 +257,7 @@ def test_heuristic_agrees_with_the_tuned_table_on_the_reported_fp8_minimum():
     (128, 10240, 8192, "t128x160_c2x1_coop"),
 ])
 def test_v3_heuristic_misses_stay_fixed(M, N, K, not_want):
-    got = rgemm.choose(_Stub(), DEFAULT_V3, "bf16", "bf16", "k", "k", M, N, K, 1)
+    got = sl.Lib(DEFAULT_V3).gemm(M, N, K, 1, "bf16", "bf16")
     assert not got.startswith(not_want), got
 
 
@@ -278,9 +265,9 @@ def test_split_k_is_not_free():
     """Same CTA count, same bytes: the split pays its reduction, so it must win on waves."""
     plain, split = _entry((16, 64), schedule="ws", swap=True), _entry((16, 64), schedule="ws", swap=True, split=2)
     # N = 16384: 256 tiles already fill 132 SMs twice; split-K 2 only adds reductions.
-    assert tuning.estimate_us(plain, 16, 16384, 4096, 1, 132) < tuning.estimate_us(split, 16, 16384, 4096, 1, 132)
+    assert _est(plain, 16, 16384, 4096) < _est(split, 16, 16384, 4096)
     # N = 4096: 64 tiles leave half the SMs idle; split-K 2 fills them.
-    assert tuning.estimate_us(split, 16, 4096, 14336, 1, 132) < tuning.estimate_us(plain, 16, 4096, 14336, 1, 132)
+    assert _est(split, 16, 4096, 14336) < _est(plain, 16, 4096, 14336)
 
 
 # --- the hot path ----------------------------------------------------------------------------------
@@ -289,8 +276,7 @@ def test_selection_is_cached_per_shape(bundle_copy, monkeypatch):
     b = Bundle.open(bundle_copy, capability=(9, 0), device=H100)
     assert _select(b, 4096, 4096, 4096) == SMALL
     calls = []
-    monkeypatch.setattr(rgemm, "choose", lambda *a: calls.append(a) or "boom")
-    monkeypatch.setattr(rgemm, "fitting_variants", lambda *a: calls.append(a) or "boom")
+    monkeypatch.setattr(b.selector, "select", lambda *a: calls.append(a) or "boom")
     for _ in range(3):
         assert _select(b, 4096, 4096, 4096) == SMALL  # no search, no tuning lookup
     assert not calls
@@ -303,8 +289,8 @@ def test_tuned_selection_never_imports_the_dsl(bundle_copy):
         "from factory.runtime import Bundle\n"
         f"b = Bundle.open({str(bundle_copy)!r}, capability=(9, 0), device={H100!r})\n"
         "from factory.runtime.gemm import select, _as_rkl\n"
-        "a = torch.empty(4096, 4096).bfloat16()\n"
-        "print(select(b, _as_rkl(a,'a'), _as_rkl(a,'b'), _as_rkl(a,'c'), 'bf16','bf16',[]))\n"
+        "a, w, c = (torch.empty(4096, 4096).bfloat16() for _ in range(3))\n"
+        "print(select(b, _as_rkl(a,'a'), _as_rkl(w,'b'), _as_rkl(c,'c'), 'bf16','bf16',[]))\n"
         "assert b.tuning is not None\n"
         "assert not any(m == 'cutlass' or m.startswith(('cutlass.', 'mlir', '_mlir')) for m in sys.modules), "
         "sorted(m for m in sys.modules if 'cutlass' in m or 'mlir' in m)\n"
@@ -320,7 +306,7 @@ def test_cost_model_prefers_the_deeper_pipeline_of_a_twin():
     twin = _entry((64, 64), (2, 1), schedule="ws", swap=True)
     deep = {**twin, "name": twin["name"] + "_deep", "config": {"deep": True}}
     for M, N, K in ((128, 4096, 14336), (128, 8192, 28672), (16, 4096, 4096)):
-        assert tuning.estimate_us(deep, M, N, K, 1, 132) < tuning.estimate_us(twin, M, N, K, 1, 132)
+        assert _est(deep, M, N, K) < _est(twin, M, N, K)
 
 
 def test_cost_model_prefers_the_wide_k_decode_tile():
@@ -330,14 +316,13 @@ def test_cost_model_prefers_the_wide_k_decode_tile():
     narrow = _entry((16, 64), schedule="ws", swap=True)
     wide = {**narrow, "name": "t16x64x128_c1x1_ws_sw1_swap_sk1", "tile": [16, 64, 128]}
     for M, N, K in ((1, 4096, 4096), (16, 4096, 4096), (16, 6144, 4096), (16, 8192, 28672)):
-        assert tuning.estimate_us(wide, M, N, K, 1, 132) < tuning.estimate_us(narrow, M, N, K, 1, 132)
+        assert _est(wide, M, N, K) < _est(narrow, M, N, K)
     plain = _entry((128, 128))
     plain_wide = {**plain, "tile": [128, 128, 128]}
-    assert tuning.estimate_us(plain_wide, 4096, 4096, 4096, 1, 132) == tuning.estimate_us(plain, 4096, 4096, 4096, 1, 132)
+    assert _est(plain_wide, 4096, 4096, 4096) == _est(plain, 4096, 4096, 4096)
     # fp8 at 128 K per stage is one 128-byte row: no wide-K credit.
     fp8 = {**_entry((32, 64), schedule="ws", swap=True, ab="e4m3", fp8acc="promoted"), "tile": [32, 64, 128]}
-    assert tuning.estimate_us(fp8, 16, 4096, 4096, 1, 132) == tuning.estimate_us(
-        {**fp8, "tile": [32, 64, 64]}, 16, 4096, 4096, 1, 132)
+    assert _est(fp8, 16, 4096, 4096) == _est({**fp8, "tile": [32, 64, 64]}, 16, 4096, 4096)
 
 
 def test_b_constant_selection(bundle_copy):
@@ -366,6 +351,7 @@ def test_b_constant_selection(bundle_copy):
                                    "manifest_sha256": tuning.manifest_sha256(bundle_copy),
                                    "buckets": {key: {"shape": [16, 4096, 4096, 1], "winner": plain_name,
                                                      "b_constant": {"winner": winner}}}})
+        relink(bundle_copy)
         b = Bundle.open(bundle_copy, capability=(9, 0), device=H100)
         assert b.tuning.winner(key, b_constant=True) == winner
         assert pick(b, False) == plain_name
@@ -396,6 +382,7 @@ def test_packed_selection_follows_the_table(bundle_copy):
                                    "manifest_sha256": tuning.manifest_sha256(bundle_copy),
                                    "buckets": {key: {"shape": [16, 4096, 4096, 1], "winner": "x",
                                                      "packed": {"winner": plain_w, "b_constant_winner": const_w}}}})
+        relink(bundle_copy)
         b = Bundle.open(bundle_copy, capability=(9, 0), device=H100)
         assert b.tuning.winner(key, packed=True) == plain_w
         assert (pick(b, False), pick(b, True)) == want, (plain_w, const_w)

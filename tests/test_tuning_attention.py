@@ -11,9 +11,10 @@ import sys
 import pytest
 import torch
 
+import selection_lib as sl
 from conftest import ROOT, Recorder
+from factory.compiler.link import relink
 from factory.runtime import Bundle, tuning
-from factory.runtime import attention as rt_attention
 
 H100 = {"name": "NVIDIA H100 80GB HBM3", "sm_count": 132}
 BIG = "attention_sm90a_bf16_d128_m128_n128_s2_causal_ov_pp_er_ps_kf"
@@ -30,7 +31,7 @@ def test_attention_bucket_key():
 
 # --- select() with a table's winner ------------------------------------------------------------------
 def _e(name, target, causal=True, tile=(128, 128), splits=1, pack=False, **kw):
-    return {"name": name, "target": target, "dtype": "bf16", "head_dim": 128, "causal": causal,
+    return {"name": name, "op": "attention", "target": target, "dtype": "bf16", "head_dim": 128, "causal": causal,
             "varlen": False, "tile": list(tile), "stages": 2, "splits": splits, "pack_gqa": pack, **kw}
 
 
@@ -44,8 +45,14 @@ CANDS = [
 
 
 def _pick(b, hq, hkv, sq, sk, tuned=None, causal=True):
-    return rt_attention.select(CANDS, dtype="bf16", head_dim=128, causal=causal, varlen=False,
-                               rows=b * hq * sq, sms=132, decode=(b, hq, hkv, sq, sk), tuned=tuned)["name"]
+    """The host library's choice (the selection library of CANDS) on a planned H100, with a tuning
+    table whose bucket of this problem names ``tuned``."""
+    table = None
+    if tuned is not None:
+        key = tuning.attention_bucket_key("bf16", 128, causal, sq, sk, b * hq)
+        table = {"device": H100, "buckets": {}, "attention": {key: {"winner": tuned}}}
+    lib = sl.Lib(CANDS, cc=(9, 0), sm_count=H100["sm_count"], name=H100["name"], tuning=table)
+    return lib.attention(b, hq, hkv, sq, sk, causal=causal)[0]
 
 
 def test_select_takes_the_tables_winner_among_the_fitting():
@@ -76,6 +83,7 @@ def _write(path, winners: dict, device=H100):
                for (sq, sk, bh), w in winners.items()}
     tuning.write(path, {"schema": tuning.SCHEMA, "device": dict(device, capability=[9, 0]),
                         "manifest_sha256": tuning.manifest_sha256(path), "buckets": {}, "attention": buckets})
+    relink(path)  # compiled into the host library, which selects (python -m factory link)
 
 
 def _launched(path, b, h, sq, sk, device=H100, varlen=False):
@@ -107,6 +115,7 @@ def test_a_table_for_another_build_is_ignored(tuned_copy):
     _write(tuned_copy, {(4096, 4096, 32): SMALL})
     m = tuned_copy / "manifest.json"
     m.write_text(m.read_text() + " ")  # another manifest: the table was measured for another build
+    relink(tuned_copy)  # ... so linking compiles none of it in
     assert _launched(tuned_copy, 2, 16, 4096, 4096) == BIG
 
 

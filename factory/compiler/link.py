@@ -12,9 +12,10 @@ so the glue gives each variant two callable symbols:
                                           wrapper argument: a tensor struct, a scalar, and last the
                                           cudaStream_t
 
-and the selection exports ``fx_gemm`` / ``fx_attention`` (and their ``_select``), which choose a
-variant as the Python loader does, from tables generated here from the manifest entries and the
-bundle's tuning.json (factory/compiler/selection.py), then launch it.
+and the selection exports ``fx_gemm`` / ``fx_attention`` / ``fx_gemm_packed`` /
+``fx_gemm_blockscaled`` (and their ``_select``, which the Python loader calls), which choose a
+variant from tables generated here from the manifest entries and the bundle's tuning.json
+(factory/compiler/selection.py), then launch it.
 
 Only ``fx_*`` symbols are exported (cudart's stay hidden, so the library coexists with torch's).
 ``relink(bundle)`` (``python -m factory link BUNDLE``) rebuilds the host library of a built bundle,

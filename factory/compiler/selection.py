@@ -21,19 +21,17 @@ from ..runtime import cost_sm100, tuning
 # fx_dtype_t (csrc/fx_api.h); a dtype C callers cannot name maps to -1 and matches nothing.
 DTYPE_IDS = {"bf16": 1, "f16": 2, "f32": 3, "e4m3": 4}
 MAJOR_IDS = {"k": 1, "m": 2, "n": 3}
-FAMILY_IDS = {"sm80": 1, "sm90": 2, "sm100": 3}
-OP_IDS = {"gemm": 1, "attention": 2}
+FAMILY_IDS = {"sm80": 1, "sm90": 2, "sm100": 3, "decode": 4}
+OP_IDS = {"gemm": 1, "attention": 2, "gemm_blockscaled": 3}
+# fx_block_format_t (csrc/fx_api.h)
+FORMAT_IDS = {"mxf8e4m3": 1, "mxf8e5m2": 2, "nvf4": 3}
 ACC_IDS = {"promoted": 1, "fast": 2}
 MAX_RANK, MAX_SYMS, MAX_ARGS = 6, 64, 16  # as csrc/fx_select.h
 MAX_TARGET_CCS = 8  # FX_MAX_TARGET_CCS
-# tuning.MODEL's keys, in fx_model's order: a key added to the Python model must be ported to C.
-MODEL_KEYS = ("eff_256x128_c1x2", "eff_128x256_c2x1", "eff_large", "eff_pp", "eff_coop_mc", "eff_coop",
-              "eff_small", "eff_swap_base", "eff_swap_slope", "fp8_promoted", "fp8_fast", "split_us",
-              "fixed_us", "overlap", "grid_bw_exp", "split_tile_exp", "narrow_exp", "tile_us", "deep_bw",
-              "wide_k_bw")
-# cost_sm100.MODEL's keys, in fx_model_sm100's order.
-SM100_MODEL_KEYS = ("smem_bytes_per_clk", "rate_m64", "issue_overlap", "hbm_eff", "latency_us", "l2_tbs",
-                    "mem_overlap", "fixed_us", "wave_us")
+# tuning.MODEL's and cost_sm100.MODEL's keys in fx_model's / fx_model_sm100's order (defined there:
+# the order fx_cost_model_set reads them in): a key added to a Python model must be ported to C.
+MODEL_KEYS = tuning.MODEL_KEYS
+SM100_MODEL_KEYS = cost_sm100.MODEL_KEYS
 
 
 def c_str(s: str) -> str:
@@ -214,6 +212,7 @@ def tables(entries: dict[str, dict], tuning_data: dict | None) -> str:
             _occupancy_kernel(e) if pers else "NULL", int(e.get("resources", {}).get("dynamic_smem_bytes", 0)),
             int((e.get("mma_tile") or tile)[0]), int(e.get("cta_group", 1)),
             c_double(cost_sm100.flops_per_clk(a_dt) if a_dt else 0.0),
+            int(e.get("max_m", 0)), int(e.get("rows_per_cta", 0)), FORMAT_IDS.get(e.get("format"), 0),
         )) + "}")
     out.append(f"const fx_variant fx_variants[] = {{\n  {(',' + chr(10) + '  ').join(rows)}\n}};")
     out.append(f"const int32_t fx_n_variants = {len(rows)};")
@@ -227,17 +226,19 @@ def tables(entries: dict[str, dict], tuning_data: dict | None) -> str:
         for key, b in tuning_data.get("buckets", {}).items():
             w = b.get("winner") or None
             bc = (b.get("b_constant") or {}).get("winner") or None
-            wi, bi = index.get(w, -1), index.get(bc, -1)
-            if wi >= 0 or bi >= 0:
-                buckets.append((key.encode(), wi, bi))
+            pk = b.get("packed") or {}
+            row = (index.get(w, -1), index.get(bc, -1), index.get(pk.get("winner") or None, -1),
+                   index.get(pk.get("b_constant_winner") or None, -1))
+            if max(row) >= 0:
+                buckets.append((key.encode(), *row))
         # attention buckets ("attention:..." keys, tuning.attention_bucket_key) in the same table
         for key, b in tuning_data.get("attention", {}).items():
             wi = index.get(b.get("winner") or None, -1)
             if wi >= 0:
-                buckets.append((key.encode(), wi, -1))
+                buckets.append((key.encode(), wi, -1, -1, -1))
     buckets.sort()
-    brows = [f"{{{c_str(k.decode())}, {w}, {b}}}" for k, w, b in buckets]
-    out.append(f"const fx_bucket fx_buckets[] = {{{', '.join(brows) or '{NULL, -1, -1}'}}};")
+    brows = [f"{{{c_str(k.decode())}, {w}, {b}, {p}, {pb}}}" for k, w, b, p, pb in buckets]
+    out.append(f"const fx_bucket fx_buckets[] = {{{', '.join(brows) or '{NULL, -1, -1, -1, -1}'}}};")
     out.append(f"const int32_t fx_n_buckets = {len(brows)};")
     dev = (tuning_data or {}).get("device", {})
     out.append(f"const char fx_tuning_device[] = {c_str(dev.get('name', '') if tuning_data else '')};")

@@ -4,12 +4,14 @@ Layers, each importing only those below it (tests/test_imports.py checks there i
 
     api         Bundle: the user's entry points, dispatching to the ops
     gemm, packed, attention, blockscaled
-                the ops: argument checks, variant selection, launch  (packed and blockscaled use gemm)
+                the ops: argument checks, the selection's answer (cached), launch  (packed and blockscaled use gemm)
     validate    the checks every op makes before a pointer reaches a kernel
     bundle      BundleCore: manifest, files, device, binders, launch
     loader      the host library (ctypes) and the argument binders
-    manifest, tuning, occupancy, errors
-                reading files, the tuning table, the driver's cluster occupancy, exceptions
+    selector    the variant selection: the host library's fx_*_select (ctypes)
+    manifest, tuning, cost_sm100, occupancy, errors
+                reading files, the tuning table and the cost models' constants, the driver's
+                cluster occupancy, exceptions
 
 Imports only the standard library here; torch is imported when an op is first used.
 """

@@ -50,13 +50,11 @@ class Bundle(BundleCore):
 
         dev = current_device()
         if dev is not None and not self.planned:
-            gemm, packed = (_OPS or _ops())[:2]
+            gemm = (_OPS or _ops())[0]
             for op in ops:
                 for v in self.candidates(op):
                     if "persistent" in v:
                         gemm.launch_scalars(self, v, dev)
-                    elif v.get("family") == "decode" and "ctas_per_sm" in v:
-                        packed.wave_ctas(self, v, dev)
         return n
 
     def gemm_blockscaled(self, a, b, out=None, *, out_dtype=None, variant: str | None = None):

@@ -7,7 +7,7 @@ The kernels (``factory/attention/sm80.py``) take, in this order,
 with head_dim contiguous, every other stride a multiple of 16 bytes and 16-byte aligned data.
 LSE is always written (into a scratch buffer when the caller does not want it).
 Decode-family variants (manifest ``decode_rows``; attention/decode.py) serve seqlen_q <= 16 by
-``decode_pick``; those that merge their splits in a cluster take no workspace (manifest
+the selection's decode rule (compiler/csrc/fx_select.c ``decode_pick``); those that merge their splits in a cluster take no workspace (manifest
 ``splits`` 1, ``kv_splits`` the key splits).
 Split-KV variants (manifest ``splits`` > 1, dense only) take two fp32 workspace tensors after lse:
   o_partial (splits,B,Hq,Sq,D), lse_partial (splits,B,Hq,Sq)
@@ -22,7 +22,7 @@ import math
 import torch
 from torch import Tensor
 
-from . import tuning, validate
+from . import validate
 from .bundle import BundleCore, not_current
 from .errors import InputError, LaunchError, NoVariantError
 
@@ -228,9 +228,13 @@ def _hot(bundle) -> dict:
 
 def _choose(bundle, dtype: str, head_dim: int, causal: bool, varlen: bool, rows: int | None = None,
             decode: tuple[int, int, int] | None = None) -> tuple[str, int]:
-    """``rows``: batch·heads·seqlen_q of a dense problem (None for varlen), for the grid check;
-    ``decode``: (batch, Hq, Hkv, seqlen_q, seqlen_k) of a dense problem, for split-KV.  Returns
-    the variant name and its split count."""
+    """The variant name and its split count: the host library's ``fx_attention_select``
+    (compiler/csrc/fx_select.c: the decode family for dense problems of at most 16 queries,
+    packed-GQA and split-KV for grids that leave SMs idle, the tuning table's winner of the dense
+    problem's bucket, the family's preferred tile or a smaller one for an under-filled grid),
+    cached per bundle.  ``rows``: batch·heads·seqlen_q of a dense problem (None for varlen);
+    ``decode``: (batch, Hq, Hkv, seqlen_q, seqlen_k) of a dense problem.  The selection sees a
+    contiguous problem of these sizes; the launch checks the tensors' own strides."""
     per_bundle = getattr(bundle, "selections", None)
     if per_bundle is None:  # a stand-in bundle (tests): no cache
         per_bundle = {}
@@ -241,215 +245,23 @@ def _choose(bundle, dtype: str, head_dim: int, causal: bool, varlen: bool, rows:
     if hit is None:
         if len(per_bundle) > 4096:
             per_bundle.clear()
+        from .selector import AttentionProblem, DTYPE, _I64x2, _I64x3
+
+        d = head_dim
+        if varlen or decode is None:
+            b, hq, hkv, sq, sk = 1, 1, 1, 1, 1
+        else:
+            b, hq, hkv, sq, sk = decode
+        qs, ks = _I64x3(sq * hq * d, hq * d, d), _I64x3(sk * hkv * d, hkv * d, d)
+        p = AttentionProblem(DTYPE[dtype], int(bool(varlen)), b, sq, sk, hq, hkv, d, None, None, None, None,
+                             qs, ks, ks, _I64x3(*qs), None, _I64x2(hq * sq, sq), None, None, sq if varlen else 0,
+                             int(bool(causal)), 0.0)
         try:
-            e = select(bundle.candidates("attention"), dtype=dtype, head_dim=head_dim, causal=causal,
-                       varlen=varlen, rows=rows, sms=sms, decode=decode,
-                       tuned=_tuned(bundle, dtype, head_dim, causal, decode) if not varlen else None)
-        except NoVariantError as err:  # say which device, and what the bundle was built for
-            raise NoVariantError(f"{err} (on {bundle.device_name()}; "
-                                 f"{bundle.describe_contents('attention')})") from None
-        hit = per_bundle[key] = (e["name"], int(e.get("splits", 1)))
+            sel = bundle.selector.select("attention", p)
+        except NoVariantError as err:  # say what the bundle was built for
+            raise NoVariantError(f"{err} ({bundle.describe_contents('attention')})") from None
+        hit = per_bundle[key] = (sel.name.decode(), max(1, sel.splits))
     return hit
-
-
-def _tuned(bundle, dtype: str, head_dim: int, causal: bool, decode) -> str | None:
-    """The bundle's measured winner for this dense problem's bucket (runtime/tuning.py
-    ``attention_bucket_key``), when its tuning.json applies to this device; else None."""
-    table = getattr(bundle, "tuning", None)
-    if table is None or decode is None:
-        return None
-    from .tuning import attention_bucket_key
-
-    b, hq, _, sq, sk = decode
-    return table.attention_winner(attention_bucket_key(dtype, head_dim, causal, sq, sk, b * hq))
-
-
-def split_count(ctas: int, key_tiles: int, sms: int, available) -> int:
-    """Split-KV count for a grid of ``ctas`` CTAs over ``key_tiles`` key tiles: 1 unless the grid
-    leaves SMs idle (ctas < SMs); then the largest available count that keeps the grid within two
-    waves (ctas·splits <= 2·SMs) and gives every split at least two key tiles (so its cp.async
-    pipeline has something to overlap), or 1 if none does."""
-    if ctas >= sms:
-        return 1
-    best = 1
-    for s in sorted(available):
-        if s > 1 and ctas * s <= 2 * sms and key_tiles >= 2 * s:
-            best = s
-    return best
-
-
-def pack_split_count(ctas: int, key_tiles: int, sms: int, available) -> int | None:
-    """Split count of a packed-GQA decode variant (seqlen_q = 1: the rows of a CTA are the q heads
-    of one kv head, so K/V are read once): the fewest splits whose grid fills the SMs
-    (ctas·splits >= SMs), else the most; each split keeps at least one key tile.  Packed variants
-    always split (their partials are combined by LSE), so this never answers 1; None when no
-    available count leaves every split a key tile.  Unlike :func:`split_count`, grids past two
-    waves are fine: the alternative re-reads K/V once per q head (Hq/Hkv times the bytes; the H100
-    ran B16 H32/8 Sk4096 D128 at 249 µs that way, SDPA 90 µs, 2026-11-24)."""
-    ok = sorted(s for s in available if s > 1 and key_tiles >= s)
-    if not ok:
-        return None
-    return next((s for s in ok if ctas * s >= sms), ok[-1])
-
-
-def _split_pick(entries: list[dict], groups: int, rows: int, sk: int, sms: int) -> dict | None:
-    """The split-KV entry for ``groups`` independent row sets of ``rows`` query rows each over
-    ``sk`` keys, or None when :func:`split_count` says not to split."""
-    if not entries:
-        return None
-    tm, tn = entries[0]["tile"]
-    same = [e for e in entries if list(e["tile"]) == [tm, tn]]
-    n = split_count(groups * -(-rows // tm), -(-sk // tn), sms, {e["splits"] for e in same})
-    return next((e for e in same if e["splits"] == n), None) if n > 1 else None
-
-
-# Decode family (attention/decode.py): dense problems with at most this many queries.
-DECODE_MAX_SEQLEN_Q = 16
-DECODE_ROWS = 16  # rows of one decode CTA: (query, q head) pairs of one kv head
-_L2_BYTES = tuning._L2_BYTES
-
-
-def decode_split_count(groups: int, key_tiles: int, kv_bytes: int, row_blocks: int, sms: int,
-                       available, l2_bytes: int = _L2_BYTES) -> int:
-    """Split-KV count of a decode-family variant for ``groups`` = batch · kv heads · row blocks
-    CTAs per split (``row_blocks`` = ceil(Hq/Hkv · Sq / 16) per kv head) over ``key_tiles`` key
-    tiles of ``kv_bytes`` K and V.  H100 (notes/attention-decode.md, 132 SMs, 2 CTAs
-    per SM; the best split of every measured shape):
-      * groups >= 3/4 of the SMs: 1 (B16 H32/8, 128 groups: split 2 ran 10.8 µs vs 8.3 at Sk512;
-        B4 H32/32 Sk1024 28.5 vs 25.7);
-      * fewer: the fewest splits, at least 2, that give more than SMs/4 CTAs, or more than
-        SMs/2 when a kv head has several row blocks (each CTA reads the whole K/V): 64 CTAs for
-        8, 16 or 32 groups (B4 H32/8 Sk4096: 2 splits 29.1 µs, 4 splits 30.7; B2 Sk16384: 4
-        splits 50.0, 8 splits 52.7), 128 for 64 groups (B8 Sk1024: 10.0 vs 12.1 unsplit), 4 for
-        B1 H32/8 Sq16 (58.5 µs, 2 splits 76.9);
-      * every split keeps at least 2 key tiles (B1 Sk512, 8 tiles: 4 splits 6.4 µs, 8 splits 7.4);
-      * when that is the largest cluster split (8), K/V fit in L2 and 32 splits keep 2 tiles each:
-        32 (merged by the second kernel; B1 H32/8 Sk4096 10.1 µs vs 11.3, Sk8192 12.5 vs 15.8).
-    ``available``: {splits: merged in a cluster?} of the built variants."""
-    if groups * 4 >= 3 * sms:
-        return 1
-    target = sms // 2 if row_blocks > 1 else sms // 4
-    fits = sorted(sp for sp in available if sp == 1 or key_tiles >= 2 * sp)
-    cl = [sp for sp in fits if sp >= 2 and available[sp]]
-    n = next((sp for sp in cl if groups * sp > target), cl[-1] if cl else 1)
-    big = [sp for sp in fits if not available[sp] and sp > n]
-    if cl and n == max(sp for sp in available if available[sp]) and kv_bytes <= l2_bytes and big:
-        n = big[-1]
-    return n
-
-
-def decode_pick(entries: list[dict], decode: tuple, causal: bool, sms: int,
-                l2_bytes: int = _L2_BYTES) -> dict | None:
-    """The decode-family entry for a dense problem ``decode`` = (batch, Hq, Hkv, Sq, Sk), or None
-    when the family does not serve it: Sq > 16, or Sq > 1 without causal masking (the family is
-    built bottom-right causal; with one query that equals no mask).  Entries of one tile config
-    (the preferred one where several are built), split count by :func:`decode_split_count`."""
-    b, hq, hkv, sq, sk = decode
-    entries = [e for e in entries if e.get("causal")]
-    if not entries or sq > DECODE_MAX_SEQLEN_Q or (sq > 1 and not causal) or hkv <= 0:
-        return None
-    pref = [e for e in entries if e.get("preferred")] or entries
-    tile = list(pref[0]["tile"])
-    same = [e for e in pref if list(e["tile"]) == tile]
-    row_blocks = -(-(hq // hkv) * sq // DECODE_ROWS)
-    kv_bytes = 2 * b * sk * hkv * same[0]["head_dim"] * (2 if same[0]["dtype"] in ("bf16", "f16") else 4)
-    avail = {int(e["kv_splits"]): e["cluster"][0] > 1 for e in same}
-    groups = b * hkv * row_blocks
-    n = decode_split_count(groups, -(-sk // tile[1]), kv_bytes, row_blocks, sms, avail, l2_bytes)
-    # PDL: for the second-kernel split, and for a cluster split whose grid leaves half the SMs
-    # idle (H100: B1-B4 -0.6 to -0.9 µs; grids of ~128 CTAs lost up to 18 %, DEFAULT's note).
-    pdl = n > 1 and (not avail.get(n) or 2 * groups * n <= sms)
-    fits = [e for e in same if int(e["kv_splits"]) == n]
-    return next((e for e in fits if bool(e.get("pdl")) == pdl), fits[0] if fits else None)
-
-
-def _more_waves(small: dict, big: dict, decode: tuple, sms: int) -> bool:
-    """Whether the smaller query tile's grid needs more waves than the bigger one's, for variants
-    that state their resident CTAs per SM (``ctas_per_sm``; others: False, the rule above alone).
-    H100, sm90 family (1 CTA per SM; a 64-row CTA takes ~0.7x a 128-row one's time): B4 H32/8
-    Sq128 Sk4096 causal ran 78.5 µs on 256 CTAs of 64 rows, 54.9 on 128 CTAs of 128 rows."""
-    if "ctas_per_sm" not in small or "ctas_per_sm" not in big:
-        return False
-    b, hq, _, sq, _ = decode
-
-    def waves(e):
-        return -(-(b * hq * -(-sq // e["tile"][0])) // (sms * e["ctas_per_sm"]))
-
-    return waves(small) > waves(big)
-
-
-def select(candidates: list[dict], *, dtype: str, head_dim: int, causal: bool,
-           varlen: bool, rows: int | None = None, sms: int = 132,
-           decode: tuple[int, int, int, int, int] | None = None, tuned: str | None = None) -> dict:
-    """The manifest entry that implements this problem on the best target (candidates come
-    best-target first); within that target, the family's preferred tile, unless its grid
-    (rows / tile_m CTAs) leaves SMs idle and a variant with a smaller query tile exists: then the
-    smallest tile_m (measured on the H100: B1 H8 S512 D64 runs 32 CTAs of 128 rows on 132 SMs).
-    ``decode`` = (batch, Hq, Hkv, seqlen_q, seqlen_k) of a dense problem: when split-KV variants
-    exist and :func:`split_count` says the grid needs them, the split variant instead; for
-    seqlen_q == 1 with GQA, the packed one (rows = the q-heads of one kv head, so B·Hkv CTAs per
-    split; built non-causal, which equals bottom-right causal for one query).  Split and packed
-    variants come from the best target that has them (the sm90 family has none, so on a 9.0
-    device decode shapes keep the sm_90 build's).  A variant whose manifest entry names a
-    ``min_seqlen_q`` serves only dense problems with at least that many queries (the sm90
-    family's 64-row warpgroup slabs are padding for fewer); below it the next target's choice.
-    Variants that state ``ctas_per_sm`` take the smaller tile only if its grid needs no more
-    waves than the preferred tile's (:func:`_more_waves`).  ``tuned``: the name the bundle's tuning
-    table measured fastest for this dense problem's bucket; taken when it is among the variants
-    left after the decode rules and the min_seqlen_q filter (any target), before the tile rule.
-    Before all of this, a dense problem with at most 16 queries takes the decode family (manifest
-    ``decode_rows``) where :func:`decode_pick` finds a variant; that family is never taken by the
-    rules above."""
-    fit = [e for e in candidates
-           if e.get("dtype") == dtype and e.get("head_dim") == head_dim
-           and bool(e.get("varlen")) == varlen]
-    if decode is not None and not varlen:
-        e = decode_pick([e for e in fit if e.get("decode_rows")], decode, causal, sms)
-        if e is not None:
-            return e
-    fit = [e for e in fit if not e.get("decode_rows")]
-    if fit and decode is not None and not varlen:
-        b, hq, hkv, sq, sk = decode
-        top = next((e.get("target") for e in fit if e.get("splits", 1) > 1), None)
-        if sq == 1 and hq > hkv:
-            pack = [e for e in fit if e.get("pack_gqa") and e.get("target") == top]
-            if pack:
-                tn = pack[0]["tile"][1]
-                n = pack_split_count(b * hkv * -(-(hq // hkv) // pack[0]["tile"][0]), -(-sk // tn), sms,
-                                     {e["splits"] for e in pack if e["tile"][1] == tn})
-                e = next((e for e in pack if e["splits"] == n and e["tile"][1] == tn), None)
-                if e is not None:
-                    return e
-        split = [e for e in fit if e.get("splits", 1) > 1 and not e.get("pack_gqa")
-                 and bool(e.get("causal")) == causal and e.get("target") == top]
-        e = _split_pick(split, b * hq, sq, sk, sms)
-        if e is not None:
-            return e
-    fit = [e for e in fit if bool(e.get("causal")) == causal]
-    if decode is not None and not varlen:
-        fit = [e for e in fit if decode[3] >= e.get("min_seqlen_q", 0)] or fit
-    if tuned is not None:
-        e = next((e for e in fit if e["name"] == tuned and e.get("splits", 1) == 1), None)
-        if e is not None:
-            return e
-    if fit:
-        best = [e for e in fit if e.get("target") == fit[0].get("target")]
-        best = [e for e in best if e.get("splits", 1) == 1] or best
-        preferred = next((e for e in best if e.get("preferred")), best[0])
-        if rows is not None and rows < preferred["tile"][0] * sms:
-            smaller = [e for e in best if e["tile"][0] < preferred["tile"][0]
-                       and e["tile"][1] == preferred["tile"][1] and e["stages"] == preferred["stages"]]
-            if smaller:
-                small = min(smaller, key=lambda e: e["tile"][0])
-                if decode is not None and _more_waves(small, preferred, decode, sms):
-                    return preferred
-                return small
-        return preferred
-    have = sorted({(e.get("dtype"), e.get("head_dim"), bool(e.get("causal")), bool(e.get("varlen")))
-                   for e in candidates})
-    raise NoVariantError(
-        f"no attention kernel in this bundle for dtype={dtype} head_dim={head_dim} causal={causal} "
-        f"varlen={varlen} on this device; available (dtype, head_dim, causal, varlen): {have}")
 
 
 # --- checks ---------------------------------------------------------------------------------------

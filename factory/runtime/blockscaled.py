@@ -385,25 +385,33 @@ def gemm_blockscaled(bundle, a: BlockScaled, b: BlockScaled, out: Tensor | None 
 
 def select(bundle, fmt: str, c: str, specs: list, M: int, N: int, K: int, L: int, dev: int,
            variant: str | None = None) -> str:
-    """The variant for these launch specs (checked against its contract once per problem key).
-    Among the variants of the format that fit: where M > 128 a CTA pair (one MMA over 256 rows,
-    B's data read once per pair), else a single CTA (a pair would compute zero rows in its second
-    CTA); then the most CTAs.  A rule, not a measurement: no Blackwell GPU has run these."""
+    """The variant for these launch specs: the host library's ``fx_gemm_blockscaled_select``
+    (where M > 128 a CTA pair, else a single CTA; then the most CTAs: a rule, not a measurement,
+    no Blackwell GPU has run these), or the named ``variant`` where its contract takes them;
+    cached per problem key."""
     key = (OP, fmt, c, variant, tuple((s[0] % 16, s[1], s[2]) for s in specs), dev)
     name = bundle.selections.get(key)
     if name is not None:
         return name
-    fits, reasons = bundle.fitting(OP, specs, lambda v: v.get("format") == fmt and v["dtypes"]["c"] == c
-                                   and (variant is None or v["name"] == variant))
-    if not fits:
-        raise NoVariantError(_no_variant(bundle, fmt, c, M, N, K, L, variant, reasons))
+    if variant is not None:
+        fits, reasons = bundle.fitting(OP, specs, lambda v: v.get("format") == fmt and v["dtypes"]["c"] == c
+                                       and v["name"] == variant)
+        if not fits:
+            raise NoVariantError(_no_variant(bundle, fmt, c, M, N, K, L, variant, reasons))
+        return dense.remember(bundle, key, variant)
+    from .selector import FORMAT, DTYPE, BlockScaledProblem, _I64x3
 
-    def ctas(v):
-        return -(-M // v["tile"][0]) * -(-N // v["tile"][1]) * L
-
-    want_pair = M > 128
-    best = max(fits, key=lambda v: ((v["cta_group"] == 2) == want_pair, ctas(v), v["tile"][0] * v["tile"][1]))
-    return dense.remember(bundle, key, best["name"])
+    a3, b3, c3, sfa, sfb, *glob = specs
+    p = BlockScaledProblem(FORMAT[fmt], DTYPE[c], M, N, K, L, a3[0] or None, _I64x3(*a3[2]), b3[0] or None,
+                           _I64x3(*b3[2]), c3[0] or None, _I64x3(*c3[2]), sfa[0] or None, sfb[0] or None,
+                           (glob[0][0] or None) if glob else None, (glob[1][0] or None) if glob else None)
+    try:
+        got = bundle.selector.select(OP, p)
+    except NoVariantError as e:
+        if not bundle.candidates(OP):  # none built, or none runs here: say which devices they are for
+            raise NoVariantError(_no_variant(bundle, fmt, c, M, N, K, L, None, [])) from None
+        raise NoVariantError(f"{e}; {bundle.describe_contents(OP)}") from None
+    return dense.remember(bundle, key, got.name.decode())
 
 
 def _no_variant(bundle, fmt, c, M, N, K, L, variant, reasons) -> str:

@@ -8,8 +8,8 @@ touch nothing private):
 * the device: ``capability``, ``device_info()``, ``planned`` (a device given to ``open``),
   ``device_api()`` (the current device index and its raw stream), ``simulated`` and
   ``lowest_device`` (the lowest device index whose tensors are taken: -1 when simulated);
-* the variants: ``manifest``, ``candidates``, ``binder``, ``fitting``, ``tuning``,
-  ``describe_contents``, ``device_name``;
+* the variants: ``manifest``, ``selector`` (the host library's selection, runtime/selector.py),
+  ``candidates``, ``binder``, ``fitting``, ``tuning``, ``describe_contents``, ``device_name``;
 * launching: ``launch``, ``fixed``, ``lib``;
 * per-bundle caches the op modules own and bound themselves (the core never reads them):
   ``selections`` (problem key -> choice), ``hot_gemm`` / ``hot_attention`` (problem key -> the hot
@@ -73,6 +73,7 @@ class BundleCore:
         self._tuning = None  # (tuning.Tuning | None, why), read on the first selection
         self.planned = device is not None  # a device given for planning (no driver to ask)
         self._lib: HostLibrary | None = None
+        self._selector = None  # selector.Selector: the host library's fx_*_select for this device
         self._binders: dict[str, Binder] = {}
         self._launchers: dict[str, object] = {}  # variant -> its native launch function
         # The op modules' caches (module docstring): theirs to fill and bound.
@@ -146,6 +147,18 @@ class BundleCore:
             except Exception:  # noqa: BLE001 - no device: plan for an H100 SXM, never use tuning
                 self._device = {"name": None, "sm_count": 132}
         return self._device
+
+    @property
+    def selector(self):
+        """The host library's selection (runtime/selector.py) for this device: its capability, SM
+        count and name (which decides whether the tuning table compiled into the library
+        applies).  Loaded on first use, also on a simulated bundle (it needs no GPU)."""
+        if self._selector is None:
+            from .selector import Selector
+
+            lib = self.manifest["host_library"]
+            self._selector = Selector(self.path / lib["path"], self.capability, self.device_info(), lib.get("sha256"))
+        return self._selector
 
     @property
     def tuning(self):

@@ -6,8 +6,9 @@ not what a measurement showed.  ``scripts/fit_cost_model.py --family sm100`` fit
 tuning table once a B200 has measured one (``scripts/tune.py``); until then ``tests/test_cost_sm100.py``
 only checks that the model is monotone and that its picks follow from its reasoning.
 
-Standard library only (the runtime never imports the DSL); ported to C in
-``compiler/csrc/fx_select.c`` (``sm100_estimate_us``), kept equal by tests/test_c_selection.py.
+This module is the model's one description: its constants (generated into the host library by
+compiler/selection.py) and what each means; the model's code is ``sm100_estimate_us`` in
+``compiler/csrc/fx_select.c`` (for tools: ``Selector.estimate_us``).  Standard library only.
 
 The model, per manifest entry of the sm100 family (``tile`` = the CTA tile, ``mma_tile``,
 ``cta_group``, ``cluster``, ``stages``):
@@ -77,10 +78,6 @@ MODEL = {
 }
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def flops_per_clk(ab: str) -> float:
     """Dense tensor FLOPs per clock per SM for operands of dtype ``ab`` (bf16's 8192 scaled by the
     dtype's published peak)."""
@@ -88,79 +85,6 @@ def flops_per_clk(ab: str) -> float:
     return FLOPS_PER_CLK_BF16 * peaks.get(ab, peaks["bf16"]) / peaks["bf16"]
 
 
-def kblock_clocks(v: dict) -> float:
-    """Clocks one CTA spends per k-block in its mainloop (module docstring: Mainloop)."""
-    p = MODEL
-    cta_m, tn, tk = v["tile"][0], v["tile"][1], v["tile"][2]
-    group = v.get("cta_group", 1)
-    mma_m = v.get("mma_tile", v["tile"])[0]
-    e = _BYTES.get(v["dtypes"]["a"], 2)
-    rate = p["rate_m64"] if mma_m // group < 128 else 1.0
-    mma = 2.0 * cta_m * tn * tk / (flops_per_clk(v["dtypes"]["a"]) * rate)
-    smem = (cta_m + tn // group) * tk * e / p["smem_bytes_per_clk"]
-    return max(mma, smem) + p["issue_overlap"] * min(mma, smem)
-
-
-def grid(v: dict, M: int, N: int, L: int, sm_count: int) -> tuple[int, int, int]:
-    """(CTA tiles, persistent CTAs, waves) for this problem: the tile grid rounded up to whole
-    clusters, the grid the SMs in whole clusters."""
-    cta_m, tn = v["tile"][0], v["tile"][1]
-    cm, cn = v.get("cluster", [1, 1])
-    tiles_m = _cdiv(_cdiv(M, cta_m), cm) * cm
-    tiles_n = _cdiv(_cdiv(N, tn), cn) * cn
-    units = tiles_m * tiles_n * L
-    per_cluster = cm * cn
-    ctas = min(units, max(per_cluster, sm_count // per_cluster * per_cluster))
-    return units, ctas, _cdiv(units, ctas)
-
-
-def dram_bytes(v: dict, M: int, N: int, K: int, L: int, sm_count: int) -> float:
-    """Bytes to and from DRAM: the Hopper model's window rule (runtime/tuning.py _dram_bytes,
-    raster along M, no swizzle) with B200's L2."""
-    e = _BYTES.get(v["dtypes"]["a"], 2)
-    a_bytes, b_bytes = M * K * e, N * K * e
-    c_bytes = M * N * _BYTES.get(v["dtypes"]["c"], 2)
-    cm, cn = v.get("cluster", [1, 1])
-    _, ctas, _ = grid(v, M, N, 1, sm_count)
-    tn = v["tile"][1]
-    m_clusters = _cdiv(_cdiv(M, v["tile"][0]), cm)
-    n_clusters = _cdiv(_cdiv(N, tn), cn)
-    resident = ctas // (cm * cn)
-    w_n = max(1, resident // max(1, m_clusters))
-    w_m = max(1, min(m_clusters, resident))
-    half_l2 = B200["l2_bytes"] / 2
-    a_passes = 1 if a_bytes <= half_l2 else _cdiv(n_clusters, w_n)
-    strip = w_n * cn * tn * K * e
-    b_passes = 1 if b_bytes <= half_l2 or strip <= half_l2 else _cdiv(m_clusters, w_m)
-    return (a_bytes * a_passes + b_bytes * b_passes + c_bytes) * L
-
-
-def l2_bytes(v: dict, M: int, N: int, K: int, L: int) -> float:
-    """Operand bytes all CTAs pull from L2 into shared memory: per CTA tile its A rows (at most
-    M; shared by the cluster's cn CTAs through multicast) and its B rows (a pair's half; shared by
-    the cluster's cm / cta_group MMA rows)."""
-    cta_m, tn, _ = v["tile"]
-    cm, cn = v.get("cluster", [1, 1])
-    group = v.get("cta_group", 1)
-    e = _BYTES.get(v["dtypes"]["a"], 2)
-    rows = min(cta_m, M) / cn + (tn // group) / max(1, cm // group)
-    tiles = _cdiv(M, cta_m) * _cdiv(N, tn) * L
-    return tiles * rows * K * e
-
-
-def estimate_us(v: dict, M: int, N: int, K: int, L: int, sm_count: int) -> float:
-    """Predicted time (us) of sm100 manifest entry ``v`` on an (M, N, K, L) problem (the module
-    docstring says how).  Unmeasured: a ranking device, not a prediction to quote."""
-    p = MODEL
-    tk = v["tile"][2]
-    _, _, waves = grid(v, M, N, L, sm_count)
-    k_blocks = _cdiv(K, tk)
-    t_compute = waves * k_blocks * kblock_clocks(v) / (CLOCK_GHZ * 1e9)
-    # DRAM: the bytes at the streaming bandwidth, but no CTA faster than its ``stages`` k-blocks
-    # in flight per round trip (what bounds decode shapes, whose grids are a few dozen CTAs).
-    t_dram = max(dram_bytes(v, M, N, K, L, sm_count) / (B200["hbm_tbs"] * 1e12 * p["hbm_eff"]),
-                 waves * k_blocks * p["latency_us"] * 1e-6 / v.get("stages", 4))
-    t_l2 = l2_bytes(v, M, N, K, L) / (p["l2_tbs"] * 1e12)
-    t_memory = max(t_dram, t_l2)
-    t = max(t_compute, t_memory) + p["mem_overlap"] * min(t_compute, t_memory)
-    return t * 1e6 + p["fixed_us"] + p["wave_us"] * (waves - 1)
+# MODEL's keys in the order the host library's fx_model_sm100 holds them (fx_cost_model_set).
+MODEL_KEYS = ("smem_bytes_per_clk", "rate_m64", "issue_overlap", "hbm_eff", "latency_us", "l2_tbs",
+              "mem_overlap", "fixed_us", "wave_us")

@@ -1,31 +1,11 @@
 """``bundle.gemm(a, b)``: a·bᵀ for a (M, K) or (L, M, K) and b (N, K) or (L, N, K).
 
-Selection, once per problem key (dtypes, majorness, sizes, strides, pointer alignment), cached:
-  1. keep the variants runnable here (best target first: the arch-specific build for this exact
-     chip, then the newest plain target of the same major) whose dtypes and majorness match and
-     whose alignment contract the tensors meet.  Persistent (sm90) variants get their grid cap at
-     launch (``max_clusters`` = the device's SMs // CTAs per cluster); bundles built before that
-     had a grid fixed at build time (``persistent_ctas``), and their variants are dropped where
-     that grid would exceed this device's SMs (a second wave of CTAs);
-  2. if the bundle's tuning.json was measured on this device (name, SM count) for this manifest,
-     take its winner for the problem's bucket (runtime/tuning.py) when that winner is in the set;
-  3. otherwise the heuristic of the family:
-     - sm90 (Hopper): the least predicted time of ``tuning.estimate_us`` — max(compute in whole
-       waves of the persistent grid, bytes at a grid-dependent streaming bandwidth) + fixed
-       costs, with the CTA count multiplied by ``split_k`` and tiles counted in the problem's
-       (M, N) orientation (swap-AB too).  Constants from H100 measurements, cited there.
-     - sm100 (Blackwell datacenter, tcgen05): the least time of ``cost_sm100.estimate_us``, a
-       roofline from published B200 figures (tensor rate per SM and the operand reads from shared
-       memory, waves of the persistent grid, DRAM bytes at HBM bandwidth or each CTA's pipeline
-       depth per round trip, L2 operand traffic).  Unmeasured (no B200 here); decode shapes
-       (M <= 16) take the 64-row tiles or, where that grid needs several waves, a one-wave 128-row
-       tile (notes/gemm-sm100.md).
-     - sm80 (mma.sync): the largest tile that still gives at least one CTA per SM
-       (ceil(M/tm)·ceil(N/tn)·L ≥ SMs); if no tile reaches that, the tile with the most CTAs
-       (for mma.sync on an H100: 128×128 and 128×256 are within a few % at 4096³, and 64×128
-       wins once fewer than ~132 CTAs of 128×128 exist).  Split-K variants (CTA count × split_k)
-       compete only when no unsplit tile fills the SMs and every split keeps ≥ 8 k-tiles; among
-       grids that fill the SMs the fewest splits win (each split costs a workspace round trip).
+Selection, once per problem key (dtypes, majorness, sizes, strides, pointer alignment, b_constant),
+cached: the host library's ``fx_gemm_select`` (compiler/csrc/fx_select.c, through
+runtime/selector.py), the one implementation of the rules, the families' cost models (sm90: fitted
+to H100 measurements; sm100: a roofline from published B200 figures, unmeasured) and the tuning
+table compiled into the library (``python -m factory link``).  notes/gemm-sm90.md and
+notes/gemm-sm100.md give the models; fx_select.c says how it chooses.
 """
 
 from __future__ import annotations
@@ -33,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from . import cost_sm100, tuning, validate
+from . import validate
 from .bundle import not_current
 from .errors import InputError, LaunchError, NoVariantError
 
@@ -76,12 +56,12 @@ def _major(spec, mn: str) -> str | None:
 
 
 def select(bundle, a3, b3, c3, ab: str, c: str, scales: list, b_constant: bool = False, device: int = 0) -> str:
-    """The variant for these (R, K, L) operand specs (or tensors); cached per problem key.
+    """The variant for these (R, K, L) operand specs (or tensors); the host library's choice
+    (``fx_gemm_select``), cached per problem key.
 
     ``b_constant``: B is not written by any kernel that may still run in the stream, so an
-    ``early_b`` variant may run: the tuning table's measured b_constant winner of the bucket (an
-    early_b variant, or the plain winner where none was faster), or else the ``early_b`` twin of
-    the plain choice (or the plain choice where it has none)."""
+    ``early_b`` variant may run (the tuning table's measured b_constant winner of the bucket, or
+    the early_b twin of the plain choice)."""
     a3, b3, c3 = (x if isinstance(x, tuple) else (x.data_ptr(), tuple(x.shape), tuple(x.stride()))
                   for x in (a3, b3, c3))
     M, K, L = a3[1]
@@ -90,11 +70,12 @@ def select(bundle, a3, b3, c3, ab: str, c: str, scales: list, b_constant: bool =
     name = bundle.selections.get(key)
     if name is not None:
         return name
-    fits, am, bm = fitting_variants(bundle, a3, b3, c3, ab, c, scales)
-    choice = choose(bundle, fits, ab, c, am, bm, M, N, K, L)
-    if b_constant:
-        choice = _choose_b_constant(bundle, a3, b3, c3, ab, c, scales, am, bm, choice)
-    return remember(bundle, key, choice)
+    sel = bundle.selector
+    try:
+        got = sel.select("gemm", sel.gemm_problem(a3, b3, c3, ab, c, scales, b_constant))
+    except NoVariantError as e:
+        raise NoVariantError(f"{e}; {bundle.describe_contents('gemm')}") from None
+    return remember(bundle, key, got.name.decode())
 
 
 def launch_scalars(bundle, entry: dict, device: int = 0) -> list:
@@ -165,29 +146,38 @@ def _scale_error(what: str, s, a):
                      f"the scale must be on the operands' device")
 
 
-def _choose_b_constant(bundle, a3, b3, c3, ab, c, scales, am, bm, plain: str) -> str:
-    tuned = bundle.tuning
-    if tuned is not None:
-        M, K, L = a3[1]
-        w = tuned.winner(tuning.bucket_key(ab, c, am, bm, M, b3[1][0], K, L), b_constant=True)
-        if w == plain:  # no early_b variant measured faster than the plain winner
-            return w
-        if w is not None:
-            try:
-                fits = fitting_variants(bundle, a3, b3, c3, ab, c, scales, early_b=True)[0]
-            except NoVariantError:
-                fits = []
-            if any(v["name"] == w for v in fits):
-                return w
-    return early_b_twin(bundle, plain)
+def _workspace_spec(entry: dict, M: int, N: int, ptr: int = 0) -> list:
+    """The split-K workspace argument of a variant that has one ((split_k, M, N) fp32, passed as
+    its (M, N, split_k) view), else nothing."""
+    if "workspace" not in entry:
+        return []
+    s = entry["split_k"]
+    return [(ptr, (M, N, s), (N, 1, M * N))]
+
+
+def _unit_scale(bundle, device):
+    """A float32 [1.0] on ``device`` for an fp8 scale not given, made once per device.  Not kept
+    when made during CUDA-graph capture: its fill would then run only when the graph replays.
+    Kept only once its fill has finished, so a launch on any other stream may read it."""
+    s = bundle.unit_scales.get(device)
+    if s is None:
+        s = torch.ones(1, dtype=torch.float32, device=device)
+        if device.type != "cuda":
+            bundle.unit_scales[device] = s
+        elif not torch.cuda.is_current_stream_capturing():
+            torch.cuda.current_stream(device).synchronize()
+            bundle.unit_scales[device] = s
+    return s
 
 
 def fitting_variants(bundle, a3, b3, c3, ab: str, c: str, scales: list,
                      early_b: bool = False, every_target: bool = False) -> tuple[list[dict], str, str]:
-    """Manifest entries of the best runnable target (or, with ``every_target``, of every
-    runnable target) that can run this problem (specs as in ``select``), and the majorness of a
-    and b; raises NoVariantError when none can.  Variants that load B before their PDL wait
-    (config ``early_b``) are left out, or with ``early_b=True`` are the only ones listed."""
+    """For tools (scripts/tune.py times every variant that fits): manifest entries of the best
+    runnable target (or, with ``every_target``, of every runnable target) whose dtypes, majorness
+    and argument contract take this problem (specs as in ``select``), and the majorness of a and
+    b; raises NoVariantError when none can.  (The runtime's choice is ``select``'s.)  Variants
+    that load B before their PDL wait (config ``early_b``) are left out, or with ``early_b=True``
+    are the only ones listed."""
     M, K, L = a3[1]
     N = b3[1][0]
     am, bm = _major(a3, "m"), _major(b3, "n")
@@ -215,75 +205,6 @@ def fitting_variants(bundle, a3, b3, c3, ab: str, c: str, scales: list,
             f"on {bundle.device_name()}{why}; {bundle.describe_contents('gemm')}")
     best_target = fits[0]["target"]
     return [v for v in fits if every_target or v["target"] == best_target], am, bm
-
-
-def choose(bundle, fits: list[dict], ab: str, c: str, am: str, bm: str, M: int, N: int, K: int,
-           L: int) -> str:
-    """The name of the variant to run among ``fits`` (all fit the problem, one target)."""
-    sms = bundle.device_info()["sm_count"]
-    # A persistent grid fixed at build time for more SMs than this device has would leave CTAs
-    # for a second wave (at worst doubling the time): use such variants only where their launch
-    # grid for this problem fits.
-    fits = [v for v in fits if "persistent_ctas" not in v or tuning.launch_ctas(v, M, N, L) <= sms] or fits
-    tuned = bundle.tuning
-    if tuned is not None:
-        w = tuned.winner(tuning.bucket_key(ab, c, am, bm, M, N, K, L))
-        if w is not None and any(v["name"] == w for v in fits):
-            return w
-    if fits[0]["family"] == "sm90":
-        return min(fits, key=lambda v: (tuning.estimate_us(v, M, N, K, L, sms), v["name"]))["name"]
-    if fits[0]["family"] == "sm100":  # unmeasured: a roofline from published B200 figures
-        return min(fits, key=lambda v: (cost_sm100.estimate_us(v, M, N, K, L, sms), v["name"]))["name"]
-
-    def ctas(v):
-        tm, tn = v["tile"][0], v["tile"][1]
-        return -(-M // tm) * -(-N // tn) * L * v.get("split_k", 1)
-
-    # Split-K only where the unsplit grid leaves SMs idle and each split keeps >= 8 k-tiles.
-    unsplit = [v for v in fits if v.get("split_k", 1) == 1]
-    fits = [v for v in fits if v.get("split_k", 1) == 1
-            or (max(map(ctas, unsplit), default=0) < sms and K // v["tile"][2] >= 8 * v["split_k"])]
-    full = [v for v in fits if ctas(v) >= sms]
-    if full:  # the fewest splits, then the largest tile
-        return max(full, key=lambda v: (-v.get("split_k", 1), v["tile"][0] * v["tile"][1], -v["threads"]))["name"]
-    return max(fits, key=lambda v: (ctas(v), v["tile"][0] * v["tile"][1]))["name"]
-
-
-def _workspace_spec(entry: dict, M: int, N: int, ptr: int = 0) -> list:
-    """The split-K workspace argument of a variant that has one ((split_k, M, N) fp32, passed as
-    its (M, N, split_k) view), else nothing."""
-    if "workspace" not in entry:
-        return []
-    s = entry["split_k"]
-    return [(ptr, (M, N, s), (N, 1, M * N))]
-
-
-def _unit_scale(bundle, device):
-    """A float32 [1.0] on ``device`` for an fp8 scale not given, made once per device.  Not kept
-    when made during CUDA-graph capture: its fill would then run only when the graph replays.
-    Kept only once its fill has finished, so a launch on any other stream may read it."""
-    s = bundle.unit_scales.get(device)
-    if s is None:
-        s = torch.ones(1, dtype=torch.float32, device=device)
-        if device.type != "cuda":
-            bundle.unit_scales[device] = s
-        elif not torch.cuda.is_current_stream_capturing():
-            torch.cuda.current_stream(device).synchronize()
-            bundle.unit_scales[device] = s
-    return s
-
-
-def early_b_twin(bundle, name: str) -> str:
-    """``name``'s twin that loads its first stages of B before waiting for the previous kernel
-    (config ``early_b``), or ``name`` itself when the bundle has none."""
-    twin = bundle.variant_facts.get(("early_b", name))
-    if twin is None:
-        twin = name + "_eb"
-        entry = bundle.manifest["variants"].get(twin)
-        if entry is None or not entry.get("config", {}).get("early_b"):
-            twin = name
-        bundle.variant_facts[("early_b", name)] = twin
-    return twin
 
 
 def gemm(bundle, a, b, out=None, *, out_dtype=None, scale_a=None, scale_b=None, variant=None,
@@ -504,10 +425,19 @@ def _named(bundle, name: str, a3, b3, c3, ab: str, c: str, scales: list, dev: in
     entry = bundle.manifest["variants"].get(name)
     if entry is None or entry["op"] != "gemm" or entry.get("family") == "decode":
         raise NoVariantError(f"no gemm variant {name!r} for unpacked operands; {bundle.describe_contents('gemm')}")
-    early_b = bool(entry.get("config", {}).get("early_b"))
-    fits = fitting_variants(bundle, a3, b3, c3, ab, c, scales, early_b=early_b, every_target=True)[0]
-    if not any(v["name"] == name for v in fits):
+    am, bm = _major(a3, "m"), _major(b3, "n")
+    d, lay = entry["dtypes"], entry["layout"]
+    if not any(v["name"] == name for v in bundle.candidates("gemm")):
+        why = f"built for {entry['target']}"
+    elif (d["a"], d["c"], lay["a"], lay["b"]) != (ab, c, am, bm):
+        why = f"it takes a={d['a']} ({lay['a']}-major) b ({lay['b']}-major) -> {d['c']}"
+    else:
+        try:
+            bundle.binder(name).check([a3, b3, c3, *scales, *_workspace_spec(entry, a3[1][0], b3[1][0])])
+            why = None
+        except InputError as e:
+            why = str(e)
+    if why is not None:
         raise InputError(f"{name} does not fit a={ab} {a3[1]} b={b3[1]} -> {c} on {bundle.device_name()} "
-                         f"(dtypes, majorness, alignment or target differ); fitting: "
-                         f"{', '.join(v['name'] for v in fits[:4])}")
+                         f"(dtypes, majorness, alignment or target differ: {why})")
     return remember(bundle, key, name)

@@ -6,13 +6,14 @@ bytes of K are one contiguous 512-byte piece (gemm/decode.py says why).  An infe
 this once when it loads its weights and keeps only the packed copy; ``bundle.gemm(a, packed,
 ...)`` then runs a decode variant (M ≤ 16).  Torch only: no DSL.
 
-Selection among the decode variants that fit (N a multiple of their rows per CTA, K of their
-``k_multiple``): the most CTAs among those whose grid is one wave on this device (CTAs per cluster
-× the clusters the driver says fit at once), else the most CTAs.  Measured on the H100 over
-N = 2048-10240 (notes/gemm-sm90.md, the packed decode kernel): it picks the fastest shape of the kernel at every
-N tried.  ``b_constant=True`` (nothing still running writes the weights) then takes that shape's
-``early_b`` twin, which issues its first weight loads before the PDL wait, where the grid is one
-wave.  A bundle's tuning.json (``scripts/tune.py``) that matches this device overrides the rule
+Selection: the host library's ``fx_gemm_packed_select`` (compiler/csrc/fx_select.c, through
+runtime/selector.py), cached per problem key.  Among the decode variants that fit (N a multiple of
+their rows per CTA, K of their ``k_multiple``): the most CTAs among those whose grid is one wave on
+this device (CTAs per cluster × the clusters its SMs hold), else the most CTAs.  Measured on the H100
+over N = 2048-10240 (notes/gemm-sm90.md, the packed decode kernel): it picks the fastest shape of the kernel at
+every N tried.  ``b_constant=True`` (nothing still running writes the weights) then takes that
+shape's ``early_b`` twin, which issues its first weight loads before the PDL wait, where the grid is
+one wave.  A tuning table compiled into the library that matches this device overrides the rule
 with each fp8 decode bucket's measured winner on packed weights (``packed``: ``winner`` and
 ``b_constant_winner``).
 """
@@ -77,62 +78,36 @@ def launch_specs(a, p: PackedB, out, scales) -> list:
             (out.data_ptr(), tuple(out.shape), tuple(out.stride())), *scales]
 
 
-def wave_ctas(bundle, entry: dict, device: int = 0) -> int:
-    """CTAs of this decode variant device ``device`` holds at once (clusters that fit × cluster size)."""
-    ck = entry["cluster"][0] * entry["cluster"][1]
-    return ck * gemm.resident_clusters(bundle, entry, ck, bundle.device_info()["sm_count"] * entry["ctas_per_sm"] // ck,
-                                       device)
-
-
 def select_packed(bundle, specs: list, M: int, N: int, K: int, b_constant: bool, device: int = 0) -> str:
-    key = ("packed", M, N, K, specs[0][2], specs[2][2], specs[0][0] % 16, specs[2][0] % 16, b_constant, device)
+    """The decode variant for these (a, packed b, c, scale_a, scale_b) specs: the host library's
+    ``fx_gemm_packed_select``, cached per problem key."""
+    key = ("packed", M, N, K, specs[0][2], specs[1][2], specs[2][2], specs[0][0] % 16, specs[1][0] % 16,
+           specs[2][0] % 16, b_constant, device)
     name = bundle.selections.get(key)
     if name is not None:
         return name
-    fits = fitting(bundle, specs, M, N, K)
-    name = None
-    tuned = bundle.tuning
-    if tuned is not None:  # the bucket's measured winner on packed weights, where it fits here
-        from .tuning import bucket_key
+    from .selector import PackedProblem, _I64x2, _I64x4
 
-        w = tuned.winner(bucket_key("e4m3", "bf16", "k", "k", M, N, K, 1), b_constant=b_constant, packed=True)
-        if w is not None and any(v["name"] == w and (b_constant or not v["config"].get("early_b")) for v in fits):
-            name = w
-    if name is None:
-        name = rule_pick(bundle, fits, N, b_constant, device)
-    return gemm.remember(bundle, key, name)
+    a, b, c, sa, sb = specs
+    p = PackedProblem(M, N, K, a[0] or None, _I64x2(*a[2]), b[0] or None, _I64x4(*b[2]), c[0] or None,
+                      _I64x2(*c[2]), sa[0] or None, sb[0] or None, int(bool(b_constant)))
+    try:
+        got = bundle.selector.select("gemm_packed", p)
+    except NoVariantError as e:
+        raise NoVariantError(f"{e}; {bundle.describe_contents('gemm')}") from None
+    return gemm.remember(bundle, key, got.name.decode())
 
 
 def fitting(bundle, specs: list, M: int, N: int, K: int) -> list[dict]:
-    """The decode variants that take these (a, packed b, c, scales) specs; NoVariantError if none
-    without ``early_b`` does."""
+    """The decode variants whose contract takes these (a, packed b, c, scales) specs (for
+    ``variant=``: a named variant must be among them); NoVariantError if none without
+    ``early_b`` does."""
     fits, reasons = bundle.fitting("gemm", specs, lambda v: v.get("family") == "decode" and M <= v["max_m"])
     if not any(not v["config"].get("early_b") for v in fits):
         why = f" (closest: {reasons[0]})" if reasons else ""
         raise NoVariantError(f"no decode variant for packed weights N={N} K={K}, M={M} on {bundle.device_name()}"
                              f"{why}: use the unpacked weights; {bundle.describe_contents('gemm')}")
     return fits
-
-
-def rule_pick(bundle, fits: list[dict], N: int, b_constant: bool, device: int = 0) -> str:
-    """The selection rule (``pick``) over ``fitting``'s variants, with this device's waves."""
-    plain = [v for v in fits if not v["config"].get("early_b")]
-    early = {v["name"] for v in fits if v["config"].get("early_b")} if b_constant else set()
-    return pick(plain, N, lambda v: wave_ctas(bundle, v, device), early)
-
-
-def pick(fits: list[dict], N: int, wave, early: set) -> str:
-    """The most CTAs among the variants whose grid is one wave (``wave(entry)`` CTAs at once),
-    else the most CTAs; then its ``early_b`` twin if that is in ``early`` and the grid is one
-    wave.  (Early weight loads pay where every CTA starts under the previous kernel; with more
-    waves they only compete with it: packed, 1-16 x 28672 x 4096 and 10240 x 8192 ran 0.5-1.2 %
-    faster without them, the one-wave shapes 1-10 % faster with them.)"""
-    def ctas(v):
-        return N // v["rows_per_cta"] * v["cluster"][0] * v["cluster"][1]
-
-    one_wave = [v for v in fits if ctas(v) <= wave(v)]
-    best = max(one_wave or fits, key=lambda v: (ctas(v), v["name"]))["name"]
-    return best + "_eb" if one_wave and best + "_eb" in early else best
 
 
 def gemm_packed(bundle, a, p: PackedB, out=None, *, out_dtype=None, scale_a=None, scale_b=None, variant=None,

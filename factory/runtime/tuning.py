@@ -15,12 +15,15 @@ Standard library only (the runtime never imports the DSL; torch is not needed he
                    "winner": "<variant>", "timings_us": {...}}, ...}}
 
 ``attention`` (optional; ``scripts/tune.py attention``): dense attention buckets
-(:func:`attention_bucket_key`), consumed by ``runtime/attention.py select`` (and its C port) after
+(:func:`attention_bucket_key`), consumed by the selection (compiler/csrc/fx_select.c) after
 the split-KV / packed-GQA decode rules.
 
-The table is used only when the device name, SM count and manifest hash all match; otherwise
-selection falls back to :func:`estimate_us` (a documented cost model).  Either way the choice is
-made once per problem key and cached by ``runtime/gemm.py``.
+The table is compiled into the bundle's host library by ``python -m factory link`` (when its
+manifest hash matches) and used only where the device name and SM count match; otherwise the
+selection (compiler/csrc/fx_select.c ``estimate_us``) ranks by the cost model whose constants are
+``MODEL`` below (this module is their one description; the model's code is in C, evaluated for
+tools by ``Selector.estimate_us``).  Either way the choice is made once per problem key and cached
+by ``runtime/gemm.py``.
 """
 
 from __future__ import annotations
@@ -203,116 +206,9 @@ MODEL = {
     "wide_k_bw": 1.05,
 }
 
-
-def _efficiency(v: dict, busy: int | None = None, sm_count: int = 1) -> float:
-    """Fraction of the dtype's peak one CTA of this config sustains in its mainloop, with ``busy``
-    of the device's ``sm_count`` SMs at work (None: a full grid)."""
-    p = MODEL
-    tm, tn = v["tile"][0], v["tile"][1]
-    cluster = list(v.get("cluster", [1, 1]))
-    multicast = cluster != [1, 1]
-    sched = v.get("schedule", "coop")
-    if v.get("swap_ab"):
-        eff = p["eff_swap_base"] + p["eff_swap_slope"] * min(1.0, tm / 64)  # thin WGMMA N side
-    elif tm * tn >= 128 * 256:
-        if (tm, tn, cluster) == (256, 128, [1, 2]):
-            eff = p["eff_256x128_c1x2"]
-        elif (tm, tn, cluster) == (128, 256, [2, 1]):
-            eff = p["eff_128x256_c2x1"]
-        else:
-            eff = p["eff_large"]
-    elif tm * tn >= 128 * 128:
-        # coop without multicast: 0.7 is a full grid's figure (8192^3, every SM pulling its own A
-        # and B tiles through L2); with at most half the SMs busy it runs like the multicast
-        # tile (H100, fp8 128x8192x28672: 64 CTAs of 128x128 c1x1 99-105 us, 128 of 64x128
-        # ping-pong 109-120, in three runs).
-        sparse = busy is not None and busy * 2 <= sm_count
-        eff = (p["eff_pp"] if sched == "pp" else p["eff_coop_mc"] if multicast or sparse
-               else p["eff_coop"])
-    else:
-        # Narrow tiles issue narrow WGMMAs and pull a full A tile per few output columns
-        # (H100 v6 table: 64x32 wins only one-wave decode grids, N = 4096 and M <= 64).
-        eff = p["eff_small"] * min(1.0, tn / 64) ** p["narrow_exp"]
-    if v.get("fp8_accumulation") == "promoted":
-        eff *= p["fp8_promoted"]  # the extra fp32 adds per k-block, one WGMMA batch in flight
-    elif v.get("fp8_accumulation") == "fast":
-        eff *= p["fp8_fast"]
-    return eff
-
-
-def estimate_us(v: dict, M: int, N: int, K: int, L: int, sm_count: int) -> float:
-    """Predicted time of manifest entry ``v`` (sm90 family) on an (M, N, K, L) problem.
-
-    max(compute, memory) + overlap·min(compute, memory) + fixed costs, where compute counts whole
-    waves of the persistent grid (``ceil(work units / CTAs)`` units per CTA, a unit being one
-    tile's 1/split_k of K, the tile grid rounded up to whole clusters), and memory is the DRAM
-    traffic of :func:`_dram_bytes` at a bandwidth that drops when fewer CTAs than SMs are busy."""
-    tm, tn = v["tile"][0], v["tile"][1]
-    split = v.get("split_k", 1)
-    cm, cn = v.get("cluster", [1, 1])
-    tiles_m = -(-(-(-M // tm)) // cm) * cm
-    tiles_n = -(-(-(-N // tn)) // cn) * cn
-    units = tiles_m * tiles_n * L * split
-    per_cluster = cm * cn * split
-    grid = min(units, max(per_cluster, min(v.get("persistent_ctas", sm_count), sm_count)
-                          // per_cluster * per_cluster))
-    waves = -(-units // grid)
-    ab = v["dtypes"]["a"]
-    per_sm = _PEAK_TFLOPS.get(ab, 800.0) * 1e12 / sm_count * _efficiency(v, grid, sm_count)
-    t_compute = waves * 2.0 * tm * tn * -(-K // split) / per_sm
-    nbytes = _dram_bytes(v, M, N, K, tiles_m // cm, tiles_n // cn, grid // per_cluster) * L
-    # CTAs that a cluster's rounding leaves without a tile (M = 128 on a 2x1 cluster of 128-row
-    # tiles: every other CTA) stream nothing of their own: the bandwidth comes from the others.
-    useful = min(grid, -(-M // tm) * -(-N // tn) * L * split)
-    bw = _STREAM_TBS * 1e12 * min(1.0, useful / sm_count) ** MODEL["grid_bw_exp"]
-    if v.get("config", {}).get("deep"):  # up to 16 stages: more bytes in flight per SM
-        bw *= MODEL["deep_bw"]
-    if v.get("swap_ab") and v["tile"][2] * _BYTES.get(ab, 2) >= 256:  # half the k-block trips
-        bw *= MODEL["wide_k_bw"]
-    t_memory = nbytes / bw
-    # Compute and memory overlap imperfectly: MODEL["overlap"] of the shorter one shows.
-    t = max(t_compute, t_memory) + MODEL["overlap"] * min(t_compute, t_memory)
-    # Each extra K slice costs its partial tile's trip through DSMEM, ~2 us for up to 64x64 fp32
-    # (H100: 64x128 split-K 2 ran 128x4096x4096 in 27.0 us where 64x96 without split took 19.0).
-    split_cost = (MODEL["split_us"] * (split - 1)
-                  * max(1.0, tm * tn / 4096) ** MODEL["split_tile_exp"])
-    # Every further tile a persistent CTA takes restarts its pipeline (fill, drain, epilogue).
-    tile_cost = MODEL["tile_us"] * (waves - 1)
-    return t * 1e6 + MODEL["fixed_us"] + split_cost + tile_cost
-
-
-def _dram_bytes(v: dict, M: int, N: int, K: int, m_clusters: int, n_clusters: int, resident: int) -> float:
-    """Bytes one batch moves to and from DRAM.  The resident clusters cover a window of the
-    cluster grid; with raster along M and swizzle s it spans w_n = max(s, resident // m_clusters)
-    cluster columns and w_m = min(m_clusters, resident // s) cluster rows.  An operand larger than
-    half the L2 is streamed again for every window step that cannot reuse it: A once per strip of
-    w_n columns; B once per step of w_m rows unless the strip's B slab stays in L2."""
-    ab = v["dtypes"]["a"]
-    e = _BYTES.get(ab, 2)
-    a_bytes, b_bytes = M * K * e, N * K * e
-    c_bytes = M * N * _BYTES.get(v["dtypes"]["c"], 2)
-    if v.get("swap_ab") or v.get("split_k", 1) > 1:
-        return a_bytes + b_bytes + c_bytes  # decode tiles: A is small, every W row read once
-    s = v.get("swizzle", 1)
-    w_n = max(s, resident // max(1, m_clusters))
-    w_m = max(1, min(m_clusters, resident // s))
-    a_passes = 1 if a_bytes <= _L2_BYTES / 2 else -(-n_clusters // w_n)
-    strip = w_n * v["cluster"][1] * v["tile"][1] * K * e
-    b_passes = 1 if b_bytes <= _L2_BYTES / 2 or strip <= _L2_BYTES / 2 else -(-m_clusters // w_m)
-    return a_bytes * a_passes + b_bytes * b_passes + c_bytes
-
-
-def launch_ctas(v: dict, M: int, N: int, L: int, sm_count: int | None = None) -> int:
-    """CTAs the variant's persistent launcher starts for this problem (its grid): capped at the
-    device's SMs (``sm_count``) for a grid sized at launch, at ``persistent_ctas`` for a grid fixed
-    at build time (older bundles)."""
-    tm, tn = v["tile"][0], v["tile"][1]
-    split = v.get("split_k", 1)
-    cm, cn = v.get("cluster", [1, 1])
-    tiles = (-(-(-(-M // tm)) // cm) * cm) * (-(-(-(-N // tn)) // cn) * cn) * L * split
-    cap = v.get("persistent_ctas", sm_count if "persistent" in v else None)
-    if cap is None:
-        return tiles
-    per_cluster = cm * cn * split
-    return min(tiles, cap // per_cluster * per_cluster)
-
+# MODEL's keys in the order the host library's fx_model holds them (compiler/selection.py generates
+# the constants into C; fx_cost_model_set reads them in this order).
+MODEL_KEYS = ("eff_256x128_c1x2", "eff_128x256_c2x1", "eff_large", "eff_pp", "eff_coop_mc", "eff_coop",
+              "eff_small", "eff_swap_base", "eff_swap_slope", "fp8_promoted", "fp8_fast", "split_us",
+              "fixed_us", "overlap", "grid_bw_exp", "split_tile_exp", "narrow_exp", "tile_us", "deep_bw",
+              "wide_k_bw")

@@ -1,10 +1,9 @@
 /* ---- Selection: one call per problem (factory/compiler/csrc/fx_select.c) ----------------------
  *
- * fx_gemm / fx_attention choose the variant for a problem with the same answers as the Python
- * loader (factory/runtime: gemm.select, attention.select), from tables generated from this
- * bundle's manifest (and its tuning.json, when `python -m factory link` compiled it in), then
- * launch it through the variant's fx_launch_<name>.  fx_gemm_select / fx_attention_select only
- * choose: no GPU, no CUDA call.
+ * fx_gemm / fx_attention / fx_gemm_packed / fx_gemm_blockscaled choose the variant for a problem
+ * (the one selection: the Python loader calls these fx_*_select too), from tables generated from
+ * this bundle's manifest (and its tuning.json, when `python -m factory link` compiled it in), then
+ * launch it through the variant's fx_launch_<name>.  fx_*_select only choose: no GPU, no CUDA call.
  *
  * Sizes and strides are in elements.  Every pointer is a device pointer.  The selection reads only
  * the pointers' alignment (NULL counts as aligned), so a problem without pointers plans for
@@ -83,6 +82,47 @@ typedef struct {
     float softmax_scale;    /* 0: 1/sqrt(head_dim); else > 0 and finite */
 } fx_attention_problem_t;
 
+/* c (M, N) bf16 = a (M, K) e4m3 · bᵀ, b an (N, K) e4m3 weight matrix packed once for the decode
+   kernels (runtime/packed.py, "rows8_k64"): b_packed is the (N/8, K/64, 32, 16) byte array whose
+   [nb, kc, r, j] ... = b[8 nb + r, 64 kc + j]; M <= the variants' max_m (16). */
+typedef struct {
+    int64_t m, n, k;
+    const void *a;
+    int64_t a_stride[2];     /* m, k */
+    const void *b_packed;
+    int64_t b_stride[4];     /* of the (N/8, K/64, 32, 16) array */
+    void *c;                 /* bfloat16 */
+    int64_t c_stride[2];     /* m, n */
+    const float *scale_a, *scale_b; /* one float32 each; required to launch */
+    int32_t b_constant;      /* as fx_gemm_problem_t's */
+} fx_gemm_packed_problem_t;
+
+/* Block-scaled formats (runtime/blockscaled.py): MXFP8 (e4m3 or e5m2 elements, an e8m0 scale per
+   32) and NVFP4 (e2m1 elements two a byte, an e4m3 scale per 16, a float32 global scale). */
+typedef enum {
+    FX_FORMAT_MXF8E4M3 = 1,
+    FX_FORMAT_MXF8E5M2 = 2,
+    FX_FORMAT_NVF4 = 3,
+} fx_block_format_t;
+
+/* c (L, M, N) = dequantize(a) (L, M, K) · dequantize(b) (L, N, K)ᵀ.  Strides in elements (NVFP4:
+   two elements a byte, so twice the byte strides); a and b K-contiguous.  a_scale / b_scale: the
+   scale factors in the sf128x4 layout (factory/abi.py SF_LAYOUT), L x ceil(R/128) x
+   ceil(ceil(K/vec)/4) x 512 bytes each. */
+typedef struct {
+    fx_block_format_t format;
+    fx_dtype_t c_dtype;      /* BF16, F16 or F32 (what the bundle's variants write) */
+    int64_t m, n, k, l;
+    const void *a;
+    int64_t a_stride[3];     /* m, k, l */
+    const void *b;
+    int64_t b_stride[3];     /* n, k, l */
+    void *c;
+    int64_t c_stride[3];     /* m, n, l */
+    const void *a_scale, *b_scale;
+    const float *a_global, *b_global; /* NVFP4 only, and required there to launch */
+} fx_gemm_blockscaled_problem_t;
+
 typedef struct {
     int32_t variant;          /* index (fx_variant_name); -1: nothing to launch (an empty problem) */
     const char *name;         /* the variant's name, NULL for -1 */
@@ -96,6 +136,9 @@ typedef struct {
 
 int32_t fx_gemm_select(const fx_device_t *dev, const fx_gemm_problem_t *p, fx_selection_t *out);
 int32_t fx_attention_select(const fx_device_t *dev, const fx_attention_problem_t *p, fx_selection_t *out);
+int32_t fx_gemm_packed_select(const fx_device_t *dev, const fx_gemm_packed_problem_t *p, fx_selection_t *out);
+int32_t fx_gemm_blockscaled_select(const fx_device_t *dev, const fx_gemm_blockscaled_problem_t *p,
+                                   fx_selection_t *out);
 
 /* Select, then launch on `stream` (loading the variant's module on first use: do one call before
    capturing a CUDA graph).  The launch runs on the current device (cudaSetDevice): `stream` must
@@ -108,6 +151,17 @@ int32_t fx_gemm(const fx_device_t *dev, const fx_gemm_problem_t *p, void *worksp
                 uint64_t workspace_bytes, fx_stream_t stream, fx_selection_t *out);
 int32_t fx_attention(const fx_device_t *dev, const fx_attention_problem_t *p, void *workspace,
                      uint64_t workspace_bytes, fx_stream_t stream, fx_selection_t *out);
+int32_t fx_gemm_packed(const fx_device_t *dev, const fx_gemm_packed_problem_t *p, fx_stream_t stream,
+                       fx_selection_t *out);
+int32_t fx_gemm_blockscaled(const fx_device_t *dev, const fx_gemm_blockscaled_problem_t *p, fx_stream_t stream,
+                            fx_selection_t *out);
+
+/* The GEMM cost model's predicted time (us) of a variant (index) on an (m, n, k, l) problem: the
+   sm90 and sm100 families' models the selection ranks by. */
+int32_t fx_gemm_estimate_us(const fx_device_t *dev, int32_t variant, int64_t m, int64_t n, int64_t k, int64_t l,
+                            double *us);
+/* For fitting tools only: replace the cost models' constants (NULL: the compiled-in ones). */
+int32_t fx_cost_model_set(const double *sm90, int32_t n90, const double *sm100, int32_t n100);
 
 /* The reason of this thread's last failed fx_* call ("" if none). */
 const char *fx_last_error_message(void);

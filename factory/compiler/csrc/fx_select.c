@@ -1,11 +1,13 @@
-/* Selection in C: fx_gemm / fx_attention choose a variant with the same answers as the Python
- * loader, from the tables generated into fx_glue.c (fx_select.h), then launch it.
+/* The variant selection, the one implementation: fx_gemm / fx_attention / fx_gemm_packed /
+ * fx_gemm_blockscaled choose a variant from the tables generated into fx_glue.c (fx_select.h),
+ * then launch it; their fx_*_select only choose, and are what the Python loader calls
+ * (factory/runtime/selector.py).  The cost models' constants come from factory/runtime/tuning.py
+ * and cost_sm100.py (their one description); their code is here.
  *
- * Each function below names the Python function it ports (factory/runtime/...); the two are kept
- * equal by tests/test_c_selection.py, which compares them over hundreds of problems.  Integer
- * arithmetic that Python does on unbounded ints is done here in __int128 where a product can
- * pass 2^63; floating point follows Python's order of operations (this file is compiled with
- * -ffp-contract=off), so the cost model's estimates are bit-identical.
+ * Comments name the runtime module whose op a function serves (factory/runtime/...).  Integer
+ * arithmetic that can pass 2^63 is done in __int128; this file is compiled with -ffp-contract=off.
+ * Tests: tests/test_c_selection.py (answers on the test bundle, tuning overrides, refusals) and
+ * tests/selection_lib.py (this file compiled with the tables of synthetic entries).
  *
  * The pattern of an op (how to add one, e.g. fx_attention_kvcache):
  *   1. fx_api.h: a fx_<op>_problem_t (sizes int64, strides in elements per mode, pointers, flags
@@ -389,7 +391,7 @@ static const fx_bucket *find_bucket(int32_t ab, int32_t c, int32_t am, int32_t b
     return NULL;
 }
 
-/* tuning.attention_bucket_key (dense attention): power-of-two buckets of seqlen_q, seqlen_k and
+/* The attention bucket key (tuning.attention_bucket_key, dense problems): power-of-two buckets of seqlen_q, seqlen_k and
    batch x q-heads. */
 static int64_t pow2_bucket(int64_t x) {
     int b = bit_length(x - 1);
@@ -413,9 +415,36 @@ static const fx_bucket *find_attention_bucket(int32_t dtype, int32_t head_dim, i
     return NULL;
 }
 
+/* --- the cost models' constants: compiled in (factory/compiler/selection.py from runtime/tuning.py
+   MODEL and runtime/cost_sm100.py MODEL), or a fitting tool's (fx_cost_model_set) --------------- */
+static fx_model fx_model90_set;
+static fx_model_sm100 fx_model100_set;
+static int fx_model90_given, fx_model100_given;
+
+static const fx_model *model90(void) { return fx_model90_given ? &fx_model90_set : &fx_model_constants; }
+static const fx_model_sm100 *model100(void) {
+    return fx_model100_given ? &fx_model100_set : &fx_model_sm100_constants;
+}
+
+/* For fitting tools only (scripts/fit_cost_model.py; not thread-safe, never needed to serve): the
+   models' tunable constants in the order of selection.py MODEL_KEYS (20) / SM100_MODEL_KEYS (9);
+   NULL restores the compiled-in ones. */
+FX_EXPORT int32_t fx_cost_model_set(const double *sm90, int32_t n90, const double *sm100, int32_t n100) {
+    if ((sm90 && n90 != 20) || (sm100 && n100 != 9))
+        return fail(FX_ERR_INPUT, "fx_cost_model_set takes 20 sm90 and 9 sm100 constants, got %d and %d", n90, n100);
+    fx_model90_set = fx_model_constants;
+    fx_model100_set = fx_model_sm100_constants;
+    if (sm90) memcpy(&fx_model90_set, sm90, 20 * sizeof(double));
+    if (sm100) memcpy(&fx_model100_set, sm100, 9 * sizeof(double));
+    fx_model90_given = sm90 != NULL;
+    fx_model100_given = sm100 != NULL;
+    fx_msg[0] = 0;
+    return 0;
+}
+
 /* --- the Hopper cost model: tuning._efficiency, tuning.estimate_us, tuning._dram_bytes -------- */
 static double efficiency(const fx_variant *v, int64_t busy, int32_t sm_count) {
-    const fx_model *p = &fx_model_constants;
+    const fx_model *p = model90();
     int32_t tm = v->tile[0], tn = v->tile[1];
     int multicast = !(v->cluster[0] == 1 && v->cluster[1] == 1);
     double eff;
@@ -449,7 +478,7 @@ static i128 dram_bytes(const fx_variant *v, int64_t M, int64_t N, int64_t K, i12
     i128 w_m = resident / s;
     if (w_m > m_clusters) w_m = m_clusters;
     if (w_m < 1) w_m = 1;
-    i128 l2 = fx_model_constants.l2_bytes; /* x <= L2 / 2 is tested as 2 x <= L2: exact */
+    i128 l2 = model90()->l2_bytes; /* x <= L2 / 2 is tested as 2 x <= L2: exact */
     i128 a_passes = 2 * a_bytes <= l2 ? 1 : cdiv128(n_clusters, w_n);
     i128 strip = w_n * v->cluster[1] * v->tile[1] * (i128)K * e;
     i128 b_passes = (2 * b_bytes <= l2 || 2 * strip <= l2) ? 1 : cdiv128(m_clusters, w_m);
@@ -457,7 +486,7 @@ static i128 dram_bytes(const fx_variant *v, int64_t M, int64_t N, int64_t K, i12
 }
 
 static double estimate_us(const fx_variant *v, int64_t M, int64_t N, int64_t K, int64_t L, int32_t sm_count) {
-    const fx_model *p = &fx_model_constants;
+    const fx_model *p = model90();
     int64_t tm = v->tile[0], tn = v->tile[1], split = v->split_k, cm = v->cluster[0], cn = v->cluster[1];
     i128 tiles_m = cdiv(cdiv(M, tm), cm) * cm;
     i128 tiles_n = cdiv(cdiv(N, tn), cn) * cn;
@@ -488,7 +517,8 @@ static double estimate_us(const fx_variant *v, int64_t M, int64_t N, int64_t K, 
     return t * 1e6 + p->fixed_us + split_cost + tile_cost;
 }
 
-/* tuning.launch_ctas for a grid fixed at build time (persistent_ctas). */
+/* CTAs a persistent launcher whose grid was fixed at build time (persistent_ctas, older bundles)
+   starts for this problem: the tile grid in whole clusters, capped at persistent_ctas. */
 static i128 launch_ctas_fixed(const fx_variant *v, int64_t M, int64_t N, int64_t L) {
     int64_t tm = v->tile[0], tn = v->tile[1], split = v->split_k, cm = v->cluster[0], cn = v->cluster[1];
     i128 tiles = (i128)(cdiv(cdiv(M, tm), cm) * cm) * (cdiv(cdiv(N, tn), cn) * cn) * L * split;
@@ -518,7 +548,8 @@ static void workspace_spec(fx_value *v, const fx_variant *e, int64_t M, int64_t 
     spec(v, (const void *)ptr, 3, shape, stride);
 }
 
-/* gemm.fitting_variants: the fitting variants of the best target that has any (every target's
+/* The variants whose dtypes, majorness and argument contract take the problem, of the best target
+   that has any (every target's
    with every_target); FX_ERR_NO_VARIANT when none fits.  *fits is malloc'd. */
 static int32_t gemm_fits(const gemm_ctx *g, int32_t early_b, int32_t **fits, int32_t *n_fits) {
     int32_t *cand, n = candidates(g->dev, FX_OP_GEMM, &cand), k = 0;
@@ -563,7 +594,7 @@ static int contains(const int32_t *xs, int32_t n, int32_t x) {
 
 /* --- the Blackwell cost model: cost_sm100.kblock_clocks, grid, dram_bytes, l2_bytes, estimate_us -- */
 static double sm100_kblock_clocks(const fx_variant *v) {
-    const fx_model_sm100 *p = &fx_model_sm100_constants;
+    const fx_model_sm100 *p = model100();
     int64_t cta_m = v->tile[0], tn = v->tile[1], tk = v->tile[2], group = v->cta_group > 0 ? v->cta_group : 1;
     int64_t mma_m = v->mma_m > 0 ? v->mma_m : v->tile[0];
     double rate = mma_m / group < 128 ? p->rate_m64 : 1.0;
@@ -598,7 +629,7 @@ static i128 sm100_dram_bytes(const fx_variant *v, int64_t M, int64_t N, int64_t 
     if (w_n < 1) w_n = 1;
     i128 w_m = resident < m_clusters ? resident : m_clusters;
     if (w_m < 1) w_m = 1;
-    i128 l2 = fx_model_sm100_constants.l2_bytes; /* x <= L2 / 2 is tested as 2 x <= L2: exact */
+    i128 l2 = model100()->l2_bytes; /* x <= L2 / 2 is tested as 2 x <= L2: exact */
     i128 a_passes = 2 * a_bytes <= l2 ? 1 : cdiv128(n_clusters, w_n);
     i128 strip = w_n * cn * tn * (i128)K * e;
     i128 b_passes = (2 * b_bytes <= l2 || 2 * strip <= l2) ? 1 : cdiv128(m_clusters, w_m);
@@ -614,7 +645,7 @@ static double sm100_l2_bytes(const fx_variant *v, int64_t M, int64_t N, int64_t 
 }
 
 static double sm100_estimate_us(const fx_variant *v, int64_t M, int64_t N, int64_t K, int64_t L, int32_t sm_count) {
-    const fx_model_sm100 *p = &fx_model_sm100_constants;
+    const fx_model_sm100 *p = model100();
     i128 units, ctas, waves;
     sm100_grid(v, M, N, L, sm_count, &units, &ctas, &waves);
     i128 k_blocks = cdiv(K, v->tile[2]);
@@ -629,11 +660,45 @@ static double sm100_estimate_us(const fx_variant *v, int64_t M, int64_t N, int64
     return t * 1e6 + p->fixed_us + p->wave_us * (double)(waves - 1);
 }
 
+/* The family's cost model's predicted time (us) of GEMM variant `variant` on an (m, n, k, l)
+   problem on this device (sm90: fitted to H100 measurements; sm100: a roofline from published B200
+   figures, unmeasured): what the selection ranks by, for tools (scripts/tune.py screens with it). */
+FX_EXPORT int32_t fx_gemm_estimate_us(const fx_device_t *dev, int32_t variant, int64_t m, int64_t n, int64_t k,
+                                      int64_t l, double *us) {
+    int32_t rc;
+    fx_msg[0] = 0;
+    if (!dev || !us) return fail(FX_ERR_INPUT, "fx_gemm_estimate_us: dev and us must not be NULL");
+    if ((rc = check_device(dev))) return rc;
+    if (variant < 0 || variant >= fx_n_variants) return fail(FX_ERR_INPUT, "no variant %d", variant);
+    if (m <= 0 || n <= 0 || k <= 0 || l <= 0 || m > INT32_MAX_ || n > INT32_MAX_ || k > INT32_MAX_ || l > INT32_MAX_)
+        return fail(FX_ERR_INPUT, "m, n, k, l must be in 1..2^31-1, got %lld, %lld, %lld, %lld", (long long)m,
+                    (long long)n, (long long)k, (long long)l);
+    const fx_variant *v = &fx_variants[variant];
+    if (v->op != FX_OP_GEMM || (v->family != FX_FAMILY_SM90 && v->family != FX_FAMILY_SM100))
+        return fail(FX_ERR_INPUT, "%s has no cost model (the sm90 and sm100 GEMM families have)", v->name);
+    *us = v->family == FX_FAMILY_SM100 ? sm100_estimate_us(v, m, n, k, l, dev->sm_count)
+                                       : estimate_us(v, m, n, k, l, dev->sm_count);
+    return 0;
+}
+
 static i128 sm80_ctas(const fx_variant *v, const gemm_ctx *g) {
     return (i128)cdiv(g->M, v->tile[0]) * cdiv(g->N, v->tile[1]) * g->L * v->split_k;
 }
 
-/* gemm.choose: the variant to run among fits (all fit, one target); -1 if fits is empty. */
+/* The variant to run among fits (all fit, one target); -1 if fits is empty:
+     1. a persistent grid fixed at build time for more SMs than this device has is used only where
+        its launch grid for this problem fits (else a second wave of CTAs);
+     2. the compiled-in tuning table's winner of the problem's bucket, where the device matches and
+        the winner fits;
+     3. sm90 (Hopper) and sm100 (Blackwell datacenter): the least predicted time of the family's
+        cost model (estimate_us: fitted to H100 measurements, notes/gemm-sm90.md;
+        sm100_estimate_us: a roofline from published B200 figures, unmeasured, notes/gemm-sm100.md),
+        ties by name;
+     4. sm80 (mma.sync): the largest tile that still gives at least one CTA per SM; else the tile
+        with the most CTAs (on an H100 128x128 and 128x256 are within a few % at 4096^3, and 64x128
+        wins once fewer than ~132 CTAs of 128x128 exist).  Split-K variants compete only when no
+        unsplit tile fills the SMs and every split keeps >= 8 k-tiles; among grids that fill the
+        SMs the fewest splits win (each split costs a workspace round trip). */
 static int32_t gemm_choose(const gemm_ctx *g, int32_t *fits, int32_t n) {
     int32_t sms = g->dev->sm_count;
     int32_t kept = 0;
@@ -712,7 +777,9 @@ static int32_t gemm_choose(const gemm_ctx *g, int32_t *fits, int32_t n) {
     return best;
 }
 
-/* gemm._choose_b_constant */
+/* b_constant (nothing still running writes B): the table's measured b_constant winner of the bucket
+   (an early_b variant, or the plain winner where none was faster) where it fits, else the early_b
+   twin of the plain choice (or the plain choice where it has none). */
 static int32_t gemm_b_constant(const gemm_ctx *g, int32_t plain) {
     if (tuning_applies(g->dev)) {
         const fx_bucket *b = find_bucket(g->ab, g->c, g->am, g->bm, g->M, g->N, g->K, g->L);
@@ -782,7 +849,7 @@ static int64_t elem_bytes(int32_t dtype) {
     return dtype == FX_DTYPE_F32 ? 4 : dtype == FX_DTYPE_E4M3 ? 1 : 2;
 }
 
-/* gemm.gemm's checks up to the launch, and gemm.select. */
+/* The GEMM op's checks up to the launch (runtime/gemm.py), and the choice, cached per thread. */
 static int32_t gemm_select(const fx_device_t *dev, const fx_gemm_problem_t *p, fx_selection_t *out, gemm_ctx *g) {
     memset(out, 0, sizeof *out);
     out->variant = -1;
@@ -877,7 +944,9 @@ FX_EXPORT int32_t fx_gemm_select(const fx_device_t *dev, const fx_gemm_problem_t
 }
 
 /* --- attention: runtime/attention.py ----------------------------------------------------------- */
-/* attention.split_count */
+/* Split-KV count for a grid of `ctas` CTAs over `key_tiles` key tiles: 1 unless the grid leaves SMs
+   idle; then the largest available count that keeps the grid within two waves and gives every
+   split at least two key tiles (so its cp.async pipeline has something to overlap), or 1. */
 static int32_t split_count(i128 ctas, int64_t key_tiles, int32_t sms, const int32_t *avail, int32_t n) {
     if (ctas >= sms) return 1;
     int32_t best = 1;
@@ -888,7 +957,10 @@ static int32_t split_count(i128 ctas, int64_t key_tiles, int32_t sms, const int3
     return best;
 }
 
-/* attention.pack_split_count: 0 for None */
+/* Split count of a packed-GQA decode variant (seqlen_q 1: a CTA's rows are the q heads of one kv
+   head, so K/V are read once): the fewest splits whose grid fills the SMs, else the most; each
+   split keeps a key tile; 0 when none does.  Grids past two waves are fine here: the alternative
+   re-reads K/V once per q head (H100: B16 H32/8 Sk4096 D128 ran 249 us that way, SDPA 90 us). */
 static int32_t pack_split_count(i128 ctas, int64_t key_tiles, int32_t sms, const int32_t *avail, int32_t n) {
     int32_t fill = 0, most = 0;
     for (int32_t i = 0; i < n; i++) {
@@ -900,7 +972,8 @@ static int32_t pack_split_count(i128 ctas, int64_t key_tiles, int32_t sms, const
     return fill ? fill : most;
 }
 
-/* attention._split_pick over split (indices): -1 when not splitting. */
+/* The split-KV entry (of one tile config) for `groups` row sets of `rows` query rows over `sk` keys;
+   -1 when split_count says not to split. */
 static int32_t split_pick(const int32_t *split, int32_t n, i128 groups, int64_t rows, int64_t sk, int32_t sms) {
     if (n == 0) return -1;
     const fx_variant *e0 = &fx_variants[split[0]];
@@ -923,7 +996,9 @@ typedef struct {
     int64_t b, hq, hkv, sq, sk;
 } attn_decode;
 
-/* attention._more_waves */
+/* Whether the smaller query tile's grid needs more waves than the bigger one's, for variants that
+   state their resident CTAs per SM (H100, sm90 family: B4 H32/8 Sq128 Sk4096 causal ran 78.5 us on
+   256 CTAs of 64 rows, 54.9 on 128 CTAs of 128 rows). */
 static int more_waves(const fx_variant *small, const fx_variant *big, const attn_decode *d, int32_t sms) {
     if (!small->ctas_per_sm || !big->ctas_per_sm) return 0;
     i128 ws = cdiv128((i128)d->b * d->hq * cdiv(d->sq, small->tile[0]), (i128)sms * small->ctas_per_sm);
@@ -931,7 +1006,14 @@ static int more_waves(const fx_variant *small, const fx_variant *big, const attn
     return ws > wb;
 }
 
-/* attention.decode_split_count over the built split counts sp[i] (cl[i]: merged in a cluster). */
+/* Split-KV count of a decode-family variant for `groups` = batch x kv heads x row blocks CTAs per
+   split, over the built split counts sp[i] (cl[i]: merged in a cluster).  H100
+   (notes/attention-decode.md; 132 SMs, 2 CTAs per SM; the best split of every measured shape):
+   groups >= 3/4 of the SMs: 1 (B16 H32/8 Sk512: split 2 ran 10.8 us vs 8.3); fewer: the fewest
+   splits, at least 2, that give more than SMs/4 CTAs, or SMs/2 when a kv head has several row
+   blocks (B4 H32/8 Sk4096: 2 splits 29.1 us, 4 splits 30.7); every split keeps at least 2 key
+   tiles (B1 Sk512: 4 splits 6.4 us, 8 splits 7.4); when that is the largest cluster split, K/V fit
+   in L2 and a second-kernel split keeps 2 tiles each: that one (B1 H32/8 Sk4096 10.1 us vs 11.3). */
 static int32_t decode_split_count(i128 groups, int64_t tiles, i128 kv_bytes, int64_t row_blocks, int32_t sms,
                                   const int32_t *sp, const int32_t *cl, int32_t n) {
     if (groups * 4 >= 3 * (i128)sms) return 1;
@@ -944,7 +1026,7 @@ static int32_t decode_split_count(i128 groups, int64_t tiles, i128 kv_bytes, int
         if (groups * sp[i] > target && (!first || sp[i] < first)) first = sp[i];
     }
     int32_t s = first ? first : (cl_fit ? cl_fit : 1);
-    if (cl_fit && s == cl_all && kv_bytes <= (i128)fx_model_constants.l2_bytes) {
+    if (cl_fit && s == cl_all && kv_bytes <= (i128)model90()->l2_bytes) {
         int32_t big = 0;
         for (int32_t i = 0; i < n; i++)
             if (!cl[i] && sp[i] > s && (sp[i] == 1 || tiles >= 2 * (int64_t)sp[i]) && sp[i] > big) big = sp[i];
@@ -953,7 +1035,11 @@ static int32_t decode_split_count(i128 groups, int64_t tiles, i128 kv_bytes, int
     return s;
 }
 
-/* attention.decode_pick over the decode-family entries dec[0..n) (candidates order): -1 for None. */
+/* The decode-family entry (attention/decode.py) for a dense problem, over the family's entries
+   dec[0..n) (candidates order); -1 when the family does not serve it: Sq > 16, or Sq > 1 without
+   the causal mask (the family is built bottom-right causal; one query equals no mask).  Entries of
+   one tile config (the preferred one), split count by decode_split_count; PDL for the
+   second-kernel split and for a cluster split whose grid leaves half the SMs idle. */
 static int32_t decode_pick(const int32_t *dec, int32_t n, const attn_decode *d, int32_t causal, int32_t sms) {
     if (n == 0 || d->sq > 16 || (d->sq > 1 && !causal) || d->hkv <= 0) return -1;
     int32_t npref = 0;
@@ -984,7 +1070,14 @@ static int32_t decode_pick(const int32_t *dec, int32_t n, const attn_decode *d, 
     return first;
 }
 
-/* attention.select (rows < 0: None; decode NULL: None). */
+/* The attention variant (rows < 0: varlen; decode NULL: varlen), best target first: a dense problem
+   of at most 16 queries takes the decode family where decode_pick finds one; then, for one query
+   with GQA, the packed split-KV variant, and for grids that leave SMs idle the split-KV one (both of
+   the best target that has them); then the tuning table's winner of the dense bucket where it fits
+   (after the min_seqlen_q filter: the sm90 family's 64-row slabs are padding for fewer queries);
+   then the family's preferred tile, or the smallest query tile where the preferred grid leaves SMs
+   idle, unless its grid needs more waves (more_waves; measured on the H100: B1 H8 S512 D64 runs
+   32 CTAs of 128 rows on 132 SMs). */
 static int32_t attn_choose(const fx_device_t *dev, int32_t dtype, int32_t head_dim, int32_t causal, int32_t varlen,
                            i128 rows, const attn_decode *decode) {
     int32_t sms = dev->sm_count;
@@ -1114,7 +1207,7 @@ static int is_head_dim(int64_t d) {
     return 0;
 }
 
-/* attention._check_strides for a q/k/v/o of numel elements (head_dim contiguous by construction). */
+/* The strides and alignment of a q/k/v/o of numel elements (head_dim contiguous by construction). */
 static int32_t check_strides(const char *what, const void *ptr, const int64_t *stride, int32_t first, int64_t numel) {
     if (numel == 0) return 0;
     for (int32_t i = first; i < 3; i++)
@@ -1125,7 +1218,7 @@ static int32_t check_strides(const char *what, const void *ptr, const int64_t *s
     return 0;
 }
 
-/* attention.attention's checks, attention._choose and the launch's contract check; the values
+/* The attention op's checks (runtime/attention.py), the choice and the launch's contract check; the values
    are built for a workspace at `workspace` (0 while only selecting). */
 static int32_t attn_select(const fx_device_t *dev, const fx_attention_problem_t *p, fx_selection_t *out, attn_ctx *a,
                            uintptr_t workspace) {
@@ -1273,7 +1366,7 @@ static int32_t attn_select(const fx_device_t *dev, const fx_attention_problem_t 
         int64_t lst[3] = {p->lse ? p->lse_stride[0] : Hq * Sq, p->lse ? p->lse_stride[1] : Sq, 1};
         spec(&vals[4], p->lse ? (const void *)p->lse : (const void *)(workspace + a->lse_offset), 3, ls, lst);
         int32_t k = 5;
-        if (s > 1) { /* attention.split_workspace: o_partial (s,B,Hq,Sq,D), lse_partial (s,B,Hq,Sq), one buffer */
+        if (s > 1) { /* the split workspace (runtime/attention.py split_workspace): o_partial (s,B,Hq,Sq,D), lse_partial (s,B,Hq,Sq), one buffer */
             int64_t op[5] = {s, B, Hq, Sq, D}, ops[5] = {B * Hq * Sq * D, Hq * Sq * D, Sq * D, D, 1};
             int64_t lp[4] = {s, B, Hq, Sq}, lps[4] = {B * Hq * Sq, Hq * Sq, Sq, 1};
             spec(&vals[k++], (const void *)workspace, 5, op, ops);
@@ -1304,6 +1397,239 @@ FX_EXPORT int32_t fx_attention_select(const fx_device_t *dev, const fx_attention
     attn_ctx a;
     if (!out) out = &tmp;
     return finish(attn_select(dev, p, out, &a, 0), out);
+}
+
+/* --- packed-weight decode GEMM: runtime/packed.py's rule ------------------------------------------ */
+typedef struct {
+    fx_value vals[FX_MAX_ARGS]; /* a (M, K), b (N/8, K/64, 32, 16), c (M, N), scale_a, scale_b */
+    int32_t n_vals;
+} packed_ctx;
+
+/* CTAs of decode variant v for N weight rows, and the CTAs the device holds at once (clusters
+   that fit on sm_count SMs at ctas_per_sm each, times the cluster). */
+static int64_t packed_ctas(const fx_variant *v, int64_t N) {
+    return N / v->rows_per_cta * v->cluster[0] * v->cluster[1];
+}
+
+static int64_t packed_wave(const fx_variant *v, int32_t sms) {
+    int64_t ck = (int64_t)v->cluster[0] * v->cluster[1];
+    int64_t clusters = (int64_t)sms * (v->ctas_per_sm > 0 ? v->ctas_per_sm : 1) / ck;
+    return ck * (clusters > 1 ? clusters : 1);
+}
+
+/* The decode variants that take the problem: the tuning table's measured winner on packed weights
+   (where it fits, and is early_b only for a constant b), else the most CTAs among the variants
+   whose grid is one wave, else the most CTAs (ties: the greater name); then, for a constant b
+   and a one-wave grid, that variant's early_b twin where it fits. */
+static int32_t packed_select(const fx_device_t *dev, const fx_gemm_packed_problem_t *p, fx_selection_t *out,
+                             packed_ctx *x) {
+    memset(out, 0, sizeof *out);
+    out->variant = -1;
+    fx_msg[0] = 0;
+    int32_t rc;
+    if (!dev || !p) return fail(FX_ERR_INPUT, "fx_gemm_packed: dev and problem must not be NULL");
+    if ((rc = check_device(dev))) return rc;
+    static const char *const size_names[3] = {"m", "n", "k"};
+    int64_t sizes[3] = {p->m, p->n, p->k};
+    if ((rc = check_sizes(size_names, sizes, 3))) return rc;
+    if ((rc = check_stride("a_stride", p->a_stride, 0, 2)) || (rc = check_stride("b_stride", p->b_stride, 0, 4)) ||
+        (rc = check_stride("c_stride", p->c_stride, 0, 2)) || (rc = check_bool("b_constant", p->b_constant)))
+        return rc;
+    int64_t M = p->m, N = p->n, K = p->k;
+    if (N % 8 || K % 64 || K == 0)
+        return fail(FX_ERR_INPUT, "packed weights need N %% 8 == 0 and K a positive multiple of 64, got N=%lld K=%lld",
+                    (long long)N, (long long)K);
+    int64_t sa[2] = {M, K}, sb[4] = {N / 8, K / 64, 32, 16}, sc[2] = {M, N}, one = 1, span;
+    fx_range in[4], oc;
+    if ((rc = span_of("a", 2, sa, p->a_stride, &span)) || (rc = range_of(&in[0], "a", p->a, span, 1)) ||
+        (rc = span_of("b_packed", 4, sb, p->b_stride, &span)) || (rc = range_of(&in[1], "b_packed", p->b_packed, span, 1)) ||
+        (rc = span_of("c", 2, sc, p->c_stride, &span)) || (rc = range_of(&oc, "c", p->c, span, 2)))
+        return rc;
+    range_of(&in[2], "scale_a", p->scale_a, 1, 4);
+    range_of(&in[3], "scale_b", p->scale_b, 1, 4);
+    if ((rc = check_distinct("c", 2, sc, p->c_stride)) || (rc = check_disjoint(&oc, in, 4))) return rc;
+    if (M == 0 || N == 0) return 0; /* nothing to launch */
+    memset(x, 0, sizeof *x);
+    spec(&x->vals[0], p->a, 2, sa, p->a_stride);
+    spec(&x->vals[1], p->b_packed, 4, sb, p->b_stride);
+    spec(&x->vals[2], p->c, 2, sc, p->c_stride);
+    spec(&x->vals[3], p->scale_a, 1, &one, &one);
+    spec(&x->vals[4], p->scale_b, 1, &one, &one);
+    x->n_vals = 5;
+
+    int32_t *fits, n = candidates(dev, FX_OP_GEMM, &fits), k = 0, plain = 0;
+    char reason[1024] = "";
+    for (int32_t i = 0; i < n; i++) {
+        const fx_variant *v = &fx_variants[fits[i]];
+        if (v->family != FX_FAMILY_DECODE || M > v->max_m) continue;
+        if (check_contract(v, x->vals, x->n_vals)) {
+            if (!reason[0]) snprintf(reason, sizeof reason, "%s", fx_msg);
+            continue;
+        }
+        plain += !v->early_b;
+        fits[k++] = fits[i];
+    }
+    if (!plain) {
+        free(fits);
+        return fail(FX_ERR_NO_VARIANT, "no decode variant for packed weights N=%lld K=%lld, M=%lld on compute capability "
+                    "%d.%d%s%s%s: use the unpacked weights", (long long)N, (long long)K, (long long)M, dev->cc_major,
+                    dev->cc_minor, reason[0] ? " (closest: " : "", reason, reason[0] ? ")" : "");
+    }
+    int32_t choice = -1;
+    if (tuning_applies(dev)) {
+        const fx_bucket *b = find_bucket(FX_DTYPE_E4M3, FX_DTYPE_BF16, FX_MAJOR_K, FX_MAJOR_K, M, N, K, 1);
+        int32_t w = b ? (p->b_constant ? b->packed_b_constant : b->packed) : -1;
+        if (w >= 0 && contains(fits, k, w) && (p->b_constant || !fx_variants[w].early_b)) choice = w;
+    }
+    if (choice < 0) {
+        int any_wave = 0;
+        for (int32_t i = 0; i < k; i++) {
+            const fx_variant *v = &fx_variants[fits[i]];
+            if (!v->early_b && packed_ctas(v, N) <= packed_wave(v, dev->sm_count)) any_wave = 1;
+        }
+        for (int32_t i = 0; i < k; i++) {
+            const fx_variant *v = &fx_variants[fits[i]];
+            if (v->early_b || (any_wave && packed_ctas(v, N) > packed_wave(v, dev->sm_count))) continue;
+            if (choice < 0) {
+                choice = fits[i];
+                continue;
+            }
+            const fx_variant *b = &fx_variants[choice];
+            int64_t vc = packed_ctas(v, N), bc = packed_ctas(b, N);
+            if (vc > bc || (vc == bc && strcmp(v->name, b->name) > 0)) choice = fits[i];
+        }
+        int32_t twin = fx_variants[choice].twin;
+        if (any_wave && p->b_constant && twin != choice && contains(fits, k, twin)) choice = twin;
+    }
+    free(fits);
+    out->variant = choice;
+    out->name = fx_variants[choice].name;
+    out->splits = 1;
+    return 0;
+}
+
+FX_EXPORT int32_t fx_gemm_packed_select(const fx_device_t *dev, const fx_gemm_packed_problem_t *p,
+                                        fx_selection_t *out) {
+    fx_selection_t tmp;
+    packed_ctx x;
+    if (!out) out = &tmp;
+    return finish(packed_select(dev, p, out, &x), out);
+}
+
+/* --- block-scaled GEMM: runtime/blockscaled.py's rule ----------------------------------------------- */
+typedef struct {
+    fx_value vals[FX_MAX_ARGS]; /* a, b, c, a_scale, b_scale [, a_global, b_global] */
+    int32_t n_vals;
+} bs_ctx;
+
+static const char *format_name(int32_t f) {
+    switch (f) {
+    case FX_FORMAT_MXF8E4M3: return "mxf8e4m3";
+    case FX_FORMAT_MXF8E5M2: return "mxf8e5m2";
+    case FX_FORMAT_NVF4: return "nvf4";
+    default: return "?";
+    }
+}
+
+/* Among the variants of the format and output dtype that take the problem: where M > 128 a CTA
+   pair (one MMA over 256 rows), else a single CTA; then the most CTAs; then the largest tile (the
+   first of equals, best target first).  A rule, not a measurement: no Blackwell GPU has run these. */
+static int32_t bs_select(const fx_device_t *dev, const fx_gemm_blockscaled_problem_t *p, fx_selection_t *out,
+                         bs_ctx *x) {
+    memset(out, 0, sizeof *out);
+    out->variant = -1;
+    fx_msg[0] = 0;
+    int32_t rc;
+    if (!dev || !p) return fail(FX_ERR_INPUT, "fx_gemm_blockscaled: dev and problem must not be NULL");
+    if ((rc = check_device(dev))) return rc;
+    int32_t f = p->format, c = p->c_dtype;
+    if (f != FX_FORMAT_MXF8E4M3 && f != FX_FORMAT_MXF8E5M2 && f != FX_FORMAT_NVF4)
+        return fail(FX_ERR_INPUT, "unknown block-scaled format %d (mxf8e4m3 1, mxf8e5m2 2, nvf4 3)", f);
+    if (c != FX_DTYPE_BF16 && c != FX_DTYPE_F16 && c != FX_DTYPE_F32)
+        return fail(FX_ERR_INPUT, "out dtype %d is not one the kernels write (bfloat16, float16, float32)", c);
+    static const char *const size_names[4] = {"m", "n", "k", "l"};
+    int64_t sizes[4] = {p->m, p->n, p->k, p->l};
+    if ((rc = check_sizes(size_names, sizes, 4))) return rc;
+    if ((rc = check_stride("a_stride", p->a_stride, 0, 3)) || (rc = check_stride("b_stride", p->b_stride, 0, 3)) ||
+        (rc = check_stride("c_stride", p->c_stride, 0, 3)))
+        return rc;
+    int64_t M = p->m, N = p->n, K = p->k, L = p->l, vec = f == FX_FORMAT_NVF4 ? 16 : 32;
+    int nvf4 = f == FX_FORMAT_NVF4;
+    int64_t sa[3] = {M, K, L}, sb[3] = {N, K, L}, sc[3] = {M, N, L}, span, one = 1;
+    /* scale factors: L x ceil(R/128) x ceil(ceil(K/vec)/4) atoms of 512 bytes */
+    int64_t fa[4] = {L, cdiv(M, 128), cdiv(cdiv(K, vec), 4), 512}, fb[4] = {L, cdiv(N, 128), cdiv(cdiv(K, vec), 4), 512};
+    int64_t na, nb;
+    fx_range in[6], oc;
+    if ((rc = product(fa, 4, &na, "a_scale's bytes")) || (rc = product(fb, 4, &nb, "b_scale's bytes")) ||
+        (rc = span_of("a", 3, sa, p->a_stride, &span)) || (rc = range_of(&in[0], "a", p->a, nvf4 ? span / 2 + 1 : span, 1)) ||
+        (rc = span_of("b", 3, sb, p->b_stride, &span)) || (rc = range_of(&in[1], "b", p->b, nvf4 ? span / 2 + 1 : span, 1)) ||
+        (rc = span_of("c", 3, sc, p->c_stride, &span)) || (rc = range_of(&oc, "c", p->c, span, elem_bytes(c))))
+        return rc;
+    range_of(&in[2], "a_scale", p->a_scale, na, 1);
+    range_of(&in[3], "b_scale", p->b_scale, nb, 1);
+    range_of(&in[4], "a_global", p->a_global, nvf4, 4);
+    range_of(&in[5], "b_global", p->b_global, nvf4, 4);
+    if ((rc = check_distinct("c", 3, sc, p->c_stride)) || (rc = check_disjoint(&oc, in, 6))) return rc;
+    if (!nvf4 && (p->a_global || p->b_global)) return fail(FX_ERR_INPUT, "%s has no global scale (only nvf4 does)", format_name(f));
+    if (M == 0 || N == 0 || L == 0) return 0; /* nothing to launch */
+    if (K == 0 || K % 32)
+        return fail(FX_ERR_INPUT, "gemm_blockscaled: K = %lld must be a positive multiple of 32 (16-byte rows of fp4, "
+                    "whole MXFP8 blocks)", (long long)K);
+    memset(x, 0, sizeof *x);
+    spec(&x->vals[0], p->a, 3, sa, p->a_stride);
+    spec(&x->vals[1], p->b, 3, sb, p->b_stride);
+    spec(&x->vals[2], p->c, 3, sc, p->c_stride);
+    spec(&x->vals[3], p->a_scale, 1, &na, &one);
+    spec(&x->vals[4], p->b_scale, 1, &nb, &one);
+    x->n_vals = 5;
+    if (nvf4) {
+        spec(&x->vals[5], p->a_global, 1, &one, &one);
+        spec(&x->vals[6], p->b_global, 1, &one, &one);
+        x->n_vals = 7;
+    }
+    int32_t *cand, n = candidates(dev, FX_OP_GEMM_BLOCKSCALED, &cand), best = -1;
+    char reason[1024] = "";
+    i128 best_ctas = 0;
+    int best_pair = 0;
+    for (int32_t i = 0; i < n; i++) {
+        const fx_variant *v = &fx_variants[cand[i]];
+        if (v->format != f || v->c != c) continue;
+        if (check_contract(v, x->vals, x->n_vals)) {
+            if (!reason[0]) snprintf(reason, sizeof reason, "%s", fx_msg);
+            continue;
+        }
+        int pair = (v->cta_group == 2) == (M > 128);
+        i128 ctas = (i128)cdiv(M, v->tile[0]) * cdiv(N, v->tile[1]) * L;
+        if (best >= 0) {
+            const fx_variant *b = &fx_variants[best];
+            int64_t va = (int64_t)v->tile[0] * v->tile[1], ba = (int64_t)b->tile[0] * b->tile[1];
+            if (!(pair > best_pair || (pair == best_pair && (ctas > best_ctas || (ctas == best_ctas && va > ba)))))
+                continue;
+        }
+        best = cand[i], best_ctas = ctas, best_pair = pair;
+    }
+    free(cand);
+    if (best < 0)
+        return fail(FX_ERR_NO_VARIANT, "no gemm_blockscaled variant for %s -> %s, M=%lld N=%lld K=%lld L=%lld on compute "
+                    "capability %d.%d%s%s%s", format_name(f), dtype_name(c), (long long)M, (long long)N, (long long)K,
+                    (long long)L, dev->cc_major, dev->cc_minor, reason[0] ? " (closest: " : "", reason, reason[0] ? ")" : "");
+    const fx_variant *v = &fx_variants[best];
+    out->variant = best;
+    out->name = v->name;
+    out->splits = 1;
+    if (v->cluster_ctas) {
+        int32_t cap = dev->sm_count / v->cluster_ctas;
+        out->max_clusters = cap > 1 ? cap : 1;
+    }
+    return 0;
+}
+
+FX_EXPORT int32_t fx_gemm_blockscaled_select(const fx_device_t *dev, const fx_gemm_blockscaled_problem_t *p,
+                                             fx_selection_t *out) {
+    fx_selection_t tmp;
+    bs_ctx x;
+    if (!out) out = &tmp;
+    return finish(bs_select(dev, p, out, &x), out);
 }
 
 /* --- launching ------------------------------------------------------------------------------------ */
@@ -1513,4 +1839,49 @@ FX_EXPORT int32_t fx_attention(const fx_device_t *dev, const fx_attention_proble
     fx_selection_t tmp;
     if (!out) out = &tmp;
     return finish(attn_run(dev, p, workspace, workspace_bytes, stream, out), out);
+}
+
+static int32_t packed_run(const fx_device_t *dev, const fx_gemm_packed_problem_t *p, fx_stream_t stream,
+                          fx_selection_t *out) {
+    packed_ctx x;
+    int32_t rc = packed_select(dev, p, out, &x);
+    if (rc || out->variant < 0) return rc;
+    if (!p->a || !p->b_packed || !p->c || !p->scale_a || !p->scale_b)
+        return fail(FX_ERR_INPUT, "fx_gemm_packed needs the a, b_packed, c, scale_a and scale_b pointers");
+    if ((rc = ensure_loaded(out->variant))) return rc;
+    return fx_variants[out->variant].bind(x.vals, stream);
+}
+
+FX_EXPORT int32_t fx_gemm_packed(const fx_device_t *dev, const fx_gemm_packed_problem_t *p, fx_stream_t stream,
+                                 fx_selection_t *out) {
+    fx_selection_t tmp;
+    if (!out) out = &tmp;
+    return finish(packed_run(dev, p, stream, out), out);
+}
+
+static int32_t bs_run(const fx_device_t *dev, const fx_gemm_blockscaled_problem_t *p, fx_stream_t stream,
+                      fx_selection_t *out) {
+    bs_ctx x;
+    int32_t rc = bs_select(dev, p, out, &x);
+    if (rc || out->variant < 0) return rc;
+    if (!p->a || !p->b || !p->c || !p->a_scale || !p->b_scale)
+        return fail(FX_ERR_INPUT, "fx_gemm_blockscaled needs the a, b, c, a_scale and b_scale pointers");
+    if (p->format == FX_FORMAT_NVF4 && (!p->a_global || !p->b_global))
+        return fail(FX_ERR_INPUT, "nvf4 needs a_global and b_global (one float32 each)");
+    const fx_variant *v = &fx_variants[out->variant];
+    if ((rc = ensure_loaded(out->variant))) return rc;
+    int32_t n = x.n_vals;
+    if (v->cluster_ctas) {
+        int32_t drv = driver_clusters(out->variant);
+        if (drv > 0 && drv < out->max_clusters) out->max_clusters = drv;
+        x.vals[n++].i = out->max_clusters;
+    }
+    return v->bind(x.vals, stream);
+}
+
+FX_EXPORT int32_t fx_gemm_blockscaled(const fx_device_t *dev, const fx_gemm_blockscaled_problem_t *p,
+                                      fx_stream_t stream, fx_selection_t *out) {
+    fx_selection_t tmp;
+    if (!out) out = &tmp;
+    return finish(bs_run(dev, p, stream, out), out);
 }

@@ -9,8 +9,8 @@
 #define FX_MAX_ARGS 16
 #define FX_MAX_DEVICES 64
 
-enum { FX_OP_GEMM = 1, FX_OP_ATTENTION = 2 };
-enum { FX_FAMILY_OTHER = 0, FX_FAMILY_SM80 = 1, FX_FAMILY_SM90 = 2, FX_FAMILY_SM100 = 3 };
+enum { FX_OP_GEMM = 1, FX_OP_ATTENTION = 2, FX_OP_GEMM_BLOCKSCALED = 3 };
+enum { FX_FAMILY_OTHER = 0, FX_FAMILY_SM80 = 1, FX_FAMILY_SM90 = 2, FX_FAMILY_SM100 = 3, FX_FAMILY_DECODE = 4 };
 enum { FX_MAJOR_K = 1, FX_MAJOR_M = 2, FX_MAJOR_N = 3 }; /* 0: anything else */
 enum { FX_ACC_DEFAULT = 0, FX_ACC_PROMOTED = 1, FX_ACC_FAST = 2 };
 
@@ -81,6 +81,10 @@ typedef struct {
        per clock per SM of its a dtype */
     int32_t mma_m, cta_group;
     double flops_per_clk;
+    /* the packed-weight decode family (gemm/decode.py): largest M, weight rows per CTA */
+    int32_t max_m, rows_per_cta;
+    /* block-scaled GEMM: its format (fx_block_format_t; 0: none) */
+    int32_t format;
 } fx_variant;
 
 #define FX_MAX_TARGET_CCS 8
@@ -95,10 +99,12 @@ typedef struct {
     int32_t ccs[FX_MAX_TARGET_CCS][2];
 } fx_target;
 
-/* A tuning.json bucket: its key (tuning.bucket_key) and winners (-1: none). Sorted by key. */
+/* A tuning.json bucket: its key (tuning.bucket_key / attention_bucket_key) and winners (-1:
+   none). Sorted by key. */
 typedef struct {
     const char *key;
     int32_t winner, b_constant;
+    int32_t packed, packed_b_constant; /* decode buckets: the winners on packed weights */
 } fx_bucket;
 
 /* tuning.MODEL and the constants estimate_us uses beside it. */
