@@ -19,68 +19,11 @@ import struct
 from pathlib import Path
 
 from .atoms.targets import TARGETS
-from .compiler.cubin import cubin_target, disassemble, kernel_resources, opcode_histogram, sass_target
+from .compiler.cubin import cubin_target, disassemble, kernel_resources, opcode_histogram
+from .compiler.sass import role_registers, sass_problems, setmaxnreg_counts
 from .runtime.manifest import file_problem, host_library_problem, load_manifest, variant_problems
 
 REGISTER_FILE = 65536  # 32-bit registers per SM (every target the factory builds for)
-_SETMAXREG = re.compile(r"\bUSETMAXREG\.(DEALLOC|TRY_ALLOC)\.CTAPOOL\s+(?:U?P[T0-9]+,\s*)?(0x[0-9a-f]+|\d+)")
-_INSN = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
-_LABEL = re.compile(r"^\s*(\.L_x_\d+):")
-
-
-def role_registers(sass: str) -> list[dict]:
-    """Per ``setmaxnreg`` in a warp-specialised kernel: the register limit it sets and the highest
-    general register (R<n>) used by any instruction reachable from it, following branches (the
-    code a warp runs after that instruction; ptxas may place a role's cold paths, such as mbarrier
-    retry loops, anywhere in the function, so address ranges would not do).  A role is within
-    its budget when ``max_register < limit``."""
-    insns: list[tuple[str, str]] = []  # (label or "", instruction text) in address order
-    labels: dict[str, int] = {}
-    pending: list[str] = []
-    for line in sass.splitlines():
-        lab = _LABEL.match(line)
-        if lab:
-            pending.append(lab.group(1))
-            continue
-        m = _INSN.search(line)
-        if not m:
-            continue
-        for name in pending:
-            labels[name] = len(insns)
-        pending = []
-        insns.append((m.group(1), m.group(2)))
-    out = []
-    for i, (_addr, text) in enumerate(insns):
-        sm = _SETMAXREG.search(text)
-        if not sm:
-            continue
-        seen, stack, top = set(), [i + 1], -1
-        while stack:
-            k = stack.pop()
-            if k in seen or k >= len(insns):
-                continue
-            seen.add(k)
-            t = insns[k][1]
-            top = max([top] + [int(r) for r in re.findall(r"\bR(\d+)\b", t)])
-            words = t.split()
-            predicated = words[0].startswith("@")
-            if predicated:
-                words = words[1:]
-            op = words[0]
-            if op.startswith("BRA"):
-                target = re.search(r"`\((\.L_x_\d+)\)", t)
-                if target:
-                    stack.append(labels[target.group(1)])
-                # BRA.U UPn, target: taken on a uniform predicate, else falls through
-                if predicated or (len(words) > 1 and re.match(r"!?UP\d", words[1])):
-                    stack.append(k + 1)
-                continue
-            if op == "EXIT" and not predicated:
-                continue
-            stack.append(k + 1)
-        out.append({"action": sm.group(1), "limit": int(sm.group(2), 0), "max_register": top,
-                    "instructions": len(seen)})
-    return out
 
 
 def _shown(match: str) -> str:
@@ -92,51 +35,10 @@ def _shown(match: str) -> str:
     return f"{words[0]} … {words[-1]}"
 
 
-def target_problem(want: str, got: str | None, exact: bool) -> bool:
-    """Whether a cubin built for ``got`` cannot be the ``want`` target's.  ``exact``: ``got`` is
-    ptxas's own ``-arch`` (the cubin's note); otherwise it is nvdisasm's ``.target``, which shows a
-    family-specific target without its ``f`` (and older tools an arch-specific one without its
-    ``a``)."""
-    if got is None:
-        return True
-    # An arch-specific target (sm_90a: WGMMA, setmaxnreg) must be exactly that: an sm_90 cubin in
-    # an sm_90a slot is the portability build, not the family the manifest claims.
-    if exact or (TARGETS[want].arch_specific if want in TARGETS else want.endswith("a")):
-        return got != want
-    return got.rstrip("af") != want.rstrip("af")
-
-
-def sass_problems(entry: dict, sass: str, arch: str | None = None) -> list[str]:
-    """What is wrong with one variant's disassembly: its target against the manifest's (``arch``:
-    the target ptxas recorded in the cubin, where known), and each of the family's required
-    instruction patterns that it lacks (empty when it proves the family)."""
-    problems = []
-    got = arch or sass_target(sass)
-    if target_problem(entry["target"], got, exact=arch is not None):
-        problems.append(f"cubin is for {got}, manifest says {entry['target']}")
-    missing = [p for p in entry["sass_requirements"] if not re.search(p, sass)]
-    if missing:
-        problems.append(f"SASS lacks {missing}")
-    # Warp-specialised kernels (setmaxnreg): each role's code within the registers it set.
-    over = [r for r in role_registers(sass) if r["max_register"] >= r["limit"]]
-    if over:
-        problems.append("registers past a setmaxnreg budget: " + ", ".join(
-            f"R{r['max_register']} after {r['action']} {r['limit']}" for r in over))
-    return problems
-
-
-def setmaxnreg_counts(sass: str) -> dict[str, set[int]]:
-    """The register counts of the SASS's setmaxnreg instructions: {"DEALLOC": {...}, "TRY_ALLOC": {...}}."""
-    out: dict[str, set[int]] = {"DEALLOC": set(), "TRY_ALLOC": set()}
-    for kind, n in _SETMAXREG.findall(sass):
-        out[kind].add(int(n, 0))
-    return out
-
-
 def resource_problems(entry: dict, cubin: bytes, sass: str) -> list[str]:
     """What is wrong with one variant's resources: the manifest's record against the cubin's own,
     the target's shared memory and register file, and for warp-specialized variants the register
-    budget per role and spills (module docstring).  Empty when all hold."""
+    budget per role and spills (module docstring; the SASS itself: :mod:`factory.compiler.sass`).  Empty when all hold."""
     problems = []
     res = entry.get("resources", {})
     kernels = kernel_resources(cubin)
@@ -168,7 +70,7 @@ def resource_problems(entry: dict, cubin: bytes, sass: str) -> list[str]:
             problems.append(f"register budget per role {roles} over {threads} threads: {total} > {REGISTER_FILE}")
     if roles is not None:
         # (Other role sets -- the sm100 FA4 attention's softmax/correction/mma_tma -- are checked by
-        # role_registers above: no register past its setmaxnreg budget.)
+        # the SASS check, sass.role_registers: no register past its setmaxnreg budget.)
         hist = opcode_histogram(sass)
         spills = sum(c for op, c in hist.items() if op.startswith(("LDL", "STL")))
         if spills or got["stack_frame_bytes"]:
@@ -226,7 +128,8 @@ def verify(bundle: str | Path) -> tuple[list[str], list[str]]:
             sass = disassemble(cubin)
             data = cubin.read_bytes()
             got = cubin_target(data, sass)
-            bad_sass = sass_problems(v, sass, arch=got) + resource_problems(v, data, sass)
+            bad_sass = sass_problems(v["target"], v["sass_requirements"], sass, arch=got)
+            bad_sass += resource_problems(v, data, sass)
         except (RuntimeError, ValueError, LookupError, struct.error) as e:
             problems.append(f"{cubin}: {name}'s cubin is not a cubin nvdisasm and the ELF reader take ({e})")
             report.append(f"BAD {name}  not a readable cubin")

@@ -7,7 +7,7 @@ TFLOP/s of ours and of each SDPA backend, and best SDPA / ours); ``--out`` defau
 ``$FACTORY_RESULTS/bench_attention`` (else under the system's temporary folder).
 
 Grids (``--grid``): ``default`` (the notes' shapes), ``decode`` (= ``--decode``), ``d256``
-(head_dim 256: FA3's published B1 H16 S16384 point and smaller), ``issue`` (head_dim 64/128/256,
+(head_dim 256: FA3's published B1 H16 S16384 point and smaller), ``wide`` (head_dim 64/128/256,
 seqlen 512-16384, batch x heads 1x8 to 32x32, causal and not, GQA 32/8, varlen).  A varlen row
 packs B sequences of equal length S (cu_seqlens) for ours; the SDPA backends run the same tokens
 as a dense (B, S) batch: the same FLOPs."""
@@ -57,9 +57,9 @@ D256_SHAPES = [
     (8, 16, 16, 2048, 2048, 256, True, "varlen"),  # 8 packed sequences of 2048
 ]
 
-# The issue's grid: head_dim 64/128/256 x seqlen 512-16384 x batch x heads 1x8 .. 32x32, causal and
+# The wide grid: head_dim 64/128/256 x seqlen 512-16384 x batch x heads 1x8 .. 32x32, causal and
 # not; GQA 32/8; varlen.  (B, H, S) pairs keep one call under ~0.1 s at D256.
-ISSUE_SHAPES = (
+WIDE_SHAPES = (
     [(b, h, h, s, s, d, c) for d in (64, 128, 256) for c in (False, True)
      for b, h, s in ((1, 8, 512), (32, 32, 512), (8, 16, 2048), (4, 32, 4096), (1, 16, 16384))]
     + [(4, 32, 8, 2048, 2048, d, True) for d in (64, 128, 256)]
@@ -535,7 +535,7 @@ def main(argv=None) -> int:
                    help="path stem of the output, OUT.json (default: %(default)s)")
     p.add_argument("--decode", action="store_true", help="the decode grid (batch 1-256, context 512-32k) "
                    "with the KV-read floor of this run's copy bandwidth (= --grid decode)")
-    p.add_argument("--grid", default="default", choices=["default", "decode", "d256", "issue", "kvcache"],
+    p.add_argument("--grid", default="default", choices=["default", "decode", "d256", "wide", "kvcache"],
                    help="kvcache: attention_kvcache decode over paged and dense caches beside the KV-read floor, "
                         "SDPA on the gathered K/V and our dense path")
     p.add_argument("--candidates", metavar="REGEX", help="instead: time every dense variant whose name "
@@ -576,7 +576,7 @@ def main(argv=None) -> int:
     selection = "tuning.json" if tuned is not None else f"rule ({bundle._tuning[1]})"
     print(f"selection: {selection}", flush=True)
     grid = "decode" if a.decode else a.grid
-    shapes = {"default": None, "decode": DECODE_SHAPES, "d256": D256_SHAPES, "issue": ISSUE_SHAPES}[grid]
+    shapes = {"default": None, "decode": DECODE_SHAPES, "d256": D256_SHAPES, "wide": WIDE_SHAPES}[grid]
     rows = bench_attention(bundle, a.dtype, shapes, copy_bw, a.budget)
     geo = statistics.geometric_mean([r["ratio_vs_best_sdpa"] for r in rows])
     print(f"geomean (best SDPA backend time / ours): {geo:.3f} over {len(rows)} shapes")

@@ -76,11 +76,11 @@ def grid(which: str) -> list[tuple[int, int, int]]:
 
 
 # Attention buckets: (seqlen, batch x heads); the representative problem's B x Hq comes from
-# attention_shape.  "quick": one bucket per seqlen regime; "issue": the issue's grid (seqlen
+# attention_shape.  "quick": one bucket per seqlen regime; "wide": the bench's wide grid (seqlen
 # 512-16384, batch x heads 8 to 1024) with the work per call capped (ATTN_MAX_FLOP).
 ATTN_GRIDS = {
     "quick": [(1024, 64), (4096, 32), (16384, 16)],
-    "issue": [(s, bh) for s in (512, 1024, 2048, 4096, 8192, 16384) for bh in (8, 32, 128, 512, 1024)],
+    "wide": [(s, bh) for s in (512, 1024, 2048, 4096, 8192, 16384) for bh in (8, 32, 128, 512, 1024)],
 }
 ATTN_HEAD_DIMS = (64, 128, 256)
 ATTN_MAX_FLOP = 3e13  # 4·bh·S²·D per call: ~50 ms at 600 TFLOP/s
@@ -264,8 +264,8 @@ def main() -> int:
     p.add_argument("--op", default="gemm", choices=["gemm", "attention"])
     p.add_argument("--dtypes", nargs="+", default=None, choices=sorted(PAIRS),
                    help="default: bf16 e4m3 (gemm), bf16 (attention)")
-    p.add_argument("--grid", default=None, choices=["bench", "quick", "issue"],
-                   help="gemm: bench (default) or quick; attention: quick (default) or issue")
+    p.add_argument("--grid", default=None, choices=["bench", "quick", "wide"],
+                   help="gemm: bench (default) or quick; attention: quick (default) or wide")
     p.add_argument("--head-dims", nargs="+", type=int, default=list(ATTN_HEAD_DIMS), help="attention only")
     p.add_argument("--budget-s", type=float, default=300.0, help="stop starting new buckets after this long")
     p.add_argument("--all", action="store_true", help=f"screen even variants the cost model puts "
@@ -283,7 +283,7 @@ def main() -> int:
     attention = a.op == "attention"
     a.dtypes = a.dtypes or (["bf16"] if attention else ["bf16", "e4m3"])
     a.grid = a.grid or ("quick" if attention else "bench")
-    if (a.grid == "issue") != attention and a.grid != "quick":
+    if (a.grid == "wide") != attention and a.grid != "quick":
         p.error(f"--grid {a.grid} is not a {a.op} grid")
     # The other op's buckets of a matching table are kept as they are; this op's unless --fresh.
     old = {} if prev is None else prev.data

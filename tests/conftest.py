@@ -1,5 +1,5 @@
 """Shared fixtures: one small bundle (the "test" tier of every family, every target with kernels)
-built once per session on this GPU-less machine; GPU tests use $FACTORY_BUNDLE or that bundle."""
+built once per test run on this GPU-less machine; GPU tests use $FACTORY_BUNDLE or that bundle."""
 
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ def pytest_addoption(parser):
 @pytest.fixture(scope="session")
 def run_record(request):
     """Collects each variant a GPU test launched and checked (``run_record.add(bundle, name,
-    results)``, results from ``factory.testing``); written at the end of the session to
+    results)``, results from ``factory.testing``); written at the end of the test run to
     ``--run-record`` (or $FACTORY_RUN_RECORD) when given: the evidence the build's ``executed``
     labels come from."""
     from factory.evidence import RunRecord

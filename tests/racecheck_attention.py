@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """sm_90a attention per head_dim (the loader's choice for a small causal GQA problem with a ragged
 tail; the preferred, persistent tiles on more tiles than resident CTAs), checked against float32:
-run under ``compute-sanitizer --tool racecheck`` (issue 14 asks it clean on one variant per head_dim).
+run under ``compute-sanitizer --tool racecheck``, which must report no hazard on one variant per head_dim.
 
     compute-sanitizer --tool racecheck python3 tests/racecheck_attention.py [BUNDLE]
 """

@@ -60,14 +60,13 @@ def test_sm100_fa4_attention_sass_and_resources(test_bundle, name):
     and key tile one softmax body (both warpgroups run it) holds fewer MUFU.EX2 than the 128 scores
     it exponentiates, the rest by the polynomial (one round-down add per pair: its Cody-Waite
     floor) — and no spill."""
-    from factory.verify import role_registers
-    from factory.verify import sass_problems
+    from factory.compiler.sass import role_registers, sass_problems
 
     v = _manifest(test_bundle)["variants"][name]
     sass = _sass(test_bundle, v)
     assert re.search(r"\.target\s+sm_100a?\b", sass)  # nvdisasm shows sm_100f as sm_100
     assert ptxas_arch((test_bundle / v["files"]["cubin"]["path"]).read_bytes()) == BLACKWELL_DC
-    assert sass_problems(v, sass) == []
+    assert sass_problems(v["target"], v["sass_requirements"], sass) == []
     d, bn = v["head_dim"], v["tile"][1]
     # S0, S1 before the loop, both in the loop, none after: 4 tiles of D/16 instructions (SS form);
     # P0·V, P1·V in the loop and after it: 4 tiles of BN/16 (TS form: A from TMEM).
@@ -103,14 +102,14 @@ def test_sm100_fa4_attention_sass_and_resources(test_bundle, name):
 def test_sm100_attention_requirements_fail_on_a_hopper_attention_cubin(test_bundle):
     """The sm_90a attention test-tier cubin (WGMMA, TMA, no tcgen05) relabelled as sm_100 lacks
     every tcgen05 / TMEM requirement of the Blackwell attention kernels."""
-    from factory.verify import sass_problems
+    from factory.compiler.sass import sass_problems
 
     m = _manifest(test_bundle)
     donor = next(n for n, v in m["variants"].items()
                  if v["op"] == "attention" and v["target"] == "sm_90a")
     sass = re.sub(r"\.target\s+sm_\w+", ".target sm_100", _sass(test_bundle, m["variants"][donor]))
     for name in (FA4, FA4_VARLEN):
-        problems = sass_problems(m["variants"][name], sass)
+        problems = sass_problems(m["variants"][name]["target"], m["variants"][name]["sass_requirements"], sass)
         assert len(problems) == 1 and problems[0].startswith("SASS lacks"), problems
         for key in ("UTCHMMA", "UTCATOMSWS", "LDTM", "STTM", "UTCBAR"):
             assert key in problems[0], (name, key, problems[0])
@@ -121,12 +120,12 @@ def test_sm100_fa4_requirements_fail_on_a_tcgen05_gemm_cubin(test_bundle):
     attention structure (the test tier's 2-CTA Blackwell GEMM) fails the FA4 variant's
     requirements on exactly the structure: no MMA reading P from TMEM, no tcgen05.st of P, no
     exp2 (MUFU or the emulated one's floor), no setmaxnreg roles, no 512-column allocation."""
-    from factory.verify import sass_problems
+    from factory.compiler.sass import sass_problems
 
     m = _manifest(test_bundle)
     fa4 = m["variants"][FA4]
     sass = _sass(test_bundle, m["variants"][GEMM])
-    problems = sass_problems(fa4, sass)
+    problems = sass_problems(fa4["target"], fa4["sass_requirements"], sass)
     assert len(problems) == 1 and problems[0].startswith("SASS lacks"), problems
     missing = [p for p in fa4["sass_requirements"] if not re.search(p, sass)]
     for key in (r"UTCHMMA\s+tmem", "STTM", "MUFU", "FADD2?", "USETMAXREG", "UMOV (UR"):
@@ -138,8 +137,7 @@ def test_sm100_fa4_requirements_fail_on_a_tcgen05_gemm_cubin(test_bundle):
 def test_verify_refuses_a_role_over_its_register_budget(test_bundle):
     """The per-role register check can fail: the FA4 SASS with its last setmaxnreg lowered below
     what that role's code uses."""
-    from factory.verify import role_registers
-    from factory.verify import sass_problems
+    from factory.compiler.sass import role_registers, sass_problems
 
     v = _manifest(test_bundle)["variants"][FA4]
     sass = _sass(test_bundle, v)
@@ -147,7 +145,7 @@ def test_verify_refuses_a_role_over_its_register_budget(test_bundle):
     lowered = re.sub(rf"(USETMAXREG\.DEALLOC\.CTAPOOL\s+){hex(last['limit'])}\b",
                      lambda mo: mo.group(1) + hex(8 * (last["max_register"] // 8)), sass)
     assert lowered != sass
-    problems = sass_problems(v, lowered)
+    problems = sass_problems(v["target"], v["sass_requirements"], lowered)
     assert problems and "setmaxnreg budget" in problems[-1], problems
 
 

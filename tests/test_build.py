@@ -2,6 +2,7 @@
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -105,7 +106,7 @@ def test_verify_refuses_a_blackwell_variant_whose_cubin_is_not_tcgen05(test_bund
     one must fail ``factory verify``: on its target, and on every tcgen05 / TMEM / TMA requirement
     on its own (the requirement list applied to the donor's disassembly relabelled as sm_100)."""
     from factory.compiler.cubin import disassemble
-    from factory.verify import sass_problems
+    from factory.compiler.sass import sass_problems
 
     m = manifest(test_bundle)
     bw = next(n for n, v in m["variants"].items() if v["family"] == "sm100" and v["op"] == "gemm")
@@ -119,11 +120,12 @@ def test_verify_refuses_a_blackwell_variant_whose_cubin_is_not_tcgen05(test_bund
     # must still lack every tcgen05 instruction the Blackwell family is proven by.
     sass = disassemble(test_bundle / m["variants"][donor]["files"]["cubin"]["path"])
     relabelled = re.sub(r"\.target\s+sm_\w+", ".target sm_100", sass)  # nvdisasm's spelling of sm_100f
-    problems = sass_problems(m["variants"][bw], relabelled)
+    e = m["variants"][bw]
+    problems = sass_problems(e["target"], e["sass_requirements"], relabelled)
     assert len(problems) == 1 and problems[0].startswith("SASS lacks"), problems
     for key in ("UTCHMMA", "UTCATOMSWS", "LDTM", "UTCBAR", "2CTA"):
         assert key in problems[0], (key, problems[0])
-    assert sass_problems(m["variants"][bw], disassemble(test_bundle / m["variants"][bw]["files"]["cubin"]["path"])) == []
+    assert sass_problems(e["target"], e["sass_requirements"], disassemble(test_bundle / e["files"]["cubin"]["path"])) == []
 
 
 def test_host_library_needs_only_libc(test_bundle):
@@ -148,6 +150,33 @@ def test_unchanged_rebuild_comes_from_the_cache(test_bundle, tmp_path):
     a, b = manifest(test_bundle), manifest(tmp_path / "again")
     assert {k: a["variants"][k]["files"]["cubin"]["sha256"] for k in b["variants"]} == \
            {k: v["files"]["cubin"]["sha256"] for k, v in b["variants"].items()}
+
+
+def test_a_cached_cubin_is_checked_again_when_the_sass_check_changes(test_bundle, tmp_path):
+    """The build caches each cubin's SASS check with the check's version: an entry checked by
+    another version is checked again (and rewritten) before it enters a bundle, so a problem the
+    old check recorded, or missed, does not outlive the check."""
+    from factory.compiler.builder import build, cache_key, default_cache_dir
+    from factory.compiler.sass import checker_version
+    from factory.registry import enumerate_variants
+
+    v = enumerate_variants(["sm_80"], ["gemm"], tier="test")[0]
+    entry = f"{v.name}-{cache_key(v)}"
+    cache = tmp_path / "cache"
+    shutil.copytree(default_cache_dir() / entry, cache / entry)  # filled by the test bundle's build
+    info_path = cache / entry / "info.json"
+    info = json.loads(info_path.read_text())
+    info.update(sass_problems=["planted by an older check"], sass_checked_by="older")
+    info_path.write_text(json.dumps(info))
+    s = build(tmp_path / "b", ["sm_80"], ops=["gemm"], tier="test", name_filter=v.name, cache=cache, jobs=1)
+    assert s["compiled"] == 0 and s["variants"] == 1
+    again = json.loads(info_path.read_text())
+    assert again["sass_problems"] == [] and again["sass_checked_by"] == checker_version()
+    # A problem recorded by the current check stops the build.
+    again["sass_problems"] = ["registers past a setmaxnreg budget: R250 after TRY_ALLOC 240"]
+    info_path.write_text(json.dumps(again))
+    with pytest.raises(RuntimeError, match="setmaxnreg budget"):
+        build(tmp_path / "c", ["sm_80"], ops=["gemm"], tier="test", name_filter=v.name, cache=cache, jobs=1)
 
 
 def test_cli_list_and_inspect(test_bundle):

@@ -69,7 +69,7 @@ def test_verify_refuses_a_decode_cubin_of_the_other_blackwell(test_bundle, tmp_p
     """The 10.x decode cubin in the sm_120a slot fails ``factory verify`` (on its target and on
     the missing QMMA); the sm_120a cubin's SASS relabelled as 10.x lacks the HMMA form."""
     from factory.compiler.cubin import disassemble
-    from factory.verify import sass_problems
+    from factory.compiler.sass import sass_problems
 
     m = _manifest(test_bundle)
     v10 = min(_decode(m, 10))
@@ -82,9 +82,9 @@ def test_verify_refuses_a_decode_cubin_of_the_other_blackwell(test_bundle, tmp_p
     # The requirement alone, the target check out of the way: QMMA's SASS is not the HMMA form.
     sass12 = disassemble(test_bundle / m["variants"][v12]["files"]["cubin"]["path"])
     relabelled = re.sub(r"\.target\s+sm_\w+", f".target {t10}", sass12)
-    problems = sass_problems(m["variants"][v10], relabelled)
+    problems = sass_problems(m["variants"][v10]["target"], m["variants"][v10]["sass_requirements"], relabelled)
     assert len(problems) == 1 and "SASS lacks" in problems[0] and "HMMA" in problems[0], problems
-    assert sass_problems(m["variants"][v12], sass12) == []
+    assert sass_problems(m["variants"][v12]["target"], m["variants"][v12]["sass_requirements"], sass12) == []
 
 
 @pytest.mark.parametrize("cap,device", [((10, 0), B200), ((12, 0), RTX5090)])

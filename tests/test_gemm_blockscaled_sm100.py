@@ -128,7 +128,7 @@ def test_requirements_tell_block_scaled_from_dense_sass(test_bundle):
     """Each block-scaled variant's requirements hold on its own cubin and fail on every other
     kind: the dense datacenter Blackwell GEMM relabelled into its slot (UTCQMMA/UTCHMMA without scale-factor
     operands, no tcgen05.cp), and the other block-scaled kind (mxf8f6f4 vs mxf4nvf4)."""
-    from factory.verify import sass_problems
+    from factory.compiler.sass import sass_problems
 
     m = _manifest(test_bundle)
     entries = _bs_entries(m)
@@ -136,14 +136,14 @@ def test_requirements_tell_block_scaled_from_dense_sass(test_bundle):
              and v["family"] == "sm100"]
     assert dense
     for name, v in entries.items():
-        assert sass_problems(v, _disasm(test_bundle, v)) == [], name
+        assert sass_problems(v["target"], v["sass_requirements"], _disasm(test_bundle, v)) == [], name
         for d in dense:
-            problems = sass_problems(v, _disasm(test_bundle, d))
+            problems = sass_problems(v["target"], v["sass_requirements"], _disasm(test_bundle, d))
             assert len(problems) == 1 and problems[0].startswith("SASS lacks"), problems
             assert "UTCCP" in problems[0] and "idesc" in problems[0], problems
         for other in entries.values():
             if other["format"] != v["format"]:
-                problems = sass_problems(v, _disasm(test_bundle, other))
+                problems = sass_problems(v["target"], v["sass_requirements"], _disasm(test_bundle, other))
                 assert problems and ("UTCOMMA" if v["format"] == "nvf4" else "UTCQMMA") in problems[0]
     # The dense fp8 MMA line and the block-scaled one, as the regexes see them.
     from factory.gemm.sm100_blockscaled import SASS_BS_MMA

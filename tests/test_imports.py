@@ -1,4 +1,5 @@
-"""No import cycles in factory/ or scripts/: each module can be read knowing only what it imports.
+"""Imports go one way: no import cycles in factory/, scripts/ or notes/probes/ (each module can be
+read knowing only what it imports), and each layer of factory/ imports only the layers below it (LAYERS).
 
 The graph is read from the source with ``ast`` (nothing is imported).  An edge is every import of a
 module of this project, wherever it stands: at the top, inside a function (a lazy import breaks the
@@ -18,7 +19,7 @@ import textwrap
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-FOLDERS = ("factory", "scripts")
+FOLDERS = ("factory", "scripts", "notes/probes")
 
 
 def modules(root: Path, folders=FOLDERS) -> dict[str, Path]:
@@ -124,9 +125,9 @@ def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return sorted(cycles)
 
 
-def test_no_import_cycles_in_factory_or_scripts():
+def test_no_import_cycles_in_factory_scripts_or_probes():
     graph = import_graph(ROOT)
-    assert len(graph) > 20 and "factory.runtime.bundle" in graph and "scripts.bench" in graph
+    assert len(graph) > 20 and {"factory.runtime.bundle", "scripts.bench", "notes.probes.probe_slowdown"} <= set(graph)
     mods = modules(ROOT)
     rel = lambda m: str(mods[m].relative_to(ROOT))  # noqa: E731
     report = [f"  {', '.join(map(rel, comp))}\n    e.g. {' -> '.join(map(rel, cycle))}"
@@ -171,11 +172,68 @@ def test_the_cycle_finder_passes_one_direction(tmp_path):
         "factory/pkg/a.py": "import importlib\n\ndef f():\n    return importlib.import_module('factory.pkg.b')\n",
         "factory/pkg/b.py": "from ..leaf import x\n",
         "factory/leaf.py": "x = 1\n",
-        "scripts/probes/p.py": "from factory.pkg import f\nfrom q import y\n",
-        "scripts/probes/q.py": "y = 2\n",
+        "scripts/tools/p.py": "from factory.pkg import f\nfrom q import y\n",
+        "scripts/tools/q.py": "y = 2\n",
     })
     graph = import_graph(root)
     assert graph["factory.pkg.a"] == {"factory.pkg.b"}
     assert graph["factory.pkg.b"] == {"factory.leaf"}
-    assert graph["scripts.probes.p"] == {"factory.pkg", "scripts.probes.q"}
+    assert graph["scripts.tools.p"] == {"factory.pkg", "scripts.tools.q"}
     assert find_cycles(graph) == []
+
+
+# The layers, lowest first: each prefix may import itself and the prefixes named with it, nothing
+# else of the project (the runtime loads bundles without the DSL, the kernels, or the compiler;
+# the compiler sees kernels only through the registry; verify and doctor stand above the compiler).
+LAYERS = {
+    "factory.atoms": (),
+    "factory.abi": (),
+    "factory.runtime": ("factory.abi", "factory.atoms.targets"),
+    # Run records and proof labels, read by the build and verify (file checks: the runtime's).
+    "factory.evidence": ("factory.runtime",),
+    "factory.variant": ("factory.abi", "factory.atoms"),
+    "factory.registry": ("factory.atoms", "factory.variant"),
+    "factory.gemm": ("factory.abi", "factory.atoms", "factory.variant", "factory.registry"),
+    "factory.attention": ("factory.abi", "factory.atoms", "factory.variant", "factory.registry", "factory.gemm"),
+    "factory.compiler": ("factory.abi", "factory.atoms", "factory.evidence", "factory.variant", "factory.registry",
+                         "factory.runtime"),
+    "factory.verify": ("factory.atoms", "factory.compiler", "factory.evidence", "factory.runtime"),
+    "factory.doctor": ("factory.atoms", "factory.runtime"),
+}
+
+
+def _under(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
+
+
+def layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    """``a -> b`` for every import of a layered module that its layer does not allow."""
+    out = []
+    for me, deps in sorted(graph.items()):
+        layer = next((p for p in LAYERS if _under(me, p)), None)
+        if layer is None:
+            continue
+        allowed = (layer, *LAYERS[layer])
+        out += [f"{me} -> {d}" for d in sorted(deps) if d != "factory" and not any(_under(d, a) for a in allowed)]
+    return out
+
+
+def test_imports_go_one_way():
+    graph = import_graph(ROOT)
+    assert {"factory.compiler.builder", "factory.compiler.sass", "factory.verify"} <= set(graph)
+    assert layer_violations(graph) == []
+
+
+def test_the_layer_check_catches_an_upward_import(tmp_path):
+    """The compiler importing verify, and the runtime importing the compiler, are both reported."""
+    root = _tree(tmp_path, {
+        "factory/__init__.py": "",
+        "factory/verify.py": "from .compiler.sass import check\n",
+        "factory/compiler/__init__.py": "",
+        "factory/compiler/sass.py": "def check():\n    from ..verify import x\n",
+        "factory/runtime/__init__.py": "",
+        "factory/runtime/bundle.py": "from factory.compiler import sass\nfrom .errors import E\n",
+        "factory/runtime/errors.py": "E = 1\n",
+    })
+    assert layer_violations(import_graph(root, ("factory",))) == [
+        "factory.compiler.sass -> factory.verify", "factory.runtime.bundle -> factory.compiler.sass"]

@@ -122,7 +122,7 @@ def test_verify_refuses_an_sm120_variant_with_another_targets_cubin(test_bundle,
     """An sm_89 cubin (same source and SASS family) in place of an sm_120a one fails ``factory
     verify`` on its target; Hopper's fp8 build (HMMA) relabelled as sm_120a lacks the QMMA."""
     from factory.compiler.cubin import disassemble
-    from factory.verify import sass_problems
+    from factory.compiler.sass import sass_problems
 
     m = json.loads((test_bundle / "manifest.json").read_text())
     v120 = next(n for n, v in _sm120(m).items() if v["op"] == "gemm" and v["dtypes"]["a"] == "e4m3")
@@ -135,5 +135,5 @@ def test_verify_refuses_an_sm120_variant_with_another_targets_cubin(test_bundle,
                   if v["target"] == "sm_90" and v["op"] == "gemm" and v["dtypes"]["a"] == "e4m3")
     sass = re.sub(r"\.target\s+sm_\w+", ".target sm_120a",
                   disassemble(test_bundle / m["variants"][hopper]["files"]["cubin"]["path"]))
-    problems = sass_problems(m["variants"][v120], sass)
+    problems = sass_problems(m["variants"][v120]["target"], m["variants"][v120]["sass_requirements"], sass)
     assert len(problems) == 1 and "SASS lacks" in problems[0] and "QMMA" in problems[0], problems

@@ -126,11 +126,11 @@ def test_tuner_buckets():
 
     quick = tune.attention_buckets("quick")
     assert len(quick) == 18 and {d for d, *_ in quick} == {64, 128, 256}
-    issue = tune.attention_buckets("issue")
-    assert all(4.0 * bh * s * s * d / (2 if c else 1) <= tune.ATTN_MAX_FLOP for d, c, s, bh in issue)
-    assert (256, False, 16384, 32) in issue and (256, True, 16384, 128) in issue
-    assert (256, False, 16384, 128) not in issue  # 35 TFLOP per call: over the cap
-    for s, bh in tune.ATTN_GRIDS["issue"]:
+    wide = tune.attention_buckets("wide")
+    assert all(4.0 * bh * s * s * d / (2 if c else 1) <= tune.ATTN_MAX_FLOP for d, c, s, bh in wide)
+    assert (256, False, 16384, 32) in wide and (256, True, 16384, 128) in wide
+    assert (256, False, 16384, 128) not in wide  # 35 TFLOP per call: over the cap
+    for s, bh in tune.ATTN_GRIDS["wide"]:
         b, hq, hkv, sq = tune.attention_shape(s, bh)
         assert b * hq == bh and hq == hkv and sq == s and hq in (8, 16, 32)
         key = tuning.attention_bucket_key("bf16", 128, True, sq, sq, b * hq)

@@ -68,14 +68,16 @@ def _edit(bundle, name: str, fn) -> None:
 
 def test_verify_proves_the_sm90a_attention_cubin(test_bundle, tmp_path):
     from factory.compiler.cubin import disassemble
-    from factory.verify import resource_problems, sass_problems, setmaxnreg_counts
+    from factory.compiler.sass import sass_problems, setmaxnreg_counts
+    from factory.verify import resource_problems
 
     m = _manifest(test_bundle)
     name = _attn90(m)
     e = m["variants"][name]
     cubin = test_bundle / e["files"]["cubin"]["path"]
     sass = disassemble(cubin)
-    assert sass_problems(e, sass) == [] and resource_problems(e, cubin.read_bytes(), sass) == []
+    assert sass_problems(e["target"], e["sass_requirements"], sass) == []
+    assert resource_problems(e, cubin.read_bytes(), sass) == []
     reqs = e["sass_requirements"]
     assert any("HGMMA" in r and r"R\d+, R\d+, gdesc" in r for r in reqs), reqs  # register-A P·V
     assert any("HGMMA" in r and r"R\d+, gdesc" in r for r in reqs), reqs  # smem-smem S = Q·Kᵀ
@@ -95,7 +97,7 @@ def test_verify_refuses_an_sm90_build_in_the_sm90a_attention_slot(test_bundle, t
     wrong target (exactly sm_90a is required, not the portability build), and no WGMMA or TMA —
     also when its disassembly is relabelled sm_90a."""
     from factory.compiler.cubin import disassemble
-    from factory.verify import sass_problems
+    from factory.compiler.sass import sass_problems
 
     m = _manifest(test_bundle)
     name = _attn90(m)
@@ -111,7 +113,7 @@ def test_verify_refuses_an_sm90_build_in_the_sm90a_attention_slot(test_bundle, t
     assert any(ln.startswith("BAD " + name) for ln in r.stdout.splitlines())
     sass = disassemble(test_bundle / m["variants"][donor]["files"]["cubin"]["path"])
     relabelled = re.sub(r"\.target\s+sm_\w+", ".target sm_90a", sass)
-    problems = sass_problems(m["variants"][name], relabelled)
+    problems = sass_problems(m["variants"][name]["target"], m["variants"][name]["sass_requirements"], relabelled)
     assert len(problems) == 1 and problems[0].startswith("SASS lacks"), problems
     missing = [p for p in m["variants"][name]["sass_requirements"] if not re.search(p, relabelled)]
     assert any(r"R\d+, R\d+, gdesc" in p for p in missing) and any("UTMALDG" in p for p in missing), missing

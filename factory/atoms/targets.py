@@ -132,7 +132,7 @@ _TARGETS = (
     # mma.sync family (fp8 e4m3 mma.sync runs natively, QMMA).  Shared memory: the CUDA C++
     # Programming Guide's "Technical Specifications per Compute Capability" table gives 12.x
     # 128 KB per SM and 99 KB per thread block (CUTLASS: sm120_smem_capacity_bytes = 101376).
-    # Built arch-specific (sm_120a): those cubins run on 12.0 only.  No such GPU in our lab.
+    # Built arch-specific (sm_120a): those cubins run on 12.0 only.  No 12.0 GPU has run them.
     # Thread block clusters and distributed shared memory: yes on 12.x (the Programming Guide's
     # "Feature Support per Compute Capability"; the Blackwell Tuning Guide), no TMA multicast use here.
     Target(

@@ -259,7 +259,7 @@ DECODE_MAX_SEQLEN_Q = 16
 
 # The default config per head_dim: (tile_n, warps, stages, pdl, ilp, min_ctas); the runtime's
 # decode rule (runtime/attention.py decode_pick) prefers it where a bundle has several.  H100,
-# bf16 D128 (notes/attention-decode.md, runs 1-3): 64-key tiles in a 3-stage ring (96 KB, two
+# bf16 D128 (notes/attention-decode.md): 64-key tiles in a 3-stage ring (96 KB, two
 # CTAs per SM) were the best or within 2 % of the best of five configs on most of 52 shapes.
 # PDL (``pdl``) is built where it paid: the second-kernel split, and twins of the cluster
 # splits that the rule takes for grids leaving half the SMs idle (it cost up to 18 % on grids of

@@ -78,8 +78,8 @@ HEAD_DIMS = (64, 128, 256)
 # Rows of one consumer warpgroup: one WGMMA M.
 WG_ROWS = 64
 # Dense problems with fewer queries than this run the sm80 family's kernels on a 9.0 device
-# (runtime/attention.py select; manifest "min_seqlen_q").  H100, bf16, graph replay (run 2,
-# notes/attention-sm90.md): one query, 32 heads (MHA, the grid full without split-KV): 128-row
+# (runtime/attention.py select; manifest "min_seqlen_q").  H100, bf16, graph replay
+# (notes/attention-sm90.md): one query, 32 heads (MHA, the grid full without split-KV): 128-row
 # tile 179.6 µs vs the sm_90 build's 64-row tile 177.2; four queries (B4 H32/8 Sk 8192) 96.1 vs
 # 123.8, 16..64 queries (Sk 4096) 51 vs 64.  (Split-KV and packed-GQA decode, which this family
 # lacks, are chosen before this rule applies.)
@@ -226,10 +226,10 @@ class AttentionSm90(AttentionVariant):
 
 # The default config per problem: (tile_m, tile_n, stages, overlap, pingpong).  H100, bf16, CUDA
 # graph replay (notes/attention-sm90.md): B1 H16 S16384 D128 non-causal plain 624 TFLOP/s,
-# overlap 642, overlap + ping-pong 641 (cuDNN 658); causal 596 / 602 / 633 (cuDNN 623) (run 1);
+# overlap 642, overlap + ping-pong 641 (cuDNN 658); causal 596 / 602 / 633 (cuDNN 623);
 # B2 H16 S4096 D128 causal 444 / 478 / 497.  D64 non-causal: three consumer warpgroups (192-row
-# tiles, a third fewer K/V bytes per FLOP) 369 vs 347 TFLOP/s at B4 H16 S1024 (run 2), 371 vs 349
-# (run 3, interleaved); causal 199 vs 223 and 200 vs 221: 128 rows there.
+# tiles, a third fewer K/V bytes per FLOP) 369 vs 347 TFLOP/s at B4 H16 S1024, 371 vs 349
+# (interleaved); causal 199 vs 223 and 200 vs 221: 128 rows there.
 #
 # D256: 128 x 80 (FA3's tile): per consumer thread O is 64x256 fp32 / 128 threads = 128 registers,
 # S 40, P 20 (+ addresses, row statistics) inside the 240 of setmaxnreg; smem Q 64 KB + 2 stages
@@ -257,19 +257,19 @@ TUNE_CONFIGS = {
 
 
 # The default mainloop/scheduler options per problem (fields of AttentionSm90): H100, bf16,
-# interleaved graph replay (notes/attention-sm90.md, runs 7-11): persistent vs one tile per CTA
+# interleaved graph replay (notes/attention-sm90.md): persistent vs one tile per CTA
 # B4 H16 S1024 D64 42.1 vs 47.1 µs, causal 34.1 vs 39.6; B2 H16 S4096 D128 407.5 vs 436.9,
-# causal 250.0 vs 257.8; B4 H32/8 S2048 causal 242.0 vs 279.0 (run 7); early_rescale on top
+# causal 250.0 vs 257.8; B4 H32/8 S2048 causal 242.0 vs 279.0; early_rescale on top
 # S4096 395.0 vs 405.7, S16384 3229 vs 3323, causal 1570 vs 1663, D64 causal 33.9 vs 32.5 (not
-# there) (run 9); k_first 0-2 % better everywhere (run 11).  Lost and removed (their code and
-# numbers: notes/attention-sm90.md): a schedule fence pinning the P·V wait below the softmax (runs
-# 7, 8) and a quarter of the exponentials from an FMA polynomial (run 10).
+# there); k_first 0-2 % better everywhere.  Lost and removed (their code and numbers:
+# notes/attention-sm90.md): a schedule fence pinning the P·V wait below the softmax and a
+# quarter of the exponentials from an FMA polynomial.
 def default_schedule(head_dim: int, causal: bool, varlen: bool = False,
                      small: bool = False) -> dict[str, bool]:
     """``small``: the 64-row tiles of under-filled grids (and varlen: the options were measured on
     dense problems with the default tiles only; these keep the previous mainloop)."""
     # head_dim 256: the persistent CTA's own O buffer does not fit beside the 128x80 tiles' smem
-    # (296 KB), and the D256 tiles were measured (run 7) with the previous mainloop: keep it.
+    # (296 KB), and the D256 tiles were measured with the previous mainloop: keep it.
     big = not varlen and not small and head_dim <= 128
     return {"persistent": big, "early_rescale": big and not (head_dim == 64 and causal),
             "k_first": big}

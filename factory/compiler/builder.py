@@ -19,7 +19,6 @@ import hashlib
 import json
 import multiprocessing as mp
 import os
-import re
 import shutil
 import sys
 import tempfile
@@ -34,8 +33,9 @@ from ..registry import enumerate_variants
 from ..runtime.manifest import sha256_file
 from ..variant import Variant
 from . import toolchain
-from .cubin import disassemble, opcode_histogram, ptxas_arch, sass_target
+from .cubin import disassemble, opcode_histogram, ptxas_arch
 from .link import link_host_library
+from .sass import checker_version, sass_problems
 
 SCHEMA_VERSION = 1
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]
@@ -90,7 +90,7 @@ def _compile_into_cache(v: Variant, entry: str) -> dict:
         info = compile_variant(v, tmp)
         # Disassemble once, here: the SASS check and histogram are cached with the cubin.
         sass = disassemble(tmp / f"{v.name}.cubin")
-        info["sass_problems"] = check_sass(v, sass, ptxas_arch((tmp / f"{v.name}.cubin").read_bytes()))
+        info.update(_check_sass(v, tmp / f"{v.name}.cubin", sass))
         info["sass_histogram"] = opcode_histogram(sass)
         (tmp / "info.json").write_text(json.dumps(info, indent=1))
         try:
@@ -168,19 +168,18 @@ def compile_all(variants: list[Variant], jobs: int, cache: Path) -> tuple[dict[s
     return entries, len(todo)
 
 
-def check_sass(v: Variant, sass: str, arch: str | None = None) -> list[str]:
-    """Problems with a cubin's disassembly (empty when it is what the family must emit); ``arch``:
-    the target ptxas recorded in the cubin (``cubin.ptxas_arch``), compared exactly when given."""
-    from ..verify import target_problem
+def _replace_json(path: Path, data: dict) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)
 
-    problems = []
-    got = arch or sass_target(sass)
-    if target_problem(get_target(v.target).name, got, exact=arch is not None):
-        problems.append(f"SASS target {got}, expected {v.target}")
-    for pat in v.sass_requirements():
-        if not re.search(pat, sass):
-            problems.append(f"SASS lacks {pat}")
-    return problems
+
+def _check_sass(v: Variant, cubin: Path, sass: str | None = None) -> dict:
+    """The SASS check of a compiled variant (:func:`factory.compiler.sass.sass_problems`, the same
+    check ``verify`` runs), with the version of the check that made it (the cache keeps both)."""
+    sass = disassemble(cubin) if sass is None else sass
+    return {"sass_problems": sass_problems(v.target, v.sass_requirements(), sass, ptxas_arch(cubin.read_bytes())),
+            "sass_checked_by": checker_version()}
 
 
 def build(
@@ -209,6 +208,10 @@ def build(
         for v in sorted(variants, key=lambda v: v.name):
             e = entries[v.name]
             info = json.loads((e / "info.json").read_text())
+            if info.get("sass_checked_by") != checker_version():
+                # Compiled before the SASS check last changed: check the cached cubin again.
+                info.update(_check_sass(v, e / f"{v.name}.cubin"))
+                _replace_json(e / "info.json", info)
             for ext, sub in ((".cubin", "cubin"), (".h", "include"), (".o", "obj")):
                 shutil.copy2(e / f"{v.name}{ext}", staging / sub / f"{v.name}{ext}")
             if info["sass_problems"]:

@@ -15,8 +15,6 @@ from typing import Any, ClassVar
 from ..abi import DTYPE_BYTES, Signature, TensorArg
 from ..variant import Variant
 
-AB_DTYPES = ("bf16", "f16", "e4m3")
-C_DTYPES = ("bf16", "f16", "f32")
 FP8 = ("e4m3", "e5m2")
 
 

@@ -8,7 +8,7 @@ fp8 mma.sync unit and lowers it to two f16 ``HMMA.16816.F32`` (seen in SASS), 12
 ``QMMA.16832.F32.E4M3.E4M3`` (``Target.fp8_mma_native``).
 
 For a 16-32 MB weight matrix every TMA kernel here stops at the time of a pure TMA read of those
-bytes (notes/gemm-sm90.md, session 4); plain 16-byte loads read them ~8 % faster.  So this kernel
+bytes (notes/gemm-sm90.md, the decode stream); plain 16-byte loads read them ~8 % faster.  So this kernel
 feeds mma.sync (m16n8k32, the activations as the 16-row operand) from registers that 16-byte loads
 fill, straight from global memory: no shared-memory staging, no TMA.  The weight loads do not
 allocate in L1 (read once); the activations, which every N-warp of an SM reads, stay there.
@@ -25,8 +25,9 @@ CTA: ``warps_n`` × ``warps_k`` warps, each warp ``atoms`` n8 atoms (8·atoms we
 K / (cluster_k · warps_k) of K; a cluster of ``cluster_k`` CTAs splits K further.  Grid
 (N / rows, cluster_k), one wave where the loader's selection can have it (runtime/packed.py);
 ``griddepcontrol.launch_dependents`` comes first (a dependent grid is scheduled only once every
-CTA of this one has run it, so CTAs of a second wave are never locked out).  A warp loads ``unroll`` 64-byte chunks per batch
-(16·atoms·unroll bytes of weights per thread); with ``early_b`` the first batch is issued before
+CTA of this one has run it, so CTAs of a second wave are never locked out).  A warp loads
+``unroll`` 64-byte chunks per batch (16·atoms·unroll bytes of weights per thread); with
+``early_b`` the first batch is issued before
 ``griddepcontrol.wait`` (B must not be written by a kernel still running: the loader's
 ``b_constant``), the activations always after it.  Partial sums: the K-warps through shared
 memory (every thread sums a few outputs), then the cluster's CTAs into rank 0 through DSMEM
@@ -45,6 +46,7 @@ import cutlass.cute as cute
 from ..abi import Signature, TensorArg
 from ..atoms.targets import Target
 from ..registry import register
+from . import tiles
 from .common import GemmVariant
 
 M_MAX = 16  # the MMA's row count: activations rows per call at most
@@ -151,16 +153,6 @@ class GemmDecode(GemmVariant):
         return d
 
 
-# (warps_n, warps_k, atoms, unroll, cluster_k).  Chosen on the H100 (notes/gemm-sm90.md, session
-# 5) among 18 shapes of this kernel: 32 rows x K/2 per CTA, two CTAs per SM (the most CTAs that
-# still run as one wave at N = 2048-4096), and 64 rows x K/2 (one wave at N = 6144-8192).  Staging
-# the activations in shared memory, 512-thread CTAs and K/4 clusters measured slower.
-SHAPES = {
-    "test": [(1, 8, 4, 2, 2)],
-    "default": [(1, 8, 4, 2, 2), (2, 4, 4, 2, 2)],
-}
-
-
 def builds_for(t: Target) -> bool:
     """sm_90 (the Hopper build, which runs on an H100: sm_90a adds nothing this kernel uses) and
     every Blackwell target with fp8 mma.sync: sm_100a/sm_100f/sm_103a and sm_120a."""
@@ -173,7 +165,7 @@ def enumerate_decode(target: Target, tier: str) -> list[GemmVariant]:
     if not builds_for(target):
         return []
     out = []
-    for wn, wk, g, u, ck in SHAPES["test" if tier == "test" else "default"]:
+    for wn, wk, g, u, ck in tiles.DECODE_SHAPES["test" if tier == "test" else "default"]:
         for eb in (False, True):
             v = GemmDecode(target=target.name, ab="e4m3", c="bf16", warps_n=wn, warps_k=wk, atoms=g,
                            unroll=u, cluster_k=ck, early_b=eb)

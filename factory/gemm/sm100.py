@@ -50,6 +50,7 @@ from ..abi import DTYPE_BYTES, ScalarArg, Signature
 from ..atoms import sm100 as atoms
 from ..atoms.targets import Target
 from ..registry import register
+from . import tiles
 from .common import GemmVariant
 
 # Bytes the smem plan keeps for the mbarriers and the TMEM address (padded so the swizzled buffers
@@ -586,51 +587,11 @@ class GemmSm100Kernel:
 # Enumeration
 # ------------------------------------------------------------------------------------------------
 
-_TEST = (
-    # One variant for the CPU suite: the CTA pair with multicast along N, which shows every SASS
-    # form this family relies on (2CTA MMA, 2CTA and multicast TMA, TMEM alloc/ld, TMA store).
-    dict(ab="bf16", c="bf16", pair=True, tile=(256, 128, 64), cluster=(2, 2)),
-)
-
-
-def _default() -> list[dict]:
-    bf16 = dict(ab="bf16", c="bf16")
-    return [
-        # 1-CTA tiles: 128x256 (the largest single-CTA accumulator pair that fits 512 TMEM
-        # columns twice over) and 128x128 for grids the bigger tiles leave under-filled.
-        dict(**bf16, tile=(128, 256, 64), cluster=(2, 1)),
-        dict(**bf16, tile=(128, 128, 64)),
-        # x @ W with W stored (K, N): B N-major, read by the MMA's descriptors as it lies.
-        dict(**bf16, tile=(128, 128, 64), b_major="n"),
-        # CTA pairs: 256x256 MMA tiles (128x256 per CTA, B read once per pair), 256x128.
-        dict(**bf16, pair=True, tile=(256, 256, 64), cluster=(2, 1)),
-        dict(**bf16, pair=True, tile=(256, 128, 64), cluster=(2, 2)),
-        # Decode (M <= 64): 64-row MMA tiles, N/32 CTAs; rows past M are the TMA's zero fill.
-        dict(**bf16, tile=(64, 32, 64)),
-        # fp16 in and out, and bf16 in with fp32 out (the loader matches dtypes exactly).
-        dict(ab="f16", c="f16", pair=True, tile=(256, 256, 64), cluster=(2, 1)),
-        dict(ab="f16", c="f16", tile=(64, 32, 64)),
-        dict(ab="bf16", c="f32", pair=True, tile=(256, 256, 64), cluster=(2, 1)),
-        # fp8 e4m3 with per-tensor scales.
-        dict(ab="e4m3", c="bf16", pair=True, tile=(256, 256, 128), cluster=(2, 1)),
-        dict(ab="e4m3", c="bf16", tile=(64, 32, 128)),
-    ]
-
-
-# Decode (M <= 16) beyond one wave of 64 x 32 tiles (N > 32 x 148): 64 x 64 tiles, 12 stages, half
-# as many waves.  Added for the Blackwell cost model's decode rule (runtime/cost_sm100.py: over
-# Llama-sized decode shapes its predicted geomean drops 2.6 % for bf16, 6.4 % for fp8); unmeasured.
-_DECODE = (
-    dict(ab="bf16", c="bf16", tile=(64, 64, 64)),
-    dict(ab="e4m3", c="bf16", tile=(64, 64, 128)),
-)
-
-
 @register("gemm")
 def enumerate_sm100(target: Target, tier: str) -> list[GemmSm100]:
     if target.family != "sm100":
         return []
-    specs = list(_TEST) if tier == "test" else _default() + list(_DECODE)
+    specs = tiles.SM100_TEST if tier == "test" else tiles.SM100_DEFAULT
     out = []
     for s in specs:
         v = GemmSm100(target=target.name, pdl=True, **s)

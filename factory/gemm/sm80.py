@@ -27,6 +27,7 @@ from ..atoms import sm80 as atoms
 from ..atoms.common import cutlass_dtype
 from ..atoms.targets import Target
 from ..registry import register
+from . import tiles
 from .common import GemmVariant
 
 GROUP_M = 8
@@ -159,38 +160,14 @@ class GemmSm80SplitK(GemmSm80):
 def enumerate_sm80(target: Target, tier: str) -> list[GemmVariant]:
     if target.family != "sm80":
         return []
-    # Hopper runs fp8 mma.sync as f16 HMMA plus conversions (no fp8 mma.sync unit): twice the
-    # warps halve each thread's accumulators, which keeps the portability build from spilling.
-    fp8_warps = (2, 2) if target.fp8_mma_native else (4, 2)
+    fp8 = tiles.SM80_FP8[target.fp8_mma_native]
     if tier == "test":
-        specs = [("bf16", "bf16", "k", "k", (128, 128, 32), (2, 2)),
-                 ("e4m3", "bf16", "k", "k", (128, 128, 64), fp8_warps)]
+        specs = tiles.SM80_TEST + fp8[:1]
     else:
-        specs = []
-        for ab in ("bf16", "f16"):
-            for c in (ab, "f32"):
-                specs.append((ab, c, "k", "k", (128, 128, 32), (2, 2)))
-            specs += [
-                (ab, ab, "k", "k", (128, 256, 32), (2, 4)),
-                (ab, ab, "k", "k", (64, 128, 32), (2, 2)),
-                (ab, ab, "m", "k", (128, 128, 32), (2, 2)),
-                (ab, ab, "k", "n", (128, 128, 32), (2, 2)),
-                (ab, ab, "m", "n", (128, 128, 32), (2, 2)),
-            ]
-        specs.append(("e4m3", "bf16", "k", "k", (128, 128, 64), fp8_warps))
-        if target.fp8_mma_native:  # 128×256 fp8 spills on Hopper at any warp count (emulated MMA)
-            specs.append(("e4m3", "bf16", "k", "k", (128, 256, 64), (2, 4)))
-        if tier == "full":
-            for ab in ("bf16", "f16"):
-                specs += [(ab, ab, "k", "k", (256, 128, 32), (4, 2)),
-                          (ab, ab, "k", "k", (128, 128, 64), (2, 2)),
-                          (ab, ab, "k", "k", (64, 64, 64), (2, 2))]
-    out = [GemmSm80(target=target.name, ab=ab, c=c, a_major=am, b_major=bm, tile=t, warps=w)
-           for ab, c, am, bm, t, w in specs]
-    # Decode shapes (M ≤ 64, N·M/tile ≪ SMs, long K): 64×128 tiles split 4 or 8 ways over K.
-    splits = [("bf16", 4)] if tier == "test" else [(ab, sk) for ab in ("bf16", "f16") for sk in (4, 8)]
-    out += [GemmSm80SplitK(target=target.name, ab=ab, c=ab, tile=(64, 128, 32), warps=(2, 2), split_k=sk)
-            for ab, sk in splits]
+        specs = tiles.SM80_DEFAULT + fp8 + (tiles.SM80_FULL_EXTRA if tier == "full" else ())
+    out: list[GemmVariant] = [GemmSm80(target=target.name, **s) for s in specs]
+    splits = tiles.SM80_SPLIT_K["test" if tier == "test" else "default"]
+    out += [GemmSm80SplitK(target=target.name, **s) for s in splits]
     return out
 
 

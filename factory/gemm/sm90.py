@@ -55,6 +55,7 @@ from ..atoms.smem import STATIC_SMEM as _STATIC_SMEM
 from ..atoms.smem import round_up as _round_up
 from ..atoms.targets import Target
 from ..registry import register
+from . import tiles
 from .common import GemmVariant
 
 # Smem plan constants and setmaxnreg budgets: factory/atoms/smem.py and factory/atoms/sm90.py.
@@ -826,171 +827,28 @@ class GemmSm90Kernel:
 # Enumeration
 # ------------------------------------------------------------------------------------------------
 
-_TEST = (
-    dict(ab="bf16", c="bf16", tile=(128, 128, 64), cluster=(1, 1)),
-    dict(ab="bf16", c="bf16", tile=(128, 256, 64), cluster=(2, 1)),
-    # fp8 through the decode path: QGMMA, scales, swapped operands, transposed C store, split-K
-    # with the DSMEM reduction, programmatic dependent launch; and its twin that loads the
-    # weights before the PDL wait.
-    dict(ab="e4m3", c="bf16", tile=(32, 64, 128), schedule="ws", swap_ab=True, split_k=2,
-         pdl=True),
-    dict(ab="e4m3", c="bf16", tile=(32, 64, 128), schedule="ws", swap_ab=True, split_k=2,
-         pdl=True, early_b=True),
-)
-
-
 def _default() -> list[dict]:
-    bf16 = dict(ab="bf16", c="bf16")
-    # H100 SXM, graph-replay medians against cuBLAS in the same run (2026-11-22): bf16 4096^3
-    # 128x256 c2x1 178 us (774 TFLOP/s, cuBLAS 176 us); 8192^3 128x256 c2x1 775 TFLOP/s and
-    # 256x128 c1x2 768 TFLOP/s (cuBLAS ~790); ping-pong 128x128 c1x2 654; 128x128 coop c1x1 only
-    # 477 (kept for grids that bigger tiles leave under-filled).  fp8 4096^3 128x256 c2x1 with
-    # fast accumulation 98 us (1404 TFLOP/s, torch._scaled_mm 104 us).
-    out = [
-        dict(**bf16, tile=(128, 128, 64)),
-        dict(**bf16, tile=(128, 256, 64), cluster=(2, 1)),
-        dict(**bf16, tile=(256, 128, 64), cluster=(1, 2)),
-        dict(**bf16, tile=(128, 128, 64), cluster=(2, 1)),
-        # Ping-pong: one warpgroup's epilogue under the other's mainloop.
-        dict(**bf16, tile=(128, 128, 64), cluster=(1, 2), schedule="pp"),
-        dict(**bf16, tile=(64, 128, 64), schedule="ws"),
-        # x @ W with W stored (K, N): B N-major, read transposed by the WGMMA from smem.
-        dict(**bf16, tile=(128, 128, 64), b_major="n"),
-        dict(ab="bf16", c="f32", tile=(128, 256, 64), cluster=(2, 1)),
-        dict(ab="f16", c="f16", tile=(128, 128, 64)),
-        dict(ab="f16", c="f16", tile=(128, 256, 64), cluster=(2, 1)),
-        # fp8: promoted accumulation where the registers allow it.
-        dict(ab="e4m3", c="bf16", tile=(128, 128, 128)),
-        dict(ab="e4m3", c="bf16", tile=(128, 128, 128), cluster=(2, 1)),
-        dict(ab="e4m3", c="bf16", tile=(64, 128, 128), schedule="pp"),
-        dict(ab="e4m3", c="bf16", tile=(128, 256, 128), cluster=(2, 1), fast_accum=True),
-    ]
-    # Decode (M <= 64): swap A and B so that N fills the WGMMA's 64-row side; one consumer
-    # warpgroup and 64 N-rows per CTA give N/64 CTAs, doubled by split-K over a 2-CTA cluster.
-    # H100, M=16 bf16: 4096x4096 16.7 us with split-K 2 vs 17.5 without (cuBLAS 17.2);
-    # N=4096 K=14336 48.8 vs 54.9 (cuBLAS 50.5); fp8 M=16 4096x4096 split-K is slower (11.3 vs
-    # 9.8 us; K is only 32 k-tiles), 4096x14336 even (27.1 vs 26.9, _scaled_mm 28.5).
-    for tm in (16, 32, 64):
-        out.append(dict(**bf16, tile=(tm, 64, 64), schedule="ws", swap_ab=True))
-    for tm in (16, 32):
-        out.append(dict(**bf16, tile=(tm, 64, 64), schedule="ws", swap_ab=True, split_k=2))
-    # The same with 128-wide K tiles (two 128-byte TMA boxes per stage): half as many k-block
-    # round trips (full barrier, WGMMA batch, release) for the one consumer warpgroup, which at
-    # 64 K per stage could not keep up with the stream.  H100, M = 16, graphs of 8 calls
-    # (notes/results/probe_overhead_*.json): 4096x4096 14.3 us vs 15.3-15.4 (16x64x64 with and
-    # without split-K; a TMA-bulk read of the same bytes 13.3), 6144x4096 20.2 vs 20.4-20.5.
-    # fp8 gains nothing from the wider tile (32x64x256: 9.1-9.2 vs 9.1 at 4096x4096, promoted or
-    # fast accumulation alike), nor bf16 from split-K on it (15.1-15.2).
-    for tm in (16, 32):
-        out.append(dict(**bf16, tile=(tm, 64, 128), schedule="ws", swap_ab=True))
-    # 64-row swap tiles cover M = 33..128 with enough CTAs to stream the weights (H100, tuned:
-    # bf16 M = 64..128 x N 4096..8192 picks them, e.g. 128x4096x4096 19.0 us, cuBLAS 18.1).
-    # fp8 the same: without them M=128 N=4096 K=14336 took 40 us, with them 30 (_scaled_mm 27).
-    out.append(dict(**bf16, tile=(64, 64, 64), schedule="ws", swap_ab=True, split_k=2))
-    out.append(dict(ab="e4m3", c="bf16", tile=(64, 64, 128), schedule="ws", swap_ab=True))
-    out.append(dict(ab="e4m3", c="bf16", tile=(64, 64, 128), schedule="ws", swap_ab=True,
-                    split_k=2))
-    # Tall problems (M >= 16384): with plain M-raster the 132 resident CTAs cover one column of
-    # N tiles, so A comes from DRAM once per N column (16384x8192x28672: 32 x 940 MB, 13.3 ms
-    # vs cuBLAS 10.7).  Swizzle 8 walks M in strips of 8 cluster columns: ~8x less A traffic.
-    out.append(dict(**bf16, tile=(128, 256, 64), cluster=(2, 1), swizzle=8))
-    out.append(dict(**bf16, tile=(256, 128, 64), cluster=(1, 2), swizzle=8))
-    out.append(dict(ab="e4m3", c="bf16", tile=(128, 256, 128), cluster=(2, 1), fast_accum=True,
-                    swizzle=8))
-    out.append(dict(ab="e4m3", c="bf16", tile=(32, 64, 128), schedule="ws", swap_ab=True))
-    out.append(dict(ab="e4m3", c="bf16", tile=(32, 64, 128), schedule="ws", swap_ab=True,
-                    split_k=2))
-    # The activation box of a swap tile is tile-M rows; the rows past M are the TMA's zero fill,
-    # which is not free: fp8 M = 1 at 6144x4096 took 11.8 us on 32 rows, 10.6 on 16 (M = 16: 11.0
-    # and 10.9), at 4096x4096 8.4 and 8.0 (notes/results/probe_overhead_fp8_m1_h100.json).
-    out.append(dict(ab="e4m3", c="bf16", tile=(16, 64, 128), schedule="ws", swap_ab=True))
-    # Mid M (128..1024): tile widths chosen for how the tile count fills 132 SMs (H100, v2 tuned:
-    # 512x6144x4096 0.82x cuBLAS on 128x256 = 96 tiles, 73 % of the SMs; 512x10240x8192 0.84x on
-    # 128x128 = 320 tiles, 2.4 waves).  128x192: 4x32 = 128 tiles at M=512 N=6144 (one wave,
-    # 3/4 of the 128x256 tile's work); 128x160: 4x64 = 256 at N=10240 (two waves, 0.83x the
-    # per-SM work of 128x128's three).  Both coop, 96 / 80 fp32 accumulators per thread.
-    out.append(dict(**bf16, tile=(128, 192, 64), cluster=(2, 1)))
-    out.append(dict(**bf16, tile=(128, 160, 64), cluster=(2, 1)))
-    out.append(dict(ab="e4m3", c="bf16", tile=(128, 192, 128), cluster=(2, 1), fast_accum=True))
-    out.append(dict(ab="e4m3", c="bf16", tile=(128, 160, 128), cluster=(2, 1), fast_accum=True))
-    # M=128 with N=6144: 64x128 gives 96 CTAs (128x6144x4096 0.88x); 64x96 gives 128.
-    out.append(dict(**bf16, tile=(64, 96, 64), schedule="ws"))
-    # M = 128 with large N*K is a weight stream (128x8192x8192 bf16: 128 MB of B, 2 MB of A) that
-    # v3 ran at 0.80-0.84x cuBLAS on every tile it had: 128x128 tiles give 64 CTAs, 64x128 ones
-    # 128 CTAs that each read their B slab from DRAM.  64x128 tiles in a 2x1 cluster multicast B
-    # to both M halves: 128 CTAs, B read once (v5 tuned: 7 bf16 and 5 fp8 buckets).  (128x128 on
-    # one warpgroup split over K lost everywhere and its DSMEM reduction spilled.)
-    out.append(dict(**bf16, tile=(64, 128, 64), cluster=(2, 1), schedule="ws"))
-    out.append(dict(ab="e4m3", c="bf16", tile=(64, 128, 128), cluster=(2, 1), schedule="ws"))
-    # fp8 M = 128 with N = 6144: 64x128 ping-pong gives 96 CTAs (0.81x); 64x96 gives 128.
-    out.append(dict(ab="e4m3", c="bf16", tile=(64, 96, 128), schedule="ws"))
-    # Decode with N = 4096..6144 (16-32 MB of fp8 weights, 1.2-1.5x the copy floor): the swap
-    # tiles give N/64 CTAs (64 at N = 4096) and split-K 2 costs its DSMEM round trip; a plain
-    # 64x32 tile (M padded to 64 by the TMA's zero fill) gives N/32 CTAs without a reduction.
-    out.append(dict(**bf16, tile=(64, 32, 64), schedule="ws"))
-    out.append(dict(ab="e4m3", c="bf16", tile=(64, 32, 128), schedule="ws"))
-    # M = 64..128 with N = 4096..6144 (fp8 0.91-0.95x): cuBLAS runs 64x64 tiles in 2-CTA clusters
-    # there (nvjet "64x64_128x13_1x2", notes/results/probe_cublas_kernels_h100.json): the two
-    # CTAs that share a weight slab get it by one multicast.  The swap tile with a 2x1 cluster
-    # does that (the kernel's A, the weights, multicast along its N, the activations).
-    out.append(dict(**bf16, tile=(64, 64, 64), cluster=(2, 1), schedule="ws", swap_ab=True))
-    out.append(dict(ab="e4m3", c="bf16", tile=(64, 64, 128), cluster=(2, 1), schedule="ws",
-                    swap_ab=True))
-    # The same with up to 16 stages (13 fit; cuBLAS runs 13 there): 2-10 % faster than the 8-stage
-    # twin in every bucket of the v10 tuning table, e.g. fp8 128x4096x4096 10.3 -> 10.0 us, bf16
-    # 128x4096x14336 51.2 -> 46.8.  (Deeper pipelines on the single-CTA swap tiles gained nothing.)
-    out.append(dict(**bf16, tile=(64, 64, 64), cluster=(2, 1), schedule="ws", swap_ab=True,
-                    deep=True))
-    out.append(dict(ab="e4m3", c="bf16", tile=(64, 64, 128), cluster=(2, 1), schedule="ws",
-                    swap_ab=True, deep=True))
-    # Large fp8 GEMMs (0.94-0.98x): the coop 128x256 tile leaves the tensor cores idle during its
-    # epilogue, a larger share of the tile's time at fp8 rates; ping-pong 64x256 tiles overlap one
-    # warpgroup's epilogue with the other's mainloop (128 fp32 accumulators, fast accumulation).
-    out.append(dict(ab="e4m3", c="bf16", tile=(64, 256, 128), cluster=(2, 1), schedule="pp",
-                    fast_accum=True))
-    out.append(dict(ab="e4m3", c="bf16", tile=(64, 256, 128), cluster=(1, 2), schedule="pp",
-                    fast_accum=True))
-    # Every tile launches with programmatic dependent launch: a call's launch and prologue overlap
-    # the previous PDL kernel in the stream (safe: every CTA of these persistent grids is resident
-    # when it lets the next kernel in, and nothing touches global memory before the wait).  H100,
-    # graphs of 8 consecutive calls at M = 16 (notes/results/probe_overhead_pdl_h100.json): fp8
-    # 4096x4096 9.11 -> 8.38 us, 6144x4096 11.56 -> 11.04, 8192x8192 25.6 -> 24.8; bf16 4096x4096
-    # 14.25 -> 13.47 (session 3, decode tiles).  On every tile (session 4, tuned bench, two runs
-    # each; notes/results/bench_gemm_v15_pdl_tuned*.json): geomean bf16 1.023 -> 1.026-1.027, fp8
-    # 1.018-1.020 -> 1.025-1.027, lowest fp8 shape 0.915 -> 0.953.  After a kernel launched without
-    # PDL they run as before.  (An L2 prefetch of the weights before the wait is a loss: notes.)
-    for d in out:
-        d["pdl"] = True
-    # Each decode tile also as a twin that streams its first stages of weights before the PDL
-    # wait (``early_b``), for callers whose B is constant (``bundle.gemm(..., b_constant=True)``);
-    # never picked otherwise.  Plus the two that the early loads favour: the more bytes of B the
-    # stages hold, the more of the stream runs under the previous kernel.  H100, graphs of 8
-    # consecutive calls at M = 16 (notes/results/probe_decpdl4_h100.json): fp8 16x64x256 with 10
-    # stages 4096x4096 8.33 -> 8.00 us, 6144x4096 10.96 -> 10.13, 8192x8192 24.7 -> 23.4 (the plain
-    # 16x64x128 -> this one); bf16 16x64x128 with 10 stages 6144x4096 20.5 -> 18.4.  (Without the
-    # early loads, the same fp8 tile is slower than 16x64x128 at 6144x4096: 11.4 us.)
+    # Every tile launches with programmatic dependent launch; each swap tile also as a twin that
+    # streams its first stages of weights before the PDL wait (``early_b``, picked only for
+    # callers whose B is constant: ``bundle.gemm(..., b_constant=True)``).
+    out = [dict(d, pdl=True) for d in tiles.SM90_DEFAULT]
     out += [dict(d, early_b=True) for d in out if d.get("swap_ab")]
-    out.append(dict(ab="e4m3", c="bf16", tile=(16, 64, 256), schedule="ws", swap_ab=True, deep=True,
-                    pdl=True, early_b=True))
-    out.append(dict(**bf16, tile=(16, 64, 128), schedule="ws", swap_ab=True, deep=True, pdl=True,
-                    early_b=True))
+    out += [dict(d, pdl=True, early_b=True) for d in tiles.SM90_EARLY_B_ONLY]
     return out
 
 
 def _full() -> list[dict]:
     out = _default()
-    tiles = ((128, 128), (128, 256), (256, 128), (64, 128), (64, 256), (128, 64))
-    # Output dtypes: the input's own (bf16 for fp8) and f32.
-    pairs = (("bf16", "bf16"), ("bf16", "f32"), ("f16", "f16"), ("f16", "f32"), ("e4m3", "bf16"))
-    majors = (("k", "k"), ("m", "k"), ("k", "n"), ("m", "n"))
-    for (ab, c), (tm, tn), cl, maj in itertools.product(pairs, tiles, ((1, 1), (2, 1), (1, 2)),
-                                                         majors):
+    for (ab, c), (tm, tn), cl, maj in itertools.product(tiles.SM90_FULL_DTYPES, tiles.SM90_FULL_TILES,
+                                                         tiles.SM90_FULL_CLUSTERS, tiles.SM90_FULL_MAJORS):
         tk = 128 // DTYPE_BYTES[ab]
         for sched, fast in itertools.product(("ws", "pp") if tm == 64 else ("coop", "pp"),
                                              (False, True) if ab == "e4m3" else (False,)):
             out.append(dict(ab=ab, c=c, tile=(tm, tn, tk), cluster=cl, schedule=sched,
                             a_major=maj[0], b_major=maj[1], fast_accum=fast))
-    for (ab, c), tm, tn, sk in itertools.product(pairs, (16, 32, 64), (64, 128), (1, 2, 4)):
+    swap = tiles.SM90_FULL_SWAP
+    for (ab, c), tm, tn, sk in itertools.product(tiles.SM90_FULL_DTYPES, swap["tile_m"], swap["tile_n"],
+                                                 swap["split_k"]):
         tk = 128 // DTYPE_BYTES[ab]
         out.append(dict(ab=ab, c=c, tile=(tm, tn, tk), schedule="ws", swap_ab=True, split_k=sk))
     return out
@@ -1000,7 +858,7 @@ def _full() -> list[dict]:
 def enumerate_sm90(target: Target, tier: str) -> list[GemmSm90]:
     if target.family != "sm90":
         return []
-    specs = {"test": list(_TEST), "default": _default(), "full": _full()}[tier]
+    specs = {"test": list(tiles.SM90_TEST), "default": _default(), "full": _full()}[tier]
     out = []
     for s in specs:
         v = GemmSm90(target=target.name, **s)

@@ -10,7 +10,7 @@ Selection: the host library's ``fx_gemm_packed_select`` (compiler/csrc/fx_select
 runtime/selector.py), cached per problem key.  Among the decode variants that fit (N a multiple of
 their rows per CTA, K of their ``k_multiple``): the most CTAs among those whose grid is one wave on
 this device (CTAs per cluster × the clusters its SMs hold), else the most CTAs.  Measured on the H100
-over N = 2048-10240 (notes/gemm-sm90.md, session 5): it picks the fastest shape of the kernel at
+over N = 2048-10240 (notes/gemm-sm90.md, the packed decode kernel): it picks the fastest shape of the kernel at
 every N tried.  ``b_constant=True`` (nothing still running writes the weights) then takes that
 shape's ``early_b`` twin, which issues its first weight loads before the PDL wait, where the grid is
 one wave.  A tuning table compiled into the library that matches this device overrides the rule

@@ -190,8 +190,8 @@ _L2_BYTES = 50 << 20  # H100 SXM
 # table (regret 1.032 -> 1.027; on the v4 and v5 tables it did not see: 1.031 -> 1.026, 1.035 ->
 # 1.026).
 MODEL = {
-    # Refit in session 3 on the v13 table (scripts/fit_cost_model.py: regret 1.0299 -> 1.0242;
-    # out of sample v12 1.0269 -> 1.0244, v11 1.0274 -> 1.0251, session 2's v10 1.0234 -> 1.0229).
+    # Refit on the v13 table (scripts/fit_cost_model.py: regret 1.0299 -> 1.0242; out of sample
+    # v12 1.0269 -> 1.0244, v11 1.0274 -> 1.0251, v10 1.0234 -> 1.0229; notes/gemm-sm90.md).
     "eff_256x128_c1x2": 1.018, "eff_128x256_c2x1": 0.921, "eff_large": 0.9,
     "eff_pp": 0.35, "eff_coop_mc": 0.924, "eff_coop": 0.7, "eff_small": 0.384,
     "eff_swap_base": 0.11, "eff_swap_slope": 0.312,

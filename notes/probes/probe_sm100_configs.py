@@ -10,7 +10,7 @@ a 128-row MMA (64 rows per CTA), 64-row single-CTA tiles up to N = 256, M-major 
 output and 4x1 clusters.  So ``can_implement`` admits nothing that fails to build; whether any of
 it computes the right numbers is unknown (no Blackwell GPU).
 
-  python3 scripts/probes/probe_sm100_configs.py [OUT_DIR]"""
+  python3 notes/probes/probe_sm100_configs.py [OUT_DIR]"""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from factory.compiler.compile import init_worker  # noqa: E402
 init_worker("sm_100a")  # before anything imports cutlass (AOT notes, trap 3)
 
 from factory.compiler import cubin as cb  # noqa: E402
-from factory.compiler.builder import check_sass  # noqa: E402
+from factory.compiler.sass import sass_problems  # noqa: E402
 from factory.compiler.compile import compile_variant  # noqa: E402
 from factory.gemm.sm100 import GemmSm100  # noqa: E402
 
@@ -45,7 +45,7 @@ def main() -> int:
         seen.add(key)
         try:
             compile_variant(v, out)
-            problems = check_sass(v, cb.disassemble(out / f"{v.name}.cubin"))
+            problems = sass_problems(v.target, v.sass_requirements(), cb.disassemble(out / f"{v.name}.cubin"))
         except Exception as e:  # noqa: BLE001 - report every failure
             problems = [f"{type(e).__name__}: {e}"]
         if problems:

@@ -11,7 +11,7 @@ stages, 4x1), bf16 16x4096x4096 128x16 split-K with a separate reduce kernel, bf
 192x192, bf16 512x28672x4096 176x128. That led to the multicast 64x64 swap tiles with 13 stages in
 factory/gemm/sm90.py.
 
-  python3 scripts/probes/probe_cublas_kernels.py [OUT.json]"""
+  python3 notes/probes/probe_cublas_kernels.py [OUT.json]"""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 """Probe (no GPU): where a bundle's build time and bytes go, and which variants the loader's own
 selection rules never pick on any device it may meet.
 
-  python3 scripts/probes/probe_build_cost.py BUNDLE [--problems N] [--json OUT]
+  python3 notes/probes/probe_build_cost.py BUNDLE [--problems N] [--json OUT]
 
 1. Per (target, family, op): variants, the sum of ``compile_seconds`` (the manifest's: cute.compile
    alone, as measured when that variant entered the compile cache, so concurrency of the build it

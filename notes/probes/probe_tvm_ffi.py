@@ -11,8 +11,8 @@ load_module, 0.7 ms first call. Its C-side checks name the argument (a CPU tenso
 But the export needs ``CuteDSLRT_TVMFFISetRaisedCudaError`` from the DSL's 43.6 MB shared runtime
 and ``libtvm_ffi.so`` at run time. The decision is in the note.
 
-    python3 scripts/probes/probe_tvm_ffi.py build OUT_DIR     # here (DSL + apache-tvm-ffi installed)
-    python3 scripts/probes/probe_tvm_ffi.py measure OUT_DIR   # on the GPU (apache-tvm-ffi installed)
+    python3 notes/probes/probe_tvm_ffi.py build OUT_DIR     # here (DSL + apache-tvm-ffi installed)
+    python3 notes/probes/probe_tvm_ffi.py measure OUT_DIR   # on the GPU (apache-tvm-ffi installed)
 
 OUT_DIR then holds libg_tvm.so, a copy of libcute_dsl_runtime.so and a one-variant bundle ``b``.
 """

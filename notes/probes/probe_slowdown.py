@@ -13,7 +13,7 @@ throttle reason; 0-2.4% of samples ran 1.2-4.6x slow in runs of up to ~35 sample
 of them hitting ours and cuBLAS in the same sample: a GPU-wide state, not a kernel's. bench.py since
 times every shape in two allocation epochs and keeps each side's faster one.
 
-  python3 scripts/probes/probe_slowdown.py BUNDLE OUT [--seconds S] [--allocs N]
+  python3 notes/probes/probe_slowdown.py BUNDLE OUT [--seconds S] [--allocs N]
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 in one process on one problem (16x256x512 bf16: less GPU time per launch than host time, so the
 launch queue never fills):
 
-    python3 scripts/probes/c_api_host_cost.py BEFORE.so AFTER.so
+    python3 notes/probes/c_api_host_cost.py BEFORE.so AFTER.so
 
 Both libraries are loaded side by side (each holds its own static cudart); per round each runs
 ``--calls`` launches back to back, then the device is synchronized.  Prints the median µs per call

@@ -13,7 +13,7 @@ pairs need an even cluster M); registers 40-56, no stack frame.  So ``can_implem
 nothing that fails to build; whether any of it computes the right numbers is unknown (no
 Blackwell GPU).
 
-  python3 scripts/probes/probe_sm100_blockscaled_configs.py [OUT_DIR]"""
+  python3 notes/probes/probe_sm100_blockscaled_configs.py [OUT_DIR]"""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from factory.compiler.compile import init_worker  # noqa: E402
 init_worker("sm_100a")  # before anything imports cutlass (AOT notes, trap 3)
 
 from factory.compiler import cubin as cb  # noqa: E402
-from factory.compiler.builder import check_sass  # noqa: E402
+from factory.compiler.sass import sass_problems  # noqa: E402
 from factory.compiler.compile import compile_variant  # noqa: E402
 from factory.gemm.sm100_blockscaled import GemmSm100BlockScaled  # noqa: E402
 
@@ -49,7 +49,7 @@ def main() -> int:
             continue
         try:
             compile_variant(v, out)
-            problems = check_sass(v, cb.disassemble(out / f"{v.name}.cubin"))
+            problems = sass_problems(v.target, v.sass_requirements(), cb.disassemble(out / f"{v.name}.cubin"))
         except Exception as e:  # noqa: BLE001 - report every failure
             problems = [f"{type(e).__name__}: {e}"]
         if problems:

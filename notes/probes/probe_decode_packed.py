@@ -12,7 +12,7 @@ needed), so CTAs split K in two over 2-CTA clusters; 32 weight rows x K/2 per 25
 fastest at N = 4096, 64-row CTAs at N = 6144 and 8192; with the weights loaded without L1 allocation
 fp8 16x4096^2 takes 7.43-7.44 us and 1x4096^2 6.87-6.91 (line 7.68 / 7.60): both under it.
 
-  python3 scripts/probes/probe_decode_packed.py DEC_BUNDLE [SM90_BUNDLE]
+  python3 notes/probes/probe_decode_packed.py DEC_BUNDLE [SM90_BUNDLE]
   (--one NAME M N K: three calls of one variant, for ncu; PROBE_SHAPES=M:N:K,...,
   PROBE_VARIANTS=substring,... narrow the run)"""
 

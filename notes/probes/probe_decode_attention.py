@@ -14,7 +14,7 @@ correct (47 on 11 shapes, 0 failures); the best split gives ~64 CTAs for 8-32 kv
 16-CTA clusters 2x slower than 8; PDL -0.6 to -0.9 µs on grids leaving half the SMs idle, up to
 +18 % on ~128-CTA grids; 64-key tiles in a 3-stage ring (two CTAs per SM) best overall.
 
-  python3 scripts/probes/probe_decode_attention.py BUNDLE OUT.json [--quick]"""
+  python3 notes/probes/probe_decode_attention.py BUNDLE OUT.json [--quick]"""
 
 from __future__ import annotations
 

@@ -31,7 +31,7 @@ the same shapes with the weights as given and pre-packed (notes/gemm-sm90.md, "E
 with its prediction").
 
 Needs nvcc (compiles a small .so at start-up).  Run:
-  python3 scripts/probes/probe_stream_floor.py [BUNDLE] [--json OUT.json]
+  python3 notes/probes/probe_stream_floor.py [BUNDLE] [--json OUT.json]
       [--profile | --overhead [--m1] | --dec-pdl [--extra BUNDLE2]]
 ``--profile``: one call each of the best read kernels, the prototype and our GEMM between
 cudaProfilerStart/Stop (for ``ncu --profile-from-start off``).  ``--overhead``: ours (the decode

@@ -2,8 +2,8 @@
 """Does destroy_process_group() return after a CUDA graph captured an NCCL all-reduce?  Plain
 torch, no bundle.  One process per GPU:
 
-    torchrun --nproc-per-node 2 scripts/probes/nccl_graph_teardown.py           # graph alive
-    torchrun --nproc-per-node 2 scripts/probes/nccl_graph_teardown.py --free    # reset first
+    torchrun --nproc-per-node 2 notes/probes/nccl_graph_teardown.py           # graph alive
+    torchrun --nproc-per-node 2 notes/probes/nccl_graph_teardown.py --free    # reset first
 
 Each rank prints when the teardown returns; run it under a timeout.  Answer on two H200s (torch
 2.11.0+cu130, NCCL 2.28.9, 2026-11-26): with the graph reset first, 0.47 / 0.49 s; with it alive,

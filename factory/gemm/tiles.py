@@ -1,0 +1,156 @@
+"""The GEMM tile tables: which variants each tier of each family builds.  Data only; the kernels
+are gemm/sm80.py, sm90.py, sm100.py and decode.py, whose ``enumerate_*`` read these tables and
+drop what a target cannot implement.  What each tile was measured to win, and on which device,
+is in notes/gemm-sm80.md, notes/gemm-sm90.md and notes/gemm-sm100.md.
+
+Each row gives the variant's fields that differ from the family's defaults.  This module is not
+among any variant's sources: a row changes which variants exist, never how one compiles.
+"""
+
+from __future__ import annotations
+
+BF16 = dict(ab="bf16", c="bf16")
+FP8 = dict(ab="e4m3", c="bf16")
+
+# --- sm80 family (mma.sync; sm_80, sm_86, sm_89, sm_90 portability build, sm_120a) ---------------
+SM80_TEST = (dict(**BF16, tile=(128, 128, 32), warps=(2, 2)),)  # and the first SM80_FP8 row
+SM80_DEFAULT = tuple(
+    row for ab in ("bf16", "f16") for row in (
+        dict(ab=ab, c=ab, tile=(128, 128, 32), warps=(2, 2)),
+        dict(ab=ab, c="f32", tile=(128, 128, 32), warps=(2, 2)),
+        dict(ab=ab, c=ab, tile=(128, 256, 32), warps=(2, 4)),
+        dict(ab=ab, c=ab, tile=(64, 128, 32), warps=(2, 2)),
+        dict(ab=ab, c=ab, a_major="m", tile=(128, 128, 32), warps=(2, 2)),
+        dict(ab=ab, c=ab, b_major="n", tile=(128, 128, 32), warps=(2, 2)),
+        dict(ab=ab, c=ab, a_major="m", b_major="n", tile=(128, 128, 32), warps=(2, 2)),
+    )
+)
+# fp8, by whether the target's fp8 mma.sync is native (else it runs as f16 HMMA plus conversions:
+# twice the warps halve each thread's accumulators, and 128x256 spills at any warp count).
+SM80_FP8 = {
+    True: (dict(**FP8, tile=(128, 128, 64), warps=(2, 2)), dict(**FP8, tile=(128, 256, 64), warps=(2, 4))),
+    False: (dict(**FP8, tile=(128, 128, 64), warps=(4, 2)),),
+}
+SM80_FULL_EXTRA = tuple(
+    row for ab in ("bf16", "f16") for row in (
+        dict(ab=ab, c=ab, tile=(256, 128, 32), warps=(4, 2)),
+        dict(ab=ab, c=ab, tile=(128, 128, 64), warps=(2, 2)),
+        dict(ab=ab, c=ab, tile=(64, 64, 64), warps=(2, 2)),
+    )
+)
+# Split-K (decode shapes: M <= 64, few tiles, long K): 64x128 tiles split over K; full = default.
+SM80_SPLIT_K = {
+    "test": (dict(**BF16, tile=(64, 128, 32), warps=(2, 2), split_k=4),),
+    "default": tuple(dict(ab=ab, c=ab, tile=(64, 128, 32), warps=(2, 2), split_k=sk)
+                     for ab in ("bf16", "f16") for sk in (4, 8)),
+}
+
+# --- sm90 family (WGMMA, TMA, warp-specialised; sm_90a) ------------------------------------------
+SM90_TEST = (
+    dict(**BF16, tile=(128, 128, 64), cluster=(1, 1)),
+    dict(**BF16, tile=(128, 256, 64), cluster=(2, 1)),
+    # fp8 decode path: QGMMA, scales, swapped operands, transposed C store, split-K with the DSMEM
+    # reduction, PDL; and its twin that loads the weights before the PDL wait.
+    dict(**FP8, tile=(32, 64, 128), schedule="ws", swap_ab=True, split_k=2, pdl=True),
+    dict(**FP8, tile=(32, 64, 128), schedule="ws", swap_ab=True, split_k=2, pdl=True, early_b=True),
+)
+# Every default row is built with pdl=True; each swap_ab row also as an early_b twin
+# (SM90_EARLY_B_ONLY: rows built only as early_b).  No tier sets ``raster``: every row keeps "m",
+# which swap_ab rows walk along N (raster_along_m = (raster == "m") != swap_ab).
+SM90_DEFAULT = (
+    # Large problems: cooperative and ping-pong tiles, 1- and 2-CTA clusters.
+    dict(**BF16, tile=(128, 128, 64)),
+    dict(**BF16, tile=(128, 256, 64), cluster=(2, 1)),
+    dict(**BF16, tile=(256, 128, 64), cluster=(1, 2)),
+    dict(**BF16, tile=(128, 128, 64), cluster=(2, 1)),
+    dict(**BF16, tile=(128, 128, 64), cluster=(1, 2), schedule="pp"),
+    dict(**BF16, tile=(64, 128, 64), schedule="ws"),
+    dict(**BF16, tile=(128, 128, 64), b_major="n"),  # x @ W with W stored (K, N)
+    dict(ab="bf16", c="f32", tile=(128, 256, 64), cluster=(2, 1)),
+    dict(ab="f16", c="f16", tile=(128, 128, 64)),
+    dict(ab="f16", c="f16", tile=(128, 256, 64), cluster=(2, 1)),
+    dict(**FP8, tile=(128, 128, 128)),
+    dict(**FP8, tile=(128, 128, 128), cluster=(2, 1)),
+    dict(**FP8, tile=(64, 128, 128), schedule="pp"),
+    dict(**FP8, tile=(128, 256, 128), cluster=(2, 1), fast_accum=True),
+    # Decode (M <= 64): swapped operands, N on the WGMMA's 64-row side; split-K over a 2-CTA cluster.
+    dict(**BF16, tile=(16, 64, 64), schedule="ws", swap_ab=True),
+    dict(**BF16, tile=(32, 64, 64), schedule="ws", swap_ab=True),
+    dict(**BF16, tile=(64, 64, 64), schedule="ws", swap_ab=True),
+    dict(**BF16, tile=(16, 64, 64), schedule="ws", swap_ab=True, split_k=2),
+    dict(**BF16, tile=(32, 64, 64), schedule="ws", swap_ab=True, split_k=2),
+    dict(**BF16, tile=(16, 64, 128), schedule="ws", swap_ab=True),
+    dict(**BF16, tile=(32, 64, 128), schedule="ws", swap_ab=True),
+    dict(**BF16, tile=(64, 64, 64), schedule="ws", swap_ab=True, split_k=2),
+    dict(**FP8, tile=(64, 64, 128), schedule="ws", swap_ab=True),
+    dict(**FP8, tile=(64, 64, 128), schedule="ws", swap_ab=True, split_k=2),
+    # Tall problems (M >= 16384): swizzled raster.
+    dict(**BF16, tile=(128, 256, 64), cluster=(2, 1), swizzle=8),
+    dict(**BF16, tile=(256, 128, 64), cluster=(1, 2), swizzle=8),
+    dict(**FP8, tile=(128, 256, 128), cluster=(2, 1), fast_accum=True, swizzle=8),
+    dict(**FP8, tile=(32, 64, 128), schedule="ws", swap_ab=True),
+    dict(**FP8, tile=(32, 64, 128), schedule="ws", swap_ab=True, split_k=2),
+    dict(**FP8, tile=(16, 64, 128), schedule="ws", swap_ab=True),
+    # Mid M (128..1024): tile widths for the SM count.
+    dict(**BF16, tile=(128, 192, 64), cluster=(2, 1)),
+    dict(**BF16, tile=(128, 160, 64), cluster=(2, 1)),
+    dict(**FP8, tile=(128, 192, 128), cluster=(2, 1), fast_accum=True),
+    dict(**FP8, tile=(128, 160, 128), cluster=(2, 1), fast_accum=True),
+    dict(**BF16, tile=(64, 96, 64), schedule="ws"),
+    # M = 128 weight streams: 64-row tiles, B multicast over a 2x1 cluster.
+    dict(**BF16, tile=(64, 128, 64), cluster=(2, 1), schedule="ws"),
+    dict(**FP8, tile=(64, 128, 128), cluster=(2, 1), schedule="ws"),
+    dict(**FP8, tile=(64, 96, 128), schedule="ws"),
+    dict(**BF16, tile=(64, 32, 64), schedule="ws"),
+    dict(**FP8, tile=(64, 32, 128), schedule="ws"),
+    # M = 64..128: swap tiles whose weight slab two CTAs share by multicast; also 16-stage twins.
+    dict(**BF16, tile=(64, 64, 64), cluster=(2, 1), schedule="ws", swap_ab=True),
+    dict(**FP8, tile=(64, 64, 128), cluster=(2, 1), schedule="ws", swap_ab=True),
+    dict(**BF16, tile=(64, 64, 64), cluster=(2, 1), schedule="ws", swap_ab=True, deep=True),
+    dict(**FP8, tile=(64, 64, 128), cluster=(2, 1), schedule="ws", swap_ab=True, deep=True),
+    # Large fp8: ping-pong 64x256 tiles.
+    dict(**FP8, tile=(64, 256, 128), cluster=(2, 1), schedule="pp", fast_accum=True),
+    dict(**FP8, tile=(64, 256, 128), cluster=(1, 2), schedule="pp", fast_accum=True),
+)
+SM90_EARLY_B_ONLY = (
+    dict(**FP8, tile=(16, 64, 256), schedule="ws", swap_ab=True, deep=True),
+    dict(**BF16, tile=(16, 64, 128), schedule="ws", swap_ab=True, deep=True),
+)
+# The full tier adds the product of these (schedules "ws"/"pp" for 64-row tiles, else
+# "coop"/"pp"; fp8 with and without fast accumulation), and the swap tiles of SM90_FULL_SWAP.
+SM90_FULL_TILES = ((128, 128), (128, 256), (256, 128), (64, 128), (64, 256), (128, 64))
+SM90_FULL_DTYPES = (("bf16", "bf16"), ("bf16", "f32"), ("f16", "f16"), ("f16", "f32"), ("e4m3", "bf16"))
+SM90_FULL_CLUSTERS = ((1, 1), (2, 1), (1, 2))
+SM90_FULL_MAJORS = (("k", "k"), ("m", "k"), ("k", "n"), ("m", "n"))
+SM90_FULL_SWAP = dict(tile_m=(16, 32, 64), tile_n=(64, 128), split_k=(1, 2, 4))
+
+# --- sm100 family (tcgen05, TMEM; sm_100f) ---------------------------------------------------------
+# Every row of every tier is built with pdl=True (enumerate_sm100); ``pdl=False`` is never built.
+SM100_TEST = (
+    # The CTA pair with multicast along N: every SASS form the family relies on.
+    dict(**BF16, pair=True, tile=(256, 128, 64), cluster=(2, 2)),
+)
+SM100_DEFAULT = (
+    dict(**BF16, tile=(128, 256, 64), cluster=(2, 1)),
+    dict(**BF16, tile=(128, 128, 64)),
+    dict(**BF16, tile=(128, 128, 64), b_major="n"),  # x @ W with W stored (K, N)
+    dict(**BF16, pair=True, tile=(256, 256, 64), cluster=(2, 1)),  # CTA pairs
+    dict(**BF16, pair=True, tile=(256, 128, 64), cluster=(2, 2)),
+    dict(**BF16, tile=(64, 32, 64)),  # decode (M <= 64)
+    dict(ab="f16", c="f16", pair=True, tile=(256, 256, 64), cluster=(2, 1)),
+    dict(ab="f16", c="f16", tile=(64, 32, 64)),
+    dict(ab="bf16", c="f32", pair=True, tile=(256, 256, 64), cluster=(2, 1)),
+    dict(**FP8, pair=True, tile=(256, 256, 128), cluster=(2, 1)),
+    dict(**FP8, tile=(64, 32, 128)),
+    # Decode (M <= 16) beyond one wave of 64x32 tiles: the cost model's decode rule picks these
+    # (runtime/cost_sm100.py); not measured on a device.
+    dict(**BF16, tile=(64, 64, 64)),
+    dict(**FP8, tile=(64, 64, 128)),
+)
+
+# --- packed fp8 decode GEMM (gemm/decode.py; sm_90 and the Blackwell targets) ----------------------
+# (warps_n, warps_k, atoms, unroll, cluster_k); each also as an early_b twin.
+DECODE_SHAPES = {
+    "test": ((1, 8, 4, 2, 2),),
+    "default": ((1, 8, 4, 2, 2), (2, 4, 4, 2, 2)),
+}
