@@ -1,9 +1,10 @@
 """Compare the cubins of two bundles variant by variant: byte-identical, identical ``.text``
-sections, identical SASS once register numbers are normalised, or different (then the opcode
-counts that changed).  For proving that a refactor left the kernels as they were.
+sections, identical SASS once register numbers (and reuse flags) are normalised, the same
+instructions in another order ("reordered"), or different
+(then the opcode counts that changed).  For proving that a refactor left the kernels as they were.
 
     python3 scripts/compare_bundles.py BEFORE_BUNDLE AFTER_BUNDLE [--filter GLOB] [--diff N]
-        [--by-family [--opcodes FSEL,MUFU.EX2]]
+        [--by-family [--opcodes FSEL,MUFU.EX2]] [--csv OUT.csv]
 
 ``--by-family``: one line per (family, target): how many variants of each kind, and summed over
 the variants that differ the SASS instruction count, the named opcodes' counts, code bytes and
@@ -38,10 +39,12 @@ def _text(data: bytes) -> dict[str, bytes]:
 
 
 def _norm_sass(sass: str) -> list[str]:
-    """Instructions without addresses, encodings, register numbers and label numbers."""
+    """Instructions without addresses, encodings, register numbers (and the operand-reuse flags
+    that follow them) and label numbers."""
     out, labels = [], {}
     for line in sass.splitlines():
-        line = _REG.sub(lambda m: m.group(1), _COMMENT.sub("", line)).strip()
+        # (operand-reuse flags follow the register assignment)
+        line = _REG.sub(lambda m: m.group(1), _COMMENT.sub("", line)).replace(".reuse", "").strip()
         # labels are numbered across the whole cubin: renumber by first appearance
         line = _LABEL.sub(lambda m: labels.setdefault(m.group(0), f".L{len(labels)}"), line)
         if line and not line.startswith((".section", ".sectionflags", ".sectioninfo", "//")):
@@ -68,8 +71,13 @@ def compare(before: Path, after: Path, glob: str = "*") -> dict[str, tuple[str, 
             out[name] = ("text", {})
             continue
         sb, sa = disassemble(pb), disassemble(pa)
-        if _norm_sass(sb) == _norm_sass(sa):
+        nb, na = _norm_sass(sb), _norm_sass(sa)
+        if nb == na:
             out[name] = ("sass-regs", {})
+            continue
+        if sorted(nb) == sorted(na):  # the same instructions, some in another order
+            out[name] = ("reordered", {"lines_moved": sum(x != y for x, y in zip(nb, na)), "total": 0,
+                                       "before_total": len(nb)})
             continue
         hb, ha = Counter(opcode_histogram(sb)), Counter(opcode_histogram(sa))
         delta = {k: ha[k] - hb[k] for k in sorted(set(hb) | set(ha)) if ha[k] != hb[k]}
@@ -109,6 +117,24 @@ def family_summary(before: Path, after: Path, res: dict, opcodes: list[str]) -> 
     return lines
 
 
+def write_csv(out: Path, before: Path, after: Path, res: dict) -> None:
+    import csv
+
+    mb = json.loads((before / "manifest.json").read_text())["variants"]
+    ma = json.loads((after / "manifest.json").read_text())["variants"]
+    with out.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["variant", "kind", "instructions_before", "instructions_after", "registers_before",
+                    "registers_after", "spills_before", "spills_after"])
+        for name, (kind, delta) in res.items():
+            rb = mb.get(name, {}).get("resources", {})
+            ra = ma.get(name, {}).get("resources", {})
+            ib = delta.get("before_total", "")
+            ia = ib + delta["total"] if delta else ""
+            w.writerow([name, kind, ib, ia, rb.get("registers", ""), ra.get("registers", ""),
+                        rb.get("spill_instructions", ""), ra.get("spill_instructions", "")])
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("before", type=Path)
@@ -117,8 +143,12 @@ def main() -> int:
     p.add_argument("--diff", type=int, default=40, help="list at most this many differing variants")
     p.add_argument("--by-family", action="store_true", help="summary per (family, target)")
     p.add_argument("--opcodes", default="FSEL", help="with --by-family: opcodes to count")
+    p.add_argument("--csv", type=Path, help="one row per variant: kind, SASS instructions (differing "
+                   "ones), registers and spill instructions before/after")
     a = p.parse_args()
     res = compare(a.before, a.after, a.filter)
+    if a.csv:
+        write_csv(a.csv, a.before, a.after, res)
     if a.by_family:
         for line in family_summary(a.before, a.after, res, [o for o in a.opcodes.split(",") if o]):
             print(line)
