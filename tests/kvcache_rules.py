@@ -21,7 +21,7 @@ def decode_split_count(groups: int, key_tiles: int, kv_bytes: int, row_blocks: i
                        available, l2_bytes: int = _L2_BYTES) -> int:
     """Split-KV count of a decode-family variant for ``groups`` = batch · kv heads · row blocks
     CTAs per split (``row_blocks`` = ceil(Hq/Hkv · Sq / 16) per kv head) over ``key_tiles`` key
-    tiles of ``kv_bytes`` K and V.  H100 (notes/attention-decode.md, runs 1-2, 132 SMs, 2 CTAs
+    tiles of ``kv_bytes`` K and V.  H100 (notes/attention-decode.md, 132 SMs, 2 CTAs
     per SM; the best split of every measured shape):
       * groups >= 3/4 of the SMs: 1 (B16 H32/8, 128 groups: split 2 ran 10.8 µs vs 8.3 at Sk512;
         B4 H32/32 Sk1024 28.5 vs 25.7);
