@@ -473,10 +473,16 @@ def check_attention_kvcache(bundle, entry, gen=None, device="cuda") -> list[dict
     dt, d = torch_dtype(entry["dtype"]), entry["head_dim"]
     fp8 = entry.get("kv_dtype") == "e4m3"
     out = []
-    for lens, hq, hkv, sq in (([0, 1, 77, 1030], 32, 8, 1), ([1500, 33], 16, 1, 1), ([300, 2], 8, 2, 4)):
+    # The decode family serves seqlen_q <= 16; the prefill families (sm90, sm80) chunks of queries
+    # against a longer cached prefix, their paged loads on the page sizes they list.
+    prefill = entry.get("family") != "sm90_decode"
+    cases = ((([200, 1030], 32, 8, 64), ([333, 150], 16, 2, 130)) if prefill else
+             (([0, 1, 77, 1030], 32, 8, 1), ([1500, 33], 16, 1, 1), ([300, 2], 8, 2, 4)))
+    for lens, hq, hkv, sq in cases:
         b = len(lens)
         if entry["paged"]:
-            ps, per = 16, -(-max(lens) // 16) + 1
+            ps = (entry.get("page_sizes") or [16])[0] if prefill else 16
+            per = -(-max(lens) // ps) + 1
             pool = torch.randn(b * per + 1, ps, hkv, d, device=device, generator=gen).to(dt)
             vpool = torch.randn(b * per + 1, ps, hkv, d, device=device, generator=gen).to(dt)
             bt = torch.randperm(b * per + 1, device=device, generator=gen)[: b * per].view(b, per).to(torch.int32)
@@ -498,7 +504,12 @@ def check_attention_kvcache(bundle, entry, gen=None, device="cuda") -> list[dict
         q = torch.randn(b, sq, hq, d, device=device, generator=gen).to(dt)
         sl = torch.tensor(lens, dtype=torch.int32, device=device)
         o = torch.full_like(q, math.nan)
-        bundle.attention_kvcache(q, pool, vpool, sl, block_table=bt, out=o, variant=entry["name"], **opts)
+        if entry.get("varlen"):  # packed q: (B·Sq, Hq, D) with cu_seqlens_q
+            cu = torch.arange(0, b * sq + 1, sq, dtype=torch.int32, device=device)
+            bundle.attention_kvcache(q.view(b * sq, hq, d), pool, vpool, sl, block_table=bt, out=o.view(b * sq, hq, d),
+                                     cu_seqlens_q=cu, max_seqlen_q=sq, variant=entry["name"], **opts)
+        else:
+            bundle.attention_kvcache(q, pool, vpool, sl, block_table=bt, out=o, variant=entry["name"], **opts)
         ref, _ = attention_kvcache_reference(q, pool, vpool, sl, bt, window_size=opts.get("window_size", (-1, -1)),
                                              softcap=opts.get("softcap", 0.0), sinks=opts.get("sinks"),
                                              k_descale=opts.get("k_descale"), v_descale=opts.get("v_descale"))

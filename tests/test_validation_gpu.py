@@ -145,4 +145,12 @@ def test_edge_cases_under_memcheck():
     r = subprocess.run([tool, "--tool", "memcheck", "--error-exitcode", "3",
                         sys.executable, str(ROOT / "tests" / "edge_cases.py"), str(BUNDLE)],
                        cwd=ROOT, capture_output=True, text=True, timeout=1200)
-    assert r.returncode == 0 and "ERROR SUMMARY: 0 errors" in r.stdout + r.stderr, (r.stdout + r.stderr)[-4000:]
+    text = r.stdout + r.stderr
+    assert "all edge cases ok" in text, text[-4000:]
+    # memcheck also reports failed CUDA API calls.  cuda-bindings (the occupancy query's driver
+    # API) probes entry points with cuGetProcAddress, and the probes that miss are reported: those
+    # are allowed, nothing else (no memory error of a kernel, no other failed call).
+    total = re.search(r"ERROR SUMMARY: (\d+) error", text)
+    probes = len(re.findall(r"Program hit CUDA_ERROR_INVALID_VALUE \(error 1\) due to \"invalid argument\" "
+                            r"on CUDA API call to cuGetProcAddress", text))
+    assert total and int(total.group(1)) == probes, text[-4000:]
