@@ -186,7 +186,7 @@ def proof_problems(bundle: Path, m: dict) -> list[str]:
     for f in m.get("evidence", []):
         bad = file_problem(bundle, f)
         if bad:
-            problems.append(f"run record {bad}")
+            problems.append(f"run record {f['path']} {bad}")
             continue
         try:
             records[f["path"]] = read_record(bundle / f["path"])

@@ -244,6 +244,9 @@ def test_a_tuning_table_of_another_shape_falls_back_to_the_cost_model(small, bod
     from factory.runtime import tuning
 
     path, _m, name = small
+    from factory.compiler.link import relink
+
+    relink(path)  # the selection is the host library's: link it with this one-variant manifest
     if isinstance(body, dict):
         body = {"schema": tuning.SCHEMA, "manifest_sha256": tuning.manifest_sha256(path),
                 "device": {**H100, "capability": [9, 0]}, **body}
@@ -268,3 +271,16 @@ def test_the_command_line_prints_one_line_not_a_traceback(small):
                            text=True, timeout=120)
         assert r.returncode == 1 and "Traceback" not in r.stderr + r.stdout, (cmd, r.stderr)
         assert "field variants must be a JSON object" in r.stderr + r.stdout, (cmd, r.stderr, r.stdout)
+
+
+def test_a_host_library_of_another_manifest_is_refused(small):
+    """The host library holds the selection tables: one linked from other variants than the
+    manifest lists (here: the full test bundle's library under a one-variant manifest) would choose
+    variants this bundle does not describe; the first selection says so."""
+    path, _m, _name = small
+    b = Bundle.open(path, capability=(9, 0), device=H100)
+    b.simulate(Recorder())
+    import torch
+
+    with pytest.raises(BundleError, match="host library's variants are not the manifest's: relink"):
+        b.gemm(torch.randn(128, 256, dtype=torch.bfloat16), torch.randn(256, 256, dtype=torch.bfloat16))

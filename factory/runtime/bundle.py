@@ -157,7 +157,13 @@ class BundleCore:
             from .selector import Selector
 
             lib = self.manifest["host_library"]
-            self._selector = Selector(self.path / lib["path"], self.capability, self.device_info(), lib.get("sha256"))
+            sel = Selector(self.path / lib["path"], self.capability, self.device_info(), lib.get("sha256"))
+            # The library chooses among the variants linked into it: they must be the manifest's
+            # (a library of another manifest would choose variants this bundle does not describe).
+            if set(sel.variant_names()) != set(self.manifest["variants"]):
+                raise BundleError(f"{self.path}: the host library's variants are not the manifest's: "
+                                  f"relink the bundle (python -m factory link {self.path})")
+            self._selector = sel
         return self._selector
 
     @property

@@ -114,6 +114,12 @@ class Selector:
                 fn.argtypes = [ctypes.POINTER(Device), ctypes.POINTER(problem), ctypes.POINTER(Selection)]
             self._fns[op] = fn
 
+    def variant_names(self) -> list[str]:
+        """The variants the library's selection tables hold, in its index order."""
+        fn = self.lib.fx_variant_name
+        fn.restype, fn.argtypes = ctypes.c_char_p, [ctypes.c_int32]
+        return [fn(i).decode() for i in range(self.lib.fx_variant_count())]
+
     def select(self, op: str, problem) -> Selection:
         """The selection of ``problem`` (a ``*Problem``), or InputError / NoVariantError with the
         library's reason."""
