@@ -513,31 +513,11 @@ class FlashDecodeSm90:
         if cutlass.const_expr(not self.fp8):
             seqK = mK[batch, None, kv_head, None]
             seqV = mV[batch, None, kv_head, None]
-            thr_g2s = g2s.get_slice(tidx)
-            gK = cute.local_tile(seqK, (BN, D), (None, 0))
-            gV = cute.local_tile(seqV, (BN, D), (None, 0))
-            tKgK = thr_g2s.partition_S(gK)
-            tVgV = thr_g2s.partition_S(gV)
-            tKVsKV = thr_g2s.partition_D(sKV)
-            tKVcKV = thr_g2s.partition_S(cute.make_identity_tensor((BN, D)))
+            tKgK, tVgV, tKVsKV, tKVcKV = mma_sync.kv_partitions(g2s, tidx, seqK, seqV, sKV, BN, D)
 
-        thr_mma = tiled_mma.get_slice(lane)
-        tSrQ = thr_mma.make_fragment_A(thr_mma.partition_A(sQ))
-        tSrK = thr_mma.make_fragment_B(thr_mma.partition_B(sKw[None, None, 0]))
-        tOrV = thr_mma.make_fragment_B(thr_mma.partition_B(sVtw[None, None, 1]))
-        acc_O = cute.make_rmem_tensor(thr_mma.partition_shape_C((ROWS, D)), cutlass.Float32)
-        acc_O.fill(0.0)
-        ldsm = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
-        ldsm_t = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=True, num_matrices=4), self.dtype)
-        s2r_Q = cute.make_tiled_copy_A(ldsm, tiled_mma).get_slice(lane)
-        s2r_K = cute.make_tiled_copy_B(ldsm, tiled_mma)
-        s2r_V = cute.make_tiled_copy_B(ldsm_t, tiled_mma)
-        thr_s2r_K = s2r_K.get_slice(lane)
-        thr_s2r_V = s2r_V.get_slice(lane)
-        tSsK = thr_s2r_K.partition_S(sKw)      # (CPY, BNW/16, D/16, 2S)
-        tSrK_v = thr_s2r_K.retile(tSrK)
-        tOsV = thr_s2r_V.partition_S(sVtw)     # (CPY, D/16, BNW/16, 2S)
-        tOrV_v = thr_s2r_V.retile(tOrV)
+        # The warp's operands over its key slice: tSsK (CPY, BNW/16, D/16, 2S), tOsV (CPY, D/16, BNW/16, 2S).
+        thr_mma, (s2r_Q, _, tSrQ), (tSrK, tSsK, tSrK_v, s2r_K, tOsV, tOrV, tOrV_v, s2r_V), acc_O = \
+            mma_sync.operands(tiled_mma, lane, self.dtype, sQ, sKw, sVtw, (ROWS, D))
 
         if cutlass.const_expr(self.pdl):
             cute.arch.griddepcontrol_wait()  # the previous grid's writes are visible from here
