@@ -441,8 +441,8 @@ def bench_kvcache(bundle, dtype="bf16", shapes=None, copy_bw=None, budget_s=0.15
                 if B * hkv <= 64 and ps in (16, None):  # few groups: every split count, by name
                     row["splits_us"] = {}
                     for e in bundle.candidates("attention_kvcache"):
-                        if (e["dtype"] == dtype and e["head_dim"] == d and bool(e["paged"]) == (ps is not None)
-                                and not e.get("sinks")):
+                        if (e["family"] == "sm90_decode" and e["dtype"] == dtype and e["head_dim"] == d
+                                and bool(e["paged"]) == (ps is not None) and not e.get("sinks")):
                             row["splits_us"][e["kv_splits"]] = time_graph(
                                 lambda _i, n=e["name"]: bundle.attention_kvcache(q, kc, vc, lens, block_table=bt,
                                                                                  variant=n), 3,

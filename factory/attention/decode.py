@@ -50,7 +50,7 @@ from cutlass.cute.nvgpu import cpasync, warp
 
 from ..abi import DTYPE_BYTES, Signature
 from ..atoms.common import add, quad_allreduce
-from ..atoms.sm80 import acc_as_a_layout, acc_mn_view
+from ..atoms.sm80 import acc_mn_view
 from ..atoms.targets import Target
 from ..registry import register
 from . import contract, mask, mma_sync, softmax
@@ -634,15 +634,7 @@ class FlashDecodeSm90:
                                 q_len, k_len, group=group)
             softmax.online_softmax(acc_mn_view(acc_S), row_max, row_sum, scale_log2, o_mn=acc_mn_view(acc_O))
 
-            rP = cute.make_fragment_like(acc_S, self.dtype)
-            rP.store(acc_S.load().to(self.dtype))
-            tOrP = cute.make_tensor(rP.iterator, acc_as_a_layout(rP.layout))
-            nv = cute.size(tOsV.shape[2])
-            cute.copy(s2r_V, tOsV[None, None, 0, 2 * slot + 1], tOrV_v[None, None, 0])
-            for kk in cutlass.range_constexpr(nv):
-                if cutlass.const_expr(kk + 1 < nv):
-                    cute.copy(s2r_V, tOsV[None, None, kk + 1, 2 * slot + 1], tOrV_v[None, None, kk + 1])
-                cute.gemm(tiled_mma, acc_O, tOrP[None, None, kk], tOrV[None, None, kk], acc_O)
+            mma_sync.gemm_pv(tiled_mma, acc_O, acc_S, self.dtype, tOsV, tOrV, tOrV_v, s2r_V, slot)
             if cutlass.const_expr(self.fp8):  # the next tile's rows, converted, into the freed slot
                 if n_block - (S - 1) >= n_lo:
                     self.store_fp8_regs(kreg, vreg, sKV, (it + S - 1) % S, tidx, n_block - (S - 1), k_len)
