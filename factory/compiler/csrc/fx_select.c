@@ -1035,6 +1035,25 @@ static int32_t decode_split_count(i128 groups, int64_t tiles, i128 kv_bytes, int
     return s;
 }
 
+/* The decode entries a split choice ranges over: those of the first entry's tile among the
+   preferred ones (all, where none is preferred), at most 64; their split counts, cluster flags and
+   indices into sp/cl/idx.  Returns how many; *tile_n the tile's key count. */
+static int32_t decode_tile_entries(const int32_t *c, int32_t n, int32_t *sp, int32_t *cl, int32_t *idx,
+                                   int32_t *tile_n) {
+    int32_t npref = 0;
+    for (int32_t i = 0; i < n; i++) npref += fx_variants[c[i]].preferred != 0;
+    int32_t t0 = -1, t1 = -1, m = 0;
+    for (int32_t i = 0; i < n && m < 64; i++) {
+        const fx_variant *e = &fx_variants[c[i]];
+        if (npref && !e->preferred) continue;
+        if (t0 < 0) t0 = e->tile[0], t1 = e->tile[1];
+        if (e->tile[0] != t0 || e->tile[1] != t1) continue;
+        sp[m] = e->kv_splits, cl[m] = e->cluster[0] > 1, idx[m] = c[i], m++;
+    }
+    *tile_n = t1;
+    return m;
+}
+
 /* The decode-family entry (attention/decode.py) for a dense problem, over the family's entries
    dec[0..n) (candidates order); -1 when the family does not serve it: Sq > 16, or Sq > 1 without
    the causal mask (the family is built bottom-right causal; one query equals no mask).  Entries of
@@ -1042,16 +1061,8 @@ static int32_t decode_split_count(i128 groups, int64_t tiles, i128 kv_bytes, int
    second-kernel split and for a cluster split whose grid leaves half the SMs idle. */
 static int32_t decode_pick(const int32_t *dec, int32_t n, const attn_decode *d, int32_t causal, int32_t sms) {
     if (n == 0 || d->sq > 16 || (d->sq > 1 && !causal) || d->hkv <= 0) return -1;
-    int32_t npref = 0;
-    for (int32_t i = 0; i < n; i++) npref += fx_variants[dec[i]].preferred != 0;
-    int32_t t0 = -1, t1 = -1, sp[64], cl[64], idx[64], m = 0;
-    for (int32_t i = 0; i < n && m < 64; i++) {
-        const fx_variant *e = &fx_variants[dec[i]];
-        if (npref && !e->preferred) continue;
-        if (t0 < 0) t0 = e->tile[0], t1 = e->tile[1];
-        if (e->tile[0] != t0 || e->tile[1] != t1) continue;
-        sp[m] = e->kv_splits, cl[m] = e->cluster[0] > 1, idx[m] = dec[i], m++;
-    }
+    int32_t t1, sp[64], cl[64], idx[64];
+    int32_t m = decode_tile_entries(dec, n, sp, cl, idx, &t1);
     if (!m) return -1;
     const fx_variant *e0 = &fx_variants[idx[0]];
     int64_t row_blocks = cdiv((d->hq / d->hkv) * d->sq, 16);
@@ -1679,16 +1690,8 @@ static int32_t kv_pick_decode(const int32_t *c, int32_t n, const kv_problem *q, 
         attn_decode d = {q->b, q->hq, q->hkv, q->sq, q->sk};
         return decode_pick(c, n, &d, 1, sms);
     }
-    int32_t npref = 0;
-    for (int32_t i = 0; i < n; i++) npref += fx_variants[c[i]].preferred != 0;
-    int32_t t0 = -1, t1 = -1, sp[64], cl[64], idx[64], m = 0;
-    for (int32_t i = 0; i < n && m < 64; i++) {
-        const fx_variant *e = &fx_variants[c[i]];
-        if (npref && !e->preferred) continue;
-        if (t0 < 0) t0 = e->tile[0], t1 = e->tile[1];
-        if (e->tile[0] != t0 || e->tile[1] != t1) continue;
-        sp[m] = e->kv_splits, cl[m] = e->cluster[0] > 1, idx[m] = c[i], m++;
-    }
+    int32_t t1, sp[64], cl[64], idx[64];
+    int32_t m = decode_tile_entries(c, n, sp, cl, idx, &t1);
     if (!m) return -1;
     /* Python builds {splits: cluster} from the entries in order: a later entry of a split count wins */
     int32_t cl_last[64];
