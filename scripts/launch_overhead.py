@@ -3,7 +3,7 @@
 that the GPU never holds the host back: the number an eager inference server pays.
 
 ``--host-only`` (no GPU needed): the loader's own Python cost per ``bundle.gemm`` /
-``bundle.attention`` — hot-path hit, checks, argument packing, output allocation — with CPU
+``bundle.attention`` / ``bundle.attention_kvcache`` (where the bundle has it) — hot-path hit, checks, argument packing, output allocation — with CPU
 tensors, a planned H100 and every launcher replaced by a C function that returns at once (built
 with the system C compiler); the native launcher's own cost (the CUDA launch) is not in it.
 
@@ -109,18 +109,31 @@ def host_only(bundle_path: str, repeats: int, baseline: str | None) -> dict:
     a16, o16 = torch.randn(16, 1024).to(torch.float8_e4m3fn), torch.empty(16, 256, dtype=torch.bfloat16)
     q = torch.randn(1, 128, 8, 64, dtype=torch.bfloat16)
     r = [torch.randn(1, 512, 8, 64, dtype=torch.bfloat16) for _ in range(3)]
+    kv = kvcache_inputs(torch, "cpu")
 
     def rows(cls):
         b = cls.open(bundle_path, capability=(9, 0), device={"name": "planned H100", "sm_count": 132})
         b.simulate(NoLaunch())  # CPU tensors as device -1, stream 0
-        p = b.pack_b(w16)
-        return {"bf16 gemm(out=)": lambda: b.gemm(x, w, out),
-                "bf16 gemm()": lambda: b.gemm(x, w),
-                "fp8 gemm(out=, scales)": lambda: b.gemm(x8, w8, out, scale_a=one, scale_b=one),
-                "fp8 gemm(out=)": lambda: b.gemm(x8, w8, out),
-                "packed fp8 gemm(out=, scales)": lambda: b.gemm(a16, p, o16, scale_a=one, scale_b=one),
-                "attention B1 S128 H8 D64 causal": lambda: b.attention(q, q, q, causal=True),
-                "attention B1 H8 S512 D64": lambda: b.attention(*r)}
+        out_rows = {}
+        if b.candidates("gemm"):  # (a bundle of some ops only: their rows)
+            p = b.pack_b(w16)
+            out_rows = {"bf16 gemm(out=)": lambda: b.gemm(x, w, out),
+                        "bf16 gemm()": lambda: b.gemm(x, w),
+                        "fp8 gemm(out=, scales)": lambda: b.gemm(x8, w8, out, scale_a=one, scale_b=one),
+                        "fp8 gemm(out=)": lambda: b.gemm(x8, w8, out),
+                        "packed fp8 gemm(out=, scales)": lambda: b.gemm(a16, p, o16, scale_a=one, scale_b=one)}
+        for k, fn in {"attention B1 S128 H8 D64 causal": lambda: b.attention(q, q, q, causal=True),
+                      "attention B1 H8 S512 D64": lambda: b.attention(*r)}.items():
+            try:
+                fn()
+            except Exception as e:  # noqa: BLE001 - (either package's NoVariantError: not in this bundle)
+                if type(e).__name__ != "NoVariantError":
+                    raise
+                continue
+            out_rows[k] = fn
+        if b.candidates("attention_kvcache"):
+            out_rows.update(kvcache_rows(b, kv))
+        return out_rows
 
     fns = _pairs(rows(Bundle), rows(baseline_bundle_class(baseline)) if baseline else None)
     fns["ctypes call of the no-op launcher"] = lambda: noop(0)
@@ -129,6 +142,36 @@ def host_only(bundle_path: str, repeats: int, baseline: str | None) -> dict:
         res[name] = {"median_us": round(med, 2), "least_us": round(least, 2)}
         print(f"loader host µs per call, {name}: {med:.1f} (least {least:.1f})")
     return res
+
+
+def kvcache_inputs(torch, device) -> dict:
+    """A decode step of B8, 32 q heads over 8 kv heads, head_dim 128, 1024-key capacity: a paged
+    bf16 cache (page 16), the same over fp8 e4m3 pages with per-kv-head descales, a dense cache."""
+    b, hq, hkv, d, ps, mp = 8, 32, 8, 128, 16, 64
+    g = torch.Generator(device=device).manual_seed(0)
+    q = torch.randn(b, 1, hq, d, dtype=torch.bfloat16, device=device, generator=g)
+    kc = torch.randn(b * mp, ps, hkv, d, dtype=torch.bfloat16, device=device, generator=g)
+    dense = torch.randn(b, mp * ps, hkv, d, dtype=torch.bfloat16, device=device, generator=g)
+    return {"q": q, "kc": kc, "vc": kc.clone(), "k8": kc.to(torch.float8_e4m3fn), "v8": kc.to(torch.float8_e4m3fn),
+            "dense": dense, "bt": torch.randperm(b * mp, device=device, generator=g).to(torch.int32).view(b, mp),
+            "lens": torch.randint(1, mp * ps, (b,), device=device, generator=g).to(torch.int32),
+            "desc": torch.rand(hkv, device=device, generator=g) + 0.5}
+
+
+def kvcache_rows(b, kv: dict) -> dict:
+    """bundle.attention_kvcache rows over ``kvcache_inputs`` (the fp8 row only where the bundle
+    has an fp8 variant)."""
+    rows = {"attention_kvcache B8 H32/8 D128 paged 16": lambda: b.attention_kvcache(
+                kv["q"], kv["kc"], kv["vc"], kv["lens"], block_table=kv["bt"]),
+            "attention_kvcache B8 H32/8 D128 paged 16, return_lse": lambda: b.attention_kvcache(
+                kv["q"], kv["kc"], kv["vc"], kv["lens"], block_table=kv["bt"], return_lse=True)[0],
+            "attention_kvcache B8 H32/8 D128 dense cache": lambda: b.attention_kvcache(
+                kv["q"], kv["dense"], kv["dense"], kv["lens"])}
+    if any(e.get("kv_dtype") == "e4m3" for e in b.candidates("attention_kvcache")):
+        rows["attention_kvcache B8 H32/8 D128 paged 16 fp8 (descales)"] = lambda: b.attention_kvcache(
+            kv["q"], kv["k8"], kv["v8"], kv["lens"], block_table=kv["bt"], k_descale=kv["desc"],
+            v_descale=kv["desc"])
+    return rows
 
 
 def main() -> int:
@@ -164,6 +207,7 @@ def on_gpu(bundle: str, quick: bool, baseline: str | None = None, repeats: int =
     q = torch.randn(1, 128, 8, 64, device="cuda", dtype=torch.bfloat16)
     sdpa_q = q.transpose(1, 2)
     F = torch.nn.functional
+    kv = kvcache_inputs(torch, "cuda")
 
     def rows(b):
         p = b.pack_b(w16)
@@ -172,7 +216,9 @@ def on_gpu(bundle: str, quick: bool, baseline: str | None = None, repeats: int =
                 "bundle.gemm(out=, scales) fp8": lambda: b.gemm(x8, w8, out, scale_a=one, scale_b=one),
                 "bundle.gemm(out=) fp8": lambda: b.gemm(x8, w8, out),
                 "bundle.gemm packed fp8 (out=, scales)": lambda: b.gemm(a16, p, o16, scale_a=one, scale_b=one),
-                "bundle.attention B1 S128 H8 D64 causal": lambda: b.attention(q, q, q, causal=True)}
+                "bundle.attention B1 S128 H8 D64 causal": lambda: b.attention(q, q, q, causal=True),
+                **({("bundle." + k): f for k, f in kvcache_rows(b, kv).items()} if b.candidates("attention_kvcache")
+                   else {})}
 
     b = Bundle.open(bundle)
     b0 = baseline_bundle_class(baseline).open(bundle) if baseline else None
