@@ -179,17 +179,88 @@ def main() -> int:
     p.add_argument("--bundle", default="artifacts/default")
     p.add_argument("--host-only", action="store_true", help="the loader's Python cost, no GPU")
     p.add_argument("--quick", action="store_true", help="the per-op figures only, no breakdown")
+    p.add_argument("--kvcache-only", action="store_true", help="on a GPU: bundle.attention_kvcache's rows only "
+                   "(host µs per call; eager wall time of a long decode beside its graph replay)")
     p.add_argument("--baseline", help="a directory holding another copy of the package, timed alongside")
     p.add_argument("--repeats", type=int, default=7, help="timings per row")
     p.add_argument("--json", help="write the figures here")
     a = p.parse_args()
     if a.host_only:
         res = host_only(a.bundle, a.repeats, a.baseline)
+    elif a.kvcache_only:
+        res = kvcache_gpu(a.bundle, a.baseline, a.repeats)
     else:
         res = on_gpu(a.bundle, a.quick, a.baseline, a.repeats)
     if a.json:
         Path(a.json).write_text(json.dumps(res, indent=1) + "\n")
     return 0
+
+
+def kvcache_gpu(bundle: str, baseline: str | None = None, repeats: int = 7) -> dict:
+    """Host µs per call of the kvcache rows (ours and the baseline's, alternately), and for B1
+    H32/8 D128 at a 32k context, page 16: eager wall time per call of 200 back-to-back calls by
+    CUDA events (host time included where it exceeds the kernel's) beside graph replay."""
+    import torch
+
+    res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
+    kv = kvcache_inputs(torch, "cuda")
+    b = Bundle.open(bundle)
+    b0 = baseline_bundle_class(baseline).open(bundle) if baseline else None
+    fns = _pairs(kvcache_rows(b, kv), kvcache_rows(b0, kv) if b0 is not None else None)
+    host = timed(fns, repeats=repeats)
+    res["host_us_per_call"] = {k: round(v[0], 2) for k, v in host.items()}
+    for k, v in res["host_us_per_call"].items():
+        print(f"host µs per call, {k}: {v:.1f}")
+    g = torch.Generator(device="cuda").manual_seed(1)
+    ps, ctx, hq, hkv, d = 16, 32768, 32, 8, 128
+    q = torch.randn(1, 1, hq, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    kc = torch.randn(ctx // ps, ps, hkv, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    vc = torch.randn_like(kc)
+    bt = torch.randperm(ctx // ps, device="cuda", generator=g).to(torch.int32).view(1, -1)
+    lens = torch.full((1,), ctx, dtype=torch.int32, device="cuda")
+    calls = {"ours": lambda: b.attention_kvcache(q, kc, vc, lens, block_table=bt)}
+    if b0 is not None:
+        calls["baseline"] = lambda: b0.attention_kvcache(q, kc, vc, lens, block_table=bt)
+    for fn in calls.values():
+        for _ in range(20):
+            fn()
+    torch.cuda.synchronize()
+    wall = {n: [] for n in calls}
+    for _ in range(repeats):
+        for name, fn in calls.items():
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            e0.record()
+            for _ in range(200):
+                fn()
+            e1.record()
+            e1.synchronize()
+            wall[name].append(e0.elapsed_time(e1) * 1e3 / 200)
+    graph = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        calls["ours"]()
+    torch.cuda.current_stream().wait_stream(s)
+    with torch.cuda.graph(graph):
+        for _ in range(20):
+            calls["ours"]()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        for _ in range(10):
+            graph.replay()
+        e1.record()
+        e1.synchronize()
+        times.append(e0.elapsed_time(e1) * 1e3 / 200)
+    res["B1_H32_8_D128_32k_page16"] = {**{f"{n}_eager_wall_us": round(statistics.median(v), 2)
+                                          for n, v in wall.items()},
+                                       "ours_graph_replay_us": round(statistics.median(times), 2)}
+    print("B1 H32/8 D128 32k page 16, µs per call:", res["B1_H32_8_D128_32k_page16"])
+    return res
 
 
 def on_gpu(bundle: str, quick: bool, baseline: str | None = None, repeats: int = 7) -> dict:
