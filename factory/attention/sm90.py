@@ -385,8 +385,11 @@ class AttentionKvcacheSm90(AttentionSm90):
             return "the K/V cache dtype must be the query dtype (fp8 caches: the sm80 family)"
         if self.persistent or self.k_first:
             return "not persistent (one tile per CTA), no k_first (K before V per tile): the paged producers"
-        if self.page_box and (self.page_box not in (64, 128) or self.tile_n % self.page_box):
-            return "page_box must be 0 (cp.async row gathers), 64 or 128 and divide tile_n"
+        if self.page_box and (self.page_box not in (16, 32, 64, 128) or self.tile_n % self.page_box):
+            return "page_box must be 0 (cp.async row gathers), 16, 32, 64 or 128 and divide tile_n"
+        if not self.page_box and (self.tile_n > 128 or self.tile_n % 16):
+            # (one table read per producer thread covers a tile: 4 warps x 32 lanes >= tile_n rows)
+            return "the cp.async gather takes tiles of at most 128 keys, a multiple of 16"
         return None
 
     def signature(self) -> Signature:
@@ -437,7 +440,7 @@ def enumerate_attention_kvcache(target: Target, tier: str) -> list[AttentionKvca
         out = [make("bf16", 128, vl, page_box=pb) for vl in (False, True) for pb in (PAGE_BOX, 0)]
     else:
         out = [make(dt, d, vl, page_box=pb) for dt in DTYPES for d in (64, 128) for vl in (False, True)
-               for pb in (PAGE_BOX, 0)]
+               for pb in (PAGE_BOX, 32, 16, 0)]
     return [v for v in out if v.can_implement() is None]
 
 
@@ -851,22 +854,23 @@ class FlashFwdSm90(layout.TmaViewsKernel):
             self.load_q(tma_q, seqQ, sQ, q_bars, m_block)
             for i in cutlass.range(n_hi, unroll=1):
                 n = n_hi - 1 - i
-                k_pipe.producer_acquire(state)
+                # the tile's table entries, read once for K and V and before the slot wait (the
+                # loads are in flight while the consumers free the slot)
+                pages, boxes = [], []
                 for b in cutlass.range_constexpr(BN // KB):
                     j0 = cutlass.min(n * BN + b * KB, k_len - 1)
-                    page = mTable[batch, j0 // page_size]
-                    box = (j0 % page_size) // KB
-                    gK = cute.local_tile(seqK[None, None, page], (KB, D), (box, 0))
+                    pages.append(mTable[batch, j0 // page_size])
+                    boxes.append((j0 % page_size) // KB)
+                k_pipe.producer_acquire(state)
+                for b in cutlass.range_constexpr(BN // KB):
+                    gK = cute.local_tile(seqK[None, None, pages[b]], (KB, D), (boxes[b], 0))
                     dK = cute.local_tile(sK[None, None, state.index], (KB, D), (b, 0))
                     tKsK, tKgK = cpasync.tma_partition(tma_k, 0, cute.make_layout(1),
                                                        cute.group_modes(dK, 0, 2), cute.group_modes(gK, 0, 2))
                     cute.copy(tma_k, tKgK, tKsK, tma_bar_ptr=k_pipe.producer_get_barrier(state))
                 v_pipe.producer_acquire(state)
                 for b in cutlass.range_constexpr(BN // KB):
-                    j0 = cutlass.min(n * BN + b * KB, k_len - 1)
-                    page = mTable[batch, j0 // page_size]
-                    box = (j0 % page_size) // KB
-                    gV = cute.local_tile(seqVt[None, None, page], (D, KB), (0, box))
+                    gV = cute.local_tile(seqVt[None, None, pages[b]], (D, KB), (0, boxes[b]))
                     dV = cute.local_tile(sV[None, None, state.index], (D, KB), (0, b))
                     tVsV, tVgV = cpasync.tma_partition(tma_v, 0, cute.make_layout(1),
                                                        cute.group_modes(dV, 0, 2), cute.group_modes(gV, 0, 2))
@@ -880,9 +884,15 @@ class FlashFwdSm90(layout.TmaViewsKernel):
         """The producer warpgroup over a paged cache of any page size: warp 0 loads the Q slabs by
         TMA; all 128 threads gather K and V of tiles n_hi-1 down to 0 by cp.async, 16 bytes at a
         time, key j from page block_table[b][j // PS], row j % PS; each thread arrives on the
-        slot's barrier when its copies have landed.  Rows past the sequence are not loaded (their
-        scores are masked; their V rows are zeroed by the consumers, ``zero_v_tail``), so no
-        table entry past the sequence is read."""
+        slot's barrier when its copies have landed.
+
+        The block table is read once per thread per tile, one tile ahead: thread (warp w, lane l)
+        reads the entry of key row 4w + l % 4 + 16 (l // 4) of the next tile while this tile's
+        copies are issued; the copy of row 4w + l // 8 + 16 r (K and V) takes its page and row
+        from lane l // 8 + 4 r by a shuffle, so no copy waits on a table load.  Rows past the
+        sequence are not loaded (their scores are masked; their V rows are zeroed by the
+        consumers, ``zero_v_tail``); the table reads clamp to the sequence's last key, so no
+        entry past the sequence is read."""
         k_pipe, v_pipe = kv_pipes
         if n_hi > 0:
             D, BN = self.head_dim, self.tile_n
@@ -892,6 +902,7 @@ class FlashFwdSm90(layout.TmaViewsKernel):
             atom = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL),
                                        self.dtype, num_bits_per_copy=128)
             # K rows (keys, D): 8 threads per 64 columns; V as (D, keys): 8 threads per 64 of D.
+            # Either way thread t's keys are t // 8 + 16 r.
             g2s_k = cute.make_tiled_copy_tv(atom, cute.make_layout((16, 8), stride=(8, 1)),
                                             cute.make_layout((1, vec)))
             g2s_v = cute.make_tiled_copy_tv(atom, cute.make_layout((8, 16), stride=(1, 8)),
@@ -901,28 +912,43 @@ class FlashFwdSm90(layout.TmaViewsKernel):
             # this thread's column offsets (row stride 0); each row adds its page's offset
             tKg = thr_k.partition_S(cute.make_tensor(seqK.iterator, cute.make_layout((BN, D), stride=(0, 1))))
             tVg = thr_v.partition_S(cute.make_tensor(seqVt.iterator, cute.make_layout((D, BN), stride=(1, 0))))
-            tKc = thr_k.partition_S(cute.make_identity_tensor((BN, D)))
-            tVc = thr_v.partition_S(cute.make_identity_tensor((D, BN)))
             page_size = seqK.shape[0]
+            lane = tidx % 32
+            warp = tidx // 32
+            # the key row whose table entry this thread reads, and the first row it copies
+            read_row = 4 * warp + lane % 4 + 16 * (lane // 4)
+            copy_row = 4 * warp + lane // 8
+            # table entry of the first (top) tile
+            j = cutlass.min((n_hi - 1) * BN + read_row, k_len - 1)
+            idx = j // page_size
+            in_page = j - idx * page_size
+            page = mTable[batch, idx]
             for i in cutlass.range(n_hi, unroll=1):
                 n = n_hi - 1 - i
+                cur_page = page
+                cur_in_page = in_page
+                # the next tile's entry (tile n - 1; on the last trip a harmless re-read of key 0)
+                j = cutlass.min(cutlass.max(n - 1, 0) * BN + read_row, k_len - 1)
+                idx = j // page_size
+                in_page = j - idx * page_size
+                page = mTable[batch, idx]
                 k_pipe.producer_acquire(state)
                 tKs = thr_k.partition_D(sK[None, None, state.index])
                 for r in cutlass.range_constexpr(cute.size(tKs.shape[1])):
-                    j = n * BN + tKc[0, r, 0][0]
-                    if j < k_len:
-                        page = mTable[batch, j // page_size]
-                        off = cutlass.Int64(page) * seqK.stride[2] + cutlass.Int64(j % page_size) * seqK.stride[0]
+                    pg = cute.arch.shuffle_sync(cur_page, lane // 8 + 4 * r)
+                    ip = cute.arch.shuffle_sync(cur_in_page, lane // 8 + 4 * r)
+                    if n * BN + copy_row + 16 * r < k_len:
+                        off = cutlass.Int64(pg) * seqK.stride[2] + cutlass.Int64(ip) * seqK.stride[0]
                         row = tKg[None, r, None]
                         cute.copy(g2s_k, cute.make_tensor(row.iterator + off, row.layout), tKs[None, r, None])
                 k_pipe.producer_commit(state)
                 v_pipe.producer_acquire(state)
                 tVs = thr_v.partition_D(sV[None, None, state.index])
                 for c in cutlass.range_constexpr(cute.size(tVs.shape[2])):
-                    j = n * BN + tVc[0, 0, c][1]
-                    if j < k_len:
-                        page = mTable[batch, j // page_size]
-                        off = cutlass.Int64(page) * seqVt.stride[2] + cutlass.Int64(j % page_size) * seqVt.stride[1]
+                    pg = cute.arch.shuffle_sync(cur_page, lane // 8 + 4 * c)
+                    ip = cute.arch.shuffle_sync(cur_in_page, lane // 8 + 4 * c)
+                    if n * BN + copy_row + 16 * c < k_len:
+                        off = cutlass.Int64(pg) * seqVt.stride[2] + cutlass.Int64(ip) * seqVt.stride[1]
                         col = tVg[None, None, c]
                         cute.copy(g2s_v, cute.make_tensor(col.iterator + off, col.layout), tVs[None, None, c])
                 v_pipe.producer_commit(state)
