@@ -933,22 +933,22 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                 in_page = j - idx * page_size
                 page = mTable[batch, idx]
                 k_pipe.producer_acquire(state)
+                # the element offset of this thread's table row in K (then V), passed around
+                # the warp as two 32-bit halves; the strides keep it a multiple of 16 bytes
+                off_k = cutlass.Int64(cur_page) * seqK.stride[2] + cutlass.Int64(cur_in_page) * seqK.stride[0]
                 tKs = thr_k.partition_D(sK[None, None, state.index])
                 for r in cutlass.range_constexpr(cute.size(tKs.shape[1])):
-                    pg = cute.arch.shuffle_sync(cur_page, lane // 8 + 4 * r)
-                    ip = cute.arch.shuffle_sync(cur_in_page, lane // 8 + 4 * r)
+                    off = self.shuffle_offset(off_k, lane // 8 + 4 * r)
                     if n * BN + copy_row + 16 * r < k_len:
-                        off = cutlass.Int64(pg) * seqK.stride[2] + cutlass.Int64(ip) * seqK.stride[0]
                         row = tKg[None, r, None]
                         cute.copy(g2s_k, cute.make_tensor(row.iterator + off, row.layout), tKs[None, r, None])
                 k_pipe.producer_commit(state)
                 v_pipe.producer_acquire(state)
+                off_v = cutlass.Int64(cur_page) * seqVt.stride[2] + cutlass.Int64(cur_in_page) * seqVt.stride[1]
                 tVs = thr_v.partition_D(sV[None, None, state.index])
                 for c in cutlass.range_constexpr(cute.size(tVs.shape[2])):
-                    pg = cute.arch.shuffle_sync(cur_page, lane // 8 + 4 * c)
-                    ip = cute.arch.shuffle_sync(cur_in_page, lane // 8 + 4 * c)
+                    off = self.shuffle_offset(off_v, lane // 8 + 4 * c)
                     if n * BN + copy_row + 16 * c < k_len:
-                        off = cutlass.Int64(pg) * seqVt.stride[2] + cutlass.Int64(ip) * seqVt.stride[1]
                         col = tVg[None, None, c]
                         cute.copy(g2s_v, cute.make_tensor(col.iterator + off, col.layout), tVs[None, None, c])
                 v_pipe.producer_commit(state)
@@ -957,6 +957,15 @@ class FlashFwdSm90(layout.TmaViewsKernel):
             cute.arch.cp_async_commit_group()
             cute.arch.cp_async_wait_group(0)
         return state
+
+    @cute.jit
+    def shuffle_offset(self, off, src_lane):
+        """Lane ``src_lane``'s 64-bit element offset ``off`` (two 32-bit shuffles), declared a
+        multiple of 16 bytes (it is: page and row strides of the cache are)."""
+        lo = cute.arch.shuffle_sync(cutlass.Int32(off & 0xFFFFFFFF), src_lane)
+        hi = cute.arch.shuffle_sync(cutlass.Int32(off >> 32), src_lane)
+        got = (cutlass.Int64(hi) << 32) | (cutlass.Int64(lo) & 0xFFFFFFFF)
+        return cute.assume(got, divby=128 // self.dtype.width)
 
     @cute.jit
     def kv_wait(self, pipe, state):
