@@ -59,6 +59,8 @@ def main() -> None:
     p.add_argument("--dense", nargs="+", required=True, help="attention varlen causal variants")
     p.add_argument("--base-bundle", help="a second kvcache bundle (e.g. an earlier build)")
     p.add_argument("--base", nargs="*", default=[], help="its variants, labelled base:NAME")
+    p.add_argument("--sequential-pages", action="store_true",
+                   help="each sequence's pages in order, one after the other (default: shuffled)")
     p.add_argument("--out", default=default_out("bench_kvcache_prefill"))
     args = p.parse_args()
 
@@ -80,6 +82,8 @@ def main() -> None:
         v = torch.randn(b, L, hkv, d, device="cuda", generator=g).to(dt)
         npages = -(-L // ps)
         perm = torch.randperm(b * npages, device="cuda", generator=g).to(torch.int32)
+        if args.sequential_pages:
+            perm = torch.arange(b * npages, device="cuda", dtype=torch.int32)
         table = perm.reshape(b, npages).contiguous()
         kc = torch.empty(b * npages, ps, hkv, d, device="cuda", dtype=dt)
         vc = torch.empty_like(kc)
@@ -137,8 +141,9 @@ def main() -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     dev = torch.cuda.get_device_name()
-    out.with_suffix(".json").write_text(json.dumps({"device": dev, "kv": args.kv, "base": args.base, "dense": args.dense,
-                                                    "rows": rows}, indent=1))
+    pages = "sequential" if args.sequential_pages else "shuffled"
+    out.with_suffix(".json").write_text(json.dumps({"device": dev, "kv": args.kv, "base": args.base, "pages": pages,
+                                                    "dense": args.dense, "rows": rows}, indent=1))
     print("wrote", out.with_suffix(".json"))
 
 
