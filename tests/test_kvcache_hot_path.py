@@ -13,7 +13,7 @@ import threading
 import pytest
 import torch
 
-from factory.runtime import Bundle, InputError
+from factory.runtime import Bundle, InputError, NoVariantError
 from factory.runtime import kvcache
 from factory.runtime.loader import Binder
 
@@ -134,6 +134,17 @@ def test_hot_path_packs_what_the_checked_path_packs(sim):
         assert got == expect(sim, n3, got, q, k, v, o, sl, bt, sinks=sinks, scale=0.1, softcap=30.0, window=(64, 0))
         sinks = torch.randn(32)
     assert len(sim.hot_kvcache) == 4
+    # chunked prefill (seqlen_q 64: a prefill family's variant, where the bundle has one)
+    for i in range(3):
+        q, k, v, sl, bt = paged()
+        q = bf(2, 64, 32, 128)
+        try:
+            o = sim.attention_kvcache(q, k, v, sl, block_table=bt)
+        except NoVariantError:
+            break
+        n4, got = sim.rec.launched[-1][:2]
+        assert sim.manifest["variants"][n4]["family"] != "sm90_decode"
+        assert got == expect(sim, n4, got, q, k, v, o, sl, bt)
 
 
 def test_fp8_descales_and_workspace_per_call(sim):
