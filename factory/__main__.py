@@ -83,7 +83,10 @@ def _cmd_doctor(a) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from . import __version__
+
     p = argparse.ArgumentParser(prog="python -m factory", description=__doc__)
+    p.add_argument("--version", action="version", version=f"kernel-factory {__version__}")
     sub = p.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build", help="compile variants into a bundle (no GPU needed)")
     b.add_argument("--targets", nargs="+", required=True, help="e.g. sm_80 sm_86 sm_89 sm_90 sm_90a (or sm_80,sm_90a)")

@@ -22,6 +22,16 @@ def _ops():
 
 
 class Bundle(BundleCore):
+    @classmethod
+    def default(cls, capability: tuple[int, int] | None = None, device: dict | None = None):
+        """The installed bundle for this GPU (or ``capability``): ``$KERNEL_FACTORY_BUNDLE`` when
+        set, else the installed kernels package (``pip install kernel-factory-kernels-sm90``, ...)
+        whose targets serve it best (runtime/installed.py); BundleError naming the package to
+        install when none does.  Then as ``Bundle.open``."""
+        from .installed import default_path
+
+        return cls.open(default_path(None if capability is None else tuple(capability)), capability, device)
+
     def gemm(self, a, b, out=None, *, out_dtype=None, scale_a=None, scale_b=None, variant: str | None = None,
              b_constant: bool = False):
         """``out = a @ b.T`` (runtime/gemm.py; ``b`` packed by ``pack_b``: runtime/packed.py).
