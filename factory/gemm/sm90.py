@@ -58,6 +58,8 @@ from ..registry import register
 from . import tiles
 from .common import GemmVariant
 
+BLOCK_SCALE_K = atoms.BLOCK_SCALE_K
+
 # Smem plan constants and setmaxnreg budgets: factory/atoms/smem.py and factory/atoms/sm90.py.
 
 
@@ -130,6 +132,11 @@ class GemmSm90(GemmVariant):
     # kernel that may still be running writes B (model weights); the loader picks such a variant
     # only when the caller says so (``b_constant=True``).
     early_b: bool = field(default=False, metadata={"tag": "eb"})
+    # fp8 scale forms besides one scale per tensor (see ``scale_mode``): a scale per row of A and
+    # per row of B applied in the epilogue, or DeepSeek-V3 block scales applied to each k-block's
+    # partial sum as it is promoted into the fp32 accumulators.
+    row_scale: bool = field(default=False, metadata={"tag": "rowsc"})
+    block_scale: bool = field(default=False, metadata={"tag": "blksc"})
 
     required_sass: ClassVar[tuple[str, ...]] = (r"\bHGMMA\.64x", r"\bUTMALDG\.3D", r"\bUTMASTG\.3D")
 
@@ -189,6 +196,15 @@ class GemmSm90(GemmVariant):
             return "kernel tile N must be 16, 32 or a multiple of 32 up to 256"
         if self.fast_accum and not self.is_fp8:
             return "fast_accum applies to fp8 only"
+        if (self.row_scale or self.block_scale) and not self.is_fp8:
+            return "row and block scales apply to fp8 only"
+        if self.row_scale and self.block_scale:
+            return "one scale form per variant"
+        if self.block_scale:
+            if self.swap_ab or self.split_k > 1 or self.fast_accum:
+                return "block scales run unswapped, unsplit and promoted (not fast_accum)"
+            if tk != BLOCK_SCALE_K or BLOCK_SCALE_K % tn:
+                return f"block scales need tile K {BLOCK_SCALE_K} and a tile N dividing {BLOCK_SCALE_K}"
         plan = self.plan()
         acc_sets = 2 if self.promotes else 1
         if acc_sets * tm * tn // (plan.mma_warpgroups * 128) > 128:
@@ -223,6 +239,12 @@ class GemmSm90(GemmVariant):
         return None
 
     # --- derived ---------------------------------------------------------------------------------
+    @property
+    def scale_mode(self) -> str:
+        """fp8 scales: "tensor" (one each), "row" (scale_a (M,), scale_b (N,)) or "block"
+        (scale_a per 1x128 of A, scale_b per 128x128 of B); see common.py."""
+        return "row" if self.row_scale else "block" if self.block_scale else "tensor"
+
     @property
     def promotes(self) -> bool:
         """fp8 k-tile partial sums are added into separate fp32 accumulators."""
@@ -282,6 +304,7 @@ class GemmSm90(GemmVariant):
             "persistent": {"arg": "max_clusters", "cluster_ctas": math.prod(
                 (self.split_k, 1) if self.split_k > 1 else self.kernel_cluster)},
             "scaled": self.is_fp8,
+            "scale_mode": self.scale_mode if self.is_fp8 else None,
             "fp8_accumulation": ("fast" if self.fast_accum else "promoted") if self.is_fp8 else None,
             "constraints": {
                 # Sizes need only the 16-byte divisibility of the signature; tails are handled.
@@ -300,6 +323,7 @@ class GemmSm90(GemmVariant):
             epi_tile=plan.epi_tile, ab_stages=plan.ab_stages, epi_stages=plan.epi_stages,
             raster_along_m=(self.raster == "m") != self.swap_ab, swizzle=self.swizzle,
             swap_ab=self.swap_ab, split_k=self.split_k, pdl=self.pdl, early_b=self.early_b,
+            scale_mode=self.scale_mode,
         )
         if self.is_fp8:
             return kernel.scaled
@@ -317,7 +341,8 @@ class GemmSm90Kernel:
     See the module docstring for the warp roles."""
 
     def __init__(self, *, tile, cluster, n_consumer, pingpong, promote, epi_tile, ab_stages,
-                 epi_stages, raster_along_m, swizzle, swap_ab, split_k, pdl=False, early_b=False):
+                 epi_stages, raster_along_m, swizzle, swap_ab, split_k, pdl=False, early_b=False,
+                 scale_mode="tensor"):
         self.tile = tuple(tile)
         self.cluster = tuple(cluster)
         self.n_consumer = n_consumer
@@ -337,6 +362,7 @@ class GemmSm90Kernel:
         self.split_k = split_k
         self.pdl = pdl
         self.early_b = early_b
+        self.scale_mode = scale_mode
         # The launched cluster: the multicast cluster, or the split-K group along K.
         self.launch_cluster = (split_k, 1) if split_k > 1 else self.cluster
         self.red_elems = (split_k - 1) * self.tile[0] * self.tile[1]
@@ -365,6 +391,8 @@ class GemmSm90Kernel:
             # Cᵀ = B·Aᵀ: the same kernel on swapped operands and a transposed view of C.
             a, b = b, a
             c = cute.make_tensor(c.iterator, cute.select(c.layout, mode=[1, 0, 2]))
+            # The kernel's rows are the problem's columns: per-row scales swap too.
+            scale_a, scale_b = scale_b, scale_a
         ab_dtype, c_dtype = a.element_type, c.element_type
         a_layout = utils.LayoutEnum.from_tensor(a)
         b_layout = utils.LayoutEnum.from_tensor(b)
@@ -662,6 +690,10 @@ class GemmSm90Kernel:
             part = cute.make_rmem_tensor(acc_shape, cutlass.Float32)
             part2 = cute.make_rmem_tensor(acc_shape, cutlass.Float32)
         k_blocks = cute.size(tCrA, mode=[2])
+        # Tile coordinates (row, col) of this thread's accumulators (row and block scales).
+        cC = None
+        if cutlass.const_expr(self.scale_mode != "tensor"):
+            cC = thr_mma.partition_C(cute.make_identity_tensor((self.tile[0], self.tile[1])))
 
         # Epilogue copies: registers -> smem with stmatrix (16-bit outputs) laid out like the
         # accumulators, smem -> global with one TMA store per sub-tile.
@@ -692,7 +724,8 @@ class GemmSm90Kernel:
         store_warp = 4 + owner * 4 * self.mma_wgs
 
         scale = cutlass.Float32(1.0)
-        if cutlass.const_expr(scale_a is not None):
+        tensor_scale = scale_a is not None and self.scale_mode == "tensor"
+        if cutlass.const_expr(tensor_scale):
             scale = scale_a[0] * scale_b[0]
 
         sched = atoms.tile_scheduler(sched_params)
@@ -724,26 +757,56 @@ class GemmSm90Kernel:
                 # DSL carries register tensors through loops as values, and ptxas serialises
                 # every WGMMA when such a copy reads an accumulator in flight.
                 n_k = k_end - k_begin
-                for _pair in range(n_k // 2):
-                    tiled_mma = self._issue_k_block(tiled_mma, part, tCrA, tCrB, ab_pipe, read, k_blocks)
-                    read.advance()
-                    tiled_mma = self._issue_k_block(tiled_mma, part2, tCrA, tCrB, ab_pipe, read, k_blocks)
-                    read.advance()
-                    cute.nvgpu.warpgroup.wait_group(1)
-                    acc.store(acc.load() + part.load())
-                    ab_pipe.consumer_release(release)
-                    release.advance()
-                    cute.nvgpu.warpgroup.wait_group(0)
-                    acc.store(acc.load() + part2.load())
-                    ab_pipe.consumer_release(release)
-                    release.advance()
-                if n_k % 2 == 1:
-                    tiled_mma = self._issue_k_block(tiled_mma, part, tCrA, tCrB, ab_pipe, read, k_blocks)
-                    read.advance()
-                    cute.nvgpu.warpgroup.wait_group(0)
-                    acc.store(acc.load() + part.load())
-                    ab_pipe.consumer_release(release)
-                    release.advance()
+                if cutlass.const_expr(self.scale_mode == "block"):
+                    # Each k-block's partial sum times scale_a[row, kb]·scale_b[n-block, kb]; the
+                    # scales are loaded while the block's WGMMAs run.
+                    row0 = m * self.tile[0]
+                    n_blk = n * self.tile[1] // atoms.BLOCK_SCALE_K
+                    for pair in range(n_k // 2):
+                        kb = k_begin + 2 * pair
+                        tiled_mma = self._issue_k_block(tiled_mma, part, tCrA, tCrB, ab_pipe, read, k_blocks)
+                        read.advance()
+                        s0 = atoms.load_block_scales(cC, scale_a, scale_b, row0, n_blk, kb)
+                        tiled_mma = self._issue_k_block(tiled_mma, part2, tCrA, tCrB, ab_pipe, read, k_blocks)
+                        read.advance()
+                        s1 = atoms.load_block_scales(cC, scale_a, scale_b, row0, n_blk, kb + 1)
+                        cute.nvgpu.warpgroup.wait_group(1)
+                        atoms.promote_scaled(acc, part, s0)
+                        ab_pipe.consumer_release(release)
+                        release.advance()
+                        cute.nvgpu.warpgroup.wait_group(0)
+                        atoms.promote_scaled(acc, part2, s1)
+                        ab_pipe.consumer_release(release)
+                        release.advance()
+                    if n_k % 2 == 1:
+                        tiled_mma = self._issue_k_block(tiled_mma, part, tCrA, tCrB, ab_pipe, read, k_blocks)
+                        read.advance()
+                        s0 = atoms.load_block_scales(cC, scale_a, scale_b, row0, n_blk, k_end - 1)
+                        cute.nvgpu.warpgroup.wait_group(0)
+                        atoms.promote_scaled(acc, part, s0)
+                        ab_pipe.consumer_release(release)
+                        release.advance()
+                else:
+                    for _pair in range(n_k // 2):
+                        tiled_mma = self._issue_k_block(tiled_mma, part, tCrA, tCrB, ab_pipe, read, k_blocks)
+                        read.advance()
+                        tiled_mma = self._issue_k_block(tiled_mma, part2, tCrA, tCrB, ab_pipe, read, k_blocks)
+                        read.advance()
+                        cute.nvgpu.warpgroup.wait_group(1)
+                        acc.store(acc.load() + part.load())
+                        ab_pipe.consumer_release(release)
+                        release.advance()
+                        cute.nvgpu.warpgroup.wait_group(0)
+                        acc.store(acc.load() + part2.load())
+                        ab_pipe.consumer_release(release)
+                        release.advance()
+                    if n_k % 2 == 1:
+                        tiled_mma = self._issue_k_block(tiled_mma, part, tCrA, tCrB, ab_pipe, read, k_blocks)
+                        read.advance()
+                        cute.nvgpu.warpgroup.wait_group(0)
+                        acc.store(acc.load() + part.load())
+                        ab_pipe.consumer_release(release)
+                        release.advance()
             else:
                 # One WGMMA batch in flight; a stage is released once its batch retired.  The
                 # first k-block overwrites the accumulators instead of adding to zeros: a zero
@@ -783,6 +846,8 @@ class GemmSm90Kernel:
                 red_phase = red_phase ^ 1
 
             if is_leader:  # with split-K only the first CTA of the cluster stores
+                if cutlass.const_expr(self.scale_mode == "row"):
+                    atoms.apply_row_col_scales(acc, cC, scale_a, scale_b, m * self.tile[0], n * self.tile[1])
                 # ---- epilogue
                 gC_t = cute.zipped_divide(gC[(None, None, m, n, l)], self.epi_tile)
                 bSG_sC, bSG_gC = cute.nvgpu.cpasync.tma_partition(
@@ -796,7 +861,7 @@ class GemmSm90Kernel:
                     for v in cutlass.range_constexpr(frag_size):
                         tRS_rF[v] = tRS_acc[e * frag_size + v]
                     vals = tRS_rF.load()
-                    if cutlass.const_expr(scale_a is not None):
+                    if cutlass.const_expr(tensor_scale):
                         vals = vals * scale
                     tRS_rC.store(vals.to(c_dtype))
                     buf = (done + e) % self.epi_stages + owner * self.epi_stages
@@ -831,7 +896,7 @@ def _default() -> list[dict]:
     # Every tile launches with programmatic dependent launch; each swap tile also as a twin that
     # streams its first stages of weights before the PDL wait (``early_b``, picked only for
     # callers whose B is constant: ``bundle.gemm(..., b_constant=True)``).
-    out = [dict(d, pdl=True) for d in tiles.SM90_DEFAULT]
+    out = [dict(d, pdl=True) for d in (*tiles.SM90_DEFAULT, *tiles.SM90_SCALED_DEFAULT)]
     out += [dict(d, early_b=True) for d in out if d.get("swap_ab")]
     out += [dict(d, pdl=True, early_b=True) for d in tiles.SM90_EARLY_B_ONLY]
     return out
