@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from . import fp8 as fp8_forms
 from . import validate
 from .bundle import not_current
 from .errors import InputError, LaunchError, NoVariantError
@@ -55,24 +56,28 @@ def _major(spec, mn: str) -> str | None:
     return None
 
 
-def select(bundle, a3, b3, c3, ab: str, c: str, scales: list, b_constant: bool = False, device: int = 0) -> str:
+def select(bundle, a3, b3, c3, ab: str, c: str, scales: list, b_constant: bool = False, device: int = 0,
+           scale_form: tuple | None = None) -> str:
     """The variant for these (R, K, L) operand specs (or tensors); the host library's choice
     (``fx_gemm_select``), cached per problem key.
 
     ``b_constant``: B is not written by any kernel that may still run in the stream, so an
     ``early_b`` variant may run (the tuning table's measured b_constant winner of the bucket, or
-    the early_b twin of the plain choice)."""
+    the early_b twin of the plain choice).  ``scale_form``: fp8 row / block scales (runtime/fp8.py
+    ``scale_specs``' third value), selected by the host library's ``fx_gemm_scaled_select``."""
     a3, b3, c3 = (x if isinstance(x, tuple) else (x.data_ptr(), tuple(x.shape), tuple(x.stride()))
                   for x in (a3, b3, c3))
     M, K, L = a3[1]
     N = b3[1][0]
-    key = (ab, c, M, N, K, L, a3[2], b3[2], c3[2], a3[0] % 16, b3[0] % 16, c3[0] % 16, b_constant, device)
+    key = (ab, c, M, N, K, L, a3[2], b3[2], c3[2], a3[0] % 16, b3[0] % 16, c3[0] % 16, b_constant, device,
+           scale_form, *(s[0] % 16 for s in scales[:2]))
     name = bundle.selections.get(key)
     if name is not None:
         return name
     sel = bundle.selector
     try:
-        got = sel.select("gemm", sel.gemm_problem(a3, b3, c3, ab, c, scales, b_constant))
+        problem = sel.gemm_problem(a3, b3, c3, ab, c, scales, b_constant)
+        got = sel.select_scaled(problem, scale_form) if scale_form else sel.select("gemm", problem)
     except NoVariantError as e:
         raise NoVariantError(f"{e}; {bundle.describe_contents('gemm')}") from None
     return remember(bundle, key, got.name.decode())
@@ -208,13 +213,13 @@ def fitting_variants(bundle, a3, b3, c3, ab: str, c: str, scales: list,
 
 
 def gemm(bundle, a, b, out=None, *, out_dtype=None, scale_a=None, scale_b=None, variant=None,
-         b_constant=False):
+         b_constant=False, scale_mode=None):
     # Hot path: a problem seen before (shapes, strides, dtypes and devices of every tensor, the
     # flags) was checked in full then; what can differ between calls of one key is checked here:
     # tensor types, autograd, the current device, the data pointers' alignment (in ``go``).
     try:
         key = (a.shape, b.shape, a.stride(), b.stride(), a.dtype, b.dtype, a.get_device(), b.get_device(),
-               out_dtype, b_constant, variant, scale_a is None, scale_b is None)
+               out_dtype, b_constant, variant, scale_a is None, scale_b is None, scale_mode)
         if out is not None or scale_a is not None or scale_b is not None:
             key = hot_key(key, out, scale_a, scale_b)
         fire = bundle.hot_gemm.get(key)
@@ -263,13 +268,19 @@ def gemm(bundle, a, b, out=None, *, out_dtype=None, scale_a=None, scale_b=None, 
     c = DTYPES.get(out.dtype)
     if c is None:
         raise InputError(f"out dtype {out.dtype} is not one the kernels write (bfloat16, float16, float32)")
-    if not fp8 and (scale_a is not None or scale_b is not None):
+    if not fp8 and (scale_a is not None or scale_b is not None or scale_mode not in (None, "tensor")):
         raise InputError("scale_a/scale_b apply to fp8 GEMMs only")
-    scales, keep = fp8_scales(bundle, a, scale_a, scale_b, dev) if fp8 else ([], [])
+    form = None  # row / block scales (runtime/fp8.py): shapes, strides and the C selection's form
+    if fp8 and (scale_mode is not None or _per_element(scale_a) or _per_element(scale_b)):
+        mode = fp8_forms.infer_mode(scale_a, scale_b, M, N, K, scale_mode)
+        if mode != "tensor":
+            scales, keep, form = fp8_forms.scale_specs(mode, scale_a, scale_b, a, M, N, K, L, nd, dev)
+    if form is None:
+        scales, keep = fp8_scales(bundle, a, scale_a, scale_b, dev) if fp8 else ([], [])
     if M == 0 or N == 0 or L == 0 or K == 0:  # torch's result, nothing launched
-        return _empty_problem(out, K, keep if fp8 else None)
+        return _empty_problem(out, K, keep if fp8 and form is None else None)
     if variant is None:
-        name = select(bundle, a3, b3, c3, ab, c, scales, b_constant, dev)
+        name = select(bundle, a3, b3, c3, ab, c, scales, b_constant, dev, form)
     else:
         name = _named(bundle, variant, a3, b3, c3, ab, c, scales, dev)
     entry = bundle.manifest["variants"][name]
@@ -293,10 +304,15 @@ def hot_key(key: tuple, out, scale_a, scale_b) -> tuple:
     if out is not None:
         key += (out.shape, out.stride(), out.dtype, out.get_device())
     if scale_a is not None:
-        key += (scale_a.dtype, scale_a.get_device(), scale_a.numel())
+        key += (scale_a.dtype, scale_a.get_device(), scale_a.shape, scale_a.stride())
     if scale_b is not None:
-        key += (scale_b.dtype, scale_b.get_device(), scale_b.numel())
+        key += (scale_b.dtype, scale_b.get_device(), scale_b.shape, scale_b.stride())
     return key
+
+
+def _per_element(s) -> bool:
+    """A scale tensor of more than one element: a row or block form (runtime/fp8.py)."""
+    return isinstance(s, Tensor) and s.numel() != 1
 
 
 def hot_scales(bundle, a, keep: list, scale_a, scale_b) -> bool:

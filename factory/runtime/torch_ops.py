@@ -17,7 +17,7 @@ _BUNDLE = None  # the bundle the ops run on (set by register)
 
 _SCHEMAS = {
     "gemm": "gemm(Tensor a, Tensor b, ScalarType? out_dtype=None, Tensor? scale_a=None, Tensor? scale_b=None, "
-            "bool b_constant=False) -> Tensor",
+            "bool b_constant=False, str? scale_mode=None) -> Tensor",
     "gemm_out": "gemm_out(Tensor a, Tensor b, Tensor(a!) out, Tensor? scale_a=None, Tensor? scale_b=None, "
                 "bool b_constant=False) -> ()",
     "gemm_packed": "gemm_packed(Tensor a, Tensor packed, Tensor? scale_a=None, Tensor? scale_b=None, "
@@ -32,8 +32,9 @@ _SCHEMAS = {
 }
 
 
-def _gemm(a, b, out_dtype=None, scale_a=None, scale_b=None, b_constant=False):
-    return _BUNDLE.gemm(a, b, out_dtype=out_dtype, scale_a=scale_a, scale_b=scale_b, b_constant=b_constant)
+def _gemm(a, b, out_dtype=None, scale_a=None, scale_b=None, b_constant=False, scale_mode=None):
+    return _BUNDLE.gemm(a, b, out_dtype=out_dtype, scale_a=scale_a, scale_b=scale_b, b_constant=b_constant,
+                        scale_mode=scale_mode)
 
 
 def _gemm_out(a, b, out, scale_a=None, scale_b=None, b_constant=False):
@@ -61,7 +62,12 @@ def _attention_kvcache(q, k_cache, v_cache, cache_seqlens, block_table=None, cau
                                      return_lse=True, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q)
 
 
-def _gemm_fake(a, b, out_dtype=None, scale_a=None, scale_b=None, b_constant=False):
+def _gemm_fake(a, b, out_dtype=None, scale_a=None, scale_b=None, b_constant=False, scale_mode=None):
+    """The output's shape; fp8 scales are checked as the real op checks them (their form from the
+    shapes, dtypes, 2-D operands for row / block scales; runtime/fp8.py)."""
+    from . import fp8
+
+    fp8.check_fake(a, b, scale_a, scale_b, scale_mode)
     dt = out_dtype or (torch.bfloat16 if a.dtype == torch.float8_e4m3fn else a.dtype)
     return a.new_empty((*a.shape[:-1], b.shape[-2]), dtype=dt)
 
