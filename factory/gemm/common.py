@@ -4,8 +4,7 @@ manifest fields the loader selects on.  Imports no DSL.
 Shapes: A is (M, K, L), B is (N, K, L), C is (M, N, L), C[m, n, l] = Σ_k A[m, k, l]·B[n, k, l].
 Majorness names the contiguous mode: ``a_major`` "k" (row-major A, the "T" of "TN") or "m";
 ``b_major`` "k" (the "N") or "n".  C is always row-major (N contiguous).
-fp8 variants take two float32 scale tensors in one of three forms (:func:`scale_args`): per tensor,
-per row of A and of B, or per 1x128 block of A and 128x128 block of B.
+fp8 variants take per-tensor scales as two 1-element float32 device tensors: C = (sa·sb)·A·Bᵀ.
 """
 
 from __future__ import annotations
@@ -17,29 +16,6 @@ from ..abi import DTYPE_BYTES, Signature, TensorArg
 from ..variant import Variant
 
 FP8 = ("e4m3", "e5m2")
-# K elements (and B rows) per block scale of the "block" form.
-SCALE_BLOCK = 128
-
-
-def scale_args(mode: str) -> list:
-    """The two float32 scale arguments of an fp8 GEMM, by scale form (all 4-byte aligned):
-
-    - ``"tensor"``: scale_a (1,), scale_b (1,): C = sa·sb·A·Bᵀ.
-    - ``"row"`` (torch ``_scaled_mm`` row-wise): scale_a (M,), scale_b (N,), unit stride:
-      C[m, n] = sa[m]·sb[n]·Σ_k A[m, k]·B[n, k].
-    - ``"block"`` (DeepSeek-V3): scale_a (M, KB) M-major (stride (1, sSAk), sSAk >= M; DeepGEMM's
-      TMA-aligned form has sSAk = M rounded up to a multiple of 4), scale_b (NB, KB) K-contiguous
-      (stride (sSBn, 1), sSBn >= KB), KB = ceil(K/128), NB = ceil(N/128):
-      C[m, n] = Σ_kb sa[m, kb]·sb[n // 128, kb]·Σ_{k in block kb} A[m, k]·B[n, k].
-    """
-    if mode == "row":
-        return [TensorArg("scale_a", "f32", ("M",), (1,), align=4),
-                TensorArg("scale_b", "f32", ("N",), (1,), align=4)]
-    if mode == "block":
-        return [TensorArg("scale_a", "f32", ("M", "KB"), (1, "sSAk"), align=4),
-                TensorArg("scale_b", "f32", ("NB", "KB"), ("sSBn", 1), align=4)]
-    return [TensorArg("scale_a", "f32", (1,), (1,), align=4),
-            TensorArg("scale_b", "f32", (1,), (1,), align=4)]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,7 +45,8 @@ class GemmVariant(Variant):
             TensorArg("c", self.c, ("M", "N", "L"), ("sCm", 1, "sCl")),
         ]
         if self.is_fp8:
-            args += scale_args(getattr(self, "scale_mode", "tensor"))
+            args += [TensorArg("scale_a", "f32", (1,), (1,), align=4),
+                     TensorArg("scale_b", "f32", (1,), (1,), align=4)]
         div = {s: va for s in ("sAm", "sAk", "sAl", "sBn", "sBk", "sBl")}
         div.update({"sCm": vc, "sCl": vc})
         # The contiguous extent of each operand must be whole 16-byte vectors.

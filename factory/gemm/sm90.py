@@ -47,7 +47,7 @@ import cutlass.pipeline as pipeline
 import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
 
-from ..abi import DTYPE_BYTES, ScalarArg, Signature
+from ..abi import DTYPE_BYTES, ScalarArg, Signature, TensorArg
 from ..atoms import sm90 as atoms
 from ..atoms.smem import BARRIER_BYTES as _BARRIER_BYTES
 from ..atoms.smem import SMEM_ALIGN as _SMEM_ALIGN
@@ -59,6 +59,25 @@ from . import tiles
 from .common import GemmVariant
 
 BLOCK_SCALE_K = atoms.BLOCK_SCALE_K
+
+
+def scale_args(mode: str) -> tuple:
+    """The two float32 scale arguments of an fp8 variant with row or block scales (4-byte
+    aligned; per-tensor scales are common.py's (1,) and (1,)):
+
+    - ``"row"`` (torch ``_scaled_mm`` row-wise): scale_a (M,), scale_b (N,), unit stride:
+      C[m, n] = sa[m]·sb[n]·Σ_k A[m, k]·B[n, k].
+    - ``"block"`` (DeepSeek-V3): scale_a (M, KB) M-major (stride (1, sSAk), sSAk >= M; DeepGEMM's
+      TMA-aligned form has sSAk = M rounded up to a multiple of 4), scale_b (NB, KB) K-contiguous
+      (stride (sSBn, 1), sSBn >= KB), KB = ceil(K/128), NB = ceil(N/128):
+      C[m, n] = Σ_kb sa[m, kb]·sb[n // 128, kb]·Σ_{k in block kb} A[m, k]·B[n, k].
+    KB, NB and the sizes' relations are checked by the loader (runtime/fp8.py) and the host library.
+    """
+    if mode == "row":
+        return (TensorArg("scale_a", "f32", ("M",), (1,), align=4),
+                TensorArg("scale_b", "f32", ("N",), (1,), align=4))
+    return (TensorArg("scale_a", "f32", ("M", "KB"), (1, "sSAk"), align=4),
+            TensorArg("scale_b", "f32", ("NB", "KB"), ("sSBn", 1), align=4))
 
 # Smem plan constants and setmaxnreg budgets: factory/atoms/smem.py and factory/atoms/sm90.py.
 
@@ -108,7 +127,7 @@ class GemmSm90(GemmVariant):
     problem's (M, N) orientation; the kernel sees them transposed."""
 
     family: ClassVar[str] = "sm90"
-    sources: ClassVar[tuple[str, ...]] = ("gemm/sm90.py", "gemm/common.py")
+    sources: ClassVar[tuple[str, ...]] = ("gemm/sm90.py", "gemm/common.py", "atoms/sm90.py")
 
     tile: tuple[int, int, int] = field(default=(128, 128, 64), metadata={"tag": "t"})
     cluster: tuple[int, int] = field(default=(1, 1), metadata={"tag": "c"})
@@ -142,7 +161,10 @@ class GemmSm90(GemmVariant):
 
     def signature(self) -> Signature:
         sig = super().signature()
-        return Signature(sig.args + (ScalarArg("max_clusters", "i32"),), sig.divisibility)
+        args = sig.args
+        if self.scale_mode != "tensor":
+            args = tuple(a for a in args if a.name not in ("scale_a", "scale_b")) + scale_args(self.scale_mode)
+        return Signature(args + (ScalarArg("max_clusters", "i32"),), sig.divisibility)
 
     def sass_requirements(self) -> tuple[str, ...]:
         # fp8 WGMMA disassembles as QGMMA; multicast clusters must show the multicast TMA load.
