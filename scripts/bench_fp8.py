@@ -115,6 +115,31 @@ def bench_block(bundle, M, N, K, l2):
     return _row("block", M, N, K, name, t, nan, err, {"ref": ref_kind, "ref_rel_err": ref_err})
 
 
+def by_name(bundle, M, N, K, l2, names):
+    """Every named fp8 variant (row, block or per-tensor scales) on one shape, interleaved, with the
+    selection's choice of each form: what each tile costs (rows of {variant, us, tflops})."""
+    import torch
+
+    n = sets_for(M * K + N * K + 2 * M * N, l2)
+    sets = {m: _problem_sets(m, M, N, K, n) for m in ("row", "block")}
+    outs = [torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda") for _ in range(n)]
+    one = torch.ones(1, device="cuda")
+    calls = {}
+    for name in names:
+        mode = bundle.manifest["variants"][name].get("scale_mode") or "tensor"
+        if mode == "tensor":
+            S = sets["row"]
+            calls[name] = (lambda S, name: lambda i: bundle.gemm(S[i][0], S[i][1], outs[i], scale_a=one, scale_b=one,
+                                                                 variant=name))(S, name)
+        else:
+            S = sets[mode]
+            calls[name] = (lambda S, name: lambda i: bundle.gemm(S[i][0], S[i][1], outs[i], variant=name,
+                                                                 **S[i][2]))(S, name)
+    t = time_interleaved(calls, n, rounds=3, budget_s=0.05, max_reps=10, warm_s=0.03)
+    flops = 2 * M * N * K
+    return [{"M": M, "N": N, "K": K, "variant": k, "us": v * 1e6, "tflops": flops / v / 1e12} for k, v in t.items()]
+
+
 def _chosen(bundle) -> str:
     """The variant the last gemm call selected (the loader's selection cache, newest entry)."""
     return list(bundle.selections.values())[-1]
@@ -135,9 +160,28 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--quick", action="store_true", help="a few shapes of each form")
     ap.add_argument("--forms", nargs="+", default=["row", "block"])
+    ap.add_argument("--by-name", nargs=3, type=int, action="append", metavar=("M", "N", "K"),
+                    help="time every fp8 variant of the bundle (or --variants) on this shape instead")
+    ap.add_argument("--variants", nargs="*", help="glob patterns of variant names for --by-name")
     args = ap.parse_args()
     bundle = Bundle.open(args.bundle)
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    if args.by_name:
+        import fnmatch
+
+        names = [v["name"] for v in bundle.candidates("gemm") if v["dtypes"]["a"] == "e4m3"
+                 and "workspace" not in v and not v.get("config", {}).get("swap_ab")
+                 and (not args.variants or any(fnmatch.fnmatch(v["name"], p) for p in args.variants))]
+        rows = []
+        for M, N, K in args.by_name:
+            for r in sorted(by_name(bundle, M, N, K, l2, names), key=lambda r: r["us"]):
+                rows.append(r)
+                print(f"{M}x{N}x{K} {r['us']:9.2f} us {r['tflops']:7.1f} TF  {r['variant']}", flush=True)
+            torch.cuda.empty_cache()
+        Path(args.out).write_text(json.dumps({"device": torch.cuda.get_device_name(0), "rows": rows,
+                                              "command": "python3 scripts/bench_fp8.py " + " ".join(sys.argv[1:])},
+                                             indent=1))
+        return 0
     rows = []
     shapes = {"row": [(m, n, k) for n, k in ROW_NK for m in ROW_M], "block": BLOCK_SHAPES}
     if args.quick:

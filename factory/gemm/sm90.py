@@ -933,6 +933,7 @@ def _full() -> list[dict]:
                                              (False, True) if ab == "e4m3" else (False,)):
             out.append(dict(ab=ab, c=c, tile=(tm, tn, tk), cluster=cl, schedule=sched,
                             a_major=maj[0], b_major=maj[1], fast_accum=fast))
+    out += [dict(d, pdl=True) for d in tiles.SM90_SCALED_FULL]
     swap = tiles.SM90_FULL_SWAP
     for (ab, c), tm, tn, sk in itertools.product(tiles.SM90_FULL_DTYPES, swap["tile_m"], swap["tile_n"],
                                                  swap["split_k"]):

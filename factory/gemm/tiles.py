@@ -128,6 +128,13 @@ SM90_SCALED_DEFAULT = (
     dict(**FP8, tile=(64, 128, 128), cluster=(2, 1), schedule="ws", block_scale=True),
     dict(**FP8, tile=(64, 128, 128), schedule="pp", block_scale=True),
 )
+# Full tier only: more clusters for the block-scaled tile.
+SM90_SCALED_FULL = (
+    dict(**FP8, tile=(128, 128, 128), cluster=(2, 2), block_scale=True),
+    dict(**FP8, tile=(128, 128, 128), cluster=(2, 1), swizzle=8, block_scale=True),
+    dict(**FP8, tile=(128, 128, 128), cluster=(1, 2), row_scale=True),
+    dict(**FP8, tile=(128, 64, 128), cluster=(2, 1), block_scale=True),
+)
 SM90_EARLY_B_ONLY = (
     dict(**FP8, tile=(16, 64, 256), schedule="ws", swap_ab=True, deep=True),
     dict(**BF16, tile=(16, 64, 128), schedule="ws", swap_ab=True, deep=True),
