@@ -154,6 +154,24 @@ def load_block_scales(coords: cute.Tensor, scale_a: cute.Tensor, scale_b: cute.T
 
 
 @cute.jit
+def block_scale_regs(coords: cute.Tensor) -> cute.Tensor:
+    """Registers for one k-block's per-row scales (one value per accumulator row of this thread)."""
+    return cute.make_rmem_tensor(cute.size(acc_mn_view(coords), mode=[0]), cutlass.Float32)
+
+
+@cute.jit
+def load_block_scales_into(dst: cute.Tensor, coords: cute.Tensor, scale_a: cute.Tensor, scale_b: cute.Tensor,
+                           row0, n_blk, kb):
+    """:func:`load_block_scales` into the registers ``dst`` (a :func:`block_scale_regs` tensor), so
+    that a loop can issue the loads well ahead of their use."""
+    c_mn = acc_mn_view(coords)
+    last = cute.size(scale_a, mode=[0]) - 1
+    sb = scale_b[n_blk, kb]
+    for r in cutlass.range_constexpr(cute.size(dst)):
+        dst[r] = scale_a[cutlass.min(row0 + c_mn[r, 0][0], last), kb] * sb
+
+
+@cute.jit
 def promote_scaled(acc: cute.Tensor, part: cute.Tensor, row_scales: cute.Tensor):
     """Two-level accumulation: ``acc += part * row_scales[row]`` on WGMMA accumulator fragments
     (``part``: one k-block's partial sum, retired)."""
@@ -185,7 +203,7 @@ def apply_row_col_scales(acc: cute.Tensor, coords: cute.Tensor, row_scale: cute.
             acc_mn[r, c] = acc_mn[r, c] * (sr * sc[c])
 
 
-__all__ = ["BLOCK_SCALE_K", "apply_row_col_scales", "load_block_scales", "promote_scaled", "CONSUMER_REGS", "GEMM_CONSUMER_REGS", "GEMM_PRODUCER_REGS", "PRODUCER_REGS", "REGISTER_FILE",
+__all__ = ["BLOCK_SCALE_K", "apply_row_col_scales", "block_scale_regs", "load_block_scales", "load_block_scales_into", "promote_scaled", "CONSUMER_REGS", "GEMM_CONSUMER_REGS", "GEMM_PRODUCER_REGS", "PRODUCER_REGS", "REGISTER_FILE",
            "acc_as_a_operand", "acc_mn_view", "persistent_schedule", "prefetch_tma_descriptors",
            "register_split_fits", "stage_bytes", "tile_scheduler", "tma_load_atom", "tma_load_box_atom", "tma_pipeline",
            "tma_store_atom"]
