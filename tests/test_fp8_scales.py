@@ -58,7 +58,7 @@ def test_ambiguous_or_unfit_scale_shapes_are_refused():
     assert fp8.infer_mode(torch.ones(64, 2), torch.ones(1, 2), 64, 2, 256) == "block"
     with pytest.raises(InputError, match="fit no fp8 scale form"):
         fp8.infer_mode(torch.ones(64, 3), torch.ones(2, 4), 64, 256, 512)
-    with pytest.raises(InputError, match="both"):
+    with pytest.raises(InputError, match="need both"):
         fp8.infer_mode(torch.ones(64), None, 64, 256, 512)
     with pytest.raises(InputError):
         fp8.infer_mode(None, None, 64, 256, 512, "sometimes")

@@ -134,6 +134,10 @@ SM90_SCALED_FULL = (
     dict(**FP8, tile=(128, 128, 128), cluster=(2, 1), swizzle=8, block_scale=True),
     dict(**FP8, tile=(128, 128, 128), cluster=(1, 2), row_scale=True),
     dict(**FP8, tile=(128, 64, 128), cluster=(2, 1), block_scale=True),
+    dict(**FP8, tile=(128, 256, 128), cluster=(2, 1), fast_accum=True, swizzle=8, row_scale=True),
+    dict(**FP8, tile=(256, 128, 128), cluster=(1, 2), fast_accum=True, row_scale=True),
+    dict(**FP8, tile=(256, 128, 128), cluster=(1, 2), fast_accum=True, swizzle=8, row_scale=True),
+    dict(**FP8, tile=(64, 256, 128), cluster=(1, 2), schedule="pp", fast_accum=True, row_scale=True),
 )
 SM90_EARLY_B_ONLY = (
     dict(**FP8, tile=(16, 64, 256), schedule="ws", swap_ab=True, deep=True),

@@ -47,8 +47,10 @@ def infer_mode(scale_a, scale_b, M: int, N: int, K: int, scale_mode: str | None 
             raise InputError(f"scale_mode must be one of {MODES}, got {scale_mode!r}")
         return scale_mode
     if scale_a is None or scale_b is None:
-        if (scale_a is not None and scale_a.numel() != 1) or (scale_b is not None and scale_b.numel() != 1):
-            raise InputError("row and block scales need both scale_a and scale_b")
+        for what, s in (("scale_a", scale_a), ("scale_b", scale_b)):
+            if s is not None and s.numel() != 1:
+                raise InputError(f"{what} must hold one element (a per-tensor scale; row and block scales need both "
+                                 f"scale_a and scale_b), got shape {tuple(s.shape)}")
         return "tensor"
     sa, sb = tuple(scale_a.shape), tuple(scale_b.shape)
     KB, NB = _cdiv(K, BLOCK), _cdiv(N, BLOCK)
