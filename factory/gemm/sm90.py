@@ -781,65 +781,46 @@ class GemmSm90Kernel:
                 n_k = k_end - k_begin
                 if cutlass.const_expr(self.scale_mode == "block"):
                     # Each k-block's partial sum times scale_a[row, kb]·scale_b[n-block, kb].  The
-                    # scales are loaded two pairs of k-blocks ahead, into two register buffers
-                    # taken in turns (a loop step is two pairs): loads issued with the block's own
-                    # WGMMAs came back too late under the TMA traffic (35-45 % slower than
-                    # per-tensor scales on an H100), one pair ahead still 15 %.
+                    # scales of a pair of k-blocks are loaded one pair ahead (a load issued with
+                    # the block's own WGMMAs came back too late under the TMA traffic: 35-45 %
+                    # slower than per-tensor scales on an H100; two pairs ahead, in two register
+                    # buffers, measured slower than one: notes/gemm-fp8.md).
                     row0 = m * self.tile[0]
                     n_blk = n * self.tile[1] // atoms.BLOCK_SCALE_K
                     last = k_end - 1
-                    bufs = (atoms.block_scale_regs(cC), atoms.block_scale_regs(cC),
-                            atoms.block_scale_regs(cC), atoms.block_scale_regs(cC))
-                    use0 = atoms.block_scale_regs(cC)
-                    use1 = atoms.block_scale_regs(cC)
-                    for j in cutlass.range_constexpr(4):
-                        atoms.load_block_scales_into(bufs[j], cC, scale_a, scale_b, row0, n_blk,
-                                                     cutlass.min(k_begin + j, last))
-                    for quad in range(n_k // 4):
-                        for h in cutlass.range_constexpr(2):
-                            kb = k_begin + 4 * quad + 2 * h
-                            use0.store(bufs[2 * h].load())
-                            use1.store(bufs[2 * h + 1].load())
-                            tiled_mma = self._issue_k_block(tiled_mma, part, tCrA, tCrB, ab_pipe, read, k_blocks)
-                            read.advance()
-                            tiled_mma = self._issue_k_block(tiled_mma, part2, tCrA, tCrB, ab_pipe, read, k_blocks)
-                            read.advance()
-                            atoms.load_block_scales_into(bufs[2 * h], cC, scale_a, scale_b, row0, n_blk,
-                                                         cutlass.min(kb + 4, last))
-                            atoms.load_block_scales_into(bufs[2 * h + 1], cC, scale_a, scale_b, row0, n_blk,
-                                                         cutlass.min(kb + 5, last))
-                            cute.nvgpu.warpgroup.wait_group(1)
-                            atoms.promote_scaled(acc, part, use0)
-                            ab_pipe.consumer_release(release)
-                            release.advance()
-                            cute.nvgpu.warpgroup.wait_group(0)
-                            atoms.promote_scaled(acc, part2, use1)
-                            ab_pipe.consumer_release(release)
-                            release.advance()
-                    # The last n_k % 4 k-blocks: bufs hold the scales of k-blocks
-                    # k_end - n_k % 4 + (0, 1, 2, 3) (clamped).
-                    rest = n_k % 4
-                    if rest >= 2:
+                    s0 = atoms.block_scale_regs(cC)
+                    s1 = atoms.block_scale_regs(cC)
+                    n0 = atoms.block_scale_regs(cC)
+                    n1 = atoms.block_scale_regs(cC)
+                    atoms.load_block_scales_into(n0, cC, scale_a, scale_b, row0, n_blk, k_begin)
+                    atoms.load_block_scales_into(n1, cC, scale_a, scale_b, row0, n_blk,
+                                                 cutlass.min(k_begin + 1, last))
+                    for pair in range(n_k // 2):
+                        kb = k_begin + 2 * pair
+                        s0.store(n0.load())
+                        s1.store(n1.load())
                         tiled_mma = self._issue_k_block(tiled_mma, part, tCrA, tCrB, ab_pipe, read, k_blocks)
                         read.advance()
                         tiled_mma = self._issue_k_block(tiled_mma, part2, tCrA, tCrB, ab_pipe, read, k_blocks)
                         read.advance()
+                        atoms.load_block_scales_into(n0, cC, scale_a, scale_b, row0, n_blk,
+                                                     cutlass.min(kb + 2, last))
+                        atoms.load_block_scales_into(n1, cC, scale_a, scale_b, row0, n_blk,
+                                                     cutlass.min(kb + 3, last))
                         cute.nvgpu.warpgroup.wait_group(1)
-                        atoms.promote_scaled(acc, part, bufs[0])
+                        atoms.promote_scaled(acc, part, s0)
                         ab_pipe.consumer_release(release)
                         release.advance()
                         cute.nvgpu.warpgroup.wait_group(0)
-                        atoms.promote_scaled(acc, part2, bufs[1])
+                        atoms.promote_scaled(acc, part2, s1)
                         ab_pipe.consumer_release(release)
                         release.advance()
-                    if rest % 2 == 1:
-                        use0.store(bufs[0].load())
-                        if rest == 3:
-                            use0.store(bufs[2].load())
+                    if n_k % 2 == 1:
+                        # (n0 holds the last k-block's scales: loaded for min(k_begin + 2·pairs, last).)
                         tiled_mma = self._issue_k_block(tiled_mma, part, tCrA, tCrB, ab_pipe, read, k_blocks)
                         read.advance()
                         cute.nvgpu.warpgroup.wait_group(0)
-                        atoms.promote_scaled(acc, part, use0)
+                        atoms.promote_scaled(acc, part, n0)
                         ab_pipe.consumer_release(release)
                         release.advance()
                 else:
