@@ -116,7 +116,9 @@ def test_bad_scales_are_refused_before_launch(scaled_bundle):
     for kw in (dict(scale_a=sa.contiguous(), scale_b=sb), dict(scale_a=sa.double(), scale_b=sb),
                dict(scale_a=sa, scale_b=sb[:, :2]), dict(scale_a=sa, scale_b=sb, scale_mode="row"),
                dict(scale_a=torch.ones(2 * M)[::2], scale_b=torch.ones(N)),
-               dict(scale_a=torch.ones(M), scale_b=torch.ones(N, dtype=torch.float16))):
+               dict(scale_a=torch.ones(M), scale_b=torch.ones(N, dtype=torch.float16)),
+               dict(scale_a=torch.ones(5, M + 2).t()[:M], scale_b=sb),  # k-block stride not a multiple of 4
+               dict(scale_a=torch.ones(5 * M + 1)[1:].view(5, M).t(), scale_b=sb)):  # not 16-byte aligned
         with pytest.raises(InputError):
             b.gemm(a, w, **kw)
     with pytest.raises(InputError, match="2-D"):
@@ -143,7 +145,7 @@ def test_c_refuses_bad_scale_forms(scaled_bundle):
     for form, match in (((2, (5, 1), (5, 1)), "M-major"), ((2, (1, M - 1), (5, 1)), ">= m"),
                         ((2, (1, M), (1, 3)), "K-contiguous"), ((2, (1, M), (4, 1)), ">= ceil"),
                         ((1, (2, 0), (1, 0)), "contiguous"), ((7, (1, M), (5, 1)), "unknown scale mode"),
-                        ((2, (1, -M), (5, 1)), "negative")):
+                        ((2, (1, -M), (5, 1)), "negative"), ((2, (1, M + 2), (5, 1)), "multiple of 4")):
         with pytest.raises(InputError, match=match):
             sel.select_scaled(problem, form)
 

@@ -172,6 +172,18 @@ def load_block_scales_into(dst: cute.Tensor, coords: cute.Tensor, scale_a: cute.
 
 
 @cute.jit
+def block_scales_from_smem(dst: cute.Tensor, coords: cute.Tensor, sSA: cute.Tensor, stage, scale_b: cute.Tensor,
+                           n_blk, kb):
+    """Per accumulator row of this thread, ``sSA[row, 0, stage] * scale_b[n_blk, kb]`` into the
+    registers ``dst``: scale_a's k-block column for the tile's rows as the producer's TMA put it in
+    the stage (``sSA``: (tile M, 1, stages) float32)."""
+    c_mn = acc_mn_view(coords)
+    sb = scale_b[n_blk, kb]
+    for r in cutlass.range_constexpr(cute.size(dst)):
+        dst[r] = sSA[c_mn[r, 0][0], 0, stage] * sb
+
+
+@cute.jit
 def promote_scaled(acc: cute.Tensor, part: cute.Tensor, row_scales: cute.Tensor):
     """Two-level accumulation: ``acc += part * row_scales[row]`` on WGMMA accumulator fragments
     (``part``: one k-block's partial sum, retired)."""
@@ -203,7 +215,7 @@ def apply_row_col_scales(acc: cute.Tensor, coords: cute.Tensor, row_scale: cute.
             acc_mn[r, c] = acc_mn[r, c] * (sr * sc[c])
 
 
-__all__ = ["BLOCK_SCALE_K", "apply_row_col_scales", "block_scale_regs", "load_block_scales", "load_block_scales_into", "promote_scaled", "CONSUMER_REGS", "GEMM_CONSUMER_REGS", "GEMM_PRODUCER_REGS", "PRODUCER_REGS", "REGISTER_FILE",
+__all__ = ["BLOCK_SCALE_K", "apply_row_col_scales", "block_scale_regs", "block_scales_from_smem", "load_block_scales", "load_block_scales_into", "promote_scaled", "CONSUMER_REGS", "GEMM_CONSUMER_REGS", "GEMM_PRODUCER_REGS", "PRODUCER_REGS", "REGISTER_FILE",
            "acc_as_a_operand", "acc_mn_view", "persistent_schedule", "prefetch_tma_descriptors",
            "register_split_fits", "stage_bytes", "tile_scheduler", "tma_load_atom", "tma_load_box_atom", "tma_pipeline",
            "tma_store_atom"]

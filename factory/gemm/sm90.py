@@ -67,8 +67,8 @@ def scale_args(mode: str) -> tuple:
 
     - ``"row"`` (torch ``_scaled_mm`` row-wise): scale_a (M,), scale_b (N,), unit stride:
       C[m, n] = sa[m]·sb[n]·Σ_k A[m, k]·B[n, k].
-    - ``"block"`` (DeepSeek-V3): scale_a (M, KB) M-major (stride (1, sSAk), sSAk >= M; DeepGEMM's
-      TMA-aligned form has sSAk = M rounded up to a multiple of 4), scale_b (NB, KB) K-contiguous
+    - ``"block"`` (DeepSeek-V3): scale_a (M, KB) M-major (stride (1, sSAk), sSAk >= M and a
+      multiple of 4, 16-byte aligned: DeepGEMM's TMA-aligned form, loaded by TMA), scale_b (NB, KB) K-contiguous
       (stride (sSBn, 1), sSBn >= KB), KB = ceil(K/128), NB = ceil(N/128):
       C[m, n] = Σ_kb sa[m, kb]·sb[n // 128, kb]·Σ_{k in block kb} A[m, k]·B[n, k].
     KB, NB and the sizes' relations are checked by the loader (runtime/fp8.py) and the host library.
@@ -76,7 +76,7 @@ def scale_args(mode: str) -> tuple:
     if mode == "row":
         return (TensorArg("scale_a", "f32", ("M",), (1,), align=4),
                 TensorArg("scale_b", "f32", ("N",), (1,), align=4))
-    return (TensorArg("scale_a", "f32", ("M", "KB"), (1, "sSAk"), align=4),
+    return (TensorArg("scale_a", "f32", ("M", "KB"), (1, "sSAk"), align=16),
             TensorArg("scale_b", "f32", ("NB", "KB"), ("sSBn", 1), align=4))
 
 # Smem plan constants and setmaxnreg budgets: factory/atoms/smem.py and factory/atoms/sm90.py.
@@ -162,9 +162,12 @@ class GemmSm90(GemmVariant):
     def signature(self) -> Signature:
         sig = super().signature()
         args = sig.args
+        div = sig.divisibility
         if self.scale_mode != "tensor":
             args = tuple(a for a in args if a.name not in ("scale_a", "scale_b")) + scale_args(self.scale_mode)
-        return Signature(args + (ScalarArg("max_clusters", "i32"),), sig.divisibility)
+        if self.scale_mode == "block":  # scale_a's k-block rows are TMA rows: 16-byte strides
+            div = tuple(sorted((*div, ("sSAk", 4))))
+        return Signature(args + (ScalarArg("max_clusters", "i32"),), div)
 
     def sass_requirements(self) -> tuple[str, ...]:
         # fp8 WGMMA disassembles as QGMMA; multicast clusters must show the multicast TMA load.
@@ -289,12 +292,16 @@ class GemmSm90(GemmVariant):
         # accumulator order matches the sub-tile order) and 32 columns.
         epi_tile = (min(tm, 64 * mma_wgs), min(tn, 32))
         cb = DTYPE_BYTES[self.c]
-        epi_stages = 4 if cb <= 2 else 2
+        # (Block scales: two epilogue buffers keep the sixth k-block stage that the scale_a
+        # columns would otherwise push out of the 128x128 tile's shared memory.)
+        epi_stages = 4 if cb <= 2 and not self.block_scale else 2
         # Ping-pong: each warpgroup has its own epilogue buffers.
         epi_bytes = (_round_up(epi_tile[0] * epi_tile[1] * cb, _SMEM_ALIGN) * epi_stages
                      * (n_consumer // mma_wgs))
         ab = DTYPE_BYTES[self.ab]
         stage_bytes = _round_up(tm * tk * ab, _SMEM_ALIGN) + _round_up(tn * tk * ab, _SMEM_ALIGN)
+        if self.block_scale:  # the k-block's scale_a column for the tile's rows, by TMA
+            stage_bytes += _round_up(tm * 4, _SMEM_ALIGN)
         # Split-K: the first CTA of the cluster receives the others' fp32 partial tiles.
         red_bytes = _round_up((self.split_k - 1) * tm * tn * 4, _SMEM_ALIGN)
         budget = self.tgt.smem_per_cta - _STATIC_SMEM - _BARRIER_BYTES - epi_bytes - red_bytes
@@ -433,6 +440,12 @@ class GemmSm90Kernel:
         tma_a, gA = atoms.tma_load_atom(a, sA_layout, (self.tile[0], self.tile[2]), self.mcast_a)
         tma_b, gB = atoms.tma_load_atom(b, sB_layout, (self.tile[1], self.tile[2]), self.mcast_b)
         tma_c, gC = atoms.tma_store_atom(c, sC_layout, self.epi_tile)
+        # Block scales: each stage also holds scale_a[tile rows, kb] (a (tile M, 1) box of the
+        # M-major (M, KB) scales; rows past M are TMA zero fill).
+        sSA_layout = cute.make_layout((self.tile[0], 1, self.ab_stages))
+        tma_sa = mSA = None
+        if cutlass.const_expr(self.scale_mode == "block"):
+            tma_sa, mSA = atoms.tma_load_atom(scale_a, sSA_layout, (self.tile[0], 1))
 
         tiles_mnl = cute.zipped_divide(c, tiler=self.tile[:2])[(0, (None, None, None))].shape
         if cutlass.const_expr(self.split_k > 1):
@@ -453,6 +466,9 @@ class GemmSm90Kernel:
                 cute.struct.MemRange[ab_dtype, cute.cosize(sB_layout)], _SMEM_ALIGN]
             sC: cute.struct.Align[
                 cute.struct.MemRange[c_dtype, cute.cosize(sC_layout)], _SMEM_ALIGN]
+            sSA: cute.struct.Align[
+                cute.struct.MemRange[cutlass.Float32, self.tile[0] * self.ab_stages if self.scale_mode == "block" else 1],
+                _SMEM_ALIGN]
             # Split-K: partial tiles from the other CTAs of the cluster; "full" / "empty" barriers.
             red: cute.struct.Align[
                 cute.struct.MemRange[cutlass.Float32, max(1, self.red_elems)], _SMEM_ALIGN]
@@ -462,8 +478,8 @@ class GemmSm90Kernel:
         self.ab_dtype = ab_dtype
         self.c_layout = c_layout
         self.kernel(
-            tma_a, gA, tma_b, gB, tma_c, gC, scale_a, scale_b, tiled_mma,
-            sA_layout, sB_layout, sC_layout, sched,
+            tma_a, gA, tma_b, gB, tma_c, gC, scale_a, scale_b, tma_sa, mSA, tiled_mma,
+            sA_layout, sB_layout, sC_layout, sSA_layout, sched,
         ).launch(
             grid=grid, block=[self.threads, 1, 1], cluster=(*self.launch_cluster, 1),
             min_blocks_per_mp=1, stream=stream, use_pdl=self.pdl,
@@ -476,16 +492,16 @@ class GemmSm90Kernel:
         tma_a: cute.CopyAtom, mA: cute.Tensor,
         tma_b: cute.CopyAtom, mB: cute.Tensor,
         tma_c: cute.CopyAtom, mC: cute.Tensor,
-        scale_a, scale_b,
+        scale_a, scale_b, tma_sa, mSA,
         tiled_mma: cute.TiledMma,
         sA_layout: cute.ComposedLayout, sB_layout: cute.ComposedLayout,
-        sC_layout: cute.ComposedLayout,
+        sC_layout: cute.ComposedLayout, sSA_layout: cute.Layout,
         sched_params: utils.PersistentTileSchedulerParams,
     ):
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == 0:
-            atoms.prefetch_tma_descriptors(tma_a, tma_b, tma_c)
+            atoms.prefetch_tma_descriptors(tma_a, tma_b, tma_c, tma_sa)
 
         cta_layout = cute.make_layout((*self.cluster, 1))
         cta_rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
@@ -499,11 +515,16 @@ class GemmSm90Kernel:
         sA = storage.sA.get_tensor(sA_layout.outer, swizzle=sA_layout.inner)
         sB = storage.sB.get_tensor(sB_layout.outer, swizzle=sB_layout.inner)
         sC = storage.sC.get_tensor(sC_layout.outer, swizzle=sC_layout.inner)
+        sSA = None
+        if cutlass.const_expr(self.scale_mode == "block"):
+            sSA = storage.sSA.get_tensor(sSA_layout)
 
         # Mainloop pipeline.  Every consumer warp of the tile's owner releases a stage once to each
         # CTA that multicasts into it (its cluster row and column, itself counted once).
         stage_bytes = (atoms.stage_bytes(self.ab_dtype, sA_layout)
                        + atoms.stage_bytes(self.ab_dtype, sB_layout))
+        if cutlass.const_expr(self.scale_mode == "block"):
+            stage_bytes += atoms.stage_bytes(cutlass.Float32, sSA_layout)
         mcast_peers = self.mcast_a + self.mcast_b - 1
         ab_pipe = atoms.tma_pipeline(storage.ab_barriers.data_ptr(), self.ab_stages, stage_bytes,
                                      mcast_peers * self.mma_wgs * 4,
@@ -548,7 +569,7 @@ class GemmSm90Kernel:
             cute.arch.setmaxregister_decrease(atoms.GEMM_PRODUCER_REGS)
             if warp_idx == 0:
                 self.produce(tma_a, tma_b, sA, sB, gA, gB, ab_pipe, cta_layout, cluster_coord,
-                             sched_params, k_tiles)
+                             sched_params, k_tiles, tma_sa, mSA, sSA)
         else:
             cute.arch.setmaxregister_increase(self.consumer_regs)
             # Which tile owner (ping-pong warpgroup) this thread belongs to, and its index there.
@@ -556,11 +577,11 @@ class GemmSm90Kernel:
             red = storage.red.get_tensor(cute.make_layout(max(1, self.red_elems)))
             self.consume(tiled_mma, tma_c, sA, sB, sC, gC, ab_pipe, order_bars, red, red_bars,
                          scale_a, scale_b, sched_params, k_tiles,
-                         (tidx - 128) % self.epi_threads, owner, warp_idx, cta_rank)
+                         (tidx - 128) % self.epi_threads, owner, warp_idx, cta_rank, sSA)
 
     @cute.jit
     def produce(self, tma_a, tma_b, sA, sB, gA, gB, ab_pipe, cta_layout, cluster_coord,
-                sched_params, k_tiles):
+                sched_params, k_tiles, tma_sa=None, mSA=None, sSA=None):
         """The TMA warp: for every scheduled tile, every k-block into the next free stage."""
         # Slice of the shared tile this CTA loads, and which peers receive it.
         tAsA, tAgA = cute.nvgpu.cpasync.tma_partition(
@@ -571,6 +592,13 @@ class GemmSm90Kernel:
             tma_b, cluster_coord[0], cute.make_layout(self.cluster[0]),
             cute.group_modes(sB, 0, 2), cute.group_modes(gB, 0, 2),
         )
+        tSs = tSg = None
+        if cutlass.const_expr(self.scale_mode == "block"):
+            # This CTA's own scale_a box per k-block (not multicast): (tile M, 1, m tiles, KB).
+            gSA = cute.local_tile(mSA, (self.tile[0], 1), (None, None))
+            tSs, tSg = cute.nvgpu.cpasync.tma_partition(
+                tma_sa, 0, cute.make_layout(1), cute.group_modes(sSA, 0, 2), cute.group_modes(gSA, 0, 2),
+            )
         a_mask = None
         b_mask = None
         if cutlass.const_expr(self.mcast_a > 1):
@@ -624,6 +652,8 @@ class GemmSm90Kernel:
                           tma_bar_ptr=bar, mcast_mask=a_mask)
                 cute.copy(tma_b, tBgB_t[(None, k)], tBsB[(None, state.index)],
                           tma_bar_ptr=bar, mcast_mask=b_mask)
+                if cutlass.const_expr(self.scale_mode == "block"):
+                    cute.copy(tma_sa, tSg[(None, m, k)], tSs[(None, state.index)], tma_bar_ptr=bar)
                 ab_pipe.producer_commit(state)
                 state.advance()
             skip = cutlass.Int32(0)
@@ -692,7 +722,7 @@ class GemmSm90Kernel:
 
     @cute.jit
     def consume(self, tiled_mma, tma_c, sA, sB, sC, gC, ab_pipe, order_bars, red, red_bars,
-                scale_a, scale_b, sched_params, k_tiles, ctidx, owner, warp_idx, cta_rank):
+                scale_a, scale_b, sched_params, k_tiles, ctidx, owner, warp_idx, cta_rank, sSA=None):
         """The MMA warpgroups: mainloop then epilogue, tile after tile.  ``owner`` is the
         ping-pong warpgroup (0 otherwise): it takes tiles owner, owner + 2, ... of this CTA's
         schedule and skips the other warpgroup's k-blocks in the smem ring.
@@ -780,33 +810,24 @@ class GemmSm90Kernel:
                 # every WGMMA when such a copy reads an accumulator in flight.
                 n_k = k_end - k_begin
                 if cutlass.const_expr(self.scale_mode == "block"):
-                    # Each k-block's partial sum times scale_a[row, kb]·scale_b[n-block, kb].  The
-                    # scales of a pair of k-blocks are loaded one pair ahead (a load issued with
-                    # the block's own WGMMAs came back too late under the TMA traffic: 35-45 %
-                    # slower than per-tensor scales on an H100; two pairs ahead, in two register
-                    # buffers, measured slower than one: notes/gemm-fp8.md).
-                    row0 = m * self.tile[0]
+                    # Each k-block's partial sum times scale_a[row, kb]·scale_b[n-block, kb].
+                    # scale_a comes with the k-block's stage (TMA, as far ahead as the ring), read
+                    # from shared memory once the stage is full; scale_b is one value per CTA and
+                    # k-block (consecutive k-blocks share a cache line).  (Global loads of
+                    # scale_a with the block's own WGMMAs came back too late under the TMA
+                    # traffic: 35-45 % slower than per-tensor scales on an H100; one pair ahead
+                    # still 15 %: notes/gemm-fp8.md.)
                     n_blk = n * self.tile[1] // atoms.BLOCK_SCALE_K
-                    last = k_end - 1
                     s0 = atoms.block_scale_regs(cC)
                     s1 = atoms.block_scale_regs(cC)
-                    n0 = atoms.block_scale_regs(cC)
-                    n1 = atoms.block_scale_regs(cC)
-                    atoms.load_block_scales_into(n0, cC, scale_a, scale_b, row0, n_blk, k_begin)
-                    atoms.load_block_scales_into(n1, cC, scale_a, scale_b, row0, n_blk,
-                                                 cutlass.min(k_begin + 1, last))
                     for pair in range(n_k // 2):
                         kb = k_begin + 2 * pair
-                        s0.store(n0.load())
-                        s1.store(n1.load())
                         tiled_mma = self._issue_k_block(tiled_mma, part, tCrA, tCrB, ab_pipe, read, k_blocks)
+                        atoms.block_scales_from_smem(s0, cC, sSA, read.index, scale_b, n_blk, kb)
                         read.advance()
                         tiled_mma = self._issue_k_block(tiled_mma, part2, tCrA, tCrB, ab_pipe, read, k_blocks)
+                        atoms.block_scales_from_smem(s1, cC, sSA, read.index, scale_b, n_blk, kb + 1)
                         read.advance()
-                        atoms.load_block_scales_into(n0, cC, scale_a, scale_b, row0, n_blk,
-                                                     cutlass.min(kb + 2, last))
-                        atoms.load_block_scales_into(n1, cC, scale_a, scale_b, row0, n_blk,
-                                                     cutlass.min(kb + 3, last))
                         cute.nvgpu.warpgroup.wait_group(1)
                         atoms.promote_scaled(acc, part, s0)
                         ab_pipe.consumer_release(release)
@@ -816,11 +837,11 @@ class GemmSm90Kernel:
                         ab_pipe.consumer_release(release)
                         release.advance()
                     if n_k % 2 == 1:
-                        # (n0 holds the last k-block's scales: loaded for min(k_begin + 2·pairs, last).)
                         tiled_mma = self._issue_k_block(tiled_mma, part, tCrA, tCrB, ab_pipe, read, k_blocks)
+                        atoms.block_scales_from_smem(s0, cC, sSA, read.index, scale_b, n_blk, k_end - 1)
                         read.advance()
                         cute.nvgpu.warpgroup.wait_group(0)
-                        atoms.promote_scaled(acc, part, n0)
+                        atoms.promote_scaled(acc, part, s0)
                         ab_pipe.consumer_release(release)
                         release.advance()
                 else:

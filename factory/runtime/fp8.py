@@ -9,7 +9,8 @@
   out[m, n] = sa[m]·sb[n]·Σ_k a[m, k]·b[n, k] (``_scaled_mm``'s row-wise form).
 - ``"block"`` (DeepSeek-V3 / DeepGEMM): KB = ceil(K/128), NB = ceil(N/128);
   scale_a (M, KB), one scale per row and 128 elements of K, stored **M-major**: strides (1, s) with
-  s >= M (``quantize_blockwise`` writes DeepGEMM's TMA-aligned s = M rounded up to a multiple of 4);
+  s >= M and a multiple of 4, data 16-byte aligned (DeepGEMM's TMA-aligned layout, which
+  ``quantize_blockwise`` writes: s = M rounded up to a multiple of 4);
   scale_b (NB, KB), one scale per 128x128 block of b, K-contiguous: strides (s, 1) with s >= KB.
   out[m, n] = Σ_kb sa[m, kb]·sb[n // 128, kb]·Σ_{k in block kb} a[m, k]·b[n, k]; each k-block's
   partial sum is scaled as it is added into the fp32 accumulators (two-level accumulation).
@@ -110,12 +111,17 @@ def scale_specs(mode: str, scale_a, scale_b, a, M: int, N: int, K: int, L: int, 
                          f"quantize_blockwise writes it so), got strides {scale_a.stride()}")
     if KB > 1 and a1 < M:
         raise InputError(f"block scale_a's k-block stride {a1} must be >= M = {M}")
+    if KB > 1 and a1 % 4:
+        raise InputError(f"block scale_a's k-block stride {a1} must be a multiple of 4 (16-byte rows, read by TMA; "
+                         f"quantize_blockwise / m_major write M rounded up to 4)")
+    if scale_a.data_ptr() % 16:
+        raise InputError("block scale_a's data must be 16-byte aligned (read by TMA)")
     if KB > 1 and b1 != 1:
         raise InputError(f"block scale_b ({NB}, {KB}) must be K-contiguous (strides (s, 1)), got {scale_b.stride()}")
     if NB > 1 and b0 < KB:
         raise InputError(f"block scale_b's row stride {b0} must be >= {KB}")
     a0 = 1 if M <= 1 else a0
-    a1 = a1 if KB > 1 else max(M, 1)
+    a1 = a1 if KB > 1 else _cdiv(max(M, 1), 4) * 4
     b1 = 1 if KB <= 1 else b1
     b0 = b0 if NB > 1 else max(KB, 1)
     specs = [(scale_a.data_ptr(), (M, KB), (a0, a1)), (scale_b.data_ptr(), (NB, KB), (b0, b1))]

@@ -66,7 +66,8 @@ typedef struct {
    FX_SCALE_ROW (torch _scaled_mm row-wise): scale_a (m), scale_b (n), unit stride:
      c[m][n] = sa[m]·sb[n]·Σ_k a[m][k]·b[n][k].
    FX_SCALE_BLOCK (DeepSeek-V3): kb = ceil(k/128), nb = ceil(n/128); scale_a (m, kb) M-major,
-     strides {1, s} with s >= m (DeepGEMM's TMA-aligned s = m rounded up to 4); scale_b (nb, kb)
+     strides {1, s} with s >= m and a multiple of 4, 16-byte aligned (DeepGEMM's TMA-aligned
+     layout: s = m rounded up to 4); scale_b (nb, kb)
      strides {s, 1} with s >= kb: c[m][n] = Σ_kb sa[m][kb]·sb[n/128][kb]·Σ_{k in block kb} a[m][k]·b[n][k].
    Row and block scales take l = 1.  Strides are in elements: scale_a_stride / scale_b_stride[0]
    is the stride of the m / n (or nb) mode, [1] of the kb mode (unused by the row form). */

@@ -907,6 +907,11 @@ static int32_t gemm_select(const fx_device_t *dev, const fx_gemm_problem_t *p, c
                         (long long)tsa[0], (long long)tsa[1]);
         if (kb > 1 && tsa[1] < p->m)
             return fail(FX_ERR_INPUT, "block scale_a's k-block stride %lld must be >= m = %lld", (long long)tsa[1], (long long)p->m);
+        if (kb > 1 && tsa[1] % 4)
+            return fail(FX_ERR_INPUT, "block scale_a's k-block stride %lld must be a multiple of 4 (16-byte rows, read by TMA)",
+                        (long long)tsa[1]);
+        if ((uintptr_t)p->scale_a % 16)
+            return fail(FX_ERR_INPUT, "block scale_a must be 16-byte aligned (read by TMA)");
         if (kb > 1 && tsb[1] != 1)
             return fail(FX_ERR_INPUT, "block scale_b (ceil(n/128), ceil(k/128)) must be K-contiguous, got strides %lld,%lld",
                         (long long)tsb[0], (long long)tsb[1]);
@@ -914,7 +919,7 @@ static int32_t gemm_select(const fx_device_t *dev, const fx_gemm_problem_t *p, c
             return fail(FX_ERR_INPUT, "block scale_b's row stride %lld must be >= ceil(k/128) = %lld", (long long)tsb[0], (long long)kb);
         /* modes of one element: any stride reads the same element; pass the packed one */
         if (p->m <= 1) tsa[0] = 1;
-        if (kb <= 1) tsa[1] = p->m > 1 ? p->m : 1;
+        if (kb <= 1) tsa[1] = cdiv(p->m > 1 ? p->m : 1, 4) * 4;
         if (kb <= 1) tsb[1] = 1;
         if (nb <= 1) tsb[0] = kb > 1 ? kb : 1;
     }
