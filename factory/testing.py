@@ -83,11 +83,38 @@ def variant_problem(entry, shape, device="cuda"):
     return (M, N, K, L), a, b, out
 
 
+def fp8_scaled_problem(mode: str, M: int, N: int, K: int, device="cuda"):
+    """A 2-D fp8 problem in scale form ``mode`` ("row" or "block", runtime/fp8.py) quantized from
+    random float32 data: (a, b, {"scale_a", "scale_b"}, float32 reference of the dequantized
+    operands' product)."""
+    import torch
+
+    from .runtime import fp8
+
+    xa = torch.randn(M, K, device=device) * (1 + torch.rand(M, 1, device=device) * 8)
+    xb = torch.randn(N, K, device=device) * (1 + torch.rand(1, K, device=device) * 4)
+    if mode == "row":
+        (a, sa), (b, sb) = fp8.quantize_rowwise(xa), fp8.quantize_rowwise(xb)
+        ref = fp8.dequantize_rowwise(a, sa) @ fp8.dequantize_rowwise(b, sb).t()
+    else:
+        (a, sa), (b, sb) = fp8.quantize_blockwise(xa, (1, 128)), fp8.quantize_blockwise(xb, (128, 128))
+        ref = fp8.dequantize_blockwise(a, sa) @ fp8.dequantize_blockwise(b, sb).t()
+    return a, b, {"scale_a": sa, "scale_b": sb}, ref
+
+
 def check_gemm(bundle, entry, shape, device="cuda") -> dict:
     import torch
 
-    (M, N, K, L), a, b, out = variant_problem(entry, shape, device)
     d = entry["dtypes"]
+    mode = entry.get("scale_mode") or "tensor"
+    if mode != "tensor":  # row / block scales: 2-D problems
+        M, N, K, _ = legal_gemm_shape(shape, entry)
+        a, b, scales, ref = fp8_scaled_problem(mode, M, N, K, device)
+        out = torch.full((M, N), float("nan"), dtype=torch_dtype(d["c"]), device=device)
+        bundle.gemm(a, b, out, variant=entry["name"], **scales)
+        torch.cuda.synchronize()
+        return _judge(entry["name"], [M, N, K, 1], out, ref, TOLERANCE[d["a"]])
+    (M, N, K, L), a, b, out = variant_problem(entry, shape, device)
     scales = {}
     ref_scale = 1.0
     if d["a"] == "e4m3":
@@ -182,15 +209,28 @@ def check_graph_capture(bundle, entry, device="cuda") -> dict:
 
     (M, N, K, L), a, b, out = variant_problem(entry, (384, 256, 512, 1), device)
     d, lay = entry["dtypes"], entry["layout"]
-    bundle.gemm(a, b, out, variant=entry["name"])  # warm-up: module load happens outside capture
+    mode = entry.get("scale_mode") or "tensor"
+    scales = {}
+    if mode != "tensor":  # row / block scales: 2-D, scales quantized with the operands
+        a, b, scales, _ = fp8_scaled_problem(mode, M, N, K, device)
+        out = out[0]
+    bundle.gemm(a, b, out, variant=entry["name"], **scales)  # warm-up: module load happens outside capture
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        bundle.gemm(a, b, out, variant=entry["name"])
+        bundle.gemm(a, b, out, variant=entry["name"], **scales)
     out.fill_(float("nan"))
-    a.copy_(gemm_operand(M, K, L, lay["a"], d["a"], device))  # new data, same buffers
+    if mode != "tensor":  # new data and scales, same buffers
+        a2, b2, sc2, ref = fp8_scaled_problem(mode, M, N, K, device)
+        a.copy_(a2)
+        b.copy_(b2)
+        scales["scale_a"].copy_(sc2["scale_a"])
+        scales["scale_b"].copy_(sc2["scale_b"])
+    else:
+        a.copy_(gemm_operand(M, K, L, lay["a"], d["a"], device))  # new data, same buffers
     g.replay()
     torch.cuda.synchronize()
-    ref = torch.matmul(a.float(), b.float().transpose(1, 2))
+    if mode == "tensor":
+        ref = torch.matmul(a.float(), b.float().transpose(1, 2))
     err = rel_error(out, ref)
     nan = int(torch.isnan(out).sum())
     return {"variant": entry["name"] + " [graph replay]", "shape": [M, N, K, L], "rel_err": err, "nan": nan,

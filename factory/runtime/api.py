@@ -33,31 +33,39 @@ class Bundle(BundleCore):
         return cls.open(default_path(None if capability is None else tuple(capability)), capability, device)
 
     def gemm(self, a, b, out=None, *, out_dtype=None, scale_a=None, scale_b=None, variant: str | None = None,
-             b_constant: bool = False):
+             b_constant: bool = False, scale_mode: str | None = None):
         """``out = a @ b.T`` (runtime/gemm.py; ``b`` packed by ``pack_b``: runtime/packed.py).
         ``b_constant=True`` promises that no kernel that may still be running in the stream writes
         ``b`` (model weights): decode variants launched with programmatic dependent launch then
-        start streaming ``b`` before the previous kernel has finished."""
+        start streaming ``b`` before the previous kernel has finished.  fp8 scales: one per tensor,
+        per row of a and b, or per 1x128 / 128x128 block, told apart by their shapes (or
+        ``scale_mode``); runtime/fp8.py gives the layouts and the quantizers that write them."""
         gemm, packed, _, bs, compiling = _OPS or _ops()
         if compiling():  # traced by torch.compile: the bundle's torch op, whose fake checks like this call
-            return self.traced_gemm(a, b, out, out_dtype, scale_a, scale_b, variant, b_constant)
+            return self.traced_gemm(a, b, out, out_dtype, scale_a, scale_b, variant, b_constant, scale_mode)
         if isinstance(a, bs.BlockScaled) or isinstance(b, bs.BlockScaled):
-            if scale_a is not None or scale_b is not None or b_constant:
-                raise InputError("block-scaled operands carry their own scales: scale_a, scale_b and "
+            if scale_a is not None or scale_b is not None or b_constant or scale_mode is not None:
+                raise InputError("block-scaled operands carry their own scales: scale_a, scale_b, scale_mode and "
                                     "b_constant do not apply")
             return bs.gemm_blockscaled(self, a, b, out, out_dtype=out_dtype, variant=variant)
         if isinstance(b, packed.PackedB):
+            if scale_mode not in (None, "tensor"):
+                raise InputError("packed weights take per-tensor fp8 scales only")
             return packed.gemm_packed(self, a, b, out, out_dtype=out_dtype, scale_a=scale_a, scale_b=scale_b,
                                       variant=variant, b_constant=b_constant)
         return gemm.gemm(self, a, b, out, out_dtype=out_dtype, scale_a=scale_a, scale_b=scale_b,
-                         variant=variant, b_constant=b_constant)
+                         variant=variant, b_constant=b_constant, scale_mode=scale_mode)
 
-    def traced_gemm(self, a, b, out, out_dtype, scale_a, scale_b, variant, b_constant):
+    def traced_gemm(self, a, b, out, out_dtype, scale_a, scale_b, variant, b_constant, scale_mode=None):
         """``gemm`` while torch.compile traces it: through this bundle's torch ops."""
         packed = (_OPS or _ops())[1]
         if variant is not None:
             raise InputError("variant= is not available under torch.compile: let the selection choose")
         ops = self.torch_ops()
+        if isinstance(b, packed.PackedB) or out is not None:
+            if scale_mode is not None:
+                raise InputError("scale_mode= under torch.compile is taken by gemm without out= or packed "
+                                 "weights: the scale shapes tell the form")
         if isinstance(b, packed.PackedB):
             import torch
 
@@ -70,7 +78,7 @@ class Bundle(BundleCore):
                 raise InputError(f"out_dtype {out_dtype} differs from out's dtype {out.dtype}: give one of them")
             ops.gemm_out(a, b, out, scale_a, scale_b, b_constant)
             return out
-        return ops.gemm(a, b, out_dtype, scale_a, scale_b, b_constant)
+        return ops.gemm(a, b, out_dtype, scale_a, scale_b, b_constant, scale_mode)
 
     def preload(self, ops=("gemm", "gemm_blockscaled", "attention")) -> int:
         """Load every variant of ``ops`` that this device runs (``BundleCore.preload``; the modules

@@ -29,8 +29,9 @@ _SETS: dict[int, tuple[object, str, object]] = {}  # id(bundle) -> (bundle, name
 _LOCK = threading.Lock()
 
 
-def _gemm(bundle, a, b, out_dtype=None, scale_a=None, scale_b=None, b_constant=False):
-    return bundle.gemm(a, b, out_dtype=out_dtype, scale_a=scale_a, scale_b=scale_b, b_constant=b_constant)
+def _gemm(bundle, a, b, out_dtype=None, scale_a=None, scale_b=None, b_constant=False, scale_mode=None):
+    return bundle.gemm(a, b, out_dtype=out_dtype, scale_a=scale_a, scale_b=scale_b, b_constant=b_constant,
+                       scale_mode=scale_mode)
 
 
 def _gemm_out(bundle, a, b, out, scale_a=None, scale_b=None, b_constant=False):
@@ -58,10 +59,10 @@ def _attention_kvcache(bundle, q, k_cache, v_cache, cache_seqlens, block_table=N
                                     return_lse=True, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q)
 
 
-def _gemm_fake(bundle, a, b, out_dtype=None, scale_a=None, scale_b=None, b_constant=False):
+def _gemm_fake(bundle, a, b, out_dtype=None, scale_a=None, scale_b=None, b_constant=False, scale_mode=None):
     from . import gemm
 
-    return gemm.check_meta(bundle, a, b, None, out_dtype, scale_a, scale_b, b_constant)
+    return gemm.check_meta(bundle, a, b, None, out_dtype, scale_a, scale_b, b_constant, scale_mode)
 
 
 def _gemm_out_fake(bundle, a, b, out, scale_a=None, scale_b=None, b_constant=False):
@@ -103,7 +104,7 @@ def _attention_kvcache_fake(bundle, q, k_cache, v_cache, cache_seqlens, block_ta
 
 OPS = {
     "gemm": ("gemm(Tensor a, Tensor b, ScalarType? out_dtype=None, Tensor? scale_a=None, Tensor? scale_b=None, "
-             "bool b_constant=False) -> Tensor", _gemm, _gemm_fake),
+             "bool b_constant=False, str? scale_mode=None) -> Tensor", _gemm, _gemm_fake),
     "gemm_out": ("gemm_out(Tensor a, Tensor b, Tensor(a!) out, Tensor? scale_a=None, Tensor? scale_b=None, "
                  "bool b_constant=False) -> ()", _gemm_out, _gemm_out_fake),
     "gemm_packed": ("gemm_packed(Tensor a, Tensor packed, Tensor? scale_a=None, Tensor? scale_b=None, "

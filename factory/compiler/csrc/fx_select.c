@@ -261,6 +261,7 @@ FX_EXPORT int32_t fx_device_query(int32_t device, fx_device_t *out) {
 }
 
 static int64_t cdiv(int64_t a, int64_t b) { return a / b + (a % b != 0); } /* a >= 0, b > 0 */
+#define FX_SCALE_BLOCK_K 128 /* K elements (and rows of b) per block scale */
 static i128 cdiv128(i128 a, i128 b) { return (a + b - 1) / b; }
 
 static const char *dtype_name(int32_t d) {
@@ -820,8 +821,8 @@ static int32_t gemm_b_constant(const gemm_ctx *g, int32_t plain) {
    factory/compiler/selection.py checks), the device name only as whether the tuning table
    applies. */
 typedef struct {
-    int32_t cc_major, cc_minor, sm_count, tuned, ab, c, am, bm, b_constant, align[5];
-    int64_t M, N, K, L, strides[9];
+    int32_t cc_major, cc_minor, sm_count, tuned, ab, c, am, bm, b_constant, align[5], scale_mode;
+    int64_t M, N, K, L, strides[13];
 } gemm_key;
 
 #define FX_CACHE_SLOTS 64
@@ -830,7 +831,7 @@ static _Thread_local struct {
     int32_t choice; /* variant + 1; 0: empty slot */
 } fx_gemm_cache[FX_CACHE_SLOTS];
 
-static uint32_t gemm_key_of(const gemm_ctx *g, const fx_gemm_problem_t *p, gemm_key *k) {
+static uint32_t gemm_key_of(const gemm_ctx *g, const fx_gemm_problem_t *p, const fx_gemm_scales_t *sc, gemm_key *k) {
     memset(k, 0, sizeof *k);
     k->cc_major = g->dev->cc_major, k->cc_minor = g->dev->cc_minor, k->sm_count = g->dev->sm_count;
     k->tuned = tuning_applies(g->dev);
@@ -842,6 +843,13 @@ static uint32_t gemm_key_of(const gemm_ctx *g, const fx_gemm_problem_t *p, gemm_
         k->strides[i] = p->a_stride[i];
         k->strides[3 + i] = p->b_stride[i];
         k->strides[6 + i] = p->c_stride[i];
+    }
+    if (sc) {
+        k->scale_mode = sc->mode;
+        for (int i = 0; i < 2; i++) {
+            k->strides[9 + i] = sc->scale_a_stride[i];
+            k->strides[11 + i] = sc->scale_b_stride[i];
+        }
     }
     uint32_t h = 2166136261u; /* FNV-1a */
     const unsigned char *b = (const unsigned char *)k;
@@ -866,7 +874,8 @@ static int64_t elem_bytes(int32_t dtype) {
 }
 
 /* The GEMM op's checks up to the launch (runtime/gemm.py), and the choice, cached per thread. */
-static int32_t gemm_select(const fx_device_t *dev, const fx_gemm_problem_t *p, fx_selection_t *out, gemm_ctx *g) {
+static int32_t gemm_select(const fx_device_t *dev, const fx_gemm_problem_t *p, const fx_gemm_scales_t *sc,
+                           fx_selection_t *out, gemm_ctx *g) {
     memset(out, 0, sizeof *out);
     out->variant = -1;
     fx_msg[0] = 0;
@@ -887,17 +896,65 @@ static int32_t gemm_select(const fx_device_t *dev, const fx_gemm_problem_t *p, f
     if ((rc = check_bool("b_constant", p->b_constant))) return rc;
     int fp8 = ab == FX_DTYPE_E4M3;
     if (!fp8 && (p->scale_a || p->scale_b)) return fail(FX_ERR_INPUT, "scale_a/scale_b apply to fp8 GEMMs only");
+    int32_t mode = sc ? sc->mode : FX_SCALE_TENSOR;
+    if (mode != FX_SCALE_TENSOR && mode != FX_SCALE_ROW && mode != FX_SCALE_BLOCK)
+        return fail(FX_ERR_INPUT, "unknown scale mode %d (tensor 0, row 1, block 2)", mode);
+    if (mode != FX_SCALE_TENSOR && !fp8) return fail(FX_ERR_INPUT, "row and block scales apply to fp8 GEMMs only");
+    if (mode != FX_SCALE_TENSOR && p->l != 1)
+        return fail(FX_ERR_INPUT, "row and block scales take l = 1 (2-D a and b), got l = %lld", (long long)p->l);
+    /* the scales' shapes and strides by form: (1), (1) / (m), (n) / (m, kb), (nb, kb) */
+    int64_t kb = cdiv(p->k, FX_SCALE_BLOCK_K), nb = cdiv(p->n, FX_SCALE_BLOCK_K);
+    int64_t ssa[2] = {1, 1}, ssb[2] = {1, 1}, tsa[2] = {1, 1}, tsb[2] = {1, 1};
+    int32_t srank = mode == FX_SCALE_BLOCK ? 2 : 1;
+    if (mode != FX_SCALE_TENSOR)
+        if ((rc = check_stride("scale_a_stride", sc->scale_a_stride, 0, srank)) ||
+            (rc = check_stride("scale_b_stride", sc->scale_b_stride, 0, srank)))
+            return rc;
+    if (mode == FX_SCALE_ROW) {
+        ssa[0] = p->m, ssb[0] = p->n, tsa[0] = sc->scale_a_stride[0], tsb[0] = sc->scale_b_stride[0];
+        if ((p->m > 1 && tsa[0] != 1) || (p->n > 1 && tsb[0] != 1))
+            return fail(FX_ERR_INPUT, "row scales must be contiguous (scale_a stride %lld, scale_b stride %lld)",
+                        (long long)tsa[0], (long long)tsb[0]);
+    } else if (mode == FX_SCALE_BLOCK) {
+        ssa[0] = p->m, ssa[1] = kb, ssb[0] = nb, ssb[1] = kb;
+        for (int i = 0; i < 2; i++) tsa[i] = sc->scale_a_stride[i], tsb[i] = sc->scale_b_stride[i];
+        if (p->m > 1 && tsa[0] != 1)
+            return fail(FX_ERR_INPUT, "block scale_a (m, ceil(k/128)) must be M-major (stride 1 along m), got strides %lld,%lld",
+                        (long long)tsa[0], (long long)tsa[1]);
+        if (kb > 1 && tsa[1] < p->m)
+            return fail(FX_ERR_INPUT, "block scale_a's k-block stride %lld must be >= m = %lld", (long long)tsa[1], (long long)p->m);
+        if (kb > 1 && tsa[1] % 4)
+            return fail(FX_ERR_INPUT, "block scale_a's k-block stride %lld must be a multiple of 4 (16-byte rows, read by TMA)",
+                        (long long)tsa[1]);
+        if ((uintptr_t)p->scale_a % 16)
+            return fail(FX_ERR_INPUT, "block scale_a must be 16-byte aligned (read by TMA)");
+        if (kb > 1 && tsb[1] != 1)
+            return fail(FX_ERR_INPUT, "block scale_b (ceil(n/128), ceil(k/128)) must be K-contiguous, got strides %lld,%lld",
+                        (long long)tsb[0], (long long)tsb[1]);
+        if (nb > 1 && tsb[0] < kb)
+            return fail(FX_ERR_INPUT, "block scale_b's row stride %lld must be >= ceil(k/128) = %lld", (long long)tsb[0], (long long)kb);
+        /* modes of one element: any stride reads the same element; pass the packed one */
+        if (p->m <= 1) tsa[0] = 1;
+        if (kb <= 1) tsa[1] = cdiv(p->m > 1 ? p->m : 1, 4) * 4;
+        if (kb <= 1) tsb[1] = 1;
+        if (nb <= 1) tsb[0] = kb > 1 ? kb : 1;
+    }
+    if (mode == FX_SCALE_ROW) { /* one element: any stride reads it */
+        if (p->m <= 1) tsa[0] = 1;
+        if (p->n <= 1) tsb[0] = 1;
+    }
     /* the operands' extents (checked: each fits int64, in elements and in bytes), c's layout, and
        c against every input */
-    int64_t sa[3] = {p->m, p->k, p->l}, sb[3] = {p->n, p->k, p->l}, sc[3] = {p->m, p->n, p->l}, one = 1, span;
+    int64_t sa[3] = {p->m, p->k, p->l}, sb[3] = {p->n, p->k, p->l}, sc3[3] = {p->m, p->n, p->l}, span;
     fx_range in[4], oc;
     if ((rc = span_of("a", 3, sa, p->a_stride, &span)) || (rc = range_of(&in[0], "a", p->a, span, elem_bytes(ab))) ||
         (rc = span_of("b", 3, sb, p->b_stride, &span)) || (rc = range_of(&in[1], "b", p->b, span, elem_bytes(ab))) ||
-        (rc = span_of("c", 3, sc, p->c_stride, &span)) || (rc = range_of(&oc, "c", p->c, span, elem_bytes(c))))
+        (rc = span_of("c", 3, sc3, p->c_stride, &span)) || (rc = range_of(&oc, "c", p->c, span, elem_bytes(c))))
         return rc;
-    range_of(&in[2], "scale_a", p->scale_a, fp8, 4);
-    range_of(&in[3], "scale_b", p->scale_b, fp8, 4);
-    if ((rc = check_distinct("c", 3, sc, p->c_stride)) || (rc = check_disjoint(&oc, in, 4))) return rc;
+    if ((rc = span_of("scale_a", srank, ssa, tsa, &span)) || (rc = range_of(&in[2], "scale_a", p->scale_a, fp8 ? span : 0, 4)) ||
+        (rc = span_of("scale_b", srank, ssb, tsb, &span)) || (rc = range_of(&in[3], "scale_b", p->scale_b, fp8 ? span : 0, 4)))
+        return rc;
+    if ((rc = check_distinct("c", 3, sc3, p->c_stride)) || (rc = check_disjoint(&oc, in, 4))) return rc;
     if (p->m == 0 || p->n == 0 || p->l == 0 || p->k == 0) return 0; /* nothing to launch */
 
     memset(g, 0, sizeof *g);
@@ -907,11 +964,11 @@ static int32_t gemm_select(const fx_device_t *dev, const fx_gemm_problem_t *p, f
     g->M = p->m, g->N = p->n, g->K = p->k, g->L = p->l;
     spec(&g->vals[0], p->a, 3, sa, p->a_stride);
     spec(&g->vals[1], p->b, 3, sb, p->b_stride);
-    spec(&g->vals[2], p->c, 3, sc, p->c_stride);
+    spec(&g->vals[2], p->c, 3, sc3, p->c_stride);
     g->n_vals = 3;
     if (fp8) {
-        spec(&g->vals[3], p->scale_a, 1, &one, &one);
-        spec(&g->vals[4], p->scale_b, 1, &one, &one);
+        spec(&g->vals[3], p->scale_a, srank, ssa, tsa);
+        spec(&g->vals[4], p->scale_b, srank, ssb, tsb);
         g->n_vals = 5;
     }
     g->am = gemm_major(&g->vals[0].t, FX_MAJOR_M);
@@ -921,7 +978,7 @@ static int32_t gemm_select(const fx_device_t *dev, const fx_gemm_problem_t *p, f
                     (long long)p->a_stride[0], (long long)p->a_stride[1], (long long)p->a_stride[2],
                     (long long)p->b_stride[0], (long long)p->b_stride[1], (long long)p->b_stride[2]);
     gemm_key key;
-    uint32_t slot = gemm_key_of(g, p, &key);
+    uint32_t slot = gemm_key_of(g, p, sc, &key);
     int32_t choice;
     if (fx_gemm_cache[slot].choice && memcmp(&fx_gemm_cache[slot].key, &key, sizeof key) == 0) {
         choice = fx_gemm_cache[slot].choice - 1;
@@ -956,7 +1013,20 @@ FX_EXPORT int32_t fx_gemm_select(const fx_device_t *dev, const fx_gemm_problem_t
     fx_selection_t tmp;
     gemm_ctx g;
     if (!out) out = &tmp;
-    return finish(gemm_select(dev, p, out, &g), out);
+    return finish(gemm_select(dev, p, NULL, out, &g), out);
+}
+
+FX_EXPORT int32_t fx_gemm_scaled_select(const fx_device_t *dev, const fx_gemm_problem_t *p, const fx_gemm_scales_t *scales,
+                                        fx_selection_t *out) {
+    fx_selection_t tmp;
+    gemm_ctx g;
+    if (!out) out = &tmp;
+    if (!scales) {
+        memset(out, 0, sizeof *out);
+        out->variant = -1;
+        return finish(fail(FX_ERR_INPUT, "fx_gemm_scaled_select: scales must not be NULL"), out);
+    }
+    return finish(gemm_select(dev, p, scales, out, &g), out);
 }
 
 /* --- attention: runtime/attention.py ----------------------------------------------------------- */
@@ -2098,10 +2168,10 @@ static int32_t gemm_zero(const fx_gemm_problem_t *p, cudaStream_t stream) {
     return 0;
 }
 
-static int32_t gemm_run(const fx_device_t *dev, const fx_gemm_problem_t *p, void *workspace, uint64_t workspace_bytes,
-                        fx_stream_t stream, fx_selection_t *out) {
+static int32_t gemm_run(const fx_device_t *dev, const fx_gemm_problem_t *p, const fx_gemm_scales_t *sc, void *workspace,
+                        uint64_t workspace_bytes, fx_stream_t stream, fx_selection_t *out) {
     gemm_ctx g;
-    int32_t rc = gemm_select(dev, p, out, &g);
+    int32_t rc = gemm_select(dev, p, sc, out, &g);
     if (rc) return rc;
     if (out->variant < 0) {
         if (p->k != 0) return 0;
@@ -2111,7 +2181,7 @@ static int32_t gemm_run(const fx_device_t *dev, const fx_gemm_problem_t *p, void
     }
     if (!p->a || !p->b || !p->c) return fail(FX_ERR_INPUT, "fx_gemm needs the a, b and c pointers");
     if (p->ab_dtype == FX_DTYPE_E4M3 && (!p->scale_a || !p->scale_b))
-        return fail(FX_ERR_INPUT, "fp8 GEMMs need scale_a and scale_b (device pointers to one float32 each)");
+        return fail(FX_ERR_INPUT, "fp8 GEMMs need scale_a and scale_b (device pointers to float32 scales)");
     if ((rc = check_workspace(out->workspace_bytes, workspace, workspace_bytes))) return rc;
     {
         const void *ptrs[6] = {p->a, p->b, p->c, p->scale_a, p->scale_b, out->workspace_bytes ? workspace : NULL};
@@ -2134,7 +2204,19 @@ FX_EXPORT int32_t fx_gemm(const fx_device_t *dev, const fx_gemm_problem_t *p, vo
                           fx_stream_t stream, fx_selection_t *out) {
     fx_selection_t tmp;
     if (!out) out = &tmp;
-    return finish(gemm_run(dev, p, workspace, workspace_bytes, stream, out), out);
+    return finish(gemm_run(dev, p, NULL, workspace, workspace_bytes, stream, out), out);
+}
+
+FX_EXPORT int32_t fx_gemm_scaled(const fx_device_t *dev, const fx_gemm_problem_t *p, const fx_gemm_scales_t *scales,
+                                 void *workspace, uint64_t workspace_bytes, fx_stream_t stream, fx_selection_t *out) {
+    fx_selection_t tmp;
+    if (!out) out = &tmp;
+    if (!scales) {
+        memset(out, 0, sizeof *out);
+        out->variant = -1;
+        return finish(fail(FX_ERR_INPUT, "fx_gemm_scaled: scales must not be NULL"), out);
+    }
+    return finish(gemm_run(dev, p, scales, workspace, workspace_bytes, stream, out), out);
 }
 
 static int32_t attn_run(const fx_device_t *dev, const fx_attention_problem_t *p, void *workspace,
