@@ -1,5 +1,5 @@
 """The bundle's ops as torch custom ops: ``torch.ops.kernel_factory.{gemm, gemm_out, gemm_packed,
-attention, attention_kvcache}``, for ``torch.compile`` (Dynamo traces them as opaque calls, no graph break) and CUDA
+attention, attention_kvcache, grouped_gemm, grouped_gemm_out}``, for ``torch.compile`` (Dynamo traces them as opaque calls, no graph break) and CUDA
 graphs.  ``bundle.torch_ops()`` registers them once per process (``torch.library`` define + impl,
 the lower-cost path: see notes) and routes them to that bundle; a later call routes them to
 another bundle.  Fake (meta) implementations give the exact output shapes, dtypes and strides and
@@ -29,6 +29,10 @@ _SCHEMAS = {
                          "int window_right=-1, float softcap=0.0, Tensor? sinks=None, Tensor? k_descale=None, "
                          "Tensor? v_descale=None, Tensor? cu_seqlens_q=None, int? max_seqlen_q=None) "
                          "-> (Tensor, Tensor)",
+    "grouped_gemm": "grouped_gemm(Tensor a, Tensor b, Tensor? offs=None, Tensor? masked_m=None, "
+                    "int? expected_m=None) -> Tensor",
+    "grouped_gemm_out": "grouped_gemm_out(Tensor a, Tensor b, Tensor(a!) out, Tensor? offs=None, "
+                        "Tensor? masked_m=None, int? expected_m=None) -> ()",
 }
 
 
@@ -101,9 +105,34 @@ def _attention_kvcache_fake(q, k_cache, v_cache, cache_seqlens, block_table=None
     return torch.empty_like(q), lse
 
 
+def _grouped_gemm(a, b, offs=None, masked_m=None, expected_m=None):
+    return _BUNDLE.grouped_gemm(a, b, offs, masked_m, expected_m=expected_m)
+
+
+def _grouped_gemm_out(a, b, out, offs=None, masked_m=None, expected_m=None):
+    _BUNDLE.grouped_gemm(a, b, offs, masked_m, out, expected_m=expected_m)
+
+
+def _grouped_gemm_fake(a, b, offs=None, masked_m=None, expected_m=None):
+    """Checks as the real op does (shapes, dtypes, layouts, the routing tensor, the bundle's
+    variants for these sizes and strides; no data is read), then the output."""
+    from . import grouped
+
+    want = grouped.check_plan(_BUNDLE, a, b, offs, masked_m, None, expected_m)
+    return a.new_empty(want)
+
+
+def _grouped_gemm_out_fake(a, b, out, offs=None, masked_m=None, expected_m=None):
+    from . import grouped
+
+    grouped.check_plan(_BUNDLE, a, b, offs, masked_m, out, expected_m)
+
+
 _IMPLS = {"gemm": (_gemm, _gemm_fake), "gemm_out": (_gemm_out, _gemm_out_fake),
           "gemm_packed": (_gemm_packed, _gemm_packed_fake), "attention": (_attention, _attention_fake),
-          "attention_kvcache": (_attention_kvcache, _attention_kvcache_fake)}
+          "attention_kvcache": (_attention_kvcache, _attention_kvcache_fake),
+          "grouped_gemm": (_grouped_gemm, _grouped_gemm_fake),
+          "grouped_gemm_out": (_grouped_gemm_out, _grouped_gemm_out_fake)}
 
 
 def register(bundle):
