@@ -48,7 +48,16 @@ def routing(E: int, M: int, gen, align: int = 1):
     return counts
 
 
-def bench_contig(bundle, E, N, K, M, gen, quick: bool) -> dict:
+def others(bundle, layout: str, chosen: str, every: bool) -> dict:
+    """With ``every``: the other variants of the layout, timed beside the choice (the choice's
+    regret), by name."""
+    if not every:
+        return {}
+    return {v["name"]: v["name"] for v in bundle.candidates("gemm_grouped")
+            if v.get("grouped") == layout and v["name"] != chosen and v["dtypes"]["a"] == "bf16"}
+
+
+def bench_contig(bundle, E, N, K, M, gen, quick: bool, every: bool = False) -> dict:
     import torch
 
     b = (torch.randn(E, N, K, device="cuda", dtype=torch.bfloat16) * 0.05).transpose(1, 2)
@@ -73,7 +82,10 @@ def bench_contig(bundle, E, N, K, M, gen, quick: bool) -> dict:
     # torch._grouped_mm has no out=: it allocates its output per call (the caching allocator's cost).
     calls = {"ours": lambda i: bundle.grouped_gemm(a, b, offs=offs, out=out),
              "torch": lambda i: torch._grouped_mm(a, b, offs=offs)}
+    for n in others(bundle, "contig", row["variant"], every):
+        calls[n] = lambda i, n=n: bundle.grouped_gemm(a, b, offs=offs, out=out, variant=n)
     t = time_interleaved(calls, 1, rounds=2 if quick else 4, budget_s=0.05)
+    row["variants_us"] = {n: t[n] * 1e6 for n in calls if n not in ("ours", "torch")}
     row["ours_us"], row["torch_us"] = t["ours"] * 1e6, t["torch"] * 1e6
     torch.cuda.synchronize()
     row["nan_rows"] = int(torch.isnan(out).any(1).sum())
@@ -91,7 +103,7 @@ def bench_contig(bundle, E, N, K, M, gen, quick: bool) -> dict:
     return row
 
 
-def bench_masked(bundle, E, N, K, cap, mean, gen) -> dict:
+def bench_masked(bundle, E, N, K, cap, mean, gen, every: bool = False) -> dict:
     import torch
 
     b = (torch.randn(E, N, K, device="cuda", dtype=torch.bfloat16) * 0.05).transpose(1, 2)
@@ -103,7 +115,10 @@ def bench_masked(bundle, E, N, K, cap, mean, gen) -> dict:
     row["variant"] = [v for k, v in bundle.selections.items() if k[0] == "gemm_grouped" and k[2]][-1]
     calls = {"ours": lambda i: bundle.grouped_gemm(a, b, masked_m=mm, out=out, expected_m=mean),
              "torch_bmm": lambda i: torch.bmm(a, b)}
+    for n in others(bundle, "masked", row["variant"], every):
+        calls[n] = lambda i, n=n: bundle.grouped_gemm(a, b, masked_m=mm, out=out, variant=n)
     t = time_interleaved(calls, 1, rounds=4, budget_s=0.05)
+    row["variants_us"] = {n: t[n] * 1e6 for n in calls if n not in ("ours", "torch_bmm")}
     ref = torch.bmm(a.float(), b.float())
     torch.cuda.synchronize()
     owned = torch.arange(cap, device="cuda")[None, :] < mm[:, None].long()
@@ -148,6 +163,7 @@ def main() -> int:
     ap.add_argument("--out", default=default_out("bench_grouped"))
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--models", nargs="*", default=list(MODELS))
+    ap.add_argument("--every-variant", action="store_true", help="also time every other variant of the layout")
     args = ap.parse_args()
     bundle = Bundle.open(args.bundle)
     gen = torch.Generator().manual_seed(1234)
@@ -158,7 +174,7 @@ def main() -> int:
         E, projs = MODELS[model]
         for proj, N, K in projs:
             for M in ROUTED:
-                r = bench_contig(bundle, E, N, K, M, gen, args.quick)
+                r = bench_contig(bundle, E, N, K, M, gen, args.quick, args.every_variant)
                 r.update(model=model, proj=proj)
                 rows.append(r)
                 print(json.dumps({k: (round(v, 2) if isinstance(v, float) else v) for k, v in r.items()}), flush=True)
@@ -167,13 +183,18 @@ def main() -> int:
     for model in args.models:
         E, projs = MODELS[model]
         proj, N, K = projs[0]
-        r = bench_masked(bundle, E, N, K, 64, 8, gen)
+        r = bench_masked(bundle, E, N, K, 64, 8, gen, args.every_variant)
         r.update(model=model, proj=proj)
         masked.append(r)
         print(json.dumps({k: (round(v, 2) if isinstance(v, float) else v) for k, v in r.items()}), flush=True)
         torch.cuda.empty_cache()
     host = host_cost(bundle)
     print(json.dumps(host))
+    for r in rows + masked:
+        if r.get("variants_us"):
+            best = min(r["variants_us"].items(), key=lambda kv: kv[1])
+            r["best_other"], r["best_other_us"] = best
+            r["regret"] = r["ours_us"] / min(best[1], r["ours_us"])
     sp = [r["speedup"] for r in rows]
     summary = {
         "device": torch.cuda.get_device_name(), "torch": torch.__version__,
@@ -184,10 +205,10 @@ def main() -> int:
         "contig": [{k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()
                     if k in ("model", "proj", "E", "N", "K", "M_total", "align", "empty", "variant", "ours_us",
                              "torch_us", "ours_eager_us", "torch_eager_us", "ours_tflops", "torch_tflops", "speedup",
-                             "ok")} for r in rows],
+                             "ok", "best_other", "best_other_us", "regret")} for r in rows],
         "masked": [{k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()
                     if k in ("model", "E", "N", "K", "capacity", "rows", "variant", "ours_us", "torch_bmm_us",
-                             "speedup", "ok")} for r in masked],
+                             "speedup", "ok", "best_other", "best_other_us", "regret")} for r in masked],
     }
     out.with_suffix(".json").write_text(json.dumps({"contig": rows, "masked": masked, "host": host}, indent=1))
     out.with_suffix(".summary.json").write_text(json.dumps(summary, indent=1))

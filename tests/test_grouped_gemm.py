@@ -118,6 +118,17 @@ def test_torch_ops(ops):
     torch.library.opcheck(kf.grouped_gemm_out, (bf(64, 128), w(4, 256, 128), bf(64, 256), i32(10, 10, 40, 64)),
                           test_utils=checks)
     assert any(n.startswith("gemm_grouped_") for n in b.rec.launched)
+    # A repeated problem takes the hot path (no checks beyond pointers); a new out that overlaps
+    # an input falls back to the checked path, which refuses it.
+    a, wt, offs = bf(64, 128), w(4, 256, 128), i32(10, 10, 40, 64)
+    n0 = len(b.rec.launched)
+    for _ in range(3):
+        assert b.grouped_gemm(a, wt, offs).shape == (64, 256)
+    assert len(b.rec.launched) == n0 + 3
+    big = bf(64, 512)
+    b.grouped_gemm(a, wt, offs, out=big[:, :256])
+    with pytest.raises(InputError, match="overlaps"):
+        b.grouped_gemm(big[:, :128], wt, offs, out=big[:, 128:384])
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     with FakeTensorMode():  # the fake refuses what the real op refuses, and says why

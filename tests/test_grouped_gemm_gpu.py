@@ -133,7 +133,8 @@ for mm in ([2**31 - 1] * 8, [-2**31] * 8, [41, 40, 39, -1, 0, 1, 10**9, 7]):
     torch.cuda.synchronize()
     ref = grouped.reference(am, b, masked_m=m)
     owned = ~torch.isnan(ref)
-    assert (out[owned].float() - ref[owned]).abs().max().item() < 0.5
+    if owned.any():
+        assert (out[owned].float() - ref[owned]).abs().max().item() < 0.5
     assert not (~torch.isnan(out[~owned])).any().item()
 o = torch.tensor([10, 40, 40, 100, 150, 200, 290, 300], dtype=torch.int32, device="cuda")
 out = bundle.grouped_gemm(a, b, offs=o)

@@ -112,8 +112,8 @@ class GemmGroupedSm90(Variant):
         tm, tn, tk = self.tile
         if tk != 128 // DTYPE_BYTES[self.ab]:
             return "tile K must be one 128-byte row"
-        if (self.schedule, tm) not in (("coop", 128), ("ws", 64)):
-            return "coop takes tile M 128, ws tile M 64"
+        if (self.schedule, tm) not in (("coop", 128), ("coop", 256), ("ws", 64)):
+            return "coop takes tile M 128 or 256, ws tile M 64"
         if not 32 <= tn <= 256 or tn % 32:
             return "tile N must be a multiple of 32 up to 256"
         if self.swizzle < 1:
@@ -492,8 +492,8 @@ GROUPED_TEST = (dict(**BF16, layout="contig", tile=(128, 128, 64), schedule="coo
 GROUPED_FULL = GROUPED_DEFAULT + tuple(
     dict(**BF16, layout=lay, tile=t, schedule=s, swizzle=sw)
     for lay in LAYOUTS
-    for t, s in (((128, 192, 64), "coop"), ((64, 256, 64), "ws"), ((64, 64, 64), "ws"))
-    for sw in (8,)
+    for t, s, sw in (((128, 256, 64), "coop", 4), ((128, 256, 64), "coop", 16), ((256, 128, 64), "coop", 8),
+                     ((128, 192, 64), "coop", 8), ((64, 256, 64), "ws", 8), ((64, 64, 64), "ws", 8))
 ) + tuple(dict(ab="f16", c="f16", layout=lay, tile=(128, 256, 64), schedule="coop") for lay in LAYOUTS)
 
 
