@@ -79,6 +79,9 @@ class GemmGroupedSm90(Variant):
     tile: tuple[int, int, int] = field(default=(128, 256, 64), metadata={"tag": "t"})
     schedule: str = field(default="coop", metadata={"tag": ""})
     swizzle: int = field(default=8, metadata={"tag": "sw"})
+    # 2: clusters of two CTAs on vertically adjacent m-tiles of one group and one n-tile, each
+    # loading half of the shared B tile and multicasting it to both.
+    cluster_m: int = field(default=1, metadata={"tag": "cm"})
 
     # --- contract ---------------------------------------------------------------------------------
     def signature(self) -> Signature:
@@ -98,7 +101,7 @@ class GemmGroupedSm90(Variant):
         return Signature(sig_args, tuple(sorted((k, v) for k, v in div.items() if k in syms)))
 
     def sass_requirements(self) -> tuple[str, ...]:
-        return self.required_sass
+        return self.required_sass + ((r"\bUTMALDG\.3D\.MULTICAST",) if self.cluster_m > 1 else ())
 
     # --- validity ---------------------------------------------------------------------------------
     def can_implement(self) -> str | None:
@@ -118,6 +121,8 @@ class GemmGroupedSm90(Variant):
             return "tile N must be a multiple of 32 up to 256"
         if self.swizzle < 1:
             return "swizzle must be >= 1"
+        if self.cluster_m not in (1, 2) or tn % (8 * self.cluster_m):
+            return "cluster_m must be 1 or 2 (B tile divisible among the peers)"
         plan = self.plan()
         if plan["ab_stages"] < 2:
             return f"only {plan['ab_stages']} smem stage(s) fit"
@@ -156,13 +161,13 @@ class GemmGroupedSm90(Variant):
             "grouped": self.layout,
             "max_groups": MAX_GROUPS,
             "tile": list(self.tile),
-            "cluster": [1, 1],
+            "cluster": [self.cluster_m, 1],
             "schedule": self.schedule,
             "swizzle": self.swizzle,
             "stages": plan["ab_stages"],
             "smem_bytes": plan["smem_bytes"],
             "threads": 128 * (1 + self.mma_wgs),
-            "persistent": {"arg": "max_clusters", "cluster_ctas": 1},
+            "persistent": {"arg": "max_clusters", "cluster_ctas": self.cluster_m},
             "constraints": {"divisibility": dict(sig.divisibility), "align_bytes": 16,
                             "tails": ["M", "N", "K"]},
         }
@@ -171,7 +176,7 @@ class GemmGroupedSm90(Variant):
         plan = self.plan()
         return GroupedGemmSm90Kernel(tile=self.tile, mma_wgs=self.mma_wgs, epi_tile=plan["epi_tile"],
                                      ab_stages=plan["ab_stages"], epi_stages=plan["epi_stages"],
-                                     masked=self.layout == "masked", swizzle=self.swizzle)
+                                     masked=self.layout == "masked", swizzle=self.swizzle, cluster_m=self.cluster_m)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -182,7 +187,7 @@ class GemmGroupedSm90(Variant):
 class GroupedGemmSm90Kernel:
     """Host side ``__call__(a, b, c, groups, max_clusters, stream)``; device side ``kernel``."""
 
-    def __init__(self, *, tile, mma_wgs, epi_tile, ab_stages, epi_stages, masked, swizzle):
+    def __init__(self, *, tile, mma_wgs, epi_tile, ab_stages, epi_stages, masked, swizzle, cluster_m=1):
         self.tile = tuple(tile)
         self.mma_wgs = mma_wgs
         self.epi_threads = 128 * mma_wgs
@@ -193,6 +198,9 @@ class GroupedGemmSm90Kernel:
         self.masked = masked
         self.swizzle = swizzle
         self.consumer_regs = atoms.GEMM_CONSUMER_REGS[mma_wgs]
+        # Rows of one walk step: a cluster's m-tiles (one per CTA, rank r taking the r-th).
+        self.cluster_m = cluster_m
+        self.step_m = tile[0] * cluster_m
 
     # --- host ------------------------------------------------------------------------------------
     @cute.jit
@@ -210,7 +218,7 @@ class GroupedGemmSm90Kernel:
         sB_layout = sm90_utils.make_smem_layout_b(b_layout, self.tile, ab_dtype, self.ab_stages)
         sC_layout = sm90_utils.make_smem_layout_epi(c_dtype, c_layout, self.epi_tile, self.epi_stages)
         tma_a, gA = atoms.tma_load_atom(a, sA_layout, (self.tile[0], self.tile[2]))
-        tma_b, gB = atoms.tma_load_atom(b, sB_layout, (self.tile[1], self.tile[2]))
+        tma_b, gB = atoms.tma_load_atom(b, sB_layout, (self.tile[1], self.tile[2]), self.cluster_m)
         tma_c, gC = atoms.tma_store_atom(c, sC_layout, self.epi_tile)
 
         # Persistent grid: at most max_clusters CTAs and at most the tiles any routing can make
@@ -218,9 +226,9 @@ class GroupedGemmSm90Kernel:
         tm, tn = self.tile[0], self.tile[1]
         n_groups = groups.shape[0]
         n_tiles = (c.shape[1] + tn - 1) // tn
-        m_tiles = (a.shape[0] + tm - 1) // tm
+        m_tiles = (a.shape[0] + self.step_m - 1) // self.step_m
         bound = n_tiles * (m_tiles * n_groups if cutlass.const_expr(self.masked) else m_tiles + n_groups)
-        ctas = cutlass.max(cutlass.min(max_clusters, bound), cutlass.Int32(1))
+        ctas = cutlass.max(cutlass.min(max_clusters, bound), cutlass.Int32(1)) * self.cluster_m
 
         @cute.struct
         class SharedStorage:
@@ -235,7 +243,8 @@ class GroupedGemmSm90Kernel:
         self.c_layout = c_layout
         self.kernel(tma_a, gA, tma_b, gB, tma_c, gC, c, groups, tiled_mma,
                     sA_layout, sB_layout, sC_layout).launch(
-            grid=(ctas, 1, 1), block=[self.threads, 1, 1], min_blocks_per_mp=1, stream=stream)
+            grid=(ctas, 1, 1), block=[self.threads, 1, 1], cluster=(self.cluster_m, 1, 1), min_blocks_per_mp=1,
+            stream=stream)
 
     # --- device ----------------------------------------------------------------------------------
     @cute.jit
@@ -255,14 +264,13 @@ class GroupedGemmSm90Kernel:
     def _build_table(self, groups, table, m_rows, n_tiles, lane):
         """One warp: table[g] = first tile of group g in the walk, table[E] = all tiles."""
         n_groups = groups.shape[0]
-        tm = self.tile[0]
         carry = cutlass.Int32(0)
         for chunk in cutlass.range_constexpr(MAX_GROUPS // 32):
             g = chunk * 32 + lane
             v = cutlass.Int32(0)
             if g < n_groups:
                 r0, r1 = self._group_rows(groups, g, m_rows)
-                v = (r1 - r0 + tm - 1) // tm * n_tiles
+                v = (r1 - r0 + self.step_m - 1) // self.step_m * n_tiles
             for d in cutlass.range_constexpr(5):
                 up = cute.arch.shuffle_sync_up(v, 1 << d)
                 if lane >= (1 << d):
@@ -286,7 +294,7 @@ class GroupedGemmSm90Kernel:
                 hi = mid
         g = lo
         r0, r1 = self._group_rows(groups, g, m_rows)
-        tm = self.tile[0]
+        tm = self.step_m
         m_tiles = (r1 - r0 + tm - 1) // tm
         local = t - table[g]
         band_tiles = self.swizzle * n_tiles
@@ -295,7 +303,10 @@ class GroupedGemmSm90Kernel:
         in_band = local - local // band_tiles * band_tiles
         m = first_m + in_band % rows_in_band
         n = in_band // rows_in_band
-        return g, n, r0 + m * tm, r1
+        row = r0 + m * tm
+        if cutlass.const_expr(self.cluster_m > 1):
+            row = row + cute.arch.block_idx_in_cluster() * self.tile[0]
+        return g, n, row, r1
 
     @cute.kernel
     def kernel(self, tma_a: cute.CopyAtom, mA: cute.Tensor, tma_b: cute.CopyAtom, mB: cute.Tensor,
@@ -315,9 +326,12 @@ class GroupedGemmSm90Kernel:
         table = storage.tile_start.get_tensor(cute.make_layout(MAX_GROUPS + 1))
 
         stage_bytes = (atoms.stage_bytes(self.ab_dtype, sA_layout) + atoms.stage_bytes(self.ab_dtype, sB_layout))
+        # Each stage of a CTA is written by its own A load and by both peers' halves of B: a
+        # consumer warp releases it to every CTA that writes into it.
+        cta_layout = cute.make_layout((self.cluster_m, 1, 1))
         ab_pipe = atoms.tma_pipeline(storage.ab_barriers.data_ptr(), self.ab_stages, stage_bytes,
-                                     self.mma_wgs * 4, cute.make_layout((1, 1, 1, 1)))
-        pipeline.pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
+                                     self.cluster_m * self.mma_wgs * 4, cute.make_layout((1, *cta_layout.shape)))
+        pipeline.pipeline_init_arrive(cluster_shape_mn=(self.cluster_m, 1), is_relaxed=True)
 
         m_rows = c.shape[0]
         n_tiles = (c.shape[1] + self.tile[1] - 1) // self.tile[1]
@@ -326,28 +340,34 @@ class GroupedGemmSm90Kernel:
         k_tiles = cute.size(gB, mode=[3])
         if warp_idx == 1:
             self._build_table(groups, table, m_rows, n_tiles, cute.arch.lane_idx())
-        pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1))
+        pipeline.pipeline_init_wait(cluster_shape_mn=(self.cluster_m, 1))
         cute.arch.sync_threads()  # the table is complete
 
         warpgroup = cute.arch.make_warp_uniform(tidx // 128)
         if warpgroup == 0:
             cute.arch.setmaxregister_decrease(atoms.GEMM_PRODUCER_REGS)
             if warp_idx == 0:
-                self.produce(tma_a, tma_b, sA, sB, mA, gB, ab_pipe, table, groups, m_rows, n_tiles, k_tiles)
+                self.produce(tma_a, tma_b, sA, sB, mA, gB, ab_pipe, table, groups, m_rows, n_tiles, k_tiles,
+                             cta_layout)
         else:
             cute.arch.setmaxregister_increase(self.consumer_regs)
             self.consume(tiled_mma, tma_c, sA, sB, sC, mC, c, ab_pipe, table, groups, m_rows, n_tiles,
                          k_tiles, tidx - 128, warp_idx)
 
     @cute.jit
-    def produce(self, tma_a, tma_b, sA, sB, mA, gB, ab_pipe, table, groups, m_rows, n_tiles, k_tiles):
-        """The TMA warp: every k-block of every tile this CTA takes into the next free stage."""
+    def produce(self, tma_a, tma_b, sA, sB, mA, gB, ab_pipe, table, groups, m_rows, n_tiles, k_tiles, cta_layout):
+        """The TMA warp: every k-block of every tile this CTA takes into the next free stage (with
+        a cluster: its own A tile, and its half of the B tile multicast to both peers)."""
+        rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
         tBsB, tBgB = cute.nvgpu.cpasync.tma_partition(
-            tma_b, 0, cute.make_layout(1), cute.group_modes(sB, 0, 2), cute.group_modes(gB, 0, 2))
+            tma_b, rank, cute.make_layout(self.cluster_m), cute.group_modes(sB, 0, 2), cute.group_modes(gB, 0, 2))
+        b_mask = None
+        if cutlass.const_expr(self.cluster_m > 1):
+            b_mask = cute.make_layout_image_mask(cta_layout, cta_layout.get_flat_coord(rank), mode=0)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.ab_stages)
         total = table[groups.shape[0]]
-        t = cute.arch.block_idx()[0]
-        step = cute.arch.grid_dim()[0]
+        t = cute.arch.block_idx()[0] // self.cluster_m
+        step = cute.arch.grid_dim()[0] // self.cluster_m
         while t < total:
             g, n, row, _ = self._locate(t, table, groups, m_rows, n_tiles)
             a_l = g if cutlass.const_expr(self.masked) else 0
@@ -360,7 +380,7 @@ class GroupedGemmSm90Kernel:
                 ab_pipe.producer_acquire(state)
                 bar = ab_pipe.producer_get_barrier(state)
                 cute.copy(tma_a, tAgA[(None, k)], tAsA[(None, state.index)], tma_bar_ptr=bar)
-                cute.copy(tma_b, tBgB_t[(None, k)], tBsB[(None, state.index)], tma_bar_ptr=bar)
+                cute.copy(tma_b, tBgB_t[(None, k)], tBsB[(None, state.index)], tma_bar_ptr=bar, mcast_mask=b_mask)
                 ab_pipe.producer_commit(state)
                 state.advance()
             t = t + step
@@ -408,8 +428,8 @@ class GroupedGemmSm90Kernel:
         read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stages)
         release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stages)
         total = table[groups.shape[0]]
-        t = cute.arch.block_idx()[0]
-        step = cute.arch.grid_dim()[0]
+        t = cute.arch.block_idx()[0] // self.cluster_m
+        step = cute.arch.grid_dim()[0] // self.cluster_m
         done = cutlass.Int32(0)
         while t < total:
             g, n, row, row_end = self._locate(t, table, groups, m_rows, n_tiles)
@@ -494,6 +514,8 @@ GROUPED_FULL = GROUPED_DEFAULT + tuple(
     for lay in LAYOUTS
     for t, s, sw in (((128, 256, 64), "coop", 4), ((128, 256, 64), "coop", 16), ((256, 128, 64), "coop", 8),
                      ((128, 192, 64), "coop", 8), ((64, 256, 64), "ws", 8), ((64, 64, 64), "ws", 8))
+) + tuple(
+    dict(**BF16, layout=lay, tile=t, schedule="coop", cluster_m=2) for lay in LAYOUTS for t in ((128, 256, 64), (128, 128, 64))
 ) + tuple(dict(ab="f16", c="f16", layout=lay, tile=(128, 256, 64), schedule="coop") for lay in LAYOUTS)
 
 
