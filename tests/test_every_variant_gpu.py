@@ -4,7 +4,8 @@ outputs, against a float32 reference (``factory.testing.check_variant``): GEMM (
 e4m3 with scales, split-K, the packed-weight decode GEMMs), attention (the sm80 family's
 portability build with its split-KV and varlen variants, the sm90 family, the sm90_decode family),
 attention over a KV cache (the sm90_decode family's paged, dense-cache, switch and fp8 builds; the sm90
-family's chunked-prefill builds, paged by TMA page boxes or cp.async rows).
+family's chunked-prefill builds, paged by TMA page boxes or cp.async rows), the grouped GEMM of
+mixture-of-experts layers (contiguous and masked layouts, factory.testing.GROUPED_CASES).
 Each variant's checks go into the test run's record (``--run-record``): the evidence that
 ``python -m factory build`` turns into ``executed`` labels (docs/proof.md)."""
 

@@ -178,3 +178,50 @@ def test_refusals_before_launch(bundle):
     with pytest.raises((InputError, NoVariantError)):  # K not whole 16-byte rows
         bundle.grouped_gemm(a[:, :250], b[:, :250], offs=offs)
     assert bundle.grouped_gemm(a, b, offs=offs).shape == (64, 128)  # still works
+
+
+def test_fx_gemm_grouped_matches_python(bundle):
+    """The C entry (fx_gemm_grouped, through ctypes) on both layouts: Python's variant and output
+    bit for bit; an output overlapping an input is refused before launch."""
+    import ctypes
+
+    from factory.runtime.manifest import sha256_file
+    from factory.runtime.selector import DTYPE, Device, GroupedProblem, Selection, _I64x3, load
+
+    path = GPU_BUNDLE / "lib" / "libfactory_bundle.so"
+    lib = load(path, sha256_file(path))
+    if not hasattr(lib, "fx_gemm_grouped"):
+        pytest.skip(f"{path} predates fx_gemm_grouped: relink it (python -m factory link)")
+    lib.fx_last_error_message.restype = ctypes.c_char_p
+    dev = Device()
+    assert lib.fx_device_query(torch.cuda.current_device(), ctypes.byref(dev)) == 0
+    stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+    E, N, K = 12, 1000, 1096
+    b = torch.randn(E, N, K, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    for masked in (0, 1):
+        if masked:
+            a = torch.randn(E, 70, K, device="cuda", dtype=torch.bfloat16)
+            grp = torch.tensor([0, 1, 70, 69, 5, 64, 65, 3, 0, 0, 2, 33], dtype=torch.int32, device="cuda")
+            c = torch.full((E, 70, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+            M, ast, cst = 70, (a.stride(1), 1, a.stride(0)), (c.stride(1), 1, c.stride(0))
+            ref = bundle.grouped_gemm(a, b, masked_m=grp, out=torch.full_like(c, float("nan")))
+        else:
+            counts = torch.tensor([0, 1, 300, 129, 0, 64, 1, 7, 0, 200, 128, 3])
+            a = torch.randn(int(counts.sum()), K, device="cuda", dtype=torch.bfloat16)
+            grp = counts.cumsum(0).to(torch.int32).cuda()
+            c = torch.full((a.shape[0], N), float("nan"), device="cuda", dtype=torch.bfloat16)
+            M, ast, cst = a.shape[0], (K, 1, 0), (N, 1, 0)
+            ref = bundle.grouped_gemm(a, b, offs=grp, out=torch.full_like(c, float("nan")))
+        p = GroupedProblem(DTYPE["bf16"], DTYPE["bf16"], masked, M, N, K, E, a.data_ptr(), _I64x3(*ast), b.data_ptr(),
+                           _I64x3(b.stride(2), b.stride(1), b.stride(0)), c.data_ptr(), _I64x3(*cst),
+                           None if masked else grp.data_ptr(), grp.data_ptr() if masked else None, 0)
+        sel = Selection()
+        rc = lib.fx_gemm_grouped(ctypes.byref(dev), ctypes.byref(p), stream, ctypes.byref(sel))
+        assert rc == 0, lib.fx_last_error_message()
+        torch.cuda.synchronize()
+        assert torch.equal(c.isnan(), ref.isnan()) and torch.equal(c.nan_to_num(), ref.nan_to_num()), sel.name
+        p.c = a.data_ptr()  # out over a: FX_ERR_INPUT, nothing launched
+        before = a.clone()
+        assert lib.fx_gemm_grouped(ctypes.byref(dev), ctypes.byref(p), stream, ctypes.byref(sel)) == -1
+        torch.cuda.synchronize()
+        assert b"overlaps" in lib.fx_last_error_message() and torch.equal(a, before)

@@ -1653,14 +1653,16 @@ typedef struct {
 
 /* A grouped variant's relative time for `rows` rows in each of E groups: waves of its tiles over
    the SMs (the persistent CTAs take the walk's tiles in turn) times one tile's MMA work over the
-   tile shape's efficiency: 128x256 1 (1.04 in a 2-CTA cluster, whose B multicast halves the B
-   traffic), other 128- and 256-row tiles 0.9, 64x256 0.8, 64x128 0.7, 64x64 0.5 (H100 runs of every
-   variant on the bench's expert shapes: notes/gemm-grouped.md); a 2-CTA cluster walks pairs of
-   m-tiles (a group's rows rounded up to two tiles).  A rule, not a fitted model. */
+   tile shape's efficiency: 128x256 1 (0.97 in a 2-CTA cluster: measured up to 27 % slower), other 128-
+   and 256-row tiles 0.9, 64x256 0.8, 64x128 0.7, 64x64 0.5, 64-row tiles x 0.6 past 48 rows per
+   group (H100 runs of every variant on the bench's expert shapes: notes/gemm-grouped.md); a 2-CTA
+   cluster walks pairs of m-tiles (a group's rows rounded up to two tiles).  A rule, not a fitted
+   model. */
 static double grouped_cost(const fx_variant *v, int64_t rows, int64_t N, int64_t K, int64_t E, int32_t sms) {
     int64_t tm = v->tile[0] > 0 ? v->tile[0] : 1, tn = v->tile[1] > 0 ? v->tile[1] : 1;
     int64_t cm = v->cluster[0] > 1 ? v->cluster[0] : 1;
-    double eff = tm >= 128 ? (tn >= 256 ? (cm > 1 ? 1.04 : 1.0) : 0.9) : tn >= 256 ? 0.8 : tn >= 128 ? 0.7 : 0.5;
+    double eff = tm >= 128 ? (tn >= 256 ? (cm > 1 ? 0.97 : 1.0) : 0.9) : tn >= 256 ? 0.8 : tn >= 128 ? 0.7 : 0.5;
+    if (tm < 128 && rows > 48) eff *= 0.6; /* past ~48 rows per group 128-row tiles won (weight reuse) */
     i128 tiles = (i128)E * cdiv(rows, tm * cm) * cm * cdiv(N, tn);
     i128 waves = cdiv128(tiles, sms > 0 ? sms : 1);
     return (double)waves * (double)tm * (double)tn * (double)K / eff;
