@@ -1527,6 +1527,20 @@ FX_EXPORT int32_t fx_gemm_packed_select(const fx_device_t *dev, const fx_gemm_pa
     return finish(packed_select(dev, p, out, &x), out);
 }
 
+/* A persistent GEMM variant chosen: its index and name, no split, and (cluster_ctas > 0) the grid cap
+   without the driver, max(1, SMs / CTAs per cluster). */
+static int32_t chosen(const fx_device_t *dev, int32_t best, fx_selection_t *out) {
+    const fx_variant *v = &fx_variants[best];
+    out->variant = best;
+    out->name = v->name;
+    out->splits = 1;
+    if (v->cluster_ctas) {
+        int32_t cap = dev->sm_count / v->cluster_ctas;
+        out->max_clusters = cap > 1 ? cap : 1;
+    }
+    return 0;
+}
+
 /* --- block-scaled GEMM: runtime/blockscaled.py's rule ----------------------------------------------- */
 typedef struct {
     fx_value vals[FX_MAX_ARGS]; /* a, b, c, a_scale, b_scale [, a_global, b_global] */
@@ -1624,15 +1638,7 @@ static int32_t bs_select(const fx_device_t *dev, const fx_gemm_blockscaled_probl
         return fail(FX_ERR_NO_VARIANT, "no gemm_blockscaled variant for %s -> %s, M=%lld N=%lld K=%lld L=%lld on compute "
                     "capability %d.%d%s%s%s", format_name(f), dtype_name(c), (long long)M, (long long)N, (long long)K,
                     (long long)L, dev->cc_major, dev->cc_minor, reason[0] ? " (closest: " : "", reason, reason[0] ? ")" : "");
-    const fx_variant *v = &fx_variants[best];
-    out->variant = best;
-    out->name = v->name;
-    out->splits = 1;
-    if (v->cluster_ctas) {
-        int32_t cap = dev->sm_count / v->cluster_ctas;
-        out->max_clusters = cap > 1 ? cap : 1;
-    }
-    return 0;
+    return chosen(dev, best, out);
 }
 
 FX_EXPORT int32_t fx_gemm_blockscaled_select(const fx_device_t *dev, const fx_gemm_blockscaled_problem_t *p,
@@ -1735,15 +1741,7 @@ static int32_t grouped_select(const fx_device_t *dev, const fx_gemm_grouped_prob
         return fail(FX_ERR_NO_VARIANT, "no gemm_grouped variant for %s %s, M=%lld N=%lld K=%lld groups=%lld on compute "
                     "capability %d.%d%s%s", masked ? "masked" : "contiguous", dtype_name(ab), (long long)M, (long long)N,
                     (long long)K, (long long)E, (int)dev->cc_major, (int)dev->cc_minor, reason[0] ? ": " : "", reason);
-    const fx_variant *v = &fx_variants[best];
-    out->variant = best;
-    out->name = v->name;
-    out->splits = 1;
-    if (v->cluster_ctas) {
-        int32_t cap = dev->sm_count / v->cluster_ctas;
-        out->max_clusters = cap > 1 ? cap : 1;
-    }
-    return 0;
+    return chosen(dev, best, out);
 }
 
 FX_EXPORT int32_t fx_gemm_grouped_select(const fx_device_t *dev, const fx_gemm_grouped_problem_t *p,
@@ -2276,6 +2274,20 @@ FX_EXPORT int32_t fx_gemm_packed(const fx_device_t *dev, const fx_gemm_packed_pr
     return finish(packed_run(dev, p, stream, out), out);
 }
 
+/* Load the chosen variant, append its grid cap (persistent variants: the driver's resident clusters
+   where lower than the selection's) to the n launch values, and launch. */
+static int32_t launch_chosen(fx_selection_t *out, fx_value *vals, int32_t n, fx_stream_t stream) {
+    const fx_variant *v = &fx_variants[out->variant];
+    int32_t rc = ensure_loaded(out->variant);
+    if (rc) return rc;
+    if (v->cluster_ctas) {
+        int32_t drv = driver_clusters(out->variant);
+        if (drv > 0 && drv < out->max_clusters) out->max_clusters = drv;
+        vals[n++].i = out->max_clusters;
+    }
+    return launched(out->variant, v->bind(vals, stream));
+}
+
 static int32_t bs_run(const fx_device_t *dev, const fx_gemm_blockscaled_problem_t *p, fx_stream_t stream,
                       fx_selection_t *out) {
     bs_ctx x;
@@ -2285,15 +2297,7 @@ static int32_t bs_run(const fx_device_t *dev, const fx_gemm_blockscaled_problem_
         return fail(FX_ERR_INPUT, "fx_gemm_blockscaled needs the a, b, c, a_scale and b_scale pointers");
     if (p->format == FX_FORMAT_NVF4 && (!p->a_global || !p->b_global))
         return fail(FX_ERR_INPUT, "nvf4 needs a_global and b_global (one float32 each)");
-    const fx_variant *v = &fx_variants[out->variant];
-    if ((rc = ensure_loaded(out->variant))) return rc;
-    int32_t n = x.n_vals;
-    if (v->cluster_ctas) {
-        int32_t drv = driver_clusters(out->variant);
-        if (drv > 0 && drv < out->max_clusters) out->max_clusters = drv;
-        x.vals[n++].i = out->max_clusters;
-    }
-    return v->bind(x.vals, stream);
+    return launch_chosen(out, x.vals, x.n_vals, stream);
 }
 
 FX_EXPORT int32_t fx_gemm_blockscaled(const fx_device_t *dev, const fx_gemm_blockscaled_problem_t *p,
@@ -2316,15 +2320,7 @@ static int32_t grouped_run(const fx_device_t *dev, const fx_gemm_grouped_problem
         const char *const names[4] = {"a", "b", "c", p->masked ? "masked_m" : "offs"};
         if ((rc = check_launch_device(stream, 4, ptrs, names))) return rc;
     }
-    const fx_variant *v = &fx_variants[out->variant];
-    if ((rc = ensure_loaded(out->variant))) return rc;
-    int32_t n = x.n_vals;
-    if (v->cluster_ctas) {
-        int32_t drv = driver_clusters(out->variant);
-        if (drv > 0 && drv < out->max_clusters) out->max_clusters = drv;
-        x.vals[n++].i = out->max_clusters;
-    }
-    return launched(out->variant, v->bind(x.vals, stream));
+    return launch_chosen(out, x.vals, x.n_vals, stream);
 }
 
 FX_EXPORT int32_t fx_gemm_grouped(const fx_device_t *dev, const fx_gemm_grouped_problem_t *p, fx_stream_t stream,
