@@ -225,3 +225,12 @@ def test_fx_gemm_grouped_matches_python(bundle):
         assert lib.fx_gemm_grouped(ctypes.byref(dev), ctypes.byref(p), stream, ctypes.byref(sel)) == -1
         torch.cuda.synchronize()
         assert b"overlaps" in lib.fx_last_error_message() and torch.equal(a, before)
+
+
+def test_moe_example_checks():
+    """examples/moe_experts.py --check: a top-8 MoE experts block (prefill against torch._grouped_mm,
+    decode through one CUDA graph replayed with new routing against float32)."""
+    r = subprocess.run([sys.executable, str(ROOT / "examples" / "moe_experts.py"), "--bundle", str(GPU_BUNDLE), "--check",
+                        "--experts", "16", "--tokens", "512", "--decode-tokens", "16"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip().endswith("OK"), r.stdout[-2000:] + r.stderr[-3000:]
