@@ -131,6 +131,10 @@ def test_torch_ops(ops):
         b.grouped_gemm(big[:, :128], wt, offs, out=big[:, 128:384])
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    # torch.compile traces bundle.grouped_gemm as the op (dynamic sizes: the fake selects only on
+    # concrete ones), no graph break
+    fn = torch.compile(lambda x, o: b.grouped_gemm(x, wt, o) * 2, fullgraph=True, dynamic=True, backend="eager")
+    assert fn(a, offs).shape == (64, 256) and fn(bf(96, 128), i32(10, 10, 40, 96)).shape == (96, 256)
     with FakeTensorMode():  # the fake refuses what the real op refuses, and says why
         with pytest.raises(InputError, match="int32"):
             kf.grouped_gemm(bf(64, 128), w(4, 256, 128), torch.zeros(4, dtype=torch.int64))

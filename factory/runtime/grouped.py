@@ -108,10 +108,11 @@ def check_plan(bundle, a, b, offs, masked_m, out, expected_m=None) -> tuple:
     """What the torch op's fake runs: :func:`check`, then the choice for these sizes and strides
     (aligned pointers assumed; no data is touched).  Returns the output shape."""
     masked, E, M, N, K, want = check(a, b, offs, masked_m, out, expected_m)
-    if M and N and E:
+    stride = out.stride() if out is not None else torch.empty(want, device="meta").stride()
+    concrete = all(type(x) is int for x in (*want, *stride, *a.shape, *a.stride(), *b.shape, *b.stride()))
+    if concrete and M and N and E:  # (symbolic sizes: the real op selects when it runs)
         if K == 0:
             raise InputError("grouped_gemm: K must be positive (got 0)")
-        stride = out.stride() if out is not None else torch.empty(want, device="meta").stride()
         specs = _specs(a, b, masked_m if masked else offs, stride, None, masked, M, N, K, E)
         select(bundle, _DTYPES[a.dtype], masked, specs, M, N, K, E, E if masked else 1, expected_m, -1)
     return want
