@@ -22,6 +22,7 @@ FAMILY_MODULES = (
     "factory.gemm.sm100",
     "factory.gemm.sm100_blockscaled",
     "factory.gemm.decode",
+    "factory.gemm.sm90_grouped",
     "factory.attention.sm80",
     "factory.attention.sm90",
     "factory.attention.decode",

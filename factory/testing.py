@@ -557,6 +557,73 @@ def check_attention_kvcache(bundle, entry, gen=None, device="cuda") -> list[dict
     return out
 
 
+# Grouped GEMM (MoE): (groups E, N, K, routing).  N and K off the tiles; routings with empty groups,
+# one-row groups, groups of 127/129 rows (a partial last m-tile), skew (most rows in one group),
+# rows no group owns (past offs[E-1]); masked counts of 0, 1, max_m and, clamped, past max_m and
+# below 0.  Rows no group owns stay NaN: a write there is a failure.
+GROUPED_CASES = [(8, 1000, 520, "edge"), (256, 256, 512, "skewed"), (16, 4096, 2048, "uniform"),
+                 (128, 768, 1024, "one")]
+GROUPED_MAX_M = 200
+
+
+def grouped_counts(E: int, routing: str, gen, max_m: int | None = None) -> list[int]:
+    """Rows per group for a routing pattern (host integers; ``gen`` a CPU generator)."""
+    import torch
+
+    if routing == "edge":
+        base = [0, 1, 127, 129, 0, 300, 1, 64]
+        return [base[i % len(base)] for i in range(E)]
+    if routing == "one":
+        return [1] * E
+    if routing == "skewed":
+        c = torch.randint(0, 4, (E,), generator=gen)
+        c[torch.randperm(E, generator=gen)[: E // 3]] = 0
+        c[int(torch.randint(0, E, (1,), generator=gen))] = 3000
+        return c.tolist()
+    if routing == "masked":
+        c = torch.randint(0, max_m + 1, (E,), generator=gen).tolist()
+        for i, v in enumerate((0, 1, max_m, max_m + 5, -3)):
+            if i < E:
+                c[i] = v
+        return c
+    return torch.randint(0, 512, (E,), generator=gen).tolist()
+
+
+def check_gemm_grouped(bundle, entry, case, gen=None, device="cuda") -> dict:
+    import torch
+
+    from .runtime import grouped
+
+    E, N, K, routing = case
+    cpu = torch.Generator().manual_seed(int(torch.randint(0, 2**31 - 1, (1,))))
+    dt = torch_dtype(entry["dtypes"]["a"])
+    b = torch.randn(E, N, K, device=device, dtype=dt).transpose(1, 2)  # (E, K, N), K contiguous
+    if entry.get("grouped") == "masked":
+        counts = grouped_counts(E, "masked", cpu, GROUPED_MAX_M)
+        a = torch.randn(E, GROUPED_MAX_M, K, device=device, dtype=dt)
+        mm = torch.tensor(counts, dtype=torch.int32, device=device)
+        out = torch.full((E, GROUPED_MAX_M, N), float("nan"), dtype=dt, device=device)
+        bundle.grouped_gemm(a, b, masked_m=mm, out=out, variant=entry["name"])
+        ref = grouped.reference(a, b, masked_m=mm)
+        shape = [E, GROUPED_MAX_M, N, K]
+    else:
+        counts = grouped_counts(E, routing, cpu)
+        M = sum(counts) + (37 if routing == "edge" else 0)  # rows past offs[E-1]: no group's
+        a = torch.randn(M, K, device=device, dtype=dt)
+        offs = torch.tensor(counts, dtype=torch.int64).cumsum(0).to(torch.int32).to(device)
+        out = torch.full((M, N), float("nan"), dtype=dt, device=device)
+        bundle.grouped_gemm(a, b, offs=offs, out=out, variant=entry["name"])
+        ref = grouped.reference(a, b, offs=offs)
+        shape = [E, M, N, K]
+    torch.cuda.synchronize()
+    owned = ~torch.isnan(ref)
+    stray = int((~torch.isnan(out[~owned])).sum())
+    r = _judge(entry["name"], shape + [routing], out[owned], ref[owned], TOLERANCE["bf16"])
+    r["stray_writes"] = stray
+    r["ok"] = r["ok"] and stray == 0
+    return r
+
+
 def check_variant(bundle, entry, gen=None, device="cuda") -> list[dict]:
     """Every check of one variant, launched by name on fresh random data against float32: the
     smoke problems of a GEMM (packed-weight decode ones through ``pack_b``), the problems of
@@ -569,6 +636,8 @@ def check_variant(bundle, entry, gen=None, device="cuda") -> list[dict]:
         return smoke_gemm_blockscaled(bundle, entry, device)
     if entry["op"] == "attention_kvcache":
         return check_attention_kvcache(bundle, entry, gen, device)
+    if entry["op"] == "gemm_grouped":
+        return [check_gemm_grouped(bundle, entry, c, gen, device) for c in GROUPED_CASES]
     if entry["op"] != "attention":
         raise ValueError(f"{entry['name']}: no check for op {entry['op']!r}")
     gen = gen or torch.Generator(device=device).manual_seed(torch.seed() % 2**31)

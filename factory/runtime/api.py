@@ -106,6 +106,23 @@ class Bundle(BundleCore):
         operands does the same."""
         return (_OPS or _ops())[3].gemm_blockscaled(self, a, b, out, out_dtype=out_dtype, variant=variant)
 
+    def grouped_gemm(self, a, b, offs=None, masked_m=None, out=None, *, expected_m: int | None = None,
+                     variant: str | None = None):
+        """Grouped GEMM of mixture-of-experts layers, one launch over every group (runtime/grouped.py):
+        contiguous ``offs`` (a (M, K) sorted by group, torch._grouped_mm's convention) or masked
+        ``masked_m`` (a (E, max_m, K)); b (E, K, N) K-contiguous.  ``expected_m``: rows per group
+        the variant choice plans for."""
+        if (_OPS or _ops())[4]():  # traced by torch.compile: the bundle's torch op, whose fake checks like this call
+            if variant is not None:
+                raise InputError("variant= is not available under torch.compile: let the selection choose")
+            if out is not None:
+                self.torch_ops().grouped_gemm_out(a, b, out, offs, masked_m, expected_m)
+                return out
+            return self.torch_ops().grouped_gemm(a, b, offs, masked_m, expected_m)
+        from . import grouped
+
+        return grouped.grouped_gemm(self, a, b, offs, masked_m, out, expected_m=expected_m, variant=variant)
+
     def pack_b(self, b):
         """(N, K) e4m3 weights packed once for the decode kernels (runtime/packed.py):
         ``bundle.gemm(a, bundle.pack_b(w), ...)`` with M ≤ 16 then runs one of them."""

@@ -71,6 +71,13 @@ class KVCacheProblem(ctypes.Structure):
                 ("window_right", ctypes.c_int32), ("softcap", ctypes.c_float), ("softmax_scale", ctypes.c_float)]
 
 
+class GroupedProblem(ctypes.Structure):
+    _fields_ = [("ab_dtype", ctypes.c_int), ("c_dtype", ctypes.c_int), ("masked", ctypes.c_int32),
+                ("m", ctypes.c_int64), ("n", ctypes.c_int64), ("k", ctypes.c_int64), ("groups", ctypes.c_int64),
+                ("a", _P), ("a_stride", _I64x3), ("b", _P), ("b_stride", _I64x3), ("c", _P), ("c_stride", _I64x3),
+                ("offs", _P), ("masked_m", _P), ("expected_m", ctypes.c_int64)]
+
+
 class Selection(ctypes.Structure):
     _fields_ = [("variant", ctypes.c_int32), ("name", ctypes.c_char_p), ("workspace_bytes", ctypes.c_uint64),
                 ("max_clusters", ctypes.c_int32), ("splits", ctypes.c_int32)]
@@ -112,7 +119,8 @@ class Selector:
         self._dev = ctypes.byref(self.device)
         self._fns = {}
         for op, problem in (("gemm", GemmProblem), ("attention", AttentionProblem), ("gemm_packed", PackedProblem),
-                            ("gemm_blockscaled", BlockScaledProblem), ("attention_kvcache", KVCacheProblem)):
+                            ("gemm_blockscaled", BlockScaledProblem), ("attention_kvcache", KVCacheProblem),
+                            ("gemm_grouped", GroupedProblem)):
             fn = getattr(self.lib, f"fx_{op}_select", None)
             if fn is not None:
                 fn.restype = ctypes.c_int32

@@ -1,6 +1,6 @@
 """The bundle's ops as torch custom ops, for ``torch.compile`` (Dynamo traces them as opaque
 calls, no graph break) and CUDA graphs: ``gemm``, ``gemm_out``, ``gemm_packed``, ``attention``,
-``attention_kvcache``.
+``attention_kvcache``, ``grouped_gemm``, ``grouped_gemm_out``.
 
 One op set per bundle: ``bundle.torch_ops()`` registers the ops of that bundle once (``torch.library``
 define + impl, the lower-cost path: see notes) in a namespace of its own and returns it: the
@@ -102,6 +102,28 @@ def _attention_kvcache_fake(bundle, q, k_cache, v_cache, cache_seqlens, block_ta
     return torch.empty_like(q), lse
 
 
+def _grouped_gemm(bundle, a, b, offs=None, masked_m=None, expected_m=None):
+    return bundle.grouped_gemm(a, b, offs, masked_m, expected_m=expected_m)
+
+
+def _grouped_gemm_out(bundle, a, b, out, offs=None, masked_m=None, expected_m=None):
+    bundle.grouped_gemm(a, b, offs, masked_m, out, expected_m=expected_m)
+
+
+def _grouped_gemm_fake(bundle, a, b, offs=None, masked_m=None, expected_m=None):
+    """Checks as the real op does (shapes, dtypes, layouts, the routing tensor; the bundle's
+    variants where the sizes are concrete; no data is read), then the output."""
+    from . import grouped
+
+    return a.new_empty(grouped.check_plan(bundle, a, b, offs, masked_m, None, expected_m))
+
+
+def _grouped_gemm_out_fake(bundle, a, b, out, offs=None, masked_m=None, expected_m=None):
+    from . import grouped
+
+    grouped.check_plan(bundle, a, b, offs, masked_m, out, expected_m)
+
+
 OPS = {
     "gemm": ("gemm(Tensor a, Tensor b, ScalarType? out_dtype=None, Tensor? scale_a=None, Tensor? scale_b=None, "
              "bool b_constant=False, str? scale_mode=None) -> Tensor", _gemm, _gemm_fake),
@@ -117,6 +139,11 @@ OPS = {
                           "int window_right=-1, float softcap=0.0, Tensor? sinks=None, Tensor? k_descale=None, "
                           "Tensor? v_descale=None, Tensor? cu_seqlens_q=None, int? max_seqlen_q=None) "
                           "-> (Tensor, Tensor)", _attention_kvcache, _attention_kvcache_fake),
+    "grouped_gemm": ("grouped_gemm(Tensor a, Tensor b, Tensor? offs=None, Tensor? masked_m=None, "
+                     "int? expected_m=None) -> Tensor", _grouped_gemm, _grouped_gemm_fake),
+    "grouped_gemm_out": ("grouped_gemm_out(Tensor a, Tensor b, Tensor(a!) out, Tensor? offs=None, "
+                         "Tensor? masked_m=None, int? expected_m=None) -> ()", _grouped_gemm_out,
+                         _grouped_gemm_out_fake),
 }
 
 

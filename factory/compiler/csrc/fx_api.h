@@ -178,6 +178,32 @@ typedef struct {
     float softmax_scale;    /* 0: 1/sqrt(head_dim); else > 0 and finite */
 } fx_attention_kvcache_problem_t;
 
+/* Grouped GEMM for mixture-of-experts layers (Python: bundle.grouped_gemm, runtime/grouped.py):
+   the rows of group g times the transpose of b[g], b (groups, N, K) K-contiguous, b_stride {n, k, group}.
+   Contiguous (masked 0): a (M, K) holds the rows sorted by group, offs (groups,) int32 the
+   cumulative end rows (group g owns rows offs[g-1] .. offs[g]-1, offs[-1] = 0), c (M, N).
+   Masked (masked 1): a (groups, M, K), masked_m (groups,) int32 row counts (group g owns its first
+   masked_m[g] rows), c (groups, M, N); rows past a group's count are not written.
+   offs / masked_m live on the device and are never read on the host; rows past M (or past
+   max(offs)) are neither read nor written.  groups <= 1024; K > 0.  a_stride {m, k, group},
+   c_stride {m, n, group} (the group strides unused when contiguous).  expected_m: the rows per
+   group the choice plans for (0: M / groups when contiguous, M when masked). */
+typedef struct {
+    fx_dtype_t ab_dtype;     /* a and b: BF16 */
+    fx_dtype_t c_dtype;      /* BF16 */
+    int32_t masked;
+    int64_t m, n, k, groups;
+    const void *a;
+    int64_t a_stride[3];
+    const void *b;
+    int64_t b_stride[3];
+    void *c;
+    int64_t c_stride[3];
+    const int32_t *offs;     /* contiguous */
+    const int32_t *masked_m; /* masked */
+    int64_t expected_m;
+} fx_gemm_grouped_problem_t;
+
 typedef struct {
     int32_t variant;          /* index (fx_variant_name); -1: nothing to launch (an empty problem) */
     const char *name;         /* the variant's name, NULL for -1 */
@@ -198,6 +224,7 @@ int32_t fx_gemm_scaled_select(const fx_device_t *dev, const fx_gemm_problem_t *p
 int32_t fx_gemm_packed_select(const fx_device_t *dev, const fx_gemm_packed_problem_t *p, fx_selection_t *out);
 int32_t fx_gemm_blockscaled_select(const fx_device_t *dev, const fx_gemm_blockscaled_problem_t *p,
                                    fx_selection_t *out);
+int32_t fx_gemm_grouped_select(const fx_device_t *dev, const fx_gemm_grouped_problem_t *p, fx_selection_t *out);
 
 /* Select, then launch on `stream` (loading the variant's module on first use: do one call before
    capturing a CUDA graph).  The launch runs on the current device (cudaSetDevice): `stream` must
@@ -218,6 +245,8 @@ int32_t fx_gemm_packed(const fx_device_t *dev, const fx_gemm_packed_problem_t *p
                        fx_selection_t *out);
 int32_t fx_gemm_blockscaled(const fx_device_t *dev, const fx_gemm_blockscaled_problem_t *p, fx_stream_t stream,
                             fx_selection_t *out);
+int32_t fx_gemm_grouped(const fx_device_t *dev, const fx_gemm_grouped_problem_t *p, fx_stream_t stream,
+                        fx_selection_t *out);
 
 /* The GEMM cost model's predicted time (us) of a variant (index) on an (m, n, k, l) problem: the
    sm90 and sm100 families' models the selection ranks by. */
