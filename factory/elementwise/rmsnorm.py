@@ -98,16 +98,23 @@ class RmsNormVariant(RowwiseVariant):
 CHUNKS = (4, 8)
 
 
+# The test tier (the CPU suite compiles it): one variant per code path and generation.
+TEST_SET = {"sm_80": ((True, False),), "sm_90": ((False, False), (True, True)), "sm_100f": ((True, True),)}
+
+
 @register("rms_norm")
 def enumerate_rmsnorm(target: Target, tier: str) -> list[RmsNormVariant]:
+    """default: bf16 with 8 chunks (rows up to 16384) plain, with residual, with residual and fp8
+    output; full: f16 too, 4 chunks too, fp8 output without residual too."""
     if tier == "default" and target.name not in DEFAULT_TARGETS:
         return []
+    if tier == "test":
+        combos = TEST_SET.get(target.name, ())
+    else:
+        combos = [(False, False), (True, False), (True, True)] + ([(False, True)] if tier == "full" else [])
+    dtypes = ("bf16", "f16") if tier == "full" else ("bf16",)
+    chunks = CHUNKS if tier == "full" else (8,)
     out = []
-    dtypes = ("bf16",) if tier != "full" else ("bf16", "f16")
-    combos = [(False, False), (True, False), (True, True)]
-    if tier == "full":
-        combos.append((False, True))
-    chunks = (8,) if tier != "full" else CHUNKS
     for dt in dtypes:
         for res, q in combos:
             for c in chunks:

@@ -85,16 +85,21 @@ class RopeCacheVariant(RowwiseVariant):
 
 @register("rope_kvcache")
 def enumerate_rope(target: Target, tier: str) -> list[RopeCacheVariant]:
+    """default: bf16 neox; full: f16 and the interleaved form too; test: bf16 neox for sm_90 and
+    sm_120a, bf16 interleaved for sm_90."""
     if tier == "default" and target.name not in DEFAULT_TARGETS:
         return []
-    dtypes = ("bf16",) if tier != "full" else ("bf16", "f16")
-    styles = (True,) if tier == "default" else (True, False)
+    if tier == "test":
+        combos = {"sm_90": (("bf16", True), ("bf16", False)), "sm_120a": (("bf16", True),)}.get(target.name, ())
+    elif tier == "default":
+        combos = (("bf16", True),)
+    else:
+        combos = tuple((dt, nx) for dt in ("bf16", "f16") for nx in (True, False))
     out = []
-    for dt in dtypes:
-        for neox in styles:
-            v = RopeCacheVariant(target=target.name, dtype=dt, neox=neox)
-            if v.can_implement() is None:
-                out.append(v)
+    for dt, neox in combos:
+        v = RopeCacheVariant(target=target.name, dtype=dt, neox=neox)
+        if v.can_implement() is None:
+            out.append(v)
     return out
 
 

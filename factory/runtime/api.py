@@ -95,6 +95,22 @@ class Bundle(BundleCore):
                                          return_lse, out, cu_seqlens_q, max_seqlen_q, plan, check_varlen,
                                          variant)
 
+    def rms_norm(self, x, weight, eps=1e-6, *, residual=None, out=None, quantize=None):
+        """RMSNorm over the last dimension, optionally after ``residual += x`` (in place) and with
+        fp8 output plus per-row scales (runtime/fused.py says what the arguments mean)."""
+        from . import fused
+
+        return fused.rms_norm(self, x, weight, eps, residual, out, quantize)
+
+    def rope_kvcache(self, q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, *, neox=True,
+                     rotary_dim=None):
+        """Rotary embedding of q and k in place and the write of k and v into the paged KV cache at
+        ``slot_mapping``, one kernel (runtime/fused.py says what the arguments mean)."""
+        from . import fused
+
+        return fused.rope_kvcache(self, q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, neox,
+                                  rotary_dim)
+
     def plan_kvcache(self, **problem):
         """The ``attention_kvcache`` variant for maxima fixed ahead of a CUDA-graph capture
         (batch, seqlen_q, heads, head_dim, max_pages and page_size or max_seqlen_k, dtypes,

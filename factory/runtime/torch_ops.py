@@ -1,5 +1,5 @@
 """The bundle's ops as torch custom ops: ``torch.ops.kernel_factory.{gemm, gemm_out, gemm_packed,
-attention, attention_kvcache}``, for ``torch.compile`` (Dynamo traces them as opaque calls, no graph break) and CUDA
+attention, attention_kvcache, rms_norm, rms_norm_fp8, rope_kvcache}``, for ``torch.compile`` (Dynamo traces them as opaque calls, no graph break) and CUDA
 graphs.  ``bundle.torch_ops()`` registers them once per process (``torch.library`` define + impl,
 the lower-cost path: see notes) and routes them to that bundle; a later call routes them to
 another bundle.  Fake (meta) implementations give the exact output shapes, dtypes and strides and
@@ -29,6 +29,10 @@ _SCHEMAS = {
                          "int window_right=-1, float softcap=0.0, Tensor? sinks=None, Tensor? k_descale=None, "
                          "Tensor? v_descale=None, Tensor? cu_seqlens_q=None, int? max_seqlen_q=None) "
                          "-> (Tensor, Tensor)",
+    "rms_norm": "rms_norm(Tensor x, Tensor weight, float eps, Tensor(a!)? residual=None) -> Tensor",
+    "rms_norm_fp8": "rms_norm_fp8(Tensor x, Tensor weight, float eps, Tensor(a!)? residual=None) -> (Tensor, Tensor)",
+    "rope_kvcache": "rope_kvcache(Tensor(a!) q, Tensor(b!) k, Tensor v, Tensor positions, Tensor cos_sin_cache, "
+                    "Tensor(c!) k_cache, Tensor(d!) v_cache, Tensor slot_mapping, bool neox=True) -> ()",
 }
 
 
@@ -101,9 +105,45 @@ def _attention_kvcache_fake(q, k_cache, v_cache, cache_seqlens, block_table=None
     return torch.empty_like(q), lse
 
 
+def _rms_norm(x, weight, eps, residual=None):
+    return _BUNDLE.rms_norm(x, weight, eps, residual=residual)
+
+
+def _rms_norm_fp8(x, weight, eps, residual=None):
+    return _BUNDLE.rms_norm(x, weight, eps, residual=residual, quantize=torch.float8_e4m3fn)
+
+
+def _rope_kvcache(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, neox=True):
+    _BUNDLE.rope_kvcache(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, neox=neox)
+
+
+def _rms_norm_fake(x, weight, eps, residual=None):
+    from . import fused
+
+    fused.rms_norm_check(x, weight, eps, residual)
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+def _rms_norm_fp8_fake(x, weight, eps, residual=None):
+    from . import fused
+
+    fused.rms_norm_check(x, weight, eps, residual, quantize=torch.float8_e4m3fn)
+    return (x.new_empty(x.shape, dtype=torch.float8_e4m3fn),
+            x.new_empty((*x.shape[:-1], 1), dtype=torch.float32))
+
+
+def _rope_kvcache_fake(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, neox=True):
+    from . import fused
+
+    fused.rope_kvcache_check(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, neox)
+    return None
+
+
 _IMPLS = {"gemm": (_gemm, _gemm_fake), "gemm_out": (_gemm_out, _gemm_out_fake),
           "gemm_packed": (_gemm_packed, _gemm_packed_fake), "attention": (_attention, _attention_fake),
-          "attention_kvcache": (_attention_kvcache, _attention_kvcache_fake)}
+          "attention_kvcache": (_attention_kvcache, _attention_kvcache_fake),
+          "rms_norm": (_rms_norm, _rms_norm_fake), "rms_norm_fp8": (_rms_norm_fp8, _rms_norm_fp8_fake),
+          "rope_kvcache": (_rope_kvcache, _rope_kvcache_fake)}
 
 
 def register(bundle):

@@ -1,0 +1,219 @@
+"""The decoder layer's memory-bound glue as single kernels: ``rms_norm`` (optionally with the
+residual add and per-row fp8 quantization) and ``rope_kvcache`` (rotary embedding of q and k with
+the new k and v written into the KV cache).  Imports torch and the standard library only.
+
+Selection is a name rule, in Python (no cost model: one kernel shape serves every size): among
+the bundle's variants of the op for this device (best target first) with the call's dtype and
+switches, the one with the fewest register chunks whose ``max_n`` holds the row.  The choice is
+cached per problem key in the bundle's ``selections``.
+
+Both ops validate every argument before a pointer reaches a kernel (InputError), name what the
+bundle lacks (NoVariantError), allocate nothing but their outputs, never synchronise with the
+device, and run inside CUDA-graph capture once their variant is loaded (``bundle.preload(ops=
+("rms_norm", "rope_kvcache"))`` or one call before capturing).  Device data is never read on the
+host: rope_kvcache clamps positions into the cos/sin table and skips slots outside the cache.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+
+from . import validate
+from .errors import InputError, NoVariantError
+
+DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16"}
+FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0
+FP8_MIN_SCALE = 1.0 / (FP8_MAX * 512.0)  # as factory/elementwise/common.py
+
+
+def _name(dt) -> str:
+    return str(dt).removeprefix("torch.")
+
+
+def _pick(bundle, op: str, key: tuple, keep, what: str) -> str:
+    cache = bundle.selections
+    name = cache.get((op, key))
+    if name is None:
+        fits = [e for e in bundle.candidates(op) if keep(e)]
+        if not fits:
+            raise NoVariantError(f"no {op} variant for {what} on {bundle.device_name()} "
+                                 f"({bundle.describe_contents(op)})")
+        best_target = fits[0]["target"]
+        fits = [e for e in fits if e["target"] == best_target]
+        name = min(fits, key=lambda e: (e.get("max_n", 0), e["name"]))["name"]
+        if len(cache) > 4096:
+            cache.clear()
+        cache[(op, key)] = name
+    return name
+
+
+def _eps(eps) -> float:
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
+        raise InputError(f"eps must be a number, got {type(eps).__name__}")
+    e = float(eps)
+    if not (e >= 0.0 and math.isfinite(e)):
+        raise InputError(f"eps must be a finite number >= 0, got {e}")
+    return e
+
+
+def _rows(t, name: str, n: int):
+    """``t`` (..., n) as a (rows, n) view with contiguous rows, or InputError."""
+    if t.stride(-1) != 1 and t.numel() > 0:
+        raise InputError(f"{name}: the last dimension must be contiguous (stride 1), strides {t.stride()}")
+    try:
+        return t.view(-1, n)
+    except RuntimeError:
+        raise InputError(f"{name}: its leading dimensions {tuple(t.shape[:-1])} with strides {t.stride()[:-1]} "
+                         f"cannot be merged into rows without a copy") from None
+
+
+def rms_norm_check(x, weight, eps, residual=None, out=None, quantize=None):
+    """The checks of :func:`rms_norm` that need no device data (the torch op's fake runs them
+    too); returns (dtype name, N, eps, quant)."""
+    validate.tensors(x=x, weight=weight)
+    if x.dtype not in DTYPES:
+        raise InputError(f"x must be bfloat16 or float16, got {_name(x.dtype)}")
+    if x.dim() < 1:
+        raise InputError("x must have at least one dimension (the hidden size)")
+    n = x.shape[-1]
+    if weight.dtype != x.dtype:
+        raise InputError(f"weight must be {_name(x.dtype)} (x's dtype), got {_name(weight.dtype)}")
+    if tuple(weight.shape) != (n,):
+        raise InputError(f"weight must have shape ({n},) (x's last dimension), got {tuple(weight.shape)}")
+    if weight.stride(-1) != 1 and n > 1:
+        raise InputError("weight must be contiguous")
+    if n % 8 or n == 0:
+        raise InputError(f"the hidden size {n} must be a positive multiple of 8 (16-byte vectors)")
+    e = _eps(eps)
+    if quantize is not None and quantize != FP8:
+        raise InputError(f"quantize must be None or torch.float8_e4m3fn, got {quantize!r}")
+    quant = quantize is not None
+    if residual is not None:
+        validate.tensors(residual=residual)
+        if residual.dtype != x.dtype or residual.shape != x.shape:
+            raise InputError(f"residual must match x ({_name(x.dtype)} {tuple(x.shape)}), got "
+                             f"{_name(residual.dtype)} {tuple(residual.shape)}")
+    if out is not None:
+        validate.tensors(out=out)
+        want = FP8 if quant else x.dtype
+        if out.dtype != want or out.shape != x.shape:
+            raise InputError(f"out must be {_name(want)} of x's shape {tuple(x.shape)}, got {_name(out.dtype)} "
+                             f"{tuple(out.shape)}")
+    return DTYPES[x.dtype], n, e, quant
+
+
+def rms_norm(bundle, x, weight, eps, residual=None, out=None, quantize=None):
+    """``y = x / sqrt(mean(x², -1) + eps) · weight`` over the last dimension (float32 arithmetic).
+
+    ``residual``: first ``residual += x`` (in place, rounded to x's dtype), and the norm is of that
+    sum (vLLM's ``fused_add_rms_norm``: the running residual stream updated, the normed output
+    returned).  ``quantize=torch.float8_e4m3fn``: returns ``(q, scale)``, ``q`` e4m3 of x's shape
+    and ``scale`` float32 (..., 1), one per row: ``scale = max(amax(|y|) / 448, 1/(448·512))`` of
+    the row's y rounded to x's dtype, ``q = y / scale`` (saturating), so ``q·scale`` decodes y.
+    ``out``: where the output goes (x's shape; x's dtype, or e4m3 with ``quantize``)."""
+    dt, n, e, quant = rms_norm_check(x, weight, eps, residual, out, quantize)
+    dev = validate.one_device(bundle, x=x, weight=weight, residual=residual, out=out)
+    validate.no_grad("rms_norm", x=x, weight=weight, residual=residual)
+    res = residual is not None
+    name = _pick(bundle, "rms_norm", (dt, n, res, quant),
+                 lambda v: v["dtype"] == dt and v["residual"] == res and v["quant"] == quant and v["max_n"] >= n,
+                 f"{dt} rows of {n}{' with residual' if res else ''}{' to fp8' if quant else ''}")
+    o = torch.empty(x.shape, dtype=FP8 if quant else x.dtype, device=x.device) if out is None else out
+    scale = torch.empty((*x.shape[:-1], 1), dtype=torch.float32, device=x.device) if quant else None
+    if x.numel() == 0:
+        return (o, scale) if quant else o
+    args = [_rows(x, "x", n), weight]
+    if res:
+        args.append(_rows(residual, "residual", n))
+    args.append(_rows(o, "out", n))
+    if quant:
+        args.append(scale.view(-1))
+    args.append(e)
+    bundle.launch(name, args, device=dev)
+    return (o, scale) if quant else o
+
+
+def _heads(t, name: str, d: int):
+    """(T, H, D) view of ``t`` given as (T, H, D) or (T, H·D)."""
+    if t.dim() == 3:
+        if t.shape[-1] != d:
+            raise InputError(f"{name}: head_dim {t.shape[-1]} is not the cache's {d}")
+        return t
+    if t.dim() == 2:
+        if t.shape[-1] % d:
+            raise InputError(f"{name}: its last dimension {t.shape[-1]} is not a multiple of head_dim {d}")
+        if t.stride(-1) != 1:
+            raise InputError(f"{name}: the last dimension must be contiguous (stride 1)")
+        return t.view(t.shape[0], t.shape[1] // d, d)
+    raise InputError(f"{name} must be (tokens, heads, head_dim) or (tokens, heads·head_dim), got shape "
+                     f"{tuple(t.shape)}")
+
+
+def rope_kvcache_check(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, neox=True,
+                       rotary_dim=None):
+    """The checks of :func:`rope_kvcache` that need no device data; returns (dtype name, q, k, v)
+    as (T, H, D) views."""
+    validate.tensors(q=q, k=k, v=v, positions=positions, cos_sin_cache=cos_sin_cache, k_cache=k_cache,
+                     v_cache=v_cache, slot_mapping=slot_mapping)
+    if q.dtype not in DTYPES:
+        raise InputError(f"q must be bfloat16 or float16, got {_name(q.dtype)}")
+    for nm, t in (("k", k), ("v", v), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.dtype != q.dtype:
+            raise InputError(f"{nm} must be {_name(q.dtype)} (q's dtype), got {_name(t.dtype)}")
+    if k_cache.dim() != 4 or v_cache.shape != k_cache.shape:
+        raise InputError(f"k_cache and v_cache must both be (num_pages, page_size, kv_heads, head_dim), got "
+                         f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+    d = k_cache.shape[-1]
+    q3, k3, v3 = _heads(q, "q", d), _heads(k, "k", d), _heads(v, "v", d)
+    t = q3.shape[0]
+    if k3.shape != v3.shape or k3.shape[0] != t:
+        raise InputError(f"k and v must both be (tokens={t}, kv_heads, head_dim), got {tuple(k3.shape)} and "
+                         f"{tuple(v3.shape)}")
+    if k3.shape[1] != k_cache.shape[2]:
+        raise InputError(f"k has {k3.shape[1]} heads, the cache {k_cache.shape[2]}")
+    for nm, tt in (("positions", positions), ("slot_mapping", slot_mapping)):
+        if tt.dtype != torch.int64 or tuple(tt.shape) != (t,):
+            raise InputError(f"{nm} must be int64 of shape ({t},), got {_name(tt.dtype)} {tuple(tt.shape)}")
+        if tt.numel() > 1 and tt.stride(0) != 1:
+            raise InputError(f"{nm} must be contiguous")
+    if cos_sin_cache.dtype != torch.float32 or cos_sin_cache.dim() != 2:
+        raise InputError(f"cos_sin_cache must be float32 (max_position, rotary_dim) (cos then sin), got "
+                         f"{_name(cos_sin_cache.dtype)} {tuple(cos_sin_cache.shape)}")
+    r = cos_sin_cache.shape[1]
+    if rotary_dim is not None and rotary_dim != r:
+        raise InputError(f"rotary_dim {rotary_dim} is not cos_sin_cache's width {r}")
+    if r == 0 or r % 16 or r > d:
+        raise InputError(f"rotary_dim {r} must be a positive multiple of 16 and at most head_dim {d}")
+    if cos_sin_cache.shape[0] == 0:
+        raise InputError("cos_sin_cache has no positions")
+    if not isinstance(neox, bool):
+        raise InputError(f"neox must be a bool, got {type(neox).__name__}")
+    return DTYPES[q.dtype], q3, k3, v3
+
+
+def rope_kvcache(bundle, q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, neox=True,
+                 rotary_dim=None):
+    """Rotary embedding of q and k in place (``neox``: GPT-NeoX halves, else GPT-J interleaved
+    pairs; the first ``rotary_dim`` = cos_sin_cache's width of each head), and the rotated k and
+    the token's v written to ``k_cache`` / ``v_cache`` (num_pages, page_size, kv_heads, head_dim)
+    at ``slot_mapping[t]`` (page ``slot // page_size``, row ``slot % page_size``; a slot outside the
+    cache, vLLM's -1 padding included, writes nothing).  vLLM's ``rotary_embedding(positions, q,
+    k, head_size, cos_sin_cache, is_neox)`` then ``reshape_and_cache_flash(k, v, k_cache, v_cache,
+    slot_mapping, ...)`` in one kernel.  q, k, v: (tokens, heads, head_dim) or (tokens,
+    heads·head_dim).  Returns (q, k)."""
+    dt, q3, k3, v3 = rope_kvcache_check(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, neox,
+                                        rotary_dim)
+    dev = validate.one_device(bundle, q=q, k=k, v=v, positions=positions, cos_sin_cache=cos_sin_cache,
+                              k_cache=k_cache, v_cache=v_cache, slot_mapping=slot_mapping)
+    validate.no_grad("rope_kvcache", q=q, k=k, v=v, k_cache=k_cache, v_cache=v_cache)
+    name = _pick(bundle, "rope_kvcache", (dt, neox),
+                 lambda e: e["dtype"] == dt and e["neox"] == neox,
+                 f"{dt} {'neox' if neox else 'interleaved'} rotary")
+    if q3.shape[0] == 0 or k_cache.numel() == 0:
+        return q, k
+    bundle.launch(name, [q3, k3, v3, positions, cos_sin_cache, k_cache, v_cache, slot_mapping], device=dev)
+    return q, k
