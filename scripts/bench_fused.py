@@ -60,6 +60,13 @@ def torch_rope_cache(q, k, v, pos, cos_sin, kc, vc, slots):
     vc.view(-1, *vc.shape[2:])[slots] = v
 
 
+def show(row):
+    size = f"M={row['M']} N={row['N']} {row['mode']}" if row["op"] == "rms_norm" else f"T={row['T']}"
+    extra = f" compiled {row['compiled_us']:.1f}" if "compiled_us" in row else ""
+    print(f"{row['op']} {size}: fused {row['fused_us']:.1f} us, torch {row['torch_us']:.1f}{extra}, "
+          f"floor {row['floor_us']:.1f} ({100 * row['of_floor']:.0f} %), {row['vs_torch']:.2f}x torch", flush=True)
+
+
 def bench_rmsnorm(b, bw, compile_):
     rows = []
     comp = torch.compile(torch_rmsnorm) if compile_ else None
@@ -88,7 +95,7 @@ def bench_rmsnorm(b, bw, compile_):
                 if "compiled" in t:
                     row["vs_compiled"] = t["compiled"] / t["fused"]
                 rows.append(row)
-                print(json.dumps(row), flush=True)
+                show(row)
     return rows
 
 
@@ -121,8 +128,37 @@ def bench_rope(b, bw):
                **{f"{k}_us": v * 1e6 for k, v in t.items()}, "of_floor": floor / t["fused"],
                "vs_torch": t["torch"] / t["fused"]}
         rows.append(row)
-        print(json.dumps(row), flush=True)
+        show(row)
     return rows
+
+
+def host_us(fn, n=2000):
+    """Host microseconds per eager call (nothing synchronised inside the loop)."""
+    for _ in range(50):
+        fn()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(n):
+        fn()
+    dt = time.perf_counter() - t
+    torch.cuda.synchronize()
+    return dt / n * 1e6
+
+
+def host_costs(b):
+    x, r = (torch.randn(16, 4096, dtype=torch.bfloat16, device="cuda") for _ in range(2))
+    w = torch.ones(4096, dtype=torch.bfloat16, device="cuda")
+    q, k, v = (torch.randn(16, h, 128, dtype=torch.bfloat16, device="cuda") for h in (32, 8, 8))
+    kc, vc = (torch.zeros(8, 16, 8, 128, dtype=torch.bfloat16, device="cuda") for _ in range(2))
+    pos, sl = torch.arange(16, device="cuda"), torch.arange(16, device="cuda")
+    cs = torch.randn(64, 128, device="cuda")
+    out = {"rms_norm_residual_fp8": host_us(lambda: b.rms_norm(x, w, EPS, residual=r, quantize=FP8)),
+           "rms_norm": host_us(lambda: b.rms_norm(x, w, EPS)),
+           "rope_kvcache": host_us(lambda: b.rope_kvcache(q, k, v, pos, cs, kc, vc, sl)),
+           "torch_rms_norm_residual_fp8": host_us(lambda: torch_rmsnorm(x, w, r, True)),
+           "torch_rope_cache": host_us(lambda: torch_rope_cache(q, k, v, pos, cs, kc, vc, sl))}
+    print(json.dumps({"host_us": out}), flush=True)
+    return out
 
 
 def main():
@@ -138,13 +174,14 @@ def main():
         bw = benchmark.copy_bandwidth(1 << 30)
         print(f"copy bandwidth {bw / 1e12:.2f} TB/s", flush=True)
         rows = []
+        hosts = host_costs(b)
         if a.only in (None, "rms_norm"):
             rows += bench_rmsnorm(b, bw, a.compile)
         if a.only in (None, "rope_kvcache"):
             rows += bench_rope(b, bw)
     os.makedirs(a.out, exist_ok=True)
     out = {"device": torch.cuda.get_device_name(), "copy_bw_tbs": bw / 1e12, "torch": torch.__version__,
-           "command": "python3 scripts/bench_fused.py " + " ".join(sys.argv[1:]), "seconds": time.time() - t0,
+           "command": "python3 scripts/bench_fused.py " + " ".join(sys.argv[1:]), "seconds": time.time() - t0, "host_us": hosts,
            "rows": rows}
     Path(a.out, "fused.json").write_text(json.dumps(out, indent=1))
     print(f"wrote {a.out}/fused.json ({time.time() - t0:.0f} s)")
