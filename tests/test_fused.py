@@ -127,6 +127,25 @@ def test_rope_kvcache_launches_and_refusals(sim):
     for change, msg in cases:
         with pytest.raises(InputError, match=msg):
             sim.rope_kvcache(**{**a, **change})
+    b, sq = 2, 3
+    tab = dict(a, q=torch.randn(b, sq, 8, 128, dtype=bf16), k=torch.randn(b, sq, 2, 128, dtype=bf16),
+               v=torch.randn(b, sq, 2, 128, dtype=bf16), positions=None, slot_mapping=None,
+               block_table=torch.zeros(b, 3, dtype=torch.int32), cache_seqlens=torch.zeros(b, dtype=torch.int32))
+    sim.rope_kvcache(**tab)
+    assert sim.rec.launched[-1] == "rope_kvcache_sm90_bf16_t128_neox_bt"
+    tcases = [
+        (dict(positions=torch.arange(6)), "either"),
+        (dict(cache_seqlens=None), "go together"),
+        (dict(block_table=torch.zeros(b, 3, dtype=torch.int64)), "block_table must be int32"),
+        (dict(cache_seqlens=torch.zeros(3, dtype=torch.int32)), "cache_seqlens must be"),
+        (dict(q=torch.randn(3, sq, 8, 128, dtype=bf16)), "batch"),
+        (dict(q=tab["q"].view(6, 8, 128)), "with block_table"),
+    ]
+    for change, msg in tcases:
+        with pytest.raises(InputError, match=msg):
+            sim.rope_kvcache(**{**tab, **change})
+    with pytest.raises(InputError, match="4-dimensional"):
+        sim.rope_kvcache(**dict(a, q=tab["q"]))
     with pytest.raises(InputError, match="rotary_dim"):
         sim.rope_kvcache(**a, rotary_dim=64)
     with pytest.raises(InputError, match="neox"):

@@ -188,8 +188,50 @@ def test_rope_kvcache(bundle, run_record, dtype, neox, d, r, hq, hkv, t):
     mask = torch.ones(pages * ps, dtype=torch.bool, device="cuda")
     mask[written] = False
     assert torch.isnan(kflat[mask]).all() and torch.isnan(vflat[mask]).all(), "a row outside the slots was written"
-    _record(run_record, bundle, "rope_kvcache", (dtype, neox),
+    _record(run_record, bundle, "rope_kvcache", (dtype, neox, False),
             [{"rel_err": max(eq, ek), "tol": tol, "ok": max(eq, ek) < tol}])
+
+
+@pytest.mark.parametrize("sq", [1, 5])
+def test_rope_kvcache_block_table(bundle, run_record, sq):
+    """FlashAttention's form: (B, Sq, H, D) tokens at cache_seqlens[b] + s through a block table; a
+    position past the table and a page outside the cache write nothing."""
+    if not _have(bundle, "rope_kvcache", dtype="bf16", neox=True, table=True):
+        pytest.skip("no block-table rope_kvcache variant")
+    gen = torch.Generator(device="cuda").manual_seed(sq)
+    b, hq, hkv, d, ps, mp = 4, 16, 4, 128, 16, 4
+    lens = torch.tensor([0, 17, 31, 64 - sq + 1], dtype=torch.int32, device="cuda")  # the last runs past its table
+    pages = b * mp + 2
+    bt = torch.randperm(pages, device="cuda", generator=gen)[: b * mp].view(b, mp).to(torch.int32).contiguous()
+    bt[2, 2] = pages + 100  # a page outside the cache
+    q = torch.randn(b, sq, hq, d, device="cuda", generator=gen).to(torch.bfloat16)
+    k = torch.randn(b, sq, hkv, d, device="cuda", generator=gen).to(torch.bfloat16)
+    v = torch.randn(b, sq, hkv, d, device="cuda", generator=gen).to(torch.bfloat16)
+    cos_sin = make_cos_sin(256, d)
+    kc = torch.full((pages, ps, hkv, d), math.nan, device="cuda", dtype=torch.bfloat16)
+    vc = kc.clone()
+    pos = (lens[:, None] + torch.arange(sq, device="cuda", dtype=torch.int32)[None]).reshape(-1).long()
+    q_ref, k_ref = rope_reference(q.view(-1, hq, d), k.view(-1, hkv, d), pos, cos_sin, True)
+    bundle.rope_kvcache(q, k, v, None, cos_sin, kc, vc, block_table=bt, cache_seqlens=lens)
+    eq = ((q.view(-1, hq, d).float() - q_ref).abs().max() / q_ref.abs().max()).item()
+    ek = ((k.view(-1, hkv, d).float() - k_ref).abs().max() / k_ref.abs().max()).item()
+    assert eq < 1e-2 and ek < 1e-2
+    kflat, vflat = kc.view(-1, hkv, d), vc.view(-1, hkv, d)
+    mask = torch.ones(pages * ps, dtype=torch.bool, device="cuda")
+    bi = torch.arange(b, device="cuda").repeat_interleave(sq)
+    for t in range(b * sq):
+        p = int(pos[t])
+        if p // ps >= mp:
+            continue
+        page = int(bt[bi[t], p // ps])
+        if page >= pages:
+            continue
+        slot = page * ps + p % ps
+        mask[slot] = False
+        assert torch.equal(kflat[slot], k.view(-1, hkv, d)[t]) and torch.equal(vflat[slot], v.view(-1, hkv, d)[t])
+    assert torch.isnan(kflat[mask]).all() and torch.isnan(vflat[mask]).all()
+    _record(run_record, bundle, "rope_kvcache", ("bf16", True, True),
+            [{"rel_err": max(eq, ek), "tol": 1e-2, "ok": max(eq, ek) < 1e-2}])
 
 
 def test_rope_kvcache_flat_heads_and_strided_q(bundle):

@@ -15,6 +15,12 @@ of the token are written to ``k_cache[slot // PS, slot % PS]`` and ``v_cache[...
 ``[0, pages·PS)`` (vLLM pads with -1) writes nothing; a position outside the cos/sin table reads its
 nearest row (never memory outside the table).
 
+``table`` variants take FlashAttention's ``flash_attn_with_kvcache`` form instead of positions and
+slots: q, k, v hold ``Sq`` new tokens of each of B sequences (token t = b·Sq + s), ``cache_seqlens[b]``
+(int32) is sequence b's cached length before them, so token (b, s) has position
+``cache_seqlens[b] + s`` and goes to page ``block_table[b, pos // PS]``, row ``pos % PS``; a
+position past the block table, or a page outside the cache, writes nothing.
+
 Work: threads loop over 16-byte vectors; a neox unit is the vector at i and its partner at i + R/2
 (R a multiple of 16), an interleaved unit one vector of 4 pairs.
 """
@@ -47,6 +53,7 @@ class RopeCacheVariant(RowwiseVariant):
 
     threads: int = field(default=128, metadata={"tag": "t"})
     neox: bool = field(default=True, metadata={"tag": "neox"})
+    table: bool = field(default=False, metadata={"tag": "bt"})
 
     def can_implement(self) -> str | None:
         why = super().can_implement()
@@ -65,11 +72,13 @@ class RopeCacheVariant(RowwiseVariant):
             TensorArg("q", dt, ("T", "HQ", "D"), ("sQt", "sQh", 1)),
             TensorArg("k", dt, ("T", "HKV", "D"), ("sKt", "sKh", 1)),
             TensorArg("v", dt, ("T", "HKV", "D"), ("sVt", "sVh", 1)),
-            TensorArg("positions", "i64", ("T",), (1,), align=8),
+            (TensorArg("cache_seqlens", "i32", ("B",), (1,), align=4) if self.table
+             else TensorArg("positions", "i64", ("T",), (1,), align=8)),
             TensorArg("cos_sin_cache", "f32", ("MAXPOS", "R"), ("sCp", 1)),
             TensorArg("k_cache", dt, ("P", "PS", "HKV", "D"), ("sKCp", "sKCs", "sKCh", 1)),
             TensorArg("v_cache", dt, ("P", "PS", "HKV", "D"), ("sVCp", "sVCs", "sVCh", 1)),
-            TensorArg("slot_mapping", "i64", ("T",), (1,), align=8),
+            (TensorArg("block_table", "i32", ("B", "MP"), ("sTb", 1), align=4) if self.table
+             else TensorArg("slot_mapping", "i64", ("T",), (1,), align=8)),
         )
         div = {s: VEC for s in ("D", "sQt", "sQh", "sKt", "sKh", "sVt", "sVh", "sKCp", "sKCs", "sKCh",
                                 "sVCp", "sVCs", "sVCh")}
@@ -80,24 +89,26 @@ class RopeCacheVariant(RowwiseVariant):
         return RopeCacheKernel(self).launch
 
     def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "neox": self.neox, "rotary_multiple": 16, "head_dim_multiple": VEC}
+        return {**super().describe(), "neox": self.neox, "table": self.table, "rotary_multiple": 16, "head_dim_multiple": VEC}
 
 
 @register("rope_kvcache")
 def enumerate_rope(target: Target, tier: str) -> list[RopeCacheVariant]:
-    """default: bf16 neox; full: f16 and the interleaved form too; test: bf16 neox for sm_90 and
-    sm_120a, bf16 interleaved for sm_90."""
+    """default: bf16 neox (positions and slots); full: f16, the interleaved form and the block-table
+    form too; test: bf16 neox for sm_90 and sm_120a, bf16 interleaved and bf16 neox block-table
+    for sm_90."""
     if tier == "default" and target.name not in DEFAULT_TARGETS:
         return []
     if tier == "test":
-        combos = {"sm_90": (("bf16", True), ("bf16", False)), "sm_120a": (("bf16", True),)}.get(target.name, ())
+        combos = {"sm_90": (("bf16", True, False), ("bf16", False, False), ("bf16", True, True)),
+                  "sm_120a": (("bf16", True, False),)}.get(target.name, ())
     elif tier == "default":
-        combos = (("bf16", True),)
+        combos = (("bf16", True, False),)
     else:
-        combos = tuple((dt, nx) for dt in ("bf16", "f16") for nx in (True, False))
+        combos = tuple((dt, nx, bt) for dt in ("bf16", "f16") for nx in (True, False) for bt in (False, True))
     out = []
-    for dt, neox in combos:
-        v = RopeCacheVariant(target=target.name, dtype=dt, neox=neox)
+    for dt, neox, bt in combos:
+        v = RopeCacheVariant(target=target.name, dtype=dt, neox=neox, table=bt)
         if v.can_implement() is None:
             out.append(v)
     return out
@@ -167,12 +178,27 @@ class RopeCacheKernel:
         upr = half // VEC if cutlass.const_expr(self.v.neox) else R // VEC
         dv = D // VEC
 
-        pos = mPos[t]
-        pos = cutlass.max(cutlass.min(pos, cutlass.Int64(MAXPOS) - 1), cutlass.Int64(0))
-        slot = mSlot[t]
-        write = slot >= 0 and slot < cutlass.Int64(P) * cutlass.Int64(PS)
-        page = slot // cutlass.Int64(PS)
-        off = slot - page * cutlass.Int64(PS)
+        if cutlass.const_expr(self.v.table):
+            # mPos: cache_seqlens (B,), mSlot: block_table (B, MP)
+            B = cute.size(mPos, mode=[0])
+            MP = cute.size(mSlot, mode=[1])
+            sq = cute.size(mQ, mode=[0]) // B
+            b = t // sq
+            p0 = cutlass.Int64(mPos[b]) + cutlass.Int64(t - b * sq)
+            pi = p0 // cutlass.Int64(PS)
+            pi_ok = p0 >= 0 and pi < cutlass.Int64(MP)
+            page = cutlass.Int64(mSlot[b, cutlass.Int32(cutlass.min(cutlass.max(pi, cutlass.Int64(0)),
+                                                                      cutlass.Int64(MP) - 1))])
+            write = pi_ok and page >= 0 and page < cutlass.Int64(P)
+            off = p0 - pi * cutlass.Int64(PS)
+            pos = cutlass.max(cutlass.min(p0, cutlass.Int64(MAXPOS) - 1), cutlass.Int64(0))
+        else:
+            pos = mPos[t]
+            pos = cutlass.max(cutlass.min(pos, cutlass.Int64(MAXPOS) - 1), cutlass.Int64(0))
+            slot = mSlot[t]
+            write = slot >= 0 and slot < cutlass.Int64(P) * cutlass.Int64(PS)
+            page = slot // cutlass.Int64(PS)
+            off = slot - page * cutlass.Int64(PS)
         cvec = VEC if cutlass.const_expr(self.v.neox) else VEC // 2
         gCS = cute.zipped_divide(mCS[cutlass.Int32(pos), None], (cvec,))
 

@@ -102,14 +102,14 @@ class Bundle(BundleCore):
 
         return fused.rms_norm(self, x, weight, eps, residual, out, quantize)
 
-    def rope_kvcache(self, q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, *, neox=True,
-                     rotary_dim=None):
+    def rope_kvcache(self, q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping=None, *, neox=True,
+                     rotary_dim=None, block_table=None, cache_seqlens=None):
         """Rotary embedding of q and k in place and the write of k and v into the paged KV cache at
-        ``slot_mapping``, one kernel (runtime/fused.py says what the arguments mean)."""
+        ``slot_mapping`` (or through ``block_table`` at ``cache_seqlens``), one kernel (runtime/fused.py says what the arguments mean)."""
         from . import fused
 
         return fused.rope_kvcache(self, q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, neox,
-                                  rotary_dim)
+                                  rotary_dim, block_table, cache_seqlens)
 
     def plan_kvcache(self, **problem):
         """The ``attention_kvcache`` variant for maxima fixed ahead of a CUDA-graph capture

@@ -153,12 +153,58 @@ def _heads(t, name: str, d: int):
                      f"{tuple(t.shape)}")
 
 
-def rope_kvcache_check(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, neox=True,
-                       rotary_dim=None):
-    """The checks of :func:`rope_kvcache` that need no device data; returns (dtype name, q, k, v)
-    as (T, H, D) views."""
-    validate.tensors(q=q, k=k, v=v, positions=positions, cos_sin_cache=cos_sin_cache, k_cache=k_cache,
-                     v_cache=v_cache, slot_mapping=slot_mapping)
+def _tokens(t, name: str, d: int, batch: int | None):
+    """``t`` as (tokens, heads, head_dim): given so, or as (tokens, heads·head_dim), or (with a
+    block table: ``batch`` sequences) as (batch, seqlen_q, heads, head_dim)."""
+    if t.dim() == 4:
+        if batch is None:
+            raise InputError(f"{name}: a 4-dimensional (batch, seqlen_q, heads, head_dim) form needs block_table "
+                             f"and cache_seqlens; with slot_mapping give (tokens, heads, head_dim)")
+        if t.shape[0] != batch:
+            raise InputError(f"{name}: batch {t.shape[0]} is not block_table's {batch}")
+        if t.shape[-1] != d:
+            raise InputError(f"{name}: head_dim {t.shape[-1]} is not the cache's {d}")
+        if t.numel() and t.stride(-1) != 1:
+            raise InputError(f"{name}: head_dim must be contiguous (stride 1)")
+        try:
+            return t.view(-1, t.shape[2], d)
+        except RuntimeError:
+            raise InputError(f"{name}: its batch and seqlen_q dimensions (strides {t.stride()[:2]}) cannot be "
+                             f"merged into tokens without a copy") from None
+    return _heads(t, name, d)
+
+
+def rope_kvcache_check(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping=None, neox=True,
+                       rotary_dim=None, block_table=None, cache_seqlens=None):
+    """The checks of :func:`rope_kvcache` that need no device data; returns (dtype name, q, k, v
+    as (T, H, D) views, table form?)."""
+    validate.tensors(q=q, k=k, v=v, cos_sin_cache=cos_sin_cache, k_cache=k_cache, v_cache=v_cache)
+    table = block_table is not None or cache_seqlens is not None
+    if table:
+        if positions is not None or slot_mapping is not None:
+            raise InputError("give either positions and slot_mapping, or block_table and cache_seqlens (positions "
+                             "are then cache_seqlens[b] + the token's index in its sequence)")
+        if block_table is None or cache_seqlens is None:
+            raise InputError("block_table and cache_seqlens go together")
+        validate.tensors(block_table=block_table, cache_seqlens=cache_seqlens)
+        if block_table.dtype != torch.int32 or block_table.dim() != 2:
+            raise InputError(f"block_table must be int32 (batch, max_pages), got {_name(block_table.dtype)} "
+                             f"{tuple(block_table.shape)}")
+        if block_table.numel() and block_table.stride(-1) != 1:
+            raise InputError("block_table's rows must be contiguous")
+        batch = block_table.shape[0]
+        if cache_seqlens.dtype != torch.int32 or tuple(cache_seqlens.shape) != (batch,):
+            raise InputError(f"cache_seqlens must be int32 of shape ({batch},), got {_name(cache_seqlens.dtype)} "
+                             f"{tuple(cache_seqlens.shape)}")
+        if batch > 1 and cache_seqlens.stride(0) != 1:
+            raise InputError("cache_seqlens must be contiguous")
+        if block_table.shape[1] == 0:
+            raise InputError("block_table has no columns")
+    else:
+        if positions is None or slot_mapping is None:
+            raise InputError("positions and slot_mapping are needed (or block_table and cache_seqlens)")
+        validate.tensors(positions=positions, slot_mapping=slot_mapping)
+        batch = None
     if q.dtype not in DTYPES:
         raise InputError(f"q must be bfloat16 or float16, got {_name(q.dtype)}")
     for nm, t in (("k", k), ("v", v), ("k_cache", k_cache), ("v_cache", v_cache)):
@@ -168,18 +214,22 @@ def rope_kvcache_check(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot
         raise InputError(f"k_cache and v_cache must both be (num_pages, page_size, kv_heads, head_dim), got "
                          f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
     d = k_cache.shape[-1]
-    q3, k3, v3 = _heads(q, "q", d), _heads(k, "k", d), _heads(v, "v", d)
+    q3, k3, v3 = (_tokens(t, nm, d, batch) for t, nm in ((q, "q"), (k, "k"), (v, "v")))
     t = q3.shape[0]
     if k3.shape != v3.shape or k3.shape[0] != t:
         raise InputError(f"k and v must both be (tokens={t}, kv_heads, head_dim), got {tuple(k3.shape)} and "
                          f"{tuple(v3.shape)}")
     if k3.shape[1] != k_cache.shape[2]:
         raise InputError(f"k has {k3.shape[1]} heads, the cache {k_cache.shape[2]}")
-    for nm, tt in (("positions", positions), ("slot_mapping", slot_mapping)):
-        if tt.dtype != torch.int64 or tuple(tt.shape) != (t,):
-            raise InputError(f"{nm} must be int64 of shape ({t},), got {_name(tt.dtype)} {tuple(tt.shape)}")
-        if tt.numel() > 1 and tt.stride(0) != 1:
-            raise InputError(f"{nm} must be contiguous")
+    if table:
+        if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+            raise InputError("with block_table, q, k and v are (batch, seqlen_q, heads, head_dim)")
+    else:
+        for nm, tt in (("positions", positions), ("slot_mapping", slot_mapping)):
+            if tt.dtype != torch.int64 or tuple(tt.shape) != (t,):
+                raise InputError(f"{nm} must be int64 of shape ({t},), got {_name(tt.dtype)} {tuple(tt.shape)}")
+            if tt.numel() > 1 and tt.stride(0) != 1:
+                raise InputError(f"{nm} must be contiguous")
     if cos_sin_cache.dtype != torch.float32 or cos_sin_cache.dim() != 2:
         raise InputError(f"cos_sin_cache must be float32 (max_position, rotary_dim) (cos then sin), got "
                          f"{_name(cos_sin_cache.dtype)} {tuple(cos_sin_cache.shape)}")
@@ -192,28 +242,39 @@ def rope_kvcache_check(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot
         raise InputError("cos_sin_cache has no positions")
     if not isinstance(neox, bool):
         raise InputError(f"neox must be a bool, got {type(neox).__name__}")
-    return DTYPES[q.dtype], q3, k3, v3
+    return DTYPES[q.dtype], q3, k3, v3, table
 
 
-def rope_kvcache(bundle, q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, neox=True,
-                 rotary_dim=None):
+def rope_kvcache(bundle, q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping=None, neox=True,
+                 rotary_dim=None, block_table=None, cache_seqlens=None):
     """Rotary embedding of q and k in place (``neox``: GPT-NeoX halves, else GPT-J interleaved
-    pairs; the first ``rotary_dim`` = cos_sin_cache's width of each head), and the rotated k and
-    the token's v written to ``k_cache`` / ``v_cache`` (num_pages, page_size, kv_heads, head_dim)
-    at ``slot_mapping[t]`` (page ``slot // page_size``, row ``slot % page_size``; a slot outside the
-    cache, vLLM's -1 padding included, writes nothing).  vLLM's ``rotary_embedding(positions, q,
-    k, head_size, cos_sin_cache, is_neox)`` then ``reshape_and_cache_flash(k, v, k_cache, v_cache,
-    slot_mapping, ...)`` in one kernel.  q, k, v: (tokens, heads, head_dim) or (tokens,
-    heads·head_dim).  Returns (q, k)."""
-    dt, q3, k3, v3 = rope_kvcache_check(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, neox,
-                                        rotary_dim)
-    dev = validate.one_device(bundle, q=q, k=k, v=v, positions=positions, cos_sin_cache=cos_sin_cache,
-                              k_cache=k_cache, v_cache=v_cache, slot_mapping=slot_mapping)
+    pairs; the first ``rotary_dim`` = cos_sin_cache's width of each head; ``cos_sin_cache``
+    float32 (max_position, rotary_dim), the cosines then the sines), and the rotated k and the
+    token's v written to ``k_cache`` / ``v_cache`` (num_pages, page_size, kv_heads, head_dim).
+
+    vLLM's form: q, k, v (tokens, heads, head_dim) or (tokens, heads·head_dim), ``positions`` and
+    ``slot_mapping`` int64 (tokens,): token t at page ``slot // page_size``, row ``slot %
+    page_size`` (a slot outside the cache, vLLM's -1 padding included, writes nothing) — vLLM's
+    ``rotary_embedding`` then ``reshape_and_cache_flash`` in one kernel.
+
+    FlashAttention's form (``positions`` and ``slot_mapping`` None): q, k, v (batch, seqlen_q,
+    heads, head_dim), ``cache_seqlens`` int32 (batch,) the cached lengths before these tokens and
+    ``block_table`` int32 (batch, max_pages): token s of sequence b has position
+    ``cache_seqlens[b] + s`` and goes to page ``block_table[b, pos // page_size]`` (attention over
+    the cache afterwards takes ``cache_seqlens + seqlen_q``).  A position past the block table or a
+    page outside the cache writes nothing.  Positions past cos_sin_cache read its last row.
+
+    Returns (q, k)."""
+    dt, q3, k3, v3, table = rope_kvcache_check(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
+                                               neox, rotary_dim, block_table, cache_seqlens)
+    idx, tab = (cache_seqlens, block_table) if table else (positions, slot_mapping)
+    dev = validate.one_device(bundle, q=q, k=k, v=v, cos_sin_cache=cos_sin_cache, k_cache=k_cache,
+                              v_cache=v_cache, index=idx, table=tab)
     validate.no_grad("rope_kvcache", q=q, k=k, v=v, k_cache=k_cache, v_cache=v_cache)
-    name = _pick(bundle, "rope_kvcache", (dt, neox),
-                 lambda e: e["dtype"] == dt and e["neox"] == neox,
-                 f"{dt} {'neox' if neox else 'interleaved'} rotary")
+    name = _pick(bundle, "rope_kvcache", (dt, neox, table),
+                 lambda e: e["dtype"] == dt and e["neox"] == neox and e.get("table", False) == table,
+                 f"{dt} {'neox' if neox else 'interleaved'} rotary{' with a block table' if table else ''}")
     if q3.shape[0] == 0 or k_cache.numel() == 0:
         return q, k
-    bundle.launch(name, [q3, k3, v3, positions, cos_sin_cache, k_cache, v_cache, slot_mapping], device=dev)
+    bundle.launch(name, [q3, k3, v3, idx, cos_sin_cache, k_cache, v_cache, tab], device=dev)
     return q, k
