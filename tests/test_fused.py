@@ -171,3 +171,28 @@ def test_fakes_check(sim):
         with pytest.raises(InputError):
             ops.rope_kvcache(a["q"], a["k"], a["v"], a["positions"].int(), a["cos_sin_cache"], a["k_cache"],
                              a["v_cache"], a["slot_mapping"], True)
+
+
+def test_hot_path(sim):
+    """A repeated layout launches through the packed arguments of its first call; what the key
+    does not fix (types, alignment, autograd) is still refused."""
+    x, w = torch.randn(4, 2048, dtype=bf16), torch.ones(2048, dtype=bf16)
+    r = torch.randn(4, 2048, dtype=bf16)
+    n0 = len(sim.rec.launched)
+    for _ in range(3):
+        q, s = sim.rms_norm(x, w, 1e-6, residual=r, quantize=torch.float8_e4m3fn)
+        assert q.shape == (4, 2048) and s.shape == (4, 1)
+    assert len(sim.rec.launched) == n0 + 3
+    assert any(k[:2] == ("hot", "rms_norm") for k in sim.selections if isinstance(k, tuple))
+    buf = torch.randn(4 * 2048 + 4, dtype=bf16)
+    with pytest.raises(InputError, match="aligned"):
+        sim.rms_norm(buf[4:].view(4, 2048), w, 1e-6, residual=r, quantize=torch.float8_e4m3fn)
+    with pytest.raises(InputError, match="grad"):
+        sim.rms_norm(x, w.clone().requires_grad_(), 1e-6, residual=r, quantize=torch.float8_e4m3fn)
+    a = rope_args()
+    n0 = len(sim.rec.launched)
+    for _ in range(3):
+        sim.rope_kvcache(**a)
+    assert len(sim.rec.launched) == n0 + 3
+    with pytest.raises(InputError):
+        sim.rope_kvcache(**dict(a, neox=1))

@@ -22,7 +22,10 @@ import numbers
 import torch
 
 from . import validate
-from .errors import InputError, NoVariantError
+from .errors import InputError, LaunchError, NoVariantError
+from .loader import Binder
+
+Tensor = torch.Tensor
 
 DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16"}
 FP8 = torch.float8_e4m3fn
@@ -49,6 +52,38 @@ def _pick(bundle, op: str, key: tuple, keep, what: str) -> str:
             cache.clear()
         cache[(op, key)] = name
     return name
+
+
+# --- hot path ---------------------------------------------------------------------------------------
+# A call whose tensors have the layouts (shapes, strides, dtypes, devices) and switches of one that
+# was checked and launched before takes a FixedLaunch (loader.py): its argument bytes were packed
+# and checked then; per call only the tensor types, autograd, the current device and the pointers'
+# alignment (in ``go``) are checked.  Kept in the bundle's ``selections`` under ("hot", op, ...).
+def _layout(t):
+    return None if t is None else (t.shape, t.stride(), t.dtype, t.get_device())
+
+
+def _hot(bundle, key):
+    try:
+        return bundle.selections.get(key)
+    except TypeError:  # an unhashable argument: the checked path says what is wrong
+        return None
+
+
+def _remember(bundle, key, name, args, make):
+    """Cache ``make(go, cur, raw)`` for ``key`` once ``name`` has launched with ``args``."""
+    specs = [Binder.spec(a) if isinstance(a, Tensor) else a for a in args]
+    fixed = bundle.fixed(name, specs)
+    if fixed is None or key is None:
+        return
+    cur, raw = bundle.device_api()
+    if len(bundle.selections) > 4096:
+        bundle.selections.clear()
+    bundle.selections[key] = make(fixed.go, cur, raw, name)
+
+
+def _failed(bundle, name, err):
+    raise LaunchError(f"{name}: launch failed: {bundle.lib.error(err)}")
 
 
 def _eps(eps) -> float:
@@ -115,6 +150,19 @@ def rms_norm(bundle, x, weight, eps, residual=None, out=None, quantize=None):
     and ``scale`` float32 (..., 1), one per row: ``scale = max(amax(|y|) / 448, 1/(448·512))`` of
     the row's y rounded to x's dtype, ``q = y / scale`` (saturating), so ``q·scale`` decodes y.
     ``out``: where the output goes (x's shape; x's dtype, or e4m3 with ``quantize``)."""
+    try:
+        key = ("hot", "rms_norm", _layout(x), _layout(weight), _layout(residual), _layout(out), quantize, eps,
+               type(eps))
+    except AttributeError:  # not tensors: the checks say which
+        key = None
+    fire = _hot(bundle, key) if key is not None else None
+    if (fire is not None and isinstance(x, Tensor) and isinstance(weight, Tensor)
+            and (residual is None or isinstance(residual, Tensor)) and (out is None or isinstance(out, Tensor))
+            and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
+                                                  or (residual is not None and residual.requires_grad)))):
+        r = fire(x, weight, residual, out)
+        if r is not None:
+            return r
     dt, n, e, quant = rms_norm_check(x, weight, eps, residual, out, quantize)
     dev = validate.one_device(bundle, x=x, weight=weight, residual=residual, out=out)
     validate.no_grad("rms_norm", x=x, weight=weight, residual=residual)
@@ -134,7 +182,36 @@ def rms_norm(bundle, x, weight, eps, residual=None, out=None, quantize=None):
         args.append(scale.view(-1))
     args.append(e)
     bundle.launch(name, args, device=dev)
+    _remember(bundle, key, name, args, lambda go, cur, raw, nm: _rms_fire(bundle, go, cur, raw, nm, dev, res, quant,
+                                                                         out is not None, tuple(x.shape)))
     return (o, scale) if quant else o
+
+
+def _rms_fire(bundle, go, cur, raw, name, dev, res, quant, out_given, shape):
+    odt = FP8 if quant else None
+    sshape = (*shape[:-1], 1)
+    f32 = torch.float32
+
+    def fire(x, w, r, out):
+        here = cur()
+        if here != dev:
+            return None
+        o = out if out_given else x.new_empty(shape, dtype=odt or x.dtype)
+        ptrs = [x.data_ptr(), w.data_ptr()]
+        if res:
+            ptrs.append(r.data_ptr())
+        ptrs.append(o.data_ptr())
+        if quant:
+            sc = x.new_empty(sshape, dtype=f32)
+            ptrs.append(sc.data_ptr())
+        err = go(*ptrs, raw(here))
+        if err is None:
+            return None
+        if err:
+            _failed(bundle, name, err)
+        return (o, sc) if quant else o
+
+    return fire
 
 
 def _heads(t, name: str, d: int):
@@ -265,6 +342,19 @@ def rope_kvcache(bundle, q, k, v, positions, cos_sin_cache, k_cache, v_cache, sl
     page outside the cache writes nothing.  Positions past cos_sin_cache read its last row.
 
     Returns (q, k)."""
+    try:
+        key = ("hot", "rope_kvcache", _layout(q), _layout(k), _layout(v), _layout(positions), _layout(cos_sin_cache),
+               _layout(k_cache), _layout(v_cache), _layout(slot_mapping), _layout(block_table),
+               _layout(cache_seqlens), neox, type(neox), rotary_dim)
+    except AttributeError:  # not tensors: the checks say which
+        key = None
+    fire = _hot(bundle, key) if key is not None else None
+    if fire is not None:
+        ts = (q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, block_table, cache_seqlens)
+        if all(t is None or isinstance(t, Tensor) for t in ts) and not (
+                torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in ts)):
+            if fire(*ts):
+                return q, k
     dt, q3, k3, v3, table = rope_kvcache_check(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
                                                neox, rotary_dim, block_table, cache_seqlens)
     idx, tab = (cache_seqlens, block_table) if table else (positions, slot_mapping)
@@ -276,5 +366,24 @@ def rope_kvcache(bundle, q, k, v, positions, cos_sin_cache, k_cache, v_cache, sl
                  f"{dt} {'neox' if neox else 'interleaved'} rotary{' with a block table' if table else ''}")
     if q3.shape[0] == 0 or k_cache.numel() == 0:
         return q, k
-    bundle.launch(name, [q3, k3, v3, idx, cos_sin_cache, k_cache, v_cache, tab], device=dev)
+    args = [q3, k3, v3, idx, cos_sin_cache, k_cache, v_cache, tab]
+    bundle.launch(name, args, device=dev)
+    _remember(bundle, key, name, args, lambda go, cur, raw, nm: _rope_fire(bundle, go, cur, raw, nm, dev, table))
     return q, k
+
+
+def _rope_fire(bundle, go, cur, raw, name, dev, table):
+    def fire(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping, block_table, cache_seqlens):
+        here = cur()
+        if here != dev:
+            return False
+        idx, tab = (cache_seqlens, block_table) if table else (positions, slot_mapping)
+        err = go(q.data_ptr(), k.data_ptr(), v.data_ptr(), idx.data_ptr(), cos_sin.data_ptr(), k_cache.data_ptr(),
+                 v_cache.data_ptr(), tab.data_ptr(), raw(here))
+        if err is None:
+            return False
+        if err:
+            _failed(bundle, name, err)
+        return True
+
+    return fire
