@@ -18,7 +18,7 @@ Three layers side by side: ``torch`` (torch ops), ``ours`` (the bundle's GEMMs a
 glue in torch) and ``fused`` (``ours`` with the glue fused: ``bundle.rms_norm`` for both norms, the
 second one adding the residual in the same pass, and ``bundle.rope_kvcache`` rotating q and k in
 place and writing k and v into the KV cache: in prefill a cache of the prompt's tokens, in decode
-the layer's cache through a one-page-per-sequence block table).  The fused layer is left out when
+the layer's (batch, context, kv heads, head dim) cache seen as one page per sequence).  The fused layer is left out when
 the bundle has no rms_norm / rope_kvcache variant for the device.
 """
 
@@ -190,13 +190,15 @@ class FusedLayer(Layer):
         return self._rest(x, o)
 
     def decode(self, x, cache_k, cache_v, lengths):
-        w, B = self.w, x.shape[0]
+        w, B, S = self.w, x.shape[0], cache_k.shape[1]
         q, k, v = self._split(x)
-        q, k, v = (t.view(B, 1, -1, w.hd) for t in (q, k, v))
-        table = torch.arange(B, device=x.device, dtype=torch.int32).view(B, 1)  # sequence b's cache is page b
-        self.b.rope_kvcache(q, k, v, None, self.cos_sin, cache_k, cache_v, block_table=table,
-                            cache_seqlens=lengths.to(torch.int32))
-        return self._rest(x, self.attend(q, cache_k, cache_v))
+        # The (B, S, Hkv, D) caches seen as B pages of S rows: sequence b's new token goes to slot
+        # b·S + lengths[b], at position lengths[b].
+        base = self._scratch.get(("base", B, S))
+        if base is None:
+            base = self._scratch[("base", B, S)] = torch.arange(B, device=x.device) * S
+        self.b.rope_kvcache(q, k, v, lengths, self.cos_sin, cache_k, cache_v, base + lengths)
+        return self._rest(x, self.attend(q.view(B, 1, w.hq, w.hd), cache_k, cache_v))
 
 
 def fused(bundle, wts, fp8=False):
@@ -396,10 +398,8 @@ def fused_breakdown(layer, x, pos, caches=None) -> dict[str, float]:
         vc, slots = torch.empty_like(kc), torch.arange(T, device=x.device)
         rope = (lambda: b.rope_kvcache(q, k, v, pos, layer.cos_sin, kc, vc, slots))
     else:
-        table = torch.arange(T, device=x.device, dtype=torch.int32).view(T, 1)
-        lens = pos.to(torch.int32)
-        q4, k4, v4 = (t.view(T, 1, -1, w.hd) for t in (q, k, v))
-        rope = (lambda: b.rope_kvcache(q4, k4, v4, None, layer.cos_sin, *caches, block_table=table, cache_seqlens=lens))
+        slots = torch.arange(T, device=x.device) * caches[0].shape[1] + pos
+        rope = (lambda: b.rope_kvcache(q, k, v, pos, layer.cos_sin, *caches, slots))
     stages = {"rms_norm (fused)": lambda: b.rms_norm(x, layer.n1, 1e-5),
               "residual add + rms_norm (fused)": lambda: b.rms_norm(x, layer.n2, 1e-5, residual=h),
               "RoPE + cache write (fused)": rope}

@@ -30,7 +30,9 @@ def test_manifest_describes_every_variant(test_bundle):
         assert name == v["name"]
         assert v["proof"] in ("executed", "portability-build", "compiled", "sass-only")
         assert v["resources"]["registers"] > 0
-        assert 0 < v["resources"]["dynamic_smem_bytes"] <= 227 * 1024
+        # (the row-wise kernels (norm, rotary + cache write) may use no shared memory at all)
+        assert 0 < v["resources"]["dynamic_smem_bytes"] <= 227 * 1024 or (
+            v["family"] == "rowwise" and v["resources"]["dynamic_smem_bytes"] >= 0)
         assert v["resources"]["spill_instructions"] == 0, f"{name} spills"
         for f in v["files"].values():
             assert (test_bundle / f["path"]).stat().st_size == f["bytes"]

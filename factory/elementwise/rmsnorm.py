@@ -71,6 +71,9 @@ class RmsNormVariant(RowwiseVariant):
             req += (r"\bSTG\.E\.64\b", r"\bF2FP\.SATFINITE\.E4M3\.F32\.PACK_AB")
         return req
 
+    def smem_bytes(self) -> int:
+        return 2 * 4 * (self.threads // 32)  # the two all-reduces' per-warp partials
+
     def signature(self) -> Signature:
         args = [TensorArg("x", self.dtype, ("M", "N"), ("sXm", 1)),
                 TensorArg("weight", self.dtype, ("N",), (1,))]
