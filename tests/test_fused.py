@@ -161,10 +161,13 @@ def test_fakes_check(sim):
         w = mode.from_tensor(torch.ones(4096, dtype=bf16))
         y = ops.rms_norm(x, w, 1e-6)
         assert y.shape == (3, 4096) and y.dtype == bf16
-        q, s = ops.rms_norm_fp8(x, w, 1e-6, None)
+        r = mode.from_tensor(torch.randn(3, 4096, dtype=bf16))
+        q, s = ops.rms_norm_fp8(x, w, 1e-6, r)
         assert q.dtype == torch.float8_e4m3fn and s.shape == (3, 1)
         with pytest.raises(InputError):
             ops.rms_norm(x, mode.from_tensor(torch.ones(4000, dtype=bf16)), 1e-6)
+        with pytest.raises(NoVariantError):  # the test tier has no plain fp8 variant for sm_90
+            ops.rms_norm_fp8(x, w, 1e-6, None)
         a = {k: mode.from_tensor(v) for k, v in rope_args().items()}
         ops.rope_kvcache(a["q"], a["k"], a["v"], a["positions"], a["cos_sin_cache"], a["k_cache"], a["v_cache"],
                          a["slot_mapping"], True)

@@ -141,6 +141,19 @@ def rms_norm_check(x, weight, eps, residual=None, out=None, quantize=None):
     return DTYPES[x.dtype], n, e, quant
 
 
+def rms_norm_choose(bundle, dt: str, n: int, res: bool, quant: bool) -> str:
+    """The variant for rows of ``n`` (NoVariantError naming what the bundle has)."""
+    return _pick(bundle, "rms_norm", (dt, n, res, quant),
+                 lambda v: v["dtype"] == dt and v["residual"] == res and v["quant"] == quant and v["max_n"] >= n,
+                 f"{dt} rows of {n}{' with residual' if res else ''}{' to fp8' if quant else ''}")
+
+
+def rope_kvcache_choose(bundle, dt: str, neox: bool, table: bool) -> str:
+    return _pick(bundle, "rope_kvcache", (dt, neox, table),
+                 lambda e: e["dtype"] == dt and e["neox"] == neox and e.get("table", False) == table,
+                 f"{dt} {'neox' if neox else 'interleaved'} rotary{' with a block table' if table else ''}")
+
+
 def rms_norm(bundle, x, weight, eps, residual=None, out=None, quantize=None):
     """``y = x / sqrt(mean(x², -1) + eps) · weight`` over the last dimension (float32 arithmetic).
 
@@ -167,9 +180,7 @@ def rms_norm(bundle, x, weight, eps, residual=None, out=None, quantize=None):
     dev = validate.one_device(bundle, x=x, weight=weight, residual=residual, out=out)
     validate.no_grad("rms_norm", x=x, weight=weight, residual=residual)
     res = residual is not None
-    name = _pick(bundle, "rms_norm", (dt, n, res, quant),
-                 lambda v: v["dtype"] == dt and v["residual"] == res and v["quant"] == quant and v["max_n"] >= n,
-                 f"{dt} rows of {n}{' with residual' if res else ''}{' to fp8' if quant else ''}")
+    name = rms_norm_choose(bundle, dt, n, res, quant)
     o = torch.empty(x.shape, dtype=FP8 if quant else x.dtype, device=x.device) if out is None else out
     scale = torch.empty((*x.shape[:-1], 1), dtype=torch.float32, device=x.device) if quant else None
     if x.numel() == 0:
@@ -361,9 +372,7 @@ def rope_kvcache(bundle, q, k, v, positions, cos_sin_cache, k_cache, v_cache, sl
     dev = validate.one_device(bundle, q=q, k=k, v=v, cos_sin_cache=cos_sin_cache, k_cache=k_cache,
                               v_cache=v_cache, index=idx, table=tab)
     validate.no_grad("rope_kvcache", q=q, k=k, v=v, k_cache=k_cache, v_cache=v_cache)
-    name = _pick(bundle, "rope_kvcache", (dt, neox, table),
-                 lambda e: e["dtype"] == dt and e["neox"] == neox and e.get("table", False) == table,
-                 f"{dt} {'neox' if neox else 'interleaved'} rotary{' with a block table' if table else ''}")
+    name = rope_kvcache_choose(bundle, dt, neox, table)
     if q3.shape[0] == 0 or k_cache.numel() == 0:
         return q, k
     args = [q3, k3, v3, idx, cos_sin_cache, k_cache, v_cache, tab]

@@ -120,14 +120,16 @@ def _rope_kvcache(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapp
 def _rms_norm_fake(x, weight, eps, residual=None):
     from . import fused
 
-    fused.rms_norm_check(x, weight, eps, residual)
+    dt, n, _, _ = fused.rms_norm_check(x, weight, eps, residual)
+    fused.rms_norm_choose(_BUNDLE, dt, n, residual is not None, False)
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
 def _rms_norm_fp8_fake(x, weight, eps, residual=None):
     from . import fused
 
-    fused.rms_norm_check(x, weight, eps, residual, quantize=torch.float8_e4m3fn)
+    dt, n, _, _ = fused.rms_norm_check(x, weight, eps, residual, quantize=torch.float8_e4m3fn)
+    fused.rms_norm_choose(_BUNDLE, dt, n, residual is not None, True)
     return (x.new_empty(x.shape, dtype=torch.float8_e4m3fn),
             x.new_empty((*x.shape[:-1], 1), dtype=torch.float32))
 
@@ -135,7 +137,8 @@ def _rms_norm_fp8_fake(x, weight, eps, residual=None):
 def _rope_kvcache_fake(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, neox=True):
     from . import fused
 
-    fused.rope_kvcache_check(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, neox)
+    dt, *_ = fused.rope_kvcache_check(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, neox)
+    fused.rope_kvcache_choose(_BUNDLE, dt, neox, False)
     return None
 
 
