@@ -98,8 +98,13 @@ def test_sass_proves_each_family(test_bundle):
             assert r["dynamic_smem_bytes"] + r["static_smem_bytes"] <= 227 * 1024, v["name"]
             assert 32 <= v["tmem_columns"] <= 512 and r["registers"] * v["threads"] <= 65536, v["name"]
             assert r["spill_instructions"] == 0 and r["stack_frame_bytes"] == 0, v["name"]
+        if v["family"] == "rowwise":  # norm / rotary + cache write: plain vector loads, no MMA, no spills
+            r = v["resources"]
+            assert s["HMMA"] == s["HGMMA"] == s["UTCHMMA"] == s["LDGSTS"] == 0, v["name"]
+            assert r["spill_instructions"] == 0 and r["stack_frame_bytes"] == 0, v["name"]
     assert any(v["family"] == "sm100" for v in m["variants"].values()), "no Blackwell variant built"
-    assert {v["op"] for v in m["variants"].values() if v["target"] == "sm_120a"} == {"gemm", "attention", "attention_kvcache"}
+    assert {v["op"] for v in m["variants"].values() if v["target"] == "sm_120a"} == {
+        "gemm", "attention", "attention_kvcache", "rope_kvcache"}
 
 
 @pytest.mark.parametrize("donor_family", ["sm90", "sm80"])

@@ -50,6 +50,11 @@ class RmsNormVariant(RowwiseVariant):
         return VEC * self.threads * self.chunks
 
     @property
+    def is_fp8(self) -> bool:
+        """fp8 output (an sm_89 build is kept beside the sm_86 code for it)."""
+        return self.quant
+
+    @property
     def out_dtype(self) -> str:
         return "e4m3" if self.quant else self.dtype
 
