@@ -146,6 +146,12 @@ def test_rope_kvcache_launches_and_refusals(sim):
             sim.rope_kvcache(**{**tab, **change})
     with pytest.raises(InputError, match="4-dimensional"):
         sim.rope_kvcache(**dict(a, q=tab["q"]))
+    sim.rope_kvcache(**dict(a, positions=None, cos_sin_cache=torch.randn(5, 128)))  # per-token cos/sin rows
+    assert sim.rec.launched[-1] == "rope_kvcache_sm90_bf16_t128_neox"
+    with pytest.raises(InputError, match="one row per token"):
+        sim.rope_kvcache(**dict(a, positions=None))
+    with pytest.raises(InputError, match="slot_mapping is needed"):
+        sim.rope_kvcache(**dict(a, slot_mapping=None))
     with pytest.raises(InputError, match="rotary_dim"):
         sim.rope_kvcache(**a, rotary_dim=64)
     with pytest.raises(InputError, match="neox"):

@@ -431,3 +431,22 @@ def test_repeated_layouts_fresh_data(bundle):
         bundle.rope_kvcache(q, k, v, pos, cos_sin, kc, vc, slots)
         assert ((q.float() - q_ref).abs().max() / q_ref.abs().max()).item() < 1e-2, i
         assert torch.equal(kc.view(-1, hkv, d)[slots], k) and torch.equal(vc.view(-1, hkv, d)[slots], v)
+
+
+def test_rope_kvcache_per_token_cos_sin(bundle):
+    """``positions=None``: cos_sin_cache holds each token's row; the same result as the positions
+    form over the full table."""
+    t, hq, hkv, d = 11, 8, 2, 128
+    table = make_cos_sin(300, d)
+    pos = torch.randint(0, 300, (t,), device="cuda")
+    q = torch.randn(t, hq, d, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(t, hkv, d, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(t, hkv, d, device="cuda", dtype=torch.bfloat16)
+    kc = torch.full((2, 16, hkv, d), math.nan, device="cuda", dtype=torch.bfloat16)
+    vc = kc.clone()
+    slots = torch.arange(t, device="cuda") + 3
+    q2, k2, kc2, vc2 = q.clone(), k.clone(), kc.clone(), vc.clone()
+    bundle.rope_kvcache(q, k, v, pos, table, kc, vc, slots)
+    bundle.rope_kvcache(q2, k2, v, None, table[pos].contiguous(), kc2, vc2, slots)
+    assert torch.equal(q, q2) and torch.equal(k, k2)
+    assert torch.equal(kc.nan_to_num(7.0), kc2.nan_to_num(7.0)) and torch.equal(vc.nan_to_num(7.0), vc2.nan_to_num(7.0))

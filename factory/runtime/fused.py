@@ -289,9 +289,11 @@ def rope_kvcache_check(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot
         if block_table.shape[1] == 0:
             raise InputError("block_table has no columns")
     else:
-        if positions is None or slot_mapping is None:
-            raise InputError("positions and slot_mapping are needed (or block_table and cache_seqlens)")
-        validate.tensors(positions=positions, slot_mapping=slot_mapping)
+        if slot_mapping is None:
+            raise InputError("slot_mapping is needed (or block_table and cache_seqlens)")
+        validate.tensors(slot_mapping=slot_mapping)
+        if positions is not None:
+            validate.tensors(positions=positions)
         batch = None
     if q.dtype not in DTYPES:
         raise InputError(f"q must be bfloat16 or float16, got {_name(q.dtype)}")
@@ -313,7 +315,12 @@ def rope_kvcache_check(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot
         if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
             raise InputError("with block_table, q, k and v are (batch, seqlen_q, heads, head_dim)")
     else:
+        if positions is None and cos_sin_cache.dim() >= 1 and cos_sin_cache.shape[0] != t:
+            raise InputError(f"without positions, cos_sin_cache holds one row per token: ({t}, rotary_dim), got "
+                             f"{tuple(cos_sin_cache.shape)}")
         for nm, tt in (("positions", positions), ("slot_mapping", slot_mapping)):
+            if tt is None:
+                continue
             if tt.dtype != torch.int64 or tuple(tt.shape) != (t,):
                 raise InputError(f"{nm} must be int64 of shape ({t},), got {_name(tt.dtype)} {tuple(tt.shape)}")
             if tt.numel() > 1 and tt.stride(0) != 1:
@@ -341,7 +348,8 @@ def rope_kvcache(bundle, q, k, v, positions, cos_sin_cache, k_cache, v_cache, sl
     token's v written to ``k_cache`` / ``v_cache`` (num_pages, page_size, kv_heads, head_dim).
 
     vLLM's form: q, k, v (tokens, heads, head_dim) or (tokens, heads·head_dim), ``positions`` and
-    ``slot_mapping`` int64 (tokens,): token t at page ``slot // page_size``, row ``slot %
+    ``slot_mapping`` int64 (tokens,) (``positions`` None: ``cos_sin_cache`` holds each token's own
+    cos/sin row, (tokens, rotary_dim)): token t at page ``slot // page_size``, row ``slot %
     page_size`` (a slot outside the cache, vLLM's -1 padding included, writes nothing) — vLLM's
     ``rotary_embedding`` then ``reshape_and_cache_flash`` in one kernel.
 
@@ -368,6 +376,8 @@ def rope_kvcache(bundle, q, k, v, positions, cos_sin_cache, k_cache, v_cache, sl
                 return q, k
     dt, q3, k3, v3, table = rope_kvcache_check(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
                                                neox, rotary_dim, block_table, cache_seqlens)
+    if not table and positions is None:  # cos/sin given per token: token t reads row t
+        positions, key = _iota(bundle, q, q3.shape[0]), None
     idx, tab = (cache_seqlens, block_table) if table else (positions, slot_mapping)
     dev = validate.one_device(bundle, q=q, k=k, v=v, cos_sin_cache=cos_sin_cache, k_cache=k_cache,
                               v_cache=v_cache, index=idx, table=tab)
@@ -379,6 +389,18 @@ def rope_kvcache(bundle, q, k, v, positions, cos_sin_cache, k_cache, v_cache, sl
     bundle.launch(name, args, device=dev)
     _remember(bundle, key, name, args, lambda go, cur, raw, nm: _rope_fire(bundle, go, cur, raw, nm, dev, table))
     return q, k
+
+
+def _iota(bundle, like, n: int):
+    """int64 0..n-1 on ``like``'s device: a view of one arange kept per device (grown when a longer
+    one is needed; one made inside a CUDA-graph capture is not kept)."""
+    key = ("iota", like.device)
+    have = bundle.selections.get(key)
+    if have is None or have.numel() < n:
+        have = torch.arange(max(n, 1024), device=like.device)
+        if not (like.is_cuda and torch.cuda.is_current_stream_capturing()):
+            bundle.selections[key] = have
+    return have[:n]
 
 
 def _rope_fire(bundle, go, cur, raw, name, dev, table):
