@@ -177,6 +177,15 @@ def test_fakes_check(sim):
         a = {k: mode.from_tensor(v) for k, v in rope_args().items()}
         ops.rope_kvcache(a["q"], a["k"], a["v"], a["positions"], a["cos_sin_cache"], a["k_cache"], a["v_cache"],
                          a["slot_mapping"], True)
+        b, sq = 2, 3
+        qt, kt, vt = (mode.from_tensor(torch.randn(b, sq, h, 128, dtype=bf16)) for h in (8, 2, 2))
+        ops.rope_kvcache(qt, kt, vt, None, a["cos_sin_cache"], a["k_cache"], a["v_cache"], None, True,
+                         mode.from_tensor(torch.zeros(b, 3, dtype=torch.int32)),
+                         mode.from_tensor(torch.zeros(b, dtype=torch.int32)))
+        with pytest.raises(NoVariantError):  # the test tier has no interleaved block-table variant
+            ops.rope_kvcache(qt, kt, vt, None, a["cos_sin_cache"], a["k_cache"], a["v_cache"], None, False,
+                             mode.from_tensor(torch.zeros(b, 3, dtype=torch.int32)),
+                             mode.from_tensor(torch.zeros(b, dtype=torch.int32)))
         with pytest.raises(InputError):
             ops.rope_kvcache(a["q"], a["k"], a["v"], a["positions"].int(), a["cos_sin_cache"], a["k_cache"],
                              a["v_cache"], a["slot_mapping"], True)
@@ -205,3 +214,15 @@ def test_hot_path(sim):
     assert len(sim.rec.launched) == n0 + 3
     with pytest.raises(InputError):
         sim.rope_kvcache(**dict(a, neox=1))
+
+
+def test_opcheck(sim):
+    from test_torch_ops import CPU_CHECKS, FP8_CPU_CHECKS
+
+    kf = sim.torch_ops()
+    x, w, r = torch.randn(3, 4096, dtype=bf16), torch.ones(4096, dtype=bf16), torch.randn(3, 4096, dtype=bf16)
+    torch.library.opcheck(kf.rms_norm, (x, w, 1e-6), test_utils=CPU_CHECKS)
+    torch.library.opcheck(kf.rms_norm_fp8, (x, w, 1e-6, r), test_utils=FP8_CPU_CHECKS)
+    a = rope_args()
+    torch.library.opcheck(kf.rope_kvcache, (a["q"], a["k"], a["v"], a["positions"], a["cos_sin_cache"], a["k_cache"],
+                                            a["v_cache"], a["slot_mapping"]), test_utils=CPU_CHECKS)

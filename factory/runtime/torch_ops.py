@@ -31,8 +31,9 @@ _SCHEMAS = {
                          "-> (Tensor, Tensor)",
     "rms_norm": "rms_norm(Tensor x, Tensor weight, float eps, Tensor(a!)? residual=None) -> Tensor",
     "rms_norm_fp8": "rms_norm_fp8(Tensor x, Tensor weight, float eps, Tensor(a!)? residual=None) -> (Tensor, Tensor)",
-    "rope_kvcache": "rope_kvcache(Tensor(a!) q, Tensor(b!) k, Tensor v, Tensor positions, Tensor cos_sin_cache, "
-                    "Tensor(c!) k_cache, Tensor(d!) v_cache, Tensor slot_mapping, bool neox=True) -> ()",
+    "rope_kvcache": "rope_kvcache(Tensor(a!) q, Tensor(b!) k, Tensor v, Tensor? positions, Tensor cos_sin_cache, "
+                    "Tensor(c!) k_cache, Tensor(d!) v_cache, Tensor? slot_mapping=None, bool neox=True, "
+                    "Tensor? block_table=None, Tensor? cache_seqlens=None) -> ()",
 }
 
 
@@ -113,8 +114,10 @@ def _rms_norm_fp8(x, weight, eps, residual=None):
     return _BUNDLE.rms_norm(x, weight, eps, residual=residual, quantize=torch.float8_e4m3fn)
 
 
-def _rope_kvcache(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, neox=True):
-    _BUNDLE.rope_kvcache(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, neox=neox)
+def _rope_kvcache(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping=None, neox=True,
+                  block_table=None, cache_seqlens=None):
+    _BUNDLE.rope_kvcache(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, neox=neox,
+                         block_table=block_table, cache_seqlens=cache_seqlens)
 
 
 def _rms_norm_fake(x, weight, eps, residual=None):
@@ -134,11 +137,13 @@ def _rms_norm_fp8_fake(x, weight, eps, residual=None):
             x.new_empty((*x.shape[:-1], 1), dtype=torch.float32))
 
 
-def _rope_kvcache_fake(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, neox=True):
+def _rope_kvcache_fake(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping=None, neox=True,
+                       block_table=None, cache_seqlens=None):
     from . import fused
 
-    dt, *_ = fused.rope_kvcache_check(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, neox)
-    fused.rope_kvcache_choose(_BUNDLE, dt, neox, False)
+    dt, *_, table = fused.rope_kvcache_check(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, neox,
+                                             None, block_table, cache_seqlens)
+    fused.rope_kvcache_choose(_BUNDLE, dt, neox, table)
     return None
 
 
