@@ -418,3 +418,49 @@ def _rope_fire(bundle, go, cur, raw, name, dev, table):
         return True
 
     return fire
+
+
+# --- torch custom ops (runtime/torch_ops.py registers them): name -> (schema, real, fake), each
+# taking the bundle first.  The fakes run the data-free checks and the selection.
+def _op_rms_norm(bundle, x, weight, eps, residual=None):
+    return bundle.rms_norm(x, weight, eps, residual=residual)
+
+
+def _op_rms_norm_fp8(bundle, x, weight, eps, residual=None):
+    return bundle.rms_norm(x, weight, eps, residual=residual, quantize=FP8)
+
+
+def _op_rope_kvcache(bundle, q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping=None, neox=True,
+                     block_table=None, cache_seqlens=None):
+    bundle.rope_kvcache(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, neox=neox,
+                        block_table=block_table, cache_seqlens=cache_seqlens)
+
+
+def _fake_rms_norm(bundle, x, weight, eps, residual=None):
+    dt, n, _, _ = rms_norm_check(x, weight, eps, residual)
+    rms_norm_choose(bundle, dt, n, residual is not None, False)
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+def _fake_rms_norm_fp8(bundle, x, weight, eps, residual=None):
+    dt, n, _, _ = rms_norm_check(x, weight, eps, residual, quantize=FP8)
+    rms_norm_choose(bundle, dt, n, residual is not None, True)
+    return x.new_empty(x.shape, dtype=FP8), x.new_empty((*x.shape[:-1], 1), dtype=torch.float32)
+
+
+def _fake_rope_kvcache(bundle, q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping=None, neox=True,
+                       block_table=None, cache_seqlens=None):
+    dt, *_, table = rope_kvcache_check(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, neox, None,
+                                       block_table, cache_seqlens)
+    rope_kvcache_choose(bundle, dt, neox, table)
+
+
+TORCH_OPS = {
+    "rms_norm": ("rms_norm(Tensor x, Tensor weight, float eps, Tensor(a!)? residual=None) -> Tensor",
+                 _op_rms_norm, _fake_rms_norm),
+    "rms_norm_fp8": ("rms_norm_fp8(Tensor x, Tensor weight, float eps, Tensor(a!)? residual=None) -> (Tensor, Tensor)",
+                     _op_rms_norm_fp8, _fake_rms_norm_fp8),
+    "rope_kvcache": ("rope_kvcache(Tensor(a!) q, Tensor(b!) k, Tensor v, Tensor? positions, Tensor cos_sin_cache, "
+                     "Tensor(c!) k_cache, Tensor(d!) v_cache, Tensor? slot_mapping=None, bool neox=True, "
+                     "Tensor? block_table=None, Tensor? cache_seqlens=None) -> ()", _op_rope_kvcache, _fake_rope_kvcache),
+}

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from . import fused
+
 NAMESPACE = "kernel_factory"
 _LIB = None
 _BUNDLE = None  # the bundle the ops run on (set by register)
@@ -29,11 +31,6 @@ _SCHEMAS = {
                          "int window_right=-1, float softcap=0.0, Tensor? sinks=None, Tensor? k_descale=None, "
                          "Tensor? v_descale=None, Tensor? cu_seqlens_q=None, int? max_seqlen_q=None) "
                          "-> (Tensor, Tensor)",
-    "rms_norm": "rms_norm(Tensor x, Tensor weight, float eps, Tensor(a!)? residual=None) -> Tensor",
-    "rms_norm_fp8": "rms_norm_fp8(Tensor x, Tensor weight, float eps, Tensor(a!)? residual=None) -> (Tensor, Tensor)",
-    "rope_kvcache": "rope_kvcache(Tensor(a!) q, Tensor(b!) k, Tensor v, Tensor? positions, Tensor cos_sin_cache, "
-                    "Tensor(c!) k_cache, Tensor(d!) v_cache, Tensor? slot_mapping=None, bool neox=True, "
-                    "Tensor? block_table=None, Tensor? cache_seqlens=None) -> ()",
 }
 
 
@@ -106,52 +103,20 @@ def _attention_kvcache_fake(q, k_cache, v_cache, cache_seqlens, block_table=None
     return torch.empty_like(q), lse
 
 
-def _rms_norm(x, weight, eps, residual=None):
-    return _BUNDLE.rms_norm(x, weight, eps, residual=residual)
-
-
-def _rms_norm_fp8(x, weight, eps, residual=None):
-    return _BUNDLE.rms_norm(x, weight, eps, residual=residual, quantize=torch.float8_e4m3fn)
-
-
-def _rope_kvcache(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping=None, neox=True,
-                  block_table=None, cache_seqlens=None):
-    _BUNDLE.rope_kvcache(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, neox=neox,
-                         block_table=block_table, cache_seqlens=cache_seqlens)
-
-
-def _rms_norm_fake(x, weight, eps, residual=None):
-    from . import fused
-
-    dt, n, _, _ = fused.rms_norm_check(x, weight, eps, residual)
-    fused.rms_norm_choose(_BUNDLE, dt, n, residual is not None, False)
-    return torch.empty_like(x, memory_format=torch.contiguous_format)
-
-
-def _rms_norm_fp8_fake(x, weight, eps, residual=None):
-    from . import fused
-
-    dt, n, _, _ = fused.rms_norm_check(x, weight, eps, residual, quantize=torch.float8_e4m3fn)
-    fused.rms_norm_choose(_BUNDLE, dt, n, residual is not None, True)
-    return (x.new_empty(x.shape, dtype=torch.float8_e4m3fn),
-            x.new_empty((*x.shape[:-1], 1), dtype=torch.float32))
-
-
-def _rope_kvcache_fake(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping=None, neox=True,
-                       block_table=None, cache_seqlens=None):
-    from . import fused
-
-    dt, *_, table = fused.rope_kvcache_check(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, neox,
-                                             None, block_table, cache_seqlens)
-    fused.rope_kvcache_choose(_BUNDLE, dt, neox, table)
-    return None
-
-
 _IMPLS = {"gemm": (_gemm, _gemm_fake), "gemm_out": (_gemm_out, _gemm_out_fake),
           "gemm_packed": (_gemm_packed, _gemm_packed_fake), "attention": (_attention, _attention_fake),
-          "attention_kvcache": (_attention_kvcache, _attention_kvcache_fake),
-          "rms_norm": (_rms_norm, _rms_norm_fake), "rms_norm_fp8": (_rms_norm_fp8, _rms_norm_fp8_fake),
-          "rope_kvcache": (_rope_kvcache, _rope_kvcache_fake)}
+          "attention_kvcache": (_attention_kvcache, _attention_kvcache_fake)}
+
+
+def _on_bundle(fn):
+    return lambda *args, **kw: fn(_BUNDLE, *args, **kw)
+
+
+# The fused glue ops (runtime/fused.py TORCH_OPS: name -> (schema, real, fake), each taking the
+# bundle first).
+for _name, (_schema, _real, _fake) in fused.TORCH_OPS.items():
+    _SCHEMAS[_name] = _schema
+    _IMPLS[_name] = (_on_bundle(_real), _on_bundle(_fake))
 
 
 def register(bundle):
