@@ -438,13 +438,15 @@ def _op_rope_kvcache(bundle, q, k, v, positions, cos_sin_cache, k_cache, v_cache
 
 def _fake_rms_norm(bundle, x, weight, eps, residual=None):
     dt, n, _, _ = rms_norm_check(x, weight, eps, residual)
-    rms_norm_choose(bundle, dt, n, residual is not None, False)
+    if isinstance(n, int):  # (a symbolic hidden size is selected for when the op runs)
+        rms_norm_choose(bundle, dt, n, residual is not None, False)
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
 def _fake_rms_norm_fp8(bundle, x, weight, eps, residual=None):
     dt, n, _, _ = rms_norm_check(x, weight, eps, residual, quantize=FP8)
-    rms_norm_choose(bundle, dt, n, residual is not None, True)
+    if isinstance(n, int):
+        rms_norm_choose(bundle, dt, n, residual is not None, True)
     return x.new_empty(x.shape, dtype=FP8), x.new_empty((*x.shape[:-1], 1), dtype=torch.float32)
 
 
