@@ -226,3 +226,21 @@ def test_opcheck(sim):
     a = rope_args()
     torch.library.opcheck(kf.rope_kvcache, (a["q"], a["k"], a["v"], a["positions"], a["cos_sin_cache"], a["k_cache"],
                                             a["v_cache"], a["slot_mapping"]), test_utils=CPU_CHECKS)
+
+
+def test_traced_calls_go_through_the_ops(sim):
+    """``bundle.rms_norm`` / ``bundle.rope_kvcache`` inside torch.compile trace as the torch ops
+    (one graph, no break; Dynamo only: ``backend="eager"``)."""
+    x, w, r = torch.randn(3, 4096, dtype=bf16), torch.ones(4096, dtype=bf16), torch.randn(3, 4096, dtype=bf16)
+    a = rope_args()
+    n0 = len(sim.rec.launched)
+
+    def step(x, w, r, q, k, v, pos, cs, kc, vc, sl):
+        y, s = sim.rms_norm(x, w, 1e-6, residual=r, quantize=torch.float8_e4m3fn)
+        sim.rope_kvcache(q, k, v, pos, cs, kc, vc, sl)
+        return y, s
+
+    torch._dynamo.reset()
+    y, s = torch.compile(step, fullgraph=True, backend="eager")(x, w, r, *a.values())
+    assert y.dtype == torch.float8_e4m3fn and s.shape == (3, 1)
+    assert sim.rec.launched[n0:] == ["rms_norm_sm90_bf16_t256_c8_res_q8", "rope_kvcache_sm90_bf16_t128_neox"]

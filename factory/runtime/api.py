@@ -139,6 +139,14 @@ class Bundle(BundleCore):
         fp8 output plus per-row scales (runtime/fused.py says what the arguments mean)."""
         from . import fused
 
+        if (_OPS or _ops())[4]():  # traced by torch.compile: the bundle's torch op (its fake checks alike)
+            if out is not None:
+                raise InputError("out= is not available under torch.compile")
+            ops = self.torch_ops()
+            if quantize is None:
+                return ops.rms_norm(x, weight, eps, residual)
+            fused.rms_norm_check(x, weight, eps, residual, None, quantize)
+            return ops.rms_norm_fp8(x, weight, eps, residual)
         return fused.rms_norm(self, x, weight, eps, residual, out, quantize)
 
     def rope_kvcache(self, q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping=None, *, neox=True,
@@ -147,6 +155,12 @@ class Bundle(BundleCore):
         ``slot_mapping`` (or through ``block_table`` at ``cache_seqlens``), one kernel (runtime/fused.py says what the arguments mean)."""
         from . import fused
 
+        if (_OPS or _ops())[4]():  # traced by torch.compile: the bundle's torch op (its fake checks alike)
+            fused.rope_kvcache_check(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, neox,
+                                     rotary_dim, block_table, cache_seqlens)
+            self.torch_ops().rope_kvcache(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, neox,
+                                          block_table, cache_seqlens)
+            return q, k
         return fused.rope_kvcache(self, q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, neox,
                                   rotary_dim, block_table, cache_seqlens)
 
