@@ -289,3 +289,30 @@ def test_fp8_quantizers_grouped(form):
     offs = i32(10, 25, 40)
     r = grouped.check(q2, qw.transpose(1, 2), offs, None, None, None, s2, sw)
     assert r[6][0] == form
+
+
+def test_fp8_torch_ops_and_reference(ops):
+    """The ops with scales (schema, fake = real checks, the hot path keyed on the scales), and the
+    float32 reference of the dequantized operands that the GPU tests judge by."""
+    b, kf = ops
+    if not any(v["dtypes"]["a"] == "e4m3" for v in b.candidates("gemm_grouped")):
+        pytest.skip("the test bundle has no fp8 gemm_grouped variant")
+    checks = ("test_autograd_registration", "test_faketensor")  # (test_schema multiplies e4m3 on the CPU)
+    for masked, form in ((False, "block"), (True, "row")):
+        a, wt, grp, sa, sb = fp8_case(masked, form)
+        g = dict(masked_m=grp) if masked else dict(offs=grp)
+        torch.library.opcheck(kf.grouped_gemm, (a, wt), dict(g, scale_a=sa, scale_b=sb), test_utils=checks)
+        n0 = len(b.rec.launched)
+        for _ in range(2):
+            out = b.grouped_gemm(a, wt, **g, scale_a=sa, scale_b=sb)
+            assert out.dtype == torch.bfloat16
+        assert len(b.rec.launched) == n0 + 2 and "e4m3" in b.rec.launched[-1]
+        with pytest.raises(InputError, match="scale_b"):
+            b.grouped_gemm(a, wt, **g, scale_a=sa)
+    # reference: block scales per k-block of a's rows and per 128x128 block of b[g]
+    a, wt, offs, sa, sb = fp8_case(False, "block", E=2, M=8, N=256, K=256)
+    ref = grouped.reference(a, wt, offs=offs, scale_a=sa, scale_b=sb)
+    r, k, g = 5, 130, 1  # row 5 is group 1's (offs 4, 8); column 130 is n-block 1; k 130 is k-block 1
+    want = sum(float(a[r, kk].float()) * float(sa[r, kk // 128]) * float(wt[g, kk, k].float()) * float(sb[g, 1, kk // 128])
+               for kk in range(256))
+    assert abs(float(ref[r, k]) - want) <= 1e-4 * max(1.0, abs(want))
