@@ -225,9 +225,12 @@ def promoted_mainloop(tiled_mma, acc, part, part2, tCrA, tCrB, ab_pipe, read, re
     ``scales`` (block scales) = ``(s0, s1, coords, sSA, scale_b, n_blk)``: each partial sum is
     multiplied per row by ``sSA[row, 0, stage] * scale_b[n_blk, kb]`` as it is added
     (:func:`block_scales_from_smem`, :func:`promote_scaled`; ``s0``/``s1`` from
-    :func:`block_scale_regs`).  Returns ``(tiled_mma, read, release)``: rebind all three in the
-    caller (see :func:`issue_k_block`; a pipeline state passed to a call inside a dynamic loop is
-    carried through that loop only when the loop assigns it)."""
+    :func:`block_scale_regs`).  ``read`` and ``release`` are also advanced in place (the caller's
+    objects take the final states), so a caller's loop that advances them elsewhere carries them
+    without assigning them (an assignment changes the loop's carried values and with them the
+    register allocation of the caller's other paths).  Returns ``tiled_mma`` (see
+    :func:`issue_k_block`): its accumulate flag is set again by the next :func:`issue_k_block`."""
+    read_in, release_in = read, release
     n_k = k_end - k_begin
     if cutlass.const_expr(scales is not None):
         s0, s1, coords, sSA, scale_b, n_blk = scales
@@ -276,7 +279,16 @@ def promoted_mainloop(tiled_mma, acc, part, part2, tCrA, tCrB, ab_pipe, read, re
             acc.store(acc.load() + part.load())
             ab_pipe.consumer_release(release)
             release.advance()
-    return tiled_mma, read, release
+    _assign_state(read_in, read)
+    _assign_state(release_in, release)
+    return tiled_mma
+
+
+def _assign_state(dst, src) -> None:
+    """Pipeline state ``dst`` takes ``src``'s count, index and phase (the loops above may rebind
+    their local names to new state objects)."""
+    if dst is not src:
+        dst._count, dst._index, dst._phase = src._count, src._index, src._phase
 
 
 @cute.jit

@@ -556,7 +556,6 @@ class GroupedGemmSm90Kernel:
         done = cutlass.Int32(0)
         while t < total:
             g, n, row, row_end = self._locate(t, table, groups, m_rows, n_tiles)
-            a_l = g if cutlass.const_expr(self.masked) else 0
             if cutlass.const_expr(fp8):
                 # ---- fp8 mainloop: two-level accumulation (block scales applied per k-block)
                 cute.nvgpu.warpgroup.fence()
@@ -564,11 +563,11 @@ class GroupedGemmSm90Kernel:
                 scales = None
                 if cutlass.const_expr(self.block):
                     scales = (s0, s1, cC, sSA, scale_b[(None, None, g)], n * self.tile[1] // _BLOCK_K)
-                tiled_mma, read, release = atoms.promoted_mainloop(
+                atoms.promoted_mainloop(
                     tiled_mma, acc, part, part2, tCrA, tCrB, ab_pipe, read, release, k_blocks, cutlass.Int32(0),
                     k_tiles, scales)
                 if cutlass.const_expr(not self.block):
-                    sa_g = scale_a[(None, a_l)] if cutlass.const_expr(self.masked) else scale_a
+                    sa_g = scale_a[(None, g)] if cutlass.const_expr(self.masked) else scale_a
                     atoms.apply_row_col_scales(acc, cC, sa_g, scale_b[(None, g)], row, n * self.tile[1])
             else:
                 # ---- mainloop: one WGMMA batch in flight, a stage released once its batch retired
@@ -592,6 +591,7 @@ class GroupedGemmSm90Kernel:
                 release.advance()
 
             # ---- epilogue: whole tiles through the TMA store, a group's partial last tile masked
+            a_l = g if cutlass.const_expr(self.masked) else 0
             whole = row_end - row >= self.tile[0]
             mC_t = cute.domain_offset((row, n * self.tile[1]), mC[(None, None, a_l)])
             gC_t = cute.zipped_divide(cute.local_tile(mC_t, self.tile[:2], (0, 0)), self.epi_tile)
