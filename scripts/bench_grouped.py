@@ -14,7 +14,7 @@ the timed passes and checked after: ours against torch's result on every row a g
 Host cost per call: a tiny problem called 300 times back to back (time.perf_counter).
 
 fp8 (``--fp8``, or ``--fp8-only``): e4m3 a and b with block scales (DeepSeek-V3 1x128 / 128x128)
-and with row scales, contiguous, 8 groups x 8192 rows x N 4096 x K 7168 (the issue's 1,200 TFLOP/s
+and with row scales, contiguous, 8 groups x 8192 rows x N 4096 x K 7168 (the 1,200 TFLOP/s target
 row) and DeepSeek-V3's 256 experts at 8 k / 64 k routed rows; beside our bf16 grouped GEMM and
 torch._grouped_mm on the bf16 operands the fp8 ones came from (same run), and
 torch._scaled_grouped_mm (row-wise scales) where this torch has it.  Checked against float32 of the
