@@ -600,6 +600,8 @@ def check_gemm_grouped(bundle, entry, case, gen=None, device="cuda") -> dict:
     E, N, K, routing = case
     cpu = torch.Generator().manual_seed(int(torch.randint(0, 2**31 - 1, (1,))))
     form = entry.get("scale_mode")
+    if form:  # e4m3 rows are whole 16-byte vectors: K a multiple of 16 (the last scale block still partial)
+        K = -(-K // 16) * 16
     dt = torch.bfloat16 if form else torch_dtype(entry["dtypes"]["a"])
     b = torch.randn(E, N, K, device=device, dtype=dt)  # (E, N, K) weights
     kw = {}
