@@ -379,3 +379,47 @@ def test_fp8_refusals_before_launch(bundle):
     with pytest.raises(InputError):  # bf16 operands with scales
         bundle.grouped_gemm(a.bfloat16(), b.bfloat16(), offs=offs, scale_a=sa, scale_b=sb)
     assert bundle.grouped_gemm(a, b, offs=offs, scale_a=sa, scale_b=sb).dtype == torch.bfloat16
+
+
+def test_fx_gemm_grouped_fp8_matches_python(bundle):
+    """The C entry with block and row scales (scale_mode, pointers, strides {m, kb, group} /
+    {n | nb, kb, group}): Python's output bit for bit; a misaligned block scale_a is refused."""
+    import ctypes
+
+    from factory.runtime.manifest import sha256_file
+    from factory.runtime.selector import DTYPE, Device, GroupedProblem, Selection, _I64x3, load
+
+    if not _fp8_variants(bundle):
+        pytest.skip("no fp8 gemm_grouped variant here")
+    path = GPU_BUNDLE / "lib" / "libfactory_bundle.so"
+    lib = load(path, sha256_file(path))
+    lib.fx_last_error_message.restype = ctypes.c_char_p
+    dev = Device()
+    assert lib.fx_device_query(torch.cuda.current_device(), ctypes.byref(dev)) == 0
+    stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+    E, N, K = 6, 520, 1040
+    for form, mode in (("block", 2), ("row", 1)):
+        if not _fp8_variants(bundle, form, "contig"):
+            continue
+        a, b, offs, sa, sb = _fp8_problem(form, E, N, K, counts=[0, 1, 300, 129, 0, 64])
+        ref = bundle.grouped_gemm(a, b, offs=offs, scale_a=sa, scale_b=sb)
+        c = torch.full_like(ref, float("nan"))
+        p = GroupedProblem(DTYPE["e4m3"], DTYPE["bf16"], 0, a.shape[0], N, K, E, a.data_ptr(), _I64x3(K, 1, 0),
+                           b.data_ptr(), _I64x3(b.stride(2), b.stride(1), b.stride(0)), c.data_ptr(), _I64x3(N, 1, 0),
+                           offs.data_ptr(), None, 0)
+        p.scale_mode, p.scale_a, p.scale_b = mode, sa.data_ptr(), sb.data_ptr()
+        if form == "block":
+            p.scale_a_stride = _I64x3(sa.stride(0), sa.stride(1), 0)
+            p.scale_b_stride = _I64x3(sb.stride(1), sb.stride(2), sb.stride(0))
+        else:
+            p.scale_a_stride = _I64x3(1, 0, 0)
+            p.scale_b_stride = _I64x3(sb.stride(1), 0, sb.stride(0))
+        sel = Selection()
+        rc = lib.fx_gemm_grouped(ctypes.byref(dev), ctypes.byref(p), stream, ctypes.byref(sel))
+        assert rc == 0, lib.fx_last_error_message()
+        torch.cuda.synchronize()
+        assert torch.equal(c.isnan(), ref.isnan()) and torch.equal(c.nan_to_num(), ref.nan_to_num()), sel.name
+        if form == "block":
+            p.scale_a = sa.data_ptr() + 4  # not 16-byte aligned: FX_ERR_INPUT, nothing launched
+            assert lib.fx_gemm_grouped(ctypes.byref(dev), ctypes.byref(p), stream, ctypes.byref(sel)) == -1
+            assert b"16-byte" in lib.fx_last_error_message()
