@@ -27,6 +27,8 @@ FAMILY_MODULES = (
     "factory.attention.sm90",
     "factory.attention.decode",
     "factory.attention.sm100_fa4",
+    "factory.elementwise.rmsnorm",
+    "factory.elementwise.rope_cache",
 )
 TIERS = ("test", "default", "full")
 

@@ -161,6 +161,36 @@ class Bundle(BundleCore):
                                          return_lse, out, cu_seqlens_q, max_seqlen_q, plan, check_varlen,
                                          variant)
 
+    def rms_norm(self, x, weight, eps=1e-6, *, residual=None, out=None, quantize=None):
+        """RMSNorm over the last dimension, optionally after ``residual += x`` (in place) and with
+        fp8 output plus per-row scales (runtime/fused.py says what the arguments mean)."""
+        from . import fused
+
+        if (_OPS or _ops())[4]():  # traced by torch.compile: the bundle's torch op (its fake checks alike)
+            if out is not None:
+                raise InputError("out= is not available under torch.compile")
+            ops = self.torch_ops()
+            if quantize is None:
+                return ops.rms_norm(x, weight, eps, residual)
+            fused.rms_norm_check(x, weight, eps, residual, None, quantize)
+            return ops.rms_norm_fp8(x, weight, eps, residual)
+        return fused.rms_norm(self, x, weight, eps, residual, out, quantize)
+
+    def rope_kvcache(self, q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping=None, *, neox=True,
+                     rotary_dim=None, block_table=None, cache_seqlens=None):
+        """Rotary embedding of q and k in place and the write of k and v into the paged KV cache at
+        ``slot_mapping`` (or through ``block_table`` at ``cache_seqlens``), one kernel (runtime/fused.py says what the arguments mean)."""
+        from . import fused
+
+        if (_OPS or _ops())[4]():  # traced by torch.compile: the bundle's torch op (its fake checks alike)
+            fused.rope_kvcache_check(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, neox,
+                                     rotary_dim, block_table, cache_seqlens)
+            self.torch_ops().rope_kvcache(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, neox,
+                                          block_table, cache_seqlens)
+            return q, k
+        return fused.rope_kvcache(self, q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, neox,
+                                  rotary_dim, block_table, cache_seqlens)
+
     def plan_kvcache(self, **problem):
         """The ``attention_kvcache`` variant for maxima fixed ahead of a CUDA-graph capture
         (batch, seqlen_q, heads, head_dim, max_pages and page_size or max_seqlen_k, dtypes,

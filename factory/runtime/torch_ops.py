@@ -1,6 +1,7 @@
 """The bundle's ops as torch custom ops, for ``torch.compile`` (Dynamo traces them as opaque
 calls, no graph break) and CUDA graphs: ``gemm``, ``gemm_out``, ``gemm_packed``, ``attention``,
-``attention_kvcache``, ``grouped_gemm``, ``grouped_gemm_out``.
+``attention_kvcache``, ``grouped_gemm``, ``grouped_gemm_out``, and the fused glue ops ``rms_norm``,
+``rms_norm_fp8`` and ``rope_kvcache`` (defined in runtime/fused.py, ``TORCH_OPS``).
 
 One op set per bundle: ``bundle.torch_ops()`` registers the ops of that bundle once (``torch.library``
 define + impl, the lower-cost path: see notes) in a namespace of its own and returns it: the
@@ -23,6 +24,8 @@ import functools
 import threading
 
 import torch
+
+from . import fused
 
 NAMESPACE = "kernel_factory"
 _SETS: dict[int, tuple[object, str, object]] = {}  # id(bundle) -> (bundle, namespace, torch.library.Library)
@@ -148,6 +151,7 @@ OPS = {
                          "Tensor? masked_m=None, int? expected_m=None, Tensor? scale_a=None, "
                          "Tensor? scale_b=None) -> ()", _grouped_gemm_out, _grouped_gemm_out_fake),
 }
+OPS.update(fused.TORCH_OPS)
 
 
 def namespace(bundle) -> str | None:
