@@ -423,3 +423,14 @@ def test_fx_gemm_grouped_fp8_matches_python(bundle):
             p.scale_a = sa.data_ptr() + 4  # not 16-byte aligned: FX_ERR_INPUT, nothing launched
             assert lib.fx_gemm_grouped(ctypes.byref(dev), ctypes.byref(p), stream, ctypes.byref(sel)) == -1
             assert b"16-byte" in lib.fx_last_error_message()
+
+
+def test_moe_example_fp8_checks(bundle):
+    """examples/moe_experts.py --fp8 block --check: the prefill projections in fp8 against the
+    bf16 layer."""
+    if not _fp8_variants(bundle, "block", "contig"):
+        pytest.skip("no contiguous block-scaled fp8 gemm_grouped variant here")
+    r = subprocess.run([sys.executable, str(ROOT / "examples" / "moe_experts.py"), "--bundle", str(GPU_BUNDLE), "--check",
+                        "--fp8", "block", "--experts", "16", "--tokens", "512", "--decode-tokens", "16"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip().endswith("OK"), r.stdout[-2000:] + r.stderr[-3000:]
