@@ -89,6 +89,7 @@ class BundleCore:
         self._raw = None  # (index) -> that device's current raw stream
         self.simulated = False  # see simulate()
         self.lowest_device = 0  # tensors on a lower device index (the CPU's -1) are refused; -1 when simulated
+        self.remembered = False  # opened from what an earlier open remembered (runtime/open_cache.py)
 
     @classmethod
     def open(cls, path: str | Path, capability: tuple[int, int] | None = None,
@@ -107,10 +108,12 @@ class BundleCore:
         if device is not None and not (isinstance(device.get("sm_count"), int) and device["sm_count"] > 0):
             raise InputError(f"device['sm_count'] must be a positive int, got {device.get('sm_count')!r}")
         path = Path(path)
-        m, problem = open_manifest(path, open_cache.default())
+        m, problem, remembered = open_manifest(path, open_cache.default())
         if problem:
             raise BundleError(f"{problem}; nothing was loaded")
-        return cls(path, m, capability, device)
+        b = cls(path, m, capability, device)
+        b.remembered = remembered
+        return b
 
     def simulate(self, lib) -> None:
         """For tests and host-cost timing without a GPU: launch through ``lib`` (anything with

@@ -489,7 +489,7 @@ def _light(e) -> tuple:
 
 
 def open_manifest(bundle: str | Path, cache=None):
-    """For the runtime: ``(manifest, host_library_problem)`` where the manifest's ``variants`` is a
+    """For the runtime: ``(manifest, host_library_problem, remembered)`` where the manifest's ``variants`` is a
     :class:`LazyVariants` (each entry checked on first use) and the rest of it is checked as
     ``load_manifest`` checks it.  ``cache`` (runtime/open_cache.py) may remember, for a manifest
     file whose device, inode, size, mtime and ctime are unchanged, where each entry lies in it,
@@ -520,11 +520,11 @@ def open_manifest(bundle: str | Path, cache=None):
         raise BundleError(f"{p}: field {e.where} {e.what}; rebuild the bundle") from None
     lib = m["host_library"]
     if hit is not None and cache.library_ok(bundle, lib):
-        return m, None
+        return m, None, True
     problem = host_library_problem(bundle, m)
     if problem is None and cache is not None and hit is None and spans is not None:
         cache.store(p, st, m, index, bundle, lib)
-    return m, problem
+    return m, problem, False
 
 
 def sha256_file(p: Path) -> str:
