@@ -98,7 +98,7 @@ def test_a_broken_entry_is_refused_at_its_first_use_and_the_others_run(copy):
         b.preload(("gemm",))
 
 
-@pytest.mark.parametrize("edit", ["swap-spans", "op", "garbage", "other-checks"])
+@pytest.mark.parametrize("edit", ["swap-spans", "op", "garbage", "other-checks", "top-span"])
 def test_a_hostile_cache_file_is_ignored_or_refused(copy, edit):
     path, m, names = copy
     Bundle.open(path, capability=(9, 0), device=H100)
@@ -114,10 +114,17 @@ def test_a_hostile_cache_file_is_ignored_or_refused(copy, edit):
     elif edit == "garbage":
         c["variants"][names[0]] = [None, None, -5, 10**12]
         want = None
+    elif edit == "top-span":  # host_library read from another member's bytes: its schema check refuses
+        c["top"]["host_library"] = c["top"]["schema_version"]
+        want = "field host_library must be a JSON object"
     else:
         c["checks"] = "0" * 64
         want = None
     f.write_text(json.dumps(c))
+    if edit == "top-span":
+        with pytest.raises(BundleError, match=want):
+            Bundle.open(path, capability=(9, 0), device=H100)
+        return
     b = Bundle.open(path, capability=(9, 0), device=H100)
     b.simulate(Recorder())
     if want is None:  # ignored: opened as without a cache
@@ -147,7 +154,10 @@ def test_the_split_parse_equals_json_loads():
                  '{"variants": {"v": {"op": 1}, "v": {"op": 2}}, "variants": {"w": []}}'):
         got = manifest_mod._split(text)
         assert got is not None and got[0] == json.loads(text), text
-        for k, (s, e) in got[1].items():
+        spans = dict(got[1])
+        for k, (s, e) in spans.pop(None).items():  # the other members
+            assert json.loads(text[s:e]) == got[0][k]
+        for k, (s, e) in spans.items():
             assert json.loads(text[s:e]) == got[0]["variants"][k]
     for text in ("[]", '{"variants": []}', '{"a": 1}', '{"variants": {}} x', '{"variants": {"a" 1}}', ""):
         assert manifest_mod._split(text) is None, text

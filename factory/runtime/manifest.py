@@ -389,6 +389,7 @@ def _split(text: str):
 
     doc: dict = {}
     spans: dict = {}
+    tops: dict = {}  # the other members' (start, end)
 
     def entry(key, i):
         try:
@@ -407,6 +408,7 @@ def _split(text: str):
             doc[key], end = _SCAN(text, i)
         except StopIteration:
             return None
+        tops[key] = (i, end)
         return end
 
     i = ws(text, 0).end()
@@ -415,6 +417,8 @@ def _split(text: str):
     end = members(i, top)
     if end is None or ws(text, end).end() != len(text) or not isinstance(doc.get("variants"), dict):
         return None
+    tops.pop("variants", None)  # (a "variants" that is not an object, followed by one that is)
+    spans[None] = tops
     return doc, spans
 
 
@@ -499,10 +503,15 @@ def open_manifest(bundle: str | Path, cache=None):
     p, raw, st = _read(bundle)
     hit = cache.lookup(p, raw, st) if cache is not None else None
     spans = None
-    if hit is not None:
-        m, index = hit
+    if hit is not None:  # (the document outside the variants parsed from the manifest's bytes)
+        tops, index = hit
+        try:
+            m = {k: json.loads(raw[start:end]) for k, (start, end) in tops.items()}
+        except (ValueError, RecursionError) as e:
+            raise BundleError(f"{p}: not a readable manifest ({e}); rebuild the bundle") from None
+        if any(_depth(v) + 1 > MAX_DEPTH for v in m.values()):
+            raise BundleError(f"{p}: nested deeper than {MAX_DEPTH} levels; not a manifest: rebuild the bundle")
         m["variants"] = LazyVariants(p, raw, index)
-        parsed = None
     else:
         m, spans = _parse(p, raw, spans=True)
         if spans is None:  # (parsed whole: every entry is at hand)
@@ -512,6 +521,7 @@ def open_manifest(bundle: str | Path, cache=None):
         else:
             index = {k: (*_light(v), *spans[k]) for k, v in m["variants"].items()}
             parsed = m["variants"]
+            tops = spans[None]
         if index is not None:
             m["variants"] = LazyVariants(p, raw, index, dict(parsed))
     try:
@@ -523,7 +533,7 @@ def open_manifest(bundle: str | Path, cache=None):
         return m, None, True
     problem = host_library_problem(bundle, m)
     if problem is None and cache is not None and hit is None and spans is not None:
-        cache.store(p, st, m, index, bundle, lib)
+        cache.store(p, st, tops, index, bundle, lib)
     return m, problem, False
 
 

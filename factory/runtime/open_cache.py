@@ -9,7 +9,8 @@ the ctime, which no caller can set back):
 * where each variant's entry lies in the manifest's bytes, and its op and target, so that the
   next open parses only the entries it uses (runtime/manifest.py: ``LazyVariants`` checks each
   against the schema on first use, as it does without this file);
-* the document outside the variants (checked again at every open);
+* where the document's other members lie (parsed from the manifest's bytes and checked at every
+  open);
 * that the host library's sha256 was the manifest's, so that it is not hashed again.
 
 Nothing here is trusted further than that: a file of another format, of another version of the
@@ -76,8 +77,8 @@ class OpenCache:
         return self.folder / (hashlib.sha256(real.encode(errors="surrogateescape")).hexdigest()[:40] + ".json")
 
     def lookup(self, manifest: Path, raw: bytes, st: os.stat_result):
-        """(the document without its variants, {name: (op, target, start, end)}) as remembered
-        for this very manifest file, or None."""
+        """({member: (start, end)} of the document but its variants, {name: (op, target, start,
+        end)}) as remembered for this very manifest file, or None."""
         self._lib = None
         try:
             if not self._usable():
@@ -90,8 +91,13 @@ class OpenCache:
             top, entries, lib = c["top"], c["variants"], c["host_library"]
             if type(top) is not dict or "variants" in top or type(entries) is not dict or type(lib) is not dict:
                 return None
-            index = {}
             n = len(raw)
+            tops = {}
+            for k, (start, end) in top.items():
+                if not (type(start) is int and type(end) is int and 0 <= start < end <= n):
+                    return None
+                tops[k] = (start, end)
+            index = {}
             for name, e in entries.items():
                 op, target, start, end = e
                 if not (type(start) is int and type(end) is int and 0 <= start < end <= n
@@ -103,7 +109,7 @@ class OpenCache:
         except (OSError, ValueError, RecursionError, KeyError, TypeError, AttributeError):
             return None
         self._lib = lib
-        return top, index
+        return tops, index
 
     def library_ok(self, bundle: str | Path, rec: dict) -> bool:
         """Whether the host library ``rec`` names is, by its file status, the very file whose
@@ -121,7 +127,7 @@ class OpenCache:
             return False
         return _key(st) == lib["stat"] and st.st_size == rec["bytes"]
 
-    def store(self, manifest: Path, st: os.stat_result, m: dict, index: dict, bundle: str | Path,
+    def store(self, manifest: Path, st: os.stat_result, tops: dict, index: dict, bundle: str | Path,
               rec: dict) -> None:
         """Remember an open that read ``manifest`` (status ``st``) and found the host library
         ``rec`` intact just now; nothing where either file changed too recently to tell."""
@@ -138,7 +144,7 @@ class OpenCache:
             if not self._usable():
                 return
             body = {"format": FORMAT, "checks": _checks(), "manifest": _key(st),
-                    "top": {k: v for k, v in m.items() if k != "variants"},
+                    "top": {k: list(v) for k, v in tops.items()},
                     "variants": {k: list(v) for k, v in index.items()},
                     "host_library": {"stat": _key(lst), "sha256": rec["sha256"]}}
             f = self._file(manifest)
