@@ -8,6 +8,7 @@ Each measurement runs in its own fresh process (``--runs`` of them; medians).
 GEMM variant, for comparison with loading it.
 
     python3 scripts/cold_start.py --bundle artifacts/default [--runs 5]
+    python3 scripts/cold_start.py --host --bundle artifacts/default --baseline <other checkout> --runs 11
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ t["import factory.runtime"] = time.perf_counter() - t0
 s = time.perf_counter()
 b = rt.Bundle.open(sys.argv[1])
 t["Bundle.open"] = time.perf_counter() - s
+r = float(getattr(b, "remembered", 0))
 s = time.perf_counter()
 b.lib
 t["host library dlopen"] = time.perf_counter() - s
@@ -54,7 +56,7 @@ t["open to first attention"] = time.perf_counter() - t0
 err_c = float((c.float() - ref_c).norm() / ref_c.norm())
 err_o = float((o.float() - ref_o).norm() / ref_o.norm())
 assert err_c < 1e-2 and err_o < 2e-2, (err_c, err_o)
-print(json.dumps({k: round(v * 1e3, 2) for k, v in t.items()}))
+print(json.dumps({**{k: round(v * 1e3, 2) for k, v in t.items()}, "open remembered (1: yes)": r}))
 """
 
 
@@ -100,6 +102,69 @@ print(json.dumps({k: (round(v * 1e3, 2) if isinstance(v, float) else v) for k, v
 """
 
 
+# The host's share of a cold start on a machine without a GPU: the same calls on a simulated H100
+# (``BundleCore.simulate``: CPU tensors, launchers that launch nothing), so no driver module load
+# and no kernel time is in it.  ``sys.argv[2]`` is the checkout whose code runs.
+HOST = r"""
+import json, sys, time
+sys.path.insert(0, sys.argv[2])
+import torch
+a = torch.randn(512, 1024, dtype=torch.bfloat16)
+w = torch.randn(768, 1024, dtype=torch.bfloat16)
+q = torch.randn(1, 512, 8, 64, dtype=torch.bfloat16)
+class NoLaunch:
+    def launcher(self, name):
+        return lambda argv: 0
+t = {}
+t0 = time.perf_counter()
+import factory.runtime as rt
+t["import factory.runtime"] = time.perf_counter() - t0
+s = time.perf_counter()
+b = rt.Bundle.open(sys.argv[1], capability=(9, 0), device={"name": "NVIDIA H100 80GB HBM3", "sm_count": 132})
+t["Bundle.open"] = time.perf_counter() - s
+r = float(getattr(b, "remembered", 0))
+b.simulate(NoLaunch())
+s = time.perf_counter()
+b.gemm(a, w)
+t["first gemm (host)"] = time.perf_counter() - s
+s = time.perf_counter()
+b.attention(q, q, q, causal=True)
+t["first attention (host)"] = time.perf_counter() - s
+t["import to first attention"] = time.perf_counter() - t0
+assert rt.__file__.startswith(sys.argv[2]), rt.__file__
+print(json.dumps({**{k: round(v * 1e3, 2) for k, v in t.items()}, "open remembered (1: yes)": r}))
+"""
+
+
+def host_runs(a) -> int:
+    """``--host``: fresh processes on a simulated H100, this checkout's code and, with
+    ``--baseline``, another checkout's, alternating (so that both see the same machine load)."""
+    trees = [("this", str(ROOT))] + ([("baseline", str(Path(a.baseline).resolve()))] if a.baseline else [])
+    runs: dict = {n: [] for n, _ in trees}
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    for _, tree in trees:  # bytecode, as an installed package has it (pip compiles at install)
+        subprocess.run([sys.executable, "-m", "compileall", "-q", f"{tree}/factory"], check=True,
+                       stdout=subprocess.DEVNULL)
+    for _ in range(a.runs):
+        for n, tree in trees:
+            r = subprocess.run([sys.executable, "-c", HOST, a.bundle, tree], env=env, capture_output=True,
+                               text=True, cwd="/")
+            if r.returncode:
+                print(r.stdout, r.stderr, file=sys.stderr)
+                return 1
+            runs[n].append(json.loads(r.stdout.strip().splitlines()[-1]))
+    print(f"host cold start on a simulated H100, ms (median of {a.runs} fresh processes each, alternating; "
+          f"torch imported first, not counted):")
+    out = {}
+    for k in runs["this"][0]:
+        row = {n: statistics.median(r[k] for r in rs) for n, rs in runs.items()}
+        out[k] = {n: {"median_ms": v, "runs_ms": [r[k] for r in runs[n]]} for n, v in row.items()}
+        print(f"  {k:28s} " + "   ".join(f"{n} {v:7.1f}" for n, v in row.items()))
+    if a.json:
+        Path(a.json).write_text(json.dumps(out, indent=1))
+    return 0
+
+
 def jit_compile_ms(bundle: Path) -> dict:
     """The DSL compiling the GEMM variant the first GEMM above selects on an H100 (cute.compile +
     export), timed here."""
@@ -130,7 +195,14 @@ def main() -> int:
     p.add_argument("--breakdown", action="store_true", help="the first attention taken apart (see BREAKDOWN)")
     p.add_argument("--installed", action="store_true",
                    help="run the installed kernel-factory (no PYTHONPATH to this checkout)")
+    p.add_argument("--host", action="store_true",
+                   help="no GPU: the host's share on a simulated H100 (open, first GEMM and attention selection and "
+                        "argument checks; no module load, no launch)")
+    p.add_argument("--baseline", help="with --host: another checkout to time in alternation with this one")
+    p.add_argument("--json", help="with --host: write the runs here")
     a = p.parse_args()
+    if a.host:
+        return host_runs(a)
     if a.jit:
         print(json.dumps(jit_compile_ms(Path(a.bundle))))
         return 0

@@ -6,12 +6,16 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+# What Bundle.open remembers between processes (runtime/open_cache.py) stays inside this test run.
+os.environ.setdefault("KERNEL_FACTORY_OPEN_CACHE", tempfile.mkdtemp(prefix="kf-open-cache-"))
 
 HAVE_DSL = importlib.util.find_spec("cutlass") is not None
 # Datacenter Blackwell is built for the family target sm_100f (10.0 and 10.3: notes/blackwell.md).

@@ -9,9 +9,9 @@ Layers, each importing only those below it (tests/test_imports.py checks there i
     bundle      BundleCore: manifest, files, device, binders, launch
     loader      the host library (ctypes) and the argument binders
     selector    the variant selection: the host library's fx_*_select (ctypes)
-    manifest, tuning, cost_sm100, occupancy, errors
-                reading files, the tuning table and the cost models' constants, the driver's
-                cluster occupancy, exceptions
+    manifest, open_cache, tuning, cost_sm100, occupancy, errors
+                reading files (and what an earlier open found), the tuning table and the cost
+                models' constants, the driver's cluster occupancy, exceptions
 
 Imports only the standard library here; torch is imported when an op is first used.
 """

@@ -25,7 +25,8 @@ from pathlib import Path
 from ..atoms.targets import KNOWN_CAPABILITIES, get_target, targets_for_capability
 from .errors import BundleError, InputError, NoVariantError
 from .loader import Binder, HostLibrary, LaunchError
-from .manifest import host_library_problem, load_manifest, variant_problems
+from . import open_cache
+from .manifest import open_manifest, variant_problems
 
 _TORCH_DEVICE = None  # (current_device() -> int, raw_stream(index) -> int), bound on first use
 
@@ -88,13 +89,15 @@ class BundleCore:
         self._raw = None  # (index) -> that device's current raw stream
         self.simulated = False  # see simulate()
         self.lowest_device = 0  # tensors on a lower device index (the CPU's -1) are refused; -1 when simulated
+        self.remembered = False  # opened from what an earlier open remembered (runtime/open_cache.py)
 
     @classmethod
     def open(cls, path: str | Path, capability: tuple[int, int] | None = None,
              device: dict | None = None):
         """Open and check a bundle: the manifest (runtime/manifest.py: its schema, every file path
-        inside the bundle) and the host library's size and sha256 (each variant's files are checked
-        before its first load).  ``capability`` overrides the current
+        inside the bundle; each variant's entry is checked when first read) and the host library's
+        size and sha256, remembered between processes for an unchanged file (runtime/open_cache.py;
+        each variant's files are checked before its first load).  ``capability`` overrides the current
         device's (for tests and for planning on a machine without the GPU); so does ``device``
         ({"name", "sm_count"}), which decides whether the bundle's tuning.json applies."""
         if capability is not None:
@@ -105,11 +108,12 @@ class BundleCore:
         if device is not None and not (isinstance(device.get("sm_count"), int) and device["sm_count"] > 0):
             raise InputError(f"device['sm_count'] must be a positive int, got {device.get('sm_count')!r}")
         path = Path(path)
-        m = load_manifest(path)
-        problem = host_library_problem(path, m)
+        m, problem, remembered = open_manifest(path, open_cache.default())
         if problem:
             raise BundleError(f"{problem}; nothing was loaded")
-        return cls(path, m, capability, device)
+        b = cls(path, m, capability, device)
+        b.remembered = remembered
+        return b
 
     def simulate(self, lib) -> None:
         """For tests and host-cost timing without a GPU: launch through ``lib`` (anything with
@@ -182,14 +186,21 @@ class BundleCore:
     def candidates(self, op: str) -> list[dict]:
         """Manifest entries of ``op`` runnable on this device, best target first."""
         order = {t.name: i for i, t in enumerate(targets_for_capability(self.capability))}
-        fit = [v for v in self.manifest["variants"].values() if v["op"] == op and v["target"] in order]
+        variants = self.manifest["variants"]
+        light = getattr(variants, "light", None)
+        if light is None:
+            fit = [v for v in variants.values() if v["op"] == op and v["target"] in order]
+        else:  # (only the entries that fit are read and checked)
+            fit = [variants[n] for n in variants if (lambda o, t: o == op and t in order)(*light(n))]
         return sorted(fit, key=lambda v: order[v["target"]])
 
     def describe_contents(self, op: str | None = None) -> str:
         by_target: dict[str, int] = {}
-        for v in self.manifest["variants"].values():
-            if op is None or v["op"] == op:
-                by_target[v["target"]] = by_target.get(v["target"], 0) + 1
+        variants = self.manifest["variants"]
+        light = getattr(variants, "light", None)
+        for o, t in (map(light, variants) if light is not None else ((v["op"], v["target"]) for v in variants.values())):
+            if t is not None and (op is None or o == op):
+                by_target[t] = by_target.get(t, 0) + 1
         have = ", ".join(f"{n} for {t}" for t, n in sorted(by_target.items())) or "nothing"
         return f"the bundle has {op or 'variants'}: {have}"
 

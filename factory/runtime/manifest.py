@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import stat
+from collections.abc import MutableMapping
+from json.decoder import scanstring
 from pathlib import Path, PurePosixPath
 
 from .errors import BundleError
@@ -263,16 +266,22 @@ def _variant(key: str, v, where: str) -> None:
 
 def validate(m) -> None:
     """Raise ``_Bad`` naming the first field of ``m`` that breaks the manifest schema."""
+    _validate_top(m)
+    for key, v in m["variants"].items():
+        _variant(key, v, f"variants.{key[:120]}")
+
+
+def _validate_top(m) -> None:
+    """``validate`` but for the variants' entries: the document, its host library, evidence and
+    versions, and that ``variants`` is an object."""
     _obj(m, "(the document)")
     schema = m.get("schema_version")
     if schema != SUPPORTED_SCHEMA:  # (messages kept apart: they say what to do)
         raise _Bad("schema_version", repr(schema))
     _file_record(_field(m, "host_library", ""), "host_library")
     variants = _field(m, "variants", "")
-    _need(isinstance(variants, dict), "variants",
+    _need(isinstance(variants, (dict, LazyVariants)), "variants",
           f"must be a JSON object of variant name -> entry, got {type(variants).__name__}")
-    for key, v in variants.items():
-        _variant(key, v, f"variants.{key[:120]}")
     for k in ("versions", "proof_levels"):
         if k in m:
             _obj(m[k], k)
@@ -283,9 +292,8 @@ def validate(m) -> None:
             _file_record(rec, f"evidence[{i}]")
 
 
-def load_manifest(bundle: str | Path) -> dict:
-    """The bundle's manifest, parsed and checked (module docstring); BundleError names the field
-    that is wrong."""
+def _read(bundle: str | Path) -> tuple[Path, bytes, os.stat_result]:
+    """The manifest's path, its bytes (bounded) and the status of the file they were read from."""
     p = Path(bundle) / "manifest.json"
     if not p.exists():
         raise BundleError(f"{bundle}: no manifest.json (is this a bundle? build one with "
@@ -295,18 +303,33 @@ def load_manifest(bundle: str | Path) -> dict:
     try:
         with open(p, "rb") as f:
             raw = f.read(MAX_MANIFEST_BYTES + 1)
+            st = os.fstat(f.fileno())
     except OSError as e:
         raise BundleError(f"{p}: cannot be read ({e})") from None
     if len(raw) > MAX_MANIFEST_BYTES:
         raise BundleError(f"{p}: larger than {MAX_MANIFEST_BYTES} bytes, more than any bundle's manifest; "
                           f"rebuild the bundle")
+    return p, raw, st
+
+
+def _parse(p: Path, raw: bytes, spans: bool = False):
+    """The parsed document (depth-checked, a JSON object of a schema this loader reads); with
+    ``spans``, also each variant entry's (start, end) in ``raw`` (None where they cannot be told:
+    a manifest that is not ASCII or not one object holding a ``variants`` object).  Where spans
+    are given, only the document outside ``variants`` and each entry's own nesting are checked
+    for depth here; an entry's depth is checked with the rest of it on first use."""
+    found = None
     try:
-        m = json.loads(raw.decode("utf-8"))
+        if spans and raw.isascii():
+            found = _split(raw.decode("ascii"))
+        m = found[0] if found is not None else json.loads(raw.decode("utf-8"))
     except RecursionError:
         raise BundleError(f"{p}: nested deeper than {MAX_DEPTH} levels; not a manifest: rebuild the bundle") from None
     except (ValueError, UnicodeDecodeError) as e:
         raise BundleError(f"{p}: not a readable manifest ({e}); rebuild the bundle") from None
-    if _depth(m) > MAX_DEPTH:
+    deep = (_depth(m) > MAX_DEPTH if found is None else
+            any(_depth(v) + 1 > MAX_DEPTH for k, v in m.items() if k != "variants"))
+    if deep:
         raise BundleError(f"{p}: nested deeper than {MAX_DEPTH} levels; not a manifest: rebuild the bundle")
     if not isinstance(m, dict):
         raise BundleError(f"{p}: not a manifest (a JSON object is expected); rebuild the bundle")
@@ -316,11 +339,202 @@ def load_manifest(bundle: str | Path) -> dict:
             raise BundleError(f"{p}: manifest schema {schema} is newer than this loader, which reads schema "
                               f"{SUPPORTED_SCHEMA}: upgrade kernel-factory, or rebuild the bundle with this version")
         raise BundleError(f"{p}: manifest schema {schema!r}, this loader reads {SUPPORTED_SCHEMA}: rebuild the bundle")
+    return (m, None if found is None else found[1]) if spans else m
+
+
+def load_manifest(bundle: str | Path) -> dict:
+    """The bundle's manifest, parsed and checked (module docstring); BundleError names the field
+    that is wrong."""
+    p, raw, _st = _read(bundle)
+    m = _parse(p, raw)
     try:
         validate(m)
     except _Bad as e:
         raise BundleError(f"{p}: field {e.where} {e.what}; rebuild the bundle") from None
     return m
+
+
+# --- the runtime's manifest: each variant entry checked on first use ---------------------------------
+_WS = re.compile(r"[ \t\n\r]*")
+_SCAN = json.JSONDecoder().scan_once
+
+
+def _split(text: str):
+    """``json.loads(text)`` of a document ``{..., "variants": {name: entry, ...}, ...}`` and each
+    entry's (start, end) in ``text``, or None where ``text`` is not such a document (``json.loads``
+    then says what is wrong).  Duplicate keys keep the last, as ``json.loads`` does."""
+    ws = _WS.match
+
+    def members(i, on_value):  # text[i] == "{": call on_value(key, i) for each member; the end
+        i = ws(text, i + 1).end()
+        if text.startswith("}", i):
+            return i + 1
+        while True:
+            if not text.startswith('"', i):
+                return None
+            key, i = scanstring(text, i + 1)
+            i = ws(text, i).end()
+            if not text.startswith(":", i):
+                return None
+            i = on_value(key, ws(text, i + 1).end())
+            if i is None:
+                return None
+            i = ws(text, i).end()
+            if text.startswith(",", i):
+                i = ws(text, i + 1).end()
+            elif text.startswith("}", i):
+                return i + 1
+            else:
+                return None
+
+    doc: dict = {}
+    spans: dict = {}
+    tops: dict = {}  # the other members' (start, end)
+
+    def entry(key, i):
+        try:
+            doc["variants"][key], end = _SCAN(text, i)
+        except StopIteration:
+            return None
+        spans[key] = (i, end)
+        return end
+
+    def top(key, i):
+        if key == "variants" and text.startswith("{", i):
+            doc["variants"] = {}
+            spans.clear()
+            return members(i, entry)
+        try:
+            doc[key], end = _SCAN(text, i)
+        except StopIteration:
+            return None
+        tops[key] = (i, end)
+        return end
+
+    i = ws(text, 0).end()
+    if not text.startswith("{", i):
+        return None
+    end = members(i, top)
+    if end is None or ws(text, end).end() != len(text) or not isinstance(doc.get("variants"), dict):
+        return None
+    tops.pop("variants", None)  # (a "variants" that is not an object, followed by one that is)
+    spans[None] = tops
+    return doc, spans
+
+
+class LazyVariants(MutableMapping):
+    """A manifest's ``variants`` whose entries are parsed (from the manifest's bytes) and checked
+    against the schema (``_variant``, and their nesting depth) on first use, so that opening a
+    bundle of hundreds of variants checks only the ones it runs.  Each entry's ``op`` and
+    ``target`` are known without checking it (``light``): the candidates of an op are found by
+    them, and the entries chosen are checked when read.  An entry that breaks the schema raises
+    BundleError naming the field, as ``load_manifest`` would, when it is read."""
+
+    def __init__(self, where: Path, raw: bytes | None, index: dict, parsed: dict | None = None):
+        self._where, self._raw = where, raw
+        self._index = index          # name -> (op, target, start, end) (start, end: None without raw)
+        self._parsed = parsed or {}  # name -> entry parsed, not yet checked
+        self._checked: dict = {}     # name -> entry checked
+
+    def light(self, name: str) -> tuple:
+        """(op, target) of ``name`` as its entry says (None, None where they are not strings)."""
+        return self._index[name][:2]
+
+    def __getitem__(self, name):
+        e = self._checked.get(name)
+        if e is not None:
+            return e
+        op, target, start, end = self._index[name]
+        e = self._parsed.pop(name, None)
+        if e is None:
+            try:
+                e = json.loads(self._raw[start:end])
+            except (ValueError, RecursionError) as x:
+                raise BundleError(f"{self._where}: variants.{name[:120]} is not readable ({x}); "
+                                  f"rebuild the bundle") from None
+        if _depth(e) + 2 > MAX_DEPTH:
+            raise BundleError(f"{self._where}: nested deeper than {MAX_DEPTH} levels; not a manifest: "
+                              f"rebuild the bundle")
+        try:
+            _variant(name, e, f"variants.{name[:120]}")
+        except _Bad as x:
+            raise BundleError(f"{self._where}: field {x.where} {x.what}; rebuild the bundle") from None
+        if (e["op"], e["target"]) != (op, target):  # (an index from the open cache that is not this entry's)
+            raise BundleError(f"{self._where}: variants.{name[:120]} differs from what was read at open; "
+                              f"reopen the bundle")
+        self._checked[name] = e
+        return e
+
+    def __setitem__(self, name, entry) -> None:  # (tests and tools that edit a manifest in memory)
+        self._index[name] = (entry.get("op"), entry.get("target"), None, None)
+        self._parsed.pop(name, None)
+        self._checked[name] = entry
+
+    def __delitem__(self, name) -> None:
+        del self._index[name]
+        self._parsed.pop(name, None)
+        self._checked.pop(name, None)
+
+    def __iter__(self):
+        return iter(self._index)
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def __contains__(self, name) -> bool:
+        return name in self._index
+
+
+def _light(e) -> tuple:
+    if type(e) is not dict:
+        return None, None
+    op, target = e.get("op"), e.get("target")
+    return (op if type(op) is str else None), (target if type(target) is str else None)
+
+
+def open_manifest(bundle: str | Path, cache=None):
+    """For the runtime: ``(manifest, host_library_problem, remembered)`` where the manifest's ``variants`` is a
+    :class:`LazyVariants` (each entry checked on first use) and the rest of it is checked as
+    ``load_manifest`` checks it.  ``cache`` (runtime/open_cache.py) may remember, for a manifest
+    file whose device, inode, size, mtime and ctime are unchanged, where each entry lies in it,
+    and for a host library file likewise unchanged, that its sha256 was the manifest's: a
+    remembered open reads the manifest's bytes but parses only the entries it uses, and does not
+    hash the host library again."""
+    p, raw, st = _read(bundle)
+    hit = cache.lookup(p, raw, st) if cache is not None else None
+    spans = None
+    if hit is not None:  # (the document outside the variants parsed from the manifest's bytes)
+        tops, index = hit
+        try:
+            m = {k: json.loads(raw[start:end]) for k, (start, end) in tops.items()}
+        except (ValueError, RecursionError) as e:
+            raise BundleError(f"{p}: not a readable manifest ({e}); rebuild the bundle") from None
+        if any(_depth(v) + 1 > MAX_DEPTH for v in m.values()):
+            raise BundleError(f"{p}: nested deeper than {MAX_DEPTH} levels; not a manifest: rebuild the bundle")
+        m["variants"] = LazyVariants(p, raw, index)
+    else:
+        m, spans = _parse(p, raw, spans=True)
+        if spans is None:  # (parsed whole: every entry is at hand)
+            variants = m.get("variants") if isinstance(m.get("variants"), dict) else None
+            index = {k: (*_light(v), None, None) for k, v in variants.items()} if variants is not None else None
+            parsed = variants
+        else:
+            index = {k: (*_light(v), *spans[k]) for k, v in m["variants"].items()}
+            parsed = m["variants"]
+            tops = spans[None]
+        if index is not None:
+            m["variants"] = LazyVariants(p, raw, index, dict(parsed))
+    try:
+        _validate_top(m)
+    except _Bad as e:
+        raise BundleError(f"{p}: field {e.where} {e.what}; rebuild the bundle") from None
+    lib = m["host_library"]
+    if hit is not None and cache.library_ok(bundle, lib):
+        return m, None, True
+    problem = host_library_problem(bundle, m)
+    if problem is None and cache is not None and hit is None and spans is not None:
+        cache.store(p, st, tops, index, bundle, lib)
+    return m, problem, False
 
 
 def sha256_file(p: Path) -> str:

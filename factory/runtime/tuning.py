@@ -131,6 +131,8 @@ def read(bundle_path: str | Path, manifest_hash: str) -> tuple[dict | None, str]
 def load(bundle_path: str | Path, device: dict) -> tuple[Tuning | None, str]:
     """The bundle's tuning table if it was measured on this device for this very manifest, else
     (None, why not).  ``device``: {"name", "sm_count"} of the GPU selection is for."""
+    if not (Path(bundle_path) / FILE).exists():  # (before hashing the manifest)
+        return None, "no tuning.json"
     data, why = read(bundle_path, manifest_sha256(bundle_path))
     if data is None:
         return None, why
