@@ -38,7 +38,7 @@ WORKERS = 2  # the README's command on a machine without a GPU (a 2-core CI mach
 
 
 def _gpu_present() -> bool:
-    """A GPU on this machine, asked of the driver's /proc files (no torch import)."""
+    """A GPU on this machine, as the driver shows it in /dev and /proc (no torch import)."""
     gpus = Path("/proc/driver/nvidia/gpus")
     return Path("/dev/nvidiactl").exists() or (gpus.is_dir() and any(gpus.iterdir()))
 
@@ -57,6 +57,8 @@ def pytest_cmdline_main(config):
     if _gpu_present() or config.getoption("--run-record") or (os.cpu_count() or 1) < WORKERS:
         return
     config.option.numprocesses = WORKERS
+    if config.option.dist == "no":
+        config.option.dist = "loadfile"  # a file's tests on one worker: its module fixtures built once
 
 
 @pytest.fixture(scope="session")
