@@ -10,7 +10,10 @@ TFLOP/s count the visible (causal) score entries.  One result row per shape, che
 each other (max |Δo|) before timing.  Writes ``OUT.json``.
 
   python3 scripts/bench_kvcache_prefill.py --kv-bundle B1 --dense-bundle B2 \
-      --kv NAME --dense NAME [NAME ...] [--out OUT]
+      --kv NAME --dense NAME [NAME ...] [--base-bundle B3 --base NAME ...] [--out OUT]
+
+``--base``: kvcache variants of a second bundle (e.g. the same variant built from an earlier
+commit), timed in the same interleaved run under the label ``base:NAME``.
 """
 
 from __future__ import annotations
@@ -36,6 +39,9 @@ SHAPES = [
     (4, 512, 4096, 32, 8, 128, 1),
     (4, 512, 4096, 32, 8, 128, 64),
     (8, 128, 1024, 32, 8, 128, 64),
+    (4, 512, 4096, 32, 8, 128, 32),
+    (1, 2048, 32768, 32, 8, 128, 32),
+    (4, 512, 4096, 32, 8, 128, 8),
 ]
 
 
@@ -51,6 +57,10 @@ def main() -> None:
     p.add_argument("--kv", nargs="+", required=True,
                    help="attention_kvcache variants (paged, causal, dense q); each runs the page sizes it takes")
     p.add_argument("--dense", nargs="+", required=True, help="attention varlen causal variants")
+    p.add_argument("--base-bundle", help="a second kvcache bundle (e.g. an earlier build)")
+    p.add_argument("--base", nargs="*", default=[], help="its variants, labelled base:NAME")
+    p.add_argument("--sequential-pages", action="store_true",
+                   help="each sequence's pages in order, one after the other (default: shuffled)")
     p.add_argument("--out", default=default_out("bench_kvcache_prefill"))
     args = p.parse_args()
 
@@ -59,6 +69,10 @@ def main() -> None:
     from factory.runtime import Bundle
 
     kvb, db = Bundle.open(args.kv_bundle), Bundle.open(args.dense_bundle)
+    bases = {}
+    if args.base:
+        bb = Bundle.open(args.base_bundle)
+        bases = {f"base:{n}": (bb, n) for n in args.base}
     rows = []
     for (b, sq, L, hq, hkv, d, ps) in SHAPES:
         g = torch.Generator(device="cuda").manual_seed(b * sq + L)
@@ -68,6 +82,8 @@ def main() -> None:
         v = torch.randn(b, L, hkv, d, device="cuda", generator=g).to(dt)
         npages = -(-L // ps)
         perm = torch.randperm(b * npages, device="cuda", generator=g).to(torch.int32)
+        if args.sequential_pages:
+            perm = torch.arange(b * npages, device="cuda", dtype=torch.int32)
         table = perm.reshape(b, npages).contiguous()
         kc = torch.empty(b * npages, ps, hkv, d, device="cuda", dtype=dt)
         vc = torch.empty_like(kc)
@@ -89,11 +105,13 @@ def main() -> None:
         o_d = torch.empty_like(qp)
         lse_d = torch.empty(hq, b * sq, device="cuda")
 
-        kv_names = [n for n in args.kv if ps in kvb.manifest["variants"][n]["page_sizes"]]
+        kv = {n: (kvb, n) for n in args.kv}
+        kv.update(bases)
+        kv_names = [n for n, (bd, v) in kv.items() if ps in bd.manifest["variants"][v]["page_sizes"]]
         calls = {}
         for name in kv_names:
-            calls[name] = (lambda n: lambda _i: kvb.launch(
-                n, [q, kc, vc, o_kv, lse_kv, table, seqlens, sinks, desc, scale, 0.0, -1, -1]))(name)
+            calls[name] = (lambda bd, n: lambda _i: bd.launch(
+                n, [q, kc, vc, o_kv, lse_kv, table, seqlens, sinks, desc, scale, 0.0, -1, -1]))(*kv[name])
         for name in args.dense:
             calls[name] = (lambda n: lambda _i: db.launch(
                 n, [qp, kp_, vp_, o_d, lse_d, cu_q, cu_k, scale, sq]))(name)
@@ -123,8 +141,9 @@ def main() -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     dev = torch.cuda.get_device_name()
-    out.with_suffix(".json").write_text(json.dumps({"device": dev, "kv": args.kv, "dense": args.dense,
-                                                    "rows": rows}, indent=1))
+    pages = "sequential" if args.sequential_pages else "shuffled"
+    out.with_suffix(".json").write_text(json.dumps({"device": dev, "kv": args.kv, "base": args.base, "pages": pages,
+                                                    "dense": args.dense, "rows": rows}, indent=1))
     print("wrote", out.with_suffix(".json"))
 
 

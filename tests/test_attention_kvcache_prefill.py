@@ -1,6 +1,6 @@
 """Prefill attention over a KV cache, without a GPU: the sm80 family's kvcache variants (cp.async
-row gathers, every switch) and the sm90a family's (TMA page boxes for pages of >= 64 rows, cp.async
-row gathers for any page size).
+row gathers, every switch) and the sm90a family's (TMA page boxes of 16-64 rows for pages of at
+least that size, cp.async row gathers for any page size; window, softcap and sink switches).
 
 Enumeration (one variant per switch in the test tier), the contract's signature (the page size a
 launch-time symbol), manifest fields the selection reads, refusals; and, with the DSL, one compile
@@ -49,6 +49,19 @@ def test_test_tier_has_each_switch():
     assert {v.family for v in hopper} == {"sm90"}
     assert {v.page_box for v in hopper} == {0, 64}
     assert any(v.varlen for v in hopper)
+    assert any(v.local and v.softcap and v.sinks for v in hopper)
+
+
+def test_default_tier_sm90a():
+    """The default tier's sm_90a prefill builds: page boxes of 64 rows and the gathers, and the
+    switch build on the gathers (any page size), each for dense and packed q; boxes of 16 rows
+    for packed q."""
+    vs = _variants("sm_90a", "default")
+    plain = {(v.page_box, v.varlen) for v in vs if not v.local}
+    assert plain == {(pb, vl) for pb in (64, 0) for vl in (False, True)} | {(16, True)}
+    sw = [v for v in vs if v.local]
+    assert {(v.page_box, v.varlen) for v in sw} == {(0, False), (0, True)}
+    assert all(v.softcap and v.sinks for v in sw)
 
 
 def test_fp8_only_where_the_target_converts():
@@ -84,9 +97,10 @@ def test_manifest_fields():
         if v.family == "sm80":
             assert d["page_sizes"] == ([1, 8, 16, 32, 64, 128, 256] if v.paged else [])
         else:
-            assert d["page_sizes"] == ([64, 128, 256] if v.page_box else [1, 8, 16, 32, 64, 128, 256])
+            assert d["page_sizes"] == [p for p in (1, 8, 16, 32, 64, 128, 256) if p >= v.page_box]
             assert d["kv_loads"] == ("tma" if v.page_box else "cp.async")
-            assert not (d["local"] or d["softcap"] or d["sinks"]) and d["kv_dtype"] == d["dtype"]
+            assert (d["local"], d["softcap"], d["sinks"]) == (v.local, v.softcap, v.sinks)
+            assert d["kv_dtype"] == d["dtype"]
 
 
 def test_sm90_refusals():
@@ -95,7 +109,10 @@ def test_sm90_refusals():
     v = _variants("sm_90a", "test")[0]
     assert "persistent" in dataclasses.replace(v, persistent=True).can_implement()
     assert "k_first" in dataclasses.replace(v, k_first=True).can_implement()
-    assert "page_box" in dataclasses.replace(v, page_box=32).can_implement()
+    assert "page_box" in dataclasses.replace(v, page_box=48).can_implement()
+    assert dataclasses.replace(v, page_box=16).can_implement() is None
+    assert "gather" in dataclasses.replace(v, page_box=0, tile_n=192).can_implement()
+    assert "window" in dataclasses.replace(v, causal=False, local=True).can_implement()
     assert "dtype" in dataclasses.replace(v, kv_dtype="e4m3").can_implement()
 
 
@@ -108,8 +125,11 @@ _WORKER = textwrap.dedent(
     from factory.compiler.builder import compile_cached  # the build's cache: compiled once
     from factory.compiler import cubin as cb
     from factory.registry import enumerate_variants
+    import fnmatch
     report = {}
-    for v in enumerate_variants([target], ["attention_kvcache"], tier="test", name_filter=pattern):
+    for v in enumerate_variants([target], ["attention_kvcache"], tier="test"):
+        if not any(fnmatch.fnmatch(v.name, p) for p in pattern.split("|")):
+            continue
         info = compile_cached(v, out_dir)
         sass = cb.disassemble(f"{out_dir}/{v.name}.cubin")
         report[v.name] = {"hist": cb.opcode_histogram(sass), "page_box": getattr(v, "page_box", None),
@@ -144,10 +164,11 @@ def test_compile_sm80_family_switches(tmp_path):
 
 def test_compile_sm90_paged(tmp_path):
     """sm_90a: the TMA page-box variant loads K/V with 4D TMA boxes and no LDGSTS, the gather
-    variant with LDGSTS and per-thread barrier arrives (its producer's 40 registers: no local
-    memory); both on HGMMA."""
-    report = _compile("sm_90a", tmp_path, "*bf16_d128*causal_ov_pp*")
-    assert {r["page_box"] for r in report.values()} == {0, 64}
+    variants with LDGSTS, per-thread barrier arrives and one row offset per thread shuffled
+    around its warp (the producer's 40 registers: no local memory); the switch build's softcap
+    on MUFU.TANH; all on HGMMA."""
+    report = _compile("sm_90a", tmp_path, "*bf16_d128*causal_ov_pp*|*_win_cap_sink")
+    assert {r["page_box"] for r in report.values()} == {0, 64} and len(report) == 3
     for name, r in report.items():
         h = r["hist"]
         assert not r["missing"], (name, r["missing"])
@@ -156,6 +177,8 @@ def test_compile_sm90_paged(tmp_path):
             assert h.get("UTMALDG.4D", 0) >= 3 and not h.get("LDGSTS.E.BYPASS.128"), name
         else:
             assert h.get("LDGSTS.E.BYPASS.128", 0) > 0 and h.get("ARRIVES.LDGSTSBAR.64.ARVCNT", 0) > 0, name
+            assert h.get("SHFL.IDX", 0) >= 16, name
+        assert (h.get("MUFU.TANH", 0) > 0) == name.endswith("_win_cap_sink"), name
         assert r["params"] == ["module", *r["args"], "stream"], name
 
 
@@ -175,8 +198,9 @@ def _problem(**kw):
 
 def test_selection_hopper():
     """On a 9.0 device (sm_90a candidates before sm_90): page sizes of whole TMA boxes take the
-    sm90 TMA variant, smaller ones its cp.async gather; switches the sm90 family lacks (window,
-    softcap, sinks, fp8) and a dense cache fall to the sm80 family's sm_90 build."""
+    sm90 TMA variant, smaller ones its cp.async gather; the window/softcap/sink switches its
+    switch build where one fits the problem; fp8, a dense cache and what no sm90 build has fall
+    to the sm80 family's sm_90 build."""
     from kvcache_rules import select
 
     cands = _entries("sm_90a") + _entries("sm_90")
@@ -186,7 +210,7 @@ def test_selection_hopper():
     assert pick(page_size=16)["kv_loads"] == "cp.async" and pick(page_size=16)["family"] == "sm90"
     assert pick(page_size=128, varlen_q=True)["varlen"]
     e = pick(head_dim=64, dtype="f16", kv_dtype="f16", local=True, softcap=True, sinks=True, varlen_q=True)
-    assert e["family"] == "sm80" and e["target"] == "sm_90"
+    assert e["family"] == "sm90" and e["target"] == "sm_90a" and e["local"] and e["sinks"]
     e = pick(kv_dtype="e4m3", causal=False)
     assert e["family"] == "sm80" and e["kv_dtype"] == "e4m3" and e["paged"]
     e = pick(head_dim=64, page_size=None, causal=False, varlen_q=True)

@@ -1,15 +1,16 @@
 """Prefill attention over a KV cache (``attention_kvcache``) on a GPU: the sm80 family
 (factory/attention/sm80.py, cp.async row gathers) and the sm90a family (factory/attention/sm90.py,
-TMA page boxes).
+TMA page boxes of 16-64 rows or cp.async row gathers, window/softcap/sink switch builds).
 
 Every sm80- and sm90-family kvcache variant of ``$FACTORY_BUNDLE`` is launched by name against the float32
 reference on gathered K/V (factory.testing.attention_kvcache_reference): every page size the
 variant takes (1 to 256) for paged caches, ragged lengths with 0 and 1 keys and partly filled last
 pages, seqlen_q from 1 to a few hundred (rows with no visible key where Sq > L), GQA and MQA, the
 window, softcap and sink switches where the variant has them, fp8 e4m3 caches with per-kv-head
-descales, dense and packed (varlen) q.  Unused pages, rows past each sequence and the caller's
-o/lse are NaN: a read past a sequence or a row left unwritten shows.  Skips without a GPU or
-without such variants in the bundle.
+descales, dense and packed (varlen) q, windows that skip whole key tiles, a CUDA-graph replay
+after lengths, block table and cache changed.  Unused pages, rows past each sequence and the
+caller's o/lse are NaN: a read past a sequence or a row left unwritten shows.  Skips without a GPU
+or without such variants in the bundle.
 """
 
 from __future__ import annotations
@@ -198,3 +199,82 @@ def test_kvcache_selection(bundle):
     torch.cuda.synchronize()
     r_o, r_lse = attention_kvcache_reference(q, k_cache, v_cache, seqlens, table, causal=True)
     check(o, lse, r_o, r_lse, dt, "attention_kvcache Sq=100")
+
+
+def test_kvcache_window_skips_tiles(bundle):
+    """Windows narrower than a key tile over long caches: the query tiles' key ranges start
+    past the first tiles (those are neither loaded nor read), with softcap and sinks on; every
+    page size the variant takes."""
+    ran = 0
+    for e in _entries(bundle):
+        if not (e["local"] and e["paged"]):
+            continue
+        for ps in e["page_sizes"]:
+            run_case(bundle, e, [1700, 3, 900], [200, 3, 41] if e["varlen"] else 160, 8, 2, ps,
+                     window=(37, 0), softcap=5.0, seed=ps)
+            ran += 1
+    if not ran:
+        pytest.skip("no paged variant with the window switch")
+
+
+def test_kvcache_prefill_graph_replay(bundle):
+    """One launch captured in a CUDA graph, replayed after the lengths, the block table and the
+    cached values changed in place: each replay matches the reference of what the buffers then
+    hold (the kernel reads lengths and the table on the device)."""
+    from factory.testing import attention_kvcache_reference
+
+    ran = 0
+    for e in _entries(bundle):
+        if not e["paged"] or e["varlen"] or e["kv_dtype"] != e["dtype"]:
+            continue
+        ps = e["page_sizes"][0]
+        gen = torch.Generator(device="cuda").manual_seed(ps)
+        dt, d, hq, hkv, sq = DT[e["dtype"]], e["head_dim"], 8, 2, 96
+        first, second = [400, 1000], [1300, 97]
+        k1, v1, t1 = make_cache(first, ps, hkv, d, e["kv_dtype"], True, gen)
+        k2, v2, t2 = make_cache(second, ps, hkv, d, e["kv_dtype"], True, gen)
+        # one pool for both: the larger cache's shape; the second's pages written over it later
+        pages = max(k1.shape[0], k2.shape[0])
+        kc = torch.full((pages, ps, hkv, d), math.nan, device="cuda").to(dt)
+        vc = torch.full_like(kc, math.nan)
+        mp = max(t1.shape[1], t2.shape[1])
+        table = torch.zeros(2, mp, dtype=torch.int32, device="cuda")
+        seqlens = torch.zeros(2, dtype=torch.int32, device="cuda")
+
+        def load(k, v, t, lengths):
+            kc.fill_(math.nan)
+            vc.fill_(math.nan)
+            kc[: k.shape[0]] = k
+            vc[: v.shape[0]] = v
+            table.zero_()
+            table[:, : t.shape[1]] = t
+            seqlens.copy_(torch.tensor(lengths, dtype=torch.int32))
+
+        q = torch.randn(2, sq, hq, d, device="cuda", generator=gen).to(dt)
+        o = torch.full_like(q, math.nan)
+        lse = torch.full((2, hq, sq), math.nan, device="cuda")
+        sinks = torch.randn(hq, device="cuda", generator=gen) if e["sinks"] else torch.zeros(hq, device="cuda")
+        window = (300, 0) if e["local"] else (-1, -1)
+        softcap = 7.0 if e["softcap"] else 0.0
+        args = [q, kc, vc, o, lse, table, seqlens, sinks, torch.ones(2, hkv, device="cuda"),
+                0.8 / math.sqrt(d), softcap, *window]
+        load(k1, v1, t1, first)
+        bundle.launch(e["name"], args)  # module load outside the capture
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        s = torch.cuda.Stream()
+        with torch.cuda.stream(s), torch.cuda.graph(g, stream=s):
+            bundle.launch(e["name"], args)
+        torch.cuda.synchronize()
+        for lengths, (k, v, t) in ((second, (k2, v2, t2)), (first, (k1, v1, t1))):
+            load(k, v, t, lengths)
+            o.fill_(math.nan)
+            lse.fill_(math.nan)
+            g.replay()
+            torch.cuda.synchronize()
+            r_o, r_lse = attention_kvcache_reference(
+                q, kc, vc, seqlens, table, causal=e["causal"], scale=0.8 / math.sqrt(d), window_size=window,
+                softcap=softcap, sinks=sinks if e["sinks"] else None)
+            check(o, lse, r_o, r_lse, dt, f"{e['name']} graph replay L={lengths} PS={ps}")
+        ran += 1
+    assert ran

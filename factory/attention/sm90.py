@@ -350,20 +350,21 @@ PAGE_BOX = 64
 class AttentionKvcacheSm90(AttentionSm90):
     """The sm90a kernel over a paged KV cache: per-sequence key counts (cache_seqlens), pages of
     any size that is a multiple of ``page_box`` (the page size is a launch-time symbol, manifest
-    ``page_sizes``), bottom-right causal or none, dense or packed q.  No window, softcap, sinks or
-    fp8 cache (the sm80 family's kvcache variants have them)."""
+    ``page_sizes``), bottom-right causal or none, dense or packed q; switches for the sliding
+    window, softcap and sinks.  No fp8 cache (the sm80 family's kvcache variants have it)."""
 
     op: ClassVar[str] = "attention_kvcache"
     family: ClassVar[str] = "sm90"
 
     kv_dtype: str = field(default="bf16", metadata={"tag": "c"})
     page_box: int = field(default=PAGE_BOX, metadata={"tag": "pb"})
+    # the contract's switches: sliding window, softcap (tanh), attention sinks
+    local: bool = field(default=False, metadata={"tag": "win"})
+    softcap: bool = field(default=False, metadata={"tag": "cap"})
+    sinks: bool = field(default=False, metadata={"tag": "sink"})
 
-    # the contract's switches this family has fixed (a paged cache; no window, softcap or sinks)
+    # a paged cache (dense caches: the sm80 family)
     paged: ClassVar[bool] = True
-    local: ClassVar[bool] = False
-    softcap: ClassVar[bool] = False
-    sinks: ClassVar[bool] = False
 
     def sass_requirements(self) -> tuple[str, ...]:
         d = r"\.BF16" if self.dtype == "bf16" else ""
@@ -385,8 +386,13 @@ class AttentionKvcacheSm90(AttentionSm90):
             return "the K/V cache dtype must be the query dtype (fp8 caches: the sm80 family)"
         if self.persistent or self.k_first:
             return "not persistent (one tile per CTA), no k_first (K before V per tile): the paged producers"
-        if self.page_box and (self.page_box not in (64, 128) or self.tile_n % self.page_box):
-            return "page_box must be 0 (cp.async row gathers), 64 or 128 and divide tile_n"
+        if self.page_box and (self.page_box not in (16, 32, 64, 128) or self.tile_n % self.page_box):
+            return "page_box must be 0 (cp.async row gathers), 16, 32, 64 or 128 and divide tile_n"
+        if self.local and not self.causal:
+            return "the window switch is built on causal variants"
+        if not self.page_box and (self.tile_n > 128 or self.tile_n % 16):
+            # (one table read per producer thread covers a tile: 4 warps x 32 lanes >= tile_n rows)
+            return "the cp.async gather takes tiles of at most 128 keys, a multiple of 16"
         return None
 
     def signature(self) -> Signature:
@@ -397,7 +403,8 @@ class AttentionKvcacheSm90(AttentionSm90):
         d = super().describe()
         d.update(contract.manifest_fields_kvcache(
             self.dtype, self.kv_dtype, self.head_dim, paged=True, page_size=None,
-            causal=self.causal, local=False, softcap=False, sinks=False, varlen_q=self.varlen))
+            causal=self.causal, local=self.local, softcap=self.softcap, sinks=self.sinks,
+            varlen_q=self.varlen))
         d["page_sizes"] = [p for p in contract.PAGE_SIZES if p >= self.page_box]
         d["page_box"] = self.page_box
         d["kv_loads"] = "tma" if self.page_box else "cp.async"
@@ -410,7 +417,8 @@ class AttentionKvcacheSm90(AttentionSm90):
             dtype=self.cutlass_dtype, head_dim=self.head_dim, tile_m=self.tile_m,
             tile_n=self.tile_n, stages=self.stages, causal=self.causal, overlap=self.overlap,
             pingpong=self.pingpong, early_rescale=self.early_rescale, persistent=False,
-            k_first=False, page_box=self.page_box, gather=not self.page_box,
+            k_first=False, page_box=self.page_box, gather=not self.page_box, local=self.local,
+            softcap=self.softcap, sinks=self.sinks,
         )
         return k.kvcache_packed if self.varlen else k.kvcache
 
@@ -420,24 +428,29 @@ def enumerate_attention_kvcache(target: Target, tier: str) -> list[AttentionKvca
     if target.family != "sm90" or target.name != "sm_90a":
         return []
 
-    def make(dtype, d, varlen, page_box=PAGE_BOX):
+    def make(dtype, d, varlen, page_box=PAGE_BOX, switches=False):
         tm, tn, s, ov, pp = default_config(d, True)
         return AttentionKvcacheSm90(
             target=target.name, dtype=dtype, kv_dtype=dtype, head_dim=d, causal=True, tile_m=tm,
             tile_n=tn, stages=s, overlap=ov, pingpong=pp, varlen=varlen, page_box=page_box,
-            **default_schedule(d, True, varlen=True))
+            local=switches, softcap=switches, sinks=switches, **default_schedule(d, True, varlen=True))
 
     if tier == "test":
         out = [make("bf16", 128, False), make("bf16", 128, True), make("bf16", 128, False, page_box=0),
-               make("f16", 64, True, page_box=0)]
+               make("f16", 64, True, page_box=0, switches=True)]
         return [v for v in out if v.can_implement() is None]
     if tier == "default":
-        # bf16, head_dim 128, dense and packed q: TMA page boxes (pages of 64-256 rows) and the
-        # cp.async gathers (any page size).  Other dtypes and head_dims: "full".
+        # bf16, head_dim 128, dense and packed q: TMA page boxes of 64 rows (pages of 64-256), the
+        # cp.async gathers (any page size) and the window/softcap/sink build on the gathers; for
+        # packed q (a server's chunked prefill) also boxes of 16 rows (pages of 16 and 32: 3-6 %
+        # over the gathers on an H100).  Other dtypes, head_dims and page boxes: "full".
         out = [make("bf16", 128, vl, page_box=pb) for vl in (False, True) for pb in (PAGE_BOX, 0)]
+        out += [make("bf16", 128, True, page_box=16)]
+        out += [make("bf16", 128, vl, page_box=0, switches=True) for vl in (False, True)]
     else:
-        out = [make(dt, d, vl, page_box=pb) for dt in DTYPES for d in (64, 128) for vl in (False, True)
-               for pb in (PAGE_BOX, 0)]
+        out = [make(dt, d, vl, page_box=pb, switches=sw) for dt in DTYPES for d in (64, 128)
+               for vl in (False, True) for pb in (PAGE_BOX, 32, 16, 0) for sw in (False, True)
+               if not sw or pb in (16, 0)]
     return [v for v in out if v.can_implement() is None]
 
 
@@ -451,8 +464,9 @@ class FlashFwdSm90(layout.TmaViewsKernel):
     def __init__(self, *, dtype, head_dim: int, tile_m: int, tile_n: int, stages: int,
                  causal: bool, overlap: bool, pingpong: bool, early_rescale: bool = False,
                  persistent: bool = False, k_first: bool = False, page_box: int = 0,
-                 gather: bool = False):
-        super().__init__(dtype=dtype, head_dim=head_dim, causal=causal)
+                 gather: bool = False, local: bool = False, softcap: bool = False,
+                 sinks: bool = False):
+        super().__init__(dtype=dtype, head_dim=head_dim, causal=causal, local=local)
         self.tile_m = tile_m
         self.tile_n = tile_n
         self.stages = stages
@@ -467,6 +481,10 @@ class FlashFwdSm90(layout.TmaViewsKernel):
         # KV cache (paged, pages of any size): the producer warpgroup's 128 threads gather K/V
         # rows by cp.async, each row from its own page (``produce_gather``).
         self.gather = gather
+        # KV cache switches: tanh softcap of the scores, a sink logit per q head (the window is
+        # ``mask.local``)
+        self.has_softcap = softcap
+        self.has_sinks = sinks
         self.consumers = tile_m // WG_ROWS
         self.cta_rows = tile_m
         self.threads = 128 * (1 + self.consumers)
@@ -486,12 +504,12 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                 softcap: cutlass.Float32, window_left: cutlass.Int32, window_right: cutlass.Int32,
                 stream: cuda.CUstream):
         # The contract's kvcache signature, dense q.  Pages (P, PS, Hkv, D) -> (PS, D, Hkv, P) for
-        # the TMA (V: (D, PS, Hkv, P)); q/o as in ``dense``.  (sinks, descales, softcap and the
-        # window are switches this family does not have: ignored.)
+        # the TMA (V: (D, PS, Hkv, P)); q/o as in ``dense``.  Sinks, softcap and the window are
+        # read where the variant has their switch; the descales are ignored (no fp8 caches).
         mQ, mK, mVt, mO = layout.dense_views(q, k_cache, v_cache, o)
         grid = (cute.ceil_div(q.shape[1], self.tile_m), q.shape[2], q.shape[0])
         self._launch(mQ, mK, mVt, mO, lse, None, None, softmax_scale, grid, stream,
-                     block_table, cache_seqlens)
+                     block_table, cache_seqlens, (sinks, softcap, window_left, window_right))
 
     @cute.jit
     def kvcache_packed(self, q: cute.Tensor, k_cache: cute.Tensor, v_cache: cute.Tensor,
@@ -506,11 +524,11 @@ class FlashFwdSm90(layout.TmaViewsKernel):
         _, mK, mVt, _ = layout.dense_views(k_cache, k_cache, v_cache, k_cache)
         grid = (cute.ceil_div(max_seqlen_q, self.tile_m), q.shape[1], cu_seqlens_q.shape[0] - 1)
         self._launch(mQ, mK, mVt, mO, lse, cu_seqlens_q, None, softmax_scale, grid, stream,
-                     block_table, cache_seqlens)
+                     block_table, cache_seqlens, (sinks, softcap, window_left, window_right))
 
     @cute.jit
     def _launch(self, mQ, mK, mVt, mO, lse, mCuQ, mCuK, softmax_scale, grid, stream,
-                mTable=None, mSeqlens=None):
+                mTable=None, mSeqlens=None, switches=(None, None, None, None)):
         D, BN, dt = self.head_dim, self.tile_n, self.dtype
         tiled_mma_qk = sm90_utils.make_trivial_tiled_mma(
             dt, dt, OperandMajorMode.K, OperandMajorMode.K, cutlass.Float32, (1, 1, 1),
@@ -571,7 +589,7 @@ class FlashFwdSm90(layout.TmaViewsKernel):
         self.kernel(
             tma_q, tQ, tma_k, tK, tma_v, tV, tma_o, tO, s2g, lse, mCuQ, mCuK,
             softmax_scale * LOG2_E, tiled_mma_qk, tiled_mma_pv, sQ_layout, sK_layout, sV_layout,
-            mTable, mSeqlens,
+            mTable, mSeqlens, *switches,
         ).launch(grid=grid, block=[self.threads, 1, 1], min_blocks_per_mp=1, stream=stream)
 
     # --- device ----------------------------------------------------------------------------------
@@ -581,7 +599,7 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                mLSE: cute.Tensor, mCuQ, mCuK, scale_log2: cutlass.Float32,
                tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma,
                sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
-               sV_layout: cute.ComposedLayout, mTable, mSeqlens):
+               sV_layout: cute.ComposedLayout, mTable, mSeqlens, mSinks, softcap, win_l, win_r):
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == 0:
@@ -638,20 +656,32 @@ class FlashFwdSm90(layout.TmaViewsKernel):
             else:
                 q_len, k_len, seqQ, seqK, seqVt, seqO, seqL = layout.sequence_views(
                     mQ, mK, mVt, mO, mLSE, mCuQ, mCuK, head, batch)
-            n_hi, n_mask = self.key_range(m_block, q_len, k_len)
+            # KV cache switches: the window's -1 sides through mask.window; softcap (runtime
+            # value, <= 0: off) folds into the score scale; the q head's sink logit
+            win = mask.window(self.mask, win_l, win_r, q_len, k_len)
+            n_lo, n_hi, mask_lo, n_mask = self.key_range(m_block, q_len, k_len, win)
+            cap = None
+            sink = None
+            if cutlass.const_expr(self.has_softcap):
+                use_cap = softcap > 0.0
+                cap_size = cutlass.max(softcap, 1e-30)
+                cap = (scale_log2 / (cap_size * LOG2_E) if use_cap else 0.0, use_cap)
+                scale_log2 = cap_size * LOG2_E if use_cap else scale_log2
+            if cutlass.const_expr(self.has_sinks):
+                sink = mSinks[head]
             # Varlen: tiles past a sequence's end (the grid is sized by the longest) leave at once.
             if m_block * self.tile_m < q_len:
                 if warpgroup_idx == 0:
                     cute.arch.setmaxregister_decrease(self.producer_regs)
                     if cutlass.const_expr(self.gather):
                         self.produce_gather(tma_q, seqQ, seqK, seqVt, sQ, sK, sV, q_bars, kv_pipes,
-                                            m_block, n_hi, self.kv_state(True), mTable, batch,
+                                            m_block, n_lo, n_hi, self.kv_state(True), mTable, batch,
                                             k_len, warp_idx, tidx)
                     elif warp_idx == 0:
                         if cutlass.const_expr(self.page_box):
                             self.produce_paged(tma_q, seqQ, tma_k, seqK, tma_v, seqVt, sQ, sK, sV,
-                                               q_bars, kv_pipes, m_block, n_hi, self.kv_state(True),
-                                               mTable, batch, k_len)
+                                               q_bars, kv_pipes, m_block, n_lo, n_hi,
+                                               self.kv_state(True), mTable, batch, k_len)
                         else:
                             self.produce(tma_q, seqQ, tma_k, seqK, tma_v, seqVt, sQ, sK, sV, q_bars,
                                          kv_pipes, m_block, n_hi, self.kv_state(True), 0)
@@ -660,7 +690,8 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                     self.schedule_start(wg)
                     self.consume(tiled_mma_qk, tiled_mma_pv, tma_o, seqO, s2g, seqL, sQ, sO, sK,
                                  sV, q_bars, kv_pipes, scale_log2, m_block, q_len, k_len, n_hi,
-                                 n_mask, wg, tidx % 128, self.kv_state(False), 0)
+                                 n_mask, wg, tidx % 128, self.kv_state(False), 0,
+                                 n_lo=n_lo, mask_lo=mask_lo, win=win, cap=cap, sink=sink)
         else:
             # Persistent: CTA c walks tiles c, c + grid, ... (``tile_coords``); the producer loads
             # the next tile's Q as soon as the consumers' last S GEMM of this one has read theirs
@@ -684,7 +715,7 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                         if real:
                             q_len, k_len, seqQ, seqK, seqVt, seqO, seqL = layout.sequence_views(
                                 mQ, mK, mVt, mO, mLSE, mCuQ, mCuK, head, batch)
-                            n_hi, n_mask = self.key_range(m_block, q_len, k_len)
+                            _, n_hi, _, n_mask = self.key_range(m_block, q_len, k_len)
                             state = self.produce(tma_q, seqQ, tma_k, seqK, tma_v, seqVt, sQ, sK,
                                                  sV, q_bars, kv_pipes, m_block, n_hi, state,
                                                  q_phase)
@@ -700,7 +731,7 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                     if real:
                         q_len, k_len, seqQ, seqK, seqVt, seqO, seqL = layout.sequence_views(
                             mQ, mK, mVt, mO, mLSE, mCuQ, mCuK, head, batch)
-                        n_hi, n_mask = self.key_range(m_block, q_len, k_len)
+                        _, n_hi, _, n_mask = self.key_range(m_block, q_len, k_len)
                         read = self.consume(tiled_mma_qk, tiled_mma_pv, tma_o, seqO, s2g, seqL,
                                             sQ, sO, sK, sV, q_bars, kv_pipes, scale_log2, m_block,
                                             q_len, k_len, n_hi, n_mask, wg, tidx % 128, read,
@@ -754,12 +785,12 @@ class FlashFwdSm90(layout.TmaViewsKernel):
             return cute.ceil_div(n_tiles, grid) * grid
         return n_tiles
 
-    def key_range(self, m_block, q_len, k_len):
-        """Key tiles [0, n_hi) this query tile sees; tiles >= n_mask need the mask (the key
-        tail, and with causal the tiles some row of the tile does not fully see)."""
+    def key_range(self, m_block, q_len, k_len, win=(None, None)):
+        """(n_lo, n_hi, mask_lo, n_mask): key tiles [n_lo, n_hi) this query tile sees (n_lo 0
+        without the window); tiles >= n_mask need the mask (the key tail, and with causal the
+        tiles some row of the tile does not fully see), with the window those < mask_lo too."""
         m0 = m_block * self.tile_m
-        _, n_hi, _, n_mask = mask.key_tiles(self.mask, m0, m0 + self.tile_m, q_len, k_len, self.tile_n)
-        return n_hi, n_mask
+        return mask.key_tiles(self.mask, m0, m0 + self.tile_m, q_len, k_len, self.tile_n, win=win)
 
     @cute.jit
     def produce(self, tma_q, seqQ, tma_k, seqK, tma_v, seqVt, sQ, sK, sV, q_bars, kv_pipes,
@@ -838,35 +869,36 @@ class FlashFwdSm90(layout.TmaViewsKernel):
 
     @cute.jit
     def produce_paged(self, tma_q, seqQ, tma_k, seqK, tma_v, seqVt, sQ, sK, sV, q_bars, kv_pipes,
-                      m_block, n_hi, state, mTable, batch, k_len):
-        """The TMA warp over a paged cache: Q slabs, then K and V of tiles n_hi-1 down to 0, each
+                      m_block, n_lo, n_hi, state, mTable, batch, k_len):
+        """The TMA warp over a paged cache: Q slabs, then K and V of tiles n_hi-1 down to n_lo, each
         tile as tile_n / page_box boxes: key j0 of a box lives in page block_table[b][j0 // PS],
         rows from j0 % PS.  Boxes past the sequence's last key reload its last page (those keys
         are masked; their V rows are zeroed by the consumers, ``zero_v_tail``), so every slot
         gets its full byte count and no table entry past the sequence is read."""
         k_pipe, v_pipe = kv_pipes
-        if n_hi > 0:
+        if n_hi > n_lo:
             D, BN, KB = self.head_dim, self.tile_n, self.page_box
             page_size = seqK.shape[0]
             self.load_q(tma_q, seqQ, sQ, q_bars, m_block)
-            for i in cutlass.range(n_hi, unroll=1):
+            for i in cutlass.range(n_hi - n_lo, unroll=1):
                 n = n_hi - 1 - i
-                k_pipe.producer_acquire(state)
+                # the tile's table entries, read once for K and V and before the slot wait (the
+                # loads are in flight while the consumers free the slot)
+                pages, boxes = [], []
                 for b in cutlass.range_constexpr(BN // KB):
                     j0 = cutlass.min(n * BN + b * KB, k_len - 1)
-                    page = mTable[batch, j0 // page_size]
-                    box = (j0 % page_size) // KB
-                    gK = cute.local_tile(seqK[None, None, page], (KB, D), (box, 0))
+                    pages.append(mTable[batch, j0 // page_size])
+                    boxes.append((j0 % page_size) // KB)
+                k_pipe.producer_acquire(state)
+                for b in cutlass.range_constexpr(BN // KB):
+                    gK = cute.local_tile(seqK[None, None, pages[b]], (KB, D), (boxes[b], 0))
                     dK = cute.local_tile(sK[None, None, state.index], (KB, D), (b, 0))
                     tKsK, tKgK = cpasync.tma_partition(tma_k, 0, cute.make_layout(1),
                                                        cute.group_modes(dK, 0, 2), cute.group_modes(gK, 0, 2))
                     cute.copy(tma_k, tKgK, tKsK, tma_bar_ptr=k_pipe.producer_get_barrier(state))
                 v_pipe.producer_acquire(state)
                 for b in cutlass.range_constexpr(BN // KB):
-                    j0 = cutlass.min(n * BN + b * KB, k_len - 1)
-                    page = mTable[batch, j0 // page_size]
-                    box = (j0 % page_size) // KB
-                    gV = cute.local_tile(seqVt[None, None, page], (D, KB), (0, box))
+                    gV = cute.local_tile(seqVt[None, None, pages[b]], (D, KB), (0, boxes[b]))
                     dV = cute.local_tile(sV[None, None, state.index], (D, KB), (0, b))
                     tVsV, tVgV = cpasync.tma_partition(tma_v, 0, cute.make_layout(1),
                                                        cute.group_modes(dV, 0, 2), cute.group_modes(gV, 0, 2))
@@ -876,15 +908,21 @@ class FlashFwdSm90(layout.TmaViewsKernel):
 
     @cute.jit
     def produce_gather(self, tma_q, seqQ, seqK, seqVt, sQ, sK, sV, q_bars, kv_pipes, m_block,
-                       n_hi, state, mTable, batch, k_len, warp_idx, tidx):
+                       n_lo, n_hi, state, mTable, batch, k_len, warp_idx, tidx):
         """The producer warpgroup over a paged cache of any page size: warp 0 loads the Q slabs by
-        TMA; all 128 threads gather K and V of tiles n_hi-1 down to 0 by cp.async, 16 bytes at a
+        TMA; all 128 threads gather K and V of tiles n_hi-1 down to n_lo by cp.async, 16 bytes at a
         time, key j from page block_table[b][j // PS], row j % PS; each thread arrives on the
-        slot's barrier when its copies have landed.  Rows past the sequence are not loaded (their
-        scores are masked; their V rows are zeroed by the consumers, ``zero_v_tail``), so no
-        table entry past the sequence is read."""
+        slot's barrier when its copies have landed.
+
+        The block table is read once per thread per tile, one tile ahead: thread (warp w, lane l)
+        reads the entry of key row 4w + l % 4 + 16 (l // 4) of the next tile while this tile's
+        copies are issued; the copy of row 4w + l // 8 + 16 r (K and V) takes its page and row
+        from lane l // 8 + 4 r by a shuffle, so no copy waits on a table load.  Rows past the
+        sequence are not loaded (their scores are masked; their V rows are zeroed by the
+        consumers, ``zero_v_tail``); the table reads clamp to the sequence's last key, so no
+        entry past the sequence is read."""
         k_pipe, v_pipe = kv_pipes
-        if n_hi > 0:
+        if n_hi > n_lo:
             D, BN = self.head_dim, self.tile_n
             if warp_idx == 0:
                 self.load_q(tma_q, seqQ, sQ, q_bars, m_block)
@@ -892,6 +930,7 @@ class FlashFwdSm90(layout.TmaViewsKernel):
             atom = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL),
                                        self.dtype, num_bits_per_copy=128)
             # K rows (keys, D): 8 threads per 64 columns; V as (D, keys): 8 threads per 64 of D.
+            # Either way thread t's keys are t // 8 + 16 r.
             g2s_k = cute.make_tiled_copy_tv(atom, cute.make_layout((16, 8), stride=(8, 1)),
                                             cute.make_layout((1, vec)))
             g2s_v = cute.make_tiled_copy_tv(atom, cute.make_layout((8, 16), stride=(1, 8)),
@@ -901,28 +940,43 @@ class FlashFwdSm90(layout.TmaViewsKernel):
             # this thread's column offsets (row stride 0); each row adds its page's offset
             tKg = thr_k.partition_S(cute.make_tensor(seqK.iterator, cute.make_layout((BN, D), stride=(0, 1))))
             tVg = thr_v.partition_S(cute.make_tensor(seqVt.iterator, cute.make_layout((D, BN), stride=(1, 0))))
-            tKc = thr_k.partition_S(cute.make_identity_tensor((BN, D)))
-            tVc = thr_v.partition_S(cute.make_identity_tensor((D, BN)))
             page_size = seqK.shape[0]
-            for i in cutlass.range(n_hi, unroll=1):
+            lane = tidx % 32
+            warp = tidx // 32
+            # the key row whose table entry this thread reads, and the first row it copies
+            read_row = 4 * warp + lane % 4 + 16 * (lane // 4)
+            copy_row = 4 * warp + lane // 8
+            # table entry of the first (top) tile
+            j = cutlass.min((n_hi - 1) * BN + read_row, k_len - 1)
+            idx = j // page_size
+            in_page = j - idx * page_size
+            page = mTable[batch, idx]
+            for i in cutlass.range(n_hi - n_lo, unroll=1):
                 n = n_hi - 1 - i
+                cur_page = page
+                cur_in_page = in_page
+                # the next tile's entry (tile n - 1; on the last trip a harmless re-read of key 0)
+                j = cutlass.min(cutlass.max(n - 1, 0) * BN + read_row, k_len - 1)
+                idx = j // page_size
+                in_page = j - idx * page_size
+                page = mTable[batch, idx]
                 k_pipe.producer_acquire(state)
+                # the element offset of this thread's table row in K (then V), passed around
+                # the warp as two 32-bit halves; the strides keep it a multiple of 16 bytes
+                off_k = cutlass.Int64(cur_page) * seqK.stride[2] + cutlass.Int64(cur_in_page) * seqK.stride[0]
                 tKs = thr_k.partition_D(sK[None, None, state.index])
                 for r in cutlass.range_constexpr(cute.size(tKs.shape[1])):
-                    j = n * BN + tKc[0, r, 0][0]
-                    if j < k_len:
-                        page = mTable[batch, j // page_size]
-                        off = cutlass.Int64(page) * seqK.stride[2] + cutlass.Int64(j % page_size) * seqK.stride[0]
+                    off = self.shuffle_offset(off_k, lane // 8 + 4 * r)
+                    if n * BN + copy_row + 16 * r < k_len:
                         row = tKg[None, r, None]
                         cute.copy(g2s_k, cute.make_tensor(row.iterator + off, row.layout), tKs[None, r, None])
                 k_pipe.producer_commit(state)
                 v_pipe.producer_acquire(state)
+                off_v = cutlass.Int64(cur_page) * seqVt.stride[2] + cutlass.Int64(cur_in_page) * seqVt.stride[1]
                 tVs = thr_v.partition_D(sV[None, None, state.index])
                 for c in cutlass.range_constexpr(cute.size(tVs.shape[2])):
-                    j = n * BN + tVc[0, 0, c][1]
-                    if j < k_len:
-                        page = mTable[batch, j // page_size]
-                        off = cutlass.Int64(page) * seqVt.stride[2] + cutlass.Int64(j % page_size) * seqVt.stride[1]
+                    off = self.shuffle_offset(off_v, lane // 8 + 4 * c)
+                    if n * BN + copy_row + 16 * c < k_len:
                         col = tVg[None, None, c]
                         cute.copy(g2s_v, cute.make_tensor(col.iterator + off, col.layout), tVs[None, None, c])
                 v_pipe.producer_commit(state)
@@ -931,6 +985,15 @@ class FlashFwdSm90(layout.TmaViewsKernel):
             cute.arch.cp_async_commit_group()
             cute.arch.cp_async_wait_group(0)
         return state
+
+    @cute.jit
+    def shuffle_offset(self, off, src_lane):
+        """Lane ``src_lane``'s 64-bit element offset ``off`` (two 32-bit shuffles), declared a
+        multiple of 16 bytes (it is: page and row strides of the cache are)."""
+        lo = cute.arch.shuffle_sync(cutlass.Int32(off & 0xFFFFFFFF), src_lane)
+        hi = cute.arch.shuffle_sync(cutlass.Int32(off >> 32), src_lane)
+        got = (cutlass.Int64(hi) << 32) | (cutlass.Int64(lo) & 0xFFFFFFFF)
+        return cute.assume(got, divby=128 // self.dtype.width)
 
     @cute.jit
     def kv_wait(self, pipe, state):
@@ -959,9 +1022,12 @@ class FlashFwdSm90(layout.TmaViewsKernel):
     @cute.jit
     def consume(self, tiled_mma_qk, tiled_mma_pv, tma_o, seqO, s2g, seqL, sQ, sO, sK, sV, q_bars,
                 kv_pipes, scale_log2, m_block, q_len, k_len, n_hi, n_mask, wg, ltid, read,
-                q_phase):
-        """One consumer warpgroup: its 64 query rows against every visible key tile, then its
-        part of the epilogue.  Returns the K/V ring state ``read``."""
+                q_phase, n_lo=0, mask_lo=0, win=(None, None), cap=None, sink=None):
+        """One consumer warpgroup: its 64 query rows against every visible key tile (n_hi-1 down
+        to n_lo), then its part of the epilogue.  KV cache switches: the window ``win``
+        (mask.window; tiles < mask_lo masked too), ``cap`` (factor, on) for
+        softmax.softcap_scores, ``sink`` (this q head's logit) for softmax.finalize.  Returns the
+        K/V ring state ``read``."""
         k_pipe, v_pipe = kv_pipes
         BN, D = self.tile_n, self.head_dim
         thr_qk = tiled_mma_qk.get_slice(ltid)
@@ -981,7 +1047,8 @@ class FlashFwdSm90(layout.TmaViewsKernel):
         row_sum.fill(0.0)
         row0 = m_block * self.tile_m + wg * WG_ROWS  # first query row of this warpgroup
 
-        if n_hi > 0:
+        n_tiles = n_hi - n_lo
+        if n_tiles > 0:
             cute.arch.mbarrier_wait(q_bars + wg, q_phase)
             # ---- the first (top) key tile: S, mask, softmax -> P; O is not touched yet
             acc_S = cute.make_rmem_tensor(s_shape, cutlass.Float32)
@@ -989,8 +1056,8 @@ class FlashFwdSm90(layout.TmaViewsKernel):
             tiled_mma_qk = self.gemm_qk(tiled_mma_qk, acc_S, tSrQ, tSrK, wg, read.index)
             warpgroup.wait_group(0)
             k_pipe.consumer_release(read)
-            if n_hi - 1 >= n_mask:
-                mask.apply_mask(self.mask, atoms.acc_mn_view(acc_S), cS, row0, (n_hi - 1) * BN, q_len, k_len)
+            self.transform_scores(acc_S, cap)
+            self.mask_tile(acc_S, cS, row0, n_hi - 1, q_len, k_len, n_mask, mask_lo, win)
             corr = cute.make_rmem_tensor(n_rows, cutlass.Float32)  # O's per-row rescale factor
             softmax.online_softmax(atoms.acc_mn_view(acc_S), row_max, row_sum, scale_log2, corr=corr)
             tOrP_c = atoms.acc_as_a_operand(acc_S.layout, tOrP)
@@ -1002,20 +1069,31 @@ class FlashFwdSm90(layout.TmaViewsKernel):
             # in two loops, so no loop body holds a branch around the mask.
             if cutlass.const_expr(self.overlap):
                 i_unmasked = 1
+                # trips [i_low, n_tiles): the tiles below the window's mask_lo (masked again)
+                i_low = n_tiles
                 if cutlass.const_expr(self.causal):
                     i_unmasked = cutlass.max(1, n_hi - n_mask)
+                    if cutlass.const_expr(self.mask.local):
+                        i_unmasked = cutlass.min(i_unmasked, n_tiles)
+                        i_low = cutlass.max(i_unmasked, cutlass.min(n_tiles, n_hi - mask_lo))
                     for i in cutlass.range(1, i_unmasked, unroll=1):
                         read, tiled_mma_qk, tiled_mma_pv = self.overlap_step(
                             True, n_hi - 1 - i, read, kv_pipes, tiled_mma_qk, tiled_mma_pv, acc_O, tOrP,
                             tOrP_c, tSrQ, tSrK, tOrV, s_shape, cS, row_max, row_sum, corr,
-                            scale_log2, row0, q_len, k_len, wg, sV, ltid)
-                for i in cutlass.range(i_unmasked, n_hi, unroll=1):
+                            scale_log2, row0, q_len, k_len, wg, sV, ltid, win, cap)
+                for i in cutlass.range(i_unmasked, i_low, unroll=1):
                     read, tiled_mma_qk, tiled_mma_pv = self.overlap_step(
                         False, n_hi - 1 - i, read, kv_pipes, tiled_mma_qk, tiled_mma_pv, acc_O, tOrP,
                         tOrP_c, tSrQ, tSrK, tOrV, s_shape, cS, row_max, row_sum, corr,
-                        scale_log2, row0, q_len, k_len, wg, sV, ltid)
+                        scale_log2, row0, q_len, k_len, wg, sV, ltid, win, cap)
+                if cutlass.const_expr(self.mask.local):
+                    for i in cutlass.range(i_low, n_tiles, unroll=1):
+                        read, tiled_mma_qk, tiled_mma_pv = self.overlap_step(
+                            True, n_hi - 1 - i, read, kv_pipes, tiled_mma_qk, tiled_mma_pv, acc_O, tOrP,
+                            tOrP_c, tSrQ, tSrK, tOrV, s_shape, cS, row_max, row_sum, corr,
+                            scale_log2, row0, q_len, k_len, wg, sV, ltid, win, cap)
             else:
-                for i in cutlass.range(1, n_hi, unroll=1):
+                for i in cutlass.range(1, n_tiles, unroll=1):
                     # (no overlap: P·V of tile n + 1, then S of tile n)
                     n = n_hi - 1 - i
                     read_v = read.clone()
@@ -1032,8 +1110,8 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                     self.schedule_next(wg)
                     warpgroup.wait_group(0)
                     k_pipe.consumer_release(read)
-                    if n >= n_mask:
-                        mask.apply_mask(self.mask, atoms.acc_mn_view(acc_S), cS, row0, n * BN, q_len, k_len)
+                    self.transform_scores(acc_S, cap)
+                    self.mask_tile(acc_S, cS, row0, n, q_len, k_len, n_mask, mask_lo, win)
                     softmax.online_softmax(atoms.acc_mn_view(acc_S), row_max, row_sum, scale_log2, corr=corr)
                     softmax.rescale(atoms.acc_mn_view(acc_O), corr)
                     tOrP_c.store(acc_S.load().to(self.dtype))
@@ -1043,10 +1121,10 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                     cute.arch.mbarrier_arrive(q_bars + self.consumers + wg)
             # ---- P·V of the last tile
             if cutlass.const_expr(self.early_rescale):
-                if n_hi > 1:
+                if n_tiles > 1:
                     softmax.rescale(atoms.acc_mn_view(acc_O), corr)
             self.kv_wait(v_pipe, read)
-            self.zero_v_tail(sV, read.index, 0, k_len, ltid, wg)
+            self.zero_v_tail(sV, read.index, n_lo, k_len, ltid, wg)
             tiled_mma_pv = self.gemm_pv(tiled_mma_pv, acc_O, tOrP, tOrV, read.index)
             warpgroup.wait_group(0)
             v_pipe.consumer_release(read)
@@ -1056,7 +1134,8 @@ class FlashFwdSm90(layout.TmaViewsKernel):
 
         # ---- epilogue: O / rowsum and LSE, O -> this warpgroup's Q slab -> TMA store (varlen:
         # 16-byte stores of the rows inside the sequence)
-        softmax.finalize(atoms.acc_mn_view(acc_O), cS, row_max, row_sum, scale_log2, row0, q_len, seqL, ltid)
+        softmax.finalize(atoms.acc_mn_view(acc_O), cS, row_max, row_sum, scale_log2, row0, q_len, seqL, ltid,
+                         sink=sink)
         sO = sO[None, None, wg]
         rO = cute.make_rmem_tensor(acc_O.layout, self.dtype)
         if cutlass.const_expr(self.persistent):
@@ -1094,7 +1173,8 @@ class FlashFwdSm90(layout.TmaViewsKernel):
     @cute.jit
     def overlap_step(self, masked: cutlass.Constexpr, n, read, kv_pipes, tiled_mma_qk, tiled_mma_pv, acc_O,
                      tOrP, tOrP_c, tSrQ, tSrK, tOrV, s_shape, cS, row_max, row_sum, corr,
-                     scale_log2, row0, q_len, k_len, wg, sV=None, ltid=None):
+                     scale_log2, row0, q_len, k_len, wg, sV=None, ltid=None, win=(None, None),
+                     cap=None):
         """One trip of the overlapped mainloop: S of key tile n is issued first, P·V of tile
         n + 1 queues behind it, and the softmax of tile n runs while P·V is on the tensor cores.
         Returns the advanced read state and the P·V MMA (accumulate flag set)."""
@@ -1113,8 +1193,10 @@ class FlashFwdSm90(layout.TmaViewsKernel):
         self.schedule_next(wg)
         warpgroup.wait_group(1)
         k_pipe.consumer_release(read)
+        self.transform_scores(acc_S, cap)
         if cutlass.const_expr(masked):
-            mask.apply_mask(self.mask, atoms.acc_mn_view(acc_S), cS, row0, n * self.tile_n, q_len, k_len)
+            mask.apply_mask(self.mask, atoms.acc_mn_view(acc_S), cS, row0, n * self.tile_n, q_len, k_len,
+                            win=win)
         softmax.online_softmax(atoms.acc_mn_view(acc_S), row_max, row_sum, scale_log2, corr=corr)
         warpgroup.wait_group(0)
         v_pipe.consumer_release(read_v)
@@ -1122,6 +1204,25 @@ class FlashFwdSm90(layout.TmaViewsKernel):
             softmax.rescale(atoms.acc_mn_view(acc_O), corr)
         tOrP_c.store(acc_S.load().to(self.dtype))
         return read, tiled_mma_qk, tiled_mma_pv
+
+    @cute.jit
+    def mask_tile(self, acc_S, cS, row0, n, q_len, k_len, n_mask, mask_lo, win):
+        """The mask on key tile ``n`` where it needs one: n >= n_mask, and with the window n <
+        mask_lo."""
+        if cutlass.const_expr(self.mask.local):
+            if n >= n_mask or n < mask_lo:
+                mask.apply_mask(self.mask, atoms.acc_mn_view(acc_S), cS, row0, n * self.tile_n, q_len, k_len,
+                                win=win)
+        else:
+            if n >= n_mask:
+                mask.apply_mask(self.mask, atoms.acc_mn_view(acc_S), cS, row0, n * self.tile_n, q_len, k_len)
+
+    @cute.jit
+    def transform_scores(self, acc_S, cap):
+        """The softcap switch: tanh-capped scores where the launch's softcap is on (``cap``:
+        (factor, on)); nothing without the switch."""
+        if cutlass.const_expr(cap is not None):
+            softmax.softcap_scores(acc_S, cap[0], cap[1])
 
     @cute.jit
     def gemm_qk(self, tiled_mma_qk, acc_S, tSrQ, tSrK, wg, slot):
