@@ -6,10 +6,13 @@ the host.
 
     python3 examples/moe_experts.py --bundle artifacts/default             # prefill + decode timing
     python3 examples/moe_experts.py --bundle ... --check --experts 32      # correctness only, small
+    python3 examples/moe_experts.py --bundle ... --fp8 block                # prefill in fp8 (DeepSeek-V3 scales)
 
 Prefill (``--tokens``): the routed rows sorted by expert (contiguous layout, ``offs``). Decode
 (``--decode-tokens``): each expert's rows in a fixed-capacity buffer (masked layout, ``masked_m``)
 so one CUDA graph serves every routing; the graph is captured once and replayed with new routing.
+``--fp8 block`` (or ``row``): the prefill projections in float8_e4m3fn, weights quantized once per
+128x128 block (or per output channel), activations per 1x128 (or per row) before each projection.
 """
 
 from __future__ import annotations
@@ -57,6 +60,29 @@ def experts_ours(bundle, ex: Experts, xs, offs):
     h = bundle.grouped_gemm(xs, ex.gate_up.transpose(1, 2), offs=offs)
     g, u = h.chunk(2, dim=-1)
     return bundle.grouped_gemm((F.silu(g) * u).contiguous(), ex.down.transpose(1, 2), offs=offs)
+
+
+class Fp8Experts:
+    """The experts' weights quantized once (runtime/fp8.py quantize_grouped_b): (E, N, K) e4m3 and
+    their scales in ``form`` ("block": per 128x128, "row": per output channel)."""
+
+    def __init__(self, ex: Experts, form: str):
+        from factory.runtime import fp8
+
+        self.form = form
+        self.gate_up, self.s_gate_up = fp8.quantize_grouped_b(ex.gate_up, form)
+        self.down, self.s_down = fp8.quantize_grouped_b(ex.down, form)
+
+
+def experts_fp8(bundle, fx: Fp8Experts, xs, offs):
+    """The prefill projections in fp8: activations quantized per 1x128 block (or row) before each."""
+    from factory.runtime import fp8
+
+    qa, sa = fp8.quantize_grouped_a(xs, fx.form)
+    h = bundle.grouped_gemm(qa, fx.gate_up.transpose(1, 2), offs=offs, scale_a=sa, scale_b=fx.s_gate_up)
+    g, u = h.chunk(2, dim=-1)
+    qh, sh = fp8.quantize_grouped_a((F.silu(g) * u).contiguous(), fx.form)
+    return bundle.grouped_gemm(qh, fx.down.transpose(1, 2), offs=offs, scale_a=sh, scale_b=fx.s_down)
 
 
 def experts_torch(ex: Experts, xs, offs):
@@ -112,6 +138,7 @@ def main() -> int:
     ap.add_argument("--decode-tokens", type=int, default=64)
     ap.add_argument("--capacity", type=int, default=32, help="rows per expert in the decode buffer")
     ap.add_argument("--check", action="store_true", help="correctness only")
+    ap.add_argument("--fp8", choices=("block", "row"), help="also the prefill projections in fp8 with these scales")
     args = ap.parse_args()
     bundle = Bundle.open(args.bundle)
     ex = Experts(args.experts, HIDDEN, INTER)
@@ -127,6 +154,16 @@ def main() -> int:
     ok &= err < 2e-2
     print(f"prefill {args.tokens} tokens x top-{args.top_k} over {args.experts} experts: max rel. difference "
           f"vs torch._grouped_mm {err:.2e}")
+
+    fx = None
+    if args.fp8:
+        # fp8 against the bf16 layer: quantization error only (e4m3 keeps 3 mantissa bits), a
+        # wrong product would differ by the output's own size.
+        fx = Fp8Experts(ex, args.fp8)
+        y8 = moe(x, counts, token, weight, lambda xs, offs: experts_fp8(bundle, fx, xs, offs))
+        err8 = (y8.float() - ref.float()).abs().max().item() / ref.float().abs().max().item()
+        ok &= err8 < 0.1 and not torch.isnan(y8).any().item()
+        print(f"prefill in fp8 ({args.fp8} scales): max rel. difference vs the bf16 torch._grouped_mm layer {err8:.2e}")
 
     # Decode: masked layout, one graph replayed with new routing.
     E, cap, T = args.experts, args.capacity, args.decode_tokens
@@ -170,6 +207,10 @@ def main() -> int:
         tt, _ = graph_ms(lambda: experts_torch(ex, xs, offs))
         print(f"prefill experts (gate_up + SiLU + down), graph replay: ours {tp:.3f} ms, torch._grouped_mm "
               f"{tt:.3f} ms ({tt / tp:.2f}x)")
+        if fx is not None:
+            t8, _ = graph_ms(lambda: experts_fp8(bundle, fx, xs, offs))
+            print(f"prefill experts in fp8 ({args.fp8} scales, activation quantization in torch included): "
+                  f"{t8:.3f} ms")
     print("OK" if ok else "MISMATCH")
     return 0 if ok else 1
 

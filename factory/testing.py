@@ -590,35 +590,52 @@ def grouped_counts(E: int, routing: str, gen, max_m: int | None = None) -> list[
 
 
 def check_gemm_grouped(bundle, entry, case, gen=None, device="cuda") -> dict:
+    """One grouped case on variant ``entry`` (by name) against float32; fp8 variants take their
+    scale form's quantized operands (runtime/fp8.py grouped quantizers) and are judged against the
+    float32 product of the dequantized operands."""
     import torch
 
-    from .runtime import grouped
+    from .runtime import fp8, grouped
 
     E, N, K, routing = case
     cpu = torch.Generator().manual_seed(int(torch.randint(0, 2**31 - 1, (1,))))
-    dt = torch_dtype(entry["dtypes"]["a"])
-    b = torch.randn(E, N, K, device=device, dtype=dt).transpose(1, 2)  # (E, K, N), K contiguous
+    form = entry.get("scale_mode")
+    if form:  # e4m3 rows are whole 16-byte vectors: K a multiple of 16 (the last scale block still partial)
+        K = -(-K // 16) * 16
+    dt = torch.bfloat16 if form else torch_dtype(entry["dtypes"]["a"])
+    b = torch.randn(E, N, K, device=device, dtype=dt)  # (E, N, K) weights
+    kw = {}
+    if form:
+        b, kw["scale_b"] = fp8.quantize_grouped_b(b, form)
+    b = b.transpose(1, 2)  # (E, K, N), K contiguous
+    odt = torch.bfloat16 if form else dt
+
+    def quant(a):
+        if form:
+            a, kw["scale_a"] = fp8.quantize_grouped_a(a, form)
+        return a
+
     if entry.get("grouped") == "masked":
         counts = grouped_counts(E, "masked", cpu, GROUPED_MAX_M)
-        a = torch.randn(E, GROUPED_MAX_M, K, device=device, dtype=dt)
+        a = quant(torch.randn(E, GROUPED_MAX_M, K, device=device, dtype=dt))
         mm = torch.tensor(counts, dtype=torch.int32, device=device)
-        out = torch.full((E, GROUPED_MAX_M, N), float("nan"), dtype=dt, device=device)
-        bundle.grouped_gemm(a, b, masked_m=mm, out=out, variant=entry["name"])
-        ref = grouped.reference(a, b, masked_m=mm)
+        out = torch.full((E, GROUPED_MAX_M, N), float("nan"), dtype=odt, device=device)
+        bundle.grouped_gemm(a, b, masked_m=mm, out=out, variant=entry["name"], **kw)
+        ref = grouped.reference(a, b, masked_m=mm, **kw)
         shape = [E, GROUPED_MAX_M, N, K]
     else:
         counts = grouped_counts(E, routing, cpu)
         M = sum(counts) + (37 if routing == "edge" else 0)  # rows past offs[E-1]: no group's
-        a = torch.randn(M, K, device=device, dtype=dt)
+        a = quant(torch.randn(M, K, device=device, dtype=dt))
         offs = torch.tensor(counts, dtype=torch.int64).cumsum(0).to(torch.int32).to(device)
-        out = torch.full((M, N), float("nan"), dtype=dt, device=device)
-        bundle.grouped_gemm(a, b, offs=offs, out=out, variant=entry["name"])
-        ref = grouped.reference(a, b, offs=offs)
+        out = torch.full((M, N), float("nan"), dtype=odt, device=device)
+        bundle.grouped_gemm(a, b, offs=offs, out=out, variant=entry["name"], **kw)
+        ref = grouped.reference(a, b, offs=offs, **kw)
         shape = [E, M, N, K]
     torch.cuda.synchronize()
     owned = ~torch.isnan(ref)
     stray = int((~torch.isnan(out[~owned])).sum())
-    r = _judge(entry["name"], shape + [routing], out[owned], ref[owned], TOLERANCE["bf16"])
+    r = _judge(entry["name"], shape + [routing], out[owned], ref[owned], TOLERANCE[entry["dtypes"]["a"]])
     r["stray_writes"] = stray
     r["ok"] = r["ok"] and stray == 0
     return r

@@ -13,6 +13,13 @@ alternating passes, medians), and eager calls (``time_eager``).  Outputs are NaN
 the timed passes and checked after: ours against torch's result on every row a group owns.
 Host cost per call: a tiny problem called 300 times back to back (time.perf_counter).
 
+fp8 (``--fp8``, or ``--fp8-only``): e4m3 a and b with block scales (DeepSeek-V3 1x128 / 128x128)
+and with row scales, contiguous, 8 groups x 8192 rows x N 4096 x K 7168 (the 1,200 TFLOP/s target
+row) and DeepSeek-V3's 256 experts at 8 k / 64 k routed rows; beside our bf16 grouped GEMM and
+torch._grouped_mm on the bf16 operands the fp8 ones came from (same run), and
+torch._scaled_grouped_mm (row-wise scales) where this torch has it.  Checked against float32 of the
+dequantized operands on every owned row (NaN-poisoned output).
+
 Writes ``OUT.json`` (raw) and ``OUT.summary.json`` (compact, for notes/results/).
 """
 
@@ -129,6 +136,73 @@ def bench_masked(bundle, E, N, K, cap, mean, gen, every: bool = False) -> dict:
     return row
 
 
+FP8_ROWS = [("8x8192", 8, 4096, 7168, [8192] * 8), ("deepseek-v3 gate_up 8k", 256, 4096, 7168, None),
+            ("deepseek-v3 gate_up 64k", 256, 4096, 7168, None)]
+
+
+def bench_fp8(bundle, label, E, N, K, counts, gen, every: bool = False) -> list[dict]:
+    import torch
+
+    from factory.runtime import fp8, grouped
+
+    if counts is None:
+        counts = routing(E, 8192 if "8k" in label else 65536, gen).tolist()
+    counts = torch.tensor(counts)
+    Mt = int(counts.sum())
+    w = torch.randn(E, N, K, device="cuda", dtype=torch.bfloat16) * 0.05
+    x = torch.randn(Mt, K, device="cuda", dtype=torch.bfloat16)
+    offs = counts.cumsum(0).to(torch.int32).cuda()
+    wt = w.transpose(1, 2)
+    out = torch.full((Mt, N), float("nan"), dtype=torch.bfloat16, device="cuda")
+    flops = 2.0 * Mt * N * K
+    rows = []
+    for form in ("block", "row"):
+        names = [v["name"] for v in bundle.candidates("gemm_grouped")
+                 if v["dtypes"]["a"] == "e4m3" and v.get("scale_mode") == form and v.get("grouped") == "contig"]
+        if not names:
+            continue
+        qa, sa = fp8.quantize_grouped_a(x, form)
+        qb, sb = fp8.quantize_grouped_b(w, form)
+        b = qb.transpose(1, 2)
+        bundle.grouped_gemm(qa, b, offs=offs, out=out, scale_a=sa, scale_b=sb)
+        row = {"label": label, "form": form, "E": E, "N": N, "K": K, "M_total": Mt,
+               "variant": [v for k, v in bundle.selections.items() if k[0] == "gemm_grouped" and k[1] == "e4m3"][-1]}
+        calls = {"ours": lambda i: bundle.grouped_gemm(qa, b, offs=offs, out=out, scale_a=sa, scale_b=sb),
+                 "ours_bf16": lambda i: bundle.grouped_gemm(x, wt, offs=offs),
+                 "torch_bf16": lambda i: torch._grouped_mm(x, wt, offs=offs)}
+        if form == "row" and hasattr(torch, "_scaled_grouped_mm"):
+            try:
+                torch._scaled_grouped_mm(qa, b, sa, sb, offs=offs, out_dtype=torch.bfloat16)
+                calls["torch_scaled"] = lambda i: torch._scaled_grouped_mm(qa, b, sa, sb, offs=offs,
+                                                                           out_dtype=torch.bfloat16)
+            except (RuntimeError, TypeError) as e:
+                row["torch_scaled_error"] = str(e).splitlines()[0][:200]
+        if every:
+            for n in names:
+                if n != row["variant"]:
+                    calls[n] = lambda i, n=n: bundle.grouped_gemm(qa, b, offs=offs, out=out, scale_a=sa, scale_b=sb,
+                                                                  variant=n)
+        out.fill_(float("nan"))
+        t = time_interleaved(calls, 1, rounds=4, budget_s=0.05)
+        torch.cuda.synchronize()
+        ref = grouped.reference(qa, b, offs=offs, scale_a=sa, scale_b=sb)
+        owned = ~torch.isnan(ref)
+        err = (out.float() - ref)[owned].abs().max().item()
+        row.update({f"{n}_us": t[n] * 1e6 for n in calls if not n.startswith("gemm_grouped")})
+        row["variants_us"] = {n: t[n] * 1e6 for n in calls if n.startswith("gemm_grouped")}
+        row["ours_tflops"] = flops / t["ours"] / 1e12
+        row["speedup_vs_torch_bf16"] = t["torch_bf16"] / t["ours"]
+        if "torch_scaled" in t:
+            row["speedup_vs_torch_scaled"] = t["torch_scaled"] / t["ours"]
+        row["max_abs_err"] = err
+        row["ok"] = (err <= 1e-2 * ref[owned].abs().max().item() + 1e-3 and not torch.isnan(out[owned]).any().item()
+                     and torch.isnan(out[~owned]).all().item())
+        rows.append(row)
+        del ref, qa, qb, sa, sb, b
+        torch.cuda.empty_cache()
+    return rows
+
+
 def host_cost(bundle) -> dict:
     import torch
 
@@ -164,10 +238,14 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--models", nargs="*", default=list(MODELS))
     ap.add_argument("--every-variant", action="store_true", help="also time every other variant of the layout")
+    ap.add_argument("--fp8", action="store_true", help="also the fp8 rows (block and row scales)")
+    ap.add_argument("--fp8-only", action="store_true", help="only the fp8 rows")
     args = ap.parse_args()
+    if args.fp8_only:
+        args.models, args.fp8 = [], True
     bundle = Bundle.open(args.bundle)
     gen = torch.Generator().manual_seed(1234)
-    rows, masked = [], []
+    rows, masked, fp8_rows = [], [], []
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     for model in args.models:
@@ -188,6 +266,11 @@ def main() -> int:
         masked.append(r)
         print(json.dumps({k: (round(v, 2) if isinstance(v, float) else v) for k, v in r.items()}), flush=True)
         torch.cuda.empty_cache()
+    if args.fp8:
+        for label, E, N, K, counts in FP8_ROWS:
+            for r in bench_fp8(bundle, label, E, N, K, counts, gen, args.every_variant):
+                fp8_rows.append(r)
+                print(json.dumps({k: (round(v, 2) if isinstance(v, float) else v) for k, v in r.items()}), flush=True)
     host = host_cost(bundle)
     print(json.dumps(host))
     for r in rows + masked:
@@ -198,9 +281,12 @@ def main() -> int:
     sp = [r["speedup"] for r in rows]
     summary = {
         "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-        "command": "python3 scripts/bench_grouped.py --bundle BUNDLE" + (" --quick" if args.quick else ""),
+        "command": "python3 scripts/bench_grouped.py --bundle BUNDLE" + (" --quick" if args.quick else "")
+        + (" --fp8-only" if args.fp8_only else " --fp8" if args.fp8 else ""),
         "geomean_speedup_vs_torch_grouped_mm": statistics.geometric_mean(sp) if sp else None,
-        "min_speedup": min(sp) if sp else None, "all_ok": all(r["ok"] for r in rows + masked),
+        "min_speedup": min(sp) if sp else None, "all_ok": all(r["ok"] for r in rows + masked + fp8_rows),
+        "fp8": [{k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items() if k != "variants_us"}
+                for r in fp8_rows],
         "host_us_per_call": host,
         "contig": [{k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()
                     if k in ("model", "proj", "E", "N", "K", "M_total", "align", "empty", "variant", "ours_us",
@@ -210,7 +296,8 @@ def main() -> int:
                     if k in ("model", "E", "N", "K", "capacity", "rows", "variant", "ours_us", "torch_bmm_us",
                              "speedup", "ok", "best_other", "best_other_us", "regret")} for r in masked],
     }
-    out.with_suffix(".json").write_text(json.dumps({"contig": rows, "masked": masked, "host": host}, indent=1))
+    out.with_suffix(".json").write_text(json.dumps({"contig": rows, "masked": masked, "fp8": fp8_rows, "host": host},
+                                                   indent=1))
     out.with_suffix(".summary.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps({k: summary[k] for k in ("geomean_speedup_vs_torch_grouped_mm", "min_speedup", "all_ok")}))
     return 0

@@ -142,3 +142,177 @@ def test_torch_ops(ops):
             kf.grouped_gemm(bf(64, 124), w(4, 256, 124), i32(1, 2, 3, 4))
         out = kf.grouped_gemm(bf(64, 128), w(4, 256, 128), i32(1, 2, 3, 4))
         assert out.shape == (64, 256) and out.dtype == torch.bfloat16
+
+
+# --- fp8 (e4m3 a and b, row or block scales) -------------------------------------------------------
+def e4(*s):
+    return torch.randn(*s).to(torch.float8_e4m3fn)
+
+
+def f32(*s):
+    return torch.rand(*s) + 0.5
+
+
+def blk_a(M, KB, E=None):
+    """M-major block scale_a: contiguous (M, KB) or masked (E, M, KB), rows padded to 4."""
+    lead = -(-M // 4) * 4
+    if E is None:
+        return torch.rand(KB, lead)[:, :M].t()
+    return torch.rand(E, KB, lead)[:, :, :M].transpose(1, 2)
+
+
+def fp8_case(masked=False, form="block", E=4, M=64, N=256, K=256):
+    a = e4(E, M, K) if masked else e4(M, K)
+    b = e4(E, N, K).transpose(1, 2)
+    KB, NB = -(-K // 128), -(-N // 128)
+    if form == "block":
+        sa, sb = blk_a(M, KB, E if masked else None), f32(E, NB, KB)
+    else:
+        sa, sb = (f32(E, M) if masked else f32(M)), f32(E, N)
+    grp = i32(*([M // 2] * E)) if masked else i32(*[M * (g + 1) // E for g in range(E)])
+    return a, b, grp, sa, sb
+
+
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("form", ["row", "block"])
+def test_fp8_check_accepts(masked, form):
+    a, b, grp, sa, sb = fp8_case(masked, form)
+    r = grouped.check(a, b, None if masked else grp, grp if masked else None, None, None, sa, sb)
+    assert r[6][0] == form and r[5] == ((4, 64, 256) if masked else (64, 256))
+
+
+def _fp8_bad():
+    a, b, offs, sa, sb = fp8_case()
+    ar, br, _, sar, sbr = fp8_case(form="row")
+    am, bm, mm, sam, sbm = fp8_case(masked=True)
+    return [
+        ((a, b, offs, None, None), "scale_a"),                            # scales missing
+        ((a, b, offs, sa, None), "scale_b"),
+        ((bf(64, 256), w(4, 256, 256), offs, sa, sb), "float8_e4m3fn grouped GEMM only"),
+        ((a, b, offs, sa.double(), sb), "float32"),
+        ((a, b, offs, sa, sb.double()), "float32"),
+        ((a, b, offs, sa.contiguous(), sb), "M-major"),                   # (M, KB) row-major
+        ((a, b, offs, torch.rand(2, 70)[:, :64].t(), sb), "multiple of 4"),  # k-block stride 70
+        ((a, b, offs, sa, sb.transpose(1, 2).contiguous().transpose(1, 2)), "K-contiguous"),
+        ((a, b, offs, sa[:32], sb), "fit no fp8 grouped form"),
+        ((a, b, offs, sa, sb[:3]), "fit no fp8 grouped form"),
+        ((ar, br, offs, torch.rand(128)[::2], sbr), "contiguous along the rows"),
+        ((ar, br, offs, sar, torch.rand(4, 512)[:, ::2]), "contiguous along N"),
+        ((am, bm, mm, torch.rand(520).as_strided((4, 64, 2), (130, 1, 64)), sbm), "group stride"),
+    ]
+
+
+@pytest.mark.parametrize("case", range(13))
+def test_fp8_check_refuses(case):
+    (a, b, grp, sa, sb), match = _fp8_bad()[case]
+    masked = a.dim() == 3
+    with pytest.raises(InputError, match=match):
+        grouped.check(a, b, None if masked else grp, grp if masked else None, None, None, sa, sb)
+
+
+def test_fp8_out_dtype():
+    a, b, offs, sa, sb = fp8_case()
+    with pytest.raises(InputError, match="out must be torch.bfloat16"):
+        grouped.check(a, b, offs, None, torch.empty(64, 256, dtype=torch.float16), None, sa, sb)
+
+
+def test_fp8_choice_and_c_refusals(planned):
+    """fx_gemm_grouped_select takes the scale form: block and row scales each pick a variant of
+    their form and layout; the host library refuses bad scale layouts on its own."""
+    fp8_names = [v["name"] for v in planned.candidates("gemm_grouped") if v["dtypes"]["a"] == "e4m3"]
+    if not fp8_names:
+        pytest.skip("the test bundle has no fp8 gemm_grouped variant")
+    for masked in (False, True):
+        for form in ("row", "block"):
+            a, b, grp, sa, sb = fp8_case(masked, form, E=8, M=256, N=512, K=640)
+            _, E, M, N, K, want, scales = grouped.check(a, b, None if masked else grp, grp if masked else None,
+                                                        None, None, sa, sb)
+            stride = torch.empty(want, device="meta").stride()
+            specs = grouped._specs(a, b, grp, stride, None, masked, M, N, K, E, scales)
+            name = grouped.select(planned, "e4m3", masked, specs, M, N, K, E, E if masked else 1, None, 0,
+                                  scales=scales)
+            entry = planned.manifest["variants"][name]
+            assert entry["scale_mode"] == form and entry["grouped"] == ("masked" if masked else "contig")
+            assert entry["dtypes"] == {"a": "e4m3", "b": "e4m3", "c": "bf16", "acc": "f32"}
+    from factory.runtime.selector import DTYPE, GroupedProblem, _I64x3
+
+    def problem(**kw):
+        d = dict(mode=2, sa=0x400000, sa_st=(1, 64, 0), sb=0x500000, sb_st=(2, 1, 4), ab=DTYPE["e4m3"],
+                 c=DTYPE["bf16"])
+        d.update(kw)
+        p = GroupedProblem(d["ab"], d["c"], 0, 64, 256, 256, 2, 0x10000, _I64x3(256, 1, 0), 0x100000,
+                           _I64x3(256, 1, 256 * 256), 0x200000, _I64x3(256, 1, 0), 0x300000, None, 0)
+        p.scale_mode, p.scale_a, p.scale_b = d["mode"], d["sa"], d["sb"]
+        p.scale_a_stride, p.scale_b_stride = _I64x3(*d["sa_st"]), _I64x3(*d["sb_st"])
+        return p
+
+    sel = planned.selector
+    assert "blksc" in sel.select("gemm_grouped", problem()).name.decode()
+    assert "rowsc" in sel.select("gemm_grouped", problem(mode=1, sa_st=(1, 0, 0), sb_st=(1, 0, 256))).name.decode()
+    for kw, match in ((dict(mode=0), "scale_mode"), (dict(mode=3), "scale_mode"), (dict(sa=0x400004), "16-byte"),
+                      (dict(sa_st=(1, 66, 0)), "multiple of 4"), (dict(sa_st=(2, 64, 0)), "M-major"),
+                      (dict(sb_st=(1, 2, 4)), "K-contiguous"), (dict(sb=0x200000), "overlaps"),
+                      (dict(c=DTYPE["f16"]), "e4m3"), (dict(ab=DTYPE["bf16"]), "scale_mode"),
+                      (dict(mode=1, sa_st=(2, 0, 0), sb_st=(1, 0, 256)), "contiguous along the rows")):
+        with pytest.raises(InputError, match=match):
+            sel.select("gemm_grouped", problem(**kw))
+
+
+def test_fp8_variants_sass(planned):
+    """The fp8 grouped cubins: fp8 WGMMA (QGMMA E4M3) and no local-memory spills."""
+    entries = [v for v in planned.candidates("gemm_grouped") if v["dtypes"]["a"] == "e4m3"]
+    if not entries:
+        pytest.skip("the test bundle has no fp8 gemm_grouped variant")
+    for v in entries:
+        assert v["sass"]["QGMMA"] > 0 and v["sass"]["HGMMA"] == 0, v["name"]
+        assert v["sass"]["LDL"] == 0 and v["sass"]["STL"] == 0, v["name"]
+        assert any("QGMMA" in r for r in v["sass_requirements"])
+
+
+@pytest.mark.parametrize("form", ["row", "block"])
+def test_fp8_quantizers_grouped(form):
+    from factory.runtime import fp8
+
+    x = torch.randn(3, 40, 300)
+    q, s = fp8.quantize_grouped_a(x, form)
+    assert q.dtype == torch.float8_e4m3fn and q.shape == x.shape
+    if form == "block":
+        assert s.shape == (3, 40, 3) and s.stride()[1] == 1 and s.stride()[2] % 4 == 0 and s.stride()[0] % 4 == 0
+    assert torch.allclose(fp8.dequantize_grouped(q, s, form), x, rtol=0.07, atol=1e-3)
+    q2, s2 = fp8.quantize_grouped_a(x[0], form)
+    assert torch.allclose(fp8.dequantize_grouped(q2, s2, form), x[0], rtol=0.07, atol=1e-3)
+    wt = torch.randn(3, 200, 300)
+    qw, sw = fp8.quantize_grouped_b(wt, form)
+    assert sw.shape == ((3, 200) if form == "row" else (3, 2, 3))
+    assert torch.allclose(fp8.dequantize_grouped(qw, sw, form, weights=True), wt, rtol=0.07, atol=1e-3)
+    # the grouped GEMM takes them as they come out (b = q.transpose(1, 2))
+    offs = i32(10, 25, 40)
+    r = grouped.check(q2, qw.transpose(1, 2), offs, None, None, None, s2, sw)
+    assert r[6][0] == form
+
+
+def test_fp8_torch_ops_and_reference(ops):
+    """The ops with scales (schema, fake = real checks, the hot path keyed on the scales), and the
+    float32 reference of the dequantized operands that the GPU tests judge by."""
+    b, kf = ops
+    if not any(v["dtypes"]["a"] == "e4m3" for v in b.candidates("gemm_grouped")):
+        pytest.skip("the test bundle has no fp8 gemm_grouped variant")
+    checks = ("test_autograd_registration", "test_faketensor")  # (test_schema multiplies e4m3 on the CPU)
+    for masked, form in ((False, "block"), (True, "row")):
+        a, wt, grp, sa, sb = fp8_case(masked, form)
+        g = dict(masked_m=grp) if masked else dict(offs=grp)
+        torch.library.opcheck(kf.grouped_gemm, (a, wt), dict(g, scale_a=sa, scale_b=sb), test_utils=checks)
+        n0 = len(b.rec.launched)
+        for _ in range(2):
+            out = b.grouped_gemm(a, wt, **g, scale_a=sa, scale_b=sb)
+            assert out.dtype == torch.bfloat16
+        assert len(b.rec.launched) == n0 + 2 and "e4m3" in b.rec.launched[-1]
+        with pytest.raises(InputError, match="scale_b"):
+            b.grouped_gemm(a, wt, **g, scale_a=sa)
+    # reference: block scales per k-block of a's rows and per 128x128 block of b[g]
+    a, wt, offs, sa, sb = fp8_case(False, "block", E=2, M=8, N=256, K=256)
+    ref = grouped.reference(a, wt, offs=offs, scale_a=sa, scale_b=sb)
+    r, k, g = 5, 130, 1  # row 5 is group 1's (offs 4, 8); column 130 is n-block 1; k 130 is k-block 1
+    want = sum(float(a[r, kk].float()) * float(sa[r, kk // 128]) * float(wt[g, kk, k].float()) * float(sb[g, 1, kk // 128])
+               for kk in range(256))
+    assert abs(float(ref[r, k]) - want) <= 1e-4 * max(1.0, abs(want))

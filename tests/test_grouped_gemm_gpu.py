@@ -1,7 +1,10 @@
 """Grouped GEMM (runtime/grouped.py) on a GPU: the selected variant against float32 and against
 torch._grouped_mm, CUDA-graph capture replayed with new routing, out-of-range routing values in a
 child process (the process and its CUDA context must survive), checks that refuse before launch.
-Every variant by name against float32 is in tests/test_every_variant_gpu.py."""
+fp8 forms (row and block scales, both layouts): every fp8 variant by name against float32 of the
+dequantized operands at K and N edges, empty and one-token groups, NaN-poisoned outputs; the
+selected ones under CUDA-graph replay; bad scales refused before launch.
+Every variant by name against float32 is in tests/test_every_variant_gpu.py (its run record)."""
 
 from __future__ import annotations
 
@@ -233,4 +236,201 @@ def test_moe_example_checks():
     r = subprocess.run([sys.executable, str(ROOT / "examples" / "moe_experts.py"), "--bundle", str(GPU_BUNDLE), "--check",
                         "--experts", "16", "--tokens", "512", "--decode-tokens", "16"], cwd=ROOT, capture_output=True,
                        text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip().endswith("OK"), r.stdout[-2000:] + r.stderr[-3000:]
+
+
+# --- fp8 (e4m3 a and b, row or block scales, bf16 out) ---------------------------------------------
+def _fp8_variants(bundle, form=None, layout=None):
+    return [v["name"] for v in bundle.candidates("gemm_grouped") if v["dtypes"]["a"] == "e4m3"
+            and (form is None or v.get("scale_mode") == form) and (layout is None or v.get("grouped") == layout)]
+
+
+def _fp8_problem(form, E, N, K, counts=None, max_m=None, extra=0):
+    """Quantized operands of the form (runtime/fp8.py grouped quantizers): contiguous when
+    ``counts`` is given (plus ``extra`` rows no group owns), else masked with capacity max_m."""
+    from factory.runtime import fp8
+
+    w = torch.randn(E, N, K, device="cuda", dtype=torch.bfloat16)
+    qb, sb = fp8.quantize_grouped_b(w, form)
+    if counts is not None:
+        x = torch.randn(sum(counts) + extra, K, device="cuda", dtype=torch.bfloat16)
+        grp = torch.tensor(counts, dtype=torch.int64).cumsum(0).to(torch.int32).cuda()
+    else:
+        x = torch.randn(E, max_m, K, device="cuda", dtype=torch.bfloat16)
+        grp = torch.randint(0, max_m + 1, (E,), dtype=torch.int32, device="cuda")
+        grp[:4] = torch.tensor([0, 1, max_m, 65 % (max_m + 1)], dtype=torch.int32)
+    qa, sa = fp8.quantize_grouped_a(x, form)
+    return qa, qb.transpose(1, 2), grp, sa, sb
+
+
+def _fp8_close(out, ref):
+    """bf16 output of the fp8 product against float32 of the dequantized operands: 1e-2 of the
+    largest value; NaN-poisoned rows no group owns stay NaN."""
+    owned = ~torch.isnan(ref)
+    if not owned.any():
+        return not (~torch.isnan(out)).any().item()
+    err = (out[owned].float() - ref[owned]).abs().max().item()
+    return (err <= 1e-2 * ref[owned].abs().max().item() + 1e-3 and not torch.isnan(out[owned]).any().item()
+            and not (~torch.isnan(out[~owned])).any().item())
+
+
+# K and N edges: K a multiple of 16 but not of 128 (a partial last scale block), one k-block, N not
+# a multiple of 128 (a partial n-block); empty and one-token experts, a skewed one.
+_FP8_CONTIG = [
+    (8, 4096, 7168, [512, 0, 1, 700, 129, 127, 1500, 64]),
+    (6, 136, 208, [0, 1, 129, 0, 300, 1]),
+    (4, 264, 128, [1, 0, 255, 64]),
+    (16, 520, 1040, [0] * 10 + [1, 2, 3, 130, 0, 17]),
+]
+
+
+@pytest.mark.parametrize("form", ["block", "row"])
+def test_fp8_contiguous_every_variant(bundle, form):
+    from factory.runtime import grouped
+
+    names = _fp8_variants(bundle, form, "contig")
+    if not names:
+        pytest.skip(f"no contiguous {form}-scaled fp8 gemm_grouped variant here")
+    for name in names:
+        for E, N, K, counts in _FP8_CONTIG:
+            a, b, offs, sa, sb = _fp8_problem(form, E, N, K, counts=counts, extra=7)
+            out = torch.full((a.shape[0], N), float("nan"), dtype=torch.bfloat16, device="cuda")
+            bundle.grouped_gemm(a, b, offs=offs, out=out, scale_a=sa, scale_b=sb, variant=name)
+            torch.cuda.synchronize()
+            assert _fp8_close(out, grouped.reference(a, b, offs=offs, scale_a=sa, scale_b=sb)), (name, E, N, K)
+
+
+@pytest.mark.parametrize("form", ["block", "row"])
+def test_fp8_masked_every_variant(bundle, form):
+    from factory.runtime import grouped
+
+    names = _fp8_variants(bundle, form, "masked")
+    if not names:
+        pytest.skip(f"no masked {form}-scaled fp8 gemm_grouped variant here")
+    for name in names:
+        for E, N, K, max_m in ((32, 2048, 7168, 96), (8, 136, 208, 70), (4, 264, 128, 1)):
+            a, b, mm, sa, sb = _fp8_problem(form, E, N, K, max_m=max_m)
+            out = torch.full((E, max_m, N), float("nan"), dtype=torch.bfloat16, device="cuda")
+            bundle.grouped_gemm(a, b, masked_m=mm, out=out, scale_a=sa, scale_b=sb, variant=name)
+            torch.cuda.synchronize()
+            assert _fp8_close(out, grouped.reference(a, b, masked_m=mm, scale_a=sa, scale_b=sb)), (name, E, N, K)
+
+
+def test_fp8_selected_and_graph_replay(bundle):
+    """The selection's fp8 choice per form and layout, then one CUDA graph of both layouts replayed
+    with new routing (device counts only, no host sync)."""
+    from factory.runtime import grouped
+
+    if not _fp8_variants(bundle):
+        pytest.skip("no fp8 gemm_grouped variant here")
+    for form in ("block", "row"):
+        if not _fp8_variants(bundle, form, "contig") or not _fp8_variants(bundle, form, "masked"):
+            continue
+        E, N, K, M = 8, 1024, 2048, 2048
+        a, b, offs, sa, sb = _fp8_problem(form, E, N, K, counts=[M // E] * E)
+        am, _, mm, sam, _ = _fp8_problem(form, E, N, K, max_m=64)
+        out = torch.empty(M, N, dtype=torch.bfloat16, device="cuda")
+        outm = torch.empty(E, 64, N, dtype=torch.bfloat16, device="cuda")
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            bundle.grouped_gemm(a, b, offs=offs, out=out, scale_a=sa, scale_b=sb)
+            bundle.grouped_gemm(am, b, masked_m=mm, out=outm, scale_a=sam, scale_b=sb, expected_m=4)
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            bundle.grouped_gemm(a, b, offs=offs, out=out, scale_a=sa, scale_b=sb)
+            bundle.grouped_gemm(am, b, masked_m=mm, out=outm, scale_a=sam, scale_b=sb, expected_m=4)
+        for trial in range(2):
+            counts = torch.randint(0, 2 * M // E, (E,))
+            counts[trial] = 0
+            offs.copy_(counts.cumsum(0).clamp(max=M).to(torch.int32))
+            mm.copy_(torch.randint(0, 65, (E,), dtype=torch.int32))
+            out.fill_(float("nan"))
+            outm.fill_(float("nan"))
+            g.replay()
+            torch.cuda.synchronize()
+            assert _fp8_close(out, grouped.reference(a, b, offs=offs, scale_a=sa, scale_b=sb)), form
+            assert _fp8_close(outm, grouped.reference(am, b, masked_m=mm, scale_a=sam, scale_b=sb)), form
+
+
+def test_fp8_refusals_before_launch(bundle):
+    """Bad scales (form, dtype, device, layout, alignment) raise InputError before any launch; a
+    good call works after them."""
+    from factory.runtime.errors import InputError
+
+    if not _fp8_variants(bundle, "block", "contig"):
+        pytest.skip("no contiguous block-scaled fp8 gemm_grouped variant here")
+    a, b, offs, sa, sb = _fp8_problem("block", 4, 256, 512, counts=[16, 0, 1, 47])
+    raw = torch.empty(4 * 64 + 1, device="cuda")
+    bad = [
+        dict(scale_a=sa),                                   # scale_b missing
+        dict(scale_a=sa.cpu(), scale_b=sb),                 # on the host
+        dict(scale_a=sa, scale_b=sb.double()),
+        dict(scale_a=sa.contiguous(), scale_b=sb),          # K-major scale_a
+        dict(scale_a=raw[1:].as_strided((64, 4), (1, 64)), scale_b=sb),  # not 16-byte aligned
+        dict(scale_a=sa, scale_b=sb.transpose(1, 2).contiguous().transpose(1, 2)),
+        dict(scale_a=sa[:10], scale_b=sb),
+        dict(scale_a=sa, scale_b=sb, out=torch.empty(64, 256, device="cuda", dtype=torch.float16)),
+    ]
+    for kw in bad:
+        with pytest.raises(InputError):
+            bundle.grouped_gemm(a, b, offs=offs, **kw)
+    with pytest.raises(InputError):  # bf16 operands with scales
+        bundle.grouped_gemm(a.bfloat16(), b.bfloat16(), offs=offs, scale_a=sa, scale_b=sb)
+    assert bundle.grouped_gemm(a, b, offs=offs, scale_a=sa, scale_b=sb).dtype == torch.bfloat16
+
+
+def test_fx_gemm_grouped_fp8_matches_python(bundle):
+    """The C entry with block and row scales (scale_mode, pointers, strides {m, kb, group} /
+    {n | nb, kb, group}): Python's output bit for bit; a misaligned block scale_a is refused."""
+    import ctypes
+
+    from factory.runtime.manifest import sha256_file
+    from factory.runtime.selector import DTYPE, Device, GroupedProblem, Selection, _I64x3, load
+
+    if not _fp8_variants(bundle):
+        pytest.skip("no fp8 gemm_grouped variant here")
+    path = GPU_BUNDLE / "lib" / "libfactory_bundle.so"
+    lib = load(path, sha256_file(path))
+    lib.fx_last_error_message.restype = ctypes.c_char_p
+    dev = Device()
+    assert lib.fx_device_query(torch.cuda.current_device(), ctypes.byref(dev)) == 0
+    stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+    E, N, K = 6, 520, 1040
+    for form, mode in (("block", 2), ("row", 1)):
+        if not _fp8_variants(bundle, form, "contig"):
+            continue
+        a, b, offs, sa, sb = _fp8_problem(form, E, N, K, counts=[0, 1, 300, 129, 0, 64])
+        ref = bundle.grouped_gemm(a, b, offs=offs, scale_a=sa, scale_b=sb)
+        c = torch.full_like(ref, float("nan"))
+        p = GroupedProblem(DTYPE["e4m3"], DTYPE["bf16"], 0, a.shape[0], N, K, E, a.data_ptr(), _I64x3(K, 1, 0),
+                           b.data_ptr(), _I64x3(b.stride(2), b.stride(1), b.stride(0)), c.data_ptr(), _I64x3(N, 1, 0),
+                           offs.data_ptr(), None, 0)
+        p.scale_mode, p.scale_a, p.scale_b = mode, sa.data_ptr(), sb.data_ptr()
+        if form == "block":
+            p.scale_a_stride = _I64x3(sa.stride(0), sa.stride(1), 0)
+            p.scale_b_stride = _I64x3(sb.stride(1), sb.stride(2), sb.stride(0))
+        else:
+            p.scale_a_stride = _I64x3(1, 0, 0)
+            p.scale_b_stride = _I64x3(sb.stride(1), 0, sb.stride(0))
+        sel = Selection()
+        rc = lib.fx_gemm_grouped(ctypes.byref(dev), ctypes.byref(p), stream, ctypes.byref(sel))
+        assert rc == 0, lib.fx_last_error_message()
+        torch.cuda.synchronize()
+        assert torch.equal(c.isnan(), ref.isnan()) and torch.equal(c.nan_to_num(), ref.nan_to_num()), sel.name
+        if form == "block":
+            p.scale_a = sa.data_ptr() + 4  # not 16-byte aligned: FX_ERR_INPUT, nothing launched
+            assert lib.fx_gemm_grouped(ctypes.byref(dev), ctypes.byref(p), stream, ctypes.byref(sel)) == -1
+            assert b"16-byte" in lib.fx_last_error_message()
+
+
+def test_moe_example_fp8_checks(bundle):
+    """examples/moe_experts.py --fp8 block --check: the prefill projections in fp8 against the
+    bf16 layer."""
+    if not _fp8_variants(bundle, "block", "contig"):
+        pytest.skip("no contiguous block-scaled fp8 gemm_grouped variant here")
+    r = subprocess.run([sys.executable, str(ROOT / "examples" / "moe_experts.py"), "--bundle", str(GPU_BUNDLE), "--check",
+                        "--fp8", "block", "--experts", "16", "--tokens", "512", "--decode-tokens", "16"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and r.stdout.strip().endswith("OK"), r.stdout[-2000:] + r.stderr[-3000:]

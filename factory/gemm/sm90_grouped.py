@@ -29,6 +29,19 @@ and a masked store of the one partial tile per group cost nothing on the whole t
 clamped to the tensor: offsets past M_total, decreasing offsets or counts past max_m read and
 write nothing outside a and out.
 
+fp8 (e4m3 a and b, bf16 out; ``row_scale`` / ``block_scale``), accumulated in two levels (each
+k-block's partial sum added into fp32 registers, ``atoms.promoted_mainloop``):
+
+* row scales: scale_a one per row of a (contiguous (M,), masked (E, max_m)), scale_b one per group
+  and output column (E, N); out[m, n] = sa[m]·sb[g, n]·Σ_k a[m, k]·b[g, n, k], applied to the
+  accumulators before the epilogue (``atoms.apply_row_col_scales`` on the group's views).
+* block scales (DeepSeek-V3): KB = ceil(K/128), NB = ceil(N/128); scale_a one per row and k-block,
+  M-major (contiguous (M, KB) strides (1, s); masked (E, max_m, KB) strides (s_e, 1, s)), s a
+  multiple of 4; scale_b (E, NB, KB) K-contiguous; each k-block's partial sum is multiplied per
+  row by scale_a[row, kb]·scale_b[g, n // 128, kb] as it is added.  The producer loads the tile
+  rows' scale_a column of each k-block by TMA into the k-block's stage, at the group's row
+  offset like A (rows of the next group or the zero fill enter only rows that are not stored).
+
 Warp roles are those of gemm/sm90.py (a TMA producer warp; one or two consumer warpgroups, ``coop``
 splitting a 128- or 256-row tile along M, ``ws`` one warpgroup on a 64-row tile).  ``pair``: clusters
 of two CTAs on vertically adjacent m-tiles of one group and n-tile, the walk stepping over pairs of
@@ -61,6 +74,7 @@ from ..variant import Variant
 MAX_GROUPS = 1024
 LAYOUTS = ("contig", "masked")
 _EPILOGUE_BAR = 1
+_BLOCK_K = atoms.BLOCK_SCALE_K
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -84,6 +98,18 @@ class GemmGroupedSm90(Variant):
     # Clusters of two CTAs on vertically adjacent m-tiles of one group and one n-tile, each
     # loading half of the shared B tile and multicasting it to both.
     pair: bool = field(default=False, metadata={"tag": "pair"})
+    # fp8 scale forms (module docstring); e4m3 operands take exactly one.
+    row_scale: bool = field(default=False, metadata={"tag": "rowsc"})
+    block_scale: bool = field(default=False, metadata={"tag": "blksc"})
+
+    @property
+    def is_fp8(self) -> bool:
+        return self.ab == "e4m3"
+
+    @property
+    def scale_mode(self) -> str | None:
+        """None (bf16/f16), "row" or "block"."""
+        return "row" if self.row_scale else "block" if self.block_scale else None
 
     @property
     def cluster_m(self) -> int:
@@ -102,20 +128,53 @@ class GemmGroupedSm90(Variant):
             groups = TensorArg("masked_m", "i32", ("E",), (1,), align=4)
         b = TensorArg("b", self.ab, ("N", "K", "E"), ("sBn", 1, "sBe"))
         div = {"K": va, "N": vc, "sAm": va, "sAl": va, "sBn": va, "sBe": va, "sCm": vc, "sCl": vc}
-        sig_args = (a, b, c, groups, ScalarArg("max_clusters", "i32"))
-        syms = {d for t in (a, b, c) for d in (*t.shape, *t.stride) if isinstance(d, str)}
+        sig_args = (a, b, c, groups, *self.scale_args(), ScalarArg("max_clusters", "i32"))
+        if self.block_scale:  # scale_a's k-block columns (and masked groups) are TMA rows: 16-byte strides
+            div.update(sSAk=4, sSAe=4)
+        syms = {d for t in sig_args if isinstance(t, TensorArg) for d in (*t.shape, *t.stride) if isinstance(d, str)}
         return Signature(sig_args, tuple(sorted((k, v) for k, v in div.items() if k in syms)))
 
+    def scale_args(self) -> tuple:
+        """The fp8 forms' two float32 scale arguments (after the routing tensor); none for bf16/f16.
+        Sizes' relations (KB = ceil(K/128), NB = ceil(N/128)) are checked by runtime/fp8.py and the
+        host library."""
+        masked = self.layout == "masked"
+        if self.row_scale:
+            sa = (TensorArg("scale_a", "f32", ("M", "E"), (1, "sSAe"), align=4) if masked
+                  else TensorArg("scale_a", "f32", ("M",), (1,), align=4))
+            return sa, TensorArg("scale_b", "f32", ("N", "E"), (1, "sSBe"), align=4)
+        if self.block_scale:
+            sa = (TensorArg("scale_a", "f32", ("M", "KB", "E"), (1, "sSAk", "sSAe"), align=16) if masked
+                  else TensorArg("scale_a", "f32", ("M", "KB"), (1, "sSAk"), align=16))
+            return sa, TensorArg("scale_b", "f32", ("NB", "KB", "E"), ("sSBn", 1, "sSBe"), align=4)
+        return ()
+
     def sass_requirements(self) -> tuple[str, ...]:
-        return self.required_sass + ((r"\bUTMALDG\.3D\.MULTICAST",) if self.cluster_m > 1 else ())
+        req = self.required_sass
+        if self.is_fp8:  # fp8 WGMMA disassembles as QGMMA
+            req = (r"\bQGMMA\.64x\d+x32\.F32\.E4M3",) + req[1:]
+        return req + ((r"\bUTMALDG\.3D\.MULTICAST",) if self.cluster_m > 1 else ())
 
     # --- validity ---------------------------------------------------------------------------------
     def can_implement(self) -> str | None:
         tgt = self.tgt
         if tgt.family != "sm90":
             return f"target {self.target} is not a Hopper (sm90) target"
-        if self.ab not in ("bf16", "f16") or self.c not in ("bf16", "f16"):
-            return "grouped GEMM takes bf16/f16 operands and output"
+        if self.is_fp8:
+            if self.c != "bf16":
+                return "fp8 grouped GEMM writes bf16"
+            if self.row_scale == self.block_scale:
+                return "e4m3 operands take row or block scales (one form)"
+            if self.pair:
+                return "fp8 forms run without the 2-CTA cluster"
+            if self.block_scale and _BLOCK_K % self.tile[1]:
+                return f"block scales need a tile N dividing {_BLOCK_K}"
+            if 3 * self.tile[0] * self.tile[1] // (self.mma_wgs * 128) > 192:
+                return "more than 192 fp32 accumulator registers (three sets) per consumer thread"
+        elif self.ab not in ("bf16", "f16") or self.c not in ("bf16", "f16"):
+            return "grouped GEMM takes bf16/f16 operands and output (or e4m3 with row or block scales)"
+        elif self.row_scale or self.block_scale:
+            return "row and block scales apply to e4m3 only"
         if self.layout not in LAYOUTS:
             return f"layout must be one of {LAYOUTS}"
         tm, tn, tk = self.tile
@@ -144,6 +203,8 @@ class GemmGroupedSm90(Variant):
         ab, cb = DTYPE_BYTES[self.ab], DTYPE_BYTES[self.c]
         epi_tile = (min(tm, 64 * self.mma_wgs), min(tn, 32))
         stage = _round_up(tm * tk * ab, _SMEM_ALIGN) + _round_up(tn * tk * ab, _SMEM_ALIGN)
+        if self.block_scale:  # the k-block's scale_a column for the tile's rows, by TMA
+            stage += _round_up(tm * 4, _SMEM_ALIGN)
         table = _round_up(4 * (MAX_GROUPS + 1), _SMEM_ALIGN)
         best = None
         for epi_stages in (4, 2):  # fewer epilogue buffers where that frees a mainloop stage
@@ -165,6 +226,9 @@ class GemmGroupedSm90(Variant):
             "dtypes": {"a": self.ab, "b": self.ab, "c": self.c, "acc": "f32"},
             "layout": {"a": "k", "b": "k", "c": "n"},
             "grouped": self.layout,
+            "scaled": self.is_fp8,
+            "scale_mode": self.scale_mode,
+            "fp8_accumulation": "promoted" if self.is_fp8 else None,
             "max_groups": MAX_GROUPS,
             "tile": list(self.tile),
             "cluster": [self.cluster_m, 1],
@@ -180,9 +244,11 @@ class GemmGroupedSm90(Variant):
 
     def make_kernel(self):
         plan = self.plan()
-        return GroupedGemmSm90Kernel(tile=self.tile, mma_wgs=self.mma_wgs, epi_tile=plan["epi_tile"],
-                                     ab_stages=plan["ab_stages"], epi_stages=plan["epi_stages"],
-                                     masked=self.layout == "masked", swizzle=self.swizzle, cluster_m=self.cluster_m)
+        kernel = GroupedGemmSm90Kernel(tile=self.tile, mma_wgs=self.mma_wgs, epi_tile=plan["epi_tile"],
+                                       ab_stages=plan["ab_stages"], epi_stages=plan["epi_stages"],
+                                       masked=self.layout == "masked", swizzle=self.swizzle,
+                                       cluster_m=self.cluster_m, scale_mode=self.scale_mode)
+        return kernel.scaled if self.is_fp8 else kernel
 
 
 # ------------------------------------------------------------------------------------------------
@@ -193,7 +259,8 @@ class GemmGroupedSm90(Variant):
 class GroupedGemmSm90Kernel:
     """Host side ``__call__(a, b, c, groups, max_clusters, stream)``; device side ``kernel``."""
 
-    def __init__(self, *, tile, mma_wgs, epi_tile, ab_stages, epi_stages, masked, swizzle, cluster_m=1):
+    def __init__(self, *, tile, mma_wgs, epi_tile, ab_stages, epi_stages, masked, swizzle, cluster_m=1,
+                 scale_mode=None):
         self.tile = tuple(tile)
         self.mma_wgs = mma_wgs
         self.epi_threads = 128 * mma_wgs
@@ -207,11 +274,22 @@ class GroupedGemmSm90Kernel:
         # Rows of one walk step: a cluster's m-tiles (one per CTA, rank r taking the r-th).
         self.cluster_m = cluster_m
         self.step_m = tile[0] * cluster_m
+        self.scale_mode = scale_mode
+        self.block = scale_mode == "block"
 
     # --- host ------------------------------------------------------------------------------------
     @cute.jit
     def __call__(self, a: cute.Tensor, b: cute.Tensor, c: cute.Tensor, groups: cute.Tensor,
                  max_clusters: cutlass.Int32, stream: cuda.CUstream):
+        self._launch(a, b, c, groups, None, None, max_clusters, stream)
+
+    @cute.jit
+    def scaled(self, a: cute.Tensor, b: cute.Tensor, c: cute.Tensor, groups: cute.Tensor, scale_a: cute.Tensor,
+               scale_b: cute.Tensor, max_clusters: cutlass.Int32, stream: cuda.CUstream):
+        self._launch(a, b, c, groups, scale_a, scale_b, max_clusters, stream)
+
+    @cute.jit
+    def _launch(self, a, b, c, groups, scale_a, scale_b, max_clusters, stream):
         ab_dtype, c_dtype = a.element_type, c.element_type
         a_layout = utils.LayoutEnum.from_tensor(a)
         b_layout = utils.LayoutEnum.from_tensor(b)
@@ -226,6 +304,12 @@ class GroupedGemmSm90Kernel:
         tma_a, gA = atoms.tma_load_atom(a, sA_layout, (self.tile[0], self.tile[2]))
         tma_b, gB = atoms.tma_load_atom(b, sB_layout, (self.tile[1], self.tile[2]), self.cluster_m)
         tma_c, gC = atoms.tma_store_atom(c, sC_layout, self.epi_tile)
+        # Block scales: each stage also holds scale_a[tile rows, kb], a (tile M, 1) box of the
+        # M-major scales (rows past the tensor: TMA zero fill).
+        sSA_layout = cute.make_layout((self.tile[0], 1, self.ab_stages))
+        tma_sa = mSA = None
+        if cutlass.const_expr(self.block):
+            tma_sa, mSA = atoms.tma_load_atom(scale_a, sSA_layout, (self.tile[0], 1))
 
         # Persistent grid: at most max_clusters CTAs and at most the tiles any routing can make
         # (contiguous: each group adds at most one partial m-tile).
@@ -243,11 +327,14 @@ class GroupedGemmSm90Kernel:
             sA: cute.struct.Align[cute.struct.MemRange[ab_dtype, cute.cosize(sA_layout)], _SMEM_ALIGN]
             sB: cute.struct.Align[cute.struct.MemRange[ab_dtype, cute.cosize(sB_layout)], _SMEM_ALIGN]
             sC: cute.struct.Align[cute.struct.MemRange[c_dtype, cute.cosize(sC_layout)], _SMEM_ALIGN]
+            sSA: cute.struct.Align[
+                cute.struct.MemRange[cutlass.Float32, self.tile[0] * self.ab_stages if self.block else 1], _SMEM_ALIGN]
 
         self.shared_storage = SharedStorage
         self.ab_dtype = ab_dtype
         self.c_layout = c_layout
-        launch = self.kernel(tma_a, gA, tma_b, gB, tma_c, gC, c, groups, tiled_mma, sA_layout, sB_layout, sC_layout)
+        launch = self.kernel(tma_a, gA, tma_b, gB, tma_c, gC, c, groups, scale_a, scale_b, tma_sa, mSA, tiled_mma,
+                             sA_layout, sB_layout, sC_layout, sSA_layout)
         if cutlass.const_expr(self.cluster_m > 1):
             launch.launch(grid=(ctas, 1, 1), block=[self.threads, 1, 1], cluster=(self.cluster_m, 1, 1),
                           min_blocks_per_mp=1, stream=stream)
@@ -320,13 +407,13 @@ class GroupedGemmSm90Kernel:
 
     @cute.kernel
     def kernel(self, tma_a: cute.CopyAtom, mA: cute.Tensor, tma_b: cute.CopyAtom, mB: cute.Tensor,
-               tma_c: cute.CopyAtom, mC: cute.Tensor, c: cute.Tensor, groups: cute.Tensor,
-               tiled_mma: cute.TiledMma, sA_layout: cute.ComposedLayout, sB_layout: cute.ComposedLayout,
-               sC_layout: cute.ComposedLayout):
+               tma_c: cute.CopyAtom, mC: cute.Tensor, c: cute.Tensor, groups: cute.Tensor, scale_a, scale_b,
+               tma_sa, mSA, tiled_mma: cute.TiledMma, sA_layout: cute.ComposedLayout,
+               sB_layout: cute.ComposedLayout, sC_layout: cute.ComposedLayout, sSA_layout: cute.Layout):
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == 0:
-            atoms.prefetch_tma_descriptors(tma_a, tma_b, tma_c)
+            atoms.prefetch_tma_descriptors(tma_a, tma_b, tma_c, tma_sa)
 
         smem = utils.SmemAllocator()
         storage = smem.allocate(self.shared_storage)
@@ -334,8 +421,13 @@ class GroupedGemmSm90Kernel:
         sB = storage.sB.get_tensor(sB_layout.outer, swizzle=sB_layout.inner)
         sC = storage.sC.get_tensor(sC_layout.outer, swizzle=sC_layout.inner)
         table = storage.tile_start.get_tensor(cute.make_layout(MAX_GROUPS + 1))
+        sSA = None
+        if cutlass.const_expr(self.block):
+            sSA = storage.sSA.get_tensor(sSA_layout)
 
         stage_bytes = (atoms.stage_bytes(self.ab_dtype, sA_layout) + atoms.stage_bytes(self.ab_dtype, sB_layout))
+        if cutlass.const_expr(self.block):
+            stage_bytes += atoms.stage_bytes(cutlass.Float32, sSA_layout)
         # Each stage of a CTA is written by its own A load and by both peers' halves of B: a
         # consumer warp releases it to every CTA that writes into it.
         cta_layout = cute.make_layout((self.cluster_m, 1, 1))
@@ -358,14 +450,15 @@ class GroupedGemmSm90Kernel:
             cute.arch.setmaxregister_decrease(atoms.GEMM_PRODUCER_REGS)
             if warp_idx == 0:
                 self.produce(tma_a, tma_b, sA, sB, mA, gB, ab_pipe, table, groups, m_rows, n_tiles, k_tiles,
-                             cta_layout)
+                             cta_layout, tma_sa, mSA, sSA)
         else:
             cute.arch.setmaxregister_increase(self.consumer_regs)
             self.consume(tiled_mma, tma_c, sA, sB, sC, mC, c, ab_pipe, table, groups, m_rows, n_tiles,
-                         k_tiles, tidx - 128, warp_idx)
+                         k_tiles, tidx - 128, warp_idx, scale_a, scale_b, sSA)
 
     @cute.jit
-    def produce(self, tma_a, tma_b, sA, sB, mA, gB, ab_pipe, table, groups, m_rows, n_tiles, k_tiles, cta_layout):
+    def produce(self, tma_a, tma_b, sA, sB, mA, gB, ab_pipe, table, groups, m_rows, n_tiles, k_tiles, cta_layout,
+                tma_sa=None, mSA=None, sSA=None):
         """The TMA warp: every k-block of every tile this CTA takes into the next free stage (with
         a cluster: its own A tile, and its half of the B tile multicast to both peers)."""
         rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
@@ -386,11 +479,21 @@ class GroupedGemmSm90Kernel:
             tAsA, tAgA = cute.nvgpu.cpasync.tma_partition(
                 tma_a, 0, cute.make_layout(1), cute.group_modes(sA, 0, 2), cute.group_modes(gA, 0, 2))
             tBgB_t = tBgB[(None, n, None, g)]
+            tSs = tSg = None
+            if cutlass.const_expr(self.block):
+                # The tile rows' scale_a column of each k-block (tile M, 1, KB), at the group's row.
+                mSA_l = mSA[(None, None, a_l)] if cutlass.const_expr(self.masked) else mSA  # contig: 2-D
+                mSA_g = cute.domain_offset((row, 0), mSA_l)
+                gSA = cute.local_tile(mSA_g, (self.tile[0], 1), (0, None))
+                tSs, tSg = cute.nvgpu.cpasync.tma_partition(
+                    tma_sa, 0, cute.make_layout(1), cute.group_modes(sSA, 0, 2), cute.group_modes(gSA, 0, 2))
             for k in range(k_tiles):
                 ab_pipe.producer_acquire(state)
                 bar = ab_pipe.producer_get_barrier(state)
                 cute.copy(tma_a, tAgA[(None, k)], tAsA[(None, state.index)], tma_bar_ptr=bar)
                 cute.copy(tma_b, tBgB_t[(None, k)], tBsB[(None, state.index)], tma_bar_ptr=bar, mcast_mask=b_mask)
+                if cutlass.const_expr(self.block):
+                    cute.copy(tma_sa, tSg[(None, k)], tSs[(None, state.index)], tma_bar_ptr=bar)
                 ab_pipe.producer_commit(state)
                 state.advance()
             t = t + step
@@ -398,7 +501,7 @@ class GroupedGemmSm90Kernel:
 
     @cute.jit
     def consume(self, tiled_mma, tma_c, sA, sB, sC, mC, c, ab_pipe, table, groups, m_rows, n_tiles, k_tiles,
-                ctidx, warp_idx):
+                ctidx, warp_idx, scale_a=None, scale_b=None, sSA=None):
         """The MMA warpgroups: mainloop then epilogue, tile after tile."""
         thr_mma = tiled_mma.get_slice(ctidx)
         tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
@@ -407,6 +510,16 @@ class GroupedGemmSm90Kernel:
         acc_shape = thr_mma.partition_C(cute.make_identity_tensor(tile_mn.shape)).shape[:3]
         acc = cute.make_rmem_tensor(acc_shape, cutlass.Float32)
         k_blocks = cute.size(tCrA, mode=[2])
+        fp8 = self.scale_mode is not None
+        part = part2 = cC = s0 = s1 = None
+        if cutlass.const_expr(fp8):
+            part = cute.make_rmem_tensor(acc_shape, cutlass.Float32)
+            part2 = cute.make_rmem_tensor(acc_shape, cutlass.Float32)
+            # Tile coordinates (row, col) of this thread's accumulators.
+            cC = thr_mma.partition_C(cute.make_identity_tensor((self.tile[0], self.tile[1])))
+            if cutlass.const_expr(self.block):
+                s0 = atoms.block_scale_regs(cC)
+                s1 = atoms.block_scale_regs(cC)
 
         c_dtype = sC.element_type
         r2s_atom = sm90_utils.get_smem_store_op(self.c_layout, c_dtype, cutlass.Float32)
@@ -443,25 +556,39 @@ class GroupedGemmSm90Kernel:
         done = cutlass.Int32(0)
         while t < total:
             g, n, row, row_end = self._locate(t, table, groups, m_rows, n_tiles)
-            # ---- mainloop: one WGMMA batch in flight, a stage released once its batch retired
-            cute.nvgpu.warpgroup.fence()
-            tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
-            for k in range(k_tiles):
-                ab_pipe.consumer_wait(read)
-                for kb in cutlass.range_constexpr(k_blocks):
-                    blk = (None, None, kb, read.index)
-                    cute.gemm(tiled_mma, acc, tCrA[blk], tCrB[blk], acc)
-                    tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
-                cute.nvgpu.warpgroup.commit_group()
-                read.advance()
-                if k > 0:
-                    cute.nvgpu.warpgroup.wait_group(1)
-                    ab_pipe.consumer_release(release)
-                    release.advance()
-            # (K >= 1: the runtime launches nothing for K = 0.)
-            cute.nvgpu.warpgroup.wait_group(0)
-            ab_pipe.consumer_release(release)
-            release.advance()
+            if cutlass.const_expr(fp8):
+                # ---- fp8 mainloop: two-level accumulation (block scales applied per k-block)
+                cute.nvgpu.warpgroup.fence()
+                acc.fill(0.0)
+                scales = None
+                if cutlass.const_expr(self.block):
+                    scales = (s0, s1, cC, sSA, scale_b[(None, None, g)], n * self.tile[1] // _BLOCK_K)
+                atoms.promoted_mainloop(
+                    tiled_mma, acc, part, part2, tCrA, tCrB, ab_pipe, read, release, k_blocks, cutlass.Int32(0),
+                    k_tiles, scales)
+                if cutlass.const_expr(not self.block):
+                    sa_g = scale_a[(None, g)] if cutlass.const_expr(self.masked) else scale_a
+                    atoms.apply_row_col_scales(acc, cC, sa_g, scale_b[(None, g)], row, n * self.tile[1])
+            else:
+                # ---- mainloop: one WGMMA batch in flight, a stage released once its batch retired
+                cute.nvgpu.warpgroup.fence()
+                tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
+                for k in range(k_tiles):
+                    ab_pipe.consumer_wait(read)
+                    for kb in cutlass.range_constexpr(k_blocks):
+                        blk = (None, None, kb, read.index)
+                        cute.gemm(tiled_mma, acc, tCrA[blk], tCrB[blk], acc)
+                        tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+                    cute.nvgpu.warpgroup.commit_group()
+                    read.advance()
+                    if k > 0:
+                        cute.nvgpu.warpgroup.wait_group(1)
+                        ab_pipe.consumer_release(release)
+                        release.advance()
+                # (K >= 1: the runtime launches nothing for K = 0.)
+                cute.nvgpu.warpgroup.wait_group(0)
+                ab_pipe.consumer_release(release)
+                release.advance()
 
             # ---- epilogue: whole tiles through the TMA store, a group's partial last tile masked
             a_l = g if cutlass.const_expr(self.masked) else 0
@@ -518,8 +645,20 @@ GROUPED_DEFAULT = tuple(
     for lay in LAYOUTS
     for t, s, p in (((128, 256, 64), "coop", False), ((128, 128, 64), "coop", False), ((64, 128, 64), "ws", False))
 )
+# fp8 (e4m3 a and b, bf16 out): 128 x 128 for prefill, 64 x 128 for decode, each scale form and
+# layout.  Not in the default tier until an H100 run proves them.
+FP8 = dict(ab="e4m3", c="bf16")
+GROUPED_FP8_TEST = (dict(**FP8, layout="contig", tile=(128, 128, 128), schedule="coop", block_scale=True),
+                    dict(**FP8, layout="masked", tile=(64, 128, 128), schedule="ws", block_scale=True),
+                    dict(**FP8, layout="contig", tile=(128, 128, 128), schedule="coop", row_scale=True),
+                    dict(**FP8, layout="masked", tile=(64, 128, 128), schedule="ws", row_scale=True))
+GROUPED_FP8_FULL = GROUPED_FP8_TEST + tuple(
+    dict(**FP8, layout=lay, tile=t, schedule=s, **{form: True})
+    for lay in LAYOUTS for form in ("block_scale", "row_scale")
+    for t, s in (((128, 128, 128), "coop"), ((64, 128, 128), "ws"), ((128, 64, 128), "coop"))
+)
 GROUPED_TEST = (dict(**BF16, layout="contig", tile=(128, 128, 64), schedule="coop"),
-                dict(**BF16, layout="masked", tile=(64, 128, 64), schedule="ws"))
+                dict(**BF16, layout="masked", tile=(64, 128, 64), schedule="ws")) + GROUPED_FP8_TEST
 GROUPED_FULL = GROUPED_DEFAULT + tuple(
     dict(**BF16, layout=lay, tile=t, schedule=s, swizzle=sw)
     for lay in LAYOUTS
@@ -527,7 +666,8 @@ GROUPED_FULL = GROUPED_DEFAULT + tuple(
                      ((128, 192, 64), "coop", 8), ((64, 256, 64), "ws", 8), ((64, 64, 64), "ws", 8))
 ) + tuple(
     dict(**BF16, layout=lay, tile=t, schedule="coop", pair=True) for lay in LAYOUTS for t in ((128, 256, 64), (128, 128, 64))
-) + tuple(dict(ab="f16", c="f16", layout=lay, tile=(128, 256, 64), schedule="coop") for lay in LAYOUTS)
+) + tuple(dict(ab="f16", c="f16", layout=lay, tile=(128, 256, 64), schedule="coop") for lay in LAYOUTS
+) + GROUPED_FP8_FULL
 
 
 @register("gemm_grouped")

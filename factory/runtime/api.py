@@ -107,21 +107,23 @@ class Bundle(BundleCore):
         return (_OPS or _ops())[3].gemm_blockscaled(self, a, b, out, out_dtype=out_dtype, variant=variant)
 
     def grouped_gemm(self, a, b, offs=None, masked_m=None, out=None, *, expected_m: int | None = None,
-                     variant: str | None = None):
+                     variant: str | None = None, scale_a=None, scale_b=None):
         """Grouped GEMM of mixture-of-experts layers, one launch over every group (runtime/grouped.py):
         contiguous ``offs`` (a (M, K) sorted by group, torch._grouped_mm's convention) or masked
         ``masked_m`` (a (E, max_m, K)); b (E, K, N) K-contiguous.  ``expected_m``: rows per group
-        the variant choice plans for."""
+        the variant choice plans for.  float8_e4m3fn a and b take row or block ``scale_a`` /
+        ``scale_b`` (bfloat16 out; runtime/fp8.py ``quantize_grouped_a`` / ``quantize_grouped_b``)."""
         if (_OPS or _ops())[4]():  # traced by torch.compile: the bundle's torch op, whose fake checks like this call
             if variant is not None:
                 raise InputError("variant= is not available under torch.compile: let the selection choose")
             if out is not None:
-                self.torch_ops().grouped_gemm_out(a, b, out, offs, masked_m, expected_m)
+                self.torch_ops().grouped_gemm_out(a, b, out, offs, masked_m, expected_m, scale_a, scale_b)
                 return out
-            return self.torch_ops().grouped_gemm(a, b, offs, masked_m, expected_m)
+            return self.torch_ops().grouped_gemm(a, b, offs, masked_m, expected_m, scale_a, scale_b)
         from . import grouped
 
-        return grouped.grouped_gemm(self, a, b, offs, masked_m, out, expected_m=expected_m, variant=variant)
+        return grouped.grouped_gemm(self, a, b, offs, masked_m, out, expected_m=expected_m, variant=variant,
+                                    scale_a=scale_a, scale_b=scale_b)
 
     def pack_b(self, b):
         """(N, K) e4m3 weights packed once for the decode kernels (runtime/packed.py):

@@ -158,6 +158,148 @@ def check_fake(a, b, scale_a, scale_b, scale_mode: str | None = None) -> str:
     return mode
 
 
+# --- the grouped GEMM's forms (runtime/grouped.py) -------------------------------------------
+# e4m3 a and b, bf16 out; KB = ceil(K/128), NB = ceil(N/128); E groups, M rows (contiguous: all
+# tokens; masked: max_m per group):
+#   row:   scale_a contiguous (M,) or (M, 1) / masked (E, M) or (E, M, 1), unit stride along M;
+#          scale_b (E, N) (or (E, 1, N)), unit stride along N.
+#   block: scale_a contiguous (M, KB) / masked (E, M, KB), M-major (stride 1 along M), the KB and
+#          E strides multiples of 4 (16-byte TMA rows), KB stride >= M, data 16-byte aligned;
+#          scale_b (E, NB, KB), K-contiguous, NB stride >= KB.
+GROUPED_MODES = ("row", "block")
+
+
+def grouped_mode(scale_a, scale_b, masked: bool, E: int, M: int, N: int, K: int) -> str:
+    """The fp8 grouped form of these scales (from their shapes), or InputError."""
+    for what, s in (("scale_a", scale_a), ("scale_b", scale_b)):
+        if not isinstance(s, Tensor):
+            raise InputError(f"the fp8 grouped GEMM needs {what}: a float32 tensor (row or block scales), got "
+                             f"{type(s).__name__}")
+    sa, sb = tuple(scale_a.shape), tuple(scale_b.shape)
+    KB, NB = _cdiv(K, BLOCK), _cdiv(N, BLOCK)
+    row_a = ((E, M), (E, M, 1)) if masked else ((M,), (M, 1))
+    blk_a = (E, M, KB) if masked else (M, KB)
+    if sa in row_a and sb in ((E, N), (E, 1, N)):
+        return "row"
+    if sa == blk_a and sb == (E, NB, KB):
+        return "block"
+    lay = "masked" if masked else "contiguous"
+    raise InputError(f"scale shapes scale_a {sa}, scale_b {sb} fit no fp8 grouped form ({lay}, E={E} M={M} N={N} "
+                     f"K={K}): row-wise {row_a[0]} and ({E}, {N}); block (1x128 of a, 128x128 of each b[g]) "
+                     f"{blk_a} and ({E}, {NB}, {KB})")
+
+
+def grouped_scales(scale_a, scale_b, masked: bool, E: int, M: int, N: int, K: int, dev: int,
+                   real: bool = True) -> tuple:
+    """Checks of the fp8 grouped GEMM's scales (form, dtype, device, shapes, strides, alignment)
+    before anything launches.  Returns (mode, [scale_a spec, scale_b spec] in the kernels' mode
+    order, (mode id, scale_a strides {m, kb, group}, scale_b strides {n|nb, kb, group}) for the
+    host library).  ``real`` False (a torch op's fake): no pointer is read (0)."""
+    mode = grouped_mode(scale_a, scale_b, masked, E, M, N, K)
+    for what, s in (("scale_a", scale_a), ("scale_b", scale_b)):
+        if s.dtype != torch.float32:
+            raise InputError(f"{mode} {what} must be float32, got {s.dtype}")
+        if s.get_device() != dev and dev != -1:
+            where_s = "cpu" if s.get_device() < 0 else f"cuda:{s.get_device()}"
+            raise InputError(f"{what} is on {where_s} but a is on cuda:{dev}: the scales must be on the operands' device")
+    KB, NB = _cdiv(K, BLOCK), _cdiv(N, BLOCK)
+    pa = scale_a.data_ptr() if real else 0
+    pb = scale_b.data_ptr() if real else 0
+    # scale_b's strides (n | nb, kb, group)
+    bst = scale_b.stride()
+    if mode == "row":
+        xa = (scale_a.stride()[1], 1, scale_a.stride()[0]) if masked else (scale_a.stride()[0], 1, 0)
+        xb = (bst[-1], 1, bst[0])
+        if M > 1 and xa[0] != 1:
+            raise InputError(f"row scale_a must be contiguous along the rows, got strides {scale_a.stride()}")
+        if N > 1 and xb[0] != 1:
+            raise InputError(f"row scale_b ({E}, {N}) must be contiguous along N, got strides {scale_b.stride()}")
+        sa_g = xa[2] if E > 1 else max(M, 1)
+        sb_g = xb[2] if E > 1 else max(N, 1)
+        sa = (pa, (M, E), (1, sa_g)) if masked else (pa, (M,), (1,))
+        sb = (pb, (N, E), (1, sb_g))
+        return mode, [sa, sb], (1, xa, xb)
+    if masked:
+        xa = (scale_a.stride()[1], scale_a.stride()[2], scale_a.stride()[0])
+    else:
+        xa = (scale_a.stride()[0], scale_a.stride()[1], 0)
+    xb = (bst[1], bst[2], bst[0])
+    if M > 1 and xa[0] != 1:
+        raise InputError(f"block scale_a must be M-major (stride 1 along the rows; quantize_grouped_a writes it so), "
+                         f"got strides {scale_a.stride()}")
+    if KB > 1 and (xa[1] < M or xa[1] % 4):
+        raise InputError(f"block scale_a's k-block stride {xa[1]} must be >= M = {M} and a multiple of 4 (16-byte rows, "
+                         f"read by TMA)")
+    if masked and E > 1 and (xa[2] < 1 or xa[2] % 4):
+        raise InputError(f"block scale_a's group stride {xa[2]} must be a positive multiple of 4 (read by TMA)")
+    if real and pa % 16:
+        raise InputError("block scale_a's data must be 16-byte aligned (read by TMA)")
+    if KB > 1 and xb[1] != 1:
+        raise InputError(f"block scale_b ({E}, {NB}, {KB}) must be K-contiguous, got strides {scale_b.stride()}")
+    if NB > 1 and xb[0] < KB:
+        raise InputError(f"block scale_b's n-block stride {xb[0]} must be >= {KB}")
+    a_k = xa[1] if KB > 1 else _cdiv(max(M, 1), 4) * 4
+    a_e = (xa[2] if E > 1 else a_k * KB) if masked else 0
+    b_n = xb[0] if NB > 1 else KB
+    b_e = xb[2] if E > 1 else NB * KB
+    sa = (pa, (M, KB, E), (1, a_k, a_e)) if masked else (pa, (M, KB), (1, a_k))
+    sb = (pb, (NB, KB, E), (b_n, 1, b_e))
+    return mode, [sa, sb], (2, xa, xb)
+
+
+def quantize_grouped_a(a: Tensor, form: str) -> tuple[Tensor, Tensor]:
+    """(q, scale_a) of the grouped GEMM's activations: contiguous a (M, K) or masked a (E, max_m, K).
+    ``form`` "row": one scale per row ((M,) / (E, max_m)); "block": one per row and 128 of K,
+    M-major and TMA-aligned ((M, KB) strides (1, ceil(M/4)·4) / (E, max_m, KB) with each group's
+    (max_m, KB) block so laid out)."""
+    if not isinstance(a, Tensor) or a.dim() not in (2, 3) or not a.dtype.is_floating_point:
+        raise InputError("quantize_grouped_a takes a 2-D (M, K) or 3-D (E, max_m, K) floating-point tensor")
+    if form not in GROUPED_MODES:
+        raise InputError(f"form must be one of {GROUPED_MODES}, got {form!r}")
+    if a.dim() == 2:
+        return quantize_rowwise(a) if form == "row" else quantize_blockwise(a, (1, BLOCK))
+    E, M, K = a.shape
+    q, s = (quantize_rowwise if form == "row" else quantize_blockwise)(a.reshape(E * M, K), *(
+        () if form == "row" else ((1, BLOCK),)))
+    q = q.view(E, M, K)
+    if form == "row":
+        return q, s.view(E, M)
+    KB = _cdiv(K, BLOCK)
+    lead = _cdiv(max(M, 1), 4) * 4
+    out = torch.empty((E, KB, lead), dtype=torch.float32, device=a.device)
+    out[:, :, :M] = s.reshape(E, M, KB).transpose(1, 2)
+    return q, out[:, :, :M].transpose(1, 2)
+
+
+def quantize_grouped_b(w: Tensor, form: str) -> tuple[Tensor, Tensor]:
+    """(q, scale_b) of stacked expert weights w (E, N, K) (row-major per expert): q (E, N, K)
+    float8_e4m3fn (pass ``q.transpose(1, 2)`` as the grouped GEMM's b) and scale_b (E, N) for "row"
+    (one per output channel) or (E, ceil(N/128), ceil(K/128)) contiguous for "block" (one per
+    128x128 block)."""
+    if not isinstance(w, Tensor) or w.dim() != 3 or not w.dtype.is_floating_point:
+        raise InputError("quantize_grouped_b takes 3-D (E, N, K) floating-point weights")
+    if form not in GROUPED_MODES:
+        raise InputError(f"form must be one of {GROUPED_MODES}, got {form!r}")
+    E, N, K = w.shape
+    if form == "row":
+        q, s = quantize_rowwise(w.reshape(E * N, K))
+        return q.view(E, N, K), s.view(E, N)
+    parts = [quantize_blockwise(w[g], (BLOCK, BLOCK)) for g in range(E)]
+    q = torch.stack([p[0] for p in parts]) if E else torch.empty((0, N, K), dtype=torch.float8_e4m3fn, device=w.device)
+    s = (torch.stack([p[1] for p in parts]) if E else
+         torch.empty((0, _cdiv(N, BLOCK), _cdiv(K, BLOCK)), dtype=torch.float32, device=w.device))
+    return q, s.contiguous()
+
+
+def dequantize_grouped(q: Tensor, scale: Tensor, form: str, *, weights: bool = False) -> Tensor:
+    """float32 values of a quantize_grouped_a (``weights`` False) or quantize_grouped_b pair."""
+    if q.dim() == 2:
+        return dequantize_rowwise(q, scale) if form == "row" else dequantize_blockwise(q, scale)
+    if form == "row":
+        return q.float() * scale.float()[..., None]
+    return torch.stack([dequantize_blockwise(q[g], scale[g]) for g in range(q.shape[0])]) if q.shape[0] else q.float()
+
+
 # --- quantizers ---------------------------------------------------------------------------------
 def _fp8(x: Tensor) -> Tensor:
     return x.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
@@ -224,5 +366,6 @@ def dequantize_blockwise(q: Tensor, scale: Tensor) -> Tensor:
     return q.float() * s
 
 
-__all__ = ["BLOCK", "MODES", "check_fake", "dequantize_blockwise", "dequantize_rowwise", "infer_mode", "m_major",
+__all__ = ["BLOCK", "GROUPED_MODES", "MODES", "check_fake", "dequantize_grouped", "grouped_mode", "grouped_scales",
+           "quantize_grouped_a", "quantize_grouped_b", "dequantize_blockwise", "dequantize_rowwise", "infer_mode", "m_major",
            "quantize_blockwise", "quantize_rowwise", "scale_specs"]

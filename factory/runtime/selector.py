@@ -75,7 +75,8 @@ class GroupedProblem(ctypes.Structure):
     _fields_ = [("ab_dtype", ctypes.c_int), ("c_dtype", ctypes.c_int), ("masked", ctypes.c_int32),
                 ("m", ctypes.c_int64), ("n", ctypes.c_int64), ("k", ctypes.c_int64), ("groups", ctypes.c_int64),
                 ("a", _P), ("a_stride", _I64x3), ("b", _P), ("b_stride", _I64x3), ("c", _P), ("c_stride", _I64x3),
-                ("offs", _P), ("masked_m", _P), ("expected_m", ctypes.c_int64)]
+                ("offs", _P), ("masked_m", _P), ("expected_m", ctypes.c_int64), ("scale_mode", ctypes.c_int32),
+                ("scale_a", _P), ("scale_a_stride", _I64x3), ("scale_b", _P), ("scale_b_stride", _I64x3)]
 
 
 class Selection(ctypes.Structure):

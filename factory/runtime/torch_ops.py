@@ -105,26 +105,28 @@ def _attention_kvcache_fake(bundle, q, k_cache, v_cache, cache_seqlens, block_ta
     return torch.empty_like(q), lse
 
 
-def _grouped_gemm(bundle, a, b, offs=None, masked_m=None, expected_m=None):
-    return bundle.grouped_gemm(a, b, offs, masked_m, expected_m=expected_m)
+def _grouped_gemm(bundle, a, b, offs=None, masked_m=None, expected_m=None, scale_a=None, scale_b=None):
+    return bundle.grouped_gemm(a, b, offs, masked_m, expected_m=expected_m, scale_a=scale_a, scale_b=scale_b)
 
 
-def _grouped_gemm_out(bundle, a, b, out, offs=None, masked_m=None, expected_m=None):
-    bundle.grouped_gemm(a, b, offs, masked_m, out, expected_m=expected_m)
+def _grouped_gemm_out(bundle, a, b, out, offs=None, masked_m=None, expected_m=None, scale_a=None, scale_b=None):
+    bundle.grouped_gemm(a, b, offs, masked_m, out, expected_m=expected_m, scale_a=scale_a, scale_b=scale_b)
 
 
-def _grouped_gemm_fake(bundle, a, b, offs=None, masked_m=None, expected_m=None):
-    """Checks as the real op does (shapes, dtypes, layouts, the routing tensor; the bundle's
-    variants where the sizes are concrete; no data is read), then the output."""
+def _grouped_gemm_fake(bundle, a, b, offs=None, masked_m=None, expected_m=None, scale_a=None, scale_b=None):
+    """Checks as the real op does (shapes, dtypes, layouts, the routing tensor, the fp8 scales'
+    form and layout; the bundle's variants where the sizes are concrete; no data is read), then
+    the output."""
     from . import grouped
 
-    return a.new_empty(grouped.check_plan(bundle, a, b, offs, masked_m, None, expected_m))
+    want = grouped.check_plan(bundle, a, b, offs, masked_m, None, expected_m, scale_a, scale_b)
+    return a.new_empty(want, dtype=grouped.out_dtype(a))
 
 
-def _grouped_gemm_out_fake(bundle, a, b, out, offs=None, masked_m=None, expected_m=None):
+def _grouped_gemm_out_fake(bundle, a, b, out, offs=None, masked_m=None, expected_m=None, scale_a=None, scale_b=None):
     from . import grouped
 
-    grouped.check_plan(bundle, a, b, offs, masked_m, out, expected_m)
+    grouped.check_plan(bundle, a, b, offs, masked_m, out, expected_m, scale_a, scale_b)
 
 
 OPS = {
@@ -143,10 +145,11 @@ OPS = {
                           "Tensor? v_descale=None, Tensor? cu_seqlens_q=None, int? max_seqlen_q=None) "
                           "-> (Tensor, Tensor)", _attention_kvcache, _attention_kvcache_fake),
     "grouped_gemm": ("grouped_gemm(Tensor a, Tensor b, Tensor? offs=None, Tensor? masked_m=None, "
-                     "int? expected_m=None) -> Tensor", _grouped_gemm, _grouped_gemm_fake),
+                     "int? expected_m=None, Tensor? scale_a=None, Tensor? scale_b=None) -> Tensor", _grouped_gemm,
+                     _grouped_gemm_fake),
     "grouped_gemm_out": ("grouped_gemm_out(Tensor a, Tensor b, Tensor(a!) out, Tensor? offs=None, "
-                         "Tensor? masked_m=None, int? expected_m=None) -> ()", _grouped_gemm_out,
-                         _grouped_gemm_out_fake),
+                         "Tensor? masked_m=None, int? expected_m=None, Tensor? scale_a=None, "
+                         "Tensor? scale_b=None) -> ()", _grouped_gemm_out, _grouped_gemm_out_fake),
 }
 OPS.update(fused.TORCH_OPS)
 

@@ -187,9 +187,18 @@ typedef struct {
    offs / masked_m live on the device and are never read on the host; rows past M (or past
    max(offs)) are neither read nor written.  groups <= 1024; K > 0.  a_stride {m, k, group},
    c_stride {m, n, group} (the group strides unused when contiguous).  expected_m: the rows per
-   group the choice plans for (0: M / groups when contiguous, M when masked). */
+   group the choice plans for (0: M / groups when contiguous, M when masked).
+   fp8 (ab_dtype E4M3, c_dtype BF16) takes float32 scales, scale_mode FX_SCALE_ROW or FX_SCALE_BLOCK
+   (FX_SCALE_TENSOR = 0: no scales, bf16/f16); kb = ceil(k/128), nb = ceil(n/128), strides in
+   elements, scale_a_stride {m, kb, group}, scale_b_stride {n or nb, kb, group}:
+   - row: scale_a one per row of a (contiguous (m,), masked (groups, m)), unit stride along m;
+     scale_b (groups, n), unit stride along n: c = sa[row]·sb[g][col]·Σ_k a·b.
+   - block (DeepSeek-V3): scale_a one per row and k-block, M-major: contiguous (m, kb), masked
+     (groups, m, kb), stride 1 along m, the kb and group strides multiples of 4 (16-byte rows, read
+     by TMA), the kb stride >= m, data 16-byte aligned; scale_b (groups, nb, kb) K-contiguous:
+     c = Σ_kb sa[row][kb]·sb[g][col/128][kb]·Σ_{k in block kb} a·b. */
 typedef struct {
-    fx_dtype_t ab_dtype;     /* a and b: BF16 */
+    fx_dtype_t ab_dtype;     /* a and b: BF16, F16 or E4M3 */
     fx_dtype_t c_dtype;      /* BF16 */
     int32_t masked;
     int64_t m, n, k, groups;
@@ -202,6 +211,11 @@ typedef struct {
     const int32_t *offs;     /* contiguous */
     const int32_t *masked_m; /* masked */
     int64_t expected_m;
+    int32_t scale_mode;      /* fx_scale_mode_t: TENSOR (none) for bf16/f16, ROW or BLOCK for e4m3 */
+    const float *scale_a;
+    int64_t scale_a_stride[3];
+    const float *scale_b;
+    int64_t scale_b_stride[3];
 } fx_gemm_grouped_problem_t;
 
 typedef struct {

@@ -1739,9 +1739,52 @@ FX_EXPORT int32_t fx_gemm_blockscaled_select(const fx_device_t *dev, const fx_ge
 #define FX_MAX_GROUPS 1024 /* gemm/sm90_grouped.py MAX_GROUPS: the kernels' shared-memory tile table */
 
 typedef struct {
-    fx_value vals[FX_MAX_ARGS]; /* a, b, c, offs | masked_m */
+    fx_value vals[FX_MAX_ARGS]; /* a, b, c, offs | masked_m[, scale_a, scale_b] */
     int32_t n_vals;
 } grouped_ctx;
+
+/* The fp8 grouped forms' scales (fx_api.h): their shapes and the strides the kernels take, in the
+   kernels' mode order (scale_a (m[, kb][, groups]), scale_b (n | nb[, kb], groups)); checks each
+   form's layout rules. */
+static int32_t grouped_scales(const fx_gemm_grouped_problem_t *p, int32_t *ra, int64_t sa[3], int64_t ta[3],
+                              int32_t *rb, int64_t sb[3], int64_t tb[3]) {
+    int64_t M = p->m, N = p->n, E = p->groups, kb = cdiv(p->k, FX_SCALE_BLOCK_K), nb = cdiv(p->n, FX_SCALE_BLOCK_K);
+    const int64_t *xa = p->scale_a_stride, *xb = p->scale_b_stride;
+    int32_t rc, masked = p->masked;
+    if ((rc = check_stride("scale_a_stride", xa, 0, 3)) || (rc = check_stride("scale_b_stride", xb, 0, 3))) return rc;
+    if (p->scale_mode == FX_SCALE_ROW) {
+        if (M > 1 && xa[0] != 1) return fail(FX_ERR_INPUT, "row scale_a must be contiguous along the rows, got stride %lld", (long long)xa[0]);
+        if (N > 1 && xb[0] != 1) return fail(FX_ERR_INPUT, "row scale_b (groups, n) must be contiguous along n, got stride %lld", (long long)xb[0]);
+        *ra = masked ? 2 : 1, sa[0] = M, sa[1] = E, ta[0] = 1, ta[1] = masked ? xa[2] : 0;
+        *rb = 2, sb[0] = N, sb[1] = E, tb[0] = 1, tb[1] = xb[2];
+        if (masked && E <= 1) ta[1] = M > 0 ? M : 1;
+        if (E <= 1) tb[1] = N > 0 ? N : 1;
+        return 0;
+    }
+    /* block */
+    if (M > 1 && xa[0] != 1)
+        return fail(FX_ERR_INPUT, "block scale_a must be M-major (stride 1 along the rows), got strides %lld,%lld,%lld",
+                    (long long)xa[0], (long long)xa[1], (long long)xa[2]);
+    if (kb > 1 && (xa[1] < M || xa[1] % 4))
+        return fail(FX_ERR_INPUT, "block scale_a's k-block stride %lld must be >= m = %lld and a multiple of 4 (16-byte "
+                    "rows, read by TMA)", (long long)xa[1], (long long)M);
+    if (masked && E > 1 && (xa[2] % 4 || xa[2] < 1))
+        return fail(FX_ERR_INPUT, "block scale_a's group stride %lld must be a positive multiple of 4 (read by TMA)",
+                    (long long)xa[2]);
+    if ((uintptr_t)p->scale_a % 16) return fail(FX_ERR_INPUT, "block scale_a must be 16-byte aligned (read by TMA)");
+    if (kb > 1 && xb[1] != 1)
+        return fail(FX_ERR_INPUT, "block scale_b (groups, ceil(n/128), ceil(k/128)) must be K-contiguous, got strides "
+                    "%lld,%lld,%lld", (long long)xb[0], (long long)xb[1], (long long)xb[2]);
+    if (nb > 1 && xb[0] < kb)
+        return fail(FX_ERR_INPUT, "block scale_b's n-block stride %lld must be >= ceil(k/128) = %lld", (long long)xb[0],
+                    (long long)kb);
+    *ra = masked ? 3 : 2, sa[0] = M, sa[1] = kb, sa[2] = E;
+    ta[0] = 1, ta[1] = kb > 1 ? xa[1] : cdiv(M > 1 ? M : 1, 4) * 4, ta[2] = masked ? xa[2] : 0;
+    if (masked && E <= 1) ta[2] = ta[1] * kb;
+    *rb = 3, sb[0] = nb, sb[1] = kb, sb[2] = E;
+    tb[0] = nb > 1 ? xb[0] : kb, tb[1] = 1, tb[2] = E > 1 ? xb[2] : nb * kb;
+    return 0;
+}
 
 /* A grouped variant's relative time for `rows` rows in each of E groups: waves of its tiles over
    the SMs (the persistent CTAs take the walk's tiles in turn) times one tile's MMA work over the
@@ -1772,10 +1815,16 @@ static int32_t grouped_select(const fx_device_t *dev, const fx_gemm_grouped_prob
     if (!dev || !p) return fail(FX_ERR_INPUT, "fx_gemm_grouped: dev and problem must not be NULL");
     if ((rc = check_device(dev))) return rc;
     if ((rc = check_bool("masked", p->masked))) return rc;
-    int32_t ab = p->ab_dtype, c = p->c_dtype, masked = p->masked;
-    if ((ab != FX_DTYPE_BF16 && ab != FX_DTYPE_F16) || c != ab)
-        return fail(FX_ERR_INPUT, "grouped GEMM takes a, b and c of one dtype, bfloat16 or float16 (got a/b %s, c %s)",
-                    dtype_name(ab), dtype_name(c));
+    int32_t ab = p->ab_dtype, c = p->c_dtype, masked = p->masked, mode = p->scale_mode;
+    int fp8 = ab == FX_DTYPE_E4M3;
+    if (fp8 ? c != FX_DTYPE_BF16 : ((ab != FX_DTYPE_BF16 && ab != FX_DTYPE_F16) || c != ab))
+        return fail(FX_ERR_INPUT, "grouped GEMM takes a, b and c of one dtype, bfloat16 or float16, or e4m3 a and b with "
+                    "a bfloat16 c (got a/b %s, c %s)", dtype_name(ab), dtype_name(c));
+    if (fp8 ? (mode != FX_SCALE_ROW && mode != FX_SCALE_BLOCK) : mode != FX_SCALE_TENSOR)
+        return fail(FX_ERR_INPUT, "grouped GEMM scale_mode %d: e4m3 takes row (1) or block (2) scales, bfloat16/float16 "
+                    "none (0)", (int)mode);
+    if (!fp8 && (p->scale_a || p->scale_b))
+        return fail(FX_ERR_INPUT, "scale_a/scale_b apply to the e4m3 grouped GEMM only");
     static const char *const size_names[5] = {"m", "n", "k", "groups", "expected_m"};
     int64_t sizes[5] = {p->m, p->n, p->k, p->groups, p->expected_m};
     if ((rc = check_sizes(size_names, sizes, 5))) return rc;
@@ -1792,13 +1841,22 @@ static int32_t grouped_select(const fx_device_t *dev, const fx_gemm_grouped_prob
     int64_t ast[3] = {p->a_stride[0], p->a_stride[1], masked ? p->a_stride[2] : 0};
     int64_t cst[3] = {p->c_stride[0], p->c_stride[1], masked ? p->c_stride[2] : 0};
     int64_t eb = elem_bytes(ab);
-    fx_range in[3], oc;
+    fx_range in[5], oc;
+    int32_t n_in = 3, rsa = 0, rsb = 0;
+    int64_t ssa[3] = {0}, tsa[3] = {0}, ssb[3] = {0}, tsb[3] = {0};
     if ((rc = span_of("a", 3, sa, ast, &span)) || (rc = range_of(&in[0], "a", p->a, span, eb)) ||
         (rc = span_of("b", 3, sb, p->b_stride, &span)) || (rc = range_of(&in[1], "b", p->b, span, eb)) ||
         (rc = range_of(&in[2], masked ? "masked_m" : "offs", grp, E, 4)) ||
-        (rc = span_of("c", 3, sc, cst, &span)) || (rc = range_of(&oc, "c", p->c, span, eb)))
+        (rc = span_of("c", 3, sc, cst, &span)) || (rc = range_of(&oc, "c", p->c, span, elem_bytes(c))))
         return rc;
-    if ((rc = check_distinct("c", 3, sc, cst)) || (rc = check_disjoint(&oc, in, 3))) return rc;
+    if (fp8) {
+        if ((rc = grouped_scales(p, &rsa, ssa, tsa, &rsb, ssb, tsb)) ||
+            (rc = span_of("scale_a", rsa, ssa, tsa, &span)) || (rc = range_of(&in[3], "scale_a", p->scale_a, span, 4)) ||
+            (rc = span_of("scale_b", rsb, ssb, tsb, &span)) || (rc = range_of(&in[4], "scale_b", p->scale_b, span, 4)))
+            return rc;
+        n_in = 5;
+    }
+    if ((rc = check_distinct("c", 3, sc, cst)) || (rc = check_disjoint(&oc, in, n_in))) return rc;
     if (M == 0 || N == 0 || E == 0) return 0; /* nothing to launch */
     if (K == 0) return fail(FX_ERR_INPUT, "grouped GEMM: K must be positive (got 0)");
     memset(x, 0, sizeof *x);
@@ -1807,6 +1865,11 @@ static int32_t grouped_select(const fx_device_t *dev, const fx_gemm_grouped_prob
     spec(&x->vals[2], p->c, 3, sc, cst);
     spec(&x->vals[3], grp, 1, &E, &one);
     x->n_vals = 4;
+    if (fp8) {
+        spec(&x->vals[4], p->scale_a, rsa, ssa, tsa);
+        spec(&x->vals[5], p->scale_b, rsb, ssb, tsb);
+        x->n_vals = 6;
+    }
     int64_t rows = p->expected_m > 0 ? p->expected_m : masked ? M : cdiv(M, E);
     int32_t *cand, n = candidates(dev, FX_OP_GEMM_GROUPED, &cand), best = -1;
     char reason[1024] = "";
@@ -1824,8 +1887,9 @@ static int32_t grouped_select(const fx_device_t *dev, const fx_gemm_grouped_prob
     }
     free(cand);
     if (best < 0)
-        return fail(FX_ERR_NO_VARIANT, "no gemm_grouped variant for %s %s, M=%lld N=%lld K=%lld groups=%lld on compute "
-                    "capability %d.%d%s%s", masked ? "masked" : "contiguous", dtype_name(ab), (long long)M, (long long)N,
+        return fail(FX_ERR_NO_VARIANT, "no gemm_grouped variant for %s %s%s, M=%lld N=%lld K=%lld groups=%lld on compute "
+                    "capability %d.%d%s%s", masked ? "masked" : "contiguous", dtype_name(ab),
+                    !fp8 ? "" : mode == FX_SCALE_ROW ? " row-scaled" : " block-scaled", (long long)M, (long long)N,
                     (long long)K, (long long)E, (int)dev->cc_major, (int)dev->cc_minor, reason[0] ? ": " : "", reason);
     return chosen(dev, best, out);
 }
@@ -2411,12 +2475,14 @@ static int32_t grouped_run(const fx_device_t *dev, const fx_gemm_grouped_problem
     int32_t rc = grouped_select(dev, p, out, &x);
     if (rc || out->variant < 0) return rc;
     const int32_t *grp = p->masked ? p->masked_m : p->offs;
-    if (!p->a || !p->b || !p->c || !grp)
-        return fail(FX_ERR_INPUT, "fx_gemm_grouped needs the a, b, c and %s pointers", p->masked ? "masked_m" : "offs");
+    int fp8 = p->ab_dtype == FX_DTYPE_E4M3;
+    if (!p->a || !p->b || !p->c || !grp || (fp8 && (!p->scale_a || !p->scale_b)))
+        return fail(FX_ERR_INPUT, "fx_gemm_grouped needs the a, b, c, %s%s pointers", p->masked ? "masked_m" : "offs",
+                    fp8 ? ", scale_a and scale_b" : "");
     {
-        const void *ptrs[4] = {p->a, p->b, p->c, grp};
-        const char *const names[4] = {"a", "b", "c", p->masked ? "masked_m" : "offs"};
-        if ((rc = check_launch_device(stream, 4, ptrs, names))) return rc;
+        const void *ptrs[6] = {p->a, p->b, p->c, grp, p->scale_a, p->scale_b};
+        const char *const names[6] = {"a", "b", "c", p->masked ? "masked_m" : "offs", "scale_a", "scale_b"};
+        if ((rc = check_launch_device(stream, fp8 ? 6 : 4, ptrs, names))) return rc;
     }
     return launch_chosen(out, x.vals, x.n_vals, stream);
 }
