@@ -37,20 +37,64 @@ def _have_gpu() -> bool:
 needs_gpu = pytest.mark.skipif(not _have_gpu(), reason="no CUDA GPU on this machine")
 
 
+# --- parallel test runs ------------------------------------------------------------------------
+WORKERS = 2  # the README's command on a machine without a GPU (a 2-core CI machine)
+
+
+def _gpu_present() -> bool:
+    """A GPU on this machine, as the driver shows it in /dev and /proc (no torch import)."""
+    gpus = Path("/proc/driver/nvidia/gpus")
+    return Path("/dev/nvidiactl").exists() or (gpus.is_dir() and any(gpus.iterdir()))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    """With pytest-xdist installed, the whole suite (no test paths given) runs in ``WORKERS``
+    processes on a machine without a GPU: its tests are CPU tests (compiles, links, disassembly)
+    and spread over the cores.  ``-n N`` chooses (``-n 0``: one process), and so does naming test
+    files.  With a GPU the run stays in one process: the GPU tests share one CUDA context per
+    device, and the run record (``--run-record``) is written once."""
+    if os.environ.get("PYTEST_XDIST_WORKER") or getattr(config.option, "numprocesses", False) is not None:
+        return  # a worker itself (it must not start workers), xdist absent, or -n given
+    if config.args_source != pytest.Config.ArgsSource.TESTPATHS or config.option.collectonly:
+        return
+    if _gpu_present() or config.getoption("--run-record") or (os.cpu_count() or 1) < WORKERS:
+        return
+    config.option.numprocesses = WORKERS
+    if config.option.dist == "no":
+        config.option.dist = "loadfile"  # a file's tests on one worker: its module fixtures built once
+
+
 @pytest.fixture(scope="session")
 def test_bundle(tmp_path_factory) -> Path:
-    """The test-tier bundle for every target (built here, from the compile cache when warm)."""
+    """The test-tier bundle for every target (built here, from the compile cache when warm).  The
+    workers of a parallel run share one: the first builds it (the others wait on a lock), so a
+    cold compile cache compiles each variant once."""
     env = os.environ.get("FACTORY_TEST_BUNDLE")
     if env:
         return Path(env)
     if not HAVE_DSL:
         pytest.skip("nvidia-cutlass-dsl is not installed")
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import fcntl
+
+        shared = tmp_path_factory.getbasetemp().parent  # this run's, common to its workers
+        with open(shared / "test-bundle.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            out = shared / "test-bundle" / "test"
+            if not (out / "manifest.json").exists():
+                _build_test_bundle(out, shared / "no-runs")
+        return out
+    return _build_test_bundle(tmp_path_factory.mktemp("bundle") / "test", tmp_path_factory.mktemp("no-runs"))
+
+
+def _build_test_bundle(out: Path, no_runs: Path) -> Path:
     from factory.compiler.builder import build
 
-    out = tmp_path_factory.mktemp("bundle") / "test"
+    no_runs.mkdir(parents=True, exist_ok=True)
     # No run records: its proof labels do not depend on the repository's evidence/runs
     # (tests/test_evidence.py builds with records of its own).
-    summary = build(out, TEST_TARGETS, tier="test", jobs=os.cpu_count(), evidence=tmp_path_factory.mktemp("no-runs"))
+    summary = build(out, TEST_TARGETS, tier="test", jobs=os.cpu_count(), evidence=no_runs)
     assert summary["variants"] > 0
     return out
 

@@ -119,9 +119,10 @@ def test_sm90_refusals():
 _WORKER = textwrap.dedent(
     """
     import json, re, sys
-    from factory.compiler.compile import init_worker, compile_variant
+    from factory.compiler.compile import init_worker
     target, out_dir, pattern = sys.argv[1], sys.argv[2], sys.argv[3]
     init_worker(target)
+    from factory.compiler.builder import compile_cached  # the build's cache: compiled once
     from factory.compiler import cubin as cb
     from factory.registry import enumerate_variants
     import fnmatch
@@ -129,7 +130,7 @@ _WORKER = textwrap.dedent(
     for v in enumerate_variants([target], ["attention_kvcache"], tier="test"):
         if not any(fnmatch.fnmatch(v.name, p) for p in pattern.split("|")):
             continue
-        info = compile_variant(v, out_dir)
+        info = compile_cached(v, out_dir)
         sass = cb.disassemble(f"{out_dir}/{v.name}.cubin")
         report[v.name] = {"hist": cb.opcode_histogram(sass), "page_box": getattr(v, "page_box", None),
                           "missing": [r for r in v.sass_requirements() if not re.search(r, sass)],

@@ -144,6 +144,39 @@ def test_host_library_needs_only_libc(test_bundle):
     assert "fx_launch_" in syms and " cudaLaunchKernel" not in syms  # cudart stays private
 
 
+def test_host_objects_compile_once_per_preprocessed_source(tmp_path):
+    """The host library's C sources compile through a cache keyed on the preprocessed source and
+    the flags: the same source in another directory is the same object (no compile); a changed
+    header or flag is another; the object is the source's own; a source that does not compile
+    stops the link."""
+    import ctypes
+
+    from factory.compiler.link import compile_object
+
+    cache = tmp_path / "cache"
+    for d in ("a", "b"):
+        (tmp_path / d).mkdir()
+        (tmp_path / d / "k.h").write_text("#define K 3\n")
+        (tmp_path / d / "f.c").write_text('#include "k.h"\nint f(void) { return K; }\n')
+
+    def obj(d, flags=("-O2", "-fPIC")):
+        return compile_object(tmp_path / d / "f.c", list(flags), [f"-I{tmp_path / d}"], cache)
+
+    a = obj("a")
+    stamp = a.stat().st_mtime_ns
+    assert obj("b") == a and a.stat().st_mtime_ns == stamp  # (found, not compiled again)
+    (tmp_path / "b" / "k.h").write_text("#define K 4\n")
+    b = obj("b")
+    assert b != a and obj("a", ("-O1", "-fPIC")) not in (a, b)
+    for o, want in ((a, 3), (b, 4)):
+        so = tmp_path / f"{o.stem}.so"
+        subprocess.run(["gcc", "-shared", "-o", str(so), str(o)], check=True)
+        assert ctypes.CDLL(str(so)).f() == want
+    (tmp_path / "a" / "f.c").write_text("int f(void) { return }\n")
+    with pytest.raises(RuntimeError, match="compiling f.c failed"):
+        obj("a")
+
+
 def test_unchanged_rebuild_comes_from_the_cache(test_bundle, tmp_path):
     from factory.compiler.builder import build
 

@@ -36,17 +36,11 @@ from . import toolchain
 from .cubin import disassemble, opcode_histogram, ptxas_arch
 from .link import link_host_library
 from .sass import checker_version, sass_problems
+from .toolchain import default_cache_dir
 
 SCHEMA_VERSION = 1
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]
 HOST_LIB = "lib/libfactory_bundle.so"
-
-
-def default_cache_dir() -> Path:
-    env = os.environ.get("FACTORY_CACHE")
-    if env:
-        return Path(env)
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "kernel-factory"
 
 
 def cache_key(v: Variant) -> str:
@@ -198,7 +192,8 @@ def build(
     if not variants:
         raise ValueError(f"no variants for targets={targets} ops={ops} tier={tier} filter={name_filter}")
     jobs = jobs or max(1, os.cpu_count() or 1)
-    entries, compiled = compile_all(variants, jobs, Path(cache) if cache else default_cache_dir())
+    cache = Path(cache) if cache else default_cache_dir()
+    entries, compiled = compile_all(variants, jobs, cache)
 
     staging = Path(tempfile.mkdtemp(prefix=".bundle-", dir=out.parent if out.parent.exists() else None))
     try:
@@ -220,7 +215,7 @@ def build(
             records.append((v, info, hist))
         entries = _variant_entries(staging, records)
         used = _label_proofs(staging, entries, Path(evidence) if evidence else default_evidence_dir())
-        link_host_library(staging, entries)  # its selection tables come from the entries
+        link_host_library(staging, entries, cache=cache)  # its selection tables come from the entries
         manifest = _manifest(staging, entries, used)
         (staging / "manifest.json").write_text(json.dumps(manifest, indent=1))
         if out.exists():

@@ -24,6 +24,7 @@ with its tuning.json compiled in.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -147,9 +148,11 @@ def public_header(variants) -> str:
 
 
 def link_host_library(bundle: Path, entries: dict[str, dict], tuning_data: dict | None = None,
-                      lib_name: str = "libfactory_bundle.so", out: Path | None = None, cuda_major: int = 13) -> Path:
+                      lib_name: str = "libfactory_bundle.so", out: Path | None = None, cuda_major: int = 13,
+                      cache: Path | None = None) -> Path:
     """Write the glue and the public header into ``bundle`` and link ``out`` (default
-    ``bundle/lib/<lib_name>``) from them and ``bundle/obj/<name>.o``.
+    ``bundle/lib/<lib_name>``) from them and ``bundle/obj/<name>.o`` (the glue's and the
+    selection's objects through :func:`compile_object`'s cache, ``cache``).
 
     ``cuda_major=12``: link the CUDA 12 runtime (``toolchain.cuda12_runtime``) and the DSL's cu12
     launch runtime instead of CUDA 13's (the same objects; the CUDA 13 wheels' ``crt/`` and ``nv/``
@@ -175,17 +178,18 @@ def link_host_library(bundle: Path, entries: dict[str, dict], tuning_data: dict 
         (shim / "crt").symlink_to(cuda / "include" / "crt")
         (shim / "nv").symlink_to(cuda / "include" / "cccl" / "nv")
         includes, dsl_rt, cudart = [rt12 / "include", shim], toolchain.dsl_runtime_static_for(12), rt12 / "lib" / "libcudart_static.a"
+    # -ffp-contract=off: the cost model's arithmetic rounds as Python's does (no fused multiply-add)
+    flags = ["-O2", "-fPIC", "-fvisibility=hidden", "-ffp-contract=off"]
+    inc_flags = [*(f"-I{d}" for d in includes), f"-I{bundle / 'include'}", f"-I{src}"]
     objs = [str(bundle / "obj" / f"{name}.o") for name in entries]
-    cmd = [
-        # -ffp-contract=off: the cost model's arithmetic rounds as Python's does (no fused multiply-add)
-        toolchain.cc(), "-O2", "-fPIC", "-shared", "-fvisibility=hidden", "-ffp-contract=off",
-        *(f"-I{d}" for d in includes), f"-I{bundle / 'include'}", f"-I{src}",
-        "-o", str(out), str(src / "fx_glue.c"), str(src / "fx_select.c"), *objs,
-        "-Wl,--exclude-libs,ALL",
-        "-Wl,--whole-archive", str(dsl_rt), "-Wl,--no-whole-archive",
-        str(cudart), "-lm", "-lpthread", "-ldl", "-lrt",
-    ]
     try:
+        glue, select = (compile_object(src / f, flags, inc_flags, cache) for f in ("fx_glue.c", "fx_select.c"))
+        cmd = [
+            toolchain.cc(), *flags, "-shared", "-o", str(out), str(glue), str(select), *objs,
+            "-Wl,--exclude-libs,ALL",
+            "-Wl,--whole-archive", str(dsl_rt), "-Wl,--no-whole-archive",
+            str(cudart), "-lm", "-lpthread", "-ldl", "-lrt",
+        ]
         r = subprocess.run(cmd, capture_output=True, text=True)
     finally:
         if shim is not None:
@@ -193,6 +197,41 @@ def link_host_library(bundle: Path, entries: dict[str, dict], tuning_data: dict 
     if r.returncode != 0:
         raise RuntimeError(f"linking the host library failed:\n{' '.join(cmd)}\n{r.stderr}")
     return out
+
+
+def compile_object(source: Path, flags: list[str], includes: list[str], cache: Path | None = None) -> Path:
+    """``source`` compiled (``cc -c``) into an object in ``cache/host-objects`` (default: the
+    build's compile cache), or the object already there: its name is the sha256 of the compiler's
+    version, ``flags`` and the preprocessed source (every header it includes, without line
+    markers, so a bundle's directory does not change it).  The selection's C source and a glue
+    whose variants and tables are unchanged then compile once, not at every link (a relink after
+    tuning, a test that links)."""
+    cc = toolchain.cc()
+    pre = subprocess.run([cc, *flags, *includes, "-E", "-P", str(source)], capture_output=True)
+    if pre.returncode != 0:
+        raise RuntimeError(f"preprocessing {source.name} failed:\n{pre.stderr.decode(errors='replace')}")
+    h = hashlib.sha256()
+    for part in (toolchain.cc_version(), " ".join(flags), source.name):
+        h.update(part.encode() + b"\0")
+    h.update(pre.stdout)
+    objects = (Path(cache) if cache else toolchain.default_cache_dir()) / "host-objects"
+    obj = objects / f"{source.stem}-{h.hexdigest()[:32]}.o"
+    if obj.exists():
+        return obj
+    obj.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".o", dir=obj.parent)
+    os.close(fd)
+    try:
+        # Compiled from its own directory under its own name: the object does not name the bundle's.
+        r = subprocess.run([cc, *flags, *includes, "-c", source.name, "-o", tmp], cwd=source.parent,
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"compiling {source.name} failed:\n{r.stderr}")
+        os.replace(tmp, obj)  # atomic: a concurrent link publishes the same bytes
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return obj
 
 
 def _write_atomic(p: Path, text: str) -> None:

@@ -39,6 +39,15 @@ def dsl_runtime_static() -> Path:
     raise FileNotFoundError("libcuda_dialect_runtime_static.a not found in the DSL package")
 
 
+def default_cache_dir() -> Path:
+    """The compile cache (compiled variants, the host library's objects): $FACTORY_CACHE, else
+    ~/.cache/kernel-factory."""
+    env = os.environ.get("FACTORY_CACHE")
+    if env:
+        return Path(env)
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "kernel-factory"
+
+
 @functools.cache
 def cuda12_runtime() -> tuple[Path, str]:
     """The CUDA 12 runtime a host library may be linked with instead (``python -m factory link
