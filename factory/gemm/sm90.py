@@ -1094,6 +1094,7 @@ def _default() -> list[dict]:
     out = [dict(d, pdl=True) for d in (*tiles.SM90_DEFAULT, *tiles.SM90_SCALED_DEFAULT)]
     out += [dict(d, early_b=True) for d in out if d.get("swap_ab")]
     out += [dict(d, pdl=True, early_b=True) for d in tiles.SM90_EARLY_B_ONLY]
+    out += [dict(d, pdl=True) for d in tiles.SM90_EPILOGUE_DEFAULT]
     return out
 
 
@@ -1112,6 +1113,10 @@ def _full() -> list[dict]:
                                                  swap["split_k"]):
         tk = 128 // DTYPE_BYTES[ab]
         out.append(dict(ab=ab, c=c, tile=(tm, tn, tk), schedule="ws", swap_ab=True, split_k=sk))
+    for d, (bias, silu, res) in itertools.product(tiles.SM90_EPILOGUE_FULL_TILES,
+                                                  itertools.product((False, True), repeat=3)):
+        if bias or silu or res:
+            out.append(dict(d, pdl=True, bias=bias, silu_mul=silu, residual=res))
     return out
 
 
@@ -1119,7 +1124,8 @@ def _full() -> list[dict]:
 def enumerate_sm90(target: Target, tier: str) -> list[GemmSm90]:
     if target.family != "sm90":
         return []
-    specs = {"test": list(tiles.SM90_TEST), "default": _default(), "full": _full()}[tier]
+    specs = {"test": list(tiles.SM90_TEST) + [dict(d, pdl=True) for d in tiles.SM90_EPILOGUE_TEST],
+             "default": _default(), "full": _full()}[tier]
     out = []
     for s in specs:
         v = GemmSm90(target=target.name, **s)
