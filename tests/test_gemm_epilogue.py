@@ -49,7 +49,7 @@ def test_tiers():
     t = get_target("sm_90a")
     test = [v for v in enumerate_sm90(t, "test") if v.has_epilogue]
     default = [v for v in enumerate_sm90(t, "default") if v.has_epilogue]
-    assert len(test) == 4 and len(default) == 6
+    assert len(test) == 4 and len(default) == 5
     assert {tuple(v.epilogue) for v in test} == {("bias",), ("residual",), ("silu_mul",),
                                                  ("bias", "silu_mul", "residual")}
     assert all(v.ab == "bf16" and not v.bias and v.pdl for v in default)

@@ -190,9 +190,10 @@ def gemm_epilogue(bundle, a, b, out=None, *, bias=None, residual=None, activatio
         return out
     if K == 0:  # no product: the epilogue of zeros, computed by torch (nothing launched)
         return _epilogue_of_zeros(out, bias, residual, activation, N, n_out)
-    name = select(bundle, a3, b3, c3, ab, c, scales, extra, flags, n_out, b_constant, dev, form)
-    if variant is not None and variant != name:
-        name = _named(bundle, variant, flags)
+    if variant is None:
+        name = select(bundle, a3, b3, c3, ab, c, scales, extra, flags, n_out, b_constant, dev, form)
+    else:
+        name = _named(bundle, variant, flags, ab, c, [a3, b3, c3, *scales, *extra])
     entry = bundle.manifest["variants"][name]
     specs = [a3, b3, c3, *scales, *extra]
     if "persistent" in entry:
@@ -224,12 +225,19 @@ def select(bundle, a3, b3, c3, ab, c, scales, extra, flags, n_out, b_constant, d
     return plain.remember(bundle, key, got.name.decode())
 
 
-def _named(bundle, name: str, flags: int) -> str:
+def _named(bundle, name: str, flags: int, ab: str, c: str, specs: list) -> str:
+    """``variant=name`` (tests, benchmarks): a variant runnable here with exactly these epilogue
+    fields and dtypes whose argument contract the operands meet (checked on every such call)."""
     entry = bundle.manifest["variants"].get(name)
     if entry is None or entry.get("op") != "gemm" or (entry.get("epilogue") or []) != fields(flags):
         raise NoVariantError(f"no gemm variant {name!r} with the epilogue {'+'.join(fields(flags))}; "
                              f"{bundle.describe_contents('gemm')}")
-    raise InputError(f"variant= with an epilogue takes the selected variant only (selected differs from {name!r})")
+    if not any(v["name"] == name for v in bundle.candidates("gemm")):
+        raise InputError(f"{name} is built for {entry['target']}, not runnable on {bundle.device_name()}")
+    if (entry["dtypes"]["a"], entry["dtypes"]["c"], entry["layout"]["a"], entry["layout"]["b"]) != (ab, c, "k", "k"):
+        raise InputError(f"{name} takes a={entry['dtypes']['a']} -> {entry['dtypes']['c']}, K-major operands")
+    bundle.binder(name).check(specs)
+    return name
 
 
 def _epilogue_of_zeros(out, bias, residual, activation, N, n_out):
