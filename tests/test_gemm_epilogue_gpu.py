@@ -55,7 +55,10 @@ def _run(bundle, fields, M, n_out, K, L=1):
     assert not torch.isnan(out).any(), (fields, M, n_out, K)
     err = testing.rel_error(out, ref)
     assert err < testing.TOLERANCE["bf16"], (fields, M, n_out, K, err)
-    # The new-output form selects the same way and gives the same values.
+    # The new-output form selects the same way and gives the same values (silu_mul without out or
+    # residual takes I = N / 2: the same I only when I is a multiple of 64).
+    if "silu_mul" in fields and "residual" not in fields and n_out % 64:
+        return
     got = bundle.gemm(a, b, **kw)
     torch.cuda.synchronize()
     assert got.shape == oshape and testing.rel_error(got, ref) < testing.TOLERANCE["bf16"]
