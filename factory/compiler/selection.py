@@ -166,7 +166,7 @@ EPILOGUE_FLAGS = {"bias": 1, "silu_mul": 2, "residual": 4}  # fx_api.h fx_gemm_e
 
 
 def _epilogue_flags(entry: dict) -> int:
-    fields = entry.get("epilogue") or ()
+    fields = entry.get("epilogue") or []
     if not isinstance(fields, list) or any(f not in EPILOGUE_FLAGS for f in fields):
         raise ValueError(f"{entry.get('name')}: unknown epilogue fields {fields!r}")
     return sum(EPILOGUE_FLAGS[f] for f in set(fields))
