@@ -21,6 +21,17 @@ def _ops():
     return _OPS
 
 
+_EPILOGUE = None  # runtime/epilogue.py, bound on first use
+
+
+def _epilogue():
+    global _EPILOGUE
+    from . import epilogue
+
+    _EPILOGUE = epilogue
+    return epilogue
+
+
 class Bundle(BundleCore):
     @classmethod
     def default(cls, capability: tuple[int, int] | None = None, device: dict | None = None):
@@ -43,8 +54,7 @@ class Bundle(BundleCore):
         gemm, packed, _, bs, compiling = _OPS or _ops()
         if bias is not None or residual is not None or activation is not None:
             # fused epilogue: out = act(a·bᵀ + bias) + residual (runtime/epilogue.py)
-            from . import epilogue
-
+            epilogue = _EPILOGUE or _epilogue()
             if compiling():
                 if out is not None:
                     raise InputError("under torch.compile a fused-epilogue gemm returns a new tensor: no out=")

@@ -266,12 +266,40 @@ def _hot(bundle, name, entry, specs, dev, out, out_given, fp8, unit, flags):
         return None
     unit_ptr = unit.data_ptr() if unit is not None else 0
     has_bias, has_res = bool(flags & FLAGS["bias"]), bool(flags & FLAGS["residual"])
+    # A given ``out`` must share no byte with a, b, bias (or a scale), and be the residual itself or
+    # apart from it: checked per call (the pointers differ), over byte extents the key fixes.
+    es = plain._ELEMENT_BYTES
+    ab, c = entry["dtypes"]["a"], entry["dtypes"]["c"]
+    rspec = specs[-2 if "persistent" in entry else -1] if has_res else None
+    in_place = has_res and out_given and rspec[0] == out.data_ptr()
+    ext = [validate.span(specs[0][1], specs[0][2]) * es[ab], validate.span(specs[1][1], specs[1][2]) * es[ab]]
+    eo = validate.span(specs[2][1], specs[2][2]) * es[c]
+    if has_bias:
+        ext.append(specs[1][1][0] * es[c])
+    if has_res and not in_place:
+        ext.append(validate.span(rspec[1], rspec[2]) * es[c])
+
+    def apart(po, ptrs) -> bool:
+        return all(not (po < p + e and p < po + eo) for p, e in zip(ptrs, ext))
 
     def fire(a, b, out, bias, residual, sa, sb):
         if out is None:
             out = empty_like(oproto)
-        elif out_given:
-            return None  # a given out: the checked path checks its overlaps every call
+        else:
+            po = out.data_ptr()
+            ins = [a.data_ptr(), b.data_ptr()]
+            if has_bias:
+                ins.append(bias.data_ptr())
+            if has_res:
+                rp = residual.data_ptr()
+                if in_place != (rp == po):
+                    return None
+                if not in_place:
+                    ins.append(rp)
+            if not apart(po, ins):
+                return None  # the checked path says which overlaps
+            if fp8 and any(po <= x.data_ptr() < po + eo for x in (sa, sb) if x is not None):
+                return None
         here = cur()
         if here != dev:
             not_current(dev, here)
