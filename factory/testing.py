@@ -156,7 +156,109 @@ def _judge(name: str, shape: list, out, ref, tol: float) -> dict:
     return {"variant": name, "shape": shape, "rel_err": err, "nan": nan, "tol": tol, "ok": nan == 0 and err < tol}
 
 
+# Fused epilogues (M, N_out, K, L): tails in M and N_out, N_out not a multiple of 64 (silu_mul:
+# a padded last gate/up block), a batch, several tiles.
+EPILOGUE_SHAPES = [(257, 136, 200, 1), (1, 264, 1032, 1), (64, 128, 64, 3), (1000, 1000, 1016, 2)]
+
+
+def silu_mul_ref(acc, n_out: int):
+    """silu(gate)·up of a float32 product whose last mode is in ``pack_gate_up``'s row order."""
+    import torch
+
+    from .runtime.epilogue import unpack_gate_up
+
+    g, u = unpack_gate_up(acc.movedim(-1, 0), n_out)
+    return (torch.nn.functional.silu(g) * u).movedim(0, -1)
+
+
+def epilogue_problem(fields, M, n_out, K, L=1, ab="bf16", c="bf16", scale_mode="tensor", device="cuda"):
+    """Random operands of a fused-epilogue GEMM (``fields`` of bias, silu_mul, residual) and its
+    float32 reference: (a, b, kwargs for ``bundle.gemm``, reference, output shape).  b is in
+    ``pack_gate_up``'s form for silu_mul; fp8 operands come with per-tensor or row scales."""
+    import torch
+
+    from .runtime.epilogue import pack_gate_up
+
+    lead = (L,) if L > 1 else ()
+    silu = "silu_mul" in fields
+    ct = torch_dtype(c)
+    a = torch.randn(*lead, M, K, device=device)
+    w = torch.randn(*lead, 2 * n_out if silu else n_out, K, device=device)
+    if silu:
+        w = torch.stack([pack_gate_up(x) for x in w]) if L > 1 else pack_gate_up(w)
+    N = w.shape[-2]
+    kw = {"activation": "silu_mul"} if silu else {}
+    sa = sb = None
+    if ab == "e4m3":
+        a, w = a.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn)
+        if scale_mode == "row":
+            sa, sb = torch.rand(M, device=device) + 0.5, torch.rand(N, device=device) + 0.5
+        else:
+            sa, sb = torch.rand(1, device=device) + 0.5, torch.rand(1, device=device) + 0.5
+        kw.update(scale_a=sa, scale_b=sb)
+    else:
+        a, w = a.to(torch_dtype(ab)), w.to(torch_dtype(ab))
+    acc = torch.matmul(a.float(), w.float().transpose(-1, -2))
+    if sa is not None:
+        acc = acc * (sa[:, None] * sb[None, :] if scale_mode == "row" else sa * sb)
+    if "bias" in fields:
+        kw["bias"] = torch.randn(N, device=device).to(ct)
+        acc = acc + kw["bias"].float()
+    if silu:
+        acc = silu_mul_ref(acc, n_out)
+    if "residual" in fields:
+        kw["residual"] = torch.randn(*lead, M, n_out, device=device).to(ct)
+        acc = acc + kw["residual"].float()
+    return a, w, kw, acc, (*lead, M, n_out)
+
+
+def check_gemm_epilogue(bundle, entry, shape, device="cuda") -> dict:
+    """One fused-epilogue variant by name on ``shape`` (M, N_out, K, L), NaN-poisoned output."""
+    import torch
+
+    d = entry["dtypes"]
+    mode = entry.get("scale_mode") or "tensor"
+    M, n_out, K, L = shape
+    if mode != "tensor":
+        L = 1
+    a, b, kw, ref, oshape = epilogue_problem(entry["epilogue"], M, n_out, K, L, d["a"], d["c"], mode, device)
+    out = torch.full(oshape, float("nan"), dtype=torch_dtype(d["c"]), device=device)
+    bundle.gemm(a, b, out, variant=entry["name"], **kw)
+    torch.cuda.synchronize()
+    return _judge(entry["name"], [M, n_out, K, L], out, ref, TOLERANCE[d["a"]])
+
+
+def check_graph_capture_epilogue(bundle, entry, device="cuda") -> dict:
+    """A fused-epilogue variant captured in a CUDA graph, replayed on new data in the same buffers."""
+    import torch
+
+    d = entry["dtypes"]
+    mode = entry.get("scale_mode") or "tensor"
+    M, n_out, K = 384, 192, 512
+    a, b, kw, _, oshape = epilogue_problem(entry["epilogue"], M, n_out, K, 1, d["a"], d["c"], mode, device)
+    out = torch.full(oshape, float("nan"), dtype=torch_dtype(d["c"]), device=device)
+    bundle.gemm(a, b, out, variant=entry["name"], **kw)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        bundle.gemm(a, b, out, variant=entry["name"], **kw)
+    a2, b2, kw2, ref, _ = epilogue_problem(entry["epilogue"], M, n_out, K, 1, d["a"], d["c"], mode, device)
+    a.copy_(a2)
+    b.copy_(b2)
+    for k, v in kw2.items():
+        if isinstance(v, torch.Tensor):
+            kw[k].copy_(v)
+    out.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    err = rel_error(out, ref)
+    nan = int(torch.isnan(out).sum())
+    return {"variant": entry["name"] + " [graph replay]", "shape": [M, n_out, K, 1], "rel_err": err, "nan": nan,
+            "tol": TOLERANCE[d["a"]], "ok": nan == 0 and err < TOLERANCE[d["a"]]}
+
+
 def smoke_gemm(bundle, entry, device="cuda") -> list[dict]:
+    if entry.get("epilogue"):  # fused bias / silu_mul / residual (runtime/epilogue.py)
+        return [check_gemm_epilogue(bundle, entry, s, device) for s in EPILOGUE_SHAPES]
     if entry.get("family") == "decode":  # packed weights (runtime/packed.py)
         return [check_gemm_packed(bundle, entry, s, device) for s in DECODE_SHAPES]
     shapes = SPLIT_K_SHAPES if "workspace" in entry else GEMM_SHAPES
@@ -206,6 +308,9 @@ def capture_on_side_stream(fn):
 def check_graph_capture(bundle, entry, device="cuda") -> dict:
     """The launcher must work under CUDA-graph capture (torch's capture stream) and on replay."""
     import torch
+
+    if entry.get("epilogue"):
+        return check_graph_capture_epilogue(bundle, entry, device)
 
     (M, N, K, L), a, b, out = variant_problem(entry, (384, 256, 512, 1), device)
     d, lay = entry["dtypes"], entry["layout"]

@@ -89,7 +89,9 @@ def report(tmp_path_factory):
 
 def test_tiers(report):
     tiers = report["tiers"]
-    assert 2 <= len(tiers["test"]) <= 4
+    # Up to 4 plain variants and the 4 fused-epilogue ones (each field alone, all three together).
+    epi = [n for n in tiers["test"] if n.endswith(("_bias", "_res", "_silumul"))]
+    assert 2 <= len(tiers["test"]) - len(epi) <= 4 and len(epi) == 4
     # 46 kernels, the early_b twins of the decode ones and two more early_b decode tiles; 12 fp8
     # kernels with row or block scales and the early_b twins of their 2 decode ones.
     assert 8 <= len(tiers["default"]) <= 86
@@ -117,6 +119,13 @@ def test_test_tier_compiles_to_hopper_sass(report):
             assert any(op.startswith("UTMALDG") and "MULTICAST" in op for op in hist), name
         if r["fp8"]:  # the per-tensor scales are read and applied
             assert hist.get("FMUL", 0) > 0 and any(op.startswith("LDG") for op in hist), name
+        epilogue = r["describe"].get("epilogue") or []
+        if "silu_mul" in epilogue:  # silu: exp2 and reciprocal on the MUFU
+            assert hist.get("MUFU.EX2", 0) > 0 and hist.get("MUFU.RCP", 0) > 0, name
+        if "bias" in epilogue or "residual" in epilogue:  # read in the epilogue
+            assert any(op.startswith("LDG") for op in hist), name
+        if not epilogue and not r["fp8"]:  # a plain bf16 GEMM reads nothing but its TMA tiles
+            assert not any(op.startswith("LDG") for op in hist), name
 
 
 def test_resources(report):

@@ -162,6 +162,16 @@ def _page_size_mask(entry: dict) -> int:
     return sum(1 << (s.bit_length() - 1) for s in set(sizes))
 
 
+EPILOGUE_FLAGS = {"bias": 1, "silu_mul": 2, "residual": 4}  # fx_api.h fx_gemm_epilogue_flags_t
+
+
+def _epilogue_flags(entry: dict) -> int:
+    fields = entry.get("epilogue") or []
+    if not isinstance(fields, list) or any(f not in EPILOGUE_FLAGS for f in fields):
+        raise ValueError(f"{entry.get('name')}: unknown epilogue fields {fields!r}")
+    return sum(EPILOGUE_FLAGS[f] for f in set(fields))
+
+
 def _occupancy_kernel(entry: dict) -> str:
     kernels = entry.get("resources", {}).get("kernels", {})
     if not kernels:
@@ -225,7 +235,7 @@ def tables(entries: dict[str, dict], tuning_data: dict | None) -> str:
             int((e.get("mma_tile") or tile)[0]), int(e.get("cta_group", 1)),
             c_double(cost_sm100.flops_per_clk(a_dt) if a_dt else 0.0),
             int(e.get("max_m", 0)), int(e.get("rows_per_cta", 0)), FORMAT_IDS.get(e.get("format"), 0),
-            GROUPED_IDS.get(e.get("grouped"), 0),
+            GROUPED_IDS.get(e.get("grouped"), 0), _epilogue_flags(e),
         )) + "}")
     out.append(f"const fx_variant fx_variants[] = {{\n  {(',' + chr(10) + '  ').join(rows)}\n}};")
     out.append(f"const int32_t fx_n_variants = {len(rows)};")

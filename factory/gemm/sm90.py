@@ -59,6 +59,29 @@ from . import tiles
 from .common import GemmVariant
 
 BLOCK_SCALE_K = atoms.BLOCK_SCALE_K
+# ``silu_mul``: the rows of B (the weight) hold gate and up rows in blocks of this many, [gate block
+# 0; up block 0; gate block 1; up block 1; ...], so one 128-column tile holds 64 gate columns and
+# the matching 64 up columns (runtime/epilogue.py ``pack_gate_up`` rearranges a [gate; up] weight).
+GATE_UP_BLOCK = 64
+
+
+def epilogue_args(v, args: tuple, div: tuple) -> tuple[tuple, tuple]:
+    """A variant's arguments with its epilogue fields: ``c`` (M, NO, L) with NO = N / 2 columns
+    for ``silu_mul``; then ``bias`` (N,) and ``residual`` (M, NO or N, L), in the output dtype,
+    after the scales."""
+    div = dict(div)
+    n_out = "N"
+    if v.silu_mul:
+        n_out = "NO"
+        args = tuple(TensorArg("c", v.c, ("M", "NO", "L"), ("sCm", 1, "sCl")) if a.name == "c" else a
+                     for a in args)
+        div["NO"] = v.vector(v.c)
+    eb = DTYPE_BYTES[v.c]
+    if v.bias:
+        args += (TensorArg("bias", v.c, ("N",), (1,), align=eb),)
+    if v.residual:
+        args += (TensorArg("residual", v.c, ("M", n_out, "L"), ("sRm", 1, "sRl"), align=eb),)
+    return args, tuple(sorted(div.items()))
 
 
 def scale_args(mode: str) -> tuple:
@@ -156,6 +179,15 @@ class GemmSm90(GemmVariant):
     # partial sum as it is promoted into the fp32 accumulators.
     row_scale: bool = field(default=False, metadata={"tag": "rowsc"})
     block_scale: bool = field(default=False, metadata={"tag": "blksc"})
+    # Epilogue fields (composable; each off by default, so a variant without them compiles the
+    # same kernel as before they existed).  Applied to the fp32 accumulators in this order, after
+    # the fp8 scales: ``+ bias[col]`` (bias (N,), the output dtype), ``silu_mul`` (the kernel's N
+    # holds gate and up rows in blocks of tile N / 2, see GATE_UP_BLOCK: out[:, j] =
+    # silu(gate_j)·up_j, output N / 2 columns), ``+ residual[row, col]`` (residual (M, N_out, L),
+    # the output dtype; may be ``c`` itself for an in-place add).
+    bias: bool = field(default=False, metadata={"tag": "bias"})
+    silu_mul: bool = field(default=False, metadata={"tag": "silumul"})
+    residual: bool = field(default=False, metadata={"tag": "res"})
 
     required_sass: ClassVar[tuple[str, ...]] = (r"\bHGMMA\.64x", r"\bUTMALDG\.3D", r"\bUTMASTG\.3D")
 
@@ -167,6 +199,8 @@ class GemmSm90(GemmVariant):
             args = tuple(a for a in args if a.name not in ("scale_a", "scale_b")) + scale_args(self.scale_mode)
         if self.scale_mode == "block":  # scale_a's k-block rows are TMA rows: 16-byte strides
             div = tuple(sorted((*div, ("sSAk", 4))))
+        if self.has_epilogue:
+            args, div = epilogue_args(self, args, div)
         return Signature(args + (ScalarArg("max_clusters", "i32"),), div)
 
     def sass_requirements(self) -> tuple[str, ...]:
@@ -230,6 +264,11 @@ class GemmSm90(GemmVariant):
                 return "block scales run unswapped, unsplit and promoted (not fast_accum)"
             if tk != BLOCK_SCALE_K or BLOCK_SCALE_K % tn:
                 return f"block scales need tile K {BLOCK_SCALE_K} and a tile N dividing {BLOCK_SCALE_K}"
+        if self.has_epilogue:
+            if self.swap_ab or self.split_k > 1:
+                return "epilogue fields run unswapped and unsplit"
+            if self.silu_mul and tn != 2 * GATE_UP_BLOCK:
+                return f"silu_mul needs tile N {2 * GATE_UP_BLOCK} (gate and up blocks of {GATE_UP_BLOCK} rows)"
         plan = self.plan()
         acc_sets = 2 if self.promotes else 1
         if acc_sets * tm * tn // (plan.mma_warpgroups * 128) > 128:
@@ -269,6 +308,15 @@ class GemmSm90(GemmVariant):
         """fp8 scales: "tensor" (one each), "row" (scale_a (M,), scale_b (N,)) or "block"
         (scale_a per 1x128 of A, scale_b per 128x128 of B); see common.py."""
         return "row" if self.row_scale else "block" if self.block_scale else "tensor"
+
+    @property
+    def has_epilogue(self) -> bool:
+        return self.bias or self.silu_mul or self.residual
+
+    @property
+    def epilogue(self) -> list[str]:
+        """The epilogue fields that are on, in the order they apply."""
+        return [f for f in ("bias", "silu_mul", "residual") if getattr(self, f)]
 
     @property
     def promotes(self) -> bool:
@@ -342,6 +390,12 @@ class GemmSm90(GemmVariant):
                 "tails": ["M", "N", "K", "L"],
             },
         })
+        if self.has_epilogue:
+            # Fused epilogue fields (bias, silu_mul, residual) in the order they apply; see the
+            # fields.  silu_mul writes N / 2 columns from gate/up rows in blocks.
+            d["epilogue"] = self.epilogue
+            if self.silu_mul:
+                d["gate_up_block"] = GATE_UP_BLOCK
         return d
 
     def make_kernel(self):
@@ -353,7 +407,10 @@ class GemmSm90(GemmVariant):
             raster_along_m=(self.raster == "m") != self.swap_ab, swizzle=self.swizzle,
             swap_ab=self.swap_ab, split_k=self.split_k, pdl=self.pdl, early_b=self.early_b,
             scale_mode=self.scale_mode,
+            epilogue=tuple(self.epilogue),
         )
+        if self.has_epilogue:
+            return kernel.epilogue_entry(self.is_fp8)
         if self.is_fp8:
             return kernel.scaled
         return kernel
@@ -371,8 +428,13 @@ class GemmSm90Kernel:
 
     def __init__(self, *, tile, cluster, n_consumer, pingpong, promote, epi_tile, ab_stages,
                  epi_stages, raster_along_m, swizzle, swap_ab, split_k, pdl=False, early_b=False,
-                 scale_mode="tensor"):
+                 scale_mode="tensor", epilogue=()):
         self.tile = tuple(tile)
+        # Fused epilogue: the fields that are on (GemmSm90), and the output tile (silu_mul: half
+        # the kernel tile's columns).
+        self.epilogue = tuple(epilogue)
+        self.silu_mul = "silu_mul" in self.epilogue
+        self.c_tile = (self.tile[0], self.tile[1] // 2) if self.silu_mul else self.tile[:2]
         self.cluster = tuple(cluster)
         self.n_consumer = n_consumer
         self.pingpong = pingpong
@@ -414,8 +476,51 @@ class GemmSm90Kernel:
                scale_b: cute.Tensor, max_clusters: cutlass.Int32, stream: cuda.CUstream):
         self._launch(a, b, c, scale_a, scale_b, max_clusters, stream)
 
+    def epilogue_entry(self, fp8: bool):
+        """The host entry of an epilogue variant: its arguments follow the signature (scales for
+        fp8, then bias and residual where those fields are on)."""
+        key = ("bias" in self.epilogue, "residual" in self.epilogue)
+        if fp8:
+            return {(False, False): self.scaled, (True, False): self.scaled_bias,
+                    (False, True): self.scaled_res, (True, True): self.scaled_bias_res}[key]
+        return {(False, False): self.__call__, (True, False): self.with_bias,
+                (False, True): self.with_res, (True, True): self.with_bias_res}[key]
+
     @cute.jit
-    def _launch(self, a, b, c, scale_a, scale_b, max_clusters, stream):
+    def with_bias(self, a: cute.Tensor, b: cute.Tensor, c: cute.Tensor, bias: cute.Tensor,
+                  max_clusters: cutlass.Int32, stream: cuda.CUstream):
+        self._launch(a, b, c, None, None, max_clusters, stream, bias, None)
+
+    @cute.jit
+    def with_res(self, a: cute.Tensor, b: cute.Tensor, c: cute.Tensor, residual: cute.Tensor,
+                 max_clusters: cutlass.Int32, stream: cuda.CUstream):
+        self._launch(a, b, c, None, None, max_clusters, stream, None, residual)
+
+    @cute.jit
+    def with_bias_res(self, a: cute.Tensor, b: cute.Tensor, c: cute.Tensor, bias: cute.Tensor,
+                      residual: cute.Tensor, max_clusters: cutlass.Int32, stream: cuda.CUstream):
+        self._launch(a, b, c, None, None, max_clusters, stream, bias, residual)
+
+    @cute.jit
+    def scaled_bias(self, a: cute.Tensor, b: cute.Tensor, c: cute.Tensor, scale_a: cute.Tensor,
+                    scale_b: cute.Tensor, bias: cute.Tensor, max_clusters: cutlass.Int32,
+                    stream: cuda.CUstream):
+        self._launch(a, b, c, scale_a, scale_b, max_clusters, stream, bias, None)
+
+    @cute.jit
+    def scaled_res(self, a: cute.Tensor, b: cute.Tensor, c: cute.Tensor, scale_a: cute.Tensor,
+                   scale_b: cute.Tensor, residual: cute.Tensor, max_clusters: cutlass.Int32,
+                   stream: cuda.CUstream):
+        self._launch(a, b, c, scale_a, scale_b, max_clusters, stream, None, residual)
+
+    @cute.jit
+    def scaled_bias_res(self, a: cute.Tensor, b: cute.Tensor, c: cute.Tensor, scale_a: cute.Tensor,
+                        scale_b: cute.Tensor, bias: cute.Tensor, residual: cute.Tensor,
+                        max_clusters: cutlass.Int32, stream: cuda.CUstream):
+        self._launch(a, b, c, scale_a, scale_b, max_clusters, stream, bias, residual)
+
+    @cute.jit
+    def _launch(self, a, b, c, scale_a, scale_b, max_clusters, stream, bias=None, residual=None):
         if cutlass.const_expr(self.swap_ab):
             # Cᵀ = B·Aᵀ: the same kernel on swapped operands and a transposed view of C.
             a, b = b, a
@@ -447,7 +552,7 @@ class GemmSm90Kernel:
         if cutlass.const_expr(self.scale_mode == "block"):
             tma_sa, mSA = atoms.tma_load_atom(scale_a, sSA_layout, (self.tile[0], 1))
 
-        tiles_mnl = cute.zipped_divide(c, tiler=self.tile[:2])[(0, (None, None, None))].shape
+        tiles_mnl = cute.zipped_divide(c, tiler=self.c_tile)[(0, (None, None, None))].shape
         if cutlass.const_expr(self.split_k > 1):
             # Scheduler "M tiles" are (tile, k-part) pairs; a cluster of split_k CTAs along that
             # mode shares one output tile.
@@ -479,7 +584,7 @@ class GemmSm90Kernel:
         self.c_layout = c_layout
         self.kernel(
             tma_a, gA, tma_b, gB, tma_c, gC, scale_a, scale_b, tma_sa, mSA, tiled_mma,
-            sA_layout, sB_layout, sC_layout, sSA_layout, sched,
+            sA_layout, sB_layout, sC_layout, sSA_layout, sched, bias, residual,
         ).launch(
             grid=grid, block=[self.threads, 1, 1], cluster=(*self.launch_cluster, 1),
             min_blocks_per_mp=1, stream=stream, use_pdl=self.pdl,
@@ -497,6 +602,7 @@ class GemmSm90Kernel:
         sA_layout: cute.ComposedLayout, sB_layout: cute.ComposedLayout,
         sC_layout: cute.ComposedLayout, sSA_layout: cute.Layout,
         sched_params: utils.PersistentTileSchedulerParams,
+        bias=None, residual=None,
     ):
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -548,7 +654,7 @@ class GemmSm90Kernel:
         # (bM, bK, tiles_m, tiles_k, L) and friends.
         gA = cute.local_tile(mA, cute.slice_(self.tile, (None, 0, None)), (None, None, None))
         gB = cute.local_tile(mB, cute.slice_(self.tile, (0, None, None)), (None, None, None))
-        gC = cute.local_tile(mC, cute.slice_(self.tile, (None, None, 0)), (None, None, None))
+        gC = cute.local_tile(mC, self.c_tile, (None, None, None))
         k_tiles = cute.size(gA, mode=[3])
 
         pipeline.pipeline_init_wait(cluster_shape_mn=self.launch_cluster)
@@ -577,7 +683,8 @@ class GemmSm90Kernel:
             red = storage.red.get_tensor(cute.make_layout(max(1, self.red_elems)))
             self.consume(tiled_mma, tma_c, sA, sB, sC, gC, ab_pipe, order_bars, red, red_bars,
                          scale_a, scale_b, sched_params, k_tiles,
-                         (tidx - 128) % self.epi_threads, owner, warp_idx, cta_rank, sSA)
+                         (tidx - 128) % self.epi_threads, owner, warp_idx, cta_rank, sSA,
+                         bias, residual)
 
     @cute.jit
     def produce(self, tma_a, tma_b, sA, sB, gA, gB, ab_pipe, cta_layout, cluster_coord,
@@ -678,6 +785,21 @@ class GemmSm90Kernel:
         return tiled_mma
 
     @cute.jit
+    def _fused_epilogue(self, acc, cC, scale, scale_first: cutlass.Constexpr, bias, residual, m, n, l):
+        """The epilogue fields on one tile's fp32 accumulators, before the conversion to the
+        output dtype: (fp8 per-tensor scale,) + bias, silu·mul, + residual."""
+        if cutlass.const_expr(scale_first):
+            atoms.scale_acc(acc, scale)
+        if cutlass.const_expr(bias is not None):
+            atoms.add_col_vector(acc, cC, bias, n * self.tile[1])
+        cols = cute.size(atoms.acc_mn_view(acc), mode=[1])
+        if cutlass.const_expr(self.silu_mul):
+            atoms.silu_mul_halves(acc)
+            cols = cols // 2
+        if cutlass.const_expr(residual is not None):
+            atoms.add_residual(acc, cC, residual, m * self.tile[0], n * self.c_tile[1], l, cols)
+
+    @cute.jit
     def _k_range(self, m, k_tiles):
         """(output tile M index, first k-tile, end k-tile) of a scheduler tile: with split-K the
         scheduler's M index is tile * split_k + part, and part p takes the p-th slice of K."""
@@ -722,7 +844,8 @@ class GemmSm90Kernel:
 
     @cute.jit
     def consume(self, tiled_mma, tma_c, sA, sB, sC, gC, ab_pipe, order_bars, red, red_bars,
-                scale_a, scale_b, sched_params, k_tiles, ctidx, owner, warp_idx, cta_rank, sSA=None):
+                scale_a, scale_b, sched_params, k_tiles, ctidx, owner, warp_idx, cta_rank, sSA=None,
+                bias=None, residual=None):
         """The MMA warpgroups: mainloop then epilogue, tile after tile.  ``owner`` is the
         ping-pong warpgroup (0 otherwise): it takes tiles owner, owner + 2, ... of this CTA's
         schedule and skips the other warpgroup's k-blocks in the smem ring.
@@ -735,6 +858,8 @@ class GemmSm90Kernel:
         tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
         tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
         acc_shape = thr_mma.partition_C(gC).shape[:3]
+        if cutlass.const_expr(self.silu_mul):  # gC tiles are half the kernel tile's columns
+            acc_shape = thr_mma.partition_C(cute.make_identity_tensor(self.tile[:2])).shape[:3]
         acc = cute.make_rmem_tensor(acc_shape, cutlass.Float32)
         part = None
         part2 = None
@@ -744,7 +869,7 @@ class GemmSm90Kernel:
         k_blocks = cute.size(tCrA, mode=[2])
         # Tile coordinates (row, col) of this thread's accumulators (row and block scales).
         cC = None
-        if cutlass.const_expr(self.scale_mode != "tensor"):
+        if cutlass.const_expr(self.scale_mode != "tensor" or len(self.epilogue) > 0):
             cC = thr_mma.partition_C(cute.make_identity_tensor((self.tile[0], self.tile[1])))
 
         # Epilogue copies: registers -> smem with stmatrix (16-bit outputs) laid out like the
@@ -777,7 +902,11 @@ class GemmSm90Kernel:
 
         scale = cutlass.Float32(1.0)
         tensor_scale = scale_a is not None and self.scale_mode == "tensor"
-        if cutlass.const_expr(tensor_scale):
+        # With an epilogue the per-tensor scale is applied before it adds anything.
+        scale_in_epilogue = tensor_scale and len(self.epilogue) > 0
+        if cutlass.const_expr(scale_in_epilogue):
+            tensor_scale = False
+        if cutlass.const_expr(tensor_scale or scale_in_epilogue):
             scale = scale_a[0] * scale_b[0]
 
         sched = atoms.tile_scheduler(sched_params)
@@ -906,6 +1035,8 @@ class GemmSm90Kernel:
             if is_leader:  # with split-K only the first CTA of the cluster stores
                 if cutlass.const_expr(self.scale_mode == "row"):
                     atoms.apply_row_col_scales(acc, cC, scale_a, scale_b, m * self.tile[0], n * self.tile[1])
+                if cutlass.const_expr(len(self.epilogue) > 0):
+                    self._fused_epilogue(acc, cC, scale, scale_in_epilogue, bias, residual, m, n, l)
                 # ---- epilogue
                 gC_t = cute.zipped_divide(gC[(None, None, m, n, l)], self.epi_tile)
                 bSG_sC, bSG_gC = cute.nvgpu.cpasync.tma_partition(
@@ -916,8 +1047,14 @@ class GemmSm90Kernel:
                 n_epi = cute.size(gC_t, mode=[1])
                 done = sched.num_tiles_executed * n_epi
                 for e in cutlass.range_constexpr(n_epi):
+                    src = e
+                    if cutlass.const_expr(self.silu_mul):
+                        # Output sub-tile (i, j) is accumulator sub-tile (i, j) of a tile twice
+                        # as wide (the results sit in its first half).
+                        per_row = self.c_tile[1] // self.epi_tile[1]
+                        src = (e // per_row) * 2 * per_row + e % per_row
                     for v in cutlass.range_constexpr(frag_size):
-                        tRS_rF[v] = tRS_acc[e * frag_size + v]
+                        tRS_rF[v] = tRS_acc[src * frag_size + v]
                     vals = tRS_rF.load()
                     if cutlass.const_expr(tensor_scale):
                         vals = vals * scale
@@ -957,6 +1094,7 @@ def _default() -> list[dict]:
     out = [dict(d, pdl=True) for d in (*tiles.SM90_DEFAULT, *tiles.SM90_SCALED_DEFAULT)]
     out += [dict(d, early_b=True) for d in out if d.get("swap_ab")]
     out += [dict(d, pdl=True, early_b=True) for d in tiles.SM90_EARLY_B_ONLY]
+    out += [dict(d, pdl=True) for d in tiles.SM90_EPILOGUE_DEFAULT]
     return out
 
 
@@ -975,6 +1113,10 @@ def _full() -> list[dict]:
                                                  swap["split_k"]):
         tk = 128 // DTYPE_BYTES[ab]
         out.append(dict(ab=ab, c=c, tile=(tm, tn, tk), schedule="ws", swap_ab=True, split_k=sk))
+    for d, (bias, silu, res) in itertools.product(tiles.SM90_EPILOGUE_FULL_TILES,
+                                                  itertools.product((False, True), repeat=3)):
+        if bias or silu or res:
+            out.append(dict(d, pdl=True, bias=bias, silu_mul=silu, residual=res))
     return out
 
 
@@ -982,7 +1124,8 @@ def _full() -> list[dict]:
 def enumerate_sm90(target: Target, tier: str) -> list[GemmSm90]:
     if target.family != "sm90":
         return []
-    specs = {"test": list(tiles.SM90_TEST), "default": _default(), "full": _full()}[tier]
+    specs = {"test": list(tiles.SM90_TEST) + [dict(d, pdl=True) for d in tiles.SM90_EPILOGUE_TEST],
+             "default": _default(), "full": _full()}[tier]
     out = []
     for s in specs:
         v = GemmSm90(target=target.name, **s)

@@ -139,6 +139,34 @@ SM90_SCALED_FULL = (
     dict(**FP8, tile=(256, 128, 128), cluster=(1, 2), fast_accum=True, swizzle=8, row_scale=True),
     dict(**FP8, tile=(64, 256, 128), cluster=(1, 2), schedule="pp", fast_accum=True, row_scale=True),
 )
+# Fused epilogues (bias, silu_mul, residual), built with pdl=True.  Default: what a Llama-3 layer
+# calls (bf16, no bias): residual for o_proj / down_proj, silu_mul (tile N 128: 64 gate + 64 up
+# columns) for gate_up, at the unswapped tiles the selection takes for prefill and decode (Llama-3-8B
+# shapes, H100's 132 SMs, M 1..8192: residual 128x128 up to M 512, then 128x256; silu_mul 64x128 ws
+# up to M 64, then 128x128 with and without a 2x1 cluster).
+SM90_EPILOGUE_DEFAULT = (
+    dict(**BF16, tile=(128, 128, 64), residual=True),
+    dict(**BF16, tile=(128, 256, 64), cluster=(2, 1), residual=True),
+    dict(**BF16, tile=(128, 128, 64), silu_mul=True),
+    dict(**BF16, tile=(128, 128, 64), cluster=(2, 1), silu_mul=True),
+    dict(**BF16, tile=(64, 128, 64), schedule="ws", silu_mul=True),
+)
+# Test tier: each field alone and all three together (the GPU tests' variants).
+SM90_EPILOGUE_TEST = (
+    dict(**BF16, tile=(128, 128, 64), bias=True),
+    dict(**BF16, tile=(128, 128, 64), residual=True),
+    dict(**BF16, tile=(128, 128, 64), silu_mul=True),
+    dict(**BF16, tile=(64, 128, 64), schedule="ws", bias=True, silu_mul=True, residual=True),
+)
+# Full tier adds every combination of the fields on these tiles, bf16 and fp8 (row scales too).
+SM90_EPILOGUE_FULL_TILES = (
+    dict(**BF16, tile=(128, 128, 64)),
+    dict(**BF16, tile=(128, 128, 64), cluster=(2, 1)),
+    dict(**BF16, tile=(64, 128, 64), schedule="ws"),
+    dict(ab="f16", c="f16", tile=(128, 128, 64)),
+    dict(**FP8, tile=(128, 128, 128)),
+    dict(**FP8, tile=(128, 128, 128), row_scale=True),
+)
 SM90_EARLY_B_ONLY = (
     dict(**FP8, tile=(16, 64, 256), schedule="ws", swap_ab=True, deep=True),
     dict(**BF16, tile=(16, 64, 128), schedule="ws", swap_ab=True, deep=True),

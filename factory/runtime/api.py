@@ -21,6 +21,17 @@ def _ops():
     return _OPS
 
 
+_EPILOGUE = None  # runtime/epilogue.py, bound on first use
+
+
+def _epilogue():
+    global _EPILOGUE
+    from . import epilogue
+
+    _EPILOGUE = epilogue
+    return epilogue
+
+
 class Bundle(BundleCore):
     @classmethod
     def default(cls, capability: tuple[int, int] | None = None, device: dict | None = None):
@@ -33,7 +44,7 @@ class Bundle(BundleCore):
         return cls.open(default_path(None if capability is None else tuple(capability)), capability, device)
 
     def gemm(self, a, b, out=None, *, out_dtype=None, scale_a=None, scale_b=None, variant: str | None = None,
-             b_constant: bool = False, scale_mode: str | None = None):
+             b_constant: bool = False, scale_mode: str | None = None, bias=None, residual=None, activation=None):
         """``out = a @ b.T`` (runtime/gemm.py; ``b`` packed by ``pack_b``: runtime/packed.py).
         ``b_constant=True`` promises that no kernel that may still be running in the stream writes
         ``b`` (model weights): decode variants launched with programmatic dependent launch then
@@ -41,6 +52,19 @@ class Bundle(BundleCore):
         per row of a and b, or per 1x128 / 128x128 block, told apart by their shapes (or
         ``scale_mode``); runtime/fp8.py gives the layouts and the quantizers that write them."""
         gemm, packed, _, bs, compiling = _OPS or _ops()
+        if bias is not None or residual is not None or activation is not None:
+            # fused epilogue: out = act(a·bᵀ + bias) + residual (runtime/epilogue.py)
+            epilogue = _EPILOGUE or _epilogue()
+            if compiling():
+                if out is not None:
+                    raise InputError("under torch.compile a fused-epilogue gemm returns a new tensor: no out=")
+                return self.torch_ops().gemm_epilogue(a, b, bias, residual, activation, out_dtype, scale_a, scale_b,
+                                                      b_constant, scale_mode)
+            if isinstance(b, (bs.BlockScaled, packed.PackedB)) or isinstance(a, bs.BlockScaled):
+                raise InputError("bias, residual and activation apply to plain (unpacked) operands only")
+            return epilogue.gemm_epilogue(self, a, b, out, bias=bias, residual=residual, activation=activation,
+                                          out_dtype=out_dtype, scale_a=scale_a, scale_b=scale_b, variant=variant,
+                                          b_constant=b_constant, scale_mode=scale_mode)
         if compiling():  # traced by torch.compile: the bundle's torch op, whose fake checks like this call
             return self.traced_gemm(a, b, out, out_dtype, scale_a, scale_b, variant, b_constant, scale_mode)
         if isinstance(a, bs.BlockScaled) or isinstance(b, bs.BlockScaled):

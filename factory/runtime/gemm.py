@@ -206,6 +206,8 @@ def fitting_variants(bundle, a3, b3, c3, ab: str, c: str, scales: list,
             continue
         if bool(v.get("config", {}).get("early_b")) != early_b:  # for a constant B only (select())
             continue
+        if v.get("epilogue"):  # fused epilogues take more arguments (runtime/epilogue.py)
+            continue
         try:
             # (Scalars are not checked: the grid cap is asked of the driver only at launch.)
             bundle.binder(v["name"]).check([a3, b3, c3, *scales, *_workspace_spec(v, M, N)])
@@ -527,7 +529,7 @@ def _named(bundle, name: str, a3, b3, c3, ab: str, c: str, scales: list, dev: in
     if key in bundle.selections:
         return name
     entry = bundle.manifest["variants"].get(name)
-    if entry is None or entry["op"] != "gemm" or entry.get("family") == "decode":
+    if entry is None or entry["op"] != "gemm" or entry.get("family") == "decode" or entry.get("epilogue"):
         raise NoVariantError(f"no gemm variant {name!r} for unpacked operands; {bundle.describe_contents('gemm')}")
     am, bm = _major(a3, "m"), _major(b3, "n")
     d, lay = entry["dtypes"], entry["layout"]

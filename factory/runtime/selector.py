@@ -36,6 +36,11 @@ class GemmScales(ctypes.Structure):
                 ("scale_b_stride", ctypes.c_int64 * 2)]
 
 
+class GemmEpilogue(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_int32), ("n_out", ctypes.c_int64), ("bias", _P), ("residual", _P),
+                ("residual_stride", _I64x3)]
+
+
 class AttentionProblem(ctypes.Structure):
     _fields_ = [("dtype", ctypes.c_int), ("varlen", ctypes.c_int32),
                 ("batch", ctypes.c_int64), ("seqlen_q", ctypes.c_int64), ("seqlen_k", ctypes.c_int64),
@@ -156,6 +161,33 @@ class Selector:
         if rc == FX_ERR_NO_VARIANT:
             raise NoVariantError(msg)
         raise RuntimeError(f"fx_{op}_select returned {rc}: {msg}")
+
+    def select_epilogue(self, problem, form: tuple | None, flags: int, n_out: int, bias: int, residual: int,
+                        residual_stride: tuple) -> Selection:
+        """``fx_gemm_epilogue_select``: a GEMM problem with a fused epilogue (runtime/epilogue.py);
+        ``form`` as :meth:`select_scaled`'s, or None for per-tensor scales."""
+        fn = getattr(self.lib, "fx_gemm_epilogue_select", None)
+        if fn is None:
+            raise NoVariantError("this bundle's host library has no fx_gemm_epilogue_select: relink it "
+                                 "(python -m factory link)")
+        fn.restype = ctypes.c_int32
+        fn.argtypes = [ctypes.POINTER(Device), ctypes.POINTER(GemmProblem), ctypes.POINTER(GemmScales),
+                       ctypes.POINTER(GemmEpilogue), ctypes.POINTER(Selection)]
+        sc = None
+        if form is not None:
+            mode, sa, sb = form
+            sc = ctypes.byref(GemmScales(int(mode), (ctypes.c_int64 * 2)(*sa), (ctypes.c_int64 * 2)(*sb)))
+        ep = GemmEpilogue(int(flags), int(n_out), bias or None, residual or None, _I64x3(*residual_stride))
+        sel = Selection()
+        rc = fn(self._dev, ctypes.byref(problem), sc, ctypes.byref(ep), ctypes.byref(sel))
+        if rc == 0:
+            return sel
+        msg = (self.lib.fx_last_error_message() or b"").decode(errors="replace")
+        if rc == FX_ERR_INPUT:
+            raise InputError(msg)
+        if rc == FX_ERR_NO_VARIANT:
+            raise NoVariantError(msg)
+        raise RuntimeError(f"fx_gemm_epilogue_select returned {rc}: {msg}")
 
     def select_scaled(self, problem, form: tuple) -> Selection:
         """``fx_gemm_scaled_select`` of a GEMM problem with fp8 row / block scales; ``form`` is

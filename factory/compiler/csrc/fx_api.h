@@ -78,6 +78,24 @@ typedef struct {
     int64_t scale_b_stride[2];
 } fx_gemm_scales_t;
 
+/* Fused GEMM epilogues for fx_gemm_epilogue_select: the fp32 product (times the fp8 scales) gets,
+   in this order, + bias[n] (FX_EPI_BIAS), then out[:, j] = silu(gate_j)·up_j (FX_EPI_SILU_MUL),
+   then + residual[m][j] (FX_EPI_RESIDUAL), and is written in c's dtype.
+   The problem's n is b's rows (the product's columns); c has n_out columns: n_out = n, or with
+   FX_EPI_SILU_MUL n = 2·ceil(n_out/64)·64, b's rows holding gate and up rows in blocks of 64
+   ([gate 0..63; up 0..63; gate 64..127; up 64..127; ...], zero rows past n_out).
+   bias: n elements of c's dtype, unit stride (in b's row order).  residual: (m, n_out, l) of c's
+   dtype with residual_stride {m, n, l}, the n stride 1; it may be c itself (same pointer and
+   strides: an in-place add), else it must not overlap c. */
+typedef enum { FX_EPI_BIAS = 1, FX_EPI_SILU_MUL = 2, FX_EPI_RESIDUAL = 4 } fx_gemm_epilogue_flags_t;
+typedef struct {
+    int32_t flags;          /* fx_gemm_epilogue_flags_t, or'ed */
+    int64_t n_out;          /* c's columns */
+    const void *bias;
+    const void *residual;
+    int64_t residual_stride[3];
+} fx_gemm_epilogue_t;
+
 /* softmax(q·kᵀ·scale [+ bottom-right causal mask])·v.
    Dense: q/o (batch, seqlen_q, heads_q, head_dim), k/v (batch, seqlen_k, heads_kv, head_dim),
    lse float32 (batch, heads_q, seqlen_q).  Varlen (packed sequences): seqlen_q / seqlen_k are the
@@ -233,6 +251,10 @@ int32_t fx_gemm_select(const fx_device_t *dev, const fx_gemm_problem_t *p, fx_se
 int32_t fx_attention_select(const fx_device_t *dev, const fx_attention_problem_t *p, fx_selection_t *out);
 int32_t fx_attention_kvcache_select(const fx_device_t *dev, const fx_attention_kvcache_problem_t *p,
                                     fx_selection_t *out);
+/* fx_gemm_select / fx_gemm_scaled_select (scales may be NULL: per-tensor) of a GEMM with a fused
+   epilogue (ep must not be NULL); only variants built with exactly those epilogue flags qualify. */
+int32_t fx_gemm_epilogue_select(const fx_device_t *dev, const fx_gemm_problem_t *p, const fx_gemm_scales_t *scales,
+                                const fx_gemm_epilogue_t *ep, fx_selection_t *out);
 int32_t fx_gemm_scaled_select(const fx_device_t *dev, const fx_gemm_problem_t *p, const fx_gemm_scales_t *scales,
                               fx_selection_t *out);
 int32_t fx_gemm_packed_select(const fx_device_t *dev, const fx_gemm_packed_problem_t *p, fx_selection_t *out);

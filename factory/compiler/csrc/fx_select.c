@@ -544,12 +544,15 @@ static i128 launch_ctas_fixed(const fx_variant *v, int64_t M, int64_t N, int64_t
     return tiles < cap ? tiles : cap;
 }
 
+#define FX_GATE_UP_BLOCK 64 /* gemm/sm90.py GATE_UP_BLOCK */
+
 /* --- GEMM: runtime/gemm.py --------------------------------------------------------------------- */
 typedef struct {
     const fx_device_t *dev;
     int32_t ab, c, am, bm;
     int64_t M, N, K, L;
-    fx_value vals[FX_MAX_ARGS]; /* a, b, c [, scale_a, scale_b] */
+    int32_t epilogue; /* fx_gemm_epilogue_flags_t: only variants with exactly these */
+    fx_value vals[FX_MAX_ARGS]; /* a, b, c [, scale_a, scale_b] [, bias] [, residual] */
     int32_t n_vals;
 } gemm_ctx;
 
@@ -577,6 +580,7 @@ static int32_t gemm_fits(const gemm_ctx *g, int32_t early_b, int32_t **fits, int
         const fx_variant *v = &fx_variants[cand[i]];
         if (v->ab != g->ab || v->c != g->c || v->a_major != g->am || v->b_major != g->bm) continue;
         if (v->early_b != early_b) continue;
+        if (v->epilogue != g->epilogue) continue;
         int32_t nv = g->n_vals;
         if (v->workspace) workspace_spec(&vals[nv++], v, g->M, g->N, 0);
         if (check_contract(v, vals, nv)) {
@@ -822,7 +826,8 @@ static int32_t gemm_b_constant(const gemm_ctx *g, int32_t plain) {
    applies. */
 typedef struct {
     int32_t cc_major, cc_minor, sm_count, tuned, ab, c, am, bm, b_constant, align[5], scale_mode;
-    int64_t M, N, K, L, strides[13];
+    int32_t epilogue, epi_align[2];
+    int64_t M, N, K, L, strides[13], n_out, res_strides[3];
 } gemm_key;
 
 #define FX_CACHE_SLOTS 64
@@ -831,7 +836,8 @@ static _Thread_local struct {
     int32_t choice; /* variant + 1; 0: empty slot */
 } fx_gemm_cache[FX_CACHE_SLOTS];
 
-static uint32_t gemm_key_of(const gemm_ctx *g, const fx_gemm_problem_t *p, const fx_gemm_scales_t *sc, gemm_key *k) {
+static uint32_t gemm_key_of(const gemm_ctx *g, const fx_gemm_problem_t *p, const fx_gemm_scales_t *sc,
+                            const fx_gemm_epilogue_t *ep, gemm_key *k) {
     memset(k, 0, sizeof *k);
     k->cc_major = g->dev->cc_major, k->cc_minor = g->dev->cc_minor, k->sm_count = g->dev->sm_count;
     k->tuned = tuning_applies(g->dev);
@@ -850,6 +856,13 @@ static uint32_t gemm_key_of(const gemm_ctx *g, const fx_gemm_problem_t *p, const
             k->strides[9 + i] = sc->scale_a_stride[i];
             k->strides[11 + i] = sc->scale_b_stride[i];
         }
+    }
+    if (ep) {
+        k->epilogue = ep->flags;
+        k->n_out = ep->n_out;
+        k->epi_align[0] = (int32_t)((uintptr_t)ep->bias % 16);
+        k->epi_align[1] = (int32_t)((uintptr_t)ep->residual % 16);
+        for (int i = 0; i < 3; i++) k->res_strides[i] = ep->residual_stride[i];
     }
     uint32_t h = 2166136261u; /* FNV-1a */
     const unsigned char *b = (const unsigned char *)k;
@@ -875,7 +888,7 @@ static int64_t elem_bytes(int32_t dtype) {
 
 /* The GEMM op's checks up to the launch (runtime/gemm.py), and the choice, cached per thread. */
 static int32_t gemm_select(const fx_device_t *dev, const fx_gemm_problem_t *p, const fx_gemm_scales_t *sc,
-                           fx_selection_t *out, gemm_ctx *g) {
+                           const fx_gemm_epilogue_t *ep, fx_selection_t *out, gemm_ctx *g) {
     memset(out, 0, sizeof *out);
     out->variant = -1;
     fx_msg[0] = 0;
@@ -945,8 +958,37 @@ static int32_t gemm_select(const fx_device_t *dev, const fx_gemm_problem_t *p, c
     }
     /* the operands' extents (checked: each fits int64, in elements and in bytes), c's layout, and
        c against every input */
-    int64_t sa[3] = {p->m, p->k, p->l}, sb[3] = {p->n, p->k, p->l}, sc3[3] = {p->m, p->n, p->l}, span;
-    fx_range in[4], oc;
+    int32_t flags = ep ? ep->flags : 0;
+    int64_t n_out = p->n;
+    if (ep) {
+        if (flags & ~(FX_EPI_BIAS | FX_EPI_SILU_MUL | FX_EPI_RESIDUAL))
+            return fail(FX_ERR_INPUT, "unknown epilogue flags %d (bias 1, silu_mul 2, residual 4)", (int)flags);
+        if (c == FX_DTYPE_E4M3) return fail(FX_ERR_INPUT, "epilogues write bfloat16, float16 or float32");
+        n_out = ep->n_out;
+        if (n_out < 0) return fail(FX_ERR_INPUT, "n_out must not be negative, got %lld", (long long)n_out);
+        if (flags & FX_EPI_SILU_MUL) {
+            if (p->n != 2 * cdiv(n_out, FX_GATE_UP_BLOCK) * FX_GATE_UP_BLOCK)
+                return fail(FX_ERR_INPUT, "silu_mul: b must have 2·ceil(n_out/%d)·%d = %lld rows (gate and up in blocks of %d) "
+                            "for %lld output columns, got %lld", FX_GATE_UP_BLOCK, FX_GATE_UP_BLOCK,
+                            (long long)(2 * cdiv(n_out, FX_GATE_UP_BLOCK) * FX_GATE_UP_BLOCK), FX_GATE_UP_BLOCK,
+                            (long long)n_out, (long long)p->n);
+        } else if (n_out != p->n) {
+            return fail(FX_ERR_INPUT, "n_out %lld must equal n %lld without silu_mul", (long long)n_out, (long long)p->n);
+        }
+        if ((flags & FX_EPI_BIAS) && !ep->bias) return fail(FX_ERR_INPUT, "the bias epilogue needs a bias pointer");
+        if ((flags & FX_EPI_RESIDUAL) && !ep->residual)
+            return fail(FX_ERR_INPUT, "the residual epilogue needs a residual pointer");
+        if ((flags & FX_EPI_RESIDUAL) && (rc = check_stride("residual_stride", ep->residual_stride, 0, 3))) return rc;
+        if ((flags & FX_EPI_RESIDUAL) && n_out > 1 && ep->residual_stride[1] != 1)
+            return fail(FX_ERR_INPUT, "residual must be contiguous along n (stride %lld)", (long long)ep->residual_stride[1]);
+    }
+    int64_t sa[3] = {p->m, p->k, p->l}, sb[3] = {p->n, p->k, p->l}, sc3[3] = {p->m, n_out, p->l}, span;
+    int64_t sbias[1] = {p->n}, tbias[1] = {1}, tres[3] = {0, 1, 0};
+    if (ep && (flags & FX_EPI_RESIDUAL)) for (int i = 0; i < 3; i++) tres[i] = ep->residual_stride[i];
+    if (n_out <= 1) tres[1] = 1;
+    fx_range in[5], oc, ores;
+    memset(&in[4], 0, sizeof in[4]);
+    memset(&ores, 0, sizeof ores);
     if ((rc = span_of("a", 3, sa, p->a_stride, &span)) || (rc = range_of(&in[0], "a", p->a, span, elem_bytes(ab))) ||
         (rc = span_of("b", 3, sb, p->b_stride, &span)) || (rc = range_of(&in[1], "b", p->b, span, elem_bytes(ab))) ||
         (rc = span_of("c", 3, sc3, p->c_stride, &span)) || (rc = range_of(&oc, "c", p->c, span, elem_bytes(c))))
@@ -954,7 +996,19 @@ static int32_t gemm_select(const fx_device_t *dev, const fx_gemm_problem_t *p, c
     if ((rc = span_of("scale_a", srank, ssa, tsa, &span)) || (rc = range_of(&in[2], "scale_a", p->scale_a, fp8 ? span : 0, 4)) ||
         (rc = span_of("scale_b", srank, ssb, tsb, &span)) || (rc = range_of(&in[3], "scale_b", p->scale_b, fp8 ? span : 0, 4)))
         return rc;
-    if ((rc = check_distinct("c", 3, sc3, p->c_stride)) || (rc = check_disjoint(&oc, in, 4))) return rc;
+    if ((flags & FX_EPI_BIAS) && ((rc = span_of("bias", 1, sbias, tbias, &span)) ||
+                                  (rc = range_of(&in[4], "bias", ep->bias, span, elem_bytes(c)))))
+        return rc;
+    if ((flags & FX_EPI_RESIDUAL) && ((rc = span_of("residual", 3, sc3, tres, &span)) ||
+                                      (rc = range_of(&ores, "residual", ep->residual, span, elem_bytes(c)))))
+        return rc;
+    if ((rc = check_distinct("c", 3, sc3, p->c_stride)) || (rc = check_disjoint(&oc, in, 5))) return rc;
+    if (flags & FX_EPI_RESIDUAL) { /* the residual is c itself (in place) or apart from it, and apart from a and b */
+        int same = ep->residual == p->c && (p->m <= 1 || tres[0] == p->c_stride[0]) && (p->l <= 1 || tres[2] == p->c_stride[2]);
+        if (!same && (rc = check_disjoint(&oc, &ores, 1)))
+            return fail(FX_ERR_INPUT, "residual overlaps c in memory: pass c itself (same pointer and strides) for an "
+                        "in-place add, or a residual apart from it");
+    }
     if (p->m == 0 || p->n == 0 || p->l == 0 || p->k == 0) return 0; /* nothing to launch */
 
     memset(g, 0, sizeof *g);
@@ -962,6 +1016,7 @@ static int32_t gemm_select(const fx_device_t *dev, const fx_gemm_problem_t *p, c
     g->ab = ab;
     g->c = c;
     g->M = p->m, g->N = p->n, g->K = p->k, g->L = p->l;
+    g->epilogue = flags;
     spec(&g->vals[0], p->a, 3, sa, p->a_stride);
     spec(&g->vals[1], p->b, 3, sb, p->b_stride);
     spec(&g->vals[2], p->c, 3, sc3, p->c_stride);
@@ -971,6 +1026,8 @@ static int32_t gemm_select(const fx_device_t *dev, const fx_gemm_problem_t *p, c
         spec(&g->vals[4], p->scale_b, srank, ssb, tsb);
         g->n_vals = 5;
     }
+    if (flags & FX_EPI_BIAS) spec(&g->vals[g->n_vals++], ep->bias, 1, sbias, tbias);
+    if (flags & FX_EPI_RESIDUAL) spec(&g->vals[g->n_vals++], ep->residual, 3, sc3, tres);
     g->am = gemm_major(&g->vals[0].t, FX_MAJOR_M);
     g->bm = gemm_major(&g->vals[1].t, FX_MAJOR_N);
     if (!g->am || !g->bm)
@@ -978,7 +1035,7 @@ static int32_t gemm_select(const fx_device_t *dev, const fx_gemm_problem_t *p, c
                     (long long)p->a_stride[0], (long long)p->a_stride[1], (long long)p->a_stride[2],
                     (long long)p->b_stride[0], (long long)p->b_stride[1], (long long)p->b_stride[2]);
     gemm_key key;
-    uint32_t slot = gemm_key_of(g, p, sc, &key);
+    uint32_t slot = gemm_key_of(g, p, sc, ep, &key);
     int32_t choice;
     if (fx_gemm_cache[slot].choice && memcmp(&fx_gemm_cache[slot].key, &key, sizeof key) == 0) {
         choice = fx_gemm_cache[slot].choice - 1;
@@ -1013,7 +1070,20 @@ FX_EXPORT int32_t fx_gemm_select(const fx_device_t *dev, const fx_gemm_problem_t
     fx_selection_t tmp;
     gemm_ctx g;
     if (!out) out = &tmp;
-    return finish(gemm_select(dev, p, NULL, out, &g), out);
+    return finish(gemm_select(dev, p, NULL, NULL, out, &g), out);
+}
+
+FX_EXPORT int32_t fx_gemm_epilogue_select(const fx_device_t *dev, const fx_gemm_problem_t *p, const fx_gemm_scales_t *scales,
+                                          const fx_gemm_epilogue_t *ep, fx_selection_t *out) {
+    fx_selection_t tmp;
+    gemm_ctx g;
+    if (!out) out = &tmp;
+    if (!ep) {
+        memset(out, 0, sizeof *out);
+        out->variant = -1;
+        return finish(fail(FX_ERR_INPUT, "fx_gemm_epilogue_select: ep must not be NULL"), out);
+    }
+    return finish(gemm_select(dev, p, scales, ep, out, &g), out);
 }
 
 FX_EXPORT int32_t fx_gemm_scaled_select(const fx_device_t *dev, const fx_gemm_problem_t *p, const fx_gemm_scales_t *scales,
@@ -1026,7 +1096,7 @@ FX_EXPORT int32_t fx_gemm_scaled_select(const fx_device_t *dev, const fx_gemm_pr
         out->variant = -1;
         return finish(fail(FX_ERR_INPUT, "fx_gemm_scaled_select: scales must not be NULL"), out);
     }
-    return finish(gemm_select(dev, p, scales, out, &g), out);
+    return finish(gemm_select(dev, p, scales, NULL, out, &g), out);
 }
 
 /* --- attention: runtime/attention.py ----------------------------------------------------------- */
@@ -2344,7 +2414,7 @@ static int32_t gemm_zero(const fx_gemm_problem_t *p, cudaStream_t stream) {
 static int32_t gemm_run(const fx_device_t *dev, const fx_gemm_problem_t *p, const fx_gemm_scales_t *sc, void *workspace,
                         uint64_t workspace_bytes, fx_stream_t stream, fx_selection_t *out) {
     gemm_ctx g;
-    int32_t rc = gemm_select(dev, p, sc, out, &g);
+    int32_t rc = gemm_select(dev, p, sc, NULL, out, &g);
     if (rc) return rc;
     if (out->variant < 0) {
         if (p->k != 0) return 0;

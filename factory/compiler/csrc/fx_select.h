@@ -92,6 +92,8 @@ typedef struct {
     int32_t format;
     /* grouped GEMM (runtime/grouped.py): 1 contiguous, 2 masked; 0: other ops */
     int32_t grouped;
+    /* GEMM epilogue fields (fx_gemm_epilogue_flags_t): bias, silu_mul, residual; 0: none */
+    int32_t epilogue;
 } fx_variant;
 
 #define FX_MAX_TARGET_CCS 8

@@ -1,0 +1,160 @@
+#!/usr/bin/env python3
+"""Fused GEMM epilogues beside what they replace, on a Llama-3-8B layer's projections, same run:
+
+- ``residual`` (o_proj: M x 4096 x 4096, down_proj: M x 4096 x 14336): ``bundle.gemm(x, w,
+  residual=h)`` vs ``bundle.gemm(x, w)`` then ``torch.add(y, h)``, and vs cuBLAS (``x @ w.T``) then
+  the same add; and the in-place form ``bundle.gemm(x, w, h, residual=h)`` vs ``h += x @ w.T`` by
+  our plain GEMM.
+- ``silu_mul`` (gate_up: M x 28672 x 4096 -> M x 14336): ``bundle.gemm(x, pack_gate_up(w),
+  activation="silu_mul")`` vs ``bundle.gemm(x, w)`` then torch's silu_and_mul
+  (``F.silu(y[:, :I]) * y[:, I:]``), and vs cuBLAS then the same.
+
+Timing as scripts/bench.py: CUDA-graph replays of one call per input set (enough fresh random
+sets to exceed twice the L2), all sides of a row interleaved in alternating passes
+(factory.benchmark.time_interleaved), medians; also eager calls of the fused and unfused forms.
+Outputs are NaN-poisoned before timing and every side's values are checked against a float32
+reference afterwards.  Writes ``OUT.json`` (every row) and ``OUT.summary.json`` (per row: µs of
+each side and fused / unfused speed-up); ``--out`` defaults to ``$FACTORY_RESULTS/bench_epilogue``
+(outside the tree).
+
+    python3 scripts/bench_epilogue.py --bundle BUNDLE [--m 1 16 64 512 2048 8192] [--out STEM]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from factory import testing  # noqa: E402
+from factory.benchmark import default_out, sets_for, time_eager, time_interleaved  # noqa: E402
+from factory.runtime import Bundle, NoVariantError  # noqa: E402
+from factory.runtime.epilogue import pack_gate_up  # noqa: E402
+
+HIDDEN, INTER = 4096, 14336
+OPS = {  # name -> (fields, N_out, K)
+    "o_proj+residual": ("residual", HIDDEN, HIDDEN),
+    "down_proj+residual": ("residual", HIDDEN, INTER),
+    "gate_up+silu_mul": ("silu_mul", INTER, HIDDEN),
+}
+
+
+def _l2() -> int:
+    import torch
+
+    return int(getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 << 20))
+
+
+def bench_row(bundle, op: str, M: int) -> dict:
+    import torch
+    import torch.nn.functional as F
+
+    field, n_out, K = OPS[op]
+    bf = dict(device="cuda", dtype=torch.bfloat16)
+    N = 2 * n_out if field == "silu_mul" else n_out
+    per_set = 2 * (M * K + N * K + 2 * M * n_out)
+    n = sets_for(per_set, _l2())
+    xs = [torch.randn(M, K, **bf) for _ in range(n)]
+    ws = [torch.randn(N, K, **bf) / K ** 0.5 for _ in range(n)]
+    hs = [torch.randn(M, n_out, **bf) for _ in range(n)]
+    outs = {k: [torch.full((M, n_out), float("nan"), **bf) for _ in range(n)] for k in ("fused", "ours", "cublas")}
+    tmp = [torch.empty(M, N, **bf) for _ in range(n)]
+    if field == "silu_mul":
+        packed = [pack_gate_up(w) for w in ws]
+
+        def fused(i):
+            bundle.gemm(xs[i], packed[i], outs["fused"][i], activation="silu_mul")
+
+        def unfused_ours(i):
+            bundle.gemm(xs[i], ws[i], tmp[i])
+            torch.mul(F.silu(tmp[i][:, :n_out]), tmp[i][:, n_out:], out=outs["ours"][i])
+
+        def unfused_cublas(i):
+            torch.matmul(xs[i], ws[i].t(), out=tmp[i])
+            torch.mul(F.silu(tmp[i][:, :n_out]), tmp[i][:, n_out:], out=outs["cublas"][i])
+
+        def ref(i):
+            y = xs[i].float() @ ws[i].float().t()
+            return F.silu(y[:, :n_out]) * y[:, n_out:]
+    else:
+        def fused(i):
+            bundle.gemm(xs[i], ws[i], outs["fused"][i], residual=hs[i])
+
+        def unfused_ours(i):
+            bundle.gemm(xs[i], ws[i], tmp[i])
+            torch.add(tmp[i], hs[i], out=outs["ours"][i])
+
+        def unfused_cublas(i):
+            torch.matmul(xs[i], ws[i].t(), out=tmp[i])
+            torch.add(tmp[i], hs[i], out=outs["cublas"][i])
+
+        def ref(i):
+            return xs[i].float() @ ws[i].float().t() + hs[i].float()
+
+    calls = {"fused": fused, "ours+torch": unfused_ours, "cublas+torch": unfused_cublas}
+    try:
+        unfused_ours(0)
+    except NoVariantError:  # a bundle of epilogue variants only: no plain GEMM to compare with
+        del calls["ours+torch"]
+    times = time_interleaved(calls, n, warm_s=0.05)
+    eager = {k: time_eager(calls[k], n) for k in ("fused", "ours+torch") if k in calls}
+    errs = {}
+    for k in ("fused", "ours", "cublas"):
+        if k == "ours" and "ours+torch" not in calls:
+            continue
+        errs[k] = max(testing.rel_error(outs[k][i], ref(i)) for i in range(min(n, 2)))
+        assert not any(torch.isnan(o).any() for o in outs[k]), (op, M, k)
+    row = {"op": op, "M": M, "N": N, "N_out": n_out, "K": K, "sets": n,
+           "us": {k: v * 1e6 for k, v in times.items()}, "eager_us": {k: v * 1e6 for k, v in eager.items()},
+           "rel_err": errs,
+           "speedup_vs_ours_unfused": times["ours+torch"] / times["fused"] if "ours+torch" in times else None,
+           "speedup_vs_cublas_unfused": times["cublas+torch"] / times["fused"]}
+    return row
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--bundle", default="artifacts/default")
+    p.add_argument("--m", type=int, nargs="+", default=[1, 16, 64, 512, 2048, 8192])
+    p.add_argument("--ops", nargs="+", default=list(OPS), choices=list(OPS))
+    p.add_argument("--out", default=default_out("bench_epilogue"))
+    a = p.parse_args(argv)
+    import torch
+
+    torch.manual_seed(0)
+    bundle = Bundle.open(a.bundle)
+    rows = []
+    print(f"device {torch.cuda.get_device_name()}; µs per call, graph-replay medians", flush=True)
+    print(f"{'op':22s} {'M':>5s} {'fused':>9s} {'ours+torch':>11s} {'cublas+torch':>13s} {'x ours':>7s} "
+          f"{'x cublas':>8s}  variant", flush=True)
+    for op in a.ops:
+        for M in a.m:
+            r = bench_row(bundle, op, M)
+            r["variant"] = _last_variant(bundle)
+            rows.append(r)
+            u = r["us"]
+            ours = u.get("ours+torch", float("nan"))
+            x_ours = r["speedup_vs_ours_unfused"] or float("nan")
+            print(f"{op:22s} {M:5d} {u['fused']:9.1f} {ours:11.1f} {u['cublas+torch']:13.1f} "
+                  f"{x_ours:7.2f} {r['speedup_vs_cublas_unfused']:8.2f}  {r['variant']}", flush=True)
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    Path(str(out) + ".json").write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows}, indent=1))
+    summary = [{k: r[k] for k in ("op", "M", "us", "speedup_vs_ours_unfused", "speedup_vs_cublas_unfused",
+                                   "variant")} for r in rows]
+    Path(str(out) + ".summary.json").write_text(json.dumps(summary, indent=1))
+    print(f"wrote {out}.json and {out}.summary.json")
+    return 0
+
+
+def _last_variant(bundle) -> str:
+    """The variant of the most recent fused selection (the selection cache keeps insertion order)."""
+    names = [v for k, v in bundle.selections.items() if isinstance(k, tuple) and k and k[0] == "epi"]
+    return names[-1] if names else "?"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

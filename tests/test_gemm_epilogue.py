@@ -1,0 +1,156 @@
+"""Fused GEMM epilogues (bias, silu_mul, residual) without a GPU: the variant fields and their
+limits, the arguments they add, the tiers, the gate/up weight packing, the bad inputs refused on
+metadata, and the host library's selection (only variants with exactly the requested fields; the
+plain GEMM never takes one).  The compile and SASS of the test tier's epilogue variants run in
+test_gemm_sm90_compile.py; their values on a GPU in test_gemm_epilogue_gpu.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import selection_lib as sl
+from factory.atoms.targets import get_target
+from factory.gemm.sm90 import GATE_UP_BLOCK, GemmSm90, enumerate_sm90
+from factory.runtime import epilogue as ep
+from factory.runtime import selector as rs
+from factory.runtime.errors import InputError, NoVariantError
+
+
+def _v(**kw) -> GemmSm90:
+    return GemmSm90(target="sm_90a", **kw)
+
+
+def test_fields_off_leave_the_variant_as_it_was():
+    v = _v(tile=(128, 128, 64), pdl=True)
+    assert v.name == "gemm_sm90a_bf16_obf16_ak_bk_t128x128x64_c1x1_coop_rm_sw1_sk1_pdl"
+    assert "epilogue" not in v.describe() and [a.name for a in v.signature().args] == ["a", "b", "c", "max_clusters"]
+    for tier in ("test", "default"):
+        for w in enumerate_sm90(get_target("sm_90a"), tier):
+            if not w.has_epilogue:
+                assert not any(t in w.name.split("_") for t in ("bias", "silumul", "res"))
+
+
+def test_epilogue_limits_and_arguments():
+    assert _v(tile=(32, 64, 64), schedule="ws", swap_ab=True, residual=True).can_implement()
+    assert _v(tile=(64, 64, 64), schedule="ws", split_k=2, residual=True).can_implement()
+    assert "tile N" in _v(tile=(128, 256, 64), cluster=(2, 1), silu_mul=True).can_implement()
+    v = _v(tile=(128, 128, 64), bias=True, silu_mul=True, residual=True)
+    assert v.can_implement() is None and v.name.endswith("_bias_silumul_res")
+    args = {a.name: a for a in v.signature().args}
+    assert list(args) == ["a", "b", "c", "bias", "residual", "max_clusters"]
+    assert args["c"].shape == ("M", "NO", "L") and args["residual"].shape == ("M", "NO", "L")
+    assert args["bias"].shape == ("N",) and v.describe()["epilogue"] == ["bias", "silu_mul", "residual"]
+    f8 = _v(ab="e4m3", tile=(128, 128, 128), row_scale=True, residual=True)
+    assert [a.name for a in f8.signature().args] == ["a", "b", "c", "scale_a", "scale_b", "residual", "max_clusters"]
+
+
+def test_tiers():
+    t = get_target("sm_90a")
+    test = [v for v in enumerate_sm90(t, "test") if v.has_epilogue]
+    default = [v for v in enumerate_sm90(t, "default") if v.has_epilogue]
+    assert len(test) == 4 and len(default) == 5
+    assert {tuple(v.epilogue) for v in test} == {("bias",), ("residual",), ("silu_mul",),
+                                                 ("bias", "silu_mul", "residual")}
+    assert all(v.ab == "bf16" and not v.bias and v.pdl for v in default)
+
+
+def test_pack_gate_up_round_trip_and_padding():
+    I, K = 100, 8
+    gate, up = torch.randn(I, K), torch.randn(I, K)
+    packed = ep.pack_gate_up(torch.cat([gate, up]))
+    assert packed.shape == (ep.gate_up_rows(I), K) == (256, K)
+    assert torch.equal(packed[:64], gate[:64]) and torch.equal(packed[64:128], up[:64])
+    assert torch.equal(packed[128:164], gate[64:]) and not packed[164:192].any()
+    g, u = ep.unpack_gate_up(packed, I)
+    assert torch.equal(g, gate) and torch.equal(u, up)
+    assert torch.equal(ep.pack_gate_up(gate, up), packed)
+    bias = ep.pack_gate_up(torch.arange(2 * I, dtype=torch.float32))
+    assert bias.shape == (256,) and bias[64] == I and bias[128] == 64
+    with pytest.raises(InputError):
+        ep.pack_gate_up(torch.randn(5, 4))
+    assert GATE_UP_BLOCK == ep.GATE_UP_BLOCK
+
+
+def test_metadata_checks():
+    a = torch.empty(4, 16, dtype=torch.bfloat16)
+    assert ep._n_out(256, ep.FLAGS["silu_mul"], None, None) == 128
+    assert ep._n_out(256, ep.FLAGS["silu_mul"], torch.empty(4, 100), None) == 100
+    with pytest.raises(InputError, match="pack_gate_up"):
+        ep._n_out(200, ep.FLAGS["silu_mul"], None, None)
+    with pytest.raises(InputError, match="activation"):
+        ep.flags_of(None, None, "gelu")
+    out = torch.empty(4, 32, dtype=torch.bfloat16)
+    for bias, res, msg in ((torch.empty(32, dtype=torch.float16), None, "dtype"),
+                           (torch.empty(31, dtype=torch.bfloat16), None, "shape"),
+                           (torch.empty(64, dtype=torch.bfloat16)[::2], None, "contiguous"),
+                           (None, torch.empty(4, 31, dtype=torch.bfloat16), "shape"),
+                           (None, torch.empty(32, 4, dtype=torch.bfloat16).t(), "contiguous"),
+                           ([0.0] * 32, None, "torch.Tensor")):
+        with pytest.raises(InputError, match=msg):
+            ep.check_epilogue(a, out, bias, res, 32, 32, torch.bfloat16, -1)
+
+
+# --- the host library's selection -------------------------------------------------------------------
+def _entry(name, tile, cluster=(1, 1), schedule="coop", epilogue=()):
+    args = [sl._tensor(n, 3) for n in "abc"]
+    if "bias" in epilogue:
+        args.append(sl._tensor("bias", 1))
+    if "residual" in epilogue:
+        args.append(sl._tensor("residual", 3))
+    args.append(sl._scalar("max_clusters"))
+    e = {"name": name, "family": "sm90", "tile": list(tile), "cluster": list(cluster), "schedule": schedule,
+         "split_k": 1, "threads": 384, "persistent": {"arg": "max_clusters", "cluster_ctas": cluster[0] * cluster[1]},
+         "signature": {"args": args, "divisibility": {}}}
+    if epilogue:
+        e["epilogue"] = list(epilogue)
+    return e
+
+
+_ENTRIES = [
+    _entry("plain", (128, 128, 64)),
+    _entry("res", (128, 128, 64), epilogue=("residual",)),
+    _entry("res_ws", (64, 128, 64), schedule="ws", epilogue=("residual",)),
+    _entry("silu", (128, 128, 64), epilogue=("silu_mul",)),
+    _entry("all", (128, 128, 64), epilogue=("bias", "silu_mul", "residual")),
+]
+
+
+@pytest.fixture(scope="module")
+def lib():
+    return sl.Lib(_ENTRIES)
+
+
+def _select(lib, M, N, K, flags, n_out=None, bias=0, res=0, res_stride=None, c=1 << 40):
+    n_out = N if n_out is None else n_out
+    p = rs.Selector.gemm_problem((1 << 41, (M, K, 1), (K, 1, 0)), (1 << 42, (N, K, 1), (K, 1, 0)),
+                                 (c, (M, n_out, 1), (n_out, 1, 0)), "bf16", "bf16", [], False)
+    return lib.sel.select_epilogue(p, None, flags, n_out, bias, res, res_stride or (n_out, 1, 0)).name.decode()
+
+
+def test_selection_takes_exactly_the_requested_fields(lib):
+    R, S, B = ep.FLAGS["residual"], ep.FLAGS["silu_mul"], ep.FLAGS["bias"]
+    assert lib.gemm(4096, 4096, 4096) == "plain"
+    assert _select(lib, 4096, 4096, 4096, R, res=1 << 43) in ("res", "res_ws")
+    assert _select(lib, 4096, 28672, 4096, S, n_out=14336) == "silu"
+    assert _select(lib, 64, 256, 4096, B | S | R, n_out=128, bias=1 << 44, res=1 << 43) == "all"
+    assert _select(lib, 64, 256, 64, R, res=1 << 40) == "res" or _select(lib, 64, 256, 64, R, res=1 << 40) == "res_ws"
+    with pytest.raises(NoVariantError):
+        _select(lib, 64, 256, 64, B, bias=1 << 44)
+
+
+def test_selection_refuses_bad_epilogues(lib):
+    R, S = ep.FLAGS["residual"], ep.FLAGS["silu_mul"]
+    with pytest.raises(InputError, match="rows"):
+        _select(lib, 64, 200, 64, S, n_out=100)
+    with pytest.raises(InputError, match="n_out"):
+        _select(lib, 64, 256, 64, R, n_out=128, res=1 << 43)
+    with pytest.raises(InputError, match="residual pointer"):
+        _select(lib, 64, 256, 64, R)
+    with pytest.raises(InputError, match="flags"):
+        _select(lib, 64, 256, 64, 8)
+    with pytest.raises(InputError, match="overlaps"):  # a residual half a row into c
+        _select(lib, 64, 256, 64, R, res=(1 << 40) + 256)
+    with pytest.raises(InputError, match="contiguous"):
+        _select(lib, 64, 256, 64, R, res=1 << 43, res_stride=(1, 64, 0))
+    assert _select(lib, 64, 256, 64, R, res=1 << 40) in ("res", "res_ws")  # residual is c: in place

@@ -1,0 +1,226 @@
+"""Fused GEMM epilogues on the GPU (runtime/epilogue.py): every epilogue variant of the bundle by
+name (each field alone and together, tails, a batch, graph replay), the selection's choice at the
+Llama-3-8B layer's shapes and at odd edges, the in-place residual, the torch op, and bad inputs
+refused before any launch (in a child process, which then still runs a good call).  References:
+float32 products of the same operands, then bias, silu(gate)·up, residual in float32; outputs
+NaN-poisoned."""
+
+import pytest
+
+from conftest import gpu_marks
+
+pytestmark = gpu_marks()
+
+HIDDEN, INTER = 4096, 14336
+# (fields, M, N_out, K): o_proj / down_proj with the residual, gate_up with silu_mul, prefill and decode.
+LLAMA = [(("residual",), m, HIDDEN, HIDDEN) for m in (1, 16, 64, 512, 2048)] + \
+        [(("residual",), m, HIDDEN, INTER) for m in (1, 64, 2048)] + \
+        [(("silu_mul",), m, INTER, HIDDEN) for m in (1, 16, 64, 512, 2048)]
+# Edges: M from 1, M and N_out past a tile, N_out not a multiple of 64 (a padded gate/up block), K tails.
+EDGES = [(1, 8, 64), (7, 200, 48), (129, 136, 1000), (300, 1000, 4096), (1000, 1032, 1016)]
+COMBOS = [("bias",), ("residual",), ("silu_mul",), ("bias", "residual"), ("bias", "silu_mul"),
+          ("silu_mul", "residual"), ("bias", "silu_mul", "residual")]
+
+
+@pytest.fixture(scope="module")
+def bundle():
+    from conftest import GPU_BUNDLE
+    from factory.runtime import Bundle
+
+    return Bundle.open(GPU_BUNDLE)
+
+
+def _epilogue_entries(bundle):
+    out = [v for v in bundle.candidates("gemm") if v.get("epilogue")]
+    if not out:
+        pytest.skip("no fused-epilogue gemm for this GPU in the bundle")
+    return out
+
+
+def _have(bundle, fields) -> bool:
+    return any(v.get("epilogue") == list(fields) for v in _epilogue_entries(bundle))
+
+
+def _run(bundle, fields, M, n_out, K, L=1):
+    import torch
+
+    from factory import testing
+
+    if not _have(bundle, fields):
+        pytest.skip(f"no {'+'.join(fields)} variant in the bundle")
+    a, b, kw, ref, oshape = testing.epilogue_problem(fields, M, n_out, K, L)
+    out = torch.full(oshape, float("nan"), dtype=torch.bfloat16, device="cuda")
+    bundle.gemm(a, b, out, **kw)
+    torch.cuda.synchronize()
+    assert not torch.isnan(out).any(), (fields, M, n_out, K)
+    err = testing.rel_error(out, ref)
+    assert err < testing.TOLERANCE["bf16"], (fields, M, n_out, K, err)
+    # The new-output form selects the same way and gives the same values (silu_mul without out or
+    # residual takes I = N / 2: the same I only when I is a multiple of 64).
+    if "silu_mul" in fields and "residual" not in fields and n_out % 64:
+        return
+    got = bundle.gemm(a, b, **kw)
+    torch.cuda.synchronize()
+    assert got.shape == oshape and testing.rel_error(got, ref) < testing.TOLERANCE["bf16"]
+
+
+def test_every_epilogue_variant_by_name(bundle, run_record):
+    from factory import testing
+
+    for e in _epilogue_entries(bundle):
+        results = testing.smoke_gemm(bundle, e) + [testing.check_graph_capture(bundle, e)]
+        run_record.add(bundle, e["name"], results)
+        for r in results:
+            assert r["ok"], r
+
+
+@pytest.mark.parametrize("fields,M,n_out,K", LLAMA)
+def test_llama_shapes_selected(bundle, fields, M, n_out, K):
+    _run(bundle, fields, M, n_out, K)
+
+
+@pytest.mark.parametrize("fields", COMBOS, ids="+".join)
+@pytest.mark.parametrize("M,n_out,K", EDGES)
+def test_fields_alone_and_together_at_edges(bundle, fields, M, n_out, K):
+    _run(bundle, fields, M, n_out, K)
+
+
+def test_batched(bundle):
+    _run(bundle, ("residual",), 130, 264, 200, L=3)
+
+
+def test_in_place_residual(bundle):
+    """``out=h, residual=h``: out = a·bᵀ + h in place (o_proj / down_proj into the residual stream)."""
+    import torch
+
+    from factory import testing
+
+    if not _have(bundle, ("residual",)):
+        pytest.skip("no residual variant")
+    for M, N, K in ((1, 4096, 4096), (129, 1000, 1016), (2048, 4096, 4096)):
+        a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
+        h = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
+        ref = a.float() @ b.float().t() + h.float()
+        got = bundle.gemm(a, b, h, residual=h)
+        torch.cuda.synchronize()
+        assert got is h and testing.rel_error(h, ref) < testing.TOLERANCE["bf16"], (M, N, K)
+        # A second call on the hot path: h += a·bᵀ again.
+        ref2 = a.float() @ b.float().t() + h.float()
+        bundle.gemm(a, b, h, residual=h)
+        torch.cuda.synchronize()
+        assert testing.rel_error(h, ref2) < testing.TOLERANCE["bf16"]
+
+
+def test_pack_gate_up_matches_vllm_silu_and_mul(bundle):
+    """A stacked [gate; up] weight (vLLM's MergedColumnParallelLinear), packed once: the fused call
+    equals silu(x·gateᵀ)·(x·upᵀ) as silu_and_mul computes it on the unfused product."""
+    import torch
+    import torch.nn.functional as F
+
+    from factory import testing
+    from factory.runtime.epilogue import pack_gate_up
+
+    if not _have(bundle, ("silu_mul",)):
+        pytest.skip("no silu_mul variant")
+    M, I, K = 77, 1000, 512
+    x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(2 * I, K, device="cuda", dtype=torch.bfloat16)
+    y = x.float() @ w.float().t()
+    ref = F.silu(y[:, :I]) * y[:, I:]
+    out = torch.full((M, I), float("nan"), device="cuda", dtype=torch.bfloat16)
+    bundle.gemm(x, pack_gate_up(w), out, activation="silu_mul")
+    torch.cuda.synchronize()
+    assert testing.rel_error(out, ref) < testing.TOLERANCE["bf16"]
+
+
+def test_graph_capture_selected(bundle):
+    """The selected variants inside one captured graph (a layer's o_proj + gate_up), replayed on
+    new data in the same buffers."""
+    import torch
+
+    from factory import testing
+
+    if not (_have(bundle, ("residual",)) and _have(bundle, ("silu_mul",))):
+        pytest.skip("needs residual and silu_mul variants")
+    M = 16
+    a1, b1, kw1, _, _ = testing.epilogue_problem(("residual",), M, HIDDEN, HIDDEN)
+    a2, b2, kw2, _, _ = testing.epilogue_problem(("silu_mul",), M, INTER, HIDDEN)
+    o1 = bundle.gemm(a1, b1, **kw1)
+    o2 = bundle.gemm(a2, b2, **kw2)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        o1 = bundle.gemm(a1, b1, **kw1)
+        o2 = bundle.gemm(a2, b2, **kw2)
+    n1, n2 = testing.epilogue_problem(("residual",), M, HIDDEN, HIDDEN), testing.epilogue_problem(("silu_mul",), M, INTER, HIDDEN)
+    for dst, src in ((a1, n1[0]), (b1, n1[1]), (kw1["residual"], n1[2]["residual"]), (a2, n2[0]), (b2, n2[1])):
+        dst.copy_(src)
+    o1.fill_(float("nan"))
+    o2.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    assert testing.rel_error(o1, n1[3]) < testing.TOLERANCE["bf16"]
+    assert testing.rel_error(o2, n2[3]) < testing.TOLERANCE["bf16"]
+
+
+def test_torch_op_and_compile(bundle):
+    import torch
+
+    from factory import testing
+
+    if not _have(bundle, ("residual",)):
+        pytest.skip("no residual variant")
+    ops = bundle.torch_ops()
+    a, b, kw, ref, _ = testing.epilogue_problem(("residual",), 64, 1024, 512)
+    got = ops.gemm_epilogue(a, b, None, kw["residual"])
+    torch.cuda.synchronize()
+    assert testing.rel_error(got, ref) < testing.TOLERANCE["bf16"]
+    f = torch.compile(lambda x, w, r: bundle.gemm(x, w, residual=r), fullgraph=True)
+    got = f(a, b, kw["residual"])
+    torch.cuda.synchronize()
+    assert testing.rel_error(got, ref) < testing.TOLERANCE["bf16"]
+
+
+def test_bad_inputs_refused_before_launch():
+    """Each bad call raises InputError / NoVariantError (no launch), in a child process that then
+    runs a good call and checks its values: the CUDA context survived."""
+    from children import python
+    from conftest import GPU_BUNDLE
+
+    r = python(300, f"""
+        import torch
+        from factory import testing
+        from factory.runtime import Bundle
+        from factory.runtime.errors import InputError, NoVariantError
+        bundle = Bundle.open({str(GPU_BUNDLE)!r})
+        bf = dict(device="cuda", dtype=torch.bfloat16)
+        a, b = torch.randn(64, 256, **bf), torch.randn(512, 256, **bf)
+        out = torch.empty(64, 512, **bf)
+        big = torch.empty(64 * 512 + 8, **bf)
+        bad = [
+            dict(bias=torch.randn(511, **bf)),                               # bias shape
+            dict(bias=torch.randn(512, device="cuda", dtype=torch.float16)),  # bias dtype
+            dict(bias=torch.randn(1024, **bf)[::2]),                          # bias stride
+            dict(bias=torch.randn(512, dtype=torch.bfloat16)),                # bias on the CPU
+            dict(residual=torch.randn(64, 511, **bf)),                        # residual shape
+            dict(residual=torch.randn(512, 64, **bf).t()),                    # residual layout
+            dict(residual=big[:64 * 512].view(64, 512), out=big[8:64 * 512 + 8].view(64, 512)),  # overlap, not in place
+            dict(activation="gelu"),
+            dict(activation="silu_mul", out=torch.empty(64, 100, **bf)),      # b not packed for 100 outputs
+            dict(bias=torch.randn(512, **bf), out=out, residual=None, variant="no_such_variant"),
+        ]
+        for i, kw in enumerate(bad):
+            o = kw.pop("out", None)
+            try:
+                bundle.gemm(a, b, o, **kw)
+            except (InputError, NoVariantError) as e:
+                print("refused", i, type(e).__name__, str(e)[:80])
+            else:
+                raise SystemExit("case %d was not refused" % i)
+        a2, b2, kw, ref, _ = testing.epilogue_problem(("residual",), 64, 512, 256)
+        got = bundle.gemm(a2, b2, **kw)
+        torch.cuda.synchronize()
+        assert testing.rel_error(got, ref) < testing.TOLERANCE["bf16"]
+        print("GOOD")
+    """)
+    assert r.returncode == 0 and "GOOD" in r.stdout, r.stdout + r.stderr
