@@ -46,7 +46,18 @@ def _cmd_list(a) -> int:
 def _cmd_verify(a) -> int:
     from .verify import verify
 
-    problems, report = verify(a.bundle)
+    import time
+
+    start, last = time.monotonic(), [0.0]
+
+    def progress(done: int, total: int, name: str) -> None:  # one line per 10 s (or per 50 variants)
+        now = time.monotonic()
+        if done and (now - last[0] >= 10 or done % 50 == 0):
+            last[0] = now
+            print(f"verify: {done}/{total} variants checked ({now - start:.0f} s), at {name}", file=sys.stderr,
+                  flush=True)
+
+    problems, report = verify(a.bundle, progress)
     for line in report:
         print(line)
     if problems:
@@ -63,7 +74,12 @@ def _cmd_inspect(a) -> int:
 
     m = load_manifest(a.bundle)
     if a.variant not in m["variants"]:
-        print(f"no variant {a.variant!r}; have: {', '.join(sorted(m['variants']))}", file=sys.stderr)
+        import difflib
+
+        names = sorted(m["variants"])
+        close = [n for n in names if n.startswith(a.variant)][:5] or difflib.get_close_matches(a.variant, names, 5, 0.5)
+        hint = f"closest: {', '.join(close)}" if close else "`python -m factory list BUNDLE` lists them"
+        print(f"error: no variant {a.variant!r} among the bundle's {len(names)}; {hint}", file=sys.stderr)
         return 1
     print(json.dumps(m["variants"][a.variant], indent=1))
     return 0
@@ -83,7 +99,10 @@ def _cmd_doctor(a) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from . import __version__
+
     p = argparse.ArgumentParser(prog="python -m factory", description=__doc__)
+    p.add_argument("--version", action="version", version=f"kernel-factory {__version__}")
     sub = p.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build", help="compile variants into a bundle (no GPU needed)")
     b.add_argument("--targets", nargs="+", required=True, help="e.g. sm_80 sm_86 sm_89 sm_90 sm_90a (or sm_80,sm_90a)")
@@ -105,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
         s.add_argument("bundle")
         s.set_defaults(fn=fn)
     d = sub.add_parser("doctor", help="this machine, its GPU and what the bundle runs here (for bug reports)")
-    d.add_argument("bundle", nargs="?", default="artifacts/default")
+    d.add_argument("bundle", nargs="?", default=None,
+                   help="default: artifacts/default if present, else the installed kernels package for this GPU")
     d.add_argument("--json", action="store_true")
     d.set_defaults(fn=_cmd_doctor)
     i = sub.add_parser("inspect", help="a variant's manifest entry")
@@ -113,13 +133,22 @@ def main(argv: list[str] | None = None) -> int:
     i.add_argument("variant")
     i.set_defaults(fn=_cmd_inspect)
     a = p.parse_args(argv)
-    from .runtime.errors import BundleError
+    import os
+
+    from .runtime.errors import BundleError, InputError, NoVariantError
 
     try:
         return a.fn(a)
-    except BundleError as e:  # a bundle that is not one, or was tampered with: one line, no traceback
+    except (BundleError, InputError, NoVariantError, ValueError, OSError) as e:
+        # a user's mistake (a path that is not a bundle, a tampered bundle, a bad target or filter):
+        # one line, no traceback (FACTORY_TRACEBACK=1 shows it)
+        if os.environ.get("FACTORY_TRACEBACK"):
+            raise
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

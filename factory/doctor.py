@@ -38,18 +38,68 @@ def _gpu() -> dict:
     return r
 
 
+def driver_version() -> str:
+    """The CUDA version the installed NVIDIA driver supports, asked of libcuda.so.1 itself (no
+    cuda-python, no CUDA runtime), or why there is none."""
+    import ctypes
+
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return "no driver (libcuda.so.1 not found)"
+    v = ctypes.c_int(0)
+    if cuda.cuDriverGetVersion(ctypes.byref(v)) != 0:
+        return "libcuda.so.1 does not answer cuDriverGetVersion"
+    return f"{v.value // 1000}.{v.value % 1000 // 10}"
+
+
+def _packages() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    from . import __version__
+
+    r = {"kernel-factory": __version__}
+    for dist in ("cuda-python", "cuda-bindings"):
+        try:
+            r[dist] = version(dist)
+        except PackageNotFoundError:
+            r[dist] = "not installed" + (" (the persistent GEMMs' grid is then bounded by the SM count, not "
+                                         "asked of the driver)" if dist == "cuda-python" else "")
+    return r
+
+
+def default_bundle() -> str:
+    """What ``doctor`` reports on without a bundle argument: artifacts/default when present, else
+    the installed kernels package for this GPU (or why there is none)."""
+    if Path("artifacts/default/manifest.json").is_file():
+        return "artifacts/default"
+    from .runtime.errors import NoVariantError
+    from .runtime.installed import default_path
+
+    try:
+        return str(default_path(None))
+    except (BundleError, NoVariantError, ImportError) as e:
+        return f"(none: {e})"
+
+
 def healthy(r: dict) -> bool:
     """Whether a report found the bundle usable: its manifest readable and every file intact."""
     return "bundle error" not in r and isinstance(r.get("files"), str)
 
 
-def report(bundle: str | Path) -> dict:
-    r = {"python": sys.version.split()[0], "platform": platform.platform(), **_gpu(), "bundle": str(bundle)}
+def report(bundle: str | Path | None = None) -> dict:
+    bundle = default_bundle() if bundle is None else bundle
+    r = {**_packages(), "python": sys.version.split()[0], "platform": platform.platform(), **_gpu(),
+         "CUDA driver (libcuda.so.1)": driver_version(), "bundle": str(bundle)}
     try:
         m = load_manifest(bundle)
     except BundleError as e:  # the report says why
         return {**r, "bundle error": str(e)}
     r["built with"] = m.get("versions", {})
+    rt = str(m.get("versions", {}).get("nvidia-cuda-runtime") or "")
+    if rt[:2].isdigit():
+        r["host library CUDA runtime"] = (f"{rt} (statically linked): needs a driver for CUDA "
+                                          f"{int(rt.split('.')[0])}.0 or newer")
     r["host library"] = ("ok" if host_library_problem(bundle, m) is None
                          else "MISSING, TRUNCATED OR ALTERED") + f" ({m['host_library']['path']})"
     problems = bundle_problems(bundle, m)  # as verify and the loader word them

@@ -107,9 +107,10 @@ def proof_problems(bundle: Path, m: dict) -> list[str]:
     return problems
 
 
-def verify(bundle: str | Path) -> tuple[list[str], list[str]]:
+def verify(bundle: str | Path, progress=None) -> tuple[list[str], list[str]]:
     """(problems, report lines) of a bundle.  The manifest and the files are checked as the loader
-    checks them (runtime/manifest.py: a manifest it refuses raises BundleError here too)."""
+    checks them (runtime/manifest.py: a manifest it refuses raises BundleError here too).
+    ``progress(done, total, name)`` is called before each variant's checks."""
     bundle = Path(bundle)
     m = load_manifest(bundle)
     problems: list[str] = []
@@ -118,7 +119,9 @@ def verify(bundle: str | Path) -> tuple[list[str], list[str]]:
     if lib:
         problems.append(lib)
     problems += proof_problems(bundle, m)
-    for name, v in sorted(m["variants"].items()):
+    for i, (name, v) in enumerate(sorted(m["variants"].items())):
+        if progress is not None:
+            progress(i, len(m["variants"]), name)
         bad = variant_problems(bundle, name, v)
         problems += bad
         if bad:

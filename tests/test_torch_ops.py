@@ -102,3 +102,98 @@ def test_compile_fullgraph_dynamic_batch_no_recompiles(ops):
         assert compiled(bf(m, 64)).shape == (m, 64)
     assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
     assert not counters["graph_break"], dict(counters["graph_break"])
+
+
+def _outcome(fn):
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 - the exception is what is compared
+        return type(e).__name__, str(e)
+    return None
+
+
+def f16(*s):
+    return torch.randn(*s, dtype=torch.float16)
+
+
+def test_fakes_refuse_what_the_real_ops_refuse(ops):
+    """Each bad call raises the same exception, word for word, from the real op (CPU tensors on the
+    simulated bundle) and from its fake (FakeTensors: metadata only, as under torch.compile)."""
+    b, kf = ops
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    packed = b.pack_b(e4m3(256, 2048)).data
+    q = bf(1, 8, 2, 64)
+    cases = [
+        ("K mismatch", kf.gemm, (bf(16, 64), bf(32, 32)), {}),
+        ("3-D x 2-D", kf.gemm, (bf(2, 16, 64), bf(32, 64)), {}),
+        ("dtypes differ", kf.gemm, (bf(16, 64), torch.randn(32, 64)), {}),
+        ("no f16 gemm built", kf.gemm, (f16(16, 64), f16(32, 64)), {}),
+        ("K not a multiple of 8", kf.gemm, (bf(16, 60), bf(32, 60)), {}),
+        ("out dtype not written", kf.gemm, (bf(16, 64), bf(32, 64)), {"out_dtype": torch.int32}),
+        ("scales on bf16", kf.gemm, (bf(16, 64), bf(32, 64)), {"scale_a": torch.ones(1)}),
+        ("fp8 scale of 2 elements", kf.gemm, (e4m3(16, 64), e4m3(32, 64)), {"scale_a": torch.ones(2)}),
+        ("out shape", kf.gemm_out, (bf(16, 64), bf(32, 64), torch.empty(32, 16, dtype=torch.bfloat16)), {}),
+        ("packed K mismatch", kf.gemm_packed, (e4m3(8, 1024), packed), {}),
+        ("packed a bf16", kf.gemm_packed, (bf(8, 2048), packed), {}),
+        ("head_dim 96", kf.attention, (bf(1, 8, 2, 96),) * 3, {}),
+        ("head_dim 256 not built", kf.attention, (bf(1, 8, 2, 256),) * 3, {}),
+        ("q k dtypes differ", kf.attention, (q, f16(1, 8, 2, 64), f16(1, 8, 2, 64)), {}),
+        ("GQA heads", kf.attention, (bf(1, 8, 3, 64), bf(1, 8, 2, 64), bf(1, 8, 2, 64)), {}),
+        ("batch differs", kf.attention, (q, bf(2, 8, 2, 64), bf(2, 8, 2, 64)), {}),
+        ("3-D q dense", kf.attention, (bf(8, 2, 64), q, q), {}),
+        ("negative scale", kf.attention, (q, q, q), {"softmax_scale": -1.0}),
+        ("head_dim strided", kf.attention, (bf(1, 8, 2, 128)[..., ::2], q, q), {}),
+        ("no dense f16 kernel", kf.attention, (f16(1, 8, 2, 128),) * 3, {"causal": True}),
+        ("varlen without cu_seqlens_k", kf.attention, (bf(5, 2, 128),) * 3,
+         {"cu_seqlens_q": torch.tensor([0, 5], dtype=torch.int32)}),
+    ]
+    for what, op, args, kw in cases:
+        real = _outcome(lambda: op(*args, **kw))
+        assert real is not None and real[0] in ("InputError", "NoVariantError"), (what, real)
+        with FakeTensorMode() as mode:
+            fargs = [mode.from_tensor(a) for a in args]
+            fkw = {k: mode.from_tensor(v) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
+            fake = _outcome(lambda: op(*fargs, **fkw))
+        assert fake == real, (what, real, fake)
+
+
+def test_each_bundle_has_its_own_op_set(test_bundle, ops):
+    b1, kf1 = ops
+    b2 = Bundle.open(test_bundle, capability=(9, 0), device=H100)
+    b2.rec = Recorder()
+    b2.simulate(b2.rec)
+    kf2 = b2.torch_ops()
+    assert kf2 is not kf1 and b1.torch_ops() is kf1 and b2.torch_ops() is kf2
+    kf1.gemm(bf(16, 64), bf(32, 64))
+    assert b1.rec.launched and not b2.rec.launched
+    kf2.gemm(bf(16, 64), bf(32, 64))
+    assert len(b2.rec.launched) == 1 and len(b1.rec.launched) == 1
+
+
+def test_plain_calls_compile_fullgraph(ops):
+    """bundle.gemm / bundle.attention themselves under torch.compile(fullgraph=True): traced as
+    the bundle's torch ops (no graph break), and a bad call refused at trace time."""
+    b, _ = ops
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    w = bf(128, 64)
+
+    def layer(x):
+        h = b.gemm(x, w)
+        hv = h.view(x.shape[0], 1, 2, 64)
+        o = b.attention(hv, hv, hv)
+        out = torch.empty(x.shape[0], 128, dtype=torch.bfloat16)
+        b.gemm(o.reshape(x.shape[0], 128), bf(128, 128), out)
+        return out
+
+    compiled = torch.compile(layer, fullgraph=True, backend="eager")
+    n = len(b.rec.launched)
+    assert compiled(bf(16, 64)).shape == (16, 128)
+    assert len(b.rec.launched) == n + 3
+    bad = torch.compile(lambda x: b.gemm(x, bf(32, 48)), fullgraph=True, backend="eager")
+    with pytest.raises(Exception) as e:  # Dynamo wraps what the fake raised at trace time
+        bad(bf(16, 64))
+    assert "shapes do not match for a·bᵀ" in str(e.value)
+    assert len(b.rec.launched) == n + 3

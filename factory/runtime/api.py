@@ -7,26 +7,40 @@ from __future__ import annotations
 from .bundle import BundleCore
 from .errors import InputError
 
-_OPS = None  # (gemm, packed, attention, blockscaled) modules, bound on first use
+_OPS = None  # (gemm, packed, attention, blockscaled) modules and torch.compiler.is_compiling, bound on first use
 
 
 def _ops():
     global _OPS
     if _OPS is None:
+        import torch
+
         from . import attention, blockscaled, gemm, packed
 
-        _OPS = (gemm, packed, attention, blockscaled)
+        _OPS = (gemm, packed, attention, blockscaled, torch.compiler.is_compiling)
     return _OPS
 
 
 class Bundle(BundleCore):
+    @classmethod
+    def default(cls, capability: tuple[int, int] | None = None, device: dict | None = None):
+        """The installed bundle for this GPU (or ``capability``): ``$KERNEL_FACTORY_BUNDLE`` when
+        set, else the installed kernels package (``pip install kernel-factory-kernels-sm90``, ...)
+        whose targets serve it best (runtime/installed.py); BundleError naming the package to
+        install when none does.  Then as ``Bundle.open``."""
+        from .installed import default_path
+
+        return cls.open(default_path(None if capability is None else tuple(capability)), capability, device)
+
     def gemm(self, a, b, out=None, *, out_dtype=None, scale_a=None, scale_b=None, variant: str | None = None,
              b_constant: bool = False):
         """``out = a @ b.T`` (runtime/gemm.py; ``b`` packed by ``pack_b``: runtime/packed.py).
         ``b_constant=True`` promises that no kernel that may still be running in the stream writes
         ``b`` (model weights): decode variants launched with programmatic dependent launch then
         start streaming ``b`` before the previous kernel has finished."""
-        gemm, packed, _, bs = _OPS or _ops()
+        gemm, packed, _, bs, compiling = _OPS or _ops()
+        if compiling():  # traced by torch.compile: the bundle's torch op, whose fake checks like this call
+            return self.traced_gemm(a, b, out, out_dtype, scale_a, scale_b, variant, b_constant)
         if isinstance(a, bs.BlockScaled) or isinstance(b, bs.BlockScaled):
             if scale_a is not None or scale_b is not None or b_constant:
                 raise InputError("block-scaled operands carry their own scales: scale_a, scale_b and "
@@ -37,6 +51,26 @@ class Bundle(BundleCore):
                                       variant=variant, b_constant=b_constant)
         return gemm.gemm(self, a, b, out, out_dtype=out_dtype, scale_a=scale_a, scale_b=scale_b,
                          variant=variant, b_constant=b_constant)
+
+    def traced_gemm(self, a, b, out, out_dtype, scale_a, scale_b, variant, b_constant):
+        """``gemm`` while torch.compile traces it: through this bundle's torch ops."""
+        packed = (_OPS or _ops())[1]
+        if variant is not None:
+            raise InputError("variant= is not available under torch.compile: let the selection choose")
+        ops = self.torch_ops()
+        if isinstance(b, packed.PackedB):
+            import torch
+
+            if out is not None or out_dtype not in (None, torch.bfloat16):
+                raise InputError("gemm with packed weights under torch.compile returns a new bfloat16 output "
+                                 "(out= and out_dtype= are not available there)")
+            return ops.gemm_packed(a, b.data, scale_a, scale_b, b_constant)
+        if out is not None:
+            if out_dtype is not None and out_dtype != out.dtype:
+                raise InputError(f"out_dtype {out_dtype} differs from out's dtype {out.dtype}: give one of them")
+            ops.gemm_out(a, b, out, scale_a, scale_b, b_constant)
+            return out
+        return ops.gemm(a, b, out_dtype, scale_a, scale_b, b_constant)
 
     def preload(self, ops=("gemm", "gemm_blockscaled", "attention")) -> int:
         """Load every variant of ``ops`` that this device runs (``BundleCore.preload``; the modules
@@ -79,8 +113,13 @@ class Bundle(BundleCore):
                   max_seqlen_q=None, max_seqlen_k=None, return_lse=False, check_varlen=None):
         """FlashAttention forward (runtime/attention.py says what the arguments mean).  (Passed on
         by position: a ``**kwargs`` dict per call is a measurable part of the hot path.)"""
-        return (_OPS or _ops())[2].attention(self, q, k, v, causal, softmax_scale, cu_seqlens_q, cu_seqlens_k,
-                                             max_seqlen_q, max_seqlen_k, return_lse, check_varlen)
+        ops = _OPS or _ops()
+        if ops[4]():  # traced by torch.compile: the bundle's torch op, whose fake checks like this call
+            o, lse = self.torch_ops().attention(q, k, v, causal, softmax_scale, cu_seqlens_q, cu_seqlens_k,
+                                                max_seqlen_q)
+            return (o, lse) if return_lse else o
+        return ops[2].attention(self, q, k, v, causal, softmax_scale, cu_seqlens_q, cu_seqlens_k,
+                                max_seqlen_q, max_seqlen_k, return_lse, check_varlen)
 
     def attention_kvcache(self, q, k_cache, v_cache, cache_seqlens, *, block_table=None, causal=True,
                           softmax_scale=None, window_size=(-1, -1), softcap=0.0, sinks=None, k_descale=None,

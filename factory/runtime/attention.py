@@ -76,13 +76,7 @@ def attention(bundle, q, k, v, causal=False, softmax_scale=None, cu_seqlens_q=No
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     scale_given = softmax_scale
     if softmax_scale is not None:
-        try:
-            softmax_scale = float(softmax_scale)
-        except (TypeError, ValueError, RuntimeError):
-            raise InputError(f"softmax_scale must be a number, got {type(softmax_scale).__name__}") from None
-        # The kernel takes the row max of the unscaled scores: the scale must be positive.
-        if not (softmax_scale > 0.0 and math.isfinite(softmax_scale)):
-            raise InputError(f"softmax_scale must be a positive finite number, got {softmax_scale}")
+        softmax_scale = _scale(softmax_scale)
     _check_common(torch, q, k, v, varlen)
     dtype = _DTYPES[str(q.dtype).removeprefix("torch.")]
     d = q.shape[-1]
@@ -147,6 +141,58 @@ def attention(bundle, q, k, v, causal=False, softmax_scale=None, cu_seqlens_q=No
                 cache.clear()
             cache[key] = fire
     return (o, lse) if return_lse else o
+
+
+def _scale(softmax_scale) -> float:
+    try:
+        softmax_scale = float(softmax_scale)
+    except (TypeError, ValueError, RuntimeError):
+        raise InputError(f"softmax_scale must be a number, got {type(softmax_scale).__name__}") from None
+    # The kernel takes the row max of the unscaled scores: the scale must be positive.
+    if not (softmax_scale > 0.0 and math.isfinite(softmax_scale)):
+        raise InputError(f"softmax_scale must be a positive finite number, got {softmax_scale}")
+    return softmax_scale
+
+
+def check_meta(bundle, q, k, v, causal=False, softmax_scale=None, cu_seqlens_q=None, cu_seqlens_k=None,
+               max_seqlen_q=None):
+    """What ``attention`` checks before a launch, on metadata alone (fake tensors under
+    torch.compile), raising the same InputError / NoVariantError; returns the (o, lse) that the
+    real op returns with ``return_lse``.  The selection runs as the real op's when the sizes are
+    concrete; with symbolic sizes, the choice for the dtype, head_dim and mask alone (whether the
+    bundle has such a kernel for this device)."""
+    from .gemm import concrete
+
+    validate.one_device(bundle, q=q, k=k, v=v)
+    validate.no_grad("attention", q=q, k=k, v=v)
+    varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+    if softmax_scale is not None:
+        _scale(softmax_scale)
+    _check_common(torch, q, k, v, varlen, data=False)
+    dtype = _DTYPES[str(q.dtype).removeprefix("torch.")]
+    d, hq = q.shape[-1], q.shape[-2]
+    o = torch.empty_like(q)
+    if varlen:
+        _, _, batch = _check_cu_seqlens(torch, q, k, cu_seqlens_q, cu_seqlens_k)
+        if max_seqlen_q is not None:
+            if isinstance(max_seqlen_q, bool) or not isinstance(max_seqlen_q, int):
+                raise InputError(f"max_seqlen_q must be an int, got {type(max_seqlen_q).__name__}")
+            if concrete(q.shape[0]) and max_seqlen_q > q.shape[0]:
+                raise InputError(f"max_seqlen_q = {max_seqlen_q} exceeds the {q.shape[0]} query tokens")
+        lse = q.new_empty((hq, q.shape[0]), dtype=torch.float32)
+        if concrete(batch, hq):
+            _check_grid(batch, hq)
+        _choose(bundle, dtype, d, bool(causal), True)
+        return o, lse
+    b, sq = q.shape[0], q.shape[1]
+    lse = q.new_empty((b, hq, sq), dtype=torch.float32)
+    sizes = (b, hq, k.shape[2], sq, k.shape[1])
+    if not concrete(*sizes):
+        _choose(bundle, dtype, d, bool(causal), False)
+    elif o.numel() and k.shape[1]:
+        _check_grid(b, hq)
+        _choose(bundle, dtype, d, bool(causal), False, b * hq * sq, sizes)
+    return o, lse
 
 
 def split_workspace(torch, q, splits: int):
@@ -265,7 +311,7 @@ def _choose(bundle, dtype: str, head_dim: int, causal: bool, varlen: bool, rows:
 
 
 # --- checks ---------------------------------------------------------------------------------------
-def _check_common(torch, q, k, v, varlen: bool) -> None:
+def _check_common(torch, q, k, v, varlen: bool, data: bool = True) -> None:
     rank = 3 if varlen else 4
     layout = "(total_tokens, heads, head_dim)" if varlen else "(batch, seqlen, heads, head_dim)"
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -288,10 +334,10 @@ def _check_common(torch, q, k, v, varlen: bool) -> None:
     if not varlen and q.shape[0] != k.shape[0]:
         raise InputError(f"batch of q ({q.shape[0]}) and k/v ({k.shape[0]}) differ")
     for name, t in (("q", q), ("k", k), ("v", v)):
-        _check_strides(t, name)
+        _check_strides(t, name, data)
 
 
-def _check_strides(t, name: str) -> None:
+def _check_strides(t, name: str, data: bool = True) -> None:
     if t.numel() == 0:
         return
     vec = 16 // t.element_size()
@@ -301,7 +347,7 @@ def _check_strides(t, name: str) -> None:
     if bad:
         raise InputError(f"{name}: strides {t.stride()} must be multiples of {vec} elements "
                          f"(16 bytes) except the last")
-    if t.data_ptr() % 16:
+    if data and t.data_ptr() % 16:
         raise InputError(f"{name}: data pointer must be 16-byte aligned")
 
 

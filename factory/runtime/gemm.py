@@ -46,6 +46,16 @@ def rkl_spec(t, what: str) -> tuple[int, tuple, tuple]:
     raise InputError(f"{what} must be 2-D or 3-D, got shape {tuple(shape)}")
 
 
+def _rkl_meta(t, what: str) -> tuple[int, tuple, tuple]:
+    """``rkl_spec`` without the pointer (0: taken as aligned), for tensors that have no data."""
+    shape, stride = t.shape, t.stride()
+    if len(shape) == 2:
+        return 0, (shape[0], shape[1], 1), (stride[0], stride[1], 0)
+    if len(shape) == 3:
+        return 0, (shape[1], shape[2], shape[0]), (stride[1], stride[2], stride[0])
+    raise InputError(f"{what} must be 2-D or 3-D, got shape {tuple(shape)}")
+
+
 def _major(spec, mn: str) -> str | None:
     _, shape, stride = spec
     if stride[1] == 1 or shape[1] == 1:
@@ -228,18 +238,9 @@ def gemm(bundle, a, b, out=None, *, out_dtype=None, scale_a=None, scale_b=None, 
         key = None  # a pointer of another alignment: the checked path selects for it, uncached
     # Checked on every call, cheaply: types, dtypes, ranks and sizes, one CUDA device, autograd.
     # Strides, alignment and 32-bit sizes are checked once per problem key (select / the binder).
-    if not (isinstance(a, Tensor) and isinstance(b, Tensor)):
-        validate.tensors(a=a, b=b)
-    ab = DTYPES.get(a.dtype)
-    if ab not in _OPERANDS or DTYPES.get(b.dtype) != ab:
-        if a.dtype != b.dtype:
-            raise InputError(f"a and b dtypes differ: {a.dtype} vs {b.dtype}")
-        raise InputError(f"unsupported dtype {a.dtype}: gemm takes bfloat16, float16 or float8_e4m3fn")
+    ab = operands(a, b)
     sa, sb = a.shape, b.shape
     nd = len(sa)
-    if nd != len(sb) or nd not in (2, 3) or sa[-1] != sb[-1] or (nd == 3 and sa[0] != sb[0]):
-        raise InputError(f"shapes do not match for a·bᵀ: a {tuple(sa)}, b {tuple(sb)} (a (M, K) or (L, M, K), "
-                         f"b (N, K) or (L, N, K))")
     dev = a.get_device()
     if b.get_device() != dev or dev < bundle.lowest_device or (out is not None and (not isinstance(out, Tensor) or out.get_device() != dev)):
         dev = validate.one_device(bundle, a=a, b=b, out=out)
@@ -260,11 +261,7 @@ def gemm(bundle, a, b, out=None, *, out_dtype=None, scale_a=None, scale_b=None, 
             _out_error(a, b, out, out_dtype)
         validate.distinct("out", out.shape, out.stride())
         validate.disjoint("out", out, a=a, b=b, scale_a=scale_a, scale_b=scale_b)
-    c = DTYPES.get(out.dtype)
-    if c is None:
-        raise InputError(f"out dtype {out.dtype} is not one the kernels write (bfloat16, float16, float32)")
-    if not fp8 and (scale_a is not None or scale_b is not None):
-        raise InputError("scale_a/scale_b apply to fp8 GEMMs only")
+    c = out_kind(out, fp8, scale_a, scale_b)
     scales, keep = fp8_scales(bundle, a, scale_a, scale_b, dev) if fp8 else ([], [])
     if M == 0 or N == 0 or L == 0 or K == 0:  # torch's result, nothing launched
         return _empty_problem(out, K, keep if fp8 else None)
@@ -283,6 +280,83 @@ def gemm(bundle, a, b, out=None, *, out_dtype=None, scale_a=None, scale_b=None, 
     if key is not None and (not fp8 or hot_scales(bundle, a, keep, scale_a, scale_b)):
         unit = bundle.unit_scales.get(a.device) if fp8 else None
         remember_hot(bundle, key, hot_launch(bundle, name, entry, [a3, b3, c3, *scales], dev, out, out_given, unit))
+    return out
+
+
+def operands(a, b) -> str:
+    """The operands' dtype name (bf16, f16, e4m3); InputError for what the metadata already
+    refuses: not tensors, dtypes, ranks, shapes that do not multiply.  (The real op and its
+    torch-op fake, ``check_meta``, both call this.)"""
+    if not (isinstance(a, Tensor) and isinstance(b, Tensor)):
+        validate.tensors(a=a, b=b)
+    ab = DTYPES.get(a.dtype)
+    if ab not in _OPERANDS or DTYPES.get(b.dtype) != ab:
+        if a.dtype != b.dtype:
+            raise InputError(f"a and b dtypes differ: {a.dtype} vs {b.dtype}")
+        raise InputError(f"unsupported dtype {a.dtype}: gemm takes bfloat16, float16 or float8_e4m3fn")
+    sa, sb = a.shape, b.shape
+    nd = len(sa)
+    if nd != len(sb) or nd not in (2, 3) or sa[-1] != sb[-1] or (nd == 3 and sa[0] != sb[0]):
+        raise InputError(f"shapes do not match for a·bᵀ: a {tuple(sa)}, b {tuple(sb)} (a (M, K) or (L, M, K), "
+                         f"b (N, K) or (L, N, K))")
+    return ab
+
+
+def out_kind(out, fp8: bool, scale_a, scale_b) -> str:
+    """The output's dtype name; InputError when the kernels do not write it, or scales are given
+    to a GEMM that is not fp8."""
+    c = DTYPES.get(out.dtype)
+    if c is None:
+        raise InputError(f"out dtype {out.dtype} is not one the kernels write (bfloat16, float16, float32)")
+    if not fp8 and (scale_a is not None or scale_b is not None):
+        raise InputError("scale_a/scale_b apply to fp8 GEMMs only")
+    return c
+
+
+def concrete(*values) -> bool:
+    """Whether every size/stride is a plain int (under torch.compile with dynamic shapes some are
+    symbolic: a selection on them would specialise the graph to one size)."""
+    return all(type(v) is int for v in values)
+
+
+def check_meta(bundle, a, b, out=None, out_dtype=None, scale_a=None, scale_b=None, b_constant=False):
+    """What ``gemm`` checks before a launch, on metadata alone (fake tensors under torch.compile),
+    raising the same InputError / NoVariantError; returns ``out`` (a new one when None).
+
+    The selection runs as the real op's when every size and stride is concrete (pointers taken as
+    16-byte aligned); with symbolic sizes, only whether the bundle has a GEMM of these dtypes for
+    this device."""
+    ab = operands(a, b)
+    dev = validate.one_device(bundle, a=a, b=b, out=out)
+    validate.no_grad("gemm", a=a, b=b)
+    fp8 = ab == "e4m3"
+    sa, sb = a.shape, b.shape
+    if out is None:
+        out = a.new_empty((*sa[:-1], sb[-2]), dtype=out_dtype or (torch.bfloat16 if fp8 else a.dtype))
+    else:
+        if (tuple(out.shape) != (*sa[:-1], sb[-2])) or (out_dtype is not None and out_dtype != out.dtype):
+            _out_error(a, b, out, out_dtype)
+        validate.distinct("out", out.shape, out.stride())
+    c = out_kind(out, fp8, scale_a, scale_b)
+    if fp8:
+        for what, s in (("scale_a", scale_a), ("scale_b", scale_b)):
+            if s is None:
+                continue
+            if not isinstance(s, Tensor) or s.get_device() != dev or s.numel() != 1:
+                _scale_error(what, s, a)
+            if not s.dtype.is_floating_point:
+                raise InputError(f"{what} must be a floating-point tensor, got {s.dtype}")
+    spec = [_rkl_meta(t, w) for t, w in ((a, "a"), (b, "b"), (out, "out"))]
+    if not concrete(*spec[0][1], *spec[1][1], *(x for s in spec for x in s[2])):
+        if not any(v["dtypes"]["a"] == ab and v["dtypes"]["c"] == c for v in bundle.candidates("gemm")):
+            raise NoVariantError(f"no gemm variant for a={ab} b={ab} -> {c} on {bundle.device_name()}; "
+                                 f"{bundle.describe_contents('gemm')}")
+        return out
+    M, K, L = spec[0][1]
+    if M == 0 or spec[1][1][0] == 0 or L == 0 or K == 0:
+        return out
+    scales = [(0, (1,), (1,))] * 2 if fp8 else []
+    select(bundle, *spec, ab, c, scales, b_constant, dev)
     return out
 
 

@@ -110,6 +110,36 @@ def fitting(bundle, specs: list, M: int, N: int, K: int) -> list[dict]:
     return fits
 
 
+def check_meta(bundle, a, data, scale_a=None, scale_b=None, b_constant=False):
+    """What ``gemm_packed`` checks before a launch for ``bundle.gemm(a, PackedB(data, ...))``
+    (the torch op's arguments), on metadata alone (fake tensors under torch.compile), raising the
+    same InputError / NoVariantError; returns the new output.  The selection runs as the real
+    op's when the sizes are concrete."""
+    validate.tensors(a=a, packed=data)
+    n, k = data.shape[0] * 8, data.shape[1] * 64
+    if a.dim() != 2 or a.shape[1] != k:
+        raise InputError(f"packed weights take a 2-D a of K={k} columns, got {tuple(a.shape)}")
+    if a.dtype != torch.float8_e4m3fn:
+        raise InputError(f"packed weights are e4m3: a must be too, got {a.dtype}")
+    dev = validate.one_device(bundle, a=a, b=data)
+    validate.no_grad("gemm", a=a)
+    M = a.shape[0]
+    out = a.new_empty((M, n), dtype=torch.bfloat16)
+    for what, s in (("scale_a", scale_a), ("scale_b", scale_b)):
+        if s is None:
+            continue
+        if not isinstance(s, Tensor) or s.get_device() != dev or s.numel() != 1:
+            gemm._scale_error(what, s, a)
+        if not s.dtype.is_floating_point:
+            raise InputError(f"{what} must be a floating-point tensor, got {s.dtype}")
+    if not gemm.concrete(M, n, k, *a.stride(), *data.stride()) or M == 0 or n == 0:
+        return out
+    specs = [(0, tuple(a.shape), tuple(a.stride())), (0, tuple(data.shape), tuple(data.stride())),
+             (0, tuple(out.shape), tuple(out.stride())), (0, (1,), (1,)), (0, (1,), (1,))]
+    select_packed(bundle, specs, M, n, k, b_constant, dev)
+    return out
+
+
 def gemm_packed(bundle, a, p: PackedB, out=None, *, out_dtype=None, scale_a=None, scale_b=None, variant=None,
                 b_constant=False):
     # Hot path (as bundle.gemm's, runtime/gemm.py): a problem key seen before launches with its

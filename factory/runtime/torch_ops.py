@@ -1,89 +1,89 @@
-"""The bundle's ops as torch custom ops: ``torch.ops.kernel_factory.{gemm, gemm_out, gemm_packed,
-attention, attention_kvcache}``, for ``torch.compile`` (Dynamo traces them as opaque calls, no graph break) and CUDA
-graphs.  ``bundle.torch_ops()`` registers them once per process (``torch.library`` define + impl,
-the lower-cost path: see notes) and routes them to that bundle; a later call routes them to
-another bundle.  Fake (meta) implementations give the exact output shapes, dtypes and strides and
-never touch data.  The real implementations are the bundle's own ops, so every check of
-docs/errors.md applies unchanged.
+"""The bundle's ops as torch custom ops, for ``torch.compile`` (Dynamo traces them as opaque
+calls, no graph break) and CUDA graphs: ``gemm``, ``gemm_out``, ``gemm_packed``, ``attention``,
+``attention_kvcache``.
+
+One op set per bundle: ``bundle.torch_ops()`` registers the ops of that bundle once (``torch.library``
+define + impl, the lower-cost path: see notes) in a namespace of its own and returns it: the
+first bundle's is ``torch.ops.kernel_factory``, later bundles get ``kernel_factory_2``,
+``kernel_factory_3``, ...  Opening a second bundle never changes what the first one's ops run.
+
+Fake (meta) implementations run the real op's data-free checks on the tensors' metadata (types,
+dtypes, ranks, shapes, strides, devices, switches) and the bundle's selection where the sizes are
+concrete, so a problem the real op refuses raises the same InputError / NoVariantError at trace
+time; then they give the exact output shapes, dtypes and strides.  They never read data.  The
+real implementations are the bundle's own ops, so every check of docs/errors.md applies unchanged.
+
+An op is an entry of ``OPS``: name -> (schema, real, fake), where ``real`` and ``fake`` take the
+bundle as their first argument.
 """
 
 from __future__ import annotations
 
+import functools
+import threading
+
 import torch
 
 NAMESPACE = "kernel_factory"
-_LIB = None
-_BUNDLE = None  # the bundle the ops run on (set by register)
-
-_SCHEMAS = {
-    "gemm": "gemm(Tensor a, Tensor b, ScalarType? out_dtype=None, Tensor? scale_a=None, Tensor? scale_b=None, "
-            "bool b_constant=False) -> Tensor",
-    "gemm_out": "gemm_out(Tensor a, Tensor b, Tensor(a!) out, Tensor? scale_a=None, Tensor? scale_b=None, "
-                "bool b_constant=False) -> ()",
-    "gemm_packed": "gemm_packed(Tensor a, Tensor packed, Tensor? scale_a=None, Tensor? scale_b=None, "
-                   "bool b_constant=False) -> Tensor",
-    "attention": "attention(Tensor q, Tensor k, Tensor v, bool causal=False, float? softmax_scale=None, "
-                 "Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, int? max_seqlen_q=None) -> (Tensor, Tensor)",
-    "attention_kvcache": "attention_kvcache(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cache_seqlens, "
-                         "Tensor? block_table=None, bool causal=True, float? softmax_scale=None, int window_left=-1, "
-                         "int window_right=-1, float softcap=0.0, Tensor? sinks=None, Tensor? k_descale=None, "
-                         "Tensor? v_descale=None, Tensor? cu_seqlens_q=None, int? max_seqlen_q=None) "
-                         "-> (Tensor, Tensor)",
-}
+_SETS: dict[int, tuple[object, str, object]] = {}  # id(bundle) -> (bundle, namespace, torch.library.Library)
+_LOCK = threading.Lock()
 
 
-def _gemm(a, b, out_dtype=None, scale_a=None, scale_b=None, b_constant=False):
-    return _BUNDLE.gemm(a, b, out_dtype=out_dtype, scale_a=scale_a, scale_b=scale_b, b_constant=b_constant)
+def _gemm(bundle, a, b, out_dtype=None, scale_a=None, scale_b=None, b_constant=False):
+    return bundle.gemm(a, b, out_dtype=out_dtype, scale_a=scale_a, scale_b=scale_b, b_constant=b_constant)
 
 
-def _gemm_out(a, b, out, scale_a=None, scale_b=None, b_constant=False):
-    _BUNDLE.gemm(a, b, out, scale_a=scale_a, scale_b=scale_b, b_constant=b_constant)
+def _gemm_out(bundle, a, b, out, scale_a=None, scale_b=None, b_constant=False):
+    bundle.gemm(a, b, out, scale_a=scale_a, scale_b=scale_b, b_constant=b_constant)
 
 
-def _gemm_packed(a, packed, scale_a=None, scale_b=None, b_constant=False):
+def _gemm_packed(bundle, a, packed, scale_a=None, scale_b=None, b_constant=False):
     from .packed import PackedB
 
-    return _BUNDLE.gemm(a, PackedB(packed, packed.shape[0] * 8, packed.shape[1] * 64), scale_a=scale_a,
-                        scale_b=scale_b, b_constant=b_constant)
+    return bundle.gemm(a, PackedB(packed, packed.shape[0] * 8, packed.shape[1] * 64), scale_a=scale_a,
+                       scale_b=scale_b, b_constant=b_constant)
 
 
-def _attention(q, k, v, causal=False, softmax_scale=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None):
-    return _BUNDLE.attention(q, k, v, causal=causal, softmax_scale=softmax_scale, cu_seqlens_q=cu_seqlens_q,
-                             cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, return_lse=True)
+def _attention(bundle, q, k, v, causal=False, softmax_scale=None, cu_seqlens_q=None, cu_seqlens_k=None,
+               max_seqlen_q=None):
+    return bundle.attention(q, k, v, causal, softmax_scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, None, True)
 
 
-def _attention_kvcache(q, k_cache, v_cache, cache_seqlens, block_table=None, causal=True, softmax_scale=None,
+def _attention_kvcache(bundle, q, k_cache, v_cache, cache_seqlens, block_table=None, causal=True, softmax_scale=None,
                        window_left=-1, window_right=-1, softcap=0.0, sinks=None, k_descale=None, v_descale=None,
                        cu_seqlens_q=None, max_seqlen_q=None):
-    return _BUNDLE.attention_kvcache(q, k_cache, v_cache, cache_seqlens, block_table=block_table, causal=causal,
-                                     softmax_scale=softmax_scale, window_size=(window_left, window_right),
-                                     softcap=softcap, sinks=sinks, k_descale=k_descale, v_descale=v_descale,
-                                     return_lse=True, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q)
+    return bundle.attention_kvcache(q, k_cache, v_cache, cache_seqlens, block_table=block_table, causal=causal,
+                                    softmax_scale=softmax_scale, window_size=(window_left, window_right),
+                                    softcap=softcap, sinks=sinks, k_descale=k_descale, v_descale=v_descale,
+                                    return_lse=True, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q)
 
 
-def _gemm_fake(a, b, out_dtype=None, scale_a=None, scale_b=None, b_constant=False):
-    dt = out_dtype or (torch.bfloat16 if a.dtype == torch.float8_e4m3fn else a.dtype)
-    return a.new_empty((*a.shape[:-1], b.shape[-2]), dtype=dt)
+def _gemm_fake(bundle, a, b, out_dtype=None, scale_a=None, scale_b=None, b_constant=False):
+    from . import gemm
+
+    return gemm.check_meta(bundle, a, b, None, out_dtype, scale_a, scale_b, b_constant)
 
 
-def _gemm_out_fake(a, b, out, scale_a=None, scale_b=None, b_constant=False):
-    return None
+def _gemm_out_fake(bundle, a, b, out, scale_a=None, scale_b=None, b_constant=False):
+    from . import gemm
+
+    gemm.check_meta(bundle, a, b, out, None, scale_a, scale_b, b_constant)
 
 
-def _gemm_packed_fake(a, packed, scale_a=None, scale_b=None, b_constant=False):
-    return a.new_empty((a.shape[0], packed.shape[0] * 8), dtype=torch.bfloat16)
+def _gemm_packed_fake(bundle, a, packed, scale_a=None, scale_b=None, b_constant=False):
+    from . import packed as pk
+
+    return pk.check_meta(bundle, a, packed, scale_a, scale_b, b_constant)
 
 
-def _attention_fake(q, k, v, causal=False, softmax_scale=None, cu_seqlens_q=None, cu_seqlens_k=None,
+def _attention_fake(bundle, q, k, v, causal=False, softmax_scale=None, cu_seqlens_q=None, cu_seqlens_k=None,
                     max_seqlen_q=None):
-    if cu_seqlens_q is not None:
-        lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
-    else:
-        lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
-    return torch.empty_like(q), lse  # as the real op: empty_like keeps q's strides
+    from . import attention
+
+    return attention.check_meta(bundle, q, k, v, causal, softmax_scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q)
 
 
-def _attention_kvcache_fake(q, k_cache, v_cache, cache_seqlens, block_table=None, causal=True,
+def _attention_kvcache_fake(bundle, q, k_cache, v_cache, cache_seqlens, block_table=None, causal=True,
                             softmax_scale=None, window_left=-1, window_right=-1, softcap=0.0, sinks=None,
                             k_descale=None, v_descale=None, cu_seqlens_q=None, max_seqlen_q=None):
     """Checks as the real op does (shapes, dtypes, strides, switches, the bundle's variants; no
@@ -93,7 +93,7 @@ def _attention_kvcache_fake(q, k_cache, v_cache, cache_seqlens, block_table=None
     p, _ = kvcache.check(q, k_cache, v_cache, cache_seqlens, block_table, causal, softmax_scale,
                          (window_left, window_right), softcap, sinks, k_descale, v_descale, None, cu_seqlens_q,
                          max_seqlen_q, data=False)
-    kvcache.choose(_BUNDLE, p)
+    kvcache.choose(bundle, p)
     if cu_seqlens_q is not None:
         lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
     else:
@@ -101,24 +101,48 @@ def _attention_kvcache_fake(q, k_cache, v_cache, cache_seqlens, block_table=None
     return torch.empty_like(q), lse
 
 
-_IMPLS = {"gemm": (_gemm, _gemm_fake), "gemm_out": (_gemm_out, _gemm_out_fake),
-          "gemm_packed": (_gemm_packed, _gemm_packed_fake), "attention": (_attention, _attention_fake),
-          "attention_kvcache": (_attention_kvcache, _attention_kvcache_fake)}
+OPS = {
+    "gemm": ("gemm(Tensor a, Tensor b, ScalarType? out_dtype=None, Tensor? scale_a=None, Tensor? scale_b=None, "
+             "bool b_constant=False) -> Tensor", _gemm, _gemm_fake),
+    "gemm_out": ("gemm_out(Tensor a, Tensor b, Tensor(a!) out, Tensor? scale_a=None, Tensor? scale_b=None, "
+                 "bool b_constant=False) -> ()", _gemm_out, _gemm_out_fake),
+    "gemm_packed": ("gemm_packed(Tensor a, Tensor packed, Tensor? scale_a=None, Tensor? scale_b=None, "
+                    "bool b_constant=False) -> Tensor", _gemm_packed, _gemm_packed_fake),
+    "attention": ("attention(Tensor q, Tensor k, Tensor v, bool causal=False, float? softmax_scale=None, "
+                  "Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, int? max_seqlen_q=None) -> (Tensor, Tensor)",
+                  _attention, _attention_fake),
+    "attention_kvcache": ("attention_kvcache(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cache_seqlens, "
+                          "Tensor? block_table=None, bool causal=True, float? softmax_scale=None, int window_left=-1, "
+                          "int window_right=-1, float softcap=0.0, Tensor? sinks=None, Tensor? k_descale=None, "
+                          "Tensor? v_descale=None, Tensor? cu_seqlens_q=None, int? max_seqlen_q=None) "
+                          "-> (Tensor, Tensor)", _attention_kvcache, _attention_kvcache_fake),
+}
+
+
+def namespace(bundle) -> str | None:
+    """The namespace of ``bundle``'s op set, or None before ``register(bundle)``."""
+    got = _SETS.get(id(bundle))
+    return got[1] if got is not None and got[0] is bundle else None
 
 
 def register(bundle):
-    """Route ``torch.ops.kernel_factory.*`` to ``bundle`` (defining the ops on the first call);
-    returns ``torch.ops.kernel_factory``."""
-    global _LIB, _BUNDLE
-    _BUNDLE = bundle
-    if _LIB is None:
-        lib = torch.library.Library(NAMESPACE, "DEF")
-        for name, schema in _SCHEMAS.items():
-            real, fake = _IMPLS[name]
+    """``bundle``'s op set (defined on the first call for this bundle): ``torch.ops.<namespace>``,
+    every op running on ``bundle`` alone.  The set keeps the bundle alive (the ops are registered
+    for the life of the process)."""
+    got = _SETS.get(id(bundle))
+    if got is not None and got[0] is bundle:
+        return getattr(torch.ops, got[1])
+    with _LOCK:
+        got = _SETS.get(id(bundle))
+        if got is not None and got[0] is bundle:
+            return getattr(torch.ops, got[1])
+        ns = NAMESPACE if not _SETS else f"{NAMESPACE}_{len(_SETS) + 1}"
+        lib = torch.library.Library(ns, "DEF")
+        for name, (schema, real, fake) in OPS.items():
             lib.define(schema)
             # Every backend runs the bundle's op, whose checks refuse what it cannot run (a CPU
             # tensor gets the same InputError as through bundle.gemm).
-            lib.impl(name, real, "CompositeExplicitAutograd")
-            torch.library.register_fake(f"{NAMESPACE}::{name}", fake, lib=lib)
-        _LIB = lib
-    return getattr(torch.ops, NAMESPACE)
+            lib.impl(name, functools.partial(real, bundle), "CompositeExplicitAutograd")
+            torch.library.register_fake(f"{ns}::{name}", functools.partial(fake, bundle), lib=lib)
+        _SETS[id(bundle)] = (bundle, ns, lib)
+    return getattr(torch.ops, ns)

@@ -65,6 +65,22 @@ int32_t fx_require_device(const char *what) {
     if (e == cudaSuccess && n > 0) return 0;
     cudaGetLastError(); /* not a later call's error */
     if (e == cudaSuccess) e = cudaErrorNoDevice;
+    if (e == cudaErrorInsufficientDriver) {
+        /* The statically linked runtime refuses a driver older than its own major version (it asks
+           libcuda.so.1's cuDriverGetVersion): name both, or say that no driver was found. */
+        int drv = 0;
+        if (cudaDriverGetVersion(&drv) != cudaSuccess) drv = 0;
+        cudaGetLastError();
+        if (drv > 0)
+            return fail((int32_t)e, "%s: no usable CUDA device (%s: %s): the NVIDIA driver supports CUDA %d.%d, but "
+                        "this host library links the CUDA %d.%d runtime, which needs a driver for CUDA %d.0 or "
+                        "newer: update the NVIDIA driver", what, cudaGetErrorName(e), cudaGetErrorString(e),
+                        drv / 1000, drv % 1000 / 10, CUDART_VERSION / 1000, CUDART_VERSION % 1000 / 10,
+                        CUDART_VERSION / 1000);
+        return fail((int32_t)e, "%s: no usable CUDA device (%s: %s): no CUDA driver found (libcuda.so.1 could not "
+                    "be loaded); this host library needs a driver for CUDA %d.0 or newer", what, cudaGetErrorName(e),
+                    cudaGetErrorString(e), CUDART_VERSION / 1000);
+    }
     return fail((int32_t)e, "%s: no usable CUDA device (%s: %s)", what, cudaGetErrorName(e), cudaGetErrorString(e));
 }
 
