@@ -24,6 +24,7 @@ FAMILY_MODULES = (
     "factory.gemm.decode",
     "factory.attention.sm80",
     "factory.attention.sm90",
+    "factory.attention.sm90_fp8",
     "factory.attention.decode",
     "factory.attention.sm100_fa4",
 )

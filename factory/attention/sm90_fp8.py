@@ -1,0 +1,198 @@
+"""fp8 (e4m3) FlashAttention forward for Hopper (sm_90a): the sm90 family's kernel
+(attention/sm90.py: TMA producer warp, two consumer warpgroups, intra-warpgroup overlap,
+persistent CTAs) with fp8 WGMMAs, per-(batch, kv head) descale factors and a bfloat16 O.
+
+* S = Q·Kᵀ: fp8 WGMMA (k32 steps), both operands K-major in smem as in the 16-bit kernel.
+  ``q_descale·k_descale`` of the problem's (batch, kv head) multiplies the launch's
+  softmax_scale·log2(e): the one FFMA per score of the online softmax applies it.
+* P (fp32 in S's accumulator registers) -> e4m3 -> the register A operand of P·V.  The fp8 A
+  fragment holds, per thread and 32-key block, four consecutive keys of a row per register; the
+  accumulator holds pairs of keys of two rows.  :meth:`FlashFwdSm90Fp8.store_p` converts, then
+  exchanges 16-bit halves inside each quad of threads (two shuffles and two byte permutes per
+  pair of registers) so the registers hold what the A fragment expects.
+* P·V: fp8 WGMMA needs V K-major (keys contiguous).  The variant takes V pre-transposed,
+  (B, Hkv, D, Sk) (``v_layout`` "bhds"); its (D, keys) tiles reach smem by TMA as they are.
+* O·v_descale -> bf16 -> its own smem slabs (O's type differs from Q's) -> TMA store; LSE in
+  natural-log units of the de-scaled scores.
+
+Arguments (contract.signature_fp8): q (B,Sq,Hq,D) e4m3, k (B,Sk,Hkv,D) e4m3, v (B,Hkv,D,Sk)
+e4m3, o (B,Sq,Hq,D) bf16, lse (B,Hq,Sq) f32, q_descale/k_descale/v_descale (B,Hkv) f32 (any
+strides: a per-tensor value is a zero-stride view), softmax_scale.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+
+from ..abi import Signature
+from ..atoms.targets import Target
+from ..registry import register
+from . import contract, layout
+from .base import causal_field, varlen_field
+from .sm90 import WG_ROWS, AttentionSm90, FlashFwdSm90, default_schedule
+
+FP8_HEAD_DIMS = (64, 128, 256)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttentionFp8Sm90(AttentionSm90):
+    """An fp8 variant: e4m3 q/k/v, bf16 O, descales; tiles as the 16-bit family's fields."""
+
+    op: ClassVar[str] = "attention_fp8"
+    family: ClassVar[str] = "sm90"
+    DTYPES: ClassVar[tuple[str, ...]] = ("e4m3",)
+    HEAD_DIMS: ClassVar[tuple[int, ...]] = FP8_HEAD_DIMS
+    sources = ("attention/sm90_fp8.py", *AttentionSm90.sources)
+
+    dtype: str = field(default="e4m3", metadata={"tag": ""})
+    # how V arrives: "bhds" = (B, Hkv, D, Sk), keys contiguous (the K-major B operand of P·V)
+    v_layout: str = field(default="bhds", metadata={"tag": "v"})
+
+    def sass_requirements(self) -> tuple[str, ...]:
+        # nvdisasm prints fp8 WGMMAs as QGMMA: "QGMMA.64x128x32.F32.E4M3.E4M3 R88, gdesc[UR16],
+        # RZ, !UPT" (both operands from smem) and "QGMMA.64x128x32.F32.E4M3.E4M3 R24, R152,
+        # gdesc[UR16], R24" (A from registers); the P permute: SHFL.IDX and PRMT.
+        return (
+            rf"\bQGMMA\.64x{self.tile_n}x32\.F32\.E4M3\.E4M3 R\d+, gdesc\[",
+            rf"\bQGMMA\.64x{self.head_dim}x32\.F32\.E4M3\.E4M3 R\d+, R\d+, gdesc\[",
+            r"\bUTMALDG\.4D\b", r"\bUTMASTG\.4D\b", r"\bSYNCS\.", r"\bUSETMAXREG\.", r"\bMUFU\.EX2\b",
+            r"\bSHFL\.IDX\b", r"\bPRMT\b",
+        )
+
+    def smem_bytes(self) -> int:
+        from ..atoms.smem import BARRIER_BYTES, SMEM_ALIGN, round_up
+        q = round_up(self.tile_m * self.head_dim, SMEM_ALIGN)
+        kv = 2 * self.stages * round_up(self.tile_n * self.head_dim, SMEM_ALIGN)
+        o = round_up(self.tile_m * self.head_dim * 2, SMEM_ALIGN)
+        return BARRIER_BYTES + q + kv + o
+
+    def can_implement(self) -> str | None:
+        if self.v_layout != "bhds":
+            return "v_layout must be 'bhds' (V pre-transposed, keys contiguous)"
+        if self.varlen:
+            return "the fp8 kernel takes dense (B, S, H, D) problems"
+        if self.tile_n % 32:
+            return "tile_n must be a multiple of 32 (fp8 WGMMA k32 steps of P·V)"
+        if self.head_dim % 32:
+            return "head_dim must be a multiple of 32 (fp8 WGMMA k32 steps of Q·Kᵀ)"
+        return super().can_implement()
+
+    def signature(self) -> Signature:
+        return contract.signature_fp8(self.head_dim)
+
+    def contract_fields(self) -> dict[str, Any]:
+        return contract.manifest_fields_fp8(self.head_dim, self.causal, self.v_layout)
+
+    def describe(self) -> dict[str, Any]:
+        d = super().describe()
+        d["preferred"] = True
+        return d
+
+    def make_kernel(self):
+        k = FlashFwdSm90Fp8(
+            head_dim=self.head_dim, tile_m=self.tile_m, tile_n=self.tile_n, stages=self.stages,
+            causal=self.causal, overlap=self.overlap, pingpong=self.pingpong,
+            early_rescale=self.early_rescale, persistent=self.persistent, k_first=self.k_first,
+        )
+        return k.dense_fp8
+
+
+def fp8_config(head_dim: int, causal: bool) -> dict[str, Any]:
+    """The fp8 tile per problem: 128 query rows (two consumer warpgroups, ping-pong, overlap);
+    keys per tile 128 (D256: 64, O's 128 fp32 registers per thread leave room for no more)."""
+    return {"tile_m": 128, "tile_n": 64 if head_dim == 256 else 128, "stages": 2, "overlap": True,
+            "pingpong": True, **default_schedule(min(head_dim, 128), causal)}
+
+
+@register("attention_fp8")
+def enumerate_attention_fp8(target: Target, tier: str) -> list[AttentionFp8Sm90]:
+    if target.name != "sm_90a":
+        return []
+
+    def make(d, causal, **kw):
+        return AttentionFp8Sm90(target=target.name, head_dim=d, causal=causal, **{**fp8_config(d, causal), **kw})
+
+    if tier == "test":
+        out = [make(128, False), make(128, True)]
+    elif tier == "default":
+        # fp8 joins the default tier once a GPU run has passed (notes/attention-fp8.md)
+        out = []
+    else:
+        out = [make(d, c) for d in FP8_HEAD_DIMS for c in (False, True)]
+        out += [make(128, c, tile_n=n) for c in (False, True) for n in (160, 192)]
+    return [v for v in out if v.can_implement() is None]
+
+
+class FlashFwdSm90Fp8(FlashFwdSm90):
+    """The sm90 kernel with e4m3 inputs, bf16 O, K-major V tiles, descales and the P permute."""
+
+    def __init__(self, *, head_dim: int, tile_m: int, tile_n: int, stages: int, causal: bool,
+                 overlap: bool, pingpong: bool, early_rescale: bool, persistent: bool, k_first: bool):
+        super().__init__(dtype=cutlass.Float8E4M3FN, head_dim=head_dim, tile_m=tile_m, tile_n=tile_n,
+                         stages=stages, causal=causal, overlap=overlap, pingpong=pingpong,
+                         early_rescale=early_rescale, persistent=persistent, k_first=k_first)
+        self.out_dtype = cutlass.BFloat16
+        self.v_k_major = True
+
+    @cute.jit
+    def dense_fp8(self, q: cute.Tensor, k: cute.Tensor, v: cute.Tensor, o: cute.Tensor,
+                  lse: cute.Tensor, q_descale: cute.Tensor, k_descale: cute.Tensor,
+                  v_descale: cute.Tensor, softmax_scale: cutlass.Float32, stream: cuda.CUstream):
+        mQ, mK, _, mO = layout.dense_views(q, k, k, o)  # (S, D, H, B)
+        # V (B, Hkv, D, Sk) -> (D, Sk, Hkv, B): the (D, keys) view the producer tiles
+        mVt = cute.make_tensor(v.iterator, cute.select(v.layout, mode=[2, 3, 1, 0]))
+        grid = self.dense_grid((cute.ceil_div(q.shape[1], self.cta_rows), q.shape[2], q.shape[0]))
+        self._launch(mQ, mK, mVt, mO, lse, None, None, softmax_scale, grid, stream,
+                     mDescale=(q_descale, k_descale, v_descale))
+
+    def problem_scales(self, scale_log2, mDescale, head, batch, n_heads, n_kv_heads):
+        """scale·log2(e)·q_descale·k_descale and v_descale of (batch, kv head)."""
+        kv_head = head // (n_heads // n_kv_heads)
+        qd, kd, vd = mDescale
+        return scale_log2 * (qd[batch, kv_head] * kd[batch, kv_head]), vd[batch, kv_head]
+
+    def p_operand_view(self, acc_S, tOrP):
+        return None
+
+    @cute.jit
+    def store_p(self, acc_S, tOrP, tOrP_c, ltid):
+        """P -> e4m3 in the fp8 A fragment of P·V.
+
+        Accumulator (per thread t of a quad, row r and r + 8, 8-key block j): keys 8j + 2t + {0,1}
+        of both rows, packed after conversion as one 32-bit word W_j = [r:2t, r:2t+1, r+8:2t,
+        r+8:2t+1].  A fragment (per 32-key block): word (h, kh) = row r + 8h, keys 16kh + 4t ..
+        16kh + 4t + 3.  Those four keys are the halves of row h of W_{2kh + t//2} of threads
+        2(t%2) and 2(t%2) + 1.  Per kh: each thread sends W_{s%2} (first shuffle) and W_{1-s%2}
+        (second), reads them from lanes [0,2,1,3][t] and [1,3,0,2][t] of its quad, and one byte
+        permute per row picks the halves (the source order flips for t >= 2)."""
+        BN = self.tile_n
+        tmp = cute.make_rmem_tensor(acc_S.layout, self.dtype)
+        tmp.store(acc_S.load().to(self.dtype))
+        w = cute.recast_tensor(tmp, cutlass.Int32)      # BN / 8 words, word j = key block j
+        a = cute.recast_tensor(tOrP, cutlass.Int32)     # BN / 8 words, 4 per 32-key block
+        t = ltid % 4
+        odd = t % 2
+        quad = cute.arch.lane_idx() - t
+        src1 = quad + odd * 2 + t // 2
+        src2 = quad + ((odd * 2 + t // 2) ^ 1)
+        low = t < 2
+        sel_r0 = cutlass.Int32(0x5410) if low else cutlass.Int32(0x1054)
+        sel_r1 = cutlass.Int32(0x7632) if low else cutlass.Int32(0x3276)
+        for kb in cutlass.range_constexpr(BN // 32):
+            for kh in cutlass.range_constexpr(2):
+                w0 = w[4 * kb + 2 * kh]
+                w1 = w[4 * kb + 2 * kh + 1]
+                v1 = w1 if odd == 1 else w0
+                v2 = w0 if odd == 1 else w1
+                x = cute.arch.shuffle_sync(v1, src1)
+                y = cute.arch.shuffle_sync(v2, src2)
+                a[4 * kb + 2 * kh] = cutlass.Int32(cute.arch.prmt(x, y, sel_r0))
+                a[4 * kb + 2 * kh + 1] = cutlass.Int32(cute.arch.prmt(x, y, sel_r1))
+
+
+__all__ = ["AttentionFp8Sm90", "FP8_HEAD_DIMS", "FlashFwdSm90Fp8", "enumerate_attention_fp8", "fp8_config"]
