@@ -1,0 +1,162 @@
+"""fp8 (e4m3) attention forward through a bundle: argument checks, variant choice, launch.  No DSL
+import.
+
+``attention_fp8(bundle, q, k, v, causal, softmax_scale, q_descale, k_descale, v_descale, ...)``:
+q (B, Sq, Hq, D), k (B, Sk, Hkv, D) float8_e4m3fn; v float8_e4m3fn as (B, Sk, Hkv, D)
+(``v_layout="bshd"``: copied once into the kernel's layout, one extra pass over V and one
+allocation per call) or pre-transposed (B, Hkv, D, Sk) with Sk contiguous (``v_layout="bhds"``:
+read in place).  Descales (FlashAttention-3's ``q_descale``/``k_descale``/``v_descale``): float32
+on q's device, broadcastable to (B, Hkv) (a per-tensor scalar, per kv head, per batch and kv
+head); None means 1.  The result is bfloat16:
+    o = softmax(q·kᵀ · q_descale·k_descale · scale [+ causal mask]) · v · v_descale
+with the descales of each (batch, kv head) applied to the q heads of its group.  LSE float32
+(B, Hq, Sq) in natural-log units of the de-scaled scores.  Causal masking is bottom-right
+aligned, as in runtime/attention.py.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import validate
+from .errors import InputError, NoVariantError
+
+HEAD_DIMS = (64, 128, 256)
+V_LAYOUTS = ("bshd", "bhds")
+_GRID_YZ_MAX = 65535
+_ONES: dict = {}  # device index -> a 1-element float32 1.0 (the descale of None)
+
+
+def attention_fp8(bundle, q, k, v, causal=False, softmax_scale=None, q_descale=None, k_descale=None,
+                  v_descale=None, return_lse=False, v_layout="bshd"):
+    """See the module docstring."""
+    dev = validate.one_device(bundle, q=q, k=k, v=v, q_descale=q_descale, k_descale=k_descale,
+                              v_descale=v_descale)
+    validate.no_grad("attention", q=q, k=k, v=v)
+    b, sq, hq, d, sk, hkv = _check(q, k, v, v_layout)
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(d)
+    else:
+        softmax_scale = _scale(softmax_scale)
+    if not isinstance(causal, (bool, int)) or isinstance(causal, int) and causal not in (0, 1):
+        raise InputError(f"causal must be a bool, got {causal!r}")
+    scales = [_descale(name, t, b, hkv, q.device) for name, t in
+              (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale))]
+    name = choose(bundle, d, bool(causal))
+    o = torch.empty(q.shape, dtype=torch.bfloat16, device=q.device)
+    lse = torch.empty((b, hq, sq), dtype=torch.float32, device=q.device)
+    if o.numel() == 0:
+        return (o, lse) if return_lse else o
+    if sk == 0:
+        o.zero_()
+        lse.fill_(-math.inf)
+        return (o, lse) if return_lse else o
+    if b > _GRID_YZ_MAX or hq > _GRID_YZ_MAX:
+        raise InputError(f"batch ({b}) and heads ({hq}) must each be <= {_GRID_YZ_MAX}")
+    vt = v.permute(0, 2, 3, 1).contiguous() if v_layout == "bshd" else v
+    bundle.launch(name, [q, k, vt, o, lse, *scales, softmax_scale], device=dev)
+    return (o, lse) if return_lse else o
+
+
+def choose(bundle, head_dim: int, causal: bool) -> str:
+    """The fp8 variant for this head_dim and mask: the bundle's first (best target) entry, the
+    preferred one where several fit."""
+    fit = [e for e in bundle.candidates("attention_fp8") if e["head_dim"] == head_dim and e["causal"] == causal]
+    if not fit:
+        raise NoVariantError(f"no fp8 attention variant for head_dim {head_dim}, causal={causal} on this device "
+                             f"({bundle.describe_contents('attention_fp8')})")
+    pref = [e for e in fit if e.get("preferred")]
+    return (pref or fit)[0]["name"]
+
+
+def check_meta(bundle, q, k, v, causal=False, softmax_scale=None, q_descale=None, k_descale=None,
+               v_descale=None, v_layout="bshd"):
+    """What ``attention_fp8`` checks before a launch, on metadata alone; returns (o, lse) shaped as
+    the real op's."""
+    validate.one_device(bundle, q=q, k=k, v=v, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
+    validate.no_grad("attention", q=q, k=k, v=v)
+    b, sq, hq, d, _, hkv = _check(q, k, v, v_layout, data=False)
+    if softmax_scale is not None:
+        _scale(softmax_scale)
+    for name, t in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
+        _descale(name, t, b, hkv, q.device, data=False)
+    choose(bundle, d, bool(causal))
+    return (q.new_empty(q.shape, dtype=torch.bfloat16), q.new_empty((b, hq, sq), dtype=torch.float32))
+
+
+def _scale(softmax_scale) -> float:
+    try:
+        softmax_scale = float(softmax_scale)
+    except (TypeError, ValueError, RuntimeError):
+        raise InputError(f"softmax_scale must be a number, got {type(softmax_scale).__name__}") from None
+    if not (softmax_scale > 0.0 and math.isfinite(softmax_scale)):
+        raise InputError(f"softmax_scale must be a positive finite number, got {softmax_scale}")
+    return softmax_scale
+
+
+def _check(q, k, v, v_layout, data: bool = True):
+    if v_layout not in V_LAYOUTS:
+        raise InputError(f"v_layout must be one of {V_LAYOUTS}, got {v_layout!r}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 4:
+            raise InputError(f"{name} must be 4-D, got shape {tuple(t.shape)}")
+        if t.dtype != torch.float8_e4m3fn:
+            raise InputError(f"{name} must be float8_e4m3fn for the fp8 forward, got {t.dtype}")
+    b, sq, hq, d = q.shape
+    _, sk, hkv, dk = k.shape
+    if d not in HEAD_DIMS:
+        raise InputError(f"head_dim {d} not supported (one of {HEAD_DIMS})")
+    if dk != d:
+        raise InputError(f"head_dim of q ({d}) and k ({dk}) differ")
+    want_v = (b, sk, hkv, d) if v_layout == "bshd" else (b, hkv, d, sk)
+    if tuple(v.shape) != want_v:
+        raise InputError(f"v must be {'(B, Sk, Hkv, D)' if v_layout == 'bshd' else '(B, Hkv, D, Sk)'} = {want_v} "
+                         f"for v_layout={v_layout!r}, got {tuple(v.shape)}")
+    if k.shape[0] != b:
+        raise InputError(f"batch of q ({b}) and k ({k.shape[0]}) differ")
+    if hkv == 0 or hq % hkv:
+        raise InputError(f"q heads ({hq}) must be a multiple of kv heads ({hkv})")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.numel() == 0:
+            continue
+        if t.stride(-1) != 1:
+            raise InputError(f"{name}: the last dimension must be contiguous (stride 1), strides {t.stride()}")
+        if any(s % 16 for s in t.stride()[:-1]):
+            raise InputError(f"{name}: strides {t.stride()} must be multiples of 16 elements (16 bytes) "
+                             f"except the last")
+        if data and t.data_ptr() % 16:
+            raise InputError(f"{name}: data pointer must be 16-byte aligned")
+    return b, sq, hq, d, sk, hkv
+
+
+def _descale(name, t, b, hkv, device, data: bool = True):
+    """A (B, Hkv) float32 view of descale ``t`` (zero strides where it broadcasts; no copy)."""
+    if t is None:
+        if not data:
+            return None
+        key = device.index
+        one = _ONES.get(key)
+        if one is None:
+            one = _ONES[key] = torch.ones(1, dtype=torch.float32, device=device)
+        return one.expand(b, hkv)
+    if not isinstance(t, torch.Tensor):
+        raise InputError(f"{name} must be a float32 tensor or None, got {type(t).__name__}")
+    if t.dtype != torch.float32:
+        raise InputError(f"{name} must be float32, got {t.dtype}")
+    if t.device != device:
+        raise InputError(f"{name} must be on {device}, got {t.device}")
+    if t.dim() > 2:
+        raise InputError(f"{name} must broadcast to (batch, kv heads) = ({b}, {hkv}), got shape {tuple(t.shape)}")
+    try:
+        view = t.expand(b, hkv) if t.dim() else t.reshape(1, 1).expand(b, hkv)
+    except RuntimeError:
+        raise InputError(f"{name} must broadcast to (batch, kv heads) = ({b}, {hkv}), "
+                         f"got shape {tuple(t.shape)}") from None
+    if data and t.numel() and t.data_ptr() % 4:
+        raise InputError(f"{name}: data pointer must be 4-byte aligned")
+    return view
+
+
+__all__ = ["HEAD_DIMS", "V_LAYOUTS", "attention_fp8", "check_meta", "choose"]
