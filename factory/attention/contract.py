@@ -182,15 +182,19 @@ def manifest_fields_kvcache(dtype: str, kv_dtype: str, head_dim: int, *, paged: 
 
 
 # --- fp8 (e4m3) forward (attention/sm90_fp8.py) -----------------------------------------------
-#   q (B,Sq,Hq,D) e4m3, k (B,Sk,Hkv,D) e4m3, v (B,Hkv,D,Sk) e4m3 (pre-transposed: keys contiguous),
+#   q (B,Sq,Hq,D) e4m3, k (B,Sk,Hkv,D) e4m3, v (B,Sk,Hkv,D) e4m3 (v_layout "bshd") or (B,Hkv,D,Sk)
+#   ("bhds": pre-transposed, keys contiguous),
 #   o (B,Sq,Hq,D) bf16, lse (B,Hq,Sq) f32, q_descale / k_descale / v_descale (B,Hkv) f32 with any
 #   strides (a per-tensor factor is a zero-stride view), softmax_scale
-def signature_fp8(head_dim: int) -> Signature:
+def signature_fp8(head_dim: int, v_layout: str = "bhds") -> Signature:
+    """v_layout "bhds": v (B, Hkv, D, Sk); "bshd": v (B, Sk, Hkv, D) like k (the kernel transposes)."""
     d = head_dim
+    v = (TensorArg("v", "e4m3", ("B", "Hkv", d, "Sk"), ("sVb", "sVh", "sVd", 1)) if v_layout == "bhds"
+         else TensorArg("v", "e4m3", ("B", "Sk", "Hkv", d), ("sVb", "sVs", "sVh", 1)))
     args = [
         TensorArg("q", "e4m3", ("B", "Sq", "Hq", d), ("sQb", "sQs", "sQh", 1)),
         TensorArg("k", "e4m3", ("B", "Sk", "Hkv", d), ("sKb", "sKs", "sKh", 1)),
-        TensorArg("v", "e4m3", ("B", "Hkv", d, "Sk"), ("sVb", "sVh", "sVd", 1)),
+        v,
         TensorArg("o", "bf16", ("B", "Sq", "Hq", d), ("sOb", "sOs", "sOh", 1)),
         TensorArg("lse", "f32", ("B", "Hq", "Sq"), ("sLb", "sLh", 1), align=4),
         TensorArg("q_descale", "f32", ("B", "Hkv"), ("sQDb", "sQDh"), align=4),
@@ -198,7 +202,7 @@ def signature_fp8(head_dim: int) -> Signature:
         TensorArg("v_descale", "f32", ("B", "Hkv"), ("sVDb", "sVDh"), align=4),
         ScalarArg("softmax_scale", "f32"),
     ]
-    div = {s: 16 for s in ("sQb", "sQs", "sQh", "sKb", "sKs", "sKh", "sVb", "sVh", "sVd")}
+    div = {s: 16 for s in ("sQb", "sQs", "sQh", "sKb", "sKs", "sKh", *(x for x in v.stride if isinstance(x, str)))}
     div.update({s: 8 for s in ("sOb", "sOs", "sOh")})
     return Signature(tuple(args), tuple(sorted(div.items())))
 
@@ -220,7 +224,7 @@ def manifest_fields_fp8(head_dim: int, causal: bool, v_layout: str) -> dict[str,
             "gqa": "Hq % Hkv == 0",
             "causal_alignment": "bottom-right",
             "softmax_scale": "> 0",
-            "v": "(B, Hkv, D, Sk), Sk contiguous",
+            "v": "(B, Hkv, D, Sk), Sk contiguous" if v_layout == "bhds" else "(B, Sk, Hkv, D), D contiguous",
             "descale": "float32 (B, Hkv), any strides",
             "lse": "float32, (B, Hq, Sq) compact",
             "grid_yz_max": 65535,

@@ -492,6 +492,10 @@ class FlashFwdSm90(layout.TmaViewsKernel):
         self.out_dtype = dtype
         # V tiles K-major in smem ((D, keys) with keys contiguous: fp8 WGMMA's B operand)
         self.v_k_major = False
+        # V arrives (keys, D) by TMA into staging slots and warps 1..transpose_warps of the
+        # producer warpgroup write it K-major into the slots P·V reads (``transpose_tile``)
+        self.v_transpose = False
+        self.transpose_warps = 0
         self.threads = 128 * (1 + self.consumers)
         self.producer_regs, self.consumer_regs = register_split(self.consumers, gather)
 
@@ -575,7 +579,10 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                 tK, tV = mK, mVt
         else:
             tma_k, tK = atoms.tma_load_atom(mK, sK_layout, (BN, D))
-            tma_v, tV = atoms.tma_load_atom(mVt, sV_layout, (D, BN))
+            if cutlass.const_expr(self.v_transpose):
+                tma_v, tV = atoms.tma_load_atom(mVt, sK_layout, (BN, D))  # (keys, D) staging, as K
+            else:
+                tma_v, tV = atoms.tma_load_atom(mVt, sV_layout, (D, BN))
         tma_o, tO, s2g = None, mO, None
         if cutlass.const_expr(mCuQ is None):
             tma_o, tO = atoms.tma_store_atom(mO, sO_layout, (WG_ROWS, D))
@@ -591,9 +598,13 @@ class FlashFwdSm90(layout.TmaViewsKernel):
             q_bars: cute.struct.MemRange[cutlass.Int64, 2 * self.consumers]  # full, empty
             k_bars: cute.struct.MemRange[cutlass.Int64, 2 * self.stages]
             v_bars: cute.struct.MemRange[cutlass.Int64, 2 * self.stages]
+            vs_bars: cute.struct.MemRange[cutlass.Int64, 2 * self.stages if self.v_transpose else 0]
             sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], _SMEM_ALIGN]
             sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], _SMEM_ALIGN]
             sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sV_layout)], _SMEM_ALIGN]
+            # the V staging slots of ``v_transpose`` ((keys, D), K's layout)
+            sVs: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout) if self.v_transpose else 0],
+                                   _SMEM_ALIGN]
             # persistent: O's own slabs (the next tile's Q lands while O leaves); else O reuses Q's
             sO: cute.struct.Align[cute.struct.MemRange[ot, cute.cosize(sO_layout) if own_o else 0],
                                   _SMEM_ALIGN]
@@ -641,6 +652,23 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                     defer_sync=True)
                 for bars in (storage.k_bars.data_ptr(), storage.v_bars.data_ptr())
             ]
+        elif cutlass.const_expr(self.v_transpose):
+            # K by TMA; V by TMA into the staging ring (released by the transposing warps), then by
+            # the transposing warps' stores into the V ring (every consumer thread releases a slot)
+            nt = self.transpose_warps
+            kv_pipes = [
+                atoms.tma_pipeline(storage.k_bars.data_ptr(), self.stages, atoms.stage_bytes(self.dtype, sK_layout),
+                                   4 * self.consumers, cute.make_layout((1, 1, 1, 1))),
+                pipeline.PipelineAsync.create(
+                    barrier_storage=storage.v_bars.data_ptr(), num_stages=self.stages,
+                    producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 32 * nt),
+                    consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 128 * self.consumers),
+                    defer_sync=True),
+            ]
+            vs_pipe = atoms.tma_pipeline(storage.vs_bars.data_ptr(), self.stages,
+                                         atoms.stage_bytes(self.dtype, sK_layout), nt, cute.make_layout((1, 1, 1, 1)))
+            load_pipes = [kv_pipes[0], vs_pipe]
+            sV_load = storage.sVs.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         else:
             kv_pipes = [
                 atoms.tma_pipeline(bars, self.stages, atoms.stage_bytes(self.dtype, layout), 4 * self.consumers,
@@ -648,6 +676,9 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                 for bars, layout in ((storage.k_bars.data_ptr(), sK_layout),
                                      (storage.v_bars.data_ptr(), sV_layout))
             ]
+        if cutlass.const_expr(not self.v_transpose):
+            load_pipes = kv_pipes  # the pipes and V slots the producer fills
+            sV_load = sV
         if warp_idx == 0:
             with cute.arch.elect_one():
                 for w in cutlass.range_constexpr(self.consumers):
@@ -698,8 +729,13 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                                                q_bars, kv_pipes, m_block, n_lo, n_hi,
                                                self.kv_state(True), mTable, batch, k_len)
                         else:
-                            self.produce(tma_q, seqQ, tma_k, seqK, tma_v, seqVt, sQ, sK, sV, q_bars,
-                                         kv_pipes, m_block, n_hi, self.kv_state(True), 0)
+                            self.produce(tma_q, seqQ, tma_k, seqK, tma_v, seqVt, sQ, sK, sV_load, q_bars,
+                                         load_pipes, m_block, n_hi, self.kv_state(True), 0)
+                    if cutlass.const_expr(self.v_transpose):
+                        if warp_idx >= 1 and warp_idx <= self.transpose_warps:
+                            self.transpose_loop(storage.sVs.data_ptr(), storage.sV.data_ptr(), sK_layout,
+                                                sV_layout, load_pipes[1], kv_pipes[1], n_hi,
+                                                self.kv_state(False), self.kv_state(True), warp_idx - 1)
                 else:
                     cute.arch.setmaxregister_increase(self.consumer_regs)
                     self.schedule_start(wg)
@@ -732,10 +768,23 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                                 mQ, mK, mVt, mO, mLSE, mCuQ, mCuK, head, batch)
                             _, n_hi, _, n_mask = self.key_range(m_block, q_len, k_len)
                             state = self.produce(tma_q, seqQ, tma_k, seqK, tma_v, seqVt, sQ, sK,
-                                                 sV, q_bars, kv_pipes, m_block, n_hi, state,
+                                                 sV_load, q_bars, load_pipes, m_block, n_hi, state,
                                                  q_phase)
                             if n_hi > 0:
                                 q_phase = q_phase ^ 1
+                if cutlass.const_expr(self.v_transpose):
+                    if warp_idx >= 1 and warp_idx <= self.transpose_warps:
+                        t_read = self.kv_state(False)
+                        t_write = self.kv_state(True)
+                        for t in cutlass.range(first, n_slots, stride, unroll=1):
+                            m_block, head, batch, real = self.tile_coords(t, stride, n_m, mQ.shape[2],
+                                                                          mQ.shape[3], mK.shape[2])
+                            if real:
+                                q_len, k_len = mQ.shape[0], mK.shape[0]
+                                _, n_hi, _, _ = self.key_range(m_block, q_len, k_len)
+                                t_read, t_write = self.transpose_loop(
+                                    storage.sVs.data_ptr(), storage.sV.data_ptr(), sK_layout, sV_layout,
+                                    load_pipes[1], kv_pipes[1], n_hi, t_read, t_write, warp_idx - 1)
             else:
                 cute.arch.setmaxregister_increase(self.consumer_regs)
                 self.schedule_start(wg)
@@ -755,6 +804,25 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                                             q_phase, o_scale=o_scale)
                         if n_hi > 0:
                             q_phase = q_phase ^ 1
+
+    @cute.jit
+    def transpose_loop(self, vs_ptr, v_ptr, vs_layout, v_layout, vs_pipe, v_pipe, n_tiles, read, write,
+                       warp):
+        """A transposing warp (``v_transpose``): for each of the tile's ``n_tiles`` key tiles, the
+        V staging slot -> ``transpose_tile`` -> the V slot P·V reads; the generic-proxy stores are
+        fenced for the WGMMAs (async proxy) before the slot is committed.  The rings are given as
+        their smem base pointers and (swizzled) staged layouts.  Returns both ring states."""
+        lane = cute.arch.lane_idx()
+        for _ in cutlass.range(n_tiles, unroll=1):
+            vs_pipe.consumer_wait(read)
+            v_pipe.producer_acquire(write)
+            self.transpose_tile(vs_ptr, v_ptr, vs_layout, v_layout, read.index, write.index, lane, warp)
+            cute.arch.fence_proxy("async.shared", space="cta")
+            v_pipe.producer_commit(write)
+            vs_pipe.consumer_release(read)
+            read.advance()
+            write.advance()
+        return read, write
 
     def kv_state(self, producer: bool):
         return pipeline.make_pipeline_state(
@@ -821,7 +889,10 @@ class FlashFwdSm90(layout.TmaViewsKernel):
         if n_hi > 0:
             W, D, BN = self.consumers, self.head_dim, self.tile_n
             gK = cute.local_tile(seqK, (BN, D), (None, 0))
-            gV = cute.local_tile(seqVt, (D, BN), (0, None))
+            if cutlass.const_expr(self.v_transpose):
+                gV = cute.local_tile(seqVt, (BN, D), (None, 0))  # (keys, D) tiles into staging
+            else:
+                gV = cute.local_tile(seqVt, (D, BN), (0, None))
             tKsK, tKgK = cpasync.tma_partition(tma_k, 0, cute.make_layout(1),
                                                cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
             tVsV, tVgV = cpasync.tma_partition(tma_v, 0, cute.make_layout(1),

@@ -37,6 +37,8 @@ from .base import causal_field, varlen_field
 from .sm90 import WG_ROWS, AttentionSm90, FlashFwdSm90, default_schedule
 
 FP8_HEAD_DIMS = (64, 128, 256)
+# setmaxnreg budgets with the transposing warps (per thread: producer warpgroup, consumers)
+TRANSPOSE_PRODUCER_REGS, TRANSPOSE_CONSUMER_REGS = 40, 232
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,8 +52,9 @@ class AttentionFp8Sm90(AttentionSm90):
     sources = ("attention/sm90_fp8.py", *AttentionSm90.sources)
 
     dtype: str = field(default="e4m3", metadata={"tag": ""})
-    # how V arrives: "bhds" = (B, Hkv, D, Sk), keys contiguous (the K-major B operand of P·V)
-    v_layout: str = field(default="bhds", metadata={"tag": "v"})
+    # how V arrives: "bshd" = (B, Sk, Hkv, D) like K, transposed in the kernel; "bhds" =
+    # (B, Hkv, D, Sk), keys contiguous (the K-major B operand of P·V), read by TMA as it is
+    v_layout: str = field(default="bshd", metadata={"tag": "v"})
 
     def sass_requirements(self) -> tuple[str, ...]:
         # nvdisasm prints fp8 WGMMAs as QGMMA: "QGMMA.64x128x32.F32.E4M3.E4M3 R88, gdesc[UR16],
@@ -61,19 +64,24 @@ class AttentionFp8Sm90(AttentionSm90):
             rf"\bQGMMA\.64x{self.tile_n}x32\.F32\.E4M3\.E4M3 R\d+, gdesc\[",
             rf"\bQGMMA\.64x{self.head_dim}x32\.F32\.E4M3\.E4M3 R\d+, R\d+, gdesc\[",
             r"\bUTMALDG\.4D\b", r"\bUTMASTG\.4D\b", r"\bSYNCS\.", r"\bUSETMAXREG\.", r"\bMUFU\.EX2\b",
-            r"\bSHFL\.IDX\b", r"\bPRMT\b",
+            r"\bPRMT\b",
+            # bhds: P's quad exchange; bshd: the transposing warps' 32-bit smem loads and stores
+            *((r"\bSHFL\.IDX\b",) if self.v_layout == "bhds" else (r"\bLDS\b", r"\bSTS\b")),
         )
 
     def smem_bytes(self) -> int:
         from ..atoms.smem import BARRIER_BYTES, SMEM_ALIGN, round_up
         q = round_up(self.tile_m * self.head_dim, SMEM_ALIGN)
-        kv = 2 * self.stages * round_up(self.tile_n * self.head_dim, SMEM_ALIGN)
+        kv = (3 if self.v_layout == "bshd" else 2) * self.stages * round_up(self.tile_n * self.head_dim, SMEM_ALIGN)
         o = round_up(self.tile_m * self.head_dim * 2, SMEM_ALIGN)
         return BARRIER_BYTES + q + kv + o
 
     def can_implement(self) -> str | None:
-        if self.v_layout != "bhds":
-            return "v_layout must be 'bhds' (V pre-transposed, keys contiguous)"
+        if self.v_layout not in ("bshd", "bhds"):
+            return "v_layout must be 'bshd' (transposed in the kernel) or 'bhds' (keys contiguous)"
+        if self.v_layout == "bshd" and (self.head_dim % 128 or self.tile_n % 128):
+            # (both smem tiles must be 128-byte swizzled: rows of 128 or 256 bytes)
+            return "the in-kernel V transpose takes head_dim 128 or 256 and tiles of 128 or 256 keys"
         if self.varlen:
             return "the fp8 kernel takes dense (B, S, H, D) problems"
         if self.tile_n % 32:
@@ -83,7 +91,7 @@ class AttentionFp8Sm90(AttentionSm90):
         return super().can_implement()
 
     def signature(self) -> Signature:
-        return contract.signature_fp8(self.head_dim)
+        return contract.signature_fp8(self.head_dim, self.v_layout)
 
     def contract_fields(self) -> dict[str, Any]:
         return contract.manifest_fields_fp8(self.head_dim, self.causal, self.v_layout)
@@ -98,6 +106,7 @@ class AttentionFp8Sm90(AttentionSm90):
             head_dim=self.head_dim, tile_m=self.tile_m, tile_n=self.tile_n, stages=self.stages,
             causal=self.causal, overlap=self.overlap, pingpong=self.pingpong,
             early_rescale=self.early_rescale, persistent=self.persistent, k_first=self.k_first,
+            v_transpose=self.v_layout == "bshd",
         )
         return k.dense_fp8
 
@@ -106,7 +115,7 @@ def fp8_config(head_dim: int, causal: bool) -> dict[str, Any]:
     """The fp8 tile per problem: 128 query rows (two consumer warpgroups, ping-pong, overlap);
     keys per tile 128 (D256: 64, O's 128 fp32 registers per thread leave room for no more)."""
     return {"tile_m": 128, "tile_n": 64 if head_dim == 256 else 128, "stages": 2, "overlap": True,
-            "pingpong": True, **default_schedule(min(head_dim, 128), causal)}
+            "pingpong": True, **default_schedule(head_dim, causal)}
 
 
 @register("attention_fp8")
@@ -123,29 +132,52 @@ def enumerate_attention_fp8(target: Target, tier: str) -> list[AttentionFp8Sm90]
         # fp8 joins the default tier once a GPU run has passed (notes/attention-fp8.md)
         out = []
     else:
-        out = [make(d, c) for d in FP8_HEAD_DIMS for c in (False, True)]
-        out += [make(128, c, tile_n=n) for c in (False, True) for n in (160, 192)]
+        out = [make(d, c, v_layout=vl) for d in FP8_HEAD_DIMS for c in (False, True) for vl in ("bshd", "bhds")]
+        out += [make(128, c, tile_n=n, v_layout=vl) for c in (False, True) for n in (160, 192)
+                for vl in ("bshd", "bhds")]
     return [v for v in out if v.can_implement() is None]
+
+
+def _check_swizzle(*layouts):
+    for lay in layouts:
+        if str(lay.inner) != "S<3,4,3>":
+            raise ValueError(f"the V transpose expects 128-byte swizzled slots, got {lay.inner}")
+
+
+def _swizzle(off):
+    """Swizzle<3,4,3> of a byte offset: bits 7..9 xor into bits 4..6 (128-byte rows of 16-byte
+    chunks, the chunk index xor the row index mod 8)."""
+    return off ^ ((off >> 3) & 0x70)
 
 
 class FlashFwdSm90Fp8(FlashFwdSm90):
     """The sm90 kernel with e4m3 inputs, bf16 O, K-major V tiles, descales and the P permute."""
 
     def __init__(self, *, head_dim: int, tile_m: int, tile_n: int, stages: int, causal: bool,
-                 overlap: bool, pingpong: bool, early_rescale: bool, persistent: bool, k_first: bool):
+                 overlap: bool, pingpong: bool, early_rescale: bool, persistent: bool, k_first: bool,
+                 v_transpose: bool):
         super().__init__(dtype=cutlass.Float8E4M3FN, head_dim=head_dim, tile_m=tile_m, tile_n=tile_n,
                          stages=stages, causal=causal, overlap=overlap, pingpong=pingpong,
                          early_rescale=early_rescale, persistent=persistent, k_first=k_first)
         self.out_dtype = cutlass.BFloat16
         self.v_k_major = True
+        self.v_transpose = v_transpose
+        if v_transpose:
+            # warps 1..3 of the producer warpgroup transpose V; they need more registers than
+            # the TMA warp's budget: 40 + 2·232 per thread slot
+            self.transpose_warps = 3
+            self.producer_regs, self.consumer_regs = TRANSPOSE_PRODUCER_REGS, TRANSPOSE_CONSUMER_REGS
 
     @cute.jit
     def dense_fp8(self, q: cute.Tensor, k: cute.Tensor, v: cute.Tensor, o: cute.Tensor,
                   lse: cute.Tensor, q_descale: cute.Tensor, k_descale: cute.Tensor,
                   v_descale: cute.Tensor, softmax_scale: cutlass.Float32, stream: cuda.CUstream):
         mQ, mK, _, mO = layout.dense_views(q, k, k, o)  # (S, D, H, B)
-        # V (B, Hkv, D, Sk) -> (D, Sk, Hkv, B): the (D, keys) view the producer tiles
-        mVt = cute.make_tensor(v.iterator, cute.select(v.layout, mode=[2, 3, 1, 0]))
+        if cutlass.const_expr(self.v_transpose):
+            mVt = layout.dense_views(v, v, v, v)[0]  # (Sk, D, Hkv, B): (keys, D) tiles, as K
+        else:
+            # V (B, Hkv, D, Sk) -> (D, Sk, Hkv, B): the (D, keys) view the producer tiles
+            mVt = cute.make_tensor(v.iterator, cute.select(v.layout, mode=[2, 3, 1, 0]))
         grid = self.dense_grid((cute.ceil_div(q.shape[1], self.cta_rows), q.shape[2], q.shape[0]))
         self._launch(mQ, mK, mVt, mO, lse, None, None, softmax_scale, grid, stream,
                      mDescale=(q_descale, k_descale, v_descale))
@@ -161,7 +193,68 @@ class FlashFwdSm90Fp8(FlashFwdSm90):
 
     @cute.jit
     def store_p(self, acc_S, tOrP, tOrP_c, ltid):
-        """P -> e4m3 in the fp8 A fragment of P·V.
+        """P -> e4m3 in the fp8 A fragment of P·V (in-kernel transpose: :meth:`store_p_local`,
+        pre-transposed V: :meth:`store_p_exchange`)."""
+        if cutlass.const_expr(self.v_transpose):
+            self.store_p_local(acc_S, tOrP)
+        else:
+            self.store_p_exchange(acc_S, tOrP, ltid)
+
+    @cute.jit
+    def store_p_local(self, acc_S, tOrP):
+        """P -> e4m3, each thread's own registers only: A word (row half h, 16-key half kh) of a
+        32-key block = the row-h halves of accumulator words W_{2kh} and W_{2kh+1}, i.e. keys
+        16kh + {2t, 2t+1, 8+2t, 9+2t} at A columns 16kh + 4t .. 4t+3.  The transposing warps store
+        V's keys at exactly those columns (:meth:`transpose_tile`), so P·V sums the right pairs."""
+        tmp = cute.make_rmem_tensor(acc_S.layout, self.dtype)
+        tmp.store(acc_S.load().to(self.dtype))
+        w = cute.recast_tensor(tmp, cutlass.Int32)
+        a = cute.recast_tensor(tOrP, cutlass.Int32)
+        for i in cutlass.range_constexpr(self.tile_n // 16):
+            a[2 * i] = cutlass.Int32(cute.arch.prmt(w[2 * i], w[2 * i + 1], cutlass.Int32(0x5410)))
+            a[2 * i + 1] = cutlass.Int32(cute.arch.prmt(w[2 * i], w[2 * i + 1], cutlass.Int32(0x7632)))
+
+    @cute.jit
+    def transpose_tile(self, vs_ptr, v_ptr, vs_layout, v_layout, vs_slot, v_slot, lane, warp):
+        """One V tile, staging slot (keys, D) -> V slot (D, keys) K-major, by this warp of the
+        ``transpose_warps``.  A thread moves 4x4-byte blocks: four 32-bit loads (keys
+        16g + {2t, 2t+1, 8+2t, 9+2t}, columns 4dd..4dd+3), a 4x4 byte transpose in six byte
+        permutes, four 32-bit stores (rows 4dd..4dd+3, columns 4nn..4nn+3, nn = 4g + t: the key
+        order :meth:`store_p_local` gives P).  Lane l takes column block dd = l and key block
+        nn = (l + s) mod BN/4 on trip s: both the loads and the stores of a warp hit 32 banks of
+        the 128-byte swizzled rows.  Addresses: the staged layouts' (outer) offsets, swizzled
+        by hand (both are 128-byte swizzles, Swizzle<3,4,3> on byte offsets: checked here)."""
+        BN, D, NT = self.tile_n, self.head_dim, self.transpose_warps
+        _check_swizzle(vs_layout, v_layout)
+        nb = BN // 4
+        for x in cutlass.range_constexpr(D // 128):
+            dd = lane + 32 * x
+            for s in cutlass.range(warp, nb, NT, unroll=1):
+                nn = (lane + s) % nb
+                g = nn // 4
+                t = nn - 4 * g
+                words = []
+                for i in cutlass.range_constexpr(4):
+                    key = 16 * g + 2 * t + (i % 2) + 8 * (i // 2)
+                    off = cute.crd2idx((key, 4 * dd, vs_slot), vs_layout.outer)
+                    words.append(cute.arch.load(cute.recast_ptr(vs_ptr + _swizzle(off), dtype=cutlass.Int32),
+                                                cutlass.Int32))
+                lo01 = cute.arch.prmt(words[0], words[1], cutlass.Int32(0x5140))
+                hi01 = cute.arch.prmt(words[0], words[1], cutlass.Int32(0x7362))
+                lo23 = cute.arch.prmt(words[2], words[3], cutlass.Int32(0x5140))
+                hi23 = cute.arch.prmt(words[2], words[3], cutlass.Int32(0x7362))
+                cols = (cute.arch.prmt(lo01, lo23, cutlass.Int32(0x5410)),
+                        cute.arch.prmt(lo01, lo23, cutlass.Int32(0x7632)),
+                        cute.arch.prmt(hi01, hi23, cutlass.Int32(0x5410)),
+                        cute.arch.prmt(hi01, hi23, cutlass.Int32(0x7632)))
+                for j in cutlass.range_constexpr(4):
+                    off = cute.crd2idx((4 * dd + j, 4 * nn, v_slot), v_layout.outer)
+                    cute.arch.store(cute.recast_ptr(v_ptr + _swizzle(off), dtype=cutlass.Int32),
+                                    cutlass.Int32(cols[j]))
+
+    @cute.jit
+    def store_p_exchange(self, acc_S, tOrP, ltid):
+        """P -> e4m3 in the fp8 A fragment of P·V, keys in natural order (V pre-transposed).
 
         Accumulator (per thread t of a quad, row r and r + 8, 8-key block j): keys 8j + 2t + {0,1}
         of both rows, packed after conversion as one 32-bit word W_j = [r:2t, r:2t+1, r+8:2t,
