@@ -6,12 +6,17 @@ persistent CTAs) with fp8 WGMMAs, per-(batch, kv head) descale factors and a bfl
   ``q_descale·k_descale`` of the problem's (batch, kv head) multiplies the launch's
   softmax_scale·log2(e): the one FFMA per score of the online softmax applies it.
 * P (fp32 in S's accumulator registers) -> e4m3 -> the register A operand of P·V.  The fp8 A
-  fragment holds, per thread and 32-key block, four consecutive keys of a row per register; the
-  accumulator holds pairs of keys of two rows.  :meth:`FlashFwdSm90Fp8.store_p` converts, then
-  exchanges 16-bit halves inside each quad of threads (two shuffles and two byte permutes per
-  pair of registers) so the registers hold what the A fragment expects.
-* P·V: fp8 WGMMA needs V K-major (keys contiguous).  The variant takes V pre-transposed,
-  (B, Hkv, D, Sk) (``v_layout`` "bhds"); its (D, keys) tiles reach smem by TMA as they are.
+  fragment holds, per thread and 32-key block, four keys of one row per register; the
+  accumulator holds pairs of keys of two rows.
+* P·V: fp8 WGMMA needs V K-major (keys contiguous in smem).  Two ways (``v_layout``):
+  - "bshd" (V as K, (B, Sk, Hkv, D)): V tiles land by TMA in staging slots; warps 1-3 of the
+    producer warpgroup transpose them into the slots P·V reads (:meth:`transpose_tile`: 32-bit
+    smem loads, byte permutes, 32-bit stores), storing the keys of each 16-key group in the
+    order a thread's own P registers hold them, so P needs two byte permutes per register pair
+    and no exchange between threads (:meth:`store_p_local`).  head_dim 128/256, 128-key tiles.
+  - "bhds" (V pre-transposed, (B, Hkv, D, Sk)): (D, keys) tiles reach smem by TMA as they are;
+    keys stay in natural order, so P's 16-bit halves are exchanged inside each quad of threads
+    (two shuffles and two byte permutes per register pair, :meth:`store_p_exchange`).
 * O·v_descale -> bf16 -> its own smem slabs (O's type differs from Q's) -> TMA store; LSE in
   natural-log units of the de-scaled scores.
 
@@ -98,7 +103,10 @@ class AttentionFp8Sm90(AttentionSm90):
 
     def describe(self) -> dict[str, Any]:
         d = super().describe()
-        d["preferred"] = True
+        d["preferred"] = self.tile_n == fp8_config(self.head_dim, self.causal)["tile_n"]
+        if self.v_layout == "bshd":
+            d["registers_per_role"] = {"producer": TRANSPOSE_PRODUCER_REGS, "consumer": TRANSPOSE_CONSUMER_REGS}
+            d["v_transpose"] = {"warps": 3, "order": "keys of each 16-key group as P's registers hold them"}
         return d
 
     def make_kernel(self):

@@ -3,9 +3,9 @@ import.
 
 ``attention_fp8(bundle, q, k, v, causal, softmax_scale, q_descale, k_descale, v_descale, ...)``:
 q (B, Sq, Hq, D), k (B, Sk, Hkv, D) float8_e4m3fn; v float8_e4m3fn as (B, Sk, Hkv, D)
-(``v_layout="bshd"``: copied once into the kernel's layout, one extra pass over V and one
-allocation per call) or pre-transposed (B, Hkv, D, Sk) with Sk contiguous (``v_layout="bhds"``:
-read in place).  Descales (FlashAttention-3's ``q_descale``/``k_descale``/``v_descale``): float32
+(``v_layout="bshd"``: the head_dim 128 kernels transpose V tiles in shared memory; for other
+head dims V is copied once into (B, Hkv, D, Sk), one extra pass over V and one allocation) or
+pre-transposed (B, Hkv, D, Sk) with Sk contiguous (``v_layout="bhds"``: read in place).  Descales (FlashAttention-3's ``q_descale``/``k_descale``/``v_descale``): float32
 on q's device, broadcastable to (B, Hkv) (a per-tensor scalar, per kv head, per batch and kv
 head); None means 1.  The result is bfloat16:
     o = softmax(q·kᵀ · q_descale·k_descale · scale [+ causal mask]) · v · v_descale
@@ -44,7 +44,7 @@ def attention_fp8(bundle, q, k, v, causal=False, softmax_scale=None, q_descale=N
         raise InputError(f"causal must be a bool, got {causal!r}")
     scales = [_descale(name, t, b, hkv, q.device) for name, t in
               (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale))]
-    name = choose(bundle, d, bool(causal))
+    name, layout = choose(bundle, d, bool(causal), v_layout)
     o = torch.empty(q.shape, dtype=torch.bfloat16, device=q.device)
     lse = torch.empty((b, hq, sq), dtype=torch.float32, device=q.device)
     if o.numel() == 0:
@@ -55,20 +55,29 @@ def attention_fp8(bundle, q, k, v, causal=False, softmax_scale=None, q_descale=N
         return (o, lse) if return_lse else o
     if b > _GRID_YZ_MAX or hq > _GRID_YZ_MAX:
         raise InputError(f"batch ({b}) and heads ({hq}) must each be <= {_GRID_YZ_MAX}")
-    vt = v.permute(0, 2, 3, 1).contiguous() if v_layout == "bshd" else v
-    bundle.launch(name, [q, k, vt, o, lse, *scales, softmax_scale], device=dev)
+    if layout != v_layout:  # (only bshd -> bhds: no in-kernel transpose for this problem)
+        v = v.permute(0, 2, 3, 1).contiguous()
+    bundle.launch(name, [q, k, v, o, lse, *scales, softmax_scale], device=dev)
     return (o, lse) if return_lse else o
 
 
-def choose(bundle, head_dim: int, causal: bool) -> str:
-    """The fp8 variant for this head_dim and mask: the bundle's first (best target) entry, the
-    preferred one where several fit."""
+def choose(bundle, head_dim: int, causal: bool, v_layout: str = "bshd") -> tuple[str, str]:
+    """(variant name, the V layout it takes) for this head_dim, mask and caller's V layout: a
+    variant taking ``v_layout``, else (bshd) one taking V pre-transposed; the preferred entry
+    where several fit, best target first."""
     fit = [e for e in bundle.candidates("attention_fp8") if e["head_dim"] == head_dim and e["causal"] == causal]
     if not fit:
         raise NoVariantError(f"no fp8 attention variant for head_dim {head_dim}, causal={causal} on this device "
                              f"({bundle.describe_contents('attention_fp8')})")
-    pref = [e for e in fit if e.get("preferred")]
-    return (pref or fit)[0]["name"]
+    same = [e for e in fit if e.get("v_layout") == v_layout]
+    if not same and v_layout == "bshd":
+        same = [e for e in fit if e.get("v_layout") == "bhds"]
+    if not same:
+        raise NoVariantError(f"no fp8 attention variant for head_dim {head_dim}, causal={causal} takes "
+                             f"v_layout={v_layout!r}")
+    pref = [e for e in same if e.get("preferred")]
+    e = (pref or same)[0]
+    return e["name"], e["v_layout"]
 
 
 def check_meta(bundle, q, k, v, causal=False, softmax_scale=None, q_descale=None, k_descale=None,
@@ -82,7 +91,7 @@ def check_meta(bundle, q, k, v, causal=False, softmax_scale=None, q_descale=None
         _scale(softmax_scale)
     for name, t in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
         _descale(name, t, b, hkv, q.device, data=False)
-    choose(bundle, d, bool(causal))
+    choose(bundle, d, bool(causal), v_layout)
     return (q.new_empty(q.shape, dtype=torch.bfloat16), q.new_empty((b, hq, sq), dtype=torch.float32))
 
 
