@@ -148,7 +148,7 @@ def bench(bundle, b=1, h=16, s=16384, d=128):
                 continue
             o = torch.full((b, s, h, d), float("nan"), device="cuda", dtype=torch.bfloat16)
             lse = torch.empty(b, h, s, device="cuda")
-            args = [q8, k8, vt8, o, lse, ones, ones, ones, 1 / math.sqrt(d)]
+            args = [q8, k8, v8 if n.endswith("_vbshd") else vt8, o, lse, ones, ones, ones, 1 / math.sqrt(d)]
             bundle.launch(n, args)
             torch.cuda.synchronize()
             ok = not torch.isnan(o).any().item()

@@ -189,3 +189,20 @@ def test_fp8_input_checks(sim):
         sim.attention(f8(2, 64, 3, 128), k, v, q_descale=torch.ones(1))
     with pytest.raises(InputError, match="strides"):
         sim.attention(f8(2, 64, 8, 136)[..., :128], k, v, q_descale=torch.ones(1))
+
+
+def test_fp8_c_selection(sim):
+    """fx_attention_fp8_select: the choice and its own refusals (sizes, flags, head_dim, GQA)."""
+    from factory.runtime.selector import AttentionFp8Problem
+
+    sel = sim.selector.select("attention_fp8", AttentionFp8Problem(1, 100, 100, 8, 2, 128, 0, 1, 0.0))
+    assert sel.name.decode().endswith("_causal_ov_pp_er_ps_kf_vbshd")
+    for bad, match in (((1, 100, 100, 8, 2, 128, 0, 2, 0.0), "causal"), ((1, 100, 100, 8, 2, 128, 2, 0, 0.0), "v_layout"),
+                       ((1, 100, 100, 8, 2, 96, 0, 0, 0.0), "head_dim 96"), ((1, 100, 100, 8, 3, 128, 0, 0, 0.0), "multiple"),
+                       ((-1, 100, 100, 8, 2, 128, 0, 0, 0.0), "batch must not be negative"),
+                       ((1, 100, 100, 8, 2, 128, 0, 0, -2.0), "softmax_scale")):
+        with pytest.raises(InputError, match=match):
+            sim.selector.select("attention_fp8", AttentionFp8Problem(*bad))
+    with pytest.raises(NoVariantError, match="v_layout=bhds"):
+        sim.selector.select("attention_fp8", AttentionFp8Problem(1, 100, 100, 8, 2, 128, 1, 0, 0.0))
+    assert sim.selector.select("attention_fp8", AttentionFp8Problem(0, 100, 100, 8, 2, 128, 0, 0, 0.0)).variant == -1

@@ -44,7 +44,7 @@ def attention_fp8(bundle, q, k, v, causal=False, softmax_scale=None, q_descale=N
         raise InputError(f"causal must be a bool, got {causal!r}")
     scales = [_descale(name, t, b, hkv, q.device) for name, t in
               (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale))]
-    name, layout = choose(bundle, d, bool(causal), v_layout)
+    name, layout = choose(bundle, d, bool(causal), v_layout, (b, sq, sk, hq, hkv))
     o = torch.empty(q.shape, dtype=torch.bfloat16, device=q.device)
     lse = torch.empty((b, hq, sq), dtype=torch.float32, device=q.device)
     if o.numel() == 0:
@@ -61,23 +61,31 @@ def attention_fp8(bundle, q, k, v, causal=False, softmax_scale=None, q_descale=N
     return (o, lse) if return_lse else o
 
 
-def choose(bundle, head_dim: int, causal: bool, v_layout: str = "bshd") -> tuple[str, str]:
-    """(variant name, the V layout it takes) for this head_dim, mask and caller's V layout: a
-    variant taking ``v_layout``, else (bshd) one taking V pre-transposed; the preferred entry
-    where several fit, best target first."""
-    fit = [e for e in bundle.candidates("attention_fp8") if e["head_dim"] == head_dim and e["causal"] == causal]
-    if not fit:
-        raise NoVariantError(f"no fp8 attention variant for head_dim {head_dim}, causal={causal} on this device "
-                             f"({bundle.describe_contents('attention_fp8')})")
-    same = [e for e in fit if e.get("v_layout") == v_layout]
-    if not same and v_layout == "bshd":
-        same = [e for e in fit if e.get("v_layout") == "bhds"]
-    if not same:
-        raise NoVariantError(f"no fp8 attention variant for head_dim {head_dim}, causal={causal} takes "
-                             f"v_layout={v_layout!r}")
-    pref = [e for e in same if e.get("preferred")]
-    e = (pref or same)[0]
-    return e["name"], e["v_layout"]
+def choose(bundle, head_dim: int, causal: bool, v_layout: str = "bshd",
+           sizes: tuple[int, int, int, int, int] = (1, 1, 1, 1, 1)) -> tuple[str, str]:
+    """(variant name, the V layout it takes): the host library's ``fx_attention_fp8_select``
+    (compiler/csrc/fx_select.c: the head_dim and mask, a variant taking ``v_layout``, else for
+    "bshd" one taking V pre-transposed; the preferred tile, best target first), cached per
+    bundle.  ``sizes``: (batch, seqlen_q, seqlen_k, heads_q, heads_kv)."""
+    per_bundle = getattr(bundle, "selections", None)
+    if per_bundle is None:  # a stand-in bundle (tests): no cache
+        per_bundle = {}
+    key = ("attention_fp8", head_dim, causal, v_layout)
+    hit = per_bundle.get(key)
+    if hit is None:
+        from .selector import AttentionFp8Problem
+
+        b, sq, sk, hq, hkv = sizes
+        # (sizes at least 1: the choice does not depend on them, and an empty problem selects nothing)
+        p = AttentionFp8Problem(max(b, 1), max(sq, 1), max(sk, 1), max(hq, hkv, 1), max(hkv, 1), head_dim,
+                                V_LAYOUTS.index(v_layout), int(bool(causal)), 0.0)
+        try:
+            sel = bundle.selector.select("attention_fp8", p)
+        except NoVariantError as err:
+            raise NoVariantError(f"{err} ({bundle.describe_contents('attention_fp8')})") from None
+        name = sel.name.decode()
+        hit = per_bundle[key] = (name, bundle.manifest["variants"][name]["v_layout"])
+    return hit
 
 
 def check_meta(bundle, q, k, v, causal=False, softmax_scale=None, q_descale=None, k_descale=None,
@@ -86,12 +94,14 @@ def check_meta(bundle, q, k, v, causal=False, softmax_scale=None, q_descale=None
     the real op's."""
     validate.one_device(bundle, q=q, k=k, v=v, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
     validate.no_grad("attention", q=q, k=k, v=v)
-    b, sq, hq, d, _, hkv = _check(q, k, v, v_layout, data=False)
+    b, sq, hq, d, sk, hkv = _check(q, k, v, v_layout, data=False)
     if softmax_scale is not None:
         _scale(softmax_scale)
     for name, t in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
         _descale(name, t, b, hkv, q.device, data=False)
-    choose(bundle, d, bool(causal), v_layout)
+    from .gemm import concrete
+
+    choose(bundle, d, bool(causal), v_layout, (b, sq, sk, hq, hkv) if concrete(b, sq, sk, hq, hkv) else (1,) * 5)
     return (q.new_empty(q.shape, dtype=torch.bfloat16), q.new_empty((b, hq, sq), dtype=torch.float32))
 
 

@@ -66,6 +66,12 @@ class KVCacheProblem(ctypes.Structure):
                 ("window_right", ctypes.c_int32), ("softcap", ctypes.c_float), ("softmax_scale", ctypes.c_float)]
 
 
+class AttentionFp8Problem(ctypes.Structure):
+    _fields_ = [("batch", ctypes.c_int64), ("seqlen_q", ctypes.c_int64), ("seqlen_k", ctypes.c_int64),
+                ("heads_q", ctypes.c_int64), ("heads_kv", ctypes.c_int64), ("head_dim", ctypes.c_int64),
+                ("v_layout", ctypes.c_int32), ("causal", ctypes.c_int32), ("softmax_scale", ctypes.c_float)]
+
+
 class Selection(ctypes.Structure):
     _fields_ = [("variant", ctypes.c_int32), ("name", ctypes.c_char_p), ("workspace_bytes", ctypes.c_uint64),
                 ("max_clusters", ctypes.c_int32), ("splits", ctypes.c_int32)]
@@ -107,7 +113,8 @@ class Selector:
         self._dev = ctypes.byref(self.device)
         self._fns = {}
         for op, problem in (("gemm", GemmProblem), ("attention", AttentionProblem), ("gemm_packed", PackedProblem),
-                            ("gemm_blockscaled", BlockScaledProblem), ("attention_kvcache", KVCacheProblem)):
+                            ("gemm_blockscaled", BlockScaledProblem), ("attention_kvcache", KVCacheProblem),
+                            ("attention_fp8", AttentionFp8Problem)):
             fn = getattr(self.lib, f"fx_{op}_select", None)
             if fn is not None:
                 fn.restype = ctypes.c_int32
