@@ -206,3 +206,20 @@ def test_fp8_c_selection(sim):
     with pytest.raises(NoVariantError, match="v_layout=bhds"):
         sim.selector.select("attention_fp8", AttentionFp8Problem(1, 100, 100, 8, 2, 128, 1, 0, 0.0))
     assert sim.selector.select("attention_fp8", AttentionFp8Problem(0, 100, 100, 8, 2, 128, 0, 0, 0.0)).variant == -1
+
+
+def test_fp8_torch_op_fake_checks(sim):
+    """The torch op's fake runs the same checks on metadata and gives bf16 o and f32 lse."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    ops = sim.torch_ops()
+    q, k, v = f8(2, 64, 8, 128), f8(2, 80, 2, 128), f8(2, 80, 2, 128)
+    with FakeTensorMode() as mode:
+        fq, fk, fv = (mode.from_tensor(t) for t in (q, k, v))
+        o, lse = ops.attention_fp8(fq, fk, fv, True, None, mode.from_tensor(torch.ones(2, 2)))
+        assert o.dtype == torch.bfloat16 and o.shape == q.shape and lse.shape == (2, 8, 64)
+        with pytest.raises(InputError, match="k_descale must be float32"):
+            ops.attention_fp8(fq, fk, fv, False, None, None, mode.from_tensor(torch.ones(2, 2, dtype=torch.float16)))
+    n = len(sim.rec.launched)
+    o, lse = ops.attention_fp8(q, k, v, False, None, torch.ones(1))
+    assert len(sim.rec.launched) == n + 1 and o.dtype == torch.bfloat16

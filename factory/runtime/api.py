@@ -137,6 +137,11 @@ class Bundle(BundleCore):
 
         if cu_seqlens_q is not None or cu_seqlens_k is not None:
             raise InputError("the fp8 forward takes dense (batch, seqlen, heads, head_dim) inputs, no cu_seqlens")
+        ops = _OPS or _ops()
+        if ops[4]():  # traced by torch.compile: the bundle's torch op (its fake checks like this call)
+            o, lse = self.torch_ops().attention_fp8(q, k, v, causal, softmax_scale, q_descale, k_descale, v_descale,
+                                                    v_layout)
+            return (o, lse) if return_lse else o
         return attention_fp8.attention_fp8(self, q, k, v, causal, softmax_scale, q_descale, k_descale, v_descale,
                                            return_lse, v_layout)
 

@@ -1,6 +1,6 @@
 """The bundle's ops as torch custom ops, for ``torch.compile`` (Dynamo traces them as opaque
 calls, no graph break) and CUDA graphs: ``gemm``, ``gemm_out``, ``gemm_packed``, ``attention``,
-``attention_kvcache``.
+``attention_kvcache``, ``attention_fp8``.
 
 One op set per bundle: ``bundle.torch_ops()`` registers the ops of that bundle once (``torch.library``
 define + impl, the lower-cost path: see notes) in a namespace of its own and returns it: the
@@ -58,6 +58,11 @@ def _attention_kvcache(bundle, q, k_cache, v_cache, cache_seqlens, block_table=N
                                     return_lse=True, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q)
 
 
+def _attention_fp8(bundle, q, k, v, causal=False, softmax_scale=None, q_descale=None, k_descale=None,
+                   v_descale=None, v_layout="bshd"):
+    return bundle.attention_fp8(q, k, v, causal, softmax_scale, q_descale, k_descale, v_descale, True, v_layout)
+
+
 def _gemm_fake(bundle, a, b, out_dtype=None, scale_a=None, scale_b=None, b_constant=False):
     from . import gemm
 
@@ -101,6 +106,14 @@ def _attention_kvcache_fake(bundle, q, k_cache, v_cache, cache_seqlens, block_ta
     return torch.empty_like(q), lse
 
 
+def _attention_fp8_fake(bundle, q, k, v, causal=False, softmax_scale=None, q_descale=None, k_descale=None,
+                        v_descale=None, v_layout="bshd"):
+    from . import attention_fp8
+
+    return attention_fp8.check_meta(bundle, q, k, v, causal, softmax_scale, q_descale, k_descale, v_descale,
+                                    v_layout)
+
+
 OPS = {
     "gemm": ("gemm(Tensor a, Tensor b, ScalarType? out_dtype=None, Tensor? scale_a=None, Tensor? scale_b=None, "
              "bool b_constant=False) -> Tensor", _gemm, _gemm_fake),
@@ -116,6 +129,9 @@ OPS = {
                           "int window_right=-1, float softcap=0.0, Tensor? sinks=None, Tensor? k_descale=None, "
                           "Tensor? v_descale=None, Tensor? cu_seqlens_q=None, int? max_seqlen_q=None) "
                           "-> (Tensor, Tensor)", _attention_kvcache, _attention_kvcache_fake),
+    "attention_fp8": ("attention_fp8(Tensor q, Tensor k, Tensor v, bool causal=False, float? softmax_scale=None, "
+                      "Tensor? q_descale=None, Tensor? k_descale=None, Tensor? v_descale=None, str v_layout='bshd') "
+                      "-> (Tensor, Tensor)", _attention_fp8, _attention_fp8_fake),
 }
 
 
