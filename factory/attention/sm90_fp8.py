@@ -103,7 +103,8 @@ class AttentionFp8Sm90(AttentionSm90):
 
     def describe(self) -> dict[str, Any]:
         d = super().describe()
-        d["preferred"] = self.tile_n == fp8_config(self.head_dim, self.causal)["tile_n"]
+        cfg = fp8_config(self.head_dim, self.causal)
+        d["preferred"] = (self.tile_n, self.stages) == (cfg["tile_n"], cfg["stages"])
         if self.v_layout == "bshd":
             d["registers_per_role"] = {"producer": TRANSPOSE_PRODUCER_REGS, "consumer": TRANSPOSE_CONSUMER_REGS}
             d["v_transpose"] = {"warps": 3, "order": "keys of each 16-key group as P's registers hold them"}
@@ -143,6 +144,8 @@ def enumerate_attention_fp8(target: Target, tier: str) -> list[AttentionFp8Sm90]
         out = [make(d, c, v_layout=vl) for d in FP8_HEAD_DIMS for c in (False, True) for vl in ("bshd", "bhds")]
         out += [make(128, c, tile_n=n, v_layout=vl) for c in (False, True) for n in (160, 192)
                 for vl in ("bshd", "bhds")]
+        # three K/V stages (fp8 tiles are half the bytes of 16-bit ones: 196 KB with the staging ring)
+        out += [make(128, c, stages=3, v_layout=vl) for c in (False, True) for vl in ("bshd", "bhds")]
     return [v for v in out if v.can_implement() is None]
 
 
