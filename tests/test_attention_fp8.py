@@ -223,3 +223,20 @@ def test_fp8_torch_op_fake_checks(sim):
     n = len(sim.rec.launched)
     o, lse = ops.attention_fp8(q, k, v, False, None, torch.ones(1))
     assert len(sim.rec.launched) == n + 1 and o.dtype == torch.bfloat16
+
+
+def test_fp8_hot_path(sim):
+    """A problem seen before launches through the cached fixed launch; a descale of another dtype
+    or shape is a different key and meets the checks again."""
+    q, k, v = f8(2, 64, 8, 128), f8(2, 80, 2, 128), f8(2, 80, 2, 128)
+    qd = torch.ones(2, 2)
+    sim.attention(q, k, v, q_descale=qd)
+    n = len(sim.rec.launched)
+    assert len(sim.hot_attention_fp8) == 1
+    o = sim.attention(f8(2, 64, 8, 128), k, v, q_descale=torch.full((2, 2), 2.0))
+    assert len(sim.rec.launched) == n + 1 and len(sim.hot_attention_fp8) == 1 and o.dtype == torch.bfloat16
+    with pytest.raises(InputError, match="q_descale must be float32"):
+        sim.attention(q, k, v, q_descale=qd.double())
+    with pytest.raises(InputError, match="q_descale must broadcast"):
+        sim.attention(q, k, v, q_descale=torch.ones(2, 3))
+    assert len(sim.rec.launched) == n + 1
