@@ -151,7 +151,8 @@ def bench(bundle, b=1, h=16, s=16384, d=128, causals=(False, True)):
     vt8 = v8.permute(0, 2, 3, 1).contiguous()
     qb, kb, vb = q.bfloat16(), k.bfloat16(), v.bfloat16()
     ones = torch.ones(b, h, device="cuda")
-    names = [n for n in bundle.manifest["variants"] if n.startswith("attention_fp8") and f"_d{d}_" in n]
+    names = [n for n in bundle.manifest["variants"] if n.startswith("attention_fp8") and f"_d{d}_" in n
+             and "_varlen_" not in n]
     for causal in causals:
         flops = 4 * b * h * s * s * d / (2 if causal else 1)
         # fp8 variants by name (each tile), V pre-transposed, then the API with v (B, S, H, D)

@@ -169,7 +169,7 @@ def test_fp8_launch_and_choice(sim):
     (dict(q_descale=2.0), "q_descale must be a torch.Tensor"),
     (dict(v_layout="bsdh"), "v_layout must be one of"),
     (dict(softmax_scale=-1.0, q_descale=torch.ones(1)), "softmax_scale must be a positive"),
-    (dict(cu_seqlens_q=torch.zeros(3, dtype=torch.int32), q_descale=torch.ones(1)), "dense"),
+    (dict(cu_seqlens_q=torch.zeros(3, dtype=torch.int32), q_descale=torch.ones(1)), "total_tokens"),
 ])
 def test_fp8_refusals(sim, bad, match):
     q, k, v = f8(2, 64, 8, 128), f8(2, 80, 2, 128), f8(2, 80, 2, 128)
@@ -240,3 +240,17 @@ def test_fp8_hot_path(sim):
     with pytest.raises(InputError, match="q_descale must broadcast"):
         sim.attention(q, k, v, q_descale=torch.ones(2, 3))
     assert len(sim.rec.launched) == n + 1
+
+
+def test_fp8_varlen_checks(sim):
+    q, k = f8(100, 8, 128), f8(120, 2, 128)
+    cu = torch.tensor([0, 40, 100], dtype=torch.int32)
+    cuk = torch.tensor([0, 60, 120], dtype=torch.int32)
+    with pytest.raises(NoVariantError, match="varlen"):  # (the test tier has no packed fp8 build)
+        sim.attention(q, k, k, cu_seqlens_q=cu, cu_seqlens_k=cuk, max_seqlen_q=60, q_descale=torch.ones(2, 2))
+    with pytest.raises(InputError, match="v as k"):
+        sim.attention(q, k, k, cu_seqlens_q=cu, cu_seqlens_k=cuk, q_descale=torch.ones(1), v_layout="bhds")
+    with pytest.raises(InputError, match="k_descale must broadcast"):
+        sim.attention(q, k, k, cu_seqlens_q=cu, cu_seqlens_k=cuk, max_seqlen_q=60, k_descale=torch.ones(3, 2))
+    with pytest.raises(InputError, match="max_seqlen_q"):
+        sim.attention(q, k, k, cu_seqlens_q=cu, cu_seqlens_k=cuk, max_seqlen_q=101, q_descale=torch.ones(1))

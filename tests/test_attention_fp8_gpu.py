@@ -79,6 +79,11 @@ def test_every_fp8_variant_against_float32(bundle, run_record):
     failures = []
     for e in bundle.candidates("attention_fp8"):
         d, causal = e["head_dim"], e["causal"]
+        if e["varlen"]:
+            results = [_varlen_case(bundle, e, lq, lk, hq, hkv, gen) for lq, lk, hq, hkv in VARLEN]
+            failures += [f"{e['name']} {r}" for r in results if not r["ok"]]
+            run_record.add(bundle, e["name"], results)
+            continue
         results = []
         for b, sq, sk, hq, hkv in SHAPES:
             q, k, v, ds = _inputs(b, sq, sk, hq, hkv, d, gen)
@@ -94,6 +99,34 @@ def test_every_fp8_variant_against_float32(bundle, run_record):
                 failures.append(f"{e['name']} {r}")
         run_record.add(bundle, e["name"], results)
     assert not failures, "\n".join(failures)
+
+
+# packed batches: (q lengths, k lengths, Hq, Hkv): one-token and empty-key sequences, tails, GQA
+VARLEN = [([1, 17, 130, 300], [64, 300, 1, 129], 8, 2), ([40, 40], [0, 33], 4, 1)]
+
+
+def _varlen_case(bundle, e, lq, lk, hq, hkv, gen):
+    f8, d, causal = torch.float8_e4m3fn, e["head_dim"], e["causal"]
+    tq, tk, n = sum(lq), sum(lk), len(lq)
+    q = torch.randn(tq, hq, d, generator=gen, device="cuda").to(f8)
+    kv = torch.full((tk + 64, 2, hkv, d), math.nan, device="cuda").to(f8)  # NaN past the last token
+    kv[:tk] = torch.randn(tk, 2, hkv, d, generator=gen, device="cuda").to(f8)
+    k, v = kv[:tk, 0], kv[:tk, 1]
+    ds = [0.5 + torch.rand(n, hkv, generator=gen, device="cuda") for _ in range(3)]
+    cu_q = torch.tensor([0, *torch.tensor(lq).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0, *torch.tensor(lk).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    o = torch.full((tq, hq, d), math.nan, device="cuda", dtype=torch.bfloat16)
+    lse = torch.full((hq, tq), math.nan, device="cuda")
+    scale = 1.0 / math.sqrt(d)
+    bundle.launch(e["name"], [q, k, v, o, lse, cu_q, cu_k, *ds, scale, max(lq)])
+    refs, ref_lses = [], []
+    for i in range(n):
+        qs, ks = slice(int(cu_q[i]), int(cu_q[i + 1])), slice(int(cu_k[i]), int(cu_k[i + 1]))
+        r, rl = _reference(q[None, qs], k[None, ks], v[None, ks], [x[i:i + 1] for x in ds], causal, scale)
+        refs.append(r[0])
+        ref_lses.append(rl[0])
+    ref, ref_lse = torch.cat(refs)[None], torch.cat(ref_lses, dim=1)[None]
+    return _judge(o[None], lse[None], ref, ref_lse, [lq, lk, hq, hkv])
 
 
 def test_api_per_tensor_descales_eager_and_graph(bundle):

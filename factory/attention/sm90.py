@@ -701,6 +701,9 @@ class FlashFwdSm90(layout.TmaViewsKernel):
             else:
                 q_len, k_len, seqQ, seqK, seqVt, seqO, seqL = layout.sequence_views(
                     mQ, mK, mVt, mO, mLSE, mCuQ, mCuK, head, batch)
+                if cutlass.const_expr(self.v_transpose and mCuK is not None):
+                    # V rows first ((tokens, D, heads), as K): the sequence's offset is on its rows
+                    seqVt = cute.domain_offset((mCuK[batch], 0), mVt[None, None, head // (mQ.shape[2] // mK.shape[2])])
             # KV cache switches: the window's -1 sides through mask.window; softcap (runtime
             # value, <= 0: off) folds into the score scale; the q head's sink logit
             win = mask.window(self.mask, win_l, win_r, q_len, k_len)

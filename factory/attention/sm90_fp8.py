@@ -68,7 +68,9 @@ class AttentionFp8Sm90(AttentionSm90):
         return (
             rf"\bQGMMA\.64x{self.tile_n}x32\.F32\.E4M3\.E4M3 R\d+, gdesc\[",
             rf"\bQGMMA\.64x{self.head_dim}x32\.F32\.E4M3\.E4M3 R\d+, R\d+, gdesc\[",
-            r"\bUTMALDG\.4D\b", r"\bUTMASTG\.4D\b", r"\bSYNCS\.", r"\bUSETMAXREG\.", r"\bMUFU\.EX2\b",
+            # varlen: (tokens, D, heads) boxes and O by 16-byte stores
+            *((r"\bUTMALDG\.3D\b", r"\bSTG\.E\.128\b") if self.varlen else (r"\bUTMALDG\.4D\b", r"\bUTMASTG\.4D\b")),
+            r"\bSYNCS\.", r"\bUSETMAXREG\.", r"\bMUFU\.EX2\b",
             r"\bPRMT\b",
             # bhds: P's quad exchange; bshd: the transposing warps' 32-bit smem loads and stores
             *((r"\bSHFL\.IDX\b",) if self.v_layout == "bhds" else (r"\bLDS\b", r"\bSTS\b")),
@@ -87,8 +89,8 @@ class AttentionFp8Sm90(AttentionSm90):
         if self.v_layout == "bshd" and (self.head_dim % 128 or self.tile_n % 128):
             # (both smem tiles must be 128-byte swizzled: rows of 128 or 256 bytes)
             return "the in-kernel V transpose takes head_dim 128 or 256 and tiles of 128 or 256 keys"
-        if self.varlen:
-            return "the fp8 kernel takes dense (B, S, H, D) problems"
+        if self.varlen and self.v_layout != "bshd":
+            return "packed variable-length fp8 takes v as k ((tokens, heads, head_dim), v_layout bshd)"
         if self.tile_n % 32:
             return "tile_n must be a multiple of 32 (fp8 WGMMA k32 steps of P·V)"
         if self.head_dim % 32:
@@ -96,10 +98,10 @@ class AttentionFp8Sm90(AttentionSm90):
         return super().can_implement()
 
     def signature(self) -> Signature:
-        return contract.signature_fp8(self.head_dim, self.v_layout)
+        return contract.signature_fp8(self.head_dim, self.v_layout, self.varlen)
 
     def contract_fields(self) -> dict[str, Any]:
-        return contract.manifest_fields_fp8(self.head_dim, self.causal, self.v_layout)
+        return contract.manifest_fields_fp8(self.head_dim, self.causal, self.v_layout, self.varlen)
 
     def describe(self) -> dict[str, Any]:
         d = super().describe()
@@ -117,7 +119,7 @@ class AttentionFp8Sm90(AttentionSm90):
             early_rescale=self.early_rescale, persistent=self.persistent, k_first=self.k_first,
             v_transpose=self.v_layout == "bshd",
         )
-        return k.dense_fp8
+        return k.packed_fp8 if self.varlen else k.dense_fp8
 
 
 def fp8_config(head_dim: int, causal: bool) -> dict[str, Any]:
@@ -146,6 +148,8 @@ def enumerate_attention_fp8(target: Target, tier: str) -> list[AttentionFp8Sm90]
                 for vl in ("bshd", "bhds")]
         # three K/V stages (fp8 tiles are half the bytes of 16-bit ones: 196 KB with the staging ring)
         out += [make(128, c, stages=3, v_layout=vl) for c in (False, True) for vl in ("bshd", "bhds")]
+        # packed variable-length batches (cu_seqlens): one tile per CTA, V transposed in the kernel
+        out += [make(128, c, varlen=True, **default_schedule(128, c, varlen=True)) for c in (False, True)]
     return [v for v in out if v.can_implement() is None]
 
 
@@ -191,6 +195,18 @@ class FlashFwdSm90Fp8(FlashFwdSm90):
             mVt = cute.make_tensor(v.iterator, cute.select(v.layout, mode=[2, 3, 1, 0]))
         grid = self.dense_grid((cute.ceil_div(q.shape[1], self.cta_rows), q.shape[2], q.shape[0]))
         self._launch(mQ, mK, mVt, mO, lse, None, None, softmax_scale, grid, stream,
+                     mDescale=(q_descale, k_descale, v_descale))
+
+    @cute.jit
+    def packed_fp8(self, q: cute.Tensor, k: cute.Tensor, v: cute.Tensor, o: cute.Tensor, lse: cute.Tensor,
+                   cu_seqlens_q: cute.Tensor, cu_seqlens_k: cute.Tensor, q_descale: cute.Tensor,
+                   k_descale: cute.Tensor, v_descale: cute.Tensor, softmax_scale: cutlass.Float32,
+                   max_seqlen_q: cutlass.Int32, stream: cuda.CUstream):
+        # (T, H, D) -> (T, D, H) for q, k, o and (v as k) v; a CTA offsets them by its sequence
+        mQ, mK, _, mO = layout.packed_views(q, k, k, o)
+        mV = layout.packed_views(v, v, v, v)[0]
+        grid = (cute.ceil_div(max_seqlen_q, self.cta_rows), q.shape[1], cu_seqlens_q.shape[0] - 1)
+        self._launch(mQ, mK, mV, mO, lse, cu_seqlens_q, cu_seqlens_k, softmax_scale, grid, stream,
                      mDescale=(q_descale, k_descale, v_descale))
 
     def problem_scales(self, scale_log2, mDescale, head, batch, n_heads, n_kv_heads):

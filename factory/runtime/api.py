@@ -120,7 +120,8 @@ class Bundle(BundleCore):
         "bhds" (v pre-transposed (B, Hkv, D, Sk)); bfloat16 out (runtime/attention_fp8.py)."""
         if q_descale is not None or k_descale is not None or v_descale is not None or v_layout is not None:
             return self.attention_fp8(q, k, v, causal, softmax_scale, q_descale, k_descale, v_descale,
-                                      return_lse, v_layout or "bshd", cu_seqlens_q, cu_seqlens_k)
+                                      return_lse, v_layout or "bshd", cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                      check_varlen)
         ops = _OPS or _ops()
         if ops[4]():  # traced by torch.compile: the bundle's torch op, whose fake checks like this call
             o, lse = self.torch_ops().attention(q, k, v, causal, softmax_scale, cu_seqlens_q, cu_seqlens_k,
@@ -130,14 +131,16 @@ class Bundle(BundleCore):
                                 max_seqlen_q, max_seqlen_k, return_lse, check_varlen)
 
     def attention_fp8(self, q, k, v, causal=False, softmax_scale=None, q_descale=None, k_descale=None,
-                      v_descale=None, return_lse=False, v_layout="bshd", cu_seqlens_q=None, cu_seqlens_k=None):
+                      v_descale=None, return_lse=False, v_layout="bshd", cu_seqlens_q=None, cu_seqlens_k=None,
+                      max_seqlen_q=None, check_varlen=None):
         """The fp8 forward (runtime/attention_fp8.py); ``attention`` routes fp8 inputs here."""
         from . import attention_fp8
-        from .errors import InputError
 
-        if cu_seqlens_q is not None or cu_seqlens_k is not None:
-            raise InputError("the fp8 forward takes dense (batch, seqlen, heads, head_dim) inputs, no cu_seqlens")
         ops = _OPS or _ops()
+        if cu_seqlens_q is not None or cu_seqlens_k is not None:  # (packed: no torch op yet)
+            return attention_fp8.attention_fp8(self, q, k, v, causal, softmax_scale, q_descale, k_descale,
+                                               v_descale, return_lse, v_layout, cu_seqlens_q, cu_seqlens_k,
+                                               max_seqlen_q, check_varlen)
         if ops[4]():  # traced by torch.compile: the bundle's torch op (its fake checks like this call)
             o, lse = self.torch_ops().attention_fp8(q, k, v, causal, softmax_scale, q_descale, k_descale, v_descale,
                                                     v_layout)

@@ -31,35 +31,39 @@ _ONES: dict = {}  # device index -> a 1-element float32 1.0 (the descale of None
 
 
 def attention_fp8(bundle, q, k, v, causal=False, softmax_scale=None, q_descale=None, k_descale=None,
-                  v_descale=None, return_lse=False, v_layout="bshd"):
-    """See the module docstring.  Hot path: a problem seen before (same shapes, strides, dtypes,
-    devices, flags, descale layouts) was checked in full then; a call of the same key checks the
-    tensor types, autograd, the current device and the pointers' alignment, then launches."""
-    try:
-        key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype,
-               q.get_device(), k.get_device(), v.get_device(), causal, softmax_scale, v_layout,
-               *(None if t is None else (t.shape, t.stride(), t.dtype, t.get_device(), t.requires_grad)
-                 for t in (q_descale, k_descale, v_descale)))
-        fire = _hot(bundle).get(key)
-    except (AttributeError, TypeError):  # not tensors, or an unhashable argument: checked below
-        key = fire = None
-    if (fire is not None and isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor)
-            and isinstance(v, torch.Tensor)
-            and not ((q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled())):
-        out = fire(q, k, v, q_descale, k_descale, v_descale)
-        if out is not None:
-            return out if return_lse else out[0]
-        key = None  # a misaligned pointer: the checked path below refuses it
+                  v_descale=None, return_lse=False, v_layout="bshd", cu_seqlens_q=None, cu_seqlens_k=None,
+                  max_seqlen_q=None, check_varlen=None):
+    """See the module docstring.  Hot path (dense): a problem seen before (same shapes, strides,
+    dtypes, devices, flags, descale layouts) was checked in full then; a call of the same key
+    checks the tensor types, autograd, the current device and the pointers' alignment, then
+    launches.  Varlen (packed (tokens, heads, head_dim) q/k/v with cu_seqlens, runtime/attention.py's
+    conventions, v as k): descales broadcast to (sequences, kv heads)."""
+    if cu_seqlens_q is None and cu_seqlens_k is None:
+        try:
+            key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype,
+                   q.get_device(), k.get_device(), v.get_device(), causal, softmax_scale, v_layout,
+                   *(None if t is None else (t.shape, t.stride(), t.dtype, t.get_device(), t.requires_grad)
+                     for t in (q_descale, k_descale, v_descale)))
+            fire = _hot(bundle).get(key)
+        except (AttributeError, TypeError):  # not tensors, or an unhashable argument: checked below
+            key = fire = None
+        if (fire is not None and isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor)
+                and isinstance(v, torch.Tensor)
+                and not ((q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled())):
+            out = fire(q, k, v, q_descale, k_descale, v_descale)
+            if out is not None:
+                return out if return_lse else out[0]
+            key = None  # a misaligned pointer: the checked path below refuses it
+    else:
+        key = None
+        return _varlen(bundle, q, k, v, causal, softmax_scale, q_descale, k_descale, v_descale, return_lse,
+                       v_layout, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, check_varlen)
     dev = validate.one_device(bundle, q=q, k=k, v=v, q_descale=q_descale, k_descale=k_descale,
                               v_descale=v_descale)
     validate.no_grad("attention", q=q, k=k, v=v)
     b, sq, hq, d, sk, hkv = _check(q, k, v, v_layout)
-    if softmax_scale is None:
-        softmax_scale = 1.0 / math.sqrt(d)
-    else:
-        softmax_scale = _scale(softmax_scale)
-    if not isinstance(causal, (bool, int)) or isinstance(causal, int) and causal not in (0, 1):
-        raise InputError(f"causal must be a bool, got {causal!r}")
+    softmax_scale = 1.0 / math.sqrt(d) if softmax_scale is None else _scale(softmax_scale)
+    _check_causal(causal)
     scales = [_descale(name, t, b, hkv, q.device) for name, t in
               (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale))]
     name, layout = choose(bundle, d, bool(causal), v_layout, (b, sq, sk, hq, hkv))
@@ -86,6 +90,73 @@ def attention_fp8(bundle, q, k, v, causal=False, softmax_scale=None, q_descale=N
                 cache.clear()
             cache[key] = fire
     return (o, lse) if return_lse else o
+
+
+def _varlen(bundle, q, k, v, causal, softmax_scale, q_descale, k_descale, v_descale, return_lse, v_layout,
+            cu_seqlens_q, cu_seqlens_k, max_seqlen_q, check_varlen):
+    """The packed form: checks (runtime/attention.py's cu_seqlens contract), choice, launch."""
+    from .attention import _check_cu_seqlens
+
+    dev = validate.one_device(bundle, q=q, k=k, v=v, q_descale=q_descale, k_descale=k_descale,
+                              v_descale=v_descale)
+    validate.no_grad("attention", q=q, k=k, v=v)
+    if v_layout != "bshd":
+        raise InputError("packed variable-length fp8 takes v as k: (total_tokens, kv_heads, head_dim), v_layout 'bshd'")
+    tq, hq, d, tk, hkv = _check_packed(q, k, v)
+    softmax_scale = 1.0 / math.sqrt(d) if softmax_scale is None else _scale(softmax_scale)
+    _check_causal(causal)
+    cu_q, cu_k, batch = _check_cu_seqlens(torch, q, k, cu_seqlens_q, cu_seqlens_k)
+    if max_seqlen_q is None:
+        max_seqlen_q = int((cu_q[1:] - cu_q[:-1]).max().item()) if batch else 0  # syncs
+    elif isinstance(max_seqlen_q, bool) or not isinstance(max_seqlen_q, int):
+        raise InputError(f"max_seqlen_q must be an int, got {type(max_seqlen_q).__name__}")
+    if max_seqlen_q > tq or max_seqlen_q < 0 or (max_seqlen_q == 0 and tq > 0 and batch > 0):
+        raise InputError(f"max_seqlen_q = {max_seqlen_q} must be in [1, {tq}] (the longest query sequence)")
+    if validate.check_varlen_default() if check_varlen is None else check_varlen:
+        validate.cu_seqlens(cu_q, cu_k, tq, tk, max_seqlen_q)
+    scales = [_descale(name, t, max(batch, 1), hkv, q.device) for name, t in
+              (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale))]
+    name, _ = choose(bundle, d, bool(causal), "bshd", (batch, max_seqlen_q, tk, hq, hkv), varlen=True)
+    o = torch.empty(q.shape, dtype=torch.bfloat16, device=q.device)
+    lse = torch.empty((hq, tq), dtype=torch.float32, device=q.device)
+    if tq == 0 or batch == 0 or tk == 0:
+        o.zero_()
+        lse.fill_(-math.inf)
+        return (o, lse) if return_lse else o
+    if batch > _GRID_YZ_MAX or hq > _GRID_YZ_MAX:
+        raise InputError(f"batch ({batch}) and heads ({hq}) must each be <= {_GRID_YZ_MAX}")
+    bundle.launch(name, [q, k, v, o, lse, cu_q, cu_k, *scales, softmax_scale, max_seqlen_q], device=dev)
+    return (o, lse) if return_lse else o
+
+
+def _check_causal(causal):
+    if not isinstance(causal, (bool, int)) or isinstance(causal, int) and causal not in (0, 1):
+        raise InputError(f"causal must be a bool, got {causal!r}")
+
+
+def _check_packed(q, k, v):
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 3:
+            raise InputError(f"{name} must be (total_tokens, heads, head_dim) with cu_seqlens, got shape {tuple(t.shape)}")
+        if t.dtype != torch.float8_e4m3fn:
+            raise InputError(f"{name} must be float8_e4m3fn for the fp8 forward, got {t.dtype}")
+    tq, hq, d = q.shape
+    tk, hkv, dk = k.shape
+    if d not in HEAD_DIMS or dk != d:
+        raise InputError(f"head_dim of q ({d}) and k ({dk}) must match and be one of {HEAD_DIMS}")
+    if tuple(v.shape) != tuple(k.shape):
+        raise InputError(f"k and v shapes differ: {tuple(k.shape)} vs {tuple(v.shape)}")
+    if hkv == 0 or hq % hkv:
+        raise InputError(f"q heads ({hq}) must be a multiple of kv heads ({hkv})")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.numel() == 0:
+            continue
+        if t.stride(-1) != 1 or any(s % 16 for s in t.stride()[:-1]):
+            raise InputError(f"{name}: head_dim must be contiguous and the other strides multiples of 16 elements, "
+                             f"strides {t.stride()}")
+        if t.data_ptr() % 16:
+            raise InputError(f"{name}: data pointer must be 16-byte aligned")
+    return tq, hq, d, tk, hkv
 
 
 def _hot(bundle) -> dict:
@@ -135,7 +206,7 @@ def _hot_launch(bundle, name: str, args: list, dev: int):
 
 
 def choose(bundle, head_dim: int, causal: bool, v_layout: str = "bshd",
-           sizes: tuple[int, int, int, int, int] = (1, 1, 1, 1, 1)) -> tuple[str, str]:
+           sizes: tuple[int, int, int, int, int] = (1, 1, 1, 1, 1), varlen: bool = False) -> tuple[str, str]:
     """(variant name, the V layout it takes): the host library's ``fx_attention_fp8_select``
     (compiler/csrc/fx_select.c: the head_dim and mask, a variant taking ``v_layout``, else for
     "bshd" one taking V pre-transposed; the preferred tile, best target first), cached per
@@ -143,7 +214,7 @@ def choose(bundle, head_dim: int, causal: bool, v_layout: str = "bshd",
     per_bundle = getattr(bundle, "selections", None)
     if per_bundle is None:  # a stand-in bundle (tests): no cache
         per_bundle = {}
-    key = ("attention_fp8", head_dim, causal, v_layout)
+    key = ("attention_fp8", head_dim, causal, v_layout, varlen)
     hit = per_bundle.get(key)
     if hit is None:
         from .selector import AttentionFp8Problem
@@ -151,7 +222,7 @@ def choose(bundle, head_dim: int, causal: bool, v_layout: str = "bshd",
         b, sq, sk, hq, hkv = sizes
         # (sizes at least 1: the choice does not depend on them, and an empty problem selects nothing)
         p = AttentionFp8Problem(max(b, 1), max(sq, 1), max(sk, 1), max(hq, hkv, 1), max(hkv, 1), head_dim,
-                                V_LAYOUTS.index(v_layout), int(bool(causal)), 0.0)
+                                V_LAYOUTS.index(v_layout), int(bool(causal)), 0.0, int(varlen))
         try:
             sel = bundle.selector.select("attention_fp8", p)
         except NoVariantError as err:

@@ -69,7 +69,8 @@ class KVCacheProblem(ctypes.Structure):
 class AttentionFp8Problem(ctypes.Structure):
     _fields_ = [("batch", ctypes.c_int64), ("seqlen_q", ctypes.c_int64), ("seqlen_k", ctypes.c_int64),
                 ("heads_q", ctypes.c_int64), ("heads_kv", ctypes.c_int64), ("head_dim", ctypes.c_int64),
-                ("v_layout", ctypes.c_int32), ("causal", ctypes.c_int32), ("softmax_scale", ctypes.c_float)]
+                ("v_layout", ctypes.c_int32), ("causal", ctypes.c_int32), ("softmax_scale", ctypes.c_float),
+                ("varlen", ctypes.c_int32)]
 
 
 class Selection(ctypes.Structure):

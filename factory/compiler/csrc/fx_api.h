@@ -173,6 +173,7 @@ typedef struct {
     int32_t v_layout;       /* 0: v as k; 1: v pre-transposed */
     int32_t causal;
     float softmax_scale;    /* 0: 1/sqrt(head_dim); else > 0 and finite */
+    int32_t varlen;         /* 1: packed sequences (cu_seqlens; batch = sequences, seqlen_q/k = tokens) */
 } fx_attention_fp8_problem_t;
 
 typedef struct {

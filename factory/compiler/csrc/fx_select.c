@@ -1966,7 +1966,9 @@ static int32_t fp8_select(const fx_device_t *dev, const fx_attention_fp8_problem
     int32_t rc;
     if (!dev || !p) return fail(FX_ERR_INPUT, "fx_attention_fp8: dev and problem must not be NULL");
     if ((rc = check_device(dev))) return rc;
-    if ((rc = check_bool("causal", p->causal)) || (rc = check_bool("v_layout", p->v_layout))) return rc;
+    if ((rc = check_bool("causal", p->causal)) || (rc = check_bool("v_layout", p->v_layout)) ||
+        (rc = check_bool("varlen", p->varlen)))
+        return rc;
     float scale = p->softmax_scale;
     if (scale != 0.0f && !(scale > 0.0f && isfinite(scale)))
         return fail(FX_ERR_INPUT, "softmax_scale must be a positive finite number, got %g", (double)scale);
@@ -1990,7 +1992,7 @@ static int32_t fp8_select(const fx_device_t *dev, const fx_attention_fp8_problem
     for (int32_t pass = 0; pass < 2 && pick < 0; pass++)
         for (int32_t i = 0; i < n; i++) {
             const fx_variant *e = &fx_variants[cand[i]];
-            if (e->head_dim != p->head_dim || e->causal != p->causal) continue;
+            if (e->head_dim != p->head_dim || e->causal != p->causal || e->varlen != p->varlen) continue;
             if (pass == 0 && !e->preferred) continue;
             if (e->v_pretransposed == p->v_layout) {
                 if (pick < 0) pick = cand[i];
@@ -2001,9 +2003,9 @@ static int32_t fp8_select(const fx_device_t *dev, const fx_attention_fp8_problem
     free(cand);
     if (pick < 0) pick = fallback;
     if (pick < 0)
-        return fail(FX_ERR_NO_VARIANT, "no fp8 attention variant for head_dim %lld, causal=%d, v_layout=%s on "
+        return fail(FX_ERR_NO_VARIANT, "no fp8 attention variant for head_dim %lld, causal=%d, v_layout=%s%s on "
                     "compute capability %d.%d", (long long)p->head_dim, p->causal, p->v_layout ? "bhds" : "bshd",
-                    dev->cc_major, dev->cc_minor);
+                    p->varlen ? ", varlen" : "", dev->cc_major, dev->cc_minor);
     if (qn == 0 || p->seqlen_k == 0) return FX_OK; /* nothing to launch (no keys: the runtime writes 0 / -inf) */
     out->variant = pick;
     out->name = fx_variants[pick].name;
