@@ -20,13 +20,14 @@ import pytest
 import torch
 
 from conftest import Recorder
+from factory.attention import fp8_order as fo
 from factory.runtime import Bundle, InputError, NoVariantError
 
 H100 = {"name": "planned H100", "sm_count": 132}
 F8 = torch.float8_e4m3fn
 
 
-# --- index algebra (mirrors sm90_fp8.py; a change there must keep these true) --------------------
+# --- index algebra: the kernel's constants (attention/fp8_order.py) replayed ---------------------
 def acc_word(t, j):
     """Accumulator word j of quad thread t after the e4m3 conversion: bytes (row half, key)."""
     return [(0, 8 * j + 2 * t), (0, 8 * j + 2 * t + 1), (1, 8 * j + 2 * t), (1, 8 * j + 2 * t + 1)]
@@ -43,29 +44,21 @@ def a_word_wants(t, kb, h, kh):
 
 
 def test_p_exchange_fills_the_fp8_a_fragment():
-    """store_p_exchange: sources send W_{s%2} / W_{1-s%2}, receivers read lanes [0,2,1,3][t] and
-    [1,3,0,2][t], one byte permute per row half."""
+    """store_p_exchange: sources send W_{s%2} / W_{1-s%2}, receivers read the lanes of
+    exchange_sources, one byte permute per row half."""
     bn = 128
     words = {t: [acc_word(t, j) for j in range(bn // 8)] for t in range(4)}
     for t in range(4):
-        odd, src1 = t % 2, (t % 2) * 2 + t // 2
-        src2 = src1 ^ 1
-        sel0, sel1 = (0x5410, 0x7632) if t < 2 else (0x1054, 0x3276)
+        src1, src2 = fo.exchange_sources(t)
+        sel0, sel1 = fo.P_EXCHANGE[t >= 2]
         for kb in range(bn // 32):
             for kh in range(2):
                 def send(s, first):
                     w0, w1 = words[s][4 * kb + 2 * kh], words[s][4 * kb + 2 * kh + 1]
                     return (w1 if s % 2 else w0) if first else (w0 if s % 2 else w1)
                 x, y = send(src1, True), send(src2, False)
-                assert prmt(x, y, sel0) == a_word_wants(t, kb, 0, kh), (t, kb, kh, odd)
+                assert prmt(x, y, sel0) == a_word_wants(t, kb, 0, kh), (t, kb, kh)
                 assert prmt(x, y, sel1) == a_word_wants(t, kb, 1, kh)
-
-
-def transposed_key(p):
-    """The key the in-kernel transpose stores at column p of a 16-key group (transpose_tile)."""
-    nn, c = divmod(p, 4)
-    g, t = divmod(nn, 4)
-    return 16 * g + 2 * t + (c % 2) + 8 * (c // 2)
 
 
 def test_local_p_matches_the_transposed_v_order():
@@ -75,12 +68,11 @@ def test_local_p_matches_the_transposed_v_order():
     for t in range(4):
         w = [acc_word(t, j) for j in range(bn // 8)]
         for i in range(bn // 16):
-            for h, sel in ((0, 0x5410), (1, 0x7632)):
+            for h, sel in enumerate(fo.P_LOCAL):
                 got = prmt(w[2 * i], w[2 * i + 1], sel)
                 cols = [16 * i + 4 * t + c for c in range(4)]
-                assert got == [(h, 16 * (col // 16) + transposed_key(col % 16)) for col in cols]
-    # the permutation is one of the 16 keys of each group
-    assert sorted(transposed_key(p) for p in range(16)) == list(range(16))
+                assert got == [(h, 16 * (col // 16) + fo.transposed_key(col % 16)) for col in cols]
+    assert sorted(fo.transposed_key(p) for p in range(16)) == list(range(16))
 
 
 def swizzle(off):
@@ -90,17 +82,17 @@ def swizzle(off):
 def test_transpose_is_bank_conflict_free():
     """Every 32-bit LDS (staging (keys, D=128)) and STS (V (D, keys=128)) of a warp trip touches
     32 distinct banks of the 128-byte swizzled rows, and the 32 trips x 32 lanes cover every 4x4
-    block once; the byte transpose of six permutes is a transpose."""
+    block once; the byte transpose of TRANSPOSE_PAIR / TRANSPOSE_JOIN is a transpose."""
     seen = set()
     for s in range(32):
         loads = {i: set() for i in range(4)}
         stores = {j: set() for j in range(4)}
         for lane in range(32):
-            nn, dd = (lane + s) % 32, lane
+            nn, dd = fo.transpose_block(lane, s, 32)
             g, t = divmod(nn, 4)
             seen.add((nn, dd))
             for i in range(4):
-                key = 16 * g + 2 * t + (i % 2) + 8 * (i // 2)
+                key = 16 * g + 2 * t + fo.KEY_OFFSETS[i]
                 loads[i].add((swizzle(key * 128 + 4 * dd) // 4) % 32)
             for j in range(4):
                 stores[j].add((swizzle((4 * dd + j) * 128 + 4 * nn) // 4) % 32)
@@ -108,10 +100,12 @@ def test_transpose_is_bank_conflict_free():
         assert all(len(b) == 32 for b in stores.values()), s
     assert len(seen) == 32 * 32
     w = [[(r, c) for c in range(4)] for r in range(4)]
-    lo01, hi01 = prmt(w[0], w[1], 0x5140), prmt(w[0], w[1], 0x7362)
-    lo23, hi23 = prmt(w[2], w[3], 0x5140), prmt(w[2], w[3], 0x7362)
-    cols = [prmt(lo01, lo23, 0x5410), prmt(lo01, lo23, 0x7632), prmt(hi01, hi23, 0x5410), prmt(hi01, hi23, 0x7632)]
+    (pa, pb), (ja, jb) = fo.TRANSPOSE_PAIR, fo.TRANSPOSE_JOIN
+    lo01, hi01, lo23, hi23 = prmt(w[0], w[1], pa), prmt(w[0], w[1], pb), prmt(w[2], w[3], pa), prmt(w[2], w[3], pb)
+    cols = [prmt(lo01, lo23, ja), prmt(lo01, lo23, jb), prmt(hi01, hi23, ja), prmt(hi01, hi23, jb)]
     assert cols == [[(r, c) for r in range(4)] for c in range(4)]
+    # ... and its column c holds the block's key KEY_OFFSETS[c] (the loads' row order)
+    assert [fo.transposed_key(4 * t + c) - 2 * t for t in range(4) for c in range(4)] == list(fo.KEY_OFFSETS) * 4
 
 
 # --- the test bundle's cubins --------------------------------------------------------------------

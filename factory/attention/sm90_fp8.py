@@ -38,7 +38,8 @@ from ..abi import Signature
 from ..atoms.targets import Target
 from ..registry import register
 from . import contract, layout
-from .base import causal_field, varlen_field
+from .fp8_order import (KEY_OFFSETS, P_EXCHANGE, P_LOCAL, TRANSPOSE_JOIN, TRANSPOSE_PAIR, exchange_sources,
+                        transpose_block)
 from .sm90 import WG_ROWS, AttentionSm90, FlashFwdSm90, default_schedule
 
 FP8_HEAD_DIMS = (64, 128, 256)
@@ -54,7 +55,7 @@ class AttentionFp8Sm90(AttentionSm90):
     family: ClassVar[str] = "sm90"
     DTYPES: ClassVar[tuple[str, ...]] = ("e4m3",)
     HEAD_DIMS: ClassVar[tuple[int, ...]] = FP8_HEAD_DIMS
-    sources = ("attention/sm90_fp8.py", *AttentionSm90.sources)
+    sources = ("attention/sm90_fp8.py", "attention/fp8_order.py", *AttentionSm90.sources)
 
     dtype: str = field(default="e4m3", metadata={"tag": ""})
     # how V arrives: "bshd" = (B, Sk, Hkv, D) like K, transposed in the kernel; "bhds" =
@@ -238,8 +239,8 @@ class FlashFwdSm90Fp8(FlashFwdSm90):
         w = cute.recast_tensor(tmp, cutlass.Int32)
         a = cute.recast_tensor(tOrP, cutlass.Int32)
         for i in cutlass.range_constexpr(self.tile_n // 16):
-            a[2 * i] = cutlass.Int32(cute.arch.prmt(w[2 * i], w[2 * i + 1], cutlass.Int32(0x5410)))
-            a[2 * i + 1] = cutlass.Int32(cute.arch.prmt(w[2 * i], w[2 * i + 1], cutlass.Int32(0x7632)))
+            for h in cutlass.range_constexpr(2):
+                a[2 * i + h] = cutlass.Int32(cute.arch.prmt(w[2 * i], w[2 * i + 1], cutlass.Int32(P_LOCAL[h])))
 
     @cute.jit
     def transpose_tile(self, vs_ptr, v_ptr, vs_layout, v_layout, vs_slot, v_slot, lane, warp):
@@ -257,23 +258,23 @@ class FlashFwdSm90Fp8(FlashFwdSm90):
         for x in cutlass.range_constexpr(D // 128):
             dd = lane + 32 * x
             for s in cutlass.range(warp, nb, NT, unroll=1):
-                nn = (lane + s) % nb
+                nn, _ = transpose_block(lane, s, nb)
                 g = nn // 4
                 t = nn - 4 * g
                 words = []
                 for i in cutlass.range_constexpr(4):
-                    key = 16 * g + 2 * t + (i % 2) + 8 * (i // 2)
+                    key = 16 * g + 2 * t + KEY_OFFSETS[i]
                     off = cute.crd2idx((key, 4 * dd, vs_slot), vs_layout.outer)
                     words.append(cute.arch.load(cute.recast_ptr(vs_ptr + _swizzle(off), dtype=cutlass.Int32),
                                                 cutlass.Int32))
-                lo01 = cute.arch.prmt(words[0], words[1], cutlass.Int32(0x5140))
-                hi01 = cute.arch.prmt(words[0], words[1], cutlass.Int32(0x7362))
-                lo23 = cute.arch.prmt(words[2], words[3], cutlass.Int32(0x5140))
-                hi23 = cute.arch.prmt(words[2], words[3], cutlass.Int32(0x7362))
-                cols = (cute.arch.prmt(lo01, lo23, cutlass.Int32(0x5410)),
-                        cute.arch.prmt(lo01, lo23, cutlass.Int32(0x7632)),
-                        cute.arch.prmt(hi01, hi23, cutlass.Int32(0x5410)),
-                        cute.arch.prmt(hi01, hi23, cutlass.Int32(0x7632)))
+                lo01 = cute.arch.prmt(words[0], words[1], cutlass.Int32(TRANSPOSE_PAIR[0]))
+                hi01 = cute.arch.prmt(words[0], words[1], cutlass.Int32(TRANSPOSE_PAIR[1]))
+                lo23 = cute.arch.prmt(words[2], words[3], cutlass.Int32(TRANSPOSE_PAIR[0]))
+                hi23 = cute.arch.prmt(words[2], words[3], cutlass.Int32(TRANSPOSE_PAIR[1]))
+                cols = (cute.arch.prmt(lo01, lo23, cutlass.Int32(TRANSPOSE_JOIN[0])),
+                        cute.arch.prmt(lo01, lo23, cutlass.Int32(TRANSPOSE_JOIN[1])),
+                        cute.arch.prmt(hi01, hi23, cutlass.Int32(TRANSPOSE_JOIN[0])),
+                        cute.arch.prmt(hi01, hi23, cutlass.Int32(TRANSPOSE_JOIN[1])))
                 for j in cutlass.range_constexpr(4):
                     off = cute.crd2idx((4 * dd + j, 4 * nn, v_slot), v_layout.outer)
                     cute.arch.store(cute.recast_ptr(v_ptr + _swizzle(off), dtype=cutlass.Int32),
@@ -298,11 +299,12 @@ class FlashFwdSm90Fp8(FlashFwdSm90):
         t = ltid % 4
         odd = t % 2
         quad = cute.arch.lane_idx() - t
-        src1 = quad + odd * 2 + t // 2
-        src2 = quad + ((odd * 2 + t // 2) ^ 1)
+        first, second = exchange_sources(t)
+        src1 = quad + first
+        src2 = quad + second
         low = t < 2
-        sel_r0 = cutlass.Int32(0x5410) if low else cutlass.Int32(0x1054)
-        sel_r1 = cutlass.Int32(0x7632) if low else cutlass.Int32(0x3276)
+        sel_r0 = cutlass.Int32(P_EXCHANGE[False][0]) if low else cutlass.Int32(P_EXCHANGE[True][0])
+        sel_r1 = cutlass.Int32(P_EXCHANGE[False][1]) if low else cutlass.Int32(P_EXCHANGE[True][1])
         for kb in cutlass.range_constexpr(BN // 32):
             for kh in cutlass.range_constexpr(2):
                 w0 = w[4 * kb + 2 * kh]
