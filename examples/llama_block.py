@@ -9,10 +9,17 @@ the time goes.
 
 Prefill: a packed batch of sequences (varlen: ``cu_seqlens``), causal. Decode: one new token per
 sequence against a KV cache of ``context`` tokens (the cache write is torch's ``index_copy_`` in
-both layers). Modes: eager, ``torch.compile(fullgraph=True)`` (ours through ``bundle.torch_ops()``)
+both layers; the fused layer writes them with its RoPE kernel). Modes: eager, ``torch.compile(fullgraph=True)`` (ours through ``bundle.torch_ops()``)
 and a captured CUDA graph (decode). ``--fp8``: e4m3 weights with per-tensor scales, activations
 quantised per tensor on the fly (ours: ``bundle.gemm`` fp8, packed weights with ``b_constant`` for
 decode; torch: ``torch._scaled_mm``).
+
+Three layers side by side: ``torch`` (torch ops), ``ours`` (the bundle's GEMMs and attention, the
+glue in torch) and ``fused`` (``ours`` with the glue fused: ``bundle.rms_norm`` for both norms, the
+second one adding the residual in the same pass, and ``bundle.rope_kvcache`` rotating q and k in
+place and writing k and v into the KV cache: in prefill a cache of the prompt's tokens, in decode
+the layer's (batch, context, kv heads, head dim) cache seen as one page per sequence).  The fused layer is left out when
+the bundle has no rms_norm / rope_kvcache variant for the device.
 """
 
 from __future__ import annotations
@@ -146,6 +153,62 @@ def ours(bundle, wts, fp8=False, ops=None):
     return Layer(wts, mm, attend)
 
 
+class FusedLayer(Layer):
+    """``ours`` with the norms, the residual add and RoPE + the cache write as fused kernels."""
+
+    def __init__(self, bundle, wts: Weights, mm, attend, max_pos: int = 16384, theta: float = 500000.0):
+        super().__init__(wts, mm, attend)
+        self.b = bundle
+        self.n1, self.n2 = wts.n1.to(torch.bfloat16), wts.n2.to(torch.bfloat16)
+        d = wts.hd
+        inv = 1.0 / theta ** (torch.arange(0, d, 2, device="cuda", dtype=torch.float32) / d)
+        ang = torch.arange(max_pos, device="cuda", dtype=torch.float32)[:, None] * inv[None, :]
+        self.cos_sin = torch.cat((ang.cos(), ang.sin()), dim=-1).contiguous()
+        self._scratch = {}  # prefill's KV cache and slots, per token count
+
+    def _split(self, x):
+        w = self.w
+        qkv = self.mm(self.b.rms_norm(x, self.n1, 1e-5), "wqkv")
+        return qkv.split([w.hq * w.hd, w.hkv * w.hd, w.hkv * w.hd], dim=-1)  # (T, H·D) slices
+
+    def _rest(self, x, o):
+        a = self.mm(o.reshape(x.shape[0], -1), "wo")
+        hn = self.b.rms_norm(x, self.n2, 1e-5, residual=a)  # a becomes h = x + a, hn = norm(h)
+        g, u = self.mm(hn, "wgu").chunk(2, dim=-1)
+        return a + self.mm(F.silu(g) * u, "wdown")
+
+    def prefill(self, x, pos, cu, max_len):
+        w, T = self.w, x.shape[0]
+        if T not in self._scratch:
+            kc = torch.empty(1, T, w.hkv, w.hd, device=x.device, dtype=torch.bfloat16)
+            self._scratch[T] = (kc, torch.empty_like(kc), torch.arange(T, device=x.device))
+        kc, vc, slots = self._scratch[T]
+        q, k, v = self._split(x)
+        self.b.rope_kvcache(q, k, v, pos, self.cos_sin, kc, vc, slots)
+        o = self.attend(q.view(T, w.hq, w.hd), k.view(T, w.hkv, w.hd), v.view(T, w.hkv, w.hd), cu=cu,
+                        max_len=max_len)
+        return self._rest(x, o)
+
+    def decode(self, x, cache_k, cache_v, lengths):
+        w, B, S = self.w, x.shape[0], cache_k.shape[1]
+        q, k, v = self._split(x)
+        # The (B, S, Hkv, D) caches seen as B pages of S rows: sequence b's new token goes to slot
+        # b·S + lengths[b], at position lengths[b].
+        base = self._scratch.get(("base", B, S))
+        if base is None:
+            base = self._scratch[("base", B, S)] = torch.arange(B, device=x.device) * S
+        self.b.rope_kvcache(q, k, v, lengths, self.cos_sin, cache_k, cache_v, base + lengths)
+        return self._rest(x, self.attend(q.view(B, 1, w.hq, w.hd), cache_k, cache_v))
+
+
+def fused(bundle, wts, fp8=False):
+    """The fused layer, or None when the bundle lacks the fused ops for this device."""
+    if not bundle.candidates("rms_norm") or not bundle.candidates("rope_kvcache"):
+        return None
+    base = ours(bundle, wts, fp8)
+    return FusedLayer(bundle, wts, base.mm, base.attend)
+
+
 def reference(wts, fp8=False):
     """The same layer from torch ops: F.linear / torch._scaled_mm and SDPA (prefill: per sequence)."""
     def mm(x, name):
@@ -237,7 +300,8 @@ def warm_gpu(seconds: float = 1.0) -> None:
 def run(bundle, fp8: bool, prefill_lengths, decode_grid, compile_too: bool, breakdowns: bool = False) -> list[dict]:
     wts = Weights()
     warm_gpu()
-    layers = {"ours": ours(bundle, wts, fp8), "torch": reference(wts, fp8)}
+    layers = {"ours": ours(bundle, wts, fp8), "fused": fused(bundle, wts, fp8), "torch": reference(wts, fp8)}
+    layers = {k: L for k, L in layers.items() if L is not None}
     rows = []
     with torch.inference_mode():
         for lengths in prefill_lengths:
@@ -245,12 +309,16 @@ def run(bundle, fp8: bool, prefill_lengths, decode_grid, compile_too: bool, brea
             outs = {k: L.prefill(x, pos, cu, mx) for k, L in layers.items()}
             row = {"phase": "prefill", "tokens": sum(lengths), "sequences": len(lengths), "fp8": fp8,
                    "rel_err_vs_torch": rel(outs["ours"], outs["torch"])}
+            if "fused" in outs:
+                row["fused_rel_err_vs_torch"] = rel(outs["fused"], outs["torch"])
             for k, L in layers.items():
                 row[f"{k}_eager_ms"] = time_ms(lambda L=L: L.prefill(x, pos, cu, mx))
-            row["ours_tok_s"] = row["tokens"] / row["ours_eager_ms"] * 1e3
-            row["torch_tok_s"] = row["tokens"] / row["torch_eager_ms"] * 1e3
+            for k in layers:
+                row[f"{k}_tok_s"] = row["tokens"] / row[f"{k}_eager_ms"] * 1e3
             if breakdowns:
-                row["stages_ms"] = {k: breakdown(L, x, pos, cu, mx) for k, L in layers.items()}
+                row["stages_ms"] = {k: breakdown(L, x, pos, cu, mx) for k, L in layers.items() if k != "fused"}
+                if "fused" in layers:
+                    row["stages_ms"]["fused"] = fused_breakdown(layers["fused"], x, pos)
             rows.append(row)
             print(json.dumps(row), flush=True)
         for B, context in decode_grid:
@@ -259,6 +327,8 @@ def run(bundle, fp8: bool, prefill_lengths, decode_grid, compile_too: bool, brea
             outs = {k: L.decode(x, *caches[k], lens) for k, L in layers.items()}
             row = {"phase": "decode", "batch": B, "context": context, "fp8": fp8,
                    "rel_err_vs_torch": rel(outs["ours"], outs["torch"])}
+            if "fused" in outs:
+                row["fused_rel_err_vs_torch"] = rel(outs["fused"], outs["torch"])
             for k, L in layers.items():
                 fn = (lambda L=L, c=caches[k]: L.decode(x, *c, lens))
                 row[f"{k}_eager_ms"] = time_ms(fn)
@@ -270,10 +340,13 @@ def run(bundle, fp8: bool, prefill_lengths, decode_grid, compile_too: bool, brea
                 ref = reference(wts, fp8)
                 row["torch_compiled_ms"] = time_ms(torch.compile(lambda: ref.decode(x, *caches["torch"], lens),
                                                                  fullgraph=True))
-            for k in ("ours", "torch"):
+            for k in layers:
                 row[f"{k}_tok_s_graph"] = B / row[f"{k}_graph_ms"] * 1e3
             if breakdowns:
-                row["stages_ms"] = {k: breakdown(L, x, caches=caches[k], lengths=lens) for k, L in layers.items()}
+                row["stages_ms"] = {k: breakdown(L, x, caches=caches[k], lengths=lens) for k, L in layers.items()
+                                    if k != "fused"}
+                if "fused" in layers:
+                    row["stages_ms"]["fused"] = fused_breakdown(layers["fused"], x, lens, caches["fused"])
             rows.append(row)
             print(json.dumps(row), flush=True)
     return rows
@@ -313,8 +386,29 @@ def breakdown(layer, x, pos=None, cu=None, max_len=None, caches=None, lengths=No
     return {k: round(time_ms(fn), 4) for k, fn in stages.items()}
 
 
-def check(bundle) -> None:
-    """A small layer, ours against the torch layer, prefill (ragged varlen) and decode."""
+def fused_breakdown(layer, x, pos, caches=None) -> dict[str, float]:
+    """The fused layer's glue stages, each timed on its own (eager, ms); its GEMMs and attention
+    are ``ours``'."""
+    w, b = layer.w, layer.b
+    T = x.shape[0]
+    q, k, v = layer._split(x)
+    h = torch.randn_like(x)
+    if caches is None:
+        kc = torch.empty(1, T, w.hkv, w.hd, device=x.device, dtype=torch.bfloat16)
+        vc, slots = torch.empty_like(kc), torch.arange(T, device=x.device)
+        rope = (lambda: b.rope_kvcache(q, k, v, pos, layer.cos_sin, kc, vc, slots))
+    else:
+        slots = torch.arange(T, device=x.device) * caches[0].shape[1] + pos
+        rope = (lambda: b.rope_kvcache(q, k, v, pos, layer.cos_sin, *caches, slots))
+    stages = {"rms_norm (fused)": lambda: b.rms_norm(x, layer.n1, 1e-5),
+              "residual add + rms_norm (fused)": lambda: b.rms_norm(x, layer.n2, 1e-5, residual=h),
+              "RoPE + cache write (fused)": rope}
+    return {k: round(time_ms(fn), 4) for k, fn in stages.items()}
+
+
+def check(bundle, compile_too: bool = True) -> None:
+    """A small layer, ours (and the fused layer) against the torch layer, prefill (ragged varlen)
+    and decode; ``compile_too``: the torch.compile'd layer as well."""
     global HIDDEN, HQ, HKV, HD, FFN
     HIDDEN, HQ, HKV, HD, FFN = 512, 8, 2, 64, 1024
     wts = Weights(HIDDEN, HQ, HKV, HD, FFN)
@@ -339,11 +433,23 @@ def check(bundle) -> None:
             print(f"check fp8={fp8}: prefill stages (ours, torch) vs float32 {stages}")
             assert all(0 < o < 2e-2 and o < 2 * t + 1e-3 for o, t in stages.values()), stages
             e1 = rel(a.prefill(x, pos, cu, mx), r.prefill(x, pos, cu, mx))
+            fl = fused(bundle, wts, fp8)
+            if fl is not None:
+                f1 = rel(fl.prefill(x, pos, cu, mx), r.prefill(x, pos, cu, mx))
             x, ck, cv, lens = decode_case(4, 300)
             e2 = rel(a.decode(x, ck.clone(), cv.clone(), lens), r.decode(x, ck.clone(), cv.clone(), lens))
             tol = 6e-2 if fp8 else 2e-2
             print(f"check fp8={fp8}: prefill rel err {e1:.2e}, decode {e2:.2e} (tolerance {tol})")
             assert e1 < tol and e2 < tol, (fp8, e1, e2)
+            if fl is not None:
+                ckf, cvf, ckr, cvr = ck.clone(), cv.clone(), ck.clone(), cv.clone()
+                f2 = rel(fl.decode(x, ckf, cvf, lens), r.decode(x, ckr, cvr, lens))
+                fc = max(rel(ckf, ckr), rel(cvf, cvr))  # the caches after the write: same rows, rotated k
+                print(f"fused layer fp8={fp8}: prefill rel err {f1:.2e}, decode {f2:.2e}, caches {fc:.2e} "
+                      f"(tolerance {tol})")
+                assert f1 < tol and f2 < tol and fc < 1e-2, (fp8, f1, f2, fc)
+            if not compile_too:
+                continue
             # The same layer through torch.ops.kernel_factory under torch.compile(fullgraph=True):
             # decode (packed fp8 weights at M <= 16) and ragged prefill, against the eager layer.
             c = ours(bundle, wts, fp8, ops=bundle.torch_ops())
@@ -370,7 +476,7 @@ def main() -> int:
     a = p.parse_args()
     bundle = Bundle.open(a.bundle)
     if a.check:
-        check(bundle)
+        check(bundle, not a.no_compile)
         return 0
     prefill = [[2048], [1024] * 4, [512, 1536, 3000, 3100]]
     decode = [(1, 4096), (16, 4096), (64, 2048)]

@@ -22,8 +22,9 @@ def _cmd_build(a) -> int:
 def _cmd_link(a) -> int:
     from .compiler.link import relink
 
-    s = relink(a.bundle)
-    print(f"relinked {s['bundle']}: {s['variants']} variants; tuning compiled in: {s['tuning']}")
+    s = relink(a.bundle, a.cuda)
+    print(f"relinked {s['bundle']}: {s['variants']} variants; CUDA runtime {s['cuda_runtime']}; "
+          f"tuning compiled in: {s['tuning']}")
     return 0
 
 
@@ -117,6 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     b.set_defaults(fn=_cmd_build)
     k = sub.add_parser("link", help="relink a bundle's host library, its tuning.json compiled into the C selection")
     k.add_argument("bundle")
+    k.add_argument("--cuda", type=int, choices=(12, 13), default=None,
+                   help="the CUDA runtime major to link (default: the one the bundle records; 12 needs "
+                        "nvidia-cuda-runtime-cu12: docs/packaging.md)")
     k.set_defaults(fn=_cmd_link)
     for name, fn, helptext in (("list", _cmd_list, "one line per variant"),
                                ("verify", _cmd_verify, "hashes and SASS of every variant")):

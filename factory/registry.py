@@ -22,11 +22,14 @@ FAMILY_MODULES = (
     "factory.gemm.sm100",
     "factory.gemm.sm100_blockscaled",
     "factory.gemm.decode",
+    "factory.gemm.sm90_grouped",
     "factory.attention.sm80",
     "factory.attention.sm90",
     "factory.attention.sm90_fp8",
     "factory.attention.decode",
     "factory.attention.sm100_fa4",
+    "factory.elementwise.rmsnorm",
+    "factory.elementwise.rope_cache",
 )
 TIERS = ("test", "default", "full")
 

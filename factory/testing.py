@@ -83,11 +83,38 @@ def variant_problem(entry, shape, device="cuda"):
     return (M, N, K, L), a, b, out
 
 
+def fp8_scaled_problem(mode: str, M: int, N: int, K: int, device="cuda"):
+    """A 2-D fp8 problem in scale form ``mode`` ("row" or "block", runtime/fp8.py) quantized from
+    random float32 data: (a, b, {"scale_a", "scale_b"}, float32 reference of the dequantized
+    operands' product)."""
+    import torch
+
+    from .runtime import fp8
+
+    xa = torch.randn(M, K, device=device) * (1 + torch.rand(M, 1, device=device) * 8)
+    xb = torch.randn(N, K, device=device) * (1 + torch.rand(1, K, device=device) * 4)
+    if mode == "row":
+        (a, sa), (b, sb) = fp8.quantize_rowwise(xa), fp8.quantize_rowwise(xb)
+        ref = fp8.dequantize_rowwise(a, sa) @ fp8.dequantize_rowwise(b, sb).t()
+    else:
+        (a, sa), (b, sb) = fp8.quantize_blockwise(xa, (1, 128)), fp8.quantize_blockwise(xb, (128, 128))
+        ref = fp8.dequantize_blockwise(a, sa) @ fp8.dequantize_blockwise(b, sb).t()
+    return a, b, {"scale_a": sa, "scale_b": sb}, ref
+
+
 def check_gemm(bundle, entry, shape, device="cuda") -> dict:
     import torch
 
-    (M, N, K, L), a, b, out = variant_problem(entry, shape, device)
     d = entry["dtypes"]
+    mode = entry.get("scale_mode") or "tensor"
+    if mode != "tensor":  # row / block scales: 2-D problems
+        M, N, K, _ = legal_gemm_shape(shape, entry)
+        a, b, scales, ref = fp8_scaled_problem(mode, M, N, K, device)
+        out = torch.full((M, N), float("nan"), dtype=torch_dtype(d["c"]), device=device)
+        bundle.gemm(a, b, out, variant=entry["name"], **scales)
+        torch.cuda.synchronize()
+        return _judge(entry["name"], [M, N, K, 1], out, ref, TOLERANCE[d["a"]])
+    (M, N, K, L), a, b, out = variant_problem(entry, shape, device)
     scales = {}
     ref_scale = 1.0
     if d["a"] == "e4m3":
@@ -182,15 +209,28 @@ def check_graph_capture(bundle, entry, device="cuda") -> dict:
 
     (M, N, K, L), a, b, out = variant_problem(entry, (384, 256, 512, 1), device)
     d, lay = entry["dtypes"], entry["layout"]
-    bundle.gemm(a, b, out, variant=entry["name"])  # warm-up: module load happens outside capture
+    mode = entry.get("scale_mode") or "tensor"
+    scales = {}
+    if mode != "tensor":  # row / block scales: 2-D, scales quantized with the operands
+        a, b, scales, _ = fp8_scaled_problem(mode, M, N, K, device)
+        out = out[0]
+    bundle.gemm(a, b, out, variant=entry["name"], **scales)  # warm-up: module load happens outside capture
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        bundle.gemm(a, b, out, variant=entry["name"])
+        bundle.gemm(a, b, out, variant=entry["name"], **scales)
     out.fill_(float("nan"))
-    a.copy_(gemm_operand(M, K, L, lay["a"], d["a"], device))  # new data, same buffers
+    if mode != "tensor":  # new data and scales, same buffers
+        a2, b2, sc2, ref = fp8_scaled_problem(mode, M, N, K, device)
+        a.copy_(a2)
+        b.copy_(b2)
+        scales["scale_a"].copy_(sc2["scale_a"])
+        scales["scale_b"].copy_(sc2["scale_b"])
+    else:
+        a.copy_(gemm_operand(M, K, L, lay["a"], d["a"], device))  # new data, same buffers
     g.replay()
     torch.cuda.synchronize()
-    ref = torch.matmul(a.float(), b.float().transpose(1, 2))
+    if mode == "tensor":
+        ref = torch.matmul(a.float(), b.float().transpose(1, 2))
     err = rel_error(out, ref)
     nan = int(torch.isnan(out).sum())
     return {"variant": entry["name"] + " [graph replay]", "shape": [M, N, K, L], "rel_err": err, "nan": nan,
@@ -517,6 +557,90 @@ def check_attention_kvcache(bundle, entry, gen=None, device="cuda") -> list[dict
     return out
 
 
+# Grouped GEMM (MoE): (groups E, N, K, routing).  N and K off the tiles; routings with empty groups,
+# one-row groups, groups of 127/129 rows (a partial last m-tile), skew (most rows in one group),
+# rows no group owns (past offs[E-1]); masked counts of 0, 1, max_m and, clamped, past max_m and
+# below 0.  Rows no group owns stay NaN: a write there is a failure.
+GROUPED_CASES = [(8, 1000, 520, "edge"), (256, 256, 512, "skewed"), (16, 4096, 2048, "uniform"),
+                 (128, 768, 1024, "one")]
+GROUPED_MAX_M = 200
+
+
+def grouped_counts(E: int, routing: str, gen, max_m: int | None = None) -> list[int]:
+    """Rows per group for a routing pattern (host integers; ``gen`` a CPU generator)."""
+    import torch
+
+    if routing == "edge":
+        base = [0, 1, 127, 129, 0, 300, 1, 64]
+        return [base[i % len(base)] for i in range(E)]
+    if routing == "one":
+        return [1] * E
+    if routing == "skewed":
+        c = torch.randint(0, 4, (E,), generator=gen)
+        c[torch.randperm(E, generator=gen)[: E // 3]] = 0
+        c[int(torch.randint(0, E, (1,), generator=gen))] = 3000
+        return c.tolist()
+    if routing == "masked":
+        c = torch.randint(0, max_m + 1, (E,), generator=gen).tolist()
+        for i, v in enumerate((0, 1, max_m, max_m + 5, -3)):
+            if i < E:
+                c[i] = v
+        return c
+    return torch.randint(0, 512, (E,), generator=gen).tolist()
+
+
+def check_gemm_grouped(bundle, entry, case, gen=None, device="cuda") -> dict:
+    """One grouped case on variant ``entry`` (by name) against float32; fp8 variants take their
+    scale form's quantized operands (runtime/fp8.py grouped quantizers) and are judged against the
+    float32 product of the dequantized operands."""
+    import torch
+
+    from .runtime import fp8, grouped
+
+    E, N, K, routing = case
+    cpu = torch.Generator().manual_seed(int(torch.randint(0, 2**31 - 1, (1,))))
+    form = entry.get("scale_mode")
+    if form:  # e4m3 rows are whole 16-byte vectors: K a multiple of 16 (the last scale block still partial)
+        K = -(-K // 16) * 16
+    dt = torch.bfloat16 if form else torch_dtype(entry["dtypes"]["a"])
+    b = torch.randn(E, N, K, device=device, dtype=dt)  # (E, N, K) weights
+    kw = {}
+    if form:
+        b, kw["scale_b"] = fp8.quantize_grouped_b(b, form)
+    b = b.transpose(1, 2)  # (E, K, N), K contiguous
+    odt = torch.bfloat16 if form else dt
+
+    def quant(a):
+        if form:
+            a, kw["scale_a"] = fp8.quantize_grouped_a(a, form)
+        return a
+
+    if entry.get("grouped") == "masked":
+        counts = grouped_counts(E, "masked", cpu, GROUPED_MAX_M)
+        a = quant(torch.randn(E, GROUPED_MAX_M, K, device=device, dtype=dt))
+        mm = torch.tensor(counts, dtype=torch.int32, device=device)
+        out = torch.full((E, GROUPED_MAX_M, N), float("nan"), dtype=odt, device=device)
+        bundle.grouped_gemm(a, b, masked_m=mm, out=out, variant=entry["name"], **kw)
+        ref = grouped.reference(a, b, masked_m=mm, **kw)
+        shape = [E, GROUPED_MAX_M, N, K]
+    else:
+        counts = grouped_counts(E, routing, cpu)
+        M = sum(counts) + (37 if routing == "edge" else 0)  # rows past offs[E-1]: no group's
+        a = quant(torch.randn(M, K, device=device, dtype=dt))
+        offs = torch.tensor(counts, dtype=torch.int64).cumsum(0).to(torch.int32).to(device)
+        out = torch.full((M, N), float("nan"), dtype=odt, device=device)
+        bundle.grouped_gemm(a, b, offs=offs, out=out, variant=entry["name"], **kw)
+        ref = grouped.reference(a, b, offs=offs, **kw)
+        shape = [E, M, N, K]
+    torch.cuda.synchronize()
+    owned = ~torch.isnan(ref)
+    stray = int((~torch.isnan(out[~owned])).sum())
+    r = _judge(entry["name"], shape + [routing], out[owned], ref[owned], TOLERANCE[entry["dtypes"]["a"]])
+    r["stray_writes"] = stray
+    r["ok"] = r["ok"] and stray == 0
+    return r
+
+
 def check_variant(bundle, entry, gen=None, device="cuda") -> list[dict]:
     """Every check of one variant, launched by name on fresh random data against float32: the
     smoke problems of a GEMM (packed-weight decode ones through ``pack_b``), the problems of
@@ -529,6 +653,8 @@ def check_variant(bundle, entry, gen=None, device="cuda") -> list[dict]:
         return smoke_gemm_blockscaled(bundle, entry, device)
     if entry["op"] == "attention_kvcache":
         return check_attention_kvcache(bundle, entry, gen, device)
+    if entry["op"] == "gemm_grouped":
+        return [check_gemm_grouped(bundle, entry, c, gen, device) for c in GROUPED_CASES]
     if entry["op"] != "attention":
         raise ValueError(f"{entry['name']}: no check for op {entry['op']!r}")
     gen = gen or torch.Generator(device=device).manual_seed(torch.seed() % 2**31)

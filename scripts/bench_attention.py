@@ -346,6 +346,7 @@ def chart(rows: list[dict], path: Path, title: str) -> str:
 # [context/16, context] (the row's context is their maximum); page None: the dense-cache form.
 KV_SHAPES = [
     (1, 32768, 32, 8, 128, (16, 64, 1, None)),
+    (8, 8192, 32, 8, 128, (16, 64)),               # fp8 vs bf16 at a long context, 64 CTAs of rows
     (4, 32768, 64, 8, 128, (16, 64, None)),        # few long sequences, GQA 8
     (8, 4096, 16, 1, 128, (16, 64, 1, None)),      # MQA 16
     (16, 4096, 32, 8, 128, (16, 64, None)),
@@ -373,6 +374,9 @@ def bench_kvcache(bundle, dtype="bf16", shapes=None, copy_bw=None, budget_s=0.15
 
     dt = testing.torch_dtype(dtype)
     rows = []
+    # head_dims with a q-dtype x fp8 e4m3 paged decode variant: their paged rows also time the cache as fp8
+    fp8 = {e["head_dim"] for e in bundle.candidates("attention_kvcache")
+           if e.get("kv_dtype") == "e4m3" and e["dtype"] == dtype and e.get("family") == "sm90_decode"}
     for shape in shapes or KV_SHAPES:
         B, ctx, hq, hkv, d, pages = shape[:6]
         mixed = "mixed" in shape[6:]
@@ -442,6 +446,7 @@ def bench_kvcache(bundle, dtype="bf16", shapes=None, copy_bw=None, budget_s=0.15
                     row["splits_us"] = {}
                     for e in bundle.candidates("attention_kvcache"):
                         if (e["family"] == "sm90_decode" and e["dtype"] == dtype and e["head_dim"] == d
+                                and e.get("kv_dtype", dtype) == dtype
                                 and bool(e["paged"]) == (ps is not None) and not e.get("sinks")):
                             row["splits_us"][e["kv_splits"]] = time_graph(
                                 lambda _i, n=e["name"]: bundle.attention_kvcache(q, kc, vc, lens, block_table=bt,
@@ -449,8 +454,28 @@ def bench_kvcache(bundle, dtype="bf16", shapes=None, copy_bw=None, budget_s=0.15
                                 budget_s=budget_s) * 1e6
                     print("    by split count (µs): " + ", ".join(f"{k}: {v:.1f}" for k, v in
                                                              sorted(row["splits_us"].items())), flush=True)
+                if ps is not None and fp8 and d in fp8:  # the same pages as fp8 e4m3, per-kv-head descales
+                    desc = torch.rand(hkv, device="cuda", generator=gen) + 0.5
+                    k8, v8 = (x.to(torch.float8_e4m3fn) for x in (kc, vc))
+                    o8 = bundle.attention_kvcache(q, k8, v8, lens, block_table=bt, k_descale=desc, v_descale=desc)
+                    ref8, _ = testing.attention_kvcache_reference(q[:4], k8, v8, lens[:4], bt[:4], k_descale=desc,
+                                                                  v_descale=desc)
+                    row["fp8_rel_err"] = testing.rel_error(o8[:4], ref8)
+                    row["fp8_variant"] = bundle.plan_kvcache(
+                        batch=B, seqlen_q=1, heads_q=hq, heads_kv=hkv, head_dim=d, dtype=dt,
+                        kv_dtype=torch.float8_e4m3fn, page_size=ps, max_pages=bt.shape[1]).variant
+                    row["fp8_us"] = time_graph(lambda _i: bundle.attention_kvcache(
+                        q, k8, v8, lens, block_table=bt, k_descale=desc, v_descale=desc), 3, budget_s=budget_s) * 1e6
+                    row["fp8_eager_us"] = time_eager(lambda _i: bundle.attention_kvcache(
+                        q, k8, v8, lens, block_table=bt, k_descale=desc, v_descale=desc), 1) * 1e6
+                    row["bf16_over_fp8"] = row["ours_us"] / row["fp8_us"]
+                    if floor:  # half the K/V bytes
+                        row["fp8_floor_over_ours"] = (floor / 2) / row["fp8_us"]
+                    print(f"    fp8 e4m3 cache: {row['fp8_us']:.1f} µs ({row['bf16_over_fp8']:.2f}x bf16), "
+                          f"err {row['fp8_rel_err']:.1e}", flush=True)
+                    k8 = v8 = None
             except Exception as e:  # noqa: BLE001 - reported, not fatal
-                row["ours_us"] = None
+                row["ours_us"] = row.get("ours_us")
                 row["error"] = f"{type(e).__name__}: {str(e)[:120]}"
             if row["ours_us"]:
                 row["ratio_vs_best_sdpa"] = best_sdpa / row["ours_us"]
@@ -512,6 +537,12 @@ def main_kvcache(a, bundle) -> int:
         "geomean_vs_best_sdpa": statistics.geometric_mean([r["ratio_vs_best_sdpa"] for r in ok]) if ok else None,
         "min_dense_over_ours_page16plus": min((r["dense_over_ours"] for r in ok if r.get("dense_over_ours")
                                                and (r["page_size"] or 0) >= 16), default=None),
+        # fp8 e4m3 cache vs the bf16 one on the same pages (graph replay): per row, and the rows of
+        # contexts >= 8k (the target's "long contexts")
+        "bf16_over_fp8": {f"B{r['B']} {r['ctx']}{' mixed' if r['mixed'] else ''} H{r['Hq']}/{r['Hkv']} D{r['D']} "
+                          f"p{r['page_size']}": round(r["bf16_over_fp8"], 3) for r in ok if r.get("bf16_over_fp8")},
+        "bf16_over_fp8_ctx8k_plus_min": min((r["bf16_over_fp8"] for r in ok if r.get("bf16_over_fp8")
+                                             and r["ctx"] >= 8192), default=None),
     }
     print(json.dumps(summary), flush=True)
     out = Path(a.out)

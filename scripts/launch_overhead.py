@@ -3,7 +3,7 @@
 that the GPU never holds the host back: the number an eager inference server pays.
 
 ``--host-only`` (no GPU needed): the loader's own Python cost per ``bundle.gemm`` /
-``bundle.attention`` — hot-path hit, checks, argument packing, output allocation — with CPU
+``bundle.attention`` / ``bundle.attention_kvcache`` (where the bundle has it) — hot-path hit, checks, argument packing, output allocation — with CPU
 tensors, a planned H100 and every launcher replaced by a C function that returns at once (built
 with the system C compiler); the native launcher's own cost (the CUDA launch) is not in it.
 
@@ -109,18 +109,31 @@ def host_only(bundle_path: str, repeats: int, baseline: str | None) -> dict:
     a16, o16 = torch.randn(16, 1024).to(torch.float8_e4m3fn), torch.empty(16, 256, dtype=torch.bfloat16)
     q = torch.randn(1, 128, 8, 64, dtype=torch.bfloat16)
     r = [torch.randn(1, 512, 8, 64, dtype=torch.bfloat16) for _ in range(3)]
+    kv = kvcache_inputs(torch, "cpu")
 
     def rows(cls):
         b = cls.open(bundle_path, capability=(9, 0), device={"name": "planned H100", "sm_count": 132})
         b.simulate(NoLaunch())  # CPU tensors as device -1, stream 0
-        p = b.pack_b(w16)
-        return {"bf16 gemm(out=)": lambda: b.gemm(x, w, out),
-                "bf16 gemm()": lambda: b.gemm(x, w),
-                "fp8 gemm(out=, scales)": lambda: b.gemm(x8, w8, out, scale_a=one, scale_b=one),
-                "fp8 gemm(out=)": lambda: b.gemm(x8, w8, out),
-                "packed fp8 gemm(out=, scales)": lambda: b.gemm(a16, p, o16, scale_a=one, scale_b=one),
-                "attention B1 S128 H8 D64 causal": lambda: b.attention(q, q, q, causal=True),
-                "attention B1 H8 S512 D64": lambda: b.attention(*r)}
+        out_rows = {}
+        if b.candidates("gemm"):  # (a bundle of some ops only: their rows)
+            p = b.pack_b(w16)
+            out_rows = {"bf16 gemm(out=)": lambda: b.gemm(x, w, out),
+                        "bf16 gemm()": lambda: b.gemm(x, w),
+                        "fp8 gemm(out=, scales)": lambda: b.gemm(x8, w8, out, scale_a=one, scale_b=one),
+                        "fp8 gemm(out=)": lambda: b.gemm(x8, w8, out),
+                        "packed fp8 gemm(out=, scales)": lambda: b.gemm(a16, p, o16, scale_a=one, scale_b=one)}
+        for k, fn in {"attention B1 S128 H8 D64 causal": lambda: b.attention(q, q, q, causal=True),
+                      "attention B1 H8 S512 D64": lambda: b.attention(*r)}.items():
+            try:
+                fn()
+            except Exception as e:  # noqa: BLE001 - (either package's NoVariantError: not in this bundle)
+                if type(e).__name__ != "NoVariantError":
+                    raise
+                continue
+            out_rows[k] = fn
+        if b.candidates("attention_kvcache"):
+            out_rows.update(kvcache_rows(b, kv))
+        return out_rows
 
     fns = _pairs(rows(Bundle), rows(baseline_bundle_class(baseline)) if baseline else None)
     fns["ctypes call of the no-op launcher"] = lambda: noop(0)
@@ -131,22 +144,123 @@ def host_only(bundle_path: str, repeats: int, baseline: str | None) -> dict:
     return res
 
 
+def kvcache_inputs(torch, device) -> dict:
+    """A decode step of B8, 32 q heads over 8 kv heads, head_dim 128, 1024-key capacity: a paged
+    bf16 cache (page 16), the same over fp8 e4m3 pages with per-kv-head descales, a dense cache."""
+    b, hq, hkv, d, ps, mp = 8, 32, 8, 128, 16, 64
+    g = torch.Generator(device=device).manual_seed(0)
+    q = torch.randn(b, 1, hq, d, dtype=torch.bfloat16, device=device, generator=g)
+    kc = torch.randn(b * mp, ps, hkv, d, dtype=torch.bfloat16, device=device, generator=g)
+    dense = torch.randn(b, mp * ps, hkv, d, dtype=torch.bfloat16, device=device, generator=g)
+    return {"q": q, "kc": kc, "vc": kc.clone(), "k8": kc.to(torch.float8_e4m3fn), "v8": kc.to(torch.float8_e4m3fn),
+            "dense": dense, "bt": torch.randperm(b * mp, device=device, generator=g).to(torch.int32).view(b, mp),
+            "lens": torch.randint(1, mp * ps, (b,), device=device, generator=g).to(torch.int32),
+            "desc": torch.rand(hkv, device=device, generator=g) + 0.5}
+
+
+def kvcache_rows(b, kv: dict) -> dict:
+    """bundle.attention_kvcache rows over ``kvcache_inputs`` (the fp8 row only where the bundle
+    has an fp8 variant)."""
+    rows = {"attention_kvcache B8 H32/8 D128 paged 16": lambda: b.attention_kvcache(
+                kv["q"], kv["kc"], kv["vc"], kv["lens"], block_table=kv["bt"]),
+            "attention_kvcache B8 H32/8 D128 paged 16, return_lse": lambda: b.attention_kvcache(
+                kv["q"], kv["kc"], kv["vc"], kv["lens"], block_table=kv["bt"], return_lse=True)[0],
+            "attention_kvcache B8 H32/8 D128 dense cache": lambda: b.attention_kvcache(
+                kv["q"], kv["dense"], kv["dense"], kv["lens"])}
+    if any(e.get("kv_dtype") == "e4m3" for e in b.candidates("attention_kvcache")):
+        rows["attention_kvcache B8 H32/8 D128 paged 16 fp8 (descales)"] = lambda: b.attention_kvcache(
+            kv["q"], kv["k8"], kv["v8"], kv["lens"], block_table=kv["bt"], k_descale=kv["desc"],
+            v_descale=kv["desc"])
+    return rows
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--bundle", default="artifacts/default")
     p.add_argument("--host-only", action="store_true", help="the loader's Python cost, no GPU")
     p.add_argument("--quick", action="store_true", help="the per-op figures only, no breakdown")
+    p.add_argument("--kvcache-only", action="store_true", help="on a GPU: bundle.attention_kvcache's rows only "
+                   "(host µs per call; eager wall time of a long decode beside its graph replay)")
     p.add_argument("--baseline", help="a directory holding another copy of the package, timed alongside")
     p.add_argument("--repeats", type=int, default=7, help="timings per row")
     p.add_argument("--json", help="write the figures here")
     a = p.parse_args()
     if a.host_only:
         res = host_only(a.bundle, a.repeats, a.baseline)
+    elif a.kvcache_only:
+        res = kvcache_gpu(a.bundle, a.baseline, a.repeats)
     else:
         res = on_gpu(a.bundle, a.quick, a.baseline, a.repeats)
     if a.json:
         Path(a.json).write_text(json.dumps(res, indent=1) + "\n")
     return 0
+
+
+def kvcache_gpu(bundle: str, baseline: str | None = None, repeats: int = 7) -> dict:
+    """Host µs per call of the kvcache rows (ours and the baseline's, alternately), and for B1
+    H32/8 D128 at a 32k context, page 16: eager wall time per call of 200 back-to-back calls by
+    CUDA events (host time included where it exceeds the kernel's) beside graph replay."""
+    import torch
+
+    res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
+    kv = kvcache_inputs(torch, "cuda")
+    b = Bundle.open(bundle)
+    b0 = baseline_bundle_class(baseline).open(bundle) if baseline else None
+    fns = _pairs(kvcache_rows(b, kv), kvcache_rows(b0, kv) if b0 is not None else None)
+    host = timed(fns, repeats=repeats)
+    res["host_us_per_call"] = {k: round(v[0], 2) for k, v in host.items()}
+    for k, v in res["host_us_per_call"].items():
+        print(f"host µs per call, {k}: {v:.1f}")
+    g = torch.Generator(device="cuda").manual_seed(1)
+    ps, ctx, hq, hkv, d = 16, 32768, 32, 8, 128
+    q = torch.randn(1, 1, hq, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    kc = torch.randn(ctx // ps, ps, hkv, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    vc = torch.randn_like(kc)
+    bt = torch.randperm(ctx // ps, device="cuda", generator=g).to(torch.int32).view(1, -1)
+    lens = torch.full((1,), ctx, dtype=torch.int32, device="cuda")
+    calls = {"ours": lambda: b.attention_kvcache(q, kc, vc, lens, block_table=bt)}
+    if b0 is not None:
+        calls["baseline"] = lambda: b0.attention_kvcache(q, kc, vc, lens, block_table=bt)
+    for fn in calls.values():
+        for _ in range(20):
+            fn()
+    torch.cuda.synchronize()
+    wall = {n: [] for n in calls}
+    for _ in range(repeats):
+        for name, fn in calls.items():
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            e0.record()
+            for _ in range(200):
+                fn()
+            e1.record()
+            e1.synchronize()
+            wall[name].append(e0.elapsed_time(e1) * 1e3 / 200)
+    graph = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        calls["ours"]()
+    torch.cuda.current_stream().wait_stream(s)
+    with torch.cuda.graph(graph):
+        for _ in range(20):
+            calls["ours"]()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        for _ in range(10):
+            graph.replay()
+        e1.record()
+        e1.synchronize()
+        times.append(e0.elapsed_time(e1) * 1e3 / 200)
+    res["B1_H32_8_D128_32k_page16"] = {**{f"{n}_eager_wall_us": round(statistics.median(v), 2)
+                                          for n, v in wall.items()},
+                                       "ours_graph_replay_us": round(statistics.median(times), 2)}
+    print("B1 H32/8 D128 32k page 16, µs per call:", res["B1_H32_8_D128_32k_page16"])
+    return res
 
 
 def on_gpu(bundle: str, quick: bool, baseline: str | None = None, repeats: int = 7) -> dict:
@@ -164,6 +278,7 @@ def on_gpu(bundle: str, quick: bool, baseline: str | None = None, repeats: int =
     q = torch.randn(1, 128, 8, 64, device="cuda", dtype=torch.bfloat16)
     sdpa_q = q.transpose(1, 2)
     F = torch.nn.functional
+    kv = kvcache_inputs(torch, "cuda")
 
     def rows(b):
         p = b.pack_b(w16)
@@ -172,7 +287,9 @@ def on_gpu(bundle: str, quick: bool, baseline: str | None = None, repeats: int =
                 "bundle.gemm(out=, scales) fp8": lambda: b.gemm(x8, w8, out, scale_a=one, scale_b=one),
                 "bundle.gemm(out=) fp8": lambda: b.gemm(x8, w8, out),
                 "bundle.gemm packed fp8 (out=, scales)": lambda: b.gemm(a16, p, o16, scale_a=one, scale_b=one),
-                "bundle.attention B1 S128 H8 D64 causal": lambda: b.attention(q, q, q, causal=True)}
+                "bundle.attention B1 S128 H8 D64 causal": lambda: b.attention(q, q, q, causal=True),
+                **({("bundle." + k): f for k, f in kvcache_rows(b, kv).items()} if b.candidates("attention_kvcache")
+                   else {})}
 
     b = Bundle.open(bundle)
     b0 = baseline_bundle_class(baseline).open(bundle) if baseline else None

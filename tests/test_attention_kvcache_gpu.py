@@ -84,20 +84,29 @@ def make_cache(lens, hkv, d, dtype, page_size, gen, spare_pages=3):
     return k, v, bt
 
 
-def run_case(bundle, e, lens, hq, hkv, sq, page_size, gen, **opts):
+def run_case(bundle, e, lens, hq, hkv, sq, page_size, gen, descales=("head", "tensor"), by_name=True, **opts):
+    """``descales`` (fp8 caches): the (k, v) descale forms, each "head" (one per kv head),
+    "tensor" (one element) or None (left out: 1); ``by_name=False``: through the selection (which
+    must pick ``e``)."""
     from factory.testing import attention_kvcache_reference
 
     dtype, d = DT[e["dtype"]], e["head_dim"]
     k, v, bt = make_cache(lens, hkv, d, dtype, page_size, gen)
-    if e.get("kv_dtype") == "e4m3":  # fp8 cache (NaN rows stay NaN) with per-kv-head descales
+    if e.get("kv_dtype") == "e4m3":  # fp8 cache (NaN rows stay NaN) with its descales
         k, v = k.to(torch.float8_e4m3fn), v.to(torch.float8_e4m3fn)
-        opts = dict(opts, k_descale=torch.rand(hkv, device="cuda", generator=gen) + 0.5,
-                    v_descale=torch.rand(1, device="cuda", generator=gen) + 0.5)
+        for name, form in zip(("k_descale", "v_descale"), descales):
+            if form is not None:
+                opts[name] = torch.rand(hkv if form == "head" else 1, device="cuda", generator=gen) + 0.5
     q = torch.randn(len(lens), sq, hq, d, device="cuda", generator=gen).to(dtype)
     seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
     out = torch.full_like(q, math.nan)
+    if not by_name:
+        chosen = bundle.plan_kvcache(batch=len(lens), seqlen_q=sq, heads_q=hq, heads_kv=hkv, head_dim=d, dtype=dtype,
+                                     kv_dtype=k.dtype, **({"max_seqlen_k": k.shape[1]} if bt is None else
+                                                          {"page_size": page_size, "max_pages": bt.shape[1]}))
+        assert chosen.variant == e["name"], (chosen.variant, e["name"])
     o, lse = bundle.attention_kvcache(q, k, v, seqlens, block_table=bt, return_lse=True, out=out,
-                                      variant=e["name"], **opts)
+                                      variant=e["name"] if by_name else None, **opts)
     assert o is out
     ref_o, ref_lse = attention_kvcache_reference(
         q, k, v, seqlens, bt, causal=True, scale=opts.get("softmax_scale"),
@@ -150,7 +159,10 @@ def test_every_variant(bundle, page_size):
     dict(window_size=(37, 0), softcap=30.0, sinks="rand", softmax_scale=0.05),
 ])
 def test_switches(bundle, opts):
-    es = [e for e in bundle.candidates("attention_kvcache") if e.get("local") and e.get("softcap") and e.get("sinks")]
+    # The decode family's switch builds (dense q of 1-16 rows); the prefill families' switch builds
+    # take packed or longer q and are run by tests/test_attention_kvcache_prefill_gpu.py.
+    es = [e for e in bundle.candidates("attention_kvcache")
+          if e.get("local") and e.get("softcap") and e.get("sinks") and e["family"] == "sm90_decode"]
     if not es:
         pytest.skip("no switch build")
     gen = torch.Generator(device="cuda").manual_seed(11)
@@ -256,3 +268,40 @@ def test_bad_block_table_in_subprocess(bundle):
     r = subprocess.run([sys.executable, "-c", src], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.count("refused:") == 2 and r.stdout.strip().endswith("ok"), r.stdout
+
+
+FP8_CASES = [
+    ([0, 1, 77, 3000], 32, 8, 1),      # empty, one key, partial pages, many tiles
+    ([4109, 65], 16, 1, 1),            # MQA 16
+    ([999, 3, 513], 32, 8, 4),         # 4 queries
+]
+
+
+@pytest.mark.parametrize("descales", [("head", "tensor"), ("tensor", "head"), ("head", "head"), (None, None)],
+                         ids=["k-head_v-tensor", "k-tensor_v-head", "both-head", "none"])
+def test_fp8_cache_descale_forms(bundle, descales):
+    """Every fp8 e4m3 decode variant by name over page sizes 1/16/64 and ragged lengths, with
+    each form of k_descale / v_descale, against the float32 reference on the dequantised cache;
+    then through the selection where it picks that variant, twice per problem (the second call
+    through the per-problem hot path, on new data)."""
+    es = [e for e in entries(bundle, kv_dtype="e4m3") if e.get("family") == "sm90_decode"]
+    if not es:
+        pytest.skip("no fp8 e4m3 decode variant in the bundle")
+    gen = torch.Generator(device="cuda").manual_seed(41)
+    for e in es:
+        for ps in (1, 16, 64):
+            for lens, hq, hkv, sq in FP8_CASES:
+                run_case(bundle, e, lens, hq, hkv, sq, ps, gen, descales=descales)
+    for e in es:  # the selection's own pick for a shape it gives this variant, if any
+        for lens, hq, hkv in (([8192] * 8, 32, 8), ([32768], 32, 8), ([4096] * 8, 16, 1), ([512] * 128, 32, 8)):
+            from factory.runtime import NoVariantError
+
+            try:
+                pl = bundle.plan_kvcache(batch=len(lens), seqlen_q=1, heads_q=hq, heads_kv=hkv,
+                                         head_dim=e["head_dim"], dtype=DT[e["dtype"]], kv_dtype=torch.float8_e4m3fn,
+                                         page_size=16, max_pages=max(lens) // 16 + 1)
+            except NoVariantError:  # the split count the rule wants is not in this bundle
+                continue
+            if pl.variant == e["name"]:  # twice: the second call (new cache, same shapes) takes the hot path
+                for _ in range(2):
+                    run_case(bundle, e, lens, hq, hkv, 1, 16, gen, descales=descales, by_name=False)

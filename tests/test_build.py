@@ -30,7 +30,9 @@ def test_manifest_describes_every_variant(test_bundle):
         assert name == v["name"]
         assert v["proof"] in ("executed", "portability-build", "compiled", "sass-only")
         assert v["resources"]["registers"] > 0
-        assert 0 < v["resources"]["dynamic_smem_bytes"] <= 227 * 1024
+        # (the row-wise kernels (norm, rotary + cache write) may use no shared memory at all)
+        assert 0 < v["resources"]["dynamic_smem_bytes"] <= 227 * 1024 or (
+            v["family"] == "rowwise" and v["resources"]["dynamic_smem_bytes"] >= 0)
         assert v["resources"]["spill_instructions"] == 0, f"{name} spills"
         for f in v["files"].values():
             assert (test_bundle / f["path"]).stat().st_size == f["bytes"]
@@ -96,8 +98,13 @@ def test_sass_proves_each_family(test_bundle):
             assert r["dynamic_smem_bytes"] + r["static_smem_bytes"] <= 227 * 1024, v["name"]
             assert 32 <= v["tmem_columns"] <= 512 and r["registers"] * v["threads"] <= 65536, v["name"]
             assert r["spill_instructions"] == 0 and r["stack_frame_bytes"] == 0, v["name"]
+        if v["family"] == "rowwise":  # norm / rotary + cache write: plain vector loads, no MMA, no spills
+            r = v["resources"]
+            assert s["HMMA"] == s["HGMMA"] == s["UTCHMMA"] == s["LDGSTS"] == 0, v["name"]
+            assert r["spill_instructions"] == 0 and r["stack_frame_bytes"] == 0, v["name"]
     assert any(v["family"] == "sm100" for v in m["variants"].values()), "no Blackwell variant built"
-    assert {v["op"] for v in m["variants"].values() if v["target"] == "sm_120a"} == {"gemm", "attention", "attention_kvcache"}
+    assert {v["op"] for v in m["variants"].values() if v["target"] == "sm_120a"} == {
+        "gemm", "attention", "attention_kvcache", "rope_kvcache"}
 
 
 @pytest.mark.parametrize("donor_family", ["sm90", "sm80"])

@@ -45,3 +45,34 @@ def test_targets_and_ops_take_commas(tmp_path):
     r = _factory("build", "--targets", "sm_80,sm_90a", "--ops", "gemm", "--tier", "test", "--filter", "nothing*",
                  "--out", str(tmp_path / "b"))
     assert r.returncode != 0 and "targets=['sm_80', 'sm_90a']" in r.stderr
+
+
+def test_version_and_short_errors(test_bundle, tmp_path):
+    from factory import __version__
+
+    r = _factory("--version")
+    assert r.returncode == 0 and r.stdout.strip() == f"kernel-factory {__version__}"
+    # a wrong variant name: the closest names, never the whole list, no traceback
+    m = json.loads((test_bundle / "manifest.json").read_text())
+    name = sorted(m["variants"])[0]
+    r = _factory("inspect", str(test_bundle), name[:-3] + "zzz")
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert r.stderr.startswith("error: no variant") and name in r.stderr and len(r.stderr) < 1200, r.stderr
+    assert r.stderr.count("\n") == 1
+    # a path that is not a bundle: one line
+    r = _factory("list", str(tmp_path / "none"))
+    assert r.returncode == 1 and "Traceback" not in r.stderr and "no manifest.json" in r.stderr, r.stderr
+    assert r.stderr.startswith("error: ") and r.stderr.count("\n") == 1, r.stderr
+
+
+def test_verify_reports_progress(test_bundle, monkeypatch):
+    from factory import verify as v
+
+    seen = []
+    monkeypatch.setattr(v, "disassemble", lambda cubin: seen.append(cubin) or "")
+    monkeypatch.setattr(v, "sass_problems", lambda *a, **k: [])
+    monkeypatch.setattr(v, "resource_problems", lambda *a, **k: [])
+    calls = []
+    v.verify(test_bundle, lambda done, total, name: calls.append((done, total, name)))
+    n = len(json.loads((test_bundle / "manifest.json").read_text())["variants"])
+    assert [c[0] for c in calls] == list(range(n)) and all(c[1] == n for c in calls)

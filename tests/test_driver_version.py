@@ -73,3 +73,27 @@ def test_old_driver_named_with_the_version_needed(test_bundle, fake_driver):
     assert "needs a driver for CUDA" in _load_error(test_bundle, fake_driver, (major - 1) * 1000 + 990)
     new_enough = _load_error(test_bundle, fake_driver, major * 1000)
     assert new_enough is not None and "InsufficientDriver" not in new_enough, new_enough
+
+
+def test_relinked_for_cuda12(test_bundle, fake_driver, tmp_path):
+    """``python -m factory link --cuda 12``: the same objects linked with the CUDA 12 runtime; the
+    manifest records it and the library's own driver floor is 12.0.  (Skipped where no CUDA 12
+    runtime is installed: pip's nvidia-cuda-runtime-cu12, or FACTORY_CUDA12_RUNTIME.)"""
+    import shutil
+
+    from factory.compiler import toolchain
+    from factory.compiler.link import relink
+    from factory.runtime.manifest import host_library_problem, load_manifest
+
+    try:
+        toolchain.cuda12_runtime()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    copy = tmp_path / "b"
+    shutil.copytree(test_bundle, copy)
+    s = relink(copy, 12)
+    m = load_manifest(copy)
+    assert s["cuda_runtime"].startswith("12.") and m["versions"]["nvidia-cuda-runtime"] == s["cuda_runtime"]
+    assert host_library_problem(copy, m) is None
+    err = _load_error(copy, fake_driver, 11080)
+    assert err is not None and "needs a driver for CUDA 12.0 or newer" in err, err

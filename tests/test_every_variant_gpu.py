@@ -4,7 +4,8 @@ outputs, against a float32 reference (``factory.testing.check_variant``): GEMM (
 e4m3 with scales, split-K, the packed-weight decode GEMMs), attention (the sm80 family's
 portability build with its split-KV and varlen variants, the sm90 family, the sm90_decode family),
 attention over a KV cache (the sm90_decode family's paged, dense-cache, switch and fp8 builds; the sm90
-family's chunked-prefill builds, paged by TMA page boxes or cp.async rows).
+family's chunked-prefill builds, paged by TMA page boxes or cp.async rows), the grouped GEMM of
+mixture-of-experts layers (contiguous and masked layouts, factory.testing.GROUPED_CASES).
 Each variant's checks go into the test run's record (``--run-record``): the evidence that
 ``python -m factory build`` turns into ``executed`` labels (docs/proof.md)."""
 
@@ -20,7 +21,7 @@ torch = pytest.importorskip("torch")
 # (op, family): every family with variants for sm_90 / sm_90a.
 FAMILIES = [("gemm", "sm80"), ("gemm", "sm90"), ("gemm", "decode"),
             ("attention", "sm80"), ("attention", "sm90"), ("attention", "sm90_decode"),
-            ("attention_kvcache", "sm90_decode"), ("attention_kvcache", "sm90")]
+            ("attention_kvcache", "sm90_decode"), ("attention_kvcache", "sm90"), ("gemm_grouped", "sm90_grouped")]
 
 
 _LOST: list[str] = []  # the variant after which the CUDA context was lost, if it was

@@ -195,6 +195,7 @@ LAYERS = {
     "factory.registry": ("factory.atoms", "factory.variant"),
     "factory.gemm": ("factory.abi", "factory.atoms", "factory.variant", "factory.registry"),
     "factory.attention": ("factory.abi", "factory.atoms", "factory.variant", "factory.registry", "factory.gemm"),
+    "factory.elementwise": ("factory.abi", "factory.atoms", "factory.variant", "factory.registry"),
     "factory.compiler": ("factory.abi", "factory.atoms", "factory.evidence", "factory.variant", "factory.registry",
                          "factory.runtime"),
     "factory.verify": ("factory.atoms", "factory.compiler", "factory.evidence", "factory.runtime"),

@@ -136,6 +136,42 @@ def test_compile_graphs_and_eager_agree(kf):
         torch.testing.assert_close(static_y, block(x2), rtol=2e-2, atol=2e-2)
 
 
+class Plain:
+    """The bundle's plain calls with the op set's signatures (for Block)."""
+
+    def __init__(self, b):
+        self.b = b
+
+    def gemm(self, a, w):
+        return self.b.gemm(a, w)
+
+    def gemm_out(self, a, w, out):
+        self.b.gemm(a, w, out)
+
+    def attention(self, q, k, v, causal):
+        return self.b.attention(q, k, v, causal=causal, return_lse=True)
+
+
+def test_plain_calls_compile_fullgraph_on_the_gpu(kf):
+    """bundle.gemm / bundle.attention themselves under torch.compile(fullgraph=True) (inductor):
+    no graph break, the float32 reference matched; a call the op refuses fails while tracing."""
+    b, _ = kf
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    block = Block(Plain(b))
+    x = bf(2, 128, 512)
+    with torch.inference_mode():
+        torch._dynamo.reset()
+        counters.clear()
+        y = torch.compile(block, fullgraph=True)(x)
+        assert_matches_float32(y, block, x, "plain calls under torch.compile")
+        assert not counters["graph_break"], dict(counters["graph_break"])
+        bad = torch.compile(lambda t: b.gemm(t, bf(64, 384)), fullgraph=True)
+        with pytest.raises(Exception, match="shapes do not match"):
+            bad(bf(32, 512))
+
+
 def test_first_load_inside_a_capture_is_a_clear_error():
     from test_validation_gpu import run_case
 

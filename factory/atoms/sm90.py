@@ -129,7 +129,189 @@ def acc_as_a_operand(acc_layout: cute.Layout, a_fragment: cute.Tensor) -> cute.T
     return cute.make_tensor(a_fragment.iterator, acc_layout)
 
 
-__all__ = ["CONSUMER_REGS", "GEMM_CONSUMER_REGS", "GEMM_PRODUCER_REGS", "PRODUCER_REGS", "REGISTER_FILE",
+# --- fp8 scales on WGMMA accumulators -------------------------------------------------------------
+# DeepSeek-V3 block scaling: A carries one fp32 scale per row and 128 elements of K, B one per
+# 128x128 block; the GEMM's k-tile is one 128-element block (one 128-byte fp8 row).
+BLOCK_SCALE_K = 128
+
+
+@cute.jit
+def load_block_scales(coords: cute.Tensor, scale_a: cute.Tensor, scale_b: cute.Tensor, row0, n_blk, kb):
+    """Per accumulator row of this thread, ``scale_a[row, kb] * scale_b[n_blk, kb]`` for the k-block
+    ``kb`` (a register tensor, one value per row of :func:`acc_mn_view`).  ``coords``: the tile
+    coordinates of the accumulators (an identity tensor partitioned like them); ``row0``: the tile's
+    first row.  Rows past the end read the last row's scale (their outputs are never stored), so
+    the loads need no predicate.  Issue them right after the k-block's WGMMAs: the latency hides
+    under the tensor core's work."""
+    c_mn = acc_mn_view(coords)
+    rows = cute.size(c_mn, mode=[0])
+    last = cute.size(scale_a, mode=[0]) - 1
+    sb = scale_b[n_blk, kb]
+    out = cute.make_rmem_tensor(rows, cutlass.Float32)
+    for r in cutlass.range_constexpr(rows):
+        out[r] = scale_a[cutlass.min(row0 + c_mn[r, 0][0], last), kb] * sb
+    return out
+
+
+@cute.jit
+def block_scale_regs(coords: cute.Tensor) -> cute.Tensor:
+    """Registers for one k-block's per-row scales (one value per accumulator row of this thread)."""
+    return cute.make_rmem_tensor(cute.size(acc_mn_view(coords), mode=[0]), cutlass.Float32)
+
+
+@cute.jit
+def load_block_scales_into(dst: cute.Tensor, coords: cute.Tensor, scale_a: cute.Tensor, scale_b: cute.Tensor,
+                           row0, n_blk, kb):
+    """:func:`load_block_scales` into the registers ``dst`` (a :func:`block_scale_regs` tensor), so
+    that a loop can issue the loads well ahead of their use."""
+    c_mn = acc_mn_view(coords)
+    last = cute.size(scale_a, mode=[0]) - 1
+    sb = scale_b[n_blk, kb]
+    for r in cutlass.range_constexpr(cute.size(dst)):
+        dst[r] = scale_a[cutlass.min(row0 + c_mn[r, 0][0], last), kb] * sb
+
+
+@cute.jit
+def block_scales_from_smem(dst: cute.Tensor, coords: cute.Tensor, sSA: cute.Tensor, stage, scale_b: cute.Tensor,
+                           n_blk, kb):
+    """Per accumulator row of this thread, ``sSA[row, 0, stage] * scale_b[n_blk, kb]`` into the
+    registers ``dst``: scale_a's k-block column for the tile's rows as the producer's TMA put it in
+    the stage (``sSA``: (tile M, 1, stages) float32)."""
+    c_mn = acc_mn_view(coords)
+    sb = scale_b[n_blk, kb]
+    for r in cutlass.range_constexpr(cute.size(dst)):
+        dst[r] = sSA[c_mn[r, 0][0], 0, stage] * sb
+
+
+@cute.jit
+def promote_scaled(acc: cute.Tensor, part: cute.Tensor, row_scales: cute.Tensor):
+    """Two-level accumulation: ``acc += part * row_scales[row]`` on WGMMA accumulator fragments
+    (``part``: one k-block's partial sum, retired)."""
+    acc_mn = acc_mn_view(acc)
+    p_mn = acc_mn_view(part)
+    for r in cutlass.range_constexpr(cute.size(acc_mn, mode=[0])):
+        s = row_scales[r]
+        for c in cutlass.range_constexpr(cute.size(acc_mn, mode=[1])):
+            acc_mn[r, c] = acc_mn[r, c] + p_mn[r, c] * s
+
+
+@cute.jit
+def issue_k_block(tiled_mma, part, tCrA, tCrB, ab_pipe, read, k_blocks):
+    """Wait for the stage at ``read``, start its WGMMAs into ``part`` (overwritten) and commit
+    them as one group.  Returns ``tiled_mma``: its accumulate flag changes here, and the DSL
+    threads it through the caller's loops only as a rebound local."""
+    ab_pipe.consumer_wait(read)
+    cute.nvgpu.warpgroup.fence()
+    tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
+    for kb in cutlass.range_constexpr(k_blocks):
+        blk = (None, None, kb, read.index)
+        cute.gemm(tiled_mma, part, tCrA[blk], tCrB[blk], part)
+        tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+    cute.nvgpu.warpgroup.commit_group()
+    return tiled_mma
+
+
+@cute.jit
+def promoted_mainloop(tiled_mma, acc, part, part2, tCrA, tCrB, ab_pipe, read, release, k_blocks, k_begin, k_end,
+                      scales=None):
+    """fp8 two-level accumulation over the k-blocks [k_begin, k_end) of one tile: each k-block's
+    WGMMAs into a partial sum (``part`` / ``part2`` in turns), added into the fp32 ``acc`` once
+    retired, its smem stage then released.  Two k-blocks per step: the second block's WGMMAs queue
+    right behind the first's and run while the first partial is added, so each pair waits once
+    on the tensor core.  No WGMMA is in flight across the loop's back edge: the DSL carries
+    register tensors through loops as values, and ptxas serialises every WGMMA when such a copy
+    reads an accumulator in flight.  ``acc`` is not cleared here.
+
+    ``scales`` (block scales) = ``(s0, s1, coords, sSA, scale_b, n_blk)``: each partial sum is
+    multiplied per row by ``sSA[row, 0, stage] * scale_b[n_blk, kb]`` as it is added
+    (:func:`block_scales_from_smem`, :func:`promote_scaled`; ``s0``/``s1`` from
+    :func:`block_scale_regs`).  ``read`` and ``release`` are also advanced in place (the caller's
+    objects take the final states), so a caller's loop that advances them elsewhere carries them
+    without assigning them (an assignment changes the loop's carried values and with them the
+    register allocation of the caller's other paths).  Returns ``tiled_mma`` (see
+    :func:`issue_k_block`): its accumulate flag is set again by the next :func:`issue_k_block`."""
+    read_in, release_in = read, release
+    n_k = k_end - k_begin
+    if cutlass.const_expr(scales is not None):
+        s0, s1, coords, sSA, scale_b, n_blk = scales
+        for pair in range(n_k // 2):
+            kb = k_begin + 2 * pair
+            tiled_mma = issue_k_block(tiled_mma, part, tCrA, tCrB, ab_pipe, read, k_blocks)
+            block_scales_from_smem(s0, coords, sSA, read.index, scale_b, n_blk, kb)
+            read.advance()
+            tiled_mma = issue_k_block(tiled_mma, part2, tCrA, tCrB, ab_pipe, read, k_blocks)
+            block_scales_from_smem(s1, coords, sSA, read.index, scale_b, n_blk, kb + 1)
+            read.advance()
+            cute.nvgpu.warpgroup.wait_group(1)
+            promote_scaled(acc, part, s0)
+            ab_pipe.consumer_release(release)
+            release.advance()
+            cute.nvgpu.warpgroup.wait_group(0)
+            promote_scaled(acc, part2, s1)
+            ab_pipe.consumer_release(release)
+            release.advance()
+        if n_k % 2 == 1:
+            tiled_mma = issue_k_block(tiled_mma, part, tCrA, tCrB, ab_pipe, read, k_blocks)
+            block_scales_from_smem(s0, coords, sSA, read.index, scale_b, n_blk, k_end - 1)
+            read.advance()
+            cute.nvgpu.warpgroup.wait_group(0)
+            promote_scaled(acc, part, s0)
+            ab_pipe.consumer_release(release)
+            release.advance()
+    else:
+        for _pair in range(n_k // 2):
+            tiled_mma = issue_k_block(tiled_mma, part, tCrA, tCrB, ab_pipe, read, k_blocks)
+            read.advance()
+            tiled_mma = issue_k_block(tiled_mma, part2, tCrA, tCrB, ab_pipe, read, k_blocks)
+            read.advance()
+            cute.nvgpu.warpgroup.wait_group(1)
+            acc.store(acc.load() + part.load())
+            ab_pipe.consumer_release(release)
+            release.advance()
+            cute.nvgpu.warpgroup.wait_group(0)
+            acc.store(acc.load() + part2.load())
+            ab_pipe.consumer_release(release)
+            release.advance()
+        if n_k % 2 == 1:
+            tiled_mma = issue_k_block(tiled_mma, part, tCrA, tCrB, ab_pipe, read, k_blocks)
+            read.advance()
+            cute.nvgpu.warpgroup.wait_group(0)
+            acc.store(acc.load() + part.load())
+            ab_pipe.consumer_release(release)
+            release.advance()
+    _assign_state(read_in, read)
+    _assign_state(release_in, release)
+    return tiled_mma
+
+
+def _assign_state(dst, src) -> None:
+    """Pipeline state ``dst`` takes ``src``'s count, index and phase (the loops above may rebind
+    their local names to new state objects)."""
+    if dst is not src:
+        dst._count, dst._index, dst._phase = src._count, src._index, src._phase
+
+
+@cute.jit
+def apply_row_col_scales(acc: cute.Tensor, coords: cute.Tensor, row_scale: cute.Tensor,
+                         col_scale: cute.Tensor, row0, col0):
+    """Row-wise scaling: ``acc[r, c] *= row_scale[row0 + r] * col_scale[col0 + c]`` over this
+    thread's accumulators (``coords`` as in :func:`load_block_scales`).  Coordinates past the end
+    read the last scale (those outputs are never stored)."""
+    acc_mn = acc_mn_view(acc)
+    c_mn = acc_mn_view(coords)
+    cols = cute.size(acc_mn, mode=[1])
+    last_r = cute.size(row_scale) - 1
+    last_c = cute.size(col_scale) - 1
+    sc = cute.make_rmem_tensor(cols, cutlass.Float32)
+    for c in cutlass.range_constexpr(cols):
+        sc[c] = col_scale[cutlass.min(col0 + c_mn[0, c][1], last_c)]
+    for r in cutlass.range_constexpr(cute.size(acc_mn, mode=[0])):
+        sr = row_scale[cutlass.min(row0 + c_mn[r, 0][0], last_r)]
+        for c in cutlass.range_constexpr(cols):
+            acc_mn[r, c] = acc_mn[r, c] * (sr * sc[c])
+
+
+__all__ = ["BLOCK_SCALE_K", "apply_row_col_scales", "block_scale_regs", "issue_k_block", "promoted_mainloop", "block_scales_from_smem", "load_block_scales", "load_block_scales_into", "promote_scaled", "CONSUMER_REGS", "GEMM_CONSUMER_REGS", "GEMM_PRODUCER_REGS", "PRODUCER_REGS", "REGISTER_FILE",
            "acc_as_a_operand", "acc_mn_view", "persistent_schedule", "prefetch_tma_descriptors",
            "register_split_fits", "stage_bytes", "tile_scheduler", "tma_load_atom", "tma_load_box_atom", "tma_pipeline",
            "tma_store_atom"]

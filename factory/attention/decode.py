@@ -890,9 +890,10 @@ def make_kv(target: str, dtype: str, head_dim: int, splits: int, *, paged: bool 
 @register("attention_kvcache")
 def enumerate_decode_kv(target: Target, tier: str) -> list[AttentionDecodeKV]:
     """test: one of each path (paged and dense cache, unsplit and cluster-split, the window /
-    softcap / sink switches, f16 and head_dim 64); default: paged and dense caches for both
-    dtypes and head_dims at every split count, and the switch build (window + softcap + sinks in
-    one variant: gpt-oss, Gemma 2) for bf16 paged caches."""
+    softcap / sink switches, f16 and head_dim 64, fp8 caches); default: paged and dense caches for
+    both dtypes and head_dims at every split count, the switch build (window + softcap + sinks in
+    one variant: gpt-oss, Gemma 2) for bf16 paged caches, and bf16 q over fp8 e4m3 paged caches
+    at head_dim 128."""
     if target.name != "sm_90":
         return []
     t = target.name
@@ -901,11 +902,13 @@ def enumerate_decode_kv(target: Target, tier: str) -> list[AttentionDecodeKV]:
                make_kv(t, "bf16", 128, 4, paged=False), make_kv(t, "bf16", 128, 1, switches=True),
                make_kv(t, "bf16", 128, 4, switches=True), make_kv(t, "f16", 64, 1), make_kv(t, "f16", 64, 2),
                make_kv(t, "bf16", 128, 32), make_kv(t, "bf16", 128, 32, switches=True),
-               # fp8 e4m3 caches (head_dim 128: D64's build spills), not in the default tier until run
+               # fp8 e4m3 caches (head_dim 128: D64's build spills)
                make_kv(t, "bf16", 128, 1, kv_dtype="e4m3"), make_kv(t, "f16", 128, 4, kv_dtype="e4m3")]
     else:
         out = [make_kv(t, dt, d, sp, paged=pg) for dt in DTYPES for d in HEAD_DIMS for sp in KV_SPLITS
                for pg in (True, False)]
         out += [make_kv(t, dt, d, sp) for dt in DTYPES for d in HEAD_DIMS for sp in KV_GLOBAL_SPLITS]
         out += [make_kv(t, "bf16", d, sp, switches=True) for d in HEAD_DIMS for sp in KV_SPLITS]
+        # fp8 e4m3 paged caches under bf16 q, head_dim 128: every split count the paged rule picks
+        out += [make_kv(t, "bf16", 128, sp, kv_dtype="e4m3") for sp in KV_SPLITS + KV_GLOBAL_SPLITS]
     return [v for v in out if v.can_implement() is None]

@@ -147,9 +147,16 @@ def public_header(variants) -> str:
 
 
 def link_host_library(bundle: Path, entries: dict[str, dict], tuning_data: dict | None = None,
-                      lib_name: str = "libfactory_bundle.so", out: Path | None = None) -> Path:
+                      lib_name: str = "libfactory_bundle.so", out: Path | None = None, cuda_major: int = 13) -> Path:
     """Write the glue and the public header into ``bundle`` and link ``out`` (default
-    ``bundle/lib/<lib_name>``) from them and ``bundle/obj/<name>.o``."""
+    ``bundle/lib/<lib_name>``) from them and ``bundle/obj/<name>.o``.
+
+    ``cuda_major=12``: link the CUDA 12 runtime (``toolchain.cuda12_runtime``) and the DSL's cu12
+    launch runtime instead of CUDA 13's (the same objects; the CUDA 13 wheels' ``crt/`` and ``nv/``
+    headers, which the CUDA 12 runtime wheel lacks, fill in): a library that a CUDA 12 driver's
+    version check accepts (docs/packaging.md says what is and is not shown of it)."""
+    if cuda_major not in (12, 13):
+        raise ValueError(f"a host library links the CUDA 12 or 13 runtime, not {cuda_major}")
     src = bundle / "src"
     src.mkdir(parents=True, exist_ok=True)
     (src / "fx_glue.c").write_text(glue_source(entries, tuning_data))
@@ -160,17 +167,29 @@ def link_host_library(bundle: Path, entries: dict[str, dict], tuning_data: dict 
     out = out or bundle / "lib" / lib_name
     out.parent.mkdir(parents=True, exist_ok=True)
     cuda = toolchain.cuda_root()
+    includes, dsl_rt, cudart = [cuda / "include"], toolchain.dsl_runtime_static(), cuda / "lib" / "libcudart_static.a"
+    shim = None
+    if cuda_major == 12:
+        rt12, _ = toolchain.cuda12_runtime()
+        shim = Path(tempfile.mkdtemp(prefix="fx-cu12-headers-"))
+        (shim / "crt").symlink_to(cuda / "include" / "crt")
+        (shim / "nv").symlink_to(cuda / "include" / "cccl" / "nv")
+        includes, dsl_rt, cudart = [rt12 / "include", shim], toolchain.dsl_runtime_static_for(12), rt12 / "lib" / "libcudart_static.a"
     objs = [str(bundle / "obj" / f"{name}.o") for name in entries]
     cmd = [
         # -ffp-contract=off: the cost model's arithmetic rounds as Python's does (no fused multiply-add)
         toolchain.cc(), "-O2", "-fPIC", "-shared", "-fvisibility=hidden", "-ffp-contract=off",
-        f"-I{cuda / 'include'}", f"-I{bundle / 'include'}", f"-I{src}",
+        *(f"-I{d}" for d in includes), f"-I{bundle / 'include'}", f"-I{src}",
         "-o", str(out), str(src / "fx_glue.c"), str(src / "fx_select.c"), *objs,
         "-Wl,--exclude-libs,ALL",
-        "-Wl,--whole-archive", str(toolchain.dsl_runtime_static()), "-Wl,--no-whole-archive",
-        str(cuda / "lib" / "libcudart_static.a"), "-lm", "-lpthread", "-ldl", "-lrt",
+        "-Wl,--whole-archive", str(dsl_rt), "-Wl,--no-whole-archive",
+        str(cudart), "-lm", "-lpthread", "-ldl", "-lrt",
     ]
-    r = subprocess.run(cmd, capture_output=True, text=True)
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True)
+    finally:
+        if shim is not None:
+            shutil.rmtree(shim, ignore_errors=True)
     if r.returncode != 0:
         raise RuntimeError(f"linking the host library failed:\n{' '.join(cmd)}\n{r.stderr}")
     return out
@@ -182,7 +201,7 @@ def _write_atomic(p: Path, text: str) -> None:
     tmp.replace(p)
 
 
-def relink(bundle: str | Path) -> dict:
+def relink(bundle: str | Path, cuda_major: int | None = None) -> dict:
     """Rebuild a built bundle's host library with its selection tables regenerated from the
     manifest and, where it was measured for this manifest, the bundle's tuning.json.
 
@@ -202,16 +221,21 @@ def relink(bundle: str | Path) -> dict:
     fd, tmp = tempfile.mkstemp(prefix=".relink-", suffix=".so", dir=lib.parent)
     os.close(fd)
     try:
-        link_host_library(bundle, m["variants"], data, out=Path(tmp))
+        runtime = str(m.get("versions", {}).get("nvidia-cuda-runtime") or "13")
+        major = cuda_major or (12 if runtime.startswith("12.") else 13)
+        link_host_library(bundle, m["variants"], data, out=Path(tmp), cuda_major=major)
         os.replace(tmp, lib)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
     m["host_library"] = {**m["host_library"], "sha256": sha256_file(lib), "bytes": lib.stat().st_size}
+    versions = m.setdefault("versions", {})
+    versions["nvidia-cuda-runtime"] = toolchain.cuda12_runtime()[1] if major == 12 else toolchain.versions()[
+        "nvidia-cuda-runtime"]
     _write_atomic(bundle / "manifest.json", json.dumps(m, indent=1))
     if data is not None:
         data["manifest_sha256"] = tuning.manifest_sha256(bundle)
         tuning.write(bundle, data)
-    return {"bundle": str(bundle), "variants": len(m["variants"]),
+    return {"bundle": str(bundle), "variants": len(m["variants"]), "cuda_runtime": versions["nvidia-cuda-runtime"],
             "tuning": (f"{data['device']['name']} ({data['device']['sm_count']} SMs), "
                        f"{len(data.get('buckets', {}))} buckets") if data is not None else why}

@@ -39,6 +39,42 @@ def dsl_runtime_static() -> Path:
     raise FileNotFoundError("libcuda_dialect_runtime_static.a not found in the DSL package")
 
 
+@functools.cache
+def cuda12_runtime() -> tuple[Path, str]:
+    """The CUDA 12 runtime a host library may be linked with instead (``python -m factory link
+    --cuda 12``): the folder holding ``include/cuda_runtime.h`` and ``lib/libcudart_static.a`` —
+    ``$FACTORY_CUDA12_RUNTIME``, else pip's ``nvidia-cuda-runtime-cu12`` — and its version."""
+    env = os.environ.get("FACTORY_CUDA12_RUNTIME")
+    roots = [Path(env)] if env else []
+    if not env:
+        try:
+            import nvidia  # type: ignore
+
+            roots += [Path(r) / "cuda_runtime" for r in nvidia.__path__]
+        except ImportError:
+            pass
+    for root in roots:
+        if (root / "lib" / "libcudart_static.a").exists() and (root / "include" / "cuda_runtime_api.h").exists():
+            text = (root / "include" / "cuda_runtime_api.h").read_text(errors="replace")
+            import re
+
+            m = re.search(r"#define\s+CUDART_VERSION\s+(\d+)", text)
+            ver = f"{int(m.group(1)) // 1000}.{int(m.group(1)) % 1000 // 10}" if m else "12"
+            if not ver.startswith("12."):
+                raise FileNotFoundError(f"{root}: the runtime there is CUDA {ver}, not 12")
+            return root, _pkg_version("nvidia-cuda-runtime-cu12") or ver
+    raise FileNotFoundError("the CUDA 12 runtime (libcudart_static.a) was not found: pip install "
+                            "'nvidia-cuda-runtime-cu12>=12.4,<13' or set FACTORY_CUDA12_RUNTIME to its folder")
+
+
+def dsl_runtime_static_for(major: int) -> Path:
+    """The DSL's launch runtime for a CUDA major (the DSL ships ``cu12/`` and ``cu13/`` builds)."""
+    p = dsl_runtime_static().parents[1].parent / f"cu{major}" / "lib" / "libcuda_dialect_runtime_static.a"
+    if not p.exists():
+        raise FileNotFoundError(f"{p} not found: install nvidia-cutlass-dsl-libs-cu{major}")
+    return p
+
+
 def cc() -> str:
     return os.environ.get("CC", "gcc")
 

@@ -47,7 +47,7 @@ import cutlass.pipeline as pipeline
 import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
 
-from ..abi import DTYPE_BYTES, ScalarArg, Signature
+from ..abi import DTYPE_BYTES, ScalarArg, Signature, TensorArg
 from ..atoms import sm90 as atoms
 from ..atoms.smem import BARRIER_BYTES as _BARRIER_BYTES
 from ..atoms.smem import SMEM_ALIGN as _SMEM_ALIGN
@@ -57,6 +57,27 @@ from ..atoms.targets import Target
 from ..registry import register
 from . import tiles
 from .common import GemmVariant
+
+BLOCK_SCALE_K = atoms.BLOCK_SCALE_K
+
+
+def scale_args(mode: str) -> tuple:
+    """The two float32 scale arguments of an fp8 variant with row or block scales (4-byte
+    aligned; per-tensor scales are common.py's (1,) and (1,)):
+
+    - ``"row"`` (torch ``_scaled_mm`` row-wise): scale_a (M,), scale_b (N,), unit stride:
+      C[m, n] = sa[m]·sb[n]·Σ_k A[m, k]·B[n, k].
+    - ``"block"`` (DeepSeek-V3): scale_a (M, KB) M-major (stride (1, sSAk), sSAk >= M and a
+      multiple of 4, 16-byte aligned: DeepGEMM's TMA-aligned form, loaded by TMA), scale_b (NB, KB) K-contiguous
+      (stride (sSBn, 1), sSBn >= KB), KB = ceil(K/128), NB = ceil(N/128):
+      C[m, n] = Σ_kb sa[m, kb]·sb[n // 128, kb]·Σ_{k in block kb} A[m, k]·B[n, k].
+    KB, NB and the sizes' relations are checked by the loader (runtime/fp8.py) and the host library.
+    """
+    if mode == "row":
+        return (TensorArg("scale_a", "f32", ("M",), (1,), align=4),
+                TensorArg("scale_b", "f32", ("N",), (1,), align=4))
+    return (TensorArg("scale_a", "f32", ("M", "KB"), (1, "sSAk"), align=16),
+            TensorArg("scale_b", "f32", ("NB", "KB"), ("sSBn", 1), align=4))
 
 # Smem plan constants and setmaxnreg budgets: factory/atoms/smem.py and factory/atoms/sm90.py.
 
@@ -106,7 +127,7 @@ class GemmSm90(GemmVariant):
     problem's (M, N) orientation; the kernel sees them transposed."""
 
     family: ClassVar[str] = "sm90"
-    sources: ClassVar[tuple[str, ...]] = ("gemm/sm90.py", "gemm/common.py")
+    sources: ClassVar[tuple[str, ...]] = ("gemm/sm90.py", "gemm/common.py", "atoms/sm90.py")
 
     tile: tuple[int, int, int] = field(default=(128, 128, 64), metadata={"tag": "t"})
     cluster: tuple[int, int] = field(default=(1, 1), metadata={"tag": "c"})
@@ -130,12 +151,23 @@ class GemmSm90(GemmVariant):
     # kernel that may still be running writes B (model weights); the loader picks such a variant
     # only when the caller says so (``b_constant=True``).
     early_b: bool = field(default=False, metadata={"tag": "eb"})
+    # fp8 scale forms besides one scale per tensor (see ``scale_mode``): a scale per row of A and
+    # per row of B applied in the epilogue, or DeepSeek-V3 block scales applied to each k-block's
+    # partial sum as it is promoted into the fp32 accumulators.
+    row_scale: bool = field(default=False, metadata={"tag": "rowsc"})
+    block_scale: bool = field(default=False, metadata={"tag": "blksc"})
 
     required_sass: ClassVar[tuple[str, ...]] = (r"\bHGMMA\.64x", r"\bUTMALDG\.3D", r"\bUTMASTG\.3D")
 
     def signature(self) -> Signature:
         sig = super().signature()
-        return Signature(sig.args + (ScalarArg("max_clusters", "i32"),), sig.divisibility)
+        args = sig.args
+        div = sig.divisibility
+        if self.scale_mode != "tensor":
+            args = tuple(a for a in args if a.name not in ("scale_a", "scale_b")) + scale_args(self.scale_mode)
+        if self.scale_mode == "block":  # scale_a's k-block rows are TMA rows: 16-byte strides
+            div = tuple(sorted((*div, ("sSAk", 4))))
+        return Signature(args + (ScalarArg("max_clusters", "i32"),), div)
 
     def sass_requirements(self) -> tuple[str, ...]:
         # fp8 WGMMA disassembles as QGMMA; multicast clusters must show the multicast TMA load.
@@ -189,6 +221,15 @@ class GemmSm90(GemmVariant):
             return "kernel tile N must be 16, 32 or a multiple of 32 up to 256"
         if self.fast_accum and not self.is_fp8:
             return "fast_accum applies to fp8 only"
+        if (self.row_scale or self.block_scale) and not self.is_fp8:
+            return "row and block scales apply to fp8 only"
+        if self.row_scale and self.block_scale:
+            return "one scale form per variant"
+        if self.block_scale:
+            if self.swap_ab or self.split_k > 1 or self.fast_accum:
+                return "block scales run unswapped, unsplit and promoted (not fast_accum)"
+            if tk != BLOCK_SCALE_K or BLOCK_SCALE_K % tn:
+                return f"block scales need tile K {BLOCK_SCALE_K} and a tile N dividing {BLOCK_SCALE_K}"
         plan = self.plan()
         acc_sets = 2 if self.promotes else 1
         if acc_sets * tm * tn // (plan.mma_warpgroups * 128) > 128:
@@ -224,6 +265,12 @@ class GemmSm90(GemmVariant):
 
     # --- derived ---------------------------------------------------------------------------------
     @property
+    def scale_mode(self) -> str:
+        """fp8 scales: "tensor" (one each), "row" (scale_a (M,), scale_b (N,)) or "block"
+        (scale_a per 1x128 of A, scale_b per 128x128 of B); see common.py."""
+        return "row" if self.row_scale else "block" if self.block_scale else "tensor"
+
+    @property
     def promotes(self) -> bool:
         """fp8 k-tile partial sums are added into separate fp32 accumulators."""
         return self.is_fp8 and not self.fast_accum
@@ -245,12 +292,16 @@ class GemmSm90(GemmVariant):
         # accumulator order matches the sub-tile order) and 32 columns.
         epi_tile = (min(tm, 64 * mma_wgs), min(tn, 32))
         cb = DTYPE_BYTES[self.c]
-        epi_stages = 4 if cb <= 2 else 2
+        # (Block scales: two epilogue buffers keep the sixth k-block stage that the scale_a
+        # columns would otherwise push out of the 128x128 tile's shared memory.)
+        epi_stages = 4 if cb <= 2 and not self.block_scale else 2
         # Ping-pong: each warpgroup has its own epilogue buffers.
         epi_bytes = (_round_up(epi_tile[0] * epi_tile[1] * cb, _SMEM_ALIGN) * epi_stages
                      * (n_consumer // mma_wgs))
         ab = DTYPE_BYTES[self.ab]
         stage_bytes = _round_up(tm * tk * ab, _SMEM_ALIGN) + _round_up(tn * tk * ab, _SMEM_ALIGN)
+        if self.block_scale:  # the k-block's scale_a column for the tile's rows, by TMA
+            stage_bytes += _round_up(tm * 4, _SMEM_ALIGN)
         # Split-K: the first CTA of the cluster receives the others' fp32 partial tiles.
         red_bytes = _round_up((self.split_k - 1) * tm * tn * 4, _SMEM_ALIGN)
         budget = self.tgt.smem_per_cta - _STATIC_SMEM - _BARRIER_BYTES - epi_bytes - red_bytes
@@ -282,6 +333,7 @@ class GemmSm90(GemmVariant):
             "persistent": {"arg": "max_clusters", "cluster_ctas": math.prod(
                 (self.split_k, 1) if self.split_k > 1 else self.kernel_cluster)},
             "scaled": self.is_fp8,
+            "scale_mode": self.scale_mode if self.is_fp8 else None,
             "fp8_accumulation": ("fast" if self.fast_accum else "promoted") if self.is_fp8 else None,
             "constraints": {
                 # Sizes need only the 16-byte divisibility of the signature; tails are handled.
@@ -300,6 +352,7 @@ class GemmSm90(GemmVariant):
             epi_tile=plan.epi_tile, ab_stages=plan.ab_stages, epi_stages=plan.epi_stages,
             raster_along_m=(self.raster == "m") != self.swap_ab, swizzle=self.swizzle,
             swap_ab=self.swap_ab, split_k=self.split_k, pdl=self.pdl, early_b=self.early_b,
+            scale_mode=self.scale_mode,
         )
         if self.is_fp8:
             return kernel.scaled
@@ -317,7 +370,8 @@ class GemmSm90Kernel:
     See the module docstring for the warp roles."""
 
     def __init__(self, *, tile, cluster, n_consumer, pingpong, promote, epi_tile, ab_stages,
-                 epi_stages, raster_along_m, swizzle, swap_ab, split_k, pdl=False, early_b=False):
+                 epi_stages, raster_along_m, swizzle, swap_ab, split_k, pdl=False, early_b=False,
+                 scale_mode="tensor"):
         self.tile = tuple(tile)
         self.cluster = tuple(cluster)
         self.n_consumer = n_consumer
@@ -337,6 +391,7 @@ class GemmSm90Kernel:
         self.split_k = split_k
         self.pdl = pdl
         self.early_b = early_b
+        self.scale_mode = scale_mode
         # The launched cluster: the multicast cluster, or the split-K group along K.
         self.launch_cluster = (split_k, 1) if split_k > 1 else self.cluster
         self.red_elems = (split_k - 1) * self.tile[0] * self.tile[1]
@@ -365,6 +420,8 @@ class GemmSm90Kernel:
             # Cᵀ = B·Aᵀ: the same kernel on swapped operands and a transposed view of C.
             a, b = b, a
             c = cute.make_tensor(c.iterator, cute.select(c.layout, mode=[1, 0, 2]))
+            # The kernel's rows are the problem's columns: per-row scales swap too.
+            scale_a, scale_b = scale_b, scale_a
         ab_dtype, c_dtype = a.element_type, c.element_type
         a_layout = utils.LayoutEnum.from_tensor(a)
         b_layout = utils.LayoutEnum.from_tensor(b)
@@ -383,6 +440,12 @@ class GemmSm90Kernel:
         tma_a, gA = atoms.tma_load_atom(a, sA_layout, (self.tile[0], self.tile[2]), self.mcast_a)
         tma_b, gB = atoms.tma_load_atom(b, sB_layout, (self.tile[1], self.tile[2]), self.mcast_b)
         tma_c, gC = atoms.tma_store_atom(c, sC_layout, self.epi_tile)
+        # Block scales: each stage also holds scale_a[tile rows, kb] (a (tile M, 1) box of the
+        # M-major (M, KB) scales; rows past M are TMA zero fill).
+        sSA_layout = cute.make_layout((self.tile[0], 1, self.ab_stages))
+        tma_sa = mSA = None
+        if cutlass.const_expr(self.scale_mode == "block"):
+            tma_sa, mSA = atoms.tma_load_atom(scale_a, sSA_layout, (self.tile[0], 1))
 
         tiles_mnl = cute.zipped_divide(c, tiler=self.tile[:2])[(0, (None, None, None))].shape
         if cutlass.const_expr(self.split_k > 1):
@@ -403,6 +466,9 @@ class GemmSm90Kernel:
                 cute.struct.MemRange[ab_dtype, cute.cosize(sB_layout)], _SMEM_ALIGN]
             sC: cute.struct.Align[
                 cute.struct.MemRange[c_dtype, cute.cosize(sC_layout)], _SMEM_ALIGN]
+            sSA: cute.struct.Align[
+                cute.struct.MemRange[cutlass.Float32, self.tile[0] * self.ab_stages if self.scale_mode == "block" else 1],
+                _SMEM_ALIGN]
             # Split-K: partial tiles from the other CTAs of the cluster; "full" / "empty" barriers.
             red: cute.struct.Align[
                 cute.struct.MemRange[cutlass.Float32, max(1, self.red_elems)], _SMEM_ALIGN]
@@ -412,8 +478,8 @@ class GemmSm90Kernel:
         self.ab_dtype = ab_dtype
         self.c_layout = c_layout
         self.kernel(
-            tma_a, gA, tma_b, gB, tma_c, gC, scale_a, scale_b, tiled_mma,
-            sA_layout, sB_layout, sC_layout, sched,
+            tma_a, gA, tma_b, gB, tma_c, gC, scale_a, scale_b, tma_sa, mSA, tiled_mma,
+            sA_layout, sB_layout, sC_layout, sSA_layout, sched,
         ).launch(
             grid=grid, block=[self.threads, 1, 1], cluster=(*self.launch_cluster, 1),
             min_blocks_per_mp=1, stream=stream, use_pdl=self.pdl,
@@ -426,16 +492,16 @@ class GemmSm90Kernel:
         tma_a: cute.CopyAtom, mA: cute.Tensor,
         tma_b: cute.CopyAtom, mB: cute.Tensor,
         tma_c: cute.CopyAtom, mC: cute.Tensor,
-        scale_a, scale_b,
+        scale_a, scale_b, tma_sa, mSA,
         tiled_mma: cute.TiledMma,
         sA_layout: cute.ComposedLayout, sB_layout: cute.ComposedLayout,
-        sC_layout: cute.ComposedLayout,
+        sC_layout: cute.ComposedLayout, sSA_layout: cute.Layout,
         sched_params: utils.PersistentTileSchedulerParams,
     ):
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == 0:
-            atoms.prefetch_tma_descriptors(tma_a, tma_b, tma_c)
+            atoms.prefetch_tma_descriptors(tma_a, tma_b, tma_c, tma_sa)
 
         cta_layout = cute.make_layout((*self.cluster, 1))
         cta_rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
@@ -449,11 +515,16 @@ class GemmSm90Kernel:
         sA = storage.sA.get_tensor(sA_layout.outer, swizzle=sA_layout.inner)
         sB = storage.sB.get_tensor(sB_layout.outer, swizzle=sB_layout.inner)
         sC = storage.sC.get_tensor(sC_layout.outer, swizzle=sC_layout.inner)
+        sSA = None
+        if cutlass.const_expr(self.scale_mode == "block"):
+            sSA = storage.sSA.get_tensor(sSA_layout)
 
         # Mainloop pipeline.  Every consumer warp of the tile's owner releases a stage once to each
         # CTA that multicasts into it (its cluster row and column, itself counted once).
         stage_bytes = (atoms.stage_bytes(self.ab_dtype, sA_layout)
                        + atoms.stage_bytes(self.ab_dtype, sB_layout))
+        if cutlass.const_expr(self.scale_mode == "block"):
+            stage_bytes += atoms.stage_bytes(cutlass.Float32, sSA_layout)
         mcast_peers = self.mcast_a + self.mcast_b - 1
         ab_pipe = atoms.tma_pipeline(storage.ab_barriers.data_ptr(), self.ab_stages, stage_bytes,
                                      mcast_peers * self.mma_wgs * 4,
@@ -498,7 +569,7 @@ class GemmSm90Kernel:
             cute.arch.setmaxregister_decrease(atoms.GEMM_PRODUCER_REGS)
             if warp_idx == 0:
                 self.produce(tma_a, tma_b, sA, sB, gA, gB, ab_pipe, cta_layout, cluster_coord,
-                             sched_params, k_tiles)
+                             sched_params, k_tiles, tma_sa, mSA, sSA)
         else:
             cute.arch.setmaxregister_increase(self.consumer_regs)
             # Which tile owner (ping-pong warpgroup) this thread belongs to, and its index there.
@@ -506,11 +577,11 @@ class GemmSm90Kernel:
             red = storage.red.get_tensor(cute.make_layout(max(1, self.red_elems)))
             self.consume(tiled_mma, tma_c, sA, sB, sC, gC, ab_pipe, order_bars, red, red_bars,
                          scale_a, scale_b, sched_params, k_tiles,
-                         (tidx - 128) % self.epi_threads, owner, warp_idx, cta_rank)
+                         (tidx - 128) % self.epi_threads, owner, warp_idx, cta_rank, sSA)
 
     @cute.jit
     def produce(self, tma_a, tma_b, sA, sB, gA, gB, ab_pipe, cta_layout, cluster_coord,
-                sched_params, k_tiles):
+                sched_params, k_tiles, tma_sa=None, mSA=None, sSA=None):
         """The TMA warp: for every scheduled tile, every k-block into the next free stage."""
         # Slice of the shared tile this CTA loads, and which peers receive it.
         tAsA, tAgA = cute.nvgpu.cpasync.tma_partition(
@@ -521,6 +592,13 @@ class GemmSm90Kernel:
             tma_b, cluster_coord[0], cute.make_layout(self.cluster[0]),
             cute.group_modes(sB, 0, 2), cute.group_modes(gB, 0, 2),
         )
+        tSs = tSg = None
+        if cutlass.const_expr(self.scale_mode == "block"):
+            # This CTA's own scale_a box per k-block (not multicast): (tile M, 1, m tiles, KB).
+            gSA = cute.local_tile(mSA, (self.tile[0], 1), (None, None))
+            tSs, tSg = cute.nvgpu.cpasync.tma_partition(
+                tma_sa, 0, cute.make_layout(1), cute.group_modes(sSA, 0, 2), cute.group_modes(gSA, 0, 2),
+            )
         a_mask = None
         b_mask = None
         if cutlass.const_expr(self.mcast_a > 1):
@@ -574,6 +652,8 @@ class GemmSm90Kernel:
                           tma_bar_ptr=bar, mcast_mask=a_mask)
                 cute.copy(tma_b, tBgB_t[(None, k)], tBsB[(None, state.index)],
                           tma_bar_ptr=bar, mcast_mask=b_mask)
+                if cutlass.const_expr(self.scale_mode == "block"):
+                    cute.copy(tma_sa, tSg[(None, m, k)], tSs[(None, state.index)], tma_bar_ptr=bar)
                 ab_pipe.producer_commit(state)
                 state.advance()
             skip = cutlass.Int32(0)
@@ -642,7 +722,7 @@ class GemmSm90Kernel:
 
     @cute.jit
     def consume(self, tiled_mma, tma_c, sA, sB, sC, gC, ab_pipe, order_bars, red, red_bars,
-                scale_a, scale_b, sched_params, k_tiles, ctidx, owner, warp_idx, cta_rank):
+                scale_a, scale_b, sched_params, k_tiles, ctidx, owner, warp_idx, cta_rank, sSA=None):
         """The MMA warpgroups: mainloop then epilogue, tile after tile.  ``owner`` is the
         ping-pong warpgroup (0 otherwise): it takes tiles owner, owner + 2, ... of this CTA's
         schedule and skips the other warpgroup's k-blocks in the smem ring.
@@ -662,6 +742,10 @@ class GemmSm90Kernel:
             part = cute.make_rmem_tensor(acc_shape, cutlass.Float32)
             part2 = cute.make_rmem_tensor(acc_shape, cutlass.Float32)
         k_blocks = cute.size(tCrA, mode=[2])
+        # Tile coordinates (row, col) of this thread's accumulators (row and block scales).
+        cC = None
+        if cutlass.const_expr(self.scale_mode != "tensor"):
+            cC = thr_mma.partition_C(cute.make_identity_tensor((self.tile[0], self.tile[1])))
 
         # Epilogue copies: registers -> smem with stmatrix (16-bit outputs) laid out like the
         # accumulators, smem -> global with one TMA store per sub-tile.
@@ -692,7 +776,8 @@ class GemmSm90Kernel:
         store_warp = 4 + owner * 4 * self.mma_wgs
 
         scale = cutlass.Float32(1.0)
-        if cutlass.const_expr(scale_a is not None):
+        tensor_scale = scale_a is not None and self.scale_mode == "tensor"
+        if cutlass.const_expr(tensor_scale):
             scale = scale_a[0] * scale_b[0]
 
         sched = atoms.tile_scheduler(sched_params)
@@ -724,26 +809,62 @@ class GemmSm90Kernel:
                 # DSL carries register tensors through loops as values, and ptxas serialises
                 # every WGMMA when such a copy reads an accumulator in flight.
                 n_k = k_end - k_begin
-                for _pair in range(n_k // 2):
-                    tiled_mma = self._issue_k_block(tiled_mma, part, tCrA, tCrB, ab_pipe, read, k_blocks)
-                    read.advance()
-                    tiled_mma = self._issue_k_block(tiled_mma, part2, tCrA, tCrB, ab_pipe, read, k_blocks)
-                    read.advance()
-                    cute.nvgpu.warpgroup.wait_group(1)
-                    acc.store(acc.load() + part.load())
-                    ab_pipe.consumer_release(release)
-                    release.advance()
-                    cute.nvgpu.warpgroup.wait_group(0)
-                    acc.store(acc.load() + part2.load())
-                    ab_pipe.consumer_release(release)
-                    release.advance()
-                if n_k % 2 == 1:
-                    tiled_mma = self._issue_k_block(tiled_mma, part, tCrA, tCrB, ab_pipe, read, k_blocks)
-                    read.advance()
-                    cute.nvgpu.warpgroup.wait_group(0)
-                    acc.store(acc.load() + part.load())
-                    ab_pipe.consumer_release(release)
-                    release.advance()
+                if cutlass.const_expr(self.scale_mode == "block"):
+                    # Each k-block's partial sum times scale_a[row, kb]·scale_b[n-block, kb].
+                    # scale_a comes with the k-block's stage (TMA, as far ahead as the ring), read
+                    # from shared memory once the stage is full; scale_b is one value per CTA and
+                    # k-block (consecutive k-blocks share a cache line).  (Global loads of
+                    # scale_a with the block's own WGMMAs came back too late under the TMA
+                    # traffic: 35-45 % slower than per-tensor scales on an H100; one pair ahead
+                    # still 15 %: notes/gemm-fp8.md.)
+                    n_blk = n * self.tile[1] // atoms.BLOCK_SCALE_K
+                    s0 = atoms.block_scale_regs(cC)
+                    s1 = atoms.block_scale_regs(cC)
+                    for pair in range(n_k // 2):
+                        kb = k_begin + 2 * pair
+                        tiled_mma = self._issue_k_block(tiled_mma, part, tCrA, tCrB, ab_pipe, read, k_blocks)
+                        atoms.block_scales_from_smem(s0, cC, sSA, read.index, scale_b, n_blk, kb)
+                        read.advance()
+                        tiled_mma = self._issue_k_block(tiled_mma, part2, tCrA, tCrB, ab_pipe, read, k_blocks)
+                        atoms.block_scales_from_smem(s1, cC, sSA, read.index, scale_b, n_blk, kb + 1)
+                        read.advance()
+                        cute.nvgpu.warpgroup.wait_group(1)
+                        atoms.promote_scaled(acc, part, s0)
+                        ab_pipe.consumer_release(release)
+                        release.advance()
+                        cute.nvgpu.warpgroup.wait_group(0)
+                        atoms.promote_scaled(acc, part2, s1)
+                        ab_pipe.consumer_release(release)
+                        release.advance()
+                    if n_k % 2 == 1:
+                        tiled_mma = self._issue_k_block(tiled_mma, part, tCrA, tCrB, ab_pipe, read, k_blocks)
+                        atoms.block_scales_from_smem(s0, cC, sSA, read.index, scale_b, n_blk, k_end - 1)
+                        read.advance()
+                        cute.nvgpu.warpgroup.wait_group(0)
+                        atoms.promote_scaled(acc, part, s0)
+                        ab_pipe.consumer_release(release)
+                        release.advance()
+                else:
+                    for _pair in range(n_k // 2):
+                        tiled_mma = self._issue_k_block(tiled_mma, part, tCrA, tCrB, ab_pipe, read, k_blocks)
+                        read.advance()
+                        tiled_mma = self._issue_k_block(tiled_mma, part2, tCrA, tCrB, ab_pipe, read, k_blocks)
+                        read.advance()
+                        cute.nvgpu.warpgroup.wait_group(1)
+                        acc.store(acc.load() + part.load())
+                        ab_pipe.consumer_release(release)
+                        release.advance()
+                        cute.nvgpu.warpgroup.wait_group(0)
+                        acc.store(acc.load() + part2.load())
+                        ab_pipe.consumer_release(release)
+                        release.advance()
+                    if n_k % 2 == 1:
+                        tiled_mma = self._issue_k_block(tiled_mma, part, tCrA, tCrB, ab_pipe, read, k_blocks)
+                        read.advance()
+                        cute.nvgpu.warpgroup.wait_group(0)
+                        acc.store(acc.load() + part.load())
+                        ab_pipe.consumer_release(release)
+                        release.advance()
             else:
                 # One WGMMA batch in flight; a stage is released once its batch retired.  The
                 # first k-block overwrites the accumulators instead of adding to zeros: a zero
@@ -783,6 +904,8 @@ class GemmSm90Kernel:
                 red_phase = red_phase ^ 1
 
             if is_leader:  # with split-K only the first CTA of the cluster stores
+                if cutlass.const_expr(self.scale_mode == "row"):
+                    atoms.apply_row_col_scales(acc, cC, scale_a, scale_b, m * self.tile[0], n * self.tile[1])
                 # ---- epilogue
                 gC_t = cute.zipped_divide(gC[(None, None, m, n, l)], self.epi_tile)
                 bSG_sC, bSG_gC = cute.nvgpu.cpasync.tma_partition(
@@ -796,7 +919,7 @@ class GemmSm90Kernel:
                     for v in cutlass.range_constexpr(frag_size):
                         tRS_rF[v] = tRS_acc[e * frag_size + v]
                     vals = tRS_rF.load()
-                    if cutlass.const_expr(scale_a is not None):
+                    if cutlass.const_expr(tensor_scale):
                         vals = vals * scale
                     tRS_rC.store(vals.to(c_dtype))
                     buf = (done + e) % self.epi_stages + owner * self.epi_stages
@@ -831,7 +954,7 @@ def _default() -> list[dict]:
     # Every tile launches with programmatic dependent launch; each swap tile also as a twin that
     # streams its first stages of weights before the PDL wait (``early_b``, picked only for
     # callers whose B is constant: ``bundle.gemm(..., b_constant=True)``).
-    out = [dict(d, pdl=True) for d in tiles.SM90_DEFAULT]
+    out = [dict(d, pdl=True) for d in (*tiles.SM90_DEFAULT, *tiles.SM90_SCALED_DEFAULT)]
     out += [dict(d, early_b=True) for d in out if d.get("swap_ab")]
     out += [dict(d, pdl=True, early_b=True) for d in tiles.SM90_EARLY_B_ONLY]
     return out
@@ -846,6 +969,7 @@ def _full() -> list[dict]:
                                              (False, True) if ab == "e4m3" else (False,)):
             out.append(dict(ab=ab, c=c, tile=(tm, tn, tk), cluster=cl, schedule=sched,
                             a_major=maj[0], b_major=maj[1], fast_accum=fast))
+    out += [dict(d, pdl=True) for d in tiles.SM90_SCALED_FULL]
     swap = tiles.SM90_FULL_SWAP
     for (ab, c), tm, tn, sk in itertools.product(tiles.SM90_FULL_DTYPES, swap["tile_m"], swap["tile_n"],
                                                  swap["split_k"]):

@@ -112,6 +112,33 @@ SM90_DEFAULT = (
     dict(**FP8, tile=(64, 256, 128), cluster=(2, 1), schedule="pp", fast_accum=True),
     dict(**FP8, tile=(64, 256, 128), cluster=(1, 2), schedule="pp", fast_accum=True),
 )
+# fp8 with a scale per row of A and of B (row_scale) and DeepSeek-V3 block scales (block_scale):
+# built with pdl=True like the rows above (swap rows also as early_b twins).
+SM90_SCALED_DEFAULT = (
+    dict(**FP8, tile=(128, 128, 128), row_scale=True),
+    dict(**FP8, tile=(128, 128, 128), cluster=(2, 1), row_scale=True),
+    dict(**FP8, tile=(128, 256, 128), cluster=(2, 1), fast_accum=True, row_scale=True),
+    dict(**FP8, tile=(64, 256, 128), cluster=(2, 1), schedule="pp", fast_accum=True, row_scale=True),
+    dict(**FP8, tile=(64, 128, 128), cluster=(2, 1), schedule="ws", row_scale=True),
+    dict(**FP8, tile=(16, 64, 128), schedule="ws", swap_ab=True, row_scale=True),
+    dict(**FP8, tile=(64, 64, 128), schedule="ws", swap_ab=True, row_scale=True),
+    dict(**FP8, tile=(128, 128, 128), block_scale=True),
+    dict(**FP8, tile=(128, 128, 128), cluster=(2, 1), block_scale=True),
+    dict(**FP8, tile=(128, 128, 128), cluster=(1, 2), block_scale=True),
+    dict(**FP8, tile=(64, 128, 128), cluster=(2, 1), schedule="ws", block_scale=True),
+    dict(**FP8, tile=(64, 128, 128), schedule="pp", block_scale=True),
+)
+# Full tier only: more clusters for the block-scaled tile.
+SM90_SCALED_FULL = (
+    dict(**FP8, tile=(128, 128, 128), cluster=(2, 2), block_scale=True),
+    dict(**FP8, tile=(128, 128, 128), cluster=(2, 1), swizzle=8, block_scale=True),
+    dict(**FP8, tile=(128, 128, 128), cluster=(1, 2), row_scale=True),
+    dict(**FP8, tile=(128, 64, 128), cluster=(2, 1), block_scale=True),
+    dict(**FP8, tile=(128, 256, 128), cluster=(2, 1), fast_accum=True, swizzle=8, row_scale=True),
+    dict(**FP8, tile=(256, 128, 128), cluster=(1, 2), fast_accum=True, row_scale=True),
+    dict(**FP8, tile=(256, 128, 128), cluster=(1, 2), fast_accum=True, swizzle=8, row_scale=True),
+    dict(**FP8, tile=(64, 256, 128), cluster=(1, 2), schedule="pp", fast_accum=True, row_scale=True),
+)
 SM90_EARLY_B_ONLY = (
     dict(**FP8, tile=(16, 64, 256), schedule="ws", swap_ab=True, deep=True),
     dict(**BF16, tile=(16, 64, 128), schedule="ws", swap_ab=True, deep=True),

@@ -33,31 +33,39 @@ class Bundle(BundleCore):
         return cls.open(default_path(None if capability is None else tuple(capability)), capability, device)
 
     def gemm(self, a, b, out=None, *, out_dtype=None, scale_a=None, scale_b=None, variant: str | None = None,
-             b_constant: bool = False):
+             b_constant: bool = False, scale_mode: str | None = None):
         """``out = a @ b.T`` (runtime/gemm.py; ``b`` packed by ``pack_b``: runtime/packed.py).
         ``b_constant=True`` promises that no kernel that may still be running in the stream writes
         ``b`` (model weights): decode variants launched with programmatic dependent launch then
-        start streaming ``b`` before the previous kernel has finished."""
+        start streaming ``b`` before the previous kernel has finished.  fp8 scales: one per tensor,
+        per row of a and b, or per 1x128 / 128x128 block, told apart by their shapes (or
+        ``scale_mode``); runtime/fp8.py gives the layouts and the quantizers that write them."""
         gemm, packed, _, bs, compiling = _OPS or _ops()
         if compiling():  # traced by torch.compile: the bundle's torch op, whose fake checks like this call
-            return self.traced_gemm(a, b, out, out_dtype, scale_a, scale_b, variant, b_constant)
+            return self.traced_gemm(a, b, out, out_dtype, scale_a, scale_b, variant, b_constant, scale_mode)
         if isinstance(a, bs.BlockScaled) or isinstance(b, bs.BlockScaled):
-            if scale_a is not None or scale_b is not None or b_constant:
-                raise InputError("block-scaled operands carry their own scales: scale_a, scale_b and "
+            if scale_a is not None or scale_b is not None or b_constant or scale_mode is not None:
+                raise InputError("block-scaled operands carry their own scales: scale_a, scale_b, scale_mode and "
                                     "b_constant do not apply")
             return bs.gemm_blockscaled(self, a, b, out, out_dtype=out_dtype, variant=variant)
         if isinstance(b, packed.PackedB):
+            if scale_mode not in (None, "tensor"):
+                raise InputError("packed weights take per-tensor fp8 scales only")
             return packed.gemm_packed(self, a, b, out, out_dtype=out_dtype, scale_a=scale_a, scale_b=scale_b,
                                       variant=variant, b_constant=b_constant)
         return gemm.gemm(self, a, b, out, out_dtype=out_dtype, scale_a=scale_a, scale_b=scale_b,
-                         variant=variant, b_constant=b_constant)
+                         variant=variant, b_constant=b_constant, scale_mode=scale_mode)
 
-    def traced_gemm(self, a, b, out, out_dtype, scale_a, scale_b, variant, b_constant):
+    def traced_gemm(self, a, b, out, out_dtype, scale_a, scale_b, variant, b_constant, scale_mode=None):
         """``gemm`` while torch.compile traces it: through this bundle's torch ops."""
         packed = (_OPS or _ops())[1]
         if variant is not None:
             raise InputError("variant= is not available under torch.compile: let the selection choose")
         ops = self.torch_ops()
+        if isinstance(b, packed.PackedB) or out is not None:
+            if scale_mode is not None:
+                raise InputError("scale_mode= under torch.compile is taken by gemm without out= or packed "
+                                 "weights: the scale shapes tell the form")
         if isinstance(b, packed.PackedB):
             import torch
 
@@ -70,7 +78,7 @@ class Bundle(BundleCore):
                 raise InputError(f"out_dtype {out_dtype} differs from out's dtype {out.dtype}: give one of them")
             ops.gemm_out(a, b, out, scale_a, scale_b, b_constant)
             return out
-        return ops.gemm(a, b, out_dtype, scale_a, scale_b, b_constant)
+        return ops.gemm(a, b, out_dtype, scale_a, scale_b, b_constant, scale_mode)
 
     def preload(self, ops=("gemm", "gemm_blockscaled", "attention")) -> int:
         """Load every variant of ``ops`` that this device runs (``BundleCore.preload``; the modules
@@ -97,6 +105,25 @@ class Bundle(BundleCore):
         Blackwell datacenter GPUs only (runtime/blockscaled.py).  ``bundle.gemm(a, b)`` with such
         operands does the same."""
         return (_OPS or _ops())[3].gemm_blockscaled(self, a, b, out, out_dtype=out_dtype, variant=variant)
+
+    def grouped_gemm(self, a, b, offs=None, masked_m=None, out=None, *, expected_m: int | None = None,
+                     variant: str | None = None, scale_a=None, scale_b=None):
+        """Grouped GEMM of mixture-of-experts layers, one launch over every group (runtime/grouped.py):
+        contiguous ``offs`` (a (M, K) sorted by group, torch._grouped_mm's convention) or masked
+        ``masked_m`` (a (E, max_m, K)); b (E, K, N) K-contiguous.  ``expected_m``: rows per group
+        the variant choice plans for.  float8_e4m3fn a and b take row or block ``scale_a`` /
+        ``scale_b`` (bfloat16 out; runtime/fp8.py ``quantize_grouped_a`` / ``quantize_grouped_b``)."""
+        if (_OPS or _ops())[4]():  # traced by torch.compile: the bundle's torch op, whose fake checks like this call
+            if variant is not None:
+                raise InputError("variant= is not available under torch.compile: let the selection choose")
+            if out is not None:
+                self.torch_ops().grouped_gemm_out(a, b, out, offs, masked_m, expected_m, scale_a, scale_b)
+                return out
+            return self.torch_ops().grouped_gemm(a, b, offs, masked_m, expected_m, scale_a, scale_b)
+        from . import grouped
+
+        return grouped.grouped_gemm(self, a, b, offs, masked_m, out, expected_m=expected_m, variant=variant,
+                                    scale_a=scale_a, scale_b=scale_b)
 
     def pack_b(self, b):
         """(N, K) e4m3 weights packed once for the decode kernels (runtime/packed.py):
@@ -160,6 +187,36 @@ class Bundle(BundleCore):
                                          softmax_scale, window_size, softcap, sinks, k_descale, v_descale,
                                          return_lse, out, cu_seqlens_q, max_seqlen_q, plan, check_varlen,
                                          variant)
+
+    def rms_norm(self, x, weight, eps=1e-6, *, residual=None, out=None, quantize=None):
+        """RMSNorm over the last dimension, optionally after ``residual += x`` (in place) and with
+        fp8 output plus per-row scales (runtime/fused.py says what the arguments mean)."""
+        from . import fused
+
+        if (_OPS or _ops())[4]():  # traced by torch.compile: the bundle's torch op (its fake checks alike)
+            if out is not None:
+                raise InputError("out= is not available under torch.compile")
+            ops = self.torch_ops()
+            if quantize is None:
+                return ops.rms_norm(x, weight, eps, residual)
+            fused.rms_norm_check(x, weight, eps, residual, None, quantize)
+            return ops.rms_norm_fp8(x, weight, eps, residual)
+        return fused.rms_norm(self, x, weight, eps, residual, out, quantize)
+
+    def rope_kvcache(self, q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping=None, *, neox=True,
+                     rotary_dim=None, block_table=None, cache_seqlens=None):
+        """Rotary embedding of q and k in place and the write of k and v into the paged KV cache at
+        ``slot_mapping`` (or through ``block_table`` at ``cache_seqlens``), one kernel (runtime/fused.py says what the arguments mean)."""
+        from . import fused
+
+        if (_OPS or _ops())[4]():  # traced by torch.compile: the bundle's torch op (its fake checks alike)
+            fused.rope_kvcache_check(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, neox,
+                                     rotary_dim, block_table, cache_seqlens)
+            self.torch_ops().rope_kvcache(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, neox,
+                                          block_table, cache_seqlens)
+            return q, k
+        return fused.rope_kvcache(self, q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, neox,
+                                  rotary_dim, block_table, cache_seqlens)
 
     def plan_kvcache(self, **problem):
         """The ``attention_kvcache`` variant for maxima fixed ahead of a CUDA-graph capture

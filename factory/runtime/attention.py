@@ -174,7 +174,9 @@ def check_meta(bundle, q, k, v, causal=False, softmax_scale=None, cu_seqlens_q=N
         _scale(softmax_scale)
     _check_common(torch, q, k, v, varlen, data=False)
     dtype = _DTYPES[str(q.dtype).removeprefix("torch.")]
-    d, hq = q.shape[-1], q.shape[-2]
+    # head_dim is a kernel's compile-time size: a symbolic one (dynamic shapes) is specialised
+    # (int() guards on it) so that the bundle's kernels for it are looked up as the real op does.
+    d, hq = int(q.shape[-1]), q.shape[-2]
     o = torch.empty_like(q)
     if varlen:
         _, _, batch = _check_cu_seqlens(torch, q, k, cu_seqlens_q, cu_seqlens_k)

@@ -12,8 +12,8 @@ touch nothing private):
   ``candidates``, ``binder``, ``fitting``, ``tuning``, ``describe_contents``, ``device_name``;
 * launching: ``launch``, ``fixed``, ``lib``;
 * per-bundle caches the op modules own and bound themselves (the core never reads them):
-  ``selections`` (problem key -> choice), ``hot_gemm`` / ``hot_attention`` (problem key -> the hot
-  path's launch), ``variant_facts`` ((fact, variant) -> value: grid caps, early_b twins) and
+  ``selections`` (problem key -> choice), ``hot_gemm`` / ``hot_attention`` / ``hot_kvcache``
+  (problem key -> the hot path's launch), ``variant_facts`` ((fact, variant) -> value: grid caps, early_b twins) and
   ``unit_scales`` (device -> fp8's default scale).
 """
 
@@ -80,6 +80,7 @@ class BundleCore:
         self.selections: dict[tuple, object] = {}
         self.hot_attention: dict[tuple, object] = {}
         self.hot_gemm: dict[tuple, object] = {}
+        self.hot_kvcache: dict[tuple, object] = {}
         self.variant_facts: dict[tuple, object] = {}
         self.unit_scales: dict = {}
         self._lock = threading.Lock()

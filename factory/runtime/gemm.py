@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from . import fp8 as fp8_forms
 from . import validate
 from .bundle import not_current
 from .errors import InputError, LaunchError, NoVariantError
@@ -65,24 +66,28 @@ def _major(spec, mn: str) -> str | None:
     return None
 
 
-def select(bundle, a3, b3, c3, ab: str, c: str, scales: list, b_constant: bool = False, device: int = 0) -> str:
+def select(bundle, a3, b3, c3, ab: str, c: str, scales: list, b_constant: bool = False, device: int = 0,
+           scale_form: tuple | None = None) -> str:
     """The variant for these (R, K, L) operand specs (or tensors); the host library's choice
     (``fx_gemm_select``), cached per problem key.
 
     ``b_constant``: B is not written by any kernel that may still run in the stream, so an
     ``early_b`` variant may run (the tuning table's measured b_constant winner of the bucket, or
-    the early_b twin of the plain choice)."""
+    the early_b twin of the plain choice).  ``scale_form``: fp8 row / block scales (runtime/fp8.py
+    ``scale_specs``' third value), selected by the host library's ``fx_gemm_scaled_select``."""
     a3, b3, c3 = (x if isinstance(x, tuple) else (x.data_ptr(), tuple(x.shape), tuple(x.stride()))
                   for x in (a3, b3, c3))
     M, K, L = a3[1]
     N = b3[1][0]
-    key = (ab, c, M, N, K, L, a3[2], b3[2], c3[2], a3[0] % 16, b3[0] % 16, c3[0] % 16, b_constant, device)
+    key = (ab, c, M, N, K, L, a3[2], b3[2], c3[2], a3[0] % 16, b3[0] % 16, c3[0] % 16, b_constant, device,
+           scale_form, *(s[0] % 16 for s in scales[:2]))
     name = bundle.selections.get(key)
     if name is not None:
         return name
     sel = bundle.selector
     try:
-        got = sel.select("gemm", sel.gemm_problem(a3, b3, c3, ab, c, scales, b_constant))
+        problem = sel.gemm_problem(a3, b3, c3, ab, c, scales, b_constant)
+        got = sel.select_scaled(problem, scale_form) if scale_form else sel.select("gemm", problem)
     except NoVariantError as e:
         raise NoVariantError(f"{e}; {bundle.describe_contents('gemm')}") from None
     return remember(bundle, key, got.name.decode())
@@ -218,13 +223,13 @@ def fitting_variants(bundle, a3, b3, c3, ab: str, c: str, scales: list,
 
 
 def gemm(bundle, a, b, out=None, *, out_dtype=None, scale_a=None, scale_b=None, variant=None,
-         b_constant=False):
+         b_constant=False, scale_mode=None):
     # Hot path: a problem seen before (shapes, strides, dtypes and devices of every tensor, the
     # flags) was checked in full then; what can differ between calls of one key is checked here:
     # tensor types, autograd, the current device, the data pointers' alignment (in ``go``).
     try:
         key = (a.shape, b.shape, a.stride(), b.stride(), a.dtype, b.dtype, a.get_device(), b.get_device(),
-               out_dtype, b_constant, variant, scale_a is None, scale_b is None)
+               out_dtype, b_constant, variant, scale_a is None, scale_b is None, scale_mode)
         if out is not None or scale_a is not None or scale_b is not None:
             key = hot_key(key, out, scale_a, scale_b)
         fire = bundle.hot_gemm.get(key)
@@ -261,12 +266,18 @@ def gemm(bundle, a, b, out=None, *, out_dtype=None, scale_a=None, scale_b=None, 
             _out_error(a, b, out, out_dtype)
         validate.distinct("out", out.shape, out.stride())
         validate.disjoint("out", out, a=a, b=b, scale_a=scale_a, scale_b=scale_b)
-    c = out_kind(out, fp8, scale_a, scale_b)
-    scales, keep = fp8_scales(bundle, a, scale_a, scale_b, dev) if fp8 else ([], [])
+    c = out_kind(out, fp8, scale_a, scale_b, scale_mode)
+    form = None  # row / block scales (runtime/fp8.py): shapes, strides and the C selection's form
+    if fp8 and (scale_mode is not None or _per_element(scale_a) or _per_element(scale_b)):
+        mode = fp8_forms.infer_mode(scale_a, scale_b, M, N, K, scale_mode)
+        if mode != "tensor":
+            scales, keep, form = fp8_forms.scale_specs(mode, scale_a, scale_b, a, M, N, K, L, nd, dev)
+    if form is None:
+        scales, keep = fp8_scales(bundle, a, scale_a, scale_b, dev) if fp8 else ([], [])
     if M == 0 or N == 0 or L == 0 or K == 0:  # torch's result, nothing launched
-        return _empty_problem(out, K, keep if fp8 else None)
+        return _empty_problem(out, K, keep if fp8 and form is None else None)
     if variant is None:
-        name = select(bundle, a3, b3, c3, ab, c, scales, b_constant, dev)
+        name = select(bundle, a3, b3, c3, ab, c, scales, b_constant, dev, form)
     else:
         name = _named(bundle, variant, a3, b3, c3, ab, c, scales, dev)
     entry = bundle.manifest["variants"][name]
@@ -302,13 +313,13 @@ def operands(a, b) -> str:
     return ab
 
 
-def out_kind(out, fp8: bool, scale_a, scale_b) -> str:
+def out_kind(out, fp8: bool, scale_a, scale_b, scale_mode=None) -> str:
     """The output's dtype name; InputError when the kernels do not write it, or scales are given
     to a GEMM that is not fp8."""
     c = DTYPES.get(out.dtype)
     if c is None:
         raise InputError(f"out dtype {out.dtype} is not one the kernels write (bfloat16, float16, float32)")
-    if not fp8 and (scale_a is not None or scale_b is not None):
+    if not fp8 and (scale_a is not None or scale_b is not None or scale_mode not in (None, "tensor")):
         raise InputError("scale_a/scale_b apply to fp8 GEMMs only")
     return c
 
@@ -319,7 +330,8 @@ def concrete(*values) -> bool:
     return all(type(v) is int for v in values)
 
 
-def check_meta(bundle, a, b, out=None, out_dtype=None, scale_a=None, scale_b=None, b_constant=False):
+def check_meta(bundle, a, b, out=None, out_dtype=None, scale_a=None, scale_b=None, b_constant=False,
+               scale_mode=None):
     """What ``gemm`` checks before a launch, on metadata alone (fake tensors under torch.compile),
     raising the same InputError / NoVariantError; returns ``out`` (a new one when None).
 
@@ -337,7 +349,20 @@ def check_meta(bundle, a, b, out=None, out_dtype=None, scale_a=None, scale_b=Non
         if (tuple(out.shape) != (*sa[:-1], sb[-2])) or (out_dtype is not None and out_dtype != out.dtype):
             _out_error(a, b, out, out_dtype)
         validate.distinct("out", out.shape, out.stride())
-    c = out_kind(out, fp8, scale_a, scale_b)
+    c = out_kind(out, fp8, scale_a, scale_b, scale_mode)
+    mode = fp8_forms.check_fake(a, b, scale_a, scale_b, scale_mode) if fp8 else "tensor"
+    if mode != "tensor":  # row / block scales: their layout as the real op checks it, then the variants
+        if not concrete(*a.shape, *b.shape, *scale_a.stride(), *scale_b.stride()):
+            return out
+        M, K, N = a.shape[-2], a.shape[-1], b.shape[-2]
+        fp8_forms.scale_layout(mode, scale_a, scale_b, M, N, K, 1, a.dim(), dev)
+        if M == 0 or N == 0 or K == 0:
+            return out
+        if not any(v["dtypes"]["a"] == ab and v["dtypes"]["c"] == c and (v.get("scale_mode") or "tensor") == mode
+                   for v in bundle.candidates("gemm")):
+            raise NoVariantError(f"no gemm variant with {mode} fp8 scales for a={ab} -> {c} on "
+                                 f"{bundle.device_name()}; {bundle.describe_contents('gemm')}")
+        return out
     if fp8:
         for what, s in (("scale_a", scale_a), ("scale_b", scale_b)):
             if s is None:
@@ -367,10 +392,15 @@ def hot_key(key: tuple, out, scale_a, scale_b) -> tuple:
     if out is not None:
         key += (out.shape, out.stride(), out.dtype, out.get_device())
     if scale_a is not None:
-        key += (scale_a.dtype, scale_a.get_device(), scale_a.numel())
+        key += (scale_a.dtype, scale_a.get_device(), scale_a.shape, scale_a.stride())
     if scale_b is not None:
-        key += (scale_b.dtype, scale_b.get_device(), scale_b.numel())
+        key += (scale_b.dtype, scale_b.get_device(), scale_b.shape, scale_b.stride())
     return key
+
+
+def _per_element(s) -> bool:
+    """A scale tensor of more than one element: a row or block form (runtime/fp8.py)."""
+    return isinstance(s, Tensor) and s.numel() != 1
 
 
 def hot_scales(bundle, a, keep: list, scale_a, scale_b) -> bool:

@@ -27,6 +27,8 @@ from torch import Tensor
 
 from . import validate
 from .attention import split_workspace
+from .bundle import BundleCore, not_current
+from .errors import LaunchError
 
 DECODE_MAX_SEQLEN_Q = 16  # the sm90_decode family's queries per sequence
 from .errors import InputError, NoVariantError
@@ -446,7 +448,27 @@ def attention_kvcache(bundle, q, k_cache, v_cache, cache_seqlens, block_table=No
     shape, or ``out``), or (o, lse) with ``return_lse`` (lse float32 (B, Hq, Sq), the sink
     included).  ``cache_seqlens`` and ``block_table`` are read on the device only: indices and
     lengths past the cache are the caller's contract, checked on the host (a synchronisation)
-    with ``check_varlen=True`` or ``FACTORY_CHECK_VARLEN=1``."""
+    with ``check_varlen=True`` or ``FACTORY_CHECK_VARLEN=1``.
+
+    Hot path: a call whose problem was seen before (the same shapes, strides, dtypes and devices
+    of every tensor argument, the same options, plan and ``out`` layout) was checked in full then;
+    it only checks what can differ between such calls (tensor types, autograd, the current device,
+    the pointers' alignment), allocates o (unless ``out``) and lse (and a workspace-split
+    variant's workspace), and launches.  Neither path reads ``cache_seqlens`` or ``block_table``
+    on the host (unless ``check_varlen``)."""
+    key = _hot_key(q, k_cache, v_cache, cache_seqlens, block_table, causal, softmax_scale, window_size, softcap,
+                   sinks, k_descale, v_descale, out, cu_seqlens_q, plan, check_varlen, variant)
+    if key is not None:
+        try:
+            fire = _hot(bundle).get(key)
+        except TypeError:  # an unhashable plan or window entry: checked below
+            key = fire = None
+        if fire is not None and not ((q.requires_grad or k_cache.requires_grad or v_cache.requires_grad
+                                      or (sinks is not None and sinks.requires_grad)) and torch.is_grad_enabled()):
+            res = fire(q, k_cache, v_cache, cache_seqlens, block_table, sinks, k_descale, v_descale, out)
+            if res is not None:
+                return res if return_lse else res[0]
+            key = None  # a misaligned pointer: the checked path below names it
     p, scale = check(q, k_cache, v_cache, cache_seqlens, block_table, causal, softmax_scale, window_size, softcap,
                      sinks, k_descale, v_descale, out, cu_seqlens_q, max_seqlen_q)
     dev = validate.one_device(bundle, q=q, k_cache=k_cache, v_cache=v_cache)
@@ -493,4 +515,114 @@ def attention_kvcache(bundle, q, k_cache, v_cache, cache_seqlens, block_table=No
     if p.varlen_q:
         args.append(max_seqlen_q)
     bundle.launch(name, args, device=dev)
+    if key is not None and not p.varlen_q:
+        fire = _hot_launch(bundle, name, splits, args, out is not None, k_descale, v_descale, p.heads_kv, dev)
+        if fire is not None:
+            cache = _hot(bundle)
+            if len(cache) >= 4096:
+                cache.clear()
+            cache[key] = fire
     return (o, lse) if return_lse else o
+
+
+# --- the hot path ---------------------------------------------------------------------------------
+def _meta(t):
+    """A tensor argument's part of the hot key: everything the checks read except its data."""
+    return None if t is None else (type(t), t.shape, t.stride(), t.dtype, t.device)
+
+
+_PLAIN = (bool, int, float, type(None))
+
+
+def _hot_key(q, k_cache, v_cache, cache_seqlens, block_table, causal, softmax_scale, window_size, softcap, sinks,
+             k_descale, v_descale, out, cu_seqlens_q, plan, check_varlen, variant):
+    """The hot path's problem key, or None where the call must take the checked path: packed
+    varlen q, a variant by name, host-side content checks, options that are not plain numbers,
+    arguments that are not tensors."""
+    if cu_seqlens_q is not None or variant is not None or check_varlen \
+            or (check_varlen is None and validate.check_varlen_default()):
+        return None
+    if type(causal) not in _PLAIN or type(softmax_scale) not in _PLAIN or type(softcap) not in _PLAIN \
+            or type(window_size) is not tuple:
+        return None
+    try:
+        return (_meta(q), _meta(k_cache), _meta(v_cache), _meta(cache_seqlens), _meta(block_table), _meta(sinks),
+                _meta(k_descale), _meta(v_descale), _meta(out), causal, softmax_scale, window_size, softcap, plan)
+    except AttributeError:  # not tensors: the checked path says which
+        return None
+
+
+_NO_CACHE: dict = {}  # (a stand-in bundle's hot path: never filled, see _hot_launch)
+
+
+def _hot(bundle) -> dict:
+    try:
+        return bundle.hot_kvcache
+    except AttributeError:
+        return _NO_CACHE
+
+
+def _hot_launch(bundle, name: str, splits: int, args: list, has_out: bool, k_descale, v_descale, hkv: int,
+                dev: int):
+    """``fire(q, k_cache, v_cache, cache_seqlens, block_table, sinks, k_descale, v_descale, out)``
+    for the problem just launched (and so checked) with ``args``: the sizes, strides and scalars
+    are fixed (:meth:`BundleCore.fixed`); a call writes the data pointers, allocates o (unless
+    ``out``), lse (and a workspace split's workspace), and launches.  Returns (o, lse), or None
+    without launching when a pointer breaks its alignment (the checked path then names it).
+    The dummies (a (B, 1) block table, -inf sinks, unit descales) are this closure's own
+    references.  None instead of ``fire`` when the variant was not loaded by that launch (a
+    stand-in launch in tests)."""
+    specs = [a if isinstance(a, (int, float)) else (a.data_ptr(), tuple(a.shape), tuple(a.stride())) for a in args]
+    fixed = bundle.fixed(name, specs) if isinstance(bundle, BundleCore) else None
+    if fixed is None:
+        return None
+    go = fixed.go
+    cur, raw = bundle.device_api()
+    q, o, lse = args[0], args[3], args[4]
+    at = 7 if splits > 1 else 5
+    bt_arg, sk_arg, desc_arg = args[at], args[at + 2], args[at + 3]
+    empty_like = torch.empty_like
+    one = torch.empty(1, dtype=torch.float32, device=q.device)
+    lproto = one.expand(lse.shape)  # empty_like of a zero-stride view: a new compact tensor
+    if empty_like(lproto).stride() != lse.stride() or (not has_out and empty_like(q).stride() != o.stride()):
+        raise AssertionError(f"{name}: empty_like does not reproduce the checked output layouts")
+    # Arguments the caller left out: the dummies this launch used (fixed pointers).
+    bt_dummy = bt_arg.data_ptr()  # (read only where the key's block_table is None: then the dummy)
+    sk_dummy = sk_arg.data_ptr()
+    desc_fixed = desc_arg.data_ptr() if k_descale is None and v_descale is None else None
+    unit = _dummy("descale", q.device, hkv)[0]
+    keep = (bt_arg, sk_arg, desc_arg, unit)  # (alive as long as this closure)
+    wproto = lse_at = None
+    if splits > 1:
+        ws = args[5]
+        n = ws.numel()
+        wproto, lse_at = one.expand(n + args[6].numel()), n * 4  # split_workspace's one allocation
+
+    def fire(q, k_cache, v_cache, cache_seqlens, block_table, sinks, k_descale, v_descale, out):
+        o = empty_like(q) if out is None else out
+        lse = empty_like(lproto)
+        here = cur()
+        if here != dev:
+            not_current(dev, here)
+        bt = bt_dummy if block_table is None else block_table.data_ptr()
+        sk = sk_dummy if sinks is None else sinks.data_ptr()
+        if desc_fixed is not None:
+            desc = desc_fixed
+        else:  # (fp8 caches with descales: one small tensor per call, as on the checked path)
+            d = torch.stack([(t.reshape(-1) if t is not None else unit).expand(hkv) for t in (k_descale, v_descale)])
+            desc = d.data_ptr()
+        if wproto is None:
+            err = go(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), o.data_ptr(), lse.data_ptr(), bt,
+                     cache_seqlens.data_ptr(), sk, desc, raw(here))
+        else:
+            w = empty_like(wproto).data_ptr()
+            err = go(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), o.data_ptr(), lse.data_ptr(), w,
+                     w + lse_at, bt, cache_seqlens.data_ptr(), sk, desc, raw(here))
+        if err != 0:
+            if err is None:
+                return None
+            raise LaunchError(f"{name}: launch failed: {bundle.lib.error(err)}")
+        return o, lse
+    fire.fixed = fixed  # (for scripts/launch_overhead.py's breakdown)
+    fire.keep = keep
+    return fire

@@ -31,6 +31,11 @@ class GemmProblem(ctypes.Structure):
                 ("c", _P), ("c_stride", _I64x3), ("scale_a", _P), ("scale_b", _P), ("b_constant", ctypes.c_int32)]
 
 
+class GemmScales(ctypes.Structure):
+    _fields_ = [("mode", ctypes.c_int32), ("scale_a_stride", ctypes.c_int64 * 2),
+                ("scale_b_stride", ctypes.c_int64 * 2)]
+
+
 class AttentionProblem(ctypes.Structure):
     _fields_ = [("dtype", ctypes.c_int), ("varlen", ctypes.c_int32),
                 ("batch", ctypes.c_int64), ("seqlen_q", ctypes.c_int64), ("seqlen_k", ctypes.c_int64),
@@ -71,6 +76,14 @@ class AttentionFp8Problem(ctypes.Structure):
                 ("heads_q", ctypes.c_int64), ("heads_kv", ctypes.c_int64), ("head_dim", ctypes.c_int64),
                 ("v_layout", ctypes.c_int32), ("causal", ctypes.c_int32), ("softmax_scale", ctypes.c_float),
                 ("varlen", ctypes.c_int32)]
+
+
+class GroupedProblem(ctypes.Structure):
+    _fields_ = [("ab_dtype", ctypes.c_int), ("c_dtype", ctypes.c_int), ("masked", ctypes.c_int32),
+                ("m", ctypes.c_int64), ("n", ctypes.c_int64), ("k", ctypes.c_int64), ("groups", ctypes.c_int64),
+                ("a", _P), ("a_stride", _I64x3), ("b", _P), ("b_stride", _I64x3), ("c", _P), ("c_stride", _I64x3),
+                ("offs", _P), ("masked_m", _P), ("expected_m", ctypes.c_int64), ("scale_mode", ctypes.c_int32),
+                ("scale_a", _P), ("scale_a_stride", _I64x3), ("scale_b", _P), ("scale_b_stride", _I64x3)]
 
 
 class Selection(ctypes.Structure):
@@ -115,12 +128,18 @@ class Selector:
         self._fns = {}
         for op, problem in (("gemm", GemmProblem), ("attention", AttentionProblem), ("gemm_packed", PackedProblem),
                             ("gemm_blockscaled", BlockScaledProblem), ("attention_kvcache", KVCacheProblem),
-                            ("attention_fp8", AttentionFp8Problem)):
+                            ("attention_fp8", AttentionFp8Problem), ("gemm_grouped", GroupedProblem)):
             fn = getattr(self.lib, f"fx_{op}_select", None)
             if fn is not None:
                 fn.restype = ctypes.c_int32
                 fn.argtypes = [ctypes.POINTER(Device), ctypes.POINTER(problem), ctypes.POINTER(Selection)]
             self._fns[op] = fn
+        fn = getattr(self.lib, "fx_gemm_scaled_select", None)
+        if fn is not None:
+            fn.restype = ctypes.c_int32
+            fn.argtypes = [ctypes.POINTER(Device), ctypes.POINTER(GemmProblem), ctypes.POINTER(GemmScales),
+                           ctypes.POINTER(Selection)]
+        self._scaled = fn
 
     def variant_names(self) -> list[str]:
         """The variants the library's selection tables hold, in its index order."""
@@ -144,6 +163,24 @@ class Selector:
         if rc == FX_ERR_NO_VARIANT:
             raise NoVariantError(msg)
         raise RuntimeError(f"fx_{op}_select returned {rc}: {msg}")
+
+    def select_scaled(self, problem, form: tuple) -> Selection:
+        """``fx_gemm_scaled_select`` of a GEMM problem with fp8 row / block scales; ``form`` is
+        (mode: 1 row, 2 block, scale_a strides, scale_b strides) (runtime/fp8.py)."""
+        if self._scaled is None:
+            raise NoVariantError("this bundle's host library has no fx_gemm_scaled_select: relink it (python -m factory link)")
+        mode, sa, sb = form
+        sc = GemmScales(int(mode), (ctypes.c_int64 * 2)(*sa), (ctypes.c_int64 * 2)(*sb))
+        sel = Selection()
+        rc = self._scaled(self._dev, ctypes.byref(problem), ctypes.byref(sc), ctypes.byref(sel))
+        if rc == 0:
+            return sel
+        msg = (self.lib.fx_last_error_message() or b"").decode(errors="replace")
+        if rc == FX_ERR_INPUT:
+            raise InputError(msg)
+        if rc == FX_ERR_NO_VARIANT:
+            raise NoVariantError(msg)
+        raise RuntimeError(f"fx_gemm_scaled_select returned {rc}: {msg}")
 
     # --- the cost models (tools) ----------------------------------------------------------------------
     def index(self, name: str) -> int:

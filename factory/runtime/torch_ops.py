@@ -1,6 +1,7 @@
 """The bundle's ops as torch custom ops, for ``torch.compile`` (Dynamo traces them as opaque
 calls, no graph break) and CUDA graphs: ``gemm``, ``gemm_out``, ``gemm_packed``, ``attention``,
-``attention_kvcache``, ``attention_fp8``.
+``attention_kvcache``, ``attention_fp8``, ``grouped_gemm``, ``grouped_gemm_out``, and the fused glue ops
+``rms_norm``, ``rms_norm_fp8`` and ``rope_kvcache`` (defined in runtime/fused.py, ``TORCH_OPS``).
 
 One op set per bundle: ``bundle.torch_ops()`` registers the ops of that bundle once (``torch.library``
 define + impl, the lower-cost path: see notes) in a namespace of its own and returns it: the
@@ -24,13 +25,16 @@ import threading
 
 import torch
 
+from . import fused
+
 NAMESPACE = "kernel_factory"
 _SETS: dict[int, tuple[object, str, object]] = {}  # id(bundle) -> (bundle, namespace, torch.library.Library)
 _LOCK = threading.Lock()
 
 
-def _gemm(bundle, a, b, out_dtype=None, scale_a=None, scale_b=None, b_constant=False):
-    return bundle.gemm(a, b, out_dtype=out_dtype, scale_a=scale_a, scale_b=scale_b, b_constant=b_constant)
+def _gemm(bundle, a, b, out_dtype=None, scale_a=None, scale_b=None, b_constant=False, scale_mode=None):
+    return bundle.gemm(a, b, out_dtype=out_dtype, scale_a=scale_a, scale_b=scale_b, b_constant=b_constant,
+                       scale_mode=scale_mode)
 
 
 def _gemm_out(bundle, a, b, out, scale_a=None, scale_b=None, b_constant=False):
@@ -63,10 +67,10 @@ def _attention_fp8(bundle, q, k, v, causal=False, softmax_scale=None, q_descale=
     return bundle.attention_fp8(q, k, v, causal, softmax_scale, q_descale, k_descale, v_descale, True, v_layout)
 
 
-def _gemm_fake(bundle, a, b, out_dtype=None, scale_a=None, scale_b=None, b_constant=False):
+def _gemm_fake(bundle, a, b, out_dtype=None, scale_a=None, scale_b=None, b_constant=False, scale_mode=None):
     from . import gemm
 
-    return gemm.check_meta(bundle, a, b, None, out_dtype, scale_a, scale_b, b_constant)
+    return gemm.check_meta(bundle, a, b, None, out_dtype, scale_a, scale_b, b_constant, scale_mode)
 
 
 def _gemm_out_fake(bundle, a, b, out, scale_a=None, scale_b=None, b_constant=False):
@@ -114,9 +118,33 @@ def _attention_fp8_fake(bundle, q, k, v, causal=False, softmax_scale=None, q_des
                                     v_layout)
 
 
+def _grouped_gemm(bundle, a, b, offs=None, masked_m=None, expected_m=None, scale_a=None, scale_b=None):
+    return bundle.grouped_gemm(a, b, offs, masked_m, expected_m=expected_m, scale_a=scale_a, scale_b=scale_b)
+
+
+def _grouped_gemm_out(bundle, a, b, out, offs=None, masked_m=None, expected_m=None, scale_a=None, scale_b=None):
+    bundle.grouped_gemm(a, b, offs, masked_m, out, expected_m=expected_m, scale_a=scale_a, scale_b=scale_b)
+
+
+def _grouped_gemm_fake(bundle, a, b, offs=None, masked_m=None, expected_m=None, scale_a=None, scale_b=None):
+    """Checks as the real op does (shapes, dtypes, layouts, the routing tensor, the fp8 scales'
+    form and layout; the bundle's variants where the sizes are concrete; no data is read), then
+    the output."""
+    from . import grouped
+
+    want = grouped.check_plan(bundle, a, b, offs, masked_m, None, expected_m, scale_a, scale_b)
+    return a.new_empty(want, dtype=grouped.out_dtype(a))
+
+
+def _grouped_gemm_out_fake(bundle, a, b, out, offs=None, masked_m=None, expected_m=None, scale_a=None, scale_b=None):
+    from . import grouped
+
+    grouped.check_plan(bundle, a, b, offs, masked_m, out, expected_m, scale_a, scale_b)
+
+
 OPS = {
     "gemm": ("gemm(Tensor a, Tensor b, ScalarType? out_dtype=None, Tensor? scale_a=None, Tensor? scale_b=None, "
-             "bool b_constant=False) -> Tensor", _gemm, _gemm_fake),
+             "bool b_constant=False, str? scale_mode=None) -> Tensor", _gemm, _gemm_fake),
     "gemm_out": ("gemm_out(Tensor a, Tensor b, Tensor(a!) out, Tensor? scale_a=None, Tensor? scale_b=None, "
                  "bool b_constant=False) -> ()", _gemm_out, _gemm_out_fake),
     "gemm_packed": ("gemm_packed(Tensor a, Tensor packed, Tensor? scale_a=None, Tensor? scale_b=None, "
@@ -132,7 +160,16 @@ OPS = {
     "attention_fp8": ("attention_fp8(Tensor q, Tensor k, Tensor v, bool causal=False, float? softmax_scale=None, "
                       "Tensor? q_descale=None, Tensor? k_descale=None, Tensor? v_descale=None, str v_layout='bshd') "
                       "-> (Tensor, Tensor)", _attention_fp8, _attention_fp8_fake),
+
+
+    "grouped_gemm": ("grouped_gemm(Tensor a, Tensor b, Tensor? offs=None, Tensor? masked_m=None, "
+                     "int? expected_m=None, Tensor? scale_a=None, Tensor? scale_b=None) -> Tensor", _grouped_gemm,
+                     _grouped_gemm_fake),
+    "grouped_gemm_out": ("grouped_gemm_out(Tensor a, Tensor b, Tensor(a!) out, Tensor? offs=None, "
+                         "Tensor? masked_m=None, int? expected_m=None, Tensor? scale_a=None, "
+                         "Tensor? scale_b=None) -> ()", _grouped_gemm_out, _grouped_gemm_out_fake),
 }
+OPS.update(fused.TORCH_OPS)
 
 
 def namespace(bundle) -> str | None:

@@ -60,6 +60,24 @@ typedef struct {
                                variant may start loading b before the previous kernel ends */
 } fx_gemm_problem_t;
 
+/* fp8 scale forms for fx_gemm_scaled / fx_gemm_scaled_select (fx_gemm's fp8 scales are per tensor).
+   The problem's scale_a / scale_b point to float32 device memory laid out as:
+   FX_SCALE_TENSOR: one element each: c = sa·sb·a·bᵀ.
+   FX_SCALE_ROW (torch _scaled_mm row-wise): scale_a (m), scale_b (n), unit stride:
+     c[m][n] = sa[m]·sb[n]·Σ_k a[m][k]·b[n][k].
+   FX_SCALE_BLOCK (DeepSeek-V3): kb = ceil(k/128), nb = ceil(n/128); scale_a (m, kb) M-major,
+     strides {1, s} with s >= m and a multiple of 4, 16-byte aligned (DeepGEMM's TMA-aligned
+     layout: s = m rounded up to 4); scale_b (nb, kb)
+     strides {s, 1} with s >= kb: c[m][n] = Σ_kb sa[m][kb]·sb[n/128][kb]·Σ_{k in block kb} a[m][k]·b[n][k].
+   Row and block scales take l = 1.  Strides are in elements: scale_a_stride / scale_b_stride[0]
+   is the stride of the m / n (or nb) mode, [1] of the kb mode (unused by the row form). */
+typedef enum { FX_SCALE_TENSOR = 0, FX_SCALE_ROW = 1, FX_SCALE_BLOCK = 2 } fx_scale_mode_t;
+typedef struct {
+    int32_t mode; /* fx_scale_mode_t */
+    int64_t scale_a_stride[2];
+    int64_t scale_b_stride[2];
+} fx_gemm_scales_t;
+
 /* softmax(q·kᵀ·scale [+ bottom-right causal mask])·v.
    Dense: q/o (batch, seqlen_q, heads_q, head_dim), k/v (batch, seqlen_k, heads_kv, head_dim),
    lse float32 (batch, heads_q, seqlen_q).  Varlen (packed sequences): seqlen_q / seqlen_k are the
@@ -160,6 +178,46 @@ typedef struct {
     float softmax_scale;    /* 0: 1/sqrt(head_dim); else > 0 and finite */
 } fx_attention_kvcache_problem_t;
 
+/* Grouped GEMM for mixture-of-experts layers (Python: bundle.grouped_gemm, runtime/grouped.py):
+   the rows of group g times the transpose of b[g], b (groups, N, K) K-contiguous, b_stride {n, k, group}.
+   Contiguous (masked 0): a (M, K) holds the rows sorted by group, offs (groups,) int32 the
+   cumulative end rows (group g owns rows offs[g-1] .. offs[g]-1, offs[-1] = 0), c (M, N).
+   Masked (masked 1): a (groups, M, K), masked_m (groups,) int32 row counts (group g owns its first
+   masked_m[g] rows), c (groups, M, N); rows past a group's count are not written.
+   offs / masked_m live on the device and are never read on the host; rows past M (or past
+   max(offs)) are neither read nor written.  groups <= 1024; K > 0.  a_stride {m, k, group},
+   c_stride {m, n, group} (the group strides unused when contiguous).  expected_m: the rows per
+   group the choice plans for (0: M / groups when contiguous, M when masked).
+   fp8 (ab_dtype E4M3, c_dtype BF16) takes float32 scales, scale_mode FX_SCALE_ROW or FX_SCALE_BLOCK
+   (FX_SCALE_TENSOR = 0: no scales, bf16/f16); kb = ceil(k/128), nb = ceil(n/128), strides in
+   elements, scale_a_stride {m, kb, group}, scale_b_stride {n or nb, kb, group}:
+   - row: scale_a one per row of a (contiguous (m,), masked (groups, m)), unit stride along m;
+     scale_b (groups, n), unit stride along n: c = sa[row]·sb[g][col]·Σ_k a·b.
+   - block (DeepSeek-V3): scale_a one per row and k-block, M-major: contiguous (m, kb), masked
+     (groups, m, kb), stride 1 along m, the kb and group strides multiples of 4 (16-byte rows, read
+     by TMA), the kb stride >= m, data 16-byte aligned; scale_b (groups, nb, kb) K-contiguous:
+     c = Σ_kb sa[row][kb]·sb[g][col/128][kb]·Σ_{k in block kb} a·b. */
+typedef struct {
+    fx_dtype_t ab_dtype;     /* a and b: BF16, F16 or E4M3 */
+    fx_dtype_t c_dtype;      /* BF16 */
+    int32_t masked;
+    int64_t m, n, k, groups;
+    const void *a;
+    int64_t a_stride[3];
+    const void *b;
+    int64_t b_stride[3];
+    void *c;
+    int64_t c_stride[3];
+    const int32_t *offs;     /* contiguous */
+    const int32_t *masked_m; /* masked */
+    int64_t expected_m;
+    int32_t scale_mode;      /* fx_scale_mode_t: TENSOR (none) for bf16/f16, ROW or BLOCK for e4m3 */
+    const float *scale_a;
+    int64_t scale_a_stride[3];
+    const float *scale_b;
+    int64_t scale_b_stride[3];
+} fx_gemm_grouped_problem_t;
+
 /* fp8 (e4m3) attention forward (Python: bundle.attention with float8_e4m3fn q/k/v,
    runtime/attention_fp8.py): q (batch, seqlen_q, heads_q, head_dim), k (batch, seqlen_k, heads_kv,
    head_dim) e4m3; v e4m3 as k (v_layout 0) or pre-transposed (batch, heads_kv, head_dim,
@@ -191,12 +249,15 @@ int32_t fx_gemm_select(const fx_device_t *dev, const fx_gemm_problem_t *p, fx_se
 int32_t fx_attention_select(const fx_device_t *dev, const fx_attention_problem_t *p, fx_selection_t *out);
 int32_t fx_attention_kvcache_select(const fx_device_t *dev, const fx_attention_kvcache_problem_t *p,
                                     fx_selection_t *out);
+int32_t fx_gemm_scaled_select(const fx_device_t *dev, const fx_gemm_problem_t *p, const fx_gemm_scales_t *scales,
+                              fx_selection_t *out);
 int32_t fx_attention_fp8_select(const fx_device_t *dev, const fx_attention_fp8_problem_t *p, fx_selection_t *out);
 /* The v layout variant `variant` takes (fp8 attention: 0 as k, 1 pre-transposed; -1: no such variant). */
 int32_t fx_variant_v_layout(int32_t variant);
 int32_t fx_gemm_packed_select(const fx_device_t *dev, const fx_gemm_packed_problem_t *p, fx_selection_t *out);
 int32_t fx_gemm_blockscaled_select(const fx_device_t *dev, const fx_gemm_blockscaled_problem_t *p,
                                    fx_selection_t *out);
+int32_t fx_gemm_grouped_select(const fx_device_t *dev, const fx_gemm_grouped_problem_t *p, fx_selection_t *out);
 
 /* Select, then launch on `stream` (loading the variant's module on first use: do one call before
    capturing a CUDA graph).  The launch runs on the current device (cudaSetDevice): `stream` must
@@ -207,6 +268,8 @@ int32_t fx_gemm_blockscaled_select(const fx_device_t *dev, const fx_gemm_blocksc
    selection. */
 int32_t fx_gemm(const fx_device_t *dev, const fx_gemm_problem_t *p, void *workspace,
                 uint64_t workspace_bytes, fx_stream_t stream, fx_selection_t *out);
+int32_t fx_gemm_scaled(const fx_device_t *dev, const fx_gemm_problem_t *p, const fx_gemm_scales_t *scales,
+                       void *workspace, uint64_t workspace_bytes, fx_stream_t stream, fx_selection_t *out);
 int32_t fx_attention(const fx_device_t *dev, const fx_attention_problem_t *p, void *workspace,
                      uint64_t workspace_bytes, fx_stream_t stream, fx_selection_t *out);
 int32_t fx_attention_kvcache(const fx_device_t *dev, const fx_attention_kvcache_problem_t *p, void *workspace,
@@ -215,6 +278,8 @@ int32_t fx_gemm_packed(const fx_device_t *dev, const fx_gemm_packed_problem_t *p
                        fx_selection_t *out);
 int32_t fx_gemm_blockscaled(const fx_device_t *dev, const fx_gemm_blockscaled_problem_t *p, fx_stream_t stream,
                             fx_selection_t *out);
+int32_t fx_gemm_grouped(const fx_device_t *dev, const fx_gemm_grouped_problem_t *p, fx_stream_t stream,
+                        fx_selection_t *out);
 
 /* The GEMM cost model's predicted time (us) of a variant (index) on an (m, n, k, l) problem: the
    sm90 and sm100 families' models the selection ranks by. */

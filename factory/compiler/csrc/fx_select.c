@@ -1,5 +1,5 @@
 /* The variant selection, the one implementation: fx_gemm / fx_attention / fx_gemm_packed /
- * fx_gemm_blockscaled choose a variant from the tables generated into fx_glue.c (fx_select.h),
+ * fx_gemm_blockscaled / fx_gemm_grouped choose a variant from the tables generated into fx_glue.c (fx_select.h),
  * then launch it; their fx_*_select only choose, and are what the Python loader calls
  * (factory/runtime/selector.py).  The cost models' constants come from factory/runtime/tuning.py
  * and cost_sm100.py (their one description); their code is here.
@@ -261,6 +261,7 @@ FX_EXPORT int32_t fx_device_query(int32_t device, fx_device_t *out) {
 }
 
 static int64_t cdiv(int64_t a, int64_t b) { return a / b + (a % b != 0); } /* a >= 0, b > 0 */
+#define FX_SCALE_BLOCK_K 128 /* K elements (and rows of b) per block scale */
 static i128 cdiv128(i128 a, i128 b) { return (a + b - 1) / b; }
 
 static const char *dtype_name(int32_t d) {
@@ -820,8 +821,8 @@ static int32_t gemm_b_constant(const gemm_ctx *g, int32_t plain) {
    factory/compiler/selection.py checks), the device name only as whether the tuning table
    applies. */
 typedef struct {
-    int32_t cc_major, cc_minor, sm_count, tuned, ab, c, am, bm, b_constant, align[5];
-    int64_t M, N, K, L, strides[9];
+    int32_t cc_major, cc_minor, sm_count, tuned, ab, c, am, bm, b_constant, align[5], scale_mode;
+    int64_t M, N, K, L, strides[13];
 } gemm_key;
 
 #define FX_CACHE_SLOTS 64
@@ -830,7 +831,7 @@ static _Thread_local struct {
     int32_t choice; /* variant + 1; 0: empty slot */
 } fx_gemm_cache[FX_CACHE_SLOTS];
 
-static uint32_t gemm_key_of(const gemm_ctx *g, const fx_gemm_problem_t *p, gemm_key *k) {
+static uint32_t gemm_key_of(const gemm_ctx *g, const fx_gemm_problem_t *p, const fx_gemm_scales_t *sc, gemm_key *k) {
     memset(k, 0, sizeof *k);
     k->cc_major = g->dev->cc_major, k->cc_minor = g->dev->cc_minor, k->sm_count = g->dev->sm_count;
     k->tuned = tuning_applies(g->dev);
@@ -842,6 +843,13 @@ static uint32_t gemm_key_of(const gemm_ctx *g, const fx_gemm_problem_t *p, gemm_
         k->strides[i] = p->a_stride[i];
         k->strides[3 + i] = p->b_stride[i];
         k->strides[6 + i] = p->c_stride[i];
+    }
+    if (sc) {
+        k->scale_mode = sc->mode;
+        for (int i = 0; i < 2; i++) {
+            k->strides[9 + i] = sc->scale_a_stride[i];
+            k->strides[11 + i] = sc->scale_b_stride[i];
+        }
     }
     uint32_t h = 2166136261u; /* FNV-1a */
     const unsigned char *b = (const unsigned char *)k;
@@ -866,7 +874,8 @@ static int64_t elem_bytes(int32_t dtype) {
 }
 
 /* The GEMM op's checks up to the launch (runtime/gemm.py), and the choice, cached per thread. */
-static int32_t gemm_select(const fx_device_t *dev, const fx_gemm_problem_t *p, fx_selection_t *out, gemm_ctx *g) {
+static int32_t gemm_select(const fx_device_t *dev, const fx_gemm_problem_t *p, const fx_gemm_scales_t *sc,
+                           fx_selection_t *out, gemm_ctx *g) {
     memset(out, 0, sizeof *out);
     out->variant = -1;
     fx_msg[0] = 0;
@@ -887,17 +896,65 @@ static int32_t gemm_select(const fx_device_t *dev, const fx_gemm_problem_t *p, f
     if ((rc = check_bool("b_constant", p->b_constant))) return rc;
     int fp8 = ab == FX_DTYPE_E4M3;
     if (!fp8 && (p->scale_a || p->scale_b)) return fail(FX_ERR_INPUT, "scale_a/scale_b apply to fp8 GEMMs only");
+    int32_t mode = sc ? sc->mode : FX_SCALE_TENSOR;
+    if (mode != FX_SCALE_TENSOR && mode != FX_SCALE_ROW && mode != FX_SCALE_BLOCK)
+        return fail(FX_ERR_INPUT, "unknown scale mode %d (tensor 0, row 1, block 2)", mode);
+    if (mode != FX_SCALE_TENSOR && !fp8) return fail(FX_ERR_INPUT, "row and block scales apply to fp8 GEMMs only");
+    if (mode != FX_SCALE_TENSOR && p->l != 1)
+        return fail(FX_ERR_INPUT, "row and block scales take l = 1 (2-D a and b), got l = %lld", (long long)p->l);
+    /* the scales' shapes and strides by form: (1), (1) / (m), (n) / (m, kb), (nb, kb) */
+    int64_t kb = cdiv(p->k, FX_SCALE_BLOCK_K), nb = cdiv(p->n, FX_SCALE_BLOCK_K);
+    int64_t ssa[2] = {1, 1}, ssb[2] = {1, 1}, tsa[2] = {1, 1}, tsb[2] = {1, 1};
+    int32_t srank = mode == FX_SCALE_BLOCK ? 2 : 1;
+    if (mode != FX_SCALE_TENSOR)
+        if ((rc = check_stride("scale_a_stride", sc->scale_a_stride, 0, srank)) ||
+            (rc = check_stride("scale_b_stride", sc->scale_b_stride, 0, srank)))
+            return rc;
+    if (mode == FX_SCALE_ROW) {
+        ssa[0] = p->m, ssb[0] = p->n, tsa[0] = sc->scale_a_stride[0], tsb[0] = sc->scale_b_stride[0];
+        if ((p->m > 1 && tsa[0] != 1) || (p->n > 1 && tsb[0] != 1))
+            return fail(FX_ERR_INPUT, "row scales must be contiguous (scale_a stride %lld, scale_b stride %lld)",
+                        (long long)tsa[0], (long long)tsb[0]);
+    } else if (mode == FX_SCALE_BLOCK) {
+        ssa[0] = p->m, ssa[1] = kb, ssb[0] = nb, ssb[1] = kb;
+        for (int i = 0; i < 2; i++) tsa[i] = sc->scale_a_stride[i], tsb[i] = sc->scale_b_stride[i];
+        if (p->m > 1 && tsa[0] != 1)
+            return fail(FX_ERR_INPUT, "block scale_a (m, ceil(k/128)) must be M-major (stride 1 along m), got strides %lld,%lld",
+                        (long long)tsa[0], (long long)tsa[1]);
+        if (kb > 1 && tsa[1] < p->m)
+            return fail(FX_ERR_INPUT, "block scale_a's k-block stride %lld must be >= m = %lld", (long long)tsa[1], (long long)p->m);
+        if (kb > 1 && tsa[1] % 4)
+            return fail(FX_ERR_INPUT, "block scale_a's k-block stride %lld must be a multiple of 4 (16-byte rows, read by TMA)",
+                        (long long)tsa[1]);
+        if ((uintptr_t)p->scale_a % 16)
+            return fail(FX_ERR_INPUT, "block scale_a must be 16-byte aligned (read by TMA)");
+        if (kb > 1 && tsb[1] != 1)
+            return fail(FX_ERR_INPUT, "block scale_b (ceil(n/128), ceil(k/128)) must be K-contiguous, got strides %lld,%lld",
+                        (long long)tsb[0], (long long)tsb[1]);
+        if (nb > 1 && tsb[0] < kb)
+            return fail(FX_ERR_INPUT, "block scale_b's row stride %lld must be >= ceil(k/128) = %lld", (long long)tsb[0], (long long)kb);
+        /* modes of one element: any stride reads the same element; pass the packed one */
+        if (p->m <= 1) tsa[0] = 1;
+        if (kb <= 1) tsa[1] = cdiv(p->m > 1 ? p->m : 1, 4) * 4;
+        if (kb <= 1) tsb[1] = 1;
+        if (nb <= 1) tsb[0] = kb > 1 ? kb : 1;
+    }
+    if (mode == FX_SCALE_ROW) { /* one element: any stride reads it */
+        if (p->m <= 1) tsa[0] = 1;
+        if (p->n <= 1) tsb[0] = 1;
+    }
     /* the operands' extents (checked: each fits int64, in elements and in bytes), c's layout, and
        c against every input */
-    int64_t sa[3] = {p->m, p->k, p->l}, sb[3] = {p->n, p->k, p->l}, sc[3] = {p->m, p->n, p->l}, one = 1, span;
+    int64_t sa[3] = {p->m, p->k, p->l}, sb[3] = {p->n, p->k, p->l}, sc3[3] = {p->m, p->n, p->l}, span;
     fx_range in[4], oc;
     if ((rc = span_of("a", 3, sa, p->a_stride, &span)) || (rc = range_of(&in[0], "a", p->a, span, elem_bytes(ab))) ||
         (rc = span_of("b", 3, sb, p->b_stride, &span)) || (rc = range_of(&in[1], "b", p->b, span, elem_bytes(ab))) ||
-        (rc = span_of("c", 3, sc, p->c_stride, &span)) || (rc = range_of(&oc, "c", p->c, span, elem_bytes(c))))
+        (rc = span_of("c", 3, sc3, p->c_stride, &span)) || (rc = range_of(&oc, "c", p->c, span, elem_bytes(c))))
         return rc;
-    range_of(&in[2], "scale_a", p->scale_a, fp8, 4);
-    range_of(&in[3], "scale_b", p->scale_b, fp8, 4);
-    if ((rc = check_distinct("c", 3, sc, p->c_stride)) || (rc = check_disjoint(&oc, in, 4))) return rc;
+    if ((rc = span_of("scale_a", srank, ssa, tsa, &span)) || (rc = range_of(&in[2], "scale_a", p->scale_a, fp8 ? span : 0, 4)) ||
+        (rc = span_of("scale_b", srank, ssb, tsb, &span)) || (rc = range_of(&in[3], "scale_b", p->scale_b, fp8 ? span : 0, 4)))
+        return rc;
+    if ((rc = check_distinct("c", 3, sc3, p->c_stride)) || (rc = check_disjoint(&oc, in, 4))) return rc;
     if (p->m == 0 || p->n == 0 || p->l == 0 || p->k == 0) return 0; /* nothing to launch */
 
     memset(g, 0, sizeof *g);
@@ -907,11 +964,11 @@ static int32_t gemm_select(const fx_device_t *dev, const fx_gemm_problem_t *p, f
     g->M = p->m, g->N = p->n, g->K = p->k, g->L = p->l;
     spec(&g->vals[0], p->a, 3, sa, p->a_stride);
     spec(&g->vals[1], p->b, 3, sb, p->b_stride);
-    spec(&g->vals[2], p->c, 3, sc, p->c_stride);
+    spec(&g->vals[2], p->c, 3, sc3, p->c_stride);
     g->n_vals = 3;
     if (fp8) {
-        spec(&g->vals[3], p->scale_a, 1, &one, &one);
-        spec(&g->vals[4], p->scale_b, 1, &one, &one);
+        spec(&g->vals[3], p->scale_a, srank, ssa, tsa);
+        spec(&g->vals[4], p->scale_b, srank, ssb, tsb);
         g->n_vals = 5;
     }
     g->am = gemm_major(&g->vals[0].t, FX_MAJOR_M);
@@ -921,7 +978,7 @@ static int32_t gemm_select(const fx_device_t *dev, const fx_gemm_problem_t *p, f
                     (long long)p->a_stride[0], (long long)p->a_stride[1], (long long)p->a_stride[2],
                     (long long)p->b_stride[0], (long long)p->b_stride[1], (long long)p->b_stride[2]);
     gemm_key key;
-    uint32_t slot = gemm_key_of(g, p, &key);
+    uint32_t slot = gemm_key_of(g, p, sc, &key);
     int32_t choice;
     if (fx_gemm_cache[slot].choice && memcmp(&fx_gemm_cache[slot].key, &key, sizeof key) == 0) {
         choice = fx_gemm_cache[slot].choice - 1;
@@ -956,7 +1013,20 @@ FX_EXPORT int32_t fx_gemm_select(const fx_device_t *dev, const fx_gemm_problem_t
     fx_selection_t tmp;
     gemm_ctx g;
     if (!out) out = &tmp;
-    return finish(gemm_select(dev, p, out, &g), out);
+    return finish(gemm_select(dev, p, NULL, out, &g), out);
+}
+
+FX_EXPORT int32_t fx_gemm_scaled_select(const fx_device_t *dev, const fx_gemm_problem_t *p, const fx_gemm_scales_t *scales,
+                                        fx_selection_t *out) {
+    fx_selection_t tmp;
+    gemm_ctx g;
+    if (!out) out = &tmp;
+    if (!scales) {
+        memset(out, 0, sizeof *out);
+        out->variant = -1;
+        return finish(fail(FX_ERR_INPUT, "fx_gemm_scaled_select: scales must not be NULL"), out);
+    }
+    return finish(gemm_select(dev, p, scales, out, &g), out);
 }
 
 /* --- attention: runtime/attention.py ----------------------------------------------------------- */
@@ -1543,6 +1613,20 @@ FX_EXPORT int32_t fx_gemm_packed_select(const fx_device_t *dev, const fx_gemm_pa
     return finish(packed_select(dev, p, out, &x), out);
 }
 
+/* A persistent GEMM variant chosen: its index and name, no split, and (cluster_ctas > 0) the grid cap
+   without the driver, max(1, SMs / CTAs per cluster). */
+static int32_t chosen(const fx_device_t *dev, int32_t best, fx_selection_t *out) {
+    const fx_variant *v = &fx_variants[best];
+    out->variant = best;
+    out->name = v->name;
+    out->splits = 1;
+    if (v->cluster_ctas) {
+        int32_t cap = dev->sm_count / v->cluster_ctas;
+        out->max_clusters = cap > 1 ? cap : 1;
+    }
+    return 0;
+}
+
 /* --- block-scaled GEMM: runtime/blockscaled.py's rule ----------------------------------------------- */
 typedef struct {
     fx_value vals[FX_MAX_ARGS]; /* a, b, c, a_scale, b_scale [, a_global, b_global] */
@@ -1640,15 +1724,7 @@ static int32_t bs_select(const fx_device_t *dev, const fx_gemm_blockscaled_probl
         return fail(FX_ERR_NO_VARIANT, "no gemm_blockscaled variant for %s -> %s, M=%lld N=%lld K=%lld L=%lld on compute "
                     "capability %d.%d%s%s%s", format_name(f), dtype_name(c), (long long)M, (long long)N, (long long)K,
                     (long long)L, dev->cc_major, dev->cc_minor, reason[0] ? " (closest: " : "", reason, reason[0] ? ")" : "");
-    const fx_variant *v = &fx_variants[best];
-    out->variant = best;
-    out->name = v->name;
-    out->splits = 1;
-    if (v->cluster_ctas) {
-        int32_t cap = dev->sm_count / v->cluster_ctas;
-        out->max_clusters = cap > 1 ? cap : 1;
-    }
-    return 0;
+    return chosen(dev, best, out);
 }
 
 FX_EXPORT int32_t fx_gemm_blockscaled_select(const fx_device_t *dev, const fx_gemm_blockscaled_problem_t *p,
@@ -1657,6 +1733,173 @@ FX_EXPORT int32_t fx_gemm_blockscaled_select(const fx_device_t *dev, const fx_ge
     bs_ctx x;
     if (!out) out = &tmp;
     return finish(bs_select(dev, p, out, &x), out);
+}
+
+/* --- grouped GEMM: runtime/grouped.py ---------------------------------------------------------------- */
+#define FX_MAX_GROUPS 1024 /* gemm/sm90_grouped.py MAX_GROUPS: the kernels' shared-memory tile table */
+
+typedef struct {
+    fx_value vals[FX_MAX_ARGS]; /* a, b, c, offs | masked_m[, scale_a, scale_b] */
+    int32_t n_vals;
+} grouped_ctx;
+
+/* The fp8 grouped forms' scales (fx_api.h): their shapes and the strides the kernels take, in the
+   kernels' mode order (scale_a (m[, kb][, groups]), scale_b (n | nb[, kb], groups)); checks each
+   form's layout rules. */
+static int32_t grouped_scales(const fx_gemm_grouped_problem_t *p, int32_t *ra, int64_t sa[3], int64_t ta[3],
+                              int32_t *rb, int64_t sb[3], int64_t tb[3]) {
+    int64_t M = p->m, N = p->n, E = p->groups, kb = cdiv(p->k, FX_SCALE_BLOCK_K), nb = cdiv(p->n, FX_SCALE_BLOCK_K);
+    const int64_t *xa = p->scale_a_stride, *xb = p->scale_b_stride;
+    int32_t rc, masked = p->masked;
+    if ((rc = check_stride("scale_a_stride", xa, 0, 3)) || (rc = check_stride("scale_b_stride", xb, 0, 3))) return rc;
+    if (p->scale_mode == FX_SCALE_ROW) {
+        if (M > 1 && xa[0] != 1) return fail(FX_ERR_INPUT, "row scale_a must be contiguous along the rows, got stride %lld", (long long)xa[0]);
+        if (N > 1 && xb[0] != 1) return fail(FX_ERR_INPUT, "row scale_b (groups, n) must be contiguous along n, got stride %lld", (long long)xb[0]);
+        *ra = masked ? 2 : 1, sa[0] = M, sa[1] = E, ta[0] = 1, ta[1] = masked ? xa[2] : 0;
+        *rb = 2, sb[0] = N, sb[1] = E, tb[0] = 1, tb[1] = xb[2];
+        if (masked && E <= 1) ta[1] = M > 0 ? M : 1;
+        if (E <= 1) tb[1] = N > 0 ? N : 1;
+        return 0;
+    }
+    /* block */
+    if (M > 1 && xa[0] != 1)
+        return fail(FX_ERR_INPUT, "block scale_a must be M-major (stride 1 along the rows), got strides %lld,%lld,%lld",
+                    (long long)xa[0], (long long)xa[1], (long long)xa[2]);
+    if (kb > 1 && (xa[1] < M || xa[1] % 4))
+        return fail(FX_ERR_INPUT, "block scale_a's k-block stride %lld must be >= m = %lld and a multiple of 4 (16-byte "
+                    "rows, read by TMA)", (long long)xa[1], (long long)M);
+    if (masked && E > 1 && (xa[2] % 4 || xa[2] < 1))
+        return fail(FX_ERR_INPUT, "block scale_a's group stride %lld must be a positive multiple of 4 (read by TMA)",
+                    (long long)xa[2]);
+    if ((uintptr_t)p->scale_a % 16) return fail(FX_ERR_INPUT, "block scale_a must be 16-byte aligned (read by TMA)");
+    if (kb > 1 && xb[1] != 1)
+        return fail(FX_ERR_INPUT, "block scale_b (groups, ceil(n/128), ceil(k/128)) must be K-contiguous, got strides "
+                    "%lld,%lld,%lld", (long long)xb[0], (long long)xb[1], (long long)xb[2]);
+    if (nb > 1 && xb[0] < kb)
+        return fail(FX_ERR_INPUT, "block scale_b's n-block stride %lld must be >= ceil(k/128) = %lld", (long long)xb[0],
+                    (long long)kb);
+    *ra = masked ? 3 : 2, sa[0] = M, sa[1] = kb, sa[2] = E;
+    ta[0] = 1, ta[1] = kb > 1 ? xa[1] : cdiv(M > 1 ? M : 1, 4) * 4, ta[2] = masked ? xa[2] : 0;
+    if (masked && E <= 1) ta[2] = ta[1] * kb;
+    *rb = 3, sb[0] = nb, sb[1] = kb, sb[2] = E;
+    tb[0] = nb > 1 ? xb[0] : kb, tb[1] = 1, tb[2] = E > 1 ? xb[2] : nb * kb;
+    return 0;
+}
+
+/* A grouped variant's relative time for `rows` rows in each of E groups: waves of its tiles over
+   the SMs (the persistent CTAs take the walk's tiles in turn) times one tile's MMA work over the
+   tile shape's efficiency: 128x256 1 (0.97 in a 2-CTA cluster: measured up to 27 % slower), other 128-
+   and 256-row tiles 0.9, 64x256 0.8, 64x128 0.7, 64x64 0.5, 64-row tiles x 0.6 past 48 rows per
+   group (H100 runs of every variant on the bench's expert shapes: notes/gemm-grouped.md); a 2-CTA
+   cluster walks pairs of m-tiles (a group's rows rounded up to two tiles).  A rule, not a fitted
+   model. */
+static double grouped_cost(const fx_variant *v, int64_t rows, int64_t N, int64_t K, int64_t E, int32_t sms) {
+    int64_t tm = v->tile[0] > 0 ? v->tile[0] : 1, tn = v->tile[1] > 0 ? v->tile[1] : 1;
+    int64_t cm = v->cluster[0] > 1 ? v->cluster[0] : 1;
+    double eff = tm >= 128 ? (tn >= 256 ? (cm > 1 ? 0.97 : 1.0) : 0.9) : tn >= 256 ? 0.8 : tn >= 128 ? 0.7 : 0.5;
+    if (tm < 128 && rows > 48) eff *= 0.6; /* past ~48 rows per group 128-row tiles won (weight reuse) */
+    i128 tiles = (i128)E * cdiv(rows, tm * cm) * cm * cdiv(N, tn);
+    i128 waves = cdiv128(tiles, sms > 0 ? sms : 1);
+    return (double)waves * (double)tm * (double)tn * (double)K / eff;
+}
+
+/* The grouped op's checks up to the launch, then the choice: among the variants of the layout and
+   dtypes whose contract takes the problem, the least grouped_cost for the expected rows per group
+   (expected_m, else M / groups contiguous, M masked); the first of equals, best target first. */
+static int32_t grouped_select(const fx_device_t *dev, const fx_gemm_grouped_problem_t *p, fx_selection_t *out,
+                              grouped_ctx *x) {
+    memset(out, 0, sizeof *out);
+    out->variant = -1;
+    fx_msg[0] = 0;
+    int32_t rc;
+    if (!dev || !p) return fail(FX_ERR_INPUT, "fx_gemm_grouped: dev and problem must not be NULL");
+    if ((rc = check_device(dev))) return rc;
+    if ((rc = check_bool("masked", p->masked))) return rc;
+    int32_t ab = p->ab_dtype, c = p->c_dtype, masked = p->masked, mode = p->scale_mode;
+    int fp8 = ab == FX_DTYPE_E4M3;
+    if (fp8 ? c != FX_DTYPE_BF16 : ((ab != FX_DTYPE_BF16 && ab != FX_DTYPE_F16) || c != ab))
+        return fail(FX_ERR_INPUT, "grouped GEMM takes a, b and c of one dtype, bfloat16 or float16, or e4m3 a and b with "
+                    "a bfloat16 c (got a/b %s, c %s)", dtype_name(ab), dtype_name(c));
+    if (fp8 ? (mode != FX_SCALE_ROW && mode != FX_SCALE_BLOCK) : mode != FX_SCALE_TENSOR)
+        return fail(FX_ERR_INPUT, "grouped GEMM scale_mode %d: e4m3 takes row (1) or block (2) scales, bfloat16/float16 "
+                    "none (0)", (int)mode);
+    if (!fp8 && (p->scale_a || p->scale_b))
+        return fail(FX_ERR_INPUT, "scale_a/scale_b apply to the e4m3 grouped GEMM only");
+    static const char *const size_names[5] = {"m", "n", "k", "groups", "expected_m"};
+    int64_t sizes[5] = {p->m, p->n, p->k, p->groups, p->expected_m};
+    if ((rc = check_sizes(size_names, sizes, 5))) return rc;
+    if ((rc = check_stride("a_stride", p->a_stride, 0, 3)) || (rc = check_stride("b_stride", p->b_stride, 0, 3)) ||
+        (rc = check_stride("c_stride", p->c_stride, 0, 3)))
+        return rc;
+    int64_t M = p->m, N = p->n, K = p->k, E = p->groups, L = masked ? E : 1, one = 1, span;
+    if (E > FX_MAX_GROUPS)
+        return fail(FX_ERR_INPUT, "grouped GEMM takes at most %d groups, got %lld", FX_MAX_GROUPS, (long long)E);
+    const int32_t *grp = masked ? p->masked_m : p->offs;
+    if (masked ? p->offs != NULL : p->masked_m != NULL)
+        return fail(FX_ERR_INPUT, "give offs for the contiguous layout (masked 0) and masked_m for the masked one, not both");
+    int64_t sa[3] = {M, K, L}, sb[3] = {N, K, E}, sc[3] = {M, N, L};
+    int64_t ast[3] = {p->a_stride[0], p->a_stride[1], masked ? p->a_stride[2] : 0};
+    int64_t cst[3] = {p->c_stride[0], p->c_stride[1], masked ? p->c_stride[2] : 0};
+    int64_t eb = elem_bytes(ab);
+    fx_range in[5], oc;
+    int32_t n_in = 3, rsa = 0, rsb = 0;
+    int64_t ssa[3] = {0}, tsa[3] = {0}, ssb[3] = {0}, tsb[3] = {0};
+    if ((rc = span_of("a", 3, sa, ast, &span)) || (rc = range_of(&in[0], "a", p->a, span, eb)) ||
+        (rc = span_of("b", 3, sb, p->b_stride, &span)) || (rc = range_of(&in[1], "b", p->b, span, eb)) ||
+        (rc = range_of(&in[2], masked ? "masked_m" : "offs", grp, E, 4)) ||
+        (rc = span_of("c", 3, sc, cst, &span)) || (rc = range_of(&oc, "c", p->c, span, elem_bytes(c))))
+        return rc;
+    if (fp8) {
+        if ((rc = grouped_scales(p, &rsa, ssa, tsa, &rsb, ssb, tsb)) ||
+            (rc = span_of("scale_a", rsa, ssa, tsa, &span)) || (rc = range_of(&in[3], "scale_a", p->scale_a, span, 4)) ||
+            (rc = span_of("scale_b", rsb, ssb, tsb, &span)) || (rc = range_of(&in[4], "scale_b", p->scale_b, span, 4)))
+            return rc;
+        n_in = 5;
+    }
+    if ((rc = check_distinct("c", 3, sc, cst)) || (rc = check_disjoint(&oc, in, n_in))) return rc;
+    if (M == 0 || N == 0 || E == 0) return 0; /* nothing to launch */
+    if (K == 0) return fail(FX_ERR_INPUT, "grouped GEMM: K must be positive (got 0)");
+    memset(x, 0, sizeof *x);
+    spec(&x->vals[0], p->a, 3, sa, ast);
+    spec(&x->vals[1], p->b, 3, sb, p->b_stride);
+    spec(&x->vals[2], p->c, 3, sc, cst);
+    spec(&x->vals[3], grp, 1, &E, &one);
+    x->n_vals = 4;
+    if (fp8) {
+        spec(&x->vals[4], p->scale_a, rsa, ssa, tsa);
+        spec(&x->vals[5], p->scale_b, rsb, ssb, tsb);
+        x->n_vals = 6;
+    }
+    int64_t rows = p->expected_m > 0 ? p->expected_m : masked ? M : cdiv(M, E);
+    int32_t *cand, n = candidates(dev, FX_OP_GEMM_GROUPED, &cand), best = -1;
+    char reason[1024] = "";
+    double best_cost = 0;
+    for (int32_t i = 0; i < n; i++) {
+        const fx_variant *v = &fx_variants[cand[i]];
+        if (v->grouped != (masked ? 2 : 1) || v->ab != ab || v->c != c) continue;
+        if (check_contract(v, x->vals, x->n_vals)) {
+            if (!reason[0]) snprintf(reason, sizeof reason, "%s", fx_msg);
+            continue;
+        }
+        double cost = grouped_cost(v, rows > 0 ? rows : 1, N, K, E, dev->sm_count);
+        if (best >= 0 && !(cost < best_cost)) continue;
+        best = cand[i], best_cost = cost;
+    }
+    free(cand);
+    if (best < 0)
+        return fail(FX_ERR_NO_VARIANT, "no gemm_grouped variant for %s %s%s, M=%lld N=%lld K=%lld groups=%lld on compute "
+                    "capability %d.%d%s%s", masked ? "masked" : "contiguous", dtype_name(ab),
+                    !fp8 ? "" : mode == FX_SCALE_ROW ? " row-scaled" : " block-scaled", (long long)M, (long long)N,
+                    (long long)K, (long long)E, (int)dev->cc_major, (int)dev->cc_minor, reason[0] ? ": " : "", reason);
+    return chosen(dev, best, out);
+}
+
+FX_EXPORT int32_t fx_gemm_grouped_select(const fx_device_t *dev, const fx_gemm_grouped_problem_t *p,
+                                         fx_selection_t *out) {
+    fx_selection_t tmp;
+    grouped_ctx x;
+    if (!out) out = &tmp;
+    return finish(grouped_select(dev, p, out, &x), out);
 }
 
 /* --- attention over a KV cache: runtime/kvcache.py ------------------------------------------------ */
@@ -2168,10 +2411,10 @@ static int32_t gemm_zero(const fx_gemm_problem_t *p, cudaStream_t stream) {
     return 0;
 }
 
-static int32_t gemm_run(const fx_device_t *dev, const fx_gemm_problem_t *p, void *workspace, uint64_t workspace_bytes,
-                        fx_stream_t stream, fx_selection_t *out) {
+static int32_t gemm_run(const fx_device_t *dev, const fx_gemm_problem_t *p, const fx_gemm_scales_t *sc, void *workspace,
+                        uint64_t workspace_bytes, fx_stream_t stream, fx_selection_t *out) {
     gemm_ctx g;
-    int32_t rc = gemm_select(dev, p, out, &g);
+    int32_t rc = gemm_select(dev, p, sc, out, &g);
     if (rc) return rc;
     if (out->variant < 0) {
         if (p->k != 0) return 0;
@@ -2181,7 +2424,7 @@ static int32_t gemm_run(const fx_device_t *dev, const fx_gemm_problem_t *p, void
     }
     if (!p->a || !p->b || !p->c) return fail(FX_ERR_INPUT, "fx_gemm needs the a, b and c pointers");
     if (p->ab_dtype == FX_DTYPE_E4M3 && (!p->scale_a || !p->scale_b))
-        return fail(FX_ERR_INPUT, "fp8 GEMMs need scale_a and scale_b (device pointers to one float32 each)");
+        return fail(FX_ERR_INPUT, "fp8 GEMMs need scale_a and scale_b (device pointers to float32 scales)");
     if ((rc = check_workspace(out->workspace_bytes, workspace, workspace_bytes))) return rc;
     {
         const void *ptrs[6] = {p->a, p->b, p->c, p->scale_a, p->scale_b, out->workspace_bytes ? workspace : NULL};
@@ -2204,7 +2447,19 @@ FX_EXPORT int32_t fx_gemm(const fx_device_t *dev, const fx_gemm_problem_t *p, vo
                           fx_stream_t stream, fx_selection_t *out) {
     fx_selection_t tmp;
     if (!out) out = &tmp;
-    return finish(gemm_run(dev, p, workspace, workspace_bytes, stream, out), out);
+    return finish(gemm_run(dev, p, NULL, workspace, workspace_bytes, stream, out), out);
+}
+
+FX_EXPORT int32_t fx_gemm_scaled(const fx_device_t *dev, const fx_gemm_problem_t *p, const fx_gemm_scales_t *scales,
+                                 void *workspace, uint64_t workspace_bytes, fx_stream_t stream, fx_selection_t *out) {
+    fx_selection_t tmp;
+    if (!out) out = &tmp;
+    if (!scales) {
+        memset(out, 0, sizeof *out);
+        out->variant = -1;
+        return finish(fail(FX_ERR_INPUT, "fx_gemm_scaled: scales must not be NULL"), out);
+    }
+    return finish(gemm_run(dev, p, scales, workspace, workspace_bytes, stream, out), out);
 }
 
 static int32_t attn_run(const fx_device_t *dev, const fx_attention_problem_t *p, void *workspace,
@@ -2251,6 +2506,20 @@ FX_EXPORT int32_t fx_gemm_packed(const fx_device_t *dev, const fx_gemm_packed_pr
     return finish(packed_run(dev, p, stream, out), out);
 }
 
+/* Load the chosen variant, append its grid cap (persistent variants: the driver's resident clusters
+   where lower than the selection's) to the n launch values, and launch. */
+static int32_t launch_chosen(fx_selection_t *out, fx_value *vals, int32_t n, fx_stream_t stream) {
+    const fx_variant *v = &fx_variants[out->variant];
+    int32_t rc = ensure_loaded(out->variant);
+    if (rc) return rc;
+    if (v->cluster_ctas) {
+        int32_t drv = driver_clusters(out->variant);
+        if (drv > 0 && drv < out->max_clusters) out->max_clusters = drv;
+        vals[n++].i = out->max_clusters;
+    }
+    return launched(out->variant, v->bind(vals, stream));
+}
+
 static int32_t bs_run(const fx_device_t *dev, const fx_gemm_blockscaled_problem_t *p, fx_stream_t stream,
                       fx_selection_t *out) {
     bs_ctx x;
@@ -2260,15 +2529,7 @@ static int32_t bs_run(const fx_device_t *dev, const fx_gemm_blockscaled_problem_
         return fail(FX_ERR_INPUT, "fx_gemm_blockscaled needs the a, b, c, a_scale and b_scale pointers");
     if (p->format == FX_FORMAT_NVF4 && (!p->a_global || !p->b_global))
         return fail(FX_ERR_INPUT, "nvf4 needs a_global and b_global (one float32 each)");
-    const fx_variant *v = &fx_variants[out->variant];
-    if ((rc = ensure_loaded(out->variant))) return rc;
-    int32_t n = x.n_vals;
-    if (v->cluster_ctas) {
-        int32_t drv = driver_clusters(out->variant);
-        if (drv > 0 && drv < out->max_clusters) out->max_clusters = drv;
-        x.vals[n++].i = out->max_clusters;
-    }
-    return v->bind(x.vals, stream);
+    return launch_chosen(out, x.vals, x.n_vals, stream);
 }
 
 FX_EXPORT int32_t fx_gemm_blockscaled(const fx_device_t *dev, const fx_gemm_blockscaled_problem_t *p,
@@ -2276,6 +2537,31 @@ FX_EXPORT int32_t fx_gemm_blockscaled(const fx_device_t *dev, const fx_gemm_bloc
     fx_selection_t tmp;
     if (!out) out = &tmp;
     return finish(bs_run(dev, p, stream, out), out);
+}
+
+static int32_t grouped_run(const fx_device_t *dev, const fx_gemm_grouped_problem_t *p, fx_stream_t stream,
+                           fx_selection_t *out) {
+    grouped_ctx x;
+    int32_t rc = grouped_select(dev, p, out, &x);
+    if (rc || out->variant < 0) return rc;
+    const int32_t *grp = p->masked ? p->masked_m : p->offs;
+    int fp8 = p->ab_dtype == FX_DTYPE_E4M3;
+    if (!p->a || !p->b || !p->c || !grp || (fp8 && (!p->scale_a || !p->scale_b)))
+        return fail(FX_ERR_INPUT, "fx_gemm_grouped needs the a, b, c, %s%s pointers", p->masked ? "masked_m" : "offs",
+                    fp8 ? ", scale_a and scale_b" : "");
+    {
+        const void *ptrs[6] = {p->a, p->b, p->c, grp, p->scale_a, p->scale_b};
+        const char *const names[6] = {"a", "b", "c", p->masked ? "masked_m" : "offs", "scale_a", "scale_b"};
+        if ((rc = check_launch_device(stream, fp8 ? 6 : 4, ptrs, names))) return rc;
+    }
+    return launch_chosen(out, x.vals, x.n_vals, stream);
+}
+
+FX_EXPORT int32_t fx_gemm_grouped(const fx_device_t *dev, const fx_gemm_grouped_problem_t *p, fx_stream_t stream,
+                                  fx_selection_t *out) {
+    fx_selection_t tmp;
+    if (!out) out = &tmp;
+    return finish(grouped_run(dev, p, stream, out), out);
 }
 
 static int32_t kv_run(const fx_device_t *dev, const fx_attention_kvcache_problem_t *p, void *workspace,

@@ -10,9 +10,9 @@
 #define FX_MAX_DEVICES 64
 
 enum { FX_OP_GEMM = 1, FX_OP_ATTENTION = 2, FX_OP_GEMM_BLOCKSCALED = 3, FX_OP_ATTENTION_KVCACHE = 4,
-       FX_OP_ATTENTION_FP8 = 5 };
+       FX_OP_ATTENTION_FP8 = 5, FX_OP_GEMM_GROUPED = 9 };
 enum { FX_FAMILY_OTHER = 0, FX_FAMILY_SM80 = 1, FX_FAMILY_SM90 = 2, FX_FAMILY_SM100 = 3, FX_FAMILY_DECODE = 4,
-       FX_FAMILY_SM90_DECODE = 5 };
+       FX_FAMILY_SM90_DECODE = 5, FX_FAMILY_SM90_GROUPED = 9 };
 enum { FX_MAJOR_K = 1, FX_MAJOR_M = 2, FX_MAJOR_N = 3 }; /* 0: anything else */
 enum { FX_ACC_DEFAULT = 0, FX_ACC_PROMOTED = 1, FX_ACC_FAST = 2 };
 
@@ -90,6 +90,8 @@ typedef struct {
     int32_t max_m, rows_per_cta;
     /* block-scaled GEMM: its format (fx_block_format_t; 0: none) */
     int32_t format;
+    /* grouped GEMM (runtime/grouped.py): 1 contiguous, 2 masked; 0: other ops */
+    int32_t grouped;
     /* fp8 attention (attention/sm90_fp8.py): 1 takes v pre-transposed (batch, heads_kv,
        head_dim, seqlen_k), 0 takes v as k (the kernel transposes it) */
     int32_t v_pretransposed;

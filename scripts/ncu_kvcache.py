@@ -1,0 +1,82 @@
+#!/usr/bin/env python3
+"""Decode steps over a KV cache for a profiler: each problem once (after a warm-up outside the
+profiled range), between ``torch.cuda.profiler.start()`` and ``stop()``, so that
+``ncu --profile-from-start off python3 scripts/ncu_kvcache.py --bundle B`` sees only these
+kernels, in the order printed.  Problems: paged page 16 vs the dense cache vs our dense
+attention path (B8 H64/8 D64 8k: the paged path's worst ratio to the dense one), MQA (B8 H16/1
+D128 4k) paged and dense, and B8 H32/8 D128 8k over a bf16 and an fp8 e4m3 cache."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def problems(torch, b):
+    def paged(B, ctx, hq, hkv, d, ps, fp8=False):
+        g = torch.Generator(device="cuda").manual_seed(B + ctx)
+        per = ctx // ps
+        q = torch.randn(B, 1, hq, d, device="cuda", generator=g).bfloat16()
+        kc = torch.randn(B * per, ps, hkv, d, device="cuda", generator=g).bfloat16()
+        vc = torch.randn_like(kc)
+        bt = torch.randperm(B * per, device="cuda", generator=g).to(torch.int32).view(B, per)
+        lens = torch.full((B,), ctx, dtype=torch.int32, device="cuda")
+        kw = {}
+        if fp8:
+            kc, vc = kc.to(torch.float8_e4m3fn), vc.to(torch.float8_e4m3fn)
+            kw = dict(k_descale=torch.ones(hkv, device="cuda"), v_descale=torch.ones(1, device="cuda"))
+        return lambda: b.attention_kvcache(q, kc, vc, lens, block_table=bt, **kw)
+
+    def dense(B, ctx, hq, hkv, d, via_attention=False):
+        g = torch.Generator(device="cuda").manual_seed(B + ctx + 1)
+        q = torch.randn(B, 1, hq, d, device="cuda", generator=g).bfloat16()
+        k = torch.randn(B, ctx, hkv, d, device="cuda", generator=g).bfloat16()
+        v = torch.randn_like(k)
+        lens = torch.full((B,), ctx, dtype=torch.int32, device="cuda")
+        if via_attention:
+            return lambda: b.attention(q, k, v, causal=True)
+        return lambda: b.attention_kvcache(q, k, v, lens)
+
+    return {
+        "B8 H64/8 D64 8k paged 16": paged(8, 8192, 64, 8, 64, 16),
+        "B8 H64/8 D64 8k paged 64": paged(8, 8192, 64, 8, 64, 64),
+        "B8 H64/8 D64 8k dense cache": dense(8, 8192, 64, 8, 64),
+        "B8 H64/8 D64 8k bundle.attention": dense(8, 8192, 64, 8, 64, True),
+        "MQA B8 H16/1 D128 4k paged 16": paged(8, 4096, 16, 1, 128, 16),
+        "MQA B8 H16/1 D128 4k dense cache": dense(8, 4096, 16, 1, 128),
+        "B8 H32/8 D128 8k paged 16 bf16": paged(8, 8192, 32, 8, 128, 16),
+        "B8 H32/8 D128 8k paged 16 fp8": paged(8, 8192, 32, 8, 128, 16, fp8=True),
+    }
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--bundle", required=True)
+    a = p.parse_args()
+    import torch
+
+    from factory.runtime import Bundle
+
+    b = Bundle.open(a.bundle)
+    fns = {}
+    for name, fn in problems(torch, b).items():
+        try:
+            fn()
+            fns[name] = fn
+        except Exception as e:  # noqa: BLE001 - a problem the bundle lacks: left out
+            print(f"skip {name}: {type(e).__name__}: {str(e)[:100]}")
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    for name, fn in fns.items():
+        print(f"profiled: {name}", flush=True)
+        fn()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
