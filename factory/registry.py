@@ -25,6 +25,7 @@ FAMILY_MODULES = (
     "factory.gemm.sm90_grouped",
     "factory.attention.sm80",
     "factory.attention.sm90",
+    "factory.attention.sm90_fp8",
     "factory.attention.decode",
     "factory.attention.sm100_fa4",
     "factory.elementwise.rmsnorm",

@@ -179,3 +179,74 @@ def manifest_fields_kvcache(dtype: str, kv_dtype: str, head_dim: int, *, paged: 
             "cache_seqlens": "int32 (B,), <= max_pages * page_size (caller's contract)",
         },
     }
+
+
+# --- fp8 (e4m3) forward (attention/sm90_fp8.py) -----------------------------------------------
+#   q (B,Sq,Hq,D) e4m3, k (B,Sk,Hkv,D) e4m3, v (B,Sk,Hkv,D) e4m3 (v_layout "bshd") or (B,Hkv,D,Sk)
+#   ("bhds": pre-transposed, keys contiguous),
+#   o (B,Sq,Hq,D) bf16, lse (B,Hq,Sq) f32, q_descale / k_descale / v_descale (B,Hkv) f32 with any
+#   strides (a per-tensor factor is a zero-stride view), softmax_scale
+def signature_fp8(head_dim: int, v_layout: str = "bhds", varlen: bool = False) -> Signature:
+    """v_layout "bhds": v (B, Hkv, D, Sk); "bshd": v (B, Sk, Hkv, D) like k (the kernel transposes).
+    ``varlen``: q/o (Tq, Hq, D), k/v (Tk, Hkv, D), lse (Hq, Tq), cu_seqlens_q/k (B+1,) int32 after
+    lse, max_seqlen_q last; descales (B, Hkv) with B the sequence count."""
+    d = head_dim
+    if varlen:
+        args = [
+            TensorArg("q", "e4m3", ("Tq", "Hq", d), ("sQt", "sQh", 1)),
+            TensorArg("k", "e4m3", ("Tk", "Hkv", d), ("sKt", "sKh", 1)),
+            TensorArg("v", "e4m3", ("Tk", "Hkv", d), ("sVt", "sVh", 1)),
+            TensorArg("o", "bf16", ("Tq", "Hq", d), ("sOt", "sOh", 1)),
+            TensorArg("lse", "f32", ("Hq", "Tq"), ("sLh", 1), align=4),
+            TensorArg("cu_seqlens_q", "i32", ("B1",), (1,), align=4),
+            TensorArg("cu_seqlens_k", "i32", ("B1",), (1,), align=4),
+            TensorArg("q_descale", "f32", ("B", "Hkv"), ("sQDb", "sQDh"), align=4),
+            TensorArg("k_descale", "f32", ("B", "Hkv"), ("sKDb", "sKDh"), align=4),
+            TensorArg("v_descale", "f32", ("B", "Hkv"), ("sVDb", "sVDh"), align=4),
+            ScalarArg("softmax_scale", "f32"),
+            ScalarArg("max_seqlen_q", "i32"),
+        ]
+        div = {s: 16 for s in ("sQt", "sQh", "sKt", "sKh", "sVt", "sVh")}
+        div.update({s: 8 for s in ("sOt", "sOh")})
+        return Signature(tuple(args), tuple(sorted(div.items())))
+    v = (TensorArg("v", "e4m3", ("B", "Hkv", d, "Sk"), ("sVb", "sVh", "sVd", 1)) if v_layout == "bhds"
+         else TensorArg("v", "e4m3", ("B", "Sk", "Hkv", d), ("sVb", "sVs", "sVh", 1)))
+    args = [
+        TensorArg("q", "e4m3", ("B", "Sq", "Hq", d), ("sQb", "sQs", "sQh", 1)),
+        TensorArg("k", "e4m3", ("B", "Sk", "Hkv", d), ("sKb", "sKs", "sKh", 1)),
+        v,
+        TensorArg("o", "bf16", ("B", "Sq", "Hq", d), ("sOb", "sOs", "sOh", 1)),
+        TensorArg("lse", "f32", ("B", "Hq", "Sq"), ("sLb", "sLh", 1), align=4),
+        TensorArg("q_descale", "f32", ("B", "Hkv"), ("sQDb", "sQDh"), align=4),
+        TensorArg("k_descale", "f32", ("B", "Hkv"), ("sKDb", "sKDh"), align=4),
+        TensorArg("v_descale", "f32", ("B", "Hkv"), ("sVDb", "sVDh"), align=4),
+        ScalarArg("softmax_scale", "f32"),
+    ]
+    div = {s: 16 for s in ("sQb", "sQs", "sQh", "sKb", "sKs", "sKh", *(x for x in v.stride if isinstance(x, str)))}
+    div.update({s: 8 for s in ("sOb", "sOs", "sOh")})
+    return Signature(tuple(args), tuple(sorted(div.items())))
+
+
+def manifest_fields_fp8(head_dim: int, causal: bool, v_layout: str, varlen: bool = False) -> dict[str, Any]:
+    """The manifest fields of an fp8 forward variant (runtime/attention_fp8.py selects on them)."""
+    return {
+        "dtype": "e4m3",
+        "dtypes": {"q": "e4m3", "k": "e4m3", "v": "e4m3", "o": "bf16", "lse": "f32", "acc": "f32",
+                   "descale": "f32"},
+        "head_dim": head_dim,
+        "causal": causal,
+        "varlen": varlen,
+        "v_layout": v_layout,
+        "constraints": {
+            "head_dim_contiguous": True,
+            "stride_divisibility_elems": 16,
+            "data_align_bytes": 16,
+            "gqa": "Hq % Hkv == 0",
+            "causal_alignment": "bottom-right",
+            "softmax_scale": "> 0",
+            "v": "(B, Hkv, D, Sk), Sk contiguous" if v_layout == "bhds" else "(B, Sk, Hkv, D), D contiguous",
+            "descale": "float32 (B, Hkv), any strides",
+            "lse": "float32, (Hq, Tq)" if varlen else "float32, (B, Hq, Sq) compact",
+            "grid_yz_max": 65535,
+        },
+    }

@@ -487,6 +487,15 @@ class FlashFwdSm90(layout.TmaViewsKernel):
         self.has_sinks = sinks
         self.consumers = tile_m // WG_ROWS
         self.cta_rows = tile_m
+        # O's element type (the fp8 subclass writes bf16) and whether O has its own smem slabs
+        # (persistent: the next tile's Q lands while O leaves; another O type: Q's slab differs)
+        self.out_dtype = dtype
+        # V tiles K-major in smem ((D, keys) with keys contiguous: fp8 WGMMA's B operand)
+        self.v_k_major = False
+        # V arrives (keys, D) by TMA into staging slots and warps 1..transpose_warps of the
+        # producer warpgroup write it K-major into the slots P·V reads (``transpose_tile``)
+        self.v_transpose = False
+        self.transpose_warps = 0
         self.threads = 128 * (1 + self.consumers)
         self.producer_regs, self.consumer_regs = register_split(self.consumers, gather)
 
@@ -528,13 +537,14 @@ class FlashFwdSm90(layout.TmaViewsKernel):
 
     @cute.jit
     def _launch(self, mQ, mK, mVt, mO, lse, mCuQ, mCuK, softmax_scale, grid, stream,
-                mTable=None, mSeqlens=None, switches=(None, None, None, None)):
-        D, BN, dt = self.head_dim, self.tile_n, self.dtype
+                mTable=None, mSeqlens=None, switches=(None, None, None, None), mDescale=None):
+        D, BN, dt, ot = self.head_dim, self.tile_n, self.dtype, self.out_dtype
+        v_major = OperandMajorMode.K if self.v_k_major else OperandMajorMode.MN
         tiled_mma_qk = sm90_utils.make_trivial_tiled_mma(
             dt, dt, OperandMajorMode.K, OperandMajorMode.K, cutlass.Float32, (1, 1, 1),
             tiler_mn=(WG_ROWS, BN))
         tiled_mma_pv = sm90_utils.make_trivial_tiled_mma(
-            dt, dt, OperandMajorMode.K, OperandMajorMode.MN, cutlass.Float32, (1, 1, 1),
+            dt, dt, OperandMajorMode.K, v_major, cutlass.Float32, (1, 1, 1),
             tiler_mn=(WG_ROWS, D), a_source=warpgroup.OperandSource.RMEM)
 
         # Q: one (64, D) slab per consumer warpgroup (O reuses it); K: (BN, D) per slot; V: (D, BN)
@@ -543,8 +553,15 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                                                   self.consumers)
         sK_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, (WG_ROWS, BN, D), dt,
                                                   self.stages)
-        sV_layout = sm90_utils.make_smem_layout_b(LayoutEnum.COL_MAJOR, (WG_ROWS, D, BN), dt,
-                                                  self.stages)
+        sV_layout = sm90_utils.make_smem_layout_b(
+            LayoutEnum.ROW_MAJOR if self.v_k_major else LayoutEnum.COL_MAJOR, (WG_ROWS, D, BN), dt,
+            self.stages)
+        # O's slabs: Q's layout, or the same tiles in O's own element type
+        own_o = self.persistent or ot is not dt
+        sO_layout = sQ_layout
+        if cutlass.const_expr(ot is not dt):
+            sO_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (WG_ROWS, BN, D), ot,
+                                                      self.consumers)
         tma_q, tQ = atoms.tma_load_atom(mQ, sQ_layout, (WG_ROWS, D))
         if cutlass.const_expr(self.page_box or self.gather):
             # one box: page_box rows of a page, landing in rows [i·box, (i+1)·box) of a slot (the
@@ -562,15 +579,18 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                 tK, tV = mK, mVt
         else:
             tma_k, tK = atoms.tma_load_atom(mK, sK_layout, (BN, D))
-            tma_v, tV = atoms.tma_load_atom(mVt, sV_layout, (D, BN))
+            if cutlass.const_expr(self.v_transpose):
+                tma_v, tV = atoms.tma_load_atom(mVt, sK_layout, (BN, D))  # (keys, D) staging, as K
+            else:
+                tma_v, tV = atoms.tma_load_atom(mVt, sV_layout, (D, BN))
         tma_o, tO, s2g = None, mO, None
         if cutlass.const_expr(mCuQ is None):
-            tma_o, tO = atoms.tma_store_atom(mO, sQ_layout, (WG_ROWS, D))
+            tma_o, tO = atoms.tma_store_atom(mO, sO_layout, (WG_ROWS, D))
         else:
             # 16-byte stores of a warpgroup's O slab, 8 threads per 64 columns, rows predicated.
-            vec = 128 // dt.width
+            vec = 128 // ot.width
             s2g = cute.make_tiled_copy_tv(
-                cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dt, num_bits_per_copy=128),
+                cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), ot, num_bits_per_copy=128),
                 cute.make_layout((128 // 8, 8), stride=(8, 1)), cute.make_layout((1, vec)))
 
         @cute.struct
@@ -578,18 +598,22 @@ class FlashFwdSm90(layout.TmaViewsKernel):
             q_bars: cute.struct.MemRange[cutlass.Int64, 2 * self.consumers]  # full, empty
             k_bars: cute.struct.MemRange[cutlass.Int64, 2 * self.stages]
             v_bars: cute.struct.MemRange[cutlass.Int64, 2 * self.stages]
+            vs_bars: cute.struct.MemRange[cutlass.Int64, 2 * self.stages if self.v_transpose else 0]
             sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], _SMEM_ALIGN]
             sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], _SMEM_ALIGN]
             sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sV_layout)], _SMEM_ALIGN]
+            # the V staging slots of ``v_transpose`` ((keys, D), K's layout)
+            sVs: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout) if self.v_transpose else 0],
+                                   _SMEM_ALIGN]
             # persistent: O's own slabs (the next tile's Q lands while O leaves); else O reuses Q's
-            sO: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout) if self.persistent else 0],
+            sO: cute.struct.Align[cute.struct.MemRange[ot, cute.cosize(sO_layout) if own_o else 0],
                                   _SMEM_ALIGN]
 
         self.shared_storage = SharedStorage
         self.kernel(
             tma_q, tQ, tma_k, tK, tma_v, tV, tma_o, tO, s2g, lse, mCuQ, mCuK,
             softmax_scale * LOG2_E, tiled_mma_qk, tiled_mma_pv, sQ_layout, sK_layout, sV_layout,
-            mTable, mSeqlens, *switches,
+            sO_layout, mTable, mSeqlens, *switches, mDescale,
         ).launch(grid=grid, block=[self.threads, 1, 1], min_blocks_per_mp=1, stream=stream)
 
     # --- device ----------------------------------------------------------------------------------
@@ -599,7 +623,8 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                mLSE: cute.Tensor, mCuQ, mCuK, scale_log2: cutlass.Float32,
                tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma,
                sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
-               sV_layout: cute.ComposedLayout, mTable, mSeqlens, mSinks, softcap, win_l, win_r):
+               sV_layout: cute.ComposedLayout, sO_layout: cute.ComposedLayout, mTable, mSeqlens,
+               mSinks, softcap, win_l, win_r, mDescale):
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == 0:
@@ -611,8 +636,8 @@ class FlashFwdSm90(layout.TmaViewsKernel):
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
         sO = sQ
-        if cutlass.const_expr(self.persistent):
-            sO = storage.sO.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        if cutlass.const_expr(self.persistent or self.out_dtype is not self.dtype):
+            sO = storage.sO.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
         q_bars = storage.q_bars.data_ptr()
 
         # One arrive per consumer warp releases a K or V slot.
@@ -627,6 +652,23 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                     defer_sync=True)
                 for bars in (storage.k_bars.data_ptr(), storage.v_bars.data_ptr())
             ]
+        elif cutlass.const_expr(self.v_transpose):
+            # K by TMA; V by TMA into the staging ring (released by the transposing warps), then by
+            # the transposing warps' stores into the V ring (every consumer thread releases a slot)
+            nt = self.transpose_warps
+            kv_pipes = [
+                atoms.tma_pipeline(storage.k_bars.data_ptr(), self.stages, atoms.stage_bytes(self.dtype, sK_layout),
+                                   4 * self.consumers, cute.make_layout((1, 1, 1, 1))),
+                pipeline.PipelineAsync.create(
+                    barrier_storage=storage.v_bars.data_ptr(), num_stages=self.stages,
+                    producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 32 * nt),
+                    consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 128 * self.consumers),
+                    defer_sync=True),
+            ]
+            vs_pipe = atoms.tma_pipeline(storage.vs_bars.data_ptr(), self.stages,
+                                         atoms.stage_bytes(self.dtype, sK_layout), nt, cute.make_layout((1, 1, 1, 1)))
+            load_pipes = [kv_pipes[0], vs_pipe]
+            sV_load = storage.sVs.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         else:
             kv_pipes = [
                 atoms.tma_pipeline(bars, self.stages, atoms.stage_bytes(self.dtype, layout), 4 * self.consumers,
@@ -634,6 +676,9 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                 for bars, layout in ((storage.k_bars.data_ptr(), sK_layout),
                                      (storage.v_bars.data_ptr(), sV_layout))
             ]
+        if cutlass.const_expr(not self.v_transpose):
+            load_pipes = kv_pipes  # the pipes and V slots the producer fills
+            sV_load = sV
         if warp_idx == 0:
             with cute.arch.elect_one():
                 for w in cutlass.range_constexpr(self.consumers):
@@ -656,6 +701,9 @@ class FlashFwdSm90(layout.TmaViewsKernel):
             else:
                 q_len, k_len, seqQ, seqK, seqVt, seqO, seqL = layout.sequence_views(
                     mQ, mK, mVt, mO, mLSE, mCuQ, mCuK, head, batch)
+                if cutlass.const_expr(self.v_transpose and mCuK is not None):
+                    # V rows first ((tokens, D, heads), as K): the sequence's offset is on its rows
+                    seqVt = cute.domain_offset((mCuK[batch], 0), mVt[None, None, head // (mQ.shape[2] // mK.shape[2])])
             # KV cache switches: the window's -1 sides through mask.window; softcap (runtime
             # value, <= 0: off) folds into the score scale; the q head's sink logit
             win = mask.window(self.mask, win_l, win_r, q_len, k_len)
@@ -669,6 +717,7 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                 scale_log2 = cap_size * LOG2_E if use_cap else scale_log2
             if cutlass.const_expr(self.has_sinks):
                 sink = mSinks[head]
+            scale_t, o_scale = self.problem_scales(scale_log2, mDescale, head, batch, mQ.shape[2], mK.shape[2])
             # Varlen: tiles past a sequence's end (the grid is sized by the longest) leave at once.
             if m_block * self.tile_m < q_len:
                 if warpgroup_idx == 0:
@@ -683,15 +732,20 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                                                q_bars, kv_pipes, m_block, n_lo, n_hi,
                                                self.kv_state(True), mTable, batch, k_len)
                         else:
-                            self.produce(tma_q, seqQ, tma_k, seqK, tma_v, seqVt, sQ, sK, sV, q_bars,
-                                         kv_pipes, m_block, n_hi, self.kv_state(True), 0)
+                            self.produce(tma_q, seqQ, tma_k, seqK, tma_v, seqVt, sQ, sK, sV_load, q_bars,
+                                         load_pipes, m_block, n_hi, self.kv_state(True), 0)
+                    if cutlass.const_expr(self.v_transpose):
+                        if warp_idx >= 1 and warp_idx <= self.transpose_warps:
+                            self.transpose_loop(storage.sVs.data_ptr(), storage.sV.data_ptr(), sK_layout,
+                                                sV_layout, load_pipes[1], kv_pipes[1], n_hi,
+                                                self.kv_state(False), self.kv_state(True), warp_idx - 1)
                 else:
                     cute.arch.setmaxregister_increase(self.consumer_regs)
                     self.schedule_start(wg)
                     self.consume(tiled_mma_qk, tiled_mma_pv, tma_o, seqO, s2g, seqL, sQ, sO, sK,
-                                 sV, q_bars, kv_pipes, scale_log2, m_block, q_len, k_len, n_hi,
+                                 sV, q_bars, kv_pipes, scale_t, m_block, q_len, k_len, n_hi,
                                  n_mask, wg, tidx % 128, self.kv_state(False), 0,
-                                 n_lo=n_lo, mask_lo=mask_lo, win=win, cap=cap, sink=sink)
+                                 n_lo=n_lo, mask_lo=mask_lo, win=win, cap=cap, sink=sink, o_scale=o_scale)
         else:
             # Persistent: CTA c walks tiles c, c + grid, ... (``tile_coords``); the producer loads
             # the next tile's Q as soon as the consumers' last S GEMM of this one has read theirs
@@ -717,10 +771,23 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                                 mQ, mK, mVt, mO, mLSE, mCuQ, mCuK, head, batch)
                             _, n_hi, _, n_mask = self.key_range(m_block, q_len, k_len)
                             state = self.produce(tma_q, seqQ, tma_k, seqK, tma_v, seqVt, sQ, sK,
-                                                 sV, q_bars, kv_pipes, m_block, n_hi, state,
+                                                 sV_load, q_bars, load_pipes, m_block, n_hi, state,
                                                  q_phase)
                             if n_hi > 0:
                                 q_phase = q_phase ^ 1
+                if cutlass.const_expr(self.v_transpose):
+                    if warp_idx >= 1 and warp_idx <= self.transpose_warps:
+                        t_read = self.kv_state(False)
+                        t_write = self.kv_state(True)
+                        for t in cutlass.range(first, n_slots, stride, unroll=1):
+                            m_block, head, batch, real = self.tile_coords(t, stride, n_m, mQ.shape[2],
+                                                                          mQ.shape[3], mK.shape[2])
+                            if real:
+                                q_len, k_len = mQ.shape[0], mK.shape[0]
+                                _, n_hi, _, _ = self.key_range(m_block, q_len, k_len)
+                                t_read, t_write = self.transpose_loop(
+                                    storage.sVs.data_ptr(), storage.sV.data_ptr(), sK_layout, sV_layout,
+                                    load_pipes[1], kv_pipes[1], n_hi, t_read, t_write, warp_idx - 1)
             else:
                 cute.arch.setmaxregister_increase(self.consumer_regs)
                 self.schedule_start(wg)
@@ -732,12 +799,33 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                         q_len, k_len, seqQ, seqK, seqVt, seqO, seqL = layout.sequence_views(
                             mQ, mK, mVt, mO, mLSE, mCuQ, mCuK, head, batch)
                         _, n_hi, _, n_mask = self.key_range(m_block, q_len, k_len)
+                        scale_t, o_scale = self.problem_scales(scale_log2, mDescale, head, batch,
+                                                               mQ.shape[2], mK.shape[2])
                         read = self.consume(tiled_mma_qk, tiled_mma_pv, tma_o, seqO, s2g, seqL,
-                                            sQ, sO, sK, sV, q_bars, kv_pipes, scale_log2, m_block,
+                                            sQ, sO, sK, sV, q_bars, kv_pipes, scale_t, m_block,
                                             q_len, k_len, n_hi, n_mask, wg, tidx % 128, read,
-                                            q_phase)
+                                            q_phase, o_scale=o_scale)
                         if n_hi > 0:
                             q_phase = q_phase ^ 1
+
+    @cute.jit
+    def transpose_loop(self, vs_ptr, v_ptr, vs_layout, v_layout, vs_pipe, v_pipe, n_tiles, read, write,
+                       warp):
+        """A transposing warp (``v_transpose``): for each of the tile's ``n_tiles`` key tiles, the
+        V staging slot -> ``transpose_tile`` -> the V slot P·V reads; the generic-proxy stores are
+        fenced for the WGMMAs (async proxy) before the slot is committed.  The rings are given as
+        their smem base pointers and (swizzled) staged layouts.  Returns both ring states."""
+        lane = cute.arch.lane_idx()
+        for _ in cutlass.range(n_tiles, unroll=1):
+            vs_pipe.consumer_wait(read)
+            v_pipe.producer_acquire(write)
+            self.transpose_tile(vs_ptr, v_ptr, vs_layout, v_layout, read.index, write.index, lane, warp)
+            cute.arch.fence_proxy("async.shared", space="cta")
+            v_pipe.producer_commit(write)
+            vs_pipe.consumer_release(read)
+            read.advance()
+            write.advance()
+        return read, write
 
     def kv_state(self, producer: bool):
         return pipeline.make_pipeline_state(
@@ -804,7 +892,10 @@ class FlashFwdSm90(layout.TmaViewsKernel):
         if n_hi > 0:
             W, D, BN = self.consumers, self.head_dim, self.tile_n
             gK = cute.local_tile(seqK, (BN, D), (None, 0))
-            gV = cute.local_tile(seqVt, (D, BN), (0, None))
+            if cutlass.const_expr(self.v_transpose):
+                gV = cute.local_tile(seqVt, (BN, D), (None, 0))  # (keys, D) tiles into staging
+            else:
+                gV = cute.local_tile(seqVt, (D, BN), (0, None))
             tKsK, tKgK = cpasync.tma_partition(tma_k, 0, cute.make_layout(1),
                                                cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
             tVsV, tVgV = cpasync.tma_partition(tma_v, 0, cute.make_layout(1),
@@ -1022,12 +1113,12 @@ class FlashFwdSm90(layout.TmaViewsKernel):
     @cute.jit
     def consume(self, tiled_mma_qk, tiled_mma_pv, tma_o, seqO, s2g, seqL, sQ, sO, sK, sV, q_bars,
                 kv_pipes, scale_log2, m_block, q_len, k_len, n_hi, n_mask, wg, ltid, read,
-                q_phase, n_lo=0, mask_lo=0, win=(None, None), cap=None, sink=None):
+                q_phase, n_lo=0, mask_lo=0, win=(None, None), cap=None, sink=None, o_scale=None):
         """One consumer warpgroup: its 64 query rows against every visible key tile (n_hi-1 down
         to n_lo), then its part of the epilogue.  KV cache switches: the window ``win``
         (mask.window; tiles < mask_lo masked too), ``cap`` (factor, on) for
         softmax.softcap_scores, ``sink`` (this q head's logit) for softmax.finalize.  Returns the
-        K/V ring state ``read``."""
+        K/V ring state ``read``.  ``o_scale``: a factor on O before it is stored (fp8: v_descale)."""
         k_pipe, v_pipe = kv_pipes
         BN, D = self.tile_n, self.head_dim
         thr_qk = tiled_mma_qk.get_slice(ltid)
@@ -1060,8 +1151,8 @@ class FlashFwdSm90(layout.TmaViewsKernel):
             self.mask_tile(acc_S, cS, row0, n_hi - 1, q_len, k_len, n_mask, mask_lo, win)
             corr = cute.make_rmem_tensor(n_rows, cutlass.Float32)  # O's per-row rescale factor
             softmax.online_softmax(atoms.acc_mn_view(acc_S), row_max, row_sum, scale_log2, corr=corr)
-            tOrP_c = atoms.acc_as_a_operand(acc_S.layout, tOrP)
-            tOrP_c.store(acc_S.load().to(self.dtype))
+            tOrP_c = self.p_operand_view(acc_S, tOrP)
+            self.store_p(acc_S, tOrP, tOrP_c, ltid)
             # P·V overwrites O on the first key tile and accumulates afterwards.
             tiled_mma_pv.set(warpgroup.Field.ACCUMULATE, False)
             # ---- the other tiles: P·V of tile n + 1 and S of tile n.  Overlap: the tiles that
@@ -1114,7 +1205,7 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                     self.mask_tile(acc_S, cS, row0, n, q_len, k_len, n_mask, mask_lo, win)
                     softmax.online_softmax(atoms.acc_mn_view(acc_S), row_max, row_sum, scale_log2, corr=corr)
                     softmax.rescale(atoms.acc_mn_view(acc_O), corr)
-                    tOrP_c.store(acc_S.load().to(self.dtype))
+                    self.store_p(acc_S, tOrP, tOrP_c, ltid)
             if cutlass.const_expr(self.persistent):
                 # every S GEMM of this tile has completed: Q's slab may take the next tile's
                 with cute.arch.elect_one():
@@ -1136,14 +1227,17 @@ class FlashFwdSm90(layout.TmaViewsKernel):
         # 16-byte stores of the rows inside the sequence)
         softmax.finalize(atoms.acc_mn_view(acc_O), cS, row_max, row_sum, scale_log2, row0, q_len, seqL, ltid,
                          sink=sink)
+        if cutlass.const_expr(o_scale is not None):
+            for i in cutlass.range_constexpr(cute.size(acc_O)):
+                acc_O[i] = acc_O[i] * o_scale
         sO = sO[None, None, wg]
-        rO = cute.make_rmem_tensor(acc_O.layout, self.dtype)
+        rO = cute.make_rmem_tensor(acc_O.layout, self.out_dtype)
         if cutlass.const_expr(self.persistent):
             # the previous tile's TMA store has read this slab (its issuing warp waited)
             cute.arch.barrier(barrier_id=int(_Bar.EPILOGUE) + wg, number_of_threads=128)
-        rO.store(acc_O.load().to(self.dtype))
+        rO.store(acc_O.load().to(self.out_dtype))
         r2s = cute.make_tiled_copy_C(
-            cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=32),
+            cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.out_dtype, num_bits_per_copy=32),
             tiled_mma_pv).get_slice(ltid)
         cute.copy(r2s, r2s.retile(rO), r2s.partition_D(sO))
         # generic-proxy smem writes -> visible to the TMA (async proxy), then all 128 threads
@@ -1163,7 +1257,7 @@ class FlashFwdSm90(layout.TmaViewsKernel):
             tOsO = thr.partition_S(sO)
             tOgO = thr.partition_D(gO)
             tOcO = thr.partition_D(cute.make_identity_tensor((WG_ROWS, D)))
-            tOrO = cute.make_fragment_like(tOsO, self.dtype)
+            tOrO = cute.make_fragment_like(tOsO, self.out_dtype)
             cute.copy(s2g, tOsO, tOrO)
             for r in cutlass.range_constexpr(cute.size(tOrO.shape[1])):
                 if row0 + tOcO[0, r, 0][0] < q_len:
@@ -1202,8 +1296,22 @@ class FlashFwdSm90(layout.TmaViewsKernel):
         v_pipe.consumer_release(read_v)
         if cutlass.const_expr(not self.early_rescale):
             softmax.rescale(atoms.acc_mn_view(acc_O), corr)
-        tOrP_c.store(acc_S.load().to(self.dtype))
+        self.store_p(acc_S, tOrP, tOrP_c, ltid)
         return read, tiled_mma_qk, tiled_mma_pv
+
+    def p_operand_view(self, acc_S, tOrP):
+        """The view P is stored through (16-bit: the A fragment seen with S's layout)."""
+        return atoms.acc_as_a_operand(acc_S.layout, tOrP)
+
+    @cute.jit
+    def store_p(self, acc_S, tOrP, tOrP_c, ltid):
+        """P (the softmax of S, fp32 in S's accumulator registers) into the A fragment of P·V."""
+        tOrP_c.store(acc_S.load().to(self.dtype))
+
+    def problem_scales(self, scale_log2, mDescale, head, batch, n_heads, n_kv_heads):
+        """(score scale in log2 units, factor on O) of one (q head, batch) problem: the launch's
+        scale and no factor; the fp8 subclass folds its descales in."""
+        return scale_log2, None
 
     @cute.jit
     def mask_tile(self, acc_S, cS, row0, n, q_len, k_len, n_mask, mask_lo, win):
@@ -1229,7 +1337,7 @@ class FlashFwdSm90(layout.TmaViewsKernel):
         """Issue S = Q·Kᵀ (overwriting acc_S) as one WGMMA group."""
         warpgroup.fence()
         tiled_mma_qk.set(warpgroup.Field.ACCUMULATE, False)
-        for kb in cutlass.range_constexpr(self.head_dim // 16):
+        for kb in cutlass.range_constexpr(cute.size(tSrQ, mode=[2])):
             cute.gemm(tiled_mma_qk, acc_S, tSrQ[None, None, kb, wg], tSrK[None, None, kb, slot],
                       acc_S)
             tiled_mma_qk.set(warpgroup.Field.ACCUMULATE, True)
@@ -1241,7 +1349,7 @@ class FlashFwdSm90(layout.TmaViewsKernel):
         """Issue O (+)= P·V as one WGMMA group; P from registers.  Returns ``tiled_mma_pv`` with
         its accumulate flag set (the DSL carries the flag through loops only as a rebound local)."""
         warpgroup.fence()
-        for kb in cutlass.range_constexpr(self.tile_n // 16):
+        for kb in cutlass.range_constexpr(cute.size(tOrP, mode=[2])):
             cute.gemm(tiled_mma_pv, acc_O, tOrP[None, None, kb], tOrV[None, None, kb, slot], acc_O)
             tiled_mma_pv.set(warpgroup.Field.ACCUMULATE, True)
         warpgroup.commit_group()

@@ -22,7 +22,8 @@ from ..runtime import cost_sm100, tuning
 DTYPE_IDS = {"bf16": 1, "f16": 2, "f32": 3, "e4m3": 4}
 MAJOR_IDS = {"k": 1, "m": 2, "n": 3}
 FAMILY_IDS = {"sm80": 1, "sm90": 2, "sm100": 3, "decode": 4, "sm90_decode": 5, "sm90_grouped": 9}
-OP_IDS = {"gemm": 1, "attention": 2, "gemm_blockscaled": 3, "attention_kvcache": 4, "gemm_grouped": 9}
+OP_IDS = {"gemm": 1, "attention": 2, "gemm_blockscaled": 3, "attention_kvcache": 4, "attention_fp8": 5,
+          "gemm_grouped": 9}
 # the grouped GEMM's layouts (fx_variant.grouped)
 GROUPED_IDS = {"contig": 1, "masked": 2}
 # fx_block_format_t (csrc/fx_api.h)
@@ -236,6 +237,7 @@ def tables(entries: dict[str, dict], tuning_data: dict | None) -> str:
             c_double(cost_sm100.flops_per_clk(a_dt) if a_dt else 0.0),
             int(e.get("max_m", 0)), int(e.get("rows_per_cta", 0)), FORMAT_IDS.get(e.get("format"), 0),
             GROUPED_IDS.get(e.get("grouped"), 0), _epilogue_flags(e),
+            int(e.get("v_layout") == "bhds"),
         )) + "}")
     out.append(f"const fx_variant fx_variants[] = {{\n  {(',' + chr(10) + '  ').join(rows)}\n}};")
     out.append(f"const int32_t fx_n_variants = {len(rows)};")

@@ -161,9 +161,18 @@ class Bundle(BundleCore):
         return torch_ops.register(self)
 
     def attention(self, q, k, v, causal=False, softmax_scale=None, cu_seqlens_q=None, cu_seqlens_k=None,
-                  max_seqlen_q=None, max_seqlen_k=None, return_lse=False, check_varlen=None):
+                  max_seqlen_q=None, max_seqlen_k=None, return_lse=False, check_varlen=None, *,
+                  q_descale=None, k_descale=None, v_descale=None, v_layout=None):
         """FlashAttention forward (runtime/attention.py says what the arguments mean).  (Passed on
-        by position: a ``**kwargs`` dict per call is a measurable part of the hot path.)"""
+        by position: a ``**kwargs`` dict per call is a measurable part of the hot path.)
+
+        fp8: float8_e4m3fn q, k, v (dense), descales ``q_descale``/``k_descale``/``v_descale``
+        (float32, broadcastable to (batch, kv heads); None: 1), ``v_layout`` "bshd" (default) or
+        "bhds" (v pre-transposed (B, Hkv, D, Sk)); bfloat16 out (runtime/attention_fp8.py)."""
+        if q_descale is not None or k_descale is not None or v_descale is not None or v_layout is not None:
+            return self.attention_fp8(q, k, v, causal, softmax_scale, q_descale, k_descale, v_descale,
+                                      return_lse, v_layout or "bshd", cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                      check_varlen)
         ops = _OPS or _ops()
         if ops[4]():  # traced by torch.compile: the bundle's torch op, whose fake checks like this call
             o, lse = self.torch_ops().attention(q, k, v, causal, softmax_scale, cu_seqlens_q, cu_seqlens_k,
@@ -171,6 +180,24 @@ class Bundle(BundleCore):
             return (o, lse) if return_lse else o
         return ops[2].attention(self, q, k, v, causal, softmax_scale, cu_seqlens_q, cu_seqlens_k,
                                 max_seqlen_q, max_seqlen_k, return_lse, check_varlen)
+
+    def attention_fp8(self, q, k, v, causal=False, softmax_scale=None, q_descale=None, k_descale=None,
+                      v_descale=None, return_lse=False, v_layout="bshd", cu_seqlens_q=None, cu_seqlens_k=None,
+                      max_seqlen_q=None, check_varlen=None):
+        """The fp8 forward (runtime/attention_fp8.py); ``attention`` routes fp8 inputs here."""
+        from . import attention_fp8
+
+        ops = _OPS or _ops()
+        if cu_seqlens_q is not None or cu_seqlens_k is not None:  # (packed: no torch op yet)
+            return attention_fp8.attention_fp8(self, q, k, v, causal, softmax_scale, q_descale, k_descale,
+                                               v_descale, return_lse, v_layout, cu_seqlens_q, cu_seqlens_k,
+                                               max_seqlen_q, check_varlen)
+        if ops[4]():  # traced by torch.compile: the bundle's torch op (its fake checks like this call)
+            o, lse = self.torch_ops().attention_fp8(q, k, v, causal, softmax_scale, q_descale, k_descale, v_descale,
+                                                    v_layout)
+            return (o, lse) if return_lse else o
+        return attention_fp8.attention_fp8(self, q, k, v, causal, softmax_scale, q_descale, k_descale, v_descale,
+                                           return_lse, v_layout)
 
     def attention_kvcache(self, q, k_cache, v_cache, cache_seqlens, *, block_table=None, causal=True,
                           softmax_scale=None, window_size=(-1, -1), softcap=0.0, sinks=None, k_descale=None,

@@ -67,6 +67,10 @@ def attention(bundle, q, k, v, causal=False, softmax_scale=None, cu_seqlens_q=No
             key = None  # a misaligned pointer: the checked path below refuses it
     else:
         key = None
+    if isinstance(q, Tensor) and q.dtype == torch.float8_e4m3fn:  # the fp8 forward (runtime/attention_fp8.py)
+        return bundle.attention_fp8(q, k, v, causal, softmax_scale, return_lse=return_lse,
+                                    cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+                                    check_varlen=check_varlen)
     dev = q.get_device() if isinstance(q, Tensor) else -1
     if (dev < bundle.lowest_device or not isinstance(k, Tensor) or not isinstance(v, Tensor)
             or k.get_device() != dev or v.get_device() != dev):

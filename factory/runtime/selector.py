@@ -76,6 +76,13 @@ class KVCacheProblem(ctypes.Structure):
                 ("window_right", ctypes.c_int32), ("softcap", ctypes.c_float), ("softmax_scale", ctypes.c_float)]
 
 
+class AttentionFp8Problem(ctypes.Structure):
+    _fields_ = [("batch", ctypes.c_int64), ("seqlen_q", ctypes.c_int64), ("seqlen_k", ctypes.c_int64),
+                ("heads_q", ctypes.c_int64), ("heads_kv", ctypes.c_int64), ("head_dim", ctypes.c_int64),
+                ("v_layout", ctypes.c_int32), ("causal", ctypes.c_int32), ("softmax_scale", ctypes.c_float),
+                ("varlen", ctypes.c_int32)]
+
+
 class GroupedProblem(ctypes.Structure):
     _fields_ = [("ab_dtype", ctypes.c_int), ("c_dtype", ctypes.c_int), ("masked", ctypes.c_int32),
                 ("m", ctypes.c_int64), ("n", ctypes.c_int64), ("k", ctypes.c_int64), ("groups", ctypes.c_int64),
@@ -126,7 +133,7 @@ class Selector:
         self._fns = {}
         for op, problem in (("gemm", GemmProblem), ("attention", AttentionProblem), ("gemm_packed", PackedProblem),
                             ("gemm_blockscaled", BlockScaledProblem), ("attention_kvcache", KVCacheProblem),
-                            ("gemm_grouped", GroupedProblem)):
+                            ("attention_fp8", AttentionFp8Problem), ("gemm_grouped", GroupedProblem)):
             fn = getattr(self.lib, f"fx_{op}_select", None)
             if fn is not None:
                 fn.restype = ctypes.c_int32

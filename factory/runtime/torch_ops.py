@@ -1,7 +1,7 @@
 """The bundle's ops as torch custom ops, for ``torch.compile`` (Dynamo traces them as opaque
 calls, no graph break) and CUDA graphs: ``gemm``, ``gemm_out``, ``gemm_packed``, ``attention``,
-``attention_kvcache``, ``grouped_gemm``, ``grouped_gemm_out``, and the fused glue ops ``rms_norm``,
-``rms_norm_fp8`` and ``rope_kvcache`` (defined in runtime/fused.py, ``TORCH_OPS``).
+``attention_kvcache``, ``attention_fp8``, ``grouped_gemm``, ``grouped_gemm_out``, and the fused glue ops
+``rms_norm``, ``rms_norm_fp8`` and ``rope_kvcache`` (defined in runtime/fused.py, ``TORCH_OPS``).
 
 One op set per bundle: ``bundle.torch_ops()`` registers the ops of that bundle once (``torch.library``
 define + impl, the lower-cost path: see notes) in a namespace of its own and returns it: the
@@ -79,6 +79,11 @@ def _attention_kvcache(bundle, q, k_cache, v_cache, cache_seqlens, block_table=N
                                     return_lse=True, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q)
 
 
+def _attention_fp8(bundle, q, k, v, causal=False, softmax_scale=None, q_descale=None, k_descale=None,
+                   v_descale=None, v_layout="bshd"):
+    return bundle.attention_fp8(q, k, v, causal, softmax_scale, q_descale, k_descale, v_descale, True, v_layout)
+
+
 def _gemm_fake(bundle, a, b, out_dtype=None, scale_a=None, scale_b=None, b_constant=False, scale_mode=None):
     from . import gemm
 
@@ -120,6 +125,14 @@ def _attention_kvcache_fake(bundle, q, k_cache, v_cache, cache_seqlens, block_ta
     else:
         lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
     return torch.empty_like(q), lse
+
+
+def _attention_fp8_fake(bundle, q, k, v, causal=False, softmax_scale=None, q_descale=None, k_descale=None,
+                        v_descale=None, v_layout="bshd"):
+    from . import attention_fp8
+
+    return attention_fp8.check_meta(bundle, q, k, v, causal, softmax_scale, q_descale, k_descale, v_descale,
+                                    v_layout)
 
 
 def _grouped_gemm(bundle, a, b, offs=None, masked_m=None, expected_m=None, scale_a=None, scale_b=None):
@@ -164,6 +177,11 @@ OPS = {
                           "int window_right=-1, float softcap=0.0, Tensor? sinks=None, Tensor? k_descale=None, "
                           "Tensor? v_descale=None, Tensor? cu_seqlens_q=None, int? max_seqlen_q=None) "
                           "-> (Tensor, Tensor)", _attention_kvcache, _attention_kvcache_fake),
+    "attention_fp8": ("attention_fp8(Tensor q, Tensor k, Tensor v, bool causal=False, float? softmax_scale=None, "
+                      "Tensor? q_descale=None, Tensor? k_descale=None, Tensor? v_descale=None, str v_layout='bshd') "
+                      "-> (Tensor, Tensor)", _attention_fp8, _attention_fp8_fake),
+
+
     "grouped_gemm": ("grouped_gemm(Tensor a, Tensor b, Tensor? offs=None, Tensor? masked_m=None, "
                      "int? expected_m=None, Tensor? scale_a=None, Tensor? scale_b=None) -> Tensor", _grouped_gemm,
                      _grouped_gemm_fake),

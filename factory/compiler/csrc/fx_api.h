@@ -236,6 +236,22 @@ typedef struct {
     int64_t scale_b_stride[3];
 } fx_gemm_grouped_problem_t;
 
+/* fp8 (e4m3) attention forward (Python: bundle.attention with float8_e4m3fn q/k/v,
+   runtime/attention_fp8.py): q (batch, seqlen_q, heads_q, head_dim), k (batch, seqlen_k, heads_kv,
+   head_dim) e4m3; v e4m3 as k (v_layout 0) or pre-transposed (batch, heads_kv, head_dim,
+   seqlen_k) (v_layout 1); o bfloat16 as q; lse float32 (batch, heads_q, seqlen_q); q/k/v descales
+   float32 (batch, heads_kv), any strides.  Selection only (the launch goes through the Python
+   runtime): the chosen variant takes v in its own layout (fx_variant_v_layout): v_layout 0 may
+   get a variant that takes v pre-transposed where the bundle has no in-kernel transpose for the
+   problem. */
+typedef struct {
+    int64_t batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim;
+    int32_t v_layout;       /* 0: v as k; 1: v pre-transposed */
+    int32_t causal;
+    float softmax_scale;    /* 0: 1/sqrt(head_dim); else > 0 and finite */
+    int32_t varlen;         /* 1: packed sequences (cu_seqlens; batch = sequences, seqlen_q/k = tokens) */
+} fx_attention_fp8_problem_t;
+
 typedef struct {
     int32_t variant;          /* index (fx_variant_name); -1: nothing to launch (an empty problem) */
     const char *name;         /* the variant's name, NULL for -1 */
@@ -257,6 +273,9 @@ int32_t fx_gemm_epilogue_select(const fx_device_t *dev, const fx_gemm_problem_t 
                                 const fx_gemm_epilogue_t *ep, fx_selection_t *out);
 int32_t fx_gemm_scaled_select(const fx_device_t *dev, const fx_gemm_problem_t *p, const fx_gemm_scales_t *scales,
                               fx_selection_t *out);
+int32_t fx_attention_fp8_select(const fx_device_t *dev, const fx_attention_fp8_problem_t *p, fx_selection_t *out);
+/* The v layout variant `variant` takes (fp8 attention: 0 as k, 1 pre-transposed; -1: no such variant). */
+int32_t fx_variant_v_layout(int32_t variant);
 int32_t fx_gemm_packed_select(const fx_device_t *dev, const fx_gemm_packed_problem_t *p, fx_selection_t *out);
 int32_t fx_gemm_blockscaled_select(const fx_device_t *dev, const fx_gemm_blockscaled_problem_t *p,
                                    fx_selection_t *out);

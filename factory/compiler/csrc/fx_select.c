@@ -2267,6 +2267,76 @@ FX_EXPORT int32_t fx_attention_kvcache_select(const fx_device_t *dev, const fx_a
     return finish(kv_select(dev, p, out, &a, 0), out);
 }
 
+/* --- fp8 attention: runtime/attention_fp8.py (selection only) ------------------------------------- */
+/* The checks of the problem's sizes and flags (the tensors' own checks are the runtime's), then the
+   variant: head_dim and mask, taking v in the caller's layout; for v as k where no variant
+   transposes it, one taking v pre-transposed (the runtime copies v); the preferred tile first,
+   best target first. */
+static int32_t fp8_select(const fx_device_t *dev, const fx_attention_fp8_problem_t *p, fx_selection_t *out) {
+    memset(out, 0, sizeof *out);
+    out->variant = -1;
+    fx_msg[0] = 0;
+    int32_t rc;
+    if (!dev || !p) return fail(FX_ERR_INPUT, "fx_attention_fp8: dev and problem must not be NULL");
+    if ((rc = check_device(dev))) return rc;
+    if ((rc = check_bool("causal", p->causal)) || (rc = check_bool("v_layout", p->v_layout)) ||
+        (rc = check_bool("varlen", p->varlen)))
+        return rc;
+    float scale = p->softmax_scale;
+    if (scale != 0.0f && !(scale > 0.0f && isfinite(scale)))
+        return fail(FX_ERR_INPUT, "softmax_scale must be a positive finite number, got %g", (double)scale);
+    static const char *const names[6] = {"batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv", "head_dim"};
+    int64_t sizes[6] = {p->batch, p->seqlen_q, p->seqlen_k, p->heads_q, p->heads_kv, p->head_dim};
+    if ((rc = check_sizes(names, sizes, 6))) return rc;
+    if (!is_head_dim(p->head_dim)) return fail(FX_ERR_INPUT, "head_dim %lld not supported", (long long)p->head_dim);
+    if (p->heads_kv == 0 || p->heads_q % p->heads_kv)
+        return fail(FX_ERR_INPUT, "q heads (%lld) must be a multiple of kv heads (%lld)", (long long)p->heads_q,
+                    (long long)p->heads_kv);
+    if (p->batch > fx_attention_grid_yz_max || p->heads_q > fx_attention_grid_yz_max)
+        return fail(FX_ERR_INPUT, "batch (%lld) and heads (%lld) must each be <= %lld", (long long)p->batch,
+                    (long long)p->heads_q, (long long)fx_attention_grid_yz_max);
+    int64_t qn, kn;
+    if ((rc = product((int64_t[4]){p->batch, p->seqlen_q, p->heads_q, p->head_dim}, 4, &qn,
+                      "the queries (batch x seqlen_q x heads_q x head_dim)")) ||
+        (rc = product((int64_t[4]){p->batch, p->seqlen_k, p->heads_kv, p->head_dim}, 4, &kn,
+                      "the keys (batch x seqlen_k x heads_kv x head_dim)")))
+        return rc;
+    int32_t *cand, n = candidates(dev, FX_OP_ATTENTION_FP8, &cand), pick = -1, fallback = -1;
+    for (int32_t pass = 0; pass < 2 && pick < 0; pass++)
+        for (int32_t i = 0; i < n; i++) {
+            const fx_variant *e = &fx_variants[cand[i]];
+            if (e->head_dim != p->head_dim || e->causal != p->causal || e->varlen != p->varlen) continue;
+            if (pass == 0 && !e->preferred) continue;
+            if (e->v_pretransposed == p->v_layout) {
+                if (pick < 0) pick = cand[i];
+            } else if (!p->v_layout && fallback < 0) {
+                fallback = cand[i];
+            }
+        }
+    free(cand);
+    if (pick < 0) pick = fallback;
+    if (pick < 0)
+        return fail(FX_ERR_NO_VARIANT, "no fp8 attention variant for head_dim %lld, causal=%d, v_layout=%s%s on "
+                    "compute capability %d.%d", (long long)p->head_dim, p->causal, p->v_layout ? "bhds" : "bshd",
+                    p->varlen ? ", varlen" : "", dev->cc_major, dev->cc_minor);
+    if (qn == 0 || p->seqlen_k == 0) return FX_OK; /* nothing to launch (no keys: the runtime writes 0 / -inf) */
+    out->variant = pick;
+    out->name = fx_variants[pick].name;
+    out->splits = 1;
+    return FX_OK;
+}
+
+FX_EXPORT int32_t fx_attention_fp8_select(const fx_device_t *dev, const fx_attention_fp8_problem_t *p,
+                                          fx_selection_t *out) {
+    fx_selection_t tmp;
+    if (!out) out = &tmp;
+    return finish(fp8_select(dev, p, out), out);
+}
+
+FX_EXPORT int32_t fx_variant_v_layout(int32_t i) {
+    return i >= 0 && i < fx_n_variants ? fx_variants[i].v_pretransposed : -1;
+}
+
 /* --- launching ------------------------------------------------------------------------------------ */
 static pthread_mutex_t fx_load_lock = PTHREAD_MUTEX_INITIALIZER;
 

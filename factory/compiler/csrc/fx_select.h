@@ -10,7 +10,7 @@
 #define FX_MAX_DEVICES 64
 
 enum { FX_OP_GEMM = 1, FX_OP_ATTENTION = 2, FX_OP_GEMM_BLOCKSCALED = 3, FX_OP_ATTENTION_KVCACHE = 4,
-       FX_OP_GEMM_GROUPED = 9 };
+       FX_OP_ATTENTION_FP8 = 5, FX_OP_GEMM_GROUPED = 9 };
 enum { FX_FAMILY_OTHER = 0, FX_FAMILY_SM80 = 1, FX_FAMILY_SM90 = 2, FX_FAMILY_SM100 = 3, FX_FAMILY_DECODE = 4,
        FX_FAMILY_SM90_DECODE = 5, FX_FAMILY_SM90_GROUPED = 9 };
 enum { FX_MAJOR_K = 1, FX_MAJOR_M = 2, FX_MAJOR_N = 3 }; /* 0: anything else */
@@ -94,6 +94,9 @@ typedef struct {
     int32_t grouped;
     /* GEMM epilogue fields (fx_gemm_epilogue_flags_t): bias, silu_mul, residual; 0: none */
     int32_t epilogue;
+    /* fp8 attention (attention/sm90_fp8.py): 1 takes v pre-transposed (batch, heads_kv,
+       head_dim, seqlen_k), 0 takes v as k (the kernel transposes it) */
+    int32_t v_pretransposed;
 } fx_variant;
 
 #define FX_MAX_TARGET_CCS 8

@@ -1,0 +1,320 @@
+"""fp8 (e4m3) FlashAttention forward for Hopper (sm_90a): the sm90 family's kernel
+(attention/sm90.py: TMA producer warp, two consumer warpgroups, intra-warpgroup overlap,
+persistent CTAs) with fp8 WGMMAs, per-(batch, kv head) descale factors and a bfloat16 O.
+
+* S = Q·Kᵀ: fp8 WGMMA (k32 steps), both operands K-major in smem as in the 16-bit kernel.
+  ``q_descale·k_descale`` of the problem's (batch, kv head) multiplies the launch's
+  softmax_scale·log2(e): the one FFMA per score of the online softmax applies it.
+* P (fp32 in S's accumulator registers) -> e4m3 -> the register A operand of P·V.  The fp8 A
+  fragment holds, per thread and 32-key block, four keys of one row per register; the
+  accumulator holds pairs of keys of two rows.
+* P·V: fp8 WGMMA needs V K-major (keys contiguous in smem).  Two ways (``v_layout``):
+  - "bshd" (V as K, (B, Sk, Hkv, D)): V tiles land by TMA in staging slots; warps 1-3 of the
+    producer warpgroup transpose them into the slots P·V reads (:meth:`transpose_tile`: 32-bit
+    smem loads, byte permutes, 32-bit stores), storing the keys of each 16-key group in the
+    order a thread's own P registers hold them, so P needs two byte permutes per register pair
+    and no exchange between threads (:meth:`store_p_local`).  head_dim 128/256, 128-key tiles.
+  - "bhds" (V pre-transposed, (B, Hkv, D, Sk)): (D, keys) tiles reach smem by TMA as they are;
+    keys stay in natural order, so P's 16-bit halves are exchanged inside each quad of threads
+    (two shuffles and two byte permutes per register pair, :meth:`store_p_exchange`).
+* O·v_descale -> bf16 -> its own smem slabs (O's type differs from Q's) -> TMA store; LSE in
+  natural-log units of the de-scaled scores.
+
+Arguments (contract.signature_fp8): q (B,Sq,Hq,D) e4m3, k (B,Sk,Hkv,D) e4m3, v (B,Hkv,D,Sk)
+e4m3, o (B,Sq,Hq,D) bf16, lse (B,Hq,Sq) f32, q_descale/k_descale/v_descale (B,Hkv) f32 (any
+strides: a per-tensor value is a zero-stride view), softmax_scale.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+
+from ..abi import Signature
+from ..atoms.targets import Target
+from ..registry import register
+from . import contract, layout
+from .fp8_order import (KEY_OFFSETS, P_EXCHANGE, P_LOCAL, TRANSPOSE_JOIN, TRANSPOSE_PAIR, exchange_sources,
+                        transpose_block)
+from .sm90 import WG_ROWS, AttentionSm90, FlashFwdSm90, default_schedule
+
+FP8_HEAD_DIMS = (64, 128, 256)
+# setmaxnreg budgets with the transposing warps (per thread: producer warpgroup, consumers)
+TRANSPOSE_PRODUCER_REGS, TRANSPOSE_CONSUMER_REGS = 40, 232
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttentionFp8Sm90(AttentionSm90):
+    """An fp8 variant: e4m3 q/k/v, bf16 O, descales; tiles as the 16-bit family's fields."""
+
+    op: ClassVar[str] = "attention_fp8"
+    family: ClassVar[str] = "sm90"
+    DTYPES: ClassVar[tuple[str, ...]] = ("e4m3",)
+    HEAD_DIMS: ClassVar[tuple[int, ...]] = FP8_HEAD_DIMS
+    sources = ("attention/sm90_fp8.py", "attention/fp8_order.py", *AttentionSm90.sources)
+
+    dtype: str = field(default="e4m3", metadata={"tag": ""})
+    # how V arrives: "bshd" = (B, Sk, Hkv, D) like K, transposed in the kernel; "bhds" =
+    # (B, Hkv, D, Sk), keys contiguous (the K-major B operand of P·V), read by TMA as it is
+    v_layout: str = field(default="bshd", metadata={"tag": "v"})
+
+    def sass_requirements(self) -> tuple[str, ...]:
+        # nvdisasm prints fp8 WGMMAs as QGMMA: "QGMMA.64x128x32.F32.E4M3.E4M3 R88, gdesc[UR16],
+        # RZ, !UPT" (both operands from smem) and "QGMMA.64x128x32.F32.E4M3.E4M3 R24, R152,
+        # gdesc[UR16], R24" (A from registers); the P permute: SHFL.IDX and PRMT.
+        return (
+            rf"\bQGMMA\.64x{self.tile_n}x32\.F32\.E4M3\.E4M3 R\d+, gdesc\[",
+            rf"\bQGMMA\.64x{self.head_dim}x32\.F32\.E4M3\.E4M3 R\d+, R\d+, gdesc\[",
+            # varlen: (tokens, D, heads) boxes and O by 16-byte stores
+            *((r"\bUTMALDG\.3D\b", r"\bSTG\.E\.128\b") if self.varlen else (r"\bUTMALDG\.4D\b", r"\bUTMASTG\.4D\b")),
+            r"\bSYNCS\.", r"\bUSETMAXREG\.", r"\bMUFU\.EX2\b",
+            r"\bPRMT\b",
+            # bhds: P's quad exchange; bshd: the transposing warps' 32-bit smem loads and stores
+            *((r"\bSHFL\.IDX\b",) if self.v_layout == "bhds" else (r"\bLDS\b", r"\bSTS\b")),
+        )
+
+    def smem_bytes(self) -> int:
+        from ..atoms.smem import BARRIER_BYTES, SMEM_ALIGN, round_up
+        q = round_up(self.tile_m * self.head_dim, SMEM_ALIGN)
+        kv = (3 if self.v_layout == "bshd" else 2) * self.stages * round_up(self.tile_n * self.head_dim, SMEM_ALIGN)
+        o = round_up(self.tile_m * self.head_dim * 2, SMEM_ALIGN)
+        return BARRIER_BYTES + q + kv + o
+
+    def can_implement(self) -> str | None:
+        if self.v_layout not in ("bshd", "bhds"):
+            return "v_layout must be 'bshd' (transposed in the kernel) or 'bhds' (keys contiguous)"
+        if self.v_layout == "bshd" and (self.head_dim % 128 or self.tile_n % 128):
+            # (both smem tiles must be 128-byte swizzled: rows of 128 or 256 bytes)
+            return "the in-kernel V transpose takes head_dim 128 or 256 and tiles of 128 or 256 keys"
+        if self.varlen and self.v_layout != "bshd":
+            return "packed variable-length fp8 takes v as k ((tokens, heads, head_dim), v_layout bshd)"
+        if self.tile_n % 32:
+            return "tile_n must be a multiple of 32 (fp8 WGMMA k32 steps of P·V)"
+        if self.head_dim % 32:
+            return "head_dim must be a multiple of 32 (fp8 WGMMA k32 steps of Q·Kᵀ)"
+        return super().can_implement()
+
+    def signature(self) -> Signature:
+        return contract.signature_fp8(self.head_dim, self.v_layout, self.varlen)
+
+    def contract_fields(self) -> dict[str, Any]:
+        return contract.manifest_fields_fp8(self.head_dim, self.causal, self.v_layout, self.varlen)
+
+    def describe(self) -> dict[str, Any]:
+        d = super().describe()
+        cfg = fp8_config(self.head_dim, self.causal)
+        d["preferred"] = (self.tile_n, self.stages) == (cfg["tile_n"], cfg["stages"])
+        if self.v_layout == "bshd":
+            d["registers_per_role"] = {"producer": TRANSPOSE_PRODUCER_REGS, "consumer": TRANSPOSE_CONSUMER_REGS}
+            d["v_transpose"] = {"warps": 3, "order": "keys of each 16-key group as P's registers hold them"}
+        return d
+
+    def make_kernel(self):
+        k = FlashFwdSm90Fp8(
+            head_dim=self.head_dim, tile_m=self.tile_m, tile_n=self.tile_n, stages=self.stages,
+            causal=self.causal, overlap=self.overlap, pingpong=self.pingpong,
+            early_rescale=self.early_rescale, persistent=self.persistent, k_first=self.k_first,
+            v_transpose=self.v_layout == "bshd",
+        )
+        return k.packed_fp8 if self.varlen else k.dense_fp8
+
+
+def fp8_config(head_dim: int, causal: bool) -> dict[str, Any]:
+    """The fp8 tile per problem: 128 query rows (two consumer warpgroups, ping-pong, overlap);
+    keys per tile 128 (D256: 64, O's 128 fp32 registers per thread leave room for no more)."""
+    return {"tile_m": 128, "tile_n": 64 if head_dim == 256 else 128, "stages": 2, "overlap": True,
+            "pingpong": True, **default_schedule(head_dim, causal)}
+
+
+@register("attention_fp8")
+def enumerate_attention_fp8(target: Target, tier: str) -> list[AttentionFp8Sm90]:
+    if target.name != "sm_90a":
+        return []
+
+    def make(d, causal, **kw):
+        return AttentionFp8Sm90(target=target.name, head_dim=d, causal=causal, **{**fp8_config(d, causal), **kw})
+
+    if tier == "test":
+        out = [make(128, False), make(128, True)]
+    elif tier == "default":
+        # fp8 joins the default tier once a GPU run has passed (notes/attention-fp8.md)
+        out = []
+    else:
+        out = [make(d, c, v_layout=vl) for d in FP8_HEAD_DIMS for c in (False, True) for vl in ("bshd", "bhds")]
+        out += [make(128, c, tile_n=n, v_layout=vl) for c in (False, True) for n in (160, 192)
+                for vl in ("bshd", "bhds")]
+        # three K/V stages (fp8 tiles are half the bytes of 16-bit ones: 196 KB with the staging ring)
+        out += [make(128, c, stages=3, v_layout=vl) for c in (False, True) for vl in ("bshd", "bhds")]
+        # packed variable-length batches (cu_seqlens): one tile per CTA, V transposed in the kernel
+        out += [make(128, c, varlen=True, **default_schedule(128, c, varlen=True)) for c in (False, True)]
+    return [v for v in out if v.can_implement() is None]
+
+
+def _check_swizzle(*layouts):
+    for lay in layouts:
+        if str(lay.inner) != "S<3,4,3>":
+            raise ValueError(f"the V transpose expects 128-byte swizzled slots, got {lay.inner}")
+
+
+def _swizzle(off):
+    """Swizzle<3,4,3> of a byte offset: bits 7..9 xor into bits 4..6 (128-byte rows of 16-byte
+    chunks, the chunk index xor the row index mod 8)."""
+    return off ^ ((off >> 3) & 0x70)
+
+
+class FlashFwdSm90Fp8(FlashFwdSm90):
+    """The sm90 kernel with e4m3 inputs, bf16 O, K-major V tiles, descales and the P permute."""
+
+    def __init__(self, *, head_dim: int, tile_m: int, tile_n: int, stages: int, causal: bool,
+                 overlap: bool, pingpong: bool, early_rescale: bool, persistent: bool, k_first: bool,
+                 v_transpose: bool):
+        super().__init__(dtype=cutlass.Float8E4M3FN, head_dim=head_dim, tile_m=tile_m, tile_n=tile_n,
+                         stages=stages, causal=causal, overlap=overlap, pingpong=pingpong,
+                         early_rescale=early_rescale, persistent=persistent, k_first=k_first)
+        self.out_dtype = cutlass.BFloat16
+        self.v_k_major = True
+        self.v_transpose = v_transpose
+        if v_transpose:
+            # warps 1..3 of the producer warpgroup transpose V; they need more registers than
+            # the TMA warp's budget: 40 + 2·232 per thread slot
+            self.transpose_warps = 3
+            self.producer_regs, self.consumer_regs = TRANSPOSE_PRODUCER_REGS, TRANSPOSE_CONSUMER_REGS
+
+    @cute.jit
+    def dense_fp8(self, q: cute.Tensor, k: cute.Tensor, v: cute.Tensor, o: cute.Tensor,
+                  lse: cute.Tensor, q_descale: cute.Tensor, k_descale: cute.Tensor,
+                  v_descale: cute.Tensor, softmax_scale: cutlass.Float32, stream: cuda.CUstream):
+        mQ, mK, _, mO = layout.dense_views(q, k, k, o)  # (S, D, H, B)
+        if cutlass.const_expr(self.v_transpose):
+            mVt = layout.dense_views(v, v, v, v)[0]  # (Sk, D, Hkv, B): (keys, D) tiles, as K
+        else:
+            # V (B, Hkv, D, Sk) -> (D, Sk, Hkv, B): the (D, keys) view the producer tiles
+            mVt = cute.make_tensor(v.iterator, cute.select(v.layout, mode=[2, 3, 1, 0]))
+        grid = self.dense_grid((cute.ceil_div(q.shape[1], self.cta_rows), q.shape[2], q.shape[0]))
+        self._launch(mQ, mK, mVt, mO, lse, None, None, softmax_scale, grid, stream,
+                     mDescale=(q_descale, k_descale, v_descale))
+
+    @cute.jit
+    def packed_fp8(self, q: cute.Tensor, k: cute.Tensor, v: cute.Tensor, o: cute.Tensor, lse: cute.Tensor,
+                   cu_seqlens_q: cute.Tensor, cu_seqlens_k: cute.Tensor, q_descale: cute.Tensor,
+                   k_descale: cute.Tensor, v_descale: cute.Tensor, softmax_scale: cutlass.Float32,
+                   max_seqlen_q: cutlass.Int32, stream: cuda.CUstream):
+        # (T, H, D) -> (T, D, H) for q, k, o and (v as k) v; a CTA offsets them by its sequence
+        mQ, mK, _, mO = layout.packed_views(q, k, k, o)
+        mV = layout.packed_views(v, v, v, v)[0]
+        grid = (cute.ceil_div(max_seqlen_q, self.cta_rows), q.shape[1], cu_seqlens_q.shape[0] - 1)
+        self._launch(mQ, mK, mV, mO, lse, cu_seqlens_q, cu_seqlens_k, softmax_scale, grid, stream,
+                     mDescale=(q_descale, k_descale, v_descale))
+
+    def problem_scales(self, scale_log2, mDescale, head, batch, n_heads, n_kv_heads):
+        """scale·log2(e)·q_descale·k_descale and v_descale of (batch, kv head)."""
+        kv_head = head // (n_heads // n_kv_heads)
+        qd, kd, vd = mDescale
+        return scale_log2 * (qd[batch, kv_head] * kd[batch, kv_head]), vd[batch, kv_head]
+
+    def p_operand_view(self, acc_S, tOrP):
+        return None
+
+    @cute.jit
+    def store_p(self, acc_S, tOrP, tOrP_c, ltid):
+        """P -> e4m3 in the fp8 A fragment of P·V (in-kernel transpose: :meth:`store_p_local`,
+        pre-transposed V: :meth:`store_p_exchange`)."""
+        if cutlass.const_expr(self.v_transpose):
+            self.store_p_local(acc_S, tOrP)
+        else:
+            self.store_p_exchange(acc_S, tOrP, ltid)
+
+    @cute.jit
+    def store_p_local(self, acc_S, tOrP):
+        """P -> e4m3, each thread's own registers only: A word (row half h, 16-key half kh) of a
+        32-key block = the row-h halves of accumulator words W_{2kh} and W_{2kh+1}, i.e. keys
+        16kh + {2t, 2t+1, 8+2t, 9+2t} at A columns 16kh + 4t .. 4t+3.  The transposing warps store
+        V's keys at exactly those columns (:meth:`transpose_tile`), so P·V sums the right pairs."""
+        tmp = cute.make_rmem_tensor(acc_S.layout, self.dtype)
+        tmp.store(acc_S.load().to(self.dtype))
+        w = cute.recast_tensor(tmp, cutlass.Int32)
+        a = cute.recast_tensor(tOrP, cutlass.Int32)
+        for i in cutlass.range_constexpr(self.tile_n // 16):
+            for h in cutlass.range_constexpr(2):
+                a[2 * i + h] = cutlass.Int32(cute.arch.prmt(w[2 * i], w[2 * i + 1], cutlass.Int32(P_LOCAL[h])))
+
+    @cute.jit
+    def transpose_tile(self, vs_ptr, v_ptr, vs_layout, v_layout, vs_slot, v_slot, lane, warp):
+        """One V tile, staging slot (keys, D) -> V slot (D, keys) K-major, by this warp of the
+        ``transpose_warps``.  A thread moves 4x4-byte blocks: four 32-bit loads (keys
+        16g + {2t, 2t+1, 8+2t, 9+2t}, columns 4dd..4dd+3), a 4x4 byte transpose in six byte
+        permutes, four 32-bit stores (rows 4dd..4dd+3, columns 4nn..4nn+3, nn = 4g + t: the key
+        order :meth:`store_p_local` gives P).  Lane l takes column block dd = l and key block
+        nn = (l + s) mod BN/4 on trip s: both the loads and the stores of a warp hit 32 banks of
+        the 128-byte swizzled rows.  Addresses: the staged layouts' (outer) offsets, swizzled
+        by hand (both are 128-byte swizzles, Swizzle<3,4,3> on byte offsets: checked here)."""
+        BN, D, NT = self.tile_n, self.head_dim, self.transpose_warps
+        _check_swizzle(vs_layout, v_layout)
+        nb = BN // 4
+        for x in cutlass.range_constexpr(D // 128):
+            dd = lane + 32 * x
+            for s in cutlass.range(warp, nb, NT, unroll=1):
+                nn, _ = transpose_block(lane, s, nb)
+                g = nn // 4
+                t = nn - 4 * g
+                words = []
+                for i in cutlass.range_constexpr(4):
+                    key = 16 * g + 2 * t + KEY_OFFSETS[i]
+                    off = cute.crd2idx((key, 4 * dd, vs_slot), vs_layout.outer)
+                    words.append(cute.arch.load(cute.recast_ptr(vs_ptr + _swizzle(off), dtype=cutlass.Int32),
+                                                cutlass.Int32))
+                lo01 = cute.arch.prmt(words[0], words[1], cutlass.Int32(TRANSPOSE_PAIR[0]))
+                hi01 = cute.arch.prmt(words[0], words[1], cutlass.Int32(TRANSPOSE_PAIR[1]))
+                lo23 = cute.arch.prmt(words[2], words[3], cutlass.Int32(TRANSPOSE_PAIR[0]))
+                hi23 = cute.arch.prmt(words[2], words[3], cutlass.Int32(TRANSPOSE_PAIR[1]))
+                cols = (cute.arch.prmt(lo01, lo23, cutlass.Int32(TRANSPOSE_JOIN[0])),
+                        cute.arch.prmt(lo01, lo23, cutlass.Int32(TRANSPOSE_JOIN[1])),
+                        cute.arch.prmt(hi01, hi23, cutlass.Int32(TRANSPOSE_JOIN[0])),
+                        cute.arch.prmt(hi01, hi23, cutlass.Int32(TRANSPOSE_JOIN[1])))
+                for j in cutlass.range_constexpr(4):
+                    off = cute.crd2idx((4 * dd + j, 4 * nn, v_slot), v_layout.outer)
+                    cute.arch.store(cute.recast_ptr(v_ptr + _swizzle(off), dtype=cutlass.Int32),
+                                    cutlass.Int32(cols[j]))
+
+    @cute.jit
+    def store_p_exchange(self, acc_S, tOrP, ltid):
+        """P -> e4m3 in the fp8 A fragment of P·V, keys in natural order (V pre-transposed).
+
+        Accumulator (per thread t of a quad, row r and r + 8, 8-key block j): keys 8j + 2t + {0,1}
+        of both rows, packed after conversion as one 32-bit word W_j = [r:2t, r:2t+1, r+8:2t,
+        r+8:2t+1].  A fragment (per 32-key block): word (h, kh) = row r + 8h, keys 16kh + 4t ..
+        16kh + 4t + 3.  Those four keys are the halves of row h of W_{2kh + t//2} of threads
+        2(t%2) and 2(t%2) + 1.  Per kh: each thread sends W_{s%2} (first shuffle) and W_{1-s%2}
+        (second), reads them from lanes [0,2,1,3][t] and [1,3,0,2][t] of its quad, and one byte
+        permute per row picks the halves (the source order flips for t >= 2)."""
+        BN = self.tile_n
+        tmp = cute.make_rmem_tensor(acc_S.layout, self.dtype)
+        tmp.store(acc_S.load().to(self.dtype))
+        w = cute.recast_tensor(tmp, cutlass.Int32)      # BN / 8 words, word j = key block j
+        a = cute.recast_tensor(tOrP, cutlass.Int32)     # BN / 8 words, 4 per 32-key block
+        t = ltid % 4
+        odd = t % 2
+        quad = cute.arch.lane_idx() - t
+        first, second = exchange_sources(t)
+        src1 = quad + first
+        src2 = quad + second
+        low = t < 2
+        sel_r0 = cutlass.Int32(P_EXCHANGE[False][0]) if low else cutlass.Int32(P_EXCHANGE[True][0])
+        sel_r1 = cutlass.Int32(P_EXCHANGE[False][1]) if low else cutlass.Int32(P_EXCHANGE[True][1])
+        for kb in cutlass.range_constexpr(BN // 32):
+            for kh in cutlass.range_constexpr(2):
+                w0 = w[4 * kb + 2 * kh]
+                w1 = w[4 * kb + 2 * kh + 1]
+                v1 = w1 if odd == 1 else w0
+                v2 = w0 if odd == 1 else w1
+                x = cute.arch.shuffle_sync(v1, src1)
+                y = cute.arch.shuffle_sync(v2, src2)
+                a[4 * kb + 2 * kh] = cutlass.Int32(cute.arch.prmt(x, y, sel_r0))
+                a[4 * kb + 2 * kh + 1] = cutlass.Int32(cute.arch.prmt(x, y, sel_r1))
+
+
+__all__ = ["AttentionFp8Sm90", "FP8_HEAD_DIMS", "FlashFwdSm90Fp8", "enumerate_attention_fp8", "fp8_config"]

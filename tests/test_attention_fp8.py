@@ -1,0 +1,250 @@
+"""The fp8 (e4m3) attention forward on this GPU-less machine (attention/sm90_fp8.py,
+runtime/attention_fp8.py):
+
+* the register and shared-memory index algebra the kernel relies on, replayed in Python: P's
+  accumulator registers -> the fp8 A fragment (the quad exchange for pre-transposed V; the
+  thread-local byte permute plus the key order of the in-kernel V transpose), and the
+  transposing warps' 32-bit smem accesses hitting 32 distinct banks;
+* the test bundle's fp8 cubins: fp8 WGMMAs (QGMMA ... E4M3.E4M3) in both forms, the transpose's
+  32-bit LDS/STS, no spills;
+* the runtime's checks (descale dtype/shape/device, v layouts, dtypes) and its choice, on a
+  simulated bundle.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+
+from conftest import Recorder
+from factory.attention import fp8_order as fo
+from factory.runtime import Bundle, InputError, NoVariantError
+
+H100 = {"name": "planned H100", "sm_count": 132}
+F8 = torch.float8_e4m3fn
+
+
+# --- index algebra: the kernel's constants (attention/fp8_order.py) replayed ---------------------
+def acc_word(t, j):
+    """Accumulator word j of quad thread t after the e4m3 conversion: bytes (row half, key)."""
+    return [(0, 8 * j + 2 * t), (0, 8 * j + 2 * t + 1), (1, 8 * j + 2 * t), (1, 8 * j + 2 * t + 1)]
+
+
+def prmt(a, b, sel):
+    src = a + b
+    return [src[(sel >> (4 * k)) & 0xF] for k in range(4)]
+
+
+def a_word_wants(t, kb, h, kh):
+    """What the fp8 A fragment's word (h, kh) of 32-key block kb holds for quad thread t."""
+    return [(h, 32 * kb + 16 * kh + 4 * t + c) for c in range(4)]
+
+
+def test_p_exchange_fills_the_fp8_a_fragment():
+    """store_p_exchange: sources send W_{s%2} / W_{1-s%2}, receivers read the lanes of
+    exchange_sources, one byte permute per row half."""
+    bn = 128
+    words = {t: [acc_word(t, j) for j in range(bn // 8)] for t in range(4)}
+    for t in range(4):
+        src1, src2 = fo.exchange_sources(t)
+        sel0, sel1 = fo.P_EXCHANGE[t >= 2]
+        for kb in range(bn // 32):
+            for kh in range(2):
+                def send(s, first):
+                    w0, w1 = words[s][4 * kb + 2 * kh], words[s][4 * kb + 2 * kh + 1]
+                    return (w1 if s % 2 else w0) if first else (w0 if s % 2 else w1)
+                x, y = send(src1, True), send(src2, False)
+                assert prmt(x, y, sel0) == a_word_wants(t, kb, 0, kh), (t, kb, kh)
+                assert prmt(x, y, sel1) == a_word_wants(t, kb, 1, kh)
+
+
+def test_local_p_matches_the_transposed_v_order():
+    """store_p_local puts at A column 16kh + 4t + c (row h) the key that transpose_tile stores at
+    V column 16kh + 4t + c: P·V pairs every P value with its own key's V row."""
+    bn = 128
+    for t in range(4):
+        w = [acc_word(t, j) for j in range(bn // 8)]
+        for i in range(bn // 16):
+            for h, sel in enumerate(fo.P_LOCAL):
+                got = prmt(w[2 * i], w[2 * i + 1], sel)
+                cols = [16 * i + 4 * t + c for c in range(4)]
+                assert got == [(h, 16 * (col // 16) + fo.transposed_key(col % 16)) for col in cols]
+    assert sorted(fo.transposed_key(p) for p in range(16)) == list(range(16))
+
+
+def swizzle(off):
+    return off ^ ((off >> 3) & 0x70)
+
+
+def test_transpose_is_bank_conflict_free():
+    """Every 32-bit LDS (staging (keys, D=128)) and STS (V (D, keys=128)) of a warp trip touches
+    32 distinct banks of the 128-byte swizzled rows, and the 32 trips x 32 lanes cover every 4x4
+    block once; the byte transpose of TRANSPOSE_PAIR / TRANSPOSE_JOIN is a transpose."""
+    seen = set()
+    for s in range(32):
+        loads = {i: set() for i in range(4)}
+        stores = {j: set() for j in range(4)}
+        for lane in range(32):
+            nn, dd = fo.transpose_block(lane, s, 32)
+            g, t = divmod(nn, 4)
+            seen.add((nn, dd))
+            for i in range(4):
+                key = 16 * g + 2 * t + fo.KEY_OFFSETS[i]
+                loads[i].add((swizzle(key * 128 + 4 * dd) // 4) % 32)
+            for j in range(4):
+                stores[j].add((swizzle((4 * dd + j) * 128 + 4 * nn) // 4) % 32)
+        assert all(len(b) == 32 for b in loads.values()), s
+        assert all(len(b) == 32 for b in stores.values()), s
+    assert len(seen) == 32 * 32
+    w = [[(r, c) for c in range(4)] for r in range(4)]
+    (pa, pb), (ja, jb) = fo.TRANSPOSE_PAIR, fo.TRANSPOSE_JOIN
+    lo01, hi01, lo23, hi23 = prmt(w[0], w[1], pa), prmt(w[0], w[1], pb), prmt(w[2], w[3], pa), prmt(w[2], w[3], pb)
+    cols = [prmt(lo01, lo23, ja), prmt(lo01, lo23, jb), prmt(hi01, hi23, ja), prmt(hi01, hi23, jb)]
+    assert cols == [[(r, c) for r in range(4)] for c in range(4)]
+    # ... and its column c holds the block's key KEY_OFFSETS[c] (the loads' row order)
+    assert [fo.transposed_key(4 * t + c) - 2 * t for t in range(4) for c in range(4)] == list(fo.KEY_OFFSETS) * 4
+
+
+# --- the test bundle's cubins --------------------------------------------------------------------
+def test_fp8_cubins_hold_fp8_wgmma_and_no_spills(test_bundle):
+    from factory.compiler import cubin as cb
+
+    manifest = json.loads((test_bundle / "manifest.json").read_text())
+    fp8 = {n: e for n, e in manifest["variants"].items() if e["op"] == "attention_fp8"}
+    assert {(e["head_dim"], e["causal"], e["v_layout"]) for e in fp8.values()} == {(128, False, "bshd"),
+                                                                                     (128, True, "bshd")}
+    for name, e in fp8.items():
+        sass = cb.disassemble(str(test_bundle / e["files"]["cubin"]["path"]))
+        assert re.search(r"\bQGMMA\.64x128x32\.F32\.E4M3\.E4M3 R\d+, gdesc\[", sass), name  # S = Q·Kᵀ
+        assert re.search(r"\bQGMMA\.64x128x32\.F32\.E4M3\.E4M3 R\d+, R\d+, gdesc\[", sass), name  # P·V
+        assert re.search(r"\bLDS R\d+, \[", sass) and re.search(r"\bSTS \[", sass), name  # the transpose
+        assert not re.search(r"\b(LDL|STL)\b", sass), name
+        assert not re.search(r"\bLDS\.U8\b", sass), name  # (32-bit accesses, never bytes)
+        assert e["resources"]["stack_frame_bytes"] == 0 and e["resources"]["spill_instructions"] == 0
+        assert [a["name"] for a in e["signature"]["args"]] == ["q", "k", "v", "o", "lse", "q_descale", "k_descale",
+                                                               "v_descale", "softmax_scale"]
+
+
+# --- runtime checks on a simulated bundle ---------------------------------------------------------
+@pytest.fixture
+def sim(test_bundle):
+    b = Bundle.open(test_bundle, capability=(9, 0), device=H100)
+    b.rec = Recorder()
+    b.simulate(b.rec)
+    return b
+
+
+def f8(*shape):
+    return torch.randn(*shape).to(F8)
+
+
+def test_fp8_launch_and_choice(sim):
+    q, k, v = f8(2, 64, 8, 128), f8(2, 80, 2, 128), f8(2, 80, 2, 128)
+    o, lse = sim.attention(q, k, v, causal=True, return_lse=True, q_descale=torch.ones(2, 2),
+                           k_descale=torch.tensor(0.5), v_descale=torch.ones(2))
+    assert o.dtype == torch.bfloat16 and o.shape == q.shape and lse.shape == (2, 8, 64)
+    assert sim.rec.launched[-1].startswith("attention_fp8_sm90a_e4m3_d128") and "causal" in sim.rec.launched[-1]
+    assert sim.rec.launched[-1].endswith("_vbshd")
+    sim.attention(q, k, v)  # fp8 inputs without descales: routed by dtype
+    assert "causal" not in sim.rec.launched[-1]
+    with pytest.raises(NoVariantError, match="head_dim 64"):
+        sim.attention(f8(1, 8, 2, 64), f8(1, 8, 2, 64), f8(1, 8, 2, 64), q_descale=torch.ones(1))
+    with pytest.raises(NoVariantError, match="bhds"):  # (the test tier has no pre-transposed build)
+        sim.attention(q, k, v.permute(0, 2, 3, 1).contiguous(), v_layout="bhds")
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(q_descale=torch.ones(2, 2, dtype=torch.float16)), "q_descale must be float32"),
+    (dict(k_descale=torch.ones(3)), "k_descale must broadcast"),
+    (dict(v_descale=torch.ones(1, 1, 2)), "v_descale must broadcast"),
+    (dict(q_descale=2.0), "q_descale must be a torch.Tensor"),
+    (dict(v_layout="bsdh"), "v_layout must be one of"),
+    (dict(softmax_scale=-1.0, q_descale=torch.ones(1)), "softmax_scale must be a positive"),
+    (dict(cu_seqlens_q=torch.zeros(3, dtype=torch.int32), q_descale=torch.ones(1)), "total_tokens"),
+])
+def test_fp8_refusals(sim, bad, match):
+    q, k, v = f8(2, 64, 8, 128), f8(2, 80, 2, 128), f8(2, 80, 2, 128)
+    n = len(sim.rec.launched)
+    with pytest.raises(InputError, match=match):
+        sim.attention(q, k, v, **bad)
+    assert len(sim.rec.launched) == n
+
+
+def test_fp8_input_checks(sim):
+    q, k, v = f8(2, 64, 8, 128), f8(2, 80, 2, 128), f8(2, 80, 2, 128)
+    with pytest.raises(InputError, match="v must be float8_e4m3fn"):
+        sim.attention(q, k, v.to(torch.bfloat16), q_descale=torch.ones(1))
+    with pytest.raises(InputError, match=r"v must be \(B, Hkv, D, Sk\)"):
+        sim.attention(q, k, v, v_layout="bhds")
+    with pytest.raises(InputError, match="multiple of kv heads"):
+        sim.attention(f8(2, 64, 3, 128), k, v, q_descale=torch.ones(1))
+    with pytest.raises(InputError, match="strides"):
+        sim.attention(f8(2, 64, 8, 136)[..., :128], k, v, q_descale=torch.ones(1))
+
+
+def test_fp8_c_selection(sim):
+    """fx_attention_fp8_select: the choice and its own refusals (sizes, flags, head_dim, GQA)."""
+    from factory.runtime.selector import AttentionFp8Problem
+
+    sel = sim.selector.select("attention_fp8", AttentionFp8Problem(1, 100, 100, 8, 2, 128, 0, 1, 0.0))
+    assert sel.name.decode().endswith("_causal_ov_pp_er_ps_kf_vbshd")
+    for bad, match in (((1, 100, 100, 8, 2, 128, 0, 2, 0.0), "causal"), ((1, 100, 100, 8, 2, 128, 2, 0, 0.0), "v_layout"),
+                       ((1, 100, 100, 8, 2, 96, 0, 0, 0.0), "head_dim 96"), ((1, 100, 100, 8, 3, 128, 0, 0, 0.0), "multiple"),
+                       ((-1, 100, 100, 8, 2, 128, 0, 0, 0.0), "batch must not be negative"),
+                       ((1, 100, 100, 8, 2, 128, 0, 0, -2.0), "softmax_scale")):
+        with pytest.raises(InputError, match=match):
+            sim.selector.select("attention_fp8", AttentionFp8Problem(*bad))
+    with pytest.raises(NoVariantError, match="v_layout=bhds"):
+        sim.selector.select("attention_fp8", AttentionFp8Problem(1, 100, 100, 8, 2, 128, 1, 0, 0.0))
+    assert sim.selector.select("attention_fp8", AttentionFp8Problem(0, 100, 100, 8, 2, 128, 0, 0, 0.0)).variant == -1
+
+
+def test_fp8_torch_op_fake_checks(sim):
+    """The torch op's fake runs the same checks on metadata and gives bf16 o and f32 lse."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    ops = sim.torch_ops()
+    q, k, v = f8(2, 64, 8, 128), f8(2, 80, 2, 128), f8(2, 80, 2, 128)
+    with FakeTensorMode() as mode:
+        fq, fk, fv = (mode.from_tensor(t) for t in (q, k, v))
+        o, lse = ops.attention_fp8(fq, fk, fv, True, None, mode.from_tensor(torch.ones(2, 2)))
+        assert o.dtype == torch.bfloat16 and o.shape == q.shape and lse.shape == (2, 8, 64)
+        with pytest.raises(InputError, match="k_descale must be float32"):
+            ops.attention_fp8(fq, fk, fv, False, None, None, mode.from_tensor(torch.ones(2, 2, dtype=torch.float16)))
+    n = len(sim.rec.launched)
+    o, lse = ops.attention_fp8(q, k, v, False, None, torch.ones(1))
+    assert len(sim.rec.launched) == n + 1 and o.dtype == torch.bfloat16
+
+
+def test_fp8_hot_path(sim):
+    """A problem seen before launches through the cached fixed launch; a descale of another dtype
+    or shape is a different key and meets the checks again."""
+    q, k, v = f8(2, 64, 8, 128), f8(2, 80, 2, 128), f8(2, 80, 2, 128)
+    qd = torch.ones(2, 2)
+    sim.attention(q, k, v, q_descale=qd)
+    n = len(sim.rec.launched)
+    assert len(sim.hot_attention_fp8) == 1
+    o = sim.attention(f8(2, 64, 8, 128), k, v, q_descale=torch.full((2, 2), 2.0))
+    assert len(sim.rec.launched) == n + 1 and len(sim.hot_attention_fp8) == 1 and o.dtype == torch.bfloat16
+    with pytest.raises(InputError, match="q_descale must be float32"):
+        sim.attention(q, k, v, q_descale=qd.double())
+    with pytest.raises(InputError, match="q_descale must broadcast"):
+        sim.attention(q, k, v, q_descale=torch.ones(2, 3))
+    assert len(sim.rec.launched) == n + 1
+
+
+def test_fp8_varlen_checks(sim):
+    q, k = f8(100, 8, 128), f8(120, 2, 128)
+    cu = torch.tensor([0, 40, 100], dtype=torch.int32)
+    cuk = torch.tensor([0, 60, 120], dtype=torch.int32)
+    with pytest.raises(NoVariantError, match="varlen"):  # (the test tier has no packed fp8 build)
+        sim.attention(q, k, k, cu_seqlens_q=cu, cu_seqlens_k=cuk, max_seqlen_q=60, q_descale=torch.ones(2, 2))
+    with pytest.raises(InputError, match="v as k"):
+        sim.attention(q, k, k, cu_seqlens_q=cu, cu_seqlens_k=cuk, q_descale=torch.ones(1), v_layout="bhds")
+    with pytest.raises(InputError, match="k_descale must broadcast"):
+        sim.attention(q, k, k, cu_seqlens_q=cu, cu_seqlens_k=cuk, max_seqlen_q=60, k_descale=torch.ones(3, 2))
+    with pytest.raises(InputError, match="max_seqlen_q"):
+        sim.attention(q, k, k, cu_seqlens_q=cu, cu_seqlens_k=cuk, max_seqlen_q=101, q_descale=torch.ones(1))

@@ -1,0 +1,169 @@
+"""The fp8 (e4m3) attention forward on an H100, through a built bundle (builds nothing): every
+``attention_fp8`` variant by name against a float32 reference of the de-scaled inputs (per-(batch,
+kv head) descales, GQA, tails, Sq != Sk both ways, causal rows with no key), ``bundle.attention``
+with per-tensor descales eager and in a CUDA graph, and bad descales refused with the process
+still working.
+
+Opens ``$FACTORY_BUNDLE``.  q/k/v sit inside NaN-filled storage (a read past a sequence picks NaN
+up), outputs are NaN-poisoned.  Tolerance: relative Frobenius error 5e-2 (P is rounded to e4m3
+before P·V: ~2.5 % relative error in a CPU emulation of that rounding alone).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+TOL = 5e-2
+SHAPES = [(2, 256, 256, 8, 8), (1, 100, 300, 8, 2), (2, 300, 100, 8, 1), (1, 1, 777, 4, 4), (3, 129, 65, 4, 4),
+          (1, 1000, 1000, 2, 2)]
+
+
+@pytest.fixture(scope="module")
+def bundle(gpu_bundle):
+    from factory.runtime import Bundle
+
+    b = Bundle.open(gpu_bundle)
+    if not b.candidates("attention_fp8"):
+        pytest.skip(f"{gpu_bundle} has no fp8 attention variant runnable here (needs an H100)")
+    return b
+
+
+def _inputs(b, sq, sk, hq, hkv, d, gen):
+    f8 = torch.float8_e4m3fn
+
+    def poisoned(s, h):
+        big = torch.full((b, s + 64, h, d), math.nan, device="cuda").to(f8)
+        x = torch.randn(b, s, h, d, generator=gen, device="cuda")
+        big[:, :s] = x.to(f8)
+        return big[:, :s]
+
+    q, k, v = poisoned(sq, hq), poisoned(sk, hkv), poisoned(sk, hkv)
+    # (descales near 1: scores of unit-ish spread, so P is far from uniform and pairs P with V)
+    ds = [0.5 + torch.rand(b, hkv, generator=gen, device="cuda") for _ in range(3)]
+    return q, k, v, ds
+
+
+def _reference(q, k, v, ds, causal, scale):
+    from factory.testing import attention_reference
+
+    rep = q.shape[2] // k.shape[2]
+    qf = q.float() * ds[0].repeat_interleave(rep, dim=1)[:, None, :, None]
+    kf = k.float() * ds[1][:, None, :, None]
+    vf = v.float() * ds[2][:, None, :, None]
+    return attention_reference(qf, kf, vf, causal, scale)
+
+
+def _judge(o, lse, ref, ref_lse, what):
+    from factory.testing import rel_error
+
+    assert not o.isnan().any() and not lse.isnan().any(), f"{what}: NaN in o or lse"
+    err = rel_error(o, ref)
+    empty = torch.isinf(ref_lse)
+    assert torch.equal(torch.isinf(lse) & (lse < 0), empty), f"{what}: -inf LSE rows differ"
+    assert (o.transpose(1, 2)[empty] == 0).all(), f"{what}: rows with no key are not 0"
+    lerr = (lse[~empty] - ref_lse[~empty]).abs().max().item() if (~empty).any() else 0.0
+    return {"shape": what, "rel_err": err, "tol": TOL, "ok": err < TOL and lerr < 5e-2, "lse_err": lerr}
+
+
+def test_every_fp8_variant_against_float32(bundle, run_record):
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    failures = []
+    for e in bundle.candidates("attention_fp8"):
+        d, causal = e["head_dim"], e["causal"]
+        if e["varlen"]:
+            results = [_varlen_case(bundle, e, lq, lk, hq, hkv, gen) for lq, lk, hq, hkv in VARLEN]
+            failures += [f"{e['name']} {r}" for r in results if not r["ok"]]
+            run_record.add(bundle, e["name"], results)
+            continue
+        results = []
+        for b, sq, sk, hq, hkv in SHAPES:
+            q, k, v, ds = _inputs(b, sq, sk, hq, hkv, d, gen)
+            vin = v if e["v_layout"] == "bshd" else v.permute(0, 2, 3, 1).contiguous()
+            o = torch.full((b, sq, hq, d), math.nan, device="cuda", dtype=torch.bfloat16)
+            lse = torch.full((b, hq, sq), math.nan, device="cuda")
+            scale = 1.0 / math.sqrt(d)
+            bundle.launch(e["name"], [q, k, vin, o, lse, *ds, scale])
+            ref, ref_lse = _reference(q, k, v, ds, causal, scale)
+            r = _judge(o, lse, ref, ref_lse, [b, sq, sk, hq, hkv])
+            results.append(r)
+            if not r["ok"]:
+                failures.append(f"{e['name']} {r}")
+        run_record.add(bundle, e["name"], results)
+    assert not failures, "\n".join(failures)
+
+
+# packed batches: (q lengths, k lengths, Hq, Hkv): one-token and empty-key sequences, tails, GQA
+VARLEN = [([1, 17, 130, 300], [64, 300, 1, 129], 8, 2), ([40, 40], [0, 33], 4, 1)]
+
+
+def _varlen_case(bundle, e, lq, lk, hq, hkv, gen):
+    f8, d, causal = torch.float8_e4m3fn, e["head_dim"], e["causal"]
+    tq, tk, n = sum(lq), sum(lk), len(lq)
+    q = torch.randn(tq, hq, d, generator=gen, device="cuda").to(f8)
+    kv = torch.full((tk + 64, 2, hkv, d), math.nan, device="cuda").to(f8)  # NaN past the last token
+    kv[:tk] = torch.randn(tk, 2, hkv, d, generator=gen, device="cuda").to(f8)
+    k, v = kv[:tk, 0], kv[:tk, 1]
+    ds = [0.5 + torch.rand(n, hkv, generator=gen, device="cuda") for _ in range(3)]
+    cu_q = torch.tensor([0, *torch.tensor(lq).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0, *torch.tensor(lk).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    o = torch.full((tq, hq, d), math.nan, device="cuda", dtype=torch.bfloat16)
+    lse = torch.full((hq, tq), math.nan, device="cuda")
+    scale = 1.0 / math.sqrt(d)
+    bundle.launch(e["name"], [q, k, v, o, lse, cu_q, cu_k, *ds, scale, max(lq)])
+    refs, ref_lses = [], []
+    for i in range(n):
+        qs, ks = slice(int(cu_q[i]), int(cu_q[i + 1])), slice(int(cu_k[i]), int(cu_k[i + 1]))
+        r, rl = _reference(q[None, qs], k[None, ks], v[None, ks], [x[i:i + 1] for x in ds], causal, scale)
+        refs.append(r[0])
+        ref_lses.append(rl[0])
+    ref, ref_lse = torch.cat(refs)[None], torch.cat(ref_lses, dim=1)[None]
+    return _judge(o[None], lse[None], ref, ref_lse, [lq, lk, hq, hkv])
+
+
+def test_api_per_tensor_descales_eager_and_graph(bundle):
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    q, k, v, _ = _inputs(2, 333, 517, 8, 2, 128, gen)
+    qd, kd, vd = (torch.tensor(x, device="cuda") for x in (1.0, 0.75, 0.5))
+    for causal in (False, True):
+        o, lse = bundle.attention(q, k, v, causal, return_lse=True, q_descale=qd, k_descale=kd, v_descale=vd)
+        ds = [x.reshape(1, 1).expand(2, 2) for x in (qd, kd, vd)]
+        ref, ref_lse = _reference(q, k, v, ds, causal, 1 / math.sqrt(128))
+        r = _judge(o, lse, ref, ref_lse, "api")
+        assert r["ok"], r
+        assert o.dtype == torch.bfloat16
+        # the same call captured in a CUDA graph and replayed
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            bundle.attention(q, k, v, causal, q_descale=qd, k_descale=kd, v_descale=vd)
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            og = bundle.attention(q, k, v, causal, q_descale=qd, k_descale=kd, v_descale=vd)
+        og.fill_(math.nan)
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(og, o)
+
+
+def test_bad_descales_refused_then_the_process_works(bundle):
+    from factory.runtime import InputError
+
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    q, k, v, ds = _inputs(1, 64, 64, 4, 2, 128, gen)
+    for bad in (dict(q_descale=ds[0].half()), dict(k_descale=ds[1].cpu()), dict(v_descale=torch.ones(3, device="cuda")),
+                dict(q_descale=torch.ones(2, 2, 2, device="cuda"))):
+        with pytest.raises(InputError):
+            bundle.attention(q, k, v, **bad)
+    o, lse = bundle.attention(q, k, v, return_lse=True, q_descale=ds[0], k_descale=ds[1], v_descale=ds[2])
+    ref, ref_lse = _reference(q, k, v, ds, False, 1 / math.sqrt(128))
+    assert _judge(o, lse, ref, ref_lse, "after refusals")["ok"]
