@@ -6,6 +6,7 @@ import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -175,6 +176,20 @@ def test_host_objects_compile_once_per_preprocessed_source(tmp_path):
     (tmp_path / "a" / "f.c").write_text("int f(void) { return }\n")
     with pytest.raises(RuntimeError, match="compiling f.c failed"):
         obj("a")
+
+
+def test_host_object_with_relative_include_paths(tmp_path, monkeypatch):
+    """A bundle built to a relative path (``--out artifacts/x``) gives relative include paths: the
+    compile, which runs in the source's directory, still finds the headers."""
+    from factory.compiler.link import compile_object
+
+    (tmp_path / "bundle" / "include").mkdir(parents=True)
+    (tmp_path / "bundle" / "src").mkdir()
+    (tmp_path / "bundle" / "include" / "k.h").write_text("#define K 5\n")
+    (tmp_path / "bundle" / "src" / "f.c").write_text('#include "k.h"\nint f(void) { return K; }\n')
+    monkeypatch.chdir(tmp_path)
+    obj = compile_object(Path("bundle/src/f.c"), ["-O2", "-fPIC"], ["-Ibundle/include"], tmp_path / "cache")
+    assert obj.exists() and obj.is_absolute()
 
 
 def test_unchanged_rebuild_comes_from_the_cache(test_bundle, tmp_path):

@@ -207,6 +207,9 @@ def compile_object(source: Path, flags: list[str], includes: list[str], cache: P
     whose variants and tables are unchanged then compile once, not at every link (a relink after
     tuning, a test that links)."""
     cc = toolchain.cc()
+    # The compile below runs in the source's directory: relative include paths are made absolute.
+    includes = [f"-I{Path(i[2:]).resolve()}" if i.startswith("-I") else i for i in includes]
+    source = Path(source).resolve()
     pre = subprocess.run([cc, *flags, *includes, "-E", "-P", str(source)], capture_output=True)
     if pre.returncode != 0:
         raise RuntimeError(f"preprocessing {source.name} failed:\n{pre.stderr.decode(errors='replace')}")
