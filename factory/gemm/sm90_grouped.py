@@ -648,7 +648,9 @@ GROUPED_DEFAULT = tuple(
 # fp8 (e4m3 a and b, bf16 out): 128 x 128 for prefill, 64 x 128 for decode, each scale form and
 # layout.  Not in the default tier until an H100 run proves them.
 FP8 = dict(ab="e4m3", c="bf16")
-GROUPED_FP8_TEST = (dict(**FP8, layout="contig", tile=(128, 128, 128), schedule="coop", block_scale=True),
+# Block scales in the masked layout only: the contiguous block-scaled build (either schedule)
+# stops with an illegal instruction on the H100, the masked one passes (notes/gemm-grouped.md).
+GROUPED_FP8_TEST = (
                     dict(**FP8, layout="masked", tile=(64, 128, 128), schedule="ws", block_scale=True),
                     dict(**FP8, layout="contig", tile=(128, 128, 128), schedule="coop", row_scale=True),
                     dict(**FP8, layout="masked", tile=(64, 128, 128), schedule="ws", row_scale=True))
@@ -656,6 +658,7 @@ GROUPED_FP8_FULL = GROUPED_FP8_TEST + tuple(
     dict(**FP8, layout=lay, tile=t, schedule=s, **{form: True})
     for lay in LAYOUTS for form in ("block_scale", "row_scale")
     for t, s in (((128, 128, 128), "coop"), ((64, 128, 128), "ws"), ((128, 64, 128), "coop"))
+    if not (form == "block_scale" and lay == "contig")
 )
 GROUPED_TEST = (dict(**BF16, layout="contig", tile=(128, 128, 64), schedule="coop"),
                 dict(**BF16, layout="masked", tile=(64, 128, 64), schedule="ws")) + GROUPED_FP8_TEST
