@@ -229,6 +229,10 @@ def test_fp8_choice_and_c_refusals(planned):
                                                         None, None, sa, sb)
             stride = torch.empty(want, device="meta").stride()
             specs = grouped._specs(a, b, grp, stride, None, masked, M, N, K, E, scales)
+            if form == "block" and not masked:  # not built: it stops on the H100 (notes/gemm-grouped.md)
+                with pytest.raises(NoVariantError, match="block-scaled"):
+                    grouped.select(planned, "e4m3", masked, specs, M, N, K, E, 1, None, 0, scales=scales)
+                continue
             name = grouped.select(planned, "e4m3", masked, specs, M, N, K, E, E if masked else 1, None, 0,
                                   scales=scales)
             entry = planned.manifest["variants"][name]
@@ -247,7 +251,8 @@ def test_fp8_choice_and_c_refusals(planned):
         return p
 
     sel = planned.selector
-    assert "blksc" in sel.select("gemm_grouped", problem()).name.decode()
+    with pytest.raises(NoVariantError):  # contiguous block scales: not built (see above)
+        sel.select("gemm_grouped", problem())
     assert "rowsc" in sel.select("gemm_grouped", problem(mode=1, sa_st=(1, 0, 0), sb_st=(1, 0, 256))).name.decode()
     for kw, match in ((dict(mode=0), "scale_mode"), (dict(mode=3), "scale_mode"), (dict(sa=0x400004), "16-byte"),
                       (dict(sa_st=(1, 66, 0)), "multiple of 4"), (dict(sa_st=(2, 64, 0)), "M-major"),
@@ -298,7 +303,7 @@ def test_fp8_torch_ops_and_reference(ops):
     if not any(v["dtypes"]["a"] == "e4m3" for v in b.candidates("gemm_grouped")):
         pytest.skip("the test bundle has no fp8 gemm_grouped variant")
     checks = ("test_autograd_registration", "test_faketensor")  # (test_schema multiplies e4m3 on the CPU)
-    for masked, form in ((False, "block"), (True, "row")):
+    for masked, form in ((True, "block"), (False, "row")):
         a, wt, grp, sa, sb = fp8_case(masked, form)
         g = dict(masked_m=grp) if masked else dict(offs=grp)
         torch.library.opcheck(kf.grouped_gemm, (a, wt), dict(g, scale_a=sa, scale_b=sb), test_utils=checks)
