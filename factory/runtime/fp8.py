@@ -311,9 +311,18 @@ def quantize_rowwise(x: Tensor) -> tuple[Tensor, Tensor]:
     contiguous: a's or b's row-wise scale as ``bundle.gemm`` takes it."""
     if not isinstance(x, Tensor) or x.dim() != 2 or not x.dtype.is_floating_point:
         raise InputError("quantize_rowwise takes a 2-D floating-point tensor")
-    xf = x.float()
-    scale = (xf.abs().amax(dim=1).clamp_min(_TINY) / E4M3_MAX).contiguous()
-    return _fp8(xf / scale[:, None]).contiguous(), scale
+    # In slabs of rows: the float32 working copy of an expert weight stack (E*N, K) would be 4x
+    # the tensor (tens of GiB for 256 experts).
+    R, K = x.shape
+    q = torch.empty((R, K), dtype=torch.float8_e4m3fn, device=x.device)
+    scale = torch.empty((R,), dtype=torch.float32, device=x.device)
+    step = max(1, (1 << 26) // max(K, 1))
+    for r0 in range(0, R, step):
+        xf = x[r0:r0 + step].float()
+        s = xf.abs().amax(dim=1).clamp_min(_TINY) / E4M3_MAX
+        scale[r0:r0 + step] = s
+        q[r0:r0 + step] = _fp8(xf / s[:, None])
+    return q, scale
 
 
 def quantize_blockwise(x: Tensor, block: tuple[int, int] = (1, 128)) -> tuple[Tensor, Tensor]:
