@@ -59,6 +59,7 @@ from .mma_sync import load_kv
 from .softmax import LN_2, LOG2_E
 
 HEAD_DIMS = (64, 128)
+KV_HEAD_DIMS = (64, 128, 256)  # the KV-cache build also takes head_dim 256 (bf16 paged caches)
 ROWS = 16  # query rows of a CTA: one m16n8k16 A fragment
 # Cluster sizes: 8 is the portable maximum; 16 needs the non-portable attribute, which the DSL's
 # exported module loader sets on every kernel.
@@ -203,6 +204,7 @@ class AttentionDecodeKV(AttentionDecode):
 
     op: ClassVar[str] = "attention_kvcache"
     family: ClassVar[str] = "sm90_decode"
+    HEAD_DIMS = KV_HEAD_DIMS
 
     kv_dtype: str = field(default="bf16", metadata={"tag": "c"})
     paged: bool = field(default=True, metadata={"tag": "paged"})
@@ -264,7 +266,9 @@ DECODE_MAX_SEQLEN_Q = 16
 # PDL (``pdl``) is built where it paid: the second-kernel split, and twins of the cluster
 # splits that the rule takes for grids leaving half the SMs idle (it cost up to 18 % on grids of
 # ~128 CTAs: the next grid's early CTAs doubled up on the idle SMs and ran last).
-DEFAULT = {128: (64, 4, 3, False, False, 0), 64: (64, 4, 4, False, False, 0)}
+DEFAULT = {128: (64, 4, 3, False, False, 0), 64: (64, 4, 4, False, False, 0),
+           # head_dim 256 (KV-cache decode only): two 64 KB stages, one CTA per SM, 254 registers
+           256: (64, 4, 2, False, False, 0)}
 # Split counts built: merged in a cluster (8 is the portable cluster maximum; 16-CTA clusters ran
 # 2x slower than 8: co-scheduling), and through the workspace and the combine kernel.
 CLUSTER_BUILT = (2, 4, 8)
@@ -911,4 +915,6 @@ def enumerate_decode_kv(target: Target, tier: str) -> list[AttentionDecodeKV]:
         out += [make_kv(t, "bf16", d, sp, switches=True) for d in HEAD_DIMS for sp in KV_SPLITS]
         # fp8 e4m3 paged caches under bf16 q, head_dim 128: every split count the paged rule picks
         out += [make_kv(t, "bf16", 128, sp, kv_dtype="e4m3") for sp in KV_SPLITS + KV_GLOBAL_SPLITS]
+        # head_dim 256 (Gemma-style heads): bf16 paged caches, the split counts that fit
+        out += [make_kv(t, "bf16", 256, sp) for sp in KV_SPLITS + KV_GLOBAL_SPLITS]
     return [v for v in out if v.can_implement() is None]
