@@ -152,6 +152,18 @@ class Selector:
         fn.restype, fn.argtypes = ctypes.c_char_p, [ctypes.c_int32]
         return [fn(i).decode() for i in range(self.lib.fx_variant_count())]
 
+    def _result(self, rc: int, sel: Selection, fn_name: str) -> Selection:
+        """``sel`` when a select entry returned 0, else InputError / NoVariantError with the
+        library's reason (any other code: RuntimeError)."""
+        if rc == 0:
+            return sel
+        msg = (self.lib.fx_last_error_message() or b"").decode(errors="replace")
+        if rc == FX_ERR_INPUT:
+            raise InputError(msg)
+        if rc == FX_ERR_NO_VARIANT:
+            raise NoVariantError(msg)
+        raise RuntimeError(f"{fn_name} returned {rc}: {msg}")
+
     def select(self, op: str, problem) -> Selection:
         """The selection of ``problem`` (a ``*Problem``), or InputError / NoVariantError with the
         library's reason."""
@@ -160,14 +172,7 @@ class Selector:
             raise NoVariantError(f"this bundle's host library has no fx_{op}_select: relink it (python -m factory link)")
         sel = Selection()
         rc = fn(self._dev, ctypes.byref(problem), ctypes.byref(sel))
-        if rc == 0:
-            return sel
-        msg = (self.lib.fx_last_error_message() or b"").decode(errors="replace")
-        if rc == FX_ERR_INPUT:
-            raise InputError(msg)
-        if rc == FX_ERR_NO_VARIANT:
-            raise NoVariantError(msg)
-        raise RuntimeError(f"fx_{op}_select returned {rc}: {msg}")
+        return self._result(rc, sel, f"fx_{op}_select")
 
     def select_epilogue(self, problem, form: tuple | None, flags: int, n_out: int, bias: int, residual: int,
                         residual_stride: tuple) -> Selection:
@@ -187,14 +192,7 @@ class Selector:
         ep = GemmEpilogue(int(flags), int(n_out), bias or None, residual or None, _I64x3(*residual_stride))
         sel = Selection()
         rc = fn(self._dev, ctypes.byref(problem), sc, ctypes.byref(ep), ctypes.byref(sel))
-        if rc == 0:
-            return sel
-        msg = (self.lib.fx_last_error_message() or b"").decode(errors="replace")
-        if rc == FX_ERR_INPUT:
-            raise InputError(msg)
-        if rc == FX_ERR_NO_VARIANT:
-            raise NoVariantError(msg)
-        raise RuntimeError(f"fx_gemm_epilogue_select returned {rc}: {msg}")
+        return self._result(rc, sel, "fx_gemm_epilogue_select")
 
     def select_scaled(self, problem, form: tuple) -> Selection:
         """``fx_gemm_scaled_select`` of a GEMM problem with fp8 row / block scales; ``form`` is
@@ -205,14 +203,7 @@ class Selector:
         sc = GemmScales(int(mode), (ctypes.c_int64 * 2)(*sa), (ctypes.c_int64 * 2)(*sb))
         sel = Selection()
         rc = self._scaled(self._dev, ctypes.byref(problem), ctypes.byref(sc), ctypes.byref(sel))
-        if rc == 0:
-            return sel
-        msg = (self.lib.fx_last_error_message() or b"").decode(errors="replace")
-        if rc == FX_ERR_INPUT:
-            raise InputError(msg)
-        if rc == FX_ERR_NO_VARIANT:
-            raise NoVariantError(msg)
-        raise RuntimeError(f"fx_gemm_scaled_select returned {rc}: {msg}")
+        return self._result(rc, sel, "fx_gemm_scaled_select")
 
     # --- the cost models (tools) ----------------------------------------------------------------------
     def index(self, name: str) -> int:
