@@ -4,9 +4,10 @@ runtime/attention_fp8.py):
 * the register and shared-memory index algebra the kernel relies on, replayed in Python: P's
   accumulator registers -> the fp8 A fragment (the quad exchange for pre-transposed V; the
   thread-local byte permute plus the key order of the in-kernel V transpose), and the
-  transposing warps' 32-bit smem accesses hitting 32 distinct banks;
+  transposing warps' ldmatrix.trans / stmatrix moves replayed byte by byte (every key lands where
+  P holds it; 8 distinct bank groups per matrix);
 * the test bundle's fp8 cubins: fp8 WGMMAs (QGMMA ... E4M3.E4M3) in both forms, the transpose's
-  32-bit LDS/STS, no spills;
+  LDSM/STSM, no spills;
 * the runtime's checks (descale dtype/shape/device, v layouts, dtypes) and its choice, on a
   simulated bundle.
 """
@@ -75,37 +76,79 @@ def test_local_p_matches_the_transposed_v_order():
     assert sorted(fo.transposed_key(p) for p in range(16)) == list(range(16))
 
 
-def swizzle(off):
-    return off ^ ((off >> 3) & 0x70)
+def kmajor(rows, width):
+    """A K-major smem tile as the sm90 helpers build it: (rows, K bytes) in atoms of 8 rows x
+    ``width`` bytes (the swizzle width), atoms down the rows first; Swizzle<log2(width/16),4,3>."""
+    bits = {64: 2, 128: 3}[width]
+
+    def offset(row, k):
+        return (k // width) * rows * width + row * width + k % width
+
+    def swz(off):
+        return off ^ ((off >> 3) & (((1 << bits) - 1) << 4))
+    return offset, swz
 
 
-def test_transpose_is_bank_conflict_free():
-    """Every 32-bit LDS (staging (keys, D=128)) and STS (V (D, keys=128)) of a warp trip touches
-    32 distinct banks of the 128-byte swizzled rows, and the 32 trips x 32 lanes cover every 4x4
-    block once; the byte transpose of TRANSPOSE_PAIR / TRANSPOSE_JOIN is a transpose."""
-    seen = set()
-    for s in range(32):
-        loads = {i: set() for i in range(4)}
-        stores = {j: set() for j in range(4)}
-        for lane in range(32):
-            nn, dd = fo.transpose_block(lane, s, 32)
-            g, t = divmod(nn, 4)
-            seen.add((nn, dd))
-            for i in range(4):
-                key = 16 * g + 2 * t + fo.KEY_OFFSETS[i]
-                loads[i].add((swizzle(key * 128 + 4 * dd) // 4) % 32)
-            for j in range(4):
-                stores[j].add((swizzle((4 * dd + j) * 128 + 4 * nn) // 4) % 32)
-        assert all(len(b) == 32 for b in loads.values()), s
-        assert all(len(b) == 32 for b in stores.values()), s
-    assert len(seen) == 32 * 32
-    w = [[(r, c) for c in range(4)] for r in range(4)]
-    (pa, pb), (ja, jb) = fo.TRANSPOSE_PAIR, fo.TRANSPOSE_JOIN
-    lo01, hi01, lo23, hi23 = prmt(w[0], w[1], pa), prmt(w[0], w[1], pb), prmt(w[2], w[3], pa), prmt(w[2], w[3], pb)
-    cols = [prmt(lo01, lo23, ja), prmt(lo01, lo23, jb), prmt(hi01, hi23, ja), prmt(hi01, hi23, jb)]
-    assert cols == [[(r, c) for r in range(4)] for c in range(4)]
-    # ... and its column c holds the block's key KEY_OFFSETS[c] (the loads' row order)
-    assert [fo.transposed_key(4 * t + c) - 2 * t for t in range(4) for c in range(4)] == list(fo.KEY_OFFSETS) * 4
+def ldsm_x4_trans(mem, addrs):
+    """ldmatrix.x4.trans.b16: lane l = 4p + q gets, of matrix i, bytes 2p, 2p+1 of rows 2q, 2q+1."""
+    out = []
+    for lane in range(32):
+        p, q = divmod(lane, 4)
+        out.append([[mem[addrs[8 * i + 2 * q + r] + 2 * p + b] for r in range(2) for b in range(2)]
+                    for i in range(4)])
+    return out
+
+
+@pytest.mark.parametrize("d, bn", [(64, 128), (128, 128), (256, 64), (256, 128)])
+def test_ldmatrix_transpose_puts_each_key_where_p_holds_it(d, bn):
+    """transpose_tile replayed byte by byte: per 16-key group and 32-byte head_dim block one
+    ldmatrix.x4.trans from the staging slot (bn keys x d bytes), the LDSM_JOIN permutes (lanes
+    16-31 swapped), one stmatrix.x4 into the V slot (d rows x bn keys): every V byte (row r,
+    column 16g + 4t + c) is staging (key 16g + transposed_key(4t + c), r); the split swizzle
+    (unit ^ swizzle(lane)) equals the swizzle of the sum; every matrix's 8 rows of every ldmatrix
+    and stmatrix lie on 8 distinct 16-byte bank groups."""
+    stages = 2
+    s_off, s_swz = kmajor(bn, 128 if d >= 128 else 64)
+    v_off, v_swz = kmajor(d, 128 if bn >= 128 else 64)
+    for slot in range(stages):
+        s_base, v_base = slot * bn * d, slot * bn * d
+        mem = {}
+        for key in range(bn):
+            for col in range(d):
+                mem[s_base + s_swz(s_off(key, col))] = (key, col)
+        out = {}
+        for g in range(bn // 16):
+            for c in range(d // 32):
+                addrs, daddrs = [], []
+                for lane in range(32):
+                    lk, lc = fo.ldsm_row(lane)
+                    lane_part = s_swz(s_off(lk, lc))
+                    unit = s_off(16 * g, 32 * c) + s_base
+                    assert unit ^ lane_part == s_swz(unit + s_off(lk, lc)), (lane, g, c)
+                    addrs.append(unit ^ lane_part)
+                    sr = fo.stsm_row(lane)
+                    dunit = v_off(32 * c, 16 * g) + v_base
+                    assert dunit ^ v_swz(v_off(sr, 0)) == v_swz(dunit + v_off(sr, 0)), (lane, g, c)
+                    daddrs.append(dunit ^ v_swz(v_off(sr, 0)))
+                for a in (addrs, daddrs):
+                    for i in range(4):
+                        assert len({(x // 16) % 8 for x in a[8 * i:8 * i + 8]}) == 8, (g, c, i)
+                regs = ldsm_x4_trans(mem, addrs)
+                for lane in range(32):
+                    sel_a, sel_b = fo.LDSM_JOIN[::-1] if fo.stsm_swap(lane) else fo.LDSM_JOIN
+                    r = regs[lane]
+                    words = [prmt(r[0], r[1], sel_a), prmt(r[0], r[1], sel_b),
+                             prmt(r[2], r[3], sel_a), prmt(r[2], r[3], sel_b)]
+                    for i in range(4):  # stmatrix.x4: word i -> row lane // 4 of matrix i
+                        base = daddrs[8 * i + lane // 4] + 4 * (lane % 4)
+                        for b in range(4):
+                            assert base + b not in out
+                            out[base + b] = words[i][b]
+        assert len(out) == bn * d
+        for row in range(d):
+            for col in range(bn):
+                want = (16 * (col // 16) + fo.transposed_key(col % 16), row)
+                assert out[v_base + v_swz(v_off(row, col))] == want, (slot, row, col)
 
 
 # --- the test bundle's cubins --------------------------------------------------------------------
@@ -120,9 +163,10 @@ def test_fp8_cubins_hold_fp8_wgmma_and_no_spills(test_bundle):
         sass = cb.disassemble(str(test_bundle / e["files"]["cubin"]["path"]))
         assert re.search(r"\bQGMMA\.64x128x32\.F32\.E4M3\.E4M3 R\d+, gdesc\[", sass), name  # S = Q·Kᵀ
         assert re.search(r"\bQGMMA\.64x128x32\.F32\.E4M3\.E4M3 R\d+, R\d+, gdesc\[", sass), name  # P·V
-        assert re.search(r"\bLDS R\d+, \[", sass) and re.search(r"\bSTS \[", sass), name  # the transpose
+        # the transpose: ldmatrix.trans / stmatrix, no byte or word smem accesses
+        assert re.search(r"\bLDSM\.16\.MT88\.4\b", sass) and re.search(r"\bSTSM\.16\.M88\.4\b", sass), name
         assert not re.search(r"\b(LDL|STL)\b", sass), name
-        assert not re.search(r"\bLDS\.U8\b", sass), name  # (32-bit accesses, never bytes)
+        assert not re.search(r"\bLDS(\.U8)?\b", sass), name
         assert e["resources"]["stack_frame_bytes"] == 0 and e["resources"]["spill_instructions"] == 0
         assert [a["name"] for a in e["signature"]["args"]] == ["q", "k", "v", "o", "lse", "q_descale", "k_descale",
                                                                "v_descale", "softmax_scale"]

@@ -167,3 +167,63 @@ def test_bad_descales_refused_then_the_process_works(bundle):
     o, lse = bundle.attention(q, k, v, return_lse=True, q_descale=ds[0], k_descale=ds[1], v_descale=ds[2])
     ref, ref_lse = _reference(q, k, v, ds, False, 1 / math.sqrt(128))
     assert _judge(o, lse, ref, ref_lse, "after refusals")["ok"]
+
+
+# Each bad descale (or v layout) is refused with InputError before any launch, in a fresh process
+# that then runs a good fp8 call against float32 and checks the CUDA context.
+CHILD = """
+import math, sys, torch
+from factory.runtime import Bundle, InputError
+from factory.testing import attention_reference, rel_error
+b = Bundle.open(sys.argv[1])
+f8 = torch.float8_e4m3fn
+g = torch.Generator(device="cuda").manual_seed(11)
+q = torch.randn(2, 96, 4, 128, device="cuda", generator=g).to(f8)
+k = torch.randn(2, 80, 2, 128, device="cuda", generator=g).to(f8)
+v = torch.randn(2, 80, 2, 128, device="cuda", generator=g).to(f8)
+ok = torch.full((2, 2), 0.5, device="cuda")
+bad = {
+    "float16": dict(q_descale=ok.half()),
+    "float64": dict(k_descale=ok.double()),
+    "int32": dict(v_descale=torch.ones(2, 2, dtype=torch.int32, device="cuda")),
+    "on the cpu": dict(k_descale=ok.cpu()),
+    "(3,)": dict(v_descale=torch.ones(3, device="cuda")),
+    "(2, 3)": dict(q_descale=torch.ones(2, 3, device="cuda")),
+    "(3, 2)": dict(k_descale=torch.ones(3, 2, device="cuda")),
+    "3-D": dict(q_descale=torch.ones(1, 2, 2, device="cuda")),
+    "a float": dict(v_descale=0.5),
+    "a list": dict(q_descale=[1.0, 1.0]),
+    "v_layout": dict(q_descale=ok, v_layout="bsdh"),
+    "bhds shape": dict(q_descale=ok, v_layout="bhds"),
+}
+for name, kw in bad.items():
+    try:
+        b.attention(q, k, v, **kw)
+        print("NOT REFUSED", name)
+    except InputError:
+        print("REFUSED", name)
+torch.cuda.synchronize()
+o = b.attention(q, k, v, q_descale=ok, k_descale=ok, v_descale=ok)
+ref, _ = attention_reference(q.float() * 0.5, k.float() * 0.5, v.float() * 0.5, False, 1 / math.sqrt(128))
+torch.cuda.synchronize()
+print("ERR", rel_error(o, ref))
+print("CONTEXT OK")
+"""
+
+
+def test_bad_descales_refused_in_a_fresh_process(gpu_bundle, bundle):
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, "-c", CHILD, str(gpu_bundle)], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0 and "CONTEXT OK" in r.stdout, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    assert not [x for x in lines if x.startswith("NOT REFUSED")], r.stdout
+    assert sum(x.startswith("REFUSED") for x in lines) == 12, r.stdout
+    err = float(next(x for x in lines if x.startswith("ERR")).split()[1])
+    assert err < TOL, err

@@ -16,9 +16,10 @@ P_LOCAL = (0x5410, 0x7632)
 # Quad exchange (V pre-transposed, keys in natural order): per row half, for quad threads 0-1 and
 # 2-3 (whose first source arrives by the second shuffle).
 P_EXCHANGE = {False: (0x5410, 0x7632), True: (0x1054, 0x3276)}  # key: t >= 2
-# 4x4-byte transpose: interleave two rows' bytes (0,1 | 2,3), then join the pairs into columns.
-TRANSPOSE_PAIR = (0x5140, 0x7362)
-TRANSPOSE_JOIN = (0x5410, 0x7632)
+# In-kernel V transpose (ldmatrix.trans / stmatrix): the words of keys 0-7 and 8-15 of one 16-byte
+# head_dim chunk -> the words of head_dim columns 2p (first selector) and 2p + 1 (second), each
+# holding keys [2q, 2q+1, 8+2q, 9+2q] (lane l = 4p + q).
+LDSM_JOIN = (0x6420, 0x7531)
 # The key stored at column 4t + c of a 16-key group of the transposed V slot is 2t + KEY_OFFSETS[c]:
 # exactly the keys thread t's own P registers hold there after ``P_LOCAL``.
 KEY_OFFSETS = (0, 1, 8, 9)
@@ -37,11 +38,29 @@ def transposed_key(col: int) -> int:
     return 2 * t + KEY_OFFSETS[c]
 
 
-def transpose_block(lane: int, trip: int, key_blocks: int) -> tuple[int, int]:
-    """(key block nn, column block dd) a transposing lane moves on a trip: dd = lane, nn = (lane +
-    trip) mod key_blocks (the order that puts every warp access on 32 banks)."""
-    return (lane + trip) % key_blocks, lane
+# One transpose unit: 16 keys x 32 head_dim bytes of a staging slot, one ldmatrix.x4.trans (four
+# 8x8 b16 matrices: keys 0-7 / 8-15 of head_dim bytes 0-15, then of bytes 16-31) and one
+# stmatrix.x4 (four matrices of 8 head_dim rows x the group's 16 key bytes).
+def ldsm_row(lane: int) -> tuple[int, int]:
+    """(key within the 16-key group, head_dim byte within the 32-byte block) of the staging row
+    whose address this lane gives the ldmatrix (matrix lane // 8, row lane % 8)."""
+    i, j = divmod(lane, 8)
+    return 8 * (i % 2) + j, 16 * (i // 2)
 
 
-__all__ = ["KEY_OFFSETS", "P_EXCHANGE", "P_LOCAL", "TRANSPOSE_JOIN", "TRANSPOSE_PAIR", "exchange_sources",
-           "transpose_block", "transposed_key"]
+def stsm_swap(lane: int) -> bool:
+    """Whether this lane stores its odd head_dim column's word as the even matrix's: lanes 16-31
+    (p = lane // 4 >= 4) do, so each stored matrix holds rows of 8 distinct residues mod 8 (the
+    128-byte swizzle then puts its 8 rows on 8 distinct 16-byte bank groups)."""
+    return lane // 4 >= 4
+
+
+def stsm_row(lane: int) -> int:
+    """The head_dim row (within the 32-row block) of the V slot row whose 16 key bytes of the group
+    this lane addresses for the stmatrix (matrix i = lane // 8, row j = lane % 8)."""
+    i, j = divmod(lane, 8)
+    return 16 * (i // 2) + 2 * j + ((i % 2) ^ int(j >= 4))
+
+
+__all__ = ["KEY_OFFSETS", "LDSM_JOIN", "P_EXCHANGE", "P_LOCAL", "exchange_sources", "ldsm_row", "stsm_row",
+           "stsm_swap", "transposed_key"]

@@ -10,10 +10,11 @@ persistent CTAs) with fp8 WGMMAs, per-(batch, kv head) descale factors and a bfl
   accumulator holds pairs of keys of two rows.
 * P·V: fp8 WGMMA needs V K-major (keys contiguous in smem).  Two ways (``v_layout``):
   - "bshd" (V as K, (B, Sk, Hkv, D)): V tiles land by TMA in staging slots; warps 1-3 of the
-    producer warpgroup transpose them into the slots P·V reads (:meth:`transpose_tile`: 32-bit
-    smem loads, byte permutes, 32-bit stores), storing the keys of each 16-key group in the
-    order a thread's own P registers hold them, so P needs two byte permutes per register pair
-    and no exchange between threads (:meth:`store_p_local`).  head_dim 128/256, 128-key tiles.
+    producer warpgroup transpose them into the slots P·V reads (:meth:`transpose_tile`: per 16
+    keys x 32 head_dim bytes one ldmatrix.x4.trans, four byte permutes, one stmatrix.x4),
+    storing the keys of each 16-key group in the order a thread's own P registers hold them, so
+    P needs two byte permutes per register pair and no exchange between threads
+    (:meth:`store_p_local`).  Tiles of 64 or 128 keys, every head_dim.
   - "bhds" (V pre-transposed, (B, Hkv, D, Sk)): (D, keys) tiles reach smem by TMA as they are;
     keys stay in natural order, so P's 16-bit halves are exchanged inside each quad of threads
     (two shuffles and two byte permutes per register pair, :meth:`store_p_exchange`).
@@ -27,6 +28,7 @@ strides: a per-tensor value is a zero-stride view), softmax_scale.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -35,11 +37,11 @@ import cutlass
 import cutlass.cute as cute
 
 from ..abi import Signature
+from ..atoms.sm90_matrix import ldsm_x4_trans, stsm_x4
 from ..atoms.targets import Target
 from ..registry import register
 from . import contract, layout
-from .fp8_order import (KEY_OFFSETS, P_EXCHANGE, P_LOCAL, TRANSPOSE_JOIN, TRANSPOSE_PAIR, exchange_sources,
-                        transpose_block)
+from .fp8_order import LDSM_JOIN, P_EXCHANGE, P_LOCAL, exchange_sources
 from .sm90 import WG_ROWS, AttentionSm90, FlashFwdSm90, default_schedule
 
 FP8_HEAD_DIMS = (64, 128, 256)
@@ -55,7 +57,7 @@ class AttentionFp8Sm90(AttentionSm90):
     family: ClassVar[str] = "sm90"
     DTYPES: ClassVar[tuple[str, ...]] = ("e4m3",)
     HEAD_DIMS: ClassVar[tuple[int, ...]] = FP8_HEAD_DIMS
-    sources = ("attention/sm90_fp8.py", "attention/fp8_order.py", *AttentionSm90.sources)
+    sources = ("attention/sm90_fp8.py", "attention/fp8_order.py", "atoms/sm90_matrix.py", *AttentionSm90.sources)
 
     dtype: str = field(default="e4m3", metadata={"tag": ""})
     # how V arrives: "bshd" = (B, Sk, Hkv, D) like K, transposed in the kernel; "bhds" =
@@ -73,8 +75,9 @@ class AttentionFp8Sm90(AttentionSm90):
             *((r"\bUTMALDG\.3D\b", r"\bSTG\.E\.128\b") if self.varlen else (r"\bUTMALDG\.4D\b", r"\bUTMASTG\.4D\b")),
             r"\bSYNCS\.", r"\bUSETMAXREG\.", r"\bMUFU\.EX2\b",
             r"\bPRMT\b",
-            # bhds: P's quad exchange; bshd: the transposing warps' 32-bit smem loads and stores
-            *((r"\bSHFL\.IDX\b",) if self.v_layout == "bhds" else (r"\bLDS\b", r"\bSTS\b")),
+            # bhds: P's quad exchange; bshd: the transposing warps' ldmatrix.trans / stmatrix
+            *((r"\bSHFL\.IDX\b",) if self.v_layout == "bhds"
+              else (r"\bLDSM\.16\.MT88\.4\b", r"\bSTSM\.16\.M88\.4\b")),
         )
 
     def smem_bytes(self) -> int:
@@ -87,9 +90,10 @@ class AttentionFp8Sm90(AttentionSm90):
     def can_implement(self) -> str | None:
         if self.v_layout not in ("bshd", "bhds"):
             return "v_layout must be 'bshd' (transposed in the kernel) or 'bhds' (keys contiguous)"
-        if self.v_layout == "bshd" and (self.head_dim % 128 or self.tile_n % 128):
-            # (both smem tiles must be 128-byte swizzled: rows of 128 or 256 bytes)
-            return "the in-kernel V transpose takes head_dim 128 or 256 and tiles of 128 or 256 keys"
+        if self.v_layout == "bshd" and self.tile_n not in (64, 128):
+            # (the V slot's rows of tile_n bytes: a 64- or 128-byte swizzle, whose row bits the
+            # transposing lanes' own offsets hold: transpose_tile)
+            return "the in-kernel V transpose takes tiles of 64 or 128 keys"
         if self.varlen and self.v_layout != "bshd":
             return "packed variable-length fp8 takes v as k ((tokens, heads, head_dim), v_layout bshd)"
         if self.tile_n % 32:
@@ -154,16 +158,19 @@ def enumerate_attention_fp8(target: Target, tier: str) -> list[AttentionFp8Sm90]
     return [v for v in out if v.can_implement() is None]
 
 
-def _check_swizzle(*layouts):
-    for lay in layouts:
-        if str(lay.inner) != "S<3,4,3>":
-            raise ValueError(f"the V transpose expects 128-byte swizzled slots, got {lay.inner}")
+def _swizzle_bits(lay) -> tuple[int, int, int]:
+    """(B, M, S) of a staged layout's swizzle Swizzle<B,M,S> on byte offsets (fp8 elements)."""
+    m = re.fullmatch(r"S<(\d+),(\d+),(\d+)>", str(lay.inner))
+    if m is None:
+        raise ValueError(f"the V transpose expects swizzled slots, got {lay.inner}")
+    return tuple(int(x) for x in m.groups())
 
 
-def _swizzle(off):
-    """Swizzle<3,4,3> of a byte offset: bits 7..9 xor into bits 4..6 (128-byte rows of 16-byte
-    chunks, the chunk index xor the row index mod 8)."""
-    return off ^ ((off >> 3) & 0x70)
+def _swizzle(off, bits):
+    """Swizzle<B,M,S> of a byte offset: bits [M+S, M+S+B) xor into bits [M, M+B) (128-byte
+    swizzle <3,4,3>: the 16-byte chunk index xor the row index mod 8; 64-byte <2,4,3>)."""
+    b, m, sh = bits
+    return off ^ ((off >> sh) & (((1 << b) - 1) << m))
 
 
 class FlashFwdSm90Fp8(FlashFwdSm90):
@@ -245,40 +252,49 @@ class FlashFwdSm90Fp8(FlashFwdSm90):
     @cute.jit
     def transpose_tile(self, vs_ptr, v_ptr, vs_layout, v_layout, vs_slot, v_slot, lane, warp):
         """One V tile, staging slot (keys, D) -> V slot (D, keys) K-major, by this warp of the
-        ``transpose_warps``.  A thread moves 4x4-byte blocks: four 32-bit loads (keys
-        16g + {2t, 2t+1, 8+2t, 9+2t}, columns 4dd..4dd+3), a 4x4 byte transpose in six byte
-        permutes, four 32-bit stores (rows 4dd..4dd+3, columns 4nn..4nn+3, nn = 4g + t: the key
-        order :meth:`store_p_local` gives P).  Lane l takes column block dd = l and key block
-        nn = (l + s) mod BN/4 on trip s: both the loads and the stores of a warp hit 32 banks of
-        the 128-byte swizzled rows.  Addresses: the staged layouts' (outer) offsets, swizzled
-        by hand (both are 128-byte swizzles, Swizzle<3,4,3> on byte offsets: checked here)."""
+        ``transpose_warps``, in units of 16 keys x 32 head_dim bytes (16-key groups dealt
+        round-robin to the warps).  A unit: one ``ldmatrix.x4.trans`` (keys 0-7 / 8-15 of the group at two
+        16-byte head_dim chunks: each lane gets bytes 2p, 2p+1 of keys 2q, 2q+1 per matrix, lane
+        = 4p + q), four byte permutes (per chunk: head_dim columns 2p and 2p+1, each holding keys
+        [2q, 2q+1, 8+2q, 9+2q], the order :meth:`store_p_local` gives P) and one ``stmatrix.x4``
+        (8 head_dim rows x the group's 16 key bytes per matrix; lanes 16-31 swap their two words
+        so that each matrix's rows have 8 distinct residues mod 8).  Both instructions touch 8
+        distinct 16-byte bank groups per matrix of the swizzled slots (64- or 128-byte
+        swizzles).  Addresses: the staged layouts' (outer) offsets, swizzled by hand (the
+        layouts' Swizzle<B,4,3> on byte offsets), on the slots' 32-bit shared addresses."""
         BN, D, NT = self.tile_n, self.head_dim, self.transpose_warps
-        _check_swizzle(vs_layout, v_layout)
-        nb = BN // 4
-        for x in cutlass.range_constexpr(D // 128):
-            dd = lane + 32 * x
-            for s in cutlass.range(warp, nb, NT, unroll=1):
-                nn, _ = transpose_block(lane, s, nb)
-                g = nn // 4
-                t = nn - 4 * g
-                words = []
-                for i in cutlass.range_constexpr(4):
-                    key = 16 * g + 2 * t + KEY_OFFSETS[i]
-                    off = cute.crd2idx((key, 4 * dd, vs_slot), vs_layout.outer)
-                    words.append(cute.arch.load(cute.recast_ptr(vs_ptr + _swizzle(off), dtype=cutlass.Int32),
-                                                cutlass.Int32))
-                lo01 = cute.arch.prmt(words[0], words[1], cutlass.Int32(TRANSPOSE_PAIR[0]))
-                hi01 = cute.arch.prmt(words[0], words[1], cutlass.Int32(TRANSPOSE_PAIR[1]))
-                lo23 = cute.arch.prmt(words[2], words[3], cutlass.Int32(TRANSPOSE_PAIR[0]))
-                hi23 = cute.arch.prmt(words[2], words[3], cutlass.Int32(TRANSPOSE_PAIR[1]))
-                cols = (cute.arch.prmt(lo01, lo23, cutlass.Int32(TRANSPOSE_JOIN[0])),
-                        cute.arch.prmt(lo01, lo23, cutlass.Int32(TRANSPOSE_JOIN[1])),
-                        cute.arch.prmt(hi01, hi23, cutlass.Int32(TRANSPOSE_JOIN[0])),
-                        cute.arch.prmt(hi01, hi23, cutlass.Int32(TRANSPOSE_JOIN[1])))
-                for j in cutlass.range_constexpr(4):
-                    off = cute.crd2idx((4 * dd + j, 4 * nn, v_slot), v_layout.outer)
-                    cute.arch.store(cute.recast_ptr(v_ptr + _swizzle(off), dtype=cutlass.Int32),
-                                    cutlass.Int32(cols[j]))
+        vs_bits, v_bits = _swizzle_bits(vs_layout), _swizzle_bits(v_layout)
+        # this lane's rows: the staging row it addresses for the ldmatrix, the V row for the
+        # stmatrix, and its word order (fp8_order.ldsm_row / stsm_row / stsm_swap)
+        mi = lane // 8
+        mj = lane - 8 * mi
+        l_key = 8 * (mi % 2) + mj
+        l_col = 16 * (mi // 2)
+        s_row = 16 * (mi // 2) + 2 * mj + ((mi % 2) ^ (mj // 4))
+        swap = lane >= 16
+        sel_a = cutlass.Int32(LDSM_JOIN[1]) if swap else cutlass.Int32(LDSM_JOIN[0])
+        sel_b = cutlass.Int32(LDSM_JOIN[0]) if swap else cutlass.Int32(LDSM_JOIN[1])
+        # swizzle(unit + lane) = unit ^ swizzle(lane): the lane parts hold every bit the swizzle
+        # reads (the row mod 8), the unit parts (16-key groups, 32-byte head_dim blocks, slots)
+        # are disjoint from them (replayed for every head_dim in tests/test_attention_fp8.py)
+        vs_lane = _swizzle(cute.crd2idx((l_key, l_col, 0), vs_layout.outer), vs_bits)
+        v_lane = _swizzle(cute.crd2idx((s_row, 0, 0), v_layout.outer), v_bits)
+        vs_base = vs_ptr.toint()
+        v_base = v_ptr.toint()
+        # (the instructions are ordered as written: a group's loads are issued before its stores,
+        # at most four in flight: 16 of the 40 registers)
+        for g in cutlass.range(warp, BN // 16, NT, unroll=1):
+            for c0 in cutlass.range_constexpr(0, D // 32, 4):
+                regs = []
+                for c in cutlass.range_constexpr(c0, min(c0 + 4, D // 32)):
+                    src = cute.crd2idx((16 * g, 32 * c, vs_slot), vs_layout.outer)
+                    regs.append(ldsm_x4_trans(vs_base + (src ^ vs_lane)))
+                for c in cutlass.range_constexpr(c0, min(c0 + 4, D // 32)):
+                    r = regs[c - c0]
+                    dst = cute.crd2idx((32 * c, 16 * g, v_slot), v_layout.outer)
+                    stsm_x4(v_base + (dst ^ v_lane),
+                            cute.arch.prmt(r[0], r[1], sel_a), cute.arch.prmt(r[0], r[1], sel_b),
+                            cute.arch.prmt(r[2], r[3], sel_a), cute.arch.prmt(r[2], r[3], sel_b))
 
     @cute.jit
     def store_p_exchange(self, acc_S, tOrP, ltid):
