@@ -110,7 +110,7 @@ class AttentionFp8Sm90(AttentionSm90):
 
     def describe(self) -> dict[str, Any]:
         d = super().describe()
-        cfg = fp8_config(self.head_dim, self.causal)
+        cfg = fp8_config(self.head_dim, self.causal, self.v_layout)
         d["preferred"] = (self.tile_n, self.stages) == (cfg["tile_n"], cfg["stages"])
         if self.v_layout == "bshd":
             d["registers_per_role"] = {"producer": TRANSPOSE_PRODUCER_REGS, "consumer": TRANSPOSE_CONSUMER_REGS}
@@ -127,11 +127,17 @@ class AttentionFp8Sm90(AttentionSm90):
         return k.packed_fp8 if self.varlen else k.dense_fp8
 
 
-def fp8_config(head_dim: int, causal: bool) -> dict[str, Any]:
+def fp8_config(head_dim: int, causal: bool, v_layout: str = "bshd") -> dict[str, Any]:
     """The fp8 tile per problem: 128 query rows (two consumer warpgroups, ping-pong, overlap);
-    keys per tile 128 (D256: 64, O's 128 fp32 registers per thread leave room for no more)."""
-    return {"tile_m": 128, "tile_n": 64 if head_dim == 256 else 128, "stages": 2, "overlap": True,
-            "pingpong": True, **default_schedule(head_dim, causal)}
+    keys per tile 128 (D256: 64, O's 128 fp32 registers per thread leave room for no more).
+    V pre-transposed at head_dim 128 (no staging ring): three stages non-causal, 192-key tiles
+    causal (H100, B1 H16 S16384, two runs each: 884/915 vs 862/883 TFLOP/s and 846/837 vs
+    822/818; with the in-kernel transpose three stages lose: 765/739 vs 836/850)."""
+    cfg = {"tile_m": 128, "tile_n": 64 if head_dim == 256 else 128, "stages": 2, "overlap": True,
+           "pingpong": True, **default_schedule(head_dim, causal)}
+    if v_layout == "bhds" and head_dim == 128:
+        cfg.update({"tile_n": 192} if causal else {"stages": 3})
+    return cfg
 
 
 @register("attention_fp8")
@@ -140,21 +146,25 @@ def enumerate_attention_fp8(target: Target, tier: str) -> list[AttentionFp8Sm90]
         return []
 
     def make(d, causal, **kw):
-        return AttentionFp8Sm90(target=target.name, head_dim=d, causal=causal, **{**fp8_config(d, causal), **kw})
+        cfg = fp8_config(d, causal, kw.get("v_layout", "bshd"))
+        return AttentionFp8Sm90(target=target.name, head_dim=d, causal=causal, **{**cfg, **kw})
 
     if tier == "test":
         out = [make(128, False), make(128, True)]
     elif tier == "default":
-        # fp8 joins the default tier once a GPU run has passed (notes/attention-fp8.md)
-        out = []
+        # head_dim 128 with V as K (a server's fp8 cache layout), transposed in the kernel: what
+        # the selection picks for (B, Sk, Hkv, 128) V, causal and not (H100: 836-850 TFLOP/s
+        # non-causal, 787-805 causal at B1 H16 S16384, notes/attention-fp8.md)
+        out = [make(128, False), make(128, True)]
     else:
         out = [make(d, c, v_layout=vl) for d in FP8_HEAD_DIMS for c in (False, True) for vl in ("bshd", "bhds")]
-        out += [make(128, c, tile_n=n, v_layout=vl) for c in (False, True) for n in (160, 192)
-                for vl in ("bshd", "bhds")]
-        # three K/V stages (fp8 tiles are half the bytes of 16-bit ones: 196 KB with the staging ring)
-        out += [make(128, c, stages=3, v_layout=vl) for c in (False, True) for vl in ("bshd", "bhds")]
+        # head_dim 128 alternatives: 128/160/192-key tiles with two stages, three stages (fp8 tiles
+        # are half the bytes of 16-bit ones: 196 KB with the staging ring)
+        out += [make(128, c, tile_n=n, stages=st, v_layout=vl) for c in (False, True)
+                for n, st in ((128, 2), (160, 2), (192, 2), (128, 3)) for vl in ("bshd", "bhds")]
         # packed variable-length batches (cu_seqlens): one tile per CTA, V transposed in the kernel
         out += [make(128, c, varlen=True, **default_schedule(128, c, varlen=True)) for c in (False, True)]
+    out = list({v.name: v for v in out}.values())
     return [v for v in out if v.can_implement() is None]
 
 

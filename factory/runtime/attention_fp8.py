@@ -3,9 +3,10 @@ import.
 
 ``attention_fp8(bundle, q, k, v, causal, softmax_scale, q_descale, k_descale, v_descale, ...)``:
 q (B, Sq, Hq, D), k (B, Sk, Hkv, D) float8_e4m3fn; v float8_e4m3fn as (B, Sk, Hkv, D)
-(``v_layout="bshd"``: the head_dim 128 kernels transpose V tiles in shared memory; for other
-head dims V is copied once into (B, Hkv, D, Sk), one extra pass over V and one allocation) or
-pre-transposed (B, Hkv, D, Sk) with Sk contiguous (``v_layout="bhds"``: read in place).  Descales (FlashAttention-3's ``q_descale``/``k_descale``/``v_descale``): float32
+(``v_layout="bshd"``: the kernels transpose V tiles in shared memory; where the bundle has no
+such build for the problem, V is copied once into (B, Hkv, D, Sk), one extra pass over V and one
+allocation) or pre-transposed (B, Hkv, D, Sk) with Sk contiguous (``v_layout="bhds"``: read in
+place).  Descales (FlashAttention-3's ``q_descale``/``k_descale``/``v_descale``): float32
 on q's device, broadcastable to (B, Hkv) (a per-tensor scalar, per kv head, per batch and kv
 head); None means 1.  The result is bfloat16:
     o = softmax(q·kᵀ · q_descale·k_descale · scale [+ causal mask]) · v · v_descale
@@ -78,8 +79,11 @@ def attention_fp8(bundle, q, k, v, causal=False, softmax_scale=None, q_descale=N
     if b > _GRID_YZ_MAX or hq > _GRID_YZ_MAX:
         raise InputError(f"batch ({b}) and heads ({hq}) must each be <= {_GRID_YZ_MAX}")
     copied = layout != v_layout
-    if copied:  # (only bshd -> bhds: no in-kernel transpose for this problem)
-        v = v.permute(0, 2, 3, 1).contiguous()
+    if copied:  # (only bshd -> bhds: no in-kernel transpose for this problem in the bundle)
+        # rows padded to 16 keys: the kernel's TMA needs 16-byte strides
+        vt = torch.empty((b, hkv, d, (sk + 15) // 16 * 16), dtype=v.dtype, device=v.device)
+        vt[..., :sk] = v.permute(0, 2, 3, 1)
+        v = vt[..., :sk]
     args = [q, k, v, o, lse, *scales, softmax_scale]
     bundle.launch(name, args, device=dev)
     if key is not None and not copied and type(causal) in (bool, int) and type(softmax_scale) in (float, int):
