@@ -163,7 +163,8 @@ def enumerate_attention_fp8(target: Target, tier: str) -> list[AttentionFp8Sm90]
         out += [make(128, c, tile_n=n, stages=st, v_layout=vl) for c in (False, True)
                 for n, st in ((128, 2), (160, 2), (192, 2), (128, 3)) for vl in ("bshd", "bhds")]
         # packed variable-length batches (cu_seqlens): one tile per CTA, V transposed in the kernel
-        out += [make(128, c, varlen=True, **default_schedule(128, c, varlen=True)) for c in (False, True)]
+        out += [make(d, c, varlen=True, **default_schedule(d, c, varlen=True)) for d in FP8_HEAD_DIMS
+                for c in (False, True)]
     out = list({v.name: v for v in out}.values())
     return [v for v in out if v.can_implement() is None]
 
