@@ -3,6 +3,7 @@
 bad descales, and TFLOP/s (CUDA-graph replay medians) beside the bf16 kernel and torch SDPA.
 
     python3 scripts/fp8_attention_check.py BUNDLE [--out result.json] [--bench]
+    python3 scripts/fp8_attention_check.py BUNDLE --launch VARIANT...   (two launches each, for ncu)
 """
 
 from __future__ import annotations
@@ -195,13 +196,31 @@ def bench(bundle, b=1, h=16, s=16384, d=128, causals=(False, True)):
     return rows
 
 
+def launch_only(bundle, names, b=1, s=8192, h=16, d=128):
+    q = torch.randn(b, s, h, d, device="cuda").to(F8)
+    k, v = torch.randn(b, s, h, d, device="cuda").to(F8), torch.randn(b, s, h, d, device="cuda").to(F8)
+    vt = v.permute(0, 2, 3, 1).contiguous()
+    ones = torch.ones(b, h, device="cuda")
+    for n in names:
+        o = torch.empty(b, s, h, d, device="cuda", dtype=torch.bfloat16)
+        lse = torch.empty(b, h, s, device="cuda")
+        for _ in range(2):
+            bundle.launch(n, [q, k, v if n.endswith("_vbshd") else vt, o, lse, ones, ones, ones, 1 / math.sqrt(d)])
+    torch.cuda.synchronize()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("bundle")
     ap.add_argument("--out")
     ap.add_argument("--bench", action="store_true")
+    ap.add_argument("--launch", nargs="+", metavar="VARIANT",
+                    help="only launch these head_dim 128 variants twice each at B1 H16 S8192 (for a profiler)")
     a = ap.parse_args()
     bundle = Bundle.open(a.bundle)
+    if a.launch:
+        launch_only(bundle, a.launch)
+        return
     result = {"device": torch.cuda.get_device_name(), "checks": [], "refusals": None, "bench": None}
     cases = [(2, 256, 256, 8, 8, 128, False, False, "bhds"), (2, 256, 256, 8, 8, 128, True, False, "bhds"),
              (1, 300, 1000, 8, 2, 128, False, True, "bshd"), (1, 300, 1000, 8, 2, 128, True, True, "bhds"),
