@@ -4,6 +4,7 @@ bad descales, and TFLOP/s (CUDA-graph replay medians) beside the bf16 kernel and
 
     python3 scripts/fp8_attention_check.py BUNDLE [--out result.json] [--bench]
     python3 scripts/fp8_attention_check.py BUNDLE --launch VARIANT...   (two launches each, for ncu)
+    python3 scripts/fp8_attention_check.py BUNDLE --bench-only 128 [256 64] [--out result.json]
 """
 
 from __future__ import annotations
@@ -216,10 +217,19 @@ def main():
     ap.add_argument("--bench", action="store_true")
     ap.add_argument("--launch", nargs="+", metavar="VARIANT",
                     help="only launch these head_dim 128 variants twice each at B1 H16 S8192 (for a profiler)")
+    ap.add_argument("--bench-only", type=int, nargs="+", metavar="HEAD_DIM",
+                    help="only the TFLOP/s table of these head_dims (B1 H16 S16384; 128: causal too)")
     a = ap.parse_args()
     bundle = Bundle.open(a.bundle)
     if a.launch:
         launch_only(bundle, a.launch)
+        return
+    if a.bench_only:
+        rows = [r for d in a.bench_only for r in bench(bundle, d=d, causals=(False, True) if d == 128 else (False,))]
+        for row in rows:
+            print(json.dumps(row), flush=True)
+        if a.out:
+            Path(a.out).write_text(json.dumps({"device": torch.cuda.get_device_name(), "bench": rows}, indent=1))
         return
     result = {"device": torch.cuda.get_device_name(), "checks": [], "refusals": None, "bench": None}
     cases = [(2, 256, 256, 8, 8, 128, False, False, "bhds"), (2, 256, 256, 8, 8, 128, True, False, "bhds"),

@@ -74,6 +74,14 @@ def test_local_p_matches_the_transposed_v_order():
                 cols = [16 * i + 4 * t + c for c in range(4)]
                 assert got == [(h, 16 * (col // 16) + fo.transposed_key(col % 16)) for col in cols]
     assert sorted(fo.transposed_key(p) for p in range(16)) == list(range(16))
+    # the kernel converts the accumulator in p_local_source order instead of permuting bytes:
+    # the same bytes (element k of W_j is accumulator element 4j + k)
+    elems = [[4 * j + k for k in range(4)] for j in range(bn // 8)]
+    for i in range(bn // 16):
+        for h, sel in enumerate(fo.P_LOCAL):
+            got = prmt(elems[2 * i], elems[2 * i + 1], sel)
+            assert got == [fo.p_local_source(4 * (2 * i + h) + c) for c in range(4)], (i, h)
+    assert sorted(fo.p_local_source(e) for e in range(bn // 2)) == list(range(bn // 2))
 
 
 def kmajor(rows, width):

@@ -106,8 +106,33 @@ def test_every_fp8_variant_against_float32(bundle, run_record):
             results.append(r)
             if not r["ok"]:
                 failures.append(f"{e['name']} {r}")
+        r = _moving_max_case(bundle, e, gen)
+        results.append(r)
+        if not r["ok"]:
+            failures.append(f"{e['name']} {r}")
         run_record.add(bundle, e["name"], results)
     assert not failures, "\n".join(failures)
+
+
+def _moving_max_case(bundle, e, gen, b=1, sq=300, sk=1500, h=4):
+    """Scores with a ramp along the keys (~70 raw units from the first key to the last at head_dim
+    128): a row's max grows by 4-9 log2 units per key tile in the order the kernel visits the
+    tiles (last first) on head 0 (around the lazy rescale's threshold), shrinks on head 1, is flat
+    on head 2, grows slowly on head 3: O rescaled on most trips, on none, on a few."""
+    f8, d = torch.float8_e4m3fn, e["head_dim"]
+    ramp = torch.linspace(3.0, -3.0, sk, device="cuda")  # head 0: larger scores at lower keys
+    lift = torch.stack([ramp, -ramp, torch.zeros_like(ramp), 0.3 * ramp])  # (h, sk)
+    q = (0.5 * torch.randn(b, sq, h, d, generator=gen, device="cuda") + 1.0).to(f8)
+    k = (0.5 * torch.randn(b, sk, h, d, generator=gen, device="cuda") + lift.T[None, :, :, None]).to(f8)
+    v = torch.randn(b, sk, h, d, generator=gen, device="cuda").to(f8)
+    ds = [torch.ones(b, h, device="cuda") for _ in range(3)]
+    vin = v if e["v_layout"] == "bshd" else pretransposed(v)
+    o = torch.full((b, sq, h, d), math.nan, device="cuda", dtype=torch.bfloat16)
+    lse = torch.full((b, h, sq), math.nan, device="cuda")
+    scale = 1.0 / math.sqrt(d)
+    bundle.launch(e["name"], [q, k, vin, o, lse, *ds, scale])
+    ref, ref_lse = _reference(q, k, v, ds, e["causal"], scale)
+    return _judge(o, lse, ref, ref_lse, ["moving max", b, sq, sk, h])
 
 
 # packed batches: (q lengths, k lengths, Hq, Hkv): one-token and empty-key sequences, tails, GQA

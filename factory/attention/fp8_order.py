@@ -13,6 +13,19 @@ from __future__ import annotations
 
 # Thread-local P (V transposed in the kernel): A words of row halves 0 and 1 from W_{2i}, W_{2i+1}.
 P_LOCAL = (0x5410, 0x7632)
+
+
+def p_local_source(e: int) -> int:
+    """The accumulator element (register order) whose e4m3 value byte ``e`` of the thread-local P
+    A fragment holds: word m = e // 4 (16-key group m // 2, row half m % 2), byte c = e % 4 ->
+    element c % 2 of the row half's pair in the group's 8-key block c // 2 (the bytes ``P_LOCAL``
+    picks from the converted words; converting the elements in this order fills the A words with
+    no byte permute)."""
+    m, c = divmod(e, 4)
+    i, h = divmod(m, 2)
+    return 4 * (2 * i + c // 2) + 2 * h + c % 2
+
+
 # Quad exchange (V pre-transposed, keys in natural order): per row half, for quad threads 0-1 and
 # 2-3 (whose first source arrives by the second shuffle).
 P_EXCHANGE = {False: (0x5410, 0x7632), True: (0x1054, 0x3276)}  # key: t >= 2
@@ -62,5 +75,6 @@ def stsm_row(lane: int) -> int:
     return 16 * (i // 2) + 2 * j + ((i % 2) ^ int(j >= 4))
 
 
-__all__ = ["KEY_OFFSETS", "LDSM_JOIN", "P_EXCHANGE", "P_LOCAL", "exchange_sources", "ldsm_row", "stsm_row",
+__all__ = ["KEY_OFFSETS", "LDSM_JOIN", "P_EXCHANGE", "P_LOCAL", "exchange_sources", "ldsm_row", "p_local_source",
+           "stsm_row",
            "stsm_swap", "transposed_key"]
