@@ -174,7 +174,7 @@ def bench(bundle, b=1, h=16, s=16384, d=128, causals=(False, True)):
                 continue
             o = torch.full((b, s, h, d), float("nan"), device="cuda", dtype=torch.bfloat16)
             lse = torch.empty(b, h, s, device="cuda")
-            args = [q8, k8, v8 if n.endswith("_vbshd") else vt8, o, lse, ones, ones, ones, 1 / math.sqrt(d)]
+            args = [q8, k8, v8 if "_vbshd" in n else vt8, o, lse, ones, ones, ones, 1 / math.sqrt(d)]
             bundle.launch(n, args)
             torch.cuda.synchronize()
             ok = not torch.isnan(o).any().item()
@@ -206,7 +206,7 @@ def launch_only(bundle, names, b=1, s=8192, h=16, d=128):
         o = torch.empty(b, s, h, d, device="cuda", dtype=torch.bfloat16)
         lse = torch.empty(b, h, s, device="cuda")
         for _ in range(2):
-            bundle.launch(n, [q, k, v if n.endswith("_vbshd") else vt, o, lse, ones, ones, ones, 1 / math.sqrt(d)])
+            bundle.launch(n, [q, k, v if "_vbshd" in n else vt, o, lse, ones, ones, ones, 1 / math.sqrt(d)])
     torch.cuda.synchronize()
 
 

@@ -115,12 +115,13 @@ def test_every_fp8_variant_against_float32(bundle, run_record):
 
 
 def _moving_max_case(bundle, e, gen, b=1, sq=300, sk=1500, h=4):
-    """Scores with a ramp along the keys (~70 raw units from the first key to the last at head_dim
-    128): a row's max grows by 4-9 log2 units per key tile in the order the kernel visits the
-    tiles (last first) on head 0 (around the lazy rescale's threshold), shrinks on head 1, is flat
-    on head 2, grows slowly on head 3: O rescaled on most trips, on none, on a few."""
+    """Scores with a ramp along the keys (~70 raw units from the first key to the last, every
+    head_dim): a row's max grows by ~8 log2 units per 128-key tile in the order the kernel visits
+    the tiles (last first) on head 0, shrinks on head 1, is flat on head 2, grows slowly on head
+    3: O rescaled on every trip, on none, on some (around the lazy rescale's threshold)."""
     f8, d = torch.float8_e4m3fn, e["head_dim"]
-    ramp = torch.linspace(3.0, -3.0, sk, device="cuda")  # head 0: larger scores at lower keys
+    a = 3.0 * math.sqrt(128 / d)  # (q's mean 1 times k's lift a, over d dims, times 1/sqrt(d))
+    ramp = torch.linspace(a, -a, sk, device="cuda")  # head 0: larger scores at lower keys
     lift = torch.stack([ramp, -ramp, torch.zeros_like(ramp), 0.3 * ramp])  # (h, sk)
     q = (0.5 * torch.randn(b, sq, h, d, generator=gen, device="cuda") + 1.0).to(f8)
     k = (0.5 * torch.randn(b, sk, h, d, generator=gen, device="cuda") + lift.T[None, :, :, None]).to(f8)
