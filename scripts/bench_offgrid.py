@@ -75,7 +75,7 @@ TUNE = ("qwen", "moe_expert", "llama3")
 REPORT = ("deepseek_v3", "gemma", "mistral")
 M_DENSE = (1, 16, 128, 512, 2048, 8192, 16384)
 M_EXPERT = (1, 16, 64, 128, 512)
-# Problems named by the issue beside the families (too few tiles for the SMs; N, K off the tile).
+# Problems beside the families: grids of too few tiles for the SMs, N and K off the tile, and 8192^3.
 EXTRA = [(64, 2112, 7168), (2048, 2112, 7168), (3000, 5000, 7000), (8192, 8192, 8192)]
 MAX_FLOP = 2 * 16384 * 28672 * 8192  # bigger problems are left out (a sweep of them takes seconds)
 # fp8 row-wise: scripts/bench_fp8.py's row shapes from M = 512 (the swap tiles win below).
@@ -214,6 +214,51 @@ def as_table(rows: list[dict], device: dict, manifest_sha: str) -> dict:
                 "timings_us": r["timings_us"], "screen_us": r["screen_us"]} for r in rows}}
 
 
+def rescore(raw_paths: list[str], bundle_path: str, among: set | None, model: dict | None = None) -> dict:
+    """Without a GPU: the measured sweeps of ``raw_paths`` scored for the selection of the host
+    library of ``bundle_path``: with ``among`` None its own choice (``fx_gemm_select``, bf16
+    rows; a problem whose choice was not measured is counted, not scored), else the least
+    estimate of its cost model (``model``: tuning.MODEL-keyed constants instead) among the
+    measured variants named in ``among``: per problem the variant picked, that
+    variant's measured time (the round-robin median where it was timed, else its screen), the
+    reference's time from the same passes, and the regret against the fastest measured variant of
+    the same set."""
+    from factory.runtime.manifest import load_manifest
+    from factory.runtime.selector import Selector
+
+    m = load_manifest(Path(bundle_path))
+    sel = Selector(Path(bundle_path) / m["host_library"]["path"], (9, 0), {"name": None, "sm_count": 132})
+    if model:
+        sel.set_cost_model(sm90={**tuning.MODEL, **model})
+    out = {}
+    for raw in raw_paths:
+        rows, skipped = [], []
+        for r in json.loads(Path(raw).read_text())["rows"]:
+            t = {**r["screen_us"], **r["timings_us"]}
+            names = [n for n in t if n in m["variants"] and (among is None or n in among)]
+            if not names:
+                continue
+            if among is None and r["dtype"] == "bf16":  # the host library's own selection
+                M, N, K = r["M"], r["N"], r["K"]
+                pick = sel.select("gemm", sel.gemm_problem(
+                    (1 << 20, (M, K, 1), (K, 1, 0)), (2 << 40, (N, K, 1), (K, 1, 0)),
+                    (3 << 40, (M, N, 1), (N, 1, 0)), "bf16", "bf16", [], False)).name.decode()
+                if pick not in t:
+                    skipped.append((M, N, K, pick))
+                    continue
+            else:
+                pick = min(names, key=lambda n: (sel.estimate_us(n, r["M"], r["N"], r["K"], 1), n))
+            best = min(names, key=t.get)
+            rows.append({**{k: r[k] for k in ("family", "proj", "M", "N", "K", "dtype", "ref_us", "eager_ratio",
+                                               "nan", "rel_err")},
+                         "pick": pick, "fastest": best, "ours_us": t[pick], "pick_timed": pick in r["timings_us"],
+                         "ratio": r["ref_us"] / t[pick], "ratio_best": r["ref_us"] / t[best],
+                         "regret": t[pick] / t[best]})
+        out[raw] = {"summary": {**summary(rows), "not_measured_picks": len(skipped)}, "rows": rows,
+                    "not_measured_picks": skipped}
+    return out
+
+
 def chart(rows: list[dict], path: Path, title: str) -> None:
     try:
         import matplotlib
@@ -247,8 +292,18 @@ def main() -> int:
     p.add_argument("--among", default=None, help="a JSON list of variant names (e.g. the default tier): "
                    "their own cost-model pick is timed too")
     p.add_argument("--all", action="store_true", help=f"time even variants the model puts {MODEL_CUT}x behind")
+    p.add_argument("--rescore", nargs="+", default=None, metavar="RAW.json",
+                   help="no GPU: score these sweeps for the selection of --bundle's host library (with --among)")
+    p.add_argument("--model", default=None, help="with --rescore: a JSON object of cost-model constants")
     p.add_argument("--out", default=default_out("bench_offgrid"))
     a = p.parse_args()
+    if a.rescore:
+        among = set(json.loads(Path(a.among).read_text())) if a.among else None
+        got = rescore(a.rescore, a.bundle, among, json.loads(a.model) if a.model else None)
+        for raw, g in got.items():
+            print(raw, json.dumps(g["summary"]))
+        Path(str(a.out) + ".rescore.json").write_text(json.dumps(got, indent=1))
+        return 0
     import torch
 
     t0 = time.time()
