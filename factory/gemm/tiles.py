@@ -97,6 +97,8 @@ SM90_DEFAULT = (
     dict(**FP8, tile=(128, 192, 128), cluster=(2, 1), fast_accum=True),
     dict(**FP8, tile=(128, 160, 128), cluster=(2, 1), fast_accum=True),
     dict(**BF16, tile=(64, 96, 64), schedule="ws"),
+    # N in 64-column steps for grids of few tiles (N = 2112 = 33 x 64: 132 tiles at M = 512).
+    dict(**BF16, tile=(128, 64, 64), cluster=(2, 1)),
     # M = 128 weight streams: 64-row tiles, B multicast over a 2x1 cluster.
     dict(**BF16, tile=(64, 128, 64), cluster=(2, 1), schedule="ws"),
     dict(**FP8, tile=(64, 128, 128), cluster=(2, 1), schedule="ws"),
