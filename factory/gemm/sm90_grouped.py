@@ -75,6 +75,16 @@ MAX_GROUPS = 1024
 LAYOUTS = ("contig", "masked")
 _EPILOGUE_BAR = 1
 _BLOCK_K = atoms.BLOCK_SCALE_K
+# Block scale_a rows per 16 bytes: a TMA box's start in the innermost mode must be 16-byte aligned
+# (an unaligned start stops the kernel with an illegal instruction on the H100).
+SCALE_ROW_ALIGN = 4
+
+
+def scale_box_rows(tile_m: int, masked: bool) -> int:
+    """Rows of the block scale_a box a stage holds: the tile's (masked: m-tiles start on tile
+    multiples) or SCALE_ROW_ALIGN more (contiguous: the box starts at the tile's first row rounded
+    down to a multiple of SCALE_ROW_ALIGN)."""
+    return tile_m if masked else tile_m + SCALE_ROW_ALIGN
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -204,7 +214,7 @@ class GemmGroupedSm90(Variant):
         epi_tile = (min(tm, 64 * self.mma_wgs), min(tn, 32))
         stage = _round_up(tm * tk * ab, _SMEM_ALIGN) + _round_up(tn * tk * ab, _SMEM_ALIGN)
         if self.block_scale:  # the k-block's scale_a column for the tile's rows, by TMA
-            stage += _round_up(tm * 4, _SMEM_ALIGN)
+            stage += _round_up(4 * scale_box_rows(tm, self.layout == "masked"), _SMEM_ALIGN)
         table = _round_up(4 * (MAX_GROUPS + 1), _SMEM_ALIGN)
         best = None
         for epi_stages in (4, 2):  # fewer epilogue buffers where that frees a mainloop stage
@@ -306,10 +316,19 @@ class GroupedGemmSm90Kernel:
         tma_c, gC = atoms.tma_store_atom(c, sC_layout, self.epi_tile)
         # Block scales: each stage also holds scale_a[tile rows, kb], a (tile M, 1) box of the
         # M-major scales (rows past the tensor: TMA zero fill).
-        sSA_layout = cute.make_layout((self.tile[0], 1, self.ab_stages))
+        # Contiguous layout: a group's rows start anywhere, and a TMA box must start on a 16-byte
+        # boundary of the innermost (M) mode, so the box starts at the tile's first row rounded
+        # down to a multiple of 4 and holds SCALE_ROW_ALIGN more rows; each stage's slot is padded
+        # to 128 bytes (TMA destinations).
+        box_rows = scale_box_rows(self.tile[0], self.masked)
+        if cutlass.const_expr(self.masked):
+            sSA_layout = cute.make_layout((self.tile[0], 1, self.ab_stages))
+        else:
+            slot = _round_up(box_rows, 32)
+            sSA_layout = cute.make_layout((box_rows, 1, self.ab_stages), stride=(1, slot, slot))
         tma_sa = mSA = None
         if cutlass.const_expr(self.block):
-            tma_sa, mSA = atoms.tma_load_atom(scale_a, sSA_layout, (self.tile[0], 1))
+            tma_sa, mSA = atoms.tma_load_atom(scale_a, sSA_layout, (box_rows, 1))
 
         # Persistent grid: at most max_clusters CTAs and at most the tiles any routing can make
         # (contiguous: each group adds at most one partial m-tile).
@@ -328,7 +347,7 @@ class GroupedGemmSm90Kernel:
             sB: cute.struct.Align[cute.struct.MemRange[ab_dtype, cute.cosize(sB_layout)], _SMEM_ALIGN]
             sC: cute.struct.Align[cute.struct.MemRange[c_dtype, cute.cosize(sC_layout)], _SMEM_ALIGN]
             sSA: cute.struct.Align[
-                cute.struct.MemRange[cutlass.Float32, self.tile[0] * self.ab_stages if self.block else 1], _SMEM_ALIGN]
+                cute.struct.MemRange[cutlass.Float32, cute.cosize(sSA_layout) if self.block else 1], _SMEM_ALIGN]
 
         self.shared_storage = SharedStorage
         self.ab_dtype = ab_dtype
@@ -482,9 +501,11 @@ class GroupedGemmSm90Kernel:
             tSs = tSg = None
             if cutlass.const_expr(self.block):
                 # The tile rows' scale_a column of each k-block (tile M, 1, KB), at the group's row.
+                # Contiguous: from the row rounded down to a multiple of 4 (16-byte TMA start).
                 mSA_l = mSA[(None, None, a_l)] if cutlass.const_expr(self.masked) else mSA  # contig: 2-D
-                mSA_g = cute.domain_offset((row, 0), mSA_l)
-                gSA = cute.local_tile(mSA_g, (self.tile[0], 1), (0, None))
+                row_sa = row if cutlass.const_expr(self.masked) else row - row % SCALE_ROW_ALIGN
+                mSA_g = cute.domain_offset((row_sa, 0), mSA_l)
+                gSA = cute.local_tile(mSA_g, (scale_box_rows(self.tile[0], self.masked), 1), (0, None))
                 tSs, tSg = cute.nvgpu.cpasync.tma_partition(
                     tma_sa, 0, cute.make_layout(1), cute.group_modes(sSA, 0, 2), cute.group_modes(gSA, 0, 2))
             for k in range(k_tiles):
@@ -562,7 +583,10 @@ class GroupedGemmSm90Kernel:
                 acc.fill(0.0)
                 scales = None
                 if cutlass.const_expr(self.block):
-                    scales = (s0, s1, cC, sSA, scale_b[(None, None, g)], n * self.tile[1] // _BLOCK_K)
+                    sSA_t = sSA
+                    if cutlass.const_expr(not self.masked):  # the tile's rows sit row % 4 into the box
+                        sSA_t = cute.domain_offset((row % SCALE_ROW_ALIGN, 0, 0), sSA)
+                    scales = (s0, s1, cC, sSA_t, scale_b[(None, None, g)], n * self.tile[1] // _BLOCK_K)
                 atoms.promoted_mainloop(
                     tiled_mma, acc, part, part2, tCrA, tCrB, ab_pipe, read, release, k_blocks, cutlass.Int32(0),
                     k_tiles, scales)
@@ -648,9 +672,7 @@ GROUPED_DEFAULT = tuple(
 # fp8 (e4m3 a and b, bf16 out): 128 x 128 for prefill, 64 x 128 for decode, each scale form and
 # layout.  Not in the default tier until an H100 run proves them.
 FP8 = dict(ab="e4m3", c="bf16")
-# Block scales in the masked layout only: the contiguous block-scaled build (either schedule)
-# stops with an illegal instruction on the H100, the masked one passes (notes/gemm-grouped.md).
-GROUPED_FP8_TEST = (
+GROUPED_FP8_TEST = (dict(**FP8, layout="contig", tile=(128, 128, 128), schedule="coop", block_scale=True),
                     dict(**FP8, layout="masked", tile=(64, 128, 128), schedule="ws", block_scale=True),
                     dict(**FP8, layout="contig", tile=(128, 128, 128), schedule="coop", row_scale=True),
                     dict(**FP8, layout="masked", tile=(64, 128, 128), schedule="ws", row_scale=True))
@@ -658,7 +680,6 @@ GROUPED_FP8_FULL = GROUPED_FP8_TEST + tuple(
     dict(**FP8, layout=lay, tile=t, schedule=s, **{form: True})
     for lay in LAYOUTS for form in ("block_scale", "row_scale")
     for t, s in (((128, 128, 128), "coop"), ((64, 128, 128), "ws"), ((128, 64, 128), "coop"))
-    if not (form == "block_scale" and lay == "contig")
 )
 GROUPED_TEST = (dict(**BF16, layout="contig", tile=(128, 128, 64), schedule="coop"),
                 dict(**BF16, layout="masked", tile=(64, 128, 64), schedule="ws")) + GROUPED_FP8_TEST
