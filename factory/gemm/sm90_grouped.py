@@ -111,6 +111,9 @@ class GemmGroupedSm90(Variant):
     # fp8 scale forms (module docstring); e4m3 operands take exactly one.
     row_scale: bool = field(default=False, metadata={"tag": "rowsc"})
     block_scale: bool = field(default=False, metadata={"tag": "blksc"})
+    # fp8: each k-block's partial sum is promoted while the next k-block's WGMMAs run, the loop
+    # draining once per atoms.PROMOTE_AHEAD_UNROLL k-blocks instead of every two.
+    promote_ahead: bool = field(default=False, metadata={"tag": "pa"})
 
     @property
     def is_fp8(self) -> bool:
@@ -181,6 +184,8 @@ class GemmGroupedSm90(Variant):
                 return f"block scales need a tile N dividing {_BLOCK_K}"
             if 3 * self.tile[0] * self.tile[1] // (self.mma_wgs * 128) > 192:
                 return "more than 192 fp32 accumulator registers (three sets) per consumer thread"
+        elif self.promote_ahead:
+            return "promote_ahead applies to the fp8 forms"
         elif self.ab not in ("bf16", "f16") or self.c not in ("bf16", "f16"):
             return "grouped GEMM takes bf16/f16 operands and output (or e4m3 with row or block scales)"
         elif self.row_scale or self.block_scale:
@@ -257,7 +262,8 @@ class GemmGroupedSm90(Variant):
         kernel = GroupedGemmSm90Kernel(tile=self.tile, mma_wgs=self.mma_wgs, epi_tile=plan["epi_tile"],
                                        ab_stages=plan["ab_stages"], epi_stages=plan["epi_stages"],
                                        masked=self.layout == "masked", swizzle=self.swizzle,
-                                       cluster_m=self.cluster_m, scale_mode=self.scale_mode)
+                                       cluster_m=self.cluster_m, scale_mode=self.scale_mode,
+                                       promote_ahead=self.promote_ahead)
         return kernel.scaled if self.is_fp8 else kernel
 
 
@@ -270,7 +276,8 @@ class GroupedGemmSm90Kernel:
     """Host side ``__call__(a, b, c, groups, max_clusters, stream)``; device side ``kernel``."""
 
     def __init__(self, *, tile, mma_wgs, epi_tile, ab_stages, epi_stages, masked, swizzle, cluster_m=1,
-                 scale_mode=None):
+                 scale_mode=None, promote_ahead=False):
+        self.promote_ahead = promote_ahead
         self.tile = tuple(tile)
         self.mma_wgs = mma_wgs
         self.epi_threads = 128 * mma_wgs
@@ -587,9 +594,14 @@ class GroupedGemmSm90Kernel:
                     if cutlass.const_expr(not self.masked):  # the tile's rows sit row % 4 into the box
                         sSA_t = cute.domain_offset((row % SCALE_ROW_ALIGN, 0, 0), sSA)
                     scales = (s0, s1, cC, sSA_t, scale_b[(None, None, g)], n * self.tile[1] // _BLOCK_K)
-                atoms.promoted_mainloop(
-                    tiled_mma, acc, part, part2, tCrA, tCrB, ab_pipe, read, release, k_blocks, cutlass.Int32(0),
-                    k_tiles, scales)
+                if cutlass.const_expr(self.promote_ahead):
+                    atoms.promoted_mainloop_ahead(
+                        tiled_mma, acc, part, part2, tCrA, tCrB, ab_pipe, read, release, k_blocks, cutlass.Int32(0),
+                        k_tiles, scales)
+                else:
+                    atoms.promoted_mainloop(
+                        tiled_mma, acc, part, part2, tCrA, tCrB, ab_pipe, read, release, k_blocks, cutlass.Int32(0),
+                        k_tiles, scales)
                 if cutlass.const_expr(not self.block):
                     sa_g = scale_a[(None, g)] if cutlass.const_expr(self.masked) else scale_a
                     atoms.apply_row_col_scales(acc, cC, sa_g, scale_b[(None, g)], row, n * self.tile[1])
@@ -680,6 +692,9 @@ GROUPED_FP8_FULL = GROUPED_FP8_TEST + tuple(
     dict(**FP8, layout=lay, tile=t, schedule=s, **{form: True})
     for lay in LAYOUTS for form in ("block_scale", "row_scale")
     for t, s in (((128, 128, 128), "coop"), ((64, 128, 128), "ws"), ((128, 64, 128), "coop"))
+) + tuple(
+    dict(**FP8, layout=lay, tile=t, schedule=s, block_scale=True, promote_ahead=True)
+    for lay in LAYOUTS for t, s in (((128, 128, 128), "coop"), ((64, 128, 128), "ws"))
 )
 GROUPED_TEST = (dict(**BF16, layout="contig", tile=(128, 128, 64), schedule="coop"),
                 dict(**BF16, layout="masked", tile=(64, 128, 64), schedule="ws")) + GROUPED_FP8_TEST
