@@ -1,7 +1,8 @@
 """Time block-scaled fp8 variants by name, from one or more bundles, interleaved in the same passes.
 
 Two problems (DeepSeek-V3 1x128 / 128x128 scales, runtime/fp8.py quantizers):
-- dense ``bundle.gemm`` at ``--dense M N K`` (default 4096 7168 16384);
+- dense ``bundle.gemm`` at ``--dense M N K`` (default 4096 7168 16384); row-scaled and per-tensor
+  fp8 variants matched by the glob are timed beside the block-scaled ones (same tile, other scales);
 - contiguous grouped ``bundle.grouped_gemm`` at ``--grouped E ROWS N K`` (default 8 groups of
   8192 rows, N 4096, K 7168).
 Every variant is first checked against float32 of the dequantized operands (NaN-poisoned output),
@@ -28,8 +29,9 @@ from factory.benchmark import sets_for, time_interleaved  # noqa: E402
 from factory.runtime import Bundle  # noqa: E402
 
 
-def _names(bundle, op, pattern, grouped=None):
-    return [v["name"] for v in bundle.candidates(op) if v.get("scale_mode") == "block"
+def _names(bundle, op, pattern, grouped=None, modes=("block",)):
+    return [v["name"] for v in bundle.candidates(op) if v["dtypes"]["a"] == "e4m3"
+            and (v.get("scale_mode") or "tensor") in modes
             and (grouped is None or v.get("grouped") == grouped) and fnmatch.fnmatch(v["name"], pattern)]
 
 
@@ -37,18 +39,23 @@ def dense(bundles, M, N, K, pattern, l2) -> list[dict]:
     import torch
 
     n = sets_for(M * K + N * K + 2 * M * N, l2)
-    sets = [testing.fp8_scaled_problem("block", M, N, K) for _ in range(n)]
+    sets = {m: [testing.fp8_scaled_problem(m, M, N, K) for _ in range(n)] for m in ("block", "row")}
+    one = torch.ones(1, device="cuda")
+    # Per-tensor variants (a baseline for the scale forms' cost) run on the row problem's data with
+    # scales of one: judged against its reference without the row scales.
+    sets["tensor"] = [(a, b, {"scale_a": one, "scale_b": one}, a.float() @ b.float().t()) for a, b, _, _ in sets["row"]]
     outs = [torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda") for _ in range(n)]
     calls, checks = {}, {}
     for label, b in bundles.items():
-        for name in _names(b, "gemm", pattern):
+        for name in _names(b, "gemm", pattern, modes=("block", "row", "tensor")):
+            S = sets[b.manifest["variants"][name].get("scale_mode") or "tensor"]
             outs[0].fill_(float("nan"))
-            b.gemm(sets[0][0], sets[0][1], outs[0], variant=name, **sets[0][2])
+            b.gemm(S[0][0], S[0][1], outs[0], variant=name, **S[0][2])
             torch.cuda.synchronize()
-            checks[f"{label}:{name}"] = {"rel_err": testing.rel_error(outs[0], sets[0][3]),
+            checks[f"{label}:{name}"] = {"rel_err": testing.rel_error(outs[0], S[0][3]),
                                          "nan": int(torch.isnan(outs[0]).sum())}
-            calls[f"{label}:{name}"] = (lambda b, name: lambda i: b.gemm(sets[i][0], sets[i][1], outs[i], variant=name,
-                                                                         **sets[i][2]))(b, name)
+            calls[f"{label}:{name}"] = (lambda b, name, S: lambda i: b.gemm(S[i][0], S[i][1], outs[i], variant=name,
+                                                                            **S[i][2]))(b, name, S)
     t = time_interleaved(calls, n, rounds=3, budget_s=0.05, max_reps=10, warm_s=0.03)
     flops = 2.0 * M * N * K
     return [{"problem": "dense", "M": M, "N": N, "K": K, "variant": k, "us": v * 1e6, "tflops": flops / v / 1e12,

@@ -298,21 +298,32 @@ def promoted_mainloop_ahead(tiled_mma, acc, part, part2, tCrA, tCrB, ab_pipe, re
     end (``wait_group(0)``), where :func:`promoted_mainloop` drains every two k-blocks.  The
     k-blocks past the last whole step go through :func:`promoted_mainloop`.  (Within a step
     only: a WGMMA in flight across the loop's back edge makes ptxas serialise them, see there.)
+    Block scales: the step's ``unroll`` scale_b values are global loads issued one step ahead
+    (registers carried across the back edge), so no k-block waits on a load of its own.
     Same arguments, scales and in-place state advance as :func:`promoted_mainloop`."""
     read_in, release_in = read, release
     n_k = k_end - k_begin
     parts = (part, part2)
     regs = (None, None)
+    sb_cur = sb_next = None
     if cutlass.const_expr(scales is not None):
         s0, s1, coords, sSA, scale_b, n_blk = scales
         regs = (s0, s1)
+        last_kb = cute.size(scale_b, mode=[1]) - 1
+        sb_cur = cute.make_rmem_tensor(unroll, cutlass.Float32)
+        sb_next = cute.make_rmem_tensor(unroll, cutlass.Float32)
+        for j in cutlass.range_constexpr(unroll):
+            sb_cur[j] = scale_b[n_blk, cutlass.min(k_begin + j, last_kb)]
     n_steps = n_k // unroll
     for step in range(n_steps):
         kb0 = k_begin + step * unroll
+        if cutlass.const_expr(scales is not None):
+            for j in cutlass.range_constexpr(unroll):
+                sb_next[j] = scale_b[n_blk, cutlass.min(kb0 + unroll + j, last_kb)]
         for j in cutlass.range_constexpr(unroll):
             tiled_mma = issue_k_block(tiled_mma, parts[j % 2], tCrA, tCrB, ab_pipe, read, k_blocks)
             if cutlass.const_expr(scales is not None):
-                block_scales_from_smem(regs[j % 2], coords, sSA, read.index, scale_b, n_blk, kb0 + j)
+                _row_scales_from_smem(regs[j % 2], coords, sSA, read.index, sb_cur[j])
             read.advance()
             if cutlass.const_expr(j > 0):
                 cute.nvgpu.warpgroup.wait_group(1)
@@ -323,11 +334,21 @@ def promoted_mainloop_ahead(tiled_mma, acc, part, part2, tCrA, tCrB, ab_pipe, re
         _promote(acc, parts[(unroll - 1) % 2], regs[(unroll - 1) % 2])
         ab_pipe.consumer_release(release)
         release.advance()
+        if cutlass.const_expr(scales is not None):
+            sb_cur.store(sb_next.load())
     tiled_mma = promoted_mainloop(tiled_mma, acc, part, part2, tCrA, tCrB, ab_pipe, read, release, k_blocks,
                                   k_begin + n_steps * unroll, k_end, scales)
     _assign_state(read_in, read)
     _assign_state(release_in, release)
     return tiled_mma
+
+
+@cute.jit
+def _row_scales_from_smem(dst: cute.Tensor, coords: cute.Tensor, sSA: cute.Tensor, stage, sb):
+    """:func:`block_scales_from_smem` with scale_b's value ``sb`` already in a register."""
+    c_mn = acc_mn_view(coords)
+    for r in cutlass.range_constexpr(cute.size(dst)):
+        dst[r] = sSA[c_mn[r, 0][0], 0, stage] * sb
 
 
 @cute.jit
