@@ -46,7 +46,7 @@ def test_blockwise_quantizer_in_slabs_matches_one_pass(monkeypatch):
         x = (torch.randn(R, K, generator=g) * 3).to(torch.bfloat16)
         for block in ((1, 128), (128, 128)):
             q0, s0 = fp8.quantize_blockwise(x, block)
-            for slab in (1, 128 * 5 * 128):
+            for slab in ((1, 32768) if R < 8 else (32768,)):  # 1: one row (block) per slab
                 monkeypatch.setattr(fp8, "SLAB_ELEMENTS", slab)
                 q, s = fp8.quantize_blockwise(x, block)
                 assert torch.equal(q.view(torch.uint8), q0.view(torch.uint8)) and torch.equal(s, s0), (R, K, block)
