@@ -344,6 +344,36 @@ def promoted_mainloop_ahead(tiled_mma, acc, part, part2, tCrA, tCrB, ab_pipe, re
 
 
 @cute.jit
+def promoted_mainloop_serial(tiled_mma, acc, part, tCrA, tCrB, ab_pipe, read, release, k_blocks, k_begin, k_end,
+                             scales=None):
+    """fp8 two-level accumulation with one partial sum per warpgroup: each k-block's WGMMAs into
+    ``part``, waited for (``wait_group(0)``) and added into ``acc`` before the next k-block is
+    issued.  With two consumer warpgroups on a tile the tensor core still has work while one of
+    them adds: the other's WGMMAs (the warpgroups drift out of phase).  One accumulator set fewer
+    than :func:`promoted_mainloop`.  Block scales: ``scales`` as there (``s1`` unused); scale_b's
+    value for the k-block is loaded before its WGMMAs are issued.  States advanced in place."""
+    read_in, release_in = read, release
+    s0 = coords = sSA = scale_b = n_blk = None
+    if cutlass.const_expr(scales is not None):
+        s0, _s1, coords, sSA, scale_b, n_blk = scales
+    for k in range(k_begin, k_end):
+        sb = cutlass.Float32(1.0)
+        if cutlass.const_expr(scales is not None):
+            sb = scale_b[n_blk, k]
+        tiled_mma = issue_k_block(tiled_mma, part, tCrA, tCrB, ab_pipe, read, k_blocks)
+        if cutlass.const_expr(scales is not None):
+            _row_scales_from_smem(s0, coords, sSA, read.index, sb)
+        read.advance()
+        cute.nvgpu.warpgroup.wait_group(0)
+        _promote(acc, part, s0)
+        ab_pipe.consumer_release(release)
+        release.advance()
+    _assign_state(read_in, read)
+    _assign_state(release_in, release)
+    return tiled_mma
+
+
+@cute.jit
 def _row_scales_from_smem(dst: cute.Tensor, coords: cute.Tensor, sSA: cute.Tensor, stage, sb):
     """:func:`block_scales_from_smem` with scale_b's value ``sb`` already in a register."""
     c_mn = acc_mn_view(coords)
@@ -446,7 +476,7 @@ def add_residual(acc: cute.Tensor, coords: cute.Tensor, res: cute.Tensor, row0, 
             acc_mn[r, c] = acc_mn[r, c] + res[row, col, l].to(cutlass.Float32)
 
 
-__all__ = ["add_col_vector", "add_residual", "scale_acc", "silu_mul_halves", "BLOCK_SCALE_K", "apply_row_col_scales", "block_scale_regs", "issue_k_block", "promoted_mainloop", "promoted_mainloop_ahead", "PROMOTE_AHEAD_UNROLL", "block_scales_from_smem", "load_block_scales", "load_block_scales_into", "promote_scaled", "CONSUMER_REGS", "GEMM_CONSUMER_REGS", "GEMM_PRODUCER_REGS", "PRODUCER_REGS", "REGISTER_FILE",
+__all__ = ["add_col_vector", "add_residual", "scale_acc", "silu_mul_halves", "BLOCK_SCALE_K", "apply_row_col_scales", "block_scale_regs", "issue_k_block", "promoted_mainloop", "promoted_mainloop_ahead", "promoted_mainloop_serial", "PROMOTE_AHEAD_UNROLL", "block_scales_from_smem", "load_block_scales", "load_block_scales_into", "promote_scaled", "CONSUMER_REGS", "GEMM_CONSUMER_REGS", "GEMM_PRODUCER_REGS", "PRODUCER_REGS", "REGISTER_FILE",
            "acc_as_a_operand", "acc_mn_view", "persistent_schedule", "prefetch_tma_descriptors",
            "register_split_fits", "stage_bytes", "tile_scheduler", "tma_load_atom", "tma_load_box_atom", "tma_pipeline",
            "tma_store_atom"]

@@ -114,6 +114,9 @@ class GemmGroupedSm90(Variant):
     # fp8: each k-block's partial sum is promoted while the next k-block's WGMMAs run, the loop
     # draining once per atoms.PROMOTE_AHEAD_UNROLL k-blocks instead of every two.
     promote_ahead: bool = field(default=False, metadata={"tag": "pa"})
+    # fp8: one partial sum per warpgroup, each k-block promoted before the next is issued (the two
+    # coop warpgroups keep the tensor core busy in turn); atoms.promoted_mainloop_serial.
+    promote_serial: bool = field(default=False, metadata={"tag": "ps"})
 
     @property
     def is_fp8(self) -> bool:
@@ -166,6 +169,8 @@ class GemmGroupedSm90(Variant):
         req = self.required_sass
         if self.is_fp8:  # fp8 WGMMA disassembles as QGMMA
             req = (r"\bQGMMA\.64x\d+x32\.F32\.E4M3",) + req[1:]
+        if self.promote_serial:  # every k-block is waited for (wait_group(0)) by design
+            req = tuple(r for r in req if "DEPBAR" not in r)
         return req + ((r"\bUTMALDG\.3D\.MULTICAST",) if self.cluster_m > 1 else ())
 
     # --- validity ---------------------------------------------------------------------------------
@@ -180,12 +185,14 @@ class GemmGroupedSm90(Variant):
                 return "e4m3 operands take row or block scales (one form)"
             if self.pair:
                 return "fp8 forms run without the 2-CTA cluster"
+            if self.promote_ahead and self.promote_serial:
+                return "promote_ahead and promote_serial are two forms of the main loop: one of them"
             if self.block_scale and _BLOCK_K % self.tile[1]:
                 return f"block scales need a tile N dividing {_BLOCK_K}"
             if 3 * self.tile[0] * self.tile[1] // (self.mma_wgs * 128) > 192:
                 return "more than 192 fp32 accumulator registers (three sets) per consumer thread"
-        elif self.promote_ahead:
-            return "promote_ahead applies to the fp8 forms"
+        elif self.promote_ahead or self.promote_serial:
+            return "promote_ahead / promote_serial apply to the fp8 forms"
         elif self.ab not in ("bf16", "f16") or self.c not in ("bf16", "f16"):
             return "grouped GEMM takes bf16/f16 operands and output (or e4m3 with row or block scales)"
         elif self.row_scale or self.block_scale:
@@ -263,7 +270,7 @@ class GemmGroupedSm90(Variant):
                                        ab_stages=plan["ab_stages"], epi_stages=plan["epi_stages"],
                                        masked=self.layout == "masked", swizzle=self.swizzle,
                                        cluster_m=self.cluster_m, scale_mode=self.scale_mode,
-                                       promote_ahead=self.promote_ahead)
+                                       promote_ahead=self.promote_ahead, promote_serial=self.promote_serial)
         return kernel.scaled if self.is_fp8 else kernel
 
 
@@ -276,8 +283,9 @@ class GroupedGemmSm90Kernel:
     """Host side ``__call__(a, b, c, groups, max_clusters, stream)``; device side ``kernel``."""
 
     def __init__(self, *, tile, mma_wgs, epi_tile, ab_stages, epi_stages, masked, swizzle, cluster_m=1,
-                 scale_mode=None, promote_ahead=False):
+                 scale_mode=None, promote_ahead=False, promote_serial=False):
         self.promote_ahead = promote_ahead
+        self.promote_serial = promote_serial
         self.tile = tuple(tile)
         self.mma_wgs = mma_wgs
         self.epi_threads = 128 * mma_wgs
@@ -598,6 +606,10 @@ class GroupedGemmSm90Kernel:
                     atoms.promoted_mainloop_ahead(
                         tiled_mma, acc, part, part2, tCrA, tCrB, ab_pipe, read, release, k_blocks, cutlass.Int32(0),
                         k_tiles, scales)
+                elif cutlass.const_expr(self.promote_serial):
+                    atoms.promoted_mainloop_serial(
+                        tiled_mma, acc, part, tCrA, tCrB, ab_pipe, read, release, k_blocks, cutlass.Int32(0),
+                        k_tiles, scales)
                 else:
                     atoms.promoted_mainloop(
                         tiled_mma, acc, part, part2, tCrA, tCrB, ab_pipe, read, release, k_blocks, cutlass.Int32(0),
@@ -702,7 +714,7 @@ GROUPED_FP8_FULL = GROUPED_FP8_TEST + tuple(
 ) + tuple(
     dict(**FP8, layout=lay, tile=t, schedule=s, block_scale=True, promote_ahead=True)
     for lay in LAYOUTS for t, s in (((128, 128, 128), "coop"), ((64, 128, 128), "ws"))
-)
+) + (dict(**FP8, layout="contig", tile=(128, 128, 128), schedule="coop", block_scale=True, promote_serial=True),)
 GROUPED_TEST = (dict(**BF16, layout="contig", tile=(128, 128, 64), schedule="coop"),
                 dict(**BF16, layout="masked", tile=(64, 128, 64), schedule="ws")) + GROUPED_FP8_TEST
 GROUPED_FULL = GROUPED_DEFAULT + tuple(
