@@ -40,7 +40,9 @@ k-block's partial sum added into fp32 registers, ``atoms.promoted_mainloop``):
   multiple of 4; scale_b (E, NB, KB) K-contiguous; each k-block's partial sum is multiplied per
   row by scale_a[row, kb]·scale_b[g, n // 128, kb] as it is added.  The producer loads the tile
   rows' scale_a column of each k-block by TMA into the k-block's stage, at the group's row
-  offset like A (rows of the next group or the zero fill enter only rows that are not stored).
+  offset like A (rows of the next group or the zero fill enter only rows that are not stored);
+  contiguous layout: from that row rounded down to a multiple of 4, with 4 more rows, since a TMA
+  box must start 16-byte aligned in its innermost mode (M here) and groups start anywhere.
 
 Warp roles are those of gemm/sm90.py (a TMA producer warp; one or two consumer warpgroups, ``coop``
 splitting a 128- or 256-row tile along M, ``ws`` one warpgroup on a 64-row tile).  ``pair``: clusters
