@@ -399,8 +399,10 @@ class AttentionKvcacheSm90(AttentionSm90):
         if self.kv_fp8:
             if self.page_box:
                 return "fp8 caches are read by the cp.async gathers (page_box 0)"
-            if self.head_dim < 128:
-                return "fp8 caches need head_dim >= 128 (one 16-byte copy per 16 elements, 8 per row)"
+            if self.head_dim != 128:
+                # (64: rows of 64 bytes, half a copy pass; 256: the producer's 40 registers spill
+                # 22 instructions over two 128-byte copy columns)
+                return "fp8 caches are built for head_dim 128 (one 16-byte copy per 16 elements, 8 per row)"
             if self.softcap:
                 return "fp8 caches are built without the softcap switch (k_descale folds into the score scale)"
         if self.persistent or self.k_first:
