@@ -51,23 +51,33 @@ def test_test_tier_has_each_switch():
     assert {v.page_box for v in hopper} == {0, 64}
     assert any(v.varlen for v in hopper)
     assert any(v.local and v.softcap and v.sinks for v in hopper)
-    # head_dim 256 (TMA boxes and gathers, causal and not) and an fp8 cache on the gathers
-    d256 = [v for v in hopper if v.head_dim == 256]
-    assert {v.page_box for v in d256} == {0, 64} and {v.causal for v in d256} == {False, True}
+    # head_dim 256 (TMA boxes) and an fp8 cache on the gathers
+    assert [v.page_box for v in hopper if v.head_dim == 256] == [64]
     fp8 = [v for v in hopper if v.kv_dtype == "e4m3"]
     assert fp8 and all(v.page_box == 0 and v.dtype == "bf16" for v in fp8)
 
 
 def test_default_tier_sm90a():
-    """The default tier's sm_90a prefill builds: page boxes of 64 rows and the gathers, and the
-    switch build on the gathers (any page size), each for dense and packed q; boxes of 16 rows
-    for packed q."""
+    """The default tier's sm_90a prefill builds (bf16, causal): page boxes of 64 rows and the
+    gathers, and the switch build on the gathers (any page size), each for dense and packed q;
+    boxes of 16 rows for packed q; the same at head_dim 256 (no 16-row boxes; the switch build
+    for packed q); the fp8-cache gathers at head_dim 128."""
     vs = _variants("sm_90a", "default")
-    plain = {(v.page_box, v.varlen) for v in vs if not v.local}
+    assert all(v.dtype == "bf16" and v.causal for v in vs)
+    d128 = [v for v in vs if v.head_dim == 128 and v.kv_dtype == "bf16"]
+    plain = {(v.page_box, v.varlen) for v in d128 if not v.local}
     assert plain == {(pb, vl) for pb in (64, 0) for vl in (False, True)} | {(16, True)}
-    sw = [v for v in vs if v.local]
+    sw = [v for v in d128 if v.local]
     assert {(v.page_box, v.varlen) for v in sw} == {(0, False), (0, True)}
     assert all(v.softcap and v.sinks for v in sw)
+    # head_dim 256: boxes of 64 rows and the gathers, dense and packed q; the switch build packed
+    d256 = [v for v in vs if v.head_dim == 256]
+    assert {(v.page_box, v.varlen, v.local) for v in d256} == (
+        {(pb, vl, False) for pb in (64, 0) for vl in (False, True)} | {(0, True, True)})
+    # fp8 caches (head_dim 128): the gathers, dense and packed q
+    fp8 = [v for v in vs if v.kv_dtype == "e4m3"]
+    assert {(v.head_dim, v.page_box, v.varlen) for v in fp8} == {(128, 0, False), (128, 0, True)}
+    assert len(vs) == len(d128) + len(d256) + len(fp8)
 
 
 def test_fp8_only_where_the_target_converts():
@@ -261,8 +271,6 @@ def test_selection_hopper():
     assert e["family"] == "sm90" and e["kv_dtype"] == "e4m3" and e["kv_loads"] == "cp.async"
     e = pick(head_dim=256, page_size=64)
     assert e["family"] == "sm90" and e["head_dim"] == 256 and e["kv_loads"] == "tma"
-    e = pick(head_dim=256, dtype="f16", kv_dtype="f16", causal=False, varlen_q=True)
-    assert e["family"] == "sm90" and not e["causal"] and e["kv_loads"] == "cp.async"
     e = pick(head_dim=64, page_size=None, causal=False, varlen_q=True)
     assert e["family"] == "sm80" and not e["paged"]
 

@@ -470,8 +470,8 @@ def enumerate_attention_kvcache(target: Target, tier: str) -> list[AttentionKvca
     if tier == "test":
         out = [make("bf16", 128, False), make("bf16", 128, True), make("bf16", 128, False, page_box=0),
                make("f16", 64, True, page_box=0, switches=True),
-               # head_dim 256: TMA boxes (causal, dense q) and the gathers (not causal, packed q)
-               make("bf16", 256, False), make("f16", 256, True, page_box=0, causal=False),
+               # head_dim 256 (TMA boxes; the gathers, packed q and no mask: "full")
+               make("bf16", 256, False),
                # fp8 e4m3 caches: the gathers converting into the dtype rings
                make("bf16", 128, False, page_box=0, kv_dtype="e4m3")]
         return [v for v in out if v.can_implement() is None]
@@ -483,6 +483,12 @@ def enumerate_attention_kvcache(target: Target, tier: str) -> list[AttentionKvca
         out = [make("bf16", 128, vl, page_box=pb) for vl in (False, True) for pb in (PAGE_BOX, 0)]
         out += [make("bf16", 128, True, page_box=16)]
         out += [make("bf16", 128, vl, page_box=0, switches=True) for vl in (False, True)]
+        # head_dim 256 (Gemma 2/3 layers): 64-row boxes (pages of 64-256) and the gathers (any
+        # page size), dense and packed q, and the switch build (window/softcap/sinks) for packed q
+        out += [make("bf16", 256, vl, page_box=pb) for vl in (False, True) for pb in (PAGE_BOX, 0)]
+        out += [make("bf16", 256, True, page_box=0, switches=True)]
+        # fp8 e4m3 caches under bf16 q, head_dim 128: the converting gathers, dense and packed q
+        out += [make("bf16", 128, vl, page_box=0, kv_dtype="e4m3") for vl in (False, True)]
     else:
         out = [make(dt, d, vl, page_box=pb, switches=sw, causal=c) for dt in DTYPES for d in HEAD_DIMS
                for vl in (False, True) for pb in (PAGE_BOX, 32, 16, 0) for sw in (False, True)
