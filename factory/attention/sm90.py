@@ -342,6 +342,7 @@ def register_split(consumers: int, gather: bool = False) -> tuple[int, int]:
 
 
 GATHER_PRODUCER_REGS, GATHER_CONSUMER_REGS = 40, 232
+DEEP_FP8_PRODUCER_REGS, DEEP_FP8_CONSUMER_REGS = 56, 224
 
 
 # Rows of one K/V TMA box: the smallest page size this family reads by TMA (smaller pages go to
@@ -365,6 +366,8 @@ class AttentionKvcacheSm90(AttentionSm90):
     local: bool = field(default=False, metadata={"tag": "win"})
     softcap: bool = field(default=False, metadata={"tag": "cap"})
     sinks: bool = field(default=False, metadata={"tag": "sink"})
+    # fp8 caches: two e4m3 staging tiles each for K and V (two tiles' copies in flight), not one
+    deep_staging: bool = field(default=False, metadata={"tag": "st2"})
 
     # a paged cache (dense caches: the sm80 family)
     paged: ClassVar[bool] = True
@@ -387,7 +390,8 @@ class AttentionKvcacheSm90(AttentionSm90):
 
     def smem_bytes(self) -> int:
         # fp8 caches: one K and one V staging tile of e4m3 beside the dtype rings
-        staging = 2 * _round_up(self.tile_n * self.head_dim, _SMEM_ALIGN) if self.kv_fp8 else 0
+        staging = (2 * (2 if self.deep_staging else 1) * _round_up(self.tile_n * self.head_dim, _SMEM_ALIGN)
+                   if self.kv_fp8 else 0)
         return super().smem_bytes() + staging
 
     def can_implement(self) -> str | None:
@@ -405,6 +409,8 @@ class AttentionKvcacheSm90(AttentionSm90):
                 return "fp8 caches are built for head_dim 128 (one 16-byte copy per 16 elements, 8 per row)"
             if self.softcap:
                 return "fp8 caches are built without the softcap switch (k_descale folds into the score scale)"
+        elif self.deep_staging:
+            return "deep_staging is for fp8 caches"
         if self.persistent or self.k_first:
             return "not persistent (one tile per CTA), no k_first (K before V per tile): the paged producers"
         if self.page_box and (self.page_box not in (16, 32, 64, 128) or self.tile_n % self.page_box):
@@ -434,6 +440,8 @@ class AttentionKvcacheSm90(AttentionSm90):
         d["page_box"] = self.page_box
         d["kv_loads"] = "tma" if self.page_box else "cp.async"
         producer, consumer = register_split(self.consumers, gather=self.wide_producer)
+        if self.deep_staging and self.consumers == 2:
+            producer, consumer = DEEP_FP8_PRODUCER_REGS, DEEP_FP8_CONSUMER_REGS
         d["registers_per_role"] = {"producer": producer, "consumer": consumer}
         return d
 
@@ -450,6 +458,7 @@ class AttentionKvcacheSm90(AttentionSm90):
             k_first=False, page_box=self.page_box, gather=not self.page_box, local=self.local,
             softcap=self.softcap, sinks=self.sinks, wide_producer=self.wide_producer,
             kv_dtype=cutlass_dtype(self.kv_dtype) if self.kv_fp8 else None,
+            fp8_stages=2 if self.deep_staging else 1,
         )
         return k.kvcache_packed if self.varlen else k.kvcache
 
@@ -459,21 +468,23 @@ def enumerate_attention_kvcache(target: Target, tier: str) -> list[AttentionKvca
     if target.family != "sm90" or target.name != "sm_90a":
         return []
 
-    def make(dtype, d, varlen, page_box=PAGE_BOX, switches=False, causal=True, kv_dtype=None):
+    def make(dtype, d, varlen, page_box=PAGE_BOX, switches=False, causal=True, kv_dtype=None, deep=False):
         # the causal tiles for both masks (head_dim 256: 64-key tiles, one 64-row box each)
         tm, tn, s, ov, pp = default_config(d, True)
         return AttentionKvcacheSm90(
             target=target.name, dtype=dtype, kv_dtype=kv_dtype or dtype, head_dim=d, causal=causal, tile_m=tm,
             tile_n=tn, stages=s, overlap=ov, pingpong=pp, varlen=varlen, page_box=page_box,
-            local=switches, softcap=switches, sinks=switches, **default_schedule(d, True, varlen=True))
+            local=switches, softcap=switches, sinks=switches, deep_staging=deep,
+            **default_schedule(d, True, varlen=True))
 
     if tier == "test":
         out = [make("bf16", 128, False), make("bf16", 128, True), make("bf16", 128, False, page_box=0),
                make("f16", 64, True, page_box=0, switches=True),
                # head_dim 256 (TMA boxes; the gathers, packed q and no mask: "full")
                make("bf16", 256, False),
-               # fp8 e4m3 caches: the gathers converting into the dtype rings
-               make("bf16", 128, False, page_box=0, kv_dtype="e4m3")]
+               # fp8 e4m3 caches: the gathers converting into the dtype rings (1 and 2 staging tiles)
+               make("bf16", 128, False, page_box=0, kv_dtype="e4m3"),
+               make("bf16", 128, False, page_box=0, kv_dtype="e4m3", deep=True)]
         return [v for v in out if v.can_implement() is None]
     if tier == "default":
         # bf16, head_dim 128, dense and packed q: TMA page boxes of 64 rows (pages of 64-256), the
@@ -493,8 +504,8 @@ def enumerate_attention_kvcache(target: Target, tier: str) -> list[AttentionKvca
         out = [make(dt, d, vl, page_box=pb, switches=sw, causal=c) for dt in DTYPES for d in HEAD_DIMS
                for vl in (False, True) for pb in (PAGE_BOX, 32, 16, 0) for sw in (False, True)
                for c in (True, False) if (not sw or pb in (16, 0)) and (c or not sw)]
-        out += [make(dt, d, vl, page_box=0, causal=c, kv_dtype="e4m3") for dt in DTYPES for d in HEAD_DIMS
-                for vl in (False, True) for c in (True, False)]
+        out += [make(dt, d, vl, page_box=0, causal=c, kv_dtype="e4m3", deep=dp) for dt in DTYPES for d in HEAD_DIMS
+                for vl in (False, True) for c in (True, False) for dp in (False, True)]
     return [v for v in out if v.can_implement() is None]
 
 
@@ -509,7 +520,7 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                  causal: bool, overlap: bool, pingpong: bool, early_rescale: bool = False,
                  persistent: bool = False, k_first: bool = False, page_box: int = 0,
                  gather: bool = False, local: bool = False, softcap: bool = False,
-                 sinks: bool = False, wide_producer: bool = False, kv_dtype=None):
+                 sinks: bool = False, wide_producer: bool = False, kv_dtype=None, fp8_stages: int = 1):
         super().__init__(dtype=dtype, head_dim=head_dim, causal=causal, local=local)
         self.tile_m = tile_m
         self.tile_n = tile_n
@@ -533,6 +544,7 @@ class FlashFwdSm90(layout.TmaViewsKernel):
         # e4m3 staging tiles, each thread converts the rows it copied into the dtype rings
         # (``produce_gather_fp8``); k_descale folds into the score scale, v_descale into O.
         self.kv_fp8 = kv_dtype is not None
+        self.fp8_stages = fp8_stages  # e4m3 staging tiles per K and V (tiles in flight)
         self.kv_dtype = kv_dtype if kv_dtype is not None else dtype
         self.consumers = tile_m // WG_ROWS
         self.cta_rows = tile_m
@@ -547,6 +559,9 @@ class FlashFwdSm90(layout.TmaViewsKernel):
         self.transpose_warps = 0
         self.threads = 128 * (1 + self.consumers)
         self.producer_regs, self.consumer_regs = register_split(self.consumers, gather or wide_producer)
+        if kv_dtype is not None and fp8_stages > 1 and self.consumers == 2:
+            # two staging tiles' offsets and predicates: 10 instructions spilled at 40 registers
+            self.producer_regs, self.consumer_regs = DEEP_FP8_PRODUCER_REGS, DEEP_FP8_CONSUMER_REGS
 
     # --- host ------------------------------------------------------------------------------------
     # (dense, packed: layout.TmaViewsKernel)
@@ -664,8 +679,10 @@ class FlashFwdSm90(layout.TmaViewsKernel):
             sO: cute.struct.Align[cute.struct.MemRange[ot, cute.cosize(sO_layout) if own_o else 0],
                                   _SMEM_ALIGN]
             # fp8 caches: the e4m3 staging tiles of K ((keys, D)) and V (the same bytes seen as (D, keys))
-            sK8: cute.struct.Align[cute.struct.MemRange[self.kv_dtype, BN * D if self.kv_fp8 else 0], _SMEM_ALIGN]
-            sV8: cute.struct.Align[cute.struct.MemRange[self.kv_dtype, BN * D if self.kv_fp8 else 0], _SMEM_ALIGN]
+            sK8: cute.struct.Align[cute.struct.MemRange[self.kv_dtype, BN * D * self.fp8_stages if self.kv_fp8 else 0],
+                                   _SMEM_ALIGN]
+            sV8: cute.struct.Align[cute.struct.MemRange[self.kv_dtype, BN * D * self.fp8_stages if self.kv_fp8 else 0],
+                                   _SMEM_ALIGN]
 
         self.shared_storage = SharedStorage
         self.kernel(
@@ -793,8 +810,9 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                     cute.arch.setmaxregister_decrease(self.producer_regs)
                     if cutlass.const_expr(self.gather and self.kv_fp8):
                         BN, D = self.tile_n, self.head_dim
-                        sK8 = storage.sK8.get_tensor(cute.make_layout((BN, D), stride=(D, 1)))
-                        sV8 = storage.sV8.get_tensor(cute.make_layout((D, BN), stride=(1, D)))
+                        S8 = self.fp8_stages
+                        sK8 = storage.sK8.get_tensor(cute.make_layout((BN, D, S8), stride=(D, 1, BN * D)))
+                        sV8 = storage.sV8.get_tensor(cute.make_layout((D, BN, S8), stride=(1, D, BN * D)))
                         self.produce_gather_fp8(tma_q, seqQ, seqK, seqVt, sQ, sK, sV, sK8, sV8, q_bars,
                                                 kv_pipes, m_block, n_lo, n_hi, self.kv_state(True), mTable,
                                                 batch, k_len, warp_idx, tidx)
@@ -1158,16 +1176,17 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                            m_block, n_lo, n_hi, state, mTable, batch, k_len, warp_idx, tidx):
         """``produce_gather`` over an e4m3 cache: warp 0 loads the Q slabs by TMA; all 128 threads
         copy K and V rows of tiles n_hi-1 down to n_lo by cp.async (16 bytes = 16 elements, the
-        row mapping, one-tile-ahead table read and offset shuffles of ``produce_gather``) into
-        one e4m3 staging tile each for K (``sK8``) and V (``sV8``); once its own copies have landed
-        (cp.async.wait_group: visible to the issuing thread, no barrier) each thread converts the
-        16 elements it copied to the dtype (exact) and stores them with two 16-byte stores into
-        the swizzled K or V slot, fences them for the WGMMAs (async proxy) and arrives on the
-        slot's barrier.  The next tile's K is issued as soon as this tile's K is converted (its
-        staging is free), so one K or V copy is always in flight while the other converts."""
+        row mapping and offset shuffles of ``produce_gather``) into ``fp8_stages`` e4m3 staging
+        tiles each for K (``sK8``) and V (``sV8``), tile n in staging slot (n_hi-1-n) % stages;
+        once its own copies of a tile have landed (cp.async.wait_group: visible to the issuing
+        thread, no barrier) each thread converts the 16 elements it copied to the dtype (exact)
+        and stores them with two 16-byte stores into the swizzled K or V slot, fences them for
+        the WGMMAs (async proxy) and arrives on the slot's barrier.  A staging slot is refilled
+        (tile n - stages, its table entry read a tile ahead) as soon as it is converted, so
+        ``stages`` tiles of copies are in flight while one converts."""
         k_pipe, v_pipe = kv_pipes
         if n_hi > n_lo:
-            D, BN, kt = self.head_dim, self.tile_n, self.kv_dtype
+            D, BN, kt, S8 = self.head_dim, self.tile_n, self.kv_dtype, self.fp8_stages
             if warp_idx == 0:
                 self.load_q(tma_q, seqQ, sQ, q_bars, m_block)
             vec = 128 // kt.width
@@ -1187,8 +1206,6 @@ class FlashFwdSm90(layout.TmaViewsKernel):
             thr_v = g2s_v.get_slice(tidx)
             tKg = thr_k.partition_S(cute.make_tensor(seqK.iterator, cute.make_layout((BN, D), stride=(0, 1))))
             tVg = thr_v.partition_S(cute.make_tensor(seqVt.iterator, cute.make_layout((D, BN), stride=(1, 0))))
-            tK8 = thr_k.partition_D(sK8)
-            tV8 = thr_v.partition_D(sV8)
             st_k = s2s_k.get_slice(tidx)
             st_v = s2s_v.get_slice(tidx)
             page_size = seqK.shape[0]
@@ -1199,42 +1216,68 @@ class FlashFwdSm90(layout.TmaViewsKernel):
             n_rows_k = cute.size(tKg.shape[1])
             n_rows_v = cute.size(tVg.shape[2])
 
-            # the top tile's K and V copies
-            j = cutlass.min((n_hi - 1) * BN + read_row, k_len - 1)
-            idx = j // page_size
-            page = mTable[batch, idx]
-            in_page = j - idx * page_size
-            off_k = cutlass.Int64(page) * seqK.stride[2] + cutlass.Int64(in_page) * seqK.stride[0]
-            off_v = cutlass.Int64(page) * seqVt.stride[2] + cutlass.Int64(in_page) * seqVt.stride[1]
-            self.issue_fp8_k(g2s_k, tKg, tK8, off_k, n_hi - 1, copy_row, lane, k_len, n_rows_k)
-            self.issue_fp8_v(g2s_v, tVg, tV8, off_v, n_hi - 1, copy_row, lane, k_len, n_rows_v)
+            # the first ``stages`` tiles' K and V copies
+            for s8 in cutlass.range_constexpr(S8):
+                if n_hi - 1 - s8 >= n_lo:
+                    j = cutlass.min((n_hi - 1 - s8) * BN + read_row, k_len - 1)
+                    idx = j // page_size
+                    page = mTable[batch, idx]
+                    in_page = j - idx * page_size
+                    off_k = cutlass.Int64(page) * seqK.stride[2] + cutlass.Int64(in_page) * seqK.stride[0]
+                    off_v = cutlass.Int64(page) * seqVt.stride[2] + cutlass.Int64(in_page) * seqVt.stride[1]
+                    self.issue_fp8_k(g2s_k, tKg, thr_k.partition_D(sK8[None, None, s8]), off_k, n_hi - 1 - s8,
+                                     copy_row, lane, k_len, n_rows_k)
+                    self.issue_fp8_v(g2s_v, tVg, thr_v.partition_D(sV8[None, None, s8]), off_v, n_hi - 1 - s8,
+                                     copy_row, lane, k_len, n_rows_v)
             for i in cutlass.range(n_hi - n_lo, unroll=1):
                 n = n_hi - 1 - i
-                # the next tile's table entry (in flight while this tile converts)
-                j = cutlass.min(cutlass.max(n - 1, 0) * BN + read_row, k_len - 1)
+                s8 = i % S8
+                ahead = n - S8 >= n_lo  # tile n - stages refills this staging slot
+                more = n - 1 >= n_lo    # (stages 2: tile n - 1's copies are in flight)
+                # the table entry of tile n - stages (in flight while this tile converts)
+                j = cutlass.min(cutlass.max(n - S8, 0) * BN + read_row, k_len - 1)
                 idx = j // page_size
                 page = mTable[batch, idx]
                 in_page = j - idx * page_size
-                # K(n) has landed (V(n) may still be in flight)
-                cute.arch.cp_async_wait_group(1)
+                # K(n) has landed: the groups after it are V(n) (and with 2 stages K, V(n - 1))
+                if cutlass.const_expr(S8 == 2):
+                    if more:
+                        cute.arch.cp_async_wait_group(3)
+                    else:
+                        cute.arch.cp_async_wait_group(1)
+                else:
+                    cute.arch.cp_async_wait_group(1)
                 k_pipe.producer_acquire(state)
-                self.convert_fp8(tK8, st_k.partition_D(sK[None, None, state.index]), s2s_k, n_rows_k, True)
+                self.convert_fp8(thr_k.partition_D(sK8[None, None, s8]), st_k.partition_D(sK[None, None, state.index]),
+                                 s2s_k, n_rows_k, True)
                 cute.arch.fence_proxy("async.shared", space="cta")
                 k_pipe.producer_commit(state)
-                if n > n_lo:
+                if ahead:
                     off_k = cutlass.Int64(page) * seqK.stride[2] + cutlass.Int64(in_page) * seqK.stride[0]
-                    self.issue_fp8_k(g2s_k, tKg, tK8, off_k, n - 1, copy_row, lane, k_len, n_rows_k)
-                    cute.arch.cp_async_wait_group(1)
+                    self.issue_fp8_k(g2s_k, tKg, thr_k.partition_D(sK8[None, None, s8]), off_k, n - S8, copy_row,
+                                     lane, k_len, n_rows_k)
+                # V(n) has landed: after it K, V(n - 1) (2 stages) and K(n - stages) if issued
+                if cutlass.const_expr(S8 == 2):
+                    if ahead:
+                        cute.arch.cp_async_wait_group(3)
+                    elif more:
+                        cute.arch.cp_async_wait_group(2)
+                    else:
+                        cute.arch.cp_async_wait_group(0)
                 else:
-                    cute.arch.cp_async_wait_group(0)
-                # V(n) has landed
+                    if ahead:
+                        cute.arch.cp_async_wait_group(1)
+                    else:
+                        cute.arch.cp_async_wait_group(0)
                 v_pipe.producer_acquire(state)
-                self.convert_fp8(tV8, st_v.partition_D(sV[None, None, state.index]), s2s_v, n_rows_v, False)
+                self.convert_fp8(thr_v.partition_D(sV8[None, None, s8]), st_v.partition_D(sV[None, None, state.index]),
+                                 s2s_v, n_rows_v, False)
                 cute.arch.fence_proxy("async.shared", space="cta")
                 v_pipe.producer_commit(state)
-                if n > n_lo:
+                if ahead:
                     off_v = cutlass.Int64(page) * seqVt.stride[2] + cutlass.Int64(in_page) * seqVt.stride[1]
-                    self.issue_fp8_v(g2s_v, tVg, tV8, off_v, n - 1, copy_row, lane, k_len, n_rows_v)
+                    self.issue_fp8_v(g2s_v, tVg, thr_v.partition_D(sV8[None, None, s8]), off_v, n - S8, copy_row,
+                                     lane, k_len, n_rows_v)
                 state.advance()
         return state
 
