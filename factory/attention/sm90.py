@@ -355,7 +355,8 @@ class AttentionKvcacheSm90(AttentionSm90):
     """The sm90a kernel over a paged KV cache: per-sequence key counts (cache_seqlens), pages of
     any size that is a multiple of ``page_box`` (the page size is a launch-time symbol, manifest
     ``page_sizes``), bottom-right causal or none, dense or packed q; switches for the sliding
-    window, softcap and sinks.  No fp8 cache (the sm80 family's kvcache variants have it)."""
+    window, softcap and sinks; fp8 e4m3 caches (head_dim 128) on the cp.async gathers, converted
+    into the dtype rings by the producer threads (``produce_gather_fp8``)."""
 
     op: ClassVar[str] = "attention_kvcache"
     family: ClassVar[str] = "sm90"
