@@ -128,11 +128,18 @@ def main() -> None:
         if not kv_names or not dense_names:
             continue
         kc8, vc8 = kc.to(f8), vc.to(f8)
+        # f16 builds: q and the output in f16 (a bf16 cache converted; e4m3 caches as they are)
+        q16, kc16, vc16, o16 = q.half(), kc.half(), vc.half(), torch.empty_like(q, dtype=torch.float16)
         calls = {}
+        outs = {}
         for name in kv_names:
-            kcn, vcn = (kc8, vc8) if meta[name]["kv_dtype"] == "e4m3" else (kc, vc)
-            calls[name] = (lambda bd, n, kcn, vcn: lambda _i: bd.launch(
-                n, [q, kcn, vcn, o_kv, lse_kv, table, seqlens, sinks, desc, scale, 0.0, -1, -1]))(*kv[name], kcn, vcn)
+            f16 = meta[name]["dtype"] == "f16"
+            kcn, vcn = ((kc8, vc8) if meta[name]["kv_dtype"] == "e4m3" else (kc16, vc16) if f16 else (kc, vc))
+            qn, on = (q16, o16) if f16 else (q, o_kv)
+            outs[name] = on
+            calls[name] = (lambda bd, n, qn, kcn, vcn, on: lambda _i: bd.launch(
+                n, [qn, kcn, vcn, on, lse_kv, table, seqlens, sinks, desc, scale, 0.0, -1, -1]))(
+                    *kv[name], qn, kcn, vcn, on)
         for name in dense_names:
             calls[name] = (lambda n: lambda _i: db.launch(
                 n, [qp, kp_, vp_, o_d, lse_d, cu_q, cu_k, scale, sq]))(name)
@@ -142,7 +149,7 @@ def main() -> None:
         ref = o_d.reshape(b, sq, hq, d).float().clone()
         diffs = {}
         for name in calls:
-            out = o_kv if name in kv_names else o_d
+            out = outs[name] if name in kv_names else o_d
             out.fill_(math.nan)
             calls[name](0)
             torch.cuda.synchronize()
