@@ -617,6 +617,7 @@ def check_attention_kvcache(bundle, entry, gen=None, device="cuda") -> list[dict
     gen = gen or torch.Generator(device=device).manual_seed(torch.seed() % 2**31)
     dt, d = torch_dtype(entry["dtype"]), entry["head_dim"]
     fp8 = entry.get("kv_dtype") == "e4m3"
+    causal = bool(entry.get("causal", True))
     out = []
     # The decode family serves seqlen_q <= 16; the prefill families (sm90, sm80) chunks of queries
     # against a longer cached prefix, their paged loads on the page sizes they list.
@@ -652,10 +653,12 @@ def check_attention_kvcache(bundle, entry, gen=None, device="cuda") -> list[dict
         if entry.get("varlen"):  # packed q: (B·Sq, Hq, D) with cu_seqlens_q
             cu = torch.arange(0, b * sq + 1, sq, dtype=torch.int32, device=device)
             bundle.attention_kvcache(q.view(b * sq, hq, d), pool, vpool, sl, block_table=bt, out=o.view(b * sq, hq, d),
-                                     cu_seqlens_q=cu, max_seqlen_q=sq, variant=entry["name"], **opts)
+                                     cu_seqlens_q=cu, max_seqlen_q=sq, variant=entry["name"], causal=causal, **opts)
         else:
-            bundle.attention_kvcache(q, pool, vpool, sl, block_table=bt, out=o, variant=entry["name"], **opts)
-        ref, _ = attention_kvcache_reference(q, pool, vpool, sl, bt, window_size=opts.get("window_size", (-1, -1)),
+            bundle.attention_kvcache(q, pool, vpool, sl, block_table=bt, out=o, variant=entry["name"], causal=causal,
+                                     **opts)
+        ref, _ = attention_kvcache_reference(q, pool, vpool, sl, bt, causal=causal,
+                                             window_size=opts.get("window_size", (-1, -1)),
                                              softcap=opts.get("softcap", 0.0), sinks=opts.get("sinks"),
                                              k_descale=opts.get("k_descale"), v_descale=opts.get("v_descale"))
         out.append(_judge(entry["name"], [lens, hq, hkv, sq], o, ref, 1e-2 if dt == torch.bfloat16 else 3e-3))

@@ -13,7 +13,11 @@ each other (max |Δo|) before timing.  Writes ``OUT.json``.
       --kv NAME --dense NAME [NAME ...] [--base-bundle B3 --base NAME ...] [--out OUT]
 
 ``--base``: kvcache variants of a second bundle (e.g. the same variant built from an earlier
-commit), timed in the same interleaved run under the label ``base:NAME``.
+commit), timed in the same interleaved run under the label ``base:NAME``.  ``--shapes``: the shape
+sets (``d128``, the default; ``d256``: head_dim 256, 16 q heads over 8 kv heads; ``fp8``: head_dim
+128 with K/V rounded to e4m3 values, so that the e4m3-cache variants and the dense bf16 path see
+the same numbers).  Each variant runs the shapes of its head_dim; variants with an e4m3 cache
+get the e4m3 copy of the pages and unit descales.
 """
 
 from __future__ import annotations
@@ -43,6 +47,13 @@ SHAPES = [
     (1, 2048, 32768, 32, 8, 128, 32),
     (4, 512, 4096, 32, 8, 128, 8),
 ]
+SHAPE_SETS = {
+    "d128": SHAPES,
+    "d256": [(8, 128, 1024, 16, 8, 256, 16), (4, 512, 4096, 16, 8, 256, 16), (2, 2048, 8192, 16, 8, 256, 16),
+             (4, 512, 4096, 16, 8, 256, 64), (1, 2048, 32768, 16, 8, 256, 64), (4, 512, 4096, 16, 8, 256, 32)],
+    "fp8": [(8, 128, 1024, 32, 8, 128, 16), (4, 512, 4096, 32, 8, 128, 16), (1, 2048, 32768, 32, 8, 128, 16),
+            (4, 512, 4096, 32, 8, 128, 64)],
+}
 
 
 def visible_pairs(sq: int, L: int) -> int:
@@ -61,6 +72,7 @@ def main() -> None:
     p.add_argument("--base", nargs="*", default=[], help="its variants, labelled base:NAME")
     p.add_argument("--sequential-pages", action="store_true",
                    help="each sequence's pages in order, one after the other (default: shuffled)")
+    p.add_argument("--shapes", nargs="+", default=["d128"], choices=sorted(SHAPE_SETS))
     p.add_argument("--out", default=default_out("bench_kvcache_prefill"))
     args = p.parse_args()
 
@@ -74,12 +86,15 @@ def main() -> None:
         bb = Bundle.open(args.base_bundle)
         bases = {f"base:{n}": (bb, n) for n in args.base}
     rows = []
-    for (b, sq, L, hq, hkv, d, ps) in SHAPES:
+    f8 = torch.float8_e4m3fn
+    for (b, sq, L, hq, hkv, d, ps), set_name in [(s, n) for n in args.shapes for s in SHAPE_SETS[n]]:
         g = torch.Generator(device="cuda").manual_seed(b * sq + L)
         dt = torch.bfloat16
         q = torch.randn(b, sq, hq, d, device="cuda", generator=g).to(dt)
         k = torch.randn(b, L, hkv, d, device="cuda", generator=g).to(dt)
         v = torch.randn(b, L, hkv, d, device="cuda", generator=g).to(dt)
+        if set_name == "fp8":
+            k, v = k.to(f8).to(dt), v.to(f8).to(dt)
         npages = -(-L // ps)
         perm = torch.randperm(b * npages, device="cuda", generator=g).to(torch.int32)
         if args.sequential_pages:
@@ -107,36 +122,49 @@ def main() -> None:
 
         kv = {n: (kvb, n) for n in args.kv}
         kv.update(bases)
-        kv_names = [n for n, (bd, v) in kv.items() if ps in bd.manifest["variants"][v]["page_sizes"]]
+        meta = {n: bd.manifest["variants"][v] for n, (bd, v) in kv.items()}
+        kv_names = [n for n in kv if ps in meta[n]["page_sizes"] and meta[n]["head_dim"] == d]
+        dense_names = [n for n in args.dense if db.manifest["variants"][n]["head_dim"] == d]
+        if not kv_names or not dense_names:
+            continue
+        kc8, vc8 = kc.to(f8), vc.to(f8)
+        # f16 builds: q and the output in f16 (a bf16 cache converted; e4m3 caches as they are)
+        q16, kc16, vc16, o16 = q.half(), kc.half(), vc.half(), torch.empty_like(q, dtype=torch.float16)
         calls = {}
+        outs = {}
         for name in kv_names:
-            calls[name] = (lambda bd, n: lambda _i: bd.launch(
-                n, [q, kc, vc, o_kv, lse_kv, table, seqlens, sinks, desc, scale, 0.0, -1, -1]))(*kv[name])
-        for name in args.dense:
+            f16 = meta[name]["dtype"] == "f16"
+            kcn, vcn = ((kc8, vc8) if meta[name]["kv_dtype"] == "e4m3" else (kc16, vc16) if f16 else (kc, vc))
+            qn, on = (q16, o16) if f16 else (q, o_kv)
+            outs[name] = on
+            calls[name] = (lambda bd, n, qn, kcn, vcn, on: lambda _i: bd.launch(
+                n, [qn, kcn, vcn, on, lse_kv, table, seqlens, sinks, desc, scale, 0.0, -1, -1]))(
+                    *kv[name], qn, kcn, vcn, on)
+        for name in dense_names:
             calls[name] = (lambda n: lambda _i: db.launch(
                 n, [qp, kp_, vp_, o_d, lse_d, cu_q, cu_k, scale, sq]))(name)
         # every candidate against the first dense one (an unwritten output shows as NaN)
         o_d.fill_(math.nan)
-        calls[args.dense[0]](0)
+        calls[dense_names[0]](0)
         ref = o_d.reshape(b, sq, hq, d).float().clone()
         diffs = {}
         for name in calls:
-            out = o_kv if name in kv_names else o_d
+            out = outs[name] if name in kv_names else o_d
             out.fill_(math.nan)
             calls[name](0)
             torch.cuda.synchronize()
             diffs[name] = (out.reshape(b, sq, hq, d).float() - ref).abs().max().item()
         t = time_interleaved(calls, 1)
         flops = 4 * b * hq * d * visible_pairs(sq, L)
-        row = {"shape": {"B": b, "Sq": sq, "L": L, "Hq": hq, "Hkv": hkv, "D": d, "PS": ps},
+        row = {"set": set_name, "shape": {"B": b, "Sq": sq, "L": L, "Hq": hq, "Hkv": hkv, "D": d, "PS": ps},
                "us": {n: round(s * 1e6, 2) for n, s in t.items()},
                "tflops": {n: round(flops / s / 1e12, 1) for n, s in t.items()},
                "max_abs_diff_vs_first_dense": diffs}
-        best_dense = min(t[n] for n in args.dense)
+        best_dense = min(t[n] for n in dense_names)
         row["speedup_vs_best_dense"] = {n: round(best_dense / t[n], 3) for n in kv_names}
         rows.append(row)
         print(json.dumps(row), flush=True)
-        del kc, vc, kp, vp, k, v
+        del kc, vc, kc8, vc8, kp, vp, k, v
         torch.cuda.empty_cache()
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -65,6 +65,7 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--also", nargs="*", default=[], help="tuning tables to score out of sample")
     p.add_argument("--family", choices=sorted(MODELS), default="sm90", help="the cost model to fit")
+    p.add_argument("--keys", nargs="+", default=None, help="fit only these MODEL entries (default: all)")
     a = p.parse_args()
     global FAMILY, LIB
     FAMILY = a.family
@@ -86,7 +87,7 @@ def main() -> int:
     score_others("current")
     best = base[0]
     for _ in range(a.rounds):
-        for k in list(model):
+        for k in a.keys or list(model):
             v0 = model[k]
             # The sm100 constants are guesses: wider steps first.
             for f in ((0.5, 2.0) if a.family == "sm100" else ()) + (0.8, 0.9, 0.95, 1.05, 1.1, 1.25):

@@ -391,6 +391,32 @@ def _c_problem(cs, b, sq, hq, hkv, d, sk, page, dtype, switches):
     return p
 
 
+def test_packed_q_selection(test_bundle):
+    """A packed-q call (cu_seqlens_q) runs a packed-q build: the C selection decides for dense q
+    (its problem has no packed form) and the runtime takes that family's packed-q build by the
+    same rule; the result is the rule's (tests/kvcache_rules.py), refusals included."""
+    b_py = Bundle.open(test_bundle, capability=(9, 0), device={"name": None, "sm_count": 132})
+    cands = b_py.candidates("attention_kvcache")
+    n_ok = 0
+    for page in (16, 64, 128):
+        for d, dtype in ((128, "bf16"), (64, "f16"), (256, "bf16")):
+            for sq, sw in ((512, False), (4, False), (300, True)):
+                pr = prob(b=4, sq=sq, d=d, page=page, dtype=dtype, kv_dtype=dtype, varlen_q=True, local=sw,
+                          softcap=sw, sinks=sw)
+                try:
+                    want = rules.select(cands, pr, 132)["name"]
+                except NoVariantError:
+                    want = None
+                if want is None:
+                    with pytest.raises(NoVariantError):
+                        kv.choose(b_py, pr)
+                    continue
+                got = kv.choose(b_py, pr)
+                assert got["varlen"] and got["name"] == want, (pr, got["name"], want)
+                n_ok += 1
+    assert n_ok >= 3
+
+
 def test_c_selection_equals_python(test_bundle):
     """Over batch 1-256, GQA/MQA/MHA, head_dim 64/128/256, seqlen_q 1-17, caches of 64-32768 rows,
     paged (every page size) and dense, with and without the switches, bf16 and f16, on three

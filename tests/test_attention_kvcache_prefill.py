@@ -1,6 +1,7 @@
 """Prefill attention over a KV cache, without a GPU: the sm80 family's kvcache variants (cp.async
 row gathers, every switch) and the sm90a family's (TMA page boxes of 16-64 rows for pages of at
-least that size, cp.async row gathers for any page size; window, softcap and sink switches).
+least that size, cp.async row gathers for any page size; window, softcap and sink switches;
+head_dim 256; fp8 e4m3 caches converted by the gathering producer threads).
 
 Enumeration (one variant per switch in the test tier), the contract's signature (the page size a
 launch-time symbol), manifest fields the selection reads, refusals; and, with the DSL, one compile
@@ -50,18 +51,33 @@ def test_test_tier_has_each_switch():
     assert {v.page_box for v in hopper} == {0, 64}
     assert any(v.varlen for v in hopper)
     assert any(v.local and v.softcap and v.sinks for v in hopper)
+    # head_dim 256 (TMA boxes) and an fp8 cache on the gathers
+    assert [v.page_box for v in hopper if v.head_dim == 256] == [64]
+    fp8 = [v for v in hopper if v.kv_dtype == "e4m3"]
+    assert fp8 and all(v.page_box == 0 and v.dtype == "bf16" for v in fp8)
 
 
 def test_default_tier_sm90a():
-    """The default tier's sm_90a prefill builds: page boxes of 64 rows and the gathers, and the
-    switch build on the gathers (any page size), each for dense and packed q; boxes of 16 rows
-    for packed q."""
+    """The default tier's sm_90a prefill builds (bf16, causal): page boxes of 64 rows and the
+    gathers, and the switch build on the gathers (any page size), each for dense and packed q;
+    boxes of 16 rows for packed q; the same at head_dim 256 (no 16-row boxes; the switch build
+    for packed q); the fp8-cache gathers at head_dim 128."""
     vs = _variants("sm_90a", "default")
-    plain = {(v.page_box, v.varlen) for v in vs if not v.local}
+    assert all(v.dtype == "bf16" and v.causal for v in vs)
+    d128 = [v for v in vs if v.head_dim == 128 and v.kv_dtype == "bf16"]
+    plain = {(v.page_box, v.varlen) for v in d128 if not v.local}
     assert plain == {(pb, vl) for pb in (64, 0) for vl in (False, True)} | {(16, True)}
-    sw = [v for v in vs if v.local]
+    sw = [v for v in d128 if v.local]
     assert {(v.page_box, v.varlen) for v in sw} == {(0, False), (0, True)}
     assert all(v.softcap and v.sinks for v in sw)
+    # head_dim 256: boxes of 64 rows and the gathers, dense and packed q; the switch build packed
+    d256 = [v for v in vs if v.head_dim == 256]
+    assert {(v.page_box, v.varlen, v.local) for v in d256} == (
+        {(pb, vl, False) for pb in (64, 0) for vl in (False, True)} | {(0, True, True)})
+    # fp8 caches (head_dim 128): the gathers, dense and packed q
+    fp8 = [v for v in vs if v.kv_dtype == "e4m3"]
+    assert {(v.head_dim, v.page_box, v.varlen) for v in fp8} == {(128, 0, False), (128, 0, True)}
+    assert len(vs) == len(d128) + len(d256) + len(fp8)
 
 
 def test_fp8_only_where_the_target_converts():
@@ -100,7 +116,7 @@ def test_manifest_fields():
             assert d["page_sizes"] == [p for p in (1, 8, 16, 32, 64, 128, 256) if p >= v.page_box]
             assert d["kv_loads"] == ("tma" if v.page_box else "cp.async")
             assert (d["local"], d["softcap"], d["sinks"]) == (v.local, v.softcap, v.sinks)
-            assert d["kv_dtype"] == d["dtype"]
+            assert d["kv_dtype"] in (d["dtype"], "e4m3")
 
 
 def test_sm90_refusals():
@@ -113,7 +129,18 @@ def test_sm90_refusals():
     assert dataclasses.replace(v, page_box=16).can_implement() is None
     assert "gather" in dataclasses.replace(v, page_box=0, tile_n=192).can_implement()
     assert "window" in dataclasses.replace(v, causal=False, local=True).can_implement()
-    assert "dtype" in dataclasses.replace(v, kv_dtype="e4m3").can_implement()
+    assert "dtype" in dataclasses.replace(v, kv_dtype="f16").can_implement()
+    assert "gathers" in dataclasses.replace(v, kv_dtype="e4m3").can_implement()
+    fp8 = dataclasses.replace(v, kv_dtype="e4m3", page_box=0)
+    assert fp8.can_implement() is None
+    assert "softcap" in dataclasses.replace(fp8, softcap=True).can_implement()
+    assert "head_dim" in dataclasses.replace(fp8, head_dim=64).can_implement()
+    # head_dim 256: 64-key tiles of 64- or 32-row boxes or the gathers; 16-row boxes spill
+    d256 = dataclasses.replace(v, head_dim=256, tile_n=64)
+    assert d256.can_implement() is None and d256.smem_bytes() <= 227 * 1024
+    assert dataclasses.replace(d256, page_box=32).can_implement() is None
+    assert "256" in dataclasses.replace(d256, page_box=16).can_implement()
+    assert "head_dim" in dataclasses.replace(d256, page_box=0, kv_dtype="e4m3").can_implement()
 
 
 _WORKER = textwrap.dedent(
@@ -162,12 +189,19 @@ def test_compile_sm80_family_switches(tmp_path):
         assert r["params"] == ["module", *r["args"], "stream"], name
 
 
-def test_compile_sm90_paged(tmp_path):
+@pytest.fixture(scope="module")
+def sm90_report(tmp_path_factory):
+    """One compile subprocess for the sm_90a checks below."""
+    return _compile("sm_90a", tmp_path_factory.mktemp("sm90a"),
+                    "*bf16_d128*causal_ov_pp_cbf16*|*_win_cap_sink|*sm90a_bf16_d256*causal*pb64|*ce4m3*")
+
+
+def test_compile_sm90_paged(sm90_report):
     """sm_90a: the TMA page-box variant loads K/V with 4D TMA boxes and no LDGSTS, the gather
     variants with LDGSTS, per-thread barrier arrives and one row offset per thread shuffled
     around its warp (the producer's 40 registers: no local memory); the switch build's softcap
     on MUFU.TANH; all on HGMMA."""
-    report = _compile("sm_90a", tmp_path, "*bf16_d128*causal_ov_pp*|*_win_cap_sink")
+    report = {k: r for k, r in sm90_report.items() if "_d256_" not in k and "ce4m3" not in k}
     assert {r["page_box"] for r in report.values()} == {0, 64} and len(report) == 3
     for name, r in report.items():
         h = r["hist"]
@@ -180,6 +214,26 @@ def test_compile_sm90_paged(tmp_path):
             assert h.get("SHFL.IDX", 0) >= 16, name
         assert (h.get("MUFU.TANH", 0) > 0) == name.endswith("_win_cap_sink"), name
         assert r["params"] == ["module", *r["args"], "stream"], name
+
+
+def test_compile_sm90_d256_and_fp8(sm90_report):
+    """sm_90a: head_dim 256 over TMA page boxes (P·V on 64x256 HGMMAs, no local memory within
+    227 KB of smem) and the fp8-cache gather (e4m3 copies by LDGSTS into the staging tile,
+    converted by the producer threads and stored with 16-byte STS into the rings; no local
+    memory at the producer's 40 registers)."""
+    report = {k: r for k, r in sm90_report.items() if "_d256_" in k or "ce4m3" in k}
+    assert len(report) == 2
+    for name, r in report.items():
+        h = r["hist"]
+        assert not r["missing"], (name, r["missing"])
+        assert not any(op.startswith(("LDL", "STL")) for op in h), (name, "local memory")
+        assert r["params"] == ["module", *r["args"], "stream"], name
+        if "ce4m3" in name:
+            assert h.get("F2FP.F16.E4M3.UNPACK_B", 0) > 0 and h.get("STS.128", 0) > 0, name
+            assert h.get("LDGSTS.E.BYPASS.128", 0) > 0 and h.get("SHFL.IDX", 0) >= 16, name
+            assert not h.get("ARRIVES.LDGSTSBAR.64.ARVCNT"), name  # arrives after the stores
+        else:
+            assert h.get("UTMALDG.4D", 0) >= 3 and not h.get("LDGSTS.E.BYPASS.128"), name
 
 
 def _entries(target: str, tier: str = "test"):
@@ -213,6 +267,10 @@ def test_selection_hopper():
     assert e["family"] == "sm90" and e["target"] == "sm_90a" and e["local"] and e["sinks"]
     e = pick(kv_dtype="e4m3", causal=False)
     assert e["family"] == "sm80" and e["kv_dtype"] == "e4m3" and e["paged"]
+    e = pick(kv_dtype="e4m3")
+    assert e["family"] == "sm90" and e["kv_dtype"] == "e4m3" and e["kv_loads"] == "cp.async"
+    e = pick(head_dim=256, page_size=64)
+    assert e["family"] == "sm90" and e["head_dim"] == 256 and e["kv_loads"] == "tma"
     e = pick(head_dim=64, page_size=None, causal=False, varlen_q=True)
     assert e["family"] == "sm80" and not e["paged"]
 

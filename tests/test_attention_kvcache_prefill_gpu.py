@@ -278,3 +278,54 @@ def test_kvcache_prefill_graph_replay(bundle):
             check(o, lse, r_o, r_lse, dt, f"{e['name']} graph replay L={lengths} PS={ps}")
         ran += 1
     assert ran
+
+
+@pytest.mark.parametrize("kv_dtype,d", [("e4m3", 128), ("bf16", 256)])
+def test_kvcache_prefill_public_api(bundle, kv_dtype, d):
+    """bundle.attention_kvcache on chunked-prefill problems the sm90 family's fp8-cache and head_dim
+    256 builds serve (where the bundle has them): the plan names the variant the call runs; packed
+    and dense q, page sizes 16 and 64; fp8 with k_descale per kv head and v_descale per tensor,
+    and through the hot path (a second call on new values)."""
+    from factory.testing import attention_kvcache_reference
+
+    mine = [e for e in _entries(bundle) if e["family"] == "sm90" and e["kv_dtype"] == kv_dtype
+            and e["head_dim"] == d and e["dtype"] == "bf16" and e["causal"]]
+    if not mine:
+        pytest.skip(f"no sm90-family bf16 causal build with a {kv_dtype} cache at head_dim {d}")
+    fp8 = kv_dtype == "e4m3"
+    gen = torch.Generator(device="cuda").manual_seed(d)
+    hq, hkv = 8, 2
+    for varlen in sorted({e["varlen"] for e in mine}):
+        for ps in (16, 64):
+            lengths, sqs = [700, 65], [200, 65]
+            pl = bundle.plan_kvcache(batch=2, seqlen_q=max(sqs), heads_q=hq, heads_kv=hkv, head_dim=d,
+                                     max_pages=-(-max(lengths) // ps) + 1, page_size=ps,
+                                     kv_dtype=DT[kv_dtype], varlen_q=varlen)
+            e = bundle.manifest["variants"][pl.variant]
+            assert e["family"] == "sm90" and e["kv_dtype"] == kv_dtype and e["head_dim"] == d, pl.variant
+            for call in range(2):  # the second call on new values: the hot path
+                k_cache, v_cache, table = make_cache(lengths, ps, hkv, d, kv_dtype, True, gen)
+                seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+                kd = torch.rand(hkv, device="cuda", generator=gen) + 0.5 if fp8 else None
+                vd = torch.rand(1, device="cuda", generator=gen) + 0.5 if fp8 else None
+                ref = dict(causal=True, k_descale=kd, v_descale=vd.expand(hkv) if fp8 else None)
+                if varlen:
+                    cu = torch.tensor([0, sqs[0], sum(sqs)], dtype=torch.int32, device="cuda")
+                    q = torch.randn(sum(sqs), hq, d, device="cuda", generator=gen).to(torch.bfloat16)
+                    o, lse = bundle.attention_kvcache(q, k_cache, v_cache, seqlens, block_table=table,
+                                                      k_descale=kd, v_descale=vd, return_lse=True,
+                                                      cu_seqlens_q=cu, max_seqlen_q=max(sqs))
+                    torch.cuda.synchronize()
+                    for i in range(2):
+                        s0, s1 = int(cu[i]), int(cu[i + 1])
+                        r_o, r_lse = attention_kvcache_reference(q[None, s0:s1], k_cache, v_cache, seqlens[i:i + 1],
+                                                                 table[i:i + 1], **ref)
+                        check(o[None, s0:s1], lse[None, :, s0:s1], r_o, r_lse, torch.bfloat16,
+                              f"{pl.variant} seq {i} PS={ps} call {call}")
+                else:
+                    q = torch.randn(2, sqs[0], hq, d, device="cuda", generator=gen).to(torch.bfloat16)
+                    o, lse = bundle.attention_kvcache(q, k_cache, v_cache, seqlens, block_table=table,
+                                                      k_descale=kd, v_descale=vd, return_lse=True)
+                    torch.cuda.synchronize()
+                    r_o, r_lse = attention_kvcache_reference(q, k_cache, v_cache, seqlens, table, **ref)
+                    check(o, lse, r_o, r_lse, torch.bfloat16, f"{pl.variant} PS={ps} call {call}")

@@ -38,6 +38,22 @@ def test_quantizers_write_the_layouts_the_gemm_takes():
         fp8.quantize_blockwise(x, (64, 128))
 
 
+def test_blockwise_quantizer_in_slabs_matches_one_pass(monkeypatch):
+    """quantize_blockwise works in slabs of whole row blocks (no float32 copy of a large tensor):
+    slabs of one row block, of a few, and one slab give the same bits and layouts."""
+    g = torch.Generator().manual_seed(1)
+    for R, K in ((300, 1000), (129, 256), (3, 130)):
+        x = (torch.randn(R, K, generator=g) * 3).to(torch.bfloat16)
+        for block in ((1, 128), (128, 128)):
+            q0, s0 = fp8.quantize_blockwise(x, block)
+            for slab in ((1, 32768) if R < 8 else (32768,)):  # 1: one row (block) per slab
+                monkeypatch.setattr(fp8, "SLAB_ELEMENTS", slab)
+                q, s = fp8.quantize_blockwise(x, block)
+                assert torch.equal(q.view(torch.uint8), q0.view(torch.uint8)) and torch.equal(s, s0), (R, K, block)
+                assert s.stride() == s0.stride()
+            monkeypatch.undo()
+
+
 @pytest.mark.parametrize("sa,sb,M,N,K,mode", [
     ((1,), (1,), 64, 256, 512, "tensor"),
     ((64,), (256,), 64, 256, 512, "row"),

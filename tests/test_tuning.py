@@ -386,3 +386,40 @@ def test_packed_selection_follows_the_table(bundle_copy):
         b = Bundle.open(bundle_copy, capability=(9, 0), device=H100)
         assert b.tuning.winner(key, packed=True) == plain_w
         assert (pick(b, False), pick(b, True)) == want, (plain_w, const_w)
+
+
+
+# The sweeps off the tuning grid (scripts/bench_offgrid.py): one selection library for the checks
+# below (built once: the build is cached by its entries).
+OFFGRID = DEFAULT_V3 + [_entry((256, 128), (1, 2), swizzle=8), _entry((128, 64), (2, 1))]
+
+
+def _offgrid_est(name: str, M: int, N: int, K: int) -> float:
+    return sl.Lib(OFFGRID).sel.estimate_us(name, M, N, K, 1)
+
+
+@pytest.mark.parametrize("N,slower", [(2112, True), (5120, True), (4096, False), (8192, False)])
+def test_swizzled_schedule_pays_for_its_padding_clusters(N, slower):
+    """The persistent scheduler rounds the clusters along N up to a multiple of the swizzle and
+    runs the padding tiles too: at N = 2112 (9 clusters of 256x128 c1x2 -> 16) and 5120 (20 -> 24)
+    the swizzled tile is estimated slower than its unswizzled twin; where the clusters divide (16,
+    32) the swizzle costs nothing."""
+    ratio = (_offgrid_est("t256x128_c1x2_coop_sw8_sk1", 8192, N, 7168)
+             / _offgrid_est("t256x128_c1x2_coop_sw1_sk1", 8192, N, 7168))
+    assert (ratio > 1.0) if slower else (ratio <= 1.0), ratio
+
+
+def test_split_k_competes_only_under_one_wave():
+    """A split-K tile is chosen only where its unsplit tile grid leaves SMs idle: at M = 128 and
+    N = 5120 (160 swap tiles of 64x64) the cost model alone ranks the split tile first, the
+    selection takes an unsplit one; decode at N = 4096 (64 tiles of 16x64) still splits."""
+    assert _offgrid_est("t64x64_c1x1_ws_sw1_swap_sk2", 128, 5120, 14336) < \
+        _offgrid_est("t64x64_c1x1_ws_sw1_swap_sk1", 128, 5120, 14336)
+    assert not sl.Lib(OFFGRID).gemm(128, 5120, 14336, 1, "bf16", "bf16").endswith("_sk2")
+    assert sl.Lib(OFFGRID).gemm(16, 4096, 14336, 1, "bf16", "bf16") == "t16x64_c1x1_ws_sw1_swap_sk2"
+
+
+def test_narrow_cooperative_tile_fills_a_grid_of_few_columns():
+    """512 x 2112 x 7168: 128x128 tiles leave 64 of 132 SMs idle; 128x64 (33 columns x 4 rows =
+    132 tiles) fills them (H100: 30.8 us vs 38.4, notes/gemm-sm90.md)."""
+    assert sl.Lib(OFFGRID).gemm(512, 2112, 7168, 1, "bf16", "bf16") == "t128x64_c2x1_coop_sw1_sk1"

@@ -284,6 +284,112 @@ def promoted_mainloop(tiled_mma, acc, part, part2, tCrA, tCrB, ab_pipe, read, re
     return tiled_mma
 
 
+# k-blocks per drain of the promoted main loop that promotes under the next k-block's WGMMAs.
+PROMOTE_AHEAD_UNROLL = 8
+
+
+@cute.jit
+def promoted_mainloop_ahead(tiled_mma, acc, part, part2, tCrA, tCrB, ab_pipe, read, release, k_blocks, k_begin,
+                            k_end, scales=None, unroll: cutlass.Constexpr = PROMOTE_AHEAD_UNROLL):
+    """:func:`promoted_mainloop` with the promotion of each k-block's partial sum under the next
+    k-block's WGMMAs: in steps of ``unroll`` k-blocks (even), block j's WGMMAs are issued into
+    ``part``/``part2`` (by parity) before block j-1's partial is waited for (``wait_group(1)``)
+    and added, so the tensor core always has the next block queued; each step drains once at its
+    end (``wait_group(0)``), where :func:`promoted_mainloop` drains every two k-blocks.  The
+    k-blocks past the last whole step go through :func:`promoted_mainloop`.  (Within a step
+    only: a WGMMA in flight across the loop's back edge makes ptxas serialise them, see there.)
+    Block scales: the step's ``unroll`` scale_b values are global loads issued one step ahead
+    (registers carried across the back edge), so no k-block waits on a load of its own.
+    Same arguments, scales and in-place state advance as :func:`promoted_mainloop`."""
+    read_in, release_in = read, release
+    n_k = k_end - k_begin
+    parts = (part, part2)
+    regs = (None, None)
+    sb_cur = sb_next = None
+    if cutlass.const_expr(scales is not None):
+        s0, s1, coords, sSA, scale_b, n_blk = scales
+        regs = (s0, s1)
+        last_kb = cute.size(scale_b, mode=[1]) - 1
+        sb_cur = cute.make_rmem_tensor(unroll, cutlass.Float32)
+        sb_next = cute.make_rmem_tensor(unroll, cutlass.Float32)
+        for j in cutlass.range_constexpr(unroll):
+            sb_cur[j] = scale_b[n_blk, cutlass.min(k_begin + j, last_kb)]
+    n_steps = n_k // unroll
+    for step in range(n_steps):
+        kb0 = k_begin + step * unroll
+        if cutlass.const_expr(scales is not None):
+            for j in cutlass.range_constexpr(unroll):
+                sb_next[j] = scale_b[n_blk, cutlass.min(kb0 + unroll + j, last_kb)]
+        for j in cutlass.range_constexpr(unroll):
+            tiled_mma = issue_k_block(tiled_mma, parts[j % 2], tCrA, tCrB, ab_pipe, read, k_blocks)
+            if cutlass.const_expr(scales is not None):
+                _row_scales_from_smem(regs[j % 2], coords, sSA, read.index, sb_cur[j])
+            read.advance()
+            if cutlass.const_expr(j > 0):
+                cute.nvgpu.warpgroup.wait_group(1)
+                _promote(acc, parts[(j - 1) % 2], regs[(j - 1) % 2])
+                ab_pipe.consumer_release(release)
+                release.advance()
+        cute.nvgpu.warpgroup.wait_group(0)
+        _promote(acc, parts[(unroll - 1) % 2], regs[(unroll - 1) % 2])
+        ab_pipe.consumer_release(release)
+        release.advance()
+        if cutlass.const_expr(scales is not None):
+            sb_cur.store(sb_next.load())
+    tiled_mma = promoted_mainloop(tiled_mma, acc, part, part2, tCrA, tCrB, ab_pipe, read, release, k_blocks,
+                                  k_begin + n_steps * unroll, k_end, scales)
+    _assign_state(read_in, read)
+    _assign_state(release_in, release)
+    return tiled_mma
+
+
+@cute.jit
+def promoted_mainloop_serial(tiled_mma, acc, part, tCrA, tCrB, ab_pipe, read, release, k_blocks, k_begin, k_end,
+                             scales=None):
+    """fp8 two-level accumulation with one partial sum per warpgroup: each k-block's WGMMAs into
+    ``part``, waited for (``wait_group(0)``) and added into ``acc`` before the next k-block is
+    issued.  With two consumer warpgroups on a tile the tensor core still has work while one of
+    them adds: the other's WGMMAs (the warpgroups drift out of phase).  One accumulator set fewer
+    than :func:`promoted_mainloop`.  Block scales: ``scales`` as there (``s1`` unused); scale_b's
+    value for the k-block is loaded before its WGMMAs are issued.  States advanced in place."""
+    read_in, release_in = read, release
+    s0 = coords = sSA = scale_b = n_blk = None
+    if cutlass.const_expr(scales is not None):
+        s0, _s1, coords, sSA, scale_b, n_blk = scales
+    for k in range(k_begin, k_end):
+        sb = cutlass.Float32(1.0)
+        if cutlass.const_expr(scales is not None):
+            sb = scale_b[n_blk, k]
+        tiled_mma = issue_k_block(tiled_mma, part, tCrA, tCrB, ab_pipe, read, k_blocks)
+        if cutlass.const_expr(scales is not None):
+            _row_scales_from_smem(s0, coords, sSA, read.index, sb)
+        read.advance()
+        cute.nvgpu.warpgroup.wait_group(0)
+        _promote(acc, part, s0)
+        ab_pipe.consumer_release(release)
+        release.advance()
+    _assign_state(read_in, read)
+    _assign_state(release_in, release)
+    return tiled_mma
+
+
+@cute.jit
+def _row_scales_from_smem(dst: cute.Tensor, coords: cute.Tensor, sSA: cute.Tensor, stage, sb):
+    """:func:`block_scales_from_smem` with scale_b's value ``sb`` already in a register."""
+    c_mn = acc_mn_view(coords)
+    for r in cutlass.range_constexpr(cute.size(dst)):
+        dst[r] = sSA[c_mn[r, 0][0], 0, stage] * sb
+
+
+@cute.jit
+def _promote(acc: cute.Tensor, part: cute.Tensor, row_scales):
+    """``acc += part`` (``row_scales`` None) or :func:`promote_scaled`."""
+    if cutlass.const_expr(row_scales is None):
+        acc.store(acc.load() + part.load())
+    else:
+        promote_scaled(acc, part, row_scales)
+
+
 def _assign_state(dst, src) -> None:
     """Pipeline state ``dst`` takes ``src``'s count, index and phase (the loops above may rebind
     their local names to new state objects)."""
@@ -370,7 +476,7 @@ def add_residual(acc: cute.Tensor, coords: cute.Tensor, res: cute.Tensor, row0, 
             acc_mn[r, c] = acc_mn[r, c] + res[row, col, l].to(cutlass.Float32)
 
 
-__all__ = ["add_col_vector", "add_residual", "scale_acc", "silu_mul_halves", "BLOCK_SCALE_K", "apply_row_col_scales", "block_scale_regs", "issue_k_block", "promoted_mainloop", "block_scales_from_smem", "load_block_scales", "load_block_scales_into", "promote_scaled", "CONSUMER_REGS", "GEMM_CONSUMER_REGS", "GEMM_PRODUCER_REGS", "PRODUCER_REGS", "REGISTER_FILE",
+__all__ = ["add_col_vector", "add_residual", "scale_acc", "silu_mul_halves", "BLOCK_SCALE_K", "apply_row_col_scales", "block_scale_regs", "issue_k_block", "promoted_mainloop", "promoted_mainloop_ahead", "promoted_mainloop_serial", "PROMOTE_AHEAD_UNROLL", "block_scales_from_smem", "load_block_scales", "load_block_scales_into", "promote_scaled", "CONSUMER_REGS", "GEMM_CONSUMER_REGS", "GEMM_PRODUCER_REGS", "PRODUCER_REGS", "REGISTER_FILE",
            "acc_as_a_operand", "acc_mn_view", "persistent_schedule", "prefetch_tma_descriptors",
            "register_split_fits", "stage_bytes", "tile_scheduler", "tma_load_atom", "tma_load_box_atom", "tma_pipeline",
            "tma_store_atom"]

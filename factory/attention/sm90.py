@@ -64,6 +64,7 @@ from cutlass.tensor_utils import LayoutEnum
 
 from ..abi import DTYPE_BYTES, Signature
 from ..atoms import sm90 as atoms
+from ..atoms.common import cutlass_dtype
 from ..atoms.smem import BARRIER_BYTES as _BARRIER_BYTES
 from ..atoms.smem import SMEM_ALIGN as _SMEM_ALIGN
 from ..atoms.smem import STATIC_SMEM as _STATIC_SMEM
@@ -332,13 +333,16 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm90]:
 def register_split(consumers: int, gather: bool = False) -> tuple[int, int]:
     """setmaxnreg budgets (producer, consumer) per thread.  The cp.async gather producer computes
     row addresses in all 128 threads: 24 registers spilled, so it takes 40 (2 consumers: 40 +
-    2·232 = 504 of 512 per thread slot)."""
+    2·232 = 504 of 512 per thread slot).  So do the TMA producers issuing 16- and 32-row page
+    boxes of head_dim 256 (each box row is four 128-byte swizzle boxes: 10-20 spilled
+    instructions at 24 registers); callers pass ``gather`` for them too."""
     if gather and consumers == 2:
         return GATHER_PRODUCER_REGS, GATHER_CONSUMER_REGS
     return atoms.PRODUCER_REGS[consumers], atoms.CONSUMER_REGS[consumers]
 
 
 GATHER_PRODUCER_REGS, GATHER_CONSUMER_REGS = 40, 232
+DEEP_FP8_PRODUCER_REGS, DEEP_FP8_CONSUMER_REGS = 56, 224
 
 
 # Rows of one K/V TMA box: the smallest page size this family reads by TMA (smaller pages go to
@@ -351,7 +355,8 @@ class AttentionKvcacheSm90(AttentionSm90):
     """The sm90a kernel over a paged KV cache: per-sequence key counts (cache_seqlens), pages of
     any size that is a multiple of ``page_box`` (the page size is a launch-time symbol, manifest
     ``page_sizes``), bottom-right causal or none, dense or packed q; switches for the sliding
-    window, softcap and sinks.  No fp8 cache (the sm80 family's kvcache variants have it)."""
+    window, softcap and sinks; fp8 e4m3 caches (head_dim 128) on the cp.async gathers, converted
+    into the dtype rings by the producer threads (``produce_gather_fp8``)."""
 
     op: ClassVar[str] = "attention_kvcache"
     family: ClassVar[str] = "sm90"
@@ -362,6 +367,10 @@ class AttentionKvcacheSm90(AttentionSm90):
     local: bool = field(default=False, metadata={"tag": "win"})
     softcap: bool = field(default=False, metadata={"tag": "cap"})
     sinks: bool = field(default=False, metadata={"tag": "sink"})
+    # fp8 caches: two e4m3 staging tiles each for K and V (two tiles' copies in flight), not one.
+    # H100: within 3 % of one tile (notes/attention-kvcache.md): the conversion, not the copies'
+    # latency, bounds the fp8 producer; "full" only.
+    deep_staging: bool = field(default=False, metadata={"tag": "st2"})
 
     # a paged cache (dense caches: the sm80 family)
     paged: ClassVar[bool] = True
@@ -378,16 +387,41 @@ class AttentionKvcacheSm90(AttentionSm90):
             store, r"\bSYNCS\.", r"\bUSETMAXREG\.", r"\bMUFU\.EX2\b",
         )
 
+    @property
+    def kv_fp8(self) -> bool:
+        return self.kv_dtype == "e4m3"
+
+    def smem_bytes(self) -> int:
+        # fp8 caches: one K and one V staging tile of e4m3 beside the dtype rings
+        staging = (2 * (2 if self.deep_staging else 1) * _round_up(self.tile_n * self.head_dim, _SMEM_ALIGN)
+                   if self.kv_fp8 else 0)
+        return super().smem_bytes() + staging
+
     def can_implement(self) -> str | None:
         why = super().can_implement()
         if why:
             return why
-        if self.kv_dtype != self.dtype:
-            return "the K/V cache dtype must be the query dtype (fp8 caches: the sm80 family)"
+        if self.kv_dtype not in (self.dtype, "e4m3"):
+            return f"the K/V cache dtype must be {self.dtype} or e4m3"
+        if self.kv_fp8:
+            if self.page_box:
+                return "fp8 caches are read by the cp.async gathers (page_box 0)"
+            if self.head_dim != 128:
+                # (64: rows of 64 bytes, half a copy pass; 256: the producer's 40 registers spill
+                # 22 instructions over two 128-byte copy columns)
+                return "fp8 caches are built for head_dim 128 (one 16-byte copy per 16 elements, 8 per row)"
+            if self.softcap:
+                return "fp8 caches are built without the softcap switch (k_descale folds into the score scale)"
+        elif self.deep_staging:
+            return "deep_staging is for fp8 caches"
         if self.persistent or self.k_first:
             return "not persistent (one tile per CTA), no k_first (K before V per tile): the paged producers"
         if self.page_box and (self.page_box not in (16, 32, 64, 128) or self.tile_n % self.page_box):
             return "page_box must be 0 (cp.async row gathers), 16, 32, 64 or 128 and divide tile_n"
+        if self.page_box and self.page_box < 32 and self.head_dim > 128:
+            # (16-row boxes of 512-byte rows: the producer spills 70-100 instructions at 40
+            # registers; pages of 16 rows take the gathers)
+            return "head_dim 256 takes page boxes of 32 rows or more (or the cp.async gathers)"
         if self.local and not self.causal:
             return "the window switch is built on causal variants"
         if not self.page_box and (self.tile_n > 128 or self.tile_n % 16):
@@ -408,9 +442,16 @@ class AttentionKvcacheSm90(AttentionSm90):
         d["page_sizes"] = [p for p in contract.PAGE_SIZES if p >= self.page_box]
         d["page_box"] = self.page_box
         d["kv_loads"] = "tma" if self.page_box else "cp.async"
-        producer, consumer = register_split(self.consumers, gather=not self.page_box)
+        producer, consumer = register_split(self.consumers, gather=self.wide_producer)
+        if self.deep_staging and self.consumers == 2:
+            producer, consumer = DEEP_FP8_PRODUCER_REGS, DEEP_FP8_CONSUMER_REGS
         d["registers_per_role"] = {"producer": producer, "consumer": consumer}
         return d
+
+    @property
+    def wide_producer(self) -> bool:
+        """The producer warpgroup takes the gathers' 40 registers (``register_split``)."""
+        return not self.page_box or (self.head_dim > 128 and self.page_box < self.tile_n)
 
     def make_kernel(self):
         k = FlashFwdSm90(
@@ -418,7 +459,9 @@ class AttentionKvcacheSm90(AttentionSm90):
             tile_n=self.tile_n, stages=self.stages, causal=self.causal, overlap=self.overlap,
             pingpong=self.pingpong, early_rescale=self.early_rescale, persistent=False,
             k_first=False, page_box=self.page_box, gather=not self.page_box, local=self.local,
-            softcap=self.softcap, sinks=self.sinks,
+            softcap=self.softcap, sinks=self.sinks, wide_producer=self.wide_producer,
+            kv_dtype=cutlass_dtype(self.kv_dtype) if self.kv_fp8 else None,
+            fp8_stages=2 if self.deep_staging else 1,
         )
         return k.kvcache_packed if self.varlen else k.kvcache
 
@@ -428,16 +471,22 @@ def enumerate_attention_kvcache(target: Target, tier: str) -> list[AttentionKvca
     if target.family != "sm90" or target.name != "sm_90a":
         return []
 
-    def make(dtype, d, varlen, page_box=PAGE_BOX, switches=False):
+    def make(dtype, d, varlen, page_box=PAGE_BOX, switches=False, causal=True, kv_dtype=None, deep=False):
+        # the causal tiles for both masks (head_dim 256: 64-key tiles, one 64-row box each)
         tm, tn, s, ov, pp = default_config(d, True)
         return AttentionKvcacheSm90(
-            target=target.name, dtype=dtype, kv_dtype=dtype, head_dim=d, causal=True, tile_m=tm,
+            target=target.name, dtype=dtype, kv_dtype=kv_dtype or dtype, head_dim=d, causal=causal, tile_m=tm,
             tile_n=tn, stages=s, overlap=ov, pingpong=pp, varlen=varlen, page_box=page_box,
-            local=switches, softcap=switches, sinks=switches, **default_schedule(d, True, varlen=True))
+            local=switches, softcap=switches, sinks=switches, deep_staging=deep,
+            **default_schedule(d, True, varlen=True))
 
     if tier == "test":
         out = [make("bf16", 128, False), make("bf16", 128, True), make("bf16", 128, False, page_box=0),
-               make("f16", 64, True, page_box=0, switches=True)]
+               make("f16", 64, True, page_box=0, switches=True),
+               # head_dim 256 (TMA boxes; the gathers, packed q and no mask: "full")
+               make("bf16", 256, False),
+               # fp8 e4m3 caches: the gathers converting into the dtype rings
+               make("bf16", 128, False, page_box=0, kv_dtype="e4m3")]
         return [v for v in out if v.can_implement() is None]
     if tier == "default":
         # bf16, head_dim 128, dense and packed q: TMA page boxes of 64 rows (pages of 64-256), the
@@ -447,10 +496,18 @@ def enumerate_attention_kvcache(target: Target, tier: str) -> list[AttentionKvca
         out = [make("bf16", 128, vl, page_box=pb) for vl in (False, True) for pb in (PAGE_BOX, 0)]
         out += [make("bf16", 128, True, page_box=16)]
         out += [make("bf16", 128, vl, page_box=0, switches=True) for vl in (False, True)]
+        # head_dim 256 (Gemma 2/3 layers): 64-row boxes (pages of 64-256) and the gathers (any
+        # page size), dense and packed q, and the switch build (window/softcap/sinks) for packed q
+        out += [make("bf16", 256, vl, page_box=pb) for vl in (False, True) for pb in (PAGE_BOX, 0)]
+        out += [make("bf16", 256, True, page_box=0, switches=True)]
+        # fp8 e4m3 caches under bf16 q, head_dim 128: the converting gathers, dense and packed q
+        out += [make("bf16", 128, vl, page_box=0, kv_dtype="e4m3") for vl in (False, True)]
     else:
-        out = [make(dt, d, vl, page_box=pb, switches=sw) for dt in DTYPES for d in (64, 128)
+        out = [make(dt, d, vl, page_box=pb, switches=sw, causal=c) for dt in DTYPES for d in HEAD_DIMS
                for vl in (False, True) for pb in (PAGE_BOX, 32, 16, 0) for sw in (False, True)
-               if not sw or pb in (16, 0)]
+               for c in (True, False) if (not sw or pb in (16, 0)) and (c or not sw)]
+        out += [make(dt, d, vl, page_box=0, causal=c, kv_dtype="e4m3", deep=dp) for dt in DTYPES for d in HEAD_DIMS
+                for vl in (False, True) for c in (True, False) for dp in (False, True)]
     return [v for v in out if v.can_implement() is None]
 
 
@@ -465,7 +522,7 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                  causal: bool, overlap: bool, pingpong: bool, early_rescale: bool = False,
                  persistent: bool = False, k_first: bool = False, page_box: int = 0,
                  gather: bool = False, local: bool = False, softcap: bool = False,
-                 sinks: bool = False):
+                 sinks: bool = False, wide_producer: bool = False, kv_dtype=None, fp8_stages: int = 1):
         super().__init__(dtype=dtype, head_dim=head_dim, causal=causal, local=local)
         self.tile_m = tile_m
         self.tile_n = tile_n
@@ -485,6 +542,12 @@ class FlashFwdSm90(layout.TmaViewsKernel):
         # ``mask.local``)
         self.has_softcap = softcap
         self.has_sinks = sinks
+        # KV cache of fp8 e4m3 (with ``gather``): the producer warpgroup's cp.async copies land in
+        # e4m3 staging tiles, each thread converts the rows it copied into the dtype rings
+        # (``produce_gather_fp8``); k_descale folds into the score scale, v_descale into O.
+        self.kv_fp8 = kv_dtype is not None
+        self.fp8_stages = fp8_stages  # e4m3 staging tiles per K and V (tiles in flight)
+        self.kv_dtype = kv_dtype if kv_dtype is not None else dtype
         self.consumers = tile_m // WG_ROWS
         self.cta_rows = tile_m
         # O's element type (the fp8 subclass writes bf16) and whether O has its own smem slabs
@@ -497,7 +560,10 @@ class FlashFwdSm90(layout.TmaViewsKernel):
         self.v_transpose = False
         self.transpose_warps = 0
         self.threads = 128 * (1 + self.consumers)
-        self.producer_regs, self.consumer_regs = register_split(self.consumers, gather)
+        self.producer_regs, self.consumer_regs = register_split(self.consumers, gather or wide_producer)
+        if kv_dtype is not None and fp8_stages > 1 and self.consumers == 2:
+            # two staging tiles' offsets and predicates: 10 instructions spilled at 40 registers
+            self.producer_regs, self.consumer_regs = DEEP_FP8_PRODUCER_REGS, DEEP_FP8_CONSUMER_REGS
 
     # --- host ------------------------------------------------------------------------------------
     # (dense, packed: layout.TmaViewsKernel)
@@ -518,7 +584,8 @@ class FlashFwdSm90(layout.TmaViewsKernel):
         mQ, mK, mVt, mO = layout.dense_views(q, k_cache, v_cache, o)
         grid = (cute.ceil_div(q.shape[1], self.tile_m), q.shape[2], q.shape[0])
         self._launch(mQ, mK, mVt, mO, lse, None, None, softmax_scale, grid, stream,
-                     block_table, cache_seqlens, (sinks, softcap, window_left, window_right))
+                     block_table, cache_seqlens, (sinks, softcap, window_left, window_right),
+                     kv_descale if self.kv_fp8 else None)
 
     @cute.jit
     def kvcache_packed(self, q: cute.Tensor, k_cache: cute.Tensor, v_cache: cute.Tensor,
@@ -533,7 +600,8 @@ class FlashFwdSm90(layout.TmaViewsKernel):
         _, mK, mVt, _ = layout.dense_views(k_cache, k_cache, v_cache, k_cache)
         grid = (cute.ceil_div(max_seqlen_q, self.tile_m), q.shape[1], cu_seqlens_q.shape[0] - 1)
         self._launch(mQ, mK, mVt, mO, lse, cu_seqlens_q, None, softmax_scale, grid, stream,
-                     block_table, cache_seqlens, (sinks, softcap, window_left, window_right))
+                     block_table, cache_seqlens, (sinks, softcap, window_left, window_right),
+                     kv_descale if self.kv_fp8 else None)
 
     @cute.jit
     def _launch(self, mQ, mK, mVt, mO, lse, mCuQ, mCuK, softmax_scale, grid, stream,
@@ -573,6 +641,10 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                                      cute.make_layout((KB, D), stride=(1, BN)))
             v_box = cute.composition(cute.slice_(sV_layout, (None, None, 0)),
                                      cute.make_layout((D, KB), stride=(1, D)))
+            if cutlass.const_expr(self.kv_fp8):
+                # (e4m3 tensors: plain one-row boxes, never used either)
+                k_box = cute.make_layout((1, D), stride=(D, 1))
+                v_box = cute.make_layout((D, 1), stride=(1, D))
             tma_k, tK = atoms.tma_load_box_atom(mK, k_box, (KB, D))
             tma_v, tV = atoms.tma_load_box_atom(mVt, v_box, (D, KB))
             if cutlass.const_expr(self.gather):
@@ -608,6 +680,11 @@ class FlashFwdSm90(layout.TmaViewsKernel):
             # persistent: O's own slabs (the next tile's Q lands while O leaves); else O reuses Q's
             sO: cute.struct.Align[cute.struct.MemRange[ot, cute.cosize(sO_layout) if own_o else 0],
                                   _SMEM_ALIGN]
+            # fp8 caches: the e4m3 staging tiles of K ((keys, D)) and V (the same bytes seen as (D, keys))
+            sK8: cute.struct.Align[cute.struct.MemRange[self.kv_dtype, BN * D * self.fp8_stages if self.kv_fp8 else 0],
+                                   _SMEM_ALIGN]
+            sV8: cute.struct.Align[cute.struct.MemRange[self.kv_dtype, BN * D * self.fp8_stages if self.kv_fp8 else 0],
+                                   _SMEM_ALIGN]
 
         self.shared_storage = SharedStorage
         self.kernel(
@@ -641,7 +718,18 @@ class FlashFwdSm90(layout.TmaViewsKernel):
         q_bars = storage.q_bars.data_ptr()
 
         # One arrive per consumer warp releases a K or V slot.
-        if cutlass.const_expr(self.gather):
+        if cutlass.const_expr(self.gather and self.kv_fp8):
+            # filled by the producer warpgroup's converting stores (one arrive per thread, after
+            # its stores and a proxy fence)
+            kv_pipes = [
+                pipeline.PipelineAsync.create(
+                    barrier_storage=bars, num_stages=self.stages,
+                    producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 128),
+                    consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 128 * self.consumers),
+                    defer_sync=True)
+                for bars in (storage.k_bars.data_ptr(), storage.v_bars.data_ptr())
+            ]
+        elif cutlass.const_expr(self.gather):
             # filled by the producer warpgroup's cp.async (one arrive per thread, on completion)
             kv_pipes = [
                 pipeline.PipelineCpAsync.create(
@@ -722,7 +810,15 @@ class FlashFwdSm90(layout.TmaViewsKernel):
             if m_block * self.tile_m < q_len:
                 if warpgroup_idx == 0:
                     cute.arch.setmaxregister_decrease(self.producer_regs)
-                    if cutlass.const_expr(self.gather):
+                    if cutlass.const_expr(self.gather and self.kv_fp8):
+                        BN, D = self.tile_n, self.head_dim
+                        S8 = self.fp8_stages
+                        sK8 = storage.sK8.get_tensor(cute.make_layout((BN, D, S8), stride=(D, 1, BN * D)))
+                        sV8 = storage.sV8.get_tensor(cute.make_layout((D, BN, S8), stride=(1, D, BN * D)))
+                        self.produce_gather_fp8(tma_q, seqQ, seqK, seqVt, sQ, sK, sV, sK8, sV8, q_bars,
+                                                kv_pipes, m_block, n_lo, n_hi, self.kv_state(True), mTable,
+                                                batch, k_len, warp_idx, tidx)
+                    elif cutlass.const_expr(self.gather):
                         self.produce_gather(tma_q, seqQ, seqK, seqVt, sQ, sK, sV, q_bars, kv_pipes,
                                             m_block, n_lo, n_hi, self.kv_state(True), mTable, batch,
                                             k_len, warp_idx, tidx)
@@ -1078,13 +1174,161 @@ class FlashFwdSm90(layout.TmaViewsKernel):
         return state
 
     @cute.jit
-    def shuffle_offset(self, off, src_lane):
+    def produce_gather_fp8(self, tma_q, seqQ, seqK, seqVt, sQ, sK, sV, sK8, sV8, q_bars, kv_pipes,
+                           m_block, n_lo, n_hi, state, mTable, batch, k_len, warp_idx, tidx):
+        """``produce_gather`` over an e4m3 cache: warp 0 loads the Q slabs by TMA; all 128 threads
+        copy K and V rows of tiles n_hi-1 down to n_lo by cp.async (16 bytes = 16 elements, the
+        row mapping and offset shuffles of ``produce_gather``) into ``fp8_stages`` e4m3 staging
+        tiles each for K (``sK8``) and V (``sV8``), tile n in staging slot (n_hi-1-n) % stages;
+        once its own copies of a tile have landed (cp.async.wait_group: visible to the issuing
+        thread, no barrier) each thread converts the 16 elements it copied to the dtype (exact)
+        and stores them with two 16-byte stores into the swizzled K or V slot, fences them for
+        the WGMMAs (async proxy) and arrives on the slot's barrier.  A staging slot is refilled
+        (tile n - stages, its table entry read a tile ahead) as soon as it is converted, so
+        ``stages`` tiles of copies are in flight while one converts."""
+        k_pipe, v_pipe = kv_pipes
+        if n_hi > n_lo:
+            D, BN, kt, S8 = self.head_dim, self.tile_n, self.kv_dtype, self.fp8_stages
+            if warp_idx == 0:
+                self.load_q(tma_q, seqQ, sQ, q_bars, m_block)
+            vec = 128 // kt.width
+            atom = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL),
+                                       kt, num_bits_per_copy=128)
+            # K rows (keys, D): 8 threads per 128 columns; V as (D, keys): 8 threads per 128 of D.
+            # Either way thread t's keys are t // 8 + 16 r (``produce_gather``'s mapping).
+            k_thr = cute.make_layout((16, 8), stride=(8, 1))
+            v_thr = cute.make_layout((8, 16), stride=(1, 8))
+            g2s_k = cute.make_tiled_copy_tv(atom, k_thr, cute.make_layout((1, vec)))
+            g2s_v = cute.make_tiled_copy_tv(atom, v_thr, cute.make_layout((vec, 1)))
+            # the converting stores: the same threads and elements, 16-byte stores of the dtype
+            st = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128)
+            s2s_k = cute.make_tiled_copy_tv(st, k_thr, cute.make_layout((1, vec)))
+            s2s_v = cute.make_tiled_copy_tv(st, v_thr, cute.make_layout((vec, 1)))
+            thr_k = g2s_k.get_slice(tidx)
+            thr_v = g2s_v.get_slice(tidx)
+            tKg = thr_k.partition_S(cute.make_tensor(seqK.iterator, cute.make_layout((BN, D), stride=(0, 1))))
+            tVg = thr_v.partition_S(cute.make_tensor(seqVt.iterator, cute.make_layout((D, BN), stride=(1, 0))))
+            st_k = s2s_k.get_slice(tidx)
+            st_v = s2s_v.get_slice(tidx)
+            page_size = seqK.shape[0]
+            lane = tidx % 32
+            warp = tidx // 32
+            read_row = 4 * warp + lane % 4 + 16 * (lane // 4)
+            copy_row = 4 * warp + lane // 8
+            n_rows_k = cute.size(tKg.shape[1])
+            n_rows_v = cute.size(tVg.shape[2])
+
+            # the first ``stages`` tiles' K and V copies
+            for s8 in cutlass.range_constexpr(S8):
+                if n_hi - 1 - s8 >= n_lo:
+                    j = cutlass.min((n_hi - 1 - s8) * BN + read_row, k_len - 1)
+                    idx = j // page_size
+                    page = mTable[batch, idx]
+                    in_page = j - idx * page_size
+                    off_k = cutlass.Int64(page) * seqK.stride[2] + cutlass.Int64(in_page) * seqK.stride[0]
+                    off_v = cutlass.Int64(page) * seqVt.stride[2] + cutlass.Int64(in_page) * seqVt.stride[1]
+                    self.issue_fp8_k(g2s_k, tKg, thr_k.partition_D(sK8[None, None, s8]), off_k, n_hi - 1 - s8,
+                                     copy_row, lane, k_len, n_rows_k)
+                    self.issue_fp8_v(g2s_v, tVg, thr_v.partition_D(sV8[None, None, s8]), off_v, n_hi - 1 - s8,
+                                     copy_row, lane, k_len, n_rows_v)
+            for i in cutlass.range(n_hi - n_lo, unroll=1):
+                n = n_hi - 1 - i
+                s8 = i % S8
+                ahead = n - S8 >= n_lo  # tile n - stages refills this staging slot
+                more = n - 1 >= n_lo    # (stages 2: tile n - 1's copies are in flight)
+                # the table entry of tile n - stages (in flight while this tile converts)
+                j = cutlass.min(cutlass.max(n - S8, 0) * BN + read_row, k_len - 1)
+                idx = j // page_size
+                page = mTable[batch, idx]
+                in_page = j - idx * page_size
+                # K(n) has landed: the groups after it are V(n) (and with 2 stages K, V(n - 1))
+                if cutlass.const_expr(S8 == 2):
+                    if more:
+                        cute.arch.cp_async_wait_group(3)
+                    else:
+                        cute.arch.cp_async_wait_group(1)
+                else:
+                    cute.arch.cp_async_wait_group(1)
+                k_pipe.producer_acquire(state)
+                self.convert_fp8(thr_k.partition_D(sK8[None, None, s8]), st_k.partition_D(sK[None, None, state.index]),
+                                 s2s_k, n_rows_k, True)
+                cute.arch.fence_proxy("async.shared", space="cta")
+                k_pipe.producer_commit(state)
+                if ahead:
+                    off_k = cutlass.Int64(page) * seqK.stride[2] + cutlass.Int64(in_page) * seqK.stride[0]
+                    self.issue_fp8_k(g2s_k, tKg, thr_k.partition_D(sK8[None, None, s8]), off_k, n - S8, copy_row,
+                                     lane, k_len, n_rows_k)
+                # V(n) has landed: after it K, V(n - 1) (2 stages) and K(n - stages) if issued
+                if cutlass.const_expr(S8 == 2):
+                    if ahead:
+                        cute.arch.cp_async_wait_group(3)
+                    elif more:
+                        cute.arch.cp_async_wait_group(2)
+                    else:
+                        cute.arch.cp_async_wait_group(0)
+                else:
+                    if ahead:
+                        cute.arch.cp_async_wait_group(1)
+                    else:
+                        cute.arch.cp_async_wait_group(0)
+                v_pipe.producer_acquire(state)
+                self.convert_fp8(thr_v.partition_D(sV8[None, None, s8]), st_v.partition_D(sV[None, None, state.index]),
+                                 s2s_v, n_rows_v, False)
+                cute.arch.fence_proxy("async.shared", space="cta")
+                v_pipe.producer_commit(state)
+                if ahead:
+                    off_v = cutlass.Int64(page) * seqVt.stride[2] + cutlass.Int64(in_page) * seqVt.stride[1]
+                    self.issue_fp8_v(g2s_v, tVg, thr_v.partition_D(sV8[None, None, s8]), off_v, n - S8, copy_row,
+                                     lane, k_len, n_rows_v)
+                state.advance()
+        return state
+
+    @cute.jit
+    def issue_fp8_k(self, g2s, tKg, tK8, off_k, n, copy_row, lane, k_len, n_rows: cutlass.Constexpr):
+        """cp.async of this thread's K rows of key tile ``n`` (row offsets shuffled from the lanes
+        that read them, rows past the sequence skipped) into the staging tile; one commit group."""
+        for r in cutlass.range_constexpr(n_rows):
+            off = self.shuffle_offset(off_k, lane // 8 + 4 * r, self.kv_dtype)
+            if n * self.tile_n + copy_row + 16 * r < k_len:
+                row = tKg[None, r, None]
+                cute.copy(g2s, cute.make_tensor(row.iterator + off, row.layout), tK8[None, r, None])
+        cute.arch.cp_async_commit_group()
+
+    @cute.jit
+    def issue_fp8_v(self, g2s, tVg, tV8, off_v, n, copy_row, lane, k_len, n_rows: cutlass.Constexpr):
+        """``issue_fp8_k`` for V ((D, keys) views)."""
+        for c in cutlass.range_constexpr(n_rows):
+            off = self.shuffle_offset(off_v, lane // 8 + 4 * c, self.kv_dtype)
+            if n * self.tile_n + copy_row + 16 * c < k_len:
+                col = tVg[None, None, c]
+                cute.copy(g2s, cute.make_tensor(col.iterator + off, col.layout), tV8[None, None, c])
+        cute.arch.cp_async_commit_group()
+
+    @cute.jit
+    def convert_fp8(self, t8, dst, s2s, n_rows: cutlass.Constexpr, rows_mode1: cutlass.Constexpr):
+        """This thread's staged e4m3 elements -> the dtype -> its places in a K or V slot
+        (``dst``: the slot partitioned like the staging tile ``t8``), one key row at a time.  Rows
+        past the sequence convert whatever the staging holds (masked scores; V rows zeroed by
+        the consumers)."""
+        for r in cutlass.range_constexpr(n_rows):
+            src = t8[None, r, None] if rows_mode1 else t8[None, None, r]
+            to = dst[None, r, None] if rows_mode1 else dst[None, None, r]
+            r8 = cute.make_fragment_like(src)
+            cute.autovec_copy(src, r8)
+            rd = cute.make_fragment_like(to)
+            rd.store(r8.load().to(self.dtype))
+            cute.copy(s2s, rd, to)
+
+    @cute.jit
+    def shuffle_offset(self, off, src_lane, elem=None):
         """Lane ``src_lane``'s 64-bit element offset ``off`` (two 32-bit shuffles), declared a
-        multiple of 16 bytes (it is: page and row strides of the cache are)."""
+        multiple of 16 bytes (it is: page and row strides of the cache are); ``elem``: the
+        element type (default the dtype)."""
         lo = cute.arch.shuffle_sync(cutlass.Int32(off & 0xFFFFFFFF), src_lane)
         hi = cute.arch.shuffle_sync(cutlass.Int32(off >> 32), src_lane)
         got = (cutlass.Int64(hi) << 32) | (cutlass.Int64(lo) & 0xFFFFFFFF)
-        return cute.assume(got, divby=128 // self.dtype.width)
+        width = self.dtype.width if cutlass.const_expr(elem is None) else elem.width
+        return cute.assume(got, divby=128 // width)
 
     @cute.jit
     def kv_wait(self, pipe, state):
@@ -1310,7 +1554,11 @@ class FlashFwdSm90(layout.TmaViewsKernel):
 
     def problem_scales(self, scale_log2, mDescale, head, batch, n_heads, n_kv_heads):
         """(score scale in log2 units, factor on O) of one (q head, batch) problem: the launch's
-        scale and no factor; the fp8 subclass folds its descales in."""
+        scale and no factor; the fp8 subclass folds its descales in, as does an fp8 KV cache
+        (``mDescale`` the contract's (2, Hkv) kv_descale: k_descale on the scores, v_descale on O)."""
+        if cutlass.const_expr(self.kv_fp8):
+            kv_head = head // (n_heads // n_kv_heads)
+            return scale_log2 * mDescale[0, kv_head], mDescale[1, kv_head]
         return scale_log2, None
 
     @cute.jit

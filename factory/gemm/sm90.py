@@ -179,6 +179,12 @@ class GemmSm90(GemmVariant):
     # partial sum as it is promoted into the fp32 accumulators.
     row_scale: bool = field(default=False, metadata={"tag": "rowsc"})
     block_scale: bool = field(default=False, metadata={"tag": "blksc"})
+    # Block scales: each k-block's partial sum is promoted while the next k-block's WGMMAs run,
+    # the loop draining once per atoms.PROMOTE_AHEAD_UNROLL k-blocks instead of every two.
+    promote_ahead: bool = field(default=False, metadata={"tag": "pa"})
+    # Block scales: one partial sum per warpgroup, each k-block waited for and promoted before the
+    # next is issued; the two warpgroups of a coop tile keep the tensor core busy in turn.
+    promote_serial: bool = field(default=False, metadata={"tag": "ps"})
     # Epilogue fields (composable; each off by default, so a variant without them compiles the
     # same kernel as before they existed).  Applied to the fp32 accumulators in this order, after
     # the fp8 scales: ``+ bias[col]`` (bias (N,), the output dtype), ``silu_mul`` (the kernel's N
@@ -209,8 +215,9 @@ class GemmSm90(GemmVariant):
         # The mainloop keeps a WGMMA group in flight while it waits for the one before (bf16:
         # wait_group(1) per k-block; promoted fp8: two k-blocks per step).  Where ptxas serialises
         # the WGMMAs instead, every wait becomes "DEPBAR.LE gsb0, 0x0".
-        req = (mma, r"\bUTMALDG\.3D", r"\bUTMASTG\.3D", r"\bSYNCS\.", r"\bUSETMAXREG\.",
-               r"WARPGROUP\.DEPBAR\.LE gsb0, 0x1")
+        req = (mma, r"\bUTMALDG\.3D", r"\bUTMASTG\.3D", r"\bSYNCS\.", r"\bUSETMAXREG\.")
+        if not self.promote_serial:  # (promote_serial waits for every k-block by design)
+            req += (r"WARPGROUP\.DEPBAR\.LE gsb0, 0x1",)
         if self.cluster != (1, 1):
             req += (r"\bUTMALDG\.3D\.MULTICAST",)
         if self.split_k > 1:  # partial sums stored into the first CTA's smem
@@ -264,6 +271,10 @@ class GemmSm90(GemmVariant):
                 return "block scales run unswapped, unsplit and promoted (not fast_accum)"
             if tk != BLOCK_SCALE_K or BLOCK_SCALE_K % tn:
                 return f"block scales need tile K {BLOCK_SCALE_K} and a tile N dividing {BLOCK_SCALE_K}"
+        elif self.promote_ahead or self.promote_serial:
+            return "promote_ahead / promote_serial apply to block scales"
+        if self.promote_ahead and self.promote_serial:
+            return "promote_ahead and promote_serial are two forms of the main loop: one of them"
         if self.has_epilogue:
             if self.swap_ab or self.split_k > 1:
                 return "epilogue fields run unswapped and unsplit"
@@ -407,7 +418,8 @@ class GemmSm90(GemmVariant):
             raster_along_m=(self.raster == "m") != self.swap_ab, swizzle=self.swizzle,
             swap_ab=self.swap_ab, split_k=self.split_k, pdl=self.pdl, early_b=self.early_b,
             scale_mode=self.scale_mode,
-            epilogue=tuple(self.epilogue),
+            epilogue=tuple(self.epilogue), promote_ahead=self.promote_ahead,
+            promote_serial=self.promote_serial,
         )
         if self.has_epilogue:
             return kernel.epilogue_entry(self.is_fp8)
@@ -428,8 +440,10 @@ class GemmSm90Kernel:
 
     def __init__(self, *, tile, cluster, n_consumer, pingpong, promote, epi_tile, ab_stages,
                  epi_stages, raster_along_m, swizzle, swap_ab, split_k, pdl=False, early_b=False,
-                 scale_mode="tensor", epilogue=()):
+                 scale_mode="tensor", epilogue=(), promote_ahead=False, promote_serial=False):
         self.tile = tuple(tile)
+        self.promote_ahead = promote_ahead
+        self.promote_serial = promote_serial
         # Fused epilogue: the fields that are on (GemmSm90), and the output tile (silu_mul: half
         # the kernel tile's columns).
         self.epilogue = tuple(epilogue)
@@ -949,30 +963,39 @@ class GemmSm90Kernel:
                     n_blk = n * self.tile[1] // atoms.BLOCK_SCALE_K
                     s0 = atoms.block_scale_regs(cC)
                     s1 = atoms.block_scale_regs(cC)
-                    for pair in range(n_k // 2):
-                        kb = k_begin + 2 * pair
-                        tiled_mma = self._issue_k_block(tiled_mma, part, tCrA, tCrB, ab_pipe, read, k_blocks)
-                        atoms.block_scales_from_smem(s0, cC, sSA, read.index, scale_b, n_blk, kb)
-                        read.advance()
-                        tiled_mma = self._issue_k_block(tiled_mma, part2, tCrA, tCrB, ab_pipe, read, k_blocks)
-                        atoms.block_scales_from_smem(s1, cC, sSA, read.index, scale_b, n_blk, kb + 1)
-                        read.advance()
-                        cute.nvgpu.warpgroup.wait_group(1)
-                        atoms.promote_scaled(acc, part, s0)
-                        ab_pipe.consumer_release(release)
-                        release.advance()
-                        cute.nvgpu.warpgroup.wait_group(0)
-                        atoms.promote_scaled(acc, part2, s1)
-                        ab_pipe.consumer_release(release)
-                        release.advance()
-                    if n_k % 2 == 1:
-                        tiled_mma = self._issue_k_block(tiled_mma, part, tCrA, tCrB, ab_pipe, read, k_blocks)
-                        atoms.block_scales_from_smem(s0, cC, sSA, read.index, scale_b, n_blk, k_end - 1)
-                        read.advance()
-                        cute.nvgpu.warpgroup.wait_group(0)
-                        atoms.promote_scaled(acc, part, s0)
-                        ab_pipe.consumer_release(release)
-                        release.advance()
+                    if cutlass.const_expr(self.promote_ahead):
+                        tiled_mma = atoms.promoted_mainloop_ahead(
+                            tiled_mma, acc, part, part2, tCrA, tCrB, ab_pipe, read, release, k_blocks, k_begin,
+                            k_end, (s0, s1, cC, sSA, scale_b, n_blk))
+                    elif cutlass.const_expr(self.promote_serial):
+                        tiled_mma = atoms.promoted_mainloop_serial(
+                            tiled_mma, acc, part, tCrA, tCrB, ab_pipe, read, release, k_blocks, k_begin, k_end,
+                            (s0, s1, cC, sSA, scale_b, n_blk))
+                    else:
+                        for pair in range(n_k // 2):
+                            kb = k_begin + 2 * pair
+                            tiled_mma = self._issue_k_block(tiled_mma, part, tCrA, tCrB, ab_pipe, read, k_blocks)
+                            atoms.block_scales_from_smem(s0, cC, sSA, read.index, scale_b, n_blk, kb)
+                            read.advance()
+                            tiled_mma = self._issue_k_block(tiled_mma, part2, tCrA, tCrB, ab_pipe, read, k_blocks)
+                            atoms.block_scales_from_smem(s1, cC, sSA, read.index, scale_b, n_blk, kb + 1)
+                            read.advance()
+                            cute.nvgpu.warpgroup.wait_group(1)
+                            atoms.promote_scaled(acc, part, s0)
+                            ab_pipe.consumer_release(release)
+                            release.advance()
+                            cute.nvgpu.warpgroup.wait_group(0)
+                            atoms.promote_scaled(acc, part2, s1)
+                            ab_pipe.consumer_release(release)
+                            release.advance()
+                        if n_k % 2 == 1:
+                            tiled_mma = self._issue_k_block(tiled_mma, part, tCrA, tCrB, ab_pipe, read, k_blocks)
+                            atoms.block_scales_from_smem(s0, cC, sSA, read.index, scale_b, n_blk, k_end - 1)
+                            read.advance()
+                            cute.nvgpu.warpgroup.wait_group(0)
+                            atoms.promote_scaled(acc, part, s0)
+                            ab_pipe.consumer_release(release)
+                            release.advance()
                 else:
                     for _pair in range(n_k // 2):
                         tiled_mma = self._issue_k_block(tiled_mma, part, tCrA, tCrB, ab_pipe, read, k_blocks)

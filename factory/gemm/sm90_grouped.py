@@ -40,7 +40,9 @@ k-block's partial sum added into fp32 registers, ``atoms.promoted_mainloop``):
   multiple of 4; scale_b (E, NB, KB) K-contiguous; each k-block's partial sum is multiplied per
   row by scale_a[row, kb]·scale_b[g, n // 128, kb] as it is added.  The producer loads the tile
   rows' scale_a column of each k-block by TMA into the k-block's stage, at the group's row
-  offset like A (rows of the next group or the zero fill enter only rows that are not stored).
+  offset like A (rows of the next group or the zero fill enter only rows that are not stored);
+  contiguous layout: from that row rounded down to a multiple of 4, with 4 more rows, since a TMA
+  box must start 16-byte aligned in its innermost mode (M here) and groups start anywhere.
 
 Warp roles are those of gemm/sm90.py (a TMA producer warp; one or two consumer warpgroups, ``coop``
 splitting a 128- or 256-row tile along M, ``ws`` one warpgroup on a 64-row tile).  ``pair``: clusters
@@ -75,6 +77,16 @@ MAX_GROUPS = 1024
 LAYOUTS = ("contig", "masked")
 _EPILOGUE_BAR = 1
 _BLOCK_K = atoms.BLOCK_SCALE_K
+# Block scale_a rows per 16 bytes: a TMA box's start in the innermost mode must be 16-byte aligned
+# (an unaligned start stops the kernel with an illegal instruction on the H100).
+SCALE_ROW_ALIGN = 4
+
+
+def scale_box_rows(tile_m: int, masked: bool) -> int:
+    """Rows of the block scale_a box a stage holds: the tile's (masked: m-tiles start on tile
+    multiples) or SCALE_ROW_ALIGN more (contiguous: the box starts at the tile's first row rounded
+    down to a multiple of SCALE_ROW_ALIGN)."""
+    return tile_m if masked else tile_m + SCALE_ROW_ALIGN
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -101,6 +113,12 @@ class GemmGroupedSm90(Variant):
     # fp8 scale forms (module docstring); e4m3 operands take exactly one.
     row_scale: bool = field(default=False, metadata={"tag": "rowsc"})
     block_scale: bool = field(default=False, metadata={"tag": "blksc"})
+    # fp8: each k-block's partial sum is promoted while the next k-block's WGMMAs run, the loop
+    # draining once per atoms.PROMOTE_AHEAD_UNROLL k-blocks instead of every two.
+    promote_ahead: bool = field(default=False, metadata={"tag": "pa"})
+    # fp8: one partial sum per warpgroup, each k-block promoted before the next is issued (the two
+    # coop warpgroups keep the tensor core busy in turn); atoms.promoted_mainloop_serial.
+    promote_serial: bool = field(default=False, metadata={"tag": "ps"})
 
     @property
     def is_fp8(self) -> bool:
@@ -153,6 +171,8 @@ class GemmGroupedSm90(Variant):
         req = self.required_sass
         if self.is_fp8:  # fp8 WGMMA disassembles as QGMMA
             req = (r"\bQGMMA\.64x\d+x32\.F32\.E4M3",) + req[1:]
+        if self.promote_serial:  # every k-block is waited for (wait_group(0)) by design
+            req = tuple(r for r in req if "DEPBAR" not in r)
         return req + ((r"\bUTMALDG\.3D\.MULTICAST",) if self.cluster_m > 1 else ())
 
     # --- validity ---------------------------------------------------------------------------------
@@ -167,10 +187,14 @@ class GemmGroupedSm90(Variant):
                 return "e4m3 operands take row or block scales (one form)"
             if self.pair:
                 return "fp8 forms run without the 2-CTA cluster"
+            if self.promote_ahead and self.promote_serial:
+                return "promote_ahead and promote_serial are two forms of the main loop: one of them"
             if self.block_scale and _BLOCK_K % self.tile[1]:
                 return f"block scales need a tile N dividing {_BLOCK_K}"
             if 3 * self.tile[0] * self.tile[1] // (self.mma_wgs * 128) > 192:
                 return "more than 192 fp32 accumulator registers (three sets) per consumer thread"
+        elif self.promote_ahead or self.promote_serial:
+            return "promote_ahead / promote_serial apply to the fp8 forms"
         elif self.ab not in ("bf16", "f16") or self.c not in ("bf16", "f16"):
             return "grouped GEMM takes bf16/f16 operands and output (or e4m3 with row or block scales)"
         elif self.row_scale or self.block_scale:
@@ -204,7 +228,7 @@ class GemmGroupedSm90(Variant):
         epi_tile = (min(tm, 64 * self.mma_wgs), min(tn, 32))
         stage = _round_up(tm * tk * ab, _SMEM_ALIGN) + _round_up(tn * tk * ab, _SMEM_ALIGN)
         if self.block_scale:  # the k-block's scale_a column for the tile's rows, by TMA
-            stage += _round_up(tm * 4, _SMEM_ALIGN)
+            stage += _round_up(4 * scale_box_rows(tm, self.layout == "masked"), _SMEM_ALIGN)
         table = _round_up(4 * (MAX_GROUPS + 1), _SMEM_ALIGN)
         best = None
         for epi_stages in (4, 2):  # fewer epilogue buffers where that frees a mainloop stage
@@ -247,7 +271,8 @@ class GemmGroupedSm90(Variant):
         kernel = GroupedGemmSm90Kernel(tile=self.tile, mma_wgs=self.mma_wgs, epi_tile=plan["epi_tile"],
                                        ab_stages=plan["ab_stages"], epi_stages=plan["epi_stages"],
                                        masked=self.layout == "masked", swizzle=self.swizzle,
-                                       cluster_m=self.cluster_m, scale_mode=self.scale_mode)
+                                       cluster_m=self.cluster_m, scale_mode=self.scale_mode,
+                                       promote_ahead=self.promote_ahead, promote_serial=self.promote_serial)
         return kernel.scaled if self.is_fp8 else kernel
 
 
@@ -260,7 +285,9 @@ class GroupedGemmSm90Kernel:
     """Host side ``__call__(a, b, c, groups, max_clusters, stream)``; device side ``kernel``."""
 
     def __init__(self, *, tile, mma_wgs, epi_tile, ab_stages, epi_stages, masked, swizzle, cluster_m=1,
-                 scale_mode=None):
+                 scale_mode=None, promote_ahead=False, promote_serial=False):
+        self.promote_ahead = promote_ahead
+        self.promote_serial = promote_serial
         self.tile = tuple(tile)
         self.mma_wgs = mma_wgs
         self.epi_threads = 128 * mma_wgs
@@ -306,10 +333,19 @@ class GroupedGemmSm90Kernel:
         tma_c, gC = atoms.tma_store_atom(c, sC_layout, self.epi_tile)
         # Block scales: each stage also holds scale_a[tile rows, kb], a (tile M, 1) box of the
         # M-major scales (rows past the tensor: TMA zero fill).
-        sSA_layout = cute.make_layout((self.tile[0], 1, self.ab_stages))
+        # Contiguous layout: a group's rows start anywhere, and a TMA box must start on a 16-byte
+        # boundary of the innermost (M) mode, so the box starts at the tile's first row rounded
+        # down to a multiple of 4 and holds SCALE_ROW_ALIGN more rows; each stage's slot is padded
+        # to 128 bytes (TMA destinations).
+        box_rows = scale_box_rows(self.tile[0], self.masked)
+        if cutlass.const_expr(self.masked):
+            sSA_layout = cute.make_layout((self.tile[0], 1, self.ab_stages))
+        else:
+            slot = _round_up(box_rows, 32)
+            sSA_layout = cute.make_layout((box_rows, 1, self.ab_stages), stride=(1, slot, slot))
         tma_sa = mSA = None
         if cutlass.const_expr(self.block):
-            tma_sa, mSA = atoms.tma_load_atom(scale_a, sSA_layout, (self.tile[0], 1))
+            tma_sa, mSA = atoms.tma_load_atom(scale_a, sSA_layout, (box_rows, 1))
 
         # Persistent grid: at most max_clusters CTAs and at most the tiles any routing can make
         # (contiguous: each group adds at most one partial m-tile).
@@ -328,7 +364,7 @@ class GroupedGemmSm90Kernel:
             sB: cute.struct.Align[cute.struct.MemRange[ab_dtype, cute.cosize(sB_layout)], _SMEM_ALIGN]
             sC: cute.struct.Align[cute.struct.MemRange[c_dtype, cute.cosize(sC_layout)], _SMEM_ALIGN]
             sSA: cute.struct.Align[
-                cute.struct.MemRange[cutlass.Float32, self.tile[0] * self.ab_stages if self.block else 1], _SMEM_ALIGN]
+                cute.struct.MemRange[cutlass.Float32, cute.cosize(sSA_layout) if self.block else 1], _SMEM_ALIGN]
 
         self.shared_storage = SharedStorage
         self.ab_dtype = ab_dtype
@@ -482,9 +518,11 @@ class GroupedGemmSm90Kernel:
             tSs = tSg = None
             if cutlass.const_expr(self.block):
                 # The tile rows' scale_a column of each k-block (tile M, 1, KB), at the group's row.
+                # Contiguous: from the row rounded down to a multiple of 4 (16-byte TMA start).
                 mSA_l = mSA[(None, None, a_l)] if cutlass.const_expr(self.masked) else mSA  # contig: 2-D
-                mSA_g = cute.domain_offset((row, 0), mSA_l)
-                gSA = cute.local_tile(mSA_g, (self.tile[0], 1), (0, None))
+                row_sa = row if cutlass.const_expr(self.masked) else row - row % SCALE_ROW_ALIGN
+                mSA_g = cute.domain_offset((row_sa, 0), mSA_l)
+                gSA = cute.local_tile(mSA_g, (scale_box_rows(self.tile[0], self.masked), 1), (0, None))
                 tSs, tSg = cute.nvgpu.cpasync.tma_partition(
                     tma_sa, 0, cute.make_layout(1), cute.group_modes(sSA, 0, 2), cute.group_modes(gSA, 0, 2))
             for k in range(k_tiles):
@@ -562,10 +600,22 @@ class GroupedGemmSm90Kernel:
                 acc.fill(0.0)
                 scales = None
                 if cutlass.const_expr(self.block):
-                    scales = (s0, s1, cC, sSA, scale_b[(None, None, g)], n * self.tile[1] // _BLOCK_K)
-                atoms.promoted_mainloop(
-                    tiled_mma, acc, part, part2, tCrA, tCrB, ab_pipe, read, release, k_blocks, cutlass.Int32(0),
-                    k_tiles, scales)
+                    sSA_t = sSA
+                    if cutlass.const_expr(not self.masked):  # the tile's rows sit row % 4 into the box
+                        sSA_t = cute.domain_offset((row % SCALE_ROW_ALIGN, 0, 0), sSA)
+                    scales = (s0, s1, cC, sSA_t, scale_b[(None, None, g)], n * self.tile[1] // _BLOCK_K)
+                if cutlass.const_expr(self.promote_ahead):
+                    atoms.promoted_mainloop_ahead(
+                        tiled_mma, acc, part, part2, tCrA, tCrB, ab_pipe, read, release, k_blocks, cutlass.Int32(0),
+                        k_tiles, scales)
+                elif cutlass.const_expr(self.promote_serial):
+                    atoms.promoted_mainloop_serial(
+                        tiled_mma, acc, part, tCrA, tCrB, ab_pipe, read, release, k_blocks, cutlass.Int32(0),
+                        k_tiles, scales)
+                else:
+                    atoms.promoted_mainloop(
+                        tiled_mma, acc, part, part2, tCrA, tCrB, ab_pipe, read, release, k_blocks, cutlass.Int32(0),
+                        k_tiles, scales)
                 if cutlass.const_expr(not self.block):
                     sa_g = scale_a[(None, g)] if cutlass.const_expr(self.masked) else scale_a
                     atoms.apply_row_col_scales(acc, cC, sa_g, scale_b[(None, g)], row, n * self.tile[1])
@@ -646,11 +696,16 @@ GROUPED_DEFAULT = tuple(
     for t, s, p in (((128, 256, 64), "coop", False), ((128, 128, 64), "coop", False), ((64, 128, 64), "ws", False))
 )
 # fp8 (e4m3 a and b, bf16 out): 128 x 128 for prefill, 64 x 128 for decode, each scale form and
-# layout.  Not in the default tier until an H100 run proves them.
+# layout.  Contiguous block scales promote under the next k-block's WGMMAs (promote_ahead: 1151 vs
+# 1007 TFLOP/s at 8 x 8192 x 4096 x 7168 on an H100, notes/gemm-fp8.md).
 FP8 = dict(ab="e4m3", c="bf16")
-# Block scales in the masked layout only: the contiguous block-scaled build (either schedule)
-# stops with an illegal instruction on the H100, the masked one passes (notes/gemm-grouped.md).
-GROUPED_FP8_TEST = (
+# default: DeepSeek-V3's block-scaled experts, prefill (contiguous) and decode (masked); each ran
+# against float32 on an H100 (evidence/runs).
+GROUPED_FP8_DEFAULT = (
+    dict(**FP8, layout="contig", tile=(128, 128, 128), schedule="coop", block_scale=True, promote_ahead=True),
+    dict(**FP8, layout="masked", tile=(64, 128, 128), schedule="ws", block_scale=True))
+GROUPED_FP8_TEST = (dict(**FP8, layout="contig", tile=(128, 128, 128), schedule="coop", block_scale=True,
+                         promote_ahead=True),
                     dict(**FP8, layout="masked", tile=(64, 128, 128), schedule="ws", block_scale=True),
                     dict(**FP8, layout="contig", tile=(128, 128, 128), schedule="coop", row_scale=True),
                     dict(**FP8, layout="masked", tile=(64, 128, 128), schedule="ws", row_scale=True))
@@ -658,8 +713,10 @@ GROUPED_FP8_FULL = GROUPED_FP8_TEST + tuple(
     dict(**FP8, layout=lay, tile=t, schedule=s, **{form: True})
     for lay in LAYOUTS for form in ("block_scale", "row_scale")
     for t, s in (((128, 128, 128), "coop"), ((64, 128, 128), "ws"), ((128, 64, 128), "coop"))
-    if not (form == "block_scale" and lay == "contig")
-)
+) + tuple(
+    dict(**FP8, layout=lay, tile=t, schedule=s, block_scale=True, promote_ahead=True)
+    for lay in LAYOUTS for t, s in (((128, 128, 128), "coop"), ((64, 128, 128), "ws"))
+) + (dict(**FP8, layout="contig", tile=(128, 128, 128), schedule="coop", block_scale=True, promote_serial=True),)
 GROUPED_TEST = (dict(**BF16, layout="contig", tile=(128, 128, 64), schedule="coop"),
                 dict(**BF16, layout="masked", tile=(64, 128, 64), schedule="ws")) + GROUPED_FP8_TEST
 GROUPED_FULL = GROUPED_DEFAULT + tuple(
@@ -677,7 +734,7 @@ GROUPED_FULL = GROUPED_DEFAULT + tuple(
 def enumerate_sm90_grouped(target: Target, tier: str) -> list[GemmGroupedSm90]:
     if target.family != "sm90" or not target.name.endswith("a"):
         return []
-    specs = {"test": GROUPED_TEST, "default": GROUPED_DEFAULT, "full": GROUPED_FULL}[tier]
+    specs = {"test": GROUPED_TEST, "default": GROUPED_DEFAULT + GROUPED_FP8_DEFAULT, "full": GROUPED_FULL}[tier]
     out = []
     for s in specs:
         v = GemmGroupedSm90(target=target.name, **s)

@@ -97,6 +97,8 @@ SM90_DEFAULT = (
     dict(**FP8, tile=(128, 192, 128), cluster=(2, 1), fast_accum=True),
     dict(**FP8, tile=(128, 160, 128), cluster=(2, 1), fast_accum=True),
     dict(**BF16, tile=(64, 96, 64), schedule="ws"),
+    # N in 64-column steps for grids of few tiles (N = 2112 = 33 x 64: 132 tiles at M = 512).
+    dict(**BF16, tile=(128, 64, 64), cluster=(2, 1)),
     # M = 128 weight streams: 64-row tiles, B multicast over a 2x1 cluster.
     dict(**BF16, tile=(64, 128, 64), cluster=(2, 1), schedule="ws"),
     dict(**FP8, tile=(64, 128, 128), cluster=(2, 1), schedule="ws"),
@@ -128,8 +130,10 @@ SM90_SCALED_DEFAULT = (
     dict(**FP8, tile=(64, 128, 128), cluster=(2, 1), schedule="ws", block_scale=True),
     dict(**FP8, tile=(64, 128, 128), schedule="pp", block_scale=True),
 )
-# Full tier only: more clusters for the block-scaled tile.
-SM90_SCALED_FULL = (
+# Full tier only: more clusters for the block-scaled tile; the default block tiles with the
+# promotion under the next k-block's WGMMAs (promote_ahead).
+SM90_SCALED_FULL = tuple(dict(d, promote_ahead=True) for d in SM90_SCALED_DEFAULT if d.get("block_scale")) + tuple(
+    dict(d, promote_serial=True) for d in SM90_SCALED_DEFAULT if d.get("block_scale") and d["tile"][0] == 128) + (
     dict(**FP8, tile=(128, 128, 128), cluster=(2, 2), block_scale=True),
     dict(**FP8, tile=(128, 128, 128), cluster=(2, 1), swizzle=8, block_scale=True),
     dict(**FP8, tile=(128, 128, 128), cluster=(1, 2), row_scale=True),

@@ -292,24 +292,41 @@ def reference(a: Tensor, b: Tensor, offs=None, masked_m=None, scale_a=None, scal
     """float32 result of the grouped product (rows no group owns: NaN), for tests and benchmarks;
     reads the routing on the host.  fp8: the product of the dequantized operands (row or block
     scales, runtime/fp8.py's grouped forms; b (E, K, N) as passed)."""
+    # Operands are dequantized (fp8) or widened group by group: a float32 copy of a whole expert
+    # stack would be 4x its bf16 size (28 GiB for 256 DeepSeek-V3 experts).
+    form = None
     if a.dtype == torch.float8_e4m3fn:
         form = fp8.grouped_mode(scale_a, scale_b, masked_m is not None, b.shape[0], a.shape[-2], b.shape[2],
                                 a.shape[-1])
-        af = fp8.dequantize_grouped(a, scale_a.reshape(a.shape[:-1]) if form == "row" else scale_a, form)
-        sb = scale_b.reshape(b.shape[0], b.shape[2]) if form == "row" else scale_b
-        bf = fp8.dequantize_grouped(b.transpose(1, 2), sb, form, weights=True).transpose(1, 2)
-        return reference(af, bf, offs, masked_m)
-    af, bf = a.float(), b.float()
+        if form == "row":
+            scale_a, scale_b = scale_a.reshape(a.shape[:-1]), scale_b.reshape(b.shape[0], b.shape[2])
+
+    def rows_of(g, r0, r1):  # float32 a rows [r0, r1) of group g (masked: of a[g])
+        x = a[g, r0:r1] if masked_m is not None else a[r0:r1]
+        if form is None:
+            return x.float()
+        s = scale_a[g, r0:r1] if masked_m is not None else scale_a[r0:r1]
+        return fp8.dequantize_rowwise(x, s) if form == "row" else fp8.dequantize_blockwise(x, s)
+
+    def weights_of(g):  # float32 b[g] (K, N)
+        if form is None:
+            return b[g].float()
+        w = b[g].t()
+        return (fp8.dequantize_rowwise(w, scale_b[g]) if form == "row" else
+                fp8.dequantize_blockwise(w, scale_b[g])).t()
+
     if masked_m is not None:
         out = torch.full((a.shape[0], a.shape[1], b.shape[2]), float("nan"), device=a.device)
         for g, n in enumerate(masked_m.tolist()):
             n = max(0, min(n, a.shape[1]))
-            out[g, :n] = af[g, :n] @ bf[g]
+            if n:
+                out[g, :n] = rows_of(g, 0, n) @ weights_of(g)
         return out
     out = torch.full((a.shape[0], b.shape[2]), float("nan"), device=a.device)
     ends = offs.tolist()
     for g, end in enumerate(ends):
         start = max(0, min(ends[g - 1], a.shape[0])) if g else 0
         end = max(start, min(end, a.shape[0]))
-        out[start:end] = af[start:end] @ bf[g]
+        if end > start:
+            out[start:end] = rows_of(g, start, end) @ weights_of(g)
     return out

@@ -220,15 +220,37 @@ def choose(bundle, p: Problem) -> dict:
     e = cache.get(key)
     if e is None:
         try:
-            sel = bundle.selector.select(OP, kvcache_problem(p))
+            if p.varlen_q:
+                e = _packed_q(bundle, p)
+            else:
+                e = bundle.manifest["variants"][bundle.selector.select(OP, kvcache_problem(p)).name.decode()]
         except NoVariantError:
             raise NoVariantError(f"{_missing(bundle.candidates(OP), p)} (on {bundle.device_name()}; "
                                  f"{bundle.describe_contents(OP)}{_blackwell_note(bundle)})") from None
-        e = bundle.manifest["variants"][sel.name.decode()]
         if len(cache) > 4096:
             cache.clear()
         cache[key] = e
     return e
+
+
+_PACKED_Q_FAMILIES = ("sm90", "sm80")  # fx_select.c kv_choose's prefill families, best first
+
+
+def _packed_q(bundle, p: Problem) -> dict:
+    """The packed-q (cu_seqlens_q) build for ``p``.  The C selection's problem has no packed-q form
+    (its entry launches dense q), so this applies its prefill rule here: the families in its
+    order (no decode build takes packed q), within the first that implements ``p`` the entries
+    of the least switch cost, of those the one taking the fewest page sizes, then a preferred
+    one (fx_select.c kv_choose / kv_pick_prefill; tests/kvcache_rules.py states the same)."""
+    cost = lambda c: sum(bool(c.get(s)) for s in ("local", "softcap", "sinks"))  # noqa: E731
+    ok = [c for c in bundle.candidates(OP) if _admits(c, p)]
+    for fam in _PACKED_Q_FAMILIES:
+        mine = [c for c in ok if c.get("family") == fam]
+        if mine:
+            least = min(cost(c) for c in mine)
+            return min((c for c in mine if cost(c) == least),
+                       key=lambda c: (len(c.get("page_sizes") or []), not c.get("preferred")))
+    raise NoVariantError("no packed-q build")
 
 
 def _blackwell_note(bundle) -> str:

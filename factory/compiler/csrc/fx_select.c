@@ -444,14 +444,14 @@ static const fx_model_sm100 *model100(void) {
 }
 
 /* For fitting tools only (scripts/fit_cost_model.py; not thread-safe, never needed to serve): the
-   models' tunable constants in the order of selection.py MODEL_KEYS (20) / SM100_MODEL_KEYS (9);
+   models' tunable constants in the order of selection.py MODEL_KEYS (21) / SM100_MODEL_KEYS (9);
    NULL restores the compiled-in ones. */
 FX_EXPORT int32_t fx_cost_model_set(const double *sm90, int32_t n90, const double *sm100, int32_t n100) {
-    if ((sm90 && n90 != 20) || (sm100 && n100 != 9))
-        return fail(FX_ERR_INPUT, "fx_cost_model_set takes 20 sm90 and 9 sm100 constants, got %d and %d", n90, n100);
+    if ((sm90 && n90 != 21) || (sm100 && n100 != 9))
+        return fail(FX_ERR_INPUT, "fx_cost_model_set takes 21 sm90 and 9 sm100 constants, got %d and %d", n90, n100);
     fx_model90_set = fx_model_constants;
     fx_model100_set = fx_model_sm100_constants;
-    if (sm90) memcpy(&fx_model90_set, sm90, 20 * sizeof(double));
+    if (sm90) memcpy(&fx_model90_set, sm90, 21 * sizeof(double));
     if (sm100) memcpy(&fx_model100_set, sm100, 9 * sizeof(double));
     fx_model90_given = sm90 != NULL;
     fx_model100_given = sm100 != NULL;
@@ -475,6 +475,10 @@ static double efficiency(const fx_variant *v, int64_t busy, int32_t sm_count) {
     } else if ((int64_t)tm * tn >= 128 * 128) {
         int sparse = busy * 2 <= sm_count;
         eff = v->sched_pp ? p->eff_pp : (multicast || sparse) ? p->eff_coop_mc : p->eff_coop;
+    } else if (tm >= 128 && !v->sched_pp) {
+        /* two consumer warpgroups on a narrow tile (128x64, 128x96): N granularity for grids of
+           few tiles (2112 = 33 x 64 columns) */
+        eff = p->eff_coop_narrow;
     } else {
         double r = (double)tn / 64.0;
         eff = p->eff_small * pow(r < 1.0 ? r : 1.0, p->narrow_exp);
@@ -507,7 +511,13 @@ static double estimate_us(const fx_variant *v, int64_t M, int64_t N, int64_t K, 
     int64_t tm = v->tile[0], tn = v->tile[1], split = v->split_k, cm = v->cluster[0], cn = v->cluster[1];
     i128 tiles_m = cdiv(cdiv(M, tm), cm) * cm;
     i128 tiles_n = cdiv(cdiv(N, tn), cn) * cn;
-    i128 units = tiles_m * tiles_n * L * split;
+    /* A swizzled schedule (swizzle s > 1; the tiers raster every tile along M, swapped ones
+       along the kernel's N, which is M here too) rounds the clusters along N up to a multiple of
+       s, and its CTAs run the padding tiles as well (zero-filled loads, clipped stores): on an
+       H100, 256x128 c1x2 sw8 at 8192x2112x7168 (9 -> 16 clusters along N) took 1.62x the time of
+       the same tile unswizzled (notes/gemm-sm90.md, off the tuning grid). */
+    i128 run_n = v->swizzle > 1 ? cdiv128(tiles_n / cn, v->swizzle) * v->swizzle * cn : tiles_n;
+    i128 units = tiles_m * run_n * L * split;
     i128 per_cluster = cm * cn * split;
     i128 cap = v->persistent_ctas ? v->persistent_ctas : sm_count;
     if (cap > sm_count) cap = sm_count;
@@ -742,11 +752,20 @@ static int32_t gemm_choose(const gemm_ctx *g, int32_t *fits, int32_t n) {
     }
     const int family = fx_variants[fits[0]].family;
     if (family == FX_FAMILY_SM100 || family == FX_FAMILY_SM90) {
-        /* the family's cost model: the fastest estimate, ties by name */
+        /* the family's cost model: the fastest estimate, ties by name.  sm90 split-K variants
+           compete only where their unsplit tile grid is under one wave (fewer tiles than SMs),
+           if an unsplit variant fits: measured on an H100 over 1155 (problem, split variant)
+           pairs off the tuning grid, a split tile beat its unsplit twin in 25 % of the problems
+           under one wave but in 8 % of those with a full wave (median 1.12x slower there). */
+        int32_t unsplit = 0;
+        for (int32_t i = 0; i < n; i++) unsplit += fx_variants[fits[i]].split_k == 1;
         int32_t best = -1;
         double best_t = 0;
         for (int32_t i = 0; i < n; i++) {
             const fx_variant *v = &fx_variants[fits[i]];
+            if (family == FX_FAMILY_SM90 && v->split_k > 1 && unsplit > 0 &&
+                (i128)cdiv(g->M, v->tile[0]) * cdiv(g->N, v->tile[1]) * g->L >= sms)
+                continue;
             double t = family == FX_FAMILY_SM100 ? sm100_estimate_us(v, g->M, g->N, g->K, g->L, sms)
                                                  : estimate_us(v, g->M, g->N, g->K, g->L, sms);
             if (best < 0 || t < best_t || (t == best_t && strcmp(v->name, fx_variants[best].name) < 0)) {
