@@ -75,7 +75,7 @@ def _switch_cost(e: dict) -> int:
     return sum(bool(e.get(s)) for s in ("local", "softcap", "sinks"))
 
 
-def paged_split_count(groups: int, key_tiles: int, sms: int, available: dict) -> int:
+def paged_split_count(groups: int, key_tiles: int, sms: int, available: dict, head_dim: int = 128) -> int:
     """Split-KV count of a paged decode variant for ``groups`` = batch · kv heads · row blocks
     CTAs per split over ``key_tiles`` tiles of the cache's capacity; ``available``: {splits:
     merged in a cluster?}.  The paged kernel spends more instructions per key tile than the dense
@@ -87,7 +87,10 @@ def paged_split_count(groups: int, key_tiles: int, sms: int, available: dict) ->
         8k 4 splits 42.7 (2: 53.7); none reaches it: the most that keep 4 tiles (MQA B8 H16/1 4k:
         8 splits 13.2, 32: 15.4);
       * an 8-CTA cluster split whose grid passes one CTA per SM packs into clusters badly: the
-        32-split instead where built (B4 H64/8 32k: 8 splits 172 µs, 32: 140, 4: 149)."""
+        32-split instead where built (B4 H64/8 32k: 8 splits 172 µs, 32: 140, 4: 149);
+      * head_dim >= 128 (184 registers at D128, two 64 KB stages at D256): a cluster split whose
+        grid still passes one CTA per SM steps down to the largest cluster split that does not
+        (H100, B8 H32/8 D128 8k page 16: splits 1: 117 µs, 2: 97, 4: 117, 8: 110, 32: 105)."""
     if groups * 4 >= 3 * sms:
         return 1
     fits = sorted(s for s in available if s == 1 or key_tiles >= 4 * s)
@@ -96,6 +99,10 @@ def paged_split_count(groups: int, key_tiles: int, sms: int, available: dict) ->
         big = [s for s in fits if s > n and not available[s]]
         if big:
             n = big[0]
+    if head_dim >= 128 and n > 1 and available.get(n) and groups * n > sms:
+        down = [s for s in fits if s >= 2 and available[s] and groups * s <= sms]
+        if down:
+            n = down[-1]
     return n
 
 
@@ -113,7 +120,8 @@ def _pick_decode(entries: list[dict], p: Problem, sms: int) -> dict | None:
     same = [e for e in pref if list(e["tile"]) == tile]
     row_blocks = -(-(p.heads_q // p.heads_kv) * p.seqlen_q // DECODE_ROWS)
     avail = {int(e["kv_splits"]): e["cluster"][0] > 1 for e in same}
-    n = paged_split_count(p.batch * p.heads_kv * row_blocks, -(-p.max_seqlen_k // tile[1]), sms, avail)
+    n = paged_split_count(p.batch * p.heads_kv * row_blocks, -(-p.max_seqlen_k // tile[1]), sms, avail,
+                          p.head_dim)
     return next((e for e in same if int(e["kv_splits"]) == n), None)
 
 

@@ -120,7 +120,8 @@ def prob(b=8, sq=1, hq=32, hkv=8, d=128, sk=4096, page=16, **kw):
 def test_select_splits_and_layouts():
     assert rules.select(CANDS, prob(b=256))["name"] == "p1"          # the grid fills the GPU
     assert rules.select(CANDS, prob(b=1, sk=32768))["name"] == "p8"  # one long sequence: 8 kv heads x 8
-    assert rules.select(CANDS, prob(b=8, sk=8192, hq=64))["name"] == "p4"  # 64 groups x 4: 2 per SM
+    # 64 groups: x 4 would be 2 CTAs per SM, which D128 runs slower than x 2 (one per SM)
+    assert rules.select(CANDS, prob(b=8, sk=8192, hq=64))["name"] == "p2"
     assert rules.select(CANDS, prob(b=1, sk=32768, page=None))["name"] == "d8"  # the dense rule
     assert rules.select(CANDS, prob(b=4, sk=32768, hq=64, page=None))["name"] == "d2"
     assert rules.select(CANDS, prob(b=1, sk=100))["name"] == "p1"    # two key tiles: no split
@@ -132,10 +133,17 @@ def test_paged_split_rule():
     assert rules.paged_split_count(8, 512, 132, both) == 32      # B1 H32/8 32k
     assert rules.paged_split_count(32, 512, 132, both) == 32     # B4 H64/8 32k: not the 8-cluster
     assert rules.paged_split_count(8, 64, 132, both) == 8        # MQA B8 4k: 4 tiles per split at most
-    assert rules.paged_split_count(64, 128, 132, both) == 4      # B8 H64/8 D64 8k
+    assert rules.paged_split_count(64, 128, 132, both, head_dim=64) == 4  # B8 H64/8 D64 8k
+    # head_dim >= 128: at most one CTA per SM on a cluster split (H100 B8 H32/8 D128 8k: 2 splits
+    # 97 µs, 4: 117); head_dim 256 (one CTA per SM) alike
+    assert rules.paged_split_count(64, 128, 132, both) == 2
+    assert rules.paged_split_count(64, 64, 132, both, head_dim=256) == 2
     assert rules.paged_split_count(128, 64, 132, both) == 1      # B16 H32/8: fills 3/4 of the SMs
     no32 = {1: False, 2: True, 4: True, 8: True}
-    assert rules.paged_split_count(8, 512, 132, no32) == 8 and rules.paged_split_count(32, 512, 132, no32) == 8
+    assert rules.paged_split_count(8, 512, 132, no32) == 8
+    # no 32-split built: the 8-cluster over one CTA per SM steps down (B4 H64/8 32k: 4 splits 149 µs, 8: 172)
+    assert rules.paged_split_count(32, 512, 132, no32) == 4
+    assert rules.paged_split_count(32, 512, 132, no32, head_dim=64) == 8
     assert rules.paged_split_count(8, 3, 132, both) == 1         # 3 tiles: nothing keeps 4
 
 
