@@ -1003,10 +1003,11 @@ KV_GLOBAL_SPLITS = (32,)
 
 
 def make_kv(target: str, dtype: str, head_dim: int, splits: int, *, paged: bool = True,
-            switches: bool = False, kv_dtype: str | None = None) -> AttentionDecodeKV:
+            switches: bool = False, kv_dtype: str | None = None, stages: int | None = None) -> AttentionDecodeKV:
     tn, w, st, _pdl, ilp, mc = DEFAULT[head_dim]
     if kv_dtype == "e4m3":
         st = FP8_STAGES
+    st = stages or st
     cluster = splits in CLUSTER_BUILT
     return AttentionDecodeKV(target=target, dtype=dtype, head_dim=head_dim, tile_n=tn, warps=w, stages=st,
                              causal=True, splits=splits, cluster=cluster, pdl=splits > 1 and not cluster,
@@ -1040,4 +1041,6 @@ def enumerate_decode_kv(target: Target, tier: str) -> list[AttentionDecodeKV]:
         out += [make_kv(t, "bf16", 128, sp, kv_dtype="e4m3") for sp in KV_SPLITS + KV_GLOBAL_SPLITS]
         # head_dim 256 (Gemma-style heads): bf16 paged caches, the split counts that fit
         out += [make_kv(t, "bf16", 256, sp) for sp in KV_SPLITS + KV_GLOBAL_SPLITS]
+        if tier == "full":  # for measuring: a 6-stage ring (one CTA per SM, 5 tiles in flight) for small grids
+            out += [make_kv(t, "bf16", 128, sp, stages=6) for sp in (2, 4, 8)]
     return [v for v in out if v.can_implement() is None]
