@@ -473,6 +473,18 @@ def bench_kvcache(bundle, dtype="bf16", shapes=None, copy_bw=None, budget_s=0.15
                         q, k8, v8, lens, block_table=bt, k_descale=desc, v_descale=desc), 3, budget_s=budget_s) * 1e6
                     row["fp8_eager_us"] = time_eager(lambda _i: bundle.attention_kvcache(
                         q, k8, v8, lens, block_table=bt, k_descale=desc, v_descale=desc), 1) * 1e6
+                    if B * hkv <= 128 and ps == 16:  # every fp8 split count, by name
+                        row["fp8_splits_us"] = {}
+                        for e in bundle.candidates("attention_kvcache"):
+                            if (e["family"] == "sm90_decode" and e["dtype"] == dtype and e["head_dim"] == d
+                                    and e.get("kv_dtype") == "e4m3" and e["paged"]):
+                                row["fp8_splits_us"][str(e["kv_splits"])] = time_graph(
+                                    lambda _i, n=e["name"]: bundle.attention_kvcache(
+                                        q, k8, v8, lens, block_table=bt, k_descale=desc, v_descale=desc, variant=n),
+                                    3, budget_s=budget_s) * 1e6
+                        print("    fp8 by split count (µs): " + ", ".join(
+                            f"{k}: {v:.1f}" for k, v in sorted(row["fp8_splits_us"].items(), key=lambda kv: int(kv[0]))),
+                            flush=True)
                     row["bf16_over_fp8"] = row["ours_us"] / row["fp8_us"]
                     if floor:  # half the K/V bytes
                         row["fp8_floor_over_ours"] = (floor / 2) / row["fp8_us"]

@@ -75,7 +75,8 @@ def _switch_cost(e: dict) -> int:
     return sum(bool(e.get(s)) for s in ("local", "softcap", "sinks"))
 
 
-def paged_split_count(groups: int, key_tiles: int, sms: int, available: dict, head_dim: int = 128) -> int:
+def paged_split_count(groups: int, key_tiles: int, sms: int, available: dict, head_dim: int = 128,
+                      fp8: bool = False) -> int:
     """Split-KV count of a paged decode variant for ``groups`` = batch · kv heads · row blocks
     CTAs per split over ``key_tiles`` tiles of the cache's capacity; ``available``: {splits:
     merged in a cluster?}.  The paged kernel spends more instructions per key tile than the dense
@@ -90,8 +91,11 @@ def paged_split_count(groups: int, key_tiles: int, sms: int, available: dict, he
         32-split instead where built (B4 H64/8 32k: 8 splits 172 µs, 32: 140, 4: 149);
       * head_dim >= 128 (184 registers at D128, two 64 KB stages at D256): a cluster split whose
         grid still passes one CTA per SM steps down to the largest cluster split that does not
-        (H100, B8 H32/8 D128 8k page 16: splits 1: 117 µs, 2: 97, 4: 117, 8: 110, 32: 105)."""
-    if groups * 4 >= 3 * sms:
+        (H100, B8 H32/8 D128 8k page 16: splits 1: 117 µs, 2: 97, 4: 117, 8: 110, 32: 105);
+      * fp8 e4m3 caches: ~2 CTAs per SM always (no early unsplit, no step-down): one CTA of the fp8
+        kernel per SM is bound by its per-tile chain (H100: B16 H32/8 4k unsplit 70 µs, 0.96 TB/s;
+        B64 2k, 2 CTAs per SM, 2.45 TB/s)."""
+    if not fp8 and groups * 4 >= 3 * sms:
         return 1
     fits = sorted(s for s in available if s == 1 or key_tiles >= 4 * s)
     n = next((s for s in fits if groups * s >= 1.9 * sms), fits[-1])
@@ -99,7 +103,7 @@ def paged_split_count(groups: int, key_tiles: int, sms: int, available: dict, he
         big = [s for s in fits if s > n and not available[s]]
         if big:
             n = big[0]
-    if head_dim >= 128 and n > 1 and available.get(n) and groups * n > sms:
+    if not fp8 and head_dim >= 128 and n > 1 and available.get(n) and groups * n > sms:
         down = [s for s in fits if s >= 2 and available[s] and groups * s <= sms]
         if down:
             n = down[-1]
@@ -121,7 +125,7 @@ def _pick_decode(entries: list[dict], p: Problem, sms: int) -> dict | None:
     row_blocks = -(-(p.heads_q // p.heads_kv) * p.seqlen_q // DECODE_ROWS)
     avail = {int(e["kv_splits"]): e["cluster"][0] > 1 for e in same}
     n = paged_split_count(p.batch * p.heads_kv * row_blocks, -(-p.max_seqlen_k // tile[1]), sms, avail,
-                          p.head_dim)
+                          p.head_dim, p.kv_dtype == "e4m3")
     return next((e for e in same if int(e["kv_splits"]) == n), None)
 
 

@@ -593,16 +593,24 @@ class FlashDecodeSm90:
             # Raw e4m3 tiles: tile t (t-th from the top) in raw slot t % R; cp.async group t + 1
             # (group 0: Q).  Each thread reads back only the chunks it copied: no barrier.
             sRaw = storage.raw.get_tensor(cute.make_layout((BN, D, 2 * R), stride=(D, 1, BN * D)))
+            qr = None
+            if cutlass.const_expr(self.q_convert):  # Q's loads in flight first
+                qr = self.load_q_regs(mQ, batch, kv_head, row0, n_rows, group, tidx)
+            # the first R + 1 tiles' page indices, all loads in flight before the first is used
+            pages_pro = cute.make_rmem_tensor(cute.make_layout((self.passes, R + 1), stride=(1, self.passes)),
+                                              cutlass.Int32)
+            for s in cutlass.range_constexpr(R + 1):  # (a tile past the split's first reads that one's: unused)
+                self.fetch_pages_fp8(mBT, pages_pro[None, s], batch, cutlass.max(n_hi - 1 - s, n_lo), k_len, tidx,
+                                     ps_shift)
             for s in cutlass.range_constexpr(R):
                 if n_hi - 1 - s >= n_lo:
-                    self.fetch_pages_fp8(mBT, pages, batch, n_hi - 1 - s, k_len, tidx, ps_shift)
-                    self.load_fp8_async(mK, mV, pages, sRaw, s, kv_head, n_hi - 1 - s, tidx, ps_shift)
+                    self.load_fp8_async(mK, mV, pages_pro[None, s], sRaw, s, kv_head, n_hi - 1 - s, tidx, ps_shift)
                 cute.arch.cp_async_commit_group()
-            if n_hi - 1 - R >= n_lo:
-                self.fetch_pages_fp8(mBT, pages, batch, n_hi - 1 - R, k_len, tidx, ps_shift)
+            for p in cutlass.range_constexpr(self.passes):
+                pages[p] = pages_pro[p, R]
             if cutlass.const_expr(self.q_convert):
-                inv_qs, qs = self.load_q_scaled(mQ, sQ, storage.kv.data_ptr() + (S - 1) * 2 * BN * D + ROWS * (D + 8),
-                                                batch, kv_head, row0, n_rows, group, tidx, wid, lane)
+                inv_qs, qs = self.scale_q(qr, sQ, storage.kv.data_ptr() + (S - 1) * 2 * BN * D + ROWS * (D + 8),
+                                          row0, n_rows, tidx, wid, lane)
                 scale_log2 = scale_log2 * inv_qs
                 if cutlass.const_expr(self.softcap):
                     score_mul = score_mul * inv_qs
@@ -899,22 +907,30 @@ class FlashDecodeSm90:
         self.store_fp8_regs(kreg, vreg, sKV, slot, tidx, n_block, k_len)
 
     @cute.jit
-    def load_q_scaled(self, mQ, sQ, scratch_ptr, batch, kv_head, row0, n_rows, group, tidx, wid, lane):
-        """bf16 Q of the block's rows -> f16 into ``sQ``, times qs = 2^k chosen so that the largest
-        |q| of the block lands in [2^13, 2^14) (f16 holds it; the shift is exact); rows past the
-        block's queries are zero.  ``scratch_ptr``: 4·warps bytes of free shared memory for the
-        block's max.  Returns (1/qs, qs)."""
-        D = self.head_dim
+    def load_q_regs(self, mQ, batch, kv_head, row0, n_rows, group, tidx):
+        """This thread's 8-element chunks of the block's Q rows (rows past the block's queries read
+        its last row, in bounds; scale_q zeroes them)."""
         vec = 8
-        per_row = D // vec
+        per_row = self.head_dim // vec
         nq = ROWS * per_row // self.threads
         qr = cute.make_rmem_tensor(cute.make_layout((nq, vec), stride=(vec, 1)), self.dtype)
         for i in cutlass.range_constexpr(nq):
             idx = tidx + i * self.threads
-            row = cutlass.min(row0 + idx // per_row, n_rows - 1)  # in bounds; zeroed below
+            row = cutlass.min(row0 + idx // per_row, n_rows - 1)
             s = row // group
             head = kv_head * group + (row - s * group)
             cute.autovec_copy(cute.local_tile(mQ[batch, s, head, None], (vec,), (idx % per_row,)), qr[i, None])
+        return qr
+
+    @cute.jit
+    def scale_q(self, qr, sQ, scratch_ptr, row0, n_rows, tidx, wid, lane):
+        """bf16 Q (load_q_regs) -> f16 into ``sQ``, times qs = 2^k chosen so that the largest |q|
+        of the block lands in [2^13, 2^14) (f16 holds it; the shift is exact); rows past the
+        block's queries are zero.  ``scratch_ptr``: 4·warps bytes of free shared memory for the
+        block's max.  Returns (1/qs, qs)."""
+        vec = 8
+        per_row = self.head_dim // vec
+        nq = ROWS * per_row // self.threads
         qf = cute.make_rmem_tensor(cute.make_layout((nq, vec), stride=(vec, 1)), cutlass.Float32)
         qf.store(qr.load().to(cutlass.Float32))
         amax = cutlass.Float32(0.0)
@@ -1003,11 +1019,10 @@ KV_GLOBAL_SPLITS = (32,)
 
 
 def make_kv(target: str, dtype: str, head_dim: int, splits: int, *, paged: bool = True,
-            switches: bool = False, kv_dtype: str | None = None, stages: int | None = None) -> AttentionDecodeKV:
+            switches: bool = False, kv_dtype: str | None = None) -> AttentionDecodeKV:
     tn, w, st, _pdl, ilp, mc = DEFAULT[head_dim]
     if kv_dtype == "e4m3":
         st = FP8_STAGES
-    st = stages or st
     cluster = splits in CLUSTER_BUILT
     return AttentionDecodeKV(target=target, dtype=dtype, head_dim=head_dim, tile_n=tn, warps=w, stages=st,
                              causal=True, splits=splits, cluster=cluster, pdl=splits > 1 and not cluster,
@@ -1041,6 +1056,4 @@ def enumerate_decode_kv(target: Target, tier: str) -> list[AttentionDecodeKV]:
         out += [make_kv(t, "bf16", 128, sp, kv_dtype="e4m3") for sp in KV_SPLITS + KV_GLOBAL_SPLITS]
         # head_dim 256 (Gemma-style heads): bf16 paged caches, the split counts that fit
         out += [make_kv(t, "bf16", 256, sp) for sp in KV_SPLITS + KV_GLOBAL_SPLITS]
-        if tier == "full":  # for measuring: a 6-stage ring (one CTA per SM, 5 tiles in flight) for small grids
-            out += [make_kv(t, "bf16", 128, sp, stages=6) for sp in (2, 4, 8)]
     return [v for v in out if v.can_implement() is None]
