@@ -92,9 +92,9 @@ def paged_split_count(groups: int, key_tiles: int, sms: int, available: dict, he
       * head_dim >= 128 (184 registers at D128, two 64 KB stages at D256): a cluster split whose
         grid still passes one CTA per SM steps down to the largest cluster split that does not
         (H100, B8 H32/8 D128 8k page 16: splits 1: 117 µs, 2: 97, 4: 117, 8: 110, 32: 105);
-      * fp8 e4m3 caches: ~2 CTAs per SM always (no early unsplit, no step-down): one CTA of the fp8
-        kernel per SM is bound by its per-tile chain (H100: B16 H32/8 4k unsplit 70 µs, 0.96 TB/s;
-        B64 2k, 2 CTAs per SM, 2.45 TB/s)."""
+      * fp8 e4m3 caches: no early unsplit (one CTA of the fp8 kernel per SM is bound by its
+        per-tile chain: H100 B16 H32/8 4k unsplit 70.2 µs, 2 splits 61.7, 4: 86.8), the same
+        step-down (B8 H32/8 8k: 2 splits 71.3 µs, 4: 93.8, 32: 91.4)."""
     if not fp8 and groups * 4 >= 3 * sms:
         return 1
     fits = sorted(s for s in available if s == 1 or key_tiles >= 4 * s)
@@ -103,7 +103,7 @@ def paged_split_count(groups: int, key_tiles: int, sms: int, available: dict, he
         big = [s for s in fits if s > n and not available[s]]
         if big:
             n = big[0]
-    if not fp8 and head_dim >= 128 and n > 1 and available.get(n) and groups * n > sms:
+    if (fp8 or head_dim >= 128) and n > 1 and available.get(n) and groups * n > sms:
         down = [s for s in fits if s >= 2 and available[s] and groups * s <= sms]
         if down:
             n = down[-1]

@@ -144,9 +144,13 @@ def test_paged_split_rule():
     # no 32-split built: the 8-cluster over one CTA per SM steps down (B4 H64/8 32k: 4 splits 149 µs, 8: 172)
     assert rules.paged_split_count(32, 512, 132, no32) == 4
     assert rules.paged_split_count(32, 512, 132, no32, head_dim=64) == 8
-    # fp8 caches: ~2 CTAs per SM (B16 H32/8 4k: 2 splits, not unsplit; B8 H32/8 8k: 4)
+    # fp8 caches: no early unsplit (H100 B16 H32/8 4k: 2 splits 61.7 µs, unsplit 70.2), the same
+    # step-down (B8 H32/8 8k: 2 splits 71.3, 4: 93.8), 32 for few long sequences, 8 for MQA B8 4k
     assert rules.paged_split_count(128, 64, 132, both, fp8=True) == 2
-    assert rules.paged_split_count(64, 128, 132, both, fp8=True) == 4
+    assert rules.paged_split_count(64, 128, 132, both, fp8=True) == 2
+    assert rules.paged_split_count(8, 512, 132, both, fp8=True) == 32
+    assert rules.paged_split_count(32, 512, 132, both, fp8=True) == 32
+    assert rules.paged_split_count(8, 64, 132, both, fp8=True) == 8
     assert rules.paged_split_count(512, 32, 132, both, fp8=True) == 1
     assert rules.paged_split_count(8, 3, 132, both) == 1         # 3 tiles: nothing keeps 4
 

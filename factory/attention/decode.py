@@ -216,6 +216,12 @@ class AttentionDecodeKV(AttentionDecode):
     def name(self) -> str:
         return AttentionVariant.name.fget(self).replace("_o0_", "_")
 
+    def sass_requirements(self) -> tuple[str, ...]:
+        req = super().sass_requirements()
+        if self.kv_dtype == "e4m3":  # the packed conversion: one instruction per two e4m3 values
+            req += (r"\bF2FP\.F16\.E4M3\.UNPACK_B\b",)
+        return req
+
     def raw_bytes(self) -> int:
         """fp8 caches: the ring of raw e4m3 K/V tiles that cp.async fills ahead of the converted
         ring (FP8_RAW_STAGES tiles in flight)."""

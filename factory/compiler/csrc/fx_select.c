@@ -1993,7 +1993,7 @@ static int32_t paged_split_count(i128 groups, int64_t tiles, int32_t sms, const 
     if (s > 1 && scl && s >= 8 && groups * s > (i128)sms)
         for (int32_t i = 0; i < m; i++)
             if (fits[i] > s && !fcl[i]) return fits[i];
-    if (!fp8 && head_dim >= 128 && s > 1 && scl && groups * s > (i128)sms) { /* at most one CTA per SM */
+    if ((fp8 || head_dim >= 128) && s > 1 && scl && groups * s > (i128)sms) { /* at most one CTA per SM */
         int32_t down = 0;
         for (int32_t i = 0; i < m; i++)
             if (fits[i] >= 2 && fcl[i] && groups * fits[i] <= (i128)sms) down = fits[i];
