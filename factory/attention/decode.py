@@ -1025,10 +1025,12 @@ KV_GLOBAL_SPLITS = (32,)
 
 
 def make_kv(target: str, dtype: str, head_dim: int, splits: int, *, paged: bool = True,
-            switches: bool = False, kv_dtype: str | None = None) -> AttentionDecodeKV:
+            switches: bool = False, kv_dtype: str | None = None, config: tuple | None = None) -> AttentionDecodeKV:
     tn, w, st, _pdl, ilp, mc = DEFAULT[head_dim]
     if kv_dtype == "e4m3":
         st = FP8_STAGES
+    if config:  # (tile_n, warps, ilp): alternatives for measuring
+        tn, w, ilp = config
     cluster = splits in CLUSTER_BUILT
     return AttentionDecodeKV(target=target, dtype=dtype, head_dim=head_dim, tile_n=tn, warps=w, stages=st,
                              causal=True, splits=splits, cluster=cluster, pdl=splits > 1 and not cluster,
@@ -1062,4 +1064,7 @@ def enumerate_decode_kv(target: Target, tier: str) -> list[AttentionDecodeKV]:
         out += [make_kv(t, "bf16", 128, sp, kv_dtype="e4m3") for sp in KV_SPLITS + KV_GLOBAL_SPLITS]
         # head_dim 256 (Gemma-style heads): bf16 paged caches, the split counts that fit
         out += [make_kv(t, "bf16", 256, sp) for sp in KV_SPLITS + KV_GLOBAL_SPLITS]
+        if tier == "full":  # fp8 alternatives, for measuring: two S chains; 8 warps over 128-key tiles
+            out += [make_kv(t, "bf16", 128, sp, kv_dtype="e4m3", config=c) for sp in (1, 2, 8)
+                    for c in ((64, 4, True), (128, 8, False))]
     return [v for v in out if v.can_implement() is None]
