@@ -126,9 +126,10 @@ def _pick_decode(entries: list[dict], p: Problem, sms: int) -> dict | None:
     avail = {int(e["kv_splits"]): e["cluster"][0] > 1 for e in same}
     groups = p.batch * p.heads_kv * row_blocks
     n = paged_split_count(groups, -(-p.max_seqlen_k // tile[1]), sms, avail, p.head_dim, p.kv_dtype == "e4m3")
-    if p.kv_dtype == "e4m3" and groups * n <= sms:
-        # grids of at most one CTA per SM: the fp8 build of one CTA per SM (8 warps), where built
-        # (H100 B8 H32/8 8k page 16, 2 splits: 62.3 µs vs 71.6)
+    if p.kv_dtype == "e4m3" and groups * n <= sms and p.max_seqlen_k >= 2048 * n:
+        # grids of at most one CTA per SM, splits of >= 2048 keys: the fp8 build of one CTA per SM
+        # (8 warps), where built (H100 page 16: B8 H32/8 8k, 2 splits, 62.3 µs vs 71.6; B4 4k, 4
+        # splits of 1024 keys, 38.9 vs 31.4)
         wide = [e for e in entries if not e.get("preferred") and int(e["kv_splits"]) == n and e.get("ctas_per_sm") == 1]
         if wide:
             return wide[0]

@@ -156,8 +156,8 @@ def test_paged_split_rule():
 
 
 def test_select_fp8_one_cta_per_sm_build():
-    """fp8 caches: where the split's grid fits the SMs once, the non-preferred build of one CTA per
-    SM (8 warps) of that split count; elsewhere the preferred one."""
+    """fp8 caches: where the split's grid fits the SMs once and each split keeps >= 2048 keys, the
+    non-preferred build of one CTA per SM (8 warps) of that split count; elsewhere the preferred one."""
     def e8(name, splits, wide=False):
         e = entry(name, splits)
         e.update(kv_dtype="e4m3", preferred=not wide, ctas_per_sm=1 if wide else 2)
@@ -169,9 +169,10 @@ def test_select_fp8_one_cta_per_sm_build():
     cands = [e8(f"f{s}", s) for s in (1, 2, 4, 8, 32)] + [e8(f"w{s}", s, True) for s in (2, 4, 8)]
     fp8 = dict(kv_dtype="e4m3")
     assert rules.select(cands, prob(b=8, sk=8192, **fp8))["name"] == "w2"           # 64 groups x 2: 128 CTAs
-    assert rules.select(cands, prob(b=4, sk=4096, **fp8))["name"] == "w4"           # 32 groups x 4
+    assert rules.select(cands, prob(b=8, sk=16384, **fp8))["name"] == "w2"
+    assert rules.select(cands, prob(b=4, sk=4096, **fp8))["name"] == "f4"           # 32 groups x 4: 1024 keys each
     assert rules.select(cands, prob(b=4, sk=8192, **fp8))["name"] == "f32"          # 8-cluster past the SMs: 32
-    assert rules.select(cands, prob(b=8, hq=16, hkv=1, sk=4096, **fp8))["name"] == "w8"  # MQA: 64 CTAs
+    assert rules.select(cands, prob(b=8, hq=16, hkv=1, sk=4096, **fp8))["name"] == "f8"  # MQA: 512 keys a split
     assert rules.select(cands, prob(b=16, sk=4096, **fp8))["name"] == "f2"          # 256 CTAs: two per SM
     assert rules.select(cands, prob(b=64, sk=2048, **fp8))["name"] == "f1"
     assert rules.select(cands, prob(b=1, sk=32768, **fp8))["name"] == "f32"

@@ -288,9 +288,10 @@ DEFAULT = {128: (64, 4, 3, False, False, 0), 64: (64, 4, 4, False, False, 0),
 # FP8_RAW_STAGES raw e4m3 tiles that cp.async keeps in flight: 64 + 48 KB, two CTAs per SM.
 FP8_STAGES = 2
 FP8_RAW_STAGES = 3
-# (tile_n, warps, ilp) of the fp8 build for grids of at most one CTA per SM: twice the warps per SM
-# of one default CTA (H100, B8 H32/8 8k page 16, 2 splits: 62.3 µs vs 71.6; two S chains instead:
-# no gain, 72.3)
+# (tile_n, warps, ilp) of the fp8 build for grids of at most one CTA per SM whose splits keep >= 2048
+# keys: twice the warps per SM of one default CTA (H100, page 16: B8 H32/8 8k, 2 splits, 62.3-62.6
+# µs vs 71.6; shorter splits lose: B4 H32/8 4k, 4 splits, 38.9 vs 31.4; MQA B8 4k, 8 splits, 16.0-16.2
+# vs 16.7; two S chains instead: no gain anywhere, 72.3 at B8 8k)
 FP8_WIDE = (128, 8, False)
 # Split counts built: merged in a cluster (8 is the portable cluster maximum; 16-CTA clusters ran
 # 2x slower than 8: co-scheduling), and through the workspace and the combine kernel.
@@ -1068,7 +1069,8 @@ def enumerate_decode_kv(target: Target, tier: str) -> list[AttentionDecodeKV]:
         out += [make_kv(t, "bf16", 128, sp, kv_dtype="e4m3") for sp in KV_SPLITS + KV_GLOBAL_SPLITS]
         # head_dim 256 (Gemma-style heads): bf16 paged caches, the split counts that fit
         out += [make_kv(t, "bf16", 256, sp) for sp in KV_SPLITS + KV_GLOBAL_SPLITS]
-        # fp8, grids of at most one CTA per SM: 8 warps over 128-key tiles (one 224 KB CTA per SM;
-        # the rule takes it where the split's grid fits the SMs once)
-        out += [make_kv(t, "bf16", 128, sp, kv_dtype="e4m3", config=FP8_WIDE) for sp in (2, 4, 8)]
+        # fp8, grids of at most one CTA per SM with long splits: 8 warps over 128-key tiles (one
+        # 224 KB CTA per SM); the rule takes it at 2 splits in practice (4 and 8: "full", measuring)
+        out += [make_kv(t, "bf16", 128, sp, kv_dtype="e4m3", config=FP8_WIDE)
+                for sp in ((2, 4, 8) if tier == "full" else (2,))]
     return [v for v in out if v.can_implement() is None]

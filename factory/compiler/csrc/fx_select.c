@@ -2038,7 +2038,8 @@ static int32_t kv_pick_decode(const int32_t *c, int32_t n, const kv_problem *q, 
     int64_t row_blocks = cdiv((q->hq / q->hkv) * q->sq, 16);
     i128 groups = (i128)q->b * q->hkv * row_blocks;
     int32_t s = paged_split_count(groups, cdiv(q->sk, t1), sms, sp, cl_last, m, q->d, q->kv_dtype == FX_DTYPE_E4M3);
-    if (q->kv_dtype == FX_DTYPE_E4M3 && groups * s <= (i128)sms) /* the one-CTA-per-SM fp8 build, where built */
+    /* the one-CTA-per-SM fp8 build, where built, for a grid within the SMs whose splits keep >= 2048 keys */
+    if (q->kv_dtype == FX_DTYPE_E4M3 && groups * s <= (i128)sms && q->sk >= 2048 * (int64_t)s)
         for (int32_t i = 0; i < n; i++) {
             const fx_variant *e = &fx_variants[c[i]];
             if (!e->preferred && e->kv_splits == s && e->ctas_per_sm == 1) return c[i];
