@@ -1049,7 +1049,7 @@ def enumerate_decode_kv(target: Target, tier: str) -> list[AttentionDecodeKV]:
     softcap / sink switches, f16 and head_dim 64, fp8 caches); default: paged and dense caches for
     both dtypes and head_dims at every split count, the switch build (window + softcap + sinks in
     one variant: gpt-oss, Gemma 2) for bf16 paged caches, and bf16 q over fp8 e4m3 paged caches
-    at head_dim 128."""
+    at head_dim 128 (every split count, plus the 8-warp one-CTA-per-SM build at 2 splits)."""
     if target.name != "sm_90":
         return []
     t = target.name
