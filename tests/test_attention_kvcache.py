@@ -61,12 +61,15 @@ def test_enumeration():
     f8 = [v for v in test if v.kv_dtype == "e4m3"]
     assert f8 and all(v.paged and v.head_dim == 128 for v in f8)
     default = enumerate_decode_kv(get_target("sm_90"), "default")
-    assert len({v.name for v in default}) == len(default) <= 54
+    assert len({v.name for v in default}) == len(default) <= 55
     # head_dim 256: bf16 paged caches at every split count
     assert sorted(v.splits for v in default if v.head_dim == 256) == [1, 2, 4, 8, 32]
     assert all(v.dtype == "bf16" and v.paged and v.kv_dtype == "bf16" for v in default if v.head_dim == 256)
-    # fp8 caches: bf16 q, head_dim 128, paged, every split count the paged rule picks
-    assert sorted(v.splits for v in default if v.kv_dtype == "e4m3") == [1, 2, 4, 8, 32]
+    # fp8 caches: bf16 q, head_dim 128, paged, every split count the paged rule picks, and the
+    # 8-warp one-CTA-per-SM build at 2 splits (not preferred: the rule names it)
+    assert sorted(v.splits for v in default if v.kv_dtype == "e4m3" and v.warps == 4) == [1, 2, 4, 8, 32]
+    wide = [v for v in default if v.kv_dtype == "e4m3" and v.warps == 8]
+    assert [(v.splits, v.tile_n, v.describe()["preferred"], v.ctas_per_sm()) for v in wide] == [(2, 128, False, 1)]
     assert all(v.dtype == "bf16" and v.head_dim == 128 and v.paged for v in default if v.kv_dtype == "e4m3")
     assert all(v.can_implement() is None for v in default)
     # cluster merges without PDL twins; the workspace split with its PDL combine kernel
