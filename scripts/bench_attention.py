@@ -357,6 +357,8 @@ KV_SHAPES = [
     (64, 1024, 32, 8, 64, (16, 64)),
     (32, 8192, 32, 8, 128, (16, 64, 1, None), "mixed"),
     (128, 2048, 16, 1, 64, (16, 64), "mixed"),
+    (8, 8192, 32, 8, 256, (16,)),                  # head_dim 256 (bf16 paged caches only)
+    (1, 32768, 32, 8, 256, (16,)),
 ]
 
 
@@ -448,12 +450,15 @@ def bench_kvcache(bundle, dtype="bf16", shapes=None, copy_bw=None, budget_s=0.15
                         if (e["family"] == "sm90_decode" and e["dtype"] == dtype and e["head_dim"] == d
                                 and e.get("kv_dtype", dtype) == dtype
                                 and bool(e["paged"]) == (ps is not None) and not e.get("sinks")):
-                            row["splits_us"][e["kv_splits"]] = time_graph(
+                            # the preferred config by split count, others (a deeper ring) by split and stages
+                            key = str(e["kv_splits"]) if e.get("preferred") else f"{e['kv_splits']}_s{e['stages']}"
+                            row["splits_us"][key] = time_graph(
                                 lambda _i, n=e["name"]: bundle.attention_kvcache(q, kc, vc, lens, block_table=bt,
                                                                                  variant=n), 3,
                                 budget_s=budget_s) * 1e6
                     print("    by split count (µs): " + ", ".join(f"{k}: {v:.1f}" for k, v in
-                                                             sorted(row["splits_us"].items())), flush=True)
+                                                             sorted(row["splits_us"].items(),
+                                                                    key=lambda kv: (len(kv[0]), kv[0]))), flush=True)
                 if ps is not None and fp8 and d in fp8:  # the same pages as fp8 e4m3, per-kv-head descales
                     desc = torch.rand(hkv, device="cuda", generator=gen) + 0.5
                     k8, v8 = (x.to(torch.float8_e4m3fn) for x in (kc, vc))
@@ -468,6 +473,18 @@ def bench_kvcache(bundle, dtype="bf16", shapes=None, copy_bw=None, budget_s=0.15
                         q, k8, v8, lens, block_table=bt, k_descale=desc, v_descale=desc), 3, budget_s=budget_s) * 1e6
                     row["fp8_eager_us"] = time_eager(lambda _i: bundle.attention_kvcache(
                         q, k8, v8, lens, block_table=bt, k_descale=desc, v_descale=desc), 1) * 1e6
+                    if B * hkv <= 128 and ps == 16:  # every fp8 split count, by name
+                        row["fp8_splits_us"] = {}
+                        for e in bundle.candidates("attention_kvcache"):
+                            if (e["family"] == "sm90_decode" and e["dtype"] == dtype and e["head_dim"] == d
+                                    and e.get("kv_dtype") == "e4m3" and e["paged"]):
+                                row["fp8_splits_us"][str(e["kv_splits"])] = time_graph(
+                                    lambda _i, n=e["name"]: bundle.attention_kvcache(
+                                        q, k8, v8, lens, block_table=bt, k_descale=desc, v_descale=desc, variant=n),
+                                    3, budget_s=budget_s) * 1e6
+                        print("    fp8 by split count (µs): " + ", ".join(
+                            f"{k}: {v:.1f}" for k, v in sorted(row["fp8_splits_us"].items(), key=lambda kv: int(kv[0]))),
+                            flush=True)
                     row["bf16_over_fp8"] = row["ours_us"] / row["fp8_us"]
                     if floor:  # half the K/V bytes
                         row["fp8_floor_over_ours"] = (floor / 2) / row["fp8_us"]

@@ -75,7 +75,8 @@ def _switch_cost(e: dict) -> int:
     return sum(bool(e.get(s)) for s in ("local", "softcap", "sinks"))
 
 
-def paged_split_count(groups: int, key_tiles: int, sms: int, available: dict) -> int:
+def paged_split_count(groups: int, key_tiles: int, sms: int, available: dict, head_dim: int = 128,
+                      fp8: bool = False) -> int:
     """Split-KV count of a paged decode variant for ``groups`` = batch · kv heads · row blocks
     CTAs per split over ``key_tiles`` tiles of the cache's capacity; ``available``: {splits:
     merged in a cluster?}.  The paged kernel spends more instructions per key tile than the dense
@@ -87,8 +88,14 @@ def paged_split_count(groups: int, key_tiles: int, sms: int, available: dict) ->
         8k 4 splits 42.7 (2: 53.7); none reaches it: the most that keep 4 tiles (MQA B8 H16/1 4k:
         8 splits 13.2, 32: 15.4);
       * an 8-CTA cluster split whose grid passes one CTA per SM packs into clusters badly: the
-        32-split instead where built (B4 H64/8 32k: 8 splits 172 µs, 32: 140, 4: 149)."""
-    if groups * 4 >= 3 * sms:
+        32-split instead where built (B4 H64/8 32k: 8 splits 172 µs, 32: 140, 4: 149);
+      * head_dim >= 128 (184 registers at D128, two 64 KB stages at D256): a cluster split whose
+        grid still passes one CTA per SM steps down to the largest cluster split that does not
+        (H100, B8 H32/8 D128 8k page 16: splits 1: 117 µs, 2: 97, 4: 117, 8: 110, 32: 105);
+      * fp8 e4m3 caches: no early unsplit (one CTA of the fp8 kernel per SM is bound by its
+        per-tile chain: H100 B16 H32/8 4k unsplit 70.2 µs, 2 splits 61.7, 4: 86.8), the same
+        step-down (B8 H32/8 8k: 2 splits 71.3 µs, 4: 93.8, 32: 91.4)."""
+    if not fp8 and groups * 4 >= 3 * sms:
         return 1
     fits = sorted(s for s in available if s == 1 or key_tiles >= 4 * s)
     n = next((s for s in fits if groups * s >= 1.9 * sms), fits[-1])
@@ -96,6 +103,10 @@ def paged_split_count(groups: int, key_tiles: int, sms: int, available: dict) ->
         big = [s for s in fits if s > n and not available[s]]
         if big:
             n = big[0]
+    if (fp8 or head_dim >= 128) and n > 1 and available.get(n) and groups * n > sms:
+        down = [s for s in fits if s >= 2 and available[s] and groups * s <= sms]
+        if down:
+            n = down[-1]
     return n
 
 
@@ -113,7 +124,15 @@ def _pick_decode(entries: list[dict], p: Problem, sms: int) -> dict | None:
     same = [e for e in pref if list(e["tile"]) == tile]
     row_blocks = -(-(p.heads_q // p.heads_kv) * p.seqlen_q // DECODE_ROWS)
     avail = {int(e["kv_splits"]): e["cluster"][0] > 1 for e in same}
-    n = paged_split_count(p.batch * p.heads_kv * row_blocks, -(-p.max_seqlen_k // tile[1]), sms, avail)
+    groups = p.batch * p.heads_kv * row_blocks
+    n = paged_split_count(groups, -(-p.max_seqlen_k // tile[1]), sms, avail, p.head_dim, p.kv_dtype == "e4m3")
+    if p.kv_dtype == "e4m3" and groups * n <= sms and p.max_seqlen_k >= 2048 * n:
+        # grids of at most one CTA per SM, splits of >= 2048 keys: the fp8 build of one CTA per SM
+        # (8 warps), where built (H100 page 16: B8 H32/8 8k, 2 splits, 62.3 µs vs 71.6; B4 4k, 4
+        # splits of 1024 keys, 38.9 vs 31.4)
+        wide = [e for e in entries if not e.get("preferred") and int(e["kv_splits"]) == n and e.get("ctas_per_sm") == 1]
+        if wide:
+            return wide[0]
     return next((e for e in same if int(e["kv_splits"]) == n), None)
 
 

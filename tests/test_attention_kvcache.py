@@ -61,12 +61,15 @@ def test_enumeration():
     f8 = [v for v in test if v.kv_dtype == "e4m3"]
     assert f8 and all(v.paged and v.head_dim == 128 for v in f8)
     default = enumerate_decode_kv(get_target("sm_90"), "default")
-    assert len({v.name for v in default}) == len(default) <= 54
+    assert len({v.name for v in default}) == len(default) <= 55
     # head_dim 256: bf16 paged caches at every split count
     assert sorted(v.splits for v in default if v.head_dim == 256) == [1, 2, 4, 8, 32]
     assert all(v.dtype == "bf16" and v.paged and v.kv_dtype == "bf16" for v in default if v.head_dim == 256)
-    # fp8 caches: bf16 q, head_dim 128, paged, every split count the paged rule picks
-    assert sorted(v.splits for v in default if v.kv_dtype == "e4m3") == [1, 2, 4, 8, 32]
+    # fp8 caches: bf16 q, head_dim 128, paged, every split count the paged rule picks, and the
+    # 8-warp one-CTA-per-SM build at 2 splits (not preferred: the rule names it)
+    assert sorted(v.splits for v in default if v.kv_dtype == "e4m3" and v.warps == 4) == [1, 2, 4, 8, 32]
+    wide = [v for v in default if v.kv_dtype == "e4m3" and v.warps == 8]
+    assert [(v.splits, v.tile_n, v.describe()["preferred"], v.ctas_per_sm()) for v in wide] == [(2, 128, False, 1)]
     assert all(v.dtype == "bf16" and v.head_dim == 128 and v.paged for v in default if v.kv_dtype == "e4m3")
     assert all(v.can_implement() is None for v in default)
     # cluster merges without PDL twins; the workspace split with its PDL combine kernel
@@ -120,7 +123,8 @@ def prob(b=8, sq=1, hq=32, hkv=8, d=128, sk=4096, page=16, **kw):
 def test_select_splits_and_layouts():
     assert rules.select(CANDS, prob(b=256))["name"] == "p1"          # the grid fills the GPU
     assert rules.select(CANDS, prob(b=1, sk=32768))["name"] == "p8"  # one long sequence: 8 kv heads x 8
-    assert rules.select(CANDS, prob(b=8, sk=8192, hq=64))["name"] == "p4"  # 64 groups x 4: 2 per SM
+    # 64 groups: x 4 would be 2 CTAs per SM, which D128 runs slower than x 2 (one per SM)
+    assert rules.select(CANDS, prob(b=8, sk=8192, hq=64))["name"] == "p2"
     assert rules.select(CANDS, prob(b=1, sk=32768, page=None))["name"] == "d8"  # the dense rule
     assert rules.select(CANDS, prob(b=4, sk=32768, hq=64, page=None))["name"] == "d2"
     assert rules.select(CANDS, prob(b=1, sk=100))["name"] == "p1"    # two key tiles: no split
@@ -132,11 +136,49 @@ def test_paged_split_rule():
     assert rules.paged_split_count(8, 512, 132, both) == 32      # B1 H32/8 32k
     assert rules.paged_split_count(32, 512, 132, both) == 32     # B4 H64/8 32k: not the 8-cluster
     assert rules.paged_split_count(8, 64, 132, both) == 8        # MQA B8 4k: 4 tiles per split at most
-    assert rules.paged_split_count(64, 128, 132, both) == 4      # B8 H64/8 D64 8k
+    assert rules.paged_split_count(64, 128, 132, both, head_dim=64) == 4  # B8 H64/8 D64 8k
+    # head_dim >= 128: at most one CTA per SM on a cluster split (H100 B8 H32/8 D128 8k: 2 splits
+    # 97 µs, 4: 117); head_dim 256 (one CTA per SM) alike
+    assert rules.paged_split_count(64, 128, 132, both) == 2
+    assert rules.paged_split_count(64, 64, 132, both, head_dim=256) == 2
     assert rules.paged_split_count(128, 64, 132, both) == 1      # B16 H32/8: fills 3/4 of the SMs
     no32 = {1: False, 2: True, 4: True, 8: True}
-    assert rules.paged_split_count(8, 512, 132, no32) == 8 and rules.paged_split_count(32, 512, 132, no32) == 8
+    assert rules.paged_split_count(8, 512, 132, no32) == 8
+    # no 32-split built: the 8-cluster over one CTA per SM steps down (B4 H64/8 32k: 4 splits 149 µs, 8: 172)
+    assert rules.paged_split_count(32, 512, 132, no32) == 4
+    assert rules.paged_split_count(32, 512, 132, no32, head_dim=64) == 8
+    # fp8 caches: no early unsplit (H100 B16 H32/8 4k: 2 splits 61.7 µs, unsplit 70.2), the same
+    # step-down (B8 H32/8 8k: 2 splits 71.3, 4: 93.8), 32 for few long sequences, 8 for MQA B8 4k
+    assert rules.paged_split_count(128, 64, 132, both, fp8=True) == 2
+    assert rules.paged_split_count(64, 128, 132, both, fp8=True) == 2
+    assert rules.paged_split_count(8, 512, 132, both, fp8=True) == 32
+    assert rules.paged_split_count(32, 512, 132, both, fp8=True) == 32
+    assert rules.paged_split_count(8, 64, 132, both, fp8=True) == 8
+    assert rules.paged_split_count(512, 32, 132, both, fp8=True) == 1
     assert rules.paged_split_count(8, 3, 132, both) == 1         # 3 tiles: nothing keeps 4
+
+
+def test_select_fp8_one_cta_per_sm_build():
+    """fp8 caches: where the split's grid fits the SMs once and each split keeps >= 2048 keys, the
+    non-preferred build of one CTA per SM (8 warps) of that split count; elsewhere the preferred one."""
+    def e8(name, splits, wide=False):
+        e = entry(name, splits)
+        e.update(kv_dtype="e4m3", preferred=not wide, ctas_per_sm=1 if wide else 2)
+        if wide:
+            e["tile"] = [16, 128]
+        if splits == 32:
+            e["cluster"] = [1, 1]
+        return e
+    cands = [e8(f"f{s}", s) for s in (1, 2, 4, 8, 32)] + [e8(f"w{s}", s, True) for s in (2, 4, 8)]
+    fp8 = dict(kv_dtype="e4m3")
+    assert rules.select(cands, prob(b=8, sk=8192, **fp8))["name"] == "w2"           # 64 groups x 2: 128 CTAs
+    assert rules.select(cands, prob(b=8, sk=16384, **fp8))["name"] == "w2"
+    assert rules.select(cands, prob(b=4, sk=4096, **fp8))["name"] == "f4"           # 32 groups x 4: 1024 keys each
+    assert rules.select(cands, prob(b=4, sk=8192, **fp8))["name"] == "f32"          # 8-cluster past the SMs: 32
+    assert rules.select(cands, prob(b=8, hq=16, hkv=1, sk=4096, **fp8))["name"] == "f8"  # MQA: 512 keys a split
+    assert rules.select(cands, prob(b=16, sk=4096, **fp8))["name"] == "f2"          # 256 CTAs: two per SM
+    assert rules.select(cands, prob(b=64, sk=2048, **fp8))["name"] == "f1"
+    assert rules.select(cands, prob(b=1, sk=32768, **fp8))["name"] == "f32"
 
 
 def test_select_switches():

@@ -216,6 +216,21 @@ class AttentionDecodeKV(AttentionDecode):
     def name(self) -> str:
         return AttentionVariant.name.fget(self).replace("_o0_", "_")
 
+    def sass_requirements(self) -> tuple[str, ...]:
+        req = super().sass_requirements()
+        if self.kv_dtype == "e4m3":  # the packed conversion: one instruction per two e4m3 values
+            req += (r"\bF2FP\.F16\.E4M3\.UNPACK_B\b",)
+        return req
+
+    def raw_bytes(self) -> int:
+        """fp8 caches: the ring of raw e4m3 K/V tiles that cp.async fills ahead of the converted
+        ring (FP8_RAW_STAGES tiles in flight)."""
+        return FP8_RAW_STAGES * 2 * self.tile_n * self.head_dim if self.kv_dtype == "e4m3" else 0
+
+    def smem_bytes(self) -> int:
+        raw = self.raw_bytes()
+        return super().smem_bytes() + (raw + 128 if raw else 0)
+
     def can_implement(self) -> str | None:
         why = super().can_implement()
         if why:
@@ -227,7 +242,7 @@ class AttentionDecodeKV(AttentionDecode):
         if self.kv_dtype == "e4m3" and (self.tile_n * self.head_dim // 16) % self.threads:
             return "fp8 K/V tiles must be whole copy passes"
         if self.kv_dtype == "e4m3" and self.head_dim != 128:
-            return "fp8 caches are built for head_dim 128 (head_dim 64's register staging spills)"
+            return "fp8 caches are built for head_dim 128"
         if not self.causal:
             return "built bottom-right causal (one query: the same as no mask)"
         return None
@@ -269,6 +284,15 @@ DECODE_MAX_SEQLEN_Q = 16
 DEFAULT = {128: (64, 4, 3, False, False, 0), 64: (64, 4, 4, False, False, 0),
            # head_dim 256 (KV-cache decode only): two 64 KB stages, one CTA per SM, 254 registers
            256: (64, 4, 2, False, False, 0)}
+# fp8 e4m3 caches (head_dim 128): a 2-stage ring of converted (f16) tiles fed from a ring of
+# FP8_RAW_STAGES raw e4m3 tiles that cp.async keeps in flight: 64 + 48 KB, two CTAs per SM.
+FP8_STAGES = 2
+FP8_RAW_STAGES = 3
+# (tile_n, warps, ilp) of the fp8 build for grids of at most one CTA per SM whose splits keep >= 2048
+# keys: twice the warps per SM of one default CTA (H100, page 16: B8 H32/8 8k, 2 splits, 62.3-62.6
+# µs vs 71.6; shorter splits lose: B4 H32/8 4k, 4 splits, 38.9 vs 31.4; MQA B8 4k, 8 splits, 16.0-16.2
+# vs 16.7; two S chains instead: no gain anywhere, 72.3 at B8 8k)
+FP8_WIDE = (128, 8, False)
 # Split counts built: merged in a cluster (8 is the portable cluster maximum; 16-CTA clusters ran
 # 2x slower than 8: co-scheduling), and through the workspace and the combine kernel.
 CLUSTER_BUILT = (2, 4, 8)
@@ -282,6 +306,8 @@ FULL_CONFIGS = {128: ((128, 4, 2, False, False, 0), (64, 4, 4, False, False, 0),
 def is_default(v: "AttentionDecode") -> bool:
     """The default config (PDL aside: the split decides it, see DEFAULT)."""
     tn, w, st, _, ilp, mc = DEFAULT.get(v.head_dim, (0,) * 6)
+    if getattr(v, "kv_dtype", None) == "e4m3":
+        st = FP8_STAGES
     return (v.tile_n, v.warps, v.stages, v.ilp, v.min_ctas) == (tn, w, st, ilp, mc)
 
 
@@ -333,10 +359,17 @@ class FlashDecodeSm90:
         self.local = local
         self.softcap = softcap
         self.sinks = sinks
-        # fp8 e4m3 K/V (paged): 16-byte chunks of a row by LDG into registers during the previous
-        # tile's MMAs, converted to dtype into the ring after them; k_descale folds into the score
-        # scale, v_descale into O.
+        # fp8 e4m3 K/V (paged): each thread cp.asyncs its 16-byte chunks of a tile into a ring of
+        # raw e4m3 tiles (FP8_RAW_STAGES in flight) and, after the current tile's MMAs, converts
+        # its own chunks of the next tile (e4m3x2 -> f16x2, one instruction per pair) into the
+        # 2-stage ring of converted tiles the MMAs read.  The MMAs run in f16 (``mdtype``): for
+        # bf16 q, Q is converted once, scaled by a power of two that puts the CTA's largest |q|
+        # at 2^13..2^14 (exact exponent shift; no f16 overflow), and the scale comes back out of
+        # the score scale.  k_descale folds into the score scale, v_descale into O.
         self.fp8 = fp8
+        self.mdtype = cutlass.Float16 if fp8 else dtype
+        self.q_convert = fp8 and dtype is not cutlass.Float16
+        self.raw_stages = FP8_RAW_STAGES
         self.c_per_row = head_dim // 16  # fp8 chunks of one row
         self.rows_pp = (32 * warps) // self.c_per_row  # rows of one pass
         self.passes = tile_n // self.rows_pp
@@ -359,6 +392,8 @@ class FlashDecodeSm90:
                             head_dim=head_dim, tile_n=tile_n, warps=warps, stages=stages,
                             causal=causal, splits=splits, cluster=cluster, min_ctas=min_ctas)
         self.smem_elems = (v.smem_bytes() - 16) // 2
+        self.raw_elems = FP8_RAW_STAGES * 2 * tile_n * head_dim
+        assert not fp8 or (stages == 2 and ROWS * head_dim // 8 % self.threads == 0)
         self.recv_bytes = ROWS * (head_dim + 1) * 4  # what one split pushes to rank 0
 
     # --- host ------------------------------------------------------------------------------------
@@ -408,18 +443,14 @@ class FlashDecodeSm90:
         # Q: rows padded by 16 bytes (ldmatrix without conflicts; rows are loaded one by one).
         sQ_layout = cute.make_layout((ROWS, D), stride=(D + 8, 1))
 
-        @cute.struct
-        class SharedStorage:
-            kv: cute.struct.Align[cute.struct.MemRange[self.dtype, self.smem_elems], 1024]
-            bar: cute.struct.MemRange[cutlass.Int64, 1]
-
+        SharedStorage = self.shared_storage()
         vec = 128 // self.dtype.width
         g2s = cute.make_tiled_copy_tv(
             cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL),
                                 self.dtype, num_bits_per_copy=128),
             cute.make_layout((self.threads // 8, 8), stride=(8, 1)), cute.make_layout((1, vec)))
         tiled_mma = cute.make_tiled_mma(
-            warp.MmaF16BF16Op(self.dtype, cutlass.Float32, (16, 8, 16)), (1, 1, 1),
+            warp.MmaF16BF16Op(self.mdtype, cutlass.Float32, (16, 8, 16)), (1, 1, 1),
             permutation_mnk=(ROWS, 16, 16))
         group = mQ.shape[2] // mK.shape[2]
         row_blocks = cute.ceil_div(group * mQ.shape[1], ROWS)
@@ -441,6 +472,16 @@ class FlashDecodeSm90:
         else:
             kern.launch(grid=grid, block=[self.threads, 1, 1], smem=SharedStorage.size_in_bytes(),
                         stream=stream, use_pdl=self.pdl, **extra)
+
+    def shared_storage(self):
+        """The ring (converted tiles for fp8 caches), [fp8: the raw e4m3 ring], the cluster merge's
+        mbarrier."""
+        fields = {"kv": cute.struct.Align[cute.struct.MemRange[self.mdtype, self.smem_elems], 1024]}
+        if self.fp8:
+            fields["raw"] = cute.struct.Align[cute.struct.MemRange[cutlass.Float8E4M3FN, self.raw_elems], 128]
+        fields["bar"] = cute.struct.MemRange[cutlass.Int64, 1]
+        # (built from a dict: this module's annotations are strings, which cute.struct does not evaluate)
+        return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
 
     # --- device ----------------------------------------------------------------------------------
     @cute.kernel
@@ -521,7 +562,7 @@ class FlashDecodeSm90:
 
         # The warp's operands over its key slice: tSsK (CPY, BNW/16, D/16, 2S), tOsV (CPY, D/16, BNW/16, 2S).
         thr_mma, (s2r_Q, _, tSrQ), (tSrK, tSsK, tSrK_v, s2r_K, tOsV, tOrV, tOrV_v, s2r_V), acc_O = \
-            mma_sync.operands(tiled_mma, lane, self.dtype, sQ, sKw, sVtw, (ROWS, D))
+            mma_sync.operands(tiled_mma, lane, self.mdtype, sQ, sKw, sVtw, (ROWS, D))
 
         if cutlass.const_expr(self.pdl):
             cute.arch.griddepcontrol_wait()  # the previous grid's writes are visible from here
@@ -530,19 +571,20 @@ class FlashDecodeSm90:
                                        self.dtype, num_bits_per_copy=128)
         vec = 128 // self.dtype.width
         per_row = D // vec
-        for i in cutlass.range_constexpr((ROWS * per_row + self.threads - 1) // self.threads):
-            idx = tidx + i * self.threads
-            r = idx // per_row
-            c = idx % per_row
-            if idx < ROWS * per_row:
-                dst = cute.local_tile(sQ[r, None], (vec,), (c,))
-                row = row0 + r
-                if row < n_rows:
-                    s = row // group
-                    head = kv_head * group + (row - s * group)
-                    cute.copy(g2s_atom, cute.local_tile(mQ[batch, s, head, None], (vec,), (c,)), dst)
-                else:
-                    dst.fill(0)
+        if cutlass.const_expr(not self.q_convert):
+            for i in cutlass.range_constexpr((ROWS * per_row + self.threads - 1) // self.threads):
+                idx = tidx + i * self.threads
+                r = idx // per_row
+                c = idx % per_row
+                if idx < ROWS * per_row:
+                    dst = cute.local_tile(sQ[r, None], (vec,), (c,))
+                    row = row0 + r
+                    if row < n_rows:
+                        s = row // group
+                        head = kv_head * group + (row - s * group)
+                        cute.copy(g2s_atom, cute.local_tile(mQ[batch, s, head, None], (vec,), (c,)), dst)
+                    else:
+                        dst.fill(0)
         cute.arch.cp_async_commit_group()
         ps_shift = 0
         pages = None
@@ -556,26 +598,57 @@ class FlashDecodeSm90:
         if cutlass.const_expr(self.fp8):
             kreg = cute.make_rmem_tensor(cute.make_layout((self.passes, 16), stride=(16, 1)), mK.element_type)
             vreg = cute.make_rmem_tensor(cute.make_layout((self.passes, 16), stride=(16, 1)), mK.element_type)
-        for s in cutlass.range_constexpr(S - 1):
-            if n_hi - 1 - s >= n_lo:
-                if cutlass.const_expr(self.fp8):
-                    self.fetch_pages_fp8(mBT, pages, batch, n_hi - 1 - s, k_len, tidx, ps_shift)
-                    self.load_fp8_regs(mK, mV, pages, kreg, vreg, kv_head, n_hi - 1 - s, k_len, tidx, ps_shift)
-                    self.store_fp8_regs(kreg, vreg, sKV, s, tidx, n_hi - 1 - s, k_len)
-                elif cutlass.const_expr(self.paged):
-                    self.fetch_pages(mBT, pages, batch, n_hi - 1 - s, k_len, tidx, ps_shift)
-                    self.load_kv_paged(g2s_atom, mK, mV, pages, sKV, kv_head, n_hi - 1 - s, s, k_len,
-                                       tidx, ps_shift)
-                else:
-                    load_kv(g2s, tKgK, tVgV, tKVsKV, tKVcKV, n_hi - 1 - s, s, k_len, BN)
-            cute.arch.cp_async_commit_group()
+        R = self.raw_stages
+        sRaw = None
         if cutlass.const_expr(self.fp8):
-            if n_hi - S >= n_lo:
-                self.fetch_pages_fp8(mBT, pages, batch, n_hi - S, k_len, tidx, ps_shift)
-        elif cutlass.const_expr(self.paged):
-            if n_hi - S >= n_lo:
-                self.fetch_pages(mBT, pages, batch, n_hi - S, k_len, tidx, ps_shift)
-        cute.arch.cp_async_wait_group(S - 1)
+            # Raw e4m3 tiles: tile t (t-th from the top) in raw slot t % R; cp.async group t + 1
+            # (group 0: Q).  Each thread reads back only the chunks it copied: no barrier.
+            sRaw = storage.raw.get_tensor(cute.make_layout((BN, D, 2 * R), stride=(D, 1, BN * D)))
+            qr = None
+            if cutlass.const_expr(self.q_convert):  # Q's loads in flight first
+                qr = self.load_q_regs(mQ, batch, kv_head, row0, n_rows, group, tidx)
+            # the first R + 1 tiles' page indices, all loads in flight before the first is used
+            pages_pro = cute.make_rmem_tensor(cute.make_layout((self.passes, R + 1), stride=(1, self.passes)),
+                                              cutlass.Int32)
+            for s in cutlass.range_constexpr(R + 1):  # (a tile past the split's first reads that one's: unused)
+                self.fetch_pages_fp8(mBT, pages_pro[None, s], batch, cutlass.max(n_hi - 1 - s, n_lo), k_len, tidx,
+                                     ps_shift)
+            for s in cutlass.range_constexpr(R):
+                if n_hi - 1 - s >= n_lo:
+                    self.load_fp8_async(mK, mV, pages_pro[None, s], sRaw, s, kv_head, n_hi - 1 - s, tidx, ps_shift)
+                cute.arch.cp_async_commit_group()
+            for p in cutlass.range_constexpr(self.passes):
+                pages[p] = pages_pro[p, R]
+            if cutlass.const_expr(self.q_convert):
+                inv_qs, qs = self.scale_q(qr, sQ, storage.kv.data_ptr() + (S - 1) * 2 * BN * D + ROWS * (D + 8),
+                                          row0, n_rows, tidx, wid, lane)
+                scale_log2 = scale_log2 * inv_qs
+                if cutlass.const_expr(self.softcap):
+                    score_mul = score_mul * inv_qs
+                    cap = cap * qs
+            # tile 0 converted into slot 0, its raw slot refilled with tile R
+            cute.arch.cp_async_wait_group(R - 1)
+            if n_hi - 1 >= n_lo:
+                self.convert_fp8(sRaw, 0, kreg, vreg, sKV, 0, tidx, n_hi - 1, k_len)
+                if n_hi - 1 - R >= n_lo:
+                    self.load_fp8_async(mK, mV, pages, sRaw, 0, kv_head, n_hi - 1 - R, tidx, ps_shift)
+                    if n_hi - 2 - R >= n_lo:
+                        self.fetch_pages_fp8(mBT, pages, batch, n_hi - 2 - R, k_len, tidx, ps_shift)
+            cute.arch.cp_async_commit_group()
+        else:
+            for s in cutlass.range_constexpr(S - 1):
+                if n_hi - 1 - s >= n_lo:
+                    if cutlass.const_expr(self.paged):
+                        self.fetch_pages(mBT, pages, batch, n_hi - 1 - s, k_len, tidx, ps_shift)
+                        self.load_kv_paged(g2s_atom, mK, mV, pages, sKV, kv_head, n_hi - 1 - s, s, k_len,
+                                           tidx, ps_shift)
+                    else:
+                        load_kv(g2s, tKgK, tVgV, tKVsKV, tKVcKV, n_hi - 1 - s, s, k_len, BN)
+                cute.arch.cp_async_commit_group()
+            if cutlass.const_expr(self.paged):
+                if n_hi - S >= n_lo:
+                    self.fetch_pages(mBT, pages, batch, n_hi - S, k_len, tidx, ps_shift)
+            cute.arch.cp_async_wait_group(S - 1)
         cute.arch.barrier()
         cute.copy(s2r_Q, s2r_Q.partition_S(sQ), s2r_Q.retile(tSrQ))
 
@@ -588,22 +661,19 @@ class FlashDecodeSm90:
         for it in cutlass.range(n_hi - n_lo, unroll=1):
             n_block = n_hi - 1 - it
             slot = it % S
-            cute.arch.cp_async_wait_group(S - 2)
+            if cutlass.const_expr(not self.fp8):
+                cute.arch.cp_async_wait_group(S - 2)
             cute.arch.barrier()  # tile n_block visible; slot (it-1)%S free for reuse
-            if n_block - (S - 1) >= n_lo:
-                if cutlass.const_expr(self.fp8):
-                    self.load_fp8_regs(mK, mV, pages, kreg, vreg, kv_head, n_block - (S - 1), k_len, tidx,
-                                       ps_shift)
-                    if n_block - S >= n_lo:
-                        self.fetch_pages_fp8(mBT, pages, batch, n_block - S, k_len, tidx, ps_shift)
-                elif cutlass.const_expr(self.paged):
-                    self.load_kv_paged(g2s_atom, mK, mV, pages, sKV, kv_head, n_block - (S - 1),
-                                       (it + S - 1) % S, k_len, tidx, ps_shift)
-                    if n_block - S >= n_lo:
-                        self.fetch_pages(mBT, pages, batch, n_block - S, k_len, tidx, ps_shift)
-                else:
-                    load_kv(g2s, tKgK, tVgV, tKVsKV, tKVcKV, n_block - (S - 1), (it + S - 1) % S, k_len, BN)
-            cute.arch.cp_async_commit_group()
+            if cutlass.const_expr(not self.fp8):
+                if n_block - (S - 1) >= n_lo:
+                    if cutlass.const_expr(self.paged):
+                        self.load_kv_paged(g2s_atom, mK, mV, pages, sKV, kv_head, n_block - (S - 1),
+                                           (it + S - 1) % S, k_len, tidx, ps_shift)
+                        if n_block - S >= n_lo:
+                            self.fetch_pages(mBT, pages, batch, n_block - S, k_len, tidx, ps_shift)
+                    else:
+                        load_kv(g2s, tKgK, tVgV, tKVsKV, tKVcKV, n_block - (S - 1), (it + S - 1) % S, k_len, BN)
+                cute.arch.cp_async_commit_group()
 
             acc_S = cute.make_rmem_tensor(thr_mma.partition_shape_C((ROWS, BNW)), cutlass.Float32)
             acc_S.fill(0.0)
@@ -638,10 +708,20 @@ class FlashDecodeSm90:
                                 q_len, k_len, group=group)
             softmax.online_softmax(acc_mn_view(acc_S), row_max, row_sum, scale_log2, o_mn=acc_mn_view(acc_O))
 
-            mma_sync.gemm_pv(tiled_mma, acc_O, acc_S, self.dtype, tOsV, tOrV, tOrV_v, s2r_V, slot)
-            if cutlass.const_expr(self.fp8):  # the next tile's rows, converted, into the freed slot
-                if n_block - (S - 1) >= n_lo:
-                    self.store_fp8_regs(kreg, vreg, sKV, (it + S - 1) % S, tidx, n_block - (S - 1), k_len)
+            mma_sync.gemm_pv(tiled_mma, acc_O, acc_S, self.mdtype, tOsV, tOrV, tOrV_v, s2r_V, slot)
+            if cutlass.const_expr(self.fp8):
+                # tile it+1 (its group is it+2: R-1 later groups may still fly) converted into the
+                # freed slot, its raw slot refilled with tile it+1+R (after the stores: in-order
+                # issue keeps this thread's reads of the slot before the new copy's writes)
+                if n_block - 1 >= n_lo:
+                    cute.arch.cp_async_wait_group(R - 1)
+                    self.convert_fp8(sRaw, (it + 1) % R, kreg, vreg, sKV, (it + 1) % S, tidx, n_block - 1, k_len)
+                    if n_block - 1 - R >= n_lo:
+                        self.load_fp8_async(mK, mV, pages, sRaw, (it + 1) % R, kv_head, n_block - 1 - R, tidx,
+                                            ps_shift)
+                        if n_block - 2 - R >= n_lo:
+                            self.fetch_pages_fp8(mBT, pages, batch, n_block - 2 - R, k_len, tidx, ps_shift)
+                cute.arch.cp_async_commit_group()
 
         # ---- the warps' partials meet in the (now free) ring
         cute.arch.cp_async_wait_group(0)
@@ -808,23 +888,91 @@ class FlashDecodeSm90:
             pages[p] = pg
 
     @cute.jit
-    def load_fp8_regs(self, mK, mV, pages, kreg, vreg, kv_head, n_block, k_len, tidx, ps_shift):
-        """This thread's 16-byte chunks (chunk tidx % c_per_row of its row in each pass) of K and V
-        tile ``n_block`` into registers.  Unconditional (a register tensor written under a
-        runtime ``if`` goes to local memory): a row past k_len reads its row of page 0
-        (fetch_pages_fp8), in bounds, and store_fp8_regs writes zeros for it instead."""
+    def load_fp8_async(self, mK, mV, pages, sRaw, rslot, kv_head, n_block, tidx, ps_shift):
+        """cp.async this thread's 16-byte chunks (chunk tidx % c_per_row of its row in each pass)
+        of K and V tile ``n_block`` into raw slot ``rslot``.  A row past k_len reads its row of
+        page 0 (fetch_pages_fp8), in bounds; convert_fp8 writes zeros for it instead."""
         mask = (1 << ps_shift) - 1
         c = tidx % self.c_per_row
-        ldg = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), mK.element_type, num_bits_per_copy=128)
+        atom = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), mK.element_type,
+                                   num_bits_per_copy=128)
         for p in cutlass.range_constexpr(self.passes):
-            key = n_block * self.tile_n + p * self.rows_pp + tidx // self.c_per_row
-            off = key & mask
-            for src, dst in ((mK, kreg), (mV, vreg)):
+            row = p * self.rows_pp + tidx // self.c_per_row
+            off = (n_block * self.tile_n + row) & mask
+            for i, src in enumerate((mK, mV)):
                 g = cute.local_tile(src[pages[p], off, kv_head, None], (16,), (c,))
                 # 16-byte aligned: the contract's strides are multiples of 16 fp8 elements
                 g = cute.make_tensor(cute.make_ptr(src.element_type, g.iterator.toint(), cute.AddressSpace.gmem,
                                                    assumed_align=16), g.layout)
-                cute.copy(ldg, g, dst[p, None])
+                cute.copy(atom, g, cute.local_tile(sRaw[row, None, 2 * rslot + i], (16,), (c,)))
+
+    @cute.jit
+    def convert_fp8(self, sRaw, rslot, kreg, vreg, sKV, slot, tidx, n_block, k_len):
+        """This thread's chunks of raw slot ``rslot`` (tile ``n_block``) into registers, then
+        converted into ``slot`` of the ring (store_fp8_regs)."""
+        c = tidx % self.c_per_row
+        for p in cutlass.range_constexpr(self.passes):
+            row = p * self.rows_pp + tidx // self.c_per_row
+            cute.autovec_copy(cute.local_tile(sRaw[row, None, 2 * rslot], (16,), (c,)), kreg[p, None])
+            cute.autovec_copy(cute.local_tile(sRaw[row, None, 2 * rslot + 1], (16,), (c,)), vreg[p, None])
+        self.store_fp8_regs(kreg, vreg, sKV, slot, tidx, n_block, k_len)
+
+    @cute.jit
+    def load_q_regs(self, mQ, batch, kv_head, row0, n_rows, group, tidx):
+        """This thread's 8-element chunks of the block's Q rows (rows past the block's queries read
+        its last row, in bounds; scale_q zeroes them)."""
+        vec = 8
+        per_row = self.head_dim // vec
+        nq = ROWS * per_row // self.threads
+        qr = cute.make_rmem_tensor(cute.make_layout((nq, vec), stride=(vec, 1)), self.dtype)
+        for i in cutlass.range_constexpr(nq):
+            idx = tidx + i * self.threads
+            row = cutlass.min(row0 + idx // per_row, n_rows - 1)
+            s = row // group
+            head = kv_head * group + (row - s * group)
+            cute.autovec_copy(cute.local_tile(mQ[batch, s, head, None], (vec,), (idx % per_row,)), qr[i, None])
+        return qr
+
+    @cute.jit
+    def scale_q(self, qr, sQ, scratch_ptr, row0, n_rows, tidx, wid, lane):
+        """bf16 Q (load_q_regs) -> f16 into ``sQ``, times qs = 2^k chosen so that the largest |q|
+        of the block lands in [2^13, 2^14) (f16 holds it; the shift is exact); rows past the
+        block's queries are zero.  ``scratch_ptr``: 4·warps bytes of free shared memory for the
+        block's max.  Returns (1/qs, qs)."""
+        vec = 8
+        per_row = self.head_dim // vec
+        nq = ROWS * per_row // self.threads
+        qf = cute.make_rmem_tensor(cute.make_layout((nq, vec), stride=(vec, 1)), cutlass.Float32)
+        qf.store(qr.load().to(cutlass.Float32))
+        amax = cutlass.Float32(0.0)
+        for i in cutlass.range_constexpr(nq):
+            keep = row0 + (tidx + i * self.threads) // per_row < n_rows
+            for j in cutlass.range_constexpr(vec):
+                qf[i, j] = cutlass.select_(keep, qf[i, j], cutlass.Float32(0.0))
+                amax = cute.arch.fmax(amax, cute.math.absf(qf[i, j]))
+        for off in (16, 8, 4, 2, 1):
+            amax = cute.arch.fmax(amax, cute.arch.shuffle_sync_bfly(amax, offset=off, mask=-1, mask_and_clamp=31))
+        scr = cute.make_tensor(cute.recast_ptr(scratch_ptr, dtype=cutlass.Float32), cute.make_layout(self.warps))
+        if lane == 0:
+            scr[wid] = amax
+        cute.arch.barrier()
+        for w in cutlass.range_constexpr(self.warps):
+            amax = cute.arch.fmax(amax, scr[w])
+        t = cute.make_rmem_tensor(1, cutlass.Float32)
+        t[0] = amax
+        e = (cute.recast_tensor(t, cutlass.Int32)[0] >> 23) & 0xFF
+        f = cutlass.min(cutlass.max(268 - e, 1), 253)  # qs = 2^(f - 127): 2^(14 - floor(log2 max)), clamped
+        u = cute.make_rmem_tensor(2, cutlass.Int32)
+        u[0] = f << 23
+        u[1] = (254 - f) << 23
+        uf = cute.recast_tensor(u, cutlass.Float32)
+        qs = uf[0]
+        qh = cute.make_rmem_tensor(cute.make_layout((nq, vec), stride=(vec, 1)), self.mdtype)
+        qh.store((qf.load() * qs).to(self.mdtype))
+        for i in cutlass.range_constexpr(nq):
+            idx = tidx + i * self.threads
+            cute.autovec_copy(qh[i, None], cute.local_tile(sQ[idx // per_row, None], (vec,), (idx % per_row,)))
+        return uf[1], qs
 
     @cute.jit
     def store_fp8_regs(self, kreg, vreg, sKV, slot, tidx, n_block, k_len):
@@ -839,8 +987,8 @@ class FlashDecodeSm90:
                 dk = cute.local_tile(sKV[row, None, 2 * slot], (8,), (2 * c + h,))
                 dv = cute.local_tile(sKV[row, None, 2 * slot + 1], (8,), (2 * c + h,))
                 if n_block * self.tile_n + row < k_len:
-                    dk.store(k8[p, h, None].load().to(self.dtype))
-                    dv.store(v8[p, h, None].load().to(self.dtype))
+                    dk.store(k8[p, h, None].load().to(self.mdtype))
+                    dv.store(v8[p, h, None].load().to(self.mdtype))
                 else:
                     dk.fill(0)
                     dv.fill(0)
@@ -882,8 +1030,12 @@ KV_GLOBAL_SPLITS = (32,)
 
 
 def make_kv(target: str, dtype: str, head_dim: int, splits: int, *, paged: bool = True,
-            switches: bool = False, kv_dtype: str | None = None) -> AttentionDecodeKV:
+            switches: bool = False, kv_dtype: str | None = None, config: tuple | None = None) -> AttentionDecodeKV:
     tn, w, st, _pdl, ilp, mc = DEFAULT[head_dim]
+    if kv_dtype == "e4m3":
+        st = FP8_STAGES
+    if config:  # (tile_n, warps, ilp): alternatives for measuring
+        tn, w, ilp = config
     cluster = splits in CLUSTER_BUILT
     return AttentionDecodeKV(target=target, dtype=dtype, head_dim=head_dim, tile_n=tn, warps=w, stages=st,
                              causal=True, splits=splits, cluster=cluster, pdl=splits > 1 and not cluster,
@@ -897,7 +1049,7 @@ def enumerate_decode_kv(target: Target, tier: str) -> list[AttentionDecodeKV]:
     softcap / sink switches, f16 and head_dim 64, fp8 caches); default: paged and dense caches for
     both dtypes and head_dims at every split count, the switch build (window + softcap + sinks in
     one variant: gpt-oss, Gemma 2) for bf16 paged caches, and bf16 q over fp8 e4m3 paged caches
-    at head_dim 128."""
+    at head_dim 128 (every split count, plus the 8-warp one-CTA-per-SM build at 2 splits)."""
     if target.name != "sm_90":
         return []
     t = target.name
@@ -917,4 +1069,8 @@ def enumerate_decode_kv(target: Target, tier: str) -> list[AttentionDecodeKV]:
         out += [make_kv(t, "bf16", 128, sp, kv_dtype="e4m3") for sp in KV_SPLITS + KV_GLOBAL_SPLITS]
         # head_dim 256 (Gemma-style heads): bf16 paged caches, the split counts that fit
         out += [make_kv(t, "bf16", 256, sp) for sp in KV_SPLITS + KV_GLOBAL_SPLITS]
+        # fp8, grids of at most one CTA per SM with long splits: 8 warps over 128-key tiles (one
+        # 224 KB CTA per SM); the rule takes it at 2 splits in practice (4 and 8: "full", measuring)
+        out += [make_kv(t, "bf16", 128, sp, kv_dtype="e4m3", config=FP8_WIDE)
+                for sp in ((2, 4, 8) if tier == "full" else (2,))]
     return [v for v in out if v.can_implement() is None]

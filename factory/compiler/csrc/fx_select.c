@@ -1994,8 +1994,8 @@ FX_EXPORT int32_t fx_gemm_grouped_select(const fx_device_t *dev, const fx_gemm_g
 /* --- attention over a KV cache: runtime/kvcache.py ------------------------------------------------ */
 /* kvcache.paged_split_count over the built split counts sp[i] (cl[i]: merged in a cluster). */
 static int32_t paged_split_count(i128 groups, int64_t tiles, int32_t sms, const int32_t *sp, const int32_t *cl,
-                                 int32_t n) {
-    if (groups * 4 >= 3 * (i128)sms) return 1;
+                                 int32_t n, int64_t head_dim, int fp8) {
+    if (!fp8 && groups * 4 >= 3 * (i128)sms) return 1;
     int32_t fits[64], fcl[64], m = 0;
     for (int32_t i = 0; i < n && m < 64; i++) /* sorted ascending, duplicates dropped */
         if (sp[i] == 1 || tiles >= 4 * (int64_t)sp[i]) {
@@ -2012,6 +2012,12 @@ static int32_t paged_split_count(i128 groups, int64_t tiles, int32_t sms, const 
     if (s > 1 && scl && s >= 8 && groups * s > (i128)sms)
         for (int32_t i = 0; i < m; i++)
             if (fits[i] > s && !fcl[i]) return fits[i];
+    if ((fp8 || head_dim >= 128) && s > 1 && scl && groups * s > (i128)sms) { /* at most one CTA per SM */
+        int32_t down = 0;
+        for (int32_t i = 0; i < m; i++)
+            if (fits[i] >= 2 && fcl[i] && groups * fits[i] <= (i128)sms) down = fits[i];
+        if (down) return down;
+    }
     return s;
 }
 
@@ -2049,7 +2055,14 @@ static int32_t kv_pick_decode(const int32_t *c, int32_t n, const kv_problem *q, 
             if (sp[j] == sp[i]) cl_last[i] = cl[j];
     }
     int64_t row_blocks = cdiv((q->hq / q->hkv) * q->sq, 16);
-    int32_t s = paged_split_count((i128)q->b * q->hkv * row_blocks, cdiv(q->sk, t1), sms, sp, cl_last, m);
+    i128 groups = (i128)q->b * q->hkv * row_blocks;
+    int32_t s = paged_split_count(groups, cdiv(q->sk, t1), sms, sp, cl_last, m, q->d, q->kv_dtype == FX_DTYPE_E4M3);
+    /* the one-CTA-per-SM fp8 build, where built, for a grid within the SMs whose splits keep >= 2048 keys */
+    if (q->kv_dtype == FX_DTYPE_E4M3 && groups * s <= (i128)sms && q->sk >= 2048 * (int64_t)s)
+        for (int32_t i = 0; i < n; i++) {
+            const fx_variant *e = &fx_variants[c[i]];
+            if (!e->preferred && e->kv_splits == s && e->ctas_per_sm == 1) return c[i];
+        }
     for (int32_t i = 0; i < m; i++)
         if (sp[i] == s) return idx[i];
     return -1;
