@@ -34,8 +34,12 @@ def test_fields_off_leave_the_variant_as_it_was():
 
 
 def test_epilogue_limits_and_arguments():
-    assert _v(tile=(32, 64, 64), schedule="ws", swap_ab=True, residual=True).can_implement()
-    assert _v(tile=(64, 64, 64), schedule="ws", split_k=2, residual=True).can_implement()
+    # The residual runs on the decode tiles too (swapped, split-K); bias and silu_mul do not.
+    assert _v(tile=(32, 64, 64), schedule="ws", swap_ab=True, residual=True).can_implement() is None
+    assert _v(tile=(64, 64, 64), schedule="ws", swap_ab=True, split_k=2, residual=True).can_implement() is None
+    assert "unswapped" in _v(tile=(32, 64, 64), schedule="ws", swap_ab=True, bias=True).can_implement()
+    assert "unswapped" in _v(tile=(64, 64, 64), schedule="ws", swap_ab=True, split_k=2, bias=True,
+                             residual=True).can_implement()
     assert "tile N" in _v(tile=(128, 256, 64), cluster=(2, 1), silu_mul=True).can_implement()
     v = _v(tile=(128, 128, 64), bias=True, silu_mul=True, residual=True)
     assert v.can_implement() is None and v.name.endswith("_bias_silumul_res")
@@ -43,6 +47,8 @@ def test_epilogue_limits_and_arguments():
     assert list(args) == ["a", "b", "c", "bias", "residual", "max_clusters"]
     assert args["c"].shape == ("M", "NO", "L") and args["residual"].shape == ("M", "NO", "L")
     assert args["bias"].shape == ("N",) and v.describe()["epilogue"] == ["bias", "silu_mul", "residual"]
+    # The residual is read in pairs of adjacent columns: 4-byte base, even strides.
+    assert args["residual"].align == 4 and dict(v.signature().divisibility)["sRm"] == 2
     f8 = _v(ab="e4m3", tile=(128, 128, 128), row_scale=True, residual=True)
     assert [a.name for a in f8.signature().args] == ["a", "b", "c", "scale_a", "scale_b", "residual", "max_clusters"]
 
@@ -51,7 +57,7 @@ def test_tiers():
     t = get_target("sm_90a")
     test = [v for v in enumerate_sm90(t, "test") if v.has_epilogue]
     default = [v for v in enumerate_sm90(t, "default") if v.has_epilogue]
-    assert len(test) == 4 and len(default) == 5
+    assert len(test) == 4 and len(default) == 6
     assert {tuple(v.epilogue) for v in test} == {("bias",), ("residual",), ("silu_mul",),
                                                  ("bias", "silu_mul", "residual")}
     assert all(v.ab == "bf16" and not v.bias and v.pdl for v in default)
@@ -139,6 +145,27 @@ def test_selection_takes_exactly_the_requested_fields(lib):
     assert _select(lib, 64, 256, 64, R, res=1 << 40) == "res" or _select(lib, 64, 256, 64, R, res=1 << 40) == "res_ws"
     with pytest.raises(NoVariantError):
         _select(lib, 64, 256, 64, B, bias=1 << 44)
+
+
+def test_residual_default_tiles_follow_the_plain_selection():
+    """The default tier's residual variants at the Llama-3-8B o_proj / down_proj shapes (H100's 132
+    SMs): the swapped split-K decode tile for small M, the 64-row tile for mid M, 128x256 for prefill
+    -- the tiles the plain GEMM takes at M 1, 512 and 2048 (no 128-row tile on a mostly empty M)."""
+    entries = []
+    for v in enumerate_sm90(get_target("sm_90a"), "default"):
+        if not v.has_epilogue or v.residual:
+            d = v.describe()
+            d["name"] = v.name
+            args = [sl._tensor(n, 3) for n in "abc"] + ([sl._tensor("residual", 3)] if v.residual else [])
+            d["signature"] = {"args": args + [sl._scalar("max_clusters")], "divisibility": {}}
+            entries.append(d)
+    lib = sl.Lib(entries)
+    for K in (4096, 14336):
+        for M, want in ((1, "_swap_sk2_"), (64, "_swap_sk2_"), (512, "t64x128x64_c1x1_ws"),
+                        (2048, "t128x256x64_c2x1")):
+            got = _select(lib, M, 4096, K, ep.FLAGS["residual"], res=1 << 43)
+            assert want in got and got.endswith("_res"), (M, K, got)
+        assert "_swap_sk2_" in lib.gemm(1, 4096, K) and "t64x128x64_c1x1_ws" in lib.gemm(512, 4096, K)
 
 
 def test_selection_refuses_bad_epilogues(lib):

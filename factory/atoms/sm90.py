@@ -355,19 +355,37 @@ def silu_mul_halves(acc: cute.Tensor):
 
 @cute.jit
 def add_residual(acc: cute.Tensor, coords: cute.Tensor, res: cute.Tensor, row0, col0, l,
-                 cols: cutlass.Constexpr):
+                 cols: cutlass.Constexpr, pairs: cutlass.Constexpr = False):
     """``acc[r, c] += res[row0 + r, col0 + c, l]`` over this thread's first ``cols`` columns
     (:func:`acc_mn_view` indices).  Each tile reads its residual before any store of its own
-    outputs, so ``res`` may be the output tensor itself (an in-place add)."""
+    outputs, so ``res`` may be the output tensor itself (an in-place add).
+
+    ``pairs``: ``res`` is contiguous along its columns with an even column count, a 4-byte
+    aligned base and even strides; a WGMMA accumulator holds columns in adjacent pairs
+    (:func:`acc_mn_view` columns ``2j``, ``2j + 1``), so each pair is one 4-byte load.  Without
+    it (swapped operands: the residual's columns are the kernel's rows, one per thread) one load
+    per element."""
     acc_mn = acc_mn_view(acc)
     c_mn = acc_mn_view(coords)
     last_r = cute.size(res, mode=[0]) - 1
     last_c = cute.size(res, mode=[1]) - 1
-    for r in cutlass.range_constexpr(cute.size(acc_mn, mode=[0])):
-        row = cutlass.min(row0 + c_mn[r, 0][0], last_r)
-        for c in cutlass.range_constexpr(cols):
-            col = cutlass.min(col0 + c_mn[0, c][1], last_c)
-            acc_mn[r, c] = acc_mn[r, c] + res[row, col, l].to(cutlass.Float32)
+    if cutlass.const_expr(pairs):
+        duo = cute.make_rmem_tensor((2,), res.element_type)
+        for r in cutlass.range_constexpr(cute.size(acc_mn, mode=[0])):
+            row = cutlass.min(row0 + c_mn[r, 0][0], last_r)
+            res_row = cute.zipped_divide(res[row, None, l], (2,))
+            for j in cutlass.range_constexpr(cols // 2):
+                # The pair's first column is even; the last pair starts at last_c - 1.
+                col = cutlass.min(col0 + c_mn[0, 2 * j][1], last_c - 1)
+                cute.autovec_copy(res_row[None, col // 2], duo)
+                acc_mn[r, 2 * j] = acc_mn[r, 2 * j] + duo[0].to(cutlass.Float32)
+                acc_mn[r, 2 * j + 1] = acc_mn[r, 2 * j + 1] + duo[1].to(cutlass.Float32)
+    else:
+        for r in cutlass.range_constexpr(cute.size(acc_mn, mode=[0])):
+            row = cutlass.min(row0 + c_mn[r, 0][0], last_r)
+            for c in cutlass.range_constexpr(cols):
+                col = cutlass.min(col0 + c_mn[0, c][1], last_c)
+                acc_mn[r, c] = acc_mn[r, c] + res[row, col, l].to(cutlass.Float32)
 
 
 __all__ = ["add_col_vector", "add_residual", "scale_acc", "silu_mul_halves", "BLOCK_SCALE_K", "apply_row_col_scales", "block_scale_regs", "issue_k_block", "promoted_mainloop", "block_scales_from_smem", "load_block_scales", "load_block_scales_into", "promote_scaled", "CONSUMER_REGS", "GEMM_CONSUMER_REGS", "GEMM_PRODUCER_REGS", "PRODUCER_REGS", "REGISTER_FILE",

@@ -68,7 +68,8 @@ GATE_UP_BLOCK = 64
 def epilogue_args(v, args: tuple, div: tuple) -> tuple[tuple, tuple]:
     """A variant's arguments with its epilogue fields: ``c`` (M, NO, L) with NO = N / 2 columns
     for ``silu_mul``; then ``bias`` (N,) and ``residual`` (M, NO or N, L), in the output dtype,
-    after the scales."""
+    after the scales.  The residual is read two adjacent columns per load: its base is aligned to
+    two elements and its strides are even (its column count is, like c's)."""
     div = dict(div)
     n_out = "N"
     if v.silu_mul:
@@ -80,7 +81,8 @@ def epilogue_args(v, args: tuple, div: tuple) -> tuple[tuple, tuple]:
     if v.bias:
         args += (TensorArg("bias", v.c, ("N",), (1,), align=eb),)
     if v.residual:
-        args += (TensorArg("residual", v.c, ("M", n_out, "L"), ("sRm", 1, "sRl"), align=eb),)
+        args += (TensorArg("residual", v.c, ("M", n_out, "L"), ("sRm", 1, "sRl"), align=2 * eb),)
+        div.update({"sRm": 2, "sRl": 2})
     return args, tuple(sorted(div.items()))
 
 
@@ -265,8 +267,11 @@ class GemmSm90(GemmVariant):
             if tk != BLOCK_SCALE_K or BLOCK_SCALE_K % tn:
                 return f"block scales need tile K {BLOCK_SCALE_K} and a tile N dividing {BLOCK_SCALE_K}"
         if self.has_epilogue:
-            if self.swap_ab or self.split_k > 1:
-                return "epilogue fields run unswapped and unsplit"
+            # The residual also runs on the decode tiles (swapped, split over a cluster along K:
+            # the first CTA adds it after the reduction); bias and silu_mul need the unswapped
+            # accumulator layout.
+            if (self.bias or self.silu_mul) and (self.swap_ab or self.split_k > 1):
+                return "bias and silu_mul run unswapped and unsplit"
             if self.silu_mul and tn != 2 * GATE_UP_BLOCK:
                 return f"silu_mul needs tile N {2 * GATE_UP_BLOCK} (gate and up blocks of {GATE_UP_BLOCK} rows)"
         plan = self.plan()
@@ -527,6 +532,8 @@ class GemmSm90Kernel:
             c = cute.make_tensor(c.iterator, cute.select(c.layout, mode=[1, 0, 2]))
             # The kernel's rows are the problem's columns: per-row scales swap too.
             scale_a, scale_b = scale_b, scale_a
+            if cutlass.const_expr(residual is not None):  # read in the kernel's orientation, like c
+                residual = cute.make_tensor(residual.iterator, cute.select(residual.layout, mode=[1, 0, 2]))
         ab_dtype, c_dtype = a.element_type, c.element_type
         a_layout = utils.LayoutEnum.from_tensor(a)
         b_layout = utils.LayoutEnum.from_tensor(b)
@@ -797,7 +804,10 @@ class GemmSm90Kernel:
             atoms.silu_mul_halves(acc)
             cols = cols // 2
         if cutlass.const_expr(residual is not None):
-            atoms.add_residual(acc, cC, residual, m * self.tile[0], n * self.c_tile[1], l, cols)
+            # Unswapped, a thread's columns come in adjacent pairs (one 4-byte load each);
+            # swapped, the residual's contiguous columns are the kernel's rows.
+            atoms.add_residual(acc, cC, residual, m * self.tile[0], n * self.c_tile[1], l, cols,
+                               not self.swap_ab)
 
     @cute.jit
     def _k_range(self, m, k_tiles):
@@ -1117,6 +1127,7 @@ def _full() -> list[dict]:
                                                   itertools.product((False, True), repeat=3)):
         if bias or silu or res:
             out.append(dict(d, pdl=True, bias=bias, silu_mul=silu, residual=res))
+    out += [dict(d, pdl=True) for d in tiles.SM90_EPILOGUE_RESIDUAL_FULL]
     return out
 
 

@@ -141,15 +141,27 @@ SM90_SCALED_FULL = (
 )
 # Fused epilogues (bias, silu_mul, residual), built with pdl=True.  Default: what a Llama-3 layer
 # calls (bf16, no bias): residual for o_proj / down_proj, silu_mul (tile N 128: 64 gate + 64 up
-# columns) for gate_up, at the unswapped tiles the selection takes for prefill and decode (Llama-3-8B
-# shapes, H100's 132 SMs, M 1..8192: residual 128x128 up to M 512, then 128x256; silu_mul 64x128 ws
-# up to M 64, then 128x128 with and without a 2x1 cluster).
+# columns) for gate_up, at the tiles the selection takes (Llama-3-8B shapes, H100's 132 SMs, M
+# 1..8192): residual on the decode tile (swapped, split-K 2) up to M 256, 64x128 ws for 512-1024,
+# then 128x256; silu_mul 64x128 ws up to M 64, then 128x128 with and without a 2x1 cluster.
 SM90_EPILOGUE_DEFAULT = (
-    dict(**BF16, tile=(128, 128, 64), residual=True),
+    dict(**BF16, tile=(64, 64, 64), schedule="ws", swap_ab=True, split_k=2, residual=True),
+    dict(**BF16, tile=(64, 128, 64), schedule="ws", residual=True),
     dict(**BF16, tile=(128, 256, 64), cluster=(2, 1), residual=True),
     dict(**BF16, tile=(128, 128, 64), silu_mul=True),
     dict(**BF16, tile=(128, 128, 64), cluster=(2, 1), silu_mul=True),
     dict(**BF16, tile=(64, 128, 64), schedule="ws", silu_mul=True),
+)
+# Full tier: the residual alone also at every tile the plain GEMM takes for decode and mid M.
+SM90_EPILOGUE_RESIDUAL_FULL = tuple(
+    dict(**BF16, residual=True, **kw) for kw in (
+        dict(tile=(16, 64, 64), schedule="ws", swap_ab=True, split_k=2),
+        dict(tile=(16, 64, 64), schedule="ws", swap_ab=True),
+        dict(tile=(32, 64, 64), schedule="ws", swap_ab=True),
+        dict(tile=(64, 64, 64), schedule="ws", swap_ab=True),
+        dict(tile=(64, 96, 64), schedule="ws"),
+        dict(tile=(128, 192, 64), cluster=(2, 1)),
+    )
 )
 # Test tier: each field alone and all three together (the GPU tests' variants).
 SM90_EPILOGUE_TEST = (
