@@ -40,7 +40,8 @@ def test_epilogue_limits_and_arguments():
     assert "unswapped" in _v(tile=(32, 64, 64), schedule="ws", swap_ab=True, bias=True).can_implement()
     assert "unswapped" in _v(tile=(64, 64, 64), schedule="ws", swap_ab=True, split_k=2, bias=True,
                              residual=True).can_implement()
-    assert "tile N" in _v(tile=(128, 256, 64), cluster=(2, 1), silu_mul=True).can_implement()
+    assert "tile N" in _v(tile=(128, 256, 64), cluster=(2, 1), silu_mul=True, residual=True).can_implement()
+    assert "tile N" in _v(tile=(128, 192, 64), cluster=(2, 1), silu_mul=True).can_implement()
     v = _v(tile=(128, 128, 64), bias=True, silu_mul=True, residual=True)
     assert v.can_implement() is None and v.name.endswith("_bias_silumul_res")
     args = {a.name: a for a in v.signature().args}
@@ -57,7 +58,7 @@ def test_tiers():
     t = get_target("sm_90a")
     test = [v for v in enumerate_sm90(t, "test") if v.has_epilogue]
     default = [v for v in enumerate_sm90(t, "default") if v.has_epilogue]
-    assert len(test) == 4 and len(default) == 6
+    assert len(test) == 4 and len(default) == 7
     assert {tuple(v.epilogue) for v in test} == {("bias",), ("residual",), ("silu_mul",),
                                                  ("bias", "silu_mul", "residual")}
     assert all(v.ab == "bf16" and not v.bias and v.pdl for v in default)
@@ -177,9 +178,80 @@ def test_selection_refuses_bad_epilogues(lib):
     with pytest.raises(InputError, match="residual pointer"):
         _select(lib, 64, 256, 64, R)
     with pytest.raises(InputError, match="flags"):
-        _select(lib, 64, 256, 64, 8)
+        _select(lib, 64, 256, 64, 16)
     with pytest.raises(InputError, match="overlaps"):  # a residual half a row into c
         _select(lib, 64, 256, 64, R, res=(1 << 40) + 256)
     with pytest.raises(InputError, match="contiguous"):
         _select(lib, 64, 256, 64, R, res=1 << 43, res_stride=(1, 64, 0))
     assert _select(lib, 64, 256, 64, R, res=1 << 40) in ("res", "res_ws")  # residual is c: in place
+
+
+# --- fp8 output with a scale per row and 128 columns (fp8_groups) ------------------------------------
+def test_fp8_groups_field_limits_and_arguments():
+    v = _v(ab="bf16", c="e4m3", tile=(128, 256, 64), silu_mul=True, fp8_groups=True)
+    assert v.can_implement() is None and v.name.endswith("_oe4m3_ak_bk_t128x256x64_c1x1_coop_rm_sw1_sk1_silumul_q128")
+    args = {a.name: a for a in v.signature().args}
+    assert list(args) == ["a", "b", "c", "scale_out", "max_clusters"]
+    assert args["scale_out"].shape == ("M", "NG") and args["scale_out"].stride == (1, "sSOg")
+    assert args["scale_out"].align == 16 and dict(v.signature().divisibility)["sSOg"] == 4
+    assert v.describe()["epilogue"] == ["silu_mul", "fp8_groups"] and v.describe()["fp8_group"] == 128
+    assert _v(ab="bf16", c="e4m3", tile=(128, 128, 64), fp8_groups=True).can_implement() is None
+    for kw, msg in ((dict(c="bf16", tile=(128, 128, 64), fp8_groups=True), "e4m3"),
+                    (dict(c="e4m3", tile=(128, 128, 64)), "e4m3 only with fp8_groups"),
+                    (dict(c="e4m3", tile=(128, 256, 64), cluster=(2, 1), fp8_groups=True), "128 columns"),
+                    (dict(c="e4m3", tile=(128, 128, 64), silu_mul=True, fp8_groups=True), "128 columns"),
+                    (dict(c="e4m3", tile=(128, 128, 64), residual=True, fp8_groups=True), "no bias or residual"),
+                    (dict(c="e4m3", tile=(64, 128, 64), schedule="ws", swap_ab=True, fp8_groups=True), "unswapped"),
+                    (dict(c="bf16", tile=(128, 256, 64), silu_mul=True, residual=True), "without residual")):
+        assert msg in (_v(**kw).can_implement() or ""), (kw, _v(**kw).can_implement())
+    default = [w for w in enumerate_sm90(get_target("sm_90a"), "default") if w.fp8_groups]
+    assert [w.name for w in default] == [v.name.replace("_sk1_", "_sk1_pdl_")]
+
+
+def test_fp8_groups_selection_and_refusals():
+    q = GemmSm90(target="sm_90a", ab="bf16", c="e4m3", tile=(128, 256, 64), silu_mul=True, fp8_groups=True, pdl=True)
+    d = q.describe()
+    d["name"] = q.name
+    d["signature"] = {"args": [sl._tensor(n, 3) for n in "abc"] + [sl._tensor("scale_out", 2), sl._scalar("max_clusters")],
+                      "divisibility": {}}
+    d["dtypes"] = {"a": "bf16", "b": "bf16", "c": "e4m3", "acc": "f32"}
+    lib = sl.Lib([_entry("plain", (128, 128, 64)), d])
+    SQ = ep.FLAGS["silu_mul"] | ep.FLAGS["fp8_groups"]
+
+    def sel(M, n_out, K, flags=SQ, so=1 << 44, so_stride=None, c="e4m3", c_ptr=1 << 40, res=0):
+        N = ep.gate_up_rows(n_out) if flags & ep.FLAGS["silu_mul"] else n_out
+        p = rs.Selector.gemm_problem((1 << 41, (M, K, 1), (K, 1, 0)), (1 << 42, (N, K, 1), (K, 1, 0)),
+                                     (c_ptr, (M, n_out, 1), (n_out, 1, 0)), "bf16", c, [], False)
+        stride = so_stride if so_stride is not None else -(-M // 4) * 4
+        return lib.sel.select_epilogue(p, None, flags, n_out, 0, res, (n_out, 1, 0), so, stride).name.decode()
+
+    assert sel(4096, 14336, 4096) == q.name and sel(1, 14336, 4096) == q.name and sel(3, 100, 64) == q.name
+    with pytest.raises(InputError, match="scale_out pointer"):
+        sel(64, 14336, 4096, so=0)
+    with pytest.raises(InputError, match="group stride"):
+        sel(64, 14336, 4096, so_stride=62)
+    with pytest.raises(InputError, match="16-byte"):
+        sel(64, 14336, 4096, so=(1 << 44) + 4)
+    with pytest.raises(InputError, match="float8_e4m3fn"):
+        sel(64, 14336, 4096, c="bf16")
+    with pytest.raises(InputError, match="no bias or residual"):
+        sel(64, 4096, 4096, flags=ep.FLAGS["fp8_groups"] | ep.FLAGS["residual"], res=1 << 43)
+    with pytest.raises(InputError, match="overlaps"):  # scale_out inside c
+        sel(64, 14336, 4096, so=(1 << 40) + 4096)
+    with pytest.raises(InputError, match="epilogues write"):  # e4m3 without fp8_groups
+        sel(64, 14336, 4096, flags=ep.FLAGS["silu_mul"])
+
+
+def test_fp8_groups_scale_layout_and_checks():
+    a = torch.empty(5, 64, dtype=torch.bfloat16)
+    s = ep.new_scale_out(a, 5, 300)
+    # (M, ceil(n/128)) float32, M-major with the group stride M rounded up to 4: block scale_a's form.
+    assert s.shape == (5, 3) and s.stride() == (1, 8) and s.dtype == torch.float32
+    assert ep.fp8_out(None, torch.float8_e4m3fn) and ep.fp8_out(torch.empty(1, dtype=torch.float8_e4m3fn), None)
+    assert not ep.fp8_out(None, torch.bfloat16)
+    with pytest.raises(InputError, match="no bias or residual"):
+        ep.flags_of(None, torch.empty(1), None, quant=True)
+    for bad, msg in ((torch.empty(5, 2), "shape"), (torch.empty(5, 3, dtype=torch.float16), "float32"),
+                     (torch.empty(5, 3), "M-major"), (torch.empty(3, 6).t()[:5], "group stride")):
+        with pytest.raises(InputError, match=msg):
+            ep.check_scale_out(bad, 5, 300, -1)

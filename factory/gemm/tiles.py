@@ -163,6 +163,18 @@ SM90_EPILOGUE_RESIDUAL_FULL = tuple(
         dict(tile=(128, 192, 64), cluster=(2, 1)),
     )
 )
+# fp8 output with a scale per row and 128 columns (``fp8_groups``): the gate/up projection's
+# SiLU(gate)·up written as the down projection's block-scaled input (a 128x256 kernel tile: 128
+# output columns, one scale group); default: the bf16 one.  Full: a 2x1 cluster, the plain GEMM's
+# output (128x128), and fp8 inputs with row scales.
+SM90_EPILOGUE_FP8_GROUPS_DEFAULT = (
+    dict(ab="bf16", c="e4m3", tile=(128, 256, 64), silu_mul=True, fp8_groups=True),
+)
+SM90_EPILOGUE_FP8_GROUPS_FULL = (
+    dict(ab="bf16", c="e4m3", tile=(128, 256, 64), cluster=(2, 1), silu_mul=True, fp8_groups=True),
+    dict(ab="bf16", c="e4m3", tile=(128, 128, 64), fp8_groups=True),
+    dict(ab="e4m3", c="e4m3", tile=(128, 256, 128), fast_accum=True, row_scale=True, silu_mul=True, fp8_groups=True),
+)
 # Test tier: each field alone and all three together (the GPU tests' variants).
 SM90_EPILOGUE_TEST = (
     dict(**BF16, tile=(128, 128, 64), bias=True),
