@@ -338,98 +338,39 @@ def add_col_vector(acc: cute.Tensor, coords: cute.Tensor, vec: cute.Tensor, col0
 
 
 @cute.jit
-def silu_mul_halves(acc: cute.Tensor, block: cutlass.Constexpr = 64):
-    """Gate/up in one tile: its columns alternate ``block`` gate columns and the matching ``block``
-    up columns (a 128-column tile: the first half gate, the last half up).  A thread holds its
-    columns in adjacent pairs every 8, so column j and j + block sit at :func:`acc_mn_view`
-    indices c and c + block/4: ``acc[r, c] = silu(acc[r, c]) * acc[r, c + block/4]`` needs no data
-    exchange; the results sit at the gate columns' indices."""
+def silu_mul_halves(acc: cute.Tensor):
+    """Gate/up in one tile: the tile's first N/2 columns are gate columns, the last N/2 the up
+    columns of the same outputs.  A thread holds column j and j + N/2 at value index c and
+    c + cols/2 of :func:`acc_mn_view` (its columns repeat every 8; N/2 is a multiple of 8), so
+    ``acc[r, c] = silu(acc[r, c]) * acc[r, c + cols/2]`` needs no data exchange; the result sits
+    in the first half."""
     acc_mn = acc_mn_view(acc)
-    per = block // 4
+    half = cute.size(acc_mn, mode=[1]) // 2
     for r in cutlass.range_constexpr(cute.size(acc_mn, mode=[0])):
-        for q in cutlass.range_constexpr(cute.size(acc_mn, mode=[1]) // (2 * per)):
-            for c in cutlass.range_constexpr(per):
-                i = 2 * per * q + c
-                g = acc_mn[r, i]
-                sig = cute.arch.rcp_approx(1.0 + cute.math.exp2(-g * _LOG2_E, fastmath=True))
-                acc_mn[r, i] = g * sig * acc_mn[r, i + per]
-
-
-def result_columns(cols: int, block: int) -> list[int]:
-    """The :func:`acc_mn_view` column indices that hold outputs: all ``cols``, or after
-    :func:`silu_mul_halves` with gate/up blocks of ``block`` columns (``block`` > 0) the gate
-    columns' indices."""
-    if not block:
-        return list(range(cols))
-    per = block // 4
-    return [2 * per * q + c for q in range(cols // (2 * per)) for c in range(per)]
-
-
-@cute.jit
-def quantize_row_groups(acc: cute.Tensor, coords: cute.Tensor, scale_out: cute.Tensor, row0, group,
-                        fp8_max: cutlass.Constexpr, min_scale: cutlass.Constexpr, block: cutlass.Constexpr):
-    """fp8 quantisation of a tile's output rows, one group per row: ``scale = max(amax / fp8_max,
-    min_scale)`` over the row's outputs in this tile (a WGMMA row's columns are spread over the 4
-    threads of a quad: two shuffles), ``acc *= 1 / scale``, and the quad's first thread writes
-    ``scale_out[row0 + r, group]`` (rows past the end write nothing).  ``block``: the outputs are
-    the gate columns of :func:`silu_mul_halves` with that block (0: every column)."""
-    acc_mn = acc_mn_view(acc)
-    c_mn = acc_mn_view(coords)
-    idx = result_columns(cute.size(acc_mn, mode=[1]), block)
-    last_r = cute.size(scale_out, mode=[0]) - 1
-    for r in cutlass.range_constexpr(cute.size(acc_mn, mode=[0])):
-        amax = cutlass.Float32(0.0)
-        for i in cutlass.range_constexpr(len(idx)):
-            x = acc_mn[r, idx[i]]
-            amax = cute.arch.fmax(amax, cute.arch.fmax(x, -x))
-        amax = cute.arch.fmax(amax, cute.arch.shuffle_sync_bfly(amax, offset=1, mask=-1, mask_and_clamp=31))
-        amax = cute.arch.fmax(amax, cute.arch.shuffle_sync_bfly(amax, offset=2, mask=-1, mask_and_clamp=31))
-        scale = cute.arch.fmax(amax / cutlass.Float32(fp8_max), cutlass.Float32(min_scale))
-        inv = cutlass.Float32(1.0) / scale
-        for i in cutlass.range_constexpr(len(idx)):
-            acc_mn[r, idx[i]] = acc_mn[r, idx[i]] * inv
-        row = row0 + c_mn[r, 0][0]
-        if c_mn[0, 0][1] == 0:
-            if row <= last_r:
-                scale_out[row, group] = scale
+        for c in cutlass.range_constexpr(half):
+            g = acc_mn[r, c]
+            sig = cute.arch.rcp_approx(1.0 + cute.math.exp2(-g * _LOG2_E, fastmath=True))
+            acc_mn[r, c] = g * sig * acc_mn[r, c + half]
 
 
 @cute.jit
 def add_residual(acc: cute.Tensor, coords: cute.Tensor, res: cute.Tensor, row0, col0, l,
-                 cols: cutlass.Constexpr, pairs: cutlass.Constexpr = False):
+                 cols: cutlass.Constexpr):
     """``acc[r, c] += res[row0 + r, col0 + c, l]`` over this thread's first ``cols`` columns
     (:func:`acc_mn_view` indices).  Each tile reads its residual before any store of its own
-    outputs, so ``res`` may be the output tensor itself (an in-place add).
-
-    ``pairs``: ``res`` is contiguous along its columns with an even column count, a 4-byte
-    aligned base and even strides; a WGMMA accumulator holds columns in adjacent pairs
-    (:func:`acc_mn_view` columns ``2j``, ``2j + 1``), so each pair is one 4-byte load.  Without
-    it (swapped operands: the residual's columns are the kernel's rows, one per thread) one load
-    per element."""
+    outputs, so ``res`` may be the output tensor itself (an in-place add)."""
     acc_mn = acc_mn_view(acc)
     c_mn = acc_mn_view(coords)
     last_r = cute.size(res, mode=[0]) - 1
     last_c = cute.size(res, mode=[1]) - 1
-    if cutlass.const_expr(pairs):
-        duo = cute.make_rmem_tensor((2,), res.element_type)
-        for r in cutlass.range_constexpr(cute.size(acc_mn, mode=[0])):
-            row = cutlass.min(row0 + c_mn[r, 0][0], last_r)
-            res_row = cute.zipped_divide(res[row, None, l], (2,))
-            for j in cutlass.range_constexpr(cols // 2):
-                # The pair's first column is even; the last pair starts at last_c - 1.
-                col = cutlass.min(col0 + c_mn[0, 2 * j][1], last_c - 1)
-                cute.autovec_copy(res_row[None, col // 2], duo)
-                acc_mn[r, 2 * j] = acc_mn[r, 2 * j] + duo[0].to(cutlass.Float32)
-                acc_mn[r, 2 * j + 1] = acc_mn[r, 2 * j + 1] + duo[1].to(cutlass.Float32)
-    else:
-        for r in cutlass.range_constexpr(cute.size(acc_mn, mode=[0])):
-            row = cutlass.min(row0 + c_mn[r, 0][0], last_r)
-            for c in cutlass.range_constexpr(cols):
-                col = cutlass.min(col0 + c_mn[0, c][1], last_c)
-                acc_mn[r, c] = acc_mn[r, c] + res[row, col, l].to(cutlass.Float32)
+    for r in cutlass.range_constexpr(cute.size(acc_mn, mode=[0])):
+        row = cutlass.min(row0 + c_mn[r, 0][0], last_r)
+        for c in cutlass.range_constexpr(cols):
+            col = cutlass.min(col0 + c_mn[0, c][1], last_c)
+            acc_mn[r, c] = acc_mn[r, c] + res[row, col, l].to(cutlass.Float32)
 
 
-__all__ = ["add_col_vector", "add_residual", "quantize_row_groups", "result_columns", "scale_acc", "silu_mul_halves", "BLOCK_SCALE_K", "apply_row_col_scales", "block_scale_regs", "issue_k_block", "promoted_mainloop", "block_scales_from_smem", "load_block_scales", "load_block_scales_into", "promote_scaled", "CONSUMER_REGS", "GEMM_CONSUMER_REGS", "GEMM_PRODUCER_REGS", "PRODUCER_REGS", "REGISTER_FILE",
+__all__ = ["add_col_vector", "add_residual", "scale_acc", "silu_mul_halves", "BLOCK_SCALE_K", "apply_row_col_scales", "block_scale_regs", "issue_k_block", "promoted_mainloop", "block_scales_from_smem", "load_block_scales", "load_block_scales_into", "promote_scaled", "CONSUMER_REGS", "GEMM_CONSUMER_REGS", "GEMM_PRODUCER_REGS", "PRODUCER_REGS", "REGISTER_FILE",
            "acc_as_a_operand", "acc_mn_view", "persistent_schedule", "prefetch_tma_descriptors",
            "register_split_fits", "stage_bytes", "tile_scheduler", "tma_load_atom", "tma_load_box_atom", "tma_pipeline",
            "tma_store_atom"]

@@ -48,6 +48,7 @@ import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
 
 from ..abi import DTYPE_BYTES, ScalarArg, Signature, TensorArg
+from ..atoms import epilogue_sm90 as epi
 from ..atoms import sm90 as atoms
 from ..atoms.smem import BARRIER_BYTES as _BARRIER_BYTES
 from ..atoms.smem import SMEM_ALIGN as _SMEM_ALIGN
@@ -163,7 +164,7 @@ class GemmSm90(GemmVariant):
     problem's (M, N) orientation; the kernel sees them transposed."""
 
     family: ClassVar[str] = "sm90"
-    sources: ClassVar[tuple[str, ...]] = ("gemm/sm90.py", "gemm/common.py", "atoms/sm90.py")
+    sources: ClassVar[tuple[str, ...]] = ("gemm/sm90.py", "gemm/common.py", "atoms/sm90.py", "atoms/epilogue_sm90.py")
 
     tile: tuple[int, int, int] = field(default=(128, 128, 64), metadata={"tag": "t"})
     cluster: tuple[int, int] = field(default=(1, 1), metadata={"tag": "c"})
@@ -838,16 +839,16 @@ class GemmSm90Kernel:
             atoms.add_col_vector(acc, cC, bias, n * self.tile[1])
         cols = cute.size(atoms.acc_mn_view(acc), mode=[1])
         if cutlass.const_expr(self.silu_mul):
-            atoms.silu_mul_halves(acc, GATE_UP_BLOCK)
+            epi.silu_mul_blocks(acc, GATE_UP_BLOCK)
             cols = cols // 2
         if cutlass.const_expr(residual is not None):
             # Unswapped, a thread's columns come in adjacent pairs (one 4-byte load each);
             # swapped, the residual's contiguous columns are the kernel's rows.
-            atoms.add_residual(acc, cC, residual, m * self.tile[0], n * self.c_tile[1], l, cols,
+            epi.add_residual(acc, cC, residual, m * self.tile[0], n * self.c_tile[1], l, cols,
                                not self.swap_ab)
         if cutlass.const_expr(scale_out is not None):
             # One output tile is one group: its column index is the tile's.
-            atoms.quantize_row_groups(acc, cC, scale_out, m * self.tile[0], n, FP8_MAX, FP8_MIN_SCALE,
+            epi.quantize_row_groups(acc, cC, scale_out, m * self.tile[0], n, FP8_MAX, FP8_MIN_SCALE,
                                       GATE_UP_BLOCK if self.silu_mul else 0)
 
     @cute.jit
