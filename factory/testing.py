@@ -159,6 +159,9 @@ def _judge(name: str, shape: list, out, ref, tol: float) -> dict:
 # Fused epilogues (M, N_out, K, L): tails in M and N_out, N_out not a multiple of 64 (silu_mul:
 # a padded last gate/up block), a batch, several tiles.
 EPILOGUE_SHAPES = [(257, 136, 200, 1), (1, 264, 1032, 1), (64, 128, 64, 3), (1000, 1000, 1016, 2)]
+# e4m3 outputs (fp8_groups): N_out a multiple of 16 (16-byte rows), partial last groups and
+# gate/up blocks, 2-D.
+FP8_GROUPS_SHAPES = [(257, 144, 200, 1), (1, 272, 1032, 1), (64, 128, 64, 1), (1000, 1008, 1016, 1)]
 
 
 def silu_mul_ref(acc, n_out: int):
@@ -281,8 +284,9 @@ def check_graph_capture_epilogue(bundle, entry, device="cuda") -> dict:
 
 
 def smoke_gemm(bundle, entry, device="cuda") -> list[dict]:
-    if entry.get("epilogue"):  # fused bias / silu_mul / residual (runtime/epilogue.py)
-        return [check_gemm_epilogue(bundle, entry, s, device) for s in EPILOGUE_SHAPES]
+    if entry.get("epilogue"):  # fused bias / silu_mul / residual / fp8_groups (runtime/epilogue.py)
+        shapes = FP8_GROUPS_SHAPES if "fp8_groups" in entry["epilogue"] else EPILOGUE_SHAPES
+        return [check_gemm_epilogue(bundle, entry, s, device) for s in shapes]
     if entry.get("family") == "decode":  # packed weights (runtime/packed.py)
         return [check_gemm_packed(bundle, entry, s, device) for s in DECODE_SHAPES]
     shapes = SPLIT_K_SHAPES if "workspace" in entry else GEMM_SHAPES

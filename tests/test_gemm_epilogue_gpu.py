@@ -259,11 +259,12 @@ def _fp8_groups_entries(bundle):
     return [v for v in _epilogue_entries(bundle) if "fp8_groups" in (v.get("epilogue") or [])]
 
 
-@pytest.mark.parametrize("M,n_out,K", [(1, 14336, 4096), (37, 200, 1000), (300, 1000, 512), (2048, 14336, 4096)])
+@pytest.mark.parametrize("M,n_out,K", [(1, 14336, 4096), (37, 208, 1000), (300, 1008, 512), (2048, 14336, 4096)])
 def test_fp8_groups_codes_within_one_step(bundle, M, n_out, K):
     """SiLU(gate)·up (or the plain product) quantised per row and 128 columns in the epilogue:
     codes within one e4m3 step of torch's quantisation of the float32 result, scales within 1 %,
-    NaN-poisoned outputs and scales all written, selected and by name."""
+    NaN-poisoned outputs and scales all written, selected and by name.  (Every fp8_groups
+    variant's run record comes from test_every_epilogue_variant_by_name.)"""
     import torch
 
     from factory import testing
@@ -290,13 +291,16 @@ def test_fp8_groups_codes_within_one_step(bundle, M, n_out, K):
         assert d <= 1, (e, M, n_out, d)
         deq = out.float() * so.repeat_interleave(128, dim=1)[:, :n_out]
         assert testing.rel_error(deq, acc) < 4e-2
-        # The new-output form: (out, scale_out) with scale_out in the block-scaled GEMM's layout.
+        # The new-output form: (out, scale_out) with scale_out in the block-scaled GEMM's layout
+        # (silu_mul takes I = N / 2 without out: the same I only for whole gate/up blocks).
+        if "silu_mul" in fields and n_out % 64:
+            continue
         got, s3 = bundle.gemm(a, b, out_dtype=torch.float8_e4m3fn, **kw)
         torch.cuda.synchronize()
         assert s3.stride() == (1, -(-M // 4) * 4) and (_e4m3_ordinal(got) - _e4m3_ordinal(q_ref)).abs().max() <= 1
 
 
-def test_fp8_groups_feed_the_block_scaled_gemm(bundle, run_record):
+def test_fp8_groups_feed_the_block_scaled_gemm(bundle):
     """gate/up + SiLU·up written as e4m3 with 1x128 scales, then the down projection reads it as
     block-scaled a (scale_a = the epilogue's scale_out, no conversion): against float32."""
     import torch
@@ -320,23 +324,3 @@ def test_fp8_groups_feed_the_block_scaled_gemm(bundle, run_record):
     ref = (torch.nn.functional.silu(h[:, :I]) * h[:, I:]) @ fp8.dequantize_blockwise(wq, ws).t()
     err = testing.rel_error(y, ref)
     assert err < 5e-2, err
-    for e in entries:  # every fp8_groups variant by name, into the run record
-        results = []
-        for shape in testing.EPILOGUE_SHAPES:
-            Ms, n_out, K, _ = shape
-            fields = tuple(f for f in e["epilogue"] if f != "fp8_groups")
-            if e["dtypes"]["a"] != "bf16":
-                continue
-            a, b, kw, acc, _ = testing.epilogue_problem(fields, Ms, n_out, K)
-            q_ref, s_ref = _groups_ref(acc)
-            out, so = bundle.gemm(a, b, out_dtype=torch.float8_e4m3fn, variant=e["name"], **kw)
-            torch.cuda.synchronize()
-            d = int((_e4m3_ordinal(out) - _e4m3_ordinal(q_ref)).abs().max().item())
-            deq = out.float() * so.repeat_interleave(128, dim=1)[:, :n_out]
-            err = testing.rel_error(deq, acc)
-            ok = d <= 1 and bool(((so - s_ref).abs() / s_ref).max() < 1e-2) and err < 4e-2
-            results.append({"variant": e["name"], "shape": [Ms, n_out, K, 1], "rel_err": err, "code_steps": d,
-                            "tol": 4e-2, "ok": ok})
-        if results:
-            run_record.add(bundle, e["name"], results)
-            assert all(r["ok"] for r in results), results
