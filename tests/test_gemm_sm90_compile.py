@@ -94,7 +94,7 @@ def test_tiers(report):
     assert 2 <= len(tiers["test"]) - len(epi) <= 4 and len(epi) == 4
     # 46 kernels, the early_b twins of the decode ones and two more early_b decode tiles; 12 fp8
     # kernels with row or block scales and the early_b twins of their 2 decode ones.
-    assert 8 <= len(tiers["default"]) <= 86
+    assert 8 <= len(tiers["default"]) <= 90
     assert len(tiers["full"]) > len(tiers["default"])
     for names in tiers.values():
         assert len(names) == len(set(names))
@@ -184,7 +184,8 @@ def test_default_tiles_launch_with_pdl():
         assert r"\bPREEXIT\b" in v.sass_requirements(), v.name
         assert (EARLY_LOAD_SASS in v.sass_requirements()) == v.early_b, v.name
         if not v.early_b:
-            assert (dataclasses.replace(v, early_b=True).name in names) == v.swap_ab, v.name
+            # (Fused-epilogue decode tiles have no early_b twin: b_constant calls run them as they are.)
+            assert (dataclasses.replace(v, early_b=True).name in names) == (v.swap_ab and not v.has_epilogue), v.name
         if v.early_b:
             assert v.pdl and v.swap_ab, v.name
     assert GemmSm90(target="sm_90a", ab="bf16", c="bf16", tile=(16, 64, 64), schedule="ws",
