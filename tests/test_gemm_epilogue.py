@@ -58,7 +58,7 @@ def test_tiers():
     t = get_target("sm_90a")
     test = [v for v in enumerate_sm90(t, "test") if v.has_epilogue]
     default = [v for v in enumerate_sm90(t, "default") if v.has_epilogue]
-    assert len(test) == 4 and len(default) == 11
+    assert len(test) == 4 and len(default) == 12
     assert {tuple(v.epilogue) for v in test} == {("bias",), ("residual",), ("silu_mul",),
                                                  ("bias", "silu_mul", "residual")}
     assert all(v.ab == "bf16" and not v.bias and v.pdl for v in default)
@@ -165,7 +165,7 @@ def test_residual_default_tiles_follow_the_plain_selection():
             d["signature"] = {"args": args + [sl._scalar("max_clusters")], "divisibility": {}}
             entries.append(d)
     res = [e["name"] for e in entries if e["name"].endswith("_res")]
-    assert len(res) == 7 and all(n[:-len("_res")] in names for n in res)
+    assert len(res) == 8 and all(n[:-len("_res")] in names for n in res)
     lib = sl.Lib(entries)
     twins = 0
     for K in (4096, 14336):

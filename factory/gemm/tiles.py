@@ -141,7 +141,7 @@ SM90_SCALED_FULL = (
 )
 # Fused epilogues (bias, silu_mul, residual), built with pdl=True.  Default: what a Llama-3 layer
 # calls (bf16, no bias): residual for o_proj / down_proj at the tiles the plain GEMM's selection
-# takes for those shapes (H100, 132 SMs, M 1..8192: the swapped decode tiles up to M 64, then
+# takes for those shapes (H100, 132 SMs, M 1..8192: the swapped decode tiles up to M 128, then
 # 128x128 with and without a 2x1 cluster, 128x256 from M 1024), so that the fused call runs the
 # plain call's kernel plus the residual read; silu_mul (tile N 128: 64 gate + 64 up columns) for
 # gate_up, 64x128 ws up to M 64, then 128x128 with and without a 2x1 cluster.
@@ -150,6 +150,7 @@ SM90_EPILOGUE_DEFAULT = (
     dict(**BF16, tile=(16, 64, 64), schedule="ws", swap_ab=True, split_k=2, residual=True),
     dict(**BF16, tile=(32, 64, 128), schedule="ws", swap_ab=True, residual=True),
     dict(**BF16, tile=(64, 64, 64), schedule="ws", swap_ab=True, split_k=2, residual=True),
+    dict(**BF16, tile=(64, 64, 64), cluster=(2, 1), schedule="ws", swap_ab=True, deep=True, residual=True),
     dict(**BF16, tile=(128, 128, 64), residual=True),
     dict(**BF16, tile=(128, 128, 64), cluster=(2, 1), residual=True),
     dict(**BF16, tile=(128, 256, 64), cluster=(2, 1), residual=True),
@@ -160,7 +161,6 @@ SM90_EPILOGUE_DEFAULT = (
 # Full tier: the residual alone also at the other tiles the plain GEMM takes for decode and mid M.
 SM90_EPILOGUE_RESIDUAL_FULL = tuple(
     dict(**BF16, residual=True, **kw) for kw in (
-        dict(tile=(64, 64, 64), cluster=(2, 1), schedule="ws", swap_ab=True, deep=True),
         dict(tile=(16, 64, 64), schedule="ws", swap_ab=True),
         dict(tile=(32, 64, 64), schedule="ws", swap_ab=True),
         dict(tile=(64, 64, 64), schedule="ws", swap_ab=True),
