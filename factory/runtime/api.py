@@ -8,10 +8,6 @@ from .bundle import BundleCore
 from .errors import InputError
 
 
-def _is_e4m3(dtype) -> bool:
-    return dtype is not None and str(dtype) == "torch.float8_e4m3fn"
-
-
 _OPS = None  # (gemm, packed, attention, blockscaled) modules and torch.compiler.is_compiling, bound on first use
 
 
@@ -22,7 +18,8 @@ def _ops():
 
         from . import attention, blockscaled, gemm, packed
 
-        _OPS = (gemm, packed, attention, blockscaled, torch.compiler.is_compiling)
+        _OPS = (gemm, packed, attention, blockscaled, torch.compiler.is_compiling,
+                getattr(torch, "float8_e4m3fn", None))
     return _OPS
 
 
@@ -59,8 +56,9 @@ class Bundle(BundleCore):
         ``scale_mode``); runtime/fp8.py gives the layouts and the quantizers that write them.
         ``out_dtype=torch.float8_e4m3fn``: the output quantised per row and 128 columns, returned
         as ``(out, scale_out)`` (runtime/epilogue.py)."""
-        gemm, packed, _, bs, compiling = _OPS or _ops()
-        quant = _is_e4m3(out_dtype) or (out is not None and _is_e4m3(getattr(out, "dtype", None)))
+        gemm, packed, _, bs, compiling, e4m3 = _OPS or _ops()
+        # An e4m3 output (with its group scales) is an epilogue form.
+        quant = e4m3 is not None and (out_dtype is e4m3 or (out is not None and getattr(out, "dtype", None) is e4m3))
         if bias is not None or residual is not None or activation is not None or quant or scale_out is not None:
             # fused epilogue: out = act(a·bᵀ + bias) + residual (runtime/epilogue.py)
             epilogue = _EPILOGUE or _epilogue()
