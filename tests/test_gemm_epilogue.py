@@ -58,9 +58,9 @@ def test_tiers():
     t = get_target("sm_90a")
     test = [v for v in enumerate_sm90(t, "test") if v.has_epilogue]
     default = [v for v in enumerate_sm90(t, "default") if v.has_epilogue]
-    assert len(test) == 4 and len(default) == 12
+    assert len(test) == 5 and len(default) == 12
     assert {tuple(v.epilogue) for v in test} == {("bias",), ("residual",), ("silu_mul",),
-                                                 ("bias", "silu_mul", "residual")}
+                                                 ("bias", "silu_mul", "residual"), ("fp8_groups",)}
     assert all(v.ab == "bf16" and not v.bias and v.pdl for v in default)
 
 
@@ -264,3 +264,47 @@ def test_fp8_groups_scale_layout_and_checks():
                      (torch.empty(5, 3), "M-major"), (torch.empty(3, 6).t()[:5], "group stride")):
         with pytest.raises(InputError, match=msg):
             ep.check_scale_out(bad, 5, 300, -1)
+
+
+# --- the e4m3 output through a simulated bundle (the test tier's fp8_groups variant) ---------------
+@pytest.fixture
+def sim(test_bundle):
+    from conftest import Recorder
+    from factory.runtime import Bundle
+
+    b = Bundle.open(test_bundle, capability=(9, 0), device={"name": "NVIDIA H100 80GB HBM3", "sm_count": 132})
+    if not any("fp8_groups" in (v.get("epilogue") or []) for v in b.candidates("gemm")):
+        pytest.skip("the test bundle has no fp8_groups variant")
+    b.rec = Recorder()
+    b.simulate(b.rec)
+    return b
+
+
+def test_fp8_groups_call_path(sim):
+    """bundle.gemm(out_dtype=float8_e4m3fn): (out, scale_out) in the block-scaled scale_a layout,
+    the e4m3 variant launched; a given out and scale_out are written in place; bad calls refused
+    before any launch; K = 0 launches nothing (zero codes, the smallest scale); the torch op's fake
+    returns the same metadata."""
+    bf = dict(dtype=torch.bfloat16)
+    a, b = torch.randn(37, 64, **bf), torch.randn(272, 64, **bf)
+    out, s = sim.gemm(a, b, out_dtype=torch.float8_e4m3fn)
+    assert out.shape == (37, 272) and out.dtype == torch.float8_e4m3fn
+    assert s.shape == (37, 3) and s.stride() == (1, 40) and s.dtype == torch.float32
+    assert sim.rec.launched[-1].endswith("_q128")
+    n = len(sim.rec.launched)
+    o2, s2 = torch.empty(37, 272, dtype=torch.float8_e4m3fn), ep.new_scale_out(a, 37, 272)
+    got = sim.gemm(a, b, o2, scale_out=s2)
+    assert got[0] is o2 and got[1] is s2 and len(sim.rec.launched) == n + 1
+    for kw, err in ((dict(out_dtype=torch.float8_e4m3fn, residual=torch.randn(37, 272, **bf)), InputError),
+                    (dict(out_dtype=torch.float8_e4m3fn, scale_out=torch.empty(37, 3)), InputError),
+                    (dict(scale_out=ep.new_scale_out(a, 37, 272)), InputError),
+                    (dict(out_dtype=torch.float8_e4m3fn, activation="silu_mul"), (InputError, NoVariantError))):
+        with pytest.raises(err):
+            sim.gemm(a, b, **kw)
+    with pytest.raises(InputError, match="multiple of 16"):
+        sim.gemm(a, torch.randn(264, 64, **bf), out_dtype=torch.float8_e4m3fn)
+    assert len(sim.rec.launched) == n + 1
+    z, sz = sim.gemm(torch.randn(5, 0, **bf), torch.randn(128, 0, **bf), out_dtype=torch.float8_e4m3fn)
+    assert len(sim.rec.launched) == n + 1 and not z.float().any() and bool((sz == ep.FP8_MIN_SCALE).all())
+    fo, fs = ep.check_meta(sim, a, b, out_dtype=torch.float8_e4m3fn)
+    assert fo.shape == (37, 272) and fo.dtype == torch.float8_e4m3fn and fs.shape == (37, 3) and fs.stride() == (1, 40)

@@ -89,9 +89,10 @@ def report(tmp_path_factory):
 
 def test_tiers(report):
     tiers = report["tiers"]
-    # Up to 4 plain variants and the 4 fused-epilogue ones (each field alone, all three together).
-    epi = [n for n in tiers["test"] if n.endswith(("_bias", "_res", "_silumul"))]
-    assert 2 <= len(tiers["test"]) - len(epi) <= 4 and len(epi) == 4
+    # Up to 4 plain variants and the 5 fused-epilogue ones (each field alone, all three together,
+    # the e4m3 output with group scales).
+    epi = [n for n in tiers["test"] if n.endswith(("_bias", "_res", "_silumul", "_q128"))]
+    assert 2 <= len(tiers["test"]) - len(epi) <= 4 and len(epi) == 5
     # 46 kernels, the early_b twins of the decode ones and two more early_b decode tiles; 12 fp8
     # kernels with row or block scales and the early_b twins of their 2 decode ones.
     assert 8 <= len(tiers["default"]) <= 91
@@ -124,6 +125,10 @@ def test_test_tier_compiles_to_hopper_sass(report):
             assert hist.get("MUFU.EX2", 0) > 0 and hist.get("MUFU.RCP", 0) > 0, name
         if "bias" in epilogue or "residual" in epilogue:  # read in the epilogue
             assert any(op.startswith("LDG") for op in hist), name
+        if "fp8_groups" in epilogue:  # the quad's amax by shuffles, saturating e4m3, scales stored
+            assert hist.get("SHFL.BFLY", 0) > 0, name
+            assert any(op.startswith("F2FP.SATFINITE.E4M3") for op in hist), name
+            assert any(op.startswith("STG") for op in hist), name
         if not epilogue and not r["fp8"]:  # a plain bf16 GEMM reads nothing but its TMA tiles
             assert not any(op.startswith("LDG") for op in hist), name
 
@@ -145,7 +150,7 @@ def test_resources(report):
 
 def test_names_follow_fields(report):
     for name in report["variants"]:
-        pattern = r"gemm_sm90a_(bf16|f16|e4m3)_o(bf16|f16|f32)_a[km]_b[kn]_t\d+x\d+x\d+_c\dx\d_"
+        pattern = r"gemm_sm90a_(bf16|f16|e4m3)_o(bf16|f16|f32|e4m3)_a[km]_b[kn]_t\d+x\d+x\d+_c\dx\d_"
         assert re.match(pattern, name), name
 
 

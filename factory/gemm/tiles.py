@@ -182,17 +182,19 @@ SM90_EPILOGUE_FP8_GROUPS_FULL = (
     dict(ab="bf16", c="e4m3", tile=(128, 128, 64), fp8_groups=True),
     dict(ab="e4m3", c="e4m3", tile=(128, 256, 128), fast_accum=True, row_scale=True, silu_mul=True, fp8_groups=True),
 )
-# Test tier: each field alone and all three together (the GPU tests' variants).
+# Test tier: each field alone, all three together, and the e4m3 output (the GPU tests' variants).
 SM90_EPILOGUE_TEST = (
     dict(**BF16, tile=(128, 128, 64), bias=True),
     dict(**BF16, tile=(128, 128, 64), residual=True),
     dict(**BF16, tile=(128, 128, 64), silu_mul=True),
     dict(**BF16, tile=(64, 128, 64), schedule="ws", bias=True, silu_mul=True, residual=True),
+    dict(ab="bf16", c="e4m3", tile=(128, 128, 64), fp8_groups=True),
 )
 # Full tier adds every combination of the fields on these tiles, bf16 and fp8 (row scales too).
 SM90_EPILOGUE_FULL_TILES = (
     dict(**BF16, tile=(128, 128, 64)),
     dict(**BF16, tile=(128, 128, 64), cluster=(2, 1)),
+    dict(**BF16, tile=(256, 128, 64), cluster=(1, 2)),  # the plain GEMM's prefill tile (M >= 1024)
     dict(**BF16, tile=(64, 128, 64), schedule="ws"),
     dict(ab="f16", c="f16", tile=(128, 128, 64)),
     dict(**FP8, tile=(128, 128, 128)),

@@ -274,6 +274,8 @@ def _gemm_fp8_groups(bundle, a, b, out, activation, out_dtype, scale_a, scale_b,
     M, K, L = a3[1]
     N = b3[1][0]
     n_out = _n_out(N, flags, out, None)
+    if n_out % 16:
+        raise InputError(f"an e4m3 output needs a multiple of 16 columns (16-byte rows), got {n_out}")
     if out is None:
         out = a.new_empty((M, n_out), dtype=_E4M3)
     elif tuple(out.shape) != (M, n_out) or (out_dtype is not None and out_dtype != out.dtype):
@@ -483,6 +485,8 @@ def _check_meta_fp8_groups(bundle, a, b, activation, scale_a, scale_b, b_constan
     M, N = a.shape[0], b.shape[0]
     concrete = plain.concrete(*a.shape, *b.shape)
     n_out = _n_out(N, flags, None, None) if concrete else (N // 2 if activation else N)
+    if concrete and n_out % 16:
+        raise InputError(f"an e4m3 output needs a multiple of 16 columns (16-byte rows), got {n_out}")
     out = a.new_empty((M, n_out), dtype=_E4M3)
     scale_out = new_scale_out(a, M, n_out)
     if not any((v.get("epilogue") or []) == fields(flags) and v["dtypes"]["a"] == ab
