@@ -309,9 +309,9 @@ def test_fp8_groups_feed_the_block_scaled_gemm(bundle):
     from factory.runtime import fp8
     from factory.runtime.epilogue import pack_gate_up
 
-    entries = _fp8_groups_entries(bundle)
-    if not entries or not any(v.get("scale_mode") == "block" for v in bundle.candidates("gemm")):
-        pytest.skip("needs an fp8_groups variant and a block-scaled gemm")
+    if not (_have(bundle, ("silu_mul", "fp8_groups"))
+            and any(v.get("scale_mode") == "block" for v in bundle.candidates("gemm"))):
+        pytest.skip("needs a silu_mul + fp8_groups variant and a block-scaled gemm")
     M, I, H = 256, 1024, 512
     x = torch.randn(M, H, device="cuda", dtype=torch.bfloat16)
     wgu = torch.randn(2 * I, H, device="cuda", dtype=torch.bfloat16) / H ** 0.5
