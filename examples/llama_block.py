@@ -16,10 +16,15 @@ decode; torch: ``torch._scaled_mm``).
 
 Three layers side by side: ``torch`` (torch ops), ``ours`` (the bundle's GEMMs and attention, the
 glue in torch) and ``fused`` (``ours`` with the glue fused: ``bundle.rms_norm`` for both norms, the
-second one adding the residual in the same pass, and ``bundle.rope_kvcache`` rotating q and k in
+second one adding the residual in the same pass, ``bundle.rope_kvcache`` rotating q and k in
 place and writing k and v into the KV cache: in prefill a cache of the prompt's tokens, in decode
-the layer's (batch, context, kv heads, head dim) cache seen as one page per sequence).  The fused layer is left out when
-the bundle has no rms_norm / rope_kvcache variant for the device.
+the layer's (batch, context, kv heads, head dim) cache seen as one page per sequence; and the GEMM
+epilogues: SiLU(gate)·up in the gate/up projection's epilogue (its weight in ``pack_gate_up``'s row
+order) and the second residual add in the down projection's, in place).  The fused layer is left
+out when the bundle has no rms_norm / rope_kvcache variant for the device; a GEMM epilogue the
+bundle has no variant for (e.g. fp8 epilogues outside the default tier) falls back to the GEMM
+plus the torch op.  ``--compile-mode``: the torch.compile mode of the compiled torch layer
+(``max-autotune`` by default; autotuning takes minutes per shape on the device).
 """
 
 from __future__ import annotations
@@ -38,6 +43,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from factory.runtime import Bundle  # noqa: E402
+from factory.runtime.epilogue import pack_gate_up  # noqa: E402
+from factory.runtime.errors import NoVariantError  # noqa: E402
 
 HIDDEN, HQ, HKV, HD, FFN = 4096, 32, 8, 128, 14336
 E4M3_MAX = 448.0
@@ -156,9 +163,18 @@ def ours(bundle, wts, fp8=False, ops=None):
 class FusedLayer(Layer):
     """``ours`` with the norms, the residual add and RoPE + the cache write as fused kernels."""
 
-    def __init__(self, bundle, wts: Weights, mm, attend, max_pos: int = 16384, theta: float = 500000.0):
+    def __init__(self, bundle, wts: Weights, mm, attend, fp8: bool = False, max_pos: int = 16384,
+                 theta: float = 500000.0):
         super().__init__(wts, mm, attend)
-        self.b = bundle
+        self.b, self.fp8 = bundle, fp8
+        # The gate/up weight in the silu_mul epilogue's row order (blocks of 64 gate, 64 up rows);
+        # fp8: the packed codes, same per-tensor scale.
+        if fp8:
+            q, sw = wts.fp8["wgu"]
+            self.wgu = (pack_gate_up(q.view(torch.uint8)).view(torch.float8_e4m3fn), sw)
+        else:
+            self.wgu = pack_gate_up(wts.wgu)
+        self._no_epilogue = set()  # (weight, rows) the bundle has no epilogue variant for
         self.n1, self.n2 = wts.n1.to(torch.bfloat16), wts.n2.to(torch.bfloat16)
         d = wts.hd
         inv = 1.0 / theta ** (torch.arange(0, d, 2, device="cuda", dtype=torch.float32) / d)
@@ -171,11 +187,39 @@ class FusedLayer(Layer):
         qkv = self.mm(self.b.rms_norm(x, self.n1, 1e-5), "wqkv")
         return qkv.split([w.hq * w.hd, w.hkv * w.hd, w.hkv * w.hd], dim=-1)  # (T, H·D) slices
 
+    def epilogue_mm(self, x, name, **kw):
+        """``bundle.gemm`` with an epilogue (``activation=`` / ``residual=`` / ``out=``), or None
+        when the bundle has no such variant for this weight and row count."""
+        key = (name, x.shape[0], tuple(sorted(kw)))
+        if key in self._no_epilogue:
+            return None
+        w = self.wgu if name == "wgu" else (self.w.fp8[name] if self.fp8 else getattr(self.w, name))
+        try:
+            if not self.fp8:
+                return self.b.gemm(x, w, **kw)
+            xq, sx = quantize(x)
+            return self.b.gemm(xq, w[0], scale_a=sx, scale_b=w[1], **kw)
+        except NoVariantError:
+            self._no_epilogue.add(key)
+            return None
+
+    def gate_up_silu(self, hn):
+        act = self.epilogue_mm(hn, "wgu", activation="silu_mul")
+        if act is None:
+            g, u = self.mm(hn, "wgu").chunk(2, dim=-1)
+            act = F.silu(g) * u
+        return act
+
+    def down_residual(self, act, h):
+        """h += act·W_downᵀ (in place, in the down projection's epilogue)."""
+        if self.epilogue_mm(act, "wdown", out=h, residual=h) is None:
+            h += self.mm(act, "wdown")
+        return h
+
     def _rest(self, x, o):
         a = self.mm(o.reshape(x.shape[0], -1), "wo")
         hn = self.b.rms_norm(x, self.n2, 1e-5, residual=a)  # a becomes h = x + a, hn = norm(h)
-        g, u = self.mm(hn, "wgu").chunk(2, dim=-1)
-        return a + self.mm(F.silu(g) * u, "wdown")
+        return self.down_residual(self.gate_up_silu(hn), a)
 
     def prefill(self, x, pos, cu, max_len):
         w, T = self.w, x.shape[0]
@@ -206,7 +250,7 @@ def fused(bundle, wts, fp8=False):
     if not bundle.candidates("rms_norm") or not bundle.candidates("rope_kvcache"):
         return None
     base = ours(bundle, wts, fp8)
-    return FusedLayer(bundle, wts, base.mm, base.attend)
+    return FusedLayer(bundle, wts, base.mm, base.attend, fp8)
 
 
 def reference(wts, fp8=False):
@@ -297,7 +341,20 @@ def warm_gpu(seconds: float = 1.0) -> None:
         torch.cuda.synchronize()
 
 
-def run(bundle, fp8: bool, prefill_lengths, decode_grid, compile_too: bool, breakdowns: bool = False) -> list[dict]:
+def summary(row: dict) -> str:
+    """One line per row: each layer's time and the fused layer's speed-up over the others."""
+    mode = "graph" if row["phase"] == "decode" else "eager"
+    t = {k[:-len(f"_{mode}_ms")]: v for k, v in row.items() if k.endswith(f"_{mode}_ms")}
+    t.update({k[:-3]: v for k, v in row.items() if k.endswith(("_compiled_ms", "_compiled_graph_ms"))})
+    size = f"batch {row['batch']}" if row["phase"] == "decode" else f"{row['tokens']} tokens"
+    line = f"{row['phase']} {size} fp8={row['fp8']} ({mode}): " + ", ".join(f"{k} {v:.3f} ms" for k, v in t.items())
+    if "fused" in t:
+        line += " | fused x " + ", ".join(f"{k} {v / t['fused']:.2f}" for k, v in t.items() if k != "fused")
+    return line
+
+
+def run(bundle, fp8: bool, prefill_lengths, decode_grid, compile_too: bool, breakdowns: bool = False,
+        compile_mode: str = "max-autotune") -> list[dict]:
     wts = Weights()
     warm_gpu()
     layers = {"ours": ours(bundle, wts, fp8), "fused": fused(bundle, wts, fp8), "torch": reference(wts, fp8)}
@@ -315,12 +372,18 @@ def run(bundle, fp8: bool, prefill_lengths, decode_grid, compile_too: bool, brea
                 row[f"{k}_eager_ms"] = time_ms(lambda L=L: L.prefill(x, pos, cu, mx))
             for k in layers:
                 row[f"{k}_tok_s"] = row["tokens"] / row[f"{k}_eager_ms"] * 1e3
+            if compile_too:  # the torch layer under Inductor (prefill's per-sequence SDPA breaks the graph)
+                ref = reference(wts, fp8)
+                torch._dynamo.reset()
+                row["torch_compiled_ms"] = time_ms(torch.compile(lambda: ref.prefill(x, pos, cu, mx),
+                                                                 mode=compile_mode))
             if breakdowns:
                 row["stages_ms"] = {k: breakdown(L, x, pos, cu, mx) for k, L in layers.items() if k != "fused"}
                 if "fused" in layers:
                     row["stages_ms"]["fused"] = fused_breakdown(layers["fused"], x, pos)
             rows.append(row)
             print(json.dumps(row), flush=True)
+            print(summary(row), flush=True)
         for B, context in decode_grid:
             x, ck, cv, lens = decode_case(B, context)
             caches = {k: (ck.clone(), cv.clone()) for k in layers}
@@ -338,8 +401,12 @@ def run(bundle, fp8: bool, prefill_lengths, decode_grid, compile_too: bool, brea
                 row["ours_compiled_ms"] = time_ms(torch.compile(lambda: cl.decode(x, *caches["ours"], lens),
                                                                 fullgraph=True))
                 ref = reference(wts, fp8)
-                row["torch_compiled_ms"] = time_ms(torch.compile(lambda: ref.decode(x, *caches["torch"], lens),
-                                                                 fullgraph=True))
+                torch._dynamo.reset()
+                tc = torch.compile(lambda: ref.decode(x, *caches["torch"], lens), fullgraph=True, mode=compile_mode)
+                row["torch_compiled_ms"] = time_ms(tc)
+                # Inductor skips its own CUDA graphs here (the cache writes mutate inputs): the
+                # compiled layer captured in one graph, as the other layers' graph rows are.
+                row["torch_compiled_graph_ms"] = time_ms(graphed(tc))
             for k in layers:
                 row[f"{k}_tok_s_graph"] = B / row[f"{k}_graph_ms"] * 1e3
             if breakdowns:
@@ -349,6 +416,7 @@ def run(bundle, fp8: bool, prefill_lengths, decode_grid, compile_too: bool, brea
                     row["stages_ms"]["fused"] = fused_breakdown(layers["fused"], x, lens, caches["fused"])
             rows.append(row)
             print(json.dumps(row), flush=True)
+            print(summary(row), flush=True)
     return rows
 
 
@@ -387,8 +455,9 @@ def breakdown(layer, x, pos=None, cu=None, max_len=None, caches=None, lengths=No
 
 
 def fused_breakdown(layer, x, pos, caches=None) -> dict[str, float]:
-    """The fused layer's glue stages, each timed on its own (eager, ms); its GEMMs and attention
-    are ``ours``'."""
+    """The fused layer's stages that differ from ``ours``, each timed on its own (eager, ms): the
+    fused glue and the two projections with epilogues (each against ``ours``' GEMM + torch op of
+    the same stage in :func:`breakdown`)."""
     w, b = layer.w, layer.b
     T = x.shape[0]
     q, k, v = layer._split(x)
@@ -400,9 +469,13 @@ def fused_breakdown(layer, x, pos, caches=None) -> dict[str, float]:
     else:
         slots = torch.arange(T, device=x.device) * caches[0].shape[1] + pos
         rope = (lambda: b.rope_kvcache(q, k, v, pos, layer.cos_sin, *caches, slots))
+    hn = b.rms_norm(x, layer.n2, 1e-5)
+    act = layer.gate_up_silu(hn)
     stages = {"rms_norm (fused)": lambda: b.rms_norm(x, layer.n1, 1e-5),
               "residual add + rms_norm (fused)": lambda: b.rms_norm(x, layer.n2, 1e-5, residual=h),
-              "RoPE + cache write (fused)": rope}
+              "RoPE + cache write (fused)": rope,
+              "gate/up + SiLU*up (epilogue)": lambda: layer.gate_up_silu(hn),
+              "down projection + residual (epilogue)": lambda: layer.down_residual(act, h)}
     return {k: round(time_ms(fn), 4) for k, fn in stages.items()}
 
 
@@ -473,14 +546,19 @@ def main() -> int:
     p.add_argument("--no-compile", action="store_true")
     p.add_argument("--breakdown", action="store_true", help="also time each stage of the layer on its own")
     p.add_argument("--out", default=None, help="write the rows as JSON here")
+    p.add_argument("--compile-mode", default="max-autotune", help="torch.compile mode of the compiled torch layer")
+    p.add_argument("--prefill", type=int, nargs="*", default=None,
+                   help="prefill token counts (one sequence each; default 512 2048 and 4 x 2048)")
+    p.add_argument("--decode", type=int, nargs="*", default=None, help="decode batches (default 1 16 64)")
     a = p.parse_args()
     bundle = Bundle.open(a.bundle)
     if a.check:
         check(bundle, not a.no_compile)
         return 0
-    prefill = [[2048], [1024] * 4, [512, 1536, 3000, 3100]]
-    decode = [(1, 4096), (16, 4096), (64, 2048)]
-    rows = run(bundle, a.fp8, prefill, decode, not a.no_compile, a.breakdown)
+    prefill = [[512], [2048], [2048] * 4] if a.prefill is None else [[n] for n in a.prefill]
+    decode = [(1, 4096), (16, 4096), (64, 2048)] if a.decode is None else [(b, 4096 if b <= 16 else 2048)
+                                                                            for b in a.decode]
+    rows = run(bundle, a.fp8, prefill, decode, not a.no_compile, a.breakdown, a.compile_mode)
     if a.out:
         Path(a.out).write_text(json.dumps(rows, indent=1))
     return 0

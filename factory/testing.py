@@ -159,6 +159,9 @@ def _judge(name: str, shape: list, out, ref, tol: float) -> dict:
 # Fused epilogues (M, N_out, K, L): tails in M and N_out, N_out not a multiple of 64 (silu_mul:
 # a padded last gate/up block), a batch, several tiles.
 EPILOGUE_SHAPES = [(257, 136, 200, 1), (1, 264, 1032, 1), (64, 128, 64, 3), (1000, 1000, 1016, 2)]
+# e4m3 outputs (fp8_groups): N_out a multiple of 16 (16-byte rows), partial last groups and
+# gate/up blocks, 2-D.
+FP8_GROUPS_SHAPES = [(257, 144, 200, 1), (1, 272, 1032, 1), (64, 128, 64, 1), (1000, 1008, 1016, 1)]
 
 
 def silu_mul_ref(acc, n_out: int):
@@ -212,19 +215,34 @@ def epilogue_problem(fields, M, n_out, K, L=1, ab="bf16", c="bf16", scale_mode="
     return a, w, kw, acc, (*lead, M, n_out)
 
 
+# e4m3 outputs with a scale per row and 128 columns (``fp8_groups``): the decoded output against
+# float32 (each element within half an e4m3 step, 2^-4 relative, of the exact value).
+FP8_OUT_TOLERANCE = 4e-2
+
+
+def decode_fp8_groups(out, scale_out):
+    """float32 values of an e4m3 output and its (M, ceil(N/128)) scales."""
+    return out.float() * scale_out.repeat_interleave(128, dim=1)[:, :out.shape[1]]
+
+
 def check_gemm_epilogue(bundle, entry, shape, device="cuda") -> dict:
-    """One fused-epilogue variant by name on ``shape`` (M, N_out, K, L), NaN-poisoned output."""
+    """One fused-epilogue variant by name on ``shape`` (M, N_out, K, L), NaN-poisoned output (an
+    e4m3 output with group scales: 2-D, decoded against float32)."""
     import torch
 
     d = entry["dtypes"]
     mode = entry.get("scale_mode") or "tensor"
     M, n_out, K, L = shape
-    if mode != "tensor":
+    quant = "fp8_groups" in entry["epilogue"]
+    if mode != "tensor" or quant:
         L = 1
-    a, b, kw, ref, oshape = epilogue_problem(entry["epilogue"], M, n_out, K, L, d["a"], d["c"], mode, device)
-    out = torch.full(oshape, float("nan"), dtype=torch_dtype(d["c"]), device=device)
-    bundle.gemm(a, b, out, variant=entry["name"], **kw)
+    fields = [f for f in entry["epilogue"] if f != "fp8_groups"]
+    a, b, kw, ref, oshape = epilogue_problem(fields, M, n_out, K, L, d["a"], "bf16" if quant else d["c"], mode, device)
+    out = torch.full(oshape, float("nan"), device=device).to(torch_dtype(d["c"]))
+    got = bundle.gemm(a, b, out, variant=entry["name"], **kw)
     torch.cuda.synchronize()
+    if quant:
+        return _judge(entry["name"], [M, n_out, K, L], decode_fp8_groups(*got), ref, FP8_OUT_TOLERANCE)
     return _judge(entry["name"], [M, n_out, K, L], out, ref, TOLERANCE[d["a"]])
 
 
@@ -235,30 +253,40 @@ def check_graph_capture_epilogue(bundle, entry, device="cuda") -> dict:
     d = entry["dtypes"]
     mode = entry.get("scale_mode") or "tensor"
     M, n_out, K = 384, 192, 512
-    a, b, kw, _, oshape = epilogue_problem(entry["epilogue"], M, n_out, K, 1, d["a"], d["c"], mode, device)
-    out = torch.full(oshape, float("nan"), dtype=torch_dtype(d["c"]), device=device)
-    bundle.gemm(a, b, out, variant=entry["name"], **kw)
+    quant = "fp8_groups" in entry["epilogue"]
+    fields = [f for f in entry["epilogue"] if f != "fp8_groups"]
+    cd = "bf16" if quant else d["c"]
+    a, b, kw, _, oshape = epilogue_problem(fields, M, n_out, K, 1, d["a"], cd, mode, device)
+    out = torch.full(oshape, float("nan"), device=device).to(torch_dtype(d["c"]))
+    got = bundle.gemm(a, b, out, variant=entry["name"], **kw)
+    if quant:
+        kw["scale_out"] = got[1]
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         bundle.gemm(a, b, out, variant=entry["name"], **kw)
-    a2, b2, kw2, ref, _ = epilogue_problem(entry["epilogue"], M, n_out, K, 1, d["a"], d["c"], mode, device)
+    a2, b2, kw2, ref, _ = epilogue_problem(fields, M, n_out, K, 1, d["a"], cd, mode, device)
     a.copy_(a2)
     b.copy_(b2)
     for k, v in kw2.items():
         if isinstance(v, torch.Tensor):
             kw[k].copy_(v)
-    out.fill_(float("nan"))
+    out.copy_(torch.full(oshape, float("nan"), device=device).to(out.dtype))
+    if quant:
+        kw["scale_out"].fill_(float("nan"))
     g.replay()
     torch.cuda.synchronize()
-    err = rel_error(out, ref)
-    nan = int(torch.isnan(out).sum())
+    val = decode_fp8_groups(out, kw["scale_out"]) if quant else out
+    tol = FP8_OUT_TOLERANCE if quant else TOLERANCE[d["a"]]
+    err = rel_error(val, ref)
+    nan = int(torch.isnan(val.float()).sum())
     return {"variant": entry["name"] + " [graph replay]", "shape": [M, n_out, K, 1], "rel_err": err, "nan": nan,
-            "tol": TOLERANCE[d["a"]], "ok": nan == 0 and err < TOLERANCE[d["a"]]}
+            "tol": tol, "ok": nan == 0 and err < tol}
 
 
 def smoke_gemm(bundle, entry, device="cuda") -> list[dict]:
-    if entry.get("epilogue"):  # fused bias / silu_mul / residual (runtime/epilogue.py)
-        return [check_gemm_epilogue(bundle, entry, s, device) for s in EPILOGUE_SHAPES]
+    if entry.get("epilogue"):  # fused bias / silu_mul / residual / fp8_groups (runtime/epilogue.py)
+        shapes = FP8_GROUPS_SHAPES if "fp8_groups" in entry["epilogue"] else EPILOGUE_SHAPES
+        return [check_gemm_epilogue(bundle, entry, s, device) for s in shapes]
     if entry.get("family") == "decode":  # packed weights (runtime/packed.py)
         return [check_gemm_packed(bundle, entry, s, device) for s in DECODE_SHAPES]
     shapes = SPLIT_K_SHAPES if "workspace" in entry else GEMM_SHAPES

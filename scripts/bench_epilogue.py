@@ -8,6 +8,11 @@
 - ``silu_mul`` (gate_up: M x 28672 x 4096 -> M x 14336): ``bundle.gemm(x, pack_gate_up(w),
   activation="silu_mul")`` vs ``bundle.gemm(x, w)`` then torch's silu_and_mul
   (``F.silu(y[:, :I]) * y[:, I:]``), and vs cuBLAS then the same.
+- ``silu_mul`` + ``fp8_groups`` (the same gate_up, its output e4m3 with a scale per row and 128
+  columns, the down projection's block-scaled input): ``bundle.gemm(x, pack_gate_up(w),
+  activation="silu_mul", out_dtype=torch.float8_e4m3fn)`` vs the bf16 silu_mul epilogue then
+  torch's per-group quantisation (``ours+torch``), and vs cuBLAS + silu_and_mul + the same
+  quantisation.
 
 Timing as scripts/bench.py: CUDA-graph replays of one call per input set (enough fresh random
 sets to exceed twice the L2), all sides of a row interleaved in alternating passes
@@ -39,7 +44,21 @@ OPS = {  # name -> (fields, N_out, K)
     "o_proj+residual": ("residual", HIDDEN, HIDDEN),
     "down_proj+residual": ("residual", HIDDEN, INTER),
     "gate_up+silu_mul": ("silu_mul", INTER, HIDDEN),
+    "gate_up+silu_mul+fp8": ("silu_fp8", INTER, HIDDEN),
 }
+
+
+def torch_group_quant(y, q, s):
+    """torch's e4m3 quantisation of y (M, I) per row and 128 columns into q (M, I) and s (M, I/128)."""
+    import torch
+
+    from factory.runtime.epilogue import FP8_MAX, FP8_MIN_SCALE
+
+    M, n = y.shape
+    g = y.float().view(M, n // 128, 128)
+    sc = (g.abs().amax(dim=2) / FP8_MAX).clamp_min(FP8_MIN_SCALE)
+    q.copy_((g / sc[:, :, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).view(M, n))
+    s.copy_(sc)
 
 
 def _l2() -> int:
@@ -54,7 +73,7 @@ def bench_row(bundle, op: str, M: int) -> dict:
 
     field, n_out, K = OPS[op]
     bf = dict(device="cuda", dtype=torch.bfloat16)
-    N = 2 * n_out if field == "silu_mul" else n_out
+    N = 2 * n_out if field.startswith("silu") else n_out
     per_set = 2 * (M * K + N * K + 2 * M * n_out)
     n = sets_for(per_set, _l2())
     xs = [torch.randn(M, K, **bf) for _ in range(n)]
@@ -62,7 +81,31 @@ def bench_row(bundle, op: str, M: int) -> dict:
     hs = [torch.randn(M, n_out, **bf) for _ in range(n)]
     outs = {k: [torch.full((M, n_out), float("nan"), **bf) for _ in range(n)] for k in ("fused", "ours", "cublas")}
     tmp = [torch.empty(M, N, **bf) for _ in range(n)]
-    if field == "silu_mul":
+    if field == "silu_fp8":
+        from factory.runtime.epilogue import new_scale_out
+
+        packed = [pack_gate_up(w) for w in ws]
+        e4 = torch.float8_e4m3fn
+        qs = {k: [torch.empty(M, n_out, device="cuda", dtype=e4) for _ in range(n)] for k in ("fused", "ours", "cublas")}
+        ss = {k: [new_scale_out(xs[0], M, n_out) for _ in range(n)] for k in ("fused", "ours", "cublas")}
+        act = [torch.empty(M, n_out, **bf) for _ in range(n)]
+
+        def fused(i):
+            bundle.gemm(xs[i], packed[i], qs["fused"][i], activation="silu_mul", scale_out=ss["fused"][i])
+
+        def unfused_ours(i):
+            bundle.gemm(xs[i], packed[i], act[i], activation="silu_mul")
+            torch_group_quant(act[i], qs["ours"][i], ss["ours"][i])
+
+        def unfused_cublas(i):
+            torch.matmul(xs[i], ws[i].t(), out=tmp[i])
+            torch.mul(F.silu(tmp[i][:, :n_out]), tmp[i][:, n_out:], out=act[i])
+            torch_group_quant(act[i], qs["cublas"][i], ss["cublas"][i])
+
+        def ref(i):
+            y = xs[i].float() @ ws[i].float().t()
+            return F.silu(y[:, :n_out]) * y[:, n_out:]
+    elif field == "silu_mul":
         packed = [pack_gate_up(w) for w in ws]
 
         def fused(i):
@@ -101,6 +144,10 @@ def bench_row(bundle, op: str, M: int) -> dict:
         del calls["ours+torch"]
     times = time_interleaved(calls, n, warm_s=0.05)
     eager = {k: time_eager(calls[k], n) for k in ("fused", "ours+torch") if k in calls}
+    if field == "silu_fp8":  # the decoded e4m3 outputs are what gets checked
+        for k in ("fused", "ours", "cublas"):
+            for i in range(n):
+                outs[k][i].copy_(testing.decode_fp8_groups(qs[k][i], ss[k][i]))
     errs = {}
     for k in ("fused", "ours", "cublas"):
         if k == "ours" and "ours+torch" not in calls:

@@ -34,15 +34,22 @@ def test_fields_off_leave_the_variant_as_it_was():
 
 
 def test_epilogue_limits_and_arguments():
-    assert _v(tile=(32, 64, 64), schedule="ws", swap_ab=True, residual=True).can_implement()
-    assert _v(tile=(64, 64, 64), schedule="ws", split_k=2, residual=True).can_implement()
-    assert "tile N" in _v(tile=(128, 256, 64), cluster=(2, 1), silu_mul=True).can_implement()
+    # The residual runs on the decode tiles too (swapped, split-K); bias and silu_mul do not.
+    assert _v(tile=(32, 64, 64), schedule="ws", swap_ab=True, residual=True).can_implement() is None
+    assert _v(tile=(64, 64, 64), schedule="ws", swap_ab=True, split_k=2, residual=True).can_implement() is None
+    assert "unswapped" in _v(tile=(32, 64, 64), schedule="ws", swap_ab=True, bias=True).can_implement()
+    assert "unswapped" in _v(tile=(64, 64, 64), schedule="ws", swap_ab=True, split_k=2, bias=True,
+                             residual=True).can_implement()
+    assert "tile N" in _v(tile=(128, 256, 64), cluster=(2, 1), silu_mul=True, residual=True).can_implement()
+    assert "tile N" in _v(tile=(128, 192, 64), cluster=(2, 1), silu_mul=True).can_implement()
     v = _v(tile=(128, 128, 64), bias=True, silu_mul=True, residual=True)
     assert v.can_implement() is None and v.name.endswith("_bias_silumul_res")
     args = {a.name: a for a in v.signature().args}
     assert list(args) == ["a", "b", "c", "bias", "residual", "max_clusters"]
     assert args["c"].shape == ("M", "NO", "L") and args["residual"].shape == ("M", "NO", "L")
     assert args["bias"].shape == ("N",) and v.describe()["epilogue"] == ["bias", "silu_mul", "residual"]
+    # The residual is read in pairs of adjacent columns: 4-byte base, even strides.
+    assert args["residual"].align == 4 and dict(v.signature().divisibility)["sRm"] == 2
     f8 = _v(ab="e4m3", tile=(128, 128, 128), row_scale=True, residual=True)
     assert [a.name for a in f8.signature().args] == ["a", "b", "c", "scale_a", "scale_b", "residual", "max_clusters"]
 
@@ -51,9 +58,9 @@ def test_tiers():
     t = get_target("sm_90a")
     test = [v for v in enumerate_sm90(t, "test") if v.has_epilogue]
     default = [v for v in enumerate_sm90(t, "default") if v.has_epilogue]
-    assert len(test) == 4 and len(default) == 5
+    assert len(test) == 5 and len(default) == 12
     assert {tuple(v.epilogue) for v in test} == {("bias",), ("residual",), ("silu_mul",),
-                                                 ("bias", "silu_mul", "residual")}
+                                                 ("bias", "silu_mul", "residual"), ("fp8_groups",)}
     assert all(v.ab == "bf16" and not v.bias and v.pdl for v in default)
 
 
@@ -141,6 +148,36 @@ def test_selection_takes_exactly_the_requested_fields(lib):
         _select(lib, 64, 256, 64, B, bias=1 << 44)
 
 
+def test_residual_default_tiles_follow_the_plain_selection():
+    """Each default residual variant is a plain default variant plus the residual, and wherever the
+    plain GEMM's choice has such a twin, the residual selection takes the twin (one cost model):
+    the fused call runs the plain call's kernel plus the residual read.  (Llama-3-8B o_proj and
+    down_proj shapes, H100's 132 SMs; the entries here carry no resource data, so which tiles the
+    plain choice lands on can differ from a built bundle's.)"""
+    default = enumerate_sm90(get_target("sm_90a"), "default")
+    names = {v.name for v in default}
+    entries = []
+    for v in default:
+        if not v.has_epilogue or v.epilogue == ["residual"]:
+            d = v.describe()
+            d["name"] = v.name
+            args = [sl._tensor(n, 3) for n in "abc"] + ([sl._tensor("residual", 3)] if v.residual else [])
+            d["signature"] = {"args": args + [sl._scalar("max_clusters")], "divisibility": {}}
+            entries.append(d)
+    res = [e["name"] for e in entries if e["name"].endswith("_res")]
+    assert len(res) == 8 and all(n[:-len("_res")] in names for n in res)
+    lib = sl.Lib(entries)
+    twins = 0
+    for K in (4096, 14336):
+        for M in (1, 16, 32, 64, 128, 256, 512, 1024, 2048):
+            plain = lib.gemm(M, 4096, K)
+            got = _select(lib, M, 4096, K, ep.FLAGS["residual"], res=1 << 43)
+            if plain + "_res" in res:
+                twins += 1
+                assert got == plain + "_res", (M, K, plain, got)
+    assert twins >= 6
+
+
 def test_selection_refuses_bad_epilogues(lib):
     R, S = ep.FLAGS["residual"], ep.FLAGS["silu_mul"]
     with pytest.raises(InputError, match="rows"):
@@ -150,9 +187,124 @@ def test_selection_refuses_bad_epilogues(lib):
     with pytest.raises(InputError, match="residual pointer"):
         _select(lib, 64, 256, 64, R)
     with pytest.raises(InputError, match="flags"):
-        _select(lib, 64, 256, 64, 8)
+        _select(lib, 64, 256, 64, 16)
     with pytest.raises(InputError, match="overlaps"):  # a residual half a row into c
         _select(lib, 64, 256, 64, R, res=(1 << 40) + 256)
     with pytest.raises(InputError, match="contiguous"):
         _select(lib, 64, 256, 64, R, res=1 << 43, res_stride=(1, 64, 0))
     assert _select(lib, 64, 256, 64, R, res=1 << 40) in ("res", "res_ws")  # residual is c: in place
+
+
+# --- fp8 output with a scale per row and 128 columns (fp8_groups) ------------------------------------
+def test_fp8_groups_field_limits_and_arguments():
+    v = _v(ab="bf16", c="e4m3", tile=(128, 256, 64), silu_mul=True, fp8_groups=True)
+    assert v.can_implement() is None and v.name.endswith("_oe4m3_ak_bk_t128x256x64_c1x1_coop_rm_sw1_sk1_silumul_q128")
+    args = {a.name: a for a in v.signature().args}
+    assert list(args) == ["a", "b", "c", "scale_out", "max_clusters"]
+    assert args["scale_out"].shape == ("M", "NG") and args["scale_out"].stride == (1, "sSOg")
+    assert args["scale_out"].align == 16 and dict(v.signature().divisibility)["sSOg"] == 4
+    assert v.describe()["epilogue"] == ["silu_mul", "fp8_groups"] and v.describe()["fp8_group"] == 128
+    assert _v(ab="bf16", c="e4m3", tile=(128, 128, 64), fp8_groups=True).can_implement() is None
+    for kw, msg in ((dict(c="bf16", tile=(128, 128, 64), fp8_groups=True), "e4m3"),
+                    (dict(c="e4m3", tile=(128, 128, 64)), "e4m3 only with fp8_groups"),
+                    (dict(c="e4m3", tile=(128, 256, 64), cluster=(2, 1), fp8_groups=True), "128 columns"),
+                    (dict(c="e4m3", tile=(128, 128, 64), silu_mul=True, fp8_groups=True), "128 columns"),
+                    (dict(c="e4m3", tile=(128, 128, 64), residual=True, fp8_groups=True), "no bias or residual"),
+                    (dict(c="e4m3", tile=(64, 128, 64), schedule="ws", swap_ab=True, fp8_groups=True), "unswapped"),
+                    (dict(c="bf16", tile=(128, 256, 64), silu_mul=True, residual=True), "without residual")):
+        assert msg in (_v(**kw).can_implement() or ""), (kw, _v(**kw).can_implement())
+    default = [w for w in enumerate_sm90(get_target("sm_90a"), "default") if w.fp8_groups]
+    assert [w.name for w in default] == [v.name.replace("_sk1_", "_sk1_pdl_")]
+
+
+def test_fp8_groups_selection_and_refusals():
+    q = GemmSm90(target="sm_90a", ab="bf16", c="e4m3", tile=(128, 256, 64), silu_mul=True, fp8_groups=True, pdl=True)
+    d = q.describe()
+    d["name"] = q.name
+    d["signature"] = {"args": [sl._tensor(n, 3) for n in "abc"] + [sl._tensor("scale_out", 2), sl._scalar("max_clusters")],
+                      "divisibility": {}}
+    d["dtypes"] = {"a": "bf16", "b": "bf16", "c": "e4m3", "acc": "f32"}
+    lib = sl.Lib([_entry("plain", (128, 128, 64)), d])
+    SQ = ep.FLAGS["silu_mul"] | ep.FLAGS["fp8_groups"]
+
+    def sel(M, n_out, K, flags=SQ, so=1 << 44, so_stride=None, c="e4m3", c_ptr=1 << 40, res=0):
+        N = ep.gate_up_rows(n_out) if flags & ep.FLAGS["silu_mul"] else n_out
+        p = rs.Selector.gemm_problem((1 << 41, (M, K, 1), (K, 1, 0)), (1 << 42, (N, K, 1), (K, 1, 0)),
+                                     (c_ptr, (M, n_out, 1), (n_out, 1, 0)), "bf16", c, [], False)
+        stride = so_stride if so_stride is not None else -(-M // 4) * 4
+        return lib.sel.select_epilogue(p, None, flags, n_out, 0, res, (n_out, 1, 0), so, stride).name.decode()
+
+    assert sel(4096, 14336, 4096) == q.name and sel(1, 14336, 4096) == q.name and sel(3, 100, 64) == q.name
+    with pytest.raises(InputError, match="scale_out pointer"):
+        sel(64, 14336, 4096, so=0)
+    with pytest.raises(InputError, match="group stride"):
+        sel(64, 14336, 4096, so_stride=62)
+    with pytest.raises(InputError, match="16-byte"):
+        sel(64, 14336, 4096, so=(1 << 44) + 4)
+    with pytest.raises(InputError, match="float8_e4m3fn"):
+        sel(64, 14336, 4096, c="bf16")
+    with pytest.raises(InputError, match="no bias or residual"):
+        sel(64, 4096, 4096, flags=ep.FLAGS["fp8_groups"] | ep.FLAGS["residual"], res=1 << 43)
+    with pytest.raises(InputError, match="overlaps"):  # scale_out inside c
+        sel(64, 14336, 4096, so=(1 << 40) + 4096)
+    with pytest.raises(InputError, match="epilogues write"):  # e4m3 without fp8_groups
+        sel(64, 14336, 4096, flags=ep.FLAGS["silu_mul"])
+
+
+def test_fp8_groups_scale_layout_and_checks():
+    a = torch.empty(5, 64, dtype=torch.bfloat16)
+    s = ep.new_scale_out(a, 5, 300)
+    # (M, ceil(n/128)) float32, M-major with the group stride M rounded up to 4: block scale_a's form.
+    assert s.shape == (5, 3) and s.stride() == (1, 8) and s.dtype == torch.float32
+    assert ep.fp8_out(None, torch.float8_e4m3fn) and ep.fp8_out(torch.empty(1, dtype=torch.float8_e4m3fn), None)
+    assert not ep.fp8_out(None, torch.bfloat16)
+    with pytest.raises(InputError, match="no bias or residual"):
+        ep.flags_of(None, torch.empty(1), None, quant=True)
+    for bad, msg in ((torch.empty(5, 2), "shape"), (torch.empty(5, 3, dtype=torch.float16), "float32"),
+                     (torch.empty(5, 3), "M-major"), (torch.empty(3, 6).t()[:5], "group stride")):
+        with pytest.raises(InputError, match=msg):
+            ep.check_scale_out(bad, 5, 300, -1)
+
+
+# --- the e4m3 output through a simulated bundle (the test tier's fp8_groups variant) ---------------
+@pytest.fixture
+def sim(test_bundle):
+    from conftest import Recorder
+    from factory.runtime import Bundle
+
+    b = Bundle.open(test_bundle, capability=(9, 0), device={"name": "NVIDIA H100 80GB HBM3", "sm_count": 132})
+    if not any("fp8_groups" in (v.get("epilogue") or []) for v in b.candidates("gemm")):
+        pytest.skip("the test bundle has no fp8_groups variant")
+    b.rec = Recorder()
+    b.simulate(b.rec)
+    return b
+
+
+def test_fp8_groups_call_path(sim):
+    """bundle.gemm(out_dtype=float8_e4m3fn): (out, scale_out) in the block-scaled scale_a layout,
+    the e4m3 variant launched; a given out and scale_out are written in place; bad calls refused
+    before any launch; K = 0 launches nothing (zero codes, the smallest scale); the torch op's fake
+    returns the same metadata."""
+    bf = dict(dtype=torch.bfloat16)
+    a, b = torch.randn(37, 64, **bf), torch.randn(272, 64, **bf)
+    out, s = sim.gemm(a, b, out_dtype=torch.float8_e4m3fn)
+    assert out.shape == (37, 272) and out.dtype == torch.float8_e4m3fn
+    assert s.shape == (37, 3) and s.stride() == (1, 40) and s.dtype == torch.float32
+    assert sim.rec.launched[-1].endswith("_q128")
+    n = len(sim.rec.launched)
+    o2, s2 = torch.empty(37, 272, dtype=torch.float8_e4m3fn), ep.new_scale_out(a, 37, 272)
+    got = sim.gemm(a, b, o2, scale_out=s2)
+    assert got[0] is o2 and got[1] is s2 and len(sim.rec.launched) == n + 1
+    for kw, err in ((dict(out_dtype=torch.float8_e4m3fn, residual=torch.randn(37, 272, **bf)), InputError),
+                    (dict(out_dtype=torch.float8_e4m3fn, scale_out=torch.empty(37, 3)), InputError),
+                    (dict(scale_out=ep.new_scale_out(a, 37, 272)), InputError),
+                    (dict(out_dtype=torch.float8_e4m3fn, activation="silu_mul"), (InputError, NoVariantError))):
+        with pytest.raises(err):
+            sim.gemm(a, b, **kw)
+    with pytest.raises(InputError, match="multiple of 16"):
+        sim.gemm(a, torch.randn(264, 64, **bf), out_dtype=torch.float8_e4m3fn)
+    assert len(sim.rec.launched) == n + 1
+    z, sz = sim.gemm(torch.randn(5, 0, **bf), torch.randn(128, 0, **bf), out_dtype=torch.float8_e4m3fn)
+    assert len(sim.rec.launched) == n + 1 and not z.float().any() and bool((sz == ep.FP8_MIN_SCALE).all())
+    fo, fs = ep.check_meta(sim, a, b, out_dtype=torch.float8_e4m3fn)
+    assert fo.shape == (37, 272) and fo.dtype == torch.float8_e4m3fn and fs.shape == (37, 3) and fs.stride() == (1, 40)

@@ -208,6 +208,10 @@ def test_bad_inputs_refused_before_launch():
             dict(activation="gelu"),
             dict(activation="silu_mul", out=torch.empty(64, 100, **bf)),      # b not packed for 100 outputs
             dict(bias=torch.randn(512, **bf), out=out, residual=None, variant="no_such_variant"),
+            dict(residual=torch.randn(64, 512, **bf), out_dtype=torch.float8_e4m3fn),  # e4m3 out with a residual
+            dict(out_dtype=torch.float8_e4m3fn, scale_out=torch.empty(4, 64, device="cuda").t()),  # scale_out shape
+            dict(out_dtype=torch.float8_e4m3fn, scale_out=torch.empty(64, 4, device="cuda")),  # not M-major
+            dict(scale_out=torch.empty(8, 64, device="cuda").t()[:, :4]),       # scale_out without an e4m3 out
         ]
         for i, kw in enumerate(bad):
             o = kw.pop("out", None)
@@ -224,3 +228,97 @@ def test_bad_inputs_refused_before_launch():
         print("GOOD")
     """)
     assert r.returncode == 0 and "GOOD" in r.stdout, r.stdout + r.stderr
+
+
+# --- e4m3 output with a scale per row and 128 columns (fp8_groups) -----------------------------------
+def _e4m3_ordinal(q):
+    """Sign-magnitude e4m3 codes as integers in value order (+0 and -0 both 0)."""
+    import torch
+
+    u = q.view(torch.uint8).to(torch.int32)
+    return torch.where(u >= 128, -(u - 128), u)
+
+
+def _groups_ref(acc):
+    """torch's quantisation of float32 values per row and 128 columns: (codes, scales)."""
+    import torch
+
+    from factory.runtime.epilogue import FP8_GROUP, FP8_MAX, FP8_MIN_SCALE
+
+    M, n = acc.shape
+    ng = -(-n // FP8_GROUP)
+    pad = torch.zeros(M, ng * FP8_GROUP, device=acc.device)
+    pad[:, :n] = acc
+    g = pad.view(M, ng, FP8_GROUP)
+    scale = (g.abs().amax(dim=2) / FP8_MAX).clamp_min(FP8_MIN_SCALE)
+    q = (g / scale[:, :, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).view(M, -1)[:, :n]
+    return q, scale
+
+
+def _fp8_groups_entries(bundle):
+    return [v for v in _epilogue_entries(bundle) if "fp8_groups" in (v.get("epilogue") or [])]
+
+
+@pytest.mark.parametrize("M,n_out,K", [(1, 14336, 4096), (37, 208, 1000), (300, 1008, 512), (2048, 14336, 4096)])
+def test_fp8_groups_codes_within_one_step(bundle, M, n_out, K):
+    """SiLU(gate)·up (or the plain product) quantised per row and 128 columns in the epilogue:
+    codes within one e4m3 step of torch's quantisation of the float32 result, scales within 1 %,
+    NaN-poisoned outputs and scales all written, selected and by name.  (Every fp8_groups
+    variant's run record comes from test_every_epilogue_variant_by_name.)"""
+    import torch
+
+    from factory import testing
+
+    entries = [e for e in _fp8_groups_entries(bundle) if e["dtypes"]["a"] == "bf16"]
+    if not entries:
+        pytest.skip("no bf16 fp8_groups variant in the bundle")
+    for e in entries + [None]:  # each by name, then the selection's choice for the first one's fields
+        fields = tuple(f for f in (e or entries[0])["epilogue"] if f != "fp8_groups")
+        a, b, kw, acc, _ = testing.epilogue_problem(fields, M, n_out, K)
+        q_ref, s_ref = _groups_ref(acc)
+        out = torch.full((M, n_out), float("nan"), device="cuda").to(torch.float8_e4m3fn)
+        from factory.runtime.epilogue import new_scale_out
+
+        so = new_scale_out(a, M, n_out).fill_(float("nan"))
+        got, so2 = bundle.gemm(a, b, out, scale_out=so, variant=e["name"] if e else None, **kw)
+        torch.cuda.synchronize()
+        assert got is out and so2 is so
+        assert not torch.isnan(so).any() and not torch.isnan(out.float()).any(), (e, M, n_out)
+        assert ((so - s_ref).abs() / s_ref).max() < 1e-2, (e, M, n_out)
+        d = (_e4m3_ordinal(out) - _e4m3_ordinal(q_ref)).abs().max().item()
+        assert d <= 1, (e, M, n_out, d)
+        deq = out.float() * so.repeat_interleave(128, dim=1)[:, :n_out]
+        assert testing.rel_error(deq, acc) < 4e-2
+        # The new-output form: (out, scale_out) with scale_out in the block-scaled GEMM's layout
+        # (silu_mul takes I = N / 2 without out: the same I only for whole gate/up blocks).
+        if "silu_mul" in fields and n_out % 64:
+            continue
+        got, s3 = bundle.gemm(a, b, out_dtype=torch.float8_e4m3fn, **kw)
+        torch.cuda.synchronize()
+        assert s3.stride() == (1, -(-M // 4) * 4) and (_e4m3_ordinal(got) - _e4m3_ordinal(q_ref)).abs().max() <= 1
+
+
+def test_fp8_groups_feed_the_block_scaled_gemm(bundle):
+    """gate/up + SiLU·up written as e4m3 with 1x128 scales, then the down projection reads it as
+    block-scaled a (scale_a = the epilogue's scale_out, no conversion): against float32."""
+    import torch
+
+    from factory import testing
+    from factory.runtime import fp8
+    from factory.runtime.epilogue import pack_gate_up
+
+    if not (_have(bundle, ("silu_mul", "fp8_groups"))
+            and any(v.get("scale_mode") == "block" for v in bundle.candidates("gemm"))):
+        pytest.skip("needs a silu_mul + fp8_groups variant and a block-scaled gemm")
+    M, I, H = 256, 1024, 512
+    x = torch.randn(M, H, device="cuda", dtype=torch.bfloat16)
+    wgu = torch.randn(2 * I, H, device="cuda", dtype=torch.bfloat16) / H ** 0.5
+    wd = torch.randn(H, I, device="cuda") / I ** 0.5
+    wq, ws = fp8.quantize_blockwise(wd, (128, 128))
+    q, sq = bundle.gemm(x, pack_gate_up(wgu), activation="silu_mul", out_dtype=torch.float8_e4m3fn)
+    y = bundle.gemm(q, wq, scale_a=sq, scale_b=ws)
+    torch.cuda.synchronize()
+    h = x.float() @ wgu.float().t()
+    ref = (torch.nn.functional.silu(h[:, :I]) * h[:, I:]) @ fp8.dequantize_blockwise(wq, ws).t()
+    err = testing.rel_error(y, ref)
+    assert err < 5e-2, err

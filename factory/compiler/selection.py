@@ -163,7 +163,7 @@ def _page_size_mask(entry: dict) -> int:
     return sum(1 << (s.bit_length() - 1) for s in set(sizes))
 
 
-EPILOGUE_FLAGS = {"bias": 1, "silu_mul": 2, "residual": 4}  # fx_api.h fx_gemm_epilogue_flags_t
+EPILOGUE_FLAGS = {"bias": 1, "silu_mul": 2, "residual": 4, "fp8_groups": 8}  # fx_api.h fx_gemm_epilogue_flags_t
 
 
 def _epilogue_flags(entry: dict) -> int:

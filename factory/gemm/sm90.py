@@ -48,6 +48,7 @@ import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
 
 from ..abi import DTYPE_BYTES, ScalarArg, Signature, TensorArg
+from ..atoms import epilogue_sm90 as epi
 from ..atoms import sm90 as atoms
 from ..atoms.smem import BARRIER_BYTES as _BARRIER_BYTES
 from ..atoms.smem import SMEM_ALIGN as _SMEM_ALIGN
@@ -63,12 +64,19 @@ BLOCK_SCALE_K = atoms.BLOCK_SCALE_K
 # 0; up block 0; gate block 1; up block 1; ...], so one 128-column tile holds 64 gate columns and
 # the matching 64 up columns (runtime/epilogue.py ``pack_gate_up`` rearranges a [gate; up] weight).
 GATE_UP_BLOCK = 64
+# ``fp8_groups``: the output in e4m3 with one float32 scale per row and 128 columns (one output tile
+# wide), ``scale = max(amax / FP8_MAX, FP8_MIN_SCALE)``, ``out = e4m3(x / scale)`` (saturating):
+# DeepSeek-V3's activation form, the block-scaled GEMM's ``scale_a`` for a K of these columns.
+FP8_GROUP = 128
+FP8_MAX = 448.0
+FP8_MIN_SCALE = 1.0 / (448.0 * 512.0)
 
 
 def epilogue_args(v, args: tuple, div: tuple) -> tuple[tuple, tuple]:
     """A variant's arguments with its epilogue fields: ``c`` (M, NO, L) with NO = N / 2 columns
     for ``silu_mul``; then ``bias`` (N,) and ``residual`` (M, NO or N, L), in the output dtype,
-    after the scales."""
+    after the scales.  The residual is read two adjacent columns per load: its base is aligned to
+    two elements and its strides are even (its column count is, like c's)."""
     div = dict(div)
     n_out = "N"
     if v.silu_mul:
@@ -80,7 +88,13 @@ def epilogue_args(v, args: tuple, div: tuple) -> tuple[tuple, tuple]:
     if v.bias:
         args += (TensorArg("bias", v.c, ("N",), (1,), align=eb),)
     if v.residual:
-        args += (TensorArg("residual", v.c, ("M", n_out, "L"), ("sRm", 1, "sRl"), align=eb),)
+        args += (TensorArg("residual", v.c, ("M", n_out, "L"), ("sRm", 1, "sRl"), align=2 * eb),)
+        div.update({"sRm": 2, "sRl": 2})
+    if v.fp8_groups:
+        # (M, ceil(N_out / 128)) float32, M-major (stride (1, sSOg), sSOg >= M, a multiple of 4,
+        # 16-byte aligned): the form the block-scaled GEMM reads as scale_a.
+        args += (TensorArg("scale_out", "f32", ("M", "NG"), (1, "sSOg"), align=16),)
+        div["sSOg"] = 4
     return args, tuple(sorted(div.items()))
 
 
@@ -150,7 +164,7 @@ class GemmSm90(GemmVariant):
     problem's (M, N) orientation; the kernel sees them transposed."""
 
     family: ClassVar[str] = "sm90"
-    sources: ClassVar[tuple[str, ...]] = ("gemm/sm90.py", "gemm/common.py", "atoms/sm90.py")
+    sources: ClassVar[tuple[str, ...]] = ("gemm/sm90.py", "gemm/common.py", "atoms/sm90.py", "atoms/epilogue_sm90.py")
 
     tile: tuple[int, int, int] = field(default=(128, 128, 64), metadata={"tag": "t"})
     cluster: tuple[int, int] = field(default=(1, 1), metadata={"tag": "c"})
@@ -194,6 +208,9 @@ class GemmSm90(GemmVariant):
     bias: bool = field(default=False, metadata={"tag": "bias"})
     silu_mul: bool = field(default=False, metadata={"tag": "silumul"})
     residual: bool = field(default=False, metadata={"tag": "res"})
+    # Last: the output (c = e4m3) quantised per row and 128 columns (FP8_GROUP, one output tile),
+    # the scales written to ``scale_out`` (M, ceil(N_out / 128)) M-major.
+    fp8_groups: bool = field(default=False, metadata={"tag": "q128"})
 
     required_sass: ClassVar[tuple[str, ...]] = (r"\bHGMMA\.64x", r"\bUTMALDG\.3D", r"\bUTMASTG\.3D")
 
@@ -235,8 +252,8 @@ class GemmSm90(GemmVariant):
             return f"target {self.target} is not a Hopper (sm90) target"
         if self.ab not in ("bf16", "f16", "e4m3", "e5m2"):
             return f"input dtype {self.ab} not supported"
-        if self.c not in ("bf16", "f16", "f32"):
-            return f"output dtype {self.c} not supported"
+        if self.c not in ("bf16", "f16", "f32") and not (self.c == "e4m3" and self.fp8_groups):
+            return f"output dtype {self.c} not supported (e4m3 only with fp8_groups)"
         if self.is_fp8 and not tgt.fp8:
             return "fp8 needs a target with fp8"
         if self.is_fp8 and (self.a_major, self.b_major) != ("k", "k"):
@@ -276,10 +293,19 @@ class GemmSm90(GemmVariant):
         if self.promote_ahead and self.promote_serial:
             return "promote_ahead and promote_serial are two forms of the main loop: one of them"
         if self.has_epilogue:
-            if self.swap_ab or self.split_k > 1:
-                return "epilogue fields run unswapped and unsplit"
-            if self.silu_mul and tn != 2 * GATE_UP_BLOCK:
-                return f"silu_mul needs tile N {2 * GATE_UP_BLOCK} (gate and up blocks of {GATE_UP_BLOCK} rows)"
+            # The residual also runs on the decode tiles (swapped, split over a cluster along K:
+            # the first CTA adds it after the reduction); bias and silu_mul need the unswapped
+            # accumulator layout.
+            if (self.bias or self.silu_mul or self.fp8_groups) and (self.swap_ab or self.split_k > 1):
+                return "bias, silu_mul and fp8_groups run unswapped and unsplit"
+            if self.silu_mul and tn != 2 * GATE_UP_BLOCK and not (tn == 4 * GATE_UP_BLOCK and not self.residual):
+                return (f"silu_mul needs tile N {2 * GATE_UP_BLOCK} (gate and up blocks of {GATE_UP_BLOCK} rows), "
+                        f"or {4 * GATE_UP_BLOCK} without residual")
+            if self.fp8_groups:
+                if self.c != "e4m3" or self.bias or self.residual:
+                    return "fp8_groups writes e4m3 (no bias or residual in that dtype)"
+                if tn // (2 if self.silu_mul else 1) != FP8_GROUP:
+                    return f"fp8_groups needs an output tile {FP8_GROUP} columns wide (one scale group)"
         plan = self.plan()
         acc_sets = 2 if self.promotes else 1
         if acc_sets * tm * tn // (plan.mma_warpgroups * 128) > 128:
@@ -322,12 +348,12 @@ class GemmSm90(GemmVariant):
 
     @property
     def has_epilogue(self) -> bool:
-        return self.bias or self.silu_mul or self.residual
+        return self.bias or self.silu_mul or self.residual or self.fp8_groups
 
     @property
     def epilogue(self) -> list[str]:
         """The epilogue fields that are on, in the order they apply."""
-        return [f for f in ("bias", "silu_mul", "residual") if getattr(self, f)]
+        return [f for f in ("bias", "silu_mul", "residual", "fp8_groups") if getattr(self, f)]
 
     @property
     def promotes(self) -> bool:
@@ -407,6 +433,8 @@ class GemmSm90(GemmVariant):
             d["epilogue"] = self.epilogue
             if self.silu_mul:
                 d["gate_up_block"] = GATE_UP_BLOCK
+            if self.fp8_groups:
+                d["fp8_group"] = FP8_GROUP
         return d
 
     def make_kernel(self):
@@ -493,12 +521,25 @@ class GemmSm90Kernel:
     def epilogue_entry(self, fp8: bool):
         """The host entry of an epilogue variant: its arguments follow the signature (scales for
         fp8, then bias and residual where those fields are on)."""
+        if "fp8_groups" in self.epilogue:
+            return self.scaled_q if fp8 else self.with_q
         key = ("bias" in self.epilogue, "residual" in self.epilogue)
         if fp8:
             return {(False, False): self.scaled, (True, False): self.scaled_bias,
                     (False, True): self.scaled_res, (True, True): self.scaled_bias_res}[key]
         return {(False, False): self.__call__, (True, False): self.with_bias,
                 (False, True): self.with_res, (True, True): self.with_bias_res}[key]
+
+    @cute.jit
+    def with_q(self, a: cute.Tensor, b: cute.Tensor, c: cute.Tensor, scale_out: cute.Tensor,
+               max_clusters: cutlass.Int32, stream: cuda.CUstream):
+        self._launch(a, b, c, None, None, max_clusters, stream, None, None, scale_out)
+
+    @cute.jit
+    def scaled_q(self, a: cute.Tensor, b: cute.Tensor, c: cute.Tensor, scale_a: cute.Tensor,
+                 scale_b: cute.Tensor, scale_out: cute.Tensor, max_clusters: cutlass.Int32,
+                 stream: cuda.CUstream):
+        self._launch(a, b, c, scale_a, scale_b, max_clusters, stream, None, None, scale_out)
 
     @cute.jit
     def with_bias(self, a: cute.Tensor, b: cute.Tensor, c: cute.Tensor, bias: cute.Tensor,
@@ -534,13 +575,16 @@ class GemmSm90Kernel:
         self._launch(a, b, c, scale_a, scale_b, max_clusters, stream, bias, residual)
 
     @cute.jit
-    def _launch(self, a, b, c, scale_a, scale_b, max_clusters, stream, bias=None, residual=None):
+    def _launch(self, a, b, c, scale_a, scale_b, max_clusters, stream, bias=None, residual=None,
+                scale_out=None):
         if cutlass.const_expr(self.swap_ab):
             # Cᵀ = B·Aᵀ: the same kernel on swapped operands and a transposed view of C.
             a, b = b, a
             c = cute.make_tensor(c.iterator, cute.select(c.layout, mode=[1, 0, 2]))
             # The kernel's rows are the problem's columns: per-row scales swap too.
             scale_a, scale_b = scale_b, scale_a
+            if cutlass.const_expr(residual is not None):  # read in the kernel's orientation, like c
+                residual = cute.make_tensor(residual.iterator, cute.select(residual.layout, mode=[1, 0, 2]))
         ab_dtype, c_dtype = a.element_type, c.element_type
         a_layout = utils.LayoutEnum.from_tensor(a)
         b_layout = utils.LayoutEnum.from_tensor(b)
@@ -598,7 +642,7 @@ class GemmSm90Kernel:
         self.c_layout = c_layout
         self.kernel(
             tma_a, gA, tma_b, gB, tma_c, gC, scale_a, scale_b, tma_sa, mSA, tiled_mma,
-            sA_layout, sB_layout, sC_layout, sSA_layout, sched, bias, residual,
+            sA_layout, sB_layout, sC_layout, sSA_layout, sched, bias, residual, scale_out,
         ).launch(
             grid=grid, block=[self.threads, 1, 1], cluster=(*self.launch_cluster, 1),
             min_blocks_per_mp=1, stream=stream, use_pdl=self.pdl,
@@ -616,7 +660,7 @@ class GemmSm90Kernel:
         sA_layout: cute.ComposedLayout, sB_layout: cute.ComposedLayout,
         sC_layout: cute.ComposedLayout, sSA_layout: cute.Layout,
         sched_params: utils.PersistentTileSchedulerParams,
-        bias=None, residual=None,
+        bias=None, residual=None, scale_out=None,
     ):
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -698,7 +742,7 @@ class GemmSm90Kernel:
             self.consume(tiled_mma, tma_c, sA, sB, sC, gC, ab_pipe, order_bars, red, red_bars,
                          scale_a, scale_b, sched_params, k_tiles,
                          (tidx - 128) % self.epi_threads, owner, warp_idx, cta_rank, sSA,
-                         bias, residual)
+                         bias, residual, scale_out)
 
     @cute.jit
     def produce(self, tma_a, tma_b, sA, sB, gA, gB, ab_pipe, cta_layout, cluster_coord,
@@ -799,19 +843,27 @@ class GemmSm90Kernel:
         return tiled_mma
 
     @cute.jit
-    def _fused_epilogue(self, acc, cC, scale, scale_first: cutlass.Constexpr, bias, residual, m, n, l):
+    def _fused_epilogue(self, acc, cC, scale, scale_first: cutlass.Constexpr, bias, residual, m, n, l,
+                        scale_out=None):
         """The epilogue fields on one tile's fp32 accumulators, before the conversion to the
-        output dtype: (fp8 per-tensor scale,) + bias, silu·mul, + residual."""
+        output dtype: (fp8 per-tensor scale,) + bias, silu·mul, + residual, fp8 group scales."""
         if cutlass.const_expr(scale_first):
             atoms.scale_acc(acc, scale)
         if cutlass.const_expr(bias is not None):
             atoms.add_col_vector(acc, cC, bias, n * self.tile[1])
         cols = cute.size(atoms.acc_mn_view(acc), mode=[1])
         if cutlass.const_expr(self.silu_mul):
-            atoms.silu_mul_halves(acc)
+            epi.silu_mul_blocks(acc, GATE_UP_BLOCK)
             cols = cols // 2
         if cutlass.const_expr(residual is not None):
-            atoms.add_residual(acc, cC, residual, m * self.tile[0], n * self.c_tile[1], l, cols)
+            # Unswapped, a thread's columns come in adjacent pairs (one 4-byte load each);
+            # swapped, the residual's contiguous columns are the kernel's rows.
+            epi.add_residual(acc, cC, residual, m * self.tile[0], n * self.c_tile[1], l, cols,
+                               not self.swap_ab)
+        if cutlass.const_expr(scale_out is not None):
+            # One output tile is one group: its column index is the tile's.
+            epi.quantize_row_groups(acc, cC, scale_out, m * self.tile[0], n, FP8_MAX, FP8_MIN_SCALE,
+                                      GATE_UP_BLOCK if self.silu_mul else 0)
 
     @cute.jit
     def _k_range(self, m, k_tiles):
@@ -859,7 +911,7 @@ class GemmSm90Kernel:
     @cute.jit
     def consume(self, tiled_mma, tma_c, sA, sB, sC, gC, ab_pipe, order_bars, red, red_bars,
                 scale_a, scale_b, sched_params, k_tiles, ctidx, owner, warp_idx, cta_rank, sSA=None,
-                bias=None, residual=None):
+                bias=None, residual=None, scale_out=None):
         """The MMA warpgroups: mainloop then epilogue, tile after tile.  ``owner`` is the
         ping-pong warpgroup (0 otherwise): it takes tiles owner, owner + 2, ... of this CTA's
         schedule and skips the other warpgroup's k-blocks in the smem ring.
@@ -1059,7 +1111,8 @@ class GemmSm90Kernel:
                 if cutlass.const_expr(self.scale_mode == "row"):
                     atoms.apply_row_col_scales(acc, cC, scale_a, scale_b, m * self.tile[0], n * self.tile[1])
                 if cutlass.const_expr(len(self.epilogue) > 0):
-                    self._fused_epilogue(acc, cC, scale, scale_in_epilogue, bias, residual, m, n, l)
+                    self._fused_epilogue(acc, cC, scale, scale_in_epilogue, bias, residual, m, n, l,
+                                         scale_out)
                 # ---- epilogue
                 gC_t = cute.zipped_divide(gC[(None, None, m, n, l)], self.epi_tile)
                 bSG_sC, bSG_gC = cute.nvgpu.cpasync.tma_partition(
@@ -1072,10 +1125,13 @@ class GemmSm90Kernel:
                 for e in cutlass.range_constexpr(n_epi):
                     src = e
                     if cutlass.const_expr(self.silu_mul):
-                        # Output sub-tile (i, j) is accumulator sub-tile (i, j) of a tile twice
-                        # as wide (the results sit in its first half).
+                        # Output sub-tile (i, j) comes from a tile twice as wide whose gate blocks
+                        # hold the results: block j // b (b sub-tiles per GATE_UP_BLOCK) sits at
+                        # twice its offset (with tile N 128, the first half).
                         per_row = self.c_tile[1] // self.epi_tile[1]
-                        src = (e // per_row) * 2 * per_row + e % per_row
+                        blk = GATE_UP_BLOCK // self.epi_tile[1]
+                        j = e % per_row
+                        src = (e // per_row) * 2 * per_row + (j // blk) * 2 * blk + j % blk
                     for v in cutlass.range_constexpr(frag_size):
                         tRS_rF[v] = tRS_acc[src * frag_size + v]
                     vals = tRS_rF.load()
@@ -1117,7 +1173,7 @@ def _default() -> list[dict]:
     out = [dict(d, pdl=True) for d in (*tiles.SM90_DEFAULT, *tiles.SM90_SCALED_DEFAULT)]
     out += [dict(d, early_b=True) for d in out if d.get("swap_ab")]
     out += [dict(d, pdl=True, early_b=True) for d in tiles.SM90_EARLY_B_ONLY]
-    out += [dict(d, pdl=True) for d in tiles.SM90_EPILOGUE_DEFAULT]
+    out += [dict(d, pdl=True) for d in (*tiles.SM90_EPILOGUE_DEFAULT, *tiles.SM90_EPILOGUE_FP8_GROUPS_DEFAULT)]
     return out
 
 
@@ -1140,6 +1196,7 @@ def _full() -> list[dict]:
                                                   itertools.product((False, True), repeat=3)):
         if bias or silu or res:
             out.append(dict(d, pdl=True, bias=bias, silu_mul=silu, residual=res))
+    out += [dict(d, pdl=True) for d in (*tiles.SM90_EPILOGUE_RESIDUAL_FULL, *tiles.SM90_EPILOGUE_FP8_GROUPS_FULL)]
     return out
 
 

@@ -144,28 +144,61 @@ SM90_SCALED_FULL = tuple(dict(d, promote_ahead=True) for d in SM90_SCALED_DEFAUL
     dict(**FP8, tile=(64, 256, 128), cluster=(1, 2), schedule="pp", fast_accum=True, row_scale=True),
 )
 # Fused epilogues (bias, silu_mul, residual), built with pdl=True.  Default: what a Llama-3 layer
-# calls (bf16, no bias): residual for o_proj / down_proj, silu_mul (tile N 128: 64 gate + 64 up
-# columns) for gate_up, at the unswapped tiles the selection takes for prefill and decode (Llama-3-8B
-# shapes, H100's 132 SMs, M 1..8192: residual 128x128 up to M 512, then 128x256; silu_mul 64x128 ws
-# up to M 64, then 128x128 with and without a 2x1 cluster).
+# calls (bf16, no bias): residual for o_proj / down_proj at the tiles the plain GEMM's selection
+# takes for those shapes (H100, 132 SMs, M 1..8192: the swapped decode tiles up to M 128, then
+# 128x128 with and without a 2x1 cluster, 128x256 from M 1024), so that the fused call runs the
+# plain call's kernel plus the residual read; silu_mul (tile N 128: 64 gate + 64 up columns) for
+# gate_up, 64x128 ws up to M 64, then 128x128 with and without a 2x1 cluster.
 SM90_EPILOGUE_DEFAULT = (
+    dict(**BF16, tile=(16, 64, 128), schedule="ws", swap_ab=True, residual=True),
+    dict(**BF16, tile=(16, 64, 64), schedule="ws", swap_ab=True, split_k=2, residual=True),
+    dict(**BF16, tile=(32, 64, 128), schedule="ws", swap_ab=True, residual=True),
+    dict(**BF16, tile=(64, 64, 64), schedule="ws", swap_ab=True, split_k=2, residual=True),
+    dict(**BF16, tile=(64, 64, 64), cluster=(2, 1), schedule="ws", swap_ab=True, deep=True, residual=True),
     dict(**BF16, tile=(128, 128, 64), residual=True),
+    dict(**BF16, tile=(128, 128, 64), cluster=(2, 1), residual=True),
     dict(**BF16, tile=(128, 256, 64), cluster=(2, 1), residual=True),
     dict(**BF16, tile=(128, 128, 64), silu_mul=True),
     dict(**BF16, tile=(128, 128, 64), cluster=(2, 1), silu_mul=True),
     dict(**BF16, tile=(64, 128, 64), schedule="ws", silu_mul=True),
 )
-# Test tier: each field alone and all three together (the GPU tests' variants).
+# Full tier: the residual alone also at the other tiles the plain GEMM takes for decode and mid M.
+SM90_EPILOGUE_RESIDUAL_FULL = tuple(
+    dict(**BF16, residual=True, **kw) for kw in (
+        dict(tile=(16, 64, 64), schedule="ws", swap_ab=True),
+        dict(tile=(32, 64, 64), schedule="ws", swap_ab=True),
+        dict(tile=(64, 64, 64), schedule="ws", swap_ab=True),
+        dict(tile=(64, 96, 64), schedule="ws"),
+        dict(tile=(64, 128, 64), schedule="ws"),
+        dict(tile=(128, 192, 64), cluster=(2, 1)),
+        dict(tile=(256, 128, 64), cluster=(1, 2)),
+    )
+)
+# fp8 output with a scale per row and 128 columns (``fp8_groups``): the gate/up projection's
+# SiLU(gate)·up written as the down projection's block-scaled input (a 128x256 kernel tile: 128
+# output columns, one scale group); default: the bf16 one.  Full: a 2x1 cluster, the plain GEMM's
+# output (128x128), and fp8 inputs with row scales.
+SM90_EPILOGUE_FP8_GROUPS_DEFAULT = (
+    dict(ab="bf16", c="e4m3", tile=(128, 256, 64), silu_mul=True, fp8_groups=True),
+)
+SM90_EPILOGUE_FP8_GROUPS_FULL = (
+    dict(ab="bf16", c="e4m3", tile=(128, 256, 64), cluster=(2, 1), silu_mul=True, fp8_groups=True),
+    dict(ab="bf16", c="e4m3", tile=(128, 128, 64), fp8_groups=True),
+    dict(ab="e4m3", c="e4m3", tile=(128, 256, 128), fast_accum=True, row_scale=True, silu_mul=True, fp8_groups=True),
+)
+# Test tier: each field alone, all three together, and the e4m3 output (the GPU tests' variants).
 SM90_EPILOGUE_TEST = (
     dict(**BF16, tile=(128, 128, 64), bias=True),
     dict(**BF16, tile=(128, 128, 64), residual=True),
     dict(**BF16, tile=(128, 128, 64), silu_mul=True),
     dict(**BF16, tile=(64, 128, 64), schedule="ws", bias=True, silu_mul=True, residual=True),
+    dict(ab="bf16", c="e4m3", tile=(128, 128, 64), fp8_groups=True),
 )
 # Full tier adds every combination of the fields on these tiles, bf16 and fp8 (row scales too).
 SM90_EPILOGUE_FULL_TILES = (
     dict(**BF16, tile=(128, 128, 64)),
     dict(**BF16, tile=(128, 128, 64), cluster=(2, 1)),
+    dict(**BF16, tile=(256, 128, 64), cluster=(1, 2)),  # the plain GEMM's prefill tile (M >= 1024)
     dict(**BF16, tile=(64, 128, 64), schedule="ws"),
     dict(ab="f16", c="f16", tile=(128, 128, 64)),
     dict(**FP8, tile=(128, 128, 128)),

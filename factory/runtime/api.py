@@ -7,6 +7,7 @@ from __future__ import annotations
 from .bundle import BundleCore
 from .errors import InputError
 
+
 _OPS = None  # (gemm, packed, attention, blockscaled) modules and torch.compiler.is_compiling, bound on first use
 
 
@@ -17,7 +18,8 @@ def _ops():
 
         from . import attention, blockscaled, gemm, packed
 
-        _OPS = (gemm, packed, attention, blockscaled, torch.compiler.is_compiling)
+        _OPS = (gemm, packed, attention, blockscaled, torch.compiler.is_compiling,
+                getattr(torch, "float8_e4m3fn", None))
     return _OPS
 
 
@@ -44,27 +46,34 @@ class Bundle(BundleCore):
         return cls.open(default_path(None if capability is None else tuple(capability)), capability, device)
 
     def gemm(self, a, b, out=None, *, out_dtype=None, scale_a=None, scale_b=None, variant: str | None = None,
-             b_constant: bool = False, scale_mode: str | None = None, bias=None, residual=None, activation=None):
+             b_constant: bool = False, scale_mode: str | None = None, bias=None, residual=None, activation=None,
+             scale_out=None):
         """``out = a @ b.T`` (runtime/gemm.py; ``b`` packed by ``pack_b``: runtime/packed.py).
         ``b_constant=True`` promises that no kernel that may still be running in the stream writes
         ``b`` (model weights): decode variants launched with programmatic dependent launch then
         start streaming ``b`` before the previous kernel has finished.  fp8 scales: one per tensor,
         per row of a and b, or per 1x128 / 128x128 block, told apart by their shapes (or
-        ``scale_mode``); runtime/fp8.py gives the layouts and the quantizers that write them."""
-        gemm, packed, _, bs, compiling = _OPS or _ops()
-        if bias is not None or residual is not None or activation is not None:
+        ``scale_mode``); runtime/fp8.py gives the layouts and the quantizers that write them.
+        ``out_dtype=torch.float8_e4m3fn``: the output quantised per row and 128 columns, returned
+        as ``(out, scale_out)`` (runtime/epilogue.py)."""
+        gemm, packed, _, bs, compiling, e4m3 = _OPS or _ops()
+        # An e4m3 output (with its group scales) is an epilogue form.
+        quant = e4m3 is not None and (out_dtype is e4m3 or (out is not None and getattr(out, "dtype", None) is e4m3))
+        if bias is not None or residual is not None or activation is not None or quant or scale_out is not None:
             # fused epilogue: out = act(a·bᵀ + bias) + residual (runtime/epilogue.py)
             epilogue = _EPILOGUE or _epilogue()
             if compiling():
-                if out is not None:
-                    raise InputError("under torch.compile a fused-epilogue gemm returns a new tensor: no out=")
+                if out is not None or scale_out is not None:
+                    raise InputError("under torch.compile a fused-epilogue gemm returns a new tensor: no out= or scale_out=")
+                if quant:
+                    return self.torch_ops().gemm_fp8_groups(a, b, activation, scale_a, scale_b, b_constant, scale_mode)
                 return self.torch_ops().gemm_epilogue(a, b, bias, residual, activation, out_dtype, scale_a, scale_b,
                                                       b_constant, scale_mode)
             if isinstance(b, (bs.BlockScaled, packed.PackedB)) or isinstance(a, bs.BlockScaled):
                 raise InputError("bias, residual and activation apply to plain (unpacked) operands only")
             return epilogue.gemm_epilogue(self, a, b, out, bias=bias, residual=residual, activation=activation,
                                           out_dtype=out_dtype, scale_a=scale_a, scale_b=scale_b, variant=variant,
-                                          b_constant=b_constant, scale_mode=scale_mode)
+                                          b_constant=b_constant, scale_mode=scale_mode, scale_out=scale_out)
         if compiling():  # traced by torch.compile: the bundle's torch op, whose fake checks like this call
             return self.traced_gemm(a, b, out, out_dtype, scale_a, scale_b, variant, b_constant, scale_mode)
         if isinstance(a, bs.BlockScaled) or isinstance(b, bs.BlockScaled):

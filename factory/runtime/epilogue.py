@@ -13,6 +13,12 @@ the fields ``bias``, ``silu_mul``, ``residual``: gemm/sm90.py).
   I columns where N = 2·ceil(I/64)·64: I = N/2 unless ``out`` or ``residual`` gives another I.
 - ``residual``: the output's shape and dtype, contiguous along its last mode; it may be ``out``
   itself (the same tensor: an in-place ``out += ...``), else it must not overlap ``out``.
+- ``out_dtype=torch.float8_e4m3fn`` (or an e4m3 ``out``; no bias or residual, 2-D operands): the
+  result quantised per row and 128 columns, ``scale = max(amax / 448, 1 / (448·512))``, ``out =
+  e4m3(x / scale)``; returns ``(out, scale_out)`` with ``scale_out`` (M, ceil(N_out / 128))
+  float32 M-major (:func:`new_scale_out`: group stride M rounded up to 4) -- the block-scaled
+  GEMM's ``scale_a`` for a K of N_out columns (``bundle.gemm(out, w, scale_a=scale_out,
+  scale_b=w_scales)``).
 
 The selection is the host library's (``fx_gemm_epilogue_select``): only variants built with
 exactly the requested fields qualify, by the same cost model as the plain GEMM.  Bad inputs raise
@@ -31,8 +37,47 @@ from .bundle import not_current
 from .errors import InputError, LaunchError, NoVariantError
 
 GATE_UP_BLOCK = 64
+FP8_GROUP = 128
+FP8_MAX = 448.0
+FP8_MIN_SCALE = 1.0 / (448.0 * 512.0)
 ACTIVATIONS = (None, "silu_mul")
-FLAGS = {"bias": 1, "silu_mul": 2, "residual": 4}  # fx_api.h fx_gemm_epilogue_flags_t
+FLAGS = {"bias": 1, "silu_mul": 2, "residual": 4, "fp8_groups": 8}  # fx_api.h fx_gemm_epilogue_flags_t
+_E4M3 = getattr(torch, "float8_e4m3fn", None)
+
+
+def fp8_out(out, out_dtype) -> bool:
+    """Whether the call asks for the e4m3 output with group scales."""
+    return _E4M3 is not None and (out_dtype == _E4M3 or (isinstance(out, Tensor) and out.dtype == _E4M3))
+
+
+def new_scale_out(a: Tensor, M: int, n_out: int) -> Tensor:
+    """The (M, ceil(n_out / 128)) float32 scales of an e4m3 output, M-major with the group stride
+    M rounded up to 4 (16-byte aligned columns: the block-scaled GEMM's scale_a form)."""
+    m4 = -(-max(M, 1) // 4) * 4
+    return a.new_empty((-(-n_out // FP8_GROUP), m4), dtype=torch.float32).t()[:M]
+
+
+def _scale_out_spec(scale_out: Tensor, M: int, ng: int) -> tuple:
+    st = scale_out.stride()
+    s1 = st[1] if ng > 1 else -(-max(M, 1) // 4) * 4  # one group: any stride reads the same element
+    return (scale_out.data_ptr(), (M, ng), (1, s1))
+
+
+def check_scale_out(scale_out, M: int, n_out: int, dev: int) -> None:
+    ng = -(-n_out // FP8_GROUP)
+    if not isinstance(scale_out, Tensor):
+        raise InputError(f"scale_out must be a torch.Tensor, got {type(scale_out).__name__}")
+    if scale_out.dtype != torch.float32 or tuple(scale_out.shape) != (M, ng):
+        raise InputError(f"scale_out must be float32 of shape ({M}, {ng}) (a scale per row and {FP8_GROUP} "
+                         f"columns), got {scale_out.dtype} {tuple(scale_out.shape)}")
+    if scale_out.get_device() != dev:
+        raise InputError(f"scale_out is on {validate.where(scale_out)} but a is on device {dev}")
+    if M > 1 and scale_out.stride(0) != 1:
+        raise InputError(f"scale_out must be M-major (stride 1 along rows), got strides {scale_out.stride()}")
+    if ng > 1 and (scale_out.stride(1) < M or scale_out.stride(1) % 4):
+        raise InputError(f"scale_out's group stride must be >= M = {M} and a multiple of 4, got {scale_out.stride(1)}")
+    if scale_out.data_ptr() % 16:
+        raise InputError("scale_out must be 16-byte aligned")
 
 
 def pack_gate_up(gate_up: Tensor, up: Tensor | None = None, block: int = GATE_UP_BLOCK) -> Tensor:
@@ -79,16 +124,18 @@ def gate_up_rows(n_out: int) -> int:
     return 2 * (-(-n_out // GATE_UP_BLOCK)) * GATE_UP_BLOCK
 
 
-def flags_of(bias, residual, activation) -> int:
+def flags_of(bias, residual, activation, quant: bool = False) -> int:
     if activation not in ACTIVATIONS:
         raise InputError(f"activation must be None or 'silu_mul', got {activation!r}")
+    if quant and (bias is not None or residual is not None):
+        raise InputError("an e4m3 output (per-128-column scales) takes no bias or residual")
     return ((FLAGS["bias"] if bias is not None else 0) | (FLAGS["silu_mul"] if activation else 0)
-            | (FLAGS["residual"] if residual is not None else 0))
+            | (FLAGS["residual"] if residual is not None else 0) | (FLAGS["fp8_groups"] if quant else 0))
 
 
 def fields(flags: int) -> list[str]:
     """The manifest's ``epilogue`` list for these flags."""
-    return [f for f in ("bias", "silu_mul", "residual") if flags & FLAGS[f]]
+    return [f for f in ("bias", "silu_mul", "residual", "fp8_groups") if flags & FLAGS[f]]
 
 
 def _n_out(N: int, flags: int, out, residual) -> int:
@@ -134,8 +181,14 @@ def _same(x: Tensor, y: Tensor) -> bool:
 
 
 def gemm_epilogue(bundle, a, b, out=None, *, bias=None, residual=None, activation=None, out_dtype=None,
-                  scale_a=None, scale_b=None, variant=None, b_constant=False, scale_mode=None):
-    flags = flags_of(bias, residual, activation)
+                  scale_a=None, scale_b=None, variant=None, b_constant=False, scale_mode=None, scale_out=None):
+    quant = fp8_out(out, out_dtype)
+    flags = flags_of(bias, residual, activation, quant)
+    if quant:
+        return _gemm_fp8_groups(bundle, a, b, out, activation, out_dtype, scale_a, scale_b, variant, b_constant,
+                                scale_mode, scale_out, flags)
+    if scale_out is not None:
+        raise InputError("scale_out goes with an e4m3 output (out_dtype=torch.float8_e4m3fn)")
     try:
         key = ("epi", flags, a.shape, b.shape, a.stride(), b.stride(), a.dtype, b.dtype, a.get_device(),
                b.get_device(), out_dtype, b_constant, variant, scale_mode)
@@ -207,6 +260,63 @@ def gemm_epilogue(bundle, a, b, out=None, *, bias=None, residual=None, activatio
     return out
 
 
+def _gemm_fp8_groups(bundle, a, b, out, activation, out_dtype, scale_a, scale_b, variant, b_constant, scale_mode,
+                     scale_out, flags):
+    """The e4m3 output with per-row, per-128-column scales: (out, scale_out).  Every call takes
+    the checked path (no hot path yet)."""
+    ab = plain.operands(a, b)
+    dev = validate.one_device(bundle, a=a, b=b, out=out, scale_out=scale_out)
+    validate.no_grad("gemm", a=a, b=b)
+    if a.dim() != 2 or b.dim() != 2:
+        raise InputError(f"an e4m3 output takes 2-D a and b, got {a.dim()}-D and {b.dim()}-D")
+    fp8 = ab == "e4m3"
+    a3, b3 = plain.rkl_spec(a, "a"), plain.rkl_spec(b, "b")
+    M, K, L = a3[1]
+    N = b3[1][0]
+    n_out = _n_out(N, flags, out, None)
+    if n_out % 16:
+        raise InputError(f"an e4m3 output needs a multiple of 16 columns (16-byte rows), got {n_out}")
+    if out is None:
+        out = a.new_empty((M, n_out), dtype=_E4M3)
+    elif tuple(out.shape) != (M, n_out) or (out_dtype is not None and out_dtype != out.dtype):
+        raise InputError(f"out must have shape {(M, n_out)} and dtype {out_dtype or out.dtype}, got "
+                         f"{tuple(out.shape)} {out.dtype}")
+    else:
+        validate.distinct("out", out.shape, out.stride())
+        validate.disjoint("out", out, a=a, b=b, scale_a=scale_a, scale_b=scale_b, scale_out=scale_out)
+    if scale_out is None:
+        scale_out = new_scale_out(a, M, n_out)
+    else:
+        check_scale_out(scale_out, M, n_out, dev)
+        validate.disjoint("scale_out", scale_out, a=a, b=b, scale_a=scale_a, scale_b=scale_b)
+    c = plain.out_kind(out, fp8, scale_a, scale_b, scale_mode)
+    c3 = plain.rkl_spec(out, "out")
+    form = None
+    if fp8 and (scale_mode is not None or plain._per_element(scale_a) or plain._per_element(scale_b)):
+        mode = fp8_forms.infer_mode(scale_a, scale_b, M, N, K, scale_mode)
+        if mode != "tensor":
+            scales, keep, form = fp8_forms.scale_specs(mode, scale_a, scale_b, a, M, N, K, L, a.dim(), dev)
+    if form is None:
+        scales, keep = plain.fp8_scales(bundle, a, scale_a, scale_b, dev) if fp8 else ([], [])
+    extra = [_scale_out_spec(scale_out, M, -(-n_out // FP8_GROUP))]
+    if M == 0 or n_out == 0:
+        return out, scale_out
+    if K == 0:  # the product is zero: zero codes, the smallest scale (nothing launched)
+        out.zero_()
+        scale_out.fill_(FP8_MIN_SCALE)
+        return out, scale_out
+    if variant is None:
+        name = select(bundle, a3, b3, c3, ab, c, scales, extra, flags, n_out, b_constant, dev, form)
+    else:
+        name = _named(bundle, variant, flags, ab, c, [a3, b3, c3, *scales, *extra])
+    entry = bundle.manifest["variants"][name]
+    specs = [a3, b3, c3, *scales, *extra]
+    if "persistent" in entry:
+        specs += plain.launch_scalars(bundle, entry, dev)
+    bundle.launch(name, specs, checked=True, device=dev)
+    return out, scale_out
+
+
 def select(bundle, a3, b3, c3, ab, c, scales, extra, flags, n_out, b_constant, dev, form) -> str:
     key = ("epi", flags, n_out, ab, c, a3[1], b3[1], a3[2], b3[2], c3[2], a3[0] % 16, b3[0] % 16, c3[0] % 16,
            b_constant, dev, form, *(s[0] % 16 for s in scales[:2]), *((s[0] % 16, s[2]) for s in extra))
@@ -216,10 +326,11 @@ def select(bundle, a3, b3, c3, ab, c, scales, extra, flags, n_out, b_constant, d
     sel = bundle.selector
     bias = extra[0] if flags & FLAGS["bias"] else None
     res = extra[-1] if flags & FLAGS["residual"] else None
+    so = extra[-1] if flags & FLAGS["fp8_groups"] else None
     try:
         problem = sel.gemm_problem(a3, b3, c3, ab, c, scales, b_constant)
         got = sel.select_epilogue(problem, form, flags, n_out, bias[0] if bias else 0, res[0] if res else 0,
-                                  res[2] if res else (0, 1, 0))
+                                  res[2] if res else (0, 1, 0), so[0] if so else 0, so[2][1] if so else 0)
     except NoVariantError as e:
         raise NoVariantError(f"{e} (epilogue {'+'.join(fields(flags))}); {bundle.describe_contents('gemm')}") from None
     return plain.remember(bundle, key, got.name.decode())
@@ -322,8 +433,12 @@ def _hot(bundle, name, entry, specs, dev, out, out_given, fp8, unit, flags):
 def check_meta(bundle, a, b, bias=None, residual=None, activation=None, out_dtype=None, scale_a=None, scale_b=None,
                b_constant=False, scale_mode=None):
     """What ``gemm_epilogue`` checks before a launch, on metadata alone (the torch op's fake);
-    returns a new output.  Selection runs where every size is concrete (pointers taken aligned)."""
-    flags = flags_of(bias, residual, activation)
+    returns a new output (for an e4m3 output: (out, scale_out)).  Selection runs where every size is
+    concrete (pointers taken aligned)."""
+    quant = fp8_out(None, out_dtype)
+    flags = flags_of(bias, residual, activation, quant)
+    if quant:
+        return _check_meta_fp8_groups(bundle, a, b, activation, scale_a, scale_b, b_constant, scale_mode, flags)
     ab = plain.operands(a, b)
     dev = validate.one_device(bundle, a=a, b=b)
     validate.no_grad("gemm", a=a, b=b)
@@ -359,3 +474,23 @@ def check_meta(bundle, a, b, bias=None, residual=None, activation=None, out_dtyp
         extra.append(plain._rkl_meta(residual, "residual"))
     select(bundle, *spec, ab, c, scales, extra, flags, n_out, b_constant, dev, None)
     return out
+
+
+def _check_meta_fp8_groups(bundle, a, b, activation, scale_a, scale_b, b_constant, scale_mode, flags):
+    ab = plain.operands(a, b)
+    dev = validate.one_device(bundle, a=a, b=b)
+    validate.no_grad("gemm", a=a, b=b)
+    if a.dim() != 2 or b.dim() != 2:
+        raise InputError(f"an e4m3 output takes 2-D a and b, got {a.dim()}-D and {b.dim()}-D")
+    M, N = a.shape[0], b.shape[0]
+    concrete = plain.concrete(*a.shape, *b.shape)
+    n_out = _n_out(N, flags, None, None) if concrete else (N // 2 if activation else N)
+    if concrete and n_out % 16:
+        raise InputError(f"an e4m3 output needs a multiple of 16 columns (16-byte rows), got {n_out}")
+    out = a.new_empty((M, n_out), dtype=_E4M3)
+    scale_out = new_scale_out(a, M, n_out)
+    if not any((v.get("epilogue") or []) == fields(flags) and v["dtypes"]["a"] == ab
+               for v in bundle.candidates("gemm")):
+        raise NoVariantError(f"no gemm variant with the epilogue {'+'.join(fields(flags))} for a={ab} on "
+                             f"{bundle.device_name()}; {bundle.describe_contents('gemm')}")
+    return out, scale_out

@@ -38,7 +38,7 @@ class GemmScales(ctypes.Structure):
 
 class GemmEpilogue(ctypes.Structure):
     _fields_ = [("flags", ctypes.c_int32), ("n_out", ctypes.c_int64), ("bias", _P), ("residual", _P),
-                ("residual_stride", _I64x3)]
+                ("residual_stride", _I64x3), ("scale_out", _P), ("scale_out_stride", ctypes.c_int64)]
 
 
 class AttentionProblem(ctypes.Structure):
@@ -175,7 +175,7 @@ class Selector:
         return self._result(rc, sel, f"fx_{op}_select")
 
     def select_epilogue(self, problem, form: tuple | None, flags: int, n_out: int, bias: int, residual: int,
-                        residual_stride: tuple) -> Selection:
+                        residual_stride: tuple, scale_out: int = 0, scale_out_stride: int = 0) -> Selection:
         """``fx_gemm_epilogue_select``: a GEMM problem with a fused epilogue (runtime/epilogue.py);
         ``form`` as :meth:`select_scaled`'s, or None for per-tensor scales."""
         fn = getattr(self.lib, "fx_gemm_epilogue_select", None)
@@ -189,7 +189,8 @@ class Selector:
         if form is not None:
             mode, sa, sb = form
             sc = ctypes.byref(GemmScales(int(mode), (ctypes.c_int64 * 2)(*sa), (ctypes.c_int64 * 2)(*sb)))
-        ep = GemmEpilogue(int(flags), int(n_out), bias or None, residual or None, _I64x3(*residual_stride))
+        ep = GemmEpilogue(int(flags), int(n_out), bias or None, residual or None, _I64x3(*residual_stride),
+                          scale_out or None, int(scale_out_stride))
         sel = Selection()
         rc = fn(self._dev, ctypes.byref(problem), sc, ctypes.byref(ep), ctypes.byref(sel))
         return self._result(rc, sel, "fx_gemm_epilogue_select")

@@ -65,6 +65,21 @@ def _gemm_epilogue_fake(bundle, a, b, bias=None, residual=None, activation=None,
                                scale_mode)
 
 
+def _gemm_fp8_groups(bundle, a, b, activation=None, scale_a=None, scale_b=None, b_constant=False, scale_mode=None):
+    from . import epilogue
+
+    return epilogue.gemm_epilogue(bundle, a, b, activation=activation, out_dtype=torch.float8_e4m3fn,
+                                  scale_a=scale_a, scale_b=scale_b, b_constant=b_constant, scale_mode=scale_mode)
+
+
+def _gemm_fp8_groups_fake(bundle, a, b, activation=None, scale_a=None, scale_b=None, b_constant=False,
+                          scale_mode=None):
+    from . import epilogue
+
+    return epilogue.check_meta(bundle, a, b, None, None, activation, torch.float8_e4m3fn, scale_a, scale_b,
+                               b_constant, scale_mode)
+
+
 def _attention(bundle, q, k, v, causal=False, softmax_scale=None, cu_seqlens_q=None, cu_seqlens_k=None,
                max_seqlen_q=None):
     return bundle.attention(q, k, v, causal, softmax_scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, None, True)
@@ -167,6 +182,9 @@ OPS = {
     "gemm_epilogue": ("gemm_epilogue(Tensor a, Tensor b, Tensor? bias=None, Tensor? residual=None, "
                       "str? activation=None, ScalarType? out_dtype=None, Tensor? scale_a=None, Tensor? scale_b=None, "
                       "bool b_constant=False, str? scale_mode=None) -> Tensor", _gemm_epilogue, _gemm_epilogue_fake),
+    "gemm_fp8_groups": ("gemm_fp8_groups(Tensor a, Tensor b, str? activation=None, Tensor? scale_a=None, "
+                        "Tensor? scale_b=None, bool b_constant=False, str? scale_mode=None) -> (Tensor, Tensor)",
+                        _gemm_fp8_groups, _gemm_fp8_groups_fake),
     "gemm_packed": ("gemm_packed(Tensor a, Tensor packed, Tensor? scale_a=None, Tensor? scale_b=None, "
                     "bool b_constant=False) -> Tensor", _gemm_packed, _gemm_packed_fake),
     "attention": ("attention(Tensor q, Tensor k, Tensor v, bool causal=False, float? softmax_scale=None, "

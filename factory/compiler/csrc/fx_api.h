@@ -86,14 +86,22 @@ typedef struct {
    ([gate 0..63; up 0..63; gate 64..127; up 64..127; ...], zero rows past n_out).
    bias: n elements of c's dtype, unit stride (in b's row order).  residual: (m, n_out, l) of c's
    dtype with residual_stride {m, n, l}, the n stride 1; it may be c itself (same pointer and
-   strides: an in-place add), else it must not overlap c. */
-typedef enum { FX_EPI_BIAS = 1, FX_EPI_SILU_MUL = 2, FX_EPI_RESIDUAL = 4 } fx_gemm_epilogue_flags_t;
+   strides: an in-place add), else it must not overlap c.
+   FX_EPI_FP8_GROUPS (c is E4M3, with neither bias nor residual, l = 1): each row of the result is
+   quantised per 128 columns, scale = max(amax / 448, 1 / (448·512)), c = e4m3(x / scale)
+   (saturating), the scale written to scale_out[i + g·scale_out_stride] for row i and group g
+   (an (m, ceil(n_out/128)) float32 array, M-major: scale_out_stride >= m, a multiple of 4, 16-byte
+   aligned -- the form fx_gemm_scaled_select's block scale_a takes for a k of n_out); it must not
+   overlap a, b or c. */
+typedef enum { FX_EPI_BIAS = 1, FX_EPI_SILU_MUL = 2, FX_EPI_RESIDUAL = 4, FX_EPI_FP8_GROUPS = 8 } fx_gemm_epilogue_flags_t;
 typedef struct {
     int32_t flags;          /* fx_gemm_epilogue_flags_t, or'ed */
     int64_t n_out;          /* c's columns */
     const void *bias;
     const void *residual;
     int64_t residual_stride[3];
+    float *scale_out;       /* FX_EPI_FP8_GROUPS only */
+    int64_t scale_out_stride;
 } fx_gemm_epilogue_t;
 
 /* softmax(q·kᵀ·scale [+ bottom-right causal mask])·v.

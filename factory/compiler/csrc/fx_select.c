@@ -555,6 +555,7 @@ static i128 launch_ctas_fixed(const fx_variant *v, int64_t M, int64_t N, int64_t
 }
 
 #define FX_GATE_UP_BLOCK 64 /* gemm/sm90.py GATE_UP_BLOCK */
+#define FX_FP8_GROUP 128    /* gemm/sm90.py FP8_GROUP */
 
 /* --- GEMM: runtime/gemm.py --------------------------------------------------------------------- */
 typedef struct {
@@ -845,8 +846,8 @@ static int32_t gemm_b_constant(const gemm_ctx *g, int32_t plain) {
    applies. */
 typedef struct {
     int32_t cc_major, cc_minor, sm_count, tuned, ab, c, am, bm, b_constant, align[5], scale_mode;
-    int32_t epilogue, epi_align[2];
-    int64_t M, N, K, L, strides[13], n_out, res_strides[3];
+    int32_t epilogue, epi_align[3];
+    int64_t M, N, K, L, strides[13], n_out, res_strides[3], scale_out_stride;
 } gemm_key;
 
 #define FX_CACHE_SLOTS 64
@@ -882,6 +883,8 @@ static uint32_t gemm_key_of(const gemm_ctx *g, const fx_gemm_problem_t *p, const
         k->epi_align[0] = (int32_t)((uintptr_t)ep->bias % 16);
         k->epi_align[1] = (int32_t)((uintptr_t)ep->residual % 16);
         for (int i = 0; i < 3; i++) k->res_strides[i] = ep->residual_stride[i];
+        k->epi_align[2] = (int32_t)((uintptr_t)ep->scale_out % 16);
+        k->scale_out_stride = ep->scale_out_stride;
     }
     uint32_t h = 2166136261u; /* FNV-1a */
     const unsigned char *b = (const unsigned char *)k;
@@ -980,9 +983,22 @@ static int32_t gemm_select(const fx_device_t *dev, const fx_gemm_problem_t *p, c
     int32_t flags = ep ? ep->flags : 0;
     int64_t n_out = p->n;
     if (ep) {
-        if (flags & ~(FX_EPI_BIAS | FX_EPI_SILU_MUL | FX_EPI_RESIDUAL))
-            return fail(FX_ERR_INPUT, "unknown epilogue flags %d (bias 1, silu_mul 2, residual 4)", (int)flags);
-        if (c == FX_DTYPE_E4M3) return fail(FX_ERR_INPUT, "epilogues write bfloat16, float16 or float32");
+        if (flags & ~(FX_EPI_BIAS | FX_EPI_SILU_MUL | FX_EPI_RESIDUAL | FX_EPI_FP8_GROUPS))
+            return fail(FX_ERR_INPUT, "unknown epilogue flags %d (bias 1, silu_mul 2, residual 4, fp8_groups 8)", (int)flags);
+        if (flags & FX_EPI_FP8_GROUPS) {
+            if (c != FX_DTYPE_E4M3) return fail(FX_ERR_INPUT, "the fp8_groups epilogue writes float8_e4m3fn");
+            if (flags & (FX_EPI_BIAS | FX_EPI_RESIDUAL))
+                return fail(FX_ERR_INPUT, "the fp8_groups epilogue takes no bias or residual");
+            if (p->l != 1) return fail(FX_ERR_INPUT, "the fp8_groups epilogue takes l = 1 (2-D a and b), got l = %lld", (long long)p->l);
+            if (!ep->scale_out) return fail(FX_ERR_INPUT, "the fp8_groups epilogue needs a scale_out pointer");
+            if ((uintptr_t)ep->scale_out % 16) return fail(FX_ERR_INPUT, "scale_out must be 16-byte aligned");
+            int64_t s = ep->scale_out_stride;
+            if (cdiv(ep->n_out, FX_FP8_GROUP) > 1 && (s < p->m || s % 4))
+                return fail(FX_ERR_INPUT, "scale_out (m, ceil(n_out/%d)) must be M-major with a group stride >= m = %lld and "
+                            "a multiple of 4, got %lld", FX_FP8_GROUP, (long long)p->m, (long long)s);
+        } else if (c == FX_DTYPE_E4M3) {
+            return fail(FX_ERR_INPUT, "epilogues write bfloat16, float16 or float32 (float8_e4m3fn with fp8_groups)");
+        }
         n_out = ep->n_out;
         if (n_out < 0) return fail(FX_ERR_INPUT, "n_out must not be negative, got %lld", (long long)n_out);
         if (flags & FX_EPI_SILU_MUL) {
@@ -1005,9 +1021,13 @@ static int32_t gemm_select(const fx_device_t *dev, const fx_gemm_problem_t *p, c
     int64_t sbias[1] = {p->n}, tbias[1] = {1}, tres[3] = {0, 1, 0};
     if (ep && (flags & FX_EPI_RESIDUAL)) for (int i = 0; i < 3; i++) tres[i] = ep->residual_stride[i];
     if (n_out <= 1) tres[1] = 1;
-    fx_range in[5], oc, ores;
+    fx_range in[5], oc, ores, oso;
     memset(&in[4], 0, sizeof in[4]);
     memset(&ores, 0, sizeof ores);
+    memset(&oso, 0, sizeof oso);
+    int64_t so_shape[2] = {p->m, cdiv(n_out, FX_FP8_GROUP)}, so_stride[2] = {1, 0};
+    if (flags & FX_EPI_FP8_GROUPS) /* one group: any stride reads the same element; pass a packed one */
+        so_stride[1] = so_shape[1] > 1 ? ep->scale_out_stride : cdiv(p->m > 1 ? p->m : 1, 4) * 4;
     if ((rc = span_of("a", 3, sa, p->a_stride, &span)) || (rc = range_of(&in[0], "a", p->a, span, elem_bytes(ab))) ||
         (rc = span_of("b", 3, sb, p->b_stride, &span)) || (rc = range_of(&in[1], "b", p->b, span, elem_bytes(ab))) ||
         (rc = span_of("c", 3, sc3, p->c_stride, &span)) || (rc = range_of(&oc, "c", p->c, span, elem_bytes(c))))
@@ -1022,6 +1042,13 @@ static int32_t gemm_select(const fx_device_t *dev, const fx_gemm_problem_t *p, c
                                       (rc = range_of(&ores, "residual", ep->residual, span, elem_bytes(c)))))
         return rc;
     if ((rc = check_distinct("c", 3, sc3, p->c_stride)) || (rc = check_disjoint(&oc, in, 5))) return rc;
+    if (flags & FX_EPI_FP8_GROUPS) {
+        if ((rc = span_of("scale_out", 2, so_shape, so_stride, &span)) || (rc = range_of(&oso, "scale_out", ep->scale_out, span, 4)) ||
+            (rc = check_disjoint(&oso, in, 5)))
+            return rc;
+        if ((rc = check_disjoint(&oc, &oso, 1)))
+            return fail(FX_ERR_INPUT, "scale_out overlaps c in memory");
+    }
     if (flags & FX_EPI_RESIDUAL) { /* the residual is c itself (in place) or apart from it, and apart from a and b */
         int same = ep->residual == p->c && (p->m <= 1 || tres[0] == p->c_stride[0]) && (p->l <= 1 || tres[2] == p->c_stride[2]);
         if (!same && (rc = check_disjoint(&oc, &ores, 1)))
@@ -1047,6 +1074,7 @@ static int32_t gemm_select(const fx_device_t *dev, const fx_gemm_problem_t *p, c
     }
     if (flags & FX_EPI_BIAS) spec(&g->vals[g->n_vals++], ep->bias, 1, sbias, tbias);
     if (flags & FX_EPI_RESIDUAL) spec(&g->vals[g->n_vals++], ep->residual, 3, sc3, tres);
+    if (flags & FX_EPI_FP8_GROUPS) spec(&g->vals[g->n_vals++], ep->scale_out, 2, so_shape, so_stride);
     g->am = gemm_major(&g->vals[0].t, FX_MAJOR_M);
     g->bm = gemm_major(&g->vals[1].t, FX_MAJOR_N);
     if (!g->am || !g->bm)
