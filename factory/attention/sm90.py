@@ -153,11 +153,24 @@ class AttentionSm90(AttentionVariant):
             r"\bSYNCS\.", r"\bUSETMAXREG\.", r"\bMUFU\.EX2\b",
         )
 
-    def smem_bytes(self) -> int:
+    def _smem_parts(self) -> tuple[int, int]:
         e = DTYPE_BYTES[self.dtype]
         q = _round_up(self.tile_m * self.head_dim * e, _SMEM_ALIGN)
         kv = 2 * self.stages * _round_up(self.tile_n * self.head_dim * e, _SMEM_ALIGN)
-        return _BARRIER_BYTES + q * (2 if self.persistent else 1) + kv
+        return q, kv
+
+    @property
+    def o_in_q(self) -> bool:
+        """Persistent, with O leaving through Q's slabs (the next tile's Q loads once O's TMA store
+        has read them) where O's own slabs do not fit beside Q and the K/V stages: head_dim 256."""
+        if not self.persistent:
+            return False
+        q, kv = self._smem_parts()
+        return _BARRIER_BYTES + 2 * q + kv + _STATIC_SMEM > self.tgt.smem_per_cta
+
+    def smem_bytes(self) -> int:
+        q, kv = self._smem_parts()
+        return _BARRIER_BYTES + q * (2 if self.persistent and not self.o_in_q else 1) + kv
 
     def can_implement(self) -> str | None:
         t = self.tgt
@@ -200,7 +213,8 @@ class AttentionSm90(AttentionVariant):
             "min_seqlen_q": MIN_SEQLEN_Q,
             "tile_scheduler": ({"persistent": True, "max_ctas": PERSISTENT_CTAS,
                                 "order": "longest rows first, zigzag" if self.causal
-                                else "query tiles fastest"} if self.persistent
+                                else "query tiles fastest",
+                                **({"o_smem": "q slabs"} if self.o_in_q else {})} if self.persistent
                                else {"persistent": False}),
             # Resident CTAs per SM: the setmaxnreg budgets hand the CTA the whole register file
             # (and the 128-row tiles' smem leaves no room for a second CTA): selection counts waves.
@@ -211,7 +225,8 @@ class AttentionSm90(AttentionVariant):
             "preferred": (self.tile_m, self.tile_n, self.stages, self.overlap, self.pingpong)
                          == default_config(self.head_dim, self.causal)
                          and all(getattr(self, k) == v for k, v in
-                                 default_schedule(self.head_dim, self.causal, self.varlen).items()),
+                                 default_schedule(self.head_dim, self.causal, self.varlen,
+                                                  o_through_q=True).items()),
         }
 
     def make_kernel(self):
@@ -219,7 +234,7 @@ class AttentionSm90(AttentionVariant):
             dtype=self.cutlass_dtype, head_dim=self.head_dim, tile_m=self.tile_m,
             tile_n=self.tile_n, stages=self.stages, causal=self.causal, overlap=self.overlap,
             pingpong=self.pingpong, early_rescale=self.early_rescale, persistent=self.persistent,
-            k_first=self.k_first,
+            k_first=self.k_first, o_in_q=self.o_in_q,
         )
         return k.packed if self.varlen else k.dense
 
@@ -265,13 +280,14 @@ TUNE_CONFIGS = {
 # notes/attention-sm90.md): a schedule fence pinning the P·V wait below the softmax and a
 # quarter of the exponentials from an FMA polynomial.
 def default_schedule(head_dim: int, causal: bool, varlen: bool = False,
-                     small: bool = False) -> dict[str, bool]:
+                     small: bool = False, o_through_q: bool = False) -> dict[str, bool]:
     """``small``: the 64-row tiles of under-filled grids (and varlen: the options were measured on
-    dense problems with the default tiles only; these keep the previous mainloop)."""
-    # head_dim 256: the persistent CTA's own O buffer does not fit beside the 128x80 tiles' smem
-    # (296 KB), and the D256 tiles were measured with the previous mainloop: keep it.
-    big = not varlen and not small and head_dim <= 128
-    return {"persistent": big, "early_rescale": big and not (head_dim == 64 and causal),
+    dense problems with the default tiles only; these keep the previous mainloop).
+    ``o_through_q``: the kernel may write O through Q's slabs (16-bit O, ``AttentionSm90.o_in_q``),
+    which makes head_dim 256 persistent: its own O slabs do not fit beside the 128x80 tiles'
+    smem (296 KB); without it head_dim 256 keeps one tile per CTA."""
+    big = not varlen and not small and (head_dim <= 128 or o_through_q)
+    return {"persistent": big, "early_rescale": big and head_dim <= 128 and not (head_dim == 64 and causal),
             "k_first": big}
 
 
@@ -295,7 +311,7 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm90]:
             target=target.name, dtype=dtype, head_dim=d, causal=causal, tile_m=tile_m or tm,
             tile_n=tile_n or tn, stages=stages or s,
             overlap=ov if overlap is None else overlap, pingpong=pp if pingpong is None else pingpong,
-            **{**default_schedule(d, causal), **schedule})
+            **{**default_schedule(d, causal, o_through_q=True), **schedule})
 
     if tier == "test":
         # The preferred tile and its 64-row twin: the loader's under-filled-grid rule and a tuning
@@ -465,7 +481,7 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                  causal: bool, overlap: bool, pingpong: bool, early_rescale: bool = False,
                  persistent: bool = False, k_first: bool = False, page_box: int = 0,
                  gather: bool = False, local: bool = False, softcap: bool = False,
-                 sinks: bool = False):
+                 sinks: bool = False, o_in_q: bool = False):
         super().__init__(dtype=dtype, head_dim=head_dim, causal=causal, local=local)
         self.tile_m = tile_m
         self.tile_n = tile_n
@@ -475,6 +491,9 @@ class FlashFwdSm90(layout.TmaViewsKernel):
         self.early_rescale = early_rescale
         self.persistent = persistent
         self.k_first = k_first
+        # persistent: O leaves through Q's slabs (no smem of its own); the producer loads the next
+        # tile's Q once O's TMA store has read them
+        self.o_in_q = persistent and o_in_q
         # KV cache (paged): K/V tiles arrive as tile_n / page_box TMA boxes of page_box rows, each
         # from the page the block table names; 0: the plain dense/varlen kernel.
         self.page_box = page_box
@@ -557,7 +576,7 @@ class FlashFwdSm90(layout.TmaViewsKernel):
             LayoutEnum.ROW_MAJOR if self.v_k_major else LayoutEnum.COL_MAJOR, (WG_ROWS, D, BN), dt,
             self.stages)
         # O's slabs: Q's layout, or the same tiles in O's own element type
-        own_o = self.persistent or ot is not dt
+        own_o = (self.persistent and not self.o_in_q) or ot is not dt
         sO_layout = sQ_layout
         if cutlass.const_expr(ot is not dt):
             sO_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (WG_ROWS, BN, D), ot,
@@ -636,7 +655,7 @@ class FlashFwdSm90(layout.TmaViewsKernel):
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
         sO = sQ
-        if cutlass.const_expr(self.persistent or self.out_dtype is not self.dtype):
+        if cutlass.const_expr((self.persistent and not self.o_in_q) or self.out_dtype is not self.dtype):
             sO = storage.sO.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
         q_bars = storage.q_bars.data_ptr()
 
@@ -683,8 +702,9 @@ class FlashFwdSm90(layout.TmaViewsKernel):
             with cute.arch.elect_one():
                 for w in cutlass.range_constexpr(self.consumers):
                     cute.arch.mbarrier_init(q_bars + w, 1)  # Q slab w landed (TMA bytes)
-                    # Q slab w read by its warpgroup's last S GEMM (one arrive per warp)
-                    cute.arch.mbarrier_init(q_bars + self.consumers + w, 4)
+                    # Q slab w read by its warpgroup's last S GEMM (one arrive per warp); o_in_q:
+                    # by the TMA store of the O written into it (one arrive)
+                    cute.arch.mbarrier_init(q_bars + self.consumers + w, 1 if self.o_in_q else 4)
         pipeline.pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
 
         pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1))
@@ -773,8 +793,13 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                             state = self.produce(tma_q, seqQ, tma_k, seqK, tma_v, seqVt, sQ, sK,
                                                  sV_load, q_bars, load_pipes, m_block, n_hi, state,
                                                  q_phase)
-                            if n_hi > 0:
+                            if cutlass.const_expr(self.o_in_q):
+                                if n_hi == 0:
+                                    self.pass_q_slabs(q_bars, q_phase)
                                 q_phase = q_phase ^ 1
+                            else:
+                                if n_hi > 0:
+                                    q_phase = q_phase ^ 1
                 if cutlass.const_expr(self.v_transpose):
                     if warp_idx >= 1 and warp_idx <= self.transpose_warps:
                         t_read = self.kv_state(False)
@@ -805,8 +830,11 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                                             sQ, sO, sK, sV, q_bars, kv_pipes, scale_t, m_block,
                                             q_len, k_len, n_hi, n_mask, wg, tidx % 128, read,
                                             q_phase, o_scale=o_scale)
-                        if n_hi > 0:
-                            q_phase = q_phase ^ 1
+                        if cutlass.const_expr(self.o_in_q):
+                            q_phase = q_phase ^ 1  # (every tile passes through Q's slabs)
+                        else:
+                            if n_hi > 0:
+                                q_phase = q_phase ^ 1
 
     @cute.jit
     def transpose_loop(self, vs_ptr, v_ptr, vs_layout, v_layout, vs_pipe, v_pipe, n_tiles, read, write,
@@ -943,6 +971,17 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                               tma_bar_ptr=v_pipe.producer_get_barrier(state))
                     state.advance()
         return state
+
+    @cute.jit
+    def pass_q_slabs(self, q_bars, q_phase):
+        """``o_in_q``, a tile that sees no key: each Q slab handed to its warpgroup without a load
+        once the previous tile's O has left it (the warpgroup writes this tile's O = 0 through
+        it)."""
+        W = self.consumers
+        for w in cutlass.range_constexpr(W):
+            cute.arch.mbarrier_wait(q_bars + W + w, q_phase ^ 1)
+            with cute.arch.elect_one():
+                cute.arch.mbarrier_arrive(q_bars + w)
 
     @cute.jit
     def load_q(self, tma_q, seqQ, sQ, q_bars, m_block):
@@ -1206,7 +1245,7 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                     softmax.online_softmax(atoms.acc_mn_view(acc_S), row_max, row_sum, scale_log2, corr=corr)
                     softmax.rescale(atoms.acc_mn_view(acc_O), corr)
                     self.store_p(acc_S, tOrP, tOrP_c, ltid)
-            if cutlass.const_expr(self.persistent):
+            if cutlass.const_expr(self.persistent and not self.o_in_q):
                 # every S GEMM of this tile has completed: Q's slab may take the next tile's
                 with cute.arch.elect_one():
                     cute.arch.mbarrier_arrive(q_bars + self.consumers + wg)
@@ -1222,6 +1261,8 @@ class FlashFwdSm90(layout.TmaViewsKernel):
             read.advance()
         else:
             acc_O.fill(0.0)
+            if cutlass.const_expr(self.o_in_q):
+                cute.arch.mbarrier_wait(q_bars + wg, q_phase)  # the slab O leaves through is ours
 
         # ---- epilogue: O / rowsum and LSE, O -> this warpgroup's Q slab -> TMA store (varlen:
         # 16-byte stores of the rows inside the sequence)
@@ -1232,7 +1273,7 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                 acc_O[i] = acc_O[i] * o_scale
         sO = sO[None, None, wg]
         rO = cute.make_rmem_tensor(acc_O.layout, self.out_dtype)
-        if cutlass.const_expr(self.persistent):
+        if cutlass.const_expr(self.persistent and not self.o_in_q):
             # the previous tile's TMA store has read this slab (its issuing warp waited)
             cute.arch.barrier(barrier_id=int(_Bar.EPILOGUE) + wg, number_of_threads=128)
         rO.store(acc_O.load().to(self.out_dtype))
@@ -1252,6 +1293,10 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                 cute.copy(tma_o, tOsO, tOgO)
                 cute.arch.cp_async_bulk_commit_group()
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
+                if cutlass.const_expr(self.o_in_q):
+                    # the store has read O out of Q's slab: the next tile's Q may land there
+                    with cute.arch.elect_one():
+                        cute.arch.mbarrier_arrive(q_bars + self.consumers + wg)
         else:
             thr = s2g.get_slice(ltid)
             tOsO = thr.partition_S(sO)
