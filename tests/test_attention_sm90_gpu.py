@@ -133,8 +133,11 @@ def test_every_sm90a_variant(bundle):
 
 # More query tiles than a persistent grid has CTAs (132 at most), so each CTA walks several tiles
 # through its Q (and O) slabs; the second one with causal query tiles that see no key between
-# tiles that do (Sq > Sk: rows 0..2499 have no key).
+# tiles that do (Sq > Sk: rows 0..2499 have no key).  Varlen: a virtual grid of the longest
+# sequence's tiles (most slots empty), sequences of 1 to 2100 tokens, Sq > Sk in one.
 MANY_TILES = [(2, 2100, 2100, 8, 2), (1, 4000, 1500, 8, 8)]
+MANY_TILES_VARLEN = [([1500, 30, 2100, 700, 1], [1500, 30, 2100, 700, 1], 8, 2),
+                     ([1900, 900, 64], [600, 900, 3000], 8, 8)]
 
 
 def test_persistent_variants_walk_many_tiles(bundle):
@@ -142,12 +145,16 @@ def test_persistent_variants_walk_many_tiles(bundle):
     later tiles reuse its Q slabs (head_dim 256: O leaves through them too)."""
     gen = torch.Generator(device="cuda").manual_seed(91)
     dt = {"bf16": torch.bfloat16, "f16": torch.float16}
-    entries = [e for e in bundle.candidates("attention") if e["target"] == "sm_90a" and not e["varlen"]
+    entries = [e for e in bundle.candidates("attention") if e["target"] == "sm_90a"
                and (e.get("tile_scheduler") or {}).get("persistent")]
     if not entries:
         pytest.skip("no persistent sm_90a attention variant in the bundle")
     failures = []
     for e in entries:
+        if e["varlen"]:
+            for lq, lk, hq, hkv in MANY_TILES_VARLEN:
+                _varlen_case(bundle, e, lq, lk, hq, hkv, gen, failures)
+            continue
         dtype, d, causal = dt[e["dtype"]], e["head_dim"], e["causal"]
         scale = 0.7 / math.sqrt(d)
         for b, sq, sk, hq, hkv in MANY_TILES:

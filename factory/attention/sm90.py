@@ -25,10 +25,12 @@ Warp roles (``1 + W`` warpgroups of 128 threads):
   LSE (natural log) from registers.
   A row with no visible key writes O = 0 and LSE = -inf.
 
-Persistent variants (the default for dense problems): a grid of min(tiles, 132) CTAs (fewer on a
-device with fewer SMs), each walking its share of the tiles (causal: longest rows first, dealt
-in zigzag rounds); the producer loads the next tile's Q once the consumers' last S GEMM of the
-current one has read theirs, O leaves through its own smem slabs.
+Persistent variants (the default for dense and varlen problems): a grid of min(tiles, 132) CTAs
+(fewer on a device with fewer SMs), each walking its share of the tiles (causal: longest rows
+first, dealt in zigzag rounds); the producer loads the next tile's Q once the consumers' last S
+GEMM of the current one has read theirs, O leaves through its own smem slabs.  head_dim 256
+(``o_in_q``: no smem for O's own slabs) writes O through Q's slabs as one tile per CTA does, and
+the next tile's Q loads once O's store has read them.
 
 Tails need no code on the load side: TMA zero-fills rows past seqlen (Q and K/V), and masked
 scores are -inf, so the zero rows of V meet P = 0.  Causal masking is bottom-right aligned (query
@@ -40,7 +42,9 @@ Causal grids walk query tiles from the last (longest rows) to the first.
 to its sequence, so boxes past a sequence's end read the next sequence's tokens (finite; masked
 keys meet P = 0, extra query rows are never stored) or the TMA's zero fill past the last token;
 O leaves by predicated 16-byte stores instead of the TMA store, which would write into the next
-sequence.  The grid is sized by max_seqlen_q and tiles past a sequence's end exit at once.
+sequence.  The grid is sized by max_seqlen_q and tiles past a sequence's end exit at once;
+persistent varlen CTAs walk that grid as a virtual one (``tile_coords``), skipping its empty
+slots.
 
 The arguments are the sm80 family's (dense: q, k, v, o, lse, softmax_scale; varlen: q, k, v, o,
 lse, cu_seqlens_q, cu_seqlens_k, softmax_scale, max_seqlen_q): the loader needs no launch code.
@@ -188,8 +192,6 @@ class AttentionSm90(AttentionVariant):
             return "pingpong needs two or more consumer warpgroups"
         if self.early_rescale and not self.overlap:
             return "early_rescale needs overlap"
-        if self.persistent and self.varlen:
-            return "persistent scheduling is for dense problems"
         # fp32 registers per consumer thread: S (tile_n/2), O (head_dim/2), P (tile_n/4); with
         # overlap S of the next tile lives beside P of this one.
         live = self.tile_n // 2 + self.head_dim // 2 + self.tile_n // 4
@@ -226,7 +228,7 @@ class AttentionSm90(AttentionVariant):
                          == default_config(self.head_dim, self.causal)
                          and all(getattr(self, k) == v for k, v in
                                  default_schedule(self.head_dim, self.causal, self.varlen,
-                                                  o_through_q=True).items()),
+                                                  persistent_all=True).items()),
         }
 
     def make_kernel(self):
@@ -280,13 +282,14 @@ TUNE_CONFIGS = {
 # notes/attention-sm90.md): a schedule fence pinning the P·V wait below the softmax and a
 # quarter of the exponentials from an FMA polynomial.
 def default_schedule(head_dim: int, causal: bool, varlen: bool = False,
-                     small: bool = False, o_through_q: bool = False) -> dict[str, bool]:
-    """``small``: the 64-row tiles of under-filled grids (and varlen: the options were measured on
-    dense problems with the default tiles only; these keep the previous mainloop).
-    ``o_through_q``: the kernel may write O through Q's slabs (16-bit O, ``AttentionSm90.o_in_q``),
-    which makes head_dim 256 persistent: its own O slabs do not fit beside the 128x80 tiles'
-    smem (296 KB); without it head_dim 256 keeps one tile per CTA."""
-    big = not varlen and not small and (head_dim <= 128 or o_through_q)
+                     small: bool = False, persistent_all: bool = False) -> dict[str, bool]:
+    """``small``: the 64-row tiles of under-filled grids (one tile per CTA: a grid of at most
+    132 of them gains nothing from persistence).  ``persistent_all``: the schedule of this
+    family's own 16-bit variants, persistent also at head_dim 256 (O leaves through Q's slabs,
+    ``AttentionSm90.o_in_q``: its own O slabs do not fit beside the 128x80 tiles' smem, 296 KB)
+    and for varlen problems (a virtual grid sized by the longest sequence, ``tile_coords``);
+    without it (the kvcache and fp8 subclasses) only dense problems of head_dim <= 128 are."""
+    big = not small and (persistent_all or (not varlen and head_dim <= 128))
     return {"persistent": big, "early_rescale": big and head_dim <= 128 and not (head_dim == 64 and causal),
             "k_first": big}
 
@@ -311,7 +314,7 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm90]:
             target=target.name, dtype=dtype, head_dim=d, causal=causal, tile_m=tile_m or tm,
             tile_n=tile_n or tn, stages=stages or s,
             overlap=ov if overlap is None else overlap, pingpong=pp if pingpong is None else pingpong,
-            **{**default_schedule(d, causal, o_through_q=True), **schedule})
+            **{**default_schedule(d, causal, persistent_all=True), **schedule})
 
     if tier == "test":
         # The preferred tile and its 64-row twin: the loader's under-filled-grid rule and a tuning
@@ -320,9 +323,8 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm90]:
                 make("bf16", 128, True, tile_m=64, pingpong=False, **default_schedule(128, True, small=True))]
     problems = [(dt, d, c) for dt in DTYPES for d in HEAD_DIMS for c in (False, True)]
     out = [make(*p) for p in problems]
-    # Packed variable-length batches (cu_seqlens): the dense problems' tiles.
-    out += [dataclasses.replace(make(*p, **default_schedule(*p[1:], varlen=True)), varlen=True)
-            for p in problems]
+    # Packed variable-length batches (cu_seqlens): the dense problems' tiles and schedule.
+    out += [dataclasses.replace(make(*p), varlen=True) for p in problems]
     # One consumer warpgroup (64-row tiles) for grids the default tile leaves under-filled (the
     # loader's rule, as for the sm80 family): B1 H8 S512 D64 non-causal ran 8.1 µs on 32 CTAs of
     # 128 rows vs 7.3 for the sm_90 build's 64 CTAs of 64 rows, 6.0 on 64-row sm_90a CTAs.
@@ -337,6 +339,9 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm90]:
         # D64: the other query tile (128 <-> 192 rows) and 3 stages under the default schedule
         out += [make(dt, 64, c, tile_m=320 - make(dt, 64, c).tile_m) for dt, d, c in problems if d == 64]
         out += [make(dt, 64, c, stages=3) for dt, d, c in problems if d == 64]
+        # varlen with one tile per CTA (the grid sized by the longest sequence)
+        out += [dataclasses.replace(make(*p), varlen=True, persistent=False, early_rescale=False, k_first=False)
+                for p in problems]
     out = list({v.name: v for v in out}.values())
     return [v for v in out if v.can_implement() is None]
 
@@ -629,10 +634,16 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                                   _SMEM_ALIGN]
 
         self.shared_storage = SharedStorage
+        # varlen, persistent: the grid (query tiles of the longest sequence, heads, sequences) is
+        # the virtual grid the CTAs walk (tile_coords), its query tiles an argument
+        varlen_tiles = ()
+        if cutlass.const_expr(self.persistent and mCuQ is not None):
+            varlen_tiles = (grid[0],)
+            grid = (cutlass.min(grid[0] * grid[1] * grid[2], PERSISTENT_CTAS), 1, 1)
         self.kernel(
             tma_q, tQ, tma_k, tK, tma_v, tV, tma_o, tO, s2g, lse, mCuQ, mCuK,
             softmax_scale * LOG2_E, tiled_mma_qk, tiled_mma_pv, sQ_layout, sK_layout, sV_layout,
-            sO_layout, mTable, mSeqlens, *switches, mDescale,
+            sO_layout, mTable, mSeqlens, *switches, mDescale, *varlen_tiles,
         ).launch(grid=grid, block=[self.threads, 1, 1], min_blocks_per_mp=1, stream=stream)
 
     # --- device ----------------------------------------------------------------------------------
@@ -643,7 +654,7 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma,
                sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
                sV_layout: cute.ComposedLayout, sO_layout: cute.ComposedLayout, mTable, mSeqlens,
-               mSinks, softcap, win_l, win_r, mDescale):
+               mSinks, softcap, win_l, win_r, mDescale, n_m_varlen=None):
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == 0:
@@ -770,8 +781,14 @@ class FlashFwdSm90(layout.TmaViewsKernel):
             # Persistent: CTA c walks tiles c, c + grid, ... (``tile_coords``); the producer loads
             # the next tile's Q as soon as the consumers' last S GEMM of this one has read theirs
             # (the O epilogue has its own smem), K/V rings run on across tiles.
-            n_m = cute.ceil_div(mQ.shape[0], self.tile_m)
-            n_tiles = n_m * mQ.shape[2] * mQ.shape[3]
+            if cutlass.const_expr(mCuQ is None):
+                n_m = cute.ceil_div(mQ.shape[0], self.tile_m)
+                n_batch = mQ.shape[3]
+            else:
+                # varlen: the virtual grid's slots past a sequence's last query tile are empty
+                n_m = n_m_varlen
+                n_batch = mCuQ.shape[0] - 1
+            n_tiles = n_m * mQ.shape[2] * n_batch
             first, _, _ = cute.arch.block_idx()
             # the CTAs that take part: one per SM of this device at most
             stride = cutlass.min(cute.arch.grid_dim()[0], cute.arch.nsmid())
@@ -785,7 +802,7 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                     state = self.kv_state(True)
                     for t in cutlass.range(first, n_slots, stride, unroll=1):
                         m_block, head, batch, real = self.tile_coords(t, stride, n_m, mQ.shape[2],
-                                                                      mQ.shape[3], mK.shape[2])
+                                                                      n_batch, mK.shape[2], mCuQ)
                         if real:
                             q_len, k_len, seqQ, seqK, seqVt, seqO, seqL = layout.sequence_views(
                                 mQ, mK, mVt, mO, mLSE, mCuQ, mCuK, head, batch)
@@ -806,7 +823,7 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                         t_write = self.kv_state(True)
                         for t in cutlass.range(first, n_slots, stride, unroll=1):
                             m_block, head, batch, real = self.tile_coords(t, stride, n_m, mQ.shape[2],
-                                                                          mQ.shape[3], mK.shape[2])
+                                                                          n_batch, mK.shape[2], mCuQ)
                             if real:
                                 q_len, k_len = mQ.shape[0], mK.shape[0]
                                 _, n_hi, _, _ = self.key_range(m_block, q_len, k_len)
@@ -819,7 +836,7 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                 read = self.kv_state(False)
                 for t in cutlass.range(first, n_slots, stride, unroll=1):
                     m_block, head, batch, real = self.tile_coords(t, stride, n_m, mQ.shape[2],
-                                                                  mQ.shape[3], mK.shape[2])
+                                                                  n_batch, mK.shape[2], mCuQ)
                     if real:
                         q_len, k_len, seqQ, seqK, seqVt, seqO, seqL = layout.sequence_views(
                             mQ, mK, mVt, mO, mLSE, mCuQ, mCuK, head, batch)
@@ -861,7 +878,7 @@ class FlashFwdSm90(layout.TmaViewsKernel):
             self.stages)
 
     @cute.jit
-    def tile_coords(self, t, grid, n_m, n_heads, n_batch, n_kv_heads):
+    def tile_coords(self, t, grid, n_m, n_heads, n_batch, n_kv_heads, mCuQ=None):
         """(query tile, q head, batch) of the persistent schedule's slot ``t`` (CTA t % grid,
         round t // grid), and whether the slot has a tile.  Causal: the (head, batch) pairs in
         sections of at most ``grid / CAUSAL_CTAS_PER_KV_HEAD`` kv heads (their q heads), one
@@ -892,6 +909,10 @@ class FlashFwdSm90(layout.TmaViewsKernel):
             p = t
             m_block = t % n_m
             hb = t // n_m
+        if cutlass.const_expr(mCuQ is not None):
+            # varlen: n_m is the longest sequence's; slots past this sequence's last tile are empty
+            b = cutlass.min(hb // n_heads, n_batch - 1)
+            return m_block, hb % n_heads, hb // n_heads, (p < n_tiles) & (m_block * self.tile_m < mCuQ[b + 1] - mCuQ[b])
         return m_block, hb % n_heads, hb // n_heads, p < n_tiles
 
     def slots(self, n_tiles, grid):
@@ -1304,6 +1325,12 @@ class FlashFwdSm90(layout.TmaViewsKernel):
             tOcO = thr.partition_D(cute.make_identity_tensor((WG_ROWS, D)))
             tOrO = cute.make_fragment_like(tOsO, self.out_dtype)
             cute.copy(s2g, tOsO, tOrO)
+            if cutlass.const_expr(self.o_in_q):
+                # every thread has read its rows of O out of Q's slab: the next Q may land there
+                cute.arch.fence_proxy("async.shared", space="cta")
+                cute.arch.barrier(barrier_id=int(_Bar.EPILOGUE) + wg, number_of_threads=128)
+                if ltid == 0:
+                    cute.arch.mbarrier_arrive(q_bars + self.consumers + wg)
             for r in cutlass.range_constexpr(cute.size(tOrO.shape[1])):
                 if row0 + tOcO[0, r, 0][0] < q_len:
                     cute.copy(s2g, tOrO[None, r, None], tOgO[None, r, None])
