@@ -160,8 +160,8 @@ def test_enumeration_and_names():
     assert all(v.describe()["preferred"] and v.tile_m > 64 for v in varlen)
     big = [v for v in default if v.tile_m > 64]
     small = [v for v in default if v.tile_m == 64]
-    assert {v.tile_m for v in big if v.head_dim == 64 and not v.causal} == {192}
-    assert {v.tile_m for v in big if v.head_dim >= 128 or v.causal} == {128}
+    assert {v.tile_m for v in big + varlen if v.head_dim == 64} == {192}
+    assert {v.tile_m for v in big + varlen if v.head_dim >= 128} == {128}
     # D256: FA3's 128 x 80 (O alone is 128 registers per consumer thread), 64 x 80 when under-filled
     assert {tuple(v.describe()["tile"]) for v in default if v.head_dim == 256} == {(128, 80), (64, 80), (128, 64), (64, 64)}  # causal: 128x64 (128x80 spills)
     assert len(default) == 24 and len(big) == len(small) == 12
@@ -191,14 +191,14 @@ def test_signature_describe_and_limits():
     from factory.attention.sm80 import AttentionSm80
 
     V = sm90.AttentionSm90
-    v = V(target="sm_90a", dtype="f16", head_dim=64, causal=True, overlap=True, pingpong=True,
-          persistent=True, k_first=True)
-    assert v.name == "attention_sm90a_f16_d64_m128_n128_s2_causal_ov_pp_ps_kf"
+    v = V(target="sm_90a", dtype="f16", head_dim=128, causal=True, overlap=True, pingpong=True,
+          persistent=True, k_first=True, early_rescale=True)
+    assert v.name == "attention_sm90a_f16_d128_m128_n128_s2_causal_ov_pp_er_ps_kf"
     # The sm80 family's dense calling convention, argument for argument: no new launch code.
-    assert v.signature() == AttentionSm80(target="sm_90", dtype="f16", head_dim=64,
+    assert v.signature() == AttentionSm80(target="sm_90", dtype="f16", head_dim=128,
                                           causal=True).signature()
     d = v.describe()
-    assert (d["dtype"], d["head_dim"], d["causal"], d["varlen"]) == ("f16", 64, True, False)
+    assert (d["dtype"], d["head_dim"], d["causal"], d["varlen"]) == ("f16", 128, True, False)
     assert d["tile"] == [128, 128] and d["splits"] == 1 and d["pack_gqa"] is False
     assert d["preferred"] and d["min_seqlen_q"] == sm90.MIN_SEQLEN_Q and d["ctas_per_sm"] == 1
     assert d["registers_per_role"] == {"producer": 24, "consumer": 240} and d["threads"] == 384

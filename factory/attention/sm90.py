@@ -225,10 +225,10 @@ class AttentionSm90(AttentionVariant):
             "registers_per_role": {"producer": atoms.PRODUCER_REGS[self.consumers],
                                    "consumer": atoms.CONSUMER_REGS[self.consumers]},
             "preferred": (self.tile_m, self.tile_n, self.stages, self.overlap, self.pingpong)
-                         == default_config(self.head_dim, self.causal)
+                         == default_config(self.head_dim, self.causal, cache=getattr(self, "paged", False))
                          and all(getattr(self, k) == v for k, v in
                                  default_schedule(self.head_dim, self.causal, self.varlen,
-                                                  persistent_all=True).items()),
+                                                  persistent_all=not getattr(self, "paged", False)).items()),
         }
 
     def make_kernel(self):
@@ -244,20 +244,24 @@ class AttentionSm90(AttentionVariant):
 # The default config per problem: (tile_m, tile_n, stages, overlap, pingpong).  H100, bf16, CUDA
 # graph replay (notes/attention-sm90.md): B1 H16 S16384 D128 non-causal plain 624 TFLOP/s,
 # overlap 642, overlap + ping-pong 641 (cuDNN 658); causal 596 / 602 / 633 (cuDNN 623);
-# B2 H16 S4096 D128 causal 444 / 478 / 497.  D64 non-causal: three consumer warpgroups (192-row
-# tiles, a third fewer K/V bytes per FLOP) 369 vs 347 TFLOP/s at B4 H16 S1024, 371 vs 349
-# (interleaved); causal 199 vs 223 and 200 vs 221: 128 rows there.
+# B2 H16 S4096 D128 causal 444 / 478 / 497.  D64: three consumer warpgroups (192-row tiles, a
+# third fewer K/V bytes per FLOP) 369 vs 347 TFLOP/s at B4 H16 S1024, 371 vs 349 (interleaved).
+# D64 causal, persistent, interleaved by name: 192 rows 1007 vs 1215 µs at B1 H16 S16384, 602 vs
+# 684 at B4 H32 S4096, 173 vs 192 at B4 H32/8 S2048, 177 vs 183 at B8 H16 S2048; 160 vs 149 at
+# B32 H32 S512 (short rows: 128 there, which only a tuning table can pick).
 #
 # D256: 128 x 80 (FA3's tile): per consumer thread O is 64x256 fp32 / 128 threads = 128 registers,
 # S 40, P 20 (+ addresses, row statistics) inside the 240 of setmaxnreg; smem Q 64 KB + 2 stages
 # of K and V at 40 KB each = 224 KB (+ 2 KB barriers and the DSL's static KB) of 227.  A wider
 # key tile needs a third less K/V per stage (no second stage) or more registers than 240.
-def default_config(head_dim: int, causal: bool) -> tuple[int, int, int, bool, bool]:
+def default_config(head_dim: int, causal: bool, cache: bool = False) -> tuple[int, int, int, bool, bool]:
+    """``cache``: the paged-cache subclass's tile (its producers were built and measured on
+    128-row tiles at head_dim 64)."""
     if head_dim == 256:
         # Causal 128x80 with overlap spills 4 LDL/STL since the masked/unmasked loop split
         # (168 registers at launch, the O accumulator alone is 128): 128x64 does not.
         return (128, 64 if causal else 80, 2, True, True)
-    if head_dim == 64 and not causal:
+    if head_dim == 64 and not (causal and cache):
         return (192, 128, 2, True, True)
     return (128, 128, 2, True, True)
 
@@ -450,7 +454,7 @@ def enumerate_attention_kvcache(target: Target, tier: str) -> list[AttentionKvca
         return []
 
     def make(dtype, d, varlen, page_box=PAGE_BOX, switches=False):
-        tm, tn, s, ov, pp = default_config(d, True)
+        tm, tn, s, ov, pp = default_config(d, True, cache=True)
         return AttentionKvcacheSm90(
             target=target.name, dtype=dtype, kv_dtype=dtype, head_dim=d, causal=True, tile_m=tm,
             tile_n=tn, stages=s, overlap=ov, pingpong=pp, varlen=varlen, page_box=page_box,
