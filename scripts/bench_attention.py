@@ -138,27 +138,41 @@ def bench_candidates(bundle, pattern: str, dtype="bf16", shapes=None, rounds: in
     dt = testing.torch_dtype(dtype)
     rx = re.compile(pattern)
     rows = []
-    for B, hq, hkv, sq, sk, d, causal in (shapes or [s for s in SHAPES if s[3] > 4]):
-        q = torch.randn(B, sq, hq, d, device="cuda").to(dt)
+    for shape in (shapes or [s for s in SHAPES if s[3] > 4]):
+        B, hq, hkv, sq, sk, d, causal = shape[:7]
+        varlen = "varlen" in shape[7:]  # B packed sequences of sq (= sk) tokens: the variants by name take
+        q = torch.randn(B, sq, hq, d, device="cuda").to(dt)  # (tokens, H, D) and cu_seqlens
         k = torch.randn(B, sk, hkv, d, device="cuda").to(dt)
         v = torch.randn(B, sk, hkv, d, device="cuda").to(dt)
         ref_o = testing.attention_reference(q, k, v, causal, d ** -0.5)[0] if sq * sk <= 4096 * 4096 else None
         fl = _flops(B, hq, sq, sk, d, causal)
         names = [e["name"] for e in bundle.candidates("attention")
                  if rx.search(e["name"]) and e["dtype"] == dtype and e["head_dim"] == d
-                 and bool(e["causal"]) == causal and not e["varlen"] and e.get("splits", 1) == 1
+                 and bool(e["causal"]) == causal and bool(e["varlen"]) == varlen and e.get("splits", 1) == 1
                  and sq >= e.get("min_seqlen_q", 0)]
         qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
         calls, errs = {}, {}
+        if varlen:
+            cu = torch.arange(0, (B + 1) * sq, sq, dtype=torch.int32, device="cuda")
+            qp, kp, vp = (t.view(B * sq, t.shape[2], d) for t in (q, k, v))
         for n in names:
             o = torch.full_like(q, math.nan)
-            lse = torch.empty(B, hq, sq, device="cuda")
-            bundle.launch(n, [q, k, v, o, lse, d ** -0.5])
+            if varlen:
+                lse = torch.empty(hq, B * sq, device="cuda")
+                args = [qp, kp, vp, o.view(B * sq, hq, d), lse, cu, cu, d ** -0.5, sq]
+            else:
+                lse = torch.empty(B, hq, sq, device="cuda")
+                args = [q, k, v, o, lse, d ** -0.5]
+            bundle.launch(n, args)
             torch.cuda.synchronize()
             errs[n] = (float("nan") if o.isnan().any() else
                        testing.rel_error(o, ref_o) if ref_o is not None else None)
-            calls[n] = lambda _i, n=n, a=[q, k, v, o, lse, d ** -0.5]: bundle.launch(n, a)
-        calls["ours"] = lambda _i: bundle.attention(q, k, v, causal=causal)
+            calls[n] = lambda _i, n=n, a=args: bundle.launch(n, a)
+        if varlen:
+            calls["ours"] = lambda _i: bundle.attention(qp, kp, vp, causal=causal, cu_seqlens_q=cu, cu_seqlens_k=cu,
+                                                        max_seqlen_q=sq)
+        else:
+            calls["ours"] = lambda _i: bundle.attention(q, k, v, causal=causal)
         for label, be in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
             def fn(_i, be=be):
                 with sdpa_kernel([be]):
@@ -168,10 +182,11 @@ def bench_candidates(bundle, pattern: str, dtype="bf16", shapes=None, rounds: in
         t = {n: s * 1e6 for n, s in time_interleaved(calls, 1, rounds=rounds, budget_s=0.1,
                                                        max_reps=max_reps).items()}
         best = min(t["flash"], t["cudnn"])
-        row = {"B": B, "Hq": hq, "Hkv": hkv, "Sq": sq, "Sk": sk, "D": d, "causal": causal, "dtype": dtype,
-               "flops": fl, "us": t, "rel_err": errs, "chosen": _chosen(bundle, q, k, v, causal)}
+        row = {"B": B, "Hq": hq, "Hkv": hkv, "Sq": sq, "Sk": sk, "D": d, "causal": causal, "varlen": varlen,
+               "dtype": dtype, "flops": fl, "us": t, "rel_err": errs, "chosen": _chosen(bundle, q, k, v, causal, varlen)}
         rows.append(row)
-        print(f"B{B} H{hq}/{hkv} S{sq}x{sk} D{d} {'causal' if causal else 'full'}: flash {t['flash']:.1f} "
+        print(f"B{B} H{hq}/{hkv} S{sq}x{sk} D{d} {'causal' if causal else 'full'}{' varlen' if varlen else ''}: "
+              f"flash {t['flash']:.1f} "
               f"cudnn {t['cudnn']:.1f} ours {t['ours']:.1f} ({fl / t['ours'] / 1e6:.1f} TF/s, {row['chosen']})",
               flush=True)
         for n in sorted(names, key=lambda n: t[n]):
@@ -586,12 +601,13 @@ def main(argv=None) -> int:
     p.add_argument("--grid", default="default", choices=["default", "decode", "d256", "wide", "kvcache"],
                    help="kvcache: attention_kvcache decode over paged and dense caches beside the KV-read floor, "
                         "SDPA on the gathered K/V and our dense path")
-    p.add_argument("--candidates", metavar="REGEX", help="instead: time every dense variant whose name "
-                   "matches REGEX by name, interleaved with the SDPA backends (prefill shapes)")
+    p.add_argument("--candidates", metavar="REGEX", help="instead: time every variant whose name matches "
+                   "REGEX by name, interleaved with the SDPA backends (the prefill shapes of --grid: default, d256 "
+                   "or wide; varlen rows take the varlen variants)")
     p.add_argument("--rounds", type=int, default=4, help="--candidates: interleaved passes")
     p.add_argument("--max-reps", type=int, default=20, help="--candidates: replays per pass at most")
-    p.add_argument("--shapes", help="--candidates: only the shapes whose 'B,Hq,Hkv,Sq,Sk,D,causal' "
-                   "string matches this regex")
+    p.add_argument("--shapes", help="--candidates: only the shapes whose 'B,Hq,Hkv,Sq,Sk,D,causal[,varlen]' "
+                   "string (causal 0/1) matches this regex")
     p.add_argument("--budget", type=float, default=0.4, help="GPU seconds per timed graph (default: %(default)s)")
     a = p.parse_args(argv)
     import torch
@@ -606,8 +622,9 @@ def main(argv=None) -> int:
     if a.candidates:
         import re
 
-        shapes = [s for s in SHAPES if s[3] > 4 and (not a.shapes or re.search(
-            a.shapes, ",".join(str(int(x)) for x in s)))]
+        base = {"d256": D256_SHAPES, "wide": WIDE_SHAPES}.get(a.grid, SHAPES)
+        shapes = [s for s in base if s[3] > 4 and (not a.shapes or re.search(
+            a.shapes, ",".join(str(int(x)) for x in s[:7]) + "".join("," + x for x in s[7:])))]
         rows = bench_candidates(bundle, a.candidates, a.dtype, shapes, a.rounds, a.max_reps)
         out = Path(a.out)
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -181,6 +181,9 @@ def main() -> int:
     p.add_argument("--quick", action="store_true", help="the per-op figures only, no breakdown")
     p.add_argument("--kvcache-only", action="store_true", help="on a GPU: bundle.attention_kvcache's rows only "
                    "(host µs per call; eager wall time of a long decode beside its graph replay)")
+    p.add_argument("--attention-only", action="store_true", help="on a GPU: the reference attention problem "
+                   "only (eager wall, host and graph replay beside SDPA; its hot path's breakdown): a bundle "
+                   "without GEMM variants will do")
     p.add_argument("--baseline", help="a directory holding another copy of the package, timed alongside")
     p.add_argument("--repeats", type=int, default=7, help="timings per row")
     p.add_argument("--json", help="write the figures here")
@@ -189,6 +192,14 @@ def main() -> int:
         res = host_only(a.bundle, a.repeats, a.baseline)
     elif a.kvcache_only:
         res = kvcache_gpu(a.bundle, a.baseline, a.repeats)
+    elif a.attention_only:
+        import torch
+
+        b = Bundle.open(a.bundle)
+        b0 = baseline_bundle_class(a.baseline).open(a.bundle) if a.baseline else None
+        res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+               "attention_B1_H8_S512_D64": reference_attention(b, b0, repeats=max(a.repeats, 9)),
+               "breakdown_us": attention_breakdown(b)}
     else:
         res = on_gpu(a.bundle, a.quick, a.baseline, a.repeats)
     if a.json:
@@ -379,14 +390,19 @@ def reference_attention(b, b0=None, calls: int = 1000, repeats: int = 9) -> dict
             times.append(e0.elapsed_time(e1) * 1e3 / (calls // per_graph * per_graph))
         return statistics.median(times)
 
+    from factory.benchmark import time_eager
+
     res = {}
     for name, fn in fns.items():
         res[name] = {"eager_wall_us": round(statistics.median(wall[name]), 2),
                      "host_us": round(statistics.median(host[name]), 2),
                      "graph_replay_us": round(replay(fn), 2), "rel_err_vs_f64": float(f"{errs[name]:.3g}")}
-    print("attention B1 H8 S512 D64 bf16, µs per call (eager wall by CUDA events / host issue / graph replay): "
-          + "; ".join(f"{n} {r['eager_wall_us']:.1f} / {r['host_us']:.1f} / {r['graph_replay_us']:.2f}"
-                      for n, r in res.items()))
+    for name, fn in fns.items():  # (the bench's eager column: events around one call, then a sync)
+        res[name]["synchronised_call_us"] = round(time_eager(lambda _i, fn=fn: fn(), 1, iters=400) * 1e6, 2)
+    print("attention B1 H8 S512 D64 bf16, µs per call (eager wall by CUDA events / host issue / graph replay / "
+          "one synchronised call): "
+          + "; ".join(f"{n} {r['eager_wall_us']:.1f} / {r['host_us']:.1f} / {r['graph_replay_us']:.2f} / "
+                      f"{r['synchronised_call_us']:.1f}" for n, r in res.items()))
     return res
 
 
@@ -412,48 +428,17 @@ def torch_ops_cost(b, x, w, out) -> dict:
 
 
 def breakdown(b, x, w, out) -> dict:
-    """Where an eager launch's host time goes: for the reference attention problem, each step of
-    the hot path alone (the problem key and its lookup, the two output allocations, the device
-    and stream queries, the pointer writes plus the native launch, the native launcher alone on
-    arguments packed once) beside the whole call; for a GEMM, the native launcher alone and
-    through ``Bundle.launch``, for the variant the loader picks (sm_90a: TMA descriptors are
-    encoded by the launcher on every call) and for an sm_90 (mma.sync, no TMA) variant."""
+    """Where an eager launch's host time goes: :func:`attention_breakdown`; for a GEMM, the
+    native launcher alone and through ``Bundle.launch``, for the variant the loader picks (sm_90a:
+    TMA descriptors are encoded by the launcher on every call) and for an sm_90 (mma.sync, no
+    TMA) variant."""
     import torch
 
     from factory.runtime.bundle import current_stream
     from factory.runtime.gemm import fitting_variants, launch_scalars, rkl_spec, select
 
-    res = {}
-    q, k, v = (torch.randn(1, 512, 8, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    o, lse = b.attention(q, k, v, return_lse=True)
-
-    def key():
-        return (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype,
-                q.get_device(), k.get_device(), v.get_device(), False, None)
-
-    fire = b.hot_attention[key()]
-    go = fire.fixed.go
-    lproto = torch.empty(1, device="cuda").expand(lse.shape)
+    res = attention_breakdown(b)
     stream = current_stream()
-    name = fire.fixed.name
-    argv, _buf = b.binder(name).bind([q, k, v, o, lse, 0.125], stream, 0)
-    native = b.lib.launcher(name)
-    steps = {"whole bundle.attention": lambda: b.attention(q, k, v),
-             "whole bundle.attention(return_lse=True)": lambda: b.attention(q, k, v, return_lse=True),
-             "key + lookup": lambda: b.hot_attention.get(key()),
-             "empty_like(q) + empty_like(lse view)": lambda: (torch.empty_like(q), torch.empty_like(lproto)),
-             "torch.empty((1, 8, 512), float32, device)": lambda: torch.empty((1, 8, 512), dtype=torch.float32,
-                                                                             device=q.device),
-             "current device + raw stream": lambda: b._raw(b._cur()),
-             "5 data_ptr() calls": lambda: (q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr()),
-             "go: pointers written + native launch": lambda: go(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(),
-                                                                lse.data_ptr(), stream),
-             "native launcher alone": lambda: native(argv)}
-    t = timed(steps)
-    res["attention B1 H8 S512 D64 " + name] = {k: round(m, 2) for k, (m, _) in t.items()}
-    for k_, (m, _) in t.items():
-        print(f"attention hot path, {k_}: {m:.2f} µs")
-
     specs = [rkl_spec(t, n) for t, n in ((x, "a"), (w, "b"), (out, "c"))]
     picks = {"picked": select(b, *specs, "bf16", "bf16", [])}
     fits = [v for v in b.candidates("gemm") if v["target"] == "sm_90"]
@@ -475,6 +460,49 @@ def breakdown(b, x, w, out) -> dict:
         via = per_call_us(lambda: b.launch(name, args, checked=True))
         res[f"gemm {what} {name}"] = {"native launcher": round(native, 2), "Bundle.launch": round(via, 2)}
         print(f"gemm {what} ({name}): native launcher {native:.1f} µs, Bundle.launch {via:.1f} µs")
+    return res
+
+
+def attention_breakdown(b) -> dict:
+    """For the reference attention problem, each step of the hot path alone (the problem key and
+    its lookup, the output allocations, the device and stream queries, the pointer writes plus
+    the native launch, the native launcher alone on arguments packed once) beside the whole
+    call (with and without ``return_lse``)."""
+    import torch
+
+    from factory.runtime.bundle import current_stream
+
+    res = {}
+    q, k, v = (torch.randn(1, 512, 8, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    o, lse = b.attention(q, k, v, return_lse=True)
+
+    def key():
+        return (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype,
+                q.get_device(), k.get_device(), v.get_device(), False, None)
+
+    fire = b.hot_attention[key()][0]  # (the pair's launch with an LSE tensor)
+    go = fire.fixed.go
+    lproto = torch.empty(1, device="cuda").expand(lse.shape)
+    stream = current_stream()
+    name = fire.fixed.name
+    argv, _buf = b.binder(name).bind([q, k, v, o, lse, 0.125], stream, 0)
+    native = b.lib.launcher(name)
+    steps = {"whole bundle.attention": lambda: b.attention(q, k, v),
+             "whole bundle.attention(return_lse=True)": lambda: b.attention(q, k, v, return_lse=True),
+             "key + lookup": lambda: b.hot_attention.get(key()),
+             "empty_like(q) + empty_like(lse view)": lambda: (torch.empty_like(q), torch.empty_like(lproto)),
+             "empty_like(q)": lambda: torch.empty_like(q),
+             "torch.empty((1, 8, 512), float32, device)": lambda: torch.empty((1, 8, 512), dtype=torch.float32,
+                                                                             device=q.device),
+             "current device + raw stream": lambda: b._raw(b._cur()),
+             "5 data_ptr() calls": lambda: (q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr()),
+             "go: pointers written + native launch": lambda: go(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(),
+                                                                lse.data_ptr(), stream),
+             "native launcher alone": lambda: native(argv)}
+    t = timed(steps)
+    res["attention B1 H8 S512 D64 " + name] = {k: round(m, 2) for k, (m, _) in t.items()}
+    for k_, (m, _) in t.items():
+        print(f"attention hot path, {k_}: {m:.2f} µs")
     return res
 
 

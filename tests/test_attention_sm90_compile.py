@@ -87,10 +87,12 @@ def test_test_tier_sass(tmp_path):
 
 @needs_dsl
 def test_head_dim_256_sass(tmp_path):
-    """The D256 defaults (128 x 80, causal 128 x 64; overlap + ping-pong): P·V as m64n256k16 with A
-    from registers (tile_n/16 k-steps), S = Q·Kᵀ as m64n<tile_n>k16 from smem (256/16 k-steps),
-    setmaxnreg 24 / 240, no spills although O alone holds 128 of the consumer's 240 registers."""
-    names = ["attention_sm90a_bf16_d256_m128_n80_s2_ov_pp", "attention_sm90a_bf16_d256_m128_n64_s2_causal_ov_pp"]
+    """The D256 defaults (128 x 80, causal 128 x 64; overlap + ping-pong, persistent with O through
+    Q's slabs): P·V as m64n256k16 with A from registers (tile_n/16 k-steps), S = Q·Kᵀ as
+    m64n<tile_n>k16 from smem (256/16 k-steps), setmaxnreg 24 / 240, no spills although O alone
+    holds 128 of the consumer's 240 registers."""
+    names = ["attention_sm90a_bf16_d256_m128_n80_s2_ov_pp_ps_kf",
+             "attention_sm90a_bf16_d256_m128_n64_s2_causal_ov_pp_ps_kf"]
     report = _compile_report(tmp_path, "default", *names)
     assert sorted(report) == sorted(names)
     _check_report(report)
@@ -158,8 +160,8 @@ def test_enumeration_and_names():
     assert all(v.describe()["preferred"] and v.tile_m > 64 for v in varlen)
     big = [v for v in default if v.tile_m > 64]
     small = [v for v in default if v.tile_m == 64]
-    assert {v.tile_m for v in big if v.head_dim == 64 and not v.causal} == {192}
-    assert {v.tile_m for v in big if v.head_dim >= 128 or v.causal} == {128}
+    assert {v.tile_m for v in big + varlen if v.head_dim == 64} == {192}
+    assert {v.tile_m for v in big + varlen if v.head_dim >= 128} == {128}
     # D256: FA3's 128 x 80 (O alone is 128 registers per consumer thread), 64 x 80 when under-filled
     assert {tuple(v.describe()["tile"]) for v in default if v.head_dim == 256} == {(128, 80), (64, 80), (128, 64), (64, 64)}  # causal: 128x64 (128x80 spills)
     assert len(default) == 24 and len(big) == len(small) == 12
@@ -167,10 +169,11 @@ def test_enumeration_and_names():
     assert {(v.dtype, v.head_dim, v.causal) for v in small} == problems
     assert all(v.can_implement() is None and v.overlap for v in default)
     assert all(v.pingpong and v.describe()["preferred"] for v in big)
-    # persistent where the O buffer fits beside the tiles (not at head_dim 256)
-    assert all(v.persistent == (v.head_dim <= 128) for v in big)
-    assert not any(v.persistent for v in varlen + small)
-    assert all(v.describe()["tile_scheduler"]["max_ctas"] == sm90.PERSISTENT_CTAS for v in big if v.persistent)
+    # persistent, dense and varlen; O through Q's slabs where its own do not fit (head_dim 256)
+    assert all(v.persistent and v.o_in_q == (v.head_dim == 256) for v in big + varlen)
+    assert not any(v.persistent for v in small)
+    assert all(v.describe()["tile_scheduler"]["max_ctas"] == sm90.PERSISTENT_CTAS for v in big + varlen)
+    assert all(("o_smem" in v.describe()["tile_scheduler"]) == v.o_in_q for v in big + varlen)
     full = sm90.enumerate_attention(get_target("sm_90a"), "full")
     assert {v.name for v in full} > {v.name for v in default + varlen}
     assert sum(v.describe()["preferred"] for v in full) == 24  # the ablations are not preferred
@@ -188,14 +191,14 @@ def test_signature_describe_and_limits():
     from factory.attention.sm80 import AttentionSm80
 
     V = sm90.AttentionSm90
-    v = V(target="sm_90a", dtype="f16", head_dim=64, causal=True, overlap=True, pingpong=True,
-          persistent=True, k_first=True)
-    assert v.name == "attention_sm90a_f16_d64_m128_n128_s2_causal_ov_pp_ps_kf"
+    v = V(target="sm_90a", dtype="f16", head_dim=128, causal=True, overlap=True, pingpong=True,
+          persistent=True, k_first=True, early_rescale=True)
+    assert v.name == "attention_sm90a_f16_d128_m128_n128_s2_causal_ov_pp_er_ps_kf"
     # The sm80 family's dense calling convention, argument for argument: no new launch code.
-    assert v.signature() == AttentionSm80(target="sm_90", dtype="f16", head_dim=64,
+    assert v.signature() == AttentionSm80(target="sm_90", dtype="f16", head_dim=128,
                                           causal=True).signature()
     d = v.describe()
-    assert (d["dtype"], d["head_dim"], d["causal"], d["varlen"]) == ("f16", 64, True, False)
+    assert (d["dtype"], d["head_dim"], d["causal"], d["varlen"]) == ("f16", 128, True, False)
     assert d["tile"] == [128, 128] and d["splits"] == 1 and d["pack_gqa"] is False
     assert d["preferred"] and d["min_seqlen_q"] == sm90.MIN_SEQLEN_Q and d["ctas_per_sm"] == 1
     assert d["registers_per_role"] == {"producer": 24, "consumer": 240} and d["threads"] == 384
@@ -212,9 +215,13 @@ def test_signature_describe_and_limits():
     assert "smem" in V(target="sm_90a", dtype="bf16", stages=4).can_implement()  # 32K + 4x64K
     assert "registers" in V(target="sm_90a", dtype="bf16", tile_n=256).can_implement()
     assert V(target="sm_90a", dtype="bf16", stages=3).can_implement() is None  # 225 KB fits
-    # persistent: O gets its own slabs (32K more at D128)
-    assert "smem" in V(target="sm_90a", dtype="bf16", stages=3, persistent=True).can_implement()
-    assert "dense" in V(target="sm_90a", dtype="bf16", varlen=True, persistent=True).can_implement()
+    # persistent: O gets its own slabs (32K more at D128) where they fit, else it leaves through Q's
+    two = V(target="sm_90a", dtype="bf16", persistent=True)
+    assert not two.o_in_q and two.smem_bytes() == V(target="sm_90a", dtype="bf16").smem_bytes() + 32768
+    three = V(target="sm_90a", dtype="bf16", stages=3, persistent=True)
+    assert three.o_in_q and three.can_implement() is None
+    assert three.smem_bytes() == V(target="sm_90a", dtype="bf16", stages=3).smem_bytes()
+    assert V(target="sm_90a", dtype="bf16", varlen=True, persistent=True).can_implement() is None
     assert "overlap" in V(target="sm_90a", dtype="bf16", early_rescale=True).can_implement()
     assert not V(target="sm_90a", dtype="bf16", varlen=True).describe()["tile_scheduler"]["persistent"]
 

@@ -131,6 +131,47 @@ def test_every_sm90a_variant(bundle):
     assert not failures, failures
 
 
+# More query tiles than a persistent grid has CTAs (132 at most), so each CTA walks several tiles
+# through its Q (and O) slabs; the second one with causal query tiles that see no key between
+# tiles that do (Sq > Sk: rows 0..2499 have no key).  Varlen: a virtual grid of the longest
+# sequence's tiles (most slots empty), sequences of 1 to 2100 tokens, Sq > Sk in one.
+MANY_TILES = [(2, 2100, 2100, 8, 2), (1, 4000, 1500, 8, 8)]
+MANY_TILES_VARLEN = [([1500, 30, 2100, 700, 1], [1500, 30, 2100, 700, 1], 8, 2),
+                     ([1900, 900, 64], [600, 900, 3000], 8, 8)]
+
+
+def test_persistent_variants_walk_many_tiles(bundle):
+    """Every persistent sm_90a variant by name on problems of 200-350 query tiles: each CTA's
+    later tiles reuse its Q slabs (head_dim 256: O leaves through them too)."""
+    gen = torch.Generator(device="cuda").manual_seed(91)
+    dt = {"bf16": torch.bfloat16, "f16": torch.float16}
+    entries = [e for e in bundle.candidates("attention") if e["target"] == "sm_90a"
+               and (e.get("tile_scheduler") or {}).get("persistent")]
+    if not entries:
+        pytest.skip("no persistent sm_90a attention variant in the bundle")
+    failures = []
+    for e in entries:
+        if e["varlen"]:
+            for lq, lk, hq, hkv in MANY_TILES_VARLEN:
+                _varlen_case(bundle, e, lq, lk, hq, hkv, gen, failures)
+            continue
+        dtype, d, causal = dt[e["dtype"]], e["head_dim"], e["causal"]
+        scale = 0.7 / math.sqrt(d)
+        for b, sq, sk, hq, hkv in MANY_TILES:
+            q = _poisoned((b, sq, hq, d), dtype, 7, gen)
+            k = _poisoned((b, sk, hkv, d), dtype, 9, gen)
+            v = _poisoned((b, sk, hkv, d), dtype, 9, gen)
+            o = torch.full_like(q, math.nan)
+            lse = torch.full((b, hq, sq), math.nan, device="cuda")
+            bundle.launch(e["name"], [q, k, v, o, lse, scale])
+            torch.cuda.synchronize()
+            try:
+                _check(o, lse, q, k, v, causal, scale, f"{e['name']} {(b, sq, sk, hq, hkv)}")
+            except AssertionError as err:
+                failures.append(str(err).splitlines()[0])
+    assert not failures, failures
+
+
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("d", [64, 128, 256])
 def test_bundle_attention_uses_sm90a_for_prefill(bundle, d, causal):

@@ -103,6 +103,39 @@ def test_attention_hot_path_packs_what_the_checked_path_packs(sim):
     assert len(sim.hot_attention) == 2
 
 
+def test_attention_without_lse_writes_it_into_the_bundles_scratch(sim, monkeypatch):
+    """A hot call without ``return_lse`` allocates only o: the kernel's LSE goes to one buffer per
+    device that the bundle keeps (the same pointer every call); an LSE larger than that buffer is
+    allocated per call."""
+    from factory.runtime import attention as attn
+
+    def lse_ptr():
+        name, got, _ = sim.rec.launched[-1]
+        at = sim.binder(name).offsets[4]
+        return int.from_bytes(got[at:at + 8], "little")
+
+    q = bf(1, 128, 8, 64)
+    sim.attention(q, q, q)  # checked path: cached
+    ptrs = set()
+    for _ in range(3):
+        q = bf(1, 128, 8, 64)
+        sim.attention(q, q, q)
+        ptrs.add(lse_ptr())
+    (buf,) = sim.scratch.values()
+    assert ptrs == {buf.data_ptr()} and buf.numel() * 4 == attn.LSE_SCRATCH_BYTES
+    _, lse = sim.attention(q, q, q, return_lse=True)  # with return_lse: its own tensor
+    assert lse_ptr() == lse.data_ptr() != buf.data_ptr()
+    monkeypatch.setattr(attn, "LSE_SCRATCH_BYTES", 1024)  # a smaller buffer: B1 H8 S128 does not fit
+    sim.hot_attention.clear()
+    ptrs = set()
+    for _ in range(3):
+        q = bf(1, 128, 8, 64)
+        o = sim.attention(q, q, q)
+        assert o.shape == q.shape
+        ptrs.add(lse_ptr())
+    assert buf.data_ptr() not in ptrs and len(sim.scratch) == 1
+
+
 def test_gemm_hot_path_packs_what_the_checked_path_packs(sim):
     from factory.runtime.gemm import fp8_scales, launch_scalars, rkl_spec
 

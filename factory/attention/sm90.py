@@ -25,10 +25,12 @@ Warp roles (``1 + W`` warpgroups of 128 threads):
   LSE (natural log) from registers.
   A row with no visible key writes O = 0 and LSE = -inf.
 
-Persistent variants (the default for dense problems): a grid of min(tiles, 132) CTAs (fewer on a
-device with fewer SMs), each walking its share of the tiles (causal: longest rows first, dealt
-in zigzag rounds); the producer loads the next tile's Q once the consumers' last S GEMM of the
-current one has read theirs, O leaves through its own smem slabs.
+Persistent variants (the default for dense and varlen problems): a grid of min(tiles, 132) CTAs
+(fewer on a device with fewer SMs), each walking its share of the tiles (causal: longest rows
+first, dealt in zigzag rounds); the producer loads the next tile's Q once the consumers' last S
+GEMM of the current one has read theirs, O leaves through its own smem slabs.  head_dim 256
+(``o_in_q``: no smem for O's own slabs) writes O through Q's slabs as one tile per CTA does, and
+the next tile's Q loads once O's store has read them.
 
 Tails need no code on the load side: TMA zero-fills rows past seqlen (Q and K/V), and masked
 scores are -inf, so the zero rows of V meet P = 0.  Causal masking is bottom-right aligned (query
@@ -40,7 +42,9 @@ Causal grids walk query tiles from the last (longest rows) to the first.
 to its sequence, so boxes past a sequence's end read the next sequence's tokens (finite; masked
 keys meet P = 0, extra query rows are never stored) or the TMA's zero fill past the last token;
 O leaves by predicated 16-byte stores instead of the TMA store, which would write into the next
-sequence.  The grid is sized by max_seqlen_q and tiles past a sequence's end exit at once.
+sequence.  The grid is sized by max_seqlen_q and tiles past a sequence's end exit at once;
+persistent varlen CTAs walk that grid as a virtual one (``tile_coords``), skipping its empty
+slots.
 
 The arguments are the sm80 family's (dense: q, k, v, o, lse, softmax_scale; varlen: q, k, v, o,
 lse, cu_seqlens_q, cu_seqlens_k, softmax_scale, max_seqlen_q): the loader needs no launch code.
@@ -154,11 +158,24 @@ class AttentionSm90(AttentionVariant):
             r"\bSYNCS\.", r"\bUSETMAXREG\.", r"\bMUFU\.EX2\b",
         )
 
-    def smem_bytes(self) -> int:
+    def _smem_parts(self) -> tuple[int, int]:
         e = DTYPE_BYTES[self.dtype]
         q = _round_up(self.tile_m * self.head_dim * e, _SMEM_ALIGN)
         kv = 2 * self.stages * _round_up(self.tile_n * self.head_dim * e, _SMEM_ALIGN)
-        return _BARRIER_BYTES + q * (2 if self.persistent else 1) + kv
+        return q, kv
+
+    @property
+    def o_in_q(self) -> bool:
+        """Persistent, with O leaving through Q's slabs (the next tile's Q loads once O's TMA store
+        has read them) where O's own slabs do not fit beside Q and the K/V stages: head_dim 256."""
+        if not self.persistent:
+            return False
+        q, kv = self._smem_parts()
+        return _BARRIER_BYTES + 2 * q + kv + _STATIC_SMEM > self.tgt.smem_per_cta
+
+    def smem_bytes(self) -> int:
+        q, kv = self._smem_parts()
+        return _BARRIER_BYTES + q * (2 if self.persistent and not self.o_in_q else 1) + kv
 
     def can_implement(self) -> str | None:
         t = self.tgt
@@ -176,8 +193,6 @@ class AttentionSm90(AttentionVariant):
             return "pingpong needs two or more consumer warpgroups"
         if self.early_rescale and not self.overlap:
             return "early_rescale needs overlap"
-        if self.persistent and self.varlen:
-            return "persistent scheduling is for dense problems"
         # fp32 registers per consumer thread: S (tile_n/2), O (head_dim/2), P (tile_n/4); with
         # overlap S of the next tile lives beside P of this one.
         live = self.tile_n // 2 + self.head_dim // 2 + self.tile_n // 4
@@ -201,7 +216,8 @@ class AttentionSm90(AttentionVariant):
             "min_seqlen_q": MIN_SEQLEN_Q,
             "tile_scheduler": ({"persistent": True, "max_ctas": PERSISTENT_CTAS,
                                 "order": "longest rows first, zigzag" if self.causal
-                                else "query tiles fastest"} if self.persistent
+                                else "query tiles fastest",
+                                **({"o_smem": "q slabs"} if self.o_in_q else {})} if self.persistent
                                else {"persistent": False}),
             # Resident CTAs per SM: the setmaxnreg budgets hand the CTA the whole register file
             # (and the 128-row tiles' smem leaves no room for a second CTA): selection counts waves.
@@ -210,9 +226,10 @@ class AttentionSm90(AttentionVariant):
             "registers_per_role": {"producer": atoms.PRODUCER_REGS[self.consumers],
                                    "consumer": atoms.CONSUMER_REGS[self.consumers]},
             "preferred": (self.tile_m, self.tile_n, self.stages, self.overlap, self.pingpong)
-                         == default_config(self.head_dim, self.causal)
+                         == default_config(self.head_dim, self.causal, cache=getattr(self, "paged", False))
                          and all(getattr(self, k) == v for k, v in
-                                 default_schedule(self.head_dim, self.causal, self.varlen).items()),
+                                 default_schedule(self.head_dim, self.causal, self.varlen,
+                                                  persistent_all=not getattr(self, "paged", False)).items()),
         }
 
     def make_kernel(self):
@@ -220,7 +237,7 @@ class AttentionSm90(AttentionVariant):
             dtype=self.cutlass_dtype, head_dim=self.head_dim, tile_m=self.tile_m,
             tile_n=self.tile_n, stages=self.stages, causal=self.causal, overlap=self.overlap,
             pingpong=self.pingpong, early_rescale=self.early_rescale, persistent=self.persistent,
-            k_first=self.k_first,
+            k_first=self.k_first, o_in_q=self.o_in_q,
         )
         return k.packed if self.varlen else k.dense
 
@@ -228,20 +245,24 @@ class AttentionSm90(AttentionVariant):
 # The default config per problem: (tile_m, tile_n, stages, overlap, pingpong).  H100, bf16, CUDA
 # graph replay (notes/attention-sm90.md): B1 H16 S16384 D128 non-causal plain 624 TFLOP/s,
 # overlap 642, overlap + ping-pong 641 (cuDNN 658); causal 596 / 602 / 633 (cuDNN 623);
-# B2 H16 S4096 D128 causal 444 / 478 / 497.  D64 non-causal: three consumer warpgroups (192-row
-# tiles, a third fewer K/V bytes per FLOP) 369 vs 347 TFLOP/s at B4 H16 S1024, 371 vs 349
-# (interleaved); causal 199 vs 223 and 200 vs 221: 128 rows there.
+# B2 H16 S4096 D128 causal 444 / 478 / 497.  D64: three consumer warpgroups (192-row tiles, a
+# third fewer K/V bytes per FLOP) 369 vs 347 TFLOP/s at B4 H16 S1024, 371 vs 349 (interleaved).
+# D64 causal, persistent, interleaved by name: 192 rows 1007 vs 1215 µs at B1 H16 S16384, 602 vs
+# 684 at B4 H32 S4096, 173 vs 192 at B4 H32/8 S2048, 177 vs 183 at B8 H16 S2048; 160 vs 149 at
+# B32 H32 S512 (short rows: 128 there, which only a tuning table can pick).
 #
 # D256: 128 x 80 (FA3's tile): per consumer thread O is 64x256 fp32 / 128 threads = 128 registers,
 # S 40, P 20 (+ addresses, row statistics) inside the 240 of setmaxnreg; smem Q 64 KB + 2 stages
 # of K and V at 40 KB each = 224 KB (+ 2 KB barriers and the DSL's static KB) of 227.  A wider
 # key tile needs a third less K/V per stage (no second stage) or more registers than 240.
-def default_config(head_dim: int, causal: bool) -> tuple[int, int, int, bool, bool]:
+def default_config(head_dim: int, causal: bool, cache: bool = False) -> tuple[int, int, int, bool, bool]:
+    """``cache``: the paged-cache subclass's tile (its producers were built and measured on
+    128-row tiles at head_dim 64)."""
     if head_dim == 256:
         # Causal 128x80 with overlap spills 4 LDL/STL since the masked/unmasked loop split
         # (168 registers at launch, the O accumulator alone is 128): 128x64 does not.
         return (128, 64 if causal else 80, 2, True, True)
-    if head_dim == 64 and not causal:
+    if head_dim == 64 and not (causal and cache):
         return (192, 128, 2, True, True)
     return (128, 128, 2, True, True)
 
@@ -266,13 +287,15 @@ TUNE_CONFIGS = {
 # notes/attention-sm90.md): a schedule fence pinning the P·V wait below the softmax and a
 # quarter of the exponentials from an FMA polynomial.
 def default_schedule(head_dim: int, causal: bool, varlen: bool = False,
-                     small: bool = False) -> dict[str, bool]:
-    """``small``: the 64-row tiles of under-filled grids (and varlen: the options were measured on
-    dense problems with the default tiles only; these keep the previous mainloop)."""
-    # head_dim 256: the persistent CTA's own O buffer does not fit beside the 128x80 tiles' smem
-    # (296 KB), and the D256 tiles were measured with the previous mainloop: keep it.
-    big = not varlen and not small and head_dim <= 128
-    return {"persistent": big, "early_rescale": big and not (head_dim == 64 and causal),
+                     small: bool = False, persistent_all: bool = False) -> dict[str, bool]:
+    """``small``: the 64-row tiles of under-filled grids (one tile per CTA: a grid of at most
+    132 of them gains nothing from persistence).  ``persistent_all``: the schedule of this
+    family's own 16-bit variants, persistent also at head_dim 256 (O leaves through Q's slabs,
+    ``AttentionSm90.o_in_q``: its own O slabs do not fit beside the 128x80 tiles' smem, 296 KB)
+    and for varlen problems (a virtual grid sized by the longest sequence, ``tile_coords``);
+    without it (the kvcache and fp8 subclasses) only dense problems of head_dim <= 128 are."""
+    big = not small and (persistent_all or (not varlen and head_dim <= 128))
+    return {"persistent": big, "early_rescale": big and head_dim <= 128 and not (head_dim == 64 and causal),
             "k_first": big}
 
 
@@ -296,7 +319,7 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm90]:
             target=target.name, dtype=dtype, head_dim=d, causal=causal, tile_m=tile_m or tm,
             tile_n=tile_n or tn, stages=stages or s,
             overlap=ov if overlap is None else overlap, pingpong=pp if pingpong is None else pingpong,
-            **{**default_schedule(d, causal), **schedule})
+            **{**default_schedule(d, causal, persistent_all=True), **schedule})
 
     if tier == "test":
         # The preferred tile and its 64-row twin: the loader's under-filled-grid rule and a tuning
@@ -305,9 +328,8 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm90]:
                 make("bf16", 128, True, tile_m=64, pingpong=False, **default_schedule(128, True, small=True))]
     problems = [(dt, d, c) for dt in DTYPES for d in HEAD_DIMS for c in (False, True)]
     out = [make(*p) for p in problems]
-    # Packed variable-length batches (cu_seqlens): the dense problems' tiles.
-    out += [dataclasses.replace(make(*p, **default_schedule(*p[1:], varlen=True)), varlen=True)
-            for p in problems]
+    # Packed variable-length batches (cu_seqlens): the dense problems' tiles and schedule.
+    out += [dataclasses.replace(make(*p), varlen=True) for p in problems]
     # One consumer warpgroup (64-row tiles) for grids the default tile leaves under-filled (the
     # loader's rule, as for the sm80 family): B1 H8 S512 D64 non-causal ran 8.1 µs on 32 CTAs of
     # 128 rows vs 7.3 for the sm_90 build's 64 CTAs of 64 rows, 6.0 on 64-row sm_90a CTAs.
@@ -322,6 +344,9 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm90]:
         # D64: the other query tile (128 <-> 192 rows) and 3 stages under the default schedule
         out += [make(dt, 64, c, tile_m=320 - make(dt, 64, c).tile_m) for dt, d, c in problems if d == 64]
         out += [make(dt, 64, c, stages=3) for dt, d, c in problems if d == 64]
+        # varlen with one tile per CTA (the grid sized by the longest sequence)
+        out += [dataclasses.replace(make(*p), varlen=True, persistent=False, early_rescale=False, k_first=False)
+                for p in problems]
     out = list({v.name: v for v in out}.values())
     return [v for v in out if v.can_implement() is None]
 
@@ -473,7 +498,7 @@ def enumerate_attention_kvcache(target: Target, tier: str) -> list[AttentionKvca
 
     def make(dtype, d, varlen, page_box=PAGE_BOX, switches=False, causal=True, kv_dtype=None, deep=False):
         # the causal tiles for both masks (head_dim 256: 64-key tiles, one 64-row box each)
-        tm, tn, s, ov, pp = default_config(d, True)
+        tm, tn, s, ov, pp = default_config(d, True, cache=True)
         return AttentionKvcacheSm90(
             target=target.name, dtype=dtype, kv_dtype=kv_dtype or dtype, head_dim=d, causal=causal, tile_m=tm,
             tile_n=tn, stages=s, overlap=ov, pingpong=pp, varlen=varlen, page_box=page_box,
@@ -522,7 +547,8 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                  causal: bool, overlap: bool, pingpong: bool, early_rescale: bool = False,
                  persistent: bool = False, k_first: bool = False, page_box: int = 0,
                  gather: bool = False, local: bool = False, softcap: bool = False,
-                 sinks: bool = False, wide_producer: bool = False, kv_dtype=None, fp8_stages: int = 1):
+                 sinks: bool = False, wide_producer: bool = False, kv_dtype=None, fp8_stages: int = 1,
+                 o_in_q: bool = False):
         super().__init__(dtype=dtype, head_dim=head_dim, causal=causal, local=local)
         self.tile_m = tile_m
         self.tile_n = tile_n
@@ -532,6 +558,9 @@ class FlashFwdSm90(layout.TmaViewsKernel):
         self.early_rescale = early_rescale
         self.persistent = persistent
         self.k_first = k_first
+        # persistent: O leaves through Q's slabs (no smem of its own); the producer loads the next
+        # tile's Q once O's TMA store has read them
+        self.o_in_q = persistent and o_in_q
         # KV cache (paged): K/V tiles arrive as tile_n / page_box TMA boxes of page_box rows, each
         # from the page the block table names; 0: the plain dense/varlen kernel.
         self.page_box = page_box
@@ -625,7 +654,7 @@ class FlashFwdSm90(layout.TmaViewsKernel):
             LayoutEnum.ROW_MAJOR if self.v_k_major else LayoutEnum.COL_MAJOR, (WG_ROWS, D, BN), dt,
             self.stages)
         # O's slabs: Q's layout, or the same tiles in O's own element type
-        own_o = self.persistent or ot is not dt
+        own_o = (self.persistent and not self.o_in_q) or ot is not dt
         sO_layout = sQ_layout
         if cutlass.const_expr(ot is not dt):
             sO_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (WG_ROWS, BN, D), ot,
@@ -687,10 +716,16 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                                    _SMEM_ALIGN]
 
         self.shared_storage = SharedStorage
+        # varlen, persistent: the grid (query tiles of the longest sequence, heads, sequences) is
+        # the virtual grid the CTAs walk (tile_coords), its query tiles an argument
+        varlen_tiles = ()
+        if cutlass.const_expr(self.persistent and mCuQ is not None):
+            varlen_tiles = (grid[0],)
+            grid = (cutlass.min(grid[0] * grid[1] * grid[2], PERSISTENT_CTAS), 1, 1)
         self.kernel(
             tma_q, tQ, tma_k, tK, tma_v, tV, tma_o, tO, s2g, lse, mCuQ, mCuK,
             softmax_scale * LOG2_E, tiled_mma_qk, tiled_mma_pv, sQ_layout, sK_layout, sV_layout,
-            sO_layout, mTable, mSeqlens, *switches, mDescale,
+            sO_layout, mTable, mSeqlens, *switches, mDescale, *varlen_tiles,
         ).launch(grid=grid, block=[self.threads, 1, 1], min_blocks_per_mp=1, stream=stream)
 
     # --- device ----------------------------------------------------------------------------------
@@ -701,7 +736,7 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma,
                sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
                sV_layout: cute.ComposedLayout, sO_layout: cute.ComposedLayout, mTable, mSeqlens,
-               mSinks, softcap, win_l, win_r, mDescale):
+               mSinks, softcap, win_l, win_r, mDescale, n_m_varlen=None):
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == 0:
@@ -713,7 +748,7 @@ class FlashFwdSm90(layout.TmaViewsKernel):
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
         sO = sQ
-        if cutlass.const_expr(self.persistent or self.out_dtype is not self.dtype):
+        if cutlass.const_expr((self.persistent and not self.o_in_q) or self.out_dtype is not self.dtype):
             sO = storage.sO.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
         q_bars = storage.q_bars.data_ptr()
 
@@ -771,8 +806,9 @@ class FlashFwdSm90(layout.TmaViewsKernel):
             with cute.arch.elect_one():
                 for w in cutlass.range_constexpr(self.consumers):
                     cute.arch.mbarrier_init(q_bars + w, 1)  # Q slab w landed (TMA bytes)
-                    # Q slab w read by its warpgroup's last S GEMM (one arrive per warp)
-                    cute.arch.mbarrier_init(q_bars + self.consumers + w, 4)
+                    # Q slab w read by its warpgroup's last S GEMM (one arrive per warp); o_in_q:
+                    # by the TMA store of the O written into it (one arrive)
+                    cute.arch.mbarrier_init(q_bars + self.consumers + w, 1 if self.o_in_q else 4)
         pipeline.pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
 
         pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1))
@@ -846,8 +882,14 @@ class FlashFwdSm90(layout.TmaViewsKernel):
             # Persistent: CTA c walks tiles c, c + grid, ... (``tile_coords``); the producer loads
             # the next tile's Q as soon as the consumers' last S GEMM of this one has read theirs
             # (the O epilogue has its own smem), K/V rings run on across tiles.
-            n_m = cute.ceil_div(mQ.shape[0], self.tile_m)
-            n_tiles = n_m * mQ.shape[2] * mQ.shape[3]
+            if cutlass.const_expr(mCuQ is None):
+                n_m = cute.ceil_div(mQ.shape[0], self.tile_m)
+                n_batch = mQ.shape[3]
+            else:
+                # varlen: the virtual grid's slots past a sequence's last query tile are empty
+                n_m = n_m_varlen
+                n_batch = mCuQ.shape[0] - 1
+            n_tiles = n_m * mQ.shape[2] * n_batch
             first, _, _ = cute.arch.block_idx()
             # the CTAs that take part: one per SM of this device at most
             stride = cutlass.min(cute.arch.grid_dim()[0], cute.arch.nsmid())
@@ -861,7 +903,7 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                     state = self.kv_state(True)
                     for t in cutlass.range(first, n_slots, stride, unroll=1):
                         m_block, head, batch, real = self.tile_coords(t, stride, n_m, mQ.shape[2],
-                                                                      mQ.shape[3], mK.shape[2])
+                                                                      n_batch, mK.shape[2], mCuQ)
                         if real:
                             q_len, k_len, seqQ, seqK, seqVt, seqO, seqL = layout.sequence_views(
                                 mQ, mK, mVt, mO, mLSE, mCuQ, mCuK, head, batch)
@@ -869,15 +911,20 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                             state = self.produce(tma_q, seqQ, tma_k, seqK, tma_v, seqVt, sQ, sK,
                                                  sV_load, q_bars, load_pipes, m_block, n_hi, state,
                                                  q_phase)
-                            if n_hi > 0:
+                            if cutlass.const_expr(self.o_in_q):
+                                if n_hi == 0:
+                                    self.pass_q_slabs(q_bars, q_phase)
                                 q_phase = q_phase ^ 1
+                            else:
+                                if n_hi > 0:
+                                    q_phase = q_phase ^ 1
                 if cutlass.const_expr(self.v_transpose):
                     if warp_idx >= 1 and warp_idx <= self.transpose_warps:
                         t_read = self.kv_state(False)
                         t_write = self.kv_state(True)
                         for t in cutlass.range(first, n_slots, stride, unroll=1):
                             m_block, head, batch, real = self.tile_coords(t, stride, n_m, mQ.shape[2],
-                                                                          mQ.shape[3], mK.shape[2])
+                                                                          n_batch, mK.shape[2], mCuQ)
                             if real:
                                 q_len, k_len = mQ.shape[0], mK.shape[0]
                                 _, n_hi, _, _ = self.key_range(m_block, q_len, k_len)
@@ -890,7 +937,7 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                 read = self.kv_state(False)
                 for t in cutlass.range(first, n_slots, stride, unroll=1):
                     m_block, head, batch, real = self.tile_coords(t, stride, n_m, mQ.shape[2],
-                                                                  mQ.shape[3], mK.shape[2])
+                                                                  n_batch, mK.shape[2], mCuQ)
                     if real:
                         q_len, k_len, seqQ, seqK, seqVt, seqO, seqL = layout.sequence_views(
                             mQ, mK, mVt, mO, mLSE, mCuQ, mCuK, head, batch)
@@ -901,8 +948,11 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                                             sQ, sO, sK, sV, q_bars, kv_pipes, scale_t, m_block,
                                             q_len, k_len, n_hi, n_mask, wg, tidx % 128, read,
                                             q_phase, o_scale=o_scale)
-                        if n_hi > 0:
-                            q_phase = q_phase ^ 1
+                        if cutlass.const_expr(self.o_in_q):
+                            q_phase = q_phase ^ 1  # (every tile passes through Q's slabs)
+                        else:
+                            if n_hi > 0:
+                                q_phase = q_phase ^ 1
 
     @cute.jit
     def transpose_loop(self, vs_ptr, v_ptr, vs_layout, v_layout, vs_pipe, v_pipe, n_tiles, read, write,
@@ -929,7 +979,7 @@ class FlashFwdSm90(layout.TmaViewsKernel):
             self.stages)
 
     @cute.jit
-    def tile_coords(self, t, grid, n_m, n_heads, n_batch, n_kv_heads):
+    def tile_coords(self, t, grid, n_m, n_heads, n_batch, n_kv_heads, mCuQ=None):
         """(query tile, q head, batch) of the persistent schedule's slot ``t`` (CTA t % grid,
         round t // grid), and whether the slot has a tile.  Causal: the (head, batch) pairs in
         sections of at most ``grid / CAUSAL_CTAS_PER_KV_HEAD`` kv heads (their q heads), one
@@ -960,6 +1010,10 @@ class FlashFwdSm90(layout.TmaViewsKernel):
             p = t
             m_block = t % n_m
             hb = t // n_m
+        if cutlass.const_expr(mCuQ is not None):
+            # varlen: n_m is the longest sequence's; slots past this sequence's last tile are empty
+            b = cutlass.min(hb // n_heads, n_batch - 1)
+            return m_block, hb % n_heads, hb // n_heads, (p < n_tiles) & (m_block * self.tile_m < mCuQ[b + 1] - mCuQ[b])
         return m_block, hb % n_heads, hb // n_heads, p < n_tiles
 
     def slots(self, n_tiles, grid):
@@ -1039,6 +1093,17 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                               tma_bar_ptr=v_pipe.producer_get_barrier(state))
                     state.advance()
         return state
+
+    @cute.jit
+    def pass_q_slabs(self, q_bars, q_phase):
+        """``o_in_q``, a tile that sees no key: each Q slab handed to its warpgroup without a load
+        once the previous tile's O has left it (the warpgroup writes this tile's O = 0 through
+        it)."""
+        W = self.consumers
+        for w in cutlass.range_constexpr(W):
+            cute.arch.mbarrier_wait(q_bars + W + w, q_phase ^ 1)
+            with cute.arch.elect_one():
+                cute.arch.mbarrier_arrive(q_bars + w)
 
     @cute.jit
     def load_q(self, tma_q, seqQ, sQ, q_bars, m_block):
@@ -1450,7 +1515,7 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                     softmax.online_softmax(atoms.acc_mn_view(acc_S), row_max, row_sum, scale_log2, corr=corr)
                     softmax.rescale(atoms.acc_mn_view(acc_O), corr)
                     self.store_p(acc_S, tOrP, tOrP_c, ltid)
-            if cutlass.const_expr(self.persistent):
+            if cutlass.const_expr(self.persistent and not self.o_in_q):
                 # every S GEMM of this tile has completed: Q's slab may take the next tile's
                 with cute.arch.elect_one():
                     cute.arch.mbarrier_arrive(q_bars + self.consumers + wg)
@@ -1466,6 +1531,8 @@ class FlashFwdSm90(layout.TmaViewsKernel):
             read.advance()
         else:
             acc_O.fill(0.0)
+            if cutlass.const_expr(self.o_in_q):
+                cute.arch.mbarrier_wait(q_bars + wg, q_phase)  # the slab O leaves through is ours
 
         # ---- epilogue: O / rowsum and LSE, O -> this warpgroup's Q slab -> TMA store (varlen:
         # 16-byte stores of the rows inside the sequence)
@@ -1476,7 +1543,7 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                 acc_O[i] = acc_O[i] * o_scale
         sO = sO[None, None, wg]
         rO = cute.make_rmem_tensor(acc_O.layout, self.out_dtype)
-        if cutlass.const_expr(self.persistent):
+        if cutlass.const_expr(self.persistent and not self.o_in_q):
             # the previous tile's TMA store has read this slab (its issuing warp waited)
             cute.arch.barrier(barrier_id=int(_Bar.EPILOGUE) + wg, number_of_threads=128)
         rO.store(acc_O.load().to(self.out_dtype))
@@ -1496,6 +1563,10 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                 cute.copy(tma_o, tOsO, tOgO)
                 cute.arch.cp_async_bulk_commit_group()
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
+                if cutlass.const_expr(self.o_in_q):
+                    # the store has read O out of Q's slab: the next tile's Q may land there
+                    with cute.arch.elect_one():
+                        cute.arch.mbarrier_arrive(q_bars + self.consumers + wg)
         else:
             thr = s2g.get_slice(ltid)
             tOsO = thr.partition_S(sO)
@@ -1503,6 +1574,12 @@ class FlashFwdSm90(layout.TmaViewsKernel):
             tOcO = thr.partition_D(cute.make_identity_tensor((WG_ROWS, D)))
             tOrO = cute.make_fragment_like(tOsO, self.out_dtype)
             cute.copy(s2g, tOsO, tOrO)
+            if cutlass.const_expr(self.o_in_q):
+                # every thread has read its rows of O out of Q's slab: the next Q may land there
+                cute.arch.fence_proxy("async.shared", space="cta")
+                cute.arch.barrier(barrier_id=int(_Bar.EPILOGUE) + wg, number_of_threads=128)
+                if ltid == 0:
+                    cute.arch.mbarrier_arrive(q_bars + self.consumers + wg)
             for r in cutlass.range_constexpr(cute.size(tOrO.shape[1])):
                 if row0 + tOcO[0, r, 0][0] < q_len:
                     cute.copy(s2g, tOrO[None, r, None], tOgO[None, r, None])

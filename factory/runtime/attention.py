@@ -61,9 +61,10 @@ def attention(bundle, q, k, v, causal=False, softmax_scale=None, cu_seqlens_q=No
             key = fire = None
         if (fire is not None and isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor)
                 and not ((q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled())):
-            out = fire(q, k, v)
+            # (fire: (launch returning (o, lse), launch returning o with the LSE into scratch))
+            out = fire[0](q, k, v) if return_lse else fire[1](q, k, v)
             if out is not None:
-                return out if return_lse else out[0]
+                return out
             key = None  # a misaligned pointer: the checked path below refuses it
     else:
         key = None
@@ -212,14 +213,16 @@ def split_workspace(torch, q, splits: int):
 
 
 def _hot_launch(bundle, name: str, splits: int, q, o, lse, args: list, dev: int):
-    """The hot path's launch of a dense problem just launched (and so checked) with ``args``:
-    ``fire(q, k, v)`` allocates O, LSE (and a split variant's workspace), launches, and returns
-    (o, lse), or None when a data pointer breaks the alignment contract (nothing launched: the
-    checked path then says which).  None instead of ``fire`` when the variant was not loaded by
-    that launch (a stand-in launch in tests): then nothing is cached.  Everything else of the
-    key's problem is fixed: the packed argument bytes (:meth:`BundleCore.fixed`), the outputs'
-    shapes and strides (``empty_like`` of q and of zero-stride views, which give the layouts
-    checked here)."""
+    """The hot path's launches of a dense problem just launched (and so checked) with ``args``:
+    ``(fire, fire_o)``; ``fire(q, k, v)`` allocates O and LSE (and a split variant's workspace),
+    launches, and returns (o, lse); ``fire_o(q, k, v)`` returns o alone, the LSE written into
+    the bundle's scratch buffer of the device (:func:`lse_scratch`) where it fits, so that a call
+    without ``return_lse`` allocates only its output.  Either returns None when a data pointer
+    breaks the alignment contract (nothing launched: the checked path then says which).  None
+    instead of the pair when the variant was not loaded by that launch (a stand-in launch in
+    tests): then nothing is cached.  Everything else of the key's problem is fixed: the packed
+    argument bytes (:meth:`BundleCore.fixed`), the outputs' shapes and strides (``empty_like`` of
+    q and of zero-stride views, which give the layouts checked here)."""
     specs = [a if isinstance(a, float) else (a.data_ptr(), tuple(a.shape), tuple(a.stride())) for a in args]
     fixed = bundle.fixed(name, specs) if isinstance(bundle, BundleCore) else None
     if fixed is None:  # a stand-in bundle or launch (tests): every call takes the checked path
@@ -231,6 +234,7 @@ def _hot_launch(bundle, name: str, splits: int, q, o, lse, args: list, dev: int)
     lproto = one.expand(lse.shape)  # empty_like of a zero-stride view: a new compact tensor
     if empty_like(lproto).stride() != lse.stride() or empty_like(q).stride() != o.stride():
         raise AssertionError(f"{name}: empty_like does not reproduce the checked output layouts")
+    scratch = lse_scratch(bundle, q.device, lse.numel() * 4)
     if splits == 1:
         def fire(q, k, v):
             o, lse = empty_like(q), empty_like(lproto)
@@ -243,8 +247,25 @@ def _hot_launch(bundle, name: str, splits: int, q, o, lse, args: list, dev: int)
                     return None
                 raise LaunchError(f"{name}: launch failed: {bundle.lib.error(err)}")
             return o, lse
-        fire.fixed = fixed  # (for scripts/launch_overhead.py's breakdown)
-        return fire
+
+        if scratch is None:
+            def fire_o(q, k, v):
+                out = fire(q, k, v)
+                return None if out is None else out[0]
+        else:
+            def fire_o(q, k, v):
+                o = empty_like(q)
+                here = cur()
+                if here != dev:
+                    not_current(dev, here)
+                err = go(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), scratch, raw(here))
+                if err != 0:
+                    if err is None:
+                        return None
+                    raise LaunchError(f"{name}: launch failed: {bundle.lib.error(err)}")
+                return o
+        fire.fixed = fire_o.fixed = fixed  # (for scripts/launch_overhead.py's breakdown)
+        return fire, fire_o
 
     b, sq, hq, d = q.shape
     n = splits * b * hq * sq
@@ -263,8 +284,32 @@ def _hot_launch(bundle, name: str, splits: int, q, o, lse, args: list, dev: int)
                 return None
             raise LaunchError(f"{name}: launch failed: {bundle.lib.error(err)}")
         return o, lse
-    fire_split.fixed = fixed
-    return fire_split
+
+    def fire_split_o(q, k, v):
+        out = fire_split(q, k, v)
+        return None if out is None else out[0]
+    fire_split.fixed = fire_split_o.fixed = fixed
+    return fire_split, fire_split_o
+
+
+# Bytes of the per-device LSE scratch (B·Hq·Sq rows of 4 bytes: 262144 rows, e.g. B1 H32 S8192).  A
+# larger problem's LSE is allocated per call, as with return_lse (the allocation, ~2 µs of host
+# time, is then far below the kernel's time).
+LSE_SCRATCH_BYTES = 1 << 20
+
+
+def lse_scratch(bundle, device, nbytes: int) -> int | None:
+    """The data pointer of ``bundle.scratch[device]`` (allocated on first use, kept for the
+    bundle's life), or None when ``nbytes`` exceed it or while a CUDA graph is being captured
+    (memory allocated inside a capture belongs to the graph's pool)."""
+    if nbytes > LSE_SCRATCH_BYTES:
+        return None
+    buf = bundle.scratch.get(device)
+    if buf is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None
+        buf = bundle.scratch[device] = torch.empty(LSE_SCRATCH_BYTES // 4, dtype=torch.float32, device=device)
+    return buf.data_ptr()
 
 
 _NO_CACHE: dict = {}  # (a stand-in bundle's hot path: never filled, see _hot_launch)

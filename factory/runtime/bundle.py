@@ -14,7 +14,9 @@ touch nothing private):
 * per-bundle caches the op modules own and bound themselves (the core never reads them):
   ``selections`` (problem key -> choice), ``hot_gemm`` / ``hot_attention`` / ``hot_kvcache``
   (problem key -> the hot path's launch), ``variant_facts`` ((fact, variant) -> value: grid caps, early_b twins) and
-  ``unit_scales`` (device -> fp8's default scale).
+  ``unit_scales`` (device -> fp8's default scale), ``scratch`` (device -> a buffer the kernels
+  write and nobody reads: the LSE of a call without ``return_lse``; never freed while the bundle
+  lives, so a CUDA graph that captured its address stays valid).
 """
 
 from __future__ import annotations
@@ -84,6 +86,7 @@ class BundleCore:
         self.hot_kvcache: dict[tuple, object] = {}
         self.variant_facts: dict[tuple, object] = {}
         self.unit_scales: dict = {}
+        self.scratch: dict = {}
         self._lock = threading.Lock()
         self._cur = None  # () -> the current CUDA device index (bound on the first launch)
         self._raw = None  # (index) -> that device's current raw stream
