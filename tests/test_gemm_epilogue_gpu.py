@@ -209,7 +209,7 @@ def test_bad_inputs_refused_before_launch():
             dict(activation="silu_mul", out=torch.empty(64, 100, **bf)),      # b not packed for 100 outputs
             dict(bias=torch.randn(512, **bf), out=out, residual=None, variant="no_such_variant"),
             dict(residual=torch.randn(64, 512, **bf), out_dtype=torch.float8_e4m3fn),  # e4m3 out with a residual
-            dict(out_dtype=torch.float8_e4m3fn, scale_out=torch.empty(4, 64, device="cuda").t()),  # scale_out shape
+            dict(out_dtype=torch.float8_e4m3fn, scale_out=torch.empty(3, 64, device="cuda").t()),  # scale_out shape
             dict(out_dtype=torch.float8_e4m3fn, scale_out=torch.empty(64, 4, device="cuda")),  # not M-major
             dict(scale_out=torch.empty(8, 64, device="cuda").t()[:, :4]),       # scale_out without an e4m3 out
         ]
