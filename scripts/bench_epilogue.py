@@ -23,6 +23,7 @@ each side and fused / unfused speed-up); ``--out`` defaults to ``$FACTORY_RESULT
 (outside the tree).
 
     python3 scripts/bench_epilogue.py --bundle BUNDLE [--m 1 16 64 512 2048 8192] [--out STEM]
+        [--variants NAME ...]   # also the fused call on each named variant (column fused@<tile>)
 """
 
 from __future__ import annotations
