@@ -23,6 +23,7 @@ each side and fused / unfused speed-up); ``--out`` defaults to ``$FACTORY_RESULT
 (outside the tree).
 
     python3 scripts/bench_epilogue.py --bundle BUNDLE [--m 1 16 64 512 2048 8192] [--out STEM]
+        [--variants NAME ...]   # also the fused call on each named variant (column fused@<tile>)
 """
 
 from __future__ import annotations
@@ -67,7 +68,20 @@ def _l2() -> int:
     return int(getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 << 20))
 
 
-def bench_row(bundle, op: str, M: int) -> dict:
+def _fields_of(name: str) -> str:
+    """The epilogue fields a variant name ends with ("silumul", "res", "bias_res", ...)."""
+    tail = name.rsplit("_pdl", 1)[-1].strip("_")
+    return tail
+
+
+def _tile_of(name: str) -> str:
+    """The tile and cluster part of a variant name ("t256x128x64_c1x2")."""
+    parts = name.split("_")
+    t = next(i for i, x in enumerate(parts) if x.startswith("t") and "x" in x)
+    return "_".join(parts[t:t + 2])
+
+
+def bench_row(bundle, op: str, M: int, variants=()) -> dict:
     import torch
     import torch.nn.functional as F
 
@@ -138,6 +152,17 @@ def bench_row(bundle, op: str, M: int) -> dict:
             return xs[i].float() @ ws[i].float().t() + hs[i].float()
 
     calls = {"fused": fused, "ours+torch": unfused_ours, "cublas+torch": unfused_cublas}
+    want = {"silu_mul": "silumul", "residual": "res"}.get(field)
+    named = [v for v in variants if want and _fields_of(v) == want]
+    for v in named:  # the fused call on a named variant (same inputs, its own NaN-poisoned outputs)
+        key = "fused@" + _tile_of(v)
+        outs[key] = [torch.full((M, n_out), float("nan"), **bf) for _ in range(n)]
+        if field == "silu_mul":
+            calls[key] = (lambda v, o: lambda i: bundle.gemm(xs[i], packed[i], o[i], activation="silu_mul",
+                                                             variant=v))(v, outs[key])
+        else:
+            calls[key] = (lambda v, o: lambda i: bundle.gemm(xs[i], ws[i], o[i], residual=hs[i], variant=v))(
+                v, outs[key])
     try:
         unfused_ours(0)
     except NoVariantError:  # a bundle of epilogue variants only: no plain GEMM to compare with
@@ -149,7 +174,7 @@ def bench_row(bundle, op: str, M: int) -> dict:
             for i in range(n):
                 outs[k][i].copy_(testing.decode_fp8_groups(qs[k][i], ss[k][i]))
     errs = {}
-    for k in ("fused", "ours", "cublas"):
+    for k in ("fused", "ours", "cublas", *("fused@" + _tile_of(v) for v in named)):
         if k == "ours" and "ours+torch" not in calls:
             continue
         errs[k] = max(testing.rel_error(outs[k][i], ref(i)) for i in range(min(n, 2)))
@@ -168,6 +193,9 @@ def main(argv=None) -> int:
     p.add_argument("--m", type=int, nargs="+", default=[1, 16, 64, 512, 2048, 8192])
     p.add_argument("--ops", nargs="+", default=list(OPS), choices=list(OPS))
     p.add_argument("--out", default=default_out("bench_epilogue"))
+    p.add_argument("--variants", nargs="*", default=[],
+                   help="also time the fused call on each named variant whose epilogue fits the op "
+                        "(column fused@<tile>_<cluster>)")
     a = p.parse_args(argv)
     import torch
 
@@ -179,7 +207,7 @@ def main(argv=None) -> int:
           f"{'x cublas':>8s}  variant", flush=True)
     for op in a.ops:
         for M in a.m:
-            r = bench_row(bundle, op, M)
+            r = bench_row(bundle, op, M, a.variants)
             r["variant"] = _last_variant(bundle)
             rows.append(r)
             u = r["us"]
@@ -187,6 +215,11 @@ def main(argv=None) -> int:
             x_ours = r["speedup_vs_ours_unfused"] or float("nan")
             print(f"{op:22s} {M:5d} {u['fused']:9.1f} {ours:11.1f} {u['cublas+torch']:13.1f} "
                   f"{x_ours:7.2f} {r['speedup_vs_cublas_unfused']:8.2f}  {r['variant']}", flush=True)
+            for k in sorted(u):
+                if k.startswith("fused@"):
+                    x = u.get("ours+torch", float("nan")) / u[k]
+                    print(f"{'':22s} {'':5s} {u[k]:9.1f}  {k}  x ours {x:.2f}  x fused {u['fused'] / u[k]:.2f}",
+                          flush=True)
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     Path(str(out) + ".json").write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows}, indent=1))

@@ -58,7 +58,7 @@ def test_tiers():
     t = get_target("sm_90a")
     test = [v for v in enumerate_sm90(t, "test") if v.has_epilogue]
     default = [v for v in enumerate_sm90(t, "default") if v.has_epilogue]
-    assert len(test) == 5 and len(default) == 12
+    assert len(test) == 5 and len(default) == 13
     assert {tuple(v.epilogue) for v in test} == {("bias",), ("residual",), ("silu_mul",),
                                                  ("bias", "silu_mul", "residual"), ("fp8_groups",)}
     assert all(v.ab == "bf16" and not v.bias and v.pdl for v in default)
@@ -176,6 +176,37 @@ def test_residual_default_tiles_follow_the_plain_selection():
                 twins += 1
                 assert got == plain + "_res", (M, K, plain, got)
     assert twins >= 6
+
+
+def test_silu_default_tiles_follow_the_plain_prefill_selection():
+    """gate_up (M x 28672 x 4096, Llama-3-8B): wherever the plain GEMM's choice has a silu_mul twin
+    in the default tier, the silu_mul selection takes the twin (one cost model), and from M 1024
+    (the plain GEMM's prefill tile) that is the 256x128 1x2 tile.  (The entries here carry no
+    resource data, so the plain choice at small M can differ from a built bundle's.)"""
+    default = enumerate_sm90(get_target("sm_90a"), "default")
+    entries = []
+    for v in default:
+        if not v.has_epilogue or v.epilogue == ["silu_mul"]:
+            d = v.describe()
+            d["name"] = v.name
+            d["signature"] = {"args": [sl._tensor(n, 3) for n in "abc"] + [sl._scalar("max_clusters")],
+                              "divisibility": {}}
+            entries.append(d)
+    silu = {e["name"] for e in entries if e["name"].endswith("_silumul")}
+    big = "gemm_sm90a_bf16_obf16_ak_bk_t256x128x64_c1x2_coop_rm_sw1_sk1_pdl_silumul"
+    assert len(silu) == 4 and big in silu
+    lib = sl.Lib(entries)
+    S = ep.FLAGS["silu_mul"]
+    twins = 0
+    for M in (16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384):
+        plain = lib.gemm(M, 28672, 4096)
+        got = _select(lib, M, 28672, 4096, S, n_out=14336)
+        if plain + "_silumul" in silu:
+            twins += 1
+            assert got == plain + "_silumul", (M, plain, got)
+        if M >= 1024:
+            assert got == big, (M, got)
+    assert twins >= 1
 
 
 def test_selection_refuses_bad_epilogues(lib):

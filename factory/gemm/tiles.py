@@ -147,8 +147,11 @@ SM90_SCALED_FULL = tuple(dict(d, promote_ahead=True) for d in SM90_SCALED_DEFAUL
 # calls (bf16, no bias): residual for o_proj / down_proj at the tiles the plain GEMM's selection
 # takes for those shapes (H100, 132 SMs, M 1..8192: the swapped decode tiles up to M 128, then
 # 128x128 with and without a 2x1 cluster, 128x256 from M 1024), so that the fused call runs the
-# plain call's kernel plus the residual read; silu_mul (tile N 128: 64 gate + 64 up columns) for
-# gate_up, 64x128 ws up to M 64, then 128x128 with and without a 2x1 cluster.
+# plain call's kernel plus the residual read (a 256x128 1x2 residual tile measured no faster than
+# 128x256 2x1 at M 1024-16384: full tier); silu_mul (tile N 128: 64 gate + 64 up columns) for
+# gate_up, 64x128 ws up to M 64, then 128x128 with and without a 2x1 cluster, and the plain GEMM's
+# prefill tile 256x128 1x2 from M 1024 (H100, M x 28672 x 4096: 1.27x / 1.43x the 128x128 2x1 at
+# M 8192 / 16384, level with it at M 1024-4096).
 SM90_EPILOGUE_DEFAULT = (
     dict(**BF16, tile=(16, 64, 128), schedule="ws", swap_ab=True, residual=True),
     dict(**BF16, tile=(16, 64, 64), schedule="ws", swap_ab=True, split_k=2, residual=True),
@@ -160,6 +163,7 @@ SM90_EPILOGUE_DEFAULT = (
     dict(**BF16, tile=(128, 256, 64), cluster=(2, 1), residual=True),
     dict(**BF16, tile=(128, 128, 64), silu_mul=True),
     dict(**BF16, tile=(128, 128, 64), cluster=(2, 1), silu_mul=True),
+    dict(**BF16, tile=(256, 128, 64), cluster=(1, 2), silu_mul=True),
     dict(**BF16, tile=(64, 128, 64), schedule="ws", silu_mul=True),
 )
 # Full tier: the residual alone also at the other tiles the plain GEMM takes for decode and mid M.
