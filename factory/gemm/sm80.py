@@ -11,6 +11,11 @@ Tails: rows past M (or N) are simply not loaded (they only feed C rows that are 
 K tail is the last k-tile, whose out-of-range 16-byte vectors are zero-filled.  16-byte alignment
 of every row and batch start is required (the signature's divisibility, checked by the loader).
 Tiles are visited in groups of ``GROUP_M`` tile-rows so neighbouring CTAs share A and B in L2.
+
+Epilogue fields (``bias``, ``silu_mul``, ``residual``; off by default, the same semantics and the
+same packed gate/up weight layout as the sm90 family's): the fp32 accumulators are staged in
+shared memory as fp32, and each thread's 16-byte output vector is computed from them,
+``act(acc + bias[col]) + residual[row, col]``, before the same vector store.
 """
 
 from __future__ import annotations
@@ -22,7 +27,8 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 
-from ..abi import DTYPE_BYTES
+from ..abi import DTYPE_BYTES, Signature, TensorArg
+from ..atoms import epilogue_sm80 as epi
 from ..atoms import sm80 as atoms
 from ..atoms.common import cutlass_dtype
 from ..atoms.targets import Target
@@ -33,16 +39,56 @@ from .common import GemmVariant
 GROUP_M = 8
 EPILOGUE_PAD_BYTES = 16  # per C row in shared memory: makes fragment stores bank-conflict free
 MAX_STAGES = 5
+# ``silu_mul``: the rows of B hold gate and up rows in blocks of this many, [gate 0..63; up 0..63;
+# gate 64..127; ...] (runtime/epilogue.py ``pack_gate_up``; the sm90 family's GATE_UP_BLOCK), so
+# one 128-column kernel tile holds 64 gate and the matching 64 up columns.
+GATE_UP_BLOCK = 64
 
 
 @dataclass(frozen=True, kw_only=True)
 class GemmSm80(GemmVariant):
     family: ClassVar[str] = "sm80"
     sources: ClassVar[tuple[str, ...]] = ("gemm/sm80.py", "gemm/common.py", "atoms/sm80.py", "atoms/common.py",
-                                          "abi.py")
+                                          "abi.py", "atoms/epilogue_sm80.py")
 
     tile: tuple[int, int, int] = field(default=(128, 128, 32), metadata={"tag": "t"})
     warps: tuple[int, int] = field(default=(2, 2), metadata={"tag": "w"})
+    # Epilogue fields, in the order they apply to the fp32 accumulators: ``+ bias[col]`` (bias (N,),
+    # the output dtype), ``silu_mul`` (out[:, j] = silu(gate_j)·up_j from gate/up rows of B in
+    # blocks of GATE_UP_BLOCK, output N / 2 columns), ``+ residual[row, col]`` (the output's shape
+    # and dtype, read as 16-byte vectors; may be ``c`` itself).  Off: the kernel is unchanged.
+    bias: bool = field(default=False, metadata={"tag": "bias"})
+    silu_mul: bool = field(default=False, metadata={"tag": "silumul"})
+    residual: bool = field(default=False, metadata={"tag": "res"})
+
+    @property
+    def has_epilogue(self) -> bool:
+        return self.bias or self.silu_mul or self.residual
+
+    @property
+    def epilogue(self) -> list[str]:
+        """The epilogue fields that are on, in the order they apply."""
+        return [f for f in ("bias", "silu_mul", "residual") if getattr(self, f)]
+
+    def signature(self) -> Signature:
+        sig = super().signature()
+        if not self.has_epilogue:
+            return sig
+        args, div = sig.args, dict(sig.divisibility)
+        vc = self.vector(self.c)
+        n_out = "N"
+        if self.silu_mul:
+            n_out = "NO"
+            args = tuple(TensorArg("c", self.c, ("M", "NO", "L"), ("sCm", 1, "sCl")) if a.name == "c" else a
+                         for a in args)
+            div["NO"] = vc
+        eb = DTYPE_BYTES[self.c]
+        if self.bias:
+            args += (TensorArg("bias", self.c, ("N",), (1,), align=eb),)
+        if self.residual:
+            args += (TensorArg("residual", self.c, ("M", n_out, "L"), ("sRm", 1, "sRl")),)
+            div.update({"sRm": vc, "sRl": vc})
+        return Signature(args, tuple(sorted(div.items())))
 
     def sass_requirements(self) -> tuple[str, ...]:
         # Ada's and consumer Blackwell's fp8 mma.sync disassembles as QMMA.  Hopper has no fp8
@@ -72,6 +118,8 @@ class GemmSm80(GemmVariant):
 
     def _epilogue_bytes(self) -> int:
         m, n, _ = self.tile
+        if self.has_epilogue:  # the accumulators are staged as fp32
+            return m * (n * 4 + EPILOGUE_PAD_BYTES)
         return m * (n * DTYPE_BYTES[self.c] + EPILOGUE_PAD_BYTES)
 
     def smem_bytes(self) -> int:
@@ -101,6 +149,13 @@ class GemmSm80(GemmVariant):
             return f"tile {self.tile} does not divide into warps {self.warps} of MMAs"
         if k // mma_k < 2:
             return "tile_k must hold at least two MMA k-blocks (the register pipeline needs them)"
+        if self.has_epilogue:
+            if self.is_fp8 or self.c not in ("bf16", "f16"):
+                return "epilogue fields take bf16/f16 operands and output"
+            if getattr(self, "split_k", 1) > 1:
+                return "epilogue fields run unsplit"
+            if self.silu_mul and n != 2 * GATE_UP_BLOCK:
+                return f"silu_mul needs tile N {2 * GATE_UP_BLOCK} (gate and up blocks of {GATE_UP_BLOCK} rows)"
         if self.stages < 3:
             return f"only {self.stages} stages fit in {t.smem_per_cta} bytes of shared memory"
         if self.smem_bytes() > t.smem_per_cta:
@@ -111,11 +166,18 @@ class GemmSm80(GemmVariant):
         k = GemmSm80Kernel(self)
         if getattr(self, "split_k", 1) > 1:
             return k.split
+        if self.has_epilogue:
+            return {(False, False): k, (True, False): k.with_bias, (False, True): k.with_res,
+                    (True, True): k.with_bias_res}[(self.bias, self.residual)]
         return k.scaled if self.is_fp8 else k
 
     def describe(self) -> dict:
         d = super().describe()
         d.update(tile=list(self.tile), warps=list(self.warps), stages=self.stages, threads=self.threads)
+        if self.has_epilogue:
+            d["epilogue"] = self.epilogue
+            if self.silu_mul:
+                d["gate_up_block"] = GATE_UP_BLOCK
         return d
 
 
@@ -137,8 +199,6 @@ class GemmSm80SplitK(GemmSm80):
         return m * (n * 4 + EPILOGUE_PAD_BYTES)
 
     def signature(self):
-        from ..abi import Signature, TensorArg
-
         base = super().signature()
         args = []
         for a in base.args:  # batch mode fixed to 1
@@ -162,7 +222,7 @@ def enumerate_sm80(target: Target, tier: str) -> list[GemmVariant]:
         return []
     fp8 = tiles.SM80_FP8[target.fp8_mma_native]
     if tier == "test":
-        specs = tiles.SM80_TEST + fp8[:1]
+        specs = tiles.SM80_TEST + fp8[:1] + tiles.SM80_EPILOGUE_TEST
     else:
         specs = tiles.SM80_DEFAULT + fp8 + (tiles.SM80_FULL_EXTRA if tier == "full" else ())
     out: list[GemmVariant] = [GemmSm80(target=target.name, **s) for s in specs]
@@ -185,10 +245,31 @@ class GemmSm80Kernel:
         self.b_contig = 1 if v.b_major == "k" else 0
         self.is_fp8 = v.is_fp8
         self.split_k = getattr(v, "split_k", 1)
+        self.bias = v.bias
+        self.silu_mul = v.silu_mul
+        self.residual = v.residual
+        self.has_epilogue = v.has_epilogue
+        # the output tile: silu_mul writes half the kernel tile's columns
+        self.tile_n_out = self.tile_n // 2 if v.silu_mul else self.tile_n
 
     @cute.jit
     def __call__(self, mA: cute.Tensor, mB: cute.Tensor, mC: cute.Tensor, stream: cuda.CUstream):
         self._launch(mA, mB, mC, None, None, stream)
+
+    @cute.jit
+    def with_bias(self, mA: cute.Tensor, mB: cute.Tensor, mC: cute.Tensor, mBias: cute.Tensor,
+                  stream: cuda.CUstream):
+        self._launch(mA, mB, mC, None, None, stream, mBias, None)
+
+    @cute.jit
+    def with_res(self, mA: cute.Tensor, mB: cute.Tensor, mC: cute.Tensor, mRes: cute.Tensor,
+                 stream: cuda.CUstream):
+        self._launch(mA, mB, mC, None, None, stream, None, mRes)
+
+    @cute.jit
+    def with_bias_res(self, mA: cute.Tensor, mB: cute.Tensor, mC: cute.Tensor, mBias: cute.Tensor,
+                      mRes: cute.Tensor, stream: cuda.CUstream):
+        self._launch(mA, mB, mC, None, None, stream, mBias, mRes)
 
     @cute.jit
     def split(self, mA: cute.Tensor, mB: cute.Tensor, mC: cute.Tensor, mWs: cute.Tensor, stream: cuda.CUstream):
@@ -229,34 +310,50 @@ class GemmSm80Kernel:
         """fp8: C = (scale_a·scale_b)·A·Bᵀ with the scales read on the device (graph-safe)."""
         self._launch(mA, mB, mC, mScaleA, mScaleB, stream)
 
-    def _launch(self, mA, mB, mC, mScaleA, mScaleB, stream):
+    def _launch(self, mA, mB, mC, mScaleA, mScaleB, stream, mBias=None, mRes=None):
         tm, tn, tk = self.tile_m, self.tile_n, self.tile_k
         sA_layout = atoms.smem_layout(self.ab_dtype, self.a_contig, (tm, tk), self.stages)
         sB_layout = atoms.smem_layout(self.ab_dtype, self.b_contig, (tn, tk), self.stages)
         c_dtype = mC.element_type  # the fp32 workspace when splitting K
-        c_pad = atoms.VECTOR_BYTES * 8 // c_dtype.width
+        # epilogue fields: the accumulators are staged as fp32
+        s_dtype = cutlass.Float32 if cutlass.const_expr(self.has_epilogue) else c_dtype
+        c_pad = atoms.VECTOR_BYTES * 8 // s_dtype.width
         sC_layout = cute.make_layout((tm, tn), stride=(tn + c_pad, 1))
         copy_A = atoms.g2s_tiled_copy(self.ab_dtype, self.a_contig, (tm, tk), self.threads)
         copy_B = atoms.g2s_tiled_copy(self.ab_dtype, self.b_contig, (tn, tk), self.threads)
-        copy_C = atoms.vector_tiled_copy(c_dtype, 1, (tm, tn), self.threads)
+        copy_C = atoms.vector_tiled_copy(c_dtype, 1, (tm, self.tile_n_out), self.threads)
         mma = atoms.tiled_mma(self.ab_dtype, self.v.warps)
 
         tiles_m = cute.ceil_div(cute.size(mC, mode=[0]), tm)
         tiles_n = cute.ceil_div(cute.size(mC, mode=[1]), tn)
-        self.kernel(
-            mA, mB, mC, mScaleA, mScaleB, sA_layout, sB_layout, sC_layout, copy_A, copy_B, copy_C, mma,
-        ).launch(
-            grid=(tiles_m * tiles_n, 1, cute.size(mC, mode=[2])),
-            block=(self.threads, 1, 1),
-            smem=self.v.smem_bytes(),
-            stream=stream,
-        )
+        if cutlass.const_expr(self.silu_mul):  # the kernel's N is b's rows (gate and up)
+            tiles_n = cute.ceil_div(cute.size(mB, mode=[0]), tn)
+        if cutlass.const_expr(self.has_epilogue):
+            self.kernel(
+                mA, mB, mC, mScaleA, mScaleB, sA_layout, sB_layout, sC_layout, copy_A, copy_B, copy_C, mma,
+                mBias, mRes,
+            ).launch(
+                grid=(tiles_m * tiles_n, 1, cute.size(mC, mode=[2])),
+                block=(self.threads, 1, 1),
+                smem=self.v.smem_bytes(),
+                stream=stream,
+            )
+        else:
+            self.kernel(
+                mA, mB, mC, mScaleA, mScaleB, sA_layout, sB_layout, sC_layout, copy_A, copy_B, copy_C, mma,
+            ).launch(
+                grid=(tiles_m * tiles_n, 1, cute.size(mC, mode=[2])),
+                block=(self.threads, 1, 1),
+                smem=self.v.smem_bytes(),
+                stream=stream,
+            )
 
     @cute.kernel
     def kernel(
         self, mA: cute.Tensor, mB: cute.Tensor, mC: cute.Tensor, mScaleA, mScaleB,
         sA_layout: cute.ComposedLayout, sB_layout: cute.ComposedLayout, sC_layout: cute.Layout,
         copy_A: cute.TiledCopy, copy_B: cute.TiledCopy, copy_C: cute.TiledCopy, mma: cute.TiledMma,
+        mBias=None, mRes=None,
     ):
         tidx, _, _ = cute.arch.thread_idx()
         bid, _, batch = cute.arch.block_idx()
@@ -264,6 +361,9 @@ class GemmSm80Kernel:
         M = cute.size(mC, mode=[0])
         N = cute.size(mC, mode=[1])
         K = cute.size(mA, mode=[1])
+        N_out = N
+        if cutlass.const_expr(self.silu_mul):  # the kernel's N: b's rows; c has N / 2 columns
+            N = cute.size(mB, mode=[0])
 
         # ---- grouped rasterisation: GROUP_M tile-rows share each B column block in L2 ----------
         tiles_m = (M + tm - 1) // tm
@@ -280,11 +380,11 @@ class GemmSm80Kernel:
         ab_batch = 0 if cutlass.const_expr(self.split_k > 1) else batch
         gA = cute.local_tile(mA[None, None, ab_batch], (tm, tn, tk), coord, proj=(1, None, 1))
         gB = cute.local_tile(mB[None, None, ab_batch], (tm, tn, tk), coord, proj=(None, 1, 1))
-        gC = cute.local_tile(mC[None, None, batch], (tm, tn, tk), coord, proj=(1, 1, None))
+        gC = cute.local_tile(mC[None, None, batch], (tm, self.tile_n_out, tk), coord, proj=(1, 1, None))
         # Coordinate tensors mirror the tiles, for predication.
         cA = cute.local_tile(cute.make_identity_tensor((M, K)), (tm, tn, tk), (tile_m_idx, tile_n_idx, None), proj=(1, None, 1))
         cB = cute.local_tile(cute.make_identity_tensor((N, K)), (tm, tn, tk), (tile_m_idx, tile_n_idx, None), proj=(None, 1, 1))
-        cC = cute.local_tile(cute.make_identity_tensor((M, N)), (tm, tn, tk), (tile_m_idx, tile_n_idx, None), proj=(1, 1, None))
+        cC = cute.local_tile(cute.make_identity_tensor((M, N_out)), (tm, self.tile_n_out, tk), (tile_m_idx, tile_n_idx, None), proj=(1, 1, None))
 
         smem = cutlass.utils.SmemAllocator()
         storage = smem.allocate(self.v.smem_bytes(), byte_alignment=128)
@@ -292,7 +392,8 @@ class GemmSm80Kernel:
         sB_ptr = cute.recast_ptr(storage + cute.cosize(sA_layout) * self.ab_dtype.width // 8, dtype=self.ab_dtype)
         sB = cute.make_tensor(sB_ptr, sB_layout)
         c_dtype = mC.element_type
-        sC = cute.make_tensor(cute.recast_ptr(storage, dtype=c_dtype), sC_layout)
+        s_dtype = cutlass.Float32 if cutlass.const_expr(self.has_epilogue) else c_dtype
+        sC = cute.make_tensor(cute.recast_ptr(storage, dtype=s_dtype), sC_layout)
 
         # ---- global -> shared partitions and predicates ----------------------------------------
         thr_A = copy_A.get_slice(tidx)
@@ -334,7 +435,7 @@ class GemmSm80Kernel:
         thr_mma = mma.get_slice(tidx)
         tCrA = mma.make_fragment_A(thr_mma.partition_A(sA)[None, None, None, 0])
         tCrB = mma.make_fragment_B(thr_mma.partition_B(sB)[None, None, None, 0])
-        acc = mma.make_fragment_C(thr_mma.partition_C(gC))
+        acc = mma.make_fragment_C(thr_mma.partition_C(sC if cutlass.const_expr(self.silu_mul) else gC))
         acc.fill(0.0)
         s2r_A = cute.make_tiled_copy_A(atoms.s2r_atom(self.ab_dtype, self.a_contig), mma)
         s2r_B = cute.make_tiled_copy_B(atoms.s2r_atom(self.ab_dtype, self.b_contig), mma)
@@ -383,26 +484,60 @@ class GemmSm80Kernel:
         cute.arch.cp_async_wait_group(0)
         cute.arch.sync_threads()
 
-        # ---- epilogue: registers -> padded smem -> 16-byte global stores -----------------------
-        out = cute.make_fragment_like(acc, c_dtype)
-        if cutlass.const_expr(self.is_fp8):
-            scale = mScaleA[0] * mScaleB[0]
-            out.store((acc.load() * scale).to(c_dtype))
+        if cutlass.const_expr(self.has_epilogue):
+            self._fused_epilogue(acc, sC, gC, cC, thr_mma, copy_C, tidx, tile_n_idx, batch, M, N_out, mBias,
+                                 mRes, coord)
         else:
-            out.store(acc.load().to(c_dtype))
-        cute.autovec_copy(out, thr_mma.partition_C(sC))
+            # ---- epilogue: registers -> padded smem -> 16-byte global stores -------------------
+            out = cute.make_fragment_like(acc, c_dtype)
+            if cutlass.const_expr(self.is_fp8):
+                scale = mScaleA[0] * mScaleB[0]
+                out.store((acc.load() * scale).to(c_dtype))
+            else:
+                out.store(acc.load().to(c_dtype))
+            cute.autovec_copy(out, thr_mma.partition_C(sC))
+            cute.arch.sync_threads()
+            thr_C = copy_C.get_slice(tidx)
+            tCsC = thr_C.partition_S(sC)
+            tCgC = thr_C.partition_D(gC)
+            tCcC = thr_C.partition_D(cC)
+            staged = cute.make_fragment_like(tCsC)
+            cute.autovec_copy(tCsC, staged)
+            for i in cutlass.range_constexpr(cute.size(tCgC, mode=[1])):
+                for j in cutlass.range_constexpr(cute.size(tCgC, mode=[2])):
+                    m, n = tCcC[0, i, j]
+                    if m < M and n < N:
+                        cute.copy(copy_C, staged[None, i, j], tCgC[None, i, j])
+
+    @cute.jit
+    def _fused_epilogue(self, acc, sC, gC, cC, thr_mma, copy_C, tidx, tile_n_idx, batch, M, N_out, mBias, mRes,
+                        coord):
+        """fp32 accumulators -> padded smem; per 16-byte output vector: act(acc + bias) + residual
+        (the residual read as one vector at the output's coordinates, before its store)."""
+        cute.autovec_copy(acc, thr_mma.partition_C(sC))
         cute.arch.sync_threads()
+        tm, tn_out = self.tile_m, self.tile_n_out
         thr_C = copy_C.get_slice(tidx)
-        tCsC = thr_C.partition_S(sC)
         tCgC = thr_C.partition_D(gC)
         tCcC = thr_C.partition_D(cC)
-        staged = cute.make_fragment_like(tCsC)
-        cute.autovec_copy(tCsC, staged)
+        tCcL = thr_C.partition_D(cute.make_identity_tensor((tm, tn_out)))  # coordinates in the tile
+        col0 = tile_n_idx * self.tile_n  # the tile's first kernel column (bias index)
         for i in cutlass.range_constexpr(cute.size(tCgC, mode=[1])):
             for j in cutlass.range_constexpr(cute.size(tCgC, mode=[2])):
                 m, n = tCcC[0, i, j]
-                if m < M and n < N:
-                    cute.copy(copy_C, staged[None, i, j], tCgC[None, i, j])
+                if m < M and n < N_out:
+                    vals = cute.make_fragment_like(tCgC[None, i, j], cutlass.Float32)
+                    epi.epilogue_vector(sC, tCcL[None, i, j], vals, mBias, col0, self.tile_n // 2, self.bias,
+                                        self.silu_mul)
+                    out = cute.make_fragment_like(tCgC[None, i, j])
+                    if cutlass.const_expr(self.residual):
+                        gR = cute.local_tile(mRes[None, None, batch], (tm, tn_out, self.tile_k), coord,
+                                             proj=(1, 1, None))
+                        cute.copy(copy_C, thr_C.partition_D(gR)[None, i, j], out)
+                        out.store((vals.load() + out.load().to(cutlass.Float32)).to(self.c_dtype))
+                    else:
+                        out.store(vals.load().to(self.c_dtype))
+                    cute.copy(copy_C, out, tCgC[None, i, j])
 
     @cute.jit
     def _load(self, ops, k_tile, stage, tail: cutlass.Constexpr):

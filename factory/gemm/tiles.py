@@ -44,6 +44,17 @@ SM80_SPLIT_K = {
     "default": tuple(dict(ab=ab, c=ab, tile=(64, 128, 32), warps=(2, 2), split_k=sk)
                      for ab in ("bf16", "f16") for sk in (4, 8)),
 }
+# Fused epilogues (bias, silu_mul, residual) on the mma.sync GEMM.  Test tier (built for every
+# sm80-family target; the sm_90 portability build runs on an H100): each field alone and together
+# on the two tiles the plain selection takes for bf16 (128x128 filling the SMs, else 64x128).
+SM80_EPILOGUE_TEST = (
+    dict(**BF16, tile=(128, 128, 32), warps=(2, 2), residual=True),
+    dict(**BF16, tile=(128, 128, 32), warps=(2, 2), silu_mul=True),
+    dict(**BF16, tile=(64, 128, 32), warps=(2, 2), residual=True),
+    dict(**BF16, tile=(64, 128, 32), warps=(2, 2), silu_mul=True),
+    dict(**BF16, tile=(64, 128, 32), warps=(2, 2), bias=True),
+    dict(**BF16, tile=(64, 128, 32), warps=(2, 2), bias=True, silu_mul=True, residual=True),
+)
 
 # --- sm90 family (WGMMA, TMA, warp-specialised; sm_90a) ------------------------------------------
 SM90_TEST = (
