@@ -49,7 +49,8 @@ def test_limits_and_arguments():
     assert args["residual"].align == 16 and div["sRm"] == div["sRl"] == div["NO"] == 8  # 16-byte vectors
     assert v.describe()["epilogue"] == ["bias", "silu_mul", "residual"]
     assert v.describe()["gate_up_block"] == sm80.GATE_UP_BLOCK == ep.GATE_UP_BLOCK
-    assert "tile N" in _v(tile=(128, 256, 32), warps=(2, 4), silu_mul=True).can_implement()
+    assert "tile N" in _v(tile=(128, 64, 32), warps=(2, 2), silu_mul=True).can_implement()
+    assert _v("sm_80", tile=(128, 256, 32), warps=(2, 4), silu_mul=True).can_implement() is None
     assert "unsplit" in sm80.GemmSm80SplitK(target="sm_86", tile=(64, 128, 32), warps=(2, 2), split_k=4,
                                             residual=True).can_implement()
     assert "bf16/f16" in GemmSm80(target="sm_89", ab="e4m3", c="bf16", tile=(128, 128, 64), warps=(2, 2),

@@ -41,7 +41,7 @@ EPILOGUE_PAD_BYTES = 16  # per C row in shared memory: makes fragment stores ban
 MAX_STAGES = 5
 # ``silu_mul``: the rows of B hold gate and up rows in blocks of this many, [gate 0..63; up 0..63;
 # gate 64..127; ...] (runtime/epilogue.py ``pack_gate_up``; the sm90 family's GATE_UP_BLOCK), so
-# one 128-column kernel tile holds 64 gate and the matching 64 up columns.
+# a kernel tile of 128 (256) columns holds 64 (2 x 64) gate and the matching up columns.
 GATE_UP_BLOCK = 64
 
 
@@ -154,8 +154,8 @@ class GemmSm80(GemmVariant):
                 return "epilogue fields take bf16/f16 operands and output"
             if getattr(self, "split_k", 1) > 1:
                 return "epilogue fields run unsplit"
-            if self.silu_mul and n != 2 * GATE_UP_BLOCK:
-                return f"silu_mul needs tile N {2 * GATE_UP_BLOCK} (gate and up blocks of {GATE_UP_BLOCK} rows)"
+            if self.silu_mul and n % (2 * GATE_UP_BLOCK):
+                return f"silu_mul needs a tile N of whole gate/up block pairs ({2 * GATE_UP_BLOCK} columns)"
         if self.stages < 3:
             return f"only {self.stages} stages fit in {t.smem_per_cta} bytes of shared memory"
         if self.smem_bytes() > t.smem_per_cta:
@@ -225,6 +225,8 @@ def enumerate_sm80(target: Target, tier: str) -> list[GemmVariant]:
         specs = tiles.SM80_TEST + fp8[:1] + tiles.SM80_EPILOGUE_TEST
     else:
         specs = tiles.SM80_DEFAULT + fp8 + (tiles.SM80_FULL_EXTRA if tier == "full" else ())
+        if target.portability_of is None:  # the sm_90 portability build runs its twins in the test tier
+            specs += tiles.SM80_EPILOGUE_DEFAULT
     out: list[GemmVariant] = [GemmSm80(target=target.name, **s) for s in specs]
     splits = tiles.SM80_SPLIT_K["test" if tier == "test" else "default"]
     out += [GemmSm80SplitK(target=target.name, **s) for s in splits]
@@ -527,7 +529,7 @@ class GemmSm80Kernel:
                 m, n = tCcC[0, i, j]
                 if m < M and n < N_out:
                     vals = cute.make_fragment_like(tCgC[None, i, j], cutlass.Float32)
-                    epi.epilogue_vector(sC, tCcL[None, i, j], vals, mBias, col0, self.tile_n // 2, self.bias,
+                    epi.epilogue_vector(sC, tCcL[None, i, j], vals, mBias, col0, GATE_UP_BLOCK, self.bias,
                                         self.silu_mul)
                     out = cute.make_fragment_like(tCgC[None, i, j])
                     if cutlass.const_expr(self.residual):
