@@ -65,7 +65,8 @@ def test_tiers():
         test = [v for v in enumerate_sm80(get_target(t), "test") if v.has_epilogue]
         assert {tuple(v.epilogue) for v in test} == {("bias",), ("residual",), ("silu_mul",),
                                                      ("bias", "silu_mul", "residual")}
-        assert all(v.can_implement() is None for v in test)
+        fits = [v for v in test if v.can_implement() is None]
+        assert len(fits) == (8 if t in ("sm_80", "sm_90") else 6)  # 128x256: shared memory
         default = [v for v in enumerate_sm80(get_target(t), "default") if v.has_epilogue]
         assert not default  # test tier only (notes/gemm-epilogue.md: why not the default tier yet)
 

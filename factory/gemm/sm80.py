@@ -225,8 +225,6 @@ def enumerate_sm80(target: Target, tier: str) -> list[GemmVariant]:
         specs = tiles.SM80_TEST + fp8[:1] + tiles.SM80_EPILOGUE_TEST
     else:
         specs = tiles.SM80_DEFAULT + fp8 + (tiles.SM80_FULL_EXTRA if tier == "full" else ())
-        if target.portability_of is None:  # the sm_90 portability build runs its twins in the test tier
-            specs += tiles.SM80_EPILOGUE_DEFAULT
     out: list[GemmVariant] = [GemmSm80(target=target.name, **s) for s in specs]
     splits = tiles.SM80_SPLIT_K["test" if tier == "test" else "default"]
     out += [GemmSm80SplitK(target=target.name, **s) for s in splits]

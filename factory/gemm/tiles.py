@@ -46,8 +46,9 @@ SM80_SPLIT_K = {
 }
 # Fused epilogues (bias, silu_mul, residual) on the mma.sync GEMM.  Test tier (built for every
 # sm80-family target; the sm_90 portability build runs on an H100): each field alone and together
-# on the two tiles the plain selection takes for bf16 (128x128 filling the SMs, else 64x128), and the
-# default tier's 128x256 (sm_80 and sm_90 only: shared memory).
+# on the two tiles the plain selection takes for bf16 (128x128 filling the SMs, else 64x128), and
+# residual / silu_mul on the plain GEMM's prefill tile 128x256 (its fp32 staging, 130 KiB, fits
+# sm_80's and sm_90's shared memory, not sm_86/89's: pruned there).  No default tier yet.
 SM80_EPILOGUE_TEST = (
     dict(**BF16, tile=(128, 128, 32), warps=(2, 2), residual=True),
     dict(**BF16, tile=(128, 128, 32), warps=(2, 2), silu_mul=True),
@@ -56,12 +57,6 @@ SM80_EPILOGUE_TEST = (
     dict(**BF16, tile=(64, 128, 32), warps=(2, 2), bias=True),
     dict(**BF16, tile=(64, 128, 32), warps=(2, 2), bias=True, silu_mul=True, residual=True),
 ) + tuple(dict(**BF16, tile=(128, 256, 32), warps=(2, 4), **f) for f in (dict(residual=True), dict(silu_mul=True)))
-# Default tier: what a Llama-3 layer calls (o_proj / down_proj + residual, gate_up + silu_mul) at the
-# plain GEMM's prefill tile, 128x256 (the plain rule's pick once its grid fills the SMs: M >= 1024 at
-# N 4096 on 108 SMs, every M at N 28672).  The fp32 staging of that tile (132 KiB) fits only sm_80's
-# shared memory (sm_86/89: 99 KiB), so the registry prunes it there.
-SM80_EPILOGUE_DEFAULT = tuple(dict(**BF16, tile=(128, 256, 32), warps=(2, 4), **f)
-                              for f in (dict(residual=True), dict(silu_mul=True)))
 
 # --- sm90 family (WGMMA, TMA, warp-specialised; sm_90a) ------------------------------------------
 SM90_TEST = (
