@@ -1,6 +1,8 @@
 """``bundle.gemm(a, b, bias=, residual=, activation="silu_mul")``: a GEMM whose epilogue adds a
 bias, applies SiLU(gate)·up, and adds a residual before writing the output (sm_90a variants with
-the fields ``bias``, ``silu_mul``, ``residual``: gemm/sm90.py).
+the fields ``bias``, ``silu_mul``, ``residual``: gemm/sm90.py; the mma.sync family's variants with
+the same fields and semantics on sm_80/86/89 and its sm_90 build: gemm/sm80.py, whose residual
+must be 16-byte aligned with strides that are multiples of 16 bytes, read as vectors).
 
     out = act(a·bᵀ (·fp8 scales) + bias) + residual
 
