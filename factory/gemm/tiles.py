@@ -165,6 +165,9 @@ SM90_EPILOGUE_DEFAULT = (
     dict(**BF16, tile=(128, 128, 64), cluster=(2, 1), silu_mul=True),
     dict(**BF16, tile=(256, 128, 64), cluster=(1, 2), silu_mul=True),
     dict(**BF16, tile=(64, 128, 64), schedule="ws", silu_mul=True),
+    # The plain GEMM's tall-problem tile (swizzled raster, M >= 4096): its residual and silu_mul twins.
+    dict(**BF16, tile=(256, 128, 64), cluster=(1, 2), swizzle=8, residual=True),
+    dict(**BF16, tile=(256, 128, 64), cluster=(1, 2), swizzle=8, silu_mul=True),
 )
 # Full tier: the residual alone also at the other tiles the plain GEMM takes for decode and mid M.
 SM90_EPILOGUE_RESIDUAL_FULL = tuple(
