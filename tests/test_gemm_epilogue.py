@@ -58,7 +58,7 @@ def test_tiers():
     t = get_target("sm_90a")
     test = [v for v in enumerate_sm90(t, "test") if v.has_epilogue]
     default = [v for v in enumerate_sm90(t, "default") if v.has_epilogue]
-    assert len(test) == 5 and len(default) == 13
+    assert len(test) == 5 and len(default) == 14
     assert {tuple(v.epilogue) for v in test} == {("bias",), ("residual",), ("silu_mul",),
                                                  ("bias", "silu_mul", "residual"), ("fp8_groups",)}
     assert all(v.ab == "bf16" and not v.bias and v.pdl for v in default)
@@ -151,44 +151,49 @@ def test_selection_takes_exactly_the_requested_fields(lib):
 def test_residual_default_tiles_follow_the_plain_selection():
     """Each default residual variant is a plain default variant plus the residual, and wherever the
     plain GEMM's choice has such a twin, the residual selection takes the twin (one cost model):
-    the fused call runs the plain call's kernel plus the residual read.  (Llama-3-8B o_proj and
-    down_proj shapes, H100's 132 SMs; the entries here carry no resource data, so which tiles the
-    plain choice lands on can differ from a built bundle's.)"""
+    the fused call runs the plain call's kernel plus the residual read; from M 4096 that is the
+    swizzled-raster 256x128 1x2 tile.  (Llama-3-8B o_proj and down_proj shapes, H100's 132 SMs;
+    the entries carry the family and target a built manifest gives them, which the cost model
+    reads: the choices are a built sm_90a bundle's.)"""
     default = enumerate_sm90(get_target("sm_90a"), "default")
     names = {v.name for v in default}
     entries = []
     for v in default:
         if not v.has_epilogue or v.epilogue == ["residual"]:
             d = v.describe()
-            d["name"] = v.name
+            d.update(name=v.name, family="sm90", target="sm_90a")
             args = [sl._tensor(n, 3) for n in "abc"] + ([sl._tensor("residual", 3)] if v.residual else [])
             d["signature"] = {"args": args + [sl._scalar("max_clusters")], "divisibility": {}}
             entries.append(d)
     res = [e["name"] for e in entries if e["name"].endswith("_res")]
-    assert len(res) == 8 and all(n[:-len("_res")] in names for n in res)
+    assert len(res) == 9 and all(n[:-len("_res")] in names for n in res)
+    tall = "gemm_sm90a_bf16_obf16_ak_bk_t256x128x64_c1x2_coop_rm_sw8_sk1_pdl"
     lib = sl.Lib(entries)
     twins = 0
     for K in (4096, 14336):
-        for M in (1, 16, 32, 64, 128, 256, 512, 1024, 2048):
+        for M in (1, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384):
             plain = lib.gemm(M, 4096, K)
             got = _select(lib, M, 4096, K, ep.FLAGS["residual"], res=1 << 43)
             if plain + "_res" in res:
                 twins += 1
                 assert got == plain + "_res", (M, K, plain, got)
-    assert twins >= 6
+            if M >= 4096:
+                assert plain == tall and got == tall + "_res", (M, K, plain, got)
+    assert twins >= 10
 
 
 def test_silu_default_tiles_follow_the_plain_prefill_selection():
     """gate_up (M x 28672 x 4096, Llama-3-8B): wherever the plain GEMM's choice has a silu_mul twin
     in the default tier, the silu_mul selection takes the twin (one cost model), and from M 1024
-    (the plain GEMM's prefill tile) that is the 256x128 1x2 tile.  (The entries here carry no
-    resource data, so the plain choice at small M can differ from a built bundle's.)"""
+    (the plain GEMM's prefill tile) that is the 256x128 1x2 tile, also from M 4096 where the plain
+    GEMM takes its swizzled-raster form (whose silu_mul twin is full tier).  (The entries carry the
+    family and target of a built manifest: the choices are a built sm_90a bundle's.)"""
     default = enumerate_sm90(get_target("sm_90a"), "default")
     entries = []
     for v in default:
         if not v.has_epilogue or v.epilogue == ["silu_mul"]:
             d = v.describe()
-            d["name"] = v.name
+            d.update(name=v.name, family="sm90", target="sm_90a")
             d["signature"] = {"args": [sl._tensor(n, 3) for n in "abc"] + [sl._scalar("max_clusters")],
                               "divisibility": {}}
             entries.append(d)
@@ -206,6 +211,8 @@ def test_silu_default_tiles_follow_the_plain_prefill_selection():
             assert got == plain + "_silumul", (M, plain, got)
         if M >= 1024:
             assert got == big, (M, got)
+        if M >= 4096:
+            assert plain == big[:-len("_silumul")].replace("_sw1_", "_sw8_"), (M, plain)
     assert twins >= 1
 
 
