@@ -421,7 +421,6 @@ def apply_row_col_scales(acc: cute.Tensor, coords: cute.Tensor, row_scale: cute.
 # Each helper takes the accumulators and ``coords`` (an identity tensor over the CTA tile
 # partitioned like them, as in :func:`load_block_scales`).  Coordinates past the end read the last
 # element (those outputs are never stored), so no load needs a predicate.
-_LOG2_E = 1.4426950408889634
 
 
 @cute.jit
@@ -443,40 +442,7 @@ def add_col_vector(acc: cute.Tensor, coords: cute.Tensor, vec: cute.Tensor, col0
             acc_mn[r, c] = acc_mn[r, c] + x
 
 
-@cute.jit
-def silu_mul_halves(acc: cute.Tensor):
-    """Gate/up in one tile: the tile's first N/2 columns are gate columns, the last N/2 the up
-    columns of the same outputs.  A thread holds column j and j + N/2 at value index c and
-    c + cols/2 of :func:`acc_mn_view` (its columns repeat every 8; N/2 is a multiple of 8), so
-    ``acc[r, c] = silu(acc[r, c]) * acc[r, c + cols/2]`` needs no data exchange; the result sits
-    in the first half."""
-    acc_mn = acc_mn_view(acc)
-    half = cute.size(acc_mn, mode=[1]) // 2
-    for r in cutlass.range_constexpr(cute.size(acc_mn, mode=[0])):
-        for c in cutlass.range_constexpr(half):
-            g = acc_mn[r, c]
-            sig = cute.arch.rcp_approx(1.0 + cute.math.exp2(-g * _LOG2_E, fastmath=True))
-            acc_mn[r, c] = g * sig * acc_mn[r, c + half]
-
-
-@cute.jit
-def add_residual(acc: cute.Tensor, coords: cute.Tensor, res: cute.Tensor, row0, col0, l,
-                 cols: cutlass.Constexpr):
-    """``acc[r, c] += res[row0 + r, col0 + c, l]`` over this thread's first ``cols`` columns
-    (:func:`acc_mn_view` indices).  Each tile reads its residual before any store of its own
-    outputs, so ``res`` may be the output tensor itself (an in-place add)."""
-    acc_mn = acc_mn_view(acc)
-    c_mn = acc_mn_view(coords)
-    last_r = cute.size(res, mode=[0]) - 1
-    last_c = cute.size(res, mode=[1]) - 1
-    for r in cutlass.range_constexpr(cute.size(acc_mn, mode=[0])):
-        row = cutlass.min(row0 + c_mn[r, 0][0], last_r)
-        for c in cutlass.range_constexpr(cols):
-            col = cutlass.min(col0 + c_mn[0, c][1], last_c)
-            acc_mn[r, c] = acc_mn[r, c] + res[row, col, l].to(cutlass.Float32)
-
-
-__all__ = ["add_col_vector", "add_residual", "scale_acc", "silu_mul_halves", "BLOCK_SCALE_K", "apply_row_col_scales", "block_scale_regs", "issue_k_block", "promoted_mainloop", "promoted_mainloop_ahead", "promoted_mainloop_serial", "PROMOTE_AHEAD_UNROLL", "block_scales_from_smem", "load_block_scales", "load_block_scales_into", "promote_scaled", "CONSUMER_REGS", "GEMM_CONSUMER_REGS", "GEMM_PRODUCER_REGS", "PRODUCER_REGS", "REGISTER_FILE",
+__all__ = ["add_col_vector", "scale_acc", "BLOCK_SCALE_K", "apply_row_col_scales", "block_scale_regs", "issue_k_block", "promoted_mainloop", "promoted_mainloop_ahead", "promoted_mainloop_serial", "PROMOTE_AHEAD_UNROLL", "block_scales_from_smem", "load_block_scales", "load_block_scales_into", "promote_scaled", "CONSUMER_REGS", "GEMM_CONSUMER_REGS", "GEMM_PRODUCER_REGS", "PRODUCER_REGS", "REGISTER_FILE",
            "acc_as_a_operand", "acc_mn_view", "persistent_schedule", "prefetch_tma_descriptors",
            "register_split_fits", "stage_bytes", "tile_scheduler", "tma_load_atom", "tma_load_box_atom", "tma_pipeline",
            "tma_store_atom"]
