@@ -229,13 +229,7 @@ def gemm_epilogue(bundle, a, b, out=None, *, bias=None, residual=None, activatio
         validate.disjoint("out", out, a=a, b=b, bias=bias, scale_a=scale_a, scale_b=scale_b,
                           residual=None if in_place else residual)
     c3 = plain.rkl_spec(out, "out")
-    form = None
-    if fp8 and (scale_mode is not None or plain._per_element(scale_a) or plain._per_element(scale_b)):
-        mode = fp8_forms.infer_mode(scale_a, scale_b, M, N, K, scale_mode)
-        if mode != "tensor":
-            scales, keep, form = fp8_forms.scale_specs(mode, scale_a, scale_b, a, M, N, K, L, a.dim(), dev)
-    if form is None:
-        scales, keep = plain.fp8_scales(bundle, a, scale_a, scale_b, dev) if fp8 else ([], [])
+    scales, keep, form = _scale_specs(bundle, a, scale_a, scale_b, scale_mode, fp8, M, N, K, L, dev)
     extra = []
     if bias is not None:
         extra.append((bias.data_ptr(), (N,), (1,)))
@@ -245,15 +239,8 @@ def gemm_epilogue(bundle, a, b, out=None, *, bias=None, residual=None, activatio
         return out
     if K == 0:  # no product: the epilogue of zeros, computed by torch (nothing launched)
         return _epilogue_of_zeros(out, bias, residual, activation, N, n_out)
-    if variant is None:
-        name = select(bundle, a3, b3, c3, ab, c, scales, extra, flags, n_out, b_constant, dev, form)
-    else:
-        name = _named(bundle, variant, flags, ab, c, [a3, b3, c3, *scales, *extra])
-    entry = bundle.manifest["variants"][name]
-    specs = [a3, b3, c3, *scales, *extra]
-    if "persistent" in entry:
-        specs += plain.launch_scalars(bundle, entry, dev)
-    bundle.launch(name, specs, checked=True, device=dev)
+    name, entry, specs = _launch(bundle, variant, flags, ab, c, a3, b3, c3, scales, extra, n_out,
+                                 b_constant, dev, form)
     if key is not None and (not fp8 or plain.hot_scales(bundle, a, keep, scale_a, scale_b)):
         unit = bundle.unit_scales.get(a.device) if fp8 else None
         fire = _hot(bundle, name, entry, specs, dev, out, out_given, fp8, unit, flags)
@@ -293,13 +280,7 @@ def _gemm_fp8_groups(bundle, a, b, out, activation, out_dtype, scale_a, scale_b,
         validate.disjoint("scale_out", scale_out, a=a, b=b, scale_a=scale_a, scale_b=scale_b)
     c = plain.out_kind(out, fp8, scale_a, scale_b, scale_mode)
     c3 = plain.rkl_spec(out, "out")
-    form = None
-    if fp8 and (scale_mode is not None or plain._per_element(scale_a) or plain._per_element(scale_b)):
-        mode = fp8_forms.infer_mode(scale_a, scale_b, M, N, K, scale_mode)
-        if mode != "tensor":
-            scales, keep, form = fp8_forms.scale_specs(mode, scale_a, scale_b, a, M, N, K, L, a.dim(), dev)
-    if form is None:
-        scales, keep = plain.fp8_scales(bundle, a, scale_a, scale_b, dev) if fp8 else ([], [])
+    scales, keep, form = _scale_specs(bundle, a, scale_a, scale_b, scale_mode, fp8, M, N, K, L, dev)
     extra = [_scale_out_spec(scale_out, M, -(-n_out // FP8_GROUP))]
     if M == 0 or n_out == 0:
         return out, scale_out
@@ -307,6 +288,23 @@ def _gemm_fp8_groups(bundle, a, b, out, activation, out_dtype, scale_a, scale_b,
         out.zero_()
         scale_out.fill_(FP8_MIN_SCALE)
         return out, scale_out
+    _launch(bundle, variant, flags, ab, c, a3, b3, c3, scales, extra, n_out, b_constant, dev, form)
+    del keep  # the scale tensors the specs point at stay alive until the launch is queued
+    return out, scale_out
+
+
+def _scale_specs(bundle, a, scale_a, scale_b, scale_mode, fp8, M, N, K, L, dev):
+    """The fp8 scales' launch specs: (specs, tensors to keep alive, the row/block form or None)."""
+    if fp8 and (scale_mode is not None or plain._per_element(scale_a) or plain._per_element(scale_b)):
+        mode = fp8_forms.infer_mode(scale_a, scale_b, M, N, K, scale_mode)
+        if mode != "tensor":
+            return fp8_forms.scale_specs(mode, scale_a, scale_b, a, M, N, K, L, a.dim(), dev)
+    scales, keep = plain.fp8_scales(bundle, a, scale_a, scale_b, dev) if fp8 else ([], [])
+    return scales, keep, None
+
+
+def _launch(bundle, variant, flags, ab, c, a3, b3, c3, scales, extra, n_out, b_constant, dev, form):
+    """Select (or take the named) variant and launch it through the checked path: (name, entry, specs)."""
     if variant is None:
         name = select(bundle, a3, b3, c3, ab, c, scales, extra, flags, n_out, b_constant, dev, form)
     else:
@@ -316,7 +314,7 @@ def _gemm_fp8_groups(bundle, a, b, out, activation, out_dtype, scale_a, scale_b,
     if "persistent" in entry:
         specs += plain.launch_scalars(bundle, entry, dev)
     bundle.launch(name, specs, checked=True, device=dev)
-    return out, scale_out
+    return name, entry, specs
 
 
 def select(bundle, a3, b3, c3, ab, c, scales, extra, flags, n_out, b_constant, dev, form) -> str:
