@@ -102,21 +102,19 @@ def _varlen_case(bundle, e, lq, lk, hq, hkv, gen, failures):
             failures.append(str(err).splitlines()[0])
 
 
-def test_every_sm90a_variant(bundle):
-    """Every sm_90a attention variant in the bundle, launched by name on every shape (dense) or
-    packed batch (varlen)."""
-    gen = torch.Generator(device="cuda").manual_seed(90)
+def _launch_each(bundle, entries, shapes, varlen_shapes, gen):
+    """Launch each entry by name on every dense shape (or packed varlen batch) with NaN-poisoned
+    outputs and check it against float32; one assertion listing every failure."""
     dt = {"bf16": torch.bfloat16, "f16": torch.float16}
     failures = []
-    entries = [e for e in bundle.candidates("attention") if e["target"] == "sm_90a"]
     for e in entries:
         if e["varlen"]:
-            for lq, lk, hq, hkv in VARLEN:
+            for lq, lk, hq, hkv in varlen_shapes:
                 _varlen_case(bundle, e, lq, lk, hq, hkv, gen, failures)
             continue
         dtype, d, causal = dt[e["dtype"]], e["head_dim"], e["causal"]
         scale = 0.7 / math.sqrt(d)
-        for b, sq, sk, hq, hkv in SHAPES:
+        for b, sq, sk, hq, hkv in shapes:
             q = _poisoned((b, sq, hq, d), dtype, 7, gen)
             k = _poisoned((b, sk, hkv, d), dtype, 9, gen)
             v = _poisoned((b, sk, hkv, d), dtype, 9, gen)
@@ -129,6 +127,14 @@ def test_every_sm90a_variant(bundle):
             except AssertionError as err:
                 failures.append(str(err).splitlines()[0])
     assert not failures, failures
+
+
+def test_every_sm90a_variant(bundle):
+    """Every sm_90a attention variant in the bundle, launched by name on every shape (dense) or
+    packed batch (varlen)."""
+    gen = torch.Generator(device="cuda").manual_seed(90)
+    entries = [e for e in bundle.candidates("attention") if e["target"] == "sm_90a"]
+    _launch_each(bundle, entries, SHAPES, VARLEN, gen)
 
 
 # More query tiles than a persistent grid has CTAs (132 at most), so each CTA walks several tiles
@@ -144,32 +150,11 @@ def test_persistent_variants_walk_many_tiles(bundle):
     """Every persistent sm_90a variant by name on problems of 200-350 query tiles: each CTA's
     later tiles reuse its Q slabs (head_dim 256: O leaves through them too)."""
     gen = torch.Generator(device="cuda").manual_seed(91)
-    dt = {"bf16": torch.bfloat16, "f16": torch.float16}
     entries = [e for e in bundle.candidates("attention") if e["target"] == "sm_90a"
                and (e.get("tile_scheduler") or {}).get("persistent")]
     if not entries:
         pytest.skip("no persistent sm_90a attention variant in the bundle")
-    failures = []
-    for e in entries:
-        if e["varlen"]:
-            for lq, lk, hq, hkv in MANY_TILES_VARLEN:
-                _varlen_case(bundle, e, lq, lk, hq, hkv, gen, failures)
-            continue
-        dtype, d, causal = dt[e["dtype"]], e["head_dim"], e["causal"]
-        scale = 0.7 / math.sqrt(d)
-        for b, sq, sk, hq, hkv in MANY_TILES:
-            q = _poisoned((b, sq, hq, d), dtype, 7, gen)
-            k = _poisoned((b, sk, hkv, d), dtype, 9, gen)
-            v = _poisoned((b, sk, hkv, d), dtype, 9, gen)
-            o = torch.full_like(q, math.nan)
-            lse = torch.full((b, hq, sq), math.nan, device="cuda")
-            bundle.launch(e["name"], [q, k, v, o, lse, scale])
-            torch.cuda.synchronize()
-            try:
-                _check(o, lse, q, k, v, causal, scale, f"{e['name']} {(b, sq, sk, hq, hkv)}")
-            except AssertionError as err:
-                failures.append(str(err).splitlines()[0])
-    assert not failures, failures
+    _launch_each(bundle, entries, MANY_TILES, MANY_TILES_VARLEN, gen)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
