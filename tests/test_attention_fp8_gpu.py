@@ -118,7 +118,7 @@ def _moving_max_case(bundle, e, gen, b=1, sq=300, sk=1500, h=4):
     """Scores with a ramp along the keys (~70 raw units from the first key to the last, every
     head_dim): a row's max grows by ~8 log2 units per 128-key tile in the order the kernel visits
     the tiles (last first) on head 0, shrinks on head 1, is flat on head 2, grows slowly on head
-    3: O rescaled on every trip, on none, on some (around the lazy rescale's threshold)."""
+    3: O rescaled on every trip, on none, on some (max growth around 8 log2 units per tile)."""
     f8, d = torch.float8_e4m3fn, e["head_dim"]
     a = 3.0 * math.sqrt(128 / d)  # (q's mean 1 times k's lift a, over d dims, times 1/sqrt(d))
     ramp = torch.linspace(a, -a, sk, device="cuda")  # head 0: larger scores at lower keys

@@ -35,22 +35,16 @@ from typing import Any, ClassVar
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
-from cutlass.cute.nvgpu import warpgroup
 
 from ..abi import Signature
-from ..atoms import sm90 as atoms
-from ..atoms.common import quad_allreduce
 from ..atoms.sm90_matrix import ldsm_x4_trans, stsm_x4
 from ..atoms.targets import Target
 from ..registry import register
-from . import contract, layout, mask
+from . import contract, layout
 from .fp8_order import LDSM_JOIN, P_EXCHANGE, exchange_sources, p_local_source
 from .sm90 import WG_ROWS, AttentionSm90, FlashFwdSm90, default_schedule
 
 FP8_HEAD_DIMS = (64, 128, 256)
-# Lazy rescale: a warp keeps its rows' reference max until one row's max grows by more than this
-# many log2 units; P = exp2(S·scale - reference) then stays below 2^8 = 256 (e4m3 holds 448).
-RESCALE_THRESHOLD = 8.0
 # setmaxnreg budgets with the transposing warps (per thread: producer warpgroup, consumers)
 TRANSPOSE_PRODUCER_REGS, TRANSPOSE_CONSUMER_REGS = 40, 232
 
@@ -69,12 +63,6 @@ class AttentionFp8Sm90(AttentionSm90):
     # how V arrives: "bshd" = (B, Sk, Hkv, D) like K, transposed in the kernel; "bhds" =
     # (B, Hkv, D, Sk), keys contiguous (the K-major B operand of P·V), read by TMA as it is
     v_layout: str = field(default="bshd", metadata={"tag": "v"})
-    # O rescaled only when a warp's row max grew by more than RESCALE_THRESHOLD (a lazy
-    # rescale) instead of on every key tile whose max moved.  Off by default: on an H100 it was
-    # no faster (B1 H16 S16384 D128: 770-798 vs 854-856 TFLOP/s non-causal, 812-819 vs 784-804
-    # causal) and its max error on rows dominated by one key was 7x (P's largest value, 1.0 with
-    # the exact max, is rounded to e4m3 like the others; notes/attention-fp8.md)
-    lazy_rescale: bool = field(default=False, metadata={"tag": "lr"})
 
     def sass_requirements(self) -> tuple[str, ...]:
         # nvdisasm prints fp8 WGMMAs as QGMMA: "QGMMA.64x128x32.F32.E4M3.E4M3 R88, gdesc[UR16],
@@ -134,7 +122,7 @@ class AttentionFp8Sm90(AttentionSm90):
             head_dim=self.head_dim, tile_m=self.tile_m, tile_n=self.tile_n, stages=self.stages,
             causal=self.causal, overlap=self.overlap, pingpong=self.pingpong,
             early_rescale=self.early_rescale, persistent=self.persistent, k_first=self.k_first,
-            v_transpose=self.v_layout == "bshd", lazy_rescale=self.lazy_rescale,
+            v_transpose=self.v_layout == "bshd",
         )
         return k.packed_fp8 if self.varlen else k.dense_fp8
 
@@ -181,53 +169,6 @@ def enumerate_attention_fp8(target: Target, tier: str) -> list[AttentionFp8Sm90]
     return [v for v in out if v.can_implement() is None]
 
 
-@cute.jit
-def online_softmax_lazy(s_mn: cute.Tensor, row_max: cute.Tensor, row_sum: cute.Tensor, scale_log2,
-                        corr: cute.Tensor):
-    """One key tile of the online softmax with a lazy reference max (``row_max``): where no row
-    of this warp has a max more than RESCALE_THRESHOLD log2 units above its reference, the
-    references stay, ``corr`` is 1 and P = exp2(S·scale - reference) <= 2^RESCALE_THRESHOLD;
-    otherwise every row of the warp moves its reference to its max (``corr`` = the O factor,
-    the running sum rescaled), as :func:`softmax.online_softmax` does.  Sum and O refer to the
-    same reference, so O / sum and the LSE (reference + log2 sum) are those of the true max."""
-    n_rows = cute.size(row_max)
-    m_tile = cute.make_rmem_tensor(n_rows, cutlass.Float32)
-    grow = cutlass.Boolean(False)
-    for r in cutlass.range_constexpr(n_rows):
-        s = s_mn[r, None].load()
-        m = quad_allreduce(s.reduce(cute.ReductionOp.MAX, -cutlass.Float32.inf, 0), cute.arch.fmax)
-        m_tile[r] = cute.arch.fmax(m, row_max[r])
-        # (a row with no visible key yet has reference -inf: a finite max always moves it; -inf
-        # against -inf is NaN: no move, the row stays empty)
-        grow = grow | ((m_tile[r] - row_max[r]) * scale_log2 > RESCALE_THRESHOLD)
-    for r in cutlass.range_constexpr(n_rows):
-        corr[r] = 1.0
-    if cute.arch.vote_any_sync(grow):
-        for r in cutlass.range_constexpr(n_rows):
-            m_scaled = (0.0 if m_tile[r] == -cutlass.Float32.inf else m_tile[r]) * scale_log2
-            corr[r] = cute.math.exp2(row_max[r] * scale_log2 - m_scaled, fastmath=True)
-            row_sum[r] = row_sum[r] * corr[r]
-            row_max[r] = m_tile[r]
-    for r in cutlass.range_constexpr(n_rows):
-        s = s_mn[r, None].load()
-        m_scaled = (0.0 if row_max[r] == -cutlass.Float32.inf else row_max[r]) * scale_log2
-        p = cute.math.exp2(s * scale_log2 - m_scaled, fastmath=True)
-        row_sum[r] = row_sum[r] + p.reduce(cute.ReductionOp.ADD, cutlass.Float32.zero, 0)
-        s_mn[r, None] = p
-
-
-@cute.jit
-def rescale_if_moved(o_mn: cute.Tensor, corr: cute.Tensor):
-    """O's rows times ``corr`` (:func:`online_softmax_lazy`), skipped by the whole warp where every
-    factor is 1."""
-    moved = cutlass.Boolean(False)
-    for r in cutlass.range_constexpr(cute.size(corr)):
-        moved = moved | (corr[r] != 1.0)
-    if cute.arch.vote_any_sync(moved):
-        for r in cutlass.range_constexpr(cute.size(corr)):
-            o_mn[r, None] = o_mn[r, None].load() * corr[r]
-
-
 def _swizzle_bits(lay) -> tuple[int, int, int]:
     """(B, M, S) of a staged layout's swizzle Swizzle<B,M,S> on byte offsets (fp8 elements)."""
     m = re.fullmatch(r"S<(\d+),(\d+),(\d+)>", str(lay.inner))
@@ -248,14 +189,13 @@ class FlashFwdSm90Fp8(FlashFwdSm90):
 
     def __init__(self, *, head_dim: int, tile_m: int, tile_n: int, stages: int, causal: bool,
                  overlap: bool, pingpong: bool, early_rescale: bool, persistent: bool, k_first: bool,
-                 v_transpose: bool, lazy_rescale: bool = False):
+                 v_transpose: bool):
         super().__init__(dtype=cutlass.Float8E4M3FN, head_dim=head_dim, tile_m=tile_m, tile_n=tile_n,
                          stages=stages, causal=causal, overlap=overlap, pingpong=pingpong,
                          early_rescale=early_rescale, persistent=persistent, k_first=k_first)
         self.out_dtype = cutlass.BFloat16
         self.v_k_major = True
         self.v_transpose = v_transpose
-        self.lazy_rescale = lazy_rescale
         if v_transpose:
             # warps 1..3 of the producer warpgroup transpose V; they need more registers than
             # the TMA warp's budget: 40 + 2·232 per thread slot
@@ -287,52 +227,6 @@ class FlashFwdSm90Fp8(FlashFwdSm90):
         grid = (cute.ceil_div(max_seqlen_q, self.cta_rows), q.shape[1], cu_seqlens_q.shape[0] - 1)
         self._launch(mQ, mK, mV, mO, lse, cu_seqlens_q, cu_seqlens_k, softmax_scale, grid, stream,
                      mDescale=(q_descale, k_descale, v_descale))
-
-    def overlap_step(self, masked, n, read, kv_pipes, tiled_mma_qk, tiled_mma_pv, acc_O, tOrP, tOrP_c, tSrQ,
-                     tSrK, tOrV, s_shape, cS, row_max, row_sum, corr, scale_log2, row0, q_len, k_len, wg,
-                     sV=None, ltid=None, win=(None, None), cap=None):
-        """The 16-bit family's overlapped trip, with the lazy rescale where no softcap transforms
-        the scores (:meth:`overlap_step_lazy`)."""
-        step = self.overlap_step_lazy if (self.lazy_rescale and cap is None) else super().overlap_step
-        return step(masked, n, read, kv_pipes, tiled_mma_qk, tiled_mma_pv, acc_O, tOrP, tOrP_c, tSrQ, tSrK,
-                    tOrV, s_shape, cS, row_max, row_sum, corr, scale_log2, row0, q_len, k_len, wg, sV, ltid,
-                    win, cap)
-
-    @cute.jit
-    def overlap_step_lazy(self, masked: cutlass.Constexpr, n, read, kv_pipes, tiled_mma_qk, tiled_mma_pv,
-                          acc_O, tOrP, tOrP_c, tSrQ, tSrK, tOrV, s_shape, cS, row_max, row_sum, corr,
-                          scale_log2, row0, q_len, k_len, wg, sV=None, ltid=None, win=(None, None),
-                          cap=None):
-        """One overlapped trip (S of tile n issued first, P·V of tile n + 1 behind it, the softmax
-        of tile n while P·V runs) with the lazy rescale: :func:`online_softmax_lazy` moves a
-        warp's reference max only when some row's max grew by more than RESCALE_THRESHOLD (log2
-        units), and O's rows are multiplied only on the trip after such a move (a warp-uniform
-        branch; ``corr`` is 1 otherwise)."""
-        k_pipe, v_pipe = kv_pipes
-        read_v = read.clone()
-        read.advance()
-        acc_S = cute.make_rmem_tensor(s_shape, cutlass.Float32)
-        self.kv_wait(k_pipe, read)
-        self.schedule_wait(wg)
-        tiled_mma_qk = self.gemm_qk(tiled_mma_qk, acc_S, tSrQ, tSrK, wg, read.index)
-        if cutlass.const_expr(self.early_rescale):
-            rescale_if_moved(atoms.acc_mn_view(acc_O), corr)  # (on the first tile: garbage, overwritten)
-        self.kv_wait(v_pipe, read_v)
-        self.zero_v_tail(sV, read_v.index, n + 1, k_len, ltid, wg)
-        tiled_mma_pv = self.gemm_pv(tiled_mma_pv, acc_O, tOrP, tOrV, read_v.index)
-        self.schedule_next(wg)
-        warpgroup.wait_group(1)
-        k_pipe.consumer_release(read)
-        if cutlass.const_expr(masked):
-            mask.apply_mask(self.mask, atoms.acc_mn_view(acc_S), cS, row0, n * self.tile_n, q_len, k_len,
-                            win=win)
-        online_softmax_lazy(atoms.acc_mn_view(acc_S), row_max, row_sum, scale_log2, corr)
-        warpgroup.wait_group(0)
-        v_pipe.consumer_release(read_v)
-        if cutlass.const_expr(not self.early_rescale):
-            rescale_if_moved(atoms.acc_mn_view(acc_O), corr)
-        self.store_p(acc_S, tOrP, tOrP_c, ltid)
-        return read, tiled_mma_qk, tiled_mma_pv
 
     def problem_scales(self, scale_log2, mDescale, head, batch, n_heads, n_kv_heads):
         """scale·log2(e)·q_descale·k_descale and v_descale of (batch, kv head)."""
@@ -450,5 +344,5 @@ class FlashFwdSm90Fp8(FlashFwdSm90):
                 a[4 * kb + 2 * kh + 1] = cutlass.Int32(cute.arch.prmt(x, y, sel_r1))
 
 
-__all__ = ["AttentionFp8Sm90", "FP8_HEAD_DIMS", "FlashFwdSm90Fp8", "RESCALE_THRESHOLD", "enumerate_attention_fp8",
-           "fp8_config", "online_softmax_lazy", "rescale_if_moved"]
+__all__ = ["AttentionFp8Sm90", "FP8_HEAD_DIMS", "FlashFwdSm90Fp8", "enumerate_attention_fp8",
+           "fp8_config"]
