@@ -52,6 +52,7 @@ from ..atoms.targets import Target
 from ..registry import register
 from . import tiles
 from .common import GemmVariant
+from .sm90 import epilogue_args, scale_args
 
 # Bytes the smem plan keeps for the mbarriers and the TMEM address (padded so the swizzled buffers
 # after them start 1024-aligned).
@@ -97,6 +98,20 @@ def sass_tmem_alloc(columns: int) -> str:
             rf"\bUTCATOMSWS\.(?:2CTA\.)?FIND_AND_SET\.ALIGN(?= UP\d, \1, \1)")
 
 
+def sass_count(pattern: str, count: int) -> str:
+    """At least ``count`` matches of ``pattern`` in the disassembly (anchored at its start, so a
+    failing search scans it once per way of choosing fewer matches, not once per offset)."""
+    return rf"\A(?:[\s\S]*?{pattern}){{{count}}}"
+
+
+# The per-element epilogue's loads, one per accumulator element of a thread and field (ptxas keeps
+# one load of the row's scale_a, which every element of a thread shares in the 32-lane layouts):
+# scale_b as 32-bit loads, bias and residual as 16-bit loads of the output dtype.  Per-tensor fp8
+# reads 2 scales; a kernel without epilogue fields reads nothing with LDG.
+SASS_LOAD_F32 = r"\bLDG\.E R\d+,"
+SASS_LOAD_U16 = r"\bLDG\.E\.U16 R\d+,"
+
+
 @dataclass(frozen=True)
 class _Plan:
     """Shared and tensor memory of one CTA, in plain Python (checked against the traced layouts at
@@ -121,7 +136,8 @@ class GemmSm100(GemmVariant):
     16-bit inputs, 128 for fp8).  ``cluster`` (cm, cn) in CTAs; a pair needs cm even."""
 
     family: ClassVar[str] = "sm100"
-    sources: ClassVar[tuple[str, ...]] = ("gemm/sm100.py", "gemm/common.py", "atoms/sm100.py", "abi.py")
+    sources: ClassVar[tuple[str, ...]] = ("gemm/sm100.py", "gemm/common.py", "atoms/sm100.py", "abi.py",
+                                          "gemm/sm90.py")
 
     # Declared first so that a pair variant's name ("..._2cta_t256...") sorts before the 1-CTA
     # variant with the same CTA tile: the loader's tile heuristic keeps the first of equals.
@@ -130,10 +146,43 @@ class GemmSm100(GemmVariant):
     cluster: tuple[int, int] = field(default=(1, 1), metadata={"tag": "c"})
     # Programmatic dependent launch, as in the Hopper family.
     pdl: bool = field(default=False, metadata={"tag": "pdl"})
+    # fp8 with a scale per row of A and per row of B (torch ``_scaled_mm`` row-wise: scale_a (M,),
+    # scale_b (N,)), applied to the fp32 accumulators in the epilogue; the argument contract is the
+    # Hopper family's (gemm/sm90.py ``scale_args``).  Off: one scale per tensor.
+    row_scale: bool = field(default=False, metadata={"tag": "rowsc"})
+    # Epilogue fields, as the Hopper family's (gemm/sm90.py ``epilogue_args``: the same arguments,
+    # manifest fields and order): after the fp8 scales, ``+ bias[col]`` (bias (N,), the output
+    # dtype), then ``+ residual[row, col]`` (residual (M, N, L), the output dtype; may be ``c``
+    # itself).  Each off by default: a variant without them compiles the kernel it did before.
+    bias: bool = field(default=False, metadata={"tag": "bias"})
+    residual: bool = field(default=False, metadata={"tag": "res"})
+
+    # Epilogue fields of the Hopper family this one does not build (epilogue_args reads them).
+    silu_mul: ClassVar[bool] = False
+    fp8_groups: ClassVar[bool] = False
+
+    @property
+    def scale_mode(self) -> str:
+        """fp8 scales: "tensor" (one each) or "row" (scale_a (M,), scale_b (N,))."""
+        return "row" if self.row_scale else "tensor"
+
+    @property
+    def has_epilogue(self) -> bool:
+        return self.bias or self.residual
+
+    @property
+    def epilogue(self) -> list[str]:
+        """The epilogue fields that are on, in the order they apply."""
+        return [f for f in ("bias", "residual") if getattr(self, f)]
 
     def signature(self) -> Signature:
         sig = super().signature()
-        return Signature(sig.args + (ScalarArg("max_clusters", "i32"),), sig.divisibility)
+        args, div = sig.args, sig.divisibility
+        if self.row_scale:
+            args = tuple(a for a in args if a.name not in ("scale_a", "scale_b")) + scale_args("row")
+        if self.has_epilogue:
+            args, div = epilogue_args(self, args, div)
+        return Signature(args + (ScalarArg("max_clusters", "i32"),), div)
 
     def sass_requirements(self) -> tuple[str, ...]:
         kind = "f8" if self.is_fp8 else "f16"
@@ -146,7 +195,18 @@ class GemmSm100(GemmVariant):
             req += (r"\bPREEXIT\b", r"\bACQBULK\b")
         if self.is_fp8:  # the per-tensor scales are read
             req += (r"\bLDG\.E\b",)
+        per_thread = self.epi_elements_per_thread
+        if self.row_scale:  # scale_b per output column
+            req += (sass_count(SASS_LOAD_F32, per_thread),)
+        if self.has_epilogue:  # bias per column, residual per element
+            req += (sass_count(SASS_LOAD_U16, per_thread * len(self.epilogue)),)
         return req
+
+    @property
+    def epi_elements_per_thread(self) -> int:
+        """Accumulator elements one epilogue thread holds per sub-tile (4 warps share it)."""
+        em, en = self.plan().epi_tile
+        return em * en // (32 * len(_EPILOGUE_WARPS))
 
     def proof_level(self) -> str:
         return "sass-only"
@@ -164,6 +224,10 @@ class GemmSm100(GemmVariant):
             return "fp8 variants take K-major operands only"
         if self.a_major not in ("k", "m") or self.b_major not in ("k", "n"):
             return f"majorness a={self.a_major} b={self.b_major} not supported"
+        if self.row_scale and not self.is_fp8:
+            return "row scales apply to fp8 only"
+        if (self.row_scale or self.has_epilogue) and self.c not in ("bf16", "f16"):
+            return "row scales and epilogue fields write bf16 or f16"
         if self.pair and not tgt.cta_pairs:
             return "target has no CTA pairs"
         tm, tn, tk = self.tile
@@ -240,12 +304,15 @@ class GemmSm100(GemmVariant):
             "threads": THREADS,
             "persistent": {"arg": "max_clusters", "cluster_ctas": cm * cn},
             "scaled": self.is_fp8,
+            "scale_mode": self.scale_mode if self.is_fp8 else None,
             "constraints": {
                 "divisibility": dict(sig.divisibility),
                 "align_bytes": 16,
                 "tails": ["M", "N", "K", "L"],
             },
         })
+        if self.has_epilogue:
+            d["epilogue"] = self.epilogue  # fused epilogue fields in the order they apply
         return d
 
     def make_kernel(self):
@@ -253,8 +320,9 @@ class GemmSm100(GemmVariant):
         kernel = GemmSm100Kernel(mma_tile=self.tile, cluster=self.cluster, pair=self.pair,
                                  ab_stages=plan.ab_stages, epi_tile=plan.epi_tile,
                                  tmem_cols=plan.tmem_cols, stage_bytes=plan.stage_bytes,
-                                 pdl=self.pdl, smem_plan=plan.smem_bytes)
-        return kernel.scaled if self.is_fp8 else kernel
+                                 pdl=self.pdl, smem_plan=plan.smem_bytes,
+                                 row_scale=self.row_scale, epilogue=tuple(self.epilogue))
+        return kernel.entry(self.is_fp8)
 
 
 def _round_up(x: int, a: int) -> int:
@@ -272,7 +340,7 @@ class GemmSm100Kernel:
     grid, then launch ``kernel``.  See the module docstring for the warp roles."""
 
     def __init__(self, *, mma_tile, cluster, pair, ab_stages, epi_tile, tmem_cols, stage_bytes,
-                 pdl, smem_plan):
+                 pdl, smem_plan, row_scale=False, epilogue=()):
         self.mma_tiler = tuple(mma_tile)
         self.cluster = tuple(cluster)
         self.pair = pair
@@ -284,6 +352,20 @@ class GemmSm100Kernel:
         self.stage_bytes = stage_bytes
         self.pdl = pdl
         self.smem_plan = smem_plan
+        # Epilogue math beyond the per-tensor scale: each output element needs its coordinates.
+        self.row_scale = row_scale
+        self.epi_fields = tuple(epilogue)
+        self.per_element = row_scale or bool(self.epi_fields)
+
+    def entry(self, fp8: bool):
+        """The host entry whose arguments follow the variant's signature: a, b, c, then the fp8
+        scales, then bias and residual where those fields are on, then max_clusters and stream."""
+        key = ("bias" in self.epi_fields, "residual" in self.epi_fields)
+        if fp8:
+            return {(False, False): self.scaled, (True, False): self.scaled_bias,
+                    (False, True): self.scaled_res, (True, True): self.scaled_bias_res}[key]
+        return {(False, False): self.__call__, (True, False): self.with_bias,
+                (False, True): self.with_res, (True, True): self.with_bias_res}[key]
 
     # --- host ------------------------------------------------------------------------------------
     @cute.jit
@@ -297,7 +379,40 @@ class GemmSm100Kernel:
         self._launch(a, b, c, scale_a, scale_b, max_clusters, stream)
 
     @cute.jit
-    def _launch(self, a, b, c, scale_a, scale_b, max_clusters, stream):
+    def with_bias(self, a: cute.Tensor, b: cute.Tensor, c: cute.Tensor, bias: cute.Tensor,
+                  max_clusters: cutlass.Int32, stream: cuda.CUstream):
+        self._launch(a, b, c, None, None, max_clusters, stream, bias, None)
+
+    @cute.jit
+    def with_res(self, a: cute.Tensor, b: cute.Tensor, c: cute.Tensor, residual: cute.Tensor,
+                 max_clusters: cutlass.Int32, stream: cuda.CUstream):
+        self._launch(a, b, c, None, None, max_clusters, stream, None, residual)
+
+    @cute.jit
+    def with_bias_res(self, a: cute.Tensor, b: cute.Tensor, c: cute.Tensor, bias: cute.Tensor,
+                      residual: cute.Tensor, max_clusters: cutlass.Int32, stream: cuda.CUstream):
+        self._launch(a, b, c, None, None, max_clusters, stream, bias, residual)
+
+    @cute.jit
+    def scaled_bias(self, a: cute.Tensor, b: cute.Tensor, c: cute.Tensor, scale_a: cute.Tensor,
+                    scale_b: cute.Tensor, bias: cute.Tensor, max_clusters: cutlass.Int32,
+                    stream: cuda.CUstream):
+        self._launch(a, b, c, scale_a, scale_b, max_clusters, stream, bias, None)
+
+    @cute.jit
+    def scaled_res(self, a: cute.Tensor, b: cute.Tensor, c: cute.Tensor, scale_a: cute.Tensor,
+                   scale_b: cute.Tensor, residual: cute.Tensor, max_clusters: cutlass.Int32,
+                   stream: cuda.CUstream):
+        self._launch(a, b, c, scale_a, scale_b, max_clusters, stream, None, residual)
+
+    @cute.jit
+    def scaled_bias_res(self, a: cute.Tensor, b: cute.Tensor, c: cute.Tensor, scale_a: cute.Tensor,
+                        scale_b: cute.Tensor, bias: cute.Tensor, residual: cute.Tensor,
+                        max_clusters: cutlass.Int32, stream: cuda.CUstream):
+        self._launch(a, b, c, scale_a, scale_b, max_clusters, stream, bias, residual)
+
+    @cute.jit
+    def _launch(self, a, b, c, scale_a, scale_b, max_clusters, stream, bias=None, residual=None):
         ab_dtype, c_dtype = a.element_type, c.element_type
         c_layout = utils.LayoutEnum.from_tensor(c)
         mma = atoms.tiled_mma(ab_dtype, utils.LayoutEnum.from_tensor(a).mma_major_mode(),
@@ -349,7 +464,7 @@ class GemmSm100Kernel:
             raise ValueError(f"SharedStorage is {SharedStorage.size_in_bytes()} B, the plan {self.smem_plan}")
         self.c_layout = c_layout
         self.kernel(
-            mma, tma_a, gA, tma_b, gB, tma_c, gC, scale_a, scale_b, vmnk,
+            mma, tma_a, gA, tma_b, gB, tma_c, gC, scale_a, scale_b, bias, residual, vmnk,
             sA_layout, sB_layout, sC_layout, epi_tile, sched,
         ).launch(
             grid=grid, block=[THREADS, 1, 1], cluster=(*self.cluster, 1),
@@ -364,7 +479,7 @@ class GemmSm100Kernel:
         tma_a: cute.CopyAtom, mA: cute.Tensor,
         tma_b: cute.CopyAtom, mB: cute.Tensor,
         tma_c: cute.CopyAtom, mC: cute.Tensor,
-        scale_a, scale_b,
+        scale_a, scale_b, bias, residual,
         vmnk: cute.Layout,
         sA_layout: cute.ComposedLayout, sB_layout: cute.ComposedLayout,
         sC_layout: cute.ComposedLayout,
@@ -409,6 +524,13 @@ class GemmSm100Kernel:
         tCgA = thr_mma.partition_A(gA)
         tCgB = thr_mma.partition_B(gB)
         tCgC = thr_mma.partition_C(gC)
+        # The (m, n, l) coordinates of the output elements, partitioned like C (per-element
+        # epilogue math: row scales, bias, residual).
+        tCcC = None
+        if cutlass.const_expr(self.per_element):
+            cC = cute.local_tile(cute.make_identity_tensor(mC.shape),
+                                 cute.slice_(self.mma_tiler, (None, None, 0)), (None, None, None))
+            tCcC = thr_mma.partition_C(cC)
         # The accumulator stages' TMEM layout (its address is known once allocated).
         acc_shape = mma.partition_shape_C(self.mma_tiler[:2])
         acc_layout = mma.make_fragment_C(cute.append(acc_shape, _ACC_STAGES)).layout
@@ -433,8 +555,8 @@ class GemmSm100Kernel:
             tmem.wait_for_alloc()
             acc_ptr = tmem.retrieve_ptr(cutlass.Float32)
             acc = cute.make_tensor(acc_ptr, acc_layout)
-            self.epilogue(tidx, warp_idx, mma, tma_c, acc, sC, tCgC, epi_tile, acc_pipe, scale_a,
-                          scale_b, sched_params)
+            self.epilogue(tidx, warp_idx, mma, tma_c, acc, sC, tCgC, tCcC, epi_tile, acc_pipe,
+                          scale_a, scale_b, bias, residual, sched_params)
             tmem.free(acc_ptr)
 
     @cute.jit
@@ -510,10 +632,11 @@ class GemmSm100Kernel:
         acc_pipe.producer_tail(acc_state)
 
     @cute.jit
-    def epilogue(self, tidx, warp_idx, mma, tma_c, acc, sC, tCgC, epi_tile, acc_pipe, scale_a,
-                 scale_b, sched_params):
-        """The epilogue warps: per tile, per sub-tile: TMEM -> registers (tcgen05.ld) -> scale and
-        convert -> smem -> TMA store; then the accumulator stage goes back to the MMA warp."""
+    def epilogue(self, tidx, warp_idx, mma, tma_c, acc, sC, tCgC, tCcC, epi_tile, acc_pipe,
+                 scale_a, scale_b, bias, residual, sched_params):
+        """The epilogue warps: per tile, per sub-tile: TMEM -> registers (tcgen05.ld) -> scale, bias,
+        residual -> convert -> smem -> TMA store; then the accumulator stage goes back to the MMA
+        warp."""
         c_dtype = sC.element_type
         # (EPI_M, EPI_N, epi_m, epi_n, STAGE) views of the accumulator, tiles of C likewise.
         acc_epi = cute.flat_divide(acc[((None, None), 0, 0, None)], epi_tile)
@@ -523,6 +646,10 @@ class GemmSm100Kernel:
         tTR_tAcc = thr_t2r.partition_S(acc_epi)
         gC_epi = cute.flat_divide(tCgC[((None, None), 0, 0, None, None, None)], epi_tile)
         tTR_gC = thr_t2r.partition_D(gC_epi)
+        tTR_cC = None
+        if cutlass.const_expr(self.per_element):  # coordinates of the registers' elements
+            tTR_cC = thr_t2r.partition_D(
+                cute.flat_divide(tCcC[((None, None), 0, 0, None, None, None)], epi_tile))
         tTR_rAcc = cute.make_rmem_tensor(tTR_gC[(None, None, None, 0, 0, 0, 0, 0)].shape,
                                          cutlass.Float32)
         tTR_rC = cute.make_rmem_tensor(tTR_rAcc.shape, c_dtype)
@@ -539,7 +666,7 @@ class GemmSm100Kernel:
         epi_bar = pipeline.NamedBarrier(barrier_id=int(_Bar.EPILOGUE), num_threads=threads)
 
         scale = cutlass.Float32(1.0)
-        if cutlass.const_expr(scale_a is not None):
+        if cutlass.const_expr(scale_a is not None and not self.row_scale):
             scale = scale_a[0] * scale_b[0]
 
         sched = utils.StaticPersistentTileScheduler.create(
@@ -552,6 +679,9 @@ class GemmSm100Kernel:
             tTR_tAcc_t = cute.group_modes(
                 tTR_tAcc[(None, None, None, None, None, acc_state.index)], 3, 5)
             acc_pipe.consumer_wait(acc_state)
+            tTR_cC_t = None
+            if cutlass.const_expr(self.per_element):
+                tTR_cC_t = cute.group_modes(tTR_cC[(None, None, None, None, None, m // self.v, n, l)], 3, 5)
             n_sub = cute.size(tTR_tAcc_t.shape, mode=[3])
             done = sched.num_tiles_executed * n_sub
             for s in cutlass.range(n_sub):
@@ -563,8 +693,11 @@ class GemmSm100Kernel:
                     cute.arch.fence_view_async_tmem_load()
                     with cute.arch.elect_one():
                         acc_pipe.consumer_release(acc_state)
+                if cutlass.const_expr(self.per_element):
+                    self.apply_epilogue(tTR_rAcc, tTR_cC_t[(None, None, None, s)], scale_a, scale_b,
+                                        bias, residual)
                 vals = tTR_rAcc.load()
-                if cutlass.const_expr(scale_a is not None):
+                if cutlass.const_expr(scale_a is not None and not self.row_scale):
                     vals = vals * scale
                 tTR_rC.store(vals.to(c_dtype))
                 buf = (done + s) % _EPI_STAGES
@@ -582,6 +715,28 @@ class GemmSm100Kernel:
             work = sched.get_current_work()
         store_pipe.producer_tail()
 
+    @cute.jit
+    def apply_epilogue(self, acc, coords, scale_a, scale_b, bias, residual):
+        """Per accumulator element of this thread (fp32 registers after tcgen05.ld), at its output
+        coordinates (m, n, l): ``x *= scale_a[m]·scale_b[n]`` (row scales), ``x += bias[n]``,
+        ``x += residual[m, n, l]``.  Coordinates past the end read the last element (those
+        outputs are clipped by the TMA store), so no load needs a predicate.  The residual of a
+        sub-tile is read before that sub-tile is stored: ``residual`` may be ``c`` itself."""
+        for i in cutlass.range_constexpr(cute.size(acc)):
+            crd = coords[i]
+            x = acc[i]
+            if cutlass.const_expr(self.row_scale):
+                row = cutlass.min(crd[0], cute.size(scale_a) - 1)
+                col = cutlass.min(crd[1], cute.size(scale_b) - 1)
+                x = x * (scale_a[row] * scale_b[col])
+            if cutlass.const_expr(bias is not None):
+                x = x + bias[cutlass.min(crd[1], cute.size(bias) - 1)].to(cutlass.Float32)
+            if cutlass.const_expr(residual is not None):
+                rr = cutlass.min(crd[0], cute.size(residual, mode=[0]) - 1)
+                rc = cutlass.min(crd[1], cute.size(residual, mode=[1]) - 1)
+                x = x + residual[rr, rc, crd[2]].to(cutlass.Float32)
+            acc[i] = x
+
 
 # ------------------------------------------------------------------------------------------------
 # Enumeration
@@ -592,6 +747,7 @@ def enumerate_sm100(target: Target, tier: str) -> list[GemmSm100]:
     if target.family != "sm100":
         return []
     specs = tiles.SM100_TEST if tier == "test" else tiles.SM100_DEFAULT
+    specs += {"test": tiles.SM100_FORMS_TEST, "default": tiles.SM100_FORMS_DEFAULT}.get(tier, tiles.SM100_FORMS_FULL)
     out = []
     for s in specs:
         v = GemmSm100(target=target.name, pdl=True, **s)

@@ -263,6 +263,27 @@ SM100_DEFAULT = (
     dict(**BF16, tile=(64, 64, 64)),
     dict(**FP8, tile=(64, 64, 128)),
 )
+# Row-wise fp8 scales and fused epilogue fields (bias, residual) on the same kernel: one 1-CTA
+# 128x128 variant per form in the default tier (compiled and SASS-checked; unmeasured), the CTA
+# pairs in the full tier.
+SM100_FORMS_TEST = (
+    dict(**FP8, row_scale=True, bias=True, residual=True, tile=(128, 128, 128)),
+    dict(**BF16, bias=True, residual=True, pair=True, tile=(256, 128, 64), cluster=(2, 1)),
+)
+SM100_FORMS_DEFAULT = (
+    dict(**FP8, row_scale=True, tile=(128, 128, 128)),
+    dict(**BF16, bias=True, tile=(128, 128, 64)),
+    dict(**BF16, residual=True, tile=(128, 128, 64)),
+)
+SM100_FORMS_FULL = SM100_FORMS_DEFAULT + (
+    dict(**FP8, row_scale=True, pair=True, tile=(256, 256, 128), cluster=(2, 1)),
+    dict(**FP8, row_scale=True, tile=(64, 64, 128)),
+    dict(**BF16, bias=True, residual=True, tile=(128, 128, 64)),
+    dict(**BF16, bias=True, pair=True, tile=(256, 256, 64), cluster=(2, 1)),
+    dict(**BF16, residual=True, pair=True, tile=(256, 256, 64), cluster=(2, 1)),
+    dict(**BF16, bias=True, residual=True, pair=True, tile=(256, 256, 64), cluster=(2, 1)),
+    dict(**FP8, row_scale=True, bias=True, residual=True, pair=True, tile=(256, 256, 128), cluster=(2, 1)),
+)
 
 # --- packed fp8 decode GEMM (gemm/decode.py; sm_90 and the Blackwell targets) ----------------------
 # (warps_n, warps_k, atoms, unroll, cluster_k); each also as an early_b twin.
