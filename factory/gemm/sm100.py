@@ -742,15 +742,26 @@ class GemmSm100Kernel:
 # Enumeration
 # ------------------------------------------------------------------------------------------------
 
-@register("gemm")
-def enumerate_sm100(target: Target, tier: str) -> list[GemmSm100]:
-    if target.family != "sm100":
-        return []
-    specs = tiles.SM100_TEST if tier == "test" else tiles.SM100_DEFAULT
-    specs += {"test": tiles.SM100_FORMS_TEST, "default": tiles.SM100_FORMS_DEFAULT}.get(tier, tiles.SM100_FORMS_FULL)
+def _variants(target: Target, specs) -> list[GemmSm100]:
     out = []
     for s in specs:
         v = GemmSm100(target=target.name, pdl=True, **s)
         if v.can_implement() is None and v not in out:
             out.append(v)
     return out
+
+
+@register("gemm")
+def enumerate_sm100(target: Target, tier: str) -> list[GemmSm100]:
+    if target.family != "sm100":
+        return []
+    return _variants(target, tiles.SM100_TEST if tier == "test" else tiles.SM100_DEFAULT)
+
+
+@register("gemm")
+def enumerate_sm100_forms(target: Target, tier: str) -> list[GemmSm100]:
+    """Row-wise fp8 scales and the fused epilogue fields on this family (tiles.SM100_FORMS_*)."""
+    if target.family != "sm100":
+        return []
+    return _variants(target, {"test": tiles.SM100_FORMS_TEST,
+                              "default": tiles.SM100_FORMS_DEFAULT}.get(tier, tiles.SM100_FORMS_FULL))
