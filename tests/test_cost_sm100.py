@@ -198,7 +198,7 @@ def test_c_selection_computes_the_same_model(tmp_path_factory):
     from factory.compiler.builder import build
 
     out = tmp_path_factory.mktemp("sm100cost") / "bundle"
-    build(out, [DC], ["gemm"], tier="default", name_filter="gemm_sm100*_t*", jobs=1)
+    build(out, [DC], ["gemm"], tier="default", name_filter="gemm_sm100*_t*_pdl", jobs=1)  # the plain variants
     lib = cs.CLib(out / "lib" / "libfactory_bundle.so")
     problems = cs.gemm_problems(seed=100, n=300)
     problems += [dict(ab=ab, c=c, M=M, N=N, K=K, L=1, a_major="k", b_major="k", pad_a=0, pad_b=0, pad_c=0,

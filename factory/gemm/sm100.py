@@ -555,8 +555,8 @@ class GemmSm100Kernel:
             tmem.wait_for_alloc()
             acc_ptr = tmem.retrieve_ptr(cutlass.Float32)
             acc = cute.make_tensor(acc_ptr, acc_layout)
-            self.epilogue(tidx, warp_idx, mma, tma_c, acc, sC, tCgC, tCcC, epi_tile, acc_pipe,
-                          scale_a, scale_b, bias, residual, sched_params)
+            self.epilogue(tidx, warp_idx, mma, tma_c, acc, sC, tCgC, epi_tile, acc_pipe, scale_a,
+                          scale_b, sched_params, tCcC, bias, residual)
             tmem.free(acc_ptr)
 
     @cute.jit
@@ -632,8 +632,8 @@ class GemmSm100Kernel:
         acc_pipe.producer_tail(acc_state)
 
     @cute.jit
-    def epilogue(self, tidx, warp_idx, mma, tma_c, acc, sC, tCgC, tCcC, epi_tile, acc_pipe,
-                 scale_a, scale_b, bias, residual, sched_params):
+    def epilogue(self, tidx, warp_idx, mma, tma_c, acc, sC, tCgC, epi_tile, acc_pipe, scale_a,
+                 scale_b, sched_params, tCcC=None, bias=None, residual=None):
         """The epilogue warps: per tile, per sub-tile: TMEM -> registers (tcgen05.ld) -> scale, bias,
         residual -> convert -> smem -> TMA store; then the accumulator stage goes back to the MMA
         warp."""

@@ -1,0 +1,133 @@
+"""Row-wise fp8 scales and fused epilogue fields (bias, residual) on the Blackwell datacenter GEMM
+(gemm/sm100.py), on this GPU-less machine: no Blackwell GPU has run them, so what is checked is
+what the build proves (SASS, resources, argument contract) and which variant the loader takes on a
+10.0 device (no launches; a recording launcher stands in for the host library's).
+
+The epilogue holds one load per accumulator element and field after the tcgen05.ld (scale_b as a
+32-bit load, bias and residual as 16-bit loads of the output dtype); the SASS requirements count
+them, so a cubin without the epilogue (the plain kernel, or per-tensor fp8 with its 2 scale loads)
+fails them.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+
+import pytest
+import torch
+
+from conftest import BLACKWELL_DC, Recorder, needs_dsl
+from factory.runtime import Bundle, InputError, NoVariantError
+
+pytestmark = needs_dsl
+
+B200 = {"name": "planned B200", "sm_count": 148}
+
+
+def _manifest(test_bundle) -> dict:
+    return json.loads((test_bundle / "manifest.json").read_text())
+
+
+def _dense(m: dict) -> dict:
+    return {n: v for n, v in m["variants"].items()
+            if v["target"] == BLACKWELL_DC and v["family"] == "sm100" and v["op"] == "gemm"}
+
+
+def _forms(m: dict) -> dict:
+    return {n: v for n, v in _dense(m).items() if v.get("epilogue") or v.get("scale_mode") == "row"}
+
+
+def _sass(test_bundle, entry) -> str:
+    from factory.compiler.cubin import disassemble
+
+    return disassemble(test_bundle / entry["files"]["cubin"]["path"])
+
+
+def _lacks(problems: list[str]) -> set[str]:
+    assert len(problems) == 1 and problems[0].startswith("SASS lacks "), problems
+    return set(ast.literal_eval(problems[0][len("SASS lacks "):]))
+
+
+def test_forms_compile_with_their_epilogue_and_fit(test_bundle):
+    from factory.compiler.sass import sass_problems
+
+    forms = _forms(_manifest(test_bundle))
+    kinds = {(v["dtypes"]["a"], v.get("scale_mode"), tuple(v.get("epilogue") or ()), v["cta_group"])
+             for v in forms.values()}
+    assert kinds == {("e4m3", "row", ("bias", "residual"), 1), ("bf16", None, ("bias", "residual"), 2)}, kinds
+    for name, v in forms.items():
+        assert v["proof"] == "sass-only", name
+        assert sass_problems(v["target"], v["sass_requirements"], _sass(test_bundle, v)) == [], name
+        res = v["resources"]
+        assert res["stack_frame_bytes"] == 0 and res["spill_instructions"] == 0, (name, res)
+        assert 0 < res["registers"] <= 255, (name, res)
+        # The Hopper forms' argument contract (gemm/sm90.py scale_args, epilogue_args).
+        args = [(a["name"], a.get("shape")) for a in v["signature"]["args"]]
+        scales = [("scale_a", ["M"]), ("scale_b", ["N"])] if v["dtypes"]["a"] == "e4m3" else []
+        assert args == [("a", ["M", "K", "L"]), ("b", ["N", "K", "L"]), ("c", ["M", "N", "L"]), *scales,
+                        ("bias", ["N"]), ("residual", ["M", "N", "L"]), ("max_clusters", None)], args
+
+
+def test_requirements_fail_on_a_kernel_without_the_epilogue(test_bundle):
+    """The plain pair kernel in the bias+residual slot lacks exactly the epilogue's 16-bit loads; the
+    bf16 epilogue kernel in the row-scaled fp8 slot lacks the fp8 MMA and the per-column scale loads;
+    and a per-tensor fp8 epilogue (two scale loads) does not pass for row scales."""
+    from factory.compiler.sass import sass_problems
+    from factory.gemm.sm100 import SASS_LOAD_F32, SASS_LOAD_U16, sass_count
+
+    m = _manifest(test_bundle)
+    forms = _forms(m)
+    plain = [v for n, v in _dense(m).items() if n not in forms and "_2cta_" in n and v["dtypes"]["a"] == "bf16"]
+    assert plain
+    row = next(v for v in forms.values() if v.get("scale_mode") == "row")
+    epi = next(v for v in forms.values() if v["dtypes"]["a"] == "bf16")
+    u16 = sass_count(SASS_LOAD_U16, 2 * 32)
+    f32 = sass_count(SASS_LOAD_F32, 32)
+    assert u16 in epi["sass_requirements"] and u16 in row["sass_requirements"]
+    assert f32 in row["sass_requirements"]
+    for p in plain:
+        lacked = _lacks(sass_problems(epi["target"], epi["sass_requirements"], _sass(test_bundle, p)))
+        assert lacked == {u16}, lacked
+    lacked = _lacks(sass_problems(row["target"], row["sass_requirements"], _sass(test_bundle, epi)))
+    assert lacked == {r"\bUTCQMMA\b", f32}, lacked
+    per_tensor = "\n".join(f"/*00{i}0*/  LDG.E R{i}, desc[UR4][R2.64] ;" for i in range(2))
+    assert not re.search(f32, per_tensor) and re.search(sass_count(SASS_LOAD_F32, 2), per_tensor)
+    assert not re.search(f32, "LDG.E.U16 R4, desc[UR4][R2.64] ;\n" * 40)
+
+
+@pytest.fixture
+def b200(test_bundle):
+    b = Bundle.open(test_bundle, capability=(10, 0), device=B200)
+    b.rec = Recorder()
+    b.simulate(b.rec)
+    return b
+
+
+def test_selection_on_10_0_takes_the_form_asked_for(b200):
+    """Row-scaled fp8 with bias and residual, and bf16 with bias and residual, reach their sm100
+    variants on 10.0 (tails in M, N; K a multiple of 16 bytes); the forms the test tier lacks are a
+    NoVariantError and bad scales an InputError, before any launch."""
+    M, N, K = 300, 520, 272
+    f8, bf = torch.float8_e4m3fn, torch.bfloat16
+    a, w = torch.randn(M, K).to(f8), torch.randn(N, K).to(f8)
+    sa, sb = torch.rand(M), torch.rand(N)
+    bias, res = torch.randn(N, dtype=bf), torch.randn(M, N, dtype=bf)
+    out = b200.gemm(a, w, scale_a=sa, scale_b=sb, bias=bias, residual=res)
+    assert out.shape == (M, N) and out.dtype == bf
+    assert re.fullmatch(r"gemm_sm100f_e4m3_obf16_.*_rowsc_bias_res", b200.rec.launched[-1])
+    a16, w16 = torch.randn(M, K, dtype=bf), torch.randn(N, K, dtype=bf)
+    b200.gemm(a16, w16, bias=bias, residual=res)
+    assert re.fullmatch(r"gemm_sm100f_bf16_obf16_.*_2cta_.*_bias_res", b200.rec.launched[-1])
+    n = len(b200.rec.launched)
+    for kw, err in ((dict(bias=bias), NoVariantError), (dict(residual=res), NoVariantError),
+                    (dict(bias=bias[:-8], residual=res), InputError),
+                    (dict(bias=bias, residual=res[:, :-8]), InputError)):
+        with pytest.raises(err):
+            b200.gemm(a16, w16, **kw)
+    for sa_, sb_, err in ((sa[:1], sb[:1], NoVariantError), (sa[:7], sb, InputError),
+                          (sa.double(), sb, InputError)):
+        with pytest.raises(err):
+            b200.gemm(a, w, scale_a=sa_, scale_b=sb_, bias=bias, residual=res)
+    assert len(b200.rec.launched) == n
