@@ -131,3 +131,57 @@ def test_selection_on_10_0_takes_the_form_asked_for(b200):
         with pytest.raises(err):
             b200.gemm(a, w, scale_a=sa_, scale_b=sb_, bias=bias, residual=res)
     assert len(b200.rec.launched) == n
+
+
+# --- grouped GEMM (gemm/sm100_grouped.py) ------------------------------------------------------------
+def _grouped(m: dict, target: str) -> dict:
+    return {n: v for n, v in m["variants"].items() if v["op"] == "gemm_grouped" and v["target"] == target}
+
+
+def test_grouped_compiles_to_tcgen05_with_the_walk_and_the_masked_store(test_bundle):
+    """One contiguous and one masked variant: tcgen05 MMA into TMEM, the device-side group table
+    (SHFL.UP prefix sum), the masked 16-bit stores of a group's partial last m-tile; no spills.
+    The dense plain cubin in their slot lacks the table and the masked store; the Hopper grouped
+    cubin lacks every tcgen05 form."""
+    from factory.compiler.sass import sass_problems
+    from factory.gemm.sm100_grouped import SASS_MASKED_STORE, SASS_TABLE
+
+    m = _manifest(test_bundle)
+    bw = _grouped(m, BLACKWELL_DC)
+    assert sorted(v["grouped"] for v in bw.values()) == ["contig", "masked"]
+    plain = next(v for n, v in _dense(m).items() if n not in _forms(m))
+    hopper = _grouped(m, "sm_90a")
+    assert hopper
+    for name, v in bw.items():
+        assert v["proof"] == "sass-only" and v["family"] == "sm100_grouped", name
+        assert sass_problems(v["target"], v["sass_requirements"], _sass(test_bundle, v)) == [], name
+        res = v["resources"]
+        assert res["stack_frame_bytes"] == 0 and res["spill_instructions"] == 0 and res["registers"] <= 255, res
+        assert v["smem_bytes"] + res["static_smem_bytes"] <= 232448 and v["tmem_columns"] == 256, name
+        args = [a["name"] for a in v["signature"]["args"]]
+        assert args == ["a", "b", "c", "offs" if v["grouped"] == "contig" else "masked_m", "max_clusters"], args
+        lacked = _lacks(sass_problems(v["target"], v["sass_requirements"], _sass(test_bundle, plain)))
+        assert lacked == {SASS_TABLE, SASS_MASKED_STORE}, lacked
+        for h in hopper.values():
+            problems = sass_problems(v["target"], v["sass_requirements"], _sass(test_bundle, h))
+            assert any("UTCHMMA" in p and "LDTM" in p for p in problems), problems
+
+
+def test_grouped_selection_on_10_0(b200):
+    """bf16 grouped calls reach the sm100 variants of their layout on 10.0 (empty groups, a
+    one-row group, a partial last tile); fp8 grouped forms, not built here, are a NoVariantError."""
+    bf = torch.bfloat16
+    E, N, K = 8, 512, 256
+    w = torch.randn(E, N, K, dtype=bf).transpose(1, 2)
+    offs = torch.tensor([0, 1, 130, 400, 400, 700, 900, 1000], dtype=torch.int32)
+    out = b200.grouped_gemm(torch.randn(1000, K, dtype=bf), w, offs=offs)
+    assert out.shape == (1000, N) and b200.rec.launched[-1] == "gemm_grouped_sm100f_bf16_obf16_contig_t128x128x64_sw8"
+    counts = torch.tensor([0, 1, 2, 3, 64, 5, 6, 7], dtype=torch.int32)
+    out = b200.grouped_gemm(torch.randn(E, 64, K, dtype=bf), w, masked_m=counts)
+    assert out.shape == (E, 64, N) and b200.rec.launched[-1] == "gemm_grouped_sm100f_bf16_obf16_masked_t128x128x64_sw8"
+    n = len(b200.rec.launched)
+    f8 = torch.float8_e4m3fn
+    with pytest.raises(NoVariantError, match="no gemm_grouped variant"):
+        b200.grouped_gemm(torch.randn(1000, K).to(f8), w.to(f8), offs=offs, scale_a=torch.ones(1000),
+                          scale_b=torch.ones(E, N))
+    assert len(b200.rec.launched) == n

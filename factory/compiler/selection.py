@@ -21,7 +21,8 @@ from ..runtime import cost_sm100, tuning
 # fx_dtype_t (csrc/fx_api.h); a dtype C callers cannot name maps to -1 and matches nothing.
 DTYPE_IDS = {"bf16": 1, "f16": 2, "f32": 3, "e4m3": 4}
 MAJOR_IDS = {"k": 1, "m": 2, "n": 3}
-FAMILY_IDS = {"sm80": 1, "sm90": 2, "sm100": 3, "decode": 4, "sm90_decode": 5, "sm90_grouped": 9}
+FAMILY_IDS = {"sm80": 1, "sm90": 2, "sm100": 3, "decode": 4, "sm90_decode": 5, "sm90_grouped": 9,
+              "sm100_grouped": 10}
 OP_IDS = {"gemm": 1, "attention": 2, "gemm_blockscaled": 3, "attention_kvcache": 4, "attention_fp8": 5,
           "gemm_grouped": 9}
 # the grouped GEMM's layouts (fx_variant.grouped)
