@@ -24,6 +24,7 @@ FAMILY_MODULES = (
     "factory.gemm.decode",
     "factory.gemm.sm90_grouped",
     "factory.gemm.sm100_grouped",
+    "factory.gemm.sm100_block128",
     "factory.attention.sm80",
     "factory.attention.sm90",
     "factory.attention.sm90_fp8",
