@@ -185,3 +185,80 @@ def test_grouped_selection_on_10_0(b200):
         b200.grouped_gemm(torch.randn(1000, K).to(f8), w.to(f8), offs=offs, scale_a=torch.ones(1000),
                           scale_b=torch.ones(E, N))
     assert len(b200.rec.launched) == n
+
+
+# --- DeepSeek-form block scales (gemm/sm100_block128.py) ------------------------------------------------
+def test_block_form_compiles_to_the_block_scale_mma_fed_by_the_producer(test_bundle):
+    """The block-scaled MMA with its TMEM scale operands and tcgen05.cp into the planned columns;
+    the scale words stored by the producer (STS.128) from global loads of the fp32 scales, no TMA
+    of scale atoms.  The MXFP8 kernel (scale atoms by TMA) and the row-scaled dense kernel (no
+    block-scale MMA) fail its requirements."""
+    from factory.compiler.sass import sass_problems
+    from factory.gemm.sm100_block128 import SASS_NO_SF_TMA, SASS_SF_STORE
+
+    m = _manifest(test_bundle)
+    blk = {n: v for n, v in _dense(m).items() if v.get("scale_mode") == "block"}
+    assert len(blk) == 1
+    (name, v), = blk.items()
+    assert v["proof"] == "sass-only" and v["scale_pow2"] is True and v["dtypes"]["a"] == "e4m3"
+    assert sass_problems(v["target"], v["sass_requirements"], _sass(test_bundle, v)) == []
+    res = v["resources"]
+    assert res["stack_frame_bytes"] == 0 and res["spill_instructions"] == 0 and res["registers"] <= 255, res
+    assert v["tmem_columns"] == 512 and v["tmem_columns_used"] == {"acc": 256, "sfa": 16, "sfb": 16}
+    args = [(a["name"], a.get("shape"), a.get("stride")) for a in v["signature"]["args"]]
+    assert args[3:] == [("scale_a", ["M", "KB"], [1, "sSAk"]), ("scale_b", ["NB", "KB"], ["sSBn", 1]),
+                        ("max_clusters", None, None)], args
+    mx = next(e for e in m["variants"].values() if e["op"] == "gemm_blockscaled" and e["target"] == BLACKWELL_DC
+              and e["format"] == "mxf8e4m3")
+    lacked = _lacks(sass_problems(v["target"], v["sass_requirements"], _sass(test_bundle, mx)))
+    assert SASS_NO_SF_TMA in lacked and SASS_SF_STORE in lacked, lacked
+    row = next(e for e in _forms(m).values() if e.get("scale_mode") == "row")
+    problems = sass_problems(v["target"], v["sass_requirements"], _sass(test_bundle, row))
+    assert problems and "UTCCP" in problems[0] and "idesc" in problems[0], problems
+
+
+def test_block_form_selection_on_10_0(b200):
+    """quantize_blockwise(pow2=True) operands with DeepSeek-V3 block scales reach the block variant on
+    10.0 (tails in M, N, K); bad scale layouts are refused before any launch."""
+    from factory.runtime import fp8
+
+    M, N, K = 300, 520, 272
+    qa, sa = fp8.quantize_blockwise(torch.randn(M, K), (1, 128), pow2=True)
+    qb, sb = fp8.quantize_blockwise(torch.randn(N, K), (128, 128), pow2=True)
+    out = b200.gemm(qa, qb, scale_a=sa, scale_b=sb)
+    assert out.shape == (M, N) and b200.rec.launched[-1].endswith("_blksc")
+    n = len(b200.rec.launched)
+    for sa_, sb_ in ((sa.contiguous(), sb), (sa[:, :2], sb), (sa, sb[:, :2])):
+        with pytest.raises(InputError):
+            b200.gemm(qa, qb, scale_a=sa_, scale_b=sb_, scale_mode="block")
+    assert len(b200.rec.launched) == n
+
+
+def test_pow2_block_scales_are_the_mxfp8_scales_repeated():
+    """What the kernel relies on: with power-of-two scales the DeepSeek form is exactly MXFP8 whose
+    e8m0 scale per 32 elements repeats each 128-block scale (A per row, B per 128 rows), and the
+    fp32 exponent field is that e8m0 code.  pow2 scales are the power of two at or above amax/448."""
+    from factory.runtime import blockscaled as bs
+    from factory.runtime import fp8
+
+    torch.manual_seed(0)
+    M, N, K = 200, 136, 384
+    x, w = torch.randn(M, K) * 5, torch.randn(N, K) / 7
+    qa, sa = fp8.quantize_blockwise(x, (1, 128), pow2=True)
+    qb, sb = fp8.quantize_blockwise(w, (128, 128), pow2=True)
+    for s, amax in ((sa, x.abs().view(M, 3, 128).amax(-1)), ):
+        mant, _ = torch.frexp(s)
+        assert bool((mant == 0.5).all()) and bool((s >= amax / 448).all()) and bool((s < 2 * amax / 448).all())
+    codes_a = (sa.contiguous().view(torch.int32) >> 23) & 0xFF
+    assert torch.equal(torch.exp2(codes_a.float() - 127), sa)
+    # Dequantized both ways: DeepSeek blocks and per-32 e8m0 scales repeated.
+    deq_a = qa.float() * sa.repeat_interleave(128, 1)[:, :K]
+    deq_b = qb.float() * sb.repeat_interleave(128, 0)[:N].repeat_interleave(128, 1)[:, :K]
+    sf_a = torch.exp2(codes_a.float() - 127).repeat_interleave(4, 1)  # (M, K/32)
+    codes_b = (sb.contiguous().view(torch.int32) >> 23) & 0xFF
+    sf_b = torch.exp2(codes_b.float() - 127).repeat_interleave(128, 0)[:N].repeat_interleave(4, 1)
+    assert torch.equal(qa.float() * sf_a.repeat_interleave(32, 1), deq_a)
+    assert torch.equal(qb.float() * sf_b.repeat_interleave(32, 1), deq_b)
+    ref = deq_a @ deq_b.t()
+    assert torch.allclose(ref, x @ w.t(), rtol=0.1, atol=0.15 * (x @ w.t()).abs().max().item())
+    assert bs is not None

@@ -54,9 +54,12 @@ from .sm100 import _SMEM_ALIGN, SASS_COMMON, sass_count, sass_tmem_alloc
 from .sm100_blockscaled import (_ACC_STAGES, _EPI_STAGES, _EPILOGUE_WARPS, _MMA_WARP, _TMA_WARP, SASS_BS_MMA, THREADS,
                                 GemmSm100BlockScaled, GemmSm100BlockScaledKernel, _Bar, sass_sf_copy)
 
-# SASS of this form beside the block-scaled MMA and its tcgen05.cp: the scale words stored into
-# shared memory (STS.128) and no TMA of scale-factor atoms (the MXFP8 kernel's 4-D TMA).
-SASS_SF_STORE = r"\bSTS\.128\b"
+# SASS of this form beside the block-scaled MMA and its tcgen05.cp: the e8m0 byte made a word of
+# four (x 0x01010101), stored into shared memory (STS.128), fenced for the async proxy, then the
+# producer's arrival on the stage's barrier -- in that order; and no TMA of scale-factor atoms (the
+# MXFP8 kernel's 4-D TMA).
+SASS_SF_STORE = (r"\b0x1010101\b[\s\S]*?\bSTS\.128\b[\s\S]*?\bFENCE\.VIEW\.ASYNC\.S\b[\s\S]*?"
+                 r"\bSYNCS\.ARRIVE\.TRANS64\b")
 SASS_NO_SF_TMA = r"\A(?![\s\S]*\bUTMALDG\.4D\b)"
 # The scales' global loads: 4 of scale_a and 1 of scale_b per lane and k-tile.
 SASS_SCALE_LOADS = 5

@@ -328,13 +328,15 @@ def quantize_rowwise(x: Tensor) -> tuple[Tensor, Tensor]:
     return q, scale
 
 
-def quantize_blockwise(x: Tensor, block: tuple[int, int] = (1, 128)) -> tuple[Tensor, Tensor]:
+def quantize_blockwise(x: Tensor, block: tuple[int, int] = (1, 128), pow2: bool = False) -> tuple[Tensor, Tensor]:
     """(q, scale) of a 2-D (R, K) tensor with one float32 scale per ``block`` of (rows, K
     elements): (1, 128) for activations (a), (128, 128) for weights (b).  q = x / scale in
     float8_e4m3fn with each block's scale = its amax / 448.  Layouts (what ``bundle.gemm``'s
     block form takes): (1, 128): scale (R, ceil(K/128)) M-major, strides (1, ceil(R/4)·4)
     (DeepGEMM's TMA-aligned layout); (128, 128): scale (ceil(R/128), ceil(K/128)) contiguous.
-    Partial blocks at the ends of R and K take the amax of the elements they hold."""
+    Partial blocks at the ends of R and K take the amax of the elements they hold.  ``pow2``: each
+    scale rounded up to a power of two (UE8M0, what the datacenter Blackwell block form takes: the
+    tensor core applies the scales' exponents)."""
     if not isinstance(x, Tensor) or x.dim() != 2 or not x.dtype.is_floating_point:
         raise InputError("quantize_blockwise takes a 2-D floating-point tensor")
     block = tuple(block)
@@ -360,6 +362,9 @@ def quantize_blockwise(x: Tensor, block: tuple[int, int] = (1, 128)) -> tuple[Te
         pad[:r1 - r0, :K] = x[r0:r1]
         blocks = pad.view(nb, br, KB, BLOCK)
         s = blocks.abs().amax(dim=(1, 3)).clamp_min(_TINY) / E4M3_MAX  # (nb, KB)
+        if pow2:  # the power of two at or above s (frexp: s = m·2^e, m in [0.5, 1))
+            m, e = torch.frexp(s)
+            s = torch.ldexp(torch.ones_like(s), torch.where(m == 0.5, e - 1, e))
         scale[r0 // br:r0 // br + nb] = s
         q[r0:r1] = _fp8(blocks / s[:, None, :, None]).view(nb * br, KB * BLOCK)[:r1 - r0, :K]
     return q, scale
