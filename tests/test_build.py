@@ -89,9 +89,11 @@ def test_sass_proves_each_family(test_bundle):
             assert r["spill_instructions"] == 0 and r["stack_frame_bytes"] == 0, v["name"]
         if v["family"] == "sm100":  # tcgen05 (UTC*MMA) fed by TMA; no warp- or warpgroup-MMA
             assert s["UTCHMMA"] + s["UTCQMMA"] + s["UTCOMMA"] > 0 and s["UTMALDG"] > 0, v["name"]
-            # Block-scaled: the scale factors reach TMEM by tcgen05.cp (UTCCP); the dense GEMM: never.
+            # Block-scaled: the scale factors reach TMEM by tcgen05.cp (UTCCP); the dense GEMM (but
+            # its DeepSeek-form block scales, on the block-scale MMA): never.
             if v["op"] in ("gemm", "gemm_blockscaled"):
-                assert (s["UTCCP"] > 0) == (v["op"] == "gemm_blockscaled"), v["name"]
+                scaled = v["op"] == "gemm_blockscaled" or v.get("scale_mode") == "block"
+                assert (s["UTCCP"] > 0) == scaled, v["name"]
             assert s["HMMA"] == s["HGMMA"] == s["QGMMA"] == 0, v["name"]
             # Never run: proven by SASS only; its resources recorded and within the SM's.
             r = v["resources"]

@@ -56,13 +56,16 @@ def test_forms_compile_with_their_epilogue_and_fit(test_bundle):
     forms = _forms(_manifest(test_bundle))
     kinds = {(v["dtypes"]["a"], v.get("scale_mode"), tuple(v.get("epilogue") or ()), v["cta_group"])
              for v in forms.values()}
-    assert kinds == {("e4m3", "row", ("bias", "residual"), 1), ("bf16", None, ("bias", "residual"), 2)}, kinds
+    assert kinds == {("e4m3", "row", ("bias", "residual"), 1), ("bf16", None, ("bias", "residual"), 2),
+                     ("bf16", None, ("silu_mul", "residual"), 1)}, kinds
     for name, v in forms.items():
         assert v["proof"] == "sass-only", name
         assert sass_problems(v["target"], v["sass_requirements"], _sass(test_bundle, v)) == [], name
         res = v["resources"]
         assert res["stack_frame_bytes"] == 0 and res["spill_instructions"] == 0, (name, res)
         assert 0 < res["registers"] <= 255, (name, res)
+        if "silu_mul" in v["epilogue"]:
+            continue  # (below)
         # The Hopper forms' argument contract (gemm/sm90.py scale_args, epilogue_args).
         args = [(a["name"], a.get("shape")) for a in v["signature"]["args"]]
         scales = [("scale_a", ["M"]), ("scale_b", ["N"])] if v["dtypes"]["a"] == "e4m3" else []
@@ -95,6 +98,25 @@ def test_requirements_fail_on_a_kernel_without_the_epilogue(test_bundle):
     per_tensor = "\n".join(f"/*00{i}0*/  LDG.E R{i}, desc[UR4][R2.64] ;" for i in range(2))
     assert not re.search(f32, per_tensor) and re.search(sass_count(SASS_LOAD_F32, 2), per_tensor)
     assert not re.search(f32, "LDG.E.U16 R4, desc[UR4][R2.64] ;\n" * 40)
+
+
+def test_silu_mul_reads_gate_and_up_and_writes_half_the_columns(test_bundle):
+    """silu_mul: c and the residual have N / 2 columns (NO); two tcgen05.ld per output sub-tile (the
+    gate and the up sub-tile) and an exp2 per output element.  The plain kernel lacks them."""
+    from factory.compiler.sass import sass_problems
+
+    m = _manifest(test_bundle)
+    v = next(e for e in _forms(m).values() if "silu_mul" in e["epilogue"])
+    assert v["gate_up_block"] == 64 and v["tile"] == [128, 128, 64]
+    args = [(a["name"], a.get("shape")) for a in v["signature"]["args"]]
+    assert args == [("a", ["M", "K", "L"]), ("b", ["N", "K", "L"]), ("c", ["M", "NO", "L"]),
+                    ("residual", ["M", "NO", "L"]), ("max_clusters", None)], args
+    sass = _sass(test_bundle, v)
+    assert sass_problems(v["target"], v["sass_requirements"], sass) == []
+    assert len(re.findall(r"\bLDTM\.", sass)) == 2 and len(re.findall(r"\bMUFU\.EX2\b", sass)) == 32
+    plain = next(e for n, e in _dense(m).items() if n not in _forms(m) and e["dtypes"]["a"] == "bf16")
+    lacked = _lacks(sass_problems(v["target"], v["sass_requirements"], _sass(test_bundle, plain)))
+    assert any("LDTM" in p for p in lacked) and any("MUFU" in p for p in lacked), lacked
 
 
 @pytest.fixture
@@ -131,6 +153,15 @@ def test_selection_on_10_0_takes_the_form_asked_for(b200):
         with pytest.raises(err):
             b200.gemm(a, w, scale_a=sa_, scale_b=sb_, bias=bias, residual=res)
     assert len(b200.rec.launched) == n
+    # SiLU(gate)·up with a residual (gate and up rows packed in blocks of 64; N / 2 output columns).
+    from factory.runtime import epilogue as ep
+
+    NO = 200
+    w = ep.pack_gate_up(torch.randn(NO, K, dtype=bf), torch.randn(NO, K, dtype=bf))
+    out = b200.gemm(a16, w, activation="silu_mul", residual=torch.randn(M, NO, dtype=bf))
+    assert out.shape == (M, NO) and b200.rec.launched[-1].endswith("_silumul_res")
+    with pytest.raises(NoVariantError):  # (the test tier has silu_mul with a residual only)
+        b200.gemm(a16, w, activation="silu_mul")
 
 
 # --- grouped GEMM (gemm/sm100_grouped.py) ------------------------------------------------------------

@@ -52,7 +52,7 @@ from ..atoms.targets import Target
 from ..registry import register
 from . import tiles
 from .common import GemmVariant
-from .sm90 import epilogue_args, scale_args
+from .sm90 import GATE_UP_BLOCK, epilogue_args, scale_args
 
 # Bytes the smem plan keeps for the mbarriers and the TMEM address (padded so the swizzled buffers
 # after them start 1024-aligned).
@@ -64,6 +64,7 @@ _STATIC_SMEM = 1024
 _ACC_STAGES = 2  # TMEM accumulator stages: the MMA of tile i+1 under the epilogue of tile i
 _EPI_STAGES = 2  # smem buffers of the epilogue's TMA stores
 _MAX_AB_STAGES = 12
+_LOG2_E = 1.4426950408889634
 
 _EPILOGUE_WARPS = (0, 1, 2, 3)
 _MMA_WARP = 4
@@ -99,9 +100,10 @@ def sass_tmem_alloc(columns: int) -> str:
 
 
 def sass_count(pattern: str, count: int) -> str:
-    """At least ``count`` matches of ``pattern`` in the disassembly (anchored at its start, so a
-    failing search scans it once per way of choosing fewer matches, not once per offset)."""
-    return rf"\A(?:[\s\S]*?{pattern}){{{count}}}"
+    """At least ``count`` matches of ``pattern`` in the disassembly.  Anchored at its start, and each
+    repetition takes the text up to the next match only (no character of it starts a match), so
+    the split is unique and a failing search is linear, not a search over ways of choosing."""
+    return rf"\A(?:(?:(?!{pattern})[\s\S])*{pattern}){{{count}}}"
 
 
 # The per-element epilogue's loads, one per accumulator element of a thread and field (ptxas keeps
@@ -155,10 +157,13 @@ class GemmSm100(GemmVariant):
     # dtype), then ``+ residual[row, col]`` (residual (M, N, L), the output dtype; may be ``c``
     # itself).  Each off by default: a variant without them compiles the kernel it did before.
     bias: bool = field(default=False, metadata={"tag": "bias"})
+    # SiLU(gate)·up (the Hopper family's form): B's rows hold gate and up rows in blocks of
+    # GATE_UP_BLOCK, the 128-column tile one gate block and its up block; the output has N / 2
+    # columns, out[:, j] = silu(gate_j)·up_j (then the residual, over the output's columns).
+    silu_mul: bool = field(default=False, metadata={"tag": "silumul"})
     residual: bool = field(default=False, metadata={"tag": "res"})
 
-    # Epilogue fields of the Hopper family this one does not build (epilogue_args reads them).
-    silu_mul: ClassVar[bool] = False
+    # The Hopper family's fp8 output field, not built here (epilogue_args reads it).
     fp8_groups: ClassVar[bool] = False
 
     @property
@@ -168,12 +173,12 @@ class GemmSm100(GemmVariant):
 
     @property
     def has_epilogue(self) -> bool:
-        return self.bias or self.residual
+        return self.bias or self.silu_mul or self.residual
 
     @property
     def epilogue(self) -> list[str]:
         """The epilogue fields that are on, in the order they apply."""
-        return [f for f in ("bias", "residual") if getattr(self, f)]
+        return [f for f in ("bias", "silu_mul", "residual") if getattr(self, f)]
 
     def signature(self) -> Signature:
         sig = super().signature()
@@ -198,8 +203,11 @@ class GemmSm100(GemmVariant):
         per_thread = self.epi_elements_per_thread
         if self.row_scale:  # scale_b per output column
             req += (sass_count(SASS_LOAD_F32, per_thread),)
-        if self.has_epilogue:  # bias per column, residual per element
-            req += (sass_count(SASS_LOAD_U16, per_thread * len(self.epilogue)),)
+        loads = [f for f in self.epilogue if f in ("bias", "residual")]
+        if loads:  # bias per column, residual per element
+            req += (sass_count(SASS_LOAD_U16, per_thread * len(loads)),)
+        if self.silu_mul:  # the gate and the up sub-tile (two tcgen05.ld), an exp2 per output
+            req += (sass_count(r"\bLDTM\.", 2), sass_count(r"\bMUFU\.EX2\b", per_thread))
         return req
 
     @property
@@ -228,6 +236,12 @@ class GemmSm100(GemmVariant):
             return "row scales apply to fp8 only"
         if (self.row_scale or self.has_epilogue) and self.c not in ("bf16", "f16"):
             return "row scales and epilogue fields write bf16 or f16"
+        if self.silu_mul:
+            # One gate block and its up block per 128-column tile of one CTA, the sub-tiles of the
+            # epilogue spanning the tile's rows (gate sub-tile s, up sub-tile s + half).
+            if self.is_fp8 or self.bias or self.pair or self.tile[1] != 2 * GATE_UP_BLOCK:
+                return (f"silu_mul runs 16-bit inputs without bias on a 1-CTA tile {2 * GATE_UP_BLOCK} "
+                        "columns wide")
         if self.pair and not tgt.cta_pairs:
             return "target has no CTA pairs"
         tm, tn, tk = self.tile
@@ -313,6 +327,8 @@ class GemmSm100(GemmVariant):
         })
         if self.has_epilogue:
             d["epilogue"] = self.epilogue  # fused epilogue fields in the order they apply
+            if self.silu_mul:
+                d["gate_up_block"] = GATE_UP_BLOCK
         return d
 
     def make_kernel(self):
@@ -355,7 +371,10 @@ class GemmSm100Kernel:
         # Epilogue math beyond the per-tensor scale: each output element needs its coordinates.
         self.row_scale = row_scale
         self.epi_fields = tuple(epilogue)
-        self.per_element = row_scale or bool(self.epi_fields)
+        # The output tile of one CTA (silu_mul: half the MMA tile's columns).
+        self.c_tile = (self.cta_tile[0], self.cta_tile[1] // (2 if "silu_mul" in self.epi_fields else 1))
+        self.silu = "silu_mul" in self.epi_fields
+        self.per_element = row_scale or "bias" in self.epi_fields or "residual" in self.epi_fields
 
     def entry(self, fp8: bool):
         """The host entry whose arguments follow the variant's signature: a, b, c, then the fp8
@@ -442,7 +461,7 @@ class GemmSm100Kernel:
         tma_b, gB = atoms.tma_load_b(b, sB_layout, self.mma_tiler, mma, vmnk, self.cluster)
         tma_c, gC = atoms.tma_store(c, sC_layout, epi_tile)
 
-        tiles_mnl = cute.zipped_divide(c, tiler=self.cta_tile[:2])[(0, (None, None, None))].shape
+        tiles_mnl = cute.zipped_divide(c, tiler=self.c_tile)[(0, (None, None, None))].shape
         sched = utils.PersistentTileSchedulerParams(tiles_mnl, (*self.cluster, 1))
         grid = utils.StaticPersistentTileScheduler.get_grid_shape(
             sched, cutlass.max(max_clusters, cutlass.Int32(1)))
@@ -518,19 +537,25 @@ class GemmSm100Kernel:
         # (bM, bK, tiles_m, tiles_k, L) etc. in MMA tiles, then this CTA's part of them.
         gA = cute.local_tile(mA, cute.slice_(self.mma_tiler, (None, 0, None)), (None, None, None))
         gB = cute.local_tile(mB, cute.slice_(self.mma_tiler, (0, None, None)), (None, None, None))
-        gC = cute.local_tile(mC, cute.slice_(self.mma_tiler, (None, None, 0)), (None, None, None))
         k_tiles = cute.size(gA, mode=[3])
         thr_mma = mma.get_slice(mma_v)
         tCgA = thr_mma.partition_A(gA)
         tCgB = thr_mma.partition_B(gB)
-        tCgC = thr_mma.partition_C(gC)
         # The (m, n, l) coordinates of the output elements, partitioned like C (per-element
         # epilogue math: row scales, bias, residual).
         tCcC = None
-        if cutlass.const_expr(self.per_element):
-            cC = cute.local_tile(cute.make_identity_tensor(mC.shape),
-                                 cute.slice_(self.mma_tiler, (None, None, 0)), (None, None, None))
-            tCcC = thr_mma.partition_C(cC)
+        if cutlass.const_expr(self.silu):
+            # C's tiles are half as wide as the MMA's (1-CTA: the CTA's tile, unpartitioned).
+            tCgC = cute.local_tile(mC, self.c_tile, (None, None, None))
+            if cutlass.const_expr(self.per_element):
+                tCcC = cute.local_tile(cute.make_identity_tensor(mC.shape), self.c_tile, (None, None, None))
+        else:
+            gC = cute.local_tile(mC, cute.slice_(self.mma_tiler, (None, None, 0)), (None, None, None))
+            tCgC = thr_mma.partition_C(gC)
+            if cutlass.const_expr(self.per_element):
+                cC = cute.local_tile(cute.make_identity_tensor(mC.shape),
+                                     cute.slice_(self.mma_tiler, (None, None, 0)), (None, None, None))
+                tCcC = thr_mma.partition_C(cC)
         # The accumulator stages' TMEM layout (its address is known once allocated).
         acc_shape = mma.partition_shape_C(self.mma_tiler[:2])
         acc_layout = mma.make_fragment_C(cute.append(acc_shape, _ACC_STAGES)).layout
@@ -644,15 +669,24 @@ class GemmSm100Kernel:
                               acc_epi[(None, None, 0, 0, 0)])
         thr_t2r = t2r.get_slice(tidx)
         tTR_tAcc = thr_t2r.partition_S(acc_epi)
-        gC_epi = cute.flat_divide(tCgC[((None, None), 0, 0, None, None, None)], epi_tile)
+        if cutlass.const_expr(self.silu):
+            gC_epi = cute.flat_divide(tCgC, epi_tile)
+        else:
+            gC_epi = cute.flat_divide(tCgC[((None, None), 0, 0, None, None, None)], epi_tile)
         tTR_gC = thr_t2r.partition_D(gC_epi)
         tTR_cC = None
         if cutlass.const_expr(self.per_element):  # coordinates of the registers' elements
-            tTR_cC = thr_t2r.partition_D(
-                cute.flat_divide(tCcC[((None, None), 0, 0, None, None, None)], epi_tile))
+            if cutlass.const_expr(self.silu):
+                tTR_cC = thr_t2r.partition_D(cute.flat_divide(tCcC, epi_tile))
+            else:
+                tTR_cC = thr_t2r.partition_D(
+                    cute.flat_divide(tCcC[((None, None), 0, 0, None, None, None)], epi_tile))
         tTR_rAcc = cute.make_rmem_tensor(tTR_gC[(None, None, None, 0, 0, 0, 0, 0)].shape,
                                          cutlass.Float32)
         tTR_rC = cute.make_rmem_tensor(tTR_rAcc.shape, c_dtype)
+        tTR_rUp = None
+        if cutlass.const_expr(self.silu):  # the up sub-tile beside the gate sub-tile
+            tTR_rUp = cute.make_rmem_tensor(tTR_rAcc.shape, cutlass.Float32)
         r2s = atoms.smem_store(self.c_layout, c_dtype, t2r)
         tRS_sC = r2s.get_slice(tidx).partition_D(sC)
         tRS_rC = r2s.retile(tTR_rC)
@@ -683,9 +717,15 @@ class GemmSm100Kernel:
             if cutlass.const_expr(self.per_element):
                 tTR_cC_t = cute.group_modes(tTR_cC[(None, None, None, None, None, m // self.v, n, l)], 3, 5)
             n_sub = cute.size(tTR_tAcc_t.shape, mode=[3])
+            if cutlass.const_expr(self.silu):
+                # Output sub-tile s: the gate sub-tile s and the up sub-tile s + n_sub / 2 of
+                # the accumulator (the epilogue tile spans the tile's rows: sub-tiles go along N).
+                n_sub = n_sub // 2
             done = sched.num_tiles_executed * n_sub
             for s in cutlass.range(n_sub):
                 cute.copy(t2r, tTR_tAcc_t[(None, None, None, s)], tTR_rAcc)
+                if cutlass.const_expr(self.silu):
+                    cute.copy(t2r, tTR_tAcc_t[(None, None, None, s + n_sub)], tTR_rUp)
                 if s == n_sub - 1:
                     # The stage's last tcgen05.ld has been issued: wait for it (tcgen05.wait::ld)
                     # and give the stage back to the MMA warp, one arrival per warp, so the next
@@ -693,6 +733,11 @@ class GemmSm100Kernel:
                     cute.arch.fence_view_async_tmem_load()
                     with cute.arch.elect_one():
                         acc_pipe.consumer_release(acc_state)
+                if cutlass.const_expr(self.silu):
+                    for i in cutlass.range_constexpr(cute.size(tTR_rAcc)):
+                        g = tTR_rAcc[i]
+                        sig = cute.arch.rcp_approx(1.0 + cute.math.exp2(-g * _LOG2_E, fastmath=True))
+                        tTR_rAcc[i] = g * sig * tTR_rUp[i]
                 if cutlass.const_expr(self.per_element):
                     self.apply_epilogue(tTR_rAcc, tTR_cC_t[(None, None, None, s)], scale_a, scale_b,
                                         bias, residual)

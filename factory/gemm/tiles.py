@@ -269,13 +269,16 @@ SM100_DEFAULT = (
 SM100_FORMS_TEST = (
     dict(**FP8, row_scale=True, bias=True, residual=True, tile=(128, 128, 128)),
     dict(**BF16, bias=True, residual=True, pair=True, tile=(256, 128, 64), cluster=(2, 1)),
+    dict(**BF16, silu_mul=True, residual=True, tile=(128, 128, 64)),
 )
 SM100_FORMS_DEFAULT = (
     dict(**FP8, row_scale=True, tile=(128, 128, 128)),
     dict(**BF16, bias=True, tile=(128, 128, 64)),
     dict(**BF16, residual=True, tile=(128, 128, 64)),
+    dict(**BF16, silu_mul=True, tile=(128, 128, 64)),
 )
 SM100_FORMS_FULL = SM100_FORMS_DEFAULT + (
+    dict(**BF16, silu_mul=True, residual=True, tile=(128, 128, 64)),
     dict(**FP8, row_scale=True, pair=True, tile=(256, 256, 128), cluster=(2, 1)),
     dict(**FP8, row_scale=True, tile=(64, 64, 128)),
     dict(**BF16, bias=True, residual=True, tile=(128, 128, 64)),
