@@ -449,6 +449,9 @@ class GemmSm100Kernel:
         epi_tile = atoms.bw.compute_epilogue_tile_shape(self.cta_tile, self.pair, c_layout, c_dtype)
         if cutlass.const_expr(tuple(cute.product_each(cute.shape(epi_tile))) != self.epi_tile_mn):
             raise ValueError(f"epilogue tile {cute.product_each(cute.shape(epi_tile))} differs from the plan")
+        if cutlass.const_expr(self.silu and self.epi_tile_mn[0] != self.cta_tile[0]):
+            # silu_mul pairs sub-tile s with s + half: the sub-tiles must go along N only.
+            raise ValueError(f"silu_mul needs an epilogue tile spanning the tile's {self.cta_tile[0]} rows")
         sC_layout = atoms.epilogue_smem_layout(c_dtype, c_layout, epi_tile, _EPI_STAGES)
         # And the TMEM columns the plan reports must be what the accumulator stages take.
         acc_fake = mma.make_fragment_C(

@@ -331,12 +331,14 @@ class GemmSm100Block128Kernel(GemmSm100BlockScaledKernel):
 # Enumeration
 # ------------------------------------------------------------------------------------------------
 
+# Test and full tiers (the default bundle's share for the Blackwell forms went to the row-scaled,
+# silu_mul and grouped variants).
 BLOCK128 = (dict(c="bf16"),)
 
 
 @register("gemm")
 def enumerate_sm100_block128(target: Target, tier: str) -> list[GemmSm100Block128]:
-    if target.family != "sm100" or not target.tmem:
+    if target.family != "sm100" or not target.tmem or tier == "default":
         return []
     out = []
     for s in BLOCK128:

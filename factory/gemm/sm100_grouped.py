@@ -488,11 +488,12 @@ class GroupedGemmSm100Kernel(GroupedGemmSm90Kernel):
 # ------------------------------------------------------------------------------------------------
 
 _BF16 = dict(ab="bf16", c="bf16")
-# One 128x128 tile per layout in the test and default tiers (compiled and SASS-checked; unmeasured);
-# 128x256 and f16 in the full tier.
+# One 128x128 tile per layout in the test tier (compiled and SASS-checked; unmeasured), the
+# contiguous one in the default tier (~0.14 MB with its share of the host library); the masked
+# layout, 128x256 and f16 in the full tier.
 GROUPED_SM100_TEST = tuple(dict(**_BF16, layout=lay, tile=(128, 128, 64)) for lay in LAYOUTS)
-GROUPED_SM100_DEFAULT = GROUPED_SM100_TEST
-GROUPED_SM100_FULL = GROUPED_SM100_DEFAULT + tuple(
+GROUPED_SM100_DEFAULT = GROUPED_SM100_TEST[:1]
+GROUPED_SM100_FULL = GROUPED_SM100_TEST + tuple(
     dict(**_BF16, layout=lay, tile=(128, 256, 64)) for lay in LAYOUTS) + tuple(
     dict(ab="f16", c="f16", layout=lay, tile=(128, 128, 64)) for lay in LAYOUTS)
 
