@@ -293,3 +293,26 @@ def test_pow2_block_scales_are_the_mxfp8_scales_repeated():
     ref = deq_a @ deq_b.t()
     assert torch.allclose(ref, x @ w.t(), rtol=0.1, atol=0.15 * (x @ w.t()).abs().max().item())
     assert bs is not None
+
+
+def test_tiers_keep_the_default_share_small():
+    """The default bundle takes one row-scaled fp8, one silu_mul and one contiguous grouped
+    variant for 10.x (about 0.14 MB each with their share of the host library); the other forms
+    (bias, residual, pairs, masked grouped, the block form) are in the test/full tiers."""
+    from factory.atoms.targets import get_target
+    from factory.gemm.sm100 import enumerate_sm100_forms
+    from factory.gemm.sm100_block128 import enumerate_sm100_block128
+    from factory.gemm.sm100_grouped import enumerate_sm100_grouped
+
+    t = get_target(BLACKWELL_DC)
+    tiers = {tier: [v.name for f in (enumerate_sm100_forms, enumerate_sm100_grouped, enumerate_sm100_block128)
+                    for v in f(t, tier)] for tier in ("test", "default", "full")}
+    assert sorted(tiers["default"]) == sorted([
+        "gemm_sm100f_e4m3_obf16_ak_bk_t128x128x128_c1x1_pdl_rowsc",
+        "gemm_sm100f_bf16_obf16_ak_bk_t128x128x64_c1x1_pdl_silumul",
+        "gemm_grouped_sm100f_bf16_obf16_contig_t128x128x64_sw8"])
+    assert set(tiers["default"]) <= set(tiers["full"]) and set(tiers["test"]) <= set(tiers["full"])
+    assert len(tiers["test"]) == 6
+    for tgt in ("sm_90a", "sm_80", "sm_120a"):
+        assert not any(f(get_target(tgt), "full") for f in (enumerate_sm100_forms, enumerate_sm100_grouped,
+                                                              enumerate_sm100_block128))

@@ -201,11 +201,14 @@ class GemmSm100(GemmVariant):
         if self.is_fp8:  # the per-tensor scales are read
             req += (r"\bLDG\.E\b",)
         per_thread = self.epi_elements_per_thread
+        # A thread's elements of a sub-tile: one row (128-row tiles, tcgen05.ld 32x32b) or two
+        # (64 rows a CTA, 16 lanes a warp); ptxas loads a column's scale_b or bias once.
+        cols = per_thread // (2 if self.cta_tile[0] == 64 else 1)
         if self.row_scale:  # scale_b per output column
-            req += (sass_count(SASS_LOAD_F32, per_thread),)
-        loads = [f for f in self.epilogue if f in ("bias", "residual")]
-        if loads:  # bias per column, residual per element
-            req += (sass_count(SASS_LOAD_U16, per_thread * len(loads)),)
+            req += (sass_count(SASS_LOAD_F32, cols),)
+        u16 = (cols if self.bias else 0) + (per_thread if self.residual else 0)
+        if u16:  # bias per column, residual per element
+            req += (sass_count(SASS_LOAD_U16, u16),)
         if self.silu_mul:  # the gate and the up sub-tile (two tcgen05.ld), an exp2 per output
             req += (sass_count(r"\bLDTM\.", 2), sass_count(r"\bMUFU\.EX2\b", per_thread))
         return req

@@ -276,7 +276,7 @@ SM100_FORMS_DEFAULT = (
     dict(**FP8, row_scale=True, tile=(128, 128, 128)),
     dict(**BF16, silu_mul=True, tile=(128, 128, 64)),
 )
-SM100_FORMS_FULL = SM100_FORMS_DEFAULT + (
+SM100_FORMS_FULL = SM100_FORMS_DEFAULT + SM100_FORMS_TEST + (
     dict(**BF16, bias=True, tile=(128, 128, 64)),
     dict(**BF16, residual=True, tile=(128, 128, 64)),
     dict(**BF16, silu_mul=True, residual=True, tile=(128, 128, 64)),
