@@ -12,6 +12,7 @@ fails them.
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import re
 
@@ -40,9 +41,14 @@ def _forms(m: dict) -> dict:
 
 
 def _sass(test_bundle, entry) -> str:
+    return _disassemble(str(test_bundle / entry["files"]["cubin"]["path"]))
+
+
+@functools.lru_cache(maxsize=None)
+def _disassemble(path: str) -> str:
     from factory.compiler.cubin import disassemble
 
-    return disassemble(test_bundle / entry["files"]["cubin"]["path"])
+    return disassemble(path)
 
 
 def _lacks(problems: list[str]) -> set[str]:
