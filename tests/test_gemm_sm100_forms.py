@@ -63,14 +63,14 @@ def test_forms_compile_with_their_epilogue_and_fit(test_bundle):
     kinds = {(v["dtypes"]["a"], v.get("scale_mode"), tuple(v.get("epilogue") or ()), v["cta_group"])
              for v in forms.values()}
     assert kinds == {("e4m3", "row", ("bias", "residual"), 1), ("bf16", None, ("bias", "residual"), 2),
-                     ("bf16", None, ("silu_mul", "residual"), 1)}, kinds
+                     ("bf16", None, ("silu_mul", "residual"), 1), ("bf16", None, ("fp8_groups",), 1)}, kinds
     for name, v in forms.items():
         assert v["proof"] == "sass-only", name
         assert sass_problems(v["target"], v["sass_requirements"], _sass(test_bundle, v)) == [], name
         res = v["resources"]
         assert res["stack_frame_bytes"] == 0 and res["spill_instructions"] == 0, (name, res)
         assert 0 < res["registers"] <= 255, (name, res)
-        if "silu_mul" in v["epilogue"]:
+        if "silu_mul" in v["epilogue"] or "fp8_groups" in v["epilogue"]:
             continue  # (below)
         # The Hopper forms' argument contract (gemm/sm90.py scale_args, epilogue_args).
         args = [(a["name"], a.get("shape")) for a in v["signature"]["args"]]
@@ -125,6 +125,25 @@ def test_silu_mul_reads_gate_and_up_and_writes_half_the_columns(test_bundle):
     assert any("LDTM" in p for p in lacked) and any("MUFU" in p for p in lacked), lacked
 
 
+def test_fp8_groups_takes_the_amax_pass_then_writes_e4m3_and_the_scales(test_bundle):
+    """fp8_groups (e4m3 out, one scale per row and 128 columns): the amax pass and the store pass
+    each read the tile from TMEM (tcgen05.ld), the saturating e4m3 conversion, the scale store;
+    scale_out (M, NG) M-major after c.  The plain kernel lacks them."""
+    from factory.compiler.sass import sass_problems
+
+    m = _manifest(test_bundle)
+    v = next(e for e in _forms(m).values() if e.get("epilogue") == ["fp8_groups"])
+    assert v["dtypes"]["c"] == "e4m3" and v["fp8_group"] == 128 and v["tile"] == [128, 128, 64]
+    args = [(a["name"], a.get("shape"), a.get("stride")) for a in v["signature"]["args"]]
+    assert args[3] == ("scale_out", ["M", "NG"], [1, "sSOg"]), args
+    sass = _sass(test_bundle, v)
+    assert sass_problems(v["target"], v["sass_requirements"], sass) == []
+    assert len(re.findall(r"\bLDTM\.", sass)) >= 2
+    plain = next(e for n, e in _dense(m).items() if n not in _forms(m) and e["dtypes"]["a"] == "bf16")
+    lacked = _lacks(sass_problems(v["target"], v["sass_requirements"], _sass(test_bundle, plain)))
+    assert any("F2FP" in p for p in lacked) and any("STG" in p for p in lacked), lacked
+
+
 @pytest.fixture
 def b200(test_bundle):
     b = Bundle.open(test_bundle, capability=(10, 0), device=B200)
@@ -168,6 +187,10 @@ def test_selection_on_10_0_takes_the_form_asked_for(b200):
     assert out.shape == (M, NO) and b200.rec.launched[-1].endswith("_silumul_res")
     with pytest.raises(NoVariantError):  # (the test tier has silu_mul with a residual only)
         b200.gemm(a16, w, activation="silu_mul")
+    # e4m3 out with per-row group scales (scale_out in the block-scaled GEMM's scale_a layout).
+    q, so = b200.gemm(a16, w16[:512], out_dtype=torch.float8_e4m3fn)
+    assert q.dtype == torch.float8_e4m3fn and q.shape == (M, 512) and so.shape == (M, 4) and so.stride()[0] == 1
+    assert b200.rec.launched[-1].endswith("_oe4m3_ak_bk_t128x128x64_c1x1_pdl_q128")
 
 
 # --- grouped GEMM (gemm/sm100_grouped.py) ------------------------------------------------------------
@@ -187,7 +210,7 @@ def test_grouped_compiles_to_tcgen05_with_the_walk_and_the_masked_store(test_bun
     bw = _grouped(m, BLACKWELL_DC)
     assert sorted(v["grouped"] for v in bw.values()) == ["contig", "masked"]
     plain = next(v for n, v in _dense(m).items() if n not in _forms(m))
-    hopper = _grouped(m, "sm_90a")
+    hopper = {n: v for n, v in _grouped(m, "sm_90a").items() if v["dtypes"]["a"] == "bf16"}
     assert hopper
     for name, v in bw.items():
         assert v["proof"] == "sass-only" and v["family"] == "sm100_grouped", name
@@ -318,7 +341,7 @@ def test_tiers_keep_the_default_share_small():
         "gemm_sm100f_bf16_obf16_ak_bk_t128x128x64_c1x1_pdl_silumul",
         "gemm_grouped_sm100f_bf16_obf16_contig_t128x128x64_sw8"])
     assert set(tiers["default"]) <= set(tiers["full"]) and set(tiers["test"]) <= set(tiers["full"])
-    assert len(tiers["test"]) == 6
+    assert len(tiers["test"]) == 7
     for tgt in ("sm_90a", "sm_80", "sm_120a"):
         assert not any(f(get_target(tgt), "full") for f in (enumerate_sm100_forms, enumerate_sm100_grouped,
                                                               enumerate_sm100_block128))

@@ -52,7 +52,7 @@ from ..atoms.targets import Target
 from ..registry import register
 from . import tiles
 from .common import GemmVariant
-from .sm90 import GATE_UP_BLOCK, epilogue_args, scale_args
+from .sm90 import FP8_GROUP, FP8_MAX, FP8_MIN_SCALE, GATE_UP_BLOCK, epilogue_args, scale_args
 
 # Bytes the smem plan keeps for the mbarriers and the TMEM address (padded so the swizzled buffers
 # after them start 1024-aligned).
@@ -162,9 +162,11 @@ class GemmSm100(GemmVariant):
     # columns, out[:, j] = silu(gate_j)·up_j (then the residual, over the output's columns).
     silu_mul: bool = field(default=False, metadata={"tag": "silumul"})
     residual: bool = field(default=False, metadata={"tag": "res"})
-
-    # The Hopper family's fp8 output field, not built here (epilogue_args reads it).
-    fp8_groups: ClassVar[bool] = False
+    # The output in e4m3 with one float32 scale per row and 128 columns (the Hopper family's
+    # ``fp8_groups``: scale = max(amax / 448, FP8_MIN_SCALE), out = e4m3(x / scale), the scales
+    # written to ``scale_out`` (M, ceil(N / 128)) M-major).  Each epilogue thread holds one row of
+    # the 128-row tile: its amax needs no exchange (a first pass of tcgen05.ld over the tile).
+    fp8_groups: bool = field(default=False, metadata={"tag": "q128"})
 
     @property
     def scale_mode(self) -> str:
@@ -173,12 +175,12 @@ class GemmSm100(GemmVariant):
 
     @property
     def has_epilogue(self) -> bool:
-        return self.bias or self.silu_mul or self.residual
+        return self.bias or self.silu_mul or self.residual or self.fp8_groups
 
     @property
     def epilogue(self) -> list[str]:
         """The epilogue fields that are on, in the order they apply."""
-        return [f for f in ("bias", "silu_mul", "residual") if getattr(self, f)]
+        return [f for f in ("bias", "silu_mul", "residual", "fp8_groups") if getattr(self, f)]
 
     def signature(self) -> Signature:
         sig = super().signature()
@@ -211,6 +213,8 @@ class GemmSm100(GemmVariant):
             req += (sass_count(SASS_LOAD_U16, u16),)
         if self.silu_mul:  # the gate and the up sub-tile (two tcgen05.ld), an exp2 per output
             req += (sass_count(r"\bLDTM\.", 2), sass_count(r"\bMUFU\.EX2\b", per_thread))
+        if self.fp8_groups:  # the amax pass and the store pass (two tcgen05.ld), e4m3 pairs, the scales
+            req += (sass_count(r"\bLDTM\.", 2), r"\bF2FP\.SATFINITE\.E4M3\.F32\.PACK_AB", r"\bSTG\.E\b")
         return req
 
     @property
@@ -229,15 +233,20 @@ class GemmSm100(GemmVariant):
             return f"target {self.target} is not a Blackwell datacenter (sm100) target"
         if self.ab not in ("bf16", "f16", "e4m3"):
             return f"input dtype {self.ab} not supported"
-        if self.c not in ("bf16", "f16", "f32"):
-            return f"output dtype {self.c} not supported"
+        if self.c not in ("bf16", "f16", "f32") and not (self.c == "e4m3" and self.fp8_groups):
+            return f"output dtype {self.c} not supported (e4m3 only with fp8_groups)"
         if self.is_fp8 and (self.a_major, self.b_major) != ("k", "k"):
             return "fp8 variants take K-major operands only"
         if self.a_major not in ("k", "m") or self.b_major not in ("k", "n"):
             return f"majorness a={self.a_major} b={self.b_major} not supported"
         if self.row_scale and not self.is_fp8:
             return "row scales apply to fp8 only"
-        if (self.row_scale or self.has_epilogue) and self.c not in ("bf16", "f16"):
+        if self.fp8_groups:
+            if self.c != "e4m3" or self.is_fp8 or self.epilogue != ["fp8_groups"]:
+                return "fp8_groups writes e4m3 from 16-bit inputs, without other epilogue fields"
+            if self.pair or self.tile[:2] != (128, FP8_GROUP):
+                return f"fp8_groups runs the 1-CTA 128x{FP8_GROUP} tile (a thread's row is one scale group)"
+        elif (self.row_scale or self.has_epilogue) and self.c not in ("bf16", "f16"):
             return "row scales and epilogue fields write bf16 or f16"
         if self.silu_mul:
             # One gate block and its up block per 128-column tile of one CTA, the sub-tiles of the
@@ -332,6 +341,8 @@ class GemmSm100(GemmVariant):
             d["epilogue"] = self.epilogue  # fused epilogue fields in the order they apply
             if self.silu_mul:
                 d["gate_up_block"] = GATE_UP_BLOCK
+            if self.fp8_groups:
+                d["fp8_group"] = FP8_GROUP
         return d
 
     def make_kernel(self):
@@ -377,11 +388,15 @@ class GemmSm100Kernel:
         # The output tile of one CTA (silu_mul: half the MMA tile's columns).
         self.c_tile = (self.cta_tile[0], self.cta_tile[1] // (2 if "silu_mul" in self.epi_fields else 1))
         self.silu = "silu_mul" in self.epi_fields
+        self.q128 = "fp8_groups" in self.epi_fields
         self.per_element = row_scale or "bias" in self.epi_fields or "residual" in self.epi_fields
+        self.coords = self.per_element or self.q128  # output coordinates per register element
 
     def entry(self, fp8: bool):
         """The host entry whose arguments follow the variant's signature: a, b, c, then the fp8
         scales, then bias and residual where those fields are on, then max_clusters and stream."""
+        if self.q128:
+            return self.with_q
         key = ("bias" in self.epi_fields, "residual" in self.epi_fields)
         if fp8:
             return {(False, False): self.scaled, (True, False): self.scaled_bias,
@@ -434,7 +449,13 @@ class GemmSm100Kernel:
         self._launch(a, b, c, scale_a, scale_b, max_clusters, stream, bias, residual)
 
     @cute.jit
-    def _launch(self, a, b, c, scale_a, scale_b, max_clusters, stream, bias=None, residual=None):
+    def with_q(self, a: cute.Tensor, b: cute.Tensor, c: cute.Tensor, scale_out: cute.Tensor,
+               max_clusters: cutlass.Int32, stream: cuda.CUstream):
+        self._launch(a, b, c, None, None, max_clusters, stream, None, None, scale_out)
+
+    @cute.jit
+    def _launch(self, a, b, c, scale_a, scale_b, max_clusters, stream, bias=None, residual=None,
+                scale_out=None):
         ab_dtype, c_dtype = a.element_type, c.element_type
         c_layout = utils.LayoutEnum.from_tensor(c)
         mma = atoms.tiled_mma(ab_dtype, utils.LayoutEnum.from_tensor(a).mma_major_mode(),
@@ -489,7 +510,7 @@ class GemmSm100Kernel:
             raise ValueError(f"SharedStorage is {SharedStorage.size_in_bytes()} B, the plan {self.smem_plan}")
         self.c_layout = c_layout
         self.kernel(
-            mma, tma_a, gA, tma_b, gB, tma_c, gC, scale_a, scale_b, bias, residual, vmnk,
+            mma, tma_a, gA, tma_b, gB, tma_c, gC, scale_a, scale_b, bias, residual, scale_out, vmnk,
             sA_layout, sB_layout, sC_layout, epi_tile, sched,
         ).launch(
             grid=grid, block=[THREADS, 1, 1], cluster=(*self.cluster, 1),
@@ -504,7 +525,7 @@ class GemmSm100Kernel:
         tma_a: cute.CopyAtom, mA: cute.Tensor,
         tma_b: cute.CopyAtom, mB: cute.Tensor,
         tma_c: cute.CopyAtom, mC: cute.Tensor,
-        scale_a, scale_b, bias, residual,
+        scale_a, scale_b, bias, residual, scale_out,
         vmnk: cute.Layout,
         sA_layout: cute.ComposedLayout, sB_layout: cute.ComposedLayout,
         sC_layout: cute.ComposedLayout,
@@ -558,7 +579,7 @@ class GemmSm100Kernel:
         else:
             gC = cute.local_tile(mC, cute.slice_(self.mma_tiler, (None, None, 0)), (None, None, None))
             tCgC = thr_mma.partition_C(gC)
-            if cutlass.const_expr(self.per_element):
+            if cutlass.const_expr(self.coords):
                 cC = cute.local_tile(cute.make_identity_tensor(mC.shape),
                                      cute.slice_(self.mma_tiler, (None, None, 0)), (None, None, None))
                 tCcC = thr_mma.partition_C(cC)
@@ -587,7 +608,7 @@ class GemmSm100Kernel:
             acc_ptr = tmem.retrieve_ptr(cutlass.Float32)
             acc = cute.make_tensor(acc_ptr, acc_layout)
             self.epilogue(tidx, warp_idx, mma, tma_c, acc, sC, tCgC, epi_tile, acc_pipe, scale_a,
-                          scale_b, sched_params, tCcC, bias, residual)
+                          scale_b, sched_params, tCcC, bias, residual, scale_out)
             tmem.free(acc_ptr)
 
     @cute.jit
@@ -664,7 +685,7 @@ class GemmSm100Kernel:
 
     @cute.jit
     def epilogue(self, tidx, warp_idx, mma, tma_c, acc, sC, tCgC, epi_tile, acc_pipe, scale_a,
-                 scale_b, sched_params, tCcC=None, bias=None, residual=None):
+                 scale_b, sched_params, tCcC=None, bias=None, residual=None, scale_out=None):
         """The epilogue warps: per tile, per sub-tile: TMEM -> registers (tcgen05.ld) -> scale, bias,
         residual -> convert -> smem -> TMA store; then the accumulator stage goes back to the MMA
         warp."""
@@ -681,7 +702,7 @@ class GemmSm100Kernel:
             gC_epi = cute.flat_divide(tCgC[((None, None), 0, 0, None, None, None)], epi_tile)
         tTR_gC = thr_t2r.partition_D(gC_epi)
         tTR_cC = None
-        if cutlass.const_expr(self.per_element):  # coordinates of the registers' elements
+        if cutlass.const_expr(self.coords):  # coordinates of the registers' elements
             if cutlass.const_expr(self.silu):
                 tTR_cC = thr_t2r.partition_D(cute.flat_divide(tCcC, epi_tile))
             else:
@@ -720,7 +741,7 @@ class GemmSm100Kernel:
                 tTR_tAcc[(None, None, None, None, None, acc_state.index)], 3, 5)
             acc_pipe.consumer_wait(acc_state)
             tTR_cC_t = None
-            if cutlass.const_expr(self.per_element):
+            if cutlass.const_expr(self.coords):
                 tTR_cC_t = cute.group_modes(tTR_cC[(None, None, None, None, None, m // self.v, n, l)], 3, 5)
             n_sub = cute.size(tTR_tAcc_t.shape, mode=[3])
             if cutlass.const_expr(self.silu):
@@ -728,6 +749,9 @@ class GemmSm100Kernel:
                 # the accumulator (the epilogue tile spans the tile's rows: sub-tiles go along N).
                 n_sub = n_sub // 2
             done = sched.num_tiles_executed * n_sub
+            inv = cutlass.Float32(1.0)
+            if cutlass.const_expr(self.q128):
+                inv = self.row_group_scale(t2r, tTR_tAcc_t, tTR_rAcc, tTR_cC_t, scale_out, n, n_sub)
             for s in cutlass.range(n_sub):
                 cute.copy(t2r, tTR_tAcc_t[(None, None, None, s)], tTR_rAcc)
                 if cutlass.const_expr(self.silu):
@@ -750,6 +774,8 @@ class GemmSm100Kernel:
                 vals = tTR_rAcc.load()
                 if cutlass.const_expr(scale_a is not None and not self.row_scale):
                     vals = vals * scale
+                if cutlass.const_expr(self.q128):
+                    vals = vals * inv
                 tTR_rC.store(vals.to(c_dtype))
                 buf = (done + s) % _EPI_STAGES
                 cute.copy(r2s, tRS_rC, tRS_sC[(None, None, None, buf)])
@@ -765,6 +791,23 @@ class GemmSm100Kernel:
             sched.advance_to_next_work()
             work = sched.get_current_work()
         store_pipe.producer_tail()
+
+    @cute.jit
+    def row_group_scale(self, t2r, tTR_tAcc_t, rAcc, tTR_cC_t, scale_out, group, n_sub):
+        """fp8_groups, first pass over the tile's accumulator (tcgen05.ld of every sub-tile): the
+        amax of this thread's row (one TMEM lane, all of the tile's columns), its scale written to
+        ``scale_out[row, group]`` (rows past M write nothing); returns 1 / scale."""
+        amax = cutlass.Float32(0.0)
+        for s in cutlass.range(n_sub):
+            cute.copy(t2r, tTR_tAcc_t[(None, None, None, s)], rAcc)
+            for i in cutlass.range_constexpr(cute.size(rAcc)):
+                x = rAcc[i]
+                amax = cute.arch.fmax(amax, cute.arch.fmax(x, -x))
+        scale = cute.arch.fmax(amax / cutlass.Float32(FP8_MAX), cutlass.Float32(FP8_MIN_SCALE))
+        row = tTR_cC_t[(None, None, None, 0)][0][0]
+        if row < cute.size(scale_out, mode=[0]):
+            scale_out[row, group] = scale
+        return cutlass.Float32(1.0) / scale
 
     @cute.jit
     def apply_epilogue(self, acc, coords, scale_a, scale_b, bias, residual):

@@ -269,6 +269,7 @@ SM100_FORMS_TEST = (
     dict(**FP8, row_scale=True, bias=True, residual=True, tile=(128, 128, 128)),
     dict(**BF16, bias=True, residual=True, pair=True, tile=(256, 128, 64), cluster=(2, 1)),
     dict(**BF16, silu_mul=True, residual=True, tile=(128, 128, 64)),
+    dict(ab="bf16", c="e4m3", fp8_groups=True, tile=(128, 128, 64)),
 )
 # (Default: ~0.14 MB a variant with its share of the host library; two here and one grouped GEMM
 # keep the Blackwell forms under 0.5 MB of the default bundle.)
