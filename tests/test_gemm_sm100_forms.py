@@ -208,7 +208,8 @@ def test_grouped_compiles_to_tcgen05_with_the_walk_and_the_masked_store(test_bun
 
     m = _manifest(test_bundle)
     bw = _grouped(m, BLACKWELL_DC)
-    assert sorted(v["grouped"] for v in bw.values()) == ["contig", "masked"]
+    assert sorted((v["grouped"], v["dtypes"]["a"]) for v in bw.values()) == [
+        ("contig", "bf16"), ("contig", "e4m3"), ("masked", "bf16")]
     plain = next(v for n, v in _dense(m).items() if n not in _forms(m))
     hopper = {n: v for n, v in _grouped(m, "sm_90a").items() if v["dtypes"]["a"] == "bf16"}
     assert hopper
@@ -219,17 +220,23 @@ def test_grouped_compiles_to_tcgen05_with_the_walk_and_the_masked_store(test_bun
         assert res["stack_frame_bytes"] == 0 and res["spill_instructions"] == 0 and res["registers"] <= 255, res
         assert v["smem_bytes"] + res["static_smem_bytes"] <= 232448 and v["tmem_columns"] == 256, name
         args = [a["name"] for a in v["signature"]["args"]]
-        assert args == ["a", "b", "c", "offs" if v["grouped"] == "contig" else "masked_m", "max_clusters"], args
+        scales = ["scale_a", "scale_b"] if v["dtypes"]["a"] == "e4m3" else []
+        assert args == ["a", "b", "c", "offs" if v["grouped"] == "contig" else "masked_m", *scales,
+                        "max_clusters"], args
         lacked = _lacks(sass_problems(v["target"], v["sass_requirements"], _sass(test_bundle, plain)))
-        assert lacked == {SASS_TABLE, SASS_MASKED_STORE}, lacked
+        if v["dtypes"]["a"] == "bf16":
+            assert lacked == {SASS_TABLE, SASS_MASKED_STORE}, lacked
+        else:  # (and the fp8 MMA, the scale loads)
+            assert {SASS_TABLE, SASS_MASKED_STORE, r"\bUTCQMMA\b"} <= lacked, lacked
         for h in hopper.values():
             problems = sass_problems(v["target"], v["sass_requirements"], _sass(test_bundle, h))
-            assert any("UTCHMMA" in p and "LDTM" in p for p in problems), problems
+            assert any("UTC" in p and "MMA" in p and "LDTM" in p for p in problems), problems
 
 
 def test_grouped_selection_on_10_0(b200):
     """bf16 grouped calls reach the sm100 variants of their layout on 10.0 (empty groups, a
-    one-row group, a partial last tile); fp8 grouped forms, not built here, are a NoVariantError."""
+    one-row group, a partial last tile), row-scaled e4m3 its fp8 variant; the block-scaled grouped
+    form, not built for 10.x, is a NoVariantError."""
     bf = torch.bfloat16
     E, N, K = 8, 512, 256
     w = torch.randn(E, N, K, dtype=bf).transpose(1, 2)
@@ -241,10 +248,16 @@ def test_grouped_selection_on_10_0(b200):
     assert out.shape == (E, 64, N) and b200.rec.launched[-1] == "gemm_grouped_sm100f_bf16_obf16_masked_t128x128x64_sw8"
     n = len(b200.rec.launched)
     f8 = torch.float8_e4m3fn
+    out = b200.grouped_gemm(torch.randn(1000, K).to(f8), w.to(f8), offs=offs, scale_a=torch.ones(1000),
+                            scale_b=torch.ones(E, N))
+    assert out.dtype == bf and b200.rec.launched[-1] == "gemm_grouped_sm100f_e4m3_obf16_contig_t128x128x128_sw8_rowsc"
+    from factory.runtime import fp8 as fp8_forms
+
+    qa, sa = fp8_forms.quantize_blockwise(torch.randn(1000, K), (1, 128))
+    sb = torch.ones(E, N // 128, K // 128)
     with pytest.raises(NoVariantError, match="no gemm_grouped variant"):
-        b200.grouped_gemm(torch.randn(1000, K).to(f8), w.to(f8), offs=offs, scale_a=torch.ones(1000),
-                          scale_b=torch.ones(E, N))
-    assert len(b200.rec.launched) == n
+        b200.grouped_gemm(qa, w.to(f8), offs=offs, scale_a=sa, scale_b=sb)
+    assert len(b200.rec.launched) == n + 1
 
 
 # --- DeepSeek-form block scales (gemm/sm100_block128.py) ------------------------------------------------
@@ -341,7 +354,7 @@ def test_tiers_keep_the_default_share_small():
         "gemm_sm100f_bf16_obf16_ak_bk_t128x128x64_c1x1_pdl_silumul",
         "gemm_grouped_sm100f_bf16_obf16_contig_t128x128x64_sw8"])
     assert set(tiers["default"]) <= set(tiers["full"]) and set(tiers["test"]) <= set(tiers["full"])
-    assert len(tiers["test"]) == 7
+    assert len(tiers["test"]) == 8
     for tgt in ("sm_90a", "sm_80", "sm_120a"):
         assert not any(f(get_target(tgt), "full") for f in (enumerate_sm100_forms, enumerate_sm100_grouped,
                                                               enumerate_sm100_block128))

@@ -57,6 +57,7 @@ _EPILOGUE_WARPS = dense._EPILOGUE_WARPS
 _MMA_WARP = dense._MMA_WARP
 _TMA_WARP = dense._TMA_WARP
 THREADS = dense.THREADS
+THREADS_EPI = 32 * len(dense._EPILOGUE_WARPS)
 _round_up = dense._round_up
 
 # The partial last m-tile of a group: element-wise 16-bit stores of the output.
@@ -80,12 +81,21 @@ class GemmGroupedSm100(Variant):
     layout: str = field(default="contig", metadata={"tag": ""})
     tile: tuple[int, int, int] = field(default=(128, 256, 64), metadata={"tag": "t"})
     swizzle: int = field(default=8, metadata={"tag": "sw"})
+    # e4m3 operands (bf16 out) with the Hopper kernel's row scales: scale_a one per row of a
+    # (contiguous (M,), masked (M, E)), scale_b one per group and output column (N, E), applied to
+    # each accumulator element after the tcgen05.ld.
+    row_scale: bool = field(default=False, metadata={"tag": "rowsc"})
 
-    # The Hopper kernel's fp8 forms are not built here (its signature reads these).
-    row_scale: ClassVar[bool] = False
+    # The Hopper kernel's block-scaled form is not built here (its signature reads this).
     block_scale: ClassVar[bool] = False
-    is_fp8: ClassVar[bool] = False
-    scale_mode: ClassVar[None] = None
+
+    @property
+    def is_fp8(self) -> bool:
+        return self.ab == "e4m3"
+
+    @property
+    def scale_mode(self) -> str | None:
+        return "row" if self.row_scale else None
 
     # The same arguments as the Hopper grouped GEMM: a, b, c, offs | masked_m, max_clusters.
     signature = GemmGroupedSm90.signature
@@ -94,8 +104,12 @@ class GemmGroupedSm100(Variant):
     def sass_requirements(self) -> tuple[str, ...]:
         # (The contiguous layout's A and C have no L mode: 2-D TMA.)
         common = tuple(r for r in dense.SASS_COMMON if "UTMA" not in r)
-        return (dense.SASS_MMA["f16"], dense.sass_tmem_alloc(self.plan()["tmem_cols"])) + common + (
-            r"\bUTMALDG\.[23]D\b", r"\bUTMASTG\.[23]D\b", SASS_TABLE, SASS_MASKED_STORE)
+        req = (dense.SASS_MMA["f8" if self.is_fp8 else "f16"], dense.sass_tmem_alloc(self.plan()["tmem_cols"]))
+        req += common + (r"\bUTMALDG\.[23]D\b", r"\bUTMASTG\.[23]D\b", SASS_TABLE, SASS_MASKED_STORE)
+        if self.row_scale:  # scale_b per output column (scale_a once per thread: one row)
+            em, en = self.plan()["epi_tile"]
+            req += (dense.sass_count(dense.SASS_LOAD_F32, em * en // THREADS_EPI),)
+        return req
 
     def proof_level(self) -> str:
         return "sass-only"
@@ -105,8 +119,11 @@ class GemmGroupedSm100(Variant):
         tgt = self.tgt
         if tgt.family != "sm100" or not tgt.tmem:
             return f"target {self.target} is not a Blackwell datacenter (sm100) target"
-        if self.ab not in ("bf16", "f16") or self.c != self.ab:
-            return "grouped GEMM takes bf16/f16 operands and the same output dtype"
+        if self.is_fp8:
+            if self.c != "bf16" or not self.row_scale:
+                return "e4m3 grouped GEMM takes row scales and writes bf16"
+        elif self.ab not in ("bf16", "f16") or self.c != self.ab or self.row_scale:
+            return "grouped GEMM takes bf16/f16 operands and the same output dtype (row scales: e4m3)"
         if self.layout not in LAYOUTS:
             return f"layout must be one of {LAYOUTS}"
         tm, tn, tk = self.tile
@@ -151,8 +168,9 @@ class GemmGroupedSm100(Variant):
             "dtypes": {"a": self.ab, "b": self.ab, "c": self.c, "acc": "f32"},
             "layout": {"a": "k", "b": "k", "c": "n"},
             "grouped": self.layout,
-            "scaled": False,
-            "scale_mode": None,
+            "scaled": self.is_fp8,
+            "scale_mode": self.scale_mode,
+            "fp8_accumulation": "promoted" if self.is_fp8 else None,
             "max_groups": MAX_GROUPS,
             "tile": list(self.tile),
             "mma_tile": list(self.tile),
@@ -172,10 +190,11 @@ class GemmGroupedSm100(Variant):
 
     def make_kernel(self):
         plan = self.plan()
-        return GroupedGemmSm100Kernel(tile=self.tile, ab_stages=plan["ab_stages"], epi_tile=plan["epi_tile"],
-                                      tmem_cols=plan["tmem_cols"], stage_bytes=plan["stage_bytes"],
-                                      masked=self.layout == "masked", swizzle=self.swizzle,
-                                      smem_plan=plan["smem_bytes"])
+        kernel = GroupedGemmSm100Kernel(tile=self.tile, ab_stages=plan["ab_stages"], epi_tile=plan["epi_tile"],
+                                        tmem_cols=plan["tmem_cols"], stage_bytes=plan["stage_bytes"],
+                                        masked=self.layout == "masked", swizzle=self.swizzle,
+                                        smem_plan=plan["smem_bytes"])
+        return kernel.scaled if self.row_scale else kernel
 
 
 # ------------------------------------------------------------------------------------------------
@@ -228,6 +247,15 @@ class GroupedGemmSm100Kernel(GroupedGemmSm90Kernel):
     @cute.jit
     def __call__(self, a: cute.Tensor, b: cute.Tensor, c: cute.Tensor, groups: cute.Tensor,
                  max_clusters: cutlass.Int32, stream: cuda.CUstream):
+        self._launch(a, b, c, groups, None, None, max_clusters, stream)
+
+    @cute.jit
+    def scaled(self, a: cute.Tensor, b: cute.Tensor, c: cute.Tensor, groups: cute.Tensor, scale_a: cute.Tensor,
+               scale_b: cute.Tensor, max_clusters: cutlass.Int32, stream: cuda.CUstream):
+        self._launch(a, b, c, groups, scale_a, scale_b, max_clusters, stream)
+
+    @cute.jit
+    def _launch(self, a, b, c, groups, scale_a, scale_b, max_clusters, stream):
         ab_dtype, c_dtype = a.element_type, c.element_type
         c_layout = utils.LayoutEnum.from_tensor(c)
         mma = atoms.tiled_mma(ab_dtype, utils.LayoutEnum.from_tensor(a).mma_major_mode(),
@@ -275,15 +303,15 @@ class GroupedGemmSm100Kernel(GroupedGemmSm90Kernel):
         if cutlass.const_expr(SharedStorage.size_in_bytes() != self.smem_plan):
             raise ValueError(f"SharedStorage is {SharedStorage.size_in_bytes()} B, the plan {self.smem_plan}")
         self.c_layout = c_layout
-        self.kernel(mma, tma_a, gA, tma_b, gB, tma_c, gC, c, groups, vmnk, sA_layout, sB_layout, sC_layout,
-                    epi_tile).launch(grid=(ctas, 1, 1), block=[THREADS, 1, 1], cluster=(1, 1, 1),
+        self.kernel(mma, tma_a, gA, tma_b, gB, tma_c, gC, c, groups, scale_a, scale_b, vmnk, sA_layout, sB_layout,
+                    sC_layout, epi_tile).launch(grid=(ctas, 1, 1), block=[THREADS, 1, 1], cluster=(1, 1, 1),
                                      min_blocks_per_mp=1, stream=stream)
 
     # --- device ----------------------------------------------------------------------------------
     @cute.kernel
     def kernel(self, mma: cute.TiledMma, tma_a: cute.CopyAtom, mA: cute.Tensor, tma_b: cute.CopyAtom,
                mB: cute.Tensor, tma_c: cute.CopyAtom, mC: cute.Tensor, c: cute.Tensor, groups: cute.Tensor,
-               vmnk: cute.Layout, sA_layout: cute.ComposedLayout, sB_layout: cute.ComposedLayout,
+               scale_a, scale_b, vmnk: cute.Layout, sA_layout: cute.ComposedLayout, sB_layout: cute.ComposedLayout,
                sC_layout: cute.ComposedLayout, epi_tile: cute.Tile):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
@@ -336,7 +364,7 @@ class GroupedGemmSm100Kernel(GroupedGemmSm90Kernel):
             acc_ptr = tmem.retrieve_ptr(cutlass.Float32)
             acc = cute.make_tensor(acc_ptr, acc_layout)
             self.epilogue(tidx, warp_idx, thr_mma, tma_c, acc, sC, mC, c, epi_tile, acc_pipe, table, groups,
-                          m_rows, n_tiles)
+                          m_rows, n_tiles, scale_a, scale_b)
             tmem.free(acc_ptr)
 
     @cute.jit
@@ -397,7 +425,7 @@ class GroupedGemmSm100Kernel(GroupedGemmSm90Kernel):
 
     @cute.jit
     def epilogue(self, tidx, warp_idx, thr_mma, tma_c, acc, sC, mC, c, epi_tile, acc_pipe, table, groups,
-                 m_rows, n_tiles):
+                 m_rows, n_tiles, scale_a=None, scale_b=None):
         """The epilogue warps: per tile, per sub-tile: TMEM -> registers -> output dtype -> smem ->
         TMA store (whole tiles) or element-wise masked stores (a group's partial last m-tile)."""
         c_dtype = sC.element_type
@@ -410,6 +438,10 @@ class GroupedGemmSm100Kernel(GroupedGemmSm90Kernel):
         gC0_epi = cute.flat_divide(thr_mma.partition_C(gC0)[((None, None), 0, 0)], epi_tile)
         tTR_gC0 = thr_t2r.partition_D(gC0_epi)
         tTR_rAcc = cute.make_rmem_tensor(tTR_gC0[(None, None, None, 0, 0)].shape, cutlass.Float32)
+        tTR_cT = None
+        if cutlass.const_expr(scale_a is not None):  # (row, col) in the tile of each register element
+            cT = thr_mma.partition_C(cute.make_identity_tensor(self.tile[:2]))
+            tTR_cT = cute.group_modes(thr_t2r.partition_D(cute.flat_divide(cT[((None, None), 0, 0)], epi_tile)), 3, 5)
         tTR_rC = cute.make_rmem_tensor(tTR_rAcc.shape, c_dtype)
         r2s = atoms.smem_store(self.c_layout, c_dtype, t2r)
         tRS_sC = r2s.get_slice(tidx).partition_D(sC)
@@ -455,6 +487,9 @@ class GroupedGemmSm100Kernel(GroupedGemmSm90Kernel):
                     cute.arch.fence_view_async_tmem_load()
                     with cute.arch.elect_one():
                         acc_pipe.consumer_release(acc_state)
+                if cutlass.const_expr(scale_a is not None):
+                    self.row_scales(tTR_rAcc, tTR_cT[(None, None, None, s)], scale_a, scale_b, g, row,
+                                    n * self.tile[1])
                 tTR_rC.store(tTR_rAcc.load().to(c_dtype))
                 buf = (done + s) % _EPI_STAGES
                 cute.copy(r2s, tRS_rC, tRS_sC[(None, None, None, buf)])
@@ -483,6 +518,21 @@ class GroupedGemmSm100Kernel(GroupedGemmSm90Kernel):
         store_pipe.producer_tail()
 
 
+    @cute.jit
+    def row_scales(self, acc, coords, scale_a, scale_b, g, row0, col0):
+        """``acc *= scale_a[row]·scale_b[col, g]`` per element at its tile coordinates (rows past the
+        group or the tensor read a clamped scale: those outputs are not stored)."""
+        sa = scale_a[(None, g)] if cutlass.const_expr(self.masked) else scale_a
+        sb = scale_b[(None, g)]
+        last_r = cute.size(sa) - 1
+        last_c = cute.size(sb) - 1
+        for i in cutlass.range_constexpr(cute.size(acc)):
+            crd = coords[i]
+            r = cutlass.min(row0 + crd[0], last_r)
+            col = cutlass.min(col0 + crd[1], last_c)
+            acc[i] = acc[i] * (sa[r] * sb[col])
+
+
 # ------------------------------------------------------------------------------------------------
 # Enumeration
 # ------------------------------------------------------------------------------------------------
@@ -493,7 +543,9 @@ _BF16 = dict(ab="bf16", c="bf16")
 # layout, 128x256 and f16 in the full tier.
 GROUPED_SM100_TEST = tuple(dict(**_BF16, layout=lay, tile=(128, 128, 64)) for lay in LAYOUTS)
 GROUPED_SM100_DEFAULT = GROUPED_SM100_TEST[:1]
-GROUPED_SM100_FULL = GROUPED_SM100_TEST + tuple(
+# e4m3 with row scales, each layout (test and full tiers).
+GROUPED_SM100_FP8 = tuple(dict(ab="e4m3", c="bf16", layout=lay, tile=(128, 128, 128), row_scale=True) for lay in LAYOUTS)
+GROUPED_SM100_FULL = GROUPED_SM100_TEST + GROUPED_SM100_FP8 + tuple(
     dict(**_BF16, layout=lay, tile=(128, 256, 64)) for lay in LAYOUTS) + tuple(
     dict(ab="f16", c="f16", layout=lay, tile=(128, 128, 64)) for lay in LAYOUTS)
 
@@ -502,7 +554,8 @@ GROUPED_SM100_FULL = GROUPED_SM100_TEST + tuple(
 def enumerate_sm100_grouped(target: Target, tier: str) -> list[GemmGroupedSm100]:
     if target.family != "sm100" or not target.tmem:
         return []
-    specs = {"test": GROUPED_SM100_TEST, "default": GROUPED_SM100_DEFAULT, "full": GROUPED_SM100_FULL}[tier]
+    specs = {"test": GROUPED_SM100_TEST + GROUPED_SM100_FP8[:1], "default": GROUPED_SM100_DEFAULT,
+             "full": GROUPED_SM100_FULL}[tier]
     out = []
     for s in specs:
         v = GemmGroupedSm100(target=target.name, **s)
