@@ -35,12 +35,16 @@ from typing import Any, ClassVar
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
+from cutlass.cute.nvgpu import warpgroup
 
 from ..abi import Signature
+from ..atoms import sm90 as atoms
+from ..atoms.common import quad_allreduce
+from ..atoms.exp2_poly import ex2_poly
 from ..atoms.sm90_matrix import ldsm_x4_trans, stsm_x4
 from ..atoms.targets import Target
 from ..registry import register
-from . import contract, layout
+from . import contract, layout, mask, softmax
 from .fp8_order import LDSM_JOIN, P_EXCHANGE, exchange_sources, p_local_source
 from .sm90 import WG_ROWS, AttentionSm90, FlashFwdSm90, default_schedule
 
@@ -57,12 +61,28 @@ class AttentionFp8Sm90(AttentionSm90):
     family: ClassVar[str] = "sm90"
     DTYPES: ClassVar[tuple[str, ...]] = ("e4m3",)
     HEAD_DIMS: ClassVar[tuple[int, ...]] = FP8_HEAD_DIMS
-    sources = ("attention/sm90_fp8.py", "attention/fp8_order.py", "atoms/sm90_matrix.py", *AttentionSm90.sources)
+    sources = ("attention/sm90_fp8.py", "attention/fp8_order.py", "atoms/sm90_matrix.py", "atoms/exp2_poly.py",
+               *AttentionSm90.sources)
 
     dtype: str = field(default="e4m3", metadata={"tag": ""})
     # how V arrives: "bshd" = (B, Sk, Hkv, D) like K, transposed in the kernel; "bhds" =
     # (B, Hkv, D, Sk), keys contiguous (the K-major B operand of P·V), read by TMA as it is
     v_layout: str = field(default="bshd", metadata={"tag": "v"})
+    # exponentials of the mainloop's softmax computed by a polynomial on the FMA pipe instead of
+    # MUFU.EX2: this many of every 16 of a thread's scores (0: none; the name then has no tag)
+    ex2_poly: int = field(default=0, metadata={"tag": "pe"})
+    # the polynomial's degree (atoms/exp2_poly.py: 2 -> 2.1e-3 relative, 3 -> 8.6e-5)
+    ex2_degree: int = field(default=3, metadata={"tag": "pd"})
+
+    @property
+    def name(self) -> str:
+        # the polynomial's fields are named only where it is used (the other names stay as they were)
+        base = super().name
+        suffix = f"_pe{self.ex2_poly}_pd{self.ex2_degree}"
+        assert base.endswith(suffix)
+        base = base[: -len(suffix)]
+        return base if self.ex2_poly == 0 else base + f"_pe{self.ex2_poly}" + ("" if self.ex2_degree == 3 else
+                                                                              f"_pd{self.ex2_degree}")
 
     def sass_requirements(self) -> tuple[str, ...]:
         # nvdisasm prints fp8 WGMMAs as QGMMA: "QGMMA.64x128x32.F32.E4M3.E4M3 R88, gdesc[UR16],
@@ -88,6 +108,10 @@ class AttentionFp8Sm90(AttentionSm90):
         return BARRIER_BYTES + q + kv + o
 
     def can_implement(self) -> str | None:
+        if not 0 <= self.ex2_poly <= 16 or self.ex2_degree not in (2, 3):
+            return "ex2_poly counts exponentials per 16 (0-16); ex2_degree is 2 or 3"
+        if self.ex2_poly and not self.overlap:
+            return "the polynomial exp2 is built into the overlapped mainloop only"
         if self.v_layout not in ("bshd", "bhds"):
             return "v_layout must be 'bshd' (transposed in the kernel) or 'bhds' (keys contiguous)"
         if self.v_layout == "bshd" and self.tile_n not in (64, 128):
@@ -115,15 +139,20 @@ class AttentionFp8Sm90(AttentionSm90):
         if self.v_layout == "bshd":
             d["registers_per_role"] = {"producer": TRANSPOSE_PRODUCER_REGS, "consumer": TRANSPOSE_CONSUMER_REGS}
             d["v_transpose"] = {"warps": 3, "order": "keys of each 16-key group as P's registers hold them"}
+        if self.ex2_poly:
+            d["ex2_emulation"] = {"per_16": self.ex2_poly, "degree": self.ex2_degree}
         return d
 
     def make_kernel(self):
-        k = FlashFwdSm90Fp8(
+        cls = FlashFwdSm90Fp8Poly if self.ex2_poly else FlashFwdSm90Fp8
+        k = cls(
             head_dim=self.head_dim, tile_m=self.tile_m, tile_n=self.tile_n, stages=self.stages,
             causal=self.causal, overlap=self.overlap, pingpong=self.pingpong,
             early_rescale=self.early_rescale, persistent=self.persistent, k_first=self.k_first,
             v_transpose=self.v_layout == "bshd",
         )
+        if self.ex2_poly:
+            k.ex2_poly, k.ex2_degree = self.ex2_poly, self.ex2_degree
         return k.packed_fp8 if self.varlen else k.dense_fp8
 
 
@@ -344,5 +373,76 @@ class FlashFwdSm90Fp8(FlashFwdSm90):
                 a[4 * kb + 2 * kh + 1] = cutlass.Int32(cute.arch.prmt(x, y, sel_r1))
 
 
-__all__ = ["AttentionFp8Sm90", "FP8_HEAD_DIMS", "FlashFwdSm90Fp8", "enumerate_attention_fp8",
-           "fp8_config"]
+def ex2_emulated_column(c: int, per_16: int) -> bool:
+    """Whether column ``c`` of a thread's row of scores (accumulator order) takes the polynomial
+    exp2: ``per_16`` of every 16 consecutive columns, spread evenly."""
+    return (c % 16 + 1) * per_16 // 16 > (c % 16) * per_16 // 16
+
+
+@cute.jit
+def online_softmax_ex2_split(s_mn: cute.Tensor, row_max: cute.Tensor, row_sum: cute.Tensor, scale_log2,
+                             corr: cute.Tensor, per_16: cutlass.Constexpr[int], degree: cutlass.Constexpr[int]):
+    """softmax.online_softmax (corr form) with ``per_16`` of every 16 exponentials of a row on the
+    FMA pipe (atoms/exp2_poly.py) and the rest on MUFU.EX2."""
+    for r in cutlass.range_constexpr(cute.size(row_max)):
+        s = s_mn[r, None].load()
+        m_new = quad_allreduce(s.reduce(cute.ReductionOp.MAX, -cutlass.Float32.inf, 0), cute.arch.fmax)
+        m_new = cute.arch.fmax(m_new, row_max[r])
+        # a row with nothing visible yet keeps max = -inf; subtract 0 then, not -inf (NaN)
+        m_scaled = (0.0 if m_new == -cutlass.Float32.inf else m_new) * scale_log2
+        s_mn[r, None] = s * scale_log2 - m_scaled
+        for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
+            if cutlass.const_expr(ex2_emulated_column(c, per_16)):
+                s_mn[r, c] = ex2_poly(s_mn[r, c], degree)
+            else:
+                s_mn[r, c] = cute.math.exp2(s_mn[r, c], fastmath=True)
+        corr[r] = cute.math.exp2(row_max[r] * scale_log2 - m_scaled, fastmath=True)
+        row_sum[r] = row_sum[r] * corr[r] + s_mn[r, None].load().reduce(cute.ReductionOp.ADD, cutlass.Float32.zero, 0)
+        row_max[r] = m_new
+
+
+class FlashFwdSm90Fp8Poly(FlashFwdSm90Fp8):
+    """FlashFwdSm90Fp8 whose overlapped mainloop trips take ``ex2_poly`` of every 16 exponentials
+    on the FMA pipe (the first key tile stays on MUFU.EX2)."""
+
+    ex2_poly = 4
+    ex2_degree = 3
+
+    @cute.jit
+    def overlap_step(self, masked: cutlass.Constexpr, n, read, kv_pipes, tiled_mma_qk, tiled_mma_pv, acc_O,
+                     tOrP, tOrP_c, tSrQ, tSrK, tOrV, s_shape, cS, row_max, row_sum, corr,
+                     scale_log2, row0, q_len, k_len, wg, sV=None, ltid=None, win=(None, None),
+                     cap=None):
+        """FlashFwdSm90.overlap_step (S of tile n, P·V of tile n + 1 behind it, the softmax of
+        tile n under P·V) with :func:`online_softmax_ex2_split` as its softmax."""
+        k_pipe, v_pipe = kv_pipes
+        read_v = read.clone()
+        read.advance()
+        acc_S = cute.make_rmem_tensor(s_shape, cutlass.Float32)
+        self.kv_wait(k_pipe, read)
+        self.schedule_wait(wg)
+        tiled_mma_qk = self.gemm_qk(tiled_mma_qk, acc_S, tSrQ, tSrK, wg, read.index)
+        if cutlass.const_expr(self.early_rescale):
+            softmax.rescale(atoms.acc_mn_view(acc_O), corr)
+        self.kv_wait(v_pipe, read_v)
+        self.zero_v_tail(sV, read_v.index, n + 1, k_len, ltid, wg)
+        tiled_mma_pv = self.gemm_pv(tiled_mma_pv, acc_O, tOrP, tOrV, read_v.index)
+        self.schedule_next(wg)
+        warpgroup.wait_group(1)
+        k_pipe.consumer_release(read)
+        self.transform_scores(acc_S, cap)
+        if cutlass.const_expr(masked):
+            mask.apply_mask(self.mask, atoms.acc_mn_view(acc_S), cS, row0, n * self.tile_n, q_len, k_len,
+                            win=win)
+        online_softmax_ex2_split(atoms.acc_mn_view(acc_S), row_max, row_sum, scale_log2, corr,
+                                 self.ex2_poly, self.ex2_degree)
+        warpgroup.wait_group(0)
+        v_pipe.consumer_release(read_v)
+        if cutlass.const_expr(not self.early_rescale):
+            softmax.rescale(atoms.acc_mn_view(acc_O), corr)
+        self.store_p(acc_S, tOrP, tOrP_c, ltid)
+        return read, tiled_mma_qk, tiled_mma_pv
+
+
+__all__ = ["AttentionFp8Sm90", "FP8_HEAD_DIMS", "FlashFwdSm90Fp8", "FlashFwdSm90Fp8Poly", "enumerate_attention_fp8",
+           "ex2_emulated_column", "fp8_config", "online_softmax_ex2_split"]
