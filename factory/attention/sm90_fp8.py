@@ -124,7 +124,18 @@ class AttentionFp8Sm90(AttentionSm90):
             return "tile_n must be a multiple of 32 (fp8 WGMMA k32 steps of P·V)"
         if self.head_dim % 32:
             return "head_dim must be a multiple of 32 (fp8 WGMMA k32 steps of Q·Kᵀ)"
-        return super().can_implement()
+        problem = super().can_implement()
+        if problem is not None and "live accumulator registers" in problem:
+            # (the 16-bit family's register rule counts P at 16 bits: an fp8 P takes tile_n / 8
+            # registers per consumer thread; the rule is the last check before the smem one)
+            from ..atoms.sm90 import CONSUMER_REGS
+            from ..atoms.smem import STATIC_SMEM
+            live = self.tile_n // 2 + self.head_dim // 2 + self.tile_n // 8
+            budget = TRANSPOSE_CONSUMER_REGS if self.v_layout == "bshd" else CONSUMER_REGS[self.consumers]
+            if live + 32 > budget:
+                return f"{live} live accumulator registers do not fit {budget}"
+            return self.smem_problem(STATIC_SMEM)
+        return problem
 
     def signature(self) -> Signature:
         return contract.signature_fp8(self.head_dim, self.v_layout, self.varlen)
