@@ -107,7 +107,7 @@ def ldsm_x4_trans(mem, addrs):
     return out
 
 
-@pytest.mark.parametrize("d, bn", [(64, 128), (128, 128), (256, 64), (256, 128)])
+@pytest.mark.parametrize("d, bn", [(64, 128), (128, 128), (128, 192), (256, 64), (256, 128)])
 def test_ldmatrix_transpose_puts_each_key_where_p_holds_it(d, bn):
     """transpose_tile replayed byte by byte: per 16-key group and 32-byte head_dim block one
     ldmatrix.x4.trans from the staging slot (bn keys x d bytes), the LDSM_JOIN permutes (lanes
@@ -117,7 +117,7 @@ def test_ldmatrix_transpose_puts_each_key_where_p_holds_it(d, bn):
     and stmatrix lie on 8 distinct 16-byte bank groups."""
     stages = 2
     s_off, s_swz = kmajor(bn, 128 if d >= 128 else 64)
-    v_off, v_swz = kmajor(d, 128 if bn >= 128 else 64)
+    v_off, v_swz = kmajor(d, 128 if bn % 128 == 0 else 64)  # (192 keys: three 64-byte atoms)
     for slot in range(stages):
         s_base, v_base = slot * bn * d, slot * bn * d
         mem = {}

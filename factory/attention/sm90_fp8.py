@@ -114,10 +114,10 @@ class AttentionFp8Sm90(AttentionSm90):
             return "the polynomial exp2 is built into the overlapped mainloop only"
         if self.v_layout not in ("bshd", "bhds"):
             return "v_layout must be 'bshd' (transposed in the kernel) or 'bhds' (keys contiguous)"
-        if self.v_layout == "bshd" and self.tile_n not in (64, 128):
-            # (the V slot's rows of tile_n bytes: a 64- or 128-byte swizzle, whose row bits the
-            # transposing lanes' own offsets hold: transpose_tile)
-            return "the in-kernel V transpose takes tiles of 64 or 128 keys"
+        if self.v_layout == "bshd" and self.tile_n % 64:
+            # (the V slot's K-major atoms: 64- or 128-byte swizzles (192 keys: three 64-byte
+            # atoms), whose row bits the transposing lanes' own offsets hold: transpose_tile)
+            return "the in-kernel V transpose takes tiles of a multiple of 64 keys"
         if self.varlen and self.v_layout != "bshd":
             return "packed variable-length fp8 takes v as k ((tokens, heads, head_dim), v_layout bshd)"
         if self.tile_n % 32:
