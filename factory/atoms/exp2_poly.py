@@ -8,9 +8,11 @@ p's bits).  x is clamped to >= -127 first: then the result is exactly 0 for x <=
 scores, -inf; NaN too), and the exponent field never underflows into the sign bit.  x must be
 < 128 (a softmax's x = s·scale - max·scale is <= 0 up to the rounding of max·scale).
 
-Per exponential: one FMNMX, three FADDs, n FFMAs and a shift-add (``lea``): 7 instructions at
-degree 2, 8 at degree 3, against one MUFU.EX2 (MUFU issues 16 lanes per SM and clock, the FMA pipe
-128: a warp's MUFU.EX2 holds its sub-partition's MUFU for 8 clocks).
+Per exponential: one FMNMX, three FADDs, n FFMAs and a shift-add (ptxas: one LEA): 7 instructions
+at degree 2, 8 at degree 3, against one MUFU.EX2 (MUFU issues 16 lanes per SM and clock, the FMA
+pipe 128: a warp's MUFU.EX2 holds its sub-partition's MUFU for 8 clocks).  Measured on an H100 in
+the fp8 attention forward with 1/16 to 3/8 of the mainloop's exponentials taken this way: no
+faster (the same cycles per tile at a quarter; notes/attention-fp8.md), so no kernel uses it yet.
 
 Accuracy (relative, of p on [0, 1], these float32 coefficients; tests/test_exp2_poly.py checks
 the model against float64 2^x): degree 2 2.06e-3, degree 3 8.57e-5.  An e4m3 P keeps 3

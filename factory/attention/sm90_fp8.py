@@ -35,22 +35,25 @@ from typing import Any, ClassVar
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
-from cutlass.cute.nvgpu import warpgroup
 
 from ..abi import Signature
-from ..atoms import sm90 as atoms
-from ..atoms.common import quad_allreduce
-from ..atoms.exp2_poly import ex2_poly
 from ..atoms.sm90_matrix import ldsm_x4_trans, stsm_x4
 from ..atoms.targets import Target
 from ..registry import register
-from . import contract, layout, mask, softmax
+from . import contract, layout
 from .fp8_order import LDSM_JOIN, P_EXCHANGE, exchange_sources, p_local_source
 from .sm90 import WG_ROWS, AttentionSm90, FlashFwdSm90, default_schedule
 
 FP8_HEAD_DIMS = (64, 128, 256)
 # setmaxnreg budgets with the transposing warps (per thread: producer warpgroup, consumers)
 TRANSPOSE_PRODUCER_REGS, TRANSPOSE_CONSUMER_REGS = 40, 232
+# (three consumer warpgroups: 40 + 3·152 of the 512 per thread slot)
+TRANSPOSE_CONSUMER_REGS_3 = 152
+
+
+def transpose_register_split(consumers: int) -> tuple[int, int]:
+    """setmaxnreg budgets (producer warpgroup, consumers) per thread with the transposing warps."""
+    return TRANSPOSE_PRODUCER_REGS, TRANSPOSE_CONSUMER_REGS_3 if consumers == 3 else TRANSPOSE_CONSUMER_REGS
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,28 +64,12 @@ class AttentionFp8Sm90(AttentionSm90):
     family: ClassVar[str] = "sm90"
     DTYPES: ClassVar[tuple[str, ...]] = ("e4m3",)
     HEAD_DIMS: ClassVar[tuple[int, ...]] = FP8_HEAD_DIMS
-    sources = ("attention/sm90_fp8.py", "attention/fp8_order.py", "atoms/sm90_matrix.py", "atoms/exp2_poly.py",
-               *AttentionSm90.sources)
+    sources = ("attention/sm90_fp8.py", "attention/fp8_order.py", "atoms/sm90_matrix.py", *AttentionSm90.sources)
 
     dtype: str = field(default="e4m3", metadata={"tag": ""})
     # how V arrives: "bshd" = (B, Sk, Hkv, D) like K, transposed in the kernel; "bhds" =
     # (B, Hkv, D, Sk), keys contiguous (the K-major B operand of P·V), read by TMA as it is
     v_layout: str = field(default="bshd", metadata={"tag": "v"})
-    # exponentials of the mainloop's softmax computed by a polynomial on the FMA pipe instead of
-    # MUFU.EX2: this many of every 16 of a thread's scores (0: none; the name then has no tag)
-    ex2_poly: int = field(default=0, metadata={"tag": "pe"})
-    # the polynomial's degree (atoms/exp2_poly.py: 2 -> 2.1e-3 relative, 3 -> 8.6e-5)
-    ex2_degree: int = field(default=3, metadata={"tag": "pd"})
-
-    @property
-    def name(self) -> str:
-        # the polynomial's fields are named only where it is used (the other names stay as they were)
-        base = super().name
-        suffix = f"_pe{self.ex2_poly}_pd{self.ex2_degree}"
-        assert base.endswith(suffix)
-        base = base[: -len(suffix)]
-        return base if self.ex2_poly == 0 else base + f"_pe{self.ex2_poly}" + ("" if self.ex2_degree == 3 else
-                                                                              f"_pd{self.ex2_degree}")
 
     def sass_requirements(self) -> tuple[str, ...]:
         # nvdisasm prints fp8 WGMMAs as QGMMA: "QGMMA.64x128x32.F32.E4M3.E4M3 R88, gdesc[UR16],
@@ -108,10 +95,6 @@ class AttentionFp8Sm90(AttentionSm90):
         return BARRIER_BYTES + q + kv + o
 
     def can_implement(self) -> str | None:
-        if not 0 <= self.ex2_poly <= 16 or self.ex2_degree not in (2, 3):
-            return "ex2_poly counts exponentials per 16 (0-16); ex2_degree is 2 or 3"
-        if self.ex2_poly and not self.overlap:
-            return "the polynomial exp2 is built into the overlapped mainloop only"
         if self.v_layout not in ("bshd", "bhds"):
             return "v_layout must be 'bshd' (transposed in the kernel) or 'bhds' (keys contiguous)"
         if self.v_layout == "bshd" and self.tile_n % 64:
@@ -131,7 +114,8 @@ class AttentionFp8Sm90(AttentionSm90):
             from ..atoms.sm90 import CONSUMER_REGS
             from ..atoms.smem import STATIC_SMEM
             live = self.tile_n // 2 + self.head_dim // 2 + self.tile_n // 8
-            budget = TRANSPOSE_CONSUMER_REGS if self.v_layout == "bshd" else CONSUMER_REGS[self.consumers]
+            budget = (transpose_register_split(self.consumers)[1] if self.v_layout == "bshd"
+                      else CONSUMER_REGS[self.consumers])
             if live + 32 > budget:
                 return f"{live} live accumulator registers do not fit {budget}"
             return self.smem_problem(STATIC_SMEM)
@@ -145,38 +129,42 @@ class AttentionFp8Sm90(AttentionSm90):
 
     def describe(self) -> dict[str, Any]:
         d = super().describe()
-        cfg = fp8_config(self.head_dim, self.causal, self.v_layout)
+        cfg = fp8_config(self.head_dim, self.causal, self.v_layout, self.varlen)
         d["preferred"] = (self.tile_n, self.stages) == (cfg["tile_n"], cfg["stages"])
         if self.v_layout == "bshd":
-            d["registers_per_role"] = {"producer": TRANSPOSE_PRODUCER_REGS, "consumer": TRANSPOSE_CONSUMER_REGS}
+            producer, consumer = transpose_register_split(self.consumers)
+            d["registers_per_role"] = {"producer": producer, "consumer": consumer}
             d["v_transpose"] = {"warps": 3, "order": "keys of each 16-key group as P's registers hold them"}
-        if self.ex2_poly:
-            d["ex2_emulation"] = {"per_16": self.ex2_poly, "degree": self.ex2_degree}
         return d
 
     def make_kernel(self):
-        cls = FlashFwdSm90Fp8Poly if self.ex2_poly else FlashFwdSm90Fp8
-        k = cls(
+        k = FlashFwdSm90Fp8(
             head_dim=self.head_dim, tile_m=self.tile_m, tile_n=self.tile_n, stages=self.stages,
             causal=self.causal, overlap=self.overlap, pingpong=self.pingpong,
             early_rescale=self.early_rescale, persistent=self.persistent, k_first=self.k_first,
             v_transpose=self.v_layout == "bshd",
         )
-        if self.ex2_poly:
-            k.ex2_poly, k.ex2_degree = self.ex2_poly, self.ex2_degree
         return k.packed_fp8 if self.varlen else k.dense_fp8
 
 
-def fp8_config(head_dim: int, causal: bool, v_layout: str = "bshd") -> dict[str, Any]:
+def fp8_config(head_dim: int, causal: bool, v_layout: str = "bshd", varlen: bool = False) -> dict[str, Any]:
     """The fp8 tile per problem: 128 query rows (two consumer warpgroups, ping-pong, overlap);
-    keys per tile 128 (D256: 64, O's 128 fp32 registers per thread leave room for no more).
+    keys per tile 128 (D256: 64 where V is transposed in the kernel, its staging ring leaves no
+    smem for more).  H100, B1 H16 S16384, TFLOP/s, two runs each (notes/attention-fp8.md):
     V pre-transposed at head_dim 128 (no staging ring): three stages non-causal, 192-key tiles
-    causal (H100, B1 H16 S16384, two runs each: 884/915 vs 862/883 TFLOP/s and 846/837 vs
-    822/818; with the in-kernel transpose three stages lose: 765/739 vs 836/850)."""
+    causal (884/915 vs 862/883 and 846/837 vs 822/818; with the in-kernel transpose three
+    stages lose: 765/739 vs 836/850); V transposed in the kernel, causal: 192-key tiles (815/821
+    vs 767/769; non-causal they lose: 776/805 vs 831/831); head_dim 256 with V pre-transposed,
+    non-causal: 128-key tiles (1,122 vs 942 at 64 keys; 96 keys 1,053).  (Packed varlen keeps
+    128-key tiles: the 192-key ones were measured dense only.)"""
     cfg = {"tile_m": 128, "tile_n": 64 if head_dim == 256 else 128, "stages": 2, "overlap": True,
            "pingpong": True, **default_schedule(head_dim, causal)}
     if v_layout == "bhds" and head_dim == 128:
         cfg.update({"tile_n": 192} if causal else {"stages": 3})
+    if v_layout == "bshd" and head_dim == 128 and causal and not varlen:
+        cfg.update({"tile_n": 192})
+    if v_layout == "bhds" and head_dim == 256 and not causal:
+        cfg.update({"tile_n": 128})
     return cfg
 
 
@@ -186,15 +174,15 @@ def enumerate_attention_fp8(target: Target, tier: str) -> list[AttentionFp8Sm90]
         return []
 
     def make(d, causal, **kw):
-        cfg = fp8_config(d, causal, kw.get("v_layout", "bshd"))
+        cfg = fp8_config(d, causal, kw.get("v_layout", "bshd"), kw.get("varlen", False))
         return AttentionFp8Sm90(target=target.name, head_dim=d, causal=causal, **{**cfg, **kw})
 
     if tier == "test":
         out = [make(128, False), make(128, True)]
     elif tier == "default":
         # head_dim 128 with V as K (a server's fp8 cache layout), transposed in the kernel: what
-        # the selection picks for (B, Sk, Hkv, 128) V, causal and not (H100: 836-850 TFLOP/s
-        # non-causal, 787-805 causal at B1 H16 S16384, notes/attention-fp8.md)
+        # the selection picks for (B, Sk, Hkv, 128) V, causal and not (H100: 831-850 TFLOP/s
+        # non-causal, 815-821 causal at B1 H16 S16384, notes/attention-fp8.md)
         out = [make(128, False), make(128, True)]
     else:
         out = [make(d, c, v_layout=vl) for d in FP8_HEAD_DIMS for c in (False, True) for vl in ("bshd", "bhds")]
@@ -240,7 +228,7 @@ class FlashFwdSm90Fp8(FlashFwdSm90):
             # warps 1..3 of the producer warpgroup transpose V; they need more registers than
             # the TMA warp's budget: 40 + 2·232 per thread slot
             self.transpose_warps = 3
-            self.producer_regs, self.consumer_regs = TRANSPOSE_PRODUCER_REGS, TRANSPOSE_CONSUMER_REGS
+            self.producer_regs, self.consumer_regs = transpose_register_split(self.consumers)
 
     @cute.jit
     def dense_fp8(self, q: cute.Tensor, k: cute.Tensor, v: cute.Tensor, o: cute.Tensor,
@@ -384,76 +372,5 @@ class FlashFwdSm90Fp8(FlashFwdSm90):
                 a[4 * kb + 2 * kh + 1] = cutlass.Int32(cute.arch.prmt(x, y, sel_r1))
 
 
-def ex2_emulated_column(c: int, per_16: int) -> bool:
-    """Whether column ``c`` of a thread's row of scores (accumulator order) takes the polynomial
-    exp2: ``per_16`` of every 16 consecutive columns, spread evenly."""
-    return (c % 16 + 1) * per_16 // 16 > (c % 16) * per_16 // 16
-
-
-@cute.jit
-def online_softmax_ex2_split(s_mn: cute.Tensor, row_max: cute.Tensor, row_sum: cute.Tensor, scale_log2,
-                             corr: cute.Tensor, per_16: cutlass.Constexpr[int], degree: cutlass.Constexpr[int]):
-    """softmax.online_softmax (corr form) with ``per_16`` of every 16 exponentials of a row on the
-    FMA pipe (atoms/exp2_poly.py) and the rest on MUFU.EX2."""
-    for r in cutlass.range_constexpr(cute.size(row_max)):
-        s = s_mn[r, None].load()
-        m_new = quad_allreduce(s.reduce(cute.ReductionOp.MAX, -cutlass.Float32.inf, 0), cute.arch.fmax)
-        m_new = cute.arch.fmax(m_new, row_max[r])
-        # a row with nothing visible yet keeps max = -inf; subtract 0 then, not -inf (NaN)
-        m_scaled = (0.0 if m_new == -cutlass.Float32.inf else m_new) * scale_log2
-        s_mn[r, None] = s * scale_log2 - m_scaled
-        for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
-            if cutlass.const_expr(ex2_emulated_column(c, per_16)):
-                s_mn[r, c] = ex2_poly(s_mn[r, c], degree)
-            else:
-                s_mn[r, c] = cute.math.exp2(s_mn[r, c], fastmath=True)
-        corr[r] = cute.math.exp2(row_max[r] * scale_log2 - m_scaled, fastmath=True)
-        row_sum[r] = row_sum[r] * corr[r] + s_mn[r, None].load().reduce(cute.ReductionOp.ADD, cutlass.Float32.zero, 0)
-        row_max[r] = m_new
-
-
-class FlashFwdSm90Fp8Poly(FlashFwdSm90Fp8):
-    """FlashFwdSm90Fp8 whose overlapped mainloop trips take ``ex2_poly`` of every 16 exponentials
-    on the FMA pipe (the first key tile stays on MUFU.EX2)."""
-
-    ex2_poly = 4
-    ex2_degree = 3
-
-    @cute.jit
-    def overlap_step(self, masked: cutlass.Constexpr, n, read, kv_pipes, tiled_mma_qk, tiled_mma_pv, acc_O,
-                     tOrP, tOrP_c, tSrQ, tSrK, tOrV, s_shape, cS, row_max, row_sum, corr,
-                     scale_log2, row0, q_len, k_len, wg, sV=None, ltid=None, win=(None, None),
-                     cap=None):
-        """FlashFwdSm90.overlap_step (S of tile n, P·V of tile n + 1 behind it, the softmax of
-        tile n under P·V) with :func:`online_softmax_ex2_split` as its softmax."""
-        k_pipe, v_pipe = kv_pipes
-        read_v = read.clone()
-        read.advance()
-        acc_S = cute.make_rmem_tensor(s_shape, cutlass.Float32)
-        self.kv_wait(k_pipe, read)
-        self.schedule_wait(wg)
-        tiled_mma_qk = self.gemm_qk(tiled_mma_qk, acc_S, tSrQ, tSrK, wg, read.index)
-        if cutlass.const_expr(self.early_rescale):
-            softmax.rescale(atoms.acc_mn_view(acc_O), corr)
-        self.kv_wait(v_pipe, read_v)
-        self.zero_v_tail(sV, read_v.index, n + 1, k_len, ltid, wg)
-        tiled_mma_pv = self.gemm_pv(tiled_mma_pv, acc_O, tOrP, tOrV, read_v.index)
-        self.schedule_next(wg)
-        warpgroup.wait_group(1)
-        k_pipe.consumer_release(read)
-        self.transform_scores(acc_S, cap)
-        if cutlass.const_expr(masked):
-            mask.apply_mask(self.mask, atoms.acc_mn_view(acc_S), cS, row0, n * self.tile_n, q_len, k_len,
-                            win=win)
-        online_softmax_ex2_split(atoms.acc_mn_view(acc_S), row_max, row_sum, scale_log2, corr,
-                                 self.ex2_poly, self.ex2_degree)
-        warpgroup.wait_group(0)
-        v_pipe.consumer_release(read_v)
-        if cutlass.const_expr(not self.early_rescale):
-            softmax.rescale(atoms.acc_mn_view(acc_O), corr)
-        self.store_p(acc_S, tOrP, tOrP_c, ltid)
-        return read, tiled_mma_qk, tiled_mma_pv
-
-
-__all__ = ["AttentionFp8Sm90", "FP8_HEAD_DIMS", "FlashFwdSm90Fp8", "FlashFwdSm90Fp8Poly", "enumerate_attention_fp8",
-           "ex2_emulated_column", "fp8_config", "online_softmax_ex2_split"]
+__all__ = ["AttentionFp8Sm90", "FP8_HEAD_DIMS", "FlashFwdSm90Fp8", "enumerate_attention_fp8",
+           "fp8_config"]
