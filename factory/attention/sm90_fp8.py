@@ -154,17 +154,21 @@ def fp8_config(head_dim: int, causal: bool, v_layout: str = "bshd", varlen: bool
     V pre-transposed at head_dim 128 (no staging ring): three stages non-causal, 192-key tiles
     causal (884/915 vs 862/883 and 846/837 vs 822/818; with the in-kernel transpose three
     stages lose: 765/739 vs 836/850); V transposed in the kernel, causal: 192-key tiles (815/821
-    vs 767/769; non-causal they lose: 776/805 vs 831/831); head_dim 256 with V pre-transposed,
-    non-causal: 128-key tiles (1,122 vs 942 at 64 keys; 96 keys 1,053).  (Packed varlen keeps
-    128-key tiles: the 192-key ones were measured dense only.)"""
+    vs 767/769; non-causal they lose: 776/805 vs 831/831); head_dim 256 with V pre-transposed:
+    128-key tiles (non-causal 1,122 vs 942 at 64 keys, 96 keys 1,053; causal 1,175 vs 1,012);
+    head_dim 64, non-causal: 192 query rows (three consumer warpgroups; 616 vs 519 V as K, 597
+    vs 504 pre-transposed).  (Packed varlen keeps the 128 x 128 tiles: the others were measured
+    dense only.)"""
     cfg = {"tile_m": 128, "tile_n": 64 if head_dim == 256 else 128, "stages": 2, "overlap": True,
            "pingpong": True, **default_schedule(head_dim, causal)}
     if v_layout == "bhds" and head_dim == 128:
         cfg.update({"tile_n": 192} if causal else {"stages": 3})
     if v_layout == "bshd" and head_dim == 128 and causal and not varlen:
         cfg.update({"tile_n": 192})
-    if v_layout == "bhds" and head_dim == 256 and not causal:
+    if v_layout == "bhds" and head_dim == 256:
         cfg.update({"tile_n": 128})
+    if head_dim == 64 and not causal and not varlen:
+        cfg.update({"tile_m": 192})
     return cfg
 
 
