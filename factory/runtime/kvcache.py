@@ -89,10 +89,11 @@ def kvcache_problem(p: Problem):
     """The C selection's problem (csrc/fx_api.h ``fx_attention_kvcache_problem_t``) for ``p``:
     compact strides, no pointers (the selection reads only their alignment), and stand-in
     pointers where a switch needs an argument to be present (sinks with any switch, descales for
-    fp8 caches)."""
+    fp8 caches); packed q (``varlen_q``) with ``seqlen_q`` as its max_seqlen_q."""
     from .selector import DTYPE, KVCacheProblem
 
-    b, sq, hq, hkv, d = p.batch, p.seqlen_q, p.heads_q, p.heads_kv, p.head_dim
+    # sizes at least 1: an empty problem launches nothing, and the C selection chooses nothing for it
+    b, sq, hq, hkv, d = max(p.batch, 1), max(p.seqlen_q, 1), p.heads_q, p.heads_kv, p.head_dim
     c = KVCacheProblem()
     c.dtype, c.kv_dtype = DTYPE[p.dtype], DTYPE[p.kv_dtype]
     c.batch, c.seqlen_q, c.heads_q, c.heads_kv, c.head_dim = b, sq, hq, hkv, d
@@ -102,6 +103,10 @@ def kvcache_problem(p: Problem):
     else:
         c.page_size, c.max_pages, c.num_pages = p.max_seqlen_k, 0, b
     c.q_stride[:] = c.o_stride[:] = [sq * hq * d, hq * d, d]
+    if p.varlen_q:  # packed q: seqlen_q is the token count (any count >= the longest sequence)
+        c.varlen_q, c.max_seqlen_q = 1, sq
+        c.seqlen_q = sq * max(b, 1)
+        c.q_stride[0] = c.o_stride[0] = 0
     c.k_stride[:] = c.v_stride[:] = [c.page_size * hkv * d, hkv * d, d]
     c.causal = int(p.causal)
     c.window_left = c.window_right = -1
@@ -220,10 +225,7 @@ def choose(bundle, p: Problem) -> dict:
     e = cache.get(key)
     if e is None:
         try:
-            if p.varlen_q:
-                e = _packed_q(bundle, p)
-            else:
-                e = bundle.manifest["variants"][bundle.selector.select(OP, kvcache_problem(p)).name.decode()]
+            e = bundle.manifest["variants"][bundle.selector.select(OP, kvcache_problem(p)).name.decode()]
         except NoVariantError:
             raise NoVariantError(f"{_missing(bundle.candidates(OP), p)} (on {bundle.device_name()}; "
                                  f"{bundle.describe_contents(OP)}{_blackwell_note(bundle)})") from None
@@ -231,26 +233,6 @@ def choose(bundle, p: Problem) -> dict:
             cache.clear()
         cache[key] = e
     return e
-
-
-_PACKED_Q_FAMILIES = ("sm90", "sm80")  # fx_select.c kv_choose's prefill families, best first
-
-
-def _packed_q(bundle, p: Problem) -> dict:
-    """The packed-q (cu_seqlens_q) build for ``p``.  The C selection's problem has no packed-q form
-    (its entry launches dense q), so this applies its prefill rule here: the families in its
-    order (no decode build takes packed q), within the first that implements ``p`` the entries
-    of the least switch cost, of those the one taking the fewest page sizes, then a preferred
-    one (fx_select.c kv_choose / kv_pick_prefill; tests/kvcache_rules.py states the same)."""
-    cost = lambda c: sum(bool(c.get(s)) for s in ("local", "softcap", "sinks"))  # noqa: E731
-    ok = [c for c in bundle.candidates(OP) if _admits(c, p)]
-    for fam in _PACKED_Q_FAMILIES:
-        mine = [c for c in ok if c.get("family") == fam]
-        if mine:
-            least = min(cost(c) for c in mine)
-            return min((c for c in mine if cost(c) == least),
-                       key=lambda c: (len(c.get("page_sizes") or []), not c.get("preferred")))
-    raise NoVariantError("no packed-q build")
 
 
 def _blackwell_note(bundle) -> str:
@@ -361,6 +343,9 @@ def check(q, k_cache, v_cache, cache_seqlens, block_table, causal, softmax_scale
         if isinstance(max_seqlen_q, bool) or not isinstance(max_seqlen_q, int) or not 0 <= max_seqlen_q <= q.shape[0]:
             raise InputError(f"packed varlen q needs an int max_seqlen_q in [0, {q.shape[0]}] (no host sync "
                              f"computes it), got {max_seqlen_q!r}")
+        if max_seqlen_q == 0 and q.shape[0] > 0 and b > 0:
+            raise InputError(f"max_seqlen_q = 0: with {q.shape[0]} query tokens in {b} sequences it must be at "
+                             f"least 1 (the longest query sequence)")
         sq = max_seqlen_q
     else:
         if max_seqlen_q is not None:
