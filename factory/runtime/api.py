@@ -237,19 +237,20 @@ class Bundle(BundleCore):
         return fused.rms_norm(self, x, weight, eps, residual, out, quantize)
 
     def rope_kvcache(self, q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping=None, *, neox=True,
-                     rotary_dim=None, block_table=None, cache_seqlens=None):
+                     rotary_dim=None, block_table=None, cache_seqlens=None, k_scale=None, v_scale=None):
         """Rotary embedding of q and k in place and the write of k and v into the paged KV cache at
-        ``slot_mapping`` (or through ``block_table`` at ``cache_seqlens``), one kernel (runtime/fused.py says what the arguments mean)."""
+        ``slot_mapping`` (or through ``block_table`` at ``cache_seqlens``), one kernel; float8_e4m3fn
+        caches take ``k_scale`` / ``v_scale`` (runtime/fused.py says what the arguments mean)."""
         from . import fused
 
         if (_OPS or _ops())[4]():  # traced by torch.compile: the bundle's torch op (its fake checks alike)
             fused.rope_kvcache_check(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, neox,
-                                     rotary_dim, block_table, cache_seqlens)
+                                     rotary_dim, block_table, cache_seqlens, k_scale, v_scale)
             self.torch_ops().rope_kvcache(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, neox,
-                                          block_table, cache_seqlens)
+                                          block_table, cache_seqlens, k_scale, v_scale)
             return q, k
         return fused.rope_kvcache(self, q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, neox,
-                                  rotary_dim, block_table, cache_seqlens)
+                                  rotary_dim, block_table, cache_seqlens, k_scale, v_scale)
 
     def plan_kvcache(self, **problem):
         """The ``attention_kvcache`` variant for maxima fixed ahead of a CUDA-graph capture
