@@ -597,3 +597,48 @@ def test_c_selection_packed_q(test_bundle):
     p = packed(*ok_args)
     p.q_stride[0] = 12345
     assert lib.kvcache_select(dev, p)[0][0] == "ok", lib.message()
+
+
+def test_attention_with_switches_runs_the_kvcache_kernels(sim):
+    """bundle.attention with a window, softcap or sinks: the attention_kvcache switch build over k
+    and v viewed as pages (no copy): dense (pages of the largest preferred size dividing Sk) and
+    packed (one-row pages); the refusals of what cannot be viewed or is not built."""
+    sw = [n for n, e in sim.manifest["variants"].items() if e.get("op") == "attention_kvcache" and e.get("sinks")]
+    if not sw:
+        pytest.skip("the test bundle has no window/softcap/sinks attention_kvcache build")
+    hq, hkv, d = 32, 8, 128
+    sinks = torch.zeros(hq)
+    n0 = len(sim.rec.launched)
+    ran = 0
+    for sq, sk in ((1, 1024), (1, 1001), (300, 1024)):
+        q, k, v = bf(2, sq, hq, d), bf(2, sk, hkv, d), bf(2, sk, hkv, d)
+        try:
+            o, lse = sim.attention(q, k, v, True, None, return_lse=True, window_size=(128, 0), softcap=30.0,
+                                   sinks=sinks)
+        except NoVariantError as e:
+            assert "attention_kvcache" in str(e)
+            continue
+        ran += 1
+        assert o.shape == q.shape and lse.shape == (2, hq, sq)
+        assert sim.rec.launched[-1].endswith("_win_cap_sink")
+    assert ran >= 1 and len(sim.rec.launched) == n0 + ran
+    # packed sequences: one-row pages, the table from cu_seqlens_k
+    cu_q, cu_k = torch.tensor([0, 5, 12], dtype=torch.int32), torch.tensor([0, 100, 400], dtype=torch.int32)
+    q, k, v = bf(12, hq, d), bf(400, hkv, d), bf(400, hkv, d)
+    try:
+        o = sim.attention(q, k, v, True, None, cu_q, cu_k, 7, 300, window_size=(64, 0))
+        assert o.shape == q.shape and sim.rec.launched[-1].endswith("_win_cap_sink")
+    except NoVariantError as e:
+        assert "varlen_q=True" in str(e)
+    # refusals: k/v whose batch and sequence do not merge; fp8 with a window; mismatched offsets
+    big = bf(2, 2048, hkv, d)
+    with pytest.raises(InputError, match="merge"):
+        sim.attention(bf(2, 4, hq, d), big[:, :1024], big[:, :1024], True, None, window_size=(8, 0))
+    f8 = torch.float8_e4m3fn
+    with pytest.raises(InputError, match="not built for fp8"):
+        sim.attention(bf(2, 4, hq, d).to(f8), big.to(f8), big.to(f8), True, None, q_descale=torch.ones(1),
+                      window_size=(8, 0))
+    with pytest.raises(InputError, match="one batch"):
+        sim.attention(q, k, v, True, None, cu_q, torch.tensor([0, 400], dtype=torch.int32), 7, 300, softcap=5.0)
+    with pytest.raises(InputError, match="window_size entries"):
+        sim.attention(bf(2, 4, hq, d), bf(2, 64, hkv, d), bf(2, 64, hkv, d), True, None, window_size=(-3, 0))

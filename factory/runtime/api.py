@@ -171,13 +171,28 @@ class Bundle(BundleCore):
 
     def attention(self, q, k, v, causal=False, softmax_scale=None, cu_seqlens_q=None, cu_seqlens_k=None,
                   max_seqlen_q=None, max_seqlen_k=None, return_lse=False, check_varlen=None, *,
-                  q_descale=None, k_descale=None, v_descale=None, v_layout=None):
+                  q_descale=None, k_descale=None, v_descale=None, v_layout=None, window_size=None, softcap=None,
+                  sinks=None):
         """FlashAttention forward (runtime/attention.py says what the arguments mean).  (Passed on
         by position: a ``**kwargs`` dict per call is a measurable part of the hot path.)
 
         fp8: float8_e4m3fn q, k, v (dense), descales ``q_descale``/``k_descale``/``v_descale``
         (float32, broadcastable to (batch, kv heads); None: 1), ``v_layout`` "bshd" (default) or
-        "bhds" (v pre-transposed (B, Hkv, D, Sk)); bfloat16 out (runtime/attention_fp8.py)."""
+        "bhds" (v pre-transposed (B, Hkv, D, Sk)); bfloat16 out (runtime/attention_fp8.py).
+
+        ``window_size`` (left, right), ``softcap`` (Gemma 2's tanh capping), ``sinks`` (heads_q,)
+        float32 logits (gpt-oss), as FlashAttention's: run by the attention_kvcache kernels over k
+        and v as a paged cache (runtime/kvcache.py ``attention_switches``; bf16/fp16)."""
+        if window_size is not None or softcap is not None or sinks is not None:
+            from . import kvcache
+
+            if q_descale is not None or k_descale is not None or v_descale is not None or v_layout is not None:
+                raise InputError("window_size, softcap and sinks are not built for fp8 q/k/v")
+            return kvcache.attention_switches(self, q, k, v, causal, softmax_scale, cu_seqlens_q, cu_seqlens_k,
+                                              max_seqlen_q, max_seqlen_k, return_lse, check_varlen,
+                                              (-1, -1) if window_size is None else window_size,
+                                              0.0 if softcap is None else softcap, sinks,
+                                              tracing=(_OPS or _ops())[4]())
         if q_descale is not None or k_descale is not None or v_descale is not None or v_layout is not None:
             return self.attention_fp8(q, k, v, causal, softmax_scale, q_descale, k_descale, v_descale,
                                       return_lse, v_layout or "bshd", cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
