@@ -58,7 +58,7 @@ def test_tiers():
     t = get_target("sm_90a")
     test = [v for v in enumerate_sm90(t, "test") if v.has_epilogue]
     default = [v for v in enumerate_sm90(t, "default") if v.has_epilogue]
-    assert len(test) == 5 and len(default) == 14
+    assert len(test) == 5 and len(default) == 16
     assert {tuple(v.epilogue) for v in test} == {("bias",), ("residual",), ("silu_mul",),
                                                  ("bias", "silu_mul", "residual"), ("fp8_groups",)}
     assert all(v.ab == "bf16" and not v.bias and v.pdl for v in default)
@@ -166,12 +166,12 @@ def test_residual_default_tiles_follow_the_plain_selection():
             d["signature"] = {"args": args + [sl._scalar("max_clusters")], "divisibility": {}}
             entries.append(d)
     res = [e["name"] for e in entries if e["name"].endswith("_res")]
-    assert len(res) == 9 and all(n[:-len("_res")] in names for n in res)
+    assert len(res) == 11 and all(n[:-len("_res")] in names for n in res)
     tall = "gemm_sm90a_bf16_obf16_ak_bk_t256x128x64_c1x2_coop_rm_sw8_sk1_pdl"
     lib = sl.Lib(entries)
     twins = 0
     for K in (4096, 14336):
-        for M in (1, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384):
+        for M in (1, 16, 32, 64, 128, 192, 256, 512, 768, 1024, 1536, 2048, 4096, 8192, 16384):
             plain = lib.gemm(M, 4096, K)
             got = _select(lib, M, 4096, K, ep.FLAGS["residual"], res=1 << 43)
             if plain + "_res" in res:
@@ -179,7 +179,9 @@ def test_residual_default_tiles_follow_the_plain_selection():
                 assert got == plain + "_res", (M, K, plain, got)
             if M >= 4096:
                 assert plain == tall and got == tall + "_res", (M, K, plain, got)
-    assert twins >= 10
+            if M in (192, 768, 1536):  # the mid-M tiles (64x96 ws, 128x192 2x1) have their twins
+                assert got == plain + "_res" and ("t64x96" in got or "t128x192" in got), (M, K, plain, got)
+    assert twins >= 16
 
 
 def test_silu_default_tiles_follow_the_plain_prefill_selection():
