@@ -348,3 +348,48 @@ def test_fp8_groups_call_path(sim):
     assert len(sim.rec.launched) == n + 1 and not z.float().any() and bool((sz == ep.FP8_MIN_SCALE).all())
     fo, fs = ep.check_meta(sim, a, b, out_dtype=torch.float8_e4m3fn)
     assert fo.shape == (37, 272) and fo.dtype == torch.float8_e4m3fn and fs.shape == (37, 3) and fs.stride() == (1, 40)
+
+
+def test_fp8_rows_call_path(sim):
+    """bundle.fp8_rows (group codes -> one scale per row) and gemm(..., row_scales=True) (the
+    e4m3 group epilogue, then fp8_rows in place): outputs, launches in order, in place, every
+    refusal before any launch, K = 0 and the fakes' metadata."""
+    from factory.runtime import fused
+
+    e4, bf = torch.float8_e4m3fn, dict(dtype=torch.bfloat16)
+    codes, gs = torch.zeros(37, 272, dtype=e4), ep.new_scale_out(torch.empty(1), 37, 272)
+    out, s = sim.fp8_rows(codes, gs)
+    assert out.shape == (37, 272) and out.dtype == e4 and out is not codes
+    assert s.shape == (37, 1) and s.dtype == torch.float32 and sim.rec.launched[-1] == "fp8_rows_sm90_e4m3_t128_c8"
+    assert sim.fp8_rows(codes, gs, out=codes)[0] is codes
+    n = len(sim.rec.launched)
+    wide, buf = torch.zeros(37, 280, dtype=e4), torch.zeros(38 * 272, dtype=e4)
+    c2, o2 = buf[:37 * 272].view(37, 272), buf[16:16 + 37 * 272].view(37, 272)
+    for call, msg in (
+            (lambda: sim.fp8_rows(codes.view(torch.uint8), gs), "float8_e4m3fn"),
+            (lambda: sim.fp8_rows(codes[:, :264], gs), "multiple of 16"),
+            (lambda: sim.fp8_rows(codes, gs[:, :2]), "group_scale must be"),
+            (lambda: sim.fp8_rows(codes, gs.contiguous()), "M-major"),
+            (lambda: sim.fp8_rows(codes, gs, out=wide[:, :256]), "out must be"),
+            (lambda: sim.fp8_rows(wide[:, :272], gs), "row stride"),
+            (lambda: sim.fp8_rows(c2, gs, out=o2), "overlap"),
+            (lambda: sim.fp8_rows(codes, "gs"), "torch.Tensor")):
+        with pytest.raises(InputError, match=msg):
+            call()
+    assert len(sim.rec.launched) == n
+    a, b = torch.randn(37, 64, **bf), torch.randn(272, 64, **bf)
+    q, rs_ = sim.gemm(a, b, out_dtype=e4, row_scales=True)
+    assert q.shape == (37, 272) and q.dtype == e4 and rs_.shape == (37, 1) and rs_.dtype == torch.float32
+    assert sim.rec.launched[-2].endswith("_q128") and sim.rec.launched[-1] == "fp8_rows_sm90_e4m3_t128_c8"
+    n = len(sim.rec.launched)
+    for kw, msg in ((dict(row_scales=True), "e4m3 output"), (dict(out_dtype=e4, row_scales=1), "bool"),
+                    (dict(out_dtype=e4, row_scales=True, scale_out=ep.new_scale_out(a, 37, 272)), "no scale_out")):
+        with pytest.raises(InputError, match=msg):
+            sim.gemm(a, b, **kw)
+    assert len(sim.rec.launched) == n
+    z, sz = sim.gemm(torch.randn(5, 0, **bf), torch.randn(128, 0, **bf), out_dtype=e4, row_scales=True)
+    assert len(sim.rec.launched) == n and sz.shape == (5, 1) and bool((sz == ep.FP8_MIN_SCALE).all())
+    fo, fs = ep.check_meta(sim, a, b, out_dtype=e4, row_scales=True)
+    assert fo.shape == (37, 272) and fo.dtype == e4 and fs.shape == (37, 1)
+    fo, fs = fused._fake_fp8_rows(sim, codes, gs)
+    assert fo.shape == (37, 272) and fo.dtype == e4 and fs.shape == (37, 1)
