@@ -365,11 +365,14 @@ def test_fp8_rows_codes_within_one_step(bundle, run_record, M, n):
     steps = (_e4m3_ordinal(out) - _e4m3_ordinal(q_ref)).abs().max().item()
     deq = out.float() * s
     err = ((deq - x).abs().max() / x.abs().max().clamp_min(1e-30)).item()
-    ok = steps <= 1 and err < 7e-2
+    # One e4m3 step at the top binade is 32 / 448 of the row's amax: within one step of torch's
+    # codes is at most 1.5 steps from the exact value.
+    tol = 1.5 * 32 / 448
+    ok = steps <= 1 and err < tol
     run_record.add(bundle, bundle.selections[("fp8_rows", ("e4m3", n))],
-                   [{"rel_err": err, "tol": 7e-2, "ok": ok}])
+                   [{"rel_err": err, "tol": tol, "ok": ok}])
     assert steps <= 1, steps
-    assert err < 7e-2, err
+    assert err < tol, err
     q2, s2 = bundle.fp8_rows(qg, gs, out=qg)  # in place
     torch.cuda.synchronize()
     assert q2 is qg and torch.equal(qg.view(torch.uint8), out.view(torch.uint8)) and torch.equal(s2, s)
