@@ -91,11 +91,12 @@ def _fields_of(name: str) -> str:
 
 def _tile_of(name: str) -> str:
     """The tile and cluster part of a variant name ("t256x128x64_c1x2"), and its raster swizzle
-    where that is not 1 ("t256x128x64_c1x2_sw8")."""
+    and split-K where those are not 1 ("t256x128x64_c1x2_sw8", "t64x128x64_c1x1_sk2")."""
     parts = name.split("_")
     t = next(i for i, x in enumerate(parts) if x.startswith("t") and "x" in x)
     sw = [x for x in parts[t + 2:] if x.startswith("sw") and x[2:].isdigit() and x != "sw1"]
-    return "_".join(parts[t:t + 2] + sw[:1])
+    sk = [x for x in parts[t + 2:] if x.startswith("sk") and x[2:].isdigit() and x != "sk1"]
+    return "_".join(parts[t:t + 2] + sw[:1] + sk[:1])
 
 
 def bench_row(bundle, op: str, M: int, variants=()) -> dict:

@@ -393,3 +393,18 @@ def test_fp8_rows_call_path(sim):
     assert fo.shape == (37, 272) and fo.dtype == e4 and fs.shape == (37, 1)
     fo, fs = fused._fake_fp8_rows(sim, codes, gs)
     assert fo.shape == (37, 272) and fo.dtype == e4 and fs.shape == (37, 1)
+
+
+def test_fp8_rows_torch_ops(sim):
+    """The fp8_rows and gemm_fp8_rows torch ops: autograd registration and fake vs real
+    (torch.library.opcheck on the simulated bundle), and a compiled call's refusal at trace time."""
+    kf = sim.torch_ops()
+    checks = ("test_autograd_registration", "test_faketensor")
+    codes = torch.randn(37, 272).to(torch.float8_e4m3fn)
+    torch.library.opcheck(kf.fp8_rows, (codes, ep.new_scale_out(torch.empty(1), 37, 272).fill_(1.0)),
+                          test_utils=checks)
+    a, b = torch.randn(37, 64, dtype=torch.bfloat16), torch.randn(272, 64, dtype=torch.bfloat16)
+    torch.library.opcheck(kf.gemm_fp8_rows, (a, b), test_utils=checks)
+    with pytest.raises(Exception, match="multiple of 16"):
+        torch.compile(lambda x, y: sim.gemm(x, y, out_dtype=torch.float8_e4m3fn, row_scales=True),
+                      fullgraph=True, backend="eager")(a, torch.randn(264, 64, dtype=torch.bfloat16))

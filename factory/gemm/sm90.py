@@ -295,14 +295,9 @@ class GemmSm90(GemmVariant):
         if self.has_epilogue:
             # The residual also runs on the decode tiles (swapped, split over a cluster along K:
             # the first CTA adds it after the reduction); bias and silu_mul need the unswapped
-            # accumulator layout.  silu_mul (alone) also runs split over K: the first CTA applies
-            # it to the reduced sums (the gate/up decode tile: twice the CTAs of the unsplit one).
-            if (self.bias or self.silu_mul or self.fp8_groups) and self.swap_ab:
-                return "bias, silu_mul and fp8_groups run unswapped"
-            if (self.bias or self.fp8_groups or self.residual) and self.silu_mul and self.split_k > 1:
-                return "silu_mul runs split over K without the other fields"
-            if (self.bias or self.fp8_groups) and self.split_k > 1:
-                return "bias and fp8_groups run unsplit"
+            # accumulator layout.
+            if (self.bias or self.silu_mul or self.fp8_groups) and (self.swap_ab or self.split_k > 1):
+                return "bias, silu_mul and fp8_groups run unswapped and unsplit"
             if self.silu_mul and tn != 2 * GATE_UP_BLOCK and not (tn == 4 * GATE_UP_BLOCK and not self.residual):
                 return (f"silu_mul needs tile N {2 * GATE_UP_BLOCK} (gate and up blocks of {GATE_UP_BLOCK} rows), "
                         f"or {4 * GATE_UP_BLOCK} without residual")

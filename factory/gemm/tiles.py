@@ -178,7 +178,6 @@ SM90_EPILOGUE_DEFAULT = (
     dict(**BF16, tile=(128, 128, 64), cluster=(2, 1), silu_mul=True),
     dict(**BF16, tile=(256, 128, 64), cluster=(1, 2), silu_mul=True),
     dict(**BF16, tile=(64, 128, 64), schedule="ws", silu_mul=True),
-    dict(**BF16, tile=(64, 128, 64), schedule="ws", split_k=2, silu_mul=True),
     # The plain GEMM's tall-problem tile (swizzled raster, selected from M 4096): its residual twin
     # (H100: 1.10x / 1.07x the 128x256 2x1 residual at M 16384 for o_proj / down_proj, within 2 % of
     # it at M 1024-8192, where the selection takes it as well).
