@@ -47,7 +47,7 @@ class Bundle(BundleCore):
 
     def gemm(self, a, b, out=None, *, out_dtype=None, scale_a=None, scale_b=None, variant: str | None = None,
              b_constant: bool = False, scale_mode: str | None = None, bias=None, residual=None, activation=None,
-             scale_out=None):
+             scale_out=None, row_scales=False):
         """``out = a @ b.T`` (runtime/gemm.py; ``b`` packed by ``pack_b``: runtime/packed.py).
         ``b_constant=True`` promises that no kernel that may still be running in the stream writes
         ``b`` (model weights): decode variants launched with programmatic dependent launch then
@@ -55,16 +55,20 @@ class Bundle(BundleCore):
         per row of a and b, or per 1x128 / 128x128 block, told apart by their shapes (or
         ``scale_mode``); runtime/fp8.py gives the layouts and the quantizers that write them.
         ``out_dtype=torch.float8_e4m3fn``: the output quantised per row and 128 columns, returned
-        as ``(out, scale_out)`` (runtime/epilogue.py)."""
+        as ``(out, scale_out)``; with ``row_scales=True`` one scale per row instead, ``(out, scale)``
+        with ``scale`` float32 (M, 1) (``torch._scaled_mm``'s row-wise form; runtime/epilogue.py)."""
         gemm, packed, _, bs, compiling, e4m3 = _OPS or _ops()
         # An e4m3 output (with its group scales) is an epilogue form.
         quant = e4m3 is not None and (out_dtype is e4m3 or (out is not None and getattr(out, "dtype", None) is e4m3))
-        if bias is not None or residual is not None or activation is not None or quant or scale_out is not None:
+        if (bias is not None or residual is not None or activation is not None or quant or scale_out is not None
+                or row_scales):
             # fused epilogue: out = act(a·bᵀ + bias) + residual (runtime/epilogue.py)
             epilogue = _EPILOGUE or _epilogue()
             if compiling():
                 if out is not None or scale_out is not None:
                     raise InputError("under torch.compile a fused-epilogue gemm returns a new tensor: no out= or scale_out=")
+                if quant and row_scales is True:
+                    return self.torch_ops().gemm_fp8_rows(a, b, activation, scale_a, scale_b, b_constant, scale_mode)
                 if quant:
                     return self.torch_ops().gemm_fp8_groups(a, b, activation, scale_a, scale_b, b_constant, scale_mode)
                 return self.torch_ops().gemm_epilogue(a, b, bias, residual, activation, out_dtype, scale_a, scale_b,
@@ -73,7 +77,8 @@ class Bundle(BundleCore):
                 raise InputError("bias, residual and activation apply to plain (unpacked) operands only")
             return epilogue.gemm_epilogue(self, a, b, out, bias=bias, residual=residual, activation=activation,
                                           out_dtype=out_dtype, scale_a=scale_a, scale_b=scale_b, variant=variant,
-                                          b_constant=b_constant, scale_mode=scale_mode, scale_out=scale_out)
+                                          b_constant=b_constant, scale_mode=scale_mode, scale_out=scale_out,
+                                          row_scales=row_scales)
         if compiling():  # traced by torch.compile: the bundle's torch op, whose fake checks like this call
             return self.traced_gemm(a, b, out, out_dtype, scale_a, scale_b, variant, b_constant, scale_mode)
         if isinstance(a, bs.BlockScaled) or isinstance(b, bs.BlockScaled):
@@ -250,6 +255,17 @@ class Bundle(BundleCore):
             fused.rms_norm_check(x, weight, eps, residual, None, quantize)
             return ops.rms_norm_fp8(x, weight, eps, residual)
         return fused.rms_norm(self, x, weight, eps, residual, out, quantize)
+
+    def fp8_rows(self, codes, group_scale, *, out=None):
+        """e4m3 codes with a scale per row and 128 columns re-expressed with one scale per row:
+        ``(out, scale)``, ``scale`` float32 (M, 1) (runtime/fused.py says what the arguments mean)."""
+        from . import fused
+
+        if (_OPS or _ops())[4]():  # traced by torch.compile: the bundle's torch op
+            if out is not None:
+                raise InputError("out= is not available under torch.compile")
+            return self.torch_ops().fp8_rows(codes, group_scale)
+        return fused.fp8_rows(self, codes, group_scale, out)
 
     def rope_kvcache(self, q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping=None, *, neox=True,
                      rotary_dim=None, block_table=None, cache_seqlens=None, k_scale=None, v_scale=None):

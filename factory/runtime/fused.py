@@ -459,6 +459,71 @@ def _rope_fire(bundle, go, cur, raw, name, dev, table, fp8):
     return fire
 
 
+# --- fp8 rows: per-(row, 128-column) e4m3 codes re-expressed with one scale per row ---------------
+GROUP = 128  # columns per group scale (the GEMM epilogue's fp8_groups)
+
+
+def _same(x, y) -> bool:
+    return x.data_ptr() == y.data_ptr() and x.shape == y.shape and x.stride() == y.stride()
+
+
+def fp8_rows_check(codes, group_scale, out=None):
+    """The checks of :func:`fp8_rows` that need no device data; returns (M, N)."""
+    validate.tensors(codes=codes, group_scale=group_scale)
+    if codes.dtype != FP8 or codes.dim() != 2:
+        raise InputError(f"codes must be float8_e4m3fn (M, N), got {_name(codes.dtype)} {tuple(codes.shape)}")
+    m, n = codes.shape
+    if n % 16 or n == 0:
+        raise InputError(f"the row length {n} must be a positive multiple of 16 (16-byte vectors)")
+    ng = -(-n // GROUP)
+    if group_scale.dtype != torch.float32 or tuple(group_scale.shape) != (m, ng):
+        raise InputError(f"group_scale must be float32 ({m}, {ng}) (one scale per row and {GROUP} columns), got "
+                         f"{_name(group_scale.dtype)} {tuple(group_scale.shape)}")
+    if m > 1 and group_scale.stride(0) != 1:
+        raise InputError(f"group_scale must be M-major (stride 1 along rows), got strides {group_scale.stride()}")
+    for nm, t in (("codes", codes), ("out", out)):
+        if t is None:
+            continue
+        validate.tensors(**{nm: t})
+        if t.dtype != FP8 or tuple(t.shape) != (m, n):
+            raise InputError(f"{nm} must be float8_e4m3fn of shape ({m}, {n}), got {_name(t.dtype)} {tuple(t.shape)}")
+        if t.stride(1) != 1 or (m > 1 and (t.stride(0) < n or t.stride(0) % 16)):
+            raise InputError(f"{nm}: rows must be contiguous with a row stride >= {n} and a multiple of 16, got "
+                             f"strides {t.stride()}")
+    return m, n
+
+
+def fp8_rows_choose(bundle, n: int) -> str:
+    return _pick(bundle, "fp8_rows", ("e4m3", n), lambda e: e["max_n"] >= n, f"e4m3 rows of {n}")
+
+
+def fp8_rows(bundle, codes, group_scale, out=None):
+    """e4m3 ``codes`` (M, N) with float32 ``group_scale`` (M, ceil(N / 128)) (a scale per row and
+    128 columns, M-major: what ``gemm(..., out_dtype=torch.float8_e4m3fn)`` returns) re-expressed
+    with one scale per row: ``scale[m] = max(max_g group_scale[m, g], 1/(448·512))``, ``out[m, n] =
+    e4m3(codes[m, n] · group_scale[m, n // 128] / scale[m])``.  Returns ``(out, scale)``, ``scale``
+    float32 (M, 1) (``torch._scaled_mm``'s row-wise ``scale_a``).  ``out`` may be ``codes`` (in
+    place); otherwise it must not overlap the inputs."""
+    m, n = fp8_rows_check(codes, group_scale, out)
+    dev = validate.one_device(bundle, codes=codes, group_scale=group_scale, out=out)
+    name = fp8_rows_choose(bundle, n)
+    if out is None:
+        out = torch.empty((m, n), dtype=FP8, device=codes.device)
+    elif not _same(out, codes):
+        validate.disjoint("out", out, codes=codes, group_scale=group_scale)
+    scale = torch.empty((m, 1), dtype=torch.float32, device=codes.device)
+    if m == 0:
+        return out, scale
+    ng = group_scale.shape[1]
+
+    def rows(t):  # (one row: any row stride reads the same elements)
+        return t.data_ptr(), (m, n), (t.stride(0) if m > 1 else -(-n // 16) * 16, 1)
+
+    gs = (group_scale.data_ptr(), (m, ng), (1, group_scale.stride(1) if ng > 1 else -(-m // 4) * 4))
+    bundle.launch(name, [rows(codes), gs, rows(out), scale.view(-1)], device=dev)
+    return out, scale
+
+
 # --- torch custom ops (runtime/torch_ops.py registers them): name -> (schema, real, fake), each
 # taking the bundle first.  The fakes run the data-free checks and the selection.
 def _op_rms_norm(bundle, x, weight, eps, residual=None):
@@ -496,7 +561,19 @@ def _fake_rope_kvcache(bundle, q, k, v, positions, cos_sin_cache, k_cache, v_cac
     rope_kvcache_choose(bundle, dt, neox, table, fp8)
 
 
+def _op_fp8_rows(bundle, codes, group_scale):
+    return bundle.fp8_rows(codes, group_scale)
+
+
+def _fake_fp8_rows(bundle, codes, group_scale):
+    m, n = fp8_rows_check(codes, group_scale)
+    if isinstance(n, int):
+        fp8_rows_choose(bundle, n)
+    return codes.new_empty((m, n)), codes.new_empty((m, 1), dtype=torch.float32)
+
+
 TORCH_OPS = {
+    "fp8_rows": ("fp8_rows(Tensor codes, Tensor group_scale) -> (Tensor, Tensor)", _op_fp8_rows, _fake_fp8_rows),
     "rms_norm": ("rms_norm(Tensor x, Tensor weight, float eps, Tensor(a!)? residual=None) -> Tensor",
                  _op_rms_norm, _fake_rms_norm),
     "rms_norm_fp8": ("rms_norm_fp8(Tensor x, Tensor weight, float eps, Tensor(a!)? residual=None) -> (Tensor, Tensor)",
