@@ -30,6 +30,7 @@ FAMILY_MODULES = (
     "factory.attention.sm100_fa4",
     "factory.elementwise.rmsnorm",
     "factory.elementwise.rope_cache",
+    "factory.elementwise.fp8_rows",
 )
 TIERS = ("test", "default", "full")
 

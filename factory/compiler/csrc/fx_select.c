@@ -2051,12 +2051,12 @@ static int32_t paged_split_count(i128 groups, int64_t tiles, int32_t sms, const 
 
 typedef struct {
     int64_t b, sq, hq, hkv, d, sk, page_size; /* page_size 0: dense cache */
-    int32_t dtype, kv_dtype, causal, local, softcap, sinks;
+    int32_t dtype, kv_dtype, causal, local, softcap, sinks, varlen_q; /* varlen_q: sq is max_seqlen_q */
 } kv_problem;
 
 /* kvcache._admits */
 static int kv_admits(const fx_variant *e, const kv_problem *q) {
-    if (e->dtype != q->dtype || e->kv_dtype != q->kv_dtype || e->head_dim != q->d || e->varlen ||
+    if (e->dtype != q->dtype || e->kv_dtype != q->kv_dtype || e->head_dim != q->d || e->varlen != q->varlen_q ||
         e->paged != (q->page_size > 0))
         return 0;
     if (q->page_size > 0 && !(e->page_size_mask >> (63 - __builtin_clzll((unsigned long long)q->page_size)) & 1))
@@ -2150,9 +2150,13 @@ static int32_t kv_select(const fx_device_t *dev, const fx_attention_kvcache_prob
     int32_t rc;
     if (!p) return fail(FX_ERR_INPUT, "the problem pointer is NULL");
     if ((rc = check_device(dev))) return rc;
-    if ((rc = check_bool("causal", p->causal))) return rc;
+    if ((rc = check_bool("causal", p->causal)) || (rc = check_bool("varlen_q", p->varlen_q))) return rc;
     if (p->dtype != FX_DTYPE_BF16 && p->dtype != FX_DTYPE_F16)
         return fail(FX_ERR_INPUT, "q dtype %s not supported (bf16, f16)", dtype_name(p->dtype));
+    /* packed q: q/o (Sq, Hq, D) and lse (Hq, Sq), Sq the query tokens; the arrays below are the
+       dense forms, read from index `first` on */
+    const int varlen = p->varlen_q;
+    const int32_t first = varlen ? 1 : 0;
     if (p->kv_dtype != p->dtype && p->kv_dtype != FX_DTYPE_E4M3)
         return fail(FX_ERR_INPUT, "k_cache/v_cache dtype %s must be q's (%s) or e4m3", dtype_name(p->kv_dtype),
                     dtype_name(p->dtype));
@@ -2176,9 +2180,15 @@ static int32_t kv_select(const fx_device_t *dev, const fx_attention_kvcache_prob
         return fail(FX_ERR_INPUT, "a dense cache (max_pages 0) must have num_pages = batch (%lld), got %lld",
                     (long long)B, (long long)p->num_pages);
     }
-    if ((rc = check_stride("q_stride", p->q_stride, 0, 3)) || (rc = check_stride("k_stride", p->k_stride, 0, 3)) ||
-        (rc = check_stride("v_stride", p->v_stride, 0, 3)) || (rc = check_stride("o_stride", p->o_stride, 0, 3)))
+    if ((rc = check_stride("q_stride", p->q_stride, first, 3)) || (rc = check_stride("k_stride", p->k_stride, 0, 3)) ||
+        (rc = check_stride("v_stride", p->v_stride, 0, 3)) || (rc = check_stride("o_stride", p->o_stride, first, 3)))
         return rc;
+    if (varlen && (p->max_seqlen_q < 0 || p->max_seqlen_q > Sq))
+        return fail(FX_ERR_INPUT, "max_seqlen_q = %d must be in [0, %lld] (the query tokens)", p->max_seqlen_q,
+                    (long long)Sq);
+    if (varlen && p->max_seqlen_q == 0 && Sq > 0 && B > 0)
+        return fail(FX_ERR_INPUT, "max_seqlen_q = 0: with %lld query tokens in %lld sequences it must be at least 1 "
+                    "(the longest query sequence)", (long long)Sq, (long long)B);
     if (p->window_left < -1 || p->window_right < -1)
         return fail(FX_ERR_INPUT, "window_size entries must be >= -1 (-1: unbounded)");
     if (!(p->softcap >= 0.0f) || isinf(p->softcap))
@@ -2195,14 +2205,15 @@ static int32_t kv_select(const fx_device_t *dev, const fx_attention_kvcache_prob
         return fail(FX_ERR_INPUT, "batch (%lld) must be <= %lld", (long long)B, (long long)fx_attention_grid_yz_max);
     int64_t numel_q, max_k;
     const int64_t q4[4] = {B, Sq, Hq, D};
-    if ((rc = product(q4, 4, &numel_q, "q's element count"))) return rc;
+    if ((rc = product(q4 + first, 4 - first, &numel_q, "q's element count"))) return rc;
     if ((rc = mul64(paged ? p->max_pages : 1, p->page_size, &max_k, "the cache's rows per sequence"))) return rc;
     const int64_t qs_[3] = {p->q_stride[0], p->q_stride[1], p->q_stride[2]};
     int64_t numel_k;
     const int64_t k4[4] = {p->num_pages, p->page_size, Hkv, D};
     if ((rc = product(k4, 4, &numel_k, "the cache's element count"))) return rc;
     int32_t kvec = p->kv_dtype == FX_DTYPE_E4M3 ? 16 : 8;
-    if ((rc = check_strides("q", p->q, qs_, 0, numel_q)) || (rc = check_strides("o", p->o, p->o_stride, 0, numel_q)))
+    if ((rc = check_strides("q", p->q, qs_, first, numel_q)) ||
+        (rc = check_strides("o", p->o, p->o_stride, first, numel_q)))
         return rc;
     for (int32_t w = 0; w < 2 && numel_k; w++) {
         const int64_t *st = w ? p->v_stride : p->k_stride;
@@ -2221,11 +2232,11 @@ static int32_t kv_select(const fx_device_t *dev, const fx_attention_kvcache_prob
         const int64_t vst[4] = {p->v_stride[0], p->v_stride[1], p->v_stride[2], 1};
         const int64_t eb = 2, kb = p->kv_dtype == FX_DTYPE_E4M3 ? 1 : 2;
         int64_t span;
-        fx_range in[7], ro, rl;
-        if ((rc = span_of("q", 4, q4, qst, &span)) || (rc = range_of(&in[0], "q", p->q, span, eb)) ||
+        fx_range in[8], ro, rl;
+        if ((rc = span_of("q", 4 - first, q4 + first, qst + first, &span)) || (rc = range_of(&in[0], "q", p->q, span, eb)) ||
             (rc = span_of("k_cache", 4, k4, kst, &span)) || (rc = range_of(&in[1], "k_cache", p->k_cache, span, kb)) ||
             (rc = span_of("v_cache", 4, k4, vst, &span)) || (rc = range_of(&in[2], "v_cache", p->v_cache, span, kb)) ||
-            (rc = span_of("o", 4, q4, ost, &span)) || (rc = range_of(&ro, "o", p->o, span, eb)))
+            (rc = span_of("o", 4 - first, q4 + first, ost + first, &span)) || (rc = range_of(&ro, "o", p->o, span, eb)))
             return rc;
         const int64_t bt2[2] = {B, p->max_pages}, bts2[2] = {p->block_table_stride, 1};
         if ((rc = span_of("block_table", 2, bt2, bts2, &span)) ||
@@ -2234,12 +2245,15 @@ static int32_t kv_select(const fx_device_t *dev, const fx_attention_kvcache_prob
         range_of(&in[4], "cache_seqlens", p->cache_seqlens, B, 4);
         range_of(&in[5], "sinks", p->sinks, Hq, 4);
         range_of(&in[6], "kv_descale", p->kv_descale, 2 * Hkv, 4);
-        if ((rc = check_distinct("o", 4, q4, ost)) || (rc = check_disjoint(&ro, in, 7))) return rc;
+        range_of(&in[7], "cu_seqlens_q", varlen ? (const void *)p->cu_seqlens_q : NULL, B + 1, 4);
+        if ((rc = check_distinct("o", 4 - first, q4 + first, ost + first)) || (rc = check_disjoint(&ro, in, 8)))
+            return rc;
         if (p->lse) {
             const int64_t ld[3] = {B, Hq, Sq}, lst_[3] = {p->lse_stride[0], p->lse_stride[1], 1};
-            if ((rc = check_stride("lse_stride", p->lse_stride, 0, 2)) || (rc = span_of("lse", 3, ld, lst_, &span)) ||
-                (rc = range_of(&rl, "lse", p->lse, span, 4)) || (rc = check_distinct("lse", 3, ld, lst_)) ||
-                (rc = check_disjoint(&rl, in, 7)) || (rc = check_disjoint(&rl, &ro, 1)))
+            if ((rc = check_stride("lse_stride", p->lse_stride, first, 2)) ||
+                (rc = span_of("lse", 3 - first, ld + first, lst_ + first, &span)) ||
+                (rc = range_of(&rl, "lse", p->lse, span, 4)) || (rc = check_distinct("lse", 3 - first, ld + first, lst_ + first)) ||
+                (rc = check_disjoint(&rl, in, 8)) || (rc = check_disjoint(&rl, &ro, 1)))
                 return rc;
         }
     }
@@ -2247,22 +2261,23 @@ static int32_t kv_select(const fx_device_t *dev, const fx_attention_kvcache_prob
     if ((local || p->softcap > 0.0f) && !p->sinks)
         return fail(FX_ERR_INPUT, "sinks: the window/softcap build reads sinks: pass heads_q float32 logits "
                                   "(-inf where the model has none)");
-    uint64_t lse_bytes = 0, ln = (uint64_t)B * (uint64_t)Hq * (uint64_t)Sq;
+    uint64_t lse_bytes = 0, ln = (varlen ? 1u : (uint64_t)B) * (uint64_t)Hq * (uint64_t)Sq;
     if (!p->lse && (rc = mulu64(ln, 4u, &lse_bytes, "the lse scratch"))) return rc;
     if (numel_q == 0) { /* kvcache.attention_kvcache: nothing to launch */
         out->workspace_bytes = 0;
         return 0;
     }
-    kv_problem q = {B, Sq, Hq, Hkv, D, max_k, paged ? p->page_size : 0, p->dtype, p->kv_dtype, p->causal, local,
-                    p->softcap > 0.0f, p->sinks != NULL};
+    kv_problem q = {B, varlen ? p->max_seqlen_q : Sq, Hq, Hkv, D, max_k, paged ? p->page_size : 0, p->dtype,
+                    p->kv_dtype, p->causal, local, p->softcap > 0.0f, p->sinks != NULL, varlen};
     int32_t choice = kv_choose(dev, &q);
     if (choice < 0)
         return fail(FX_ERR_NO_VARIANT, "no attention_kvcache kernel in this bundle for dtype=%s kv_dtype=%s head_dim=%lld "
-                    "%s seqlen_q=%lld causal=%d (on compute capability %d.%d)", dtype_name(p->dtype),
-                    dtype_name(p->kv_dtype), (long long)D, paged ? "paged" : "dense cache", (long long)Sq, p->causal,
-                    dev->cc_major, dev->cc_minor);
+                    "%s %sseqlen_q=%lld causal=%d (on compute capability %d.%d)", dtype_name(p->dtype),
+                    dtype_name(p->kv_dtype), (long long)D, paged ? "paged" : "dense cache", varlen ? "packed q max_" : "",
+                    (long long)q.sq, p->causal, dev->cc_major, dev->cc_minor);
     const fx_variant *e = &fx_variants[choice];
     int64_t s = e->splits > 1 ? e->splits : 1; /* the workspace splits (cluster merges take none) */
+    if (varlen && s > 1) return fail(FX_ERR_NO_VARIANT, "%s: a packed-q build with a split workspace", e->name);
     uint64_t nsplit = 0;
     a->split_bytes = 0;
     if (s > 1 && ((rc = mulu64((uint64_t)s, ln, &nsplit, "the split-KV workspace")) ||
@@ -2278,13 +2293,14 @@ static int32_t kv_select(const fx_device_t *dev, const fx_attention_kvcache_prob
     const int64_t os[4] = {p->o_stride[0], p->o_stride[1], p->o_stride[2], 1};
     const int64_t ks[4] = {p->k_stride[0], p->k_stride[1], p->k_stride[2], 1};
     const int64_t vs[4] = {p->v_stride[0], p->v_stride[1], p->v_stride[2], 1};
-    spec(&vals[0], p->q, 4, q4, qs);
+    spec(&vals[0], p->q, 4 - first, q4 + first, qs + first);
     spec(&vals[1], p->k_cache, 4, kshape, ks);
     spec(&vals[2], p->v_cache, 4, kshape, vs);
-    spec(&vals[3], p->o, 4, q4, os);
+    spec(&vals[3], p->o, 4 - first, q4 + first, os + first);
     const int64_t ls[3] = {B, Hq, Sq};
     const int64_t lst[3] = {p->lse ? p->lse_stride[0] : Hq * Sq, p->lse ? p->lse_stride[1] : Sq, 1};
-    spec(&vals[4], p->lse ? (const void *)p->lse : (const void *)(workspace + a->lse_offset), 3, ls, lst);
+    spec(&vals[4], p->lse ? (const void *)p->lse : (const void *)(workspace + a->lse_offset), 3 - first, ls + first,
+         lst + first);
     int32_t k = 5;
     if (s > 1) {
         int64_t op[5] = {s, B, Hq, Sq, D}, ops[5] = {B * Hq * Sq * D, Hq * Sq * D, Sq * D, D, 1};
@@ -2299,6 +2315,8 @@ static int32_t kv_select(const fx_device_t *dev, const fx_attention_kvcache_prob
     spec(&vals[k++], paged ? (const void *)p->block_table : any, 2, bts, btst);
     const int64_t bsh[1] = {B}, one[1] = {1};
     spec(&vals[k++], p->cache_seqlens, 1, bsh, one);
+    const int64_t b1[1] = {B + 1};
+    if (varlen) spec(&vals[k++], p->cu_seqlens_q, 1, b1, one);
     const int64_t hsh[1] = {Hq};
     spec(&vals[k++], p->sinks ? (const void *)p->sinks : any, 1, hsh, one);
     const int64_t dsh[2] = {2, Hkv}, dst[2] = {Hkv, 1};
@@ -2307,6 +2325,7 @@ static int32_t kv_select(const fx_device_t *dev, const fx_attention_kvcache_prob
     vals[k++].f = p->softcap;
     vals[k++].i = p->window_left;
     vals[k++].i = p->window_right;
+    if (varlen) vals[k++].i = p->max_seqlen_q;
     a->n_vals = k;
     out->variant = choice;
     out->name = e->name;
@@ -2625,8 +2644,13 @@ static int32_t packed_run(const fx_device_t *dev, const fx_gemm_packed_problem_t
     if (rc || out->variant < 0) return rc;
     if (!p->a || !p->b_packed || !p->c || !p->scale_a || !p->scale_b)
         return fail(FX_ERR_INPUT, "fx_gemm_packed needs the a, b_packed, c, scale_a and scale_b pointers");
+    {
+        const void *ptrs[5] = {p->a, p->b_packed, p->c, p->scale_a, p->scale_b};
+        static const char *const names[5] = {"a", "b_packed", "c", "scale_a", "scale_b"};
+        if ((rc = check_launch_device(stream, 5, ptrs, names))) return rc;
+    }
     if ((rc = ensure_loaded(out->variant))) return rc;
-    return fx_variants[out->variant].bind(x.vals, stream);
+    return launched(out->variant, fx_variants[out->variant].bind(x.vals, stream));
 }
 
 FX_EXPORT int32_t fx_gemm_packed(const fx_device_t *dev, const fx_gemm_packed_problem_t *p, fx_stream_t stream,
@@ -2659,6 +2683,11 @@ static int32_t bs_run(const fx_device_t *dev, const fx_gemm_blockscaled_problem_
         return fail(FX_ERR_INPUT, "fx_gemm_blockscaled needs the a, b, c, a_scale and b_scale pointers");
     if (p->format == FX_FORMAT_NVF4 && (!p->a_global || !p->b_global))
         return fail(FX_ERR_INPUT, "nvf4 needs a_global and b_global (one float32 each)");
+    {
+        const void *ptrs[7] = {p->a, p->b, p->c, p->a_scale, p->b_scale, p->a_global, p->b_global};
+        static const char *const names[7] = {"a", "b", "c", "a_scale", "b_scale", "a_global", "b_global"};
+        if ((rc = check_launch_device(stream, 7, ptrs, names))) return rc;
+    }
     return launch_chosen(out, x.vals, x.n_vals, stream);
 }
 
@@ -2699,12 +2728,21 @@ static int32_t kv_run(const fx_device_t *dev, const fx_attention_kvcache_problem
     attn_ctx a;
     int32_t rc = kv_select(dev, p, out, &a, (uintptr_t)workspace);
     if (rc || out->variant < 0) return rc;
-    if (!p->q || !p->k_cache || !p->v_cache || !p->o || !p->cache_seqlens || (p->max_pages > 0 && !p->block_table))
+    if (!p->q || !p->k_cache || !p->v_cache || !p->o || !p->cache_seqlens || (p->max_pages > 0 && !p->block_table) ||
+        (p->varlen_q && !p->cu_seqlens_q))
         return fail(FX_ERR_INPUT, "fx_attention_kvcache needs the q, k_cache, v_cache, o, cache_seqlens (and, paged, "
-                                  "block_table) pointers");
+                                  "block_table; packed q, cu_seqlens_q) pointers");
     if ((rc = check_workspace(out->workspace_bytes, workspace, workspace_bytes))) return rc;
+    {
+        const void *ptrs[11] = {p->q, p->k_cache, p->v_cache, p->o, p->lse, p->max_pages > 0 ? p->block_table : NULL,
+                                p->cache_seqlens, p->sinks, p->kv_descale, p->varlen_q ? p->cu_seqlens_q : NULL,
+                                out->workspace_bytes ? workspace : NULL};
+        static const char *const names[11] = {"q", "k_cache", "v_cache", "o", "lse", "block_table", "cache_seqlens",
+                                              "sinks", "kv_descale", "cu_seqlens_q", "workspace"};
+        if ((rc = check_launch_device(stream, 11, ptrs, names))) return rc;
+    }
     if ((rc = ensure_loaded(out->variant))) return rc;
-    return fx_variants[out->variant].bind(a.vals, stream);
+    return launched(out->variant, fx_variants[out->variant].bind(a.vals, stream));
 }
 
 FX_EXPORT int32_t fx_attention_kvcache(const fx_device_t *dev, const fx_attention_kvcache_problem_t *p,
