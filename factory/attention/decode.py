@@ -254,8 +254,8 @@ class AttentionDecodeKV(AttentionDecode):
             return "fp8 K/V tiles must be whole copy passes"
         if self.kv_dtype == "e4m3" and self.head_dim != 128:
             return "fp8 caches are built for head_dim 128"
-        if self.direct and (self.kv_dtype != "e4m3" or self.tile_n != 16 * self.warps or self.ilp):
-            return "direct e4m3 operands: fp8 caches, one k16 key slice per warp, one S chain"
+        if self.direct and (self.kv_dtype != "e4m3" or self.tile_n // self.warps not in (16, 32) or self.ilp):
+            return "direct e4m3 operands: fp8 caches, 16 or 32 keys per warp, one S chain"
         if not self.causal:
             return "built bottom-right causal (one query: the same as no mask)"
         return None
@@ -416,7 +416,7 @@ class FlashDecodeSm90:
             self.smem_elems = (max(stages * 2 * tile_n * head_dim, v.scratch_bytes()) + 1) // 2
         self.raw_elems = FP8_RAW_STAGES * 2 * tile_n * head_dim
         assert not fp8 or ((stages == 2 or self.direct) and ROWS * head_dim // 8 % self.threads == 0)
-        assert not self.direct or (self.bnw == 16 and head_dim == 128 and stages >= 2)
+        assert not self.direct or (self.bnw in (16, 32) and head_dim == 128 and stages >= 2)
         self.recv_bytes = ROWS * (head_dim + 1) * 4  # what one split pushes to rank 0
 
     # --- host ------------------------------------------------------------------------------------
@@ -781,7 +781,14 @@ class FlashDecodeSm90:
                 cS = thr_mma.partition_C(cute.make_identity_tensor((ROWS, BNW)))  # (row, col)
                 mask.apply_mask(self.mask, acc_mn_view(acc_S), acc_mn_view(cS), row0, n_block * BN + wid * BNW,
                                 q_len, k_len, group=group)
-            softmax.online_softmax(acc_mn_view(acc_S), row_max, row_sum, scale_log2, o_mn=acc_mn_view(acc_O))
+            if cutlass.const_expr(self.direct):
+                # O's rows rescaled only where some row's max moved (a correction of exactly 1
+                # changes nothing): after the first tiles most tiles skip the 64 multiplies
+                corr = cute.make_rmem_tensor(cute.size(row_max), cutlass.Float32)
+                softmax.online_softmax(acc_mn_view(acc_S), row_max, row_sum, scale_log2, corr=corr)
+                self.rescale_if_moved(acc_O, corr)
+            else:
+                softmax.online_softmax(acc_mn_view(acc_S), row_max, row_sum, scale_log2, o_mn=acc_mn_view(acc_O))
 
             if cutlass.const_expr(self.direct):
                 self.gemm_pv_raw(tiled_mma, acc_O, acc_S, raw_addr + slot * (2 * BN * D) + BN * D + lane_v)
@@ -1091,36 +1098,48 @@ class FlashDecodeSm90:
                     cute.recast_tensor(z, cutlass.Int32).fill(0)
 
     @cute.jit
+    def rescale_if_moved(self, acc_O, corr):
+        """O's rows times their corrections, skipped (warp-uniform) where every correction is 1."""
+        moved = corr[0] != 1.0
+        for i in cutlass.range_constexpr(1, cute.size(corr)):
+            moved = moved | (corr[i] != 1.0)
+        if cute.arch.vote_any_sync(moved):
+            softmax.rescale(acc_mn_view(acc_O), corr)
+
+    @cute.jit
     def gemm_qk_raw(self, tiled_mma, acc_S, tSrQ, addr):
-        """acc_S += Q·Kᵀ over this warp's 16 keys of a raw e4m3 K tile: per pair of k16 steps one
-        ldmatrix.x4 (matrix m: keys 8·(m%2).., k16 step 2kp + m//2; ``addr``: this lane's row
-        address of pair 0), each word -> the two f16x2 registers of a B fragment (k order:
-        atoms/sm90_e4m3.py); the next pair's ldmatrix issued before this pair's MMAs."""
-        D = self.head_dim
-        buf = cute.make_rmem_tensor(2 * D, cutlass.Float16)
-        rK = cute.make_tensor(buf.iterator, cute.make_layout(((2, 2), 2, D // 16), stride=((1, 2), 4, 8)))
-        w = cute.recast_tensor(buf, cutlass.Int32)  # word h + 2·nb + 4·kb
-        npair = D // 32
+        """acc_S += Q·Kᵀ over this warp's key slice (16 or 32 keys) of a raw e4m3 K tile: per pair
+        of k16 steps and 16-key half one ldmatrix.x4 (matrix m: keys 8·(m%2).. of the half, k16 step
+        2kp + m//2; ``addr``: this lane's row address of pair 0, half 0), each word -> the two f16x2
+        registers of a B fragment (k order: atoms/sm90_e4m3.py); the next ldmatrix is issued before
+        the current one's conversions."""
+        D, NB = self.head_dim, self.bnw // 8
+        buf = cute.make_rmem_tensor(NB * D, cutlass.Float16)
+        rK = cute.make_tensor(buf.iterator, cute.make_layout(((2, 2), NB, D // 16), stride=((1, 2), 4, 4 * NB)))
+        w = cute.recast_tensor(buf, cutlass.Int32)  # word h + 2·nb + 2·NB·kb
+        steps = [(kp, kh) for kp in range(D // 32) for kh in range(NB // 2)]
         nxt = ldsm_x4(addr)
-        for kp in cutlass.range_constexpr(npair):
+        for i, (kp, kh) in enumerate(steps):
             cur = nxt
-            if cutlass.const_expr(kp + 1 < npair):
-                nxt = ldsm_x4(addr ^ ((kp + 1) << 5))
+            if cutlass.const_expr(i + 1 < len(steps)):
+                kp1, kh1 = steps[i + 1]
+                nxt = ldsm_x4((addr + kh1 * 16 * D) ^ (kp1 << 5))
             for m in cutlass.range_constexpr(4):
                 lo, hi = e4m3x4_to_f16x2x2(cur[m])
-                wi = 2 * (m % 2) + 4 * (2 * kp + m // 2)
+                wi = 2 * (2 * kh + m % 2) + 2 * NB * (2 * kp + m // 2)
                 w[wi] = lo
                 w[wi + 1] = hi
-            for kb in cutlass.range_constexpr(2 * kp, 2 * kp + 2):
-                cute.gemm(tiled_mma, acc_S, tSrQ[None, None, kb], rK[None, None, kb], acc_S)
+            if cutlass.const_expr(kh == NB // 2 - 1):
+                for kb in cutlass.range_constexpr(2 * kp, 2 * kp + 2):
+                    cute.gemm(tiled_mma, acc_S, tSrQ[None, None, kb], rK[None, None, kb], acc_S)
 
     @cute.jit
     def gemm_pv_raw(self, tiled_mma, acc_O, acc_S, addr):
-        """acc_O += P·V over this warp's 16 keys of a raw e4m3 V tile: per pair of 16-byte head_dim
-        chunks one ldmatrix.x4.trans (matrix m: keys 8·(m%2).., chunk 2cp + m//2), whose words hold
-        bytes 2g, 2g+1 of keys 2t, 2t+1 (g = lane // 4, t = lane % 4); a byte permute of the key
-        halves' words gives keys (2t, 2t+1, 2t+8, 2t+9) of column 2g (0x6420) and of 2g+1 (0x7531):
-        the B fragments of n8 blocks 2c (head_dim 16c + 2g) and 2c + 1 (16c + 2g + 1)."""
+        """acc_O += P·V over this warp's key slice of a raw e4m3 V tile: per 16-key step and pair of
+        16-byte head_dim chunks one ldmatrix.x4.trans (matrix m: keys 8·(m%2).., chunk 2cp + m//2),
+        whose words hold bytes 2g, 2g+1 of keys 2t, 2t+1 (g = lane // 4, t = lane % 4); a byte
+        permute of the key halves' words gives keys (2t, 2t+1, 2t+8, 2t+9) of column 2g (0x6420) and
+        of 2g+1 (0x7531): the B fragments of n8 blocks 2c (head_dim 16c + 2g) and 2c + 1 (16c + 2g + 1)."""
         D = self.head_dim
         rP = cute.make_fragment_like(acc_S, self.mdtype)
         rP.store(acc_S.load().to(self.mdtype))
@@ -1131,18 +1150,20 @@ class FlashDecodeSm90:
         w = cute.recast_tensor(buf, cutlass.Int32)  # word h + 2·nb
         # acc_O ((2, 2), 1, D/8) as ((2, 2), 1, 4, pairs): the four n8 blocks of each chunk pair
         accv = cute.make_tensor(acc_O.iterator, cute.make_layout(((2, 2), 1, 4, npair), stride=((1, 2), 0, 4, 16)))
+        steps = [(ks, cp) for ks in range(self.bnw // 16) for cp in range(npair)]
         nxt = ldsm_x4_trans(addr)
-        for cp in cutlass.range_constexpr(npair):
+        for i, (ks, cp) in enumerate(steps):
             cur = nxt
-            if cutlass.const_expr(cp + 1 < npair):
-                nxt = ldsm_x4_trans(addr ^ ((cp + 1) << 5))
+            if cutlass.const_expr(i + 1 < len(steps)):
+                ks1, cp1 = steps[i + 1]
+                nxt = ldsm_x4_trans((addr + ks1 * 16 * D) ^ (cp1 << 5))
             for h in cutlass.range_constexpr(2):  # chunk 2cp + h: words (2h, 2h + 1)
                 c = 2 * cp + h
                 for e, sel in ((0, 0x6420), (1, 0x7531)):
                     lo, hi = e4m3_join_to_f16x2x2(cur[2 * h], cur[2 * h + 1], sel)
                     w[2 * (2 * c + e)] = lo
                     w[2 * (2 * c + e) + 1] = hi
-            cute.gemm(tiled_mma, accv[None, None, None, cp], tOrP[None, None, 0], rV[None, None, cp],
+            cute.gemm(tiled_mma, accv[None, None, None, cp], tOrP[None, None, ks], rV[None, None, cp],
                       accv[None, None, None, cp])
 
     @cute.jit
@@ -1249,11 +1270,12 @@ def enumerate_decode_kv(target: Target, tier: str) -> list[AttentionDecodeKV]:
         # 224 KB CTA per SM); the rule takes it at 2 splits in practice (4 and 8: "full", measuring)
         out += [make_kv(t, "bf16", 128, sp, kv_dtype="e4m3", config=FP8_WIDE)
                 for sp in ((2, 4, 8) if tier == "full" else (2,))]
-        if tier == "full":  # fp8, direct e4m3 operands: ring depths, three CTAs per SM, 8 warps
+        if tier == "full":  # fp8, direct e4m3 operands: ring depths, 128-key tiles of 4 warps, 8 warps
             fs = KV_SPLITS + KV_GLOBAL_SPLITS
             out += [make_kv(t, "bf16", 128, sp, kv_dtype="e4m3", direct=True, stages=st) for st in (3, 4, 6)
                     for sp in fs]
-            out += [make_kv(t, "bf16", 128, sp, kv_dtype="e4m3", direct=True, stages=4, min_ctas=3) for sp in fs]
+            out += [make_kv(t, "bf16", 128, sp, kv_dtype="e4m3", direct=True, stages=st, config=(128, 4, False))
+                    for st in (2, 3) for sp in fs]
             out += [make_kv(t, "bf16", 128, sp, kv_dtype="e4m3", direct=True, stages=4, config=FP8_WIDE)
-                    for sp in (1, 2, 4, 8)]
+                    for sp in KV_SPLITS]
     return [v for v in out if v.can_implement() is None]
