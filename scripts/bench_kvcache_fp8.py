@@ -5,6 +5,8 @@ CUDA-graph replay (3 calls per graph), interleaved medians (``time_interleaved``
 * ``bf16``: the bf16 cache through ``--base``'s selection,
 * ``fp8``: the same pages as e4m3 (per-kv-head descales) through ``--base``'s selection,
 * every fp8 decode variant of ``--new`` by name (``new:NAME``), and ``new`` through its selection,
+* ``--extra LABEL=BUNDLE``: that bundle's fp8 decode variants of the names ``--new`` has, by name
+  (``LABEL:NAME``; e.g. the same variants built from other code),
 
 each fp8 output checked against the float32 reference on the dequantised cache (first 4
 sequences).  Writes ``OUT.json``: per row the times, the bf16/fp8 ratios and the errors.
@@ -33,6 +35,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--base", required=True, help="bundle with the bf16 and the reference fp8 decode")
     p.add_argument("--new", required=True, help="bundle with the fp8 decode variants to compare")
+    p.add_argument("--extra", action="append", default=[], metavar="LABEL=BUNDLE")
     p.add_argument("--budget", type=float, default=0.02, help="GPU seconds per pass and candidate")
     p.add_argument("--out", default=default_out("bench_kvcache_fp8"))
     a = p.parse_args(argv)
@@ -45,6 +48,7 @@ def main(argv=None) -> int:
     base, new = Bundle.open(a.base), Bundle.open(a.new)
     names = [e["name"] for e in new.candidates("attention_kvcache")
              if e.get("kv_dtype") == "e4m3" and e.get("family") == "sm90_decode" and e["paged"]]
+    extra = {lab: Bundle.open(path) for lab, path in (x.split("=", 1) for x in a.extra)}
     f8 = torch.float8_e4m3fn
     rows = []
     for B, ctx, hq, hkv in SHAPES:
@@ -70,6 +74,9 @@ def main(argv=None) -> int:
             calls = {"bf16": lambda _i: base.attention_kvcache(q, kc, vc, lens, block_table=bt),
                      "fp8": fp8_call(base), "new": fp8_call(new)}
             calls.update({f"new:{n}": fp8_call(new, n) for n in names})
+            for lab, bd in extra.items():
+                have = {e["name"] for e in bd.candidates("attention_kvcache")}
+                calls.update({f"{lab}:{n}": fp8_call(bd, n) for n in names if n in have})
             errs, picks = {}, {}
             for lab, fn in list(calls.items()):
                 if lab == "bf16":
@@ -99,8 +106,8 @@ def main(argv=None) -> int:
                   f"({row['bf16_over_fp8']:.2f}x)  new {us.get('new', float('nan')):.1f} "
                   f"({row['bf16_over_new'] or float('nan'):.2f}x)  best {best} {us.get(best, float('nan')):.1f} "
                   f"({row['bf16_over_best_new'] or float('nan'):.2f}x)", flush=True)
-            print("   " + ", ".join(f"{k.replace('new:attention_kvcache_sm90_bf16_d128_q16_', '')}: {v}"
-                                    for k, v in us.items() if k.startswith("new:")), flush=True)
+            print("   " + ", ".join(f"{k.replace('attention_kvcache_sm90_bf16_d128_q16_', '')}: {v}"
+                                    for k, v in us.items() if ":" in k), flush=True)
             bad = {k: v for k, v in errs.items() if not isinstance(v, float) or v > 1e-2}
             if bad:
                 print("   ERRORS:", bad, flush=True)

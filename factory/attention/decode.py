@@ -297,17 +297,22 @@ DECODE_MAX_SEQLEN_Q = 16
 DEFAULT = {128: (64, 4, 3, False, False, 0), 64: (64, 4, 4, False, False, 0),
            # head_dim 256 (KV-cache decode only): two 64 KB stages, one CTA per SM, 254 registers
            256: (64, 4, 2, False, False, 0)}
-# fp8 e4m3 caches (head_dim 128): a 2-stage ring of converted (f16) tiles fed from a ring of
-# FP8_RAW_STAGES raw e4m3 tiles that cp.async keeps in flight: 64 + 48 KB, two CTAs per SM.
+# fp8 e4m3 caches (head_dim 128), the converting build (``direct`` off; "full", for measuring): a
+# 2-stage ring of converted (f16) tiles fed from a ring of FP8_RAW_STAGES raw e4m3 tiles that
+# cp.async keeps in flight: 64 + 48 KB, two CTAs per SM.
 FP8_STAGES = 2
 FP8_RAW_STAGES = 3
-# fp8 e4m3 caches with direct operands (``direct``): raw tiles in the ring, no converted ring.
-FP8_DIRECT_STAGES = 4
+# fp8 e4m3 caches, the direct build (the default): (tile_n, warps, stages) -- 128-key tiles, 32 keys
+# per warp, a ring of 3 raw e4m3 tiles (96 KB, two CTAs per SM).  H100, page 16/64, bf16 over fp8 at
+# the rule's split count (notes/attention-kvcache.md): 1.40-1.77x here against 1.51-1.76x for 64-key
+# tiles (3 or 4 stages: three CTAs per SM) and 1.55-1.77x for 128-key tiles in 2 stages.
+FP8_DIRECT = (128, 4, 3)
 # (tile_n, warps, ilp) of the fp8 build for grids of at most one CTA per SM whose splits keep >= 2048
-# keys: twice the warps per SM of one default CTA (H100, page 16: B8 H32/8 8k, 2 splits, 62.3-62.6
-# µs vs 71.6; shorter splits lose: B4 H32/8 4k, 4 splits, 38.9 vs 31.4; MQA B8 4k, 8 splits, 16.0-16.2
-# vs 16.7; two S chains instead: no gain anywhere, 72.3 at B8 8k)
+# keys: twice the warps per SM of one default CTA (converting build, H100, page 16: B8 H32/8 8k, 2
+# splits, 62.3-62.6 µs vs 71.6; shorter splits lose: B4 H32/8 4k, 4 splits, 38.9 vs 31.4); the
+# direct build runs it with FP8_WIDE_STAGES raw tiles (128 KB)
 FP8_WIDE = (128, 8, False)
+FP8_WIDE_STAGES = 4
 # Split counts built: merged in a cluster (8 is the portable cluster maximum; 16-CTA clusters ran
 # 2x slower than 8: co-scheduling), and through the workspace and the combine kernel.
 CLUSTER_BUILT = (2, 4, 8)
@@ -322,7 +327,9 @@ def is_default(v: "AttentionDecode") -> bool:
     """The default config (PDL aside: the split decides it, see DEFAULT)."""
     tn, w, st, _, ilp, mc = DEFAULT.get(v.head_dim, (0,) * 6)
     if getattr(v, "kv_dtype", None) == "e4m3":
-        st = FP8_STAGES
+        if not v.direct:
+            return False
+        tn, w, st = FP8_DIRECT
     return (v.tile_n, v.warps, v.stages, v.ilp, v.min_ctas) == (tn, w, st, ilp, mc)
 
 
@@ -636,6 +643,7 @@ class FlashDecodeSm90:
             # Raw e4m3 tiles n_hi-1 .. n_hi-S+1 into slots 0.. (one cp.async group each, after Q's
             # empty one: the ring's wait counts are the bf16 path's), Q's loads in flight with them.
             qr = self.load_q_regs(mQ, batch, kv_head, row0, n_rows, group, tidx)
+            kv_base = (mK, mV, kv_head)
             pages_pro = cute.make_rmem_tensor(cute.make_layout((self.passes, S), stride=(1, self.passes)),
                                               cutlass.Int32)
             for s in cutlass.range_constexpr(S):
@@ -643,8 +651,7 @@ class FlashDecodeSm90:
                                      ps_shift)
             for s in cutlass.range_constexpr(S - 1):
                 if n_hi - 1 - s >= n_lo:
-                    self.load_raw(mK, mV, pages_pro[None, s], sRawD, s, kv_head, n_hi - 1 - s, tidx, ps_shift,
-                                  k_len)
+                    self.load_raw(kv_base, pages_pro[None, s], sRawD, s, n_hi - 1 - s, tidx, ps_shift, k_len)
                 cute.arch.cp_async_commit_group()
             for p in cutlass.range_constexpr(self.passes):
                 pages[p] = pages_pro[p, S - 1]
@@ -707,6 +714,8 @@ class FlashDecodeSm90:
         cute.copy(s2r_Q, s2r_Q.partition_S(sQ), s2r_Q.retile(tSrQ))
 
         raw_addr = lane_k = lane_v = None
+        if cutlass.const_expr(not self.direct):
+            kv_base = None
         if cutlass.const_expr(self.direct):
             # ldmatrix row addresses of this lane (matrix lane // 8, row r = lane % 8) in a slot: K
             # matrices (keys +8·(m%2), 16-byte chunk m//2 of a chunk pair), V matrices (keys +8·(m%2),
@@ -729,14 +738,7 @@ class FlashDecodeSm90:
             if cutlass.const_expr(not self.fp8 or self.direct):
                 cute.arch.cp_async_wait_group(S - 2)
             cute.arch.barrier()  # tile n_block visible; slot (it-1)%S free for reuse
-            if cutlass.const_expr(self.direct):
-                if n_block - (S - 1) >= n_lo:
-                    self.load_raw(mK, mV, pages, sRawD, (it + S - 1) % S, kv_head, n_block - (S - 1), tidx,
-                                  ps_shift, k_len)
-                    if n_block - S >= n_lo:
-                        self.fetch_pages_fp8(mBT, pages, batch, n_block - S, k_len, tidx, ps_shift)
-                cute.arch.cp_async_commit_group()
-            elif cutlass.const_expr(not self.fp8):
+            if cutlass.const_expr(not self.fp8):
                 if n_block - (S - 1) >= n_lo:
                     if cutlass.const_expr(self.paged):
                         self.load_kv_paged(g2s_atom, mK, mV, pages, sKV, kv_head, n_block - (S - 1),
@@ -754,6 +756,13 @@ class FlashDecodeSm90:
                 acc_S1.fill(0.0)
             if cutlass.const_expr(self.direct):
                 self.gemm_qk_raw(tiled_mma, acc_S, tSrQ, raw_addr + slot * (2 * BN * D) + lane_k)
+                # the copies of the tile S-1 ahead issued behind the Q·Kᵀ MMAs (their address work
+                # fills the MMAs' latency instead of delaying their start)
+                if n_block - (S - 1) >= n_lo:
+                    self.load_raw(kv_base, pages, sRawD, (it + S - 1) % S, n_block - (S - 1), tidx, ps_shift, k_len)
+                    if n_block - S >= n_lo:
+                        self.fetch_pages_fp8(mBT, pages, batch, n_block - S, k_len, tidx, ps_shift)
+                cute.arch.cp_async_commit_group()
             else:
                 nk = cute.size(tSsK.shape[2])
                 cute.copy(s2r_K, tSsK[None, None, 0, 2 * slot], tSrK_v[None, None, 0])
@@ -1071,14 +1080,16 @@ class FlashDecodeSm90:
         return uf[1], qs
 
     @cute.jit
-    def load_raw(self, mK, mV, pages, sRawD, slot, kv_head, n_block, tidx, ps_shift, k_len):
+    def load_raw(self, kv_base, pages, sRawD, slot, n_block, tidx, ps_shift, k_len):
         """cp.async this thread's 16-byte chunks (chunk tidx % c_per_row of its row in each pass) of
         K and V tile ``n_block`` into raw ``slot`` of the direct ring (row j's chunk c at chunk
-        c ^ (j % 8) of its 128-byte row); rows past k_len are zeroed instead."""
+        c ^ (j % 8) of its 128-byte row); rows past k_len are zeroed instead.  ``kv_base``: (K cache,
+        V cache, kv head)."""
         BN, D = self.tile_n, self.head_dim
         mask = (1 << ps_shift) - 1
         c = tidx % self.c_per_row
-        atom = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), mK.element_type,
+        f8 = cutlass.Float8E4M3FN
+        atom = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), f8,
                                    num_bits_per_copy=128)
         for p in cutlass.range_constexpr(self.passes):
             row = p * self.rows_pp + tidx // self.c_per_row
@@ -1086,10 +1097,10 @@ class FlashDecodeSm90:
             soff = slot * (2 * BN * D) + row * D + ((c ^ (row % 8)) << 4)
             if key < k_len:
                 off = key & mask
-                for i, src in enumerate((mK, mV)):
-                    g = cute.local_tile(src[pages[p], off, kv_head, None], (16,), (c,))
+                for i, src in enumerate(kv_base[:2]):
+                    g = cute.local_tile(src[pages[p], off, kv_base[2], None], (16,), (c,))
                     # 16-byte aligned: the contract's strides are multiples of 16 fp8 elements
-                    g = cute.make_tensor(cute.make_ptr(src.element_type, g.iterator.toint(), cute.AddressSpace.gmem,
+                    g = cute.make_tensor(cute.make_ptr(f8, g.iterator.toint(), cute.AddressSpace.gmem,
                                                        assumed_align=16), g.layout)
                     cute.copy(atom, g, cute.local_tile(sRawD, (16,), ((soff + i * BN * D) // 16,)))
             else:
@@ -1223,14 +1234,20 @@ KV_GLOBAL_SPLITS = (32,)
 
 def make_kv(target: str, dtype: str, head_dim: int, splits: int, *, paged: bool = True,
             switches: bool = False, kv_dtype: str | None = None, config: tuple | None = None,
-            direct: bool = False, stages: int | None = None, min_ctas: int | None = None) -> AttentionDecodeKV:
+            direct: bool = True, stages: int | None = None, min_ctas: int | None = None) -> AttentionDecodeKV:
+    """A KV-cache decode variant; fp8 caches take the direct build (``direct=False``: the converting
+    one), in FP8_DIRECT's config unless ``config`` (tile_n, warps, ilp) / ``stages`` say otherwise."""
     tn, w, st, _pdl, ilp, mc = DEFAULT[head_dim]
-    if kv_dtype == "e4m3":
-        st = FP8_STAGES
+    fp8 = kv_dtype == "e4m3"
+    direct = fp8 and direct
+    if fp8:
+        tn, w, st = FP8_DIRECT if direct else (tn, w, FP8_STAGES)
     if config:  # (tile_n, warps, ilp): alternatives for measuring
         tn, w, ilp = config
-    if direct:
-        st = stages or FP8_DIRECT_STAGES
+        if direct and config == FP8_WIDE:
+            st = FP8_WIDE_STAGES
+    if stages:
+        st = stages
     if min_ctas is not None:
         mc = min_ctas
     cluster = splits in CLUSTER_BUILT
@@ -1246,7 +1263,8 @@ def enumerate_decode_kv(target: Target, tier: str) -> list[AttentionDecodeKV]:
     softcap / sink switches, f16 and head_dim 64, fp8 caches); default: paged and dense caches for
     both dtypes and head_dims at every split count, the switch build (window + softcap + sinks in
     one variant: gpt-oss, Gemma 2) for bf16 paged caches, and bf16 q over fp8 e4m3 paged caches
-    at head_dim 128 (every split count, plus the 8-warp one-CTA-per-SM build at 2 splits)."""
+    at head_dim 128 (the direct build at every split count, plus the 8-warp one-CTA-per-SM build at 2
+    splits)."""
     if target.name != "sm_90":
         return []
     t = target.name
@@ -1267,15 +1285,14 @@ def enumerate_decode_kv(target: Target, tier: str) -> list[AttentionDecodeKV]:
         # head_dim 256 (Gemma-style heads): bf16 paged caches, the split counts that fit
         out += [make_kv(t, "bf16", 256, sp) for sp in KV_SPLITS + KV_GLOBAL_SPLITS]
         # fp8, grids of at most one CTA per SM with long splits: 8 warps over 128-key tiles (one
-        # 224 KB CTA per SM); the rule takes it at 2 splits in practice (4 and 8: "full", measuring)
+        # 128 KB CTA per SM); the rule takes it at 2 splits in practice (the others: "full", measuring)
         out += [make_kv(t, "bf16", 128, sp, kv_dtype="e4m3", config=FP8_WIDE)
-                for sp in ((2, 4, 8) if tier == "full" else (2,))]
-        if tier == "full":  # fp8, direct e4m3 operands: ring depths, 128-key tiles of 4 warps, 8 warps
+                for sp in (KV_SPLITS if tier == "full" else (2,))]
+        if tier == "full":  # fp8 alternatives: the converting build; direct 64-key tiles, 2-stage 128-key tiles
             fs = KV_SPLITS + KV_GLOBAL_SPLITS
-            out += [make_kv(t, "bf16", 128, sp, kv_dtype="e4m3", direct=True, stages=st) for st in (3, 4, 6)
-                    for sp in fs]
-            out += [make_kv(t, "bf16", 128, sp, kv_dtype="e4m3", direct=True, stages=st, config=(128, 4, False))
-                    for st in (2, 3) for sp in fs]
-            out += [make_kv(t, "bf16", 128, sp, kv_dtype="e4m3", direct=True, stages=4, config=FP8_WIDE)
-                    for sp in KV_SPLITS]
+            out += [make_kv(t, "bf16", 128, sp, kv_dtype="e4m3", direct=False) for sp in fs]
+            out += [make_kv(t, "bf16", 128, sp, kv_dtype="e4m3", direct=False, config=FP8_WIDE) for sp in (2, 4, 8)]
+            out += [make_kv(t, "bf16", 128, sp, kv_dtype="e4m3", config=(64, 4, False), stages=st)
+                    for st in (3, 4, 6) for sp in fs]
+            out += [make_kv(t, "bf16", 128, sp, kv_dtype="e4m3", stages=2) for sp in fs]
     return [v for v in out if v.can_implement() is None]
