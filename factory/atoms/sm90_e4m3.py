@@ -9,7 +9,7 @@ words (sm_89+: ``cvt.rn.f16x2.e4m3x2``).
   and (b2, b3) (exact: every e4m3 value is an f16 value).  For an m16n8k16 B fragment (registers
   k = 2t, 2t+1 and 2t+8, 2t+9 of column l//4) the ldsm_x4 word of K gives head_dim 4t..4t+1 and
   4t+2..4t+3: the MMA's k order is the head_dim order permuted within each 16-column group
-  (``k_order``), which the A operand (Q) takes by being stored in that order.
+  (``e4m3_order.k_order``), which the A operand (Q) takes by being stored in that order.
 * ``e4m3_join_to_f16x2x2``: ``prmt.b32`` of two words by a selector, then the same conversion
   (V by ``ldmatrix.trans``: see attention/decode.py).
 
@@ -22,14 +22,6 @@ from __future__ import annotations
 import cutlass
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
-
-
-def k_order(col: int) -> int:
-    """The head_dim column (within its 16-column group) that MMA k index ``col`` reads when B comes
-    from ``ldsm_x4`` words converted by ``e4m3x4_to_f16x2x2``: k = 8h + 2t + j -> 4t + 2h + j."""
-    h, r = divmod(col, 8)
-    t, j = divmod(r, 2)
-    return 4 * t + 2 * h + j
 
 
 @dsl_user_op
@@ -85,4 +77,4 @@ def e4m3_join_to_f16x2x2(a, b, sel: int, *, loc=None, ip=None):
     return tuple(cutlass.Int32(llvm.extractvalue(T.i32(), res, [i], loc=loc, ip=ip)) for i in range(2))
 
 
-__all__ = ["e4m3_join_to_f16x2x2", "e4m3x4_to_f16x2x2", "k_order", "ldsm_x4"]
+__all__ = ["e4m3_join_to_f16x2x2", "e4m3x4_to_f16x2x2", "ldsm_x4"]

@@ -51,6 +51,7 @@ from cutlass.cute.nvgpu import cpasync, warp
 from ..abi import DTYPE_BYTES, Signature
 from ..atoms.common import add, quad_allreduce
 from ..atoms.sm80 import acc_as_a_layout, acc_mn_view
+from ..atoms.e4m3_order import V_JOIN, q_pair_slot, v_column
 from ..atoms.sm90_e4m3 import e4m3_join_to_f16x2x2, e4m3x4_to_f16x2x2, ldsm_x4
 from ..atoms.sm90_matrix import ldsm_x4_trans
 from ..atoms.targets import Target
@@ -216,7 +217,7 @@ class AttentionDecodeKV(AttentionDecode):
     # fp8 caches: the MMAs read their K/V operands straight from a ring of ``stages`` raw e4m3 tiles
     # (ldmatrix, then e4m3 -> f16 in registers); no converted ring.
     direct: bool = field(default=False, metadata={"tag": "rc"})
-    sources = (*AttentionDecode.sources, "atoms/sm90_e4m3.py", "atoms/sm90_matrix.py")
+    sources = (*AttentionDecode.sources, "atoms/e4m3_order.py", "atoms/sm90_e4m3.py", "atoms/sm90_matrix.py")
 
     @property
     def name(self) -> str:
@@ -643,7 +644,6 @@ class FlashDecodeSm90:
             # Raw e4m3 tiles n_hi-1 .. n_hi-S+1 into slots 0.. (one cp.async group each, after Q's
             # empty one: the ring's wait counts are the bf16 path's), Q's loads in flight with them.
             qr = self.load_q_regs(mQ, batch, kv_head, row0, n_rows, group, tidx)
-            kv_base = (mK, mV, kv_head)
             pages_pro = cute.make_rmem_tensor(cute.make_layout((self.passes, S), stride=(1, self.passes)),
                                               cutlass.Int32)
             for s in cutlass.range_constexpr(S):
@@ -651,7 +651,8 @@ class FlashDecodeSm90:
                                      ps_shift)
             for s in cutlass.range_constexpr(S - 1):
                 if n_hi - 1 - s >= n_lo:
-                    self.load_raw(kv_base, pages_pro[None, s], sRawD, s, n_hi - 1 - s, tidx, ps_shift, k_len)
+                    self.load_raw(mK, mV, pages_pro[None, s], sRawD, s, kv_head, n_hi - 1 - s, tidx, ps_shift,
+                                  k_len)
                 cute.arch.cp_async_commit_group()
             for p in cutlass.range_constexpr(self.passes):
                 pages[p] = pages_pro[p, S - 1]
@@ -714,8 +715,6 @@ class FlashDecodeSm90:
         cute.copy(s2r_Q, s2r_Q.partition_S(sQ), s2r_Q.retile(tSrQ))
 
         raw_addr = lane_k = lane_v = None
-        if cutlass.const_expr(not self.direct):
-            kv_base = None
         if cutlass.const_expr(self.direct):
             # ldmatrix row addresses of this lane (matrix lane // 8, row r = lane % 8) in a slot: K
             # matrices (keys +8·(m%2), 16-byte chunk m//2 of a chunk pair), V matrices (keys +8·(m%2),
@@ -738,7 +737,15 @@ class FlashDecodeSm90:
             if cutlass.const_expr(not self.fp8 or self.direct):
                 cute.arch.cp_async_wait_group(S - 2)
             cute.arch.barrier()  # tile n_block visible; slot (it-1)%S free for reuse
-            if cutlass.const_expr(not self.fp8):
+            if cutlass.const_expr(self.direct):
+                # (the copies first: issued after the Q·Kᵀ MMAs instead, they ran 3-11 % slower)
+                if n_block - (S - 1) >= n_lo:
+                    self.load_raw(mK, mV, pages, sRawD, (it + S - 1) % S, kv_head, n_block - (S - 1), tidx,
+                                  ps_shift, k_len)
+                    if n_block - S >= n_lo:
+                        self.fetch_pages_fp8(mBT, pages, batch, n_block - S, k_len, tidx, ps_shift)
+                cute.arch.cp_async_commit_group()
+            elif cutlass.const_expr(not self.fp8):
                 if n_block - (S - 1) >= n_lo:
                     if cutlass.const_expr(self.paged):
                         self.load_kv_paged(g2s_atom, mK, mV, pages, sKV, kv_head, n_block - (S - 1),
@@ -756,13 +763,6 @@ class FlashDecodeSm90:
                 acc_S1.fill(0.0)
             if cutlass.const_expr(self.direct):
                 self.gemm_qk_raw(tiled_mma, acc_S, tSrQ, raw_addr + slot * (2 * BN * D) + lane_k)
-                # the copies of the tile S-1 ahead issued behind the Q·Kᵀ MMAs (their address work
-                # fills the MMAs' latency instead of delaying their start)
-                if n_block - (S - 1) >= n_lo:
-                    self.load_raw(kv_base, pages, sRawD, (it + S - 1) % S, n_block - (S - 1), tidx, ps_shift, k_len)
-                    if n_block - S >= n_lo:
-                        self.fetch_pages_fp8(mBT, pages, batch, n_block - S, k_len, tidx, ps_shift)
-                cute.arch.cp_async_commit_group()
             else:
                 nk = cute.size(tSsK.shape[2])
                 cute.copy(s2r_K, tSsK[None, None, 0, 2 * slot], tSrK_v[None, None, 0])
@@ -828,7 +828,7 @@ class FlashDecodeSm90:
         for i in cutlass.range_constexpr(cute.size(acc_O)):
             rr, cc = tOcO[i]
             if cutlass.const_expr(self.direct):  # n8 block 2c + e holds head_dim 16c + 2·col + e
-                cc = (cc // 16) * 16 + 2 * (cc % 8) + (cc // 8) % 2
+                cc = v_column(cc)
             scr_O[rr, cc, wid] = acc_O[i]
         c_mn = acc_mn_view(tOcO)
         for r in cutlass.range_constexpr(cute.size(row_max)):
@@ -1072,24 +1072,21 @@ class FlashDecodeSm90:
                 # pair m (head_dim 8(c%2) + 2m + j of its 16-column group) at k 8(m%2) + 4(c%2) + 2(m//2) + j
                 c = idx % per_row
                 for m in cutlass.range_constexpr(vec // 2):
-                    pos = 8 * (c // 2) + 2 * (c % 2) + 4 * (m % 2) + m // 2  # in pairs
                     cute.autovec_copy(cute.local_tile(qh[i, None], (2,), (m,)),
-                                      cute.local_tile(sQ[idx // per_row, None], (2,), (pos,)))
+                                      cute.local_tile(sQ[idx // per_row, None], (2,), (q_pair_slot(c, m),)))
             else:
                 cute.autovec_copy(qh[i, None], cute.local_tile(sQ[idx // per_row, None], (vec,), (idx % per_row,)))
         return uf[1], qs
 
     @cute.jit
-    def load_raw(self, kv_base, pages, sRawD, slot, n_block, tidx, ps_shift, k_len):
+    def load_raw(self, mK, mV, pages, sRawD, slot, kv_head, n_block, tidx, ps_shift, k_len):
         """cp.async this thread's 16-byte chunks (chunk tidx % c_per_row of its row in each pass) of
         K and V tile ``n_block`` into raw ``slot`` of the direct ring (row j's chunk c at chunk
-        c ^ (j % 8) of its 128-byte row); rows past k_len are zeroed instead.  ``kv_base``: (K cache,
-        V cache, kv head)."""
+        c ^ (j % 8) of its 128-byte row); rows past k_len are zeroed instead."""
         BN, D = self.tile_n, self.head_dim
         mask = (1 << ps_shift) - 1
         c = tidx % self.c_per_row
-        f8 = cutlass.Float8E4M3FN
-        atom = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), f8,
+        atom = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), mK.element_type,
                                    num_bits_per_copy=128)
         for p in cutlass.range_constexpr(self.passes):
             row = p * self.rows_pp + tidx // self.c_per_row
@@ -1097,10 +1094,10 @@ class FlashDecodeSm90:
             soff = slot * (2 * BN * D) + row * D + ((c ^ (row % 8)) << 4)
             if key < k_len:
                 off = key & mask
-                for i, src in enumerate(kv_base[:2]):
-                    g = cute.local_tile(src[pages[p], off, kv_base[2], None], (16,), (c,))
+                for i, src in enumerate((mK, mV)):
+                    g = cute.local_tile(src[pages[p], off, kv_head, None], (16,), (c,))
                     # 16-byte aligned: the contract's strides are multiples of 16 fp8 elements
-                    g = cute.make_tensor(cute.make_ptr(f8, g.iterator.toint(), cute.AddressSpace.gmem,
+                    g = cute.make_tensor(cute.make_ptr(src.element_type, g.iterator.toint(), cute.AddressSpace.gmem,
                                                        assumed_align=16), g.layout)
                     cute.copy(atom, g, cute.local_tile(sRawD, (16,), ((soff + i * BN * D) // 16,)))
             else:
@@ -1170,7 +1167,7 @@ class FlashDecodeSm90:
                 nxt = ldsm_x4_trans((addr + ks1 * 16 * D) ^ (cp1 << 5))
             for h in cutlass.range_constexpr(2):  # chunk 2cp + h: words (2h, 2h + 1)
                 c = 2 * cp + h
-                for e, sel in ((0, 0x6420), (1, 0x7531)):
+                for e, sel in enumerate(V_JOIN):
                     lo, hi = e4m3_join_to_f16x2x2(cur[2 * h], cur[2 * h + 1], sel)
                     w[2 * (2 * c + e)] = lo
                     w[2 * (2 * c + e) + 1] = hi
