@@ -326,7 +326,7 @@ def test_no_variant_for_combos_not_built(sim):
         sim.attention_kvcache(q, bf(2, 64, 8, 128).to(torch.float8_e4m3fn), bf(2, 64, 8, 128).to(torch.float8_e4m3fn),
                               sl, k_descale=torch.ones(1))
     sim.attention_kvcache(q, k8, v8, sl, block_table=bt, k_descale=torch.ones(1), v_descale=torch.full((8,), 2.0))
-    assert sim.rec.launched[-1].endswith("_ce4m3_paged")
+    assert "_ce4m3_paged" in sim.rec.launched[-1]
     sim.rec.launched.clear()
     with pytest.raises(InputError, match="head_dim 96 not supported"):
         sim.attention_kvcache(bf(2, 1, 32, 96), bf(20, 16, 8, 96), bf(20, 16, 8, 96), sl, block_table=bt)
