@@ -293,6 +293,10 @@ FP8_RAW_STAGES = 3
 # µs vs 71.6; shorter splits lose: B4 H32/8 4k, 4 splits, 38.9 vs 31.4; MQA B8 4k, 8 splits, 16.0-16.2
 # vs 16.7; two S chains instead: no gain anywhere, 72.3 at B8 8k)
 FP8_WIDE = (128, 8, False)
+# (tile_n, warps, ilp, stages) of the bf16/f16 paged build for grids of at most one CTA per SM: 8 warps
+# over 128-key tiles, each warp still a 16-key slice (the per-tile chain of one warp unchanged),
+# half the tiles a CTA walks one after another
+KV_WIDE = {128: (128, 8, False, 3), 64: (128, 8, False, 4)}
 # Split counts built: merged in a cluster (8 is the portable cluster maximum; 16-CTA clusters ran
 # 2x slower than 8: co-scheduling), and through the workspace and the combine kernel.
 CLUSTER_BUILT = (2, 4, 8)
@@ -1034,8 +1038,9 @@ def make_kv(target: str, dtype: str, head_dim: int, splits: int, *, paged: bool 
     tn, w, st, _pdl, ilp, mc = DEFAULT[head_dim]
     if kv_dtype == "e4m3":
         st = FP8_STAGES
-    if config:  # (tile_n, warps, ilp): alternatives for measuring
-        tn, w, ilp = config
+    if config:  # (tile_n, warps, ilp[, stages]): alternatives for measuring
+        tn, w, ilp = config[:3]
+        st = config[3] if len(config) > 3 else st
     cluster = splits in CLUSTER_BUILT
     return AttentionDecodeKV(target=target, dtype=dtype, head_dim=head_dim, tile_n=tn, warps=w, stages=st,
                              causal=True, splits=splits, cluster=cluster, pdl=splits > 1 and not cluster,
@@ -1073,4 +1078,8 @@ def enumerate_decode_kv(target: Target, tier: str) -> list[AttentionDecodeKV]:
         # 224 KB CTA per SM); the rule takes it at 2 splits in practice (4 and 8: "full", measuring)
         out += [make_kv(t, "bf16", 128, sp, kv_dtype="e4m3", config=FP8_WIDE)
                 for sp in ((2, 4, 8) if tier == "full" else (2,))]
+        if tier == "full":  # the 8-warp bf16 builds (one CTA per SM), for measuring
+            out += [make_kv(t, "bf16", d, sp, config=KV_WIDE[d]) for d in HEAD_DIMS for sp in KV_SPLITS]
+            out += [make_kv(t, "bf16", 128, 8, paged=False, config=KV_WIDE[128])]
+            out += [make_kv(t, "bf16", 64, sp, config=(128, 8, False, 3)) for sp in (1, 2)]
     return [v for v in out if v.can_implement() is None]
