@@ -25,7 +25,56 @@ SHAPES = {
             (128, 2048, 16, 1, 64, 16, "mixed")],
     "p16": [(16, 4096, 32, 8, 128, 16), (8, 8192, 32, 8, 128, 16)],
     "long": [(1, 32768, 32, 8, 128, 16), (4, 32768, 64, 8, 128, 16)],
+    "d64more": [(16, 4096, 32, 8, 64, 16), (128, 2048, 16, 1, 64, 16), (256, 512, 32, 8, 64, 16),
+                (32, 1024, 32, 32, 64, 16), (2, 8192, 16, 1, 64, 16)],
+    "mqamore": [(2, 4096, 16, 1, 128, 16), (1, 16384, 16, 1, 128, 16), (8, 2048, 16, 1, 128, 16),
+                (4, 8192, 32, 8, 128, 16), (1, 4096, 32, 8, 128, 16)],
 }
+# bundle.attention (dense q, k, v) decode: (B, context, Hq, Hkv, D, Sq): the decode-family variants
+# of the attention op by name (cluster and workspace splits), the rule's pick, SDPA
+DENSE_SHAPES = [(8, 4096, 16, 1, 128, 1), (1, 4096, 32, 8, 128, 1), (1, 4096, 64, 8, 128, 1),
+                (2, 4096, 16, 1, 128, 1), (1, 8192, 16, 1, 128, 1), (1, 4096, 32, 8, 128, 4)]
+
+
+def run_dense(bundle, torch, shape, dtype, rounds, budget_s):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from factory import testing
+    from factory.benchmark import time_interleaved
+    from factory.runtime.attention import split_workspace
+
+    B, sk, hq, hkv, d, sq = shape
+    dt = testing.torch_dtype(dtype)
+    q = torch.randn(B, sq, hq, d, device="cuda").to(dt)
+    k = torch.randn(B, sk, hkv, d, device="cuda").to(dt)
+    v = torch.randn(B, sk, hkv, d, device="cuda").to(dt)
+    ref = testing.attention_reference(q, k, v, True, d ** -0.5)[0]
+    calls, errs = {}, {}
+    for e in bundle.candidates("attention"):
+        if not (e.get("decode_rows") and e.get("preferred") and e["dtype"] == dtype and e["head_dim"] == d
+                and e["causal"] and not e["varlen"]):
+            continue
+        o = torch.full_like(q, float("nan"))
+        lse = torch.empty(B, hq, sq, device="cuda")
+        ws = list(split_workspace(torch, q, e["splits"])) if e["splits"] > 1 else []
+        args = [q, k, v, o, lse, *ws, d ** -0.5]
+        bundle.launch(e["name"], args)
+        torch.cuda.synchronize()
+        errs[e["name"]] = testing.rel_error(o, ref)
+        calls[e["name"]] = lambda _i, n=e["name"], a=args: bundle.launch(n, a)
+    calls["rule"] = lambda _i: bundle.attention(q, k, v, causal=True)
+    qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+    for label, be in (("sdpa_flash", SDPBackend.FLASH_ATTENTION), ("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION)):
+        def fn(_i, be=be):
+            with sdpa_kernel([be]):
+                return torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, enable_gqa=hq != hkv)
+        try:
+            fn(0)
+            calls[label] = fn
+        except Exception:  # noqa: BLE001
+            pass
+    us = {k: v * 1e6 for k, v in time_interleaved(calls, 3, rounds=rounds, budget_s=budget_s).items()}
+    return {"dense_shape": list(shape), "us": us, "rel_err": errs}
 
 
 def run_shape(bundle, torch, shape, dtype, rounds, budget_s):
@@ -95,6 +144,7 @@ def main() -> int:
     p.add_argument("--bundle", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    p.add_argument("--dense", action="store_true", help="also bundle.attention's decode variants by name (DENSE_SHAPES)")
     p.add_argument("--dtype", default="bf16")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--budget", type=float, default=0.02, help="GPU seconds per variant and pass")
@@ -117,6 +167,15 @@ def main() -> int:
                     short = k.removeprefix("attention_kvcache_sm90_").replace("_causal", "")
                     print(f"    {v:7.1f} µs  {short}  err {row['rel_err'][k]:.1e}", flush=True)
             torch.cuda.empty_cache()
+    if a.dense:
+        for shape in DENSE_SHAPES:
+            row = run_dense(b, torch, shape, a.dtype, a.rounds, a.budget)
+            rows.append(row)
+            base = min((v for k, v in row["us"].items() if k.startswith("sdpa")), default=float("nan"))
+            print(f"dense {shape}: rule {row['us']['rule']:.1f} µs, best SDPA {base:.1f}", flush=True)
+            for k, v in sorted(row["us"].items(), key=lambda kv: kv[1]):
+                if k.startswith("attention_"):
+                    print(f"    {v:7.1f} µs  {k.removeprefix('attention_sm90_')}  err {row['rel_err'][k]:.1e}", flush=True)
     Path(a.out).write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows}, indent=1))
     return 0
 

@@ -117,14 +117,15 @@ def _pick_decode(entries: list[dict], p: Problem, sms: int) -> dict | None:
     if p.varlen_q or p.seqlen_q > DECODE_MAX_SEQLEN_Q:
         return None
     shape = (p.batch, p.heads_q, p.heads_kv, p.seqlen_q, p.max_seqlen_k)
+    row_blocks = -(-(p.heads_q // p.heads_kv) * p.seqlen_q // DECODE_ROWS) if p.heads_kv > 0 else 0
+    groups = p.batch * p.heads_kv * row_blocks
     if p.page_size is None:
-        return decode_pick(entries, shape, True, sms)
+        e = decode_pick(entries, shape, True, sms)
+        return (_wide_pick(entries, int(e["kv_splits"]), groups, p.head_dim, sms) or e) if e else None
     pref = [e for e in entries if e.get("preferred")] or entries
     tile = list(pref[0]["tile"])
     same = [e for e in pref if list(e["tile"]) == tile]
-    row_blocks = -(-(p.heads_q // p.heads_kv) * p.seqlen_q // DECODE_ROWS)
     avail = {int(e["kv_splits"]): e["cluster"][0] > 1 for e in same}
-    groups = p.batch * p.heads_kv * row_blocks
     n = paged_split_count(groups, -(-p.max_seqlen_k // tile[1]), sms, avail, p.head_dim, p.kv_dtype == "e4m3")
     if p.kv_dtype == "e4m3" and groups * n <= sms and p.max_seqlen_k >= 2048 * n:
         # grids of at most one CTA per SM, splits of >= 2048 keys: the fp8 build of one CTA per SM
@@ -133,7 +134,28 @@ def _pick_decode(entries: list[dict], p: Problem, sms: int) -> dict | None:
         wide = [e for e in entries if not e.get("preferred") and int(e["kv_splits"]) == n and e.get("ctas_per_sm") == 1]
         if wide:
             return wide[0]
+    if p.kv_dtype != "e4m3" and (e := _wide_pick(entries, n, groups, p.head_dim, sms)) is not None:
+        return e
     return next((e for e in same if int(e["kv_splits"]) == n), None)
+
+
+def _wide_pick(entries: list[dict], n: int, groups: int, head_dim: int, sms: int) -> dict | None:
+    """The bf16/f16-cache build of 8 warps over 128-key tiles (not preferred; one CTA per SM by the
+    manifest's estimate), where built, for the split count ``n`` of the preferred build (H100,
+    notes/attention-kvcache.md, every variant timed by name in one run):
+      * head_dim 64 (124 registers, 96 KB: two such CTAs per SM, the warps of four default ones): at
+        half the split count, at least 1 (B8 H64/8 8k page 64: 2 splits 50.7 µs, the preferred
+        build's 4: 53.0; B64 H32/8 1k: unsplit 53.4 vs 55.1; B128 H16/1 mixed 2k: 16.9 vs 23.1);
+      * head_dim >= 128 (192 KB: one CTA per SM): at the same split count where that grid leaves
+        half the SMs idle, so that a CTA's chain of tiles is what bounds it (MQA B8 H16/1 4k,
+        8 splits: page 16 12.3 µs vs 13.3, page 64 11.7 vs 13.1, dense cache 10.7 vs 11.5);
+        elsewhere within 1-2 % of the preferred build or slower.
+    Its PDL twin where built and the grid leaves half the SMs idle (as the dense rule)."""
+    want = max(1, n // 2) if head_dim <= 64 else (n if 2 * groups * n <= sms else 0)
+    fits = [e for e in entries if not e.get("preferred") and e.get("ctas_per_sm") == 1
+            and int(e["kv_splits"]) == want]
+    pdl = want > 1 and 2 * groups * want <= sms
+    return next((e for e in fits if bool(e.get("pdl")) == pdl), fits[0] if fits else None)
 
 
 def _pick_prefill(entries: list[dict], p: Problem, sms: int) -> dict | None:

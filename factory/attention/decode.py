@@ -293,10 +293,13 @@ FP8_RAW_STAGES = 3
 # µs vs 71.6; shorter splits lose: B4 H32/8 4k, 4 splits, 38.9 vs 31.4; MQA B8 4k, 8 splits, 16.0-16.2
 # vs 16.7; two S chains instead: no gain anywhere, 72.3 at B8 8k)
 FP8_WIDE = (128, 8, False)
-# (tile_n, warps, ilp, stages) of the bf16/f16 paged build for grids of at most one CTA per SM: 8 warps
-# over 128-key tiles, each warp still a 16-key slice (the per-tile chain of one warp unchanged),
-# half the tiles a CTA walks one after another
-KV_WIDE = {128: (128, 8, False, 3), 64: (128, 8, False, 4)}
+# (tile_n, warps, ilp, stages) of the bf16/f16-cache builds of 8 warps over 128-key tiles: each warp
+# still owns a 16-key slice of a tile, so a CTA walks half the tiles one after another with twice
+# the warps to hide each one's latency.  head_dim 128: 192 KB, one CTA per SM; head_dim 64: 96 KB and
+# 124 registers, two per SM.  The selection (kvcache_rules._wide_pick, C kv_wide_pick) takes them
+# where they ran faster on the H100 (notes/attention-kvcache.md): MQA-like grids that leave half the
+# SMs idle (head_dim 128), and head_dim 64 at half the default build's split count.
+KV_WIDE = {128: (128, 8, False, 3), 64: (128, 8, False, 3)}
 # Split counts built: merged in a cluster (8 is the portable cluster maximum; 16-CTA clusters ran
 # 2x slower than 8: co-scheduling), and through the workspace and the combine kernel.
 CLUSTER_BUILT = (2, 4, 8)
@@ -1034,7 +1037,8 @@ KV_GLOBAL_SPLITS = (32,)
 
 
 def make_kv(target: str, dtype: str, head_dim: int, splits: int, *, paged: bool = True,
-            switches: bool = False, kv_dtype: str | None = None, config: tuple | None = None) -> AttentionDecodeKV:
+            switches: bool = False, kv_dtype: str | None = None, config: tuple | None = None,
+            pdl: bool | None = None) -> AttentionDecodeKV:
     tn, w, st, _pdl, ilp, mc = DEFAULT[head_dim]
     if kv_dtype == "e4m3":
         st = FP8_STAGES
@@ -1043,7 +1047,8 @@ def make_kv(target: str, dtype: str, head_dim: int, splits: int, *, paged: bool 
         st = config[3] if len(config) > 3 else st
     cluster = splits in CLUSTER_BUILT
     return AttentionDecodeKV(target=target, dtype=dtype, head_dim=head_dim, tile_n=tn, warps=w, stages=st,
-                             causal=True, splits=splits, cluster=cluster, pdl=splits > 1 and not cluster,
+                             causal=True, splits=splits, cluster=cluster,
+                             pdl=(splits > 1 and not cluster) if pdl is None else pdl,
                              ilp=ilp, min_ctas=mc, kv_dtype=kv_dtype or dtype, paged=paged, local=switches,
                              softcap=switches, sinks=switches)
 
@@ -1064,7 +1069,9 @@ def enumerate_decode_kv(target: Target, tier: str) -> list[AttentionDecodeKV]:
                make_kv(t, "bf16", 128, 4, switches=True), make_kv(t, "f16", 64, 1), make_kv(t, "f16", 64, 2),
                make_kv(t, "bf16", 128, 32), make_kv(t, "bf16", 128, 32, switches=True),
                # fp8 e4m3 caches (head_dim 128: D64's build spills)
-               make_kv(t, "bf16", 128, 1, kv_dtype="e4m3"), make_kv(t, "f16", 128, 4, kv_dtype="e4m3")]
+               make_kv(t, "bf16", 128, 1, kv_dtype="e4m3"), make_kv(t, "f16", 128, 4, kv_dtype="e4m3"),
+               # 8 warps over 128-key tiles, cluster merge with PDL
+               make_kv(t, "bf16", 128, 4, config=KV_WIDE[128], pdl=True)]
     else:
         out = [make_kv(t, dt, d, sp, paged=pg) for dt in DTYPES for d in HEAD_DIMS for sp in KV_SPLITS
                for pg in (True, False)]
@@ -1078,8 +1085,12 @@ def enumerate_decode_kv(target: Target, tier: str) -> list[AttentionDecodeKV]:
         # 224 KB CTA per SM); the rule takes it at 2 splits in practice (4 and 8: "full", measuring)
         out += [make_kv(t, "bf16", 128, sp, kv_dtype="e4m3", config=FP8_WIDE)
                 for sp in ((2, 4, 8) if tier == "full" else (2,))]
-        if tier == "full":  # the 8-warp bf16 builds (one CTA per SM), for measuring
+        # bf16 caches, 8 warps over 128-key tiles where the selection takes them: head_dim 128 at 8
+        # splits with PDL (MQA-like grids; paged and dense), head_dim 64 paged unsplit and at 2 splits
+        out += [make_kv(t, "bf16", 128, 8, paged=pg, config=KV_WIDE[128], pdl=True) for pg in (True, False)]
+        out += [make_kv(t, "bf16", 64, sp, config=KV_WIDE[64]) for sp in (1, 2)]
+        if tier == "full":  # every split count, without PDL, for measuring
             out += [make_kv(t, "bf16", d, sp, config=KV_WIDE[d]) for d in HEAD_DIMS for sp in KV_SPLITS]
             out += [make_kv(t, "bf16", 128, 8, paged=False, config=KV_WIDE[128])]
-            out += [make_kv(t, "bf16", 64, sp, config=(128, 8, False, 3)) for sp in (1, 2)]
+    out = list({v.name: v for v in out}.values())
     return [v for v in out if v.can_implement() is None]

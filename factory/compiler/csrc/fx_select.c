@@ -2065,12 +2065,32 @@ static int kv_admits(const fx_variant *e, const kv_problem *q) {
     return (e->local || !q->local) && (e->softcap || !q->softcap) && (e->sinks || !q->sinks);
 }
 
+/* kvcache._wide_pick: the 8-warp 128-key-tile build (not preferred, one CTA per SM by the manifest),
+   where built, for the preferred build's split count s: head_dim 64 at half of s (at least 1);
+   head_dim >= 128 at s where 2 · groups · s <= SMs; its PDL twin where that grid leaves half the SMs
+   idle.  -1: none. */
+static int32_t kv_wide_pick(const int32_t *c, int32_t n, int32_t s, i128 groups, int64_t head_dim, int32_t sms) {
+    int32_t want = head_dim <= 64 ? (s / 2 > 1 ? s / 2 : 1) : (2 * groups * s <= (i128)sms ? s : 0);
+    int32_t pdl = want > 1 && 2 * groups * want <= (i128)sms, first = -1;
+    for (int32_t i = 0; i < n; i++) {
+        const fx_variant *e = &fx_variants[c[i]];
+        if (e->preferred || e->ctas_per_sm != 1 || e->kv_splits != want) continue;
+        if (first < 0) first = c[i];
+        if ((e->pdl != 0) == pdl) return c[i];
+    }
+    return first;
+}
+
 /* kvcache._pick_decode over one family's entries of the least switch cost: -1 for None. */
 static int32_t kv_pick_decode(const int32_t *c, int32_t n, const kv_problem *q, int32_t sms) {
     if (q->sq > 16) return -1;
+    int64_t row_blocks = q->hkv > 0 ? cdiv((q->hq / q->hkv) * q->sq, 16) : 0;
+    i128 groups = (i128)q->b * q->hkv * row_blocks;
     if (q->page_size == 0) {
         attn_decode d = {q->b, q->hq, q->hkv, q->sq, q->sk};
-        return decode_pick(c, n, &d, 1, sms);
+        int32_t r = decode_pick(c, n, &d, 1, sms);
+        int32_t w = r < 0 ? -1 : kv_wide_pick(c, n, fx_variants[r].kv_splits, groups, q->d, sms);
+        return w >= 0 ? w : r;
     }
     int32_t t1, sp[64], cl[64], idx[64];
     int32_t m = decode_tile_entries(c, n, sp, cl, idx, &t1);
@@ -2082,8 +2102,6 @@ static int32_t kv_pick_decode(const int32_t *c, int32_t n, const kv_problem *q, 
         for (int32_t j = i + 1; j < m; j++)
             if (sp[j] == sp[i]) cl_last[i] = cl[j];
     }
-    int64_t row_blocks = cdiv((q->hq / q->hkv) * q->sq, 16);
-    i128 groups = (i128)q->b * q->hkv * row_blocks;
     int32_t s = paged_split_count(groups, cdiv(q->sk, t1), sms, sp, cl_last, m, q->d, q->kv_dtype == FX_DTYPE_E4M3);
     /* the one-CTA-per-SM fp8 build, where built, for a grid within the SMs whose splits keep >= 2048 keys */
     if (q->kv_dtype == FX_DTYPE_E4M3 && groups * s <= (i128)sms && q->sk >= 2048 * (int64_t)s)
@@ -2091,6 +2109,10 @@ static int32_t kv_pick_decode(const int32_t *c, int32_t n, const kv_problem *q, 
             const fx_variant *e = &fx_variants[c[i]];
             if (!e->preferred && e->kv_splits == s && e->ctas_per_sm == 1) return c[i];
         }
+    if (q->kv_dtype != FX_DTYPE_E4M3) {
+        int32_t w = kv_wide_pick(c, n, s, groups, q->d, sms);
+        if (w >= 0) return w;
+    }
     for (int32_t i = 0; i < m; i++)
         if (sp[i] == s) return idx[i];
     return -1;
