@@ -33,7 +33,9 @@ GQA_B1 = {512: 4, 1024: 8, 2048: 8, 4096: 32, 8192: 32, 16384: 8, 32768: 8}
 def test_rule_gqa(b, sk):
     want = GQA_B1[sk] if b == 1 else 1  # 16 x 8 kv heads = 128 CTAs already fill 3/4 of the SMs
     assert split(b, 32, 8, 1, sk) == want
-    assert split(b, 32, 8, 4, sk) == want  # 4 queries x 4 heads: still one row block
+    # 4 queries x 4 heads: still one row block; 128 query rows: the second kernel's merge pays only
+    # where the 8-cluster would keep >= 16 tiles each (so not at 4k keys)
+    assert split(b, 32, 8, 4, sk) == (8 if (b, sk) == (1, 4096) else want)
 
 
 @pytest.mark.parametrize("sk", CONTEXTS)
@@ -51,6 +53,10 @@ def test_rule_small_batches_and_short_contexts():
     assert split(1, 32, 8, 1, 100) == 1       # 2 tiles: a split needs 2
     assert split(1, 32, 8, 1, 16384, d=64) == 32  # D64: K/V fit L2 (34 MB)
     assert split(3, 32, 8, 1, 4096) == 2      # 24 groups: 48 CTAs > SMs/4
+    # MQA: 16 query rows a CTA, all real; the 32-split's merge of 128 rows costs more than it gains
+    # at 4k keys (H100: 8-cluster 11.0-11.5 µs, 32: 16.0); B2 (32 rows) and 8k+ keys keep 32
+    assert [split(b, 16, 1, 1, 4096) for b in (1, 2, 4, 8)] == [32, 32, 32, 8]
+    assert split(8, 16, 1, 1, 8192) == 32 and split(1, 64, 8, 1, 4096) == 32  # 64 rows
     # no global variant built: the largest cluster split stays
     assert split(1, 32, 8, 1, 4096, avail={1: False, 2: True, 4: True, 8: True}) == 8
     # no cluster variant: unsplit

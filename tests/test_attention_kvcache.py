@@ -162,6 +162,13 @@ def test_paged_split_rule():
     assert rules.paged_split_count(8, 64, 132, both, fp8=True) == 8
     assert rules.paged_split_count(512, 32, 132, both, fp8=True) == 1
     assert rules.paged_split_count(8, 3, 132, both) == 1         # 3 tiles: nothing keeps 4
+    # bf16/f16, at most 64 query rows: the second-kernel split needs 2 tiles each (H100 page 16,
+    # B1 H32/8 4k: 32 splits 9.5 µs, 8: 11.3-12.2); MQA B8 (128 rows) and fp8 keep 4 tiles
+    assert rules.paged_split_count(8, 64, 132, both, rows=32) == 32
+    assert rules.paged_split_count(2, 64, 132, both, rows=32) == 32  # B2 H16/1 4k
+    assert rules.paged_split_count(8, 64, 132, both, rows=128) == 8
+    assert rules.paged_split_count(8, 64, 132, both, fp8=True, rows=32) == 8
+    assert rules.paged_split_count(8, 63, 132, both, rows=32) == 8  # 32 splits would keep < 2 tiles
 
 
 def test_select_fp8_one_cta_per_sm_build():
@@ -207,6 +214,8 @@ def test_select_wide_build():
     assert rules.select(cands, prob(b=8, sk=8192, hq=64, d=64))["name"] == "v2"   # preferred: 4 splits
     assert rules.select(cands, prob(b=64, sk=1024, d=64))["name"] == "v1"
     assert rules.select(cands, prob(b=1, sk=32768, d=64))["name"] == "q8"     # half of 8: not built
+    assert rules.select(cands, prob(b=16, sk=4096, d=64))["name"] == "v1"     # 128 CTAs
+    assert rules.select(cands, prob(b=256, sk=512, d=64))["name"] == "q1"     # 2048 CTAs: > 4 per SM
 
 
 def test_select_switches():

@@ -1217,8 +1217,8 @@ static int more_waves(const fx_variant *small, const fx_variant *big, const attn
    blocks (B4 H32/8 Sk4096: 2 splits 29.1 us, 4 splits 30.7); every split keeps at least 2 key
    tiles (B1 Sk512: 4 splits 6.4 us, 8 splits 7.4); when that is the largest cluster split, K/V fit
    in L2 and a second-kernel split keeps 2 tiles each: that one (B1 H32/8 Sk4096 10.1 us vs 11.3). */
-static int32_t decode_split_count(i128 groups, int64_t tiles, i128 kv_bytes, int64_t row_blocks, int32_t sms,
-                                  const int32_t *sp, const int32_t *cl, int32_t n) {
+static int32_t decode_split_count(i128 groups, int64_t tiles, i128 kv_bytes, int64_t row_blocks, i128 rows,
+                                  int32_t sms, const int32_t *sp, const int32_t *cl, int32_t n) {
     if (groups * 4 >= 3 * (i128)sms) return 1;
     i128 target = row_blocks > 1 ? sms / 2 : sms / 4;
     int32_t first = 0, cl_fit = 0, cl_all = 0;
@@ -1229,7 +1229,9 @@ static int32_t decode_split_count(i128 groups, int64_t tiles, i128 kv_bytes, int
         if (groups * sp[i] > target && (!first || sp[i] < first)) first = sp[i];
     }
     int32_t s = first ? first : (cl_fit ? cl_fit : 1);
-    if (cl_fit && s == cl_all && kv_bytes <= (i128)model90()->l2_bytes) {
+    /* the second kernel merges 32 fp32 partials per query row: over 64 query rows it pays only where
+       the cluster split keeps >= 16 tiles each */
+    if (cl_fit && s == cl_all && kv_bytes <= (i128)model90()->l2_bytes && (rows <= 64 || tiles >= 16 * (int64_t)s)) {
         int32_t big = 0;
         for (int32_t i = 0; i < n; i++)
             if (!cl[i] && sp[i] > s && (sp[i] == 1 || tiles >= 2 * (int64_t)sp[i]) && sp[i] > big) big = sp[i];
@@ -1271,7 +1273,8 @@ static int32_t decode_pick(const int32_t *dec, int32_t n, const attn_decode *d, 
     int64_t row_blocks = cdiv((d->hq / d->hkv) * d->sq, 16);
     i128 kv_bytes = (i128)2 * d->b * d->sk * d->hkv * e0->head_dim * 2;
     i128 groups = (i128)d->b * d->hkv * row_blocks;
-    int32_t s = decode_split_count(groups, cdiv(d->sk, t1), kv_bytes, row_blocks, sms, sp, cl, m);
+    int32_t s = decode_split_count(groups, cdiv(d->sk, t1), kv_bytes, row_blocks, (i128)d->b * d->hq * d->sq, sms,
+                                   sp, cl, m);
     int32_t cluster = 0, first = -1;
     for (int32_t i = 0; i < m; i++)
         if (sp[i] == s && cl[i]) cluster = 1;
@@ -2022,11 +2025,12 @@ FX_EXPORT int32_t fx_gemm_grouped_select(const fx_device_t *dev, const fx_gemm_g
 /* --- attention over a KV cache: runtime/kvcache.py ------------------------------------------------ */
 /* kvcache.paged_split_count over the built split counts sp[i] (cl[i]: merged in a cluster). */
 static int32_t paged_split_count(i128 groups, int64_t tiles, int32_t sms, const int32_t *sp, const int32_t *cl,
-                                 int32_t n, int64_t head_dim, int fp8) {
+                                 int32_t n, int64_t head_dim, int fp8, i128 rows) {
     if (!fp8 && groups * 4 >= 3 * (i128)sms) return 1;
     int32_t fits[64], fcl[64], m = 0;
     for (int32_t i = 0; i < n && m < 64; i++) /* sorted ascending, duplicates dropped */
-        if (sp[i] == 1 || tiles >= 4 * (int64_t)sp[i]) {
+        if (sp[i] == 1 || tiles >= 4 * (int64_t)sp[i] ||
+            (!fp8 && !cl[i] && rows <= 64 && tiles >= 2 * (int64_t)sp[i])) {
             int32_t j = m, dup = 0;
             for (int32_t k = 0; k < m; k++) dup |= fits[k] == sp[i];
             if (dup) continue;
@@ -2066,11 +2070,13 @@ static int kv_admits(const fx_variant *e, const kv_problem *q) {
 }
 
 /* kvcache._wide_pick: the 8-warp 128-key-tile build (not preferred, one CTA per SM by the manifest),
-   where built, for the preferred build's split count s: head_dim 64 at half of s (at least 1);
+   where built, for the preferred build's split count s: head_dim 64 at half of s (at least 1) where
+   that grid is at most 4 CTAs per SM;
    head_dim >= 128 at s where 2 · groups · s <= SMs; its PDL twin where that grid leaves half the SMs
    idle.  -1: none. */
 static int32_t kv_wide_pick(const int32_t *c, int32_t n, int32_t s, i128 groups, int64_t head_dim, int32_t sms) {
-    int32_t want = head_dim <= 64 ? (s / 2 > 1 ? s / 2 : 1) : (2 * groups * s <= (i128)sms ? s : 0);
+    int32_t half = s / 2 > 1 ? s / 2 : 1;
+    int32_t want = head_dim <= 64 ? (groups * half <= 4 * (i128)sms ? half : 0) : (2 * groups * s <= (i128)sms ? s : 0);
     int32_t pdl = want > 1 && 2 * groups * want <= (i128)sms, first = -1;
     for (int32_t i = 0; i < n; i++) {
         const fx_variant *e = &fx_variants[c[i]];
@@ -2102,7 +2108,8 @@ static int32_t kv_pick_decode(const int32_t *c, int32_t n, const kv_problem *q, 
         for (int32_t j = i + 1; j < m; j++)
             if (sp[j] == sp[i]) cl_last[i] = cl[j];
     }
-    int32_t s = paged_split_count(groups, cdiv(q->sk, t1), sms, sp, cl_last, m, q->d, q->kv_dtype == FX_DTYPE_E4M3);
+    int32_t s = paged_split_count(groups, cdiv(q->sk, t1), sms, sp, cl_last, m, q->d, q->kv_dtype == FX_DTYPE_E4M3,
+                                  (i128)q->b * q->hq * q->sq);
     /* the one-CTA-per-SM fp8 build, where built, for a grid within the SMs whose splits keep >= 2048 keys */
     if (q->kv_dtype == FX_DTYPE_E4M3 && groups * s <= (i128)sms && q->sk >= 2048 * (int64_t)s)
         for (int32_t i = 0; i < n; i++) {
