@@ -72,6 +72,8 @@ def decode_pick(entries: list[dict], decode: tuple, causal: bool, sms: int,
     # PDL: for the second-kernel split, and for a cluster split whose grid leaves half the SMs
     # idle (H100: B1-B4 -0.6 to -0.9 µs; grids of ~128 CTAs lost up to 18 %, DEFAULT's note).
     pdl = n > 1 and (not avail.get(n) or 2 * groups * n <= sms)
+    if same[0]["head_dim"] >= 128 and (w := _wide_pick(entries, n, groups, same[0]["head_dim"], sms)) is not None:
+        return w  # the 8-warp build where built and the grid leaves half the SMs idle
     fits = [e for e in same if int(e["kv_splits"]) == n]
     return next((e for e in fits if bool(e.get("pdl")) == pdl), fits[0] if fits else None)
 
@@ -100,12 +102,12 @@ def paged_split_count(groups: int, key_tiles: int, sms: int, available: dict, he
       * fp8 e4m3 caches: no early unsplit (one CTA of the fp8 kernel per SM is bound by its
         per-tile chain: H100 B16 H32/8 4k unsplit 70.2 µs, 2 splits 61.7, 4: 86.8), the same
         step-down (B8 H32/8 8k: 2 splits 71.3 µs, 4: 93.8, 32: 91.4);
-      * bf16/f16 caches of at most 64 query rows (``rows`` = B·Hq·Sq): a split merged by the second
+      * bf16/f16 caches of at most 32 query rows (``rows`` = B·Hq·Sq): a split merged by the second
         kernel (32) needs only 2 tiles each (H100 page 16, 4k keys: B1 H32/8 32 splits 9.5 µs, the
         8-cluster 11.3-12.2; B2 H16/1 9.4 vs 11.1-12.9; MQA B8 H16/1, 128 rows: 16.2 vs 12.1)."""
     if not fp8 and groups * 4 >= 3 * sms:
         return 1
-    short = not fp8 and rows is not None and rows <= 64  # the second kernel merges few rows
+    short = not fp8 and rows is not None and rows <= 32  # the second kernel merges few rows
     fits = sorted(s for s in available
                   if s == 1 or key_tiles >= 4 * s or (short and not available[s] and key_tiles >= 2 * s))
     n = next((s for s in fits if groups * s >= 1.9 * sms), fits[-1])
@@ -130,8 +132,7 @@ def _pick_decode(entries: list[dict], p: Problem, sms: int) -> dict | None:
     row_blocks = -(-(p.heads_q // p.heads_kv) * p.seqlen_q // DECODE_ROWS) if p.heads_kv > 0 else 0
     groups = p.batch * p.heads_kv * row_blocks
     if p.page_size is None:
-        e = decode_pick(entries, shape, True, sms)
-        return (_wide_pick(entries, int(e["kv_splits"]), groups, p.head_dim, sms) or e) if e else None
+        return decode_pick(entries, shape, True, sms)
     pref = [e for e in entries if e.get("preferred")] or entries
     tile = list(pref[0]["tile"])
     same = [e for e in pref if list(e["tile"]) == tile]

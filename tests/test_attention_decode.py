@@ -105,6 +105,22 @@ def test_select_takes_the_decode_family():
     assert sel(1, 32, 8, 1, 512, cands=OLD + [e for e in DECODE if not e["pdl"] or e["kv_splits"] == 32]) == "dec_kv4"
 
 
+def test_select_wide_build():
+    """head_dim 128: where the rule's split leaves half the SMs idle, the 8-warp 128-key-tile build
+    of that split count (not preferred, one CTA per SM), PDL as the rule says; elsewhere the
+    preferred tile (H100 MQA B8 H16/1 4k, notes/attention-kvcache.md)."""
+    wide = [_entry("wide_kv8_pdl", 8, True, tile=(16, 128), preferred=False, pdl=True),
+            _entry("wide_kv4_pdl", 4, True, tile=(16, 128), preferred=False, pdl=True)]
+    for e in wide:
+        e["ctas_per_sm"] = 1
+    cands = OLD + [e for e in DECODE if e["name"] != "dec_kv8_pdl"] + wide
+    assert sel(8, 16, 1, 1, 4096, cands=cands) == "wide_kv8_pdl"   # 64 CTAs
+    assert sel(1, 32, 8, 1, 1024, cands=cands) == "wide_kv8_pdl"
+    assert sel(1, 32, 8, 1, 512, cands=cands) == "wide_kv4_pdl"    # 32 CTAs
+    assert sel(1, 32, 8, 1, 4096, cands=cands) == "dec_kv32_pdl"   # 32 splits: not built wide
+    assert sel(8, 32, 8, 1, 1024, cands=cands) == "dec_kv2"        # 128 CTAs
+
+
 def test_select_falls_back():
     assert sel(1, 32, 8, 17, 4096) == "sm90a_m64"            # more than 16 queries: the old rule
     assert sel(1, 32, 8, 4, 4096, causal=False) == "sm90_m64_nc"  # Sq > 1 without the causal mask
@@ -133,6 +149,11 @@ def test_variants_and_calling_convention():
 
     vs = enumerate_decode(get_target("sm_90"), "default")
     assert len(vs) == 32 and len({v.name for v in vs}) == 32
+    # bf16 head_dim 128: the 8-cluster's PDL twin is the 8-warp 128-key-tile build (not preferred:
+    # the rule names it)
+    wide = [v for v in vs if not v.describe()["preferred"]]
+    assert [(v.dtype, v.head_dim, v.splits, v.cluster, v.pdl, v.warps, v.tile_n, v.ctas_per_sm()) for v in wide] == [
+        ("bf16", 128, 8, True, True, 8, 128, 1)]
     assert not enumerate_decode(get_target("sm_90a"), "default") and not enumerate_decode(get_target("sm_80"), "default")
     for v in vs:
         d = v.describe()
@@ -141,7 +162,7 @@ def test_variants_and_calling_convention():
             assert d["splits"] == 1 and "o_partial" not in args
         else:
             assert d["splits"] == v.splits and args[5:7] == ["o_partial", "lse_partial"]
-        assert d["kv_splits"] == v.splits and d["decode_rows"] == 16 and d["preferred"] and d["causal"]
+        assert d["kv_splits"] == v.splits and d["decode_rows"] == 16 and d["causal"]
         assert d["ctas_per_sm"] >= 1 and d["smem_bytes"] <= 227 * 1024
     assert AttentionDecode(target="sm_90", splits=16, cluster=True).can_implement() is None
     assert AttentionDecode(target="sm_90", splits=32, cluster=True).can_implement()  # no 32-CTA clusters

@@ -342,7 +342,12 @@ def enumerate_decode(target: Target, tier: str) -> list[AttentionDecode]:
             for c in configs:
                 for sp, cl in splits:
                     if sp > 1:  # PDL: the second-kernel splits always, the cluster splits as twins
-                        out.append(make(target.name, dt, d, (*c[:3], True, *c[4:]), sp, cl))
+                        pc = (*c[:3], True, *c[4:])
+                        if (dt, d, sp, cl) == ("bf16", 128, 8, True) and c == DEFAULT[d]:
+                            # the 8-cluster's PDL twin (taken where 8 splits leave half the SMs
+                            # idle, as the 8-warp build): 8 warps over 128-key tiles
+                            pc = (*KV_WIDE[128][:2], KV_WIDE[128][3], True, False, 0)
+                        out.append(make(target.name, dt, d, pc, sp, cl))
                     if sp == 1 or cl:
                         out.append(make(target.name, dt, d, c, sp, cl))
     out = list({v.name: v for v in out}.values())

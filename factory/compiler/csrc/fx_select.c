@@ -1259,6 +1259,24 @@ static int32_t decode_tile_entries(const int32_t *c, int32_t n, int32_t *sp, int
     return m;
 }
 
+/* kvcache_rules._wide_pick: the 8-warp 128-key-tile build (not preferred, one CTA per SM by the manifest),
+   where built, for the preferred build's split count s: head_dim 64 at half of s (at least 1) where
+   that grid is at most 4 CTAs per SM;
+   head_dim >= 128 at s where 2 · groups · s <= SMs; its PDL twin where that grid leaves half the SMs
+   idle.  -1: none. */
+static int32_t decode_wide_pick(const int32_t *c, int32_t n, int32_t s, i128 groups, int64_t head_dim, int32_t sms) {
+    int32_t half = s / 2 > 1 ? s / 2 : 1;
+    int32_t want = head_dim <= 64 ? (groups * half <= 4 * (i128)sms ? half : 0) : (2 * groups * s <= (i128)sms ? s : 0);
+    int32_t pdl = want > 1 && 2 * groups * want <= (i128)sms, first = -1;
+    for (int32_t i = 0; i < n; i++) {
+        const fx_variant *e = &fx_variants[c[i]];
+        if (e->preferred || e->ctas_per_sm != 1 || e->kv_splits != want) continue;
+        if (first < 0) first = c[i];
+        if ((e->pdl != 0) == pdl) return c[i];
+    }
+    return first;
+}
+
 /* The decode-family entry (attention/decode.py) for a dense problem, over the family's entries
    dec[0..n) (candidates order); -1 when the family does not serve it: Sq > 16, or Sq > 1 without
    the causal mask (the family is built bottom-right causal; one query equals no mask).  Entries of
@@ -1279,6 +1297,10 @@ static int32_t decode_pick(const int32_t *dec, int32_t n, const attn_decode *d, 
     for (int32_t i = 0; i < m; i++)
         if (sp[i] == s && cl[i]) cluster = 1;
     int32_t pdl = s > 1 && (!cluster || 2 * groups * s <= (i128)sms);
+    if (e0->head_dim >= 128) { /* the 8-warp build of that split count where built and its grid leaves half the SMs idle */
+        int32_t w = decode_wide_pick(dec, n, s, groups, e0->head_dim, sms);
+        if (w >= 0) return w;
+    }
     for (int32_t i = 0; i < m; i++) {
         if (sp[i] != s) continue;
         if (first < 0) first = idx[i];
@@ -2030,7 +2052,7 @@ static int32_t paged_split_count(i128 groups, int64_t tiles, int32_t sms, const 
     int32_t fits[64], fcl[64], m = 0;
     for (int32_t i = 0; i < n && m < 64; i++) /* sorted ascending, duplicates dropped */
         if (sp[i] == 1 || tiles >= 4 * (int64_t)sp[i] ||
-            (!fp8 && !cl[i] && rows <= 64 && tiles >= 2 * (int64_t)sp[i])) {
+            (!fp8 && !cl[i] && rows <= 32 && tiles >= 2 * (int64_t)sp[i])) {
             int32_t j = m, dup = 0;
             for (int32_t k = 0; k < m; k++) dup |= fits[k] == sp[i];
             if (dup) continue;
@@ -2069,24 +2091,6 @@ static int kv_admits(const fx_variant *e, const kv_problem *q) {
     return (e->local || !q->local) && (e->softcap || !q->softcap) && (e->sinks || !q->sinks);
 }
 
-/* kvcache._wide_pick: the 8-warp 128-key-tile build (not preferred, one CTA per SM by the manifest),
-   where built, for the preferred build's split count s: head_dim 64 at half of s (at least 1) where
-   that grid is at most 4 CTAs per SM;
-   head_dim >= 128 at s where 2 · groups · s <= SMs; its PDL twin where that grid leaves half the SMs
-   idle.  -1: none. */
-static int32_t kv_wide_pick(const int32_t *c, int32_t n, int32_t s, i128 groups, int64_t head_dim, int32_t sms) {
-    int32_t half = s / 2 > 1 ? s / 2 : 1;
-    int32_t want = head_dim <= 64 ? (groups * half <= 4 * (i128)sms ? half : 0) : (2 * groups * s <= (i128)sms ? s : 0);
-    int32_t pdl = want > 1 && 2 * groups * want <= (i128)sms, first = -1;
-    for (int32_t i = 0; i < n; i++) {
-        const fx_variant *e = &fx_variants[c[i]];
-        if (e->preferred || e->ctas_per_sm != 1 || e->kv_splits != want) continue;
-        if (first < 0) first = c[i];
-        if ((e->pdl != 0) == pdl) return c[i];
-    }
-    return first;
-}
-
 /* kvcache._pick_decode over one family's entries of the least switch cost: -1 for None. */
 static int32_t kv_pick_decode(const int32_t *c, int32_t n, const kv_problem *q, int32_t sms) {
     if (q->sq > 16) return -1;
@@ -2094,9 +2098,7 @@ static int32_t kv_pick_decode(const int32_t *c, int32_t n, const kv_problem *q, 
     i128 groups = (i128)q->b * q->hkv * row_blocks;
     if (q->page_size == 0) {
         attn_decode d = {q->b, q->hq, q->hkv, q->sq, q->sk};
-        int32_t r = decode_pick(c, n, &d, 1, sms);
-        int32_t w = r < 0 ? -1 : kv_wide_pick(c, n, fx_variants[r].kv_splits, groups, q->d, sms);
-        return w >= 0 ? w : r;
+        return decode_pick(c, n, &d, 1, sms);
     }
     int32_t t1, sp[64], cl[64], idx[64];
     int32_t m = decode_tile_entries(c, n, sp, cl, idx, &t1);
@@ -2117,7 +2119,7 @@ static int32_t kv_pick_decode(const int32_t *c, int32_t n, const kv_problem *q, 
             if (!e->preferred && e->kv_splits == s && e->ctas_per_sm == 1) return c[i];
         }
     if (q->kv_dtype != FX_DTYPE_E4M3) {
-        int32_t w = kv_wide_pick(c, n, s, groups, q->d, sms);
+        int32_t w = decode_wide_pick(c, n, s, groups, q->d, sms);
         if (w >= 0) return w;
     }
     for (int32_t i = 0; i < m; i++)
