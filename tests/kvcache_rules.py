@@ -95,7 +95,10 @@ def paged_split_count(groups: int, key_tiles: int, sms: int, available: dict, he
         8k 4 splits 42.7 (2: 53.7); none reaches it: the most that keep 4 tiles (MQA B8 H16/1 4k:
         8 splits 13.2, 32: 15.4);
       * an 8-CTA cluster split whose grid passes one CTA per SM packs into clusters badly: the
-        32-split instead where built (B4 H64/8 32k: 8 splits 172 µs, 32: 140, 4: 149);
+        32-split instead where built (B4 H64/8 32k: 8 splits 172 µs, 32: 140, 4: 149), for bf16/f16
+        caches at head_dim >= 128 only where its splits keep >= 8 tiles each, else the step-down
+        below (B4 H32/8 8k page 16, 32 splits of 4 tiles: H100 58.3 µs, 4 splits 54.8; H200 49.1
+        vs 43.8);
       * head_dim >= 128 (184 registers at D128, two 64 KB stages at D256): a cluster split whose
         grid still passes one CTA per SM steps down to the largest cluster split that does not
         (H100, B8 H32/8 D128 8k page 16: splits 1: 117 µs, 2: 97, 4: 117, 8: 110, 32: 105);
@@ -112,7 +115,8 @@ def paged_split_count(groups: int, key_tiles: int, sms: int, available: dict, he
                   if s == 1 or key_tiles >= 4 * s or (short and not available[s] and key_tiles >= 2 * s))
     n = next((s for s in fits if groups * s >= 1.9 * sms), fits[-1])
     if n > 1 and available.get(n) and n >= 8 and groups * n > sms:
-        big = [s for s in fits if s > n and not available[s]]
+        # (bf16/f16 head_dim >= 128: only where each of its splits keeps >= 8 tiles, else the step-down)
+        big = [s for s in fits if s > n and not available[s] and (fp8 or head_dim < 128 or key_tiles >= 8 * s)]
         if big:
             n = big[0]
     if (fp8 or head_dim >= 128) and n > 1 and available.get(n) and groups * n > sms:

@@ -141,6 +141,9 @@ def test_paged_split_rule():
     both = {1: False, 2: True, 4: True, 8: True, 32: False}
     assert rules.paged_split_count(8, 512, 132, both) == 32      # B1 H32/8 32k
     assert rules.paged_split_count(32, 512, 132, both) == 32     # B4 H64/8 32k: not the 8-cluster
+    # B4 H32/8 8k: the 32-split would keep 4 tiles each: the step-down to 4 (H100 54.8 µs vs 58.3)
+    assert rules.paged_split_count(32, 128, 132, both) == 4
+    assert rules.paged_split_count(32, 128, 132, both, head_dim=64) == 32
     assert rules.paged_split_count(8, 64, 132, both) == 8        # MQA B8 4k: 4 tiles per split at most
     assert rules.paged_split_count(64, 128, 132, both, head_dim=64) == 4  # B8 H64/8 D64 8k
     # head_dim >= 128: at most one CTA per SM on a cluster split (H100 B8 H32/8 D128 8k: 2 splits

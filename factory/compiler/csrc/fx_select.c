@@ -2063,9 +2063,9 @@ static int32_t paged_split_count(i128 groups, int64_t tiles, int32_t sms, const 
     int32_t s = fits[m - 1], scl = fcl[m - 1];
     for (int32_t i = 0; i < m; i++) /* groups · s >= 1.9 · SMs, in Python's float arithmetic */
         if ((double)(groups * fits[i]) >= 1.9 * (double)sms) { s = fits[i], scl = fcl[i]; break; }
-    if (s > 1 && scl && s >= 8 && groups * s > (i128)sms)
+    if (s > 1 && scl && s >= 8 && groups * s > (i128)sms) /* bf16/f16 head_dim >= 128: >= 8 tiles a split */
         for (int32_t i = 0; i < m; i++)
-            if (fits[i] > s && !fcl[i]) return fits[i];
+            if (fits[i] > s && !fcl[i] && (fp8 || head_dim < 128 || tiles >= 8 * (int64_t)fits[i])) return fits[i];
     if ((fp8 || head_dim >= 128) && s > 1 && scl && groups * s > (i128)sms) { /* at most one CTA per SM */
         int32_t down = 0;
         for (int32_t i = 0; i < m; i++)
