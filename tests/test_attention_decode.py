@@ -55,8 +55,11 @@ def test_rule_small_batches_and_short_contexts():
     assert split(3, 32, 8, 1, 4096) == 2      # 24 groups: 48 CTAs > SMs/4
     # MQA: 16 query rows a CTA, all real; the 32-split's merge of 128 rows costs more than it gains
     # at 4k keys (H100: 8-cluster 11.0-11.5 µs, 32: 16.0); B2 (32 rows) and 8k+ keys keep 32
-    assert [split(b, 16, 1, 1, 4096) for b in (1, 2, 4, 8)] == [32, 32, 32, 8]
-    assert split(8, 16, 1, 1, 8192) == 32 and split(1, 64, 8, 1, 4096) == 32  # 64 rows
+    entries = [_entry(f"kv{sp}", sp, cl) for sp, cl in AVAIL.items()]
+    lib = sl.Lib(entries, sm_count=SMS)
+    got = [lib.attention(b, hq, hkv, 1, sk)[0] for b, hq, hkv, sk in
+           ((1, 16, 1, 4096), (2, 16, 1, 4096), (4, 16, 1, 4096), (8, 16, 1, 4096), (8, 16, 1, 8192), (1, 64, 8, 4096))]
+    assert got == ["kv32", "kv32", "kv32", "kv8", "kv32", "kv32"]  # the last: 64 rows
     # no global variant built: the largest cluster split stays
     assert split(1, 32, 8, 1, 4096, avail={1: False, 2: True, 4: True, 8: True}) == 8
     # no cluster variant: unsplit
@@ -113,12 +116,15 @@ def test_select_wide_build():
             _entry("wide_kv4_pdl", 4, True, tile=(16, 128), preferred=False, pdl=True)]
     for e in wide:
         e["ctas_per_sm"] = 1
-    cands = OLD + [e for e in DECODE if e["name"] != "dec_kv8_pdl"] + wide
-    assert sel(8, 16, 1, 1, 4096, cands=cands) == "wide_kv8_pdl"   # 64 CTAs
-    assert sel(1, 32, 8, 1, 1024, cands=cands) == "wide_kv8_pdl"
-    assert sel(1, 32, 8, 1, 512, cands=cands) == "wide_kv4_pdl"    # 32 CTAs
-    assert sel(1, 32, 8, 1, 4096, cands=cands) == "dec_kv32_pdl"   # 32 splits: not built wide
-    assert sel(8, 32, 8, 1, 1024, cands=cands) == "dec_kv2"        # 128 CTAs
+    lib = sl.Lib(OLD + [e for e in DECODE if e["name"] != "dec_kv8_pdl"] + wide, sm_count=SMS)
+
+    def pick(*shape):
+        return lib.attention(*shape, dtype="bf16", causal=True)[0]
+    assert pick(8, 16, 1, 1, 4096) == "wide_kv8_pdl"   # 64 CTAs
+    assert pick(1, 32, 8, 1, 1024) == "wide_kv8_pdl"
+    assert pick(1, 32, 8, 1, 512) == "wide_kv4_pdl"    # 32 CTAs
+    assert pick(1, 32, 8, 1, 4096) == "dec_kv32_pdl"   # 32 splits: not built wide
+    assert pick(8, 32, 8, 1, 1024) == "dec_kv2"        # 128 CTAs
 
 
 def test_select_falls_back():
