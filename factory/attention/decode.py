@@ -296,7 +296,7 @@ FP8_WIDE = (128, 8, False)
 # (tile_n, warps, ilp, stages) of the bf16/f16-cache builds of 8 warps over 128-key tiles: each warp
 # still owns a 16-key slice of a tile, so a CTA walks half the tiles one after another with twice
 # the warps to hide each one's latency.  head_dim 128: 192 KB, one CTA per SM; head_dim 64: 96 KB and
-# 124 registers, two per SM.  The selection (kvcache_rules._wide_pick, C kv_wide_pick) takes them
+# 124 registers, two per SM.  The selection (tests/kvcache_rules.py _wide_pick, C decode_wide_pick) takes them
 # where they ran faster on the H100 (notes/attention-kvcache.md): MQA-like grids that leave half the
 # SMs idle (head_dim 128), and head_dim 64 at half the default build's split count.
 KV_WIDE = {128: (128, 8, False, 3), 64: (128, 8, False, 3)}
