@@ -61,7 +61,7 @@ def test_enumeration():
     f8 = [v for v in test if v.kv_dtype == "e4m3"]
     assert f8 and all(v.paged and v.head_dim == 128 for v in f8)
     default = enumerate_decode_kv(get_target("sm_90"), "default")
-    assert len({v.name for v in default}) == len(default) <= 55
+    assert len({v.name for v in default}) == len(default) <= 59
     # head_dim 256: bf16 paged caches at every split count
     assert sorted(v.splits for v in default if v.head_dim == 256) == [1, 2, 4, 8, 32]
     assert all(v.dtype == "bf16" and v.paged and v.kv_dtype == "bf16" for v in default if v.head_dim == 256)
@@ -73,7 +73,13 @@ def test_enumeration():
     assert all(v.dtype == "bf16" and v.head_dim == 128 and v.paged for v in default if v.kv_dtype == "e4m3")
     assert all(v.can_implement() is None for v in default)
     # cluster merges without PDL twins; the workspace split with its PDL combine kernel
-    assert all(v.pdl == (v.splits > 1 and not v.cluster) for v in default)
+    assert all(v.pdl == (v.splits > 1 and not v.cluster) for v in default if v.warps == 4)
+    # bf16 caches, 8 warps over 128-key tiles (not preferred: the rule names them): head_dim 128 at 8
+    # cluster splits with PDL (paged and dense), head_dim 64 paged unsplit and at 2 splits
+    wide = sorted((v.head_dim, v.splits, v.paged, v.pdl) for v in default if v.warps == 8 and v.kv_dtype == "bf16")
+    assert wide == [(64, 1, True, False), (64, 2, True, False), (128, 8, False, True), (128, 8, True, True)]
+    assert all(not v.describe()["preferred"] and v.ctas_per_sm() == 1 and v.tile_n == 128
+               for v in default if v.warps == 8)
     assert enumerate_decode_kv(get_target("sm_90a"), "default") == []
     d = default[0].describe()
     assert d["page_sizes"] == list(contract.PAGE_SIZES) if d["paged"] else d["page_sizes"] == []
@@ -135,6 +141,9 @@ def test_paged_split_rule():
     both = {1: False, 2: True, 4: True, 8: True, 32: False}
     assert rules.paged_split_count(8, 512, 132, both) == 32      # B1 H32/8 32k
     assert rules.paged_split_count(32, 512, 132, both) == 32     # B4 H64/8 32k: not the 8-cluster
+    # B4 H32/8 8k: the 32-split would keep 4 tiles each: the step-down to 4 (H100 54.8 µs vs 58.3)
+    assert rules.paged_split_count(32, 128, 132, both) == 4
+    assert rules.paged_split_count(32, 128, 132, both, head_dim=64) == 32
     assert rules.paged_split_count(8, 64, 132, both) == 8        # MQA B8 4k: 4 tiles per split at most
     assert rules.paged_split_count(64, 128, 132, both, head_dim=64) == 4  # B8 H64/8 D64 8k
     # head_dim >= 128: at most one CTA per SM on a cluster split (H100 B8 H32/8 D128 8k: 2 splits
@@ -156,6 +165,13 @@ def test_paged_split_rule():
     assert rules.paged_split_count(8, 64, 132, both, fp8=True) == 8
     assert rules.paged_split_count(512, 32, 132, both, fp8=True) == 1
     assert rules.paged_split_count(8, 3, 132, both) == 1         # 3 tiles: nothing keeps 4
+    # bf16/f16, at most 64 query rows: the second-kernel split needs 2 tiles each (H100 page 16,
+    # B1 H32/8 4k: 32 splits 9.5 µs, 8: 11.3-12.2); MQA B8 (128 rows) and fp8 keep 4 tiles
+    assert rules.paged_split_count(8, 64, 132, both, rows=32) == 32
+    assert rules.paged_split_count(2, 64, 132, both, rows=32) == 32  # B2 H16/1 4k
+    assert rules.paged_split_count(8, 64, 132, both, rows=128) == 8
+    assert rules.paged_split_count(8, 64, 132, both, fp8=True, rows=32) == 8
+    assert rules.paged_split_count(8, 63, 132, both, rows=32) == 8  # 32 splits would keep < 2 tiles
 
 
 def test_select_fp8_one_cta_per_sm_build():
@@ -179,6 +195,30 @@ def test_select_fp8_one_cta_per_sm_build():
     assert rules.select(cands, prob(b=16, sk=4096, **fp8))["name"] == "f2"          # 256 CTAs: two per SM
     assert rules.select(cands, prob(b=64, sk=2048, **fp8))["name"] == "f1"
     assert rules.select(cands, prob(b=1, sk=32768, **fp8))["name"] == "f32"
+
+
+def test_select_wide_build():
+    """bf16/f16 caches: the 8-warp 128-key-tile build where built (kvcache_rules._wide_pick):
+    head_dim 128 at the preferred build's split count where that grid leaves half the SMs idle
+    (its PDL twin there), head_dim 64 at half the split count; elsewhere the preferred build."""
+    def wide(name, splits, d=128, paged=True, pdl=False):
+        e = entry(name, splits, paged=paged, d=d)
+        e.update(preferred=False, ctas_per_sm=1, tile=[16, 128], pdl=pdl)
+        return e
+    both = [entry(f"p{s}", s) for s in (1, 2, 4, 8)] + [entry(f"d{s}", s, paged=False) for s in (1, 2, 4, 8)]
+    d64 = [entry(f"q{s}", s, d=64) for s in (1, 2, 4, 8)]
+    cands = (both + d64 + [wide("w8", 8), wide("w8p", 8, pdl=True), wide("wd8p", 8, paged=False, pdl=True)]
+             + [wide(f"v{s}", s, d=64) for s in (1, 2)])
+    mqa = dict(b=8, hq=16, hkv=1)
+    assert rules.select(cands, prob(**mqa))["name"] == "w8p"                  # 64 CTAs: PDL twin
+    assert rules.select(cands, prob(page=None, **mqa))["name"] == "wd8p"       # dense cache alike
+    assert rules.select([e for e in cands if e["name"] != "w8p"], prob(**mqa))["name"] == "w8"
+    assert rules.select(cands, prob(b=2, hq=32, hkv=8))["name"] == "p8"        # 128 CTAs: preferred
+    assert rules.select(cands, prob(b=8, sk=8192, hq=64, d=64))["name"] == "v2"   # preferred: 4 splits
+    assert rules.select(cands, prob(b=64, sk=1024, d=64))["name"] == "v1"
+    assert rules.select(cands, prob(b=1, sk=32768, d=64))["name"] == "q8"     # half of 8: not built
+    assert rules.select(cands, prob(b=16, sk=4096, d=64))["name"] == "v1"     # 128 CTAs
+    assert rules.select(cands, prob(b=256, sk=512, d=64))["name"] == "q1"     # 2048 CTAs: > 4 per SM
 
 
 def test_select_switches():

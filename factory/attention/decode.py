@@ -314,6 +314,13 @@ FP8_DIRECT = (128, 4, 3)
 # direct build runs it with FP8_WIDE_STAGES raw tiles (128 KB)
 FP8_WIDE = (128, 8, False)
 FP8_WIDE_STAGES = 4
+# (tile_n, warps, ilp, stages) of the bf16/f16-cache builds of 8 warps over 128-key tiles: each warp
+# still owns a 16-key slice of a tile, so a CTA walks half the tiles one after another with twice
+# the warps to hide each one's latency.  head_dim 128: 192 KB, one CTA per SM; head_dim 64: 96 KB and
+# 124 registers, two per SM.  The selection (tests/kvcache_rules.py _wide_pick, C decode_wide_pick) takes them
+# where they ran faster on the H100 (notes/attention-kvcache.md): MQA-like grids that leave half the
+# SMs idle (head_dim 128), and head_dim 64 at half the default build's split count.
+KV_WIDE = {128: (128, 8, False, 3), 64: (128, 8, False, 3)}
 # Split counts built: merged in a cluster (8 is the portable cluster maximum; 16-CTA clusters ran
 # 2x slower than 8: co-scheduling), and through the workspace and the combine kernel.
 CLUSTER_BUILT = (2, 4, 8)
@@ -358,7 +365,12 @@ def enumerate_decode(target: Target, tier: str) -> list[AttentionDecode]:
             for c in configs:
                 for sp, cl in splits:
                     if sp > 1:  # PDL: the second-kernel splits always, the cluster splits as twins
-                        out.append(make(target.name, dt, d, (*c[:3], True, *c[4:]), sp, cl))
+                        pc = (*c[:3], True, *c[4:])
+                        if (dt, d, sp, cl) == ("bf16", 128, 8, True) and c == DEFAULT[d]:
+                            # the 8-cluster's PDL twin (taken where 8 splits leave half the SMs
+                            # idle, as the 8-warp build): 8 warps over 128-key tiles
+                            pc = (*KV_WIDE[128][:2], KV_WIDE[128][3], True, False, 0)
+                        out.append(make(target.name, dt, d, pc, sp, cl))
                     if sp == 1 or cl:
                         out.append(make(target.name, dt, d, c, sp, cl))
     out = list({v.name: v for v in out}.values())
@@ -1231,17 +1243,21 @@ KV_GLOBAL_SPLITS = (32,)
 
 def make_kv(target: str, dtype: str, head_dim: int, splits: int, *, paged: bool = True,
             switches: bool = False, kv_dtype: str | None = None, config: tuple | None = None,
-            direct: bool = True, stages: int | None = None, min_ctas: int | None = None) -> AttentionDecodeKV:
+            direct: bool = True, stages: int | None = None, min_ctas: int | None = None,
+            pdl: bool | None = None) -> AttentionDecodeKV:
     """A KV-cache decode variant; fp8 caches take the direct build (``direct=False``: the converting
-    one), in FP8_DIRECT's config unless ``config`` (tile_n, warps, ilp) / ``stages`` say otherwise."""
+    one), in FP8_DIRECT's config unless ``config`` (tile_n, warps, ilp[, stages]) / ``stages`` say
+    otherwise; ``pdl`` None: on for workspace splits."""
     tn, w, st, _pdl, ilp, mc = DEFAULT[head_dim]
     fp8 = kv_dtype == "e4m3"
     direct = fp8 and direct
     if fp8:
         tn, w, st = FP8_DIRECT if direct else (tn, w, FP8_STAGES)
-    if config:  # (tile_n, warps, ilp): alternatives for measuring
-        tn, w, ilp = config
-        if direct and config == FP8_WIDE:
+    if config:  # alternatives for measuring, and the 8-warp builds
+        tn, w, ilp = config[:3]
+        if len(config) > 3:
+            st = config[3]
+        elif direct and config == FP8_WIDE:
             st = FP8_WIDE_STAGES
     if stages:
         st = stages
@@ -1249,7 +1265,8 @@ def make_kv(target: str, dtype: str, head_dim: int, splits: int, *, paged: bool 
         mc = min_ctas
     cluster = splits in CLUSTER_BUILT
     return AttentionDecodeKV(target=target, dtype=dtype, head_dim=head_dim, tile_n=tn, warps=w, stages=st,
-                             causal=True, splits=splits, cluster=cluster, pdl=splits > 1 and not cluster,
+                             causal=True, splits=splits, cluster=cluster,
+                             pdl=(splits > 1 and not cluster) if pdl is None else pdl,
                              ilp=ilp, min_ctas=mc, kv_dtype=kv_dtype or dtype, paged=paged, local=switches,
                              softcap=switches, sinks=switches, direct=direct)
 
@@ -1271,7 +1288,9 @@ def enumerate_decode_kv(target: Target, tier: str) -> list[AttentionDecodeKV]:
                make_kv(t, "bf16", 128, 4, switches=True), make_kv(t, "f16", 64, 1), make_kv(t, "f16", 64, 2),
                make_kv(t, "bf16", 128, 32), make_kv(t, "bf16", 128, 32, switches=True),
                # fp8 e4m3 caches (head_dim 128: D64's build spills)
-               make_kv(t, "bf16", 128, 1, kv_dtype="e4m3"), make_kv(t, "f16", 128, 4, kv_dtype="e4m3")]
+               make_kv(t, "bf16", 128, 1, kv_dtype="e4m3"), make_kv(t, "f16", 128, 4, kv_dtype="e4m3"),
+               # 8 warps over 128-key tiles, cluster merge with PDL
+               make_kv(t, "bf16", 128, 4, config=KV_WIDE[128], pdl=True)]
     else:
         out = [make_kv(t, dt, d, sp, paged=pg) for dt in DTYPES for d in HEAD_DIMS for sp in KV_SPLITS
                for pg in (True, False)]
@@ -1292,4 +1311,12 @@ def enumerate_decode_kv(target: Target, tier: str) -> list[AttentionDecodeKV]:
             out += [make_kv(t, "bf16", 128, sp, kv_dtype="e4m3", config=(64, 4, False), stages=st)
                     for st in (3, 4, 6) for sp in fs]
             out += [make_kv(t, "bf16", 128, sp, kv_dtype="e4m3", stages=2) for sp in fs]
+        # bf16 caches, 8 warps over 128-key tiles where the selection takes them: head_dim 128 at 8
+        # splits with PDL (MQA-like grids; paged and dense), head_dim 64 paged unsplit and at 2 splits
+        out += [make_kv(t, "bf16", 128, 8, paged=pg, config=KV_WIDE[128], pdl=True) for pg in (True, False)]
+        out += [make_kv(t, "bf16", 64, sp, config=KV_WIDE[64]) for sp in (1, 2)]
+        if tier == "full":  # every split count, without PDL, for measuring
+            out += [make_kv(t, "bf16", d, sp, config=KV_WIDE[d]) for d in HEAD_DIMS for sp in KV_SPLITS]
+            out += [make_kv(t, "bf16", 128, 8, paged=False, config=KV_WIDE[128])]
+    out = list({v.name: v for v in out}.values())
     return [v for v in out if v.can_implement() is None]

@@ -1217,8 +1217,8 @@ static int more_waves(const fx_variant *small, const fx_variant *big, const attn
    blocks (B4 H32/8 Sk4096: 2 splits 29.1 us, 4 splits 30.7); every split keeps at least 2 key
    tiles (B1 Sk512: 4 splits 6.4 us, 8 splits 7.4); when that is the largest cluster split, K/V fit
    in L2 and a second-kernel split keeps 2 tiles each: that one (B1 H32/8 Sk4096 10.1 us vs 11.3). */
-static int32_t decode_split_count(i128 groups, int64_t tiles, i128 kv_bytes, int64_t row_blocks, int32_t sms,
-                                  const int32_t *sp, const int32_t *cl, int32_t n) {
+static int32_t decode_split_count(i128 groups, int64_t tiles, i128 kv_bytes, int64_t row_blocks, i128 rows,
+                                  int32_t sms, const int32_t *sp, const int32_t *cl, int32_t n) {
     if (groups * 4 >= 3 * (i128)sms) return 1;
     i128 target = row_blocks > 1 ? sms / 2 : sms / 4;
     int32_t first = 0, cl_fit = 0, cl_all = 0;
@@ -1229,7 +1229,9 @@ static int32_t decode_split_count(i128 groups, int64_t tiles, i128 kv_bytes, int
         if (groups * sp[i] > target && (!first || sp[i] < first)) first = sp[i];
     }
     int32_t s = first ? first : (cl_fit ? cl_fit : 1);
-    if (cl_fit && s == cl_all && kv_bytes <= (i128)model90()->l2_bytes) {
+    /* the second kernel merges 32 fp32 partials per query row: over 64 query rows it pays only where
+       the cluster split keeps >= 16 tiles each */
+    if (cl_fit && s == cl_all && kv_bytes <= (i128)model90()->l2_bytes && (rows <= 64 || tiles >= 16 * (int64_t)s)) {
         int32_t big = 0;
         for (int32_t i = 0; i < n; i++)
             if (!cl[i] && sp[i] > s && (sp[i] == 1 || tiles >= 2 * (int64_t)sp[i]) && sp[i] > big) big = sp[i];
@@ -1257,6 +1259,24 @@ static int32_t decode_tile_entries(const int32_t *c, int32_t n, int32_t *sp, int
     return m;
 }
 
+/* kvcache_rules._wide_pick: the 8-warp 128-key-tile build (not preferred, one CTA per SM by the manifest),
+   where built, for the preferred build's split count s: head_dim 64 at half of s (at least 1) where
+   that grid is at most 4 CTAs per SM;
+   head_dim >= 128 at s where 2 · groups · s <= SMs; its PDL twin where that grid leaves half the SMs
+   idle.  -1: none. */
+static int32_t decode_wide_pick(const int32_t *c, int32_t n, int32_t s, i128 groups, int64_t head_dim, int32_t sms) {
+    int32_t half = s / 2 > 1 ? s / 2 : 1;
+    int32_t want = head_dim <= 64 ? (groups * half <= 4 * (i128)sms ? half : 0) : (2 * groups * s <= (i128)sms ? s : 0);
+    int32_t pdl = want > 1 && 2 * groups * want <= (i128)sms, first = -1;
+    for (int32_t i = 0; i < n; i++) {
+        const fx_variant *e = &fx_variants[c[i]];
+        if (e->preferred || e->ctas_per_sm != 1 || e->kv_splits != want) continue;
+        if (first < 0) first = c[i];
+        if ((e->pdl != 0) == pdl) return c[i];
+    }
+    return first;
+}
+
 /* The decode-family entry (attention/decode.py) for a dense problem, over the family's entries
    dec[0..n) (candidates order); -1 when the family does not serve it: Sq > 16, or Sq > 1 without
    the causal mask (the family is built bottom-right causal; one query equals no mask).  Entries of
@@ -1271,11 +1291,16 @@ static int32_t decode_pick(const int32_t *dec, int32_t n, const attn_decode *d, 
     int64_t row_blocks = cdiv((d->hq / d->hkv) * d->sq, 16);
     i128 kv_bytes = (i128)2 * d->b * d->sk * d->hkv * e0->head_dim * 2;
     i128 groups = (i128)d->b * d->hkv * row_blocks;
-    int32_t s = decode_split_count(groups, cdiv(d->sk, t1), kv_bytes, row_blocks, sms, sp, cl, m);
+    int32_t s = decode_split_count(groups, cdiv(d->sk, t1), kv_bytes, row_blocks, (i128)d->b * d->hq * d->sq, sms,
+                                   sp, cl, m);
     int32_t cluster = 0, first = -1;
     for (int32_t i = 0; i < m; i++)
         if (sp[i] == s && cl[i]) cluster = 1;
     int32_t pdl = s > 1 && (!cluster || 2 * groups * s <= (i128)sms);
+    if (e0->head_dim >= 128) { /* the 8-warp build of that split count where built and its grid leaves half the SMs idle */
+        int32_t w = decode_wide_pick(dec, n, s, groups, e0->head_dim, sms);
+        if (w >= 0) return w;
+    }
     for (int32_t i = 0; i < m; i++) {
         if (sp[i] != s) continue;
         if (first < 0) first = idx[i];
@@ -2022,11 +2047,12 @@ FX_EXPORT int32_t fx_gemm_grouped_select(const fx_device_t *dev, const fx_gemm_g
 /* --- attention over a KV cache: runtime/kvcache.py ------------------------------------------------ */
 /* kvcache.paged_split_count over the built split counts sp[i] (cl[i]: merged in a cluster). */
 static int32_t paged_split_count(i128 groups, int64_t tiles, int32_t sms, const int32_t *sp, const int32_t *cl,
-                                 int32_t n, int64_t head_dim, int fp8) {
+                                 int32_t n, int64_t head_dim, int fp8, i128 rows) {
     if (!fp8 && groups * 4 >= 3 * (i128)sms) return 1;
     int32_t fits[64], fcl[64], m = 0;
     for (int32_t i = 0; i < n && m < 64; i++) /* sorted ascending, duplicates dropped */
-        if (sp[i] == 1 || tiles >= 4 * (int64_t)sp[i]) {
+        if (sp[i] == 1 || tiles >= 4 * (int64_t)sp[i] ||
+            (!fp8 && !cl[i] && rows <= 32 && tiles >= 2 * (int64_t)sp[i])) {
             int32_t j = m, dup = 0;
             for (int32_t k = 0; k < m; k++) dup |= fits[k] == sp[i];
             if (dup) continue;
@@ -2037,9 +2063,9 @@ static int32_t paged_split_count(i128 groups, int64_t tiles, int32_t sms, const 
     int32_t s = fits[m - 1], scl = fcl[m - 1];
     for (int32_t i = 0; i < m; i++) /* groups · s >= 1.9 · SMs, in Python's float arithmetic */
         if ((double)(groups * fits[i]) >= 1.9 * (double)sms) { s = fits[i], scl = fcl[i]; break; }
-    if (s > 1 && scl && s >= 8 && groups * s > (i128)sms)
+    if (s > 1 && scl && s >= 8 && groups * s > (i128)sms) /* bf16/f16 head_dim >= 128: >= 8 tiles a split */
         for (int32_t i = 0; i < m; i++)
-            if (fits[i] > s && !fcl[i]) return fits[i];
+            if (fits[i] > s && !fcl[i] && (fp8 || head_dim < 128 || tiles >= 8 * (int64_t)fits[i])) return fits[i];
     if ((fp8 || head_dim >= 128) && s > 1 && scl && groups * s > (i128)sms) { /* at most one CTA per SM */
         int32_t down = 0;
         for (int32_t i = 0; i < m; i++)
@@ -2068,6 +2094,8 @@ static int kv_admits(const fx_variant *e, const kv_problem *q) {
 /* kvcache._pick_decode over one family's entries of the least switch cost: -1 for None. */
 static int32_t kv_pick_decode(const int32_t *c, int32_t n, const kv_problem *q, int32_t sms) {
     if (q->sq > 16) return -1;
+    int64_t row_blocks = q->hkv > 0 ? cdiv((q->hq / q->hkv) * q->sq, 16) : 0;
+    i128 groups = (i128)q->b * q->hkv * row_blocks;
     if (q->page_size == 0) {
         attn_decode d = {q->b, q->hq, q->hkv, q->sq, q->sk};
         return decode_pick(c, n, &d, 1, sms);
@@ -2082,15 +2110,18 @@ static int32_t kv_pick_decode(const int32_t *c, int32_t n, const kv_problem *q, 
         for (int32_t j = i + 1; j < m; j++)
             if (sp[j] == sp[i]) cl_last[i] = cl[j];
     }
-    int64_t row_blocks = cdiv((q->hq / q->hkv) * q->sq, 16);
-    i128 groups = (i128)q->b * q->hkv * row_blocks;
-    int32_t s = paged_split_count(groups, cdiv(q->sk, t1), sms, sp, cl_last, m, q->d, q->kv_dtype == FX_DTYPE_E4M3);
+    int32_t s = paged_split_count(groups, cdiv(q->sk, t1), sms, sp, cl_last, m, q->d, q->kv_dtype == FX_DTYPE_E4M3,
+                                  (i128)q->b * q->hq * q->sq);
     /* the one-CTA-per-SM fp8 build, where built, for a grid within the SMs whose splits keep >= 2048 keys */
     if (q->kv_dtype == FX_DTYPE_E4M3 && groups * s <= (i128)sms && q->sk >= 2048 * (int64_t)s)
         for (int32_t i = 0; i < n; i++) {
             const fx_variant *e = &fx_variants[c[i]];
             if (!e->preferred && e->kv_splits == s && e->ctas_per_sm == 1) return c[i];
         }
+    if (q->kv_dtype != FX_DTYPE_E4M3) {
+        int32_t w = decode_wide_pick(c, n, s, groups, q->d, sms);
+        if (w >= 0) return w;
+    }
     for (int32_t i = 0; i < m; i++)
         if (sp[i] == s) return idx[i];
     return -1;
