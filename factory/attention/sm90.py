@@ -95,6 +95,8 @@ MIN_SEQLEN_Q = 2
 PERSISTENT_CTAS = 132
 # Causal persistent order: CTAs in flight per kv head (the section width, tile_coords).
 CAUSAL_CTAS_PER_KV_HEAD = 4
+# lazy_rescale: how far (log2 units) a row's max may pass its reference before the warp rescales
+LAZY_RESCALE_LOG2 = 8.0
 
 
 class _Bar(enum.IntEnum):
@@ -132,6 +134,14 @@ class AttentionSm90(AttentionVariant):
     persistent: bool = field(default=False, metadata={"tag": "ps"})
     # The producer issues a tile's first K before its Q and each K one tile ahead of its V.
     k_first: bool = field(default=False, metadata={"tag": "kf"})
+    # The softmax of the mainloop's unmasked tiles on fewer dependent instructions: each row's
+    # sum of P in four independent add chains, no -inf guard on the row max (every score finite).
+    sum_tree: bool = field(default=False, metadata={"tag": "st"})
+    # The mainloop's O rescale skipped by a warp whose rows' max did not move (exact).
+    skip_rescale: bool = field(default=False, metadata={"tag": "sk"})
+    # A warp keeps its rows' reference max until one row's max exceeds it by more than
+    # LAZY_RESCALE_LOG2 (P <= 2^8 in 16 bits: same relative precision); O is rescaled only then.
+    lazy_rescale: bool = field(default=False, metadata={"tag": "lz"})
 
     @property
     def consumers(self) -> int:
@@ -237,7 +247,8 @@ class AttentionSm90(AttentionVariant):
             dtype=self.cutlass_dtype, head_dim=self.head_dim, tile_m=self.tile_m,
             tile_n=self.tile_n, stages=self.stages, causal=self.causal, overlap=self.overlap,
             pingpong=self.pingpong, early_rescale=self.early_rescale, persistent=self.persistent,
-            k_first=self.k_first, o_in_q=self.o_in_q,
+            k_first=self.k_first, o_in_q=self.o_in_q, sum_tree=self.sum_tree,
+            skip_rescale=self.skip_rescale or self.lazy_rescale, lazy_rescale=self.lazy_rescale,
         )
         return k.packed if self.varlen else k.dense
 
@@ -548,8 +559,12 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                  persistent: bool = False, k_first: bool = False, page_box: int = 0,
                  gather: bool = False, local: bool = False, softcap: bool = False,
                  sinks: bool = False, wide_producer: bool = False, kv_dtype=None, fp8_stages: int = 1,
-                 o_in_q: bool = False):
+                 o_in_q: bool = False, sum_tree: bool = False, skip_rescale: bool = False,
+                 lazy_rescale: bool = False):
         super().__init__(dtype=dtype, head_dim=head_dim, causal=causal, local=local)
+        self.sum_tree = sum_tree
+        self.skip_rescale = skip_rescale
+        self.lazy_rescale = lazy_rescale
         self.tile_m = tile_m
         self.tile_n = tile_n
         self.stages = stages
@@ -1522,7 +1537,7 @@ class FlashFwdSm90(layout.TmaViewsKernel):
             # ---- P·V of the last tile
             if cutlass.const_expr(self.early_rescale):
                 if n_tiles > 1:
-                    softmax.rescale(atoms.acc_mn_view(acc_O), corr)
+                    softmax.rescale(atoms.acc_mn_view(acc_O), corr, skip_ones=self.skip_rescale)
             self.kv_wait(v_pipe, read)
             self.zero_v_tail(sV, read.index, n_lo, k_len, ltid, wg)
             tiled_mma_pv = self.gemm_pv(tiled_mma_pv, acc_O, tOrP, tOrV, read.index)
@@ -1601,7 +1616,8 @@ class FlashFwdSm90(layout.TmaViewsKernel):
         self.schedule_wait(wg)
         tiled_mma_qk = self.gemm_qk(tiled_mma_qk, acc_S, tSrQ, tSrK, wg, read.index)
         if cutlass.const_expr(self.early_rescale):
-            softmax.rescale(atoms.acc_mn_view(acc_O), corr)  # (on the first tile: garbage, overwritten)
+            # (on the first tile: garbage, overwritten)
+            softmax.rescale(atoms.acc_mn_view(acc_O), corr, skip_ones=self.skip_rescale)
         self.kv_wait(v_pipe, read_v)
         self.zero_v_tail(sV, read_v.index, n + 1, k_len, ltid, wg)
         tiled_mma_pv = self.gemm_pv(tiled_mma_pv, acc_O, tOrP, tOrV, read_v.index)
@@ -1612,11 +1628,18 @@ class FlashFwdSm90(layout.TmaViewsKernel):
         if cutlass.const_expr(masked):
             mask.apply_mask(self.mask, atoms.acc_mn_view(acc_S), cS, row0, n * self.tile_n, q_len, k_len,
                             win=win)
-        softmax.online_softmax(atoms.acc_mn_view(acc_S), row_max, row_sum, scale_log2, corr=corr)
+        if cutlass.const_expr(self.lazy_rescale):
+            softmax.online_softmax_lazy(atoms.acc_mn_view(acc_S), row_max, row_sum, scale_log2, corr,
+                                        LAZY_RESCALE_LOG2, partial_sums=4 if self.sum_tree else 1)
+        elif cutlass.const_expr(self.sum_tree and not masked):
+            softmax.online_softmax(atoms.acc_mn_view(acc_S), row_max, row_sum, scale_log2, corr=corr,
+                                   partial_sums=4, finite=True)
+        else:
+            softmax.online_softmax(atoms.acc_mn_view(acc_S), row_max, row_sum, scale_log2, corr=corr)
         warpgroup.wait_group(0)
         v_pipe.consumer_release(read_v)
         if cutlass.const_expr(not self.early_rescale):
-            softmax.rescale(atoms.acc_mn_view(acc_O), corr)
+            softmax.rescale(atoms.acc_mn_view(acc_O), corr, skip_ones=self.skip_rescale)
         self.store_p(acc_S, tOrP, tOrP_c, ltid)
         return read, tiled_mma_qk, tiled_mma_pv
 
