@@ -14,7 +14,8 @@ is 0 and its LSE -inf (with sinks: the sink's).
 * :func:`row_state` — the running max and sum, before the first key tile.
 * :func:`online_softmax` — one key tile: row max over the quad, P = exp2(S·scale_log2 -
   max·scale_log2) in place, running sum; the rows' O correction either applied to ``o_mn`` at
-  once or written to ``corr`` (:func:`rescale` later).
+  once or written to ``corr`` (:func:`rescale` later).  :func:`online_softmax_lazy`: the same
+  with a reference max a warp moves only when a row's max passes it by a threshold.
 * :func:`finalize` — O /= row sum (0 without a key), LSE to global by one thread of the quad;
   ``sink`` (compile-time presence, runtime fp32 logit of the row's q head in natural units) adds
   exp(sink - max) to the denominator: attention sinks.
@@ -61,63 +62,40 @@ def softcap_scores(s: cute.Tensor, factor, on=None):
 
 @cute.jit
 def online_softmax(s_mn: cute.Tensor, row_max: cute.Tensor, row_sum: cute.Tensor, scale_log2,
-                   o_mn=None, corr=None, partial_sums: cutlass.Constexpr = 1,
-                   finite: cutlass.Constexpr = False):
+                   o_mn=None, corr=None):
     """One key tile of the online softmax: ``s_mn`` <- P = exp2(S·scale_log2 - max·scale_log2)
     with the rows' running max and sum updated.  Each row's O correction (exp2 of the old max
-    minus the new) multiplies ``o_mn``'s row here, or goes to ``corr`` for :func:`rescale`.
-    ``partial_sums`` > 1: each row's sum of P in that many independent chains (a tree at the
-    end) instead of one chain of dependent adds; ``finite``: every score of the tile is finite
-    (no mask), so the new max is too and needs no -inf guard."""
+    minus the new) multiplies ``o_mn``'s row here, or goes to ``corr`` for :func:`rescale`."""
     for r in cutlass.range_constexpr(cute.size(row_max)):
         s = s_mn[r, None].load()
         m_new = quad_allreduce(s.reduce(cute.ReductionOp.MAX, -cutlass.Float32.inf, 0),
                                cute.arch.fmax)
         m_new = cute.arch.fmax(m_new, row_max[r])
         # A row with nothing visible yet keeps max = -inf; subtract 0 then, not -inf (NaN).
-        if cutlass.const_expr(finite):
-            m_scaled = m_new * scale_log2
-        else:
-            m_scaled = (0.0 if m_new == -cutlass.Float32.inf else m_new) * scale_log2
+        m_scaled = (0.0 if m_new == -cutlass.Float32.inf else m_new) * scale_log2
         p = cute.math.exp2(s * scale_log2 - m_scaled, fastmath=True)
         c = cute.math.exp2(row_max[r] * scale_log2 - m_scaled, fastmath=True)
-        if cutlass.const_expr(partial_sums > 1):
-            s_mn[r, None] = p
-            total = _tree_sum(s_mn, r, partial_sums)
-        else:
-            total = p.reduce(cute.ReductionOp.ADD, cutlass.Float32.zero, 0)
         if cutlass.const_expr(corr is not None):
             corr[r] = c
-            row_sum[r] = row_sum[r] * corr[r] + total
+            row_sum[r] = row_sum[r] * corr[r] + p.reduce(cute.ReductionOp.ADD, cutlass.Float32.zero, 0)
         else:
-            row_sum[r] = row_sum[r] * c + total
+            row_sum[r] = row_sum[r] * c + p.reduce(cute.ReductionOp.ADD, cutlass.Float32.zero, 0)
         if cutlass.const_expr(o_mn is not None):
             o_mn[r, None] = o_mn[r, None].load() * c
         row_max[r] = m_new
         s_mn[r, None] = p
 
 
-def _tree_sum(t_mn, r, chains: int):
-    """Sum of row ``r`` of the (rows, cols) register view ``t_mn`` in ``chains`` independent add
-    chains (column i into chain i % chains), the chains then added pairwise."""
-    n = cute.size(t_mn, mode=[1])
-    acc = [t_mn[r, j] for j in range(min(chains, n))]
-    for i in range(len(acc), n):
-        acc[i % chains] = acc[i % chains] + t_mn[r, i]
-    while len(acc) > 1:
-        acc = [acc[j] + acc[j + 1] if j + 1 < len(acc) else acc[j] for j in range(0, len(acc), 2)]
-    return acc[0]
-
-
 @cute.jit
 def online_softmax_lazy(s_mn: cute.Tensor, row_max: cute.Tensor, row_sum: cute.Tensor, scale_log2,
-                        corr: cute.Tensor, threshold: cutlass.Constexpr, partial_sums: cutlass.Constexpr = 1):
+                        corr: cute.Tensor, threshold: cutlass.Constexpr):
     """:func:`online_softmax` with a lazy reference max (``row_max``) per warp: where no row of
     the warp has a max more than ``threshold`` log2 units above its reference, the references
-    stay, ``corr`` is 1 and P = exp2(S·scale - reference) <= 2^threshold; otherwise every row of
-    the warp moves its reference to its max (``corr`` = the O factor, the sum rescaled).  Sum
-    and O refer to the same reference, so O / sum and the LSE (reference + log2 sum) are those
-    of the true max.  16-bit P keeps its relative precision up to 2^threshold."""
+    stay, every ``corr`` is exactly 1 and P = exp2(S·scale - reference) <= 2^threshold; otherwise
+    every row of the warp moves its reference to its max (``corr`` = its O factor, its sum
+    rescaled), as :func:`online_softmax` does.  Sum and O refer to the same reference, so O / sum
+    and the LSE (reference + log2 sum) are those of the true max; a 16-bit P keeps its relative
+    precision up to 2^threshold.  :func:`rescale` with ``skip_ones`` then skips O's multiplies."""
     n_rows = cute.size(row_max)
     m_tile = cute.make_rmem_tensor(n_rows, cutlass.Float32)
     grow = cutlass.Boolean(False)
@@ -140,19 +118,14 @@ def online_softmax_lazy(s_mn: cute.Tensor, row_max: cute.Tensor, row_sum: cute.T
         s = s_mn[r, None].load()
         m_scaled = (0.0 if row_max[r] == -cutlass.Float32.inf else row_max[r]) * scale_log2
         p = cute.math.exp2(s * scale_log2 - m_scaled, fastmath=True)
-        if cutlass.const_expr(partial_sums > 1):
-            s_mn[r, None] = p
-            row_sum[r] = row_sum[r] + _tree_sum(s_mn, r, partial_sums)
-        else:
-            row_sum[r] = row_sum[r] + p.reduce(cute.ReductionOp.ADD, cutlass.Float32.zero, 0)
-            s_mn[r, None] = p
+        row_sum[r] = row_sum[r] + p.reduce(cute.ReductionOp.ADD, cutlass.Float32.zero, 0)
+        s_mn[r, None] = p
 
 
 @cute.jit
 def rescale(o_mn: cute.Tensor, corr: cute.Tensor, skip_ones: cutlass.Constexpr = False):
     """O's rows times their correction factors (:func:`online_softmax` ``corr``).  ``skip_ones``:
-    the whole warp skips the multiplies where every one of its factors is exactly 1 (no row's
-    max moved): the same result."""
+    a warp whose factors are all exactly 1 skips the multiplies (the same result)."""
     if cutlass.const_expr(skip_ones):
         moved = cutlass.Boolean(False)
         for r in cutlass.range_constexpr(cute.size(corr)):
