@@ -354,8 +354,11 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm90]:
         out += [make(dt, d, c, tile_m=tm, tile_n=tn, stages=s, overlap=ov, pingpong=pp)
                 for dt, d, c in problems for tm, tn, s, ov, pp in TUNE_CONFIGS[d]]
         out += [dataclasses.replace(make(*p), **a) for p in problems for a in _ABLATIONS]
-        # the dense head_dim 128 defaults without the lazy rescale
+        # the dense head_dim 128 defaults without the lazy rescale; the other persistent bf16
+        # defaults (head_dim 64 and 256, varlen) with it, for --candidates
         out += [dataclasses.replace(make(*p), lazy_rescale=False) for p in problems if p[1] == 128]
+        out += [dataclasses.replace(v, lazy_rescale=True) for v in out[:len(problems) * 2]
+                if v.dtype == "bf16" and v.persistent and not v.lazy_rescale]
         # D64: the other query tile (128 <-> 192 rows) and 3 stages under the default schedule
         out += [make(dt, 64, c, tile_m=320 - make(dt, 64, c).tile_m) for dt, d, c in problems if d == 64]
         out += [make(dt, 64, c, stages=3) for dt, d, c in problems if d == 64]
