@@ -155,6 +155,14 @@ SM90_SCALED_FULL = tuple(dict(d, promote_ahead=True) for d in SM90_SCALED_DEFAUL
     dict(**FP8, tile=(256, 128, 128), cluster=(1, 2), fast_accum=True, row_scale=True),
     dict(**FP8, tile=(256, 128, 128), cluster=(1, 2), fast_accum=True, swizzle=8, row_scale=True),
     dict(**FP8, tile=(64, 256, 128), cluster=(1, 2), schedule="pp", fast_accum=True, row_scale=True),
+) + tuple(
+    # Block scales with scale_b staged with each k-block (every default block tile), and on the
+    # coop tiles also the two warpgroups' pair loops offset by one k-block (stagger).
+    dict(d, scale_b_stage=True) for d in SM90_SCALED_DEFAULT if d.get("block_scale")) + tuple(
+    dict(d, scale_b_stage=True, stagger=True) for d in SM90_SCALED_DEFAULT if d.get("block_scale")
+    and d["tile"][0] == 128) + (
+    dict(**FP8, tile=(128, 128, 128), cluster=(2, 1), block_scale=True, stagger=True),
+    dict(**FP8, tile=(128, 128, 128), cluster=(2, 1), block_scale=True, promote_ahead=True, scale_b_stage=True),
 )
 # Fused epilogues (bias, silu_mul, residual), built with pdl=True.  Default: what a Llama-3 layer
 # calls (bf16, no bias): residual for o_proj / down_proj at the tiles the plain GEMM's selection
