@@ -207,6 +207,10 @@ class GemmSm90(GemmVariant):
     # from the first's, so while one warpgroup drains its pair and promotes, the other's queued
     # WGMMAs keep the tensor core busy.
     stagger: bool = field(default=False, metadata={"tag": "stg"})
+    # Block scales: the built cubin's promotion FFMAs may all yield the scheduler to another warp
+    # (compiler/sass_patch.yield_ffma: ptxas holds the warp on every FFMA that reuses the scale
+    # register), so the other warpgroup's WGMMA issue is not held up behind a run of 64 FFMAs.
+    ffma_yield: bool = field(default=False, metadata={"tag": "fy"})
     # Epilogue fields (composable; each off by default, so a variant without them compiles the
     # same kernel as before they existed).  Applied to the fp32 accumulators in this order, after
     # the fp8 scales: ``+ bias[col]`` (bias (N,), the output dtype), ``silu_mul`` (the kernel's N
@@ -302,8 +306,8 @@ class GemmSm90(GemmVariant):
                 return "stagger offsets the pair loop of the two warpgroups of a coop tile"
             if self.scale_b_stage and (self.promote_serial or self.early_b):
                 return "scale_b_stage runs with the pair loop or promote_ahead (not early_b)"
-        elif self.promote_ahead or self.promote_serial or self.scale_b_stage or self.stagger:
-            return "promote_ahead / promote_serial / scale_b_stage / stagger apply to block scales"
+        elif self.promote_ahead or self.promote_serial or self.scale_b_stage or self.stagger or self.ffma_yield:
+            return "promote_ahead / promote_serial / scale_b_stage / stagger / ffma_yield apply to block scales"
         if self.promote_ahead and self.promote_serial:
             return "promote_ahead and promote_serial are two forms of the main loop: one of them"
         if self.has_epilogue:
@@ -352,6 +356,18 @@ class GemmSm90(GemmVariant):
         if plan.smem_bytes + _STATIC_SMEM > tgt.smem_per_cta:
             return f"needs {plan.smem_bytes} + {_STATIC_SMEM} B smem > {tgt.smem_per_cta}"
         return None
+
+    def patch_cubin(self, cubin: bytes) -> bytes:
+        """The built cubin as the bundle ships it (``ffma_yield``: the promotion FFMAs' scheduling
+        hints, compiler/sass_patch.py; otherwise unchanged)."""
+        if not self.ffma_yield:
+            return cubin
+        from ..compiler.sass_patch import yield_ffma
+
+        patched, n = yield_ffma(cubin)
+        if n < 16:  # a promotion of 64 FFMAs reuses the scale register in about every second one
+            raise RuntimeError(f"{self.name}: only {n} FFMAs to let yield")
+        return patched
 
     # --- derived ---------------------------------------------------------------------------------
     @property

@@ -125,6 +125,8 @@ class GemmGroupedSm90(Variant):
     # Block scales, coop tiles: the second warpgroup's pair loop is offset by one k-block from the
     # first's, so one warpgroup's WGMMAs run while the other drains and promotes.
     stagger: bool = field(default=False, metadata={"tag": "stg"})
+    # Block scales: every promotion FFMA may yield the scheduler (see gemm/sm90.py's field).
+    ffma_yield: bool = field(default=False, metadata={"tag": "fy"})
 
     @property
     def is_fp8(self) -> bool:
@@ -197,8 +199,8 @@ class GemmGroupedSm90(Variant):
                 return "fp8 forms run without the 2-CTA cluster"
             if self.promote_ahead and self.promote_serial:
                 return "promote_ahead and promote_serial are two forms of the main loop: one of them"
-            if (self.scale_b_stage or self.stagger) and not self.block_scale:
-                return "scale_b_stage / stagger apply to block scales"
+            if (self.scale_b_stage or self.stagger or self.ffma_yield) and not self.block_scale:
+                return "scale_b_stage / stagger / ffma_yield apply to block scales"
             if self.scale_b_stage and self.promote_serial:
                 return "scale_b_stage runs with the pair loop or promote_ahead"
             if self.stagger and (self.schedule != "coop" or self.promote_ahead or self.promote_serial):
@@ -207,7 +209,7 @@ class GemmGroupedSm90(Variant):
                 return f"block scales need a tile N dividing {_BLOCK_K}"
             if 3 * self.tile[0] * self.tile[1] // (self.mma_wgs * 128) > 192:
                 return "more than 192 fp32 accumulator registers (three sets) per consumer thread"
-        elif self.promote_ahead or self.promote_serial or self.scale_b_stage or self.stagger:
+        elif self.promote_ahead or self.promote_serial or self.scale_b_stage or self.stagger or self.ffma_yield:
             return "promote_ahead / promote_serial / scale_b_stage / stagger apply to the fp8 forms"
         elif self.ab not in ("bf16", "f16") or self.c not in ("bf16", "f16"):
             return "grouped GEMM takes bf16/f16 operands and output (or e4m3 with row or block scales)"
@@ -230,6 +232,17 @@ class GemmGroupedSm90(Variant):
         if plan["ab_stages"] < 2:
             return f"only {plan['ab_stages']} smem stage(s) fit"
         return None
+
+    def patch_cubin(self, cubin: bytes) -> bytes:
+        """The built cubin as the bundle ships it (``ffma_yield``: compiler/sass_patch.yield_ffma)."""
+        if not self.ffma_yield:
+            return cubin
+        from ..compiler.sass_patch import yield_ffma
+
+        patched, n = yield_ffma(cubin)
+        if n < 16:
+            raise RuntimeError(f"{self.name}: only {n} FFMAs to let yield")
+        return patched
 
     # --- derived ----------------------------------------------------------------------------------
     @property
@@ -760,7 +773,12 @@ GROUPED_FP8_FULL = GROUPED_FP8_TEST + tuple(
              scale_b_stage=True),
         dict(**FP8, layout="contig", tile=(128, 128, 128), schedule="coop", block_scale=True, scale_b_stage=True,
              stagger=True),
-        dict(**FP8, layout="masked", tile=(64, 128, 128), schedule="ws", block_scale=True, scale_b_stage=True))
+        dict(**FP8, layout="masked", tile=(64, 128, 128), schedule="ws", block_scale=True, scale_b_stage=True),
+        # The promotion FFMAs' scheduling hints edited to let every one yield (ffma_yield).
+        dict(**FP8, layout="contig", tile=(128, 128, 128), schedule="coop", block_scale=True, promote_ahead=True,
+             ffma_yield=True),
+        dict(**FP8, layout="contig", tile=(128, 128, 128), schedule="coop", block_scale=True, promote_serial=True,
+             ffma_yield=True))
 GROUPED_TEST = (dict(**BF16, layout="contig", tile=(128, 128, 64), schedule="coop"),
                 dict(**BF16, layout="masked", tile=(64, 128, 64), schedule="ws")) + GROUPED_FP8_TEST
 GROUPED_FULL = GROUPED_DEFAULT + tuple(
