@@ -747,12 +747,14 @@ GROUPED_DEFAULT = tuple(
 )
 # fp8 (e4m3 a and b, bf16 out): 128 x 128 for prefill, 64 x 128 for decode, each scale form and
 # layout.  Contiguous block scales promote under the next k-block's WGMMAs (promote_ahead: 1151 vs
-# 1007 TFLOP/s at 8 x 8192 x 4096 x 7168 on an H100, notes/gemm-fp8.md).
+# 1007 TFLOP/s at 8 x 8192 x 4096 x 7168 on an H100, notes/gemm-fp8.md), every promotion FFMA free
+# to yield the scheduler (ffma_yield: 1141-1157 vs 1109-1111 in the same passes, notes/gemm-grouped.md).
 FP8 = dict(ab="e4m3", c="bf16")
 # default: DeepSeek-V3's block-scaled experts, prefill (contiguous) and decode (masked); each ran
 # against float32 on an H100 (evidence/runs).
 GROUPED_FP8_DEFAULT = (
-    dict(**FP8, layout="contig", tile=(128, 128, 128), schedule="coop", block_scale=True, promote_ahead=True),
+    dict(**FP8, layout="contig", tile=(128, 128, 128), schedule="coop", block_scale=True, promote_ahead=True,
+         ffma_yield=True),
     dict(**FP8, layout="masked", tile=(64, 128, 128), schedule="ws", block_scale=True))
 GROUPED_FP8_TEST = (dict(**FP8, layout="contig", tile=(128, 128, 128), schedule="coop", block_scale=True,
                          promote_ahead=True),
