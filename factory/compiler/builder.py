@@ -239,18 +239,17 @@ def build(
 
 
 def _patch_cubin(v: Variant, staging: Path) -> None:
-    """A variant that edits its compiled cubin (``patch_cubin``, e.g. scheduling hints) gets the
-    edited cubin in the bundle, in its cubin file and inside its launcher object alike."""
-    patch = getattr(v, "patch_cubin", None)
-    if patch is None:
+    """A variant that asks for edits of its compiled cubin (``cubin_edits``, compiler/sass_patch.py:
+    scheduling hints) gets the edited cubin in the bundle, in its cubin file and inside its launcher
+    object alike."""
+    edits = getattr(v, "cubin_edits", ())
+    if not edits:
         return
+    from .sass_patch import apply_edits, patch_object
+
     cubin_path = staging / "cubin" / f"{v.name}.cubin"
     cubin = cubin_path.read_bytes()
-    patched = patch(cubin)
-    if patched == cubin:
-        return
-    from .sass_patch import patch_object
-
+    patched = apply_edits(cubin, edits, v.name)
     obj_path = staging / "obj" / f"{v.name}.o"
     obj_path.write_bytes(patch_object(obj_path.read_bytes(), cubin, patched))
     cubin_path.write_bytes(patched)

@@ -77,3 +77,19 @@ def patch_object(obj: bytes, cubin: bytes, patched: bytes) -> bytes:
     if len(cubin) != len(patched) or obj.count(cubin) != 1:
         raise ValueError("the object must embed the cubin exactly once, and the patch keep its size")
     return obj.replace(cubin, patched)
+
+
+# Edits a variant may name in ``cubin_edits``: name -> (edit, fewest instructions it must change).
+# The floor guards against an edit that silently stops matching: a block-scaled promotion runs 64
+# FFMAs per k-block, about every second one reusing the scale register.
+EDITS = {"yield_ffma": (yield_ffma, 16)}
+
+
+def apply_edits(cubin: bytes, edits, name: str = "") -> bytes:
+    """``cubin`` after each named edit of :data:`EDITS` in turn."""
+    for edit in edits:
+        fn, floor = EDITS[edit]
+        cubin, n = fn(cubin)
+        if n < floor:
+            raise RuntimeError(f"{name}: {edit} changed {n} instructions (expected at least {floor})")
+    return cubin

@@ -357,17 +357,11 @@ class GemmSm90(GemmVariant):
             return f"needs {plan.smem_bytes} + {_STATIC_SMEM} B smem > {tgt.smem_per_cta}"
         return None
 
-    def patch_cubin(self, cubin: bytes) -> bytes:
-        """The built cubin as the bundle ships it (``ffma_yield``: the promotion FFMAs' scheduling
-        hints, compiler/sass_patch.py; otherwise unchanged)."""
-        if not self.ffma_yield:
-            return cubin
-        from ..compiler.sass_patch import yield_ffma
-
-        patched, n = yield_ffma(cubin)
-        if n < 16:  # a promotion of 64 FFMAs reuses the scale register in about every second one
-            raise RuntimeError(f"{self.name}: only {n} FFMAs to let yield")
-        return patched
+    @property
+    def cubin_edits(self) -> tuple[str, ...]:
+        """Edits the build applies to the compiled cubin before it ships (compiler/sass_patch.py
+        EDITS): ``ffma_yield`` lets every promotion FFMA yield the scheduler."""
+        return ("yield_ffma",) if self.ffma_yield else ()
 
     # --- derived ---------------------------------------------------------------------------------
     @property

@@ -233,16 +233,11 @@ class GemmGroupedSm90(Variant):
             return f"only {plan['ab_stages']} smem stage(s) fit"
         return None
 
-    def patch_cubin(self, cubin: bytes) -> bytes:
-        """The built cubin as the bundle ships it (``ffma_yield``: compiler/sass_patch.yield_ffma)."""
-        if not self.ffma_yield:
-            return cubin
-        from ..compiler.sass_patch import yield_ffma
-
-        patched, n = yield_ffma(cubin)
-        if n < 16:
-            raise RuntimeError(f"{self.name}: only {n} FFMAs to let yield")
-        return patched
+    @property
+    def cubin_edits(self) -> tuple[str, ...]:
+        """Edits the build applies to the compiled cubin before it ships (compiler/sass_patch.py
+        EDITS): ``ffma_yield`` lets every promotion FFMA yield the scheduler."""
+        return ("yield_ffma",) if self.ffma_yield else ()
 
     # --- derived ----------------------------------------------------------------------------------
     @property
