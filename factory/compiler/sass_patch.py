@@ -80,7 +80,7 @@ def patch_object(obj: bytes, cubin: bytes, patched: bytes) -> bytes:
 
 
 # Edits a variant may name in ``cubin_edits``: name -> (edit, fewest instructions it must change).
-# The floor guards against an edit that silently stops matching: a block-scaled promotion runs 64
+# The floor guards against an edit that silently stops matching: a block-scaled promotion has 64
 # FFMAs per k-block, about every second one reusing the scale register.
 EDITS = {"yield_ffma": (yield_ffma, 16)}
 
