@@ -11,7 +11,7 @@ warp that may switch away cannot keep one, hence ptxas clears the hint wherever 
 flag).
 
 :func:`yield_ffma` lets every FFMA that keeps its B operand in the reuse cache yield instead: the
-fp8 block-scaled GEMM's promotion runs 64 FFMAs per k-block back to back, and every second one of
+fp8 block-scaled GEMM's promotion issues 64 FFMAs per k-block back to back, and every second one of
 them holds the scheduler on its warp while another warpgroup of the CTA waits to issue its next
 WGMMA on the same scheduler.  The edit touches only those two bits of those instructions; the
 cubin's size and every other byte stay as compiled.
