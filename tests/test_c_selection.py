@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import ctypes
 import json
+import math
 import os
 import shutil
 import zlib
@@ -84,7 +85,9 @@ def test_gemm_launches_what_the_library_selects(bundles):
                 names.add(got[1])
                 e = bundle.manifest["variants"][got[1]]
                 # the workspace and grid cap that the Python launch passes (gemm.gemm, launch_scalars)
-                assert ws == (4 * e["split_k"] * p["M"] * p["N"] if "workspace" in e else 0)
+                # (runtime/gemm.py and fx_select.c compute the same bytes, either workspace form)
+                spec = rt_gemm._workspace_spec(e, p["M"], p["N"], 0, p.get("L", 1))
+                assert ws == (4 * math.prod(spec[0][1]) if spec else 0)
                 assert max_clusters == (max(1, sms // e["persistent"]["cluster_ctas"]) if e.get("persistent") else 0)
         assert sum(seen.values()) == len(DEVICES) * len(GEMM_PROBLEMS)
         # every kind of answer occurs (the grid reaches each branch), and many different variants
