@@ -6,15 +6,21 @@ the parts of one tile adjacent in the raster so that they run at the same time o
 CTAs.  The mainloop is the one of ``sm90.py`` (TMA -> swizzled smem -> WGMMA, producer warp and
 consumer warpgroups); only the k-blocks of the part are loaded.
 
-**Fix-up (in the kernel, last arrival, fixed order).**  Every part stores its fp32 partial tile
-into the workspace (each consumer thread its accumulators, thread-interleaved so a warp's stores
-are contiguous), fences, and one thread adds 1 to the tile's semaphore.  The part that sees
-``splits - 1`` arrivals before its own is the last: it reads the partial tiles back in part order
-(part 0 + part 1 + ...: the same additions in the same order whichever CTA arrives last, so the
-result does not depend on timing), writes the tile through the usual epilogue (bf16 via smem and
-TMA store) and sets the semaphore back to 0.  No CTA ever waits for another, so no co-residency
-is assumed.  A part with no k-block (more parts than k-blocks) stores nothing and is skipped by
-the reader, which computes which parts are empty.
+**Fix-up (in the kernel, fixed reducer, fixed order).**  The last part of a tile reduces it.  The
+other parts store their fp32 partial tile into the workspace (16-byte vectors, the threads'
+vectors interleaved so that a warp's stores are contiguous), fence at GPU scope, and one thread
+adds 1 to the tile's semaphore (a reduction: nothing is waited for).  The last part, once its own
+mainloop is done, waits until the semaphore reads ``splits - 1``, sets it back to 0 and sums
+((part 0 + part 1) + ...) + its own accumulators, the same additions in the same order on every
+run, then writes the tile through the usual epilogue (bf16 via smem and TMA store).  A part with
+no k-block (more parts than k-blocks) stores nothing and is skipped by the reducer, which computes
+which parts own k-blocks.
+
+Progress: the parts of a tile are consecutive work units, the reducer the highest, and a CTA walks
+its units in increasing order, so a reducer waits only on units of lower index; the grid never
+exceeds what the device holds at once (``max_clusters``, as in sm90.py), so every unit of lower
+index is running or done, and the lowest unfinished unit never waits.  (With PDL, the next kernel
+is released only once every CTA of this one has started.)
 
 **Workspace** (one float32 tensor of ``workspace_words(...)`` elements, ``W``): first the
 semaphores, one int32 per output tile (tiles_m * tiles_n * L, rounded up to 32), then the partial
@@ -27,7 +33,9 @@ the same time (two streams) must not share one workspace.
 Why this form (notes/gemm-sm90.md, "Split-K with an in-kernel fix-up"): a separate reduction
 kernel moves every partial through memory twice and adds a launch; the cluster (DSMEM) split of
 ``sm90.py`` holds the partials in shared memory, which caps it at 64 accumulators per thread and at
-the split counts whose clusters the device co-schedules (2-CTA clusters: 66 of 66; 4-CTA: 30).
+the split counts whose clusters the device co-schedules (2-CTA clusters: 66 of 66; 4-CTA: 30).  A
+first form where every part stored its partial and the last to arrive (an atomic's returned
+value) reduced made every part wait for the atomic's round trip: slower on an H100.
 """
 
 from __future__ import annotations
@@ -77,7 +85,7 @@ class GemmSm90SplitK(GemmSm90):
 
     splits: int = field(default=2, metadata={"tag": "skw"})
 
-    required_sass: ClassVar[tuple[str, ...]] = GemmSm90.required_sass + (r"\bATOMG\.E\.ADD",)
+    required_sass: ClassVar[tuple[str, ...]] = GemmSm90.required_sass + (r"\bREDG\.E\.ADD",)
 
     def signature(self) -> Signature:
         sig = super().signature()
@@ -85,8 +93,10 @@ class GemmSm90SplitK(GemmSm90):
         return Signature(args, sig.divisibility)
 
     def sass_requirements(self) -> tuple[str, ...]:
-        # the semaphore (atomic add), the fence before it, the partials' loads past L1
-        return super().sass_requirements() + (r"\bATOMG\.E\.ADD", r"\bMEMBAR", r"\bLDG\.E\.STRONG\.GPU")
+        # the arrival (a reduction, no returned value), the release fence before it, the reducer's
+        # acquire loads of the semaphore, and the partial tiles in 16-byte vectors
+        return super().sass_requirements() + (r"\bREDG\.E\.ADD", r"\bMEMBAR\.ALL\.GPU", r"\bLDG\.E\.STRONG\.GPU",
+                                               r"\bSTG\.E\.128", r"\bLDG\.E\.128")
 
     def can_implement(self) -> str | None:
         why = super().can_implement()
@@ -178,8 +188,6 @@ class GemmSm90SplitKernel(GemmSm90Kernel):
         @cute.struct
         class SharedStorage:
             ab_barriers: cute.struct.MemRange[cutlass.Int64, self.ab_stages * 2]
-            # The fix-up: the semaphore's old value, read by every epilogue thread.
-            arrived: cute.struct.MemRange[cutlass.Int32, 4]
             sA: cute.struct.Align[
                 cute.struct.MemRange[ab_dtype, cute.cosize(sA_layout)], _SMEM_ALIGN]
             sB: cute.struct.Align[
@@ -215,7 +223,6 @@ class GemmSm90SplitKernel(GemmSm90Kernel):
         sA = storage.sA.get_tensor(sA_layout.outer, swizzle=sA_layout.inner)
         sB = storage.sB.get_tensor(sB_layout.outer, swizzle=sB_layout.inner)
         sC = storage.sC.get_tensor(sC_layout.outer, swizzle=sC_layout.inner)
-        arrived = storage.arrived.get_tensor(cute.make_layout(4))
 
         stage_bytes = (atoms.stage_bytes(self.ab_dtype, sA_layout)
                        + atoms.stage_bytes(self.ab_dtype, sB_layout))
@@ -246,11 +253,53 @@ class GemmSm90SplitKernel(GemmSm90Kernel):
         else:
             cute.arch.setmaxregister_increase(self.consumer_regs)
             self.consume_split(tiled_mma, tma_c, sA, sB, sC, gC, ab_pipe, sched_params, k_tiles,
-                               tidx - 128, warp_idx, workspace, arrived)
+                               tidx - 128, warp_idx, workspace)
+
+    @cute.jit
+    def _slot(self, workspace, base, n_acc: cutlass.Constexpr):
+        """This thread's view of one partial tile in the workspace: n_acc floats in 16-byte
+        vectors, the epilogue threads' vectors interleaved (a warp's vector stores contiguous)."""
+        addr = workspace.iterator.toint() + cutlass.Int64(base) * 4
+        ptr = cute.make_ptr(cutlass.Float32, addr, cute.AddressSpace.gmem, assumed_align=16)
+        return cute.make_tensor(ptr, cute.make_layout((4, n_acc // 4), stride=(1, 4 * self.epi_threads)))
+
+    @cute.jit
+    def _store_part(self, workspace, base, acc, vec, n_acc: cutlass.Constexpr):
+        """This thread's accumulators into one partial tile, 4 at a time.  (Through a small
+        staging fragment: a tensor view of the accumulators themselves moved them to local memory
+        and made ptxas serialise the WGMMAs.)"""
+        t4 = cute.make_rmem_tensor((4, 1), cutlass.Float32)
+        dst = self._slot(workspace, base, n_acc)
+        for j in cutlass.range_constexpr(n_acc // 4):
+            for e in cutlass.range_constexpr(4):
+                t4[e] = acc[4 * j + e]
+            cute.copy(vec, t4, cute.local_tile(dst, (4, 1), (0, j)))
+
+    @cute.jit
+    def _sum_parts(self, workspace, tile_base, tile_words, busy, own, acc, vec, n_acc: cutlass.Constexpr):
+        """acc = ((p0 + p1) + ... + p_{splits-2}) + acc (acc only where ``own``: the reducing part
+        owns k-blocks), the contributing parts read from the workspace, in part order, 4 values
+        at a time; parts >= ``busy`` own no k-block and are skipped."""
+        t4 = cute.make_rmem_tensor((4, 1), cutlass.Float32)
+        u4 = cute.make_rmem_tensor((4, 1), cutlass.Float32)
+        for j in cutlass.range_constexpr(n_acc // 4):
+            cute.copy(vec, cute.local_tile(self._slot(workspace, tile_base, n_acc), (4, 1), (0, j)), t4)
+            for p in cutlass.range_constexpr(1, self.splits - 1):
+                if p < busy:
+                    cute.copy(vec, cute.local_tile(self._slot(workspace, tile_base + p * tile_words, n_acc),
+                                                   (4, 1), (0, j)), u4)
+                    for e in cutlass.range_constexpr(4):
+                        t4[e] = t4[e] + u4[e]
+            if own:
+                for e in cutlass.range_constexpr(4):
+                    acc[4 * j + e] = t4[e] + acc[4 * j + e]
+            else:
+                for e in cutlass.range_constexpr(4):
+                    acc[4 * j + e] = t4[e]
 
     @cute.jit
     def consume_split(self, tiled_mma, tma_c, sA, sB, sC, gC, ab_pipe, sched_params, k_tiles, ctidx,
-                      warp_idx, workspace, arrived):
+                      warp_idx, workspace):
         """The consumer warpgroups: per work unit the part's mainloop, the partial tile into the
         workspace and the semaphore; the last part of a tile sums the partials in part order and
         runs the epilogue."""
@@ -294,6 +343,8 @@ class GemmSm90SplitKernel(GemmSm90Kernel):
         tile_words = self.tile[0] * self.tile[1]
         per = (k_tiles + self.splits - 1) // self.splits
         sems = cute.recast_ptr(workspace.iterator, dtype=cutlass.Int32)
+        # The partial tiles: this thread's accumulators as 16-byte vectors.
+        vec = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), cutlass.Float32, num_bits_per_copy=128)
 
         sched = atoms.tile_scheduler(sched_params)
         read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stages)
@@ -326,38 +377,34 @@ class GemmSm90SplitKernel(GemmSm90Kernel):
 
             # ---- fix-up.  Padding units of the scheduler (clusters rounded up along N) have no
             # output tile: they neither store nor arrive.
-            last = False
+            last = cutlass.Boolean(False)
             if n < tiles_n:
                 tile_id = m + tiles_m * (n + tiles_n * l)
-                slot = sem_words + (tile_id * self.splits + part) * tile_words + ctidx
-                if k_end > k_begin:
-                    for v in cutlass.range_constexpr(n_acc):
-                        cute.arch.store(workspace.iterator + (slot + v * self.epi_threads), acc[v])
-                # Each thread's partial before the arrival (release), then one arrival per unit.
-                cute.arch.fence_acq_rel_gpu()
-                epi_bar.arrive_and_wait()
-                if ctidx == 0:
-                    arrived[0] = cute.arch.atomic_add(sems + tile_id, cutlass.Int32(1), sem="acq_rel",
-                                                      scope="gpu")
-                epi_bar.arrive_and_wait()
-                last = arrived[0] == self.splits - 1
-                if last:
+                tile_base = sem_words + tile_id * self.splits * tile_words + ctidx * 4
+                if part < self.splits - 1:
+                    # A contributing part: its partial tile (unless it owns no k-block), released
+                    # at GPU scope by every thread, then one arrival; it does not wait.
+                    if k_end > k_begin:
+                        self._store_part(workspace, tile_base + part * tile_words, acc, vec, n_acc)
                     cute.arch.fence_acq_rel_gpu()
+                    epi_bar.arrive_and_wait()
                     if ctidx == 0:
-                        sems[tile_id] = cutlass.Int32(0)  # reset for the next launch
-                    # part 0 always has k-blocks (per >= 1); then the others in part order.
-                    base = sem_words + tile_id * self.splits * tile_words + ctidx
-                    for v in cutlass.range_constexpr(n_acc):
-                        acc[v] = cute.arch.load(workspace.iterator + (base + v * self.epi_threads),
-                                                cutlass.Float32, cop="cg")
-                    for p in cutlass.range_constexpr(1, self.splits):
-                        if p * per < k_tiles:
-                            src = base + p * tile_words
-                            for v in cutlass.range_constexpr(n_acc):
-                                acc[v] = acc[v] + cute.arch.load(
-                                    workspace.iterator + (src + v * self.epi_threads), cutlass.Float32, cop="cg")
-                # the arrival slot is read by every thread before the next unit overwrites it
-                epi_bar.arrive_and_wait()
+                        cute.arch.red(sems + tile_id, cutlass.Int32(1), op="add", dtype="s32", sem="release",
+                                      scope="gpu")
+                else:
+                    # The reducing (last) part: wait for the others' arrivals, set the semaphore
+                    # back to 0, then sum in part order: ((p0 + p1) + ...) + own.
+                    last = cutlass.Boolean(True)
+                    if ctidx == 0:
+                        got = cute.arch.load(sems + tile_id, cutlass.Int32, sem="acquire", scope="gpu")
+                        while got < self.splits - 1:
+                            got = cute.arch.load(sems + tile_id, cutlass.Int32, sem="acquire", scope="gpu")
+                        cute.arch.store(sems + tile_id, cutlass.Int32(0))
+                    epi_bar.arrive_and_wait()
+                    cute.arch.fence_acq_rel_gpu()
+                    # parts 0 .. busy - 1 own k-blocks (part 0 always does)
+                    busy = (k_tiles + per - 1) // per
+                    self._sum_parts(workspace, tile_base, tile_words, busy, k_end > k_begin, acc, vec, n_acc)
 
             if last:
                 # ---- epilogue (as sm90.py): sub-tiles -> smem (stmatrix) -> TMA store

@@ -278,6 +278,7 @@ SM90_SPLITK_DEFAULT = ()
 SM90_SPLITK_FULL = tuple(
     dict(**BF16, tile=t, schedule=s, cluster=c, splits=k)
     for t, s, c, ks in (((128, 256, 64), "coop", (1, 2), (2, 3, 4)), ((128, 192, 64), "coop", (1, 2), (2, 3)),
+                        ((128, 192, 64), "coop", (1, 1), (3,)),
                         ((128, 128, 64), "coop", (1, 2), (2, 3, 4)), ((64, 128, 64), "ws", (1, 2), (4, 6)),
                         ((64, 128, 64), "ws", (1, 1), (4, 7)))
     for k in ks

@@ -748,14 +748,17 @@ static i128 sm80_ctas(const fx_variant *v, const gemm_ctx *g) {
    the cluster split where its unsplit tile grid is under one wave; the workspace split (in-kernel
    fix-up) where the unsplit grid's last wave leaves at least a quarter of the SMs idle (tiles <
    SMs, or (tiles mod SMs) in 1..3/4 SMs within FX_SPLIT_MAX_WAVES waves), every part keeps at least
-   FX_SPLIT_MIN_KBLOCKS k-blocks, and the split grid's waves are fuller than the unsplit ones. */
+   FX_SPLIT_MIN_KBLOCKS k-blocks, the workspace stays within FX_SPLIT_MAX_WORKSPACE_WORDS, and the
+   split grid's waves are fuller than the unsplit ones. */
 #define FX_SPLIT_MAX_WAVES 3
 #define FX_SPLIT_MIN_KBLOCKS 8
+#define FX_SPLIT_MAX_WORKSPACE_WORDS ((int64_t)16 << 20) /* 64 MiB of partial tiles per call at most */
 static int split_competes(const fx_variant *v, const gemm_ctx *g, int32_t sms) {
     i128 tiles = (i128)cdiv(g->M, v->tile[0]) * cdiv(g->N, v->tile[1]) * g->L;
     if (v->workspace != FX_WORKSPACE_TILES) return tiles < sms;
     if (tiles >= (i128)sms * FX_SPLIT_MAX_WAVES) return 0;
     if (cdiv(g->K, v->tile[2]) < (int64_t)FX_SPLIT_MIN_KBLOCKS * v->split_k) return 0;
+    if (split_words(v, g->M, g->N, g->L) > FX_SPLIT_MAX_WORKSPACE_WORDS) return 0;
     i128 rem = tiles % sms;
     if (rem == 0 || 4 * rem > 3 * (i128)sms) return 0;
     i128 units = tiles * v->split_k;
