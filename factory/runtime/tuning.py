@@ -212,9 +212,11 @@ MODEL = {
     "wide_k_bw": 1.05,
     # 128x64 / 128x96 cooperative tiles (two consumer warpgroups on a narrow tile).
     "eff_coop_narrow": 0.48,
-    # Split-K with the in-kernel fix-up (gemm/sm90_splitk.py): per wave, a 128x128 fp32 partial
-    # tile stored and, by the last part, splits of them read back (L2), in us.
-    "wsplit_us": 0.6,
+    # Split-K with the in-kernel fix-up (gemm/sm90_splitk.py): per wave and (splits + 1), the
+    # partial tiles' store, wait and read back, in us per 128x128 tile.  Fitted (one key) on the
+    # tune half of scripts/bench_offgrid.py's sweep (H100, regret 1.0274 without split -> 1.0238
+    # at 2.0-2.5; notes/gemm-sm90.md, "Split-K over the grid").
+    "wsplit_us": 2.5,
 }
 
 # MODEL's keys in the order the host library's fx_model holds them (compiler/selection.py generates
