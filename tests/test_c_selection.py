@@ -300,11 +300,11 @@ def test_known_answers(test_bundle):
     assert answer((9, 0), 132, K=4100)[0] == ("novariant",)  # K % 8
     assert answer((9, 0), 132, a_major="m", pad_a=0)[0] == ("novariant",)  # the test tier is K-major only
     assert answer((9, 0), 132, M=0)[0] == ("empty",)
-    # 4 x 10 tiles of 128x128 (under a third of a wave), 128 k-blocks: split 3 ways over the grid
-    # (120 units); its workspace: 40 semaphores rounded to 64 words, then 3 partial tiles per tile
-    got, sel = answer((9, 0), 132, M=512, N=1280, K=8192)
-    assert got == ("ok", "gemm_sm90a_bf16_obf16_ak_bk_t128x128x64_c1x1_coop_rm_sw1_sk1_pdl_skw3")
-    assert sel.workspace_bytes == 4 * (64 + 40 * 3 * 128 * 128) and sel.splits == 3
+    # 2 x 10 tiles of 64x128 (a sixth of a wave), 128 k-blocks: split 4 ways over the grid (80
+    # units); its workspace: 20 semaphores rounded to 32 words, then 4 partial tiles per tile
+    got, sel = answer((9, 0), 132, M=128, N=1280, K=8192)
+    assert got == ("ok", "gemm_sm90a_bf16_obf16_ak_bk_t64x128x64_c1x1_ws_rm_sw1_sk1_pdl_skw4")
+    assert sel.workspace_bytes == 4 * (32 + 20 * 4 * 64 * 128) and sel.splits == 4
     # a full wave of tiles: no split; too few k-blocks per part (8 each at least): no split
     assert "skw" not in answer((9, 0), 132, M=2048, N=2048 * 4, K=8192)[0][1]
     assert "skw" not in answer((9, 0), 132, M=512, N=2048, K=1024)[0][1]

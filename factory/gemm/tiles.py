@@ -273,7 +273,7 @@ DECODE_SHAPES = {
 
 # --- sm90 split-K over the persistent grid with the in-kernel fix-up (gemm/sm90_splitk.py) ---------
 # Every row built with pdl=True.  ``splits`` parts per output tile.
-SM90_SPLITK_TEST = (dict(**BF16, tile=(128, 128, 64), splits=3),)
+SM90_SPLITK_TEST = (dict(**BF16, tile=(64, 128, 64), schedule="ws", splits=4),)
 SM90_SPLITK_DEFAULT = ()
 SM90_SPLITK_FULL = tuple(
     dict(**BF16, tile=t, schedule=s, cluster=c, splits=k)
