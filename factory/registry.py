@@ -23,6 +23,7 @@ FAMILY_MODULES = (
     "factory.gemm.sm100_blockscaled",
     "factory.gemm.decode",
     "factory.gemm.sm90_grouped",
+    "factory.gemm.sm90_splitk",
     "factory.attention.sm80",
     "factory.attention.sm90",
     "factory.attention.sm90_fp8",

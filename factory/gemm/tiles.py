@@ -291,3 +291,16 @@ DECODE_SHAPES = {
     "test": ((1, 8, 4, 2, 2),),
     "default": ((1, 8, 4, 2, 2), (2, 4, 4, 2, 2)),
 }
+
+# --- sm90 split-K over the persistent grid with the in-kernel fix-up (gemm/sm90_splitk.py) ---------
+# Every row built with pdl=True.  ``splits`` parts per output tile.
+SM90_SPLITK_TEST = (dict(**BF16, tile=(64, 128, 64), schedule="ws", splits=4),)
+SM90_SPLITK_DEFAULT = ()
+SM90_SPLITK_FULL = tuple(
+    dict(**BF16, tile=t, schedule=s, cluster=c, splits=k)
+    for t, s, c, ks in (((128, 256, 64), "coop", (1, 2), (2, 3, 4)), ((128, 192, 64), "coop", (1, 2), (2, 3)),
+                        ((128, 192, 64), "coop", (1, 1), (3,)),
+                        ((128, 128, 64), "coop", (1, 2), (2, 3, 4)), ((64, 128, 64), "ws", (1, 2), (4, 6)),
+                        ((64, 128, 64), "ws", (1, 1), (4, 7)))
+    for k in ks
+)

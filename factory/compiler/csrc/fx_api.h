@@ -303,9 +303,11 @@ int32_t fx_gemm_grouped_select(const fx_device_t *dev, const fx_gemm_grouped_pro
    capturing a CUDA graph).  The launch runs on the current device (cudaSetDevice): `stream` must
    be one of its streams and every pointer device (or managed) memory of it, else FX_ERR_INPUT
    and nothing is launched.  workspace: at least fx_*_select's workspace_bytes, 16-byte aligned,
-   valid until the kernels have run (NULL with 0 when none is needed).  Empty problems launch
-   nothing (fx_gemm with K = 0 zeroes c with cudaMemset2DAsync).  *out (may be NULL) receives the
-   selection. */
+   valid until the kernels have run (NULL with 0 when none is needed); launches that may run at the
+   same time (other streams) need workspaces of their own (a GEMM split over the grid keeps
+   semaphores there, which fx_gemm zeroes with cudaMemsetAsync on `stream` before its kernel).
+   Empty problems launch nothing (fx_gemm with K = 0 zeroes c with cudaMemset2DAsync).  *out (may
+   be NULL) receives the selection. */
 int32_t fx_gemm(const fx_device_t *dev, const fx_gemm_problem_t *p, void *workspace,
                 uint64_t workspace_bytes, fx_stream_t stream, fx_selection_t *out);
 int32_t fx_gemm_scaled(const fx_device_t *dev, const fx_gemm_problem_t *p, const fx_gemm_scales_t *scales,

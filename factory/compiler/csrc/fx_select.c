@@ -41,6 +41,8 @@
 
 typedef __int128 i128;
 
+#define FX_WORKSPACE_TILES 2 /* fx_variant.workspace of the in-kernel split-K fix-up (selection.py) */
+
 static _Thread_local char fx_msg[1024];
 
 static int32_t fail(int32_t code, const char *fmt, ...) {
@@ -444,14 +446,14 @@ static const fx_model_sm100 *model100(void) {
 }
 
 /* For fitting tools only (scripts/fit_cost_model.py; not thread-safe, never needed to serve): the
-   models' tunable constants in the order of selection.py MODEL_KEYS (21) / SM100_MODEL_KEYS (9);
+   models' tunable constants in the order of selection.py MODEL_KEYS (22) / SM100_MODEL_KEYS (9);
    NULL restores the compiled-in ones. */
 FX_EXPORT int32_t fx_cost_model_set(const double *sm90, int32_t n90, const double *sm100, int32_t n100) {
-    if ((sm90 && n90 != 21) || (sm100 && n100 != 9))
-        return fail(FX_ERR_INPUT, "fx_cost_model_set takes 21 sm90 and 9 sm100 constants, got %d and %d", n90, n100);
+    if ((sm90 && n90 != 22) || (sm100 && n100 != 9))
+        return fail(FX_ERR_INPUT, "fx_cost_model_set takes 22 sm90 and 9 sm100 constants, got %d and %d", n90, n100);
     fx_model90_set = fx_model_constants;
     fx_model100_set = fx_model_sm100_constants;
-    if (sm90) memcpy(&fx_model90_set, sm90, 21 * sizeof(double));
+    if (sm90) memcpy(&fx_model90_set, sm90, 22 * sizeof(double));
     if (sm100) memcpy(&fx_model100_set, sm100, 9 * sizeof(double));
     fx_model90_given = sm90 != NULL;
     fx_model100_given = sm100 != NULL;
@@ -518,7 +520,8 @@ static double estimate_us(const fx_variant *v, int64_t M, int64_t N, int64_t K, 
        the same tile unswizzled (notes/gemm-sm90.md, off the tuning grid). */
     i128 run_n = v->swizzle > 1 ? cdiv128(tiles_n / cn, v->swizzle) * v->swizzle * cn : tiles_n;
     i128 units = tiles_m * run_n * L * split;
-    i128 per_cluster = cm * cn * split;
+    /* the cluster split's parts are one cluster; the workspace split's are separate work units */
+    i128 per_cluster = v->workspace == FX_WORKSPACE_TILES ? cm * cn : cm * cn * split;
     i128 cap = v->persistent_ctas ? v->persistent_ctas : sm_count;
     if (cap > sm_count) cap = sm_count;
     cap = cap / per_cluster * per_cluster;
@@ -540,6 +543,8 @@ static double estimate_us(const fx_variant *v, int64_t M, int64_t N, int64_t K, 
     double t = hi + p->overlap * lo;
     double area = (double)(tm * tn) / 4096.0;
     double split_cost = p->split_us * (double)(split - 1) * pow(area > 1.0 ? area : 1.0, p->split_tile_exp);
+    if (v->workspace == FX_WORKSPACE_TILES) /* per wave: a partial tile out, the last part's split tiles in */
+        split_cost = p->wsplit_us * (double)waves * (double)(split + 1) * (double)(tm * tn) / 16384.0;
     double tile_cost = p->tile_us * (double)(waves - 1);
     return t * 1e6 + p->fixed_us + split_cost + tile_cost;
 }
@@ -574,7 +579,29 @@ static int32_t gemm_major(const fx_spec *s, int32_t mn) {
     return 0;
 }
 
-static void workspace_spec(fx_value *v, const fx_variant *e, int64_t M, int64_t N, uintptr_t ptr) {
+/* The "tiles" workspace of the in-kernel split-K fix-up (gemm/sm90_splitk.py workspace_words,
+   runtime/gemm.py): one int32 semaphore per output tile, rounded up to FX_SEM_ALIGN words, then a
+   tile_m x tile_n float32 partial per (tile, part).  Saturates at INT64_MAX (the contract then
+   refuses the size). */
+#define FX_SEM_ALIGN 32
+static int64_t split_sem_words(const fx_variant *e, int64_t M, int64_t N, int64_t L) {
+    i128 t = (i128)cdiv(M, e->tile[0]) * cdiv(N, e->tile[1]) * L;
+    i128 w = (t + FX_SEM_ALIGN - 1) / FX_SEM_ALIGN * FX_SEM_ALIGN;
+    return w > (i128)INT64_MAX ? INT64_MAX : (int64_t)w;
+}
+
+static int64_t split_words(const fx_variant *e, int64_t M, int64_t N, int64_t L) {
+    i128 t = (i128)cdiv(M, e->tile[0]) * cdiv(N, e->tile[1]) * L;
+    i128 w = (i128)split_sem_words(e, M, N, L) + t * e->split_k * e->tile[0] * e->tile[1];
+    return w > (i128)INT64_MAX ? INT64_MAX : (int64_t)w;
+}
+
+static void workspace_spec(fx_value *v, const fx_variant *e, int64_t M, int64_t N, int64_t L, uintptr_t ptr) {
+    if (e->workspace == FX_WORKSPACE_TILES) {
+        int64_t shape[1] = {split_words(e, M, N, L)}, stride[1] = {1};
+        spec(v, (const void *)ptr, 1, shape, stride);
+        return;
+    }
     int64_t shape[3] = {M, N, e->split_k}, stride[3] = {N, 1, M * N};
     spec(v, (const void *)ptr, 3, shape, stride);
 }
@@ -593,7 +620,7 @@ static int32_t gemm_fits(const gemm_ctx *g, int32_t early_b, int32_t **fits, int
         if (v->early_b != early_b) continue;
         if (v->epilogue != g->epilogue) continue;
         int32_t nv = g->n_vals;
-        if (v->workspace) workspace_spec(&vals[nv++], v, g->M, g->N, 0);
+        if (v->workspace) workspace_spec(&vals[nv++], v, g->M, g->N, g->L, 0);
         if (check_contract(v, vals, nv)) {
             if (!reason[0]) snprintf(reason, sizeof reason, "%s", fx_msg);
             continue;
@@ -717,6 +744,28 @@ static i128 sm80_ctas(const fx_variant *v, const gemm_ctx *g) {
     return (i128)cdiv(g->M, v->tile[0]) * cdiv(g->N, v->tile[1]) * g->L * v->split_k;
 }
 
+/* Whether an sm90 split-K variant competes (by wave count; the cost model then decides):
+   the cluster split where its unsplit tile grid is under one wave; the workspace split (in-kernel
+   fix-up) where the unsplit grid's last wave leaves at least a quarter of the SMs idle (tiles <
+   SMs, or (tiles mod SMs) in 1..3/4 SMs within FX_SPLIT_MAX_WAVES waves), every part keeps at least
+   FX_SPLIT_MIN_KBLOCKS k-blocks, the workspace stays within FX_SPLIT_MAX_WORKSPACE_WORDS, and the
+   split grid's waves are fuller than the unsplit ones. */
+#define FX_SPLIT_MAX_WAVES 3
+#define FX_SPLIT_MIN_KBLOCKS 32 /* H100 sweep: split tiles with 8-27 k-blocks per part lost 1.2-2.6x */
+#define FX_SPLIT_MAX_WORKSPACE_WORDS ((int64_t)16 << 20) /* 64 MiB of partial tiles per call at most */
+static int split_competes(const fx_variant *v, const gemm_ctx *g, int32_t sms) {
+    i128 tiles = (i128)cdiv(g->M, v->tile[0]) * cdiv(g->N, v->tile[1]) * g->L;
+    if (v->workspace != FX_WORKSPACE_TILES) return tiles < sms;
+    if (tiles >= (i128)sms * FX_SPLIT_MAX_WAVES) return 0;
+    if (cdiv(g->K, v->tile[2]) < (int64_t)FX_SPLIT_MIN_KBLOCKS * v->split_k) return 0;
+    if (split_words(v, g->M, g->N, g->L) > FX_SPLIT_MAX_WORKSPACE_WORDS) return 0;
+    i128 rem = tiles % sms;
+    if (rem == 0 || 4 * rem > 3 * (i128)sms) return 0;
+    i128 units = tiles * v->split_k;
+    /* fill = work / (waves x SMs): split fuller than unsplit, compared in integers */
+    return units * (cdiv128(tiles, sms) * sms) > tiles * (cdiv128(units, sms) * sms);
+}
+
 /* The variant to run among fits (all fit, one target); -1 if fits is empty:
      1. a persistent grid fixed at build time for more SMs than this device has is used only where
         its launch grid for this problem fits (else a second wave of CTAs);
@@ -764,8 +813,7 @@ static int32_t gemm_choose(const gemm_ctx *g, int32_t *fits, int32_t n) {
         double best_t = 0;
         for (int32_t i = 0; i < n; i++) {
             const fx_variant *v = &fx_variants[fits[i]];
-            if (family == FX_FAMILY_SM90 && v->split_k > 1 && unsplit > 0 &&
-                (i128)cdiv(g->M, v->tile[0]) * cdiv(g->N, v->tile[1]) * g->L >= sms)
+            if (family == FX_FAMILY_SM90 && v->split_k > 1 && unsplit > 0 && !split_competes(v, g, sms))
                 continue;
             double t = family == FX_FAMILY_SM100 ? sm100_estimate_us(v, g->M, g->N, g->K, g->L, sms)
                                                  : estimate_us(v, g->M, g->N, g->K, g->L, sms);
@@ -1100,7 +1148,11 @@ static int32_t gemm_select(const fx_device_t *dev, const fx_gemm_problem_t *p, c
     out->variant = choice;
     out->name = v->name;
     out->splits = v->split_k;
-    if (v->workspace) { /* (split_k, M, N) float32 partials */
+    if (v->workspace == FX_WORKSPACE_TILES) { /* semaphores + partial tiles, float32 words */
+        int64_t w = split_words(v, p->m, p->n, p->l);
+        if (w == INT64_MAX) return fail(FX_ERR_INPUT, "the split-K workspace overflows 64 bits");
+        if ((rc = mulu64((uint64_t)w, 4u, &out->workspace_bytes, "the split-K workspace"))) return rc;
+    } else if (v->workspace) { /* (split_k, M, N) float32 partials */
         uint64_t b;
         if ((rc = mulu64((uint64_t)v->split_k * 4u, (uint64_t)p->m, &b, "the split-K workspace")) ||
             (rc = mulu64(b, (uint64_t)p->n, &out->workspace_bytes, "the split-K workspace")))
@@ -2614,7 +2666,15 @@ static int32_t gemm_run(const fx_device_t *dev, const fx_gemm_problem_t *p, cons
     const fx_variant *v = &fx_variants[out->variant];
     if ((rc = ensure_loaded(out->variant))) return rc;
     int32_t n = g.n_vals;
-    if (v->workspace) workspace_spec(&g.vals[n++], v, g.M, g.N, (uintptr_t)workspace);
+    if (v->workspace) workspace_spec(&g.vals[n++], v, g.M, g.N, g.L, (uintptr_t)workspace);
+    if (v->workspace == FX_WORKSPACE_TILES) { /* the semaphores start at zero (the kernel leaves them so) */
+        cudaError_t e = cudaMemsetAsync(workspace, 0, (size_t)split_sem_words(v, g.M, g.N, g.L) * 4u, stream);
+        if (e != cudaSuccess) {
+            cudaGetLastError();
+            return fail((int32_t)e, "fx_gemm: zeroing the split-K semaphores: %s: %s", cudaGetErrorName(e),
+                        cudaGetErrorString(e));
+        }
+    }
     if (v->cluster_ctas) {
         int32_t drv = driver_clusters(out->variant);
         if (drv > 0 && drv < out->max_clusters) out->max_clusters = drv;
