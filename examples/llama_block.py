@@ -24,7 +24,8 @@ order) and the second residual add in the down projection's, in place).  The fus
 out when the bundle has no rms_norm / rope_kvcache variant for the device; a GEMM epilogue the
 bundle has no variant for (e.g. fp8 epilogues outside the default tier) falls back to the GEMM
 plus the torch op.  ``--compile-mode``: the torch.compile mode of the compiled torch layer
-(``max-autotune`` by default; autotuning takes minutes per shape on the device).
+(``max-autotune`` by default; with cold Inductor/Triton caches each compiled row took 40-50 s on an H100 host;
+point ``TORCHINDUCTOR_CACHE_DIR`` / ``TRITON_CACHE_DIR`` somewhere disposable).
 """
 
 from __future__ import annotations

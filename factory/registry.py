@@ -23,6 +23,7 @@ FAMILY_MODULES = (
     "factory.gemm.sm100_blockscaled",
     "factory.gemm.decode",
     "factory.gemm.sm90_grouped",
+    "factory.gemm.sm90_splitk",
     "factory.gemm.sm100_grouped",
     "factory.gemm.sm100_block128",
     "factory.attention.sm80",
@@ -32,6 +33,7 @@ FAMILY_MODULES = (
     "factory.attention.sm100_fa4",
     "factory.elementwise.rmsnorm",
     "factory.elementwise.rope_cache",
+    "factory.elementwise.fp8_rows",
 )
 TIERS = ("test", "default", "full")
 

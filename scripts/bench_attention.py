@@ -119,14 +119,61 @@ def _flops(b, hq, sq, sk, d, causal) -> float:
     return 4.0 * b * hq * pairs * d
 
 
+def time_sustained(calls: dict, seconds: float, rounds: int) -> tuple[dict, dict, dict]:
+    """Steady-state timing under the board's power limit: each callable's graph replayed back to
+    back for ``seconds`` (the first half brings clock and power to their steady state, the second
+    half is timed between two events), the callables in turn, the order reversed every other
+    round.  Returns medians over rounds of µs per call and of the SM clock (MHz) and board power
+    (W) sampled while the timed half ran (NVML through torch; None where it is missing)."""
+    import torch
+
+    from factory.benchmark import capture, one_replay_s
+
+    st = torch.cuda.Stream()
+    graphs = {n: capture(fn, 1, st) for n, fn in calls.items()}
+    us, mhz, watts = ({n: [] for n in graphs} for _ in range(3))
+    order = list(graphs)
+    for r in range(rounds):
+        for n in (order if r % 2 == 0 else order[::-1]):
+            g = graphs[n]
+            k = max(2, int(seconds / 2 / one_replay_s(g)))
+            for _ in range(k):
+                g.replay()
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record()
+            for _ in range(k):
+                g.replay()
+            e1.record()
+            while not e0.query():
+                time.sleep(0.005)
+            clk, pw = [], []
+            while not e1.query():
+                try:
+                    clk.append(torch.cuda.clock_rate())
+                    pw.append(torch.cuda.power_draw() / 1e3)
+                except Exception:  # noqa: BLE001 - no NVML: times only
+                    pass
+                time.sleep(0.02)
+            e1.synchronize()
+            us[n].append(e0.elapsed_time(e1) * 1e3 / k)
+            mhz[n].append(statistics.median(clk) if clk else None)
+            watts[n].append(statistics.median(pw) if pw else None)
+    del graphs
+    med = lambda v: statistics.median(v) if v and None not in v else None  # noqa: E731
+    return ({n: med(v) for n, v in us.items()}, {n: med(v) for n, v in mhz.items()},
+            {n: med(v) for n, v in watts.items()})
+
+
 def bench_candidates(bundle, pattern: str, dtype="bf16", shapes=None, rounds: int = 4,
-                     max_reps: int = 20) -> list[dict]:
+                     max_reps: int = 20, sustained: float = 0.0) -> list[dict]:
     """Every dense variant of the bundle whose name matches ``pattern`` (a regex) and implements
     the problem, timed by name beside the flash and cuDNN SDPA backends and ``bundle.attention``
     (the loader's choice): one CUDA graph each, replayed in interleaved passes (the order reversed
     every other pass: clock drift falls on all alike; few replays per pass and many passes
     (``max_reps``, ``rounds``) interleave finer), medians.  Each candidate's output is first
-    checked (NaN-poisoned o, relative error against float32 where the reference fits)."""
+    checked (NaN-poisoned o, relative error against float32 where the reference fits).
+    ``sustained`` > 0: :func:`time_sustained` for that many seconds per callable and round
+    instead (with the SM clock and board power of each)."""
     import math
     import re
 
@@ -179,19 +226,26 @@ def bench_candidates(bundle, pattern: str, dtype="bf16", shapes=None, rounds: in
                     return torch.nn.functional.scaled_dot_product_attention(
                         qt, kt, vt, is_causal=causal and sq == sk, enable_gqa=hq != hkv)
             calls[label] = fn
-        t = {n: s * 1e6 for n, s in time_interleaved(calls, 1, rounds=rounds, budget_s=0.1,
-                                                       max_reps=max_reps).items()}
+        clocks = power = None
+        if sustained > 0:
+            t, clocks, power = time_sustained(calls, sustained, rounds)
+        else:
+            t = {n: s * 1e6 for n, s in time_interleaved(calls, 1, rounds=rounds, budget_s=0.1,
+                                                           max_reps=max_reps).items()}
         best = min(t["flash"], t["cudnn"])
         row = {"B": B, "Hq": hq, "Hkv": hkv, "Sq": sq, "Sk": sk, "D": d, "causal": causal, "varlen": varlen,
                "dtype": dtype, "flops": fl, "us": t, "rel_err": errs, "chosen": _chosen(bundle, q, k, v, causal, varlen)}
+        if clocks is not None:
+            row["sm_mhz"], row["board_w"] = clocks, power
         rows.append(row)
         print(f"B{B} H{hq}/{hkv} S{sq}x{sk} D{d} {'causal' if causal else 'full'}{' varlen' if varlen else ''}: "
               f"flash {t['flash']:.1f} "
               f"cudnn {t['cudnn']:.1f} ours {t['ours']:.1f} ({fl / t['ours'] / 1e6:.1f} TF/s, {row['chosen']})",
               flush=True)
         for n in sorted(names, key=lambda n: t[n]):
+            extra = f"  {clocks[n]} MHz {power[n]} W" if clocks is not None else ""
             print(f"    {n:58s} {t[n]:9.1f} µs {fl / t[n] / 1e6:6.1f} TF/s  best SDPA / it {best / t[n]:.3f}"
-                  f"  err {errs[n]}", flush=True)
+                  f"  err {errs[n]}{extra}", flush=True)
         q = k = v = ref_o = qt = kt = vt = None
         calls = None
         torch.cuda.empty_cache()
@@ -608,6 +662,9 @@ def main(argv=None) -> int:
     p.add_argument("--max-reps", type=int, default=20, help="--candidates: replays per pass at most")
     p.add_argument("--shapes", help="--candidates: only the shapes whose 'B,Hq,Hkv,Sq,Sk,D,causal[,varlen]' "
                    "string (causal 0/1) matches this regex")
+    p.add_argument("--sustained", type=float, default=0.0, metavar="S",
+                   help="--candidates: steady-state timing instead, each callable S seconds per round back to "
+                        "back (the second half timed), with the SM clock and board power")
     p.add_argument("--budget", type=float, default=0.4, help="GPU seconds per timed graph (default: %(default)s)")
     a = p.parse_args(argv)
     import torch
@@ -625,7 +682,7 @@ def main(argv=None) -> int:
         base = {"d256": D256_SHAPES, "wide": WIDE_SHAPES}.get(a.grid, SHAPES)
         shapes = [s for s in base if s[3] > 4 and (not a.shapes or re.search(
             a.shapes, ",".join(str(int(x)) for x in s[:7]) + "".join("," + x for x in s[7:])))]
-        rows = bench_candidates(bundle, a.candidates, a.dtype, shapes, a.rounds, a.max_reps)
+        rows = bench_candidates(bundle, a.candidates, a.dtype, shapes, a.rounds, a.max_reps, a.sustained)
         out = Path(a.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         Path(str(out) + ".json").write_text(json.dumps({

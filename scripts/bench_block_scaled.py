@@ -11,7 +11,10 @@ the same passes.  Bundles are named ``LABEL=PATH`` so that builds of one variant
 different sources can be compared side by side.
 
     python3 scripts/bench_block_scaled.py --bundle new=B1 --bundle old=B2 --out OUT.json \
-        [--dense-variants '*blksc*'] [--grouped-variants '*contig*blksc*']
+        [--dense-variants '*blksc*'] [--grouped-variants '*contig*blksc*'] [--passes 2]
+
+Dense: torch's block-scaled ``torch._scaled_mm`` (where this torch has it) is timed in the same
+passes as ``torch:_scaled_mm_block``.
 """
 
 from __future__ import annotations
@@ -29,10 +32,14 @@ from factory.benchmark import sets_for, time_interleaved  # noqa: E402
 from factory.runtime import Bundle  # noqa: E402
 
 
+SKIP: list[str] = []  # globs of variant names left out (--skip)
+
+
 def _names(bundle, op, pattern, grouped=None, modes=("block",)):
     return [v["name"] for v in bundle.candidates(op) if v["dtypes"]["a"] == "e4m3"
             and (v.get("scale_mode") or "tensor") in modes
-            and (grouped is None or v.get("grouped") == grouped) and fnmatch.fnmatch(v["name"], pattern)]
+            and (grouped is None or v.get("grouped") == grouped) and fnmatch.fnmatch(v["name"], pattern)
+            and not any(fnmatch.fnmatch(v["name"], s) for s in SKIP)]
 
 
 def dense(bundles, M, N, K, pattern, l2) -> list[dict]:
@@ -56,6 +63,20 @@ def dense(bundles, M, N, K, pattern, l2) -> list[dict]:
                                          "nan": int(torch.isnan(outs[0]).sum())}
             calls[f"{label}:{name}"] = (lambda b, name, S: lambda i: b.gemm(S[i][0], S[i][1], outs[i], variant=name,
                                                                             **S[i][2]))(b, name, S)
+    # torch's block-scaled _scaled_mm (scale_a (M, K/128) outer-dim-major, scale_b (K/128, N/128)
+    # for b (K, N)) in the same passes, where this torch has it and it matches the reference.
+    try:
+        A, Bt = [s[0] for s in sets["block"]], [s[1].t() for s in sets["block"]]
+        SA, SBt = [s[2]["scale_a"] for s in sets["block"]], [s[2]["scale_b"].t() for s in sets["block"]]
+        r = torch._scaled_mm(A[0], Bt[0], scale_a=SA[0], scale_b=SBt[0], out_dtype=torch.bfloat16)
+        torch.cuda.synchronize()
+        checks["torch:_scaled_mm_block"] = {"rel_err": testing.rel_error(r, sets["block"][0][3]),
+                                            "nan": int(torch.isnan(r).sum())}
+        if checks["torch:_scaled_mm_block"]["rel_err"] < 2e-2:
+            calls["torch:_scaled_mm_block"] = lambda i: torch._scaled_mm(A[i], Bt[i], scale_a=SA[i], scale_b=SBt[i],
+                                                                         out_dtype=torch.bfloat16)
+    except (RuntimeError, ValueError, TypeError) as e:
+        print(f"torch._scaled_mm block-scaled: {type(e).__name__}: {str(e)[:160]}", flush=True)
     t = time_interleaved(calls, n, rounds=3, budget_s=0.05, max_reps=10, warm_s=0.03)
     flops = 2.0 * M * N * K
     return [{"problem": "dense", "M": M, "N": N, "K": K, "variant": k, "us": v * 1e6, "tflops": flops / v / 1e12,
@@ -106,19 +127,26 @@ def main() -> int:
     ap.add_argument("--grouped", nargs=4, type=int, default=[8, 8192, 4096, 7168], metavar=("E", "ROWS", "N", "K"))
     ap.add_argument("--dense-variants", default="*", help="glob over the block-scaled gemm variants")
     ap.add_argument("--grouped-variants", default="*", help="glob over the contiguous block-scaled grouped variants")
+    ap.add_argument("--passes", type=int, default=1, help="repeat the timed passes (each pass: all candidates)")
+    ap.add_argument("--skip", action="append", default=[], help="glob of variant names to leave out (repeatable)")
     args = ap.parse_args()
+    SKIP.extend(args.skip)
     bundles = {}
     for spec in args.bundle:
         label, _, path = spec.partition("=")
         bundles[label] = Bundle.open(path)
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
-    rows = dense(bundles, *args.dense, args.dense_variants, l2)
-    for r in rows:
-        print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()}), flush=True)
-    torch.cuda.empty_cache()
-    g = grouped_rows(bundles, *args.grouped, args.grouped_variants)
-    for r in g:
-        print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()}), flush=True)
+    rows, g = [], []
+    for p in range(args.passes):
+        for r in dense(bundles, *args.dense, args.dense_variants, l2):
+            rows.append(dict(r, run=p))
+            print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in rows[-1].items()}),
+                  flush=True)
+        torch.cuda.empty_cache()
+        for r in grouped_rows(bundles, *args.grouped, args.grouped_variants):
+            g.append(dict(r, run=p))
+            print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in g[-1].items()}), flush=True)
+        torch.cuda.empty_cache()
     Path(args.out).write_text(json.dumps({"device": torch.cuda.get_device_name(0), "rows": rows + g}, indent=1))
     return 0
 

@@ -13,6 +13,9 @@
   activation="silu_mul", out_dtype=torch.float8_e4m3fn)`` vs the bf16 silu_mul epilogue then
   torch's per-group quantisation (``ours+torch``), and vs cuBLAS + silu_and_mul + the same
   quantisation.
+- ``silu_mul`` + e4m3 with one scale per row (``row_scales=True``: the group epilogue, then
+  ``fp8_rows`` in place; torch._scaled_mm's row-wise ``scale_a``): vs the bf16 silu_mul epilogue
+  then torch's row-wise quantisation, and vs cuBLAS + silu_and_mul + the same quantisation.
 
 Timing as scripts/bench.py: CUDA-graph replays of one call per input set (enough fresh random
 sets to exceed twice the L2), all sides of a row interleaved in alternating passes
@@ -46,6 +49,7 @@ OPS = {  # name -> (fields, N_out, K)
     "down_proj+residual": ("residual", HIDDEN, INTER),
     "gate_up+silu_mul": ("silu_mul", INTER, HIDDEN),
     "gate_up+silu_mul+fp8": ("silu_fp8", INTER, HIDDEN),
+    "gate_up+silu_mul+fp8rows": ("silu_fp8rows", INTER, HIDDEN),
 }
 
 
@@ -62,6 +66,17 @@ def torch_group_quant(y, q, s):
     s.copy_(sc)
 
 
+def torch_row_quant(y, q, s):
+    """torch's e4m3 quantisation of y (M, I) with one scale per row into q (M, I) and s (M, 1)."""
+    import torch
+
+    from factory.runtime.epilogue import FP8_MAX, FP8_MIN_SCALE
+
+    yf = y.float()
+    s.copy_((yf.abs().amax(dim=1, keepdim=True) / FP8_MAX).clamp_min(FP8_MIN_SCALE))
+    q.copy_((yf / s).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn))
+
+
 def _l2() -> int:
     import torch
 
@@ -76,11 +91,12 @@ def _fields_of(name: str) -> str:
 
 def _tile_of(name: str) -> str:
     """The tile and cluster part of a variant name ("t256x128x64_c1x2"), and its raster swizzle
-    where that is not 1 ("t256x128x64_c1x2_sw8")."""
+    and split-K where those are not 1 ("t256x128x64_c1x2_sw8", "t64x128x64_c1x1_sk2")."""
     parts = name.split("_")
     t = next(i for i, x in enumerate(parts) if x.startswith("t") and "x" in x)
     sw = [x for x in parts[t + 2:] if x.startswith("sw") and x[2:].isdigit() and x != "sw1"]
-    return "_".join(parts[t:t + 2] + sw[:1])
+    sk = [x for x in parts[t + 2:] if x.startswith("sk") and x[2:].isdigit() and x != "sk1"]
+    return "_".join(parts[t:t + 2] + sw[:1] + sk[:1])
 
 
 def bench_row(bundle, op: str, M: int, variants=()) -> dict:
@@ -117,6 +133,28 @@ def bench_row(bundle, op: str, M: int, variants=()) -> dict:
             torch.matmul(xs[i], ws[i].t(), out=tmp[i])
             torch.mul(F.silu(tmp[i][:, :n_out]), tmp[i][:, n_out:], out=act[i])
             torch_group_quant(act[i], qs["cublas"][i], ss["cublas"][i])
+
+        def ref(i):
+            y = xs[i].float() @ ws[i].float().t()
+            return F.silu(y[:, :n_out]) * y[:, n_out:]
+    elif field == "silu_fp8rows":
+        packed = [pack_gate_up(w) for w in ws]
+        e4 = torch.float8_e4m3fn
+        qs = {k: [torch.empty(M, n_out, device="cuda", dtype=e4) for _ in range(n)] for k in ("fused", "ours", "cublas")}
+        ss = {k: [torch.empty(M, 1, device="cuda") for _ in range(n)] for k in ("fused", "ours", "cublas")}
+        act = [torch.empty(M, n_out, **bf) for _ in range(n)]
+
+        def fused(i):  # (the row scales are a new tensor per call: kept for the check)
+            ss["fused"][i] = bundle.gemm(xs[i], packed[i], qs["fused"][i], activation="silu_mul", row_scales=True)[1]
+
+        def unfused_ours(i):
+            bundle.gemm(xs[i], packed[i], act[i], activation="silu_mul")
+            torch_row_quant(act[i], qs["ours"][i], ss["ours"][i])
+
+        def unfused_cublas(i):
+            torch.matmul(xs[i], ws[i].t(), out=tmp[i])
+            torch.mul(F.silu(tmp[i][:, :n_out]), tmp[i][:, n_out:], out=act[i])
+            torch_row_quant(act[i], qs["cublas"][i], ss["cublas"][i])
 
         def ref(i):
             y = xs[i].float() @ ws[i].float().t()
@@ -175,6 +213,10 @@ def bench_row(bundle, op: str, M: int, variants=()) -> dict:
         for k in ("fused", "ours", "cublas"):
             for i in range(n):
                 outs[k][i].copy_(testing.decode_fp8_groups(qs[k][i], ss[k][i]))
+    if field == "silu_fp8rows":
+        for k in ("fused", "ours", "cublas"):
+            for i in range(n):
+                outs[k][i].copy_(qs[k][i].float() * ss[k][i])
     errs = {}
     for k in ("fused", "ours", "cublas", *("fused@" + _tile_of(v) for v in named)):
         if k == "ours" and "ours+torch" not in calls:

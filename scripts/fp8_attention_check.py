@@ -5,6 +5,7 @@ bad descales, and TFLOP/s (CUDA-graph replay medians) beside the bf16 kernel and
     python3 scripts/fp8_attention_check.py BUNDLE [--out result.json] [--bench]
     python3 scripts/fp8_attention_check.py BUNDLE --launch VARIANT...   (two launches each, for ncu)
     python3 scripts/fp8_attention_check.py BUNDLE --bench-only 128 [256 64] [--out result.json]
+    python3 scripts/fp8_attention_check.py BUNDLE --accuracy-by-name 128 [256 64] [--out result.json]
 """
 
 from __future__ import annotations
@@ -49,7 +50,9 @@ def pretransposed(v):
     return buf[..., :sk]
 
 
-def check(bundle, b, sq, sk, hq, hkv, d, causal, per_head, v_layout, outliers=False):
+def make_case(b, sq, sk, hq, hkv, d, causal, per_head, outliers=False):
+    """Random fp8 inputs (N(0,1), FA3's outliers optionally), their descales, and the float32
+    reference of the de-scaled inputs (and of the unquantized ones)."""
     g = torch.Generator(device="cuda").manual_seed(sq * 7 + sk + hq + causal)
     mk = lambda s, h: torch.randn(b, s, h, d, device="cuda", generator=g)  # noqa: E731
     q, k, v = mk(sq, hq), mk(sk, hkv), mk(sk, hkv)
@@ -69,6 +72,40 @@ def check(bundle, b, sq, sk, hq, hkv, d, causal, per_head, v_layout, outliers=Fa
     kf, vf = dequant(kq, kd), dequant(vq, vd)
     scale = 1.0 / math.sqrt(d)
     ref, ref_lse = attention_reference(qf, kf, vf, causal, scale)
+    return dict(q=q, k=k, v=v, qq=qq, kq=kq, vq=vq, qd=qd, kd=kd, vd=vd, qf=qf, kf=kf, vf=vf, scale=scale,
+                ref=ref, ref_lse=ref_lse)
+
+
+def check_named(bundle, name, b=1, s=2048, h=16, outliers=True):
+    """One fp8 variant by name against float32 (FA3's error figures), beside the variant-free
+    bf16 kernel on the same de-scaled inputs."""
+    d = int(name.split("_d")[1].split("_")[0])
+    causal = "_causal_" in name
+    c = make_case(b, s, s, h, h, d, causal, True, outliers)
+    o = torch.full((b, s, h, d), float("nan"), device="cuda", dtype=torch.bfloat16)
+    lse = torch.empty(b, h, s, device="cuda")
+    vin = c["vq"] if "_vbshd" in name else pretransposed(c["vq"])
+    bundle.launch(name, [c["qq"], c["kq"], vin, o, lse, c["qd"], c["kd"], c["vd"], c["scale"]])
+    torch.cuda.synchronize()
+    try:
+        ob = bundle.attention(c["qf"].bfloat16(), c["kf"].bfloat16(), c["vf"].bfloat16(), causal)
+    except Exception:  # noqa: BLE001
+        ob = None
+    ref, ref_lse = c["ref"], c["ref_lse"]
+    fin = torch.isfinite(ref_lse)
+    r = {"variant": name, "shape": [b, s, s, h, h, d], "outliers": outliers, "rmse_fp8": rmse(o, ref),
+         "rmse_bf16": rmse(ob, ref) if ob is not None else None,
+         "max_abs_fp8": float((o.float() - ref).abs().max()),
+         "lse_max_abs": float((lse[fin] - ref_lse[fin]).abs().max()), "nan": bool(torch.isnan(o).any())}
+    r["ok"] = (not r["nan"]) and r["rmse_fp8"] < 0.02 and r["max_abs_fp8"] < 0.25 and r["lse_max_abs"] < 0.05
+    return r
+
+
+def check(bundle, b, sq, sk, hq, hkv, d, causal, per_head, v_layout, outliers=False):
+    c = make_case(b, sq, sk, hq, hkv, d, causal, per_head, outliers)
+    q, k, v, qq, kq, vq = c["q"], c["k"], c["v"], c["qq"], c["kq"], c["vq"]
+    qd, kd, vd, qf, kf, vf, scale = c["qd"], c["kd"], c["vd"], c["qf"], c["kf"], c["vf"], c["scale"]
+    ref, ref_lse = c["ref"], c["ref_lse"]
     vin = pretransposed(vq) if v_layout == "bhds" else vq
     o, lse = bundle.attention(qq, kq, vin, causal, return_lse=True, q_descale=qd, k_descale=kd, v_descale=vd,
                               v_layout=v_layout)
@@ -217,12 +254,30 @@ def main():
     ap.add_argument("--bench", action="store_true")
     ap.add_argument("--launch", nargs="+", metavar="VARIANT",
                     help="only launch these head_dim 128 variants twice each at B1 H16 S8192 (for a profiler)")
+    ap.add_argument("--accuracy-by-name", type=int, nargs="+", metavar="HEAD_DIM",
+                    help="only the error figures of every dense fp8 variant of these head_dims, by name "
+                         "(B1 H16 S2048, N(0,1) without and with FA3's outliers, per-head descales)")
     ap.add_argument("--bench-only", type=int, nargs="+", metavar="HEAD_DIM",
                     help="only the TFLOP/s table of these head_dims (B1 H16 S16384; 128: causal too)")
     a = ap.parse_args()
     bundle = Bundle.open(a.bundle)
     if a.launch:
         launch_only(bundle, a.launch)
+        return
+    if a.accuracy_by_name:
+        names = sorted(n for n in bundle.manifest["variants"] if n.startswith("attention_fp8")
+                       and "_varlen_" not in n and any(f"_d{d}_" in n for d in a.accuracy_by_name))
+        rows = []
+        for n in names:
+            for outliers in (False, True):
+                try:
+                    r = check_named(bundle, n, outliers=outliers)
+                except Exception as e:  # noqa: BLE001
+                    r = {"variant": n, "error": repr(e)[:300], "ok": False}
+                print(json.dumps(r), flush=True)
+                rows.append(r)
+        if a.out:
+            Path(a.out).write_text(json.dumps({"device": torch.cuda.get_device_name(), "accuracy": rows}, indent=1))
         return
     if a.bench_only:
         rows = [r for d in a.bench_only for r in bench(bundle, d=d, causals=(False, True) if d == 128 else (False,))]

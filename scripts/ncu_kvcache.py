@@ -15,8 +15,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def problems(torch, b):
-    def paged(B, ctx, hq, hkv, d, ps, fp8=False):
+def problems(torch, b, only_mqa=(), variants=()):
+    def paged(B, ctx, hq, hkv, d, ps, fp8=False, variant=None):
         g = torch.Generator(device="cuda").manual_seed(B + ctx)
         per = ctx // ps
         q = torch.randn(B, 1, hq, d, device="cuda", generator=g).bfloat16()
@@ -28,7 +28,7 @@ def problems(torch, b):
         if fp8:
             kc, vc = kc.to(torch.float8_e4m3fn), vc.to(torch.float8_e4m3fn)
             kw = dict(k_descale=torch.ones(hkv, device="cuda"), v_descale=torch.ones(1, device="cuda"))
-        return lambda: b.attention_kvcache(q, kc, vc, lens, block_table=bt, **kw)
+        return lambda: b.attention_kvcache(q, kc, vc, lens, block_table=bt, variant=variant, **kw)
 
     def dense(B, ctx, hq, hkv, d, via_attention=False):
         g = torch.Generator(device="cuda").manual_seed(B + ctx + 1)
@@ -40,6 +40,8 @@ def problems(torch, b):
             return lambda: b.attention(q, k, v, causal=True)
         return lambda: b.attention_kvcache(q, k, v, lens)
 
+    if only_mqa:  # the MQA problem by each named variant
+        return {f"MQA B8 H16/1 D128 4k paged 16 {n}": paged(8, 4096, 16, 1, 128, 16, variant=n) for n in variants}
     return {
         "B8 H64/8 D64 8k paged 16": paged(8, 8192, 64, 8, 64, 16),
         "B8 H64/8 D64 8k paged 64": paged(8, 8192, 64, 8, 64, 64),
@@ -55,6 +57,8 @@ def problems(torch, b):
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--bundle", required=True)
+    p.add_argument("--mqa-variants", nargs="+", default=(),
+                   help="profile only MQA B8 H16/1 D128 4k page 16, once by each of these variant names")
     a = p.parse_args()
     import torch
 
@@ -62,7 +66,7 @@ def main() -> int:
 
     b = Bundle.open(a.bundle)
     fns = {}
-    for name, fn in problems(torch, b).items():
+    for name, fn in problems(torch, b, bool(a.mqa_variants), a.mqa_variants).items():
         try:
             fn()
             fns[name] = fn

@@ -65,7 +65,8 @@ class KVCacheProblem(ctypes.Structure):
                 ("block_table_stride", ctypes.c_int64), ("cache_seqlens", ctypes.c_void_p),
                 ("sinks", ctypes.c_void_p), ("kv_descale", ctypes.c_void_p), ("causal", ctypes.c_int32),
                 ("window_left", ctypes.c_int32), ("window_right", ctypes.c_int32), ("softcap", ctypes.c_float),
-                ("softmax_scale", ctypes.c_float)]
+                ("softmax_scale", ctypes.c_float), ("varlen_q", ctypes.c_int32), ("max_seqlen_q", ctypes.c_int32),
+                ("cu_seqlens_q", ctypes.c_void_p)]
 
 
 class Selection(ctypes.Structure):

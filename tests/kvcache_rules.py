@@ -18,7 +18,7 @@ _L2_BYTES = 50 * 1024 * 1024
 
 
 def decode_split_count(groups: int, key_tiles: int, kv_bytes: int, row_blocks: int, sms: int,
-                       available, l2_bytes: int = _L2_BYTES) -> int:
+                       available, l2_bytes: int = _L2_BYTES, rows: int = 0) -> int:
     """Split-KV count of a decode-family variant for ``groups`` = batch · kv heads · row blocks
     CTAs per split (``row_blocks`` = ceil(Hq/Hkv · Sq / 16) per kv head) over ``key_tiles`` key
     tiles of ``kv_bytes`` K and V.  H100 (notes/attention-decode.md, 132 SMs, 2 CTAs
@@ -32,7 +32,11 @@ def decode_split_count(groups: int, key_tiles: int, kv_bytes: int, row_blocks: i
         B1 H32/8 Sq16 (58.5 µs, 2 splits 76.9);
       * every split keeps at least 2 key tiles (B1 Sk512, 8 tiles: 4 splits 6.4 µs, 8 splits 7.4);
       * when that is the largest cluster split (8), K/V fit in L2 and 32 splits keep 2 tiles each:
-        32 (merged by the second kernel; B1 H32/8 Sk4096 10.1 µs vs 11.3, Sk8192 12.5 vs 15.8).
+        32 (merged by the second kernel; B1 H32/8 Sk4096 10.1 µs vs 11.3, Sk8192 12.5 vs 15.8),
+        unless more than 64 query rows (``rows`` = B·Hq·Sq) would be merged and the cluster split
+        keeps fewer than 16 tiles each: the second kernel reads 32 fp32 partials per row (H100,
+        4k keys: MQA B8 H16/1 8 splits with PDL 11.0 µs, 32: 16.0; B1 H32/8 Sq4 11.3 vs 16.6;
+        B1 H64/8, 64 rows, 10.6 vs 10.8; B1 H32/8, 32 rows, 10.6 vs 9.5).
     ``available``: {splits: merged in a cluster?} of the built variants."""
     if groups * 4 >= 3 * sms:
         return 1
@@ -41,7 +45,8 @@ def decode_split_count(groups: int, key_tiles: int, kv_bytes: int, row_blocks: i
     cl = [sp for sp in fits if sp >= 2 and available[sp]]
     n = next((sp for sp in cl if groups * sp > target), cl[-1] if cl else 1)
     big = [sp for sp in fits if not available[sp] and sp > n]
-    if cl and n == max(sp for sp in available if available[sp]) and kv_bytes <= l2_bytes and big:
+    if (cl and n == max(sp for sp in available if available[sp]) and kv_bytes <= l2_bytes and big
+            and (rows <= 64 or key_tiles >= 16 * n)):
         n = big[-1]
     return n
 
@@ -63,10 +68,12 @@ def decode_pick(entries: list[dict], decode: tuple, causal: bool, sms: int,
     kv_bytes = 2 * b * sk * hkv * same[0]["head_dim"] * (2 if same[0]["dtype"] in ("bf16", "f16") else 4)
     avail = {int(e["kv_splits"]): e["cluster"][0] > 1 for e in same}
     groups = b * hkv * row_blocks
-    n = decode_split_count(groups, -(-sk // tile[1]), kv_bytes, row_blocks, sms, avail, l2_bytes)
+    n = decode_split_count(groups, -(-sk // tile[1]), kv_bytes, row_blocks, sms, avail, l2_bytes, rows=b * hq * sq)
     # PDL: for the second-kernel split, and for a cluster split whose grid leaves half the SMs
     # idle (H100: B1-B4 -0.6 to -0.9 µs; grids of ~128 CTAs lost up to 18 %, DEFAULT's note).
     pdl = n > 1 and (not avail.get(n) or 2 * groups * n <= sms)
+    if same[0]["head_dim"] >= 128 and (w := _wide_pick(entries, n, groups, same[0]["head_dim"], sms)) is not None:
+        return w  # the 8-warp build where built and the grid leaves half the SMs idle
     fits = [e for e in same if int(e["kv_splits"]) == n]
     return next((e for e in fits if bool(e.get("pdl")) == pdl), fits[0] if fits else None)
 
@@ -76,7 +83,7 @@ def _switch_cost(e: dict) -> int:
 
 
 def paged_split_count(groups: int, key_tiles: int, sms: int, available: dict, head_dim: int = 128,
-                      fp8: bool = False) -> int:
+                      fp8: bool = False, rows: int | None = None) -> int:
     """Split-KV count of a paged decode variant for ``groups`` = batch · kv heads · row blocks
     CTAs per split over ``key_tiles`` tiles of the cache's capacity; ``available``: {splits:
     merged in a cluster?}.  The paged kernel spends more instructions per key tile than the dense
@@ -88,19 +95,28 @@ def paged_split_count(groups: int, key_tiles: int, sms: int, available: dict, he
         8k 4 splits 42.7 (2: 53.7); none reaches it: the most that keep 4 tiles (MQA B8 H16/1 4k:
         8 splits 13.2, 32: 15.4);
       * an 8-CTA cluster split whose grid passes one CTA per SM packs into clusters badly: the
-        32-split instead where built (B4 H64/8 32k: 8 splits 172 µs, 32: 140, 4: 149);
+        32-split instead where built (B4 H64/8 32k: 8 splits 172 µs, 32: 140, 4: 149), for bf16/f16
+        caches at head_dim >= 128 only where its splits keep >= 8 tiles each, else the step-down
+        below (B4 H32/8 8k page 16, 32 splits of 4 tiles: H100 58.3 µs, 4 splits 54.8; H200 49.1
+        vs 43.8);
       * head_dim >= 128 (184 registers at D128, two 64 KB stages at D256): a cluster split whose
         grid still passes one CTA per SM steps down to the largest cluster split that does not
         (H100, B8 H32/8 D128 8k page 16: splits 1: 117 µs, 2: 97, 4: 117, 8: 110, 32: 105);
       * fp8 e4m3 caches: no early unsplit (one CTA of the fp8 kernel per SM is bound by its
         per-tile chain: H100 B16 H32/8 4k unsplit 70.2 µs, 2 splits 61.7, 4: 86.8), the same
-        step-down (B8 H32/8 8k: 2 splits 71.3 µs, 4: 93.8, 32: 91.4)."""
+        step-down (B8 H32/8 8k: 2 splits 71.3 µs, 4: 93.8, 32: 91.4);
+      * bf16/f16 caches of at most 32 query rows (``rows`` = B·Hq·Sq): a split merged by the second
+        kernel (32) needs only 2 tiles each (H100 page 16, 4k keys: B1 H32/8 32 splits 9.5 µs, the
+        8-cluster 11.3-12.2; B2 H16/1 9.4 vs 11.1-12.9; MQA B8 H16/1, 128 rows: 16.2 vs 12.1)."""
     if not fp8 and groups * 4 >= 3 * sms:
         return 1
-    fits = sorted(s for s in available if s == 1 or key_tiles >= 4 * s)
+    short = not fp8 and rows is not None and rows <= 32  # the second kernel merges few rows
+    fits = sorted(s for s in available
+                  if s == 1 or key_tiles >= 4 * s or (short and not available[s] and key_tiles >= 2 * s))
     n = next((s for s in fits if groups * s >= 1.9 * sms), fits[-1])
     if n > 1 and available.get(n) and n >= 8 and groups * n > sms:
-        big = [s for s in fits if s > n and not available[s]]
+        # (bf16/f16 head_dim >= 128: only where each of its splits keeps >= 8 tiles, else the step-down)
+        big = [s for s in fits if s > n and not available[s] and (fp8 or head_dim < 128 or key_tiles >= 8 * s)]
         if big:
             n = big[0]
     if (fp8 or head_dim >= 128) and n > 1 and available.get(n) and groups * n > sms:
@@ -117,15 +133,16 @@ def _pick_decode(entries: list[dict], p: Problem, sms: int) -> dict | None:
     if p.varlen_q or p.seqlen_q > DECODE_MAX_SEQLEN_Q:
         return None
     shape = (p.batch, p.heads_q, p.heads_kv, p.seqlen_q, p.max_seqlen_k)
+    row_blocks = -(-(p.heads_q // p.heads_kv) * p.seqlen_q // DECODE_ROWS) if p.heads_kv > 0 else 0
+    groups = p.batch * p.heads_kv * row_blocks
     if p.page_size is None:
         return decode_pick(entries, shape, True, sms)
     pref = [e for e in entries if e.get("preferred")] or entries
     tile = list(pref[0]["tile"])
     same = [e for e in pref if list(e["tile"]) == tile]
-    row_blocks = -(-(p.heads_q // p.heads_kv) * p.seqlen_q // DECODE_ROWS)
     avail = {int(e["kv_splits"]): e["cluster"][0] > 1 for e in same}
-    groups = p.batch * p.heads_kv * row_blocks
-    n = paged_split_count(groups, -(-p.max_seqlen_k // tile[1]), sms, avail, p.head_dim, p.kv_dtype == "e4m3")
+    n = paged_split_count(groups, -(-p.max_seqlen_k // tile[1]), sms, avail, p.head_dim, p.kv_dtype == "e4m3",
+                          rows=p.batch * p.heads_q * p.seqlen_q)
     if p.kv_dtype == "e4m3" and groups * n <= sms and p.max_seqlen_k >= 2048 * n:
         # grids of at most one CTA per SM, splits of >= 2048 keys: the fp8 build of one CTA per SM
         # (8 warps), where built (H100 page 16: B8 H32/8 8k, 2 splits, 62.3 µs vs 71.6; B4 4k, 4
@@ -133,7 +150,31 @@ def _pick_decode(entries: list[dict], p: Problem, sms: int) -> dict | None:
         wide = [e for e in entries if not e.get("preferred") and int(e["kv_splits"]) == n and e.get("ctas_per_sm") == 1]
         if wide:
             return wide[0]
+    if p.kv_dtype != "e4m3" and (e := _wide_pick(entries, n, groups, p.head_dim, sms)) is not None:
+        return e
     return next((e for e in same if int(e["kv_splits"]) == n), None)
+
+
+def _wide_pick(entries: list[dict], n: int, groups: int, head_dim: int, sms: int) -> dict | None:
+    """The bf16/f16-cache build of 8 warps over 128-key tiles (not preferred; one CTA per SM by the
+    manifest's estimate), where built, for the split count ``n`` of the preferred build (H100,
+    notes/attention-kvcache.md, every variant timed by name in one run):
+      * head_dim 64 (124 registers, 96 KB: two such CTAs per SM, the warps of four default ones): at
+        half the split count, at least 1, where that grid is at most 4 CTAs per SM (B8 H64/8 8k page
+        64: 2 splits 50.5 µs, the preferred build's 4: 55.2; B16 H32/8 4k: unsplit 51.4 vs 59.9;
+        B64 H32/8 1k: 53.5 vs 55.5; B128 H16/1 2k: 28.6 vs 31.7, mixed lengths 17.1 vs 23.3; past
+        4 CTAs per SM it loses: B256 H32/8 512 102.1 vs 98.7, B32 H32/32 1k 98.2 vs 95.5);
+      * head_dim >= 128 (192 KB: one CTA per SM): at the same split count where that grid leaves
+        half the SMs idle, so that a CTA's chain of tiles is what bounds it (MQA B8 H16/1 4k,
+        8 splits: page 16 12.3 µs vs 13.3, page 64 11.7 vs 13.1, dense cache 10.7 vs 11.5);
+        elsewhere within 1-2 % of the preferred build or slower.
+    Its PDL twin where built and the grid leaves half the SMs idle (as the dense rule)."""
+    half = max(1, n // 2)
+    want = (half if groups * half <= 4 * sms else 0) if head_dim <= 64 else (n if 2 * groups * n <= sms else 0)
+    fits = [e for e in entries if not e.get("preferred") and e.get("ctas_per_sm") == 1
+            and int(e["kv_splits"]) == want]
+    pdl = want > 1 and 2 * groups * want <= sms
+    return next((e for e in fits if bool(e.get("pdl")) == pdl), fits[0] if fits else None)
 
 
 def _pick_prefill(entries: list[dict], p: Problem, sms: int) -> dict | None:

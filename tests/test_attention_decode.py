@@ -33,7 +33,9 @@ GQA_B1 = {512: 4, 1024: 8, 2048: 8, 4096: 32, 8192: 32, 16384: 8, 32768: 8}
 def test_rule_gqa(b, sk):
     want = GQA_B1[sk] if b == 1 else 1  # 16 x 8 kv heads = 128 CTAs already fill 3/4 of the SMs
     assert split(b, 32, 8, 1, sk) == want
-    assert split(b, 32, 8, 4, sk) == want  # 4 queries x 4 heads: still one row block
+    # 4 queries x 4 heads: still one row block; 128 query rows: the second kernel's merge pays only
+    # where the 8-cluster would keep >= 16 tiles each (so not at 4k keys)
+    assert split(b, 32, 8, 4, sk) == (8 if (b, sk) == (1, 4096) else want)
 
 
 @pytest.mark.parametrize("sk", CONTEXTS)
@@ -51,6 +53,13 @@ def test_rule_small_batches_and_short_contexts():
     assert split(1, 32, 8, 1, 100) == 1       # 2 tiles: a split needs 2
     assert split(1, 32, 8, 1, 16384, d=64) == 32  # D64: K/V fit L2 (34 MB)
     assert split(3, 32, 8, 1, 4096) == 2      # 24 groups: 48 CTAs > SMs/4
+    # MQA: 16 query rows a CTA, all real; the 32-split's merge of 128 rows costs more than it gains
+    # at 4k keys (H100: 8-cluster 11.0-11.5 µs, 32: 16.0); B2 (32 rows) and 8k+ keys keep 32
+    entries = [_entry(f"kv{sp}", sp, cl) for sp, cl in AVAIL.items()]
+    lib = sl.Lib(entries, sm_count=SMS)
+    got = [lib.attention(b, hq, hkv, 1, sk)[0] for b, hq, hkv, sk in
+           ((1, 16, 1, 4096), (2, 16, 1, 4096), (4, 16, 1, 4096), (8, 16, 1, 4096), (8, 16, 1, 8192), (1, 64, 8, 4096))]
+    assert got == ["kv32", "kv32", "kv32", "kv8", "kv32", "kv32"]  # the last: 64 rows
     # no global variant built: the largest cluster split stays
     assert split(1, 32, 8, 1, 4096, avail={1: False, 2: True, 4: True, 8: True}) == 8
     # no cluster variant: unsplit
@@ -99,6 +108,25 @@ def test_select_takes_the_decode_family():
     assert sel(1, 32, 8, 1, 512, cands=OLD + [e for e in DECODE if not e["pdl"] or e["kv_splits"] == 32]) == "dec_kv4"
 
 
+def test_select_wide_build():
+    """head_dim 128: where the rule's split leaves half the SMs idle, the 8-warp 128-key-tile build
+    of that split count (not preferred, one CTA per SM), PDL as the rule says; elsewhere the
+    preferred tile (H100 MQA B8 H16/1 4k, notes/attention-kvcache.md)."""
+    wide = [_entry("wide_kv8_pdl", 8, True, tile=(16, 128), preferred=False, pdl=True),
+            _entry("wide_kv4_pdl", 4, True, tile=(16, 128), preferred=False, pdl=True)]
+    for e in wide:
+        e["ctas_per_sm"] = 1
+    lib = sl.Lib(OLD + [e for e in DECODE if e["name"] != "dec_kv8_pdl"] + wide, sm_count=SMS)
+
+    def pick(*shape):
+        return lib.attention(*shape, dtype="bf16", causal=True)[0]
+    assert pick(8, 16, 1, 1, 4096) == "wide_kv8_pdl"   # 64 CTAs
+    assert pick(1, 32, 8, 1, 1024) == "wide_kv8_pdl"
+    assert pick(1, 32, 8, 1, 512) == "wide_kv4_pdl"    # 32 CTAs
+    assert pick(1, 32, 8, 1, 4096) == "dec_kv32_pdl"   # 32 splits: not built wide
+    assert pick(8, 32, 8, 1, 1024) == "dec_kv2"        # 128 CTAs
+
+
 def test_select_falls_back():
     assert sel(1, 32, 8, 17, 4096) == "sm90a_m64"            # more than 16 queries: the old rule
     assert sel(1, 32, 8, 4, 4096, causal=False) == "sm90_m64_nc"  # Sq > 1 without the causal mask
@@ -127,6 +155,11 @@ def test_variants_and_calling_convention():
 
     vs = enumerate_decode(get_target("sm_90"), "default")
     assert len(vs) == 32 and len({v.name for v in vs}) == 32
+    # bf16 head_dim 128: the 8-cluster's PDL twin is the 8-warp 128-key-tile build (not preferred:
+    # the rule names it)
+    wide = [v for v in vs if not v.describe()["preferred"]]
+    assert [(v.dtype, v.head_dim, v.splits, v.cluster, v.pdl, v.warps, v.tile_n, v.ctas_per_sm()) for v in wide] == [
+        ("bf16", 128, 8, True, True, 8, 128, 1)]
     assert not enumerate_decode(get_target("sm_90a"), "default") and not enumerate_decode(get_target("sm_80"), "default")
     for v in vs:
         d = v.describe()
@@ -135,7 +168,7 @@ def test_variants_and_calling_convention():
             assert d["splits"] == 1 and "o_partial" not in args
         else:
             assert d["splits"] == v.splits and args[5:7] == ["o_partial", "lse_partial"]
-        assert d["kv_splits"] == v.splits and d["decode_rows"] == 16 and d["preferred"] and d["causal"]
+        assert d["kv_splits"] == v.splits and d["decode_rows"] == 16 and d["causal"]
         assert d["ctas_per_sm"] >= 1 and d["smem_bytes"] <= 227 * 1024
     assert AttentionDecode(target="sm_90", splits=16, cluster=True).can_implement() is None
     assert AttentionDecode(target="sm_90", splits=32, cluster=True).can_implement()  # no 32-CTA clusters

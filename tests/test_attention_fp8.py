@@ -107,7 +107,7 @@ def ldsm_x4_trans(mem, addrs):
     return out
 
 
-@pytest.mark.parametrize("d, bn", [(64, 128), (128, 128), (256, 64), (256, 128)])
+@pytest.mark.parametrize("d, bn", [(64, 128), (128, 128), (128, 192), (256, 64), (256, 128)])
 def test_ldmatrix_transpose_puts_each_key_where_p_holds_it(d, bn):
     """transpose_tile replayed byte by byte: per 16-key group and 32-byte head_dim block one
     ldmatrix.x4.trans from the staging slot (bn keys x d bytes), the LDSM_JOIN permutes (lanes
@@ -117,7 +117,7 @@ def test_ldmatrix_transpose_puts_each_key_where_p_holds_it(d, bn):
     and stmatrix lie on 8 distinct 16-byte bank groups."""
     stages = 2
     s_off, s_swz = kmajor(bn, 128 if d >= 128 else 64)
-    v_off, v_swz = kmajor(d, 128 if bn >= 128 else 64)
+    v_off, v_swz = kmajor(d, 128 if bn % 128 == 0 else 64)  # (192 keys: three 64-byte atoms)
     for slot in range(stages):
         s_base, v_base = slot * bn * d, slot * bn * d
         mem = {}
@@ -159,6 +159,36 @@ def test_ldmatrix_transpose_puts_each_key_where_p_holds_it(d, bn):
                 assert out[v_base + v_swz(v_off(row, col))] == want, (slot, row, col)
 
 
+# --- tiles and register budgets ------------------------------------------------------------------
+def test_fp8_tiles_and_register_budgets():
+    """The preferred tiles per problem, and the register rule with an 8-bit P: every preferred
+    tile fits its consumers' setmaxnreg budget, the budgets fit the 512 registers per thread
+    slot (transposing warps beside two or three consumer warpgroups), and a tile that would
+    not fit is refused."""
+    from factory.attention.sm90_fp8 import AttentionFp8Sm90, fp8_config, transpose_register_split
+
+    def tile(d, causal, vl, varlen=False):
+        c = fp8_config(d, causal, vl, varlen)
+        return c["tile_m"], c["tile_n"], c["stages"]
+
+    assert tile(128, False, "bshd") == (128, 128, 2) and tile(128, True, "bshd") == (128, 192, 2)
+    assert tile(128, True, "bshd", varlen=True) == (128, 128, 2)
+    assert tile(128, False, "bhds") == (128, 128, 3) and tile(128, True, "bhds") == (128, 192, 2)
+    assert tile(256, False, "bhds")[1] == tile(256, True, "bhds")[1] == 128 and tile(256, False, "bshd")[1] == 64
+    assert tile(64, False, "bshd")[0] == tile(64, False, "bhds")[0] == 192 and tile(64, True, "bshd")[0] == 128
+    for consumers in (2, 3):
+        producer, consumer = transpose_register_split(consumers)
+        assert producer + consumers * consumer <= 512 and producer % 8 == consumer % 8 == 0
+    for d in (64, 128, 256):
+        for causal in (False, True):
+            for vl in ("bshd", "bhds"):
+                v = AttentionFp8Sm90(target="sm_90a", head_dim=d, causal=causal, v_layout=vl, **fp8_config(d, causal, vl))
+                assert v.can_implement() is None, v.name
+    too_big = AttentionFp8Sm90(target="sm_90a", head_dim=128, causal=False, v_layout="bhds",
+                               **{**fp8_config(128, False, "bhds"), "tile_m": 192, "tile_n": 128})
+    assert "live accumulator registers" in too_big.can_implement()
+
+
 # --- the test bundle's cubins --------------------------------------------------------------------
 def test_fp8_cubins_hold_fp8_wgmma_and_no_spills(test_bundle):
     from factory.compiler import cubin as cb
@@ -169,7 +199,8 @@ def test_fp8_cubins_hold_fp8_wgmma_and_no_spills(test_bundle):
                                                                                      (128, True, "bshd")}
     for name, e in fp8.items():
         sass = cb.disassemble(str(test_bundle / e["files"]["cubin"]["path"]))
-        assert re.search(r"\bQGMMA\.64x128x32\.F32\.E4M3\.E4M3 R\d+, gdesc\[", sass), name  # S = Q·Kᵀ
+        n = e["tile"][1]  # keys per tile (causal: 192)
+        assert re.search(rf"\bQGMMA\.64x{n}x32\.F32\.E4M3\.E4M3 R\d+, gdesc\[", sass), name  # S = Q·Kᵀ
         assert re.search(r"\bQGMMA\.64x128x32\.F32\.E4M3\.E4M3 R\d+, R\d+, gdesc\[", sass), name  # P·V
         # the transpose: ldmatrix.trans / stmatrix, no byte or word smem accesses
         assert re.search(r"\bLDSM\.16\.MT88\.4\b", sass) and re.search(r"\bSTSM\.16\.M88\.4\b", sass), name

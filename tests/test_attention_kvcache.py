@@ -61,7 +61,7 @@ def test_enumeration():
     f8 = [v for v in test if v.kv_dtype == "e4m3"]
     assert f8 and all(v.paged and v.head_dim == 128 for v in f8)
     default = enumerate_decode_kv(get_target("sm_90"), "default")
-    assert len({v.name for v in default}) == len(default) <= 55
+    assert len({v.name for v in default}) == len(default) <= 59
     # head_dim 256: bf16 paged caches at every split count
     assert sorted(v.splits for v in default if v.head_dim == 256) == [1, 2, 4, 8, 32]
     assert all(v.dtype == "bf16" and v.paged and v.kv_dtype == "bf16" for v in default if v.head_dim == 256)
@@ -73,7 +73,13 @@ def test_enumeration():
     assert all(v.dtype == "bf16" and v.head_dim == 128 and v.paged for v in default if v.kv_dtype == "e4m3")
     assert all(v.can_implement() is None for v in default)
     # cluster merges without PDL twins; the workspace split with its PDL combine kernel
-    assert all(v.pdl == (v.splits > 1 and not v.cluster) for v in default)
+    assert all(v.pdl == (v.splits > 1 and not v.cluster) for v in default if v.warps == 4)
+    # bf16 caches, 8 warps over 128-key tiles (not preferred: the rule names them): head_dim 128 at 8
+    # cluster splits with PDL (paged and dense), head_dim 64 paged unsplit and at 2 splits
+    wide = sorted((v.head_dim, v.splits, v.paged, v.pdl) for v in default if v.warps == 8 and v.kv_dtype == "bf16")
+    assert wide == [(64, 1, True, False), (64, 2, True, False), (128, 8, False, True), (128, 8, True, True)]
+    assert all(not v.describe()["preferred"] and v.ctas_per_sm() == 1 and v.tile_n == 128
+               for v in default if v.warps == 8)
     assert enumerate_decode_kv(get_target("sm_90a"), "default") == []
     d = default[0].describe()
     assert d["page_sizes"] == list(contract.PAGE_SIZES) if d["paged"] else d["page_sizes"] == []
@@ -135,6 +141,9 @@ def test_paged_split_rule():
     both = {1: False, 2: True, 4: True, 8: True, 32: False}
     assert rules.paged_split_count(8, 512, 132, both) == 32      # B1 H32/8 32k
     assert rules.paged_split_count(32, 512, 132, both) == 32     # B4 H64/8 32k: not the 8-cluster
+    # B4 H32/8 8k: the 32-split would keep 4 tiles each: the step-down to 4 (H100 54.8 µs vs 58.3)
+    assert rules.paged_split_count(32, 128, 132, both) == 4
+    assert rules.paged_split_count(32, 128, 132, both, head_dim=64) == 32
     assert rules.paged_split_count(8, 64, 132, both) == 8        # MQA B8 4k: 4 tiles per split at most
     assert rules.paged_split_count(64, 128, 132, both, head_dim=64) == 4  # B8 H64/8 D64 8k
     # head_dim >= 128: at most one CTA per SM on a cluster split (H100 B8 H32/8 D128 8k: 2 splits
@@ -156,6 +165,13 @@ def test_paged_split_rule():
     assert rules.paged_split_count(8, 64, 132, both, fp8=True) == 8
     assert rules.paged_split_count(512, 32, 132, both, fp8=True) == 1
     assert rules.paged_split_count(8, 3, 132, both) == 1         # 3 tiles: nothing keeps 4
+    # bf16/f16, at most 64 query rows: the second-kernel split needs 2 tiles each (H100 page 16,
+    # B1 H32/8 4k: 32 splits 9.5 µs, 8: 11.3-12.2); MQA B8 (128 rows) and fp8 keep 4 tiles
+    assert rules.paged_split_count(8, 64, 132, both, rows=32) == 32
+    assert rules.paged_split_count(2, 64, 132, both, rows=32) == 32  # B2 H16/1 4k
+    assert rules.paged_split_count(8, 64, 132, both, rows=128) == 8
+    assert rules.paged_split_count(8, 64, 132, both, fp8=True, rows=32) == 8
+    assert rules.paged_split_count(8, 63, 132, both, rows=32) == 8  # 32 splits would keep < 2 tiles
 
 
 def test_select_fp8_one_cta_per_sm_build():
@@ -179,6 +195,30 @@ def test_select_fp8_one_cta_per_sm_build():
     assert rules.select(cands, prob(b=16, sk=4096, **fp8))["name"] == "f2"          # 256 CTAs: two per SM
     assert rules.select(cands, prob(b=64, sk=2048, **fp8))["name"] == "f1"
     assert rules.select(cands, prob(b=1, sk=32768, **fp8))["name"] == "f32"
+
+
+def test_select_wide_build():
+    """bf16/f16 caches: the 8-warp 128-key-tile build where built (kvcache_rules._wide_pick):
+    head_dim 128 at the preferred build's split count where that grid leaves half the SMs idle
+    (its PDL twin there), head_dim 64 at half the split count; elsewhere the preferred build."""
+    def wide(name, splits, d=128, paged=True, pdl=False):
+        e = entry(name, splits, paged=paged, d=d)
+        e.update(preferred=False, ctas_per_sm=1, tile=[16, 128], pdl=pdl)
+        return e
+    both = [entry(f"p{s}", s) for s in (1, 2, 4, 8)] + [entry(f"d{s}", s, paged=False) for s in (1, 2, 4, 8)]
+    d64 = [entry(f"q{s}", s, d=64) for s in (1, 2, 4, 8)]
+    cands = (both + d64 + [wide("w8", 8), wide("w8p", 8, pdl=True), wide("wd8p", 8, paged=False, pdl=True)]
+             + [wide(f"v{s}", s, d=64) for s in (1, 2)])
+    mqa = dict(b=8, hq=16, hkv=1)
+    assert rules.select(cands, prob(**mqa))["name"] == "w8p"                  # 64 CTAs: PDL twin
+    assert rules.select(cands, prob(page=None, **mqa))["name"] == "wd8p"       # dense cache alike
+    assert rules.select([e for e in cands if e["name"] != "w8p"], prob(**mqa))["name"] == "w8"
+    assert rules.select(cands, prob(b=2, hq=32, hkv=8))["name"] == "p8"        # 128 CTAs: preferred
+    assert rules.select(cands, prob(b=8, sk=8192, hq=64, d=64))["name"] == "v2"   # preferred: 4 splits
+    assert rules.select(cands, prob(b=64, sk=1024, d=64))["name"] == "v1"
+    assert rules.select(cands, prob(b=1, sk=32768, d=64))["name"] == "q8"     # half of 8: not built
+    assert rules.select(cands, prob(b=16, sk=4096, d=64))["name"] == "v1"     # 128 CTAs
+    assert rules.select(cands, prob(b=256, sk=512, d=64))["name"] == "q1"     # 2048 CTAs: > 4 per SM
 
 
 def test_select_switches():
@@ -277,6 +317,7 @@ BAD = [
     (dict(k_descale="one"), "k_descale applies to float8_e4m3fn caches only"),
     (dict(out="out_bad"), "out must be a tensor of q's shape"),
     (dict(max_seqlen_q=4), "max_seqlen_q goes with cu_seqlens_q"),
+    (dict(q="q_packed", cu_seqlens_q="cu2", max_seqlen_q=0), "max_seqlen_q = 0: with 5 query tokens in 2 sequences"),
     (dict(dense_batch=True), r"a dense cache \(no block_table\) must be \(batch=2"),
     (dict(q="q_strided"), "strides .* must be multiples of 8"),
 ]
@@ -292,7 +333,8 @@ def test_bad_inputs_are_refused_before_launch(sim, bad, msg):
         "k_hd64": bf(20, 16, 8, 64), "k_f32": torch.randn(20, 16, 8, 128), "q_f32": torch.randn(2, 1, 32, 128),
         "q_heads": bf(2, 1, 12, 128), "q_rank": bf(2, 32, 128), "sinks_bf16": bf(32),
         "sinks_short": torch.zeros(31), "one": torch.ones(1), "out_bad": bf(2, 1, 32, 64),
-        "q_strided": bf(2, 1, 32, 130)[..., :128],
+        "q_strided": bf(2, 1, 32, 130)[..., :128], "q_packed": bf(5, 32, 128),
+        "cu2": torch.tensor([0, 2, 5], dtype=torch.int32),
     }
     for key, val in bad.items():
         val = sub.get(val, val) if isinstance(val, str) else val
@@ -324,7 +366,7 @@ def test_no_variant_for_combos_not_built(sim):
         sim.attention_kvcache(q, bf(2, 64, 8, 128).to(torch.float8_e4m3fn), bf(2, 64, 8, 128).to(torch.float8_e4m3fn),
                               sl, k_descale=torch.ones(1))
     sim.attention_kvcache(q, k8, v8, sl, block_table=bt, k_descale=torch.ones(1), v_descale=torch.full((8,), 2.0))
-    assert sim.rec.launched[-1].endswith("_ce4m3_paged")
+    assert "_ce4m3_paged" in sim.rec.launched[-1]
     sim.rec.launched.clear()
     with pytest.raises(InputError, match="head_dim 96 not supported"):
         sim.attention_kvcache(bf(2, 1, 32, 96), bf(20, 16, 8, 96), bf(20, 16, 8, 96), sl, block_table=bt)
@@ -434,9 +476,8 @@ def _c_problem(cs, b, sq, hq, hkv, d, sk, page, dtype, switches):
 
 
 def test_packed_q_selection(test_bundle):
-    """A packed-q call (cu_seqlens_q) runs a packed-q build: the C selection decides for dense q
-    (its problem has no packed form) and the runtime takes that family's packed-q build by the
-    same rule; the result is the rule's (tests/kvcache_rules.py), refusals included."""
+    """A packed-q call (cu_seqlens_q) runs a packed-q build: the C selection's packed-q form
+    (varlen_q) decides, and the result is the rule's (tests/kvcache_rules.py), refusals included."""
     b_py = Bundle.open(test_bundle, capability=(9, 0), device={"name": None, "sm_count": 132})
     cands = b_py.candidates("attention_kvcache")
     n_ok = 0
@@ -541,3 +582,103 @@ def test_c_entry_refuses_bad_problems(test_bundle):
         assert got == ("input",) and msg in lib.message() and sel.variant == -1, (change, got, lib.message())
     got, sel = lib.kvcache_select(dev, _c_problem(cs, 2, 1, 32, 8, 128, 1000, 16, "bf16", False))
     assert got[0] == "ok" and sel.workspace_bytes == 2 * 32 * 4  # the lse scratch (no lse pointer)
+
+
+def test_c_selection_packed_q(test_bundle):
+    """The C problem's packed-q form (varlen_q, cu_seqlens_q, seqlen_q = the token count): the
+    variant the rule picks for the packed problem (tests/kvcache_rules.py), or both refuse; the lse
+    scratch sized by the tokens; and its own refusals."""
+    import json
+
+    import c_selection as cs
+
+    lib = cs.CLib(test_bundle / json.loads((test_bundle / "manifest.json").read_text())["host_library"]["path"])
+    dev = lib.device((9, 0), 132, None)
+    b_py = Bundle.open(test_bundle, capability=(9, 0), device={"name": None, "sm_count": 132})
+    cands = b_py.candidates("attention_kvcache")
+
+    def packed(b, max_q, total, d, page, dtype, switches):
+        p = _c_problem(cs, b, total, 32, 8, d, 4096, page, dtype, switches)
+        p.varlen_q, p.max_seqlen_q, p.cu_seqlens_q = 1, max_q, 0x3000
+        p.q_stride[:] = p.o_stride[:] = [0, 32 * d, d]
+        return p
+
+    n_ok, ok_args = 0, None
+    for page in (None, 16, 64):
+        for d, dtype in ((128, "bf16"), (64, "f16"), (256, "bf16")):
+            for max_q, switches in ((512, False), (1, False), (300, True)):
+                pr = prob(b=4, sq=max_q, d=d, sk=4096, page=page, dtype=dtype, kv_dtype=dtype, varlen_q=True,
+                          local=switches, softcap=switches, sinks=switches)
+                try:
+                    want = ("ok", rules.select(cands, pr, 132)["name"])
+                except NoVariantError:
+                    want = ("novariant",)
+                got, sel = lib.kvcache_select(dev, packed(4, max_q, 3 * max_q + 5, d, page, dtype, switches))
+                assert got == want, (pr, got, want, lib.message())
+                if got[0] == "ok":
+                    n_ok += 1
+                    ok_args = ok_args or (4, max_q, 3 * max_q + 5, d, page, dtype, switches)
+                    assert sel.workspace_bytes == 32 * (3 * max_q + 5) * 4  # the (heads, tokens) lse scratch
+    assert n_ok >= 3
+    total, d = ok_args[2], ok_args[3]
+    for change, msg in ((dict(max_seqlen_q=total + 1), f"max_seqlen_q = {total + 1} must be in [0, {total}]"),
+                        (dict(max_seqlen_q=0), f"max_seqlen_q = 0: with {total} query tokens in 4 sequences"),
+                        (dict(varlen_q=2), "varlen_q"),
+                        (dict(q_stride=(0, 32 * d, 4)), "strides must be multiples of 8 elements")):
+        p = packed(*ok_args)
+        for k, v in change.items():
+            if isinstance(v, tuple):
+                getattr(p, k)[:] = list(v)
+            else:
+                setattr(p, k, v)
+        got, sel = lib.kvcache_select(dev, p)
+        assert got == ("input",) and msg in lib.message() and sel.variant == -1, (change, got, lib.message())
+    # q's batch stride is unused in the packed form (any value)
+    p = packed(*ok_args)
+    p.q_stride[0] = 12345
+    assert lib.kvcache_select(dev, p)[0][0] == "ok", lib.message()
+
+
+def test_attention_with_switches_runs_the_kvcache_kernels(sim):
+    """bundle.attention with a window, softcap or sinks: the attention_kvcache switch build over k
+    and v viewed as pages (no copy): dense (pages of the largest preferred size dividing Sk) and
+    packed (one-row pages); the refusals of what cannot be viewed or is not built."""
+    sw = [n for n, e in sim.manifest["variants"].items() if e.get("op") == "attention_kvcache" and e.get("sinks")]
+    if not sw:
+        pytest.skip("the test bundle has no window/softcap/sinks attention_kvcache build")
+    hq, hkv, d = 32, 8, 128
+    sinks = torch.zeros(hq)
+    n0 = len(sim.rec.launched)
+    ran = 0
+    for sq, sk in ((1, 1024), (1, 1001), (300, 1024)):
+        q, k, v = bf(2, sq, hq, d), bf(2, sk, hkv, d), bf(2, sk, hkv, d)
+        try:
+            o, lse = sim.attention(q, k, v, True, None, return_lse=True, window_size=(128, 0), softcap=30.0,
+                                   sinks=sinks)
+        except NoVariantError as e:
+            assert "attention_kvcache" in str(e)
+            continue
+        ran += 1
+        assert o.shape == q.shape and lse.shape == (2, hq, sq)
+        assert sim.rec.launched[-1].endswith("_win_cap_sink")
+    assert ran >= 1 and len(sim.rec.launched) == n0 + ran
+    # packed sequences: one-row pages, the table from cu_seqlens_k
+    cu_q, cu_k = torch.tensor([0, 5, 12], dtype=torch.int32), torch.tensor([0, 100, 400], dtype=torch.int32)
+    q, k, v = bf(12, hq, d), bf(400, hkv, d), bf(400, hkv, d)
+    try:
+        o = sim.attention(q, k, v, True, None, cu_q, cu_k, 7, 300, window_size=(64, 0))
+        assert o.shape == q.shape and sim.rec.launched[-1].endswith("_win_cap_sink")
+    except NoVariantError as e:
+        assert "varlen_q=True" in str(e)
+    # refusals: k/v whose batch and sequence do not merge; fp8 with a window; mismatched offsets
+    big = bf(2, 2048, hkv, d)
+    with pytest.raises(InputError, match="merge"):
+        sim.attention(bf(2, 4, hq, d), big[:, :1024], big[:, :1024], True, None, window_size=(8, 0))
+    f8 = torch.float8_e4m3fn
+    with pytest.raises(InputError, match="not built for fp8"):
+        sim.attention(bf(2, 4, hq, d).to(f8), big.to(f8), big.to(f8), True, None, q_descale=torch.ones(1),
+                      window_size=(8, 0))
+    with pytest.raises(InputError, match="one batch"):
+        sim.attention(q, k, v, True, None, cu_q, torch.tensor([0, 400], dtype=torch.int32), 7, 300, softcap=5.0)
+    with pytest.raises(InputError, match="window_size entries"):
+        sim.attention(bf(2, 4, hq, d), bf(2, 64, hkv, d), bf(2, 64, hkv, d), True, None, window_size=(-3, 0))

@@ -11,6 +11,7 @@ dense arguments in order.  So must the head_dim 256 default (128 x 80).
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -150,7 +151,7 @@ def test_enumeration_and_names():
 
     sm90 = _family()
     test = sm90.enumerate_attention(get_target("sm_90a"), "test")
-    assert [v.name for v in test] == ["attention_sm90a_bf16_d128_m128_n128_s2_causal_ov_pp_er_ps_kf",
+    assert [v.name for v in test] == ["attention_sm90a_bf16_d128_m128_n128_s2_causal_ov_pp_er_ps_kf_lz",
                                       "attention_sm90a_bf16_d128_m64_n128_s2_causal_ov"]
     default = sm90.enumerate_attention(get_target("sm_90a"), "default")
     problems = {(dt, d, c) for dt in ("bf16", "f16") for d in (64, 128, 256) for c in (False, True)}
@@ -173,6 +174,12 @@ def test_enumeration_and_names():
     assert all(v.persistent and v.o_in_q == (v.head_dim == 256) for v in big + varlen)
     assert not any(v.persistent for v in small)
     assert all(v.describe()["tile_scheduler"]["max_ctas"] == sm90.PERSISTENT_CTAS for v in big + varlen)
+    # the lazy rescale: the dense head_dim 128 tiles only
+    assert {(v.dtype, v.causal) for v in default + varlen if v.lazy_rescale} == {
+        (dt, c) for dt in ("bf16", "f16") for c in (False, True)}
+    assert all(v.head_dim == 128 and v.tile_m == 128 and not v.varlen for v in default if v.lazy_rescale)
+    assert "lazy_rescale needs overlap" in sm90.AttentionSm90(
+        target="sm_90a", head_dim=128, lazy_rescale=True).can_implement()
     assert all(("o_smem" in v.describe()["tile_scheduler"]) == v.o_in_q for v in big + varlen)
     full = sm90.enumerate_attention(get_target("sm_90a"), "full")
     assert {v.name for v in full} > {v.name for v in default + varlen}
@@ -192,8 +199,8 @@ def test_signature_describe_and_limits():
 
     V = sm90.AttentionSm90
     v = V(target="sm_90a", dtype="f16", head_dim=128, causal=True, overlap=True, pingpong=True,
-          persistent=True, k_first=True, early_rescale=True)
-    assert v.name == "attention_sm90a_f16_d128_m128_n128_s2_causal_ov_pp_er_ps_kf"
+          persistent=True, k_first=True, early_rescale=True, lazy_rescale=True)
+    assert v.name == "attention_sm90a_f16_d128_m128_n128_s2_causal_ov_pp_er_ps_kf_lz"
     # The sm80 family's dense calling convention, argument for argument: no new launch code.
     assert v.signature() == AttentionSm80(target="sm_90", dtype="f16", head_dim=128,
                                           causal=True).signature()
@@ -203,6 +210,7 @@ def test_signature_describe_and_limits():
     assert d["preferred"] and d["min_seqlen_q"] == sm90.MIN_SEQLEN_Q and d["ctas_per_sm"] == 1
     assert d["registers_per_role"] == {"producer": 24, "consumer": 240} and d["threads"] == 384
     json.dumps(d)
+    assert not dataclasses.replace(v, lazy_rescale=False).describe()["preferred"]
     assert not V(target="sm_90a", dtype="f16", head_dim=64).describe()["preferred"]
     assert "Hopper" in V(target="sm_90", dtype="bf16").can_implement()
     # varlen: the sm80 family's packed convention

@@ -320,3 +320,137 @@ def test_fx_attention_kvcache_matches_python(lib, bundle, paged, switches, B, Hq
                                sinks=switches)
     assert sel.name.decode() == plan.variant
     assert torch.equal(o, o_py) and torch.equal(lse, lse_py)
+
+
+def _kv_packed_problem(q, k, v, o, lse, bt, lens, cu, max_q, Hq, Hkv, D, ps, mp):
+    p = cs.KVCacheProblem()
+    p.dtype = p.kv_dtype = 1
+    p.batch, p.seqlen_q, p.heads_q, p.heads_kv, p.head_dim = lens.numel(), q.shape[0], Hq, Hkv, D
+    p.num_pages, p.page_size, p.max_pages = k.shape[0], ps, mp
+    p.q, p.k_cache, p.v_cache, p.o = q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr()
+    p.lse = lse.data_ptr() if lse is not None else None
+    p.q_stride[:], p.o_stride[:] = [0, *q.stride()[:2]], [0, *o.stride()[:2]]
+    p.k_stride[:], p.v_stride[:] = list(k.stride()[:3]), list(v.stride()[:3])
+    p.lse_stride[:] = [0, q.shape[0]]
+    p.block_table, p.block_table_stride = bt.data_ptr(), mp
+    p.cache_seqlens = lens.data_ptr()
+    p.causal, p.window_left, p.window_right = 1, -1, -1
+    p.varlen_q, p.max_seqlen_q, p.cu_seqlens_q = 1, max_q, cu.data_ptr()
+    return p
+
+
+def test_fx_attention_kvcache_packed_q_matches_python(lib, bundle):
+    """Chunked prefill of three sequences packed in one q (cu_seqlens_q; 130, 1 and 37 new tokens
+    against 900, 1 and 2000 cached keys, paged at 16 over shuffled pages) through
+    fx_attention_kvcache: the variant Python picks, Python's output bit for bit, and each
+    sequence against a float32 reference on its gathered keys (bottom-right causal)."""
+    from factory.testing import attention_kvcache_reference
+
+    if not hasattr(lib.lib, "fx_attention_kvcache"):
+        pytest.skip(f"{GPU_BUNDLE} predates fx_attention_kvcache: relink it")
+    dev = _device(lib)
+    g = torch.Generator(device="cuda").manual_seed(7)
+    new, Hq, Hkv, D, ps, mp = [130, 1, 37], 32, 8, 128, 16, 128
+    lens = torch.tensor([900, 1, 2000], dtype=torch.int32, device="cuda")
+    B = lens.numel()
+    cu = torch.tensor([0, *torch.tensor(new).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    q = torch.randn(sum(new), Hq, D, device="cuda", generator=g).to(torch.bfloat16)
+    pages = B * mp + 1
+    k = torch.randn(pages, ps, Hkv, D, device="cuda", generator=g).to(torch.bfloat16)
+    v = torch.randn_like(k)
+    bt = torch.randperm(pages - 1, device="cuda", generator=g)[: B * mp].view(B, mp).to(torch.int32)
+    o = torch.full_like(q, float("nan"))
+    lse = torch.full((Hq, q.shape[0]), float("nan"), dtype=torch.float32, device="cuda")
+    p = _kv_packed_problem(q, k, v, o, lse, bt, lens, cu, max(new), Hq, Hkv, D, ps, mp)
+    sel = cs.Selection()
+    rc = lib.lib.fx_attention_kvcache_select(ctypes.byref(dev), ctypes.byref(p), ctypes.byref(sel))
+    if rc == cs.FX_ERR_NO_VARIANT:
+        pytest.skip(f"{GPU_BUNDLE} has no packed-q variant for this problem: {lib.message()}")
+    assert rc == 0, lib.message()
+    ws = torch.empty(max(1, sel.workspace_bytes), dtype=torch.uint8, device="cuda")
+    rc = lib.lib.fx_attention_kvcache(ctypes.byref(dev), ctypes.byref(p), ctypes.c_void_p(ws.data_ptr()),
+                                      ctypes.c_uint64(sel.workspace_bytes),
+                                      ctypes.c_void_p(torch.cuda.current_stream().cuda_stream), ctypes.byref(sel))
+    assert rc == 0, f"{lib.lib.fx_error_string(rc)}: {lib.message()}"
+    torch.cuda.synchronize()
+    o_py, lse_py = bundle.attention_kvcache(q, k, v, lens, block_table=bt, cu_seqlens_q=cu, max_seqlen_q=max(new),
+                                            return_lse=True)
+    plan = bundle.plan_kvcache(batch=B, seqlen_q=max(new), heads_q=Hq, heads_kv=Hkv, head_dim=D, max_pages=mp,
+                               page_size=ps, varlen_q=True)
+    assert sel.name.decode() == plan.variant
+    assert torch.equal(o, o_py) and torch.equal(lse, lse_py)
+    for i in range(B):  # each sequence against float32: its queries are the last of its keys
+        rows = slice(cu[i].item(), cu[i + 1].item())
+        ref_o, ref_lse = attention_kvcache_reference(q[None, rows], k, v, lens[i:i + 1], bt[i:i + 1])
+        assert _rel(o[rows], ref_o[0]) < 2e-2, i
+        assert (lse[:, rows] - ref_lse[0]).abs().max().item() < 1e-2, i
+
+
+_HOST_POINTER_CHILD = r"""
+import ctypes, sys, torch
+sys.path.insert(0, "tests")
+import c_selection as cs
+lib = cs.CLib(sys.argv[1])
+dev = cs.Device()
+assert lib.lib.fx_device_query(0, ctypes.byref(dev)) == 0
+B, Hq, Hkv, D, ps, mp = 2, 32, 8, 128, 16, 8
+bf = dict(dtype=torch.bfloat16, device="cuda")
+q = torch.randn(B, 1, Hq, D, **bf)
+k = torch.randn(B * mp, ps, Hkv, D, **bf)
+v = torch.randn_like(k)
+bt = torch.arange(B * mp, dtype=torch.int32, device="cuda").view(B, mp)
+lens = torch.tensor([100, 7], dtype=torch.int32, device="cuda")
+lse = torch.empty(B, Hq, 1, dtype=torch.float32, device="cuda")
+def problem(q, k, o):
+    p = cs.KVCacheProblem()
+    p.dtype = p.kv_dtype = 1
+    p.batch, p.seqlen_q, p.heads_q, p.heads_kv, p.head_dim = B, 1, Hq, Hkv, D
+    p.num_pages, p.page_size, p.max_pages = B * mp, ps, mp
+    p.q, p.k_cache, p.v_cache, p.o, p.lse = q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr()
+    p.q_stride[:], p.o_stride[:] = list(q.stride()[:3]), list(o.stride()[:3])
+    p.k_stride[:], p.v_stride[:] = list(k.stride()[:3]), list(v.stride()[:3])
+    p.lse_stride[:] = [Hq, 1]
+    p.block_table, p.block_table_stride, p.cache_seqlens = bt.data_ptr(), mp, lens.data_ptr()
+    p.causal, p.window_left, p.window_right = 1, -1, -1
+    return p
+def run(p):
+    sel = cs.Selection()
+    rc = lib.lib.fx_attention_kvcache(ctypes.byref(dev), ctypes.byref(p), None, ctypes.c_uint64(0),
+                                      ctypes.c_void_p(torch.cuda.current_stream().cuda_stream), ctypes.byref(sel))
+    return rc
+case = sys.argv[2]
+o = torch.full_like(q, float("nan"))
+if case == "q on the host":
+    rc = run(problem(q.cpu(), k, o))
+elif case == "k_cache on the host":
+    rc = run(problem(q, k.cpu(), o))
+else:
+    rc = run(problem(q, k, o.cpu()))
+print("RC", rc, lib.message())
+assert rc == cs.FX_ERR_INPUT and "is not device memory" in lib.message(), (rc, lib.message())
+# the process still works: the same call on device memory, against Python's launch
+assert run(problem(q, k, o)) == 0, lib.message()
+torch.cuda.synchronize()
+from factory.runtime import Bundle
+b = Bundle.open(sys.argv[3])
+ref = b.attention_kvcache(q, k, v, lens, block_table=bt)
+torch.cuda.synchronize()
+assert torch.equal(o, ref)
+print("CONTEXT OK")
+"""
+
+
+@pytest.mark.parametrize("case", ["q on the host", "k_cache on the host", "o on the host"])
+def test_fx_attention_kvcache_refuses_host_pointers(lib, case):
+    """A host pointer given to fx_attention_kvcache is refused (FX_ERR_INPUT, nothing launched):
+    in a fresh process, which then launches the same problem on device memory and matches
+    Python's launch — a lost context would fail there."""
+    import subprocess
+    import sys
+
+    if not hasattr(lib.lib, "fx_attention_kvcache"):
+        pytest.skip(f"{GPU_BUNDLE} predates fx_attention_kvcache: relink it")
+    r = subprocess.run([sys.executable, "-c", _HOST_POINTER_CHILD, str(GPU_BUNDLE / "lib" / "libfactory_bundle.so"),
+                        case, str(GPU_BUNDLE)], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0 and "CONTEXT OK" in r.stdout, r.stdout + r.stderr

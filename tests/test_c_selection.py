@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import ctypes
 import json
+import math
 import os
 import shutil
 import zlib
@@ -84,7 +85,9 @@ def test_gemm_launches_what_the_library_selects(bundles):
                 names.add(got[1])
                 e = bundle.manifest["variants"][got[1]]
                 # the workspace and grid cap that the Python launch passes (gemm.gemm, launch_scalars)
-                assert ws == (4 * e["split_k"] * p["M"] * p["N"] if "workspace" in e else 0)
+                # (runtime/gemm.py and fx_select.c compute the same bytes, either workspace form)
+                spec = rt_gemm._workspace_spec(e, p["M"], p["N"], 0, p.get("L", 1))
+                assert ws == (4 * math.prod(spec[0][1]) if spec else 0)
                 assert max_clusters == (max(1, sms // e["persistent"]["cluster_ctas"]) if e.get("persistent") else 0)
         assert sum(seen.values()) == len(DEVICES) * len(GEMM_PROBLEMS)
         # every kind of answer occurs (the grid reaches each branch), and many different variants
@@ -297,6 +300,14 @@ def test_known_answers(test_bundle):
     assert answer((9, 0), 132, K=4100)[0] == ("novariant",)  # K % 8
     assert answer((9, 0), 132, a_major="m", pad_a=0)[0] == ("novariant",)  # the test tier is K-major only
     assert answer((9, 0), 132, M=0)[0] == ("empty",)
+    # 2 x 10 tiles of 64x128 (a sixth of a wave), 128 k-blocks: split 4 ways over the grid (80
+    # units); its workspace: 20 semaphores rounded to 32 words, then 4 partial tiles per tile
+    got, sel = answer((9, 0), 132, M=128, N=1280, K=8192)
+    assert got == ("ok", "gemm_sm90a_bf16_obf16_ak_bk_t64x128x64_c1x1_ws_rm_sw1_sk1_pdl_skw4")
+    assert sel.workspace_bytes == 4 * (32 + 20 * 4 * 64 * 128) and sel.splits == 4
+    # a full wave of tiles: no split; too few k-blocks per part (8 each at least): no split
+    assert "skw" not in answer((9, 0), 132, M=2048, N=2048 * 4, K=8192)[0][1]
+    assert "skw" not in answer((9, 0), 132, M=512, N=2048, K=1024)[0][1]
     assert answer((9, 0), 0)[0] == ("input",)  # no SMs
     assert answer((9, 0), 132, a_major="x")[0] == ("input",)  # no contiguous mode in a
 

@@ -90,7 +90,7 @@ def scaled_bundle(tmp_path_factory):
 
     out = tmp_path_factory.mktemp("fp8") / "b"
     build(out, ["sm_90a"], ["gemm"], tier="default", jobs=1, evidence=tmp_path_factory.mktemp("no-runs"),
-          name_filter="*_t128x128x128_c1x1_coop_rm_sw1_sk1_pdl_[rb][ol][wk]sc")
+          name_filter="*_t128x128x128_c1x1_coop_rm_sw1_sk1_pdl_[rb][ol][wk]sc*")
     b = Bundle.open(out, capability=(9, 0), device=H100)
     b.rec = Recorder()
     b.simulate(b.rec)
@@ -114,10 +114,10 @@ def test_selection_by_scale_form(scaled_bundle):
     _, sa = fp8.quantize_blockwise(torch.randn(M, K))
     _, sb = fp8.quantize_blockwise(torch.randn(N, K), (128, 128))
     out = b.gemm(a, w, scale_a=sa, scale_b=sb)
-    assert b.rec.launched[-1].endswith("_blksc") and out.shape == (M, N) and out.dtype == torch.bfloat16
+    assert b.rec.launched[-1].endswith("_blksc_sbst") and out.shape == (M, N) and out.dtype == torch.bfloat16
     n = len(b.rec.launched)
     b.gemm(a, w, scale_a=sa, scale_b=sb)  # the hot path launches the same variant
-    assert len(b.rec.launched) == n + 1 and b.rec.launched[-1].endswith("_blksc")
+    assert len(b.rec.launched) == n + 1 and b.rec.launched[-1].endswith("_blksc_sbst")
     with pytest.raises(NoVariantError):  # per tensor: none of this bundle's variants takes it
         b.gemm(a, w, scale_a=torch.ones(1), scale_b=torch.ones(1))
 
@@ -156,7 +156,7 @@ def test_c_refuses_bad_scale_forms(scaled_bundle):
     sel = b.selector
     problem = sel.gemm_problem(rkl_spec(a, "a"), rkl_spec(w, "b"), rkl_spec(c, "c"), "e4m3", "bf16",
                                [(sa.data_ptr(), (M, 5), (1, M)), (sb.data_ptr(), (3, 5), (5, 1))], False)
-    assert sel.select_scaled(problem, (2, (1, M), (5, 1))).name.decode().endswith("_blksc")
+    assert sel.select_scaled(problem, (2, (1, M), (5, 1))).name.decode().endswith("_blksc_sbst")
     assert sel.select_scaled(problem, (1, (1, 0), (1, 0))).name.decode().endswith("_rowsc")
     for form, match in (((2, (5, 1), (5, 1)), "M-major"), ((2, (1, M - 1), (5, 1)), ">= m"),
                         ((2, (1, M), (1, 3)), "K-contiguous"), ((2, (1, M), (4, 1)), ">= ceil"),

@@ -23,8 +23,11 @@ bf16 = torch.bfloat16
 
 def test_tiers():
     default = enumerate_variants(TEST_TARGETS, OPS, tier="default")
-    assert len(default) <= 12
+    assert len(default) <= 15
     names = {v.name for v in default}
+    for t in ("sm89", "sm90", "sm100f"):  # fp8 caches: the conversions need 8.9
+        assert f"rope_kvcache_{t}_bf16_t128_neox_ce4m3" in names
+    assert "rope_kvcache_sm80_bf16_t128_neox_ce4m3" not in names
     for t in ("sm80", "sm90", "sm100f"):
         assert f"rms_norm_{t}_bf16_t256_c8_res" in names and f"rope_kvcache_{t}_bf16_t128_neox" in names
     assert "rms_norm_sm89_bf16_t256_c8_res_q8" in names  # fp8 conversions need 8.9
@@ -156,6 +159,30 @@ def test_rope_kvcache_launches_and_refusals(sim):
         sim.rope_kvcache(**a, rotary_dim=64)
     with pytest.raises(InputError, match="neox"):
         sim.rope_kvcache(**a, neox="yes")
+
+
+def test_rope_kvcache_fp8_caches(sim):
+    """e4m3 caches: the ce4m3 build (per-tensor and per-head scales), and every refusal of the
+    scales and cache dtypes."""
+    f8 = torch.float8_e4m3fn
+    a = dict(rope_args(), k_cache=torch.zeros(3, 16, 2, 128, dtype=f8), v_cache=torch.zeros(3, 16, 2, 128, dtype=f8))
+    ks, vs = torch.tensor([0.5]), torch.tensor([0.25, 2.0])
+    sim.rope_kvcache(**a, k_scale=ks, v_scale=vs)
+    assert sim.rec.launched[-1] == "rope_kvcache_sm90_bf16_t128_neox_ce4m3"
+    cases = [
+        (dict(k_scale=None, v_scale=vs), "needs k_scale and v_scale"),
+        (dict(k_scale=ks, v_scale=torch.ones(3)), "v_scale must be a contiguous float32 tensor of 1"),
+        (dict(k_scale=ks.double(), v_scale=vs), "k_scale must be a contiguous float32"),
+        (dict(k_scale=torch.ones(2, 2)[:, 0], v_scale=vs), "k_scale must be a contiguous"),
+        (dict(k_scale=ks, v_scale=vs, v_cache=torch.zeros(3, 16, 2, 128, dtype=bf16)), "v_cache must be"),
+    ]
+    for change, msg in cases:
+        with pytest.raises(InputError, match=msg):
+            sim.rope_kvcache(**{**a, **change})
+    with pytest.raises(InputError, match="k_scale applies to float8_e4m3fn caches only"):
+        sim.rope_kvcache(**rope_args(), k_scale=ks, v_scale=vs)
+    with pytest.raises(NoVariantError, match="into e4m3 caches"):
+        sim.rope_kvcache(**a, k_scale=ks, v_scale=vs, neox=False)
 
 
 def test_fakes_check(sim):

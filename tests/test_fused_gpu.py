@@ -188,7 +188,7 @@ def test_rope_kvcache(bundle, run_record, dtype, neox, d, r, hq, hkv, t):
     mask = torch.ones(pages * ps, dtype=torch.bool, device="cuda")
     mask[written] = False
     assert torch.isnan(kflat[mask]).all() and torch.isnan(vflat[mask]).all(), "a row outside the slots was written"
-    _record(run_record, bundle, "rope_kvcache", (dtype, neox, False),
+    _record(run_record, bundle, "rope_kvcache", (dtype, neox, False, dtype),
             [{"rel_err": max(eq, ek), "tol": tol, "ok": max(eq, ek) < tol}])
 
 
@@ -230,7 +230,7 @@ def test_rope_kvcache_block_table(bundle, run_record, sq):
         mask[slot] = False
         assert torch.equal(kflat[slot], k.view(-1, hkv, d)[t]) and torch.equal(vflat[slot], v.view(-1, hkv, d)[t])
     assert torch.isnan(kflat[mask]).all() and torch.isnan(vflat[mask]).all()
-    _record(run_record, bundle, "rope_kvcache", ("bf16", True, True),
+    _record(run_record, bundle, "rope_kvcache", ("bf16", True, True, "bf16"),
             [{"rel_err": max(eq, ek), "tol": 1e-2, "ok": max(eq, ek) < 1e-2}])
 
 
@@ -450,3 +450,97 @@ def test_rope_kvcache_per_token_cos_sin(bundle):
     bundle.rope_kvcache(q2, k2, v, None, table[pos].contiguous(), kc2, vc2, slots)
     assert torch.equal(q, q2) and torch.equal(k, k2)
     assert torch.equal(kc.nan_to_num(7.0), kc2.nan_to_num(7.0)) and torch.equal(vc.nan_to_num(7.0), vc2.nan_to_num(7.0))
+
+
+@pytest.mark.parametrize("per_head", [False, True])
+@pytest.mark.parametrize("t", [1, 300])
+def test_rope_kvcache_fp8_caches(bundle, run_record, per_head, t):
+    """e4m3 caches: rotated k and v written as e4m3(x / scale) — codes within one e4m3 step of
+    torch's rounding of the same float32 quotient, saturating at ±448 (a value past the range),
+    NaN-poisoned rows outside the slots untouched."""
+    if not _have(bundle, "rope_kvcache", dtype="bf16", neox=True, cache_dtype="e4m3"):
+        pytest.skip("no bf16 neox rope_kvcache variant into e4m3 caches")
+    gen = torch.Generator(device="cuda").manual_seed(t + 17 * per_head)
+    hq, hkv, d, r, ps, maxpos = 32, 8, 128, 128, 16, 4096
+    pages = -(-t // ps) + 2
+    q = torch.randn(t, hq, d, device="cuda", generator=gen).to(torch.bfloat16)
+    k = torch.randn(t, hkv, d, device="cuda", generator=gen).to(torch.bfloat16)
+    v = torch.randn(t, hkv, d, device="cuda", generator=gen).to(torch.bfloat16)
+    k[0, 0, r - 1] = 1000.0  # past 448 x its scale: saturates (token 0 is at position 0: no rotation)
+    pos = torch.arange(t, device="cuda")
+    slots = torch.randperm(pages * ps, device="cuda", generator=gen)[:t].clone()
+    if per_head:
+        ks = torch.rand(hkv, device="cuda", generator=gen) * 0.02 + 0.01
+        vs = torch.rand(hkv, device="cuda", generator=gen) * 0.02 + 0.01
+    else:
+        ks, vs = torch.tensor([0.02], device="cuda"), torch.tensor([0.015], device="cuda")
+    cos_sin = make_cos_sin(maxpos, r)
+    poison = torch.tensor(0x7F, dtype=torch.uint8)  # e4m3 NaN
+    kc = poison.to("cuda").expand(pages, ps, hkv, d).contiguous().view(FP8)
+    vc = kc.clone()
+    q_ref, k_ref = rope_reference(q, k, pos, cos_sin, True)
+    bundle.rope_kvcache(q, k, v, pos, cos_sin, kc, vc, slots, k_scale=ks, v_scale=vs)
+    torch.cuda.synchronize()
+    kf, vf = kc.view(-1, hkv, d)[slots], vc.view(-1, hkv, d)[slots]
+    ksh, vsh = ks.reshape(-1).expand(hkv)[None, :, None], vs.reshape(-1).expand(hkv)[None, :, None]
+    want_k = (k.float() / ksh).clamp(-448, 448).to(FP8)  # k as rotated and rounded in place by the kernel
+    want_v = (v.float() / vsh).clamp(-448, 448).to(FP8)
+    steps = max((fp8_ordinal(kf) - fp8_ordinal(want_k)).abs().max().item(),
+                (fp8_ordinal(vf) - fp8_ordinal(want_v)).abs().max().item())
+    assert steps <= 1, steps
+    assert kf[0, 0, r - 1].float().item() == 448.0  # saturated, not inf/NaN
+    mask = torch.ones(pages * ps, dtype=torch.bool, device="cuda")
+    mask[slots] = False
+    assert (kc.view(-1, hkv, d)[mask].view(torch.uint8) == 0x7F).all(), "a row outside the slots was written"
+    ek = ((k.float() - k_ref).abs().max() / k_ref.abs().max()).item()
+    assert ek < 1e-2, ek
+    _record(run_record, bundle, "rope_kvcache", ("bf16", True, False, "e4m3"),
+            [{"rel_err": ek, "tol": 1e-2, "fp8_steps": steps, "ok": steps <= 1 and ek < 1e-2}])
+
+
+def test_rope_kvcache_fp8_then_attention(bundle):
+    """Prompts written by rope_kvcache into a paged e4m3 cache (the slots form, slot = page·16 +
+    row through a shuffled block table) and read back by
+    attention_kvcache with k_descale / v_descale = the writer's scales: against float32 attention
+    over the dequantized cache, and against the same attention over a bf16 cache the same writer
+    filled (the fp8 error stays within e4m3's)."""
+    from factory.testing import attention_kvcache_reference
+
+    if not _have(bundle, "rope_kvcache", dtype="bf16", neox=True, cache_dtype="e4m3") or not any(
+            e.get("kv_dtype") == "e4m3" and e.get("paged") for e in bundle.candidates("attention_kvcache")):
+        pytest.skip("no e4m3 rope_kvcache or paged e4m3 attention_kvcache variant")
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    B, hq, hkv, d, ps, lens = 3, 32, 8, 128, 16, [200, 17, 64]
+    mp = -(-max(lens) // ps)
+    pages = B * mp
+    bt = torch.randperm(pages, device="cuda", generator=gen).view(B, mp).to(torch.int32)
+    ks = torch.rand(hkv, device="cuda", generator=gen) * 0.01 + 0.02
+    vs = torch.tensor([0.02], device="cuda")
+    kc8 = torch.zeros(pages, ps, hkv, d, device="cuda", dtype=FP8)
+    vc8 = torch.zeros_like(kc8)
+    kc16 = torch.zeros(pages, ps, hkv, d, device="cuda", dtype=torch.bfloat16)
+    vc16 = torch.zeros_like(kc16)
+    cos_sin = make_cos_sin(1024, d)
+    for b, n in enumerate(lens):  # the prompt of each sequence, one call per sequence
+        pos = torch.arange(n, device="cuda")
+        slots = (bt[b].long()[pos // ps] * ps + pos % ps)
+        q = torch.randn(n, hq, d, device="cuda", generator=gen).to(torch.bfloat16)
+        k = torch.randn(n, hkv, d, device="cuda", generator=gen).to(torch.bfloat16)
+        v = torch.randn(n, hkv, d, device="cuda", generator=gen).to(torch.bfloat16)
+        k2, q2 = k.clone(), q.clone()
+        bundle.rope_kvcache(q, k, v, pos, cos_sin, kc8, vc8, slots, k_scale=ks, v_scale=vs)
+        bundle.rope_kvcache(q2, k2, v, pos, cos_sin, kc16, vc16, slots)
+        assert torch.equal(q, q2) and torch.equal(k, k2)
+    qd = torch.randn(B, 1, hq, d, device="cuda", generator=gen).to(torch.bfloat16)
+    sl = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    o8 = bundle.attention_kvcache(qd, kc8, vc8, sl, block_table=bt, k_descale=ks, v_descale=vs)
+    o16 = bundle.attention_kvcache(qd, kc16, vc16, sl, block_table=bt)
+    deq_k = (kc8.float() * ks[None, None, :, None]).to(torch.bfloat16)
+    deq_v = (vc8.float() * vs).to(torch.bfloat16)
+    ref8, _ = attention_kvcache_reference(qd, deq_k, deq_v, sl, bt)
+    ref16, _ = attention_kvcache_reference(qd, kc16, vc16, sl, bt)
+    e8 = ((o8.float() - ref8).abs().max() / ref8.abs().max()).item()
+    e16 = ((o8.float() - ref16).abs().max() / ref16.abs().max()).item()
+    assert e8 < 2e-2, e8  # the kernel on its own cache
+    assert e16 < 0.12, e16  # fp8 storage against bf16 storage: e4m3's 3 mantissa bits
+    assert ((o16.float() - ref16).abs().max() / ref16.abs().max()).item() < 2e-2

@@ -58,7 +58,7 @@ def test_tiers():
     t = get_target("sm_90a")
     test = [v for v in enumerate_sm90(t, "test") if v.has_epilogue]
     default = [v for v in enumerate_sm90(t, "default") if v.has_epilogue]
-    assert len(test) == 5 and len(default) == 14
+    assert len(test) == 5 and len(default) == 16
     assert {tuple(v.epilogue) for v in test} == {("bias",), ("residual",), ("silu_mul",),
                                                  ("bias", "silu_mul", "residual"), ("fp8_groups",)}
     assert all(v.ab == "bf16" and not v.bias and v.pdl for v in default)
@@ -166,12 +166,12 @@ def test_residual_default_tiles_follow_the_plain_selection():
             d["signature"] = {"args": args + [sl._scalar("max_clusters")], "divisibility": {}}
             entries.append(d)
     res = [e["name"] for e in entries if e["name"].endswith("_res")]
-    assert len(res) == 9 and all(n[:-len("_res")] in names for n in res)
+    assert len(res) == 11 and all(n[:-len("_res")] in names for n in res)
     tall = "gemm_sm90a_bf16_obf16_ak_bk_t256x128x64_c1x2_coop_rm_sw8_sk1_pdl"
     lib = sl.Lib(entries)
     twins = 0
     for K in (4096, 14336):
-        for M in (1, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384):
+        for M in (1, 16, 32, 64, 128, 192, 256, 512, 768, 1024, 1536, 2048, 4096, 8192, 16384):
             plain = lib.gemm(M, 4096, K)
             got = _select(lib, M, 4096, K, ep.FLAGS["residual"], res=1 << 43)
             if plain + "_res" in res:
@@ -179,7 +179,9 @@ def test_residual_default_tiles_follow_the_plain_selection():
                 assert got == plain + "_res", (M, K, plain, got)
             if M >= 4096:
                 assert plain == tall and got == tall + "_res", (M, K, plain, got)
-    assert twins >= 10
+            if M in (192, 768, 1536):  # the mid-M tiles (64x96 ws, 128x192 2x1) have their twins
+                assert got == plain + "_res" and ("t64x96" in got or "t128x192" in got), (M, K, plain, got)
+    assert twins >= 16
 
 
 def test_silu_default_tiles_follow_the_plain_prefill_selection():
@@ -346,3 +348,63 @@ def test_fp8_groups_call_path(sim):
     assert len(sim.rec.launched) == n + 1 and not z.float().any() and bool((sz == ep.FP8_MIN_SCALE).all())
     fo, fs = ep.check_meta(sim, a, b, out_dtype=torch.float8_e4m3fn)
     assert fo.shape == (37, 272) and fo.dtype == torch.float8_e4m3fn and fs.shape == (37, 3) and fs.stride() == (1, 40)
+
+
+def test_fp8_rows_call_path(sim):
+    """bundle.fp8_rows (group codes -> one scale per row) and gemm(..., row_scales=True) (the
+    e4m3 group epilogue, then fp8_rows in place): outputs, launches in order, in place, every
+    refusal before any launch, K = 0 and the fakes' metadata."""
+    from factory.runtime import fused
+
+    e4, bf = torch.float8_e4m3fn, dict(dtype=torch.bfloat16)
+    codes, gs = torch.zeros(37, 272, dtype=e4), ep.new_scale_out(torch.empty(1), 37, 272)
+    out, s = sim.fp8_rows(codes, gs)
+    assert out.shape == (37, 272) and out.dtype == e4 and out is not codes
+    assert s.shape == (37, 1) and s.dtype == torch.float32 and sim.rec.launched[-1] == "fp8_rows_sm90_e4m3_t128_c8"
+    assert sim.fp8_rows(codes, gs, out=codes)[0] is codes
+    n = len(sim.rec.launched)
+    wide, buf = torch.zeros(37, 280, dtype=e4), torch.zeros(38 * 272, dtype=e4)
+    c2, o2 = buf[:37 * 272].view(37, 272), buf[16:16 + 37 * 272].view(37, 272)
+    for call, msg in (
+            (lambda: sim.fp8_rows(codes.view(torch.uint8), gs), "float8_e4m3fn"),
+            (lambda: sim.fp8_rows(codes[:, :264], gs), "multiple of 16"),
+            (lambda: sim.fp8_rows(codes, gs[:, :2]), "group_scale must be"),
+            (lambda: sim.fp8_rows(codes, gs.contiguous()), "M-major"),
+            (lambda: sim.fp8_rows(codes, gs, out=wide[:, :256]), "out must be"),
+            (lambda: sim.fp8_rows(wide[:, :272], gs), "row stride"),
+            (lambda: sim.fp8_rows(c2, gs, out=o2), "overlap"),
+            (lambda: sim.fp8_rows(codes, "gs"), "torch.Tensor")):
+        with pytest.raises(InputError, match=msg):
+            call()
+    assert len(sim.rec.launched) == n
+    a, b = torch.randn(37, 64, **bf), torch.randn(272, 64, **bf)
+    q, rs_ = sim.gemm(a, b, out_dtype=e4, row_scales=True)
+    assert q.shape == (37, 272) and q.dtype == e4 and rs_.shape == (37, 1) and rs_.dtype == torch.float32
+    assert sim.rec.launched[-2].endswith("_q128") and sim.rec.launched[-1] == "fp8_rows_sm90_e4m3_t128_c8"
+    n = len(sim.rec.launched)
+    for kw, msg in ((dict(row_scales=True), "e4m3 output"), (dict(out_dtype=e4, row_scales=1), "bool"),
+                    (dict(out_dtype=e4, row_scales=True, scale_out=ep.new_scale_out(a, 37, 272)), "no scale_out")):
+        with pytest.raises(InputError, match=msg):
+            sim.gemm(a, b, **kw)
+    assert len(sim.rec.launched) == n
+    z, sz = sim.gemm(torch.randn(5, 0, **bf), torch.randn(128, 0, **bf), out_dtype=e4, row_scales=True)
+    assert len(sim.rec.launched) == n and sz.shape == (5, 1) and bool((sz == ep.FP8_MIN_SCALE).all())
+    fo, fs = ep.check_meta(sim, a, b, out_dtype=e4, row_scales=True)
+    assert fo.shape == (37, 272) and fo.dtype == e4 and fs.shape == (37, 1)
+    fo, fs = fused._fake_fp8_rows(sim, codes, gs)
+    assert fo.shape == (37, 272) and fo.dtype == e4 and fs.shape == (37, 1)
+
+
+def test_fp8_rows_torch_ops(sim):
+    """The fp8_rows and gemm_fp8_rows torch ops: autograd registration and fake vs real
+    (torch.library.opcheck on the simulated bundle), and a compiled call's refusal at trace time."""
+    kf = sim.torch_ops()
+    checks = ("test_autograd_registration", "test_faketensor")
+    codes = torch.randn(37, 272).to(torch.float8_e4m3fn)
+    torch.library.opcheck(kf.fp8_rows, (codes, ep.new_scale_out(torch.empty(1), 37, 272).fill_(1.0)),
+                          test_utils=checks)
+    a, b = torch.randn(37, 64, dtype=torch.bfloat16), torch.randn(272, 64, dtype=torch.bfloat16)
+    torch.library.opcheck(kf.gemm_fp8_rows, (a, b), test_utils=checks)
+    with pytest.raises(Exception, match="multiple of 16"):
+        torch.compile(lambda x, y: sim.gemm(x, y, out_dtype=torch.float8_e4m3fn, row_scales=True),
+                      fullgraph=True, backend="eager")(a, torch.randn(264, 64, dtype=torch.bfloat16))

@@ -322,3 +322,105 @@ def test_fp8_groups_feed_the_block_scaled_gemm(bundle):
     ref = (torch.nn.functional.silu(h[:, :I]) * h[:, I:]) @ fp8.dequantize_blockwise(wq, ws).t()
     err = testing.rel_error(y, ref)
     assert err < 5e-2, err
+
+
+def _rows_ref(acc):
+    """torch's row-wise quantisation of float32 values: (codes, scales (M, 1))."""
+    import torch
+
+    from factory.runtime.epilogue import FP8_MAX, FP8_MIN_SCALE
+
+    s = (acc.abs().amax(dim=1, keepdim=True) / FP8_MAX).clamp_min(FP8_MIN_SCALE)
+    return (acc / s).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), s
+
+
+@pytest.mark.parametrize("M,n", [(1, 16), (37, 272), (300, 4096), (129, 14336), (64, 16384)])
+def test_fp8_rows_codes_within_one_step(bundle, run_record, M, n):
+    """bundle.fp8_rows on torch's group codes (rows whose groups differ in magnitude by up to 2^12,
+    a zero group, a zero row): the row scale equals torch's row-wise scale, the codes are within one
+    e4m3 step of torch's row-wise quantisation of the float32 values; into a NaN-poisoned out and
+    in place; then torch._scaled_mm's row-wise product from (codes, scale) against float32."""
+    import torch
+
+    if not bundle.candidates("fp8_rows"):
+        pytest.skip("no fp8_rows variant in the bundle")
+    gen = torch.Generator(device="cuda").manual_seed(M * 131 + n)
+    ng = -(-n // 128)
+    mag = 2.0 ** torch.randint(-6, 7, (M, ng), device="cuda", generator=gen).float()
+    x = torch.randn(M, n, device="cuda", generator=gen) * mag.repeat_interleave(128, dim=1)[:, :n]
+    if ng > 1:
+        x[:, 128:256] = 0.0
+    x[M // 2] = 0.0
+    qg, sg = _groups_ref(x)
+    from factory.runtime.epilogue import new_scale_out
+
+    gs = new_scale_out(x, M, n)
+    gs.copy_(sg)
+    q_ref, s_ref = _rows_ref(x)
+    out = torch.full((M, n), float("nan"), device="cuda").to(torch.float8_e4m3fn)
+    got, s = bundle.fp8_rows(qg, gs, out=out)
+    torch.cuda.synchronize()
+    assert got is out and s.shape == (M, 1) and not torch.isnan(out.float()).any()
+    assert torch.equal(s, s_ref), (s - s_ref).abs().max()
+    steps = (_e4m3_ordinal(out) - _e4m3_ordinal(q_ref)).abs().max().item()
+    deq = out.float() * s
+    err = ((deq - x).abs().max() / x.abs().max().clamp_min(1e-30)).item()
+    # One e4m3 step at the top binade is 32 / 448 of the row's amax: within one step of torch's
+    # codes is at most 1.5 steps from the exact value.
+    tol = 1.5 * 32 / 448
+    ok = steps <= 1 and err < tol
+    run_record.add(bundle, bundle.selections[("fp8_rows", ("e4m3", n))],
+                   [{"rel_err": err, "tol": tol, "ok": ok}])
+    assert steps <= 1, steps
+    assert err < tol, err
+    q2, s2 = bundle.fp8_rows(qg, gs, out=qg)  # in place
+    torch.cuda.synchronize()
+    assert q2 is qg and torch.equal(qg.view(torch.uint8), out.view(torch.uint8)) and torch.equal(s2, s)
+    if n % 16 == 0 and M % 16 == 0 and hasattr(torch, "_scaled_mm"):
+        w = torch.randn(256, n, device="cuda", generator=gen)
+        sw = (w.abs().amax(dim=1, keepdim=True) / 448.0).t().contiguous()
+        wq = (w / sw.t()).to(torch.float8_e4m3fn)
+        y = torch._scaled_mm(out, wq.t(), scale_a=s, scale_b=sw, out_dtype=torch.bfloat16)
+        from factory import testing
+
+        assert testing.rel_error(y, x @ w.t()) < 6e-2
+
+
+@pytest.mark.parametrize("M,n_out,K,silu", [(1, 14336, 4096, True), (37, 208, 1000, False),
+                                             (256, 14336, 4096, True), (2048, 14336, 4096, True)])
+def test_gemm_row_scales(bundle, M, n_out, K, silu):
+    """gemm(..., out_dtype=e4m3, row_scales=True): the group epilogue then fp8_rows in place;
+    codes within one e4m3 step of torch's row-wise quantisation of the float32 result, the row
+    scale within 1 %, a graph replay on new data, and torch._scaled_mm's row-wise down projection
+    from it against float32."""
+    import torch
+
+    from factory import testing
+
+    fields = ("silu_mul",) if silu else ()
+    if not bundle.candidates("fp8_rows") or not _have(bundle, (*fields, "fp8_groups")):
+        pytest.skip("needs fp8_rows and a fp8_groups variant")
+    a, b, kw, acc, _ = testing.epilogue_problem(fields, M, n_out, K)
+    if silu and n_out % 64:
+        pytest.skip("silu_mul without out takes I = N / 2")
+    q, s = bundle.gemm(a, b, out_dtype=torch.float8_e4m3fn, row_scales=True, **kw)
+    torch.cuda.synchronize()
+    q_ref, s_ref = _rows_ref(acc)
+    assert q.shape == (M, n_out) and s.shape == (M, 1)
+    assert ((s - s_ref).abs() / s_ref).max() < 1e-2
+    assert (_e4m3_ordinal(q) - _e4m3_ordinal(q_ref)).abs().max() <= 1
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        q3, s3 = bundle.gemm(a, b, out_dtype=torch.float8_e4m3fn, row_scales=True, **kw)
+    a.copy_(torch.randn_like(a))
+    g.replay()
+    torch.cuda.synchronize()
+    h = a.float() @ b.float().t()
+    q_ref2, _ = _rows_ref(testing.silu_mul_ref(h, n_out) if silu else h)
+    assert (_e4m3_ordinal(q3) - _e4m3_ordinal(q_ref2)).abs().max() <= 1
+    if M % 16 == 0:
+        w = torch.randn(512, n_out, device="cuda") / n_out ** 0.5
+        sw = (w.abs().amax(dim=1, keepdim=True) / 448.0).t().contiguous()
+        wq = (w / sw.t()).to(torch.float8_e4m3fn)
+        y = torch._scaled_mm(q, wq.t(), scale_a=s, scale_b=sw, out_dtype=torch.bfloat16)
+        assert testing.rel_error(y, acc @ w.t()) < 6e-2

@@ -197,3 +197,24 @@ def test_plain_calls_compile_fullgraph(ops):
         bad(bf(16, 64))
     assert "shapes do not match for a·bᵀ" in str(e.value)
     assert len(b.rec.launched) == n + 3
+
+
+def test_attention_with_switches_compiles_fullgraph(ops):
+    """bundle.attention with a window / softcap / sinks under torch.compile(fullgraph=True): the
+    page views and tables are traced torch ops and the kernel the attention_kvcache op."""
+    b, _ = ops
+    if not any(e.get("sinks") for e in b.candidates("attention_kvcache")):
+        pytest.skip("the test bundle has no window/softcap/sinks attention_kvcache build")
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    sinks = torch.zeros(32)
+
+    def step(q, k, v):
+        return b.attention(q, k, v, True, None, window_size=(64, 0), softcap=20.0, sinks=sinks)
+
+    compiled = torch.compile(step, fullgraph=True, backend="eager")
+    n = len(b.rec.launched)
+    q, k, v = bf(2, 1, 32, 128), bf(2, 1024, 8, 128), bf(2, 1024, 8, 128)
+    assert compiled(q, k, v).shape == q.shape
+    assert len(b.rec.launched) == n + 1 and b.rec.launched[-1].endswith("_win_cap_sink")

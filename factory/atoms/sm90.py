@@ -18,7 +18,9 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils as utils
+from cutlass._mlir.dialects import nvvm as _nvvm
 from cutlass.cute.nvgpu import cpasync
+from cutlass.cutlass_dsl import dsl_user_op
 
 # --- register reallocation (setmaxnreg) ----------------------------------------------------------
 # Budgets in registers per thread by consumer warpgroup count: the producer warpgroup gives
@@ -225,7 +227,9 @@ def promoted_mainloop(tiled_mma, acc, part, part2, tCrA, tCrB, ab_pipe, read, re
     ``scales`` (block scales) = ``(s0, s1, coords, sSA, scale_b, n_blk)``: each partial sum is
     multiplied per row by ``sSA[row, 0, stage] * scale_b[n_blk, kb]`` as it is added
     (:func:`block_scales_from_smem`, :func:`promote_scaled`; ``s0``/``s1`` from
-    :func:`block_scale_regs`).  ``read`` and ``release`` are also advanced in place (the caller's
+    :func:`block_scale_regs`); with ``n_blk`` None, ``scale_b`` is the k-blocks' scale_b values staged
+    with the stages (``(stages,)`` float32 in shared memory, read at the stage's index).  ``read``
+    and ``release`` are also advanced in place (the caller's
     objects take the final states), so a caller's loop that advances them elsewhere carries them
     without assigning them (an assignment changes the loop's carried values and with them the
     register allocation of the caller's other paths).  Returns ``tiled_mma`` (see
@@ -237,10 +241,10 @@ def promoted_mainloop(tiled_mma, acc, part, part2, tCrA, tCrB, ab_pipe, read, re
         for pair in range(n_k // 2):
             kb = k_begin + 2 * pair
             tiled_mma = issue_k_block(tiled_mma, part, tCrA, tCrB, ab_pipe, read, k_blocks)
-            block_scales_from_smem(s0, coords, sSA, read.index, scale_b, n_blk, kb)
+            _stage_scales(s0, coords, sSA, read.index, scale_b, n_blk, kb)
             read.advance()
             tiled_mma = issue_k_block(tiled_mma, part2, tCrA, tCrB, ab_pipe, read, k_blocks)
-            block_scales_from_smem(s1, coords, sSA, read.index, scale_b, n_blk, kb + 1)
+            _stage_scales(s1, coords, sSA, read.index, scale_b, n_blk, kb + 1)
             read.advance()
             cute.nvgpu.warpgroup.wait_group(1)
             promote_scaled(acc, part, s0)
@@ -252,7 +256,7 @@ def promoted_mainloop(tiled_mma, acc, part, part2, tCrA, tCrB, ab_pipe, read, re
             release.advance()
         if n_k % 2 == 1:
             tiled_mma = issue_k_block(tiled_mma, part, tCrA, tCrB, ab_pipe, read, k_blocks)
-            block_scales_from_smem(s0, coords, sSA, read.index, scale_b, n_blk, k_end - 1)
+            _stage_scales(s0, coords, sSA, read.index, scale_b, n_blk, k_end - 1)
             read.advance()
             cute.nvgpu.warpgroup.wait_group(0)
             promote_scaled(acc, part, s0)
@@ -299,16 +303,20 @@ def promoted_mainloop_ahead(tiled_mma, acc, part, part2, tCrA, tCrB, ab_pipe, re
     k-blocks past the last whole step go through :func:`promoted_mainloop`.  (Within a step
     only: a WGMMA in flight across the loop's back edge makes ptxas serialise them, see there.)
     Block scales: the step's ``unroll`` scale_b values are global loads issued one step ahead
-    (registers carried across the back edge), so no k-block waits on a load of its own.
+    (registers carried across the back edge), so no k-block waits on a load of its own; staged
+    scale_b (``n_blk`` None) is read from the k-block's stage instead.
     Same arguments, scales and in-place state advance as :func:`promoted_mainloop`."""
     read_in, release_in = read, release
     n_k = k_end - k_begin
     parts = (part, part2)
     regs = (None, None)
     sb_cur = sb_next = None
+    staged = False
     if cutlass.const_expr(scales is not None):
         s0, s1, coords, sSA, scale_b, n_blk = scales
         regs = (s0, s1)
+        staged = n_blk is None
+    if cutlass.const_expr(scales is not None and not staged):
         last_kb = cute.size(scale_b, mode=[1]) - 1
         sb_cur = cute.make_rmem_tensor(unroll, cutlass.Float32)
         sb_next = cute.make_rmem_tensor(unroll, cutlass.Float32)
@@ -317,12 +325,14 @@ def promoted_mainloop_ahead(tiled_mma, acc, part, part2, tCrA, tCrB, ab_pipe, re
     n_steps = n_k // unroll
     for step in range(n_steps):
         kb0 = k_begin + step * unroll
-        if cutlass.const_expr(scales is not None):
+        if cutlass.const_expr(scales is not None and not staged):
             for j in cutlass.range_constexpr(unroll):
                 sb_next[j] = scale_b[n_blk, cutlass.min(kb0 + unroll + j, last_kb)]
         for j in cutlass.range_constexpr(unroll):
             tiled_mma = issue_k_block(tiled_mma, parts[j % 2], tCrA, tCrB, ab_pipe, read, k_blocks)
-            if cutlass.const_expr(scales is not None):
+            if cutlass.const_expr(staged):
+                _row_scales_from_smem(regs[j % 2], coords, sSA, read.index, scale_b[read.index])
+            elif cutlass.const_expr(scales is not None):
                 _row_scales_from_smem(regs[j % 2], coords, sSA, read.index, sb_cur[j])
             read.advance()
             if cutlass.const_expr(j > 0):
@@ -334,7 +344,7 @@ def promoted_mainloop_ahead(tiled_mma, acc, part, part2, tCrA, tCrB, ab_pipe, re
         _promote(acc, parts[(unroll - 1) % 2], regs[(unroll - 1) % 2])
         ab_pipe.consumer_release(release)
         release.advance()
-        if cutlass.const_expr(scales is not None):
+        if cutlass.const_expr(scales is not None and not staged):
             sb_cur.store(sb_next.load())
     tiled_mma = promoted_mainloop(tiled_mma, acc, part, part2, tCrA, tCrB, ab_pipe, read, release, k_blocks,
                                   k_begin + n_steps * unroll, k_end, scales)
@@ -371,6 +381,38 @@ def promoted_mainloop_serial(tiled_mma, acc, part, tCrA, tCrB, ab_pipe, read, re
     _assign_state(read_in, read)
     _assign_state(release_in, release)
     return tiled_mma
+
+
+@cute.jit
+def _stage_scales(dst: cute.Tensor, coords: cute.Tensor, sSA: cute.Tensor, stage, scale_b, n_blk, kb):
+    """The k-block's per-row scales into ``dst``: :func:`block_scales_from_smem`, or with ``n_blk``
+    None scale_b's value from the stage (``scale_b``: (stages,) float32 in shared memory)."""
+    if cutlass.const_expr(n_blk is None):
+        _row_scales_from_smem(dst, coords, sSA, stage, scale_b[stage])
+    else:
+        block_scales_from_smem(dst, coords, sSA, stage, scale_b, n_blk, kb)
+
+
+@cute.jit
+def stage_scale_b(scale_b: cute.Tensor, n_blk, k, sSB: cute.Tensor, stage, full_barrier):
+    """Producer side of staged scale_b: one thread copies ``scale_b[n_blk, k]`` (4 bytes, cp.async)
+    into ``sSB[stage]`` and has the stage's full mbarrier track the copy (an arrive that first
+    raises the pending count, so the barrier's arrival count is unchanged).  Call after the
+    stage was acquired and before its TMA loads are issued: their transaction bytes keep the
+    phase open until the arrive is counted."""
+    with cute.arch.elect_one():
+        atom = cute.make_copy_atom(cpasync.CopyG2SOp(), cutlass.Float32, num_bits_per_copy=32)
+        src = cute.local_tile(scale_b[n_blk, None], (1,), (k,))
+        dst = cute.local_tile(sSB, (1,), (stage,))
+        cute.copy(atom, src, dst)
+        _cp_async_arrive(full_barrier)
+
+
+@dsl_user_op
+def _cp_async_arrive(mbar_ptr, *, loc=None, ip=None) -> None:
+    """``cp.async.mbarrier.arrive.shared::cta.b64``: the mbarrier's pending count is raised by
+    one, and one arrive-on follows once this thread's earlier cp.async copies completed."""
+    _nvvm.cp_async_mbarrier_arrive(mbar_ptr.to_llvm_ptr(loc=loc, ip=ip), noinc=False, loc=loc, ip=ip)
 
 
 @cute.jit
@@ -442,7 +484,7 @@ def add_col_vector(acc: cute.Tensor, coords: cute.Tensor, vec: cute.Tensor, col0
             acc_mn[r, c] = acc_mn[r, c] + x
 
 
-__all__ = ["add_col_vector", "scale_acc", "BLOCK_SCALE_K", "apply_row_col_scales", "block_scale_regs", "issue_k_block", "promoted_mainloop", "promoted_mainloop_ahead", "promoted_mainloop_serial", "PROMOTE_AHEAD_UNROLL", "block_scales_from_smem", "load_block_scales", "load_block_scales_into", "promote_scaled", "CONSUMER_REGS", "GEMM_CONSUMER_REGS", "GEMM_PRODUCER_REGS", "PRODUCER_REGS", "REGISTER_FILE",
+__all__ = ["add_col_vector", "scale_acc", "BLOCK_SCALE_K", "apply_row_col_scales", "block_scale_regs", "issue_k_block", "promoted_mainloop", "promoted_mainloop_ahead", "promoted_mainloop_serial", "PROMOTE_AHEAD_UNROLL", "block_scales_from_smem", "load_block_scales", "load_block_scales_into", "promote_scaled", "stage_scale_b", "CONSUMER_REGS", "GEMM_CONSUMER_REGS", "GEMM_PRODUCER_REGS", "PRODUCER_REGS", "REGISTER_FILE",
            "acc_as_a_operand", "acc_mn_view", "persistent_schedule", "prefetch_tma_descriptors",
            "register_split_fits", "stage_bytes", "tile_scheduler", "tma_load_atom", "tma_load_box_atom", "tma_pipeline",
            "tma_store_atom"]

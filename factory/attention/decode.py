@@ -50,7 +50,10 @@ from cutlass.cute.nvgpu import cpasync, warp
 
 from ..abi import DTYPE_BYTES, Signature
 from ..atoms.common import add, quad_allreduce
-from ..atoms.sm80 import acc_mn_view
+from ..atoms.sm80 import acc_as_a_layout, acc_mn_view
+from ..atoms.e4m3_order import V_JOIN, q_pair_slot, v_column
+from ..atoms.sm90_e4m3 import e4m3_join_to_f16x2x2, e4m3x4_to_f16x2x2, ldsm_x4
+from ..atoms.sm90_matrix import ldsm_x4_trans
 from ..atoms.targets import Target
 from ..registry import register
 from . import contract, mask, mma_sync, softmax
@@ -211,10 +214,19 @@ class AttentionDecodeKV(AttentionDecode):
     local: bool = field(default=False, metadata={"tag": "win"})
     softcap: bool = field(default=False, metadata={"tag": "cap"})
     sinks: bool = field(default=False, metadata={"tag": "sink"})
+    # fp8 caches: the MMAs read their K/V operands straight from a ring of ``stages`` raw e4m3 tiles
+    # (ldmatrix, then e4m3 -> f16 in registers); no converted ring.
+    direct: bool = field(default=False, metadata={"tag": "rc"})
+    sources = (*AttentionDecode.sources, "atoms/e4m3_order.py", "atoms/sm90_e4m3.py", "atoms/sm90_matrix.py")
 
     @property
     def name(self) -> str:
         return AttentionVariant.name.fget(self).replace("_o0_", "_")
+
+    def ring_bytes(self) -> int:
+        if self.direct:  # raw e4m3 K and V tiles, one byte an element
+            return self.stages * 2 * self.tile_n * self.head_dim
+        return super().ring_bytes()
 
     def sass_requirements(self) -> tuple[str, ...]:
         req = super().sass_requirements()
@@ -225,7 +237,7 @@ class AttentionDecodeKV(AttentionDecode):
     def raw_bytes(self) -> int:
         """fp8 caches: the ring of raw e4m3 K/V tiles that cp.async fills ahead of the converted
         ring (FP8_RAW_STAGES tiles in flight)."""
-        return FP8_RAW_STAGES * 2 * self.tile_n * self.head_dim if self.kv_dtype == "e4m3" else 0
+        return FP8_RAW_STAGES * 2 * self.tile_n * self.head_dim if self.kv_dtype == "e4m3" and not self.direct else 0
 
     def smem_bytes(self) -> int:
         raw = self.raw_bytes()
@@ -243,6 +255,8 @@ class AttentionDecodeKV(AttentionDecode):
             return "fp8 K/V tiles must be whole copy passes"
         if self.kv_dtype == "e4m3" and self.head_dim != 128:
             return "fp8 caches are built for head_dim 128"
+        if self.direct and (self.kv_dtype != "e4m3" or self.tile_n // self.warps not in (16, 32) or self.ilp):
+            return "direct e4m3 operands: fp8 caches, 16 or 32 keys per warp, one S chain"
         if not self.causal:
             return "built bottom-right causal (one query: the same as no mask)"
         return None
@@ -266,7 +280,7 @@ class AttentionDecodeKV(AttentionDecode):
             warps=self.warps, stages=self.stages, causal=self.causal, splits=self.splits,
             cluster=self.cluster, pdl=self.pdl, ilp=self.ilp, min_ctas=self.min_ctas,
             kv=True, paged=self.paged, local=self.local, softcap=self.softcap, sinks=self.sinks,
-            fp8=self.kv_dtype == "e4m3",
+            fp8=self.kv_dtype == "e4m3", direct=self.direct,
         )
         return k.kvcache_split if self.splits > 1 and not self.cluster else k.kvcache
 
@@ -284,15 +298,29 @@ DECODE_MAX_SEQLEN_Q = 16
 DEFAULT = {128: (64, 4, 3, False, False, 0), 64: (64, 4, 4, False, False, 0),
            # head_dim 256 (KV-cache decode only): two 64 KB stages, one CTA per SM, 254 registers
            256: (64, 4, 2, False, False, 0)}
-# fp8 e4m3 caches (head_dim 128): a 2-stage ring of converted (f16) tiles fed from a ring of
-# FP8_RAW_STAGES raw e4m3 tiles that cp.async keeps in flight: 64 + 48 KB, two CTAs per SM.
+# fp8 e4m3 caches (head_dim 128), the converting build (``direct`` off; "full", for measuring): a
+# 2-stage ring of converted (f16) tiles fed from a ring of FP8_RAW_STAGES raw e4m3 tiles that
+# cp.async keeps in flight: 64 + 48 KB, two CTAs per SM.
 FP8_STAGES = 2
 FP8_RAW_STAGES = 3
+# fp8 e4m3 caches, the direct build (the default): (tile_n, warps, stages) -- 128-key tiles, 32 keys
+# per warp, a ring of 3 raw e4m3 tiles (96 KB, two CTAs per SM).  H100, page 16/64, bf16 over fp8 at
+# the rule's split count (notes/attention-kvcache.md): 1.40-1.77x here against 1.51-1.76x for 64-key
+# tiles (3 or 4 stages: three CTAs per SM) and 1.55-1.77x for 128-key tiles in 2 stages.
+FP8_DIRECT = (128, 4, 3)
 # (tile_n, warps, ilp) of the fp8 build for grids of at most one CTA per SM whose splits keep >= 2048
-# keys: twice the warps per SM of one default CTA (H100, page 16: B8 H32/8 8k, 2 splits, 62.3-62.6
-# µs vs 71.6; shorter splits lose: B4 H32/8 4k, 4 splits, 38.9 vs 31.4; MQA B8 4k, 8 splits, 16.0-16.2
-# vs 16.7; two S chains instead: no gain anywhere, 72.3 at B8 8k)
+# keys: twice the warps per SM of one default CTA (converting build, H100, page 16: B8 H32/8 8k, 2
+# splits, 62.3-62.6 µs vs 71.6; shorter splits lose: B4 H32/8 4k, 4 splits, 38.9 vs 31.4); the
+# direct build runs it with FP8_WIDE_STAGES raw tiles (128 KB)
 FP8_WIDE = (128, 8, False)
+FP8_WIDE_STAGES = 4
+# (tile_n, warps, ilp, stages) of the bf16/f16-cache builds of 8 warps over 128-key tiles: each warp
+# still owns a 16-key slice of a tile, so a CTA walks half the tiles one after another with twice
+# the warps to hide each one's latency.  head_dim 128: 192 KB, one CTA per SM; head_dim 64: 96 KB and
+# 124 registers, two per SM.  The selection (tests/kvcache_rules.py _wide_pick, C decode_wide_pick) takes them
+# where they ran faster on the H100 (notes/attention-kvcache.md): MQA-like grids that leave half the
+# SMs idle (head_dim 128), and head_dim 64 at half the default build's split count.
+KV_WIDE = {128: (128, 8, False, 3), 64: (128, 8, False, 3)}
 # Split counts built: merged in a cluster (8 is the portable cluster maximum; 16-CTA clusters ran
 # 2x slower than 8: co-scheduling), and through the workspace and the combine kernel.
 CLUSTER_BUILT = (2, 4, 8)
@@ -307,7 +335,9 @@ def is_default(v: "AttentionDecode") -> bool:
     """The default config (PDL aside: the split decides it, see DEFAULT)."""
     tn, w, st, _, ilp, mc = DEFAULT.get(v.head_dim, (0,) * 6)
     if getattr(v, "kv_dtype", None) == "e4m3":
-        st = FP8_STAGES
+        if not v.direct:
+            return False
+        tn, w, st = FP8_DIRECT
     return (v.tile_n, v.warps, v.stages, v.ilp, v.min_ctas) == (tn, w, st, ilp, mc)
 
 
@@ -335,7 +365,12 @@ def enumerate_decode(target: Target, tier: str) -> list[AttentionDecode]:
             for c in configs:
                 for sp, cl in splits:
                     if sp > 1:  # PDL: the second-kernel splits always, the cluster splits as twins
-                        out.append(make(target.name, dt, d, (*c[:3], True, *c[4:]), sp, cl))
+                        pc = (*c[:3], True, *c[4:])
+                        if (dt, d, sp, cl) == ("bf16", 128, 8, True) and c == DEFAULT[d]:
+                            # the 8-cluster's PDL twin (taken where 8 splits leave half the SMs
+                            # idle, as the 8-warp build): 8 warps over 128-key tiles
+                            pc = (*KV_WIDE[128][:2], KV_WIDE[128][3], True, False, 0)
+                        out.append(make(target.name, dt, d, pc, sp, cl))
                     if sp == 1 or cl:
                         out.append(make(target.name, dt, d, c, sp, cl))
     out = list({v.name: v for v in out}.values())
@@ -349,7 +384,7 @@ class FlashDecodeSm90:
     def __init__(self, *, dtype, head_dim: int, tile_n: int, warps: int, stages: int, causal: bool,
                  splits: int, cluster: bool, pdl: bool = False, ilp: bool = False, min_ctas: int = 0,
                  kv: bool = False, paged: bool = False, local: bool = False, softcap: bool = False,
-                 sinks: bool = False, fp8: bool = False):
+                 sinks: bool = False, fp8: bool = False, direct: bool = False):
         self.dtype = dtype
         # Attention over a KV cache (contract.signature_kvcache): per-sequence key counts from
         # cache_seqlens; ``paged``: K/V rows addressed through the block table; window, softcap
@@ -367,8 +402,13 @@ class FlashDecodeSm90:
         # at 2^13..2^14 (exact exponent shift; no f16 overflow), and the scale comes back out of
         # the score scale.  k_descale folds into the score scale, v_descale into O.
         self.fp8 = fp8
+        # ``direct`` (fp8): no converted ring; the ``stages`` ring holds raw e4m3 K/V tiles (128-byte
+        # rows, 16-byte chunks swizzled by row % 8) and each warp reads its operands from it with
+        # ldmatrix and converts them in registers (gemm_qk_raw, gemm_pv_raw).  Q is then always
+        # staged through registers (scale_q), its head_dim columns in the MMA's k order.
+        self.direct = fp8 and direct
         self.mdtype = cutlass.Float16 if fp8 else dtype
-        self.q_convert = fp8 and dtype is not cutlass.Float16
+        self.q_convert = fp8 and (dtype is not cutlass.Float16 or self.direct)
         self.raw_stages = FP8_RAW_STAGES
         self.c_per_row = head_dim // 16  # fp8 chunks of one row
         self.rows_pp = (32 * warps) // self.c_per_row  # rows of one pass
@@ -392,8 +432,11 @@ class FlashDecodeSm90:
                             head_dim=head_dim, tile_n=tile_n, warps=warps, stages=stages,
                             causal=causal, splits=splits, cluster=cluster, min_ctas=min_ctas)
         self.smem_elems = (v.smem_bytes() - 16) // 2
+        if self.direct:
+            self.smem_elems = (max(stages * 2 * tile_n * head_dim, v.scratch_bytes()) + 1) // 2
         self.raw_elems = FP8_RAW_STAGES * 2 * tile_n * head_dim
-        assert not fp8 or (stages == 2 and ROWS * head_dim // 8 % self.threads == 0)
+        assert not fp8 or ((stages == 2 or self.direct) and ROWS * head_dim // 8 % self.threads == 0)
+        assert not self.direct or (self.bnw in (16, 32) and head_dim == 128 and stages >= 2)
         self.recv_bytes = ROWS * (head_dim + 1) * 4  # what one split pushes to rank 0
 
     # --- host ------------------------------------------------------------------------------------
@@ -477,7 +520,7 @@ class FlashDecodeSm90:
         """The ring (converted tiles for fp8 caches), [fp8: the raw e4m3 ring], the cluster merge's
         mbarrier."""
         fields = {"kv": cute.struct.Align[cute.struct.MemRange[self.mdtype, self.smem_elems], 1024]}
-        if self.fp8:
+        if self.fp8 and not self.direct:
             fields["raw"] = cute.struct.Align[cute.struct.MemRange[cutlass.Float8E4M3FN, self.raw_elems], 128]
         fields["bar"] = cute.struct.MemRange[cutlass.Int64, 1]
         # (built from a dict: this module's annotations are strings, which cute.struct does not evaluate)
@@ -546,9 +589,18 @@ class FlashDecodeSm90:
             n_lo = cutlass.min(n_end, split * chunk)
             n_hi = cutlass.min(n_end, n_lo + chunk)
 
-        sKV = storage.kv.get_tensor(sKV_layout)
         # Q aliases the last slot (read into registers before that slot is first written).
-        sQ = cute.make_tensor(storage.kv.data_ptr() + (S - 1) * 2 * BN * D, sQ_layout)
+        q_off = (S - 1) * 2 * BN * D
+        sRawD = None
+        if cutlass.const_expr(self.direct):
+            # (sKV: only the MMA operands' shapes are taken from it; the raw ring is sRawD)
+            sKV = cute.make_tensor(storage.kv.data_ptr(), sKV_layout)
+            sRawD = cute.make_tensor(cute.recast_ptr(storage.kv.data_ptr(), dtype=cutlass.Float8E4M3FN),
+                                     cute.make_layout(S * 2 * BN * D))
+            q_off = (S - 1) * BN * D  # (f16 elements: the raw slot's byte offset / 2)
+        else:
+            sKV = storage.kv.get_tensor(sKV_layout)
+        sQ = cute.make_tensor(storage.kv.data_ptr() + q_off, sQ_layout)
         sVt = cute.composition(sKV, cute.make_layout((D, BN, 2 * S), stride=(BN, 1, BN * D)))
         # This warp's key slice of every slot.
         sKw = cute.local_tile(sKV, (BNW, D, 2 * S), (wid, 0, 0))
@@ -595,12 +647,34 @@ class FlashDecodeSm90:
             pages = cute.make_rmem_tensor((self.passes if self.fp8 else self.tile_n // (self.threads // 8),),
                                           cutlass.Int32)
         kreg = vreg = None
-        if cutlass.const_expr(self.fp8):
+        if cutlass.const_expr(self.fp8 and not self.direct):
             kreg = cute.make_rmem_tensor(cute.make_layout((self.passes, 16), stride=(16, 1)), mK.element_type)
             vreg = cute.make_rmem_tensor(cute.make_layout((self.passes, 16), stride=(16, 1)), mK.element_type)
         R = self.raw_stages
         sRaw = None
-        if cutlass.const_expr(self.fp8):
+        if cutlass.const_expr(self.direct):
+            # Raw e4m3 tiles n_hi-1 .. n_hi-S+1 into slots 0.. (one cp.async group each, after Q's
+            # empty one: the ring's wait counts are the bf16 path's), Q's loads in flight with them.
+            qr = self.load_q_regs(mQ, batch, kv_head, row0, n_rows, group, tidx)
+            pages_pro = cute.make_rmem_tensor(cute.make_layout((self.passes, S), stride=(1, self.passes)),
+                                              cutlass.Int32)
+            for s in cutlass.range_constexpr(S):
+                self.fetch_pages_fp8(mBT, pages_pro[None, s], batch, cutlass.max(n_hi - 1 - s, n_lo), k_len, tidx,
+                                     ps_shift)
+            for s in cutlass.range_constexpr(S - 1):
+                if n_hi - 1 - s >= n_lo:
+                    self.load_raw(mK, mV, pages_pro[None, s], sRawD, s, kv_head, n_hi - 1 - s, tidx, ps_shift,
+                                  k_len)
+                cute.arch.cp_async_commit_group()
+            for p in cutlass.range_constexpr(self.passes):
+                pages[p] = pages_pro[p, S - 1]
+            inv_qs, qs = self.scale_q(qr, sQ, storage.kv.data_ptr() + q_off + ROWS * (D + 8), row0, n_rows, tidx,
+                                      wid, lane, perm=True)
+            scale_log2 = scale_log2 * inv_qs
+            if cutlass.const_expr(self.softcap):
+                score_mul = score_mul * inv_qs
+                cap = cap * qs
+        elif cutlass.const_expr(self.fp8):
             # Raw e4m3 tiles: tile t (t-th from the top) in raw slot t % R; cp.async group t + 1
             # (group 0: Q).  Each thread reads back only the chunks it copied: no barrier.
             sRaw = storage.raw.get_tensor(cute.make_layout((BN, D, 2 * R), stride=(D, 1, BN * D)))
@@ -652,6 +726,17 @@ class FlashDecodeSm90:
         cute.arch.barrier()
         cute.copy(s2r_Q, s2r_Q.partition_S(sQ), s2r_Q.retile(tSrQ))
 
+        raw_addr = lane_k = lane_v = None
+        if cutlass.const_expr(self.direct):
+            # ldmatrix row addresses of this lane (matrix lane // 8, row r = lane % 8) in a slot: K
+            # matrices (keys +8·(m%2), 16-byte chunk m//2 of a chunk pair), V matrices (keys +8·(m%2),
+            # chunk m//2); chunk c of row j lies at chunk c ^ (j % 8) = c ^ r.
+            raw_addr = sRawD.iterator.toint()
+            lm = lane // 8
+            lr = lane % 8
+            key = wid * BNW + (lm % 2) * 8 + lr
+            lane_k = key * D + (((lm // 2) ^ lr) << 4)
+            lane_v = lane_k
         row_max = cute.make_rmem_tensor(acc_O.shape[0][1] * acc_O.shape[1], cutlass.Float32)
         row_sum = cute.make_rmem_tensor(acc_O.shape[0][1] * acc_O.shape[1], cutlass.Float32)
         row_max.fill(-cutlass.Float32.inf)
@@ -661,10 +746,18 @@ class FlashDecodeSm90:
         for it in cutlass.range(n_hi - n_lo, unroll=1):
             n_block = n_hi - 1 - it
             slot = it % S
-            if cutlass.const_expr(not self.fp8):
+            if cutlass.const_expr(not self.fp8 or self.direct):
                 cute.arch.cp_async_wait_group(S - 2)
             cute.arch.barrier()  # tile n_block visible; slot (it-1)%S free for reuse
-            if cutlass.const_expr(not self.fp8):
+            if cutlass.const_expr(self.direct):
+                # (the copies first: issued after the Q·Kᵀ MMAs instead, they ran 3-11 % slower)
+                if n_block - (S - 1) >= n_lo:
+                    self.load_raw(mK, mV, pages, sRawD, (it + S - 1) % S, kv_head, n_block - (S - 1), tidx,
+                                  ps_shift, k_len)
+                    if n_block - S >= n_lo:
+                        self.fetch_pages_fp8(mBT, pages, batch, n_block - S, k_len, tidx, ps_shift)
+                cute.arch.cp_async_commit_group()
+            elif cutlass.const_expr(not self.fp8):
                 if n_block - (S - 1) >= n_lo:
                     if cutlass.const_expr(self.paged):
                         self.load_kv_paged(g2s_atom, mK, mV, pages, sKV, kv_head, n_block - (S - 1),
@@ -680,15 +773,18 @@ class FlashDecodeSm90:
             acc_S1 = cute.make_rmem_tensor(thr_mma.partition_shape_C((ROWS, BNW)), cutlass.Float32)
             if cutlass.const_expr(self.ilp):
                 acc_S1.fill(0.0)
-            nk = cute.size(tSsK.shape[2])
-            cute.copy(s2r_K, tSsK[None, None, 0, 2 * slot], tSrK_v[None, None, 0])
-            for kk in cutlass.range_constexpr(nk):
-                if cutlass.const_expr(kk + 1 < nk):
-                    cute.copy(s2r_K, tSsK[None, None, kk + 1, 2 * slot], tSrK_v[None, None, kk + 1])
-                if cutlass.const_expr(self.ilp and kk % 2 == 1):
-                    cute.gemm(tiled_mma, acc_S1, tSrQ[None, None, kk], tSrK[None, None, kk], acc_S1)
-                else:
-                    cute.gemm(tiled_mma, acc_S, tSrQ[None, None, kk], tSrK[None, None, kk], acc_S)
+            if cutlass.const_expr(self.direct):
+                self.gemm_qk_raw(tiled_mma, acc_S, tSrQ, raw_addr + slot * (2 * BN * D) + lane_k)
+            else:
+                nk = cute.size(tSsK.shape[2])
+                cute.copy(s2r_K, tSsK[None, None, 0, 2 * slot], tSrK_v[None, None, 0])
+                for kk in cutlass.range_constexpr(nk):
+                    if cutlass.const_expr(kk + 1 < nk):
+                        cute.copy(s2r_K, tSsK[None, None, kk + 1, 2 * slot], tSrK_v[None, None, kk + 1])
+                    if cutlass.const_expr(self.ilp and kk % 2 == 1):
+                        cute.gemm(tiled_mma, acc_S1, tSrQ[None, None, kk], tSrK[None, None, kk], acc_S1)
+                    else:
+                        cute.gemm(tiled_mma, acc_S, tSrQ[None, None, kk], tSrK[None, None, kk], acc_S)
             if cutlass.const_expr(self.ilp):
                 acc_S.store(acc_S.load() + acc_S1.load())
 
@@ -706,10 +802,20 @@ class FlashDecodeSm90:
                 cS = thr_mma.partition_C(cute.make_identity_tensor((ROWS, BNW)))  # (row, col)
                 mask.apply_mask(self.mask, acc_mn_view(acc_S), acc_mn_view(cS), row0, n_block * BN + wid * BNW,
                                 q_len, k_len, group=group)
-            softmax.online_softmax(acc_mn_view(acc_S), row_max, row_sum, scale_log2, o_mn=acc_mn_view(acc_O))
+            if cutlass.const_expr(self.direct):
+                # O's rows rescaled only where some row's max moved (a correction of exactly 1
+                # changes nothing): after the first tiles most tiles skip the 64 multiplies
+                corr = cute.make_rmem_tensor(cute.size(row_max), cutlass.Float32)
+                softmax.online_softmax(acc_mn_view(acc_S), row_max, row_sum, scale_log2, corr=corr)
+                self.rescale_if_moved(acc_O, corr)
+            else:
+                softmax.online_softmax(acc_mn_view(acc_S), row_max, row_sum, scale_log2, o_mn=acc_mn_view(acc_O))
 
-            mma_sync.gemm_pv(tiled_mma, acc_O, acc_S, self.mdtype, tOsV, tOrV, tOrV_v, s2r_V, slot)
-            if cutlass.const_expr(self.fp8):
+            if cutlass.const_expr(self.direct):
+                self.gemm_pv_raw(tiled_mma, acc_O, acc_S, raw_addr + slot * (2 * BN * D) + BN * D + lane_v)
+            else:
+                mma_sync.gemm_pv(tiled_mma, acc_O, acc_S, self.mdtype, tOsV, tOrV, tOrV_v, s2r_V, slot)
+            if cutlass.const_expr(self.fp8 and not self.direct):
                 # tile it+1 (its group is it+2: R-1 later groups may still fly) converted into the
                 # freed slot, its raw slot refilled with tile it+1+R (after the stores: in-order
                 # issue keeps this thread's reads of the slot before the new copy's writes)
@@ -733,6 +839,8 @@ class FlashDecodeSm90:
         tOcO = thr_mma.partition_C(cute.make_identity_tensor((ROWS, D)))
         for i in cutlass.range_constexpr(cute.size(acc_O)):
             rr, cc = tOcO[i]
+            if cutlass.const_expr(self.direct):  # n8 block 2c + e holds head_dim 16c + 2·col + e
+                cc = v_column(cc)
             scr_O[rr, cc, wid] = acc_O[i]
         c_mn = acc_mn_view(tOcO)
         for r in cutlass.range_constexpr(cute.size(row_max)):
@@ -934,11 +1042,12 @@ class FlashDecodeSm90:
         return qr
 
     @cute.jit
-    def scale_q(self, qr, sQ, scratch_ptr, row0, n_rows, tidx, wid, lane):
+    def scale_q(self, qr, sQ, scratch_ptr, row0, n_rows, tidx, wid, lane, perm: cutlass.Constexpr = False):
         """bf16 Q (load_q_regs) -> f16 into ``sQ``, times qs = 2^k chosen so that the largest |q|
         of the block lands in [2^13, 2^14) (f16 holds it; the shift is exact); rows past the
         block's queries are zero.  ``scratch_ptr``: 4·warps bytes of free shared memory for the
-        block's max.  Returns (1/qs, qs)."""
+        block's max.  ``perm``: head_dim columns stored in the MMA's k order of the direct e4m3
+        operands (atoms/sm90_e4m3.py ``k_order``).  Returns (1/qs, qs)."""
         vec = 8
         per_row = self.head_dim // vec
         nq = ROWS * per_row // self.threads
@@ -971,8 +1080,111 @@ class FlashDecodeSm90:
         qh.store((qf.load() * qs).to(self.mdtype))
         for i in cutlass.range_constexpr(nq):
             idx = tidx + i * self.threads
-            cute.autovec_copy(qh[i, None], cute.local_tile(sQ[idx // per_row, None], (vec,), (idx % per_row,)))
+            if cutlass.const_expr(perm):
+                # pair m (head_dim 8(c%2) + 2m + j of its 16-column group) at k 8(m%2) + 4(c%2) + 2(m//2) + j
+                c = idx % per_row
+                for m in cutlass.range_constexpr(vec // 2):
+                    cute.autovec_copy(cute.local_tile(qh[i, None], (2,), (m,)),
+                                      cute.local_tile(sQ[idx // per_row, None], (2,), (q_pair_slot(c, m),)))
+            else:
+                cute.autovec_copy(qh[i, None], cute.local_tile(sQ[idx // per_row, None], (vec,), (idx % per_row,)))
         return uf[1], qs
+
+    @cute.jit
+    def load_raw(self, mK, mV, pages, sRawD, slot, kv_head, n_block, tidx, ps_shift, k_len):
+        """cp.async this thread's 16-byte chunks (chunk tidx % c_per_row of its row in each pass) of
+        K and V tile ``n_block`` into raw ``slot`` of the direct ring (row j's chunk c at chunk
+        c ^ (j % 8) of its 128-byte row); rows past k_len are zeroed instead."""
+        BN, D = self.tile_n, self.head_dim
+        mask = (1 << ps_shift) - 1
+        c = tidx % self.c_per_row
+        atom = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), mK.element_type,
+                                   num_bits_per_copy=128)
+        for p in cutlass.range_constexpr(self.passes):
+            row = p * self.rows_pp + tidx // self.c_per_row
+            key = n_block * BN + row
+            soff = slot * (2 * BN * D) + row * D + ((c ^ (row % 8)) << 4)
+            if key < k_len:
+                off = key & mask
+                for i, src in enumerate((mK, mV)):
+                    g = cute.local_tile(src[pages[p], off, kv_head, None], (16,), (c,))
+                    # 16-byte aligned: the contract's strides are multiples of 16 fp8 elements
+                    g = cute.make_tensor(cute.make_ptr(src.element_type, g.iterator.toint(), cute.AddressSpace.gmem,
+                                                       assumed_align=16), g.layout)
+                    cute.copy(atom, g, cute.local_tile(sRawD, (16,), ((soff + i * BN * D) // 16,)))
+            else:
+                for i in cutlass.range_constexpr(2):
+                    z = cute.local_tile(sRawD, (16,), ((soff + i * BN * D) // 16,))
+                    cute.recast_tensor(z, cutlass.Int32).fill(0)
+
+    @cute.jit
+    def rescale_if_moved(self, acc_O, corr):
+        """O's rows times their corrections, skipped (warp-uniform) where every correction is 1."""
+        moved = corr[0] != 1.0
+        for i in cutlass.range_constexpr(1, cute.size(corr)):
+            moved = moved | (corr[i] != 1.0)
+        if cute.arch.vote_any_sync(moved):
+            softmax.rescale(acc_mn_view(acc_O), corr)
+
+    @cute.jit
+    def gemm_qk_raw(self, tiled_mma, acc_S, tSrQ, addr):
+        """acc_S += Q·Kᵀ over this warp's key slice (16 or 32 keys) of a raw e4m3 K tile: per pair
+        of k16 steps and 16-key half one ldmatrix.x4 (matrix m: keys 8·(m%2).. of the half, k16 step
+        2kp + m//2; ``addr``: this lane's row address of pair 0, half 0), each word -> the two f16x2
+        registers of a B fragment (k order: atoms/sm90_e4m3.py); the next ldmatrix is issued before
+        the current one's conversions."""
+        D, NB = self.head_dim, self.bnw // 8
+        buf = cute.make_rmem_tensor(NB * D, cutlass.Float16)
+        rK = cute.make_tensor(buf.iterator, cute.make_layout(((2, 2), NB, D // 16), stride=((1, 2), 4, 4 * NB)))
+        w = cute.recast_tensor(buf, cutlass.Int32)  # word h + 2·nb + 2·NB·kb
+        steps = [(kp, kh) for kp in range(D // 32) for kh in range(NB // 2)]
+        nxt = ldsm_x4(addr)
+        for i, (kp, kh) in enumerate(steps):
+            cur = nxt
+            if cutlass.const_expr(i + 1 < len(steps)):
+                kp1, kh1 = steps[i + 1]
+                nxt = ldsm_x4((addr + kh1 * 16 * D) ^ (kp1 << 5))
+            for m in cutlass.range_constexpr(4):
+                lo, hi = e4m3x4_to_f16x2x2(cur[m])
+                wi = 2 * (2 * kh + m % 2) + 2 * NB * (2 * kp + m // 2)
+                w[wi] = lo
+                w[wi + 1] = hi
+            if cutlass.const_expr(kh == NB // 2 - 1):
+                for kb in cutlass.range_constexpr(2 * kp, 2 * kp + 2):
+                    cute.gemm(tiled_mma, acc_S, tSrQ[None, None, kb], rK[None, None, kb], acc_S)
+
+    @cute.jit
+    def gemm_pv_raw(self, tiled_mma, acc_O, acc_S, addr):
+        """acc_O += P·V over this warp's key slice of a raw e4m3 V tile: per 16-key step and pair of
+        16-byte head_dim chunks one ldmatrix.x4.trans (matrix m: keys 8·(m%2).., chunk 2cp + m//2),
+        whose words hold bytes 2g, 2g+1 of keys 2t, 2t+1 (g = lane // 4, t = lane % 4); a byte
+        permute of the key halves' words gives keys (2t, 2t+1, 2t+8, 2t+9) of column 2g (0x6420) and
+        of 2g+1 (0x7531): the B fragments of n8 blocks 2c (head_dim 16c + 2g) and 2c + 1 (16c + 2g + 1)."""
+        D = self.head_dim
+        rP = cute.make_fragment_like(acc_S, self.mdtype)
+        rP.store(acc_S.load().to(self.mdtype))
+        tOrP = cute.make_tensor(rP.iterator, acc_as_a_layout(rP.layout))
+        npair = D // 32
+        buf = cute.make_rmem_tensor(2 * D, cutlass.Float16)
+        rV = cute.make_tensor(buf.iterator, cute.make_layout(((2, 2), 4, npair), stride=((1, 2), 4, 16)))
+        w = cute.recast_tensor(buf, cutlass.Int32)  # word h + 2·nb
+        # acc_O ((2, 2), 1, D/8) as ((2, 2), 1, 4, pairs): the four n8 blocks of each chunk pair
+        accv = cute.make_tensor(acc_O.iterator, cute.make_layout(((2, 2), 1, 4, npair), stride=((1, 2), 0, 4, 16)))
+        steps = [(ks, cp) for ks in range(self.bnw // 16) for cp in range(npair)]
+        nxt = ldsm_x4_trans(addr)
+        for i, (ks, cp) in enumerate(steps):
+            cur = nxt
+            if cutlass.const_expr(i + 1 < len(steps)):
+                ks1, cp1 = steps[i + 1]
+                nxt = ldsm_x4_trans((addr + ks1 * 16 * D) ^ (cp1 << 5))
+            for h in cutlass.range_constexpr(2):  # chunk 2cp + h: words (2h, 2h + 1)
+                c = 2 * cp + h
+                for e, sel in enumerate(V_JOIN):
+                    lo, hi = e4m3_join_to_f16x2x2(cur[2 * h], cur[2 * h + 1], sel)
+                    w[2 * (2 * c + e)] = lo
+                    w[2 * (2 * c + e) + 1] = hi
+            cute.gemm(tiled_mma, accv[None, None, None, cp], tOrP[None, None, ks], rV[None, None, cp],
+                      accv[None, None, None, cp])
 
     @cute.jit
     def store_fp8_regs(self, kreg, vreg, sKV, slot, tidx, n_block, k_len):
@@ -1030,17 +1242,33 @@ KV_GLOBAL_SPLITS = (32,)
 
 
 def make_kv(target: str, dtype: str, head_dim: int, splits: int, *, paged: bool = True,
-            switches: bool = False, kv_dtype: str | None = None, config: tuple | None = None) -> AttentionDecodeKV:
+            switches: bool = False, kv_dtype: str | None = None, config: tuple | None = None,
+            direct: bool = True, stages: int | None = None, min_ctas: int | None = None,
+            pdl: bool | None = None) -> AttentionDecodeKV:
+    """A KV-cache decode variant; fp8 caches take the direct build (``direct=False``: the converting
+    one), in FP8_DIRECT's config unless ``config`` (tile_n, warps, ilp[, stages]) / ``stages`` say
+    otherwise; ``pdl`` None: on for workspace splits."""
     tn, w, st, _pdl, ilp, mc = DEFAULT[head_dim]
-    if kv_dtype == "e4m3":
-        st = FP8_STAGES
-    if config:  # (tile_n, warps, ilp): alternatives for measuring
-        tn, w, ilp = config
+    fp8 = kv_dtype == "e4m3"
+    direct = fp8 and direct
+    if fp8:
+        tn, w, st = FP8_DIRECT if direct else (tn, w, FP8_STAGES)
+    if config:  # alternatives for measuring, and the 8-warp builds
+        tn, w, ilp = config[:3]
+        if len(config) > 3:
+            st = config[3]
+        elif direct and config == FP8_WIDE:
+            st = FP8_WIDE_STAGES
+    if stages:
+        st = stages
+    if min_ctas is not None:
+        mc = min_ctas
     cluster = splits in CLUSTER_BUILT
     return AttentionDecodeKV(target=target, dtype=dtype, head_dim=head_dim, tile_n=tn, warps=w, stages=st,
-                             causal=True, splits=splits, cluster=cluster, pdl=splits > 1 and not cluster,
+                             causal=True, splits=splits, cluster=cluster,
+                             pdl=(splits > 1 and not cluster) if pdl is None else pdl,
                              ilp=ilp, min_ctas=mc, kv_dtype=kv_dtype or dtype, paged=paged, local=switches,
-                             softcap=switches, sinks=switches)
+                             softcap=switches, sinks=switches, direct=direct)
 
 
 @register("attention_kvcache")
@@ -1049,7 +1277,8 @@ def enumerate_decode_kv(target: Target, tier: str) -> list[AttentionDecodeKV]:
     softcap / sink switches, f16 and head_dim 64, fp8 caches); default: paged and dense caches for
     both dtypes and head_dims at every split count, the switch build (window + softcap + sinks in
     one variant: gpt-oss, Gemma 2) for bf16 paged caches, and bf16 q over fp8 e4m3 paged caches
-    at head_dim 128 (every split count, plus the 8-warp one-CTA-per-SM build at 2 splits)."""
+    at head_dim 128 (the direct build at every split count, plus the 8-warp one-CTA-per-SM build at 2
+    splits)."""
     if target.name != "sm_90":
         return []
     t = target.name
@@ -1059,7 +1288,9 @@ def enumerate_decode_kv(target: Target, tier: str) -> list[AttentionDecodeKV]:
                make_kv(t, "bf16", 128, 4, switches=True), make_kv(t, "f16", 64, 1), make_kv(t, "f16", 64, 2),
                make_kv(t, "bf16", 128, 32), make_kv(t, "bf16", 128, 32, switches=True),
                # fp8 e4m3 caches (head_dim 128: D64's build spills)
-               make_kv(t, "bf16", 128, 1, kv_dtype="e4m3"), make_kv(t, "f16", 128, 4, kv_dtype="e4m3")]
+               make_kv(t, "bf16", 128, 1, kv_dtype="e4m3"), make_kv(t, "f16", 128, 4, kv_dtype="e4m3"),
+               # 8 warps over 128-key tiles, cluster merge with PDL
+               make_kv(t, "bf16", 128, 4, config=KV_WIDE[128], pdl=True)]
     else:
         out = [make_kv(t, dt, d, sp, paged=pg) for dt in DTYPES for d in HEAD_DIMS for sp in KV_SPLITS
                for pg in (True, False)]
@@ -1070,7 +1301,22 @@ def enumerate_decode_kv(target: Target, tier: str) -> list[AttentionDecodeKV]:
         # head_dim 256 (Gemma-style heads): bf16 paged caches, the split counts that fit
         out += [make_kv(t, "bf16", 256, sp) for sp in KV_SPLITS + KV_GLOBAL_SPLITS]
         # fp8, grids of at most one CTA per SM with long splits: 8 warps over 128-key tiles (one
-        # 224 KB CTA per SM); the rule takes it at 2 splits in practice (4 and 8: "full", measuring)
+        # 128 KB CTA per SM); the rule takes it at 2 splits in practice (the others: "full", measuring)
         out += [make_kv(t, "bf16", 128, sp, kv_dtype="e4m3", config=FP8_WIDE)
-                for sp in ((2, 4, 8) if tier == "full" else (2,))]
+                for sp in (KV_SPLITS if tier == "full" else (2,))]
+        if tier == "full":  # fp8 alternatives: the converting build; direct 64-key tiles, 2-stage 128-key tiles
+            fs = KV_SPLITS + KV_GLOBAL_SPLITS
+            out += [make_kv(t, "bf16", 128, sp, kv_dtype="e4m3", direct=False) for sp in fs]
+            out += [make_kv(t, "bf16", 128, sp, kv_dtype="e4m3", direct=False, config=FP8_WIDE) for sp in (2, 4, 8)]
+            out += [make_kv(t, "bf16", 128, sp, kv_dtype="e4m3", config=(64, 4, False), stages=st)
+                    for st in (3, 4, 6) for sp in fs]
+            out += [make_kv(t, "bf16", 128, sp, kv_dtype="e4m3", stages=2) for sp in fs]
+        # bf16 caches, 8 warps over 128-key tiles where the selection takes them: head_dim 128 at 8
+        # splits with PDL (MQA-like grids; paged and dense), head_dim 64 paged unsplit and at 2 splits
+        out += [make_kv(t, "bf16", 128, 8, paged=pg, config=KV_WIDE[128], pdl=True) for pg in (True, False)]
+        out += [make_kv(t, "bf16", 64, sp, config=KV_WIDE[64]) for sp in (1, 2)]
+        if tier == "full":  # every split count, without PDL, for measuring
+            out += [make_kv(t, "bf16", d, sp, config=KV_WIDE[d]) for d in HEAD_DIMS for sp in KV_SPLITS]
+            out += [make_kv(t, "bf16", 128, 8, paged=False, config=KV_WIDE[128])]
+    out = list({v.name: v for v in out}.values())
     return [v for v in out if v.can_implement() is None]

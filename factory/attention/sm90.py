@@ -95,6 +95,8 @@ MIN_SEQLEN_Q = 2
 PERSISTENT_CTAS = 132
 # Causal persistent order: CTAs in flight per kv head (the section width, tile_coords).
 CAUSAL_CTAS_PER_KV_HEAD = 4
+# lazy_rescale: how far (log2 units) a row's max may pass its reference before the warp rescales
+LAZY_RESCALE_LOG2 = 8.0
 
 
 class _Bar(enum.IntEnum):
@@ -132,6 +134,10 @@ class AttentionSm90(AttentionVariant):
     persistent: bool = field(default=False, metadata={"tag": "ps"})
     # The producer issues a tile's first K before its Q and each K one tile ahead of its V.
     k_first: bool = field(default=False, metadata={"tag": "kf"})
+    # With overlap, in the mainloop: a warp keeps its rows' reference max until one row's max
+    # passes it by more than LAZY_RESCALE_LOG2 (P <= 2^8: the same relative precision in 16 bits),
+    # and rescales O only then (FA4's conditional rescale; the running sum follows the reference).
+    lazy_rescale: bool = field(default=False, metadata={"tag": "lz"})
 
     @property
     def consumers(self) -> int:
@@ -151,12 +157,13 @@ class AttentionSm90(AttentionVariant):
         # write past the sequence into the next one).
         d = r"\.BF16" if self.dtype == "bf16" else ""
         store = r"\bSTG\.E\.128\b" if self.varlen else r"\bUTMASTG\.4D\b"
+        # lazy_rescale: the warp's vote on whether a reference max moves
         return (
             rf"\bHGMMA\.64x{self.tile_n}x16\.F32{d} R\d+, gdesc\[",
             rf"\bHGMMA\.64x{self.head_dim}x16\.F32{d} R\d+, R\d+, gdesc\[",
             r"\bUTMALDG\.3D\b" if self.varlen else r"\bUTMALDG\.4D\b", store,
             r"\bSYNCS\.", r"\bUSETMAXREG\.", r"\bMUFU\.EX2\b",
-        )
+        ) + ((r"\bVOTE\.ANY\b",) if self.lazy_rescale else ())
 
     def _smem_parts(self) -> tuple[int, int]:
         e = DTYPE_BYTES[self.dtype]
@@ -193,6 +200,8 @@ class AttentionSm90(AttentionVariant):
             return "pingpong needs two or more consumer warpgroups"
         if self.early_rescale and not self.overlap:
             return "early_rescale needs overlap"
+        if self.lazy_rescale and not self.overlap:
+            return "lazy_rescale needs overlap"
         # fp32 registers per consumer thread: S (tile_n/2), O (head_dim/2), P (tile_n/4); with
         # overlap S of the next tile lives beside P of this one.
         live = self.tile_n // 2 + self.head_dim // 2 + self.tile_n // 4
@@ -237,7 +246,7 @@ class AttentionSm90(AttentionVariant):
             dtype=self.cutlass_dtype, head_dim=self.head_dim, tile_m=self.tile_m,
             tile_n=self.tile_n, stages=self.stages, causal=self.causal, overlap=self.overlap,
             pingpong=self.pingpong, early_rescale=self.early_rescale, persistent=self.persistent,
-            k_first=self.k_first, o_in_q=self.o_in_q,
+            k_first=self.k_first, o_in_q=self.o_in_q, lazy_rescale=self.lazy_rescale,
         )
         return k.packed if self.varlen else k.dense
 
@@ -283,7 +292,11 @@ TUNE_CONFIGS = {
 # B4 H16 S1024 D64 42.1 vs 47.1 µs, causal 34.1 vs 39.6; B2 H16 S4096 D128 407.5 vs 436.9,
 # causal 250.0 vs 257.8; B4 H32/8 S2048 causal 242.0 vs 279.0; early_rescale on top
 # S4096 395.0 vs 405.7, S16384 3229 vs 3323, causal 1570 vs 1663, D64 causal 33.9 vs 32.5 (not
-# there); k_first 0-2 % better everywhere.  Lost and removed (their code and numbers:
+# there); k_first 0-2 % better everywhere.  lazy_rescale (dense head_dim 128), each callable
+# replayed back to back at the board's 700 W limit (bench_attention.py --sustained): B1 H16 S16384
+# 3343 vs 3432 µs, causal 1783 vs 1840 (H100); B2 H16 S4096 445 vs 453, causal 262 vs 266, S16384
+# 3473 vs 3472, causal 1864 vs 1885 (H200); interleaved, the wide grid's head_dim 128 shapes
+# 0-6 % faster, none slower.  Lost and removed (their code and numbers:
 # notes/attention-sm90.md): a schedule fence pinning the P·V wait below the softmax and a
 # quarter of the exponentials from an FMA polynomial.
 def default_schedule(head_dim: int, causal: bool, varlen: bool = False,
@@ -296,7 +309,7 @@ def default_schedule(head_dim: int, causal: bool, varlen: bool = False,
     without it (the kvcache and fp8 subclasses) only dense problems of head_dim <= 128 are."""
     big = not small and (persistent_all or (not varlen and head_dim <= 128))
     return {"persistent": big, "early_rescale": big and head_dim <= 128 and not (head_dim == 64 and causal),
-            "k_first": big}
+            "k_first": big, "lazy_rescale": big and persistent_all and head_dim == 128 and not varlen}
 
 
 # Ablations of the default configs (tier "full"): each mainloop/scheduler option on and off, so
@@ -329,7 +342,7 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm90]:
     problems = [(dt, d, c) for dt in DTYPES for d in HEAD_DIMS for c in (False, True)]
     out = [make(*p) for p in problems]
     # Packed variable-length batches (cu_seqlens): the dense problems' tiles and schedule.
-    out += [dataclasses.replace(make(*p), varlen=True) for p in problems]
+    out += [dataclasses.replace(make(*p), varlen=True, lazy_rescale=False) for p in problems]
     # One consumer warpgroup (64-row tiles) for grids the default tile leaves under-filled (the
     # loader's rule, as for the sm80 family): B1 H8 S512 D64 non-causal ran 8.1 µs on 32 CTAs of
     # 128 rows vs 7.3 for the sm_90 build's 64 CTAs of 64 rows, 6.0 on 64-row sm_90a CTAs.
@@ -341,11 +354,17 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm90]:
         out += [make(dt, d, c, tile_m=tm, tile_n=tn, stages=s, overlap=ov, pingpong=pp)
                 for dt, d, c in problems for tm, tn, s, ov, pp in TUNE_CONFIGS[d]]
         out += [dataclasses.replace(make(*p), **a) for p in problems for a in _ABLATIONS]
+        # the dense head_dim 128 defaults without the lazy rescale; the other persistent bf16
+        # defaults (head_dim 64 and 256, varlen) with it, for --candidates
+        out += [dataclasses.replace(make(*p), lazy_rescale=False) for p in problems if p[1] == 128]
+        out += [dataclasses.replace(v, lazy_rescale=True) for v in out[:len(problems) * 2]
+                if v.dtype == "bf16" and v.persistent and not v.lazy_rescale]
         # D64: the other query tile (128 <-> 192 rows) and 3 stages under the default schedule
         out += [make(dt, 64, c, tile_m=320 - make(dt, 64, c).tile_m) for dt, d, c in problems if d == 64]
         out += [make(dt, 64, c, stages=3) for dt, d, c in problems if d == 64]
         # varlen with one tile per CTA (the grid sized by the longest sequence)
-        out += [dataclasses.replace(make(*p), varlen=True, persistent=False, early_rescale=False, k_first=False)
+        out += [dataclasses.replace(make(*p), varlen=True, persistent=False, early_rescale=False, k_first=False,
+                                    lazy_rescale=False)
                 for p in problems]
     out = list({v.name: v for v in out}.values())
     return [v for v in out if v.can_implement() is None]
@@ -548,8 +567,11 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                  persistent: bool = False, k_first: bool = False, page_box: int = 0,
                  gather: bool = False, local: bool = False, softcap: bool = False,
                  sinks: bool = False, wide_producer: bool = False, kv_dtype=None, fp8_stages: int = 1,
-                 o_in_q: bool = False):
+                 o_in_q: bool = False, lazy_rescale: bool = False):
         super().__init__(dtype=dtype, head_dim=head_dim, causal=causal, local=local)
+        # (with overlap) the mainloop's softmax.online_softmax_lazy; O rescaled by a warp only
+        # when its reference max moved
+        self.lazy_rescale = lazy_rescale
         self.tile_m = tile_m
         self.tile_n = tile_n
         self.stages = stages
@@ -1522,7 +1544,7 @@ class FlashFwdSm90(layout.TmaViewsKernel):
             # ---- P·V of the last tile
             if cutlass.const_expr(self.early_rescale):
                 if n_tiles > 1:
-                    softmax.rescale(atoms.acc_mn_view(acc_O), corr)
+                    softmax.rescale(atoms.acc_mn_view(acc_O), corr, skip_ones=self.lazy_rescale)
             self.kv_wait(v_pipe, read)
             self.zero_v_tail(sV, read.index, n_lo, k_len, ltid, wg)
             tiled_mma_pv = self.gemm_pv(tiled_mma_pv, acc_O, tOrP, tOrV, read.index)
@@ -1601,7 +1623,8 @@ class FlashFwdSm90(layout.TmaViewsKernel):
         self.schedule_wait(wg)
         tiled_mma_qk = self.gemm_qk(tiled_mma_qk, acc_S, tSrQ, tSrK, wg, read.index)
         if cutlass.const_expr(self.early_rescale):
-            softmax.rescale(atoms.acc_mn_view(acc_O), corr)  # (on the first tile: garbage, overwritten)
+            # (on the first tile: garbage, overwritten)
+            softmax.rescale(atoms.acc_mn_view(acc_O), corr, skip_ones=self.lazy_rescale)
         self.kv_wait(v_pipe, read_v)
         self.zero_v_tail(sV, read_v.index, n + 1, k_len, ltid, wg)
         tiled_mma_pv = self.gemm_pv(tiled_mma_pv, acc_O, tOrP, tOrV, read_v.index)
@@ -1612,11 +1635,15 @@ class FlashFwdSm90(layout.TmaViewsKernel):
         if cutlass.const_expr(masked):
             mask.apply_mask(self.mask, atoms.acc_mn_view(acc_S), cS, row0, n * self.tile_n, q_len, k_len,
                             win=win)
-        softmax.online_softmax(atoms.acc_mn_view(acc_S), row_max, row_sum, scale_log2, corr=corr)
+        if cutlass.const_expr(self.lazy_rescale):
+            softmax.online_softmax_lazy(atoms.acc_mn_view(acc_S), row_max, row_sum, scale_log2, corr,
+                                        LAZY_RESCALE_LOG2)
+        else:
+            softmax.online_softmax(atoms.acc_mn_view(acc_S), row_max, row_sum, scale_log2, corr=corr)
         warpgroup.wait_group(0)
         v_pipe.consumer_release(read_v)
         if cutlass.const_expr(not self.early_rescale):
-            softmax.rescale(atoms.acc_mn_view(acc_O), corr)
+            softmax.rescale(atoms.acc_mn_view(acc_O), corr, skip_ones=self.lazy_rescale)
         self.store_p(acc_S, tOrP, tOrP_c, ltid)
         return read, tiled_mma_qk, tiled_mma_pv
 

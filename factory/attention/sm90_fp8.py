@@ -47,6 +47,13 @@ from .sm90 import WG_ROWS, AttentionSm90, FlashFwdSm90, default_schedule
 FP8_HEAD_DIMS = (64, 128, 256)
 # setmaxnreg budgets with the transposing warps (per thread: producer warpgroup, consumers)
 TRANSPOSE_PRODUCER_REGS, TRANSPOSE_CONSUMER_REGS = 40, 232
+# (three consumer warpgroups: 40 + 3·152 of the 512 per thread slot)
+TRANSPOSE_CONSUMER_REGS_3 = 152
+
+
+def transpose_register_split(consumers: int) -> tuple[int, int]:
+    """setmaxnreg budgets (producer warpgroup, consumers) per thread with the transposing warps."""
+    return TRANSPOSE_PRODUCER_REGS, TRANSPOSE_CONSUMER_REGS_3 if consumers == 3 else TRANSPOSE_CONSUMER_REGS
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -90,17 +97,29 @@ class AttentionFp8Sm90(AttentionSm90):
     def can_implement(self) -> str | None:
         if self.v_layout not in ("bshd", "bhds"):
             return "v_layout must be 'bshd' (transposed in the kernel) or 'bhds' (keys contiguous)"
-        if self.v_layout == "bshd" and self.tile_n not in (64, 128):
-            # (the V slot's rows of tile_n bytes: a 64- or 128-byte swizzle, whose row bits the
-            # transposing lanes' own offsets hold: transpose_tile)
-            return "the in-kernel V transpose takes tiles of 64 or 128 keys"
+        if self.v_layout == "bshd" and self.tile_n % 64:
+            # (the V slot's K-major atoms: 64- or 128-byte swizzles (192 keys: three 64-byte
+            # atoms), whose row bits the transposing lanes' own offsets hold: transpose_tile)
+            return "the in-kernel V transpose takes tiles of a multiple of 64 keys"
         if self.varlen and self.v_layout != "bshd":
             return "packed variable-length fp8 takes v as k ((tokens, heads, head_dim), v_layout bshd)"
         if self.tile_n % 32:
             return "tile_n must be a multiple of 32 (fp8 WGMMA k32 steps of P·V)"
         if self.head_dim % 32:
             return "head_dim must be a multiple of 32 (fp8 WGMMA k32 steps of Q·Kᵀ)"
-        return super().can_implement()
+        problem = super().can_implement()
+        if problem is not None and "live accumulator registers" in problem:
+            # (the 16-bit family's register rule counts P at 16 bits: an fp8 P takes tile_n / 8
+            # registers per consumer thread; the rule is the last check before the smem one)
+            from ..atoms.sm90 import CONSUMER_REGS
+            from ..atoms.smem import STATIC_SMEM
+            live = self.tile_n // 2 + self.head_dim // 2 + self.tile_n // 8
+            budget = (transpose_register_split(self.consumers)[1] if self.v_layout == "bshd"
+                      else CONSUMER_REGS[self.consumers])
+            if live + 32 > budget:
+                return f"{live} live accumulator registers do not fit {budget}"
+            return self.smem_problem(STATIC_SMEM)
+        return problem
 
     def signature(self) -> Signature:
         return contract.signature_fp8(self.head_dim, self.v_layout, self.varlen)
@@ -110,10 +129,11 @@ class AttentionFp8Sm90(AttentionSm90):
 
     def describe(self) -> dict[str, Any]:
         d = super().describe()
-        cfg = fp8_config(self.head_dim, self.causal, self.v_layout)
+        cfg = fp8_config(self.head_dim, self.causal, self.v_layout, self.varlen)
         d["preferred"] = (self.tile_n, self.stages) == (cfg["tile_n"], cfg["stages"])
         if self.v_layout == "bshd":
-            d["registers_per_role"] = {"producer": TRANSPOSE_PRODUCER_REGS, "consumer": TRANSPOSE_CONSUMER_REGS}
+            producer, consumer = transpose_register_split(self.consumers)
+            d["registers_per_role"] = {"producer": producer, "consumer": consumer}
             d["v_transpose"] = {"warps": 3, "order": "keys of each 16-key group as P's registers hold them"}
         return d
 
@@ -127,16 +147,28 @@ class AttentionFp8Sm90(AttentionSm90):
         return k.packed_fp8 if self.varlen else k.dense_fp8
 
 
-def fp8_config(head_dim: int, causal: bool, v_layout: str = "bshd") -> dict[str, Any]:
+def fp8_config(head_dim: int, causal: bool, v_layout: str = "bshd", varlen: bool = False) -> dict[str, Any]:
     """The fp8 tile per problem: 128 query rows (two consumer warpgroups, ping-pong, overlap);
-    keys per tile 128 (D256: 64, O's 128 fp32 registers per thread leave room for no more).
+    keys per tile 128 (D256: 64 where V is transposed in the kernel, its staging ring leaves no
+    smem for more).  H100, B1 H16 S16384, TFLOP/s, two runs each (notes/attention-fp8.md):
     V pre-transposed at head_dim 128 (no staging ring): three stages non-causal, 192-key tiles
-    causal (H100, B1 H16 S16384, two runs each: 884/915 vs 862/883 TFLOP/s and 846/837 vs
-    822/818; with the in-kernel transpose three stages lose: 765/739 vs 836/850)."""
+    causal (884/915 vs 862/883 and 846/837 vs 822/818; with the in-kernel transpose three
+    stages lose: 765/739 vs 836/850); V transposed in the kernel, causal: 192-key tiles (815/821
+    vs 767/769; non-causal they lose: 776/805 vs 831/831); head_dim 256 with V pre-transposed:
+    128-key tiles (non-causal 1,122 vs 942 at 64 keys, 96 keys 1,053; causal 1,175 vs 1,012);
+    head_dim 64, non-causal: 192 query rows (three consumer warpgroups; 616 vs 519 V as K, 597
+    vs 504 pre-transposed).  (Packed varlen keeps the 128 x 128 tiles: the others were measured
+    dense only.)"""
     cfg = {"tile_m": 128, "tile_n": 64 if head_dim == 256 else 128, "stages": 2, "overlap": True,
            "pingpong": True, **default_schedule(head_dim, causal)}
     if v_layout == "bhds" and head_dim == 128:
         cfg.update({"tile_n": 192} if causal else {"stages": 3})
+    if v_layout == "bshd" and head_dim == 128 and causal and not varlen:
+        cfg.update({"tile_n": 192})
+    if v_layout == "bhds" and head_dim == 256:
+        cfg.update({"tile_n": 128})
+    if head_dim == 64 and not causal and not varlen:
+        cfg.update({"tile_m": 192})
     return cfg
 
 
@@ -146,15 +178,15 @@ def enumerate_attention_fp8(target: Target, tier: str) -> list[AttentionFp8Sm90]
         return []
 
     def make(d, causal, **kw):
-        cfg = fp8_config(d, causal, kw.get("v_layout", "bshd"))
+        cfg = fp8_config(d, causal, kw.get("v_layout", "bshd"), kw.get("varlen", False))
         return AttentionFp8Sm90(target=target.name, head_dim=d, causal=causal, **{**cfg, **kw})
 
     if tier == "test":
         out = [make(128, False), make(128, True)]
     elif tier == "default":
         # head_dim 128 with V as K (a server's fp8 cache layout), transposed in the kernel: what
-        # the selection picks for (B, Sk, Hkv, 128) V, causal and not (H100: 836-850 TFLOP/s
-        # non-causal, 787-805 causal at B1 H16 S16384, notes/attention-fp8.md)
+        # the selection picks for (B, Sk, Hkv, 128) V, causal and not (H100: 831-850 TFLOP/s
+        # non-causal, 815-821 causal at B1 H16 S16384, notes/attention-fp8.md)
         out = [make(128, False), make(128, True)]
     else:
         out = [make(d, c, v_layout=vl) for d in FP8_HEAD_DIMS for c in (False, True) for vl in ("bshd", "bhds")]
@@ -200,7 +232,7 @@ class FlashFwdSm90Fp8(FlashFwdSm90):
             # warps 1..3 of the producer warpgroup transpose V; they need more registers than
             # the TMA warp's budget: 40 + 2·232 per thread slot
             self.transpose_warps = 3
-            self.producer_regs, self.consumer_regs = TRANSPOSE_PRODUCER_REGS, TRANSPOSE_CONSUMER_REGS
+            self.producer_regs, self.consumer_regs = transpose_register_split(self.consumers)
 
     @cute.jit
     def dense_fp8(self, q: cute.Tensor, k: cute.Tensor, v: cute.Tensor, o: cute.Tensor,

@@ -14,7 +14,8 @@ is 0 and its LSE -inf (with sinks: the sink's).
 * :func:`row_state` — the running max and sum, before the first key tile.
 * :func:`online_softmax` — one key tile: row max over the quad, P = exp2(S·scale_log2 -
   max·scale_log2) in place, running sum; the rows' O correction either applied to ``o_mn`` at
-  once or written to ``corr`` (:func:`rescale` later).
+  once or written to ``corr`` (:func:`rescale` later).  :func:`online_softmax_lazy`: the same
+  with a reference max a warp moves only when a row's max passes it by a threshold.
 * :func:`finalize` — O /= row sum (0 without a key), LSE to global by one thread of the quad;
   ``sink`` (compile-time presence, runtime fp32 logit of the row's q head in natural units) adds
   exp(sink - max) to the denominator: attention sinks.
@@ -86,10 +87,55 @@ def online_softmax(s_mn: cute.Tensor, row_max: cute.Tensor, row_sum: cute.Tensor
 
 
 @cute.jit
-def rescale(o_mn: cute.Tensor, corr: cute.Tensor):
-    """O's rows times their correction factors (:func:`online_softmax` ``corr``)."""
-    for r in cutlass.range_constexpr(cute.size(corr)):
-        o_mn[r, None] = o_mn[r, None].load() * corr[r]
+def online_softmax_lazy(s_mn: cute.Tensor, row_max: cute.Tensor, row_sum: cute.Tensor, scale_log2,
+                        corr: cute.Tensor, threshold: cutlass.Constexpr):
+    """:func:`online_softmax` with a lazy reference max (``row_max``) per warp: where no row of
+    the warp has a max more than ``threshold`` log2 units above its reference, the references
+    stay, every ``corr`` is exactly 1 and P = exp2(S·scale - reference) <= 2^threshold; otherwise
+    every row of the warp moves its reference to its max (``corr`` = its O factor, its sum
+    rescaled), as :func:`online_softmax` does.  Sum and O refer to the same reference, so O / sum
+    and the LSE (reference + log2 sum) are those of the true max; a 16-bit P keeps its relative
+    precision up to 2^threshold.  :func:`rescale` with ``skip_ones`` then skips O's multiplies."""
+    n_rows = cute.size(row_max)
+    m_tile = cute.make_rmem_tensor(n_rows, cutlass.Float32)
+    grow = cutlass.Boolean(False)
+    for r in cutlass.range_constexpr(n_rows):
+        s = s_mn[r, None].load()
+        m = quad_allreduce(s.reduce(cute.ReductionOp.MAX, -cutlass.Float32.inf, 0), cute.arch.fmax)
+        m_tile[r] = cute.arch.fmax(m, row_max[r])
+        # (a row with no visible key yet has reference -inf: a finite max always moves it; -inf
+        # against -inf is NaN: no move, the row stays empty)
+        grow = grow | ((m_tile[r] - row_max[r]) * scale_log2 > threshold)
+    for r in cutlass.range_constexpr(n_rows):
+        corr[r] = 1.0
+    if cute.arch.vote_any_sync(grow):
+        for r in cutlass.range_constexpr(n_rows):
+            m_scaled = (0.0 if m_tile[r] == -cutlass.Float32.inf else m_tile[r]) * scale_log2
+            corr[r] = cute.math.exp2(row_max[r] * scale_log2 - m_scaled, fastmath=True)
+            row_sum[r] = row_sum[r] * corr[r]
+            row_max[r] = m_tile[r]
+    for r in cutlass.range_constexpr(n_rows):
+        s = s_mn[r, None].load()
+        m_scaled = (0.0 if row_max[r] == -cutlass.Float32.inf else row_max[r]) * scale_log2
+        p = cute.math.exp2(s * scale_log2 - m_scaled, fastmath=True)
+        row_sum[r] = row_sum[r] + p.reduce(cute.ReductionOp.ADD, cutlass.Float32.zero, 0)
+        s_mn[r, None] = p
+
+
+@cute.jit
+def rescale(o_mn: cute.Tensor, corr: cute.Tensor, skip_ones: cutlass.Constexpr = False):
+    """O's rows times their correction factors (:func:`online_softmax` ``corr``).  ``skip_ones``:
+    a warp whose factors are all exactly 1 skips the multiplies (the same result)."""
+    if cutlass.const_expr(skip_ones):
+        moved = cutlass.Boolean(False)
+        for r in cutlass.range_constexpr(cute.size(corr)):
+            moved = moved | (corr[r] != 1.0)
+        if cute.arch.vote_any_sync(moved):
+            for r in cutlass.range_constexpr(cute.size(corr)):
+                o_mn[r, None] = o_mn[r, None].load() * corr[r]
+    else:
+        for r in cutlass.range_constexpr(cute.size(corr)):
+            o_mn[r, None] = o_mn[r, None].load() * corr[r]
 
 
 @cute.jit
@@ -184,5 +230,6 @@ def row_state(n_rows):
     return row_max, row_sum
 
 
-__all__ = ["LN_2", "LOG2_E", "combine_splits", "finalize", "log2_scale", "online_softmax", "rescale",
+__all__ = ["LN_2", "LOG2_E", "combine_splits", "finalize", "log2_scale", "online_softmax",
+           "online_softmax_lazy", "rescale",
            "row_state", "softcap_scores"]

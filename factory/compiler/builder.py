@@ -209,6 +209,7 @@ def build(
                 _replace_json(e / "info.json", info)
             for ext, sub in ((".cubin", "cubin"), (".h", "include"), (".o", "obj")):
                 shutil.copy2(e / f"{v.name}{ext}", staging / sub / f"{v.name}{ext}")
+            _patch_cubin(v, staging)
             if info["sass_problems"]:
                 raise RuntimeError(f"{v.name}: " + "; ".join(info["sass_problems"]))
             hist = info["sass_histogram"]
@@ -235,6 +236,23 @@ def build(
         "cached": len(variants) - compiled, "seconds": round(time.perf_counter() - t0, 1),
         "bytes": total_bytes,
     }
+
+
+def _patch_cubin(v: Variant, staging: Path) -> None:
+    """A variant that asks for edits of its compiled cubin (``cubin_edits``, compiler/sass_patch.py:
+    scheduling hints) gets the edited cubin in the bundle, in its cubin file and inside its launcher
+    object alike."""
+    edits = getattr(v, "cubin_edits", ())
+    if not edits:
+        return
+    from .sass_patch import apply_edits, patch_object
+
+    cubin_path = staging / "cubin" / f"{v.name}.cubin"
+    cubin = cubin_path.read_bytes()
+    patched = apply_edits(cubin, edits, v.name)
+    obj_path = staging / "obj" / f"{v.name}.o"
+    obj_path.write_bytes(patch_object(obj_path.read_bytes(), cubin, patched))
+    cubin_path.write_bytes(patched)
 
 
 def _constraints(v: Variant, info: dict) -> dict:

@@ -156,6 +156,14 @@ def bind_function(entry: dict) -> str:
     return "\n".join(lines)
 
 
+def _workspace_form(e: dict) -> int:
+    """fx_variant.workspace: 0 none, 1 (split_k, M, N) partials, 2 the "tiles" form of the in-kernel
+    split-K fix-up (fx_select.c FX_WORKSPACE_TILES)."""
+    if "workspace" not in e:
+        return 0
+    return 2 if e["workspace"].get("form") == "tiles" else 1
+
+
 def _page_size_mask(entry: dict) -> int:
     """Bit i set: the variant takes pages of 2^i rows (manifest ``page_sizes``, or ``page_size``)."""
     sizes = list(entry.get("page_sizes") or ([entry["page_size"]] if entry.get("page_size") else []))
@@ -222,7 +230,7 @@ def tables(entries: dict[str, dict], tuning_data: dict | None) -> str:
             int(e.get("split_k", 1)), int(e.get("threads", 0)), int(e.get("swizzle", 1)),
             int(e.get("persistent_ctas", 0)), int(pers["cluster_ctas"]) if pers else 0,
             int(bool(e.get("swap_ab"))), int(e.get("schedule", "coop") == "pp"), int(bool(cfg.get("deep"))),
-            int(bool(cfg.get("early_b"))), ACC_IDS.get(e.get("fp8_accumulation"), 0), int("workspace" in e),
+            int(bool(cfg.get("early_b"))), ACC_IDS.get(e.get("fp8_accumulation"), 0), _workspace_form(e),
             twin_i, c_double(tuning._PEAK_TFLOPS.get(a_dt, 800.0)), tuning._BYTES.get(a_dt, 2),
             tuning._BYTES.get(dt.get("c"), 2),
             DTYPE_IDS.get(e.get("dtype"), -1), int(e["head_dim"]) if isinstance(e.get("head_dim"), int) else -1,

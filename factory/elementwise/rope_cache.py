@@ -15,6 +15,11 @@ of the token are written to ``k_cache[slot // PS, slot % PS]`` and ``v_cache[...
 ``[0, pages·PS)`` (vLLM pads with -1) writes nothing; a position outside the cos/sin table reads its
 nearest row (never memory outside the table).
 
+``fp8_cache`` variants write e4m3 caches (vLLM's ``kv_cache_dtype="fp8"``): the rotated k and the v
+of token t, kv head h, are stored as ``e4m3(x / k_scale[h])`` (``v_scale``), saturating at ±448 —
+the scales ``attention_kvcache`` then takes as its ``k_descale`` / ``v_descale`` (per kv head; a
+per-tensor scale is a stride-0 view).
+
 ``table`` variants take FlashAttention's ``flash_attn_with_kvcache`` form instead of positions and
 slots: q, k, v hold ``Sq`` new tokens of each of B sequences (token t = b·Sq + s), ``cache_seqlens[b]``
 (int32) is sequence b's cached length before them, so token (b, s) has position
@@ -54,17 +59,25 @@ class RopeCacheVariant(RowwiseVariant):
     threads: int = field(default=128, metadata={"tag": "t"})
     neox: bool = field(default=True, metadata={"tag": "neox"})
     table: bool = field(default=False, metadata={"tag": "bt"})
+    fp8_cache: bool = field(default=False, metadata={"tag": "ce4m3"})
+
+    @property
+    def cache_dtype(self) -> str:
+        return "e4m3" if self.fp8_cache else self.dtype
 
     def can_implement(self) -> str | None:
         why = super().can_implement()
         if why:
             return why
-        if not builds_for(self.tgt):
-            return f"rope_kvcache is not built for {self.target}"
+        if not builds_for(self.tgt, self.fp8_cache):
+            return f"rope_kvcache{' into fp8 caches' if self.fp8_cache else ''} is not built for {self.target}"
         return None
 
     def sass_requirements(self) -> tuple[str, ...]:
-        return (r"\bLDG\.E\.128\b", r"\bSTG\.E\.128\b")
+        req = (r"\bLDG\.E\.128\b", r"\bSTG\.E\.128\b")
+        if self.fp8_cache:  # 8 e4m3 values per cache store, converted in pairs with saturation
+            req += (r"\bSTG\.E\.64\b", r"\bF2FP\.SATFINITE\.E4M3\.F32\.PACK_AB")
+        return req
 
     def signature(self) -> Signature:
         dt = self.dtype
@@ -75,40 +88,47 @@ class RopeCacheVariant(RowwiseVariant):
             (TensorArg("cache_seqlens", "i32", ("B",), (1,), align=4) if self.table
              else TensorArg("positions", "i64", ("T",), (1,), align=8)),
             TensorArg("cos_sin_cache", "f32", ("MAXPOS", "R"), ("sCp", 1)),
-            TensorArg("k_cache", dt, ("P", "PS", "HKV", "D"), ("sKCp", "sKCs", "sKCh", 1)),
-            TensorArg("v_cache", dt, ("P", "PS", "HKV", "D"), ("sVCp", "sVCs", "sVCh", 1)),
+            TensorArg("k_cache", self.cache_dtype, ("P", "PS", "HKV", "D"), ("sKCp", "sKCs", "sKCh", 1)),
+            TensorArg("v_cache", self.cache_dtype, ("P", "PS", "HKV", "D"), ("sVCp", "sVCs", "sVCh", 1)),
             (TensorArg("block_table", "i32", ("B", "MP"), ("sTb", 1), align=4) if self.table
              else TensorArg("slot_mapping", "i64", ("T",), (1,), align=8)),
         )
+        if self.fp8_cache:  # per kv head; stride 0: one scale for every head
+            args += (TensorArg("k_scale", "f32", ("HKV",), ("sKS",), align=4),
+                     TensorArg("v_scale", "f32", ("HKV",), ("sVS",), align=4))
         div = {s: VEC for s in ("D", "sQt", "sQh", "sKt", "sKh", "sVt", "sVh", "sKCp", "sKCs", "sKCh",
                                 "sVCp", "sVCs", "sVCh")}
         div.update({"R": 16, "sCp": 4})
         return Signature(args, tuple(sorted(div.items())))
 
     def make_kernel(self):
-        return RopeCacheKernel(self).launch
+        k = RopeCacheKernel(self)
+        return k.launch_fp8 if self.fp8_cache else k.launch
 
     def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "neox": self.neox, "table": self.table, "rotary_multiple": 16, "head_dim_multiple": VEC}
+        return {**super().describe(), "neox": self.neox, "table": self.table, "cache_dtype": self.cache_dtype,
+                "rotary_multiple": 16, "head_dim_multiple": VEC}
 
 
 @register("rope_kvcache")
 def enumerate_rope(target: Target, tier: str) -> list[RopeCacheVariant]:
-    """default: bf16 neox (positions and slots); full: f16, the interleaved form and the block-table
-    form too; test: bf16 neox for sm_90 and sm_120a, bf16 interleaved and bf16 neox block-table
-    for sm_90."""
+    """default: bf16 neox (positions and slots) into bf16 and into e4m3 caches; full: f16, the
+    interleaved form and the block-table form too, each into both caches; test: bf16 neox for sm_90
+    and sm_120a, bf16 interleaved, bf16 neox block-table and bf16 neox into e4m3 for sm_90."""
     if tier == "default" and target.name not in DEFAULT_TARGETS:
         return []
     if tier == "test":
-        combos = {"sm_90": (("bf16", True, False), ("bf16", False, False), ("bf16", True, True)),
-                  "sm_120a": (("bf16", True, False),)}.get(target.name, ())
+        combos = {"sm_90": (("bf16", True, False, False), ("bf16", False, False, False), ("bf16", True, True, False),
+                            ("bf16", True, False, True)),
+                  "sm_120a": (("bf16", True, False, False),)}.get(target.name, ())
     elif tier == "default":
-        combos = (("bf16", True, False),)
+        combos = (("bf16", True, False, False), ("bf16", True, False, True))
     else:
-        combos = tuple((dt, nx, bt) for dt in ("bf16", "f16") for nx in (True, False) for bt in (False, True))
+        combos = tuple((dt, nx, bt, f8) for dt in ("bf16", "f16") for nx in (True, False) for bt in (False, True)
+                       for f8 in (False, True))
     out = []
-    for dt, neox, bt in combos:
-        v = RopeCacheVariant(target=target.name, dtype=dt, neox=neox, table=bt)
+    for dt, neox, bt, f8 in combos:
+        v = RopeCacheVariant(target=target.name, dtype=dt, neox=neox, table=bt, fp8_cache=f8)
         if v.can_implement() is None:
             out.append(v)
     return out
@@ -123,7 +143,16 @@ class RopeCacheKernel:
     def launch(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mPos: cute.Tensor, mCS: cute.Tensor,
                mKC: cute.Tensor, mVC: cute.Tensor, mSlot: cute.Tensor, stream: cuda.CUstream):
         T = cute.size(mQ, mode=[0])
-        self.kernel(mQ, mK, mV, mPos, mCS, mKC, mVC, mSlot).launch(
+        # (the scale arguments are read only by the fp8 form: cos_sin_cache stands in for them)
+        self.kernel(mQ, mK, mV, mPos, mCS, mKC, mVC, mSlot, mCS, mCS).launch(
+            grid=(T, 1, 1), block=(self.v.threads, 1, 1), stream=stream)
+
+    @cute.jit
+    def launch_fp8(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mPos: cute.Tensor, mCS: cute.Tensor,
+                   mKC: cute.Tensor, mVC: cute.Tensor, mSlot: cute.Tensor, mKS: cute.Tensor, mVS: cute.Tensor,
+                   stream: cuda.CUstream):
+        T = cute.size(mQ, mode=[0])
+        self.kernel(mQ, mK, mV, mPos, mCS, mKC, mVC, mSlot, mKS, mVS).launch(
             grid=(T, 1, 1), block=(self.v.threads, 1, 1), stream=stream)
 
     @cute.jit
@@ -160,9 +189,22 @@ class RopeCacheKernel:
         if cutlass.const_expr(self.v.neox):
             cute.autovec_copy(rx[None, 1], gH[None, w + half // VEC])
 
+    @cute.jit
+    def _store_cache(self, rx, gC, w, half, inv):
+        """``_store`` into a cache row: as it is, or (fp8 caches) as e4m3(x · inv), saturating."""
+        if cutlass.const_expr(self.v.fp8_cache):
+            rq = cute.make_rmem_tensor(cute.make_layout(VEC), cutlass.Float8E4M3FN)
+            rq.store((rx[None, 0].load().to(F32) * inv).to(cutlass.Float8E4M3FN))
+            cute.autovec_copy(rq, gC[None, w])
+            if cutlass.const_expr(self.v.neox):
+                rq.store((rx[None, 1].load().to(F32) * inv).to(cutlass.Float8E4M3FN))
+                cute.autovec_copy(rq, gC[None, w + half // VEC])
+        else:
+            self._store(rx, gC, w, half)
+
     @cute.kernel
     def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mPos: cute.Tensor, mCS: cute.Tensor,
-               mKC: cute.Tensor, mVC: cute.Tensor, mSlot: cute.Tensor):
+               mKC: cute.Tensor, mVC: cute.Tensor, mSlot: cute.Tensor, mKS: cute.Tensor, mVS: cute.Tensor):
         NT = self.v.threads
         tidx, _, _ = cute.arch.thread_idx()
         t, _, _ = cute.arch.block_idx()
@@ -223,8 +265,11 @@ class RopeCacheKernel:
             self._rotate(gH, gCS, rx, rc, rs, w, half)
             self._store(rx, gH, w, half)
             if write:
-                self._store(rx, cute.zipped_divide(mKC[cutlass.Int32(page), cutlass.Int32(off), h, None], (VEC,)),
-                            w, half)
+                inv = F32(1.0)
+                if cutlass.const_expr(self.v.fp8_cache):
+                    inv = F32(1.0) / mKS[h]
+                self._store_cache(rx, cute.zipped_divide(mKC[cutlass.Int32(page), cutlass.Int32(off), h, None],
+                                                             (VEC,)), w, half, inv)
         if write:
             pg = cutlass.Int32(page)
             of = cutlass.Int32(off)
@@ -234,9 +279,19 @@ class RopeCacheKernel:
                 h = u // npass
                 w = u - h * npass + R // VEC
                 cute.autovec_copy(cute.zipped_divide(mK[t, h, None], (VEC,))[None, w], rv)
-                cute.autovec_copy(rv, cute.zipped_divide(mKC[pg, of, h, None], (VEC,))[None, w])
+                self._copy_cache(rv, cute.zipped_divide(mKC[pg, of, h, None], (VEC,))[None, w], mKS, h)
             for u in range(tidx, HKV * dv, NT):
                 h = u // dv
                 w = u - h * dv
                 cute.autovec_copy(cute.zipped_divide(mV[t, h, None], (VEC,))[None, w], rv)
-                cute.autovec_copy(rv, cute.zipped_divide(mVC[pg, of, h, None], (VEC,))[None, w])
+                self._copy_cache(rv, cute.zipped_divide(mVC[pg, of, h, None], (VEC,))[None, w], mVS, h)
+
+    @cute.jit
+    def _copy_cache(self, rv, gDst, mScale, h):
+        """One vector of a token's k or v into its cache row (fp8 caches: e4m3(x / scale[h]))."""
+        if cutlass.const_expr(self.v.fp8_cache):
+            rq = cute.make_rmem_tensor(cute.make_layout(VEC), cutlass.Float8E4M3FN)
+            rq.store((rv.load().to(F32) * (F32(1.0) / mScale[h])).to(cutlass.Float8E4M3FN))
+            cute.autovec_copy(rq, gDst)
+        else:
+            cute.autovec_copy(rv, gDst)

@@ -199,6 +199,18 @@ class GemmSm90(GemmVariant):
     # Block scales: one partial sum per warpgroup, each k-block waited for and promoted before the
     # next is issued; the two warpgroups of a coop tile keep the tensor core busy in turn.
     promote_serial: bool = field(default=False, metadata={"tag": "ps"})
+    # Block scales: scale_b's value for each k-block travels in the k-block's stage (one 4-byte
+    # cp.async by the producer warp, tracked by the stage's full mbarrier), so the consumers read
+    # no global memory inside the k-loop.
+    scale_b_stage: bool = field(default=False, metadata={"tag": "sbst"})
+    # Block scales, coop tiles: the second warpgroup promotes in pairs of k-blocks offset by one
+    # from the first's, so while one warpgroup drains its pair and promotes, the other's queued
+    # WGMMAs keep the tensor core busy.
+    stagger: bool = field(default=False, metadata={"tag": "stg"})
+    # Block scales: the built cubin's promotion FFMAs may all yield the scheduler to another warp
+    # (compiler/sass_patch.yield_ffma: ptxas holds the warp on every FFMA that reuses the scale
+    # register), so the other warpgroup's WGMMA issue is not held up behind a run of 64 FFMAs.
+    ffma_yield: bool = field(default=False, metadata={"tag": "fy"})
     # Epilogue fields (composable; each off by default, so a variant without them compiles the
     # same kernel as before they existed).  Applied to the fp32 accumulators in this order, after
     # the fp8 scales: ``+ bias[col]`` (bias (N,), the output dtype), ``silu_mul`` (the kernel's N
@@ -241,6 +253,8 @@ class GemmSm90(GemmVariant):
             req += (r"\bSTAS\b",)
         if self.pdl:  # griddepcontrol.launch_dependents and .wait
             req += (r"\bPREEXIT\b", r"\bACQBULK\b")
+        if self.scale_b_stage:  # scale_b's 4-byte cp.async per stage, tracked by its full mbarrier
+            req += (r"\bLDGSTS\b", r"\bARRIVES\.LDGSTSBAR\b")
         if self.early_b:  # a TMA load issued before a wait (without it, every wait comes first)
             req += (EARLY_LOAD_SASS,)
         return req
@@ -288,8 +302,12 @@ class GemmSm90(GemmVariant):
                 return "block scales run unswapped, unsplit and promoted (not fast_accum)"
             if tk != BLOCK_SCALE_K or BLOCK_SCALE_K % tn:
                 return f"block scales need tile K {BLOCK_SCALE_K} and a tile N dividing {BLOCK_SCALE_K}"
-        elif self.promote_ahead or self.promote_serial:
-            return "promote_ahead / promote_serial apply to block scales"
+            if self.stagger and (self.schedule != "coop" or self.promote_ahead or self.promote_serial):
+                return "stagger offsets the pair loop of the two warpgroups of a coop tile"
+            if self.scale_b_stage and (self.promote_serial or self.early_b):
+                return "scale_b_stage runs with the pair loop or promote_ahead (not early_b)"
+        elif self.promote_ahead or self.promote_serial or self.scale_b_stage or self.stagger or self.ffma_yield:
+            return "promote_ahead / promote_serial / scale_b_stage / stagger / ffma_yield apply to block scales"
         if self.promote_ahead and self.promote_serial:
             return "promote_ahead and promote_serial are two forms of the main loop: one of them"
         if self.has_epilogue:
@@ -339,6 +357,12 @@ class GemmSm90(GemmVariant):
             return f"needs {plan.smem_bytes} + {_STATIC_SMEM} B smem > {tgt.smem_per_cta}"
         return None
 
+    @property
+    def cubin_edits(self) -> tuple[str, ...]:
+        """Edits the build applies to the compiled cubin before it ships (compiler/sass_patch.py
+        EDITS): ``ffma_yield`` lets every promotion FFMA yield the scheduler."""
+        return ("yield_ffma",) if self.ffma_yield else ()
+
     # --- derived ---------------------------------------------------------------------------------
     @property
     def scale_mode(self) -> str:
@@ -386,7 +410,7 @@ class GemmSm90(GemmVariant):
         ab = DTYPE_BYTES[self.ab]
         stage_bytes = _round_up(tm * tk * ab, _SMEM_ALIGN) + _round_up(tn * tk * ab, _SMEM_ALIGN)
         if self.block_scale:  # the k-block's scale_a column for the tile's rows, by TMA
-            stage_bytes += _round_up(tm * 4, _SMEM_ALIGN)
+            stage_bytes += _round_up(tm * 4 + (4 if self.scale_b_stage else 0), _SMEM_ALIGN)
         # Split-K: the first CTA of the cluster receives the others' fp32 partial tiles.
         red_bytes = _round_up((self.split_k - 1) * tm * tn * 4, _SMEM_ALIGN)
         budget = self.tgt.smem_per_cta - _STATIC_SMEM - _BARRIER_BYTES - epi_bytes - red_bytes
@@ -447,7 +471,7 @@ class GemmSm90(GemmVariant):
             swap_ab=self.swap_ab, split_k=self.split_k, pdl=self.pdl, early_b=self.early_b,
             scale_mode=self.scale_mode,
             epilogue=tuple(self.epilogue), promote_ahead=self.promote_ahead,
-            promote_serial=self.promote_serial,
+            promote_serial=self.promote_serial, scale_b_stage=self.scale_b_stage, stagger=self.stagger,
         )
         if self.has_epilogue:
             return kernel.epilogue_entry(self.is_fp8)
@@ -468,8 +492,11 @@ class GemmSm90Kernel:
 
     def __init__(self, *, tile, cluster, n_consumer, pingpong, promote, epi_tile, ab_stages,
                  epi_stages, raster_along_m, swizzle, swap_ab, split_k, pdl=False, early_b=False,
-                 scale_mode="tensor", epilogue=(), promote_ahead=False, promote_serial=False):
+                 scale_mode="tensor", epilogue=(), promote_ahead=False, promote_serial=False,
+                 scale_b_stage=False, stagger=False):
         self.tile = tuple(tile)
+        self.scale_b_stage = scale_b_stage
+        self.stagger = stagger
         self.promote_ahead = promote_ahead
         self.promote_serial = promote_serial
         # Fused epilogue: the fields that are on (GemmSm90), and the output tile (silu_mul: half
@@ -499,6 +526,10 @@ class GemmSm90Kernel:
         # The launched cluster: the multicast cluster, or the split-K group along K.
         self.launch_cluster = (split_k, 1) if split_k > 1 else self.cluster
         self.red_elems = (split_k - 1) * self.tile[0] * self.tile[1]
+        # Block scales: each stage's scale_a column (tile M floats), then (scale_b_stage) one
+        # scale_b value per stage after all of them.
+        self.sSA_elems = (self.tile[0] * ab_stages + (ab_stages if scale_b_stage else 0)
+                          if scale_mode == "block" else 1)
         self.threads = 128 * (1 + n_consumer)
         self.consumer_regs = atoms.GEMM_CONSUMER_REGS[n_consumer]
         # A is shared by the CTAs of a cluster row (same M, different N) and multicast along N;
@@ -630,8 +661,7 @@ class GemmSm90Kernel:
             sC: cute.struct.Align[
                 cute.struct.MemRange[c_dtype, cute.cosize(sC_layout)], _SMEM_ALIGN]
             sSA: cute.struct.Align[
-                cute.struct.MemRange[cutlass.Float32, self.tile[0] * self.ab_stages if self.scale_mode == "block" else 1],
-                _SMEM_ALIGN]
+                cute.struct.MemRange[cutlass.Float32, self.sSA_elems], _SMEM_ALIGN]
             # Split-K: partial tiles from the other CTAs of the cluster; "full" / "empty" barriers.
             red: cute.struct.Align[
                 cute.struct.MemRange[cutlass.Float32, max(1, self.red_elems)], _SMEM_ALIGN]
@@ -680,8 +710,12 @@ class GemmSm90Kernel:
         sB = storage.sB.get_tensor(sB_layout.outer, swizzle=sB_layout.inner)
         sC = storage.sC.get_tensor(sC_layout.outer, swizzle=sC_layout.inner)
         sSA = None
+        sSB = None
         if cutlass.const_expr(self.scale_mode == "block"):
             sSA = storage.sSA.get_tensor(sSA_layout)
+            if cutlass.const_expr(self.scale_b_stage):
+                sSB = cute.make_tensor(storage.sSA.data_ptr() + self.tile[0] * self.ab_stages,
+                                       cute.make_layout(self.ab_stages))
 
         # Mainloop pipeline.  Every consumer warp of the tile's owner releases a stage once to each
         # CTA that multicasts into it (its cluster row and column, itself counted once).
@@ -733,7 +767,7 @@ class GemmSm90Kernel:
             cute.arch.setmaxregister_decrease(atoms.GEMM_PRODUCER_REGS)
             if warp_idx == 0:
                 self.produce(tma_a, tma_b, sA, sB, gA, gB, ab_pipe, cta_layout, cluster_coord,
-                             sched_params, k_tiles, tma_sa, mSA, sSA)
+                             sched_params, k_tiles, tma_sa, mSA, sSA, scale_b, sSB)
         else:
             cute.arch.setmaxregister_increase(self.consumer_regs)
             # Which tile owner (ping-pong warpgroup) this thread belongs to, and its index there.
@@ -742,11 +776,11 @@ class GemmSm90Kernel:
             self.consume(tiled_mma, tma_c, sA, sB, sC, gC, ab_pipe, order_bars, red, red_bars,
                          scale_a, scale_b, sched_params, k_tiles,
                          (tidx - 128) % self.epi_threads, owner, warp_idx, cta_rank, sSA,
-                         bias, residual, scale_out)
+                         bias, residual, scale_out, sSB)
 
     @cute.jit
     def produce(self, tma_a, tma_b, sA, sB, gA, gB, ab_pipe, cta_layout, cluster_coord,
-                sched_params, k_tiles, tma_sa=None, mSA=None, sSA=None):
+                sched_params, k_tiles, tma_sa=None, mSA=None, sSA=None, scale_b=None, sSB=None):
         """The TMA warp: for every scheduled tile, every k-block into the next free stage."""
         # Slice of the shared tile this CTA loads, and which peers receive it.
         tAsA, tAgA = cute.nvgpu.cpasync.tma_partition(
@@ -813,6 +847,8 @@ class GemmSm90Kernel:
             for k in range(k_begin + skip, k_end):
                 ab_pipe.producer_acquire(state)
                 bar = ab_pipe.producer_get_barrier(state)
+                if cutlass.const_expr(self.scale_b_stage):  # before the TMA loads (see the atom)
+                    atoms.stage_scale_b(scale_b, n * self.tile[1] // atoms.BLOCK_SCALE_K, k, sSB, state.index, bar)
                 cute.copy(tma_a, tAgA_t[(None, k)], tAsA[(None, state.index)],
                           tma_bar_ptr=bar, mcast_mask=a_mask)
                 cute.copy(tma_b, tBgB_t[(None, k)], tBsB[(None, state.index)],
@@ -911,7 +947,7 @@ class GemmSm90Kernel:
     @cute.jit
     def consume(self, tiled_mma, tma_c, sA, sB, sC, gC, ab_pipe, order_bars, red, red_bars,
                 scale_a, scale_b, sched_params, k_tiles, ctidx, owner, warp_idx, cta_rank, sSA=None,
-                bias=None, residual=None, scale_out=None):
+                bias=None, residual=None, scale_out=None, sSB=None):
         """The MMA warpgroups: mainloop then epilogue, tile after tile.  ``owner`` is the
         ping-pong warpgroup (0 otherwise): it takes tiles owner, owner + 2, ... of this CTA's
         schedule and skips the other warpgroup's k-blocks in the smem ring.
@@ -1015,10 +1051,24 @@ class GemmSm90Kernel:
                     n_blk = n * self.tile[1] // atoms.BLOCK_SCALE_K
                     s0 = atoms.block_scale_regs(cC)
                     s1 = atoms.block_scale_regs(cC)
+                    scales = (s0, s1, cC, sSA, scale_b, n_blk)
+                    if cutlass.const_expr(self.scale_b_stage):  # scale_b from the stage
+                        scales = (s0, s1, cC, sSA, sSB, None)
                     if cutlass.const_expr(self.promote_ahead):
                         tiled_mma = atoms.promoted_mainloop_ahead(
                             tiled_mma, acc, part, part2, tCrA, tCrB, ab_pipe, read, release, k_blocks, k_begin,
-                            k_end, (s0, s1, cC, sSA, scale_b, n_blk))
+                            k_end, scales)
+                    elif cutlass.const_expr(self.stagger):
+                        # The tile's second warpgroup takes its first k-block alone, then pairs:
+                        # its drains fall between the first warpgroup's.
+                        split = cutlass.min(k_begin + ctidx // 128, k_end)
+                        tiled_mma = atoms.promoted_mainloop(tiled_mma, acc, part, part2, tCrA, tCrB, ab_pipe, read,
+                                                            release, k_blocks, k_begin, split, scales)
+                        tiled_mma = atoms.promoted_mainloop(tiled_mma, acc, part, part2, tCrA, tCrB, ab_pipe, read,
+                                                            release, k_blocks, split, k_end, scales)
+                    elif cutlass.const_expr(self.scale_b_stage):
+                        tiled_mma = atoms.promoted_mainloop(tiled_mma, acc, part, part2, tCrA, tCrB, ab_pipe, read,
+                                                            release, k_blocks, k_begin, k_end, scales)
                     elif cutlass.const_expr(self.promote_serial):
                         tiled_mma = atoms.promoted_mainloop_serial(
                             tiled_mma, acc, part, tCrA, tCrB, ab_pipe, read, release, k_blocks, k_begin, k_end,

@@ -119,6 +119,14 @@ class GemmGroupedSm90(Variant):
     # fp8: one partial sum per warpgroup, each k-block promoted before the next is issued (the two
     # coop warpgroups keep the tensor core busy in turn); atoms.promoted_mainloop_serial.
     promote_serial: bool = field(default=False, metadata={"tag": "ps"})
+    # Block scales: scale_b's value for each k-block travels in the k-block's stage (one 4-byte
+    # cp.async by the producer warp, tracked by the stage's full mbarrier; atoms.stage_scale_b).
+    scale_b_stage: bool = field(default=False, metadata={"tag": "sbst"})
+    # Block scales, coop tiles: the second warpgroup's pair loop is offset by one k-block from the
+    # first's, so one warpgroup's WGMMAs run while the other drains and promotes.
+    stagger: bool = field(default=False, metadata={"tag": "stg"})
+    # Block scales: every promotion FFMA may yield the scheduler (see gemm/sm90.py's field).
+    ffma_yield: bool = field(default=False, metadata={"tag": "fy"})
 
     @property
     def is_fp8(self) -> bool:
@@ -173,6 +181,8 @@ class GemmGroupedSm90(Variant):
             req = (r"\bQGMMA\.64x\d+x32\.F32\.E4M3",) + req[1:]
         if self.promote_serial:  # every k-block is waited for (wait_group(0)) by design
             req = tuple(r for r in req if "DEPBAR" not in r)
+        if self.scale_b_stage:  # scale_b's 4-byte cp.async per stage, tracked by its full mbarrier
+            req += (r"\bLDGSTS\b", r"\bARRIVES\.LDGSTSBAR\b")
         return req + ((r"\bUTMALDG\.3D\.MULTICAST",) if self.cluster_m > 1 else ())
 
     # --- validity ---------------------------------------------------------------------------------
@@ -189,12 +199,18 @@ class GemmGroupedSm90(Variant):
                 return "fp8 forms run without the 2-CTA cluster"
             if self.promote_ahead and self.promote_serial:
                 return "promote_ahead and promote_serial are two forms of the main loop: one of them"
+            if (self.scale_b_stage or self.stagger or self.ffma_yield) and not self.block_scale:
+                return "scale_b_stage / stagger / ffma_yield apply to block scales"
+            if self.scale_b_stage and self.promote_serial:
+                return "scale_b_stage runs with the pair loop or promote_ahead"
+            if self.stagger and (self.schedule != "coop" or self.promote_ahead or self.promote_serial):
+                return "stagger offsets the pair loop of the two warpgroups of a coop tile"
             if self.block_scale and _BLOCK_K % self.tile[1]:
                 return f"block scales need a tile N dividing {_BLOCK_K}"
             if 3 * self.tile[0] * self.tile[1] // (self.mma_wgs * 128) > 192:
                 return "more than 192 fp32 accumulator registers (three sets) per consumer thread"
-        elif self.promote_ahead or self.promote_serial:
-            return "promote_ahead / promote_serial apply to the fp8 forms"
+        elif self.promote_ahead or self.promote_serial or self.scale_b_stage or self.stagger or self.ffma_yield:
+            return "promote_ahead / promote_serial / scale_b_stage / stagger apply to the fp8 forms"
         elif self.ab not in ("bf16", "f16") or self.c not in ("bf16", "f16"):
             return "grouped GEMM takes bf16/f16 operands and output (or e4m3 with row or block scales)"
         elif self.row_scale or self.block_scale:
@@ -217,6 +233,12 @@ class GemmGroupedSm90(Variant):
             return f"only {plan['ab_stages']} smem stage(s) fit"
         return None
 
+    @property
+    def cubin_edits(self) -> tuple[str, ...]:
+        """Edits the build applies to the compiled cubin before it ships (compiler/sass_patch.py
+        EDITS): ``ffma_yield`` lets every promotion FFMA yield the scheduler."""
+        return ("yield_ffma",) if self.ffma_yield else ()
+
     # --- derived ----------------------------------------------------------------------------------
     @property
     def mma_wgs(self) -> int:
@@ -228,7 +250,8 @@ class GemmGroupedSm90(Variant):
         epi_tile = (min(tm, 64 * self.mma_wgs), min(tn, 32))
         stage = _round_up(tm * tk * ab, _SMEM_ALIGN) + _round_up(tn * tk * ab, _SMEM_ALIGN)
         if self.block_scale:  # the k-block's scale_a column for the tile's rows, by TMA
-            stage += _round_up(4 * scale_box_rows(tm, self.layout == "masked"), _SMEM_ALIGN)
+            stage += _round_up(4 * scale_box_rows(tm, self.layout == "masked") + (4 if self.scale_b_stage else 0),
+                               _SMEM_ALIGN)
         table = _round_up(4 * (MAX_GROUPS + 1), _SMEM_ALIGN)
         best = None
         for epi_stages in (4, 2):  # fewer epilogue buffers where that frees a mainloop stage
@@ -272,7 +295,8 @@ class GemmGroupedSm90(Variant):
                                        ab_stages=plan["ab_stages"], epi_stages=plan["epi_stages"],
                                        masked=self.layout == "masked", swizzle=self.swizzle,
                                        cluster_m=self.cluster_m, scale_mode=self.scale_mode,
-                                       promote_ahead=self.promote_ahead, promote_serial=self.promote_serial)
+                                       promote_ahead=self.promote_ahead, promote_serial=self.promote_serial,
+                                       scale_b_stage=self.scale_b_stage, stagger=self.stagger)
         return kernel.scaled if self.is_fp8 else kernel
 
 
@@ -285,7 +309,10 @@ class GroupedGemmSm90Kernel:
     """Host side ``__call__(a, b, c, groups, max_clusters, stream)``; device side ``kernel``."""
 
     def __init__(self, *, tile, mma_wgs, epi_tile, ab_stages, epi_stages, masked, swizzle, cluster_m=1,
-                 scale_mode=None, promote_ahead=False, promote_serial=False):
+                 scale_mode=None, promote_ahead=False, promote_serial=False, scale_b_stage=False, stagger=False):
+        self.scale_b_stage = scale_b_stage
+        self.stagger = stagger
+        self.sSB_elems = ab_stages if scale_b_stage else 0  # staged scale_b: one value per stage
         self.promote_ahead = promote_ahead
         self.promote_serial = promote_serial
         self.tile = tuple(tile)
@@ -364,7 +391,8 @@ class GroupedGemmSm90Kernel:
             sB: cute.struct.Align[cute.struct.MemRange[ab_dtype, cute.cosize(sB_layout)], _SMEM_ALIGN]
             sC: cute.struct.Align[cute.struct.MemRange[c_dtype, cute.cosize(sC_layout)], _SMEM_ALIGN]
             sSA: cute.struct.Align[
-                cute.struct.MemRange[cutlass.Float32, cute.cosize(sSA_layout) if self.block else 1], _SMEM_ALIGN]
+                cute.struct.MemRange[cutlass.Float32, cute.cosize(sSA_layout) + self.sSB_elems if self.block else 1],
+                _SMEM_ALIGN]
 
         self.shared_storage = SharedStorage
         self.ab_dtype = ab_dtype
@@ -458,8 +486,12 @@ class GroupedGemmSm90Kernel:
         sC = storage.sC.get_tensor(sC_layout.outer, swizzle=sC_layout.inner)
         table = storage.tile_start.get_tensor(cute.make_layout(MAX_GROUPS + 1))
         sSA = None
+        sSB = None
         if cutlass.const_expr(self.block):
             sSA = storage.sSA.get_tensor(sSA_layout)
+            if cutlass.const_expr(self.scale_b_stage):  # one scale_b value per stage, after sSA
+                sSB = cute.make_tensor(storage.sSA.data_ptr() + cute.cosize(sSA_layout),
+                                       cute.make_layout(self.ab_stages))
 
         stage_bytes = (atoms.stage_bytes(self.ab_dtype, sA_layout) + atoms.stage_bytes(self.ab_dtype, sB_layout))
         if cutlass.const_expr(self.block):
@@ -486,15 +518,15 @@ class GroupedGemmSm90Kernel:
             cute.arch.setmaxregister_decrease(atoms.GEMM_PRODUCER_REGS)
             if warp_idx == 0:
                 self.produce(tma_a, tma_b, sA, sB, mA, gB, ab_pipe, table, groups, m_rows, n_tiles, k_tiles,
-                             cta_layout, tma_sa, mSA, sSA)
+                             cta_layout, tma_sa, mSA, sSA, scale_b, sSB)
         else:
             cute.arch.setmaxregister_increase(self.consumer_regs)
             self.consume(tiled_mma, tma_c, sA, sB, sC, mC, c, ab_pipe, table, groups, m_rows, n_tiles,
-                         k_tiles, tidx - 128, warp_idx, scale_a, scale_b, sSA)
+                         k_tiles, tidx - 128, warp_idx, scale_a, scale_b, sSA, sSB)
 
     @cute.jit
     def produce(self, tma_a, tma_b, sA, sB, mA, gB, ab_pipe, table, groups, m_rows, n_tiles, k_tiles, cta_layout,
-                tma_sa=None, mSA=None, sSA=None):
+                tma_sa=None, mSA=None, sSA=None, scale_b=None, sSB=None):
         """The TMA warp: every k-block of every tile this CTA takes into the next free stage (with
         a cluster: its own A tile, and its half of the B tile multicast to both peers)."""
         rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
@@ -528,6 +560,8 @@ class GroupedGemmSm90Kernel:
             for k in range(k_tiles):
                 ab_pipe.producer_acquire(state)
                 bar = ab_pipe.producer_get_barrier(state)
+                if cutlass.const_expr(self.scale_b_stage):  # before the TMA loads (see the atom)
+                    atoms.stage_scale_b(scale_b[(None, None, g)], n * self.tile[1] // _BLOCK_K, k, sSB, state.index, bar)
                 cute.copy(tma_a, tAgA[(None, k)], tAsA[(None, state.index)], tma_bar_ptr=bar)
                 cute.copy(tma_b, tBgB_t[(None, k)], tBsB[(None, state.index)], tma_bar_ptr=bar, mcast_mask=b_mask)
                 if cutlass.const_expr(self.block):
@@ -539,7 +573,7 @@ class GroupedGemmSm90Kernel:
 
     @cute.jit
     def consume(self, tiled_mma, tma_c, sA, sB, sC, mC, c, ab_pipe, table, groups, m_rows, n_tiles, k_tiles,
-                ctidx, warp_idx, scale_a=None, scale_b=None, sSA=None):
+                ctidx, warp_idx, scale_a=None, scale_b=None, sSA=None, sSB=None):
         """The MMA warpgroups: mainloop then epilogue, tile after tile."""
         thr_mma = tiled_mma.get_slice(ctidx)
         tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
@@ -604,6 +638,8 @@ class GroupedGemmSm90Kernel:
                     if cutlass.const_expr(not self.masked):  # the tile's rows sit row % 4 into the box
                         sSA_t = cute.domain_offset((row % SCALE_ROW_ALIGN, 0, 0), sSA)
                     scales = (s0, s1, cC, sSA_t, scale_b[(None, None, g)], n * self.tile[1] // _BLOCK_K)
+                    if cutlass.const_expr(self.scale_b_stage):  # scale_b from the stage
+                        scales = (s0, s1, cC, sSA_t, sSB, None)
                 if cutlass.const_expr(self.promote_ahead):
                     atoms.promoted_mainloop_ahead(
                         tiled_mma, acc, part, part2, tCrA, tCrB, ab_pipe, read, release, k_blocks, cutlass.Int32(0),
@@ -612,6 +648,15 @@ class GroupedGemmSm90Kernel:
                     atoms.promoted_mainloop_serial(
                         tiled_mma, acc, part, tCrA, tCrB, ab_pipe, read, release, k_blocks, cutlass.Int32(0),
                         k_tiles, scales)
+                elif cutlass.const_expr(self.stagger):
+                    # The tile's second warpgroup takes its first k-block alone, then pairs.
+                    split = cutlass.min(ctidx // 128, k_tiles)
+                    atoms.promoted_mainloop(
+                        tiled_mma, acc, part, part2, tCrA, tCrB, ab_pipe, read, release, k_blocks, cutlass.Int32(0),
+                        split, scales)
+                    atoms.promoted_mainloop(
+                        tiled_mma, acc, part, part2, tCrA, tCrB, ab_pipe, read, release, k_blocks, split, k_tiles,
+                        scales)
                 else:
                     atoms.promoted_mainloop(
                         tiled_mma, acc, part, part2, tCrA, tCrB, ab_pipe, read, release, k_blocks, cutlass.Int32(0),
@@ -697,12 +742,14 @@ GROUPED_DEFAULT = tuple(
 )
 # fp8 (e4m3 a and b, bf16 out): 128 x 128 for prefill, 64 x 128 for decode, each scale form and
 # layout.  Contiguous block scales promote under the next k-block's WGMMAs (promote_ahead: 1151 vs
-# 1007 TFLOP/s at 8 x 8192 x 4096 x 7168 on an H100, notes/gemm-fp8.md).
+# 1007 TFLOP/s at 8 x 8192 x 4096 x 7168 on an H100, notes/gemm-fp8.md), every promotion FFMA free
+# to yield the scheduler (ffma_yield: 1141-1157 vs 1109-1111 in the same passes, notes/gemm-grouped.md).
 FP8 = dict(ab="e4m3", c="bf16")
 # default: DeepSeek-V3's block-scaled experts, prefill (contiguous) and decode (masked); each ran
 # against float32 on an H100 (evidence/runs).
 GROUPED_FP8_DEFAULT = (
-    dict(**FP8, layout="contig", tile=(128, 128, 128), schedule="coop", block_scale=True, promote_ahead=True),
+    dict(**FP8, layout="contig", tile=(128, 128, 128), schedule="coop", block_scale=True, promote_ahead=True,
+         ffma_yield=True),
     dict(**FP8, layout="masked", tile=(64, 128, 128), schedule="ws", block_scale=True))
 GROUPED_FP8_TEST = (dict(**FP8, layout="contig", tile=(128, 128, 128), schedule="coop", block_scale=True,
                          promote_ahead=True),
@@ -716,7 +763,19 @@ GROUPED_FP8_FULL = GROUPED_FP8_TEST + tuple(
 ) + tuple(
     dict(**FP8, layout=lay, tile=t, schedule=s, block_scale=True, promote_ahead=True)
     for lay in LAYOUTS for t, s in (((128, 128, 128), "coop"), ((64, 128, 128), "ws"))
-) + (dict(**FP8, layout="contig", tile=(128, 128, 128), schedule="coop", block_scale=True, promote_serial=True),)
+) + (dict(**FP8, layout="contig", tile=(128, 128, 128), schedule="coop", block_scale=True, promote_serial=True),
+        # scale_b staged with each k-block (atoms.stage_scale_b), with promote_ahead or the pair
+        # loop of the two warpgroups offset by one k-block (stagger).
+        dict(**FP8, layout="contig", tile=(128, 128, 128), schedule="coop", block_scale=True, promote_ahead=True,
+             scale_b_stage=True),
+        dict(**FP8, layout="contig", tile=(128, 128, 128), schedule="coop", block_scale=True, scale_b_stage=True,
+             stagger=True),
+        dict(**FP8, layout="masked", tile=(64, 128, 128), schedule="ws", block_scale=True, scale_b_stage=True),
+        # The promotion FFMAs' scheduling hints edited to let every one yield (ffma_yield).
+        dict(**FP8, layout="contig", tile=(128, 128, 128), schedule="coop", block_scale=True, promote_ahead=True,
+             ffma_yield=True),
+        dict(**FP8, layout="contig", tile=(128, 128, 128), schedule="coop", block_scale=True, promote_serial=True,
+             ffma_yield=True))
 GROUPED_TEST = (dict(**BF16, layout="contig", tile=(128, 128, 64), schedule="coop"),
                 dict(**BF16, layout="masked", tile=(64, 128, 64), schedule="ws")) + GROUPED_FP8_TEST
 GROUPED_FULL = GROUPED_DEFAULT + tuple(

@@ -137,16 +137,22 @@ SM90_SCALED_DEFAULT = (
     dict(**FP8, tile=(64, 128, 128), cluster=(2, 1), schedule="ws", row_scale=True),
     dict(**FP8, tile=(16, 64, 128), schedule="ws", swap_ab=True, row_scale=True),
     dict(**FP8, tile=(64, 64, 128), schedule="ws", swap_ab=True, row_scale=True),
+)
+# The block-scaled tiles (DeepSeek-V3 scales).  Default: each with scale_b staged with the k-block
+# (scale_b_stage: 1058-1069 vs 991-1029 TFLOP/s at 4096x7168x16384 for 128x128 c2x1 on an H100, same
+# passes; notes/gemm-fp8.md); the full tier keeps them with scale_b read from global memory.
+SM90_BLOCK_TILES = (
     dict(**FP8, tile=(128, 128, 128), block_scale=True),
     dict(**FP8, tile=(128, 128, 128), cluster=(2, 1), block_scale=True),
     dict(**FP8, tile=(128, 128, 128), cluster=(1, 2), block_scale=True),
     dict(**FP8, tile=(64, 128, 128), cluster=(2, 1), schedule="ws", block_scale=True),
     dict(**FP8, tile=(64, 128, 128), schedule="pp", block_scale=True),
 )
-# Full tier only: more clusters for the block-scaled tile; the default block tiles with the
-# promotion under the next k-block's WGMMAs (promote_ahead).
-SM90_SCALED_FULL = tuple(dict(d, promote_ahead=True) for d in SM90_SCALED_DEFAULT if d.get("block_scale")) + tuple(
-    dict(d, promote_serial=True) for d in SM90_SCALED_DEFAULT if d.get("block_scale") and d["tile"][0] == 128) + (
+SM90_SCALED_DEFAULT += tuple(dict(d, scale_b_stage=True) for d in SM90_BLOCK_TILES)
+# Full tier only: more clusters for the block-scaled tile; the block tiles with the promotion under
+# the next k-block's WGMMAs (promote_ahead) or serialised per k-block (promote_serial).
+SM90_SCALED_FULL = SM90_BLOCK_TILES + tuple(dict(d, promote_ahead=True) for d in SM90_BLOCK_TILES) + tuple(
+    dict(d, promote_serial=True) for d in SM90_BLOCK_TILES if d["tile"][0] == 128) + (
     dict(**FP8, tile=(128, 128, 128), cluster=(2, 2), block_scale=True),
     dict(**FP8, tile=(128, 128, 128), cluster=(2, 1), swizzle=8, block_scale=True),
     dict(**FP8, tile=(128, 128, 128), cluster=(1, 2), row_scale=True),
@@ -155,6 +161,18 @@ SM90_SCALED_FULL = tuple(dict(d, promote_ahead=True) for d in SM90_SCALED_DEFAUL
     dict(**FP8, tile=(256, 128, 128), cluster=(1, 2), fast_accum=True, row_scale=True),
     dict(**FP8, tile=(256, 128, 128), cluster=(1, 2), fast_accum=True, swizzle=8, row_scale=True),
     dict(**FP8, tile=(64, 256, 128), cluster=(1, 2), schedule="pp", fast_accum=True, row_scale=True),
+) + tuple(
+    # On the coop block tiles: scale_b staged and the two warpgroups' pair loops offset by one
+    # k-block (stagger; 6-10 % slower than scale_b_stage alone on an H100).
+    dict(d, scale_b_stage=True, stagger=True) for d in SM90_BLOCK_TILES if d["tile"][0] == 128) + (
+    dict(**FP8, tile=(128, 128, 128), cluster=(2, 1), block_scale=True, stagger=True),
+    dict(**FP8, tile=(128, 128, 128), cluster=(2, 1), block_scale=True, promote_ahead=True, scale_b_stage=True),
+) + tuple(
+    # The promotion FFMAs' scheduling hints edited to let every one yield (ffma_yield).
+    dict(**FP8, tile=(128, 128, 128), cluster=cl, block_scale=True, ffma_yield=True, **kw)
+    for cl in ((1, 1), (2, 1)) for kw in (dict(scale_b_stage=True), dict(promote_serial=True))
+) + (dict(**FP8, tile=(128, 128, 128), cluster=(2, 1), block_scale=True, promote_ahead=True, scale_b_stage=True,
+          ffma_yield=True),
 )
 # Fused epilogues (bias, silu_mul, residual), built with pdl=True.  Default: what a Llama-3 layer
 # calls (bf16, no bias): residual for o_proj / down_proj at the tiles the plain GEMM's selection
@@ -182,6 +200,11 @@ SM90_EPILOGUE_DEFAULT = (
     # (H100: 1.10x / 1.07x the 128x256 2x1 residual at M 16384 for o_proj / down_proj, within 2 % of
     # it at M 1024-8192, where the selection takes it as well).
     dict(**BF16, tile=(256, 128, 64), cluster=(1, 2), swizzle=8, residual=True),
+    # The plain GEMM's mid-M tiles (Llama-3-8B o_proj / down_proj: 64x96 at M 192, 128x192 2x1 at
+    # M 640-768 and 1536): without these twins the residual ran on another tile there, 0.72-0.90x
+    # the plain GEMM + torch add (H100).
+    dict(**BF16, tile=(64, 96, 64), schedule="ws", residual=True),
+    dict(**BF16, tile=(128, 192, 64), cluster=(2, 1), residual=True),
 )
 # Full tier: the residual alone also at the other tiles the plain GEMM takes for decode and mid M.
 SM90_EPILOGUE_RESIDUAL_FULL = tuple(
@@ -189,9 +212,7 @@ SM90_EPILOGUE_RESIDUAL_FULL = tuple(
         dict(tile=(16, 64, 64), schedule="ws", swap_ab=True),
         dict(tile=(32, 64, 64), schedule="ws", swap_ab=True),
         dict(tile=(64, 64, 64), schedule="ws", swap_ab=True),
-        dict(tile=(64, 96, 64), schedule="ws"),
         dict(tile=(64, 128, 64), schedule="ws"),
-        dict(tile=(128, 192, 64), cluster=(2, 1)),
         dict(tile=(256, 128, 64), cluster=(1, 2)),
     )
 )
@@ -296,3 +317,16 @@ DECODE_SHAPES = {
     "test": ((1, 8, 4, 2, 2),),
     "default": ((1, 8, 4, 2, 2), (2, 4, 4, 2, 2)),
 }
+
+# --- sm90 split-K over the persistent grid with the in-kernel fix-up (gemm/sm90_splitk.py) ---------
+# Every row built with pdl=True.  ``splits`` parts per output tile.
+SM90_SPLITK_TEST = (dict(**BF16, tile=(64, 128, 64), schedule="ws", splits=4),)
+SM90_SPLITK_DEFAULT = ()
+SM90_SPLITK_FULL = tuple(
+    dict(**BF16, tile=t, schedule=s, cluster=c, splits=k)
+    for t, s, c, ks in (((128, 256, 64), "coop", (1, 2), (2, 3, 4)), ((128, 192, 64), "coop", (1, 2), (2, 3)),
+                        ((128, 192, 64), "coop", (1, 1), (3,)),
+                        ((128, 128, 64), "coop", (1, 2), (2, 3, 4)), ((64, 128, 64), "ws", (1, 2), (4, 6)),
+                        ((64, 128, 64), "ws", (1, 1), (4, 7)))
+    for k in ks
+)

@@ -47,7 +47,7 @@ class Bundle(BundleCore):
 
     def gemm(self, a, b, out=None, *, out_dtype=None, scale_a=None, scale_b=None, variant: str | None = None,
              b_constant: bool = False, scale_mode: str | None = None, bias=None, residual=None, activation=None,
-             scale_out=None):
+             scale_out=None, row_scales=False):
         """``out = a @ b.T`` (runtime/gemm.py; ``b`` packed by ``pack_b``: runtime/packed.py).
         ``b_constant=True`` promises that no kernel that may still be running in the stream writes
         ``b`` (model weights): decode variants launched with programmatic dependent launch then
@@ -55,16 +55,20 @@ class Bundle(BundleCore):
         per row of a and b, or per 1x128 / 128x128 block, told apart by their shapes (or
         ``scale_mode``); runtime/fp8.py gives the layouts and the quantizers that write them.
         ``out_dtype=torch.float8_e4m3fn``: the output quantised per row and 128 columns, returned
-        as ``(out, scale_out)`` (runtime/epilogue.py)."""
+        as ``(out, scale_out)``; with ``row_scales=True`` one scale per row instead, ``(out, scale)``
+        with ``scale`` float32 (M, 1) (``torch._scaled_mm``'s row-wise form; runtime/epilogue.py)."""
         gemm, packed, _, bs, compiling, e4m3 = _OPS or _ops()
         # An e4m3 output (with its group scales) is an epilogue form.
         quant = e4m3 is not None and (out_dtype is e4m3 or (out is not None and getattr(out, "dtype", None) is e4m3))
-        if bias is not None or residual is not None or activation is not None or quant or scale_out is not None:
+        if (bias is not None or residual is not None or activation is not None or quant or scale_out is not None
+                or row_scales):
             # fused epilogue: out = act(a·bᵀ + bias) + residual (runtime/epilogue.py)
             epilogue = _EPILOGUE or _epilogue()
             if compiling():
                 if out is not None or scale_out is not None:
                     raise InputError("under torch.compile a fused-epilogue gemm returns a new tensor: no out= or scale_out=")
+                if quant and row_scales is True:
+                    return self.torch_ops().gemm_fp8_rows(a, b, activation, scale_a, scale_b, b_constant, scale_mode)
                 if quant:
                     return self.torch_ops().gemm_fp8_groups(a, b, activation, scale_a, scale_b, b_constant, scale_mode)
                 return self.torch_ops().gemm_epilogue(a, b, bias, residual, activation, out_dtype, scale_a, scale_b,
@@ -73,7 +77,8 @@ class Bundle(BundleCore):
                 raise InputError("bias, residual and activation apply to plain (unpacked) operands only")
             return epilogue.gemm_epilogue(self, a, b, out, bias=bias, residual=residual, activation=activation,
                                           out_dtype=out_dtype, scale_a=scale_a, scale_b=scale_b, variant=variant,
-                                          b_constant=b_constant, scale_mode=scale_mode, scale_out=scale_out)
+                                          b_constant=b_constant, scale_mode=scale_mode, scale_out=scale_out,
+                                          row_scales=row_scales)
         if compiling():  # traced by torch.compile: the bundle's torch op, whose fake checks like this call
             return self.traced_gemm(a, b, out, out_dtype, scale_a, scale_b, variant, b_constant, scale_mode)
         if isinstance(a, bs.BlockScaled) or isinstance(b, bs.BlockScaled):
@@ -171,13 +176,28 @@ class Bundle(BundleCore):
 
     def attention(self, q, k, v, causal=False, softmax_scale=None, cu_seqlens_q=None, cu_seqlens_k=None,
                   max_seqlen_q=None, max_seqlen_k=None, return_lse=False, check_varlen=None, *,
-                  q_descale=None, k_descale=None, v_descale=None, v_layout=None):
+                  q_descale=None, k_descale=None, v_descale=None, v_layout=None, window_size=None, softcap=None,
+                  sinks=None):
         """FlashAttention forward (runtime/attention.py says what the arguments mean).  (Passed on
         by position: a ``**kwargs`` dict per call is a measurable part of the hot path.)
 
         fp8: float8_e4m3fn q, k, v (dense), descales ``q_descale``/``k_descale``/``v_descale``
         (float32, broadcastable to (batch, kv heads); None: 1), ``v_layout`` "bshd" (default) or
-        "bhds" (v pre-transposed (B, Hkv, D, Sk)); bfloat16 out (runtime/attention_fp8.py)."""
+        "bhds" (v pre-transposed (B, Hkv, D, Sk)); bfloat16 out (runtime/attention_fp8.py).
+
+        ``window_size`` (left, right), ``softcap`` (Gemma 2's tanh capping), ``sinks`` (heads_q,)
+        float32 logits (gpt-oss), as FlashAttention's: run by the attention_kvcache kernels over k
+        and v as a paged cache (runtime/kvcache.py ``attention_switches``; bf16/fp16)."""
+        if window_size is not None or softcap is not None or sinks is not None:
+            from . import kvcache
+
+            if q_descale is not None or k_descale is not None or v_descale is not None or v_layout is not None:
+                raise InputError("window_size, softcap and sinks are not built for fp8 q/k/v")
+            return kvcache.attention_switches(self, q, k, v, causal, softmax_scale, cu_seqlens_q, cu_seqlens_k,
+                                              max_seqlen_q, max_seqlen_k, return_lse, check_varlen,
+                                              (-1, -1) if window_size is None else window_size,
+                                              0.0 if softcap is None else softcap, sinks,
+                                              tracing=(_OPS or _ops())[4]())
         if q_descale is not None or k_descale is not None or v_descale is not None or v_layout is not None:
             return self.attention_fp8(q, k, v, causal, softmax_scale, q_descale, k_descale, v_descale,
                                       return_lse, v_layout or "bshd", cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
@@ -236,20 +256,32 @@ class Bundle(BundleCore):
             return ops.rms_norm_fp8(x, weight, eps, residual)
         return fused.rms_norm(self, x, weight, eps, residual, out, quantize)
 
+    def fp8_rows(self, codes, group_scale, *, out=None):
+        """e4m3 codes with a scale per row and 128 columns re-expressed with one scale per row:
+        ``(out, scale)``, ``scale`` float32 (M, 1) (runtime/fused.py says what the arguments mean)."""
+        from . import fused
+
+        if (_OPS or _ops())[4]():  # traced by torch.compile: the bundle's torch op
+            if out is not None:
+                raise InputError("out= is not available under torch.compile")
+            return self.torch_ops().fp8_rows(codes, group_scale)
+        return fused.fp8_rows(self, codes, group_scale, out)
+
     def rope_kvcache(self, q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping=None, *, neox=True,
-                     rotary_dim=None, block_table=None, cache_seqlens=None):
+                     rotary_dim=None, block_table=None, cache_seqlens=None, k_scale=None, v_scale=None):
         """Rotary embedding of q and k in place and the write of k and v into the paged KV cache at
-        ``slot_mapping`` (or through ``block_table`` at ``cache_seqlens``), one kernel (runtime/fused.py says what the arguments mean)."""
+        ``slot_mapping`` (or through ``block_table`` at ``cache_seqlens``), one kernel; float8_e4m3fn
+        caches take ``k_scale`` / ``v_scale`` (runtime/fused.py says what the arguments mean)."""
         from . import fused
 
         if (_OPS or _ops())[4]():  # traced by torch.compile: the bundle's torch op (its fake checks alike)
             fused.rope_kvcache_check(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, neox,
-                                     rotary_dim, block_table, cache_seqlens)
+                                     rotary_dim, block_table, cache_seqlens, k_scale, v_scale)
             self.torch_ops().rope_kvcache(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, neox,
-                                          block_table, cache_seqlens)
+                                          block_table, cache_seqlens, k_scale, v_scale)
             return q, k
         return fused.rope_kvcache(self, q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, neox,
-                                  rotary_dim, block_table, cache_seqlens)
+                                  rotary_dim, block_table, cache_seqlens, k_scale, v_scale)
 
     def plan_kvcache(self, **problem):
         """The ``attention_kvcache`` variant for maxima fixed ahead of a CUDA-graph capture

@@ -33,6 +33,7 @@ import torch
 from torch import Tensor
 
 from . import fp8 as fp8_forms
+from . import fused
 from . import gemm as plain
 from . import validate
 from .bundle import not_current
@@ -183,12 +184,14 @@ def _same(x: Tensor, y: Tensor) -> bool:
 
 
 def gemm_epilogue(bundle, a, b, out=None, *, bias=None, residual=None, activation=None, out_dtype=None,
-                  scale_a=None, scale_b=None, variant=None, b_constant=False, scale_mode=None, scale_out=None):
+                  scale_a=None, scale_b=None, variant=None, b_constant=False, scale_mode=None, scale_out=None,
+                  row_scales=False):
     quant = fp8_out(out, out_dtype)
     flags = flags_of(bias, residual, activation, quant)
+    rows = _row_scales(row_scales, quant, scale_out)
     if quant:
         return _gemm_fp8_groups(bundle, a, b, out, activation, out_dtype, scale_a, scale_b, variant, b_constant,
-                                scale_mode, scale_out, flags)
+                                scale_mode, scale_out, flags, rows)
     if scale_out is not None:
         raise InputError("scale_out goes with an e4m3 output (out_dtype=torch.float8_e4m3fn)")
     try:
@@ -249,10 +252,22 @@ def gemm_epilogue(bundle, a, b, out=None, *, bias=None, residual=None, activatio
     return out
 
 
+def _row_scales(row_scales, quant: bool, scale_out) -> bool:
+    if not isinstance(row_scales, bool):
+        raise InputError(f"row_scales must be a bool, got {type(row_scales).__name__}")
+    if row_scales and not quant:
+        raise InputError("row_scales goes with an e4m3 output (out_dtype=torch.float8_e4m3fn)")
+    if row_scales and scale_out is not None:
+        raise InputError("row_scales returns its own (M, 1) scales: no scale_out")
+    return row_scales
+
+
 def _gemm_fp8_groups(bundle, a, b, out, activation, out_dtype, scale_a, scale_b, variant, b_constant, scale_mode,
-                     scale_out, flags):
-    """The e4m3 output with per-row, per-128-column scales: (out, scale_out).  Every call takes
-    the checked path (no hot path yet)."""
+                     scale_out, flags, rows=False):
+    """The e4m3 output with per-row, per-128-column scales: (out, scale_out); with ``rows`` one
+    scale per row, (out, scale (M, 1)): the group codes re-expressed on the row's largest group
+    scale by a second kernel (``fp8_rows``; a row's amax spans every N tile of the product).  Every
+    call takes the checked path (no hot path yet)."""
     ab = plain.operands(a, b)
     dev = validate.one_device(bundle, a=a, b=b, out=out, scale_out=scale_out)
     validate.no_grad("gemm", a=a, b=b)
@@ -273,6 +288,8 @@ def _gemm_fp8_groups(bundle, a, b, out, activation, out_dtype, scale_a, scale_b,
     else:
         validate.distinct("out", out.shape, out.stride())
         validate.disjoint("out", out, a=a, b=b, scale_a=scale_a, scale_b=scale_b, scale_out=scale_out)
+    if rows:  # the second pass's variant, before anything launches
+        fused.fp8_rows_choose(bundle, n_out)
     if scale_out is None:
         scale_out = new_scale_out(a, M, n_out)
     else:
@@ -283,13 +300,15 @@ def _gemm_fp8_groups(bundle, a, b, out, activation, out_dtype, scale_a, scale_b,
     scales, keep, form = _scale_specs(bundle, a, scale_a, scale_b, scale_mode, fp8, M, N, K, L, dev)
     extra = [_scale_out_spec(scale_out, M, -(-n_out // FP8_GROUP))]
     if M == 0 or n_out == 0:
-        return out, scale_out
+        return (out, a.new_empty((M, 1), dtype=torch.float32)) if rows else (out, scale_out)
     if K == 0:  # the product is zero: zero codes, the smallest scale (nothing launched)
         out.zero_()
         scale_out.fill_(FP8_MIN_SCALE)
-        return out, scale_out
+        return (out, a.new_full((M, 1), FP8_MIN_SCALE, dtype=torch.float32)) if rows else (out, scale_out)
     _launch(bundle, variant, flags, ab, c, a3, b3, c3, scales, extra, n_out, b_constant, dev, form)
     del keep  # the scale tensors the specs point at stay alive until the launch is queued
+    if rows:
+        return fused.fp8_rows(bundle, out, scale_out, out)
     return out, scale_out
 
 
@@ -431,14 +450,21 @@ def _hot(bundle, name, entry, specs, dev, out, out_given, fp8, unit, flags):
 
 
 def check_meta(bundle, a, b, bias=None, residual=None, activation=None, out_dtype=None, scale_a=None, scale_b=None,
-               b_constant=False, scale_mode=None):
+               b_constant=False, scale_mode=None, row_scales=False):
     """What ``gemm_epilogue`` checks before a launch, on metadata alone (the torch op's fake);
     returns a new output (for an e4m3 output: (out, scale_out)).  Selection runs where every size is
     concrete (pointers taken aligned)."""
     quant = fp8_out(None, out_dtype)
     flags = flags_of(bias, residual, activation, quant)
+    rows = _row_scales(row_scales, quant, None)
     if quant:
-        return _check_meta_fp8_groups(bundle, a, b, activation, scale_a, scale_b, b_constant, scale_mode, flags)
+        out, scale_out = _check_meta_fp8_groups(bundle, a, b, activation, scale_a, scale_b, b_constant, scale_mode,
+                                                flags)
+        if not rows:
+            return out, scale_out
+        if isinstance(out.shape[1], int):
+            fused.fp8_rows_choose(bundle, out.shape[1])
+        return out, a.new_empty((out.shape[0], 1), dtype=torch.float32)
     ab = plain.operands(a, b)
     dev = validate.one_device(bundle, a=a, b=b)
     validate.no_grad("gemm", a=a, b=b)

@@ -148,10 +148,13 @@ def rms_norm_choose(bundle, dt: str, n: int, res: bool, quant: bool) -> str:
                  f"{dt} rows of {n}{' with residual' if res else ''}{' to fp8' if quant else ''}")
 
 
-def rope_kvcache_choose(bundle, dt: str, neox: bool, table: bool) -> str:
-    return _pick(bundle, "rope_kvcache", (dt, neox, table),
-                 lambda e: e["dtype"] == dt and e["neox"] == neox and e.get("table", False) == table,
-                 f"{dt} {'neox' if neox else 'interleaved'} rotary{' with a block table' if table else ''}")
+def rope_kvcache_choose(bundle, dt: str, neox: bool, table: bool, fp8_cache: bool = False) -> str:
+    cache = "e4m3" if fp8_cache else dt
+    return _pick(bundle, "rope_kvcache", (dt, neox, table, cache),
+                 lambda e: (e["dtype"] == dt and e["neox"] == neox and e.get("table", False) == table
+                            and e.get("cache_dtype", e["dtype"]) == cache),
+                 f"{dt} {'neox' if neox else 'interleaved'} rotary{' with a block table' if table else ''}"
+                 f"{' into e4m3 caches' if fp8_cache else ''}")
 
 
 def rms_norm(bundle, x, weight, eps, residual=None, out=None, quantize=None):
@@ -263,9 +266,9 @@ def _tokens(t, name: str, d: int, batch: int | None):
 
 
 def rope_kvcache_check(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping=None, neox=True,
-                       rotary_dim=None, block_table=None, cache_seqlens=None):
+                       rotary_dim=None, block_table=None, cache_seqlens=None, k_scale=None, v_scale=None):
     """The checks of :func:`rope_kvcache` that need no device data; returns (dtype name, q, k, v
-    as (T, H, D) views, table form?)."""
+    as (T, H, D) views, table form?, fp8 caches?)."""
     validate.tensors(q=q, k=k, v=v, cos_sin_cache=cos_sin_cache, k_cache=k_cache, v_cache=v_cache)
     table = block_table is not None or cache_seqlens is not None
     if table:
@@ -297,9 +300,14 @@ def rope_kvcache_check(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot
         batch = None
     if q.dtype not in DTYPES:
         raise InputError(f"q must be bfloat16 or float16, got {_name(q.dtype)}")
-    for nm, t in (("k", k), ("v", v), ("k_cache", k_cache), ("v_cache", v_cache)):
+    for nm, t in (("k", k), ("v", v)):
         if t.dtype != q.dtype:
             raise InputError(f"{nm} must be {_name(q.dtype)} (q's dtype), got {_name(t.dtype)}")
+    fp8 = k_cache.dtype == FP8
+    for nm, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.dtype != (FP8 if fp8 else q.dtype):
+            raise InputError(f"{nm} must be {_name(q.dtype)} (q's dtype) or float8_e4m3fn (both caches alike), got "
+                             f"{_name(t.dtype)}")
     if k_cache.dim() != 4 or v_cache.shape != k_cache.shape:
         raise InputError(f"k_cache and v_cache must both be (num_pages, page_size, kv_heads, head_dim), got "
                          f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
@@ -337,11 +345,24 @@ def rope_kvcache_check(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot
         raise InputError("cos_sin_cache has no positions")
     if not isinstance(neox, bool):
         raise InputError(f"neox must be a bool, got {type(neox).__name__}")
-    return DTYPES[q.dtype], q3, k3, v3, table
+    hkv = k_cache.shape[2]
+    for nm, sc in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if not fp8:
+            if sc is not None:
+                raise InputError(f"{nm} applies to float8_e4m3fn caches only (the cache is {_name(k_cache.dtype)})")
+            continue
+        if sc is None:
+            raise InputError(f"{nm}: a float8_e4m3fn cache needs k_scale and v_scale (float32, 1 or kv_heads = {hkv} "
+                             f"elements: the cache holds x / scale, attention_kvcache's k_descale / v_descale)")
+        validate.tensors(**{nm: sc})
+        if sc.dtype != torch.float32 or sc.numel() not in (1, hkv) or (sc.numel() > 1 and sc.reshape(-1).stride(0) != 1):
+            raise InputError(f"{nm} must be a contiguous float32 tensor of 1 (per tensor) or {hkv} (per kv head) "
+                             f"elements, got {_name(sc.dtype)} {tuple(sc.shape)}")
+    return DTYPES[q.dtype], q3, k3, v3, table, fp8
 
 
 def rope_kvcache(bundle, q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping=None, neox=True,
-                 rotary_dim=None, block_table=None, cache_seqlens=None):
+                 rotary_dim=None, block_table=None, cache_seqlens=None, k_scale=None, v_scale=None):
     """Rotary embedding of q and k in place (``neox``: GPT-NeoX halves, else GPT-J interleaved
     pairs; the first ``rotary_dim`` = cos_sin_cache's width of each head; ``cos_sin_cache``
     float32 (max_position, rotary_dim), the cosines then the sines), and the rotated k and the
@@ -360,34 +381,47 @@ def rope_kvcache(bundle, q, k, v, positions, cos_sin_cache, k_cache, v_cache, sl
     the cache afterwards takes ``cache_seqlens + seqlen_q``).  A position past the block table or a
     page outside the cache writes nothing.  Positions past cos_sin_cache read its last row.
 
+    float8_e4m3fn caches (vLLM's fp8 KV cache): ``k_scale`` / ``v_scale`` float32, one element (per
+    tensor) or one per kv head; the caches receive ``e4m3(k / k_scale)`` and ``e4m3(v / v_scale)``,
+    saturating at ±448, and ``attention_kvcache`` reads them with ``k_descale=k_scale,
+    v_descale=v_scale``.
+
     Returns (q, k)."""
     try:
         key = ("hot", "rope_kvcache", _layout(q), _layout(k), _layout(v), _layout(positions), _layout(cos_sin_cache),
                _layout(k_cache), _layout(v_cache), _layout(slot_mapping), _layout(block_table),
-               _layout(cache_seqlens), neox, type(neox), rotary_dim)
+               _layout(cache_seqlens), neox, type(neox), rotary_dim, _layout(k_scale), _layout(v_scale))
     except AttributeError:  # not tensors: the checks say which
         key = None
     fire = _hot(bundle, key) if key is not None else None
     if fire is not None:
-        ts = (q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, block_table, cache_seqlens)
+        ts = (q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, block_table, cache_seqlens,
+              k_scale, v_scale)
         if all(t is None or isinstance(t, Tensor) for t in ts) and not (
                 torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in ts)):
             if fire(*ts):
                 return q, k
-    dt, q3, k3, v3, table = rope_kvcache_check(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
-                                               neox, rotary_dim, block_table, cache_seqlens)
+    dt, q3, k3, v3, table, fp8 = rope_kvcache_check(q, k, v, positions, cos_sin_cache, k_cache, v_cache,
+                                                    slot_mapping, neox, rotary_dim, block_table, cache_seqlens,
+                                                    k_scale, v_scale)
     if not table and positions is None:  # cos/sin given per token: token t reads row t
         positions, key = _iota(bundle, q, q3.shape[0]), None
     idx, tab = (cache_seqlens, block_table) if table else (positions, slot_mapping)
     dev = validate.one_device(bundle, q=q, k=k, v=v, cos_sin_cache=cos_sin_cache, k_cache=k_cache,
                               v_cache=v_cache, index=idx, table=tab)
+    if fp8:
+        validate.one_device(bundle, q=q, k_scale=k_scale, v_scale=v_scale)
     validate.no_grad("rope_kvcache", q=q, k=k, v=v, k_cache=k_cache, v_cache=v_cache)
-    name = rope_kvcache_choose(bundle, dt, neox, table)
+    name = rope_kvcache_choose(bundle, dt, neox, table, fp8)
     if q3.shape[0] == 0 or k_cache.numel() == 0:
         return q, k
     args = [q3, k3, v3, idx, cos_sin_cache, k_cache, v_cache, tab]
+    if fp8:  # per kv head; one per-tensor scale as a stride-0 view (no copy)
+        hkv = k_cache.shape[2]
+        args += [sc.reshape(-1).expand(hkv) for sc in (k_scale, v_scale)]
     bundle.launch(name, args, device=dev)
-    _remember(bundle, key, name, args, lambda go, cur, raw, nm: _rope_fire(bundle, go, cur, raw, nm, dev, table))
+    _remember(bundle, key, name, args,
+              lambda go, cur, raw, nm: _rope_fire(bundle, go, cur, raw, nm, dev, table, fp8))
     return q, k
 
 
@@ -403,14 +437,19 @@ def _iota(bundle, like, n: int):
     return have[:n]
 
 
-def _rope_fire(bundle, go, cur, raw, name, dev, table):
-    def fire(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping, block_table, cache_seqlens):
+def _rope_fire(bundle, go, cur, raw, name, dev, table, fp8):
+    def fire(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping, block_table, cache_seqlens, k_scale,
+             v_scale):
         here = cur()
         if here != dev:
             return False
         idx, tab = (cache_seqlens, block_table) if table else (positions, slot_mapping)
-        err = go(q.data_ptr(), k.data_ptr(), v.data_ptr(), idx.data_ptr(), cos_sin.data_ptr(), k_cache.data_ptr(),
-                 v_cache.data_ptr(), tab.data_ptr(), raw(here))
+        if fp8:
+            err = go(q.data_ptr(), k.data_ptr(), v.data_ptr(), idx.data_ptr(), cos_sin.data_ptr(), k_cache.data_ptr(),
+                     v_cache.data_ptr(), tab.data_ptr(), k_scale.data_ptr(), v_scale.data_ptr(), raw(here))
+        else:
+            err = go(q.data_ptr(), k.data_ptr(), v.data_ptr(), idx.data_ptr(), cos_sin.data_ptr(), k_cache.data_ptr(),
+                     v_cache.data_ptr(), tab.data_ptr(), raw(here))
         if err is None:
             return False
         if err:
@@ -418,6 +457,71 @@ def _rope_fire(bundle, go, cur, raw, name, dev, table):
         return True
 
     return fire
+
+
+# --- fp8 rows: per-(row, 128-column) e4m3 codes re-expressed with one scale per row ---------------
+GROUP = 128  # columns per group scale (the GEMM epilogue's fp8_groups)
+
+
+def _same(x, y) -> bool:
+    return x.data_ptr() == y.data_ptr() and x.shape == y.shape and x.stride() == y.stride()
+
+
+def fp8_rows_check(codes, group_scale, out=None):
+    """The checks of :func:`fp8_rows` that need no device data; returns (M, N)."""
+    validate.tensors(codes=codes, group_scale=group_scale)
+    if codes.dtype != FP8 or codes.dim() != 2:
+        raise InputError(f"codes must be float8_e4m3fn (M, N), got {_name(codes.dtype)} {tuple(codes.shape)}")
+    m, n = codes.shape
+    if n % 16 or n == 0:
+        raise InputError(f"the row length {n} must be a positive multiple of 16 (16-byte vectors)")
+    ng = -(-n // GROUP)
+    if group_scale.dtype != torch.float32 or tuple(group_scale.shape) != (m, ng):
+        raise InputError(f"group_scale must be float32 ({m}, {ng}) (one scale per row and {GROUP} columns), got "
+                         f"{_name(group_scale.dtype)} {tuple(group_scale.shape)}")
+    if m > 1 and group_scale.stride(0) != 1:
+        raise InputError(f"group_scale must be M-major (stride 1 along rows), got strides {group_scale.stride()}")
+    for nm, t in (("codes", codes), ("out", out)):
+        if t is None:
+            continue
+        validate.tensors(**{nm: t})
+        if t.dtype != FP8 or tuple(t.shape) != (m, n):
+            raise InputError(f"{nm} must be float8_e4m3fn of shape ({m}, {n}), got {_name(t.dtype)} {tuple(t.shape)}")
+        if t.stride(1) != 1 or (m > 1 and (t.stride(0) < n or t.stride(0) % 16)):
+            raise InputError(f"{nm}: rows must be contiguous with a row stride >= {n} and a multiple of 16, got "
+                             f"strides {t.stride()}")
+    return m, n
+
+
+def fp8_rows_choose(bundle, n: int) -> str:
+    return _pick(bundle, "fp8_rows", ("e4m3", n), lambda e: e["max_n"] >= n, f"e4m3 rows of {n}")
+
+
+def fp8_rows(bundle, codes, group_scale, out=None):
+    """e4m3 ``codes`` (M, N) with float32 ``group_scale`` (M, ceil(N / 128)) (a scale per row and
+    128 columns, M-major: what ``gemm(..., out_dtype=torch.float8_e4m3fn)`` returns) re-expressed
+    with one scale per row: ``scale[m] = max(max_g group_scale[m, g], 1/(448·512))``, ``out[m, n] =
+    e4m3(codes[m, n] · group_scale[m, n // 128] / scale[m])``.  Returns ``(out, scale)``, ``scale``
+    float32 (M, 1) (``torch._scaled_mm``'s row-wise ``scale_a``).  ``out`` may be ``codes`` (in
+    place); otherwise it must not overlap the inputs."""
+    m, n = fp8_rows_check(codes, group_scale, out)
+    dev = validate.one_device(bundle, codes=codes, group_scale=group_scale, out=out)
+    name = fp8_rows_choose(bundle, n)
+    if out is None:
+        out = torch.empty((m, n), dtype=FP8, device=codes.device)
+    elif not _same(out, codes):
+        validate.disjoint("out", out, codes=codes, group_scale=group_scale)
+    scale = torch.empty((m, 1), dtype=torch.float32, device=codes.device)
+    if m == 0:
+        return out, scale
+    ng = group_scale.shape[1]
+
+    def rows(t):  # (one row: any row stride reads the same elements)
+        return t.data_ptr(), (m, n), (t.stride(0) if m > 1 else -(-n // 16) * 16, 1)
+
+    gs = (group_scale.data_ptr(), (m, ng), (1, group_scale.stride(1) if ng > 1 else -(-m // 4) * 4))
+    bundle.launch(name, [rows(codes), gs, rows(out), scale.view(-1)], device=dev)
+    return out, scale
 
 
 # --- torch custom ops (runtime/torch_ops.py registers them): name -> (schema, real, fake), each
@@ -431,9 +535,9 @@ def _op_rms_norm_fp8(bundle, x, weight, eps, residual=None):
 
 
 def _op_rope_kvcache(bundle, q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping=None, neox=True,
-                     block_table=None, cache_seqlens=None):
+                     block_table=None, cache_seqlens=None, k_scale=None, v_scale=None):
     bundle.rope_kvcache(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, neox=neox,
-                        block_table=block_table, cache_seqlens=cache_seqlens)
+                        block_table=block_table, cache_seqlens=cache_seqlens, k_scale=k_scale, v_scale=v_scale)
 
 
 def _fake_rms_norm(bundle, x, weight, eps, residual=None):
@@ -451,18 +555,31 @@ def _fake_rms_norm_fp8(bundle, x, weight, eps, residual=None):
 
 
 def _fake_rope_kvcache(bundle, q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping=None, neox=True,
-                       block_table=None, cache_seqlens=None):
-    dt, *_, table = rope_kvcache_check(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, neox, None,
-                                       block_table, cache_seqlens)
-    rope_kvcache_choose(bundle, dt, neox, table)
+                       block_table=None, cache_seqlens=None, k_scale=None, v_scale=None):
+    dt, *_, table, fp8 = rope_kvcache_check(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, neox,
+                                            None, block_table, cache_seqlens, k_scale, v_scale)
+    rope_kvcache_choose(bundle, dt, neox, table, fp8)
+
+
+def _op_fp8_rows(bundle, codes, group_scale):
+    return bundle.fp8_rows(codes, group_scale)
+
+
+def _fake_fp8_rows(bundle, codes, group_scale):
+    m, n = fp8_rows_check(codes, group_scale)
+    if isinstance(n, int):
+        fp8_rows_choose(bundle, n)
+    return codes.new_empty((m, n)), codes.new_empty((m, 1), dtype=torch.float32)
 
 
 TORCH_OPS = {
+    "fp8_rows": ("fp8_rows(Tensor codes, Tensor group_scale) -> (Tensor, Tensor)", _op_fp8_rows, _fake_fp8_rows),
     "rms_norm": ("rms_norm(Tensor x, Tensor weight, float eps, Tensor(a!)? residual=None) -> Tensor",
                  _op_rms_norm, _fake_rms_norm),
     "rms_norm_fp8": ("rms_norm_fp8(Tensor x, Tensor weight, float eps, Tensor(a!)? residual=None) -> (Tensor, Tensor)",
                      _op_rms_norm_fp8, _fake_rms_norm_fp8),
     "rope_kvcache": ("rope_kvcache(Tensor(a!) q, Tensor(b!) k, Tensor v, Tensor? positions, Tensor cos_sin_cache, "
                      "Tensor(c!) k_cache, Tensor(d!) v_cache, Tensor? slot_mapping=None, bool neox=True, "
-                     "Tensor? block_table=None, Tensor? cache_seqlens=None) -> ()", _op_rope_kvcache, _fake_rope_kvcache),
+                     "Tensor? block_table=None, Tensor? cache_seqlens=None, Tensor? k_scale=None, "
+                     "Tensor? v_scale=None) -> ()", _op_rope_kvcache, _fake_rope_kvcache),
 }

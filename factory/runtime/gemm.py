@@ -10,6 +10,8 @@ notes/gemm-sm100.md give the models; fx_select.c says how it chooses.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -161,13 +163,45 @@ def _scale_error(what: str, s, a):
                      f"the scale must be on the operands' device")
 
 
-def _workspace_spec(entry: dict, M: int, N: int, ptr: int = 0) -> list:
-    """The split-K workspace argument of a variant that has one ((split_k, M, N) fp32, passed as
-    its (M, N, split_k) view), else nothing."""
+def _workspace_spec(entry: dict, M: int, N: int, ptr: int = 0, L: int = 1) -> list:
+    """The split-K workspace argument of a variant that has one, else nothing: (split_k, M, N)
+    fp32 passed as its (M, N, split_k) view, or for the in-kernel fix-up (``form`` "tiles") the
+    flat float32 buffer of ``workspace_words``."""
     if "workspace" not in entry:
         return []
+    w = entry["workspace"]
+    if w.get("form") == "tiles":
+        return [(ptr, (workspace_words(w, M, N, L),), (1,))]
     s = entry["split_k"]
     return [(ptr, (M, N, s), (N, 1, M * N))]
+
+
+def workspace_words(w: dict, M: int, N: int, L: int) -> int:
+    """float32 elements of a "tiles" workspace (gemm/sm90_splitk.py, fx_select.c agree): one int32
+    semaphore per output tile, rounded up to ``sem_align`` words, then a partial tile per (tile,
+    part)."""
+    tm, tn = w["tile"]
+    t = -(-M // tm) * -(-N // tn) * L
+    a = w["sem_align"]
+    return -(-t // a) * a + t * w["splits"] * tm * tn
+
+
+def sem_words(w: dict, M: int, N: int, L: int) -> int:
+    """The leading words of a "tiles" workspace that must be zero at launch (the semaphores)."""
+    tm, tn = w["tile"]
+    t = -(-M // tm) * -(-N // tn) * L
+    return -(-t // w["sem_align"]) * w["sem_align"]
+
+
+def new_workspace(entry: dict, M: int, N: int, L: int, device):
+    """A split-K variant's workspace for one launch, from the stream-ordered allocator (a CUDA
+    graph's pool while capturing): the "tiles" form's semaphores zeroed on the current stream."""
+    w = entry["workspace"]
+    if w.get("form") == "tiles":
+        ws = torch.empty(workspace_words(w, M, N, L), dtype=torch.float32, device=device)
+        ws[:sem_words(w, M, N, L)].zero_()
+        return ws
+    return torch.empty((entry["split_k"], M, N), dtype=torch.float32, device=device)
 
 
 def _unit_scale(bundle, device):
@@ -210,7 +244,7 @@ def fitting_variants(bundle, a3, b3, c3, ab: str, c: str, scales: list,
             continue
         try:
             # (Scalars are not checked: the grid cap is asked of the driver only at launch.)
-            bundle.binder(v["name"]).check([a3, b3, c3, *scales, *_workspace_spec(v, M, N)])
+            bundle.binder(v["name"]).check([a3, b3, c3, *scales, *_workspace_spec(v, M, N, 0, L)])
         except InputError as e:
             reasons.append(str(e))
             continue
@@ -284,9 +318,9 @@ def gemm(bundle, a, b, out=None, *, out_dtype=None, scale_a=None, scale_b=None, 
         name = _named(bundle, variant, a3, b3, c3, ab, c, scales, dev)
     entry = bundle.manifest["variants"][name]
     if "workspace" in entry:  # split-K partials; freed only after the launch is queued
-        ws = torch.empty((entry["split_k"], M, N), dtype=torch.float32, device=a.device)
+        ws = new_workspace(entry, M, N, L, a.device)
         keep.append(ws)
-        scales += _workspace_spec(entry, M, N, ws.data_ptr())
+        scales += _workspace_spec(entry, M, N, ws.data_ptr(), L)
     if "persistent" in entry:
         scales += launch_scalars(bundle, entry, dev)
     bundle.launch(name, [a3, b3, c3, *scales], checked=True, device=dev)
@@ -442,9 +476,13 @@ def hot_launch(bundle, name: str, entry: dict, specs: list, dev: int, out, out_g
     if oproto is not None and empty_like(oproto).stride() != out.stride():
         raise AssertionError(f"{name}: empty_like does not reproduce the checked output layout")
     wproto = None
+    zero_to = 0  # a "tiles" workspace's semaphore words, zeroed before each launch
     if "workspace" in entry:
-        M, N = specs[0][1][0], specs[1][1][0]  # (split_k, M, N) float32, as the checked path allocates it
-        wproto = out.new_empty(1, dtype=torch.float32).expand(entry["split_k"] * M * N)
+        M, N, L = specs[0][1][0], specs[1][1][0], specs[0][1][2]  # as the checked path allocates it
+        words = _workspace_spec(entry, M, N, 0, L)[0][1]
+        wproto = out.new_empty(1, dtype=torch.float32).expand(math.prod(words))
+        if entry["workspace"].get("form") == "tiles":
+            zero_to = sem_words(entry["workspace"], M, N, L)
     fp8 = entry["dtypes"]["a"] == "e4m3"
     unit_ptr = unit.data_ptr() if unit is not None else 0
     # A given ``out`` must share no byte with a, b (or a given scale): checked per call, the
@@ -498,6 +536,8 @@ def hot_launch(bundle, name: str, entry: dict, specs: list, dev: int, out, out_g
                 return None
         if wproto is not None:
             ws = empty_like(wproto)  # (alive until the launch is queued)
+            if zero_to:
+                ws[:zero_to].zero_()
             p.append(ws.data_ptr())
         err = go(*p, raw(here))
         return out if err == 0 else failed(err)
@@ -539,7 +579,7 @@ def _named(bundle, name: str, a3, b3, c3, ab: str, c: str, scales: list, dev: in
         why = f"it takes a={d['a']} ({lay['a']}-major) b ({lay['b']}-major) -> {d['c']}"
     else:
         try:
-            bundle.binder(name).check([a3, b3, c3, *scales, *_workspace_spec(entry, a3[1][0], b3[1][0])])
+            bundle.binder(name).check([a3, b3, c3, *scales, *_workspace_spec(entry, a3[1][0], b3[1][0], 0, a3[1][2])])
             why = None
         except InputError as e:
             why = str(e)

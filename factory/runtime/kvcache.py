@@ -89,10 +89,11 @@ def kvcache_problem(p: Problem):
     """The C selection's problem (csrc/fx_api.h ``fx_attention_kvcache_problem_t``) for ``p``:
     compact strides, no pointers (the selection reads only their alignment), and stand-in
     pointers where a switch needs an argument to be present (sinks with any switch, descales for
-    fp8 caches)."""
+    fp8 caches); packed q (``varlen_q``) with ``seqlen_q`` as its max_seqlen_q."""
     from .selector import DTYPE, KVCacheProblem
 
-    b, sq, hq, hkv, d = p.batch, p.seqlen_q, p.heads_q, p.heads_kv, p.head_dim
+    # sizes at least 1: an empty problem launches nothing, and the C selection chooses nothing for it
+    b, sq, hq, hkv, d = max(p.batch, 1), max(p.seqlen_q, 1), p.heads_q, p.heads_kv, p.head_dim
     c = KVCacheProblem()
     c.dtype, c.kv_dtype = DTYPE[p.dtype], DTYPE[p.kv_dtype]
     c.batch, c.seqlen_q, c.heads_q, c.heads_kv, c.head_dim = b, sq, hq, hkv, d
@@ -102,6 +103,10 @@ def kvcache_problem(p: Problem):
     else:
         c.page_size, c.max_pages, c.num_pages = p.max_seqlen_k, 0, b
     c.q_stride[:] = c.o_stride[:] = [sq * hq * d, hq * d, d]
+    if p.varlen_q:  # packed q: seqlen_q is the token count (any count >= the longest sequence)
+        c.varlen_q, c.max_seqlen_q = 1, sq
+        c.seqlen_q = sq * max(b, 1)
+        c.q_stride[0] = c.o_stride[0] = 0
     c.k_stride[:] = c.v_stride[:] = [c.page_size * hkv * d, hkv * d, d]
     c.causal = int(p.causal)
     c.window_left = c.window_right = -1
@@ -220,10 +225,7 @@ def choose(bundle, p: Problem) -> dict:
     e = cache.get(key)
     if e is None:
         try:
-            if p.varlen_q:
-                e = _packed_q(bundle, p)
-            else:
-                e = bundle.manifest["variants"][bundle.selector.select(OP, kvcache_problem(p)).name.decode()]
+            e = bundle.manifest["variants"][bundle.selector.select(OP, kvcache_problem(p)).name.decode()]
         except NoVariantError:
             raise NoVariantError(f"{_missing(bundle.candidates(OP), p)} (on {bundle.device_name()}; "
                                  f"{bundle.describe_contents(OP)}{_blackwell_note(bundle)})") from None
@@ -231,26 +233,6 @@ def choose(bundle, p: Problem) -> dict:
             cache.clear()
         cache[key] = e
     return e
-
-
-_PACKED_Q_FAMILIES = ("sm90", "sm80")  # fx_select.c kv_choose's prefill families, best first
-
-
-def _packed_q(bundle, p: Problem) -> dict:
-    """The packed-q (cu_seqlens_q) build for ``p``.  The C selection's problem has no packed-q form
-    (its entry launches dense q), so this applies its prefill rule here: the families in its
-    order (no decode build takes packed q), within the first that implements ``p`` the entries
-    of the least switch cost, of those the one taking the fewest page sizes, then a preferred
-    one (fx_select.c kv_choose / kv_pick_prefill; tests/kvcache_rules.py states the same)."""
-    cost = lambda c: sum(bool(c.get(s)) for s in ("local", "softcap", "sinks"))  # noqa: E731
-    ok = [c for c in bundle.candidates(OP) if _admits(c, p)]
-    for fam in _PACKED_Q_FAMILIES:
-        mine = [c for c in ok if c.get("family") == fam]
-        if mine:
-            least = min(cost(c) for c in mine)
-            return min((c for c in mine if cost(c) == least),
-                       key=lambda c: (len(c.get("page_sizes") or []), not c.get("preferred")))
-    raise NoVariantError("no packed-q build")
 
 
 def _blackwell_note(bundle) -> str:
@@ -361,6 +343,9 @@ def check(q, k_cache, v_cache, cache_seqlens, block_table, causal, softmax_scale
         if isinstance(max_seqlen_q, bool) or not isinstance(max_seqlen_q, int) or not 0 <= max_seqlen_q <= q.shape[0]:
             raise InputError(f"packed varlen q needs an int max_seqlen_q in [0, {q.shape[0]}] (no host sync "
                              f"computes it), got {max_seqlen_q!r}")
+        if max_seqlen_q == 0 and q.shape[0] > 0 and b > 0:
+            raise InputError(f"max_seqlen_q = 0: with {q.shape[0]} query tokens in {b} sequences it must be at "
+                             f"least 1 (the longest query sequence)")
         sq = max_seqlen_q
     else:
         if max_seqlen_q is not None:
@@ -648,3 +633,119 @@ def _hot_launch(bundle, name: str, splits: int, args: list, has_out: bool, k_des
     fire.fixed = fixed  # (for scripts/launch_overhead.py's breakdown)
     fire.keep = keep
     return fire
+
+
+# --- bundle.attention with a window, softcap or sinks: the attention_kvcache kernels ---------------
+_PAGE_PREFERENCE = (64, 128, 256, 32, 16, 8, 1)  # page views of a dense k/v, the TMA-box size first
+
+
+def _table(bundle, dev, rows: int, cols: int, tracing: bool) -> Tensor:
+    """int32 (rows, cols) holding 0 .. rows·cols-1 row by row, kept per device and shape (one
+    made while a CUDA graph is captured, or under torch.compile, is not kept)."""
+    key = ("kv-table", dev, rows, cols)
+    t = None if tracing else bundle.selections.get(key)
+    if t is None:
+        t = torch.arange(rows * cols, dtype=torch.int32, device=dev).view(rows, cols)
+        if not tracing and not (t.is_cuda and torch.cuda.is_current_stream_capturing()):
+            bundle.selections[key] = t
+    return t
+
+
+def _lengths(bundle, dev, batch: int, n: int, tracing: bool) -> Tensor:
+    key = ("kv-lengths", dev, batch, n)
+    t = None if tracing else bundle.selections.get(key)
+    if t is None:
+        t = torch.full((batch,), n, dtype=torch.int32, device=dev)
+        if not tracing and not (t.is_cuda and torch.cuda.is_current_stream_capturing()):
+            bundle.selections[key] = t
+    return t
+
+
+def attention_switches(bundle, q, k, v, causal, softmax_scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                       max_seqlen_k, return_lse, check_varlen, window_size, softcap, sinks, tracing=False):
+    """``bundle.attention`` with a sliding window, a softcap or sinks: the attention_kvcache kernels
+    (which build these switches) over k and v viewed as a paged cache, without a copy.
+
+    Dense q (B, Sq, Hq, D), k/v (B, Sk, Hkv, D) whose batch and sequence dimensions merge: pages of
+    the largest of 64, 128, 256, 32, 16, 8, 1 rows that divides Sk, the block table row b holding
+    b's pages in order, every length Sk (tables and lengths kept per device and shape).  Packed
+    (cu_seqlens_q/k): one-row pages, the table of sequence b starting at row cu_seqlens_k[b], the
+    lengths cu_seqlens_k[b+1] - cu_seqlens_k[b] (two small device ops per call; ``max_seqlen_k``
+    sizes the table and is computed with a synchronisation when None, like ``max_seqlen_q``).
+    Masking as attention_kvcache's: bottom-right causal, (left, right) window."""
+    try:
+        return _switches(bundle, q, k, v, causal, softmax_scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                         max_seqlen_k, return_lse, check_varlen, window_size, softcap, sinks, tracing)
+    except NoVariantError as e:
+        raise NoVariantError(f"attention with a window, softcap or sinks runs the attention_kvcache kernels over k "
+                             f"and v as pages: {e}") from None
+
+
+def _switches(bundle, q, k, v, causal, softmax_scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+              return_lse, check_varlen, window_size, softcap, sinks, tracing):
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, Tensor):
+            raise InputError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if k.shape != v.shape:
+        raise InputError(f"k and v shapes differ: {tuple(k.shape)} vs {tuple(v.shape)}")
+    dev = q.device
+    varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+    if varlen:
+        if cu_seqlens_q is None or cu_seqlens_k is None:
+            raise InputError("packed sequences need both cu_seqlens_q and cu_seqlens_k")
+        if q.dim() != 3 or k.dim() != 3:
+            raise InputError(f"packed q and k are (tokens, heads, head_dim), got {tuple(q.shape)} and {tuple(k.shape)}")
+        for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+            if not isinstance(cu, Tensor) or cu.dtype != torch.int32 or cu.dim() != 1 or cu.numel() < 1 \
+                    or cu.device != dev:
+                raise InputError(f"{name} must be a 1-D int32 tensor of batch + 1 offsets on {dev}")
+        if cu_seqlens_q.numel() != cu_seqlens_k.numel():
+            raise InputError(f"cu_seqlens_q and cu_seqlens_k hold {cu_seqlens_q.numel()} and "
+                             f"{cu_seqlens_k.numel()} offsets: one batch")
+        b = cu_seqlens_k.numel() - 1
+        if max_seqlen_q is None:  # (a synchronisation, as bundle.attention's)
+            max_seqlen_q = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max().item()) if b else 0
+        if max_seqlen_k is None:
+            max_seqlen_k = int((cu_seqlens_k[1:] - cu_seqlens_k[:-1]).max().item()) if b else 0
+        if isinstance(max_seqlen_k, bool) or not isinstance(max_seqlen_k, int) or not 0 <= max_seqlen_k <= k.shape[0]:
+            raise InputError(f"max_seqlen_k must be an int in [0, {k.shape[0]}] (the key tokens), got {max_seqlen_k!r}")
+        pages = k.unsqueeze(1)  # (Tk, 1, Hkv, D): a page per key row
+        vpages = v.unsqueeze(1)
+        cols = max(1, max_seqlen_k)
+        top = max(k.shape[0] - 1, 0)
+        table = (torch.arange(cols, dtype=torch.int32, device=dev)[None, :] + cu_seqlens_k[:-1, None]).clamp_(0, top)
+        lengths = cu_seqlens_k[1:] - cu_seqlens_k[:-1]
+        return _run(bundle, q, pages, vpages, lengths, table, causal, softmax_scale, window_size, softcap, sinks,
+                    return_lse, cu_seqlens_q, max_seqlen_q, check_varlen, tracing)
+    if q.dim() != 4 or k.dim() != 4:
+        raise InputError(f"q and k must be (batch, seqlen, heads, head_dim), got {tuple(q.shape)} and {tuple(k.shape)}")
+    if k.shape[0] != q.shape[0]:
+        raise InputError(f"q and k batches differ: {q.shape[0]} vs {k.shape[0]}")
+    b, sk = k.shape[0], k.shape[1]
+    if sk == 0:
+        raise InputError("no keys (seqlen_k = 0): o is 0 and lse -inf by definition")
+    ps = next(p for p in _PAGE_PREFERENCE if sk % p == 0)
+    views = []
+    for name, t in (("k", k), ("v", v)):
+        if b > 1 and t.stride(0) != sk * t.stride(1):
+            raise InputError(f"{name}: a window, softcap or sinks reads k and v as pages, which needs the batch and "
+                             f"sequence dimensions to merge (strides {t.stride()}); pass {name}.contiguous()")
+        views.append(t.as_strided((b * sk // ps, ps, t.shape[2], t.shape[3]),
+                                  (ps * t.stride(1), t.stride(1), t.stride(2), t.stride(3))))
+    table = _table(bundle, dev, b, sk // ps, tracing)
+    lengths = _lengths(bundle, dev, b, sk, tracing)
+    return _run(bundle, q, views[0], views[1], lengths, table, causal, softmax_scale, window_size, softcap, sinks,
+                return_lse, None, None, False if check_varlen is None else check_varlen, tracing)
+
+
+def _run(bundle, q, k, v, lengths, table, causal, scale, window, softcap, sinks, return_lse, cu_q, max_q,
+         check_varlen, tracing):
+    """attention_kvcache on the page views; under torch.compile through the bundle's
+    ``attention_kvcache`` torch op (whose fake checks like the call)."""
+    if tracing:
+        wl, wr = _window(window_size=window, causal=causal)
+        o, lse = bundle.torch_ops().attention_kvcache(q, k, v, lengths, table, causal, scale, wl, wr,
+                                                      float(softcap), sinks, None, None, cu_q, max_q)
+        return (o, lse) if return_lse else o
+    return attention_kvcache(bundle, q, k, v, lengths, table, causal, scale, window, softcap, sinks, None, None,
+                             return_lse, None, cu_q, max_q, None, check_varlen)

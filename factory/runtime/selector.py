@@ -73,7 +73,8 @@ class KVCacheProblem(ctypes.Structure):
                 ("v_stride", _I64x3), ("o", _P), ("o_stride", _I64x3), ("lse", _P), ("lse_stride", _I64x2),
                 ("block_table", _P), ("block_table_stride", ctypes.c_int64), ("cache_seqlens", _P),
                 ("sinks", _P), ("kv_descale", _P), ("causal", ctypes.c_int32), ("window_left", ctypes.c_int32),
-                ("window_right", ctypes.c_int32), ("softcap", ctypes.c_float), ("softmax_scale", ctypes.c_float)]
+                ("window_right", ctypes.c_int32), ("softcap", ctypes.c_float), ("softmax_scale", ctypes.c_float),
+                ("varlen_q", ctypes.c_int32), ("max_seqlen_q", ctypes.c_int32), ("cu_seqlens_q", _P)]
 
 
 class AttentionFp8Problem(ctypes.Structure):

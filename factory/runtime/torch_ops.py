@@ -1,7 +1,8 @@
 """The bundle's ops as torch custom ops, for ``torch.compile`` (Dynamo traces them as opaque
 calls, no graph break) and CUDA graphs: ``gemm``, ``gemm_out``, ``gemm_packed``, ``attention``,
-``attention_kvcache``, ``attention_fp8``, ``grouped_gemm``, ``grouped_gemm_out``, and the fused glue ops
-``rms_norm``, ``rms_norm_fp8`` and ``rope_kvcache`` (defined in runtime/fused.py, ``TORCH_OPS``).
+``attention_kvcache``, ``attention_fp8``, ``grouped_gemm``, ``grouped_gemm_out``, ``gemm_fp8_groups``,
+``gemm_fp8_rows``, and the fused glue ops ``rms_norm``, ``rms_norm_fp8``, ``rope_kvcache`` and
+``fp8_rows`` (defined in runtime/fused.py, ``TORCH_OPS``).
 
 One op set per bundle: ``bundle.torch_ops()`` registers the ops of that bundle once (``torch.library``
 define + impl, the lower-cost path: see notes) in a namespace of its own and returns it: the
@@ -78,6 +79,22 @@ def _gemm_fp8_groups_fake(bundle, a, b, activation=None, scale_a=None, scale_b=N
 
     return epilogue.check_meta(bundle, a, b, None, None, activation, torch.float8_e4m3fn, scale_a, scale_b,
                                b_constant, scale_mode)
+
+
+def _gemm_fp8_rows(bundle, a, b, activation=None, scale_a=None, scale_b=None, b_constant=False, scale_mode=None):
+    from . import epilogue
+
+    return epilogue.gemm_epilogue(bundle, a, b, activation=activation, out_dtype=torch.float8_e4m3fn,
+                                  scale_a=scale_a, scale_b=scale_b, b_constant=b_constant, scale_mode=scale_mode,
+                                  row_scales=True)
+
+
+def _gemm_fp8_rows_fake(bundle, a, b, activation=None, scale_a=None, scale_b=None, b_constant=False,
+                        scale_mode=None):
+    from . import epilogue
+
+    return epilogue.check_meta(bundle, a, b, None, None, activation, torch.float8_e4m3fn, scale_a, scale_b,
+                               b_constant, scale_mode, row_scales=True)
 
 
 def _attention(bundle, q, k, v, causal=False, softmax_scale=None, cu_seqlens_q=None, cu_seqlens_k=None,
@@ -185,6 +202,9 @@ OPS = {
     "gemm_fp8_groups": ("gemm_fp8_groups(Tensor a, Tensor b, str? activation=None, Tensor? scale_a=None, "
                         "Tensor? scale_b=None, bool b_constant=False, str? scale_mode=None) -> (Tensor, Tensor)",
                         _gemm_fp8_groups, _gemm_fp8_groups_fake),
+    "gemm_fp8_rows": ("gemm_fp8_rows(Tensor a, Tensor b, str? activation=None, Tensor? scale_a=None, "
+                      "Tensor? scale_b=None, bool b_constant=False, str? scale_mode=None) -> (Tensor, Tensor)",
+                      _gemm_fp8_rows, _gemm_fp8_rows_fake),
     "gemm_packed": ("gemm_packed(Tensor a, Tensor packed, Tensor? scale_a=None, Tensor? scale_b=None, "
                     "bool b_constant=False) -> Tensor", _gemm_packed, _gemm_packed_fake),
     "attention": ("attention(Tensor q, Tensor k, Tensor v, bool causal=False, float? softmax_scale=None, "

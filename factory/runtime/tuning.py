@@ -212,6 +212,11 @@ MODEL = {
     "wide_k_bw": 1.05,
     # 128x64 / 128x96 cooperative tiles (two consumer warpgroups on a narrow tile).
     "eff_coop_narrow": 0.48,
+    # Split-K with the in-kernel fix-up (gemm/sm90_splitk.py): per wave and (splits + 1), the
+    # partial tiles' store, wait and read back, in us per 128x128 tile.  Fitted (one key) on the
+    # tune half of scripts/bench_offgrid.py's sweep (H100, regret 1.0274 without split -> 1.0238
+    # at 2.0-2.5; notes/gemm-sm90.md, "Split-K over the grid").
+    "wsplit_us": 2.5,
 }
 
 # MODEL's keys in the order the host library's fx_model holds them (compiler/selection.py generates
@@ -219,4 +224,4 @@ MODEL = {
 MODEL_KEYS = ("eff_256x128_c1x2", "eff_128x256_c2x1", "eff_large", "eff_pp", "eff_coop_mc", "eff_coop",
               "eff_small", "eff_swap_base", "eff_swap_slope", "fp8_promoted", "fp8_fast", "split_us",
               "fixed_us", "overlap", "grid_bw_exp", "split_tile_exp", "narrow_exp", "tile_us", "deep_bw",
-              "wide_k_bw", "eff_coop_narrow")
+              "wide_k_bw", "eff_coop_narrow", "wsplit_us")

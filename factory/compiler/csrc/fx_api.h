@@ -179,10 +179,17 @@ typedef struct {
    Bottom-right causal; window_left/right -1 unbounded; softcap 0 off; sinks: heads_q float32
    logits or NULL.  A window, softcap or sinks selects the build with all three switches, which
    reads sinks: pass -inf logits where the model has none (sinks NULL with a window or softcap is
-   FX_ERR_INPUT).  kv_descale: e4m3 caches (paged, head_dim 128), required there. */
+   FX_ERR_INPUT).  kv_descale: e4m3 caches, required there.
+   Packed q (varlen_q 1, chunked prefill of several sequences in one call, FlashAttention's
+   cu_seqlens_q): q/o (seqlen_q, heads_q, head_dim) hold every sequence's query tokens back to
+   back, seqlen_q being their total; cu_seqlens_q (batch + 1) int32 offsets on the device
+   (sequence b's queries are rows cu_seqlens_q[b] .. cu_seqlens_q[b+1]-1, bottom-right causal
+   against its cache_seqlens[b] keys); max_seqlen_q >= the longest query sequence; q/o strides
+   [1] token, [2] head ([0] unused); lse (heads_q, seqlen_q) with lse_stride[1] between heads
+   ([0] unused).  The offsets are the caller's contract, as FlashAttention trusts them. */
 typedef struct {
     fx_dtype_t dtype;       /* q and o: BF16 or F16 */
-    fx_dtype_t kv_dtype;    /* the caches: dtype (E4M3: no variant is built) */
+    fx_dtype_t kv_dtype;    /* the caches: dtype or E4M3 */
     int64_t batch, seqlen_q, heads_q, heads_kv, head_dim;
     int64_t num_pages, page_size, max_pages;
     const void *q;
@@ -202,6 +209,9 @@ typedef struct {
     int32_t window_left, window_right;
     float softcap;
     float softmax_scale;    /* 0: 1/sqrt(head_dim); else > 0 and finite */
+    int32_t varlen_q;       /* 1: packed q (cu_seqlens_q; seqlen_q = query tokens) */
+    int32_t max_seqlen_q;   /* varlen_q: >= the longest query sequence */
+    const int32_t *cu_seqlens_q; /* varlen_q: (batch + 1) int32 offsets */
 } fx_attention_kvcache_problem_t;
 
 /* Grouped GEMM for mixture-of-experts layers (Python: bundle.grouped_gemm, runtime/grouped.py):
@@ -293,9 +303,11 @@ int32_t fx_gemm_grouped_select(const fx_device_t *dev, const fx_gemm_grouped_pro
    capturing a CUDA graph).  The launch runs on the current device (cudaSetDevice): `stream` must
    be one of its streams and every pointer device (or managed) memory of it, else FX_ERR_INPUT
    and nothing is launched.  workspace: at least fx_*_select's workspace_bytes, 16-byte aligned,
-   valid until the kernels have run (NULL with 0 when none is needed).  Empty problems launch
-   nothing (fx_gemm with K = 0 zeroes c with cudaMemset2DAsync).  *out (may be NULL) receives the
-   selection. */
+   valid until the kernels have run (NULL with 0 when none is needed); launches that may run at the
+   same time (other streams) need workspaces of their own (a GEMM split over the grid keeps
+   semaphores there, which fx_gemm zeroes with cudaMemsetAsync on `stream` before its kernel).
+   Empty problems launch nothing (fx_gemm with K = 0 zeroes c with cudaMemset2DAsync).  *out (may
+   be NULL) receives the selection. */
 int32_t fx_gemm(const fx_device_t *dev, const fx_gemm_problem_t *p, void *workspace,
                 uint64_t workspace_bytes, fx_stream_t stream, fx_selection_t *out);
 int32_t fx_gemm_scaled(const fx_device_t *dev, const fx_gemm_problem_t *p, const fx_gemm_scales_t *scales,

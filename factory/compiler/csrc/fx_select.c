@@ -41,6 +41,8 @@
 
 typedef __int128 i128;
 
+#define FX_WORKSPACE_TILES 2 /* fx_variant.workspace of the in-kernel split-K fix-up (selection.py) */
+
 static _Thread_local char fx_msg[1024];
 
 static int32_t fail(int32_t code, const char *fmt, ...) {
@@ -444,14 +446,14 @@ static const fx_model_sm100 *model100(void) {
 }
 
 /* For fitting tools only (scripts/fit_cost_model.py; not thread-safe, never needed to serve): the
-   models' tunable constants in the order of selection.py MODEL_KEYS (21) / SM100_MODEL_KEYS (9);
+   models' tunable constants in the order of selection.py MODEL_KEYS (22) / SM100_MODEL_KEYS (9);
    NULL restores the compiled-in ones. */
 FX_EXPORT int32_t fx_cost_model_set(const double *sm90, int32_t n90, const double *sm100, int32_t n100) {
-    if ((sm90 && n90 != 21) || (sm100 && n100 != 9))
-        return fail(FX_ERR_INPUT, "fx_cost_model_set takes 21 sm90 and 9 sm100 constants, got %d and %d", n90, n100);
+    if ((sm90 && n90 != 22) || (sm100 && n100 != 9))
+        return fail(FX_ERR_INPUT, "fx_cost_model_set takes 22 sm90 and 9 sm100 constants, got %d and %d", n90, n100);
     fx_model90_set = fx_model_constants;
     fx_model100_set = fx_model_sm100_constants;
-    if (sm90) memcpy(&fx_model90_set, sm90, 21 * sizeof(double));
+    if (sm90) memcpy(&fx_model90_set, sm90, 22 * sizeof(double));
     if (sm100) memcpy(&fx_model100_set, sm100, 9 * sizeof(double));
     fx_model90_given = sm90 != NULL;
     fx_model100_given = sm100 != NULL;
@@ -518,7 +520,8 @@ static double estimate_us(const fx_variant *v, int64_t M, int64_t N, int64_t K, 
        the same tile unswizzled (notes/gemm-sm90.md, off the tuning grid). */
     i128 run_n = v->swizzle > 1 ? cdiv128(tiles_n / cn, v->swizzle) * v->swizzle * cn : tiles_n;
     i128 units = tiles_m * run_n * L * split;
-    i128 per_cluster = cm * cn * split;
+    /* the cluster split's parts are one cluster; the workspace split's are separate work units */
+    i128 per_cluster = v->workspace == FX_WORKSPACE_TILES ? cm * cn : cm * cn * split;
     i128 cap = v->persistent_ctas ? v->persistent_ctas : sm_count;
     if (cap > sm_count) cap = sm_count;
     cap = cap / per_cluster * per_cluster;
@@ -540,6 +543,8 @@ static double estimate_us(const fx_variant *v, int64_t M, int64_t N, int64_t K, 
     double t = hi + p->overlap * lo;
     double area = (double)(tm * tn) / 4096.0;
     double split_cost = p->split_us * (double)(split - 1) * pow(area > 1.0 ? area : 1.0, p->split_tile_exp);
+    if (v->workspace == FX_WORKSPACE_TILES) /* per wave: a partial tile out, the last part's split tiles in */
+        split_cost = p->wsplit_us * (double)waves * (double)(split + 1) * (double)(tm * tn) / 16384.0;
     double tile_cost = p->tile_us * (double)(waves - 1);
     return t * 1e6 + p->fixed_us + split_cost + tile_cost;
 }
@@ -574,7 +579,29 @@ static int32_t gemm_major(const fx_spec *s, int32_t mn) {
     return 0;
 }
 
-static void workspace_spec(fx_value *v, const fx_variant *e, int64_t M, int64_t N, uintptr_t ptr) {
+/* The "tiles" workspace of the in-kernel split-K fix-up (gemm/sm90_splitk.py workspace_words,
+   runtime/gemm.py): one int32 semaphore per output tile, rounded up to FX_SEM_ALIGN words, then a
+   tile_m x tile_n float32 partial per (tile, part).  Saturates at INT64_MAX (the contract then
+   refuses the size). */
+#define FX_SEM_ALIGN 32
+static int64_t split_sem_words(const fx_variant *e, int64_t M, int64_t N, int64_t L) {
+    i128 t = (i128)cdiv(M, e->tile[0]) * cdiv(N, e->tile[1]) * L;
+    i128 w = (t + FX_SEM_ALIGN - 1) / FX_SEM_ALIGN * FX_SEM_ALIGN;
+    return w > (i128)INT64_MAX ? INT64_MAX : (int64_t)w;
+}
+
+static int64_t split_words(const fx_variant *e, int64_t M, int64_t N, int64_t L) {
+    i128 t = (i128)cdiv(M, e->tile[0]) * cdiv(N, e->tile[1]) * L;
+    i128 w = (i128)split_sem_words(e, M, N, L) + t * e->split_k * e->tile[0] * e->tile[1];
+    return w > (i128)INT64_MAX ? INT64_MAX : (int64_t)w;
+}
+
+static void workspace_spec(fx_value *v, const fx_variant *e, int64_t M, int64_t N, int64_t L, uintptr_t ptr) {
+    if (e->workspace == FX_WORKSPACE_TILES) {
+        int64_t shape[1] = {split_words(e, M, N, L)}, stride[1] = {1};
+        spec(v, (const void *)ptr, 1, shape, stride);
+        return;
+    }
     int64_t shape[3] = {M, N, e->split_k}, stride[3] = {N, 1, M * N};
     spec(v, (const void *)ptr, 3, shape, stride);
 }
@@ -593,7 +620,7 @@ static int32_t gemm_fits(const gemm_ctx *g, int32_t early_b, int32_t **fits, int
         if (v->early_b != early_b) continue;
         if (v->epilogue != g->epilogue) continue;
         int32_t nv = g->n_vals;
-        if (v->workspace) workspace_spec(&vals[nv++], v, g->M, g->N, 0);
+        if (v->workspace) workspace_spec(&vals[nv++], v, g->M, g->N, g->L, 0);
         if (check_contract(v, vals, nv)) {
             if (!reason[0]) snprintf(reason, sizeof reason, "%s", fx_msg);
             continue;
@@ -717,6 +744,28 @@ static i128 sm80_ctas(const fx_variant *v, const gemm_ctx *g) {
     return (i128)cdiv(g->M, v->tile[0]) * cdiv(g->N, v->tile[1]) * g->L * v->split_k;
 }
 
+/* Whether an sm90 split-K variant competes (by wave count; the cost model then decides):
+   the cluster split where its unsplit tile grid is under one wave; the workspace split (in-kernel
+   fix-up) where the unsplit grid's last wave leaves at least a quarter of the SMs idle (tiles <
+   SMs, or (tiles mod SMs) in 1..3/4 SMs within FX_SPLIT_MAX_WAVES waves), every part keeps at least
+   FX_SPLIT_MIN_KBLOCKS k-blocks, the workspace stays within FX_SPLIT_MAX_WORKSPACE_WORDS, and the
+   split grid's waves are fuller than the unsplit ones. */
+#define FX_SPLIT_MAX_WAVES 3
+#define FX_SPLIT_MIN_KBLOCKS 32 /* H100 sweep: split tiles with 8-27 k-blocks per part lost 1.2-2.6x */
+#define FX_SPLIT_MAX_WORKSPACE_WORDS ((int64_t)16 << 20) /* 64 MiB of partial tiles per call at most */
+static int split_competes(const fx_variant *v, const gemm_ctx *g, int32_t sms) {
+    i128 tiles = (i128)cdiv(g->M, v->tile[0]) * cdiv(g->N, v->tile[1]) * g->L;
+    if (v->workspace != FX_WORKSPACE_TILES) return tiles < sms;
+    if (tiles >= (i128)sms * FX_SPLIT_MAX_WAVES) return 0;
+    if (cdiv(g->K, v->tile[2]) < (int64_t)FX_SPLIT_MIN_KBLOCKS * v->split_k) return 0;
+    if (split_words(v, g->M, g->N, g->L) > FX_SPLIT_MAX_WORKSPACE_WORDS) return 0;
+    i128 rem = tiles % sms;
+    if (rem == 0 || 4 * rem > 3 * (i128)sms) return 0;
+    i128 units = tiles * v->split_k;
+    /* fill = work / (waves x SMs): split fuller than unsplit, compared in integers */
+    return units * (cdiv128(tiles, sms) * sms) > tiles * (cdiv128(units, sms) * sms);
+}
+
 /* The variant to run among fits (all fit, one target); -1 if fits is empty:
      1. a persistent grid fixed at build time for more SMs than this device has is used only where
         its launch grid for this problem fits (else a second wave of CTAs);
@@ -764,8 +813,7 @@ static int32_t gemm_choose(const gemm_ctx *g, int32_t *fits, int32_t n) {
         double best_t = 0;
         for (int32_t i = 0; i < n; i++) {
             const fx_variant *v = &fx_variants[fits[i]];
-            if (family == FX_FAMILY_SM90 && v->split_k > 1 && unsplit > 0 &&
-                (i128)cdiv(g->M, v->tile[0]) * cdiv(g->N, v->tile[1]) * g->L >= sms)
+            if (family == FX_FAMILY_SM90 && v->split_k > 1 && unsplit > 0 && !split_competes(v, g, sms))
                 continue;
             double t = family == FX_FAMILY_SM100 ? sm100_estimate_us(v, g->M, g->N, g->K, g->L, sms)
                                                  : estimate_us(v, g->M, g->N, g->K, g->L, sms);
@@ -1100,7 +1148,11 @@ static int32_t gemm_select(const fx_device_t *dev, const fx_gemm_problem_t *p, c
     out->variant = choice;
     out->name = v->name;
     out->splits = v->split_k;
-    if (v->workspace) { /* (split_k, M, N) float32 partials */
+    if (v->workspace == FX_WORKSPACE_TILES) { /* semaphores + partial tiles, float32 words */
+        int64_t w = split_words(v, p->m, p->n, p->l);
+        if (w == INT64_MAX) return fail(FX_ERR_INPUT, "the split-K workspace overflows 64 bits");
+        if ((rc = mulu64((uint64_t)w, 4u, &out->workspace_bytes, "the split-K workspace"))) return rc;
+    } else if (v->workspace) { /* (split_k, M, N) float32 partials */
         uint64_t b;
         if ((rc = mulu64((uint64_t)v->split_k * 4u, (uint64_t)p->m, &b, "the split-K workspace")) ||
             (rc = mulu64(b, (uint64_t)p->n, &out->workspace_bytes, "the split-K workspace")))
@@ -1217,8 +1269,8 @@ static int more_waves(const fx_variant *small, const fx_variant *big, const attn
    blocks (B4 H32/8 Sk4096: 2 splits 29.1 us, 4 splits 30.7); every split keeps at least 2 key
    tiles (B1 Sk512: 4 splits 6.4 us, 8 splits 7.4); when that is the largest cluster split, K/V fit
    in L2 and a second-kernel split keeps 2 tiles each: that one (B1 H32/8 Sk4096 10.1 us vs 11.3). */
-static int32_t decode_split_count(i128 groups, int64_t tiles, i128 kv_bytes, int64_t row_blocks, int32_t sms,
-                                  const int32_t *sp, const int32_t *cl, int32_t n) {
+static int32_t decode_split_count(i128 groups, int64_t tiles, i128 kv_bytes, int64_t row_blocks, i128 rows,
+                                  int32_t sms, const int32_t *sp, const int32_t *cl, int32_t n) {
     if (groups * 4 >= 3 * (i128)sms) return 1;
     i128 target = row_blocks > 1 ? sms / 2 : sms / 4;
     int32_t first = 0, cl_fit = 0, cl_all = 0;
@@ -1229,7 +1281,9 @@ static int32_t decode_split_count(i128 groups, int64_t tiles, i128 kv_bytes, int
         if (groups * sp[i] > target && (!first || sp[i] < first)) first = sp[i];
     }
     int32_t s = first ? first : (cl_fit ? cl_fit : 1);
-    if (cl_fit && s == cl_all && kv_bytes <= (i128)model90()->l2_bytes) {
+    /* the second kernel merges 32 fp32 partials per query row: over 64 query rows it pays only where
+       the cluster split keeps >= 16 tiles each */
+    if (cl_fit && s == cl_all && kv_bytes <= (i128)model90()->l2_bytes && (rows <= 64 || tiles >= 16 * (int64_t)s)) {
         int32_t big = 0;
         for (int32_t i = 0; i < n; i++)
             if (!cl[i] && sp[i] > s && (sp[i] == 1 || tiles >= 2 * (int64_t)sp[i]) && sp[i] > big) big = sp[i];
@@ -1257,6 +1311,24 @@ static int32_t decode_tile_entries(const int32_t *c, int32_t n, int32_t *sp, int
     return m;
 }
 
+/* kvcache_rules._wide_pick: the 8-warp 128-key-tile build (not preferred, one CTA per SM by the manifest),
+   where built, for the preferred build's split count s: head_dim 64 at half of s (at least 1) where
+   that grid is at most 4 CTAs per SM;
+   head_dim >= 128 at s where 2 · groups · s <= SMs; its PDL twin where that grid leaves half the SMs
+   idle.  -1: none. */
+static int32_t decode_wide_pick(const int32_t *c, int32_t n, int32_t s, i128 groups, int64_t head_dim, int32_t sms) {
+    int32_t half = s / 2 > 1 ? s / 2 : 1;
+    int32_t want = head_dim <= 64 ? (groups * half <= 4 * (i128)sms ? half : 0) : (2 * groups * s <= (i128)sms ? s : 0);
+    int32_t pdl = want > 1 && 2 * groups * want <= (i128)sms, first = -1;
+    for (int32_t i = 0; i < n; i++) {
+        const fx_variant *e = &fx_variants[c[i]];
+        if (e->preferred || e->ctas_per_sm != 1 || e->kv_splits != want) continue;
+        if (first < 0) first = c[i];
+        if ((e->pdl != 0) == pdl) return c[i];
+    }
+    return first;
+}
+
 /* The decode-family entry (attention/decode.py) for a dense problem, over the family's entries
    dec[0..n) (candidates order); -1 when the family does not serve it: Sq > 16, or Sq > 1 without
    the causal mask (the family is built bottom-right causal; one query equals no mask).  Entries of
@@ -1271,11 +1343,16 @@ static int32_t decode_pick(const int32_t *dec, int32_t n, const attn_decode *d, 
     int64_t row_blocks = cdiv((d->hq / d->hkv) * d->sq, 16);
     i128 kv_bytes = (i128)2 * d->b * d->sk * d->hkv * e0->head_dim * 2;
     i128 groups = (i128)d->b * d->hkv * row_blocks;
-    int32_t s = decode_split_count(groups, cdiv(d->sk, t1), kv_bytes, row_blocks, sms, sp, cl, m);
+    int32_t s = decode_split_count(groups, cdiv(d->sk, t1), kv_bytes, row_blocks, (i128)d->b * d->hq * d->sq, sms,
+                                   sp, cl, m);
     int32_t cluster = 0, first = -1;
     for (int32_t i = 0; i < m; i++)
         if (sp[i] == s && cl[i]) cluster = 1;
     int32_t pdl = s > 1 && (!cluster || 2 * groups * s <= (i128)sms);
+    if (e0->head_dim >= 128) { /* the 8-warp build of that split count where built and its grid leaves half the SMs idle */
+        int32_t w = decode_wide_pick(dec, n, s, groups, e0->head_dim, sms);
+        if (w >= 0) return w;
+    }
     for (int32_t i = 0; i < m; i++) {
         if (sp[i] != s) continue;
         if (first < 0) first = idx[i];
@@ -2022,11 +2099,12 @@ FX_EXPORT int32_t fx_gemm_grouped_select(const fx_device_t *dev, const fx_gemm_g
 /* --- attention over a KV cache: runtime/kvcache.py ------------------------------------------------ */
 /* kvcache.paged_split_count over the built split counts sp[i] (cl[i]: merged in a cluster). */
 static int32_t paged_split_count(i128 groups, int64_t tiles, int32_t sms, const int32_t *sp, const int32_t *cl,
-                                 int32_t n, int64_t head_dim, int fp8) {
+                                 int32_t n, int64_t head_dim, int fp8, i128 rows) {
     if (!fp8 && groups * 4 >= 3 * (i128)sms) return 1;
     int32_t fits[64], fcl[64], m = 0;
     for (int32_t i = 0; i < n && m < 64; i++) /* sorted ascending, duplicates dropped */
-        if (sp[i] == 1 || tiles >= 4 * (int64_t)sp[i]) {
+        if (sp[i] == 1 || tiles >= 4 * (int64_t)sp[i] ||
+            (!fp8 && !cl[i] && rows <= 32 && tiles >= 2 * (int64_t)sp[i])) {
             int32_t j = m, dup = 0;
             for (int32_t k = 0; k < m; k++) dup |= fits[k] == sp[i];
             if (dup) continue;
@@ -2037,9 +2115,9 @@ static int32_t paged_split_count(i128 groups, int64_t tiles, int32_t sms, const 
     int32_t s = fits[m - 1], scl = fcl[m - 1];
     for (int32_t i = 0; i < m; i++) /* groups · s >= 1.9 · SMs, in Python's float arithmetic */
         if ((double)(groups * fits[i]) >= 1.9 * (double)sms) { s = fits[i], scl = fcl[i]; break; }
-    if (s > 1 && scl && s >= 8 && groups * s > (i128)sms)
+    if (s > 1 && scl && s >= 8 && groups * s > (i128)sms) /* bf16/f16 head_dim >= 128: >= 8 tiles a split */
         for (int32_t i = 0; i < m; i++)
-            if (fits[i] > s && !fcl[i]) return fits[i];
+            if (fits[i] > s && !fcl[i] && (fp8 || head_dim < 128 || tiles >= 8 * (int64_t)fits[i])) return fits[i];
     if ((fp8 || head_dim >= 128) && s > 1 && scl && groups * s > (i128)sms) { /* at most one CTA per SM */
         int32_t down = 0;
         for (int32_t i = 0; i < m; i++)
@@ -2051,12 +2129,12 @@ static int32_t paged_split_count(i128 groups, int64_t tiles, int32_t sms, const 
 
 typedef struct {
     int64_t b, sq, hq, hkv, d, sk, page_size; /* page_size 0: dense cache */
-    int32_t dtype, kv_dtype, causal, local, softcap, sinks;
+    int32_t dtype, kv_dtype, causal, local, softcap, sinks, varlen_q; /* varlen_q: sq is max_seqlen_q */
 } kv_problem;
 
 /* kvcache._admits */
 static int kv_admits(const fx_variant *e, const kv_problem *q) {
-    if (e->dtype != q->dtype || e->kv_dtype != q->kv_dtype || e->head_dim != q->d || e->varlen ||
+    if (e->dtype != q->dtype || e->kv_dtype != q->kv_dtype || e->head_dim != q->d || e->varlen != q->varlen_q ||
         e->paged != (q->page_size > 0))
         return 0;
     if (q->page_size > 0 && !(e->page_size_mask >> (63 - __builtin_clzll((unsigned long long)q->page_size)) & 1))
@@ -2068,6 +2146,8 @@ static int kv_admits(const fx_variant *e, const kv_problem *q) {
 /* kvcache._pick_decode over one family's entries of the least switch cost: -1 for None. */
 static int32_t kv_pick_decode(const int32_t *c, int32_t n, const kv_problem *q, int32_t sms) {
     if (q->sq > 16) return -1;
+    int64_t row_blocks = q->hkv > 0 ? cdiv((q->hq / q->hkv) * q->sq, 16) : 0;
+    i128 groups = (i128)q->b * q->hkv * row_blocks;
     if (q->page_size == 0) {
         attn_decode d = {q->b, q->hq, q->hkv, q->sq, q->sk};
         return decode_pick(c, n, &d, 1, sms);
@@ -2082,15 +2162,18 @@ static int32_t kv_pick_decode(const int32_t *c, int32_t n, const kv_problem *q, 
         for (int32_t j = i + 1; j < m; j++)
             if (sp[j] == sp[i]) cl_last[i] = cl[j];
     }
-    int64_t row_blocks = cdiv((q->hq / q->hkv) * q->sq, 16);
-    i128 groups = (i128)q->b * q->hkv * row_blocks;
-    int32_t s = paged_split_count(groups, cdiv(q->sk, t1), sms, sp, cl_last, m, q->d, q->kv_dtype == FX_DTYPE_E4M3);
+    int32_t s = paged_split_count(groups, cdiv(q->sk, t1), sms, sp, cl_last, m, q->d, q->kv_dtype == FX_DTYPE_E4M3,
+                                  (i128)q->b * q->hq * q->sq);
     /* the one-CTA-per-SM fp8 build, where built, for a grid within the SMs whose splits keep >= 2048 keys */
     if (q->kv_dtype == FX_DTYPE_E4M3 && groups * s <= (i128)sms && q->sk >= 2048 * (int64_t)s)
         for (int32_t i = 0; i < n; i++) {
             const fx_variant *e = &fx_variants[c[i]];
             if (!e->preferred && e->kv_splits == s && e->ctas_per_sm == 1) return c[i];
         }
+    if (q->kv_dtype != FX_DTYPE_E4M3) {
+        int32_t w = decode_wide_pick(c, n, s, groups, q->d, sms);
+        if (w >= 0) return w;
+    }
     for (int32_t i = 0; i < m; i++)
         if (sp[i] == s) return idx[i];
     return -1;
@@ -2150,9 +2233,13 @@ static int32_t kv_select(const fx_device_t *dev, const fx_attention_kvcache_prob
     int32_t rc;
     if (!p) return fail(FX_ERR_INPUT, "the problem pointer is NULL");
     if ((rc = check_device(dev))) return rc;
-    if ((rc = check_bool("causal", p->causal))) return rc;
+    if ((rc = check_bool("causal", p->causal)) || (rc = check_bool("varlen_q", p->varlen_q))) return rc;
     if (p->dtype != FX_DTYPE_BF16 && p->dtype != FX_DTYPE_F16)
         return fail(FX_ERR_INPUT, "q dtype %s not supported (bf16, f16)", dtype_name(p->dtype));
+    /* packed q: q/o (Sq, Hq, D) and lse (Hq, Sq), Sq the query tokens; the arrays below are the
+       dense forms, read from index `first` on */
+    const int varlen = p->varlen_q;
+    const int32_t first = varlen ? 1 : 0;
     if (p->kv_dtype != p->dtype && p->kv_dtype != FX_DTYPE_E4M3)
         return fail(FX_ERR_INPUT, "k_cache/v_cache dtype %s must be q's (%s) or e4m3", dtype_name(p->kv_dtype),
                     dtype_name(p->dtype));
@@ -2176,9 +2263,15 @@ static int32_t kv_select(const fx_device_t *dev, const fx_attention_kvcache_prob
         return fail(FX_ERR_INPUT, "a dense cache (max_pages 0) must have num_pages = batch (%lld), got %lld",
                     (long long)B, (long long)p->num_pages);
     }
-    if ((rc = check_stride("q_stride", p->q_stride, 0, 3)) || (rc = check_stride("k_stride", p->k_stride, 0, 3)) ||
-        (rc = check_stride("v_stride", p->v_stride, 0, 3)) || (rc = check_stride("o_stride", p->o_stride, 0, 3)))
+    if ((rc = check_stride("q_stride", p->q_stride, first, 3)) || (rc = check_stride("k_stride", p->k_stride, 0, 3)) ||
+        (rc = check_stride("v_stride", p->v_stride, 0, 3)) || (rc = check_stride("o_stride", p->o_stride, first, 3)))
         return rc;
+    if (varlen && (p->max_seqlen_q < 0 || p->max_seqlen_q > Sq))
+        return fail(FX_ERR_INPUT, "max_seqlen_q = %d must be in [0, %lld] (the query tokens)", p->max_seqlen_q,
+                    (long long)Sq);
+    if (varlen && p->max_seqlen_q == 0 && Sq > 0 && B > 0)
+        return fail(FX_ERR_INPUT, "max_seqlen_q = 0: with %lld query tokens in %lld sequences it must be at least 1 "
+                    "(the longest query sequence)", (long long)Sq, (long long)B);
     if (p->window_left < -1 || p->window_right < -1)
         return fail(FX_ERR_INPUT, "window_size entries must be >= -1 (-1: unbounded)");
     if (!(p->softcap >= 0.0f) || isinf(p->softcap))
@@ -2195,14 +2288,15 @@ static int32_t kv_select(const fx_device_t *dev, const fx_attention_kvcache_prob
         return fail(FX_ERR_INPUT, "batch (%lld) must be <= %lld", (long long)B, (long long)fx_attention_grid_yz_max);
     int64_t numel_q, max_k;
     const int64_t q4[4] = {B, Sq, Hq, D};
-    if ((rc = product(q4, 4, &numel_q, "q's element count"))) return rc;
+    if ((rc = product(q4 + first, 4 - first, &numel_q, "q's element count"))) return rc;
     if ((rc = mul64(paged ? p->max_pages : 1, p->page_size, &max_k, "the cache's rows per sequence"))) return rc;
     const int64_t qs_[3] = {p->q_stride[0], p->q_stride[1], p->q_stride[2]};
     int64_t numel_k;
     const int64_t k4[4] = {p->num_pages, p->page_size, Hkv, D};
     if ((rc = product(k4, 4, &numel_k, "the cache's element count"))) return rc;
     int32_t kvec = p->kv_dtype == FX_DTYPE_E4M3 ? 16 : 8;
-    if ((rc = check_strides("q", p->q, qs_, 0, numel_q)) || (rc = check_strides("o", p->o, p->o_stride, 0, numel_q)))
+    if ((rc = check_strides("q", p->q, qs_, first, numel_q)) ||
+        (rc = check_strides("o", p->o, p->o_stride, first, numel_q)))
         return rc;
     for (int32_t w = 0; w < 2 && numel_k; w++) {
         const int64_t *st = w ? p->v_stride : p->k_stride;
@@ -2221,11 +2315,11 @@ static int32_t kv_select(const fx_device_t *dev, const fx_attention_kvcache_prob
         const int64_t vst[4] = {p->v_stride[0], p->v_stride[1], p->v_stride[2], 1};
         const int64_t eb = 2, kb = p->kv_dtype == FX_DTYPE_E4M3 ? 1 : 2;
         int64_t span;
-        fx_range in[7], ro, rl;
-        if ((rc = span_of("q", 4, q4, qst, &span)) || (rc = range_of(&in[0], "q", p->q, span, eb)) ||
+        fx_range in[8], ro, rl;
+        if ((rc = span_of("q", 4 - first, q4 + first, qst + first, &span)) || (rc = range_of(&in[0], "q", p->q, span, eb)) ||
             (rc = span_of("k_cache", 4, k4, kst, &span)) || (rc = range_of(&in[1], "k_cache", p->k_cache, span, kb)) ||
             (rc = span_of("v_cache", 4, k4, vst, &span)) || (rc = range_of(&in[2], "v_cache", p->v_cache, span, kb)) ||
-            (rc = span_of("o", 4, q4, ost, &span)) || (rc = range_of(&ro, "o", p->o, span, eb)))
+            (rc = span_of("o", 4 - first, q4 + first, ost + first, &span)) || (rc = range_of(&ro, "o", p->o, span, eb)))
             return rc;
         const int64_t bt2[2] = {B, p->max_pages}, bts2[2] = {p->block_table_stride, 1};
         if ((rc = span_of("block_table", 2, bt2, bts2, &span)) ||
@@ -2234,12 +2328,15 @@ static int32_t kv_select(const fx_device_t *dev, const fx_attention_kvcache_prob
         range_of(&in[4], "cache_seqlens", p->cache_seqlens, B, 4);
         range_of(&in[5], "sinks", p->sinks, Hq, 4);
         range_of(&in[6], "kv_descale", p->kv_descale, 2 * Hkv, 4);
-        if ((rc = check_distinct("o", 4, q4, ost)) || (rc = check_disjoint(&ro, in, 7))) return rc;
+        range_of(&in[7], "cu_seqlens_q", varlen ? (const void *)p->cu_seqlens_q : NULL, B + 1, 4);
+        if ((rc = check_distinct("o", 4 - first, q4 + first, ost + first)) || (rc = check_disjoint(&ro, in, 8)))
+            return rc;
         if (p->lse) {
             const int64_t ld[3] = {B, Hq, Sq}, lst_[3] = {p->lse_stride[0], p->lse_stride[1], 1};
-            if ((rc = check_stride("lse_stride", p->lse_stride, 0, 2)) || (rc = span_of("lse", 3, ld, lst_, &span)) ||
-                (rc = range_of(&rl, "lse", p->lse, span, 4)) || (rc = check_distinct("lse", 3, ld, lst_)) ||
-                (rc = check_disjoint(&rl, in, 7)) || (rc = check_disjoint(&rl, &ro, 1)))
+            if ((rc = check_stride("lse_stride", p->lse_stride, first, 2)) ||
+                (rc = span_of("lse", 3 - first, ld + first, lst_ + first, &span)) ||
+                (rc = range_of(&rl, "lse", p->lse, span, 4)) || (rc = check_distinct("lse", 3 - first, ld + first, lst_ + first)) ||
+                (rc = check_disjoint(&rl, in, 8)) || (rc = check_disjoint(&rl, &ro, 1)))
                 return rc;
         }
     }
@@ -2247,22 +2344,23 @@ static int32_t kv_select(const fx_device_t *dev, const fx_attention_kvcache_prob
     if ((local || p->softcap > 0.0f) && !p->sinks)
         return fail(FX_ERR_INPUT, "sinks: the window/softcap build reads sinks: pass heads_q float32 logits "
                                   "(-inf where the model has none)");
-    uint64_t lse_bytes = 0, ln = (uint64_t)B * (uint64_t)Hq * (uint64_t)Sq;
+    uint64_t lse_bytes = 0, ln = (varlen ? 1u : (uint64_t)B) * (uint64_t)Hq * (uint64_t)Sq;
     if (!p->lse && (rc = mulu64(ln, 4u, &lse_bytes, "the lse scratch"))) return rc;
     if (numel_q == 0) { /* kvcache.attention_kvcache: nothing to launch */
         out->workspace_bytes = 0;
         return 0;
     }
-    kv_problem q = {B, Sq, Hq, Hkv, D, max_k, paged ? p->page_size : 0, p->dtype, p->kv_dtype, p->causal, local,
-                    p->softcap > 0.0f, p->sinks != NULL};
+    kv_problem q = {B, varlen ? p->max_seqlen_q : Sq, Hq, Hkv, D, max_k, paged ? p->page_size : 0, p->dtype,
+                    p->kv_dtype, p->causal, local, p->softcap > 0.0f, p->sinks != NULL, varlen};
     int32_t choice = kv_choose(dev, &q);
     if (choice < 0)
         return fail(FX_ERR_NO_VARIANT, "no attention_kvcache kernel in this bundle for dtype=%s kv_dtype=%s head_dim=%lld "
-                    "%s seqlen_q=%lld causal=%d (on compute capability %d.%d)", dtype_name(p->dtype),
-                    dtype_name(p->kv_dtype), (long long)D, paged ? "paged" : "dense cache", (long long)Sq, p->causal,
-                    dev->cc_major, dev->cc_minor);
+                    "%s %sseqlen_q=%lld causal=%d (on compute capability %d.%d)", dtype_name(p->dtype),
+                    dtype_name(p->kv_dtype), (long long)D, paged ? "paged" : "dense cache", varlen ? "packed q max_" : "",
+                    (long long)q.sq, p->causal, dev->cc_major, dev->cc_minor);
     const fx_variant *e = &fx_variants[choice];
     int64_t s = e->splits > 1 ? e->splits : 1; /* the workspace splits (cluster merges take none) */
+    if (varlen && s > 1) return fail(FX_ERR_NO_VARIANT, "%s: a packed-q build with a split workspace", e->name);
     uint64_t nsplit = 0;
     a->split_bytes = 0;
     if (s > 1 && ((rc = mulu64((uint64_t)s, ln, &nsplit, "the split-KV workspace")) ||
@@ -2278,13 +2376,14 @@ static int32_t kv_select(const fx_device_t *dev, const fx_attention_kvcache_prob
     const int64_t os[4] = {p->o_stride[0], p->o_stride[1], p->o_stride[2], 1};
     const int64_t ks[4] = {p->k_stride[0], p->k_stride[1], p->k_stride[2], 1};
     const int64_t vs[4] = {p->v_stride[0], p->v_stride[1], p->v_stride[2], 1};
-    spec(&vals[0], p->q, 4, q4, qs);
+    spec(&vals[0], p->q, 4 - first, q4 + first, qs + first);
     spec(&vals[1], p->k_cache, 4, kshape, ks);
     spec(&vals[2], p->v_cache, 4, kshape, vs);
-    spec(&vals[3], p->o, 4, q4, os);
+    spec(&vals[3], p->o, 4 - first, q4 + first, os + first);
     const int64_t ls[3] = {B, Hq, Sq};
     const int64_t lst[3] = {p->lse ? p->lse_stride[0] : Hq * Sq, p->lse ? p->lse_stride[1] : Sq, 1};
-    spec(&vals[4], p->lse ? (const void *)p->lse : (const void *)(workspace + a->lse_offset), 3, ls, lst);
+    spec(&vals[4], p->lse ? (const void *)p->lse : (const void *)(workspace + a->lse_offset), 3 - first, ls + first,
+         lst + first);
     int32_t k = 5;
     if (s > 1) {
         int64_t op[5] = {s, B, Hq, Sq, D}, ops[5] = {B * Hq * Sq * D, Hq * Sq * D, Sq * D, D, 1};
@@ -2299,6 +2398,8 @@ static int32_t kv_select(const fx_device_t *dev, const fx_attention_kvcache_prob
     spec(&vals[k++], paged ? (const void *)p->block_table : any, 2, bts, btst);
     const int64_t bsh[1] = {B}, one[1] = {1};
     spec(&vals[k++], p->cache_seqlens, 1, bsh, one);
+    const int64_t b1[1] = {B + 1};
+    if (varlen) spec(&vals[k++], p->cu_seqlens_q, 1, b1, one);
     const int64_t hsh[1] = {Hq};
     spec(&vals[k++], p->sinks ? (const void *)p->sinks : any, 1, hsh, one);
     const int64_t dsh[2] = {2, Hkv}, dst[2] = {Hkv, 1};
@@ -2307,6 +2408,7 @@ static int32_t kv_select(const fx_device_t *dev, const fx_attention_kvcache_prob
     vals[k++].f = p->softcap;
     vals[k++].i = p->window_left;
     vals[k++].i = p->window_right;
+    if (varlen) vals[k++].i = p->max_seqlen_q;
     a->n_vals = k;
     out->variant = choice;
     out->name = e->name;
@@ -2564,7 +2666,15 @@ static int32_t gemm_run(const fx_device_t *dev, const fx_gemm_problem_t *p, cons
     const fx_variant *v = &fx_variants[out->variant];
     if ((rc = ensure_loaded(out->variant))) return rc;
     int32_t n = g.n_vals;
-    if (v->workspace) workspace_spec(&g.vals[n++], v, g.M, g.N, (uintptr_t)workspace);
+    if (v->workspace) workspace_spec(&g.vals[n++], v, g.M, g.N, g.L, (uintptr_t)workspace);
+    if (v->workspace == FX_WORKSPACE_TILES) { /* the semaphores start at zero (the kernel leaves them so) */
+        cudaError_t e = cudaMemsetAsync(workspace, 0, (size_t)split_sem_words(v, g.M, g.N, g.L) * 4u, stream);
+        if (e != cudaSuccess) {
+            cudaGetLastError();
+            return fail((int32_t)e, "fx_gemm: zeroing the split-K semaphores: %s: %s", cudaGetErrorName(e),
+                        cudaGetErrorString(e));
+        }
+    }
     if (v->cluster_ctas) {
         int32_t drv = driver_clusters(out->variant);
         if (drv > 0 && drv < out->max_clusters) out->max_clusters = drv;
@@ -2625,8 +2735,13 @@ static int32_t packed_run(const fx_device_t *dev, const fx_gemm_packed_problem_t
     if (rc || out->variant < 0) return rc;
     if (!p->a || !p->b_packed || !p->c || !p->scale_a || !p->scale_b)
         return fail(FX_ERR_INPUT, "fx_gemm_packed needs the a, b_packed, c, scale_a and scale_b pointers");
+    {
+        const void *ptrs[5] = {p->a, p->b_packed, p->c, p->scale_a, p->scale_b};
+        static const char *const names[5] = {"a", "b_packed", "c", "scale_a", "scale_b"};
+        if ((rc = check_launch_device(stream, 5, ptrs, names))) return rc;
+    }
     if ((rc = ensure_loaded(out->variant))) return rc;
-    return fx_variants[out->variant].bind(x.vals, stream);
+    return launched(out->variant, fx_variants[out->variant].bind(x.vals, stream));
 }
 
 FX_EXPORT int32_t fx_gemm_packed(const fx_device_t *dev, const fx_gemm_packed_problem_t *p, fx_stream_t stream,
@@ -2659,6 +2774,11 @@ static int32_t bs_run(const fx_device_t *dev, const fx_gemm_blockscaled_problem_
         return fail(FX_ERR_INPUT, "fx_gemm_blockscaled needs the a, b, c, a_scale and b_scale pointers");
     if (p->format == FX_FORMAT_NVF4 && (!p->a_global || !p->b_global))
         return fail(FX_ERR_INPUT, "nvf4 needs a_global and b_global (one float32 each)");
+    {
+        const void *ptrs[7] = {p->a, p->b, p->c, p->a_scale, p->b_scale, p->a_global, p->b_global};
+        static const char *const names[7] = {"a", "b", "c", "a_scale", "b_scale", "a_global", "b_global"};
+        if ((rc = check_launch_device(stream, 7, ptrs, names))) return rc;
+    }
     return launch_chosen(out, x.vals, x.n_vals, stream);
 }
 
@@ -2699,12 +2819,21 @@ static int32_t kv_run(const fx_device_t *dev, const fx_attention_kvcache_problem
     attn_ctx a;
     int32_t rc = kv_select(dev, p, out, &a, (uintptr_t)workspace);
     if (rc || out->variant < 0) return rc;
-    if (!p->q || !p->k_cache || !p->v_cache || !p->o || !p->cache_seqlens || (p->max_pages > 0 && !p->block_table))
+    if (!p->q || !p->k_cache || !p->v_cache || !p->o || !p->cache_seqlens || (p->max_pages > 0 && !p->block_table) ||
+        (p->varlen_q && !p->cu_seqlens_q))
         return fail(FX_ERR_INPUT, "fx_attention_kvcache needs the q, k_cache, v_cache, o, cache_seqlens (and, paged, "
-                                  "block_table) pointers");
+                                  "block_table; packed q, cu_seqlens_q) pointers");
     if ((rc = check_workspace(out->workspace_bytes, workspace, workspace_bytes))) return rc;
+    {
+        const void *ptrs[11] = {p->q, p->k_cache, p->v_cache, p->o, p->lse, p->max_pages > 0 ? p->block_table : NULL,
+                                p->cache_seqlens, p->sinks, p->kv_descale, p->varlen_q ? p->cu_seqlens_q : NULL,
+                                out->workspace_bytes ? workspace : NULL};
+        static const char *const names[11] = {"q", "k_cache", "v_cache", "o", "lse", "block_table", "cache_seqlens",
+                                              "sinks", "kv_descale", "cu_seqlens_q", "workspace"};
+        if ((rc = check_launch_device(stream, 11, ptrs, names))) return rc;
+    }
     if ((rc = ensure_loaded(out->variant))) return rc;
-    return fx_variants[out->variant].bind(a.vals, stream);
+    return launched(out->variant, fx_variants[out->variant].bind(a.vals, stream));
 }
 
 FX_EXPORT int32_t fx_attention_kvcache(const fx_device_t *dev, const fx_attention_kvcache_problem_t *p,

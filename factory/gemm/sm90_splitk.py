@@ -1,0 +1,456 @@
+"""Hopper (sm_90a) GEMM split along K over the persistent grid, with a deterministic fix-up.
+
+For problems whose output tiles are too few for the SMs (mid-size M and N, long K), each output
+tile is cut into ``splits`` parts along K; the persistent scheduler walks (tile, part) work units,
+the parts of one tile adjacent in the raster so that they run at the same time on neighbouring
+CTAs.  The mainloop is the one of ``sm90.py`` (TMA -> swizzled smem -> WGMMA, producer warp and
+consumer warpgroups); only the k-blocks of the part are loaded.
+
+**Fix-up (in the kernel, fixed reducer, fixed order).**  The last part of a tile reduces it.  The
+other parts store their fp32 partial tile into the workspace (16-byte vectors, the threads'
+vectors interleaved so that a warp's stores are contiguous), fence at GPU scope, and one thread
+adds 1 to the tile's semaphore (a reduction: nothing is waited for).  The last part, once its own
+mainloop is done, waits until the semaphore reads ``splits - 1``, sets it back to 0 and sums
+((part 0 + part 1) + ...) + its own accumulators, the same additions in the same order on every
+run, then writes the tile through the usual epilogue (bf16 via smem and TMA store).  A part with
+no k-block (more parts than k-blocks) stores nothing and is skipped by the reducer, which computes
+which parts own k-blocks.
+
+Progress: the parts of a tile are consecutive work units, the reducer the highest, and a CTA walks
+its units in increasing order, so a reducer waits only on units of lower index; the grid never
+exceeds what the device holds at once (``max_clusters``, as in sm90.py), so every unit of lower
+index is running or done, and the lowest unfinished unit never waits.  (With PDL, the next kernel
+is released only once every CTA of this one has started.)
+
+**Workspace** (one float32 tensor of ``workspace_words(...)`` elements, ``W``): first the
+semaphores, one int32 per output tile (tiles_m * tiles_n * L, rounded up to 32), then the partial
+tiles, ``tile_m * tile_n`` floats per (tile, part).  The semaphores must be zero when the kernel
+starts; every launch leaves them zero.  The runtime zeroes the semaphore words before each launch
+on the launch's stream (runtime/gemm.py, the host library's ``fx_gemm``), so a workspace from the
+stream-ordered allocator (or a CUDA graph's pool) is safe on any stream; two launches that run at
+the same time (two streams) must not share one workspace.
+
+Why this form (notes/gemm-sm90.md, "Split-K over the grid with an in-kernel fix-up"): a separate reduction
+kernel moves every partial through memory twice and adds a launch; the cluster (DSMEM) split of
+``sm90.py`` holds the partials in shared memory, which caps it at 64 accumulators per thread and at
+the split counts whose clusters the device co-schedules (2-CTA clusters: 66 of 66; 4-CTA: 30).  A
+first form where every part stored its partial and the last to arrive (an atomic's returned
+value) reduced made every part wait for the atomic's round trip: 5-10 % slower on an H100.
+
+Measured (H100, beside the unsplit tiles in one sweep): the fix-up costs ~5-12 us per wave of
+units, so a split tile beat the best unsplit one on 3 of 195 problems (by 2-9 %); the selection's
+cost model (``wsplit_us``) picks it rarely, and no split variant is in the default tier.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils as utils
+import cutlass.utils.hopper_helpers as sm90_utils
+
+from ..abi import Signature, TensorArg
+from ..atoms import sm90 as atoms
+from ..atoms.smem import SMEM_ALIGN as _SMEM_ALIGN
+from ..atoms.targets import Target
+from ..registry import register
+from . import tiles
+from .sm90 import GemmSm90, GemmSm90Kernel, _Bar
+
+SEM_ALIGN = 32  # semaphore words, rounded up to this many (128 bytes)
+MAX_SPLITS = 8
+
+
+def tile_count(M: int, N: int, L: int, tile_m: int, tile_n: int) -> int:
+    """Output tiles of a problem (the semaphores)."""
+    return -(-M // tile_m) * -(-N // tile_n) * L
+
+
+def workspace_words(M: int, N: int, L: int, tile_m: int, tile_n: int, splits: int) -> int:
+    """float32 elements of the workspace: the semaphore words (rounded up to SEM_ALIGN), then one
+    partial tile per (tile, part).  The host library computes the same (fx_select.c)."""
+    t = tile_count(M, N, L, tile_m, tile_n)
+    return -(-t // SEM_ALIGN) * SEM_ALIGN + t * splits * tile_m * tile_n
+
+
+@dataclass(frozen=True, kw_only=True)
+class GemmSm90SplitK(GemmSm90):
+    """A ``GemmSm90`` tile (bf16 / f16, unswapped, coop or ws, cluster 1x1 or 1x2 along N) whose
+    output tiles are split ``splits`` ways along K over the persistent grid (see the module
+    docstring).  Takes one more argument, the float32 ``workspace``."""
+
+    sources: ClassVar[tuple[str, ...]] = GemmSm90.sources + ("gemm/sm90_splitk.py",)
+
+    splits: int = field(default=2, metadata={"tag": "skw"})
+
+    required_sass: ClassVar[tuple[str, ...]] = GemmSm90.required_sass + (r"\bREDG\.E\.ADD",)
+
+    def signature(self) -> Signature:
+        sig = super().signature()
+        args = sig.args[:-1] + (TensorArg("workspace", "f32", ("W",), (1,)),) + sig.args[-1:]
+        return Signature(args, sig.divisibility)
+
+    def sass_requirements(self) -> tuple[str, ...]:
+        # the arrival (a reduction, no returned value), the release fence before it, the reducer's
+        # acquire loads of the semaphore, and the partial tiles in 16-byte vectors
+        return super().sass_requirements() + (r"\bREDG\.E\.ADD", r"\bMEMBAR\.ALL\.GPU", r"\bLDG\.E\.STRONG\.GPU",
+                                               r"\bSTG\.E\.128", r"\bLDG\.E\.128")
+
+    def can_implement(self) -> str | None:
+        why = super().can_implement()
+        if why is not None:
+            return why
+        if self.is_fp8 or self.c == "e4m3":
+            return "the workspace split runs bf16 / f16 inputs"
+        if self.swap_ab or self.split_k != 1 or self.has_epilogue or self.early_b:
+            return "the workspace split runs unswapped, without the cluster split, epilogue fields or early_b"
+        if self.schedule not in ("coop", "ws"):
+            return "the workspace split runs the coop and ws schedules"
+        if tuple(self.cluster) not in ((1, 1), (1, 2)):
+            # A cluster along M would pair two parts of one tile (other k-blocks): no multicast.
+            return "the workspace split runs clusters 1x1 and 1x2 (along N)"
+        if self.raster != "m":
+            return "the workspace split rasters along M (a tile's parts run side by side)"
+        if not 2 <= self.splits <= MAX_SPLITS:
+            return f"splits must be 2..{MAX_SPLITS}"
+        return None
+
+    def describe(self) -> dict[str, Any]:
+        d = super().describe()
+        tm, tn, _ = self.kernel_tile
+        d.update({
+            # The cost model and the wave rule read split_k (work units per output tile).
+            "split_k": self.splits,
+            "workspace": {"dtype": "f32", "form": "tiles", "tile": [tm, tn], "splits": self.splits,
+                          "sem_align": SEM_ALIGN},
+            "persistent": {"arg": "max_clusters", "cluster_ctas": math.prod(self.kernel_cluster)},
+        })
+        return d
+
+    def make_kernel(self):
+        plan = self.plan()
+        return GemmSm90SplitKernel(
+            tile=self.kernel_tile, cluster=self.kernel_cluster, n_consumer=plan.n_consumer,
+            pingpong=False, promote=False, epi_tile=plan.epi_tile, ab_stages=plan.ab_stages,
+            epi_stages=plan.epi_stages, raster_along_m=True, swizzle=self.swizzle, swap_ab=False,
+            split_k=1, pdl=self.pdl, splits=self.splits,
+        )
+
+
+class GemmSm90SplitKernel(GemmSm90Kernel):
+    """``GemmSm90Kernel`` with the scheduler's M index = tile * splits + part, the part's k-blocks
+    and the fix-up instead of every tile's store."""
+
+    def __init__(self, *, splits: int, **kw):
+        super().__init__(**kw)
+        self.splits = splits
+
+    @cute.jit
+    def __call__(self, a: cute.Tensor, b: cute.Tensor, c: cute.Tensor, workspace: cute.Tensor,
+                 max_clusters: cutlass.Int32, stream: cuda.CUstream):
+        self._launch_split(a, b, c, workspace, max_clusters, stream)
+
+    @cute.jit
+    def _k_range(self, m, k_tiles):
+        """(output tile M index, first k-tile, end k-tile) of a work unit: part p of
+        ``splits`` takes the p-th slice of ceil(k_tiles / splits) k-tiles (possibly none)."""
+        part = m % self.splits
+        m = m // self.splits
+        per = (k_tiles + self.splits - 1) // self.splits
+        k_begin = part * per
+        k_end = cutlass.min(k_tiles, k_begin + per)
+        return m, k_begin, k_end
+
+    @cute.jit
+    def _launch_split(self, a, b, c, workspace, max_clusters, stream):
+        ab_dtype, c_dtype = a.element_type, c.element_type
+        a_layout = utils.LayoutEnum.from_tensor(a)
+        b_layout = utils.LayoutEnum.from_tensor(b)
+        c_layout = utils.LayoutEnum.from_tensor(c)
+        tiled_mma = sm90_utils.make_trivial_tiled_mma(
+            ab_dtype, b.element_type, a_layout.sm90_mma_major_mode(),
+            b_layout.sm90_mma_major_mode(), cutlass.Float32, (self.mma_wgs, 1, 1),
+            tiler_mn=(64, self.tile[1]),
+        )
+        sA_layout = sm90_utils.make_smem_layout_a(a_layout, self.tile, ab_dtype, self.ab_stages)
+        sB_layout = sm90_utils.make_smem_layout_b(b_layout, self.tile, ab_dtype, self.ab_stages)
+        sC_layout = sm90_utils.make_smem_layout_epi(c_dtype, c_layout, self.epi_tile, self.epi_stages)
+        tma_a, gA = atoms.tma_load_atom(a, sA_layout, (self.tile[0], self.tile[2]), self.mcast_a)
+        tma_b, gB = atoms.tma_load_atom(b, sB_layout, (self.tile[1], self.tile[2]), self.mcast_b)
+        tma_c, gC = atoms.tma_store_atom(c, sC_layout, self.epi_tile)
+
+        tiles_mnl = cute.zipped_divide(c, tiler=self.c_tile)[(0, (None, None, None))].shape
+        tiles_mnl = (tiles_mnl[0] * self.splits, tiles_mnl[1], tiles_mnl[2])
+        sched, grid = atoms.persistent_schedule(tiles_mnl, self.cluster, self.swizzle, True, max_clusters)
+
+        @cute.struct
+        class SharedStorage:
+            ab_barriers: cute.struct.MemRange[cutlass.Int64, self.ab_stages * 2]
+            sA: cute.struct.Align[
+                cute.struct.MemRange[ab_dtype, cute.cosize(sA_layout)], _SMEM_ALIGN]
+            sB: cute.struct.Align[
+                cute.struct.MemRange[ab_dtype, cute.cosize(sB_layout)], _SMEM_ALIGN]
+            sC: cute.struct.Align[
+                cute.struct.MemRange[c_dtype, cute.cosize(sC_layout)], _SMEM_ALIGN]
+
+        self.shared_storage = SharedStorage
+        self.ab_dtype = ab_dtype
+        self.c_layout = c_layout
+        self.split_kernel(
+            tma_a, gA, tma_b, gB, tma_c, gC, workspace, tiled_mma, sA_layout, sB_layout, sC_layout, sched,
+        ).launch(
+            grid=grid, block=[self.threads, 1, 1], cluster=(*self.cluster, 1),
+            min_blocks_per_mp=1, stream=stream, use_pdl=self.pdl,
+        )
+
+    @cute.kernel
+    def split_kernel(self, tma_a: cute.CopyAtom, mA: cute.Tensor, tma_b: cute.CopyAtom, mB: cute.Tensor,
+                     tma_c: cute.CopyAtom, mC: cute.Tensor, workspace: cute.Tensor, tiled_mma: cute.TiledMma,
+                     sA_layout: cute.ComposedLayout, sB_layout: cute.ComposedLayout,
+                     sC_layout: cute.ComposedLayout, sched_params: utils.PersistentTileSchedulerParams):
+        tidx, _, _ = cute.arch.thread_idx()
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        if warp_idx == 0:
+            atoms.prefetch_tma_descriptors(tma_a, tma_b, tma_c)
+        cta_layout = cute.make_layout((*self.cluster, 1))
+        cta_rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+        cluster_coord = cta_layout.get_flat_coord(cta_rank)
+
+        smem = utils.SmemAllocator()
+        storage = smem.allocate(self.shared_storage)
+        sA = storage.sA.get_tensor(sA_layout.outer, swizzle=sA_layout.inner)
+        sB = storage.sB.get_tensor(sB_layout.outer, swizzle=sB_layout.inner)
+        sC = storage.sC.get_tensor(sC_layout.outer, swizzle=sC_layout.inner)
+
+        stage_bytes = (atoms.stage_bytes(self.ab_dtype, sA_layout)
+                       + atoms.stage_bytes(self.ab_dtype, sB_layout))
+        mcast_peers = self.mcast_a + self.mcast_b - 1
+        ab_pipe = atoms.tma_pipeline(storage.ab_barriers.data_ptr(), self.ab_stages, stage_bytes,
+                                     mcast_peers * self.mma_wgs * 4,
+                                     cute.make_layout((1, *cta_layout.shape)))
+        pipeline.pipeline_init_arrive(cluster_shape_mn=self.cluster, is_relaxed=True)
+
+        gA = cute.local_tile(mA, cute.slice_(self.tile, (None, 0, None)), (None, None, None))
+        gB = cute.local_tile(mB, cute.slice_(self.tile, (0, None, None)), (None, None, None))
+        gC = cute.local_tile(mC, self.c_tile, (None, None, None))
+        k_tiles = cute.size(gA, mode=[3])
+
+        pipeline.pipeline_init_wait(cluster_shape_mn=self.cluster)
+        if cutlass.const_expr(self.pdl):
+            # As sm90.py: the grid is resident, so the next kernel may be scheduled now; wait for
+            # the previous one before touching global memory (the workspace included).
+            cute.arch.griddepcontrol_launch_dependents()
+            cute.arch.griddepcontrol_wait()
+
+        warpgroup = cute.arch.make_warp_uniform(tidx // 128)
+        if warpgroup == 0:
+            cute.arch.setmaxregister_decrease(atoms.GEMM_PRODUCER_REGS)
+            if warp_idx == 0:
+                self.produce(tma_a, tma_b, sA, sB, gA, gB, ab_pipe, cta_layout, cluster_coord,
+                             sched_params, k_tiles)
+        else:
+            cute.arch.setmaxregister_increase(self.consumer_regs)
+            self.consume_split(tiled_mma, tma_c, sA, sB, sC, gC, ab_pipe, sched_params, k_tiles,
+                               tidx - 128, warp_idx, workspace)
+
+    @cute.jit
+    def _slot(self, workspace, base, n_acc: cutlass.Constexpr):
+        """This thread's view of one partial tile in the workspace: n_acc floats in 16-byte
+        vectors, the epilogue threads' vectors interleaved (a warp's vector stores contiguous)."""
+        addr = workspace.iterator.toint() + cutlass.Int64(base) * 4
+        ptr = cute.make_ptr(cutlass.Float32, addr, cute.AddressSpace.gmem, assumed_align=16)
+        return cute.make_tensor(ptr, cute.make_layout((4, n_acc // 4), stride=(1, 4 * self.epi_threads)))
+
+    @cute.jit
+    def _store_part(self, workspace, base, acc, vec, n_acc: cutlass.Constexpr):
+        """This thread's accumulators into one partial tile, 4 at a time.  (Through a small
+        staging fragment: a tensor view of the accumulators themselves moved them to local memory
+        and made ptxas serialise the WGMMAs.)"""
+        t4 = cute.make_rmem_tensor((4, 1), cutlass.Float32)
+        dst = self._slot(workspace, base, n_acc)
+        for j in cutlass.range_constexpr(n_acc // 4):
+            for e in cutlass.range_constexpr(4):
+                t4[e] = acc[4 * j + e]
+            cute.copy(vec, t4, cute.local_tile(dst, (4, 1), (0, j)))
+
+    @cute.jit
+    def _sum_parts(self, workspace, tile_base, tile_words, busy, own, acc, vec, n_acc: cutlass.Constexpr):
+        """acc = ((p0 + p1) + ... + p_{splits-2}) + acc (acc only where ``own``: the reducing part
+        owns k-blocks), the contributing parts read from the workspace, in part order, 4 values
+        at a time; parts >= ``busy`` own no k-block and are skipped."""
+        t4 = cute.make_rmem_tensor((4, 1), cutlass.Float32)
+        u4 = cute.make_rmem_tensor((4, 1), cutlass.Float32)
+        for j in cutlass.range_constexpr(n_acc // 4):
+            cute.copy(vec, cute.local_tile(self._slot(workspace, tile_base, n_acc), (4, 1), (0, j)), t4)
+            for p in cutlass.range_constexpr(1, self.splits - 1):
+                if p < busy:
+                    cute.copy(vec, cute.local_tile(self._slot(workspace, tile_base + p * tile_words, n_acc),
+                                                   (4, 1), (0, j)), u4)
+                    for e in cutlass.range_constexpr(4):
+                        t4[e] = t4[e] + u4[e]
+            if own:
+                for e in cutlass.range_constexpr(4):
+                    acc[4 * j + e] = t4[e] + acc[4 * j + e]
+            else:
+                for e in cutlass.range_constexpr(4):
+                    acc[4 * j + e] = t4[e]
+
+    @cute.jit
+    def consume_split(self, tiled_mma, tma_c, sA, sB, sC, gC, ab_pipe, sched_params, k_tiles, ctidx,
+                      warp_idx, workspace):
+        """The consumer warpgroups: per work unit the part's mainloop, the partial tile into the
+        workspace and the semaphore; the last part of a tile sums the partials in part order and
+        runs the epilogue."""
+        thr_mma = tiled_mma.get_slice(ctidx)
+        tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
+        tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
+        acc_shape = thr_mma.partition_C(gC).shape[:3]
+        acc = cute.make_rmem_tensor(acc_shape, cutlass.Float32)
+        n_acc = cute.size(acc)
+        k_blocks = cute.size(tCrA, mode=[2])
+
+        c_dtype = sC.element_type
+        r2s_atom = sm90_utils.get_smem_store_op(self.c_layout, c_dtype, cutlass.Float32)
+        r2s = cute.make_tiled_copy_S(
+            r2s_atom,
+            cute.make_tiled_copy_C_atom(
+                cute.make_copy_atom(
+                    cute.nvgpu.warp.StMatrix8x8x16bOp(self.c_layout.is_m_major_c(), 4), c_dtype
+                ),
+                tiled_mma,
+            ),
+        )
+        thr_r2s = r2s.get_slice(ctidx)
+        tRS_sC = thr_r2s.partition_D(sC)
+        tRS_acc = r2s.retile(acc)
+        frag_shape = cute.shape(thr_r2s.partition_S(sC))[:3]
+        tRS_rF = cute.make_rmem_tensor(frag_shape, cutlass.Float32)
+        tRS_rC = cute.make_rmem_tensor(frag_shape, c_dtype)
+        frag_size = cute.size(tRS_rF)
+        store_pipe = pipeline.PipelineTmaStore.create(
+            num_stages=self.epi_stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.epi_threads),
+        )
+        epi_bar = pipeline.NamedBarrier(barrier_id=int(_Bar.EPILOGUE), num_threads=self.epi_threads)
+        store_warp = 4
+
+        tiles_m = cute.size(gC, mode=[2])
+        tiles_n = cute.size(gC, mode=[3])
+        n_tiles = tiles_m * tiles_n * cute.size(gC, mode=[4])
+        sem_words = (n_tiles + 31) // 32 * 32
+        tile_words = self.tile[0] * self.tile[1]
+        per = (k_tiles + self.splits - 1) // self.splits
+        sems = cute.recast_ptr(workspace.iterator, dtype=cutlass.Int32)
+        # The partial tiles: this thread's accumulators as 16-byte vectors.
+        vec = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), cutlass.Float32, num_bits_per_copy=128)
+
+        sched = atoms.tile_scheduler(sched_params)
+        read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stages)
+        release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stages)
+        stored = cutlass.Int32(0)  # epilogue sub-tiles stored by this CTA (the smem buffer ring)
+        work = sched.get_current_work()
+        while work.is_valid_tile:
+            mu, n, l = work.tile_idx
+            part = mu % self.splits
+            m, k_begin, k_end = self._k_range(mu, k_tiles)
+            # ---- mainloop (as sm90.py's bf16 loop: one WGMMA batch in flight)
+            cute.nvgpu.warpgroup.fence()
+            tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
+            for k in range(k_begin, k_end):
+                ab_pipe.consumer_wait(read)
+                for kb in cutlass.range_constexpr(k_blocks):
+                    blk = (None, None, kb, read.index)
+                    cute.gemm(tiled_mma, acc, tCrA[blk], tCrB[blk], acc)
+                    tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+                cute.nvgpu.warpgroup.commit_group()
+                read.advance()
+                if k > k_begin:
+                    cute.nvgpu.warpgroup.wait_group(1)
+                    ab_pipe.consumer_release(release)
+                    release.advance()
+            cute.nvgpu.warpgroup.wait_group(0)
+            if k_end > k_begin:
+                ab_pipe.consumer_release(release)
+                release.advance()
+
+            # ---- fix-up.  Padding units of the scheduler (clusters rounded up along N) have no
+            # output tile: they neither store nor arrive.
+            last = cutlass.Boolean(False)
+            if n < tiles_n:
+                tile_id = m + tiles_m * (n + tiles_n * l)
+                tile_base = sem_words + tile_id * self.splits * tile_words + ctidx * 4
+                if part < self.splits - 1:
+                    # A contributing part: its partial tile (unless it owns no k-block), released
+                    # at GPU scope by every thread, then one arrival; it does not wait.
+                    if k_end > k_begin:
+                        self._store_part(workspace, tile_base + part * tile_words, acc, vec, n_acc)
+                    cute.arch.fence_acq_rel_gpu()
+                    epi_bar.arrive_and_wait()
+                    if ctidx == 0:
+                        cute.arch.red(sems + tile_id, cutlass.Int32(1), op="add", dtype="s32", sem="release",
+                                      scope="gpu")
+                else:
+                    # The reducing (last) part: wait for the others' arrivals, set the semaphore
+                    # back to 0, then sum in part order: ((p0 + p1) + ...) + own.
+                    last = cutlass.Boolean(True)
+                    if ctidx == 0:
+                        got = cute.arch.load(sems + tile_id, cutlass.Int32, sem="acquire", scope="gpu")
+                        while got < self.splits - 1:
+                            got = cute.arch.load(sems + tile_id, cutlass.Int32, sem="acquire", scope="gpu")
+                        cute.arch.store(sems + tile_id, cutlass.Int32(0))
+                    epi_bar.arrive_and_wait()
+                    cute.arch.fence_acq_rel_gpu()
+                    # parts 0 .. busy - 1 own k-blocks (part 0 always does)
+                    busy = (k_tiles + per - 1) // per
+                    self._sum_parts(workspace, tile_base, tile_words, busy, k_end > k_begin, acc, vec, n_acc)
+
+            if last:
+                # ---- epilogue (as sm90.py): sub-tiles -> smem (stmatrix) -> TMA store
+                gC_t = cute.zipped_divide(gC[(None, None, m, n, l)], self.epi_tile)
+                bSG_sC, bSG_gC = cute.nvgpu.cpasync.tma_partition(
+                    tma_c, 0, cute.make_layout(1), cute.group_modes(sC, 0, 2), gC_t,
+                )
+                epi_shape = gC_t.shape[1]
+                epi_order = cute.make_layout(epi_shape, stride=(epi_shape[1], 1))
+                n_epi = cute.size(gC_t, mode=[1])
+                for e in cutlass.range_constexpr(n_epi):
+                    for v in cutlass.range_constexpr(frag_size):
+                        tRS_rF[v] = tRS_acc[e * frag_size + v]
+                    tRS_rC.store(tRS_rF.load().to(c_dtype))
+                    buf = (stored + e) % self.epi_stages
+                    cute.copy(r2s, tRS_rC, tRS_sC[(None, None, None, buf)])
+                    cute.arch.fence_proxy("async.shared", space="cta")
+                    epi_bar.arrive_and_wait()
+                    if warp_idx == store_warp:
+                        cute.copy(tma_c, bSG_sC[(None, buf)], bSG_gC[(None, epi_order.get_hier_coord(e))])
+                        store_pipe.producer_commit()
+                        store_pipe.producer_acquire()
+                    epi_bar.arrive_and_wait()
+                stored = stored + n_epi
+            sched.advance_to_next_work()
+            work = sched.get_current_work()
+        store_pipe.producer_tail()
+
+
+# ------------------------------------------------------------------------------------------------
+# Enumeration
+# ------------------------------------------------------------------------------------------------
+
+@register("gemm")
+def enumerate_sm90_splitk(target: Target, tier: str) -> list[GemmSm90SplitK]:
+    if target.family != "sm90" or not target.clusters:
+        return []
+    specs = {"test": tiles.SM90_SPLITK_TEST, "default": tiles.SM90_SPLITK_DEFAULT,
+             "full": tiles.SM90_SPLITK_DEFAULT + tiles.SM90_SPLITK_FULL}[tier]
+    out = []
+    for s in specs:
+        v = GemmSm90SplitK(target=target.name, pdl=True, **s)
+        if v.can_implement() is None and v not in out:
+            out.append(v)
+    return out
