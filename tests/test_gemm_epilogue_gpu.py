@@ -239,6 +239,17 @@ def _e4m3_ordinal(q):
     return torch.where(u >= 128, -(u - 128), u)
 
 
+def _e4m3_steps(out, ref) -> int:
+    """The largest distance in e4m3 steps between two code tensors, where a pair on both sides of
+    zero within one step of it counts as one step: the sign of a value that rounds to the smallest
+    subnormal follows the accumulation order (a dot product of thousands of terms near 0)."""
+    import torch
+
+    a, b = _e4m3_ordinal(out), _e4m3_ordinal(ref)
+    d = (a - b).abs()
+    return int(torch.where((a.abs() <= 1) & (b.abs() <= 1), d.clamp(max=1), d).max().item())
+
+
 def _groups_ref(acc):
     """torch's quantisation of float32 values per row and 128 columns: (codes, scales)."""
     import torch
@@ -285,7 +296,7 @@ def test_fp8_groups_codes_within_one_step(bundle, M, n_out, K):
         assert got is out and so2 is so
         assert not torch.isnan(so).any() and not torch.isnan(out.float()).any(), (e, M, n_out)
         assert ((so - s_ref).abs() / s_ref).max() < 1e-2, (e, M, n_out)
-        d = (_e4m3_ordinal(out) - _e4m3_ordinal(q_ref)).abs().max().item()
+        d = _e4m3_steps(out, q_ref)
         assert d <= 1, (e, M, n_out, d)
         deq = out.float() * so.repeat_interleave(128, dim=1)[:, :n_out]
         assert testing.rel_error(deq, acc) < 4e-2
@@ -295,7 +306,7 @@ def test_fp8_groups_codes_within_one_step(bundle, M, n_out, K):
             continue
         got, s3 = bundle.gemm(a, b, out_dtype=torch.float8_e4m3fn, **kw)
         torch.cuda.synchronize()
-        assert s3.stride() == (1, -(-M // 4) * 4) and (_e4m3_ordinal(got) - _e4m3_ordinal(q_ref)).abs().max() <= 1
+        assert s3.stride() == (1, -(-M // 4) * 4) and _e4m3_steps(got, q_ref) <= 1
 
 
 def test_fp8_groups_feed_the_block_scaled_gemm(bundle):
