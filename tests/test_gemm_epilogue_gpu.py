@@ -240,14 +240,16 @@ def _e4m3_ordinal(q):
 
 
 def _e4m3_steps(out, ref) -> int:
-    """The largest distance in e4m3 steps between two code tensors, where a pair on both sides of
-    zero within one step of it counts as one step: the sign of a value that rounds to the smallest
-    subnormal follows the accumulation order (a dot product of thousands of terms near 0)."""
+    """The largest distance in e4m3 steps between two code tensors, one step less where both codes
+    lie within 16 codes of zero (below 2^-5 of the unit, 1/14336 of the group's largest value):
+    there an e4m3 step (2^-9 of the scale) is smaller than the fp32 accumulation's error of the
+    group's large products (H100, 2048x14336x4096 silu_mul: ~3e-3 of the scale, found at values
+    1/10000 of their group's amax, two steps off torch's codes; the scales agree to 1e-5)."""
     import torch
 
     a, b = _e4m3_ordinal(out), _e4m3_ordinal(ref)
     d = (a - b).abs()
-    return int(torch.where((a.abs() <= 1) & (b.abs() <= 1), d.clamp(max=1), d).max().item())
+    return int(torch.where((a.abs() <= 16) & (b.abs() <= 16), (d - 1).clamp(min=0), d).max().item())
 
 
 def _groups_ref(acc):
