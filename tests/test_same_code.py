@@ -22,7 +22,7 @@ def test_a_same_code_target_keeps_only_what_the_other_lacks():
     both = enumerate_variants(["sm_86", "sm_89"], tier="default")
     alone = enumerate_variants(["sm_89"], tier="default")
     kept = [v for v in both if v.target == "sm_89"]
-    assert kept and all(getattr(v, "is_fp8", False) for v in kept)  # the fp8 GEMMs only
+    assert kept and all(getattr(v, "is_fp8", False) for v in kept)  # the fp8 builds only
     assert len(alone) == len(kept) + sum(1 for v in both if v.target == "sm_86")
     # Each dropped sm_89 variant has its sm_86 twin in the build.
     names86 = {v.name for v in both if v.target == "sm_86"}

@@ -16,7 +16,8 @@ of the token are written to ``k_cache[slot // PS, slot % PS]`` and ``v_cache[...
 nearest row (never memory outside the table).
 
 ``fp8_cache`` variants write e4m3 caches (vLLM's ``kv_cache_dtype="fp8"``): the rotated k and the v
-of token t, kv head h, are stored as ``e4m3(x / k_scale[h])`` (``v_scale``), saturating at ±448 —
+of token t, kv head h, are stored as ``e4m3(x · rcp(k_scale[h]))`` (``v_scale``; MUFU.RCP, within an
+ulp of the quotient), saturating at ±448 —
 the scales ``attention_kvcache`` then takes as its ``k_descale`` / ``v_descale`` (per kv head; a
 per-tensor scale is a stride-0 view).
 
@@ -64,6 +65,11 @@ class RopeCacheVariant(RowwiseVariant):
     @property
     def cache_dtype(self) -> str:
         return "e4m3" if self.fp8_cache else self.dtype
+
+    @property
+    def is_fp8(self) -> bool:
+        """fp8 caches (an sm_89 build is kept beside the sm_86 code for them)."""
+        return self.fp8_cache
 
     def can_implement(self) -> str | None:
         why = super().can_implement()
@@ -267,7 +273,7 @@ class RopeCacheKernel:
             if write:
                 inv = F32(1.0)
                 if cutlass.const_expr(self.v.fp8_cache):
-                    inv = F32(1.0) / mKS[h]
+                    inv = cute.arch.rcp_approx(mKS[h])
                 self._store_cache(rx, cute.zipped_divide(mKC[cutlass.Int32(page), cutlass.Int32(off), h, None],
                                                              (VEC,)), w, half, inv)
         if write:
@@ -291,7 +297,7 @@ class RopeCacheKernel:
         """One vector of a token's k or v into its cache row (fp8 caches: e4m3(x / scale[h]))."""
         if cutlass.const_expr(self.v.fp8_cache):
             rq = cute.make_rmem_tensor(cute.make_layout(VEC), cutlass.Float8E4M3FN)
-            rq.store((rv.load().to(F32) * (F32(1.0) / mScale[h])).to(cutlass.Float8E4M3FN))
+            rq.store((rv.load().to(F32) * cute.arch.rcp_approx(mScale[h])).to(cutlass.Float8E4M3FN))
             cute.autovec_copy(rq, gDst)
         else:
             cute.autovec_copy(rv, gDst)
