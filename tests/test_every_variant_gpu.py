@@ -21,7 +21,8 @@ torch = pytest.importorskip("torch")
 # (op, family): every family with variants for sm_90 / sm_90a.
 FAMILIES = [("gemm", "sm80"), ("gemm", "sm90"), ("gemm", "decode"),
             ("attention", "sm80"), ("attention", "sm90"), ("attention", "sm90_decode"),
-            ("attention_kvcache", "sm90_decode"), ("attention_kvcache", "sm90"), ("gemm_grouped", "sm90_grouped")]
+            ("attention_kvcache", "sm90_decode"), ("attention_kvcache", "sm90"), ("attention_kvcache", "sm80"),
+            ("gemm_grouped", "sm90_grouped")]
 
 
 _LOST: list[str] = []  # the variant after which the CUDA context was lost, if it was

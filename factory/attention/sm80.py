@@ -361,11 +361,10 @@ def enumerate_attention_kvcache(target: Target, tier: str) -> list[AttentionKvca
     elif tier == "default":
         # What the selection picks where this family is the only prefill kernel (Ampere, Ada,
         # sm_120): chunked prefill / speculative verification, bf16, head_dim 128, causal, paged
-        # (any page size), dense and packed q.  (The sm_90 build: Hopper takes the sm90 family's.)
-        # Build-time budget of the default bundle: other dtypes, head_dims, fp8 and the switches
-        # are in "full".
-        if target.name == "sm_90":
-            return []
+        # (any page size), dense and packed q.  The sm_90 build of the same two is the one an H100
+        # runs by name (Hopper's selection takes the sm90 family's): its run record is what labels
+        # the sm_80/86 cubins portability-build.  Build-time budget of the default bundle: other
+        # dtypes, head_dims, fp8 and the switches are in "full".
         out = [make("bf16", 128, varlen=vl) for vl in (False, True)]
     else:
         # Every dtype, head_dim, cache dtype (fp8 where the target converts e4m3) and q form,
