@@ -1,10 +1,8 @@
 """e4m3 operands of f16 ``mma.sync`` read straight from a shared tile of raw fp8 bytes, as 32-bit
 words (sm_89+: ``cvt.rn.f16x2.e4m3x2``).
 
-* ``ldsm_x4`` (``ldmatrix ... .x4.b16``, not transposed): four 8x8 b16 matrices; lanes 8i..8i+7
-  give the row addresses of matrix i and lane l receives, of matrix i, the word of row l//4,
-  bytes 4(l%4)..4(l%4)+3.  On an e4m3 tile of 8 keys x 16 head_dim bytes: key l//4, head_dim
-  bytes 4t..4t+3 (t = l%4).
+* ``ldsm_x4`` (``atoms/sm90_matrix.py``: ``ldmatrix ... .x4.b16``, not transposed) on an e4m3 tile
+  of 8 keys x 16 head_dim bytes gives lane l key l//4, head_dim bytes 4t..4t+3 (t = l%4).
 * ``e4m3x4_to_f16x2x2``: one word of four e4m3 values [b0 b1 b2 b3] -> two f16x2 words (b0, b1)
   and (b2, b3) (exact: every e4m3 value is an f16 value).  For an m16n8k16 B fragment (registers
   k = 2t, 2t+1 and 2t+8, 2t+9 of column l//4) the ldsm_x4 word of K gives head_dim 4t..4t+1 and
@@ -22,22 +20,6 @@ from __future__ import annotations
 import cutlass
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
-
-
-@dsl_user_op
-def ldsm_x4(addr, *, loc=None, ip=None):
-    """Four 8x8 b16 matrices -> four 32-bit words of this lane (see the module)."""
-    res = llvm.inline_asm(
-        llvm.StructType.get_literal([T.i32(), T.i32(), T.i32(), T.i32()]),
-        [cutlass.Int32(addr).ir_value(loc=loc, ip=ip)],
-        "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {$0, $1, $2, $3}, [$4];",
-        "=r,=r,=r,=r,r",
-        has_side_effects=True,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-        loc=loc, ip=ip,
-    )
-    return tuple(cutlass.Int32(llvm.extractvalue(T.i32(), res, [i], loc=loc, ip=ip)) for i in range(4))
 
 
 _CVT2 = ("{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %s;\n"
@@ -77,4 +59,4 @@ def e4m3_join_to_f16x2x2(a, b, sel: int, *, loc=None, ip=None):
     return tuple(cutlass.Int32(llvm.extractvalue(T.i32(), res, [i], loc=loc, ip=ip)) for i in range(2))
 
 
-__all__ = ["e4m3_join_to_f16x2x2", "e4m3x4_to_f16x2x2", "ldsm_x4"]
+__all__ = ["e4m3_join_to_f16x2x2", "e4m3x4_to_f16x2x2"]

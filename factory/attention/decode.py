@@ -52,8 +52,8 @@ from ..abi import DTYPE_BYTES, Signature
 from ..atoms.common import add, quad_allreduce
 from ..atoms.sm80 import acc_as_a_layout, acc_mn_view
 from ..atoms.e4m3_order import V_JOIN, q_pair_slot, v_column
-from ..atoms.sm90_e4m3 import e4m3_join_to_f16x2x2, e4m3x4_to_f16x2x2, ldsm_x4
-from ..atoms.sm90_matrix import ldsm_x4_trans
+from ..atoms.sm90_e4m3 import e4m3_join_to_f16x2x2, e4m3x4_to_f16x2x2
+from ..atoms.sm90_matrix import ldsm_x4, ldsm_x4_trans
 from ..atoms.targets import Target
 from ..registry import register
 from . import contract, mask, mma_sync, softmax
