@@ -639,23 +639,12 @@ def _hot_launch(bundle, name: str, splits: int, args: list, has_out: bool, k_des
 _PAGE_PREFERENCE = (64, 128, 256, 32, 16, 8, 1)  # page views of a dense k/v, the TMA-box size first
 
 
-def _table(bundle, dev, rows: int, cols: int, tracing: bool) -> Tensor:
-    """int32 (rows, cols) holding 0 .. rows·cols-1 row by row, kept per device and shape (one
-    made while a CUDA graph is captured, or under torch.compile, is not kept)."""
-    key = ("kv-table", dev, rows, cols)
+def _kept(bundle, key: tuple, make, tracing: bool) -> Tensor:
+    """``make()``, kept in the bundle's per-process cache under ``key`` (one made while a CUDA graph
+    is captured, or under torch.compile, is not kept: its memory is the graph's / a fake)."""
     t = None if tracing else bundle.selections.get(key)
     if t is None:
-        t = torch.arange(rows * cols, dtype=torch.int32, device=dev).view(rows, cols)
-        if not tracing and not (t.is_cuda and torch.cuda.is_current_stream_capturing()):
-            bundle.selections[key] = t
-    return t
-
-
-def _lengths(bundle, dev, batch: int, n: int, tracing: bool) -> Tensor:
-    key = ("kv-lengths", dev, batch, n)
-    t = None if tracing else bundle.selections.get(key)
-    if t is None:
-        t = torch.full((batch,), n, dtype=torch.int32, device=dev)
+        t = make()
         if not tracing and not (t.is_cuda and torch.cuda.is_current_stream_capturing()):
             bundle.selections[key] = t
     return t
@@ -732,8 +721,11 @@ def _switches(bundle, q, k, v, causal, softmax_scale, cu_seqlens_q, cu_seqlens_k
                              f"sequence dimensions to merge (strides {t.stride()}); pass {name}.contiguous()")
         views.append(t.as_strided((b * sk // ps, ps, t.shape[2], t.shape[3]),
                                   (ps * t.stride(1), t.stride(1), t.stride(2), t.stride(3))))
-    table = _table(bundle, dev, b, sk // ps, tracing)
-    lengths = _lengths(bundle, dev, b, sk, tracing)
+    n = sk // ps  # block table row b: pages b·n .. b·n + n - 1; every length Sk
+    table = _kept(bundle, ("kv-table", dev, b, n),
+                  lambda: torch.arange(b * n, dtype=torch.int32, device=dev).view(b, n), tracing)
+    lengths = _kept(bundle, ("kv-lengths", dev, b, sk),
+                    lambda: torch.full((b,), sk, dtype=torch.int32, device=dev), tracing)
     return _run(bundle, q, views[0], views[1], lengths, table, causal, softmax_scale, window_size, softcap, sinks,
                 return_lse, None, None, False if check_varlen is None else check_varlen, tracing)
 
