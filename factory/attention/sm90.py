@@ -68,7 +68,7 @@ from cutlass.tensor_utils import LayoutEnum
 
 from ..abi import DTYPE_BYTES, Signature
 from ..atoms import sm90 as atoms
-from ..atoms.common import cutlass_dtype, quad_allreduce
+from ..atoms.common import cutlass_dtype
 from ..atoms.smem import BARRIER_BYTES as _BARRIER_BYTES
 from ..atoms.smem import SMEM_ALIGN as _SMEM_ALIGN
 from ..atoms.smem import STATIC_SMEM as _STATIC_SMEM
@@ -104,7 +104,6 @@ class _Bar(enum.IntEnum):
 
     EPILOGUE = 1  # + consumer warpgroup: its 128 threads before the TMA store of O
     SCHEDULE = 4  # + consumer warpgroup: "your turn to issue GEMMs" (ping-pong)
-    EXP_TURN = 7  # + consumer warpgroup: "your turn to run the exponentials" (exp_turn)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -139,14 +138,6 @@ class AttentionSm90(AttentionVariant):
     # passes it by more than LAZY_RESCALE_LOG2 (P <= 2^8: the same relative precision in 16 bits),
     # and rescales O only then (FA4's conditional rescale; the running sum follows the reference).
     lazy_rescale: bool = field(default=False, metadata={"tag": "lz"})
-    # With overlap: a schedule fence after the exponentials keeps the P·V wait below them, so a
-    # warpgroup's softmax runs while its own P·V is on the tensor cores (ptxas otherwise hoists
-    # the wait above the exponentials).
-    pin_wait: bool = field(default=False, metadata={"tag": "pw"})
-    # With overlap and ping-pong: the consumer warpgroups also take turns running their
-    # exponentials (named barriers between the row max and the exponentials and after them), so
-    # one warpgroup's exponentials do not share the MUFU pipe with the other's.
-    exp_turn: bool = field(default=False, metadata={"tag": "xt"})
 
     @property
     def consumers(self) -> int:
@@ -211,12 +202,6 @@ class AttentionSm90(AttentionVariant):
             return "early_rescale needs overlap"
         if self.lazy_rescale and not self.overlap:
             return "lazy_rescale needs overlap"
-        if self.pin_wait and not self.overlap:
-            return "pin_wait needs overlap"
-        if self.exp_turn and not (self.overlap and self.pingpong):
-            return "exp_turn needs overlap and pingpong"
-        if self.exp_turn and self.lazy_rescale:
-            return "exp_turn has no lazy_rescale form"
         # fp32 registers per consumer thread: S (tile_n/2), O (head_dim/2), P (tile_n/4); with
         # overlap S of the next tile lives beside P of this one.
         live = self.tile_n // 2 + self.head_dim // 2 + self.tile_n // 4
@@ -262,7 +247,6 @@ class AttentionSm90(AttentionVariant):
             tile_n=self.tile_n, stages=self.stages, causal=self.causal, overlap=self.overlap,
             pingpong=self.pingpong, early_rescale=self.early_rescale, persistent=self.persistent,
             k_first=self.k_first, o_in_q=self.o_in_q, lazy_rescale=self.lazy_rescale,
-            pin_wait=self.pin_wait, exp_turn=self.exp_turn,
         )
         return k.packed if self.varlen else k.dense
 
@@ -312,9 +296,14 @@ TUNE_CONFIGS = {
 # replayed back to back at the board's 700 W limit (bench_attention.py --sustained): B1 H16 S16384
 # 3343 vs 3432 µs, causal 1783 vs 1840 (H100); B2 H16 S4096 445 vs 453, causal 262 vs 266, S16384
 # 3473 vs 3472, causal 1864 vs 1885 (H200); interleaved, the wide grid's head_dim 128 shapes
-# 0-6 % faster, none slower.  Lost and removed (their code and numbers:
-# notes/attention-sm90.md): a schedule fence pinning the P·V wait below the softmax and a
-# quarter of the exponentials from an FMA polynomial.
+# 0-6 % faster, none slower.  Dense head_dim 256 (H100, B1 H16 S16384, ncu one launch): 9.29 M
+# cycles vs 10.10 M (tensor pipe 89 % vs 82 % busy, 23 % fewer instructions: O's 128 rescale
+# multiplies per trip were on the warpgroup's path between its P·V and its next GEMMs);
+# back to back at 700 W 6546 vs 6965 µs, causal 3326 vs 3480; B1 H8 S2048 59.0 vs 59.7.
+# Lost and removed (their code and numbers: notes/attention-sm90.md): a schedule fence pinning
+# the P·V wait below the softmax (twice, the second time at head_dim 256: cycles unchanged), the
+# consumer warpgroups taking turns at the exponentials (fp8: 12-25 % more cycles) and a quarter
+# of the exponentials from an FMA polynomial.
 def default_schedule(head_dim: int, causal: bool, varlen: bool = False,
                      small: bool = False, persistent_all: bool = False) -> dict[str, bool]:
     """``small``: the 64-row tiles of under-filled grids (one tile per CTA: a grid of at most
@@ -325,7 +314,7 @@ def default_schedule(head_dim: int, causal: bool, varlen: bool = False,
     without it (the kvcache and fp8 subclasses) only dense problems of head_dim <= 128 are."""
     big = not small and (persistent_all or (not varlen and head_dim <= 128))
     return {"persistent": big, "early_rescale": big and head_dim <= 128 and not (head_dim == 64 and causal),
-            "k_first": big, "lazy_rescale": big and persistent_all and head_dim == 128 and not varlen}
+            "k_first": big, "lazy_rescale": big and persistent_all and head_dim in (128, 256) and not varlen}
 
 
 # Ablations of the default configs (tier "full"): each mainloop/scheduler option on and off, so
@@ -344,11 +333,13 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm90]:
     def make(dtype, d, causal, tile_m=None, tile_n=None, stages=None, overlap=None,
              pingpong=None, **schedule):
         tm, tn, s, ov, pp = default_config(d, causal)
+        ov = ov if overlap is None else overlap
+        # (the lazy rescale lives in the overlapped mainloop only)
         return AttentionSm90(
             target=target.name, dtype=dtype, head_dim=d, causal=causal, tile_m=tile_m or tm,
-            tile_n=tile_n or tn, stages=stages or s,
-            overlap=ov if overlap is None else overlap, pingpong=pp if pingpong is None else pingpong,
-            **{**default_schedule(d, causal, persistent_all=True), **schedule})
+            tile_n=tile_n or tn, stages=stages or s, overlap=ov, pingpong=pp if pingpong is None else pingpong,
+            **{**default_schedule(d, causal, persistent_all=True), **({} if ov else {"lazy_rescale": False}),
+               **schedule})
 
     if tier == "test":
         # The preferred tile and its 64-row twin: the loader's under-filled-grid rule and a tuning
@@ -370,9 +361,9 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm90]:
         out += [make(dt, d, c, tile_m=tm, tile_n=tn, stages=s, overlap=ov, pingpong=pp)
                 for dt, d, c in problems for tm, tn, s, ov, pp in TUNE_CONFIGS[d]]
         out += [dataclasses.replace(make(*p), **a) for p in problems for a in _ABLATIONS]
-        # the dense head_dim 128 defaults without the lazy rescale; the other persistent bf16
-        # defaults (head_dim 64 and 256, varlen) with it, for --candidates
-        out += [dataclasses.replace(make(*p), lazy_rescale=False) for p in problems if p[1] == 128]
+        # the dense head_dim 128 and 256 defaults without the lazy rescale; the other persistent
+        # bf16 defaults (head_dim 64, varlen) with it, for --candidates
+        out += [dataclasses.replace(make(*p), lazy_rescale=False) for p in problems if p[1] in (128, 256)]
         out += [dataclasses.replace(v, lazy_rescale=True) for v in out[:len(problems) * 2]
                 if v.dtype == "bf16" and v.persistent and not v.lazy_rescale]
         # D64: the other query tile (128 <-> 192 rows) and 3 stages under the default schedule
@@ -583,13 +574,8 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                  persistent: bool = False, k_first: bool = False, page_box: int = 0,
                  gather: bool = False, local: bool = False, softcap: bool = False,
                  sinks: bool = False, wide_producer: bool = False, kv_dtype=None, fp8_stages: int = 1,
-                 o_in_q: bool = False, lazy_rescale: bool = False, pin_wait: bool = False,
-                 exp_turn: bool = False):
+                 o_in_q: bool = False, lazy_rescale: bool = False):
         super().__init__(dtype=dtype, head_dim=head_dim, causal=causal, local=local)
-        # (with overlap) the P·V wait kept below the exponentials (``schedule_fence``); the
-        # consumer warpgroups' exponentials in turns (``exp_wait`` / ``exp_next``)
-        self.pin_wait = pin_wait
-        self.exp_turn = exp_turn
         # (with overlap) the mainloop's softmax.online_softmax_lazy; O rescaled by a warp only
         # when its reference max moved
         self.lazy_rescale = lazy_rescale
@@ -1656,16 +1642,11 @@ class FlashFwdSm90(layout.TmaViewsKernel):
         if cutlass.const_expr(masked):
             mask.apply_mask(self.mask, atoms.acc_mn_view(acc_S), cS, row0, n * self.tile_n, q_len, k_len,
                             win=win)
-        if cutlass.const_expr(self.exp_turn):
-            self.softmax_in_turns(atoms.acc_mn_view(acc_S), row_max, row_sum, scale_log2, corr, wg, n)
-        elif cutlass.const_expr(self.lazy_rescale):
+        if cutlass.const_expr(self.lazy_rescale):
             softmax.online_softmax_lazy(atoms.acc_mn_view(acc_S), row_max, row_sum, scale_log2, corr,
                                         LAZY_RESCALE_LOG2)
         else:
             softmax.online_softmax(atoms.acc_mn_view(acc_S), row_max, row_sum, scale_log2, corr=corr)
-        if cutlass.const_expr(self.pin_wait):
-            # the P·V wait stays below the exponentials: the softmax overlaps this P·V
-            row_sum[0] = schedule_fence(row_sum[0])
         warpgroup.wait_group(0)
         v_pipe.consumer_release(read_v)
         if cutlass.const_expr(not self.early_rescale):
@@ -1740,10 +1721,6 @@ class FlashFwdSm90(layout.TmaViewsKernel):
         if cutlass.const_expr(self.pingpong):
             if wg == 0:
                 cute.arch.barrier_arrive(barrier_id=int(_Bar.SCHEDULE), number_of_threads=256)
-        if cutlass.const_expr(self.exp_turn):
-            # the first warpgroup runs its exponentials first (the others wait for its hand-over)
-            if wg == self.consumers - 1:
-                cute.arch.barrier_arrive(barrier_id=int(_Bar.EXP_TURN), number_of_threads=256)
 
     @cute.jit
     def schedule_wait(self, wg):
@@ -1759,72 +1736,3 @@ class FlashFwdSm90(layout.TmaViewsKernel):
             if nxt == self.consumers:
                 nxt = 0
             cute.arch.barrier_arrive(barrier_id=int(_Bar.SCHEDULE) + nxt, number_of_threads=256)
-
-    @cute.jit
-    def exp_wait(self, wg):
-        """exp_turn: wait for this warpgroup's turn to run its exponentials."""
-        cute.arch.barrier(barrier_id=int(_Bar.EXP_TURN) + wg, number_of_threads=256)
-
-    @cute.jit
-    def exp_next(self, wg):
-        """exp_turn: hand the exponentials' turn to the next consumer warpgroup."""
-        nxt = wg + 1
-        if nxt == self.consumers:
-            nxt = 0
-        cute.arch.barrier_arrive(barrier_id=int(_Bar.EXP_TURN) + nxt, number_of_threads=256)
-
-    @cute.jit
-    def softmax_in_turns(self, s_mn: cute.Tensor, row_max: cute.Tensor, row_sum: cute.Tensor,
-                         scale_log2, corr: cute.Tensor, wg, guard):
-        """softmax.online_softmax in two phases: every row's new max (and O correction), then,
-        inside this warpgroup's turn (``exp_wait`` ... ``exp_next``), the exponentials and sums.
-        ptxas moves arithmetic across named barriers; fences (``fence_value``, ``guard`` >= 0)
-        keep the exponentials between the two."""
-        n_rows = cute.size(row_max)
-        m_scaled = cute.make_rmem_tensor(n_rows, cutlass.Float32)
-        for r in cutlass.range_constexpr(n_rows):
-            s = s_mn[r, None].load()
-            m_new = quad_allreduce(s.reduce(cute.ReductionOp.MAX, -cutlass.Float32.inf, 0), cute.arch.fmax)
-            m_new = cute.arch.fmax(m_new, row_max[r])
-            # a row with nothing visible yet keeps max = -inf; subtract 0 then, not -inf (NaN)
-            m_scaled[r] = (0.0 if m_new == -cutlass.Float32.inf else m_new) * scale_log2
-            corr[r] = cute.math.exp2(row_max[r] * scale_log2 - m_scaled[r], fastmath=True)
-            row_max[r] = m_new
-        self.exp_wait(wg)
-        for r in cutlass.range_constexpr(n_rows):
-            m_scaled[r] = fence_value(m_scaled[r], guard)
-        for r in cutlass.range_constexpr(n_rows):
-            p = cute.math.exp2(s_mn[r, None].load() * scale_log2 - m_scaled[r], fastmath=True)
-            row_sum[r] = row_sum[r] * corr[r] + p.reduce(cute.ReductionOp.ADD, cutlass.Float32.zero, 0)
-            s_mn[r, None] = p
-        for r in cutlass.range_constexpr(n_rows):
-            row_sum[r] = fence_value(row_sum[r], guard)
-        self.exp_next(wg)
-
-
-@cute.jit
-def fence_value(x, guard):
-    """Returns ``x`` (any Float32) through a loop that never runs for ``guard`` >= 0 (an Int32
-    the compiler cannot bound, e.g. a key tile index): a basic-block boundary ptxas does not
-    schedule across, so what uses the result stays below what comes before the call."""
-    t = x
-    g = guard
-    while g < 0:
-        t = t * 0.5 + 1.0
-        g = g + 1
-    return t
-
-
-@cute.jit
-def schedule_fence(x):
-    """Returns ``x`` (a Float32 that is >= 0 or NaN, e.g. a partial row sum of exponentials)
-    through a loop that never runs: a basic-block boundary ptxas can neither if-convert nor
-    schedule across.  ptxas schedules within basic blocks and hoists ``WARPGROUP.DEPBAR`` (a
-    ``wgmma.wait_group``) to the top of its block; a wait placed after this fence stays below
-    everything before it.  Cost: one FSETP and one branch.  (The loop ends for every finite x:
-    t < 0 halves toward 2.)"""
-    t = x
-    while t < 0.0:
-        t = t * 0.5 + 1.0
-    return t
-

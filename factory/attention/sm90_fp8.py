@@ -142,7 +142,7 @@ class AttentionFp8Sm90(AttentionSm90):
             head_dim=self.head_dim, tile_m=self.tile_m, tile_n=self.tile_n, stages=self.stages,
             causal=self.causal, overlap=self.overlap, pingpong=self.pingpong,
             early_rescale=self.early_rescale, persistent=self.persistent, k_first=self.k_first,
-            v_transpose=self.v_layout == "bshd", pin_wait=self.pin_wait, exp_turn=self.exp_turn,
+            v_transpose=self.v_layout == "bshd",
         )
         return k.packed_fp8 if self.varlen else k.dense_fp8
 
@@ -221,11 +221,10 @@ class FlashFwdSm90Fp8(FlashFwdSm90):
 
     def __init__(self, *, head_dim: int, tile_m: int, tile_n: int, stages: int, causal: bool,
                  overlap: bool, pingpong: bool, early_rescale: bool, persistent: bool, k_first: bool,
-                 v_transpose: bool, pin_wait: bool = False, exp_turn: bool = False):
+                 v_transpose: bool):
         super().__init__(dtype=cutlass.Float8E4M3FN, head_dim=head_dim, tile_m=tile_m, tile_n=tile_n,
                          stages=stages, causal=causal, overlap=overlap, pingpong=pingpong,
-                         early_rescale=early_rescale, persistent=persistent, k_first=k_first,
-                         pin_wait=pin_wait, exp_turn=exp_turn)
+                         early_rescale=early_rescale, persistent=persistent, k_first=k_first)
         self.out_dtype = cutlass.BFloat16
         self.v_k_major = True
         self.v_transpose = v_transpose
