@@ -193,6 +193,26 @@ def test_enumeration_and_names():
 
 
 @needs_dsl
+def test_const_wg_is_an_ablation():
+    """The per-warpgroup copy of the consumer code: full tier, dense head_dim 256 non-causal only,
+    never preferred, refused without persistence and by the subclasses' own kernels."""
+    sm90 = _family()
+    from factory.atoms.targets import get_target
+
+    full = sm90.enumerate_attention(get_target("sm_90a"), "full")
+    cw = [v for v in full if v.const_wg]
+    assert {(v.dtype, v.head_dim, v.causal, v.varlen) for v in cw} == {("bf16", 256, False, False),
+                                                                      ("f16", 256, False, False)}
+    assert all(v.name.endswith("_lz_cw") and not v.describe()["preferred"] for v in cw)
+    assert not any(v.const_wg for v in sm90.enumerate_attention(get_target("sm_90a"), "default"))
+    assert "const_wg needs persistent" in dataclasses.replace(cw[0], persistent=False).can_implement()
+    from factory.attention.sm90_fp8 import AttentionFp8Sm90
+
+    assert "own kernels only" in AttentionFp8Sm90(target="sm_90a", head_dim=128, overlap=True, pingpong=True,
+                                      persistent=True, const_wg=True).can_implement()
+
+
+@needs_dsl
 def test_signature_describe_and_limits():
     sm90 = _family()
     from factory.attention.sm80 import AttentionSm80

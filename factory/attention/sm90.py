@@ -138,6 +138,11 @@ class AttentionSm90(AttentionVariant):
     # passes it by more than LAZY_RESCALE_LOG2 (P <= 2^8: the same relative precision in 16 bits),
     # and rescales O only then (FA4's conditional rescale; the running sum follows the reference).
     lazy_rescale: bool = field(default=False, metadata={"tag": "lz"})
+    # Persistent: one copy of the consumer code per consumer warpgroup, the warpgroup index a
+    # compile-time constant in each.  At head_dim 256 ptxas then builds the WGMMA descriptors
+    # (Q slab, K/V slot, k-step) on the uniform datapath, 4 uniform instructions per WGMMA
+    # instead of 4 R2UR + 4 vector instructions (SASS: 31 vs 316 R2UR); the cubin grows by half.
+    const_wg: bool = field(default=False, metadata={"tag": "cw"})
 
     @property
     def consumers(self) -> int:
@@ -202,6 +207,10 @@ class AttentionSm90(AttentionVariant):
             return "early_rescale needs overlap"
         if self.lazy_rescale and not self.overlap:
             return "lazy_rescale needs overlap"
+        if self.const_wg and not self.persistent:
+            return "const_wg needs persistent"
+        if self.const_wg and type(self).make_kernel is not AttentionSm90.make_kernel:
+            return "const_wg is built for this family's own kernels only"
         # fp32 registers per consumer thread: S (tile_n/2), O (head_dim/2), P (tile_n/4); with
         # overlap S of the next tile lives beside P of this one.
         live = self.tile_n // 2 + self.head_dim // 2 + self.tile_n // 4
@@ -234,7 +243,8 @@ class AttentionSm90(AttentionVariant):
             "threads": self.threads,
             "registers_per_role": {"producer": atoms.PRODUCER_REGS[self.consumers],
                                    "consumer": atoms.CONSUMER_REGS[self.consumers]},
-            "preferred": (self.tile_m, self.tile_n, self.stages, self.overlap, self.pingpong)
+            "preferred": not self.const_wg
+                         and (self.tile_m, self.tile_n, self.stages, self.overlap, self.pingpong)
                          == default_config(self.head_dim, self.causal, cache=getattr(self, "paged", False))
                          and all(getattr(self, k) == v for k, v in
                                  default_schedule(self.head_dim, self.causal, self.varlen,
@@ -247,6 +257,7 @@ class AttentionSm90(AttentionVariant):
             tile_n=self.tile_n, stages=self.stages, causal=self.causal, overlap=self.overlap,
             pingpong=self.pingpong, early_rescale=self.early_rescale, persistent=self.persistent,
             k_first=self.k_first, o_in_q=self.o_in_q, lazy_rescale=self.lazy_rescale,
+            const_wg=self.const_wg,
         )
         return k.packed if self.varlen else k.dense
 
@@ -364,6 +375,9 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm90]:
         # the dense head_dim 128 and 256 defaults without the lazy rescale; the other persistent
         # bf16 defaults (head_dim 64, varlen) with it, for --candidates
         out += [dataclasses.replace(make(*p), lazy_rescale=False) for p in problems if p[1] in (128, 256)]
+        # head_dim 256 non-causal with the consumer code per warpgroup (uniform-datapath WGMMA
+        # descriptors; causal, with its second loop, keeps 293 R2UR: not built)
+        out += [dataclasses.replace(make(*p), const_wg=True) for p in problems if p[1] == 256 and not p[2]]
         out += [dataclasses.replace(v, lazy_rescale=True) for v in out[:len(problems) * 2]
                 if v.dtype == "bf16" and v.persistent and not v.lazy_rescale]
         # D64: the other query tile (128 <-> 192 rows) and 3 stages under the default schedule
@@ -574,8 +588,10 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                  persistent: bool = False, k_first: bool = False, page_box: int = 0,
                  gather: bool = False, local: bool = False, softcap: bool = False,
                  sinks: bool = False, wide_producer: bool = False, kv_dtype=None, fp8_stages: int = 1,
-                 o_in_q: bool = False, lazy_rescale: bool = False):
+                 o_in_q: bool = False, lazy_rescale: bool = False, const_wg: bool = False):
         super().__init__(dtype=dtype, head_dim=head_dim, causal=causal, local=local)
+        # persistent: the consumer code once per consumer warpgroup (``consumer_tiles``)
+        self.const_wg = const_wg
         # (with overlap) the mainloop's softmax.online_softmax_lazy; O rescaled by a warp only
         # when its reference max moved
         self.lazy_rescale = lazy_rescale
@@ -963,25 +979,43 @@ class FlashFwdSm90(layout.TmaViewsKernel):
             else:
                 cute.arch.setmaxregister_increase(self.consumer_regs)
                 self.schedule_start(wg)
-                read = self.kv_state(False)
-                for t in cutlass.range(first, n_slots, stride, unroll=1):
-                    m_block, head, batch, real = self.tile_coords(t, stride, n_m, mQ.shape[2],
-                                                                  n_batch, mK.shape[2], mCuQ)
-                    if real:
-                        q_len, k_len, seqQ, seqK, seqVt, seqO, seqL = layout.sequence_views(
-                            mQ, mK, mVt, mO, mLSE, mCuQ, mCuK, head, batch)
-                        _, n_hi, _, n_mask = self.key_range(m_block, q_len, k_len)
-                        scale_t, o_scale = self.problem_scales(scale_log2, mDescale, head, batch,
-                                                               mQ.shape[2], mK.shape[2])
-                        read = self.consume(tiled_mma_qk, tiled_mma_pv, tma_o, seqO, s2g, seqL,
-                                            sQ, sO, sK, sV, q_bars, kv_pipes, scale_t, m_block,
-                                            q_len, k_len, n_hi, n_mask, wg, tidx % 128, read,
-                                            q_phase, o_scale=o_scale)
-                        if cutlass.const_expr(self.o_in_q):
-                            q_phase = q_phase ^ 1  # (every tile passes through Q's slabs)
-                        else:
-                            if n_hi > 0:
-                                q_phase = q_phase ^ 1
+                if cutlass.const_expr(self.const_wg):
+                    # one copy of the consumer code per warpgroup, its index a constant there
+                    for c in cutlass.range_constexpr(self.consumers):
+                        if wg == c:
+                            self.consumer_tiles(c, first, n_slots, stride, n_m, n_batch, mQ, mK, mVt, mO, mLSE,
+                                                mCuQ, mCuK, mDescale, scale_log2, tiled_mma_qk, tiled_mma_pv,
+                                                tma_o, s2g, sQ, sO, sK, sV, q_bars, kv_pipes, tidx, q_phase)
+                else:
+                    self.consumer_tiles(wg, first, n_slots, stride, n_m, n_batch, mQ, mK, mVt, mO, mLSE, mCuQ,
+                                        mCuK, mDescale, scale_log2, tiled_mma_qk, tiled_mma_pv, tma_o, s2g,
+                                        sQ, sO, sK, sV, q_bars, kv_pipes, tidx, q_phase)
+
+    @cute.jit
+    def consumer_tiles(self, wg, first, n_slots, stride, n_m, n_batch, mQ, mK, mVt, mO, mLSE, mCuQ, mCuK,
+                       mDescale, scale_log2, tiled_mma_qk, tiled_mma_pv, tma_o, s2g, sQ, sO, sK, sV, q_bars,
+                       kv_pipes, tidx, q_phase):
+        """Persistent: consumer warpgroup ``wg`` walks its CTA's tiles ``first``, ``first +
+        stride``, ... (``tile_coords``), each through :meth:`consume`."""
+        read = self.kv_state(False)
+        for t in cutlass.range(first, n_slots, stride, unroll=1):
+            m_block, head, batch, real = self.tile_coords(t, stride, n_m, mQ.shape[2],
+                                                          n_batch, mK.shape[2], mCuQ)
+            if real:
+                q_len, k_len, seqQ, seqK, seqVt, seqO, seqL = layout.sequence_views(
+                    mQ, mK, mVt, mO, mLSE, mCuQ, mCuK, head, batch)
+                _, n_hi, _, n_mask = self.key_range(m_block, q_len, k_len)
+                scale_t, o_scale = self.problem_scales(scale_log2, mDescale, head, batch,
+                                                       mQ.shape[2], mK.shape[2])
+                read = self.consume(tiled_mma_qk, tiled_mma_pv, tma_o, seqO, s2g, seqL,
+                                    sQ, sO, sK, sV, q_bars, kv_pipes, scale_t, m_block,
+                                    q_len, k_len, n_hi, n_mask, wg, tidx % 128, read,
+                                    q_phase, o_scale=o_scale)
+                if cutlass.const_expr(self.o_in_q):
+                    q_phase = q_phase ^ 1  # (every tile passes through Q's slabs)
+                else:
+                    if n_hi > 0:
+                        q_phase = q_phase ^ 1
 
     @cute.jit
     def transpose_loop(self, vs_ptr, v_ptr, vs_layout, v_layout, vs_pipe, v_pipe, n_tiles, read, write,
