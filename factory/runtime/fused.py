@@ -386,6 +386,9 @@ def rope_kvcache(bundle, q, k, v, positions, cos_sin_cache, k_cache, v_cache, sl
     saturating at ±448, and ``attention_kvcache`` reads them with ``k_descale=k_scale,
     v_descale=v_scale``.
 
+    q of zero heads (``q[:, :0]``) rotates k alone: the form for ``attention_kvcache(...,
+    rotary_cos_sin=)``, which rotates q in its own prologue.
+
     Returns (q, k)."""
     try:
         key = ("hot", "rope_kvcache", _layout(q), _layout(k), _layout(v), _layout(positions), _layout(cos_sin_cache),
