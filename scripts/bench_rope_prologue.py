@@ -96,7 +96,7 @@ def main() -> None:
 
         calls = {"rope_kvcache q+k": rope_full, "rope_kvcache k only": rope_k, "attention": attn,
                  "attention + rotary prologue": attn_rope, "step: separate": separate, "step: prologue": prologue}
-        t = benchmark.time_interleaved(calls, a.sets, rounds=5, budget_s=0.05, warm_s=0.05)
+        t = benchmark.time_interleaved(calls, a.sets, rounds=9, budget_s=0.05, warm_s=0.05)
         row = {"batch": b, "context": a.context, "variant": neox.variant, **{k: round(v * 1e6, 2) for k, v in t.items()}}
         row["prologue / separate"] = round(t["step: prologue"] / t["step: separate"], 3)
         rows.append(row)

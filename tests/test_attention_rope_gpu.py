@@ -100,6 +100,11 @@ def test_rotary_prologue_every_variant(bundle, case, run_record):
         assert ((o.float() - un_o).norm() / un_o.norm()).item() > 5e-2, f"{what}: q looks unrotated"
 
 
+def same(a, b) -> bool:
+    """Bit-equal, NaN rows (the caches' unused rows) included."""
+    return torch.equal(a.view(torch.int16), b.view(torch.int16))
+
+
 def test_two_forms_of_a_decode_step_agree_in_a_graph(bundle):
     """One decode step in both forms: rope_kvcache rotating q and k + attention, and rope_kvcache
     with q of zero heads (k only) + attention rotating q in its prologue: the same caches, the same
@@ -131,7 +136,7 @@ def test_two_forms_of_a_decode_step_agree_in_a_graph(bundle):
     sep()
     pro()
     assert torch.equal(qa, q) is False and torch.equal(ka, kc)  # q rotated by the first form only
-    assert torch.equal(caches[0][0], caches[1][0]) and torch.equal(caches[0][1], caches[1][1])
+    assert same(caches[0][0], caches[1][0]) and same(caches[0][1], caches[1][1])
     assert not outs[1].isnan().any()
     err = ((outs[1].float() - outs[0].float()).norm() / outs[0].float().norm()).item()
     assert err < 1e-2, err
@@ -153,6 +158,6 @@ def test_two_forms_of_a_decode_step_agree_in_a_graph(bundle):
         g1.replay()
         g2.replay()
         torch.cuda.synchronize()
-        assert torch.equal(caches[0][0], caches[1][0])
+        assert same(caches[0][0], caches[1][0]) and same(caches[0][1], caches[1][1])
         err = ((outs[1].float() - outs[0].float()).norm() / outs[0].float().norm()).item()
         assert err < 1e-2, err
