@@ -142,7 +142,28 @@ def rms_norm_check(x, weight, eps, residual=None, out=None, quantize=None):
 
 
 def rms_norm_choose(bundle, dt: str, n: int, res: bool, quant: bool) -> str:
-    """The variant for rows of ``n`` (NoVariantError naming what the bundle has)."""
+    """The variant for rows of ``n`` (NoVariantError naming what the bundle has): the host
+    library's ``fx_rms_norm_select`` (csrc/fx_select.c) where it has one, else the same rule here
+    (a host library linked before it existed)."""
+    sel = getattr(bundle, "selector", None)
+    if sel is not None and getattr(sel, "_fns", {}).get("rms_norm") is not None:
+        cache = bundle.selections
+        name = cache.get(("rms_norm", (dt, n, res, quant)))
+        if name is None:
+            from .selector import DTYPE, RmsNormProblem
+
+            p = RmsNormProblem(dtype=DTYPE[dt], m=1, n=n, x_stride=n, residual_add=int(res), residual_stride=n,
+                               quantize=int(quant), y_stride=n, eps=1e-6)
+            try:
+                name = sel.select("rms_norm", p).name.decode()
+            except NoVariantError:
+                raise NoVariantError(f"no rms_norm variant for {dt} rows of {n}{' with residual' if res else ''}"
+                                     f"{' to fp8' if quant else ''} on {bundle.device_name()} "
+                                     f"({bundle.describe_contents('rms_norm')})") from None
+            if len(cache) > 4096:
+                cache.clear()
+            cache[("rms_norm", (dt, n, res, quant))] = name
+        return name
     return _pick(bundle, "rms_norm", (dt, n, res, quant),
                  lambda v: v["dtype"] == dt and v["residual"] == res and v["quant"] == quant and v["max_n"] >= n,
                  f"{dt} rows of {n}{' with residual' if res else ''}{' to fp8' if quant else ''}")

@@ -92,6 +92,13 @@ class GroupedProblem(ctypes.Structure):
                 ("scale_a", _P), ("scale_a_stride", _I64x3), ("scale_b", _P), ("scale_b_stride", _I64x3)]
 
 
+class RmsNormProblem(ctypes.Structure):
+    _fields_ = [("dtype", ctypes.c_int), ("m", ctypes.c_int64), ("n", ctypes.c_int64), ("x", _P),
+                ("x_stride", ctypes.c_int64), ("weight", _P), ("residual_add", ctypes.c_int32), ("residual", _P),
+                ("residual_stride", ctypes.c_int64), ("quantize", ctypes.c_int32), ("y", _P),
+                ("y_stride", ctypes.c_int64), ("scale", _P), ("eps", ctypes.c_float)]
+
+
 class Selection(ctypes.Structure):
     _fields_ = [("variant", ctypes.c_int32), ("name", ctypes.c_char_p), ("workspace_bytes", ctypes.c_uint64),
                 ("max_clusters", ctypes.c_int32), ("splits", ctypes.c_int32)]
@@ -134,7 +141,8 @@ class Selector:
         self._fns = {}
         for op, problem in (("gemm", GemmProblem), ("attention", AttentionProblem), ("gemm_packed", PackedProblem),
                             ("gemm_blockscaled", BlockScaledProblem), ("attention_kvcache", KVCacheProblem),
-                            ("attention_fp8", AttentionFp8Problem), ("gemm_grouped", GroupedProblem)):
+                            ("attention_fp8", AttentionFp8Problem), ("gemm_grouped", GroupedProblem),
+                            ("rms_norm", RmsNormProblem)):
             fn = getattr(self.lib, f"fx_{op}_select", None)
             if fn is not None:
                 fn.restype = ctypes.c_int32

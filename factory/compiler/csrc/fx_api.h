@@ -270,6 +270,28 @@ typedef struct {
     int32_t varlen;         /* 1: packed sequences (cu_seqlens; batch = sequences, seqlen_q/k = tokens) */
 } fx_attention_fp8_problem_t;
 
+/* RMSNorm over each row (runtime/fused.py rms_norm): y = x / sqrt(mean(x²) + eps) · weight, float32
+   arithmetic.  residual_add: first residual += x in place (rounded to dtype), and the norm is of
+   that sum (vLLM's fused_add_rms_norm).  quantize: y is e4m3 and scale[row] (float32, unit stride)
+   receives max(amax(|y|) / 448, 1/(448·512)) of the row's y rounded to dtype, y holding y / scale.
+   Rows are contiguous along n; the *_stride fields are row strides in elements (>= n).  Outputs
+   (y, scale, and residual when added) must not overlap each other or the inputs. */
+typedef struct {
+    fx_dtype_t dtype;       /* x, weight, residual: BF16 or F16 */
+    int64_t m, n;           /* rows; the hidden size, a positive multiple of 8 */
+    const void *x;
+    int64_t x_stride;
+    const void *weight;     /* (n,), contiguous */
+    int32_t residual_add;   /* 0 / 1 */
+    void *residual;
+    int64_t residual_stride;
+    int32_t quantize;       /* 0: y in dtype; 1: y e4m3 with per-row scales */
+    void *y;
+    int64_t y_stride;
+    float *scale;           /* quantize: (m,) float32 */
+    float eps;              /* finite, >= 0 */
+} fx_rms_norm_problem_t;
+
 typedef struct {
     int32_t variant;          /* index (fx_variant_name); -1: nothing to launch (an empty problem) */
     const char *name;         /* the variant's name, NULL for -1 */
@@ -298,6 +320,7 @@ int32_t fx_gemm_packed_select(const fx_device_t *dev, const fx_gemm_packed_probl
 int32_t fx_gemm_blockscaled_select(const fx_device_t *dev, const fx_gemm_blockscaled_problem_t *p,
                                    fx_selection_t *out);
 int32_t fx_gemm_grouped_select(const fx_device_t *dev, const fx_gemm_grouped_problem_t *p, fx_selection_t *out);
+int32_t fx_rms_norm_select(const fx_device_t *dev, const fx_rms_norm_problem_t *p, fx_selection_t *out);
 
 /* Select, then launch on `stream` (loading the variant's module on first use: do one call before
    capturing a CUDA graph).  The launch runs on the current device (cudaSetDevice): `stream` must
@@ -322,6 +345,7 @@ int32_t fx_gemm_blockscaled(const fx_device_t *dev, const fx_gemm_blockscaled_pr
                             fx_selection_t *out);
 int32_t fx_gemm_grouped(const fx_device_t *dev, const fx_gemm_grouped_problem_t *p, fx_stream_t stream,
                         fx_selection_t *out);
+int32_t fx_rms_norm(const fx_device_t *dev, const fx_rms_norm_problem_t *p, fx_stream_t stream, fx_selection_t *out);
 
 /* The GEMM cost model's predicted time (us) of a variant (index) on an (m, n, k, l) problem: the
    sm90 and sm100 families' models the selection ranks by. */

@@ -2495,6 +2495,102 @@ FX_EXPORT int32_t fx_attention_fp8_select(const fx_device_t *dev, const fx_atten
     return finish(fp8_select(dev, p, out), out);
 }
 
+/* --- RMSNorm (+ residual, + e4m3 output): runtime/fused.py ----------------------------------------- */
+typedef struct {
+    fx_value vals[FX_MAX_ARGS]; /* x, weight [, residual], y [, scale], eps */
+    int32_t n_vals;
+} rms_ctx;
+
+/* fused.rms_norm_check's checks, the aliasing of the outputs, and fused.rms_norm_choose: among the
+   variants of the dtype and switches whose rows hold n, those of the best target, the fewest chunks
+   (the least max_n; then the first name). */
+static int32_t rms_select(const fx_device_t *dev, const fx_rms_norm_problem_t *p, fx_selection_t *out, rms_ctx *x) {
+    memset(out, 0, sizeof *out);
+    out->variant = -1;
+    fx_msg[0] = 0;
+    int32_t rc;
+    if (!dev || !p) return fail(FX_ERR_INPUT, "fx_rms_norm: dev and problem must not be NULL");
+    if ((rc = check_device(dev))) return rc;
+    if ((rc = check_bool("residual_add", p->residual_add)) || (rc = check_bool("quantize", p->quantize))) return rc;
+    if (p->dtype != FX_DTYPE_BF16 && p->dtype != FX_DTYPE_F16)
+        return fail(FX_ERR_INPUT, "x must be bf16 or f16, got dtype %d", (int)p->dtype);
+    static const char *const names[2] = {"m", "n"};
+    const int64_t sizes[2] = {p->m, p->n};
+    if ((rc = check_sizes(names, sizes, 2))) return rc;
+    const int64_t M = p->m, N = p->n, one = 1;
+    if (N == 0 || N % 8)
+        return fail(FX_ERR_INPUT, "the hidden size %lld must be a positive multiple of 8 (16-byte vectors)", (long long)N);
+    if (!(p->eps >= 0.0f) || !isfinite(p->eps)) return fail(FX_ERR_INPUT, "eps must be a finite number >= 0");
+    const int res = p->residual_add, quant = p->quantize;
+    const int64_t rs[3] = {p->x_stride, res ? p->residual_stride : N, p->y_stride};
+    static const char *const rnames[3] = {"x_stride", "residual_stride", "y_stride"};
+    for (int32_t i = 0; i < 3; i++)
+        if (rs[i] < N && M > 1)
+            return fail(FX_ERR_INPUT, "%s %lld: rows of %lld elements must not overlap (a row stride >= n)", rnames[i],
+                        (long long)rs[i], (long long)N);
+    const int64_t eb = elem_bytes(p->dtype);
+    int64_t sx[2] = {M, N}, stx[2] = {p->x_stride, 1}, str[2] = {rs[1], 1}, sty[2] = {p->y_stride, 1}, span;
+    fx_range in[4], oy, ores, osc;
+    if ((rc = span_of("x", 2, sx, stx, &span)) || (rc = range_of(&in[0], "x", p->x, span, eb)) ||
+        (rc = range_of(&in[1], "weight", p->weight, N, eb)) ||
+        (rc = span_of("residual", 2, sx, str, &span)) ||
+        (rc = range_of(&ores, "residual", res ? p->residual : NULL, span, eb)) ||
+        (rc = span_of("y", 2, sx, sty, &span)) || (rc = range_of(&oy, "y", p->y, span, quant ? 1 : eb)) ||
+        (rc = range_of(&osc, "scale", quant ? p->scale : NULL, M, 4)))
+        return rc;
+    in[2] = ores;
+    in[3] = osc;
+    /* y against x, weight, residual, scale; residual (written) against x, weight, scale; scale against x, weight */
+    fx_range r_in[3] = {in[0], in[1], osc}, s_in[2] = {in[0], in[1]};
+    if ((rc = check_disjoint(&oy, in, 4)) || (rc = check_disjoint(&ores, r_in, 3)) || (rc = check_disjoint(&osc, s_in, 2)))
+        return rc;
+    if (M == 0) return 0; /* nothing to launch */
+    memset(x, 0, sizeof *x);
+    int32_t k = 0;
+    spec(&x->vals[k++], p->x, 2, sx, stx);
+    spec(&x->vals[k++], p->weight, 1, &N, &one);
+    if (res) spec(&x->vals[k++], p->residual, 2, sx, str);
+    spec(&x->vals[k++], p->y, 2, sx, sty);
+    if (quant) spec(&x->vals[k++], p->scale, 1, &M, &one);
+    x->vals[k++].f = p->eps;
+    x->n_vals = k;
+    const int32_t want = (res ? FX_RW_RESIDUAL : 0) | (quant ? FX_RW_QUANT : 0);
+    int32_t *cand, n = candidates(dev, FX_OP_RMS_NORM, &cand), best = -1, top = -1;
+    char reason[1024] = "";
+    for (int32_t i = 0; i < n; i++) {
+        const fx_variant *v = &fx_variants[cand[i]];
+        if (v->dtype != p->dtype || v->rowwise != want || v->max_n < N) continue;
+        if (top < 0) top = v->target;
+        if (v->target != top) continue;
+        if (check_contract(v, x->vals, x->n_vals)) {
+            if (!reason[0]) snprintf(reason, sizeof reason, "%s", fx_msg);
+            continue;
+        }
+        if (best >= 0) {
+            const fx_variant *b = &fx_variants[best];
+            if (v->max_n > b->max_n || (v->max_n == b->max_n && strcmp(v->name, b->name) >= 0)) continue;
+        }
+        best = cand[i];
+    }
+    free(cand);
+    if (best < 0 && reason[0]) return fail(FX_ERR_INPUT, "rms_norm: %s", reason); /* the layout, not the bundle */
+    if (best < 0)
+        return fail(FX_ERR_NO_VARIANT, "no rms_norm variant for %s rows of %lld%s%s on compute capability %d.%d",
+                    dtype_name(p->dtype), (long long)N, res ? " with residual" : "", quant ? " to e4m3" : "",
+                    dev->cc_major, dev->cc_minor);
+    out->variant = best;
+    out->name = fx_variants[best].name;
+    out->splits = 1;
+    return 0;
+}
+
+FX_EXPORT int32_t fx_rms_norm_select(const fx_device_t *dev, const fx_rms_norm_problem_t *p, fx_selection_t *out) {
+    fx_selection_t tmp;
+    rms_ctx x;
+    if (!out) out = &tmp;
+    return finish(rms_select(dev, p, out, &x), out);
+}
+
 FX_EXPORT int32_t fx_variant_v_layout(int32_t i) {
     return i >= 0 && i < fx_n_variants ? fx_variants[i].v_pretransposed : -1;
 }
@@ -2812,6 +2908,31 @@ FX_EXPORT int32_t fx_gemm_grouped(const fx_device_t *dev, const fx_gemm_grouped_
     fx_selection_t tmp;
     if (!out) out = &tmp;
     return finish(grouped_run(dev, p, stream, out), out);
+}
+
+static int32_t rms_run(const fx_device_t *dev, const fx_rms_norm_problem_t *p, fx_stream_t stream,
+                       fx_selection_t *out) {
+    rms_ctx x;
+    int32_t rc = rms_select(dev, p, out, &x);
+    if (rc || out->variant < 0) return rc;
+    if (!p->x || !p->weight || !p->y || (p->residual_add && !p->residual) || (p->quantize && !p->scale))
+        return fail(FX_ERR_INPUT, "fx_rms_norm needs the x, weight, y (residual_add: residual; quantize: scale) "
+                                  "pointers");
+    {
+        const void *ptrs[5] = {p->x, p->weight, p->y, p->residual_add ? p->residual : NULL,
+                               p->quantize ? p->scale : NULL};
+        static const char *const names[5] = {"x", "weight", "y", "residual", "scale"};
+        if ((rc = check_launch_device(stream, 5, ptrs, names))) return rc;
+    }
+    if ((rc = ensure_loaded(out->variant))) return rc;
+    return launched(out->variant, fx_variants[out->variant].bind(x.vals, stream));
+}
+
+FX_EXPORT int32_t fx_rms_norm(const fx_device_t *dev, const fx_rms_norm_problem_t *p, fx_stream_t stream,
+                              fx_selection_t *out) {
+    fx_selection_t tmp;
+    if (!out) out = &tmp;
+    return finish(rms_run(dev, p, stream, out), out);
 }
 
 static int32_t kv_run(const fx_device_t *dev, const fx_attention_kvcache_problem_t *p, void *workspace,

@@ -1,0 +1,139 @@
+"""The C entry of RMSNorm (fx_rms_norm_select / fx_rms_norm of the host library, csrc/fx_select.c)
+on the test bundle: the same variant as the Python rule for every device generation, dtype,
+switch set and row length; bad problems refused (FX_ERR_INPUT naming the field, the selection
+zeroed) before anything could launch."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+
+import pytest
+
+from factory.runtime import NoVariantError
+from factory.runtime import fused
+from factory.runtime import selector as rs
+
+FX_ERR_INPUT, FX_ERR_NO_VARIANT = -1, -2
+
+
+@pytest.fixture(scope="module")
+def lib(test_bundle):
+    m = json.loads((test_bundle / "manifest.json").read_text())
+    lib = ctypes.CDLL(str(test_bundle / m["host_library"]["path"]))
+    if not hasattr(lib, "fx_rms_norm_select"):
+        pytest.skip("the host library has no fx_rms_norm_select")
+    lib.fx_last_error_message.restype = ctypes.c_char_p
+    for fn in (lib.fx_rms_norm_select, lib.fx_rms_norm):
+        fn.restype = ctypes.c_int32
+    return lib, m
+
+
+def device(cc, sms=132):
+    return rs.Device(cc[0], cc[1], sms, b"test device")
+
+
+def problem(dt="bf16", m=4, n=4096, res=False, quant=False, **kw):
+    p = rs.RmsNormProblem(dtype=rs.DTYPE[dt], m=m, n=n, x_stride=n, residual_add=int(res), residual_stride=n,
+                          quantize=int(quant), y_stride=n, eps=1e-6)
+    for k, v in kw.items():
+        setattr(p, k, v)
+    return p
+
+
+def select(lib, dev, p):
+    sel = rs.Selection()
+    rc = lib.fx_rms_norm_select(ctypes.byref(dev), ctypes.byref(p), ctypes.byref(sel))
+    return rc, sel, (lib.fx_last_error_message() or b"").decode()
+
+
+def python_rule(b, dt, n, res, quant):
+    """fused._pick's rule: the fitting entries of the best target (bundle.candidates' order), the
+    least max_n, then the first name."""
+    fits = [e for e in b.candidates("rms_norm")
+            if e["dtype"] == dt and e["residual"] == res and e["quant"] == quant and e["max_n"] >= n]
+    if not fits:
+        return None
+    return min((e for e in fits if e["target"] == fits[0]["target"]), key=lambda e: (e["max_n"], e["name"]))["name"]
+
+
+def opened(test_bundle, cc):
+    from factory.runtime import Bundle
+
+    return Bundle.open(test_bundle, capability=cc, device={"name": "planned", "sm_count": 132})
+
+
+@pytest.mark.parametrize("cc", [(8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (12, 0)])
+def test_c_selection_equals_python(lib, test_bundle, cc):
+    lib, m = lib
+    dev = device(cc)
+    b = opened(test_bundle, cc)
+    seen = 0
+    for dt in ("bf16", "f16"):
+        for n in (8, 2048, 4096, 8200, 16384, 16392):
+            for res in (False, True):
+                for quant in (False, True):
+                    want = python_rule(b, dt, n, res, quant)
+                    rc, sel, msg = select(lib, dev, problem(dt, 4, n, res, quant))
+                    got = sel.name.decode() if rc == 0 else None
+                    assert got == want, (cc, dt, n, res, quant, rc, msg)
+                    assert rc in (0, FX_ERR_NO_VARIANT), msg
+                    seen += rc == 0
+    if cc == (9, 0):
+        assert seen > 0  # the test tier has sm_90 rms_norm variants
+
+
+def test_the_runtime_asks_c(test_bundle):
+    b = opened(test_bundle, (9, 0))
+    if b.selector._fns.get("rms_norm") is None or not b.candidates("rms_norm"):
+        pytest.skip("no C rms_norm selection or no rms_norm variant")
+    e = b.candidates("rms_norm")[0]
+    assert fused.rms_norm_choose(b, e["dtype"], 4096, e["residual"], e["quant"]) == python_rule(
+        b, e["dtype"], 4096, e["residual"], e["quant"])
+    with pytest.raises(NoVariantError, match="no rms_norm variant for bf16 rows of 16392"):
+        fused.rms_norm_choose(b, "bf16", 16392, False, False)
+
+
+BAD = [
+    (dict(dtype=3), "x must be bf16 or f16"),
+    (dict(m=-1), "m must not be negative"),
+    (dict(n=4100), "must be a positive multiple of 8"),
+    (dict(n=0), "must be a positive multiple of 8"),
+    (dict(eps=float("nan")), "eps must be a finite number >= 0"),
+    (dict(eps=-1.0), "eps must be a finite number >= 0"),
+    (dict(residual_add=2), "residual_add must be 0 or 1"),
+    (dict(quantize=-1), "quantize must be 0 or 1"),
+    (dict(x_stride=4088), "x_stride 4088: rows of 4096 elements must not overlap"),
+    (dict(y_stride=0), "y_stride 0"),
+    (dict(x=0x100000, y=0x100000 + 4096), "y overlaps x in memory"),
+    (dict(weight=0x200000, y=0x200000), "y overlaps weight in memory"),
+    (dict(x=0x10008), "x data pointer is not 16-byte aligned"),
+    (dict(x_stride=4100), "x stride 4100 (mode 0) must be a multiple of 8"),
+]
+
+
+@pytest.mark.parametrize("change,msg", BAD, ids=[m for _, m in BAD])
+def test_bad_problems_are_refused(lib, change, msg):
+    lib, _ = lib
+    rc, sel, got = select(lib, device((9, 0)), problem(res=True, quant=True, **change))
+    assert rc == FX_ERR_INPUT and msg in got and sel.variant == -1, (rc, got)
+
+
+def test_residual_and_scale_must_not_alias(lib):
+    lib, _ = lib
+    p = problem(res=True, quant=True, x=0x100000, residual=0x100000 + 8, scale=0x900000, y=0xA00000)
+    rc, _, msg = select(lib, device((9, 0)), p)
+    assert rc == FX_ERR_INPUT and "residual overlaps x" in msg
+    p = problem(res=True, quant=True, x=0x100000, residual=0x800000, scale=0x800000 + 64, y=0xA00000)
+    rc, _, msg = select(lib, device((9, 0)), p)
+    assert rc == FX_ERR_INPUT and "overlaps" in msg and "scale" in msg
+
+
+def test_launch_needs_the_pointers(lib):
+    lib, _ = lib
+    sel = rs.Selection()
+    rc = lib.fx_rms_norm(ctypes.byref(device((9, 0))), ctypes.byref(problem(res=True, quant=True)), None,
+                         ctypes.byref(sel))
+    assert rc == FX_ERR_INPUT and b"needs the x, weight, y" in lib.fx_last_error_message() and sel.variant == -1
+    rc, sel, _ = select(lib, device((9, 0)), problem(m=0, res=True, quant=True))
+    assert rc == 0 and sel.variant == -1  # empty: nothing to launch
