@@ -1,8 +1,8 @@
-"""fx_rms_norm (the host library's C entry) on a GPU: the variant and the output bits of
+"""fx_rms_norm and fx_fp8_rows (the host library's C entries) on a GPU: the output bits of
 ``bundle.rms_norm`` for the plain, residual and residual + e4m3 forms (the residual updated in
-place alike), and a host pointer refused (FX_ERR_INPUT, nothing launched) in a subprocess that then
-still computes.  Skips without a GPU, without rms_norm variants in ``$FACTORY_BUNDLE`` or without
-fx_rms_norm in its host library."""
+place alike) and of ``bundle.fp8_rows`` (out of place and in place), and a host pointer refused
+(FX_ERR_INPUT, nothing launched) in a subprocess that then still computes.  Skips without a GPU,
+without the ops' variants in ``$FACTORY_BUNDLE`` or without the entries in its host library."""
 
 from __future__ import annotations
 
@@ -85,6 +85,39 @@ def test_fx_rms_norm_matches_the_python_op(setup, form):
         assert torch.equal(y, want)
     if res:
         assert torch.equal(r1, r2) and not torch.equal(r2, r0)
+
+
+def _device():
+    from factory.runtime import selector as rs
+
+    return rs.Device(*torch.cuda.get_device_capability(), torch.cuda.get_device_properties(0).multi_processor_count,
+                     torch.cuda.get_device_name().encode()[:255])
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+def test_fx_fp8_rows_matches_the_python_op(setup, in_place):
+    from factory.runtime import selector as rs
+
+    b, lib, _ = setup
+    if not b.candidates("fp8_rows") or not hasattr(lib, "fx_fp8_rows"):
+        pytest.skip("no fp8_rows variant or no fx_fp8_rows")
+    lib.fx_fp8_rows.restype = ctypes.c_int32
+    g = torch.Generator(device="cuda").manual_seed(9)
+    m, n = 37, 14336
+    codes = (torch.randn(m, n, device="cuda", generator=g) * 100).to(FP8)
+    gsc = (torch.rand(n // 128, m, device="cuda", generator=g) * 2.0 ** torch.randint(
+        -6, 6, (n // 128, m), device="cuda", generator=g)).t()  # M-major (m, n/128), scales over 2^12
+    want_q, want_s = b.fp8_rows(codes, gsc)
+    src = codes.clone()
+    out = src if in_place else torch.full((m, n), float("nan"), device="cuda").to(FP8)
+    sc = torch.full((m,), float("nan"), device="cuda")
+    p = rs.Fp8RowsProblem(m=m, n=n, codes=src.data_ptr(), codes_stride=n, group_scale=gsc.data_ptr(),
+                          group_scale_stride=gsc.stride(1), out=out.data_ptr(), out_stride=n, scale=sc.data_ptr())
+    rc = lib.fx_fp8_rows(ctypes.byref(_device()), ctypes.byref(p),
+                         ctypes.c_void_p(torch.cuda.current_stream().cuda_stream), None)
+    torch.cuda.synchronize()
+    assert rc == 0, lib.fx_last_error_message()
+    assert torch.equal(out.view(torch.uint8), want_q.view(torch.uint8)) and torch.equal(sc, want_s.view(-1))
 
 
 _CHILD = textwrap.dedent("""

@@ -1,7 +1,7 @@
-"""The C entry of RMSNorm (fx_rms_norm_select / fx_rms_norm of the host library, csrc/fx_select.c)
-on the test bundle: the same variant as the Python rule for every device generation, dtype,
-switch set and row length; bad problems refused (FX_ERR_INPUT naming the field, the selection
-zeroed) before anything could launch."""
+"""The C entries of the row-wise ops (fx_rms_norm[_select], fx_fp8_rows[_select] of the host
+library, csrc/fx_select.c) on the test bundle: the same variant as the Python rule for every device
+generation, dtype, switch set and row length; bad problems refused (FX_ERR_INPUT naming the field,
+the selection zeroed) before anything could launch."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def lib(test_bundle):
     if not hasattr(lib, "fx_rms_norm_select"):
         pytest.skip("the host library has no fx_rms_norm_select")
     lib.fx_last_error_message.restype = ctypes.c_char_p
-    for fn in (lib.fx_rms_norm_select, lib.fx_rms_norm):
+    for fn in (lib.fx_rms_norm_select, lib.fx_rms_norm, lib.fx_fp8_rows_select, lib.fx_fp8_rows):
         fn.restype = ctypes.c_int32
     return lib, m
 
@@ -137,3 +137,69 @@ def test_launch_needs_the_pointers(lib):
     assert rc == FX_ERR_INPUT and b"needs the x, weight, y" in lib.fx_last_error_message() and sel.variant == -1
     rc, sel, _ = select(lib, device((9, 0)), problem(m=0, res=True, quant=True))
     assert rc == 0 and sel.variant == -1  # empty: nothing to launch
+
+
+# --- fp8_rows ---------------------------------------------------------------------------------------
+def f8_problem(m=4, n=4096, **kw):
+    p = rs.Fp8RowsProblem(m=m, n=n, codes_stride=n, group_scale_stride=max(m, 1), out_stride=n)
+    for k, v in kw.items():
+        setattr(p, k, v)
+    return p
+
+
+def f8_select(lib, dev, p):
+    sel = rs.Selection()
+    rc = lib.fx_fp8_rows_select(ctypes.byref(dev), ctypes.byref(p), ctypes.byref(sel))
+    return rc, sel, (lib.fx_last_error_message() or b"").decode()
+
+
+@pytest.mark.parametrize("cc", [(8, 0), (8, 9), (9, 0), (10, 0)])
+def test_fp8_rows_c_selection_equals_python(lib, test_bundle, cc):
+    lib, _ = lib
+    b = opened(test_bundle, cc)
+    for n in (16, 4096, 14336, 16384, 16400):
+        fits = [e for e in b.candidates("fp8_rows") if e["max_n"] >= n]
+        want = min((e for e in fits if e["target"] == fits[0]["target"]),
+                   key=lambda e: (e["max_n"], e["name"]))["name"] if fits else None
+        rc, sel, msg = f8_select(lib, device(cc), f8_problem(3, n))
+        assert (sel.name.decode() if rc == 0 else None) == want, (cc, n, rc, msg)
+        assert rc in (0, FX_ERR_NO_VARIANT), msg
+        if want is not None:
+            assert fused.fp8_rows_choose(b, n) == want
+
+
+F8_BAD = [
+    (dict(m=-2), "m must not be negative"),
+    (dict(n=4104), "a positive multiple of 16"),
+    (dict(codes_stride=4080), "row stride >= 4096 and a multiple of 16"),
+    (dict(out_stride=4104), "row stride >= 4096 and a multiple of 16"),
+    (dict(group_scale_stride=2), "group_scale must be M-major"),
+    (dict(codes=0x100000, out=0x100000 + 64), "out overlaps codes in memory"),
+    (dict(codes=0x100000, scale=0x100000), "scale overlaps codes in memory"),
+    (dict(codes=0x100008), "codes data pointer is not 16-byte aligned"),
+]
+
+
+@pytest.mark.parametrize("change,msg", F8_BAD, ids=[m for _, m in F8_BAD])
+def test_fp8_rows_bad_problems_are_refused(lib, change, msg):
+    lib, _ = lib
+    if not opened_has(lib):
+        pytest.skip("no fp8_rows variant for sm_90 in the test bundle")
+    rc, sel, got = f8_select(lib, device((9, 0)), f8_problem(**change))
+    assert rc == FX_ERR_INPUT and msg in got and sel.variant == -1, (rc, got)
+
+
+def opened_has(lib) -> bool:
+    return f8_select(lib, device((9, 0)), f8_problem())[0] == 0
+
+
+def test_fp8_rows_in_place_and_pointers(lib):
+    lib, _ = lib
+    if not opened_has(lib):
+        pytest.skip("no fp8_rows variant for sm_90 in the test bundle")
+    rc, _, msg = f8_select(lib, device((9, 0)), f8_problem(codes=0x100000, out=0x100000, scale=0x900000,
+                                                           group_scale=0xA00000))
+    assert rc == 0, msg  # out = codes: in place
+    sel = rs.Selection()
+    rc = lib.fx_fp8_rows(ctypes.byref(device((9, 0))), ctypes.byref(f8_problem()), None, ctypes.byref(sel))
+    assert rc == FX_ERR_INPUT and b"needs the codes, group_scale, out and scale" in lib.fx_last_error_message()

@@ -24,7 +24,7 @@ MAJOR_IDS = {"k": 1, "m": 2, "n": 3}
 FAMILY_IDS = {"sm80": 1, "sm90": 2, "sm100": 3, "decode": 4, "sm90_decode": 5, "sm90_grouped": 9,
               "sm100_grouped": 10}
 OP_IDS = {"gemm": 1, "attention": 2, "gemm_blockscaled": 3, "attention_kvcache": 4, "attention_fp8": 5,
-          "gemm_grouped": 9, "rms_norm": 11}
+          "gemm_grouped": 9, "rms_norm": 11, "fp8_rows": 12}
 # the grouped GEMM's layouts (fx_variant.grouped)
 GROUPED_IDS = {"contig": 1, "masked": 2}
 # fx_block_format_t (csrc/fx_api.h)

@@ -141,28 +141,37 @@ def rms_norm_check(x, weight, eps, residual=None, out=None, quantize=None):
     return DTYPES[x.dtype], n, e, quant
 
 
+def _c_pick(bundle, op: str, key: tuple, problem, what: str) -> str | None:
+    """The host library's ``fx_<op>_select`` (csrc/fx_select.c) of ``problem()`` (a data-free
+    problem: no pointers), cached like :func:`_pick`; None where the library has no such entry (one
+    linked before it existed: the caller's Python rule, the same, decides)."""
+    sel = getattr(bundle, "selector", None)
+    if sel is None or getattr(sel, "_fns", {}).get(op) is None:
+        return None
+    cache = bundle.selections
+    name = cache.get((op, key))
+    if name is None:
+        try:
+            name = sel.select(op, problem()).name.decode()
+        except NoVariantError:
+            raise NoVariantError(f"no {op} variant for {what} on {bundle.device_name()} "
+                                 f"({bundle.describe_contents(op)})") from None
+        if len(cache) > 4096:
+            cache.clear()
+        cache[(op, key)] = name
+    return name
+
+
 def rms_norm_choose(bundle, dt: str, n: int, res: bool, quant: bool) -> str:
     """The variant for rows of ``n`` (NoVariantError naming what the bundle has): the host
-    library's ``fx_rms_norm_select`` (csrc/fx_select.c) where it has one, else the same rule here
-    (a host library linked before it existed)."""
-    sel = getattr(bundle, "selector", None)
-    if sel is not None and getattr(sel, "_fns", {}).get("rms_norm") is not None:
-        cache = bundle.selections
-        name = cache.get(("rms_norm", (dt, n, res, quant)))
-        if name is None:
-            from .selector import DTYPE, RmsNormProblem
+    library's ``fx_rms_norm_select`` where it has one, else the same rule here."""
+    from .selector import DTYPE, RmsNormProblem
 
-            p = RmsNormProblem(dtype=DTYPE[dt], m=1, n=n, x_stride=n, residual_add=int(res), residual_stride=n,
-                               quantize=int(quant), y_stride=n, eps=1e-6)
-            try:
-                name = sel.select("rms_norm", p).name.decode()
-            except NoVariantError:
-                raise NoVariantError(f"no rms_norm variant for {dt} rows of {n}{' with residual' if res else ''}"
-                                     f"{' to fp8' if quant else ''} on {bundle.device_name()} "
-                                     f"({bundle.describe_contents('rms_norm')})") from None
-            if len(cache) > 4096:
-                cache.clear()
-            cache[("rms_norm", (dt, n, res, quant))] = name
+    what = f"{dt} rows of {n}{' with residual' if res else ''}{' to fp8' if quant else ''}"
+    name = _c_pick(bundle, "rms_norm", (dt, n, res, quant), lambda: RmsNormProblem(
+        dtype=DTYPE[dt], m=1, n=n, x_stride=n, residual_add=int(res), residual_stride=n, quantize=int(quant),
+        y_stride=n, eps=1e-6), what)
+    if name is not None:
         return name
     return _pick(bundle, "rms_norm", (dt, n, res, quant),
                  lambda v: v["dtype"] == dt and v["residual"] == res and v["quant"] == quant and v["max_n"] >= n,
@@ -518,6 +527,14 @@ def fp8_rows_check(codes, group_scale, out=None):
 
 
 def fp8_rows_choose(bundle, n: int) -> str:
+    """The host library's ``fx_fp8_rows_select`` where it has one, else the same rule here."""
+    from .selector import Fp8RowsProblem
+
+    s = -(-n // 16) * 16
+    name = _c_pick(bundle, "fp8_rows", ("e4m3", n), lambda: Fp8RowsProblem(
+        m=1, n=n, codes_stride=s, group_scale_stride=4, out_stride=s), f"e4m3 rows of {n}")
+    if name is not None:
+        return name
     return _pick(bundle, "fp8_rows", ("e4m3", n), lambda e: e["max_n"] >= n, f"e4m3 rows of {n}")
 
 

@@ -99,6 +99,12 @@ class RmsNormProblem(ctypes.Structure):
                 ("y_stride", ctypes.c_int64), ("scale", _P), ("eps", ctypes.c_float)]
 
 
+class Fp8RowsProblem(ctypes.Structure):
+    _fields_ = [("m", ctypes.c_int64), ("n", ctypes.c_int64), ("codes", _P), ("codes_stride", ctypes.c_int64),
+                ("group_scale", _P), ("group_scale_stride", ctypes.c_int64), ("out", _P),
+                ("out_stride", ctypes.c_int64), ("scale", _P)]
+
+
 class Selection(ctypes.Structure):
     _fields_ = [("variant", ctypes.c_int32), ("name", ctypes.c_char_p), ("workspace_bytes", ctypes.c_uint64),
                 ("max_clusters", ctypes.c_int32), ("splits", ctypes.c_int32)]
@@ -142,7 +148,7 @@ class Selector:
         for op, problem in (("gemm", GemmProblem), ("attention", AttentionProblem), ("gemm_packed", PackedProblem),
                             ("gemm_blockscaled", BlockScaledProblem), ("attention_kvcache", KVCacheProblem),
                             ("attention_fp8", AttentionFp8Problem), ("gemm_grouped", GroupedProblem),
-                            ("rms_norm", RmsNormProblem)):
+                            ("rms_norm", RmsNormProblem), ("fp8_rows", Fp8RowsProblem)):
             fn = getattr(self.lib, f"fx_{op}_select", None)
             if fn is not None:
                 fn.restype = ctypes.c_int32

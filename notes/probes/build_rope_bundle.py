@@ -1,6 +1,6 @@
 """The bundle of the rotary-prologue measurements (sm_90): the KV-cache decode variants of bf16
 head_dim 128 paged caches (default tier, no switches), their rotary-prologue builds (full tier),
-rope_kvcache's bf16 builds and rms_norm's (default tier).
+rope_kvcache's bf16 builds, rms_norm's and fp8_rows' (default tier).
 
     python3 notes/probes/build_rope_bundle.py OUT
 """
@@ -23,7 +23,8 @@ def main():
               and v.kv_dtype == "bf16" and not v.local)
     vs += pick("attention_kvcache_rope", "full", lambda v: True)
     vs += pick("rope_kvcache", "default", lambda v: not v.fp8_cache)
-    vs += pick("rms_norm", "default", lambda v: True)  # (the C entry's GPU test)
+    vs += pick("rms_norm", "default", lambda v: True)  # (the C entries' GPU tests)
+    vs += pick("fp8_rows", "default", lambda v: True)
     builder.enumerate_variants = lambda *a, **k: vs
     print(builder.build(sys.argv[1], ["sm_90"], jobs=1))
 

@@ -292,6 +292,23 @@ typedef struct {
     float eps;              /* finite, >= 0 */
 } fx_rms_norm_problem_t;
 
+/* e4m3 codes with a scale per row and 128 columns re-expressed with one scale per row
+   (runtime/fused.py fp8_rows; the GEMM's fp8_groups output feeds it): scale[r] = max(max_g
+   group_scale[r][g], 1/(448·512)), out[r][c] = e4m3(codes[r][c] · group_scale[r][c / 128] / scale[r]).
+   codes / out rows contiguous, row strides >= n and multiples of 16; group_scale (m, ceil(n/128))
+   M-major: element [r][g] at r + g · group_scale_stride (>= m).  out may be codes itself (same
+   pointer and stride: in place); otherwise outputs must not overlap each other or the inputs. */
+typedef struct {
+    int64_t m, n;            /* rows; row length, a positive multiple of 16 */
+    const void *codes;
+    int64_t codes_stride;
+    const float *group_scale;
+    int64_t group_scale_stride;
+    void *out;
+    int64_t out_stride;
+    float *scale;            /* (m,) float32 */
+} fx_fp8_rows_problem_t;
+
 typedef struct {
     int32_t variant;          /* index (fx_variant_name); -1: nothing to launch (an empty problem) */
     const char *name;         /* the variant's name, NULL for -1 */
@@ -321,6 +338,7 @@ int32_t fx_gemm_blockscaled_select(const fx_device_t *dev, const fx_gemm_blocksc
                                    fx_selection_t *out);
 int32_t fx_gemm_grouped_select(const fx_device_t *dev, const fx_gemm_grouped_problem_t *p, fx_selection_t *out);
 int32_t fx_rms_norm_select(const fx_device_t *dev, const fx_rms_norm_problem_t *p, fx_selection_t *out);
+int32_t fx_fp8_rows_select(const fx_device_t *dev, const fx_fp8_rows_problem_t *p, fx_selection_t *out);
 
 /* Select, then launch on `stream` (loading the variant's module on first use: do one call before
    capturing a CUDA graph).  The launch runs on the current device (cudaSetDevice): `stream` must
@@ -346,6 +364,7 @@ int32_t fx_gemm_blockscaled(const fx_device_t *dev, const fx_gemm_blockscaled_pr
 int32_t fx_gemm_grouped(const fx_device_t *dev, const fx_gemm_grouped_problem_t *p, fx_stream_t stream,
                         fx_selection_t *out);
 int32_t fx_rms_norm(const fx_device_t *dev, const fx_rms_norm_problem_t *p, fx_stream_t stream, fx_selection_t *out);
+int32_t fx_fp8_rows(const fx_device_t *dev, const fx_fp8_rows_problem_t *p, fx_stream_t stream, fx_selection_t *out);
 
 /* The GEMM cost model's predicted time (us) of a variant (index) on an (m, n, k, l) problem: the
    sm90 and sm100 families' models the selection ranks by. */

@@ -2495,6 +2495,30 @@ FX_EXPORT int32_t fx_attention_fp8_select(const fx_device_t *dev, const fx_atten
     return finish(fp8_select(dev, p, out), out);
 }
 
+/* --- the row-wise ops (elementwise/): RMSNorm, fp8 rows ------------------------------------------- */
+/* The least max_n of the best target whose rows hold n (then the first name): fused._pick. */
+static int32_t rowwise_pick(const fx_device_t *dev, int32_t op, int32_t dtype, int32_t flags, int64_t n,
+                            const fx_value *vals, int32_t n_vals, char *reason, size_t reason_size) {
+    int32_t *cand, k = candidates(dev, op, &cand), best = -1, top = -1;
+    for (int32_t i = 0; i < k; i++) {
+        const fx_variant *v = &fx_variants[cand[i]];
+        if ((dtype >= 0 && v->dtype != dtype) || v->rowwise != flags || v->max_n < n) continue;
+        if (top < 0) top = v->target;
+        if (v->target != top) continue;
+        if (check_contract(v, vals, n_vals)) {
+            if (!reason[0]) snprintf(reason, reason_size, "%s", fx_msg);
+            continue;
+        }
+        if (best >= 0) {
+            const fx_variant *b = &fx_variants[best];
+            if (v->max_n > b->max_n || (v->max_n == b->max_n && strcmp(v->name, b->name) >= 0)) continue;
+        }
+        best = cand[i];
+    }
+    free(cand);
+    return best;
+}
+
 /* --- RMSNorm (+ residual, + e4m3 output): runtime/fused.py ----------------------------------------- */
 typedef struct {
     fx_value vals[FX_MAX_ARGS]; /* x, weight [, residual], y [, scale], eps */
@@ -2555,24 +2579,8 @@ static int32_t rms_select(const fx_device_t *dev, const fx_rms_norm_problem_t *p
     x->vals[k++].f = p->eps;
     x->n_vals = k;
     const int32_t want = (res ? FX_RW_RESIDUAL : 0) | (quant ? FX_RW_QUANT : 0);
-    int32_t *cand, n = candidates(dev, FX_OP_RMS_NORM, &cand), best = -1, top = -1;
     char reason[1024] = "";
-    for (int32_t i = 0; i < n; i++) {
-        const fx_variant *v = &fx_variants[cand[i]];
-        if (v->dtype != p->dtype || v->rowwise != want || v->max_n < N) continue;
-        if (top < 0) top = v->target;
-        if (v->target != top) continue;
-        if (check_contract(v, x->vals, x->n_vals)) {
-            if (!reason[0]) snprintf(reason, sizeof reason, "%s", fx_msg);
-            continue;
-        }
-        if (best >= 0) {
-            const fx_variant *b = &fx_variants[best];
-            if (v->max_n > b->max_n || (v->max_n == b->max_n && strcmp(v->name, b->name) >= 0)) continue;
-        }
-        best = cand[i];
-    }
-    free(cand);
+    int32_t best = rowwise_pick(dev, FX_OP_RMS_NORM, p->dtype, want, N, x->vals, x->n_vals, reason, sizeof reason);
     if (best < 0 && reason[0]) return fail(FX_ERR_INPUT, "rms_norm: %s", reason); /* the layout, not the bundle */
     if (best < 0)
         return fail(FX_ERR_NO_VARIANT, "no rms_norm variant for %s rows of %lld%s%s on compute capability %d.%d",
@@ -2589,6 +2597,71 @@ FX_EXPORT int32_t fx_rms_norm_select(const fx_device_t *dev, const fx_rms_norm_p
     rms_ctx x;
     if (!out) out = &tmp;
     return finish(rms_select(dev, p, out, &x), out);
+}
+
+/* --- e4m3 rows re-scaled: runtime/fused.py fp8_rows -------------------------------------------------- */
+typedef struct {
+    fx_value vals[FX_MAX_ARGS]; /* codes, group_scale, out, scale */
+    int32_t n_vals;
+} f8r_ctx;
+
+static int32_t f8r_select(const fx_device_t *dev, const fx_fp8_rows_problem_t *p, fx_selection_t *out, f8r_ctx *x) {
+    memset(out, 0, sizeof *out);
+    out->variant = -1;
+    fx_msg[0] = 0;
+    int32_t rc;
+    if (!dev || !p) return fail(FX_ERR_INPUT, "fx_fp8_rows: dev and problem must not be NULL");
+    if ((rc = check_device(dev))) return rc;
+    static const char *const names[2] = {"m", "n"};
+    const int64_t sizes[2] = {p->m, p->n};
+    if ((rc = check_sizes(names, sizes, 2))) return rc;
+    const int64_t M = p->m, N = p->n, G = cdiv(N > 0 ? N : 1, 128), one = 1;
+    if (N == 0 || N % 16)
+        return fail(FX_ERR_INPUT, "the row length %lld must be a positive multiple of 16 (16-byte vectors)",
+                    (long long)N);
+    if (M > 1 && (p->codes_stride < N || p->codes_stride % 16 || p->out_stride < N || p->out_stride % 16))
+        return fail(FX_ERR_INPUT, "codes / out: rows must have a row stride >= %lld and a multiple of 16, got %lld / "
+                    "%lld", (long long)N, (long long)p->codes_stride, (long long)p->out_stride);
+    if (M > 1 && G > 1 && p->group_scale_stride < M)
+        return fail(FX_ERR_INPUT, "group_scale must be M-major: its column stride %lld must be >= m = %lld",
+                    (long long)p->group_scale_stride, (long long)M);
+    /* one row: any row stride reads the same elements (fused.fp8_rows passes a 16-multiple) */
+    const int64_t cs = M > 1 ? p->codes_stride : cdiv(N, 16) * 16, os = M > 1 ? p->out_stride : cdiv(N, 16) * 16;
+    const int64_t gs = G > 1 ? p->group_scale_stride : cdiv(M, 4) * 4;
+    int64_t sh[2] = {M, N}, stc[2] = {cs, 1}, sto[2] = {os, 1}, shg[2] = {M, G}, stg[2] = {1, gs}, span;
+    fx_range in[2], oo, osc;
+    if ((rc = span_of("codes", 2, sh, stc, &span)) || (rc = range_of(&in[0], "codes", p->codes, span, 1)) ||
+        (rc = span_of("group_scale", 2, shg, stg, &span)) || (rc = range_of(&in[1], "group_scale", p->group_scale, span, 4)) ||
+        (rc = span_of("out", 2, sh, sto, &span)) || (rc = range_of(&oo, "out", p->out, span, 1)) ||
+        (rc = range_of(&osc, "scale", p->scale, M, 4)))
+        return rc;
+    const int in_place = p->out && p->out == p->codes && os == cs;
+    fx_range o_in[3] = {in[1], osc, in[0]}, s_in[3] = {in[0], in[1], oo};
+    if ((rc = check_disjoint(&oo, o_in, in_place ? 2 : 3)) || (rc = check_disjoint(&osc, s_in, 3))) return rc;
+    if (M == 0) return 0;
+    memset(x, 0, sizeof *x);
+    spec(&x->vals[0], p->codes, 2, sh, stc);
+    spec(&x->vals[1], p->group_scale, 2, shg, stg);
+    spec(&x->vals[2], p->out, 2, sh, sto);
+    spec(&x->vals[3], p->scale, 1, &M, &one);
+    x->n_vals = 4;
+    char reason[1024] = "";
+    int32_t best = rowwise_pick(dev, FX_OP_FP8_ROWS, -1, 0, N, x->vals, x->n_vals, reason, sizeof reason);
+    if (best < 0 && reason[0]) return fail(FX_ERR_INPUT, "fp8_rows: %s", reason);
+    if (best < 0)
+        return fail(FX_ERR_NO_VARIANT, "no fp8_rows variant for e4m3 rows of %lld on compute capability %d.%d",
+                    (long long)N, dev->cc_major, dev->cc_minor);
+    out->variant = best;
+    out->name = fx_variants[best].name;
+    out->splits = 1;
+    return 0;
+}
+
+FX_EXPORT int32_t fx_fp8_rows_select(const fx_device_t *dev, const fx_fp8_rows_problem_t *p, fx_selection_t *out) {
+    fx_selection_t tmp;
+    f8r_ctx x;
+    if (!out) out = &tmp;
+    return finish(f8r_select(dev, p, out, &x), out);
 }
 
 FX_EXPORT int32_t fx_variant_v_layout(int32_t i) {
@@ -2933,6 +3006,28 @@ FX_EXPORT int32_t fx_rms_norm(const fx_device_t *dev, const fx_rms_norm_problem_
     fx_selection_t tmp;
     if (!out) out = &tmp;
     return finish(rms_run(dev, p, stream, out), out);
+}
+
+static int32_t f8r_run(const fx_device_t *dev, const fx_fp8_rows_problem_t *p, fx_stream_t stream, fx_selection_t *out) {
+    f8r_ctx x;
+    int32_t rc = f8r_select(dev, p, out, &x);
+    if (rc || out->variant < 0) return rc;
+    if (!p->codes || !p->group_scale || !p->out || !p->scale)
+        return fail(FX_ERR_INPUT, "fx_fp8_rows needs the codes, group_scale, out and scale pointers");
+    {
+        const void *ptrs[4] = {p->codes, p->group_scale, p->out, p->scale};
+        static const char *const names[4] = {"codes", "group_scale", "out", "scale"};
+        if ((rc = check_launch_device(stream, 4, ptrs, names))) return rc;
+    }
+    if ((rc = ensure_loaded(out->variant))) return rc;
+    return launched(out->variant, fx_variants[out->variant].bind(x.vals, stream));
+}
+
+FX_EXPORT int32_t fx_fp8_rows(const fx_device_t *dev, const fx_fp8_rows_problem_t *p, fx_stream_t stream,
+                              fx_selection_t *out) {
+    fx_selection_t tmp;
+    if (!out) out = &tmp;
+    return finish(f8r_run(dev, p, stream, out), out);
 }
 
 static int32_t kv_run(const fx_device_t *dev, const fx_attention_kvcache_problem_t *p, void *workspace,
