@@ -1,6 +1,7 @@
-"""fx_rms_norm and fx_fp8_rows (the host library's C entries) on a GPU: the output bits of
-``bundle.rms_norm`` for the plain, residual and residual + e4m3 forms (the residual updated in
-place alike) and of ``bundle.fp8_rows`` (out of place and in place), and a host pointer refused
+"""fx_rms_norm, fx_fp8_rows and fx_rope_kvcache (the host library's C entries) on a GPU: the output
+bits of ``bundle.rms_norm`` for the plain, residual and residual + e4m3 forms (the residual updated
+in place alike), of ``bundle.fp8_rows`` (out of place and in place) and of ``bundle.rope_kvcache``
+(q and k rotated, caches written; q of zero heads; -1 slots), and a host pointer refused
 (FX_ERR_INPUT, nothing launched) in a subprocess that then still computes.  Skips without a GPU,
 without the ops' variants in ``$FACTORY_BUNDLE`` or without the entries in its host library."""
 
@@ -118,6 +119,51 @@ def test_fx_fp8_rows_matches_the_python_op(setup, in_place):
     torch.cuda.synchronize()
     assert rc == 0, lib.fx_last_error_message()
     assert torch.equal(out.view(torch.uint8), want_q.view(torch.uint8)) and torch.equal(sc, want_s.view(-1))
+
+
+@pytest.mark.parametrize("q_heads", [8, 0])
+def test_fx_rope_kvcache_matches_the_python_op(setup, q_heads):
+    from factory.runtime import selector as rs
+
+    b, lib, _ = setup
+    if not any(e["neox"] and not e.get("table") and e.get("cache_dtype", e["dtype"]) == "bf16"
+               for e in b.candidates("rope_kvcache")) or not hasattr(lib, "fx_rope_kvcache"):
+        pytest.skip("no bf16 neox rope_kvcache variant or no fx_rope_kvcache")
+    lib.fx_rope_kvcache.restype = ctypes.c_int32
+    g = torch.Generator(device="cuda").manual_seed(11)
+    T, hkv, d, P, PS = 13, 2, 128, 6, 16
+    qkv = torch.randn(T, (8 + 2 * hkv) * d, device="cuda", generator=g).bfloat16()
+    cs = torch.randn(500, 128, device="cuda", generator=g)
+    pos = torch.randint(0, 600, (T,), device="cuda", generator=g)  # some past the table
+    slots = torch.randperm(P * PS, device="cuda", generator=g)[:T].clone()
+    slots[3] = -1
+    caches = [torch.full((P, PS, hkv, d), float("nan"), device="cuda").bfloat16() for _ in range(4)]
+    qkv2 = qkv.clone()
+    outs = []
+    for x, (kc, vc), use_c in ((qkv, caches[:2], False), (qkv2, caches[2:], True)):
+        q = x[:, : 8 * d].view(T, 8, d)[:, :q_heads]
+        k = x[:, 8 * d: (8 + hkv) * d].view(T, hkv, d)
+        v = x[:, (8 + hkv) * d:].view(T, hkv, d)
+        if not use_c:
+            b.rope_kvcache(q, k, v, pos, cs, kc, vc, slots)
+        else:
+            p = rs.RopeKVCacheProblem(dtype=1, cache_dtype=1, neox=1, table=0, tokens=T, heads_q=q_heads, heads_kv=hkv,
+                                      head_dim=d, rotary_dim=128, max_position=500, num_pages=P, page_size=PS,
+                                      q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), positions=pos.data_ptr(),
+                                      slot_mapping=slots.data_ptr(), cos_sin_cache=cs.data_ptr(), cos_sin_stride=128,
+                                      k_cache=kc.data_ptr(), v_cache=vc.data_ptr())
+            p.q_stride[:] = [x.stride(0), d]
+            p.k_stride[:] = p.v_stride[:] = [x.stride(0), d]
+            p.k_cache_stride[:] = list(kc.stride()[:3])
+            p.v_cache_stride[:] = list(vc.stride()[:3])
+            rc = lib.fx_rope_kvcache(ctypes.byref(_device()), ctypes.byref(p),
+                                     ctypes.c_void_p(torch.cuda.current_stream().cuda_stream), None)
+            torch.cuda.synchronize()
+            assert rc == 0, lib.fx_last_error_message()
+        outs.append((x, kc, vc))
+    (x1, k1, v1), (x2, k2, v2) = outs
+    i16 = torch.int16
+    assert torch.equal(x1, x2) and torch.equal(k1.view(i16), k2.view(i16)) and torch.equal(v1.view(i16), v2.view(i16))
 
 
 _CHILD = textwrap.dedent("""

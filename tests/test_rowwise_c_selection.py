@@ -1,5 +1,5 @@
-"""The C entries of the row-wise ops (fx_rms_norm[_select], fx_fp8_rows[_select] of the host
-library, csrc/fx_select.c) on the test bundle: the same variant as the Python rule for every device
+"""The C entries of the row-wise ops (fx_rms_norm[_select], fx_fp8_rows[_select],
+fx_rope_kvcache[_select] of the host library, csrc/fx_select.c) on the test bundle: the same variant as the Python rule for every device
 generation, dtype, switch set and row length; bad problems refused (FX_ERR_INPUT naming the field,
 the selection zeroed) before anything could launch."""
 
@@ -24,7 +24,8 @@ def lib(test_bundle):
     if not hasattr(lib, "fx_rms_norm_select"):
         pytest.skip("the host library has no fx_rms_norm_select")
     lib.fx_last_error_message.restype = ctypes.c_char_p
-    for fn in (lib.fx_rms_norm_select, lib.fx_rms_norm, lib.fx_fp8_rows_select, lib.fx_fp8_rows):
+    for fn in (lib.fx_rms_norm_select, lib.fx_rms_norm, lib.fx_fp8_rows_select, lib.fx_fp8_rows,
+               lib.fx_rope_kvcache_select, lib.fx_rope_kvcache):
         fn.restype = ctypes.c_int32
     return lib, m
 
@@ -203,3 +204,86 @@ def test_fp8_rows_in_place_and_pointers(lib):
     sel = rs.Selection()
     rc = lib.fx_fp8_rows(ctypes.byref(device((9, 0))), ctypes.byref(f8_problem()), None, ctypes.byref(sel))
     assert rc == FX_ERR_INPUT and b"needs the codes, group_scale, out and scale" in lib.fx_last_error_message()
+
+
+# --- rope_kvcache -----------------------------------------------------------------------------------
+def rope_problem(dt="bf16", cache=None, neox=True, table=False, T=6, hq=8, hkv=2, d=128, r=128, **kw):
+    p = rs.RopeKVCacheProblem(dtype=rs.DTYPE[dt], cache_dtype=rs.DTYPE[cache or dt], neox=int(neox), table=int(table),
+                              tokens=T, heads_q=hq, heads_kv=hkv, head_dim=d, rotary_dim=r, max_position=4096,
+                              num_pages=10, page_size=16, batch=2 if table else 0, max_pages=4 if table else 0,
+                              block_table_stride=4, cos_sin_stride=r)
+    p.q_stride[:] = [hq * d, d]
+    p.k_stride[:] = p.v_stride[:] = [hkv * d, d]
+    p.k_cache_stride[:] = p.v_cache_stride[:] = [16 * hkv * d, hkv * d, d]
+    for k, v in kw.items():
+        if isinstance(v, list):
+            getattr(p, k)[:] = v
+        else:
+            setattr(p, k, v)
+    return p
+
+
+def rope_select(lib, dev, p):
+    sel = rs.Selection()
+    rc = lib.fx_rope_kvcache_select(ctypes.byref(dev), ctypes.byref(p), ctypes.byref(sel))
+    return rc, sel, (lib.fx_last_error_message() or b"").decode()
+
+
+@pytest.mark.parametrize("cc", [(8, 0), (8, 9), (9, 0), (10, 0), (12, 0)])
+def test_rope_c_selection_equals_python(lib, test_bundle, cc):
+    lib, _ = lib
+    b = opened(test_bundle, cc)
+    for dt in ("bf16", "f16"):
+        for neox in (True, False):
+            for table in (False, True):
+                for fp8 in (False, True):
+                    cache = "e4m3" if fp8 else dt
+                    fits = [e for e in b.candidates("rope_kvcache") if e["dtype"] == dt and e["neox"] == neox
+                            and e.get("table", False) == table and e.get("cache_dtype", e["dtype"]) == cache]
+                    want = min((e for e in fits if e["target"] == fits[0]["target"]),
+                               key=lambda e: (e.get("max_n", 0), e["name"]))["name"] if fits else None
+                    rc, sel, msg = rope_select(lib, device(cc), rope_problem(dt, cache, neox, table))
+                    assert (sel.name.decode() if rc == 0 else None) == want, (cc, dt, neox, table, fp8, msg)
+                    assert rc in (0, FX_ERR_NO_VARIANT), msg
+                    if want is not None:
+                        assert fused.rope_kvcache_choose(b, dt, neox, table, fp8) == want
+
+
+ROPE_BAD = [
+    (dict(dtype=3), "q must be bf16 or f16"),
+    (dict(cache_dtype=3), "k_cache / v_cache must be bf16"),
+    (dict(neox=2), "neox must be 0 or 1"),
+    (dict(rotary_dim=40), "rotary_dim 40 must be a positive multiple of 16"),
+    (dict(rotary_dim=256), "at most head_dim 128"),
+    (dict(head_dim=100, rotary_dim=64), "head_dim 100 must be a positive multiple of 8"),
+    (dict(max_position=0), "cos_sin_cache has no positions"),
+    (dict(tokens=-1), "tokens must not be negative"),
+    (dict(table=1, batch=4, tokens=6), "batch >= 1 dividing tokens"),
+    (dict(table=1, max_pages=0), "block_table has no columns"),
+    (dict(k_cache_stride=[16 * 256, 256, 0]), "k_cache: stride 0 of mode 2 makes elements overlap"),
+    (dict(q_stride=[128, 128]), "q: stride 128 of mode 1 makes elements overlap"),
+    (dict(q=0x100000, k_cache=0x100000 + 4096), "k_cache overlaps q in memory"),
+    (dict(k_cache=0x4000000, v_cache=0x4000000 + 1024), "overlaps"),
+    (dict(q=0x100008), "q data pointer is not 16-byte aligned"),
+    (dict(cos_sin_stride=130), "must be a multiple of 4"),
+]
+
+
+@pytest.mark.parametrize("change,msg", ROPE_BAD, ids=[m for _, m in ROPE_BAD])
+def test_rope_bad_problems_are_refused(lib, change, msg):
+    lib, _ = lib
+    table = bool(change.get("table"))
+    kw = {k: v for k, v in change.items() if k != "table"}
+    rc, sel, got = rope_select(lib, device((9, 0)), rope_problem(table=table, **kw))
+    if rc == FX_ERR_NO_VARIANT:
+        pytest.skip(got)
+    assert rc == FX_ERR_INPUT and msg in got and sel.variant == -1, (rc, got)
+
+
+def test_rope_q_of_zero_heads_and_pointers(lib):
+    lib, _ = lib
+    rc, sel, msg = rope_select(lib, device((9, 0)), rope_problem(hq=0))
+    assert rc == 0 and sel.variant >= 0, msg  # k only (the attention prologue rotates q)
+    sel = rs.Selection()
+    rc = lib.fx_rope_kvcache(ctypes.byref(device((9, 0))), ctypes.byref(rope_problem()), None, ctypes.byref(sel))
+    assert rc == FX_ERR_INPUT and b"needs the q, k, v, positions, slot_mapping" in lib.fx_last_error_message()

@@ -179,7 +179,26 @@ def rms_norm_choose(bundle, dt: str, n: int, res: bool, quant: bool) -> str:
 
 
 def rope_kvcache_choose(bundle, dt: str, neox: bool, table: bool, fp8_cache: bool = False) -> str:
+    """The host library's ``fx_rope_kvcache_select`` where it has one, else the same rule here."""
+    from .selector import DTYPE, RopeKVCacheProblem
+
     cache = "e4m3" if fp8_cache else dt
+
+    def problem():  # one token, one head of 16 into one page of one row: the choice reads no size
+        p = RopeKVCacheProblem(dtype=DTYPE[dt], cache_dtype=DTYPE[cache], neox=int(neox), table=int(table), tokens=1,
+                               heads_q=1, heads_kv=1, head_dim=16, rotary_dim=16, max_position=1, num_pages=1,
+                               page_size=1, batch=1, max_pages=1, block_table_stride=1, cos_sin_stride=16)
+        for f in ("q_stride", "k_stride", "v_stride"):
+            getattr(p, f)[:] = [16, 16]
+        for f in ("k_cache_stride", "v_cache_stride"):
+            getattr(p, f)[:] = [16, 16, 16]
+        return p
+
+    name = _c_pick(bundle, "rope_kvcache", (dt, neox, table, cache), problem,
+                   f"{dt} {'neox' if neox else 'interleaved'} rotary{' with a block table' if table else ''}"
+                   f"{' into e4m3 caches' if fp8_cache else ''}")
+    if name is not None:
+        return name
     return _pick(bundle, "rope_kvcache", (dt, neox, table, cache),
                  lambda e: (e["dtype"] == dt and e["neox"] == neox and e.get("table", False) == table
                             and e.get("cache_dtype", e["dtype"]) == cache),

@@ -309,6 +309,45 @@ typedef struct {
     float *scale;            /* (m,) float32 */
 } fx_fp8_rows_problem_t;
 
+/* Rotary embedding of q and k in place and the write of the new k (rotated) and v into a paged KV
+   cache (runtime/fused.py rope_kvcache): per token t at position pos, the first rotary_dim columns
+   of each head rotated by cos_sin_cache[pos] (rotary_dim/2 cosines then sines, float32; positions
+   past the table read its last row); neox: element i pairs with i + rotary_dim/2, else 2j with 2j+1.
+   Slot form (table 0): pos = positions[t], the cache row slot_mapping[t] (page slot / page_size, row
+   slot % page_size; a slot outside the cache writes nothing).  Table form (table 1): tokens = batch ·
+   seqlen_q, token (b, s) at pos = cache_seqlens[b] + s, page block_table[b][pos / page_size].
+   E4M3 caches receive e4m3(x / scale[h]) (k_scale / v_scale: heads_kv floats, stride 0 for one per
+   tensor).  head_dim contiguous everywhere; q, k, v may be slices of one qkv tensor; the caches must
+   not overlap each other or any input. */
+typedef struct {
+    fx_dtype_t dtype;          /* q, k, v: BF16 or F16 */
+    fx_dtype_t cache_dtype;    /* dtype, or E4M3 */
+    int32_t neox, table;       /* 0 / 1 each */
+    int64_t tokens, heads_q, heads_kv, head_dim, rotary_dim, max_position, num_pages, page_size;
+    int64_t batch, max_pages;  /* table form */
+    void *q;
+    int64_t q_stride[2];       /* token, head */
+    void *k;
+    int64_t k_stride[2];
+    const void *v;
+    int64_t v_stride[2];
+    const int64_t *positions;     /* slot form: (tokens,) */
+    const int64_t *slot_mapping;  /* slot form: (tokens,) */
+    const int32_t *cache_seqlens; /* table form: (batch,) */
+    const int32_t *block_table;   /* table form: (batch, max_pages) */
+    int64_t block_table_stride;
+    const float *cos_sin_cache;   /* (max_position, rotary_dim) */
+    int64_t cos_sin_stride;
+    void *k_cache;
+    int64_t k_cache_stride[3];    /* page, row, head */
+    void *v_cache;
+    int64_t v_cache_stride[3];
+    const float *k_scale;         /* E4M3 caches */
+    int64_t k_scale_stride;
+    const float *v_scale;
+    int64_t v_scale_stride;
+} fx_rope_kvcache_problem_t;
+
 typedef struct {
     int32_t variant;          /* index (fx_variant_name); -1: nothing to launch (an empty problem) */
     const char *name;         /* the variant's name, NULL for -1 */
@@ -339,6 +378,7 @@ int32_t fx_gemm_blockscaled_select(const fx_device_t *dev, const fx_gemm_blocksc
 int32_t fx_gemm_grouped_select(const fx_device_t *dev, const fx_gemm_grouped_problem_t *p, fx_selection_t *out);
 int32_t fx_rms_norm_select(const fx_device_t *dev, const fx_rms_norm_problem_t *p, fx_selection_t *out);
 int32_t fx_fp8_rows_select(const fx_device_t *dev, const fx_fp8_rows_problem_t *p, fx_selection_t *out);
+int32_t fx_rope_kvcache_select(const fx_device_t *dev, const fx_rope_kvcache_problem_t *p, fx_selection_t *out);
 
 /* Select, then launch on `stream` (loading the variant's module on first use: do one call before
    capturing a CUDA graph).  The launch runs on the current device (cudaSetDevice): `stream` must
@@ -365,6 +405,8 @@ int32_t fx_gemm_grouped(const fx_device_t *dev, const fx_gemm_grouped_problem_t 
                         fx_selection_t *out);
 int32_t fx_rms_norm(const fx_device_t *dev, const fx_rms_norm_problem_t *p, fx_stream_t stream, fx_selection_t *out);
 int32_t fx_fp8_rows(const fx_device_t *dev, const fx_fp8_rows_problem_t *p, fx_stream_t stream, fx_selection_t *out);
+int32_t fx_rope_kvcache(const fx_device_t *dev, const fx_rope_kvcache_problem_t *p, fx_stream_t stream,
+                        fx_selection_t *out);
 
 /* The GEMM cost model's predicted time (us) of a variant (index) on an (m, n, k, l) problem: the
    sm90 and sm100 families' models the selection ranks by. */

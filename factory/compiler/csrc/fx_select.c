@@ -2664,6 +2664,127 @@ FX_EXPORT int32_t fx_fp8_rows_select(const fx_device_t *dev, const fx_fp8_rows_p
     return finish(f8r_select(dev, p, out, &x), out);
 }
 
+/* --- rotary embedding + KV-cache write: runtime/fused.py rope_kvcache --------------------------------- */
+typedef struct {
+    fx_value vals[FX_MAX_ARGS]; /* q, k, v, positions | cache_seqlens, cos_sin, k_cache, v_cache, slots | table [, scales] */
+    int32_t n_vals;
+} rope_ctx;
+
+/* fused.rope_kvcache_check's checks, the caches' layout and aliasing, and fused.rope_kvcache_choose. */
+static int32_t rope_select(const fx_device_t *dev, const fx_rope_kvcache_problem_t *p, fx_selection_t *out,
+                           rope_ctx *x) {
+    memset(out, 0, sizeof *out);
+    out->variant = -1;
+    fx_msg[0] = 0;
+    int32_t rc;
+    if (!dev || !p) return fail(FX_ERR_INPUT, "fx_rope_kvcache: dev and problem must not be NULL");
+    if ((rc = check_device(dev))) return rc;
+    if ((rc = check_bool("neox", p->neox)) || (rc = check_bool("table", p->table))) return rc;
+    if (p->dtype != FX_DTYPE_BF16 && p->dtype != FX_DTYPE_F16)
+        return fail(FX_ERR_INPUT, "q must be bf16 or f16, got dtype %d", (int)p->dtype);
+    const int fp8 = p->cache_dtype == FX_DTYPE_E4M3;
+    if (p->cache_dtype != p->dtype && !fp8)
+        return fail(FX_ERR_INPUT, "k_cache / v_cache must be %s (q's dtype) or e4m3, got dtype %d", dtype_name(p->dtype),
+                    (int)p->cache_dtype);
+    static const char *const names[10] = {"tokens", "heads_q", "heads_kv", "head_dim", "rotary_dim", "max_position",
+                                          "num_pages", "page_size", "batch", "max_pages"};
+    const int64_t sizes[10] = {p->tokens, p->heads_q, p->heads_kv, p->head_dim, p->rotary_dim, p->max_position,
+                               p->num_pages, p->page_size, p->batch, p->max_pages};
+    if ((rc = check_sizes(names, sizes, 10))) return rc;
+    const int64_t T = p->tokens, HQ = p->heads_q, HKV = p->heads_kv, D = p->head_dim, R = p->rotary_dim;
+    const int64_t P = p->num_pages, PS = p->page_size, B = p->batch, MP = p->max_pages, MAXPOS = p->max_position;
+    if (D == 0 || D % 8) return fail(FX_ERR_INPUT, "head_dim %lld must be a positive multiple of 8", (long long)D);
+    if (R == 0 || R % 16 || R > D)
+        return fail(FX_ERR_INPUT, "rotary_dim %lld must be a positive multiple of 16 and at most head_dim %lld",
+                    (long long)R, (long long)D);
+    if (MAXPOS == 0) return fail(FX_ERR_INPUT, "cos_sin_cache has no positions");
+    if (p->table) {
+        if (B == 0 || T % B) return fail(FX_ERR_INPUT, "the block-table form needs batch >= 1 dividing tokens (%lld)",
+                                         (long long)T);
+        if (MP == 0) return fail(FX_ERR_INPUT, "block_table has no columns");
+    }
+    if ((rc = check_stride("q_stride", p->q_stride, 0, 2)) || (rc = check_stride("k_stride", p->k_stride, 0, 2)) ||
+        (rc = check_stride("v_stride", p->v_stride, 0, 2)) || (rc = check_stride("k_cache_stride", p->k_cache_stride, 0, 3)) ||
+        (rc = check_stride("v_cache_stride", p->v_cache_stride, 0, 3)))
+        return rc;
+    if (p->block_table_stride < 0 || p->cos_sin_stride < 0)
+        return fail(FX_ERR_INPUT, "block_table_stride and cos_sin_stride must not be negative");
+    if (fp8 && ((p->k_scale_stride != 0 && p->k_scale_stride != 1) || (p->v_scale_stride != 0 && p->v_scale_stride != 1)))
+        return fail(FX_ERR_INPUT, "k_scale / v_scale strides must be 0 (one per tensor) or 1 (one per kv head)");
+    const int64_t eb = elem_bytes(p->dtype), cb = fp8 ? 1 : eb, one = 1, zero = 0;
+    int64_t sq[3] = {T, HQ, D}, stq[3] = {p->q_stride[0], p->q_stride[1], 1};
+    int64_t sk[3] = {T, HKV, D}, stk[3] = {p->k_stride[0], p->k_stride[1], 1}, stv[3] = {p->v_stride[0], p->v_stride[1], 1};
+    int64_t sc[4] = {P, PS, HKV, D}, stkc[4] = {p->k_cache_stride[0], p->k_cache_stride[1], p->k_cache_stride[2], 1};
+    int64_t stvc[4] = {p->v_cache_stride[0], p->v_cache_stride[1], p->v_cache_stride[2], 1};
+    int64_t scs[2] = {MAXPOS, R}, stcs[2] = {p->cos_sin_stride, 1}, sbt[2] = {B, MP}, stbt[2] = {p->block_table_stride, 1};
+    int64_t span;
+    fx_range in[8], okc, ovc;
+    if ((rc = check_distinct("q", 3, sq, stq)) || (rc = check_distinct("k", 3, sk, stk)) ||
+        (rc = check_distinct("k_cache", 4, sc, stkc)) || (rc = check_distinct("v_cache", 4, sc, stvc)))
+        return rc;
+    if ((rc = span_of("q", 3, sq, stq, &span)) || (rc = range_of(&in[0], "q", p->q, span, eb)) ||
+        (rc = span_of("k", 3, sk, stk, &span)) || (rc = range_of(&in[1], "k", p->k, span, eb)) ||
+        (rc = span_of("v", 3, sk, stv, &span)) || (rc = range_of(&in[2], "v", p->v, span, eb)) ||
+        (rc = span_of("cos_sin_cache", 2, scs, stcs, &span)) || (rc = range_of(&in[3], "cos_sin_cache", p->cos_sin_cache, span, 4)) ||
+        (rc = range_of(&in[4], p->table ? "cache_seqlens" : "positions", p->table ? (const void *)p->cache_seqlens
+                       : (const void *)p->positions, p->table ? B : T, p->table ? 4 : 8)))
+        return rc;
+    if (p->table) {
+        if ((rc = span_of("block_table", 2, sbt, stbt, &span)) || (rc = range_of(&in[5], "block_table", p->block_table, span, 4)))
+            return rc;
+    } else if ((rc = range_of(&in[5], "slot_mapping", p->slot_mapping, T, 8))) {
+        return rc;
+    }
+    if ((rc = range_of(&in[6], "k_scale", fp8 ? p->k_scale : NULL, p->k_scale_stride ? HKV : 1, 4)) ||
+        (rc = range_of(&in[7], "v_scale", fp8 ? p->v_scale : NULL, p->v_scale_stride ? HKV : 1, 4)) ||
+        (rc = span_of("k_cache", 4, sc, stkc, &span)) || (rc = range_of(&okc, "k_cache", p->k_cache, span, cb)) ||
+        (rc = span_of("v_cache", 4, sc, stvc, &span)) || (rc = range_of(&ovc, "v_cache", p->v_cache, span, cb)))
+        return rc;
+    fx_range kin[9], vin[9];
+    for (int32_t i = 0; i < 8; i++) kin[i] = vin[i] = in[i];
+    kin[8] = ovc;
+    vin[8] = okc;
+    if ((rc = check_disjoint(&okc, kin, 9)) || (rc = check_disjoint(&ovc, vin, 9))) return rc;
+    if (T == 0 || P == 0 || PS == 0 || HKV == 0) return 0; /* nothing to launch */
+    memset(x, 0, sizeof *x);
+    int32_t k = 0;
+    spec(&x->vals[k++], p->q, 3, sq, stq);
+    spec(&x->vals[k++], p->k, 3, sk, stk);
+    spec(&x->vals[k++], p->v, 3, sk, stv);
+    if (p->table) spec(&x->vals[k++], p->cache_seqlens, 1, &B, &one);
+    else spec(&x->vals[k++], p->positions, 1, &T, &one);
+    spec(&x->vals[k++], p->cos_sin_cache, 2, scs, stcs);
+    spec(&x->vals[k++], p->k_cache, 4, sc, stkc);
+    spec(&x->vals[k++], p->v_cache, 4, sc, stvc);
+    if (p->table) spec(&x->vals[k++], p->block_table, 2, sbt, stbt);
+    else spec(&x->vals[k++], p->slot_mapping, 1, &T, &one);
+    if (fp8) {
+        spec(&x->vals[k++], p->k_scale, 1, &HKV, p->k_scale_stride ? &one : &zero);
+        spec(&x->vals[k++], p->v_scale, 1, &HKV, p->v_scale_stride ? &one : &zero);
+    }
+    x->n_vals = k;
+    const int32_t want = (p->neox ? FX_RW_NEOX : 0) | (p->table ? FX_RW_TABLE : 0) | (fp8 ? FX_RW_FP8_CACHE : 0);
+    char reason[1024] = "";
+    int32_t best = rowwise_pick(dev, FX_OP_ROPE_KVCACHE, p->dtype, want, 0, x->vals, x->n_vals, reason, sizeof reason);
+    if (best < 0 && reason[0]) return fail(FX_ERR_INPUT, "rope_kvcache: %s", reason);
+    if (best < 0)
+        return fail(FX_ERR_NO_VARIANT, "no rope_kvcache variant for %s %s rotary%s%s on compute capability %d.%d",
+                    dtype_name(p->dtype), p->neox ? "neox" : "interleaved", p->table ? " with a block table" : "",
+                    fp8 ? " into e4m3 caches" : "", dev->cc_major, dev->cc_minor);
+    out->variant = best;
+    out->name = fx_variants[best].name;
+    out->splits = 1;
+    return 0;
+}
+
+FX_EXPORT int32_t fx_rope_kvcache_select(const fx_device_t *dev, const fx_rope_kvcache_problem_t *p,
+                                         fx_selection_t *out) {
+    fx_selection_t tmp;
+    rope_ctx x;
+    if (!out) out = &tmp;
+    return finish(rope_select(dev, p, out, &x), out);
+}
+
 FX_EXPORT int32_t fx_variant_v_layout(int32_t i) {
     return i >= 0 && i < fx_n_variants ? fx_variants[i].v_pretransposed : -1;
 }
@@ -3028,6 +3149,38 @@ FX_EXPORT int32_t fx_fp8_rows(const fx_device_t *dev, const fx_fp8_rows_problem_
     fx_selection_t tmp;
     if (!out) out = &tmp;
     return finish(f8r_run(dev, p, stream, out), out);
+}
+
+static int32_t rope_run(const fx_device_t *dev, const fx_rope_kvcache_problem_t *p, fx_stream_t stream,
+                        fx_selection_t *out) {
+    rope_ctx x;
+    int32_t rc = rope_select(dev, p, out, &x);
+    if (rc || out->variant < 0) return rc;
+    const int fp8 = p->cache_dtype == FX_DTYPE_E4M3;
+    const void *idx = p->table ? (const void *)p->cache_seqlens : (const void *)p->positions;
+    const void *tab = p->table ? (const void *)p->block_table : (const void *)p->slot_mapping;
+    if (!p->q || !p->k || !p->v || !idx || !tab || !p->cos_sin_cache || !p->k_cache || !p->v_cache ||
+        (fp8 && (!p->k_scale || !p->v_scale)))
+        return fail(FX_ERR_INPUT, "fx_rope_kvcache needs the q, k, v, %s, %s, cos_sin_cache, k_cache, v_cache%s pointers",
+                    p->table ? "cache_seqlens" : "positions", p->table ? "block_table" : "slot_mapping",
+                    fp8 ? ", k_scale and v_scale" : "");
+    {
+        const void *ptrs[10] = {p->q, p->k, p->v, idx, tab, p->cos_sin_cache, p->k_cache, p->v_cache,
+                                fp8 ? p->k_scale : NULL, fp8 ? p->v_scale : NULL};
+        const char *const names[10] = {"q", "k", "v", p->table ? "cache_seqlens" : "positions",
+                                       p->table ? "block_table" : "slot_mapping", "cos_sin_cache", "k_cache", "v_cache",
+                                       "k_scale", "v_scale"};
+        if ((rc = check_launch_device(stream, 10, ptrs, names))) return rc;
+    }
+    if ((rc = ensure_loaded(out->variant))) return rc;
+    return launched(out->variant, fx_variants[out->variant].bind(x.vals, stream));
+}
+
+FX_EXPORT int32_t fx_rope_kvcache(const fx_device_t *dev, const fx_rope_kvcache_problem_t *p, fx_stream_t stream,
+                                  fx_selection_t *out) {
+    fx_selection_t tmp;
+    if (!out) out = &tmp;
+    return finish(rope_run(dev, p, stream, out), out);
 }
 
 static int32_t kv_run(const fx_device_t *dev, const fx_attention_kvcache_problem_t *p, void *workspace,
