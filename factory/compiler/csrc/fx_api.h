@@ -325,7 +325,7 @@ typedef struct {
     int32_t neox, table;       /* 0 / 1 each */
     int64_t tokens, heads_q, heads_kv, head_dim, rotary_dim, max_position, num_pages, page_size;
     int64_t batch, max_pages;  /* table form */
-    void *q;
+    void *q;                   /* may be NULL with heads_q 0 (k only) */
     int64_t q_stride[2];       /* token, head */
     void *k;
     int64_t k_stride[2];

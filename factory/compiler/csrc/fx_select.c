@@ -3159,7 +3159,7 @@ static int32_t rope_run(const fx_device_t *dev, const fx_rope_kvcache_problem_t 
     const int fp8 = p->cache_dtype == FX_DTYPE_E4M3;
     const void *idx = p->table ? (const void *)p->cache_seqlens : (const void *)p->positions;
     const void *tab = p->table ? (const void *)p->block_table : (const void *)p->slot_mapping;
-    if (!p->q || !p->k || !p->v || !idx || !tab || !p->cos_sin_cache || !p->k_cache || !p->v_cache ||
+    if ((!p->q && p->heads_q > 0) || !p->k || !p->v || !idx || !tab || !p->cos_sin_cache || !p->k_cache || !p->v_cache ||
         (fp8 && (!p->k_scale || !p->v_scale)))
         return fail(FX_ERR_INPUT, "fx_rope_kvcache needs the q, k, v, %s, %s, cos_sin_cache, k_cache, v_cache%s pointers",
                     p->table ? "cache_seqlens" : "positions", p->table ? "block_table" : "slot_mapping",
