@@ -58,7 +58,7 @@ def decode_pick(entries: list[dict], decode: tuple, causal: bool, sms: int,
     built bottom-right causal; with one query that equals no mask).  Entries of one tile config
     (the preferred one where several are built), split count by :func:`decode_split_count`."""
     b, hq, hkv, sq, sk = decode
-    entries = [e for e in entries if e.get("causal")]
+    entries = [e for e in entries if e.get("causal") and not _last(e)]
     if not entries or sq > DECODE_MAX_SEQLEN_Q or (sq > 1 and not causal) or hkv <= 0:
         return None
     pref = [e for e in entries if e.get("preferred")] or entries
@@ -76,6 +76,11 @@ def decode_pick(entries: list[dict], decode: tuple, causal: bool, sms: int,
         return w  # the 8-warp build where built and the grid leaves half the SMs idle
     fits = [e for e in same if int(e["kv_splits"]) == n]
     return next((e for e in fits if bool(e.get("pdl")) == pdl), fits[0] if fits else None)
+
+
+def _last(e: dict) -> bool:
+    """A variant whose last split merges the others (workspace form "counters")"""
+    return (e.get("workspace") or {}).get("form") == "counters"
 
 
 def _switch_cost(e: dict) -> int:
@@ -137,6 +142,8 @@ def _pick_decode(entries: list[dict], p: Problem, sms: int) -> dict | None:
     groups = p.batch * p.heads_kv * row_blocks
     if p.page_size is None:
         return decode_pick(entries, shape, True, sms)
+    last = [e for e in entries if _last(e)]
+    entries = [e for e in entries if not _last(e)]
     pref = [e for e in entries if e.get("preferred")] or entries
     tile = list(pref[0]["tile"])
     same = [e for e in pref if list(e["tile"]) == tile]

@@ -217,6 +217,10 @@ class AttentionDecodeKV(AttentionDecode):
     # fp8 caches: the MMAs read their K/V operands straight from a ring of ``stages`` raw e4m3 tiles
     # (ldmatrix, then e4m3 -> f16 in registers); no converted ring.
     direct: bool = field(default=False, metadata={"tag": "rc"})
+    # Workspace splits merged in the launch: every split writes its normalised O and LSE to the
+    # workspace, then counts itself in its CTA group's arrival counter (``counters``); the split
+    # that arrives last merges all of them in split order and sets the counter back to 0.
+    last: bool = field(default=False, metadata={"tag": "lm"})
     sources = (*AttentionDecode.sources, "atoms/e4m3_order.py", "atoms/sm90_e4m3.py", "atoms/sm90_matrix.py")
 
     @property
@@ -259,11 +263,13 @@ class AttentionDecodeKV(AttentionDecode):
             return "direct e4m3 operands: fp8 caches, 16 or 32 keys per warp, one S chain"
         if not self.causal:
             return "built bottom-right causal (one query: the same as no mask)"
+        if self.last and (self.splits < 2 or self.cluster or self.kv_dtype == "e4m3"):
+            return "the last-arrival merge: workspace splits (2 or more, no cluster) of bf16/f16 caches"
         return None
 
     def signature(self) -> Signature:
         return contract.signature_kvcache(self.dtype, self.kv_dtype, self.head_dim, self.paged, None,
-                                          splits=1 if self.cluster else self.splits)
+                                          splits=1 if self.cluster else self.splits, counters=self.last)
 
     def describe(self) -> dict[str, Any]:
         d = super().describe()
@@ -272,6 +278,8 @@ class AttentionDecodeKV(AttentionDecode):
             local=self.local, softcap=self.softcap, sinks=self.sinks))
         d["page_sizes"] = list(contract.PAGE_SIZES) if self.paged else []
         d["max_seqlen_q"] = DECODE_MAX_SEQLEN_Q
+        if self.last:  # the workspace splits' arrival counters (zero at launch, left zero)
+            d["workspace"] = {"form": "counters"}
         return d
 
     def make_kernel(self):
@@ -280,8 +288,10 @@ class AttentionDecodeKV(AttentionDecode):
             warps=self.warps, stages=self.stages, causal=self.causal, splits=self.splits,
             cluster=self.cluster, pdl=self.pdl, ilp=self.ilp, min_ctas=self.min_ctas,
             kv=True, paged=self.paged, local=self.local, softcap=self.softcap, sinks=self.sinks,
-            fp8=self.kv_dtype == "e4m3", direct=self.direct,
+            fp8=self.kv_dtype == "e4m3", direct=self.direct, last=self.last,
         )
+        if self.last:
+            return k.kvcache_last
         return k.kvcache_split if self.splits > 1 and not self.cluster else k.kvcache
 
 
@@ -384,8 +394,11 @@ class FlashDecodeSm90:
     def __init__(self, *, dtype, head_dim: int, tile_n: int, warps: int, stages: int, causal: bool,
                  splits: int, cluster: bool, pdl: bool = False, ilp: bool = False, min_ctas: int = 0,
                  kv: bool = False, paged: bool = False, local: bool = False, softcap: bool = False,
-                 sinks: bool = False, fp8: bool = False, direct: bool = False):
+                 sinks: bool = False, fp8: bool = False, direct: bool = False, last: bool = False):
         self.dtype = dtype
+        # Workspace splits merged by the last split to arrive (AttentionDecodeKV.last): no combine
+        # kernel; ``counters`` holds one arrival counter per CTA group.
+        self.last = last and kv and splits > 1 and not (cluster and splits > 1)
         # Attention over a KV cache (contract.signature_kvcache): per-sequence key counts from
         # cache_seqlens; ``paged``: K/V rows addressed through the block table; window, softcap
         # and sink switches.  All off: the dense attention contract, code unchanged.
@@ -475,8 +488,17 @@ class FlashDecodeSm90:
             block=[32 * COMBINE_WARPS, 1, 1], stream=stream, use_pdl=True)
 
     @cute.jit
+    def kvcache_last(self, q: cute.Tensor, k_cache: cute.Tensor, v_cache: cute.Tensor, o: cute.Tensor,
+                     lse: cute.Tensor, o_partial: cute.Tensor, lse_partial: cute.Tensor, counters: cute.Tensor,
+                     block_table: cute.Tensor, cache_seqlens: cute.Tensor, sinks: cute.Tensor,
+                     kv_descale: cute.Tensor, softmax_scale: cutlass.Float32, softcap: cutlass.Float32,
+                     window_left: cutlass.Int32, window_right: cutlass.Int32, stream: cuda.CUstream):
+        self._launch(q, k_cache, v_cache, o, lse, o_partial, lse_partial, softmax_scale, stream,
+                     block_table, cache_seqlens, sinks, softcap, window_left, window_right, kv_descale, counters)
+
+    @cute.jit
     def _launch(self, mQ, mK, mV, mO, mLSE, mOp, mLp, softmax_scale, stream,
-                mBT=None, mSeq=None, mSinks=None, softcap=None, wl=None, wr=None, mDesc=None):
+                mBT=None, mSeq=None, mSinks=None, softcap=None, wl=None, wr=None, mDesc=None, mCnt=None):
         D, BN, S = self.head_dim, self.tile_n, self.stages
         # K/V: 64-element (128-byte) swizzled rows (ldmatrix and 16-byte cp.async without bank
         # conflicts); mode 2 is (K of slot 0, V of slot 0, K of slot 1, ...).
@@ -507,7 +529,7 @@ class FlashDecodeSm90:
             cap_s = softcap / softmax_scale
         kern = self.kernel(mQ, mK, mV, mO, mLSE, mOp, mLp, softmax_scale * LOG2_E, sQ_layout,
                            sKV_layout, g2s, tiled_mma, SharedStorage, mBT, mSeq, mSinks, score_mul, cap_s, wl, wr,
-                           mDesc)
+                           mDesc, mCnt)
         extra = {"min_blocks_per_mp": self.min_ctas, "preferred_smem_carveout": 100} if self.min_ctas else {}
         if cutlass.const_expr(self.cluster):
             kern.launch(grid=grid, block=[self.threads, 1, 1], cluster=(self.splits, 1, 1),
@@ -532,7 +554,7 @@ class FlashDecodeSm90:
                mLSE: cute.Tensor, mOp, mLp, scale_log2: cutlass.Float32,
                sQ_layout: cute.Layout, sKV_layout: cute.ComposedLayout, g2s: cute.TiledCopy,
                tiled_mma: cute.TiledMma, SharedStorage: cutlass.Constexpr, mBT, mSeq, mSinks,
-               score_mul, cap, wl, wr, mDesc):
+               score_mul, cap, wl, wr, mDesc, mCnt):
         D, BN, S, W, SP, BNW = self.head_dim, self.tile_n, self.stages, self.warps, self.splits, self.bnw
         tidx, _, _ = cute.arch.thread_idx()
         bx, kv_head, batch = cute.arch.block_idx()
@@ -556,7 +578,7 @@ class FlashDecodeSm90:
                 score_mul = score_mul * k_descale
                 cap = cap / k_descale
         n_rows = group * q_len
-        if cutlass.const_expr(self.pdl or (SP > 1 and not self.cluster)):
+        if cutlass.const_expr(self.pdl or (SP > 1 and not self.cluster and not self.last)):
             # The next grid (the combine kernel, or with pdl whatever follows) may be scheduled
             # once every CTA of this one has started; it waits for this grid before reading.
             cute.arch.griddepcontrol_launch_dependents()
@@ -936,6 +958,63 @@ class FlashDecodeSm90:
                 cute.autovec_copy(acc, dst)
                 if c0 == 0:
                     mLp[split, batch, head, s_row] = lse
+            if cutlass.const_expr(self.last):
+                self.merge_last(mOp, mLp, mO, mLSE, mCnt, mSinks, storage.bar.data_ptr(), batch, kv_head, bx // SP,
+                                (n_rows + ROWS - 1) // ROWS, mQ.shape[2], row, n_rows, s_row, head, c0, tidx)
+
+    @cute.jit
+    def merge_last(self, mOp, mLp, mO, mLSE, mCnt, mSinks, flag_ptr, batch, kv_head, rb, row_blocks, heads_q,
+                   row, n_rows, s_row, head, c0, tidx):
+        """The last-arrival merge of a CTA group (the ``splits`` CTAs of one row block): each CTA's
+        partials (just stored) are released at GPU scope, then one thread adds 1 to the group's
+        counter (acq_rel); the CTA that reads ``splits - 1`` back is the last: it sets the counter to
+        0 for the next launch and merges the group's partials by LSE weight in split order (the
+        same additions on every run), the sink joining there, and writes O and LSE.  Ordering: the
+        CTA barrier, then the atomic's release (cumulative over the CTA's stores the barrier
+        ordered before it); its acquire, then the barrier before the last CTA's loads."""
+        SP = self.splits
+        cute.arch.barrier()
+        # the group's counter: element (batch, j % Hq, j // Hq) of counters (B, Hq, Sq), j the group
+        # index within the batch entry (kv_head · row_blocks + rb < Hq · Sq)
+        j = kv_head * row_blocks + rb
+        cnt = mCnt.iterator + cute.crd2idx((batch, j % heads_q, j // heads_q), mCnt.layout)
+        flag = cute.make_tensor(cute.recast_ptr(flag_ptr, dtype=cutlass.Int32), cute.make_layout(1))
+        if tidx == 0:
+            old = cute.arch.atomic_add(cnt, cutlass.Int32(1), sem="acq_rel", scope="gpu")
+            is_last = cutlass.Int32(0)
+            if old == SP - 1:
+                is_last = cutlass.Int32(1)
+                cute.arch.store(cnt, cutlass.Int32(0))
+            flag[0] = is_last
+        cute.arch.barrier()
+        if flag[0] != 0:
+            if row < n_rows:
+                lmax = -cutlass.Float32.inf
+                for sp in cutlass.range_constexpr(SP):
+                    lmax = cute.arch.fmax(lmax, mLp[sp, batch, head, s_row])
+                l_ref = 0.0 if lmax == -cutlass.Float32.inf else lmax
+                acc = cute.make_rmem_tensor(self.epr, cutlass.Float32)
+                acc.fill(0.0)
+                part = cute.make_rmem_tensor(self.epr, cutlass.Float32)
+                wsum = cutlass.Float32(0.0)
+                for sp in cutlass.range_constexpr(SP):
+                    wsp = cute.math.exp2((mLp[sp, batch, head, s_row] - l_ref) * LOG2_E, fastmath=True)
+                    wsum = wsum + wsp
+                    cute.autovec_copy(cute.local_tile(mOp[sp, batch, head, s_row, None], (self.epr,),
+                                                      (c0 // self.epr,)), part)
+                    for e in cutlass.range_constexpr(self.epr):
+                        acc[e] = acc[e] + wsp * part[e]
+                has = wsum > 0.0
+                winv = cute.arch.rcp_approx(wsum if has else 1.0)
+                wsc = winv if has else 0.0
+                for e in cutlass.range_constexpr(self.epr):
+                    acc[e] = acc[e] * wsc
+                lse_all = -cutlass.Float32.inf
+                if has:
+                    lse_all = l_ref + cute.math.log2(wsum, fastmath=True) * LN_2
+                if cutlass.const_expr(self.sinks):
+                    lse_all = self.add_sink(acc, lse_all, mSinks[head])
+                self.store_row(acc, lse_all, mO, mLSE, batch, s_row, head, c0, tidx)
 
     @cute.jit
     def store_row(self, acc, lse, mO, mLSE, batch, s_row, head, c0, tidx):
@@ -1239,15 +1318,18 @@ class FlashDecodeSm90:
 # MQA).
 KV_SPLITS = (1, 2, 4, 8)
 KV_GLOBAL_SPLITS = (32,)
+# Split counts of the last-arrival merge (workspace splits merged inside the launch).
+LAST_SPLITS = (16, 32)
 
 
 def make_kv(target: str, dtype: str, head_dim: int, splits: int, *, paged: bool = True,
             switches: bool = False, kv_dtype: str | None = None, config: tuple | None = None,
             direct: bool = True, stages: int | None = None, min_ctas: int | None = None,
-            pdl: bool | None = None) -> AttentionDecodeKV:
+            pdl: bool | None = None, last: bool = False) -> AttentionDecodeKV:
     """A KV-cache decode variant; fp8 caches take the direct build (``direct=False``: the converting
     one), in FP8_DIRECT's config unless ``config`` (tile_n, warps, ilp[, stages]) / ``stages`` say
-    otherwise; ``pdl`` None: on for workspace splits."""
+    otherwise; ``pdl`` None: on for workspace splits merged by the combine kernel; ``last``: workspace
+    splits merged by the last to arrive (no cluster, no second kernel)."""
     tn, w, st, _pdl, ilp, mc = DEFAULT[head_dim]
     fp8 = kv_dtype == "e4m3"
     direct = fp8 and direct
@@ -1263,12 +1345,12 @@ def make_kv(target: str, dtype: str, head_dim: int, splits: int, *, paged: bool 
         st = stages
     if min_ctas is not None:
         mc = min_ctas
-    cluster = splits in CLUSTER_BUILT
+    cluster = splits in CLUSTER_BUILT and not last
     return AttentionDecodeKV(target=target, dtype=dtype, head_dim=head_dim, tile_n=tn, warps=w, stages=st,
                              causal=True, splits=splits, cluster=cluster,
-                             pdl=(splits > 1 and not cluster) if pdl is None else pdl,
+                             pdl=(splits > 1 and not cluster and not last) if pdl is None else pdl,
                              ilp=ilp, min_ctas=mc, kv_dtype=kv_dtype or dtype, paged=paged, local=switches,
-                             softcap=switches, sinks=switches, direct=direct)
+                             softcap=switches, sinks=switches, direct=direct, last=last)
 
 
 @register("attention_kvcache")
@@ -1315,6 +1397,12 @@ def enumerate_decode_kv(target: Target, tier: str) -> list[AttentionDecodeKV]:
         # splits with PDL (MQA-like grids; paged and dense), head_dim 64 paged unsplit and at 2 splits
         out += [make_kv(t, "bf16", 128, 8, paged=pg, config=KV_WIDE[128], pdl=True) for pg in (True, False)]
         out += [make_kv(t, "bf16", 64, sp, config=KV_WIDE[64]) for sp in (1, 2)]
+        # workspace splits merged by the last split to arrive (no second kernel): bf16 head_dim 128
+        # and 64 paged caches at 16 splits (4 and 8 warps), 32 splits, and a PDL twin; for measuring
+        if tier == "full":
+            out += [make_kv(t, "bf16", d, sp, last=True, **kw) for d in HEAD_DIMS for sp in LAST_SPLITS
+                    for kw in ({}, {"pdl": True}, {"config": KV_WIDE[d]})]
+            out += [make_kv(t, "bf16", 128, 16, paged=False, last=True)]
         if tier == "full":  # every split count, without PDL, for measuring
             out += [make_kv(t, "bf16", d, sp, config=KV_WIDE[d]) for d in HEAD_DIMS for sp in KV_SPLITS]
             out += [make_kv(t, "bf16", 128, 8, paged=False, config=KV_WIDE[128])]
