@@ -122,7 +122,7 @@ def run_shape(bundle, torch, shape, dtype, rounds, budget_s):
         errs[n] = testing.rel_error(o[:nref], ref)
         calls[n] = lambda _i, n=n: bundle.attention_kvcache(q, kc, vc, lens, block_table=bt, variant=n)
     calls["rule"] = lambda _i: bundle.attention_kvcache(q, kc, vc, lens, block_table=bt)
-    if not mixed:
+    if not mixed and bundle.candidates("attention"):  # (a bundle of attention_kvcache variants only: none)
         calls["dense_path"] = lambda _i: bundle.attention(q, kd, vd, causal=True)
     qt, kt, vt = (x.transpose(1, 2) for x in (q, kd, vd))
     mask = ((torch.arange(ctx, device="cuda")[None, :] < lens[:, None].long())[:, None, None, :] if mixed else None)

@@ -130,7 +130,9 @@ def signature_kvcache(dtype: str, kv_dtype: str, head_dim: int, paged: bool, pag
     ]
     if splits > 1 and not varlen_q:
         args += [
-            TensorArg("o_partial", "f32", (splits, "B", "Hq", "Sq", d), ("sWs", "sWb", "sWh", "sWq", 1), align=4),
+            # (the last-arrival merge reads its rows in 16-byte vectors: 16-byte aligned rows)
+            TensorArg("o_partial", "f32", (splits, "B", "Hq", "Sq", d), ("sWs", "sWb", "sWh", "sWq", 1),
+                      align=16 if counters else 4),
             TensorArg("lse_partial", "f32", (splits, "B", "Hq", "Sq"), ("sPs", "sPb", "sPh", 1), align=4),
         ]
         if counters:
@@ -154,6 +156,8 @@ def signature_kvcache(dtype: str, kv_dtype: str, head_dim: int, paged: bool, pag
     qvec, kvec = 16 // DTYPE_BYTES[dt], 16 // DTYPE_BYTES[kt]
     div = {s: qvec for s in q_strided}
     div.update({s: kvec for s in ("sKp", "sKs", "sKh", "sVp", "sVs", "sVh")})
+    if counters and splits > 1 and not varlen_q:
+        div.update({s: 4 for s in ("sWs", "sWb", "sWh", "sWq")})
     return Signature(tuple(args), tuple(sorted(div.items())))
 
 

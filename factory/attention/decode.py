@@ -263,8 +263,10 @@ class AttentionDecodeKV(AttentionDecode):
             return "direct e4m3 operands: fp8 caches, 16 or 32 keys per warp, one S chain"
         if not self.causal:
             return "built bottom-right causal (one query: the same as no mask)"
-        if self.last and (self.splits < 2 or self.cluster or self.kv_dtype == "e4m3"):
-            return "the last-arrival merge: workspace splits (2 or more, no cluster) of bf16/f16 caches"
+        if self.last and (self.splits < 2 or self.cluster or self.kv_dtype == "e4m3"
+                          or self.splits % (self.threads // ROWS)):
+            return ("the last-arrival merge: workspace splits (a multiple of threads / 16, no cluster) of "
+                    "bf16/f16 caches")
         return None
 
     def signature(self) -> Signature:
@@ -959,20 +961,26 @@ class FlashDecodeSm90:
                 if c0 == 0:
                     mLp[split, batch, head, s_row] = lse
             if cutlass.const_expr(self.last):
-                self.merge_last(mOp, mLp, mO, mLSE, mCnt, mSinks, storage.bar.data_ptr(), batch, kv_head, bx // SP,
-                                (n_rows + ROWS - 1) // ROWS, mQ.shape[2], row, n_rows, s_row, head, c0, tidx)
+                self.merge_last(mOp, mLp, mO, mLSE, mCnt, mSinks, storage.bar.data_ptr(), f32, batch, kv_head,
+                                bx // SP, (n_rows + ROWS - 1) // ROWS, mQ.shape[2], row0, n_rows, group, tidx)
 
     @cute.jit
-    def merge_last(self, mOp, mLp, mO, mLSE, mCnt, mSinks, flag_ptr, batch, kv_head, rb, row_blocks, heads_q,
-                   row, n_rows, s_row, head, c0, tidx):
+    def merge_last(self, mOp, mLp, mO, mLSE, mCnt, mSinks, flag_ptr, f32, batch, kv_head, rb, row_blocks, heads_q,
+                   row0, n_rows, group, tidx):
         """The last-arrival merge of a CTA group (the ``splits`` CTAs of one row block): each CTA's
         partials (just stored) are released at GPU scope, then one thread adds 1 to the group's
         counter (acq_rel); the CTA that reads ``splits - 1`` back is the last: it sets the counter to
         0 for the next launch and merges the group's partials by LSE weight in split order (the
         same additions on every run), the sink joining there, and writes O and LSE.  Ordering: the
         CTA barrier, then the atomic's release (cumulative over the CTA's stores the barrier
-        ordered before it); its acquire, then the barrier before the last CTA's loads."""
-        SP = self.splits
+        ordered before it); its acquire, then the barrier before the last CTA's loads.
+
+        The merge: (1) the weights, ``threads / 16`` threads a row, each loading some splits' LSE
+        (butterfly max and sum within the row's lanes), into shared memory (the free ring) with
+        the row's 1/sum and LSE; (2) the partial O rows in 16-byte vectors, consecutive threads on
+        consecutive vectors of a row (coalesced), every (row, vector) item's splits loaded before
+        any output is stored."""
+        SP, D, T = self.splits, self.head_dim, self.threads
         cute.arch.barrier()
         # the group's counter: element (batch, j % Hq, j // Hq) of counters (B, Hq, Sq), j the group
         # index within the batch entry (kv_head · row_blocks + rb < Hq · Sq)
@@ -988,33 +996,89 @@ class FlashDecodeSm90:
             flag[0] = is_last
         cute.arch.barrier()
         if flag[0] != 0:
+            sW = cute.make_tensor(f32, cute.make_layout((ROWS, SP), stride=(SP, 1)))
+            sInv = cute.make_tensor(f32 + ROWS * SP, cute.make_layout(ROWS))
+            sL = cute.make_tensor(f32 + ROWS * (SP + 1), cute.make_layout(ROWS))
+            # (1) weights: row r's tpr threads (consecutive lanes of one warp) take splits q, q + tpr, ...
+            tpr = T // ROWS
+            mine = SP // tpr  # (can_implement: splits a multiple of tpr)
+            offs = tuple(tpr >> b for b in range(1, tpr.bit_length()))  # the row's lanes: butterfly
+            r = tidx // tpr
+            q = tidx % tpr
+            row = row0 + r
+            s_row = row // group
+            head = kv_head * group + (row - s_row * group)
+            lr = cute.make_rmem_tensor(mine, cutlass.Float32)
+            lr.fill(-cutlass.Float32.inf)
             if row < n_rows:
-                lmax = -cutlass.Float32.inf
-                for sp in cutlass.range_constexpr(SP):
-                    lmax = cute.arch.fmax(lmax, mLp[sp, batch, head, s_row])
-                l_ref = 0.0 if lmax == -cutlass.Float32.inf else lmax
-                acc = cute.make_rmem_tensor(self.epr, cutlass.Float32)
-                acc.fill(0.0)
-                part = cute.make_rmem_tensor(self.epr, cutlass.Float32)
-                wsum = cutlass.Float32(0.0)
-                for sp in cutlass.range_constexpr(SP):
-                    wsp = cute.math.exp2((mLp[sp, batch, head, s_row] - l_ref) * LOG2_E, fastmath=True)
-                    wsum = wsum + wsp
-                    cute.autovec_copy(cute.local_tile(mOp[sp, batch, head, s_row, None], (self.epr,),
-                                                      (c0 // self.epr,)), part)
-                    for e in cutlass.range_constexpr(self.epr):
-                        acc[e] = acc[e] + wsp * part[e]
+                for m in cutlass.range_constexpr(mine):
+                    lr[m] = mLp[q + m * tpr, batch, head, s_row]
+            lmax = -cutlass.Float32.inf
+            for m in cutlass.range_constexpr(mine):
+                lmax = cute.arch.fmax(lmax, lr[m])
+            for off in offs:
+                lmax = cute.arch.fmax(lmax, cute.arch.shuffle_sync_bfly(lmax, offset=off, mask=-1, mask_and_clamp=31))
+            l_ref = 0.0 if lmax == -cutlass.Float32.inf else lmax
+            wsum = cutlass.Float32(0.0)
+            for m in cutlass.range_constexpr(mine):
+                w = cute.math.exp2((lr[m] - l_ref) * LOG2_E, fastmath=True)
+                wsum = wsum + w
+                sW[r, q + m * tpr] = w
+            for off in offs:
+                wsum = wsum + cute.arch.shuffle_sync_bfly(wsum, offset=off, mask=-1, mask_and_clamp=31)
+            if q == 0:
                 has = wsum > 0.0
-                winv = cute.arch.rcp_approx(wsum if has else 1.0)
-                wsc = winv if has else 0.0
-                for e in cutlass.range_constexpr(self.epr):
-                    acc[e] = acc[e] * wsc
+                inv = cute.arch.rcp_approx(wsum if has else 1.0)
+                sInv[r] = inv if has else 0.0
                 lse_all = -cutlass.Float32.inf
                 if has:
                     lse_all = l_ref + cute.math.log2(wsum, fastmath=True) * LN_2
-                if cutlass.const_expr(self.sinks):
-                    lse_all = self.add_sink(acc, lse_all, mSinks[head])
-                self.store_row(acc, lse_all, mO, mLSE, batch, s_row, head, c0, tidx)
+                sL[r] = lse_all
+            cute.arch.barrier()
+            # (2) the partial O rows: item (r, c) = O[r, 4c .. 4c + 4), items tidx, tidx + T, ...
+            cpr = D // 4
+            per = ROWS * cpr // T
+            acc = cute.make_rmem_tensor(cute.make_layout((4, per), stride=(1, 4)), cutlass.Float32)
+            acc.fill(0.0)
+            for k in cutlass.range_constexpr(per):
+                i = tidx + k * T
+                ri = i // cpr
+                rowi = row0 + ri
+                if rowi < n_rows:
+                    si = rowi // group
+                    hi = kv_head * group + (rowi - si * group)
+                    part = cute.make_rmem_tensor(cute.make_layout((4, SP), stride=(1, 4)), cutlass.Float32)
+                    for sp in cutlass.range_constexpr(SP):
+                        cute.autovec_copy(cute.local_tile(mOp[sp, batch, hi, si, None], (4,), (i % cpr,)),
+                                          part[None, sp])
+                    for sp in cutlass.range_constexpr(SP):
+                        w = sW[ri, sp]
+                        for e in cutlass.range_constexpr(4):
+                            acc[e, k] = acc[e, k] + w * part[e, sp]
+            for k in cutlass.range_constexpr(per):
+                i = tidx + k * T
+                ri = i // cpr
+                rowi = row0 + ri
+                if rowi < n_rows:
+                    si = rowi // group
+                    hi = kv_head * group + (rowi - si * group)
+                    scale = sInv[ri]
+                    lse_all = sL[ri]
+                    if cutlass.const_expr(self.sinks):
+                        sink = mSinks[hi]
+                        if sink > -cutlass.Float32.inf:
+                            mx = cute.arch.fmax(lse_all, sink)
+                            lse_s = mx + cute.math.log2(cute.math.exp2((lse_all - mx) * LOG2_E, fastmath=True)
+                                                        + cute.math.exp2((sink - mx) * LOG2_E, fastmath=True),
+                                                        fastmath=True) * LN_2
+                            scale = scale * cute.math.exp2((lse_all - lse_s) * LOG2_E, fastmath=True)
+                            lse_all = lse_s
+                    out = cute.make_rmem_tensor(4, self.dtype)
+                    for e in cutlass.range_constexpr(4):
+                        out[e] = (acc[e, k] * scale).to(self.dtype)
+                    cute.autovec_copy(out, cute.local_tile(mO[batch, si, hi, None], (4,), (i % cpr,)))
+                    if i % cpr == 0:
+                        mLSE[batch, hi, si] = lse_all
 
     @cute.jit
     def store_row(self, acc, lse, mO, mLSE, batch, s_row, head, c0, tidx):
@@ -1402,7 +1466,7 @@ def enumerate_decode_kv(target: Target, tier: str) -> list[AttentionDecodeKV]:
         if tier == "full":
             out += [make_kv(t, "bf16", d, sp, last=True, **kw) for d in HEAD_DIMS for sp in LAST_SPLITS
                     for kw in ({}, {"pdl": True}, {"config": KV_WIDE[d]})]
-            out += [make_kv(t, "bf16", 128, 16, paged=False, last=True)]
+            out += [make_kv(t, "bf16", 128, 16, paged=False, last=True, **kw) for kw in ({}, {"config": KV_WIDE[128]})]
         if tier == "full":  # every split count, without PDL, for measuring
             out += [make_kv(t, "bf16", d, sp, config=KV_WIDE[d]) for d in HEAD_DIMS for sp in KV_SPLITS]
             out += [make_kv(t, "bf16", 128, 8, paged=False, config=KV_WIDE[128])]
