@@ -280,8 +280,9 @@ class AttentionDecodeKV(AttentionDecode):
             local=self.local, softcap=self.softcap, sinks=self.sinks))
         d["page_sizes"] = list(contract.PAGE_SIZES) if self.paged else []
         d["max_seqlen_q"] = DECODE_MAX_SEQLEN_Q
-        if self.last:  # the workspace splits' arrival counters (zero at launch, left zero)
+        if self.last:  # the workspace splits' arrival counters (zero at launch, left zero); the rule names it
             d["workspace"] = {"form": "counters"}
+            d["preferred"] = False
         return d
 
     def make_kernel(self):
@@ -1436,7 +1437,9 @@ def enumerate_decode_kv(target: Target, tier: str) -> list[AttentionDecodeKV]:
                # fp8 e4m3 caches (head_dim 128: D64's build spills)
                make_kv(t, "bf16", 128, 1, kv_dtype="e4m3"), make_kv(t, "f16", 128, 4, kv_dtype="e4m3"),
                # 8 warps over 128-key tiles, cluster merge with PDL
-               make_kv(t, "bf16", 128, 4, config=KV_WIDE[128], pdl=True)]
+               make_kv(t, "bf16", 128, 4, config=KV_WIDE[128], pdl=True),
+               # the last-arrival merge (8 warps over 128-key tiles)
+               make_kv(t, "bf16", 128, 16, config=KV_WIDE[128], last=True)]
     else:
         out = [make_kv(t, dt, d, sp, paged=pg) for dt in DTYPES for d in HEAD_DIMS for sp in KV_SPLITS
                for pg in (True, False)]
@@ -1461,8 +1464,12 @@ def enumerate_decode_kv(target: Target, tier: str) -> list[AttentionDecodeKV]:
         # splits with PDL (MQA-like grids; paged and dense), head_dim 64 paged unsplit and at 2 splits
         out += [make_kv(t, "bf16", 128, 8, paged=pg, config=KV_WIDE[128], pdl=True) for pg in (True, False)]
         out += [make_kv(t, "bf16", 64, sp, config=KV_WIDE[64]) for sp in (1, 2)]
-        # workspace splits merged by the last split to arrive (no second kernel): bf16 head_dim 128
-        # and 64 paged caches at 16 splits (4 and 8 warps), 32 splits, and a PDL twin; for measuring
+        # workspace splits merged by the last split to arrive (no second kernel), bf16 head_dim 128
+        # paged caches: where the selection takes them (tests/kvcache_rules.py _last_pick), 8 warps
+        # over 128-key tiles at 16 and 32 splits and 4 warps over 64-key tiles at 16; "full": head_dim
+        # 64, PDL twins, dense caches, for measuring
+        out += [make_kv(t, "bf16", 128, sp, last=True, config=KV_WIDE[128]) for sp in LAST_SPLITS]
+        out += [make_kv(t, "bf16", 128, 16, last=True)]
         if tier == "full":
             out += [make_kv(t, "bf16", d, sp, last=True, **kw) for d in HEAD_DIMS for sp in LAST_SPLITS
                     for kw in ({}, {"pdl": True}, {"config": KV_WIDE[d]})]

@@ -2147,11 +2147,41 @@ static int kv_admits(const fx_variant *e, const kv_problem *q) {
     return (e->local || !q->local) && (e->softcap || !q->softcap) && (e->sinks || !q->sinks);
 }
 
+/* The entry of the last-arrival merge (fx_variant.workspace FX_WORKSPACE_COUNTERS) with `splits` key
+   splits, `per_sm` CTAs per SM and no PDL: -1 where not built. */
+static int32_t kv_last_built(const int32_t *c, int32_t n, int32_t splits, int32_t per_sm) {
+    for (int32_t i = 0; i < n; i++) {
+        const fx_variant *e = &fx_variants[c[i]];
+        if (e->workspace == FX_WORKSPACE_COUNTERS && e->kv_splits == splits && e->ctas_per_sm == per_sm && !e->pdl)
+            return c[i];
+    }
+    return -1;
+}
+
+/* kvcache_rules._last_pick: head_dim >= 128; the one-CTA-per-SM build at the largest of 32 and 16
+   splits whose grid is over a quarter of the SMs and within them, each split keeping >= 2 of 128
+   keys' tiles; else the two-CTAs-per-SM build at 16 splits for a grid within two CTAs per SM whose
+   splits keep >= 4 of 64 keys' tiles.  -1: none. */
+static int32_t kv_last_pick(const int32_t *c, int32_t n, const kv_problem *q, i128 groups, int32_t sms) {
+    if (q->d < 128) return -1;
+    static const int32_t splits[2] = {32, 16};
+    for (int32_t i = 0; i < 2; i++) {
+        int32_t s = splits[i], w;
+        if (4 * groups * s > (i128)sms && groups * s <= (i128)sms && q->sk >= 256 * (int64_t)s &&
+            (w = kv_last_built(c, n, s, 1)) >= 0)
+            return w;
+    }
+    if ((i128)sms < groups * 16 && groups * 16 <= 2 * (i128)sms && q->sk >= 16 * 256) return kv_last_built(c, n, 16, 2);
+    return -1;
+}
+
 /* kvcache._pick_decode over one family's entries of the least switch cost: -1 for None. */
 static int32_t kv_pick_decode(const int32_t *c, int32_t n, const kv_problem *q, int32_t sms) {
     if (q->sq > 16) return -1;
     int64_t row_blocks = q->hkv > 0 ? cdiv((q->hq / q->hkv) * q->sq, 16) : 0;
     i128 groups = (i128)q->b * q->hkv * row_blocks;
+    int32_t last = kv_last_pick(c, n, q, groups, sms);
+    if (last >= 0) return last;
     if (q->page_size == 0) {
         attn_decode d = {q->b, q->hq, q->hkv, q->sq, q->sk};
         return decode_pick(c, n, &d, 1, sms);
