@@ -174,3 +174,19 @@ def test_capture_without_counters_in_subprocess(bundle):
     r = subprocess.run([sys.executable, "-c", src], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "REFUSED True" in r.stdout and "OK True" in r.stdout, (r.stdout, r.stderr[-2000:])
+
+
+def test_selection_takes_the_last_merge(bundle):
+    """MQA H16/1 B8 over 4096 keys, page 16: where the bundle has the one-CTA-per-SM build at 16
+    splits, the selection (C, through bundle.plan_kvcache) names it, and the call through the
+    selection matches float32 on the checked path and then on the hot path (the same problem
+    again), the counters zero after each."""
+    es = [e for e in last_entries(bundle, paged=True, dtype="bf16", head_dim=128)
+          if e["kv_splits"] == 16 and e.get("ctas_per_sm") == 1 and not e.get("pdl")]
+    if not es:
+        pytest.skip("no one-CTA-per-SM 16-split build")
+    gen = torch.Generator(device="cuda").manual_seed(23)
+    with torch.no_grad():
+        for lens in ([4096] * 8, [4096] * 7 + [100]):  # (the second: the hot path, other lengths)
+            run_case(bundle, es[0], lens, 16, 1, 1, 16, gen, by_name=False)
+            counters_zero()

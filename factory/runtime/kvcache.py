@@ -162,7 +162,9 @@ def _feature(e: dict, what: str):
 class Plan:
     """A variant chosen for the maxima a server fixes at capture (batch, max pages, ...): pass it
     as ``plan=`` and a call only checks that its problem is the planned one.  ``workspace_bytes``:
-    the fp32 split-KV workspace a call allocates (0 where the splits merge in a cluster)."""
+    the fp32 split-KV workspace a call allocates (0 where the splits merge in a cluster).  A variant
+    whose last split merges the others also takes the runtime's arrival counters (:func:`counters`),
+    allocated by the first such call: make it before capturing a CUDA graph."""
 
     problem: Problem
     variant: str
