@@ -15,7 +15,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def problems(torch, b, only_mqa=(), variants=()):
+def problems(torch, b, only_mqa=(), variants=(), pages=(16,)):
     def paged(B, ctx, hq, hkv, d, ps, fp8=False, variant=None):
         g = torch.Generator(device="cuda").manual_seed(B + ctx)
         per = ctx // ps
@@ -40,8 +40,9 @@ def problems(torch, b, only_mqa=(), variants=()):
             return lambda: b.attention(q, k, v, causal=True)
         return lambda: b.attention_kvcache(q, k, v, lens)
 
-    if only_mqa:  # the MQA problem by each named variant
-        return {f"MQA B8 H16/1 D128 4k paged 16 {n}": paged(8, 4096, 16, 1, 128, 16, variant=n) for n in variants}
+    if only_mqa:  # the MQA problem by each named variant, at each page size
+        return {f"MQA B8 H16/1 D128 4k paged {ps} {n}": paged(8, 4096, 16, 1, 128, ps, variant=n)
+                for ps in pages for n in variants}
     return {
         "B8 H64/8 D64 8k paged 16": paged(8, 8192, 64, 8, 64, 16),
         "B8 H64/8 D64 8k paged 64": paged(8, 8192, 64, 8, 64, 64),
@@ -58,7 +59,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--bundle", required=True)
     p.add_argument("--mqa-variants", nargs="+", default=(),
-                   help="profile only MQA B8 H16/1 D128 4k page 16, once by each of these variant names")
+                   help="profile only MQA B8 H16/1 D128 4k, once by each of these variant names")
+    p.add_argument("--pages", nargs="+", type=int, default=[16], help="with --mqa-variants: the page sizes")
     a = p.parse_args()
     import torch
 
@@ -66,7 +68,7 @@ def main() -> int:
 
     b = Bundle.open(a.bundle)
     fns = {}
-    for name, fn in problems(torch, b, bool(a.mqa_variants), a.mqa_variants).items():
+    for name, fn in problems(torch, b, bool(a.mqa_variants), a.mqa_variants, a.pages).items():
         try:
             fn()
             fns[name] = fn
