@@ -5,8 +5,9 @@ in one process, interleaved (``factory.benchmark.time_interleaved``: one graph p
 passes in alternating order, medians), for graphs of 1 call and of 20 calls:
 
 * an empty kernel (``torch.cuda._sleep(0)``): the replay floor of one kernel node on this GPU;
-* every variant of the bundle whose name matches ``--candidates`` and implements the problem,
-  launched by name (its output NaN-poisoned and checked against float32 first);
+* every variant of the bundle whose name matches ``--candidates`` and implements the problem
+  (one launch, no workspace), launched by name (its output NaN-poisoned and checked against
+  float32 first);
 * ``bundle.attention`` (the loader's choice) and each torch SDPA backend that takes the problem.
 
 ``--json PATH`` writes every figure."""
@@ -43,7 +44,7 @@ def floor_rows(bundle, pattern: str, shape, rounds: int = 6) -> list[dict]:
             n = e["name"]
             if not (rx.search(n) and e.get("dtype") == "bf16" and e.get("head_dim") == d
                     and bool(e.get("causal")) == causal and not e.get("varlen") and e.get("splits", 1) == 1
-                    and not e.get("decode_rows") and s >= e.get("min_seqlen_q", 0)):
+                    and s >= e.get("min_seqlen_q", 0)):
                 continue
             o = torch.full_like(q, math.nan)
             args = [q, k, v, o, torch.empty(b, h, s, device="cuda"), d ** -0.5]
@@ -80,7 +81,9 @@ def floor_rows(bundle, pattern: str, shape, rounds: int = 6) -> list[dict]:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--bundle", default="artifacts/default")
-    p.add_argument("--candidates", default=r"sm90a_bf16_d64_m", help="regex over variant names")
+    p.add_argument("--candidates", default=r"sm90a_bf16_d64_m|sm90_bf16_d64_q16_.*_kv[124](_cl)?$",
+                   help="regex over variant names (default: the sm90 family's head_dim 64 tiles, the decode "
+                        "family's 16-row CTAs, causal only, unsplit or split in a cluster)")
     p.add_argument("--shape", default="1,8,512,64", help="B,H,S,D")
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--json")
