@@ -104,6 +104,13 @@ class _Bar(enum.IntEnum):
 
     EPILOGUE = 1  # + consumer warpgroup: its 128 threads before the TMA store of O
     SCHEDULE = 4  # + consumer warpgroup: "your turn to issue GEMMs" (ping-pong)
+    MERGE = 7  # kv_split: the second warpgroup's partial is in shared memory (256 threads)
+
+
+def merge_floats(head_dim: int) -> int:
+    """kv_split's shared memory, in fp32 words: per consumer thread its O fragment (a 64 x
+    head_dim accumulator over 128 threads) and the max and sum of its two rows."""
+    return 128 * (WG_ROWS * head_dim // 128 + 4)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -138,10 +145,16 @@ class AttentionSm90(AttentionVariant):
     # passes it by more than LAZY_RESCALE_LOG2 (P <= 2^8: the same relative precision in 16 bits),
     # and rescales O only then (FA4's conditional rescale; the running sum follows the reference).
     lazy_rescale: bool = field(default=False, metadata={"tag": "lz"})
+    # Under-filled grids: two consumer warpgroups share one 64-row query tile, each walking half of
+    # its key tiles (the upper half to the first), from a ring of ``stages`` slots that alternate
+    # between them; the second hands its O, row max and row sum to the first through shared
+    # memory, which merges them (the split-KV merge) and stores O.  One CTA per 64 query rows as
+    # before, half as many key tiles in each consumer's serial chain.
+    kv_split: bool = field(default=False, metadata={"tag": "ks"})
 
     @property
     def consumers(self) -> int:
-        return self.tile_m // WG_ROWS
+        return self.tile_m // WG_ROWS * (2 if self.kv_split else 1)
 
     @property
     def threads(self) -> int:
@@ -167,7 +180,7 @@ class AttentionSm90(AttentionVariant):
 
     def _smem_parts(self) -> tuple[int, int]:
         e = DTYPE_BYTES[self.dtype]
-        q = _round_up(self.tile_m * self.head_dim * e, _SMEM_ALIGN)
+        q = _round_up(self.consumers * WG_ROWS * self.head_dim * e, _SMEM_ALIGN)
         kv = 2 * self.stages * _round_up(self.tile_n * self.head_dim * e, _SMEM_ALIGN)
         return q, kv
 
@@ -182,7 +195,8 @@ class AttentionSm90(AttentionVariant):
 
     def smem_bytes(self) -> int:
         q, kv = self._smem_parts()
-        return _BARRIER_BYTES + q * (2 if self.persistent and not self.o_in_q else 1) + kv
+        merge = _round_up(merge_floats(self.head_dim) * 4, _SMEM_ALIGN) if self.kv_split else 0
+        return _BARRIER_BYTES + q * (2 if self.persistent and not self.o_in_q else 1) + kv + merge
 
     def can_implement(self) -> str | None:
         t = self.tgt
@@ -202,6 +216,11 @@ class AttentionSm90(AttentionVariant):
             return "early_rescale needs overlap"
         if self.lazy_rescale and not self.overlap:
             return "lazy_rescale needs overlap"
+        if self.kv_split and (self.tile_m != WG_ROWS or not self.overlap or self.pingpong or self.persistent
+                              or self.varlen or self.early_rescale or self.lazy_rescale or self.k_first
+                              or self.stages % 2):
+            return ("kv_split takes one 64-row query tile per CTA, overlap without ping-pong, dense, "
+                    "one tile per CTA, the plain mainloop and an even number of stages (half a warpgroup's)")
         # fp32 registers per consumer thread: S (tile_n/2), O (head_dim/2), P (tile_n/4); with
         # overlap S of the next tile lives beside P of this one.
         live = self.tile_n // 2 + self.head_dim // 2 + self.tile_n // 4
@@ -239,6 +258,8 @@ class AttentionSm90(AttentionVariant):
                          and all(getattr(self, k) == v for k, v in
                                  default_schedule(self.head_dim, self.causal, self.varlen,
                                                   persistent_all=not getattr(self, "paged", False)).items()),
+            # the key tiles split between two consumer warpgroups of a query tile (kv_split)
+            **({"kv_splits": 2} if self.kv_split else {}),
         }
 
     def make_kernel(self):
@@ -247,6 +268,7 @@ class AttentionSm90(AttentionVariant):
             tile_n=self.tile_n, stages=self.stages, causal=self.causal, overlap=self.overlap,
             pingpong=self.pingpong, early_rescale=self.early_rescale, persistent=self.persistent,
             k_first=self.k_first, o_in_q=self.o_in_q, lazy_rescale=self.lazy_rescale,
+            kv_split=self.kv_split,
         )
         return k.packed if self.varlen else k.dense
 
@@ -362,6 +384,9 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm90]:
         # D64: the other query tile (128 <-> 192 rows) and 3 stages under the default schedule
         out += [make(dt, 64, c, tile_m=320 - make(dt, 64, c).tile_m) for dt, d, c in problems if d == 64]
         out += [make(dt, 64, c, stages=3) for dt, d, c in problems if d == 64]
+        # D64's 64-row tiles with their key tiles split between two consumer warpgroups (kv_split)
+        out += [dataclasses.replace(v, kv_split=True, stages=4) for v in out
+                if v.head_dim == 64 and v.tile_m == 64 and not v.varlen and v.stages == 2]
         # varlen with one tile per CTA (the grid sized by the longest sequence)
         out += [dataclasses.replace(make(*p), varlen=True, persistent=False, early_rescale=False, k_first=False,
                                     lazy_rescale=False)
@@ -567,8 +592,11 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                  persistent: bool = False, k_first: bool = False, page_box: int = 0,
                  gather: bool = False, local: bool = False, softcap: bool = False,
                  sinks: bool = False, wide_producer: bool = False, kv_dtype=None, fp8_stages: int = 1,
-                 o_in_q: bool = False, lazy_rescale: bool = False):
+                 o_in_q: bool = False, lazy_rescale: bool = False, kv_split: bool = False):
         super().__init__(dtype=dtype, head_dim=head_dim, causal=causal, local=local)
+        # two consumer warpgroups on one 64-row query tile, each on half of its key tiles
+        # (AttentionSm90.kv_split); the K/V ring's slots alternate between them
+        self.kv_split = kv_split
         # (with overlap) the mainloop's softmax.online_softmax_lazy; O rescaled by a warp only
         # when its reference max moved
         self.lazy_rescale = lazy_rescale
@@ -599,8 +627,10 @@ class FlashFwdSm90(layout.TmaViewsKernel):
         self.kv_fp8 = kv_dtype is not None
         self.fp8_stages = fp8_stages  # e4m3 staging tiles per K and V (tiles in flight)
         self.kv_dtype = kv_dtype if kv_dtype is not None else dtype
-        self.consumers = tile_m // WG_ROWS
+        self.consumers = tile_m // WG_ROWS * (2 if kv_split else 1)
         self.cta_rows = tile_m
+        # consumer warpgroups that read each K/V slot (and arrive on its "empty" barrier, a warp each)
+        self.slot_readers = 1 if kv_split else self.consumers
         # O's element type (the fp8 subclass writes bf16) and whether O has its own smem slabs
         # (persistent: the next tile's Q lands while O leaves; another O type: Q's slab differs)
         self.out_dtype = dtype
@@ -736,6 +766,9 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                                    _SMEM_ALIGN]
             sV8: cute.struct.Align[cute.struct.MemRange[self.kv_dtype, BN * D * self.fp8_stages if self.kv_fp8 else 0],
                                    _SMEM_ALIGN]
+            # kv_split: the second consumer warpgroup's O fragments, row maxima and sums
+            sM: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, merge_floats(D) if self.kv_split else 0],
+                                  _SMEM_ALIGN]
 
         self.shared_storage = SharedStorage
         # varlen, persistent: the grid (query tiles of the longest sequence, heads, sequences) is
@@ -816,7 +849,7 @@ class FlashFwdSm90(layout.TmaViewsKernel):
             sV_load = storage.sVs.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         else:
             kv_pipes = [
-                atoms.tma_pipeline(bars, self.stages, atoms.stage_bytes(self.dtype, layout), 4 * self.consumers,
+                atoms.tma_pipeline(bars, self.stages, atoms.stage_bytes(self.dtype, layout), 4 * self.slot_readers,
                                    cute.make_layout((1, 1, 1, 1)))
                 for bars, layout in ((storage.k_bars.data_ptr(), sK_layout),
                                      (storage.v_bars.data_ptr(), sV_layout))
@@ -896,10 +929,22 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                 else:
                     cute.arch.setmaxregister_increase(self.consumer_regs)
                     self.schedule_start(wg)
-                    self.consume(tiled_mma_qk, tiled_mma_pv, tma_o, seqO, s2g, seqL, sQ, sO, sK,
-                                 sV, q_bars, kv_pipes, scale_t, m_block, q_len, k_len, n_hi,
-                                 n_mask, wg, tidx % 128, self.kv_state(False), 0,
-                                 n_lo=n_lo, mask_lo=mask_lo, win=win, cap=cap, sink=sink, o_scale=o_scale)
+                    if cutlass.const_expr(self.kv_split):
+                        # the first warpgroup takes tiles [sp, n_hi), the second [n_lo, sp); each reads
+                        # every other slot of the ring, from slot wg on
+                        sp = n_hi - (n_hi - n_lo + 1) // 2
+                        sM = storage.sM.get_tensor(cute.make_layout(merge_floats(self.head_dim)))
+                        self.consume(tiled_mma_qk, tiled_mma_pv, tma_o, seqO, s2g, seqL, sQ, sO, sK,
+                                     sV, q_bars, kv_pipes, scale_t, m_block, q_len, k_len,
+                                     n_hi if wg == 0 else sp, n_mask, wg, tidx % 128,
+                                     pipeline.PipelineState(self.stages, wg, wg, cutlass.Int32(0)), 0,
+                                     n_lo=sp if wg == 0 else n_lo, mask_lo=mask_lo, win=win, cap=cap,
+                                     sink=sink, o_scale=o_scale, sM=sM)
+                    else:
+                        self.consume(tiled_mma_qk, tiled_mma_pv, tma_o, seqO, s2g, seqL, sQ, sO, sK,
+                                     sV, q_bars, kv_pipes, scale_t, m_block, q_len, k_len, n_hi,
+                                     n_mask, wg, tidx % 128, self.kv_state(False), 0,
+                                     n_lo=n_lo, mask_lo=mask_lo, win=win, cap=cap, sink=sink, o_scale=o_scale)
         else:
             # Persistent: CTA c walks tiles c, c + grid, ... (``tile_coords``); the producer loads
             # the next tile's Q as soon as the consumers' last S GEMM of this one has read theirs
@@ -1085,7 +1130,8 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                     cute.arch.mbarrier_wait(q_bars + W + w, q_phase ^ 1)
                 with cute.arch.elect_one():
                     cute.arch.mbarrier_arrive_and_expect_tx(q_bars + w, slab_bytes)
-                cute.copy(tma_q, tQgQ[(None, m_block * W + w)], tQsQ[(None, w)],
+                # (kv_split: both warpgroups' slabs hold the CTA's one 64-row query tile)
+                cute.copy(tma_q, tQgQ[(None, m_block if self.kv_split else m_block * W + w)], tQsQ[(None, w)],
                           tma_bar_ptr=q_bars + w)
 
             if cutlass.const_expr(self.k_first):
@@ -1107,6 +1153,10 @@ class FlashFwdSm90(layout.TmaViewsKernel):
             else:
                 for i in cutlass.range(n_hi, unroll=1):
                     n = n_hi - 1 - i
+                    if cutlass.const_expr(self.kv_split):
+                        # the slots alternate: the first warpgroup's tiles n_hi-1 down to sp (the upper
+                        # ceil(n_hi / 2)), the second's sp-1 down to 0
+                        n = n_hi - 1 - i // 2 - (i % 2) * ((n_hi + 1) // 2)
                     k_pipe.producer_acquire(state)
                     cute.copy(tma_k, tKgK[(None, n)], tKsK[(None, state.index)],
                               tma_bar_ptr=k_pipe.producer_get_barrier(state))
@@ -1444,9 +1494,10 @@ class FlashFwdSm90(layout.TmaViewsKernel):
     @cute.jit
     def consume(self, tiled_mma_qk, tiled_mma_pv, tma_o, seqO, s2g, seqL, sQ, sO, sK, sV, q_bars,
                 kv_pipes, scale_log2, m_block, q_len, k_len, n_hi, n_mask, wg, ltid, read,
-                q_phase, n_lo=0, mask_lo=0, win=(None, None), cap=None, sink=None, o_scale=None):
+                q_phase, n_lo=0, mask_lo=0, win=(None, None), cap=None, sink=None, o_scale=None, sM=None):
         """One consumer warpgroup: its 64 query rows against every visible key tile (n_hi-1 down
-        to n_lo), then its part of the epilogue.  KV cache switches: the window ``win``
+        to n_lo), then its part of the epilogue (kv_split: the two warpgroups' halves merged
+        through ``sM`` first, the first warpgroup stores).  KV cache switches: the window ``win``
         (mask.window; tiles < mask_lo masked too), ``cap`` (factor, on) for
         softmax.softcap_scores, ``sink`` (this q head's logit) for softmax.finalize.  Returns the
         K/V ring state ``read``.  ``o_scale``: a factor on O before it is stored (fp8: v_descale)."""
@@ -1468,6 +1519,8 @@ class FlashFwdSm90(layout.TmaViewsKernel):
         row_max.fill(-cutlass.Float32.inf)
         row_sum.fill(0.0)
         row0 = m_block * self.tile_m + wg * WG_ROWS  # first query row of this warpgroup
+        if cutlass.const_expr(self.kv_split):
+            row0 = m_block * self.tile_m
 
         n_tiles = n_hi - n_lo
         if n_tiles > 0:
@@ -1519,7 +1572,7 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                     # (no overlap: P·V of tile n + 1, then S of tile n)
                     n = n_hi - 1 - i
                     read_v = read.clone()
-                    read.advance()
+                    self.step(read)
                     acc_S = cute.make_rmem_tensor(s_shape, cutlass.Float32)
                     self.kv_wait(v_pipe, read_v)
                     self.zero_v_tail(sV, read_v.index, n + 1, k_len, ltid, wg)
@@ -1550,14 +1603,28 @@ class FlashFwdSm90(layout.TmaViewsKernel):
             tiled_mma_pv = self.gemm_pv(tiled_mma_pv, acc_O, tOrP, tOrV, read.index)
             warpgroup.wait_group(0)
             v_pipe.consumer_release(read)
-            read.advance()
+            self.step(read)
         else:
             acc_O.fill(0.0)
             if cutlass.const_expr(self.o_in_q):
                 cute.arch.mbarrier_wait(q_bars + wg, q_phase)  # the slab O leaves through is ours
 
-        # ---- epilogue: O / rowsum and LSE, O -> this warpgroup's Q slab -> TMA store (varlen:
-        # 16-byte stores of the rows inside the sequence)
+        if cutlass.const_expr(self.kv_split):
+            self.merge_halves(acc_O, row_max, row_sum, sM, wg, ltid, scale_log2)
+            if wg == 0:
+                self.epilogue(tiled_mma_pv, tma_o, seqO, s2g, seqL, sO, q_bars, acc_O, cS, row_max, row_sum,
+                              scale_log2, m_block, q_len, row0, wg, ltid, sink, o_scale)
+        else:
+            self.epilogue(tiled_mma_pv, tma_o, seqO, s2g, seqL, sO, q_bars, acc_O, cS, row_max, row_sum,
+                          scale_log2, m_block, q_len, row0, wg, ltid, sink, o_scale)
+        return read
+
+    @cute.jit
+    def epilogue(self, tiled_mma_pv, tma_o, seqO, s2g, seqL, sO, q_bars, acc_O, cS, row_max, row_sum,
+                 scale_log2, m_block, q_len, row0, wg, ltid, sink, o_scale):
+        """A consumer warpgroup's epilogue: O / rowsum and LSE, O -> its Q slab (or O's own) ->
+        global (TMA store; varlen: 16-byte stores of the rows inside the sequence)."""
+        D = self.head_dim
         softmax.finalize(atoms.acc_mn_view(acc_O), cS, row_max, row_sum, scale_log2, row0, q_len, seqL, ltid,
                          sink=sink)
         if cutlass.const_expr(o_scale is not None):
@@ -1576,7 +1643,7 @@ class FlashFwdSm90(layout.TmaViewsKernel):
         # generic-proxy smem writes -> visible to the TMA (async proxy), then all 128 threads
         cute.arch.fence_proxy("async.shared", space="cta")
         cute.arch.barrier(barrier_id=int(_Bar.EPILOGUE) + wg, number_of_threads=128)
-        gO = cute.local_tile(seqO, (WG_ROWS, D), (m_block * self.consumers + wg, 0))
+        gO = cute.local_tile(seqO, (WG_ROWS, D), (m_block if self.kv_split else m_block * self.consumers + wg, 0))
         if cutlass.const_expr(tma_o is not None):
             if ltid < 32:
                 tOsO, tOgO = cpasync.tma_partition(tma_o, 0, cute.make_layout(1),
@@ -1605,7 +1672,50 @@ class FlashFwdSm90(layout.TmaViewsKernel):
             for r in cutlass.range_constexpr(cute.size(tOrO.shape[1])):
                 if row0 + tOcO[0, r, 0][0] < q_len:
                     cute.copy(s2g, tOrO[None, r, None], tOgO[None, r, None])
-        return read
+
+    @cute.jit
+    def merge_halves(self, acc_O, row_max, row_sum, sM, wg, ltid, scale_log2):
+        """kv_split: the second consumer warpgroup writes its O fragment, row maxima and row sums
+        to ``sM`` (thread-major: word i of thread t at i·128 + t; the two warpgroups' threads hold
+        the same (row, column) elements), then the first merges them into its own by the rows'
+        maxima, as split-KV merges: m = max(m0, m1), O = O0·2^((m0-m)·s) + O1·2^((m1-m)·s), the
+        sums likewise (a half with no key: max -inf, weight 0)."""
+        n_o = cute.size(acc_O)
+        n_r = cute.size(row_max)
+        if wg == 1:
+            for i in cutlass.range_constexpr(n_o):
+                sM[i * 128 + ltid] = acc_O[i]
+            for r in cutlass.range_constexpr(n_r):
+                sM[(n_o + r) * 128 + ltid] = row_max[r]
+                sM[(n_o + n_r + r) * 128 + ltid] = row_sum[r]
+            cute.arch.barrier_arrive(barrier_id=int(_Bar.MERGE), number_of_threads=256)
+        else:
+            cute.arch.barrier(barrier_id=int(_Bar.MERGE), number_of_threads=256)
+            c0 = cute.make_rmem_tensor(n_r, cutlass.Float32)
+            c1 = cute.make_rmem_tensor(n_r, cutlass.Float32)
+            for r in cutlass.range_constexpr(n_r):
+                m1 = sM[(n_o + r) * 128 + ltid]
+                m = cute.arch.fmax(row_max[r], m1)
+                m_scaled = (0.0 if m == -cutlass.Float32.inf else m) * scale_log2
+                c0[r] = cute.math.exp2(row_max[r] * scale_log2 - m_scaled, fastmath=True)
+                c1[r] = cute.math.exp2(m1 * scale_log2 - m_scaled, fastmath=True)
+                row_sum[r] = row_sum[r] * c0[r] + sM[(n_o + n_r + r) * 128 + ltid] * c1[r]
+                row_max[r] = m
+            o1 = cute.make_rmem_tensor(acc_O.layout, cutlass.Float32)
+            for i in cutlass.range_constexpr(n_o):
+                o1[i] = sM[i * 128 + ltid]
+            softmax.rescale(atoms.acc_mn_view(acc_O), c0)
+            softmax.rescale(atoms.acc_mn_view(o1), c1)
+            for i in cutlass.range_constexpr(n_o):
+                acc_O[i] = acc_O[i] + o1[i]
+
+    def step(self, state):
+        """A consumer's ring state to its next slot (kv_split: every other slot, the other
+        warpgroup reads those between)."""
+        if self.kv_split:
+            state.advance(2)
+        else:
+            state.advance()
 
     @cute.jit
     def overlap_step(self, masked: cutlass.Constexpr, n, read, kv_pipes, tiled_mma_qk, tiled_mma_pv, acc_O,
@@ -1617,7 +1727,7 @@ class FlashFwdSm90(layout.TmaViewsKernel):
         Returns the advanced read state and the P·V MMA (accumulate flag set)."""
         k_pipe, v_pipe = kv_pipes
         read_v = read.clone()
-        read.advance()
+        self.step(read)
         acc_S = cute.make_rmem_tensor(s_shape, cutlass.Float32)
         self.kv_wait(k_pipe, read)
         self.schedule_wait(wg)
