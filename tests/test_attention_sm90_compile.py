@@ -296,20 +296,20 @@ def test_h100_prefill_takes_the_sm90_family():
 
 
 def test_h100_small_grid_takes_the_key_split_tile():
-    """Where the 64-row tile is chosen for an under-filled grid, its kv_split twin (two consumer
-    warpgroups, half of the key tiles each) takes it when the grid is at most one CTA per SM and
-    sees two key tiles or more."""
-    ks = [dict(_e("hks", "sm_90a", tile=(64, 128), kv_splits=2, **_SM90), stages=4),
-          dict(_e("hksc", "sm_90a", True, tile=(64, 128), kv_splits=2, **_SM90), stages=4)]
+    """Where the 64-row tile is chosen for an under-filled grid, its kv_split twin (a cluster of
+    two CTAs per query tile, half of the key tiles each) takes it when the grid of pairs is at
+    most one CTA per SM and sees two key tiles or more; the plain small-tile rule never picks it."""
+    ks = [_e("hks", "sm_90a", tile=(64, 128), kv_splits=2, cluster=[2, 1], **_SM90),
+          _e("hksc", "sm_90a", True, tile=(64, 128), kv_splits=2, cluster=[2, 1], **_SM90)]
     c = H100 + ks
-    assert _pick(False, 1, 8, 8, 512, 512, c) == "hks"     # 64 CTAs of 64 rows, 4 key tiles
+    assert _pick(False, 1, 8, 8, 512, 512, c) == "hks"     # 64 query tiles: 128 CTAs, 4 key tiles
     assert _pick(True, 1, 8, 8, 512, 512, c) == "hksc"
     assert _pick(False, 1, 8, 8, 512, 128, c) == "hs"      # one key tile: nothing to split
+    assert _pick(False, 1, 16, 16, 512, 512, c) == "hs"    # 128 query tiles: 256 CTAs
     assert _pick(False, 1, 16, 16, 16384, 16384, c) == "h"  # a full grid: the preferred tile
     assert _pick(True, 4, 32, 8, 128, 4096, c) == "hc"     # two waves of 64-row tiles: the 128-row one
-    old = [{k: v for k, v in e.items() if k != "ctas_per_sm"} for e in H100[:4] + ks]  # (the small tile up to 2x SMs)
-    assert _pick(False, 1, 8, 8, 512, 512, old) == "hks"
-    assert _pick(False, 1, 8, 8, 2048, 2048, old) == "hs"  # 256 CTAs of 64 rows: more than one per SM
+    assert _pick(False, 1, 8, 8, 512, 512, ks + H100) == "hks"  # (listed first: still not the plain small tile)
+    assert _pick(False, 1, 16, 16, 512, 512, ks + H100) == "hs"
 
 
 def test_h100_decode_keeps_the_sm80_family():

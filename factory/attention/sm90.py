@@ -104,13 +104,17 @@ class _Bar(enum.IntEnum):
 
     EPILOGUE = 1  # + consumer warpgroup: its 128 threads before the TMA store of O
     SCHEDULE = 4  # + consumer warpgroup: "your turn to issue GEMMs" (ping-pong)
-    MERGE = 7  # kv_split: the second warpgroup's partial is in shared memory (256 threads)
+
+
+def merge_words(head_dim: int) -> int:
+    """kv_split: fp32 words one consumer thread of rank 1 sends rank 0: its O fragment (a 64 x
+    head_dim accumulator over 128 threads), then the max and the sum of each of its two rows."""
+    return WG_ROWS * head_dim // 128 + 4
 
 
 def merge_floats(head_dim: int) -> int:
-    """kv_split's shared memory, in fp32 words: per consumer thread its O fragment (a 64 x
-    head_dim accumulator over 128 threads) and the max and sum of its two rows."""
-    return 128 * (WG_ROWS * head_dim // 128 + 4)
+    """kv_split's receiving buffer in rank 0's shared memory, fp32 words (thread-contiguous)."""
+    return 128 * merge_words(head_dim)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -145,16 +149,15 @@ class AttentionSm90(AttentionVariant):
     # passes it by more than LAZY_RESCALE_LOG2 (P <= 2^8: the same relative precision in 16 bits),
     # and rescales O only then (FA4's conditional rescale; the running sum follows the reference).
     lazy_rescale: bool = field(default=False, metadata={"tag": "lz"})
-    # Under-filled grids: two consumer warpgroups share one 64-row query tile, each walking half of
-    # its key tiles (the upper half to the first), from a ring of ``stages`` slots that alternate
-    # between them; the second hands its O, row max and row sum to the first through shared
-    # memory, which merges them (the split-KV merge) and stores O.  One CTA per 64 query rows as
-    # before, half as many key tiles in each consumer's serial chain.
+    # Under-filled grids: a cluster of two CTAs per query tile, each walking half of its key tiles
+    # (the upper half to rank 0) with K/V of its own; rank 1 pushes its O, row maxima and row sums
+    # into rank 0's shared memory (st.async, DSMEM), rank 0 merges them (the split-KV merge) and
+    # stores O.  Each SM loads half of the tile's K/V bytes and walks half of its key tiles.
     kv_split: bool = field(default=False, metadata={"tag": "ks"})
 
     @property
     def consumers(self) -> int:
-        return self.tile_m // WG_ROWS * (2 if self.kv_split else 1)
+        return self.tile_m // WG_ROWS
 
     @property
     def threads(self) -> int:
@@ -180,7 +183,7 @@ class AttentionSm90(AttentionVariant):
 
     def _smem_parts(self) -> tuple[int, int]:
         e = DTYPE_BYTES[self.dtype]
-        q = _round_up(self.consumers * WG_ROWS * self.head_dim * e, _SMEM_ALIGN)
+        q = _round_up(self.tile_m * self.head_dim * e, _SMEM_ALIGN)
         kv = 2 * self.stages * _round_up(self.tile_n * self.head_dim * e, _SMEM_ALIGN)
         return q, kv
 
@@ -195,7 +198,7 @@ class AttentionSm90(AttentionVariant):
 
     def smem_bytes(self) -> int:
         q, kv = self._smem_parts()
-        merge = _round_up(merge_floats(self.head_dim) * 4, _SMEM_ALIGN) if self.kv_split else 0
+        merge = _round_up(merge_floats(self.head_dim) * 4 + 8, _SMEM_ALIGN) if self.kv_split else 0
         return _BARRIER_BYTES + q * (2 if self.persistent and not self.o_in_q else 1) + kv + merge
 
     def can_implement(self) -> str | None:
@@ -216,11 +219,10 @@ class AttentionSm90(AttentionVariant):
             return "early_rescale needs overlap"
         if self.lazy_rescale and not self.overlap:
             return "lazy_rescale needs overlap"
-        if self.kv_split and (self.tile_m != WG_ROWS or not self.overlap or self.pingpong or self.persistent
-                              or self.varlen or self.early_rescale or self.lazy_rescale or self.k_first
-                              or self.stages % 2):
-            return ("kv_split takes one 64-row query tile per CTA, overlap without ping-pong, dense, "
-                    "one tile per CTA, the plain mainloop and an even number of stages (half a warpgroup's)")
+        if self.kv_split and (self.tile_m != WG_ROWS or not self.overlap or self.persistent or self.varlen
+                              or self.early_rescale or self.lazy_rescale or self.k_first):
+            return ("kv_split takes one 64-row query tile per CTA pair, overlap, dense, one tile per CTA "
+                    "and the plain mainloop")
         # fp32 registers per consumer thread: S (tile_n/2), O (head_dim/2), P (tile_n/4); with
         # overlap S of the next tile lives beside P of this one.
         live = self.tile_n // 2 + self.head_dim // 2 + self.tile_n // 4
@@ -258,8 +260,8 @@ class AttentionSm90(AttentionVariant):
                          and all(getattr(self, k) == v for k, v in
                                  default_schedule(self.head_dim, self.causal, self.varlen,
                                                   persistent_all=not getattr(self, "paged", False)).items()),
-            # the key tiles split between two consumer warpgroups of a query tile (kv_split)
-            **({"kv_splits": 2} if self.kv_split else {}),
+            # the key tiles split between the two CTAs of a cluster per query tile (kv_split)
+            **({"kv_splits": 2, "cluster": [2, 1]} if self.kv_split else {}),
         }
 
     def make_kernel(self):
@@ -385,7 +387,7 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm90]:
         out += [make(dt, 64, c, tile_m=320 - make(dt, 64, c).tile_m) for dt, d, c in problems if d == 64]
         out += [make(dt, 64, c, stages=3) for dt, d, c in problems if d == 64]
         # D64's 64-row tiles with their key tiles split between two consumer warpgroups (kv_split)
-        out += [dataclasses.replace(v, kv_split=True, stages=4) for v in out
+        out += [dataclasses.replace(v, kv_split=True) for v in out
                 if v.head_dim == 64 and v.tile_m == 64 and not v.varlen and v.stages == 2]
         # varlen with one tile per CTA (the grid sized by the longest sequence)
         out += [dataclasses.replace(make(*p), varlen=True, persistent=False, early_rescale=False, k_first=False,
@@ -594,8 +596,8 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                  sinks: bool = False, wide_producer: bool = False, kv_dtype=None, fp8_stages: int = 1,
                  o_in_q: bool = False, lazy_rescale: bool = False, kv_split: bool = False):
         super().__init__(dtype=dtype, head_dim=head_dim, causal=causal, local=local)
-        # two consumer warpgroups on one 64-row query tile, each on half of its key tiles
-        # (AttentionSm90.kv_split); the K/V ring's slots alternate between them
+        # a cluster of two CTAs per 64-row query tile, each on half of its key tiles, merged in
+        # rank 0 (AttentionSm90.kv_split)
         self.kv_split = kv_split
         # (with overlap) the mainloop's softmax.online_softmax_lazy; O rescaled by a warp only
         # when its reference max moved
@@ -627,10 +629,8 @@ class FlashFwdSm90(layout.TmaViewsKernel):
         self.kv_fp8 = kv_dtype is not None
         self.fp8_stages = fp8_stages  # e4m3 staging tiles per K and V (tiles in flight)
         self.kv_dtype = kv_dtype if kv_dtype is not None else dtype
-        self.consumers = tile_m // WG_ROWS * (2 if kv_split else 1)
+        self.consumers = tile_m // WG_ROWS
         self.cta_rows = tile_m
-        # consumer warpgroups that read each K/V slot (and arrive on its "empty" barrier, a warp each)
-        self.slot_readers = 1 if kv_split else self.consumers
         # O's element type (the fp8 subclass writes bf16) and whether O has its own smem slabs
         # (persistent: the next tile's Q lands while O leaves; another O type: Q's slab differs)
         self.out_dtype = dtype
@@ -651,6 +651,8 @@ class FlashFwdSm90(layout.TmaViewsKernel):
     def dense_grid(self, grid):
         if cutlass.const_expr(self.persistent):
             grid = (cutlass.min(grid[0] * grid[1] * grid[2], PERSISTENT_CTAS), 1, 1)
+        if cutlass.const_expr(self.kv_split):
+            grid = (grid[0] * 2, grid[1], grid[2])  # a cluster of two CTAs per query tile
         return grid
 
     @cute.jit
@@ -766,9 +768,11 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                                    _SMEM_ALIGN]
             sV8: cute.struct.Align[cute.struct.MemRange[self.kv_dtype, BN * D * self.fp8_stages if self.kv_fp8 else 0],
                                    _SMEM_ALIGN]
-            # kv_split: the second consumer warpgroup's O fragments, row maxima and sums
+            # kv_split: rank 1's O fragments, row maxima and sums (received by rank 0), and the
+            # mbarrier counting their bytes
             sM: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, merge_floats(D) if self.kv_split else 0],
                                   _SMEM_ALIGN]
+            m_bar: cute.struct.MemRange[cutlass.Int64, 1 if self.kv_split else 0]
 
         self.shared_storage = SharedStorage
         # varlen, persistent: the grid (query tiles of the longest sequence, heads, sequences) is
@@ -781,7 +785,8 @@ class FlashFwdSm90(layout.TmaViewsKernel):
             tma_q, tQ, tma_k, tK, tma_v, tV, tma_o, tO, s2g, lse, mCuQ, mCuK,
             softmax_scale * LOG2_E, tiled_mma_qk, tiled_mma_pv, sQ_layout, sK_layout, sV_layout,
             sO_layout, mTable, mSeqlens, *switches, mDescale, *varlen_tiles,
-        ).launch(grid=grid, block=[self.threads, 1, 1], min_blocks_per_mp=1, stream=stream)
+        ).launch(grid=grid, block=[self.threads, 1, 1], min_blocks_per_mp=1, stream=stream,
+                 **({"cluster": (2, 1, 1)} if self.kv_split else {}))
 
     # --- device ----------------------------------------------------------------------------------
     @cute.kernel
@@ -849,7 +854,7 @@ class FlashFwdSm90(layout.TmaViewsKernel):
             sV_load = storage.sVs.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         else:
             kv_pipes = [
-                atoms.tma_pipeline(bars, self.stages, atoms.stage_bytes(self.dtype, layout), 4 * self.slot_readers,
+                atoms.tma_pipeline(bars, self.stages, atoms.stage_bytes(self.dtype, layout), 4 * self.consumers,
                                    cute.make_layout((1, 1, 1, 1)))
                 for bars, layout in ((storage.k_bars.data_ptr(), sK_layout),
                                      (storage.v_bars.data_ptr(), sV_layout))
@@ -864,16 +869,30 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                     # Q slab w read by its warpgroup's last S GEMM (one arrive per warp); o_in_q:
                     # by the TMA store of the O written into it (one arrive)
                     cute.arch.mbarrier_init(q_bars + self.consumers + w, 1 if self.o_in_q else 4)
-        pipeline.pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
+                if cutlass.const_expr(self.kv_split):
+                    # rank 0 receives rank 1's partial: armed with its bytes before the cluster's
+                    # first barrier (below), so that no byte can land before it
+                    m_bar = storage.m_bar.data_ptr()
+                    cute.arch.mbarrier_init(m_bar, 1)
+                    if cute.arch.block_idx()[0] % 2 == 0:
+                        cute.arch.mbarrier_arrive_and_expect_tx(m_bar, merge_floats(self.head_dim) * 4)
+        # (kv_split: the barrier spans the cluster)
+        pipeline.pipeline_init_arrive(cluster_shape_mn=(2, 1) if self.kv_split else (1, 1), is_relaxed=True)
 
-        pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1))
+        pipeline.pipeline_init_wait(cluster_shape_mn=(2, 1) if self.kv_split else (1, 1))
         warpgroup_idx = cute.arch.make_warp_uniform(tidx // 128)
         wg = warpgroup_idx - 1
         if cutlass.const_expr(not self.persistent):
             # One query tile per CTA (last first when causal), q head, batch.
             m_block, head, batch = cute.arch.block_idx()
+            n_m_grid = cute.arch.grid_dim()[0]
+            if cutlass.const_expr(self.kv_split):
+                # (clusters along x: rank = block x mod 2; the pair shares the query tile)
+                rank = m_block % 2
+                m_block = m_block // 2
+                n_m_grid = n_m_grid // 2
             if cutlass.const_expr(self.causal):
-                m_block = cute.arch.grid_dim()[0] - 1 - m_block
+                m_block = n_m_grid - 1 - m_block
             if cutlass.const_expr(mSeqlens is not None):
                 q_len, k_len, seqQ, seqK, seqVt, seqO, seqL = layout.cache_views(
                     mQ, mK, mVt, mO, mLSE, mCuQ, mSeqlens, head, batch)
@@ -887,6 +906,12 @@ class FlashFwdSm90(layout.TmaViewsKernel):
             # value, <= 0: off) folds into the score scale; the q head's sink logit
             win = mask.window(self.mask, win_l, win_r, q_len, k_len)
             n_lo, n_hi, mask_lo, n_mask = self.key_range(m_block, q_len, k_len, win)
+            my_lo, my_hi = n_lo, n_hi
+            if cutlass.const_expr(self.kv_split):
+                # rank 0: the upper ceil(half) of the key tiles [sp, n_hi), rank 1: [n_lo, sp)
+                sp = n_hi - (n_hi - n_lo + 1) // 2
+                my_lo = sp if rank == 0 else n_lo
+                my_hi = n_hi if rank == 0 else sp
             cap = None
             sink = None
             if cutlass.const_expr(self.has_softcap):
@@ -920,7 +945,7 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                                                self.kv_state(True), mTable, batch, k_len)
                         else:
                             self.produce(tma_q, seqQ, tma_k, seqK, tma_v, seqVt, sQ, sK, sV_load, q_bars,
-                                         load_pipes, m_block, n_hi, self.kv_state(True), 0)
+                                         load_pipes, m_block, my_hi, self.kv_state(True), 0, n_lo=my_lo)
                     if cutlass.const_expr(self.v_transpose):
                         if warp_idx >= 1 and warp_idx <= self.transpose_warps:
                             self.transpose_loop(storage.sVs.data_ptr(), storage.sV.data_ptr(), sK_layout,
@@ -930,16 +955,12 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                     cute.arch.setmaxregister_increase(self.consumer_regs)
                     self.schedule_start(wg)
                     if cutlass.const_expr(self.kv_split):
-                        # the first warpgroup takes tiles [sp, n_hi), the second [n_lo, sp); each reads
-                        # every other slot of the ring, from slot wg on
-                        sp = n_hi - (n_hi - n_lo + 1) // 2
                         sM = storage.sM.get_tensor(cute.make_layout(merge_floats(self.head_dim)))
                         self.consume(tiled_mma_qk, tiled_mma_pv, tma_o, seqO, s2g, seqL, sQ, sO, sK,
-                                     sV, q_bars, kv_pipes, scale_t, m_block, q_len, k_len,
-                                     n_hi if wg == 0 else sp, n_mask, wg, tidx % 128,
-                                     pipeline.PipelineState(self.stages, wg, wg, cutlass.Int32(0)), 0,
-                                     n_lo=sp if wg == 0 else n_lo, mask_lo=mask_lo, win=win, cap=cap,
-                                     sink=sink, o_scale=o_scale, sM=sM)
+                                     sV, q_bars, kv_pipes, scale_t, m_block, q_len, k_len, my_hi,
+                                     n_mask, wg, tidx % 128, self.kv_state(False), 0,
+                                     n_lo=my_lo, mask_lo=mask_lo, win=win, cap=cap, sink=sink, o_scale=o_scale,
+                                     split=(rank, sM, storage.m_bar.data_ptr()))
                     else:
                         self.consume(tiled_mma_qk, tiled_mma_pv, tma_o, seqO, s2g, seqL, sQ, sO, sK,
                                      sV, q_bars, kv_pipes, scale_t, m_block, q_len, k_len, n_hi,
@@ -1099,12 +1120,13 @@ class FlashFwdSm90(layout.TmaViewsKernel):
 
     @cute.jit
     def produce(self, tma_q, seqQ, tma_k, seqK, tma_v, seqVt, sQ, sK, sV, q_bars, kv_pipes,
-                m_block, n_hi, state, q_phase):
+                m_block, n_hi, state, q_phase, n_lo=0):
         """The TMA warp: Q slabs (persistent: each once its warpgroup has released the previous
         tile's), then K and V of tiles n_hi-1 down to 0.  ``k_first``: the first K before Q (a
         persistent CTA's next tile starts on it while the consumers still finish the last one),
         then each K one tile ahead of the V it pairs with (K(n) before V(n+1): the order the
-        consumers use them in).  Returns the K/V ring state."""
+        consumers use them in).  kv_split: the tiles n_hi-1 down to ``n_lo`` (this rank's).  Returns
+        the K/V ring state."""
         k_pipe, v_pipe = kv_pipes
         if n_hi > 0:
             W, D, BN = self.consumers, self.head_dim, self.tile_n
@@ -1130,8 +1152,7 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                     cute.arch.mbarrier_wait(q_bars + W + w, q_phase ^ 1)
                 with cute.arch.elect_one():
                     cute.arch.mbarrier_arrive_and_expect_tx(q_bars + w, slab_bytes)
-                # (kv_split: both warpgroups' slabs hold the CTA's one 64-row query tile)
-                cute.copy(tma_q, tQgQ[(None, m_block if self.kv_split else m_block * W + w)], tQsQ[(None, w)],
+                cute.copy(tma_q, tQgQ[(None, m_block * W + w)], tQsQ[(None, w)],
                           tma_bar_ptr=q_bars + w)
 
             if cutlass.const_expr(self.k_first):
@@ -1151,12 +1172,11 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                 cute.copy(tma_v, tVgV[(None, 0)], tVsV[(None, state_v.index)],
                           tma_bar_ptr=v_pipe.producer_get_barrier(state_v))
             else:
-                for i in cutlass.range(n_hi, unroll=1):
+                count = n_hi
+                if cutlass.const_expr(self.kv_split):
+                    count = n_hi - n_lo
+                for i in cutlass.range(count, unroll=1):
                     n = n_hi - 1 - i
-                    if cutlass.const_expr(self.kv_split):
-                        # the slots alternate: the first warpgroup's tiles n_hi-1 down to sp (the upper
-                        # ceil(n_hi / 2)), the second's sp-1 down to 0
-                        n = n_hi - 1 - i // 2 - (i % 2) * ((n_hi + 1) // 2)
                     k_pipe.producer_acquire(state)
                     cute.copy(tma_k, tKgK[(None, n)], tKsK[(None, state.index)],
                               tma_bar_ptr=k_pipe.producer_get_barrier(state))
@@ -1494,10 +1514,10 @@ class FlashFwdSm90(layout.TmaViewsKernel):
     @cute.jit
     def consume(self, tiled_mma_qk, tiled_mma_pv, tma_o, seqO, s2g, seqL, sQ, sO, sK, sV, q_bars,
                 kv_pipes, scale_log2, m_block, q_len, k_len, n_hi, n_mask, wg, ltid, read,
-                q_phase, n_lo=0, mask_lo=0, win=(None, None), cap=None, sink=None, o_scale=None, sM=None):
+                q_phase, n_lo=0, mask_lo=0, win=(None, None), cap=None, sink=None, o_scale=None, split=None):
         """One consumer warpgroup: its 64 query rows against every visible key tile (n_hi-1 down
-        to n_lo), then its part of the epilogue (kv_split: the two warpgroups' halves merged
-        through ``sM`` first, the first warpgroup stores).  KV cache switches: the window ``win``
+        to n_lo), then its part of the epilogue (kv_split, ``split`` = (rank, receiving buffer,
+        its mbarrier): rank 1 sends its partial to rank 0, which merges it and stores).  KV cache switches: the window ``win``
         (mask.window; tiles < mask_lo masked too), ``cap`` (factor, on) for
         softmax.softcap_scores, ``sink`` (this q head's logit) for softmax.finalize.  Returns the
         K/V ring state ``read``.  ``o_scale``: a factor on O before it is stored (fp8: v_descale)."""
@@ -1519,8 +1539,6 @@ class FlashFwdSm90(layout.TmaViewsKernel):
         row_max.fill(-cutlass.Float32.inf)
         row_sum.fill(0.0)
         row0 = m_block * self.tile_m + wg * WG_ROWS  # first query row of this warpgroup
-        if cutlass.const_expr(self.kv_split):
-            row0 = m_block * self.tile_m
 
         n_tiles = n_hi - n_lo
         if n_tiles > 0:
@@ -1572,7 +1590,7 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                     # (no overlap: P·V of tile n + 1, then S of tile n)
                     n = n_hi - 1 - i
                     read_v = read.clone()
-                    self.step(read)
+                    read.advance()
                     acc_S = cute.make_rmem_tensor(s_shape, cutlass.Float32)
                     self.kv_wait(v_pipe, read_v)
                     self.zero_v_tail(sV, read_v.index, n + 1, k_len, ltid, wg)
@@ -1603,15 +1621,18 @@ class FlashFwdSm90(layout.TmaViewsKernel):
             tiled_mma_pv = self.gemm_pv(tiled_mma_pv, acc_O, tOrP, tOrV, read.index)
             warpgroup.wait_group(0)
             v_pipe.consumer_release(read)
-            self.step(read)
+            read.advance()
         else:
             acc_O.fill(0.0)
             if cutlass.const_expr(self.o_in_q):
                 cute.arch.mbarrier_wait(q_bars + wg, q_phase)  # the slab O leaves through is ours
 
         if cutlass.const_expr(self.kv_split):
-            self.merge_halves(acc_O, row_max, row_sum, sM, wg, ltid, scale_log2)
-            if wg == 0:
+            rank, sM, m_bar = split
+            if rank == 1:
+                self.send_half(acc_O, row_max, row_sum, sM, m_bar, ltid)
+            else:
+                self.merge_half(acc_O, row_max, row_sum, sM, m_bar, ltid, scale_log2)
                 self.epilogue(tiled_mma_pv, tma_o, seqO, s2g, seqL, sO, q_bars, acc_O, cS, row_max, row_sum,
                               scale_log2, m_block, q_len, row0, wg, ltid, sink, o_scale)
         else:
@@ -1643,7 +1664,7 @@ class FlashFwdSm90(layout.TmaViewsKernel):
         # generic-proxy smem writes -> visible to the TMA (async proxy), then all 128 threads
         cute.arch.fence_proxy("async.shared", space="cta")
         cute.arch.barrier(barrier_id=int(_Bar.EPILOGUE) + wg, number_of_threads=128)
-        gO = cute.local_tile(seqO, (WG_ROWS, D), (m_block if self.kv_split else m_block * self.consumers + wg, 0))
+        gO = cute.local_tile(seqO, (WG_ROWS, D), (m_block * self.consumers + wg, 0))
         if cutlass.const_expr(tma_o is not None):
             if ltid < 32:
                 tOsO, tOgO = cpasync.tma_partition(tma_o, 0, cute.make_layout(1),
@@ -1674,48 +1695,52 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                     cute.copy(s2g, tOrO[None, r, None], tOgO[None, r, None])
 
     @cute.jit
-    def merge_halves(self, acc_O, row_max, row_sum, sM, wg, ltid, scale_log2):
-        """kv_split: the second consumer warpgroup writes its O fragment, row maxima and row sums
-        to ``sM`` (thread-major: word i of thread t at i·128 + t; the two warpgroups' threads hold
-        the same (row, column) elements), then the first merges them into its own by the rows'
-        maxima, as split-KV merges: m = max(m0, m1), O = O0·2^((m0-m)·s) + O1·2^((m1-m)·s), the
+    def send_half(self, acc_O, row_max, row_sum, sM, m_bar, ltid):
+        """kv_split, rank 1: this thread's O fragment, row maxima and row sums into rank 0's
+        receiving buffer (thread-contiguous: ``merge_words`` words from ``ltid · merge_words``;
+        the two ranks' threads hold the same (row, column) elements) by 16-byte st.async,
+        counted by rank 0's mbarrier."""
+        n_o = cute.size(acc_O)
+        n_r = cute.size(row_max)
+        nw = merge_words(self.head_dim)
+        words = cute.make_rmem_tensor(nw, cutlass.Float32)
+        for i in cutlass.range_constexpr(n_o):
+            words[i] = acc_O[i]
+        for r in cutlass.range_constexpr(n_r):
+            words[n_o + r] = row_max[r]
+            words[n_o + n_r + r] = row_sum[r]
+        bits = cute.recast_tensor(words, cutlass.Int32)
+        for j in cutlass.range_constexpr(nw // 4):
+            dst = cute.local_tile(sM, (4,), (ltid * (nw // 4) + j,))
+            cute.arch.store_async_dsmem(dst.iterator, (bits[4 * j], bits[4 * j + 1], bits[4 * j + 2], bits[4 * j + 3]),
+                                        m_bar, 0)
+
+    @cute.jit
+    def merge_half(self, acc_O, row_max, row_sum, sM, m_bar, ltid, scale_log2):
+        """kv_split, rank 0: once rank 1's bytes have landed, its partial merged into this
+        thread's, as split-KV merges: m = max(m0, m1), O = O0·2^((m0-m)·s) + O1·2^((m1-m)·s), the
         sums likewise (a half with no key: max -inf, weight 0)."""
         n_o = cute.size(acc_O)
         n_r = cute.size(row_max)
-        if wg == 1:
-            for i in cutlass.range_constexpr(n_o):
-                sM[i * 128 + ltid] = acc_O[i]
-            for r in cutlass.range_constexpr(n_r):
-                sM[(n_o + r) * 128 + ltid] = row_max[r]
-                sM[(n_o + n_r + r) * 128 + ltid] = row_sum[r]
-            cute.arch.barrier_arrive(barrier_id=int(_Bar.MERGE), number_of_threads=256)
-        else:
-            cute.arch.barrier(barrier_id=int(_Bar.MERGE), number_of_threads=256)
-            c0 = cute.make_rmem_tensor(n_r, cutlass.Float32)
-            c1 = cute.make_rmem_tensor(n_r, cutlass.Float32)
-            for r in cutlass.range_constexpr(n_r):
-                m1 = sM[(n_o + r) * 128 + ltid]
-                m = cute.arch.fmax(row_max[r], m1)
-                m_scaled = (0.0 if m == -cutlass.Float32.inf else m) * scale_log2
-                c0[r] = cute.math.exp2(row_max[r] * scale_log2 - m_scaled, fastmath=True)
-                c1[r] = cute.math.exp2(m1 * scale_log2 - m_scaled, fastmath=True)
-                row_sum[r] = row_sum[r] * c0[r] + sM[(n_o + n_r + r) * 128 + ltid] * c1[r]
-                row_max[r] = m
-            o1 = cute.make_rmem_tensor(acc_O.layout, cutlass.Float32)
-            for i in cutlass.range_constexpr(n_o):
-                o1[i] = sM[i * 128 + ltid]
-            softmax.rescale(atoms.acc_mn_view(acc_O), c0)
-            softmax.rescale(atoms.acc_mn_view(o1), c1)
-            for i in cutlass.range_constexpr(n_o):
-                acc_O[i] = acc_O[i] + o1[i]
-
-    def step(self, state):
-        """A consumer's ring state to its next slot (kv_split: every other slot, the other
-        warpgroup reads those between)."""
-        if self.kv_split:
-            state.advance(2)
-        else:
-            state.advance()
+        base = ltid * merge_words(self.head_dim)
+        cute.arch.mbarrier_wait(m_bar, 0)
+        c0 = cute.make_rmem_tensor(n_r, cutlass.Float32)
+        c1 = cute.make_rmem_tensor(n_r, cutlass.Float32)
+        for r in cutlass.range_constexpr(n_r):
+            m1 = sM[base + n_o + r]
+            m = cute.arch.fmax(row_max[r], m1)
+            m_scaled = (0.0 if m == -cutlass.Float32.inf else m) * scale_log2
+            c0[r] = cute.math.exp2(row_max[r] * scale_log2 - m_scaled, fastmath=True)
+            c1[r] = cute.math.exp2(m1 * scale_log2 - m_scaled, fastmath=True)
+            row_sum[r] = row_sum[r] * c0[r] + sM[base + n_o + n_r + r] * c1[r]
+            row_max[r] = m
+        o1 = cute.make_rmem_tensor(acc_O.layout, cutlass.Float32)
+        for i in cutlass.range_constexpr(n_o):
+            o1[i] = sM[base + i]
+        softmax.rescale(atoms.acc_mn_view(acc_O), c0)
+        softmax.rescale(atoms.acc_mn_view(o1), c1)
+        for i in cutlass.range_constexpr(n_o):
+            acc_O[i] = acc_O[i] + o1[i]
 
     @cute.jit
     def overlap_step(self, masked: cutlass.Constexpr, n, read, kv_pipes, tiled_mma_qk, tiled_mma_pv, acc_O,
@@ -1727,7 +1752,7 @@ class FlashFwdSm90(layout.TmaViewsKernel):
         Returns the advanced read state and the P·V MMA (accumulate flag set)."""
         k_pipe, v_pipe = kv_pipes
         read_v = read.clone()
-        self.step(read)
+        read.advance()
         acc_S = cute.make_rmem_tensor(s_shape, cutlass.Float32)
         self.kv_wait(k_pipe, read)
         self.schedule_wait(wg)
