@@ -179,7 +179,9 @@ class AttentionSm90(AttentionVariant):
             rf"\bHGMMA\.64x{self.head_dim}x16\.F32{d} R\d+, R\d+, gdesc\[",
             r"\bUTMALDG\.3D\b" if self.varlen else r"\bUTMALDG\.4D\b", store,
             r"\bSYNCS\.", r"\bUSETMAXREG\.", r"\bMUFU\.EX2\b",
-        ) + ((r"\bVOTE\.ANY\b",) if self.lazy_rescale else ())
+        ) + ((r"\bVOTE\.ANY\b",) if self.lazy_rescale else ()) + (
+            # kv_split: rank 1's partial by st.async into rank 0, after the cluster's barrier
+            (r"\bSTAS\.128\b", r"\bUCGABAR_ARV\b") if self.kv_split else ())
 
     def _smem_parts(self) -> tuple[int, int]:
         e = DTYPE_BYTES[self.dtype]
@@ -1523,8 +1525,8 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                 q_phase, n_lo=0, mask_lo=0, win=(None, None), cap=None, sink=None, o_scale=None, split=None):
         """One consumer warpgroup: its 64 query rows against every visible key tile (n_hi-1 down
         to n_lo), then its part of the epilogue (kv_split, ``split`` = (rank, receiving buffer,
-        its mbarrier): rank 1 sends its partial to rank 0, which merges it and stores).  KV cache switches: the window ``win``
-        (mask.window; tiles < mask_lo masked too), ``cap`` (factor, on) for
+        its mbarrier): rank 1 sends its partial to rank 0, which merges it and stores).  KV cache
+        switches: the window ``win`` (mask.window; tiles < mask_lo masked too), ``cap`` (factor, on) for
         softmax.softcap_scores, ``sink`` (this q head's logit) for softmax.finalize.  Returns the
         K/V ring state ``read``.  ``o_scale``: a factor on O before it is stored (fp8: v_descale)."""
         k_pipe, v_pipe = kv_pipes

@@ -1486,8 +1486,8 @@ static int32_t attn_choose(const fx_device_t *dev, int32_t dtype, int32_t head_d
                 i128 tiles = (i128)decode->b * decode->hq * cdiv(decode->sq, se->tile[0]);
                 for (int32_t i = 0; i < nb && cdiv(decode->sk, se->tile[1]) >= 4; i++) {
                     const fx_variant *e = &fx_variants[sub[i]];
-                    if (e->kv_splits == 2 && !e->decode_rows && e->tile[0] == se->tile[0] && e->tile[1] == se->tile[1] &&
-                        tiles * (e->cluster[0] > 1 ? e->cluster[0] : 1) <= (i128)sms) {
+                    if (e->kv_splits == 2 && !e->decode_rows && e->tile[0] == se->tile[0] &&
+                        e->tile[1] == se->tile[1] && tiles * (e->cluster[0] > 1 ? e->cluster[0] : 1) <= (i128)sms) {
                         result = sub[i];
                         break;
                     }
