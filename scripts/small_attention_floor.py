@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The floor of a small attention call under CUDA-graph replay, beside what runs it: the
-reference problem B1 H8 S512 D64 bf16 (non-causal and causal; ``--shape`` for others, ``--mask``), per call,
-in one process, interleaved (``factory.benchmark.time_interleaved``: one graph per callable,
+reference problem B1 H8 S512 D64 bf16 (non-causal and causal; ``--shape`` for others, ``--mask``),
+per call, in one process, interleaved (``factory.benchmark.time_interleaved``: one graph per callable,
 passes in alternating order, medians), for graphs of 1 call and of 20 calls:
 
 * an empty kernel (``torch.cuda._sleep(0)``): the replay floor of one kernel node on this GPU;
