@@ -122,8 +122,12 @@ def host_only(bundle_path: str, repeats: int, baseline: str | None) -> dict:
                         "fp8 gemm(out=, scales)": lambda: b.gemm(x8, w8, out, scale_a=one, scale_b=one),
                         "fp8 gemm(out=)": lambda: b.gemm(x8, w8, out),
                         "packed fp8 gemm(out=, scales)": lambda: b.gemm(a16, p, o16, scale_a=one, scale_b=one)}
-        for k, fn in {"attention B1 S128 H8 D64 causal": lambda: b.attention(q, q, q, causal=True),
-                      "attention B1 H8 S512 D64": lambda: b.attention(*r)}.items():
+        rows_att = {"attention B1 S128 H8 D64 causal": lambda: b.attention(q, q, q, causal=True),
+                    "attention B1 H8 S512 D64": lambda: b.attention(*r)}
+        if takes_out(cls):
+            o512 = torch.empty_like(r[0])
+            rows_att["attention B1 H8 S512 D64 (out=)"] = lambda: b.attention(*r, out=o512)
+        for k, fn in rows_att.items():
             try:
                 fn()
             except Exception as e:  # noqa: BLE001 - (either package's NoVariantError: not in this bundle)
@@ -142,6 +146,13 @@ def host_only(bundle_path: str, repeats: int, baseline: str | None) -> dict:
         res[name] = {"median_us": round(med, 2), "least_us": round(least, 2)}
         print(f"loader host µs per call, {name}: {med:.1f} (least {least:.1f})")
     return res
+
+
+def takes_out(cls) -> bool:
+    """Whether this package's ``Bundle.attention`` takes ``out=`` (a baseline may not)."""
+    import inspect
+
+    return "out" in inspect.signature(cls.attention).parameters
 
 
 def kvcache_inputs(torch, device) -> dict:
@@ -338,6 +349,9 @@ def reference_attention(b, b0=None, calls: int = 1000, repeats: int = 9) -> dict
     if b0 is not None:
         fns["baseline"] = lambda: b0.attention(q, k, v)
     fns["ours, return_lse=True"] = lambda: b.attention(q, k, v, return_lse=True)[0]
+    if takes_out(type(b)):
+        out = torch.empty_like(q)
+        fns["ours, out="] = lambda: b.attention(q, k, v, out=out)
     fns["sdpa"] = lambda: F.scaled_dot_product_attention(qt, kt, vt)
     ref = F.scaled_dot_product_attention(qt.double(), kt.double(), vt.double()).transpose(1, 2)
     errs = {}
@@ -474,21 +488,26 @@ def attention_breakdown(b) -> dict:
 
     res = {}
     q, k, v = (torch.randn(1, 512, 8, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    b.hot_attention.clear()
     o, lse = b.attention(q, k, v, return_lse=True)
+    ((cached, plan),) = b.hot_attention.items()  # (the launch plans of this key)
 
-    def key():
-        return (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype,
-                q.get_device(), k.get_device(), v.get_device(), False, None)
+    def key():  # (api.Bundle.attention's key; checked equal to the cached one below)
+        return (type(q), type(k), type(v), q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(),
+                q.dtype, k.dtype, v.dtype, q.get_device(), k.get_device(), v.get_device(), False, None, None)
 
-    fire = b.hot_attention[key()][0]  # (the pair's launch with an LSE tensor)
-    go = fire.fixed.go
+    assert key() == cached, "the breakdown's key is not Bundle.attention's"
+    go = plan[1].fixed.go
     lproto = torch.empty(1, device="cuda").expand(lse.shape)
     stream = current_stream()
-    name = fire.fixed.name
+    name = plan[1].fixed.name
     argv, _buf = b.binder(name).bind([q, k, v, o, lse, 0.125], stream, 0)
     native = b.lib.launcher(name)
+    out = torch.empty_like(q)
     steps = {"whole bundle.attention": lambda: b.attention(q, k, v),
+             "whole bundle.attention(out=)": lambda: b.attention(q, k, v, out=out),
              "whole bundle.attention(return_lse=True)": lambda: b.attention(q, k, v, return_lse=True),
+             "the plan alone (o allocated, LSE to scratch)": lambda: plan[0](q, k, v, None),
              "key + lookup": lambda: b.hot_attention.get(key()),
              "empty_like(q) + empty_like(lse view)": lambda: (torch.empty_like(q), torch.empty_like(lproto)),
              "empty_like(q)": lambda: torch.empty_like(q),
@@ -499,7 +518,9 @@ def attention_breakdown(b) -> dict:
              "go: pointers written + native launch": lambda: go(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(),
                                                                 lse.data_ptr(), stream),
              "native launcher alone": lambda: native(argv)}
-    t = timed(steps)
+    # (200 calls between synchronisations: launches queue up without the host waiting for the GPU,
+    # which runs each kernel for longer than the native launcher alone takes to issue it)
+    t = timed(steps, calls=200, repeats=25)
     res["attention B1 H8 S512 D64 " + name] = {k: round(m, 2) for k, (m, _) in t.items()}
     for k_, (m, _) in t.items():
         print(f"attention hot path, {k_}: {m:.2f} µs")

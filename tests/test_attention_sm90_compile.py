@@ -159,6 +159,11 @@ def test_enumeration_and_names():
     default = [v for v in default if not v.varlen]
     assert {(v.dtype, v.head_dim, v.causal) for v in varlen} == problems and len(varlen) == 12
     assert all(v.describe()["preferred"] and v.tile_m > 64 for v in varlen)
+    split = [v for v in default if v.kv_split]  # head_dim 64 causal: the 64-row tile's cluster twin
+    assert {(v.dtype, v.head_dim, v.causal, v.tile_m) for v in split} == {("bf16", 64, True, 64), ("f16", 64, True, 64)}
+    assert all(v.describe()["cluster"] == [2, 1] and v.describe()["kv_splits"] == 2 and not v.persistent
+               and not v.describe()["preferred"] for v in split)
+    default = [v for v in default if not v.kv_split]
     big = [v for v in default if v.tile_m > 64]
     small = [v for v in default if v.tile_m == 64]
     assert {v.tile_m for v in big + varlen if v.head_dim == 64} == {192}
@@ -313,6 +318,23 @@ def test_h100_prefill_takes_the_sm90_family():
     assert _pick(True, 4, 32, 8, 4, 8192) == "hsc"             # 128 CTAs either way, no split
     assert _pick(True, 8, 32, 32, 2, 4096) == "hsc"            # at min_seqlen_q: two waves either way
     assert _pick(True, 1, 8, 8, 64, 4096) == "s4c"             # a grid that needs split-KV
+
+
+def test_h100_small_grid_takes_the_key_split_tile():
+    """Where the 64-row tile is chosen for a causal under-filled grid, its kv_split twin (a cluster
+    of two CTAs per query tile, half of the key tiles each) takes it when the grid of pairs is at
+    most one CTA per SM and sees four key tiles or more; the plain small-tile rule never picks it."""
+    ks = [_e("hks", "sm_90a", tile=(64, 128), kv_splits=2, cluster=[2, 1], **_SM90),
+          _e("hksc", "sm_90a", True, tile=(64, 128), kv_splits=2, cluster=[2, 1], **_SM90)]
+    c = H100 + ks
+    assert _pick(True, 1, 8, 8, 512, 512, c) == "hksc"     # 64 query tiles: 128 CTAs, 4 key tiles
+    assert _pick(True, 1, 4, 4, 1024, 1024, c) == "s4c"    # (a grid the split-KV rule takes first)
+    assert _pick(False, 1, 8, 8, 512, 512, c) == "hs"      # not causal: measured no faster
+    assert _pick(True, 1, 8, 8, 256, 256, c) == "hsc"      # two key tiles: measured slower
+    assert _pick(True, 1, 16, 16, 512, 512, c) == "hsc"    # 128 query tiles: 256 CTAs
+    assert _pick(True, 2, 16, 16, 4096, 4096, c) == "hc"   # a full grid: the preferred tile
+    assert _pick(True, 1, 8, 8, 512, 512, ks + H100) == "hksc"  # (listed first: still not the plain small tile)
+    assert _pick(True, 1, 16, 16, 512, 512, ks + H100) == "hsc"
 
 
 def test_h100_decode_keeps_the_sm80_family():

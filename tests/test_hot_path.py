@@ -268,3 +268,95 @@ def test_threads_write_their_own_argument_buffers(sim):
         t.join()
     assert not bad, bad[:3]
     assert len(count) == 601
+
+
+def launched_lse(sim, heads, rows):
+    """The (B=1, heads, rows) LSE spec of the last launch, its pointer read from the packed bytes."""
+    name, got, _ = sim.rec.launched[-1]
+    at = sim.binder(name).offsets[4]
+    return int.from_bytes(got[at:at + 8], "little"), (1, heads, rows), (heads * rows, rows, 1)
+
+
+def test_attention_out_plan_packs_what_the_checked_path_packs(sim):
+    """``out=``: o is written into the given tensor (returned as is, nothing allocated for it);
+    the plan of that key packs the checked path's bytes; out=None and out= of another layout
+    are keys of their own."""
+    scale = 64 ** -0.5
+    for i in range(3):
+        q, k, v = bf(1, 128, 8, 64), bf(1, 128, 8, 64), bf(1, 128, 8, 64)
+        out = torch.empty_like(q)
+        o, lse = sim.attention(q, k, v, return_lse=True, out=out)
+        assert o is out and lse.shape == (1, 8, 128)
+        name, got, _ = sim.rec.launched[-1]
+        assert got == checked_bytes(sim, name, [q, k, v, out, lse, scale])
+        assert sim.attention(q, k, v, out=out) is out
+    assert len(sim.hot_attention) == 1 and sim.binds.count(name) == 1 + 3  # (3 by checked_bytes)
+    wide = torch.empty(1, 128, 8, 128, dtype=torch.bfloat16)[..., :64]  # out with row gaps: its own key
+    for _ in range(2):
+        assert sim.attention(q, k, v, out=wide) is wide
+        assert sim.rec.launched[-1][1] == checked_bytes(sim, name, [q, k, v, wide, launched_lse(sim, 8, 128), scale])
+    sim.attention(q, k, v)
+    assert len(sim.hot_attention) == 3
+
+
+def test_attention_out_refused_before_any_launch(sim):
+    """A bad ``out`` raises InputError on the first call and on a call whose key has a plan: the
+    plan checks the pointers' alignment and overlap per call and hands over to the checked path."""
+    q, k, v = bf(1, 64, 4, 64), bf(1, 64, 4, 64), bf(1, 64, 4, 64)
+    n = len(sim.rec.launched)
+    for bad, why in ((bf(1, 64, 4, 32), "shape"), (torch.empty(1, 64, 4, 64), "dtype"),
+                     (bf(1, 1, 1, 64).expand(1, 64, 4, 64), "overlapping elements"),
+                     (misaligned(q), "out: data pointer must be 16-byte aligned"),
+                     (bf(1, 64, 4, 128)[..., ::2], "head_dim must be contiguous"),
+                     (q, "out overlaps q"), (v, "out overlaps v"), ([1], "out must be a tensor")):
+        with pytest.raises(InputError, match=why):
+            sim.attention(q, k, v, out=bad)
+    assert len(sim.rec.launched) == n
+    out = torch.empty_like(q)
+    sim.attention(q, k, v, out=out)
+    sim.attention(q, k, v, out=out)  # the plan's call
+    n = len(sim.rec.launched)
+    flat = bf(2 * q.numel())  # out half over k: the same layouts, so the plan's key
+    lo, hi = flat[:q.numel()].view(q.shape), flat[q.numel() // 2:][:q.numel()].view(q.shape)
+    with pytest.raises(InputError, match="out overlaps k"):
+        sim.attention(q, lo, v, out=hi)
+    with pytest.raises(InputError, match="out overlaps v"):
+        sim.attention(q, k, hi, out=lo)
+    with pytest.raises(InputError, match="out overlaps q"):
+        sim.attention(hi, k, v, out=lo)
+    with pytest.raises(InputError, match="out: data pointer must be 16-byte aligned"):
+        sim.attention(q, k, v, out=misaligned(q))
+    with pytest.raises(InputError, match="out= is not available for fp8"):
+        sim.attention(q.to(torch.float8_e4m3fn), k.to(torch.float8_e4m3fn), v.to(torch.float8_e4m3fn), out=out)
+    assert len(sim.rec.launched) == n
+
+
+def test_attention_plan_misses_on_a_new_stride_dtype_or_device(sim, monkeypatch):
+    """A launch plan serves only its key: new strides (same shapes), another dtype or another
+    device take the checked path (which validates them and, where they are fine, makes their own
+    plan; the test bundle has no fp16 kernel, a device that is not the current one is refused)."""
+    q = bf(1, 64, 4, 64)
+    sim.attention(q, q, q)
+    sim.binds.clear()
+    t = bf(1, 4, 64, 64).transpose(1, 2)  # q's shape, other strides
+    assert t.shape == q.shape and t.stride() != q.stride()
+    sim.attention(t, q, q)
+    name = sim.rec.launched[-1][0]
+    assert sim.binds == [name] and len(sim.hot_attention) == 2
+    got = sim.rec.launched[-1][1]
+    o_at = sim.binder(name).offsets[3]
+    o_spec = (int.from_bytes(got[o_at:o_at + 8], "little"), t.shape, torch.empty_like(t).stride())
+    assert got == checked_bytes(sim, name, [t, q, q, o_spec, launched_lse(sim, 4, 64), 0.125])
+    n = len(sim.rec.launched)
+    h = q.half()
+    try:
+        sim.attention(h, h, h)
+    except NoVariantError:
+        pass  # (the checked path's refusal: no fp16 kernel for this device in the bundle)
+    else:
+        assert len(sim.hot_attention) == 3 and sim.rec.launched[-1][0] != name
+        n += 1
+    monkeypatch.setattr(torch.Tensor, "get_device", lambda self: 1)  # the same tensors "on cuda:1"
+    with pytest.raises(InputError, match="cuda:1 but the current device is cuda:-1"):
+        sim.attention(q, q, q)
+    assert len(sim.rec.launched) == n

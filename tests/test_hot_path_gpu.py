@@ -135,3 +135,43 @@ def test_captured_hot_call_replays_on_new_data(bundle):
         g.replay()
         torch.cuda.synchronize()
         assert rel(o, ref_attention(q, k, v, False)[0]) < 1e-2
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_out_on_fresh_data_and_in_a_graph(bundle, binds, causal):
+    """``out=``: o lands in the given tensor (NaN-poisoned before each call), checked path first,
+    then the key's plan on fresh data; an ``out`` over k is refused; a captured call with ``out``
+    replays into it on new inputs."""
+    out = torch.empty(1, 512, 8, 64, device="cuda", dtype=torch.bfloat16)
+    bundle.hot_attention.clear()
+    binds.clear()
+    for i in range(4):
+        q, k, v = (torch.randn(1, 512, 8, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        out.fill_(math.nan)
+        if i % 2:
+            o, lse = bundle.attention(q, k, v, causal=causal, out=out, return_lse=True)
+        else:
+            o, lse = bundle.attention(q, k, v, causal=causal, out=out), None
+        if i == 0:
+            first = len(binds)
+        ro, rl = ref_attention(q, k, v, causal)
+        assert o is out and rel(o, ro) < 1e-2 and (lse is None or float((lse - rl).abs().max()) < 2e-2), i
+    assert first and len(binds) == first
+    from factory.runtime import InputError
+
+    with pytest.raises(InputError, match="out overlaps k"):
+        bundle.attention(q, out, v, causal=causal, out=out)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        bundle.attention(q, k, v, causal=causal, out=out)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        bundle.attention(q, k, v, causal=causal, out=out)
+    for t in (q, k, v):
+        t.copy_(torch.randn_like(t))
+    out.fill_(math.nan)
+    g.replay()
+    torch.cuda.synchronize()
+    assert rel(out, ref_attention(q, k, v, causal)[0]) < 1e-2

@@ -106,6 +106,17 @@ class _Bar(enum.IntEnum):
     SCHEDULE = 4  # + consumer warpgroup: "your turn to issue GEMMs" (ping-pong)
 
 
+def merge_words(head_dim: int) -> int:
+    """kv_split: fp32 words one consumer thread of rank 1 sends rank 0: its O fragment (a 64 x
+    head_dim accumulator over 128 threads), then the max and the sum of each of its two rows."""
+    return WG_ROWS * head_dim // 128 + 4
+
+
+def merge_floats(head_dim: int) -> int:
+    """kv_split's receiving buffer in rank 0's shared memory, fp32 words (thread-contiguous)."""
+    return 128 * merge_words(head_dim)
+
+
 # ------------------------------------------------------------------------------------------------
 # The variant: config, calling convention, manifest fields
 # ------------------------------------------------------------------------------------------------
@@ -143,6 +154,11 @@ class AttentionSm90(AttentionVariant):
     # (Q slab, K/V slot, k-step) on the uniform datapath, 4 uniform instructions per WGMMA
     # instead of 4 R2UR + 4 vector instructions (SASS: 31 vs 316 R2UR); the cubin grows by half.
     const_wg: bool = field(default=False, metadata={"tag": "cw"})
+    # Under-filled grids: a cluster of two CTAs per query tile, each walking half of its key tiles
+    # (the upper half to rank 0) with K/V of its own; rank 1 pushes its O, row maxima and row sums
+    # into rank 0's shared memory (st.async, DSMEM), rank 0 merges them (the split-KV merge) and
+    # stores O.  Each SM loads half of the tile's K/V bytes and walks half of its key tiles.
+    kv_split: bool = field(default=False, metadata={"tag": "ks"})
 
     @property
     def consumers(self) -> int:
@@ -168,7 +184,9 @@ class AttentionSm90(AttentionVariant):
             rf"\bHGMMA\.64x{self.head_dim}x16\.F32{d} R\d+, R\d+, gdesc\[",
             r"\bUTMALDG\.3D\b" if self.varlen else r"\bUTMALDG\.4D\b", store,
             r"\bSYNCS\.", r"\bUSETMAXREG\.", r"\bMUFU\.EX2\b",
-        ) + ((r"\bVOTE\.ANY\b",) if self.lazy_rescale else ())
+        ) + ((r"\bVOTE\.ANY\b",) if self.lazy_rescale else ()) + (
+            # kv_split: rank 1's partial by st.async into rank 0, after the cluster's barrier
+            (r"\bSTAS\.128\b", r"\bUCGABAR_ARV\b") if self.kv_split else ())
 
     def _smem_parts(self) -> tuple[int, int]:
         e = DTYPE_BYTES[self.dtype]
@@ -187,7 +205,8 @@ class AttentionSm90(AttentionVariant):
 
     def smem_bytes(self) -> int:
         q, kv = self._smem_parts()
-        return _BARRIER_BYTES + q * (2 if self.persistent and not self.o_in_q else 1) + kv
+        merge = _round_up(merge_floats(self.head_dim) * 4 + 8, _SMEM_ALIGN) if self.kv_split else 0
+        return _BARRIER_BYTES + q * (2 if self.persistent and not self.o_in_q else 1) + kv + merge
 
     def can_implement(self) -> str | None:
         t = self.tgt
@@ -211,6 +230,10 @@ class AttentionSm90(AttentionVariant):
             return "const_wg needs persistent"
         if self.const_wg and type(self).make_kernel is not AttentionSm90.make_kernel:
             return "const_wg is built for this family's own kernels only"
+        if self.kv_split and (self.tile_m != WG_ROWS or not self.overlap or self.persistent or self.varlen
+                              or self.early_rescale or self.lazy_rescale or self.k_first):
+            return ("kv_split takes one 64-row query tile per CTA pair, overlap, dense, one tile per CTA "
+                    "and the plain mainloop")
         # fp32 registers per consumer thread: S (tile_n/2), O (head_dim/2), P (tile_n/4); with
         # overlap S of the next tile lives beside P of this one.
         live = self.tile_n // 2 + self.head_dim // 2 + self.tile_n // 4
@@ -249,6 +272,8 @@ class AttentionSm90(AttentionVariant):
                          and all(getattr(self, k) == v for k, v in
                                  default_schedule(self.head_dim, self.causal, self.varlen,
                                                   persistent_all=not getattr(self, "paged", False)).items()),
+            # the key tiles split between the two CTAs of a cluster per query tile (kv_split)
+            **({"kv_splits": 2, "cluster": [2, 1]} if self.kv_split else {}),
         }
 
     def make_kernel(self):
@@ -258,6 +283,7 @@ class AttentionSm90(AttentionVariant):
             pingpong=self.pingpong, early_rescale=self.early_rescale, persistent=self.persistent,
             k_first=self.k_first, o_in_q=self.o_in_q, lazy_rescale=self.lazy_rescale,
             const_wg=self.const_wg,
+            kv_split=self.kv_split,
         )
         return k.packed if self.varlen else k.dense
 
@@ -367,6 +393,12 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm90]:
     # (A grid of at most 132 64-row tiles: persistent CTAs would change nothing.)
     out += [make(*p, tile_m=64, pingpong=False, **default_schedule(*p[1:], small=True))
             for p in problems]
+    # head_dim 64 causal: the 64-row tile's kv_split twin (a cluster of two CTAs per query tile),
+    # which the selection takes for causal grids of at most one CTA pair per two SMs with four key
+    # tiles or more: B1 H8 S512 D64 causal 5.74 us vs 5.97 (H100, graphs of 20 calls); not causal
+    # 5.78 vs 5.71 and two key tiles 4.80 vs 4.16 (tier full only).
+    out += [make(dt, 64, True, tile_m=64, pingpong=False, kv_split=True, **default_schedule(64, True, small=True))
+            for dt in DTYPES]
     if tier == "full":
         # The tuner's alternatives (dense): scripts/tune.py attention picks among them per shape bucket.
         out += [make(dt, d, c, tile_m=tm, tile_n=tn, stages=s, overlap=ov, pingpong=pp)
@@ -383,6 +415,9 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm90]:
         # D64: the other query tile (128 <-> 192 rows) and 3 stages under the default schedule
         out += [make(dt, 64, c, tile_m=320 - make(dt, 64, c).tile_m) for dt, d, c in problems if d == 64]
         out += [make(dt, 64, c, stages=3) for dt, d, c in problems if d == 64]
+        # the non-causal kv_split twins of D64's 64-row tiles (for --candidates)
+        out += [dataclasses.replace(v, kv_split=True) for v in out
+                if v.head_dim == 64 and v.tile_m == 64 and not v.varlen and not v.kv_split]
         # varlen with one tile per CTA (the grid sized by the longest sequence)
         out += [dataclasses.replace(make(*p), varlen=True, persistent=False, early_rescale=False, k_first=False,
                                     lazy_rescale=False)
@@ -588,10 +623,14 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                  persistent: bool = False, k_first: bool = False, page_box: int = 0,
                  gather: bool = False, local: bool = False, softcap: bool = False,
                  sinks: bool = False, wide_producer: bool = False, kv_dtype=None, fp8_stages: int = 1,
-                 o_in_q: bool = False, lazy_rescale: bool = False, const_wg: bool = False):
+                 o_in_q: bool = False, lazy_rescale: bool = False, const_wg: bool = False,
+                 kv_split: bool = False):
         super().__init__(dtype=dtype, head_dim=head_dim, causal=causal, local=local)
         # persistent: the consumer code once per consumer warpgroup (``consumer_tiles``)
         self.const_wg = const_wg
+        # a cluster of two CTAs per 64-row query tile, each on half of its key tiles, merged in
+        # rank 0 (AttentionSm90.kv_split)
+        self.kv_split = kv_split
         # (with overlap) the mainloop's softmax.online_softmax_lazy; O rescaled by a warp only
         # when its reference max moved
         self.lazy_rescale = lazy_rescale
@@ -644,6 +683,8 @@ class FlashFwdSm90(layout.TmaViewsKernel):
     def dense_grid(self, grid):
         if cutlass.const_expr(self.persistent):
             grid = (cutlass.min(grid[0] * grid[1] * grid[2], PERSISTENT_CTAS), 1, 1)
+        if cutlass.const_expr(self.kv_split):
+            grid = (grid[0] * 2, grid[1], grid[2])  # a cluster of two CTAs per query tile
         return grid
 
     @cute.jit
@@ -759,6 +800,11 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                                    _SMEM_ALIGN]
             sV8: cute.struct.Align[cute.struct.MemRange[self.kv_dtype, BN * D * self.fp8_stages if self.kv_fp8 else 0],
                                    _SMEM_ALIGN]
+            # kv_split: rank 1's O fragments, row maxima and sums (received by rank 0), and the
+            # mbarrier counting their bytes
+            sM: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, merge_floats(D) if self.kv_split else 0],
+                                  _SMEM_ALIGN]
+            m_bar: cute.struct.MemRange[cutlass.Int64, 1 if self.kv_split else 0]
 
         self.shared_storage = SharedStorage
         # varlen, persistent: the grid (query tiles of the longest sequence, heads, sequences) is
@@ -771,7 +817,8 @@ class FlashFwdSm90(layout.TmaViewsKernel):
             tma_q, tQ, tma_k, tK, tma_v, tV, tma_o, tO, s2g, lse, mCuQ, mCuK,
             softmax_scale * LOG2_E, tiled_mma_qk, tiled_mma_pv, sQ_layout, sK_layout, sV_layout,
             sO_layout, mTable, mSeqlens, *switches, mDescale, *varlen_tiles,
-        ).launch(grid=grid, block=[self.threads, 1, 1], min_blocks_per_mp=1, stream=stream)
+        ).launch(grid=grid, block=[self.threads, 1, 1], min_blocks_per_mp=1, stream=stream,
+                 **({"cluster": (2, 1, 1)} if self.kv_split else {}))
 
     # --- device ----------------------------------------------------------------------------------
     @cute.kernel
@@ -854,16 +901,30 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                     # Q slab w read by its warpgroup's last S GEMM (one arrive per warp); o_in_q:
                     # by the TMA store of the O written into it (one arrive)
                     cute.arch.mbarrier_init(q_bars + self.consumers + w, 1 if self.o_in_q else 4)
-        pipeline.pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
+                if cutlass.const_expr(self.kv_split):
+                    # rank 0 receives rank 1's partial: armed with its bytes before the cluster's
+                    # first barrier (below), so that no byte can land before it
+                    m_bar = storage.m_bar.data_ptr()
+                    cute.arch.mbarrier_init(m_bar, 1)
+                    if cute.arch.block_idx()[0] % 2 == 0:
+                        cute.arch.mbarrier_arrive_and_expect_tx(m_bar, merge_floats(self.head_dim) * 4)
+        # (kv_split: the barrier spans the cluster)
+        pipeline.pipeline_init_arrive(cluster_shape_mn=(2, 1) if self.kv_split else (1, 1), is_relaxed=True)
 
-        pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1))
+        pipeline.pipeline_init_wait(cluster_shape_mn=(2, 1) if self.kv_split else (1, 1))
         warpgroup_idx = cute.arch.make_warp_uniform(tidx // 128)
         wg = warpgroup_idx - 1
         if cutlass.const_expr(not self.persistent):
             # One query tile per CTA (last first when causal), q head, batch.
             m_block, head, batch = cute.arch.block_idx()
+            n_m_grid = cute.arch.grid_dim()[0]
+            if cutlass.const_expr(self.kv_split):
+                # (clusters along x: rank = block x mod 2; the pair shares the query tile)
+                rank = m_block % 2
+                m_block = m_block // 2
+                n_m_grid = n_m_grid // 2
             if cutlass.const_expr(self.causal):
-                m_block = cute.arch.grid_dim()[0] - 1 - m_block
+                m_block = n_m_grid - 1 - m_block
             if cutlass.const_expr(mSeqlens is not None):
                 q_len, k_len, seqQ, seqK, seqVt, seqO, seqL = layout.cache_views(
                     mQ, mK, mVt, mO, mLSE, mCuQ, mSeqlens, head, batch)
@@ -877,6 +938,12 @@ class FlashFwdSm90(layout.TmaViewsKernel):
             # value, <= 0: off) folds into the score scale; the q head's sink logit
             win = mask.window(self.mask, win_l, win_r, q_len, k_len)
             n_lo, n_hi, mask_lo, n_mask = self.key_range(m_block, q_len, k_len, win)
+            my_lo, my_hi = n_lo, n_hi
+            if cutlass.const_expr(self.kv_split):
+                # rank 0: the upper ceil(half) of the key tiles [sp, n_hi), rank 1: [n_lo, sp)
+                sp = n_hi - (n_hi - n_lo + 1) // 2
+                my_lo = sp if rank == 0 else n_lo
+                my_hi = n_hi if rank == 0 else sp
             cap = None
             sink = None
             if cutlass.const_expr(self.has_softcap):
@@ -910,7 +977,7 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                                                self.kv_state(True), mTable, batch, k_len)
                         else:
                             self.produce(tma_q, seqQ, tma_k, seqK, tma_v, seqVt, sQ, sK, sV_load, q_bars,
-                                         load_pipes, m_block, n_hi, self.kv_state(True), 0)
+                                         load_pipes, m_block, my_hi, self.kv_state(True), 0, n_lo=my_lo)
                     if cutlass.const_expr(self.v_transpose):
                         if warp_idx >= 1 and warp_idx <= self.transpose_warps:
                             self.transpose_loop(storage.sVs.data_ptr(), storage.sV.data_ptr(), sK_layout,
@@ -919,10 +986,18 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                 else:
                     cute.arch.setmaxregister_increase(self.consumer_regs)
                     self.schedule_start(wg)
-                    self.consume(tiled_mma_qk, tiled_mma_pv, tma_o, seqO, s2g, seqL, sQ, sO, sK,
-                                 sV, q_bars, kv_pipes, scale_t, m_block, q_len, k_len, n_hi,
-                                 n_mask, wg, tidx % 128, self.kv_state(False), 0,
-                                 n_lo=n_lo, mask_lo=mask_lo, win=win, cap=cap, sink=sink, o_scale=o_scale)
+                    if cutlass.const_expr(self.kv_split):
+                        sM = storage.sM.get_tensor(cute.make_layout(merge_floats(self.head_dim)))
+                        self.consume(tiled_mma_qk, tiled_mma_pv, tma_o, seqO, s2g, seqL, sQ, sO, sK,
+                                     sV, q_bars, kv_pipes, scale_t, m_block, q_len, k_len, my_hi,
+                                     n_mask, wg, tidx % 128, self.kv_state(False), 0,
+                                     n_lo=my_lo, mask_lo=mask_lo, win=win, cap=cap, sink=sink, o_scale=o_scale,
+                                     split=(rank, sM, storage.m_bar.data_ptr()))
+                    else:
+                        self.consume(tiled_mma_qk, tiled_mma_pv, tma_o, seqO, s2g, seqL, sQ, sO, sK,
+                                     sV, q_bars, kv_pipes, scale_t, m_block, q_len, k_len, n_hi,
+                                     n_mask, wg, tidx % 128, self.kv_state(False), 0,
+                                     n_lo=n_lo, mask_lo=mask_lo, win=win, cap=cap, sink=sink, o_scale=o_scale)
         else:
             # Persistent: CTA c walks tiles c, c + grid, ... (``tile_coords``); the producer loads
             # the next tile's Q as soon as the consumers' last S GEMM of this one has read theirs
@@ -1095,12 +1170,13 @@ class FlashFwdSm90(layout.TmaViewsKernel):
 
     @cute.jit
     def produce(self, tma_q, seqQ, tma_k, seqK, tma_v, seqVt, sQ, sK, sV, q_bars, kv_pipes,
-                m_block, n_hi, state, q_phase):
+                m_block, n_hi, state, q_phase, n_lo=0):
         """The TMA warp: Q slabs (persistent: each once its warpgroup has released the previous
         tile's), then K and V of tiles n_hi-1 down to 0.  ``k_first``: the first K before Q (a
         persistent CTA's next tile starts on it while the consumers still finish the last one),
         then each K one tile ahead of the V it pairs with (K(n) before V(n+1): the order the
-        consumers use them in).  Returns the K/V ring state."""
+        consumers use them in).  kv_split: the tiles n_hi-1 down to ``n_lo`` (this rank's).  Returns
+        the K/V ring state."""
         k_pipe, v_pipe = kv_pipes
         if n_hi > 0:
             W, D, BN = self.consumers, self.head_dim, self.tile_n
@@ -1146,7 +1222,10 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                 cute.copy(tma_v, tVgV[(None, 0)], tVsV[(None, state_v.index)],
                           tma_bar_ptr=v_pipe.producer_get_barrier(state_v))
             else:
-                for i in cutlass.range(n_hi, unroll=1):
+                count = n_hi
+                if cutlass.const_expr(self.kv_split):
+                    count = n_hi - n_lo
+                for i in cutlass.range(count, unroll=1):
                     n = n_hi - 1 - i
                     k_pipe.producer_acquire(state)
                     cute.copy(tma_k, tKgK[(None, n)], tKsK[(None, state.index)],
@@ -1485,10 +1564,11 @@ class FlashFwdSm90(layout.TmaViewsKernel):
     @cute.jit
     def consume(self, tiled_mma_qk, tiled_mma_pv, tma_o, seqO, s2g, seqL, sQ, sO, sK, sV, q_bars,
                 kv_pipes, scale_log2, m_block, q_len, k_len, n_hi, n_mask, wg, ltid, read,
-                q_phase, n_lo=0, mask_lo=0, win=(None, None), cap=None, sink=None, o_scale=None):
+                q_phase, n_lo=0, mask_lo=0, win=(None, None), cap=None, sink=None, o_scale=None, split=None):
         """One consumer warpgroup: its 64 query rows against every visible key tile (n_hi-1 down
-        to n_lo), then its part of the epilogue.  KV cache switches: the window ``win``
-        (mask.window; tiles < mask_lo masked too), ``cap`` (factor, on) for
+        to n_lo), then its part of the epilogue (kv_split, ``split`` = (rank, receiving buffer,
+        its mbarrier): rank 1 sends its partial to rank 0, which merges it and stores).  KV cache
+        switches: the window ``win`` (mask.window; tiles < mask_lo masked too), ``cap`` (factor, on) for
         softmax.softcap_scores, ``sink`` (this q head's logit) for softmax.finalize.  Returns the
         K/V ring state ``read``.  ``o_scale``: a factor on O before it is stored (fp8: v_descale)."""
         k_pipe, v_pipe = kv_pipes
@@ -1597,8 +1677,25 @@ class FlashFwdSm90(layout.TmaViewsKernel):
             if cutlass.const_expr(self.o_in_q):
                 cute.arch.mbarrier_wait(q_bars + wg, q_phase)  # the slab O leaves through is ours
 
-        # ---- epilogue: O / rowsum and LSE, O -> this warpgroup's Q slab -> TMA store (varlen:
-        # 16-byte stores of the rows inside the sequence)
+        if cutlass.const_expr(self.kv_split):
+            rank, sM, m_bar = split
+            if rank == 1:
+                self.send_half(acc_O, row_max, row_sum, sM, m_bar, ltid)
+            else:
+                self.merge_half(acc_O, row_max, row_sum, sM, m_bar, ltid, scale_log2)
+                self.epilogue(tiled_mma_pv, tma_o, seqO, s2g, seqL, sO, q_bars, acc_O, cS, row_max, row_sum,
+                              scale_log2, m_block, q_len, row0, wg, ltid, sink, o_scale)
+        else:
+            self.epilogue(tiled_mma_pv, tma_o, seqO, s2g, seqL, sO, q_bars, acc_O, cS, row_max, row_sum,
+                          scale_log2, m_block, q_len, row0, wg, ltid, sink, o_scale)
+        return read
+
+    @cute.jit
+    def epilogue(self, tiled_mma_pv, tma_o, seqO, s2g, seqL, sO, q_bars, acc_O, cS, row_max, row_sum,
+                 scale_log2, m_block, q_len, row0, wg, ltid, sink, o_scale):
+        """A consumer warpgroup's epilogue: O / rowsum and LSE, O -> its Q slab (or O's own) ->
+        global (TMA store; varlen: 16-byte stores of the rows inside the sequence)."""
+        D = self.head_dim
         softmax.finalize(atoms.acc_mn_view(acc_O), cS, row_max, row_sum, scale_log2, row0, q_len, seqL, ltid,
                          sink=sink)
         if cutlass.const_expr(o_scale is not None):
@@ -1646,7 +1743,54 @@ class FlashFwdSm90(layout.TmaViewsKernel):
             for r in cutlass.range_constexpr(cute.size(tOrO.shape[1])):
                 if row0 + tOcO[0, r, 0][0] < q_len:
                     cute.copy(s2g, tOrO[None, r, None], tOgO[None, r, None])
-        return read
+
+    @cute.jit
+    def send_half(self, acc_O, row_max, row_sum, sM, m_bar, ltid):
+        """kv_split, rank 1: this thread's O fragment, row maxima and row sums into rank 0's
+        receiving buffer (thread-contiguous: ``merge_words`` words from ``ltid · merge_words``;
+        the two ranks' threads hold the same (row, column) elements) by 16-byte st.async,
+        counted by rank 0's mbarrier."""
+        n_o = cute.size(acc_O)
+        n_r = cute.size(row_max)
+        nw = merge_words(self.head_dim)
+        words = cute.make_rmem_tensor(nw, cutlass.Float32)
+        for i in cutlass.range_constexpr(n_o):
+            words[i] = acc_O[i]
+        for r in cutlass.range_constexpr(n_r):
+            words[n_o + r] = row_max[r]
+            words[n_o + n_r + r] = row_sum[r]
+        bits = cute.recast_tensor(words, cutlass.Int32)
+        for j in cutlass.range_constexpr(nw // 4):
+            dst = cute.local_tile(sM, (4,), (ltid * (nw // 4) + j,))
+            cute.arch.store_async_dsmem(dst.iterator, (bits[4 * j], bits[4 * j + 1], bits[4 * j + 2], bits[4 * j + 3]),
+                                        m_bar, 0)
+
+    @cute.jit
+    def merge_half(self, acc_O, row_max, row_sum, sM, m_bar, ltid, scale_log2):
+        """kv_split, rank 0: once rank 1's bytes have landed, its partial merged into this
+        thread's, as split-KV merges: m = max(m0, m1), O = O0·2^((m0-m)·s) + O1·2^((m1-m)·s), the
+        sums likewise (a half with no key: max -inf, weight 0)."""
+        n_o = cute.size(acc_O)
+        n_r = cute.size(row_max)
+        base = ltid * merge_words(self.head_dim)
+        cute.arch.mbarrier_wait(m_bar, 0)
+        c0 = cute.make_rmem_tensor(n_r, cutlass.Float32)
+        c1 = cute.make_rmem_tensor(n_r, cutlass.Float32)
+        for r in cutlass.range_constexpr(n_r):
+            m1 = sM[base + n_o + r]
+            m = cute.arch.fmax(row_max[r], m1)
+            m_scaled = (0.0 if m == -cutlass.Float32.inf else m) * scale_log2
+            c0[r] = cute.math.exp2(row_max[r] * scale_log2 - m_scaled, fastmath=True)
+            c1[r] = cute.math.exp2(m1 * scale_log2 - m_scaled, fastmath=True)
+            row_sum[r] = row_sum[r] * c0[r] + sM[base + n_o + n_r + r] * c1[r]
+            row_max[r] = m
+        o1 = cute.make_rmem_tensor(acc_O.layout, cutlass.Float32)
+        for i in cutlass.range_constexpr(n_o):
+            o1[i] = sM[base + i]
+        softmax.rescale(atoms.acc_mn_view(acc_O), c0)
+        softmax.rescale(atoms.acc_mn_view(o1), c1)
+        for i in cutlass.range_constexpr(n_o):
+            acc_O[i] = acc_O[i] + o1[i]
 
     @cute.jit
     def overlap_step(self, masked: cutlass.Constexpr, n, read, kv_pipes, tiled_mma_qk, tiled_mma_pv, acc_O,

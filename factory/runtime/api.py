@@ -177,9 +177,12 @@ class Bundle(BundleCore):
     def attention(self, q, k, v, causal=False, softmax_scale=None, cu_seqlens_q=None, cu_seqlens_k=None,
                   max_seqlen_q=None, max_seqlen_k=None, return_lse=False, check_varlen=None, *,
                   q_descale=None, k_descale=None, v_descale=None, v_layout=None, window_size=None, softcap=None,
-                  sinks=None):
+                  sinks=None, out=None):
         """FlashAttention forward (runtime/attention.py says what the arguments mean).  (Passed on
         by position: a ``**kwargs`` dict per call is a measurable part of the hot path.)
+
+        ``out``: bf16/fp16 q, k, v: a tensor of q's shape, dtype and device to write o into (no
+        allocation); it must share no memory with q, k or v.
 
         fp8: float8_e4m3fn q, k, v (dense), descales ``q_descale``/``k_descale``/``v_descale``
         (float32, broadcastable to (batch, kv heads); None: 1), ``v_layout`` "bshd" (default) or
@@ -188,27 +191,52 @@ class Bundle(BundleCore):
         ``window_size`` (left, right), ``softcap`` (Gemma 2's tanh capping), ``sinks`` (heads_q,)
         float32 logits (gpt-oss), as FlashAttention's: run by the attention_kvcache kernels over k
         and v as a paged cache (runtime/kvcache.py ``attention_switches``; bf16/fp16)."""
+        ops = _OPS or _ops()
+        key = None
+        if (cu_seqlens_q is cu_seqlens_k is window_size is softcap is sinks is q_descale is k_descale is v_descale
+                is v_layout is None) and not ops[4]():
+            # The hot path: a dense problem whose key (tensor types, shapes, strides, dtypes, devices,
+            # the flags, out's layout) was checked in full by an earlier call has a launch plan
+            # (runtime/attention.py ``_hot_launch``) that checks per call only what can differ between
+            # calls of one key (autograd, the current device, the pointers) and launches.
+            try:
+                key = (type(q), type(k), type(v), q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(),
+                       q.dtype, k.dtype, v.dtype, q.get_device(), k.get_device(), v.get_device(), causal,
+                       softmax_scale, None if out is None else
+                       (type(out), out.shape, out.stride(), out.dtype, out.get_device()))
+                plan = self.hot_attention.get(key)
+            except (AttributeError, TypeError):  # not tensors, or an unhashable argument: checked below
+                key = plan = None
+            if plan is not None:
+                res = (plan[1] if return_lse else plan[0])(q, k, v, out)
+                if res is not None:
+                    return res  # (None: a check failed; the checked path below names it)
         if window_size is not None or softcap is not None or sinks is not None:
             from . import kvcache
 
             if q_descale is not None or k_descale is not None or v_descale is not None or v_layout is not None:
                 raise InputError("window_size, softcap and sinks are not built for fp8 q/k/v")
+            if out is not None:
+                raise InputError("out= is not available with window_size, softcap or sinks")
             return kvcache.attention_switches(self, q, k, v, causal, softmax_scale, cu_seqlens_q, cu_seqlens_k,
                                               max_seqlen_q, max_seqlen_k, return_lse, check_varlen,
                                               (-1, -1) if window_size is None else window_size,
                                               0.0 if softcap is None else softcap, sinks,
-                                              tracing=(_OPS or _ops())[4]())
+                                              tracing=ops[4]())
         if q_descale is not None or k_descale is not None or v_descale is not None or v_layout is not None:
+            if out is not None:
+                raise InputError("out= is not available for fp8 q, k, v")
             return self.attention_fp8(q, k, v, causal, softmax_scale, q_descale, k_descale, v_descale,
                                       return_lse, v_layout or "bshd", cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                       check_varlen)
-        ops = _OPS or _ops()
         if ops[4]():  # traced by torch.compile: the bundle's torch op, whose fake checks like this call
+            if out is not None:
+                raise InputError("out= is not available under torch.compile")
             o, lse = self.torch_ops().attention(q, k, v, causal, softmax_scale, cu_seqlens_q, cu_seqlens_k,
                                                 max_seqlen_q)
             return (o, lse) if return_lse else o
         return ops[2].attention(self, q, k, v, causal, softmax_scale, cu_seqlens_q, cu_seqlens_k,
-                                max_seqlen_q, max_seqlen_k, return_lse, check_varlen)
+                                max_seqlen_q, max_seqlen_k, return_lse, check_varlen, out, key)
 
     def attention_fp8(self, q, k, v, causal=False, softmax_scale=None, q_descale=None, k_descale=None,
                       v_descale=None, return_lse=False, v_layout="bshd", cu_seqlens_q=None, cu_seqlens_k=None,

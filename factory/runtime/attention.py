@@ -33,7 +33,7 @@ _GRID_YZ_MAX = 65535
 
 def attention(bundle, q, k, v, causal=False, softmax_scale=None, cu_seqlens_q=None,
               cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, return_lse=False,
-              check_varlen=None):
+              check_varlen=None, out=None, key=None):
     """softmax(q·kᵀ·scale [+ causal mask]) · v.  Returns o (q's shape), or (o, lse) with
     ``return_lse``: lse float32 (B, Hq, Sq), or (Hq, Tq) for packed variable-length input.
 
@@ -48,27 +48,21 @@ def attention(bundle, q, k, v, causal=False, softmax_scale=None, cu_seqlens_q=No
     ``check_varlen=True`` (or the environment variable ``FACTORY_CHECK_VARLEN=1`` when the
     argument is None) checks them on the host first, at the cost of a synchronisation, and raises
     ``InputError``.  ``max_seqlen_k`` is accepted for API symmetry and not needed.
+
+    ``out``: a tensor of q's shape, dtype and device that o is written into (and returned)
+    instead of a new one; it must share no memory with q, k or v, and its strides must meet the
+    kernel's contract (head_dim contiguous, the others multiples of 16 bytes).
+
+    This is the checked path: everything is validated here.  ``key``: the problem key of a dense
+    call (``Bundle.attention`` computes it: the tensors' types, shapes, strides, dtypes and
+    devices, the flags, ``out``'s layout); when given, the launch plan of this problem is kept
+    under it (:func:`_hot_launch`), so that the next call of the same key skips everything but
+    what can differ between calls of one key (autograd, the current device, the data pointers'
+    alignment and overlap, checked per call by the plan).
     """
-    if cu_seqlens_q is None and cu_seqlens_k is None:
-        # Hot path: a dense problem seen before (same shapes, strides, dtypes, devices, flags) was
-        # checked in full then; what can differ between calls of one key is checked here: tensor
-        # types, autograd, the current device, the data pointers' alignment (in ``go``).
-        try:
-            key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype,
-                   q.get_device(), k.get_device(), v.get_device(), causal, softmax_scale)
-            fire = _hot(bundle).get(key)
-        except (AttributeError, TypeError):  # not tensors, or an unhashable argument: checked below
-            key = fire = None
-        if (fire is not None and isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor)
-                and not ((q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled())):
-            # (fire: (launch returning (o, lse), launch returning o with the LSE into scratch))
-            out = fire[0](q, k, v) if return_lse else fire[1](q, k, v)
-            if out is not None:
-                return out
-            key = None  # a misaligned pointer: the checked path below refuses it
-    else:
-        key = None
     if isinstance(q, Tensor) and q.dtype == torch.float8_e4m3fn:  # the fp8 forward (runtime/attention_fp8.py)
+        if out is not None:
+            raise InputError("out= is not available for fp8 q, k, v")
         return bundle.attention_fp8(q, k, v, causal, softmax_scale, return_lse=return_lse,
                                     cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                                     check_varlen=check_varlen)
@@ -88,6 +82,8 @@ def attention(bundle, q, k, v, causal=False, softmax_scale=None, cu_seqlens_q=No
     hq = q.shape[-2]
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(d)
+    if out is not None:
+        _check_out(out, q, k, v, dev)
 
     if varlen:
         cu_q, cu_k, batch = _check_cu_seqlens(torch, q, k, cu_seqlens_q, cu_seqlens_k)
@@ -102,7 +98,7 @@ def attention(bundle, q, k, v, causal=False, softmax_scale=None, cu_seqlens_q=No
         if max_seqlen_q < 0 or (max_seqlen_q == 0 and q.shape[0] > 0 and batch > 0):
             raise InputError(f"max_seqlen_q = {max_seqlen_q}: with {q.shape[0]} query tokens in {batch} sequences it "
                              f"must be at least 1 (the longest query sequence)")
-        o = torch.empty_like(q)
+        o = torch.empty_like(q) if out is None else out
         lse = torch.empty((hq, q.shape[0]), dtype=torch.float32, device=q.device)
         if q.shape[0] == 0 or batch == 0:
             o.zero_()
@@ -117,7 +113,7 @@ def attention(bundle, q, k, v, causal=False, softmax_scale=None, cu_seqlens_q=No
     else:
         b, sq, _, _ = q.shape
         sk = k.shape[1]
-        o = torch.empty_like(q)
+        o = torch.empty_like(q) if out is None else out
         lse = torch.empty((b, hq, sq), dtype=torch.float32, device=q.device)
         if o.numel() == 0:
             return (o, lse) if return_lse else o
@@ -127,7 +123,8 @@ def attention(bundle, q, k, v, causal=False, softmax_scale=None, cu_seqlens_q=No
             return (o, lse) if return_lse else o
         _check_grid(b, hq)
         args = [q, k, v, o, lse, softmax_scale]
-    _check_strides(o, "o (from empty_like(q))")
+    if out is None:
+        _check_strides(o, "o (from empty_like(q))")
 
     if varlen:
         name, splits = _choose(bundle, dtype, d, bool(causal), varlen)
@@ -139,7 +136,7 @@ def attention(bundle, q, k, v, causal=False, softmax_scale=None, cu_seqlens_q=No
     bundle.launch(name, args, device=dev)
     # (cached only for plain flags: a tensor's hash is its identity, so it would never hit again)
     if key is not None and type(causal) in (bool, int) and (scale_given is None or type(scale_given) in (float, int)):
-        fire = _hot_launch(bundle, name, splits, q, o, lse, args, dev)
+        fire = _hot_launch(bundle, name, splits, q, k, v, o, lse, args, dev, out is not None)
         if fire is not None:
             cache = _hot(bundle)
             if len(cache) >= 4096:
@@ -212,84 +209,71 @@ def split_workspace(torch, q, splits: int):
     return ws[: n * d].view(splits, b, hq, sq, d), ws[n * d:].view(splits, b, hq, sq)
 
 
-def _hot_launch(bundle, name: str, splits: int, q, o, lse, args: list, dev: int):
-    """The hot path's launches of a dense problem just launched (and so checked) with ``args``:
-    ``(fire, fire_o)``; ``fire(q, k, v)`` allocates O and LSE (and a split variant's workspace),
-    launches, and returns (o, lse); ``fire_o(q, k, v)`` returns o alone, the LSE written into
-    the bundle's scratch buffer of the device (:func:`lse_scratch`) where it fits, so that a call
-    without ``return_lse`` allocates only its output.  Either returns None when a data pointer
-    breaks the alignment contract (nothing launched: the checked path then says which).  None
+def _hot_launch(bundle, name: str, splits: int, q, k, v, o, lse, args: list, dev: int, out_given: bool):
+    """The launch plan of a dense problem just launched (and so checked) with ``args``: a pair
+    ``(plan, plan_lse)`` of functions ``(q, k, v, out) ->`` o, resp. (o, lse), each the whole
+    per-call work in one Python frame (``FixedLaunch.inline``): the autograd check, o (``out``
+    when the key's calls give one, else ``empty_like(q)``), the LSE (``plan_lse`` allocates it;
+    ``plan`` writes it into the bundle's scratch buffer of the device, :func:`lse_scratch`, where it
+    fits), a split variant's workspace, the current device, the data pointers (their alignment,
+    and no overlap of a given ``out`` with q, k, v), the stream, one call of the native launcher.
+    Either returns None without launching when a check fails (the checked path then names it).
+    Everything else of the key's problem is fixed: the packed argument bytes
+    (:meth:`BundleCore.fixed`), the layouts of ``out`` (in the key) and of the allocations
+    (``empty_like`` of q and of zero-stride views, which give the layouts checked here).  None
     instead of the pair when the variant was not loaded by that launch (a stand-in launch in
-    tests): then nothing is cached.  Everything else of the key's problem is fixed: the packed
-    argument bytes (:meth:`BundleCore.fixed`), the outputs' shapes and strides (``empty_like`` of
-    q and of zero-stride views, which give the layouts checked here)."""
+    tests): then nothing is cached."""
     specs = [a if isinstance(a, float) else (a.data_ptr(), tuple(a.shape), tuple(a.stride())) for a in args]
     fixed = bundle.fixed(name, specs) if isinstance(bundle, BundleCore) else None
     if fixed is None:  # a stand-in bundle or launch (tests): every call takes the checked path
         return None
-    go = fixed.go
     cur, raw = bundle.device_api()
     one = torch.empty(1, dtype=torch.float32, device=q.device)
-    empty_like = torch.empty_like
     lproto = one.expand(lse.shape)  # empty_like of a zero-stride view: a new compact tensor
-    if empty_like(lproto).stride() != lse.stride() or empty_like(q).stride() != o.stride():
+    empty_like = torch.empty_like
+    if empty_like(lproto).stride() != lse.stride() or (not out_given and empty_like(q).stride() != o.stride()):
         raise AssertionError(f"{name}: empty_like does not reproduce the checked output layouts")
+    names = {"empty_like": empty_like, "lproto": lproto, "cur": cur, "raw": raw, "dev": dev,
+             "not_current": not_current, "grad_enabled": torch.is_grad_enabled,
+             "error": lambda code: bundle.lib.error(code)}
+    head = ("    if (q.requires_grad or k.requires_grad or v.requires_grad) and grad_enabled():\n        return None\n"
+            + ("    o = out\n" if out_given else "    o = empty_like(q)\n"))
+    device = "    here = cur()\n    if here != dev:\n        not_current(dev, here)\n"
+    checks = ""
+    if out_given:  # out shares no byte with q, k, v: per call (the pointers differ; the byte extents do not)
+        ext = [validate.span(t.shape, t.stride()) * t.element_size() for t in (q, k, v, o)]
+        names.update(eq=ext[0], ek=ext[1], ev=ext[2], eo=ext[3])
+        checks = ("    if (p3 < p0 + eq and p0 < p3 + eo) or (p3 < p1 + ek and p1 < p3 + eo) "
+                  "or (p3 < p2 + ev and p2 < p3 + eo):\n        return None\n")
+    ptrs = ["q.data_ptr()", "k.data_ptr()", "v.data_ptr()", "o.data_ptr()"]
+    lse_new = "    lse = empty_like(lproto)\n"
+    if splits > 1:
+        b, sq, hq, d = q.shape
+        n = splits * b * hq * sq
+        names.update(wproto=one.expand(n * (d + 1)), lse_at=n * d * 4)  # split_workspace's one allocation
+        setup = head + lse_new + "    ws = empty_like(wproto)\n" + device + "    w = ws.data_ptr()\n"
+        ptrs += ["lse.data_ptr()", "w", "w + lse_at"]
+        return tuple(fixed.inline("q, k, v, out", setup, ptrs, r, names, checks=checks) for r in ("o", "(o, lse)"))
+    with_lse = fixed.inline("q, k, v, out", head + lse_new + device, ptrs + ["lse.data_ptr()"], "(o, lse)", names,
+                            checks=checks)
     scratch = lse_scratch(bundle, q.device, lse.numel() * 4)
-    if splits == 1:
-        def fire(q, k, v):
-            o, lse = empty_like(q), empty_like(lproto)
-            here = cur()
-            if here != dev:
-                not_current(dev, here)
-            err = go(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(), raw(here))
-            if err != 0:
-                if err is None:
-                    return None
-                raise LaunchError(f"{name}: launch failed: {bundle.lib.error(err)}")
-            return o, lse
-
-        if scratch is None:
-            def fire_o(q, k, v):
-                out = fire(q, k, v)
-                return None if out is None else out[0]
-        else:
-            def fire_o(q, k, v):
-                o = empty_like(q)
-                here = cur()
-                if here != dev:
-                    not_current(dev, here)
-                err = go(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), scratch, raw(here))
-                if err != 0:
-                    if err is None:
-                        return None
-                    raise LaunchError(f"{name}: launch failed: {bundle.lib.error(err)}")
-                return o
-        fire.fixed = fire_o.fixed = fixed  # (for scripts/launch_overhead.py's breakdown)
-        return fire, fire_o
-
-    b, sq, hq, d = q.shape
-    n = splits * b * hq * sq
-    wproto, lse_at = one.expand(n * (d + 1)), n * d * 4  # split_workspace's one allocation
-
-    def fire_split(q, k, v):
-        o, lse, ws = empty_like(q), empty_like(lproto), empty_like(wproto)
-        here = cur()
-        if here != dev:
-            not_current(dev, here)
-        w = ws.data_ptr()
-        err = go(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(), w, w + lse_at,
-                 raw(here))
-        if err != 0:
-            if err is None:
-                return None
-            raise LaunchError(f"{name}: launch failed: {bundle.lib.error(err)}")
-        return o, lse
-
-    def fire_split_o(q, k, v):
-        out = fire_split(q, k, v)
-        return None if out is None else out[0]
-    fire_split.fixed = fire_split_o.fixed = fixed
-    return fire_split, fire_split_o
+    if scratch is None:
+        plan = fixed.inline("q, k, v, out", head + lse_new + device, ptrs + ["lse.data_ptr()"], "o", names,
+                            checks=checks)
+    else:
+        names["scratch"] = scratch
+        plan = fixed.inline("q, k, v, out", head + device, ptrs + ["scratch"], "o", names, checks=checks)
+    return plan, with_lse
+    with_lse = fixed.inline("q, k, v, out", head + "    lse = empty_like(lproto)\n" + device,
+                            ptrs + ["lse.data_ptr()"], "(o, lse)", names, checks=checks)
+    scratch = lse_scratch(bundle, q.device, lse.numel() * 4)
+    if scratch is None:
+        plan = fixed.inline("q, k, v, out", head + "    lse = empty_like(lproto)\n" + device,
+                            ptrs + ["lse.data_ptr()"], "o", names, checks=checks)
+    else:
+        names["scratch"] = scratch
+        plan = fixed.inline("q, k, v, out", head + device, ptrs + ["scratch"], "o", names, checks=checks)
+    return plan, with_lse
 
 
 # Bytes of the per-device LSE scratch (B·Hq·Sq rows of 4 bytes: 262144 rows, e.g. B1 H32 S8192).  A
@@ -316,7 +300,7 @@ _NO_CACHE: dict = {}  # (a stand-in bundle's hot path: never filled, see _hot_la
 
 
 def _hot(bundle) -> dict:
-    """The dense hot path's cache: problem key -> ``fire`` (:func:`_hot_launch`)."""
+    """The dense hot path's cache: problem key -> launch plans (:func:`_hot_launch`)."""
     try:
         return bundle.hot_attention
     except AttributeError:
@@ -400,6 +384,19 @@ def _check_strides(t, name: str, data: bool = True) -> None:
                          f"(16 bytes) except the last")
     if data and t.data_ptr() % 16:
         raise InputError(f"{name}: data pointer must be 16-byte aligned")
+
+
+def _check_out(out, q, k, v, dev: int) -> None:
+    """``out=``: a tensor of q's shape, dtype and device, every element its own address, no byte
+    shared with q, k or v, strides and alignment as the kernels take them (``_check_strides``)."""
+    if not isinstance(out, Tensor) or out.shape != q.shape or out.dtype != q.dtype or out.get_device() != dev:
+        got = (f"{tuple(out.shape)} {out.dtype} on {validate.where(out)}" if isinstance(out, Tensor)
+               else type(out).__name__)
+        raise InputError(f"out must be a tensor of q's shape {tuple(q.shape)}, dtype {q.dtype} and device "
+                         f"({validate.where(q)}), got {got}")
+    _check_strides(out, "out")
+    validate.distinct("out", out.shape, out.stride())
+    validate.disjoint("out", out, q=q, k=k, v=v)
 
 
 def _check_cu_seqlens(torch, q, k, cu_q, cu_k):

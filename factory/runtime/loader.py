@@ -240,3 +240,33 @@ class FixedLaunch:
         exec(src, ns)  # noqa: S102 - source built above from the variant's argument layout
         self.go = ns["go"]
         self.source = src
+        self._parts = (ns, slots, test)
+
+    def inline(self, params: str, setup: str, ptrs: list[str], result: str, names: dict, stream: str = "raw(here)",
+               checks: str = ""):
+        """One function ``def f(<params>)`` that runs a whole hot-path call in one Python frame:
+        ``setup`` (source lines indented by four spaces, run first: allocations, the device
+        check), then the tensor arguments' data pointers ``ptrs`` (one expression each, in
+        signature order, bound to ``p0``, ``p1`` ...), their alignment test and ``checks`` (lines
+        that may ``return None`` too; None means nothing was launched: the caller's checked path
+        then names what is wrong), the writes of the pointers and of ``stream`` into this thread's copy of
+        the packed arguments, the launch, and ``return <result>``; a launch that fails raises
+        LaunchError.  ``names``: what the lines use besides the launch's own (``empty_like``,
+        ``cur``, ``raw``, ``error`` (code -> text) ...).  (``go`` does the same work for callers
+        that compute the pointers themselves; this saves its frame and argument passing.)"""
+        ns0, slots, test = self._parts
+        if len(ptrs) != len(slots) - 1:
+            raise ValueError(f"{self.name}: {len(slots) - 1} tensor arguments, {len(ptrs)} pointers given")
+        src = (f"def f({params}):\n{setup}"
+               + "".join(f"    p{j} = {e}\n" for j, e in enumerate(ptrs))
+               + (f"    if {test}:\n        return None\n" if test else "") + checks
+               + "    try:\n        mv, argv = tls.b\n    except AttributeError:\n        mv, argv = new()\n"
+               + "".join(f"    mv[{o // 8}] = p{j}\n" for j, o in enumerate(slots[:-1]))
+               + f"    mv[{slots[-1] // 8}] = {stream}\n    err = fn(argv)\n"
+               + "    if err:\n        raise LaunchError(name + ': launch failed: ' + error(err))\n"
+               + f"    return {result}\n")
+        ns = {**names, **ns0, "LaunchError": LaunchError, "name": self.name}
+        exec(src, ns)  # noqa: S102 - source built from the variant's argument layout and the op's lines
+        f = ns["f"]
+        f.source, f.fixed = src, self
+        return f

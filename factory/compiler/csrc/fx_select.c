@@ -1474,11 +1474,28 @@ static int32_t attn_choose(const fx_device_t *dev, int32_t dtype, int32_t head_d
             int32_t small = -1;
             for (int32_t i = 0; i < nb; i++) {
                 const fx_variant *e = &fx_variants[sub[i]];
-                if (e->tile[0] < pe->tile[0] && e->tile[1] == pe->tile[1] && e->stages == pe->stages &&
+                if (e->tile[0] < pe->tile[0] && e->tile[1] == pe->tile[1] && e->stages == pe->stages && !e->kv_splits &&
                     (small < 0 || e->tile[0] < fx_variants[small].tile[0]))
                     small = sub[i];
             }
             if (small >= 0) result = (decode && more_waves(&fx_variants[small], pe, decode, sms)) ? pref : small;
+            /* kv_split (manifest kv_splits 2: a cluster of CTAs per query tile, each on its share of
+               the key tiles, merged in the launch): causal, for the small tile where its grid, times
+               the cluster, is at most one CTA per SM and sees four key tiles or more.  H100 (graphs
+               of 20 calls, notes/attention-sm90.md): B1 H8 S512 D64 causal 5.74 us vs 5.97; not
+               causal 5.78 vs 5.71, S256 (two key tiles) 4.80 vs 4.16: not taken there. */
+            if (small >= 0 && result == small && decode && causal) {
+                const fx_variant *se = &fx_variants[small];
+                i128 tiles = (i128)decode->b * decode->hq * cdiv(decode->sq, se->tile[0]);
+                for (int32_t i = 0; i < nb && cdiv(decode->sk, se->tile[1]) >= 4; i++) {
+                    const fx_variant *e = &fx_variants[sub[i]];
+                    if (e->kv_splits == 2 && !e->decode_rows && e->tile[0] == se->tile[0] &&
+                        e->tile[1] == se->tile[1] && tiles * (e->cluster[0] > 1 ? e->cluster[0] : 1) <= (i128)sms) {
+                        result = sub[i];
+                        break;
+                    }
+                }
+            }
         }
     }
 done:
