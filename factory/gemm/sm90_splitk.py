@@ -700,7 +700,7 @@ class GemmSm90TailKernel(GemmSm90SplitKernel):
         sems = cute.recast_ptr(workspace.iterator, dtype=cutlass.Int32)
         vec = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), cutlass.Float32, num_bits_per_copy=128)
         t4 = cute.make_rmem_tensor((4, 1), cutlass.Float32)
-        u4 = cute.make_rmem_tensor((4, 1), cutlass.Float32)
+        pbuf = cute.make_rmem_tensor((4, self.splits), cutlass.Float32)  # one vector of every part
         n_epi_all = cute.size(cute.zipped_divide(gC[(None, None, 0, 0, 0)], self.epi_tile), mode=[1])
         assert frag_size % 4 == 0 and n_acc == n_epi_all * frag_size, (frag_size, n_acc, n_epi_all)
 
@@ -781,19 +781,22 @@ class GemmSm90TailKernel(GemmSm90SplitKernel):
                             mine = cutlass.Int32(1)
                     if mine > 0:
                         if parts > 1:
-                            # this sub-tile summed over the parts in part order
+                            # this sub-tile summed over the parts in part order: every part's
+                            # vectors loaded first (up to `splits` loads in flight), then added
                             for j in cutlass.range_constexpr(frag_size // 4):
                                 jj = e * (frag_size // 4) + j
-                                src = self._slot(workspace, sem_words + slot0 * tile_words + ctidx * 4, n_acc)
-                                cute.copy(vec, cute.local_tile(src, (4, 1), (0, jj)), t4)
-                                for p in range(1, parts):
-                                    src = self._slot(workspace, sem_words + (slot0 + p) * tile_words + ctidx * 4,
-                                                     n_acc)
-                                    cute.copy(vec, cute.local_tile(src, (4, 1), (0, jj)), u4)
-                                    for x in cutlass.range_constexpr(4):
-                                        t4[x] = t4[x] + u4[x]
+                                for p in cutlass.range_constexpr(self.splits):
+                                    if p < parts:
+                                        src = self._slot(workspace, sem_words + (slot0 + p) * tile_words + ctidx * 4,
+                                                         n_acc)
+                                        cute.copy(vec, cute.local_tile(src, (4, 1), (0, jj)),
+                                                  cute.local_tile(pbuf, (4, 1), (0, p)))
                                 for x in cutlass.range_constexpr(4):
-                                    tRS_rF[4 * j + x] = t4[x]
+                                    tRS_rF[4 * j + x] = pbuf[x, 0]
+                                for p in cutlass.range_constexpr(1, self.splits):
+                                    if p < parts:
+                                        for x in cutlass.range_constexpr(4):
+                                            tRS_rF[4 * j + x] = tRS_rF[4 * j + x] + pbuf[x, p]
                         else:
                             for v in cutlass.range_constexpr(frag_size):
                                 tRS_rF[v] = tRS_acc[e * frag_size + v]
@@ -828,7 +831,7 @@ class GemmSm90TailKernel(GemmSm90SplitKernel):
 def enumerate_sm90_splitk(target: Target, tier: str) -> list[GemmSm90SplitK]:
     if target.family != "sm90" or not target.clusters:
         return []
-    specs = {"test": tiles.SM90_SPLITK_TEST, "default": tiles.SM90_SPLITK_DEFAULT + tiles.SM90_TAIL_DEFAULT,
+    specs = {"test": tiles.SM90_SPLITK_TEST + tiles.SM90_TAIL_TEST, "default": tiles.SM90_SPLITK_DEFAULT + tiles.SM90_TAIL_DEFAULT,
              "full": (tiles.SM90_SPLITK_DEFAULT + tiles.SM90_SPLITK_FULL + tiles.SM90_TAIL_DEFAULT
                       + tiles.SM90_TAIL_FULL)}[tier]
     out = []

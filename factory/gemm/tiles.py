@@ -324,6 +324,7 @@ SM90_SPLITK_TEST = (dict(**BF16, tile=(64, 128, 64), schedule="ws", splits=4),)
 SM90_SPLITK_DEFAULT = ()
 # The tail split (whole tiles first, the last partial round split along K): up to 16 parts.
 SM90_TAIL_DEFAULT = ()
+SM90_TAIL_TEST = (dict(**BF16, tile=(128, 128, 64), schedule="coop", cluster=(1, 1), splits=16, tail=True),)
 SM90_TAIL_FULL = tuple(
     dict(**BF16, tile=t, schedule="coop", cluster=c, splits=16, tail=True)
     for t, c in (((128, 256, 64), (2, 1)), ((128, 256, 64), (1, 2)), ((128, 192, 64), (2, 1)),
