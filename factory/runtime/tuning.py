@@ -220,7 +220,7 @@ MODEL = {
     # The tail split (gemm/sm90_splitk.py, tail=True): the fix-up round of the split last round
     # (every part's partial out, the wait for the tile's slowest part, its share of the sum back),
     # in us per 128x128 tile.
-    "tail_us": 3.0,
+    "tail_us": 16.0,
 }
 
 # MODEL's keys in the order the host library's fx_model holds them (compiler/selection.py generates

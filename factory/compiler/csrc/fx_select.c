@@ -560,7 +560,7 @@ static double estimate_us(const fx_variant *v, int64_t M, int64_t N, int64_t K, 
             int64_t kt = cdiv(K, v->tile[2]);
             wave_k = (double)(ct / (cap / per_cluster)) * (double)K
                      + (double)cdiv(kt, (int64_t)parts) * (double)v->tile[2];
-            tail_cost = p->tail_us * (double)(tm * tn) / 16384.0;
+            tail_cost = p->tail_us;
         }
     }
     double t_compute = wave_k * 2.0 * (double)tm * (double)tn / per_sm;
@@ -792,11 +792,14 @@ static i128 sm80_ctas(const fx_variant *v, const gemm_ctx *g) {
 #define FX_TAIL_MAX_WAVES 4
 static int split_competes(const fx_variant *v, const gemm_ctx *g, int32_t sms) {
     i128 tiles = (i128)cdiv(g->M, v->tile[0]) * cdiv(g->N, v->tile[1]) * g->L;
-    if (v->workspace == FX_WORKSPACE_TAIL) { /* a last round that leaves >= 1/4 of the clusters idle, split */
+    /* the tail split: at least one whole round, then a last round that leaves >= 1/4 of the
+       clusters idle, split (H100, off-grid tune half: under one round, M = 128, its fix-up lost
+       2-6 % to the unsplit tiles) */
+    if (v->workspace == FX_WORKSPACE_TAIL) {
         i128 ctas = (i128)v->cluster[0] * v->cluster[1], g_cl = sms / ctas, ct, rest, parts;
         if (g_cl < 1) return 0;
         tail_plan(v, g->M, g->N, g->K, g->L, g_cl, &ct, &rest, &parts);
-        return parts > 1 && ct < g_cl * FX_TAIL_MAX_WAVES && 4 * rest <= 3 * g_cl;
+        return parts > 1 && ct > g_cl && ct < g_cl * FX_TAIL_MAX_WAVES && 4 * rest <= 3 * g_cl;
     }
     if (v->workspace != FX_WORKSPACE_TILES) return tiles < sms;
     if (tiles >= (i128)sms * FX_SPLIT_MAX_WAVES) return 0;
