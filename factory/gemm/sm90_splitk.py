@@ -39,7 +39,14 @@ value) reduced made every part wait for the atomic's round trip: 5-10 % slower o
 
 Measured (H100, beside the unsplit tiles in one sweep): the fix-up costs ~5-12 us per wave of
 units, so a split tile beat the best unsplit one on 3 of 195 problems (by 2-9 %); the selection's
-cost model (``wsplit_us``) picks it rarely, and no split variant is in the default tier.
+cost model (``wsplit_us``) picks it rarely, and no such variant is in the default tier.
+
+**The tail split** (``tail=True``, :class:`GemmSm90TailKernel`): whole tiles first, then only the
+last, partial round of tiles split along K over the clusters that round would leave idle, one
+fix-up round (reduce-scatter: each part sums a slice of the tile).  Its workspace form is "tail"
+(``tail_workspace_words``).  Measured (H100): 2048x2112x7168 97 us against 101-106 for the best
+unsplit tile, 2048x5376x21504 702 against 751; ~6-8 us of fixed cost per launch, so the selection
+(fx_select.c ``tail_plan``) lets it compete only from one whole round up.
 """
 
 from __future__ import annotations
@@ -98,7 +105,8 @@ def tail_workspace_words(M: int, N: int, L: int, tile_m: int, tile_n: int, split
 class GemmSm90SplitK(GemmSm90):
     """A ``GemmSm90`` tile (bf16 / f16, unswapped, coop or ws, cluster 1x1 or 1x2 along N) whose
     output tiles are split ``splits`` ways along K over the persistent grid (see the module
-    docstring).  Takes one more argument, the float32 ``workspace``."""
+    docstring); with ``tail`` only the last partial round's tiles, into at most ``splits`` parts
+    (coop, any cluster).  Takes one more argument, the float32 ``workspace``."""
 
     sources: ClassVar[tuple[str, ...]] = GemmSm90.sources + ("gemm/sm90_splitk.py",)
 

@@ -327,12 +327,12 @@ SM90_SPLITK_DEFAULT = ()
 # notes/gemm-sm90.md "The tail split"); the others are in the full tier.
 SM90_TAIL_DEFAULT = tuple(
     dict(**BF16, tile=t, schedule="coop", cluster=c, splits=16, tail=True)
-    for t, c in (((128, 192, 64), (2, 1)), ((128, 256, 64), (2, 1)), ((128, 128, 64), (1, 2)))
+    for t, c in (((128, 192, 64), (2, 1)), ((128, 256, 64), (2, 1)))
 )
 SM90_TAIL_FULL = tuple(
     dict(**BF16, tile=t, schedule="coop", cluster=c, splits=16, tail=True)
     for t, c in (((128, 256, 64), (1, 2)), ((128, 192, 64), (1, 1)), ((128, 128, 64), (2, 1)),
-                 ((128, 128, 64), (1, 1)))
+                 ((128, 128, 64), (1, 2)), ((128, 128, 64), (1, 1)))
 )
 SM90_TAIL_TEST = (dict(**BF16, tile=(128, 128, 64), schedule="coop", cluster=(1, 1), splits=16, tail=True),)
 SM90_SPLITK_FULL = tuple(
