@@ -762,16 +762,18 @@ class GemmSm90TailKernel(GemmSm90SplitKernel):
                         for e in cutlass.range_constexpr(4):
                             t4[e] = tRS_acc[4 * j + e]
                         cute.copy(vec, t4, cute.local_tile(dst, (4, 1), (0, j)))
-                    cute.arch.fence_acq_rel_gpu()
+                    # The CTA's stores are ordered before one thread's release by the barrier
+                    # (the release is cumulative); after the acquire, the barrier orders the
+                    # CTA's loads after it: one fence per CTA, not one per thread.
                     epi_bar.arrive_and_wait()
                     if ctidx == 0:
+                        cute.arch.fence_acq_rel_gpu()
                         cute.arch.red(sems + tile_id, cutlass.Int32(1), op="add", dtype="s32", sem="release",
                                       scope="gpu")
                         got = cute.arch.load(sems + tile_id, cutlass.Int32, sem="acquire", scope="gpu")
                         while got < parts:
                             got = cute.arch.load(sems + tile_id, cutlass.Int32, sem="acquire", scope="gpu")
                     epi_bar.arrive_and_wait()
-                    cute.arch.fence_acq_rel_gpu()
 
             if e_end > e_begin:
                 # ---- epilogue (as sm90.py) over this part's sub-tiles: -> smem (stmatrix) -> TMA
