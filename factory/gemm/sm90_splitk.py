@@ -44,8 +44,8 @@ cost model (``wsplit_us``) picks it rarely, and no such variant is in the defaul
 **The tail split** (``tail=True``, :class:`GemmSm90TailKernel`): whole tiles first, then only the
 last, partial round of tiles split along K over the clusters that round would leave idle, one
 fix-up round (reduce-scatter: each part sums a slice of the tile).  Its workspace form is "tail"
-(``tail_workspace_words``).  Measured (H100): 2048x2112x7168 97 us against 101-106 for the best
-unsplit tile, 2048x5376x21504 702 against 751; ~6-8 us of fixed cost per launch, so the selection
+(``tail_workspace_words``).  Measured (H100): 2048x2112x7168 92.5 us against 98-106 for the best
+unsplit tile, 2048x5376x21504 706 against 751-778; ~6 us of fixed cost per launch, so the selection
 (fx_select.c ``tail_plan``) lets it compete only from one whole round up.
 """
 
