@@ -189,18 +189,9 @@ class GemmSm90SplitKernel(GemmSm90Kernel):
         self._launch_split(a, b, c, workspace, max_clusters, stream)
 
     @cute.jit
-    def _k_range(self, m, k_tiles):
-        """(output tile M index, first k-tile, end k-tile) of a work unit: part p of
-        ``splits`` takes the p-th slice of ceil(k_tiles / splits) k-tiles (possibly none)."""
-        part = m % self.splits
-        m = m // self.splits
-        per = (k_tiles + self.splits - 1) // self.splits
-        k_begin = part * per
-        k_end = cutlass.min(k_tiles, k_begin + per)
-        return m, k_begin, k_end
-
-    @cute.jit
-    def _launch_split(self, a, b, c, workspace, max_clusters, stream):
+    def _host_operands(self, a, b, c):
+        """The host side both kernels share: the MMA, the smem layouts, the TMA atoms, and the shared
+        storage (``self.shared_storage``, with the dtypes the device side reads)."""
         ab_dtype, c_dtype = a.element_type, c.element_type
         a_layout = utils.LayoutEnum.from_tensor(a)
         b_layout = utils.LayoutEnum.from_tensor(b)
@@ -217,10 +208,6 @@ class GemmSm90SplitKernel(GemmSm90Kernel):
         tma_b, gB = atoms.tma_load_atom(b, sB_layout, (self.tile[1], self.tile[2]), self.mcast_b)
         tma_c, gC = atoms.tma_store_atom(c, sC_layout, self.epi_tile)
 
-        tiles_mnl = cute.zipped_divide(c, tiler=self.c_tile)[(0, (None, None, None))].shape
-        tiles_mnl = (tiles_mnl[0] * self.splits, tiles_mnl[1], tiles_mnl[2])
-        sched, grid = atoms.persistent_schedule(tiles_mnl, self.cluster, self.swizzle, True, max_clusters)
-
         @cute.struct
         class SharedStorage:
             ab_barriers: cute.struct.MemRange[cutlass.Int64, self.ab_stages * 2]
@@ -234,6 +221,63 @@ class GemmSm90SplitKernel(GemmSm90Kernel):
         self.shared_storage = SharedStorage
         self.ab_dtype = ab_dtype
         self.c_layout = c_layout
+        return tiled_mma, sA_layout, sB_layout, sC_layout, tma_a, gA, tma_b, gB, tma_c, gC
+
+    def _consumer_operands(self, tiled_mma, sA, sB, sC, gC, ctidx):
+        """The consumer side both kernels share: the MMA fragments and accumulators, the epilogue's
+        register -> smem copy and its buffers, the TMA store pipeline and the epilogue barrier."""
+        thr_mma = tiled_mma.get_slice(ctidx)
+        tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
+        tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
+        acc_shape = thr_mma.partition_C(gC).shape[:3]
+        acc = cute.make_rmem_tensor(acc_shape, cutlass.Float32)
+        n_acc = cute.size(acc)
+        k_blocks = cute.size(tCrA, mode=[2])
+
+        c_dtype = sC.element_type
+        r2s_atom = sm90_utils.get_smem_store_op(self.c_layout, c_dtype, cutlass.Float32)
+        r2s = cute.make_tiled_copy_S(
+            r2s_atom,
+            cute.make_tiled_copy_C_atom(
+                cute.make_copy_atom(
+                    cute.nvgpu.warp.StMatrix8x8x16bOp(self.c_layout.is_m_major_c(), 4), c_dtype
+                ),
+                tiled_mma,
+            ),
+        )
+        thr_r2s = r2s.get_slice(ctidx)
+        tRS_sC = thr_r2s.partition_D(sC)
+        tRS_acc = r2s.retile(acc)
+        frag_shape = cute.shape(thr_r2s.partition_S(sC))[:3]
+        tRS_rF = cute.make_rmem_tensor(frag_shape, cutlass.Float32)
+        tRS_rC = cute.make_rmem_tensor(frag_shape, c_dtype)
+        frag_size = cute.size(tRS_rF)
+        store_pipe = pipeline.PipelineTmaStore.create(
+            num_stages=self.epi_stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.epi_threads),
+        )
+        epi_bar = pipeline.NamedBarrier(barrier_id=int(_Bar.EPILOGUE), num_threads=self.epi_threads)
+        return (tCrA, tCrB, acc, n_acc, k_blocks, r2s, tRS_sC, tRS_acc, tRS_rF, tRS_rC, frag_size, store_pipe,
+                epi_bar)
+
+    @cute.jit
+    def _k_range(self, m, k_tiles):
+        """(output tile M index, first k-tile, end k-tile) of a work unit: part p of
+        ``splits`` takes the p-th slice of ceil(k_tiles / splits) k-tiles (possibly none)."""
+        part = m % self.splits
+        m = m // self.splits
+        per = (k_tiles + self.splits - 1) // self.splits
+        k_begin = part * per
+        k_end = cutlass.min(k_tiles, k_begin + per)
+        return m, k_begin, k_end
+
+    @cute.jit
+    def _launch_split(self, a, b, c, workspace, max_clusters, stream):
+        tiled_mma, sA_layout, sB_layout, sC_layout, tma_a, gA, tma_b, gB, tma_c, gC = self._host_operands(a, b, c)
+
+        tiles_mnl = cute.zipped_divide(c, tiler=self.c_tile)[(0, (None, None, None))].shape
+        tiles_mnl = (tiles_mnl[0] * self.splits, tiles_mnl[1], tiles_mnl[2])
+        sched, grid = atoms.persistent_schedule(tiles_mnl, self.cluster, self.swizzle, True, max_clusters)
         self.split_kernel(
             tma_a, gA, tma_b, gB, tma_c, gC, workspace, tiled_mma, sA_layout, sB_layout, sC_layout, sched,
         ).launch(
@@ -339,37 +383,9 @@ class GemmSm90SplitKernel(GemmSm90Kernel):
         """The consumer warpgroups: per work unit the part's mainloop, the partial tile into the
         workspace and the semaphore; the last part of a tile sums the partials in part order and
         runs the epilogue."""
-        thr_mma = tiled_mma.get_slice(ctidx)
-        tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
-        tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
-        acc_shape = thr_mma.partition_C(gC).shape[:3]
-        acc = cute.make_rmem_tensor(acc_shape, cutlass.Float32)
-        n_acc = cute.size(acc)
-        k_blocks = cute.size(tCrA, mode=[2])
-
+        (tCrA, tCrB, acc, n_acc, k_blocks, r2s, tRS_sC, tRS_acc, tRS_rF, tRS_rC, frag_size, store_pipe,
+         epi_bar) = self._consumer_operands(tiled_mma, sA, sB, sC, gC, ctidx)
         c_dtype = sC.element_type
-        r2s_atom = sm90_utils.get_smem_store_op(self.c_layout, c_dtype, cutlass.Float32)
-        r2s = cute.make_tiled_copy_S(
-            r2s_atom,
-            cute.make_tiled_copy_C_atom(
-                cute.make_copy_atom(
-                    cute.nvgpu.warp.StMatrix8x8x16bOp(self.c_layout.is_m_major_c(), 4), c_dtype
-                ),
-                tiled_mma,
-            ),
-        )
-        thr_r2s = r2s.get_slice(ctidx)
-        tRS_sC = thr_r2s.partition_D(sC)
-        tRS_acc = r2s.retile(acc)
-        frag_shape = cute.shape(thr_r2s.partition_S(sC))[:3]
-        tRS_rF = cute.make_rmem_tensor(frag_shape, cutlass.Float32)
-        tRS_rC = cute.make_rmem_tensor(frag_shape, c_dtype)
-        frag_size = cute.size(tRS_rF)
-        store_pipe = pipeline.PipelineTmaStore.create(
-            num_stages=self.epi_stages,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.epi_threads),
-        )
-        epi_bar = pipeline.NamedBarrier(barrier_id=int(_Bar.EPILOGUE), num_threads=self.epi_threads)
         store_warp = 4
 
         tiles_m = cute.size(gC, mode=[2])
@@ -494,21 +510,7 @@ class GemmSm90TailKernel(GemmSm90SplitKernel):
 
     @cute.jit
     def _launch_tail(self, a, b, c, workspace, max_clusters, stream):
-        ab_dtype, c_dtype = a.element_type, c.element_type
-        a_layout = utils.LayoutEnum.from_tensor(a)
-        b_layout = utils.LayoutEnum.from_tensor(b)
-        c_layout = utils.LayoutEnum.from_tensor(c)
-        tiled_mma = sm90_utils.make_trivial_tiled_mma(
-            ab_dtype, b.element_type, a_layout.sm90_mma_major_mode(),
-            b_layout.sm90_mma_major_mode(), cutlass.Float32, (self.mma_wgs, 1, 1),
-            tiler_mn=(64, self.tile[1]),
-        )
-        sA_layout = sm90_utils.make_smem_layout_a(a_layout, self.tile, ab_dtype, self.ab_stages)
-        sB_layout = sm90_utils.make_smem_layout_b(b_layout, self.tile, ab_dtype, self.ab_stages)
-        sC_layout = sm90_utils.make_smem_layout_epi(c_dtype, c_layout, self.epi_tile, self.epi_stages)
-        tma_a, gA = atoms.tma_load_atom(a, sA_layout, (self.tile[0], self.tile[2]), self.mcast_a)
-        tma_b, gB = atoms.tma_load_atom(b, sB_layout, (self.tile[1], self.tile[2]), self.mcast_b)
-        tma_c, gC = atoms.tma_store_atom(c, sC_layout, self.epi_tile)
+        tiled_mma, sA_layout, sB_layout, sC_layout, tma_a, gA, tma_b, gB, tma_c, gC = self._host_operands(a, b, c)
 
         # The unit plan (see the class docstring), from the problem and the resident clusters.
         cm, cn = self.cluster
@@ -528,20 +530,6 @@ class GemmSm90TailKernel(GemmSm90SplitKernel):
         whole = n_ct - rest
         units = whole + rest * s
         grid_z = cutlass.max(cutlass.min(g, units), cutlass.Int32(1))
-
-        @cute.struct
-        class SharedStorage:
-            ab_barriers: cute.struct.MemRange[cutlass.Int64, self.ab_stages * 2]
-            sA: cute.struct.Align[
-                cute.struct.MemRange[ab_dtype, cute.cosize(sA_layout)], _SMEM_ALIGN]
-            sB: cute.struct.Align[
-                cute.struct.MemRange[ab_dtype, cute.cosize(sB_layout)], _SMEM_ALIGN]
-            sC: cute.struct.Align[
-                cute.struct.MemRange[c_dtype, cute.cosize(sC_layout)], _SMEM_ALIGN]
-
-        self.shared_storage = SharedStorage
-        self.ab_dtype = ab_dtype
-        self.c_layout = c_layout
         self.tail_kernel(
             tma_a, gA, tma_b, gB, tma_c, gC, workspace, tiled_mma, sA_layout, sB_layout, sC_layout,
             ct_m, ct_n, whole, units, s,
@@ -666,37 +654,9 @@ class GemmSm90TailKernel(GemmSm90SplitKernel):
         """The consumer warpgroups: per unit the mainloop; a whole tile's epilogue, or a part's
         partial out, the wait for its tile's other parts, and this part's share of the sum."""
         whole, units, s, ct_m, ct_n, cluster_idx, n_clusters = plan
-        thr_mma = tiled_mma.get_slice(ctidx)
-        tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
-        tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
-        acc_shape = thr_mma.partition_C(gC).shape[:3]
-        acc = cute.make_rmem_tensor(acc_shape, cutlass.Float32)
-        n_acc = cute.size(acc)
-        k_blocks = cute.size(tCrA, mode=[2])
-
+        (tCrA, tCrB, acc, n_acc, k_blocks, r2s, tRS_sC, tRS_acc, tRS_rF, tRS_rC, frag_size, store_pipe,
+         epi_bar) = self._consumer_operands(tiled_mma, sA, sB, sC, gC, ctidx)
         c_dtype = sC.element_type
-        r2s_atom = sm90_utils.get_smem_store_op(self.c_layout, c_dtype, cutlass.Float32)
-        r2s = cute.make_tiled_copy_S(
-            r2s_atom,
-            cute.make_tiled_copy_C_atom(
-                cute.make_copy_atom(
-                    cute.nvgpu.warp.StMatrix8x8x16bOp(self.c_layout.is_m_major_c(), 4), c_dtype
-                ),
-                tiled_mma,
-            ),
-        )
-        thr_r2s = r2s.get_slice(ctidx)
-        tRS_sC = thr_r2s.partition_D(sC)
-        tRS_acc = r2s.retile(acc)
-        frag_shape = cute.shape(thr_r2s.partition_S(sC))[:3]
-        tRS_rF = cute.make_rmem_tensor(frag_shape, cutlass.Float32)
-        tRS_rC = cute.make_rmem_tensor(frag_shape, c_dtype)
-        frag_size = cute.size(tRS_rF)
-        store_pipe = pipeline.PipelineTmaStore.create(
-            num_stages=self.epi_stages,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.epi_threads),
-        )
-        epi_bar = pipeline.NamedBarrier(barrier_id=int(_Bar.EPILOGUE), num_threads=self.epi_threads)
         store_warp = 4
 
         tiles_m = cute.size(gC, mode=[2])
