@@ -261,6 +261,42 @@ class GemmSm90SplitKernel(GemmSm90Kernel):
                 epi_bar)
 
     @cute.jit
+    def _prologue(self, tma_a, tma_b, tma_c, mA, mB, mC, sA_layout, sB_layout, sC_layout):
+        """The device side both kernels start with: descriptor prefetch, the cluster coordinates,
+        the shared storage, the A/B stage pipeline (initialised across the cluster), the tiled
+        global views and the k-tile count."""
+        tidx, _, _ = cute.arch.thread_idx()
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        if warp_idx == 0:
+            atoms.prefetch_tma_descriptors(tma_a, tma_b, tma_c)
+        cta_layout = cute.make_layout((*self.cluster, 1))
+        cta_rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+        cluster_coord = cta_layout.get_flat_coord(cta_rank)
+
+        smem = utils.SmemAllocator()
+        storage = smem.allocate(self.shared_storage)
+        sA = storage.sA.get_tensor(sA_layout.outer, swizzle=sA_layout.inner)
+        sB = storage.sB.get_tensor(sB_layout.outer, swizzle=sB_layout.inner)
+        sC = storage.sC.get_tensor(sC_layout.outer, swizzle=sC_layout.inner)
+
+        stage_bytes = (atoms.stage_bytes(self.ab_dtype, sA_layout)
+                       + atoms.stage_bytes(self.ab_dtype, sB_layout))
+        mcast_peers = self.mcast_a + self.mcast_b - 1
+        ab_pipe = atoms.tma_pipeline(storage.ab_barriers.data_ptr(), self.ab_stages, stage_bytes,
+                                     mcast_peers * self.mma_wgs * 4,
+                                     cute.make_layout((1, *cta_layout.shape)))
+        pipeline.pipeline_init_arrive(cluster_shape_mn=self.cluster, is_relaxed=True)
+
+        gA = cute.local_tile(mA, cute.slice_(self.tile, (None, 0, None)), (None, None, None))
+        gB = cute.local_tile(mB, cute.slice_(self.tile, (0, None, None)), (None, None, None))
+        gC = cute.local_tile(mC, self.c_tile, (None, None, None))
+        k_tiles = cute.size(gA, mode=[3])
+
+        pipeline.pipeline_init_wait(cluster_shape_mn=self.cluster)
+        return (tidx, warp_idx, cta_layout, cta_rank, cluster_coord, sA, sB, sC, ab_pipe, gA, gB, gC,
+                k_tiles)
+
+    @cute.jit
     def _k_range(self, m, k_tiles):
         """(output tile M index, first k-tile, end k-tile) of a work unit: part p of
         ``splits`` takes the p-th slice of ceil(k_tiles / splits) k-tiles (possibly none)."""
@@ -290,34 +326,8 @@ class GemmSm90SplitKernel(GemmSm90Kernel):
                      tma_c: cute.CopyAtom, mC: cute.Tensor, workspace: cute.Tensor, tiled_mma: cute.TiledMma,
                      sA_layout: cute.ComposedLayout, sB_layout: cute.ComposedLayout,
                      sC_layout: cute.ComposedLayout, sched_params: utils.PersistentTileSchedulerParams):
-        tidx, _, _ = cute.arch.thread_idx()
-        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        if warp_idx == 0:
-            atoms.prefetch_tma_descriptors(tma_a, tma_b, tma_c)
-        cta_layout = cute.make_layout((*self.cluster, 1))
-        cta_rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
-        cluster_coord = cta_layout.get_flat_coord(cta_rank)
-
-        smem = utils.SmemAllocator()
-        storage = smem.allocate(self.shared_storage)
-        sA = storage.sA.get_tensor(sA_layout.outer, swizzle=sA_layout.inner)
-        sB = storage.sB.get_tensor(sB_layout.outer, swizzle=sB_layout.inner)
-        sC = storage.sC.get_tensor(sC_layout.outer, swizzle=sC_layout.inner)
-
-        stage_bytes = (atoms.stage_bytes(self.ab_dtype, sA_layout)
-                       + atoms.stage_bytes(self.ab_dtype, sB_layout))
-        mcast_peers = self.mcast_a + self.mcast_b - 1
-        ab_pipe = atoms.tma_pipeline(storage.ab_barriers.data_ptr(), self.ab_stages, stage_bytes,
-                                     mcast_peers * self.mma_wgs * 4,
-                                     cute.make_layout((1, *cta_layout.shape)))
-        pipeline.pipeline_init_arrive(cluster_shape_mn=self.cluster, is_relaxed=True)
-
-        gA = cute.local_tile(mA, cute.slice_(self.tile, (None, 0, None)), (None, None, None))
-        gB = cute.local_tile(mB, cute.slice_(self.tile, (0, None, None)), (None, None, None))
-        gC = cute.local_tile(mC, self.c_tile, (None, None, None))
-        k_tiles = cute.size(gA, mode=[3])
-
-        pipeline.pipeline_init_wait(cluster_shape_mn=self.cluster)
+        (tidx, warp_idx, cta_layout, cta_rank, cluster_coord, sA, sB, sC, ab_pipe, gA, gB, gC,
+         k_tiles) = self._prologue(tma_a, tma_b, tma_c, mA, mB, mC, sA_layout, sB_layout, sC_layout)
         if cutlass.const_expr(self.pdl):
             # As sm90.py: the grid is resident, so the next kernel may be scheduled now; wait for
             # the previous one before touching global memory (the workspace included).
@@ -567,34 +577,8 @@ class GemmSm90TailKernel(GemmSm90SplitKernel):
                     sA_layout: cute.ComposedLayout, sB_layout: cute.ComposedLayout,
                     sC_layout: cute.ComposedLayout, ct_m: cutlass.Int32, ct_n: cutlass.Int32,
                     whole: cutlass.Int32, units: cutlass.Int32, s: cutlass.Int32):
-        tidx, _, _ = cute.arch.thread_idx()
-        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        if warp_idx == 0:
-            atoms.prefetch_tma_descriptors(tma_a, tma_b, tma_c)
-        cta_layout = cute.make_layout((*self.cluster, 1))
-        cta_rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
-        cluster_coord = cta_layout.get_flat_coord(cta_rank)
-
-        smem = utils.SmemAllocator()
-        storage = smem.allocate(self.shared_storage)
-        sA = storage.sA.get_tensor(sA_layout.outer, swizzle=sA_layout.inner)
-        sB = storage.sB.get_tensor(sB_layout.outer, swizzle=sB_layout.inner)
-        sC = storage.sC.get_tensor(sC_layout.outer, swizzle=sC_layout.inner)
-
-        stage_bytes = (atoms.stage_bytes(self.ab_dtype, sA_layout)
-                       + atoms.stage_bytes(self.ab_dtype, sB_layout))
-        mcast_peers = self.mcast_a + self.mcast_b - 1
-        ab_pipe = atoms.tma_pipeline(storage.ab_barriers.data_ptr(), self.ab_stages, stage_bytes,
-                                     mcast_peers * self.mma_wgs * 4,
-                                     cute.make_layout((1, *cta_layout.shape)))
-        pipeline.pipeline_init_arrive(cluster_shape_mn=self.cluster, is_relaxed=True)
-
-        gA = cute.local_tile(mA, cute.slice_(self.tile, (None, 0, None)), (None, None, None))
-        gB = cute.local_tile(mB, cute.slice_(self.tile, (0, None, None)), (None, None, None))
-        gC = cute.local_tile(mC, self.c_tile, (None, None, None))
-        k_tiles = cute.size(gA, mode=[3])
-
-        pipeline.pipeline_init_wait(cluster_shape_mn=self.cluster)
+        (tidx, warp_idx, cta_layout, cta_rank, cluster_coord, sA, sB, sC, ab_pipe, gA, gB, gC,
+         k_tiles) = self._prologue(tma_a, tma_b, tma_c, mA, mB, mC, sA_layout, sB_layout, sC_layout)
         if cutlass.const_expr(self.pdl):
             cute.arch.griddepcontrol_launch_dependents()
             cute.arch.griddepcontrol_wait()
