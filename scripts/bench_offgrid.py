@@ -20,6 +20,7 @@ half's sweep is only scored.
     python3 scripts/bench_offgrid.py --bundle B --half report --out OUT   # OUT.json, OUT.png
     python3 scripts/bench_offgrid.py --bundle B --half tune --out OUT2    # + OUT2.table.json
     python3 scripts/bench_offgrid.py --bundle B --fp8-row --out OUT3       # row-wise fp8, M >= 512
+    python3 scripts/bench_offgrid.py --bundle B --pick-only --out OUT4     # the selection alone, no sweep
 
 Raw output goes to ``--out`` (outside the tree); a partial file is rewritten after every shape.
 """
@@ -95,10 +96,12 @@ def family_shapes(families, ms_dense=M_DENSE) -> list[tuple[str, str, int, int, 
     return out
 
 
-def sweep(bundle, M, N, K, dtype: str, l2: int, among: set | None = None, everything: bool = False) -> dict:
+def sweep(bundle, M, N, K, dtype: str, l2: int, among: set | None = None, everything: bool = False,
+          pick_only: bool = False) -> dict:
     """Every fitting variant and the reference on one problem (module docstring).  ``among``: a
     subset of the bundle's variants (e.g. its default tier) whose own cost-model pick is also
-    always timed (``pick_among``)."""
+    always timed (``pick_among``).  ``pick_only``: only the pick(s) and the reference (the
+    selection end to end; no regret)."""
     import torch
 
     from factory.runtime.gemm import fitting_variants, rkl_spec, select
@@ -141,6 +144,8 @@ def sweep(bundle, M, N, K, dtype: str, l2: int, among: set | None = None, everyt
         fits = [v for v in fits if model.get(v["name"], 0) <= MODEL_CUT * lo or v["name"] == pick]
     sub = [n for n in model if among and n in among]
     pick_among = min(sub, key=lambda n: (model[n], n)) if sub else pick
+    if pick_only:
+        fits = [v for v in fits if v["name"] in (pick, pick_among)]
     calls = {}
     for v in fits:
         name = v["name"]
@@ -292,6 +297,8 @@ def main() -> int:
     p.add_argument("--among", default=None, help="a JSON list of variant names (e.g. the default tier): "
                    "their own cost-model pick is timed too")
     p.add_argument("--all", action="store_true", help=f"time even variants the model puts {MODEL_CUT}x behind")
+    p.add_argument("--pick-only", action="store_true", help="time only the selection's pick beside the reference "
+                   "(no sweep: the regret columns then read 1)")
     p.add_argument("--rescore", nargs="+", default=None, metavar="RAW.json",
                    help="no GPU: score these sweeps for the selection of --bundle's host library (with --among)")
     p.add_argument("--model", default=None, help="with --rescore: a JSON object of cost-model constants")
@@ -334,7 +341,7 @@ def main() -> int:
             print(f"budget spent: stopping before {fam} {M}x{N}x{K}", flush=True)
             break
         try:
-            r = sweep(bundle, M, N, K, dt, l2, among, a.all)
+            r = sweep(bundle, M, N, K, dt, l2, among, a.all, a.pick_only)
         except (InputError, NoVariantError, RuntimeError) as e:
             print(f"{fam} {M}x{N}x{K} {dt}: skipped ({type(e).__name__}: {str(e)[:200]})", flush=True)
             continue

@@ -267,6 +267,8 @@ def main() -> int:
     p.add_argument("--grid", default=None, choices=["bench", "quick", "wide"],
                    help="gemm: bench (default) or quick; attention: quick (default) or wide")
     p.add_argument("--head-dims", nargs="+", type=int, default=list(ATTN_HEAD_DIMS), help="attention only")
+    p.add_argument("--shapes", nargs="+", default=None, metavar="MxNxK",
+                   help="gemm: these problems' buckets instead of a grid (e.g. one bucket's neighbours)")
     p.add_argument("--budget-s", type=float, default=300.0, help="stop starting new buckets after this long")
     p.add_argument("--all", action="store_true", help=f"screen even variants the cost model puts "
                    f"{MODEL_CUT}x behind the best")
@@ -319,7 +321,11 @@ def main() -> int:
     if "attention_method" in old:
         data["attention_method"] = old["attention_method"]
     done = 0
-    for M, N, K in grid(a.grid):
+    shapes = grid(a.grid)
+    if a.shapes:
+        shapes = [tuning.bucket_shape(*map(int, s.split("x")), 1)[:3] for s in a.shapes]
+        data["method"]["grid"] = "shapes: " + " ".join(a.shapes)
+    for M, N, K in shapes:
         if time.time() - t0 > a.budget_s:
             print(f"budget of {a.budget_s} s spent: stopping before {M}x{N}x{K}", flush=True)
             break

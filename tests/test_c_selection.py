@@ -308,6 +308,12 @@ def test_known_answers(test_bundle):
     # a full wave of tiles: no split; too few k-blocks per part (8 each at least): no split
     assert "skw" not in answer((9, 0), 132, M=2048, N=2048 * 4, K=8192)[0][1]
     assert "skw" not in answer((9, 0), 132, M=512, N=2048, K=1024)[0][1]
+    # 272 tiles of 128x128 over 132 SMs: two whole rounds, then the last 8 tiles split 16 ways (the
+    # tail split); its workspace: 272 semaphores rounded to 288 words, then at most 144 partial tiles
+    got, sel = answer((9, 0), 132, M=2048, N=2112, K=7168)
+    assert got == ("ok", "gemm_sm90a_bf16_obf16_ak_bk_t128x128x64_c1x1_coop_rm_sw1_sk1_pdl_skw16_tail")
+    assert sel.workspace_bytes == 4 * (288 + 144 * 128 * 128) and sel.splits == 16
+    assert "tail" not in answer((9, 0), 132, M=1024, N=2048, K=7168)[0][1]  # under one round: no tail split
     assert answer((9, 0), 0)[0] == ("input",)  # no SMs
     assert answer((9, 0), 132, a_major="x")[0] == ("input",)  # no contiguous mode in a
 

@@ -1,4 +1,5 @@
-"""The Hopper GEMM split along K with the in-kernel fix-up (gemm/sm90_splitk.py) on the GPU
+"""The Hopper GEMM split along K with the in-kernel fix-up (gemm/sm90_splitk.py; every tile split,
+or only the last round's: the tail split) on the GPU
 (skipped without one, or without such variants in the bundle): every split variant against float32
 on fresh random data with NaN-poisoned outputs (tails in M, N and K, K not a multiple of the split,
 parts with no k-block, a batch, M = 1..64), bitwise-identical results run to run (the fixed
@@ -13,8 +14,11 @@ pytestmark = [needs_gpu, pytest.mark.gpu]
 
 # (M, N, K, L): tails everywhere; K = 200 (4 k-blocks: with 6 or 7 parts some have none); K = 7000
 # (110 k-blocks, a multiple of no split); a batch; the decode-sized rows.
+# The tail split (form "tail"): more tiles than the grid holds at once with K off the tile (2048 x
+# 2112 x 7000), a short K that caps the parts (k-tiles / 4), a batch past one round.
 SHAPES = [(257, 136, 200, 1), (1000, 1032, 1016, 2), (512, 3072, 5120, 1), (300, 2112, 7000, 1),
-          (1, 264, 1032, 1), (7, 2112, 1544, 1), (33, 520, 4096, 1), (64, 2112, 7168, 1)]
+          (1, 264, 1032, 1), (7, 2112, 1544, 1), (33, 520, 4096, 1), (64, 2112, 7168, 1),
+          (2048, 2112, 7000, 1), (2100, 5376, 1000, 1), (1100, 2112, 3000, 3)]
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +32,7 @@ def bundle(gpu_bundle):
 
 
 def split_variants(b) -> list[dict]:
-    return [v for v in b.candidates("gemm") if v.get("workspace", {}).get("form") == "tiles"]
+    return [v for v in b.candidates("gemm") if v.get("workspace", {}).get("form") in ("tiles", "tail")]
 
 
 def _operands(M, N, K, L, dtype="bf16"):

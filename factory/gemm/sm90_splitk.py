@@ -39,7 +39,14 @@ value) reduced made every part wait for the atomic's round trip: 5-10 % slower o
 
 Measured (H100, beside the unsplit tiles in one sweep): the fix-up costs ~5-12 us per wave of
 units, so a split tile beat the best unsplit one on 3 of 195 problems (by 2-9 %); the selection's
-cost model (``wsplit_us``) picks it rarely, and no split variant is in the default tier.
+cost model (``wsplit_us``) picks it rarely, and no such variant is in the default tier.
+
+**The tail split** (``tail=True``, :class:`GemmSm90TailKernel`): whole tiles first, then only the
+last, partial round of tiles split along K over the clusters that round would leave idle, one
+fix-up round (reduce-scatter: each part sums a slice of the tile).  Its workspace form is "tail"
+(``tail_workspace_words``).  Measured (H100): 2048x2112x7168 92.5 us against 98-106 for the best
+unsplit tile, 2048x5376x21504 706 against 751-778; ~6 us of fixed cost per launch, so the selection
+(fx_select.c ``tail_plan``) lets it compete only from one whole round up.
 """
 
 from __future__ import annotations
@@ -65,6 +72,13 @@ from .sm90 import GemmSm90, GemmSm90Kernel, _Bar
 
 SEM_ALIGN = 32  # semaphore words, rounded up to this many (128 bytes)
 MAX_SPLITS = 8
+# The tail split (``tail=True``): at most this many parts per tail tile, each part at least
+# TAIL_MIN_K k-tiles, and at most TAIL_SLOTS partial tiles in the workspace (one per part and tail
+# tile; the parts of one round fit the resident CTAs, so a device of up to TAIL_SLOTS SMs is never
+# limited by it; a larger one splits its tail into fewer parts).
+TAIL_MAX_SPLITS = 16
+TAIL_MIN_K = 4
+TAIL_SLOTS = 144
 
 
 def tile_count(M: int, N: int, L: int, tile_m: int, tile_n: int) -> int:
@@ -79,15 +93,26 @@ def workspace_words(M: int, N: int, L: int, tile_m: int, tile_n: int, splits: in
     return -(-t // SEM_ALIGN) * SEM_ALIGN + t * splits * tile_m * tile_n
 
 
+def tail_workspace_words(M: int, N: int, L: int, tile_m: int, tile_n: int, splits: int) -> int:
+    """float32 elements of a tail split's workspace: the semaphore words (one per output tile,
+    rounded up to SEM_ALIGN), then at most TAIL_SLOTS partial tiles (fewer when the problem has
+    fewer tiles x ``splits``).  The host library computes the same (fx_select.c)."""
+    t = tile_count(M, N, L, tile_m, tile_n)
+    return -(-t // SEM_ALIGN) * SEM_ALIGN + min(t * splits, TAIL_SLOTS) * tile_m * tile_n
+
+
 @dataclass(frozen=True, kw_only=True)
 class GemmSm90SplitK(GemmSm90):
     """A ``GemmSm90`` tile (bf16 / f16, unswapped, coop or ws, cluster 1x1 or 1x2 along N) whose
     output tiles are split ``splits`` ways along K over the persistent grid (see the module
-    docstring).  Takes one more argument, the float32 ``workspace``."""
+    docstring); with ``tail`` only the last partial round's tiles, into at most ``splits`` parts
+    (coop, any cluster).  Takes one more argument, the float32 ``workspace``."""
 
     sources: ClassVar[tuple[str, ...]] = GemmSm90.sources + ("gemm/sm90_splitk.py",)
 
     splits: int = field(default=2, metadata={"tag": "skw"})
+    # Split only the last, partial round of output tiles (``splits``: the most parts per tile).
+    tail: bool = field(default=False, metadata={"tag": "tail"})
 
     required_sass: ClassVar[tuple[str, ...]] = GemmSm90.required_sass + (r"\bREDG\.E\.ADD",)
 
@@ -112,6 +137,12 @@ class GemmSm90SplitK(GemmSm90):
             return "the workspace split runs unswapped, without the cluster split, epilogue fields or early_b"
         if self.schedule not in ("coop", "ws"):
             return "the workspace split runs the coop and ws schedules"
+        if self.tail:
+            if not 2 <= self.splits <= TAIL_MAX_SPLITS:
+                return f"the tail split takes 2..{TAIL_MAX_SPLITS} parts"
+            if self.swizzle != 1:
+                return "the tail split walks its own raster (swizzle 1)"
+            return None
         if tuple(self.cluster) not in ((1, 1), (1, 2)):
             # A cluster along M would pair two parts of one tile (other k-blocks): no multicast.
             return "the workspace split runs clusters 1x1 and 1x2 (along N)"
@@ -127,15 +158,16 @@ class GemmSm90SplitK(GemmSm90):
         d.update({
             # The cost model and the wave rule read split_k (work units per output tile).
             "split_k": self.splits,
-            "workspace": {"dtype": "f32", "form": "tiles", "tile": [tm, tn], "splits": self.splits,
-                          "sem_align": SEM_ALIGN},
+            "workspace": {"dtype": "f32", "form": "tail" if self.tail else "tiles", "tile": [tm, tn],
+                          "splits": self.splits, "sem_align": SEM_ALIGN,
+                          **({"slots": TAIL_SLOTS} if self.tail else {})},
             "persistent": {"arg": "max_clusters", "cluster_ctas": math.prod(self.kernel_cluster)},
         })
         return d
 
     def make_kernel(self):
         plan = self.plan()
-        return GemmSm90SplitKernel(
+        return (GemmSm90TailKernel if self.tail else GemmSm90SplitKernel)(
             tile=self.kernel_tile, cluster=self.kernel_cluster, n_consumer=plan.n_consumer,
             pingpong=False, promote=False, epi_tile=plan.epi_tile, ab_stages=plan.ab_stages,
             epi_stages=plan.epi_stages, raster_along_m=True, swizzle=self.swizzle, swap_ab=False,
@@ -157,18 +189,9 @@ class GemmSm90SplitKernel(GemmSm90Kernel):
         self._launch_split(a, b, c, workspace, max_clusters, stream)
 
     @cute.jit
-    def _k_range(self, m, k_tiles):
-        """(output tile M index, first k-tile, end k-tile) of a work unit: part p of
-        ``splits`` takes the p-th slice of ceil(k_tiles / splits) k-tiles (possibly none)."""
-        part = m % self.splits
-        m = m // self.splits
-        per = (k_tiles + self.splits - 1) // self.splits
-        k_begin = part * per
-        k_end = cutlass.min(k_tiles, k_begin + per)
-        return m, k_begin, k_end
-
-    @cute.jit
-    def _launch_split(self, a, b, c, workspace, max_clusters, stream):
+    def _host_operands(self, a, b, c):
+        """The host side both kernels share: the MMA, the smem layouts, the TMA atoms, and the shared
+        storage (``self.shared_storage``, with the dtypes the device side reads)."""
         ab_dtype, c_dtype = a.element_type, c.element_type
         a_layout = utils.LayoutEnum.from_tensor(a)
         b_layout = utils.LayoutEnum.from_tensor(b)
@@ -185,10 +208,6 @@ class GemmSm90SplitKernel(GemmSm90Kernel):
         tma_b, gB = atoms.tma_load_atom(b, sB_layout, (self.tile[1], self.tile[2]), self.mcast_b)
         tma_c, gC = atoms.tma_store_atom(c, sC_layout, self.epi_tile)
 
-        tiles_mnl = cute.zipped_divide(c, tiler=self.c_tile)[(0, (None, None, None))].shape
-        tiles_mnl = (tiles_mnl[0] * self.splits, tiles_mnl[1], tiles_mnl[2])
-        sched, grid = atoms.persistent_schedule(tiles_mnl, self.cluster, self.swizzle, True, max_clusters)
-
         @cute.struct
         class SharedStorage:
             ab_barriers: cute.struct.MemRange[cutlass.Int64, self.ab_stages * 2]
@@ -202,18 +221,50 @@ class GemmSm90SplitKernel(GemmSm90Kernel):
         self.shared_storage = SharedStorage
         self.ab_dtype = ab_dtype
         self.c_layout = c_layout
-        self.split_kernel(
-            tma_a, gA, tma_b, gB, tma_c, gC, workspace, tiled_mma, sA_layout, sB_layout, sC_layout, sched,
-        ).launch(
-            grid=grid, block=[self.threads, 1, 1], cluster=(*self.cluster, 1),
-            min_blocks_per_mp=1, stream=stream, use_pdl=self.pdl,
-        )
+        return tiled_mma, sA_layout, sB_layout, sC_layout, tma_a, gA, tma_b, gB, tma_c, gC
 
-    @cute.kernel
-    def split_kernel(self, tma_a: cute.CopyAtom, mA: cute.Tensor, tma_b: cute.CopyAtom, mB: cute.Tensor,
-                     tma_c: cute.CopyAtom, mC: cute.Tensor, workspace: cute.Tensor, tiled_mma: cute.TiledMma,
-                     sA_layout: cute.ComposedLayout, sB_layout: cute.ComposedLayout,
-                     sC_layout: cute.ComposedLayout, sched_params: utils.PersistentTileSchedulerParams):
+    def _consumer_operands(self, tiled_mma, sA, sB, sC, gC, ctidx):
+        """The consumer side both kernels share: the MMA fragments and accumulators, the epilogue's
+        register -> smem copy and its buffers, the TMA store pipeline and the epilogue barrier."""
+        thr_mma = tiled_mma.get_slice(ctidx)
+        tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
+        tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
+        acc_shape = thr_mma.partition_C(gC).shape[:3]
+        acc = cute.make_rmem_tensor(acc_shape, cutlass.Float32)
+        n_acc = cute.size(acc)
+        k_blocks = cute.size(tCrA, mode=[2])
+
+        c_dtype = sC.element_type
+        r2s_atom = sm90_utils.get_smem_store_op(self.c_layout, c_dtype, cutlass.Float32)
+        r2s = cute.make_tiled_copy_S(
+            r2s_atom,
+            cute.make_tiled_copy_C_atom(
+                cute.make_copy_atom(
+                    cute.nvgpu.warp.StMatrix8x8x16bOp(self.c_layout.is_m_major_c(), 4), c_dtype
+                ),
+                tiled_mma,
+            ),
+        )
+        thr_r2s = r2s.get_slice(ctidx)
+        tRS_sC = thr_r2s.partition_D(sC)
+        tRS_acc = r2s.retile(acc)
+        frag_shape = cute.shape(thr_r2s.partition_S(sC))[:3]
+        tRS_rF = cute.make_rmem_tensor(frag_shape, cutlass.Float32)
+        tRS_rC = cute.make_rmem_tensor(frag_shape, c_dtype)
+        frag_size = cute.size(tRS_rF)
+        store_pipe = pipeline.PipelineTmaStore.create(
+            num_stages=self.epi_stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.epi_threads),
+        )
+        epi_bar = pipeline.NamedBarrier(barrier_id=int(_Bar.EPILOGUE), num_threads=self.epi_threads)
+        return (tCrA, tCrB, acc, n_acc, k_blocks, r2s, tRS_sC, tRS_acc, tRS_rF, tRS_rC, frag_size, store_pipe,
+                epi_bar)
+
+    @cute.jit
+    def _prologue(self, tma_a, tma_b, tma_c, mA, mB, mC, sA_layout, sB_layout, sC_layout):
+        """The device side both kernels start with: descriptor prefetch, the cluster coordinates,
+        the shared storage, the A/B stage pipeline (initialised across the cluster), the tiled
+        global views and the k-tile count."""
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == 0:
@@ -242,6 +293,41 @@ class GemmSm90SplitKernel(GemmSm90Kernel):
         k_tiles = cute.size(gA, mode=[3])
 
         pipeline.pipeline_init_wait(cluster_shape_mn=self.cluster)
+        return (tidx, warp_idx, cta_layout, cta_rank, cluster_coord, sA, sB, sC, ab_pipe, gA, gB, gC,
+                k_tiles)
+
+    @cute.jit
+    def _k_range(self, m, k_tiles):
+        """(output tile M index, first k-tile, end k-tile) of a work unit: part p of
+        ``splits`` takes the p-th slice of ceil(k_tiles / splits) k-tiles (possibly none)."""
+        part = m % self.splits
+        m = m // self.splits
+        per = (k_tiles + self.splits - 1) // self.splits
+        k_begin = part * per
+        k_end = cutlass.min(k_tiles, k_begin + per)
+        return m, k_begin, k_end
+
+    @cute.jit
+    def _launch_split(self, a, b, c, workspace, max_clusters, stream):
+        tiled_mma, sA_layout, sB_layout, sC_layout, tma_a, gA, tma_b, gB, tma_c, gC = self._host_operands(a, b, c)
+
+        tiles_mnl = cute.zipped_divide(c, tiler=self.c_tile)[(0, (None, None, None))].shape
+        tiles_mnl = (tiles_mnl[0] * self.splits, tiles_mnl[1], tiles_mnl[2])
+        sched, grid = atoms.persistent_schedule(tiles_mnl, self.cluster, self.swizzle, True, max_clusters)
+        self.split_kernel(
+            tma_a, gA, tma_b, gB, tma_c, gC, workspace, tiled_mma, sA_layout, sB_layout, sC_layout, sched,
+        ).launch(
+            grid=grid, block=[self.threads, 1, 1], cluster=(*self.cluster, 1),
+            min_blocks_per_mp=1, stream=stream, use_pdl=self.pdl,
+        )
+
+    @cute.kernel
+    def split_kernel(self, tma_a: cute.CopyAtom, mA: cute.Tensor, tma_b: cute.CopyAtom, mB: cute.Tensor,
+                     tma_c: cute.CopyAtom, mC: cute.Tensor, workspace: cute.Tensor, tiled_mma: cute.TiledMma,
+                     sA_layout: cute.ComposedLayout, sB_layout: cute.ComposedLayout,
+                     sC_layout: cute.ComposedLayout, sched_params: utils.PersistentTileSchedulerParams):
+        (tidx, warp_idx, cta_layout, cta_rank, cluster_coord, sA, sB, sC, ab_pipe, gA, gB, gC,
+         k_tiles) = self._prologue(tma_a, tma_b, tma_c, mA, mB, mC, sA_layout, sB_layout, sC_layout)
         if cutlass.const_expr(self.pdl):
             # As sm90.py: the grid is resident, so the next kernel may be scheduled now; wait for
             # the previous one before touching global memory (the workspace included).
@@ -307,37 +393,9 @@ class GemmSm90SplitKernel(GemmSm90Kernel):
         """The consumer warpgroups: per work unit the part's mainloop, the partial tile into the
         workspace and the semaphore; the last part of a tile sums the partials in part order and
         runs the epilogue."""
-        thr_mma = tiled_mma.get_slice(ctidx)
-        tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
-        tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
-        acc_shape = thr_mma.partition_C(gC).shape[:3]
-        acc = cute.make_rmem_tensor(acc_shape, cutlass.Float32)
-        n_acc = cute.size(acc)
-        k_blocks = cute.size(tCrA, mode=[2])
-
+        (tCrA, tCrB, acc, n_acc, k_blocks, r2s, tRS_sC, tRS_acc, tRS_rF, tRS_rC, frag_size, store_pipe,
+         epi_bar) = self._consumer_operands(tiled_mma, sA, sB, sC, gC, ctidx)
         c_dtype = sC.element_type
-        r2s_atom = sm90_utils.get_smem_store_op(self.c_layout, c_dtype, cutlass.Float32)
-        r2s = cute.make_tiled_copy_S(
-            r2s_atom,
-            cute.make_tiled_copy_C_atom(
-                cute.make_copy_atom(
-                    cute.nvgpu.warp.StMatrix8x8x16bOp(self.c_layout.is_m_major_c(), 4), c_dtype
-                ),
-                tiled_mma,
-            ),
-        )
-        thr_r2s = r2s.get_slice(ctidx)
-        tRS_sC = thr_r2s.partition_D(sC)
-        tRS_acc = r2s.retile(acc)
-        frag_shape = cute.shape(thr_r2s.partition_S(sC))[:3]
-        tRS_rF = cute.make_rmem_tensor(frag_shape, cutlass.Float32)
-        tRS_rC = cute.make_rmem_tensor(frag_shape, c_dtype)
-        frag_size = cute.size(tRS_rF)
-        store_pipe = pipeline.PipelineTmaStore.create(
-            num_stages=self.epi_stages,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.epi_threads),
-        )
-        epi_bar = pipeline.NamedBarrier(barrier_id=int(_Bar.EPILOGUE), num_threads=self.epi_threads)
         store_warp = 4
 
         tiles_m = cute.size(gC, mode=[2])
@@ -438,6 +496,287 @@ class GemmSm90SplitKernel(GemmSm90Kernel):
         store_pipe.producer_tail()
 
 
+class GemmSm90TailKernel(GemmSm90SplitKernel):
+    """The tail split: whole output tiles first, then the last, partial round of tiles split
+    along K over the CTAs that round would leave idle, with a reduce-scatter fix-up.
+
+    Work units, walked by the persistent clusters in order (cluster ``c`` takes ``c``, ``c + G``,
+    ...; G = the clusters the device holds, ``max_clusters``): with T cluster tiles (cluster-sized
+    groups of output tiles, raster along M), ``R = T mod G`` and ``D = T - R``, units ``0..D-1``
+    are whole tiles, then ``R x S`` units are (tile, part) pairs, ``S = min(G // R, splits,
+    k_tiles // TAIL_MIN_K)`` (and the slots bound), part p taking k-tiles ``[p K / S, (p+1) K / S)``.
+    The split units all fall in the last round, so every part of a tile is resident at once.
+    Fix-up: every part stores its fp32 partial (the epilogue's register order, 16-byte vectors
+    interleaved over the threads), fences and arrives on the tile's semaphore; once all S have
+    arrived, part p sums the epilogue sub-tiles ``[p n / S, (p+1) n / S)`` of all parts in part
+    order and stores them through the usual epilogue; then a second arrival, and the last of those
+    sets the semaphore back to 0.  The semaphores must be zero at launch (the runtime zeroes them, as
+    the "tiles" workspace's; the kernel leaves them zero)."""
+
+    @cute.jit
+    def __call__(self, a: cute.Tensor, b: cute.Tensor, c: cute.Tensor, workspace: cute.Tensor,
+                 max_clusters: cutlass.Int32, stream: cuda.CUstream):
+        self._launch_tail(a, b, c, workspace, max_clusters, stream)
+
+    @cute.jit
+    def _launch_tail(self, a, b, c, workspace, max_clusters, stream):
+        tiled_mma, sA_layout, sB_layout, sC_layout, tma_a, gA, tma_b, gB, tma_c, gC = self._host_operands(a, b, c)
+
+        # The unit plan (see the class docstring), from the problem and the resident clusters.
+        cm, cn = self.cluster
+        tiles_m = (c.shape[0] + self.tile[0] - 1) // self.tile[0]
+        tiles_n = (c.shape[1] + self.tile[1] - 1) // self.tile[1]
+        k_tiles = (a.shape[1] + self.tile[2] - 1) // self.tile[2]
+        ct_m = (tiles_m + cm - 1) // cm
+        ct_n = (tiles_n + cn - 1) // cn
+        n_ct = ct_m * ct_n * c.shape[2]
+        g = cutlass.max(max_clusters, cutlass.Int32(1))
+        rest = n_ct % g
+        s = cutlass.min(g // cutlass.max(rest, cutlass.Int32(1)), cutlass.Int32(TAIL_MAX_SPLITS))
+        s = cutlass.min(s, cutlass.Int32(self.splits))
+        s = cutlass.min(s, k_tiles // TAIL_MIN_K)
+        s = cutlass.min(s, TAIL_SLOTS // cutlass.max(rest * cm * cn, cutlass.Int32(1)))
+        s = cutlass.max(s, cutlass.Int32(1))
+        whole = n_ct - rest
+        units = whole + rest * s
+        grid_z = cutlass.max(cutlass.min(g, units), cutlass.Int32(1))
+        self.tail_kernel(
+            tma_a, gA, tma_b, gB, tma_c, gC, workspace, tiled_mma, sA_layout, sB_layout, sC_layout,
+            ct_m, ct_n, whole, units, s,
+        ).launch(
+            grid=[cm, cn, grid_z], block=[self.threads, 1, 1], cluster=(*self.cluster, 1),
+            min_blocks_per_mp=1, stream=stream, use_pdl=self.pdl,
+        )
+
+    @cute.jit
+    def _unit(self, u, whole, s, ct_m, ct_n, k_tiles, cluster_coord):
+        """(m, n, l, first k-tile, end k-tile, part, parts, tail index) of work unit ``u``."""
+        t = u
+        part = cutlass.Int32(0)
+        parts = cutlass.Int32(1)
+        r = cutlass.Int32(0)
+        if u >= whole:
+            j = u - whole
+            r = j // s
+            part = j - r * s
+            parts = s
+            t = whole + r
+        k_begin = part * k_tiles // parts
+        k_end = (part + 1) * k_tiles // parts
+        m_ct = t % ct_m
+        q = t // ct_m
+        n_ct = q % ct_n
+        l = q // ct_n
+        m = m_ct * self.cluster[0] + cluster_coord[0]
+        n = n_ct * self.cluster[1] + cluster_coord[1]
+        return m, n, l, k_begin, k_end, part, parts, r
+
+    @cute.kernel
+    def tail_kernel(self, tma_a: cute.CopyAtom, mA: cute.Tensor, tma_b: cute.CopyAtom, mB: cute.Tensor,
+                    tma_c: cute.CopyAtom, mC: cute.Tensor, workspace: cute.Tensor, tiled_mma: cute.TiledMma,
+                    sA_layout: cute.ComposedLayout, sB_layout: cute.ComposedLayout,
+                    sC_layout: cute.ComposedLayout, ct_m: cutlass.Int32, ct_n: cutlass.Int32,
+                    whole: cutlass.Int32, units: cutlass.Int32, s: cutlass.Int32):
+        (tidx, warp_idx, cta_layout, cta_rank, cluster_coord, sA, sB, sC, ab_pipe, gA, gB, gC,
+         k_tiles) = self._prologue(tma_a, tma_b, tma_c, mA, mB, mC, sA_layout, sB_layout, sC_layout)
+        if cutlass.const_expr(self.pdl):
+            cute.arch.griddepcontrol_launch_dependents()
+            cute.arch.griddepcontrol_wait()
+
+        _, _, cluster_idx = cute.arch.block_idx()
+        _, _, n_clusters = cute.arch.grid_dim()
+        plan = (whole, units, s, ct_m, ct_n, cluster_idx, n_clusters)
+        warpgroup = cute.arch.make_warp_uniform(tidx // 128)
+        if warpgroup == 0:
+            cute.arch.setmaxregister_decrease(atoms.GEMM_PRODUCER_REGS)
+            if warp_idx == 0:
+                self.produce_tail(tma_a, tma_b, sA, sB, gA, gB, ab_pipe, cta_layout, cluster_coord,
+                                  k_tiles, plan)
+        else:
+            cute.arch.setmaxregister_increase(self.consumer_regs)
+            self.consume_tail(tiled_mma, tma_c, sA, sB, sC, gC, ab_pipe, k_tiles, tidx - 128, warp_idx,
+                              workspace, cluster_coord, cta_rank, plan)
+
+    @cute.jit
+    def produce_tail(self, tma_a, tma_b, sA, sB, gA, gB, ab_pipe, cta_layout, cluster_coord, k_tiles, plan):
+        """The TMA warp: every k-tile of this cluster's units into the next free stage."""
+        whole, units, s, ct_m, ct_n, cluster_idx, n_clusters = plan
+        tAsA, tAgA = cute.nvgpu.cpasync.tma_partition(
+            tma_a, cluster_coord[1], cute.make_layout(self.cluster[1]),
+            cute.group_modes(sA, 0, 2), cute.group_modes(gA, 0, 2),
+        )
+        tBsB, tBgB = cute.nvgpu.cpasync.tma_partition(
+            tma_b, cluster_coord[0], cute.make_layout(self.cluster[0]),
+            cute.group_modes(sB, 0, 2), cute.group_modes(gB, 0, 2),
+        )
+        a_mask = None
+        b_mask = None
+        if cutlass.const_expr(self.mcast_a > 1):
+            a_mask = cute.make_layout_image_mask(cta_layout, cluster_coord, mode=1)
+        if cutlass.const_expr(self.mcast_b > 1):
+            b_mask = cute.make_layout_image_mask(cta_layout, cluster_coord, mode=0)
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.ab_stages)
+        u = cluster_idx
+        while u < units:
+            m, n, l, k_begin, k_end, _part, _parts, _r = self._unit(u, whole, s, ct_m, ct_n, k_tiles,
+                                                                   cluster_coord)
+            tAgA_t = tAgA[(None, m, None, l)]
+            tBgB_t = tBgB[(None, n, None, l)]
+            for k in range(k_begin, k_end):
+                ab_pipe.producer_acquire(state)
+                bar = ab_pipe.producer_get_barrier(state)
+                cute.copy(tma_a, tAgA_t[(None, k)], tAsA[(None, state.index)], tma_bar_ptr=bar, mcast_mask=a_mask)
+                cute.copy(tma_b, tBgB_t[(None, k)], tBsB[(None, state.index)], tma_bar_ptr=bar, mcast_mask=b_mask)
+                ab_pipe.producer_commit(state)
+                state.advance()
+            u = u + n_clusters
+        ab_pipe.producer_tail(state)
+
+    @cute.jit
+    def consume_tail(self, tiled_mma, tma_c, sA, sB, sC, gC, ab_pipe, k_tiles, ctidx, warp_idx, workspace,
+                     cluster_coord, cta_rank, plan):
+        """The consumer warpgroups: per unit the mainloop; a whole tile's epilogue, or a part's
+        partial out, the wait for its tile's other parts, and this part's share of the sum."""
+        whole, units, s, ct_m, ct_n, cluster_idx, n_clusters = plan
+        (tCrA, tCrB, acc, n_acc, k_blocks, r2s, tRS_sC, tRS_acc, tRS_rF, tRS_rC, frag_size, store_pipe,
+         epi_bar) = self._consumer_operands(tiled_mma, sA, sB, sC, gC, ctidx)
+        c_dtype = sC.element_type
+        store_warp = 4
+
+        tiles_m = cute.size(gC, mode=[2])
+        tiles_n = cute.size(gC, mode=[3])
+        n_tiles = tiles_m * tiles_n * cute.size(gC, mode=[4])
+        sem_words = (n_tiles + SEM_ALIGN - 1) // SEM_ALIGN * SEM_ALIGN
+        tile_words = self.tile[0] * self.tile[1]
+        cluster_ctas = self.cluster[0] * self.cluster[1]
+        sems = cute.recast_ptr(workspace.iterator, dtype=cutlass.Int32)
+        vec = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), cutlass.Float32, num_bits_per_copy=128)
+        t4 = cute.make_rmem_tensor((4, 1), cutlass.Float32)
+        pbuf = cute.make_rmem_tensor((4, self.splits), cutlass.Float32)  # one vector of every part
+        n_epi_all = cute.size(cute.zipped_divide(gC[(None, None, 0, 0, 0)], self.epi_tile), mode=[1])
+        assert frag_size % 4 == 0 and n_acc == n_epi_all * frag_size, (frag_size, n_acc, n_epi_all)
+
+        read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stages)
+        release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stages)
+        stored = cutlass.Int32(0)  # epilogue sub-tiles stored by this CTA (the smem buffer ring)
+        u = cluster_idx
+        while u < units:
+            m, n, l, k_begin, k_end, part, parts, r = self._unit(u, whole, s, ct_m, ct_n, k_tiles, cluster_coord)
+            # ---- mainloop (as sm90.py's bf16 loop: one WGMMA batch in flight)
+            cute.nvgpu.warpgroup.fence()
+            tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
+            for k in range(k_begin, k_end):
+                ab_pipe.consumer_wait(read)
+                for kb in cutlass.range_constexpr(k_blocks):
+                    blk = (None, None, kb, read.index)
+                    cute.gemm(tiled_mma, acc, tCrA[blk], tCrB[blk], acc)
+                    tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+                cute.nvgpu.warpgroup.commit_group()
+                read.advance()
+                if k > k_begin:
+                    cute.nvgpu.warpgroup.wait_group(1)
+                    ab_pipe.consumer_release(release)
+                    release.advance()
+            cute.nvgpu.warpgroup.wait_group(0)
+            if k_end > k_begin:
+                ab_pipe.consumer_release(release)
+                release.advance()
+
+            # Padding tiles of a cluster past the grid's edge store nothing (and are never split
+            # apart from their cluster's real tiles, whose parts they mirror).
+            e_begin = cutlass.Int32(0)
+            e_end = cutlass.Int32(0)
+            slot0 = cutlass.Int32(0)
+            tile_id = cutlass.Int32(0)
+            valid = cutlass.Int32(0)
+            if m < tiles_m:
+                if n < tiles_n:
+                    valid = cutlass.Int32(1)
+            if valid > 0:
+                e_begin = part * n_epi_all // parts
+                e_end = (part + 1) * n_epi_all // parts
+                if parts > 1:
+                    # Every part: its partial (in the epilogue's register order) out, released at
+                    # GPU scope, one arrival; then wait for all the tile's parts.
+                    tile_id = m + tiles_m * (n + tiles_n * l)
+                    slot0 = (r * cluster_ctas + cta_rank) * parts
+                    base = sem_words + (slot0 + part) * tile_words + ctidx * 4
+                    dst = self._slot(workspace, base, n_acc)
+                    for j in cutlass.range_constexpr(n_acc // 4):
+                        for e in cutlass.range_constexpr(4):
+                            t4[e] = tRS_acc[4 * j + e]
+                        cute.copy(vec, t4, cute.local_tile(dst, (4, 1), (0, j)))
+                    # The CTA's stores are ordered before one thread's release by the barrier
+                    # (the release is cumulative); after the acquire, the barrier orders the
+                    # CTA's loads after it: one fence per CTA, not one per thread.
+                    epi_bar.arrive_and_wait()
+                    if ctidx == 0:
+                        cute.arch.fence_acq_rel_gpu()
+                        cute.arch.red(sems + tile_id, cutlass.Int32(1), op="add", dtype="s32", sem="release",
+                                      scope="gpu")
+                        got = cute.arch.load(sems + tile_id, cutlass.Int32, sem="acquire", scope="gpu")
+                        while got < parts:
+                            got = cute.arch.load(sems + tile_id, cutlass.Int32, sem="acquire", scope="gpu")
+                    epi_bar.arrive_and_wait()
+
+            if e_end > e_begin:
+                # ---- epilogue (as sm90.py) over this part's sub-tiles: -> smem (stmatrix) -> TMA
+                gC_t = cute.zipped_divide(gC[(None, None, m, n, l)], self.epi_tile)
+                bSG_sC, bSG_gC = cute.nvgpu.cpasync.tma_partition(
+                    tma_c, 0, cute.make_layout(1), cute.group_modes(sC, 0, 2), gC_t,
+                )
+                epi_shape = gC_t.shape[1]
+                epi_order = cute.make_layout(epi_shape, stride=(epi_shape[1], 1))
+                n_epi = cute.size(gC_t, mode=[1])
+                for e in cutlass.range_constexpr(n_epi):
+                    mine = cutlass.Int32(0)
+                    if e >= e_begin:
+                        if e < e_end:
+                            mine = cutlass.Int32(1)
+                    if mine > 0:
+                        if parts > 1:
+                            # this sub-tile summed over the parts in part order: every part's
+                            # vectors loaded first (up to `splits` loads in flight), then added
+                            for j in cutlass.range_constexpr(frag_size // 4):
+                                jj = e * (frag_size // 4) + j
+                                for p in cutlass.range_constexpr(self.splits):
+                                    if p < parts:
+                                        src = self._slot(workspace, sem_words + (slot0 + p) * tile_words + ctidx * 4,
+                                                         n_acc)
+                                        cute.copy(vec, cute.local_tile(src, (4, 1), (0, jj)),
+                                                  cute.local_tile(pbuf, (4, 1), (0, p)))
+                                for x in cutlass.range_constexpr(4):
+                                    tRS_rF[4 * j + x] = pbuf[x, 0]
+                                for p in cutlass.range_constexpr(1, self.splits):
+                                    if p < parts:
+                                        for x in cutlass.range_constexpr(4):
+                                            tRS_rF[4 * j + x] = tRS_rF[4 * j + x] + pbuf[x, p]
+                        else:
+                            for v in cutlass.range_constexpr(frag_size):
+                                tRS_rF[v] = tRS_acc[e * frag_size + v]
+                        tRS_rC.store(tRS_rF.load().to(c_dtype))
+                        buf = stored % self.epi_stages
+                        cute.copy(r2s, tRS_rC, tRS_sC[(None, None, None, buf)])
+                        cute.arch.fence_proxy("async.shared", space="cta")
+                        epi_bar.arrive_and_wait()
+                        if warp_idx == store_warp:
+                            cute.copy(tma_c, bSG_sC[(None, buf)], bSG_gC[(None, epi_order.get_hier_coord(e))])
+                            store_pipe.producer_commit()
+                            store_pipe.producer_acquire()
+                        epi_bar.arrive_and_wait()
+                        stored = stored + 1
+            if parts > 1:
+                if valid > 0:
+                    if ctidx == 0:
+                        # A second arrival once past the wait: the last of the 2 x parts sets the
+                        # semaphore back to 0 (every part has seen it full), for the next launch.
+                        old = cute.arch.atomic_add(sems + tile_id, cutlass.Int32(1), sem="relaxed", scope="gpu")
+                        if old == 2 * parts - 1:
+                            cute.arch.store(sems + tile_id, cutlass.Int32(0))
+            u = u + n_clusters
+        store_pipe.producer_tail()
+
+
 # ------------------------------------------------------------------------------------------------
 # Enumeration
 # ------------------------------------------------------------------------------------------------
@@ -446,8 +785,9 @@ class GemmSm90SplitKernel(GemmSm90Kernel):
 def enumerate_sm90_splitk(target: Target, tier: str) -> list[GemmSm90SplitK]:
     if target.family != "sm90" or not target.clusters:
         return []
-    specs = {"test": tiles.SM90_SPLITK_TEST, "default": tiles.SM90_SPLITK_DEFAULT,
-             "full": tiles.SM90_SPLITK_DEFAULT + tiles.SM90_SPLITK_FULL}[tier]
+    specs = {"test": tiles.SM90_SPLITK_TEST + tiles.SM90_TAIL_TEST, "default": tiles.SM90_SPLITK_DEFAULT + tiles.SM90_TAIL_DEFAULT,
+             "full": (tiles.SM90_SPLITK_DEFAULT + tiles.SM90_SPLITK_FULL + tiles.SM90_TAIL_DEFAULT
+                      + tiles.SM90_TAIL_FULL)}[tier]
     out = []
     for s in specs:
         v = GemmSm90SplitK(target=target.name, pdl=True, **s)

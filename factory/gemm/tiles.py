@@ -322,6 +322,19 @@ DECODE_SHAPES = {
 # Every row built with pdl=True.  ``splits`` parts per output tile.
 SM90_SPLITK_TEST = (dict(**BF16, tile=(64, 128, 64), schedule="ws", splits=4),)
 SM90_SPLITK_DEFAULT = ()
+# The tail split (whole tiles first, the last partial round split along K): up to 16 parts.  The
+# default tier keeps the tiles the selection picks on the off-grid tune and report halves (H100,
+# notes/gemm-sm90.md "The tail split"); the others are in the full tier.
+SM90_TAIL_DEFAULT = tuple(
+    dict(**BF16, tile=t, schedule="coop", cluster=c, splits=16, tail=True)
+    for t, c in (((128, 192, 64), (2, 1)), ((128, 256, 64), (2, 1)))
+)
+SM90_TAIL_FULL = tuple(
+    dict(**BF16, tile=t, schedule="coop", cluster=c, splits=16, tail=True)
+    for t, c in (((128, 256, 64), (1, 2)), ((128, 192, 64), (1, 1)), ((128, 128, 64), (2, 1)),
+                 ((128, 128, 64), (1, 2)), ((128, 128, 64), (1, 1)))
+)
+SM90_TAIL_TEST = (dict(**BF16, tile=(128, 128, 64), schedule="coop", cluster=(1, 1), splits=16, tail=True),)
 SM90_SPLITK_FULL = tuple(
     dict(**BF16, tile=t, schedule=s, cluster=c, splits=k)
     for t, s, c, ks in (((128, 256, 64), "coop", (1, 2), (2, 3, 4)), ((128, 192, 64), "coop", (1, 2), (2, 3)),

@@ -166,28 +166,35 @@ def _scale_error(what: str, s, a):
 def _workspace_spec(entry: dict, M: int, N: int, ptr: int = 0, L: int = 1) -> list:
     """The split-K workspace argument of a variant that has one, else nothing: (split_k, M, N)
     fp32 passed as its (M, N, split_k) view, or for the in-kernel fix-up (``form`` "tiles") the
-    flat float32 buffer of ``workspace_words``."""
+    flat float32 buffer of ``workspace_words`` (also the tail split's form, "tail")."""
     if "workspace" not in entry:
         return []
     w = entry["workspace"]
-    if w.get("form") == "tiles":
+    if w.get("form") in _FLAT_FORMS:
         return [(ptr, (workspace_words(w, M, N, L),), (1,))]
     s = entry["split_k"]
     return [(ptr, (M, N, s), (N, 1, M * N))]
 
 
+_FLAT_FORMS = ("tiles", "tail")  # the in-kernel fix-ups' flat workspaces: semaphores, then partial tiles
+
+
 def workspace_words(w: dict, M: int, N: int, L: int) -> int:
-    """float32 elements of a "tiles" workspace (gemm/sm90_splitk.py, fx_select.c agree): one int32
-    semaphore per output tile, rounded up to ``sem_align`` words, then a partial tile per (tile,
-    part)."""
+    """float32 elements of a "tiles" or "tail" workspace (gemm/sm90_splitk.py, fx_select.c agree):
+    one int32 semaphore per output tile, rounded up to ``sem_align`` words, then a partial tile per
+    (tile, part) ("tiles"), or at most ``slots`` partial tiles ("tail": the split parts of the
+    last round only)."""
     tm, tn = w["tile"]
     t = -(-M // tm) * -(-N // tn) * L
     a = w["sem_align"]
-    return -(-t // a) * a + t * w["splits"] * tm * tn
+    parts = t * w["splits"]
+    if w.get("form") == "tail":
+        parts = min(parts, w["slots"])
+    return -(-t // a) * a + parts * tm * tn
 
 
 def sem_words(w: dict, M: int, N: int, L: int) -> int:
-    """The leading words of a "tiles" workspace that must be zero at launch (the semaphores)."""
+    """The leading words of a "tiles" / "tail" workspace that must be zero at launch (the semaphores)."""
     tm, tn = w["tile"]
     t = -(-M // tm) * -(-N // tn) * L
     return -(-t // w["sem_align"]) * w["sem_align"]
@@ -195,9 +202,9 @@ def sem_words(w: dict, M: int, N: int, L: int) -> int:
 
 def new_workspace(entry: dict, M: int, N: int, L: int, device):
     """A split-K variant's workspace for one launch, from the stream-ordered allocator (a CUDA
-    graph's pool while capturing): the "tiles" form's semaphores zeroed on the current stream."""
+    graph's pool while capturing): the flat forms' semaphores zeroed on the current stream."""
     w = entry["workspace"]
-    if w.get("form") == "tiles":
+    if w.get("form") in _FLAT_FORMS:
         ws = torch.empty(workspace_words(w, M, N, L), dtype=torch.float32, device=device)
         ws[:sem_words(w, M, N, L)].zero_()
         return ws
@@ -476,12 +483,12 @@ def hot_launch(bundle, name: str, entry: dict, specs: list, dev: int, out, out_g
     if oproto is not None and empty_like(oproto).stride() != out.stride():
         raise AssertionError(f"{name}: empty_like does not reproduce the checked output layout")
     wproto = None
-    zero_to = 0  # a "tiles" workspace's semaphore words, zeroed before each launch
+    zero_to = 0  # a flat workspace's semaphore words, zeroed before each launch
     if "workspace" in entry:
         M, N, L = specs[0][1][0], specs[1][1][0], specs[0][1][2]  # as the checked path allocates it
         words = _workspace_spec(entry, M, N, 0, L)[0][1]
         wproto = out.new_empty(1, dtype=torch.float32).expand(math.prod(words))
-        if entry["workspace"].get("form") == "tiles":
+        if entry["workspace"].get("form") in _FLAT_FORMS:
             zero_to = sem_words(entry["workspace"], M, N, L)
     fp8 = entry["dtypes"]["a"] == "e4m3"
     unit_ptr = unit.data_ptr() if unit is not None else 0

@@ -217,6 +217,10 @@ MODEL = {
     # tune half of scripts/bench_offgrid.py's sweep (H100, regret 1.0274 without split -> 1.0238
     # at 2.0-2.5; notes/gemm-sm90.md, "Split-K over the grid").
     "wsplit_us": 2.5,
+    # The tail split (gemm/sm90_splitk.py, tail=True): the fix-up round of the split last round
+    # (every part's partial out, the wait for the tile's slowest part, its share of the sum back),
+    # in us per 128x128 tile.
+    "tail_us": 16.0,
 }
 
 # MODEL's keys in the order the host library's fx_model holds them (compiler/selection.py generates
@@ -224,4 +228,4 @@ MODEL = {
 MODEL_KEYS = ("eff_256x128_c1x2", "eff_128x256_c2x1", "eff_large", "eff_pp", "eff_coop_mc", "eff_coop",
               "eff_small", "eff_swap_base", "eff_swap_slope", "fp8_promoted", "fp8_fast", "split_us",
               "fixed_us", "overlap", "grid_bw_exp", "split_tile_exp", "narrow_exp", "tile_us", "deep_bw",
-              "wide_k_bw", "eff_coop_narrow", "wsplit_us")
+              "wide_k_bw", "eff_coop_narrow", "wsplit_us", "tail_us")

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Where the time of the split-K-over-the-grid GEMM goes (factory/gemm/sm90_splitk.py), on the GPU.
+"""Where the time of the split-K-over-the-grid GEMM goes (factory/gemm/sm90_splitk.py, both the
+every-tile split and the tail split), on the GPU.
 
 Per shape, in the same interleaved passes of CUDA-graph replays (factory.benchmark.time_interleaved,
 fresh input sets rotated past twice the L2): cuBLAS; the bundle's own pick; each split variant
@@ -36,9 +37,11 @@ def main() -> int:
     p.add_argument("bundle")
     p.add_argument("--shapes", nargs="+", default=SHAPES)
     p.add_argument("--json", required=True)
+    p.add_argument("--only", default=None, help="only split variants whose name holds this")
     a = p.parse_args()
     bundle = Bundle.open(a.bundle)
-    splits = [v for v in bundle.candidates("gemm") if v.get("workspace", {}).get("form") == "tiles"]
+    splits = [v for v in bundle.candidates("gemm") if v.get("workspace", {}).get("form") in ("tiles", "tail")
+              and (a.only is None or a.only in v["name"])]
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     out = {"device": torch.cuda.get_device_name(0), "rows": []}
     for s in a.shapes:

@@ -43,6 +43,10 @@ typedef __int128 i128;
 
 #define FX_WORKSPACE_TILES 2 /* fx_variant.workspace of the in-kernel split-K fix-up (selection.py) */
 #define FX_WORKSPACE_COUNTERS 3 /* a decode variant whose last split merges the others (arrival counters) */
+#define FX_WORKSPACE_TAIL 4  /* the GEMM tail split's partial tiles + semaphores (gemm/sm90_splitk.py tail=True) */
+#define FX_TAIL_SLOTS 144    /* gemm/sm90_splitk.py TAIL_SLOTS */
+#define FX_TAIL_MIN_K 4      /* gemm/sm90_splitk.py TAIL_MIN_K */
+#define FX_TAIL_MAX_SPLITS 16 /* gemm/sm90_splitk.py TAIL_MAX_SPLITS */
 
 static _Thread_local char fx_msg[1024];
 
@@ -447,14 +451,14 @@ static const fx_model_sm100 *model100(void) {
 }
 
 /* For fitting tools only (scripts/fit_cost_model.py; not thread-safe, never needed to serve): the
-   models' tunable constants in the order of selection.py MODEL_KEYS (22) / SM100_MODEL_KEYS (9);
+   models' tunable constants in the order of selection.py MODEL_KEYS (23) / SM100_MODEL_KEYS (9);
    NULL restores the compiled-in ones. */
 FX_EXPORT int32_t fx_cost_model_set(const double *sm90, int32_t n90, const double *sm100, int32_t n100) {
-    if ((sm90 && n90 != 22) || (sm100 && n100 != 9))
-        return fail(FX_ERR_INPUT, "fx_cost_model_set takes 22 sm90 and 9 sm100 constants, got %d and %d", n90, n100);
+    if ((sm90 && n90 != 23) || (sm100 && n100 != 9))
+        return fail(FX_ERR_INPUT, "fx_cost_model_set takes 23 sm90 and 9 sm100 constants, got %d and %d", n90, n100);
     fx_model90_set = fx_model_constants;
     fx_model100_set = fx_model_sm100_constants;
-    if (sm90) memcpy(&fx_model90_set, sm90, 22 * sizeof(double));
+    if (sm90) memcpy(&fx_model90_set, sm90, 23 * sizeof(double));
     if (sm100) memcpy(&fx_model100_set, sm100, 9 * sizeof(double));
     fx_model90_given = sm90 != NULL;
     fx_model100_given = sm100 != NULL;
@@ -509,9 +513,28 @@ static i128 dram_bytes(const fx_variant *v, int64_t M, int64_t N, int64_t K, i12
     return a_bytes * a_passes + b_bytes * b_passes + c_bytes;
 }
 
+/* The tail split's plan (gemm/sm90_splitk.py GemmSm90TailKernel, the same integers): of `ct`
+   cluster tiles over `clusters` resident clusters, the last `*rest` (ct mod clusters) are split
+   into `*parts` parts (1: not split). */
+static void tail_plan(const fx_variant *v, int64_t M, int64_t N, int64_t K, int64_t L, i128 clusters, i128 *ct,
+                      i128 *rest, i128 *parts) {
+    int64_t cm = v->cluster[0], cn = v->cluster[1];
+    i128 g = clusters > 1 ? clusters : 1;
+    *ct = (i128)cdiv(cdiv(M, v->tile[0]), cm) * cdiv(cdiv(N, v->tile[1]), cn) * L;
+    *rest = *ct % g;
+    i128 r1 = *rest > 1 ? *rest : 1, s = g / r1;
+    if (s > FX_TAIL_MAX_SPLITS) s = FX_TAIL_MAX_SPLITS;
+    if (s > v->split_k) s = v->split_k;
+    if (s > cdiv(K, v->tile[2]) / FX_TAIL_MIN_K) s = cdiv(K, v->tile[2]) / FX_TAIL_MIN_K;
+    if (s > FX_TAIL_SLOTS / (r1 * cm * cn)) s = FX_TAIL_SLOTS / (r1 * cm * cn);
+    *parts = s > 1 ? s : 1;
+}
+
 static double estimate_us(const fx_variant *v, int64_t M, int64_t N, int64_t K, int64_t L, int32_t sm_count) {
     const fx_model *p = model90();
     int64_t tm = v->tile[0], tn = v->tile[1], split = v->split_k, cm = v->cluster[0], cn = v->cluster[1];
+    const int tail = v->workspace == FX_WORKSPACE_TAIL;
+    if (tail) split = 1; /* whole tiles, then the last round's parts: waves below */
     i128 tiles_m = cdiv(cdiv(M, tm), cm) * cm;
     i128 tiles_n = cdiv(cdiv(N, tn), cn) * cn;
     /* A swizzled schedule (swizzle s > 1; the tiers raster every tile along M, swapped ones
@@ -530,7 +553,18 @@ static double estimate_us(const fx_variant *v, int64_t M, int64_t N, int64_t K, 
     i128 grid = units < cap ? units : cap;
     i128 waves = cdiv128(units, grid);
     double per_sm = v->peak_tflops * 1e12 / (double)sm_count * efficiency(v, (int64_t)grid, sm_count);
-    double t_compute = (double)waves * 2.0 * (double)tm * (double)tn * (double)cdiv(K, split) / per_sm;
+    double wave_k = (double)waves * (double)cdiv(K, split), tail_cost = 0.0;
+    if (tail) { /* the whole rounds, then the split round's longest part of k-tiles (and its fix-up) */
+        i128 ct, rest, parts;
+        tail_plan(v, M, N, K, L, cap / per_cluster, &ct, &rest, &parts);
+        if (parts > 1) {
+            int64_t kt = cdiv(K, v->tile[2]);
+            wave_k = (double)(ct / (cap / per_cluster)) * (double)K
+                     + (double)cdiv(kt, (int64_t)parts) * (double)v->tile[2];
+            tail_cost = p->tail_us;
+        }
+    }
+    double t_compute = wave_k * 2.0 * (double)tm * (double)tn / per_sm;
     double nbytes = (double)(dram_bytes(v, M, N, K, tiles_m / cm, tiles_n / cn, grid / per_cluster) * L);
     i128 tiles = (i128)cdiv(M, tm) * cdiv(N, tn) * L * split;
     i128 useful = grid < tiles ? grid : tiles;
@@ -547,7 +581,7 @@ static double estimate_us(const fx_variant *v, int64_t M, int64_t N, int64_t K, 
     if (v->workspace == FX_WORKSPACE_TILES) /* per wave: a partial tile out, the last part's split tiles in */
         split_cost = p->wsplit_us * (double)waves * (double)(split + 1) * (double)(tm * tn) / 16384.0;
     double tile_cost = p->tile_us * (double)(waves - 1);
-    return t * 1e6 + p->fixed_us + split_cost + tile_cost;
+    return t * 1e6 + p->fixed_us + split_cost + tile_cost + tail_cost;
 }
 
 /* CTAs a persistent launcher whose grid was fixed at build time (persistent_ctas, older bundles)
@@ -593,12 +627,14 @@ static int64_t split_sem_words(const fx_variant *e, int64_t M, int64_t N, int64_
 
 static int64_t split_words(const fx_variant *e, int64_t M, int64_t N, int64_t L) {
     i128 t = (i128)cdiv(M, e->tile[0]) * cdiv(N, e->tile[1]) * L;
-    i128 w = (i128)split_sem_words(e, M, N, L) + t * e->split_k * e->tile[0] * e->tile[1];
+    i128 parts = t * e->split_k;
+    if (e->workspace == FX_WORKSPACE_TAIL && parts > FX_TAIL_SLOTS) parts = FX_TAIL_SLOTS;
+    i128 w = (i128)split_sem_words(e, M, N, L) + parts * e->tile[0] * e->tile[1];
     return w > (i128)INT64_MAX ? INT64_MAX : (int64_t)w;
 }
 
 static void workspace_spec(fx_value *v, const fx_variant *e, int64_t M, int64_t N, int64_t L, uintptr_t ptr) {
-    if (e->workspace == FX_WORKSPACE_TILES) {
+    if (e->workspace == FX_WORKSPACE_TILES || e->workspace == FX_WORKSPACE_TAIL) {
         int64_t shape[1] = {split_words(e, M, N, L)}, stride[1] = {1};
         spec(v, (const void *)ptr, 1, shape, stride);
         return;
@@ -754,8 +790,18 @@ static i128 sm80_ctas(const fx_variant *v, const gemm_ctx *g) {
 #define FX_SPLIT_MAX_WAVES 3
 #define FX_SPLIT_MIN_KBLOCKS 32 /* H100 sweep: split tiles with 8-27 k-blocks per part lost 1.2-2.6x */
 #define FX_SPLIT_MAX_WORKSPACE_WORDS ((int64_t)16 << 20) /* 64 MiB of partial tiles per call at most */
+#define FX_TAIL_MAX_WAVES 4
 static int split_competes(const fx_variant *v, const gemm_ctx *g, int32_t sms) {
     i128 tiles = (i128)cdiv(g->M, v->tile[0]) * cdiv(g->N, v->tile[1]) * g->L;
+    /* the tail split: at least one whole round, then a last round that leaves >= 1/4 of the
+       clusters idle, split (H100, off-grid tune half: under one round, M = 128, its fix-up lost
+       2-6 % to the unsplit tiles) */
+    if (v->workspace == FX_WORKSPACE_TAIL) {
+        i128 ctas = (i128)v->cluster[0] * v->cluster[1], g_cl = sms / ctas, ct, rest, parts;
+        if (g_cl < 1) return 0;
+        tail_plan(v, g->M, g->N, g->K, g->L, g_cl, &ct, &rest, &parts);
+        return parts > 1 && ct > g_cl && ct < g_cl * FX_TAIL_MAX_WAVES && 4 * rest <= 3 * g_cl;
+    }
     if (v->workspace != FX_WORKSPACE_TILES) return tiles < sms;
     if (tiles >= (i128)sms * FX_SPLIT_MAX_WAVES) return 0;
     if (cdiv(g->K, v->tile[2]) < (int64_t)FX_SPLIT_MIN_KBLOCKS * v->split_k) return 0;
@@ -1149,7 +1195,7 @@ static int32_t gemm_select(const fx_device_t *dev, const fx_gemm_problem_t *p, c
     out->variant = choice;
     out->name = v->name;
     out->splits = v->split_k;
-    if (v->workspace == FX_WORKSPACE_TILES) { /* semaphores + partial tiles, float32 words */
+    if (v->workspace == FX_WORKSPACE_TILES || v->workspace == FX_WORKSPACE_TAIL) { /* semaphores + partial tiles, float32 words */
         int64_t w = split_words(v, p->m, p->n, p->l);
         if (w == INT64_MAX) return fail(FX_ERR_INPUT, "the split-K workspace overflows 64 bits");
         if ((rc = mulu64((uint64_t)w, 4u, &out->workspace_bytes, "the split-K workspace"))) return rc;
@@ -3017,7 +3063,7 @@ static int32_t gemm_run(const fx_device_t *dev, const fx_gemm_problem_t *p, cons
     if ((rc = ensure_loaded(out->variant))) return rc;
     int32_t n = g.n_vals;
     if (v->workspace) workspace_spec(&g.vals[n++], v, g.M, g.N, g.L, (uintptr_t)workspace);
-    if (v->workspace == FX_WORKSPACE_TILES) { /* the semaphores start at zero (the kernel leaves them so) */
+    if (v->workspace == FX_WORKSPACE_TILES || v->workspace == FX_WORKSPACE_TAIL) { /* the semaphores start at zero */
         cudaError_t e = cudaMemsetAsync(workspace, 0, (size_t)split_sem_words(v, g.M, g.N, g.L) * 4u, stream);
         if (e != cudaSuccess) {
             cudaGetLastError();

@@ -130,7 +130,7 @@ typedef struct {
     double eff_256x128_c1x2, eff_128x256_c2x1, eff_large, eff_pp, eff_coop_mc, eff_coop, eff_small;
     double eff_swap_base, eff_swap_slope, fp8_promoted, fp8_fast;
     double split_us, fixed_us, overlap, grid_bw_exp, split_tile_exp, narrow_exp, tile_us;
-    double deep_bw, wide_k_bw, eff_coop_narrow, wsplit_us;
+    double deep_bw, wide_k_bw, eff_coop_narrow, wsplit_us, tail_us;
     double stream_tbs;
     int64_t l2_bytes;
 } fx_model;
