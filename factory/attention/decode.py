@@ -217,6 +217,14 @@ class AttentionDecodeKV(AttentionDecode):
     # fp8 caches: the MMAs read their K/V operands straight from a ring of ``stages`` raw e4m3 tiles
     # (ldmatrix, then e4m3 -> f16 in registers); no converted ring.
     direct: bool = field(default=False, metadata={"tag": "rc"})
+    # direct fp8 build: each warp copies the rows of its own key slice, so a tile needs no CTA barrier
+    # (a warp waits for its own copies only) and the warps of a CTA run out of step.
+    own: bool = field(default=False, metadata={"tag": "ow"})
+    # direct fp8 build: each copy's address from this thread's K/V chunk address (taken once) plus
+    # page·page stride + row·row stride in unsigned 32x64-bit products (the page index and row as
+    # unsigned: the contract's block table holds pages >= 0), not the cache tensor's full signed
+    # 64-bit index arithmetic per copy.
+    fast_addr: bool = field(default=False, metadata={"tag": "fa"})
     sources = (*AttentionDecode.sources, "atoms/e4m3_order.py", "atoms/sm90_e4m3.py", "atoms/sm90_matrix.py")
 
     @property
@@ -257,6 +265,8 @@ class AttentionDecodeKV(AttentionDecode):
             return "fp8 caches are built for head_dim 128"
         if self.direct and (self.kv_dtype != "e4m3" or self.tile_n // self.warps not in (16, 32) or self.ilp):
             return "direct e4m3 operands: fp8 caches, 16 or 32 keys per warp, one S chain"
+        if (self.own or self.fast_addr) and not self.direct:
+            return "warp-own copies and the short copy addresses: the direct e4m3 build only"
         if not self.causal:
             return "built bottom-right causal (one query: the same as no mask)"
         return None
@@ -280,7 +290,7 @@ class AttentionDecodeKV(AttentionDecode):
             warps=self.warps, stages=self.stages, causal=self.causal, splits=self.splits,
             cluster=self.cluster, pdl=self.pdl, ilp=self.ilp, min_ctas=self.min_ctas,
             kv=True, paged=self.paged, local=self.local, softcap=self.softcap, sinks=self.sinks,
-            fp8=self.kv_dtype == "e4m3", direct=self.direct,
+            fp8=self.kv_dtype == "e4m3", direct=self.direct, own=self.own, fast_addr=self.fast_addr,
         )
         return k.kvcache_split if self.splits > 1 and not self.cluster else k.kvcache
 
@@ -384,7 +394,8 @@ class FlashDecodeSm90:
     def __init__(self, *, dtype, head_dim: int, tile_n: int, warps: int, stages: int, causal: bool,
                  splits: int, cluster: bool, pdl: bool = False, ilp: bool = False, min_ctas: int = 0,
                  kv: bool = False, paged: bool = False, local: bool = False, softcap: bool = False,
-                 sinks: bool = False, fp8: bool = False, direct: bool = False):
+                 sinks: bool = False, fp8: bool = False, direct: bool = False, own: bool = False,
+                 fast_addr: bool = False):
         self.dtype = dtype
         # Attention over a KV cache (contract.signature_kvcache): per-sequence key counts from
         # cache_seqlens; ``paged``: K/V rows addressed through the block table; window, softcap
@@ -407,6 +418,13 @@ class FlashDecodeSm90:
         # ldmatrix and converts them in registers (gemm_qk_raw, gemm_pv_raw).  Q is then always
         # staged through registers (scale_q), its head_dim columns in the MMA's k order.
         self.direct = fp8 and direct
+        # ``own`` (direct): a thread's copy rows are those of its warp's key slice (copy_row), so a
+        # warp waits for its own cp.async groups and syncs only itself before reading a tile: no CTA
+        # barrier in the key loop.  The slot a warp refills is one only it has read.
+        self.own = self.direct and own
+        # ``fast_addr`` (direct): copy addresses as this thread's chunk address in page 0, row 0
+        # (taken once) + page·page stride + row·row stride (unsigned 32x64-bit products)
+        self.fast_addr = self.direct and fast_addr
         self.mdtype = cutlass.Float16 if fp8 else dtype
         self.q_convert = fp8 and (dtype is not cutlass.Float16 or self.direct)
         self.raw_stages = FP8_RAW_STAGES
@@ -652,10 +670,17 @@ class FlashDecodeSm90:
             vreg = cute.make_rmem_tensor(cute.make_layout((self.passes, 16), stride=(16, 1)), mK.element_type)
         R = self.raw_stages
         sRaw = None
+        addr = None  # (fast_addr) this thread's K and V chunk addresses in page 0, row 0; the strides
         if cutlass.const_expr(self.direct):
             # Raw e4m3 tiles n_hi-1 .. n_hi-S+1 into slots 0.. (one cp.async group each, after Q's
             # empty one: the ring's wait counts are the bf16 path's), Q's loads in flight with them.
             qr = self.load_q_regs(mQ, batch, kv_head, row0, n_rows, group, tidx)
+            if cutlass.const_expr(self.fast_addr):
+                cc = tidx % self.c_per_row
+                addr = (cute.local_tile(mK[0, 0, kv_head, None], (16,), (cc,)).iterator.toint(),
+                        cute.local_tile(mV[0, 0, kv_head, None], (16,), (cc,)).iterator.toint(),
+                        cutlass.Uint64(mK.stride[0]), cutlass.Uint64(mK.stride[1]),
+                        cutlass.Uint64(mV.stride[0]), cutlass.Uint64(mV.stride[1]))
             pages_pro = cute.make_rmem_tensor(cute.make_layout((self.passes, S), stride=(1, self.passes)),
                                               cutlass.Int32)
             for s in cutlass.range_constexpr(S):
@@ -664,7 +689,7 @@ class FlashDecodeSm90:
             for s in cutlass.range_constexpr(S - 1):
                 if n_hi - 1 - s >= n_lo:
                     self.load_raw(mK, mV, pages_pro[None, s], sRawD, s, kv_head, n_hi - 1 - s, tidx, ps_shift,
-                                  k_len)
+                                  k_len, addr)
                 cute.arch.cp_async_commit_group()
             for p in cutlass.range_constexpr(self.passes):
                 pages[p] = pages_pro[p, S - 1]
@@ -725,6 +750,8 @@ class FlashDecodeSm90:
             cute.arch.cp_async_wait_group(S - 1)
         cute.arch.barrier()
         cute.copy(s2r_Q, s2r_Q.partition_S(sQ), s2r_Q.retile(tSrQ))
+        if cutlass.const_expr(self.own):
+            cute.arch.barrier()  # every warp has read Q (it lies in slot S-1) before any warp refills that slot
 
         raw_addr = lane_k = lane_v = None
         if cutlass.const_expr(self.direct):
@@ -748,12 +775,15 @@ class FlashDecodeSm90:
             slot = it % S
             if cutlass.const_expr(not self.fp8 or self.direct):
                 cute.arch.cp_async_wait_group(S - 2)
-            cute.arch.barrier()  # tile n_block visible; slot (it-1)%S free for reuse
+            if cutlass.const_expr(self.own):
+                cute.arch.sync_warp()  # this warp's rows of tile n_block visible; its slot (it-1)%S free
+            else:
+                cute.arch.barrier()  # tile n_block visible; slot (it-1)%S free for reuse
             if cutlass.const_expr(self.direct):
                 # (the copies first: issued after the Q·Kᵀ MMAs instead, they ran 3-11 % slower)
                 if n_block - (S - 1) >= n_lo:
                     self.load_raw(mK, mV, pages, sRawD, (it + S - 1) % S, kv_head, n_block - (S - 1), tidx,
-                                  ps_shift, k_len)
+                                  ps_shift, k_len, addr)
                     if n_block - S >= n_lo:
                         self.fetch_pages_fp8(mBT, pages, batch, n_block - S, k_len, tidx, ps_shift)
                 cute.arch.cp_async_commit_group()
@@ -986,9 +1016,25 @@ class FlashDecodeSm90:
                     cute.local_tile(sKV[row, None, 2 * slot + 1], (vec,), (col,)).fill(0)
 
     @cute.jit
+    def copy_row(self, p, tidx):
+        """``own``: the tile row of this thread's fp8 chunk in copy pass ``p``, in its warp's key
+        slice (chunk tidx % c_per_row of row p·(32 / c_per_row) + lane / c_per_row of the slice);
+        otherwise pass p covers rows p·rows_pp .. of the CTA (row p·rows_pp + tidx / c_per_row)."""
+        lane = tidx % 32
+        return (tidx // 32) * self.bnw + p * (32 // self.c_per_row) + lane // self.c_per_row
+
+    @cute.jit
     def fetch_pages_fp8(self, mBT, pages, batch, n_block, k_len, tidx, ps_shift):
-        """fetch_pages for the fp8 copy tiling: pass p's row is p·rows_pp + tidx / c_per_row."""
-        for p in cutlass.range_constexpr(self.passes):
+        """fetch_pages for the fp8 copy tiling: pass p's row is p·rows_pp + tidx / c_per_row.  ``own``:
+        one page per lane, of row lane % (keys per warp) of the warp's slice, in ``pages[0]`` (the copy
+        takes each pass's from its lane by a shuffle, load_raw)."""
+        if cutlass.const_expr(self.own):
+            key = n_block * self.tile_n + (tidx // 32) * self.bnw + tidx % self.bnw
+            pg = 0
+            if key < k_len:
+                pg = mBT[batch, key >> ps_shift]
+            pages[0] = pg
+        for p in cutlass.range_constexpr(0 if self.own else self.passes):
             key = n_block * self.tile_n + p * self.rows_pp + tidx // self.c_per_row
             pg = 0
             if key < k_len:
@@ -1091,7 +1137,7 @@ class FlashDecodeSm90:
         return uf[1], qs
 
     @cute.jit
-    def load_raw(self, mK, mV, pages, sRawD, slot, kv_head, n_block, tidx, ps_shift, k_len):
+    def load_raw(self, mK, mV, pages, sRawD, slot, kv_head, n_block, tidx, ps_shift, k_len, addr=None):
         """cp.async this thread's 16-byte chunks (chunk tidx % c_per_row of its row in each pass) of
         K and V tile ``n_block`` into raw ``slot`` of the direct ring (row j's chunk c at chunk
         c ^ (j % 8) of its 128-byte row); rows past k_len are zeroed instead."""
@@ -1101,17 +1147,32 @@ class FlashDecodeSm90:
         atom = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), mK.element_type,
                                    num_bits_per_copy=128)
         for p in cutlass.range_constexpr(self.passes):
-            row = p * self.rows_pp + tidx // self.c_per_row
+            if cutlass.const_expr(self.own):
+                row = self.copy_row(p, tidx)
+            else:
+                row = p * self.rows_pp + tidx // self.c_per_row
             key = n_block * BN + row
             soff = slot * (2 * BN * D) + row * D + ((c ^ (row % 8)) << 4)
+            page = pages[p]
+            if cutlass.const_expr(self.own):  # this pass's row's page, fetched by lane (row - warp's first)
+                page = cute.arch.shuffle_sync(pages[0], p * (32 // self.c_per_row) + (tidx % 32) // self.c_per_row)
             if key < k_len:
                 off = key & mask
-                for i, src in enumerate((mK, mV)):
-                    g = cute.local_tile(src[pages[p], off, kv_head, None], (16,), (c,))
-                    # 16-byte aligned: the contract's strides are multiples of 16 fp8 elements
-                    g = cute.make_tensor(cute.make_ptr(src.element_type, g.iterator.toint(), cute.AddressSpace.gmem,
-                                                       assumed_align=16), g.layout)
-                    cute.copy(atom, g, cute.local_tile(sRawD, (16,), ((soff + i * BN * D) // 16,)))
+                if cutlass.const_expr(self.fast_addr):  # (fp8: element strides are byte strides)
+                    pg = cutlass.Uint64(cutlass.Uint32(page))
+                    rw = cutlass.Uint64(cutlass.Uint32(off))
+                    for i in cutlass.range_constexpr(2):
+                        a = addr[i] + cutlass.Int64(pg * addr[2 + 2 * i] + rw * addr[3 + 2 * i])
+                        g = cute.make_tensor(cute.make_ptr(mK.element_type, a, cute.AddressSpace.gmem, assumed_align=16),
+                                             cute.make_layout(16))
+                        cute.copy(atom, g, cute.local_tile(sRawD, (16,), ((soff + i * BN * D) // 16,)))
+                else:
+                    for i, src in enumerate((mK, mV)):
+                        g = cute.local_tile(src[page, off, kv_head, None], (16,), (c,))
+                        # 16-byte aligned: the contract's strides are multiples of 16 fp8 elements
+                        g = cute.make_tensor(cute.make_ptr(src.element_type, g.iterator.toint(),
+                                                           cute.AddressSpace.gmem, assumed_align=16), g.layout)
+                        cute.copy(atom, g, cute.local_tile(sRawD, (16,), ((soff + i * BN * D) // 16,)))
             else:
                 for i in cutlass.range_constexpr(2):
                     z = cute.local_tile(sRawD, (16,), ((soff + i * BN * D) // 16,))
@@ -1244,7 +1305,7 @@ KV_GLOBAL_SPLITS = (32,)
 def make_kv(target: str, dtype: str, head_dim: int, splits: int, *, paged: bool = True,
             switches: bool = False, kv_dtype: str | None = None, config: tuple | None = None,
             direct: bool = True, stages: int | None = None, min_ctas: int | None = None,
-            pdl: bool | None = None) -> AttentionDecodeKV:
+            pdl: bool | None = None, own: bool = False, fast_addr: bool = False) -> AttentionDecodeKV:
     """A KV-cache decode variant; fp8 caches take the direct build (``direct=False``: the converting
     one), in FP8_DIRECT's config unless ``config`` (tile_n, warps, ilp[, stages]) / ``stages`` say
     otherwise; ``pdl`` None: on for workspace splits."""
@@ -1268,7 +1329,8 @@ def make_kv(target: str, dtype: str, head_dim: int, splits: int, *, paged: bool 
                              causal=True, splits=splits, cluster=cluster,
                              pdl=(splits > 1 and not cluster) if pdl is None else pdl,
                              ilp=ilp, min_ctas=mc, kv_dtype=kv_dtype or dtype, paged=paged, local=switches,
-                             softcap=switches, sinks=switches, direct=direct)
+                             softcap=switches, sinks=switches, direct=direct, own=own and direct,
+                             fast_addr=fast_addr and direct)
 
 
 @register("attention_kvcache")
@@ -1311,6 +1373,15 @@ def enumerate_decode_kv(target: Target, tier: str) -> list[AttentionDecodeKV]:
             out += [make_kv(t, "bf16", 128, sp, kv_dtype="e4m3", config=(64, 4, False), stages=st)
                     for st in (3, 4, 6) for sp in fs]
             out += [make_kv(t, "bf16", 128, sp, kv_dtype="e4m3", stages=2) for sp in fs]
+            # warp-own copies (no CTA barrier per tile), 4 and 8 warps; the 8-warp 8-cluster's PDL twins
+            out += [make_kv(t, "bf16", 128, sp, kv_dtype="e4m3", own=True) for sp in fs]
+            out += [make_kv(t, "bf16", 128, sp, kv_dtype="e4m3", config=FP8_WIDE, own=True) for sp in KV_SPLITS]
+            out += [make_kv(t, "bf16", 128, 8, kv_dtype="e4m3", config=FP8_WIDE, pdl=True, own=ow) for ow in (False, True)]
+            # short copy addresses, alone and with warp-own copies; 6 stages of one CTA per SM
+            out += [make_kv(t, "bf16", 128, sp, kv_dtype="e4m3", fast_addr=True, own=ow) for sp in fs for ow in (False, True)]
+            out += [make_kv(t, "bf16", 128, sp, kv_dtype="e4m3", config=FP8_WIDE, fast_addr=True, own=ow,
+                            pdl=sp == 8) for sp in (2, 8) for ow in (False, True)]
+            out += [make_kv(t, "bf16", 128, sp, kv_dtype="e4m3", fast_addr=True, own=True, stages=6) for sp in (2, 4, 8)]
         # bf16 caches, 8 warps over 128-key tiles where the selection takes them: head_dim 128 at 8
         # splits with PDL (MQA-like grids; paged and dense), head_dim 64 paged unsplit and at 2 splits
         out += [make_kv(t, "bf16", 128, 8, paged=pg, config=KV_WIDE[128], pdl=True) for pg in (True, False)]
