@@ -318,6 +318,12 @@ FP8_RAW_STAGES = 3
 # the rule's split count (notes/attention-kvcache.md): 1.40-1.77x here against 1.51-1.76x for 64-key
 # tiles (3 or 4 stages: three CTAs per SM) and 1.55-1.77x for 128-key tiles in 2 stages.
 FP8_DIRECT = (128, 4, 3)
+# The default fp8 builds take the direct build with warp-own copies and short copy addresses (``own``,
+# ``fast_addr``): H100, page 16/64, each variant by name beside the plain direct build, same pages
+# (notes/attention-kvcache.md): the same or faster at every shape and split count measured (B64 H32/8
+# 2k unsplit 101.4 vs 102.8 µs, B4 4k at 4 splits 19.4 vs 21.8, MQA B8 4k at 8 splits 12.3 vs 13.5,
+# B1 32k at 8 splits 40.2 vs 46.2); the plain build stays in "full" for measuring.
+FP8_OWN = dict(own=True, fast_addr=True)
 # (tile_n, warps, ilp) of the fp8 build for grids of at most one CTA per SM whose splits keep >= 2048
 # keys: twice the warps per SM of one default CTA (converting build, H100, page 16: B8 H32/8 8k, 2
 # splits, 62.3-62.6 µs vs 71.6; shorter splits lose: B4 H32/8 4k, 4 splits, 38.9 vs 31.4); the
@@ -345,7 +351,7 @@ def is_default(v: "AttentionDecode") -> bool:
     """The default config (PDL aside: the split decides it, see DEFAULT)."""
     tn, w, st, _, ilp, mc = DEFAULT.get(v.head_dim, (0,) * 6)
     if getattr(v, "kv_dtype", None) == "e4m3":
-        if not v.direct:
+        if not (v.direct and v.own and v.fast_addr):
             return False
         tn, w, st = FP8_DIRECT
     return (v.tile_n, v.warps, v.stages, v.ilp, v.min_ctas) == (tn, w, st, ilp, mc)
@@ -1339,8 +1345,8 @@ def enumerate_decode_kv(target: Target, tier: str) -> list[AttentionDecodeKV]:
     softcap / sink switches, f16 and head_dim 64, fp8 caches); default: paged and dense caches for
     both dtypes and head_dims at every split count, the switch build (window + softcap + sinks in
     one variant: gpt-oss, Gemma 2) for bf16 paged caches, and bf16 q over fp8 e4m3 paged caches
-    at head_dim 128 (the direct build at every split count, plus the 8-warp one-CTA-per-SM build at 2
-    splits)."""
+    at head_dim 128 (the direct build with warp-own copies at every split count, plus its 8-warp
+    one-CTA-per-SM build at 8 cluster splits with PDL)."""
     if target.name != "sm_90":
         return []
     t = target.name
@@ -1350,7 +1356,7 @@ def enumerate_decode_kv(target: Target, tier: str) -> list[AttentionDecodeKV]:
                make_kv(t, "bf16", 128, 4, switches=True), make_kv(t, "f16", 64, 1), make_kv(t, "f16", 64, 2),
                make_kv(t, "bf16", 128, 32), make_kv(t, "bf16", 128, 32, switches=True),
                # fp8 e4m3 caches (head_dim 128: D64's build spills)
-               make_kv(t, "bf16", 128, 1, kv_dtype="e4m3"), make_kv(t, "f16", 128, 4, kv_dtype="e4m3"),
+               make_kv(t, "bf16", 128, 1, kv_dtype="e4m3", **FP8_OWN), make_kv(t, "f16", 128, 4, kv_dtype="e4m3"),
                # 8 warps over 128-key tiles, cluster merge with PDL
                make_kv(t, "bf16", 128, 4, config=KV_WIDE[128], pdl=True)]
     else:
@@ -1359,29 +1365,28 @@ def enumerate_decode_kv(target: Target, tier: str) -> list[AttentionDecodeKV]:
         out += [make_kv(t, dt, d, sp) for dt in DTYPES for d in HEAD_DIMS for sp in KV_GLOBAL_SPLITS]
         out += [make_kv(t, "bf16", d, sp, switches=True) for d in HEAD_DIMS for sp in KV_SPLITS]
         # fp8 e4m3 paged caches under bf16 q, head_dim 128: every split count the paged rule picks
-        out += [make_kv(t, "bf16", 128, sp, kv_dtype="e4m3") for sp in KV_SPLITS + KV_GLOBAL_SPLITS]
+        out += [make_kv(t, "bf16", 128, sp, kv_dtype="e4m3", **FP8_OWN) for sp in KV_SPLITS + KV_GLOBAL_SPLITS]
         # head_dim 256 (Gemma-style heads): bf16 paged caches, the split counts that fit
         out += [make_kv(t, "bf16", 256, sp) for sp in KV_SPLITS + KV_GLOBAL_SPLITS]
-        # fp8, grids of at most one CTA per SM with long splits: 8 warps over 128-key tiles (one
-        # 128 KB CTA per SM); the rule takes it at 2 splits in practice (the others: "full", measuring)
-        out += [make_kv(t, "bf16", 128, sp, kv_dtype="e4m3", config=FP8_WIDE)
-                for sp in (KV_SPLITS if tier == "full" else (2,))]
-        if tier == "full":  # fp8 alternatives: the converting build; direct 64-key tiles, 2-stage 128-key tiles
+        # fp8, grids that leave half the SMs idle (MQA): 8 warps over 128-key tiles (one 128 KB CTA per
+        # SM) at 8 cluster splits with PDL
+        out += [make_kv(t, "bf16", 128, 8, kv_dtype="e4m3", config=FP8_WIDE, pdl=True, **FP8_OWN)]
+        if tier == "full":  # fp8 alternatives: the plain direct build (4 and 8 warps), the converting
+            # build; direct 64-key tiles, 2-stage 128-key tiles
             fs = KV_SPLITS + KV_GLOBAL_SPLITS
+            out += [make_kv(t, "bf16", 128, sp, kv_dtype="e4m3") for sp in fs]
+            out += [make_kv(t, "bf16", 128, sp, kv_dtype="e4m3", config=FP8_WIDE) for sp in KV_SPLITS]
             out += [make_kv(t, "bf16", 128, sp, kv_dtype="e4m3", direct=False) for sp in fs]
             out += [make_kv(t, "bf16", 128, sp, kv_dtype="e4m3", direct=False, config=FP8_WIDE) for sp in (2, 4, 8)]
             out += [make_kv(t, "bf16", 128, sp, kv_dtype="e4m3", config=(64, 4, False), stages=st)
                     for st in (3, 4, 6) for sp in fs]
             out += [make_kv(t, "bf16", 128, sp, kv_dtype="e4m3", stages=2) for sp in fs]
-            # warp-own copies (no CTA barrier per tile), 4 and 8 warps; the 8-warp 8-cluster's PDL twins
-            out += [make_kv(t, "bf16", 128, sp, kv_dtype="e4m3", own=True) for sp in fs]
-            out += [make_kv(t, "bf16", 128, sp, kv_dtype="e4m3", config=FP8_WIDE, own=True) for sp in KV_SPLITS]
-            out += [make_kv(t, "bf16", 128, 8, kv_dtype="e4m3", config=FP8_WIDE, pdl=True, own=ow) for ow in (False, True)]
-            # short copy addresses, alone and with warp-own copies; 6 stages of one CTA per SM
-            out += [make_kv(t, "bf16", 128, sp, kv_dtype="e4m3", fast_addr=True, own=ow) for sp in fs for ow in (False, True)]
+            # short copy addresses without warp-own copies; the 8-warp build with both at 2 splits; 6
+            # stages of one CTA per SM
+            out += [make_kv(t, "bf16", 128, sp, kv_dtype="e4m3", fast_addr=True) for sp in fs]
             out += [make_kv(t, "bf16", 128, sp, kv_dtype="e4m3", config=FP8_WIDE, fast_addr=True, own=ow,
                             pdl=sp == 8) for sp in (2, 8) for ow in (False, True)]
-            out += [make_kv(t, "bf16", 128, sp, kv_dtype="e4m3", fast_addr=True, own=True, stages=6) for sp in (2, 4, 8)]
+            out += [make_kv(t, "bf16", 128, sp, kv_dtype="e4m3", stages=6, **FP8_OWN) for sp in (2, 4, 8)]
         # bf16 caches, 8 warps over 128-key tiles where the selection takes them: head_dim 128 at 8
         # splits with PDL (MQA-like grids; paged and dense), head_dim 64 paged unsplit and at 2 splits
         out += [make_kv(t, "bf16", 128, 8, paged=pg, config=KV_WIDE[128], pdl=True) for pg in (True, False)]
