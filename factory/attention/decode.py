@@ -324,10 +324,10 @@ FP8_DIRECT = (128, 4, 3)
 # 2k unsplit 101.4 vs 102.8 µs, B4 4k at 4 splits 19.4 vs 21.8, MQA B8 4k at 8 splits 12.3 vs 13.5,
 # B1 32k at 8 splits 40.2 vs 46.2); the plain build stays in "full" for measuring.
 FP8_OWN = dict(own=True, fast_addr=True)
-# (tile_n, warps, ilp) of the fp8 build for grids of at most one CTA per SM whose splits keep >= 2048
-# keys: twice the warps per SM of one default CTA (converting build, H100, page 16: B8 H32/8 8k, 2
-# splits, 62.3-62.6 µs vs 71.6; shorter splits lose: B4 H32/8 4k, 4 splits, 38.9 vs 31.4); the
-# direct build runs it with FP8_WIDE_STAGES raw tiles (128 KB)
+# (tile_n, warps, ilp) of the fp8 build of one CTA per SM: 8 warps over 128-key tiles, FP8_WIDE_STAGES
+# raw tiles (128 KB).  The rule takes it where the grid leaves half the SMs idle, at 8 cluster splits
+# with PDL in the default tier (H100, page 16/64: MQA B8 H16/1 4k 11.8/11.7 µs vs 12.3/12.1 for 4
+# warps); at 2 splits of a grid within the SMs it ties or loses (B8 H32/8 8k 56.4/56.3 vs 55.7/53.8).
 FP8_WIDE = (128, 8, False)
 FP8_WIDE_STAGES = 4
 # (tile_n, warps, ilp, stages) of the bf16/f16-cache builds of 8 warps over 128-key tiles: each warp
@@ -1023,9 +1023,9 @@ class FlashDecodeSm90:
 
     @cute.jit
     def copy_row(self, p, tidx):
-        """``own``: the tile row of this thread's fp8 chunk in copy pass ``p``, in its warp's key
-        slice (chunk tidx % c_per_row of row p·(32 / c_per_row) + lane / c_per_row of the slice);
-        otherwise pass p covers rows p·rows_pp .. of the CTA (row p·rows_pp + tidx / c_per_row)."""
+        """``own``: the tile row of this thread's fp8 chunk in copy pass ``p``: row p·(32 / c_per_row) +
+        lane / c_per_row of its warp's key slice (without ``own`` pass p covers rows p·rows_pp ..
+        of the CTA: row p·rows_pp + tidx / c_per_row)."""
         lane = tidx % 32
         return (tidx // 32) * self.bnw + p * (32 // self.c_per_row) + lane // self.c_per_row
 
@@ -1146,7 +1146,10 @@ class FlashDecodeSm90:
     def load_raw(self, mK, mV, pages, sRawD, slot, kv_head, n_block, tidx, ps_shift, k_len, addr=None):
         """cp.async this thread's 16-byte chunks (chunk tidx % c_per_row of its row in each pass) of
         K and V tile ``n_block`` into raw ``slot`` of the direct ring (row j's chunk c at chunk
-        c ^ (j % 8) of its 128-byte row); rows past k_len are zeroed instead."""
+        c ^ (j % 8) of its 128-byte row); rows past k_len are zeroed instead.  ``own``: the rows of
+        the warp's slice (copy_row), each pass's page from the lane that read it (fetch_pages_fp8);
+        ``fast_addr``: ``addr`` = (K chunk address, V chunk address, K page / row strides, V page /
+        row strides) of this thread, the copy at chunk + page·page stride + row·row stride."""
         BN, D = self.tile_n, self.head_dim
         mask = (1 << ps_shift) - 1
         c = tidx % self.c_per_row
