@@ -380,6 +380,46 @@ def test_no_variant_for_combos_not_built(sim):
     assert sim.rec.launched == []
 
 
+def test_rotary_prologue_launches_the_twin_and_refuses_bad_tables(sim):
+    """``rotary_cos_sin=``: the selection's variant's rotary build (attention_kvcache_rope), the
+    table appended after kv_descale; bad tables, packed q, fp8 caches and missing builds refused
+    before any launch."""
+    if not sim.candidates("attention_kvcache_rope"):
+        pytest.skip("the test bundle has no attention_kvcache_rope variant")
+    q, k, v, sl, bt = paged()
+    cs = torch.randn(4096, 128)
+    sim.attention_kvcache(q, k, v, sl, block_table=bt)
+    plain = sim.rec.launched[-1]
+    sim.attention_kvcache(q, k, v, sl, block_table=bt, rotary_cos_sin=cs[:, :64])  # partial rotary
+    assert sim.rec.launched[-1] == "attention_kvcache_rope" + plain.removeprefix("attention_kvcache")
+    pl = sim.plan_kvcache(batch=2, seqlen_q=1, heads_q=32, heads_kv=8, head_dim=128, max_pages=8, page_size=16)
+    sim.attention_kvcache(q, k, v, sl, block_table=bt, plan=pl, rotary_cos_sin=cs)
+    assert sim.rec.launched[-1] == "attention_kvcache_rope" + pl.variant.removeprefix("attention_kvcache")
+    sim.rec.launched.clear()
+    bad = [(dict(rotary_cos_sin=cs.half()), InputError, "rotary_cos_sin must be float32"),
+           (dict(rotary_cos_sin=cs[0]), InputError, "rotary_cos_sin must be float32 .max_position"),
+           (dict(rotary_cos_sin=cs[:, :40]), InputError, "rotary_dim 40 must be a positive multiple of 16"),
+           (dict(rotary_cos_sin=torch.randn(8, 256)), InputError, "at most head_dim 128"),
+           (dict(rotary_cos_sin=cs[:0]), InputError, "has no positions"),
+           (dict(rotary_cos_sin=cs.t().contiguous().t()), InputError, "rows must be contiguous"),
+           (dict(rotary_cos_sin=torch.randn(8, 130)[:, 1:129]), InputError, "16-byte aligned"),
+           (dict(rotary_cos_sin=cs.tolist()), InputError, "must be a torch.Tensor"),
+           (dict(rotary_interleaved=True), InputError, "rotary_interleaved needs rotary_cos_sin"),
+           (dict(rotary_cos_sin=cs, rotary_interleaved=1), InputError, "rotary_interleaved must be a bool")]
+    for kw, err, msg in bad:
+        with pytest.raises(err, match=msg):
+            sim.attention_kvcache(q, k, v, sl, block_table=bt, **kw)
+    with pytest.raises(InputError, match="not packed varlen q"):
+        sim.attention_kvcache(bf(5, 32, 128), k, v, sl, block_table=bt, cu_seqlens_q=torch.tensor(
+            [0, 2, 5], dtype=torch.int32), max_seqlen_q=3, rotary_cos_sin=cs)
+    k8, v8 = k.to(torch.float8_e4m3fn), v.to(torch.float8_e4m3fn)
+    with pytest.raises(NoVariantError, match="bf16 caches, not e4m3"):
+        sim.attention_kvcache(q, k8, v8, sl, block_table=bt, rotary_cos_sin=cs)
+    with pytest.raises(NoVariantError, match="no rotary-prologue build"):  # the dense cache's: not built
+        sim.attention_kvcache(q, bf(2, 64, 8, 128), bf(2, 64, 8, 128), sl, rotary_cos_sin=cs)
+    assert sim.rec.launched == []
+
+
 def test_check_varlen_contents(sim):
     q, k, v, sl, bt = paged()
     bt[1, 2] = 20  # past the 20 pages; used by 50 keys (4 pages of 16)

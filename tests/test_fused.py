@@ -113,6 +113,9 @@ def test_rope_kvcache_launches_and_refusals(sim):
     flat = dict(a, q=a["q"].view(5, -1), k=a["k"].view(5, -1), v=a["v"].view(5, -1))
     sim.rope_kvcache(**flat)
     sim.rope_kvcache(**rope_args(r=64))  # partial rotary
+    n0 = len(sim.rec.launched)
+    sim.rope_kvcache(**dict(a, q=a["q"][:, :0]))  # q of zero heads: k only (attention rotates q)
+    assert sim.rec.launched[n0:] == ["rope_kvcache_sm90_bf16_t128_neox"]
     cases = [
         (dict(positions=torch.arange(5, dtype=torch.int32)), "positions must be int64"),
         (dict(slot_mapping=torch.arange(4)), "slot_mapping must be int64"),

@@ -48,7 +48,7 @@ import cutlass.cute as cute
 import cutlass.utils
 from cutlass.cute.nvgpu import cpasync, warp
 
-from ..abi import DTYPE_BYTES, Signature
+from ..abi import DTYPE_BYTES, Signature, TensorArg
 from ..atoms.common import add, quad_allreduce
 from ..atoms.sm80 import acc_as_a_layout, acc_mn_view
 from ..atoms.e4m3_order import V_JOIN, q_pair_slot, v_column
@@ -295,6 +295,62 @@ class AttentionDecodeKV(AttentionDecode):
         return k.kvcache_split if self.splits > 1 and not self.cluster else k.kvcache
 
 
+ROPE_NEOX = 1  # FlashDecodeSm90.rope: GPT-NeoX halves (element i pairs with i + R/2)
+ROPE_INTERLEAVED = 2  # GPT-J pairs (2j, 2j + 1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttentionDecodeKVRope(AttentionDecodeKV):
+    """The KV-cache decode kernel that applies the rotary embedding to q in its prologue (the cache
+    holds keys already rotated, e.g. by ``rope_kvcache`` with q left out): q is loaded as usual,
+    rotated in shared memory at positions ``cache_seqlens[b] - seqlen_q + s`` from a float32
+    ``cos_sin_cache`` (max_position, R) (R/2 cosines then R/2 sines, R a multiple of 16, the first R
+    columns of each head rotated), then read into registers.  The arguments are the KV-cache
+    contract's with ``cos_sin_cache`` after ``kv_descale``.  A separate op: the KV-cache selection
+    never takes these; the runtime launches the twin of the variant it selected."""
+
+    op: ClassVar[str] = "attention_kvcache_rope"
+    interleaved: bool = field(default=False, metadata={"tag": "gptj"})
+
+    def can_implement(self) -> str | None:
+        why = super().can_implement()
+        if why:
+            return why
+        if self.kv_dtype != self.dtype:
+            return "the rotary prologue is built for bf16/f16 caches"
+        return None
+
+    def signature(self) -> Signature:
+        sig = super().signature()
+        args = list(sig.args)
+        at = next(i for i, a in enumerate(args) if a.name == "kv_descale") + 1
+        args.insert(at, TensorArg("cos_sin_cache", "f32", ("MAXPOS", "R"), ("sCp", 1)))
+        return Signature(tuple(args), tuple(sorted((*sig.divisibility, ("R", 16), ("sCp", 4)))))
+
+    def describe(self) -> dict[str, Any]:
+        d = super().describe()
+        d["rope"] = "interleaved" if self.interleaved else "neox"
+        d["rotary_multiple"] = 16
+        return d
+
+    def make_kernel(self):
+        k = FlashDecodeSm90(
+            dtype=self.cutlass_dtype, head_dim=self.head_dim, tile_n=self.tile_n,
+            warps=self.warps, stages=self.stages, causal=self.causal, splits=self.splits,
+            cluster=self.cluster, pdl=self.pdl, ilp=self.ilp, min_ctas=self.min_ctas,
+            kv=True, paged=self.paged, local=self.local, softcap=self.softcap, sinks=self.sinks,
+            rope=ROPE_INTERLEAVED if self.interleaved else ROPE_NEOX,
+        )
+        return k.kvcache_rope_split if self.splits > 1 and not self.cluster else k.kvcache_rope
+
+
+def rope_twin(v: "AttentionDecodeKV", interleaved: bool = False) -> AttentionDecodeKVRope:
+    """The rotary-prologue build of KV-cache variant ``v`` (same tile, splits, switches)."""
+    import dataclasses
+    return AttentionDecodeKVRope(**{f.name: getattr(v, f.name) for f in dataclasses.fields(v)},
+                                 interleaved=interleaved)
+
+
 DECODE_MAX_SEQLEN_Q = 16
 
 
@@ -401,8 +457,11 @@ class FlashDecodeSm90:
                  splits: int, cluster: bool, pdl: bool = False, ilp: bool = False, min_ctas: int = 0,
                  kv: bool = False, paged: bool = False, local: bool = False, softcap: bool = False,
                  sinks: bool = False, fp8: bool = False, direct: bool = False, own: bool = False,
-                 fast_addr: bool = False):
+                 fast_addr: bool = False, rope: int = 0):
         self.dtype = dtype
+        # ``rope`` (KV-cache builds, bf16/f16 caches): q is rotated in the prologue, in shared
+        # memory between its load and the registers' read (ROPE_NEOX / ROPE_INTERLEAVED).  0: off.
+        self.rope = rope
         # Attention over a KV cache (contract.signature_kvcache): per-sequence key counts from
         # cache_seqlens; ``paged``: K/V rows addressed through the block table; window, softcap
         # and sink switches.  All off: the dense attention contract, code unchanged.
@@ -499,8 +558,32 @@ class FlashDecodeSm90:
             block=[32 * COMBINE_WARPS, 1, 1], stream=stream, use_pdl=True)
 
     @cute.jit
+    def kvcache_rope(self, q: cute.Tensor, k_cache: cute.Tensor, v_cache: cute.Tensor, o: cute.Tensor,
+                     lse: cute.Tensor, block_table: cute.Tensor, cache_seqlens: cute.Tensor, sinks: cute.Tensor,
+                     kv_descale: cute.Tensor, cos_sin_cache: cute.Tensor, softmax_scale: cutlass.Float32,
+                     softcap: cutlass.Float32, window_left: cutlass.Int32, window_right: cutlass.Int32,
+                     stream: cuda.CUstream):
+        self._launch(q, k_cache, v_cache, o, lse, None, None, softmax_scale, stream,
+                     block_table, cache_seqlens, sinks, softcap, window_left, window_right, kv_descale,
+                     cos_sin_cache)
+
+    @cute.jit
+    def kvcache_rope_split(self, q: cute.Tensor, k_cache: cute.Tensor, v_cache: cute.Tensor, o: cute.Tensor,
+                           lse: cute.Tensor, o_partial: cute.Tensor, lse_partial: cute.Tensor,
+                           block_table: cute.Tensor, cache_seqlens: cute.Tensor, sinks: cute.Tensor,
+                           kv_descale: cute.Tensor, cos_sin_cache: cute.Tensor, softmax_scale: cutlass.Float32,
+                           softcap: cutlass.Float32, window_left: cutlass.Int32, window_right: cutlass.Int32,
+                           stream: cuda.CUstream):
+        self._launch(q, k_cache, v_cache, o, lse, o_partial, lse_partial, softmax_scale, stream,
+                     block_table, cache_seqlens, sinks, softcap, window_left, window_right, kv_descale,
+                     cos_sin_cache)
+        self.combine(o_partial, lse_partial, o, lse, sinks).launch(
+            grid=(cute.ceil_div(q.shape[1], COMBINE_WARPS), q.shape[2], q.shape[0]),
+            block=[32 * COMBINE_WARPS, 1, 1], stream=stream, use_pdl=True)
+
+    @cute.jit
     def _launch(self, mQ, mK, mV, mO, mLSE, mOp, mLp, softmax_scale, stream,
-                mBT=None, mSeq=None, mSinks=None, softcap=None, wl=None, wr=None, mDesc=None):
+                mBT=None, mSeq=None, mSinks=None, softcap=None, wl=None, wr=None, mDesc=None, mCS=None):
         D, BN, S = self.head_dim, self.tile_n, self.stages
         # K/V: 64-element (128-byte) swizzled rows (ldmatrix and 16-byte cp.async without bank
         # conflicts); mode 2 is (K of slot 0, V of slot 0, K of slot 1, ...).
@@ -531,7 +614,7 @@ class FlashDecodeSm90:
             cap_s = softcap / softmax_scale
         kern = self.kernel(mQ, mK, mV, mO, mLSE, mOp, mLp, softmax_scale * LOG2_E, sQ_layout,
                            sKV_layout, g2s, tiled_mma, SharedStorage, mBT, mSeq, mSinks, score_mul, cap_s, wl, wr,
-                           mDesc)
+                           mDesc, mCS)
         extra = {"min_blocks_per_mp": self.min_ctas, "preferred_smem_carveout": 100} if self.min_ctas else {}
         if cutlass.const_expr(self.cluster):
             kern.launch(grid=grid, block=[self.threads, 1, 1], cluster=(self.splits, 1, 1),
@@ -556,7 +639,7 @@ class FlashDecodeSm90:
                mLSE: cute.Tensor, mOp, mLp, scale_log2: cutlass.Float32,
                sQ_layout: cute.Layout, sKV_layout: cute.ComposedLayout, g2s: cute.TiledCopy,
                tiled_mma: cute.TiledMma, SharedStorage: cutlass.Constexpr, mBT, mSeq, mSinks,
-               score_mul, cap, wl, wr, mDesc):
+               score_mul, cap, wl, wr, mDesc, mCS=None):
         D, BN, S, W, SP, BNW = self.head_dim, self.tile_n, self.stages, self.warps, self.splits, self.bnw
         tidx, _, _ = cute.arch.thread_idx()
         bx, kv_head, batch = cute.arch.block_idx()
@@ -755,6 +838,9 @@ class FlashDecodeSm90:
                     self.fetch_pages(mBT, pages, batch, n_hi - S, k_len, tidx, ps_shift)
             cute.arch.cp_async_wait_group(S - 1)
         cute.arch.barrier()
+        if cutlass.const_expr(self.rope):
+            self.rotate_q(sQ, mCS, row0, n_rows, group, q_len, k_len, tidx)
+            cute.arch.barrier()
         cute.copy(s2r_Q, s2r_Q.partition_S(sQ), s2r_Q.retile(tSrQ))
         if cutlass.const_expr(self.own):
             cute.arch.barrier()  # every warp has read Q (it lies in slot S-1) before any warp refills that slot
@@ -1078,6 +1164,54 @@ class FlashDecodeSm90:
         self.store_fp8_regs(kreg, vreg, sKV, slot, tidx, n_block, k_len)
 
     @cute.jit
+    def rotate_q(self, sQ, mCS, row0, n_rows, group, q_len, k_len, tidx):
+        """Rotary embedding of the block's Q rows in shared memory, in place: query s of the
+        sequence is at position k_len - q_len + s (the new tokens are the cache's last ones),
+        clamped into ``mCS`` = cos_sin_cache (max_position, R) float32, cosines then sines.  A unit
+        is 8 elements: neox, the vector at i < R/2 and its partner at i + R/2 (angle i); interleaved,
+        one vector of 4 pairs (angles i/2).  Columns from R on are left as loaded."""
+        vec = 8
+        R = mCS.shape[1]
+        half = R // 2
+        upr = half // vec if cutlass.const_expr(self.rope == ROPE_NEOX) else R // vec
+        cvec = vec if cutlass.const_expr(self.rope == ROPE_NEOX) else vec // 2
+        last = mCS.shape[0] - 1
+        rx = cute.make_rmem_tensor(cute.make_layout((vec, 2)), self.dtype)
+        rc = cute.make_rmem_tensor(cute.make_layout(cvec), cutlass.Float32)
+        rs = cute.make_rmem_tensor(cute.make_layout(cvec), cutlass.Float32)
+        for u in range(tidx, ROWS * upr, self.threads):
+            r = u // upr
+            w = u - r * upr
+            row = row0 + r
+            if row < n_rows:
+                pos = cutlass.max(cutlass.min(k_len - q_len + row // group, last), 0)
+                gCS = cute.zipped_divide(mCS[pos, None], (cvec,))
+                sH = cute.zipped_divide(sQ[r, None], (vec,))
+                if cutlass.const_expr(self.rope == ROPE_NEOX):
+                    cute.autovec_copy(gCS[None, w], rc)
+                    cute.autovec_copy(gCS[None, w + half // vec], rs)
+                    cute.autovec_copy(sH[None, w], rx[None, 0])
+                    cute.autovec_copy(sH[None, w + half // vec], rx[None, 1])
+                    x1 = rx[None, 0].load().to(cutlass.Float32)
+                    x2 = rx[None, 1].load().to(cutlass.Float32)
+                    c = rc.load()
+                    sn = rs.load()
+                    rx[None, 0].store((x1 * c - x2 * sn).to(self.dtype))
+                    rx[None, 1].store((x2 * c + x1 * sn).to(self.dtype))
+                    cute.autovec_copy(rx[None, 0], sH[None, w])
+                    cute.autovec_copy(rx[None, 1], sH[None, w + half // vec])
+                else:
+                    cute.autovec_copy(gCS[None, w], rc)
+                    cute.autovec_copy(gCS[None, w + R // vec], rs)
+                    cute.autovec_copy(sH[None, w], rx[None, 0])
+                    for j in cutlass.range_constexpr(vec // 2):
+                        a = rx[2 * j, 0].to(cutlass.Float32)
+                        b = rx[2 * j + 1, 0].to(cutlass.Float32)
+                        rx[2 * j, 0] = (a * rc[j] - b * rs[j]).to(self.dtype)
+                        rx[2 * j + 1, 0] = (b * rc[j] + a * rs[j]).to(self.dtype)
+                    cute.autovec_copy(rx[None, 0], sH[None, w])
+
+    @cute.jit
     def load_q_regs(self, mQ, batch, kv_head, row0, n_rows, group, tidx):
         """This thread's 8-element chunks of the block's Q rows (rows past the block's queries read
         its last row, in bounds; scale_q zeroes them)."""
@@ -1398,4 +1532,22 @@ def enumerate_decode_kv(target: Target, tier: str) -> list[AttentionDecodeKV]:
             out += [make_kv(t, "bf16", d, sp, config=KV_WIDE[d]) for d in HEAD_DIMS for sp in KV_SPLITS]
             out += [make_kv(t, "bf16", 128, 8, paged=False, config=KV_WIDE[128])]
     out = list({v.name: v for v in out}.values())
+    return [v for v in out if v.can_implement() is None]
+
+
+@register("attention_kvcache_rope")
+def enumerate_decode_kv_rope(target: Target, tier: str) -> list[AttentionDecodeKVRope]:
+    """The rotary-prologue twins: test, bf16 head_dim 128 paged neox unsplit and at 32 splits (the
+    combine kernel) and interleaved at 4 (cluster); full, neox and interleaved twins of the bf16
+    head_dim 128 paged caches' default builds at every split count.  Not in the default tier."""
+    if target.name != "sm_90" or tier == "default":
+        return []
+    t = target.name
+    if tier == "test":
+        out = [rope_twin(make_kv(t, "bf16", 128, 1)), rope_twin(make_kv(t, "bf16", 128, 32)),
+               rope_twin(make_kv(t, "bf16", 128, 4), interleaved=True)]
+    else:
+        base = [make_kv(t, "bf16", 128, sp) for sp in KV_SPLITS + KV_GLOBAL_SPLITS]
+        base.append(make_kv(t, "bf16", 128, 8, config=KV_WIDE[128], pdl=True))
+        out = [rope_twin(v, il) for v in base for il in (False, True)]
     return [v for v in out if v.can_implement() is None]

@@ -24,7 +24,7 @@ MAJOR_IDS = {"k": 1, "m": 2, "n": 3}
 FAMILY_IDS = {"sm80": 1, "sm90": 2, "sm100": 3, "decode": 4, "sm90_decode": 5, "sm90_grouped": 9,
               "sm100_grouped": 10}
 OP_IDS = {"gemm": 1, "attention": 2, "gemm_blockscaled": 3, "attention_kvcache": 4, "attention_fp8": 5,
-          "gemm_grouped": 9}
+          "gemm_grouped": 9, "rms_norm": 11, "fp8_rows": 12, "rope_kvcache": 13}
 # the grouped GEMM's layouts (fx_variant.grouped)
 GROUPED_IDS = {"contig": 1, "masked": 2}
 # fx_block_format_t (csrc/fx_api.h)
@@ -182,6 +182,17 @@ def _epilogue_flags(entry: dict) -> int:
     return sum(EPILOGUE_FLAGS[f] for f in set(fields))
 
 
+def _rowwise_flags(entry: dict) -> int:
+    """fx_variant.rowwise (csrc/fx_select.h FX_RW_*): rms_norm's residual add and e4m3 output,
+    rope_kvcache's neox / block-table / e4m3-cache forms."""
+    if entry.get("op") == "rms_norm":
+        return (1 if entry.get("residual") else 0) | (2 if entry.get("quant") else 0)
+    if entry.get("op") == "rope_kvcache":
+        return ((4 if entry.get("neox") else 0) | (8 if entry.get("table") else 0)
+                | (16 if entry.get("cache_dtype", entry.get("dtype")) == "e4m3" else 0))
+    return 0
+
+
 def _occupancy_kernel(entry: dict) -> str:
     kernels = entry.get("resources", {}).get("kernels", {})
     if not kernels:
@@ -247,6 +258,7 @@ def tables(entries: dict[str, dict], tuning_data: dict | None) -> str:
             int(e.get("max_m", 0)), int(e.get("rows_per_cta", 0)), FORMAT_IDS.get(e.get("format"), 0),
             GROUPED_IDS.get(e.get("grouped"), 0), _epilogue_flags(e),
             int(e.get("v_layout") == "bhds"),
+            int(e.get("max_n", 0)), _rowwise_flags(e),
         )) + "}")
     out.append(f"const fx_variant fx_variants[] = {{\n  {(',' + chr(10) + '  ').join(rows)}\n}};")
     out.append(f"const int32_t fx_n_variants = {len(rows)};")

@@ -141,15 +141,64 @@ def rms_norm_check(x, weight, eps, residual=None, out=None, quantize=None):
     return DTYPES[x.dtype], n, e, quant
 
 
+def _c_pick(bundle, op: str, key: tuple, problem, what: str) -> str | None:
+    """The host library's ``fx_<op>_select`` (csrc/fx_select.c) of ``problem()`` (a data-free
+    problem: no pointers), cached like :func:`_pick`; None where the library has no such entry (one
+    linked before it existed: the caller's Python rule, the same, decides)."""
+    sel = getattr(bundle, "selector", None)
+    if sel is None or getattr(sel, "_fns", {}).get(op) is None:
+        return None
+    cache = bundle.selections
+    name = cache.get((op, key))
+    if name is None:
+        try:
+            name = sel.select(op, problem()).name.decode()
+        except NoVariantError:
+            raise NoVariantError(f"no {op} variant for {what} on {bundle.device_name()} "
+                                 f"({bundle.describe_contents(op)})") from None
+        if len(cache) > 4096:
+            cache.clear()
+        cache[(op, key)] = name
+    return name
+
+
 def rms_norm_choose(bundle, dt: str, n: int, res: bool, quant: bool) -> str:
-    """The variant for rows of ``n`` (NoVariantError naming what the bundle has)."""
+    """The variant for rows of ``n`` (NoVariantError naming what the bundle has): the host
+    library's ``fx_rms_norm_select`` where it has one, else the same rule here."""
+    from .selector import DTYPE, RmsNormProblem
+
+    what = f"{dt} rows of {n}{' with residual' if res else ''}{' to fp8' if quant else ''}"
+    name = _c_pick(bundle, "rms_norm", (dt, n, res, quant), lambda: RmsNormProblem(
+        dtype=DTYPE[dt], m=1, n=n, x_stride=n, residual_add=int(res), residual_stride=n, quantize=int(quant),
+        y_stride=n, eps=1e-6), what)
+    if name is not None:
+        return name
     return _pick(bundle, "rms_norm", (dt, n, res, quant),
                  lambda v: v["dtype"] == dt and v["residual"] == res and v["quant"] == quant and v["max_n"] >= n,
                  f"{dt} rows of {n}{' with residual' if res else ''}{' to fp8' if quant else ''}")
 
 
 def rope_kvcache_choose(bundle, dt: str, neox: bool, table: bool, fp8_cache: bool = False) -> str:
+    """The host library's ``fx_rope_kvcache_select`` where it has one, else the same rule here."""
+    from .selector import DTYPE, RopeKVCacheProblem
+
     cache = "e4m3" if fp8_cache else dt
+
+    def problem():  # one token, one head of 16 into one page of one row: the choice reads no size
+        p = RopeKVCacheProblem(dtype=DTYPE[dt], cache_dtype=DTYPE[cache], neox=int(neox), table=int(table), tokens=1,
+                               heads_q=1, heads_kv=1, head_dim=16, rotary_dim=16, max_position=1, num_pages=1,
+                               page_size=1, batch=1, max_pages=1, block_table_stride=1, cos_sin_stride=16)
+        for f in ("q_stride", "k_stride", "v_stride"):
+            getattr(p, f)[:] = [16, 16]
+        for f in ("k_cache_stride", "v_cache_stride"):
+            getattr(p, f)[:] = [16, 16, 16]
+        return p
+
+    name = _c_pick(bundle, "rope_kvcache", (dt, neox, table, cache), problem,
+                   f"{dt} {'neox' if neox else 'interleaved'} rotary{' with a block table' if table else ''}"
+                   f"{' into e4m3 caches' if fp8_cache else ''}")
+    if name is not None:
+        return name
     return _pick(bundle, "rope_kvcache", (dt, neox, table, cache),
                  lambda e: (e["dtype"] == dt and e["neox"] == neox and e.get("table", False) == table
                             and e.get("cache_dtype", e["dtype"]) == cache),
@@ -386,6 +435,9 @@ def rope_kvcache(bundle, q, k, v, positions, cos_sin_cache, k_cache, v_cache, sl
     saturating at ±448, and ``attention_kvcache`` reads them with ``k_descale=k_scale,
     v_descale=v_scale``.
 
+    q of zero heads (``q[:, :0]``) rotates k alone: the form for ``attention_kvcache(...,
+    rotary_cos_sin=)``, which rotates q in its own prologue.
+
     Returns (q, k)."""
     try:
         key = ("hot", "rope_kvcache", _layout(q), _layout(k), _layout(v), _layout(positions), _layout(cos_sin_cache),
@@ -494,6 +546,14 @@ def fp8_rows_check(codes, group_scale, out=None):
 
 
 def fp8_rows_choose(bundle, n: int) -> str:
+    """The host library's ``fx_fp8_rows_select`` where it has one, else the same rule here."""
+    from .selector import Fp8RowsProblem
+
+    s = -(-n // 16) * 16
+    name = _c_pick(bundle, "fp8_rows", ("e4m3", n), lambda: Fp8RowsProblem(
+        m=1, n=n, codes_stride=s, group_scale_stride=4, out_stride=s), f"e4m3 rows of {n}")
+    if name is not None:
+        return name
     return _pick(bundle, "fp8_rows", ("e4m3", n), lambda e: e["max_n"] >= n, f"e4m3 rows of {n}")
 
 

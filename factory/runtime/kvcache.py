@@ -449,9 +449,17 @@ def _dummy(kind: str, dev, n: int) -> Tensor:
 def attention_kvcache(bundle, q, k_cache, v_cache, cache_seqlens, block_table=None, causal=True,
                       softmax_scale=None, window_size=(-1, -1), softcap=0.0, sinks=None, k_descale=None,
                       v_descale=None, return_lse=False, out=None, cu_seqlens_q=None, max_seqlen_q=None,
-                      plan=None, check_varlen=None, variant=None):
+                      plan=None, check_varlen=None, variant=None, rotary_cos_sin=None, rotary_interleaved=False):
     """softmax(q·Kᵀ·scale [masked]) · V over each sequence's first ``cache_seqlens[b]`` cached
-    keys (see :func:`check` and docs/errors.md for every argument's contract).  Returns o (q's
+    keys (see :func:`check` and docs/errors.md for every argument's contract).
+
+    ``rotary_cos_sin`` (float32 (max_position, R), R/2 cosines then R/2 sines, R a multiple of 16 up
+    to head_dim): q is rotated in the kernel's prologue before the scores (``rotary_interleaved``:
+    GPT-J pairs, else GPT-NeoX halves; the first R columns of each head), query s of sequence b at
+    position ``cache_seqlens[b] - seqlen_q + s`` (positions past the table read its last row); the
+    cache must hold the keys already rotated (``rope_kvcache`` with ``q`` of zero heads rotates
+    only k).  q itself is not written.  bf16/f16 caches, dense q; the variant is the rotary build
+    of the one the selection takes (NoVariantError where the bundle lacks it); no hot path.  Returns o (q's
     shape, or ``out``), or (o, lse) with ``return_lse`` (lse float32 (B, Hq, Sq), the sink
     included).  ``cache_seqlens`` and ``block_table`` are read on the device only: indices and
     lengths past the cache are the caller's contract, checked on the host (a synchronisation)
@@ -463,8 +471,10 @@ def attention_kvcache(bundle, q, k_cache, v_cache, cache_seqlens, block_table=No
     the pointers' alignment), allocates o (unless ``out``) and lse (and a workspace-split
     variant's workspace), and launches.  Neither path reads ``cache_seqlens`` or ``block_table``
     on the host (unless ``check_varlen``)."""
-    key = _hot_key(q, k_cache, v_cache, cache_seqlens, block_table, causal, softmax_scale, window_size, softcap,
-                   sinks, k_descale, v_descale, out, cu_seqlens_q, plan, check_varlen, variant)
+    rope = rotary_cos_sin is not None or rotary_interleaved is not False
+    key = None if rope else _hot_key(q, k_cache, v_cache, cache_seqlens, block_table, causal, softmax_scale,
+                                     window_size, softcap, sinks, k_descale, v_descale, out, cu_seqlens_q, plan,
+                                     check_varlen, variant)
     if key is not None:
         try:
             fire = _hot(bundle).get(key)
@@ -478,6 +488,8 @@ def attention_kvcache(bundle, q, k_cache, v_cache, cache_seqlens, block_table=No
             key = None  # a misaligned pointer: the checked path below names it
     p, scale = check(q, k_cache, v_cache, cache_seqlens, block_table, causal, softmax_scale, window_size, softcap,
                      sinks, k_descale, v_descale, out, cu_seqlens_q, max_seqlen_q)
+    if rope:
+        check_rotary(rotary_cos_sin, rotary_interleaved, p, q.device)
     dev = validate.one_device(bundle, q=q, k_cache=k_cache, v_cache=v_cache)
     validate.no_grad("attention_kvcache", q=q, k_cache=k_cache, v_cache=v_cache, sinks=sinks)
     if validate.check_varlen_default() if check_varlen is None else check_varlen:
@@ -498,6 +510,8 @@ def attention_kvcache(bundle, q, k_cache, v_cache, cache_seqlens, block_table=No
         name = plan.variant
     else:
         name = choose(bundle, p)["name"]
+    if rope:
+        name = rope_twin(bundle, name, rotary_interleaved, p)
     splits = int(bundle.manifest["variants"][name].get("splits", 1))
     o = torch.empty_like(q) if out is None else out
     lse = torch.empty((p.batch, p.heads_q, p.seqlen_q) if not p.varlen_q else (p.heads_q, q.shape[0]),
@@ -518,7 +532,10 @@ def attention_kvcache(bundle, q, k_cache, v_cache, cache_seqlens, block_table=No
         args[5:5] = split_workspace(torch, q, splits)
     if p.varlen_q:
         args.append(cu_seqlens_q)
-    args += [sk, desc, scale, float(softcap), wl if wl >= 0 else -1, wr if wr >= 0 else -1]
+    args += [sk, desc]
+    if rope:
+        args.append(rotary_cos_sin)
+    args += [scale, float(softcap), wl if wl >= 0 else -1, wr if wr >= 0 else -1]
     if p.varlen_q:
         args.append(max_seqlen_q)
     bundle.launch(name, args, device=dev)
@@ -530,6 +547,49 @@ def attention_kvcache(bundle, q, k_cache, v_cache, cache_seqlens, block_table=No
                 cache.clear()
             cache[key] = fire
     return (o, lse) if return_lse else o
+
+
+ROPE_OP = "attention_kvcache_rope"
+
+
+def check_rotary(cos_sin, interleaved, p: Problem, dev) -> None:
+    """The rotary prologue's argument checks (no device data)."""
+    if not isinstance(interleaved, bool):
+        raise InputError(f"rotary_interleaved must be a bool, got {type(interleaved).__name__}")
+    if cos_sin is None:
+        raise InputError("rotary_interleaved needs rotary_cos_sin (float32 (max_position, rotary_dim))")
+    if not isinstance(cos_sin, Tensor):
+        raise InputError(f"rotary_cos_sin must be a torch.Tensor, got {type(cos_sin).__name__}")
+    if cos_sin.dtype != torch.float32 or cos_sin.dim() != 2:
+        raise InputError(f"rotary_cos_sin must be float32 (max_position, rotary_dim) (cosines then sines), got "
+                         f"{str(cos_sin.dtype).removeprefix('torch.')} {tuple(cos_sin.shape)}")
+    if cos_sin.device != dev:
+        raise InputError(f"rotary_cos_sin is on {cos_sin.device}, q on {dev}: every tensor must be on one device")
+    r = cos_sin.shape[1]
+    if r == 0 or r % 16 or r > p.head_dim:
+        raise InputError(f"rotary_dim {r} must be a positive multiple of 16 and at most head_dim {p.head_dim}")
+    if cos_sin.shape[0] == 0:
+        raise InputError("rotary_cos_sin has no positions")
+    if cos_sin.shape[0] > 1 and (cos_sin.stride(1) != 1 or cos_sin.stride(0) % 4):
+        raise InputError(f"rotary_cos_sin's rows must be contiguous and start 16-byte aligned (row stride a "
+                         f"multiple of 4), strides {cos_sin.stride()}")
+    if cos_sin.data_ptr() % 16:
+        raise InputError("rotary_cos_sin must start 16-byte aligned")
+    if p.varlen_q:
+        raise InputError("rotary_cos_sin takes dense q (batch, seqlen_q, heads, head_dim), not packed varlen q")
+    if p.kv_dtype != p.dtype:
+        raise NoVariantError(f"the rotary prologue is built for {p.dtype} caches, not {p.kv_dtype}")
+
+
+def rope_twin(bundle, name: str, interleaved: bool, p: Problem) -> str:
+    """The rotary-prologue build of KV-cache variant ``name`` (``attention_kvcache_rope`` + the
+    same fields; ``_gptj`` for interleaved pairs), or NoVariantError."""
+    twin = ROPE_OP + name.removeprefix(OP) + ("_gptj" if interleaved else "")
+    e = bundle.manifest["variants"].get(twin)
+    if e is None or e.get("op") != ROPE_OP:
+        raise NoVariantError(f"no rotary-prologue build ({'interleaved' if interleaved else 'neox'}) of {name} "
+                             f"in this bundle for {p.describe()}; build the {ROPE_OP} op")
+    return twin
 
 
 # --- the hot path ---------------------------------------------------------------------------------

@@ -92,6 +92,33 @@ class GroupedProblem(ctypes.Structure):
                 ("scale_a", _P), ("scale_a_stride", _I64x3), ("scale_b", _P), ("scale_b_stride", _I64x3)]
 
 
+class RmsNormProblem(ctypes.Structure):
+    _fields_ = [("dtype", ctypes.c_int), ("m", ctypes.c_int64), ("n", ctypes.c_int64), ("x", _P),
+                ("x_stride", ctypes.c_int64), ("weight", _P), ("residual_add", ctypes.c_int32), ("residual", _P),
+                ("residual_stride", ctypes.c_int64), ("quantize", ctypes.c_int32), ("y", _P),
+                ("y_stride", ctypes.c_int64), ("scale", _P), ("eps", ctypes.c_float)]
+
+
+class Fp8RowsProblem(ctypes.Structure):
+    _fields_ = [("m", ctypes.c_int64), ("n", ctypes.c_int64), ("codes", _P), ("codes_stride", ctypes.c_int64),
+                ("group_scale", _P), ("group_scale_stride", ctypes.c_int64), ("out", _P),
+                ("out_stride", ctypes.c_int64), ("scale", _P)]
+
+
+class RopeKVCacheProblem(ctypes.Structure):
+    _fields_ = [("dtype", ctypes.c_int), ("cache_dtype", ctypes.c_int), ("neox", ctypes.c_int32),
+                ("table", ctypes.c_int32), ("tokens", ctypes.c_int64), ("heads_q", ctypes.c_int64),
+                ("heads_kv", ctypes.c_int64), ("head_dim", ctypes.c_int64), ("rotary_dim", ctypes.c_int64),
+                ("max_position", ctypes.c_int64), ("num_pages", ctypes.c_int64), ("page_size", ctypes.c_int64),
+                ("batch", ctypes.c_int64), ("max_pages", ctypes.c_int64),
+                ("q", _P), ("q_stride", _I64x2), ("k", _P), ("k_stride", _I64x2), ("v", _P), ("v_stride", _I64x2),
+                ("positions", _P), ("slot_mapping", _P), ("cache_seqlens", _P), ("block_table", _P),
+                ("block_table_stride", ctypes.c_int64), ("cos_sin_cache", _P), ("cos_sin_stride", ctypes.c_int64),
+                ("k_cache", _P), ("k_cache_stride", _I64x3), ("v_cache", _P), ("v_cache_stride", _I64x3),
+                ("k_scale", _P), ("k_scale_stride", ctypes.c_int64), ("v_scale", _P),
+                ("v_scale_stride", ctypes.c_int64)]
+
+
 class Selection(ctypes.Structure):
     _fields_ = [("variant", ctypes.c_int32), ("name", ctypes.c_char_p), ("workspace_bytes", ctypes.c_uint64),
                 ("max_clusters", ctypes.c_int32), ("splits", ctypes.c_int32)]
@@ -134,7 +161,9 @@ class Selector:
         self._fns = {}
         for op, problem in (("gemm", GemmProblem), ("attention", AttentionProblem), ("gemm_packed", PackedProblem),
                             ("gemm_blockscaled", BlockScaledProblem), ("attention_kvcache", KVCacheProblem),
-                            ("attention_fp8", AttentionFp8Problem), ("gemm_grouped", GroupedProblem)):
+                            ("attention_fp8", AttentionFp8Problem), ("gemm_grouped", GroupedProblem),
+                            ("rms_norm", RmsNormProblem), ("fp8_rows", Fp8RowsProblem),
+                            ("rope_kvcache", RopeKVCacheProblem)):
             fn = getattr(self.lib, f"fx_{op}_select", None)
             if fn is not None:
                 fn.restype = ctypes.c_int32

@@ -270,6 +270,84 @@ typedef struct {
     int32_t varlen;         /* 1: packed sequences (cu_seqlens; batch = sequences, seqlen_q/k = tokens) */
 } fx_attention_fp8_problem_t;
 
+/* RMSNorm over each row (runtime/fused.py rms_norm): y = x / sqrt(mean(x²) + eps) · weight, float32
+   arithmetic.  residual_add: first residual += x in place (rounded to dtype), and the norm is of
+   that sum (vLLM's fused_add_rms_norm).  quantize: y is e4m3 and scale[row] (float32, unit stride)
+   receives max(amax(|y|) / 448, 1/(448·512)) of the row's y rounded to dtype, y holding y / scale.
+   Rows are contiguous along n; the *_stride fields are row strides in elements (>= n).  Outputs
+   (y, scale, and residual when added) must not overlap each other or the inputs. */
+typedef struct {
+    fx_dtype_t dtype;       /* x, weight, residual: BF16 or F16 */
+    int64_t m, n;           /* rows; the hidden size, a positive multiple of 8 */
+    const void *x;
+    int64_t x_stride;
+    const void *weight;     /* (n,), contiguous */
+    int32_t residual_add;   /* 0 / 1 */
+    void *residual;
+    int64_t residual_stride;
+    int32_t quantize;       /* 0: y in dtype; 1: y e4m3 with per-row scales */
+    void *y;
+    int64_t y_stride;
+    float *scale;           /* quantize: (m,) float32 */
+    float eps;              /* finite, >= 0 */
+} fx_rms_norm_problem_t;
+
+/* e4m3 codes with a scale per row and 128 columns re-expressed with one scale per row
+   (runtime/fused.py fp8_rows; the GEMM's fp8_groups output feeds it): scale[r] = max(max_g
+   group_scale[r][g], 1/(448·512)), out[r][c] = e4m3(codes[r][c] · group_scale[r][c / 128] / scale[r]).
+   codes / out rows contiguous, row strides >= n and multiples of 16; group_scale (m, ceil(n/128))
+   M-major: element [r][g] at r + g · group_scale_stride (>= m).  out may be codes itself (same
+   pointer and stride: in place); otherwise outputs must not overlap each other or the inputs. */
+typedef struct {
+    int64_t m, n;            /* rows; row length, a positive multiple of 16 */
+    const void *codes;
+    int64_t codes_stride;
+    const float *group_scale;
+    int64_t group_scale_stride;
+    void *out;
+    int64_t out_stride;
+    float *scale;            /* (m,) float32 */
+} fx_fp8_rows_problem_t;
+
+/* Rotary embedding of q and k in place and the write of the new k (rotated) and v into a paged KV
+   cache (runtime/fused.py rope_kvcache): per token t at position pos, the first rotary_dim columns
+   of each head rotated by cos_sin_cache[pos] (rotary_dim/2 cosines then sines, float32; positions
+   past the table read its last row); neox: element i pairs with i + rotary_dim/2, else 2j with 2j+1.
+   Slot form (table 0): pos = positions[t], the cache row slot_mapping[t] (page slot / page_size, row
+   slot % page_size; a slot outside the cache writes nothing).  Table form (table 1): tokens = batch ·
+   seqlen_q, token (b, s) at pos = cache_seqlens[b] + s, page block_table[b][pos / page_size].
+   E4M3 caches receive e4m3(x / scale[h]) (k_scale / v_scale: heads_kv floats, stride 0 for one per
+   tensor).  head_dim contiguous everywhere; q, k, v may be slices of one qkv tensor; the caches must
+   not overlap each other or any input. */
+typedef struct {
+    fx_dtype_t dtype;          /* q, k, v: BF16 or F16 */
+    fx_dtype_t cache_dtype;    /* dtype, or E4M3 */
+    int32_t neox, table;       /* 0 / 1 each */
+    int64_t tokens, heads_q, heads_kv, head_dim, rotary_dim, max_position, num_pages, page_size;
+    int64_t batch, max_pages;  /* table form */
+    void *q;                   /* may be NULL with heads_q 0 (k only) */
+    int64_t q_stride[2];       /* token, head */
+    void *k;
+    int64_t k_stride[2];
+    const void *v;
+    int64_t v_stride[2];
+    const int64_t *positions;     /* slot form: (tokens,) */
+    const int64_t *slot_mapping;  /* slot form: (tokens,) */
+    const int32_t *cache_seqlens; /* table form: (batch,) */
+    const int32_t *block_table;   /* table form: (batch, max_pages) */
+    int64_t block_table_stride;
+    const float *cos_sin_cache;   /* (max_position, rotary_dim) */
+    int64_t cos_sin_stride;
+    void *k_cache;
+    int64_t k_cache_stride[3];    /* page, row, head */
+    void *v_cache;
+    int64_t v_cache_stride[3];
+    const float *k_scale;         /* E4M3 caches */
+    int64_t k_scale_stride;
+    const float *v_scale;
+    int64_t v_scale_stride;
+} fx_rope_kvcache_problem_t;
+
 typedef struct {
     int32_t variant;          /* index (fx_variant_name); -1: nothing to launch (an empty problem) */
     const char *name;         /* the variant's name, NULL for -1 */
@@ -298,6 +376,9 @@ int32_t fx_gemm_packed_select(const fx_device_t *dev, const fx_gemm_packed_probl
 int32_t fx_gemm_blockscaled_select(const fx_device_t *dev, const fx_gemm_blockscaled_problem_t *p,
                                    fx_selection_t *out);
 int32_t fx_gemm_grouped_select(const fx_device_t *dev, const fx_gemm_grouped_problem_t *p, fx_selection_t *out);
+int32_t fx_rms_norm_select(const fx_device_t *dev, const fx_rms_norm_problem_t *p, fx_selection_t *out);
+int32_t fx_fp8_rows_select(const fx_device_t *dev, const fx_fp8_rows_problem_t *p, fx_selection_t *out);
+int32_t fx_rope_kvcache_select(const fx_device_t *dev, const fx_rope_kvcache_problem_t *p, fx_selection_t *out);
 
 /* Select, then launch on `stream` (loading the variant's module on first use: do one call before
    capturing a CUDA graph).  The launch runs on the current device (cudaSetDevice): `stream` must
@@ -321,6 +402,10 @@ int32_t fx_gemm_packed(const fx_device_t *dev, const fx_gemm_packed_problem_t *p
 int32_t fx_gemm_blockscaled(const fx_device_t *dev, const fx_gemm_blockscaled_problem_t *p, fx_stream_t stream,
                             fx_selection_t *out);
 int32_t fx_gemm_grouped(const fx_device_t *dev, const fx_gemm_grouped_problem_t *p, fx_stream_t stream,
+                        fx_selection_t *out);
+int32_t fx_rms_norm(const fx_device_t *dev, const fx_rms_norm_problem_t *p, fx_stream_t stream, fx_selection_t *out);
+int32_t fx_fp8_rows(const fx_device_t *dev, const fx_fp8_rows_problem_t *p, fx_stream_t stream, fx_selection_t *out);
+int32_t fx_rope_kvcache(const fx_device_t *dev, const fx_rope_kvcache_problem_t *p, fx_stream_t stream,
                         fx_selection_t *out);
 
 /* The GEMM cost model's predicted time (us) of a variant (index) on an (m, n, k, l) problem: the

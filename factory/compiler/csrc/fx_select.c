@@ -2501,6 +2501,296 @@ FX_EXPORT int32_t fx_attention_fp8_select(const fx_device_t *dev, const fx_atten
     return finish(fp8_select(dev, p, out), out);
 }
 
+/* --- the row-wise ops (elementwise/): RMSNorm, fp8 rows ------------------------------------------- */
+/* The least max_n of the best target whose rows hold n (then the first name): fused._pick. */
+static int32_t rowwise_pick(const fx_device_t *dev, int32_t op, int32_t dtype, int32_t flags, int64_t n,
+                            const fx_value *vals, int32_t n_vals, char *reason, size_t reason_size) {
+    int32_t *cand, k = candidates(dev, op, &cand), best = -1, top = -1;
+    for (int32_t i = 0; i < k; i++) {
+        const fx_variant *v = &fx_variants[cand[i]];
+        if ((dtype >= 0 && v->dtype != dtype) || v->rowwise != flags || v->max_n < n) continue;
+        if (top < 0) top = v->target;
+        if (v->target != top) continue;
+        if (check_contract(v, vals, n_vals)) {
+            if (!reason[0]) snprintf(reason, reason_size, "%s", fx_msg);
+            continue;
+        }
+        if (best >= 0) {
+            const fx_variant *b = &fx_variants[best];
+            if (v->max_n > b->max_n || (v->max_n == b->max_n && strcmp(v->name, b->name) >= 0)) continue;
+        }
+        best = cand[i];
+    }
+    free(cand);
+    return best;
+}
+
+/* --- RMSNorm (+ residual, + e4m3 output): runtime/fused.py ----------------------------------------- */
+typedef struct {
+    fx_value vals[FX_MAX_ARGS]; /* x, weight [, residual], y [, scale], eps */
+    int32_t n_vals;
+} rms_ctx;
+
+/* fused.rms_norm_check's checks, the aliasing of the outputs, and fused.rms_norm_choose: among the
+   variants of the dtype and switches whose rows hold n, those of the best target, the fewest chunks
+   (the least max_n; then the first name). */
+static int32_t rms_select(const fx_device_t *dev, const fx_rms_norm_problem_t *p, fx_selection_t *out, rms_ctx *x) {
+    memset(out, 0, sizeof *out);
+    out->variant = -1;
+    fx_msg[0] = 0;
+    int32_t rc;
+    if (!dev || !p) return fail(FX_ERR_INPUT, "fx_rms_norm: dev and problem must not be NULL");
+    if ((rc = check_device(dev))) return rc;
+    if ((rc = check_bool("residual_add", p->residual_add)) || (rc = check_bool("quantize", p->quantize))) return rc;
+    if (p->dtype != FX_DTYPE_BF16 && p->dtype != FX_DTYPE_F16)
+        return fail(FX_ERR_INPUT, "x must be bf16 or f16, got dtype %d", (int)p->dtype);
+    static const char *const names[2] = {"m", "n"};
+    const int64_t sizes[2] = {p->m, p->n};
+    if ((rc = check_sizes(names, sizes, 2))) return rc;
+    const int64_t M = p->m, N = p->n, one = 1;
+    if (N == 0 || N % 8)
+        return fail(FX_ERR_INPUT, "the hidden size %lld must be a positive multiple of 8 (16-byte vectors)", (long long)N);
+    if (!(p->eps >= 0.0f) || !isfinite(p->eps)) return fail(FX_ERR_INPUT, "eps must be a finite number >= 0");
+    const int res = p->residual_add, quant = p->quantize;
+    const int64_t rs[3] = {p->x_stride, res ? p->residual_stride : N, p->y_stride};
+    static const char *const rnames[3] = {"x_stride", "residual_stride", "y_stride"};
+    for (int32_t i = 0; i < 3; i++)
+        if (rs[i] < N && M > 1)
+            return fail(FX_ERR_INPUT, "%s %lld: rows of %lld elements must not overlap (a row stride >= n)", rnames[i],
+                        (long long)rs[i], (long long)N);
+    const int64_t eb = elem_bytes(p->dtype);
+    int64_t sx[2] = {M, N}, stx[2] = {p->x_stride, 1}, str[2] = {rs[1], 1}, sty[2] = {p->y_stride, 1}, span;
+    fx_range in[4], oy, ores, osc;
+    if ((rc = span_of("x", 2, sx, stx, &span)) || (rc = range_of(&in[0], "x", p->x, span, eb)) ||
+        (rc = range_of(&in[1], "weight", p->weight, N, eb)) ||
+        (rc = span_of("residual", 2, sx, str, &span)) ||
+        (rc = range_of(&ores, "residual", res ? p->residual : NULL, span, eb)) ||
+        (rc = span_of("y", 2, sx, sty, &span)) || (rc = range_of(&oy, "y", p->y, span, quant ? 1 : eb)) ||
+        (rc = range_of(&osc, "scale", quant ? p->scale : NULL, M, 4)))
+        return rc;
+    in[2] = ores;
+    in[3] = osc;
+    /* y against x, weight, residual, scale; residual (written) against x, weight, scale; scale against x, weight */
+    fx_range r_in[3] = {in[0], in[1], osc}, s_in[2] = {in[0], in[1]};
+    if ((rc = check_disjoint(&oy, in, 4)) || (rc = check_disjoint(&ores, r_in, 3)) || (rc = check_disjoint(&osc, s_in, 2)))
+        return rc;
+    if (M == 0) return 0; /* nothing to launch */
+    memset(x, 0, sizeof *x);
+    int32_t k = 0;
+    spec(&x->vals[k++], p->x, 2, sx, stx);
+    spec(&x->vals[k++], p->weight, 1, &N, &one);
+    if (res) spec(&x->vals[k++], p->residual, 2, sx, str);
+    spec(&x->vals[k++], p->y, 2, sx, sty);
+    if (quant) spec(&x->vals[k++], p->scale, 1, &M, &one);
+    x->vals[k++].f = p->eps;
+    x->n_vals = k;
+    const int32_t want = (res ? FX_RW_RESIDUAL : 0) | (quant ? FX_RW_QUANT : 0);
+    char reason[1024] = "";
+    int32_t best = rowwise_pick(dev, FX_OP_RMS_NORM, p->dtype, want, N, x->vals, x->n_vals, reason, sizeof reason);
+    if (best < 0 && reason[0]) return fail(FX_ERR_INPUT, "rms_norm: %s", reason); /* the layout, not the bundle */
+    if (best < 0)
+        return fail(FX_ERR_NO_VARIANT, "no rms_norm variant for %s rows of %lld%s%s on compute capability %d.%d",
+                    dtype_name(p->dtype), (long long)N, res ? " with residual" : "", quant ? " to e4m3" : "",
+                    dev->cc_major, dev->cc_minor);
+    out->variant = best;
+    out->name = fx_variants[best].name;
+    out->splits = 1;
+    return 0;
+}
+
+FX_EXPORT int32_t fx_rms_norm_select(const fx_device_t *dev, const fx_rms_norm_problem_t *p, fx_selection_t *out) {
+    fx_selection_t tmp;
+    rms_ctx x;
+    if (!out) out = &tmp;
+    return finish(rms_select(dev, p, out, &x), out);
+}
+
+/* --- e4m3 rows re-scaled: runtime/fused.py fp8_rows -------------------------------------------------- */
+typedef struct {
+    fx_value vals[FX_MAX_ARGS]; /* codes, group_scale, out, scale */
+    int32_t n_vals;
+} f8r_ctx;
+
+static int32_t f8r_select(const fx_device_t *dev, const fx_fp8_rows_problem_t *p, fx_selection_t *out, f8r_ctx *x) {
+    memset(out, 0, sizeof *out);
+    out->variant = -1;
+    fx_msg[0] = 0;
+    int32_t rc;
+    if (!dev || !p) return fail(FX_ERR_INPUT, "fx_fp8_rows: dev and problem must not be NULL");
+    if ((rc = check_device(dev))) return rc;
+    static const char *const names[2] = {"m", "n"};
+    const int64_t sizes[2] = {p->m, p->n};
+    if ((rc = check_sizes(names, sizes, 2))) return rc;
+    const int64_t M = p->m, N = p->n, G = cdiv(N > 0 ? N : 1, 128), one = 1;
+    if (N == 0 || N % 16)
+        return fail(FX_ERR_INPUT, "the row length %lld must be a positive multiple of 16 (16-byte vectors)",
+                    (long long)N);
+    if (M > 1 && (p->codes_stride < N || p->codes_stride % 16 || p->out_stride < N || p->out_stride % 16))
+        return fail(FX_ERR_INPUT, "codes / out: rows must have a row stride >= %lld and a multiple of 16, got %lld / "
+                    "%lld", (long long)N, (long long)p->codes_stride, (long long)p->out_stride);
+    if (M > 1 && G > 1 && p->group_scale_stride < M)
+        return fail(FX_ERR_INPUT, "group_scale must be M-major: its column stride %lld must be >= m = %lld",
+                    (long long)p->group_scale_stride, (long long)M);
+    /* one row: any row stride reads the same elements (fused.fp8_rows passes a 16-multiple) */
+    const int64_t cs = M > 1 ? p->codes_stride : cdiv(N, 16) * 16, os = M > 1 ? p->out_stride : cdiv(N, 16) * 16;
+    const int64_t gs = G > 1 ? p->group_scale_stride : cdiv(M, 4) * 4;
+    int64_t sh[2] = {M, N}, stc[2] = {cs, 1}, sto[2] = {os, 1}, shg[2] = {M, G}, stg[2] = {1, gs}, span;
+    fx_range in[2], oo, osc;
+    if ((rc = span_of("codes", 2, sh, stc, &span)) || (rc = range_of(&in[0], "codes", p->codes, span, 1)) ||
+        (rc = span_of("group_scale", 2, shg, stg, &span)) || (rc = range_of(&in[1], "group_scale", p->group_scale, span, 4)) ||
+        (rc = span_of("out", 2, sh, sto, &span)) || (rc = range_of(&oo, "out", p->out, span, 1)) ||
+        (rc = range_of(&osc, "scale", p->scale, M, 4)))
+        return rc;
+    const int in_place = p->out && p->out == p->codes && os == cs;
+    fx_range o_in[3] = {in[1], osc, in[0]}, s_in[3] = {in[0], in[1], oo};
+    if ((rc = check_disjoint(&oo, o_in, in_place ? 2 : 3)) || (rc = check_disjoint(&osc, s_in, 3))) return rc;
+    if (M == 0) return 0;
+    memset(x, 0, sizeof *x);
+    spec(&x->vals[0], p->codes, 2, sh, stc);
+    spec(&x->vals[1], p->group_scale, 2, shg, stg);
+    spec(&x->vals[2], p->out, 2, sh, sto);
+    spec(&x->vals[3], p->scale, 1, &M, &one);
+    x->n_vals = 4;
+    char reason[1024] = "";
+    int32_t best = rowwise_pick(dev, FX_OP_FP8_ROWS, -1, 0, N, x->vals, x->n_vals, reason, sizeof reason);
+    if (best < 0 && reason[0]) return fail(FX_ERR_INPUT, "fp8_rows: %s", reason);
+    if (best < 0)
+        return fail(FX_ERR_NO_VARIANT, "no fp8_rows variant for e4m3 rows of %lld on compute capability %d.%d",
+                    (long long)N, dev->cc_major, dev->cc_minor);
+    out->variant = best;
+    out->name = fx_variants[best].name;
+    out->splits = 1;
+    return 0;
+}
+
+FX_EXPORT int32_t fx_fp8_rows_select(const fx_device_t *dev, const fx_fp8_rows_problem_t *p, fx_selection_t *out) {
+    fx_selection_t tmp;
+    f8r_ctx x;
+    if (!out) out = &tmp;
+    return finish(f8r_select(dev, p, out, &x), out);
+}
+
+/* --- rotary embedding + KV-cache write: runtime/fused.py rope_kvcache --------------------------------- */
+typedef struct {
+    fx_value vals[FX_MAX_ARGS]; /* q, k, v, positions | cache_seqlens, cos_sin, k_cache, v_cache, slots | table [, scales] */
+    int32_t n_vals;
+} rope_ctx;
+
+/* fused.rope_kvcache_check's checks, the caches' layout and aliasing, and fused.rope_kvcache_choose. */
+static int32_t rope_select(const fx_device_t *dev, const fx_rope_kvcache_problem_t *p, fx_selection_t *out,
+                           rope_ctx *x) {
+    memset(out, 0, sizeof *out);
+    out->variant = -1;
+    fx_msg[0] = 0;
+    int32_t rc;
+    if (!dev || !p) return fail(FX_ERR_INPUT, "fx_rope_kvcache: dev and problem must not be NULL");
+    if ((rc = check_device(dev))) return rc;
+    if ((rc = check_bool("neox", p->neox)) || (rc = check_bool("table", p->table))) return rc;
+    if (p->dtype != FX_DTYPE_BF16 && p->dtype != FX_DTYPE_F16)
+        return fail(FX_ERR_INPUT, "q must be bf16 or f16, got dtype %d", (int)p->dtype);
+    const int fp8 = p->cache_dtype == FX_DTYPE_E4M3;
+    if (p->cache_dtype != p->dtype && !fp8)
+        return fail(FX_ERR_INPUT, "k_cache / v_cache must be %s (q's dtype) or e4m3, got dtype %d", dtype_name(p->dtype),
+                    (int)p->cache_dtype);
+    static const char *const names[10] = {"tokens", "heads_q", "heads_kv", "head_dim", "rotary_dim", "max_position",
+                                          "num_pages", "page_size", "batch", "max_pages"};
+    const int64_t sizes[10] = {p->tokens, p->heads_q, p->heads_kv, p->head_dim, p->rotary_dim, p->max_position,
+                               p->num_pages, p->page_size, p->batch, p->max_pages};
+    if ((rc = check_sizes(names, sizes, 10))) return rc;
+    const int64_t T = p->tokens, HQ = p->heads_q, HKV = p->heads_kv, D = p->head_dim, R = p->rotary_dim;
+    const int64_t P = p->num_pages, PS = p->page_size, B = p->batch, MP = p->max_pages, MAXPOS = p->max_position;
+    if (D == 0 || D % 8) return fail(FX_ERR_INPUT, "head_dim %lld must be a positive multiple of 8", (long long)D);
+    if (R == 0 || R % 16 || R > D)
+        return fail(FX_ERR_INPUT, "rotary_dim %lld must be a positive multiple of 16 and at most head_dim %lld",
+                    (long long)R, (long long)D);
+    if (MAXPOS == 0) return fail(FX_ERR_INPUT, "cos_sin_cache has no positions");
+    if (p->table) {
+        if (B == 0 || T % B) return fail(FX_ERR_INPUT, "the block-table form needs batch >= 1 dividing tokens (%lld)",
+                                         (long long)T);
+        if (MP == 0) return fail(FX_ERR_INPUT, "block_table has no columns");
+    }
+    if ((rc = check_stride("q_stride", p->q_stride, 0, 2)) || (rc = check_stride("k_stride", p->k_stride, 0, 2)) ||
+        (rc = check_stride("v_stride", p->v_stride, 0, 2)) || (rc = check_stride("k_cache_stride", p->k_cache_stride, 0, 3)) ||
+        (rc = check_stride("v_cache_stride", p->v_cache_stride, 0, 3)))
+        return rc;
+    if (p->block_table_stride < 0 || p->cos_sin_stride < 0)
+        return fail(FX_ERR_INPUT, "block_table_stride and cos_sin_stride must not be negative");
+    if (fp8 && ((p->k_scale_stride != 0 && p->k_scale_stride != 1) || (p->v_scale_stride != 0 && p->v_scale_stride != 1)))
+        return fail(FX_ERR_INPUT, "k_scale / v_scale strides must be 0 (one per tensor) or 1 (one per kv head)");
+    const int64_t eb = elem_bytes(p->dtype), cb = fp8 ? 1 : eb, one = 1, zero = 0;
+    int64_t sq[3] = {T, HQ, D}, stq[3] = {p->q_stride[0], p->q_stride[1], 1};
+    int64_t sk[3] = {T, HKV, D}, stk[3] = {p->k_stride[0], p->k_stride[1], 1}, stv[3] = {p->v_stride[0], p->v_stride[1], 1};
+    int64_t sc[4] = {P, PS, HKV, D}, stkc[4] = {p->k_cache_stride[0], p->k_cache_stride[1], p->k_cache_stride[2], 1};
+    int64_t stvc[4] = {p->v_cache_stride[0], p->v_cache_stride[1], p->v_cache_stride[2], 1};
+    int64_t scs[2] = {MAXPOS, R}, stcs[2] = {p->cos_sin_stride, 1}, sbt[2] = {B, MP}, stbt[2] = {p->block_table_stride, 1};
+    int64_t span;
+    fx_range in[8], okc, ovc;
+    if ((rc = check_distinct("q", 3, sq, stq)) || (rc = check_distinct("k", 3, sk, stk)) ||
+        (rc = check_distinct("k_cache", 4, sc, stkc)) || (rc = check_distinct("v_cache", 4, sc, stvc)))
+        return rc;
+    if ((rc = span_of("q", 3, sq, stq, &span)) || (rc = range_of(&in[0], "q", p->q, span, eb)) ||
+        (rc = span_of("k", 3, sk, stk, &span)) || (rc = range_of(&in[1], "k", p->k, span, eb)) ||
+        (rc = span_of("v", 3, sk, stv, &span)) || (rc = range_of(&in[2], "v", p->v, span, eb)) ||
+        (rc = span_of("cos_sin_cache", 2, scs, stcs, &span)) || (rc = range_of(&in[3], "cos_sin_cache", p->cos_sin_cache, span, 4)) ||
+        (rc = range_of(&in[4], p->table ? "cache_seqlens" : "positions", p->table ? (const void *)p->cache_seqlens
+                       : (const void *)p->positions, p->table ? B : T, p->table ? 4 : 8)))
+        return rc;
+    if (p->table) {
+        if ((rc = span_of("block_table", 2, sbt, stbt, &span)) || (rc = range_of(&in[5], "block_table", p->block_table, span, 4)))
+            return rc;
+    } else if ((rc = range_of(&in[5], "slot_mapping", p->slot_mapping, T, 8))) {
+        return rc;
+    }
+    if ((rc = range_of(&in[6], "k_scale", fp8 ? p->k_scale : NULL, p->k_scale_stride ? HKV : 1, 4)) ||
+        (rc = range_of(&in[7], "v_scale", fp8 ? p->v_scale : NULL, p->v_scale_stride ? HKV : 1, 4)) ||
+        (rc = span_of("k_cache", 4, sc, stkc, &span)) || (rc = range_of(&okc, "k_cache", p->k_cache, span, cb)) ||
+        (rc = span_of("v_cache", 4, sc, stvc, &span)) || (rc = range_of(&ovc, "v_cache", p->v_cache, span, cb)))
+        return rc;
+    fx_range kin[9], vin[9];
+    for (int32_t i = 0; i < 8; i++) kin[i] = vin[i] = in[i];
+    kin[8] = ovc;
+    vin[8] = okc;
+    if ((rc = check_disjoint(&okc, kin, 9)) || (rc = check_disjoint(&ovc, vin, 9))) return rc;
+    if (T == 0 || P == 0 || PS == 0 || HKV == 0) return 0; /* nothing to launch */
+    memset(x, 0, sizeof *x);
+    int32_t k = 0;
+    spec(&x->vals[k++], p->q, 3, sq, stq);
+    spec(&x->vals[k++], p->k, 3, sk, stk);
+    spec(&x->vals[k++], p->v, 3, sk, stv);
+    if (p->table) spec(&x->vals[k++], p->cache_seqlens, 1, &B, &one);
+    else spec(&x->vals[k++], p->positions, 1, &T, &one);
+    spec(&x->vals[k++], p->cos_sin_cache, 2, scs, stcs);
+    spec(&x->vals[k++], p->k_cache, 4, sc, stkc);
+    spec(&x->vals[k++], p->v_cache, 4, sc, stvc);
+    if (p->table) spec(&x->vals[k++], p->block_table, 2, sbt, stbt);
+    else spec(&x->vals[k++], p->slot_mapping, 1, &T, &one);
+    if (fp8) {
+        spec(&x->vals[k++], p->k_scale, 1, &HKV, p->k_scale_stride ? &one : &zero);
+        spec(&x->vals[k++], p->v_scale, 1, &HKV, p->v_scale_stride ? &one : &zero);
+    }
+    x->n_vals = k;
+    const int32_t want = (p->neox ? FX_RW_NEOX : 0) | (p->table ? FX_RW_TABLE : 0) | (fp8 ? FX_RW_FP8_CACHE : 0);
+    char reason[1024] = "";
+    int32_t best = rowwise_pick(dev, FX_OP_ROPE_KVCACHE, p->dtype, want, 0, x->vals, x->n_vals, reason, sizeof reason);
+    if (best < 0 && reason[0]) return fail(FX_ERR_INPUT, "rope_kvcache: %s", reason);
+    if (best < 0)
+        return fail(FX_ERR_NO_VARIANT, "no rope_kvcache variant for %s %s rotary%s%s on compute capability %d.%d",
+                    dtype_name(p->dtype), p->neox ? "neox" : "interleaved", p->table ? " with a block table" : "",
+                    fp8 ? " into e4m3 caches" : "", dev->cc_major, dev->cc_minor);
+    out->variant = best;
+    out->name = fx_variants[best].name;
+    out->splits = 1;
+    return 0;
+}
+
+FX_EXPORT int32_t fx_rope_kvcache_select(const fx_device_t *dev, const fx_rope_kvcache_problem_t *p,
+                                         fx_selection_t *out) {
+    fx_selection_t tmp;
+    rope_ctx x;
+    if (!out) out = &tmp;
+    return finish(rope_select(dev, p, out, &x), out);
+}
+
 FX_EXPORT int32_t fx_variant_v_layout(int32_t i) {
     return i >= 0 && i < fx_n_variants ? fx_variants[i].v_pretransposed : -1;
 }
@@ -2818,6 +3108,85 @@ FX_EXPORT int32_t fx_gemm_grouped(const fx_device_t *dev, const fx_gemm_grouped_
     fx_selection_t tmp;
     if (!out) out = &tmp;
     return finish(grouped_run(dev, p, stream, out), out);
+}
+
+static int32_t rms_run(const fx_device_t *dev, const fx_rms_norm_problem_t *p, fx_stream_t stream,
+                       fx_selection_t *out) {
+    rms_ctx x;
+    int32_t rc = rms_select(dev, p, out, &x);
+    if (rc || out->variant < 0) return rc;
+    if (!p->x || !p->weight || !p->y || (p->residual_add && !p->residual) || (p->quantize && !p->scale))
+        return fail(FX_ERR_INPUT, "fx_rms_norm needs the x, weight, y (residual_add: residual; quantize: scale) "
+                                  "pointers");
+    {
+        const void *ptrs[5] = {p->x, p->weight, p->y, p->residual_add ? p->residual : NULL,
+                               p->quantize ? p->scale : NULL};
+        static const char *const names[5] = {"x", "weight", "y", "residual", "scale"};
+        if ((rc = check_launch_device(stream, 5, ptrs, names))) return rc;
+    }
+    if ((rc = ensure_loaded(out->variant))) return rc;
+    return launched(out->variant, fx_variants[out->variant].bind(x.vals, stream));
+}
+
+FX_EXPORT int32_t fx_rms_norm(const fx_device_t *dev, const fx_rms_norm_problem_t *p, fx_stream_t stream,
+                              fx_selection_t *out) {
+    fx_selection_t tmp;
+    if (!out) out = &tmp;
+    return finish(rms_run(dev, p, stream, out), out);
+}
+
+static int32_t f8r_run(const fx_device_t *dev, const fx_fp8_rows_problem_t *p, fx_stream_t stream, fx_selection_t *out) {
+    f8r_ctx x;
+    int32_t rc = f8r_select(dev, p, out, &x);
+    if (rc || out->variant < 0) return rc;
+    if (!p->codes || !p->group_scale || !p->out || !p->scale)
+        return fail(FX_ERR_INPUT, "fx_fp8_rows needs the codes, group_scale, out and scale pointers");
+    {
+        const void *ptrs[4] = {p->codes, p->group_scale, p->out, p->scale};
+        static const char *const names[4] = {"codes", "group_scale", "out", "scale"};
+        if ((rc = check_launch_device(stream, 4, ptrs, names))) return rc;
+    }
+    if ((rc = ensure_loaded(out->variant))) return rc;
+    return launched(out->variant, fx_variants[out->variant].bind(x.vals, stream));
+}
+
+FX_EXPORT int32_t fx_fp8_rows(const fx_device_t *dev, const fx_fp8_rows_problem_t *p, fx_stream_t stream,
+                              fx_selection_t *out) {
+    fx_selection_t tmp;
+    if (!out) out = &tmp;
+    return finish(f8r_run(dev, p, stream, out), out);
+}
+
+static int32_t rope_run(const fx_device_t *dev, const fx_rope_kvcache_problem_t *p, fx_stream_t stream,
+                        fx_selection_t *out) {
+    rope_ctx x;
+    int32_t rc = rope_select(dev, p, out, &x);
+    if (rc || out->variant < 0) return rc;
+    const int fp8 = p->cache_dtype == FX_DTYPE_E4M3;
+    const void *idx = p->table ? (const void *)p->cache_seqlens : (const void *)p->positions;
+    const void *tab = p->table ? (const void *)p->block_table : (const void *)p->slot_mapping;
+    if ((!p->q && p->heads_q > 0) || !p->k || !p->v || !idx || !tab || !p->cos_sin_cache || !p->k_cache || !p->v_cache ||
+        (fp8 && (!p->k_scale || !p->v_scale)))
+        return fail(FX_ERR_INPUT, "fx_rope_kvcache needs the q, k, v, %s, %s, cos_sin_cache, k_cache, v_cache%s pointers",
+                    p->table ? "cache_seqlens" : "positions", p->table ? "block_table" : "slot_mapping",
+                    fp8 ? ", k_scale and v_scale" : "");
+    {
+        const void *ptrs[10] = {p->q, p->k, p->v, idx, tab, p->cos_sin_cache, p->k_cache, p->v_cache,
+                                fp8 ? p->k_scale : NULL, fp8 ? p->v_scale : NULL};
+        const char *const names[10] = {"q", "k", "v", p->table ? "cache_seqlens" : "positions",
+                                       p->table ? "block_table" : "slot_mapping", "cos_sin_cache", "k_cache", "v_cache",
+                                       "k_scale", "v_scale"};
+        if ((rc = check_launch_device(stream, 10, ptrs, names))) return rc;
+    }
+    if ((rc = ensure_loaded(out->variant))) return rc;
+    return launched(out->variant, fx_variants[out->variant].bind(x.vals, stream));
+}
+
+FX_EXPORT int32_t fx_rope_kvcache(const fx_device_t *dev, const fx_rope_kvcache_problem_t *p, fx_stream_t stream,
+                                  fx_selection_t *out) {
+    fx_selection_t tmp;
+    if (!out) out = &tmp;
+    return finish(rope_run(dev, p, stream, out), out);
 }
 
 static int32_t kv_run(const fx_device_t *dev, const fx_attention_kvcache_problem_t *p, void *workspace,

@@ -10,7 +10,8 @@
 #define FX_MAX_DEVICES 64
 
 enum { FX_OP_GEMM = 1, FX_OP_ATTENTION = 2, FX_OP_GEMM_BLOCKSCALED = 3, FX_OP_ATTENTION_KVCACHE = 4,
-       FX_OP_ATTENTION_FP8 = 5, FX_OP_GEMM_GROUPED = 9 };
+       FX_OP_ATTENTION_FP8 = 5, FX_OP_GEMM_GROUPED = 9, FX_OP_RMS_NORM = 11,
+       FX_OP_FP8_ROWS = 12, FX_OP_ROPE_KVCACHE = 13 };
 enum { FX_FAMILY_OTHER = 0, FX_FAMILY_SM80 = 1, FX_FAMILY_SM90 = 2, FX_FAMILY_SM100 = 3, FX_FAMILY_DECODE = 4,
        FX_FAMILY_SM90_DECODE = 5, FX_FAMILY_SM90_GROUPED = 9,
        FX_FAMILY_SM100_GROUPED = 10 };
@@ -98,7 +99,11 @@ typedef struct {
     /* fp8 attention (attention/sm90_fp8.py): 1 takes v pre-transposed (batch, heads_kv,
        head_dim, seqlen_k), 0 takes v as k (the kernel transposes it) */
     int32_t v_pretransposed;
+    /* row-wise ops (elementwise/): the longest row a variant takes; FX_RW_* flags */
+    int32_t max_n, rowwise;
 } fx_variant;
+/* rms_norm: residual add, e4m3 output with row scales; rope_kvcache: neox, block-table form, e4m3 caches */
+enum { FX_RW_RESIDUAL = 1, FX_RW_QUANT = 2, FX_RW_NEOX = 4, FX_RW_TABLE = 8, FX_RW_FP8_CACHE = 16 };
 
 #define FX_MAX_TARGET_CCS 8
 
