@@ -27,6 +27,9 @@ SHAPES = {
     "long": [(1, 32768, 32, 8, 128, 16), (4, 32768, 64, 8, 128, 16)],
     "d64more": [(16, 4096, 32, 8, 64, 16), (128, 2048, 16, 1, 64, 16), (256, 512, 32, 8, 64, 16),
                 (32, 1024, 32, 32, 64, 16), (2, 8192, 16, 1, 64, 16)],
+    "mqalast": [(4, 4096, 16, 1, 128, 16), (16, 4096, 16, 1, 128, 16), (8, 8192, 16, 1, 128, 16),
+                (8, 16384, 16, 1, 128, 16), (2, 16384, 16, 1, 128, 16), (8, 1024, 16, 1, 128, 16),
+                (4, 8192, 16, 2, 128, 16), (8, 4096, 16, 1, 128, 64, "mixed")],
     "mqamore": [(2, 4096, 16, 1, 128, 16), (1, 16384, 16, 1, 128, 16), (8, 2048, 16, 1, 128, 16),
                 (4, 8192, 32, 8, 128, 16), (1, 4096, 32, 8, 128, 16)],
 }
@@ -122,7 +125,7 @@ def run_shape(bundle, torch, shape, dtype, rounds, budget_s):
         errs[n] = testing.rel_error(o[:nref], ref)
         calls[n] = lambda _i, n=n: bundle.attention_kvcache(q, kc, vc, lens, block_table=bt, variant=n)
     calls["rule"] = lambda _i: bundle.attention_kvcache(q, kc, vc, lens, block_table=bt)
-    if not mixed:
+    if not mixed and bundle.candidates("attention"):  # (a bundle of attention_kvcache variants only: none)
         calls["dense_path"] = lambda _i: bundle.attention(q, kd, vd, causal=True)
     qt, kt, vt = (x.transpose(1, 2) for x in (q, kd, vd))
     mask = ((torch.arange(ctx, device="cuda")[None, :] < lens[:, None].long())[:, None, None, :] if mixed else None)

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 FP8_SHAPES = [(8, 4096, 16, 1), (8, 8192, 32, 8), (64, 2048, 32, 8)]
 
 
-def problems(torch, b, only_mqa=(), variants=(), fp8_variants=(), bundles=()):
+def problems(torch, b, only_mqa=(), variants=(), pages=(16,), fp8_variants=(), bundles=()):
     def paged(B, ctx, hq, hkv, d, ps, fp8=False, variant=None, bd=None):
         g = torch.Generator(device="cuda").manual_seed(B + ctx)
         per = ctx // ps
@@ -56,8 +56,9 @@ def problems(torch, b, only_mqa=(), variants=(), fp8_variants=(), bundles=()):
                 if bd is not None:
                     out[f"B{B} {ctx} H{hq}/{hkv} p16 fp8 {n}"] = paged(B, ctx, hq, hkv, 128, 16, True, n, bd)
         return out
-    if only_mqa:  # the MQA problem by each named variant
-        return {f"MQA B8 H16/1 D128 4k paged 16 {n}": paged(8, 4096, 16, 1, 128, 16, variant=n) for n in variants}
+    if only_mqa:  # the MQA problem by each named variant, at each page size
+        return {f"MQA B8 H16/1 D128 4k paged {ps} {n}": paged(8, 4096, 16, 1, 128, ps, variant=n)
+                for ps in pages for n in variants}
     return {
         "B8 H64/8 D64 8k paged 16": paged(8, 8192, 64, 8, 64, 16),
         "B8 H64/8 D64 8k paged 64": paged(8, 8192, 64, 8, 64, 64),
@@ -74,7 +75,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--bundle", required=True, nargs="+", help="the first answers the selection's calls")
     p.add_argument("--mqa-variants", nargs="+", default=(),
-                   help="profile only MQA B8 H16/1 D128 4k page 16, once by each of these variant names")
+                   help="profile only MQA B8 H16/1 D128 4k, once by each of these variant names")
+    p.add_argument("--pages", nargs="+", type=int, default=[16], help="with --mqa-variants: the page sizes")
     p.add_argument("--fp8", nargs="+", default=(), metavar="NAME",
                    help="fp8 decode variants (by name, from any --bundle; I:NAME only on shape I) beside the bf16 cache")
     a = p.parse_args()
@@ -85,7 +87,7 @@ def main() -> int:
     bundles = [Bundle.open(x) for x in a.bundle]
     b = bundles[0]
     fns = {}
-    for name, fn in problems(torch, b, bool(a.mqa_variants), a.mqa_variants, a.fp8, bundles).items():
+    for name, fn in problems(torch, b, bool(a.mqa_variants), a.mqa_variants, a.pages, a.fp8, bundles).items():
         try:
             fn()
             fns[name] = fn

@@ -58,7 +58,7 @@ def decode_pick(entries: list[dict], decode: tuple, causal: bool, sms: int,
     built bottom-right causal; with one query that equals no mask).  Entries of one tile config
     (the preferred one where several are built), split count by :func:`decode_split_count`."""
     b, hq, hkv, sq, sk = decode
-    entries = [e for e in entries if e.get("causal")]
+    entries = [e for e in entries if e.get("causal") and not _last(e)]
     if not entries or sq > DECODE_MAX_SEQLEN_Q or (sq > 1 and not causal) or hkv <= 0:
         return None
     pref = [e for e in entries if e.get("preferred")] or entries
@@ -76,6 +76,11 @@ def decode_pick(entries: list[dict], decode: tuple, causal: bool, sms: int,
         return w  # the 8-warp build where built and the grid leaves half the SMs idle
     fits = [e for e in same if int(e["kv_splits"]) == n]
     return next((e for e in fits if bool(e.get("pdl")) == pdl), fits[0] if fits else None)
+
+
+def _last(e: dict) -> bool:
+    """A variant whose last split merges the others (workspace form "counters")"""
+    return (e.get("workspace") or {}).get("form") == "counters"
 
 
 def _switch_cost(e: dict) -> int:
@@ -135,6 +140,10 @@ def _pick_decode(entries: list[dict], p: Problem, sms: int) -> dict | None:
     shape = (p.batch, p.heads_q, p.heads_kv, p.seqlen_q, p.max_seqlen_k)
     row_blocks = -(-(p.heads_q // p.heads_kv) * p.seqlen_q // DECODE_ROWS) if p.heads_kv > 0 else 0
     groups = p.batch * p.heads_kv * row_blocks
+    last = [e for e in entries if _last(e)]
+    entries = [e for e in entries if not _last(e)]
+    if (e := _last_pick(last, p, groups, sms)) is not None:
+        return e
     if p.page_size is None:
         return decode_pick(entries, shape, True, sms)
     pref = [e for e in entries if e.get("preferred")] or entries
@@ -154,6 +163,38 @@ def _pick_decode(entries: list[dict], p: Problem, sms: int) -> dict | None:
     if p.kv_dtype != "e4m3" and (e := _wide_pick(entries, n, groups, p.head_dim, sms)) is not None:
         return e
     return next((e for e in same if int(e["kv_splits"]) == n), None)
+
+
+def _last_pick(last: list[dict], p: Problem, groups: int, sms: int) -> dict | None:
+    """The builds whose last split merges the others (one launch, no cluster), where built, for
+    head_dim >= 128 (H100, notes/attention-kvcache.md, every variant timed by name in one run; page
+    16 unless said):
+      * the 8-warp 128-key-tile build (one CTA per SM) at the largest of 32 and 16 splits whose grid
+        is more than a quarter of the SMs and at most all of them, each split keeping >= 2 tiles:
+        MQA H16/1 B8 4k 10.5 µs (the 8-cluster's 8-warp build 12.0; page 64 10.4 vs 11.1, page 1
+        10.4 vs 11.8, dense cache 10.1 vs 10.8, mixed lengths 9.9 vs 11.4), B4 4k 9.9 vs 11.1, B8 8k
+        13.4 vs 18.6 (the 32-split's second kernel), B8 16k 32.0 vs 35.2, B4 H16/2 8k 12.3 vs 14.1,
+        B1 H32/8 4k 9.0 vs 9.5, 32 splits: B2 H16/1 16k 12.7 vs 14.0; not where the grid is smaller
+        (B2 H16/1 4k 16 splits 9.6 vs 9.3) or a split keeps one tile (B8 2k: 9.2 vs 9.3; B8 1k 8.6 vs
+        8.2);
+      * else the 4-warp build (two CTAs per SM) at 16 splits where that grid is at most two CTAs
+        per SM and each split keeps >= 4 of its 64-key tiles: MQA B16 4k 15.6 vs 18.4 (B4 H32/8 8k,
+        512 CTAs: 55.5 vs 54.3, not taken).
+    head_dim 64: slower than the rule's pick on every shape measured (B16 H32/8 4k 59.5 vs 51.1)."""
+    if p.head_dim < 128 or not last:
+        return None
+    sk = p.max_seqlen_k
+
+    def built(splits: int, per_sm: int):
+        return next((e for e in last if int(e["kv_splits"]) == splits and e.get("ctas_per_sm") == per_sm
+                     and not e.get("pdl")), None)
+
+    for s in (32, 16):
+        if 4 * groups * s > sms and groups * s <= sms and sk >= 256 * s and (e := built(s, 1)) is not None:
+            return e
+    if sms < groups * 16 <= 2 * sms and sk >= 16 * 256:
+        return built(16, 2)
+    return None
 
 
 def _wide_pick(entries: list[dict], n: int, groups: int, head_dim: int, sms: int) -> dict | None:

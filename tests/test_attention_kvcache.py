@@ -39,6 +39,11 @@ def test_signature_kvcache():
     assert f8.divisor("sKs") == 16 and f8.divisor("sQs") == 8 and f8.args[1].dtype == "e4m3"
     split = contract.signature_kvcache("f16", "f16", 64, True, 16, splits=4)
     assert [a.name for a in split.args[5:7]] == ["o_partial", "lse_partial"]
+    # the last-arrival merge: (B, Hq, Sq) int32 arrival counters after the partials, 16-byte rows
+    last = contract.signature_kvcache("bf16", "bf16", 128, True, None, splits=16, counters=True)
+    assert [a.name for a in last.args[5:9]] == ["o_partial", "lse_partial", "counters", "block_table"]
+    assert last.args[7].dtype == "i32" and last.args[7].shape == ("B", "Hq", "Sq")
+    assert last.args[5].align == 16 and last.divisor("sWh") == 4 and split.args[5].align == 4
     vq = contract.signature_kvcache("bf16", "bf16", 128, True, 16, varlen_q=True)
     names = [a.name for a in vq.args]
     assert names[0] == "q" and vq.args[0].shape == ("Tq", "Hq", 128) and "cu_seqlens_q" in names
@@ -61,7 +66,7 @@ def test_enumeration():
     f8 = [v for v in test if v.kv_dtype == "e4m3"]
     assert f8 and all(v.paged and v.head_dim == 128 for v in f8)
     default = enumerate_decode_kv(get_target("sm_90"), "default")
-    assert len({v.name for v in default}) == len(default) <= 59
+    assert len({v.name for v in default}) == len(default) <= 62
     # head_dim 256: bf16 paged caches at every split count
     assert sorted(v.splits for v in default if v.head_dim == 256) == [1, 2, 4, 8, 32]
     assert all(v.dtype == "bf16" and v.paged and v.kv_dtype == "bf16" for v in default if v.head_dim == 256)
@@ -76,13 +81,20 @@ def test_enumeration():
     assert all(v.dtype == "bf16" and v.head_dim == 128 and v.paged for v in default if v.kv_dtype == "e4m3")
     assert all(v.can_implement() is None for v in default)
     # cluster merges without PDL twins; the workspace split with its PDL combine kernel
-    assert all(v.pdl == (v.splits > 1 and not v.cluster) for v in default if v.warps == 4)
+    assert all(v.pdl == (v.splits > 1 and not v.cluster) for v in default if v.warps == 4 and not v.last)
     # bf16 caches, 8 warps over 128-key tiles (not preferred: the rule names them): head_dim 128 at 8
     # cluster splits with PDL (paged and dense), head_dim 64 paged unsplit and at 2 splits
-    wide = sorted((v.head_dim, v.splits, v.paged, v.pdl) for v in default if v.warps == 8 and v.kv_dtype == "bf16")
+    wide = sorted((v.head_dim, v.splits, v.paged, v.pdl) for v in default
+                  if v.warps == 8 and v.kv_dtype == "bf16" and not v.last)
     assert wide == [(64, 1, True, False), (64, 2, True, False), (128, 8, False, True), (128, 8, True, True)]
     assert all(not v.describe()["preferred"] and v.ctas_per_sm() == 1 and v.tile_n == 128
                for v in default if v.warps == 8)
+    # the last-arrival merge: bf16 head_dim 128 paged, 8 warps at 16 and 32 splits, 4 warps at 16
+    last = sorted((v.splits, v.warps, v.ctas_per_sm()) for v in default if v.last)
+    assert last == [(16, 4, 2), (16, 8, 1), (32, 8, 1)]
+    assert all(v.dtype == "bf16" and v.paged and not v.pdl and not v.cluster and v.head_dim == 128
+               and not v.describe()["preferred"] and v.describe()["workspace"] == {"form": "counters"}
+               for v in default if v.last)
     assert enumerate_decode_kv(get_target("sm_90a"), "default") == []
     d = default[0].describe()
     assert d["page_sizes"] == list(contract.PAGE_SIZES) if d["paged"] else d["page_sizes"] == []
@@ -228,6 +240,36 @@ def test_select_wide_build():
     assert rules.select(cands, prob(b=256, sk=512, d=64))["name"] == "q1"     # 2048 CTAs: > 4 per SM
 
 
+def test_select_last_merge_build():
+    """bf16/f16 head_dim >= 128: the builds whose last split merges the others where built
+    (kvcache_rules._last_pick): the one-CTA-per-SM build at the largest of 32 and 16 splits whose
+    grid is over a quarter of the SMs and within them, each split >= 2 tiles of 128 keys; else the
+    two-per-SM build at 16 for grids within two CTAs per SM; elsewhere the rule before."""
+    def last(name, splits, per_sm, paged=True, d=128):
+        e = entry(name, splits, paged=paged, d=d)
+        e.update(preferred=False, ctas_per_sm=per_sm, tile=[16, 128 if per_sm == 1 else 64], pdl=False,
+                 splits=splits, cluster=[1, 1], workspace={"form": "counters"})
+        return e
+    base = [entry(f"p{s}", s) for s in (1, 2, 4, 8)] + [entry(f"d{s}", s, paged=False) for s in (1, 2, 4, 8)]
+    base += [entry(f"q{s}", s, d=64) for s in (1, 2, 4, 8)]
+    cands = base + [last("l16", 16, 1), last("l32", 32, 1), last("m16", 16, 2), last("ld16", 16, 1, paged=False),
+                    last("x16", 16, 1, d=64)]
+    mqa = dict(hq=16, hkv=1)
+    assert rules.select(cands, prob(b=8, **mqa))["name"] == "l16"                 # 128 CTAs, 2 tiles each
+    assert rules.select(cands, prob(b=8, page=None, **mqa))["name"] == "ld16"     # dense cache alike
+    assert rules.select(cands, prob(b=4, **mqa))["name"] == "l16"                 # 4k: 32 splits keep 1 tile
+    assert rules.select(cands, prob(b=4, sk=8192, **mqa))["name"] == "l32"        # 128 CTAs of 2 tiles
+    assert rules.select(cands, prob(b=2, sk=16384, **mqa))["name"] == "l32"
+    assert rules.select(cands, prob(b=2, **mqa))["name"] != "l16"                 # 32 CTAs: too few
+    assert rules.select(cands, prob(b=8, sk=2048, **mqa))["name"] == "p8"         # one tile a split
+    assert rules.select(cands, prob(b=16, **mqa))["name"] == "m16"                # 256 CTAs, two per SM
+    assert rules.select(cands, prob(b=4, sk=8192))["name"] not in ("l16", "l32", "m16")  # 32 groups
+    assert rules.select(cands, prob(b=1, hq=32, hkv=8))["name"] == "l16"          # 8 groups
+    assert rules.select(cands, prob(b=8, d=64, **mqa))["name"] != "x16"           # head_dim 64: never
+    assert rules.select(base, prob(b=8, **mqa))["name"] == "p8"                   # not built: the rule before
+    assert rules.select(cands, prob(b=8, sq=4, **mqa))["name"] == "p4"            # 4 row blocks: 512 CTAs at 16
+
+
 def test_select_switches():
     assert rules.select(CANDS, prob(b=256, local=True))["name"] == "w1"
     assert rules.select(CANDS, prob(b=1, sk=32768, sinks=True, softcap=True))["name"] == "w8"
@@ -299,6 +341,28 @@ def test_launches_paged_dense_and_switches(sim):
     assert sim.attention_kvcache(q, k, v, sl, block_table=bt, out=out) is out
     names = sim.rec.launched
     assert len(names) == 4 and "paged" in names[0] and "paged" not in names[1] and names[2].endswith("_win_cap_sink")
+
+
+def test_last_merge_takes_the_runtimes_counters(sim, monkeypatch):
+    """A variant whose last split merges the others gets, after its workspace, the runtime's
+    zeroed (B, Hq, Sq) int32 arrival counters: the same buffer call after call (nothing allocated
+    or zeroed per call), a larger one for a larger problem (the old one kept for graphs)."""
+    lm = [e["name"] for e in sim.candidates("attention_kvcache") if kv.uses_counters(e)]
+    if not lm:
+        pytest.skip("no last-arrival-merge variant in the test bundle")
+    seen = []
+    real = sim.launch
+    monkeypatch.setattr(sim, "launch", lambda name, args, **k: (seen.append(list(args)), real(name, args, **k)))
+    q, k, v, sl, bt = paged(hq=16, hkv=1)
+    for _ in range(2):
+        sim.attention_kvcache(q, k, v, sl, block_table=bt, variant=lm[0])
+    a, b = seen[0][7], seen[1][7]
+    assert a.dtype == torch.int32 and a.shape == (2, 16, 1) and a.data_ptr() == b.data_ptr()
+    assert int(a.count_nonzero()) == 0 and kv.counters_buffer(a.device).numel() >= kv._COUNTERS_MIN
+    assert seen[0][5].shape == (16, 2, 16, 1, 128)  # o_partial (splits, B, Hq, Sq, D) before them
+    big = kv.counters(a.device, 512, 16, 1)
+    assert big.numel() == 8192 and kv.counters_buffer(a.device).numel() >= 8192
+    assert kv.counters(a.device, 2, 16, 1).data_ptr() == kv.counters_buffer(a.device).data_ptr()
 
 
 BAD = [

@@ -270,17 +270,19 @@ def test_fx_attention_varlen_matches_python(lib, bundle, lse_given):
 
 
 @pytest.mark.parametrize("paged,switches,B,Hq,Hkv,D", [
-    (True, False, 4, 32, 8, 128), (False, False, 2, 16, 1, 128), (True, True, 3, 32, 8, 128), (True, False, 1, 8, 8, 64)])
+    (True, False, 4, 32, 8, 128), (False, False, 2, 16, 1, 128), (True, True, 3, 32, 8, 128), (True, False, 1, 8, 8, 64),
+    (True, False, 4, 16, 1, 128)])
 def test_fx_attention_kvcache_matches_python(lib, bundle, paged, switches, B, Hq, Hkv, D):
     """fx_attention_kvcache on a paged (page 16, shuffled pages) or dense cache of ragged lengths:
-    the variant Python picks, and Python's output bit for bit."""
+    the variant Python picks, and Python's output bit for bit (MQA over 4096 rows: where built, a
+    split whose last split merges the others, its arrival counters in the C workspace)."""
     if not hasattr(lib.lib, "fx_attention_kvcache"):
         pytest.skip(f"{GPU_BUNDLE} predates fx_attention_kvcache: relink it")
     dev = _device(lib)
     g = torch.Generator(device="cuda").manual_seed(B)
     lens = torch.tensor([777, 1, 2000, 64][:B], dtype=torch.int32, device="cuda")
     q = torch.randn(B, 1, Hq, D, device="cuda", generator=g).to(torch.bfloat16)
-    ps, mp = (16, 128) if paged else (2048, 0)
+    ps, mp = (16, 256 if Hkv == 1 else 128) if paged else (2048, 0)
     pages = B * mp + 1 if paged else B
     k = torch.randn(pages, ps, Hkv, D, device="cuda", generator=g).to(torch.bfloat16)
     v = torch.randn_like(k)

@@ -84,6 +84,7 @@ def manifest_fields(dtype: str, head_dim: int, causal: bool, varlen: bool) -> di
 #   o             (B, Sq, Hq, D)   dtype                    [varlen q: (Tq, Hq, D)]
 #   lse           (B, Hq, Sq)      f32                      [varlen q: (Hq, Tq)]
 #   [o_partial (splits, B, Hq, Sq, D) f32, lse_partial (splits, B, Hq, Sq) f32]  workspace splits only
+#   [counters (B, Hq, Sq) i32: the in-kernel merge's arrival counters, zero at launch and left zero]
 #   block_table   (B, MP)          i32  page indices of each sequence (dense: a (B, 1) dummy)
 #   cache_seqlens (B,)             i32  each sequence's key count (read on the device only)
 #   [cu_seqlens_q (B+1,) i32: varlen q only]
@@ -98,9 +99,11 @@ PAGE_SIZES = (1, 8, 16, 32, 64, 128, 256)
 
 
 def signature_kvcache(dtype: str, kv_dtype: str, head_dim: int, paged: bool, page_size: int | None = None,
-                      splits: int = 1, varlen_q: bool = False) -> Signature:
+                      splits: int = 1, varlen_q: bool = False, counters: bool = False) -> Signature:
     """The kernel arguments of an attention-over-KV-cache variant (see the table above).
-    ``splits`` > 1: the variant merges its key splits through the fp32 workspace (dense q only)."""
+    ``splits`` > 1: the variant merges its key splits through the fp32 workspace (dense q only);
+    ``counters``: the last split to arrive merges them (one int32 arrival counter per CTA group,
+    zero at launch; the kernel leaves it zero)."""
     d, dt, kt = head_dim, dtype, kv_dtype
     if paged and page_size is not None and page_size not in PAGE_SIZES:
         raise ValueError(f"page_size {page_size} not one of {PAGE_SIZES}")
@@ -127,9 +130,13 @@ def signature_kvcache(dtype: str, kv_dtype: str, head_dim: int, paged: bool, pag
     ]
     if splits > 1 and not varlen_q:
         args += [
-            TensorArg("o_partial", "f32", (splits, "B", "Hq", "Sq", d), ("sWs", "sWb", "sWh", "sWq", 1), align=4),
+            # (the last-arrival merge reads its rows in 16-byte vectors: 16-byte aligned rows)
+            TensorArg("o_partial", "f32", (splits, "B", "Hq", "Sq", d), ("sWs", "sWb", "sWh", "sWq", 1),
+                      align=16 if counters else 4),
             TensorArg("lse_partial", "f32", (splits, "B", "Hq", "Sq"), ("sPs", "sPb", "sPh", 1), align=4),
         ]
+        if counters:
+            args.append(TensorArg("counters", "i32", ("B", "Hq", "Sq"), ("sCb", "sCh", 1), align=4))
     args += [
         TensorArg("block_table", "i32", ("B", "MP"), ("sTb", 1), align=4),
         TensorArg("cache_seqlens", "i32", ("B",), (1,), align=4),
@@ -149,6 +156,8 @@ def signature_kvcache(dtype: str, kv_dtype: str, head_dim: int, paged: bool, pag
     qvec, kvec = 16 // DTYPE_BYTES[dt], 16 // DTYPE_BYTES[kt]
     div = {s: qvec for s in q_strided}
     div.update({s: kvec for s in ("sKp", "sKs", "sKh", "sVp", "sVs", "sVh")})
+    if counters and splits > 1 and not varlen_q:
+        div.update({s: 4 for s in ("sWs", "sWb", "sWh", "sWq")})
     return Signature(tuple(args), tuple(sorted(div.items())))
 
 

@@ -225,6 +225,10 @@ class AttentionDecodeKV(AttentionDecode):
     # unsigned: the contract's block table holds pages >= 0), not the cache tensor's full signed
     # 64-bit index arithmetic per copy.
     fast_addr: bool = field(default=False, metadata={"tag": "fa"})
+    # Workspace splits merged in the launch: every split writes its normalised O and LSE to the
+    # workspace, then counts itself in its CTA group's arrival counter (``counters``); the split
+    # that arrives last merges all of them in split order and sets the counter back to 0.
+    last: bool = field(default=False, metadata={"tag": "lm"})
     sources = (*AttentionDecode.sources, "atoms/e4m3_order.py", "atoms/sm90_e4m3.py", "atoms/sm90_matrix.py")
 
     @property
@@ -269,11 +273,15 @@ class AttentionDecodeKV(AttentionDecode):
             return "warp-own copies and the short copy addresses: the direct e4m3 build only"
         if not self.causal:
             return "built bottom-right causal (one query: the same as no mask)"
+        if self.last and (self.splits < 2 or self.cluster or self.kv_dtype == "e4m3"
+                          or self.splits % (self.threads // ROWS)):
+            return ("the last-arrival merge: workspace splits (a multiple of threads / 16, no cluster) of "
+                    "bf16/f16 caches")
         return None
 
     def signature(self) -> Signature:
         return contract.signature_kvcache(self.dtype, self.kv_dtype, self.head_dim, self.paged, None,
-                                          splits=1 if self.cluster else self.splits)
+                                          splits=1 if self.cluster else self.splits, counters=self.last)
 
     def describe(self) -> dict[str, Any]:
         d = super().describe()
@@ -282,6 +290,9 @@ class AttentionDecodeKV(AttentionDecode):
             local=self.local, softcap=self.softcap, sinks=self.sinks))
         d["page_sizes"] = list(contract.PAGE_SIZES) if self.paged else []
         d["max_seqlen_q"] = DECODE_MAX_SEQLEN_Q
+        if self.last:  # the workspace splits' arrival counters (zero at launch, left zero); the rule names it
+            d["workspace"] = {"form": "counters"}
+            d["preferred"] = False
         return d
 
     def make_kernel(self):
@@ -291,7 +302,10 @@ class AttentionDecodeKV(AttentionDecode):
             cluster=self.cluster, pdl=self.pdl, ilp=self.ilp, min_ctas=self.min_ctas,
             kv=True, paged=self.paged, local=self.local, softcap=self.softcap, sinks=self.sinks,
             fp8=self.kv_dtype == "e4m3", direct=self.direct, own=self.own, fast_addr=self.fast_addr,
+            last=self.last,
         )
+        if self.last:
+            return k.kvcache_last
         return k.kvcache_split if self.splits > 1 and not self.cluster else k.kvcache
 
 
@@ -457,11 +471,14 @@ class FlashDecodeSm90:
                  splits: int, cluster: bool, pdl: bool = False, ilp: bool = False, min_ctas: int = 0,
                  kv: bool = False, paged: bool = False, local: bool = False, softcap: bool = False,
                  sinks: bool = False, fp8: bool = False, direct: bool = False, own: bool = False,
-                 fast_addr: bool = False, rope: int = 0):
+                 fast_addr: bool = False, rope: int = 0, last: bool = False):
         self.dtype = dtype
         # ``rope`` (KV-cache builds, bf16/f16 caches): q is rotated in the prologue, in shared
         # memory between its load and the registers' read (ROPE_NEOX / ROPE_INTERLEAVED).  0: off.
         self.rope = rope
+        # Workspace splits merged by the last split to arrive (AttentionDecodeKV.last): no combine
+        # kernel; ``counters`` holds one arrival counter per CTA group.
+        self.last = last and kv and splits > 1 and not (cluster and splits > 1)
         # Attention over a KV cache (contract.signature_kvcache): per-sequence key counts from
         # cache_seqlens; ``paged``: K/V rows addressed through the block table; window, softcap
         # and sink switches.  All off: the dense attention contract, code unchanged.
@@ -582,8 +599,18 @@ class FlashDecodeSm90:
             block=[32 * COMBINE_WARPS, 1, 1], stream=stream, use_pdl=True)
 
     @cute.jit
+    def kvcache_last(self, q: cute.Tensor, k_cache: cute.Tensor, v_cache: cute.Tensor, o: cute.Tensor,
+                     lse: cute.Tensor, o_partial: cute.Tensor, lse_partial: cute.Tensor, counters: cute.Tensor,
+                     block_table: cute.Tensor, cache_seqlens: cute.Tensor, sinks: cute.Tensor,
+                     kv_descale: cute.Tensor, softmax_scale: cutlass.Float32, softcap: cutlass.Float32,
+                     window_left: cutlass.Int32, window_right: cutlass.Int32, stream: cuda.CUstream):
+        self._launch(q, k_cache, v_cache, o, lse, o_partial, lse_partial, softmax_scale, stream,
+                     block_table, cache_seqlens, sinks, softcap, window_left, window_right, kv_descale, mCnt=counters)
+
+    @cute.jit
     def _launch(self, mQ, mK, mV, mO, mLSE, mOp, mLp, softmax_scale, stream,
-                mBT=None, mSeq=None, mSinks=None, softcap=None, wl=None, wr=None, mDesc=None, mCS=None):
+                mBT=None, mSeq=None, mSinks=None, softcap=None, wl=None, wr=None, mDesc=None, mCS=None,
+                mCnt=None):
         D, BN, S = self.head_dim, self.tile_n, self.stages
         # K/V: 64-element (128-byte) swizzled rows (ldmatrix and 16-byte cp.async without bank
         # conflicts); mode 2 is (K of slot 0, V of slot 0, K of slot 1, ...).
@@ -614,7 +641,7 @@ class FlashDecodeSm90:
             cap_s = softcap / softmax_scale
         kern = self.kernel(mQ, mK, mV, mO, mLSE, mOp, mLp, softmax_scale * LOG2_E, sQ_layout,
                            sKV_layout, g2s, tiled_mma, SharedStorage, mBT, mSeq, mSinks, score_mul, cap_s, wl, wr,
-                           mDesc, mCS)
+                           mDesc, mCS, mCnt)
         extra = {"min_blocks_per_mp": self.min_ctas, "preferred_smem_carveout": 100} if self.min_ctas else {}
         if cutlass.const_expr(self.cluster):
             kern.launch(grid=grid, block=[self.threads, 1, 1], cluster=(self.splits, 1, 1),
@@ -639,7 +666,7 @@ class FlashDecodeSm90:
                mLSE: cute.Tensor, mOp, mLp, scale_log2: cutlass.Float32,
                sQ_layout: cute.Layout, sKV_layout: cute.ComposedLayout, g2s: cute.TiledCopy,
                tiled_mma: cute.TiledMma, SharedStorage: cutlass.Constexpr, mBT, mSeq, mSinks,
-               score_mul, cap, wl, wr, mDesc, mCS=None):
+               score_mul, cap, wl, wr, mDesc, mCS=None, mCnt=None):
         D, BN, S, W, SP, BNW = self.head_dim, self.tile_n, self.stages, self.warps, self.splits, self.bnw
         tidx, _, _ = cute.arch.thread_idx()
         bx, kv_head, batch = cute.arch.block_idx()
@@ -663,7 +690,7 @@ class FlashDecodeSm90:
                 score_mul = score_mul * k_descale
                 cap = cap / k_descale
         n_rows = group * q_len
-        if cutlass.const_expr(self.pdl or (SP > 1 and not self.cluster)):
+        if cutlass.const_expr(self.pdl or (SP > 1 and not self.cluster and not self.last)):
             # The next grid (the combine kernel, or with pdl whatever follows) may be scheduled
             # once every CTA of this one has started; it waits for this grid before reading.
             cute.arch.griddepcontrol_launch_dependents()
@@ -1058,6 +1085,125 @@ class FlashDecodeSm90:
                 cute.autovec_copy(acc, dst)
                 if c0 == 0:
                     mLp[split, batch, head, s_row] = lse
+            if cutlass.const_expr(self.last):
+                self.merge_last(mOp, mLp, mO, mLSE, mCnt, mSinks, storage.bar.data_ptr(), f32, batch, kv_head,
+                                bx // SP, (n_rows + ROWS - 1) // ROWS, mQ.shape[2], row0, n_rows, group, tidx)
+
+    @cute.jit
+    def merge_last(self, mOp, mLp, mO, mLSE, mCnt, mSinks, flag_ptr, f32, batch, kv_head, rb, row_blocks, heads_q,
+                   row0, n_rows, group, tidx):
+        """The last-arrival merge of a CTA group (the ``splits`` CTAs of one row block): each CTA's
+        partials (just stored) are released at GPU scope, then one thread adds 1 to the group's
+        counter (acq_rel); the CTA that reads ``splits - 1`` back is the last: it sets the counter to
+        0 for the next launch and merges the group's partials by LSE weight in split order (the
+        same additions on every run), the sink joining there, and writes O and LSE.  Ordering: the
+        CTA barrier, then the atomic's release (cumulative over the CTA's stores the barrier
+        ordered before it); its acquire, then the barrier before the last CTA's loads.
+
+        The merge: (1) the weights, ``threads / 16`` threads a row, each loading some splits' LSE
+        (butterfly max and sum within the row's lanes), into shared memory (the free ring) with
+        the row's 1/sum and LSE; (2) the partial O rows in 16-byte vectors, consecutive threads on
+        consecutive vectors of a row (coalesced), every (row, vector) item's splits loaded before
+        any output is stored."""
+        SP, D, T = self.splits, self.head_dim, self.threads
+        cute.arch.barrier()
+        # the group's counter: element (batch, j % Hq, j // Hq) of counters (B, Hq, Sq), j the group
+        # index within the batch entry (kv_head · row_blocks + rb < Hq · Sq)
+        j = kv_head * row_blocks + rb
+        cnt = mCnt.iterator + cute.crd2idx((batch, j % heads_q, j // heads_q), mCnt.layout)
+        flag = cute.make_tensor(cute.recast_ptr(flag_ptr, dtype=cutlass.Int32), cute.make_layout(1))
+        if tidx == 0:
+            old = cute.arch.atomic_add(cnt, cutlass.Int32(1), sem="acq_rel", scope="gpu")
+            is_last = cutlass.Int32(0)
+            if old == SP - 1:
+                is_last = cutlass.Int32(1)
+                cute.arch.store(cnt, cutlass.Int32(0))
+            flag[0] = is_last
+        cute.arch.barrier()
+        if flag[0] != 0:
+            sW = cute.make_tensor(f32, cute.make_layout((ROWS, SP), stride=(SP, 1)))
+            sInv = cute.make_tensor(f32 + ROWS * SP, cute.make_layout(ROWS))
+            sL = cute.make_tensor(f32 + ROWS * (SP + 1), cute.make_layout(ROWS))
+            # (1) weights: row r's tpr threads (consecutive lanes of one warp) take splits q, q + tpr, ...
+            tpr = T // ROWS
+            mine = SP // tpr  # (can_implement: splits a multiple of tpr)
+            offs = tuple(tpr >> b for b in range(1, tpr.bit_length()))  # the row's lanes: butterfly
+            r = tidx // tpr
+            q = tidx % tpr
+            row = row0 + r
+            s_row = row // group
+            head = kv_head * group + (row - s_row * group)
+            lr = cute.make_rmem_tensor(mine, cutlass.Float32)
+            lr.fill(-cutlass.Float32.inf)
+            if row < n_rows:
+                for m in cutlass.range_constexpr(mine):
+                    lr[m] = mLp[q + m * tpr, batch, head, s_row]
+            lmax = -cutlass.Float32.inf
+            for m in cutlass.range_constexpr(mine):
+                lmax = cute.arch.fmax(lmax, lr[m])
+            for off in offs:
+                lmax = cute.arch.fmax(lmax, cute.arch.shuffle_sync_bfly(lmax, offset=off, mask=-1, mask_and_clamp=31))
+            l_ref = 0.0 if lmax == -cutlass.Float32.inf else lmax
+            wsum = cutlass.Float32(0.0)
+            for m in cutlass.range_constexpr(mine):
+                w = cute.math.exp2((lr[m] - l_ref) * LOG2_E, fastmath=True)
+                wsum = wsum + w
+                sW[r, q + m * tpr] = w
+            for off in offs:
+                wsum = wsum + cute.arch.shuffle_sync_bfly(wsum, offset=off, mask=-1, mask_and_clamp=31)
+            if q == 0:
+                has = wsum > 0.0
+                inv = cute.arch.rcp_approx(wsum if has else 1.0)
+                sInv[r] = inv if has else 0.0
+                lse_all = -cutlass.Float32.inf
+                if has:
+                    lse_all = l_ref + cute.math.log2(wsum, fastmath=True) * LN_2
+                sL[r] = lse_all
+            cute.arch.barrier()
+            # (2) the partial O rows: item (r, c) = O[r, 4c .. 4c + 4), items tidx, tidx + T, ...
+            cpr = D // 4
+            per = ROWS * cpr // T
+            acc = cute.make_rmem_tensor(cute.make_layout((4, per), stride=(1, 4)), cutlass.Float32)
+            acc.fill(0.0)
+            for k in cutlass.range_constexpr(per):
+                i = tidx + k * T
+                ri = i // cpr
+                rowi = row0 + ri
+                if rowi < n_rows:
+                    si = rowi // group
+                    hi = kv_head * group + (rowi - si * group)
+                    part = cute.make_rmem_tensor(cute.make_layout((4, SP), stride=(1, 4)), cutlass.Float32)
+                    for sp in cutlass.range_constexpr(SP):
+                        cute.autovec_copy(cute.local_tile(mOp[sp, batch, hi, si, None], (4,), (i % cpr,)),
+                                          part[None, sp])
+                    for sp in cutlass.range_constexpr(SP):
+                        w = sW[ri, sp]
+                        for e in cutlass.range_constexpr(4):
+                            acc[e, k] = acc[e, k] + w * part[e, sp]
+            for k in cutlass.range_constexpr(per):
+                i = tidx + k * T
+                ri = i // cpr
+                rowi = row0 + ri
+                if rowi < n_rows:
+                    si = rowi // group
+                    hi = kv_head * group + (rowi - si * group)
+                    scale = sInv[ri]
+                    lse_all = sL[ri]
+                    if cutlass.const_expr(self.sinks):
+                        sink = mSinks[hi]
+                        if sink > -cutlass.Float32.inf:
+                            mx = cute.arch.fmax(lse_all, sink)
+                            lse_s = mx + cute.math.log2(cute.math.exp2((lse_all - mx) * LOG2_E, fastmath=True)
+                                                        + cute.math.exp2((sink - mx) * LOG2_E, fastmath=True),
+                                                        fastmath=True) * LN_2
+                            scale = scale * cute.math.exp2((lse_all - lse_s) * LOG2_E, fastmath=True)
+                            lse_all = lse_s
+                    out = cute.make_rmem_tensor(4, self.dtype)
+                    for e in cutlass.range_constexpr(4):
+                        out[e] = (acc[e, k] * scale).to(self.dtype)
+                    cute.autovec_copy(out, cute.local_tile(mO[batch, si, hi, None], (4,), (i % cpr,)))
+                    if i % cpr == 0:
+                        mLSE[batch, hi, si] = lse_all
 
     @cute.jit
     def store_row(self, acc, lse, mO, mLSE, batch, s_row, head, c0, tidx):
@@ -1443,15 +1589,19 @@ class FlashDecodeSm90:
 # MQA).
 KV_SPLITS = (1, 2, 4, 8)
 KV_GLOBAL_SPLITS = (32,)
+# Split counts of the last-arrival merge (workspace splits merged inside the launch).
+LAST_SPLITS = (16, 32)
 
 
 def make_kv(target: str, dtype: str, head_dim: int, splits: int, *, paged: bool = True,
             switches: bool = False, kv_dtype: str | None = None, config: tuple | None = None,
             direct: bool = True, stages: int | None = None, min_ctas: int | None = None,
-            pdl: bool | None = None, own: bool = False, fast_addr: bool = False) -> AttentionDecodeKV:
+            pdl: bool | None = None, last: bool = False, own: bool = False,
+            fast_addr: bool = False) -> AttentionDecodeKV:
     """A KV-cache decode variant; fp8 caches take the direct build (``direct=False``: the converting
     one), in FP8_DIRECT's config unless ``config`` (tile_n, warps, ilp[, stages]) / ``stages`` say
-    otherwise; ``pdl`` None: on for workspace splits."""
+    otherwise; ``pdl`` None: on for workspace splits merged by the combine kernel; ``last``: workspace
+    splits merged by the last to arrive (no cluster, no second kernel)."""
     tn, w, st, _pdl, ilp, mc = DEFAULT[head_dim]
     fp8 = kv_dtype == "e4m3"
     direct = fp8 and direct
@@ -1467,13 +1617,13 @@ def make_kv(target: str, dtype: str, head_dim: int, splits: int, *, paged: bool 
         st = stages
     if min_ctas is not None:
         mc = min_ctas
-    cluster = splits in CLUSTER_BUILT
+    cluster = splits in CLUSTER_BUILT and not last
     return AttentionDecodeKV(target=target, dtype=dtype, head_dim=head_dim, tile_n=tn, warps=w, stages=st,
                              causal=True, splits=splits, cluster=cluster,
-                             pdl=(splits > 1 and not cluster) if pdl is None else pdl,
+                             pdl=(splits > 1 and not cluster and not last) if pdl is None else pdl,
                              ilp=ilp, min_ctas=mc, kv_dtype=kv_dtype or dtype, paged=paged, local=switches,
                              softcap=switches, sinks=switches, direct=direct, own=own and direct,
-                             fast_addr=fast_addr and direct)
+                             fast_addr=fast_addr and direct, last=last)
 
 
 @register("attention_kvcache")
@@ -1495,7 +1645,9 @@ def enumerate_decode_kv(target: Target, tier: str) -> list[AttentionDecodeKV]:
                # fp8 e4m3 caches (head_dim 128: D64's build spills)
                make_kv(t, "bf16", 128, 1, kv_dtype="e4m3", **FP8_OWN), make_kv(t, "f16", 128, 4, kv_dtype="e4m3"),
                # 8 warps over 128-key tiles, cluster merge with PDL
-               make_kv(t, "bf16", 128, 4, config=KV_WIDE[128], pdl=True)]
+               make_kv(t, "bf16", 128, 4, config=KV_WIDE[128], pdl=True),
+               # the last-arrival merge (8 warps over 128-key tiles)
+               make_kv(t, "bf16", 128, 16, config=KV_WIDE[128], last=True)]
     else:
         out = [make_kv(t, dt, d, sp, paged=pg) for dt in DTYPES for d in HEAD_DIMS for sp in KV_SPLITS
                for pg in (True, False)]
@@ -1528,6 +1680,16 @@ def enumerate_decode_kv(target: Target, tier: str) -> list[AttentionDecodeKV]:
         # splits with PDL (MQA-like grids; paged and dense), head_dim 64 paged unsplit and at 2 splits
         out += [make_kv(t, "bf16", 128, 8, paged=pg, config=KV_WIDE[128], pdl=True) for pg in (True, False)]
         out += [make_kv(t, "bf16", 64, sp, config=KV_WIDE[64]) for sp in (1, 2)]
+        # workspace splits merged by the last split to arrive (no second kernel), bf16 head_dim 128
+        # paged caches: where the selection takes them (tests/kvcache_rules.py _last_pick), 8 warps
+        # over 128-key tiles at 16 and 32 splits and 4 warps over 64-key tiles at 16; "full": head_dim
+        # 64, PDL twins, dense caches, for measuring
+        out += [make_kv(t, "bf16", 128, sp, last=True, config=KV_WIDE[128]) for sp in LAST_SPLITS]
+        out += [make_kv(t, "bf16", 128, 16, last=True)]
+        if tier == "full":
+            out += [make_kv(t, "bf16", d, sp, last=True, **kw) for d in HEAD_DIMS for sp in LAST_SPLITS
+                    for kw in ({}, {"pdl": True}, {"config": KV_WIDE[d]})]
+            out += [make_kv(t, "bf16", 128, 16, paged=False, last=True, **kw) for kw in ({}, {"config": KV_WIDE[128]})]
         if tier == "full":  # every split count, without PDL, for measuring
             out += [make_kv(t, "bf16", d, sp, config=KV_WIDE[d]) for d in HEAD_DIMS for sp in KV_SPLITS]
             out += [make_kv(t, "bf16", 128, 8, paged=False, config=KV_WIDE[128])]

@@ -158,10 +158,11 @@ def bind_function(entry: dict) -> str:
 
 def _workspace_form(e: dict) -> int:
     """fx_variant.workspace: 0 none, 1 (split_k, M, N) partials, 2 the "tiles" form of the in-kernel
-    split-K fix-up (fx_select.c FX_WORKSPACE_TILES)."""
+    split-K fix-up (fx_select.c FX_WORKSPACE_TILES), 3 the arrival counters of a decode variant whose
+    last split merges the others (FX_WORKSPACE_COUNTERS)."""
     if "workspace" not in e:
         return 0
-    return 2 if e["workspace"].get("form") == "tiles" else 1
+    return {"tiles": 2, "counters": 3}.get(e["workspace"].get("form"), 1)
 
 
 def _page_size_mask(entry: dict) -> int:

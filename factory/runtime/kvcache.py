@@ -162,7 +162,9 @@ def _feature(e: dict, what: str):
 class Plan:
     """A variant chosen for the maxima a server fixes at capture (batch, max pages, ...): pass it
     as ``plan=`` and a call only checks that its problem is the planned one.  ``workspace_bytes``:
-    the fp32 split-KV workspace a call allocates (0 where the splits merge in a cluster)."""
+    the fp32 split-KV workspace a call allocates (0 where the splits merge in a cluster).  A variant
+    whose last split merges the others also takes the runtime's arrival counters (:func:`counters`),
+    allocated by the first such call: make it before capturing a CUDA graph."""
 
     problem: Problem
     variant: str
@@ -426,6 +428,43 @@ def check_contents(cache_seqlens, block_table, num_pages: int, max_k: int) -> No
 
 # --- the op ---------------------------------------------------------------------------------------
 _DUMMIES: dict = {}
+# The arrival counters of the variants whose last split merges the others (manifest workspace form
+# "counters"): per device, int32 words that are zero whenever no such kernel runs (each kernel sets
+# the ones it counts in back to 0).  Zeroed once when allocated, outside any CUDA-graph capture;
+# grown (a new, larger buffer) when a problem needs more; never freed, so that graphs captured
+# with an older buffer keep valid pointers.  Launches that may run at the same time (on two
+# streams) must not share them: such a server gives each stream its own process or bundle.
+_COUNTERS: dict = {}
+_COUNTERS_MIN = 4096
+
+
+def uses_counters(entry: dict) -> bool:
+    """Whether a variant merges its splits by the last to arrive (takes the arrival counters)."""
+    return (entry.get("workspace") or {}).get("form") == "counters"
+
+
+def counters(dev, b: int, hq: int, sq: int) -> Tensor:
+    """The arrival counters for a (b, hq, sq) problem on ``dev``: a compact (b, hq, sq) int32 view
+    of the device's buffer (see _COUNTERS), allocated or grown here, never inside a capture."""
+    n = b * hq * sq
+    kept = _COUNTERS.get(dev)
+    if kept is None or kept[-1].numel() < n:
+        if dev.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise LaunchError(f"this split-KV kernel needs {n} zeroed int32 arrival counters on {dev} that the "
+                              f"runtime has not allocated yet, and a CUDA graph is being captured (an allocation "
+                              f"and its zeroing cannot be captured): run the same call (or bundle.plan_kvcache's "
+                              f"largest problem) once before capturing")
+        size = max(n, _COUNTERS_MIN, 2 * kept[-1].numel() if kept else 0)
+        kept = _COUNTERS.setdefault(dev, [])
+        kept.append(torch.zeros(size, dtype=torch.int32, device=dev))
+    return kept[-1][:n].view(b, hq, sq)
+
+
+def counters_buffer(dev) -> Tensor | None:
+    """The device's current arrival-counter buffer (None before the first such launch): every
+    word is zero whenever no kernel that counts in it is running."""
+    kept = _COUNTERS.get(dev)
+    return None if kept is None else kept[-1]
 
 
 def _dummy(kind: str, dev, n: int) -> Tensor:
@@ -512,7 +551,9 @@ def attention_kvcache(bundle, q, k_cache, v_cache, cache_seqlens, block_table=No
         name = choose(bundle, p)["name"]
     if rope:
         name = rope_twin(bundle, name, rotary_interleaved, p)
-    splits = int(bundle.manifest["variants"][name].get("splits", 1))
+    entry = bundle.manifest["variants"][name]
+    splits = int(entry.get("splits", 1))
+    last = splits > 1 and uses_counters(entry)
     o = torch.empty_like(q) if out is None else out
     lse = torch.empty((p.batch, p.heads_q, p.seqlen_q) if not p.varlen_q else (p.heads_q, q.shape[0]),
                       dtype=torch.float32, device=q.device)
@@ -528,8 +569,10 @@ def attention_kvcache(bundle, q, k_cache, v_cache, cache_seqlens, block_table=No
                             for t in (k_descale, v_descale)])
     wl, wr = window_size
     args = [q, k_cache, v_cache, o, lse, bt, cache_seqlens]
-    if splits > 1:  # the workspace of a split merged by the combine kernel (dense q only)
+    if splits > 1:  # the workspace of a split merged by the combine kernel or the last split (dense q only)
         args[5:5] = split_workspace(torch, q, splits)
+        if last:
+            args.insert(7, counters(q.device, p.batch, p.heads_q, p.seqlen_q))
     if p.varlen_q:
         args.append(cu_seqlens_q)
     args += [sk, desc]
@@ -540,7 +583,7 @@ def attention_kvcache(bundle, q, k_cache, v_cache, cache_seqlens, block_table=No
         args.append(max_seqlen_q)
     bundle.launch(name, args, device=dev)
     if key is not None and not p.varlen_q:
-        fire = _hot_launch(bundle, name, splits, args, out is not None, k_descale, v_descale, p.heads_kv, dev)
+        fire = _hot_launch(bundle, name, splits, args, out is not None, k_descale, v_descale, p.heads_kv, dev, last)
         if fire is not None:
             cache = _hot(bundle)
             if len(cache) >= 4096:
@@ -630,7 +673,7 @@ def _hot(bundle) -> dict:
 
 
 def _hot_launch(bundle, name: str, splits: int, args: list, has_out: bool, k_descale, v_descale, hkv: int,
-                dev: int):
+                dev: int, last: bool = False):
     """``fire(q, k_cache, v_cache, cache_seqlens, block_table, sinks, k_descale, v_descale, out)``
     for the problem just launched (and so checked) with ``args``: the sizes, strides and scalars
     are fixed (:meth:`BundleCore.fixed`); a call writes the data pointers, allocates o (unless
@@ -646,7 +689,7 @@ def _hot_launch(bundle, name: str, splits: int, args: list, has_out: bool, k_des
     go = fixed.go
     cur, raw = bundle.device_api()
     q, o, lse = args[0], args[3], args[4]
-    at = 7 if splits > 1 else 5
+    at = (8 if last else 7) if splits > 1 else 5
     bt_arg, sk_arg, desc_arg = args[at], args[at + 2], args[at + 3]
     empty_like = torch.empty_like
     one = torch.empty(1, dtype=torch.float32, device=q.device)
@@ -658,8 +701,10 @@ def _hot_launch(bundle, name: str, splits: int, args: list, has_out: bool, k_des
     sk_dummy = sk_arg.data_ptr()
     desc_fixed = desc_arg.data_ptr() if k_descale is None and v_descale is None else None
     unit = _dummy("descale", q.device, hkv)[0]
-    keep = (bt_arg, sk_arg, desc_arg, unit)  # (alive as long as this closure)
+    cnt_arg = args[7] if last else None  # the arrival counters (fixed: the runtime's buffer)
+    keep = (bt_arg, sk_arg, desc_arg, unit, cnt_arg)  # (alive as long as this closure)
     wproto = lse_at = None
+    cnt_ptr = cnt_arg.data_ptr() if last else 0
     if splits > 1:
         ws = args[5]
         n = ws.numel()
@@ -681,10 +726,14 @@ def _hot_launch(bundle, name: str, splits: int, args: list, has_out: bool, k_des
         if wproto is None:
             err = go(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), o.data_ptr(), lse.data_ptr(), bt,
                      cache_seqlens.data_ptr(), sk, desc, raw(here))
-        else:
+        elif cnt_arg is None:
             w = empty_like(wproto).data_ptr()
             err = go(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), o.data_ptr(), lse.data_ptr(), w,
                      w + lse_at, bt, cache_seqlens.data_ptr(), sk, desc, raw(here))
+        else:
+            w = empty_like(wproto).data_ptr()
+            err = go(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), o.data_ptr(), lse.data_ptr(), w,
+                     w + lse_at, cnt_ptr, bt, cache_seqlens.data_ptr(), sk, desc, raw(here))
         if err != 0:
             if err is None:
                 return None

@@ -386,7 +386,9 @@ int32_t fx_rope_kvcache_select(const fx_device_t *dev, const fx_rope_kvcache_pro
    and nothing is launched.  workspace: at least fx_*_select's workspace_bytes, 16-byte aligned,
    valid until the kernels have run (NULL with 0 when none is needed); launches that may run at the
    same time (other streams) need workspaces of their own (a GEMM split over the grid keeps
-   semaphores there, which fx_gemm zeroes with cudaMemsetAsync on `stream` before its kernel).
+   semaphores there, which fx_gemm zeroes with cudaMemsetAsync on `stream` before its kernel; an
+   attention_kvcache split whose last split merges the others keeps its arrival counters there,
+   which fx_attention_kvcache zeroes likewise).
    Empty problems launch nothing (fx_gemm with K = 0 zeroes c with cudaMemset2DAsync).  *out (may
    be NULL) receives the selection. */
 int32_t fx_gemm(const fx_device_t *dev, const fx_gemm_problem_t *p, void *workspace,

@@ -42,6 +42,7 @@
 typedef __int128 i128;
 
 #define FX_WORKSPACE_TILES 2 /* fx_variant.workspace of the in-kernel split-K fix-up (selection.py) */
+#define FX_WORKSPACE_COUNTERS 3 /* a decode variant whose last split merges the others (arrival counters) */
 
 static _Thread_local char fx_msg[1024];
 
@@ -1298,11 +1299,12 @@ static int32_t decode_split_count(i128 groups, int64_t tiles, i128 kv_bytes, int
 static int32_t decode_tile_entries(const int32_t *c, int32_t n, int32_t *sp, int32_t *cl, int32_t *idx,
                                    int32_t *tile_n) {
     int32_t npref = 0;
-    for (int32_t i = 0; i < n; i++) npref += fx_variants[c[i]].preferred != 0;
+    for (int32_t i = 0; i < n; i++)
+        npref += fx_variants[c[i]].preferred != 0 && fx_variants[c[i]].workspace != FX_WORKSPACE_COUNTERS;
     int32_t t0 = -1, t1 = -1, m = 0;
     for (int32_t i = 0; i < n && m < 64; i++) {
         const fx_variant *e = &fx_variants[c[i]];
-        if (npref && !e->preferred) continue;
+        if ((npref && !e->preferred) || e->workspace == FX_WORKSPACE_COUNTERS) continue;
         if (t0 < 0) t0 = e->tile[0], t1 = e->tile[1];
         if (e->tile[0] != t0 || e->tile[1] != t1) continue;
         sp[m] = e->kv_splits, cl[m] = e->cluster[0] > 1, idx[m] = c[i], m++;
@@ -1322,7 +1324,8 @@ static int32_t decode_wide_pick(const int32_t *c, int32_t n, int32_t s, i128 gro
     int32_t pdl = want > 1 && 2 * groups * want <= (i128)sms, first = -1;
     for (int32_t i = 0; i < n; i++) {
         const fx_variant *e = &fx_variants[c[i]];
-        if (e->preferred || e->ctas_per_sm != 1 || e->kv_splits != want) continue;
+        if (e->preferred || e->ctas_per_sm != 1 || e->kv_splits != want || e->workspace == FX_WORKSPACE_COUNTERS)
+            continue;
         if (first < 0) first = c[i];
         if ((e->pdl != 0) == pdl) return c[i];
     }
@@ -1489,7 +1492,8 @@ typedef struct {
     fx_value vals[FX_MAX_ARGS];
     int32_t n_vals;
     int32_t splits;
-    uint64_t split_bytes, lse_offset; /* workspace layout: [o_partial | lse_partial][lse scratch] */
+    uint64_t split_bytes, lse_offset; /* workspace layout: [o_partial | lse_partial][counters][lse scratch] */
+    uint64_t counter_offset, counter_bytes; /* the last-arrival merge's counters (0 bytes: none) */
 } attn_ctx;
 
 static int is_head_dim(int64_t d) {
@@ -2143,11 +2147,41 @@ static int kv_admits(const fx_variant *e, const kv_problem *q) {
     return (e->local || !q->local) && (e->softcap || !q->softcap) && (e->sinks || !q->sinks);
 }
 
+/* The entry of the last-arrival merge (fx_variant.workspace FX_WORKSPACE_COUNTERS) with `splits` key
+   splits, `per_sm` CTAs per SM and no PDL: -1 where not built. */
+static int32_t kv_last_built(const int32_t *c, int32_t n, int32_t splits, int32_t per_sm) {
+    for (int32_t i = 0; i < n; i++) {
+        const fx_variant *e = &fx_variants[c[i]];
+        if (e->workspace == FX_WORKSPACE_COUNTERS && e->kv_splits == splits && e->ctas_per_sm == per_sm && !e->pdl)
+            return c[i];
+    }
+    return -1;
+}
+
+/* kvcache_rules._last_pick: head_dim >= 128; the one-CTA-per-SM build at the largest of 32 and 16
+   splits whose grid is over a quarter of the SMs and within them, each split keeping >= 2 of 128
+   keys' tiles; else the two-CTAs-per-SM build at 16 splits for a grid within two CTAs per SM whose
+   splits keep >= 4 of 64 keys' tiles.  -1: none. */
+static int32_t kv_last_pick(const int32_t *c, int32_t n, const kv_problem *q, i128 groups, int32_t sms) {
+    if (q->d < 128) return -1;
+    static const int32_t splits[2] = {32, 16};
+    for (int32_t i = 0; i < 2; i++) {
+        int32_t s = splits[i], w;
+        if (4 * groups * s > (i128)sms && groups * s <= (i128)sms && q->sk >= 256 * (int64_t)s &&
+            (w = kv_last_built(c, n, s, 1)) >= 0)
+            return w;
+    }
+    if ((i128)sms < groups * 16 && groups * 16 <= 2 * (i128)sms && q->sk >= 16 * 256) return kv_last_built(c, n, 16, 2);
+    return -1;
+}
+
 /* kvcache._pick_decode over one family's entries of the least switch cost: -1 for None. */
 static int32_t kv_pick_decode(const int32_t *c, int32_t n, const kv_problem *q, int32_t sms) {
     if (q->sq > 16) return -1;
     int64_t row_blocks = q->hkv > 0 ? cdiv((q->hq / q->hkv) * q->sq, 16) : 0;
     i128 groups = (i128)q->b * q->hkv * row_blocks;
+    int32_t last = kv_last_pick(c, n, q, groups, sms);
+    if (last >= 0) return last;
     if (q->page_size == 0) {
         attn_decode d = {q->b, q->hq, q->hkv, q->sq, q->sk};
         return decode_pick(c, n, &d, 1, sms);
@@ -2234,6 +2268,7 @@ static int is_page_size(int64_t ps) {
 static int32_t kv_select(const fx_device_t *dev, const fx_attention_kvcache_problem_t *p, fx_selection_t *out,
                          attn_ctx *a, uintptr_t workspace) {
     memset(out, 0, sizeof *out);
+    a->counter_offset = a->counter_bytes = 0;
     out->variant = -1;
     fx_msg[0] = 0;
     int32_t rc;
@@ -2373,8 +2408,12 @@ static int32_t kv_select(const fx_device_t *dev, const fx_attention_kvcache_prob
                   (rc = mulu64(nsplit, ((uint64_t)D + 1u) * 4u, &a->split_bytes, "the split-KV workspace"))))
         return rc;
     a->splits = e->kv_splits > 0 ? e->kv_splits : 1;
-    a->lse_offset = a->split_bytes;
-    if (__builtin_add_overflow(a->split_bytes, lse_bytes, &out->workspace_bytes))
+    /* the last-arrival merge: one int32 counter per (b, q head, query) after the partials (16-byte
+       multiple), zeroed by fx_attention_kvcache before each launch */
+    a->counter_offset = a->split_bytes;
+    a->counter_bytes = s > 1 && e->workspace == FX_WORKSPACE_COUNTERS ? (ln * 4u + 15u) / 16u * 16u : 0;
+    if (__builtin_add_overflow(a->split_bytes, a->counter_bytes, &a->lse_offset) ||
+        __builtin_add_overflow(a->lse_offset, lse_bytes, &out->workspace_bytes))
         return fail(FX_ERR_INPUT, "the attention workspace overflows 64 bits");
     fx_value *vals = a->vals;
     const int64_t kshape[4] = {p->num_pages, p->page_size, Hkv, D};
@@ -2396,6 +2435,10 @@ static int32_t kv_select(const fx_device_t *dev, const fx_attention_kvcache_prob
         int64_t lp[4] = {s, B, Hq, Sq}, lps[4] = {B * Hq * Sq, Hq * Sq, Sq, 1};
         spec(&vals[k++], (const void *)workspace, 5, op, ops);
         spec(&vals[k++], (const void *)(workspace + nsplit * (uint64_t)D * 4u), 4, lp, lps);
+        if (a->counter_bytes) {
+            int64_t cs[3] = {B, Hq, Sq}, css[3] = {Hq * Sq, Sq, 1};
+            spec(&vals[k++], (const void *)(workspace + a->counter_offset), 3, cs, css);
+        }
     }
     /* arguments a variant's switches leave unread get a valid pointer of the contract's shape:
        the dense cache's (B, 1) block table and the sinks / descales of builds without them */
@@ -3208,6 +3251,14 @@ static int32_t kv_run(const fx_device_t *dev, const fx_attention_kvcache_problem
         if ((rc = check_launch_device(stream, 11, ptrs, names))) return rc;
     }
     if ((rc = ensure_loaded(out->variant))) return rc;
+    if (a.counter_bytes) { /* the arrival counters start at zero (the kernel leaves them so) */
+        cudaError_t e = cudaMemsetAsync((char *)workspace + a.counter_offset, 0, (size_t)a.counter_bytes, stream);
+        if (e != cudaSuccess) {
+            cudaGetLastError();
+            return fail((int32_t)e, "fx_attention_kvcache: zeroing the split-KV arrival counters: %s: %s",
+                        cudaGetErrorName(e), cudaGetErrorString(e));
+        }
+    }
     return launched(out->variant, fx_variants[out->variant].bind(a.vals, stream));
 }
 

@@ -1,0 +1,192 @@
+"""Split-KV decode over a KV cache whose last split merges the others (manifest ``workspace`` form
+"counters": every split writes its normalised O and LSE to the workspace and counts itself in an
+arrival counter; the one that arrives last merges, in split order, and sets the counter back to 0).
+
+On a GPU, each such variant of ``$FACTORY_BUNDLE`` by name against the float32 reference on the
+gathered K/V: paged (pages of 16, 64 and 1) and dense caches, ragged lengths including 0 and 1
+(splits with no key), GQA / MQA / MHA, seqlen_q 1 / 4 / 16 (several row blocks), NaN pages and
+NaN-poisoned o and lse; the runtime's counter buffer read back all zero after every launch;
+repeated launches bitwise equal (the merge order is fixed); a CUDA graph replayed with lengths,
+block tables and q changed between replays (and twice back to back), the counters zero after
+each replay; inside a capture without counters allocated, a clear LaunchError (subprocess, which
+then still computes).  Skips without a GPU or without such variants.
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from test_attention_gpu import BUNDLE  # noqa: E402
+from test_attention_kvcache_gpu import CASES, make_cache, run_case  # noqa: E402
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+
+@pytest.fixture(scope="module")
+def bundle():
+    from factory.runtime import Bundle
+
+    if not (BUNDLE / "manifest.json").exists():
+        pytest.skip(f"no bundle at {BUNDLE} (set FACTORY_BUNDLE)")
+    return Bundle.open(BUNDLE)
+
+
+def last_entries(bundle, **want):
+    from factory.runtime.kvcache import uses_counters
+
+    es = [e for e in bundle.candidates("attention_kvcache") if uses_counters(e)
+          and all(e.get(k) == v for k, v in want.items())]
+    if not es:
+        pytest.skip("no last-arrival-merge variant in the bundle")
+    return es
+
+
+def counters_zero():
+    from factory.runtime.kvcache import counters_buffer
+
+    torch.cuda.synchronize()
+    buf = counters_buffer(torch.device("cuda", torch.cuda.current_device()))
+    assert buf is not None, "no counter buffer was allocated"
+    assert int(buf.count_nonzero()) == 0, f"{int(buf.count_nonzero())} arrival counters left non-zero"
+
+
+@pytest.mark.parametrize("page_size", (16, 64, 1, None))
+def test_every_last_variant(bundle, page_size):
+    gen = torch.Generator(device="cuda").manual_seed(17 + (page_size or 0))
+    es = last_entries(bundle)
+    es = [e for e in es if bool(e["paged"]) == (page_size is not None)]
+    if not es:
+        pytest.skip("no variant for this cache layout")
+    # (B8 MQA 4k: the problem the split count is built for; a 64-key split keeps 4 tiles)
+    cases = (CASES + [([4096] * 7 + [100], 16, 1, 1)]) if page_size in (16, None) else CASES[:2]
+    with torch.no_grad():
+        for e in es:
+            for lens, hq, hkv, sq in cases:
+                run_case(bundle, e, lens, hq, hkv, sq, page_size, gen)
+                counters_zero()
+
+
+def test_repeated_launches_bitwise_equal(bundle):
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    with torch.no_grad():
+        for e in last_entries(bundle, paged=True):
+            d = e["head_dim"]
+            lens = [4096, 1, 0, 2000, 4095, 64, 3000, 17]
+            k, v, bt = make_cache(lens, 1, d, torch.bfloat16, 16, gen)
+            q = torch.randn(len(lens), 1, 16, d, device="cuda", generator=gen).to(torch.bfloat16)
+            sl = torch.tensor(lens, dtype=torch.int32, device="cuda")
+            outs = [bundle.attention_kvcache(q, k, v, sl, block_table=bt, variant=e["name"], return_lse=True)
+                    for _ in range(4)]
+            for o, lse in outs[1:]:
+                assert torch.equal(o, outs[0][0]) and torch.equal(lse, outs[0][1]), e["name"]
+            counters_zero()
+
+
+def test_graph_replay_changed_lengths_counters_zero(bundle):
+    from factory.testing import attention_kvcache_reference
+
+    for e in last_entries(bundle, paged=True):
+        gen = torch.Generator(device="cuda").manual_seed(3)
+        b, hq, hkv, d, ps, max_pages, pool = 8, 16, 1, e["head_dim"], 16, 256, 2100
+        k = torch.randn(pool, ps, hkv, d, device="cuda", generator=gen).to(torch.bfloat16)
+        v = torch.randn(pool, ps, hkv, d, device="cuda", generator=gen).to(torch.bfloat16)
+        q = torch.randn(b, 1, hq, d, device="cuda", generator=gen).to(torch.bfloat16)
+        bt = torch.zeros(b, max_pages, dtype=torch.int32, device="cuda")
+        sl = torch.full((b,), max_pages * ps, dtype=torch.int32, device="cuda")
+        out = torch.empty_like(q)
+        lse = torch.empty(b, hq, 1, device="cuda")
+
+        def step():
+            o, ls = bundle.attention_kvcache(q, k, v, sl, block_table=bt, out=out, variant=e["name"], return_lse=True)
+            lse.copy_(ls)
+
+        with torch.no_grad():
+            step()  # loads the module, allocates the counters
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                with torch.cuda.graph(g, stream=s):
+                    step()
+            torch.cuda.current_stream().wait_stream(s)
+            for it in range(4):
+                lens = torch.randint(0, max_pages * ps + 1, (b,), generator=gen, device="cuda").to(torch.int32)
+                if it == 1:
+                    lens[1], lens[2], lens[3] = 0, 1, 17  # splits with no key, one key
+                if it == 3:
+                    lens.fill_(max_pages * ps)
+                sl.copy_(lens)
+                bt.copy_(torch.randperm(pool, device="cuda", generator=gen)[: b * max_pages].view(b, max_pages))
+                q.copy_(torch.randn(b, 1, hq, d, device="cuda", generator=gen))
+                out.fill_(math.nan)
+                lse.fill_(math.nan)
+                g.replay()
+                if it == 2:
+                    g.replay()  # back to back: the second launch finds the counters the first left at 0
+                counters_zero()
+                ref, ref_lse = attention_kvcache_reference(q, k, v, sl, bt)
+                what = f"{e['name']} replay {it}"
+                assert not out.isnan().any() and not lse.isnan().any(), what
+                assert ((out.float() - ref).norm() / ref.norm().clamp_min(1e-6)).item() < 1e-2, what
+                full = ~torch.isinf(ref_lse)
+                assert torch.equal(torch.isinf(lse), ~full), what
+                assert (lse[full] - ref_lse[full]).abs().max().item() < 2e-2, what
+
+
+def test_capture_without_counters_in_subprocess(bundle):
+    """A capture whose launch would need counters the runtime has not allocated: LaunchError,
+    nothing launched; after the capture the process still computes."""
+    e = last_entries(bundle, paged=True)[0]
+    src = textwrap.dedent(f"""
+        import torch
+        from factory.runtime import Bundle
+        from factory.runtime.errors import LaunchError
+        b = Bundle.open({str(BUNDLE)!r})
+        b._first_load({e['name']!r})
+        q = torch.randn(2, 1, 16, {e['head_dim']}, device="cuda").bfloat16()
+        k = torch.randn(40, 16, 1, {e['head_dim']}, device="cuda").bfloat16()
+        bt = torch.arange(40, dtype=torch.int32, device="cuda").view(2, 20)
+        sl = torch.tensor([320, 5], dtype=torch.int32, device="cuda")
+        g = torch.cuda.CUDAGraph()
+        s = torch.cuda.Stream()
+        try:
+            with torch.cuda.stream(s):
+                with torch.cuda.graph(g, stream=s):
+                    b.attention_kvcache(q, k, k, sl, block_table=bt, variant={e['name']!r})
+            print("NO ERROR")
+        except LaunchError as err:
+            print("REFUSED", "arrival counters" in str(err))
+        o = b.attention_kvcache(q, k, k, sl, block_table=bt, variant={e['name']!r})
+        torch.cuda.synchronize()
+        print("OK", bool(torch.isfinite(o).all()))
+    """)
+    r = subprocess.run([sys.executable, "-c", src], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "REFUSED True" in r.stdout and "OK True" in r.stdout, (r.stdout, r.stderr[-2000:])
+
+
+def test_selection_takes_the_last_merge(bundle):
+    """MQA H16/1 B8 over 4096 keys, page 16: where the bundle has the one-CTA-per-SM build at 16
+    splits, the selection (C, through bundle.plan_kvcache) names it, and the call through the
+    selection matches float32 on the checked path and then on the hot path (the same problem
+    again), the counters zero after each."""
+    es = [e for e in last_entries(bundle, paged=True, dtype="bf16", head_dim=128)
+          if e["kv_splits"] == 16 and e.get("ctas_per_sm") == 1 and not e.get("pdl")]
+    if not es:
+        pytest.skip("no one-CTA-per-SM 16-split build")
+    gen = torch.Generator(device="cuda").manual_seed(23)
+    with torch.no_grad():
+        for lens in ([4096] * 8, [4096] * 7 + [100]):  # (the second: the hot path, other lengths)
+            run_case(bundle, es[0], lens, 16, 1, 1, 16, gen, by_name=False)
+            counters_zero()
