@@ -7,6 +7,8 @@ CUDA-graph replay (3 calls per graph), interleaved medians (``time_interleaved``
 * every fp8 decode variant of ``--new`` by name (``new:NAME``), and ``new`` through its selection,
 * ``--extra LABEL=BUNDLE``: that bundle's fp8 decode variants of the names ``--new`` has, by name
   (``LABEL:NAME``; e.g. the same variants built from other code),
+* ``--more LABEL=BUNDLE``: every fp8 decode variant of that bundle by name (``LABEL:NAME``; e.g.
+  the current builds beside new ones),
 
 each fp8 output checked against the float32 reference on the dequantised cache (first 4
 sequences).  Writes ``OUT.json``: per row the times, the bf16/fp8 ratios and the errors.
@@ -36,6 +38,9 @@ def main(argv=None) -> int:
     p.add_argument("--base", required=True, help="bundle with the bf16 and the reference fp8 decode")
     p.add_argument("--new", required=True, help="bundle with the fp8 decode variants to compare")
     p.add_argument("--extra", action="append", default=[], metavar="LABEL=BUNDLE")
+    p.add_argument("--more", action="append", default=[], metavar="LABEL=BUNDLE")
+    p.add_argument("--shapes", nargs="+", type=int, default=None, metavar="I", help="rows of SHAPES (default: all)")
+    p.add_argument("--pages", nargs="+", type=int, default=list(PAGES))
     p.add_argument("--budget", type=float, default=0.02, help="GPU seconds per pass and candidate")
     p.add_argument("--out", default=default_out("bench_kvcache_fp8"))
     a = p.parse_args(argv)
@@ -49,10 +54,11 @@ def main(argv=None) -> int:
     names = [e["name"] for e in new.candidates("attention_kvcache")
              if e.get("kv_dtype") == "e4m3" and e.get("family") == "sm90_decode" and e["paged"]]
     extra = {lab: Bundle.open(path) for lab, path in (x.split("=", 1) for x in a.extra)}
+    more = {lab: Bundle.open(path) for lab, path in (x.split("=", 1) for x in a.more)}
     f8 = torch.float8_e4m3fn
     rows = []
-    for B, ctx, hq, hkv in SHAPES:
-        for ps in PAGES:
+    for B, ctx, hq, hkv in [SHAPES[i] for i in a.shapes] if a.shapes is not None else SHAPES:
+        for ps in a.pages:
             gen = torch.Generator(device="cuda").manual_seed(B * 7 + ctx + ps)
             d = 128
             q = torch.randn(B, 1, hq, d, device="cuda", generator=gen).to(torch.bfloat16)
@@ -77,6 +83,9 @@ def main(argv=None) -> int:
             for lab, bd in extra.items():
                 have = {e["name"] for e in bd.candidates("attention_kvcache")}
                 calls.update({f"{lab}:{n}": fp8_call(bd, n) for n in names if n in have})
+            for lab, bd in more.items():
+                calls.update({f"{lab}:{e['name']}": fp8_call(bd, e["name"]) for e in bd.candidates("attention_kvcache")
+                              if e.get("kv_dtype") == "e4m3" and e.get("family") == "sm90_decode" and e["paged"]})
             errs, picks = {}, {}
             for lab, fn in list(calls.items()):
                 if lab == "bf16":

@@ -4,7 +4,10 @@ profiled range), between ``torch.cuda.profiler.start()`` and ``stop()``, so that
 ``ncu --profile-from-start off python3 scripts/ncu_kvcache.py --bundle B`` sees only these
 kernels, in the order printed.  Problems: paged page 16 vs the dense cache vs our dense
 attention path (B8 H64/8 D64 8k: the paged path's worst ratio to the dense one), MQA (B8 H16/1
-D128 4k) paged and dense, and B8 H32/8 D128 8k over a bf16 and an fp8 e4m3 cache."""
+D128 4k) paged and dense, and B8 H32/8 D128 8k over a bf16 and an fp8 e4m3 cache.  ``--fp8 NAME ...``:
+instead MQA B8 H16/1 4k, B8 H32/8 8k and B64 H32/8 2k (page 16) over a bf16 cache (the selection)
+and over e4m3 caches by each named fp8 variant that takes the shape, looked up in the bundles
+given (``--bundle B [B2 ...]``)."""
 
 from __future__ import annotations
 
@@ -15,8 +18,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def problems(torch, b, only_mqa=(), variants=(), pages=(16,)):
-    def paged(B, ctx, hq, hkv, d, ps, fp8=False, variant=None):
+FP8_SHAPES = [(8, 4096, 16, 1), (8, 8192, 32, 8), (64, 2048, 32, 8)]
+
+
+def problems(torch, b, only_mqa=(), variants=(), pages=(16,), fp8_variants=(), bundles=()):
+    def paged(B, ctx, hq, hkv, d, ps, fp8=False, variant=None, bd=None):
         g = torch.Generator(device="cuda").manual_seed(B + ctx)
         per = ctx // ps
         q = torch.randn(B, 1, hq, d, device="cuda", generator=g).bfloat16()
@@ -28,7 +34,7 @@ def problems(torch, b, only_mqa=(), variants=(), pages=(16,)):
         if fp8:
             kc, vc = kc.to(torch.float8_e4m3fn), vc.to(torch.float8_e4m3fn)
             kw = dict(k_descale=torch.ones(hkv, device="cuda"), v_descale=torch.ones(1, device="cuda"))
-        return lambda: b.attention_kvcache(q, kc, vc, lens, block_table=bt, variant=variant, **kw)
+        return lambda: (bd or b).attention_kvcache(q, kc, vc, lens, block_table=bt, variant=variant, **kw)
 
     def dense(B, ctx, hq, hkv, d, via_attention=False):
         g = torch.Generator(device="cuda").manual_seed(B + ctx + 1)
@@ -40,6 +46,16 @@ def problems(torch, b, only_mqa=(), variants=(), pages=(16,)):
             return lambda: b.attention(q, k, v, causal=True)
         return lambda: b.attention_kvcache(q, k, v, lens)
 
+    if fp8_variants:  # each shape over a bf16 cache, then over e4m3 caches by each named variant
+        out = {}
+        for i, (B, ctx, hq, hkv) in enumerate(FP8_SHAPES):
+            out[f"B{B} {ctx} H{hq}/{hkv} p16 bf16"] = paged(B, ctx, hq, hkv, 128, 16)
+            # "I:NAME": only on FP8_SHAPES[I]
+            for n in [x.split(":", 1)[-1] for x in fp8_variants if ":" not in x or x.split(":", 1)[0] == str(i)]:
+                bd = next((x for x in bundles if any(e["name"] == n for e in x.candidates("attention_kvcache"))), None)
+                if bd is not None:
+                    out[f"B{B} {ctx} H{hq}/{hkv} p16 fp8 {n}"] = paged(B, ctx, hq, hkv, 128, 16, True, n, bd)
+        return out
     if only_mqa:  # the MQA problem by each named variant, at each page size
         return {f"MQA B8 H16/1 D128 4k paged {ps} {n}": paged(8, 4096, 16, 1, 128, ps, variant=n)
                 for ps in pages for n in variants}
@@ -57,18 +73,21 @@ def problems(torch, b, only_mqa=(), variants=(), pages=(16,)):
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--bundle", required=True)
+    p.add_argument("--bundle", required=True, nargs="+", help="the first answers the selection's calls")
     p.add_argument("--mqa-variants", nargs="+", default=(),
                    help="profile only MQA B8 H16/1 D128 4k, once by each of these variant names")
     p.add_argument("--pages", nargs="+", type=int, default=[16], help="with --mqa-variants: the page sizes")
+    p.add_argument("--fp8", nargs="+", default=(), metavar="NAME",
+                   help="fp8 decode variants (by name, from any --bundle; I:NAME only on shape I) beside the bf16 cache")
     a = p.parse_args()
     import torch
 
     from factory.runtime import Bundle
 
-    b = Bundle.open(a.bundle)
+    bundles = [Bundle.open(x) for x in a.bundle]
+    b = bundles[0]
     fns = {}
-    for name, fn in problems(torch, b, bool(a.mqa_variants), a.mqa_variants, a.pages).items():
+    for name, fn in problems(torch, b, bool(a.mqa_variants), a.mqa_variants, a.pages, a.fp8, bundles).items():
         try:
             fn()
             fns[name] = fn

@@ -107,13 +107,13 @@ def paged_split_count(groups: int, key_tiles: int, sms: int, available: dict, he
       * head_dim >= 128 (184 registers at D128, two 64 KB stages at D256): a cluster split whose
         grid still passes one CTA per SM steps down to the largest cluster split that does not
         (H100, B8 H32/8 D128 8k page 16: splits 1: 117 µs, 2: 97, 4: 117, 8: 110, 32: 105);
-      * fp8 e4m3 caches: no early unsplit (one CTA of the fp8 kernel per SM is bound by its
-        per-tile chain: H100 B16 H32/8 4k unsplit 70.2 µs, 2 splits 61.7, 4: 86.8), the same
-        step-down (B8 H32/8 8k: 2 splits 71.3 µs, 4: 93.8, 32: 91.4);
+      * fp8 e4m3 caches: the same early unsplit (H100, the warp-own direct build, B16 H32/8 4k page
+        16/64: unsplit 54.1/51.7 µs, 2 splits 56.2/56.5) and step-down (B8 H32/8 8k: 2 splits 55.7 µs,
+        4: 67.3, 32: 67.0);
       * bf16/f16 caches of at most 32 query rows (``rows`` = B·Hq·Sq): a split merged by the second
         kernel (32) needs only 2 tiles each (H100 page 16, 4k keys: B1 H32/8 32 splits 9.5 µs, the
         8-cluster 11.3-12.2; B2 H16/1 9.4 vs 11.1-12.9; MQA B8 H16/1, 128 rows: 16.2 vs 12.1)."""
-    if not fp8 and groups * 4 >= 3 * sms:
+    if groups * 4 >= 3 * sms:
         return 1
     short = not fp8 and rows is not None and rows <= 32  # the second kernel merges few rows
     fits = sorted(s for s in available
@@ -152,13 +152,14 @@ def _pick_decode(entries: list[dict], p: Problem, sms: int) -> dict | None:
     avail = {int(e["kv_splits"]): e["cluster"][0] > 1 for e in same}
     n = paged_split_count(groups, -(-p.max_seqlen_k // tile[1]), sms, avail, p.head_dim, p.kv_dtype == "e4m3",
                           rows=p.batch * p.heads_q * p.seqlen_q)
-    if p.kv_dtype == "e4m3" and groups * n <= sms and p.max_seqlen_k >= 2048 * n:
-        # grids of at most one CTA per SM, splits of >= 2048 keys: the fp8 build of one CTA per SM
-        # (8 warps), where built (H100 page 16: B8 H32/8 8k, 2 splits, 62.3 µs vs 71.6; B4 4k, 4
-        # splits of 1024 keys, 38.9 vs 31.4)
+    if p.kv_dtype == "e4m3" and 2 * groups * n <= sms:
+        # grids that leave half the SMs idle: the fp8 build of one CTA per SM (8 warps) of that split
+        # count, its PDL twin first, where built (H100, warp-own builds, page 16/64: MQA B8 H16/1 4k at
+        # 8 splits 11.8/11.7 µs vs 12.3/12.1; at one CTA per SM and more it loses or ties: B8 H32/8
+        # 8k, 2 splits, 56.4/56.3 vs 55.7/53.8)
         wide = [e for e in entries if not e.get("preferred") and int(e["kv_splits"]) == n and e.get("ctas_per_sm") == 1]
         if wide:
-            return wide[0]
+            return next((e for e in wide if e.get("pdl")), wide[0])
     if p.kv_dtype != "e4m3" and (e := _wide_pick(entries, n, groups, p.head_dim, sms)) is not None:
         return e
     return next((e for e in same if int(e["kv_splits"]) == n), None)

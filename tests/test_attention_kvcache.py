@@ -70,11 +70,14 @@ def test_enumeration():
     # head_dim 256: bf16 paged caches at every split count
     assert sorted(v.splits for v in default if v.head_dim == 256) == [1, 2, 4, 8, 32]
     assert all(v.dtype == "bf16" and v.paged and v.kv_dtype == "bf16" for v in default if v.head_dim == 256)
-    # fp8 caches: bf16 q, head_dim 128, paged, every split count the paged rule picks, and the
-    # 8-warp one-CTA-per-SM build at 2 splits (not preferred: the rule names it)
+    # fp8 caches: bf16 q, head_dim 128, paged, the direct build with warp-own copies and short copy
+    # addresses at every split count the paged rule picks, and its 8-warp one-CTA-per-SM build at 8
+    # cluster splits with PDL (not preferred: the rule names it)
     assert sorted(v.splits for v in default if v.kv_dtype == "e4m3" and v.warps == 4) == [1, 2, 4, 8, 32]
+    assert all(v.direct and v.own and v.fast_addr for v in default if v.kv_dtype == "e4m3")
     wide = [v for v in default if v.kv_dtype == "e4m3" and v.warps == 8]
-    assert [(v.splits, v.tile_n, v.describe()["preferred"], v.ctas_per_sm()) for v in wide] == [(2, 128, False, 1)]
+    assert [(v.splits, v.tile_n, v.pdl, v.describe()["preferred"], v.ctas_per_sm()) for v in wide] == [
+        (8, 128, True, False, 1)]
     assert all(v.dtype == "bf16" and v.head_dim == 128 and v.paged for v in default if v.kv_dtype == "e4m3")
     assert all(v.can_implement() is None for v in default)
     # cluster merges without PDL twins; the workspace split with its PDL combine kernel
@@ -168,9 +171,9 @@ def test_paged_split_rule():
     # no 32-split built: the 8-cluster over one CTA per SM steps down (B4 H64/8 32k: 4 splits 149 µs, 8: 172)
     assert rules.paged_split_count(32, 512, 132, no32) == 4
     assert rules.paged_split_count(32, 512, 132, no32, head_dim=64) == 8
-    # fp8 caches: no early unsplit (H100 B16 H32/8 4k: 2 splits 61.7 µs, unsplit 70.2), the same
-    # step-down (B8 H32/8 8k: 2 splits 71.3, 4: 93.8), 32 for few long sequences, 8 for MQA B8 4k
-    assert rules.paged_split_count(128, 64, 132, both, fp8=True) == 2
+    # fp8 caches: the same early unsplit (H100 B16 H32/8 4k page 16: unsplit 54.1 µs, 2 splits 56.2)
+    # and step-down (B8 H32/8 8k: 2 splits 55.7, 4: 67.3), 32 for few long sequences, 8 for MQA B8 4k
+    assert rules.paged_split_count(128, 64, 132, both, fp8=True) == 1
     assert rules.paged_split_count(64, 128, 132, both, fp8=True) == 2
     assert rules.paged_split_count(8, 512, 132, both, fp8=True) == 32
     assert rules.paged_split_count(32, 512, 132, both, fp8=True) == 32
@@ -187,11 +190,11 @@ def test_paged_split_rule():
 
 
 def test_select_fp8_one_cta_per_sm_build():
-    """fp8 caches: where the split's grid fits the SMs once and each split keeps >= 2048 keys, the
-    non-preferred build of one CTA per SM (8 warps) of that split count; elsewhere the preferred one."""
-    def e8(name, splits, wide=False):
+    """fp8 caches: where the split's grid leaves half the SMs idle, the non-preferred build of one CTA
+    per SM (8 warps) of that split count, its PDL twin first; elsewhere the preferred one."""
+    def e8(name, splits, wide=False, pdl=False):
         e = entry(name, splits)
-        e.update(kv_dtype="e4m3", preferred=not wide, ctas_per_sm=1 if wide else 2)
+        e.update(kv_dtype="e4m3", preferred=not wide, ctas_per_sm=1 if wide else 2, pdl=pdl)
         if wide:
             e["tile"] = [16, 128]
         if splits == 32:
@@ -199,14 +202,18 @@ def test_select_fp8_one_cta_per_sm_build():
         return e
     cands = [e8(f"f{s}", s) for s in (1, 2, 4, 8, 32)] + [e8(f"w{s}", s, True) for s in (2, 4, 8)]
     fp8 = dict(kv_dtype="e4m3")
-    assert rules.select(cands, prob(b=8, sk=8192, **fp8))["name"] == "w2"           # 64 groups x 2: 128 CTAs
-    assert rules.select(cands, prob(b=8, sk=16384, **fp8))["name"] == "w2"
-    assert rules.select(cands, prob(b=4, sk=4096, **fp8))["name"] == "f4"           # 32 groups x 4: 1024 keys each
+    assert rules.select(cands, prob(b=8, sk=8192, **fp8))["name"] == "f2"           # 64 groups x 2: 128 CTAs
+    assert rules.select(cands, prob(b=8, sk=16384, **fp8))["name"] == "f2"
+    assert rules.select(cands, prob(b=4, sk=4096, **fp8))["name"] == "f4"           # 32 groups x 4
     assert rules.select(cands, prob(b=4, sk=8192, **fp8))["name"] == "f32"          # 8-cluster past the SMs: 32
-    assert rules.select(cands, prob(b=8, hq=16, hkv=1, sk=4096, **fp8))["name"] == "f8"  # MQA: 512 keys a split
-    assert rules.select(cands, prob(b=16, sk=4096, **fp8))["name"] == "f2"          # 256 CTAs: two per SM
+    assert rules.select(cands, prob(b=8, hq=16, hkv=1, sk=4096, **fp8))["name"] == "w8"  # MQA: 64 CTAs
+    assert rules.select(cands, prob(b=2, hq=16, hkv=1, sk=4096, **fp8))["name"] == "w8"
+    assert rules.select(cands, prob(b=16, sk=4096, **fp8))["name"] == "f1"          # 128 groups: unsplit
     assert rules.select(cands, prob(b=64, sk=2048, **fp8))["name"] == "f1"
     assert rules.select(cands, prob(b=1, sk=32768, **fp8))["name"] == "f32"
+    # the PDL twin first
+    twin = cands + [e8("w8p", 8, True, pdl=True)]
+    assert rules.select(twin, prob(b=8, hq=16, hkv=1, sk=4096, **fp8))["name"] == "w8p"
 
 
 def test_select_wide_build():
@@ -641,15 +648,15 @@ def test_c_selection_equals_python(test_bundle):
     # fp8 caches (C needs the descales; Python passes unit ones)
     b_py = Bundle.open(test_bundle, capability=(9, 0), device={"name": None, "sm_count": 132})
     dev = lib.device((9, 0), 132, None)
-    for b in (1, 4, 64):
+    for b, hq, hkv in ((1, 32, 8), (4, 32, 8), (64, 32, 8), (8, 16, 1), (16, 32, 8)):
         for page in (None, 16, 64):
             for dtype in ("bf16", "f16"):
-                pr = prob(b=b, sk=4096, page=page, dtype=dtype, kv_dtype="e4m3")
+                pr = prob(b=b, hq=hq, hkv=hkv, sk=4096, page=page, dtype=dtype, kv_dtype="e4m3")
                 try:
                     want = ("ok", rules.select(b_py.candidates("attention_kvcache"), pr, 132)["name"])
                 except NoVariantError:
                     want = ("novariant",)
-                cp = _c_problem(cs, b, 1, 32, 8, 128, 4096, page, dtype, False)
+                cp = _c_problem(cs, b, 1, hq, hkv, 128, 4096, page, dtype, False)
                 cp.kv_dtype, cp.kv_descale = 4, 0x2000
                 cp.k_stride[:] = list(cp.k_stride)  # (element strides: multiples of 16 for e4m3)
                 got, _ = lib.kvcache_select(dev, cp)

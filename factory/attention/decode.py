@@ -217,6 +217,14 @@ class AttentionDecodeKV(AttentionDecode):
     # fp8 caches: the MMAs read their K/V operands straight from a ring of ``stages`` raw e4m3 tiles
     # (ldmatrix, then e4m3 -> f16 in registers); no converted ring.
     direct: bool = field(default=False, metadata={"tag": "rc"})
+    # direct fp8 build: each warp copies the rows of its own key slice, so a tile needs no CTA barrier
+    # (a warp waits for its own copies only) and the warps of a CTA run out of step.
+    own: bool = field(default=False, metadata={"tag": "ow"})
+    # direct fp8 build: each copy's address from this thread's K/V chunk address (taken once) plus
+    # page·page stride + row·row stride in unsigned 32x64-bit products (the page index and row as
+    # unsigned: the contract's block table holds pages >= 0), not the cache tensor's full signed
+    # 64-bit index arithmetic per copy.
+    fast_addr: bool = field(default=False, metadata={"tag": "fa"})
     # Workspace splits merged in the launch: every split writes its normalised O and LSE to the
     # workspace, then counts itself in its CTA group's arrival counter (``counters``); the split
     # that arrives last merges all of them in split order and sets the counter back to 0.
@@ -261,6 +269,8 @@ class AttentionDecodeKV(AttentionDecode):
             return "fp8 caches are built for head_dim 128"
         if self.direct and (self.kv_dtype != "e4m3" or self.tile_n // self.warps not in (16, 32) or self.ilp):
             return "direct e4m3 operands: fp8 caches, 16 or 32 keys per warp, one S chain"
+        if (self.own or self.fast_addr) and not self.direct:
+            return "warp-own copies and the short copy addresses: the direct e4m3 build only"
         if not self.causal:
             return "built bottom-right causal (one query: the same as no mask)"
         if self.last and (self.splits < 2 or self.cluster or self.kv_dtype == "e4m3"
@@ -291,7 +301,8 @@ class AttentionDecodeKV(AttentionDecode):
             warps=self.warps, stages=self.stages, causal=self.causal, splits=self.splits,
             cluster=self.cluster, pdl=self.pdl, ilp=self.ilp, min_ctas=self.min_ctas,
             kv=True, paged=self.paged, local=self.local, softcap=self.softcap, sinks=self.sinks,
-            fp8=self.kv_dtype == "e4m3", direct=self.direct, last=self.last,
+            fp8=self.kv_dtype == "e4m3", direct=self.direct, own=self.own, fast_addr=self.fast_addr,
+            last=self.last,
         )
         if self.last:
             return k.kvcache_last
@@ -377,10 +388,16 @@ FP8_RAW_STAGES = 3
 # the rule's split count (notes/attention-kvcache.md): 1.40-1.77x here against 1.51-1.76x for 64-key
 # tiles (3 or 4 stages: three CTAs per SM) and 1.55-1.77x for 128-key tiles in 2 stages.
 FP8_DIRECT = (128, 4, 3)
-# (tile_n, warps, ilp) of the fp8 build for grids of at most one CTA per SM whose splits keep >= 2048
-# keys: twice the warps per SM of one default CTA (converting build, H100, page 16: B8 H32/8 8k, 2
-# splits, 62.3-62.6 µs vs 71.6; shorter splits lose: B4 H32/8 4k, 4 splits, 38.9 vs 31.4); the
-# direct build runs it with FP8_WIDE_STAGES raw tiles (128 KB)
+# The default fp8 builds take the direct build with warp-own copies and short copy addresses (``own``,
+# ``fast_addr``): H100, page 16/64, each variant by name beside the plain direct build, same pages
+# (notes/attention-kvcache.md): the same or faster at every shape and split count measured (B64 H32/8
+# 2k unsplit 101.4 vs 102.8 µs, B4 4k at 4 splits 19.4 vs 21.8, MQA B8 4k at 8 splits 12.3 vs 13.5,
+# B1 32k at 8 splits 40.2 vs 46.2); the plain build stays in "full" for measuring.
+FP8_OWN = dict(own=True, fast_addr=True)
+# (tile_n, warps, ilp) of the fp8 build of one CTA per SM: 8 warps over 128-key tiles, FP8_WIDE_STAGES
+# raw tiles (128 KB).  The rule takes it where the grid leaves half the SMs idle, at 8 cluster splits
+# with PDL in the default tier (H100, page 16/64: MQA B8 H16/1 4k 11.8/11.7 µs vs 12.3/12.1 for 4
+# warps); at 2 splits of a grid within the SMs it ties or loses (B8 H32/8 8k 56.4/56.3 vs 55.7/53.8).
 FP8_WIDE = (128, 8, False)
 FP8_WIDE_STAGES = 4
 # (tile_n, warps, ilp, stages) of the bf16/f16-cache builds of 8 warps over 128-key tiles: each warp
@@ -404,7 +421,7 @@ def is_default(v: "AttentionDecode") -> bool:
     """The default config (PDL aside: the split decides it, see DEFAULT)."""
     tn, w, st, _, ilp, mc = DEFAULT.get(v.head_dim, (0,) * 6)
     if getattr(v, "kv_dtype", None) == "e4m3":
-        if not v.direct:
+        if not (v.direct and v.own and v.fast_addr):
             return False
         tn, w, st = FP8_DIRECT
     return (v.tile_n, v.warps, v.stages, v.ilp, v.min_ctas) == (tn, w, st, ilp, mc)
@@ -453,8 +470,8 @@ class FlashDecodeSm90:
     def __init__(self, *, dtype, head_dim: int, tile_n: int, warps: int, stages: int, causal: bool,
                  splits: int, cluster: bool, pdl: bool = False, ilp: bool = False, min_ctas: int = 0,
                  kv: bool = False, paged: bool = False, local: bool = False, softcap: bool = False,
-                 sinks: bool = False, fp8: bool = False, direct: bool = False, rope: int = 0,
-                 last: bool = False):
+                 sinks: bool = False, fp8: bool = False, direct: bool = False, own: bool = False,
+                 fast_addr: bool = False, rope: int = 0, last: bool = False):
         self.dtype = dtype
         # ``rope`` (KV-cache builds, bf16/f16 caches): q is rotated in the prologue, in shared
         # memory between its load and the registers' read (ROPE_NEOX / ROPE_INTERLEAVED).  0: off.
@@ -483,6 +500,13 @@ class FlashDecodeSm90:
         # ldmatrix and converts them in registers (gemm_qk_raw, gemm_pv_raw).  Q is then always
         # staged through registers (scale_q), its head_dim columns in the MMA's k order.
         self.direct = fp8 and direct
+        # ``own`` (direct): a thread's copy rows are those of its warp's key slice (copy_row), so a
+        # warp waits for its own cp.async groups and syncs only itself before reading a tile: no CTA
+        # barrier in the key loop.  The slot a warp refills is one only it has read.
+        self.own = self.direct and own
+        # ``fast_addr`` (direct): copy addresses as this thread's chunk address in page 0, row 0
+        # (taken once) + page·page stride + row·row stride (unsigned 32x64-bit products)
+        self.fast_addr = self.direct and fast_addr
         self.mdtype = cutlass.Float16 if fp8 else dtype
         self.q_convert = fp8 and (dtype is not cutlass.Float16 or self.direct)
         self.raw_stages = FP8_RAW_STAGES
@@ -762,10 +786,17 @@ class FlashDecodeSm90:
             vreg = cute.make_rmem_tensor(cute.make_layout((self.passes, 16), stride=(16, 1)), mK.element_type)
         R = self.raw_stages
         sRaw = None
+        addr = None  # (fast_addr) this thread's K and V chunk addresses in page 0, row 0; the strides
         if cutlass.const_expr(self.direct):
             # Raw e4m3 tiles n_hi-1 .. n_hi-S+1 into slots 0.. (one cp.async group each, after Q's
             # empty one: the ring's wait counts are the bf16 path's), Q's loads in flight with them.
             qr = self.load_q_regs(mQ, batch, kv_head, row0, n_rows, group, tidx)
+            if cutlass.const_expr(self.fast_addr):
+                cc = tidx % self.c_per_row
+                addr = (cute.local_tile(mK[0, 0, kv_head, None], (16,), (cc,)).iterator.toint(),
+                        cute.local_tile(mV[0, 0, kv_head, None], (16,), (cc,)).iterator.toint(),
+                        cutlass.Uint64(mK.stride[0]), cutlass.Uint64(mK.stride[1]),
+                        cutlass.Uint64(mV.stride[0]), cutlass.Uint64(mV.stride[1]))
             pages_pro = cute.make_rmem_tensor(cute.make_layout((self.passes, S), stride=(1, self.passes)),
                                               cutlass.Int32)
             for s in cutlass.range_constexpr(S):
@@ -774,7 +805,7 @@ class FlashDecodeSm90:
             for s in cutlass.range_constexpr(S - 1):
                 if n_hi - 1 - s >= n_lo:
                     self.load_raw(mK, mV, pages_pro[None, s], sRawD, s, kv_head, n_hi - 1 - s, tidx, ps_shift,
-                                  k_len)
+                                  k_len, addr)
                 cute.arch.cp_async_commit_group()
             for p in cutlass.range_constexpr(self.passes):
                 pages[p] = pages_pro[p, S - 1]
@@ -838,6 +869,8 @@ class FlashDecodeSm90:
             self.rotate_q(sQ, mCS, row0, n_rows, group, q_len, k_len, tidx)
             cute.arch.barrier()
         cute.copy(s2r_Q, s2r_Q.partition_S(sQ), s2r_Q.retile(tSrQ))
+        if cutlass.const_expr(self.own):
+            cute.arch.barrier()  # every warp has read Q (it lies in slot S-1) before any warp refills that slot
 
         raw_addr = lane_k = lane_v = None
         if cutlass.const_expr(self.direct):
@@ -861,12 +894,15 @@ class FlashDecodeSm90:
             slot = it % S
             if cutlass.const_expr(not self.fp8 or self.direct):
                 cute.arch.cp_async_wait_group(S - 2)
-            cute.arch.barrier()  # tile n_block visible; slot (it-1)%S free for reuse
+            if cutlass.const_expr(self.own):
+                cute.arch.sync_warp()  # this warp's rows of tile n_block visible; its slot (it-1)%S free
+            else:
+                cute.arch.barrier()  # tile n_block visible; slot (it-1)%S free for reuse
             if cutlass.const_expr(self.direct):
                 # (the copies first: issued after the Q·Kᵀ MMAs instead, they ran 3-11 % slower)
                 if n_block - (S - 1) >= n_lo:
                     self.load_raw(mK, mV, pages, sRawD, (it + S - 1) % S, kv_head, n_block - (S - 1), tidx,
-                                  ps_shift, k_len)
+                                  ps_shift, k_len, addr)
                     if n_block - S >= n_lo:
                         self.fetch_pages_fp8(mBT, pages, batch, n_block - S, k_len, tidx, ps_shift)
                 cute.arch.cp_async_commit_group()
@@ -1218,9 +1254,25 @@ class FlashDecodeSm90:
                     cute.local_tile(sKV[row, None, 2 * slot + 1], (vec,), (col,)).fill(0)
 
     @cute.jit
+    def copy_row(self, p, tidx):
+        """``own``: the tile row of this thread's fp8 chunk in copy pass ``p``: row p·(32 / c_per_row) +
+        lane / c_per_row of its warp's key slice (without ``own`` pass p covers rows p·rows_pp ..
+        of the CTA: row p·rows_pp + tidx / c_per_row)."""
+        lane = tidx % 32
+        return (tidx // 32) * self.bnw + p * (32 // self.c_per_row) + lane // self.c_per_row
+
+    @cute.jit
     def fetch_pages_fp8(self, mBT, pages, batch, n_block, k_len, tidx, ps_shift):
-        """fetch_pages for the fp8 copy tiling: pass p's row is p·rows_pp + tidx / c_per_row."""
-        for p in cutlass.range_constexpr(self.passes):
+        """fetch_pages for the fp8 copy tiling: pass p's row is p·rows_pp + tidx / c_per_row.  ``own``:
+        one page per lane, of row lane % (keys per warp) of the warp's slice, in ``pages[0]`` (the copy
+        takes each pass's from its lane by a shuffle, load_raw)."""
+        if cutlass.const_expr(self.own):
+            key = n_block * self.tile_n + (tidx // 32) * self.bnw + tidx % self.bnw
+            pg = 0
+            if key < k_len:
+                pg = mBT[batch, key >> ps_shift]
+            pages[0] = pg
+        for p in cutlass.range_constexpr(0 if self.own else self.passes):
             key = n_block * self.tile_n + p * self.rows_pp + tidx // self.c_per_row
             pg = 0
             if key < k_len:
@@ -1371,27 +1423,45 @@ class FlashDecodeSm90:
         return uf[1], qs
 
     @cute.jit
-    def load_raw(self, mK, mV, pages, sRawD, slot, kv_head, n_block, tidx, ps_shift, k_len):
+    def load_raw(self, mK, mV, pages, sRawD, slot, kv_head, n_block, tidx, ps_shift, k_len, addr=None):
         """cp.async this thread's 16-byte chunks (chunk tidx % c_per_row of its row in each pass) of
         K and V tile ``n_block`` into raw ``slot`` of the direct ring (row j's chunk c at chunk
-        c ^ (j % 8) of its 128-byte row); rows past k_len are zeroed instead."""
+        c ^ (j % 8) of its 128-byte row); rows past k_len are zeroed instead.  ``own``: the rows of
+        the warp's slice (copy_row), each pass's page from the lane that read it (fetch_pages_fp8);
+        ``fast_addr``: ``addr`` = (K chunk address, V chunk address, K page / row strides, V page /
+        row strides) of this thread, the copy at chunk + page·page stride + row·row stride."""
         BN, D = self.tile_n, self.head_dim
         mask = (1 << ps_shift) - 1
         c = tidx % self.c_per_row
         atom = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), mK.element_type,
                                    num_bits_per_copy=128)
         for p in cutlass.range_constexpr(self.passes):
-            row = p * self.rows_pp + tidx // self.c_per_row
+            if cutlass.const_expr(self.own):
+                row = self.copy_row(p, tidx)
+            else:
+                row = p * self.rows_pp + tidx // self.c_per_row
             key = n_block * BN + row
             soff = slot * (2 * BN * D) + row * D + ((c ^ (row % 8)) << 4)
+            page = pages[p]
+            if cutlass.const_expr(self.own):  # this pass's row's page, fetched by lane (row - warp's first)
+                page = cute.arch.shuffle_sync(pages[0], p * (32 // self.c_per_row) + (tidx % 32) // self.c_per_row)
             if key < k_len:
                 off = key & mask
-                for i, src in enumerate((mK, mV)):
-                    g = cute.local_tile(src[pages[p], off, kv_head, None], (16,), (c,))
-                    # 16-byte aligned: the contract's strides are multiples of 16 fp8 elements
-                    g = cute.make_tensor(cute.make_ptr(src.element_type, g.iterator.toint(), cute.AddressSpace.gmem,
-                                                       assumed_align=16), g.layout)
-                    cute.copy(atom, g, cute.local_tile(sRawD, (16,), ((soff + i * BN * D) // 16,)))
+                if cutlass.const_expr(self.fast_addr):  # (fp8: element strides are byte strides)
+                    pg = cutlass.Uint64(cutlass.Uint32(page))
+                    rw = cutlass.Uint64(cutlass.Uint32(off))
+                    for i in cutlass.range_constexpr(2):
+                        a = addr[i] + cutlass.Int64(pg * addr[2 + 2 * i] + rw * addr[3 + 2 * i])
+                        g = cute.make_tensor(cute.make_ptr(mK.element_type, a, cute.AddressSpace.gmem, assumed_align=16),
+                                             cute.make_layout(16))
+                        cute.copy(atom, g, cute.local_tile(sRawD, (16,), ((soff + i * BN * D) // 16,)))
+                else:
+                    for i, src in enumerate((mK, mV)):
+                        g = cute.local_tile(src[page, off, kv_head, None], (16,), (c,))
+                        # 16-byte aligned: the contract's strides are multiples of 16 fp8 elements
+                        g = cute.make_tensor(cute.make_ptr(src.element_type, g.iterator.toint(),
+                                                           cute.AddressSpace.gmem, assumed_align=16), g.layout)
+                        cute.copy(atom, g, cute.local_tile(sRawD, (16,), ((soff + i * BN * D) // 16,)))
             else:
                 for i in cutlass.range_constexpr(2):
                     z = cute.local_tile(sRawD, (16,), ((soff + i * BN * D) // 16,))
@@ -1526,7 +1596,8 @@ LAST_SPLITS = (16, 32)
 def make_kv(target: str, dtype: str, head_dim: int, splits: int, *, paged: bool = True,
             switches: bool = False, kv_dtype: str | None = None, config: tuple | None = None,
             direct: bool = True, stages: int | None = None, min_ctas: int | None = None,
-            pdl: bool | None = None, last: bool = False) -> AttentionDecodeKV:
+            pdl: bool | None = None, last: bool = False, own: bool = False,
+            fast_addr: bool = False) -> AttentionDecodeKV:
     """A KV-cache decode variant; fp8 caches take the direct build (``direct=False``: the converting
     one), in FP8_DIRECT's config unless ``config`` (tile_n, warps, ilp[, stages]) / ``stages`` say
     otherwise; ``pdl`` None: on for workspace splits merged by the combine kernel; ``last``: workspace
@@ -1551,7 +1622,8 @@ def make_kv(target: str, dtype: str, head_dim: int, splits: int, *, paged: bool 
                              causal=True, splits=splits, cluster=cluster,
                              pdl=(splits > 1 and not cluster and not last) if pdl is None else pdl,
                              ilp=ilp, min_ctas=mc, kv_dtype=kv_dtype or dtype, paged=paged, local=switches,
-                             softcap=switches, sinks=switches, direct=direct, last=last)
+                             softcap=switches, sinks=switches, direct=direct, own=own and direct,
+                             fast_addr=fast_addr and direct, last=last)
 
 
 @register("attention_kvcache")
@@ -1560,8 +1632,8 @@ def enumerate_decode_kv(target: Target, tier: str) -> list[AttentionDecodeKV]:
     softcap / sink switches, f16 and head_dim 64, fp8 caches); default: paged and dense caches for
     both dtypes and head_dims at every split count, the switch build (window + softcap + sinks in
     one variant: gpt-oss, Gemma 2) for bf16 paged caches, and bf16 q over fp8 e4m3 paged caches
-    at head_dim 128 (the direct build at every split count, plus the 8-warp one-CTA-per-SM build at 2
-    splits)."""
+    at head_dim 128 (the direct build with warp-own copies at every split count, plus its 8-warp
+    one-CTA-per-SM build at 8 cluster splits with PDL)."""
     if target.name != "sm_90":
         return []
     t = target.name
@@ -1571,7 +1643,7 @@ def enumerate_decode_kv(target: Target, tier: str) -> list[AttentionDecodeKV]:
                make_kv(t, "bf16", 128, 4, switches=True), make_kv(t, "f16", 64, 1), make_kv(t, "f16", 64, 2),
                make_kv(t, "bf16", 128, 32), make_kv(t, "bf16", 128, 32, switches=True),
                # fp8 e4m3 caches (head_dim 128: D64's build spills)
-               make_kv(t, "bf16", 128, 1, kv_dtype="e4m3"), make_kv(t, "f16", 128, 4, kv_dtype="e4m3"),
+               make_kv(t, "bf16", 128, 1, kv_dtype="e4m3", **FP8_OWN), make_kv(t, "f16", 128, 4, kv_dtype="e4m3"),
                # 8 warps over 128-key tiles, cluster merge with PDL
                make_kv(t, "bf16", 128, 4, config=KV_WIDE[128], pdl=True),
                # the last-arrival merge (8 warps over 128-key tiles)
@@ -1582,20 +1654,28 @@ def enumerate_decode_kv(target: Target, tier: str) -> list[AttentionDecodeKV]:
         out += [make_kv(t, dt, d, sp) for dt in DTYPES for d in HEAD_DIMS for sp in KV_GLOBAL_SPLITS]
         out += [make_kv(t, "bf16", d, sp, switches=True) for d in HEAD_DIMS for sp in KV_SPLITS]
         # fp8 e4m3 paged caches under bf16 q, head_dim 128: every split count the paged rule picks
-        out += [make_kv(t, "bf16", 128, sp, kv_dtype="e4m3") for sp in KV_SPLITS + KV_GLOBAL_SPLITS]
+        out += [make_kv(t, "bf16", 128, sp, kv_dtype="e4m3", **FP8_OWN) for sp in KV_SPLITS + KV_GLOBAL_SPLITS]
         # head_dim 256 (Gemma-style heads): bf16 paged caches, the split counts that fit
         out += [make_kv(t, "bf16", 256, sp) for sp in KV_SPLITS + KV_GLOBAL_SPLITS]
-        # fp8, grids of at most one CTA per SM with long splits: 8 warps over 128-key tiles (one
-        # 128 KB CTA per SM); the rule takes it at 2 splits in practice (the others: "full", measuring)
-        out += [make_kv(t, "bf16", 128, sp, kv_dtype="e4m3", config=FP8_WIDE)
-                for sp in (KV_SPLITS if tier == "full" else (2,))]
-        if tier == "full":  # fp8 alternatives: the converting build; direct 64-key tiles, 2-stage 128-key tiles
+        # fp8, grids that leave half the SMs idle (MQA): 8 warps over 128-key tiles (one 128 KB CTA per
+        # SM) at 8 cluster splits with PDL
+        out += [make_kv(t, "bf16", 128, 8, kv_dtype="e4m3", config=FP8_WIDE, pdl=True, **FP8_OWN)]
+        if tier == "full":  # fp8 alternatives: the plain direct build (4 and 8 warps), the converting
+            # build; direct 64-key tiles, 2-stage 128-key tiles
             fs = KV_SPLITS + KV_GLOBAL_SPLITS
+            out += [make_kv(t, "bf16", 128, sp, kv_dtype="e4m3") for sp in fs]
+            out += [make_kv(t, "bf16", 128, sp, kv_dtype="e4m3", config=FP8_WIDE) for sp in KV_SPLITS]
             out += [make_kv(t, "bf16", 128, sp, kv_dtype="e4m3", direct=False) for sp in fs]
             out += [make_kv(t, "bf16", 128, sp, kv_dtype="e4m3", direct=False, config=FP8_WIDE) for sp in (2, 4, 8)]
             out += [make_kv(t, "bf16", 128, sp, kv_dtype="e4m3", config=(64, 4, False), stages=st)
                     for st in (3, 4, 6) for sp in fs]
             out += [make_kv(t, "bf16", 128, sp, kv_dtype="e4m3", stages=2) for sp in fs]
+            # short copy addresses without warp-own copies; the 8-warp build with both at 2 splits; 6
+            # stages of one CTA per SM
+            out += [make_kv(t, "bf16", 128, sp, kv_dtype="e4m3", fast_addr=True) for sp in fs]
+            out += [make_kv(t, "bf16", 128, sp, kv_dtype="e4m3", config=FP8_WIDE, fast_addr=True, own=ow,
+                            pdl=sp == 8) for sp in (2, 8) for ow in (False, True)]
+            out += [make_kv(t, "bf16", 128, sp, kv_dtype="e4m3", stages=6, **FP8_OWN) for sp in (2, 4, 8)]
         # bf16 caches, 8 warps over 128-key tiles where the selection takes them: head_dim 128 at 8
         # splits with PDL (MQA-like grids; paged and dense), head_dim 64 paged unsplit and at 2 splits
         out += [make_kv(t, "bf16", 128, 8, paged=pg, config=KV_WIDE[128], pdl=True) for pg in (True, False)]

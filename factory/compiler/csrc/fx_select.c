@@ -2167,7 +2167,7 @@ FX_EXPORT int32_t fx_gemm_grouped_select(const fx_device_t *dev, const fx_gemm_g
 /* kvcache.paged_split_count over the built split counts sp[i] (cl[i]: merged in a cluster). */
 static int32_t paged_split_count(i128 groups, int64_t tiles, int32_t sms, const int32_t *sp, const int32_t *cl,
                                  int32_t n, int64_t head_dim, int fp8, i128 rows) {
-    if (!fp8 && groups * 4 >= 3 * (i128)sms) return 1;
+    if (groups * 4 >= 3 * (i128)sms) return 1;
     int32_t fits[64], fcl[64], m = 0;
     for (int32_t i = 0; i < n && m < 64; i++) /* sorted ascending, duplicates dropped */
         if (sp[i] == 1 || tiles >= 4 * (int64_t)sp[i] ||
@@ -2261,12 +2261,18 @@ static int32_t kv_pick_decode(const int32_t *c, int32_t n, const kv_problem *q, 
     }
     int32_t s = paged_split_count(groups, cdiv(q->sk, t1), sms, sp, cl_last, m, q->d, q->kv_dtype == FX_DTYPE_E4M3,
                                   (i128)q->b * q->hq * q->sq);
-    /* the one-CTA-per-SM fp8 build, where built, for a grid within the SMs whose splits keep >= 2048 keys */
-    if (q->kv_dtype == FX_DTYPE_E4M3 && groups * s <= (i128)sms && q->sk >= 2048 * (int64_t)s)
+    /* the one-CTA-per-SM fp8 build of that split count, its PDL twin first, where built, for a grid that
+       leaves half the SMs idle */
+    if (q->kv_dtype == FX_DTYPE_E4M3 && 2 * groups * s <= (i128)sms) {
+        int32_t first = -1;
         for (int32_t i = 0; i < n; i++) {
             const fx_variant *e = &fx_variants[c[i]];
-            if (!e->preferred && e->kv_splits == s && e->ctas_per_sm == 1) return c[i];
+            if (e->preferred || e->kv_splits != s || e->ctas_per_sm != 1) continue;
+            if (e->pdl) return c[i];
+            if (first < 0) first = c[i];
         }
+        if (first >= 0) return first;
+    }
     if (q->kv_dtype != FX_DTYPE_E4M3) {
         int32_t w = decode_wide_pick(c, n, s, groups, q->d, sms);
         if (w >= 0) return w;
