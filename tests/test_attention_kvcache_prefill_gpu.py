@@ -45,7 +45,8 @@ def bundle():
 
 
 def _entries(b):
-    return [e for e in b.candidates("attention_kvcache") if e["family"] in ("sm80", "sm90")]
+    # (builds with e4m3 q: tests/test_attention_kvcache_fp8_prefill_gpu.py)
+    return [e for e in b.candidates("attention_kvcache") if e["family"] in ("sm80", "sm90") and e["dtype"] != "e4m3"]
 
 
 def make_cache(lengths, ps, hkv, d, kv_dtype, paged, gen):

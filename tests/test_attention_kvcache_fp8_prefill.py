@@ -1,0 +1,104 @@
+"""Chunked prefill over a paged e4m3 cache with fp8 WGMMAs (factory/attention/sm90_kvcache_fp8.py),
+without a GPU: enumeration ("full" tier, sm_90a only), the signature (the kvcache contract with e4m3
+q, bf16 o and q_descale), manifest fields, refusals, the transposed V slot's key order replayed
+against fp8_order, and one compile (in a subprocess) checked in the SASS: QGMMA, K/V page boxes
+by 4D TMA, the transposing warps' ldmatrix.trans/stmatrix, no local memory."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("cutlass") is None,
+                                reason="nvidia-cutlass-dsl is not installed")
+
+
+def _variants(target, tier):
+    from factory.attention.sm90_kvcache_fp8 import enumerate_attention_kvcache_fp8
+    from factory.atoms.targets import get_target
+
+    return enumerate_attention_kvcache_fp8(get_target(target), tier)
+
+
+def test_enumeration_and_refusals():
+    full = _variants("sm_90a", "full")
+    assert full and all(v.dtype == "e4m3" and v.kv_dtype == "e4m3" and v.page_box == 64 for v in full)
+    assert {(v.varlen, v.causal) for v in full} == {(vl, c) for vl in (False, True) for c in (False, True)}
+    assert len({v.name for v in full}) == len(full)
+    assert not _variants("sm_90a", "test") and not _variants("sm_90a", "default") and not _variants("sm_90", "full")
+    v = full[0]
+    assert v.smem_bytes() <= 227 * 1024
+    for change, why in (({"page_box": 16}, "page_box"), ({"page_box": 0}, "page_box"), ({"kv_dtype": "bf16"}, "e4m3"),
+                        ({"local": True}, "switches"), ({"head_dim": 64}, "head_dim"), ({"tile_n": 96}, "64"),
+                        ({"persistent": True}, "persistent"), ({"stages": 4}, "smem")):
+        assert why in (dataclasses.replace(v, **change).can_implement() or ""), change
+
+
+def test_signature_and_manifest():
+    from factory.attention import contract
+
+    for v in _variants("sm_90a", "full"):
+        sig = v.signature()
+        base = contract.signature_kvcache("e4m3", "e4m3", 128, True, None, varlen_q=v.varlen)
+        names = [a.name for a in sig.args]
+        assert names == [a.name for a in base.args[:names.index("q_descale")]] + \
+            ["q_descale"] + [a.name for a in base.args[names.index("q_descale"):]]
+        args = {a.name: a for a in sig.args}
+        assert args["q"].dtype == "e4m3" and args["o"].dtype == "bf16" and args["q_descale"].shape == ("B", "Hkv")
+        assert all(sig.divisor(s) == 8 for s in args["o"].stride if isinstance(s, str))
+        d = v.describe()
+        assert d["dtypes"]["o"] == "bf16" and d["page_sizes"] == [64, 128, 256] and d["kv_loads"] == "tma"
+        assert d["registers_per_role"] == {"producer": 40, "consumer": 232}
+
+
+def test_transposed_key_order():
+    from factory.attention.fp8_order import transposed_key as group_key
+    from factory.attention.sm90_kvcache_fp8 import transposed_key
+
+    assert [transposed_key(c) for c in range(192)] == [16 * (c // 16) + group_key(c % 16) for c in range(192)]
+
+
+_WORKER = textwrap.dedent(
+    """
+    import json, re, sys
+    from factory.compiler.compile import init_worker
+    out_dir, name = sys.argv[1], sys.argv[2]
+    init_worker("sm_90a")
+    from factory.compiler.builder import compile_cached
+    from factory.compiler import cubin as cb
+    from factory.attention.sm90_kvcache_fp8 import enumerate_attention_kvcache_fp8
+    from factory.atoms.targets import get_target
+    v = next(v for v in enumerate_attention_kvcache_fp8(get_target("sm_90a"), "full") if v.name == name)
+    info = compile_cached(v, out_dir)
+    sass = cb.disassemble(f"{out_dir}/{v.name}.cubin")
+    print("REPORT" + json.dumps({"hist": cb.opcode_histogram(sass),
+                                 "missing": [r for r in v.sass_requirements() if not re.search(r, sass)],
+                                 "params": [p for _, p in info["header"]["params"]],
+                                 "args": [a.name for a in v.signature().args]}))
+    """
+)
+
+
+def test_compile_dense_q_causal(tmp_path):
+    name = "attention_kvcache_sm90a_e4m3_d128_m128_n128_s2_causal_ov_pp_ce4m3_pb64"
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.run([sys.executable, "-c", _WORKER, str(tmp_path), name], capture_output=True, text=True,
+                       env=env, cwd=ROOT, timeout=900)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-6000:]
+    r = json.loads(next(ln for ln in p.stdout.splitlines() if ln.startswith("REPORT"))[len("REPORT"):])
+    h = r["hist"]
+    assert not r["missing"], r["missing"]
+    assert not any(op.startswith(("LDL", "STL")) for op in h), "local memory"
+    assert h.get("UTMALDG.4D", 0) >= 3 and not any(op.startswith("LDGSTS") for op in h)
+    assert r["params"] == ["module", *r["args"], "stream"]
