@@ -16,7 +16,7 @@ each other (max |Δo|) before timing.  Writes ``OUT.json``.
 commit), timed in the same interleaved run under the label ``base:NAME``.  ``--shapes``: the shape
 sets (``d128``, the default; ``d256``: head_dim 256, 16 q heads over 8 kv heads; ``fp8``: head_dim
 128 with K/V rounded to e4m3 values, so that the e4m3-cache variants and the dense bf16 path see
-the same numbers).  Each variant runs the shapes of its head_dim; variants with an e4m3 cache
+the same numbers; ``fp8tma``: the same over pages of 64-256 rows).  Each variant runs the shapes of its head_dim; variants with an e4m3 cache
 get the e4m3 copy of the pages and unit descales; variants with e4m3 q (fp8 WGMMAs) get q rounded
 to e4m3 and a unit q_descale.  ``--dense`` may also name an fp8 varlen forward (``attention_fp8``,
 V as K): it runs on the e4m3 copies, and the speedups stay against the fastest 16-bit dense build.
@@ -55,6 +55,9 @@ SHAPE_SETS = {
              (4, 512, 4096, 16, 8, 256, 64), (1, 2048, 32768, 16, 8, 256, 64), (4, 512, 4096, 16, 8, 256, 32)],
     "fp8": [(8, 128, 1024, 32, 8, 128, 16), (4, 512, 4096, 32, 8, 128, 16), (1, 2048, 32768, 32, 8, 128, 16),
             (4, 512, 4096, 32, 8, 128, 64)],
+    # fp8 caches in pages the TMA page boxes take (64-256 rows)
+    "fp8tma": [(8, 128, 1024, 32, 8, 128, 64), (4, 512, 4096, 32, 8, 128, 64), (2, 2048, 8192, 32, 8, 128, 128),
+               (1, 2048, 32768, 32, 8, 128, 64), (4, 512, 4096, 32, 8, 128, 256)],
 }
 
 
@@ -95,7 +98,7 @@ def main() -> None:
         q = torch.randn(b, sq, hq, d, device="cuda", generator=g).to(dt)
         k = torch.randn(b, L, hkv, d, device="cuda", generator=g).to(dt)
         v = torch.randn(b, L, hkv, d, device="cuda", generator=g).to(dt)
-        if set_name == "fp8":
+        if set_name.startswith("fp8"):
             k, v = k.to(f8).to(dt), v.to(f8).to(dt)
         npages = -(-L // ps)
         perm = torch.randperm(b * npages, device="cuda", generator=g).to(torch.int32)
