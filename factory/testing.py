@@ -729,7 +729,7 @@ def check_attention_kvcache_fp8q(bundle, entry, gen, device="cuda") -> list[dict
         q = (torch.randn(b, sq, hq, d, device=device, generator=gen) * 2).to(f8)
         q_descale = torch.rand(b, hkv, device=device, generator=gen) + 0.5
         kv_descale = torch.rand(2, hkv, device=device, generator=gen) + 0.5
-        kv_descale[1] = kv_descale[1, 0]  # v_descale per tensor
+        kv_descale[1] = kv_descale[1, :1].clone()  # v_descale per tensor
         o = torch.full((b, sq, hq, d), math.nan, dtype=torch.bfloat16, device=device)
         scale = d ** -0.5
         tail = [torch.zeros(hq, device=device), q_descale, kv_descale, scale, 0.0, -1, -1]
