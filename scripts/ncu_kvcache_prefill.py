@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Chunked-prefill kernels over a paged cache for a profiler: each named variant once on one shape
-(B4, Sq 512 against 4096 cached keys, 32 q heads over 8 kv heads, head_dim 128, pages shuffled),
+(B4, Sq 512 against 4096 cached keys (``--cached``), 32 q heads over 8 kv heads, head_dim 128, pages shuffled),
 after a warm-up outside the profiled range, between ``torch.cuda.profiler.start()`` and ``stop()``:
 
   ncu --profile-from-start off --section SpeedOfLight --section WarpStateStats ... \\
@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--bundle", action="append", required=True, help="bundle(s) holding the variants")
+    p.add_argument("--cached", type=int, default=4096, help="cached keys per sequence (default 4096)")
     p.add_argument("runs", nargs="+", help="NAME:PS")
     args = p.parse_args()
     import torch
@@ -30,7 +31,7 @@ def main() -> None:
     from factory.runtime import Bundle
 
     bundles = [Bundle.open(b) for b in args.bundle]
-    b, sq, L, hq, hkv, d = 4, 512, 4096, 32, 8, 128
+    b, sq, L, hq, hkv, d = 4, 512, args.cached, 32, 8, 128
     f8 = torch.float8_e4m3fn
     g = torch.Generator(device="cuda").manual_seed(1)
     q = torch.randn(b, sq, hq, d, device="cuda", generator=g).bfloat16()
@@ -43,12 +44,13 @@ def main() -> None:
         ps = int(ps)
         bd = next(x for x in bundles if name in x.manifest["variants"])
         meta = bd.manifest["variants"][name]
-        n = L // ps
+        n = -(-L // ps)
         table = torch.randperm(b * n, device="cuda", generator=g).to(torch.int32).view(b, n)
-        kc = torch.empty(b * n, ps, hkv, d, device="cuda", dtype=torch.bfloat16)
-        vc = torch.empty_like(kc)
-        kc[table.reshape(-1).long()] = k.reshape(b * n, ps, hkv, d)
-        vc[table.reshape(-1).long()] = v.reshape(b * n, ps, hkv, d)
+        kc = torch.zeros(b * n, ps, hkv, d, device="cuda", dtype=torch.bfloat16)
+        vc = torch.zeros_like(kc)
+        pad = (0, 0, 0, 0, 0, n * ps - L)
+        kc[table.reshape(-1).long()] = torch.nn.functional.pad(k, pad).reshape(b * n, ps, hkv, d)
+        vc[table.reshape(-1).long()] = torch.nn.functional.pad(v, pad).reshape(b * n, ps, hkv, d)
         if meta["kv_dtype"] == "e4m3":
             kc, vc = kc.to(f8), vc.to(f8)
         qn, extra = q, []

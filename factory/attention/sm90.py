@@ -1446,9 +1446,15 @@ class FlashFwdSm90(layout.TmaViewsKernel):
             BN, D = self.tile_n, self.head_dim
             lim = k_len - tile * BN
             if lim < BN:
-                sVs = sV[None, None, slot]
-                for idx in cutlass.range(ltid + lim * D, BN * D, 128, unroll=1):
-                    sVs[idx % D, idx // D] = self.dtype(0.0)
+                # a key's row of the (D, keys) slot is D contiguous elements (16-byte chunks,
+                # swizzled as wholes): one 16-byte store of zeros per chunk
+                vec = 128 // self.dtype.width
+                zeros = cute.make_rmem_tensor(vec, self.dtype)
+                zeros.fill(0.0)
+                chunks = cute.zipped_divide(sV[None, None, slot], (vec, 1))  # ((vec, 1), (D / vec, keys))
+                per_key = D // vec
+                for idx in cutlass.range(ltid + lim * per_key, BN * per_key, 128, unroll=1):
+                    cute.autovec_copy(zeros, chunks[(None, 0), (idx % per_key, idx // per_key)])
                 cute.arch.fence_proxy("async.shared", space="cta")
                 cute.arch.barrier(barrier_id=int(_Bar.EPILOGUE) + wg, number_of_threads=128)
 

@@ -216,12 +216,20 @@ class FlashFwdSm90KvcacheFp8(FlashFwdSm90Fp8):
         BN, D = self.tile_n, self.head_dim
         lim = k_len - tile * BN
         if lim < BN:
-            sVs = sV[None, None, slot]  # (D, keys) K-major
-            first = (lim // 16) * 16  # the first 16-key group holding a key past the end
-            for idx in cutlass.range(ltid + first * D, BN * D, 128, unroll=1):
-                col = idx // D
-                if transposed_key(col) >= lim:
-                    sVs[idx % D, col] = self.dtype(0.0)
+            sVs = sV[None, None, slot]  # (D, keys) K-major: a 16-key group of a row is 16 bytes
+            g0 = lim // 16  # the first 16-key group holding a key past the end
+            zeros = cute.make_rmem_tensor(16, self.dtype)
+            zeros.fill(0.0)
+            groups = cute.zipped_divide(sVs, (1, 16))  # ((1, 16), (D, groups))
+            # groups wholly past the end: 16-byte chunks of zeros
+            for idx in cutlass.range(ltid + cute.ceil_div(lim, 16) * D, (BN // 16) * D, 128, unroll=1):
+                cute.autovec_copy(zeros, groups[(0, None), (idx % D, idx // D)])
+            # the group holding the last key: its columns past the end, one byte each (thread =
+            # head_dim row: head_dim 128)
+            if g0 * 16 < lim:
+                for c in cutlass.range_constexpr(16):
+                    if transposed_key(c) >= lim - g0 * 16:
+                        sVs[ltid, g0 * 16 + c] = self.dtype(0.0)
             cute.arch.fence_proxy("async.shared", space="cta")
             cute.arch.barrier(barrier_id=int(_Bar.EPILOGUE) + wg, number_of_threads=128)
 
