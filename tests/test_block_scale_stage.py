@@ -77,6 +77,7 @@ def test_yield_ffma_edits_only_the_scheduling_bits(test_bundle):
     """On a promoted fp8 cubin of the test bundle: FFMAs that reuse their B operand lose that flag
     and the hold-warp hint, nothing else changes, a second pass finds nothing, and the launcher
     object's embedded copy is replaced byte for byte."""
+    import gzip
     import struct
     from pathlib import Path
 
@@ -97,5 +98,5 @@ def test_yield_ffma_edits_only_the_scheduling_bits(test_bundle):
         (hi0,), (hi1,) = struct.unpack_from("<Q", cubin, w + 8), struct.unpack_from("<Q", patched, w + 8)
         assert cubin[w:w + 8] == patched[w:w + 8] and hi0 ^ hi1 == mask and hi0 & mask == mask
     assert yield_ffma(patched) == (patched, 0)
-    obj = (Path(test_bundle) / "obj" / f"{names[0]}.o").read_bytes()
+    obj = gzip.decompress((Path(test_bundle) / "obj" / f"{names[0]}.o.gz").read_bytes())
     assert extract_cubins(patch_object(obj, cubin, patched)) == [patched]

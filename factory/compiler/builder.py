@@ -7,7 +7,7 @@ Bundle layout::
     cubin/<name>.cubin     each variant's device code, on its own (nvdisasm / cuobjdump ready)
     include/<name>.h       the DSL's exported header (struct layouts, wrapper)
     include/fx_bundle.h    the host library's exported functions, for C/C++ callers
-    obj/<name>.o           the exported host launcher with the cubin embedded (for C/C++ linking)
+    obj/<name>.o.gz        the exported host launcher with the cubin embedded (gzip; for C/C++ linking)
     src/fx_glue.c          the generated glue that the host library is built from
     lib/libfactory_bundle.so   the host library the runtime loads with ctypes
 """
@@ -30,11 +30,11 @@ from ..atoms.targets import get_target
 from ..evidence import PROOF_LEVELS, load_records, passed_cubins, proof_label, twin_name
 from ..evidence import default_dir as default_evidence_dir
 from ..registry import enumerate_variants
-from ..runtime.manifest import sha256_file
+from ..runtime.manifest import manifest_text, sha256_file
 from ..variant import Variant
 from . import toolchain
 from .cubin import disassemble, opcode_histogram, ptxas_arch
-from .link import link_host_library
+from .link import link_host_library, pack_object
 from .sass import checker_version, sass_problems
 from .toolchain import default_cache_dir
 
@@ -210,6 +210,7 @@ def build(
             for ext, sub in ((".cubin", "cubin"), (".h", "include"), (".o", "obj")):
                 shutil.copy2(e / f"{v.name}{ext}", staging / sub / f"{v.name}{ext}")
             _patch_cubin(v, staging)
+            pack_object(staging / "obj" / f"{v.name}.o")
             if info["sass_problems"]:
                 raise RuntimeError(f"{v.name}: " + "; ".join(info["sass_problems"]))
             hist = info["sass_histogram"]
@@ -218,7 +219,7 @@ def build(
         used = _label_proofs(staging, entries, Path(evidence) if evidence else default_evidence_dir())
         link_host_library(staging, entries, cache=cache)  # its selection tables come from the entries
         manifest = _manifest(staging, entries, used)
-        (staging / "manifest.json").write_text(json.dumps(manifest, indent=1))
+        (staging / "manifest.json").write_text(manifest_text(manifest))
         if out.exists():
             shutil.rmtree(out)
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -279,7 +280,7 @@ def _variant_entries(bundle: Path, records: list[tuple[Variant, dict, dict]]) ->
     for v, info, hist in records:
         files = {}
         for kind, rel in (("cubin", f"cubin/{v.name}.cubin"), ("header", f"include/{v.name}.h"),
-                          ("object", f"obj/{v.name}.o")):
+                          ("object", f"obj/{v.name}.o.gz")):
             p = bundle / rel
             files[kind] = {"path": rel, "sha256": sha256_file(p), "bytes": p.stat().st_size}
         kernels = info["kernels"]

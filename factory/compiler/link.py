@@ -24,6 +24,8 @@ with its tuning.json compiled in.
 
 from __future__ import annotations
 
+import contextlib
+import gzip
 import hashlib
 import json
 import os
@@ -34,7 +36,7 @@ from pathlib import Path
 
 from ..runtime import tuning
 from ..runtime.errors import BundleError
-from ..runtime.manifest import load_manifest, sha256_file, variant_problems
+from ..runtime.manifest import load_manifest, manifest_text, sha256_file, variant_problems
 from . import selection, toolchain
 
 CSRC = Path(__file__).resolve().parent / "csrc"
@@ -181,8 +183,9 @@ def link_host_library(bundle: Path, entries: dict[str, dict], tuning_data: dict 
     # -ffp-contract=off: the cost model's arithmetic rounds as Python's does (no fused multiply-add)
     flags = ["-O2", "-fPIC", "-fvisibility=hidden", "-ffp-contract=off"]
     inc_flags = [*(f"-I{d}" for d in includes), f"-I{bundle / 'include'}", f"-I{src}"]
-    objs = [str(bundle / "obj" / f"{name}.o") for name in entries]
+    unpacked = contextlib.ExitStack()
     try:
+        objs = [str(o) for o in unpacked.enter_context(object_files(bundle, entries))]
         glue, select = (compile_object(src / f, flags, inc_flags, cache) for f in ("fx_glue.c", "fx_select.c"))
         cmd = [
             toolchain.cc(), *flags, "-shared", "-o", str(out), str(glue), str(select), *objs,
@@ -192,11 +195,45 @@ def link_host_library(bundle: Path, entries: dict[str, dict], tuning_data: dict 
         ]
         r = subprocess.run(cmd, capture_output=True, text=True)
     finally:
+        unpacked.close()
         if shim is not None:
             shutil.rmtree(shim, ignore_errors=True)
     if r.returncode != 0:
         raise RuntimeError(f"linking the host library failed:\n{' '.join(cmd)}\n{r.stderr}")
     return out
+
+
+def pack_object(obj: Path) -> Path:
+    """``obj`` (a variant's exported object) replaced by ``obj.gz``: gzip without a name or a
+    time stamp, so the same object always gives the same bytes (the manifest records their
+    sha256).  A bundle stores its objects packed: a third of the bytes."""
+    packed = obj.with_name(obj.name + ".gz")
+    packed.write_bytes(gzip.compress(obj.read_bytes(), compresslevel=9, mtime=0))
+    obj.unlink()
+    return packed
+
+
+@contextlib.contextmanager
+def object_files(bundle: Path, entries: dict[str, dict]):
+    """The variants' objects as files a linker reads, in ``entries``' order: each entry's
+    ``files.object.path`` (``obj/<name>.o`` where an entry names none); a packed one
+    (``.o.gz``) unpacked into a temporary directory that is removed on exit."""
+    tmp = None
+    paths = []
+    try:
+        for name, e in entries.items():
+            rel = (e.get("files") or {}).get("object", {}).get("path") or f"obj/{name}.o"
+            p = Path(bundle) / rel
+            if p.suffix == ".gz":
+                tmp = tmp or Path(tempfile.mkdtemp(prefix="fx-objects-"))
+                out = tmp / f"{name}.o"
+                out.write_bytes(gzip.decompress(p.read_bytes()))
+                p = out
+            paths.append(p)
+        yield paths
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def compile_object(source: Path, flags: list[str], includes: list[str], cache: Path | None = None) -> Path:
@@ -274,7 +311,7 @@ def relink(bundle: str | Path, cuda_major: int | None = None) -> dict:
     versions = m.setdefault("versions", {})
     versions["nvidia-cuda-runtime"] = toolchain.cuda12_runtime()[1] if major == 12 else toolchain.versions()[
         "nvidia-cuda-runtime"]
-    _write_atomic(bundle / "manifest.json", json.dumps(m, indent=1))
+    _write_atomic(bundle / "manifest.json", manifest_text(m))
     if data is not None:
         data["manifest_sha256"] = tuning.manifest_sha256(bundle)
         tuning.write(bundle, data)

@@ -30,6 +30,12 @@ MAX_ARGS = 16
 PROOFS = ("executed", "portability-build", "compiled", "sass-only")  # docs/proof.md
 FILE_KINDS = ("cubin", "header", "object")  # what the builder records per variant
 
+
+def manifest_text(m: dict) -> str:
+    """The manifest as the builder writes it: compact JSON (no indentation: a third of the bytes of
+    an indented one; ``python -m json.tool`` shows it indented)."""
+    return json.dumps(m, separators=(",", ":")) + "\n"
+
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _CTYPE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*( \*)?\Z")  # written into the host library's C glue
 _SHA256 = re.compile(r"[0-9a-f]{64}\Z")
