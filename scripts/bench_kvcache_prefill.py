@@ -16,7 +16,7 @@ each other (max |Δo|) before timing.  Writes ``OUT.json``.
 commit), timed in the same interleaved run under the label ``base:NAME``.  ``--shapes``: the shape
 sets (``d128``, the default; ``d256``: head_dim 256, 16 q heads over 8 kv heads; ``fp8``: head_dim
 128 with K/V rounded to e4m3 values, so that the e4m3-cache variants and the dense bf16 path see
-the same numbers; ``fp8tma``: the same over pages of 64-256 rows; ``ragged``: cached lengths on and
+the same numbers; ``fp8tma``: the same over pages of 64-256 rows, ``fp8small`` of 16 and 32; ``ragged``: cached lengths on and
 off the key tiles).  Each variant runs the shapes
 of its head_dim; variants with an e4m3 cache get the e4m3 copy of the pages and unit descales;
 variants with e4m3 q (fp8 WGMMAs) get q rounded to e4m3 and a unit q_descale.  ``--dense`` may also name an fp8 varlen forward (``attention_fp8``,
@@ -61,6 +61,9 @@ SHAPE_SETS = {
                (1, 2048, 32768, 32, 8, 128, 64), (4, 512, 4096, 32, 8, 128, 256),
                # cached lengths off the 128-key tiles (a partly filled last tile)
                (8, 128, 1000, 32, 8, 128, 64), (4, 512, 4000, 32, 8, 128, 64)],
+    # fp8 caches in pages of 16 and 32 rows (vLLM's default 16), lengths on and off the key tiles
+    "fp8small": [(8, 128, 1000, 32, 8, 128, 16), (4, 512, 4096, 32, 8, 128, 16), (4, 512, 4000, 32, 8, 128, 16),
+                 (2, 2048, 8192, 32, 8, 128, 16), (1, 2048, 32768, 32, 8, 128, 16), (4, 512, 4096, 32, 8, 128, 32)],
     # cached lengths on and off the 128-key tiles (off: the last key tile partly filled)
     "ragged": [(8, 128, 1024, 32, 8, 128, 16), (8, 128, 1000, 32, 8, 128, 16), (4, 512, 4096, 32, 8, 128, 16),
                (4, 512, 4000, 32, 8, 128, 16), (4, 512, 4000, 32, 8, 128, 64), (1, 2048, 32000, 32, 8, 128, 16)],

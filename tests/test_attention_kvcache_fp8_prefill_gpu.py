@@ -102,7 +102,7 @@ def run_case(bundle, e, lengths, sqs, hq, hkv, ps, *, seed=0, per_tensor_q=False
 
 
 @pytest.mark.parametrize("case", range(len(CASES)))
-@pytest.mark.parametrize("ps", (64, 128, 256))
+@pytest.mark.parametrize("ps", (16, 32, 64, 128, 256))
 def test_fp8_prefill(bundle, ps, case):
     lengths, sq, sqs, hq, hkv = CASES[case]
     ran = 0

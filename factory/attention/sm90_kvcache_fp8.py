@@ -3,8 +3,8 @@ e4m3 by the caller (per (sequence, kv head) ``q_descale``, FlashAttention-3's co
 fp8 cache), K/V pages read by TMA boxes, the fp8 forward's consumers (attention/sm90_fp8.py).
 
 * Producer warp 0 (attention/sm90.py ``produce_paged``): Q slabs by TMA, then per key tile
-  tile_n / page_box boxes of K and of V, each from the page the block table names; V boxes land
-  in (keys, D) staging slots.
+  tile_n / page_box boxes (64, 32 or 16 rows) of K and of V, each from the page the block table
+  names; V boxes land in (keys, D) staging slots.
 * Warps 1-3 of the producer warpgroup transpose each staged V tile into the K-major slot P·V
   reads (``FlashFwdSm90Fp8.transpose_tile``: keys of each 16-key group in the order a thread's own
   P registers hold them).
@@ -37,8 +37,9 @@ from .sm90 import _Bar, AttentionKvcacheSm90, default_config, default_schedule
 from .sm90_fp8 import AttentionFp8Sm90, FlashFwdSm90Fp8, transpose_register_split
 
 KV_FP8_HEAD_DIMS = (128,)
-# page boxes: 64 rows (pages of 64, 128 and 256 rows)
-KV_FP8_PAGE_BOXES = (64,)
+# page boxes: 64 rows (pages of 64, 128 and 256 rows), 32 and 16 rows (pages of 16 and 32: 4 and 8
+# boxes of 4 KB / 2 KB per K or V tile)
+KV_FP8_PAGE_BOXES = (64, 32, 16)
 
 
 def transposed_key(col):
@@ -146,15 +147,17 @@ def enumerate_attention_kvcache_fp8(target: Target, tier: str) -> list[Attention
     if target.name != "sm_90a" or tier != "full":
         return []
 
-    def make(varlen, causal=True, tile_n=None, stages=None):
+    def make(varlen, causal=True, tile_n=None, stages=None, page_box=64):
         tm, tn, s, ov, pp = default_config(128, True, cache=True)
         return AttentionKvcacheFp8Sm90(
             target=target.name, dtype="e4m3", kv_dtype="e4m3", head_dim=128, causal=causal, tile_m=tm,
-            tile_n=tile_n or tn, stages=stages or s, overlap=ov, pingpong=pp, varlen=varlen, page_box=64,
+            tile_n=tile_n or tn, stages=stages or s, overlap=ov, pingpong=pp, varlen=varlen, page_box=page_box,
             **default_schedule(128, True, varlen=True))
 
     out = [make(vl, c) for vl in (False, True) for c in (True, False)]
     out += [make(False, tile_n=192), make(False, stages=3)]
+    # pages of 16 and 32 rows (vLLM's default 16), causal, dense and packed q
+    out += [make(vl, page_box=pb) for pb in (32, 16) for vl in (False, True)]
     return [v for v in out if v.can_implement() is None]
 
 
