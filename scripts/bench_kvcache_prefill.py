@@ -13,14 +13,14 @@ each other (max |Δo|) before timing.  Writes ``OUT.json``.
       --kv NAME --dense NAME [NAME ...] [--base-bundle B3 --base NAME ...] [--out OUT]
 
 ``--base``: kvcache variants of a second bundle (e.g. the same variant built from an earlier
-commit), timed in the same interleaved run under the label ``base:NAME``.  ``--shapes``: the shape
-sets (``d128``, the default; ``d256``: head_dim 256, 16 q heads over 8 kv heads; ``fp8``: head_dim
-128 with K/V rounded to e4m3 values, so that the e4m3-cache variants and the dense bf16 path see
-the same numbers; ``fp8tma``: the same over pages of 64-256 rows, ``fp8small`` of 16 and 32; ``ragged``: cached lengths on and
-off the key tiles).  Each variant runs the shapes
-of its head_dim; variants with an e4m3 cache get the e4m3 copy of the pages and unit descales;
-variants with e4m3 q (fp8 WGMMAs) get q rounded to e4m3 and a unit q_descale.  ``--dense`` may also name an fp8 varlen forward (``attention_fp8``,
-V as K): it runs on the e4m3 copies, and the speedups stay against the fastest 16-bit dense build.
+commit), timed in the same interleaved run under the label ``base:NAME``.  ``--shapes``: the shape sets (``d128``, the default; ``d256``: head_dim 256, 16 q heads over 8 kv
+heads; ``fp8``: head_dim 128 with K/V rounded to e4m3 values, so that the e4m3-cache variants and
+the dense bf16 path see the same numbers; ``fp8tma``: the same over pages of 64-256 rows,
+``fp8small`` of 16 and 32; ``ragged``: cached lengths on and off the key tiles). Each variant runs
+the shapes of its head_dim; variants with an e4m3 cache get the e4m3 copy of the pages and unit
+descales; variants with e4m3 q (fp8 WGMMAs) get q rounded to e4m3 and a unit q_descale. ``--dense``
+may also name an fp8 varlen forward (``attention_fp8``, V as K): it runs on the e4m3 copies, and the
+speedups stay against the fastest 16-bit dense build.
 """
 
 from __future__ import annotations
