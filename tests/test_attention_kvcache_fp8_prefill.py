@@ -106,3 +106,72 @@ def test_compile_dense_q_causal(tmp_path):
     assert not any(op.startswith(("LDL", "STL")) for op in h), "local memory"
     assert h.get("UTMALDG.4D", 0) >= 3 and not any(op.startswith("LDGSTS") for op in h)
     assert r["params"] == ["module", *r["args"], "stream"]
+
+
+# --- the runtime: e4m3 q with q_descale through bundle.attention_kvcache (checks and choice) ------
+class _Stub:
+    """What kvcache.choose reads of a bundle: the candidates (the full tier's sm_90a kvcache builds)."""
+
+    def __init__(self):
+        from factory.registry import enumerate_variants
+
+        self.entries = [{"name": v.name, "op": v.op, "family": v.family, **v.describe()}
+                        for v in enumerate_variants(["sm_90a"], ["attention_kvcache"], tier="full")]
+
+    def candidates(self, op):
+        return [e for e in self.entries if e["op"] == op]
+
+    def device_name(self):
+        return "H100"
+
+    def describe_contents(self, op):
+        return f"{len(self.candidates(op))} variants"
+
+
+@pytest.fixture(scope="module")
+def stub():
+    return _Stub()
+
+
+def _args(page=64, q_dtype=None, kv_dtype=None, b=2, hq=8, hkv=2, sq=40, pages=6):
+    import torch
+
+    f8 = torch.float8_e4m3fn
+    q = torch.zeros(b, sq, hq, 128, dtype=q_dtype or f8)
+    kc = torch.zeros(b * pages, page, hkv, 128, dtype=kv_dtype or f8)
+    return q, kc, kc.clone(), torch.zeros(b, dtype=torch.int32), torch.zeros(b, pages, dtype=torch.int32)
+
+
+def test_runtime_fp8_q_checks_and_choice(stub):
+    import torch
+
+    from factory.runtime import kvcache
+    from factory.runtime.errors import InputError, NoVariantError
+
+    def run(*a, q_descale=None, out=None, cu=None, mq=None):
+        p, _ = kvcache.check(*a, True, None, (-1, -1), 0.0, None, None, None, out, cu, mq, data=False,
+                             q_descale=q_descale)
+        return p, kvcache.choose(stub, p)["name"]
+
+    for page, box in ((16, "pb16"), (32, "pb32"), (64, "pb64"), (256, "pb64")):
+        for qd in (None, torch.ones(1), torch.ones(2), torch.ones(2, 2)):
+            p, name = run(*_args(page), q_descale=qd)
+            assert p.dtype == "e4m3" and name.startswith("attention_kvcache_sm90a_e4m3_d128_m128_n128_s2_causal")
+            assert name.endswith(box), (page, name)
+    q, kc, vc, sl, bt = _args(64)
+    _, name = run(q.view(-1, 8, 128), kc, vc, sl, bt, cu=torch.tensor([0, 40, 80], dtype=torch.int32), mq=40)
+    assert "_varlen_" in name and name.endswith("pb64")
+    with pytest.raises(NoVariantError, match="page size"):
+        run(*_args(8))
+    with pytest.raises(InputError, match="needs a float8_e4m3fn cache"):
+        run(*_args(64, kv_dtype=torch.bfloat16))
+    with pytest.raises(InputError, match="q_descale applies"):
+        run(*_args(64, q_dtype=torch.bfloat16, kv_dtype=torch.bfloat16), q_descale=torch.ones(1))
+    for qd in (torch.ones(3), torch.ones(2, 2, dtype=torch.float16), torch.ones(1, 2, 2)):
+        with pytest.raises(InputError, match="q_descale must be"):
+            run(*_args(64), q_descale=qd)
+    with pytest.raises(InputError, match="bfloat16"):
+        run(*_args(64), out=torch.zeros(2, 40, 8, 128, dtype=torch.float16))
+    p = kvcache.plan(stub, batch=2, seqlen_q=40, heads_q=8, heads_kv=2, head_dim=128, max_pages=6, page_size=16,
+                     dtype=torch.float8_e4m3fn, kv_dtype=torch.float8_e4m3fn)
+    assert p.variant.endswith("pb16") and "_e4m3_" in p.variant

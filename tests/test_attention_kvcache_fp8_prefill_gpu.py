@@ -172,3 +172,54 @@ def test_fp8_prefill_graph_replay(bundle):
             check(o, lse, r_o, r_lse, f"{e['name']} graph replay L={lengths} PS={ps}")
         ran += 1
     assert ran
+
+
+def test_fp8_prefill_public_api(bundle):
+    """bundle.attention_kvcache with float8_e4m3fn q and q_descale over an e4m3 cache (per-tensor,
+    per-kv-head and per-(sequence, kv head) q_descale; dense and packed q; pages of 16 and 64): the
+    plan names the variant the call runs, o is bfloat16 and matches the reference; the torch op
+    gives the same o."""
+    from factory.testing import attention_kvcache_reference, dequantize_q
+
+    if not hasattr(bundle, "plan_kvcache"):
+        pytest.skip("this runtime has no plan_kvcache")
+    f8, hq, hkv, d = torch.float8_e4m3fn, 8, 2, 128
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    ran = 0
+    for varlen in sorted({e["varlen"] for e in _entries(bundle) if e["causal"]}):
+        for ps, qd_shape in ((16, (1,)), (64, (hkv,)), (64, (2, hkv))):
+            if not any(ps in e["page_sizes"] and e["varlen"] == varlen for e in _entries(bundle)):
+                continue
+            lengths, sqs = [700, 65], [200, 65]
+            kc, vc, table = make_cache(lengths, ps, hkv, d, "e4m3", True, gen)
+            seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+            q_descale = torch.rand(*qd_shape, device="cuda", generator=gen) + 0.5
+            kd, vd = torch.rand(hkv, device="cuda", generator=gen) + 0.5, torch.rand(1, device="cuda") + 0.5
+            sq = max(sqs)
+            q = (torch.randn(2, sq, hq, d, device="cuda", generator=gen) * 2).to(f8)
+            kw = dict(block_table=table, causal=True, q_descale=q_descale, k_descale=kd, v_descale=vd,
+                      return_lse=True)
+            plan = bundle.plan_kvcache(batch=2, seqlen_q=sq, heads_q=hq, heads_kv=hkv, head_dim=d,
+                                       max_pages=table.shape[1], page_size=ps, dtype=f8, kv_dtype=f8,
+                                       varlen_q=varlen)
+            if varlen:
+                qp = q.reshape(2 * sq, hq, d)
+                cu = torch.tensor([0, sq, 2 * sq], dtype=torch.int32, device="cuda")
+                o, lse = bundle.attention_kvcache(qp, kc, vc, seqlens, cu_seqlens_q=cu, max_seqlen_q=sq, **kw)
+                o = o.view(2, sq, hq, d)
+                lse = lse.view(hq, 2, sq).transpose(0, 1)
+            else:
+                o, lse = bundle.attention_kvcache(q, kc, vc, seqlens, plan=plan, **kw)
+                o2, _ = bundle.torch_ops().attention_kvcache(q, kc, vc, seqlens, table, True, None, -1, -1, 0.0,
+                                                             None, kd, vd, None, None, q_descale)
+                assert torch.equal(o, o2)
+            assert o.dtype == torch.bfloat16 and "_e4m3_" in plan.variant and ps in bundle.manifest[
+                "variants"][plan.variant]["page_sizes"]
+            torch.cuda.synchronize()
+            qd = q_descale.reshape(-1) if q_descale.dim() == 1 else q_descale
+            qd = qd.expand(hkv).expand(2, hkv) if qd.numel() == 1 else (qd.expand(2, hkv) if qd.dim() == 1 else qd)
+            r_o, r_lse = attention_kvcache_reference(dequantize_q(q, qd), kc, vc, seqlens, table, causal=True,
+                                                     k_descale=kd, v_descale=vd)
+            check(o, lse, r_o, r_lse, f"public api varlen={varlen} PS={ps} q_descale {qd_shape}")
+            ran += 1
+    assert ran

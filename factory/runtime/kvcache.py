@@ -35,6 +35,8 @@ from .errors import InputError, NoVariantError
 
 OP = "attention_kvcache"
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16"}
+# q of e4m3 (with q_descale, over an e4m3 cache): fp8 attention, bfloat16 o
+_Q_DTYPES = {**_DTYPES, torch.float8_e4m3fn: "e4m3"}
 _KV_DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float8_e4m3fn: "e4m3"}
 HEAD_DIMS = (64, 128, 256)
 PAGE_SIZES = (1, 8, 16, 32, 64, 128, 256)  # (= contract.PAGE_SIZES; the runtime imports no factory code)
@@ -188,7 +190,7 @@ def plan(bundle, *, batch: int, seqlen_q: int, heads_q: int, heads_kv: int, head
         max_seqlen_k = max_pages * page_size
     elif not isinstance(max_seqlen_k, int) or max_seqlen_k < 0:
         raise InputError("plan: a dense cache needs max_seqlen_k (its second dimension)")
-    p = _problem(batch, seqlen_q, heads_q, heads_kv, head_dim, max_seqlen_k, _dtype_name(dtype, _DTYPES, "dtype"),
+    p = _problem(batch, seqlen_q, heads_q, heads_kv, head_dim, max_seqlen_k, _dtype_name(dtype, _Q_DTYPES, "dtype"),
                  _dtype_name(kv_dtype or dtype, _KV_DTYPES, "kv_dtype"), page_size, causal,
                  _window(window_size, causal), _softcap(softcap) > 0.0, bool(sinks), varlen_q)
     e = choose(bundle, p)
@@ -204,6 +206,8 @@ def _dtype_name(dt, table, what) -> str:
 
 
 def _problem(b, sq, hq, hkv, d, sk, dtype, kv_dtype, page_size, causal, window, softcap_on, sinks_on, varlen_q):
+    if dtype == "e4m3" and kv_dtype != "e4m3":
+        raise InputError(f"float8_e4m3fn q (fp8 attention) needs a float8_e4m3fn cache, got {kv_dtype}")
     if d not in HEAD_DIMS:
         raise InputError(f"head_dim {d} not supported (one of {HEAD_DIMS})")
     if hkv == 0 or hq % hkv:
@@ -223,6 +227,9 @@ def choose(bundle, p: Problem) -> dict:
         cache = {}
     key = (OP, p)
     e = cache.get(key)
+    if e is None and p.dtype == "e4m3":
+        e = _fp8_q(bundle, p)
+        cache[key] = e
     if e is None:
         try:
             e = bundle.manifest["variants"][bundle.selector.select(OP, kvcache_problem(p)).name.decode()]
@@ -233,6 +240,17 @@ def choose(bundle, p: Problem) -> dict:
             cache.clear()
         cache[key] = e
     return e
+
+
+def _fp8_q(bundle, p: Problem) -> dict:
+    """e4m3 q (the C problem has no q_descale, so no C selection): among the variants that admit
+    ``p`` (the sm90 family's fp8-WGMMA builds), the one taking the fewest page sizes (the largest
+    page boxes), then the preferred tile, then the name."""
+    cands = [e for e in bundle.candidates(OP) if _admits(e, p)]
+    if not cands:
+        raise NoVariantError(f"{_missing(bundle.candidates(OP), p)} (on {bundle.device_name()}; "
+                             f"{bundle.describe_contents(OP)}{_blackwell_note(bundle)})")
+    return min(cands, key=lambda e: (len(e.get("page_sizes") or ()), not e.get("preferred"), e["name"]))
 
 
 def _blackwell_note(bundle) -> str:
@@ -307,7 +325,8 @@ def _small(t, name: str, dtype, shape: tuple, dev) -> None:
 
 
 def check(q, k_cache, v_cache, cache_seqlens, block_table, causal, softmax_scale, window_size, softcap, sinks,
-          k_descale, v_descale, out, cu_seqlens_q, max_seqlen_q, *, data: bool = True) -> tuple[Problem, float]:
+          k_descale, v_descale, out, cu_seqlens_q, max_seqlen_q, *, data: bool = True,
+          q_descale=None) -> tuple[Problem, float]:
     """Every check that needs no device data, in the order docs/errors.md lists them; returns the
     problem and the softmax scale.  ``data=False`` (fake tensors, torch.compile): no pointer read."""
     validate.tensors(q=q, k_cache=k_cache, v_cache=v_cache, cache_seqlens=cache_seqlens)
@@ -321,10 +340,13 @@ def check(q, k_cache, v_cache, cache_seqlens, block_table, causal, softmax_scale
         if t.dim() != 4:
             raise InputError(f"{name} must be (num_pages, page_size, kv_heads, head_dim) or (batch, max_seqlen, "
                              f"kv_heads, head_dim), got shape {tuple(t.shape)}")
-    if q.dtype not in _DTYPES:
-        raise InputError(f"q dtype {q.dtype} not supported (bfloat16, float16)")
+    if q.dtype not in _Q_DTYPES:
+        raise InputError(f"q dtype {q.dtype} not supported (bfloat16, float16; float8_e4m3fn with an e4m3 cache)")
     if k_cache.dtype != v_cache.dtype:
         raise InputError(f"k_cache and v_cache dtypes differ: {k_cache.dtype}, {v_cache.dtype}")
+    q8 = q.dtype == torch.float8_e4m3fn
+    if q8 and k_cache.dtype != torch.float8_e4m3fn:
+        raise InputError(f"float8_e4m3fn q (fp8 attention) needs a float8_e4m3fn cache, got {k_cache.dtype}")
     if k_cache.dtype not in (q.dtype, torch.float8_e4m3fn):
         raise InputError(f"k_cache/v_cache dtype {k_cache.dtype} must be q's ({q.dtype}) or float8_e4m3fn")
     if k_cache.shape != v_cache.shape:
@@ -392,15 +414,24 @@ def check(q, k_cache, v_cache, cache_seqlens, block_table, causal, softmax_scale
         if not isinstance(t, Tensor) or t.dtype != torch.float32 or t.device != dev or t.numel() not in (1, hkv):
             raise InputError(f"{name} must be a float32 tensor on {dev} of 1 (per tensor) or {hkv} (per kv head) "
                              f"elements")
+    if q_descale is not None:
+        if not q8:
+            raise InputError(f"q_descale applies to float8_e4m3fn q only (q is {q.dtype})")
+        if not isinstance(q_descale, Tensor) or q_descale.dtype != torch.float32 or q_descale.device != dev \
+                or not (q_descale.numel() == 1 or tuple(q_descale.shape) in ((hkv,), (b, hkv))):
+            raise InputError(f"q_descale must be a float32 tensor on {dev} of 1 element (per tensor), ({hkv},) "
+                             f"(per kv head) or ({b}, {hkv}) (per sequence and kv head)")
+    o_dtype = torch.bfloat16 if q8 else q.dtype
     if out is not None:
-        if not isinstance(out, Tensor) or out.shape != q.shape or out.dtype != q.dtype or out.device != dev:
-            raise InputError(f"out must be a tensor of q's shape {tuple(q.shape)}, dtype and device")
+        if not isinstance(out, Tensor) or out.shape != q.shape or out.dtype != o_dtype or out.device != dev:
+            raise InputError(f"out must be a tensor of q's shape {tuple(q.shape)} and device, dtype "
+                             f"{str(o_dtype).removeprefix('torch.')}")
         _strides(out, "out", data)
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         _strides(t, name, data)
     if b > _GRID_YZ_MAX:
         raise InputError(f"batch ({b}) must be <= {_GRID_YZ_MAX}")
-    p = _problem(b, sq, hq, hkv, d, max_k, _DTYPES[q.dtype], _KV_DTYPES[k_cache.dtype], page_size, causal, window,
+    p = _problem(b, sq, hq, hkv, d, max_k, _Q_DTYPES[q.dtype], _KV_DTYPES[k_cache.dtype], page_size, causal, window,
                  cap > 0.0, sinks is not None, varlen_q)
     return p, scale
 
@@ -449,7 +480,7 @@ def _dummy(kind: str, dev, n: int) -> Tensor:
 def attention_kvcache(bundle, q, k_cache, v_cache, cache_seqlens, block_table=None, causal=True,
                       softmax_scale=None, window_size=(-1, -1), softcap=0.0, sinks=None, k_descale=None,
                       v_descale=None, return_lse=False, out=None, cu_seqlens_q=None, max_seqlen_q=None,
-                      plan=None, check_varlen=None, variant=None):
+                      plan=None, check_varlen=None, variant=None, q_descale=None):
     """softmax(q·Kᵀ·scale [masked]) · V over each sequence's first ``cache_seqlens[b]`` cached
     keys (see :func:`check` and docs/errors.md for every argument's contract).  Returns o (q's
     shape, or ``out``), or (o, lse) with ``return_lse`` (lse float32 (B, Hq, Sq), the sink
@@ -462,9 +493,15 @@ def attention_kvcache(bundle, q, k_cache, v_cache, cache_seqlens, block_table=No
     it only checks what can differ between such calls (tensor types, autograd, the current device,
     the pointers' alignment), allocates o (unless ``out``) and lse (and a workspace-split
     variant's workspace), and launches.  Neither path reads ``cache_seqlens`` or ``block_table``
-    on the host (unless ``check_varlen``)."""
-    key = _hot_key(q, k_cache, v_cache, cache_seqlens, block_table, causal, softmax_scale, window_size, softcap,
-                   sinks, k_descale, v_descale, out, cu_seqlens_q, plan, check_varlen, variant)
+    on the host (unless ``check_varlen``).
+
+    fp8 attention: q of float8_e4m3fn over an e4m3 cache with ``q_descale`` (1, (Hkv,) or (B, Hkv)
+    float32; FlashAttention-3's convention), o bfloat16; checked in full on every call (no hot
+    path yet)."""
+    fp8_q = isinstance(q, Tensor) and q.dtype == torch.float8_e4m3fn
+    key = None if fp8_q or q_descale is not None else _hot_key(
+        q, k_cache, v_cache, cache_seqlens, block_table, causal, softmax_scale, window_size, softcap, sinks,
+        k_descale, v_descale, out, cu_seqlens_q, plan, check_varlen, variant)
     if key is not None:
         try:
             fire = _hot(bundle).get(key)
@@ -477,7 +514,7 @@ def attention_kvcache(bundle, q, k_cache, v_cache, cache_seqlens, block_table=No
                 return res if return_lse else res[0]
             key = None  # a misaligned pointer: the checked path below names it
     p, scale = check(q, k_cache, v_cache, cache_seqlens, block_table, causal, softmax_scale, window_size, softcap,
-                     sinks, k_descale, v_descale, out, cu_seqlens_q, max_seqlen_q)
+                     sinks, k_descale, v_descale, out, cu_seqlens_q, max_seqlen_q, q_descale=q_descale)
     dev = validate.one_device(bundle, q=q, k_cache=k_cache, v_cache=v_cache)
     validate.no_grad("attention_kvcache", q=q, k_cache=k_cache, v_cache=v_cache, sinks=sinks)
     if validate.check_varlen_default() if check_varlen is None else check_varlen:
@@ -499,7 +536,10 @@ def attention_kvcache(bundle, q, k_cache, v_cache, cache_seqlens, block_table=No
     else:
         name = choose(bundle, p)["name"]
     splits = int(bundle.manifest["variants"][name].get("splits", 1))
-    o = torch.empty_like(q) if out is None else out
+    if out is not None:
+        o = out
+    else:
+        o = torch.empty_like(q, dtype=torch.bfloat16) if fp8_q else torch.empty_like(q)
     lse = torch.empty((p.batch, p.heads_q, p.seqlen_q) if not p.varlen_q else (p.heads_q, q.shape[0]),
                       dtype=torch.float32, device=q.device)
     if q.numel() == 0:
@@ -518,6 +558,13 @@ def attention_kvcache(bundle, q, k_cache, v_cache, cache_seqlens, block_table=No
         args[5:5] = split_workspace(torch, q, splits)
     if p.varlen_q:
         args.append(cu_seqlens_q)
+    if fp8_q:  # q_descale as (B, Hkv): a per-tensor or per-kv-head factor as a zero-stride view
+        qd = q_descale if q_descale is not None else _dummy("descale", q.device, p.heads_kv)[0]
+        if qd.numel() == 1:
+            qd = qd.reshape(1, 1).expand(p.batch, p.heads_kv)
+        elif qd.dim() == 1:
+            qd = qd.reshape(1, p.heads_kv).expand(p.batch, p.heads_kv)
+        args.append(qd)
     args += [sk, desc, scale, float(softcap), wl if wl >= 0 else -1, wr if wr >= 0 else -1]
     if p.varlen_q:
         args.append(max_seqlen_q)
