@@ -558,6 +558,7 @@ def attention_kvcache(bundle, q, k_cache, v_cache, cache_seqlens, block_table=No
         args[5:5] = split_workspace(torch, q, splits)
     if p.varlen_q:
         args.append(cu_seqlens_q)
+    args.append(sk)
     if fp8_q:  # q_descale as (B, Hkv): a per-tensor or per-kv-head factor as a zero-stride view
         qd = q_descale if q_descale is not None else _dummy("descale", q.device, p.heads_kv)[0]
         if qd.numel() == 1:
@@ -565,7 +566,7 @@ def attention_kvcache(bundle, q, k_cache, v_cache, cache_seqlens, block_table=No
         elif qd.dim() == 1:
             qd = qd.reshape(1, p.heads_kv).expand(p.batch, p.heads_kv)
         args.append(qd)
-    args += [sk, desc, scale, float(softcap), wl if wl >= 0 else -1, wr if wr >= 0 else -1]
+    args += [desc, scale, float(softcap), wl if wl >= 0 else -1, wr if wr >= 0 else -1]
     if p.varlen_q:
         args.append(max_seqlen_q)
     bundle.launch(name, args, device=dev)
