@@ -1,5 +1,5 @@
 """Chunked prefill over a paged e4m3 cache with fp8 WGMMAs (factory/attention/sm90_kvcache_fp8.py),
-without a GPU: enumeration ("full" tier, sm_90a only), the signature (the kvcache contract with e4m3
+without a GPU: enumeration (default and full tiers, sm_90a only), the signature (the kvcache contract with e4m3
 q, bf16 o and q_descale), manifest fields, refusals, the transposed V slot's key order replayed
 against fp8_order, and one compile (in a subprocess) checked in the SASS: QGMMA, K/V page boxes
 by 4D TMA, the transposing warps' ldmatrix.trans/stmatrix, no local memory."""
@@ -39,7 +39,10 @@ def test_enumeration_and_refusals():
     assert {(v.varlen, v.page_box) for v in full if v.page_box < 64} == {(vl, pb) for vl in (False, True)
                                                                          for pb in (16, 32)}
     assert len({v.name for v in full}) == len(full)
-    assert not _variants("sm_90a", "test") and not _variants("sm_90a", "default") and not _variants("sm_90", "full")
+    assert not _variants("sm_90a", "test") and not _variants("sm_90", "full")
+    default = _variants("sm_90a", "default")
+    assert {(v.varlen, v.page_box) for v in default} == {(False, 16), (True, 16), (True, 64)}
+    assert all(v.causal for v in default) and {v.name for v in default} <= {v.name for v in full}
     v = full[0]
     assert v.smem_bytes() <= 227 * 1024
     for change, why in (({"page_box": 128}, "page_box"), ({"page_box": 0}, "page_box"), ({"kv_dtype": "bf16"}, "e4m3"),
