@@ -177,8 +177,8 @@ def test_fp8_prefill_graph_replay(bundle):
 def test_fp8_prefill_public_api(bundle):
     """bundle.attention_kvcache with float8_e4m3fn q and q_descale over an e4m3 cache (per-tensor,
     per-kv-head and per-(sequence, kv head) q_descale; dense and packed q; pages of 16 and 64): the
-    plan names the variant the call runs, o is bfloat16 and matches the reference; the torch op
-    gives the same o."""
+    plan names the variant the call runs, o is bfloat16 and matches the reference; the torch op and a
+    second call (the hot path) give the same o."""
     from factory.testing import attention_kvcache_reference, dequantize_q
 
     if not hasattr(bundle, "plan_kvcache"):
@@ -212,7 +212,8 @@ def test_fp8_prefill_public_api(bundle):
                 o, lse = bundle.attention_kvcache(q, kc, vc, seqlens, plan=plan, **kw)
                 o2, _ = bundle.torch_ops().attention_kvcache(q, kc, vc, seqlens, table, True, None, -1, -1, 0.0,
                                                              None, kd, vd, None, None, q_descale)
-                assert torch.equal(o, o2)
+                o3, lse3 = bundle.attention_kvcache(q, kc, vc, seqlens, plan=plan, **kw)  # the hot path
+                assert torch.equal(o, o2) and torch.equal(o, o3) and torch.equal(lse, lse3)
             assert o.dtype == torch.bfloat16 and "_e4m3_" in plan.variant and ps in bundle.manifest[
                 "variants"][plan.variant]["page_sizes"]
             torch.cuda.synchronize()

@@ -496,12 +496,10 @@ def attention_kvcache(bundle, q, k_cache, v_cache, cache_seqlens, block_table=No
     on the host (unless ``check_varlen``).
 
     fp8 attention: q of float8_e4m3fn over an e4m3 cache with ``q_descale`` (1, (Hkv,) or (B, Hkv)
-    float32; FlashAttention-3's convention), o bfloat16; checked in full on every call (no hot
-    path yet)."""
+    float32; FlashAttention-3's convention), o bfloat16."""
     fp8_q = isinstance(q, Tensor) and q.dtype == torch.float8_e4m3fn
-    key = None if fp8_q or q_descale is not None else _hot_key(
-        q, k_cache, v_cache, cache_seqlens, block_table, causal, softmax_scale, window_size, softcap, sinks,
-        k_descale, v_descale, out, cu_seqlens_q, plan, check_varlen, variant)
+    key = _hot_key(q, k_cache, v_cache, cache_seqlens, block_table, causal, softmax_scale, window_size, softcap,
+                   sinks, k_descale, v_descale, out, cu_seqlens_q, plan, check_varlen, variant, q_descale)
     if key is not None:
         try:
             fire = _hot(bundle).get(key)
@@ -509,7 +507,7 @@ def attention_kvcache(bundle, q, k_cache, v_cache, cache_seqlens, block_table=No
             key = fire = None
         if fire is not None and not ((q.requires_grad or k_cache.requires_grad or v_cache.requires_grad
                                       or (sinks is not None and sinks.requires_grad)) and torch.is_grad_enabled()):
-            res = fire(q, k_cache, v_cache, cache_seqlens, block_table, sinks, k_descale, v_descale, out)
+            res = fire(q, k_cache, v_cache, cache_seqlens, block_table, sinks, k_descale, v_descale, out, q_descale)
             if res is not None:
                 return res if return_lse else res[0]
             key = None  # a misaligned pointer: the checked path below names it
@@ -571,7 +569,8 @@ def attention_kvcache(bundle, q, k_cache, v_cache, cache_seqlens, block_table=No
         args.append(max_seqlen_q)
     bundle.launch(name, args, device=dev)
     if key is not None and not p.varlen_q:
-        fire = _hot_launch(bundle, name, splits, args, out is not None, k_descale, v_descale, p.heads_kv, dev)
+        fire = _hot_launch(bundle, name, splits, args, out is not None, k_descale, v_descale, p.heads_kv, dev,
+                           fp8_q)
         if fire is not None:
             cache = _hot(bundle)
             if len(cache) >= 4096:
@@ -590,7 +589,7 @@ _PLAIN = (bool, int, float, type(None))
 
 
 def _hot_key(q, k_cache, v_cache, cache_seqlens, block_table, causal, softmax_scale, window_size, softcap, sinks,
-             k_descale, v_descale, out, cu_seqlens_q, plan, check_varlen, variant):
+             k_descale, v_descale, out, cu_seqlens_q, plan, check_varlen, variant, q_descale=None):
     """The hot path's problem key, or None where the call must take the checked path: packed
     varlen q, a variant by name, host-side content checks, options that are not plain numbers,
     arguments that are not tensors."""
@@ -602,7 +601,8 @@ def _hot_key(q, k_cache, v_cache, cache_seqlens, block_table, causal, softmax_sc
         return None
     try:
         return (_meta(q), _meta(k_cache), _meta(v_cache), _meta(cache_seqlens), _meta(block_table), _meta(sinks),
-                _meta(k_descale), _meta(v_descale), _meta(out), causal, softmax_scale, window_size, softcap, plan)
+                _meta(k_descale), _meta(v_descale), _meta(out), causal, softmax_scale, window_size, softcap, plan,
+                _meta(q_descale))
     except AttributeError:  # not tensors: the checked path says which
         return None
 
@@ -618,8 +618,9 @@ def _hot(bundle) -> dict:
 
 
 def _hot_launch(bundle, name: str, splits: int, args: list, has_out: bool, k_descale, v_descale, hkv: int,
-                dev: int):
-    """``fire(q, k_cache, v_cache, cache_seqlens, block_table, sinks, k_descale, v_descale, out)``
+                dev: int, fp8_q: bool = False):
+    """``fire(q, k_cache, v_cache, cache_seqlens, block_table, sinks, k_descale, v_descale, out,
+    q_descale)``
     for the problem just launched (and so checked) with ``args``: the sizes, strides and scalars
     are fixed (:meth:`BundleCore.fixed`); a call writes the data pointers, allocates o (unless
     ``out``), lse (and a workspace split's workspace), and launches.  Returns (o, lse), or None
@@ -635,26 +636,31 @@ def _hot_launch(bundle, name: str, splits: int, args: list, has_out: bool, k_des
     cur, raw = bundle.device_api()
     q, o, lse = args[0], args[3], args[4]
     at = 7 if splits > 1 else 5
-    bt_arg, sk_arg, desc_arg = args[at], args[at + 2], args[at + 3]
+    bt_arg, sk_arg, desc_arg = args[at], args[at + 2], args[at + 3 + fp8_q]
+    # e4m3 q: its q_descale (B, Hkv) view between the sinks and the cache descales, o bfloat16
+    qd_arg = args[at + 3] if fp8_q else None
+    o_dtype = torch.bfloat16 if fp8_q else q.dtype
     empty_like = torch.empty_like
     one = torch.empty(1, dtype=torch.float32, device=q.device)
     lproto = one.expand(lse.shape)  # empty_like of a zero-stride view: a new compact tensor
-    if empty_like(lproto).stride() != lse.stride() or (not has_out and empty_like(q).stride() != o.stride()):
+    if empty_like(lproto).stride() != lse.stride() or (not has_out and empty_like(q, dtype=o_dtype).stride()
+                                                       != o.stride()):
         raise AssertionError(f"{name}: empty_like does not reproduce the checked output layouts")
     # Arguments the caller left out: the dummies this launch used (fixed pointers).
     bt_dummy = bt_arg.data_ptr()  # (read only where the key's block_table is None: then the dummy)
     sk_dummy = sk_arg.data_ptr()
     desc_fixed = desc_arg.data_ptr() if k_descale is None and v_descale is None else None
     unit = _dummy("descale", q.device, hkv)[0]
-    keep = (bt_arg, sk_arg, desc_arg, unit)  # (alive as long as this closure)
+    qd_dummy = qd_arg.data_ptr() if fp8_q else None  # (read only where the key's q_descale is None)
+    keep = (bt_arg, sk_arg, desc_arg, unit, qd_arg)  # (alive as long as this closure)
     wproto = lse_at = None
     if splits > 1:
         ws = args[5]
         n = ws.numel()
         wproto, lse_at = one.expand(n + args[6].numel()), n * 4  # split_workspace's one allocation
 
-    def fire(q, k_cache, v_cache, cache_seqlens, block_table, sinks, k_descale, v_descale, out):
-        o = empty_like(q) if out is None else out
+    def fire(q, k_cache, v_cache, cache_seqlens, block_table, sinks, k_descale, v_descale, out, q_descale=None):
+        o = empty_like(q, dtype=o_dtype) if out is None else out
         lse = empty_like(lproto)
         here = cur()
         if here != dev:
@@ -666,7 +672,11 @@ def _hot_launch(bundle, name: str, splits: int, args: list, has_out: bool, k_des
         else:  # (fp8 caches with descales: one small tensor per call, as on the checked path)
             d = torch.stack([(t.reshape(-1) if t is not None else unit).expand(hkv) for t in (k_descale, v_descale)])
             desc = d.data_ptr()
-        if wproto is None:
+        if fp8_q:  # (no split builds take e4m3 q)
+            qd = qd_dummy if q_descale is None else q_descale.data_ptr()
+            err = go(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), o.data_ptr(), lse.data_ptr(), bt,
+                     cache_seqlens.data_ptr(), sk, qd, desc, raw(here))
+        elif wproto is None:
             err = go(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), o.data_ptr(), lse.data_ptr(), bt,
                      cache_seqlens.data_ptr(), sk, desc, raw(here))
         else:
