@@ -54,6 +54,7 @@ D256_SHAPES = [
     (4, 16, 16, 1024, 1024, 256, True),
     (4, 32, 8, 2048, 2048, 256, True),  # GQA 4
     (1, 8, 8, 512, 512, 256, False),
+    (1, 8, 8, 2048, 2048, 256, False),  # 128 query tiles: one wave, one tile per CTA
     (8, 16, 16, 2048, 2048, 256, True, "varlen"),  # 8 packed sequences of 2048
 ]
 

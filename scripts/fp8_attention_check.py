@@ -247,6 +247,53 @@ def launch_only(bundle, names, b=1, s=8192, h=16, d=128):
     torch.cuda.synchronize()
 
 
+def interleaved(bundle, pattern, sustained, b=1, h=16, s=16384, d=128):
+    """fp8 variants by name (non-causal, head_dim d) and cuDNN's bf16 kernel on the same values:
+    µs per call and TFLOP/s, interleaved bursts (time_interleaved) and back-to-back replays at the
+    board's power limit (bench_attention.time_sustained, with SM MHz and W)."""
+    import re
+
+    from bench_attention import time_sustained
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from factory.benchmark import time_interleaved
+
+    q = torch.randn(b, s, h, d, device="cuda")
+    k, v = torch.randn_like(q), torch.randn_like(q)
+    q8, k8, v8 = q.to(F8), k.to(F8), v.to(F8)
+    vt8 = v8.permute(0, 2, 3, 1).contiguous()
+    ones = torch.ones(b, h, device="cuda")
+    calls = {}
+    for n in sorted(bundle.manifest["variants"]):
+        if not (n.startswith("attention_fp8") and f"_d{d}_" in n and "_causal_" not in n
+                and "_varlen_" not in n and re.search(pattern, n)):
+            continue
+        o = torch.full((b, s, h, d), float("nan"), device="cuda", dtype=torch.bfloat16)
+        args = [q8, k8, v8 if "_vbshd" in n else vt8, o, torch.empty(b, h, s, device="cuda"), ones, ones, ones,
+                1 / math.sqrt(d)]
+        bundle.launch(n, args)
+        torch.cuda.synchronize()
+        if torch.isnan(o).any().item():
+            raise SystemExit(f"{n}: NaN in the output")
+        calls[n] = lambda _i, n=n, args=args: bundle.launch(n, args)
+    qt, kt, vt = (t.bfloat16().transpose(1, 2) for t in (q, k, v))
+
+    def cudnn(_i):
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return torch.nn.functional.scaled_dot_product_attention(qt, kt, vt)
+
+    calls["torch sdpa cudnn bf16"] = cudnn
+    flops = 4 * b * h * s * s * d
+    burst = {n: t * 1e6 for n, t in time_interleaved(calls, 1, rounds=6, budget_s=0.1, max_reps=3).items()}
+    us, mhz, watts = time_sustained(calls, sustained, 2)
+    rows = [{"kernel": n, "burst_us": burst[n], "burst_tflops": flops / burst[n] / 1e6, "sustained_us": us[n],
+             "sustained_tflops": flops / us[n] / 1e6, "sm_mhz": mhz[n], "board_w": watts[n]} for n in calls]
+    for r in rows:
+        print(f"{r['kernel']:64s} burst {r['burst_tflops']:6.1f} TF/s  sustained {r['sustained_tflops']:6.1f} TF/s "
+              f"{r['sm_mhz']} MHz {r['board_w']} W", flush=True)
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("bundle")
@@ -257,6 +304,11 @@ def main():
     ap.add_argument("--accuracy-by-name", type=int, nargs="+", metavar="HEAD_DIM",
                     help="only the error figures of every dense fp8 variant of these head_dims, by name "
                          "(B1 H16 S2048, N(0,1) without and with FA3's outliers, per-head descales)")
+    ap.add_argument("--interleaved", metavar="REGEX",
+                    help="only time the head_dim 128 non-causal fp8 variants whose names match REGEX by name "
+                         "beside cuDNN's bf16 kernel at B1 H16 S16384: interleaved bursts, then each "
+                         "callable replayed back to back for --sustained seconds per round (SM clock, power)")
+    ap.add_argument("--sustained", type=float, default=1.0, metavar="S")
     ap.add_argument("--bench-only", type=int, nargs="+", metavar="HEAD_DIM",
                     help="only the TFLOP/s table of these head_dims (B1 H16 S16384; 128: causal too)")
     a = ap.parse_args()
@@ -278,6 +330,12 @@ def main():
                 rows.append(r)
         if a.out:
             Path(a.out).write_text(json.dumps({"device": torch.cuda.get_device_name(), "accuracy": rows}, indent=1))
+        return
+    if a.interleaved:
+        rows = interleaved(bundle, a.interleaved, a.sustained)
+        print(json.dumps(rows), flush=True)
+        if a.out:
+            Path(a.out).write_text(json.dumps({"device": torch.cuda.get_device_name(), "interleaved": rows}, indent=1))
         return
     if a.bench_only:
         rows = [r for d in a.bench_only for r in bench(bundle, d=d, causals=(False, True) if d == 128 else (False,))]

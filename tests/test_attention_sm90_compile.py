@@ -89,11 +89,11 @@ def test_test_tier_sass(tmp_path):
 @needs_dsl
 def test_head_dim_256_sass(tmp_path):
     """The D256 defaults (128 x 80, causal 128 x 64; overlap + ping-pong, persistent with O through
-    Q's slabs): P·V as m64n256k16 with A from registers (tile_n/16 k-steps), S = Q·Kᵀ as
+    Q's slabs, the lazy rescale): P·V as m64n256k16 with A from registers (tile_n/16 k-steps), S = Q·Kᵀ as
     m64n<tile_n>k16 from smem (256/16 k-steps), setmaxnreg 24 / 240, no spills although O alone
     holds 128 of the consumer's 240 registers."""
-    names = ["attention_sm90a_bf16_d256_m128_n80_s2_ov_pp_ps_kf",
-             "attention_sm90a_bf16_d256_m128_n64_s2_causal_ov_pp_ps_kf"]
+    names = ["attention_sm90a_bf16_d256_m128_n80_s2_ov_pp_ps_kf_lz",
+             "attention_sm90a_bf16_d256_m128_n64_s2_causal_ov_pp_ps_kf_lz"]
     report = _compile_report(tmp_path, "default", *names)
     assert sorted(report) == sorted(names)
     _check_report(report)
@@ -174,10 +174,10 @@ def test_enumeration_and_names():
     assert all(v.persistent and v.o_in_q == (v.head_dim == 256) for v in big + varlen)
     assert not any(v.persistent for v in small)
     assert all(v.describe()["tile_scheduler"]["max_ctas"] == sm90.PERSISTENT_CTAS for v in big + varlen)
-    # the lazy rescale: the dense head_dim 128 tiles only
-    assert {(v.dtype, v.causal) for v in default + varlen if v.lazy_rescale} == {
-        (dt, c) for dt in ("bf16", "f16") for c in (False, True)}
-    assert all(v.head_dim == 128 and v.tile_m == 128 and not v.varlen for v in default if v.lazy_rescale)
+    # the lazy rescale: the dense head_dim 128 and 256 tiles only
+    assert {(v.dtype, v.head_dim, v.causal) for v in default + varlen if v.lazy_rescale} == {
+        (dt, d, c) for dt in ("bf16", "f16") for d in (128, 256) for c in (False, True)}
+    assert all(v.tile_m == 128 and not v.varlen for v in default if v.lazy_rescale)
     assert "lazy_rescale needs overlap" in sm90.AttentionSm90(
         target="sm_90a", head_dim=128, lazy_rescale=True).can_implement()
     assert all(("o_smem" in v.describe()["tile_scheduler"]) == v.o_in_q for v in big + varlen)
@@ -190,6 +190,26 @@ def test_enumeration_and_names():
     assert three["registers_per_role"] == {"producer": 32, "consumer": 160} and three["threads"] == 512
     for t in ("sm_80", "sm_86", "sm_89", "sm_90", "sm_100a"):
         assert sm90.enumerate_attention(get_target(t), "default") == []
+
+
+@needs_dsl
+def test_const_wg_is_an_ablation():
+    """The per-warpgroup copy of the consumer code: full tier, dense head_dim 256 non-causal only,
+    never preferred, refused without persistence and by the subclasses' own kernels."""
+    sm90 = _family()
+    from factory.atoms.targets import get_target
+
+    full = sm90.enumerate_attention(get_target("sm_90a"), "full")
+    cw = [v for v in full if v.const_wg]
+    assert {(v.dtype, v.head_dim, v.causal, v.varlen) for v in cw} == {("bf16", 256, False, False),
+                                                                      ("f16", 256, False, False)}
+    assert all(v.name.endswith("_lz_cw") and not v.describe()["preferred"] for v in cw)
+    assert not any(v.const_wg for v in sm90.enumerate_attention(get_target("sm_90a"), "default"))
+    assert "const_wg needs persistent" in dataclasses.replace(cw[0], persistent=False).can_implement()
+    from factory.attention.sm90_fp8 import AttentionFp8Sm90
+
+    assert "own kernels only" in AttentionFp8Sm90(target="sm_90a", head_dim=128, overlap=True, pingpong=True,
+                                      persistent=True, const_wg=True).can_implement()
 
 
 @needs_dsl

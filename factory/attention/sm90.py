@@ -138,6 +138,11 @@ class AttentionSm90(AttentionVariant):
     # passes it by more than LAZY_RESCALE_LOG2 (P <= 2^8: the same relative precision in 16 bits),
     # and rescales O only then (FA4's conditional rescale; the running sum follows the reference).
     lazy_rescale: bool = field(default=False, metadata={"tag": "lz"})
+    # Persistent: one copy of the consumer code per consumer warpgroup, the warpgroup index a
+    # compile-time constant in each.  At head_dim 256 ptxas then builds the WGMMA descriptors
+    # (Q slab, K/V slot, k-step) on the uniform datapath, 4 uniform instructions per WGMMA
+    # instead of 4 R2UR + 4 vector instructions (SASS: 31 vs 316 R2UR); the cubin grows by half.
+    const_wg: bool = field(default=False, metadata={"tag": "cw"})
 
     @property
     def consumers(self) -> int:
@@ -202,6 +207,10 @@ class AttentionSm90(AttentionVariant):
             return "early_rescale needs overlap"
         if self.lazy_rescale and not self.overlap:
             return "lazy_rescale needs overlap"
+        if self.const_wg and not self.persistent:
+            return "const_wg needs persistent"
+        if self.const_wg and type(self).make_kernel is not AttentionSm90.make_kernel:
+            return "const_wg is built for this family's own kernels only"
         # fp32 registers per consumer thread: S (tile_n/2), O (head_dim/2), P (tile_n/4); with
         # overlap S of the next tile lives beside P of this one.
         live = self.tile_n // 2 + self.head_dim // 2 + self.tile_n // 4
@@ -234,7 +243,8 @@ class AttentionSm90(AttentionVariant):
             "threads": self.threads,
             "registers_per_role": {"producer": atoms.PRODUCER_REGS[self.consumers],
                                    "consumer": atoms.CONSUMER_REGS[self.consumers]},
-            "preferred": (self.tile_m, self.tile_n, self.stages, self.overlap, self.pingpong)
+            "preferred": not self.const_wg
+                         and (self.tile_m, self.tile_n, self.stages, self.overlap, self.pingpong)
                          == default_config(self.head_dim, self.causal, cache=getattr(self, "paged", False))
                          and all(getattr(self, k) == v for k, v in
                                  default_schedule(self.head_dim, self.causal, self.varlen,
@@ -247,6 +257,7 @@ class AttentionSm90(AttentionVariant):
             tile_n=self.tile_n, stages=self.stages, causal=self.causal, overlap=self.overlap,
             pingpong=self.pingpong, early_rescale=self.early_rescale, persistent=self.persistent,
             k_first=self.k_first, o_in_q=self.o_in_q, lazy_rescale=self.lazy_rescale,
+            const_wg=self.const_wg,
         )
         return k.packed if self.varlen else k.dense
 
@@ -296,9 +307,14 @@ TUNE_CONFIGS = {
 # replayed back to back at the board's 700 W limit (bench_attention.py --sustained): B1 H16 S16384
 # 3343 vs 3432 µs, causal 1783 vs 1840 (H100); B2 H16 S4096 445 vs 453, causal 262 vs 266, S16384
 # 3473 vs 3472, causal 1864 vs 1885 (H200); interleaved, the wide grid's head_dim 128 shapes
-# 0-6 % faster, none slower.  Lost and removed (their code and numbers:
-# notes/attention-sm90.md): a schedule fence pinning the P·V wait below the softmax and a
-# quarter of the exponentials from an FMA polynomial.
+# 0-6 % faster, none slower.  Dense head_dim 256 (H100, B1 H16 S16384, ncu one launch): 9.29 M
+# cycles vs 10.10 M (tensor pipe 89 % vs 82 % busy, 23 % fewer instructions: O's 128 rescale
+# multiplies per trip were on the warpgroup's path between its P·V and its next GEMMs);
+# back to back at 700 W 6546 vs 6965 µs, causal 3326 vs 3480; B1 H8 S2048 59.0 vs 59.7.
+# Lost and removed (their code and numbers: notes/attention-sm90.md): a schedule fence pinning
+# the P·V wait below the softmax (twice, the second time at head_dim 256: cycles unchanged), the
+# consumer warpgroups taking turns at the exponentials (fp8: 12-25 % more cycles) and a quarter
+# of the exponentials from an FMA polynomial.
 def default_schedule(head_dim: int, causal: bool, varlen: bool = False,
                      small: bool = False, persistent_all: bool = False) -> dict[str, bool]:
     """``small``: the 64-row tiles of under-filled grids (one tile per CTA: a grid of at most
@@ -309,7 +325,7 @@ def default_schedule(head_dim: int, causal: bool, varlen: bool = False,
     without it (the kvcache and fp8 subclasses) only dense problems of head_dim <= 128 are."""
     big = not small and (persistent_all or (not varlen and head_dim <= 128))
     return {"persistent": big, "early_rescale": big and head_dim <= 128 and not (head_dim == 64 and causal),
-            "k_first": big, "lazy_rescale": big and persistent_all and head_dim == 128 and not varlen}
+            "k_first": big, "lazy_rescale": big and persistent_all and head_dim in (128, 256) and not varlen}
 
 
 # Ablations of the default configs (tier "full"): each mainloop/scheduler option on and off, so
@@ -328,11 +344,13 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm90]:
     def make(dtype, d, causal, tile_m=None, tile_n=None, stages=None, overlap=None,
              pingpong=None, **schedule):
         tm, tn, s, ov, pp = default_config(d, causal)
+        ov = ov if overlap is None else overlap
+        # (the lazy rescale lives in the overlapped mainloop only)
         return AttentionSm90(
             target=target.name, dtype=dtype, head_dim=d, causal=causal, tile_m=tile_m or tm,
-            tile_n=tile_n or tn, stages=stages or s,
-            overlap=ov if overlap is None else overlap, pingpong=pp if pingpong is None else pingpong,
-            **{**default_schedule(d, causal, persistent_all=True), **schedule})
+            tile_n=tile_n or tn, stages=stages or s, overlap=ov, pingpong=pp if pingpong is None else pingpong,
+            **{**default_schedule(d, causal, persistent_all=True), **({} if ov else {"lazy_rescale": False}),
+               **schedule})
 
     if tier == "test":
         # The preferred tile and its 64-row twin: the loader's under-filled-grid rule and a tuning
@@ -354,9 +372,12 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm90]:
         out += [make(dt, d, c, tile_m=tm, tile_n=tn, stages=s, overlap=ov, pingpong=pp)
                 for dt, d, c in problems for tm, tn, s, ov, pp in TUNE_CONFIGS[d]]
         out += [dataclasses.replace(make(*p), **a) for p in problems for a in _ABLATIONS]
-        # the dense head_dim 128 defaults without the lazy rescale; the other persistent bf16
-        # defaults (head_dim 64 and 256, varlen) with it, for --candidates
-        out += [dataclasses.replace(make(*p), lazy_rescale=False) for p in problems if p[1] == 128]
+        # the dense head_dim 128 and 256 defaults without the lazy rescale; the other persistent
+        # bf16 defaults (head_dim 64, varlen) with it, for --candidates
+        out += [dataclasses.replace(make(*p), lazy_rescale=False) for p in problems if p[1] in (128, 256)]
+        # head_dim 256 non-causal with the consumer code per warpgroup (uniform-datapath WGMMA
+        # descriptors; causal, with its second loop, keeps 293 R2UR: not built)
+        out += [dataclasses.replace(make(*p), const_wg=True) for p in problems if p[1] == 256 and not p[2]]
         out += [dataclasses.replace(v, lazy_rescale=True) for v in out[:len(problems) * 2]
                 if v.dtype == "bf16" and v.persistent and not v.lazy_rescale]
         # D64: the other query tile (128 <-> 192 rows) and 3 stages under the default schedule
@@ -567,8 +588,10 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                  persistent: bool = False, k_first: bool = False, page_box: int = 0,
                  gather: bool = False, local: bool = False, softcap: bool = False,
                  sinks: bool = False, wide_producer: bool = False, kv_dtype=None, fp8_stages: int = 1,
-                 o_in_q: bool = False, lazy_rescale: bool = False):
+                 o_in_q: bool = False, lazy_rescale: bool = False, const_wg: bool = False):
         super().__init__(dtype=dtype, head_dim=head_dim, causal=causal, local=local)
+        # persistent: the consumer code once per consumer warpgroup (``consumer_tiles``)
+        self.const_wg = const_wg
         # (with overlap) the mainloop's softmax.online_softmax_lazy; O rescaled by a warp only
         # when its reference max moved
         self.lazy_rescale = lazy_rescale
@@ -960,25 +983,43 @@ class FlashFwdSm90(layout.TmaViewsKernel):
             else:
                 cute.arch.setmaxregister_increase(self.consumer_regs)
                 self.schedule_start(wg)
-                read = self.kv_state(False)
-                for t in cutlass.range(first, n_slots, stride, unroll=1):
-                    m_block, head, batch, real = self.tile_coords(t, stride, n_m, mQ.shape[2],
-                                                                  n_batch, mK.shape[2], mCuQ)
-                    if real:
-                        q_len, k_len, seqQ, seqK, seqVt, seqO, seqL = layout.sequence_views(
-                            mQ, mK, mVt, mO, mLSE, mCuQ, mCuK, head, batch)
-                        _, n_hi, _, n_mask = self.key_range(m_block, q_len, k_len)
-                        scale_t, o_scale = self.problem_scales(scale_log2, mDescale, head, batch,
-                                                               mQ.shape[2], mK.shape[2])
-                        read = self.consume(tiled_mma_qk, tiled_mma_pv, tma_o, seqO, s2g, seqL,
-                                            sQ, sO, sK, sV, q_bars, kv_pipes, scale_t, m_block,
-                                            q_len, k_len, n_hi, n_mask, wg, tidx % 128, read,
-                                            q_phase, o_scale=o_scale)
-                        if cutlass.const_expr(self.o_in_q):
-                            q_phase = q_phase ^ 1  # (every tile passes through Q's slabs)
-                        else:
-                            if n_hi > 0:
-                                q_phase = q_phase ^ 1
+                if cutlass.const_expr(self.const_wg):
+                    # one copy of the consumer code per warpgroup, its index a constant there
+                    for c in cutlass.range_constexpr(self.consumers):
+                        if wg == c:
+                            self.consumer_tiles(c, first, n_slots, stride, n_m, n_batch, mQ, mK, mVt, mO, mLSE,
+                                                mCuQ, mCuK, mDescale, scale_log2, tiled_mma_qk, tiled_mma_pv,
+                                                tma_o, s2g, sQ, sO, sK, sV, q_bars, kv_pipes, tidx, q_phase)
+                else:
+                    self.consumer_tiles(wg, first, n_slots, stride, n_m, n_batch, mQ, mK, mVt, mO, mLSE, mCuQ,
+                                        mCuK, mDescale, scale_log2, tiled_mma_qk, tiled_mma_pv, tma_o, s2g,
+                                        sQ, sO, sK, sV, q_bars, kv_pipes, tidx, q_phase)
+
+    @cute.jit
+    def consumer_tiles(self, wg, first, n_slots, stride, n_m, n_batch, mQ, mK, mVt, mO, mLSE, mCuQ, mCuK,
+                       mDescale, scale_log2, tiled_mma_qk, tiled_mma_pv, tma_o, s2g, sQ, sO, sK, sV, q_bars,
+                       kv_pipes, tidx, q_phase):
+        """Persistent: consumer warpgroup ``wg`` walks its CTA's tiles ``first``, ``first +
+        stride``, ... (``tile_coords``), each through :meth:`consume`."""
+        read = self.kv_state(False)
+        for t in cutlass.range(first, n_slots, stride, unroll=1):
+            m_block, head, batch, real = self.tile_coords(t, stride, n_m, mQ.shape[2],
+                                                          n_batch, mK.shape[2], mCuQ)
+            if real:
+                q_len, k_len, seqQ, seqK, seqVt, seqO, seqL = layout.sequence_views(
+                    mQ, mK, mVt, mO, mLSE, mCuQ, mCuK, head, batch)
+                _, n_hi, _, n_mask = self.key_range(m_block, q_len, k_len)
+                scale_t, o_scale = self.problem_scales(scale_log2, mDescale, head, batch,
+                                                       mQ.shape[2], mK.shape[2])
+                read = self.consume(tiled_mma_qk, tiled_mma_pv, tma_o, seqO, s2g, seqL,
+                                    sQ, sO, sK, sV, q_bars, kv_pipes, scale_t, m_block,
+                                    q_len, k_len, n_hi, n_mask, wg, tidx % 128, read,
+                                    q_phase, o_scale=o_scale)
+                if cutlass.const_expr(self.o_in_q):
+                    q_phase = q_phase ^ 1  # (every tile passes through Q's slabs)
+                else:
+                    if n_hi > 0:
+                        q_phase = q_phase ^ 1
 
     @cute.jit
     def transpose_loop(self, vs_ptr, v_ptr, vs_layout, v_layout, vs_pipe, v_pipe, n_tiles, read, write,
