@@ -17,8 +17,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from test_attention_kvcache_prefill_gpu import CASES, make_cache  # noqa: E402
-from test_attention_gpu import BUNDLE  # noqa: E402
+from test_attention_kvcache_prefill_gpu import CASES, captured, make_cache, open_bundle  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,
@@ -30,14 +29,7 @@ TOL, LSE_TOL = 5e-2, 5e-2
 
 @pytest.fixture(scope="module")
 def bundle():
-    from factory.runtime import Bundle
-
-    if not (BUNDLE / "manifest.json").exists():
-        pytest.skip(f"no bundle at {BUNDLE} (set FACTORY_BUNDLE)")
-    b = Bundle.open(BUNDLE)
-    if not _entries(b):
-        pytest.skip(f"{BUNDLE} has no attention_kvcache variant with e4m3 q for this device")
-    return b
+    return open_bundle(_entries, "attention_kvcache variant with e4m3 q")
 
 
 def _entries(b):
@@ -153,13 +145,7 @@ def test_fp8_prefill_graph_replay(bundle):
         args = [q, kc, vc, o, lse, table, seqlens, torch.zeros(hq, device="cuda"), q_descale, kv_descale,
                 0.8 / math.sqrt(d), 0.0, -1, -1]
         load(k1, v1, t1, first)
-        bundle.launch(e["name"], args)  # module load outside the capture
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        s = torch.cuda.Stream()
-        with torch.cuda.stream(s), torch.cuda.graph(g, stream=s):
-            bundle.launch(e["name"], args)
-        torch.cuda.synchronize()
+        g = captured(bundle, e["name"], args)
         for lengths, (k, v, t) in ((second, (k2, v2, t2)), (first, (k1, v1, t1))):
             load(k, v, t, lengths)
             o.fill_(math.nan)
