@@ -29,6 +29,7 @@ FAMILY_MODULES = (
     "factory.attention.sm80",
     "factory.attention.sm90",
     "factory.attention.sm90_fp8",
+    "factory.attention.sm90_kvcache_fp8",
     "factory.attention.decode",
     "factory.attention.sm100_fa4",
     "factory.elementwise.rmsnorm",

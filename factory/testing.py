@@ -643,6 +643,8 @@ def check_attention_kvcache(bundle, entry, gen=None, device="cuda") -> list[dict
     import torch
 
     gen = gen or torch.Generator(device=device).manual_seed(torch.seed() % 2**31)
+    if entry["dtype"] == "e4m3":
+        return check_attention_kvcache_fp8q(bundle, entry, gen, device)
     dt, d = torch_dtype(entry["dtype"]), entry["head_dim"]
     fp8 = entry.get("kv_dtype") == "e4m3"
     causal = bool(entry.get("causal", True))
@@ -690,6 +692,58 @@ def check_attention_kvcache(bundle, entry, gen=None, device="cuda") -> list[dict
                                              softcap=opts.get("softcap", 0.0), sinks=opts.get("sinks"),
                                              k_descale=opts.get("k_descale"), v_descale=opts.get("v_descale"))
         out.append(_judge(entry["name"], [lens, hq, hkv, sq], o, ref, 1e-2 if dt == torch.bfloat16 else 3e-3))
+    return out
+
+
+def dequantize_q(q, q_descale):
+    """float32 q (B, Sq, Hq, D) times q_descale (B, Hkv): each q head scaled by its kv head's factor."""
+    rep = q.shape[2] // q_descale.shape[1]
+    return q.float() * q_descale.float().repeat_interleave(rep, dim=1)[:, None, :, None]
+
+
+def check_attention_kvcache_fp8q(bundle, entry, gen, device="cuda") -> list[dict]:
+    """A kvcache variant with e4m3 q (fp8 WGMMAs, signature with ``q_descale``) launched by name on
+    a paged e4m3 cache (its first page size, pages shuffled, NaN past each sequence and in o),
+    ragged lengths with 0 and a partly filled last page, GQA 4 and MQA, q_descale per (sequence,
+    kv head), k_descale per kv head, v_descale per tensor (a zero-stride view); judged against
+    float32 attention of the de-scaled inputs (tolerance 5e-2, the fp8 forward's)."""
+    import torch
+
+    f8, d, ps = torch.float8_e4m3fn, entry["head_dim"], entry["page_sizes"][0]
+    causal = bool(entry.get("causal", True))
+    out = []
+    for lens, hq, hkv, sq in (([200, 0, 1030], 32, 8, 64), ([333, 150], 16, 1, 130)):
+        b = len(lens)
+        per = -(-max(lens) // ps) + 1
+        bt = torch.randperm(b * per + 1, device=device, generator=gen)[: b * per].view(b, per).to(torch.int32)
+        caches = []
+        for _ in range(2):  # NaN in the unused page and in the rows past each sequence (float32, then e4m3)
+            c = torch.full((b * per + 1, ps, hkv, d), math.nan, device=device)
+            for i, n in enumerate(lens):
+                rows = torch.full((per * ps, hkv, d), math.nan, device=device)
+                rows[:n] = torch.randn(n, hkv, d, device=device, generator=gen)
+                c[bt[i].long()] = rows.view(per, ps, hkv, d)
+            caches.append(c.to(f8))
+        pool, vpool = caches
+        sl = torch.tensor(lens, dtype=torch.int32, device=device)
+        q = (torch.randn(b, sq, hq, d, device=device, generator=gen) * 2).to(f8)
+        q_descale = torch.rand(b, hkv, device=device, generator=gen) + 0.5
+        kv_descale = torch.rand(2, hkv, device=device, generator=gen) + 0.5
+        kv_descale[1] = kv_descale[1, :1].clone()  # v_descale per tensor
+        o = torch.full((b, sq, hq, d), math.nan, dtype=torch.bfloat16, device=device)
+        scale = d ** -0.5
+        tail = [torch.zeros(hq, device=device), q_descale, kv_descale, scale, 0.0, -1, -1]
+        if entry.get("varlen"):
+            cu = torch.arange(0, b * sq + 1, sq, dtype=torch.int32, device=device)
+            lse = torch.full((hq, b * sq), math.nan, device=device)
+            bundle.launch(entry["name"], [q.view(b * sq, hq, d), pool, vpool, o.view(b * sq, hq, d), lse, bt, sl,
+                                          cu, *tail, sq])
+        else:
+            lse = torch.full((b, hq, sq), math.nan, device=device)
+            bundle.launch(entry["name"], [q, pool, vpool, o, lse, bt, sl, *tail])
+        ref, _ = attention_kvcache_reference(dequantize_q(q, q_descale), pool, vpool, sl, bt, causal=causal,
+                                             scale=scale, k_descale=kv_descale[0], v_descale=kv_descale[1])
+        out.append(_judge(entry["name"], [lens, hq, hkv, sq], o, ref, 5e-2))
     return out
 
 

@@ -13,11 +13,14 @@ each other (max |Δo|) before timing.  Writes ``OUT.json``.
       --kv NAME --dense NAME [NAME ...] [--base-bundle B3 --base NAME ...] [--out OUT]
 
 ``--base``: kvcache variants of a second bundle (e.g. the same variant built from an earlier
-commit), timed in the same interleaved run under the label ``base:NAME``.  ``--shapes``: the shape
-sets (``d128``, the default; ``d256``: head_dim 256, 16 q heads over 8 kv heads; ``fp8``: head_dim
-128 with K/V rounded to e4m3 values, so that the e4m3-cache variants and the dense bf16 path see
-the same numbers).  Each variant runs the shapes of its head_dim; variants with an e4m3 cache
-get the e4m3 copy of the pages and unit descales.
+commit), timed in the same interleaved run under the label ``base:NAME``.  ``--shapes``: the shape sets (``d128``, the default; ``d256``: head_dim 256, 16 q heads over 8 kv
+heads; ``fp8``: head_dim 128 with K/V rounded to e4m3 values, so that the e4m3-cache variants and
+the dense bf16 path see the same numbers; ``fp8tma``: the same over pages of 64-256 rows,
+``fp8small`` of 16 and 32; ``ragged``: cached lengths on and off the key tiles). Each variant runs
+the shapes of its head_dim; variants with an e4m3 cache get the e4m3 copy of the pages and unit
+descales; variants with e4m3 q (fp8 WGMMAs) get q rounded to e4m3 and a unit q_descale. ``--dense``
+may also name an fp8 varlen forward (``attention_fp8``, V as K): it runs on the e4m3 copies, and the
+speedups stay against the fastest 16-bit dense build.
 """
 
 from __future__ import annotations
@@ -53,6 +56,17 @@ SHAPE_SETS = {
              (4, 512, 4096, 16, 8, 256, 64), (1, 2048, 32768, 16, 8, 256, 64), (4, 512, 4096, 16, 8, 256, 32)],
     "fp8": [(8, 128, 1024, 32, 8, 128, 16), (4, 512, 4096, 32, 8, 128, 16), (1, 2048, 32768, 32, 8, 128, 16),
             (4, 512, 4096, 32, 8, 128, 64)],
+    # fp8 caches in pages the TMA page boxes take (64-256 rows)
+    "fp8tma": [(8, 128, 1024, 32, 8, 128, 64), (4, 512, 4096, 32, 8, 128, 64), (2, 2048, 8192, 32, 8, 128, 128),
+               (1, 2048, 32768, 32, 8, 128, 64), (4, 512, 4096, 32, 8, 128, 256),
+               # cached lengths off the 128-key tiles (a partly filled last tile)
+               (8, 128, 1000, 32, 8, 128, 64), (4, 512, 4000, 32, 8, 128, 64)],
+    # fp8 caches in pages of 16 and 32 rows (vLLM's default 16), lengths on and off the key tiles
+    "fp8small": [(8, 128, 1000, 32, 8, 128, 16), (4, 512, 4096, 32, 8, 128, 16), (4, 512, 4000, 32, 8, 128, 16),
+                 (2, 2048, 8192, 32, 8, 128, 16), (1, 2048, 32768, 32, 8, 128, 16), (4, 512, 4096, 32, 8, 128, 32)],
+    # cached lengths on and off the 128-key tiles (off: the last key tile partly filled)
+    "ragged": [(8, 128, 1024, 32, 8, 128, 16), (8, 128, 1000, 32, 8, 128, 16), (4, 512, 4096, 32, 8, 128, 16),
+               (4, 512, 4000, 32, 8, 128, 16), (4, 512, 4000, 32, 8, 128, 64), (1, 2048, 32000, 32, 8, 128, 16)],
 }
 
 
@@ -93,7 +107,7 @@ def main() -> None:
         q = torch.randn(b, sq, hq, d, device="cuda", generator=g).to(dt)
         k = torch.randn(b, L, hkv, d, device="cuda", generator=g).to(dt)
         v = torch.randn(b, L, hkv, d, device="cuda", generator=g).to(dt)
-        if set_name == "fp8":
+        if set_name.startswith("fp8"):
             k, v = k.to(f8).to(dt), v.to(f8).to(dt)
         npages = -(-L // ps)
         perm = torch.randperm(b * npages, device="cuda", generator=g).to(torch.int32)
@@ -132,17 +146,28 @@ def main() -> None:
         q16, kc16, vc16, o16 = q.half(), kc.half(), vc.half(), torch.empty_like(q, dtype=torch.float16)
         calls = {}
         outs = {}
+        # e4m3 q (the fp8-WGMMA builds): q rounded to e4m3, unit q_descale (B, Hkv)
+        q8, qdesc = q.to(f8), torch.ones(b, hkv, device="cuda")
+        qp8, kp8, vp8 = qp.to(f8), kp_.to(f8), vp_.to(f8)
+        qdesc_d, kdesc_d = torch.ones(b, hkv, device="cuda"), torch.ones(b, hkv, device="cuda")
         for name in kv_names:
             f16 = meta[name]["dtype"] == "f16"
             kcn, vcn = ((kc8, vc8) if meta[name]["kv_dtype"] == "e4m3" else (kc16, vc16) if f16 else (kc, vc))
             qn, on = (q16, o16) if f16 else (q, o_kv)
+            extra = []
+            if meta[name]["dtype"] == "e4m3":
+                qn, extra = q8, [qdesc]
             outs[name] = on
-            calls[name] = (lambda bd, n, qn, kcn, vcn, on: lambda _i: bd.launch(
-                n, [qn, kcn, vcn, on, lse_kv, table, seqlens, sinks, desc, scale, 0.0, -1, -1]))(
-                    *kv[name], qn, kcn, vcn, on)
+            calls[name] = (lambda bd, n, qn, kcn, vcn, on, extra: lambda _i: bd.launch(
+                n, [qn, kcn, vcn, on, lse_kv, table, seqlens, sinks, *extra, desc, scale, 0.0, -1, -1]))(
+                    *kv[name], qn, kcn, vcn, on, extra)
         for name in dense_names:
-            calls[name] = (lambda n: lambda _i: db.launch(
-                n, [qp, kp_, vp_, o_d, lse_d, cu_q, cu_k, scale, sq]))(name)
+            if db.manifest["variants"][name]["dtype"] == "e4m3":  # the dense fp8 varlen forward
+                calls[name] = (lambda n: lambda _i: db.launch(
+                    n, [qp8, kp8, vp8, o_d, lse_d, cu_q, cu_k, qdesc_d, kdesc_d, kdesc_d, scale, sq]))(name)
+            else:
+                calls[name] = (lambda n: lambda _i: db.launch(
+                    n, [qp, kp_, vp_, o_d, lse_d, cu_q, cu_k, scale, sq]))(name)
         # every candidate against the first dense one (an unwritten output shows as NaN)
         o_d.fill_(math.nan)
         calls[dense_names[0]](0)
@@ -160,7 +185,8 @@ def main() -> None:
                "us": {n: round(s * 1e6, 2) for n, s in t.items()},
                "tflops": {n: round(flops / s / 1e12, 1) for n, s in t.items()},
                "max_abs_diff_vs_first_dense": diffs}
-        best_dense = min(t[n] for n in dense_names)
+        # (the target's denominator: the 16-bit dense varlen builds; an fp8 dense build is a candidate)
+        best_dense = min(t[n] for n in dense_names if db.manifest["variants"][n]["dtype"] != "e4m3")
         row["speedup_vs_best_dense"] = {n: round(best_dense / t[n], 3) for n in kv_names}
         rows.append(row)
         print(json.dumps(row), flush=True)

@@ -163,7 +163,9 @@ def kvcache_inputs(torch, device) -> dict:
     q = torch.randn(b, 1, hq, d, dtype=torch.bfloat16, device=device, generator=g)
     kc = torch.randn(b * mp, ps, hkv, d, dtype=torch.bfloat16, device=device, generator=g)
     dense = torch.randn(b, mp * ps, hkv, d, dtype=torch.bfloat16, device=device, generator=g)
-    return {"q": q, "kc": kc, "vc": kc.clone(), "k8": kc.to(torch.float8_e4m3fn), "v8": kc.to(torch.float8_e4m3fn),
+    q64 = torch.randn(b, 64, hq, d, dtype=torch.bfloat16, device=device, generator=g)
+    return {"q": q, "q64": q64, "q64_8": q64.to(torch.float8_e4m3fn), "qd": torch.ones(hkv, device=device),
+            "kc": kc, "vc": kc.clone(), "k8": kc.to(torch.float8_e4m3fn), "v8": kc.to(torch.float8_e4m3fn),
             "dense": dense, "bt": torch.randperm(b * mp, device=device, generator=g).to(torch.int32).view(b, mp),
             "lens": torch.randint(1, mp * ps, (b,), device=device, generator=g).to(torch.int32),
             "desc": torch.rand(hkv, device=device, generator=g) + 0.5}
@@ -171,7 +173,7 @@ def kvcache_inputs(torch, device) -> dict:
 
 def kvcache_rows(b, kv: dict) -> dict:
     """bundle.attention_kvcache rows over ``kvcache_inputs`` (the fp8 row only where the bundle
-    has an fp8 variant)."""
+    has an fp8 variant; the chunked-prefill rows, bf16 q and e4m3 q, where it has e4m3-q builds)."""
     rows = {"attention_kvcache B8 H32/8 D128 paged 16": lambda: b.attention_kvcache(
                 kv["q"], kv["kc"], kv["vc"], kv["lens"], block_table=kv["bt"]),
             "attention_kvcache B8 H32/8 D128 paged 16, return_lse": lambda: b.attention_kvcache(
@@ -182,6 +184,12 @@ def kvcache_rows(b, kv: dict) -> dict:
         rows["attention_kvcache B8 H32/8 D128 paged 16 fp8 (descales)"] = lambda: b.attention_kvcache(
             kv["q"], kv["k8"], kv["v8"], kv["lens"], block_table=kv["bt"], k_descale=kv["desc"],
             v_descale=kv["desc"])
+    if any(e.get("dtype") == "e4m3" for e in b.candidates("attention_kvcache")):  # chunked prefill, Sq 64
+        rows["attention_kvcache B8 Sq64 H32/8 D128 paged 16 bf16 q"] = lambda: b.attention_kvcache(
+            kv["q64"], kv["kc"], kv["vc"], kv["lens"], block_table=kv["bt"])
+        rows["attention_kvcache B8 Sq64 H32/8 D128 paged 16 e4m3 q (q/k/v descales)"] = lambda: b.attention_kvcache(
+            kv["q64_8"], kv["k8"], kv["v8"], kv["lens"], block_table=kv["bt"], q_descale=kv["qd"],
+            k_descale=kv["desc"], v_descale=kv["desc"])
     return rows
 
 

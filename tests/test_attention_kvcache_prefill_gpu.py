@@ -32,20 +32,26 @@ pytestmark = [
 DT = {"bf16": torch.bfloat16, "f16": torch.float16, "e4m3": torch.float8_e4m3fn}
 
 
-@pytest.fixture(scope="module")
-def bundle():
+def open_bundle(entries, what: str):
+    """``$FACTORY_BUNDLE`` opened, or a skip where it is missing or ``entries(bundle)`` is empty."""
     from factory.runtime import Bundle
 
     if not (BUNDLE / "manifest.json").exists():
         pytest.skip(f"no bundle at {BUNDLE} (set FACTORY_BUNDLE)")
     b = Bundle.open(BUNDLE)
-    if not _entries(b):
-        pytest.skip(f"{BUNDLE} has no sm80/sm90-family attention_kvcache variant for this device")
+    if not entries(b):
+        pytest.skip(f"{BUNDLE} has no {what} for this device")
     return b
 
 
+@pytest.fixture(scope="module")
+def bundle():
+    return open_bundle(_entries, "sm80/sm90-family attention_kvcache variant")
+
+
 def _entries(b):
-    return [e for e in b.candidates("attention_kvcache") if e["family"] in ("sm80", "sm90")]
+    # (builds with e4m3 q: tests/test_attention_kvcache_fp8_prefill_gpu.py)
+    return [e for e in b.candidates("attention_kvcache") if e["family"] in ("sm80", "sm90") and e["dtype"] != "e4m3"]
 
 
 def make_cache(lengths, ps, hkv, d, kv_dtype, paged, gen):
@@ -217,6 +223,19 @@ def test_kvcache_window_skips_tiles(bundle):
         pytest.skip("no paged variant with the window switch")
 
 
+def captured(bundle, name, args):
+    """A CUDA graph of one launch of variant ``name`` (its module loaded by a launch before the
+    capture)."""
+    bundle.launch(name, args)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s), torch.cuda.graph(g, stream=s):
+        bundle.launch(name, args)
+    torch.cuda.synchronize()
+    return g
+
+
 def test_kvcache_prefill_graph_replay(bundle):
     """One launch captured in a CUDA graph, replayed after the lengths, the block table and the
     cached values changed in place: each replay matches the reference of what the buffers then
@@ -259,13 +278,7 @@ def test_kvcache_prefill_graph_replay(bundle):
         args = [q, kc, vc, o, lse, table, seqlens, sinks, torch.ones(2, hkv, device="cuda"),
                 0.8 / math.sqrt(d), softcap, *window]
         load(k1, v1, t1, first)
-        bundle.launch(e["name"], args)  # module load outside the capture
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        s = torch.cuda.Stream()
-        with torch.cuda.stream(s), torch.cuda.graph(g, stream=s):
-            bundle.launch(e["name"], args)
-        torch.cuda.synchronize()
+        g = captured(bundle, e["name"], args)
         for lengths, (k, v, t) in ((second, (k2, v2, t2)), (first, (k1, v1, t1))):
             load(k, v, t, lengths)
             o.fill_(math.nan)

@@ -761,7 +761,11 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                 k_box = cute.make_layout((1, D), stride=(D, 1))
                 v_box = cute.make_layout((D, 1), stride=(1, D))
             tma_k, tK = atoms.tma_load_box_atom(mK, k_box, (KB, D))
-            tma_v, tV = atoms.tma_load_box_atom(mVt, v_box, (D, KB))
+            if cutlass.const_expr(self.v_transpose):
+                # V pages viewed as K's ((PS, D) rows) land in the (keys, D) staging slots
+                tma_v, tV = atoms.tma_load_box_atom(mVt, k_box, (KB, D))
+            else:
+                tma_v, tV = atoms.tma_load_box_atom(mVt, v_box, (D, KB))
             if cutlass.const_expr(self.gather):
                 tK, tV = mK, mVt
         else:
@@ -972,8 +976,8 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                                             k_len, warp_idx, tidx)
                     elif warp_idx == 0:
                         if cutlass.const_expr(self.page_box):
-                            self.produce_paged(tma_q, seqQ, tma_k, seqK, tma_v, seqVt, sQ, sK, sV,
-                                               q_bars, kv_pipes, m_block, n_lo, n_hi,
+                            self.produce_paged(tma_q, seqQ, tma_k, seqK, tma_v, seqVt, sQ, sK, sV_load,
+                                               q_bars, load_pipes, m_block, n_lo, n_hi,
                                                self.kv_state(True), mTable, batch, k_len)
                         else:
                             self.produce(tma_q, seqQ, tma_k, seqK, tma_v, seqVt, sQ, sK, sV_load, q_bars,
@@ -1268,7 +1272,9 @@ class FlashFwdSm90(layout.TmaViewsKernel):
         tile as tile_n / page_box boxes: key j0 of a box lives in page block_table[b][j0 // PS],
         rows from j0 % PS.  Boxes past the sequence's last key reload its last page (those keys
         are masked; their V rows are zeroed by the consumers, ``zero_v_tail``), so every slot
-        gets its full byte count and no table entry past the sequence is read."""
+        gets its full byte count and no table entry past the sequence is read.  ``v_transpose``
+        (the fp8 subclass): V boxes go, as K's, into the staging slots the transposing warps read
+        (``sV``/``kv_pipes`` are then the staging ring and its pipes)."""
         k_pipe, v_pipe = kv_pipes
         if n_hi > n_lo:
             D, BN, KB = self.head_dim, self.tile_n, self.page_box
@@ -1292,8 +1298,13 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                     cute.copy(tma_k, tKgK, tKsK, tma_bar_ptr=k_pipe.producer_get_barrier(state))
                 v_pipe.producer_acquire(state)
                 for b in cutlass.range_constexpr(BN // KB):
-                    gV = cute.local_tile(seqVt[None, None, pages[b]], (D, KB), (0, boxes[b]))
-                    dV = cute.local_tile(sV[None, None, state.index], (D, KB), (0, b))
+                    if cutlass.const_expr(self.v_transpose):
+                        # (keys, D) boxes into the staging slot, as K's
+                        gV = cute.local_tile(seqVt[None, None, pages[b]], (KB, D), (boxes[b], 0))
+                        dV = cute.local_tile(sV[None, None, state.index], (KB, D), (b, 0))
+                    else:
+                        gV = cute.local_tile(seqVt[None, None, pages[b]], (D, KB), (0, boxes[b]))
+                        dV = cute.local_tile(sV[None, None, state.index], (D, KB), (0, b))
                     tVsV, tVgV = cpasync.tma_partition(tma_v, 0, cute.make_layout(1),
                                                        cute.group_modes(dV, 0, 2), cute.group_modes(gV, 0, 2))
                     cute.copy(tma_v, tVgV, tVsV, tma_bar_ptr=v_pipe.producer_get_barrier(state))
@@ -1555,9 +1566,15 @@ class FlashFwdSm90(layout.TmaViewsKernel):
             BN, D = self.tile_n, self.head_dim
             lim = k_len - tile * BN
             if lim < BN:
-                sVs = sV[None, None, slot]
-                for idx in cutlass.range(ltid + lim * D, BN * D, 128, unroll=1):
-                    sVs[idx % D, idx // D] = self.dtype(0.0)
+                # a key's row of the (D, keys) slot is D contiguous elements (16-byte chunks,
+                # swizzled as wholes): one 16-byte store of zeros per chunk
+                vec = 128 // self.dtype.width
+                zeros = cute.make_rmem_tensor(vec, self.dtype)
+                zeros.fill(0.0)
+                chunks = cute.zipped_divide(sV[None, None, slot], (vec, 1))  # ((vec, 1), (D / vec, keys))
+                per_key = D // vec
+                for idx in cutlass.range(ltid + lim * per_key, BN * per_key, 128, unroll=1):
+                    cute.autovec_copy(zeros, chunks[(None, 0), (idx % per_key, idx // per_key)])
                 cute.arch.fence_proxy("async.shared", space="cta")
                 cute.arch.barrier(barrier_id=int(_Bar.EPILOGUE) + wg, number_of_threads=128)
 

@@ -259,17 +259,18 @@ class Bundle(BundleCore):
     def attention_kvcache(self, q, k_cache, v_cache, cache_seqlens, *, block_table=None, causal=True,
                           softmax_scale=None, window_size=(-1, -1), softcap=0.0, sinks=None, k_descale=None,
                           v_descale=None, return_lse=False, out=None, cu_seqlens_q=None, max_seqlen_q=None,
-                          plan=None, check_varlen=None, variant=None, rotary_cos_sin=None,
+                          plan=None, check_varlen=None, variant=None, q_descale=None, rotary_cos_sin=None,
                           rotary_interleaved=False):
         """Attention over a paged (``block_table``) or dense KV cache, each sequence's first
-        ``cache_seqlens[b]`` keys (runtime/kvcache.py says what the arguments mean); with
-        ``rotary_cos_sin``, q is rotated in the kernel's prologue."""
+        ``cache_seqlens[b]`` keys (runtime/kvcache.py says what the arguments mean); float8_e4m3fn q
+        with ``q_descale`` over an e4m3 cache: fp8 attention, bfloat16 o; with ``rotary_cos_sin``,
+        q is rotated in the kernel's prologue."""
         from . import kvcache
 
         return kvcache.attention_kvcache(self, q, k_cache, v_cache, cache_seqlens, block_table, causal,
                                          softmax_scale, window_size, softcap, sinks, k_descale, v_descale,
                                          return_lse, out, cu_seqlens_q, max_seqlen_q, plan, check_varlen,
-                                         variant, rotary_cos_sin, rotary_interleaved)
+                                         variant, q_descale, rotary_cos_sin, rotary_interleaved)
 
     def rms_norm(self, x, weight, eps=1e-6, *, residual=None, out=None, quantize=None):
         """RMSNorm over the last dimension, optionally after ``residual += x`` (in place) and with

@@ -35,6 +35,8 @@ from .errors import InputError, NoVariantError
 
 OP = "attention_kvcache"
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16"}
+# q of e4m3 (with q_descale, over an e4m3 cache): fp8 attention, bfloat16 o
+_Q_DTYPES = {**_DTYPES, torch.float8_e4m3fn: "e4m3"}
 _KV_DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float8_e4m3fn: "e4m3"}
 HEAD_DIMS = (64, 128, 256)
 PAGE_SIZES = (1, 8, 16, 32, 64, 128, 256)  # (= contract.PAGE_SIZES; the runtime imports no factory code)
@@ -190,7 +192,7 @@ def plan(bundle, *, batch: int, seqlen_q: int, heads_q: int, heads_kv: int, head
         max_seqlen_k = max_pages * page_size
     elif not isinstance(max_seqlen_k, int) or max_seqlen_k < 0:
         raise InputError("plan: a dense cache needs max_seqlen_k (its second dimension)")
-    p = _problem(batch, seqlen_q, heads_q, heads_kv, head_dim, max_seqlen_k, _dtype_name(dtype, _DTYPES, "dtype"),
+    p = _problem(batch, seqlen_q, heads_q, heads_kv, head_dim, max_seqlen_k, _dtype_name(dtype, _Q_DTYPES, "dtype"),
                  _dtype_name(kv_dtype or dtype, _KV_DTYPES, "kv_dtype"), page_size, causal,
                  _window(window_size, causal), _softcap(softcap) > 0.0, bool(sinks), varlen_q)
     e = choose(bundle, p)
@@ -206,6 +208,8 @@ def _dtype_name(dt, table, what) -> str:
 
 
 def _problem(b, sq, hq, hkv, d, sk, dtype, kv_dtype, page_size, causal, window, softcap_on, sinks_on, varlen_q):
+    if dtype == "e4m3" and kv_dtype != "e4m3":
+        raise InputError(f"float8_e4m3fn q (fp8 attention) needs a float8_e4m3fn cache, got {kv_dtype}")
     if d not in HEAD_DIMS:
         raise InputError(f"head_dim {d} not supported (one of {HEAD_DIMS})")
     if hkv == 0 or hq % hkv:
@@ -225,6 +229,9 @@ def choose(bundle, p: Problem) -> dict:
         cache = {}
     key = (OP, p)
     e = cache.get(key)
+    if e is None and p.dtype == "e4m3":
+        e = _fp8_q(bundle, p)
+        cache[key] = e
     if e is None:
         try:
             e = bundle.manifest["variants"][bundle.selector.select(OP, kvcache_problem(p)).name.decode()]
@@ -235,6 +242,17 @@ def choose(bundle, p: Problem) -> dict:
             cache.clear()
         cache[key] = e
     return e
+
+
+def _fp8_q(bundle, p: Problem) -> dict:
+    """e4m3 q (the C problem has no q_descale, so no C selection): among the variants that admit
+    ``p`` (the sm90 family's fp8-WGMMA builds), the one taking the fewest page sizes (the largest
+    page boxes), then the preferred tile, then the name."""
+    cands = [e for e in bundle.candidates(OP) if _admits(e, p)]
+    if not cands:
+        raise NoVariantError(f"{_missing(bundle.candidates(OP), p)} (on {bundle.device_name()}; "
+                             f"{bundle.describe_contents(OP)}{_blackwell_note(bundle)})")
+    return min(cands, key=lambda e: (len(e.get("page_sizes") or ()), not e.get("preferred"), e["name"]))
 
 
 def _blackwell_note(bundle) -> str:
@@ -309,7 +327,8 @@ def _small(t, name: str, dtype, shape: tuple, dev) -> None:
 
 
 def check(q, k_cache, v_cache, cache_seqlens, block_table, causal, softmax_scale, window_size, softcap, sinks,
-          k_descale, v_descale, out, cu_seqlens_q, max_seqlen_q, *, data: bool = True) -> tuple[Problem, float]:
+          k_descale, v_descale, out, cu_seqlens_q, max_seqlen_q, *, data: bool = True,
+          q_descale=None) -> tuple[Problem, float]:
     """Every check that needs no device data, in the order docs/errors.md lists them; returns the
     problem and the softmax scale.  ``data=False`` (fake tensors, torch.compile): no pointer read."""
     validate.tensors(q=q, k_cache=k_cache, v_cache=v_cache, cache_seqlens=cache_seqlens)
@@ -323,10 +342,13 @@ def check(q, k_cache, v_cache, cache_seqlens, block_table, causal, softmax_scale
         if t.dim() != 4:
             raise InputError(f"{name} must be (num_pages, page_size, kv_heads, head_dim) or (batch, max_seqlen, "
                              f"kv_heads, head_dim), got shape {tuple(t.shape)}")
-    if q.dtype not in _DTYPES:
-        raise InputError(f"q dtype {q.dtype} not supported (bfloat16, float16)")
+    if q.dtype not in _Q_DTYPES:
+        raise InputError(f"q dtype {q.dtype} not supported (bfloat16, float16; float8_e4m3fn with an e4m3 cache)")
     if k_cache.dtype != v_cache.dtype:
         raise InputError(f"k_cache and v_cache dtypes differ: {k_cache.dtype}, {v_cache.dtype}")
+    q8 = q.dtype == torch.float8_e4m3fn
+    if q8 and k_cache.dtype != torch.float8_e4m3fn:
+        raise InputError(f"float8_e4m3fn q (fp8 attention) needs a float8_e4m3fn cache, got {k_cache.dtype}")
     if k_cache.dtype not in (q.dtype, torch.float8_e4m3fn):
         raise InputError(f"k_cache/v_cache dtype {k_cache.dtype} must be q's ({q.dtype}) or float8_e4m3fn")
     if k_cache.shape != v_cache.shape:
@@ -394,15 +416,24 @@ def check(q, k_cache, v_cache, cache_seqlens, block_table, causal, softmax_scale
         if not isinstance(t, Tensor) or t.dtype != torch.float32 or t.device != dev or t.numel() not in (1, hkv):
             raise InputError(f"{name} must be a float32 tensor on {dev} of 1 (per tensor) or {hkv} (per kv head) "
                              f"elements")
+    if q_descale is not None:
+        if not q8:
+            raise InputError(f"q_descale applies to float8_e4m3fn q only (q is {q.dtype})")
+        if not isinstance(q_descale, Tensor) or q_descale.dtype != torch.float32 or q_descale.device != dev \
+                or not (q_descale.numel() == 1 or tuple(q_descale.shape) in ((hkv,), (b, hkv))):
+            raise InputError(f"q_descale must be a float32 tensor on {dev} of 1 element (per tensor), ({hkv},) "
+                             f"(per kv head) or ({b}, {hkv}) (per sequence and kv head)")
+    o_dtype = torch.bfloat16 if q8 else q.dtype
     if out is not None:
-        if not isinstance(out, Tensor) or out.shape != q.shape or out.dtype != q.dtype or out.device != dev:
-            raise InputError(f"out must be a tensor of q's shape {tuple(q.shape)}, dtype and device")
+        if not isinstance(out, Tensor) or out.shape != q.shape or out.dtype != o_dtype or out.device != dev:
+            raise InputError(f"out must be a tensor of q's shape {tuple(q.shape)} and device, dtype "
+                             f"{str(o_dtype).removeprefix('torch.')}")
         _strides(out, "out", data)
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         _strides(t, name, data)
     if b > _GRID_YZ_MAX:
         raise InputError(f"batch ({b}) must be <= {_GRID_YZ_MAX}")
-    p = _problem(b, sq, hq, hkv, d, max_k, _DTYPES[q.dtype], _KV_DTYPES[k_cache.dtype], page_size, causal, window,
+    p = _problem(b, sq, hq, hkv, d, max_k, _Q_DTYPES[q.dtype], _KV_DTYPES[k_cache.dtype], page_size, causal, window,
                  cap > 0.0, sinks is not None, varlen_q)
     return p, scale
 
@@ -488,7 +519,8 @@ def _dummy(kind: str, dev, n: int) -> Tensor:
 def attention_kvcache(bundle, q, k_cache, v_cache, cache_seqlens, block_table=None, causal=True,
                       softmax_scale=None, window_size=(-1, -1), softcap=0.0, sinks=None, k_descale=None,
                       v_descale=None, return_lse=False, out=None, cu_seqlens_q=None, max_seqlen_q=None,
-                      plan=None, check_varlen=None, variant=None, rotary_cos_sin=None, rotary_interleaved=False):
+                      plan=None, check_varlen=None, variant=None, q_descale=None, rotary_cos_sin=None,
+                      rotary_interleaved=False):
     """softmax(q·Kᵀ·scale [masked]) · V over each sequence's first ``cache_seqlens[b]`` cached
     keys (see :func:`check` and docs/errors.md for every argument's contract).
 
@@ -509,11 +541,15 @@ def attention_kvcache(bundle, q, k_cache, v_cache, cache_seqlens, block_table=No
     it only checks what can differ between such calls (tensor types, autograd, the current device,
     the pointers' alignment), allocates o (unless ``out``) and lse (and a workspace-split
     variant's workspace), and launches.  Neither path reads ``cache_seqlens`` or ``block_table``
-    on the host (unless ``check_varlen``)."""
+    on the host (unless ``check_varlen``).
+
+    fp8 attention: q of float8_e4m3fn over an e4m3 cache with ``q_descale`` (1, (Hkv,) or (B, Hkv)
+    float32; FlashAttention-3's convention), o bfloat16."""
     rope = rotary_cos_sin is not None or rotary_interleaved is not False
+    fp8_q = isinstance(q, Tensor) and q.dtype == torch.float8_e4m3fn
     key = None if rope else _hot_key(q, k_cache, v_cache, cache_seqlens, block_table, causal, softmax_scale,
                                      window_size, softcap, sinks, k_descale, v_descale, out, cu_seqlens_q, plan,
-                                     check_varlen, variant)
+                                     check_varlen, variant, q_descale)
     if key is not None:
         try:
             fire = _hot(bundle).get(key)
@@ -521,12 +557,12 @@ def attention_kvcache(bundle, q, k_cache, v_cache, cache_seqlens, block_table=No
             key = fire = None
         if fire is not None and not ((q.requires_grad or k_cache.requires_grad or v_cache.requires_grad
                                       or (sinks is not None and sinks.requires_grad)) and torch.is_grad_enabled()):
-            res = fire(q, k_cache, v_cache, cache_seqlens, block_table, sinks, k_descale, v_descale, out)
+            res = fire(q, k_cache, v_cache, cache_seqlens, block_table, sinks, k_descale, v_descale, out, q_descale)
             if res is not None:
                 return res if return_lse else res[0]
             key = None  # a misaligned pointer: the checked path below names it
     p, scale = check(q, k_cache, v_cache, cache_seqlens, block_table, causal, softmax_scale, window_size, softcap,
-                     sinks, k_descale, v_descale, out, cu_seqlens_q, max_seqlen_q)
+                     sinks, k_descale, v_descale, out, cu_seqlens_q, max_seqlen_q, q_descale=q_descale)
     if rope:
         check_rotary(rotary_cos_sin, rotary_interleaved, p, q.device)
     dev = validate.one_device(bundle, q=q, k_cache=k_cache, v_cache=v_cache)
@@ -554,7 +590,10 @@ def attention_kvcache(bundle, q, k_cache, v_cache, cache_seqlens, block_table=No
     entry = bundle.manifest["variants"][name]
     splits = int(entry.get("splits", 1))
     last = splits > 1 and uses_counters(entry)
-    o = torch.empty_like(q) if out is None else out
+    if out is not None:
+        o = out
+    else:
+        o = torch.empty_like(q, dtype=torch.bfloat16) if fp8_q else torch.empty_like(q)
     lse = torch.empty((p.batch, p.heads_q, p.seqlen_q) if not p.varlen_q else (p.heads_q, q.shape[0]),
                       dtype=torch.float32, device=q.device)
     if q.numel() == 0:
@@ -575,7 +614,15 @@ def attention_kvcache(bundle, q, k_cache, v_cache, cache_seqlens, block_table=No
             args.insert(7, counters(q.device, p.batch, p.heads_q, p.seqlen_q))
     if p.varlen_q:
         args.append(cu_seqlens_q)
-    args += [sk, desc]
+    args.append(sk)
+    if fp8_q:  # q_descale as (B, Hkv): a per-tensor or per-kv-head factor as a zero-stride view
+        qd = q_descale if q_descale is not None else _dummy("descale", q.device, p.heads_kv)[0]
+        if qd.numel() == 1:
+            qd = qd.reshape(1, 1).expand(p.batch, p.heads_kv)
+        elif qd.dim() == 1:
+            qd = qd.reshape(1, p.heads_kv).expand(p.batch, p.heads_kv)
+        args.append(qd)
+    args.append(desc)
     if rope:
         args.append(rotary_cos_sin)
     args += [scale, float(softcap), wl if wl >= 0 else -1, wr if wr >= 0 else -1]
@@ -583,7 +630,8 @@ def attention_kvcache(bundle, q, k_cache, v_cache, cache_seqlens, block_table=No
         args.append(max_seqlen_q)
     bundle.launch(name, args, device=dev)
     if key is not None and not p.varlen_q:
-        fire = _hot_launch(bundle, name, splits, args, out is not None, k_descale, v_descale, p.heads_kv, dev, last)
+        fire = _hot_launch(bundle, name, splits, args, out is not None, k_descale, v_descale, p.heads_kv, dev,
+                           last=last, fp8_q=fp8_q)
         if fire is not None:
             cache = _hot(bundle)
             if len(cache) >= 4096:
@@ -645,7 +693,7 @@ _PLAIN = (bool, int, float, type(None))
 
 
 def _hot_key(q, k_cache, v_cache, cache_seqlens, block_table, causal, softmax_scale, window_size, softcap, sinks,
-             k_descale, v_descale, out, cu_seqlens_q, plan, check_varlen, variant):
+             k_descale, v_descale, out, cu_seqlens_q, plan, check_varlen, variant, q_descale=None):
     """The hot path's problem key, or None where the call must take the checked path: packed
     varlen q, a variant by name, host-side content checks, options that are not plain numbers,
     arguments that are not tensors."""
@@ -657,7 +705,8 @@ def _hot_key(q, k_cache, v_cache, cache_seqlens, block_table, causal, softmax_sc
         return None
     try:
         return (_meta(q), _meta(k_cache), _meta(v_cache), _meta(cache_seqlens), _meta(block_table), _meta(sinks),
-                _meta(k_descale), _meta(v_descale), _meta(out), causal, softmax_scale, window_size, softcap, plan)
+                _meta(k_descale), _meta(v_descale), _meta(out), causal, softmax_scale, window_size, softcap, plan,
+                _meta(q_descale))
     except AttributeError:  # not tensors: the checked path says which
         return None
 
@@ -673,8 +722,9 @@ def _hot(bundle) -> dict:
 
 
 def _hot_launch(bundle, name: str, splits: int, args: list, has_out: bool, k_descale, v_descale, hkv: int,
-                dev: int, last: bool = False):
-    """``fire(q, k_cache, v_cache, cache_seqlens, block_table, sinks, k_descale, v_descale, out)``
+                dev: int, last: bool = False, fp8_q: bool = False):
+    """``fire(q, k_cache, v_cache, cache_seqlens, block_table, sinks, k_descale, v_descale, out,
+    q_descale)``
     for the problem just launched (and so checked) with ``args``: the sizes, strides and scalars
     are fixed (:meth:`BundleCore.fixed`); a call writes the data pointers, allocates o (unless
     ``out``), lse (and a workspace split's workspace), and launches.  Returns (o, lse), or None
@@ -690,11 +740,15 @@ def _hot_launch(bundle, name: str, splits: int, args: list, has_out: bool, k_des
     cur, raw = bundle.device_api()
     q, o, lse = args[0], args[3], args[4]
     at = (8 if last else 7) if splits > 1 else 5
-    bt_arg, sk_arg, desc_arg = args[at], args[at + 2], args[at + 3]
+    bt_arg, sk_arg, desc_arg = args[at], args[at + 2], args[at + 3 + fp8_q]
+    # e4m3 q: its q_descale (B, Hkv) view between the sinks and the cache descales, o bfloat16
+    qd_arg = args[at + 3] if fp8_q else None
+    o_dtype = torch.bfloat16 if fp8_q else q.dtype
     empty_like = torch.empty_like
     one = torch.empty(1, dtype=torch.float32, device=q.device)
     lproto = one.expand(lse.shape)  # empty_like of a zero-stride view: a new compact tensor
-    if empty_like(lproto).stride() != lse.stride() or (not has_out and empty_like(q).stride() != o.stride()):
+    if empty_like(lproto).stride() != lse.stride() or (not has_out and empty_like(q, dtype=o_dtype).stride()
+                                                       != o.stride()):
         raise AssertionError(f"{name}: empty_like does not reproduce the checked output layouts")
     # Arguments the caller left out: the dummies this launch used (fixed pointers).
     bt_dummy = bt_arg.data_ptr()  # (read only where the key's block_table is None: then the dummy)
@@ -702,7 +756,8 @@ def _hot_launch(bundle, name: str, splits: int, args: list, has_out: bool, k_des
     desc_fixed = desc_arg.data_ptr() if k_descale is None and v_descale is None else None
     unit = _dummy("descale", q.device, hkv)[0]
     cnt_arg = args[7] if last else None  # the arrival counters (fixed: the runtime's buffer)
-    keep = (bt_arg, sk_arg, desc_arg, unit, cnt_arg)  # (alive as long as this closure)
+    qd_dummy = qd_arg.data_ptr() if fp8_q else None  # (read only where the key's q_descale is None)
+    keep = (bt_arg, sk_arg, desc_arg, unit, cnt_arg, qd_arg)  # (alive as long as this closure)
     wproto = lse_at = None
     cnt_ptr = cnt_arg.data_ptr() if last else 0
     if splits > 1:
@@ -710,8 +765,8 @@ def _hot_launch(bundle, name: str, splits: int, args: list, has_out: bool, k_des
         n = ws.numel()
         wproto, lse_at = one.expand(n + args[6].numel()), n * 4  # split_workspace's one allocation
 
-    def fire(q, k_cache, v_cache, cache_seqlens, block_table, sinks, k_descale, v_descale, out):
-        o = empty_like(q) if out is None else out
+    def fire(q, k_cache, v_cache, cache_seqlens, block_table, sinks, k_descale, v_descale, out, q_descale=None):
+        o = empty_like(q, dtype=o_dtype) if out is None else out
         lse = empty_like(lproto)
         here = cur()
         if here != dev:
@@ -723,7 +778,11 @@ def _hot_launch(bundle, name: str, splits: int, args: list, has_out: bool, k_des
         else:  # (fp8 caches with descales: one small tensor per call, as on the checked path)
             d = torch.stack([(t.reshape(-1) if t is not None else unit).expand(hkv) for t in (k_descale, v_descale)])
             desc = d.data_ptr()
-        if wproto is None:
+        if fp8_q:  # (no split builds take e4m3 q)
+            qd = qd_dummy if q_descale is None else q_descale.data_ptr()
+            err = go(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), o.data_ptr(), lse.data_ptr(), bt,
+                     cache_seqlens.data_ptr(), sk, qd, desc, raw(here))
+        elif wproto is None:
             err = go(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), o.data_ptr(), lse.data_ptr(), bt,
                      cache_seqlens.data_ptr(), sk, desc, raw(here))
         elif cnt_arg is None:

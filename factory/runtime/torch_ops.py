@@ -104,11 +104,12 @@ def _attention(bundle, q, k, v, causal=False, softmax_scale=None, cu_seqlens_q=N
 
 def _attention_kvcache(bundle, q, k_cache, v_cache, cache_seqlens, block_table=None, causal=True, softmax_scale=None,
                        window_left=-1, window_right=-1, softcap=0.0, sinks=None, k_descale=None, v_descale=None,
-                       cu_seqlens_q=None, max_seqlen_q=None):
+                       cu_seqlens_q=None, max_seqlen_q=None, q_descale=None):
     return bundle.attention_kvcache(q, k_cache, v_cache, cache_seqlens, block_table=block_table, causal=causal,
                                     softmax_scale=softmax_scale, window_size=(window_left, window_right),
                                     softcap=softcap, sinks=sinks, k_descale=k_descale, v_descale=v_descale,
-                                    return_lse=True, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q)
+                                    return_lse=True, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
+                                    q_descale=q_descale)
 
 
 def _attention_fp8(bundle, q, k, v, causal=False, softmax_scale=None, q_descale=None, k_descale=None,
@@ -143,20 +144,20 @@ def _attention_fake(bundle, q, k, v, causal=False, softmax_scale=None, cu_seqlen
 
 def _attention_kvcache_fake(bundle, q, k_cache, v_cache, cache_seqlens, block_table=None, causal=True,
                             softmax_scale=None, window_left=-1, window_right=-1, softcap=0.0, sinks=None,
-                            k_descale=None, v_descale=None, cu_seqlens_q=None, max_seqlen_q=None):
+                            k_descale=None, v_descale=None, cu_seqlens_q=None, max_seqlen_q=None, q_descale=None):
     """Checks as the real op does (shapes, dtypes, strides, switches, the bundle's variants; no
-    data is read), then the outputs' shapes."""
+    data is read), then the outputs' shapes (o bfloat16 for float8_e4m3fn q)."""
     from . import kvcache
 
     p, _ = kvcache.check(q, k_cache, v_cache, cache_seqlens, block_table, causal, softmax_scale,
                          (window_left, window_right), softcap, sinks, k_descale, v_descale, None, cu_seqlens_q,
-                         max_seqlen_q, data=False)
+                         max_seqlen_q, data=False, q_descale=q_descale)
     kvcache.choose(bundle, p)
     if cu_seqlens_q is not None:
         lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
     else:
         lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
-    return torch.empty_like(q), lse
+    return torch.empty_like(q, dtype=torch.bfloat16 if q.dtype == torch.float8_e4m3fn else q.dtype), lse
 
 
 def _attention_fp8_fake(bundle, q, k, v, causal=False, softmax_scale=None, q_descale=None, k_descale=None,
@@ -213,8 +214,8 @@ OPS = {
     "attention_kvcache": ("attention_kvcache(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cache_seqlens, "
                           "Tensor? block_table=None, bool causal=True, float? softmax_scale=None, int window_left=-1, "
                           "int window_right=-1, float softcap=0.0, Tensor? sinks=None, Tensor? k_descale=None, "
-                          "Tensor? v_descale=None, Tensor? cu_seqlens_q=None, int? max_seqlen_q=None) "
-                          "-> (Tensor, Tensor)", _attention_kvcache, _attention_kvcache_fake),
+                          "Tensor? v_descale=None, Tensor? cu_seqlens_q=None, int? max_seqlen_q=None, "
+                          "Tensor? q_descale=None) -> (Tensor, Tensor)", _attention_kvcache, _attention_kvcache_fake),
     "attention_fp8": ("attention_fp8(Tensor q, Tensor k, Tensor v, bool causal=False, float? softmax_scale=None, "
                       "Tensor? q_descale=None, Tensor? k_descale=None, Tensor? v_descale=None, str v_layout='bshd') "
                       "-> (Tensor, Tensor)", _attention_fp8, _attention_fp8_fake),
