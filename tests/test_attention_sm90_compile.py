@@ -92,7 +92,7 @@ def test_head_dim_256_sass(tmp_path):
     Q's slabs, the lazy rescale): P·V as m64n256k16 with A from registers (tile_n/16 k-steps), S = Q·Kᵀ as
     m64n<tile_n>k16 from smem (256/16 k-steps), setmaxnreg 24 / 240, no spills although O alone
     holds 128 of the consumer's 240 registers."""
-    names = ["attention_sm90a_bf16_d256_m128_n80_s2_ov_pp_ps_kf_lz",
+    names = ["attention_sm90a_bf16_d256_m128_n80_s2_ov_pp_ps_kf_lz_cw",
              "attention_sm90a_bf16_d256_m128_n64_s2_causal_ov_pp_ps_kf_lz"]
     report = _compile_report(tmp_path, "default", *names)
     assert sorted(report) == sorted(names)
@@ -116,8 +116,10 @@ def _check_report(report: dict) -> None:
               and not h.split(", ")[1].startswith("R")]
         rs = [h for h in r["hgmma"] if h.startswith(f"HGMMA.64x{d}x16.F32.BF16 R")
               and h.split(", ")[1].startswith("R") and ".tnspB" in h]
-        # (Non-causal: no masked loop over diagonal tiles, so each GEMM is issued twice.)
-        issues = 3 if cfg["causal"] else 2
+        # (Non-causal: no masked loop over diagonal tiles, so each GEMM is issued twice; const_wg:
+        # the consumer code once per consumer warpgroup, so twice as many issue sites.)
+        copies = 2 if cfg.get("const_wg") else 1
+        issues = (3 if cfg["causal"] else 2) * copies
         assert len(ss) == issues * d // 16 and len(rs) == issues * bn // 16, (name, r["hgmma"])
         assert len(r["hgmma"]) == len(ss) + len(rs), name
         bars = r["bars"]
@@ -126,7 +128,7 @@ def _check_report(report: dict) -> None:
         assert "WARPGROUP.DEPBAR.LE gsb0, 0x1" in bars, name  # overlap: P·V in flight over softmax
         # Each loop waits for S ("1"), then for P·V ("0"), then issues the next WGMMA ("G").
         loops = re.findall(r"1(E*)0(E*)G", r["order"])
-        assert len(loops) == issues - 1, (name, r["order"])
+        assert len(loops) == issues - copies, (name, r["order"])
         if cfg["pingpong"]:
             assert any(b.startswith("BAR.SYNC") and b.endswith("0x100") for b in bars), name
         hist = r["hist"]
@@ -198,9 +200,10 @@ def test_enumeration_and_names():
 
 
 @needs_dsl
-def test_const_wg_is_an_ablation():
-    """The per-warpgroup copy of the consumer code: full tier, dense head_dim 256 non-causal only,
-    never preferred, refused without persistence and by the subclasses' own kernels."""
+def test_const_wg_is_the_head_dim_256_non_causal_default():
+    """The per-warpgroup copy of the consumer code: the preferred dense head_dim 256 non-causal
+    persistent build (bf16, f16) and nothing else, its plain twin in the full tier not preferred,
+    refused without persistence and by the subclasses' own kernels."""
     sm90 = _family()
     from factory.atoms.targets import get_target
 
@@ -208,8 +211,12 @@ def test_const_wg_is_an_ablation():
     cw = [v for v in full if v.const_wg]
     assert {(v.dtype, v.head_dim, v.causal, v.varlen) for v in cw} == {("bf16", 256, False, False),
                                                                       ("f16", 256, False, False)}
-    assert all(v.name.endswith("_lz_cw") and not v.describe()["preferred"] for v in cw)
-    assert not any(v.const_wg for v in sm90.enumerate_attention(get_target("sm_90a"), "default"))
+    assert all(v.name.endswith("_lz_cw") and v.describe()["preferred"] for v in cw)
+    default = sm90.enumerate_attention(get_target("sm_90a"), "default")
+    assert {v.name for v in default if v.const_wg} == {v.name for v in cw}
+    plain = {v.name: v for v in full if v.head_dim == 256 and not v.causal and not v.varlen and not v.const_wg}
+    assert all(v.name.removesuffix("_cw") in plain for v in cw)  # the plain twin, for --candidates
+    assert not any(v.describe()["preferred"] for v in plain.values())
     assert "const_wg needs persistent" in dataclasses.replace(cw[0], persistent=False).can_implement()
     from factory.attention.sm90_fp8 import AttentionFp8Sm90
 

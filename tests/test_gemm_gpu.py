@@ -116,7 +116,8 @@ def test_persistent_grid_of_any_size_covers_every_tile(bundle):
 
     entries = [v for v in bundle.candidates("gemm") if "persistent" in v
                and (v["layout"]["a"], v["layout"]["b"]) == ("k", "k")
-               and v.get("scale_mode") in (None, "tensor")]  # row / block scales: tests/test_gemm_fp8_gpu.py
+               and v.get("scale_mode") in (None, "tensor")  # row / block scales: tests/test_gemm_fp8_gpu.py
+               and "workspace" not in v]  # split over the grid (a workspace argument): tests/test_gemm_splitk_gpu.py
     if not entries:
         pytest.skip("no persistent (sm90a) gemm for this GPU in the bundle")
     picks = {}  # one of each kind: split-K, swap-AB, 2-CTA cluster, ping-pong, fp8, plain

@@ -266,8 +266,7 @@ class AttentionSm90(AttentionVariant):
             "threads": self.threads,
             "registers_per_role": {"producer": atoms.PRODUCER_REGS[self.consumers],
                                    "consumer": atoms.CONSUMER_REGS[self.consumers]},
-            "preferred": not self.const_wg
-                         and (self.tile_m, self.tile_n, self.stages, self.overlap, self.pingpong)
+            "preferred": (self.tile_m, self.tile_n, self.stages, self.overlap, self.pingpong)
                          == default_config(self.head_dim, self.causal, cache=getattr(self, "paged", False))
                          and all(getattr(self, k) == v for k, v in
                                  default_schedule(self.head_dim, self.causal, self.varlen,
@@ -350,14 +349,18 @@ def default_schedule(head_dim: int, causal: bool, varlen: bool = False,
     and for varlen problems (a virtual grid sized by the longest sequence, ``tile_coords``);
     without it (the kvcache and fp8 subclasses) only dense problems of head_dim <= 128 are."""
     big = not small and (persistent_all or (not varlen and head_dim <= 128))
+    # const_wg (head_dim 256 non-causal, dense): the consumer code once per warpgroup, WGMMA
+    # descriptors on the uniform datapath: B1 H16 S16384 6133 vs 6436 us with the lazy rescale
+    # alone, sustained at the power cap (H100; notes/attention-sm90.md)
     return {"persistent": big, "early_rescale": big and head_dim <= 128 and not (head_dim == 64 and causal),
-            "k_first": big, "lazy_rescale": big and persistent_all and head_dim in (128, 256) and not varlen}
+            "k_first": big, "lazy_rescale": big and persistent_all and head_dim in (128, 256) and not varlen,
+            "const_wg": big and persistent_all and head_dim == 256 and not causal and not varlen}
 
 
 # Ablations of the default configs (tier "full"): each mainloop/scheduler option on and off, so
 # that one bench process times them side by side (scripts/bench_attention.py --candidates).
 _ABLATIONS = tuple(
-    {"persistent": ps, "early_rescale": er, "k_first": False}
+    {"persistent": ps, "early_rescale": er, "k_first": False, "const_wg": False}
     for ps in (False, True) for er in (False, True)
 )
 
@@ -386,7 +389,7 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm90]:
     problems = [(dt, d, c) for dt in DTYPES for d in HEAD_DIMS for c in (False, True)]
     out = [make(*p) for p in problems]
     # Packed variable-length batches (cu_seqlens): the dense problems' tiles and schedule.
-    out += [dataclasses.replace(make(*p), varlen=True, lazy_rescale=False) for p in problems]
+    out += [dataclasses.replace(make(*p), varlen=True, lazy_rescale=False, const_wg=False) for p in problems]
     # One consumer warpgroup (64-row tiles) for grids the default tile leaves under-filled (the
     # loader's rule, as for the sm80 family): B1 H8 S512 D64 non-causal ran 8.1 µs on 32 CTAs of
     # 128 rows vs 7.3 for the sm_90 build's 64 CTAs of 64 rows, 6.0 on 64-row sm_90a CTAs.
@@ -401,15 +404,15 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm90]:
             for dt in DTYPES]
     if tier == "full":
         # The tuner's alternatives (dense): scripts/tune.py attention picks among them per shape bucket.
-        out += [make(dt, d, c, tile_m=tm, tile_n=tn, stages=s, overlap=ov, pingpong=pp)
+        out += [make(dt, d, c, tile_m=tm, tile_n=tn, stages=s, overlap=ov, pingpong=pp, const_wg=False)
                 for dt, d, c in problems for tm, tn, s, ov, pp in TUNE_CONFIGS[d]]
         out += [dataclasses.replace(make(*p), **a) for p in problems for a in _ABLATIONS]
         # the dense head_dim 128 and 256 defaults without the lazy rescale; the other persistent
         # bf16 defaults (head_dim 64, varlen) with it, for --candidates
-        out += [dataclasses.replace(make(*p), lazy_rescale=False) for p in problems if p[1] in (128, 256)]
-        # head_dim 256 non-causal with the consumer code per warpgroup (uniform-datapath WGMMA
-        # descriptors; causal, with its second loop, keeps 293 R2UR: not built)
-        out += [dataclasses.replace(make(*p), const_wg=True) for p in problems if p[1] == 256 and not p[2]]
+        out += [dataclasses.replace(make(*p), lazy_rescale=False, const_wg=False) for p in problems if p[1] in (128, 256)]
+        # head_dim 256 non-causal without the per-warpgroup consumer code (the default before it;
+        # causal, with its second loop, keeps 293 R2UR with it: not built)
+        out += [dataclasses.replace(make(*p), const_wg=False) for p in problems if p[1] == 256 and not p[2]]
         out += [dataclasses.replace(v, lazy_rescale=True) for v in out[:len(problems) * 2]
                 if v.dtype == "bf16" and v.persistent and not v.lazy_rescale]
         # D64: the other query tile (128 <-> 192 rows) and 3 stages under the default schedule
@@ -420,7 +423,7 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm90]:
                 if v.head_dim == 64 and v.tile_m == 64 and not v.varlen and not v.kv_split]
         # varlen with one tile per CTA (the grid sized by the longest sequence)
         out += [dataclasses.replace(make(*p), varlen=True, persistent=False, early_rescale=False, k_first=False,
-                                    lazy_rescale=False)
+                                    lazy_rescale=False, const_wg=False)
                 for p in problems]
     out = list({v.name: v for v in out}.values())
     return [v for v in out if v.can_implement() is None]
