@@ -187,9 +187,12 @@ def kvcache_rows(b, kv: dict) -> dict:
     if any(e.get("dtype") == "e4m3" for e in b.candidates("attention_kvcache")):  # chunked prefill, Sq 64
         rows["attention_kvcache B8 Sq64 H32/8 D128 paged 16 bf16 q"] = lambda: b.attention_kvcache(
             kv["q64"], kv["kc"], kv["vc"], kv["lens"], block_table=kv["bt"])
-        rows["attention_kvcache B8 Sq64 H32/8 D128 paged 16 e4m3 q (q/k/v descales)"] = lambda: b.attention_kvcache(
-            kv["q64_8"], kv["k8"], kv["v8"], kv["lens"], block_table=kv["bt"], q_descale=kv["qd"],
-            k_descale=kv["desc"], v_descale=kv["desc"])
+        import inspect
+
+        if "q_descale" in inspect.signature(type(b).attention_kvcache).parameters:  # (a baseline may not)
+            rows["attention_kvcache B8 Sq64 H32/8 D128 paged 16 e4m3 q (q/k/v descales)"] = lambda: b.attention_kvcache(
+                kv["q64_8"], kv["k8"], kv["v8"], kv["lens"], block_table=kv["bt"], q_descale=kv["qd"],
+                k_descale=kv["desc"], v_descale=kv["desc"])
     return rows
 
 
