@@ -180,7 +180,10 @@ def _last_pick(last: list[dict], p: Problem, groups: int, sms: int) -> dict | No
       * else the 4-warp build (two CTAs per SM) at 16 splits where that grid is at most two CTAs
         per SM and each split keeps >= 4 of its 64-key tiles: MQA B16 4k 15.6 vs 18.4 (B4 H32/8 8k,
         512 CTAs: 55.5 vs 54.3, not taken).
-    head_dim 64: slower than the rule's pick on every shape measured (B16 H32/8 4k 59.5 vs 51.1)."""
+    head_dim 64: slower than the rule's pick on every shape measured (B16 H32/8 4k 59.5 vs 51.1).
+    e4m3 caches take the same rule where such builds exist (the default tier: the 8-warp build at 16
+    splits): MQA B8 4k page 16 10.6 µs vs 12.1 for the fp8 pick before (page 64 10.7 vs 12.0), B1
+    H32/8 32k 33.5 vs 34.4."""
     if p.head_dim < 128 or not last:
         return None
     sk = p.max_seqlen_k

@@ -214,6 +214,12 @@ def test_select_fp8_one_cta_per_sm_build():
     # the PDL twin first
     twin = cands + [e8("w8p", 8, True, pdl=True)]
     assert rules.select(twin, prob(b=8, hq=16, hkv=1, sk=4096, **fp8))["name"] == "w8p"
+    # a last-arrival build of e4m3 caches (8 warps, 16 splits) where built: before the rule above
+    lm = e8("l16", 16, True)
+    lm.update(splits=16, cluster=[1, 1], workspace={"form": "counters"})
+    assert rules.select(twin + [lm], prob(b=8, hq=16, hkv=1, sk=4096, **fp8))["name"] == "l16"  # 128 CTAs
+    assert rules.select(twin + [lm], prob(b=1, sk=32768, **fp8))["name"] == "l16"             # 8 groups
+    assert rules.select(twin + [lm], prob(b=2, hq=16, hkv=1, sk=4096, **fp8))["name"] == "w8p"  # 32 CTAs
 
 
 def test_select_wide_build():
@@ -648,6 +654,7 @@ def test_c_selection_equals_python(test_bundle):
     # fp8 caches (C needs the descales; Python passes unit ones)
     b_py = Bundle.open(test_bundle, capability=(9, 0), device={"name": None, "sm_count": 132})
     dev = lib.device((9, 0), 132, None)
+    picked = set()
     for b, hq, hkv in ((1, 32, 8), (4, 32, 8), (64, 32, 8), (8, 16, 1), (16, 32, 8)):
         for page in (None, 16, 64):
             for dtype in ("bf16", "f16"):
@@ -661,6 +668,9 @@ def test_c_selection_equals_python(test_bundle):
                 cp.k_stride[:] = list(cp.k_stride)  # (element strides: multiples of 16 for e4m3)
                 got, _ = lib.kvcache_select(dev, cp)
                 assert got == want, (pr, got, want, lib.message())
+                picked.add(got[-1])
+    # the test tier's e4m3 last-arrival build is among the answers (MQA B8 4k: 128 CTAs of 2 tiles)
+    assert any(str(n).endswith("_ce4m3_paged_rc_ow_fa_lm") for n in picked), picked
 
 
 def test_c_entry_refuses_bad_problems(test_bundle):

@@ -273,10 +273,10 @@ class AttentionDecodeKV(AttentionDecode):
             return "warp-own copies and the short copy addresses: the direct e4m3 build only"
         if not self.causal:
             return "built bottom-right causal (one query: the same as no mask)"
-        if self.last and (self.splits < 2 or self.cluster or self.kv_dtype == "e4m3"
-                          or self.splits % (self.threads // ROWS)):
+        if self.last and (self.splits < 2 or self.cluster or self.splits % (self.threads // ROWS)
+                          or (self.kv_dtype == "e4m3" and not self.direct)):
             return ("the last-arrival merge: workspace splits (a multiple of threads / 16, no cluster) of "
-                    "bf16/f16 caches")
+                    "bf16/f16 caches or of the direct e4m3 build")
         return None
 
     def signature(self) -> Signature:
@@ -1646,8 +1646,9 @@ def enumerate_decode_kv(target: Target, tier: str) -> list[AttentionDecodeKV]:
                make_kv(t, "bf16", 128, 1, kv_dtype="e4m3", **FP8_OWN), make_kv(t, "f16", 128, 4, kv_dtype="e4m3"),
                # 8 warps over 128-key tiles, cluster merge with PDL
                make_kv(t, "bf16", 128, 4, config=KV_WIDE[128], pdl=True),
-               # the last-arrival merge (8 warps over 128-key tiles)
-               make_kv(t, "bf16", 128, 16, config=KV_WIDE[128], last=True)]
+               # the last-arrival merge (8 warps over 128-key tiles), bf16 and e4m3 caches
+               make_kv(t, "bf16", 128, 16, config=KV_WIDE[128], last=True),
+               make_kv(t, "bf16", 128, 16, kv_dtype="e4m3", last=True, config=FP8_WIDE, **FP8_OWN)]
     else:
         out = [make_kv(t, dt, d, sp, paged=pg) for dt in DTYPES for d in HEAD_DIMS for sp in KV_SPLITS
                for pg in (True, False)]
@@ -1686,10 +1687,17 @@ def enumerate_decode_kv(target: Target, tier: str) -> list[AttentionDecodeKV]:
         # 64, PDL twins, dense caches, for measuring
         out += [make_kv(t, "bf16", 128, sp, last=True, config=KV_WIDE[128]) for sp in LAST_SPLITS]
         out += [make_kv(t, "bf16", 128, 16, last=True)]
+        # e4m3 caches: the 8-warp build at 16 splits (MQA B8 H16/1 4k page 16: 10.6 vs 12.1 µs for the
+        # fp8 rule's pick before it, the bf16 cache's 10.5; B1 H32/8 32k 33.5 vs 34.4)
+        out += [make_kv(t, "bf16", 128, 16, kv_dtype="e4m3", last=True, config=FP8_WIDE, **FP8_OWN)]
         if tier == "full":
             out += [make_kv(t, "bf16", d, sp, last=True, **kw) for d in HEAD_DIMS for sp in LAST_SPLITS
                     for kw in ({}, {"pdl": True}, {"config": KV_WIDE[d]})]
             out += [make_kv(t, "bf16", 128, 16, paged=False, last=True, **kw) for kw in ({}, {"config": KV_WIDE[128]})]
+            # e4m3 caches (the direct build with warp-own copies): 4 and 8 warps, for measuring (4 warps
+            # at 16: B1 H32/8 32k 33.3 µs; 32 splits lose: MQA B8 4k 14.6 / 15.3)
+            out += [make_kv(t, "bf16", 128, sp, kv_dtype="e4m3", last=True, **kw, **FP8_OWN) for sp in LAST_SPLITS
+                    for kw in ({}, {"config": FP8_WIDE})]
         if tier == "full":  # every split count, without PDL, for measuring
             out += [make_kv(t, "bf16", d, sp, config=KV_WIDE[d]) for d in HEAD_DIMS for sp in KV_SPLITS]
             out += [make_kv(t, "bf16", 128, 8, paged=False, config=KV_WIDE[128])]
