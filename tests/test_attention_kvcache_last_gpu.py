@@ -83,6 +83,8 @@ def test_repeated_launches_bitwise_equal(bundle):
             d = e["head_dim"]
             lens = [4096, 1, 0, 2000, 4095, 64, 3000, 17]
             k, v, bt = make_cache(lens, 1, d, torch.bfloat16, 16, gen)
+            if e.get("kv_dtype") == "e4m3":  # an e4m3 cache (unit descales)
+                k, v = k.to(torch.float8_e4m3fn), v.to(torch.float8_e4m3fn)
             q = torch.randn(len(lens), 1, 16, d, device="cuda", generator=gen).to(torch.bfloat16)
             sl = torch.tensor(lens, dtype=torch.int32, device="cuda")
             outs = [bundle.attention_kvcache(q, k, v, sl, block_table=bt, variant=e["name"], return_lse=True)
@@ -100,6 +102,8 @@ def test_graph_replay_changed_lengths_counters_zero(bundle):
         b, hq, hkv, d, ps, max_pages, pool = 8, 16, 1, e["head_dim"], 16, 256, 2100
         k = torch.randn(pool, ps, hkv, d, device="cuda", generator=gen).to(torch.bfloat16)
         v = torch.randn(pool, ps, hkv, d, device="cuda", generator=gen).to(torch.bfloat16)
+        if e.get("kv_dtype") == "e4m3":  # an e4m3 cache (unit descales)
+            k, v = k.to(torch.float8_e4m3fn), v.to(torch.float8_e4m3fn)
         q = torch.randn(b, 1, hq, d, device="cuda", generator=gen).to(torch.bfloat16)
         bt = torch.zeros(b, max_pages, dtype=torch.int32, device="cuda")
         sl = torch.full((b,), max_pages * ps, dtype=torch.int32, device="cuda")
