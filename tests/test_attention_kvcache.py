@@ -66,7 +66,7 @@ def test_enumeration():
     f8 = [v for v in test if v.kv_dtype == "e4m3"]
     assert f8 and all(v.paged and v.head_dim == 128 for v in f8)
     default = enumerate_decode_kv(get_target("sm_90"), "default")
-    assert len({v.name for v in default}) == len(default) <= 62
+    assert len({v.name for v in default}) == len(default) <= 63
     # head_dim 256: bf16 paged caches at every split count
     assert sorted(v.splits for v in default if v.head_dim == 256) == [1, 2, 4, 8, 32]
     assert all(v.dtype == "bf16" and v.paged and v.kv_dtype == "bf16" for v in default if v.head_dim == 256)
@@ -76,8 +76,8 @@ def test_enumeration():
     assert sorted(v.splits for v in default if v.kv_dtype == "e4m3" and v.warps == 4) == [1, 2, 4, 8, 32]
     assert all(v.direct and v.own and v.fast_addr for v in default if v.kv_dtype == "e4m3")
     wide = [v for v in default if v.kv_dtype == "e4m3" and v.warps == 8]
-    assert [(v.splits, v.tile_n, v.pdl, v.describe()["preferred"], v.ctas_per_sm()) for v in wide] == [
-        (8, 128, True, False, 1)]
+    assert [(v.splits, v.tile_n, v.pdl, v.last, v.describe()["preferred"], v.ctas_per_sm()) for v in wide] == [
+        (8, 128, True, False, False, 1), (16, 128, False, True, False, 1)]  # + the last-arrival merge
     assert all(v.dtype == "bf16" and v.head_dim == 128 and v.paged for v in default if v.kv_dtype == "e4m3")
     assert all(v.can_implement() is None for v in default)
     # cluster merges without PDL twins; the workspace split with its PDL combine kernel
@@ -89,9 +89,10 @@ def test_enumeration():
     assert wide == [(64, 1, True, False), (64, 2, True, False), (128, 8, False, True), (128, 8, True, True)]
     assert all(not v.describe()["preferred"] and v.ctas_per_sm() == 1 and v.tile_n == 128
                for v in default if v.warps == 8)
-    # the last-arrival merge: bf16 head_dim 128 paged, 8 warps at 16 and 32 splits, 4 warps at 16
-    last = sorted((v.splits, v.warps, v.ctas_per_sm()) for v in default if v.last)
-    assert last == [(16, 4, 2), (16, 8, 1), (32, 8, 1)]
+    # the last-arrival merge: head_dim 128 paged; bf16 caches 8 warps at 16 and 32 splits, 4 warps at
+    # 16; e4m3 caches 8 warps at 16
+    last = sorted((v.kv_dtype, v.splits, v.warps, v.ctas_per_sm()) for v in default if v.last)
+    assert last == [("bf16", 16, 4, 2), ("bf16", 16, 8, 1), ("bf16", 32, 8, 1), ("e4m3", 16, 8, 1)]
     assert all(v.dtype == "bf16" and v.paged and not v.pdl and not v.cluster and v.head_dim == 128
                and not v.describe()["preferred"] and v.describe()["workspace"] == {"form": "counters"}
                for v in default if v.last)
