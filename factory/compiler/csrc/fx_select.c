@@ -2631,6 +2631,19 @@ static int32_t rowwise_pick(const fx_device_t *dev, int32_t op, int32_t dtype, i
     return best;
 }
 
+/* rowwise_pick's variant into ``out`` (0); the layout's reason as FX_ERR_INPUT naming ``name``; or 1
+   where no variant of the bundle serves the problem (the caller says what is missing). */
+static int32_t rowwise_take(const fx_device_t *dev, int32_t op, const char *name, int32_t dtype, int32_t flags,
+                            int64_t n, const fx_value *vals, int32_t n_vals, fx_selection_t *out) {
+    char reason[1024] = "";
+    int32_t best = rowwise_pick(dev, op, dtype, flags, n, vals, n_vals, reason, sizeof reason);
+    if (best < 0) return reason[0] ? fail(FX_ERR_INPUT, "%s: %s", name, reason) : 1;
+    out->variant = best;
+    out->name = fx_variants[best].name;
+    out->splits = 1;
+    return 0;
+}
+
 /* --- RMSNorm (+ residual, + e4m3 output): runtime/fused.py ----------------------------------------- */
 typedef struct {
     fx_value vals[FX_MAX_ARGS]; /* x, weight [, residual], y [, scale], eps */
@@ -2691,17 +2704,11 @@ static int32_t rms_select(const fx_device_t *dev, const fx_rms_norm_problem_t *p
     x->vals[k++].f = p->eps;
     x->n_vals = k;
     const int32_t want = (res ? FX_RW_RESIDUAL : 0) | (quant ? FX_RW_QUANT : 0);
-    char reason[1024] = "";
-    int32_t best = rowwise_pick(dev, FX_OP_RMS_NORM, p->dtype, want, N, x->vals, x->n_vals, reason, sizeof reason);
-    if (best < 0 && reason[0]) return fail(FX_ERR_INPUT, "rms_norm: %s", reason); /* the layout, not the bundle */
-    if (best < 0)
-        return fail(FX_ERR_NO_VARIANT, "no rms_norm variant for %s rows of %lld%s%s on compute capability %d.%d",
-                    dtype_name(p->dtype), (long long)N, res ? " with residual" : "", quant ? " to e4m3" : "",
-                    dev->cc_major, dev->cc_minor);
-    out->variant = best;
-    out->name = fx_variants[best].name;
-    out->splits = 1;
-    return 0;
+    if ((rc = rowwise_take(dev, FX_OP_RMS_NORM, "rms_norm", p->dtype, want, N, x->vals, x->n_vals, out)) != 1)
+        return rc;
+    return fail(FX_ERR_NO_VARIANT, "no rms_norm variant for %s rows of %lld%s%s on compute capability %d.%d",
+                dtype_name(p->dtype), (long long)N, res ? " with residual" : "", quant ? " to e4m3" : "",
+                dev->cc_major, dev->cc_minor);
 }
 
 FX_EXPORT int32_t fx_rms_norm_select(const fx_device_t *dev, const fx_rms_norm_problem_t *p, fx_selection_t *out) {
@@ -2757,16 +2764,9 @@ static int32_t f8r_select(const fx_device_t *dev, const fx_fp8_rows_problem_t *p
     spec(&x->vals[2], p->out, 2, sh, sto);
     spec(&x->vals[3], p->scale, 1, &M, &one);
     x->n_vals = 4;
-    char reason[1024] = "";
-    int32_t best = rowwise_pick(dev, FX_OP_FP8_ROWS, -1, 0, N, x->vals, x->n_vals, reason, sizeof reason);
-    if (best < 0 && reason[0]) return fail(FX_ERR_INPUT, "fp8_rows: %s", reason);
-    if (best < 0)
-        return fail(FX_ERR_NO_VARIANT, "no fp8_rows variant for e4m3 rows of %lld on compute capability %d.%d",
-                    (long long)N, dev->cc_major, dev->cc_minor);
-    out->variant = best;
-    out->name = fx_variants[best].name;
-    out->splits = 1;
-    return 0;
+    if ((rc = rowwise_take(dev, FX_OP_FP8_ROWS, "fp8_rows", -1, 0, N, x->vals, x->n_vals, out)) != 1) return rc;
+    return fail(FX_ERR_NO_VARIANT, "no fp8_rows variant for e4m3 rows of %lld on compute capability %d.%d",
+                (long long)N, dev->cc_major, dev->cc_minor);
 }
 
 FX_EXPORT int32_t fx_fp8_rows_select(const fx_device_t *dev, const fx_fp8_rows_problem_t *p, fx_selection_t *out) {
@@ -2876,17 +2876,11 @@ static int32_t rope_select(const fx_device_t *dev, const fx_rope_kvcache_problem
     }
     x->n_vals = k;
     const int32_t want = (p->neox ? FX_RW_NEOX : 0) | (p->table ? FX_RW_TABLE : 0) | (fp8 ? FX_RW_FP8_CACHE : 0);
-    char reason[1024] = "";
-    int32_t best = rowwise_pick(dev, FX_OP_ROPE_KVCACHE, p->dtype, want, 0, x->vals, x->n_vals, reason, sizeof reason);
-    if (best < 0 && reason[0]) return fail(FX_ERR_INPUT, "rope_kvcache: %s", reason);
-    if (best < 0)
-        return fail(FX_ERR_NO_VARIANT, "no rope_kvcache variant for %s %s rotary%s%s on compute capability %d.%d",
-                    dtype_name(p->dtype), p->neox ? "neox" : "interleaved", p->table ? " with a block table" : "",
-                    fp8 ? " into e4m3 caches" : "", dev->cc_major, dev->cc_minor);
-    out->variant = best;
-    out->name = fx_variants[best].name;
-    out->splits = 1;
-    return 0;
+    if ((rc = rowwise_take(dev, FX_OP_ROPE_KVCACHE, "rope_kvcache", p->dtype, want, 0, x->vals, x->n_vals, out)) != 1)
+        return rc;
+    return fail(FX_ERR_NO_VARIANT, "no rope_kvcache variant for %s %s rotary%s%s on compute capability %d.%d",
+                dtype_name(p->dtype), p->neox ? "neox" : "interleaved", p->table ? " with a block table" : "",
+                fp8 ? " into e4m3 caches" : "", dev->cc_major, dev->cc_minor);
 }
 
 FX_EXPORT int32_t fx_rope_kvcache_select(const fx_device_t *dev, const fx_rope_kvcache_problem_t *p,
