@@ -305,10 +305,11 @@ def main():
                     help="only the error figures of every dense fp8 variant of these head_dims, by name "
                          "(B1 H16 S2048, N(0,1) without and with FA3's outliers, per-head descales)")
     ap.add_argument("--interleaved", metavar="REGEX",
-                    help="only time the head_dim 128 non-causal fp8 variants whose names match REGEX by name "
+                    help="only time the --head-dim non-causal fp8 variants whose names match REGEX by name "
                          "beside cuDNN's bf16 kernel at B1 H16 S16384: interleaved bursts, then each "
                          "callable replayed back to back for --sustained seconds per round (SM clock, power)")
     ap.add_argument("--sustained", type=float, default=1.0, metavar="S")
+    ap.add_argument("--head-dim", type=int, default=128, help="--interleaved: the head_dim (default 128)")
     ap.add_argument("--bench-only", type=int, nargs="+", metavar="HEAD_DIM",
                     help="only the TFLOP/s table of these head_dims (B1 H16 S16384; 128: causal too)")
     a = ap.parse_args()
@@ -332,7 +333,7 @@ def main():
             Path(a.out).write_text(json.dumps({"device": torch.cuda.get_device_name(), "accuracy": rows}, indent=1))
         return
     if a.interleaved:
-        rows = interleaved(bundle, a.interleaved, a.sustained)
+        rows = interleaved(bundle, a.interleaved, a.sustained, d=a.head_dim)
         print(json.dumps(rows), flush=True)
         if a.out:
             Path(a.out).write_text(json.dumps({"device": torch.cuda.get_device_name(), "interleaved": rows}, indent=1))

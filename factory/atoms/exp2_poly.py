@@ -98,5 +98,52 @@ def ex2_poly(x, degree: int = 3):
     return cutlass.Float32(res)
 
 
+def ex2_bf16x2_ptx() -> str:
+    """The inline PTX of two exponentials through ``ex2.approx.ftz.bf16x2`` (sm_90+): ``$2``, ``$3``
+    (float32) rounded to a bf16 pair, 2^x of both, and each result back as a float32 (``$0`` from
+    ``$2``, ``$1`` from ``$3``; exact: bf16 values are float32 values)."""
+    return "\n".join([
+        "{",
+        ".reg .b32 fx_x, fx_e, fx_lo, fx_hi;",
+        "cvt.rn.bf16x2.f32 fx_x, $3, $2;",
+        "ex2.approx.ftz.bf16x2 fx_e, fx_x;",
+        "shl.b32 fx_lo, fx_e, 16;",
+        "and.b32 fx_hi, fx_e, -65536;",
+        "mov.b32 $0, fx_lo;",
+        "mov.b32 $1, fx_hi;",
+        "}",
+    ])
+
+
+def ex2_bf16x2_model(x0, x1):
+    """numpy model of :func:`ex2_bf16x2`: each input rounded to bf16 (nearest even), 2^x in float64,
+    rounded to bf16 (the hardware's approximation is within an ulp of that; tests bound it by the
+    round-off), as float32."""
+    import numpy as np
+
+    def to_bf16(v):
+        b = np.asarray(v, dtype=np.float32).view(np.uint32).astype(np.uint64)
+        b = (b + 0x7FFF + ((b >> 16) & 1)) >> 16 << 16
+        return (b & 0xFFFFFFFF).astype(np.uint32).view(np.float32)
+
+    return tuple(to_bf16(np.exp2(to_bf16(x).astype(np.float64)).astype(np.float32)) for x in (x0, x1))
+
+
+def ex2_bf16x2(x0, x1):
+    """(2^x0, 2^x1) of two Float32 through one ``ex2.approx.ftz.bf16x2`` (inputs and results
+    rounded to bf16; ptxas issues it as two MUFU.EX2.BF16 on sm_90).  One inline PTX block, no side
+    effects."""
+    import cutlass
+    from cutlass._mlir.dialects import llvm
+    from cutlass.cutlass_dsl import T
+
+    res = llvm.inline_asm(
+        llvm.StructType.get_literal([T.f32(), T.f32()]),
+        [cutlass.Float32(x0).ir_value(), cutlass.Float32(x1).ir_value()], ex2_bf16x2_ptx(), "=f,=f,f,f",
+        has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
+    return tuple(cutlass.Float32(llvm.extractvalue(T.f32(), res, [i])) for i in range(2))
+
+
 __all__ = ["EX2_CLAMP", "EX2_POLY", "EX2_POLY_REL_ERR", "EX2_ROUND_MAGIC", "ex2_poly", "ex2_poly_model",
-           "ex2_poly_ptx"]
+           "ex2_poly_ptx", "ex2_bf16x2", "ex2_bf16x2_model", "ex2_bf16x2_ptx"]

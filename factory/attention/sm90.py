@@ -75,7 +75,7 @@ from ..atoms.smem import STATIC_SMEM as _STATIC_SMEM
 from ..atoms.smem import round_up as _round_up
 from ..atoms.targets import Target
 from ..registry import register
-from . import contract, layout, mask, softmax
+from . import contract, layout, mask, softmax, softmax_ex2
 from .base import DTYPES, TOOLKIT_SOURCES, AttentionVariant, causal_field, varlen_field
 from .softmax import LOG2_E
 
@@ -123,7 +123,8 @@ def merge_floats(head_dim: int) -> int:
 @dataclass(frozen=True, kw_only=True)
 class AttentionSm90(AttentionVariant):
     family: ClassVar[str] = "sm90"
-    sources = ("attention/sm90.py", "atoms/sm90.py", "attention/layout.py", "atoms/smem.py", *TOOLKIT_SOURCES)
+    sources = ("attention/sm90.py", "atoms/sm90.py", "attention/layout.py", "atoms/smem.py",
+               "attention/softmax_ex2.py", "atoms/exp2_poly.py", *TOOLKIT_SOURCES)
     HEAD_DIMS = HEAD_DIMS
 
     tile_m: int = field(default=128, metadata={"tag": "m"})
@@ -159,6 +160,26 @@ class AttentionSm90(AttentionVariant):
     # into rank 0's shared memory (st.async, DSMEM), rank 0 merges them (the split-KV merge) and
     # stores O.  Each SM loads half of the tile's K/V bytes and walks half of its key tiles.
     kv_split: bool = field(default=False, metadata={"tag": "ks"})
+    # Exponentials of the key tiles' softmax off the MUFU pipe in part (attention/softmax_ex2.py):
+    # ``ex2_fma`` of every 16 of a thread's scores by a polynomial on the FMA pipe (degree 2 where
+    # P is e4m3, 3 where it is 16-bit; 0: none, and the name has no tag), or ``ex2_pairs``: pairs
+    # of scores through ex2.approx.ftz.bf16x2 (bf16 P).
+    ex2_fma: int = field(default=0, metadata={"tag": "xf"})
+    ex2_pairs: bool = field(default=False, metadata={"tag": "xb"})
+
+    @property
+    def name(self) -> str:
+        # ex2_fma is named only where it is used (the other names stay as they were)
+        return "_".join(t for t in super().name.split("_") if t != "xf0")
+
+    @classmethod
+    def ex2_built(cls) -> bool:
+        """Whether this class's kernels take the ex2_fma / ex2_pairs options."""
+        return cls.make_kernel is AttentionSm90.make_kernel
+
+    @property
+    def ex2_degree(self) -> int:
+        return 2 if self.dtype == "e4m3" else 3
 
     @property
     def consumers(self) -> int:
@@ -234,6 +255,13 @@ class AttentionSm90(AttentionVariant):
                               or self.early_rescale or self.lazy_rescale or self.k_first):
             return ("kv_split takes one 64-row query tile per CTA pair, overlap, dense, one tile per CTA "
                     "and the plain mainloop")
+        if self.ex2_fma or self.ex2_pairs:
+            if not type(self).ex2_built():
+                return "ex2_fma / ex2_pairs are built for the sm90 and fp8 kernels only"
+            if not 0 <= self.ex2_fma <= 16 or (self.ex2_fma and self.ex2_pairs):
+                return "ex2_fma counts exponentials per 16 (0-16); ex2_pairs takes them all"
+            if self.ex2_pairs and self.dtype not in ("bf16", "e4m3"):
+                return "ex2_pairs rounds P to bf16: bf16 (or e4m3) inputs only"
         # fp32 registers per consumer thread: S (tile_n/2), O (head_dim/2), P (tile_n/4); with
         # overlap S of the next tile lives beside P of this one.
         live = self.tile_n // 2 + self.head_dim // 2 + self.tile_n // 4
@@ -284,7 +312,13 @@ class AttentionSm90(AttentionVariant):
             const_wg=self.const_wg,
             kv_split=self.kv_split,
         )
+        self.set_ex2(k)
         return k.packed if self.varlen else k.dense
+
+    def set_ex2(self, k) -> None:
+        """The exponential options onto kernel ``k`` (class defaults: all on MUFU.EX2)."""
+        if self.ex2_fma or self.ex2_pairs:
+            k.ex2_fma, k.ex2_degree, k.ex2_pairs = self.ex2_fma, self.ex2_degree, self.ex2_pairs
 
 
 # The default config per problem: (tile_m, tile_n, stages, overlap, pingpong).  H100, bf16, CUDA
@@ -620,6 +654,11 @@ def enumerate_attention_kvcache(target: Target, tier: str) -> list[AttentionKvca
 class FlashFwdSm90(layout.TmaViewsKernel):
     """Host side: ``dense`` builds the smem layouts, TMA atoms and tiled MMAs and launches
     ``kernel``; device side: ``kernel``, ``produce``, ``consume`` and their helpers."""
+
+    # the key tiles' exponentials (AttentionSm90.ex2_fma / ex2_pairs; set after construction)
+    ex2_fma = 0
+    ex2_degree = 3
+    ex2_pairs = False
 
     def __init__(self, *, dtype, head_dim: int, tile_m: int, tile_n: int, stages: int,
                  causal: bool, overlap: bool, pingpong: bool, early_rescale: bool = False,
@@ -1622,7 +1661,7 @@ class FlashFwdSm90(layout.TmaViewsKernel):
             self.transform_scores(acc_S, cap)
             self.mask_tile(acc_S, cS, row0, n_hi - 1, q_len, k_len, n_mask, mask_lo, win)
             corr = cute.make_rmem_tensor(n_rows, cutlass.Float32)  # O's per-row rescale factor
-            softmax.online_softmax(atoms.acc_mn_view(acc_S), row_max, row_sum, scale_log2, corr=corr)
+            self.softmax_tile(atoms.acc_mn_view(acc_S), row_max, row_sum, scale_log2, corr)
             tOrP_c = self.p_operand_view(acc_S, tOrP)
             self.store_p(acc_S, tOrP, tOrP_c, ltid)
             # P·V overwrites O on the first key tile and accumulates afterwards.
@@ -1675,7 +1714,7 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                     k_pipe.consumer_release(read)
                     self.transform_scores(acc_S, cap)
                     self.mask_tile(acc_S, cS, row0, n, q_len, k_len, n_mask, mask_lo, win)
-                    softmax.online_softmax(atoms.acc_mn_view(acc_S), row_max, row_sum, scale_log2, corr=corr)
+                    self.softmax_tile(atoms.acc_mn_view(acc_S), row_max, row_sum, scale_log2, corr)
                     softmax.rescale(atoms.acc_mn_view(acc_O), corr)
                     self.store_p(acc_S, tOrP, tOrP_c, ltid)
             if cutlass.const_expr(self.persistent and not self.o_in_q):
@@ -1844,13 +1883,21 @@ class FlashFwdSm90(layout.TmaViewsKernel):
             softmax.online_softmax_lazy(atoms.acc_mn_view(acc_S), row_max, row_sum, scale_log2, corr,
                                         LAZY_RESCALE_LOG2)
         else:
-            softmax.online_softmax(atoms.acc_mn_view(acc_S), row_max, row_sum, scale_log2, corr=corr)
+            self.softmax_tile(atoms.acc_mn_view(acc_S), row_max, row_sum, scale_log2, corr)
         warpgroup.wait_group(0)
         v_pipe.consumer_release(read_v)
         if cutlass.const_expr(not self.early_rescale):
             softmax.rescale(atoms.acc_mn_view(acc_O), corr, skip_ones=self.lazy_rescale)
         self.store_p(acc_S, tOrP, tOrP_c, ltid)
         return read, tiled_mma_qk, tiled_mma_pv
+
+    def softmax_tile(self, s_mn, row_max, row_sum, scale_log2, corr):
+        """One key tile's online softmax (P in place of S, O factors in ``corr``)."""
+        if cutlass.const_expr(self.ex2_fma or self.ex2_pairs):
+            softmax_ex2.online_softmax_ex2(s_mn, row_max, row_sum, scale_log2, corr, self.ex2_fma,
+                                           self.ex2_degree, self.ex2_pairs)
+        else:
+            softmax.online_softmax(s_mn, row_max, row_sum, scale_log2, corr=corr)
 
     def p_operand_view(self, acc_S, tOrP):
         """The view P is stored through (16-bit: the A fragment seen with S's layout)."""

@@ -144,7 +144,12 @@ class AttentionFp8Sm90(AttentionSm90):
             early_rescale=self.early_rescale, persistent=self.persistent, k_first=self.k_first,
             v_transpose=self.v_layout == "bshd",
         )
+        self.set_ex2(k)
         return k.packed_fp8 if self.varlen else k.dense_fp8
+
+    @classmethod
+    def ex2_built(cls) -> bool:
+        return cls.make_kernel is AttentionFp8Sm90.make_kernel
 
 
 def fp8_config(head_dim: int, causal: bool, v_layout: str = "bshd", varlen: bool = False) -> dict[str, Any]:
