@@ -225,6 +225,42 @@ def test_const_wg_is_the_head_dim_256_non_causal_default():
 
 
 @needs_dsl
+def test_exponential_options_off_by_default_and_named_where_used():
+    """ex2_fma / ex2_pairs (the key tiles' exponentials partly off MUFU): no enumerated variant
+    uses them (names, configs and describe as before), a variant that does is named and described
+    by them, its SASS requirements name what they leave, and the kernels without them refuse."""
+    sm90 = _family()
+    from factory.atoms.targets import get_target
+    from factory.attention.sm90_fp8 import AttentionFp8Sm90, enumerate_attention_fp8
+
+    t = get_target("sm_90a")
+    every = [*sm90.enumerate_attention(t, "full"), *enumerate_attention_fp8(t, "full")]
+    for v in every:
+        assert not {"xf0", "xb"} & set(v.name.split("_")) and not re.search(r"_xf\d", v.name), v.name
+        assert "ex2_fma" not in v.config() and "exp2" not in v.describe(), v.name
+    seed = next(v for v in every if v.name == "attention_sm90a_bf16_d64_m64_n128_s2_ov")
+    fma = dataclasses.replace(seed, ex2_fma=8)
+    assert fma.name == seed.name + "_xf8" and fma.can_implement() is None
+    assert fma.config()["ex2_fma"] == 8 and fma.describe()["exp2"] == {"fma_per_16": 8, "degree": 3}
+    assert r"\bFADD\.RM\b" in fma.sass_requirements()
+    pairs = dataclasses.replace(seed, ex2_pairs=True)
+    assert pairs.name == seed.name + "_xb" and r"\bMUFU\.EX2\.BF16\b" in pairs.sass_requirements()
+    fp8 = next(v for v in every if isinstance(v, AttentionFp8Sm90) and v.head_dim == 128)
+    fp8_fma = dataclasses.replace(fp8, ex2_fma=2)
+    assert fp8_fma.can_implement() is None and fp8_fma.describe()["exp2"]["degree"] == 2  # e4m3 P
+    assert "_xf2_" in fp8_fma.name and r"\bFADD\.RM\b" in fp8_fma.sass_requirements()
+    assert "0-16" in dataclasses.replace(seed, ex2_fma=17).can_implement()
+    assert "takes them all" in dataclasses.replace(seed, ex2_fma=4, ex2_pairs=True).can_implement()
+    f16 = next(v for v in every if v.dtype == "f16" and not v.causal)
+    assert "bf16" in dataclasses.replace(f16, ex2_pairs=True).can_implement()
+    assert dataclasses.replace(f16, ex2_fma=4).can_implement() is None
+    from factory.attention.sm90 import AttentionKvcacheSm90
+
+    kv = AttentionKvcacheSm90(target="sm_90a", head_dim=128, overlap=True, pingpong=True, ex2_fma=4)
+    assert "sm90 and fp8 kernels only" in kv.can_implement()
+
+
+@needs_dsl
 def test_signature_describe_and_limits():
     sm90 = _family()
     from factory.attention.sm80 import AttentionSm80

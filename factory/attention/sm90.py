@@ -172,6 +172,15 @@ class AttentionSm90(AttentionVariant):
         # ex2_fma is named only where it is used (the other names stay as they were)
         return "_".join(t for t in super().name.split("_") if t != "xf0")
 
+    def config(self) -> dict[str, Any]:
+        # the exponential options appear only where used (manifests and cache keys of the other
+        # variants stay as they were)
+        c = super().config()
+        for k in ("ex2_fma", "ex2_pairs"):
+            if not c[k]:
+                del c[k]
+        return c
+
     @classmethod
     def ex2_built(cls) -> bool:
         """Whether this class's kernels take the ex2_fma / ex2_pairs options."""
@@ -180,6 +189,18 @@ class AttentionSm90(AttentionVariant):
     @property
     def ex2_degree(self) -> int:
         return 2 if self.dtype == "e4m3" else 3
+
+    def ex2_sass(self) -> tuple[str, ...]:
+        """SASS the exponential options leave: the polynomial's floor (an add rounding toward
+        -inf), the paired exponentials (MUFU.EX2.BF16, two per ex2.approx.ftz.bf16x2)."""
+        return (((r"\bFADD\.RM\b",) if self.ex2_fma else ())
+                + ((r"\bMUFU\.EX2\.BF16\b",) if self.ex2_pairs else ()))
+
+    def ex2_describe(self) -> dict[str, Any]:
+        if not (self.ex2_fma or self.ex2_pairs):
+            return {}
+        return {"exp2": {"fma_per_16": self.ex2_fma, "degree": self.ex2_degree} if self.ex2_fma
+                else {"bf16_pairs": True}}
 
     @property
     def consumers(self) -> int:
@@ -207,7 +228,7 @@ class AttentionSm90(AttentionVariant):
             r"\bSYNCS\.", r"\bUSETMAXREG\.", r"\bMUFU\.EX2\b",
         ) + ((r"\bVOTE\.ANY\b",) if self.lazy_rescale else ()) + (
             # kv_split: rank 1's partial by st.async into rank 0, after the cluster's barrier
-            (r"\bSTAS\.128\b", r"\bUCGABAR_ARV\b") if self.kv_split else ())
+            (r"\bSTAS\.128\b", r"\bUCGABAR_ARV\b") if self.kv_split else ()) + self.ex2_sass()
 
     def _smem_parts(self) -> tuple[int, int]:
         e = DTYPE_BYTES[self.dtype]
@@ -301,6 +322,7 @@ class AttentionSm90(AttentionVariant):
                                                   persistent_all=not getattr(self, "paged", False)).items()),
             # the key tiles split between the two CTAs of a cluster per query tile (kv_split)
             **({"kv_splits": 2, "cluster": [2, 1]} if self.kv_split else {}),
+            **self.ex2_describe(),
         }
 
     def make_kernel(self):

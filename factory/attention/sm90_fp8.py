@@ -85,6 +85,7 @@ class AttentionFp8Sm90(AttentionSm90):
             # bhds: P's quad exchange; bshd: the transposing warps' ldmatrix.trans / stmatrix
             *((r"\bSHFL\.IDX\b",) if self.v_layout == "bhds"
               else (r"\bLDSM\.16\.MT88\.4\b", r"\bSTSM\.16\.M88\.4\b")),
+            *self.ex2_sass(),
         )
 
     def smem_bytes(self) -> int:
