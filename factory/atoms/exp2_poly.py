@@ -12,7 +12,12 @@ Per exponential: one FMNMX, three FADDs, n FFMAs and a shift-add (ptxas: one LEA
 at degree 2, 8 at degree 3, against one MUFU.EX2 (MUFU issues 16 lanes per SM and clock, the FMA
 pipe 128: a warp's MUFU.EX2 holds its sub-partition's MUFU for 8 clocks).  Measured on an H100 in
 the fp8 attention forward with 1/16 to 3/8 of the mainloop's exponentials taken this way: no
-faster (the same cycles per tile at a quarter; notes/attention-fp8.md), so no kernel uses it yet.
+faster (the same cycles per tile at a quarter; notes/attention-fp8.md); the sm90 kernels take it
+as an option (AttentionSm90.ex2_fma) that no enumerated variant turns on.
+
+Also here: two exponentials through ``ex2.approx.ftz.bf16x2`` (:func:`ex2_bf16x2`, sm_90+): ptxas
+issues it as two MUFU.EX2.BF16 at MUFU.EX2's rate (H100: 16 per SM and clock for either), so it
+saves no MUFU time on sm_90; inputs and results are rounded to bf16 (unit roundoff 2^-8).
 
 Accuracy (relative, of p on [0, 1], these float32 coefficients; tests/test_exp2_poly.py checks
 the model against float64 2^x): degree 2 2.06e-3, degree 3 8.57e-5.  An e4m3 P keeps 3
