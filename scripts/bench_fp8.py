@@ -171,6 +171,7 @@ def main() -> int:
     ap.add_argument("--by-name", nargs=3, type=int, action="append", metavar=("M", "N", "K"),
                     help="time every fp8 variant of the bundle (or --variants) on this shape instead")
     ap.add_argument("--variants", nargs="*", help="glob patterns of variant names for --by-name")
+    ap.add_argument("--with-swap", action="store_true", help="--by-name also times swapped-operand tiles")
     args = ap.parse_args()
     bundle = Bundle.open(args.bundle)
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
@@ -178,7 +179,7 @@ def main() -> int:
         import fnmatch
 
         names = [v["name"] for v in bundle.candidates("gemm") if v["dtypes"]["a"] == "e4m3"
-                 and "workspace" not in v and not v.get("config", {}).get("swap_ab")
+                 and "workspace" not in v and (args.with_swap or not v.get("config", {}).get("swap_ab"))
                  and (not args.variants or any(fnmatch.fnmatch(v["name"], p) for p in args.variants))]
         rows = []
         for M, N, K in args.by_name:
@@ -186,6 +187,7 @@ def main() -> int:
                 rows.append(r)
                 print(f"{M}x{N}x{K} {r['us']:9.2f} us {r['tflops']:7.1f} TF  {r['variant']}", flush=True)
             torch.cuda.empty_cache()
+            Path(args.out + ".partial").write_text(json.dumps({"rows": rows}))  # what a time limit leaves
         Path(args.out).write_text(json.dumps({"device": torch.cuda.get_device_name(0), "rows": rows,
                                               "command": "python3 scripts/bench_fp8.py " + " ".join(sys.argv[1:])},
                                              indent=1))

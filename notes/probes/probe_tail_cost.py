@@ -8,7 +8,8 @@ G split into S = G // R parts (capped).  Launched directly on one persistent, on
 alone), G = T - 1 (one whole round, then one tile in S parts), ... .  With the round's time t1 (G =
 T), the ideal time of a plan is t1 x (k-tiles of the longest unit chain) / k_tiles; what is over it
 is the fix-up's cost at that S.  Beside them: the plain persistent tile (same tile, no tail code),
-the tail through ``bundle.gemm`` (per-call workspace + semaphore zeroing) and cuBLAS, all in the
+the tail through ``bundle.gemm`` (per-call workspace + semaphore zeroing, by torch's fill kernel
+and by the driver's memset) and cuBLAS, all in the
 same interleaved passes of CUDA-graph replays.  Every direct plan is checked against float32 after
 all the replays (also proving the semaphores came back to zero).
 
@@ -31,6 +32,7 @@ PLAIN = "gemm_sm90a_bf16_obf16_ak_bk_t128x192x64_c2x1_coop_rm_sw1_sk1_pdl"
 LADDER = [
     (1536, 2112, 4096, [66, 65, 60, 44]),
     (128, 2048, 768, [66]),
+    (2048, 2112, 7168, [66]),
 ]
 
 
@@ -63,15 +65,21 @@ def main() -> int:
         n_sets = 1 if a.profile else sets_for(gemm_bytes(M, N, K, "bf16"), l2)
         sets = [(testing.gemm_operand(M, K, 1, "k", "bf16")[0], testing.gemm_operand(N, K, 1, "k", "bf16")[0],
                  torch.empty(M, N, dtype=torch.bfloat16, device="cuda")) for _ in range(n_sets)]
-        calls = {"cublas": lambda i: torch.mm(sets[i][0], sets[i][1].t(), out=sets[i][2]),
-                 "plain": lambda i: bundle.gemm(sets[i][0], sets[i][1], sets[i][2], variant=a.plain),
-                 "tail_gemm": lambda i: bundle.gemm(sets[i][0], sets[i][1], sets[i][2], variant=a.tail)}
+        def through_gemm(how, sets=sets):
+            def call(i):
+                rt.SEMAPHORE_ZEROING = how  # read per call by the hot path
+                bundle.gemm(sets[i][0], sets[i][1], sets[i][2], variant=a.tail)
+            return call
+
+        calls = {"cublas": lambda i, sets=sets: torch.mm(sets[i][0], sets[i][1].t(), out=sets[i][2]),
+                 "plain": lambda i, sets=sets: bundle.gemm(sets[i][0], sets[i][1], sets[i][2], variant=a.plain),
+                 "tail_gemm_fill": through_gemm("fill"), "tail_gemm_memset": through_gemm("memset")}
         spec = rt._workspace_spec(entry, M, N, 0, 1)[0]
         direct = {}
         for g in gs:
             ws = torch.zeros(spec[1][0], dtype=torch.float32, device="cuda")
 
-            def go(i, ws=ws, g=g):
+            def go(i, ws=ws, g=g, sets=sets):
                 specs = [rt.rkl_spec(t, w) for t, w in zip(sets[i], ("a", "b", "out"))]
                 bundle.launch(a.tail, [*specs, (ws.data_ptr(), (ws.numel(),), (1,)), g], checked=True, device=0)
             calls[f"tail_G{g}"] = direct[g] = go
