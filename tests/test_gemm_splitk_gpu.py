@@ -162,8 +162,6 @@ from factory.runtime import Bundle
 from factory.runtime import gemm as rt
 
 b = Bundle.open(sys.argv[1])
-how = sys.argv[2]
-rt.SEMAPHORE_ZEROING = how
 M, N, K = 2048, 2112, 7000
 for v in [v for v in b.candidates("gemm") if v.get("workspace", {}).get("form") in ("tiles", "tail")]:
     a = testing.gemm_operand(M, K, 1, "k", "bf16")[0]
@@ -184,12 +182,10 @@ print("CONTEXT OK", flush=True)
 """
 
 
-@pytest.mark.parametrize("how", ["memset", "fill"])
-def test_semaphores_are_zeroed_in_a_reused_dirty_block(gpu_bundle, bundle, how):
-    """The runtime zeroes the semaphores of every per-call workspace (the driver's memset or
-    torch's fill kernel): a block freed full of garbage and handed back by the allocator still
-    gives right results (in a child process with a time limit: a semaphore left dirty would make a
-    part wait forever)."""
+def test_semaphores_are_zeroed_in_a_reused_dirty_block(gpu_bundle, bundle):
+    """The runtime zeroes the semaphores of every per-call workspace: a block freed full of
+    garbage and handed back by the allocator still gives right results (in a child process with a
+    time limit: a semaphore left dirty would make a part wait forever)."""
     import os
     import subprocess
     import sys
@@ -197,6 +193,6 @@ def test_semaphores_are_zeroed_in_a_reused_dirty_block(gpu_bundle, bundle, how):
     from conftest import ROOT
 
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    r = subprocess.run([sys.executable, "-c", DIRTY_CHILD, str(gpu_bundle), how], cwd=ROOT, env=env,
+    r = subprocess.run([sys.executable, "-c", DIRTY_CHILD, str(gpu_bundle)], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and "CONTEXT OK" in r.stdout, r.stdout + r.stderr

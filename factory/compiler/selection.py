@@ -259,7 +259,7 @@ def tables(entries: dict[str, dict], tuning_data: dict | None) -> str:
             int(e.get("max_m", 0)), int(e.get("rows_per_cta", 0)), FORMAT_IDS.get(e.get("format"), 0),
             GROUPED_IDS.get(e.get("grouped"), 0), _epilogue_flags(e),
             int(e.get("v_layout") == "bhds"),
-            int(e.get("max_n", 0)), _rowwise_flags(e), int(e.get("scale_mode") == "row"),
+            int(e.get("max_n", 0)), _rowwise_flags(e),
         )) + "}")
     out.append(f"const fx_variant fx_variants[] = {{\n  {(',' + chr(10) + '  ').join(rows)}\n}};")
     out.append(f"const int32_t fx_n_variants = {len(rows)};")

@@ -200,50 +200,13 @@ def sem_words(w: dict, M: int, N: int, L: int) -> int:
     return -(-t // w["sem_align"]) * w["sem_align"]
 
 
-# How the flat workspaces' semaphores are zeroed before each launch: "memset" (the driver's
-# cuMemsetD32Async on the launch's stream: a memset node under capture, as the C entry's
-# cudaMemsetAsync) or "fill" (torch's zero_: an elementwise kernel).  Where the driver library
-# cannot be bound, "fill".
-SEMAPHORE_ZEROING = "memset"
-_MEMSET = None  # libcuda's cuMemsetD32Async, or False where it is not there; bound on first use
-
-
-def _memset32():
-    global _MEMSET
-    if _MEMSET is None:
-        import ctypes
-
-        try:
-            fn = ctypes.CDLL("libcuda.so.1").cuMemsetD32Async
-            fn.restype = ctypes.c_int
-            fn.argtypes = [ctypes.c_uint64, ctypes.c_uint32, ctypes.c_size_t, ctypes.c_void_p]
-            _MEMSET = fn
-        except (OSError, AttributeError):
-            _MEMSET = False
-    return _MEMSET
-
-
-def zero_words(ws, words: int, stream: int | None = None) -> None:
-    """Zero the first ``words`` 4-byte words of the float32 tensor ``ws`` on raw stream ``stream``
-    (the current one; None: looked up), as SEMAPHORE_ZEROING says."""
-    fn = _memset32() if SEMAPHORE_ZEROING == "memset" and ws.is_cuda else False
-    if fn and stream is None:
-        from .bundle import current_stream
-
-        stream = current_stream()
-    if not fn or fn(ws.data_ptr(), 0, words, stream):
-        # (a driver error, e.g. no context current on this thread yet: torch's fill kernel, which
-        # raises torch's error where the device itself failed)
-        ws[:words].zero_()
-
-
 def new_workspace(entry: dict, M: int, N: int, L: int, device):
     """A split-K variant's workspace for one launch, from the stream-ordered allocator (a CUDA
     graph's pool while capturing): the flat forms' semaphores zeroed on the current stream."""
     w = entry["workspace"]
     if w.get("form") in _FLAT_FORMS:
         ws = torch.empty(workspace_words(w, M, N, L), dtype=torch.float32, device=device)
-        zero_words(ws, sem_words(w, M, N, L))
+        ws[:sem_words(w, M, N, L)].zero_()
         return ws
     return torch.empty((entry["split_k"], M, N), dtype=torch.float32, device=device)
 
@@ -527,7 +490,6 @@ def hot_launch(bundle, name: str, entry: dict, specs: list, dev: int, out, out_g
         wproto = out.new_empty(1, dtype=torch.float32).expand(math.prod(words))
         if entry["workspace"].get("form") in _FLAT_FORMS:
             zero_to = sem_words(entry["workspace"], M, N, L)
-    zero = zero_words
     fp8 = entry["dtypes"]["a"] == "e4m3"
     unit_ptr = unit.data_ptr() if unit is not None else 0
     # A given ``out`` must share no byte with a, b (or a given scale): checked per call, the
@@ -579,13 +541,12 @@ def hot_launch(bundle, name: str, entry: dict, specs: list, dev: int, out, out_g
             p += (unit_ptr if sa is None else sa.data_ptr(), unit_ptr if sb is None else sb.data_ptr())
             if out_given and any(po <= x < po + eo for x in p[3:]):
                 return None
-        stream = raw(here)
         if wproto is not None:
             ws = empty_like(wproto)  # (alive until the launch is queued)
             if zero_to:
-                zero(ws, zero_to, stream)
+                ws[:zero_to].zero_()
             p.append(ws.data_ptr())
-        err = go(*p, stream)
+        err = go(*p, raw(here))
         return out if err == 0 else failed(err)
     return fire_any
 

@@ -221,11 +221,6 @@ MODEL = {
     # (every part's partial out, the wait for the tile's slowest part, its share of the sum back),
     # in us per 128x128 tile.
     "tail_us": 16.0,
-    # fp8 row scales (scale_mode "row"): the ping-pong tiles' efficiency (one warpgroup's row-scaled
-    # epilogue under the other's mainloop), and the epilogue a cooperative / warp-specialized tile
-    # waits for, in us per wave and 128x128 of tile.  Fitted (two keys) on by-name timings of the
-    # row tiles beside torch's row-wise _scaled_mm (H100, M 128-8192; notes/gemm-fp8.md).
-    "eff_pp_row": 0.35, "row_epi_us": 0.0,
 }
 
 # MODEL's keys in the order the host library's fx_model holds them (compiler/selection.py generates
@@ -233,4 +228,4 @@ MODEL = {
 MODEL_KEYS = ("eff_256x128_c1x2", "eff_128x256_c2x1", "eff_large", "eff_pp", "eff_coop_mc", "eff_coop",
               "eff_small", "eff_swap_base", "eff_swap_slope", "fp8_promoted", "fp8_fast", "split_us",
               "fixed_us", "overlap", "grid_bw_exp", "split_tile_exp", "narrow_exp", "tile_us", "deep_bw",
-              "wide_k_bw", "eff_coop_narrow", "wsplit_us", "tail_us", "eff_pp_row", "row_epi_us")
+              "wide_k_bw", "eff_coop_narrow", "wsplit_us", "tail_us")

@@ -451,17 +451,15 @@ static const fx_model_sm100 *model100(void) {
 }
 
 /* For fitting tools only (scripts/fit_cost_model.py; not thread-safe, never needed to serve): the
-   models' tunable constants in the order of selection.py MODEL_KEYS (FX_MODEL90_KEYS) /
-   SM100_MODEL_KEYS (9); NULL restores the compiled-in ones. */
-#define FX_MODEL90_KEYS 25
+   models' tunable constants in the order of selection.py MODEL_KEYS (23) / SM100_MODEL_KEYS (9);
+   NULL restores the compiled-in ones, and either forgets this thread's cached GEMM choices. */
 static void gemm_cache_clear(void);
 FX_EXPORT int32_t fx_cost_model_set(const double *sm90, int32_t n90, const double *sm100, int32_t n100) {
-    if ((sm90 && n90 != FX_MODEL90_KEYS) || (sm100 && n100 != 9))
-        return fail(FX_ERR_INPUT, "fx_cost_model_set takes %d sm90 and 9 sm100 constants, got %d and %d",
-                    FX_MODEL90_KEYS, n90, n100);
+    if ((sm90 && n90 != 23) || (sm100 && n100 != 9))
+        return fail(FX_ERR_INPUT, "fx_cost_model_set takes 23 sm90 and 9 sm100 constants, got %d and %d", n90, n100);
     fx_model90_set = fx_model_constants;
     fx_model100_set = fx_model_sm100_constants;
-    if (sm90) memcpy(&fx_model90_set, sm90, FX_MODEL90_KEYS * sizeof(double));
+    if (sm90) memcpy(&fx_model90_set, sm90, 23 * sizeof(double));
     if (sm100) memcpy(&fx_model100_set, sm100, 9 * sizeof(double));
     fx_model90_given = sm90 != NULL;
     fx_model100_given = sm100 != NULL;
@@ -485,10 +483,7 @@ static double efficiency(const fx_variant *v, int64_t busy, int32_t sm_count) {
         else eff = p->eff_large;
     } else if ((int64_t)tm * tn >= 128 * 128) {
         int sparse = busy * 2 <= sm_count;
-        /* ping-pong with fp8 row scales: the row-scaled epilogue of one warpgroup's tile runs under
-           the other's mainloop (H100, 64x256: 2.6x faster than eff_pp predicts; notes/gemm-fp8.md) */
-        double pp = v->scale_row ? p->eff_pp_row : p->eff_pp;
-        eff = v->sched_pp ? pp : (multicast || sparse) ? p->eff_coop_mc : p->eff_coop;
+        eff = v->sched_pp ? p->eff_pp : (multicast || sparse) ? p->eff_coop_mc : p->eff_coop;
     } else if (tm >= 128 && !v->sched_pp) {
         /* two consumer warpgroups on a narrow tile (128x64, 128x96): N granularity for grids of
            few tiles (2112 = 33 x 64 columns) */
@@ -588,9 +583,6 @@ static double estimate_us(const fx_variant *v, int64_t M, int64_t N, int64_t K, 
     if (v->workspace == FX_WORKSPACE_TILES) /* per wave: a partial tile out, the last part's split tiles in */
         split_cost = p->wsplit_us * (double)waves * (double)(split + 1) * (double)(tm * tn) / 16384.0;
     double tile_cost = p->tile_us * (double)(waves - 1);
-    /* fp8 row scales on a tile whose consumers stop for the epilogue (not ping-pong, not swapped):
-       per wave, the scales' loads and multiplies before the store, per 128x128 of tile */
-    if (v->scale_row && !v->sched_pp && !v->swap_ab) tile_cost += p->row_epi_us * (double)waves * (double)(tm * tn) / 16384.0;
     return t * 1e6 + p->fixed_us + split_cost + tile_cost + tail_cost;
 }
 

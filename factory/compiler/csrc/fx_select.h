@@ -101,8 +101,6 @@ typedef struct {
     int32_t v_pretransposed;
     /* row-wise ops (elementwise/): the longest row a variant takes; FX_RW_* flags */
     int32_t max_n, rowwise;
-    /* GEMM: 1 if it applies fp8 row scales (scale_mode "row") in its epilogue */
-    int32_t scale_row;
 } fx_variant;
 /* rms_norm: residual add, e4m3 output with row scales; rope_kvcache: neox, block-table form, e4m3 caches */
 enum { FX_RW_RESIDUAL = 1, FX_RW_QUANT = 2, FX_RW_NEOX = 4, FX_RW_TABLE = 8, FX_RW_FP8_CACHE = 16 };
@@ -132,7 +130,7 @@ typedef struct {
     double eff_256x128_c1x2, eff_128x256_c2x1, eff_large, eff_pp, eff_coop_mc, eff_coop, eff_small;
     double eff_swap_base, eff_swap_slope, fp8_promoted, fp8_fast;
     double split_us, fixed_us, overlap, grid_bw_exp, split_tile_exp, narrow_exp, tile_us;
-    double deep_bw, wide_k_bw, eff_coop_narrow, wsplit_us, tail_us, eff_pp_row, row_epi_us;
+    double deep_bw, wide_k_bw, eff_coop_narrow, wsplit_us, tail_us;
     double stream_tbs;
     int64_t l2_bytes;
 } fx_model;
