@@ -215,3 +215,18 @@ def test_c_selection_computes_the_same_model(tmp_path_factory):
     _, rows = cs.compare_gemm(out, lib, problems[-len(PICKS):], (10, 0), 148, None)
     for (ab, c, M, N, K, want), (_, got, *_) in zip(PICKS, rows):
         assert got[0] == "ok" and _short(got[1]) == want, (M, N, K, got)
+
+
+def test_new_model_constants_drop_the_cached_choices():
+    """fx_cost_model_set (fitting tools) forgets this thread's cached GEMM choices: the same problem
+    asked again is chosen by the new constants, and by the compiled-in ones once they are back."""
+    entries = _entries()
+    lib = _lib(entries)
+    first = _pick(entries, "bf16", "bf16", 1, 4096, 4096)  # cached from here on
+    assert first.startswith("t64x")
+    try:
+        lib.sel.set_cost_model(sm100={**cm.MODEL, "rate_m64": 0.01})  # 64-row MMAs made ~100x slower
+        assert not _pick(entries, "bf16", "bf16", 1, 4096, 4096).startswith("t64x")
+    finally:
+        lib.sel.set_cost_model()
+    assert _pick(entries, "bf16", "bf16", 1, 4096, 4096) == first

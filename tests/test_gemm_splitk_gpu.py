@@ -152,3 +152,47 @@ def test_the_kernel_leaves_its_semaphores_zero(bundle):
             torch.cuda.synchronize()
             assert int(ws[:sems].view(torch.int32).abs().sum()) == 0, v["name"]
             assert testing.rel_error(out, _ref(a, b)) < testing.TOLERANCE["bf16"], v["name"]
+
+
+DIRTY_CHILD = r"""
+import sys
+import torch
+from factory import testing
+from factory.runtime import Bundle
+from factory.runtime import gemm as rt
+
+b = Bundle.open(sys.argv[1])
+M, N, K = 2048, 2112, 7000
+for v in [v for v in b.candidates("gemm") if v.get("workspace", {}).get("form") in ("tiles", "tail")]:
+    a = testing.gemm_operand(M, K, 1, "k", "bf16")[0]
+    w = testing.gemm_operand(N, K, 1, "k", "bf16")[0]
+    words = rt.workspace_words(v["workspace"], M, N, 1)
+    for _ in range(2):
+        out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
+        # a freed block of the workspace's size full of garbage: the allocator hands it back
+        junk = torch.full((words,), 1.0e6, dtype=torch.float32, device="cuda")
+        junk.view(torch.int32)[:64] = 7
+        del junk
+        b.gemm(a, w, out, variant=v["name"])
+        torch.cuda.synchronize()
+        err = testing.rel_error(out, a.float() @ w.float().t())
+        print("ERR", v["name"], err, flush=True)
+        assert err < testing.TOLERANCE["bf16"], (v["name"], err)
+print("CONTEXT OK", flush=True)
+"""
+
+
+def test_semaphores_are_zeroed_in_a_reused_dirty_block(gpu_bundle, bundle):
+    """The runtime zeroes the semaphores of every per-call workspace: a block freed full of
+    garbage and handed back by the allocator still gives right results (in a child process with a
+    time limit: a semaphore left dirty would make a part wait forever)."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, "-c", DIRTY_CHILD, str(gpu_bundle)], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "CONTEXT OK" in r.stdout, r.stdout + r.stderr

@@ -452,7 +452,8 @@ static const fx_model_sm100 *model100(void) {
 
 /* For fitting tools only (scripts/fit_cost_model.py; not thread-safe, never needed to serve): the
    models' tunable constants in the order of selection.py MODEL_KEYS (23) / SM100_MODEL_KEYS (9);
-   NULL restores the compiled-in ones. */
+   NULL restores the compiled-in ones, and either forgets this thread's cached GEMM choices. */
+static void gemm_cache_clear(void);
 FX_EXPORT int32_t fx_cost_model_set(const double *sm90, int32_t n90, const double *sm100, int32_t n100) {
     if ((sm90 && n90 != 23) || (sm100 && n100 != 9))
         return fail(FX_ERR_INPUT, "fx_cost_model_set takes 23 sm90 and 9 sm100 constants, got %d and %d", n90, n100);
@@ -462,6 +463,7 @@ FX_EXPORT int32_t fx_cost_model_set(const double *sm90, int32_t n90, const doubl
     if (sm100) memcpy(&fx_model100_set, sm100, 9 * sizeof(double));
     fx_model90_given = sm90 != NULL;
     fx_model100_given = sm100 != NULL;
+    gemm_cache_clear(); /* this thread's cached GEMM choices came from the old constants */
     fx_msg[0] = 0;
     return 0;
 }
@@ -950,6 +952,8 @@ static _Thread_local struct {
     gemm_key key;
     int32_t choice; /* variant + 1; 0: empty slot */
 } fx_gemm_cache[FX_CACHE_SLOTS];
+
+static void gemm_cache_clear(void) { memset(fx_gemm_cache, 0, sizeof fx_gemm_cache); }
 
 static uint32_t gemm_key_of(const gemm_ctx *g, const fx_gemm_problem_t *p, const fx_gemm_scales_t *sc,
                             const fx_gemm_epilogue_t *ep, gemm_key *k) {
