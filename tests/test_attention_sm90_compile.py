@@ -344,6 +344,26 @@ def test_h100_small_grid_takes_the_key_split_tile():
     assert _pick(True, 1, 16, 16, 512, 512, ks + H100) == "hsc"
 
 
+def test_h100_short_causal_rows_take_the_128_row_tile():
+    """A preferred query tile over 128 rows (head_dim 64: 192) gives way to the 128-row tile of the
+    same key tile for causal problems of at most four key tiles on a full grid; longer keys, no
+    mask, under-filled grids and bundles without the 128-row tile choose as before."""
+    d64 = [_e("w", "sm_90a", True, tile=(192, 128), preferred=True, **_SM90),
+           _e("m", "sm_90a", True, tile=(128, 128), **_SM90),
+           _e("s", "sm_90a", True, tile=(64, 128), **_SM90),
+           _e("wn", "sm_90a", tile=(192, 128), preferred=True, **_SM90),
+           _e("mn", "sm_90a", tile=(128, 128), **_SM90)]
+    assert _pick(True, 32, 32, 32, 512, 512, d64) == "m"
+    assert _pick(True, 64, 32, 32, 384, 384, d64) == "m"
+    assert _pick(True, 32, 32, 8, 100, 512, d64) == "m"       # fewer queries than keys
+    assert _pick(True, 32, 32, 32, 640, 640, d64) == "w"      # five key tiles
+    assert _pick(True, 8, 16, 16, 2048, 2048, d64) == "w"
+    assert _pick(False, 32, 32, 32, 512, 512, d64) == "wn"    # not causal
+    assert _pick(True, 1, 8, 8, 512, 512, d64) == "s"         # under-filled: the small-tile rule
+    assert _pick(True, 32, 32, 32, 512, 512, [d64[0], d64[2]]) == "w"
+    assert _pick(True, 32, 32, 32, 512, 512) == "hc"          # a preferred 128-row tile stays
+
+
 def test_h100_decode_keeps_the_sm80_family():
     # Sq = 1 with GQA: packed split-KV (sm_90 build), as before sm_90a variants existed
     assert _pick(False, 8, 32, 8, 1, 4096) == "p4"

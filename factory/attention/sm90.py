@@ -159,6 +159,10 @@ class AttentionSm90(AttentionVariant):
     # into rank 0's shared memory (st.async, DSMEM), rank 0 merges them (the split-KV merge) and
     # stores O.  Each SM loads half of the tile's K/V bytes and walks half of its key tiles.
     kv_split: bool = field(default=False, metadata={"tag": "ks"})
+    # Persistent, O through its own smem slabs by TMA: the warp that issues a tile's O store does
+    # not wait for the store to read the slab; it waits before the next tile's O is written there
+    # (and once before the CTA exits), so the next tile's first GEMM does not wait on the store.
+    store_defer: bool = field(default=False, metadata={"tag": "sd"})
 
     @property
     def consumers(self) -> int:
@@ -230,6 +234,8 @@ class AttentionSm90(AttentionVariant):
             return "const_wg needs persistent"
         if self.const_wg and type(self).make_kernel is not AttentionSm90.make_kernel:
             return "const_wg is built for this family's own kernels only"
+        if self.store_defer and (not self.persistent or self.o_in_q or self.varlen):
+            return "store_defer needs persistent, dense, O in its own smem slabs"
         if self.kv_split and (self.tile_m != WG_ROWS or not self.overlap or self.persistent or self.varlen
                               or self.early_rescale or self.lazy_rescale or self.k_first):
             return ("kv_split takes one 64-row query tile per CTA pair, overlap, dense, one tile per CTA "
@@ -282,7 +288,7 @@ class AttentionSm90(AttentionVariant):
             pingpong=self.pingpong, early_rescale=self.early_rescale, persistent=self.persistent,
             k_first=self.k_first, o_in_q=self.o_in_q, lazy_rescale=self.lazy_rescale,
             const_wg=self.const_wg,
-            kv_split=self.kv_split,
+            kv_split=self.kv_split, store_defer=self.store_defer,
         )
         return k.packed if self.varlen else k.dense
 
@@ -421,6 +427,17 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm90]:
         # the non-causal kv_split twins of D64's 64-row tiles (for --candidates)
         out += [dataclasses.replace(v, kv_split=True) for v in out
                 if v.head_dim == 64 and v.tile_m == 64 and not v.varlen and not v.kv_split]
+        # the dense persistent defaults (and the other D64 tile) with the deferred O-store wait;
+        # head_dim 256 varlen with the per-warpgroup consumer code (with and without the lazy
+        # rescale); D64 causal varlen on the 128-row tile
+        out += [dataclasses.replace(v, store_defer=True) for v in out
+                if v.persistent and not v.varlen and not v.o_in_q and not v.store_defer
+                and (v.tile_m, v.tile_n, v.stages) in ((128, 128, 2), (192, 128, 2))
+                and v.early_rescale == default_schedule(v.head_dim, v.causal)["early_rescale"]
+                and v.lazy_rescale == (v.head_dim == 128) and v.k_first]
+        out += [dataclasses.replace(make(dt, 256, False), varlen=True, const_wg=True, lazy_rescale=lz)
+                for dt in DTYPES for lz in (False, True)]
+        out += [dataclasses.replace(make(dt, 64, True, tile_m=128), varlen=True) for dt in DTYPES]
         # varlen with one tile per CTA (the grid sized by the longest sequence)
         out += [dataclasses.replace(make(*p), varlen=True, persistent=False, early_rescale=False, k_first=False,
                                     lazy_rescale=False, const_wg=False)
@@ -627,8 +644,11 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                  gather: bool = False, local: bool = False, softcap: bool = False,
                  sinks: bool = False, wide_producer: bool = False, kv_dtype=None, fp8_stages: int = 1,
                  o_in_q: bool = False, lazy_rescale: bool = False, const_wg: bool = False,
-                 kv_split: bool = False):
+                 kv_split: bool = False, store_defer: bool = False):
         super().__init__(dtype=dtype, head_dim=head_dim, causal=causal, local=local)
+        # persistent, O's own slabs: the O store's read of its slab waited for before the next
+        # tile's O is written there (AttentionSm90.store_defer)
+        self.store_defer = store_defer
         # persistent: the consumer code once per consumer warpgroup (``consumer_tiles``)
         self.const_wg = const_wg
         # a cluster of two CTAs per 64-row query tile, each on half of its key tiles, merged in
@@ -1098,6 +1118,10 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                 else:
                     if n_hi > 0:
                         q_phase = q_phase ^ 1
+        if cutlass.const_expr(self.store_defer):
+            # the last O store has read its slab before the CTA's smem goes away
+            if tidx % 128 < 32:
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
     def transpose_loop(self, vs_ptr, v_ptr, vs_layout, v_layout, vs_pipe, v_pipe, n_tiles, read, write,
@@ -1724,6 +1748,10 @@ class FlashFwdSm90(layout.TmaViewsKernel):
         sO = sO[None, None, wg]
         rO = cute.make_rmem_tensor(acc_O.layout, self.out_dtype)
         if cutlass.const_expr(self.persistent and not self.o_in_q):
+            if cutlass.const_expr(self.store_defer):
+                # the issuing warp: the previous tile's O store has read this slab
+                if ltid < 32:
+                    cute.arch.cp_async_bulk_wait_group(0, read=True)
             # the previous tile's TMA store has read this slab (its issuing warp waited)
             cute.arch.barrier(barrier_id=int(_Bar.EPILOGUE) + wg, number_of_threads=128)
         rO.store(acc_O.load().to(self.out_dtype))
@@ -1742,7 +1770,8 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                                                    cute.group_modes(gO, 0, 2))
                 cute.copy(tma_o, tOsO, tOgO)
                 cute.arch.cp_async_bulk_commit_group()
-                cute.arch.cp_async_bulk_wait_group(0, read=True)
+                if cutlass.const_expr(not self.store_defer):
+                    cute.arch.cp_async_bulk_wait_group(0, read=True)
                 if cutlass.const_expr(self.o_in_q):
                     # the store has read O out of Q's slab: the next tile's Q may land there
                     with cute.arch.elect_one():
