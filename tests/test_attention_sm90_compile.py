@@ -364,6 +364,28 @@ def test_h100_short_causal_rows_take_the_128_row_tile():
     assert _pick(True, 32, 32, 32, 512, 512) == "hc"          # a preferred 128-row tile stays
 
 
+def test_h100_short_causal_rows_leave_o_through_q_persistence():
+    """A preferred persistent variant whose O leaves through Q's slabs (head_dim 256) gives way to
+    its one-tile-per-CTA twin for causal problems of at most 512 keys on a full grid; a preferred
+    persistent variant with O slabs of its own, longer keys and no mask keep the preferred one."""
+    qs = {"persistent": True, "max_ctas": 132, "o_smem": "q slabs"}
+    own = {"persistent": True, "max_ctas": 132}
+    one = {"persistent": False}
+    d256 = [_e("p", "sm_90a", True, tile=(128, 64), preferred=True, tile_scheduler=qs, **_SM90),
+            _e("t", "sm_90a", True, tile=(128, 64), tile_scheduler=one, **_SM90),
+            _e("s", "sm_90a", True, tile=(64, 64), tile_scheduler=one, **_SM90),
+            _e("pn", "sm_90a", tile=(128, 64), preferred=True, tile_scheduler=qs, **_SM90),
+            _e("tn", "sm_90a", tile=(128, 64), tile_scheduler=one, **_SM90)]
+    assert _pick(True, 32, 32, 32, 512, 512, d256) == "t"
+    assert _pick(True, 64, 32, 8, 256, 256, d256) == "t"
+    assert _pick(True, 8, 16, 16, 2048, 2048, d256) == "p"
+    assert _pick(True, 32, 32, 32, 640, 640, d256) == "p"
+    assert _pick(False, 32, 32, 32, 512, 512, d256) == "pn"   # not causal
+    assert _pick(True, 1, 8, 8, 512, 512, d256) == "s"        # under-filled: the small-tile rule
+    own_o = [dict(d256[0], tile_scheduler=own), d256[1]]
+    assert _pick(True, 32, 32, 32, 512, 512, own_o) == "p"
+
+
 def test_h100_decode_keeps_the_sm80_family():
     # Sq = 1 with GQA: packed split-KV (sm_90 build), as before sm_90a variants existed
     assert _pick(False, 8, 32, 8, 1, 4096) == "p4"

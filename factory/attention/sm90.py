@@ -358,15 +358,21 @@ def default_schedule(head_dim: int, causal: bool, varlen: bool = False,
     # const_wg (head_dim 256 non-causal, dense): the consumer code once per warpgroup, WGMMA
     # descriptors on the uniform datapath: B1 H16 S16384 6133 vs 6436 us with the lazy rescale
     # alone, sustained at the power cap (H100; notes/attention-sm90.md)
+    # varlen head_dim 256 (8 packed sequences of 2048, H16, interleaved by name): the lazy rescale
+    # and const_wg 748 vs 828 us, causal (lazy rescale) 470 vs 495.  store_defer (causal, O in its
+    # own slabs): B32 H32 S512 head_dim 128 205.5 vs 209.4 us (ncu 331.8 k vs 342.9 k cycles), head_dim
+    # 64 158.0 vs 160.3 (192 rows), 147.5 vs 149.0 (128 rows)
     return {"persistent": big, "early_rescale": big and head_dim <= 128 and not (head_dim == 64 and causal),
-            "k_first": big, "lazy_rescale": big and persistent_all and head_dim in (128, 256) and not varlen,
-            "const_wg": big and persistent_all and head_dim == 256 and not causal and not varlen}
+            "k_first": big,
+            "lazy_rescale": big and persistent_all and (head_dim == 256 or (head_dim == 128 and not varlen)),
+            "const_wg": big and persistent_all and head_dim == 256 and not causal,
+            "store_defer": big and persistent_all and head_dim <= 128 and causal and not varlen}
 
 
 # Ablations of the default configs (tier "full"): each mainloop/scheduler option on and off, so
 # that one bench process times them side by side (scripts/bench_attention.py --candidates).
 _ABLATIONS = tuple(
-    {"persistent": ps, "early_rescale": er, "k_first": False, "const_wg": False}
+    {"persistent": ps, "early_rescale": er, "k_first": False, "const_wg": False, "store_defer": False}
     for ps in (False, True) for er in (False, True)
 )
 
@@ -395,7 +401,9 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm90]:
     problems = [(dt, d, c) for dt in DTYPES for d in HEAD_DIMS for c in (False, True)]
     out = [make(*p) for p in problems]
     # Packed variable-length batches (cu_seqlens): the dense problems' tiles and schedule.
-    out += [dataclasses.replace(make(*p), varlen=True, lazy_rescale=False, const_wg=False) for p in problems]
+    out += [dataclasses.replace(make(*p), varlen=True, **{k: default_schedule(*p[1:], varlen=True, persistent_all=True)[k]
+                                                          for k in ("lazy_rescale", "const_wg", "store_defer")})
+            for p in problems]
     # One consumer warpgroup (64-row tiles) for grids the default tile leaves under-filled (the
     # loader's rule, as for the sm80 family): B1 H8 S512 D64 non-causal ran 8.1 µs on 32 CTAs of
     # 128 rows vs 7.3 for the sm_90 build's 64 CTAs of 64 rows, 6.0 on 64-row sm_90a CTAs.
@@ -408,6 +416,14 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm90]:
     # 5.78 vs 5.71 and two key tiles 4.80 vs 4.16 (tier full only).
     out += [make(dt, 64, True, tile_m=64, pingpong=False, kv_split=True, **default_schedule(64, True, small=True))
             for dt in DTYPES]
+    # head_dim 64 causal, dense: the 128-row tile beside the preferred 192 rows, which the selection
+    # takes for keys of at most four key tiles (fx_select.c attn_choose): B32 H32 S512 147.5 vs
+    # 158.0 us (H100, interleaved by name; cuDNN 128.5)
+    out += [make(dt, 64, True, tile_m=128) for dt in DTYPES]
+    # head_dim 256 causal, dense: one tile per CTA beside the preferred persistent CTAs (whose O
+    # leaves through Q's slabs, so each tile's Q waits for the last O store), which the selection
+    # takes for at most 512 keys: B32 H32 S512 400.1 vs 424.5 us (H100, interleaved by name)
+    out += [dataclasses.replace(make(dt, 256, True), persistent=False, k_first=False) for dt in DTYPES]
     if tier == "full":
         # The tuner's alternatives (dense): scripts/tune.py attention picks among them per shape bucket.
         out += [make(dt, d, c, tile_m=tm, tile_n=tn, stages=s, overlap=ov, pingpong=pp, const_wg=False)
@@ -435,12 +451,18 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm90]:
                 and (v.tile_m, v.tile_n, v.stages) in ((128, 128, 2), (192, 128, 2))
                 and v.early_rescale == default_schedule(v.head_dim, v.causal)["early_rescale"]
                 and v.lazy_rescale == (v.head_dim == 128) and v.k_first]
-        out += [dataclasses.replace(make(dt, 256, False), varlen=True, const_wg=True, lazy_rescale=lz)
-                for dt in DTYPES for lz in (False, True)]
-        out += [dataclasses.replace(make(dt, 64, True, tile_m=128), varlen=True) for dt in DTYPES]
+        out += [dataclasses.replace(make(dt, 256, c), varlen=True, const_wg=cw and not c, lazy_rescale=lz)
+                for dt in DTYPES for c in (False, True) for lz, cw in ((False, False), (True, False), (False, True))]
+        out += [dataclasses.replace(make(dt, 64, True, tile_m=128), varlen=True, store_defer=False) for dt in DTYPES]
+        # head_dim 64 causal, 128 rows: 3 and 4 K/V stages (the next tile's first keys in flight
+        # earlier); head_dim 128 causal with 3 stages (O through Q's slabs then)
+        out += [make(dt, 64, True, tile_m=128, stages=s) for dt in DTYPES for s in (3, 4)]
+        out += [make(dt, 128, True, stages=3) for dt in DTYPES]
+        # every variant with store_defer also without it (the defaults before it)
+        out += [dataclasses.replace(v, store_defer=False) for v in out if v.store_defer]
         # varlen with one tile per CTA (the grid sized by the longest sequence)
         out += [dataclasses.replace(make(*p), varlen=True, persistent=False, early_rescale=False, k_first=False,
-                                    lazy_rescale=False, const_wg=False)
+                                    lazy_rescale=False, const_wg=False, store_defer=False)
                 for p in problems]
     out = list({v.name: v for v in out}.values())
     return [v for v in out if v.can_implement() is None]
