@@ -153,7 +153,7 @@ def test_enumeration_and_names():
 
     sm90 = _family()
     test = sm90.enumerate_attention(get_target("sm_90a"), "test")
-    assert [v.name for v in test] == ["attention_sm90a_bf16_d128_m128_n128_s2_causal_ov_pp_er_ps_kf_lz",
+    assert [v.name for v in test] == ["attention_sm90a_bf16_d128_m128_n128_s2_causal_ov_pp_er_ps_kf_lz_sd",
                                       "attention_sm90a_bf16_d128_m64_n128_s2_causal_ov"]
     default = sm90.enumerate_attention(get_target("sm_90a"), "default")
     problems = {(dt, d, c) for dt in ("bf16", "f16") for d in (64, 128, 256) for c in (False, True)}
@@ -166,6 +166,15 @@ def test_enumeration_and_names():
     assert all(v.describe()["cluster"] == [2, 1] and v.describe()["kv_splits"] == 2 and not v.persistent
                and not v.describe()["preferred"] for v in split)
     default = [v for v in default if not v.kv_split]
+    # causal, dense: the 128-row head_dim 64 tile and the one-tile-per-CTA head_dim 256 build beside
+    # the preferred ones (the selection's short-causal rules), neither preferred
+    short = [v for v in default if v.causal and ((v.head_dim, v.tile_m) == (64, 128)
+                                                 or (v.head_dim == 256 and v.tile_m == 128 and not v.persistent))]
+    assert {(v.dtype, v.head_dim) for v in short} == {(dt, d) for dt in ("bf16", "f16") for d in (64, 256)}
+    assert not any(v.describe()["preferred"] for v in short)
+    assert all(v.persistent and v.store_defer and v.stages == 2 for v in short if v.head_dim == 64)
+    assert all(v.describe()["tile"] == [128, 64] and v.lazy_rescale for v in short if v.head_dim == 256)
+    default = [v for v in default if v not in short]
     big = [v for v in default if v.tile_m > 64]
     small = [v for v in default if v.tile_m == 64]
     assert {v.tile_m for v in big + varlen if v.head_dim == 64} == {192}
@@ -181,10 +190,16 @@ def test_enumeration_and_names():
     assert all(v.persistent and v.o_in_q == (v.head_dim == 256) for v in big + varlen)
     assert not any(v.persistent for v in small)
     assert all(v.describe()["tile_scheduler"]["max_ctas"] == sm90.PERSISTENT_CTAS for v in big + varlen)
-    # the lazy rescale: the dense head_dim 128 and 256 tiles only
-    assert {(v.dtype, v.head_dim, v.causal) for v in default + varlen if v.lazy_rescale} == {
-        (dt, d, c) for dt in ("bf16", "f16") for d in (128, 256) for c in (False, True)}
-    assert all(v.tile_m == 128 and not v.varlen for v in default if v.lazy_rescale)
+    # the lazy rescale: the dense head_dim 128 and 256 tiles, and varlen head_dim 256
+    assert {(v.dtype, v.head_dim, v.causal, v.varlen) for v in default + varlen if v.lazy_rescale} == {
+        (dt, d, c, vl) for dt in ("bf16", "f16") for d in (128, 256) for c in (False, True)
+        for vl in (False, True) if d == 256 or not vl}
+    assert all(v.tile_m == 128 for v in default + varlen if v.lazy_rescale)
+    # store_defer: the dense causal persistent tiles with O slabs of their own (head_dim 64, 128)
+    assert {(v.dtype, v.head_dim) for v in default + varlen if v.store_defer} == {
+        (dt, d) for dt in ("bf16", "f16") for d in (64, 128)}
+    assert all(v.causal and not v.varlen and v.persistent and not v.o_in_q
+               for v in default + varlen if v.store_defer)
     assert "lazy_rescale needs overlap" in sm90.AttentionSm90(
         target="sm_90a", head_dim=128, lazy_rescale=True).can_implement()
     assert all(("o_smem" in v.describe()["tile_scheduler"]) == v.o_in_q for v in big + varlen)
@@ -201,20 +216,23 @@ def test_enumeration_and_names():
 
 @needs_dsl
 def test_const_wg_is_the_head_dim_256_non_causal_default():
-    """The per-warpgroup copy of the consumer code: the preferred dense head_dim 256 non-causal
-    persistent build (bf16, f16) and nothing else, its plain twin in the full tier not preferred,
-    refused without persistence and by the subclasses' own kernels."""
+    """The per-warpgroup copy of the consumer code: the preferred head_dim 256 non-causal persistent
+    builds (bf16, f16; dense and varlen) and their full-tier twins, the plain twins in the full tier
+    not preferred, refused without persistence and by the subclasses' own kernels."""
     sm90 = _family()
     from factory.atoms.targets import get_target
 
     full = sm90.enumerate_attention(get_target("sm_90a"), "full")
     cw = [v for v in full if v.const_wg]
-    assert {(v.dtype, v.head_dim, v.causal, v.varlen) for v in cw} == {("bf16", 256, False, False),
-                                                                      ("f16", 256, False, False)}
-    assert all(v.name.endswith("_lz_cw") and v.describe()["preferred"] for v in cw)
+    assert {(v.dtype, v.head_dim, v.causal, v.varlen) for v in cw} == {
+        (dt, 256, False, vl) for dt in ("bf16", "f16") for vl in (False, True)}
+    pref = [v for v in cw if v.describe()["preferred"]]
+    assert len(pref) == 4 and all(v.name.endswith("_lz_cw") for v in pref)
+    assert all(v.varlen and not v.lazy_rescale for v in cw if v not in pref)  # varlen without the lazy rescale
     default = sm90.enumerate_attention(get_target("sm_90a"), "default")
-    assert {v.name for v in default if v.const_wg} == {v.name for v in cw}
-    plain = {v.name: v for v in full if v.head_dim == 256 and not v.causal and not v.varlen and not v.const_wg}
+    assert {v.name for v in default if v.const_wg} == {v.name for v in pref}
+    cw = pref
+    plain = {v.name: v for v in full if v.head_dim == 256 and not v.causal and not v.const_wg}
     assert all(v.name.removesuffix("_cw") in plain for v in cw)  # the plain twin, for --candidates
     assert not any(v.describe()["preferred"] for v in plain.values())
     assert "const_wg needs persistent" in dataclasses.replace(cw[0], persistent=False).can_implement()
@@ -267,8 +285,8 @@ def test_signature_describe_and_limits():
 
     V = sm90.AttentionSm90
     v = V(target="sm_90a", dtype="f16", head_dim=128, causal=True, overlap=True, pingpong=True,
-          persistent=True, k_first=True, early_rescale=True, lazy_rescale=True)
-    assert v.name == "attention_sm90a_f16_d128_m128_n128_s2_causal_ov_pp_er_ps_kf_lz"
+          persistent=True, k_first=True, early_rescale=True, lazy_rescale=True, store_defer=True)
+    assert v.name == "attention_sm90a_f16_d128_m128_n128_s2_causal_ov_pp_er_ps_kf_lz_sd"
     # The sm80 family's dense calling convention, argument for argument: no new launch code.
     assert v.signature() == AttentionSm80(target="sm_90", dtype="f16", head_dim=128,
                                           causal=True).signature()
@@ -279,6 +297,10 @@ def test_signature_describe_and_limits():
     assert d["registers_per_role"] == {"producer": 24, "consumer": 240} and d["threads"] == 384
     json.dumps(d)
     assert not dataclasses.replace(v, lazy_rescale=False).describe()["preferred"]
+    assert not dataclasses.replace(v, store_defer=False).describe()["preferred"]
+    assert "store_defer needs" in dataclasses.replace(v, persistent=False).can_implement()
+    assert "store_defer needs" in dataclasses.replace(v, varlen=True).can_implement()
+    assert "store_defer needs" in dataclasses.replace(v, stages=3).can_implement()  # O through Q's slabs
     assert not V(target="sm_90a", dtype="f16", head_dim=64).describe()["preferred"]
     assert "Hopper" in V(target="sm_90", dtype="bf16").can_implement()
     # varlen: the sm80 family's packed convention
@@ -378,6 +400,48 @@ def test_h100_small_grid_takes_the_key_split_tile():
     assert _pick(True, 2, 16, 16, 4096, 4096, c) == "hc"   # a full grid: the preferred tile
     assert _pick(True, 1, 8, 8, 512, 512, ks + H100) == "hksc"  # (listed first: still not the plain small tile)
     assert _pick(True, 1, 16, 16, 512, 512, ks + H100) == "hsc"
+
+
+def test_h100_short_causal_rows_take_the_128_row_tile():
+    """A preferred query tile over 128 rows (head_dim 64: 192) gives way to the 128-row tile of the
+    same key tile for causal problems of at most four key tiles on a full grid; longer keys, no
+    mask, under-filled grids and bundles without the 128-row tile choose as before."""
+    d64 = [_e("w", "sm_90a", True, tile=(192, 128), preferred=True, **_SM90),
+           _e("m", "sm_90a", True, tile=(128, 128), **_SM90),
+           _e("s", "sm_90a", True, tile=(64, 128), **_SM90),
+           _e("wn", "sm_90a", tile=(192, 128), preferred=True, **_SM90),
+           _e("mn", "sm_90a", tile=(128, 128), **_SM90)]
+    assert _pick(True, 32, 32, 32, 512, 512, d64) == "m"
+    assert _pick(True, 64, 32, 32, 384, 384, d64) == "m"
+    assert _pick(True, 32, 32, 8, 100, 512, d64) == "m"       # fewer queries than keys
+    assert _pick(True, 32, 32, 32, 640, 640, d64) == "w"      # five key tiles
+    assert _pick(True, 8, 16, 16, 2048, 2048, d64) == "w"
+    assert _pick(False, 32, 32, 32, 512, 512, d64) == "wn"    # not causal
+    assert _pick(True, 1, 8, 8, 512, 512, d64) == "s"         # under-filled: the small-tile rule
+    assert _pick(True, 32, 32, 32, 512, 512, [d64[0], d64[2]]) == "w"
+    assert _pick(True, 32, 32, 32, 512, 512) == "hc"          # a preferred 128-row tile stays
+
+
+def test_h100_short_causal_rows_leave_o_through_q_persistence():
+    """A preferred persistent variant whose O leaves through Q's slabs (head_dim 256) gives way to
+    its one-tile-per-CTA twin for causal problems of at most 512 keys on a full grid; a preferred
+    persistent variant with O slabs of its own, longer keys and no mask keep the preferred one."""
+    qs = {"persistent": True, "max_ctas": 132, "o_smem": "q slabs"}
+    own = {"persistent": True, "max_ctas": 132}
+    one = {"persistent": False}
+    d256 = [_e("p", "sm_90a", True, tile=(128, 64), preferred=True, tile_scheduler=qs, **_SM90),
+            _e("t", "sm_90a", True, tile=(128, 64), tile_scheduler=one, **_SM90),
+            _e("s", "sm_90a", True, tile=(64, 64), tile_scheduler=one, **_SM90),
+            _e("pn", "sm_90a", tile=(128, 64), preferred=True, tile_scheduler=qs, **_SM90),
+            _e("tn", "sm_90a", tile=(128, 64), tile_scheduler=one, **_SM90)]
+    assert _pick(True, 32, 32, 32, 512, 512, d256) == "t"
+    assert _pick(True, 64, 32, 8, 256, 256, d256) == "t"
+    assert _pick(True, 8, 16, 16, 2048, 2048, d256) == "p"
+    assert _pick(True, 32, 32, 32, 640, 640, d256) == "p"
+    assert _pick(False, 32, 32, 32, 512, 512, d256) == "pn"   # not causal
+    assert _pick(True, 1, 8, 8, 512, 512, d256) == "s"        # under-filled: the small-tile rule
+    own_o = [dict(d256[0], tile_scheduler=own), d256[1]]
+    assert _pick(True, 32, 32, 32, 512, 512, own_o) == "p"
 
 
 def test_h100_decode_keeps_the_sm80_family():

@@ -162,7 +162,7 @@ class _FakeAttention:
             a["lse"].add_(0.1)
 
 
-@pytest.mark.parametrize("name", ["attention_sm90a_bf16_d64_m192_n128_s2_causal_ov_pp_ps_kf",
+@pytest.mark.parametrize("name", ["attention_sm90a_bf16_d64_m192_n128_s2_causal_ov_pp_ps_kf_sd",
                                   "attention_sm90_bf16_d64_m128_n128_w8_s2_causal_varlen",
                                   "attention_sm90_bf16_d64_q16_n64_w4_s4_causal_kv1"])
 def test_the_recorded_checks_can_fail(name):

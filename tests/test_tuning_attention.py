@@ -17,7 +17,7 @@ from factory.compiler.link import relink
 from factory.runtime import Bundle, tuning
 
 H100 = {"name": "NVIDIA H100 80GB HBM3", "sm_count": 132}
-BIG = "attention_sm90a_bf16_d128_m128_n128_s2_causal_ov_pp_er_ps_kf_lz"
+BIG = "attention_sm90a_bf16_d128_m128_n128_s2_causal_ov_pp_er_ps_kf_lz_sd"
 SMALL = "attention_sm90a_bf16_d128_m64_n128_s2_causal_ov"
 
 

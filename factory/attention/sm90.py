@@ -160,6 +160,10 @@ class AttentionSm90(AttentionVariant):
     # into rank 0's shared memory (st.async, DSMEM), rank 0 merges them (the split-KV merge) and
     # stores O.  Each SM loads half of the tile's K/V bytes and walks half of its key tiles.
     kv_split: bool = field(default=False, metadata={"tag": "ks"})
+    # Persistent, O through its own smem slabs by TMA: the warp that issues a tile's O store does
+    # not wait for the store to read the slab; it waits before the next tile's O is written there
+    # (and once before the CTA exits), so the next tile's first GEMM does not wait on the store.
+    store_defer: bool = field(default=False, metadata={"tag": "sd"})
     # Exponentials of the key tiles' softmax off the MUFU pipe in part (attention/softmax_ex2.py):
     # ``ex2_fma`` of every 16 of a thread's scores by a polynomial on the FMA pipe (degree 2 where
     # P is e4m3, 3 where it is 16-bit; 0: none, and the name has no tag), or ``ex2_pairs``: pairs
@@ -176,7 +180,7 @@ class AttentionSm90(AttentionVariant):
         # the exponential options appear only where used (manifests and cache keys of the other
         # variants stay as they were)
         c = super().config()
-        for k in ("ex2_fma", "ex2_pairs"):
+        for k in ("store_defer", "ex2_fma", "ex2_pairs"):
             if not c[k]:
                 del c[k]
         return c
@@ -272,6 +276,8 @@ class AttentionSm90(AttentionVariant):
             return "const_wg needs persistent"
         if self.const_wg and type(self).make_kernel is not AttentionSm90.make_kernel:
             return "const_wg is built for this family's own kernels only"
+        if self.store_defer and (not self.persistent or self.o_in_q or self.varlen):
+            return "store_defer needs persistent, dense, O in its own smem slabs"
         if self.kv_split and (self.tile_m != WG_ROWS or not self.overlap or self.persistent or self.varlen
                               or self.early_rescale or self.lazy_rescale or self.k_first):
             return ("kv_split takes one 64-row query tile per CTA pair, overlap, dense, one tile per CTA "
@@ -332,7 +338,7 @@ class AttentionSm90(AttentionVariant):
             pingpong=self.pingpong, early_rescale=self.early_rescale, persistent=self.persistent,
             k_first=self.k_first, o_in_q=self.o_in_q, lazy_rescale=self.lazy_rescale,
             const_wg=self.const_wg,
-            kv_split=self.kv_split,
+            kv_split=self.kv_split, store_defer=self.store_defer,
         )
         self.set_ex2(k)
         return k.packed if self.varlen else k.dense
@@ -408,15 +414,21 @@ def default_schedule(head_dim: int, causal: bool, varlen: bool = False,
     # const_wg (head_dim 256 non-causal, dense): the consumer code once per warpgroup, WGMMA
     # descriptors on the uniform datapath: B1 H16 S16384 6133 vs 6436 us with the lazy rescale
     # alone, sustained at the power cap (H100; notes/attention-sm90.md)
+    # varlen head_dim 256 (8 packed sequences of 2048, H16, interleaved by name): the lazy rescale
+    # and const_wg 748 vs 828 us, causal (lazy rescale) 470 vs 495.  store_defer (causal, O in its
+    # own slabs): B32 H32 S512 head_dim 128 205.5 vs 209.4 us (ncu 331.8 k vs 342.9 k cycles), head_dim
+    # 64 158.0 vs 160.3 (192 rows), 147.5 vs 149.0 (128 rows)
     return {"persistent": big, "early_rescale": big and head_dim <= 128 and not (head_dim == 64 and causal),
-            "k_first": big, "lazy_rescale": big and persistent_all and head_dim in (128, 256) and not varlen,
-            "const_wg": big and persistent_all and head_dim == 256 and not causal and not varlen}
+            "k_first": big,
+            "lazy_rescale": big and persistent_all and (head_dim == 256 or (head_dim == 128 and not varlen)),
+            "const_wg": big and persistent_all and head_dim == 256 and not causal,
+            "store_defer": big and persistent_all and head_dim <= 128 and causal and not varlen}
 
 
 # Ablations of the default configs (tier "full"): each mainloop/scheduler option on and off, so
 # that one bench process times them side by side (scripts/bench_attention.py --candidates).
 _ABLATIONS = tuple(
-    {"persistent": ps, "early_rescale": er, "k_first": False, "const_wg": False}
+    {"persistent": ps, "early_rescale": er, "k_first": False, "const_wg": False, "store_defer": False}
     for ps in (False, True) for er in (False, True)
 )
 
@@ -445,7 +457,9 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm90]:
     problems = [(dt, d, c) for dt in DTYPES for d in HEAD_DIMS for c in (False, True)]
     out = [make(*p) for p in problems]
     # Packed variable-length batches (cu_seqlens): the dense problems' tiles and schedule.
-    out += [dataclasses.replace(make(*p), varlen=True, lazy_rescale=False, const_wg=False) for p in problems]
+    out += [dataclasses.replace(make(*p), varlen=True, **{k: default_schedule(*p[1:], varlen=True, persistent_all=True)[k]
+                                                          for k in ("lazy_rescale", "const_wg", "store_defer")})
+            for p in problems]
     # One consumer warpgroup (64-row tiles) for grids the default tile leaves under-filled (the
     # loader's rule, as for the sm80 family): B1 H8 S512 D64 non-causal ran 8.1 µs on 32 CTAs of
     # 128 rows vs 7.3 for the sm_90 build's 64 CTAs of 64 rows, 6.0 on 64-row sm_90a CTAs.
@@ -458,6 +472,14 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm90]:
     # 5.78 vs 5.71 and two key tiles 4.80 vs 4.16 (tier full only).
     out += [make(dt, 64, True, tile_m=64, pingpong=False, kv_split=True, **default_schedule(64, True, small=True))
             for dt in DTYPES]
+    # head_dim 64 causal, dense: the 128-row tile beside the preferred 192 rows, which the selection
+    # takes for keys of at most four key tiles (fx_select.c attn_choose): B32 H32 S512 147.5 vs
+    # 158.0 us (H100, interleaved by name; cuDNN 128.5)
+    out += [make(dt, 64, True, tile_m=128) for dt in DTYPES]
+    # head_dim 256 causal, dense: one tile per CTA beside the preferred persistent CTAs (whose O
+    # leaves through Q's slabs, so each tile's Q waits for the last O store), which the selection
+    # takes for at most 512 keys: B32 H32 S512 400.1 vs 424.5 us (H100, interleaved by name)
+    out += [dataclasses.replace(make(dt, 256, True), persistent=False, k_first=False) for dt in DTYPES]
     if tier == "full":
         # The tuner's alternatives (dense): scripts/tune.py attention picks among them per shape bucket.
         out += [make(dt, d, c, tile_m=tm, tile_n=tn, stages=s, overlap=ov, pingpong=pp, const_wg=False)
@@ -477,9 +499,26 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm90]:
         # the non-causal kv_split twins of D64's 64-row tiles (for --candidates)
         out += [dataclasses.replace(v, kv_split=True) for v in out
                 if v.head_dim == 64 and v.tile_m == 64 and not v.varlen and not v.kv_split]
+        # the dense persistent defaults (and the other D64 tile) with the deferred O-store wait;
+        # head_dim 256 varlen with the per-warpgroup consumer code (with and without the lazy
+        # rescale); D64 causal varlen on the 128-row tile
+        out += [dataclasses.replace(v, store_defer=True) for v in out
+                if v.persistent and not v.varlen and not v.o_in_q and not v.store_defer
+                and (v.tile_m, v.tile_n, v.stages) in ((128, 128, 2), (192, 128, 2))
+                and v.early_rescale == default_schedule(v.head_dim, v.causal)["early_rescale"]
+                and v.lazy_rescale == (v.head_dim == 128) and v.k_first]
+        out += [dataclasses.replace(make(dt, 256, c), varlen=True, const_wg=cw and not c, lazy_rescale=lz)
+                for dt in DTYPES for c in (False, True) for lz, cw in ((False, False), (True, False), (False, True))]
+        out += [dataclasses.replace(make(dt, 64, True, tile_m=128), varlen=True, store_defer=False) for dt in DTYPES]
+        # head_dim 64 causal, 128 rows: 3 and 4 K/V stages (the next tile's first keys in flight
+        # earlier); head_dim 128 causal with 3 stages (O through Q's slabs then)
+        out += [make(dt, 64, True, tile_m=128, stages=s) for dt in DTYPES for s in (3, 4)]
+        out += [make(dt, 128, True, stages=3) for dt in DTYPES]
+        # every variant with store_defer also without it (the defaults before it)
+        out += [dataclasses.replace(v, store_defer=False) for v in out if v.store_defer]
         # varlen with one tile per CTA (the grid sized by the longest sequence)
         out += [dataclasses.replace(make(*p), varlen=True, persistent=False, early_rescale=False, k_first=False,
-                                    lazy_rescale=False, const_wg=False)
+                                    lazy_rescale=False, const_wg=False, store_defer=False)
                 for p in problems]
     out = list({v.name: v for v in out}.values())
     return [v for v in out if v.can_implement() is None]
@@ -688,8 +727,11 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                  gather: bool = False, local: bool = False, softcap: bool = False,
                  sinks: bool = False, wide_producer: bool = False, kv_dtype=None, fp8_stages: int = 1,
                  o_in_q: bool = False, lazy_rescale: bool = False, const_wg: bool = False,
-                 kv_split: bool = False):
+                 kv_split: bool = False, store_defer: bool = False):
         super().__init__(dtype=dtype, head_dim=head_dim, causal=causal, local=local)
+        # persistent, O's own slabs: the O store's read of its slab waited for before the next
+        # tile's O is written there (AttentionSm90.store_defer)
+        self.store_defer = store_defer
         # persistent: the consumer code once per consumer warpgroup (``consumer_tiles``)
         self.const_wg = const_wg
         # a cluster of two CTAs per 64-row query tile, each on half of its key tiles, merged in
@@ -1159,6 +1201,10 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                 else:
                     if n_hi > 0:
                         q_phase = q_phase ^ 1
+        if cutlass.const_expr(self.store_defer):
+            # the last O store has read its slab before the CTA's smem goes away
+            if tidx % 128 < 32:
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
     def transpose_loop(self, vs_ptr, v_ptr, vs_layout, v_layout, vs_pipe, v_pipe, n_tiles, read, write,
@@ -1785,6 +1831,10 @@ class FlashFwdSm90(layout.TmaViewsKernel):
         sO = sO[None, None, wg]
         rO = cute.make_rmem_tensor(acc_O.layout, self.out_dtype)
         if cutlass.const_expr(self.persistent and not self.o_in_q):
+            if cutlass.const_expr(self.store_defer):
+                # the issuing warp: the previous tile's O store has read this slab
+                if ltid < 32:
+                    cute.arch.cp_async_bulk_wait_group(0, read=True)
             # the previous tile's TMA store has read this slab (its issuing warp waited)
             cute.arch.barrier(barrier_id=int(_Bar.EPILOGUE) + wg, number_of_threads=128)
         rO.store(acc_O.load().to(self.out_dtype))
@@ -1803,7 +1853,8 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                                                    cute.group_modes(gO, 0, 2))
                 cute.copy(tma_o, tOsO, tOgO)
                 cute.arch.cp_async_bulk_commit_group()
-                cute.arch.cp_async_bulk_wait_group(0, read=True)
+                if cutlass.const_expr(not self.store_defer):
+                    cute.arch.cp_async_bulk_wait_group(0, read=True)
                 if cutlass.const_expr(self.o_in_q):
                     # the store has read O out of Q's slab: the next tile's Q may land there
                     with cute.arch.elect_one():

@@ -209,6 +209,15 @@ def target_row(t) -> str:
     return f"{{{c_str(t.name)}, {t.capability[0]}, {t.capability[1]}, {t.specificity}, {len(t.ccs)}, {{{ccs}}}}}"
 
 
+def _attn_sched(e: dict) -> int:
+    """fx_variant.attn_sched: 0 one tile per CTA, 1 persistent, 2 persistent with O through Q's
+    slabs (the manifest's tile_scheduler)."""
+    ts = e.get("tile_scheduler")
+    if not isinstance(ts, dict) or not ts.get("persistent"):
+        return 0
+    return 2 if ts.get("o_smem") == "q slabs" else 1
+
+
 def tables(entries: dict[str, dict], tuning_data: dict | None) -> str:
     """The C tables for ``entries`` (the manifest's variants, in manifest order) and the tuning
     table ``tuning_data`` (already matched to this manifest, or None)."""
@@ -259,7 +268,7 @@ def tables(entries: dict[str, dict], tuning_data: dict | None) -> str:
             int(e.get("max_m", 0)), int(e.get("rows_per_cta", 0)), FORMAT_IDS.get(e.get("format"), 0),
             GROUPED_IDS.get(e.get("grouped"), 0), _epilogue_flags(e),
             int(e.get("v_layout") == "bhds"),
-            int(e.get("max_n", 0)), _rowwise_flags(e),
+            int(e.get("max_n", 0)), _rowwise_flags(e), _attn_sched(e),
         )) + "}")
     out.append(f"const fx_variant fx_variants[] = {{\n  {(',' + chr(10) + '  ').join(rows)}\n}};")
     out.append(f"const int32_t fx_n_variants = {len(rows)};")

@@ -1547,6 +1547,35 @@ static int32_t attn_choose(const fx_device_t *dev, int32_t dtype, int32_t head_d
                 }
             }
         }
+        /* Short causal rows on a full grid: where the preferred query tile is over 128 rows, the next
+           smaller one of at least 128 (same key tile and stages) when the keys are at most four key
+           tiles: the larger tile's last query tile is part padding, and its diagonal tiles mask more.
+           H100, B32 H32 S512 head_dim 64 causal (notes/attention-sm90.md): 128 rows 148.7 us vs 159.9
+           for 192; from S2048 the 192-row tile is faster. */
+        if (result == pref && decode && causal && pe->tile[0] > 128 && decode->sk <= 4 * (int64_t)pe->tile[1]) {
+            int32_t mid = -1;
+            for (int32_t i = 0; i < nb; i++) {
+                const fx_variant *e = &fx_variants[sub[i]];
+                if (e->tile[0] >= 128 && e->tile[0] < pe->tile[0] && e->tile[1] == pe->tile[1] &&
+                    e->stages == pe->stages && !e->kv_splits && (mid < 0 || e->tile[0] > fx_variants[mid].tile[0]))
+                    mid = sub[i];
+            }
+            if (mid >= 0) result = mid;
+        }
+        /* Short causal rows where the preferred variant's persistent CTAs pass O through Q's slabs
+           (head_dim 256: each tile's Q load waits for the previous O store): its one-tile-per-CTA
+           twin (same tiles, stages) for at most 512 keys.  H100, B32 H32 S512 head_dim 256 causal
+           (notes/attention-sm90.md): 400.1 us vs 424.5 persistent; at S2048 persistent is faster. */
+        if (result == pref && decode && causal && pe->attn_sched == 2 && decode->sk <= 512) {
+            for (int32_t i = 0; i < nb; i++) {
+                const fx_variant *e = &fx_variants[sub[i]];
+                if (e->attn_sched == 0 && e->tile[0] == pe->tile[0] && e->tile[1] == pe->tile[1] &&
+                    e->stages == pe->stages && !e->kv_splits) {
+                    result = sub[i];
+                    break;
+                }
+            }
+        }
     }
 done:
     free(cand);

@@ -101,6 +101,9 @@ typedef struct {
     int32_t v_pretransposed;
     /* row-wise ops (elementwise/): the longest row a variant takes; FX_RW_* flags */
     int32_t max_n, rowwise;
+    /* attention (manifest tile_scheduler): 0 one tile per CTA, 1 persistent CTAs, 2 persistent
+       with O leaving through Q's smem slabs (the next tile's Q waits for the O store) */
+    int32_t attn_sched;
 } fx_variant;
 /* rms_norm: residual add, e4m3 output with row scales; rope_kvcache: neox, block-table form, e4m3 caches */
 enum { FX_RW_RESIDUAL = 1, FX_RW_QUANT = 2, FX_RW_NEOX = 4, FX_RW_TABLE = 8, FX_RW_FP8_CACHE = 16 };
