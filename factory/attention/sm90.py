@@ -1273,11 +1273,13 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                       m_block, n_lo, n_hi, state, mTable, batch, k_len):
         """The TMA warp over a paged cache: Q slabs, then K and V of tiles n_hi-1 down to n_lo, each
         tile as tile_n / page_box boxes: key j0 of a box lives in page block_table[b][j0 // PS],
-        rows from j0 % PS.  Boxes past the sequence's last key reload its last page (those keys
-        are masked; their V rows are zeroed by the consumers, ``zero_v_tail``), so every slot
-        gets its full byte count and no table entry past the sequence is read.  ``v_transpose``
-        (the fp8 subclass): V boxes go, as K's, into the staging slots the transposing warps read
-        (``sV``/``kv_pipes`` are then the staging ring and its pipes)."""
+        rows from j0 % PS.  A box wholly past the sequence's last key is read at the row past its
+        last page's end: the copy fills it with zeros and still signals its full byte count, so
+        every slot gets its byte count and no table entry past the sequence is read; the rows
+        past the end in the box the sequence ends in are masked (K) and zeroed by the consumers
+        (V, ``zero_v_tail``).  ``v_transpose`` (the fp8 subclass; its boxes past the end reload the
+        last page, its zeroing covers every row past the end): V boxes go, as K's, into the staging
+        slots the transposing warps read (``sV``/``kv_pipes`` are then the staging ring and its pipes)."""
         k_pipe, v_pipe = kv_pipes
         if n_hi > n_lo:
             D, BN, KB = self.head_dim, self.tile_n, self.page_box
@@ -1291,7 +1293,14 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                 for b in cutlass.range_constexpr(BN // KB):
                     j0 = cutlass.min(n * BN + b * KB, k_len - 1)
                     pages.append(mTable[batch, j0 // page_size])
-                    boxes.append((j0 % page_size) // KB)
+                    if cutlass.const_expr(self.v_transpose):
+                        boxes.append((j0 % page_size) // KB)
+                    else:
+                        # a box wholly past the sequence is read from past the page's end: the copy
+                        # fills it with zeros (and signals its full byte count), so only the box the
+                        # sequence ends in needs rows zeroed (zero_v_tail)
+                        boxes.append(cutlass.select_(n * BN + b * KB < k_len, (j0 % page_size) // KB,
+                                                     page_size // KB))
                 k_pipe.producer_acquire(state)
                 for b in cutlass.range_constexpr(BN // KB):
                     gK = cute.local_tile(seqK[None, None, pages[b]], (KB, D), (boxes[b], 0))
@@ -1568,7 +1577,13 @@ class FlashFwdSm90(layout.TmaViewsKernel):
         if cutlass.const_expr(self.page_box or self.gather):
             BN, D = self.tile_n, self.head_dim
             lim = k_len - tile * BN
-            if lim < BN:
+            # TMA page boxes: boxes wholly past the sequence arrive as zeros (produce_paged); only
+            # the rows after the sequence's end in its last box need zeroing
+            hi = BN
+            if cutlass.const_expr(self.page_box):
+                KB = self.page_box
+                hi = cutlass.min((lim + KB - 1) // KB * KB, BN)
+            if lim < hi:
                 # a key's row of the (D, keys) slot is D contiguous elements (16-byte chunks,
                 # swizzled as wholes): one 16-byte store of zeros per chunk
                 vec = 128 // self.dtype.width
@@ -1576,7 +1591,7 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                 zeros.fill(0.0)
                 chunks = cute.zipped_divide(sV[None, None, slot], (vec, 1))  # ((vec, 1), (D / vec, keys))
                 per_key = D // vec
-                for idx in cutlass.range(ltid + lim * per_key, BN * per_key, 128, unroll=1):
+                for idx in cutlass.range(ltid + lim * per_key, hi * per_key, 128, unroll=1):
                     cute.autovec_copy(zeros, chunks[(None, 0), (idx % per_key, idx // per_key)])
                 cute.arch.fence_proxy("async.shared", space="cta")
                 cute.arch.barrier(barrier_id=int(_Bar.EPILOGUE) + wg, number_of_threads=128)
