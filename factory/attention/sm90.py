@@ -474,6 +474,9 @@ class AttentionKvcacheSm90(AttentionSm90):
     # H100: within 3 % of one tile (notes/attention-kvcache.md): the conversion, not the copies'
     # latency, bounds the fp8 producer; "full" only.
     deep_staging: bool = field(default=False, metadata={"tag": "st2"})
+    # TMA page boxes: K's boxes issued by producer warp 0, V's by warp 1 (each tile's issue chain
+    # halved; pages smaller than a tile take 8-16 boxes a tile)
+    split_producer: bool = field(default=False, metadata={"tag": "kvw"})
 
     # a paged cache (dense caches: the sm80 family)
     paged: ClassVar[bool] = True
@@ -564,7 +567,7 @@ class AttentionKvcacheSm90(AttentionSm90):
             k_first=False, page_box=self.page_box, gather=not self.page_box, local=self.local,
             softcap=self.softcap, sinks=self.sinks, wide_producer=self.wide_producer,
             kv_dtype=cutlass_dtype(self.kv_dtype) if self.kv_fp8 else None,
-            fp8_stages=2 if self.deep_staging else 1,
+            fp8_stages=2 if self.deep_staging else 1, split_producer=self.split_producer,
         )
         return k.kvcache_packed if self.varlen else k.kvcache
 
@@ -574,13 +577,14 @@ def enumerate_attention_kvcache(target: Target, tier: str) -> list[AttentionKvca
     if target.family != "sm90" or target.name != "sm_90a":
         return []
 
-    def make(dtype, d, varlen, page_box=PAGE_BOX, switches=False, causal=True, kv_dtype=None, deep=False):
+    def make(dtype, d, varlen, page_box=PAGE_BOX, switches=False, causal=True, kv_dtype=None, deep=False,
+             split=False):
         # the causal tiles for both masks (head_dim 256: 64-key tiles, one 64-row box each)
         tm, tn, s, ov, pp = default_config(d, True, cache=True)
         return AttentionKvcacheSm90(
             target=target.name, dtype=dtype, kv_dtype=kv_dtype or dtype, head_dim=d, causal=causal, tile_m=tm,
             tile_n=tn, stages=s, overlap=ov, pingpong=pp, varlen=varlen, page_box=page_box,
-            local=switches, softcap=switches, sinks=switches, deep_staging=deep,
+            local=switches, softcap=switches, sinks=switches, deep_staging=deep, split_producer=split,
             **default_schedule(d, True, varlen=True))
 
     if tier == "test":
@@ -611,6 +615,8 @@ def enumerate_attention_kvcache(target: Target, tier: str) -> list[AttentionKvca
                for c in (True, False) if (not sw or pb in (16, 0)) and (c or not sw)]
         out += [make(dt, d, vl, page_box=0, causal=c, kv_dtype="e4m3", deep=dp) for dt in DTYPES for d in HEAD_DIMS
                 for vl in (False, True) for c in (True, False) for dp in (False, True)]
+        # K's and V's page boxes issued by two producer warps (bf16, head_dim 128, causal)
+        out += [make("bf16", 128, vl, page_box=pb, split=True) for vl in (False, True) for pb in (PAGE_BOX, 32, 16)]
     return [v for v in out if v.can_implement() is None]
 
 
@@ -627,8 +633,10 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                  gather: bool = False, local: bool = False, softcap: bool = False,
                  sinks: bool = False, wide_producer: bool = False, kv_dtype=None, fp8_stages: int = 1,
                  o_in_q: bool = False, lazy_rescale: bool = False, const_wg: bool = False,
-                 kv_split: bool = False):
+                 kv_split: bool = False, split_producer: bool = False):
         super().__init__(dtype=dtype, head_dim=head_dim, causal=causal, local=local)
+        # (page_box) K's boxes issued by producer warp 0, V's by warp 1
+        self.split_producer = split_producer and page_box > 0
         # persistent: the consumer code once per consumer warpgroup (``consumer_tiles``)
         self.const_wg = const_wg
         # a cluster of two CTAs per 64-row query tile, each on half of its key tiles, merged in
@@ -985,6 +993,11 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                         else:
                             self.produce(tma_q, seqQ, tma_k, seqK, tma_v, seqVt, sQ, sK, sV_load, q_bars,
                                          load_pipes, m_block, my_hi, self.kv_state(True), 0, n_lo=my_lo)
+                    if cutlass.const_expr(self.split_producer):
+                        if warp_idx == 1:  # V's boxes
+                            self.produce_paged(tma_q, seqQ, tma_k, seqK, tma_v, seqVt, sQ, sK, sV_load,
+                                               q_bars, load_pipes, m_block, n_lo, n_hi,
+                                               self.kv_state(True), mTable, batch, k_len, 1)
                     if cutlass.const_expr(self.v_transpose):
                         if warp_idx >= 1 and warp_idx <= self.transpose_warps:
                             self.transpose_loop(storage.sVs.data_ptr(), storage.sV.data_ptr(), sK_layout,
@@ -1270,7 +1283,7 @@ class FlashFwdSm90(layout.TmaViewsKernel):
 
     @cute.jit
     def produce_paged(self, tma_q, seqQ, tma_k, seqK, tma_v, seqVt, sQ, sK, sV, q_bars, kv_pipes,
-                      m_block, n_lo, n_hi, state, mTable, batch, k_len):
+                      m_block, n_lo, n_hi, state, mTable, batch, k_len, warp_idx=0):
         """The TMA warp over a paged cache: Q slabs, then K and V of tiles n_hi-1 down to n_lo, each
         tile as tile_n / page_box boxes: key j0 of a box lives in page block_table[b][j0 // PS],
         rows from j0 % PS.  A box wholly past the sequence's last key is read at the row past its
@@ -1279,12 +1292,18 @@ class FlashFwdSm90(layout.TmaViewsKernel):
         past the end in the box the sequence ends in are masked (K) and zeroed by the consumers
         (V, ``zero_v_tail``).  ``v_transpose`` (the fp8 subclass; its boxes past the end reload the
         last page, its zeroing covers every row past the end): V boxes go, as K's, into the staging
-        slots the transposing warps read (``sV``/``kv_pipes`` are then the staging ring and its pipes)."""
+        slots the transposing warps read (``sV``/``kv_pipes`` are then the staging ring and its pipes).
+        ``split_producer``: warp 0 (``warp_idx``) loads Q and K, warp 1 V; each reads the table."""
         k_pipe, v_pipe = kv_pipes
         if n_hi > n_lo:
             D, BN, KB = self.head_dim, self.tile_n, self.page_box
             page_size = seqK.shape[0]
-            self.load_q(tma_q, seqQ, sQ, q_bars, m_block)
+            do_k = do_v = True
+            if cutlass.const_expr(self.split_producer):
+                do_k = warp_idx == 0
+                do_v = warp_idx == 1
+            if do_k:
+                self.load_q(tma_q, seqQ, sQ, q_bars, m_block)
             for i in cutlass.range(n_hi - n_lo, unroll=1):
                 n = n_hi - 1 - i
                 # the tile's table entries, read once for K and V and before the slot wait (the
@@ -1301,25 +1320,27 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                         # sequence ends in needs rows zeroed (zero_v_tail)
                         boxes.append(cutlass.select_(n * BN + b * KB < k_len, (j0 % page_size) // KB,
                                                      page_size // KB))
-                k_pipe.producer_acquire(state)
-                for b in cutlass.range_constexpr(BN // KB):
-                    gK = cute.local_tile(seqK[None, None, pages[b]], (KB, D), (boxes[b], 0))
-                    dK = cute.local_tile(sK[None, None, state.index], (KB, D), (b, 0))
-                    tKsK, tKgK = cpasync.tma_partition(tma_k, 0, cute.make_layout(1),
-                                                       cute.group_modes(dK, 0, 2), cute.group_modes(gK, 0, 2))
-                    cute.copy(tma_k, tKgK, tKsK, tma_bar_ptr=k_pipe.producer_get_barrier(state))
-                v_pipe.producer_acquire(state)
-                for b in cutlass.range_constexpr(BN // KB):
-                    if cutlass.const_expr(self.v_transpose):
-                        # (keys, D) boxes into the staging slot, as K's
-                        gV = cute.local_tile(seqVt[None, None, pages[b]], (KB, D), (boxes[b], 0))
-                        dV = cute.local_tile(sV[None, None, state.index], (KB, D), (b, 0))
-                    else:
-                        gV = cute.local_tile(seqVt[None, None, pages[b]], (D, KB), (0, boxes[b]))
-                        dV = cute.local_tile(sV[None, None, state.index], (D, KB), (0, b))
-                    tVsV, tVgV = cpasync.tma_partition(tma_v, 0, cute.make_layout(1),
-                                                       cute.group_modes(dV, 0, 2), cute.group_modes(gV, 0, 2))
-                    cute.copy(tma_v, tVgV, tVsV, tma_bar_ptr=v_pipe.producer_get_barrier(state))
+                if do_k:
+                    k_pipe.producer_acquire(state)
+                    for b in cutlass.range_constexpr(BN // KB):
+                        gK = cute.local_tile(seqK[None, None, pages[b]], (KB, D), (boxes[b], 0))
+                        dK = cute.local_tile(sK[None, None, state.index], (KB, D), (b, 0))
+                        tKsK, tKgK = cpasync.tma_partition(tma_k, 0, cute.make_layout(1),
+                                                           cute.group_modes(dK, 0, 2), cute.group_modes(gK, 0, 2))
+                        cute.copy(tma_k, tKgK, tKsK, tma_bar_ptr=k_pipe.producer_get_barrier(state))
+                if do_v:
+                    v_pipe.producer_acquire(state)
+                    for b in cutlass.range_constexpr(BN // KB):
+                        if cutlass.const_expr(self.v_transpose):
+                            # (keys, D) boxes into the staging slot, as K's
+                            gV = cute.local_tile(seqVt[None, None, pages[b]], (KB, D), (boxes[b], 0))
+                            dV = cute.local_tile(sV[None, None, state.index], (KB, D), (b, 0))
+                        else:
+                            gV = cute.local_tile(seqVt[None, None, pages[b]], (D, KB), (0, boxes[b]))
+                            dV = cute.local_tile(sV[None, None, state.index], (D, KB), (0, b))
+                        tVsV, tVgV = cpasync.tma_partition(tma_v, 0, cute.make_layout(1),
+                                                           cute.group_modes(dV, 0, 2), cute.group_modes(gV, 0, 2))
+                        cute.copy(tma_v, tVgV, tVsV, tma_bar_ptr=v_pipe.producer_get_barrier(state))
                 state.advance()
         return state
 
