@@ -850,28 +850,19 @@ class FlashDecodeSm90:
                     if n_hi - 2 - R >= n_lo:
                         self.fetch_pages_fp8(mBT, pages, batch, n_hi - 2 - R, k_len, tidx, ps_shift)
             cute.arch.cp_async_commit_group()
-        elif cutlass.const_expr(self.paged):
-            # The first S tiles' page indices all in flight before the first is used: one block-table
-            # round trip instead of one per prologue tile (pages smaller than a tile put each tile's
-            # indices in a 32-byte sector of their own, so the second and third fetches missed L1).
-            npr = self.tile_n // (self.threads // 8)
-            pages_pro = cute.make_rmem_tensor(cute.make_layout((npr, S), stride=(1, npr)), cutlass.Int32)
-            for s in cutlass.range_constexpr(S):  # (a tile before the split's first reads that one's: unused)
-                self.fetch_pages(mBT, pages_pro[None, s], batch, cutlass.max(n_hi - 1 - s, n_lo), k_len, tidx,
-                                 ps_shift)
-            for s in cutlass.range_constexpr(S - 1):
-                if n_hi - 1 - s >= n_lo:
-                    self.load_kv_paged(g2s_atom, mK, mV, pages_pro[None, s], sKV, kv_head, n_hi - 1 - s, s, k_len,
-                                       tidx, ps_shift)
-                cute.arch.cp_async_commit_group()
-            for r in cutlass.range_constexpr(npr):
-                pages[r] = pages_pro[r, S - 1]
-            cute.arch.cp_async_wait_group(S - 1)
         else:
             for s in cutlass.range_constexpr(S - 1):
                 if n_hi - 1 - s >= n_lo:
-                    load_kv(g2s, tKgK, tVgV, tKVsKV, tKVcKV, n_hi - 1 - s, s, k_len, BN)
+                    if cutlass.const_expr(self.paged):
+                        self.fetch_pages(mBT, pages, batch, n_hi - 1 - s, k_len, tidx, ps_shift)
+                        self.load_kv_paged(g2s_atom, mK, mV, pages, sKV, kv_head, n_hi - 1 - s, s, k_len,
+                                           tidx, ps_shift)
+                    else:
+                        load_kv(g2s, tKgK, tVgV, tKVsKV, tKVcKV, n_hi - 1 - s, s, k_len, BN)
                 cute.arch.cp_async_commit_group()
+            if cutlass.const_expr(self.paged):
+                if n_hi - S >= n_lo:
+                    self.fetch_pages(mBT, pages, batch, n_hi - S, k_len, tidx, ps_shift)
             cute.arch.cp_async_wait_group(S - 1)
         cute.arch.barrier()
         if cutlass.const_expr(self.rope):
