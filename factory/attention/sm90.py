@@ -474,9 +474,6 @@ class AttentionKvcacheSm90(AttentionSm90):
     # H100: within 3 % of one tile (notes/attention-kvcache.md): the conversion, not the copies'
     # latency, bounds the fp8 producer; "full" only.
     deep_staging: bool = field(default=False, metadata={"tag": "st2"})
-    # TMA page boxes: K's boxes issued by producer warp 0, V's by warp 1 (each tile's issue chain
-    # halved; pages smaller than a tile take 8-16 boxes a tile)
-    split_producer: bool = field(default=False, metadata={"tag": "kvw"})
 
     # a paged cache (dense caches: the sm80 family)
     paged: ClassVar[bool] = True
@@ -567,7 +564,7 @@ class AttentionKvcacheSm90(AttentionSm90):
             k_first=False, page_box=self.page_box, gather=not self.page_box, local=self.local,
             softcap=self.softcap, sinks=self.sinks, wide_producer=self.wide_producer,
             kv_dtype=cutlass_dtype(self.kv_dtype) if self.kv_fp8 else None,
-            fp8_stages=2 if self.deep_staging else 1, split_producer=self.split_producer,
+            fp8_stages=2 if self.deep_staging else 1,
         )
         return k.kvcache_packed if self.varlen else k.kvcache
 
@@ -577,14 +574,13 @@ def enumerate_attention_kvcache(target: Target, tier: str) -> list[AttentionKvca
     if target.family != "sm90" or target.name != "sm_90a":
         return []
 
-    def make(dtype, d, varlen, page_box=PAGE_BOX, switches=False, causal=True, kv_dtype=None, deep=False,
-             split=False):
+    def make(dtype, d, varlen, page_box=PAGE_BOX, switches=False, causal=True, kv_dtype=None, deep=False):
         # the causal tiles for both masks (head_dim 256: 64-key tiles, one 64-row box each)
         tm, tn, s, ov, pp = default_config(d, True, cache=True)
         return AttentionKvcacheSm90(
             target=target.name, dtype=dtype, kv_dtype=kv_dtype or dtype, head_dim=d, causal=causal, tile_m=tm,
             tile_n=tn, stages=s, overlap=ov, pingpong=pp, varlen=varlen, page_box=page_box,
-            local=switches, softcap=switches, sinks=switches, deep_staging=deep, split_producer=split,
+            local=switches, softcap=switches, sinks=switches, deep_staging=deep,
             **default_schedule(d, True, varlen=True))
 
     if tier == "test":
@@ -615,8 +611,6 @@ def enumerate_attention_kvcache(target: Target, tier: str) -> list[AttentionKvca
                for c in (True, False) if (not sw or pb in (16, 0)) and (c or not sw)]
         out += [make(dt, d, vl, page_box=0, causal=c, kv_dtype="e4m3", deep=dp) for dt in DTYPES for d in HEAD_DIMS
                 for vl in (False, True) for c in (True, False) for dp in (False, True)]
-        # K's and V's page boxes issued by two producer warps (bf16, head_dim 128, causal)
-        out += [make("bf16", 128, vl, page_box=pb, split=True) for vl in (False, True) for pb in (PAGE_BOX, 32, 16)]
     return [v for v in out if v.can_implement() is None]
 
 
@@ -633,10 +627,8 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                  gather: bool = False, local: bool = False, softcap: bool = False,
                  sinks: bool = False, wide_producer: bool = False, kv_dtype=None, fp8_stages: int = 1,
                  o_in_q: bool = False, lazy_rescale: bool = False, const_wg: bool = False,
-                 kv_split: bool = False, split_producer: bool = False):
+                 kv_split: bool = False):
         super().__init__(dtype=dtype, head_dim=head_dim, causal=causal, local=local)
-        # (page_box) K's boxes issued by producer warp 0, V's by warp 1
-        self.split_producer = split_producer and page_box > 0
         # persistent: the consumer code once per consumer warpgroup (``consumer_tiles``)
         self.const_wg = const_wg
         # a cluster of two CTAs per 64-row query tile, each on half of its key tiles, merged in
@@ -993,8 +985,8 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                         else:
                             self.produce(tma_q, seqQ, tma_k, seqK, tma_v, seqVt, sQ, sK, sV_load, q_bars,
                                          load_pipes, m_block, my_hi, self.kv_state(True), 0, n_lo=my_lo)
-                    if cutlass.const_expr(self.split_producer):
-                        if warp_idx == 1:  # V's boxes
+                    if cutlass.const_expr(self.page_box and not self.v_transpose):
+                        if warp_idx == 1:  # V's page boxes (produce_paged)
                             self.produce_paged(tma_q, seqQ, tma_k, seqK, tma_v, seqVt, sQ, sK, sV_load,
                                                q_bars, load_pipes, m_block, n_lo, n_hi,
                                                self.kv_state(True), mTable, batch, k_len, 1)
@@ -1286,20 +1278,20 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                       m_block, n_lo, n_hi, state, mTable, batch, k_len, warp_idx=0):
         """The TMA warp over a paged cache: Q slabs, then K and V of tiles n_hi-1 down to n_lo, each
         tile as tile_n / page_box boxes: key j0 of a box lives in page block_table[b][j0 // PS],
-        rows from j0 % PS.  A box wholly past the sequence's last key is read at the row past its
-        last page's end: the copy fills it with zeros and still signals its full byte count, so
-        every slot gets its byte count and no table entry past the sequence is read; the rows
-        past the end in the box the sequence ends in are masked (K) and zeroed by the consumers
-        (V, ``zero_v_tail``).  ``v_transpose`` (the fp8 subclass; its boxes past the end reload the
-        last page, its zeroing covers every row past the end): V boxes go, as K's, into the staging
-        slots the transposing warps read (``sV``/``kv_pipes`` are then the staging ring and its pipes).
-        ``split_producer``: warp 0 (``warp_idx``) loads Q and K, warp 1 V; each reads the table."""
+        rows from j0 % PS.  Boxes past the sequence's last key reload its last page (those keys
+        are masked; their V rows are zeroed by the consumers, ``zero_v_tail``), so every slot
+        gets its full byte count and no table entry past the sequence is read.  Warp 0
+        (``warp_idx``) loads Q and K's boxes, warp 1 V's (each reads the tile's table entries: a
+        tile's issue chain halved, 8-16 boxes a tile for pages smaller than it).  ``v_transpose``
+        (the fp8 subclass; its warps 1.. transpose V): warp 0 loads all, V boxes go, as K's, into
+        the staging slots the transposing warps read (``sV``/``kv_pipes`` are then the staging
+        ring and its pipes)."""
         k_pipe, v_pipe = kv_pipes
         if n_hi > n_lo:
             D, BN, KB = self.head_dim, self.tile_n, self.page_box
             page_size = seqK.shape[0]
             do_k = do_v = True
-            if cutlass.const_expr(self.split_producer):
+            if cutlass.const_expr(not self.v_transpose):
                 do_k = warp_idx == 0
                 do_v = warp_idx == 1
             if do_k:
@@ -1312,14 +1304,7 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                 for b in cutlass.range_constexpr(BN // KB):
                     j0 = cutlass.min(n * BN + b * KB, k_len - 1)
                     pages.append(mTable[batch, j0 // page_size])
-                    if cutlass.const_expr(self.v_transpose):
-                        boxes.append((j0 % page_size) // KB)
-                    else:
-                        # a box wholly past the sequence is read from past the page's end: the copy
-                        # fills it with zeros (and signals its full byte count), so only the box the
-                        # sequence ends in needs rows zeroed (zero_v_tail)
-                        boxes.append(cutlass.select_(n * BN + b * KB < k_len, (j0 % page_size) // KB,
-                                                     page_size // KB))
+                    boxes.append((j0 % page_size) // KB)
                 if do_k:
                     k_pipe.producer_acquire(state)
                     for b in cutlass.range_constexpr(BN // KB):
@@ -1598,13 +1583,7 @@ class FlashFwdSm90(layout.TmaViewsKernel):
         if cutlass.const_expr(self.page_box or self.gather):
             BN, D = self.tile_n, self.head_dim
             lim = k_len - tile * BN
-            # TMA page boxes: boxes wholly past the sequence arrive as zeros (produce_paged); only
-            # the rows after the sequence's end in its last box need zeroing
-            hi = BN
-            if cutlass.const_expr(self.page_box):
-                KB = self.page_box
-                hi = cutlass.min((lim + KB - 1) // KB * KB, BN)
-            if lim < hi:
+            if lim < BN:
                 # a key's row of the (D, keys) slot is D contiguous elements (16-byte chunks,
                 # swizzled as wholes): one 16-byte store of zeros per chunk
                 vec = 128 // self.dtype.width
@@ -1612,7 +1591,7 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                 zeros.fill(0.0)
                 chunks = cute.zipped_divide(sV[None, None, slot], (vec, 1))  # ((vec, 1), (D / vec, keys))
                 per_key = D // vec
-                for idx in cutlass.range(ltid + lim * per_key, hi * per_key, 128, unroll=1):
+                for idx in cutlass.range(ltid + lim * per_key, BN * per_key, 128, unroll=1):
                     cute.autovec_copy(zeros, chunks[(None, 0), (idx % per_key, idx // per_key)])
                 cute.arch.fence_proxy("async.shared", space="cta")
                 cute.arch.barrier(barrier_id=int(_Bar.EPILOGUE) + wg, number_of_threads=128)
