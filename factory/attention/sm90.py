@@ -574,9 +574,11 @@ def enumerate_attention_kvcache(target: Target, tier: str) -> list[AttentionKvca
     if target.family != "sm90" or target.name != "sm_90a":
         return []
 
-    def make(dtype, d, varlen, page_box=PAGE_BOX, switches=False, causal=True, kv_dtype=None, deep=False):
+    def make(dtype, d, varlen, page_box=PAGE_BOX, switches=False, causal=True, kv_dtype=None, deep=False,
+             stages=None):
         # the causal tiles for both masks (head_dim 256: 64-key tiles, one 64-row box each)
         tm, tn, s, ov, pp = default_config(d, True, cache=True)
+        s = stages or s
         return AttentionKvcacheSm90(
             target=target.name, dtype=dtype, kv_dtype=kv_dtype or dtype, head_dim=d, causal=causal, tile_m=tm,
             tile_n=tn, stages=s, overlap=ov, pingpong=pp, varlen=varlen, page_box=page_box,
@@ -598,6 +600,9 @@ def enumerate_attention_kvcache(target: Target, tier: str) -> list[AttentionKvca
         # over the gathers on an H100).  Other dtypes, head_dims and page boxes: "full".
         out = [make("bf16", 128, vl, page_box=pb) for vl in (False, True) for pb in (PAGE_BOX, 0)]
         out += [make("bf16", 128, True, page_box=16)]
+        # dense q over pages of 16 and 32: 16-row boxes in three stages (225 KB), 5-13 % over the
+        # gathers on an H100 (8x128 L1000 to 1x2048 L32768; notes/attention-kvcache.md)
+        out += [make("bf16", 128, False, page_box=16, stages=3)]
         out += [make("bf16", 128, vl, page_box=0, switches=True) for vl in (False, True)]
         # head_dim 256 (Gemma 2/3 layers): 64-row boxes (pages of 64-256) and the gathers (any
         # page size), dense and packed q, and the switch build (window/softcap/sinks) for packed q
