@@ -6,11 +6,18 @@ variant's output checked against float32.  For split-rule and tile-config decisi
 of one call on one device compare; across calls the same cubin moves several percent.
 
   python3 scripts/bench_kvcache_variants.py --bundle B --out OUT.json [--shapes mqa d64 ...]
+      [--base-bundle B0] [--names GLOB ...]
+
+``--base-bundle``: the same variant names from a second bundle (e.g. built from an earlier commit),
+timed in the same interleaved run under ``base:NAME``; ``--names``: only variants matching a glob
+(the rule's pick is always timed).  Each row carries the KV-read floor (K+V bytes the lengths cover,
+plus q and o, over this run's copy bandwidth).
 """
 
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import sys
 from pathlib import Path
@@ -30,6 +37,12 @@ SHAPES = {
     "mqalast": [(4, 4096, 16, 1, 128, 16), (16, 4096, 16, 1, 128, 16), (8, 8192, 16, 1, 128, 16),
                 (8, 16384, 16, 1, 128, 16), (2, 16384, 16, 1, 128, 16), (8, 1024, 16, 1, 128, 16),
                 (4, 8192, 16, 2, 128, 16), (8, 4096, 16, 1, 128, 64, "mixed")],
+    # the paged prologue / block-table questions: MQA 4k/8k pages 16/64, D64 page 16/64, GQA 32/8 B64 4k
+    "prologue": [(8, 4096, 16, 1, 128, 16), (8, 4096, 16, 1, 128, 64), (8, 8192, 16, 1, 128, 16),
+                 (8, 8192, 16, 1, 128, 64), (8, 8192, 64, 8, 64, 16), (8, 8192, 64, 8, 64, 64),
+                 (8, 8192, 64, 8, 64, None), (64, 4096, 32, 8, 128, 16), (64, 4096, 32, 8, 128, 64)],
+    # head_dim 64 paged vs dense cache, the same builds by name
+    "d64gap": [(8, 8192, 64, 8, 64, 16), (8, 8192, 64, 8, 64, None)],
     "mqamore": [(2, 4096, 16, 1, 128, 16), (1, 16384, 16, 1, 128, 16), (8, 2048, 16, 1, 128, 16),
                 (4, 8192, 32, 8, 128, 16), (1, 4096, 32, 8, 128, 16)],
 }
@@ -80,7 +93,7 @@ def run_dense(bundle, torch, shape, dtype, rounds, budget_s):
     return {"dense_shape": list(shape), "us": us, "rel_err": errs}
 
 
-def run_shape(bundle, torch, shape, dtype, rounds, budget_s):
+def run_shape(bundle, torch, shape, dtype, rounds, budget_s, base=None, globs=None, copy_bw=None):
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -119,14 +132,21 @@ def run_shape(bundle, torch, shape, dtype, rounds, budget_s):
     rule = bundle.plan_kvcache(batch=B, seqlen_q=1, heads_q=hq, heads_kv=hkv, head_dim=d, dtype=dt,
                                **({"max_seqlen_k": ctx} if ps is None else
                                   {"page_size": ps, "max_pages": bt.shape[1]})).variant
-    for n in names:
+    if globs:
+        names = [n for n in names if n == rule or any(fnmatch.fnmatch(n, g) for g in globs)]
+    runs = [(n, n, bundle) for n in names]
+    if base is not None:
+        have = {e["name"] for e in base.candidates("attention_kvcache")}
+        runs += [(f"base:{n}", n, base) for n in names if n in have]
+    for label, n, bd in runs:
         o = torch.full_like(q, float("nan"))
-        bundle.attention_kvcache(q, kc, vc, lens, block_table=bt, variant=n, out=o)
-        errs[n] = testing.rel_error(o[:nref], ref)
-        calls[n] = lambda _i, n=n: bundle.attention_kvcache(q, kc, vc, lens, block_table=bt, variant=n)
+        bd.attention_kvcache(q, kc, vc, lens, block_table=bt, variant=n, out=o)
+        errs[label] = testing.rel_error(o[:nref], ref)
+        calls[label] = lambda _i, n=n, bd=bd: bd.attention_kvcache(q, kc, vc, lens, block_table=bt, variant=n)
     calls["rule"] = lambda _i: bundle.attention_kvcache(q, kc, vc, lens, block_table=bt)
-    if not mixed and bundle.candidates("attention"):  # (a bundle of attention_kvcache variants only: none)
-        calls["dense_path"] = lambda _i: bundle.attention(q, kd, vd, causal=True)
+    dense_b = bundle if bundle.candidates("attention") else base if base is not None and base.candidates("attention") else None
+    if not mixed and dense_b is not None:  # (bundles of attention_kvcache variants only: none)
+        calls["dense_path"] = lambda _i: dense_b.attention(q, kd, vd, causal=True)
     qt, kt, vt = (x.transpose(1, 2) for x in (q, kd, vd))
     mask = ((torch.arange(ctx, device="cuda")[None, :] < lens[:, None].long())[:, None, None, :] if mixed else None)
     for label, backend in (("sdpa_flash", SDPBackend.FLASH_ATTENTION), ("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION)):
@@ -139,7 +159,9 @@ def run_shape(bundle, torch, shape, dtype, rounds, budget_s):
         except Exception:  # noqa: BLE001 - a backend that refuses the shape is left out
             pass
     us = {k: v * 1e6 for k, v in time_interleaved(calls, 3, rounds=rounds, budget_s=budget_s).items()}
-    return {"shape": list(shape[:6]), "mixed": mixed, "rule": rule, "us": us, "rel_err": errs}
+    keys = int(lens.sum())
+    floor = ((2 * keys * hkv * d + 2 * B * hq * d) * kd.element_size() / copy_bw * 1e6) if copy_bw else None
+    return {"shape": list(shape[:6]), "mixed": mixed, "rule": rule, "us": us, "rel_err": errs, "floor_us": floor}
 
 
 def main() -> int:
@@ -148,6 +170,8 @@ def main() -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     p.add_argument("--dense", action="store_true", help="also bundle.attention's decode variants by name (DENSE_SHAPES)")
+    p.add_argument("--base-bundle", help="a second bundle: the same names timed as base:NAME")
+    p.add_argument("--names", nargs="*", default=None, help="globs: only these variants (and the rule's pick)")
     p.add_argument("--dtype", default="bf16")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--budget", type=float, default=0.02, help="GPU seconds per variant and pass")
@@ -156,18 +180,23 @@ def main() -> int:
 
     from factory.runtime import Bundle
 
+    from factory.benchmark import copy_bandwidth
+
     b = Bundle.open(a.bundle)
+    base = Bundle.open(a.base_bundle) if a.base_bundle else None
+    copy_bw = copy_bandwidth()
     rows = []
     for key in a.shapes:
         for shape in SHAPES[key]:
-            row = run_shape(b, torch, shape, a.dtype, a.rounds, a.budget)
+            row = run_shape(b, torch, shape, a.dtype, a.rounds, a.budget, base, a.names, copy_bw)
             rows.append(row)
-            base = min((v for k, v in row["us"].items() if k.startswith("sdpa")), default=float("nan"))
+            best = min((v for k, v in row["us"].items() if k.startswith("sdpa")), default=float("nan"))
             print(f"{shape}: rule {row['rule']} {row['us']['rule']:.1f} µs, dense path "
-                  f"{row['us'].get('dense_path', float('nan')):.1f}, best SDPA {base:.1f}", flush=True)
+                  f"{row['us'].get('dense_path', float('nan')):.1f}, best SDPA {best:.1f}, "
+                  f"floor {row['floor_us'] or float('nan'):.1f}", flush=True)
             for k, v in sorted(row["us"].items(), key=lambda kv: kv[1]):
-                if k.startswith("attention_kvcache"):
-                    short = k.removeprefix("attention_kvcache_sm90_").replace("_causal", "")
+                if k.startswith(("attention_kvcache", "base:")):
+                    short = k.replace("attention_kvcache_sm90_", "").replace("_causal", "")
                     print(f"    {v:7.1f} µs  {short}  err {row['rel_err'][k]:.1e}", flush=True)
             torch.cuda.empty_cache()
     if a.dense:
@@ -179,7 +208,8 @@ def main() -> int:
             for k, v in sorted(row["us"].items(), key=lambda kv: kv[1]):
                 if k.startswith("attention_"):
                     print(f"    {v:7.1f} µs  {k.removeprefix('attention_sm90_')}  err {row['rel_err'][k]:.1e}", flush=True)
-    Path(a.out).write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows}, indent=1))
+    Path(a.out).write_text(json.dumps({"device": torch.cuda.get_device_name(), "copy_bw": copy_bw, "rows": rows},
+                                      indent=1))
     return 0
 
 

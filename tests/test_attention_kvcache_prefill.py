@@ -60,14 +60,15 @@ def test_test_tier_has_each_switch():
 def test_default_tier_sm90a():
     """The default tier's sm_90a prefill builds (bf16, causal): page boxes of 64 rows and the
     gathers, and the switch build on the gathers (any page size), each for dense and packed q;
-    boxes of 16 rows for packed q; the same at head_dim 256 (no 16-row boxes; the switch build
-    for packed q); the fp8-cache gathers at head_dim 128."""
+    boxes of 16 rows for packed q (two stages) and for dense q (three); the same at head_dim 256
+    (no 16-row boxes; the switch build for packed q); the fp8-cache gathers at head_dim 128."""
     # (e4m3 q, the fp8-WGMMA builds: tests/test_attention_kvcache_fp8_prefill.py)
     vs = [v for v in _variants("sm_90a", "default") if v.dtype != "e4m3"]
     assert all(v.dtype == "bf16" and v.causal for v in vs)
     d128 = [v for v in vs if v.head_dim == 128 and v.kv_dtype == "bf16"]
     plain = {(v.page_box, v.varlen) for v in d128 if not v.local}
-    assert plain == {(pb, vl) for pb in (64, 0) for vl in (False, True)} | {(16, True)}
+    assert plain == {(pb, vl) for pb in (64, 0) for vl in (False, True)} | {(16, True), (16, False)}
+    assert {(v.varlen, v.stages) for v in d128 if v.page_box == 16} == {(True, 2), (False, 3)}
     sw = [v for v in d128 if v.local]
     assert {(v.page_box, v.varlen) for v in sw} == {(0, False), (0, True)}
     assert all(v.softcap and v.sinks for v in sw)

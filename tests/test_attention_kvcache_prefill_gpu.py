@@ -56,7 +56,8 @@ def _entries(b):
 
 def make_cache(lengths, ps, hkv, d, kv_dtype, paged, gen):
     """(k_cache, v_cache, block_table) holding ``lengths[b]`` random keys per sequence; paged:
-    pages in a shuffled order with NaN pages between them, NaN rows past each sequence's end in
+    pages in a shuffled order with NaN pages between them (every page in use is followed in memory
+    by a NaN page: a copy that ran past a page's end shows), NaN rows past each sequence's end in
     its last page, table entries past a sequence pointing at a NaN page; dense: (B, Smax) with NaN
     rows past each length."""
     b = len(lengths)
@@ -64,7 +65,8 @@ def make_cache(lengths, ps, hkv, d, kv_dtype, paged, gen):
         need = [-(-n // ps) for n in lengths]
         mp = max(need + [1]) + 1
         total = sum(need) + b + 3  # spare NaN pages
-        order = torch.randperm(total, generator=torch.Generator().manual_seed(total))
+        order = 2 * torch.randperm(total, generator=torch.Generator().manual_seed(total))
+        total *= 2  # the odd pages: NaN
         table = torch.empty((b, mp), dtype=torch.int32)
         nan_page = int(order[-1])
         at = 0

@@ -669,9 +669,11 @@ def enumerate_attention_kvcache(target: Target, tier: str) -> list[AttentionKvca
     if target.family != "sm90" or target.name != "sm_90a":
         return []
 
-    def make(dtype, d, varlen, page_box=PAGE_BOX, switches=False, causal=True, kv_dtype=None, deep=False):
+    def make(dtype, d, varlen, page_box=PAGE_BOX, switches=False, causal=True, kv_dtype=None, deep=False,
+             stages=None):
         # the causal tiles for both masks (head_dim 256: 64-key tiles, one 64-row box each)
         tm, tn, s, ov, pp = default_config(d, True, cache=True)
+        s = stages or s
         return AttentionKvcacheSm90(
             target=target.name, dtype=dtype, kv_dtype=kv_dtype or dtype, head_dim=d, causal=causal, tile_m=tm,
             tile_n=tn, stages=s, overlap=ov, pingpong=pp, varlen=varlen, page_box=page_box,
@@ -693,6 +695,9 @@ def enumerate_attention_kvcache(target: Target, tier: str) -> list[AttentionKvca
         # over the gathers on an H100).  Other dtypes, head_dims and page boxes: "full".
         out = [make("bf16", 128, vl, page_box=pb) for vl in (False, True) for pb in (PAGE_BOX, 0)]
         out += [make("bf16", 128, True, page_box=16)]
+        # dense q over pages of 16 and 32: 16-row boxes in three stages (225 KB), 5-13 % over the
+        # gathers on an H100 (8x128 L1000 to 1x2048 L32768; notes/attention-kvcache.md)
+        out += [make("bf16", 128, False, page_box=16, stages=3)]
         out += [make("bf16", 128, vl, page_box=0, switches=True) for vl in (False, True)]
         # head_dim 256 (Gemma 2/3 layers): 64-row boxes (pages of 64-256) and the gathers (any
         # page size), dense and packed q, and the switch build (window/softcap/sinks) for packed q
@@ -1088,6 +1093,11 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                         else:
                             self.produce(tma_q, seqQ, tma_k, seqK, tma_v, seqVt, sQ, sK, sV_load, q_bars,
                                          load_pipes, m_block, my_hi, self.kv_state(True), 0, n_lo=my_lo)
+                    if cutlass.const_expr(self.page_box and not self.v_transpose):
+                        if warp_idx == 1:  # V's page boxes (produce_paged)
+                            self.produce_paged(tma_q, seqQ, tma_k, seqK, tma_v, seqVt, sQ, sK, sV_load,
+                                               q_bars, load_pipes, m_block, n_lo, n_hi,
+                                               self.kv_state(True), mTable, batch, k_len, 1)
                     if cutlass.const_expr(self.v_transpose):
                         if warp_idx >= 1 and warp_idx <= self.transpose_warps:
                             self.transpose_loop(storage.sVs.data_ptr(), storage.sV.data_ptr(), sK_layout,
@@ -1377,19 +1387,27 @@ class FlashFwdSm90(layout.TmaViewsKernel):
 
     @cute.jit
     def produce_paged(self, tma_q, seqQ, tma_k, seqK, tma_v, seqVt, sQ, sK, sV, q_bars, kv_pipes,
-                      m_block, n_lo, n_hi, state, mTable, batch, k_len):
+                      m_block, n_lo, n_hi, state, mTable, batch, k_len, warp_idx=0):
         """The TMA warp over a paged cache: Q slabs, then K and V of tiles n_hi-1 down to n_lo, each
         tile as tile_n / page_box boxes: key j0 of a box lives in page block_table[b][j0 // PS],
         rows from j0 % PS.  Boxes past the sequence's last key reload its last page (those keys
         are masked; their V rows are zeroed by the consumers, ``zero_v_tail``), so every slot
-        gets its full byte count and no table entry past the sequence is read.  ``v_transpose``
-        (the fp8 subclass): V boxes go, as K's, into the staging slots the transposing warps read
-        (``sV``/``kv_pipes`` are then the staging ring and its pipes)."""
+        gets its full byte count and no table entry past the sequence is read.  Warp 0
+        (``warp_idx``) loads Q and K's boxes, warp 1 V's (each reads the tile's table entries: a
+        tile's issue chain halved, 8-16 boxes a tile for pages smaller than it).  ``v_transpose``
+        (the fp8 subclass; its warps 1.. transpose V): warp 0 loads all, V boxes go, as K's, into
+        the staging slots the transposing warps read (``sV``/``kv_pipes`` are then the staging
+        ring and its pipes)."""
         k_pipe, v_pipe = kv_pipes
         if n_hi > n_lo:
             D, BN, KB = self.head_dim, self.tile_n, self.page_box
             page_size = seqK.shape[0]
-            self.load_q(tma_q, seqQ, sQ, q_bars, m_block)
+            do_k = do_v = True
+            if cutlass.const_expr(not self.v_transpose):
+                do_k = warp_idx == 0
+                do_v = warp_idx == 1
+            if do_k:
+                self.load_q(tma_q, seqQ, sQ, q_bars, m_block)
             for i in cutlass.range(n_hi - n_lo, unroll=1):
                 n = n_hi - 1 - i
                 # the tile's table entries, read once for K and V and before the slot wait (the
@@ -1399,25 +1417,27 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                     j0 = cutlass.min(n * BN + b * KB, k_len - 1)
                     pages.append(mTable[batch, j0 // page_size])
                     boxes.append((j0 % page_size) // KB)
-                k_pipe.producer_acquire(state)
-                for b in cutlass.range_constexpr(BN // KB):
-                    gK = cute.local_tile(seqK[None, None, pages[b]], (KB, D), (boxes[b], 0))
-                    dK = cute.local_tile(sK[None, None, state.index], (KB, D), (b, 0))
-                    tKsK, tKgK = cpasync.tma_partition(tma_k, 0, cute.make_layout(1),
-                                                       cute.group_modes(dK, 0, 2), cute.group_modes(gK, 0, 2))
-                    cute.copy(tma_k, tKgK, tKsK, tma_bar_ptr=k_pipe.producer_get_barrier(state))
-                v_pipe.producer_acquire(state)
-                for b in cutlass.range_constexpr(BN // KB):
-                    if cutlass.const_expr(self.v_transpose):
-                        # (keys, D) boxes into the staging slot, as K's
-                        gV = cute.local_tile(seqVt[None, None, pages[b]], (KB, D), (boxes[b], 0))
-                        dV = cute.local_tile(sV[None, None, state.index], (KB, D), (b, 0))
-                    else:
-                        gV = cute.local_tile(seqVt[None, None, pages[b]], (D, KB), (0, boxes[b]))
-                        dV = cute.local_tile(sV[None, None, state.index], (D, KB), (0, b))
-                    tVsV, tVgV = cpasync.tma_partition(tma_v, 0, cute.make_layout(1),
-                                                       cute.group_modes(dV, 0, 2), cute.group_modes(gV, 0, 2))
-                    cute.copy(tma_v, tVgV, tVsV, tma_bar_ptr=v_pipe.producer_get_barrier(state))
+                if do_k:
+                    k_pipe.producer_acquire(state)
+                    for b in cutlass.range_constexpr(BN // KB):
+                        gK = cute.local_tile(seqK[None, None, pages[b]], (KB, D), (boxes[b], 0))
+                        dK = cute.local_tile(sK[None, None, state.index], (KB, D), (b, 0))
+                        tKsK, tKgK = cpasync.tma_partition(tma_k, 0, cute.make_layout(1),
+                                                           cute.group_modes(dK, 0, 2), cute.group_modes(gK, 0, 2))
+                        cute.copy(tma_k, tKgK, tKsK, tma_bar_ptr=k_pipe.producer_get_barrier(state))
+                if do_v:
+                    v_pipe.producer_acquire(state)
+                    for b in cutlass.range_constexpr(BN // KB):
+                        if cutlass.const_expr(self.v_transpose):
+                            # (keys, D) boxes into the staging slot, as K's
+                            gV = cute.local_tile(seqVt[None, None, pages[b]], (KB, D), (boxes[b], 0))
+                            dV = cute.local_tile(sV[None, None, state.index], (KB, D), (b, 0))
+                        else:
+                            gV = cute.local_tile(seqVt[None, None, pages[b]], (D, KB), (0, boxes[b]))
+                            dV = cute.local_tile(sV[None, None, state.index], (D, KB), (0, b))
+                        tVsV, tVgV = cpasync.tma_partition(tma_v, 0, cute.make_layout(1),
+                                                           cute.group_modes(dV, 0, 2), cute.group_modes(gV, 0, 2))
+                        cute.copy(tma_v, tVgV, tVsV, tma_bar_ptr=v_pipe.producer_get_barrier(state))
                 state.advance()
         return state
 
