@@ -116,6 +116,10 @@ class GemmGroupedSm90(Variant):
     # Three epilogue buffers instead of the plan's choice (the 128 x 256 tile's plan keeps two
     # beside the group table and four mainloop stages).
     epi3: bool = field(default=False, metadata={"tag": "e3"})
+    # coop tiles: a tile whose rows of the group fit the first warpgroup's 64 (a group's last,
+    # partial m-tile) leaves the tensor cores to that warpgroup: the second one skips its WGMMAs
+    # and releases each stage as it arrives (its rows are never stored).
+    tail_half: bool = field(default=False, metadata={"tag": "th"})
     # fp8 scale forms (module docstring); e4m3 operands take exactly one.
     row_scale: bool = field(default=False, metadata={"tag": "rowsc"})
     block_scale: bool = field(default=False, metadata={"tag": "blksc"})
@@ -242,8 +246,10 @@ class GemmGroupedSm90(Variant):
             return "the B tile must divide among the cluster's CTAs"
         if self.pair and self.pair_n:
             return "pair (along M) and pair_n (along N): one cluster form"
-        if (self.pair_n or self.epi3) and self.is_fp8:
-            return "pair_n / epi3 are bf16 forms"
+        if (self.pair_n or self.epi3 or self.tail_half) and self.is_fp8:
+            return "pair_n / epi3 / tail_half are bf16 forms"
+        if self.tail_half and (self.schedule != "coop" or self.tile[0] != 128):
+            return "tail_half applies to the 128-row coop tiles (two 64-row warpgroups)"
         plan = self.plan()
         if plan["ab_stages"] < 2:
             return f"only {plan['ab_stages']} smem stage(s) fit"
@@ -312,7 +318,8 @@ class GemmGroupedSm90(Variant):
                                        masked=self.layout == "masked", swizzle=self.swizzle,
                                        cluster_m=self.cluster_m, pair_n=self.pair_n, scale_mode=self.scale_mode,
                                        promote_ahead=self.promote_ahead, promote_serial=self.promote_serial,
-                                       scale_b_stage=self.scale_b_stage, stagger=self.stagger)
+                                       scale_b_stage=self.scale_b_stage, stagger=self.stagger,
+                                       tail_half=self.tail_half)
         return kernel.scaled if self.is_fp8 else kernel
 
 
@@ -325,7 +332,9 @@ class GroupedGemmSm90Kernel:
     """Host side ``__call__(a, b, c, groups, max_clusters, stream)``; device side ``kernel``."""
 
     def __init__(self, *, tile, mma_wgs, epi_tile, ab_stages, epi_stages, masked, swizzle, cluster_m=1, pair_n=False,
-                 scale_mode=None, promote_ahead=False, promote_serial=False, scale_b_stage=False, stagger=False):
+                 scale_mode=None, promote_ahead=False, promote_serial=False, scale_b_stage=False, stagger=False,
+                 tail_half=False):
+        self.tail_half = tail_half
         self.scale_b_stage = scale_b_stage
         self.stagger = stagger
         self.sSB_elems = ab_stages if scale_b_stage else 0  # staged scale_b: one value per stage
@@ -699,6 +708,38 @@ class GroupedGemmSm90Kernel:
                 if cutlass.const_expr(not self.block):
                     sa_g = scale_a[(None, g)] if cutlass.const_expr(self.masked) else scale_a
                     atoms.apply_row_col_scales(acc, cC, sa_g, scale_b[(None, g)], row, n * self.tile[1])
+            elif cutlass.const_expr(self.tail_half):
+                # The second warpgroup of a tile whose rows fit the first runs no WGMMA (k_mma =
+                # 0): it releases each stage as it arrives (the first still reads it).
+                k_mma = k_tiles
+                if row_end - row <= 64:
+                    if warp_idx >= 8:  # the second consumer warpgroup (warps 8-11)
+                        k_mma = cutlass.Int32(0)
+                # (Uniform per warp: where ptxas cannot see that, it serialises every WGMMA.)
+                k_mma = cute.arch.make_warp_uniform(k_mma)
+                for k in range(k_tiles - k_mma):
+                    ab_pipe.consumer_wait(read)
+                    read.advance()
+                    ab_pipe.consumer_release(release)
+                    release.advance()
+                cute.nvgpu.warpgroup.fence()
+                tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
+                for k in range(k_mma):
+                    ab_pipe.consumer_wait(read)
+                    for kb in cutlass.range_constexpr(k_blocks):
+                        blk = (None, None, kb, read.index)
+                        cute.gemm(tiled_mma, acc, tCrA[blk], tCrB[blk], acc)
+                        tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+                    cute.nvgpu.warpgroup.commit_group()
+                    read.advance()
+                    if k > 0:
+                        cute.nvgpu.warpgroup.wait_group(1)
+                        ab_pipe.consumer_release(release)
+                        release.advance()
+                cute.nvgpu.warpgroup.wait_group(0)
+                if k_mma > 0:
+                    ab_pipe.consumer_release(release)
+                    release.advance()
             else:
                 # ---- mainloop: one WGMMA batch in flight, a stage released once its batch retired
                 cute.nvgpu.warpgroup.fence()
@@ -823,7 +864,12 @@ GROUPED_FULL = GROUPED_DEFAULT + tuple(
 ) + tuple(
     # A shared along N by a 2-CTA cluster, and three epilogue buffers, on the 128 x 256 tile.
     dict(**BF16, layout="contig", tile=(128, 256, 64), schedule="coop", **f)
-    for f in (dict(pair_n=True), dict(epi3=True), dict(pair_n=True, epi3=True))
+    for f in (dict(pair_n=True), dict(epi3=True), dict(pair_n=True, epi3=True),
+              # the 2-CTA forms with bands as tall (in rows) as the lone tile's swizzle 8 or less
+              dict(pair=True, swizzle=4), dict(pair=True, swizzle=2), dict(pair_n=True, swizzle=4))
+) + tuple(
+    # a group's last m-tile with <= 64 rows computed by the first warpgroup alone
+    dict(**BF16, layout="contig", tile=t, schedule="coop", tail_half=True) for t in ((128, 256, 64), (128, 128, 64))
 ) + tuple(dict(ab="f16", c="f16", layout=lay, tile=(128, 256, 64), schedule="coop") for lay in LAYOUTS
 ) + GROUPED_FP8_FULL
 

@@ -1,12 +1,18 @@
 #!/usr/bin/env python3
 """Grouped 128x256 forms by name beside torch._grouped_mm and the dense 128x256 GEMM (same run).
 
-usage: probe_grouped_cluster.py GROUPED_BUNDLE DENSE_BUNDLE OUT.json        (timing, graph replay)
+usage: probe_grouped_cluster.py GROUPED_BUNDLE DENSE_BUNDLE OUT.json [--sustained]  (timing, graph replay)
        probe_grouped_cluster.py GROUPED_BUNDLE DENSE_BUNDLE --launch-once      (one launch each, for ncu)
+--sustained: first, per variant on the first row, ~1 s of back-to-back replays with the SM clock and
+board power read by nvidia-smi in the middle (the clock the 700 W cap leaves each variant).
 Rows: Mixtral gate_up / down, DeepSeek down, Qwen gate_up (skewed routing as scripts/bench_grouped.py);
 dense: the same total problem as one (M_total, N, K) GEMM (one weight matrix)."""
 import json
+import os
+import re
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -17,20 +23,58 @@ from bench_grouped import routing  # noqa: E402
 from factory.benchmark import time_interleaved  # noqa: E402
 from factory.runtime import Bundle  # noqa: E402
 
-ROWS = [("mixtral gate_up", 8, 28672, 4096, 65536), ("mixtral gate_up", 8, 28672, 4096, 8192),
+ROWS = [("mixtral gate_up", 8, 28672, 4096, 65536), ("deepseek gate_up", 256, 4096, 7168, 65536),
+        ("mixtral gate_up", 8, 28672, 4096, 8192),
         ("mixtral down", 8, 4096, 14336, 8192), ("mixtral down", 8, 4096, 14336, 65536),
         ("deepseek down", 256, 7168, 2048, 65536), ("qwen gate_up", 128, 3072, 4096, 65536)]
 
 
+def sustained(calls, seconds=1.0):
+    """Per callable: graph replays back to back for ~``seconds``; nvidia-smi reads the SM clock and
+    the board power half-way through; returns {name: [MHz, W, us per call]}."""
+    out = {}
+    for name, fn in calls.items():
+        g = torch.cuda.CUDAGraph()
+        s = torch.cuda.Stream()
+        with torch.cuda.stream(s):
+            fn(0)
+            torch.cuda.synchronize()
+            with torch.cuda.graph(g, stream=s):
+                fn(0)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        g.replay()
+        torch.cuda.synchronize()
+        one = time.perf_counter() - t0
+        n = max(4, int(seconds / max(one, 1e-4)))
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        for _ in range(n):
+            g.replay()
+        e1.record()
+        time.sleep(seconds * 0.6)
+        q = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits"],
+                           capture_output=True, text=True).stdout.strip()
+        e1.synchronize()
+        out[name] = [q, round(e0.elapsed_time(e1) * 1e3 / n, 1)]
+        del g
+    return out
+
+
 def main():
     gb, db = Bundle.open(sys.argv[1]), Bundle.open(sys.argv[2])
-    gnames = [v["name"] for v in gb.candidates("gemm_grouped") if v.get("grouped") == "contig"]
-    dnames = [v["name"] for v in db.candidates("gemm") if "sw8" in v["name"] or "c1x1" in v["name"]]
+    skip = re.compile(os.environ.get("GRP_SKIP", "^$"))
+    gnames = [v["name"] for v in gb.candidates("gemm_grouped") if v.get("grouped") == "contig"
+              and not skip.search(v["name"])]
+    dnames = [v["name"] for v in db.candidates("gemm") if "sw8" in v["name"]]
     once = "--launch-once" in sys.argv
+    rows = ROWS
+    if once:  # --launch-once ROW: that row of ROWS (row 0: uniform routing)
+        rows = [ROWS[int(sys.argv[sys.argv.index("--launch-once") + 1])]]
     gen = torch.Generator().manual_seed(1234)
     results = []
-    for label, E, N, K, M in (ROWS[:1] if once else ROWS):
-        if once:  # uniform: 8 x 8192 rows
+    for label, E, N, K, M in rows:
+        if once and E == 8:  # uniform: 8 x 8192 rows
             counts = torch.full((E,), M // E, dtype=torch.int64)
         else:
             counts = routing(E, M, gen, 16)
@@ -44,7 +88,7 @@ def main():
         calls["torch_grouped_mm"] = lambda i: torch._grouped_mm(a, b, offs=offs)
         row = {"row": label, "E": E, "N": N, "K": K, "M_total": Mt}
         errs = {}
-        for n in gnames:
+        for n in ([] if once else gnames):
             out.fill_(float("nan"))
             calls[n](0)
             torch.cuda.synchronize()
@@ -62,7 +106,10 @@ def main():
                 f(0)
             torch.cuda.synchronize()
             print("launched", list(calls))
-            return
+            continue
+        if "--sustained" in sys.argv and not results:
+            row["sustained"] = sustained(calls)
+            print(json.dumps(row["sustained"]), flush=True)
         t = time_interleaved(calls, 1, rounds=4, budget_s=0.06)
         fl = 2.0 * Mt * N * K
         row["us"] = {n: round(v * 1e6, 1) for n, v in t.items()}
