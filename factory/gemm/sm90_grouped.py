@@ -331,6 +331,9 @@ class GemmGroupedSm90(Variant):
 class GroupedGemmSm90Kernel:
     """Host side ``__call__(a, b, c, groups, max_clusters, stream)``; device side ``kernel``."""
 
+    # (Defaults for subclasses that set up their own fields and inherit the walk: sm100_grouped.)
+    pair_n = False
+
     def __init__(self, *, tile, mma_wgs, epi_tile, ab_stages, epi_stages, masked, swizzle, cluster_m=1, pair_n=False,
                  scale_mode=None, promote_ahead=False, promote_serial=False, scale_b_stage=False, stagger=False,
                  tail_half=False):
@@ -811,10 +814,12 @@ BF16 = dict(ab="bf16", c="bf16")
 # default: the prefill tiles of each layout (128 x 256 for many rows per group, 128 x 128 for
 # fewer) and a 64-row tile for groups of a few rows (decode).  The 2-CTA cluster form ran up to 27 %
 # behind the lone 128 x 256 tile on the H100 and ahead by 3 % at most (notes/gemm-grouped.md): full tier.
+# Contiguous 128-row tiles with tail_half: a group's last m-tile of <= 64 rows takes about half the
+# tile's time (the cost of the tiles that hold no partial m-tile unchanged; notes/gemm-grouped.md).
 GROUPED_DEFAULT = tuple(
-    dict(**BF16, layout=lay, tile=t, schedule=s, pair=p)
+    dict(**BF16, layout=lay, tile=t, schedule=s, tail_half=lay == "contig" and s == "coop")
     for lay in LAYOUTS
-    for t, s, p in (((128, 256, 64), "coop", False), ((128, 128, 64), "coop", False), ((64, 128, 64), "ws", False))
+    for t, s in (((128, 256, 64), "coop"), ((128, 128, 64), "coop"), ((64, 128, 64), "ws"))
 )
 # fp8 (e4m3 a and b, bf16 out): 128 x 128 for prefill, 64 x 128 for decode, each scale form and
 # layout.  Contiguous block scales promote under the next k-block's WGMMAs (promote_ahead: 1151 vs
@@ -868,8 +873,8 @@ GROUPED_FULL = GROUPED_DEFAULT + tuple(
               # the 2-CTA forms with bands as tall (in rows) as the lone tile's swizzle 8 or less
               dict(pair=True, swizzle=4), dict(pair=True, swizzle=2), dict(pair_n=True, swizzle=4))
 ) + tuple(
-    # a group's last m-tile with <= 64 rows computed by the first warpgroup alone
-    dict(**BF16, layout="contig", tile=t, schedule="coop", tail_half=True) for t in ((128, 256, 64), (128, 128, 64))
+    # the contiguous 128-row tiles without tail_half
+    dict(**BF16, layout="contig", tile=t, schedule="coop") for t in ((128, 256, 64), (128, 128, 64))
 ) + tuple(dict(ab="f16", c="f16", layout=lay, tile=(128, 256, 64), schedule="coop") for lay in LAYOUTS
 ) + GROUPED_FP8_FULL
 

@@ -26,7 +26,8 @@ from factory.runtime import Bundle  # noqa: E402
 ROWS = [("mixtral gate_up", 8, 28672, 4096, 65536), ("deepseek gate_up", 256, 4096, 7168, 65536),
         ("mixtral gate_up", 8, 28672, 4096, 8192),
         ("mixtral down", 8, 4096, 14336, 8192), ("mixtral down", 8, 4096, 14336, 65536),
-        ("deepseek down", 256, 7168, 2048, 65536), ("qwen gate_up", 128, 3072, 4096, 65536)]
+        ("deepseek down", 256, 7168, 2048, 65536), ("qwen gate_up", 128, 3072, 4096, 65536),
+        ("qwen gate_up", 128, 3072, 4096, 8192)]
 
 
 def sustained(calls, seconds=1.0):
@@ -69,8 +70,8 @@ def main():
     dnames = [v["name"] for v in db.candidates("gemm") if "sw8" in v["name"]]
     once = "--launch-once" in sys.argv
     rows = ROWS
-    if once:  # --launch-once ROW: that row of ROWS (row 0: uniform routing)
-        rows = [ROWS[int(sys.argv[sys.argv.index("--launch-once") + 1])]]
+    if once:  # --launch-once ROWS: those rows of ROWS, comma-separated (Mixtral: uniform routing)
+        rows = [ROWS[int(i)] for i in sys.argv[sys.argv.index("--launch-once") + 1].split(",")]
     gen = torch.Generator().manual_seed(1234)
     results = []
     for label, E, N, K, M in rows:
@@ -105,7 +106,9 @@ def main():
             for n, f in calls.items():
                 f(0)
             torch.cuda.synchronize()
-            print("launched", list(calls))
+            print("launched", label, M, list(calls))
+            del a, b, out, ref, calls
+            torch.cuda.empty_cache()
             continue
         if "--sustained" in sys.argv and not results:
             row["sustained"] = sustained(calls)
