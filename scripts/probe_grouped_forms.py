@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
-"""Grouped 128x256 forms by name beside torch._grouped_mm and the dense 128x256 GEMM (same run).
+"""Grouped GEMM variants by name beside torch._grouped_mm and the dense GEMM (same run).
 
-usage: probe_grouped_cluster.py GROUPED_BUNDLE DENSE_BUNDLE OUT.json [--sustained]  (timing, graph replay)
-       probe_grouped_cluster.py GROUPED_BUNDLE DENSE_BUNDLE --launch-once      (one launch each, for ncu)
+usage: probe_grouped_forms.py GROUPED_BUNDLE DENSE_BUNDLE OUT.json [--sustained]  (timing, graph replay)
+       probe_grouped_forms.py GROUPED_BUNDLE DENSE_BUNDLE --launch-once 0,5     (one launch each, for ncu)
+Every contiguous bf16 variant of GROUPED_BUNDLE (less those matching the regex $GRP_SKIP), checked
+against torch._grouped_mm on NaN-poisoned outputs, then timed; DENSE_BUNDLE's swizzle-8 variants on
+the Mixtral rows.
 --sustained: first, per variant on the first row, ~1 s of back-to-back replays with the SM clock and
 board power read by nvidia-smi in the middle (the clock the 700 W cap leaves each variant).
 Rows: Mixtral gate_up / down, DeepSeek down, Qwen gate_up (skewed routing as scripts/bench_grouped.py);
@@ -15,8 +18,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 
 from bench_grouped import routing  # noqa: E402
