@@ -5,7 +5,7 @@ usage: probe_grouped_forms.py GROUPED_BUNDLE DENSE_BUNDLE OUT.json [--sustained]
        probe_grouped_forms.py GROUPED_BUNDLE DENSE_BUNDLE --launch-once 0,5     (one launch each, for ncu)
 Every contiguous bf16 variant of GROUPED_BUNDLE (less those matching the regex $GRP_SKIP), checked
 against torch._grouped_mm on NaN-poisoned outputs, then timed; DENSE_BUNDLE's swizzle-8 variants on
-the Mixtral rows.
+the Mixtral rows.  $GRP_ROWS: the rows of ROWS to run (comma-separated indices; default all).
 --sustained: first, per variant on the first row, ~1 s of back-to-back replays with the SM clock and
 board power read by nvidia-smi in the middle (the clock the 700 W cap leaves each variant).
 Rows: Mixtral gate_up / down, DeepSeek down, Qwen gate_up (skewed routing as scripts/bench_grouped.py);
@@ -72,7 +72,7 @@ def main():
               and not skip.search(v["name"])]
     dnames = [v["name"] for v in db.candidates("gemm") if "sw8" in v["name"]]
     once = "--launch-once" in sys.argv
-    rows = ROWS
+    rows = [ROWS[int(i)] for i in os.environ["GRP_ROWS"].split(",")] if os.environ.get("GRP_ROWS") else ROWS
     if once:  # --launch-once ROWS: those rows of ROWS, comma-separated (Mixtral: uniform routing)
         rows = [ROWS[int(i)] for i in sys.argv[sys.argv.index("--launch-once") + 1].split(",")]
     gen = torch.Generator().manual_seed(1234)
