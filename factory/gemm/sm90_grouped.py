@@ -204,7 +204,7 @@ class GemmGroupedSm90(Variant):
             if self.row_scale == self.block_scale:
                 return "e4m3 operands take row or block scales (one form)"
             if self.pair or self.tail_half or self.tail_solo:
-                return "fp8 forms run without the 2-CTA cluster and tail_half"
+                return "fp8 forms run without the 2-CTA cluster and the tail forms"
             if self.promote_ahead and self.promote_serial:
                 return "promote_ahead and promote_serial are two forms of the main loop: one of them"
             if (self.scale_b_stage or self.stagger or self.ffma_yield) and not self.block_scale:
