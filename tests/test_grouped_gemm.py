@@ -327,3 +327,24 @@ def test_fp8_torch_ops_and_reference(ops):
         want = grouped.reference(af, bf, **g)
         assert torch.equal(torch.isnan(ref), torch.isnan(want))
         assert torch.allclose(ref.nan_to_num(), want.nan_to_num(), rtol=1e-5, atol=1e-5), (masked, form)
+
+
+def test_tail_forms_contract():
+    """tail_half / tail_solo: only the 128-row coop bf16 tiles without a cluster take them (one form
+    at a time); the full tier holds both on the contiguous 128x256 and 128x128 tiles, the default
+    tier neither."""
+    from factory.atoms.targets import get_target
+    from factory.gemm.sm90_grouped import GemmGroupedSm90, enumerate_sm90_grouped
+
+    base = dict(target="sm_90a", layout="contig", tile=(128, 256, 64), schedule="coop")
+    assert GemmGroupedSm90(**base, tail_half=True).can_implement() is None
+    assert GemmGroupedSm90(**base, tail_solo=True).can_implement() is None
+    refused = [dict(base, tail_half=True, tail_solo=True), dict(base, tail_solo=True, pair=True),
+               dict(base, tile=(64, 128, 64), schedule="ws", tail_half=True),
+               dict(base, tile=(128, 128, 128), ab="e4m3", row_scale=True, tail_solo=True)]
+    for kw in refused:
+        assert GemmGroupedSm90(**kw).can_implement() is not None, kw
+    tail = lambda tier: {v.name.rsplit("_", 1)[1] + str(v.tile[1])  # noqa: E731
+                         for v in enumerate_sm90_grouped(get_target("sm_90a"), tier) if v.tail_half or v.tail_solo}
+    assert tail("full") == {"th256", "ts256", "th128", "ts128"}
+    assert tail("default") == set()

@@ -110,6 +110,14 @@ class GemmGroupedSm90(Variant):
     # Clusters of two CTAs on vertically adjacent m-tiles of one group and one n-tile, each
     # loading half of the shared B tile and multicasting it to both.
     pair: bool = field(default=False, metadata={"tag": "pair"})
+    # coop tiles: a tile whose rows of the group fit the first warpgroup's 64 (a group's last,
+    # partial m-tile) leaves the tensor cores to that warpgroup: the second one skips its WGMMAs
+    # and releases each stage as it arrives (its rows are never stored).
+    tail_half: bool = field(default=False, metadata={"tag": "th"})
+    # tail_half with the second warpgroup out of the ring: on such a tile it neither waits for nor
+    # releases the stages (its pipeline states skip them); the first warpgroup's warps release each
+    # stage for both (mbarrier arrive count 2).
+    tail_solo: bool = field(default=False, metadata={"tag": "ts"})
     # fp8 scale forms (module docstring); e4m3 operands take exactly one.
     row_scale: bool = field(default=False, metadata={"tag": "rowsc"})
     block_scale: bool = field(default=False, metadata={"tag": "blksc"})
@@ -195,8 +203,8 @@ class GemmGroupedSm90(Variant):
                 return "fp8 grouped GEMM writes bf16"
             if self.row_scale == self.block_scale:
                 return "e4m3 operands take row or block scales (one form)"
-            if self.pair:
-                return "fp8 forms run without the 2-CTA cluster"
+            if self.pair or self.tail_half or self.tail_solo:
+                return "fp8 forms run without the 2-CTA cluster and the tail forms"
             if self.promote_ahead and self.promote_serial:
                 return "promote_ahead and promote_serial are two forms of the main loop: one of them"
             if (self.scale_b_stage or self.stagger or self.ffma_yield) and not self.block_scale:
@@ -209,6 +217,10 @@ class GemmGroupedSm90(Variant):
                 return f"block scales need a tile N dividing {_BLOCK_K}"
             if 3 * self.tile[0] * self.tile[1] // (self.mma_wgs * 128) > 192:
                 return "more than 192 fp32 accumulator registers (three sets) per consumer thread"
+        elif (self.tail_half or self.tail_solo) and (self.schedule != "coop" or self.tile[0] != 128 or self.pair):
+            return "tail_half / tail_solo apply to the 128-row coop tiles (two 64-row warpgroups) without a cluster"
+        elif self.tail_half and self.tail_solo:
+            return "tail_half and tail_solo are two forms of one idea: one of them"
         elif self.promote_ahead or self.promote_serial or self.scale_b_stage or self.stagger or self.ffma_yield:
             return "promote_ahead / promote_serial / scale_b_stage / stagger apply to the fp8 forms"
         elif self.ab not in ("bf16", "f16") or self.c not in ("bf16", "f16"):
@@ -296,7 +308,8 @@ class GemmGroupedSm90(Variant):
                                        masked=self.layout == "masked", swizzle=self.swizzle,
                                        cluster_m=self.cluster_m, scale_mode=self.scale_mode,
                                        promote_ahead=self.promote_ahead, promote_serial=self.promote_serial,
-                                       scale_b_stage=self.scale_b_stage, stagger=self.stagger)
+                                       scale_b_stage=self.scale_b_stage, stagger=self.stagger,
+                                       tail_half=self.tail_half, tail_solo=self.tail_solo)
         return kernel.scaled if self.is_fp8 else kernel
 
 
@@ -309,7 +322,10 @@ class GroupedGemmSm90Kernel:
     """Host side ``__call__(a, b, c, groups, max_clusters, stream)``; device side ``kernel``."""
 
     def __init__(self, *, tile, mma_wgs, epi_tile, ab_stages, epi_stages, masked, swizzle, cluster_m=1,
-                 scale_mode=None, promote_ahead=False, promote_serial=False, scale_b_stage=False, stagger=False):
+                 scale_mode=None, promote_ahead=False, promote_serial=False, scale_b_stage=False, stagger=False,
+                 tail_half=False, tail_solo=False):
+        self.tail_half = tail_half
+        self.tail_solo = tail_solo
         self.scale_b_stage = scale_b_stage
         self.stagger = stagger
         self.sSB_elems = ab_stages if scale_b_stage else 0  # staged scale_b: one value per stage
@@ -572,6 +588,14 @@ class GroupedGemmSm90Kernel:
         ab_pipe.producer_tail(state)
 
     @cute.jit
+    def _release(self, ab_pipe, state, count):
+        """``ab_pipe.consumer_release(state)`` with ``count`` arrivals from this warp's signalling
+        thread instead of one (tail_solo: the first warpgroup's warps arrive for the second's)."""
+        if ab_pipe.is_signaling_thread:
+            cute.arch.mbarrier_arrive(ab_pipe.sync_object_empty.get_barrier(state.index), ab_pipe.consumer_mask,
+                                      arrive_count=count)
+
+    @cute.jit
     def consume(self, tiled_mma, tma_c, sA, sB, sC, mC, c, ab_pipe, table, groups, m_rows, n_tiles, k_tiles,
                 ctidx, warp_idx, scale_a=None, scale_b=None, sSA=None, sSB=None):
         """The MMA warpgroups: mainloop then epilogue, tile after tile."""
@@ -664,6 +688,71 @@ class GroupedGemmSm90Kernel:
                 if cutlass.const_expr(not self.block):
                     sa_g = scale_a[(None, g)] if cutlass.const_expr(self.masked) else scale_a
                     atoms.apply_row_col_scales(acc, cC, sa_g, scale_b[(None, g)], row, n * self.tile[1])
+            elif cutlass.const_expr(self.tail_half):
+                # The second warpgroup of a tile whose rows fit the first runs no WGMMA (k_mma =
+                # 0): it releases each stage as it arrives (the first still reads it).
+                k_mma = k_tiles
+                if row_end - row <= 64:
+                    if warp_idx >= 8:  # the second consumer warpgroup (warps 8-11)
+                        k_mma = cutlass.Int32(0)
+                # (Uniform per warp: where ptxas cannot see that, it serialises every WGMMA.)
+                k_mma = cute.arch.make_warp_uniform(k_mma)
+                for k in range(k_tiles - k_mma):
+                    ab_pipe.consumer_wait(read)
+                    read.advance()
+                    ab_pipe.consumer_release(release)
+                    release.advance()
+                cute.nvgpu.warpgroup.fence()
+                tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
+                for k in range(k_mma):
+                    ab_pipe.consumer_wait(read)
+                    for kb in cutlass.range_constexpr(k_blocks):
+                        blk = (None, None, kb, read.index)
+                        cute.gemm(tiled_mma, acc, tCrA[blk], tCrB[blk], acc)
+                        tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+                    cute.nvgpu.warpgroup.commit_group()
+                    read.advance()
+                    if k > 0:
+                        cute.nvgpu.warpgroup.wait_group(1)
+                        ab_pipe.consumer_release(release)
+                        release.advance()
+                cute.nvgpu.warpgroup.wait_group(0)
+                if k_mma > 0:
+                    ab_pipe.consumer_release(release)
+                    release.advance()
+            elif cutlass.const_expr(self.tail_solo):
+                # A tile whose rows fit the first warpgroup: the second skips its stages (no wait,
+                # no WGMMA, no release); the first releases each stage for both (count 2).
+                solo = cutlass.Int32(0)
+                if row_end - row <= 64:
+                    solo = cutlass.Int32(1)
+                solo = cute.arch.make_warp_uniform(solo)
+                k_mma = k_tiles
+                if solo == 1:
+                    if warp_idx >= 8:  # the second consumer warpgroup (warps 8-11)
+                        k_mma = cutlass.Int32(0)
+                k_mma = cute.arch.make_warp_uniform(k_mma)
+                for k in range(k_tiles - k_mma):
+                    read.advance()
+                    release.advance()
+                cute.nvgpu.warpgroup.fence()
+                tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
+                for k in range(k_mma):
+                    ab_pipe.consumer_wait(read)
+                    for kb in cutlass.range_constexpr(k_blocks):
+                        blk = (None, None, kb, read.index)
+                        cute.gemm(tiled_mma, acc, tCrA[blk], tCrB[blk], acc)
+                        tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+                    cute.nvgpu.warpgroup.commit_group()
+                    read.advance()
+                    if k > 0:
+                        cute.nvgpu.warpgroup.wait_group(1)
+                        self._release(ab_pipe, release, 1 + solo)
+                        release.advance()
+                cute.nvgpu.warpgroup.wait_group(0)
+                if k_mma > 0:
+                    self._release(ab_pipe, release, 1 + solo)
+                    release.advance()
             else:
                 # ---- mainloop: one WGMMA batch in flight, a stage released once its batch retired
                 cute.nvgpu.warpgroup.fence()
@@ -785,6 +874,12 @@ GROUPED_FULL = GROUPED_DEFAULT + tuple(
                      ((128, 192, 64), "coop", 8), ((64, 256, 64), "ws", 8), ((64, 64, 64), "ws", 8))
 ) + tuple(
     dict(**BF16, layout=lay, tile=t, schedule="coop", pair=True) for lay in LAYOUTS for t in ((128, 256, 64), (128, 128, 64))
+) + tuple(
+    # a group's last m-tile of <= 64 rows computed by the first warpgroup alone: H100, same passes,
+    # 0.90x the plain tile's time on DeepSeek-V3 down at 64 k routed rows, 0.97x Qwen3 gate_up 64 k,
+    # but 1.10-1.32x on Mixtral down 64 k and DeepSeek gate_up 64 k (notes/gemm-grouped.md): full tier
+    dict(**BF16, layout="contig", tile=t, schedule="coop", **f) for t in ((128, 256, 64), (128, 128, 64))
+    for f in (dict(tail_half=True), dict(tail_solo=True))
 ) + tuple(dict(ab="f16", c="f16", layout=lay, tile=(128, 256, 64), schedule="coop") for lay in LAYOUTS
 ) + GROUPED_FP8_FULL
 
