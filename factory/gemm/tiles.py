@@ -161,6 +161,12 @@ SM90_SCALED_FULL = SM90_BLOCK_TILES + tuple(dict(d, promote_ahead=True) for d in
     dict(**FP8, tile=(256, 128, 128), cluster=(1, 2), fast_accum=True, row_scale=True),
     dict(**FP8, tile=(256, 128, 128), cluster=(1, 2), fast_accum=True, swizzle=8, row_scale=True),
     dict(**FP8, tile=(64, 256, 128), cluster=(1, 2), schedule="pp", fast_accum=True, row_scale=True),
+    # Row scales on 128x128 ping-pong tiles (each consumer warpgroup a whole 128x128 tile, its
+    # epilogue under the other's main loop).
+    dict(**FP8, tile=(128, 128, 128), cluster=(1, 2), schedule="pp", fast_accum=True, row_scale=True),
+    dict(**FP8, tile=(128, 128, 128), cluster=(2, 1), schedule="pp", fast_accum=True, row_scale=True),
+    dict(**FP8, tile=(128, 128, 128), cluster=(1, 2), schedule="pp", fast_accum=True, swizzle=8, row_scale=True),
+    dict(**FP8, tile=(128, 128, 128), cluster=(2, 1), schedule="pp", fast_accum=True, swizzle=8, row_scale=True),
 ) + tuple(
     # On the coop block tiles: scale_b staged and the two warpgroups' pair loops offset by one
     # k-block (stagger; 6-10 % slower than scale_b_stage alone on an H100).
