@@ -219,6 +219,7 @@ def test_swizzle_exact_rules():
     v = GemmSm90(**fp8, swizzle=8, swizzle_exact=True)
     assert v.can_implement() is None
     assert v.name.endswith("_sw8_swx_fastacc_sk1_pdl_rowsc") and v.describe()["swizzle_exact"] is True
+    assert "swizzle_exact" not in GemmSm90(**fp8, swizzle=8).describe()
     for bad in (dict(swizzle=1), dict(swizzle=8, raster="n")):
         assert "swizzle_exact needs" in GemmSm90(**fp8, swizzle_exact=True, **bad).can_implement(), bad
     swap = GemmSm90(target="sm_90a", ab="e4m3", c="bf16", tile=(64, 64, 128), schedule="ws", swap_ab=True,

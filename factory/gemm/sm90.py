@@ -173,7 +173,7 @@ class GemmSm90(GemmVariant):
     swizzle: int = field(default=1, metadata={"tag": "sw"})
     # With ``swizzle`` > 1: the last group of clusters along N is as wide as the clusters left
     # (the library scheduler rounds the clusters along N up to a multiple of ``swizzle`` and runs
-    # the padding tiles: 14 % more tiles at N = 7168 or 14336 with 128x128 c1x2 sw8).
+    # the padding tiles: 14 % more tiles at N = 7168 with 128x128 c1x2 sw8, 28 -> 32 clusters).
     swizzle_exact: bool = field(default=False, metadata={"tag": "swx"})
     swap_ab: bool = field(default=False, metadata={"tag": "swap"})
     # fp8 only: accumulate straight in the WGMMA accumulators (faster, fewer registers) instead of
@@ -437,7 +437,6 @@ class GemmSm90(GemmVariant):
             "schedule": self.schedule,
             "raster": self.raster,
             "swizzle": self.swizzle,
-            "swizzle_exact": self.swizzle_exact,
             "swap_ab": self.swap_ab,
             # CTAs per output tile: the grid has ceil(M/tm)*ceil(N/tn)*L*split_k CTAs.
             "split_k": self.split_k,
@@ -458,6 +457,8 @@ class GemmSm90(GemmVariant):
                 "tails": ["M", "N", "K", "L"],
             },
         })
+        if self.swizzle_exact:  # (the selection's cost model: no padding tiles)
+            d["swizzle_exact"] = True
         if self.has_epilogue:
             # Fused epilogue fields (bias, silu_mul, residual) in the order they apply; see the
             # fields.  silu_mul writes N / 2 columns from gate/up rows in blocks.

@@ -551,8 +551,9 @@ static double estimate_us(const fx_variant *v, int64_t M, int64_t N, int64_t K, 
        along the kernel's N, which is M here too) rounds the clusters along N up to a multiple of
        s, and its CTAs run the padding tiles as well (zero-filled loads, clipped stores): on an
        H100, 256x128 c1x2 sw8 at 8192x2112x7168 (9 -> 16 clusters along N) took 1.62x the time of
-       the same tile unswizzled (notes/gemm-sm90.md, off the tuning grid). */
-    i128 run_n = v->swizzle > 1 ? cdiv128(tiles_n / cn, v->swizzle) * v->swizzle * cn : tiles_n;
+       the same tile unswizzled (notes/gemm-sm90.md, off the tuning grid).  swizzle_exact
+       variants run no padding tiles. */
+    i128 run_n = v->swizzle > 1 && !v->swizzle_exact ? cdiv128(tiles_n / cn, v->swizzle) * v->swizzle * cn : tiles_n;
     i128 units = tiles_m * run_n * L * split;
     /* the cluster split's parts are one cluster; the workspace split's are separate work units */
     i128 per_cluster = v->workspace == FX_WORKSPACE_TILES ? cm * cn : cm * cn * split;

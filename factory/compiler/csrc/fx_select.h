@@ -60,6 +60,7 @@ typedef struct {
     int32_t tile[3];                 /* attention: tile_m, tile_n, 0 */
     int32_t cluster[2];
     int32_t split_k, threads, swizzle;
+    int32_t swizzle_exact;   /* 1: the swizzle's last group of clusters along N is not padded */
     int32_t persistent_ctas; /* a grid fixed at build time (older bundles); 0: none */
     int32_t cluster_ctas;    /* persistent: CTAs per launched cluster (max_clusters); 0: not persistent */
     int32_t swap_ab, sched_pp, deep, early_b, fp8_acc, workspace;
