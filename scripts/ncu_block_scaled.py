@@ -3,7 +3,9 @@
 (after a warm-up outside the profiled range) between ``torch.cuda.profiler.start()`` and
 ``stop()``, so that ``ncu --profile-from-start off python3 scripts/ncu_block_scaled.py ...`` sees
 only these launches, in the order given.  Block-scaled variants get DeepSeek-V3 1x128 / 128x128
-scales, row-scaled ones row scales, per-tensor ones scales of one (factory.testing).
+scales, row-scaled ones row scales, per-tensor ones scales of one (factory.testing).  The names
+``torch-row`` / ``torch-row-fast`` launch ``torch._scaled_mm`` row-wise (without / with fast
+accumulation) on the row problem, so its kernel can be profiled beside ours.
 
     ncu --profile-from-start off --clock-control none --section WarpStateStats ... \\
         python3 scripts/ncu_block_scaled.py --bundle B --shape 4096 7168 16384 NAME [OTHER_BUNDLE:NAME ...]
@@ -34,6 +36,17 @@ def main() -> int:
     out = torch.empty(M, N, dtype=torch.bfloat16, device="cuda")
     calls = []
     for spec in args.names:
+        if spec.startswith("torch-row"):
+            a, w, scales, _ = testing.fp8_scaled_problem("row", M, N, K)
+            fast = spec == "torch-row-fast"
+            sa, sb, wt = scales["scale_a"][:, None], scales["scale_b"][None, :], w.t()
+
+            def torch_row(a=a, wt=wt, sa=sa, sb=sb, fast=fast):
+                torch._scaled_mm(a, wt, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16, use_fast_accum=fast)
+
+            torch_row()
+            calls.append((None, spec, torch_row, None, None))
+            continue
         path, _, name = spec.rpartition(":")
         if (path or args.bundle) not in bundles:
             bundles[path] = Bundle.open(path)
@@ -48,7 +61,10 @@ def main() -> int:
     torch.cuda.synchronize()
     torch.cuda.profiler.start()
     for b, name, a, w, scales in calls:
-        b.gemm(a, w, out, variant=name, **scales)
+        if b is None:
+            a()
+        else:
+            b.gemm(a, w, out, variant=name, **scales)
         print(name, flush=True)
     torch.cuda.synchronize()
     torch.cuda.profiler.stop()

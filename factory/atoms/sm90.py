@@ -104,6 +104,26 @@ def persistent_schedule(tiles_mnl, cluster_mn, swizzle: int, raster_along_m: boo
     return params, grid
 
 
+@cute.jit
+def swizzle_groups_exact(tile_idx, params, cluster_mn: cutlass.Constexpr, swizzle: cutlass.Constexpr):
+    """The tile a plain M-raster schedule's ``tile_idx`` stands for when the clusters are walked in
+    groups of ``swizzle`` clusters along N (consecutive work units along N inside a group, then
+    down M, then the next group), the last group as wide as the clusters left: the library's
+    swizzle without its padding tiles.  ``params``: the schedule built with swizzle 1 and M raster,
+    whose linear order (cluster m fastest, then n, then l) this inverts."""
+    m, n, l = tile_idx
+    cm, cn = cluster_mn
+    mc = params.problem_layout_ncluster_mnl.shape[0]
+    nc = params.problem_layout_ncluster_mnl.shape[1]
+    lin = (n // cn) * mc + m // cm
+    span = mc * swizzle
+    group = lin // span
+    r = lin - group * span
+    w = cutlass.min(nc - group * swizzle, swizzle)
+    q = r // w
+    return q * cm + m % cm, (group * swizzle + (r - q * w)) * cn + n % cn, l
+
+
 def tile_scheduler(params):
     """This CTA's walk over the persistent schedule (device side)."""
     return utils.StaticPersistentTileScheduler.create(params, cute.arch.block_idx(), cute.arch.grid_dim())
@@ -486,5 +506,5 @@ def add_col_vector(acc: cute.Tensor, coords: cute.Tensor, vec: cute.Tensor, col0
 
 __all__ = ["add_col_vector", "scale_acc", "BLOCK_SCALE_K", "apply_row_col_scales", "block_scale_regs", "issue_k_block", "promoted_mainloop", "promoted_mainloop_ahead", "promoted_mainloop_serial", "PROMOTE_AHEAD_UNROLL", "block_scales_from_smem", "load_block_scales", "load_block_scales_into", "promote_scaled", "stage_scale_b", "CONSUMER_REGS", "GEMM_CONSUMER_REGS", "GEMM_PRODUCER_REGS", "PRODUCER_REGS", "REGISTER_FILE",
            "acc_as_a_operand", "acc_mn_view", "persistent_schedule", "prefetch_tma_descriptors",
-           "register_split_fits", "stage_bytes", "tile_scheduler", "tma_load_atom", "tma_load_box_atom", "tma_pipeline",
+           "register_split_fits", "stage_bytes", "swizzle_groups_exact", "tile_scheduler", "tma_load_atom", "tma_load_box_atom", "tma_pipeline",
            "tma_store_atom"]

@@ -249,6 +249,7 @@ def tables(entries: dict[str, dict], tuning_data: dict | None) -> str:
             MAJOR_IDS.get(lay.get("a"), 0), MAJOR_IDS.get(lay.get("b"), 0),
             "{" + ", ".join(str(int(t)) for t in tile) + "}", "{" + ", ".join(str(int(c)) for c in cluster) + "}",
             int(e.get("split_k", 1)), int(e.get("threads", 0)), int(e.get("swizzle", 1)),
+            int(bool(e.get("swizzle_exact"))),
             int(e.get("persistent_ctas", 0)), int(pers["cluster_ctas"]) if pers else 0,
             int(bool(e.get("swap_ab"))), int(e.get("schedule", "coop") == "pp"), int(bool(cfg.get("deep"))),
             int(bool(cfg.get("early_b"))), ACC_IDS.get(e.get("fp8_accumulation"), 0), _workspace_form(e),

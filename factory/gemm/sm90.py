@@ -171,6 +171,10 @@ class GemmSm90(GemmVariant):
     schedule: str = field(default="coop", metadata={"tag": ""})
     raster: str = field(default="m", metadata={"tag": "r"})
     swizzle: int = field(default=1, metadata={"tag": "sw"})
+    # With ``swizzle`` > 1: the last group of clusters along N is as wide as the clusters left
+    # (the library scheduler rounds the clusters along N up to a multiple of ``swizzle`` and runs
+    # the padding tiles: 14 % more tiles at N = 7168 with 128x128 c1x2 sw8, 28 -> 32 clusters).
+    swizzle_exact: bool = field(default=False, metadata={"tag": "swx"})
     swap_ab: bool = field(default=False, metadata={"tag": "swap"})
     # fp8 only: accumulate straight in the WGMMA accumulators (faster, fewer registers) instead of
     # adding each k-tile's partial sum into fp32 registers.
@@ -349,6 +353,8 @@ class GemmSm90(GemmVariant):
             return "raster must be 'm' or 'n'"
         if self.swizzle < 1:
             return "swizzle must be >= 1"
+        if self.swizzle_exact and (self.swizzle < 2 or self.raster != "m" or self.swap_ab or self.split_k > 1):
+            return "swizzle_exact needs swizzle > 1, raster m, unswapped and unsplit"
         if self.early_b and not self.pdl:
             return "early_b loads B before the PDL wait: it needs pdl"
         if plan.ab_stages < 2:
@@ -451,6 +457,8 @@ class GemmSm90(GemmVariant):
                 "tails": ["M", "N", "K", "L"],
             },
         })
+        if self.swizzle_exact:  # (the selection's cost model: no padding tiles)
+            d["swizzle_exact"] = True
         if self.has_epilogue:
             # Fused epilogue fields (bias, silu_mul, residual) in the order they apply; see the
             # fields.  silu_mul writes N / 2 columns from gate/up rows in blocks.
@@ -468,6 +476,7 @@ class GemmSm90(GemmVariant):
             pingpong=self.schedule == "pp", promote=self.promotes,
             epi_tile=plan.epi_tile, ab_stages=plan.ab_stages, epi_stages=plan.epi_stages,
             raster_along_m=(self.raster == "m") != self.swap_ab, swizzle=self.swizzle,
+            swizzle_exact=self.swizzle_exact,
             swap_ab=self.swap_ab, split_k=self.split_k, pdl=self.pdl, early_b=self.early_b,
             scale_mode=self.scale_mode,
             epilogue=tuple(self.epilogue), promote_ahead=self.promote_ahead,
@@ -492,6 +501,7 @@ class GemmSm90Kernel:
 
     def __init__(self, *, tile, cluster, n_consumer, pingpong, promote, epi_tile, ab_stages,
                  epi_stages, raster_along_m, swizzle, swap_ab, split_k, pdl=False, early_b=False,
+                 swizzle_exact=False,
                  scale_mode="tensor", epilogue=(), promote_ahead=False, promote_serial=False,
                  scale_b_stage=False, stagger=False):
         self.tile = tuple(tile)
@@ -518,6 +528,7 @@ class GemmSm90Kernel:
         self.epi_stages = epi_stages
         self.raster_along_m = raster_along_m
         self.swizzle = swizzle
+        self.swizzle_exact = swizzle_exact
         self.swap_ab = swap_ab
         self.split_k = split_k
         self.pdl = pdl
@@ -646,7 +657,9 @@ class GemmSm90Kernel:
             # Scheduler "M tiles" are (tile, k-part) pairs; a cluster of split_k CTAs along that
             # mode shares one output tile.
             tiles_mnl = (tiles_mnl[0] * self.split_k, tiles_mnl[1], tiles_mnl[2])
-        sched, grid = atoms.persistent_schedule(tiles_mnl, self.launch_cluster, self.swizzle,
+        # (swizzle_exact: the library's plain raster, each work tile remapped by _tile_of)
+        sched, grid = atoms.persistent_schedule(tiles_mnl, self.launch_cluster,
+                                                1 if self.swizzle_exact else self.swizzle,
                                                 self.raster_along_m, max_clusters)
 
         @cute.struct
@@ -819,7 +832,7 @@ class GemmSm90Kernel:
             tXsX, tXgX, tma_x, x_mask = (tBsB, tBgB, tma_b, b_mask) if self.swap_ab else (
                 tAsA, tAgA, tma_a, a_mask)
             if work.is_valid_tile:
-                m, n, l = work.tile_idx
+                m, n, l = self._tile_of(work, sched_params)
                 m, k_begin, k_end = self._k_range(m, k_tiles)
                 skip = cutlass.max(cutlass.min(k_end - k_begin, self.ab_stages), 0)
                 w_t = tWgW[(None, m if self.swap_ab else n, None, l)]
@@ -830,7 +843,7 @@ class GemmSm90Kernel:
                     state.advance()
             cute.arch.griddepcontrol_wait()
             if work.is_valid_tile:
-                m, n, l = work.tile_idx
+                m, n, l = self._tile_of(work, sched_params)
                 m, k_begin, k_end = self._k_range(m, k_tiles)
                 x_t = tXgX[(None, n if self.swap_ab else m, None, l)]
                 early = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
@@ -840,7 +853,7 @@ class GemmSm90Kernel:
                               tma_bar_ptr=ab_pipe.producer_get_barrier(early), mcast_mask=x_mask)
                     early.advance()
         while work.is_valid_tile:
-            m, n, l = work.tile_idx
+            m, n, l = self._tile_of(work, sched_params)
             m, k_begin, k_end = self._k_range(m, k_tiles)
             tAgA_t = tAgA[(None, m, None, l)]
             tBgB_t = tBgB[(None, n, None, l)]
@@ -902,6 +915,13 @@ class GemmSm90Kernel:
                                       GATE_UP_BLOCK if self.silu_mul else 0)
 
     @cute.jit
+    def _tile_of(self, work, sched_params):
+        """The (m, n, l) tile of a work unit: the scheduler's, or with ``swizzle_exact`` its
+        plain raster position remapped into groups of ``swizzle`` clusters along N."""
+        if cutlass.const_expr(self.swizzle_exact):
+            return atoms.swizzle_groups_exact(work.tile_idx, sched_params, self.launch_cluster, self.swizzle)
+        return work.tile_idx
+
     def _k_range(self, m, k_tiles):
         """(output tile M index, first k-tile, end k-tile) of a scheduler tile: with split-K the
         scheduler's M index is tile * split_k + part, and part p takes the p-th slice of K."""
@@ -1024,7 +1044,7 @@ class GemmSm90Kernel:
         work = sched.get_current_work()
         red_phase = cutlass.Int32(0)
         while work.is_valid_tile:
-            m, n, l = work.tile_idx
+            m, n, l = self._tile_of(work, sched_params)
             m, k_begin, k_end = self._k_range(m, k_tiles)
             if cutlass.const_expr(self.tile_owners > 1):
                 cute.arch.mbarrier_wait(order_bars + owner, turn_phase)

@@ -203,7 +203,7 @@ _OPTIONAL = {
                           "kv_splits", "min_seqlen_q", "rows_per_cta", "max_m", "k_multiple", "swizzle",
                           "cta_group", "smem_bytes", "tmem_columns", "acc_stages", "persistent_ctas")},
     **{k: "ints" for k in ("tile", "cluster", "mma_tile", "epi_tile")},
-    **{k: "bool" for k in ("causal", "varlen", "pack_gqa", "preferred", "pdl", "swap_ab", "scaled")},
+    **{k: "bool" for k in ("causal", "varlen", "pack_gqa", "preferred", "pdl", "swap_ab", "scaled", "swizzle_exact")},
     **{k: "str" for k in ("dtype", "schedule", "raster", "format", "structure")},
     **{k: "dict" for k in ("config", "dtypes", "layout", "constraints", "sass", "workspace", "packed_b",
                            "registers_per_role")},

@@ -221,6 +221,10 @@ MODEL = {
     # (every part's partial out, the wait for the tile's slowest part, its share of the sum back),
     # in us per 128x128 tile.
     "tail_us": 16.0,
+    # 128x128 fp8 ping-pong tiles with fast accumulation (each consumer warpgroup a whole tile,
+    # its epilogue under the other's main loop; competing from M = 1024): fitted on the H100's
+    # row-scaled tiles by name at M 1024-16384 (regret 1.11 -> 1.007 over 9 shapes; notes/gemm-fp8.md).
+    "eff_pp_fp8": 1.1,
 }
 
 # MODEL's keys in the order the host library's fx_model holds them (compiler/selection.py generates
@@ -228,4 +232,5 @@ MODEL = {
 MODEL_KEYS = ("eff_256x128_c1x2", "eff_128x256_c2x1", "eff_large", "eff_pp", "eff_coop_mc", "eff_coop",
               "eff_small", "eff_swap_base", "eff_swap_slope", "fp8_promoted", "fp8_fast", "split_us",
               "fixed_us", "overlap", "grid_bw_exp", "split_tile_exp", "narrow_exp", "tile_us", "deep_bw",
-              "wide_k_bw", "eff_coop_narrow", "wsplit_us", "tail_us")
+              "wide_k_bw", "eff_coop_narrow", "wsplit_us", "tail_us",
+              "eff_pp_fp8")

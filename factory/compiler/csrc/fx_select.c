@@ -451,15 +451,15 @@ static const fx_model_sm100 *model100(void) {
 }
 
 /* For fitting tools only (scripts/fit_cost_model.py; not thread-safe, never needed to serve): the
-   models' tunable constants in the order of selection.py MODEL_KEYS (23) / SM100_MODEL_KEYS (9);
+   models' tunable constants in the order of selection.py MODEL_KEYS (24) / SM100_MODEL_KEYS (9);
    NULL restores the compiled-in ones, and either forgets this thread's cached GEMM choices. */
 static void gemm_cache_clear(void);
 FX_EXPORT int32_t fx_cost_model_set(const double *sm90, int32_t n90, const double *sm100, int32_t n100) {
-    if ((sm90 && n90 != 23) || (sm100 && n100 != 9))
-        return fail(FX_ERR_INPUT, "fx_cost_model_set takes 23 sm90 and 9 sm100 constants, got %d and %d", n90, n100);
+    if ((sm90 && n90 != 24) || (sm100 && n100 != 9))
+        return fail(FX_ERR_INPUT, "fx_cost_model_set takes 24 sm90 and 9 sm100 constants, got %d and %d", n90, n100);
     fx_model90_set = fx_model_constants;
     fx_model100_set = fx_model_sm100_constants;
-    if (sm90) memcpy(&fx_model90_set, sm90, 23 * sizeof(double));
+    if (sm90) memcpy(&fx_model90_set, sm90, 24 * sizeof(double));
     if (sm100) memcpy(&fx_model100_set, sm100, 9 * sizeof(double));
     fx_model90_given = sm90 != NULL;
     fx_model100_given = sm100 != NULL;
@@ -469,6 +469,13 @@ FX_EXPORT int32_t fx_cost_model_set(const double *sm90, int32_t n90, const doubl
 }
 
 /* --- the Hopper cost model: tuning._efficiency, tuning.estimate_us, tuning._dram_bytes -------- */
+#define FX_PP_FP8_MIN_M 1024
+/* A 128x128 fp8 ping-pong tile with fast accumulation: each of its two consumer warpgroups owns a
+   whole tile (two tiles per CTA in flight), the epilogue of one under the other's main loop. */
+static int pp_fp8_128(const fx_variant *v) {
+    return v->sched_pp && v->fp8_acc == FX_ACC_FAST && v->tile[0] == 128 && v->tile[1] == 128;
+}
+
 static double efficiency(const fx_variant *v, int64_t busy, int32_t sm_count) {
     const fx_model *p = model90();
     int32_t tm = v->tile[0], tn = v->tile[1];
@@ -483,7 +490,8 @@ static double efficiency(const fx_variant *v, int64_t busy, int32_t sm_count) {
         else eff = p->eff_large;
     } else if ((int64_t)tm * tn >= 128 * 128) {
         int sparse = busy * 2 <= sm_count;
-        eff = v->sched_pp ? p->eff_pp : (multicast || sparse) ? p->eff_coop_mc : p->eff_coop;
+        eff = v->sched_pp ? (pp_fp8_128(v) ? p->eff_pp_fp8 : p->eff_pp)
+              : (multicast || sparse) ? p->eff_coop_mc : p->eff_coop;
     } else if (tm >= 128 && !v->sched_pp) {
         /* two consumer warpgroups on a narrow tile (128x64, 128x96): N granularity for grids of
            few tiles (2112 = 33 x 64 columns) */
@@ -543,8 +551,9 @@ static double estimate_us(const fx_variant *v, int64_t M, int64_t N, int64_t K, 
        along the kernel's N, which is M here too) rounds the clusters along N up to a multiple of
        s, and its CTAs run the padding tiles as well (zero-filled loads, clipped stores): on an
        H100, 256x128 c1x2 sw8 at 8192x2112x7168 (9 -> 16 clusters along N) took 1.62x the time of
-       the same tile unswizzled (notes/gemm-sm90.md, off the tuning grid). */
-    i128 run_n = v->swizzle > 1 ? cdiv128(tiles_n / cn, v->swizzle) * v->swizzle * cn : tiles_n;
+       the same tile unswizzled (notes/gemm-sm90.md, off the tuning grid).  swizzle_exact
+       variants run no padding tiles. */
+    i128 run_n = v->swizzle > 1 && !v->swizzle_exact ? cdiv128(tiles_n / cn, v->swizzle) * v->swizzle * cn : tiles_n;
     i128 units = tiles_m * run_n * L * split;
     /* the cluster split's parts are one cluster; the workspace split's are separate work units */
     i128 per_cluster = v->workspace == FX_WORKSPACE_TILES ? cm * cn : cm * cn * split;
@@ -567,7 +576,9 @@ static double estimate_us(const fx_variant *v, int64_t M, int64_t N, int64_t K, 
         }
     }
     double t_compute = wave_k * 2.0 * (double)tm * (double)tn / per_sm;
-    double nbytes = (double)(dram_bytes(v, M, N, K, tiles_m / cm, tiles_n / cn, grid / per_cluster) * L);
+    /* (the 128x128 fp8 ping-pong CTA works on two tiles at once: twice its clusters' tiles in L2) */
+    i128 resident = grid / per_cluster * (pp_fp8_128(v) ? 2 : 1);
+    double nbytes = (double)(dram_bytes(v, M, N, K, tiles_m / cm, tiles_n / cn, resident) * L);
     i128 tiles = (i128)cdiv(M, tm) * cdiv(N, tn) * L * split;
     i128 useful = grid < tiles ? grid : tiles;
     double frac = (double)useful / (double)sm_count;
@@ -858,12 +869,18 @@ static int32_t gemm_choose(const gemm_ctx *g, int32_t *fits, int32_t n) {
            under one wave but in 8 % of those with a full wave (median 1.12x slower there). */
         int32_t unsplit = 0;
         for (int32_t i = 0; i < n; i++) unsplit += fx_variants[fits[i]].split_k == 1;
+        int32_t others = 0; /* fits that are not 128x128 fp8 ping-pong tiles */
+        for (int32_t i = 0; i < n; i++) others += !pp_fp8_128(&fx_variants[fits[i]]);
         int32_t best = -1;
         double best_t = 0;
         for (int32_t i = 0; i < n; i++) {
             const fx_variant *v = &fx_variants[fits[i]];
             if (family == FX_FAMILY_SM90 && v->split_k > 1 && unsplit > 0 && !split_competes(v, g, sms))
                 continue;
+            /* the 128x128 fp8 ping-pong tile from M = 1024, where it was measured (H100, row
+               scales: 0.95-1.06x torch's row-wise kernel at M 1024-8192 against 0.82-0.97x for
+               the 128x256 2x1 tile; notes/gemm-fp8.md) */
+            if (family == FX_FAMILY_SM90 && pp_fp8_128(v) && g->M < FX_PP_FP8_MIN_M && others > 0) continue;
             double t = family == FX_FAMILY_SM100 ? sm100_estimate_us(v, g->M, g->N, g->K, g->L, sms)
                                                  : estimate_us(v, g->M, g->N, g->K, g->L, sms);
             if (best < 0 || t < best_t || (t == best_t && strcmp(v->name, fx_variants[best].name) < 0)) {

@@ -60,6 +60,7 @@ typedef struct {
     int32_t tile[3];                 /* attention: tile_m, tile_n, 0 */
     int32_t cluster[2];
     int32_t split_k, threads, swizzle;
+    int32_t swizzle_exact;   /* 1: the swizzle's last group of clusters along N is not padded */
     int32_t persistent_ctas; /* a grid fixed at build time (older bundles); 0: none */
     int32_t cluster_ctas;    /* persistent: CTAs per launched cluster (max_clusters); 0: not persistent */
     int32_t swap_ab, sched_pp, deep, early_b, fp8_acc, workspace;
@@ -134,6 +135,7 @@ typedef struct {
     double eff_swap_base, eff_swap_slope, fp8_promoted, fp8_fast;
     double split_us, fixed_us, overlap, grid_bw_exp, split_tile_exp, narrow_exp, tile_us;
     double deep_bw, wide_k_bw, eff_coop_narrow, wsplit_us, tail_us;
+    double eff_pp_fp8;
     double stream_tbs;
     int64_t l2_bytes;
 } fx_model;
