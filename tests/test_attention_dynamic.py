@@ -37,8 +37,8 @@ def test_names_configs_and_manifest():
         assert args == [a.name for a in twin.signature().args][:5] + ["tile_counters", "softmax_scale"]
         tc = v.signature().args[5]
         assert tc.dtype == "i32" and tuple(tc.shape) == (2,)
-    # default tier: the bf16 causal head_dim 64 (both query tiles) and 128 persistent builds' twins
-    assert sorted((v.head_dim, v.tile_m) for v in _sm90("default") if v.dynamic) == [(64, 128), (64, 192), (128, 128)]
+    # default tier: the bf16 causal head_dim 64 (128 rows) and 128 persistent builds' twins
+    assert sorted((v.head_dim, v.tile_m) for v in _sm90("default") if v.dynamic) == [(64, 128), (128, 128)]
 
 
 def test_refusals():

@@ -507,14 +507,16 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm90]:
     # leaves through Q's slabs, so each tile's Q waits for the last O store), which the selection
     # takes for at most 512 keys: B32 H32 S512 400.1 vs 424.5 us (H100, interleaved by name)
     out += [dataclasses.replace(make(dt, 256, True), persistent=False, k_first=False) for dt in DTYPES]
-    # bf16 causal, head_dim 64 (both query tiles) and 128, dense: the persistent builds' dynamic
-    # twins (each next tile from a global counter), which the selection takes in their place
-    # (fx_select.c attn_choose).  H100, interleaved by name: B32 H32 S512 D64 140.2 vs 147.8 us, B8
-    # H16 S2048 D64 166.5 vs 179.8, D128 199.4 vs 201.4 (S512), 235.3 vs 239.5 (S2048), 860.3 vs
-    # 872.0 (B4 H32 S4096), 1536.7 vs 1631.7 (B1 H16 S16384).
+    # bf16 causal, dense, head_dim 64 on 128 rows (short rows) and 128: the persistent builds'
+    # dynamic twins (each next tile from a global counter), which the selection takes in their place
+    # (fx_select.c attn_choose).  H100, interleaved by name, two calls: B32 H32 S512 D64 140.2 / 142.6
+    # vs 147.8 / 148.9 us, D128 199.4 / 198.2 vs 201.4 / 205.9; D128 B8 H16 S2048 235.3 / 230.6 vs
+    # 239.5 / 234.4, B4 H32 S4096 860.3 / 844.9 vs 872.0 / 856.3, B1 H16 S16384 1536.7 / 1518.1 vs
+    # 1631.7 / 1536.3.  (The 192-row D64 twin, tier full: B8 H16 S2048 166.5 / 166.0 vs 179.8 / 177.3,
+    # B4 H32 S4096 565.2 vs 569.2, B1 H16 S16384 1052.9 vs 1044.8.)
     out += [dataclasses.replace(v, dynamic=True) for v in out
-            if v.dtype == "bf16" and v.causal and v.persistent and not v.varlen and v.head_dim <= 128
-            and v.tile_m >= 128]
+            if v.dtype == "bf16" and v.causal and v.persistent and not v.varlen
+            and (v.head_dim, v.tile_m) in ((64, 128), (128, 128))]
     if tier == "full":
         # The tuner's alternatives (dense): scripts/tune.py attention picks among them per shape bucket.
         out += [make(dt, d, c, tile_m=tm, tile_n=tn, stages=s, overlap=ov, pingpong=pp, const_wg=False)

@@ -1568,10 +1568,10 @@ static int32_t attn_choose(const fx_device_t *dev, int32_t dtype, int32_t head_d
         }
         /* Causal, head_dim <= 128: the chosen persistent variant's dynamic twin (the same build whose
            CTAs take each next tile from a global counter, manifest workspace "tile_counters", named
-           as it with "_dy") where the bundle has it.  H100, interleaved by name (notes/attention-sm90.md):
-           B32 H32 S512 head_dim 64 (128 rows) 140.2 us vs 147.8, B8 H16 S2048 (192 rows) 166.5 vs 179.8,
-           B4 H32 S4096 586.3 vs 585.2; head_dim 128 199.4 vs 201.4 (S512), 235.3 vs 239.5 (S2048),
-           860.3 vs 872.0 (S4096), 1536.7 vs 1631.7 (B1 H16 S16384). */
+           as it with "_dy") where the bundle has it.  H100, interleaved by name, two calls
+           (notes/attention-sm90.md): B32 H32 S512 head_dim 64 (128 rows) 140.2 / 142.6 us vs 147.8 / 148.9;
+           head_dim 128 199.4 / 198.2 vs 201.4 / 205.9 (S512), 235.3 / 230.6 vs 239.5 / 234.4 (B8 H16 S2048),
+           860.3 / 844.9 vs 872.0 / 856.3 (B4 H32 S4096), 1536.7 / 1518.1 vs 1631.7 / 1536.3 (B1 H16 S16384). */
         if (decode && causal && head_dim <= 128 && fx_variants[result].attn_sched == 1) {
             const char *rn = fx_variants[result].name;
             size_t ln = strlen(rn);
