@@ -13,6 +13,10 @@ Split-KV variants (manifest ``splits`` > 1, dense only) take two fp32 workspace 
   o_partial (splits,B,Hq,Sq,D), lse_partial (splits,B,Hq,Sq)
 carved here from one torch.empty; the variant combines them into o and lse itself (second kernel,
 same stream), so a split launch is one call like any other and CUDA-graph capturable.
+Dynamic persistent variants (manifest workspace ``tile_counters``; attention/sm90.py ``dynamic``)
+take after lse the device's first two zeroed int32 counter words (runtime/counters.py: allocated
+once, outside any capture; each launch leaves them 0; launches on two streams at once must not share
+them), the same words call after call, so no per-call allocation or memset.
 """
 
 from __future__ import annotations
@@ -134,7 +138,7 @@ def attention(bundle, q, k, v, causal=False, softmax_scale=None, cu_seqlens_q=No
                                (q.shape[0], hq, k.shape[2], q.shape[1], k.shape[1]))
         if splits > 1:
             args[5:5] = split_workspace(torch, q, splits)
-        elif uses_tile_counters(bundle.manifest["variants"][name]):
+        elif name.endswith("_dy") and uses_tile_counters(bundle.manifest["variants"][name]):
             args.insert(5, tile_counters(q.device))
     bundle.launch(name, args, device=dev)
     # (cached only for plain flags: a tensor's hash is its identity, so it would never hit again)

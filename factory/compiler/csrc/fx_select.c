@@ -1566,24 +1566,6 @@ static int32_t attn_choose(const fx_device_t *dev, int32_t dtype, int32_t head_d
             }
             if (mid >= 0) result = mid;
         }
-        /* Causal, head_dim <= 128: the chosen persistent variant's dynamic twin (the same build whose
-           CTAs take each next tile from a global counter, manifest workspace "tile_counters", named
-           as it with "_dy") where the bundle has it.  H100, interleaved by name, two calls
-           (notes/attention-sm90.md): B32 H32 S512 head_dim 64 (128 rows) 140.2 / 142.6 us vs 147.8 / 148.9;
-           head_dim 128 199.4 / 198.2 vs 201.4 / 205.9 (S512), 235.3 / 230.6 vs 239.5 / 234.4 (B8 H16 S2048),
-           860.3 / 844.9 vs 872.0 / 856.3 (B4 H32 S4096), 1536.7 / 1518.1 vs 1631.7 / 1536.3 (B1 H16 S16384). */
-        if (decode && causal && head_dim <= 128 && fx_variants[result].attn_sched == 1) {
-            const char *rn = fx_variants[result].name;
-            size_t ln = strlen(rn);
-            for (int32_t i = 0; i < n; i++) {
-                const fx_variant *e = &fx_variants[cand[i]];
-                if (e->workspace == FX_WORKSPACE_TILE_COUNTERS && e->target == fx_variants[result].target &&
-                    strlen(e->name) == ln + 3 && !strncmp(e->name, rn, ln) && !strcmp(e->name + ln, "_dy")) {
-                    result = cand[i];
-                    break;
-                }
-            }
-        }
         /* Short causal rows where the preferred variant's persistent CTAs pass O through Q's slabs
            (head_dim 256: each tile's Q load waits for the previous O store): its one-tile-per-CTA
            twin (same tiles, stages) for at most 512 keys.  H100, B32 H32 S512 head_dim 256 causal
@@ -1600,6 +1582,24 @@ static int32_t attn_choose(const fx_device_t *dev, int32_t dtype, int32_t head_d
         }
     }
 done:
+    /* Causal, head_dim <= 128, whichever rule or table chose it: the persistent variant's dynamic
+       twin (the same build whose CTAs take each next tile from a global counter, manifest workspace
+       "tile_counters", named as it with "_dy") where the bundle has it.  H100, interleaved by name, two calls
+       (notes/attention-sm90.md): B32 H32 S512 head_dim 64 (128 rows) 140.2 / 142.6 us vs 147.8 / 148.9;
+       head_dim 128 199.4 / 198.2 vs 201.4 / 205.9 (S512), 235.3 / 230.6 vs 239.5 / 234.4 (B8 H16 S2048),
+       860.3 / 844.9 vs 872.0 / 856.3 (B4 H32 S4096), 1536.7 / 1518.1 vs 1631.7 / 1536.3 (B1 H16 S16384). */
+    if (result >= 0 && decode && causal && head_dim <= 128 && fx_variants[result].attn_sched == 1) {
+        const char *rn = fx_variants[result].name;
+        size_t ln = strlen(rn);
+        for (int32_t i = 0; i < n; i++) {
+            const fx_variant *e = &fx_variants[cand[i]];
+            if (e->workspace == FX_WORKSPACE_TILE_COUNTERS && e->target == fx_variants[result].target &&
+                strlen(e->name) == ln + 3 && !strncmp(e->name, rn, ln) && !strcmp(e->name + ln, "_dy")) {
+                result = cand[i];
+                break;
+            }
+        }
+    }
     free(cand);
     free(fit);
     free(sub);
