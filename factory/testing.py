@@ -578,7 +578,7 @@ def check_attention_dense(bundle, entry, case, gen, device="cuda") -> dict:
     variant's workspace) NaN-poisoned."""
     import torch
 
-    from .runtime.attention import split_workspace
+    from .runtime.attention import dense_workspace
 
     b, sq, sk, hq, hkv = case
     dt, d = torch_dtype(entry["dtype"]), entry["head_dim"]
@@ -589,13 +589,17 @@ def check_attention_dense(bundle, entry, case, gen, device="cuda") -> dict:
     o = torch.full_like(q, math.nan)
     lse = torch.full((b, hq, sq), math.nan, device=device)
     names = [a["name"] for a in entry["signature"]["args"]]
-    ws = list(split_workspace(torch, q, entry["splits"])) if "o_partial" in names else []
-    for w in ws:
-        w.fill_(math.nan)
+    ws = dense_workspace(torch, entry, q) if "o_partial" in names or "tile_counters" in names else []
+    if "o_partial" in names:
+        for w in ws:
+            w.fill_(math.nan)
     bundle.launch(entry["name"], [q, k, v, o, lse, *ws, scale])
     _sync(device)
     ref_o, ref_lse = attention_reference(q, k, v, entry["causal"], scale)
-    return judge_attention(entry["name"], list(case), o, lse, ref_o, ref_lse, TOLERANCE[entry["dtype"]])
+    r = judge_attention(entry["name"], list(case), o, lse, ref_o, ref_lse, TOLERANCE[entry["dtype"]])
+    if "tile_counters" in names and int(ws[0].count_nonzero()):  # the kernel leaves its counters at 0
+        r = {**r, "ok": False, "tile_counters_left": ws[0].tolist()}
+    return r
 
 
 def check_attention_varlen(bundle, entry, case, gen, device="cuda") -> dict:

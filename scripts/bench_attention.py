@@ -182,6 +182,7 @@ def bench_candidates(bundle, pattern: str, dtype="bf16", shapes=None, rounds: in
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from factory import testing
+    from factory.runtime.attention import dense_workspace
 
     dt = testing.torch_dtype(dtype)
     rx = re.compile(pattern)
@@ -210,7 +211,7 @@ def bench_candidates(bundle, pattern: str, dtype="bf16", shapes=None, rounds: in
                 args = [qp, kp, vp, o.view(B * sq, hq, d), lse, cu, cu, d ** -0.5, sq]
             else:
                 lse = torch.empty(B, hq, sq, device="cuda")
-                args = [q, k, v, o, lse, d ** -0.5]
+                args = [q, k, v, o, lse, *dense_workspace(torch, bundle.manifest["variants"][n], q), d ** -0.5]
             bundle.launch(n, args)
             torch.cuda.synchronize()
             errs[n] = (float("nan") if o.isnan().any() else

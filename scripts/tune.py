@@ -122,7 +122,7 @@ def tune_attention_bucket(bundle, dt: str, d: int, causal: bool, s: int, bh: int
     a table entry would never be read)."""
     import torch
 
-    from factory.runtime.attention import _choose
+    from factory.runtime.attention import _choose, dense_workspace
 
     b, hq, hkv, sq = attention_shape(s, bh)
     cands = bundle.candidates("attention")
@@ -138,7 +138,8 @@ def tune_attention_bucket(bundle, dt: str, d: int, causal: bool, s: int, bh: int
              torch.randn(b, sq, hkv, d, device="cuda").to(tdt)) for _ in range(n_sets)]
     outs = [(torch.empty_like(q), torch.empty(b, hq, sq, device="cuda")) for q, _, _ in sets]
     scale = d ** -0.5
-    calls = {e["name"]: (lambda i, n=e["name"]: bundle.launch(n, [*sets[i], *outs[i], scale])) for e in fits}
+    calls = {e["name"]: (lambda i, n=e["name"], w=dense_workspace(torch, e, sets[0][0]):
+                         bundle.launch(n, [*sets[i], *outs[i], *w, scale])) for e in fits}
     screened, timed = screen_then_time(calls, n_sets, rule["name"])
     winner = tuning.pick_winner(timed, rule["name"], MARGIN)
     sets = outs = calls = None

@@ -243,6 +243,8 @@ def test_every_variant(bundle):
     """Every attention variant in the bundle runnable here (alternative tiles and stage counts
     too, not only the ones selection prefers), launched by name on shapes with tails, GQA and
     seqlen_q != seqlen_k."""
+    from factory.runtime.attention import dense_workspace
+
     gen = torch.Generator(device="cuda").manual_seed(5)
     dt = {"bf16": torch.bfloat16, "f16": torch.float16}
     failures = []
@@ -256,7 +258,7 @@ def test_every_variant(bundle):
             q, k, v = (rand(b, s, h, d, dtype=dtype, gen=gen) for s, h in ((sq, hq), (sk, hkv), (sk, hkv)))
             o = torch.full_like(q, math.nan)
             lse = torch.full((b, hq, sq), math.nan, device="cuda")
-            bundle.launch(e["name"], [q, k, v, o, lse, scale])
+            bundle.launch(e["name"], [q, k, v, o, lse, *dense_workspace(torch, e, q), scale])
             ref_o, ref_lse = reference(q, k, v, causal, scale)
             pieces = [(o, lse, ref_o, ref_lse)]
         else:

@@ -82,7 +82,7 @@ def _compile_report(tmp_path, *args) -> dict:
 @needs_dsl
 def test_test_tier_sass(tmp_path):
     report = _compile_report(tmp_path)
-    assert len(report) == 2
+    assert len(report) == 3  # (the preferred tile, its 64-row twin, its dynamic twin)
     _check_report(report)
 
 
@@ -137,6 +137,9 @@ def _check_report(report: dict) -> None:
         assert not any(op.startswith(("LDL", "STL")) for op in hist), (name, "local memory")
         assert r["resources"]["stack_frame_bytes"] == 0, name
         assert r["params"] == ["module", *r["arg_names"], "stream"], name
+        # dynamic: the tile counter's atomic adds (the next tile; the arrival), none elsewhere
+        atoms = sum(n for op, n in hist.items() if op.startswith("ATOMG"))
+        assert (atoms >= 2) if cfg.get("dynamic") else (atoms == 0), (name, atoms)
 
 
 # --- no DSL needed below (the family module imports the DSL, so these skip without it) ----------
@@ -154,8 +157,13 @@ def test_enumeration_and_names():
     sm90 = _family()
     test = sm90.enumerate_attention(get_target("sm_90a"), "test")
     assert [v.name for v in test] == ["attention_sm90a_bf16_d128_m128_n128_s2_causal_ov_pp_er_ps_kf_lz_sd",
-                                      "attention_sm90a_bf16_d128_m64_n128_s2_causal_ov"]
+                                      "attention_sm90a_bf16_d128_m64_n128_s2_causal_ov",
+                                      "attention_sm90a_bf16_d128_m128_n128_s2_causal_ov_pp_er_ps_kf_lz_sd_dy"]
     default = sm90.enumerate_attention(get_target("sm_90a"), "default")
+    # the dynamic twins (tests/test_attention_dynamic.py): apart, the rest as before
+    dyn = [v for v in default if v.dynamic]
+    assert {v.name[:-3] for v in dyn} <= {v.name for v in default if not v.dynamic} and len(dyn) == 2
+    default = [v for v in default if not v.dynamic]
     problems = {(dt, d, c) for dt in ("bf16", "f16") for d in (64, 128, 256) for c in (False, True)}
     varlen = [v for v in default if v.varlen]
     default = [v for v in default if not v.varlen]

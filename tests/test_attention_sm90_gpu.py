@@ -105,6 +105,8 @@ def _varlen_case(bundle, e, lq, lk, hq, hkv, gen, failures):
 def _launch_each(bundle, entries, shapes, varlen_shapes, gen):
     """Launch each entry by name on every dense shape (or packed varlen batch) with NaN-poisoned
     outputs and check it against float32; one assertion listing every failure."""
+    from factory.runtime.attention import dense_workspace
+
     dt = {"bf16": torch.bfloat16, "f16": torch.float16}
     failures = []
     for e in entries:
@@ -120,7 +122,7 @@ def _launch_each(bundle, entries, shapes, varlen_shapes, gen):
             v = _poisoned((b, sk, hkv, d), dtype, 9, gen)
             o = torch.full_like(q, math.nan)
             lse = torch.full((b, hq, sq), math.nan, device="cuda")
-            bundle.launch(e["name"], [q, k, v, o, lse, scale])
+            bundle.launch(e["name"], [q, k, v, o, lse, *dense_workspace(torch, e, q), scale])
             torch.cuda.synchronize()
             try:
                 _check(o, lse, q, k, v, causal, scale, f"{e['name']} {(b, sq, sk, hq, hkv)}")

@@ -66,7 +66,7 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
-from ..abi import DTYPE_BYTES, Signature
+from ..abi import DTYPE_BYTES, Signature, TensorArg
 from ..atoms import sm90 as atoms
 from ..atoms.common import cutlass_dtype
 from ..atoms.smem import BARRIER_BYTES as _BARRIER_BYTES
@@ -93,6 +93,8 @@ MIN_SEQLEN_Q = 2
 # (the arguments carry no device facts); on a device with fewer SMs (%nsmid) the CTAs past its
 # count leave at once and the others share their tiles, so no CTA waits for a second wave.
 PERSISTENT_CTAS = 132
+# dynamic: the int32 words of the runtime's counters a launch uses (tile counter, arrival counter)
+TILE_COUNTER_WORDS = 2
 # Causal persistent order: CTAs in flight per kv head (the section width, tile_coords).
 CAUSAL_CTAS_PER_KV_HEAD = 4
 # lazy_rescale: how far (log2 units) a row's max may pass its reference before the warp rescales
@@ -170,6 +172,12 @@ class AttentionSm90(AttentionVariant):
     # of scores through ex2.approx.ftz.bf16x2 (bf16 P).
     ex2_fma: int = field(default=0, metadata={"tag": "xf"})
     ex2_pairs: bool = field(default=False, metadata={"tag": "xb"})
+    # Persistent, dense: each CTA takes its next tile from a global tile counter (atomic add) as it
+    # finishes one, instead of a fixed deal; the tiles in order (causal: longest rows first), the
+    # producer warp passes each index to the consumers through a shared-memory slot.  The counter
+    # and an arrival counter are the runtime's zeroed int32 words (``tile_counters``); the last CTA
+    # to finish sets both back to 0.
+    dynamic: bool = field(default=False, metadata={"tag": "dy"})
 
     @property
     def name(self) -> str:
@@ -180,7 +188,7 @@ class AttentionSm90(AttentionVariant):
         # the exponential options appear only where used (manifests and cache keys of the other
         # variants stay as they were)
         c = super().config()
-        for k in ("store_defer", "ex2_fma", "ex2_pairs"):
+        for k in ("store_defer", "ex2_fma", "ex2_pairs", "dynamic"):
             if not c[k]:
                 del c[k]
         return c
@@ -278,6 +286,9 @@ class AttentionSm90(AttentionVariant):
             return "const_wg is built for this family's own kernels only"
         if self.store_defer and (not self.persistent or self.o_in_q or self.varlen):
             return "store_defer needs persistent, dense, O in its own smem slabs"
+        if self.dynamic and (not self.persistent or self.varlen
+                             or type(self).make_kernel is not AttentionSm90.make_kernel):
+            return "dynamic needs persistent, dense, this family's own kernels"
         if self.kv_split and (self.tile_m != WG_ROWS or not self.overlap or self.persistent or self.varlen
                               or self.early_rescale or self.lazy_rescale or self.k_first):
             return ("kv_split takes one 64-row query tile per CTA pair, overlap, dense, one tile per CTA "
@@ -311,8 +322,10 @@ class AttentionSm90(AttentionVariant):
             "smem_bytes": self.smem_bytes(),
             "min_seqlen_q": MIN_SEQLEN_Q,
             "tile_scheduler": ({"persistent": True, "max_ctas": PERSISTENT_CTAS,
-                                "order": "longest rows first, zigzag" if self.causal
+                                "order": ("longest rows first, zigzag" if not self.dynamic
+                                          else "longest rows first") if self.causal
                                 else "query tiles fastest",
+                                **({"dynamic": "global tile counter"} if self.dynamic else {}),
                                 **({"o_smem": "q slabs"} if self.o_in_q else {})} if self.persistent
                                else {"persistent": False}),
             # Resident CTAs per SM: the setmaxnreg budgets hand the CTA the whole register file
@@ -321,7 +334,7 @@ class AttentionSm90(AttentionVariant):
             "threads": self.threads,
             "registers_per_role": {"producer": atoms.PRODUCER_REGS[self.consumers],
                                    "consumer": atoms.CONSUMER_REGS[self.consumers]},
-            "preferred": (self.tile_m, self.tile_n, self.stages, self.overlap, self.pingpong)
+            "preferred": not self.dynamic and (self.tile_m, self.tile_n, self.stages, self.overlap, self.pingpong)
                          == default_config(self.head_dim, self.causal, cache=getattr(self, "paged", False))
                          and all(getattr(self, k) == v for k, v in
                                  default_schedule(self.head_dim, self.causal, self.varlen,
@@ -329,7 +342,17 @@ class AttentionSm90(AttentionVariant):
             # the key tiles split between the two CTAs of a cluster per query tile (kv_split)
             **({"kv_splits": 2, "cluster": [2, 1]} if self.kv_split else {}),
             **self.ex2_describe(),
+            # dynamic: the runtime's two zeroed int32 words (tile counter, arrival counter)
+            **({"workspace": {"form": "tile_counters", "words": TILE_COUNTER_WORDS}} if self.dynamic else {}),
         }
+
+    def signature(self) -> Signature:
+        sig = super().signature()
+        if not self.dynamic:
+            return sig
+        args = list(sig.args)
+        args.insert(5, TensorArg("tile_counters", "i32", (TILE_COUNTER_WORDS,), (1,), align=4))
+        return Signature(tuple(args), sig.divisibility)
 
     def make_kernel(self):
         k = FlashFwdSm90(
@@ -338,9 +361,11 @@ class AttentionSm90(AttentionVariant):
             pingpong=self.pingpong, early_rescale=self.early_rescale, persistent=self.persistent,
             k_first=self.k_first, o_in_q=self.o_in_q, lazy_rescale=self.lazy_rescale,
             const_wg=self.const_wg,
-            kv_split=self.kv_split, store_defer=self.store_defer,
+            kv_split=self.kv_split, store_defer=self.store_defer, dynamic=self.dynamic,
         )
         self.set_ex2(k)
+        if self.dynamic:
+            return k.dense_dynamic
         return k.packed if self.varlen else k.dense
 
     def set_ex2(self, k) -> None:
@@ -452,8 +477,10 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm90]:
     if tier == "test":
         # The preferred tile and its 64-row twin: the loader's under-filled-grid rule and a tuning
         # table (runtime/attention.py select) have a choice in the test bundle.
+        # (and the preferred tile's dynamic twin, which the selection never takes: taken by name)
         return [make("bf16", 128, True),
-                make("bf16", 128, True, tile_m=64, pingpong=False, **default_schedule(128, True, small=True))]
+                make("bf16", 128, True, tile_m=64, pingpong=False, **default_schedule(128, True, small=True)),
+                make("bf16", 128, True, dynamic=True)]
     problems = [(dt, d, c) for dt in DTYPES for d in HEAD_DIMS for c in (False, True)]
     out = [make(*p) for p in problems]
     # Packed variable-length batches (cu_seqlens): the dense problems' tiles and schedule.
@@ -480,6 +507,16 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm90]:
     # leaves through Q's slabs, so each tile's Q waits for the last O store), which the selection
     # takes for at most 512 keys: B32 H32 S512 400.1 vs 424.5 us (H100, interleaved by name)
     out += [dataclasses.replace(make(dt, 256, True), persistent=False, k_first=False) for dt in DTYPES]
+    # bf16 causal, dense, head_dim 64 on 128 rows (short rows) and 128: the persistent builds'
+    # dynamic twins (each next tile from a global counter), which the selection takes in their place
+    # (fx_select.c attn_choose).  H100, interleaved by name, two calls: B32 H32 S512 D64 140.2 / 142.6
+    # vs 147.8 / 148.9 us, D128 199.4 / 198.2 vs 201.4 / 205.9; D128 B8 H16 S2048 235.3 / 230.6 vs
+    # 239.5 / 234.4, B4 H32 S4096 860.3 / 844.9 vs 872.0 / 856.3, B1 H16 S16384 1536.7 / 1518.1 vs
+    # 1631.7 / 1536.3.  (The 192-row D64 twin, tier full: B8 H16 S2048 166.5 / 166.0 vs 179.8 / 177.3,
+    # B4 H32 S4096 565.2 vs 569.2, B1 H16 S16384 1052.9 vs 1044.8.)
+    out += [dataclasses.replace(v, dynamic=True) for v in out
+            if v.dtype == "bf16" and v.causal and v.persistent and not v.varlen
+            and (v.head_dim, v.tile_m) in ((64, 128), (128, 128))]
     if tier == "full":
         # The tuner's alternatives (dense): scripts/tune.py attention picks among them per shape bucket.
         out += [make(dt, d, c, tile_m=tm, tile_n=tn, stages=s, overlap=ov, pingpong=pp, const_wg=False)
@@ -515,11 +552,16 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm90]:
         out += [make(dt, 64, True, tile_m=128, stages=s) for dt in DTYPES for s in (3, 4)]
         out += [make(dt, 128, True, stages=3) for dt in DTYPES]
         # every variant with store_defer also without it (the defaults before it)
-        out += [dataclasses.replace(v, store_defer=False) for v in out if v.store_defer]
+        out += [dataclasses.replace(v, store_defer=False) for v in out if v.store_defer and not v.dynamic]
         # varlen with one tile per CTA (the grid sized by the longest sequence)
         out += [dataclasses.replace(make(*p), varlen=True, persistent=False, early_rescale=False, k_first=False,
                                     lazy_rescale=False, const_wg=False, store_defer=False)
                 for p in problems]
+        # the dense persistent bf16 defaults (causal, and head_dim 128 not causal; head_dim 64
+        # causal also on 128 rows) with the dynamic tile counter (for --candidates; some also in
+        # the default tier)
+        out += [dataclasses.replace(v, dynamic=True) for v in out[:len(problems)] + [make("bf16", 64, True, tile_m=128)]
+                if v.dtype == "bf16" and v.persistent and not v.varlen and (v.causal or v.head_dim == 128)]
     out = list({v.name: v for v in out}.values())
     return [v for v in out if v.can_implement() is None]
 
@@ -732,8 +774,10 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                  gather: bool = False, local: bool = False, softcap: bool = False,
                  sinks: bool = False, wide_producer: bool = False, kv_dtype=None, fp8_stages: int = 1,
                  o_in_q: bool = False, lazy_rescale: bool = False, const_wg: bool = False,
-                 kv_split: bool = False, store_defer: bool = False):
+                 kv_split: bool = False, store_defer: bool = False, dynamic: bool = False):
         super().__init__(dtype=dtype, head_dim=head_dim, causal=causal, local=local)
+        # persistent: the next tile from a global counter (AttentionSm90.dynamic)
+        self.dynamic = persistent and dynamic
         # persistent, O's own slabs: the O store's read of its slab waited for before the next
         # tile's O is written there (AttentionSm90.store_defer)
         self.store_defer = store_defer
@@ -799,6 +843,15 @@ class FlashFwdSm90(layout.TmaViewsKernel):
         return grid
 
     @cute.jit
+    def dense_dynamic(self, q: cute.Tensor, k: cute.Tensor, v: cute.Tensor, o: cute.Tensor,
+                      lse: cute.Tensor, tile_counters: cute.Tensor, softmax_scale: cutlass.Float32,
+                      stream: cuda.CUstream):
+        # ``dense`` with the tile counters (AttentionSm90.dynamic)
+        mQ, mK, mVt, mO = layout.dense_views(q, k, v, o)
+        grid = self.dense_grid((cute.ceil_div(q.shape[1], self.tile_m), q.shape[2], q.shape[0]))
+        self._launch(mQ, mK, mVt, mO, lse, None, None, softmax_scale, grid, stream, mTiles=tile_counters)
+
+    @cute.jit
     def kvcache(self, q: cute.Tensor, k_cache: cute.Tensor, v_cache: cute.Tensor, o: cute.Tensor,
                 lse: cute.Tensor, block_table: cute.Tensor, cache_seqlens: cute.Tensor,
                 sinks: cute.Tensor, kv_descale: cute.Tensor, softmax_scale: cutlass.Float32,
@@ -831,7 +884,7 @@ class FlashFwdSm90(layout.TmaViewsKernel):
 
     @cute.jit
     def _launch(self, mQ, mK, mVt, mO, lse, mCuQ, mCuK, softmax_scale, grid, stream,
-                mTable=None, mSeqlens=None, switches=(None, None, None, None), mDescale=None):
+                mTable=None, mSeqlens=None, switches=(None, None, None, None), mDescale=None, mTiles=None):
         D, BN, dt, ot = self.head_dim, self.tile_n, self.dtype, self.out_dtype
         v_major = OperandMajorMode.K if self.v_k_major else OperandMajorMode.MN
         tiled_mma_qk = sm90_utils.make_trivial_tiled_mma(
@@ -901,6 +954,9 @@ class FlashFwdSm90(layout.TmaViewsKernel):
             k_bars: cute.struct.MemRange[cutlass.Int64, 2 * self.stages]
             v_bars: cute.struct.MemRange[cutlass.Int64, 2 * self.stages]
             vs_bars: cute.struct.MemRange[cutlass.Int64, 2 * self.stages if self.v_transpose else 0]
+            # dynamic: the tile-index slots' barriers (full, full, empty, empty) and the slots
+            tile_bars: cute.struct.MemRange[cutlass.Int64, 4 if self.dynamic else 0]
+            tile_slot: cute.struct.MemRange[cutlass.Int32, 2 if self.dynamic else 0]
             sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], _SMEM_ALIGN]
             sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], _SMEM_ALIGN]
             sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sV_layout)], _SMEM_ALIGN]
@@ -925,6 +981,8 @@ class FlashFwdSm90(layout.TmaViewsKernel):
         # varlen, persistent: the grid (query tiles of the longest sequence, heads, sequences) is
         # the virtual grid the CTAs walk (tile_coords), its query tiles an argument
         varlen_tiles = ()
+        if cutlass.const_expr(self.dynamic):
+            varlen_tiles = (None, mTiles)
         if cutlass.const_expr(self.persistent and mCuQ is not None):
             varlen_tiles = (grid[0],)
             grid = (cutlass.min(grid[0] * grid[1] * grid[2], PERSISTENT_CTAS), 1, 1)
@@ -943,7 +1001,7 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma,
                sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
                sV_layout: cute.ComposedLayout, sO_layout: cute.ComposedLayout, mTable, mSeqlens,
-               mSinks, softcap, win_l, win_r, mDescale, n_m_varlen=None):
+               mSinks, softcap, win_l, win_r, mDescale, n_m_varlen=None, mTiles=None):
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == 0:
@@ -1023,6 +1081,11 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                     cute.arch.mbarrier_init(m_bar, 1)
                     if cute.arch.block_idx()[0] % 2 == 0:
                         cute.arch.mbarrier_arrive_and_expect_tx(m_bar, merge_floats(self.head_dim) * 4)
+                if cutlass.const_expr(self.dynamic):
+                    tile_bars = storage.tile_bars.data_ptr()
+                    for i in cutlass.range_constexpr(2):
+                        cute.arch.mbarrier_init(tile_bars + i, 1)  # slot i written (the producer warp)
+                        cute.arch.mbarrier_init(tile_bars + 2 + i, 128 * self.consumers)  # read by all
         # (kv_split: the barrier spans the cluster)
         pipeline.pipeline_init_arrive(cluster_shape_mn=(2, 1) if self.kv_split else (1, 1), is_relaxed=True)
 
@@ -1137,27 +1200,37 @@ class FlashFwdSm90(layout.TmaViewsKernel):
             if first >= stride:
                 n_slots = first  # (no slot: this CTA leaves)
             q_phase = cutlass.Int32(0)
+            tile_bars, tile_slots = None, None
+            if cutlass.const_expr(self.dynamic):
+                tile_bars = storage.tile_bars.data_ptr()
+                tile_slots = cute.make_tensor(storage.tile_slot.data_ptr(), cute.make_layout(2))
             if warpgroup_idx == 0:
                 cute.arch.setmaxregister_decrease(self.producer_regs)
-                if warp_idx == 0:
-                    state = self.kv_state(True)
-                    for t in cutlass.range(first, n_slots, stride, unroll=1):
-                        m_block, head, batch, real = self.tile_coords(t, stride, n_m, mQ.shape[2],
-                                                                      n_batch, mK.shape[2], mCuQ)
-                        if real:
-                            q_len, k_len, seqQ, seqK, seqVt, seqO, seqL = layout.sequence_views(
-                                mQ, mK, mVt, mO, mLSE, mCuQ, mCuK, head, batch)
-                            _, n_hi, _, n_mask = self.key_range(m_block, q_len, k_len)
-                            state = self.produce(tma_q, seqQ, tma_k, seqK, tma_v, seqVt, sQ, sK,
-                                                 sV_load, q_bars, load_pipes, m_block, n_hi, state,
-                                                 q_phase)
-                            if cutlass.const_expr(self.o_in_q):
-                                if n_hi == 0:
-                                    self.pass_q_slabs(q_bars, q_phase)
-                                q_phase = q_phase ^ 1
-                            else:
-                                if n_hi > 0:
+                if cutlass.const_expr(self.dynamic):
+                    if warp_idx == 0:
+                        self.produce_dynamic(first, stride, n_tiles, n_m, n_batch, mQ, mK, mVt, mO, mLSE,
+                                             tma_q, tma_k, tma_v, sQ, sK, sV_load, q_bars, load_pipes,
+                                             tile_bars, tile_slots, mTiles)
+                else:
+                    if warp_idx == 0:
+                        state = self.kv_state(True)
+                        for t in cutlass.range(first, n_slots, stride, unroll=1):
+                            m_block, head, batch, real = self.tile_coords(t, stride, n_m, mQ.shape[2],
+                                                                          n_batch, mK.shape[2], mCuQ)
+                            if real:
+                                q_len, k_len, seqQ, seqK, seqVt, seqO, seqL = layout.sequence_views(
+                                    mQ, mK, mVt, mO, mLSE, mCuQ, mCuK, head, batch)
+                                _, n_hi, _, n_mask = self.key_range(m_block, q_len, k_len)
+                                state = self.produce(tma_q, seqQ, tma_k, seqK, tma_v, seqVt, sQ, sK,
+                                                     sV_load, q_bars, load_pipes, m_block, n_hi, state,
+                                                     q_phase)
+                                if cutlass.const_expr(self.o_in_q):
+                                    if n_hi == 0:
+                                        self.pass_q_slabs(q_bars, q_phase)
                                     q_phase = q_phase ^ 1
+                                else:
+                                    if n_hi > 0:
+                                        q_phase = q_phase ^ 1
                 if cutlass.const_expr(self.v_transpose):
                     if warp_idx >= 1 and warp_idx <= self.transpose_warps:
                         t_read = self.kv_state(False)
@@ -1180,41 +1253,136 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                         if wg == c:
                             self.consumer_tiles(c, first, n_slots, stride, n_m, n_batch, mQ, mK, mVt, mO, mLSE,
                                                 mCuQ, mCuK, mDescale, scale_log2, tiled_mma_qk, tiled_mma_pv,
-                                                tma_o, s2g, sQ, sO, sK, sV, q_bars, kv_pipes, tidx, q_phase)
+                                                tma_o, s2g, sQ, sO, sK, sV, q_bars, kv_pipes, tidx, q_phase,
+                                                tile_bars, tile_slots)
                 else:
                     self.consumer_tiles(wg, first, n_slots, stride, n_m, n_batch, mQ, mK, mVt, mO, mLSE, mCuQ,
                                         mCuK, mDescale, scale_log2, tiled_mma_qk, tiled_mma_pv, tma_o, s2g,
-                                        sQ, sO, sK, sV, q_bars, kv_pipes, tidx, q_phase)
+                                        sQ, sO, sK, sV, q_bars, kv_pipes, tidx, q_phase, tile_bars, tile_slots)
 
     @cute.jit
     def consumer_tiles(self, wg, first, n_slots, stride, n_m, n_batch, mQ, mK, mVt, mO, mLSE, mCuQ, mCuK,
                        mDescale, scale_log2, tiled_mma_qk, tiled_mma_pv, tma_o, s2g, sQ, sO, sK, sV, q_bars,
-                       kv_pipes, tidx, q_phase):
+                       kv_pipes, tidx, q_phase, tile_bars=None, tile_slots=None):
         """Persistent: consumer warpgroup ``wg`` walks its CTA's tiles ``first``, ``first +
-        stride``, ... (``tile_coords``), each through :meth:`consume`."""
+        stride``, ... (``tile_coords``; dynamic: the tiles the producer warp passes through
+        ``tile_slots``), each through :meth:`consume`."""
         read = self.kv_state(False)
-        for t in cutlass.range(first, n_slots, stride, unroll=1):
-            m_block, head, batch, real = self.tile_coords(t, stride, n_m, mQ.shape[2],
-                                                          n_batch, mK.shape[2], mCuQ)
-            if real:
-                q_len, k_len, seqQ, seqK, seqVt, seqO, seqL = layout.sequence_views(
-                    mQ, mK, mVt, mO, mLSE, mCuQ, mCuK, head, batch)
-                _, n_hi, _, n_mask = self.key_range(m_block, q_len, k_len)
-                scale_t, o_scale = self.problem_scales(scale_log2, mDescale, head, batch,
-                                                       mQ.shape[2], mK.shape[2])
-                read = self.consume(tiled_mma_qk, tiled_mma_pv, tma_o, seqO, s2g, seqL,
-                                    sQ, sO, sK, sV, q_bars, kv_pipes, scale_t, m_block,
-                                    q_len, k_len, n_hi, n_mask, wg, tidx % 128, read,
-                                    q_phase, o_scale=o_scale)
-                if cutlass.const_expr(self.o_in_q):
-                    q_phase = q_phase ^ 1  # (every tile passes through Q's slabs)
-                else:
-                    if n_hi > 0:
-                        q_phase = q_phase ^ 1
+        if cutlass.const_expr(self.dynamic):
+            n_tiles = n_m * mQ.shape[2] * n_batch
+            k = cutlass.Int32(0)
+            t = self.take_tile(k, tile_bars, tile_slots)
+            k = k + 1
+            while t < n_tiles:
+                read, q_phase = self.consumer_tile(t, wg, stride, n_m, n_batch, mQ, mK, mVt, mO, mLSE, mCuQ, mCuK,
+                                                   mDescale, scale_log2, tiled_mma_qk, tiled_mma_pv, tma_o, s2g,
+                                                   sQ, sO, sK, sV, q_bars, kv_pipes, tidx, q_phase, read)
+                t = self.take_tile(k, tile_bars, tile_slots)
+                k = k + 1
+        else:
+            for t in cutlass.range(first, n_slots, stride, unroll=1):
+                read, q_phase = self.consumer_tile(t, wg, stride, n_m, n_batch, mQ, mK, mVt, mO, mLSE, mCuQ, mCuK,
+                                                   mDescale, scale_log2, tiled_mma_qk, tiled_mma_pv, tma_o, s2g,
+                                                   sQ, sO, sK, sV, q_bars, kv_pipes, tidx, q_phase, read)
         if cutlass.const_expr(self.store_defer):
             # the last O store has read its slab before the CTA's smem goes away
             if tidx % 128 < 32:
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    @cute.jit
+    def consumer_tile(self, t, wg, stride, n_m, n_batch, mQ, mK, mVt, mO, mLSE, mCuQ, mCuK, mDescale, scale_log2,
+                      tiled_mma_qk, tiled_mma_pv, tma_o, s2g, sQ, sO, sK, sV, q_bars, kv_pipes, tidx, q_phase,
+                      read):
+        """One tile of :meth:`consumer_tiles` (slot ``t``): returns the K/V ring state and Q's phase."""
+        m_block, head, batch, real = self.tile_coords(t, stride, n_m, mQ.shape[2],
+                                                      n_batch, mK.shape[2], mCuQ)
+        if real:
+            q_len, k_len, seqQ, seqK, seqVt, seqO, seqL = layout.sequence_views(
+                mQ, mK, mVt, mO, mLSE, mCuQ, mCuK, head, batch)
+            _, n_hi, _, n_mask = self.key_range(m_block, q_len, k_len)
+            scale_t, o_scale = self.problem_scales(scale_log2, mDescale, head, batch,
+                                                   mQ.shape[2], mK.shape[2])
+            read = self.consume(tiled_mma_qk, tiled_mma_pv, tma_o, seqO, s2g, seqL,
+                                sQ, sO, sK, sV, q_bars, kv_pipes, scale_t, m_block,
+                                q_len, k_len, n_hi, n_mask, wg, tidx % 128, read,
+                                q_phase, o_scale=o_scale)
+            if cutlass.const_expr(self.o_in_q):
+                q_phase = q_phase ^ 1  # (every tile passes through Q's slabs)
+            else:
+                if n_hi > 0:
+                    q_phase = q_phase ^ 1
+        return read, q_phase
+
+    @cute.jit
+    def produce_dynamic(self, first, stride, n_tiles, n_m, n_batch, mQ, mK, mVt, mO, mLSE, tma_q, tma_k, tma_v,
+                        sQ, sK, sV, q_bars, kv_pipes, tile_bars, tile_slots, mTiles):
+        """The TMA warp of a dynamic CTA: its first tile is ``first`` (a CTA past the device's SM
+        count takes it from the counter), each next one ``stride`` + the tile counter's value
+        before its atomic add, taken once this tile's loads are issued; every index (the last one
+        past the tiles) goes to the consumers through ``tile_slots`` (:meth:`take_tile`).  Once
+        its walk ends, the CTA adds 1 to the arrival counter (acq_rel, after its last add to the
+        tile counter); the CTA that reads ``grid - 1`` back is the last: it sets both to 0 for the
+        next launch."""
+        lane = cute.arch.lane_idx()
+        counter = mTiles.iterator
+        t = cutlass.Int32(first)
+        if first >= stride:
+            t = stride + self.next_tile(counter, lane)
+        state = self.kv_state(True)
+        q_phase = cutlass.Int32(0)
+        k = cutlass.Int32(0)
+        self.publish_tile(t, k, tile_bars, tile_slots, lane)
+        k = k + 1
+        while t < n_tiles:
+            m_block, head, batch, _ = self.tile_coords(t, stride, n_m, mQ.shape[2], n_batch, mK.shape[2])
+            q_len, k_len, seqQ, seqK, seqVt, seqO, seqL = layout.sequence_views(
+                mQ, mK, mVt, mO, mLSE, None, None, head, batch)
+            _, n_hi, _, n_mask = self.key_range(m_block, q_len, k_len)
+            state = self.produce(tma_q, seqQ, tma_k, seqK, tma_v, seqVt, sQ, sK, sV, q_bars, kv_pipes,
+                                 m_block, n_hi, state, q_phase)
+            if cutlass.const_expr(self.o_in_q):
+                if n_hi == 0:
+                    self.pass_q_slabs(q_bars, q_phase)
+                q_phase = q_phase ^ 1
+            else:
+                if n_hi > 0:
+                    q_phase = q_phase ^ 1
+            t = stride + self.next_tile(counter, lane)
+            self.publish_tile(t, k, tile_bars, tile_slots, lane)
+            k = k + 1
+        if lane == 0:
+            old = cute.arch.atomic_add(counter + 1, cutlass.Int32(1), sem="acq_rel", scope="gpu")
+            if old == cute.arch.grid_dim()[0] - 1:
+                cute.arch.store(counter, cutlass.Int32(0))
+                cute.arch.store(counter + 1, cutlass.Int32(0))
+
+    @cute.jit
+    def next_tile(self, counter, lane):
+        """The tile counter's value before lane 0's atomic add of 1, in every lane of the warp."""
+        v = cutlass.Int32(0)
+        if lane == 0:
+            v = cute.arch.atomic_add(counter, cutlass.Int32(1), sem="relaxed", scope="gpu")
+        return cute.arch.shuffle_sync(v, 0)
+
+    @cute.jit
+    def publish_tile(self, t, k, tile_bars, tile_slots, lane):
+        """The producer warp: tile index ``t`` into slot ``k % 2`` once every consumer thread has
+        read that slot's previous index (its "empty" barrier), then its "full" barrier."""
+        s = k % 2
+        cute.arch.mbarrier_wait(tile_bars + 2 + s, ((k // 2) % 2) ^ 1)
+        if lane == 0:
+            tile_slots[s] = t
+            cute.arch.mbarrier_arrive(tile_bars + s)
+
+    @cute.jit
+    def take_tile(self, k, tile_bars, tile_slots):
+        """A consumer thread: the ``k``-th tile index of its CTA (slot ``k % 2``), the slot then
+        released (one arrive per thread)."""
+        s = k % 2
+        cute.arch.mbarrier_wait(tile_bars + s, (k // 2) % 2)
+        t = tile_slots[s]
+        cute.arch.mbarrier_arrive(tile_bars + 2 + s)
+        return t
 
     @cute.jit
     def transpose_loop(self, vs_ptr, v_ptr, vs_layout, v_layout, vs_pipe, v_pipe, n_tiles, read, write,
@@ -1256,11 +1424,14 @@ class FlashFwdSm90(layout.TmaViewsKernel):
         K/V in L2)."""
         n_tiles = n_m * n_heads * n_batch
         if cutlass.const_expr(self.causal):
-            r = t // grid
-            c = t - r * grid
-            if r % 2 == 1:
-                c = grid - 1 - c
-            p = r * grid + c
+            if cutlass.const_expr(self.dynamic):
+                p = t  # (the counter's order: no deal to balance)
+            else:
+                r = t // grid
+                c = t - r * grid
+                if r % 2 == 1:
+                    c = grid - 1 - c
+                p = r * grid + c
             n_hb = n_heads * n_batch
             width = cutlass.min(n_hb, cutlass.max(grid // CAUSAL_CTAS_PER_KV_HEAD, 1) * (n_heads // n_kv_heads))
             base = (p // (width * n_m)) * width

@@ -159,10 +159,11 @@ def bind_function(entry: dict) -> str:
 def _workspace_form(e: dict) -> int:
     """fx_variant.workspace: 0 none, 1 (split_k, M, N) partials, 2 the "tiles" form of the in-kernel
     split-K fix-up (fx_select.c FX_WORKSPACE_TILES), 3 the arrival counters of a decode variant whose
-    last split merges the others (FX_WORKSPACE_COUNTERS), 4 the GEMM tail split's (FX_WORKSPACE_TAIL)."""
+    last split merges the others (FX_WORKSPACE_COUNTERS), 4 the GEMM tail split's (FX_WORKSPACE_TAIL), 5 the
+    tile counters of a dynamic persistent attention variant (FX_WORKSPACE_TILE_COUNTERS)."""
     if "workspace" not in e:
         return 0
-    return {"tiles": 2, "counters": 3, "tail": 4}.get(e["workspace"].get("form"), 1)
+    return {"tiles": 2, "counters": 3, "tail": 4, "tile_counters": 5}.get(e["workspace"].get("form"), 1)
 
 
 def _page_size_mask(entry: dict) -> int:

@@ -13,6 +13,10 @@ Split-KV variants (manifest ``splits`` > 1, dense only) take two fp32 workspace 
   o_partial (splits,B,Hq,Sq,D), lse_partial (splits,B,Hq,Sq)
 carved here from one torch.empty; the variant combines them into o and lse itself (second kernel,
 same stream), so a split launch is one call like any other and CUDA-graph capturable.
+Dynamic persistent variants (manifest workspace ``tile_counters``; attention/sm90.py ``dynamic``)
+take after lse the device's first two zeroed int32 counter words (runtime/counters.py: allocated
+once, outside any capture; each launch leaves them 0; launches on two streams at once must not share
+them), the same words call after call, so no per-call allocation or memset.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import math
 import torch
 from torch import Tensor
 
+from . import counters as _counters
 from . import validate
 from .bundle import BundleCore, not_current
 from .errors import InputError, LaunchError, NoVariantError
@@ -133,6 +138,8 @@ def attention(bundle, q, k, v, causal=False, softmax_scale=None, cu_seqlens_q=No
                                (q.shape[0], hq, k.shape[2], q.shape[1], k.shape[1]))
         if splits > 1:
             args[5:5] = split_workspace(torch, q, splits)
+        elif name.endswith("_dy") and uses_tile_counters(bundle.manifest["variants"][name]):
+            args.insert(5, tile_counters(q.device))
     bundle.launch(name, args, device=dev)
     # (cached only for plain flags: a tensor's hash is its identity, so it would never hit again)
     if key is not None and type(causal) in (bool, int) and (scale_given is None or type(scale_given) in (float, int)):
@@ -199,6 +206,29 @@ def check_meta(bundle, q, k, v, causal=False, softmax_scale=None, cu_seqlens_q=N
     return o, lse
 
 
+def uses_tile_counters(entry: dict) -> bool:
+    """Whether a dense variant takes its tiles from a global counter (manifest workspace form
+    "tile_counters": two int32 words after lse, zero at launch and left zero)."""
+    return (entry.get("workspace") or {}).get("form") == "tile_counters"
+
+
+def tile_counters(dev):
+    """The tile counters of a dynamic persistent variant on ``dev``: the first two of the
+    device's zeroed int32 counter words (runtime/counters.py; allocated there, never inside a
+    CUDA-graph capture; one stream)."""
+    return _counters.zeroed(dev, 2, "this dynamic-schedule attention kernel")
+
+
+def dense_workspace(torch, entry: dict, q) -> list:
+    """The arguments a dense variant takes between lse and softmax_scale: a split variant's fp32
+    workspace, a dynamic one's tile counters, else none."""
+    if uses_tile_counters(entry):
+        return [tile_counters(q.device)]
+    if entry.get("splits", 1) > 1:
+        return list(split_workspace(torch, q, entry["splits"]))
+    return []
+
+
 def split_workspace(torch, q, splits: int):
     """The fp32 workspace of a split-KV variant for dense q (B, Sq, Hq, D): o_partial
     (splits, B, Hq, Sq, D) and lse_partial (splits, B, Hq, Sq), one allocation (the kernels write
@@ -254,15 +284,20 @@ def _hot_launch(bundle, name: str, splits: int, q, k, v, o, lse, args: list, dev
         setup = head + lse_new + "    ws = empty_like(wproto)\n" + device + "    w = ws.data_ptr()\n"
         ptrs += ["lse.data_ptr()", "w", "w + lse_at"]
         return tuple(fixed.inline("q, k, v, out", setup, ptrs, r, names, checks=checks) for r in ("o", "(o, lse)"))
-    with_lse = fixed.inline("q, k, v, out", head + lse_new + device, ptrs + ["lse.data_ptr()"], "(o, lse)", names,
-                            checks=checks)
+    # a dynamic variant's tile counters (fixed: the device's counter words, never freed)
+    cnt = []
+    if len(args) == 7 and not isinstance(args[5], float):
+        names["cnt"] = args[5].data_ptr()
+        cnt = ["cnt"]
+    with_lse = fixed.inline("q, k, v, out", head + lse_new + device, ptrs + ["lse.data_ptr()"] + cnt, "(o, lse)",
+                            names, checks=checks)
     scratch = lse_scratch(bundle, q.device, lse.numel() * 4)
     if scratch is None:
-        plan = fixed.inline("q, k, v, out", head + lse_new + device, ptrs + ["lse.data_ptr()"], "o", names,
+        plan = fixed.inline("q, k, v, out", head + lse_new + device, ptrs + ["lse.data_ptr()"] + cnt, "o", names,
                             checks=checks)
     else:
         names["scratch"] = scratch
-        plan = fixed.inline("q, k, v, out", head + device, ptrs + ["scratch"], "o", names, checks=checks)
+        plan = fixed.inline("q, k, v, out", head + device, ptrs + ["scratch"] + cnt, "o", names, checks=checks)
     return plan, with_lse
     with_lse = fixed.inline("q, k, v, out", head + "    lse = empty_like(lproto)\n" + device,
                             ptrs + ["lse.data_ptr()"], "(o, lse)", names, checks=checks)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from . import counters as _counters
 from . import validate
 from .attention import split_workspace
 from .bundle import BundleCore, not_current
@@ -460,13 +461,9 @@ def check_contents(cache_seqlens, block_table, num_pages: int, max_k: int) -> No
 # --- the op ---------------------------------------------------------------------------------------
 _DUMMIES: dict = {}
 # The arrival counters of the variants whose last split merges the others (manifest workspace form
-# "counters"): per device, int32 words that are zero whenever no such kernel runs (each kernel sets
-# the ones it counts in back to 0).  Zeroed once when allocated, outside any CUDA-graph capture;
-# grown (a new, larger buffer) when a problem needs more; never freed, so that graphs captured
-# with an older buffer keep valid pointers.  Launches that may run at the same time (on two
-# streams) must not share them: such a server gives each stream its own process or bundle.
-_COUNTERS: dict = {}
-_COUNTERS_MIN = 4096
+# "counters"): the device's zeroed int32 words of runtime/counters.py (each kernel sets the ones it
+# counts in back to 0; one stream: see there).
+_COUNTERS_MIN = _counters.MIN_WORDS
 
 
 def uses_counters(entry: dict) -> bool:
@@ -476,26 +473,16 @@ def uses_counters(entry: dict) -> bool:
 
 def counters(dev, b: int, hq: int, sq: int) -> Tensor:
     """The arrival counters for a (b, hq, sq) problem on ``dev``: a compact (b, hq, sq) int32 view
-    of the device's buffer (see _COUNTERS), allocated or grown here, never inside a capture."""
-    n = b * hq * sq
-    kept = _COUNTERS.get(dev)
-    if kept is None or kept[-1].numel() < n:
-        if dev.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise LaunchError(f"this split-KV kernel needs {n} zeroed int32 arrival counters on {dev} that the "
-                              f"runtime has not allocated yet, and a CUDA graph is being captured (an allocation "
-                              f"and its zeroing cannot be captured): run the same call (or bundle.plan_kvcache's "
-                              f"largest problem) once before capturing")
-        size = max(n, _COUNTERS_MIN, 2 * kept[-1].numel() if kept else 0)
-        kept = _COUNTERS.setdefault(dev, [])
-        kept.append(torch.zeros(size, dtype=torch.int32, device=dev))
-    return kept[-1][:n].view(b, hq, sq)
+    of the device's counter buffer, allocated or grown there, never inside a capture (then the
+    error asks for the same call, or bundle.plan_kvcache's largest problem, once before)."""
+    return _counters.zeroed(dev, b * hq * sq, "this split-KV kernel (or bundle.plan_kvcache's largest "
+                                              "problem)").view(b, hq, sq)
 
 
 def counters_buffer(dev) -> Tensor | None:
     """The device's current arrival-counter buffer (None before the first such launch): every
     word is zero whenever no kernel that counts in it is running."""
-    kept = _COUNTERS.get(dev)
-    return None if kept is None else kept[-1]
+    return _counters.buffer(dev)
 
 
 def _dummy(kind: str, dev, n: int) -> Tensor:

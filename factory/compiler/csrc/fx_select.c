@@ -44,6 +44,7 @@ typedef __int128 i128;
 #define FX_WORKSPACE_TILES 2 /* fx_variant.workspace of the in-kernel split-K fix-up (selection.py) */
 #define FX_WORKSPACE_COUNTERS 3 /* a decode variant whose last split merges the others (arrival counters) */
 #define FX_WORKSPACE_TAIL 4  /* the GEMM tail split's partial tiles + semaphores (gemm/sm90_splitk.py tail=True) */
+#define FX_WORKSPACE_TILE_COUNTERS 5 /* a dynamic persistent attention variant's tile counters (attention/sm90.py) */
 #define FX_TAIL_SLOTS 144    /* gemm/sm90_splitk.py TAIL_SLOTS */
 #define FX_TAIL_MIN_K 4      /* gemm/sm90_splitk.py TAIL_MIN_K */
 #define FX_TAIL_MAX_SPLITS 16 /* gemm/sm90_splitk.py TAIL_MAX_SPLITS */
@@ -1447,7 +1448,10 @@ static int32_t attn_choose(const fx_device_t *dev, int32_t dtype, int32_t head_d
     int32_t result = -1;
     for (int32_t i = 0; i < n; i++) {
         const fx_variant *e = &fx_variants[cand[i]];
-        if (e->dtype == dtype && e->head_dim == head_dim && e->varlen == varlen) fit[nf++] = cand[i];
+        /* (dynamic tile-counter builds: taken only by name, beside the variant they twin) */
+        if (e->dtype == dtype && e->head_dim == head_dim && e->varlen == varlen &&
+            e->workspace != FX_WORKSPACE_TILE_COUNTERS)
+            fit[nf++] = cand[i];
     }
     if (nf && decode && !varlen) {
         int32_t nd = 0;
@@ -1595,6 +1599,24 @@ static int32_t attn_choose(const fx_device_t *dev, int32_t dtype, int32_t head_d
         }
     }
 done:
+    /* Causal, head_dim <= 128, whichever rule or table chose it: the persistent variant's dynamic
+       twin (the same build whose CTAs take each next tile from a global counter, manifest workspace
+       "tile_counters", named as it with "_dy") where the bundle has it.  H100, interleaved by name, two calls
+       (notes/attention-sm90.md): B32 H32 S512 head_dim 64 (128 rows) 140.2 / 142.6 us vs 147.8 / 148.9;
+       head_dim 128 199.4 / 198.2 vs 201.4 / 205.9 (S512), 235.3 / 230.6 vs 239.5 / 234.4 (B8 H16 S2048),
+       860.3 / 844.9 vs 872.0 / 856.3 (B4 H32 S4096), 1536.7 / 1518.1 vs 1631.7 / 1536.3 (B1 H16 S16384). */
+    if (result >= 0 && decode && causal && head_dim <= 128 && fx_variants[result].attn_sched == 1) {
+        const char *rn = fx_variants[result].name;
+        size_t ln = strlen(rn);
+        for (int32_t i = 0; i < n; i++) {
+            const fx_variant *e = &fx_variants[cand[i]];
+            if (e->workspace == FX_WORKSPACE_TILE_COUNTERS && e->target == fx_variants[result].target &&
+                strlen(e->name) == ln + 3 && !strncmp(e->name, rn, ln) && !strcmp(e->name + ln, "_dy")) {
+                result = cand[i];
+                break;
+            }
+        }
+    }
     free(cand);
     free(fit);
     free(sub);
@@ -1779,6 +1801,10 @@ static int32_t attn_select(const fx_device_t *dev, const fx_attention_problem_t 
             int64_t lp[4] = {s, B, Hq, Sq}, lps[4] = {B * Hq * Sq, Hq * Sq, Sq, 1};
             spec(&vals[k++], (const void *)workspace, 5, op, ops);
             spec(&vals[k++], (const void *)(workspace + nsplit * (uint64_t)D * 4u), 4, lp, lps);
+        }
+        if (e->workspace == FX_WORKSPACE_TILE_COUNTERS) { /* the library's own words (attn_run: tile_counters) */
+            int64_t two = 2;
+            spec(&vals[k++], NULL, 1, &two, &one);
         }
         vals[k++].f = scale;
         a->n_vals = k;
@@ -3148,6 +3174,49 @@ FX_EXPORT int32_t fx_gemm_scaled(const fx_device_t *dev, const fx_gemm_problem_t
     return finish(gemm_run(dev, p, scales, workspace, workspace_bytes, stream, out), out);
 }
 
+/* The tile counters of the dynamic persistent attention variants (FX_WORKSPACE_TILE_COUNTERS): per
+   device, int32 words allocated and zeroed once, by the first fx_attention that launches such a
+   variant there (never inside a CUDA-graph capture: make one call before capturing, as for the module
+   load), never freed; each launch leaves them 0 (its last CTA resets them).  Launches that may run at
+   the same time (two streams) must not share them: such a caller gives each stream its own process. */
+static void *fx_tile_counters[FX_MAX_DEVICES];
+
+static int32_t tile_counters(fx_stream_t stream, void **out) {
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= FX_MAX_DEVICES) {
+        cudaGetLastError();
+        return fail(FX_ERR_INPUT, "fx_attention: no current CUDA device for the tile counters");
+    }
+    void *p = __atomic_load_n(&fx_tile_counters[dev], __ATOMIC_ACQUIRE);
+    if (p) {
+        *out = p;
+        return 0;
+    }
+    enum cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing((cudaStream_t)stream, &cap) != cudaSuccess) cudaGetLastError();
+    if (cap != cudaStreamCaptureStatusNone)
+        return fail(FX_ERR_INPUT, "fx_attention: this dynamic-schedule kernel needs zeroed tile counters on device %d "
+                    "that are not allocated yet, and `stream` is being captured: make the same call once before "
+                    "capturing", dev);
+    pthread_mutex_lock(&fx_load_lock);
+    cudaError_t e = cudaSuccess;
+    p = fx_tile_counters[dev];
+    if (!p) {
+        e = cudaMalloc(&p, 16);
+        if (e == cudaSuccess) e = cudaMemset(p, 0, 16);
+        if (e == cudaSuccess) e = cudaDeviceSynchronize();
+        if (e == cudaSuccess) __atomic_store_n(&fx_tile_counters[dev], p, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&fx_load_lock);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return fail((int32_t)e, "fx_attention: allocating the tile counters: %s: %s", cudaGetErrorName(e),
+                    cudaGetErrorString(e));
+    }
+    *out = p;
+    return 0;
+}
+
 static int32_t attn_run(const fx_device_t *dev, const fx_attention_problem_t *p, void *workspace,
                         uint64_t workspace_bytes, fx_stream_t stream, fx_selection_t *out) {
     attn_ctx a;
@@ -3164,6 +3233,11 @@ static int32_t attn_run(const fx_device_t *dev, const fx_attention_problem_t *p,
         if ((rc = check_launch_device(stream, 8, ptrs, names))) return rc;
     }
     if ((rc = ensure_loaded(out->variant))) return rc;
+    if (fx_variants[out->variant].workspace == FX_WORKSPACE_TILE_COUNTERS) {
+        void *tc = NULL;
+        if ((rc = tile_counters(stream, &tc))) return rc;
+        a.vals[a.n_vals - 2].t.ptr = (uintptr_t)tc; /* (the argument before softmax_scale) */
+    }
     return launched(out->variant, fx_variants[out->variant].bind(a.vals, stream));
 }
 

@@ -1,0 +1,86 @@
+"""The dynamic persistent Hopper attention variants (tiles from a global counter) on this GPU-less
+machine: names, configs and manifests, refusals, the contract's extra argument, the runtime's
+counter words, and the selection (C, which the Python loader calls) never taking one."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from factory.atoms.targets import get_target  # noqa: E402
+
+
+def _sm90(tier):
+    from factory.attention.sm90 import enumerate_attention
+
+    return enumerate_attention(get_target("sm_90a"), tier)
+
+
+def test_names_configs_and_manifest():
+    full = _sm90("full")
+    dyn = [v for v in full if v.dynamic]
+    assert dyn and all(v.name.endswith("_dy") and v.persistent and not v.varlen for v in dyn)
+    # each is the twin of a variant without it, whose name, config (cache key) and manifest lack it
+    by_name = {v.name: v for v in full}
+    for v in dyn:
+        twin = by_name[v.name[:-3]]
+        assert "dynamic" not in twin.config() and twin.config() == {
+            k: x for k, x in v.config().items() if k != "dynamic"}
+        d = v.describe()
+        assert d["workspace"] == {"form": "tile_counters", "words": 2} and d["preferred"] is False
+        assert d["tile_scheduler"]["dynamic"] == "global tile counter"
+        assert "workspace" not in twin.describe() and "dynamic" not in twin.describe()["tile_scheduler"]
+        args = [a.name for a in v.signature().args]
+        assert args == [a.name for a in twin.signature().args][:5] + ["tile_counters", "softmax_scale"]
+        tc = v.signature().args[5]
+        assert tc.dtype == "i32" and tuple(tc.shape) == (2,)
+    # default tier: the bf16 causal head_dim 64 (128 rows) and 128 persistent builds' twins
+    assert sorted((v.head_dim, v.tile_m) for v in _sm90("default") if v.dynamic) == [(64, 128), (128, 128)]
+
+
+def test_refusals():
+    base = next(v for v in _sm90("full") if v.dynamic)
+    assert "dynamic needs persistent" in dataclasses.replace(base, persistent=False, store_defer=False).can_implement()
+    assert "dynamic needs persistent" in dataclasses.replace(base, varlen=True, store_defer=False).can_implement()
+    from factory.attention.sm90_fp8 import AttentionFp8Sm90
+    from factory.registry import enumerate_variants
+
+    f = next((x for x in enumerate_variants(["sm_90a"], ["attention"], tier="full")
+              if isinstance(x, AttentionFp8Sm90) and x.persistent and not x.varlen), None)
+    if f is not None:
+        assert "dynamic needs persistent" in dataclasses.replace(f, dynamic=True).can_implement()
+
+
+def test_runtime_counter_words_are_shared():
+    from factory.runtime import counters, kvcache
+    from factory.runtime.attention import dense_workspace, tile_counters, uses_tile_counters
+
+    dev = torch.device("cpu")
+    t = tile_counters(dev)
+    assert t.dtype == torch.int32 and t.shape == (2,) and int(t.count_nonzero()) == 0
+    assert t.data_ptr() == counters.buffer(dev).data_ptr() == kvcache.counters_buffer(dev).data_ptr()
+    assert kvcache.counters(dev, 1, 2, 1).data_ptr() == t.data_ptr()
+    e = {"workspace": {"form": "tile_counters", "words": 2}, "splits": 1}
+    assert uses_tile_counters(e) and not uses_tile_counters({"splits": 1})
+    q = torch.zeros(1, 4, 2, 64)
+    assert dense_workspace(torch, e, q)[0].data_ptr() == t.data_ptr() and dense_workspace(torch, {"splits": 1}, q) == []
+
+
+def test_selection_takes_the_dynamic_twin_for_causal_persistent(test_bundle):
+    """The test bundle holds the dynamic twin of its preferred (persistent, head_dim 128, causal)
+    variant: the selection (C; the Python loader asks it) takes the twin for a full causal grid, and
+    the 64-row one-tile-per-CTA variant, which has no twin, for an under-filled one."""
+    from factory.runtime import Bundle
+    from factory.runtime.attention import _choose, uses_tile_counters
+
+    b = Bundle.open(test_bundle, capability=(9, 0), device={"name": "sim", "sm_count": 132})
+    dyn = {e["name"] for e in b.candidates("attention") if uses_tile_counters(e)}
+    if not dyn:
+        pytest.skip("no dynamic variant in the test bundle")
+    full = _choose(b, "bf16", 128, True, False, 32 * 32 * 512, (32, 32, 32, 512, 512))[0]
+    assert full in dyn and full[:-3] in b.manifest["variants"], full
+    small = _choose(b, "bf16", 128, True, False, 8 * 512, (1, 8, 8, 512, 512))[0]
+    assert small not in dyn and not b.manifest["variants"][small].get("tile_scheduler", {}).get("persistent"), small

@@ -1,0 +1,154 @@
+"""The dynamic persistent Hopper attention variants (tiles taken from a global counter) on an
+H100, through a built bundle (builds nothing): each by name against float32 with NaN-poisoned
+outputs on grids of every size (fewer tiles than CTAs, ragged query tails, GQA, Sq != Sk), its
+tile counters read back zero after every launch, repeated launches bitwise-equal, a CUDA graph
+of several launches replayed (counters zero after it), back-to-back launches on one stream.
+
+Opens ``$FACTORY_BUNDLE`` (default ``artifacts/default``); skips where it has no such variant.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+# (B, Sq, Sk, Hq, Hkv): one tile, fewer tiles than SMs, ragged tails, GQA, Sq > Sk (key-less
+# query tiles) and Sq < Sk, many rounds of tiles per CTA.
+SHAPES = [
+    (1, 100, 100, 1, 1),
+    (2, 333, 517, 6, 2),
+    (3, 777, 777, 5, 5),
+    (1, 2500, 1000, 8, 2),
+    (4, 1024, 1500, 16, 4),
+    (8, 512, 512, 32, 32),
+]
+
+
+@pytest.fixture(scope="module")
+def entries(gpu_bundle):
+    from factory.runtime import Bundle
+    from factory.runtime.attention import uses_tile_counters
+
+    b = Bundle.open(gpu_bundle)
+    es = [e for e in b.candidates("attention") if e["target"] == "sm_90a" and uses_tile_counters(e)]
+    if not es:
+        pytest.skip(f"{gpu_bundle} has no dynamic sm_90a attention variant runnable here (needs an H100)")
+    return b, es
+
+
+def _inputs(e, shape, gen):
+    b, sq, sk, hq, hkv = shape
+    dt = {"bf16": torch.bfloat16, "f16": torch.float16}[e["dtype"]]
+    d = e["head_dim"]
+
+    def padded(s, h, pad):
+        big = torch.full((b, s + pad, h, d), math.nan, dtype=dt, device="cuda")
+        big[:, :s] = torch.randn(b, s, h, d, generator=gen, device="cuda").to(dt)
+        return big[:, :s]
+
+    return padded(sq, hq, 7), padded(sk, hkv, 9), padded(sk, hkv, 9)
+
+
+def _launch(bundle, e, q, k, v, o, lse, scale):
+    from factory.runtime.attention import tile_counters
+
+    bundle.launch(e["name"], [q, k, v, o, lse, tile_counters(q.device), scale])
+
+
+def _counters_zero(what):
+    from factory.runtime.attention import tile_counters
+
+    torch.cuda.synchronize()
+    left = tile_counters(torch.device("cuda", torch.cuda.current_device())).tolist()
+    assert left == [0, 0], f"{what}: tile counters left at {left}"
+
+
+def test_dynamic_variants_match_float32(entries):
+    """Every dynamic variant by name on every shape: o and LSE against float32 (rows with no key:
+    o = 0, lse = -inf), the counters zero after each launch."""
+    from factory.testing import TOLERANCE, attention_reference, rel_error
+
+    bundle, es = entries
+    gen = torch.Generator(device="cuda").manual_seed(27)
+    failures = []
+    for e in es:
+        scale = 0.7 / math.sqrt(e["head_dim"])
+        for shape in SHAPES:
+            q, k, v = _inputs(e, shape, gen)
+            o = torch.full_like(q, math.nan)
+            lse = torch.full((shape[0], shape[3], shape[1]), math.nan, device="cuda")
+            _launch(bundle, e, q, k, v, o, lse, scale)
+            _counters_zero(f"{e['name']} {shape}")
+            ref_o, ref_lse = attention_reference(q, k, v, e["causal"], scale)
+            what = f"{e['name']} {shape}"
+            if o.isnan().any() or lse.isnan().any():
+                failures.append(f"{what}: NaN in o or lse")
+                continue
+            err = rel_error(o, ref_o)
+            empty = torch.isinf(ref_lse)
+            if err >= TOLERANCE[e["dtype"]]:
+                failures.append(f"{what}: relative error {err:.2e}")
+            if not torch.equal(torch.isinf(lse) & (lse < 0), empty) or not (o.transpose(1, 2)[empty] == 0).all():
+                failures.append(f"{what}: rows with no key differ")
+            elif (~empty).any() and (lse[~empty] - ref_lse[~empty]).abs().max().item() >= 2e-2:
+                failures.append(f"{what}: LSE error")
+    assert not failures, failures
+
+
+def test_dynamic_repeat_graph_and_stream(entries):
+    """Per variant: five launches bitwise-equal to the first; a CUDA graph of three launches (two
+    problems) replayed twice gives the eager results and leaves the counters zero; twenty
+    back-to-back launches of alternating problems on one stream, then one synchronisation, each
+    output equal to its eager result."""
+    bundle, es = entries
+    gen = torch.Generator(device="cuda").manual_seed(28)
+    for e in es:
+        scale = 0.7 / math.sqrt(e["head_dim"])
+        probs = []
+        for shape in ((4, 1024, 1500, 16, 4), (2, 333, 517, 6, 2)):
+            q, k, v = _inputs(e, shape, gen)
+            o = torch.full_like(q, math.nan)
+            lse = torch.full((shape[0], shape[3], shape[1]), math.nan, device="cuda")
+            _launch(bundle, e, q, k, v, o, lse, scale)
+            _counters_zero(e["name"])
+            probs.append((q, k, v, o, lse, o.clone(), lse.clone()))
+        q, k, v, o, lse, o0, l0 = probs[0]
+        for i in range(5):
+            o.fill_(math.nan)
+            _launch(bundle, e, q, k, v, o, lse, scale)
+            _counters_zero(f"{e['name']} repeat {i}")
+            assert torch.equal(o, o0) and torch.equal(lse, l0), f"{e['name']}: launch {i + 2} differs from the first"
+
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(s):
+            with torch.cuda.graph(g, stream=s):
+                for j in (0, 1, 0):
+                    pq, pk, pv, po, pl, _, _ = probs[j]
+                    _launch(bundle, e, pq, pk, pv, po, pl, scale)
+        torch.cuda.current_stream().wait_stream(s)
+        for r in range(2):
+            for p in probs:
+                p[3].fill_(math.nan)
+            g.replay()
+            _counters_zero(f"{e['name']} graph replay {r}")
+            for p in probs:
+                assert torch.equal(p[3], p[5]) and torch.equal(p[4], p[6]), f"{e['name']}: graph replay {r} differs"
+        del g
+
+        outs = [torch.full_like(probs[i % 2][3], math.nan) for i in range(20)]
+        for i in range(20):
+            pq, pk, pv, _, pl, _, _ = probs[i % 2]
+            _launch(bundle, e, pq, pk, pv, outs[i], pl, scale)
+        _counters_zero(f"{e['name']} back-to-back")
+        for i in range(20):
+            assert torch.equal(outs[i], probs[i % 2][5]), f"{e['name']}: back-to-back launch {i} differs"
