@@ -6,8 +6,9 @@ never freed, so that graphs captured with an older buffer keep valid pointers.  
 variants whose last split merges the others (``kvcache.counters``) and the dynamic persistent
 attention variants' tile counters (``attention.tile_counters``).
 
-One stream: launches that may run at the same time (on two streams) must not share the words;
-such a server gives each stream its own process or bundle."""
+One stream: launches that may run at the same time (on two streams) must not share the words,
+and the buffers are per device for the whole process (every bundle's launches count in them): a
+server that runs such kernels on two streams at once gives each stream its own process."""
 
 from __future__ import annotations
 
