@@ -86,3 +86,18 @@ def test_selection_takes_the_dynamic_twin_for_causal_persistent(test_bundle):
     assert full in dyn and full[:-3] in b.manifest["variants"], full
     small = _choose(b, "bf16", 128, True, False, 8 * 512, (1, 8, 8, 512, 512))[0]
     assert small not in dyn and not b.manifest["variants"][small].get("tile_scheduler", {}).get("persistent"), small
+
+
+def test_counter_words_per_stream_and_for_graphs():
+    """Each stream its own words; every allocation outside a capture also grows the graph words."""
+    from factory.runtime import counters
+    from factory.runtime.attention import tile_counters
+
+    dev = torch.device("cpu")
+    a, b = tile_counters(dev, 101), tile_counters(dev, 102)
+    assert a.data_ptr() != b.data_ptr() and tile_counters(dev, 101).data_ptr() == a.data_ptr()
+    big, graph = counters.zeroed(dev, 9000, "x", 101)
+    assert not graph and big.numel() == 9000 and counters.buffer(dev, 101).numel() >= 9000
+    assert counters.buffer(dev, counters.GRAPH).numel() >= 9000  # a capture may take this many
+    assert a.data_ptr() in {t.data_ptr() for t in counters.buffers(dev)}  # the old buffer is kept
+    assert all(int(t.count_nonzero()) == 0 for t in counters.buffers(dev))

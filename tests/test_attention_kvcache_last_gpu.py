@@ -52,12 +52,14 @@ def last_entries(bundle, **want):
 
 
 def counters_zero():
-    from factory.runtime.kvcache import counters_buffer
+    """Every counter word of the device (each stream's buffers and the graph words) is zero."""
+    from factory.runtime import counters
 
     torch.cuda.synchronize()
-    buf = counters_buffer(torch.device("cuda", torch.cuda.current_device()))
-    assert buf is not None, "no counter buffer was allocated"
-    assert int(buf.count_nonzero()) == 0, f"{int(buf.count_nonzero())} arrival counters left non-zero"
+    bufs = counters.buffers(torch.device("cuda", torch.cuda.current_device()))
+    assert bufs, "no counter buffer was allocated"
+    left = sum(int(b.count_nonzero()) for b in bufs)
+    assert left == 0, f"{left} arrival counters left non-zero"
 
 
 @pytest.mark.parametrize("page_size", (16, 64, 1, None))
@@ -193,4 +195,50 @@ def test_selection_takes_the_last_merge(bundle):
     with torch.no_grad():
         for lens in ([4096] * 8, [4096] * 7 + [100]):  # (the second: the hot path, other lengths)
             run_case(bundle, es[0], lens, 16, 1, 1, 16, gen, by_name=False)
+            counters_zero()
+
+
+def test_two_streams_at_once(bundle):
+    """Two streams launching the same last-arrival variant back to back without waiting for each
+    other (checked path by name, then the hot path of the selection's pick): each stream counts in
+    its own words, so every result matches float32 and every counter word is zero after."""
+    from factory.runtime import counters
+    from factory.testing import attention_kvcache_reference
+
+    es = [e for e in last_entries(bundle, paged=True) if e.get("kv_dtype", "bf16") != "e4m3"]
+    if not es:
+        pytest.skip("no bf16-cache last-arrival variant")
+    e = es[0]
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    b, hq, hkv, d, ps, max_pages, pool = 8, 16, 1, e["head_dim"], 16, 256, 4200
+    k = torch.randn(pool, ps, hkv, d, device="cuda", generator=gen).to(torch.bfloat16)
+    v = torch.randn(pool, ps, hkv, d, device="cuda", generator=gen).to(torch.bfloat16)
+    perm = torch.randperm(pool, device="cuda", generator=gen)
+    inputs = []
+    for j in range(2):
+        q = torch.randn(b, 1, hq, d, device="cuda", generator=gen).to(torch.bfloat16)
+        bt = perm[j * b * max_pages:(j + 1) * b * max_pages].view(b, max_pages).to(torch.int32).contiguous()
+        sl = torch.randint(1, max_pages * ps + 1, (b,), generator=gen, device="cuda").to(torch.int32)
+        inputs.append((q, bt, sl))
+    refs = [attention_kvcache_reference(q, k, v, sl, bt)[0] for q, bt, sl in inputs]
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    with torch.no_grad():
+        for variant in (e["name"], None):
+            for st in streams:
+                st.wait_stream(torch.cuda.current_stream())
+            outs = [[], []]
+            for it in range(24):
+                for j, st in enumerate(streams):
+                    q, bt, sl = inputs[j]
+                    with torch.cuda.stream(st):
+                        outs[j].append(bundle.attention_kvcache(q, k, v, sl, block_table=bt, variant=variant))
+            torch.cuda.synchronize()
+            for j in range(2):
+                for it, o in enumerate(outs[j]):
+                    err = ((o.float() - refs[j]).norm() / refs[j].norm()).item()
+                    assert err < 1e-2, f"{variant or 'pick'} stream {j} launch {it}: rel err {err}"
+            handles = {st.cuda_stream for st in streams}
+            dev = torch.device("cuda", torch.cuda.current_device())
+            if variant is not None:  # (the selection's pick need not be a last-arrival build)
+                assert all(counters.buffer(dev, h) is not None for h in handles)
             counters_zero()

@@ -139,7 +139,7 @@ def attention(bundle, q, k, v, causal=False, softmax_scale=None, cu_seqlens_q=No
         if splits > 1:
             args[5:5] = split_workspace(torch, q, splits)
         elif name.endswith("_dy") and uses_tile_counters(bundle.manifest["variants"][name]):
-            args.insert(5, tile_counters(q.device))
+            args.insert(5, tile_counters(q.device, _counters.raw_stream(bundle, q.device)))
     bundle.launch(name, args, device=dev)
     # (cached only for plain flags: a tensor's hash is its identity, so it would never hit again)
     if key is not None and type(causal) in (bool, int) and (scale_given is None or type(scale_given) in (float, int)):
@@ -212,18 +212,21 @@ def uses_tile_counters(entry: dict) -> bool:
     return (entry.get("workspace") or {}).get("form") == "tile_counters"
 
 
-def tile_counters(dev):
-    """The tile counters of a dynamic persistent variant on ``dev``: the first two of the
-    device's zeroed int32 counter words (runtime/counters.py; allocated there, never inside a
-    CUDA-graph capture; one stream)."""
-    return _counters.zeroed(dev, 2, "this dynamic-schedule attention kernel")
+_TILE_WHAT = "this dynamic-schedule attention kernel"
+
+
+def tile_counters(dev, stream=None):
+    """The tile counters of a dynamic persistent variant on ``dev`` launched on ``stream`` (a raw
+    handle): the first two of that stream's zeroed int32 counter words (runtime/counters.py;
+    allocated there, never inside a CUDA-graph capture; the graph words while capturing)."""
+    return _counters.zeroed(dev, 2, _TILE_WHAT, stream)[0]
 
 
 def dense_workspace(torch, entry: dict, q) -> list:
     """The arguments a dense variant takes between lse and softmax_scale: a split variant's fp32
     workspace, a dynamic one's tile counters, else none."""
     if uses_tile_counters(entry):
-        return [tile_counters(q.device)]
+        return [tile_counters(q.device, torch.cuda.current_stream(q.device).cuda_stream if q.is_cuda else None)]
     if entry.get("splits", 1) > 1:
         return list(split_workspace(torch, q, entry["splits"]))
     return []
@@ -284,20 +287,33 @@ def _hot_launch(bundle, name: str, splits: int, q, k, v, o, lse, args: list, dev
         setup = head + lse_new + "    ws = empty_like(wproto)\n" + device + "    w = ws.data_ptr()\n"
         ptrs += ["lse.data_ptr()", "w", "w + lse_at"]
         return tuple(fixed.inline("q, k, v, out", setup, ptrs, r, names, checks=checks) for r in ("o", "(o, lse)"))
-    # a dynamic variant's tile counters (fixed: the device's counter words, never freed)
+    # a dynamic variant's tile counters: the stream's words, found once per stream and kept
+    # (runtime/counters.py: never freed; the graph words while capturing, never kept)
     cnt = []
     if len(args) == 7 and not isinstance(args[5], float):
-        names["cnt"] = args[5].data_ptr()
+        cnt_ptrs: dict = {}
+        cuda = q.device.type == "cuda"
+
+        def cnt_of(stream):
+            t, graph = _counters.zeroed(q.device, 2, _TILE_WHAT, stream if cuda else None)
+            if not graph:
+                cnt_ptrs[stream] = t.data_ptr()
+            return t.data_ptr()
+
+        names.update(cnt_ptrs=cnt_ptrs, cnt_of=cnt_of)
+        device += "    s = raw(here)\n    cnt = cnt_ptrs.get(s)\n    if cnt is None:\n        cnt = cnt_of(s)\n"
         cnt = ["cnt"]
+    st = "s" if cnt else "raw(here)"
     with_lse = fixed.inline("q, k, v, out", head + lse_new + device, ptrs + ["lse.data_ptr()"] + cnt, "(o, lse)",
-                            names, checks=checks)
+                            names, stream=st, checks=checks)
     scratch = lse_scratch(bundle, q.device, lse.numel() * 4)
     if scratch is None:
         plan = fixed.inline("q, k, v, out", head + lse_new + device, ptrs + ["lse.data_ptr()"] + cnt, "o", names,
-                            checks=checks)
+                            stream=st, checks=checks)
     else:
         names["scratch"] = scratch
-        plan = fixed.inline("q, k, v, out", head + device, ptrs + ["scratch"] + cnt, "o", names, checks=checks)
+        plan = fixed.inline("q, k, v, out", head + device, ptrs + ["scratch"] + cnt, "o", names, stream=st,
+                            checks=checks)
     return plan, with_lse
     with_lse = fixed.inline("q, k, v, out", head + "    lse = empty_like(lproto)\n" + device,
                             ptrs + ["lse.data_ptr()"], "(o, lse)", names, checks=checks)

@@ -461,8 +461,8 @@ def check_contents(cache_seqlens, block_table, num_pages: int, max_k: int) -> No
 # --- the op ---------------------------------------------------------------------------------------
 _DUMMIES: dict = {}
 # The arrival counters of the variants whose last split merges the others (manifest workspace form
-# "counters"): the device's zeroed int32 words of runtime/counters.py (each kernel sets the ones it
-# counts in back to 0; one stream: see there).
+# "counters"): the zeroed int32 words of runtime/counters.py, per device and stream (each kernel
+# sets the ones it counts in back to 0; graphs: see there).
 _COUNTERS_MIN = _counters.MIN_WORDS
 
 
@@ -471,18 +471,21 @@ def uses_counters(entry: dict) -> bool:
     return (entry.get("workspace") or {}).get("form") == "counters"
 
 
-def counters(dev, b: int, hq: int, sq: int) -> Tensor:
-    """The arrival counters for a (b, hq, sq) problem on ``dev``: a compact (b, hq, sq) int32 view
-    of the device's counter buffer, allocated or grown there, never inside a capture (then the
-    error asks for the same call, or bundle.plan_kvcache's largest problem, once before)."""
-    return _counters.zeroed(dev, b * hq * sq, "this split-KV kernel (or bundle.plan_kvcache's largest "
-                                              "problem)").view(b, hq, sq)
+_COUNTERS_WHAT = "this split-KV kernel (or bundle.plan_kvcache's largest problem)"
 
 
-def counters_buffer(dev) -> Tensor | None:
-    """The device's current arrival-counter buffer (None before the first such launch): every
-    word is zero whenever no kernel that counts in it is running."""
-    return _counters.buffer(dev)
+def counters(dev, b: int, hq: int, sq: int, stream=None) -> Tensor:
+    """The arrival counters for a (b, hq, sq) problem on ``dev`` launched on ``stream`` (a raw
+    handle): a compact (b, hq, sq) int32 view of that stream's counter buffer (the device's graph
+    words while a CUDA graph is captured), allocated or grown there, never inside a capture (then
+    the error asks for the same call, or bundle.plan_kvcache's largest problem, once before)."""
+    return _counters.zeroed(dev, b * hq * sq, _COUNTERS_WHAT, stream)[0].view(b, hq, sq)
+
+
+def counters_buffer(dev, stream=None) -> Tensor | None:
+    """``stream``'s current arrival-counter buffer on ``dev`` (None before the first such launch):
+    every word is zero whenever no kernel that counts in it is running."""
+    return _counters.buffer(dev, stream)
 
 
 def _dummy(kind: str, dev, n: int) -> Tensor:
@@ -598,7 +601,7 @@ def attention_kvcache(bundle, q, k_cache, v_cache, cache_seqlens, block_table=No
     if splits > 1:  # the workspace of a split merged by the combine kernel or the last split (dense q only)
         args[5:5] = split_workspace(torch, q, splits)
         if last:
-            args.insert(7, counters(q.device, p.batch, p.heads_q, p.seqlen_q))
+            args.insert(7, counters(q.device, p.batch, p.heads_q, p.seqlen_q, _counters.raw_stream(bundle, q.device)))
     if p.varlen_q:
         args.append(cu_seqlens_q)
     args.append(sk)
@@ -742,11 +745,20 @@ def _hot_launch(bundle, name: str, splits: int, args: list, has_out: bool, k_des
     sk_dummy = sk_arg.data_ptr()
     desc_fixed = desc_arg.data_ptr() if k_descale is None and v_descale is None else None
     unit = _dummy("descale", q.device, hkv)[0]
-    cnt_arg = args[7] if last else None  # the arrival counters (fixed: the runtime's buffer)
+    cnt_arg = args[7] if last else None  # the arrival counters of the checked launch's stream
     qd_dummy = qd_arg.data_ptr() if fp8_q else None  # (read only where the key's q_descale is None)
     keep = (bt_arg, sk_arg, desc_arg, unit, cnt_arg, qd_arg)  # (alive as long as this closure)
     wproto = lse_at = None
-    cnt_ptr = cnt_arg.data_ptr() if last else 0
+    # the arrival counters per call: the stream's words (runtime/counters.py), found once per stream
+    # and kept here (buffers are never freed; a newer, larger one leaves these valid for this problem)
+    cnt_words = cnt_arg.numel() if last else 0
+    cnt_ptrs: dict = {}
+
+    def cnt_of(stream):
+        t, graph = _counters.zeroed(q.device, cnt_words, _COUNTERS_WHAT, stream if q.device.type == "cuda" else None)
+        if not graph:  # (the graph words are taken per capture, never kept for eager calls)
+            cnt_ptrs[stream] = t.data_ptr()
+        return t.data_ptr()
     if splits > 1:
         ws = args[5]
         n = ws.numel()
@@ -778,8 +790,12 @@ def _hot_launch(bundle, name: str, splits: int, args: list, has_out: bool, k_des
                      w + lse_at, bt, cache_seqlens.data_ptr(), sk, desc, raw(here))
         else:
             w = empty_like(wproto).data_ptr()
+            s = raw(here)
+            c = cnt_ptrs.get(s)
+            if c is None:
+                c = cnt_of(s)
             err = go(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), o.data_ptr(), lse.data_ptr(), w,
-                     w + lse_at, cnt_ptr, bt, cache_seqlens.data_ptr(), sk, desc, raw(here))
+                     w + lse_at, c, bt, cache_seqlens.data_ptr(), sk, desc, s)
         if err != 0:
             if err is None:
                 return None
