@@ -471,7 +471,7 @@ def uses_counters(entry: dict) -> bool:
     return (entry.get("workspace") or {}).get("form") == "counters"
 
 
-_COUNTERS_WHAT = "this split-KV kernel (or bundle.plan_kvcache's largest problem)"
+_COUNTERS_WHAT = "this split-KV kernel's arrival counters (or bundle.plan_kvcache's largest problem)"
 
 
 def counters(dev, b: int, hq: int, sq: int, stream=None) -> Tensor:
