@@ -514,10 +514,10 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm90]:
     # 239.5 / 234.4, B4 H32 S4096 860.3 / 844.9 vs 872.0 / 856.3, B1 H16 S16384 1536.7 / 1518.1 vs
     # 1631.7 / 1536.3.  (The 192-row D64 twin, tier full: B8 H16 S2048 166.5 / 166.0 vs 179.8 / 177.3,
     # B4 H32 S4096 565.2 vs 569.2, B1 H16 S16384 1052.9 vs 1044.8.)
-    # Not in the default tier: the tile counters are one pair of words per device, so two such
-    # launches running at the same time on two streams would take each other's tiles (wrong
-    # results, no error); the twins stay in the full tier (and one in the test tier) until the
-    # counters are per stream and per captured graph.
+    # Not in the default tier: two launches counting in the same tile counters at the same time
+    # take each other's tiles (wrong results, no error); the Python runtime keeps them per stream
+    # (runtime/counters.py) but graphs share the device's graph words and the C entry keeps one
+    # pair per device, so the twins stay in the full tier (and one in the test tier).
     if tier == "full":
         out += [dataclasses.replace(v, dynamic=True) for v in out
                 if v.dtype == "bf16" and v.causal and v.persistent and not v.varlen
