@@ -101,3 +101,6 @@ def test_counter_words_per_stream_and_for_graphs():
     assert counters.buffer(dev, counters.GRAPH).numel() >= 9000  # a capture may take this many
     assert a.data_ptr() in {t.data_ptr() for t in counters.buffers(dev)}  # the old buffer is kept
     assert all(int(t.count_nonzero()) == 0 for t in counters.buffers(dev))
+    # a hot plan's per-stream lookup: the same words as zeroed's, kept after the first miss
+    look = counters.StreamWords(dev, 2, "x")
+    assert look[101] == counters.zeroed(dev, 2, "x", None)[0].data_ptr() and 101 in look  # (cpu: one buffer)

@@ -291,17 +291,9 @@ def _hot_launch(bundle, name: str, splits: int, q, k, v, o, lse, args: list, dev
     # (runtime/counters.py: never freed; the graph words while capturing, never kept)
     cnt = []
     if len(args) == 7 and not isinstance(args[5], float):
-        cnt_ptrs: dict = {}
-        cuda = q.device.type == "cuda"
-
-        def cnt_of(stream):
-            t, graph = _counters.zeroed(q.device, 2, _TILE_WHAT, stream if cuda else None)
-            if not graph:
-                cnt_ptrs[stream] = t.data_ptr()
-            return t.data_ptr()
-
-        names.update(cnt_ptrs=cnt_ptrs, cnt_of=cnt_of)
-        device += "    s = raw(here)\n    cnt = cnt_ptrs.get(s)\n    if cnt is None:\n        cnt = cnt_of(s)\n"
+        cnt_ptrs = _counters.StreamWords(q.device, 2, _TILE_WHAT)
+        names["cnt_ptrs"] = cnt_ptrs
+        device += "    s = raw(here)\n    cnt = cnt_ptrs[s]\n"
         cnt = ["cnt"]
     st = "s" if cnt else "raw(here)"
     with_lse = fixed.inline("q, k, v, out", head + lse_new + device, ptrs + ["lse.data_ptr()"] + cnt, "(o, lse)",

@@ -65,6 +65,23 @@ def zeroed(dev, n: int, what: str, stream=None) -> tuple[Tensor, bool]:
     return kept[-1][:n], graph
 
 
+class StreamWords(dict):
+    """stream handle -> the data pointer of ``n`` zeroed words of that stream on ``dev`` (a hot
+    plan's lookup: one dict hit per call).  A miss finds them with :func:`zeroed`; eager streams'
+    pointers are kept (buffers are never freed, and a newer, larger one leaves these valid), the
+    graph words taken inside a capture are not (a later eager call on that stream gets its own)."""
+
+    def __init__(self, dev, n: int, what: str):
+        super().__init__()
+        self.dev, self.n, self.what = dev, n, what
+
+    def __missing__(self, stream) -> int:
+        t, graph = zeroed(self.dev, self.n, self.what, stream if self.dev.type == "cuda" else None)
+        if not graph:
+            self[stream] = t.data_ptr()
+        return t.data_ptr()
+
+
 def buffers(dev) -> list[Tensor]:
     """Every counter buffer of ``dev`` (each stream's and the graph words, old ones included)."""
     return [t for (d, _), kept in _BUFFERS.items() if d == dev for t in kept]

@@ -750,15 +750,7 @@ def _hot_launch(bundle, name: str, splits: int, args: list, has_out: bool, k_des
     keep = (bt_arg, sk_arg, desc_arg, unit, cnt_arg, qd_arg)  # (alive as long as this closure)
     wproto = lse_at = None
     # the arrival counters per call: the stream's words (runtime/counters.py), found once per stream
-    # and kept here (buffers are never freed; a newer, larger one leaves these valid for this problem)
-    cnt_words = cnt_arg.numel() if last else 0
-    cnt_ptrs: dict = {}
-
-    def cnt_of(stream):
-        t, graph = _counters.zeroed(q.device, cnt_words, _COUNTERS_WHAT, stream if q.device.type == "cuda" else None)
-        if not graph:  # (the graph words are taken per capture, never kept for eager calls)
-            cnt_ptrs[stream] = t.data_ptr()
-        return t.data_ptr()
+    cnt_ptrs = _counters.StreamWords(q.device, cnt_arg.numel() if last else 0, _COUNTERS_WHAT)
     if splits > 1:
         ws = args[5]
         n = ws.numel()
@@ -791,11 +783,8 @@ def _hot_launch(bundle, name: str, splits: int, args: list, has_out: bool, k_des
         else:
             w = empty_like(wproto).data_ptr()
             s = raw(here)
-            c = cnt_ptrs.get(s)
-            if c is None:
-                c = cnt_of(s)
             err = go(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), o.data_ptr(), lse.data_ptr(), w,
-                     w + lse_at, c, bt, cache_seqlens.data_ptr(), sk, desc, s)
+                     w + lse_at, cnt_ptrs[s], bt, cache_seqlens.data_ptr(), sk, desc, s)
         if err != 0:
             if err is None:
                 return None
