@@ -37,10 +37,11 @@ def test_names_configs_and_manifest():
         assert args == [a.name for a in twin.signature().args][:5] + ["tile_counters", "softmax_scale"]
         tc = v.signature().args[5]
         assert tc.dtype == "i32" and tuple(tc.shape) == (2,)
-    # none in the default tier (the counters are shared by every launch on the device); the full
-    # tier has the bf16 causal head_dim 64 (128 rows) and 128 persistent builds' twins
-    assert not [v for v in _sm90("default") if v.dynamic]
-    assert {(64, 128), (128, 128)} <= {(v.head_dim, v.tile_m) for v in _sm90("full") if v.dynamic and v.causal}
+    # the default tier has the bf16 causal head_dim 64 (128 and 192 rows) and 128 persistent builds'
+    # twins (launches that may run at once count in different words: runtime/counters.py), the full
+    # tier those and more
+    assert sorted((v.head_dim, v.tile_m) for v in _sm90("default") if v.dynamic) == [(64, 128), (64, 192), (128, 128)]
+    assert {(64, 128), (64, 192), (128, 128)} <= {(v.head_dim, v.tile_m) for v in _sm90("full") if v.dynamic and v.causal}
 
 
 def test_refusals():
@@ -88,19 +89,47 @@ def test_selection_takes_the_dynamic_twin_for_causal_persistent(test_bundle):
     assert small not in dyn and not b.manifest["variants"][small].get("tile_scheduler", {}).get("persistent"), small
 
 
-def test_counter_words_per_stream_and_for_graphs():
-    """Each stream its own words; every allocation outside a capture also grows the graph words."""
+def test_counter_words_per_stream():
+    """Each stream its own words, grown in a new buffer (the old one kept); a hot plan's per-stream
+    lookup finds the same words and keeps them."""
     from factory.runtime import counters
     from factory.runtime.attention import tile_counters
 
     dev = torch.device("cpu")
     a, b = tile_counters(dev, 101), tile_counters(dev, 102)
     assert a.data_ptr() != b.data_ptr() and tile_counters(dev, 101).data_ptr() == a.data_ptr()
-    big, graph = counters.zeroed(dev, 9000, "x", 101)
-    assert not graph and big.numel() == 9000 and counters.buffer(dev, 101).numel() >= 9000
-    assert counters.buffer(dev, counters.GRAPH).numel() >= 9000  # a capture may take this many
+    big, captured = counters.zeroed(dev, 9000, 101)
+    assert not captured and big.numel() == 9000 and counters.buffer(dev, 101).numel() >= 9000
+    assert big.data_ptr() != a.data_ptr() and tile_counters(dev, 101).data_ptr() == big.data_ptr()
     assert a.data_ptr() in {t.data_ptr() for t in counters.buffers(dev)}  # the old buffer is kept
     assert all(int(t.count_nonzero()) == 0 for t in counters.buffers(dev))
-    # a hot plan's per-stream lookup: the same words as zeroed's, kept after the first miss
-    look = counters.StreamWords(dev, 2, "x")
-    assert look[101] == counters.zeroed(dev, 2, "x", None)[0].data_ptr() and 101 in look  # (cpu: one buffer)
+    look = counters.StreamWords(dev, 2)
+    assert look.ptr(101) == counters.zeroed(dev, 2, None)[0].data_ptr() and 101 in look  # (cpu: one buffer)
+
+
+def test_capture_words_per_capture(monkeypatch):
+    """Inside a capture (simulated): words of that capture, shared by its later launches on the
+    stream, grown when a launch needs more, new for the next capture, never the eager words, and
+    never kept by a hot plan's lookup; without the driver's capture id, words of each launch."""
+    from factory.runtime import counters
+
+    dev = torch.device("cpu")
+    eager = counters.zeroed(dev, 4, 7)[0].data_ptr()
+    state = {"cid": 5}
+    monkeypatch.setattr(counters, "_capturing", lambda d: True)
+    monkeypatch.setattr(counters, "capture_id", lambda s: state["cid"])
+    w1, captured = counters.zeroed(dev, 4, 7)
+    assert captured and w1.data_ptr() != eager and counters.zeroed(dev, 2, 7)[0].data_ptr() == w1.data_ptr()
+    w2 = counters.zeroed(dev, 64, 7)[0]
+    assert w2.numel() == 64 and w2.data_ptr() != w1.data_ptr()
+    other = counters.zeroed(dev, 4, 8)[0]  # another stream of the same capture (a fork): its own words
+    assert other.data_ptr() not in (w1.data_ptr(), w2.data_ptr())
+    state["cid"] = 6
+    w3 = counters.zeroed(dev, 4, 7)[0]
+    assert w3.data_ptr() not in (w1.data_ptr(), w2.data_ptr(), eager)
+    look = counters.StreamWords(dev, 4)
+    look.capturing = lambda: True
+    assert look.ptr(7) == w3.data_ptr() and 7 not in look
+    state["cid"] = None  # the driver cannot tell captures apart
+    n1, n2 = counters.zeroed(dev, 4, 7)[0], counters.zeroed(dev, 4, 7)[0]
+    assert n1.data_ptr() != n2.data_ptr() and int(n1.count_nonzero()) == 0

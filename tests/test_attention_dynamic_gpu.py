@@ -153,3 +153,85 @@ def test_dynamic_repeat_graph_and_stream(entries):
         _counters_zero(f"{e['name']} back-to-back")
         for i in range(20):
             assert torch.equal(outs[i], probs[i % 2][5]), f"{e['name']}: back-to-back launch {i} differs"
+
+
+def _replay_at_once(make_call, n_probs=3, what=""):
+    """Graphs of problems 0 and 1 captured one after the other on one stream (after eager calls on
+    it), replayed at the same time on two other streams for six rounds beside eager calls of problem
+    2 on the capturing stream; returns (eager results of 0 and 1, the graphs' outputs, the eager
+    outputs of 2 beside the replays, problem 2's result alone)."""
+    cap, a, c = torch.cuda.Stream(), torch.cuda.Stream(), torch.cuda.Stream()
+    cap.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(cap):
+        want = [make_call(j)() for j in range(n_probs)]
+        calls = [make_call(j) for j in range(2)]
+        graphs, outs = [], []
+        for j in range(2):
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, stream=cap):
+                outs.append([calls[j]() for _ in range(3)])
+            graphs.append(g)
+    torch.cuda.synchronize()
+    _counters_zero(f"{what} after capture")
+    for o in outs[0] + outs[1]:
+        o.fill_(math.nan)
+    for st in (a, c, cap):
+        st.wait_stream(torch.cuda.current_stream())
+    beside = []
+    for _ in range(6):
+        with torch.cuda.stream(a):
+            graphs[0].replay()
+        with torch.cuda.stream(c):
+            graphs[1].replay()
+        with torch.cuda.stream(cap):
+            beside.append(make_call(2)())
+    torch.cuda.synchronize()
+    _counters_zero(f"{what} after concurrent replays")
+    for j in range(2):
+        for i, o in enumerate(outs[j]):
+            assert torch.equal(o, want[j]), f"{what}: graph {j} launch {i} differs from its eager result"
+    for i, o in enumerate(beside):
+        assert torch.equal(o, want[2]), f"{what}: eager launch {i} beside the replays differs"
+    del graphs
+
+
+def test_two_graphs_replayed_at_once(entries):
+    """Two graphs replayed at the same time on two streams, beside eager launches on a third (the
+    stream that captured them, after eager calls there): each capture takes tiles from counters of
+    its own, so every output equals its eager result and the counters end zero.  By name (the
+    checked path) for every dynamic variant, and through the selection's hot path where it picks
+    a dynamic variant (B32 H32 S512 causal)."""
+    bundle, es = entries
+    gen = torch.Generator(device="cuda").manual_seed(31)
+    shapes = ((4, 1024, 1500, 16, 4), (8, 512, 512, 32, 32), (2, 333, 517, 6, 2))
+    for e in es:
+        scale = 0.7 / math.sqrt(e["head_dim"])
+        probs = [_inputs(e, sh, gen) for sh in shapes]
+
+        def by_name(j, e=e, scale=scale, probs=probs):
+            q, k, v = probs[j]
+            lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], device="cuda")
+
+            def call():
+                o = torch.empty_like(q)
+                _launch(bundle, e, q, k, v, o, lse, scale)
+                return o
+            return call
+
+        with torch.no_grad():
+            _replay_at_once(by_name, what=e["name"])
+    from factory.runtime.attention import _choose
+
+    for d in (64, 128):
+        name = _choose(bundle, "bf16", d, True, False, 32 * 32 * 512, (32, 32, 32, 512, 512))[0]
+        if not name.endswith("_dy"):
+            continue
+        qkv = [tuple(torch.randn(b, s, h, d, generator=gen, device="cuda").bfloat16() for _ in range(3))
+               for b, s, h in ((32, 512, 32), (32, 512, 32), (16, 512, 32))]
+
+        def hot(j, qkv=qkv):
+            q, k, v = qkv[j]
+            return lambda: bundle.attention(q, k, v, True)
+
+        with torch.no_grad():
+            _replay_at_once(hot, what=f"selection {name}")

@@ -14,9 +14,9 @@ Split-KV variants (manifest ``splits`` > 1, dense only) take two fp32 workspace 
 carved here from one torch.empty; the variant combines them into o and lse itself (second kernel,
 same stream), so a split launch is one call like any other and CUDA-graph capturable.
 Dynamic persistent variants (manifest workspace ``tile_counters``; attention/sm90.py ``dynamic``)
-take after lse the device's first two zeroed int32 counter words (runtime/counters.py: allocated
-once, outside any capture; each launch leaves them 0; launches on two streams at once must not share
-them), the same words call after call, so no per-call allocation or memset.
+take after lse two zeroed int32 counter words (runtime/counters.py: the launch stream's words, the
+same call after call, so no per-call allocation or memset; inside a CUDA-graph capture, words of
+that capture); each launch leaves them 0.
 """
 
 from __future__ import annotations
@@ -212,14 +212,11 @@ def uses_tile_counters(entry: dict) -> bool:
     return (entry.get("workspace") or {}).get("form") == "tile_counters"
 
 
-_TILE_WHAT = "this dynamic-schedule attention kernel"
-
-
 def tile_counters(dev, stream=None):
     """The tile counters of a dynamic persistent variant on ``dev`` launched on ``stream`` (a raw
-    handle): the first two of that stream's zeroed int32 counter words (runtime/counters.py;
-    allocated there, never inside a CUDA-graph capture; the graph words while capturing)."""
-    return _counters.zeroed(dev, 2, _TILE_WHAT, stream)[0]
+    handle): the first two of that stream's zeroed int32 counter words (runtime/counters.py; while
+    a CUDA graph is captured, of that capture's words)."""
+    return _counters.zeroed(dev, 2, stream)[0]
 
 
 def dense_workspace(torch, entry: dict, q) -> list:
@@ -288,12 +285,11 @@ def _hot_launch(bundle, name: str, splits: int, q, k, v, o, lse, args: list, dev
         ptrs += ["lse.data_ptr()", "w", "w + lse_at"]
         return tuple(fixed.inline("q, k, v, out", setup, ptrs, r, names, checks=checks) for r in ("o", "(o, lse)"))
     # a dynamic variant's tile counters: the stream's words, found once per stream and kept
-    # (runtime/counters.py: never freed; the graph words while capturing, never kept)
+    # (runtime/counters.py: never freed; inside a capture the capture's words, never kept)
     cnt = []
     if len(args) == 7 and not isinstance(args[5], float):
-        cnt_ptrs = _counters.StreamWords(q.device, 2, _TILE_WHAT)
-        names["cnt_ptrs"] = cnt_ptrs
-        device += "    s = raw(here)\n    cnt = cnt_ptrs[s]\n"
+        names["cnt_ptr"] = _counters.StreamWords(q.device, 2).ptr
+        device += "    s = raw(here)\n    cnt = cnt_ptr(s)\n"
         cnt = ["cnt"]
     st = "s" if cnt else "raw(here)"
     with_lse = fixed.inline("q, k, v, out", head + lse_new + device, ptrs + ["lse.data_ptr()"] + cnt, "(o, lse)",
@@ -306,16 +302,6 @@ def _hot_launch(bundle, name: str, splits: int, q, k, v, o, lse, args: list, dev
         names["scratch"] = scratch
         plan = fixed.inline("q, k, v, out", head + device, ptrs + ["scratch"] + cnt, "o", names, stream=st,
                             checks=checks)
-    return plan, with_lse
-    with_lse = fixed.inline("q, k, v, out", head + "    lse = empty_like(lproto)\n" + device,
-                            ptrs + ["lse.data_ptr()"], "(o, lse)", names, checks=checks)
-    scratch = lse_scratch(bundle, q.device, lse.numel() * 4)
-    if scratch is None:
-        plan = fixed.inline("q, k, v, out", head + "    lse = empty_like(lproto)\n" + device,
-                            ptrs + ["lse.data_ptr()"], "o", names, checks=checks)
-    else:
-        names["scratch"] = scratch
-        plan = fixed.inline("q, k, v, out", head + device, ptrs + ["scratch"], "o", names, checks=checks)
     return plan, with_lse
 
 

@@ -1,28 +1,35 @@
-"""Zeroed int32 counters on the device, shared by the kernels that count in them: per device and
-per stream, one buffer of int32 words that are zero whenever no such kernel runs (each kernel sets
-the words it counts in back to 0 before it ends: the last split or CTA to arrive does it).  Zeroed
-once when allocated, outside any CUDA-graph capture; grown (a new, larger buffer) when a problem
-needs more; never freed, so that graphs captured with an older buffer keep valid pointers.  Users:
-the decode variants whose last split merges the others (``kvcache.counters``) and the dynamic
-persistent attention variants' tile counters (``attention.tile_counters``).
+"""Zeroed int32 counters on the device, shared by the kernels that count in them: int32 words that
+are zero whenever no such kernel runs (each kernel sets the words it counts in back to 0 before it
+ends: the last split or CTA to arrive does it).  Users: the decode variants whose last split merges
+the others (``kvcache.counters``) and the dynamic persistent attention variants' tile counters
+(``attention.tile_counters``).
 
-Streams: launches on different streams count in different words (each stream its own buffer), so
-kernels running at the same time on two streams never share one.  A launch captured into a CUDA
-graph counts in the device's graph words (allocated beside every stream's, since nothing can be
-allocated and zeroed inside a capture), so graphs replayed at the same time on two streams share
-them: replay such graphs on one stream at a time.  (A hot plan that already ran eagerly on the
-capturing stream keeps that stream's words in the graph.)"""
+Eager launches count in their stream's words: per device and stream one buffer, zeroed once when
+allocated, grown (a new, larger buffer) when a problem needs more, never freed (a hot plan keeps its
+pointer), so kernels running at the same time on two streams never share a word.
+
+A launch captured into a CUDA graph counts in words of that capture: allocated inside the capture
+(from the graph's memory pool, with a fill node that zeroes them at the start of every replay), one
+buffer per capture and stream, shared by that capture's later launches on that stream (they run one
+after another).  So two graphs replayed at the same time on two streams count in words of their own,
+and so do a graph and eager launches.  The capture is told apart by the driver's capture id
+(``cuStreamGetCaptureInfo``); where the driver cannot say, each captured launch takes words of its
+own (one fill node per launch).  The words of a capture are held until the next capture on the same
+stream asks for words, then released to the graph's pool (the graph keeps them, as torch keeps any
+tensor allocated in its capture)."""
 
 from __future__ import annotations
+
+import ctypes
+import sys
 
 import torch
 from torch import Tensor
 
-from .errors import LaunchError
-
-_BUFFERS: dict = {}  # (device, stream handle or GRAPH) -> buffers, the newest last
-GRAPH = "graph"
+_BUFFERS: dict = {}  # (device, stream handle) -> eager buffers, the newest last
+_CAPTURED: dict = {}  # (device, stream handle) -> (capture id, its buffers, the newest last)
 MIN_WORDS = 4096
+_CAPTURE_INFO = None  # the driver's cuStreamGetCaptureInfo (False: not available), bound on first use
 
 
 def raw_stream(bundle, dev):
@@ -39,52 +46,101 @@ def _capturing(dev) -> bool:
     return dev.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
-def _grow(dev, slot, n: int) -> None:
-    kept = _BUFFERS.get((dev, slot))
+def _bind_capture_info():
+    """The driver's ``cuStreamGetCaptureInfo_v2`` (CUDA >= 11.3; optional outputs NULL) as a
+    function ``stream -> capture id`` (None when the stream is not capturing), or False."""
+    try:
+        lib = ctypes.CDLL("nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1")
+        fn = lib.cuStreamGetCaptureInfo_v2
+    except (OSError, AttributeError):
+        return False
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_uint64),
+                   ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+
+    def capture_id(stream):
+        status, cid = ctypes.c_int(0), ctypes.c_uint64(0)
+        if fn(stream or None, ctypes.byref(status), ctypes.byref(cid), None, None, None) != 0:
+            return None
+        return int(cid.value) if status.value == 1 else None  # CU_STREAM_CAPTURE_STATUS_ACTIVE
+
+    return capture_id
+
+
+def capture_id(stream) -> int | None:
+    """The driver's id of the capture ``stream`` (a raw handle) is in, or None (not capturing, or
+    a driver that cannot say)."""
+    global _CAPTURE_INFO
+    if _CAPTURE_INFO is None:
+        _CAPTURE_INFO = _bind_capture_info()
+    return _CAPTURE_INFO(stream) if _CAPTURE_INFO else None
+
+
+def _new(dev, n: int, size: int | None = None) -> Tensor:
+    return torch.zeros(max(n, size or 0), dtype=torch.int32, device=dev)
+
+
+def _captured(dev, n: int, stream) -> Tensor:
+    """``n`` zeroed words of the capture ``stream`` is in (see the module's text)."""
+    cid = capture_id(stream)
+    if cid is None:  # the driver cannot tell captures apart: words of this launch alone
+        return _new(dev, n)
+    held = _CAPTURED.get((dev, stream))
+    if held is None or held[0] != cid:  # the stream's earlier capture has ended: its graph keeps the memory
+        held = _CAPTURED[(dev, stream)] = (cid, [])
+    kept = held[1]
+    if not kept or kept[-1].numel() < n:
+        kept.append(_new(dev, n))
+    return kept[-1]
+
+
+def zeroed(dev, n: int, stream=None) -> tuple[Tensor, bool]:
+    """The first ``n`` words (1-D int32) of the buffer of ``stream`` (a raw stream handle) on
+    ``dev`` — while a CUDA graph is being captured, of that capture's words — and whether they are
+    a capture's."""
+    if _capturing(dev):
+        return _captured(dev, n, stream)[:n], True
+    kept = _BUFFERS.get((dev, stream))
     if kept is None or kept[-1].numel() < n:
         size = max(n, MIN_WORDS, 2 * kept[-1].numel() if kept else 0)
-        _BUFFERS.setdefault((dev, slot), []).append(torch.zeros(size, dtype=torch.int32, device=dev))
+        _BUFFERS.setdefault((dev, stream), []).append(_new(dev, size))
+        kept = _BUFFERS[(dev, stream)]
+    return kept[-1][:n], False
 
 
-def zeroed(dev, n: int, what: str, stream=None) -> tuple[Tensor, bool]:
-    """The first ``n`` words (1-D int32) of the buffer of ``stream`` (a raw stream handle) on
-    ``dev`` — of the device's graph words while a CUDA graph is being captured — and whether they
-    are the graph words.  Allocated or grown here, never inside a capture (``what`` names the
-    kernel in the error); every allocation outside a capture also grows the graph words to ``n``."""
-    graph = _capturing(dev)
-    slot = GRAPH if graph else stream
-    kept = _BUFFERS.get((dev, slot))
-    if kept is None or kept[-1].numel() < n:
-        if graph:
-            raise LaunchError(f"{what} needs {n} zeroed int32 counters on {dev} that the runtime has not "
-                              f"allocated yet, and a CUDA graph is being captured (an allocation and its zeroing "
-                              f"cannot be captured): run the same call once before capturing")
-        _grow(dev, slot, n)
-        _grow(dev, GRAPH, n)
-        kept = _BUFFERS[(dev, slot)]
-    return kept[-1][:n], graph
+def _is_capturing():
+    f = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
+    return f if f is not None else torch.cuda.is_current_stream_capturing
 
 
 class StreamWords(dict):
     """stream handle -> the data pointer of ``n`` zeroed words of that stream on ``dev`` (a hot
-    plan's lookup: one dict hit per call).  A miss finds them with :func:`zeroed`; eager streams'
-    pointers are kept (buffers are never freed, and a newer, larger one leaves these valid), the
-    graph words taken inside a capture are not (a later eager call on that stream gets its own)."""
+    plan's lookup: ``words.ptr(stream)``, one capture query and one dict hit per call).  A miss finds
+    them with :func:`zeroed`; eager streams' pointers are kept (buffers are never freed, and a
+    newer, larger one leaves these valid); inside a capture each call asks :func:`zeroed` for the
+    capture's words (never kept), whatever the stream did before."""
 
-    def __init__(self, dev, n: int, what: str):
+    def __init__(self, dev, n: int):
         super().__init__()
-        self.dev, self.n, self.what = dev, n, what
+        self.dev, self.n = dev, n
+        self.capturing = _is_capturing() if dev.type == "cuda" else (lambda: False)
+
+    def ptr(self, stream) -> int:
+        if self.capturing():
+            return zeroed(self.dev, self.n, stream)[0].data_ptr()
+        return self[stream]
 
     def __missing__(self, stream) -> int:
-        t, graph = zeroed(self.dev, self.n, self.what, stream if self.dev.type == "cuda" else None)
-        if not graph:
-            self[stream] = t.data_ptr()
+        t, _ = zeroed(self.dev, self.n, stream if self.dev.type == "cuda" else None)
+        self[stream] = t.data_ptr()
         return t.data_ptr()
 
 
 def buffers(dev) -> list[Tensor]:
-    """Every counter buffer of ``dev`` (each stream's and the graph words, old ones included)."""
-    return [t for (d, _), kept in _BUFFERS.items() if d == dev for t in kept]
+    """Every eager counter buffer of ``dev`` (each stream's, old ones included) and the words the
+    runtime still holds of each stream's latest capture."""
+    out = [t for (d, _), kept in _BUFFERS.items() if d == dev for t in kept]
+    return out + [t for (d, _), (_, kept) in _CAPTURED.items() if d == dev for t in kept]
 
 
 def buffer(dev, stream=None) -> Tensor | None:

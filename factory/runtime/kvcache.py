@@ -471,15 +471,11 @@ def uses_counters(entry: dict) -> bool:
     return (entry.get("workspace") or {}).get("form") == "counters"
 
 
-_COUNTERS_WHAT = "this split-KV kernel's arrival counters (or bundle.plan_kvcache's largest problem)"
-
-
 def counters(dev, b: int, hq: int, sq: int, stream=None) -> Tensor:
     """The arrival counters for a (b, hq, sq) problem on ``dev`` launched on ``stream`` (a raw
-    handle): a compact (b, hq, sq) int32 view of that stream's counter buffer (the device's graph
-    words while a CUDA graph is captured), allocated or grown there, never inside a capture (then
-    the error asks for the same call, or bundle.plan_kvcache's largest problem, once before)."""
-    return _counters.zeroed(dev, b * hq * sq, _COUNTERS_WHAT, stream)[0].view(b, hq, sq)
+    handle): a compact (b, hq, sq) int32 view of that stream's counter buffer (while a CUDA graph
+    is captured, of that capture's words; runtime/counters.py)."""
+    return _counters.zeroed(dev, b * hq * sq, stream)[0].view(b, hq, sq)
 
 
 def counters_buffer(dev, stream=None) -> Tensor | None:
@@ -750,7 +746,7 @@ def _hot_launch(bundle, name: str, splits: int, args: list, has_out: bool, k_des
     keep = (bt_arg, sk_arg, desc_arg, unit, cnt_arg, qd_arg)  # (alive as long as this closure)
     wproto = lse_at = None
     # the arrival counters per call: the stream's words (runtime/counters.py), found once per stream
-    cnt_ptrs = _counters.StreamWords(q.device, cnt_arg.numel() if last else 0, _COUNTERS_WHAT)
+    cnt_ptr = _counters.StreamWords(q.device, cnt_arg.numel() if last else 0).ptr
     if splits > 1:
         ws = args[5]
         n = ws.numel()
@@ -784,7 +780,7 @@ def _hot_launch(bundle, name: str, splits: int, args: list, has_out: bool, k_des
             w = empty_like(wproto).data_ptr()
             s = raw(here)
             err = go(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), o.data_ptr(), lse.data_ptr(), w,
-                     w + lse_at, cnt_ptrs[s], bt, cache_seqlens.data_ptr(), sk, desc, s)
+                     w + lse_at, cnt_ptr(s), bt, cache_seqlens.data_ptr(), sk, desc, s)
         if err != 0:
             if err is None:
                 return None

@@ -388,7 +388,8 @@ int32_t fx_rope_kvcache_select(const fx_device_t *dev, const fx_rope_kvcache_pro
    same time (other streams) need workspaces of their own (a GEMM split over the grid keeps
    semaphores there, which fx_gemm zeroes with cudaMemsetAsync on `stream` before its kernel; an
    attention_kvcache split whose last split merges the others keeps its arrival counters there,
-   which fx_attention_kvcache zeroes likewise).
+   which fx_attention_kvcache zeroes likewise, as fx_attention does for the tile counters of a
+   dynamic-schedule attention variant).
    Empty problems launch nothing (fx_gemm with K = 0 zeroes c with cudaMemset2DAsync).  *out (may
    be NULL) receives the selection. */
 int32_t fx_gemm(const fx_device_t *dev, const fx_gemm_problem_t *p, void *workspace,

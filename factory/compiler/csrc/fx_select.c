@@ -1655,6 +1655,7 @@ static int32_t attn_select(const fx_device_t *dev, const fx_attention_problem_t 
     memset(out, 0, sizeof *out);
     out->variant = -1;
     fx_msg[0] = 0;
+    a->counter_offset = a->counter_bytes = 0;
     int32_t rc;
     if (!dev || !p) return fail(FX_ERR_INPUT, "fx_attention: dev and problem must not be NULL");
     if ((rc = check_device(dev))) return rc;
@@ -1779,8 +1780,11 @@ static int32_t attn_select(const fx_device_t *dev, const fx_attention_problem_t 
                       (rc = mulu64(nsplit, ((uint64_t)D + 1u) * 4u, &a->split_bytes, "the split-KV workspace"))))
             return rc;
         a->splits = (int32_t)s;
-        a->lse_offset = a->split_bytes;
-        if (__builtin_add_overflow(a->split_bytes, lse_bytes, &out->workspace_bytes))
+        /* a dynamic variant's two tile counters (16 bytes, zeroed per launch by attn_run), then the lse */
+        a->counter_offset = a->split_bytes;
+        a->counter_bytes = e->workspace == FX_WORKSPACE_TILE_COUNTERS ? 16u : 0u;
+        a->lse_offset = a->split_bytes + a->counter_bytes;
+        if (__builtin_add_overflow(a->lse_offset, lse_bytes, &out->workspace_bytes))
             return fail(FX_ERR_INPUT, "the attention workspace overflows 64 bits (%llu + %llu bytes)",
                         (unsigned long long)a->split_bytes, (unsigned long long)lse_bytes);
         int64_t sq4[4] = {B, Sq, Hq, D}, sk4[4] = {B, Sk, Hkv, D};
@@ -1802,9 +1806,9 @@ static int32_t attn_select(const fx_device_t *dev, const fx_attention_problem_t 
             spec(&vals[k++], (const void *)workspace, 5, op, ops);
             spec(&vals[k++], (const void *)(workspace + nsplit * (uint64_t)D * 4u), 4, lp, lps);
         }
-        if (e->workspace == FX_WORKSPACE_TILE_COUNTERS) { /* the library's own words (attn_run: tile_counters) */
+        if (a->counter_bytes) { /* the tile counters: the workspace's words at counter_offset */
             int64_t two = 2;
-            spec(&vals[k++], NULL, 1, &two, &one);
+            spec(&vals[k++], (const void *)(workspace + a->counter_offset), 1, &two, &one);
         }
         vals[k++].f = scale;
         a->n_vals = k;
@@ -3174,49 +3178,6 @@ FX_EXPORT int32_t fx_gemm_scaled(const fx_device_t *dev, const fx_gemm_problem_t
     return finish(gemm_run(dev, p, scales, workspace, workspace_bytes, stream, out), out);
 }
 
-/* The tile counters of the dynamic persistent attention variants (FX_WORKSPACE_TILE_COUNTERS): per
-   device, int32 words allocated and zeroed once, by the first fx_attention that launches such a
-   variant there (never inside a CUDA-graph capture: make one call before capturing, as for the module
-   load), never freed; each launch leaves them 0 (its last CTA resets them).  Launches that may run at
-   the same time (two streams) must not share them: such a caller gives each stream its own process. */
-static void *fx_tile_counters[FX_MAX_DEVICES];
-
-static int32_t tile_counters(fx_stream_t stream, void **out) {
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= FX_MAX_DEVICES) {
-        cudaGetLastError();
-        return fail(FX_ERR_INPUT, "fx_attention: no current CUDA device for the tile counters");
-    }
-    void *p = __atomic_load_n(&fx_tile_counters[dev], __ATOMIC_ACQUIRE);
-    if (p) {
-        *out = p;
-        return 0;
-    }
-    enum cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
-    if (cudaStreamIsCapturing((cudaStream_t)stream, &cap) != cudaSuccess) cudaGetLastError();
-    if (cap != cudaStreamCaptureStatusNone)
-        return fail(FX_ERR_INPUT, "fx_attention: this dynamic-schedule kernel needs zeroed tile counters on device %d "
-                    "that are not allocated yet, and `stream` is being captured: make the same call once before "
-                    "capturing", dev);
-    pthread_mutex_lock(&fx_load_lock);
-    cudaError_t e = cudaSuccess;
-    p = fx_tile_counters[dev];
-    if (!p) {
-        e = cudaMalloc(&p, 16);
-        if (e == cudaSuccess) e = cudaMemset(p, 0, 16);
-        if (e == cudaSuccess) e = cudaDeviceSynchronize();
-        if (e == cudaSuccess) __atomic_store_n(&fx_tile_counters[dev], p, __ATOMIC_RELEASE);
-    }
-    pthread_mutex_unlock(&fx_load_lock);
-    if (e != cudaSuccess) {
-        cudaGetLastError();
-        return fail((int32_t)e, "fx_attention: allocating the tile counters: %s: %s", cudaGetErrorName(e),
-                    cudaGetErrorString(e));
-    }
-    *out = p;
-    return 0;
-}
-
 static int32_t attn_run(const fx_device_t *dev, const fx_attention_problem_t *p, void *workspace,
                         uint64_t workspace_bytes, fx_stream_t stream, fx_selection_t *out) {
     attn_ctx a;
@@ -3233,10 +3194,13 @@ static int32_t attn_run(const fx_device_t *dev, const fx_attention_problem_t *p,
         if ((rc = check_launch_device(stream, 8, ptrs, names))) return rc;
     }
     if ((rc = ensure_loaded(out->variant))) return rc;
-    if (fx_variants[out->variant].workspace == FX_WORKSPACE_TILE_COUNTERS) {
-        void *tc = NULL;
-        if ((rc = tile_counters(stream, &tc))) return rc;
-        a.vals[a.n_vals - 2].t.ptr = (uintptr_t)tc; /* (the argument before softmax_scale) */
+    if (a.counter_bytes) { /* a dynamic variant's tile counters start at zero (its last CTA leaves them so) */
+        cudaError_t e = cudaMemsetAsync((char *)workspace + a.counter_offset, 0, (size_t)a.counter_bytes, stream);
+        if (e != cudaSuccess) {
+            cudaGetLastError();
+            return fail((int32_t)e, "fx_attention: zeroing the tile counters: %s: %s", cudaGetErrorName(e),
+                        cudaGetErrorString(e));
+        }
     }
     return launched(out->variant, fx_variants[out->variant].bind(a.vals, stream));
 }
