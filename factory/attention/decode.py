@@ -65,6 +65,8 @@ from .softmax import LN_2, LOG2_E
 HEAD_DIMS = (64, 128)
 KV_HEAD_DIMS = (64, 128, 256)  # the KV-cache build also takes head_dim 256 (bf16 paged caches)
 ROWS = 16  # query rows of a CTA: one m16n8k16 A fragment
+# page_run: key tiles per block of block-table entries (32 lanes / 4 row groups of a warp)
+TABLE_TILES = 8
 # Cluster sizes: 8 is the portable maximum; 16 needs the non-portable attribute, which the DSL's
 # exported module loader sets on every kernel.
 CLUSTER_SPLITS = (2, 4, 8, 16)
@@ -230,15 +232,16 @@ class AttentionDecodeKV(AttentionDecode):
     # workspace, then counts itself in its CTA group's arrival counter (``counters``); the split
     # that arrives last merges all of them in split order and sets the counter back to 0.
     last: bool = field(default=False, metadata={"tag": "lm"})
-    # bf16/f16 paged caches: each thread copies R = tile_n / (threads / 8) consecutive rows of a tile,
-    # so over pages of >= R rows it reads one block-table entry per tile and forms its K and V
-    # addresses once per tile (its chunk address in page 0, row 0, taken once, + page · page stride +
-    # row · row stride), each further row one 64-bit add; pages of fewer rows take the row-by-row
-    # copy (one table entry and one full index computation per row).  ``row_copy``: the row-by-row
-    # copy for every page size (for measuring).  ``far``: the table entry read two tiles ahead of its
-    # copies (one by default).
+    # bf16/f16 paged caches, head_dim <= 128: each thread copies R = tile_n / (threads / 8)
+    # consecutive rows of a tile, so over pages of >= R rows its rows lie in one page: one K and one
+    # V address per tile (its chunk address in page 0, row 0, taken once, + page · page stride + row
+    # · row stride), each further row one 64-bit add.  The block-table entries come 8 tiles at a
+    # time, one per lane (lane l: tile l / 4 of the block, the warp's row group l % 4), read a whole
+    # block ahead, and reach the copying lanes by a shuffle: a table load issued behind a tile's
+    # copies waited for them (one tile ahead, it stalled 19-35 % of the samples).  Pages of fewer
+    # rows take the row-by-row copy (one table entry and one index computation per row, one tile
+    # ahead).  ``row_copy``: the row-by-row copy for every page size (for measuring).
     row_copy: bool = field(default=False, metadata={"tag": "rw"})
-    far: bool = field(default=False, metadata={"tag": "pf2"})
     sources = (*AttentionDecode.sources, "atoms/e4m3_order.py", "atoms/sm90_e4m3.py", "atoms/sm90_matrix.py")
 
     @property
@@ -283,8 +286,8 @@ class AttentionDecodeKV(AttentionDecode):
             return "warp-own copies and the short copy addresses: the direct e4m3 build only"
         if not self.causal:
             return "built bottom-right causal (one query: the same as no mask)"
-        if (self.row_copy or self.far) and (not self.paged or self.kv_dtype == "e4m3" or (self.row_copy and self.far)):
-            return "the row-by-row copy and the table entry two tiles ahead: bf16/f16 paged caches, not both"
+        if self.row_copy and (not self.paged or self.kv_dtype == "e4m3"):
+            return "the row-by-row copy: bf16/f16 paged caches"
         if self.last and (self.splits < 2 or self.cluster or self.splits % (self.threads // ROWS)
                           or (self.kv_dtype == "e4m3" and not self.direct)):
             return ("the last-arrival merge: workspace splits (a multiple of threads / 16, no cluster) of "
@@ -314,7 +317,7 @@ class AttentionDecodeKV(AttentionDecode):
             cluster=self.cluster, pdl=self.pdl, ilp=self.ilp, min_ctas=self.min_ctas,
             kv=True, paged=self.paged, local=self.local, softcap=self.softcap, sinks=self.sinks,
             fp8=self.kv_dtype == "e4m3", direct=self.direct, own=self.own, fast_addr=self.fast_addr,
-            last=self.last, page_run=not self.row_copy, far=self.far,
+            last=self.last, page_run=not self.row_copy,
         )
         if self.last:
             return k.kvcache_last
@@ -365,7 +368,7 @@ class AttentionDecodeKVRope(AttentionDecodeKV):
             warps=self.warps, stages=self.stages, causal=self.causal, splits=self.splits,
             cluster=self.cluster, pdl=self.pdl, ilp=self.ilp, min_ctas=self.min_ctas,
             kv=True, paged=self.paged, local=self.local, softcap=self.softcap, sinks=self.sinks,
-            rope=ROPE_INTERLEAVED if self.interleaved else ROPE_NEOX, page_run=not self.row_copy, far=self.far,
+            rope=ROPE_INTERLEAVED if self.interleaved else ROPE_NEOX, page_run=not self.row_copy,
         )
         return k.kvcache_rope_split if self.splits > 1 and not self.cluster else k.kvcache_rope
 
@@ -483,14 +486,12 @@ class FlashDecodeSm90:
                  splits: int, cluster: bool, pdl: bool = False, ilp: bool = False, min_ctas: int = 0,
                  kv: bool = False, paged: bool = False, local: bool = False, softcap: bool = False,
                  sinks: bool = False, fp8: bool = False, direct: bool = False, own: bool = False,
-                 fast_addr: bool = False, rope: int = 0, last: bool = False, page_run: bool = False,
-                 far: bool = False):
+                 fast_addr: bool = False, rope: int = 0, last: bool = False, page_run: bool = False):
         self.dtype = dtype
-        # ``page_run`` (bf16/f16 paged caches; AttentionDecodeKV.row_copy off): a thread's copy rows are
-        # consecutive (one table entry per tile over pages of >= rows_run rows); ``far``: that entry
-        # read two tiles ahead.
+        # ``page_run`` (bf16/f16 paged caches, head_dim <= 128; AttentionDecodeKV.row_copy off): a
+        # thread's copy rows are consecutive (one page over pages of >= rows_run rows), the table
+        # entries a block of TABLE_TILES tiles ahead, one per lane (fetch_block, table_entry).
         self.page_run = kv and paged and not fp8 and page_run and head_dim <= 128
-        self.far = self.page_run and far
         self.rows_run = tile_n // (32 * warps // 8)
         # ``rope`` (KV-cache builds, bf16/f16 caches): q is rotated in the prologue, in shared
         # memory between its load and the registers' read (ROPE_NEOX / ROPE_INTERLEAVED).  0: off.
@@ -880,17 +881,14 @@ class FlashDecodeSm90:
             cute.arch.cp_async_commit_group()
         elif cutlass.const_expr(self.page_run):
             if run_ok:
-                # every prologue tile's table entry (and the next one or two) in flight before the first copy
-                pro = cute.make_rmem_tensor((S + 1,), cutlass.Int32)
-                for s in cutlass.range_constexpr(S + 1 if self.far else S):
-                    pro[s] = self.fetch_run(mBT, batch, cutlass.max(n_hi - 1 - s, n_lo), k_len, tidx, ps_shift)
+                # the table entries of copies 0 .. 2·TABLE_TILES-1 (pages[0], pages[1]: a ring of two blocks)
+                for b in cutlass.range_constexpr(2):
+                    pages[b] = self.fetch_block(mBT, batch, b, n_lo, n_hi, k_len, tidx, ps_shift)
                 for s in cutlass.range_constexpr(S - 1):
+                    pg = self.table_entry(pages, s, tidx)
                     if n_hi - 1 - s >= n_lo:
-                        self.load_kv_run(g2s_atom, sKV, pro[s], raddr, n_hi - 1 - s, s, k_len, tidx, ps_shift)
+                        self.load_kv_run(g2s_atom, sKV, pg, raddr, n_hi - 1 - s, s, k_len, tidx, ps_shift)
                     cute.arch.cp_async_commit_group()
-                pages[0] = pro[S - 1]
-                if cutlass.const_expr(self.far):
-                    pages[1] = pro[S]
             else:
                 self.prologue_rows(g2s_atom, mK, mV, mBT, pages, sKV, batch, kv_head, n_lo, n_hi, k_len, tidx,
                                    ps_shift)
@@ -1144,14 +1142,19 @@ class FlashDecodeSm90:
             elif cutlass.const_expr(self.page_run):
                 if n_block - (S - 1) >= n_lo:
                     if cutlass.const_expr(run):
-                        self.load_kv_run(g2s_atom, sKV, pages[0], raddr, n_block - (S - 1), (it + S - 1) % S,
+                        # copy j = it + S - 1 (from the top); at the first copy of block b, block b + 1's
+                        # entries are read into the ring slot block b - 1 held
+                        j = it + S - 1
+                        pg = self.table_entry(pages, j, tidx)
+                        self.load_kv_run(g2s_atom, sKV, pg, raddr, n_block - (S - 1), (it + S - 1) % S,
                                          k_len, tidx, ps_shift)
-                        if cutlass.const_expr(self.far):
-                            pages[0] = pages[1]
-                            if n_block - S - 1 >= n_lo:
-                                pages[1] = self.fetch_run(mBT, batch, n_block - S - 1, k_len, tidx, ps_shift)
-                        elif n_block - S >= n_lo:
-                            pages[0] = self.fetch_run(mBT, batch, n_block - S, k_len, tidx, ps_shift)
+                        if j % TABLE_TILES == 0:
+                            b = j // TABLE_TILES + 1
+                            nxt = self.fetch_block(mBT, batch, b, n_lo, n_hi, k_len, tidx, ps_shift)
+                            if b % 2 == 0:
+                                pages[0] = nxt
+                            else:
+                                pages[1] = nxt
                     else:
                         self.load_kv_paged(g2s_atom, mK, mV, pages, sKV, kv_head, n_block - (S - 1),
                                            (it + S - 1) % S, k_len, tidx, ps_shift)
@@ -1408,20 +1411,34 @@ class FlashDecodeSm90:
             self.fetch_pages(mBT, pages, batch, n_hi - S, k_len, tidx, ps_shift)
 
     @cute.jit
-    def fetch_run(self, mBT, batch, n_block, k_len, tidx, ps_shift):
-        """``page_run``: the page of this thread's rows of key tile ``n_block`` (rows g·R .. g·R+R-1,
-        g = tidx / 8, R = rows_run, all in one page of >= R rows); 0 past k_len (not read)."""
-        key = n_block * self.tile_n + (tidx // 8) * self.rows_run
+    def fetch_block(self, mBT, batch, b, n_lo, n_hi, k_len, tidx, ps_shift):
+        """``page_run``: this lane's block-table entry of block ``b`` (copies j = b·TABLE_TILES ..,
+        copy j = key tile n_hi - 1 - j): lane l holds the page of copy b·TABLE_TILES + l / 4, row
+        group l % 4 of its warp (rows g·R .. g·R+R-1 of the tile, g = 4·warp + l % 4, all in one
+        page); 0 for tiles below n_lo and rows past k_len (not read)."""
+        lane = tidx % 32
+        n_block = n_hi - 1 - (b * TABLE_TILES + lane // 4)
+        key = n_block * self.tile_n + ((tidx // 32) * 4 + lane % 4) * self.rows_run
         pg = 0
-        if key < k_len:
+        if n_block >= n_lo and key < k_len:
             pg = mBT[batch, key >> ps_shift]
         return pg
+
+    @cute.jit
+    def table_entry(self, pages, j, tidx):
+        """``page_run``: the page of this thread's rows in copy ``j``, from the lane of the ring that
+        holds it (fetch_block; ring slot (j / TABLE_TILES) % 2).  Every lane of the warp takes part."""
+        if cutlass.const_expr(isinstance(j, int)):  # (the prologue's copies)
+            held = pages[(j // TABLE_TILES) % 2]
+        else:
+            held = cutlass.select_((j // TABLE_TILES) % 2 == 0, pages[0], pages[1])
+        return cute.arch.shuffle_sync(held, (j % TABLE_TILES) * 4 + (tidx % 32) // 8)
 
     @cute.jit
     def load_kv_run(self, g2s_atom, sKV, page, raddr, n_block, slot, k_len, tidx, ps_shift):
         """``page_run``: cp.async this thread's rows g·R .. g·R+R-1 (g = tidx / 8, R = rows_run; chunk
         tidx % 8 of each, and +8, +16 .. for wider heads) of K and V tile ``n_block`` into ``slot``, all
-        of them in ``page`` (fetch_run): one K and one V address per tile from ``raddr`` (chunk
+        of them in ``page`` (table_entry): one K and one V address per tile from ``raddr`` (chunk
         addresses in page 0, row 0; byte strides: unsigned 32x64-bit products of page and row), each
         further row one row stride on; rows past k_len are zeroed."""
         vec = 128 // self.dtype.width
@@ -1789,7 +1806,7 @@ def make_kv(target: str, dtype: str, head_dim: int, splits: int, *, paged: bool 
             switches: bool = False, kv_dtype: str | None = None, config: tuple | None = None,
             direct: bool = True, stages: int | None = None, min_ctas: int | None = None,
             pdl: bool | None = None, last: bool = False, own: bool = False,
-            fast_addr: bool = False, row_copy: bool = False, far: bool = False) -> AttentionDecodeKV:
+            fast_addr: bool = False, row_copy: bool = False) -> AttentionDecodeKV:
     """A KV-cache decode variant; fp8 caches take the direct build (``direct=False``: the converting
     one), in FP8_DIRECT's config unless ``config`` (tile_n, warps, ilp[, stages]) / ``stages`` say
     otherwise; ``pdl`` None: on for workspace splits merged by the combine kernel; ``last``: workspace
@@ -1815,7 +1832,7 @@ def make_kv(target: str, dtype: str, head_dim: int, splits: int, *, paged: bool 
                              pdl=(splits > 1 and not cluster and not last) if pdl is None else pdl,
                              ilp=ilp, min_ctas=mc, kv_dtype=kv_dtype or dtype, paged=paged, local=switches,
                              softcap=switches, sinks=switches, direct=direct, own=own and direct,
-                             fast_addr=fast_addr and direct, last=last, row_copy=row_copy, far=far)
+                             fast_addr=fast_addr and direct, last=last, row_copy=row_copy)
 
 
 @register("attention_kvcache")
@@ -1893,11 +1910,10 @@ def enumerate_decode_kv(target: Target, tier: str) -> list[AttentionDecodeKV]:
         if tier == "full":  # every split count, without PDL, for measuring
             out += [make_kv(t, "bf16", d, sp, config=KV_WIDE[d]) for d in HEAD_DIMS for sp in KV_SPLITS]
             out += [make_kv(t, "bf16", 128, 8, paged=False, config=KV_WIDE[128])]
-            # the table entry two tiles ahead of its copies; the row-by-row copy (head_dim 64 and 128 at
-            # the split counts the rule takes for B8 H64/8 8k and B16 H32/8 4k)
-            out += [make_kv(t, "bf16", 64, sp, config=cf, far=True) for sp in (1, 2, 4) for cf in (None, KV_WIDE[64])]
+            # the row-by-row copy for every page size (head_dim 64 and 128 at the split counts the rule
+            # takes for B8 H64/8 8k, B64 H32/8 1k and B16 H32/8 4k)
             out += [make_kv(t, "bf16", 64, sp, config=cf, row_copy=True) for sp in (1, 2, 4) for cf in (None, KV_WIDE[64])]
-            out += [make_kv(t, "bf16", 128, 4, far=True), make_kv(t, "bf16", 128, 4, row_copy=True)]
+            out += [make_kv(t, "bf16", 128, sp, row_copy=True) for sp in (2, 4)]
     out = list({v.name: v for v in out}.values())
     return [v for v in out if v.can_implement() is None]
 
