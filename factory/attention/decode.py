@@ -232,16 +232,15 @@ class AttentionDecodeKV(AttentionDecode):
     # workspace, then counts itself in its CTA group's arrival counter (``counters``); the split
     # that arrives last merges all of them in split order and sets the counter back to 0.
     last: bool = field(default=False, metadata={"tag": "lm"})
-    # bf16/f16 paged caches, head_dim <= 128: each thread copies R = tile_n / (threads / 8)
-    # consecutive rows of a tile, so over pages of >= R rows its rows lie in one page: one K and one
-    # V address per tile (its chunk address in page 0, row 0, taken once, + page · page stride + row
-    # · row stride), each further row one 64-bit add.  The block-table entries come 8 tiles at a
-    # time, one per lane (lane l: tile l / 4 of the block, the warp's row group l % 4), read a whole
-    # block ahead, and reach the copying lanes by a shuffle: a table load issued behind a tile's
-    # copies waited for them (one tile ahead, it stalled 19-35 % of the samples).  Pages of fewer
-    # rows take the row-by-row copy (one table entry and one index computation per row, one tile
-    # ahead).  ``row_copy``: the row-by-row copy for every page size (for measuring).
-    row_copy: bool = field(default=False, metadata={"tag": "rw"})
+    # ``page_run`` (bf16/f16 paged caches, head_dim <= 128; "full", for measuring): each thread copies
+    # R = tile_n / (threads / 8) consecutive rows of a tile, so over pages of >= R rows its rows lie in
+    # one page: one K and one V address per tile (its chunk address in page 0, row 0, taken once, +
+    # page · page stride + row · row stride), each further row one 64-bit add.  The block-table
+    # entries come TABLE_TILES tiles at a time, one per lane (lane l: tile l / 4 of the block, the
+    # warp's row group l % 4), read a block ahead, and reach the copying lanes by a shuffle.  Pages
+    # of fewer rows take the row-by-row copy.  Without it (the default) every row takes its own table
+    # entry, read one tile ahead, and its own index computation.
+    page_run: bool = field(default=False, metadata={"tag": "pr"})
     sources = (*AttentionDecode.sources, "atoms/e4m3_order.py", "atoms/sm90_e4m3.py", "atoms/sm90_matrix.py")
 
     @property
@@ -286,8 +285,8 @@ class AttentionDecodeKV(AttentionDecode):
             return "warp-own copies and the short copy addresses: the direct e4m3 build only"
         if not self.causal:
             return "built bottom-right causal (one query: the same as no mask)"
-        if self.row_copy and (not self.paged or self.kv_dtype == "e4m3"):
-            return "the row-by-row copy: bf16/f16 paged caches"
+        if self.page_run and (not self.paged or self.kv_dtype == "e4m3" or self.head_dim > 128):
+            return "page runs: bf16/f16 paged caches, head_dim <= 128"
         if self.last and (self.splits < 2 or self.cluster or self.splits % (self.threads // ROWS)
                           or (self.kv_dtype == "e4m3" and not self.direct)):
             return ("the last-arrival merge: workspace splits (a multiple of threads / 16, no cluster) of "
@@ -317,7 +316,7 @@ class AttentionDecodeKV(AttentionDecode):
             cluster=self.cluster, pdl=self.pdl, ilp=self.ilp, min_ctas=self.min_ctas,
             kv=True, paged=self.paged, local=self.local, softcap=self.softcap, sinks=self.sinks,
             fp8=self.kv_dtype == "e4m3", direct=self.direct, own=self.own, fast_addr=self.fast_addr,
-            last=self.last, page_run=not self.row_copy,
+            last=self.last, page_run=self.page_run,
         )
         if self.last:
             return k.kvcache_last
@@ -368,7 +367,7 @@ class AttentionDecodeKVRope(AttentionDecodeKV):
             warps=self.warps, stages=self.stages, causal=self.causal, splits=self.splits,
             cluster=self.cluster, pdl=self.pdl, ilp=self.ilp, min_ctas=self.min_ctas,
             kv=True, paged=self.paged, local=self.local, softcap=self.softcap, sinks=self.sinks,
-            rope=ROPE_INTERLEAVED if self.interleaved else ROPE_NEOX, page_run=not self.row_copy,
+            rope=ROPE_INTERLEAVED if self.interleaved else ROPE_NEOX, page_run=self.page_run,
         )
         return k.kvcache_rope_split if self.splits > 1 and not self.cluster else k.kvcache_rope
 
@@ -488,9 +487,9 @@ class FlashDecodeSm90:
                  sinks: bool = False, fp8: bool = False, direct: bool = False, own: bool = False,
                  fast_addr: bool = False, rope: int = 0, last: bool = False, page_run: bool = False):
         self.dtype = dtype
-        # ``page_run`` (bf16/f16 paged caches, head_dim <= 128; AttentionDecodeKV.row_copy off): a
-        # thread's copy rows are consecutive (one page over pages of >= rows_run rows), the table
-        # entries a block of TABLE_TILES tiles ahead, one per lane (fetch_block, table_entry).
+        # ``page_run`` (bf16/f16 paged caches, head_dim <= 128; AttentionDecodeKV.page_run): a thread's
+        # copy rows are consecutive (one page over pages of >= rows_run rows), the table entries a
+        # block of TABLE_TILES tiles ahead, one per lane (fetch_block, table_entry).
         self.page_run = kv and paged and not fp8 and page_run and head_dim <= 128
         self.rows_run = tile_n // (32 * warps // 8)
         # ``rope`` (KV-cache builds, bf16/f16 caches): q is rotated in the prologue, in shared
@@ -1806,7 +1805,7 @@ def make_kv(target: str, dtype: str, head_dim: int, splits: int, *, paged: bool 
             switches: bool = False, kv_dtype: str | None = None, config: tuple | None = None,
             direct: bool = True, stages: int | None = None, min_ctas: int | None = None,
             pdl: bool | None = None, last: bool = False, own: bool = False,
-            fast_addr: bool = False, row_copy: bool = False) -> AttentionDecodeKV:
+            fast_addr: bool = False, page_run: bool = False) -> AttentionDecodeKV:
     """A KV-cache decode variant; fp8 caches take the direct build (``direct=False``: the converting
     one), in FP8_DIRECT's config unless ``config`` (tile_n, warps, ilp[, stages]) / ``stages`` say
     otherwise; ``pdl`` None: on for workspace splits merged by the combine kernel; ``last``: workspace
@@ -1832,7 +1831,7 @@ def make_kv(target: str, dtype: str, head_dim: int, splits: int, *, paged: bool 
                              pdl=(splits > 1 and not cluster and not last) if pdl is None else pdl,
                              ilp=ilp, min_ctas=mc, kv_dtype=kv_dtype or dtype, paged=paged, local=switches,
                              softcap=switches, sinks=switches, direct=direct, own=own and direct,
-                             fast_addr=fast_addr and direct, last=last, row_copy=row_copy)
+                             fast_addr=fast_addr and direct, last=last, page_run=page_run)
 
 
 @register("attention_kvcache")
@@ -1910,10 +1909,12 @@ def enumerate_decode_kv(target: Target, tier: str) -> list[AttentionDecodeKV]:
         if tier == "full":  # every split count, without PDL, for measuring
             out += [make_kv(t, "bf16", d, sp, config=KV_WIDE[d]) for d in HEAD_DIMS for sp in KV_SPLITS]
             out += [make_kv(t, "bf16", 128, 8, paged=False, config=KV_WIDE[128])]
-            # the row-by-row copy for every page size (head_dim 64 and 128 at the split counts the rule
-            # takes for B8 H64/8 8k, B64 H32/8 1k and B16 H32/8 4k)
-            out += [make_kv(t, "bf16", 64, sp, config=cf, row_copy=True) for sp in (1, 2, 4) for cf in (None, KV_WIDE[64])]
-            out += [make_kv(t, "bf16", 128, sp, row_copy=True) for sp in (2, 4)]
+            # page runs (head_dim 64 and 128 at the split counts the rule takes for B8 H64/8 8k, B64 H32/8
+            # 1k, B16 H32/8 4k, MQA and B1 32k)
+            out += [make_kv(t, "bf16", 64, sp, config=cf, page_run=True) for sp in (1, 2, 4)
+                    for cf in (None, KV_WIDE[64])]
+            out += [make_kv(t, "bf16", 128, sp, page_run=True) for sp in (1, 2, 4)]
+            out += [make_kv(t, "bf16", 128, 16, last=True, config=KV_WIDE[128], page_run=True)]
     out = list({v.name: v for v in out}.values())
     return [v for v in out if v.can_implement() is None]
 
