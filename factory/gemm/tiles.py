@@ -178,6 +178,8 @@ SM90_SCALED_FULL = SM90_BLOCK_TILES + tuple(dict(d, promote_ahead=True) for d in
     dict(**FP8, tile=(128, 128, 128), cluster=(2, 1), schedule="pp", fast_accum=True, swizzle=8, swizzle_exact=True,
          row_scale=True),
     dict(**FP8, tile=(128, 256, 128), cluster=(2, 1), fast_accum=True, swizzle=8, swizzle_exact=True, row_scale=True),
+    # Tile N 192 (N = 2112 = 11 x 192 has no partial tile column; 128 leaves a half-empty one).
+    dict(**FP8, tile=(128, 192, 128), cluster=(2, 1), fast_accum=True, row_scale=True),
 ) + tuple(
     # On the coop block tiles: scale_b staged and the two warpgroups' pair loops offset by one
     # k-block (stagger; 6-10 % slower than scale_b_stage alone on an H100).
