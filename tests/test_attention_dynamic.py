@@ -21,7 +21,7 @@ def _sm90(tier):
 
 def test_names_configs_and_manifest():
     full = _sm90("full")
-    dyn = [v for v in full if v.dynamic]
+    dyn = [v for v in full if v.dynamic and not v.slot_coords]
     assert dyn and all(v.name.endswith("_dy") and v.persistent and not v.varlen for v in dyn)
     # each is the twin of a variant without it, whose name, config (cache key) and manifest lack it
     by_name = {v.name: v for v in full}
@@ -42,6 +42,30 @@ def test_names_configs_and_manifest():
     # tier those and more
     assert sorted((v.head_dim, v.tile_m) for v in _sm90("default") if v.dynamic) == [(64, 128), (64, 192), (128, 128)]
     assert {(64, 128), (64, 192), (128, 128)} <= {(v.head_dim, v.tile_m) for v in _sm90("full") if v.dynamic and v.causal}
+
+
+def test_slot_coords_twins():
+    """slot_coords (the producer passes each tile's coordinates with its index): a twin of every
+    dynamic variant in the full tier, named ``..._sc_dy``, whose cache key, manifest and arguments
+    differ from its twin's only by the switch; refused without dynamic; absent from the key of every
+    other variant."""
+    full = _sm90("full")
+    by_name = {v.name: v for v in full}
+    sc = [v for v in full if v.slot_coords]
+    assert sc and {dataclasses.replace(v, slot_coords=False).name for v in sc} == {
+        v.name for v in full if v.dynamic and not v.slot_coords}
+    for v in sc:
+        assert v.name.endswith("_sc_dy") and v.dynamic and v.can_implement() is None
+        twin = by_name[v.name[:-6] + "_dy"]
+        assert v.config() == {**twin.config(), "slot_coords": True}
+        d, t = v.describe(), twin.describe()
+        assert d["tile_scheduler"] == {**t["tile_scheduler"], "coords": "from the producer warp"}
+        assert {k: x for k, x in d.items() if k != "tile_scheduler"} == {k: x for k, x in t.items() if k != "tile_scheduler"}
+        assert v.signature() == twin.signature()
+    assert all("slot_coords" not in v.config() for v in full if not v.slot_coords)
+    assert "slot_coords needs dynamic" in dataclasses.replace(sc[0], dynamic=False).can_implement()
+    # the default tier keeps the plain twins (the selection takes "<name>_dy")
+    assert not any(v.slot_coords for v in _sm90("default"))
 
 
 def test_refusals():
