@@ -37,10 +37,11 @@ def test_names_configs_and_manifest():
         assert args == [a.name for a in twin.signature().args][:5] + ["tile_counters", "softmax_scale"]
         tc = v.signature().args[5]
         assert tc.dtype == "i32" and tuple(tc.shape) == (2,)
-    # the default tier has the bf16 causal head_dim 64 (128 and 192 rows) and 128 persistent builds'
-    # twins (launches that may run at once count in different words: runtime/counters.py), the full
+    # the default tier has the causal head_dim 64 (128 and 192 rows) and 128 persistent builds'
+    # twins (bf16 and fp16) (launches that may run at once count in different words: runtime/counters.py), the full
     # tier those and more
-    assert sorted((v.head_dim, v.tile_m) for v in _sm90("default") if v.dynamic) == [(64, 128), (64, 192), (128, 128)]
+    assert sorted((v.dtype, v.head_dim, v.tile_m) for v in _sm90("default") if v.dynamic) == [
+        (dt, d, m) for dt in ("bf16", "f16") for d, m in ((64, 128), (64, 192), (128, 128))]
     assert {(64, 128), (64, 192), (128, 128)} <= {(v.head_dim, v.tile_m) for v in _sm90("full") if v.dynamic and v.causal}
 
 

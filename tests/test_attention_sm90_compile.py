@@ -160,11 +160,12 @@ def test_enumeration_and_names():
                                       "attention_sm90a_bf16_d128_m64_n128_s2_causal_ov",
                                       "attention_sm90a_bf16_d128_m128_n128_s2_causal_ov_pp_er_ps_kf_lz_sd_dy"]
     default = sm90.enumerate_attention(get_target("sm_90a"), "default")
-    # the dynamic twins of the bf16 causal dense persistent builds of head_dim 64 (128 and 192 rows)
-    # and 128, which the selection takes in their place (tests/test_attention_dynamic.py)
+    # the dynamic twins of the causal dense persistent builds of head_dim 64 (128 and 192 rows) and
+    # 128, which the selection takes in their place (tests/test_attention_dynamic.py)
     dyn = [v for v in default if v.dynamic]
-    assert sorted((v.head_dim, v.tile_m) for v in dyn) == [(64, 128), (64, 192), (128, 128)]
-    assert all(v.dtype == "bf16" and v.causal and v.persistent and not v.varlen for v in dyn)
+    assert sorted((v.dtype, v.head_dim, v.tile_m) for v in dyn) == [
+        (dt, d, m) for dt in ("bf16", "f16") for d, m in ((64, 128), (64, 192), (128, 128))]
+    assert all(v.causal and v.persistent and not v.varlen for v in dyn)
     assert all(dataclasses.replace(v, dynamic=False).name in {u.name for u in default} for v in dyn)
     default = [v for v in default if not v.dynamic]
     problems = {(dt, d, c) for dt in ("bf16", "f16") for d in (64, 128, 256) for c in (False, True)}

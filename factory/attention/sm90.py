@@ -516,7 +516,7 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm90]:
     # leaves through Q's slabs, so each tile's Q waits for the last O store), which the selection
     # takes for at most 512 keys: B32 H32 S512 400.1 vs 424.5 us (H100, interleaved by name)
     out += [dataclasses.replace(make(dt, 256, True), persistent=False, k_first=False) for dt in DTYPES]
-    # bf16 causal, dense, head_dim 64 on 128 rows (short rows) and 128: the persistent builds'
+    # causal, dense, head_dim 64 on 128 and 192 rows and 128 (bf16 and fp16): the persistent builds'
     # dynamic twins (each next tile from a global counter), which the selection takes in their place
     # (fx_select.c attn_choose).  H100, interleaved by name, two calls: B32 H32 S512 D64 140.2 / 142.6
     # vs 147.8 / 148.9 us, D128 199.4 / 198.2 vs 201.4 / 205.9; D128 B8 H16 S2048 235.3 / 230.6 vs
@@ -526,8 +526,7 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm90]:
     # count in different words (runtime/counters.py: per stream, per graph capture; fx_attention:
     # the caller's workspace).
     out += [dataclasses.replace(v, dynamic=True) for v in out
-            if v.dtype == "bf16" and v.causal and v.persistent and not v.varlen
-            and (v.head_dim, v.tile_m) in ((64, 128), (64, 192), (128, 128))]
+            if v.causal and v.persistent and not v.varlen and (v.head_dim, v.tile_m) in ((64, 128), (64, 192), (128, 128))]
     if tier == "full":
         # The tuner's alternatives (dense): scripts/tune.py attention picks among them per shape bucket.
         out += [make(dt, d, c, tile_m=tm, tile_n=tn, stages=s, overlap=ov, pingpong=pp, const_wg=False)
