@@ -52,7 +52,7 @@ def test_slot_coords_twins():
     other variant."""
     full = _sm90("full")
     by_name = {v.name: v for v in full}
-    sc = [v for v in full if v.slot_coords]
+    sc = [v for v in full if v.slot_coords and not v.o_stmatrix]
     assert sc and {dataclasses.replace(v, slot_coords=False).name for v in sc} == {
         v.name for v in full if v.dynamic and not v.slot_coords}
     for v in sc:
@@ -67,6 +67,15 @@ def test_slot_coords_twins():
     assert "slot_coords needs dynamic" in dataclasses.replace(sc[0], dynamic=False).can_implement()
     # the default tier keeps the plain twins (the selection takes "<name>_dy")
     assert not any(v.slot_coords for v in _sm90("default"))
+    # o_stmatrix (O into its smem slab by stmatrix): bf16 causal candidates in the full tier only,
+    # named "..._om_sc_dy", refused for varlen O (16-byte global stores) and other families' kernels
+    om = [v for v in full if v.o_stmatrix]
+    assert om and all(v.name.endswith("_om_sc_dy") and v.config() == {**by_name[v.name.replace("_om_", "_")].config(),
+                                                                      "o_stmatrix": True} for v in om)
+    assert any(r"STSM" in x for x in om[0].sass_requirements())
+    assert all("o_stmatrix" not in v.config() for v in full if not v.o_stmatrix)
+    plain = next(v for v in full if v.varlen and v.causal and v.dtype == "bf16")
+    assert "o_stmatrix needs dense 16-bit O" in dataclasses.replace(plain, o_stmatrix=True).can_implement()
 
 
 def test_refusals():

@@ -172,6 +172,10 @@ class AttentionSm90(AttentionVariant):
     # of scores through ex2.approx.ftz.bf16x2 (bf16 P).
     ex2_fma: int = field(default=0, metadata={"tag": "xf"})
     ex2_pairs: bool = field(default=False, metadata={"tag": "xb"})
+    # O from registers into its smem slab by stmatrix (8x8 16-bit matrices, four per instruction)
+    # instead of one 32-bit store per two elements (dense, 16-bit O by TMA store): fewer
+    # instructions in the epilogue (the 64 x 64 slab: 16 STS.32 and their swizzled addresses).
+    o_stmatrix: bool = field(default=False, metadata={"tag": "om"})
     # With dynamic: the producer warp passes each tile's (query tile, q head, batch) with its index
     # through the shared-memory slot (it computes them for its loads), so the consumer warps skip
     # the schedule's integer divisions at every tile start.  (Declared before ``dynamic``: the
@@ -193,7 +197,7 @@ class AttentionSm90(AttentionVariant):
         # the exponential options appear only where used (manifests and cache keys of the other
         # variants stay as they were)
         c = super().config()
-        for k in ("store_defer", "ex2_fma", "ex2_pairs", "dynamic", "slot_coords"):
+        for k in ("store_defer", "ex2_fma", "ex2_pairs", "dynamic", "slot_coords", "o_stmatrix"):
             if not c[k]:
                 del c[k]
         return c
@@ -243,7 +247,7 @@ class AttentionSm90(AttentionVariant):
             rf"\bHGMMA\.64x{self.head_dim}x16\.F32{d} R\d+, R\d+, gdesc\[",
             r"\bUTMALDG\.3D\b" if self.varlen else r"\bUTMALDG\.4D\b", store,
             r"\bSYNCS\.", r"\bUSETMAXREG\.", r"\bMUFU\.EX2\b",
-        ) + ((r"\bVOTE\.ANY\b",) if self.lazy_rescale else ()) + (
+        ) + ((r"\bVOTE\.ANY\b",) if self.lazy_rescale else ()) + ((r"\bSTSM\.",) if self.o_stmatrix else ()) + (
             # kv_split: rank 1's partial by st.async into rank 0, after the cluster's barrier
             (r"\bSTAS\.128\b", r"\bUCGABAR_ARV\b") if self.kv_split else ()) + self.ex2_sass()
 
@@ -296,6 +300,9 @@ class AttentionSm90(AttentionVariant):
             return "dynamic needs persistent, dense, this family's own kernels"
         if self.slot_coords and not self.dynamic:
             return "slot_coords needs dynamic"
+        if self.o_stmatrix and (self.varlen or self.dtype not in ("bf16", "f16")
+                                or type(self).make_kernel is not AttentionSm90.make_kernel):
+            return "o_stmatrix needs dense 16-bit O (TMA store) and this family's own kernels"
         if self.kv_split and (self.tile_m != WG_ROWS or not self.overlap or self.persistent or self.varlen
                               or self.early_rescale or self.lazy_rescale or self.k_first):
             return ("kv_split takes one 64-row query tile per CTA pair, overlap, dense, one tile per CTA "
@@ -370,7 +377,7 @@ class AttentionSm90(AttentionVariant):
             k_first=self.k_first, o_in_q=self.o_in_q, lazy_rescale=self.lazy_rescale,
             const_wg=self.const_wg,
             kv_split=self.kv_split, store_defer=self.store_defer, dynamic=self.dynamic,
-            slot_coords=self.slot_coords,
+            slot_coords=self.slot_coords, o_stmatrix=self.o_stmatrix,
         )
         self.set_ex2(k)
         if self.dynamic:
@@ -574,6 +581,9 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm90]:
                 if v.dtype == "bf16" and v.persistent and not v.varlen and (v.causal or v.head_dim == 128)]
         # every dynamic variant with the tile coordinates passed by the producer warp
         out += [dataclasses.replace(v, slot_coords=True) for v in out if v.dynamic]
+        # the bf16 causal head_dim 64 / 128 ones also with O into smem by stmatrix
+        out += [dataclasses.replace(v, o_stmatrix=True) for v in out
+                if v.slot_coords and v.causal and v.dtype == "bf16" and v.head_dim <= 128]
     out = list({v.name: v for v in out}.values())
     return [v for v in out if v.can_implement() is None]
 
@@ -787,12 +797,14 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                  sinks: bool = False, wide_producer: bool = False, kv_dtype=None, fp8_stages: int = 1,
                  o_in_q: bool = False, lazy_rescale: bool = False, const_wg: bool = False,
                  kv_split: bool = False, store_defer: bool = False, dynamic: bool = False,
-                 slot_coords: bool = False):
+                 slot_coords: bool = False, o_stmatrix: bool = False):
         super().__init__(dtype=dtype, head_dim=head_dim, causal=causal, local=local)
         # persistent: the next tile from a global counter (AttentionSm90.dynamic)
         self.dynamic = persistent and dynamic
         # dynamic: each tile's coordinates pass through the slot with its index (``take_tile``)
         self.slot_coords = self.dynamic and slot_coords
+        # O into its smem slab by stmatrix (AttentionSm90.o_stmatrix)
+        self.o_stmatrix = o_stmatrix
         # int32 words of the tile slots: two slots of the index (and the coordinates)
         self.slot_words = (8 if self.slot_coords else 2) if self.dynamic else 0
         # persistent, O's own slabs: the O store's read of its slab waited for before the next
@@ -2106,10 +2118,15 @@ class FlashFwdSm90(layout.TmaViewsKernel):
             # the previous tile's TMA store has read this slab (its issuing warp waited)
             cute.arch.barrier(barrier_id=int(_Bar.EPILOGUE) + wg, number_of_threads=128)
         rO.store(acc_O.load().to(self.out_dtype))
-        r2s = cute.make_tiled_copy_C(
-            cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.out_dtype, num_bits_per_copy=32),
-            tiled_mma_pv).get_slice(ltid)
-        cute.copy(r2s, r2s.retile(rO), r2s.partition_D(sO))
+        if cutlass.const_expr(self.o_stmatrix):
+            st = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(False, 4), self.out_dtype)
+            r2s = cute.make_tiled_copy_C(st, tiled_mma_pv).get_slice(ltid)
+            cute.copy(r2s, r2s.retile(rO), r2s.partition_D(sO))
+        else:
+            r2s = cute.make_tiled_copy_C(
+                cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.out_dtype, num_bits_per_copy=32),
+                tiled_mma_pv).get_slice(ltid)
+            cute.copy(r2s, r2s.retile(rO), r2s.partition_D(sO))
         # generic-proxy smem writes -> visible to the TMA (async proxy), then all 128 threads
         cute.arch.fence_proxy("async.shared", space="cta")
         cute.arch.barrier(barrier_id=int(_Bar.EPILOGUE) + wg, number_of_threads=128)
