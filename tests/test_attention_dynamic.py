@@ -52,7 +52,7 @@ def test_slot_coords_twins():
     other variant."""
     full = _sm90("full")
     by_name = {v.name: v for v in full}
-    sc = [v for v in full if v.slot_coords and not v.o_stmatrix]
+    sc = [v for v in full if v.slot_coords and not v.o_stmatrix and not v.diag_half]
     assert sc and {dataclasses.replace(v, slot_coords=False).name for v in sc} == {
         v.name for v in full if v.dynamic and not v.slot_coords}
     for v in sc:
@@ -76,6 +76,14 @@ def test_slot_coords_twins():
     assert all("o_stmatrix" not in v.config() for v in full if not v.o_stmatrix)
     plain = next(v for v in full if v.varlen and v.causal and v.dtype == "bf16")
     assert "o_stmatrix needs dense 16-bit O" in dataclasses.replace(plain, o_stmatrix=True).can_implement()
+    # diag_half (the diagonal key tile's upper half skipped where a warpgroup sees none of it):
+    # likewise "..._dh_sc_dy", causal only
+    dh = [v for v in full if v.diag_half]
+    assert dh and all(v.name.endswith("_dh_sc_dy") and v.config() == {**by_name[v.name.replace("_dh_", "_")].config(),
+                                                                      "diag_half": True} for v in dh)
+    assert all("diag_half" not in v.config() for v in full if not v.diag_half)
+    nc = next(v for v in full if not v.causal and v.dtype == "bf16" and v.persistent)
+    assert "diag_half needs causal" in dataclasses.replace(nc, diag_half=True).can_implement()
 
 
 def test_refusals():

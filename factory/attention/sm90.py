@@ -172,6 +172,11 @@ class AttentionSm90(AttentionVariant):
     # of scores through ex2.approx.ftz.bf16x2 (bf16 P).
     ex2_fma: int = field(default=0, metadata={"tag": "xf"})
     ex2_pairs: bool = field(default=False, metadata={"tag": "xb"})
+    # Causal: on a query tile's first (diagonal) key tile, a consumer warpgroup whose rows see no
+    # key of the tile's upper half masks and exponentiates only the lower half and writes P = 0
+    # into the upper one (half the exponentials of that tile for the upper warpgroup of a square
+    # diagonal tile).
+    diag_half: bool = field(default=False, metadata={"tag": "dh"})
     # O from registers into its smem slab by stmatrix (8x8 16-bit matrices, four per instruction)
     # instead of one 32-bit store per two elements (dense, 16-bit O by TMA store): fewer
     # instructions in the epilogue (the 64 x 64 slab: 16 STS.32 and their swizzled addresses).
@@ -197,7 +202,7 @@ class AttentionSm90(AttentionVariant):
         # the exponential options appear only where used (manifests and cache keys of the other
         # variants stay as they were)
         c = super().config()
-        for k in ("store_defer", "ex2_fma", "ex2_pairs", "dynamic", "slot_coords", "o_stmatrix"):
+        for k in ("store_defer", "ex2_fma", "ex2_pairs", "dynamic", "slot_coords", "o_stmatrix", "diag_half"):
             if not c[k]:
                 del c[k]
         return c
@@ -303,6 +308,9 @@ class AttentionSm90(AttentionVariant):
         if self.o_stmatrix and (self.varlen or self.dtype not in ("bf16", "f16")
                                 or type(self).make_kernel is not AttentionSm90.make_kernel):
             return "o_stmatrix needs dense 16-bit O (TMA store) and this family's own kernels"
+        if self.diag_half and (not self.causal or self.tile_n % 32 or self.ex2_fma or self.ex2_pairs
+                               or type(self).make_kernel is not AttentionSm90.make_kernel):
+            return "diag_half needs causal, tile_n a multiple of 32, the plain exponentials and this family's own kernels"
         if self.kv_split and (self.tile_m != WG_ROWS or not self.overlap or self.persistent or self.varlen
                               or self.early_rescale or self.lazy_rescale or self.k_first):
             return ("kv_split takes one 64-row query tile per CTA pair, overlap, dense, one tile per CTA "
@@ -377,7 +385,7 @@ class AttentionSm90(AttentionVariant):
             k_first=self.k_first, o_in_q=self.o_in_q, lazy_rescale=self.lazy_rescale,
             const_wg=self.const_wg,
             kv_split=self.kv_split, store_defer=self.store_defer, dynamic=self.dynamic,
-            slot_coords=self.slot_coords, o_stmatrix=self.o_stmatrix,
+            slot_coords=self.slot_coords, o_stmatrix=self.o_stmatrix, diag_half=self.diag_half,
         )
         self.set_ex2(k)
         if self.dynamic:
@@ -581,9 +589,11 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm90]:
                 if v.dtype == "bf16" and v.persistent and not v.varlen and (v.causal or v.head_dim == 128)]
         # every dynamic variant with the tile coordinates passed by the producer warp
         out += [dataclasses.replace(v, slot_coords=True) for v in out if v.dynamic]
-        # the bf16 causal head_dim 64 / 128 ones also with O into smem by stmatrix
-        out += [dataclasses.replace(v, o_stmatrix=True) for v in out
-                if v.slot_coords and v.causal and v.dtype == "bf16" and v.head_dim <= 128]
+        # the bf16 causal head_dim 64 / 128 ones also with O into smem by stmatrix, or with the
+        # diagonal tile's upper half skipped
+        out += [dataclasses.replace(v, **kw) for v in out
+                if v.slot_coords and v.causal and v.dtype == "bf16" and v.head_dim <= 128
+                for kw in ({"o_stmatrix": True}, {"diag_half": True})]
     out = list({v.name: v for v in out}.values())
     return [v for v in out if v.can_implement() is None]
 
@@ -797,7 +807,7 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                  sinks: bool = False, wide_producer: bool = False, kv_dtype=None, fp8_stages: int = 1,
                  o_in_q: bool = False, lazy_rescale: bool = False, const_wg: bool = False,
                  kv_split: bool = False, store_defer: bool = False, dynamic: bool = False,
-                 slot_coords: bool = False, o_stmatrix: bool = False):
+                 slot_coords: bool = False, o_stmatrix: bool = False, diag_half: bool = False):
         super().__init__(dtype=dtype, head_dim=head_dim, causal=causal, local=local)
         # persistent: the next tile from a global counter (AttentionSm90.dynamic)
         self.dynamic = persistent and dynamic
@@ -805,6 +815,8 @@ class FlashFwdSm90(layout.TmaViewsKernel):
         self.slot_coords = self.dynamic and slot_coords
         # O into its smem slab by stmatrix (AttentionSm90.o_stmatrix)
         self.o_stmatrix = o_stmatrix
+        # causal: the diagonal key tile's upper half skipped where a warpgroup sees none of it
+        self.diag_half = diag_half
         # int32 words of the tile slots: two slots of the index (and the coordinates)
         self.slot_words = (8 if self.slot_coords else 2) if self.dynamic else 0
         # persistent, O's own slabs: the O store's read of its slab waited for before the next
@@ -2007,9 +2019,25 @@ class FlashFwdSm90(layout.TmaViewsKernel):
             warpgroup.wait_group(0)
             k_pipe.consumer_release(read)
             self.transform_scores(acc_S, cap)
-            self.mask_tile(acc_S, cS, row0, n_hi - 1, q_len, k_len, n_mask, mask_lo, win)
-            corr = cute.make_rmem_tensor(n_rows, cutlass.Float32)  # O's per-row rescale factor
-            self.softmax_tile(atoms.acc_mn_view(acc_S), row_max, row_sum, scale_log2, corr)
+            if cutlass.const_expr(self.diag_half):
+                corr = cute.make_rmem_tensor(n_rows, cutlass.Float32)  # O's per-row rescale factor
+                # this warpgroup's last row sees no key of the tile's upper half: the lower half
+                # alone is masked and exponentiated, the upper half's P is 0
+                if row0 + WG_ROWS - 1 + (k_len - q_len) < (n_hi - 1) * BN + BN // 2:
+                    s_lo = self.lower_half(acc_S)
+                    c_lo = self.lower_half(thr_qk.partition_C(cute.make_identity_tensor((WG_ROWS, BN))))
+                    mask.apply_mask(self.mask, atoms.acc_mn_view(s_lo), atoms.acc_mn_view(c_lo), row0,
+                                    (n_hi - 1) * BN, q_len, k_len)
+                    self.softmax_tile(atoms.acc_mn_view(s_lo), row_max, row_sum, scale_log2, corr)
+                    for i in cutlass.range_constexpr(cute.size(acc_S) // 2, cute.size(acc_S)):
+                        acc_S[i] = 0.0
+                else:
+                    self.mask_tile(acc_S, cS, row0, n_hi - 1, q_len, k_len, n_mask, mask_lo, win)
+                    self.softmax_tile(atoms.acc_mn_view(acc_S), row_max, row_sum, scale_log2, corr)
+            else:
+                self.mask_tile(acc_S, cS, row0, n_hi - 1, q_len, k_len, n_mask, mask_lo, win)
+                corr = cute.make_rmem_tensor(n_rows, cutlass.Float32)  # O's per-row rescale factor
+                self.softmax_tile(atoms.acc_mn_view(acc_S), row_max, row_sum, scale_log2, corr)
             tOrP_c = self.p_operand_view(acc_S, tOrP)
             self.store_p(acc_S, tOrP, tOrP_c, ltid)
             # P·V overwrites O on the first key tile and accumulates afterwards.
@@ -2256,6 +2284,14 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                                            self.ex2_degree, self.ex2_pairs)
         else:
             softmax.online_softmax(s_mn, row_max, row_sum, scale_log2, corr=corr)
+
+    def lower_half(self, t):
+        """A WGMMA accumulator partition ``((2, 2, V), 1, 1)`` (or an identity tensor partitioned
+        like one) restricted to its first V/2 column groups: the tile's first half of columns
+        (column 8·v + 2·(lane % 4) + b of value (b, ·, v))."""
+        sh = t.layout.shape
+        return cute.make_tensor(t.iterator, cute.composition(
+            t.layout, cute.make_layout(((sh[0][0], sh[0][1], sh[0][2] // 2), sh[1], sh[2]))))
 
     def p_operand_view(self, acc_S, tOrP):
         """The view P is stored through (16-bit: the A fragment seen with S's layout)."""
