@@ -18,7 +18,7 @@ heads; ``fp8``: head_dim 128 with K/V rounded to e4m3 values, so that the e4m3-c
 the dense bf16 path see the same numbers; ``fp8tma``: the same over pages of 64-256 rows,
 ``fp8small`` of 16 and 32; ``ragged``: cached lengths on and off the key tiles). Each variant runs
 the shapes of its head_dim; variants with an e4m3 cache get the e4m3 copy of the pages and unit
-descales; variants with e4m3 q (fp8 WGMMAs) get q rounded to e4m3 and a unit q_descale. ``--dense``
+descales; variants with e4m3 q (fp8 WGMMAs) get q rounded to e4m3 and a unit q_descale. Packed-q kvcache variants run through ``bundle.attention_kvcache`` (``cu_seqlens_q``, by name). ``--dense``
 may also name an fp8 varlen forward (``attention_fp8``, V as K): it runs on the e4m3 copies, and the
 speedups stay against the fastest 16-bit dense build.
 """
@@ -71,6 +71,9 @@ SHAPE_SETS = {
     "tail": [(8, 128, 1000, 32, 8, 128, 16), (4, 512, 4000, 32, 8, 128, 16), (4, 512, 4096, 32, 8, 128, 16),
              (8, 128, 1000, 32, 8, 128, 64), (4, 512, 4000, 32, 8, 128, 64), (4, 512, 4096, 32, 8, 128, 64),
              (1, 2048, 32000, 32, 8, 128, 64)],
+    # pages of 16 rows (vLLM's default), lengths on and off the key tiles
+    "page16": [(8, 128, 1000, 32, 8, 128, 16), (4, 512, 4096, 32, 8, 128, 16), (4, 512, 4000, 32, 8, 128, 16),
+               (1, 2048, 32768, 32, 8, 128, 16)],
     # the TMA page boxes' producer: pages of 16/32/64 rows, head_dim 128 and 256
     "boxes": [(8, 128, 1000, 32, 8, 128, 16), (4, 512, 4000, 32, 8, 128, 16), (4, 512, 4096, 32, 8, 128, 16),
               (2, 2048, 8192, 32, 8, 128, 16), (1, 2048, 32768, 32, 8, 128, 16), (4, 512, 4096, 32, 8, 128, 32),
@@ -166,6 +169,13 @@ def main() -> None:
             extra = []
             if meta[name]["dtype"] == "e4m3":
                 qn, extra = q8, [qdesc]
+            if meta[name].get("varlen"):  # packed q (B·Sq tokens): through the API, by name
+                on = torch.empty_like(qp)
+                outs[name] = on
+                calls[name] = (lambda bd, n, on: lambda _i: bd.attention_kvcache(
+                    qp, kc, vc, seqlens, block_table=table, cu_seqlens_q=cu_q, max_seqlen_q=sq, variant=n,
+                    out=on, softmax_scale=scale))(*kv[name], on)
+                continue
             outs[name] = on
             calls[name] = (lambda bd, n, qn, kcn, vcn, on, extra: lambda _i: bd.launch(
                 n, [qn, kcn, vcn, on, lse_kv, table, seqlens, sinks, *extra, desc, scale, 0.0, -1, -1]))(

@@ -8,7 +8,7 @@ of one call on one device compare; across calls the same cubin moves several per
   python3 scripts/bench_kvcache_variants.py --bundle B --out OUT.json [--shapes mqa d64 ...]
       [--base-bundle B0] [--names GLOB ...]
 
-``--base-bundle``: the same variant names from a second bundle (e.g. built from an earlier commit),
+``--sequential-pages``: each sequence's pages in order (default: shuffled).  ``--base-bundle``: the same variant names from a second bundle (e.g. built from an earlier commit),
 timed in the same interleaved run under ``base:NAME``; ``--names``: only variants matching a glob
 (the rule's pick is always timed).  Each row carries the KV-read floor (K+V bytes the lengths cover,
 plus q and o, over this run's copy bandwidth).
@@ -43,6 +43,11 @@ SHAPES = {
                  (8, 8192, 64, 8, 64, None), (64, 4096, 32, 8, 128, 16), (64, 4096, 32, 8, 128, 64)],
     # head_dim 64 paged vs dense cache, the same builds by name
     "d64gap": [(8, 8192, 64, 8, 64, 16), (8, 8192, 64, 8, 64, None)],
+    # paged (page 16, 64, 1) beside the dense cache on the same lengths: head_dim 64 and 128, GQA and MQA
+    "pagerun": [(8, 8192, 64, 8, 64, 16), (8, 8192, 64, 8, 64, 64), (8, 8192, 64, 8, 64, 1), (8, 8192, 64, 8, 64, None),
+                (64, 1024, 32, 8, 64, 16), (64, 1024, 32, 8, 64, None), (16, 4096, 32, 8, 64, 16),
+                (16, 4096, 32, 8, 64, None), (16, 4096, 32, 8, 128, 16), (16, 4096, 32, 8, 128, None),
+                (8, 4096, 16, 1, 128, 16), (8, 4096, 16, 1, 128, None)],
     "mqamore": [(2, 4096, 16, 1, 128, 16), (1, 16384, 16, 1, 128, 16), (8, 2048, 16, 1, 128, 16),
                 (4, 8192, 32, 8, 128, 16), (1, 4096, 32, 8, 128, 16)],
 }
@@ -93,7 +98,7 @@ def run_dense(bundle, torch, shape, dtype, rounds, budget_s):
     return {"dense_shape": list(shape), "us": us, "rel_err": errs}
 
 
-def run_shape(bundle, torch, shape, dtype, rounds, budget_s, base=None, globs=None, copy_bw=None):
+def run_shape(bundle, torch, shape, dtype, rounds, budget_s, base=None, globs=None, copy_bw=None, sequential=False):
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -116,6 +121,8 @@ def run_shape(bundle, torch, shape, dtype, rounds, budget_s, base=None, globs=No
     else:  # pages dealt out in a shuffled order
         per = -(-ctx // ps)
         perm = torch.randperm(B * per, generator=gen, device="cuda")
+        if sequential:  # each sequence's pages in order, one after the other
+            perm = torch.arange(B * per, device="cuda")
         kc = torch.empty(B * per, ps, hkv, d, device="cuda", dtype=dt)
         vc = torch.empty_like(kc)
         pad = per * ps - ctx
@@ -173,6 +180,7 @@ def main() -> int:
     p.add_argument("--base-bundle", help="a second bundle: the same names timed as base:NAME")
     p.add_argument("--names", nargs="*", default=None, help="globs: only these variants (and the rule's pick)")
     p.add_argument("--dtype", default="bf16")
+    p.add_argument("--sequential-pages", action="store_true", help="pages in order (default: shuffled)")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--budget", type=float, default=0.02, help="GPU seconds per variant and pass")
     a = p.parse_args()
@@ -188,7 +196,7 @@ def main() -> int:
     rows = []
     for key in a.shapes:
         for shape in SHAPES[key]:
-            row = run_shape(b, torch, shape, a.dtype, a.rounds, a.budget, base, a.names, copy_bw)
+            row = run_shape(b, torch, shape, a.dtype, a.rounds, a.budget, base, a.names, copy_bw, a.sequential_pages)
             rows.append(row)
             best = min((v for k, v in row["us"].items() if k.startswith("sdpa")), default=float("nan"))
             print(f"{shape}: rule {row['rule']} {row['us']['rule']:.1f} µs, dense path "

@@ -7,7 +7,8 @@ attention path (B8 H64/8 D64 8k: the paged path's worst ratio to the dense one),
 D128 4k) paged and dense, and B8 H32/8 D128 8k over a bf16 and an fp8 e4m3 cache.  ``--fp8 NAME ...``:
 instead MQA B8 H16/1 4k, B8 H32/8 8k and B64 H32/8 2k (page 16) over a bf16 cache (the selection)
 and over e4m3 caches by each named fp8 variant that takes the shape, looked up in the bundles
-given (``--bundle B [B2 ...]``)."""
+given (``--bundle B [B2 ...]``).  ``--d64-variants NAME ...``: B8 H64/8 D64 8k by each named variant at the
+``--pages`` sizes, then the dense cache by the selection."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 FP8_SHAPES = [(8, 4096, 16, 1), (8, 8192, 32, 8), (64, 2048, 32, 8)]
 
 
-def problems(torch, b, only_mqa=(), variants=(), pages=(16,), fp8_variants=(), bundles=()):
+def problems(torch, b, only_mqa=(), variants=(), pages=(16,), fp8_variants=(), bundles=(), d64_variants=()):
     def paged(B, ctx, hq, hkv, d, ps, fp8=False, variant=None, bd=None):
         g = torch.Generator(device="cuda").manual_seed(B + ctx)
         per = ctx // ps
@@ -56,6 +57,15 @@ def problems(torch, b, only_mqa=(), variants=(), pages=(16,), fp8_variants=(), b
                 if bd is not None:
                     out[f"B{B} {ctx} H{hq}/{hkv} p16 fp8 {n}"] = paged(B, ctx, hq, hkv, 128, 16, True, n, bd)
         return out
+    if d64_variants:  # B8 H64/8 D64 8k by each named variant (from any bundle) at each page size, then the dense cache
+        out = {}
+        for ps in pages:
+            for n in d64_variants:
+                bd = next((x for x in bundles if any(e["name"] == n for e in x.candidates("attention_kvcache"))), None)
+                if bd is not None:
+                    out[f"B8 H64/8 D64 8k paged {ps} {n}"] = paged(8, 8192, 64, 8, 64, ps, variant=n, bd=bd)
+        out["B8 H64/8 D64 8k dense cache"] = dense(8, 8192, 64, 8, 64)
+        return out
     if only_mqa:  # the MQA problem by each named variant, at each page size
         return {f"MQA B8 H16/1 D128 4k paged {ps} {n}": paged(8, 4096, 16, 1, 128, ps, variant=n)
                 for ps in pages for n in variants}
@@ -76,7 +86,10 @@ def main() -> int:
     p.add_argument("--bundle", required=True, nargs="+", help="the first answers the selection's calls")
     p.add_argument("--mqa-variants", nargs="+", default=(),
                    help="profile only MQA B8 H16/1 D128 4k, once by each of these variant names")
-    p.add_argument("--pages", nargs="+", type=int, default=[16], help="with --mqa-variants: the page sizes")
+    p.add_argument("--d64-variants", nargs="+", default=(),
+                   help="profile only B8 H64/8 D64 8k, once by each of these variant names (from any --bundle), "
+                        "and the dense cache by the selection")
+    p.add_argument("--pages", nargs="+", type=int, default=[16], help="with --mqa-variants / --d64-variants: the page sizes")
     p.add_argument("--fp8", nargs="+", default=(), metavar="NAME",
                    help="fp8 decode variants (by name, from any --bundle; I:NAME only on shape I) beside the bf16 cache")
     a = p.parse_args()
@@ -87,7 +100,8 @@ def main() -> int:
     bundles = [Bundle.open(x) for x in a.bundle]
     b = bundles[0]
     fns = {}
-    for name, fn in problems(torch, b, bool(a.mqa_variants), a.mqa_variants, a.pages, a.fp8, bundles).items():
+    for name, fn in problems(torch, b, bool(a.mqa_variants), a.mqa_variants, a.pages, a.fp8, bundles,
+                             a.d64_variants).items():
         try:
             fn()
             fns[name] = fn

@@ -6,7 +6,8 @@ after a warm-up outside the profiled range, between ``torch.cuda.profiler.start(
   ncu --profile-from-start off --section SpeedOfLight --section WarpStateStats ... \\
       python3 scripts/ncu_kvcache_prefill.py --bundle B NAME:PS [NAME:PS ...]
 
-NAME:PS = a kvcache variant (dense q, causal) and the page size to run it on.  e4m3-cache variants
+NAME:PS = a kvcache variant (dense q, causal) and the page size to run it on; ``--dense NAME ...``: our
+dense varlen attention variants on the same tokens (packed q, contiguous K/V), profiled after them.  e4m3-cache variants
 get the e4m3 copy of the pages, e4m3-q variants q rounded to e4m3 and unit descales.  Prints the
 launch order (the profiler's kernel order)."""
 
@@ -24,6 +25,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--bundle", action="append", required=True, help="bundle(s) holding the variants")
     p.add_argument("--cached", type=int, default=4096, help="cached keys per sequence (default 4096)")
+    p.add_argument("--dense", nargs="*", default=[], help="dense varlen attention variants on the same tokens")
     p.add_argument("runs", nargs="+", help="NAME:PS")
     args = p.parse_args()
     import torch
@@ -61,6 +63,14 @@ def main() -> None:
         argv = [qn, kc, vc, o, lse, table, seqlens, torch.zeros(hq, device="cuda"), *extra,
                 torch.ones(2, hkv, device="cuda"), 1 / math.sqrt(d), 0.0, -1, -1]
         calls.append((run, (lambda bd, name, argv: lambda: bd.launch(name, argv))(bd, name, argv)))
+    qp, kp, vp = q.reshape(b * sq, hq, d), k.reshape(b * L, hkv, d), v.reshape(b * L, hkv, d)
+    cu_q = torch.arange(0, b * sq + 1, sq, dtype=torch.int32, device="cuda")
+    cu_k = torch.arange(0, b * L + 1, L, dtype=torch.int32, device="cuda")
+    o_d, lse_d = torch.empty_like(qp), torch.empty(hq, b * sq, device="cuda")
+    for name in args.dense:  # (packed q, contiguous packed K/V holding the same values)
+        bd = next(x for x in bundles if name in x.manifest["variants"])
+        argv = [qp, kp, vp, o_d, lse_d, cu_q, cu_k, 1 / math.sqrt(d), sq]
+        calls.append((f"{name}:dense", (lambda bd, name, argv: lambda: bd.launch(name, argv))(bd, name, argv)))
     for _, c in calls:
         c()
     torch.cuda.synchronize()

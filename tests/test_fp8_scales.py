@@ -226,8 +226,8 @@ def test_fake_checks_the_scales(test_bundle):
 
 @pytest.fixture(scope="module")
 def row_tiles_bundle(tmp_path_factory):
-    """The row-scaled 128x256 2x1 and 128x128 1x2 ping-pong tiles of the default tier and the
-    128x128 cooperative one, simulated on an H100."""
+    """The row-scaled 128x256 2x1 and 128x128 ping-pong tiles (1x2 plain and swizzled, 2x1) of the
+    default tier and the 128x128 cooperative ones, simulated on an H100."""
     if not HAVE_DSL:
         pytest.skip("nvidia-cutlass-dsl is not installed")
     from factory.compiler.builder import build
@@ -245,26 +245,37 @@ def _row_pick(sel, M, N, K):
     return sel.select_scaled(problem, (1, (1, 0), (1, 0))).name.decode()
 
 
-def test_row_selection_takes_the_pingpong_tile_from_m_1024(row_tiles_bundle):
-    """The 128x128 fp8 ping-pong tile (1x2 multicast) is ranked by its own cost-model rate and
-    competes from M = 1024, where it was timed on an H100 (0.95-1.06x torch's row-wise kernel at
-    M 1024-8192, against 0.82-0.97x for the 128x256 2x1 tile); below, the picks are the other tiles."""
+def test_row_selection_takes_the_pingpong_tiles_by_m(row_tiles_bundle):
+    """The 128x128 fp8 ping-pong tiles are ranked by their own cost-model rate in the M ranges
+    where they were timed on an H100: the 2x1 one at M 512..1024, the 1x2 ones above; of the 1x2
+    pair the cost model's DRAM term takes the swizzled one where the plain raster streams A or B
+    from DRAM many times (M 8192 with K >= 4096, N 2112) and the plain one elsewhere; below M 512
+    the picks are the other tiles."""
     sel = row_tiles_bundle.selector
     names = set(row_tiles_bundle.manifest["variants"])
-    pp = "gemm_sm90a_e4m3_obf16_ak_bk_t128x128x128_c1x2_pp_rm_sw1_fastacc_sk1_pdl_rowsc"
-    assert pp in names and "gemm_sm90a_e4m3_obf16_ak_bk_t128x256x128_c2x1_coop_rm_sw1_fastacc_sk1_pdl_rowsc" in names
-    for M, N, K in ((8192, 14336, 4096), (8192, 7168, 2048), (4096, 14336, 4096), (2048, 7168, 2048),
-                    (1024, 14336, 4096), (4096, 4096, 4096)):
+    pre = "gemm_sm90a_e4m3_obf16_ak_bk_t"
+    pp = pre + "128x128x128_c1x2_pp_rm_sw1_fastacc_sk1_pdl_rowsc"
+    swx = pre + "128x128x128_c1x2_pp_rm_sw8_swx_fastacc_sk1_pdl_rowsc"
+    pp21 = pre + "128x128x128_c2x1_pp_rm_sw1_fastacc_sk1_pdl_rowsc"
+    assert {pp, swx, pp21, pre + "128x256x128_c2x1_coop_rm_sw1_fastacc_sk1_pdl_rowsc"} <= names
+    for M, N, K in ((8192, 7168, 2048), (8192, 24576, 1536), (4096, 14336, 4096), (2048, 7168, 2048),
+                    (4096, 4096, 4096), (1025, 4096, 4096)):
         assert _row_pick(sel, M, N, K) == pp, (M, N, K)
-    for M, N, K in ((512, 14336, 4096), (768, 4096, 4096), (256, 7168, 2048), (1023, 4096, 4096)):
-        assert _row_pick(sel, M, N, K) != pp, (M, N, K)
+    for M, N, K in ((8192, 14336, 4096), (8192, 4096, 14336), (8192, 4096, 4096), (8192, 2112, 7168),
+                    (16384, 14336, 4096)):
+        assert _row_pick(sel, M, N, K) == swx, (M, N, K)
+    for M, N, K in ((512, 7168, 2048), (512, 14336, 4096), (512, 24576, 1536), (512, 4096, 4096),
+                    (512, 2112, 7168), (768, 7168, 2048), (1024, 4096, 4096), (1024, 14336, 4096)):
+        assert _row_pick(sel, M, N, K) == pp21, (M, N, K)
+    for M, N, K in ((511, 14336, 4096), (256, 7168, 2048), (128, 4096, 4096)):
+        assert _row_pick(sel, M, N, K) not in (pp, swx, pp21), (M, N, K)
     # the rate is a cost-model constant (fitting tools may set it): at the bf16 ping-pong rate the
     # 128x256 tile wins again at M 8192
     from factory.runtime import tuning
 
     sel.set_cost_model(sm90={**tuning.MODEL, "eff_pp_fp8": tuning.MODEL["eff_pp"]})
     try:
-        assert _row_pick(sel, 8192, 14336, 4096) != pp
+        assert _row_pick(sel, 8192, 14336, 4096) not in (pp, swx)
     finally:
         sel.set_cost_model()
-    assert _row_pick(sel, 8192, 14336, 4096) == pp
+    assert _row_pick(sel, 8192, 14336, 4096) == swx

@@ -95,8 +95,8 @@ def test_tiers(report):
     assert 2 <= len(tiers["test"]) - len(epi) <= 4 and len(epi) == 5
     # 46 kernels, the early_b twins of the decode ones and two more early_b decode tiles; 12 fp8
     # kernels with row or block scales and the early_b twins of their 2 decode ones; the 128x128
-    # fp8 ping-pong tile with row scales.
-    assert 8 <= len(tiers["default"]) <= 97
+    # fp8 ping-pong tiles with row scales (1x2 plain and swizzled, 2x1).
+    assert 8 <= len(tiers["default"]) <= 99
     assert len(tiers["full"]) > len(tiers["default"])
     for names in tiers.values():
         assert len(names) == len(set(names))

@@ -40,6 +40,7 @@ hides nothing.  The arguments are the attention contract's dense ones (``contrac
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any, ClassVar
 
 import cuda.bindings.driver as cuda
@@ -64,6 +65,8 @@ from .softmax import LN_2, LOG2_E
 HEAD_DIMS = (64, 128)
 KV_HEAD_DIMS = (64, 128, 256)  # the KV-cache build also takes head_dim 256 (bf16 paged caches)
 ROWS = 16  # query rows of a CTA: one m16n8k16 A fragment
+# page_run: key tiles per block of block-table entries (32 lanes / 4 row groups of a warp)
+TABLE_TILES = 8
 # Cluster sizes: 8 is the portable maximum; 16 needs the non-portable attribute, which the DSL's
 # exported module loader sets on every kernel.
 CLUSTER_SPLITS = (2, 4, 8, 16)
@@ -229,6 +232,15 @@ class AttentionDecodeKV(AttentionDecode):
     # workspace, then counts itself in its CTA group's arrival counter (``counters``); the split
     # that arrives last merges all of them in split order and sets the counter back to 0.
     last: bool = field(default=False, metadata={"tag": "lm"})
+    # ``page_run`` (bf16/f16 paged caches, head_dim <= 128; "full", for measuring): each thread copies
+    # R = tile_n / (threads / 8) consecutive rows of a tile, so over pages of >= R rows its rows lie in
+    # one page: one K and one V address per tile (its chunk address in page 0, row 0, taken once, +
+    # page · page stride + row · row stride), each further row one 64-bit add.  The block-table
+    # entries come TABLE_TILES tiles at a time, one per lane (lane l: tile l / 4 of the block, the
+    # warp's row group l % 4), read a block ahead, and reach the copying lanes by a shuffle.  Pages
+    # of fewer rows take the row-by-row copy.  Without it (the default) every row takes its own table
+    # entry, read one tile ahead, and its own index computation.
+    page_run: bool = field(default=False, metadata={"tag": "pr"})
     sources = (*AttentionDecode.sources, "atoms/e4m3_order.py", "atoms/sm90_e4m3.py", "atoms/sm90_matrix.py")
 
     @property
@@ -273,6 +285,8 @@ class AttentionDecodeKV(AttentionDecode):
             return "warp-own copies and the short copy addresses: the direct e4m3 build only"
         if not self.causal:
             return "built bottom-right causal (one query: the same as no mask)"
+        if self.page_run and (not self.paged or self.kv_dtype == "e4m3" or self.head_dim > 128):
+            return "page runs: bf16/f16 paged caches, head_dim <= 128"
         if self.last and (self.splits < 2 or self.cluster or self.splits % (self.threads // ROWS)
                           or (self.kv_dtype == "e4m3" and not self.direct)):
             return ("the last-arrival merge: workspace splits (a multiple of threads / 16, no cluster) of "
@@ -302,7 +316,7 @@ class AttentionDecodeKV(AttentionDecode):
             cluster=self.cluster, pdl=self.pdl, ilp=self.ilp, min_ctas=self.min_ctas,
             kv=True, paged=self.paged, local=self.local, softcap=self.softcap, sinks=self.sinks,
             fp8=self.kv_dtype == "e4m3", direct=self.direct, own=self.own, fast_addr=self.fast_addr,
-            last=self.last,
+            last=self.last, page_run=self.page_run,
         )
         if self.last:
             return k.kvcache_last
@@ -353,7 +367,7 @@ class AttentionDecodeKVRope(AttentionDecodeKV):
             warps=self.warps, stages=self.stages, causal=self.causal, splits=self.splits,
             cluster=self.cluster, pdl=self.pdl, ilp=self.ilp, min_ctas=self.min_ctas,
             kv=True, paged=self.paged, local=self.local, softcap=self.softcap, sinks=self.sinks,
-            rope=ROPE_INTERLEAVED if self.interleaved else ROPE_NEOX,
+            rope=ROPE_INTERLEAVED if self.interleaved else ROPE_NEOX, page_run=self.page_run,
         )
         return k.kvcache_rope_split if self.splits > 1 and not self.cluster else k.kvcache_rope
 
@@ -471,8 +485,13 @@ class FlashDecodeSm90:
                  splits: int, cluster: bool, pdl: bool = False, ilp: bool = False, min_ctas: int = 0,
                  kv: bool = False, paged: bool = False, local: bool = False, softcap: bool = False,
                  sinks: bool = False, fp8: bool = False, direct: bool = False, own: bool = False,
-                 fast_addr: bool = False, rope: int = 0, last: bool = False):
+                 fast_addr: bool = False, rope: int = 0, last: bool = False, page_run: bool = False):
         self.dtype = dtype
+        # ``page_run`` (bf16/f16 paged caches, head_dim <= 128; AttentionDecodeKV.page_run): a thread's
+        # copy rows are consecutive (one page over pages of >= rows_run rows), the table entries a
+        # block of TABLE_TILES tiles ahead, one per lane (fetch_block, table_entry).
+        self.page_run = kv and paged and not fp8 and page_run and head_dim <= 128
+        self.rows_run = tile_n // (32 * warps // 8)
         # ``rope`` (KV-cache builds, bf16/f16 caches): q is rotated in the prologue, in shared
         # memory between its load and the registers' read (ROPE_NEOX / ROPE_INTERLEAVED).  0: off.
         self.rope = rope
@@ -780,6 +799,15 @@ class FlashDecodeSm90:
             # (their latency hides behind a tile's MMAs instead of stalling the copy issue).
             pages = cute.make_rmem_tensor((self.passes if self.fp8 else self.tile_n // (self.threads // 8),),
                                           cutlass.Int32)
+        run_ok = None  # (page_run) pages of >= rows_run rows: one table entry per thread per tile
+        raddr = None  # (page_run) this thread's K and V chunk byte addresses in page 0, row 0; byte strides
+        if cutlass.const_expr(self.page_run):
+            run_ok = ps_shift >= (self.rows_run.bit_length() - 1)
+            eb = self.dtype.width // 8
+            raddr = (cute.local_tile(mK[0, 0, kv_head, None], (vec,), (tidx % 8,)).iterator.toint(),
+                     cute.local_tile(mV[0, 0, kv_head, None], (vec,), (tidx % 8,)).iterator.toint(),
+                     cutlass.Uint64(mK.stride[0]) * eb, cutlass.Uint64(mK.stride[1]) * eb,
+                     cutlass.Uint64(mV.stride[0]) * eb, cutlass.Uint64(mV.stride[1]) * eb)
         kreg = vreg = None
         if cutlass.const_expr(self.fp8 and not self.direct):
             kreg = cute.make_rmem_tensor(cute.make_layout((self.passes, 16), stride=(16, 1)), mK.element_type)
@@ -850,6 +878,20 @@ class FlashDecodeSm90:
                     if n_hi - 2 - R >= n_lo:
                         self.fetch_pages_fp8(mBT, pages, batch, n_hi - 2 - R, k_len, tidx, ps_shift)
             cute.arch.cp_async_commit_group()
+        elif cutlass.const_expr(self.page_run):
+            if run_ok:
+                # the table entries of copies 0 .. 2·TABLE_TILES-1 (pages[0], pages[1]: a ring of two blocks)
+                for b in cutlass.range_constexpr(2):
+                    pages[b] = self.fetch_block(mBT, batch, b, n_lo, n_hi, k_len, tidx, ps_shift)
+                for s in cutlass.range_constexpr(S - 1):
+                    pg = self.table_entry(pages, s, tidx)
+                    if n_hi - 1 - s >= n_lo:
+                        self.load_kv_run(g2s_atom, sKV, pg, raddr, n_hi - 1 - s, s, k_len, tidx, ps_shift)
+                    cute.arch.cp_async_commit_group()
+            else:
+                self.prologue_rows(g2s_atom, mK, mV, mBT, pages, sKV, batch, kv_head, n_lo, n_hi, k_len, tidx,
+                                   ps_shift)
+            cute.arch.cp_async_wait_group(S - 1)
         else:
             for s in cutlass.range_constexpr(S - 1):
                 if n_hi - 1 - s >= n_lo:
@@ -888,95 +930,25 @@ class FlashDecodeSm90:
         row_max.fill(-cutlass.Float32.inf)
         row_sum.fill(0.0)
 
-        # ---- key tiles, last first; this warp computes its slice of each
-        for it in cutlass.range(n_hi - n_lo, unroll=1):
-            n_block = n_hi - 1 - it
-            slot = it % S
-            if cutlass.const_expr(not self.fp8 or self.direct):
-                cute.arch.cp_async_wait_group(S - 2)
-            if cutlass.const_expr(self.own):
-                cute.arch.sync_warp()  # this warp's rows of tile n_block visible; its slot (it-1)%S free
+        # ---- key tiles, last first; this warp computes its slice of each.  page_run: two copies of the
+        # loop, for pages of >= rows_run rows and row by row (one loop holding both copy paths took ~35
+        # more registers: head_dim 64, 4 warps 126 -> 160; head_dim 128 184 -> 168 with spills)
+        st = SimpleNamespace(raddr=raddr, S=S, BN=BN, D=D, BNW=BNW, n_lo=n_lo, n_hi=n_hi, mK=mK, mV=mV, mBT=mBT, batch=batch,
+                             kv_head=kv_head, tidx=tidx, ps_shift=ps_shift, k_len=k_len, pages=pages, sKV=sKV,
+                             sRawD=sRawD, sRaw=sRaw, addr=addr, g2s=g2s, g2s_atom=g2s_atom, tKgK=tKgK,
+                             tVgV=tVgV, tKVsKV=tKVsKV, tKVcKV=tKVcKV, thr_mma=thr_mma, tiled_mma=tiled_mma,
+                             tSrQ=tSrQ, tSsK=tSsK, tSrK=tSrK, tSrK_v=tSrK_v, s2r_K=s2r_K, tOsV=tOsV, tOrV=tOrV,
+                             tOrV_v=tOrV_v, s2r_V=s2r_V, acc_O=acc_O, row_max=row_max, row_sum=row_sum,
+                             scale_log2=scale_log2, score_mul=score_mul, cap=cap, n_mask=n_mask,
+                             mask_lo=mask_lo, row0=row0, q_len=q_len, group=group, win=win, wid=wid,
+                             raw_addr=raw_addr, lane_k=lane_k, lane_v=lane_v, kreg=kreg, vreg=vreg, R=R)
+        if cutlass.const_expr(self.page_run):
+            if run_ok:
+                self.key_loop(st, True)
             else:
-                cute.arch.barrier()  # tile n_block visible; slot (it-1)%S free for reuse
-            if cutlass.const_expr(self.direct):
-                # (the copies first: issued after the Q·Kᵀ MMAs instead, they ran 3-11 % slower)
-                if n_block - (S - 1) >= n_lo:
-                    self.load_raw(mK, mV, pages, sRawD, (it + S - 1) % S, kv_head, n_block - (S - 1), tidx,
-                                  ps_shift, k_len, addr)
-                    if n_block - S >= n_lo:
-                        self.fetch_pages_fp8(mBT, pages, batch, n_block - S, k_len, tidx, ps_shift)
-                cute.arch.cp_async_commit_group()
-            elif cutlass.const_expr(not self.fp8):
-                if n_block - (S - 1) >= n_lo:
-                    if cutlass.const_expr(self.paged):
-                        self.load_kv_paged(g2s_atom, mK, mV, pages, sKV, kv_head, n_block - (S - 1),
-                                           (it + S - 1) % S, k_len, tidx, ps_shift)
-                        if n_block - S >= n_lo:
-                            self.fetch_pages(mBT, pages, batch, n_block - S, k_len, tidx, ps_shift)
-                    else:
-                        load_kv(g2s, tKgK, tVgV, tKVsKV, tKVcKV, n_block - (S - 1), (it + S - 1) % S, k_len, BN)
-                cute.arch.cp_async_commit_group()
-
-            acc_S = cute.make_rmem_tensor(thr_mma.partition_shape_C((ROWS, BNW)), cutlass.Float32)
-            acc_S.fill(0.0)
-            acc_S1 = cute.make_rmem_tensor(thr_mma.partition_shape_C((ROWS, BNW)), cutlass.Float32)
-            if cutlass.const_expr(self.ilp):
-                acc_S1.fill(0.0)
-            if cutlass.const_expr(self.direct):
-                self.gemm_qk_raw(tiled_mma, acc_S, tSrQ, raw_addr + slot * (2 * BN * D) + lane_k)
-            else:
-                nk = cute.size(tSsK.shape[2])
-                cute.copy(s2r_K, tSsK[None, None, 0, 2 * slot], tSrK_v[None, None, 0])
-                for kk in cutlass.range_constexpr(nk):
-                    if cutlass.const_expr(kk + 1 < nk):
-                        cute.copy(s2r_K, tSsK[None, None, kk + 1, 2 * slot], tSrK_v[None, None, kk + 1])
-                    if cutlass.const_expr(self.ilp and kk % 2 == 1):
-                        cute.gemm(tiled_mma, acc_S1, tSrQ[None, None, kk], tSrK[None, None, kk], acc_S1)
-                    else:
-                        cute.gemm(tiled_mma, acc_S, tSrQ[None, None, kk], tSrK[None, None, kk], acc_S)
-            if cutlass.const_expr(self.ilp):
-                acc_S.store(acc_S.load() + acc_S1.load())
-
-            if cutlass.const_expr(self.softcap):
-                # (a select per score: an ``if`` would yield the whole fragment through each branch)
-                on = cap > 0.0
-                for i in cutlass.range_constexpr(cute.size(acc_S)):
-                    acc_S[i] = cutlass.select_(on, cute.math.tanh(acc_S[i] * score_mul, fastmath=True) * cap, acc_S[i])
-            if cutlass.const_expr(self.local):
-                if n_block >= n_mask or n_block < mask_lo:
-                    cS = thr_mma.partition_C(cute.make_identity_tensor((ROWS, BNW)))  # (row, col)
-                    mask.apply_mask(self.mask, acc_mn_view(acc_S), acc_mn_view(cS), row0, n_block * BN + wid * BNW,
-                                    q_len, k_len, group=group, win=win)
-            elif n_block >= n_mask:
-                cS = thr_mma.partition_C(cute.make_identity_tensor((ROWS, BNW)))  # (row, col)
-                mask.apply_mask(self.mask, acc_mn_view(acc_S), acc_mn_view(cS), row0, n_block * BN + wid * BNW,
-                                q_len, k_len, group=group)
-            if cutlass.const_expr(self.direct):
-                # O's rows rescaled only where some row's max moved (a correction of exactly 1
-                # changes nothing): after the first tiles most tiles skip the 64 multiplies
-                corr = cute.make_rmem_tensor(cute.size(row_max), cutlass.Float32)
-                softmax.online_softmax(acc_mn_view(acc_S), row_max, row_sum, scale_log2, corr=corr)
-                self.rescale_if_moved(acc_O, corr)
-            else:
-                softmax.online_softmax(acc_mn_view(acc_S), row_max, row_sum, scale_log2, o_mn=acc_mn_view(acc_O))
-
-            if cutlass.const_expr(self.direct):
-                self.gemm_pv_raw(tiled_mma, acc_O, acc_S, raw_addr + slot * (2 * BN * D) + BN * D + lane_v)
-            else:
-                mma_sync.gemm_pv(tiled_mma, acc_O, acc_S, self.mdtype, tOsV, tOrV, tOrV_v, s2r_V, slot)
-            if cutlass.const_expr(self.fp8 and not self.direct):
-                # tile it+1 (its group is it+2: R-1 later groups may still fly) converted into the
-                # freed slot, its raw slot refilled with tile it+1+R (after the stores: in-order
-                # issue keeps this thread's reads of the slot before the new copy's writes)
-                if n_block - 1 >= n_lo:
-                    cute.arch.cp_async_wait_group(R - 1)
-                    self.convert_fp8(sRaw, (it + 1) % R, kreg, vreg, sKV, (it + 1) % S, tidx, n_block - 1, k_len)
-                    if n_block - 1 - R >= n_lo:
-                        self.load_fp8_async(mK, mV, pages, sRaw, (it + 1) % R, kv_head, n_block - 1 - R, tidx,
-                                            ps_shift)
-                        if n_block - 2 - R >= n_lo:
-                            self.fetch_pages_fp8(mBT, pages, batch, n_block - 2 - R, k_len, tidx, ps_shift)
-                cute.arch.cp_async_commit_group()
+                self.key_loop(st, False)
+        else:
+            self.key_loop(st, False)
 
         # ---- the warps' partials meet in the (now free) ring
         cute.arch.cp_async_wait_group(0)
@@ -1088,6 +1060,177 @@ class FlashDecodeSm90:
             if cutlass.const_expr(self.last):
                 self.merge_last(mOp, mLp, mO, mLSE, mCnt, mSinks, storage.bar.data_ptr(), f32, batch, kv_head,
                                 bx // SP, (n_rows + ROWS - 1) // ROWS, mQ.shape[2], row0, n_rows, group, tidx)
+
+    @cute.jit
+    def key_loop(self, st, run: cutlass.Constexpr):
+        """The key tiles of this split, last first (the kernel's state in ``st``); ``run``
+        (page_run): the copies of pages of >= rows_run rows (load_kv_run), else row by row."""
+        raddr = st.raddr
+        S = st.S
+        BN = st.BN
+        D = st.D
+        BNW = st.BNW
+        n_lo = st.n_lo
+        n_hi = st.n_hi
+        mK = st.mK
+        mV = st.mV
+        mBT = st.mBT
+        batch = st.batch
+        kv_head = st.kv_head
+        tidx = st.tidx
+        ps_shift = st.ps_shift
+        k_len = st.k_len
+        pages = st.pages
+        sKV = st.sKV
+        sRawD = st.sRawD
+        sRaw = st.sRaw
+        addr = st.addr
+        g2s = st.g2s
+        g2s_atom = st.g2s_atom
+        tKgK = st.tKgK
+        tVgV = st.tVgV
+        tKVsKV = st.tKVsKV
+        tKVcKV = st.tKVcKV
+        thr_mma = st.thr_mma
+        tiled_mma = st.tiled_mma
+        tSrQ = st.tSrQ
+        tSsK = st.tSsK
+        tSrK = st.tSrK
+        tSrK_v = st.tSrK_v
+        s2r_K = st.s2r_K
+        tOsV = st.tOsV
+        tOrV = st.tOrV
+        tOrV_v = st.tOrV_v
+        s2r_V = st.s2r_V
+        acc_O = st.acc_O
+        row_max = st.row_max
+        row_sum = st.row_sum
+        scale_log2 = st.scale_log2
+        score_mul = st.score_mul
+        cap = st.cap
+        n_mask = st.n_mask
+        mask_lo = st.mask_lo
+        row0 = st.row0
+        q_len = st.q_len
+        group = st.group
+        win = st.win
+        wid = st.wid
+        raw_addr = st.raw_addr
+        lane_k = st.lane_k
+        lane_v = st.lane_v
+        kreg = st.kreg
+        vreg = st.vreg
+        R = st.R
+        for it in cutlass.range(n_hi - n_lo, unroll=1):
+            n_block = n_hi - 1 - it
+            slot = it % S
+            if cutlass.const_expr(not self.fp8 or self.direct):
+                cute.arch.cp_async_wait_group(S - 2)
+            if cutlass.const_expr(self.own):
+                cute.arch.sync_warp()  # this warp's rows of tile n_block visible; its slot (it-1)%S free
+            else:
+                cute.arch.barrier()  # tile n_block visible; slot (it-1)%S free for reuse
+            if cutlass.const_expr(self.direct):
+                # (the copies first: issued after the Q·Kᵀ MMAs instead, they ran 3-11 % slower)
+                if n_block - (S - 1) >= n_lo:
+                    self.load_raw(mK, mV, pages, sRawD, (it + S - 1) % S, kv_head, n_block - (S - 1), tidx,
+                                  ps_shift, k_len, addr)
+                    if n_block - S >= n_lo:
+                        self.fetch_pages_fp8(mBT, pages, batch, n_block - S, k_len, tidx, ps_shift)
+                cute.arch.cp_async_commit_group()
+            elif cutlass.const_expr(self.page_run):
+                if n_block - (S - 1) >= n_lo:
+                    if cutlass.const_expr(run):
+                        # copy j = it + S - 1 (from the top); at the first copy of block b, block b + 1's
+                        # entries are read into the ring slot block b - 1 held
+                        j = it + S - 1
+                        pg = self.table_entry(pages, j, tidx)
+                        self.load_kv_run(g2s_atom, sKV, pg, raddr, n_block - (S - 1), (it + S - 1) % S,
+                                         k_len, tidx, ps_shift)
+                        if j % TABLE_TILES == 0:
+                            b = j // TABLE_TILES + 1
+                            nxt = self.fetch_block(mBT, batch, b, n_lo, n_hi, k_len, tidx, ps_shift)
+                            if b % 2 == 0:
+                                pages[0] = nxt
+                            else:
+                                pages[1] = nxt
+                    else:
+                        self.load_kv_paged(g2s_atom, mK, mV, pages, sKV, kv_head, n_block - (S - 1),
+                                           (it + S - 1) % S, k_len, tidx, ps_shift)
+                        if n_block - S >= n_lo:
+                            self.fetch_pages(mBT, pages, batch, n_block - S, k_len, tidx, ps_shift)
+                cute.arch.cp_async_commit_group()
+            elif cutlass.const_expr(not self.fp8):
+                if n_block - (S - 1) >= n_lo:
+                    if cutlass.const_expr(self.paged):
+                        self.load_kv_paged(g2s_atom, mK, mV, pages, sKV, kv_head, n_block - (S - 1),
+                                           (it + S - 1) % S, k_len, tidx, ps_shift)
+                        if n_block - S >= n_lo:
+                            self.fetch_pages(mBT, pages, batch, n_block - S, k_len, tidx, ps_shift)
+                    else:
+                        load_kv(g2s, tKgK, tVgV, tKVsKV, tKVcKV, n_block - (S - 1), (it + S - 1) % S, k_len, BN)
+                cute.arch.cp_async_commit_group()
+
+            acc_S = cute.make_rmem_tensor(thr_mma.partition_shape_C((ROWS, BNW)), cutlass.Float32)
+            acc_S.fill(0.0)
+            acc_S1 = cute.make_rmem_tensor(thr_mma.partition_shape_C((ROWS, BNW)), cutlass.Float32)
+            if cutlass.const_expr(self.ilp):
+                acc_S1.fill(0.0)
+            if cutlass.const_expr(self.direct):
+                self.gemm_qk_raw(tiled_mma, acc_S, tSrQ, raw_addr + slot * (2 * BN * D) + lane_k)
+            else:
+                nk = cute.size(tSsK.shape[2])
+                cute.copy(s2r_K, tSsK[None, None, 0, 2 * slot], tSrK_v[None, None, 0])
+                for kk in cutlass.range_constexpr(nk):
+                    if cutlass.const_expr(kk + 1 < nk):
+                        cute.copy(s2r_K, tSsK[None, None, kk + 1, 2 * slot], tSrK_v[None, None, kk + 1])
+                    if cutlass.const_expr(self.ilp and kk % 2 == 1):
+                        cute.gemm(tiled_mma, acc_S1, tSrQ[None, None, kk], tSrK[None, None, kk], acc_S1)
+                    else:
+                        cute.gemm(tiled_mma, acc_S, tSrQ[None, None, kk], tSrK[None, None, kk], acc_S)
+            if cutlass.const_expr(self.ilp):
+                acc_S.store(acc_S.load() + acc_S1.load())
+
+            if cutlass.const_expr(self.softcap):
+                # (a select per score: an ``if`` would yield the whole fragment through each branch)
+                on = cap > 0.0
+                for i in cutlass.range_constexpr(cute.size(acc_S)):
+                    acc_S[i] = cutlass.select_(on, cute.math.tanh(acc_S[i] * score_mul, fastmath=True) * cap, acc_S[i])
+            if cutlass.const_expr(self.local):
+                if n_block >= n_mask or n_block < mask_lo:
+                    cS = thr_mma.partition_C(cute.make_identity_tensor((ROWS, BNW)))  # (row, col)
+                    mask.apply_mask(self.mask, acc_mn_view(acc_S), acc_mn_view(cS), row0, n_block * BN + wid * BNW,
+                                    q_len, k_len, group=group, win=win)
+            elif n_block >= n_mask:
+                cS = thr_mma.partition_C(cute.make_identity_tensor((ROWS, BNW)))  # (row, col)
+                mask.apply_mask(self.mask, acc_mn_view(acc_S), acc_mn_view(cS), row0, n_block * BN + wid * BNW,
+                                q_len, k_len, group=group)
+            if cutlass.const_expr(self.direct):
+                # O's rows rescaled only where some row's max moved (a correction of exactly 1
+                # changes nothing): after the first tiles most tiles skip the 64 multiplies
+                corr = cute.make_rmem_tensor(cute.size(row_max), cutlass.Float32)
+                softmax.online_softmax(acc_mn_view(acc_S), row_max, row_sum, scale_log2, corr=corr)
+                self.rescale_if_moved(acc_O, corr)
+            else:
+                softmax.online_softmax(acc_mn_view(acc_S), row_max, row_sum, scale_log2, o_mn=acc_mn_view(acc_O))
+
+            if cutlass.const_expr(self.direct):
+                self.gemm_pv_raw(tiled_mma, acc_O, acc_S, raw_addr + slot * (2 * BN * D) + BN * D + lane_v)
+            else:
+                mma_sync.gemm_pv(tiled_mma, acc_O, acc_S, self.mdtype, tOsV, tOrV, tOrV_v, s2r_V, slot)
+            if cutlass.const_expr(self.fp8 and not self.direct):
+                # tile it+1 (its group is it+2: R-1 later groups may still fly) converted into the
+                # freed slot, its raw slot refilled with tile it+1+R (after the stores: in-order
+                # issue keeps this thread's reads of the slot before the new copy's writes)
+                if n_block - 1 >= n_lo:
+                    cute.arch.cp_async_wait_group(R - 1)
+                    self.convert_fp8(sRaw, (it + 1) % R, kreg, vreg, sKV, (it + 1) % S, tidx, n_block - 1, k_len)
+                    if n_block - 1 - R >= n_lo:
+                        self.load_fp8_async(mK, mV, pages, sRaw, (it + 1) % R, kv_head, n_block - 1 - R, tidx,
+                                            ps_shift)
+                        if n_block - 2 - R >= n_lo:
+                            self.fetch_pages_fp8(mBT, pages, batch, n_block - 2 - R, k_len, tidx, ps_shift)
+                cute.arch.cp_async_commit_group()
 
     @cute.jit
     def merge_last(self, mOp, mLp, mO, mLSE, mCnt, mSinks, flag_ptr, f32, batch, kv_head, rb, row_blocks, heads_q,
@@ -1252,6 +1395,71 @@ class FlashDecodeSm90:
                     col = cc * 8 + tidx % 8
                     cute.local_tile(sKV[row, None, 2 * slot], (vec,), (col,)).fill(0)
                     cute.local_tile(sKV[row, None, 2 * slot + 1], (vec,), (col,)).fill(0)
+
+    @cute.jit
+    def prologue_rows(self, g2s_atom, mK, mV, mBT, pages, sKV, batch, kv_head, n_lo, n_hi, k_len, tidx, ps_shift):
+        """The paged prologue row by row (fetch_pages, load_kv_paged): tiles n_hi-1 .. n_hi-S+1 into
+        slots 0.., one cp.async group each, then the next tile's pages."""
+        S = self.stages
+        for s in cutlass.range_constexpr(S - 1):
+            if n_hi - 1 - s >= n_lo:
+                self.fetch_pages(mBT, pages, batch, n_hi - 1 - s, k_len, tidx, ps_shift)
+                self.load_kv_paged(g2s_atom, mK, mV, pages, sKV, kv_head, n_hi - 1 - s, s, k_len, tidx, ps_shift)
+            cute.arch.cp_async_commit_group()
+        if n_hi - S >= n_lo:
+            self.fetch_pages(mBT, pages, batch, n_hi - S, k_len, tidx, ps_shift)
+
+    @cute.jit
+    def fetch_block(self, mBT, batch, b, n_lo, n_hi, k_len, tidx, ps_shift):
+        """``page_run``: this lane's block-table entry of block ``b`` (copies j = b·TABLE_TILES ..,
+        copy j = key tile n_hi - 1 - j): lane l holds the page of copy b·TABLE_TILES + l / 4, row
+        group l % 4 of its warp (rows g·R .. g·R+R-1 of the tile, g = 4·warp + l % 4, all in one
+        page); 0 for tiles below n_lo and rows past k_len (not read)."""
+        lane = tidx % 32
+        n_block = n_hi - 1 - (b * TABLE_TILES + lane // 4)
+        key = n_block * self.tile_n + ((tidx // 32) * 4 + lane % 4) * self.rows_run
+        pg = 0
+        if n_block >= n_lo and key < k_len:
+            pg = mBT[batch, key >> ps_shift]
+        return pg
+
+    @cute.jit
+    def table_entry(self, pages, j, tidx):
+        """``page_run``: the page of this thread's rows in copy ``j``, from the lane of the ring that
+        holds it (fetch_block; ring slot (j / TABLE_TILES) % 2).  Every lane of the warp takes part."""
+        if cutlass.const_expr(isinstance(j, int)):  # (the prologue's copies)
+            held = pages[(j // TABLE_TILES) % 2]
+        else:
+            held = cutlass.select_((j // TABLE_TILES) % 2 == 0, pages[0], pages[1])
+        return cute.arch.shuffle_sync(held, (j % TABLE_TILES) * 4 + (tidx % 32) // 8)
+
+    @cute.jit
+    def load_kv_run(self, g2s_atom, sKV, page, raddr, n_block, slot, k_len, tidx, ps_shift):
+        """``page_run``: cp.async this thread's rows g·R .. g·R+R-1 (g = tidx / 8, R = rows_run; chunk
+        tidx % 8 of each, and +8, +16 .. for wider heads) of K and V tile ``n_block`` into ``slot``, all
+        of them in ``page`` (table_entry): one K and one V address per tile from ``raddr`` (chunk
+        addresses in page 0, row 0; byte strides: unsigned 32x64-bit products of page and row), each
+        further row one row stride on; rows past k_len are zeroed."""
+        vec = 128 // self.dtype.width
+        R = self.rows_run
+        c = tidx % 8
+        row0 = (tidx // 8) * R
+        key0 = n_block * self.tile_n + row0
+        pg = cutlass.Uint64(cutlass.Uint32(page))
+        rw = cutlass.Uint64(cutlass.Uint32(key0 & ((1 << ps_shift) - 1)))
+        for i in cutlass.range_constexpr(2):
+            a = raddr[i] + cutlass.Int64(pg * raddr[2 + 2 * i] + rw * raddr[3 + 2 * i])
+            for r in cutlass.range_constexpr(R):
+                row = row0 + r
+                if key0 + r < k_len:
+                    for cc in cutlass.range_constexpr(self.head_dim // (8 * vec)):
+                        g = cute.make_tensor(cute.make_ptr(self.dtype, a + cutlass.Int64(raddr[3 + 2 * i] * r) + cc * 128,
+                                                           cute.AddressSpace.gmem, assumed_align=16),
+                                             cute.make_layout(vec))
+                        cute.copy(g2s_atom, g, cute.local_tile(sKV[row, None, 2 * slot + i], (vec,), (cc * 8 + c,)))
+                else:
+                    for cc in cutlass.range_constexpr(self.head_dim // (8 * vec)):
+                        cute.local_tile(sKV[row, None, 2 * slot + i], (vec,), (cc * 8 + c,)).fill(0)
 
     @cute.jit
     def copy_row(self, p, tidx):
@@ -1597,7 +1805,7 @@ def make_kv(target: str, dtype: str, head_dim: int, splits: int, *, paged: bool 
             switches: bool = False, kv_dtype: str | None = None, config: tuple | None = None,
             direct: bool = True, stages: int | None = None, min_ctas: int | None = None,
             pdl: bool | None = None, last: bool = False, own: bool = False,
-            fast_addr: bool = False) -> AttentionDecodeKV:
+            fast_addr: bool = False, page_run: bool = False) -> AttentionDecodeKV:
     """A KV-cache decode variant; fp8 caches take the direct build (``direct=False``: the converting
     one), in FP8_DIRECT's config unless ``config`` (tile_n, warps, ilp[, stages]) / ``stages`` say
     otherwise; ``pdl`` None: on for workspace splits merged by the combine kernel; ``last``: workspace
@@ -1623,7 +1831,7 @@ def make_kv(target: str, dtype: str, head_dim: int, splits: int, *, paged: bool 
                              pdl=(splits > 1 and not cluster and not last) if pdl is None else pdl,
                              ilp=ilp, min_ctas=mc, kv_dtype=kv_dtype or dtype, paged=paged, local=switches,
                              softcap=switches, sinks=switches, direct=direct, own=own and direct,
-                             fast_addr=fast_addr and direct, last=last)
+                             fast_addr=fast_addr and direct, last=last, page_run=page_run)
 
 
 @register("attention_kvcache")
@@ -1701,6 +1909,12 @@ def enumerate_decode_kv(target: Target, tier: str) -> list[AttentionDecodeKV]:
         if tier == "full":  # every split count, without PDL, for measuring
             out += [make_kv(t, "bf16", d, sp, config=KV_WIDE[d]) for d in HEAD_DIMS for sp in KV_SPLITS]
             out += [make_kv(t, "bf16", 128, 8, paged=False, config=KV_WIDE[128])]
+            # page runs (head_dim 64 and 128 at the split counts the rule takes for B8 H64/8 8k, B64 H32/8
+            # 1k, B16 H32/8 4k, MQA and B1 32k)
+            out += [make_kv(t, "bf16", 64, sp, config=cf, page_run=True) for sp in (1, 2, 4)
+                    for cf in (None, KV_WIDE[64])]
+            out += [make_kv(t, "bf16", 128, sp, page_run=True) for sp in (1, 2, 4)]
+            out += [make_kv(t, "bf16", 128, 16, last=True, config=KV_WIDE[128], page_run=True)]
     out = list({v.name: v for v in out}.values())
     return [v for v in out if v.can_implement() is None]
 

@@ -141,6 +141,14 @@ SM90_SCALED_DEFAULT = (
     # 14336 x 4096 on an H100: nvjet 128x128, 6 stages, 1x2; this tile 0.86x -> 0.94x of it, 8192 x
     # 7168 x 2048 0.84x -> 0.98x against the 128x256 2x1 it replaces there; notes/gemm-fp8.md).
     dict(**FP8, tile=(128, 128, 128), cluster=(1, 2), schedule="pp", fast_accum=True, row_scale=True),
+    # Its swizzled twin (groups of 8 clusters along N, no padding tiles): a quarter to a third of
+    # the plain raster's DRAM bytes where A and B stream from DRAM many times (M 8192, K >= 4096;
+    # N 2112); the cost model takes it there (its DRAM term) and the plain one elsewhere.
+    dict(**FP8, tile=(128, 128, 128), cluster=(1, 2), schedule="pp", fast_accum=True, swizzle=8, swizzle_exact=True,
+         row_scale=True),
+    # The 2x1 ping-pong tile (B multicast): the selection's pick at M 512..1024 (the fastest of these
+    # tiles at all 8 such shapes timed on an H100; notes/gemm-fp8.md).
+    dict(**FP8, tile=(128, 128, 128), cluster=(2, 1), schedule="pp", fast_accum=True, row_scale=True),
 )
 # The block-scaled tiles (DeepSeek-V3 scales).  Default: each with scale_b staged with the k-block
 # (scale_b_stage: 1058-1069 vs 991-1029 TFLOP/s at 4096x7168x16384 for 128x128 c2x1 on an H100, same
@@ -166,13 +174,11 @@ SM90_SCALED_FULL = SM90_BLOCK_TILES + tuple(dict(d, promote_ahead=True) for d in
     dict(**FP8, tile=(256, 128, 128), cluster=(1, 2), fast_accum=True, swizzle=8, row_scale=True),
     dict(**FP8, tile=(64, 256, 128), cluster=(1, 2), schedule="pp", fast_accum=True, row_scale=True),
     # Row scales on 128x128 ping-pong tiles (each consumer warpgroup a whole 128x128 tile, its
-    # epilogue under the other's main loop; the 1x2 one is in the default tier).
-    dict(**FP8, tile=(128, 128, 128), cluster=(2, 1), schedule="pp", fast_accum=True, row_scale=True),
+    # epilogue under the other's main loop; the plain 1x2 and 2x1 ones and the swizzled 1x2 one are
+    # in the default tier).
     dict(**FP8, tile=(128, 128, 128), cluster=(1, 2), schedule="pp", fast_accum=True, swizzle=8, row_scale=True),
     dict(**FP8, tile=(128, 128, 128), cluster=(2, 1), schedule="pp", fast_accum=True, swizzle=8, row_scale=True),
     # Swizzled without padding tiles (swizzle_exact).
-    dict(**FP8, tile=(128, 128, 128), cluster=(1, 2), schedule="pp", fast_accum=True, swizzle=8, swizzle_exact=True,
-         row_scale=True),
     dict(**FP8, tile=(128, 128, 128), cluster=(1, 2), schedule="pp", fast_accum=True, swizzle=4, swizzle_exact=True,
          row_scale=True),
     dict(**FP8, tile=(128, 128, 128), cluster=(2, 1), schedule="pp", fast_accum=True, swizzle=8, swizzle_exact=True,

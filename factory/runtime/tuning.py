@@ -222,7 +222,8 @@ MODEL = {
     # in us per 128x128 tile.
     "tail_us": 16.0,
     # 128x128 fp8 ping-pong tiles with fast accumulation (each consumer warpgroup a whole tile,
-    # its epilogue under the other's main loop; competing from M = 1024): fitted on the H100's
+    # its epilogue under the other's main loop; competing at M 512..1024 with a 2x1 cluster, above
+    # with any other: fx_select.c pp_fp8_competes): fitted on the H100's
     # row-scaled tiles by name at M 1024-16384 (regret 1.11 -> 1.007 over 9 shapes; notes/gemm-fp8.md).
     "eff_pp_fp8": 1.1,
 }

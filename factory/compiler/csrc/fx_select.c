@@ -471,10 +471,20 @@ FX_EXPORT int32_t fx_cost_model_set(const double *sm90, int32_t n90, const doubl
 
 /* --- the Hopper cost model: tuning._efficiency, tuning.estimate_us, tuning._dram_bytes -------- */
 #define FX_PP_FP8_MIN_M 1024
+#define FX_PP_FP8_2X1_MIN_M 512
 /* A 128x128 fp8 ping-pong tile with fast accumulation: each of its two consumer warpgroups owns a
    whole tile (two tiles per CTA in flight), the epilogue of one under the other's main loop. */
 static int pp_fp8_128(const fx_variant *v) {
     return v->sched_pp && v->fp8_acc == FX_ACC_FAST && v->tile[0] == 128 && v->tile[1] == 128;
+}
+
+/* The M range where a 128x128 fp8 ping-pong tile competes (where it was timed, H100, row scales,
+   notes/gemm-fp8.md): a 2x1 cluster (B multicast) at M 512..1024, the fastest tile of ours at all 8
+   shapes timed there (0.99-1.06x torch's row-wise kernel); any other cluster above M 1024 (at M
+   8192 the 2x1 tile ran 10-40 % behind the 1x2 one). */
+static int pp_fp8_competes(const fx_variant *v, int64_t M) {
+    if (v->cluster[0] == 2 && v->cluster[1] == 1) return M >= FX_PP_FP8_2X1_MIN_M && M <= FX_PP_FP8_MIN_M;
+    return M > FX_PP_FP8_MIN_M;
 }
 
 static double efficiency(const fx_variant *v, int64_t busy, int32_t sm_count) {
@@ -878,10 +888,10 @@ static int32_t gemm_choose(const gemm_ctx *g, int32_t *fits, int32_t n) {
             const fx_variant *v = &fx_variants[fits[i]];
             if (family == FX_FAMILY_SM90 && v->split_k > 1 && unsplit > 0 && !split_competes(v, g, sms))
                 continue;
-            /* the 128x128 fp8 ping-pong tile from M = 1024, where it was measured (H100, row
-               scales: 0.95-1.06x torch's row-wise kernel at M 1024-8192 against 0.82-0.97x for
-               the 128x256 2x1 tile; notes/gemm-fp8.md) */
-            if (family == FX_FAMILY_SM90 && pp_fp8_128(v) && g->M < FX_PP_FP8_MIN_M && others > 0) continue;
+            /* the 128x128 fp8 ping-pong tiles in the M ranges where they were measured (H100, row
+               scales: the 1x2 one 0.95-1.06x torch's row-wise kernel at M 2048-8192 against
+               0.82-0.97x for the 128x256 2x1 tile; pp_fp8_competes) */
+            if (family == FX_FAMILY_SM90 && pp_fp8_128(v) && others > 0 && !pp_fp8_competes(v, g->M)) continue;
             double t = family == FX_FAMILY_SM100 ? sm100_estimate_us(v, g->M, g->N, g->K, g->L, sms)
                                                  : estimate_us(v, g->M, g->N, g->K, g->L, sms);
             if (best < 0 || t < best_t || (t == best_t && strcmp(v->name, fx_variants[best].name) < 0)) {
