@@ -69,7 +69,7 @@ def test_slot_coords_twins():
     assert not any(v.slot_coords for v in _sm90("default"))
     # o_stmatrix (O into its smem slab by stmatrix): bf16 causal candidates in the full tier only,
     # named "..._om_sc_dy", refused for varlen O (16-byte global stores) and other families' kernels
-    om = [v for v in full if v.o_stmatrix]
+    om = [v for v in full if v.o_stmatrix and not v.diag_half]
     assert om and all(v.name.endswith("_om_sc_dy") and v.config() == {**by_name[v.name.replace("_om_", "_")].config(),
                                                                       "o_stmatrix": True} for v in om)
     assert any(r"STSM" in x for x in om[0].sass_requirements())
@@ -78,10 +78,12 @@ def test_slot_coords_twins():
     assert "o_stmatrix needs dense 16-bit O" in dataclasses.replace(plain, o_stmatrix=True).can_implement()
     # diag_half (the diagonal key tile's upper half skipped where a warpgroup sees none of it):
     # likewise "..._dh_sc_dy", causal only
-    dh = [v for v in full if v.diag_half]
+    dh = [v for v in full if v.diag_half and not v.o_stmatrix]
     assert dh and all(v.name.endswith("_dh_sc_dy") and v.config() == {**by_name[v.name.replace("_dh_", "_")].config(),
                                                                       "diag_half": True} for v in dh)
     assert all("diag_half" not in v.config() for v in full if not v.diag_half)
+    # both together: "..._dh_om_sc_dy"
+    assert {v.name for v in full if v.diag_half and v.o_stmatrix} == {v.name.replace("_om_", "_dh_om_") for v in om}
     nc = next(v for v in full if not v.causal and v.dtype == "bf16" and v.persistent)
     assert "diag_half needs causal" in dataclasses.replace(nc, diag_half=True).can_implement()
 

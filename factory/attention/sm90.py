@@ -593,7 +593,7 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm90]:
         # diagonal tile's upper half skipped
         out += [dataclasses.replace(v, **kw) for v in out
                 if v.slot_coords and v.causal and v.dtype == "bf16" and v.head_dim <= 128
-                for kw in ({"o_stmatrix": True}, {"diag_half": True})]
+                for kw in ({"o_stmatrix": True}, {"diag_half": True}, {"o_stmatrix": True, "diag_half": True})]
     out = list({v.name: v for v in out}.values())
     return [v for v in out if v.can_implement() is None]
 
