@@ -29,6 +29,7 @@ def main() -> int:
     import torch
 
     from factory.runtime import Bundle
+    from factory.runtime.attention import dense_workspace
 
     b = Bundle.open(a.bundle)
     B, H, S, D = (int(x) for x in a.shape.split(","))
@@ -63,7 +64,7 @@ def main() -> int:
             dt = torch.bfloat16 if e["dtype"] == "bf16" else torch.float16
             q, k, v = (torch.randn(B, S, H, D, device="cuda", generator=g).to(dt) for _ in range(3))
             o = torch.full_like(q, math.nan)
-            args = [q, k, v, o, torch.empty(B, H, S, device="cuda"), D ** -0.5]
+            args = [q, k, v, o, torch.empty(B, H, S, device="cuda"), *dense_workspace(torch, e, q), D ** -0.5]
         b.launch(name, args)
         torch.cuda.synchronize()
         if o.isnan().any():

@@ -21,7 +21,7 @@ def _sm90(tier):
 
 def test_names_configs_and_manifest():
     full = _sm90("full")
-    dyn = [v for v in full if v.dynamic]
+    dyn = [v for v in full if v.dynamic and not v.slot_coords]
     assert dyn and all(v.name.endswith("_dy") and v.persistent and not v.varlen for v in dyn)
     # each is the twin of a variant without it, whose name, config (cache key) and manifest lack it
     by_name = {v.name: v for v in full}
@@ -43,6 +43,49 @@ def test_names_configs_and_manifest():
     assert sorted((v.dtype, v.head_dim, v.tile_m) for v in _sm90("default") if v.dynamic) == [
         (dt, d, m) for dt in ("bf16", "f16") for d, m in ((64, 128), (64, 192), (128, 128))]
     assert {(64, 128), (64, 192), (128, 128)} <= {(v.head_dim, v.tile_m) for v in _sm90("full") if v.dynamic and v.causal}
+
+
+def test_slot_coords_twins():
+    """slot_coords (the producer passes each tile's coordinates with its index): a twin of every
+    dynamic variant in the full tier, named ``..._sc_dy``, whose cache key, manifest and arguments
+    differ from its twin's only by the switch; refused without dynamic; absent from the key of every
+    other variant."""
+    full = _sm90("full")
+    by_name = {v.name: v for v in full}
+    sc = [v for v in full if v.slot_coords and not v.o_stmatrix and not v.diag_half]
+    assert sc and {dataclasses.replace(v, slot_coords=False).name for v in sc} == {
+        v.name for v in full if v.dynamic and not v.slot_coords}
+    for v in sc:
+        assert v.name.endswith("_sc_dy") and v.dynamic and v.can_implement() is None
+        twin = by_name[v.name[:-6] + "_dy"]
+        assert v.config() == {**twin.config(), "slot_coords": True}
+        d, t = v.describe(), twin.describe()
+        assert d["tile_scheduler"] == {**t["tile_scheduler"], "coords": "from the producer warp"}
+        assert {k: x for k, x in d.items() if k != "tile_scheduler"} == {k: x for k, x in t.items() if k != "tile_scheduler"}
+        assert v.signature() == twin.signature()
+    assert all("slot_coords" not in v.config() for v in full if not v.slot_coords)
+    assert "slot_coords needs dynamic" in dataclasses.replace(sc[0], dynamic=False).can_implement()
+    # the default tier keeps the plain twins (the selection takes "<name>_dy")
+    assert not any(v.slot_coords for v in _sm90("default"))
+    # o_stmatrix (O into its smem slab by stmatrix): bf16 causal candidates in the full tier only,
+    # named "..._om_sc_dy", refused for varlen O (16-byte global stores) and other families' kernels
+    om = [v for v in full if v.o_stmatrix and not v.diag_half]
+    assert om and all(v.name.endswith("_om_sc_dy") and v.config() == {**by_name[v.name.replace("_om_", "_")].config(),
+                                                                      "o_stmatrix": True} for v in om)
+    assert any(r"STSM" in x for x in om[0].sass_requirements())
+    assert all("o_stmatrix" not in v.config() for v in full if not v.o_stmatrix)
+    plain = next(v for v in full if v.varlen and v.causal and v.dtype == "bf16")
+    assert "o_stmatrix needs dense 16-bit O" in dataclasses.replace(plain, o_stmatrix=True).can_implement()
+    # diag_half (the diagonal key tile's upper half skipped where a warpgroup sees none of it):
+    # likewise "..._dh_sc_dy", causal only
+    dh = [v for v in full if v.diag_half and not v.o_stmatrix]
+    assert dh and all(v.name.endswith("_dh_sc_dy") and v.config() == {**by_name[v.name.replace("_dh_", "_")].config(),
+                                                                      "diag_half": True} for v in dh)
+    assert all("diag_half" not in v.config() for v in full if not v.diag_half)
+    # both together: "..._dh_om_sc_dy"
+    assert {v.name for v in full if v.diag_half and v.o_stmatrix} == {v.name.replace("_om_", "_dh_om_") for v in om}
+    nc = next(v for v in full if not v.causal and v.dtype == "bf16" and v.persistent)
+    assert "diag_half needs causal" in dataclasses.replace(nc, diag_half=True).can_implement()
 
 
 def test_refusals():

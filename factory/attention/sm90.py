@@ -172,6 +172,20 @@ class AttentionSm90(AttentionVariant):
     # of scores through ex2.approx.ftz.bf16x2 (bf16 P).
     ex2_fma: int = field(default=0, metadata={"tag": "xf"})
     ex2_pairs: bool = field(default=False, metadata={"tag": "xb"})
+    # Causal: on a query tile's first (diagonal) key tile, a consumer warpgroup whose rows see no
+    # key of the tile's upper half masks and exponentiates only the lower half and writes P = 0
+    # into the upper one (half the exponentials of that tile for the upper warpgroup of a square
+    # diagonal tile).
+    diag_half: bool = field(default=False, metadata={"tag": "dh"})
+    # O from registers into its smem slab by stmatrix (8x8 16-bit matrices, four per instruction)
+    # instead of one 32-bit store per two elements (dense, 16-bit O by TMA store): fewer
+    # instructions in the epilogue (the 64 x 64 slab: 16 STS.32 and their swizzled addresses).
+    o_stmatrix: bool = field(default=False, metadata={"tag": "om"})
+    # With dynamic: the producer warp passes each tile's (query tile, q head, batch) with its index
+    # through the shared-memory slot (it computes them for its loads), so the consumer warps skip
+    # the schedule's integer divisions at every tile start.  (Declared before ``dynamic``: the
+    # name ends in ``_sc_dy``.)
+    slot_coords: bool = field(default=False, metadata={"tag": "sc"})
     # Persistent, dense: each CTA takes its next tile from a global tile counter (atomic add) as it
     # finishes one, instead of a fixed deal; the tiles in order (causal: longest rows first), the
     # producer warp passes each index to the consumers through a shared-memory slot.  The counter
@@ -188,7 +202,7 @@ class AttentionSm90(AttentionVariant):
         # the exponential options appear only where used (manifests and cache keys of the other
         # variants stay as they were)
         c = super().config()
-        for k in ("store_defer", "ex2_fma", "ex2_pairs", "dynamic"):
+        for k in ("store_defer", "ex2_fma", "ex2_pairs", "dynamic", "slot_coords", "o_stmatrix", "diag_half"):
             if not c[k]:
                 del c[k]
         return c
@@ -238,7 +252,7 @@ class AttentionSm90(AttentionVariant):
             rf"\bHGMMA\.64x{self.head_dim}x16\.F32{d} R\d+, R\d+, gdesc\[",
             r"\bUTMALDG\.3D\b" if self.varlen else r"\bUTMALDG\.4D\b", store,
             r"\bSYNCS\.", r"\bUSETMAXREG\.", r"\bMUFU\.EX2\b",
-        ) + ((r"\bVOTE\.ANY\b",) if self.lazy_rescale else ()) + (
+        ) + ((r"\bVOTE\.ANY\b",) if self.lazy_rescale else ()) + ((r"\bSTSM\.",) if self.o_stmatrix else ()) + (
             # kv_split: rank 1's partial by st.async into rank 0, after the cluster's barrier
             (r"\bSTAS\.128\b", r"\bUCGABAR_ARV\b") if self.kv_split else ()) + self.ex2_sass()
 
@@ -289,6 +303,14 @@ class AttentionSm90(AttentionVariant):
         if self.dynamic and (not self.persistent or self.varlen
                              or type(self).make_kernel is not AttentionSm90.make_kernel):
             return "dynamic needs persistent, dense, this family's own kernels"
+        if self.slot_coords and not self.dynamic:
+            return "slot_coords needs dynamic"
+        if self.o_stmatrix and (self.varlen or self.dtype not in ("bf16", "f16")
+                                or type(self).make_kernel is not AttentionSm90.make_kernel):
+            return "o_stmatrix needs dense 16-bit O (TMA store) and this family's own kernels"
+        if self.diag_half and (not self.causal or self.tile_n % 32 or self.ex2_fma or self.ex2_pairs
+                               or type(self).make_kernel is not AttentionSm90.make_kernel):
+            return "diag_half needs causal, tile_n a multiple of 32, the plain exponentials and this family's own kernels"
         if self.kv_split and (self.tile_m != WG_ROWS or not self.overlap or self.persistent or self.varlen
                               or self.early_rescale or self.lazy_rescale or self.k_first):
             return ("kv_split takes one 64-row query tile per CTA pair, overlap, dense, one tile per CTA "
@@ -326,6 +348,7 @@ class AttentionSm90(AttentionVariant):
                                           else "longest rows first") if self.causal
                                 else "query tiles fastest",
                                 **({"dynamic": "global tile counter"} if self.dynamic else {}),
+                                **({"coords": "from the producer warp"} if self.slot_coords else {}),
                                 **({"o_smem": "q slabs"} if self.o_in_q else {})} if self.persistent
                                else {"persistent": False}),
             # Resident CTAs per SM: the setmaxnreg budgets hand the CTA the whole register file
@@ -362,6 +385,7 @@ class AttentionSm90(AttentionVariant):
             k_first=self.k_first, o_in_q=self.o_in_q, lazy_rescale=self.lazy_rescale,
             const_wg=self.const_wg,
             kv_split=self.kv_split, store_defer=self.store_defer, dynamic=self.dynamic,
+            slot_coords=self.slot_coords, o_stmatrix=self.o_stmatrix, diag_half=self.diag_half,
         )
         self.set_ex2(k)
         if self.dynamic:
@@ -563,6 +587,13 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm90]:
         # the default tier)
         out += [dataclasses.replace(v, dynamic=True) for v in out[:len(problems)] + [make("bf16", 64, True, tile_m=128)]
                 if v.dtype == "bf16" and v.persistent and not v.varlen and (v.causal or v.head_dim == 128)]
+        # every dynamic variant with the tile coordinates passed by the producer warp
+        out += [dataclasses.replace(v, slot_coords=True) for v in out if v.dynamic]
+        # the bf16 causal head_dim 64 / 128 ones also with O into smem by stmatrix, or with the
+        # diagonal tile's upper half skipped
+        out += [dataclasses.replace(v, **kw) for v in out
+                if v.slot_coords and v.causal and v.dtype == "bf16" and v.head_dim <= 128
+                for kw in ({"o_stmatrix": True}, {"diag_half": True}, {"o_stmatrix": True, "diag_half": True})]
     out = list({v.name: v for v in out}.values())
     return [v for v in out if v.can_implement() is None]
 
@@ -775,10 +806,19 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                  gather: bool = False, local: bool = False, softcap: bool = False,
                  sinks: bool = False, wide_producer: bool = False, kv_dtype=None, fp8_stages: int = 1,
                  o_in_q: bool = False, lazy_rescale: bool = False, const_wg: bool = False,
-                 kv_split: bool = False, store_defer: bool = False, dynamic: bool = False):
+                 kv_split: bool = False, store_defer: bool = False, dynamic: bool = False,
+                 slot_coords: bool = False, o_stmatrix: bool = False, diag_half: bool = False):
         super().__init__(dtype=dtype, head_dim=head_dim, causal=causal, local=local)
         # persistent: the next tile from a global counter (AttentionSm90.dynamic)
         self.dynamic = persistent and dynamic
+        # dynamic: each tile's coordinates pass through the slot with its index (``take_tile``)
+        self.slot_coords = self.dynamic and slot_coords
+        # O into its smem slab by stmatrix (AttentionSm90.o_stmatrix)
+        self.o_stmatrix = o_stmatrix
+        # causal: the diagonal key tile's upper half skipped where a warpgroup sees none of it
+        self.diag_half = diag_half
+        # int32 words of the tile slots: two slots of the index (and the coordinates)
+        self.slot_words = (8 if self.slot_coords else 2) if self.dynamic else 0
         # persistent, O's own slabs: the O store's read of its slab waited for before the next
         # tile's O is written there (AttentionSm90.store_defer)
         self.store_defer = store_defer
@@ -957,7 +997,8 @@ class FlashFwdSm90(layout.TmaViewsKernel):
             vs_bars: cute.struct.MemRange[cutlass.Int64, 2 * self.stages if self.v_transpose else 0]
             # dynamic: the tile-index slots' barriers (full, full, empty, empty) and the slots
             tile_bars: cute.struct.MemRange[cutlass.Int64, 4 if self.dynamic else 0]
-            tile_slot: cute.struct.MemRange[cutlass.Int32, 2 if self.dynamic else 0]
+            # (slot_coords: index, query tile, q head, batch per slot)
+            tile_slot: cute.struct.MemRange[cutlass.Int32, self.slot_words]
             sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], _SMEM_ALIGN]
             sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], _SMEM_ALIGN]
             sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sV_layout)], _SMEM_ALIGN]
@@ -1204,7 +1245,7 @@ class FlashFwdSm90(layout.TmaViewsKernel):
             tile_bars, tile_slots = None, None
             if cutlass.const_expr(self.dynamic):
                 tile_bars = storage.tile_bars.data_ptr()
-                tile_slots = cute.make_tensor(storage.tile_slot.data_ptr(), cute.make_layout(2))
+                tile_slots = cute.make_tensor(storage.tile_slot.data_ptr(), cute.make_layout(self.slot_words))
             if warpgroup_idx == 0:
                 cute.arch.setmaxregister_decrease(self.producer_regs)
                 if cutlass.const_expr(self.dynamic):
@@ -1269,7 +1310,19 @@ class FlashFwdSm90(layout.TmaViewsKernel):
         stride``, ... (``tile_coords``; dynamic: the tiles the producer warp passes through
         ``tile_slots``), each through :meth:`consume`."""
         read = self.kv_state(False)
-        if cutlass.const_expr(self.dynamic):
+        if cutlass.const_expr(self.slot_coords):
+            n_tiles = n_m * mQ.shape[2] * n_batch
+            k = cutlass.Int32(0)
+            t, m_block, head, batch = self.take_tile_coords(k, tile_bars, tile_slots)
+            k = k + 1
+            while t < n_tiles:
+                read, q_phase = self.consumer_tile(t, wg, stride, n_m, n_batch, mQ, mK, mVt, mO, mLSE, mCuQ, mCuK,
+                                                   mDescale, scale_log2, tiled_mma_qk, tiled_mma_pv, tma_o, s2g,
+                                                   sQ, sO, sK, sV, q_bars, kv_pipes, tidx, q_phase, read,
+                                                   coords=(m_block, head, batch))
+                t, m_block, head, batch = self.take_tile_coords(k, tile_bars, tile_slots)
+                k = k + 1
+        elif cutlass.const_expr(self.dynamic):
             n_tiles = n_m * mQ.shape[2] * n_batch
             k = cutlass.Int32(0)
             t = self.take_tile(k, tile_bars, tile_slots)
@@ -1293,10 +1346,16 @@ class FlashFwdSm90(layout.TmaViewsKernel):
     @cute.jit
     def consumer_tile(self, t, wg, stride, n_m, n_batch, mQ, mK, mVt, mO, mLSE, mCuQ, mCuK, mDescale, scale_log2,
                       tiled_mma_qk, tiled_mma_pv, tma_o, s2g, sQ, sO, sK, sV, q_bars, kv_pipes, tidx, q_phase,
-                      read):
-        """One tile of :meth:`consumer_tiles` (slot ``t``): returns the K/V ring state and Q's phase."""
-        m_block, head, batch, real = self.tile_coords(t, stride, n_m, mQ.shape[2],
-                                                      n_batch, mK.shape[2], mCuQ)
+                      read, coords=None):
+        """One tile of :meth:`consumer_tiles` (slot ``t``; ``coords``: its (query tile, q head,
+        batch) as the producer passed them, a tile of the problem): returns the K/V ring state and
+        Q's phase."""
+        if cutlass.const_expr(coords is not None):
+            m_block, head, batch = coords
+            real = True
+        else:
+            m_block, head, batch, real = self.tile_coords(t, stride, n_m, mQ.shape[2],
+                                                          n_batch, mK.shape[2], mCuQ)
         if real:
             q_len, k_len, seqQ, seqK, seqVt, seqO, seqL = layout.sequence_views(
                 mQ, mK, mVt, mO, mLSE, mCuQ, mCuK, head, batch)
@@ -1332,25 +1391,48 @@ class FlashFwdSm90(layout.TmaViewsKernel):
         state = self.kv_state(True)
         q_phase = cutlass.Int32(0)
         k = cutlass.Int32(0)
-        self.publish_tile(t, k, tile_bars, tile_slots, lane)
-        k = k + 1
-        while t < n_tiles:
+        if cutlass.const_expr(self.slot_coords):
+            # each index goes out with its coordinates (computed once, here)
             m_block, head, batch, _ = self.tile_coords(t, stride, n_m, mQ.shape[2], n_batch, mK.shape[2])
-            q_len, k_len, seqQ, seqK, seqVt, seqO, seqL = layout.sequence_views(
-                mQ, mK, mVt, mO, mLSE, None, None, head, batch)
-            _, n_hi, _, n_mask = self.key_range(m_block, q_len, k_len)
-            state = self.produce(tma_q, seqQ, tma_k, seqK, tma_v, seqVt, sQ, sK, sV, q_bars, kv_pipes,
-                                 m_block, n_hi, state, q_phase)
-            if cutlass.const_expr(self.o_in_q):
-                if n_hi == 0:
-                    self.pass_q_slabs(q_bars, q_phase)
-                q_phase = q_phase ^ 1
-            else:
-                if n_hi > 0:
+            self.publish_tile(t, k, tile_bars, tile_slots, lane, (m_block, head, batch))
+            k = k + 1
+            while t < n_tiles:
+                q_len, k_len, seqQ, seqK, seqVt, seqO, seqL = layout.sequence_views(
+                    mQ, mK, mVt, mO, mLSE, None, None, head, batch)
+                _, n_hi, _, n_mask = self.key_range(m_block, q_len, k_len)
+                state = self.produce(tma_q, seqQ, tma_k, seqK, tma_v, seqVt, sQ, sK, sV, q_bars, kv_pipes,
+                                     m_block, n_hi, state, q_phase)
+                if cutlass.const_expr(self.o_in_q):
+                    if n_hi == 0:
+                        self.pass_q_slabs(q_bars, q_phase)
                     q_phase = q_phase ^ 1
-            t = stride + self.next_tile(counter, lane)
+                else:
+                    if n_hi > 0:
+                        q_phase = q_phase ^ 1
+                t = stride + self.next_tile(counter, lane)
+                m_block, head, batch, _ = self.tile_coords(t, stride, n_m, mQ.shape[2], n_batch, mK.shape[2])
+                self.publish_tile(t, k, tile_bars, tile_slots, lane, (m_block, head, batch))
+                k = k + 1
+        else:
             self.publish_tile(t, k, tile_bars, tile_slots, lane)
             k = k + 1
+            while t < n_tiles:
+                m_block, head, batch, _ = self.tile_coords(t, stride, n_m, mQ.shape[2], n_batch, mK.shape[2])
+                q_len, k_len, seqQ, seqK, seqVt, seqO, seqL = layout.sequence_views(
+                    mQ, mK, mVt, mO, mLSE, None, None, head, batch)
+                _, n_hi, _, n_mask = self.key_range(m_block, q_len, k_len)
+                state = self.produce(tma_q, seqQ, tma_k, seqK, tma_v, seqVt, sQ, sK, sV, q_bars, kv_pipes,
+                                     m_block, n_hi, state, q_phase)
+                if cutlass.const_expr(self.o_in_q):
+                    if n_hi == 0:
+                        self.pass_q_slabs(q_bars, q_phase)
+                    q_phase = q_phase ^ 1
+                else:
+                    if n_hi > 0:
+                        q_phase = q_phase ^ 1
+                t = stride + self.next_tile(counter, lane)
+                self.publish_tile(t, k, tile_bars, tile_slots, lane)
+                k = k + 1
         if lane == 0:
             old = cute.arch.atomic_add(counter + 1, cutlass.Int32(1), sem="acq_rel", scope="gpu")
             if old == cute.arch.grid_dim()[0] - 1:
@@ -1366,13 +1448,19 @@ class FlashFwdSm90(layout.TmaViewsKernel):
         return cute.arch.shuffle_sync(v, 0)
 
     @cute.jit
-    def publish_tile(self, t, k, tile_bars, tile_slots, lane):
+    def publish_tile(self, t, k, tile_bars, tile_slots, lane, coords=None):
         """The producer warp: tile index ``t`` into slot ``k % 2`` once every consumer thread has
-        read that slot's previous index (its "empty" barrier), then its "full" barrier."""
+        read that slot's previous index (its "empty" barrier), then its "full" barrier.
+        ``coords`` (slot_coords): the tile's (query tile, q head, batch) beside the index."""
         s = k % 2
         cute.arch.mbarrier_wait(tile_bars + 2 + s, ((k // 2) % 2) ^ 1)
         if lane == 0:
-            tile_slots[s] = t
+            if cutlass.const_expr(coords is not None):
+                tile_slots[4 * s] = t
+                for j in cutlass.range_constexpr(3):
+                    tile_slots[4 * s + 1 + j] = coords[j]
+            else:
+                tile_slots[s] = t
             cute.arch.mbarrier_arrive(tile_bars + s)
 
     @cute.jit
@@ -1384,6 +1472,18 @@ class FlashFwdSm90(layout.TmaViewsKernel):
         t = tile_slots[s]
         cute.arch.mbarrier_arrive(tile_bars + 2 + s)
         return t
+
+    @cute.jit
+    def take_tile_coords(self, k, tile_bars, tile_slots):
+        """:meth:`take_tile` of slot_coords: (index, query tile, q head, batch)."""
+        s = k % 2
+        cute.arch.mbarrier_wait(tile_bars + s, (k // 2) % 2)
+        t = tile_slots[4 * s]
+        m_block = tile_slots[4 * s + 1]
+        head = tile_slots[4 * s + 2]
+        batch = tile_slots[4 * s + 3]
+        cute.arch.mbarrier_arrive(tile_bars + 2 + s)
+        return t, m_block, head, batch
 
     @cute.jit
     def transpose_loop(self, vs_ptr, v_ptr, vs_layout, v_layout, vs_pipe, v_pipe, n_tiles, read, write,
@@ -1919,9 +2019,25 @@ class FlashFwdSm90(layout.TmaViewsKernel):
             warpgroup.wait_group(0)
             k_pipe.consumer_release(read)
             self.transform_scores(acc_S, cap)
-            self.mask_tile(acc_S, cS, row0, n_hi - 1, q_len, k_len, n_mask, mask_lo, win)
-            corr = cute.make_rmem_tensor(n_rows, cutlass.Float32)  # O's per-row rescale factor
-            self.softmax_tile(atoms.acc_mn_view(acc_S), row_max, row_sum, scale_log2, corr)
+            if cutlass.const_expr(self.diag_half):
+                corr = cute.make_rmem_tensor(n_rows, cutlass.Float32)  # O's per-row rescale factor
+                # this warpgroup's last row sees no key of the tile's upper half: the lower half
+                # alone is masked and exponentiated, the upper half's P is 0
+                if row0 + WG_ROWS - 1 + (k_len - q_len) < (n_hi - 1) * BN + BN // 2:
+                    s_lo = self.lower_half(acc_S)
+                    c_lo = self.lower_half(thr_qk.partition_C(cute.make_identity_tensor((WG_ROWS, BN))))
+                    mask.apply_mask(self.mask, atoms.acc_mn_view(s_lo), atoms.acc_mn_view(c_lo), row0,
+                                    (n_hi - 1) * BN, q_len, k_len)
+                    self.softmax_tile(atoms.acc_mn_view(s_lo), row_max, row_sum, scale_log2, corr)
+                    for i in cutlass.range_constexpr(cute.size(acc_S) // 2, cute.size(acc_S)):
+                        acc_S[i] = 0.0
+                else:
+                    self.mask_tile(acc_S, cS, row0, n_hi - 1, q_len, k_len, n_mask, mask_lo, win)
+                    self.softmax_tile(atoms.acc_mn_view(acc_S), row_max, row_sum, scale_log2, corr)
+            else:
+                self.mask_tile(acc_S, cS, row0, n_hi - 1, q_len, k_len, n_mask, mask_lo, win)
+                corr = cute.make_rmem_tensor(n_rows, cutlass.Float32)  # O's per-row rescale factor
+                self.softmax_tile(atoms.acc_mn_view(acc_S), row_max, row_sum, scale_log2, corr)
             tOrP_c = self.p_operand_view(acc_S, tOrP)
             self.store_p(acc_S, tOrP, tOrP_c, ltid)
             # P·V overwrites O on the first key tile and accumulates afterwards.
@@ -2030,10 +2146,15 @@ class FlashFwdSm90(layout.TmaViewsKernel):
             # the previous tile's TMA store has read this slab (its issuing warp waited)
             cute.arch.barrier(barrier_id=int(_Bar.EPILOGUE) + wg, number_of_threads=128)
         rO.store(acc_O.load().to(self.out_dtype))
-        r2s = cute.make_tiled_copy_C(
-            cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.out_dtype, num_bits_per_copy=32),
-            tiled_mma_pv).get_slice(ltid)
-        cute.copy(r2s, r2s.retile(rO), r2s.partition_D(sO))
+        if cutlass.const_expr(self.o_stmatrix):
+            st = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(False, 4), self.out_dtype)
+            r2s = cute.make_tiled_copy_C(st, tiled_mma_pv).get_slice(ltid)
+            cute.copy(r2s, r2s.retile(rO), r2s.partition_D(sO))
+        else:
+            r2s = cute.make_tiled_copy_C(
+                cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.out_dtype, num_bits_per_copy=32),
+                tiled_mma_pv).get_slice(ltid)
+            cute.copy(r2s, r2s.retile(rO), r2s.partition_D(sO))
         # generic-proxy smem writes -> visible to the TMA (async proxy), then all 128 threads
         cute.arch.fence_proxy("async.shared", space="cta")
         cute.arch.barrier(barrier_id=int(_Bar.EPILOGUE) + wg, number_of_threads=128)
@@ -2163,6 +2284,14 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                                            self.ex2_degree, self.ex2_pairs)
         else:
             softmax.online_softmax(s_mn, row_max, row_sum, scale_log2, corr=corr)
+
+    def lower_half(self, t):
+        """A WGMMA accumulator partition ``((2, 2, V), 1, 1)`` (or an identity tensor partitioned
+        like one) restricted to its first V/2 column groups: the tile's first half of columns
+        (column 8·v + 2·(lane % 4) + b of value (b, ·, v))."""
+        sh = t.layout.shape
+        return cute.make_tensor(t.iterator, cute.composition(
+            t.layout, cute.make_layout(((sh[0][0], sh[0][1], sh[0][2] // 2), sh[1], sh[2]))))
 
     def p_operand_view(self, acc_S, tOrP):
         """The view P is stored through (16-bit: the A fragment seen with S's layout)."""
