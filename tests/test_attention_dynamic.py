@@ -40,8 +40,10 @@ def test_names_configs_and_manifest():
     # the default tier has the causal head_dim 64 (128 and 192 rows) and 128 persistent builds'
     # twins (bf16 and fp16) (launches that may run at once count in different words: runtime/counters.py), the full
     # tier those and more
-    assert sorted((v.dtype, v.head_dim, v.tile_m) for v in _sm90("default") if v.dynamic) == [
+    default_dyn = [v for v in _sm90("default") if v.dynamic]
+    assert sorted((v.dtype, v.head_dim, v.tile_m) for v in default_dyn) == [
         (dt, d, m) for dt in ("bf16", "f16") for d, m in ((64, 128), (64, 192), (128, 128))]
+    assert all(v.slot_coords and v.name.endswith("_sc_dy") for v in default_dyn)  # (test_slot_coords_twins)
     assert {(64, 128), (64, 192), (128, 128)} <= {(v.head_dim, v.tile_m) for v in _sm90("full") if v.dynamic and v.causal}
 
 
@@ -65,8 +67,8 @@ def test_slot_coords_twins():
         assert v.signature() == twin.signature()
     assert all("slot_coords" not in v.config() for v in full if not v.slot_coords)
     assert "slot_coords needs dynamic" in dataclasses.replace(sc[0], dynamic=False).can_implement()
-    # the default tier keeps the plain twins (the selection takes "<name>_dy")
-    assert not any(v.slot_coords for v in _sm90("default"))
+    # the default tier holds these twins only (the selection tries "<name>_sc_dy", then "<name>_dy")
+    assert all(v.slot_coords for v in _sm90("default") if v.dynamic)
     # o_stmatrix (O into its smem slab by stmatrix): bf16 causal candidates in the full tier only,
     # named "..._om_sc_dy", refused for varlen O (16-byte global stores) and other families' kernels
     om = [v for v in full if v.o_stmatrix and not v.diag_half]
@@ -128,7 +130,7 @@ def test_selection_takes_the_dynamic_twin_for_causal_persistent(test_bundle):
     if not dyn:
         pytest.skip("no dynamic variant in the test bundle")
     full = _choose(b, "bf16", 128, True, False, 32 * 32 * 512, (32, 32, 32, 512, 512))[0]
-    assert full in dyn and full[:-3] in b.manifest["variants"], full
+    assert full in dyn and full.endswith("_sc_dy") and full[:-6] in b.manifest["variants"], full
     small = _choose(b, "bf16", 128, True, False, 8 * 512, (1, 8, 8, 512, 512))[0]
     assert small not in dyn and not b.manifest["variants"][small].get("tile_scheduler", {}).get("persistent"), small
 
