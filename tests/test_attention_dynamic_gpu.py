@@ -221,9 +221,13 @@ def test_two_graphs_replayed_at_once(entries):
         with torch.no_grad():
             _replay_at_once(by_name, what=e["name"])
     from factory.runtime.attention import _choose
+    from factory.runtime.errors import NoVariantError
 
     for d in (64, 128):
-        name = _choose(bundle, "bf16", d, True, False, 32 * 32 * 512, (32, 32, 32, 512, 512))[0]
+        try:
+            name = _choose(bundle, "bf16", d, True, False, 32 * 32 * 512, (32, 32, 32, 512, 512))[0]
+        except NoVariantError:  # (a bundle of dynamic builds alone: nothing for the selection to start from)
+            continue
         if not name.endswith("_dy"):
             continue
         qkv = [tuple(torch.randn(b, s, h, d, generator=gen, device="cuda").bfloat16() for _ in range(3))

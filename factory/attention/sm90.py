@@ -541,10 +541,12 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm90]:
     # S4096 565.2 vs 569.2, B1 H16 S16384 1052.9 vs 1044.8.  Launches that may run at the same time
     # count in different words (runtime/counters.py: per stream, per graph capture; fx_attention:
     # the caller's workspace).  Each with the tile coordinates handed over by the producer warp
-    # (slot_coords: no divisions per tile in the consumers), which the selection tries first: B32
-    # H32 S512 D64 137.9 vs 140.7 us, B8 H16 S2048 D64 (192 rows) 163.4 vs 167.5, D128 197.4 vs
-    # 197.9 and 231.3 vs 232.2.
-    out += [dataclasses.replace(v, dynamic=True, slot_coords=True) for v in out
+    # (slot_coords: no divisions per tile in the consumers; H100, B32 H32 S512 D64 137.9 vs 140.7 us,
+    # B8 H16 S2048 D64 (192 rows) 163.4 vs 167.5, D128 197.4 vs 197.9 and 231.3 vs 232.2), the
+    # diagonal tile's masked upper half skipped and O into its smem slab by stmatrix (diag_half,
+    # o_stmatrix; H200, B32 H32 S512 D64 130.6 vs 133.5 us, cuDNN 129.7; B8 H16 S2048 D64 (192 rows)
+    # 161.0 vs 164.8; B4 H32 S4096 561.7 vs 568.8), the twin the selection tries first.
+    out += [dataclasses.replace(v, dynamic=True, slot_coords=True, diag_half=True, o_stmatrix=True) for v in out
             if v.causal and v.persistent and not v.varlen and (v.head_dim, v.tile_m) in ((64, 128), (64, 192), (128, 128))]
     if tier == "full":
         # The tuner's alternatives (dense): scripts/tune.py attention picks among them per shape bucket.
@@ -591,14 +593,15 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm90]:
         # the default tier)
         out += [dataclasses.replace(v, dynamic=True) for v in out[:len(problems)] + [make("bf16", 64, True, tile_m=128)]
                 if v.dtype == "bf16" and v.persistent and not v.varlen and (v.causal or v.head_dim == 128)]
-        # the default tier's dynamic twins without the producer's tile coordinates (by name)
-        out += [dataclasses.replace(v, slot_coords=False) for v in out if v.slot_coords]
+        # the default tier's dynamic twins without the producer's tile coordinates, the diagonal
+        # half and the stmatrix epilogue (by name)
+        out += [dataclasses.replace(v, slot_coords=False, diag_half=False, o_stmatrix=False) for v in out if v.slot_coords]
         # every dynamic variant with the tile coordinates passed by the producer warp
         out += [dataclasses.replace(v, slot_coords=True) for v in out if v.dynamic]
-        # the bf16 causal head_dim 64 / 128 ones also with O into smem by stmatrix, or with the
+        # the causal head_dim 64 / 128 ones also with O into smem by stmatrix, or with the
         # diagonal tile's upper half skipped
         out += [dataclasses.replace(v, **kw) for v in out
-                if v.slot_coords and v.causal and v.dtype == "bf16" and v.head_dim <= 128
+                if v.slot_coords and v.causal and v.head_dim <= 128 and not (v.diag_half or v.o_stmatrix)
                 for kw in ({"o_stmatrix": True}, {"diag_half": True}, {"o_stmatrix": True, "diag_half": True})]
     out = list({v.name: v for v in out}.values())
     return [v for v in out if v.can_implement() is None]

@@ -1615,15 +1615,17 @@ done:
        (notes/attention-sm90.md): B32 H32 S512 head_dim 64 (128 rows) 140.2 / 142.6 us vs 147.8 / 148.9;
        head_dim 128 199.4 / 198.2 vs 201.4 / 205.9 (S512), 235.3 / 230.6 vs 239.5 / 234.4 (B8 H16 S2048),
        860.3 / 844.9 vs 872.0 / 856.3 (B4 H32 S4096), 1536.7 / 1518.1 vs 1631.7 / 1536.3 (B1 H16 S16384).
-       First the twin whose producer warp also hands the consumers each tile's coordinates ("_sc_dy":
-       no divisions per tile in the consumer warps): B32 H32 S512 head_dim 64 137.9 vs 140.7 us, B8 H16
-       S2048 163.4 vs 167.5 (192 rows), head_dim 128 197.4 vs 197.9, 231.3 vs 232.2. */
+       Twins in this order of preference: the diagonal tile's masked upper half skipped and O into
+       its smem slab by stmatrix, with the producer handing each tile's coordinates to the consumers
+       ("_dh_om_sc_dy"; H200, B32 H32 S512 head_dim 64 130.6 vs 133.5 us, B8 H16 S2048 161.0 vs 164.8,
+       192 rows); the coordinates alone ("_sc_dy": no divisions per tile in the consumer warps; H100,
+       B32 H32 S512 head_dim 64 137.9 vs 140.7 us, head_dim 128 197.4 vs 197.9); the plain twin. */
     if (result >= 0 && decode && causal && head_dim <= 128 && fx_variants[result].attn_sched == 1) {
-        static const char *const twin[2] = {"_sc_dy", "_dy"};
+        static const char *const twin[3] = {"_dh_om_sc_dy", "_sc_dy", "_dy"};
         const char *rn = fx_variants[result].name;
         size_t ln = strlen(rn);
         int32_t found = -1;
-        for (int32_t t = 0; t < 2 && found < 0; t++)
+        for (int32_t t = 0; t < 3 && found < 0; t++)
             for (int32_t i = 0; i < n; i++) {
                 const fx_variant *e = &fx_variants[cand[i]];
                 if (e->workspace == FX_WORKSPACE_TILE_COUNTERS && e->target == fx_variants[result].target &&
