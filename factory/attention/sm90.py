@@ -598,10 +598,10 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm90]:
         out += [dataclasses.replace(v, slot_coords=False, diag_half=False, o_stmatrix=False) for v in out if v.slot_coords]
         # every dynamic variant with the tile coordinates passed by the producer warp
         out += [dataclasses.replace(v, slot_coords=True) for v in out if v.dynamic]
-        # the causal head_dim 64 / 128 ones also with O into smem by stmatrix, or with the
-        # diagonal tile's upper half skipped
+        # the causal ones also with O into smem by stmatrix, or with the diagonal tile's upper half
+        # skipped
         out += [dataclasses.replace(v, **kw) for v in out
-                if v.slot_coords and v.causal and v.head_dim <= 128 and not (v.diag_half or v.o_stmatrix)
+                if v.slot_coords and v.causal and not (v.diag_half or v.o_stmatrix)
                 for kw in ({"o_stmatrix": True}, {"diag_half": True}, {"o_stmatrix": True, "diag_half": True})]
     out = list({v.name: v for v in out}.values())
     return [v for v in out if v.can_implement() is None]
