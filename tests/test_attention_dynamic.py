@@ -42,7 +42,7 @@ def test_names_configs_and_manifest():
     # tier those and more
     default_dyn = [v for v in _sm90("default") if v.dynamic]
     assert sorted((v.dtype, v.head_dim, v.tile_m) for v in default_dyn) == [
-        (dt, d, m) for dt in ("bf16", "f16") for d, m in ((64, 128), (64, 192), (128, 128))]
+        (dt, d, m) for dt in ("bf16", "f16") for d, m in ((64, 128), (64, 192), (128, 128), (256, 128))]
     assert all(v.slot_coords and v.diag_half and v.o_stmatrix and v.name.endswith("_dh_om_sc_dy")
                for v in default_dyn)  # (test_slot_coords_twins)
     assert {(64, 128), (64, 192), (128, 128)} <= {(v.head_dim, v.tile_m) for v in _sm90("full") if v.dynamic and v.causal}

@@ -164,7 +164,7 @@ def test_enumeration_and_names():
     # 128, which the selection takes in their place (tests/test_attention_dynamic.py)
     dyn = [v for v in default if v.dynamic]
     assert sorted((v.dtype, v.head_dim, v.tile_m) for v in dyn) == [
-        (dt, d, m) for dt in ("bf16", "f16") for d, m in ((64, 128), (64, 192), (128, 128))]
+        (dt, d, m) for dt in ("bf16", "f16") for d, m in ((64, 128), (64, 192), (128, 128), (256, 128))]
     assert all(v.causal and v.persistent and not v.varlen for v in dyn)
     assert all(dataclasses.replace(v, dynamic=False, slot_coords=False, diag_half=False, o_stmatrix=False).name in {u.name for u in default} for v in dyn)
     default = [v for v in default if not v.dynamic]

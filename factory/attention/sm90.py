@@ -532,7 +532,7 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm90]:
     # leaves through Q's slabs, so each tile's Q waits for the last O store), which the selection
     # takes for at most 512 keys: B32 H32 S512 400.1 vs 424.5 us (H100, interleaved by name)
     out += [dataclasses.replace(make(dt, 256, True), persistent=False, k_first=False) for dt in DTYPES]
-    # causal, dense, head_dim 64 on 128 and 192 rows and 128 (bf16 and fp16): the persistent builds'
+    # causal, dense, head_dim 64 on 128 and 192 rows, 128 and 256 (bf16 and fp16): the persistent builds'
     # dynamic twins (each next tile from a global counter), which the selection takes in their place
     # (fx_select.c attn_choose).  H100, interleaved by name, two calls: B32 H32 S512 D64 140.2 / 142.6
     # vs 147.8 / 148.9 us, D128 199.4 / 198.2 vs 201.4 / 205.9; D128 B8 H16 S2048 235.3 / 230.6 vs
@@ -545,9 +545,12 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm90]:
     # B8 H16 S2048 D64 (192 rows) 163.4 vs 167.5, D128 197.4 vs 197.9 and 231.3 vs 232.2), the
     # diagonal tile's masked upper half skipped and O into its smem slab by stmatrix (diag_half,
     # o_stmatrix; H200, B32 H32 S512 D64 130.6 vs 133.5 us, cuDNN 129.7; B8 H16 S2048 D64 (192 rows)
-    # 161.0 vs 164.8; B4 H32 S4096 561.7 vs 568.8), the twin the selection tries first.
+    # 161.0 vs 164.8; B4 H32 S4096 561.7 vs 568.8), the twin the selection tries first.  Head_dim
+    # 256 (H100, by name, vs the static persistent build): B4 H32 S4096 1654.4 vs 1803.6 us, B1 H16
+    # S16384 3251.8 vs 3267.3, B8 H16 S2048 452.0 vs 454.1, B4 H32/8 S2048 431.3 vs 430.6.
     out += [dataclasses.replace(v, dynamic=True, slot_coords=True, diag_half=True, o_stmatrix=True) for v in out
-            if v.causal and v.persistent and not v.varlen and (v.head_dim, v.tile_m) in ((64, 128), (64, 192), (128, 128))]
+            if v.causal and v.persistent and not v.varlen
+            and (v.head_dim, v.tile_m) in ((64, 128), (64, 192), (128, 128), (256, 128))]
     if tier == "full":
         # The tuner's alternatives (dense): scripts/tune.py attention picks among them per shape bucket.
         out += [make(dt, d, c, tile_m=tm, tile_n=tn, stages=s, overlap=ov, pingpong=pp, const_wg=False)

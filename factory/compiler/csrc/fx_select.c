@@ -1609,7 +1609,7 @@ static int32_t attn_choose(const fx_device_t *dev, int32_t dtype, int32_t head_d
         }
     }
 done:
-    /* Causal, head_dim <= 128, whichever rule or table chose it: the persistent variant's dynamic
+    /* Causal, whichever rule or table chose it: the persistent variant's dynamic
        twin (the same build whose CTAs take each next tile from a global counter, manifest workspace
        "tile_counters", named as it with "_dy") where the bundle has it.  H100, interleaved by name, two calls
        (notes/attention-sm90.md): B32 H32 S512 head_dim 64 (128 rows) 140.2 / 142.6 us vs 147.8 / 148.9;
@@ -1620,7 +1620,7 @@ done:
        ("_dh_om_sc_dy"; H200, B32 H32 S512 head_dim 64 130.6 vs 133.5 us, B8 H16 S2048 161.0 vs 164.8,
        192 rows); the coordinates alone ("_sc_dy": no divisions per tile in the consumer warps; H100,
        B32 H32 S512 head_dim 64 137.9 vs 140.7 us, head_dim 128 197.4 vs 197.9); the plain twin. */
-    if (result >= 0 && decode && causal && head_dim <= 128 && fx_variants[result].attn_sched == 1) {
+    if (result >= 0 && decode && causal && fx_variants[result].attn_sched == 1) {
         static const char *const twin[3] = {"_dh_om_sc_dy", "_sc_dy", "_dy"};
         const char *rn = fx_variants[result].name;
         size_t ln = strlen(rn);
