@@ -1620,7 +1620,7 @@ done:
        ("_dh_om_sc_dy"; H200, B32 H32 S512 head_dim 64 130.6 vs 133.5 us, B8 H16 S2048 161.0 vs 164.8,
        192 rows); the coordinates alone ("_sc_dy": no divisions per tile in the consumer warps; H100,
        B32 H32 S512 head_dim 64 137.9 vs 140.7 us, head_dim 128 197.4 vs 197.9); the plain twin. */
-    if (result >= 0 && decode && causal && fx_variants[result].attn_sched == 1) {
+    if (result >= 0 && decode && causal && fx_variants[result].attn_sched >= 1) { /* persistent (O in Q's slabs too) */
         static const char *const twin[3] = {"_dh_om_sc_dy", "_sc_dy", "_dy"};
         const char *rn = fx_variants[result].name;
         size_t ln = strlen(rn);
