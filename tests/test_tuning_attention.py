@@ -17,8 +17,9 @@ from factory.compiler.link import relink
 from factory.runtime import Bundle, tuning
 
 H100 = {"name": "NVIDIA H100 80GB HBM3", "sm_count": 132}
-# (the preferred persistent build as the selection takes it: its dynamic twin)
-BIG = "attention_sm90a_bf16_d128_m128_n128_s2_causal_ov_pp_er_ps_kf_lz_sd_dy"
+# (the preferred persistent build as the selection takes it: its dynamic twin with the producer's
+# tile coordinates)
+BIG = "attention_sm90a_bf16_d128_m128_n128_s2_causal_ov_pp_er_ps_kf_lz_sd_sc_dy"
 SMALL = "attention_sm90a_bf16_d128_m64_n128_s2_causal_ov"
 
 
