@@ -151,6 +151,31 @@ def test_graph_replay_changed_lengths_counters_zero(bundle):
                 assert (lse[full] - ref_lse[full]).abs().max().item() < 2e-2, what
 
 
+def mqa_problems(bundle, n: int, seed: int):
+    """The first bf16-cache paged last-arrival variant and ``n`` MQA problems (B8 H16/1, pages of 16,
+    up to 4096 keys, disjoint block tables over one shared page pool): (entry, k, v, [(q,
+    block_table, cache_seqlens)], float32 reference outputs).  Skips without such a variant."""
+    from factory.testing import attention_kvcache_reference
+
+    es = [e for e in last_entries(bundle, paged=True) if e.get("kv_dtype", "bf16") != "e4m3"]
+    if not es:
+        pytest.skip("no bf16-cache last-arrival variant")
+    e = es[0]
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    b, hq, hkv, d, ps, max_pages = 8, 16, 1, e["head_dim"], 16, 256
+    pool = n * b * max_pages + 100
+    k = torch.randn(pool, ps, hkv, d, device="cuda", generator=gen).to(torch.bfloat16)
+    v = torch.randn(pool, ps, hkv, d, device="cuda", generator=gen).to(torch.bfloat16)
+    perm = torch.randperm(pool, device="cuda", generator=gen)
+    inputs = []
+    for j in range(n):
+        q = torch.randn(b, 1, hq, d, device="cuda", generator=gen).to(torch.bfloat16)
+        bt = perm[j * b * max_pages:(j + 1) * b * max_pages].view(b, max_pages).to(torch.int32).contiguous()
+        sl = torch.randint(1, max_pages * ps + 1, (b,), generator=gen, device="cuda").to(torch.int32)
+        inputs.append((q, bt, sl))
+    return e, k, v, inputs, [attention_kvcache_reference(q, k, v, sl, bt)[0] for q, bt, sl in inputs]
+
+
 def test_capture_before_any_eager_call_in_subprocess(bundle):
     """A capture whose launch needs counters before any launch outside it allocated some: the
     capture takes words of its own (allocated and zeroed in the graph), the replays match the same
@@ -190,24 +215,7 @@ def test_two_graphs_replayed_at_once(bundle):
     streams, six rounds without waiting, beside eager launches on the capturing stream: each capture
     counts in words of its own, so every output of the last round matches float32 and every
     counter word is zero after."""
-    from factory.testing import attention_kvcache_reference
-
-    es = [e for e in last_entries(bundle, paged=True) if e.get("kv_dtype", "bf16") != "e4m3"]
-    if not es:
-        pytest.skip("no bf16-cache last-arrival variant")
-    e = es[0]
-    gen = torch.Generator(device="cuda").manual_seed(29)
-    b, hq, hkv, d, ps, max_pages, pool = 8, 16, 1, e["head_dim"], 16, 256, 6300
-    k = torch.randn(pool, ps, hkv, d, device="cuda", generator=gen).to(torch.bfloat16)
-    v = torch.randn(pool, ps, hkv, d, device="cuda", generator=gen).to(torch.bfloat16)
-    perm = torch.randperm(pool, device="cuda", generator=gen)
-    inputs = []
-    for j in range(3):
-        q = torch.randn(b, 1, hq, d, device="cuda", generator=gen).to(torch.bfloat16)
-        bt = perm[j * b * max_pages:(j + 1) * b * max_pages].view(b, max_pages).to(torch.int32).contiguous()
-        sl = torch.randint(1, max_pages * ps + 1, (b,), generator=gen, device="cuda").to(torch.int32)
-        inputs.append((q, bt, sl))
-    refs = [attention_kvcache_reference(q, k, v, sl, bt)[0] for q, bt, sl in inputs]
+    e, k, v, inputs, refs = mqa_problems(bundle, 3, seed=29)
     cap, a, c = torch.cuda.Stream(), torch.cuda.Stream(), torch.cuda.Stream()
     for variant in (e["name"], None):
         outs = [[torch.empty_like(inputs[j][0]) for _ in range(4)] for j in range(2)]
@@ -272,24 +280,8 @@ def test_two_streams_at_once(bundle):
     other (checked path by name, then the hot path of the selection's pick): each stream counts in
     its own words, so every result matches float32 and every counter word is zero after."""
     from factory.runtime import counters
-    from factory.testing import attention_kvcache_reference
 
-    es = [e for e in last_entries(bundle, paged=True) if e.get("kv_dtype", "bf16") != "e4m3"]
-    if not es:
-        pytest.skip("no bf16-cache last-arrival variant")
-    e = es[0]
-    gen = torch.Generator(device="cuda").manual_seed(11)
-    b, hq, hkv, d, ps, max_pages, pool = 8, 16, 1, e["head_dim"], 16, 256, 4200
-    k = torch.randn(pool, ps, hkv, d, device="cuda", generator=gen).to(torch.bfloat16)
-    v = torch.randn(pool, ps, hkv, d, device="cuda", generator=gen).to(torch.bfloat16)
-    perm = torch.randperm(pool, device="cuda", generator=gen)
-    inputs = []
-    for j in range(2):
-        q = torch.randn(b, 1, hq, d, device="cuda", generator=gen).to(torch.bfloat16)
-        bt = perm[j * b * max_pages:(j + 1) * b * max_pages].view(b, max_pages).to(torch.int32).contiguous()
-        sl = torch.randint(1, max_pages * ps + 1, (b,), generator=gen, device="cuda").to(torch.int32)
-        inputs.append((q, bt, sl))
-    refs = [attention_kvcache_reference(q, k, v, sl, bt)[0] for q, bt, sl in inputs]
+    e, k, v, inputs, refs = mqa_problems(bundle, 2, seed=11)
     streams = [torch.cuda.Stream(), torch.cuda.Stream()]
     with torch.no_grad():
         for variant in (e["name"], None):
