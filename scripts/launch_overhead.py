@@ -206,6 +206,8 @@ def main() -> int:
     p.add_argument("--attention-only", action="store_true", help="on a GPU: the reference attention problem "
                    "only (eager wall, host and graph replay beside SDPA; its hot path's breakdown): a bundle "
                    "without GEMM variants will do")
+    p.add_argument("--split-only", action="store_true", help="on a GPU: the GEMM shapes the selection splits "
+                   "along K (split-K workspaces): eager wall and graph replay per call, ours and the baseline's")
     p.add_argument("--baseline", help="a directory holding another copy of the package, timed alongside")
     p.add_argument("--repeats", type=int, default=7, help="timings per row")
     p.add_argument("--json", help="write the figures here")
@@ -214,6 +216,8 @@ def main() -> int:
         res = host_only(a.bundle, a.repeats, a.baseline)
     elif a.kvcache_only:
         res = kvcache_gpu(a.bundle, a.baseline, a.repeats)
+    elif a.split_only:
+        res = split_gpu(a.bundle, a.baseline, a.repeats)
     elif a.attention_only:
         import torch
 
@@ -227,6 +231,73 @@ def main() -> int:
     if a.json:
         Path(a.json).write_text(json.dumps(res, indent=1) + "\n")
     return 0
+
+
+SPLIT_SHAPES = [(64, 2112, 7168), (128, 2048, 768), (512, 3072, 5120), (2048, 2112, 7168), (3000, 5000, 7000),
+                (1, 264, 1032)]
+
+
+def _events_per_call(fn, calls: int, repeats: int, replay=None) -> float:
+    """Median over ``repeats`` of the µs per call of ``calls`` back-to-back calls (CUDA events)."""
+    import torch
+
+    times = []
+    for _ in range(repeats):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        e0.record()
+        for _ in range(calls):
+            fn()
+        e1.record()
+        e1.synchronize()
+        times.append(e0.elapsed_time(e1) * 1e3 / calls * (replay or 1))
+    return statistics.median(times)
+
+
+def split_gpu(bundle: str, baseline: str | None = None, repeats: int = 7) -> dict:
+    """bf16 GEMMs the selection runs as a split along K (the in-kernel fix-ups' workspaces), ours
+    and the baseline package's (alternately, same cubins) and cuBLAS: host µs per call (no wait),
+    eager wall per call of 50 back-to-back calls, and per call under graph replay (a graph of 10
+    calls, replayed 10 times a timing)."""
+    import torch
+
+    res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": {}}
+    b = Bundle.open(bundle)
+    b0 = baseline_bundle_class(baseline).open(bundle) if baseline else None
+    for M, N, K in SPLIT_SHAPES:
+        x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
+        out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+        calls = {"ours": lambda b=b: b.gemm(x, w, out), "cublas": lambda: torch.mm(x, w.t(), out=out)}
+        if b0 is not None:
+            calls["baseline"] = lambda: b0.gemm(x, w, out)
+        for fn in calls.values():
+            for _ in range(5):
+                fn()
+        torch.cuda.synchronize()
+        err = (out.float() - x.float() @ w.float().t()).norm() / (x.float() @ w.float().t()).norm()
+        name = next((v for k, v in b.selections.items() if k[2:5] == (M, N, K)), "")
+        graphs = {}
+        for n, fn in calls.items():
+            g = torch.cuda.CUDAGraph()
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s), torch.cuda.graph(g, stream=s):
+                for _ in range(10):
+                    fn()
+            torch.cuda.current_stream().wait_stream(s)
+            graphs[n] = g
+        row = {"variant": name, "rel_err": float(err)}
+        for rnd in range(2):
+            for n, fn in calls.items():
+                row.setdefault(f"{n}_host_us", []).append(timed({n: fn}, calls=200, repeats=3, sync=True)[n][0])
+                row.setdefault(f"{n}_eager_us", []).append(_events_per_call(fn, 50, repeats))
+                row.setdefault(f"{n}_graph_us", []).append(
+                    _events_per_call(graphs[n].replay, 10, repeats, replay=1 / 10))
+        row = {k: (round(statistics.median(v), 2) if isinstance(v, list) else v) for k, v in row.items()}
+        res["rows"][f"{M}x{N}x{K}"] = row
+        print(f"{M}x{N}x{K}", row, flush=True)
+    return res
 
 
 def kvcache_gpu(bundle: str, baseline: str | None = None, repeats: int = 7) -> dict:

@@ -3,8 +3,9 @@ or only the last round's: the tail split) on the GPU
 (skipped without one, or without such variants in the bundle): every split variant against float32
 on fresh random data with NaN-poisoned outputs (tails in M, N and K, K not a multiple of the split,
 parts with no k-block, a batch, M = 1..64), bitwise-identical results run to run (the fixed
-summation order), and CUDA-graph replays with new data (the semaphores are zero again for every
-launch)."""
+summation order), CUDA-graph replays with new data (the semaphores are zero again for every
+launch), and the per-stream workspaces (runtime/workspaces.py): problems of different tile counts
+back to back on one stream, on two streams at once, in one capture and beside eager launches."""
 
 import pytest
 
@@ -87,8 +88,8 @@ def test_results_are_bitwise_repeatable(bundle):
 
 def test_graph_replays_with_new_data(bundle):
     """Captured once, replayed with new inputs each time: a replay finds its semaphores at zero
-    (the workspace is the graph's, zeroed in the graph before the kernel; the kernel also leaves
-    them at zero) and every output is right."""
+    (the workspace is the capture's, its zero region filled at the start of the graph; the kernel
+    also leaves them at zero) and every output is right."""
     import torch
 
     from factory import testing
@@ -154,26 +155,145 @@ def test_the_kernel_leaves_its_semaphores_zero(bundle):
             assert testing.rel_error(out, _ref(a, b)) < testing.TOLERANCE["bf16"], v["name"]
 
 
-DIRTY_CHILD = r"""
+# Problems of few and of many output tiles (semaphore regions of 32 and more words) for the
+# per-stream workspaces' tests.
+MIXED = [(64, 2112, 7168), (2048, 2112, 7000), (300, 2112, 7000), (1100, 5376, 3000)]
+
+
+def _mixed_problems():
+    import torch
+
+    probs = []
+    for M, N, K in MIXED:
+        a, b = _operands(M, N, K, 1)
+        probs.append((a, b, torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda"), _ref(a, b)))
+    return probs
+
+
+def _zero_regions_clean():
+    import torch
+
+    from factory.runtime import workspaces
+
+    for t in workspaces.held():
+        assert int(t[:workspaces.ZERO_WORDS].view(torch.int32).abs().sum()) == 0
+
+
+@pytest.mark.parametrize("zero_words", [None, 32], ids=["pooled", "past-the-zero-region"])
+def test_mixed_problems_back_to_back_share_the_stream_workspace(gpu_bundle, bundle, zero_words, monkeypatch):
+    """Problems of 1 to ~180 output tiles, each split variant, twice round without a wait between
+    launches: the stream's one workspace serves them all (a larger problem's semaphores never land
+    on a smaller one's partial tiles), every output matches float32, and the zero region reads zero
+    afterwards.  With a zero region of 32 words, the problems of more tiles take a workspace of
+    their own per launch (the fallback) beside the pooled ones."""
+    import torch
+
+    from factory import testing
+    from factory.runtime import Bundle, workspaces
+
+    if zero_words is not None:
+        monkeypatch.setattr(workspaces, "ZERO_WORDS", zero_words)
+    workspaces.release()
+    fresh = Bundle.open(gpu_bundle)  # plans made under this zero region
+    try:
+        for v in split_variants(fresh):
+            probs = _mixed_problems()
+            for _ in range(2):
+                for a, b, out, _ in probs:
+                    out.fill_(float("nan"))
+                    fresh.gemm(a, b, out, variant=v["name"])
+            torch.cuda.synchronize()
+            for a, b, out, ref in probs:
+                assert testing.rel_error(out, ref) < testing.TOLERANCE["bf16"], v["name"]
+            _zero_regions_clean()
+    finally:
+        torch.cuda.synchronize()
+        workspaces.release()
+
+
+def test_two_streams_at_once_keep_their_own_workspaces(bundle):
+    """The same problems launched alternately on two streams with no wait: each stream's launches
+    use that stream's buffer; all outputs right, both zero regions clean."""
+    import torch
+
+    from factory import testing
+    from factory.runtime import workspaces
+
+    v = split_variants(bundle)[0]
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    runs = [_mixed_problems(), _mixed_problems()]
+    torch.cuda.synchronize()
+    for _ in range(3):
+        for i, (a, b, out, _) in enumerate(runs[0]):
+            for s, probs in zip(streams, runs):
+                with torch.cuda.stream(s):
+                    pa, pb, po, _ = probs[i]
+                    bundle.gemm(pa, pb, po, variant=v["name"])
+    torch.cuda.synchronize()
+    for probs in runs:
+        for a, b, out, ref in probs:
+            assert testing.rel_error(out, ref) < testing.TOLERANCE["bf16"], v["name"]
+    bufs = {t.data_ptr() for t in workspaces.held(torch.device("cuda", 0))}
+    assert len(bufs) >= 2
+    _zero_regions_clean()
+
+
+def test_one_capture_of_growing_problems_beside_eager_launches(bundle):
+    """One graph holds a few-tile problem, then a many-tile one, then the few-tile one again (the
+    capture's buffer grows within the capture); it is replayed on its stream while the same
+    problems run eagerly on another, twice with new data: all outputs right."""
+    import torch
+
+    from factory import testing
+    from factory.testing import capture_on_side_stream
+
+    v = split_variants(bundle)[0]
+    graph_probs, eager_probs = _mixed_problems(), _mixed_problems()
+    order = [0, 1, 2, 3, 0]
+    for i in order:  # warm (loads outside the capture)
+        a, b, out, _ = graph_probs[i]
+        bundle.gemm(a, b, out, variant=v["name"])
+    torch.cuda.synchronize()
+    g = capture_on_side_stream(lambda: [bundle.gemm(*graph_probs[i][:3], variant=v["name"]) for i in order])
+    side = torch.cuda.Stream()
+    for _ in range(2):
+        for probs in (graph_probs, eager_probs):
+            for a, b, out, _ in probs:
+                a.copy_(torch.randn_like(a, dtype=torch.float32))
+                b.copy_(torch.randn_like(b, dtype=torch.float32))
+                out.fill_(float("nan"))
+        torch.cuda.synchronize()
+        g.replay()
+        with torch.cuda.stream(side):
+            for i in order:
+                bundle.gemm(*eager_probs[i][:3], variant=v["name"])
+        torch.cuda.synchronize()
+        for probs in (graph_probs, eager_probs):
+            for a, b, out, _ in probs:
+                assert testing.rel_error(out, _ref(a, b)) < testing.TOLERANCE["bf16"], v["name"]
+    _zero_regions_clean()
+
+
+RELEASE_CHILD = r"""
 import sys
 import torch
 from factory import testing
-from factory.runtime import Bundle
-from factory.runtime import gemm as rt
+from factory.runtime import Bundle, workspaces
 
 b = Bundle.open(sys.argv[1])
 M, N, K = 2048, 2112, 7000
 for v in [v for v in b.candidates("gemm") if v.get("workspace", {}).get("form") in ("tiles", "tail")]:
     a = testing.gemm_operand(M, K, 1, "k", "bf16")[0]
     w = testing.gemm_operand(N, K, 1, "k", "bf16")[0]
-    words = rt.workspace_words(v["workspace"], M, N, 1)
     for _ in range(2):
         out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
-        # a freed block of the workspace's size full of garbage: the allocator hands it back
-        junk = torch.full((words,), 1.0e6, dtype=torch.float32, device="cuda")
-        junk.view(torch.int32)[:64] = 7
-        del junk
         b.gemm(a, w, out, variant=v["name"])
+        # the buffer given back to the allocator, a block of its size filled with garbage: the
+        # next launch's new buffer is zeroed when made
+        workspaces.release()
+        junk = torch.full((1 << 22,), 1.0e6, dtype=torch.float32, device="cuda")
+        junk.view(torch.int32)[:1 << 16] = 7
+        del junk
         torch.cuda.synchronize()
         err = testing.rel_error(out, a.float() @ w.float().t())
         print("ERR", v["name"], err, flush=True)
@@ -182,10 +302,10 @@ print("CONTEXT OK", flush=True)
 """
 
 
-def test_semaphores_are_zeroed_in_a_reused_dirty_block(gpu_bundle, bundle):
-    """The runtime zeroes the semaphores of every per-call workspace: a block freed full of
-    garbage and handed back by the allocator still gives right results (in a child process with a
-    time limit: a semaphore left dirty would make a part wait forever)."""
+def test_released_workspaces_come_back_zeroed(gpu_bundle, bundle):
+    """``workspaces.release()`` between launches, the allocator's blocks dirtied: the next launch's
+    buffer is zeroed when made and every result is right (in a child process with a time limit: a
+    semaphore left dirty would make a part wait forever)."""
     import os
     import subprocess
     import sys
@@ -193,6 +313,6 @@ def test_semaphores_are_zeroed_in_a_reused_dirty_block(gpu_bundle, bundle):
     from conftest import ROOT
 
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    r = subprocess.run([sys.executable, "-c", DIRTY_CHILD, str(gpu_bundle)], cwd=ROOT, env=env,
+    r = subprocess.run([sys.executable, "-c", RELEASE_CHILD, str(gpu_bundle)], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and "CONTEXT OK" in r.stdout, r.stdout + r.stderr

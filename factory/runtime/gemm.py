@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from . import fp8 as fp8_forms
-from . import validate
+from . import counters, validate, workspaces
 from .bundle import not_current
 from .errors import InputError, LaunchError, NoVariantError
 
@@ -200,15 +200,16 @@ def sem_words(w: dict, M: int, N: int, L: int) -> int:
     return -(-t // w["sem_align"]) * w["sem_align"]
 
 
-def new_workspace(entry: dict, M: int, N: int, L: int, device):
-    """A split-K variant's workspace for one launch, from the stream-ordered allocator (a CUDA
-    graph's pool while capturing): the flat forms' semaphores zeroed on the current stream."""
+def new_workspace(entry: dict, M: int, N: int, L: int, device, stream=None) -> tuple[int, Tensor | None]:
+    """A split-K variant's workspace for one launch on ``stream`` (a raw handle): its data pointer
+    and the tensor to keep until the launch is queued.  The flat forms' take the stream's buffer
+    (runtime/workspaces.py: semaphores kept zero, no allocation or zeroing per launch); the other
+    form's comes from the stream-ordered allocator (a CUDA graph's pool while capturing)."""
     w = entry["workspace"]
     if w.get("form") in _FLAT_FORMS:
-        ws = torch.empty(workspace_words(w, M, N, L), dtype=torch.float32, device=device)
-        ws[:sem_words(w, M, N, L)].zero_()
-        return ws
-    return torch.empty((entry["split_k"], M, N), dtype=torch.float32, device=device)
+        return workspaces.flat(device, stream, workspace_words(w, M, N, L), sem_words(w, M, N, L))
+    ws = torch.empty((entry["split_k"], M, N), dtype=torch.float32, device=device)
+    return ws.data_ptr(), ws
 
 
 def _unit_scale(bundle, device):
@@ -324,10 +325,10 @@ def gemm(bundle, a, b, out=None, *, out_dtype=None, scale_a=None, scale_b=None, 
     else:
         name = _named(bundle, variant, a3, b3, c3, ab, c, scales, dev)
     entry = bundle.manifest["variants"][name]
-    if "workspace" in entry:  # split-K partials; freed only after the launch is queued
-        ws = new_workspace(entry, M, N, L, a.device)
+    if "workspace" in entry:  # split-K partials; kept until the launch is queued
+        ptr, ws = new_workspace(entry, M, N, L, a.device, counters.raw_stream(bundle, a.device))
         keep.append(ws)
-        scales += _workspace_spec(entry, M, N, ws.data_ptr(), L)
+        scales += _workspace_spec(entry, M, N, ptr, L)
     if "persistent" in entry:
         scales += launch_scalars(bundle, entry, dev)
     bundle.launch(name, [a3, b3, c3, *scales], checked=True, device=dev)
@@ -482,14 +483,17 @@ def hot_launch(bundle, name: str, entry: dict, specs: list, dev: int, out, out_g
     oproto = None if out_given else out.new_empty(1).expand(out.shape)
     if oproto is not None and empty_like(oproto).stride() != out.stride():
         raise AssertionError(f"{name}: empty_like does not reproduce the checked output layout")
-    wproto = None
-    zero_to = 0  # a flat workspace's semaphore words, zeroed before each launch
+    wproto = wflat = None  # a split-K workspace: (split_k, M, N) per launch, or a flat one per stream
     if "workspace" in entry:
-        M, N, L = specs[0][1][0], specs[1][1][0], specs[0][1][2]  # as the checked path allocates it
-        words = _workspace_spec(entry, M, N, 0, L)[0][1]
-        wproto = out.new_empty(1, dtype=torch.float32).expand(math.prod(words))
-        if entry["workspace"].get("form") in _FLAT_FORMS:
-            zero_to = sem_words(entry["workspace"], M, N, L)
+        M, N, L = specs[0][1][0], specs[1][1][0], specs[0][1][2]  # as the checked path takes it
+        w = entry["workspace"]
+        if w.get("form") in _FLAT_FORMS:
+            wflat = workspaces.StreamFlat(torch.device("cuda", dev) if dev >= 0 else torch.device("cpu"),
+                                          workspace_words(w, M, N, L),
+                                          sem_words(w, M, N, L)).get
+        else:
+            words = _workspace_spec(entry, M, N, 0, L)[0][1]
+            wproto = out.new_empty(1, dtype=torch.float32).expand(math.prod(words))
     fp8 = entry["dtypes"]["a"] == "e4m3"
     unit_ptr = unit.data_ptr() if unit is not None else 0
     # A given ``out`` must share no byte with a, b (or a given scale): checked per call, the
@@ -504,7 +508,7 @@ def hot_launch(bundle, name: str, entry: dict, specs: list, dev: int, out, out_g
             return None
         raise LaunchError(f"{name}: launch failed: {bundle.lib.error(err)}")
 
-    if not fp8 and wproto is None:
+    if not fp8 and wproto is None and wflat is None:
         if out_given:
             def fire_out(a, b, out, sa, sb):
                 here = cur()
@@ -541,12 +545,14 @@ def hot_launch(bundle, name: str, entry: dict, specs: list, dev: int, out, out_g
             p += (unit_ptr if sa is None else sa.data_ptr(), unit_ptr if sb is None else sb.data_ptr())
             if out_given and any(po <= x < po + eo for x in p[3:]):
                 return None
-        if wproto is not None:
+        stream = raw(here)
+        if wflat is not None:
+            wp, ws = wflat(stream)  # (ws: a workspace of this launch alone, alive until it is queued)
+            p.append(wp)
+        elif wproto is not None:
             ws = empty_like(wproto)  # (alive until the launch is queued)
-            if zero_to:
-                ws[:zero_to].zero_()
             p.append(ws.data_ptr())
-        err = go(*p, raw(here))
+        err = go(*p, stream)
         return out if err == 0 else failed(err)
     return fire_any
 
