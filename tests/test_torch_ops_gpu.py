@@ -184,3 +184,28 @@ def test_first_load_inside_a_capture_is_a_clear_error():
     r = run_case(call)
     assert "LaunchError" in r.stdout and "call bundle.preload()" in r.stdout, r.stdout + r.stderr
     assert r.returncode == 0 and "CONTEXT OK" in r.stdout, r.stdout + r.stderr
+
+
+def test_reduce_overhead_with_split_gemms(kf):
+    """torch.compile(mode="reduce-overhead") (torch's CUDA-graph trees) of two GEMMs the selection
+    may run split along K (2048x2112x7168 and a few-tile 64x2112x7168): the split workspaces come
+    from the capture (runtime/workspaces.py); replays with new data match float32."""
+    import torch._dynamo
+
+    from factory.testing import TOLERANCE, rel_error
+
+    b, ops = kf
+    w1 = bf(2112, 7168)
+
+    def g(x, y):
+        return ops.gemm(x, w1), ops.gemm(y, w1)
+
+    torch._dynamo.reset()
+    ro = torch.compile(g, mode="reduce-overhead", fullgraph=True)
+    for _ in range(4):  # warm-up runs, then graph replays with new data
+        x, y = bf(2048, 7168), bf(64, 7168)
+        ox, oy = (t.clone() for t in ro(x, y))
+        for o, a in ((ox, x), (oy, y)):
+            err = rel_error(o, a.float() @ w1.float().t())
+            assert err < TOLERANCE["bf16"], err
+    print("picks:", [v for k, v in b.selections.items() if k[3:5] == (2112, 7168)])
