@@ -227,15 +227,6 @@ class GemmSm90(GemmVariant):
     # Last: the output (c = e4m3) quantised per row and 128 columns (FP8_GROUP, one output tile),
     # the scales written to ``scale_out`` (M, ceil(N_out / 128)) M-major.
     fp8_groups: bool = field(default=False, metadata={"tag": "q128"})
-    # Ping-pong tiles, 16-bit output, no epilogue fields: the epilogue stores the converted
-    # accumulators straight from registers to global memory (32-bit stores, rows and columns past
-    # the end skipped) instead of through shared memory and TMA stores; the freed epilogue buffers
-    # hold one more k-block stage (128x128 tiles: 7 stages instead of 6).
-    direct_store: bool = field(default=False, metadata={"tag": "stg"})
-    # Unpromoted main loop: each k-block's WGMMAs are waited for (wait_group(0)) and its stage
-    # released before the next k-block is issued, instead of keeping one WGMMA group in flight
-    # and releasing the stage before it.
-    release_now: bool = field(default=False, metadata={"tag": "rel0"})
 
     required_sass: ClassVar[tuple[str, ...]] = (r"\bHGMMA\.64x", r"\bUTMALDG\.3D", r"\bUTMASTG\.3D")
 
@@ -258,10 +249,8 @@ class GemmSm90(GemmVariant):
         # wait_group(1) per k-block; promoted fp8: two k-blocks per step).  Where ptxas serialises
         # the WGMMAs instead, every wait becomes "DEPBAR.LE gsb0, 0x0".
         req = (mma, r"\bUTMALDG\.3D", r"\bUTMASTG\.3D", r"\bSYNCS\.", r"\bUSETMAXREG\.")
-        if not (self.promote_serial or self.release_now):  # (those wait for every k-block by design)
+        if not self.promote_serial:  # (promote_serial waits for every k-block by design)
             req += (r"WARPGROUP\.DEPBAR\.LE gsb0, 0x1",)
-        if self.direct_store:  # 32-bit stores of the output, no TMA store
-            req = tuple(r for r in req if "UTMASTG" not in r) + (r"\bSTG\.E\b",)
         if self.cluster != (1, 1):
             req += (r"\bUTMALDG\.3D\.MULTICAST",)
         if self.split_k > 1:  # partial sums stored into the first CTA's smem
@@ -323,11 +312,6 @@ class GemmSm90(GemmVariant):
                 return "scale_b_stage runs with the pair loop or promote_ahead (not early_b)"
         elif self.promote_ahead or self.promote_serial or self.scale_b_stage or self.stagger or self.ffma_yield:
             return "promote_ahead / promote_serial / scale_b_stage / stagger / ffma_yield apply to block scales"
-        if self.direct_store and (self.schedule != "pp" or self.has_epilogue or self.swap_ab or self.split_k > 1
-                                  or DTYPE_BYTES[self.c] != 2):
-            return "direct_store runs on unswapped, unsplit ping-pong tiles with a 16-bit output and no epilogue fields"
-        if self.release_now and (self.promotes or self.schedule != "pp"):
-            return "release_now applies to the unpromoted ping-pong main loop (bf16, f16, fp8 fast_accum)"
         if self.promote_ahead and self.promote_serial:
             return "promote_ahead and promote_serial are two forms of the main loop: one of them"
         if self.has_epilogue:
@@ -426,9 +410,9 @@ class GemmSm90(GemmVariant):
         # (Block scales: two epilogue buffers keep the sixth k-block stage that the scale_a
         # columns would otherwise push out of the 128x128 tile's shared memory.)
         epi_stages = 4 if cb <= 2 and not self.block_scale else 2
-        # Ping-pong: each warpgroup has its own epilogue buffers (none with direct_store).
+        # Ping-pong: each warpgroup has its own epilogue buffers.
         epi_bytes = (_round_up(epi_tile[0] * epi_tile[1] * cb, _SMEM_ALIGN) * epi_stages
-                     * (n_consumer // mma_wgs)) if not self.direct_store else 0
+                     * (n_consumer // mma_wgs))
         ab = DTYPE_BYTES[self.ab]
         stage_bytes = _round_up(tm * tk * ab, _SMEM_ALIGN) + _round_up(tn * tk * ab, _SMEM_ALIGN)
         if self.block_scale:  # the k-block's scale_a column for the tile's rows, by TMA
@@ -497,8 +481,6 @@ class GemmSm90(GemmVariant):
             scale_mode=self.scale_mode,
             epilogue=tuple(self.epilogue), promote_ahead=self.promote_ahead,
             promote_serial=self.promote_serial, scale_b_stage=self.scale_b_stage, stagger=self.stagger,
-            **({"direct_store": True} if self.direct_store else {}),
-            **({"release_now": True} if self.release_now else {}),
         )
         if self.has_epilogue:
             return kernel.epilogue_entry(self.is_fp8)
@@ -521,10 +503,8 @@ class GemmSm90Kernel:
                  epi_stages, raster_along_m, swizzle, swap_ab, split_k, pdl=False, early_b=False,
                  swizzle_exact=False,
                  scale_mode="tensor", epilogue=(), promote_ahead=False, promote_serial=False,
-                 scale_b_stage=False, stagger=False, direct_store=False, release_now=False):
+                 scale_b_stage=False, stagger=False):
         self.tile = tuple(tile)
-        self.direct_store = direct_store
-        self.release_now = release_now
         self.scale_b_stage = scale_b_stage
         self.stagger = stagger
         self.promote_ahead = promote_ahead
@@ -682,10 +662,6 @@ class GemmSm90Kernel:
                                                 1 if self.swizzle_exact else self.swizzle,
                                                 self.raster_along_m, max_clusters)
 
-        # direct_store: no epilogue buffers; the small fields after the stages stay 16-byte
-        # aligned so that the extra stage fits.
-        tail_align = 16 if self.direct_store else _SMEM_ALIGN
-
         @cute.struct
         class SharedStorage:
             ab_barriers: cute.struct.MemRange[cutlass.Int64, self.ab_stages * 2]
@@ -696,19 +672,17 @@ class GemmSm90Kernel:
             sB: cute.struct.Align[
                 cute.struct.MemRange[ab_dtype, cute.cosize(sB_layout)], _SMEM_ALIGN]
             sC: cute.struct.Align[
-                cute.struct.MemRange[c_dtype, 8 if self.direct_store else cute.cosize(sC_layout)], tail_align]
+                cute.struct.MemRange[c_dtype, cute.cosize(sC_layout)], _SMEM_ALIGN]
             sSA: cute.struct.Align[
-                cute.struct.MemRange[cutlass.Float32, self.sSA_elems], tail_align]
+                cute.struct.MemRange[cutlass.Float32, self.sSA_elems], _SMEM_ALIGN]
             # Split-K: partial tiles from the other CTAs of the cluster; "full" / "empty" barriers.
             red: cute.struct.Align[
-                cute.struct.MemRange[cutlass.Float32, max(1, self.red_elems)], tail_align]
+                cute.struct.MemRange[cutlass.Float32, max(1, self.red_elems)], _SMEM_ALIGN]
             red_barriers: cute.struct.MemRange[cutlass.Int64, 2]
 
         self.shared_storage = SharedStorage
         self.ab_dtype = ab_dtype
         self.c_layout = c_layout
-        if cutlass.const_expr(self.direct_store):  # the epilogue writes c itself
-            gC = c
         self.kernel(
             tma_a, gA, tma_b, gB, tma_c, gC, scale_a, scale_b, tma_sa, mSA, tiled_mma,
             sA_layout, sB_layout, sC_layout, sSA_layout, sched, bias, residual, scale_out,
@@ -747,9 +721,7 @@ class GemmSm90Kernel:
         storage = smem.allocate(self.shared_storage)
         sA = storage.sA.get_tensor(sA_layout.outer, swizzle=sA_layout.inner)
         sB = storage.sB.get_tensor(sB_layout.outer, swizzle=sB_layout.inner)
-        sC = None
-        if cutlass.const_expr(not self.direct_store):
-            sC = storage.sC.get_tensor(sC_layout.outer, swizzle=sC_layout.inner)
+        sC = storage.sC.get_tensor(sC_layout.outer, swizzle=sC_layout.inner)
         sSA = None
         sSB = None
         if cutlass.const_expr(self.scale_mode == "block"):
@@ -817,7 +789,7 @@ class GemmSm90Kernel:
             self.consume(tiled_mma, tma_c, sA, sB, sC, gC, ab_pipe, order_bars, red, red_bars,
                          scale_a, scale_b, sched_params, k_tiles,
                          (tidx - 128) % self.epi_threads, owner, warp_idx, cta_rank, sSA,
-                         bias, residual, scale_out, sSB, mC if self.direct_store else None)
+                         bias, residual, scale_out, sSB)
 
     @cute.jit
     def produce(self, tma_a, tma_b, sA, sB, gA, gB, ab_pipe, cta_layout, cluster_coord,
@@ -995,7 +967,7 @@ class GemmSm90Kernel:
     @cute.jit
     def consume(self, tiled_mma, tma_c, sA, sB, sC, gC, ab_pipe, order_bars, red, red_bars,
                 scale_a, scale_b, sched_params, k_tiles, ctidx, owner, warp_idx, cta_rank, sSA=None,
-                bias=None, residual=None, scale_out=None, sSB=None, mC=None):
+                bias=None, residual=None, scale_out=None, sSB=None):
         """The MMA warpgroups: mainloop then epilogue, tile after tile.  ``owner`` is the
         ping-pong warpgroup (0 otherwise): it takes tiles owner, owner + 2, ... of this CTA's
         schedule and skips the other warpgroup's k-blocks in the smem ring.
@@ -1022,37 +994,33 @@ class GemmSm90Kernel:
         if cutlass.const_expr(self.scale_mode != "tensor" or len(self.epilogue) > 0):
             cC = thr_mma.partition_C(cute.make_identity_tensor((self.tile[0], self.tile[1])))
 
-        if cutlass.const_expr(self.direct_store):  # gC: the output itself (not TMA coordinates)
-            c_dtype = gC.element_type
-            cC = thr_mma.partition_C(cute.make_identity_tensor((self.tile[0], self.tile[1])))
-        else:
-            c_dtype = sC.element_type
-            # Epilogue copies: registers -> smem with stmatrix (16-bit outputs) laid out like the
-            # accumulators, smem -> global with one TMA store per sub-tile.
-            r2s_atom = sm90_utils.get_smem_store_op(self.c_layout, c_dtype, cutlass.Float32)
-            r2s = cute.make_tiled_copy_S(
-                r2s_atom,
-                cute.make_tiled_copy_C_atom(
-                    cute.make_copy_atom(
-                        cute.nvgpu.warp.StMatrix8x8x16bOp(self.c_layout.is_m_major_c(), 4), c_dtype
-                    ),
-                    tiled_mma,
+        # Epilogue copies: registers -> smem with stmatrix (16-bit outputs) laid out like the
+        # accumulators, smem -> global with one TMA store per sub-tile.
+        c_dtype = sC.element_type
+        r2s_atom = sm90_utils.get_smem_store_op(self.c_layout, c_dtype, cutlass.Float32)
+        r2s = cute.make_tiled_copy_S(
+            r2s_atom,
+            cute.make_tiled_copy_C_atom(
+                cute.make_copy_atom(
+                    cute.nvgpu.warp.StMatrix8x8x16bOp(self.c_layout.is_m_major_c(), 4), c_dtype
                 ),
-            )
-            thr_r2s = r2s.get_slice(ctidx)
-            tRS_sC = thr_r2s.partition_D(sC)
-            tRS_acc = r2s.retile(acc)
-            frag_shape = cute.shape(thr_r2s.partition_S(sC))[:3]
-            tRS_rF = cute.make_rmem_tensor(frag_shape, cutlass.Float32)
-            tRS_rC = cute.make_rmem_tensor(frag_shape, c_dtype)
-            frag_size = cute.size(tRS_rF)
-            store_pipe = pipeline.PipelineTmaStore.create(
-                num_stages=self.epi_stages,
-                producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.epi_threads),
-            )
-            epi_bar = pipeline.NamedBarrier(barrier_id=int(_Bar.EPILOGUE) + owner,
-                                            num_threads=self.epi_threads)
-            store_warp = 4 + owner * 4 * self.mma_wgs
+                tiled_mma,
+            ),
+        )
+        thr_r2s = r2s.get_slice(ctidx)
+        tRS_sC = thr_r2s.partition_D(sC)
+        tRS_acc = r2s.retile(acc)
+        frag_shape = cute.shape(thr_r2s.partition_S(sC))[:3]
+        tRS_rF = cute.make_rmem_tensor(frag_shape, cutlass.Float32)
+        tRS_rC = cute.make_rmem_tensor(frag_shape, c_dtype)
+        frag_size = cute.size(tRS_rF)
+        store_pipe = pipeline.PipelineTmaStore.create(
+            num_stages=self.epi_stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.epi_threads),
+        )
+        epi_bar = pipeline.NamedBarrier(barrier_id=int(_Bar.EPILOGUE) + owner,
+                                        num_threads=self.epi_threads)
+        store_warp = 4 + owner * 4 * self.mma_wgs
 
         scale = cutlass.Float32(1.0)
         tensor_scale = scale_a is not None and self.scale_mode == "tensor"
@@ -1185,37 +1153,23 @@ class GemmSm90Kernel:
                         tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
                     cute.nvgpu.warpgroup.commit_group()
                     read.advance()
-                    if cutlass.const_expr(self.release_now):
-                        # The other warpgroup's turn as soon as the last k-block is issued.
-                        if cutlass.const_expr(self.tile_owners > 1):
-                            if k == k_end - 1:
-                                cute.arch.mbarrier_arrive(order_bars + (1 - owner))
-                        cute.nvgpu.warpgroup.wait_group(0)
+                    if k > k_begin:
+                        cute.nvgpu.warpgroup.wait_group(1)
                         ab_pipe.consumer_release(release)
                         release.advance()
-                    else:
-                        if k > k_begin:
-                            cute.nvgpu.warpgroup.wait_group(1)
-                            ab_pipe.consumer_release(release)
-                            release.advance()
-            if cutlass.const_expr(self.release_now):
-                if cutlass.const_expr(self.tile_owners > 1):
+            if cutlass.const_expr(self.tile_owners > 1):
+                cute.arch.mbarrier_arrive(order_bars + (1 - owner))  # the other's turn
+            if cutlass.const_expr(not self.promote):
+                cute.nvgpu.warpgroup.wait_group(0)
+                if k_end > k_begin:
+                    ab_pipe.consumer_release(release)
+                    release.advance()
+                if cutlass.const_expr(self.split_k > 1):
+                    # A split-K part can own no k-block (fewer k-blocks than parts): its partial
+                    # sum is zero.  (Only here: in the 128-accumulator tiles this branch made
+                    # ptxas spill.)
                     if k_end <= k_begin:
-                        cute.arch.mbarrier_arrive(order_bars + (1 - owner))
-            else:
-                if cutlass.const_expr(self.tile_owners > 1):
-                    cute.arch.mbarrier_arrive(order_bars + (1 - owner))  # the other's turn
-                if cutlass.const_expr(not self.promote):
-                    cute.nvgpu.warpgroup.wait_group(0)
-                    if k_end > k_begin:
-                        ab_pipe.consumer_release(release)
-                        release.advance()
-                    if cutlass.const_expr(self.split_k > 1):
-                        # A split-K part can own no k-block (fewer k-blocks than parts): its partial
-                        # sum is zero.  (Only here: in the 128-accumulator tiles this branch made
-                        # ptxas spill.)
-                        if k_end <= k_begin:
-                            acc.fill(0.0)
+                        acc.fill(0.0)
 
             is_leader = True
             if cutlass.const_expr(self.split_k > 1):
@@ -1229,46 +1183,41 @@ class GemmSm90Kernel:
                 if cutlass.const_expr(len(self.epilogue) > 0):
                     self._fused_epilogue(acc, cC, scale, scale_in_epilogue, bias, residual, m, n, l,
                                          scale_out)
-                if cutlass.const_expr(self.direct_store):
-                    self._store_direct(acc, cC, thr_mma.partition_C(gC[(None, None, m, n, l)]), c_dtype,
-                                       mC.shape[0] - m * self.tile[0], mC.shape[1] - n * self.tile[1],
-                                       scale if tensor_scale else None)
-                else:
-                    # ---- epilogue
-                    gC_t = cute.zipped_divide(gC[(None, None, m, n, l)], self.epi_tile)
-                    bSG_sC, bSG_gC = cute.nvgpu.cpasync.tma_partition(
-                        tma_c, 0, cute.make_layout(1), cute.group_modes(sC, 0, 2), gC_t,
-                    )
-                    epi_shape = gC_t.shape[1]
-                    epi_order = cute.make_layout(epi_shape, stride=(epi_shape[1], 1))
-                    n_epi = cute.size(gC_t, mode=[1])
-                    done = sched.num_tiles_executed * n_epi
-                    for e in cutlass.range_constexpr(n_epi):
-                        src = e
-                        if cutlass.const_expr(self.silu_mul):
-                            # Output sub-tile (i, j) comes from a tile twice as wide whose gate blocks
-                            # hold the results: block j // b (b sub-tiles per GATE_UP_BLOCK) sits at
-                            # twice its offset (with tile N 128, the first half).
-                            per_row = self.c_tile[1] // self.epi_tile[1]
-                            blk = GATE_UP_BLOCK // self.epi_tile[1]
-                            j = e % per_row
-                            src = (e // per_row) * 2 * per_row + (j // blk) * 2 * blk + j % blk
-                        for v in cutlass.range_constexpr(frag_size):
-                            tRS_rF[v] = tRS_acc[src * frag_size + v]
-                        vals = tRS_rF.load()
-                        if cutlass.const_expr(tensor_scale):
-                            vals = vals * scale
-                        tRS_rC.store(vals.to(c_dtype))
-                        buf = (done + e) % self.epi_stages + owner * self.epi_stages
-                        cute.copy(r2s, tRS_rC, tRS_sC[(None, None, None, buf)])
-                        # Make the generic-proxy smem writes visible to the TMA (async proxy).
-                        cute.arch.fence_proxy("async.shared", space="cta")
-                        epi_bar.arrive_and_wait()
-                        if warp_idx == store_warp:
-                            cute.copy(tma_c, bSG_sC[(None, buf)], bSG_gC[(None, epi_order.get_hier_coord(e))])
-                            store_pipe.producer_commit()
-                            store_pipe.producer_acquire()
-                        epi_bar.arrive_and_wait()
+                # ---- epilogue
+                gC_t = cute.zipped_divide(gC[(None, None, m, n, l)], self.epi_tile)
+                bSG_sC, bSG_gC = cute.nvgpu.cpasync.tma_partition(
+                    tma_c, 0, cute.make_layout(1), cute.group_modes(sC, 0, 2), gC_t,
+                )
+                epi_shape = gC_t.shape[1]
+                epi_order = cute.make_layout(epi_shape, stride=(epi_shape[1], 1))
+                n_epi = cute.size(gC_t, mode=[1])
+                done = sched.num_tiles_executed * n_epi
+                for e in cutlass.range_constexpr(n_epi):
+                    src = e
+                    if cutlass.const_expr(self.silu_mul):
+                        # Output sub-tile (i, j) comes from a tile twice as wide whose gate blocks
+                        # hold the results: block j // b (b sub-tiles per GATE_UP_BLOCK) sits at
+                        # twice its offset (with tile N 128, the first half).
+                        per_row = self.c_tile[1] // self.epi_tile[1]
+                        blk = GATE_UP_BLOCK // self.epi_tile[1]
+                        j = e % per_row
+                        src = (e // per_row) * 2 * per_row + (j // blk) * 2 * blk + j % blk
+                    for v in cutlass.range_constexpr(frag_size):
+                        tRS_rF[v] = tRS_acc[src * frag_size + v]
+                    vals = tRS_rF.load()
+                    if cutlass.const_expr(tensor_scale):
+                        vals = vals * scale
+                    tRS_rC.store(vals.to(c_dtype))
+                    buf = (done + e) % self.epi_stages + owner * self.epi_stages
+                    cute.copy(r2s, tRS_rC, tRS_sC[(None, None, None, buf)])
+                    # Make the generic-proxy smem writes visible to the TMA (async proxy).
+                    cute.arch.fence_proxy("async.shared", space="cta")
+                    epi_bar.arrive_and_wait()
+                    if warp_idx == store_warp:
+                        cute.copy(tma_c, bSG_sC[(None, buf)], bSG_gC[(None, epi_order.get_hier_coord(e))])
+                        store_pipe.producer_commit()
+                        store_pipe.producer_acquire()
+                    epi_bar.arrive_and_wait()
             if cutlass.const_expr(self.tile_owners > 1):
                 # Skip the tile (and the k-blocks) of the other warpgroup.
                 sched.advance_to_next_work(advance_count=self.tile_owners)
@@ -1280,26 +1229,7 @@ class GemmSm90Kernel:
         if cutlass.const_expr(self.split_k > 1):
             if cta_rank != 0:  # rank 0 has read the last partial tile: safe to exit
                 cute.arch.mbarrier_wait(red_bars + 1, red_phase ^ 1)
-        if cutlass.const_expr(not self.direct_store):
-            store_pipe.producer_tail()
-
-    @cute.jit
-    def _store_direct(self, acc, cC, tCgC, c_dtype: cutlass.Constexpr, rows_left, cols_left, scale=None):
-        """The tile's accumulators -> ``c_dtype`` -> global memory, two adjacent columns per 32-bit
-        store (``tCgC``: the output tile partitioned like the accumulators; ``cC``: their tile
-        coordinates).  Rows at or past ``rows_left`` and columns at or past ``cols_left`` are not
-        written (N is a multiple of 8 by the signature, so a pair is whole or wholly past the end)."""
-        vals = acc.load()
-        if cutlass.const_expr(scale is not None):
-            vals = vals * scale
-        rC = cute.make_rmem_tensor(acc.shape, c_dtype)
-        rC.store(vals.to(c_dtype))
-        r32 = cute.recast_tensor(rC, cutlass.Int32)
-        g32 = cute.recast_tensor(tCgC, cutlass.Int32)
-        for i in cutlass.range_constexpr(cute.size(r32)):
-            rc = cC[2 * i]
-            if rc[0] < rows_left and rc[1] < cols_left:
-                g32[i] = r32[i]
+        store_pipe.producer_tail()
 
 
 # ------------------------------------------------------------------------------------------------

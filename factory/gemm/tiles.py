@@ -184,20 +184,6 @@ SM90_SCALED_FULL = SM90_BLOCK_TILES + tuple(dict(d, promote_ahead=True) for d in
     dict(**FP8, tile=(128, 128, 128), cluster=(2, 1), schedule="pp", fast_accum=True, swizzle=8, swizzle_exact=True,
          row_scale=True),
     dict(**FP8, tile=(128, 256, 128), cluster=(2, 1), fast_accum=True, swizzle=8, swizzle_exact=True, row_scale=True),
-    # The row-scaled 128x128 ping-pong tiles with the output stored from registers (direct_store:
-    # a seventh k-block stage) and with each k-block waited for and released at once (release_now).
-    dict(**FP8, tile=(128, 128, 128), cluster=(1, 2), schedule="pp", fast_accum=True, row_scale=True,
-         direct_store=True),
-    dict(**FP8, tile=(128, 128, 128), cluster=(1, 2), schedule="pp", fast_accum=True, swizzle=8, swizzle_exact=True,
-         row_scale=True, direct_store=True),
-    dict(**FP8, tile=(128, 128, 128), cluster=(2, 1), schedule="pp", fast_accum=True, row_scale=True,
-         direct_store=True),
-    dict(**FP8, tile=(128, 128, 128), cluster=(1, 2), schedule="pp", fast_accum=True, swizzle=8, swizzle_exact=True,
-         row_scale=True, release_now=True),
-    dict(**FP8, tile=(128, 128, 128), cluster=(1, 2), schedule="pp", fast_accum=True, swizzle=8, swizzle_exact=True,
-         row_scale=True, direct_store=True, release_now=True),
-    # The bf16 128x128 ping-pong tile with direct_store.
-    dict(**BF16, tile=(128, 128, 64), cluster=(1, 2), schedule="pp", direct_store=True),
 ) + tuple(
     # On the coop block tiles: scale_b staged and the two warpgroups' pair loops offset by one
     # k-block (stagger; 6-10 % slower than scale_b_stage alone on an H100).
