@@ -19,6 +19,7 @@ sequences).  Writes ``OUT.json``: per row the times, the bf16/fp8 ratios and the
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import sys
 from pathlib import Path
@@ -41,6 +42,10 @@ def main(argv=None) -> int:
     p.add_argument("--more", action="append", default=[], metavar="LABEL=BUNDLE")
     p.add_argument("--shapes", nargs="+", type=int, default=None, metavar="I", help="rows of SHAPES (default: all)")
     p.add_argument("--pages", nargs="+", type=int, default=list(PAGES))
+    p.add_argument("--no-descale", action="store_true",
+                   help="also time --new's selection without descales (new-nodesc: unit descales, no per-call "
+                        "stacking of k_descale and v_descale; its output is left unchecked)")
+    p.add_argument("--names", default="*", help="glob over --new's fp8 variant names timed by name")
     p.add_argument("--budget", type=float, default=0.02, help="GPU seconds per pass and candidate")
     p.add_argument("--out", default=default_out("bench_kvcache_fp8"))
     a = p.parse_args(argv)
@@ -79,7 +84,9 @@ def main(argv=None) -> int:
 
             calls = {"bf16": lambda _i: base.attention_kvcache(q, kc, vc, lens, block_table=bt),
                      "fp8": fp8_call(base), "new": fp8_call(new)}
-            calls.update({f"new:{n}": fp8_call(new, n) for n in names})
+            calls.update({f"new:{n}": fp8_call(new, n) for n in names if fnmatch.fnmatch(n, a.names)})
+            if a.no_descale:
+                calls["new-nodesc"] = lambda _i: new.attention_kvcache(q, k8, v8, lens, block_table=bt)
             for lab, bd in extra.items():
                 have = {e["name"] for e in bd.candidates("attention_kvcache")}
                 calls.update({f"{lab}:{n}": fp8_call(bd, n) for n in names if n in have})
@@ -88,7 +95,7 @@ def main(argv=None) -> int:
                               if e.get("kv_dtype") == "e4m3" and e.get("family") == "sm90_decode" and e["paged"]})
             errs, picks = {}, {}
             for lab, fn in list(calls.items()):
-                if lab == "bf16":
+                if lab in ("bf16", "new-nodesc"):
                     continue
                 try:
                     out = fn(0)

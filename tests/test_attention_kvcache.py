@@ -74,7 +74,7 @@ def test_enumeration():
     # addresses at every split count the paged rule picks, and its 8-warp one-CTA-per-SM build at 8
     # cluster splits with PDL (not preferred: the rule names it)
     assert sorted(v.splits for v in default if v.kv_dtype == "e4m3" and v.warps == 4) == [1, 2, 4, 8, 32]
-    assert all(v.direct and v.own and v.fast_addr for v in default if v.kv_dtype == "e4m3")
+    assert all(v.direct and v.own and v.fast_addr and v.tail_zero for v in default if v.kv_dtype == "e4m3")
     wide = [v for v in default if v.kv_dtype == "e4m3" and v.warps == 8]
     assert [(v.splits, v.tile_n, v.pdl, v.last, v.describe()["preferred"], v.ctas_per_sm()) for v in wide] == [
         (8, 128, True, False, False, 1), (16, 128, False, True, False, 1)]  # + the last-arrival merge
@@ -671,7 +671,7 @@ def test_c_selection_equals_python(test_bundle):
                 assert got == want, (pr, got, want, lib.message())
                 picked.add(got[-1])
     # the test tier's e4m3 last-arrival build is among the answers (MQA B8 4k: 128 CTAs of 2 tiles)
-    assert any(str(n).endswith("_ce4m3_paged_rc_ow_fa_lm") for n in picked), picked
+    assert any(str(n).endswith("_ce4m3_paged_rc_ow_fa_lm_tz") for n in picked), picked
 
 
 def test_c_entry_refuses_bad_problems(test_bundle):
