@@ -550,9 +550,10 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm90]:
     # S16384 3251.8 vs 3267.3, B8 H16 S2048 452.0 vs 454.1, B4 H32/8 S2048 431.3 vs 430.6.
     # Varlen, head_dim 64 and 128 (the producer passes over the virtual grid's empty slots; H200,
     # 8 packed sequences of 2048, H16, by name): 160.7 vs 182.0 us (cuDNN, dense, 181.1), head_dim
-    # 128 227.0 vs 233.8; head_dim 256 445.6 vs 446.3 (not built in this tier).
+    # 128 227.0 vs 233.8 (bf16 in this tier, fp16 in full); head_dim 256 445.6 vs 446.3 (not built).
     out += [dataclasses.replace(v, dynamic=True, slot_coords=True, diag_half=True, o_stmatrix=True) for v in out
-            if v.causal and v.persistent and (not v.varlen or v.head_dim <= 128)
+            if v.causal and v.persistent
+            and (not v.varlen or (v.head_dim <= 128 and v.dtype == "bf16"))
             and (v.head_dim, v.tile_m) in ((64, 128), (64, 192), (128, 128), (256, 128))]
     if tier == "full":
         # The tuner's alternatives (dense): scripts/tune.py attention picks among them per shape bucket.
@@ -599,6 +600,18 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm90]:
         # the default tier)
         out += [dataclasses.replace(v, dynamic=True) for v in out[:len(problems)] + [make("bf16", 64, True, tile_m=128)]
                 if v.dtype == "bf16" and v.persistent and not v.varlen and (v.causal or v.head_dim == 128)]
+        # varlen head_dim 128 without the lazy rescale (the default before it)
+        out += [dataclasses.replace(v, lazy_rescale=False) for v in out
+                if v.varlen and v.persistent and v.head_dim == 128 and v.lazy_rescale and not v.dynamic]
+        # varlen with the dynamic tile counter: the persistent bf16 causal builds (also the D64 128-row
+        # tile) and the non-causal D128 one, each with its default mainloop (the lines below add their
+        # twins with the producer's coordinates, the diagonal half, the stmatrix epilogue); the fp16
+        # twins of the default tier's bf16 ones
+        out += [dataclasses.replace(v, dynamic=True) for v in out
+                if v.varlen and v.persistent and v.dtype == "bf16" and not v.dynamic and (v.causal or v.head_dim == 128)
+                and v.lazy_rescale == default_schedule(v.head_dim, v.causal, True, persistent_all=True)["lazy_rescale"]]
+        out += [dataclasses.replace(v, dtype="f16") for v in out if v.varlen and v.dynamic and v.dtype == "bf16"
+                and v.slot_coords]
         # the default tier's dynamic twins without the producer's tile coordinates, the diagonal
         # half and the stmatrix epilogue (by name)
         out += [dataclasses.replace(v, slot_coords=False, diag_half=False, o_stmatrix=False) for v in out if v.slot_coords]
@@ -609,22 +622,6 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm90]:
         out += [dataclasses.replace(v, **kw) for v in out
                 if v.slot_coords and v.causal and not (v.diag_half or v.o_stmatrix)
                 for kw in ({"o_stmatrix": True}, {"diag_half": True}, {"o_stmatrix": True, "diag_half": True})]
-        # varlen head_dim 128 without the lazy rescale (the default before it)
-        out += [dataclasses.replace(v, lazy_rescale=False) for v in out
-                if v.varlen and v.persistent and v.head_dim == 128 and v.lazy_rescale and not v.dynamic]
-        # varlen (bf16) with the dynamic tile counter: the causal builds (also on the D64 128-row
-        # tile and the D128 one with the lazy rescale) with the producer's coordinates, the diagonal
-        # half and the stmatrix epilogue, or with the counter alone or the coordinates; the
-        # non-causal D128 build (with and without the lazy rescale) with the coordinates and stmatrix
-        vl = [v for v in out if v.varlen and v.persistent and v.dtype == "bf16"]
-        out += [dataclasses.replace(v, dynamic=True, slot_coords=True, diag_half=v.causal, o_stmatrix=True)
-                for v in vl if v.causal or v.head_dim == 128]
-        out += [dataclasses.replace(v, dynamic=True, slot_coords=sc) for v in vl
-                if v.causal and v.head_dim == 64 and v.tile_m == 192 and not v.lazy_rescale for sc in (False, True)]
-        # head_dim 256 causal, dense: a 64-row persistent tile (O in its own slabs beside two
-        # 64-key K/V stages) with the dynamic twin's options
-        out += [make("bf16", 256, True, tile_m=64, pingpong=False, store_defer=True, dynamic=True,
-                     slot_coords=True, diag_half=True, o_stmatrix=True)]
     out = list({v.name: v for v in out}.values())
     return [v for v in out if v.can_implement() is None]
 
