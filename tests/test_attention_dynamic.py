@@ -198,3 +198,33 @@ def test_capture_words_per_capture(monkeypatch):
     state["cid"] = None  # the driver cannot tell captures apart
     n1, n2 = counters.zeroed(dev, 4, 7)[0], counters.zeroed(dev, 4, 7)[0]
     assert n1.data_ptr() != n2.data_ptr() and int(n1.count_nonzero()) == 0
+
+
+def test_selection_takes_the_varlen_twin(tmp_path):
+    """A bundle of the bf16 causal varlen head_dim 64 build and its dynamic twin: the selection (C;
+    the Python loader asks it) takes the twin for packed causal sequences, and its workspace (what
+    fx_attention asks of a caller) is the two counter words, then the lse scratch."""
+    pytest.importorskip("cutlass")
+    from factory.compiler.builder import build
+    from factory.runtime import Bundle
+    from factory.runtime.attention import _choose, uses_tile_counters
+    from factory.runtime.errors import NoVariantError
+    from factory.runtime.selector import DTYPE, AttentionProblem, _I64x2, _I64x3
+
+    (tmp_path / "no-runs").mkdir()
+    build(tmp_path / "b", ["sm_90a"], ["attention"], tier="default", jobs=1, evidence=tmp_path / "no-runs",
+          name_filter="attention_sm90a_bf16_d64_m192_n128_s2_causal_varlen_ov_pp_ps_kf*")
+    b = Bundle.open(tmp_path / "b", capability=(9, 0), device={"name": "sim", "sm_count": 132})
+    assert len(b.manifest["variants"]) == 2
+    name = _choose(b, "bf16", 64, True, True)[0]
+    assert name.endswith("_dh_om_sc_dy") and uses_tile_counters(b.manifest["variants"][name])
+    assert name[:-len("_dh_om_sc_dy")] in b.manifest["variants"]
+    with pytest.raises(NoVariantError):  # (no non-causal build here: the twin is no choice of its own)
+        _choose(b, "bf16", 64, False, True)
+    hq, tq, d = 8, 3000, 64
+    qs = _I64x3(0, hq * d, d)
+    for lse, want in ((None, 16 + 4 * hq * tq), (1 << 20, 16)):
+        p = AttentionProblem(DTYPE["bf16"], 1, 3, tq, tq, hq, hq, d, None, None, None, None, qs, qs, qs,
+                             _I64x3(0, hq * d, d), lse, _I64x2(0, tq), None, None, 1500, 1, 0.0)
+        sel = b.selector.select("attention", p)
+        assert sel.name.decode() == name and sel.workspace_bytes == want, (sel.name, sel.workspace_bytes)
