@@ -604,8 +604,11 @@ def check_attention_dense(bundle, entry, case, gen, device="cuda") -> dict:
 
 def check_attention_varlen(bundle, entry, case, gen, device="cuda") -> dict:
     """One packed batch launched by name (k/v storage continues with NaN tokens; o and lse
-    NaN-poisoned); every sequence against its own float32 reference."""
+    NaN-poisoned; a dynamic variant's tile counters checked back at 0); every sequence against
+    its own float32 reference."""
     import torch
+
+    from .runtime.attention import dense_workspace
 
     lq, lk, hq, hkv = case
     dt, d = torch_dtype(entry["dtype"]), entry["head_dim"]
@@ -618,14 +621,19 @@ def check_attention_varlen(bundle, entry, case, gen, device="cuda") -> dict:
     k, v = kv[0, :tk], kv[1, :tk]
     o = torch.full_like(q, math.nan)
     lse = torch.full((hq, tq), math.nan, device=device)
-    bundle.launch(entry["name"], [q, k, v, o, lse, cu_q, cu_k, scale, max(lq)])
+    names = [a["name"] for a in entry["signature"]["args"]]
+    ws = dense_workspace(torch, entry, q) if "tile_counters" in names else []
+    bundle.launch(entry["name"], [q, k, v, o, lse, *ws, cu_q, cu_k, scale, max(lq)])
     _sync(device)
     refs = [attention_reference(q[None, a:a + n], k[None, c:c + m], v[None, c:c + m], entry["causal"], scale)
             for a, n, c, m in zip(itertools.accumulate([0, *lq]), lq, itertools.accumulate([0, *lk]), lk)]
     ref_o = torch.cat([r[0][0] for r in refs])[None]
     ref_lse = torch.cat([r[1][0] for r in refs], dim=1)[None]
-    return judge_attention(entry["name"], [lq, lk, hq, hkv], o[None], lse[None], ref_o, ref_lse,
-                           TOLERANCE[entry["dtype"]])
+    r = judge_attention(entry["name"], [lq, lk, hq, hkv], o[None], lse[None], ref_o, ref_lse,
+                        TOLERANCE[entry["dtype"]])
+    if ws and int(ws[0].count_nonzero()):  # the kernel leaves its counters at 0
+        r = {**r, "ok": False, "tile_counters_left": ws[0].tolist()}
+    return r
 
 
 def attention_cases(entry) -> tuple[str, list]:

@@ -208,7 +208,8 @@ def bench_candidates(bundle, pattern: str, dtype="bf16", shapes=None, rounds: in
             o = torch.full_like(q, math.nan)
             if varlen:
                 lse = torch.empty(hq, B * sq, device="cuda")
-                args = [qp, kp, vp, o.view(B * sq, hq, d), lse, cu, cu, d ** -0.5, sq]
+                args = [qp, kp, vp, o.view(B * sq, hq, d), lse,
+                        *dense_workspace(torch, bundle.manifest["variants"][n], q), cu, cu, d ** -0.5, sq]
             else:
                 lse = torch.empty(B, hq, sq, device="cuda")
                 args = [q, k, v, o, lse, *dense_workspace(torch, bundle.manifest["variants"][n], q), d ** -0.5]

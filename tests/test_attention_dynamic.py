@@ -19,10 +19,17 @@ def _sm90(tier):
     return enumerate_attention(get_target("sm_90a"), tier)
 
 
+def _kvcache():
+    from factory.registry import enumerate_variants
+
+    return enumerate_variants(["sm_90a"], ["attention_kvcache"], tier="default")
+
+
 def test_names_configs_and_manifest():
     full = _sm90("full")
     dyn = [v for v in full if v.dynamic and not v.slot_coords]
-    assert dyn and all(v.name.endswith("_dy") and v.persistent and not v.varlen for v in dyn)
+    assert dyn and all(v.name.endswith("_dy") and v.persistent for v in dyn)
+    assert any(v.varlen for v in dyn) and any(not v.varlen for v in dyn)
     # each is the twin of a variant without it, whose name, config (cache key) and manifest lack it
     by_name = {v.name: v for v in full}
     for v in dyn:
@@ -34,15 +41,20 @@ def test_names_configs_and_manifest():
         assert d["tile_scheduler"]["dynamic"] == "global tile counter"
         assert "workspace" not in twin.describe() and "dynamic" not in twin.describe()["tile_scheduler"]
         args = [a.name for a in v.signature().args]
-        assert args == [a.name for a in twin.signature().args][:5] + ["tile_counters", "softmax_scale"]
+        targs = [a.name for a in twin.signature().args]
+        assert args == targs[:5] + ["tile_counters"] + targs[5:]
+        assert targs[5:] == (["cu_seqlens_q", "cu_seqlens_k", "softmax_scale", "max_seqlen_q"] if v.varlen
+                             else ["softmax_scale"])
         tc = v.signature().args[5]
         assert tc.dtype == "i32" and tuple(tc.shape) == (2,)
-    # the default tier has the causal head_dim 64 (128 and 192 rows) and 128 persistent builds'
-    # twins (bf16 and fp16) (launches that may run at once count in different words: runtime/counters.py), the full
-    # tier those and more
+    # the default tier has the causal head_dim 64 (128 and 192 rows), 128 and 256 persistent builds'
+    # twins (bf16 and fp16) (launches that may run at once count in different words: runtime/counters.py),
+    # and the bf16 varlen causal head_dim 64 and 128 ones; the full tier those and more
     default_dyn = [v for v in _sm90("default") if v.dynamic]
-    assert sorted((v.dtype, v.head_dim, v.tile_m) for v in default_dyn) == [
-        (dt, d, m) for dt in ("bf16", "f16") for d, m in ((64, 128), (64, 192), (128, 128), (256, 128))]
+    assert sorted((v.dtype, v.head_dim, v.tile_m, v.varlen) for v in default_dyn) == sorted(
+        [(dt, d, m, False) for dt in ("bf16", "f16") for d, m in ((64, 128), (64, 192), (128, 128), (256, 128))]
+        + [("bf16", 64, 192, True), ("bf16", 128, 128, True)])
+    assert all(v.causal for v in default_dyn)
     assert all(v.slot_coords and v.diag_half and v.o_stmatrix and v.name.endswith("_dh_om_sc_dy")
                for v in default_dyn)  # (test_slot_coords_twins)
     assert {(64, 128), (64, 192), (128, 128)} <= {(v.head_dim, v.tile_m) for v in _sm90("full") if v.dynamic and v.causal}
@@ -70,15 +82,20 @@ def test_slot_coords_twins():
     assert "slot_coords needs dynamic" in dataclasses.replace(sc[0], dynamic=False).can_implement()
     # the default tier holds these twins only (the selection tries "<name>_sc_dy", then "<name>_dy")
     assert all(v.slot_coords for v in _sm90("default") if v.dynamic)
-    # o_stmatrix (O into its smem slab by stmatrix): bf16 causal candidates in the full tier only,
-    # named "..._om_sc_dy", refused for varlen O (16-byte global stores) and other families' kernels
+    # o_stmatrix (O into its smem slab by stmatrix; varlen: the slab the 16-byte global stores read):
+    # causal candidates in the full tier, named "..._om_sc_dy", refused for other families' kernels
     om = [v for v in full if v.o_stmatrix and not v.diag_half]
     assert om and all(v.name.endswith("_om_sc_dy") and v.config() == {**by_name[v.name.replace("_om_", "_")].config(),
                                                                       "o_stmatrix": True} for v in om)
     assert any(r"STSM" in x for x in om[0].sass_requirements())
     assert all("o_stmatrix" not in v.config() for v in full if not v.o_stmatrix)
     plain = next(v for v in full if v.varlen and v.causal and v.dtype == "bf16")
-    assert "o_stmatrix needs dense 16-bit O" in dataclasses.replace(plain, o_stmatrix=True).can_implement()
+    assert dataclasses.replace(plain, o_stmatrix=True).can_implement() is None
+    assert any(v.varlen for v in om)
+    from factory.attention.sm90 import AttentionKvcacheSm90
+
+    kv = next(x for x in _kvcache() if isinstance(x, AttentionKvcacheSm90))
+    assert "o_stmatrix needs 16-bit O" in dataclasses.replace(kv, o_stmatrix=True).can_implement()
     # diag_half (the diagonal key tile's upper half skipped where a warpgroup sees none of it):
     # likewise "..._dh_sc_dy", causal only
     dh = [v for v in full if v.diag_half and not v.o_stmatrix]
@@ -94,7 +111,8 @@ def test_slot_coords_twins():
 def test_refusals():
     base = next(v for v in _sm90("full") if v.dynamic)
     assert "dynamic needs persistent" in dataclasses.replace(base, persistent=False, store_defer=False).can_implement()
-    assert "dynamic needs persistent" in dataclasses.replace(base, varlen=True, store_defer=False).can_implement()
+    # varlen: taken (the producer passes over the virtual grid's empty slots)
+    assert dataclasses.replace(base, varlen=True, store_defer=False).can_implement() is None
     from factory.attention.sm90_fp8 import AttentionFp8Sm90
     from factory.registry import enumerate_variants
 
@@ -180,3 +198,33 @@ def test_capture_words_per_capture(monkeypatch):
     state["cid"] = None  # the driver cannot tell captures apart
     n1, n2 = counters.zeroed(dev, 4, 7)[0], counters.zeroed(dev, 4, 7)[0]
     assert n1.data_ptr() != n2.data_ptr() and int(n1.count_nonzero()) == 0
+
+
+def test_selection_takes_the_varlen_twin(tmp_path):
+    """A bundle of the bf16 causal varlen head_dim 64 build and its dynamic twin: the selection (C;
+    the Python loader asks it) takes the twin for packed causal sequences, and its workspace (what
+    fx_attention asks of a caller) is the two counter words, then the lse scratch."""
+    pytest.importorskip("cutlass")
+    from factory.compiler.builder import build
+    from factory.runtime import Bundle
+    from factory.runtime.attention import _choose, uses_tile_counters
+    from factory.runtime.errors import NoVariantError
+    from factory.runtime.selector import DTYPE, AttentionProblem, _I64x2, _I64x3
+
+    (tmp_path / "no-runs").mkdir()
+    build(tmp_path / "b", ["sm_90a"], ["attention"], tier="default", jobs=1, evidence=tmp_path / "no-runs",
+          name_filter="attention_sm90a_bf16_d64_m192_n128_s2_causal_varlen_ov_pp_ps_kf*")
+    b = Bundle.open(tmp_path / "b", capability=(9, 0), device={"name": "sim", "sm_count": 132})
+    assert len(b.manifest["variants"]) == 2
+    name = _choose(b, "bf16", 64, True, True)[0]
+    assert name.endswith("_dh_om_sc_dy") and uses_tile_counters(b.manifest["variants"][name])
+    assert name[:-len("_dh_om_sc_dy")] in b.manifest["variants"]
+    with pytest.raises(NoVariantError):  # (no non-causal build here: the twin is no choice of its own)
+        _choose(b, "bf16", 64, False, True)
+    hq, tq, d = 8, 3000, 64
+    qs = _I64x3(0, hq * d, d)
+    for lse, want in ((None, 16 + 4 * hq * tq), (1 << 20, 16)):
+        p = AttentionProblem(DTYPE["bf16"], 1, 3, tq, tq, hq, hq, d, None, None, None, None, qs, qs, qs,
+                             _I64x3(0, hq * d, d), lse, _I64x2(0, tq), None, None, 1500, 1, 0.0)
+        sel = b.selector.select("attention", p)
+        assert sel.name.decode() == name and sel.workspace_bytes == want, (sel.name, sel.workspace_bytes)

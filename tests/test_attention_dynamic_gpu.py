@@ -1,6 +1,7 @@
 """The dynamic persistent Hopper attention variants (tiles taken from a global counter) on an
 H100, through a built bundle (builds nothing): each by name against float32 with NaN-poisoned
-outputs on grids of every size (fewer tiles than CTAs, ragged query tails, GQA, Sq != Sk), its
+outputs on grids of every size (fewer tiles than CTAs, ragged query tails, GQA, Sq != Sk; varlen:
+packed batches whose virtual grid has empty slots, sequences of no query or no key), its
 tile counters read back zero after every launch, repeated launches bitwise-equal, a CUDA graph
 of several launches replayed (counters zero after it), back-to-back launches on one stream.
 
@@ -38,9 +39,22 @@ def entries(gpu_bundle):
     from factory.runtime.attention import uses_tile_counters
 
     b = Bundle.open(gpu_bundle)
-    es = [e for e in b.candidates("attention") if e["target"] == "sm_90a" and uses_tile_counters(e)]
+    es = [e for e in b.candidates("attention") if e["target"] == "sm_90a" and uses_tile_counters(e)
+          and not e["varlen"]]
     if not es:
         pytest.skip(f"{gpu_bundle} has no dynamic sm_90a attention variant runnable here (needs an H100)")
+    return b, es
+
+
+@pytest.fixture(scope="module")
+def varlen_entries(gpu_bundle):
+    from factory.runtime import Bundle
+    from factory.runtime.attention import uses_tile_counters
+
+    b = Bundle.open(gpu_bundle)
+    es = [e for e in b.candidates("attention") if e["target"] == "sm_90a" and uses_tile_counters(e) and e["varlen"]]
+    if not es:
+        pytest.skip(f"{gpu_bundle} has no dynamic varlen sm_90a attention variant runnable here (needs an H100)")
     return b, es
 
 
@@ -239,3 +253,117 @@ def test_two_graphs_replayed_at_once(entries):
 
         with torch.no_grad():
             _replay_at_once(hot, what=f"selection {name}")
+
+
+# Packed batches (query lengths, key lengths, Hq, Hkv): sequences of 0 and 1 tokens, ragged
+# tails, Sq != Sk (causal: query rows with no key), the longest sequence many query tiles long so
+# that most of the virtual grid's slots (query tiles of the longest sequence x heads x sequences)
+# are empty, GQA.
+VARLEN = [
+    ([2100, 5, 1000, 0, 333, 1500], [2100, 5, 1200, 7, 200, 1500], 8, 2),
+    ([1, 17, 130, 300, 64], [1, 17, 130, 300, 64], 8, 8),
+    ([40, 40, 3000], [0, 33, 3000], 4, 1),
+    ([512] * 24, [512] * 24, 16, 16),
+]
+
+
+def _varlen_problem(e, case, gen):
+    import itertools
+
+    lq, lk, hq, hkv = case
+    dt = {"bf16": torch.bfloat16, "f16": torch.float16}[e["dtype"]]
+    d = e["head_dim"]
+    cu_q, cu_k = (torch.tensor([0, *itertools.accumulate(ls)], dtype=torch.int32, device="cuda") for ls in (lq, lk))
+    tq, tk = sum(lq), sum(lk)
+    q = torch.randn(tq, hq, d, generator=gen, device="cuda").to(dt)
+    kv = torch.full((2, tk + 16, hkv, d), math.nan, dtype=dt, device="cuda")
+    kv[:, :tk] = torch.randn(2, tk, hkv, d, generator=gen, device="cuda").to(dt)
+    return q, kv[0, :tk], kv[1, :tk], cu_q, cu_k
+
+
+def _launch_varlen(bundle, e, q, k, v, o, lse, cu_q, cu_k, max_q, scale):
+    from factory.runtime.attention import tile_counters
+
+    bundle.launch(e["name"], [q, k, v, o, lse, tile_counters(q.device, torch.cuda.current_stream().cuda_stream),
+                              cu_q, cu_k, scale, max_q])
+
+
+def test_dynamic_varlen_match_float32(varlen_entries):
+    """Every dynamic varlen variant by name on packed batches whose virtual grid has empty slots
+    (the producer passes them over): each sequence's o and LSE against its own float32 reference
+    (rows with no key: o = 0, lse = -inf), no NaN, the counters zero after each launch."""
+    import itertools
+
+    from factory.testing import TOLERANCE, attention_reference, rel_error
+
+    bundle, es = varlen_entries
+    gen = torch.Generator(device="cuda").manual_seed(29)
+    failures = []
+    for e in es:
+        scale = 0.7 / math.sqrt(e["head_dim"])
+        for case in VARLEN:
+            lq, lk = case[:2]
+            q, k, v, cu_q, cu_k = _varlen_problem(e, case, gen)
+            o = torch.full_like(q, math.nan)
+            lse = torch.full((q.shape[1], q.shape[0]), math.nan, device="cuda")
+            _launch_varlen(bundle, e, q, k, v, o, lse, cu_q, cu_k, max(lq), scale)
+            what = f"{e['name']} {lq} {lk}"
+            _counters_zero(what)
+            if o.isnan().any() or lse.isnan().any():
+                failures.append(f"{what}: NaN in o or lse")
+                continue
+            for a, n, c, m in zip(itertools.accumulate([0, *lq]), lq, itertools.accumulate([0, *lk]), lk):
+                if n == 0:
+                    continue
+                ref_o, ref_lse = attention_reference(q[None, a:a + n], k[None, c:c + m], v[None, c:c + m],
+                                                     e["causal"], scale)
+                so, sl = o[None, a:a + n], lse[None, :, a:a + n]
+                empty = torch.isinf(ref_lse)
+                if (~empty).any() and rel_error(so, ref_o) >= TOLERANCE[e["dtype"]]:
+                    failures.append(f"{what} sequence at {a}: relative error {rel_error(so, ref_o):.2e}")
+                if not torch.equal(torch.isinf(sl) & (sl < 0), empty) or not (so.transpose(1, 2)[empty] == 0).all():
+                    failures.append(f"{what} sequence at {a}: rows with no key differ")
+                elif (~empty).any() and (sl[~empty] - ref_lse[~empty]).abs().max().item() >= 2e-2:
+                    failures.append(f"{what} sequence at {a}: LSE error")
+    assert not failures, failures
+
+
+def test_dynamic_varlen_repeat_and_graph(varlen_entries):
+    """Per dynamic varlen variant: five launches bitwise-equal to the first, a CUDA graph of three
+    launches (two packed batches) replayed twice equal to the eager results, the counters zero."""
+    bundle, es = varlen_entries
+    gen = torch.Generator(device="cuda").manual_seed(30)
+    for e in es:
+        scale = 0.7 / math.sqrt(e["head_dim"])
+        probs = []
+        for case in VARLEN[:2]:
+            q, k, v, cu_q, cu_k = _varlen_problem(e, case, gen)
+            o = torch.full_like(q, math.nan)
+            lse = torch.full((q.shape[1], q.shape[0]), math.nan, device="cuda")
+            args = (q, k, v, o, lse, cu_q, cu_k, max(case[0]))
+            _launch_varlen(bundle, e, *args, scale)
+            _counters_zero(e["name"])
+            probs.append((args, o.clone(), lse.clone()))
+        (q, k, v, o, lse, cu_q, cu_k, mq), o0, l0 = probs[0]
+        for i in range(5):
+            o.fill_(math.nan)
+            _launch_varlen(bundle, e, q, k, v, o, lse, cu_q, cu_k, mq, scale)
+            _counters_zero(f"{e['name']} repeat {i}")
+            assert torch.equal(o, o0) and torch.equal(lse, l0), f"{e['name']}: launch {i + 2} differs from the first"
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(s):
+            with torch.cuda.graph(g, stream=s):
+                for j in (0, 1, 0):
+                    _launch_varlen(bundle, e, *probs[j][0], scale)
+        torch.cuda.current_stream().wait_stream(s)
+        for r in range(2):
+            for p in probs:
+                p[0][3].fill_(math.nan)
+            g.replay()
+            _counters_zero(f"{e['name']} graph replay {r}")
+            for p in probs:
+                assert torch.equal(p[0][3], p[1]) and torch.equal(p[0][4], p[2]), \
+                    f"{e['name']}: graph replay {r} differs"
+        del g

@@ -269,7 +269,7 @@ def test_every_variant(bundle):
             k, v = (rand(441, hkv, d, dtype=dtype, gen=gen) for _ in range(2))
             o = torch.full_like(q, math.nan)
             lse = torch.full((hq, 208), math.nan, device="cuda")
-            bundle.launch(e["name"], [q, k, v, o, lse, cu_q, cu_k, scale, max(lq)])
+            bundle.launch(e["name"], [q, k, v, o, lse, *dense_workspace(torch, e, q), cu_q, cu_k, scale, max(lq)])
             pieces = []
             for i in range(3):
                 qs = slice(cu_q[i].item(), cu_q[i + 1].item())

@@ -160,12 +160,14 @@ def test_enumeration_and_names():
                                       "attention_sm90a_bf16_d128_m64_n128_s2_causal_ov",
                                       "attention_sm90a_bf16_d128_m128_n128_s2_causal_ov_pp_er_ps_kf_lz_sd_sc_dy"]
     default = sm90.enumerate_attention(get_target("sm_90a"), "default")
-    # the dynamic twins of the causal dense persistent builds of head_dim 64 (128 and 192 rows) and
-    # 128, which the selection takes in their place (tests/test_attention_dynamic.py)
+    # the dynamic twins of the causal dense persistent builds of head_dim 64 (128 and 192 rows), 128
+    # and 256, and of the bf16 causal varlen ones of head_dim 64 and 128, which the selection takes
+    # in their place (tests/test_attention_dynamic.py)
     dyn = [v for v in default if v.dynamic]
-    assert sorted((v.dtype, v.head_dim, v.tile_m) for v in dyn) == [
-        (dt, d, m) for dt in ("bf16", "f16") for d, m in ((64, 128), (64, 192), (128, 128), (256, 128))]
-    assert all(v.causal and v.persistent and not v.varlen for v in dyn)
+    assert sorted((v.dtype, v.head_dim, v.tile_m, v.varlen) for v in dyn) == sorted(
+        [(dt, d, m, False) for dt in ("bf16", "f16") for d, m in ((64, 128), (64, 192), (128, 128), (256, 128))]
+        + [("bf16", 64, 192, True), ("bf16", 128, 128, True)])
+    assert all(v.causal and v.persistent for v in dyn)
     assert all(dataclasses.replace(v, dynamic=False, slot_coords=False, diag_half=False, o_stmatrix=False).name in {u.name for u in default} for v in dyn)
     default = [v for v in default if not v.dynamic]
     problems = {(dt, d, c) for dt in ("bf16", "f16") for d in (64, 128, 256) for c in (False, True)}
@@ -202,10 +204,10 @@ def test_enumeration_and_names():
     assert all(v.persistent and v.o_in_q == (v.head_dim == 256) for v in big + varlen)
     assert not any(v.persistent for v in small)
     assert all(v.describe()["tile_scheduler"]["max_ctas"] == sm90.PERSISTENT_CTAS for v in big + varlen)
-    # the lazy rescale: the dense head_dim 128 and 256 tiles, and varlen head_dim 256
+    # the lazy rescale: the dense and varlen head_dim 128 and 256 tiles
     assert {(v.dtype, v.head_dim, v.causal, v.varlen) for v in default + varlen if v.lazy_rescale} == {
         (dt, d, c, vl) for dt in ("bf16", "f16") for d in (128, 256) for c in (False, True)
-        for vl in (False, True) if d == 256 or not vl}
+        for vl in (False, True)}
     assert all(v.tile_m == 128 for v in default + varlen if v.lazy_rescale)
     # store_defer: the dense causal persistent tiles with O slabs of their own (head_dim 64, 128)
     assert {(v.dtype, v.head_dim) for v in default + varlen if v.store_defer} == {

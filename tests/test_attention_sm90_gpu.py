@@ -79,6 +79,8 @@ VARLEN = [
 def _varlen_case(bundle, e, lq, lk, hq, hkv, gen, failures):
     """Launch a varlen variant by name on a packed batch whose k/v storage continues with NaN
     tokens, o and lse NaN-poisoned; check every sequence."""
+    from factory.runtime.attention import dense_workspace
+
     dtype = {"bf16": torch.bfloat16, "f16": torch.float16}[e["dtype"]]
     d, scale = e["head_dim"], 0.7 / math.sqrt(e["head_dim"])
     cu_q, cu_k = (torch.tensor([0, *torch.tensor(ls).cumsum(0).tolist()], dtype=torch.int32,
@@ -90,7 +92,8 @@ def _varlen_case(bundle, e, lq, lk, hq, hkv, gen, failures):
     k, v = kv[0, :tk], kv[1, :tk]
     o = torch.full_like(q, math.nan)
     lse = torch.full((hq, tq), math.nan, device="cuda")
-    bundle.launch(e["name"], [q, k, v, o, lse, cu_q, cu_k, scale, max(lq)])
+    # (a dynamic variant's tile counters after lse: dense_workspace)
+    bundle.launch(e["name"], [q, k, v, o, lse, *dense_workspace(torch, e, q), cu_q, cu_k, scale, max(lq)])
     torch.cuda.synchronize()
     for i in range(len(lq)):
         qs = slice(cu_q[i].item(), cu_q[i + 1].item())

@@ -232,39 +232,52 @@ def test_fx_attention_matches_python(lib, bundle, monkeypatch, B, Sq, Sk, Hq, Hk
     assert _rel(o, o_py.float()) < 1e-2 and _rel(lse, lse_py) < 1e-4
 
 
+@pytest.mark.parametrize("dtype,D", [("f16", 128), ("bf16", 64), ("bf16", 128)])
 @pytest.mark.parametrize("lse_given", [False, True], ids=["lse-in-workspace", "lse"])
-def test_fx_attention_varlen_matches_python(lib, bundle, lse_given):
-    """Packed sequences (f16, head_dim 128, causal; lse NULL: written into the workspace, or given
-    and NaN-poisoned) against a float32 reference per sequence, and the Python launch."""
+def test_fx_attention_varlen_matches_python(lib, bundle, lse_given, dtype, D):
+    """Packed sequences (causal; lse NULL: written into the workspace, or given and NaN-poisoned)
+    against a float32 reference per sequence, and the Python launch; where the choice is a dynamic
+    variant, its tile counters come first in the workspace (zeroed by fx_attention), then the lse."""
+    from factory.runtime.attention import uses_tile_counters
+    from factory.runtime.selector import DTYPE
+
     dev = _device(lib)
-    lens_q, lens_k, H, D = [100, 37, 300], [120, 37, 500], 8, 128
+    lens_q, lens_k, H = [100, 37, 300, 0, 1100], [120, 37, 500, 9, 1100], 8
+    tdt = {"f16": torch.float16, "bf16": torch.bfloat16}[dtype]
     cu_q = torch.tensor([0, *torch.tensor(lens_q).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
     cu_k = torch.tensor([0, *torch.tensor(lens_k).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
     g = torch.Generator(device="cuda").manual_seed(15)
-    q = torch.randn(sum(lens_q), H, D, device="cuda", generator=g).to(torch.float16)
-    k = torch.randn(sum(lens_k), H, D, device="cuda", generator=g).to(torch.float16)
-    v = torch.randn(sum(lens_k), H, D, device="cuda", generator=g).to(torch.float16)
+    q = torch.randn(sum(lens_q), H, D, device="cuda", generator=g).to(tdt)
+    k = torch.randn(sum(lens_k), H, D, device="cuda", generator=g).to(tdt)
+    v = torch.randn(sum(lens_k), H, D, device="cuda", generator=g).to(tdt)
     o = torch.full_like(q, float("nan"))
     lse = torch.full((H, q.shape[0]), float("nan"), dtype=torch.float32, device="cuda")
     st = (ctypes.c_int64 * 2)(0, q.shape[0]) if lse_given else (ctypes.c_int64 * 2)(0, 0)
-    p = cs.AttentionProblem(2, 1, len(lens_q), q.shape[0], k.shape[0], H, H, D, q.data_ptr(), k.data_ptr(),
+    p = cs.AttentionProblem(DTYPE[dtype], 1, len(lens_q), q.shape[0], k.shape[0], H, H, D,
+                            q.data_ptr(), k.data_ptr(),
                             v.data_ptr(), o.data_ptr(), cs.I64x3(0, *q.stride()[:2]), cs.I64x3(0, *k.stride()[:2]),
                             cs.I64x3(0, *v.stride()[:2]), cs.I64x3(0, *o.stride()[:2]),
                             lse.data_ptr() if lse_given else None, st,
                             cu_q.data_ptr(), cu_k.data_ptr(), max(lens_q), 1, 0.0)
     ws = []
     sel = _attention(lib, dev, p, ws)
-    assert sel.workspace_bytes == (0 if lse_given else 4 * H * q.shape[0])  # the lse it writes
+    name = sel.name.decode()
+    counters = 16 if uses_tile_counters(bundle.manifest["variants"][name]) else 0
+    assert sel.workspace_bytes == counters + (0 if lse_given else 4 * H * q.shape[0])  # the lse it writes
+    if counters:
+        assert int(ws[0][:counters].count_nonzero()) == 0  # the kernel leaves its counters at 0
     if not lse_given:  # the lse fx_attention wrote into the workspace
-        lse = ws[0][: 4 * H * q.shape[0]].view(torch.float32).view(H, q.shape[0])
+        lse = ws[0][counters:counters + 4 * H * q.shape[0]].view(torch.float32).view(H, q.shape[0])
     o_py, lse_py = bundle.attention(q, k, v, causal=True, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
                                     max_seqlen_q=max(lens_q), return_lse=True)
-    assert sel.name.decode() == rt_attention._choose(bundle, "f16", D, True, True)[0]
-    print(sel.name.decode(), "bitwise equal to Python's launch:", torch.equal(o, o_py))
+    assert name == rt_attention._choose(bundle, dtype, D, True, True)[0]
+    print(name, "bitwise equal to Python's launch:", torch.equal(o, o_py))
     for i in range(len(lens_q)):  # each sequence against float32
         qs, ks = slice(cu_q[i].item(), cu_q[i + 1].item()), slice(cu_k[i].item(), cu_k[i + 1].item())
+        if qs.start == qs.stop:  # (a sequence of no query)
+            continue
         ref_o, ref_lse = attention_reference(q[None, qs], k[None, ks], v[None, ks], True, D ** -0.5)
-        r = judge_attention(sel.name.decode(), [i], o[None, qs], lse[None, :, qs], ref_o, ref_lse, TOLERANCE["f16"])
+        r = judge_attention(name, [i], o[None, qs], lse[None, :, qs], ref_o, ref_lse, TOLERANCE[dtype])
         assert r["ok"], r
     assert _rel(o, o_py.float()) < 1e-2 and _rel(lse, lse_py) < 1e-4
 

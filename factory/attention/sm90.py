@@ -300,14 +300,13 @@ class AttentionSm90(AttentionVariant):
             return "const_wg is built for this family's own kernels only"
         if self.store_defer and (not self.persistent or self.o_in_q or self.varlen):
             return "store_defer needs persistent, dense, O in its own smem slabs"
-        if self.dynamic and (not self.persistent or self.varlen
-                             or type(self).make_kernel is not AttentionSm90.make_kernel):
-            return "dynamic needs persistent, dense, this family's own kernels"
+        if self.dynamic and (not self.persistent or type(self).make_kernel is not AttentionSm90.make_kernel):
+            return "dynamic needs persistent and this family's own kernels"
         if self.slot_coords and not self.dynamic:
             return "slot_coords needs dynamic"
-        if self.o_stmatrix and (self.varlen or self.dtype not in ("bf16", "f16")
+        if self.o_stmatrix and (self.dtype not in ("bf16", "f16")
                                 or type(self).make_kernel is not AttentionSm90.make_kernel):
-            return "o_stmatrix needs dense 16-bit O (TMA store) and this family's own kernels"
+            return "o_stmatrix needs 16-bit O and this family's own kernels"
         if self.diag_half and (not self.causal or self.tile_n % 32 or self.ex2_fma or self.ex2_pairs
                                or type(self).make_kernel is not AttentionSm90.make_kernel):
             return "diag_half needs causal, tile_n a multiple of 32, the plain exponentials and this family's own kernels"
@@ -389,7 +388,7 @@ class AttentionSm90(AttentionVariant):
         )
         self.set_ex2(k)
         if self.dynamic:
-            return k.dense_dynamic
+            return k.packed_dynamic if self.varlen else k.dense_dynamic
         return k.packed if self.varlen else k.dense
 
     def set_ex2(self, k) -> None:
@@ -464,12 +463,13 @@ def default_schedule(head_dim: int, causal: bool, varlen: bool = False,
     # descriptors on the uniform datapath: B1 H16 S16384 6133 vs 6436 us with the lazy rescale
     # alone, sustained at the power cap (H100; notes/attention-sm90.md)
     # varlen head_dim 256 (8 packed sequences of 2048, H16, interleaved by name): the lazy rescale
-    # and const_wg 748 vs 828 us, causal (lazy rescale) 470 vs 495.  store_defer (causal, O in its
+    # and const_wg 748 vs 828 us, causal (lazy rescale) 470 vs 495; head_dim 128 (H200) the lazy
+    # rescale 395.7 vs 403.2 us, causal 233.8 vs 236.4.  store_defer (causal, O in its
     # own slabs): B32 H32 S512 head_dim 128 205.5 vs 209.4 us (ncu 331.8 k vs 342.9 k cycles), head_dim
     # 64 158.0 vs 160.3 (192 rows), 147.5 vs 149.0 (128 rows)
     return {"persistent": big, "early_rescale": big and head_dim <= 128 and not (head_dim == 64 and causal),
             "k_first": big,
-            "lazy_rescale": big and persistent_all and (head_dim == 256 or (head_dim == 128 and not varlen)),
+            "lazy_rescale": big and persistent_all and head_dim >= 128,
             "const_wg": big and persistent_all and head_dim == 256 and not causal,
             "store_defer": big and persistent_all and head_dim <= 128 and causal and not varlen}
 
@@ -548,8 +548,12 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm90]:
     # 161.0 vs 164.8; B4 H32 S4096 561.7 vs 568.8), the twin the selection tries first.  Head_dim
     # 256 (H100, by name, vs the static persistent build): B4 H32 S4096 1654.4 vs 1803.6 us, B1 H16
     # S16384 3251.8 vs 3267.3, B8 H16 S2048 452.0 vs 454.1, B4 H32/8 S2048 431.3 vs 430.6.
+    # Varlen, head_dim 64 and 128 (the producer passes over the virtual grid's empty slots; H200,
+    # 8 packed sequences of 2048, H16, by name): 160.7 vs 182.0 us (cuDNN, dense, 181.1), head_dim
+    # 128 227.0 vs 233.8 (bf16 in this tier, fp16 in full); head_dim 256 445.6 vs 446.3 (not built).
     out += [dataclasses.replace(v, dynamic=True, slot_coords=True, diag_half=True, o_stmatrix=True) for v in out
-            if v.causal and v.persistent and not v.varlen
+            if v.causal and v.persistent
+            and (not v.varlen or (v.head_dim <= 128 and v.dtype == "bf16"))
             and (v.head_dim, v.tile_m) in ((64, 128), (64, 192), (128, 128), (256, 128))]
     if tier == "full":
         # The tuner's alternatives (dense): scripts/tune.py attention picks among them per shape bucket.
@@ -596,6 +600,18 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm90]:
         # the default tier)
         out += [dataclasses.replace(v, dynamic=True) for v in out[:len(problems)] + [make("bf16", 64, True, tile_m=128)]
                 if v.dtype == "bf16" and v.persistent and not v.varlen and (v.causal or v.head_dim == 128)]
+        # varlen head_dim 128 without the lazy rescale (the default before it)
+        out += [dataclasses.replace(v, lazy_rescale=False) for v in out
+                if v.varlen and v.persistent and v.head_dim == 128 and v.lazy_rescale and not v.dynamic]
+        # varlen with the dynamic tile counter: the persistent bf16 causal builds (also the D64 128-row
+        # tile) and the non-causal D128 one, each with its default mainloop (the lines below add their
+        # twins with the producer's coordinates, the diagonal half, the stmatrix epilogue); the fp16
+        # twins of the default tier's bf16 ones
+        out += [dataclasses.replace(v, dynamic=True) for v in out
+                if v.varlen and v.persistent and v.dtype == "bf16" and not v.dynamic and (v.causal or v.head_dim == 128)
+                and v.lazy_rescale == default_schedule(v.head_dim, v.causal, True, persistent_all=True)["lazy_rescale"]]
+        out += [dataclasses.replace(v, dtype="f16") for v in out if v.varlen and v.dynamic and v.dtype == "bf16"
+                and v.slot_coords]
         # the default tier's dynamic twins without the producer's tile coordinates, the diagonal
         # half and the stmatrix epilogue (by name)
         out += [dataclasses.replace(v, slot_coords=False, diag_half=False, o_stmatrix=False) for v in out if v.slot_coords]
@@ -905,6 +921,17 @@ class FlashFwdSm90(layout.TmaViewsKernel):
         self._launch(mQ, mK, mVt, mO, lse, None, None, softmax_scale, grid, stream, mTiles=tile_counters)
 
     @cute.jit
+    def packed_dynamic(self, q: cute.Tensor, k: cute.Tensor, v: cute.Tensor, o: cute.Tensor,
+                       lse: cute.Tensor, tile_counters: cute.Tensor, cu_seqlens_q: cute.Tensor,
+                       cu_seqlens_k: cute.Tensor, softmax_scale: cutlass.Float32,
+                       max_seqlen_q: cutlass.Int32, stream: cuda.CUstream):
+        # ``packed`` with the tile counters (AttentionSm90.dynamic, varlen)
+        mQ, mK, mVt, mO = layout.packed_views(q, k, v, o)
+        grid = (cute.ceil_div(max_seqlen_q, self.cta_rows), q.shape[1], cu_seqlens_q.shape[0] - 1)
+        self._launch(mQ, mK, mVt, mO, lse, cu_seqlens_q, cu_seqlens_k, softmax_scale, grid, stream,
+                     mTiles=tile_counters)
+
+    @cute.jit
     def kvcache(self, q: cute.Tensor, k_cache: cute.Tensor, v_cache: cute.Tensor, o: cute.Tensor,
                 lse: cute.Tensor, block_table: cute.Tensor, cache_seqlens: cute.Tensor,
                 sinks: cute.Tensor, kv_descale: cute.Tensor, softmax_scale: cutlass.Float32,
@@ -1038,7 +1065,7 @@ class FlashFwdSm90(layout.TmaViewsKernel):
         if cutlass.const_expr(self.dynamic):
             varlen_tiles = (None, mTiles)
         if cutlass.const_expr(self.persistent and mCuQ is not None):
-            varlen_tiles = (grid[0],)
+            varlen_tiles = (grid[0], mTiles) if self.dynamic else (grid[0],)
             grid = (cutlass.min(grid[0] * grid[1] * grid[2], PERSISTENT_CTAS), 1, 1)
         self.kernel(
             tma_q, tQ, tma_k, tK, tma_v, tV, tma_o, tO, s2g, lse, mCuQ, mCuK,
@@ -1262,9 +1289,14 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                 cute.arch.setmaxregister_decrease(self.producer_regs)
                 if cutlass.const_expr(self.dynamic):
                     if warp_idx == 0:
-                        self.produce_dynamic(first, stride, n_tiles, n_m, n_batch, mQ, mK, mVt, mO, mLSE,
-                                             tma_q, tma_k, tma_v, sQ, sK, sV_load, q_bars, load_pipes,
-                                             tile_bars, tile_slots, mTiles)
+                        if cutlass.const_expr(mCuQ is None):
+                            self.produce_dynamic(first, stride, n_tiles, n_m, n_batch, mQ, mK, mVt, mO, mLSE,
+                                                 tma_q, tma_k, tma_v, sQ, sK, sV_load, q_bars, load_pipes,
+                                                 tile_bars, tile_slots, mTiles)
+                        else:
+                            self.produce_dynamic_varlen(first, stride, n_tiles, n_m, n_batch, mQ, mK, mVt, mO,
+                                                        mLSE, tma_q, tma_k, tma_v, sQ, sK, sV_load, q_bars,
+                                                        load_pipes, tile_bars, tile_slots, mTiles, mCuQ, mCuK)
                 else:
                     if warp_idx == 0:
                         state = self.kv_state(True)
@@ -1450,6 +1482,64 @@ class FlashFwdSm90(layout.TmaViewsKernel):
             if old == cute.arch.grid_dim()[0] - 1:
                 cute.arch.store(counter, cutlass.Int32(0))
                 cute.arch.store(counter + 1, cutlass.Int32(0))
+
+    @cute.jit
+    def produce_dynamic_varlen(self, first, stride, n_tiles, n_m, n_batch, mQ, mK, mVt, mO, mLSE, tma_q, tma_k,
+                               tma_v, sQ, sK, sV, q_bars, kv_pipes, tile_bars, tile_slots, mTiles, mCuQ, mCuK):
+        """:meth:`produce_dynamic` of a packed (varlen) problem: an index whose slot lies past its
+        sequence's last query tile is passed over (the next one taken from the counter,
+        :meth:`filled_tile`), so the consumers see tiles of the problem only."""
+        lane = cute.arch.lane_idx()
+        counter = mTiles.iterator
+        t = cutlass.Int32(first)
+        if first >= stride:
+            t = stride + self.next_tile(counter, lane)
+        t, m_block, head, batch = self.filled_tile(t, counter, lane, stride, n_tiles, n_m, n_batch, mQ, mK, mCuQ)
+        state = self.kv_state(True)
+        q_phase = cutlass.Int32(0)
+        k = cutlass.Int32(0)
+        # (slot_coords: each index goes out with its coordinates, computed once, here)
+        self.publish_tile(t, k, tile_bars, tile_slots, lane,
+                          (m_block, head, batch) if cutlass.const_expr(self.slot_coords) else None)
+        k = k + 1
+        while t < n_tiles:
+            q_len, k_len, seqQ, seqK, seqVt, seqO, seqL = layout.sequence_views(
+                mQ, mK, mVt, mO, mLSE, mCuQ, mCuK, head, batch)
+            _, n_hi, _, n_mask = self.key_range(m_block, q_len, k_len)
+            state = self.produce(tma_q, seqQ, tma_k, seqK, tma_v, seqVt, sQ, sK, sV, q_bars, kv_pipes,
+                                 m_block, n_hi, state, q_phase)
+            if cutlass.const_expr(self.o_in_q):
+                if n_hi == 0:
+                    self.pass_q_slabs(q_bars, q_phase)
+                q_phase = q_phase ^ 1
+            else:
+                if n_hi > 0:
+                    q_phase = q_phase ^ 1
+            t = stride + self.next_tile(counter, lane)
+            t, m_block, head, batch = self.filled_tile(t, counter, lane, stride, n_tiles, n_m, n_batch, mQ, mK,
+                                                       mCuQ)
+            self.publish_tile(t, k, tile_bars, tile_slots, lane,
+                              (m_block, head, batch) if cutlass.const_expr(self.slot_coords) else None)
+            k = k + 1
+        if lane == 0:
+            old = cute.arch.atomic_add(counter + 1, cutlass.Int32(1), sem="acq_rel", scope="gpu")
+            if old == cute.arch.grid_dim()[0] - 1:
+                cute.arch.store(counter, cutlass.Int32(0))
+                cute.arch.store(counter + 1, cutlass.Int32(0))
+
+    @cute.jit
+    def filled_tile(self, t, counter, lane, stride, n_tiles, n_m, n_batch, mQ, mK, mCuQ):
+        """(index, query tile, q head, batch) of dynamic slot ``t``; varlen: the first slot from
+        ``t`` on (the next ones from the counter) that holds a tile of its sequence, or an index
+        past the tiles."""
+        m_block, head, batch, _ = self.tile_coords(t, stride, n_m, mQ.shape[2], n_batch, mK.shape[2])
+        if cutlass.const_expr(mCuQ is not None):
+            b = cutlass.min(batch, n_batch - 1)
+            while (t < n_tiles) & (m_block * self.tile_m >= mCuQ[b + 1] - mCuQ[b]):
+                t = stride + self.next_tile(counter, lane)
+                m_block, head, batch, _ = self.tile_coords(t, stride, n_m, mQ.shape[2], n_batch, mK.shape[2])
+                b = cutlass.min(batch, n_batch - 1)
+        return t, m_block, head, batch
 
     @cute.jit
     def next_tile(self, counter, lane):

@@ -133,6 +133,8 @@ def attention(bundle, q, k, v, causal=False, softmax_scale=None, cu_seqlens_q=No
 
     if varlen:
         name, splits = _choose(bundle, dtype, d, bool(causal), varlen)
+        if name.endswith("_dy") and uses_tile_counters(bundle.manifest["variants"][name]):
+            args.insert(5, tile_counters(q.device, _counters.raw_stream(bundle, q.device)))
     else:
         name, splits = _choose(bundle, dtype, d, bool(causal), varlen, q.shape[0] * hq * q.shape[1],
                                (q.shape[0], hq, k.shape[2], q.shape[1], k.shape[1]))
@@ -207,7 +209,7 @@ def check_meta(bundle, q, k, v, causal=False, softmax_scale=None, cu_seqlens_q=N
 
 
 def uses_tile_counters(entry: dict) -> bool:
-    """Whether a dense variant takes its tiles from a global counter (manifest workspace form
+    """Whether a variant takes its tiles from a global counter (manifest workspace form
     "tile_counters": two int32 words after lse, zero at launch and left zero)."""
     return (entry.get("workspace") or {}).get("form") == "tile_counters"
 

@@ -1619,8 +1619,11 @@ done:
        its smem slab by stmatrix, with the producer handing each tile's coordinates to the consumers
        ("_dh_om_sc_dy"; H200, B32 H32 S512 head_dim 64 130.6 vs 133.5 us, B8 H16 S2048 161.0 vs 164.8,
        192 rows); the coordinates alone ("_sc_dy": no divisions per tile in the consumer warps; H100,
-       B32 H32 S512 head_dim 64 137.9 vs 140.7 us, head_dim 128 197.4 vs 197.9); the plain twin. */
-    if (result >= 0 && decode && causal && fx_variants[result].attn_sched >= 1) { /* persistent (O in Q's slabs too) */
+       B32 H32 S512 head_dim 64 137.9 vs 140.7 us, head_dim 128 197.4 vs 197.9); the plain twin.
+       Varlen too (the producer passes over the virtual grid's empty slots): H200, 8 packed sequences of
+       2048, H16, by name, "_dh_om_sc_dy" vs the static build: head_dim 64 160.7 vs 182.0 us (cuDNN
+       dense 181.1), head_dim 128 (lazy rescale) 227.0 vs 233.8. */
+    if (result >= 0 && (decode || varlen) && causal && fx_variants[result].attn_sched >= 1) { /* persistent (O in Q's slabs too) */
         static const char *const twin[3] = {"_dh_om_sc_dy", "_sc_dy", "_dy"};
         const char *rn = fx_variants[result].name;
         size_t ln = strlen(rn);
@@ -1761,20 +1764,29 @@ static int32_t attn_select(const fx_device_t *dev, const fx_attention_problem_t 
         spec(&vals[1], p->k, 3, sk3, ks);
         spec(&vals[2], p->v, 3, sk3, vs);
         spec(&vals[3], p->o, 3, sq3, os);
-        int64_t ls[2] = {Hq, Sq}, lst[2] = {p->lse ? p->lse_stride[1] : Sq, 1};
-        spec(&vals[4], p->lse ? (const void *)p->lse : (const void *)workspace, 2, ls, lst);
-        spec(&vals[5], p->cu_seqlens_q, 1, &b1, &one);
-        spec(&vals[6], p->cu_seqlens_k, 1, &b1, &one);
-        vals[7].f = scale;
-        vals[8].i = p->max_seqlen_q;
-        a->n_vals = 9;
-        a->lse_offset = 0;
-        out->workspace_bytes = p->lse ? 0 : (uint64_t)ln * 4u; /* ln < 2^63: no wrap */
         int32_t choice = attn_choose(dev, p->dtype, (int32_t)D, p->causal != 0, 1, -1, NULL);
         if (choice < 0)
             return fail(FX_ERR_NO_VARIANT, "no attention kernel in this bundle for dtype=%s head_dim=%lld causal=%d varlen=1 "
                         "on compute capability %d.%d", dtype_name(p->dtype), (long long)D, p->causal != 0,
                         dev->cc_major, dev->cc_minor);
+        /* a dynamic variant's two tile counters (16 bytes, zeroed per launch by attn_run), then the lse */
+        a->counter_offset = 0;
+        a->counter_bytes = fx_variants[choice].workspace == FX_WORKSPACE_TILE_COUNTERS ? 16u : 0u;
+        a->lse_offset = a->counter_bytes;
+        int64_t ls[2] = {Hq, Sq}, lst[2] = {p->lse ? p->lse_stride[1] : Sq, 1};
+        spec(&vals[4], p->lse ? (const void *)p->lse : (const void *)(workspace + a->lse_offset), 2, ls, lst);
+        int32_t k = 5;
+        if (a->counter_bytes) { /* the tile counters: the workspace's words at counter_offset */
+            int64_t two = 2;
+            spec(&vals[k++], (const void *)(workspace + a->counter_offset), 1, &two, &one);
+        }
+        spec(&vals[k++], p->cu_seqlens_q, 1, &b1, &one);
+        spec(&vals[k++], p->cu_seqlens_k, 1, &b1, &one);
+        vals[k++].f = scale;
+        vals[k++].i = p->max_seqlen_q;
+        a->n_vals = k;
+        if (__builtin_add_overflow(a->counter_bytes, p->lse ? 0 : (uint64_t)ln * 4u, &out->workspace_bytes)) /* ln < 2^63 */
+            return fail(FX_ERR_INPUT, "the attention workspace overflows 64 bits");
         out->variant = choice;
     } else {
         if (qn == 0) return 0; /* nothing to launch */
