@@ -357,6 +357,12 @@ SM90_TAIL_FULL = tuple(
     for t, c in (((128, 256, 64), (1, 2)), ((128, 192, 64), (1, 1)), ((128, 128, 64), (2, 1)),
                  ((128, 128, 64), (1, 2)), ((128, 128, 64), (1, 1)))
 )
+# fp8 e4m3 (fast accumulation) tail splits, row and per-tensor scales applied after the parts' sum.
+SM90_TAIL_FP8_FULL = tuple(
+    dict(**FP8, tile=t, schedule="coop", cluster=(2, 1), splits=sp, tail=True, fast_accum=True, row_scale=row)
+    for t, sp, row in (((128, 128, 128), 8, True), ((128, 192, 128), 8, True), ((128, 256, 128), 4, True),
+                       ((128, 192, 128), 8, False))
+)
 SM90_TAIL_TEST = (dict(**BF16, tile=(128, 128, 64), schedule="coop", cluster=(1, 1), splits=16, tail=True),)
 SM90_SPLITK_FULL = tuple(
     dict(**BF16, tile=t, schedule=s, cluster=c, splits=k)
