@@ -329,11 +329,12 @@ def test_released_workspaces_come_back_zeroed(gpu_bundle, bundle, bf16_splits):
 
 
 # fp8 e4m3 tail splits (fast accumulation; row or per-tensor scales applied after the parts' sum):
-# problems past one round whose last round is split (M x N on 128-row tiles: 2048 x 2112 leaves
-# 16-22 cluster tiles in the last round), K off the 128-element tile, a short K that caps the parts
-# (k-tiles / 4), a ragged M and N, and one round exactly (nothing split).
-FP8_SHAPES = [(2048, 2112, 7168), (2048, 2112, 7000), (4100, 2104, 4096), (1100, 5376, 1000), (300, 2112, 7168),
-              (2176, 1024, 2048)]
+# problems past one round whose last round is split (2048 x 2112 leaves 4-22 cluster tiles in the
+# last round, in 8 / 3 parts on 128x128 / 128x192 tiles), K off the 128-element tile, a short K
+# that caps the parts (k-tiles / 4), a ragged M and N, under one round, and 66 cluster tiles of
+# 128x128 exactly (one round, nothing split).
+FP8_SHAPES = [(2048, 2112, 7168), (2048, 2112, 7008), (4100, 2104, 4096), (1100, 5376, 1008), (300, 2112, 7168),
+              (1536, 1408, 2048)]
 
 
 @pytest.fixture()

@@ -964,9 +964,9 @@ class GemmSm90TailKernel(GemmSm90SplitKernel):
 def enumerate_sm90_splitk(target: Target, tier: str) -> list[GemmSm90SplitK]:
     if target.family != "sm90" or not target.clusters:
         return []
-    specs = {"test": tiles.SM90_SPLITK_TEST + tiles.SM90_TAIL_TEST, "default": tiles.SM90_SPLITK_DEFAULT + tiles.SM90_TAIL_DEFAULT,
-             "full": (tiles.SM90_SPLITK_DEFAULT + tiles.SM90_SPLITK_FULL + tiles.SM90_TAIL_DEFAULT
-                      + tiles.SM90_TAIL_FULL + tiles.SM90_TAIL_FP8_FULL)}[tier]
+    default = tiles.SM90_SPLITK_DEFAULT + tiles.SM90_TAIL_DEFAULT + tiles.SM90_TAIL_FP8_DEFAULT
+    specs = {"test": tiles.SM90_SPLITK_TEST + tiles.SM90_TAIL_TEST, "default": default,
+             "full": default + tiles.SM90_SPLITK_FULL + tiles.SM90_TAIL_FULL + tiles.SM90_TAIL_FP8_FULL}[tier]
     out = []
     for s in specs:
         v = GemmSm90SplitK(target=target.name, pdl=True, **s)
