@@ -172,6 +172,8 @@ def main() -> int:
                     help="time every fp8 variant of the bundle (or --variants) on this shape instead")
     ap.add_argument("--variants", nargs="*", help="glob patterns of variant names for --by-name")
     ap.add_argument("--with-swap", action="store_true", help="--by-name also times swapped-operand tiles")
+    ap.add_argument("--with-tail", action="store_true",
+                    help="--by-name also times the tail-split tiles (a flat workspace per stream)")
     args = ap.parse_args()
     bundle = Bundle.open(args.bundle)
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
@@ -179,7 +181,8 @@ def main() -> int:
         import fnmatch
 
         names = [v["name"] for v in bundle.candidates("gemm") if v["dtypes"]["a"] == "e4m3"
-                 and "workspace" not in v and (args.with_swap or not v.get("config", {}).get("swap_ab"))
+                 and ("workspace" not in v or (args.with_tail and v["workspace"].get("form") == "tail"))
+                 and (args.with_swap or not v.get("config", {}).get("swap_ab"))
                  and (not args.variants or any(fnmatch.fnmatch(v["name"], p) for p in args.variants))]
         rows = []
         for M, N, K in args.by_name:

@@ -227,7 +227,8 @@ def test_fake_checks_the_scales(test_bundle):
 @pytest.fixture(scope="module")
 def row_tiles_bundle(tmp_path_factory):
     """The row-scaled 128x256 2x1 and 128x128 ping-pong tiles (1x2 plain and swizzled, 2x1) of the
-    default tier and the 128x128 cooperative ones, simulated on an H100."""
+    default tier, the 128x128 cooperative ones and the 128x128 / 128x192 2x1 tail splits, simulated
+    on an H100."""
     if not HAVE_DSL:
         pytest.skip("nvidia-cutlass-dsl is not installed")
     from factory.compiler.builder import build
@@ -235,7 +236,7 @@ def row_tiles_bundle(tmp_path_factory):
 
     out = tmp_path_factory.mktemp("fp8row") / "b"
     build(out, ["sm_90a"], ["gemm"], tier="default", jobs=1, evidence=tmp_path_factory.mktemp("no-runs"),
-          name_filter="*_t128x[12][25][86]x128_c[12]x[12]_*_pdl_rowsc")
+          name_filter="*_t128x[12][259][862]x128_c[12]x[12]_*_pdl_rowsc*")
     return Bundle.open(out, capability=(9, 0), device=H100)
 
 
@@ -279,3 +280,31 @@ def test_row_selection_takes_the_pingpong_tiles_by_m(row_tiles_bundle):
     finally:
         sel.set_cost_model()
     assert _row_pick(sel, 8192, 14336, 4096) == swx
+
+
+def test_row_selection_takes_the_tail_split_where_the_last_round_is_short(row_tiles_bundle):
+    """The fp8 tail splits (128x128 / 128x192, 2x1) compete from one whole round of cluster tiles up
+    to four, where the last round leaves at least a quarter of the clusters idle: taken at M 1024 /
+    2048 x 2112 x 7168 (by name on an H100: 31.5 / 52.9 us against the ping-pong pick's 38.6 / 61.2)
+    and at the other shapes timed where they won; the ping-pong picks stay where the grid runs
+    many rounds, or one round exactly, or under one."""
+    sel = row_tiles_bundle.selector
+    pre = "gemm_sm90a_e4m3_obf16_ak_bk_t"
+    t128 = pre + "128x128x128_c2x1_coop_rm_sw1_fastacc_sk1_pdl_rowsc_skw8_tail"
+    t192 = pre + "128x192x128_c2x1_coop_rm_sw1_fastacc_sk1_pdl_rowsc_skw8_tail"
+    assert {t128, t192} <= set(row_tiles_bundle.manifest["variants"])
+    assert _row_pick(sel, 2048, 2112, 7168) == t192
+    for M, N, K in ((1024, 2112, 7168), (768, 4096, 14336), (1536, 1536, 7168), (768, 3072, 5120), (512, 4608, 7168)):
+        assert _row_pick(sel, M, N, K) == t128, (M, N, K)
+    for M, N, K in ((8192, 2112, 7168), (4096, 2112, 7168), (2048, 7168, 16384), (8192, 7168, 2048),
+                    (4096, 4096, 4096), (1536, 1408, 2048), (512, 2112, 7168), (128, 2112, 7168)):
+        assert "tail" not in _row_pick(sel, M, N, K), (M, N, K)
+    # the fix-up term is a cost-model constant: at the bfloat16 tails' 16 us the ping-pong tile stays
+    from factory.runtime import tuning
+
+    sel.set_cost_model(sm90={**tuning.MODEL, "tail_us_fp8": tuning.MODEL["tail_us"]})
+    try:
+        assert "tail" not in _row_pick(sel, 2048, 2112, 7168)
+    finally:
+        sel.set_cost_model()
+    assert _row_pick(sel, 2048, 2112, 7168) == t192

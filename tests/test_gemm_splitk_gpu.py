@@ -27,13 +27,21 @@ def bundle(gpu_bundle):
     from factory.runtime import Bundle
 
     b = Bundle.open(gpu_bundle)
-    if not split_variants(b):
+    if not split_variants(b) and not split_variants(b, "e4m3"):
         pytest.skip("bundle has no workspace split-K GEMM for this GPU")
     return b
 
 
-def split_variants(b) -> list[dict]:
-    return [v for v in b.candidates("gemm") if v.get("workspace", {}).get("form") in ("tiles", "tail")]
+def split_variants(b, ab="bf16") -> list[dict]:
+    return [v for v in b.candidates("gemm") if v.get("workspace", {}).get("form") in ("tiles", "tail")
+            and v["dtypes"]["a"] == ab]
+
+
+@pytest.fixture()
+def bf16_splits(bundle):
+    if not split_variants(bundle):
+        pytest.skip("bundle has no bfloat16 workspace split-K GEMM for this GPU")
+    return split_variants(bundle)
 
 
 def _operands(M, N, K, L, dtype="bf16"):
@@ -53,7 +61,7 @@ def _ref(a, b):
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
-def test_every_split_variant_matches_float32(bundle, run_record, shape):
+def test_every_split_variant_matches_float32(bundle, bf16_splits, run_record, shape):
     import torch
 
     from factory import testing
@@ -73,7 +81,7 @@ def test_every_split_variant_matches_float32(bundle, run_record, shape):
         assert ok, (v["name"], shape, err, nan)
 
 
-def test_results_are_bitwise_repeatable(bundle):
+def test_results_are_bitwise_repeatable(bundle, bf16_splits):
     """The last part sums the partials in part order whichever CTA arrives last: ten launches of
     one problem give the same bits."""
     import torch
@@ -86,7 +94,7 @@ def test_results_are_bitwise_repeatable(bundle):
             assert torch.equal(again.view(torch.int16), first.view(torch.int16)), v["name"]
 
 
-def test_graph_replays_with_new_data(bundle):
+def test_graph_replays_with_new_data(bundle, bf16_splits):
     """Captured once, replayed with new inputs each time: a replay finds its semaphores at zero
     (the workspace is the capture's, its zero region filled at the start of the graph; the kernel
     also leaves them at zero) and every output is right."""
@@ -112,7 +120,7 @@ def test_graph_replays_with_new_data(bundle):
             assert testing.rel_error(out, _ref(a, b)) < testing.TOLERANCE["bf16"], v["name"]
 
 
-def test_the_selection_splits_few_tile_problems(bundle):
+def test_the_selection_splits_few_tile_problems(bundle, bf16_splits):
     """Where the selection picks a split variant (wave count), its answer matches float32."""
     import torch
 
@@ -130,7 +138,7 @@ def test_the_selection_splits_few_tile_problems(bundle):
     print(f"split picks: {picked}")
 
 
-def test_the_kernel_leaves_its_semaphores_zero(bundle):
+def test_the_kernel_leaves_its_semaphores_zero(bundle, bf16_splits):
     """Launched directly on one workspace zeroed once (the host library's callers may keep one per
     stream): after each of three launches with new data the semaphore words read zero and the
     output matches float32."""
@@ -180,7 +188,8 @@ def _zero_regions_clean():
 
 
 @pytest.mark.parametrize("zero_words", [None, 32], ids=["pooled", "past-the-zero-region"])
-def test_mixed_problems_back_to_back_share_the_stream_workspace(gpu_bundle, bundle, zero_words, monkeypatch):
+def test_mixed_problems_back_to_back_share_the_stream_workspace(gpu_bundle, bundle, bf16_splits, zero_words,
+                                                                monkeypatch):
     """Problems of 1 to ~180 output tiles, each split variant, twice round without a wait between
     launches: the stream's one workspace serves them all (a larger problem's semaphores never land
     on a smaller one's partial tiles), every output matches float32, and the zero region reads zero
@@ -211,7 +220,7 @@ def test_mixed_problems_back_to_back_share_the_stream_workspace(gpu_bundle, bund
         workspaces.release()
 
 
-def test_two_streams_at_once_keep_their_own_workspaces(bundle):
+def test_two_streams_at_once_keep_their_own_workspaces(bundle, bf16_splits):
     """The same problems launched alternately on two streams with no wait: each stream's launches
     use that stream's buffer; all outputs right, both zero regions clean."""
     import torch
@@ -238,7 +247,7 @@ def test_two_streams_at_once_keep_their_own_workspaces(bundle):
     _zero_regions_clean()
 
 
-def test_one_capture_of_growing_problems_beside_eager_launches(bundle):
+def test_one_capture_of_growing_problems_beside_eager_launches(bundle, bf16_splits):
     """One graph holds a few-tile problem, then a many-tile one, then the few-tile one again (the
     capture's buffer grows within the capture); it is replayed on its stream while the same
     problems run eagerly on another, twice with new data: all outputs right."""
@@ -282,7 +291,8 @@ from factory.runtime import Bundle, workspaces
 
 b = Bundle.open(sys.argv[1])
 M, N, K = 2048, 2112, 7000
-for v in [v for v in b.candidates("gemm") if v.get("workspace", {}).get("form") in ("tiles", "tail")]:
+for v in [v for v in b.candidates("gemm") if v.get("workspace", {}).get("form") in ("tiles", "tail")
+          and v["dtypes"]["a"] == "bf16"]:
     a = testing.gemm_operand(M, K, 1, "k", "bf16")[0]
     w = testing.gemm_operand(N, K, 1, "k", "bf16")[0]
     for _ in range(2):
@@ -302,7 +312,7 @@ print("CONTEXT OK", flush=True)
 """
 
 
-def test_released_workspaces_come_back_zeroed(gpu_bundle, bundle):
+def test_released_workspaces_come_back_zeroed(gpu_bundle, bundle, bf16_splits):
     """``workspaces.release()`` between launches, the allocator's blocks dirtied: the next launch's
     buffer is zeroed when made and every result is right (in a child process with a time limit: a
     semaphore left dirty would make a part wait forever)."""
@@ -316,3 +326,84 @@ def test_released_workspaces_come_back_zeroed(gpu_bundle, bundle):
     r = subprocess.run([sys.executable, "-c", RELEASE_CHILD, str(gpu_bundle)], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and "CONTEXT OK" in r.stdout, r.stdout + r.stderr
+
+
+# fp8 e4m3 tail splits (fast accumulation; row or per-tensor scales applied after the parts' sum):
+# problems past one round whose last round is split (2048 x 2112 leaves 4-22 cluster tiles in the
+# last round, in 8 / 3 parts on 128x128 / 128x192 tiles), K off the 128-element tile, a short K
+# that caps the parts (k-tiles / 4), a ragged M and N, under one round, and 66 cluster tiles of
+# 128x128 exactly (one round, nothing split).
+FP8_SHAPES = [(2048, 2112, 7168), (2048, 2112, 7008), (4100, 2104, 4096), (1100, 5376, 1008), (300, 2112, 7168),
+              (1536, 1408, 2048)]
+
+
+@pytest.fixture()
+def fp8_splits(bundle):
+    if not split_variants(bundle, "e4m3"):
+        pytest.skip("bundle has no fp8 tail-split GEMM for this GPU")
+    return split_variants(bundle, "e4m3")
+
+
+def _fp8_problem(v, M, N, K):
+    """(a, b, scales, float32 reference) in the variant's scale form (row, or one scale each)."""
+    import torch
+
+    from factory import testing
+
+    if v.get("scale_mode") == "row":
+        return testing.fp8_scaled_problem("row", M, N, K)
+    a, b, _, _ = testing.fp8_scaled_problem("row", M, N, K)
+    sa, sb = torch.rand(1, device="cuda") + 0.5, torch.rand(1, device="cuda") + 0.5
+    return a, b, {"scale_a": sa, "scale_b": sb}, (a.float() @ b.float().t()) * (sa * sb)
+
+
+@pytest.mark.parametrize("shape", FP8_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_every_fp8_tail_variant_matches_float32(bundle, fp8_splits, run_record, shape):
+    import torch
+
+    from factory import testing
+
+    M, N, K = shape
+    for v in fp8_splits:
+        a, b, scales, ref = _fp8_problem(v, M, N, K)
+        out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
+        bundle.gemm(a, b, out, variant=v["name"], **scales)
+        torch.cuda.synchronize()
+        err = testing.rel_error(out, ref)
+        nan = int(torch.isnan(out).sum())
+        ok = nan == 0 and err < testing.TOLERANCE["e4m3"]
+        run_record.add(bundle, v["name"], [{"variant": v["name"], "shape": [M, N, K, 1], "rel_err": err,
+                                            "nan": nan, "tol": testing.TOLERANCE["e4m3"], "ok": ok}])
+        assert ok, (v["name"], shape, err, nan)
+
+
+def test_fp8_tail_is_bitwise_repeatable_and_captures(bundle, fp8_splits):
+    """The fp8 tail's fixed part order: ten launches give the same bits; a captured launch replayed
+    with new operands and scales matches float32."""
+    import torch
+
+    from factory import testing
+    from factory.testing import capture_on_side_stream
+
+    M, N, K = 2048, 2112, 7168
+    for v in fp8_splits:
+        a, b, scales, ref = _fp8_problem(v, M, N, K)
+        first = bundle.gemm(a, b, variant=v["name"], **scales)
+        for _ in range(9):
+            again = bundle.gemm(a, b, variant=v["name"], **scales)
+            assert torch.equal(again.view(torch.int16), first.view(torch.int16)), v["name"]
+        out = torch.empty(M, N, dtype=torch.bfloat16, device="cuda")
+        bundle.gemm(a, b, out, variant=v["name"], **scales)
+        torch.cuda.synchronize()
+        g = capture_on_side_stream(lambda: bundle.gemm(a, b, out, variant=v["name"], **scales))
+        for _ in range(2):
+            a2, b2, s2, ref2 = _fp8_problem(v, M, N, K)
+            a.copy_(a2)
+            b.copy_(b2)
+            for k in scales:
+                scales[k].copy_(s2[k])
+            out.fill_(float("nan"))
+            g.replay()
+            torch.cuda.synchronize()
+            assert not torch.isnan(out).any(), v["name"]
+            assert testing.rel_error(out, ref2) < testing.TOLERANCE["e4m3"], v["name"]

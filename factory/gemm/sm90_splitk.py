@@ -46,7 +46,9 @@ last, partial round of tiles split along K over the clusters that round would le
 fix-up round (reduce-scatter: each part sums a slice of the tile).  Its workspace form is "tail"
 (``tail_workspace_words``).  Measured (H100): 2048x2112x7168 92.5 us against 98-106 for the best
 unsplit tile, 2048x5376x21504 706 against 751-778; ~6 us of fixed cost per launch, so the selection
-(fx_select.c ``tail_plan``) lets it compete only from one whole round up.
+(fx_select.c ``tail_plan``) lets it compete only from one whole round up.  The fp8 (e4m3) form
+stores unscaled partials and applies the row or per-tensor scales after the sum (row-scaled
+128x192 at 2048x2112x7168 on an H100: 52.9 us against 61.2 for the ping-pong tile).
 """
 
 from __future__ import annotations
@@ -106,7 +108,8 @@ class GemmSm90SplitK(GemmSm90):
     """A ``GemmSm90`` tile (bf16 / f16, unswapped, coop or ws, cluster 1x1 or 1x2 along N) whose
     output tiles are split ``splits`` ways along K over the persistent grid (see the module
     docstring); with ``tail`` only the last partial round's tiles, into at most ``splits`` parts
-    (coop, any cluster).  Takes one more argument, the float32 ``workspace``."""
+    (coop, any cluster; also e4m3 with fast accumulation and per-tensor or row scales, applied to
+    the summed tile).  Takes one more argument, the float32 ``workspace``."""
 
     sources: ClassVar[tuple[str, ...]] = GemmSm90.sources + ("gemm/sm90_splitk.py",)
 
@@ -131,8 +134,12 @@ class GemmSm90SplitK(GemmSm90):
         why = super().can_implement()
         if why is not None:
             return why
-        if self.is_fp8 or self.c == "e4m3":
-            return "the workspace split runs bf16 / f16 inputs"
+        if self.c == "e4m3":
+            return "the workspace split writes bf16 / f16 / f32 outputs"
+        if self.is_fp8 and not (self.tail and self.fast_accum and self.scale_mode in ("tensor", "row")):
+            # (the tail kernel's main loop is the one-batch-in-flight loop: fast accumulation; the
+            # scales are applied after the parts' sum, so per-tensor and row scales only)
+            return "fp8 splits only the tail, with fast accumulation and per-tensor or row scales"
         if self.swap_ab or self.split_k != 1 or self.has_epilogue or self.early_b:
             return "the workspace split runs unswapped, without the cluster split, epilogue fields or early_b"
         if self.schedule not in ("coop", "ws"):
@@ -167,12 +174,16 @@ class GemmSm90SplitK(GemmSm90):
 
     def make_kernel(self):
         plan = self.plan()
-        return (GemmSm90TailKernel if self.tail else GemmSm90SplitKernel)(
+        kernel = (GemmSm90TailKernel if self.tail else GemmSm90SplitKernel)(
             tile=self.kernel_tile, cluster=self.kernel_cluster, n_consumer=plan.n_consumer,
             pingpong=False, promote=False, epi_tile=plan.epi_tile, ab_stages=plan.ab_stages,
             epi_stages=plan.epi_stages, raster_along_m=True, swizzle=self.swizzle, swap_ab=False,
             split_k=1, pdl=self.pdl, splits=self.splits,
+            **({"scale_mode": self.scale_mode} if self.is_fp8 else {}),
         )
+        if self.is_fp8:
+            return kernel.scaled
+        return kernel
 
 
 class GemmSm90SplitKernel(GemmSm90Kernel):
@@ -519,7 +530,14 @@ class GemmSm90TailKernel(GemmSm90SplitKernel):
         self._launch_tail(a, b, c, workspace, max_clusters, stream)
 
     @cute.jit
-    def _launch_tail(self, a, b, c, workspace, max_clusters, stream):
+    def scaled(self, a: cute.Tensor, b: cute.Tensor, c: cute.Tensor, scale_a: cute.Tensor,
+               scale_b: cute.Tensor, workspace: cute.Tensor, max_clusters: cutlass.Int32,
+               stream: cuda.CUstream):
+        """fp8: the scales (per tensor or per row, ``scale_mode``) applied to the summed tile."""
+        self._launch_tail(a, b, c, workspace, max_clusters, stream, scale_a, scale_b)
+
+    @cute.jit
+    def _launch_tail(self, a, b, c, workspace, max_clusters, stream, scale_a=None, scale_b=None):
         tiled_mma, sA_layout, sB_layout, sC_layout, tma_a, gA, tma_b, gB, tma_c, gC = self._host_operands(a, b, c)
 
         # The unit plan (see the class docstring), from the problem and the resident clusters.
@@ -542,7 +560,7 @@ class GemmSm90TailKernel(GemmSm90SplitKernel):
         grid_z = cutlass.max(cutlass.min(g, units), cutlass.Int32(1))
         self.tail_kernel(
             tma_a, gA, tma_b, gB, tma_c, gC, workspace, tiled_mma, sA_layout, sB_layout, sC_layout,
-            ct_m, ct_n, whole, units, s,
+            ct_m, ct_n, whole, units, s, scale_a, scale_b,
         ).launch(
             grid=[cm, cn, grid_z], block=[self.threads, 1, 1], cluster=(*self.cluster, 1),
             min_blocks_per_mp=1, stream=stream, use_pdl=self.pdl,
@@ -576,7 +594,7 @@ class GemmSm90TailKernel(GemmSm90SplitKernel):
                     tma_c: cute.CopyAtom, mC: cute.Tensor, workspace: cute.Tensor, tiled_mma: cute.TiledMma,
                     sA_layout: cute.ComposedLayout, sB_layout: cute.ComposedLayout,
                     sC_layout: cute.ComposedLayout, ct_m: cutlass.Int32, ct_n: cutlass.Int32,
-                    whole: cutlass.Int32, units: cutlass.Int32, s: cutlass.Int32):
+                    whole: cutlass.Int32, units: cutlass.Int32, s: cutlass.Int32, scale_a=None, scale_b=None):
         (tidx, warp_idx, cta_layout, cta_rank, cluster_coord, sA, sB, sC, ab_pipe, gA, gB, gC,
          k_tiles) = self._prologue(tma_a, tma_b, tma_c, mA, mB, mC, sA_layout, sB_layout, sC_layout)
         if cutlass.const_expr(self.pdl):
@@ -594,8 +612,12 @@ class GemmSm90TailKernel(GemmSm90SplitKernel):
                                   k_tiles, plan)
         else:
             cute.arch.setmaxregister_increase(self.consumer_regs)
-            self.consume_tail(tiled_mma, tma_c, sA, sB, sC, gC, ab_pipe, k_tiles, tidx - 128, warp_idx,
-                              workspace, cluster_coord, cta_rank, plan)
+            if cutlass.const_expr(scale_a is None):
+                self.consume_tail(tiled_mma, tma_c, sA, sB, sC, gC, ab_pipe, k_tiles, tidx - 128, warp_idx,
+                                  workspace, cluster_coord, cta_rank, plan)
+            else:
+                self.consume_tail_scaled(tiled_mma, tma_c, sA, sB, sC, gC, ab_pipe, k_tiles, tidx - 128,
+                                         warp_idx, workspace, cluster_coord, cta_rank, plan, scale_a, scale_b)
 
     @cute.jit
     def produce_tail(self, tma_a, tma_b, sA, sB, gA, gB, ab_pipe, cta_layout, cluster_coord, k_tiles, plan):
@@ -776,6 +798,166 @@ class GemmSm90TailKernel(GemmSm90SplitKernel):
             u = u + n_clusters
         store_pipe.producer_tail()
 
+    @cute.jit
+    def consume_tail_scaled(self, tiled_mma, tma_c, sA, sB, sC, gC, ab_pipe, k_tiles, ctidx, warp_idx,
+                            workspace, cluster_coord, cta_rank, plan, scale_a, scale_b):
+        """fp8 (fast accumulation) form of :meth:`consume_tail`: a split tile's parts store their
+        unscaled fp32 partials; each part sums its sub-tiles over all parts in part order back into
+        the accumulators, then the scales are applied as the unsplit fp8 kernel applies them (row
+        form: ``atoms.apply_row_col_scales`` on the accumulators; per tensor: the product of the two
+        at the conversion), then the epilogue stores this part's sub-tiles."""
+        whole, units, s, ct_m, ct_n, cluster_idx, n_clusters = plan
+        (tCrA, tCrB, acc, n_acc, k_blocks, r2s, tRS_sC, tRS_acc, tRS_rF, tRS_rC, frag_size, store_pipe,
+         epi_bar) = self._consumer_operands(tiled_mma, sA, sB, sC, gC, ctidx)
+        c_dtype = sC.element_type
+        store_warp = 4
+
+        tiles_m = cute.size(gC, mode=[2])
+        tiles_n = cute.size(gC, mode=[3])
+        n_tiles = tiles_m * tiles_n * cute.size(gC, mode=[4])
+        sem_words = (n_tiles + SEM_ALIGN - 1) // SEM_ALIGN * SEM_ALIGN
+        tile_words = self.tile[0] * self.tile[1]
+        cluster_ctas = self.cluster[0] * self.cluster[1]
+        sems = cute.recast_ptr(workspace.iterator, dtype=cutlass.Int32)
+        vec = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), cutlass.Float32, num_bits_per_copy=128)
+        t4 = cute.make_rmem_tensor((4, 1), cutlass.Float32)
+        pbuf = cute.make_rmem_tensor((4, self.splits), cutlass.Float32)  # one vector of every part
+        n_epi_all = cute.size(cute.zipped_divide(gC[(None, None, 0, 0, 0)], self.epi_tile), mode=[1])
+        assert frag_size % 4 == 0 and n_acc == n_epi_all * frag_size, (frag_size, n_acc, n_epi_all)
+        row_form = self.scale_mode == "row"
+        cC = None
+        scale = cutlass.Float32(1.0)
+        if cutlass.const_expr(row_form):
+            cC = tiled_mma.get_slice(ctidx).partition_C(cute.make_identity_tensor((self.tile[0], self.tile[1])))
+        else:
+            scale = scale_a[0] * scale_b[0]
+
+        read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stages)
+        release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stages)
+        stored = cutlass.Int32(0)  # epilogue sub-tiles stored by this CTA (the smem buffer ring)
+        u = cluster_idx
+        while u < units:
+            m, n, l, k_begin, k_end, part, parts, r = self._unit(u, whole, s, ct_m, ct_n, k_tiles, cluster_coord)
+            # ---- mainloop (fp8 fast accumulation: one WGMMA batch in flight, as the bf16 loop)
+            cute.nvgpu.warpgroup.fence()
+            tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
+            for k in range(k_begin, k_end):
+                ab_pipe.consumer_wait(read)
+                for kb in cutlass.range_constexpr(k_blocks):
+                    blk = (None, None, kb, read.index)
+                    cute.gemm(tiled_mma, acc, tCrA[blk], tCrB[blk], acc)
+                    tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+                cute.nvgpu.warpgroup.commit_group()
+                read.advance()
+                if k > k_begin:
+                    cute.nvgpu.warpgroup.wait_group(1)
+                    ab_pipe.consumer_release(release)
+                    release.advance()
+            cute.nvgpu.warpgroup.wait_group(0)
+            if k_end > k_begin:
+                ab_pipe.consumer_release(release)
+                release.advance()
+
+            # Padding tiles past the grid's edge store nothing (as consume_tail).
+            e_begin = cutlass.Int32(0)
+            e_end = cutlass.Int32(0)
+            slot0 = cutlass.Int32(0)
+            tile_id = cutlass.Int32(0)
+            valid = cutlass.Int32(0)
+            if m < tiles_m:
+                if n < tiles_n:
+                    valid = cutlass.Int32(1)
+            if valid > 0:
+                e_begin = part * n_epi_all // parts
+                e_end = (part + 1) * n_epi_all // parts
+                if parts > 1:
+                    # Every part: its unscaled partial out, one release and arrival per CTA, then
+                    # the wait for all the tile's parts (as consume_tail).
+                    tile_id = m + tiles_m * (n + tiles_n * l)
+                    slot0 = (r * cluster_ctas + cta_rank) * parts
+                    base = sem_words + (slot0 + part) * tile_words + ctidx * 4
+                    dst = self._slot(workspace, base, n_acc)
+                    for j in cutlass.range_constexpr(n_acc // 4):
+                        for e in cutlass.range_constexpr(4):
+                            t4[e] = tRS_acc[4 * j + e]
+                        cute.copy(vec, t4, cute.local_tile(dst, (4, 1), (0, j)))
+                    epi_bar.arrive_and_wait()
+                    if ctidx == 0:
+                        cute.arch.fence_acq_rel_gpu()
+                        cute.arch.red(sems + tile_id, cutlass.Int32(1), op="add", dtype="s32", sem="release",
+                                      scope="gpu")
+                        got = cute.arch.load(sems + tile_id, cutlass.Int32, sem="acquire", scope="gpu")
+                        while got < parts:
+                            got = cute.arch.load(sems + tile_id, cutlass.Int32, sem="acquire", scope="gpu")
+                    epi_bar.arrive_and_wait()
+
+            if e_end > e_begin:
+                if parts > 1:
+                    # This part's sub-tiles summed over the parts in part order into the
+                    # accumulators (every part's vector loaded first, then the adds).
+                    for e in cutlass.range_constexpr(n_epi_all):
+                        mine = cutlass.Int32(0)
+                        if e >= e_begin:
+                            if e < e_end:
+                                mine = cutlass.Int32(1)
+                        if mine > 0:
+                            for j in cutlass.range_constexpr(frag_size // 4):
+                                jj = e * (frag_size // 4) + j
+                                for p in cutlass.range_constexpr(self.splits):
+                                    if p < parts:
+                                        src = self._slot(workspace, sem_words + (slot0 + p) * tile_words + ctidx * 4,
+                                                         n_acc)
+                                        cute.copy(vec, cute.local_tile(src, (4, 1), (0, jj)),
+                                                  cute.local_tile(pbuf, (4, 1), (0, p)))
+                                for x in cutlass.range_constexpr(4):
+                                    t4[x] = pbuf[x, 0]
+                                for p in cutlass.range_constexpr(1, self.splits):
+                                    if p < parts:
+                                        for x in cutlass.range_constexpr(4):
+                                            t4[x] = t4[x] + pbuf[x, p]
+                                for x in cutlass.range_constexpr(4):
+                                    tRS_acc[4 * jj + x] = t4[x]
+                if cutlass.const_expr(row_form):
+                    atoms.apply_row_col_scales(acc, cC, scale_a, scale_b, m * self.tile[0], n * self.tile[1])
+                # ---- epilogue (as sm90.py) over this part's sub-tiles: -> smem (stmatrix) -> TMA
+                gC_t = cute.zipped_divide(gC[(None, None, m, n, l)], self.epi_tile)
+                bSG_sC, bSG_gC = cute.nvgpu.cpasync.tma_partition(
+                    tma_c, 0, cute.make_layout(1), cute.group_modes(sC, 0, 2), gC_t,
+                )
+                epi_shape = gC_t.shape[1]
+                epi_order = cute.make_layout(epi_shape, stride=(epi_shape[1], 1))
+                n_epi = cute.size(gC_t, mode=[1])
+                for e in cutlass.range_constexpr(n_epi):
+                    mine = cutlass.Int32(0)
+                    if e >= e_begin:
+                        if e < e_end:
+                            mine = cutlass.Int32(1)
+                    if mine > 0:
+                        for v in cutlass.range_constexpr(frag_size):
+                            tRS_rF[v] = tRS_acc[e * frag_size + v]
+                        vals = tRS_rF.load()
+                        if cutlass.const_expr(not row_form):
+                            vals = vals * scale
+                        tRS_rC.store(vals.to(c_dtype))
+                        buf = stored % self.epi_stages
+                        cute.copy(r2s, tRS_rC, tRS_sC[(None, None, None, buf)])
+                        cute.arch.fence_proxy("async.shared", space="cta")
+                        epi_bar.arrive_and_wait()
+                        if warp_idx == store_warp:
+                            cute.copy(tma_c, bSG_sC[(None, buf)], bSG_gC[(None, epi_order.get_hier_coord(e))])
+                            store_pipe.producer_commit()
+                            store_pipe.producer_acquire()
+                        epi_bar.arrive_and_wait()
+                        stored = stored + 1
+            if parts > 1:
+                if valid > 0:
+                    if ctidx == 0:
+                        old = cute.arch.atomic_add(sems + tile_id, cutlass.Int32(1), sem="relaxed", scope="gpu")
+                        if old == 2 * parts - 1:
+                            cute.arch.store(sems + tile_id, cutlass.Int32(0))
+            u = u + n_clusters
+        store_pipe.producer_tail()
+
 
 # ------------------------------------------------------------------------------------------------
 # Enumeration
@@ -785,9 +967,9 @@ class GemmSm90TailKernel(GemmSm90SplitKernel):
 def enumerate_sm90_splitk(target: Target, tier: str) -> list[GemmSm90SplitK]:
     if target.family != "sm90" or not target.clusters:
         return []
-    specs = {"test": tiles.SM90_SPLITK_TEST + tiles.SM90_TAIL_TEST, "default": tiles.SM90_SPLITK_DEFAULT + tiles.SM90_TAIL_DEFAULT,
-             "full": (tiles.SM90_SPLITK_DEFAULT + tiles.SM90_SPLITK_FULL + tiles.SM90_TAIL_DEFAULT
-                      + tiles.SM90_TAIL_FULL)}[tier]
+    default = tiles.SM90_SPLITK_DEFAULT + tiles.SM90_TAIL_DEFAULT + tiles.SM90_TAIL_FP8_DEFAULT
+    specs = {"test": tiles.SM90_SPLITK_TEST + tiles.SM90_TAIL_TEST, "default": default,
+             "full": default + tiles.SM90_SPLITK_FULL + tiles.SM90_TAIL_FULL + tiles.SM90_TAIL_FP8_FULL}[tier]
     out = []
     for s in specs:
         v = GemmSm90SplitK(target=target.name, pdl=True, **s)

@@ -226,6 +226,11 @@ MODEL = {
     # with any other: fx_select.c pp_fp8_competes): fitted on the H100's
     # row-scaled tiles by name at M 1024-16384 (regret 1.11 -> 1.007 over 9 shapes; notes/gemm-fp8.md).
     "eff_pp_fp8": 1.1,
+    # The fp8 tail split's fix-up round (row scales, fast accumulation; tail_us's term for e4m3
+    # operands): by name on an H100 at M 1024 / 2048 x 2112 x 7168 the 128x128 / 128x192 tails ran
+    # 0.81x / 0.86x the ping-pong pick, which the model's ratios give at 3-4 us; 8 kept as a margin
+    # (notes/gemm-fp8.md, "The tail split for fp8").
+    "tail_us_fp8": 8.0,
 }
 
 # MODEL's keys in the order the host library's fx_model holds them (compiler/selection.py generates
@@ -234,4 +239,4 @@ MODEL_KEYS = ("eff_256x128_c1x2", "eff_128x256_c2x1", "eff_large", "eff_pp", "ef
               "eff_small", "eff_swap_base", "eff_swap_slope", "fp8_promoted", "fp8_fast", "split_us",
               "fixed_us", "overlap", "grid_bw_exp", "split_tile_exp", "narrow_exp", "tile_us", "deep_bw",
               "wide_k_bw", "eff_coop_narrow", "wsplit_us", "tail_us",
-              "eff_pp_fp8")
+              "eff_pp_fp8", "tail_us_fp8")

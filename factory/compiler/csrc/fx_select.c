@@ -452,15 +452,15 @@ static const fx_model_sm100 *model100(void) {
 }
 
 /* For fitting tools only (scripts/fit_cost_model.py; not thread-safe, never needed to serve): the
-   models' tunable constants in the order of selection.py MODEL_KEYS (24) / SM100_MODEL_KEYS (9);
+   models' tunable constants in the order of selection.py MODEL_KEYS (25) / SM100_MODEL_KEYS (9);
    NULL restores the compiled-in ones, and either forgets this thread's cached GEMM choices. */
 static void gemm_cache_clear(void);
 FX_EXPORT int32_t fx_cost_model_set(const double *sm90, int32_t n90, const double *sm100, int32_t n100) {
-    if ((sm90 && n90 != 24) || (sm100 && n100 != 9))
-        return fail(FX_ERR_INPUT, "fx_cost_model_set takes 24 sm90 and 9 sm100 constants, got %d and %d", n90, n100);
+    if ((sm90 && n90 != 25) || (sm100 && n100 != 9))
+        return fail(FX_ERR_INPUT, "fx_cost_model_set takes 25 sm90 and 9 sm100 constants, got %d and %d", n90, n100);
     fx_model90_set = fx_model_constants;
     fx_model100_set = fx_model_sm100_constants;
-    if (sm90) memcpy(&fx_model90_set, sm90, 24 * sizeof(double));
+    if (sm90) memcpy(&fx_model90_set, sm90, 25 * sizeof(double));
     if (sm100) memcpy(&fx_model100_set, sm100, 9 * sizeof(double));
     fx_model90_given = sm90 != NULL;
     fx_model100_given = sm100 != NULL;
@@ -583,7 +583,7 @@ static double estimate_us(const fx_variant *v, int64_t M, int64_t N, int64_t K, 
             int64_t kt = cdiv(K, v->tile[2]);
             wave_k = (double)(ct / (cap / per_cluster)) * (double)K
                      + (double)cdiv(kt, (int64_t)parts) * (double)v->tile[2];
-            tail_cost = p->tail_us;
+            tail_cost = v->a_bytes == 1 ? p->tail_us_fp8 : p->tail_us;
         }
     }
     double t_compute = wave_k * 2.0 * (double)tm * (double)tn / per_sm;

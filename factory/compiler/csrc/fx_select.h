@@ -135,7 +135,7 @@ typedef struct {
     double eff_swap_base, eff_swap_slope, fp8_promoted, fp8_fast;
     double split_us, fixed_us, overlap, grid_bw_exp, split_tile_exp, narrow_exp, tile_us;
     double deep_bw, wide_k_bw, eff_coop_narrow, wsplit_us, tail_us;
-    double eff_pp_fp8;
+    double eff_pp_fp8, tail_us_fp8;
     double stream_tbs;
     int64_t l2_bytes;
 } fx_model;
