@@ -733,7 +733,19 @@ class AttentionKvcacheSm90(AttentionSm90):
         if self.deep_staging and self.consumers == 2:
             producer, consumer = DEEP_FP8_PRODUCER_REGS, DEEP_FP8_CONSUMER_REGS
         d["registers_per_role"] = {"producer": producer, "consumer": consumer}
+        if self.persistent_preferred:
+            # 16-bit caches by TMA page boxes: the persistent build of the default tile is the
+            # preferred one (selection: fewest page sizes, then preferred)
+            tile = (self.tile_m, self.tile_n, self.stages, self.overlap, self.pingpong)
+            d["preferred"] = self.persistent and tile == default_config(self.head_dim, True, cache=True)
         return d
+
+    @property
+    def persistent_preferred(self) -> bool:
+        """A 16-bit build over TMA page boxes, this class's kernels: persistent CTAs are its
+        preferred schedule (H100, chunked prefill beside one tile per CTA: notes/attention-kvcache.md)."""
+        return (bool(self.page_box) and not self.kv_fp8 and self.dtype in ("bf16", "f16")
+                and type(self).make_kernel is AttentionKvcacheSm90.make_kernel)
 
     @property
     def wide_producer(self) -> bool:
@@ -773,10 +785,10 @@ def enumerate_attention_kvcache(target: Target, tier: str) -> list[AttentionKvca
             **{**default_schedule(d, True, varlen=True), **({"persistent": True} if persistent else {})})
 
     if tier == "test":
-        out = [make("bf16", 128, False), make("bf16", 128, True), make("bf16", 128, False, page_box=0),
-               make("f16", 64, True, page_box=0, switches=True),
+        out = [make("bf16", 128, False, persistent=True), make("bf16", 128, True, persistent=True),
+               make("bf16", 128, False, page_box=0), make("f16", 64, True, page_box=0, switches=True),
                # head_dim 256 (TMA boxes; the gathers, packed q and no mask: "full")
-               make("bf16", 256, False),
+               make("bf16", 256, False, persistent=True),
                # fp8 e4m3 caches: the gathers converting into the dtype rings
                make("bf16", 128, False, page_box=0, kv_dtype="e4m3")]
         return [v for v in out if v.can_implement() is None]
@@ -785,15 +797,21 @@ def enumerate_attention_kvcache(target: Target, tier: str) -> list[AttentionKvca
         # cp.async gathers (any page size) and the window/softcap/sink build on the gathers; for
         # packed q (a server's chunked prefill) also boxes of 16 rows (pages of 16 and 32: 3-6 %
         # over the gathers on an H100).  Other dtypes, head_dims and page boxes: "full".
-        out = [make("bf16", 128, vl, page_box=pb) for vl in (False, True) for pb in (PAGE_BOX, 0)]
-        out += [make("bf16", 128, True, page_box=16)]
-        # dense q over pages of 16 and 32: 16-row boxes in three stages (225 KB), 5-13 % over the
-        # gathers on an H100 (8x128 L1000 to 1x2048 L32768; notes/attention-kvcache.md)
-        out += [make("bf16", 128, False, page_box=16, stages=3)]
+        # The page-box builds are persistent (132 CTAs walking the query tiles, longest rows
+        # first; H100, beside one tile per CTA: pages of 64 3-6 % faster, 0.90-1.00x our dense
+        # varlen path; 16-row boxes 1-5 % faster than the three-stage build below, which they
+        # replace; notes/attention-kvcache.md).
+        out = [make("bf16", 128, vl, page_box=pb, persistent=bool(pb)) for vl in (False, True)
+               for pb in (PAGE_BOX, 0)]
+        out += [make("bf16", 128, True, page_box=16, persistent=True)]
+        # dense q over pages of 16 and 32: 16-row boxes (the three-stage one-tile-per-CTA build,
+        # 5-13 % over the gathers on an H100, is in "full")
+        out += [make("bf16", 128, False, page_box=16, persistent=True)]
         out += [make("bf16", 128, vl, page_box=0, switches=True) for vl in (False, True)]
         # head_dim 256 (Gemma 2/3 layers): 64-row boxes (pages of 64-256) and the gathers (any
         # page size), dense and packed q, and the switch build (window/softcap/sinks) for packed q
-        out += [make("bf16", 256, vl, page_box=pb) for vl in (False, True) for pb in (PAGE_BOX, 0)]
+        out += [make("bf16", 256, vl, page_box=pb, persistent=bool(pb)) for vl in (False, True)
+                for pb in (PAGE_BOX, 0)]
         out += [make("bf16", 256, True, page_box=0, switches=True)]
         # fp8 e4m3 caches under bf16 q, head_dim 128: the converting gathers, dense and packed q
         out += [make("bf16", 128, vl, page_box=0, kv_dtype="e4m3") for vl in (False, True)]
@@ -807,7 +825,7 @@ def enumerate_attention_kvcache(target: Target, tier: str) -> list[AttentionKvca
         # dense-q 16-row boxes): the tile loop of ``kv_tiles``
         out += [dataclasses.replace(v, persistent=True) for v in out
                 if v.page_box and not v.kv_fp8 and not v.local and v.dtype == "bf16" and v.causal]
-        out += [make("bf16", 128, False, page_box=16, stages=3, persistent=True)]
+        out += [make("bf16", 128, False, page_box=16, stages=3, persistent=ps) for ps in (False, True)]
     return [v for v in out if v.can_implement() is None]
 
 
