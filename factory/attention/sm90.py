@@ -703,6 +703,8 @@ class AttentionKvcacheSm90(AttentionSm90):
         if self.persistent and (not self.page_box or self.kv_fp8 or type(self).make_kernel
                                 is not AttentionKvcacheSm90.make_kernel):
             return "persistent is built on the TMA page boxes of 16-bit caches (this class's kernels)"
+        if self.lazy_rescale and (not self.persistent or self.local or self.softcap or self.sinks):
+            return "lazy_rescale is built on the persistent page-box builds without switches"
         if self.page_box and (self.page_box not in (16, 32, 64, 128) or self.tile_n % self.page_box):
             return "page_box must be 0 (cp.async row gathers), 16, 32, 64 or 128 and divide tile_n"
         if self.page_box and self.page_box < 32 and self.head_dim > 128:
@@ -737,7 +739,9 @@ class AttentionKvcacheSm90(AttentionSm90):
             # 16-bit caches by TMA page boxes: the persistent build of the default tile is the
             # preferred one (selection: fewest page sizes, then preferred)
             tile = (self.tile_m, self.tile_n, self.stages, self.overlap, self.pingpong)
-            d["preferred"] = self.persistent and tile == default_config(self.head_dim, True, cache=True)
+            sched = {**default_schedule(self.head_dim, True, varlen=True), "persistent": True}
+            d["preferred"] = (tile == default_config(self.head_dim, True, cache=True)
+                              and all(getattr(self, k) == v for k, v in sched.items()))
         return d
 
     @property
@@ -760,7 +764,8 @@ class AttentionKvcacheSm90(AttentionSm90):
             dtype=self.cutlass_dtype, head_dim=self.head_dim, tile_m=self.tile_m,
             tile_n=self.tile_n, stages=self.stages, causal=self.causal, overlap=self.overlap,
             pingpong=self.pingpong, early_rescale=self.early_rescale, persistent=self.persistent,
-            o_in_q=self.o_in_q, k_first=False, page_box=self.page_box, gather=not self.page_box, local=self.local,
+            o_in_q=self.o_in_q, lazy_rescale=self.lazy_rescale, k_first=False, page_box=self.page_box,
+            gather=not self.page_box, local=self.local,
             softcap=self.softcap, sinks=self.sinks, wide_producer=self.wide_producer,
             kv_dtype=cutlass_dtype(self.kv_dtype) if self.kv_fp8 else None,
             fp8_stages=2 if self.deep_staging else 1,
@@ -826,6 +831,11 @@ def enumerate_attention_kvcache(target: Target, tier: str) -> list[AttentionKvca
         out += [dataclasses.replace(v, persistent=True) for v in out
                 if v.page_box and not v.kv_fp8 and not v.local and v.dtype == "bf16" and v.causal]
         out += [make("bf16", 128, False, page_box=16, stages=3, persistent=ps) for ps in (False, True)]
+        # the dense varlen defaults' consumer options on the persistent builds: the early rescale
+        # (head_dim 128) and the lazy rescale (head_dim 256); built, not yet timed
+        ps = [v for v in out if v.persistent and v.stages == 2 and not v.local and v.page_box in (16, PAGE_BOX)]
+        out += [dataclasses.replace(v, early_rescale=True) if v.head_dim == 128 else
+                dataclasses.replace(v, lazy_rescale=True) for v in ps if v.head_dim in (128, 256)]
     return [v for v in out if v.can_implement() is None]
 
 
