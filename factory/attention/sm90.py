@@ -640,7 +640,8 @@ class AttentionKvcacheSm90(AttentionSm90):
     any size that is a multiple of ``page_box`` (the page size is a launch-time symbol, manifest
     ``page_sizes``), bottom-right causal or none, dense or packed q; switches for the sliding
     window, softcap and sinks; fp8 e4m3 caches (head_dim 128) on the cp.async gathers, converted
-    into the dtype rings by the producer threads (``produce_gather_fp8``)."""
+    into the dtype rings by the producer threads (``produce_gather_fp8``).  ``persistent`` (the
+    16-bit page-box builds): 132 CTAs walk the query tiles of the launch grid (``kv_tiles``)."""
 
     op: ClassVar[str] = "attention_kvcache"
     family: ClassVar[str] = "sm90"
