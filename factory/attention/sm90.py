@@ -805,7 +805,7 @@ def enumerate_attention_kvcache(target: Target, tier: str) -> list[AttentionKvca
         # over the gathers on an H100).  Other dtypes, head_dims and page boxes: "full".
         # The page-box builds are persistent (132 CTAs walking the query tiles, longest rows
         # first; H100 and H200, beside one tile per CTA: 64-row boxes 3-7 % faster, 0.90-1.00x
-        # our dense varlen path; 16-row boxes -3 to +5 %, 2 % on average, the dense-q ones in two
+        # our dense varlen path; 16-row boxes -6 to +9 %, +2.5 % on average, the dense-q ones in two
         # stages instead of three; head_dim 256 -1 to +13 %; notes/attention-kvcache.md).
         out = [make("bf16", 128, vl, page_box=pb, persistent=bool(pb)) for vl in (False, True)
                for pb in (PAGE_BOX, 0)]
