@@ -60,15 +60,20 @@ def test_test_tier_has_each_switch():
 def test_default_tier_sm90a():
     """The default tier's sm_90a prefill builds (bf16, causal): page boxes of 64 rows and the
     gathers, and the switch build on the gathers (any page size), each for dense and packed q;
-    boxes of 16 rows for packed q (two stages) and for dense q (three); the same at head_dim 256
-    (no 16-row boxes; the switch build for packed q); the fp8-cache gathers at head_dim 128."""
+    boxes of 16 rows for packed and dense q (two stages); the same at head_dim 256 (no 16-row
+    boxes; the switch build for packed q); the fp8-cache gathers at head_dim 128.  The page-box
+    builds are persistent and preferred (selection: fewest page sizes, then preferred)."""
     # (e4m3 q, the fp8-WGMMA builds: tests/test_attention_kvcache_fp8_prefill.py)
     vs = [v for v in _variants("sm_90a", "default") if v.dtype != "e4m3"]
     assert all(v.dtype == "bf16" and v.causal for v in vs)
     d128 = [v for v in vs if v.head_dim == 128 and v.kv_dtype == "bf16"]
     plain = {(v.page_box, v.varlen) for v in d128 if not v.local}
     assert plain == {(pb, vl) for pb in (64, 0) for vl in (False, True)} | {(16, True), (16, False)}
-    assert {(v.varlen, v.stages) for v in d128 if v.page_box == 16} == {(True, 2), (False, 3)}
+    assert {(v.varlen, v.stages) for v in d128 if v.page_box == 16} == {(True, 2), (False, 2)}
+    for v in vs:
+        assert v.persistent == (v.page_box > 0 and v.kv_dtype == "bf16"), v.name
+        if v.persistent:
+            assert v.describe()["preferred"] and v.describe()["tile_scheduler"]["persistent"], v.name
     sw = [v for v in d128 if v.local]
     assert {(v.page_box, v.varlen) for v in sw} == {(0, False), (0, True)}
     assert all(v.softcap and v.sinks for v in sw)
@@ -124,8 +129,14 @@ def test_manifest_fields():
 def test_sm90_refusals():
     import dataclasses
 
-    v = _variants("sm_90a", "test")[0]
-    assert "persistent" in dataclasses.replace(v, persistent=True).can_implement()
+    v = dataclasses.replace(_variants("sm_90a", "test")[0], persistent=False)
+    # persistent CTAs: on the TMA page boxes of 16-bit caches only; preferred over one tile per CTA
+    ps = dataclasses.replace(v, persistent=True)
+    assert ps.can_implement() is None and ps.describe()["tile_scheduler"]["persistent"]
+    assert "_ps_" in ps.name and "_ps_" not in v.name
+    assert ps.describe()["preferred"] and not v.describe()["preferred"]
+    assert "persistent" in dataclasses.replace(v, persistent=True, page_box=0).can_implement()
+    assert "persistent" in dataclasses.replace(v, persistent=True, page_box=0, kv_dtype="e4m3").can_implement()
     assert "k_first" in dataclasses.replace(v, k_first=True).can_implement()
     assert "page_box" in dataclasses.replace(v, page_box=48).can_implement()
     assert dataclasses.replace(v, page_box=16).can_implement() is None
@@ -195,7 +206,7 @@ def test_compile_sm80_family_switches(tmp_path):
 def sm90_report(tmp_path_factory):
     """One compile subprocess for the sm_90a checks below."""
     return _compile("sm_90a", tmp_path_factory.mktemp("sm90a"),
-                    "*bf16_d128*causal_ov_pp_cbf16*|*_win_cap_sink|*sm90a_bf16_d256*causal*pb64|*ce4m3*")
+                    "*bf16_d128*causal_ov_pp_*cbf16*|*_win_cap_sink|*sm90a_bf16_d256*causal*pb64|*ce4m3*")
 
 
 def test_compile_sm90_paged(sm90_report):
@@ -275,6 +286,12 @@ def test_selection_hopper():
     assert e["family"] == "sm90" and e["head_dim"] == 256 and e["kv_loads"] == "tma"
     e = pick(head_dim=64, page_size=None, causal=False, varlen_q=True)
     assert e["family"] == "sm80" and not e["paged"]
+    # beside the one-tile-per-CTA builds of the same page boxes ("full"): the persistent ones
+    full = _entries("sm_90a", "full") + _entries("sm_90")
+    for kw in (dict(page_size=64), dict(page_size=64, varlen_q=True), dict(page_size=16),
+               dict(page_size=32, varlen_q=True), dict(head_dim=256, heads_q=16, page_size=128)):
+        e = select(full, _problem(**kw))
+        assert e["kv_loads"] == "tma" and e["tile_scheduler"]["persistent"] and e["stages"] == 2, (kw, e["name"])
 
 
 def test_selection_ampere_ada():

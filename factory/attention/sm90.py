@@ -656,7 +656,8 @@ class AttentionKvcacheSm90(AttentionSm90):
     any size that is a multiple of ``page_box`` (the page size is a launch-time symbol, manifest
     ``page_sizes``), bottom-right causal or none, dense or packed q; switches for the sliding
     window, softcap and sinks; fp8 e4m3 caches (head_dim 128) on the cp.async gathers, converted
-    into the dtype rings by the producer threads (``produce_gather_fp8``)."""
+    into the dtype rings by the producer threads (``produce_gather_fp8``).  ``persistent`` (the
+    16-bit page-box builds): 132 CTAs walk the query tiles of the launch grid (``kv_tiles``)."""
 
     op: ClassVar[str] = "attention_kvcache"
     family: ClassVar[str] = "sm90"
@@ -714,8 +715,13 @@ class AttentionKvcacheSm90(AttentionSm90):
                 return "fp8 caches are built without the softcap switch (k_descale folds into the score scale)"
         elif self.deep_staging:
             return "deep_staging is for fp8 caches"
-        if self.persistent or self.k_first:
-            return "not persistent (one tile per CTA), no k_first (K before V per tile): the paged producers"
+        if self.k_first:
+            return "no k_first (K before V per tile): the paged producers"
+        if self.persistent and (not self.page_box or self.kv_fp8 or type(self).make_kernel
+                                is not AttentionKvcacheSm90.make_kernel):
+            return "persistent is built on the TMA page boxes of 16-bit caches (this class's kernels)"
+        if self.lazy_rescale and (not self.persistent or self.local or self.softcap or self.sinks):
+            return "lazy_rescale is built on the persistent page-box builds without switches"
         if self.page_box and (self.page_box not in (16, 32, 64, 128) or self.tile_n % self.page_box):
             return "page_box must be 0 (cp.async row gathers), 16, 32, 64 or 128 and divide tile_n"
         if self.page_box and self.page_box < 32 and self.head_dim > 128:
@@ -746,19 +752,37 @@ class AttentionKvcacheSm90(AttentionSm90):
         if self.deep_staging and self.consumers == 2:
             producer, consumer = DEEP_FP8_PRODUCER_REGS, DEEP_FP8_CONSUMER_REGS
         d["registers_per_role"] = {"producer": producer, "consumer": consumer}
+        if self.persistent_preferred:
+            # 16-bit caches by TMA page boxes: the persistent build of the default tile is the
+            # preferred one (selection: fewest page sizes, then preferred)
+            tile = (self.tile_m, self.tile_n, self.stages, self.overlap, self.pingpong)
+            sched = {**default_schedule(self.head_dim, True, varlen=True), "persistent": True}
+            d["preferred"] = (tile == default_config(self.head_dim, True, cache=True)
+                              and all(getattr(self, k) == v for k, v in sched.items()))
         return d
 
     @property
+    def persistent_preferred(self) -> bool:
+        """A 16-bit build over TMA page boxes, this class's kernels: persistent CTAs are its
+        preferred schedule (H100, chunked prefill beside one tile per CTA: notes/attention-kvcache.md)."""
+        return (bool(self.page_box) and not self.kv_fp8 and self.dtype in ("bf16", "f16")
+                and type(self).make_kernel is AttentionKvcacheSm90.make_kernel)
+
+    @property
     def wide_producer(self) -> bool:
-        """The producer warpgroup takes the gathers' 40 registers (``register_split``)."""
-        return not self.page_box or (self.head_dim > 128 and self.page_box < self.tile_n)
+        """The producer warpgroup takes the gathers' 40 registers (``register_split``); so do the
+        persistent builds' producer warps issuing several boxes a tile or boxes of head_dim 256
+        (the tile loop's coordinates beside them: 10-36 spilled instructions at 24 registers)."""
+        return (not self.page_box or (self.head_dim > 128 and self.page_box < self.tile_n)
+                or (self.persistent and (self.page_box < self.tile_n or self.head_dim > 128)))
 
     def make_kernel(self):
         k = FlashFwdSm90(
             dtype=self.cutlass_dtype, head_dim=self.head_dim, tile_m=self.tile_m,
             tile_n=self.tile_n, stages=self.stages, causal=self.causal, overlap=self.overlap,
-            pingpong=self.pingpong, early_rescale=self.early_rescale, persistent=False,
-            k_first=False, page_box=self.page_box, gather=not self.page_box, local=self.local,
+            pingpong=self.pingpong, early_rescale=self.early_rescale, persistent=self.persistent,
+            o_in_q=self.o_in_q, lazy_rescale=self.lazy_rescale, k_first=False, page_box=self.page_box,
+            gather=not self.page_box, local=self.local,
             softcap=self.softcap, sinks=self.sinks, wide_producer=self.wide_producer,
             kv_dtype=cutlass_dtype(self.kv_dtype) if self.kv_fp8 else None,
             fp8_stages=2 if self.deep_staging else 1,
@@ -772,7 +796,7 @@ def enumerate_attention_kvcache(target: Target, tier: str) -> list[AttentionKvca
         return []
 
     def make(dtype, d, varlen, page_box=PAGE_BOX, switches=False, causal=True, kv_dtype=None, deep=False,
-             stages=None):
+             stages=None, persistent=False):
         # the causal tiles for both masks (head_dim 256: 64-key tiles, one 64-row box each)
         tm, tn, s, ov, pp = default_config(d, True, cache=True)
         s = stages or s
@@ -780,13 +804,13 @@ def enumerate_attention_kvcache(target: Target, tier: str) -> list[AttentionKvca
             target=target.name, dtype=dtype, kv_dtype=kv_dtype or dtype, head_dim=d, causal=causal, tile_m=tm,
             tile_n=tn, stages=s, overlap=ov, pingpong=pp, varlen=varlen, page_box=page_box,
             local=switches, softcap=switches, sinks=switches, deep_staging=deep,
-            **default_schedule(d, True, varlen=True))
+            **{**default_schedule(d, True, varlen=True), **({"persistent": True} if persistent else {})})
 
     if tier == "test":
-        out = [make("bf16", 128, False), make("bf16", 128, True), make("bf16", 128, False, page_box=0),
-               make("f16", 64, True, page_box=0, switches=True),
+        out = [make("bf16", 128, False, persistent=True), make("bf16", 128, True, persistent=True),
+               make("bf16", 128, False, page_box=0), make("f16", 64, True, page_box=0, switches=True),
                # head_dim 256 (TMA boxes; the gathers, packed q and no mask: "full")
-               make("bf16", 256, False),
+               make("bf16", 256, False, persistent=True),
                # fp8 e4m3 caches: the gathers converting into the dtype rings
                make("bf16", 128, False, page_box=0, kv_dtype="e4m3")]
         return [v for v in out if v.can_implement() is None]
@@ -795,15 +819,21 @@ def enumerate_attention_kvcache(target: Target, tier: str) -> list[AttentionKvca
         # cp.async gathers (any page size) and the window/softcap/sink build on the gathers; for
         # packed q (a server's chunked prefill) also boxes of 16 rows (pages of 16 and 32: 3-6 %
         # over the gathers on an H100).  Other dtypes, head_dims and page boxes: "full".
-        out = [make("bf16", 128, vl, page_box=pb) for vl in (False, True) for pb in (PAGE_BOX, 0)]
-        out += [make("bf16", 128, True, page_box=16)]
-        # dense q over pages of 16 and 32: 16-row boxes in three stages (225 KB), 5-13 % over the
-        # gathers on an H100 (8x128 L1000 to 1x2048 L32768; notes/attention-kvcache.md)
-        out += [make("bf16", 128, False, page_box=16, stages=3)]
+        # The page-box builds are persistent (132 CTAs walking the query tiles, longest rows
+        # first; H100 and H200, beside one tile per CTA: 64-row boxes 3-7 % faster, 0.90-1.00x
+        # our dense varlen path; 16-row boxes -6 to +9 %, +2.5 % on average, the dense-q ones in two
+        # stages instead of three; head_dim 256 -1 to +13 %; notes/attention-kvcache.md).
+        out = [make("bf16", 128, vl, page_box=pb, persistent=bool(pb)) for vl in (False, True)
+               for pb in (PAGE_BOX, 0)]
+        out += [make("bf16", 128, True, page_box=16, persistent=True)]
+        # dense q over pages of 16 and 32: 16-row boxes (the three-stage one-tile-per-CTA build,
+        # 5-13 % over the gathers on an H100, is in "full")
+        out += [make("bf16", 128, False, page_box=16, persistent=True)]
         out += [make("bf16", 128, vl, page_box=0, switches=True) for vl in (False, True)]
         # head_dim 256 (Gemma 2/3 layers): 64-row boxes (pages of 64-256) and the gathers (any
         # page size), dense and packed q, and the switch build (window/softcap/sinks) for packed q
-        out += [make("bf16", 256, vl, page_box=pb) for vl in (False, True) for pb in (PAGE_BOX, 0)]
+        out += [make("bf16", 256, vl, page_box=pb, persistent=bool(pb)) for vl in (False, True)
+                for pb in (PAGE_BOX, 0)]
         out += [make("bf16", 256, True, page_box=0, switches=True)]
         # fp8 e4m3 caches under bf16 q, head_dim 128: the converting gathers, dense and packed q
         out += [make("bf16", 128, vl, page_box=0, kv_dtype="e4m3") for vl in (False, True)]
@@ -813,6 +843,16 @@ def enumerate_attention_kvcache(target: Target, tier: str) -> list[AttentionKvca
                for c in (True, False) if (not sw or pb in (16, 0)) and (c or not sw)]
         out += [make(dt, d, vl, page_box=0, causal=c, kv_dtype="e4m3", deep=dp) for dt in DTYPES for d in HEAD_DIMS
                 for vl in (False, True) for c in (True, False) for dp in (False, True)]
+        # persistent CTAs over the 16-bit page-box builds without switches (and the three-stage
+        # dense-q 16-row boxes): the tile loop of ``kv_tiles``
+        out += [dataclasses.replace(v, persistent=True) for v in out
+                if v.page_box and not v.kv_fp8 and not v.local and v.dtype == "bf16" and v.causal]
+        out += [make("bf16", 128, False, page_box=16, stages=3, persistent=ps) for ps in (False, True)]
+        # the dense varlen defaults' consumer options on the persistent builds: the early rescale
+        # (head_dim 128) and the lazy rescale (head_dim 256); built, not yet timed
+        ps = [v for v in out if v.persistent and v.stages == 2 and not v.local and v.page_box in (16, PAGE_BOX)]
+        out += [dataclasses.replace(v, early_rescale=True) if v.head_dim == 128 else
+                dataclasses.replace(v, lazy_rescale=True) for v in ps if v.head_dim in (128, 256)]
     return [v for v in out if v.can_implement() is None]
 
 
@@ -1064,7 +1104,8 @@ class FlashFwdSm90(layout.TmaViewsKernel):
         varlen_tiles = ()
         if cutlass.const_expr(self.dynamic):
             varlen_tiles = (None, mTiles)
-        if cutlass.const_expr(self.persistent and mCuQ is not None):
+        if cutlass.const_expr(self.persistent and (mCuQ is not None or mSeqlens is not None)):
+            # (a KV cache's virtual grid too: query tiles of q or of the longest sequence)
             varlen_tiles = (grid[0], mTiles) if self.dynamic else (grid[0],)
             grid = (cutlass.min(grid[0] * grid[1] * grid[2], PERSISTENT_CTAS), 1, 1)
         self.kernel(
@@ -1262,6 +1303,11 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                                      sV, q_bars, kv_pipes, scale_t, m_block, q_len, k_len, n_hi,
                                      n_mask, wg, tidx % 128, self.kv_state(False), 0,
                                      n_lo=n_lo, mask_lo=mask_lo, win=win, cap=cap, sink=sink, o_scale=o_scale)
+        elif cutlass.const_expr(mSeqlens is not None):
+            self.kv_tiles(warpgroup_idx, warp_idx, tidx, n_m_varlen, mQ, mK, mVt, mO, mLSE, mCuQ, mSeqlens,
+                          mTable, mSinks, softcap, win_l, win_r, mDescale, scale_log2, tma_q, tma_k, tma_v,
+                          tma_o, s2g, tiled_mma_qk, tiled_mma_pv, sQ, sO, sK, sV_load, sV, q_bars, load_pipes,
+                          kv_pipes)
         else:
             # Persistent: CTA c walks tiles c, c + grid, ... (``tile_coords``); the producer loads
             # the next tile's Q as soon as the consumers' last S GEMM of this one has read theirs
@@ -1345,6 +1391,84 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                     self.consumer_tiles(wg, first, n_slots, stride, n_m, n_batch, mQ, mK, mVt, mO, mLSE, mCuQ,
                                         mCuK, mDescale, scale_log2, tiled_mma_qk, tiled_mma_pv, tma_o, s2g,
                                         sQ, sO, sK, sV, q_bars, kv_pipes, tidx, q_phase, tile_bars, tile_slots)
+
+    @cute.jit
+    def kv_tiles(self, warpgroup_idx, warp_idx, tidx, n_m, mQ, mK, mVt, mO, mLSE, mCuQ, mSeqlens, mTable,
+                 mSinks, softcap, win_l, win_r, mDescale, scale_log2, tma_q, tma_k, tma_v, tma_o, s2g,
+                 tiled_mma_qk, tiled_mma_pv, sQ, sO, sK, sV_load, sV, q_bars, load_pipes, kv_pipes):
+        """Persistent over a paged cache: CTA c walks slots c, c + grid, ... of the virtual grid
+        (``n_m`` query tiles of q or of the longest packed sequence, q heads, sequences;
+        ``tile_coords``: causal, longest rows first).  Producer warp 0 loads each tile's Q (once
+        its warpgroup has released the previous tile's slab) and K's page boxes, warp 1 V's
+        (``produce_paged``); the K/V rings run on across tiles, so the next tile's Q and first
+        K/V land while this one's last P·V and O store run."""
+        if cutlass.const_expr(mCuQ is None):
+            n_batch = mQ.shape[3]
+        else:
+            n_batch = mCuQ.shape[0] - 1
+        n_heads, n_kv = mQ.shape[2], mK.shape[2]
+        n_tiles = n_m * n_heads * n_batch
+        first, _, _ = cute.arch.block_idx()
+        # the CTAs that take part: one per SM of this device at most
+        stride = cutlass.min(cute.arch.grid_dim()[0], cute.arch.nsmid())
+        n_slots = self.slots(n_tiles, stride)
+        if first >= stride:
+            n_slots = first  # (no slot: this CTA leaves)
+        q_phase = cutlass.Int32(0)
+        if warpgroup_idx == 0:
+            cute.arch.setmaxregister_decrease(self.producer_regs)
+            if warp_idx < 2:
+                state = self.kv_state(True)
+                for t in cutlass.range(first, n_slots, stride, unroll=1):
+                    m_block, head, batch, real = self.tile_coords(t, stride, n_m, n_heads, n_batch, n_kv, mCuQ)
+                    if real:
+                        q_len, k_len, seqQ, seqK, seqVt, _, _ = layout.cache_views(
+                            mQ, mK, mVt, mO, mLSE, mCuQ, mSeqlens, head, batch)
+                        win = mask.window(self.mask, win_l, win_r, q_len, k_len)
+                        n_lo, n_hi, _, _ = self.key_range(m_block, q_len, k_len, win)
+                        state = self.produce_paged(tma_q, seqQ, tma_k, seqK, tma_v, seqVt, sQ, sK, sV_load,
+                                                   q_bars, load_pipes, m_block, n_lo, n_hi, state, mTable,
+                                                   batch, k_len, warp_idx, q_phase)
+                        if cutlass.const_expr(self.o_in_q):
+                            if n_hi <= n_lo:
+                                if warp_idx == 0:
+                                    self.pass_q_slabs(q_bars, q_phase)
+                            q_phase = q_phase ^ 1
+                        else:
+                            if n_hi > n_lo:
+                                q_phase = q_phase ^ 1
+        else:
+            cute.arch.setmaxregister_increase(self.consumer_regs)
+            wg = warpgroup_idx - 1
+            self.schedule_start(wg)
+            # the softcap folds into the score scale (as one tile per CTA does)
+            cap = None
+            if cutlass.const_expr(self.has_softcap):
+                use_cap = softcap > 0.0
+                cap_size = cutlass.max(softcap, 1e-30)
+                cap = (scale_log2 / (cap_size * LOG2_E) if use_cap else 0.0, use_cap)
+                scale_log2 = cap_size * LOG2_E if use_cap else scale_log2
+            read = self.kv_state(False)
+            for t in cutlass.range(first, n_slots, stride, unroll=1):
+                m_block, head, batch, real = self.tile_coords(t, stride, n_m, n_heads, n_batch, n_kv, mCuQ)
+                if real:
+                    q_len, k_len, seqQ, seqK, seqVt, seqO, seqL = layout.cache_views(
+                        mQ, mK, mVt, mO, mLSE, mCuQ, mSeqlens, head, batch)
+                    win = mask.window(self.mask, win_l, win_r, q_len, k_len)
+                    n_lo, n_hi, mask_lo, n_mask = self.key_range(m_block, q_len, k_len, win)
+                    sink = None
+                    if cutlass.const_expr(self.has_sinks):
+                        sink = mSinks[head]
+                    scale_t, o_scale = self.problem_scales(scale_log2, mDescale, head, batch, n_heads, n_kv)
+                    read = self.consume(tiled_mma_qk, tiled_mma_pv, tma_o, seqO, s2g, seqL, sQ, sO, sK,
+                                        sV, q_bars, kv_pipes, scale_t, m_block, q_len, k_len, n_hi,
+                                        n_mask, wg, tidx % 128, read, q_phase, n_lo=n_lo, mask_lo=mask_lo,
+                                        win=win, cap=cap, sink=sink, o_scale=o_scale)
+                    if cutlass.const_expr(self.o_in_q):
+                        q_phase = q_phase ^ 1  # (every tile passes through Q's slabs)
+                    else:
+                        if n_hi > n_lo:
+                            q_phase = q_phase ^ 1
 
     @cute.jit
     def consumer_tiles(self, wg, first, n_slots, stride, n_m, n_batch, mQ, mK, mVt, mO, mLSE, mCuQ, mCuK,
@@ -1746,22 +1870,24 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                 cute.arch.mbarrier_arrive(q_bars + w)
 
     @cute.jit
-    def load_q(self, tma_q, seqQ, sQ, q_bars, m_block):
+    def load_q(self, tma_q, seqQ, sQ, q_bars, m_block, q_phase=None):
         """The paged producers' Q: one TMA slab per consumer warpgroup, each on its mbarrier (one
-        warp issues it)."""
+        warp issues it; persistent: once the warpgroup has released the previous tile's slab)."""
         W, D = self.consumers, self.head_dim
         gQ = cute.local_tile(seqQ, (WG_ROWS, D), (None, 0))
         tQsQ, tQgQ = cpasync.tma_partition(tma_q, 0, cute.make_layout(1),
                                            cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
         slab_bytes = cute.size_in_bytes(self.dtype, cute.slice_(sQ.layout, (None, None, 0)))
         for w in cutlass.range_constexpr(W):
+            if cutlass.const_expr(self.persistent):
+                cute.arch.mbarrier_wait(q_bars + W + w, q_phase ^ 1)
             with cute.arch.elect_one():
                 cute.arch.mbarrier_arrive_and_expect_tx(q_bars + w, slab_bytes)
             cute.copy(tma_q, tQgQ[(None, m_block * W + w)], tQsQ[(None, w)], tma_bar_ptr=q_bars + w)
 
     @cute.jit
     def produce_paged(self, tma_q, seqQ, tma_k, seqK, tma_v, seqVt, sQ, sK, sV, q_bars, kv_pipes,
-                      m_block, n_lo, n_hi, state, mTable, batch, k_len, warp_idx=0):
+                      m_block, n_lo, n_hi, state, mTable, batch, k_len, warp_idx=0, q_phase=None):
         """The TMA warp over a paged cache: Q slabs, then K and V of tiles n_hi-1 down to n_lo, each
         tile as tile_n / page_box boxes: key j0 of a box lives in page block_table[b][j0 // PS],
         rows from j0 % PS.  Boxes past the sequence's last key reload its last page (those keys
@@ -1781,7 +1907,7 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                 do_k = warp_idx == 0
                 do_v = warp_idx == 1
             if do_k:
-                self.load_q(tma_q, seqQ, sQ, q_bars, m_block)
+                self.load_q(tma_q, seqQ, sQ, q_bars, m_block, q_phase)
             for i in cutlass.range(n_hi - n_lo, unroll=1):
                 n = n_hi - 1 - i
                 # the tile's table entries, read once for K and V and before the slot wait (the
