@@ -173,31 +173,62 @@ def test_counter_words_per_stream():
 
 
 def test_capture_words_per_capture(monkeypatch):
-    """Inside a capture (simulated): words of that capture, shared by its later launches on the
-    stream, grown when a launch needs more, new for the next capture, never the eager words, and
-    never kept by a hot plan's lookup; without the driver's capture id, words of each launch."""
+    """Inside a capture (simulated): words of that capture, a slice of the device's arena (made on the
+    eager path, never from a graph's pool), shared by its later launches on the stream, a new slice
+    when a launch needs more, new for the next capture, never the eager words, and never kept by a hot
+    plan's lookup; without the driver's capture id, or with no arena yet, words of each launch."""
     from factory.runtime import counters
 
     dev = torch.device("cpu")
-    eager = counters.zeroed(dev, 4, 7)[0].data_ptr()
+    eager = counters.zeroed(dev, 4, 7)[0].data_ptr()  # (the eager path makes the arena)
+    arena = counters._ARENAS[dev][0]
+    lo, hi = arena.data_ptr(), arena.data_ptr() + 4 * arena.numel()
     state = {"cid": 5}
     monkeypatch.setattr(counters, "_capturing", lambda d: True)
     monkeypatch.setattr(counters, "capture_id", lambda s: state["cid"])
     w1, captured = counters.zeroed(dev, 4, 7)
     assert captured and w1.data_ptr() != eager and counters.zeroed(dev, 2, 7)[0].data_ptr() == w1.data_ptr()
+    assert lo <= w1.data_ptr() < hi
     w2 = counters.zeroed(dev, 64, 7)[0]
-    assert w2.numel() == 64 and w2.data_ptr() != w1.data_ptr()
+    assert w2.numel() == 64 and w2.data_ptr() != w1.data_ptr() and lo <= w2.data_ptr() < hi
     other = counters.zeroed(dev, 4, 8)[0]  # another stream of the same capture (a fork): its own words
     assert other.data_ptr() not in (w1.data_ptr(), w2.data_ptr())
     state["cid"] = 6
     w3 = counters.zeroed(dev, 4, 7)[0]
-    assert w3.data_ptr() not in (w1.data_ptr(), w2.data_ptr(), eager)
+    assert w3.data_ptr() not in (w1.data_ptr(), w2.data_ptr(), eager) and lo <= w3.data_ptr() < hi
     look = counters.StreamWords(dev, 4)
     look.capturing = lambda: True
     assert look.ptr(7) == w3.data_ptr() and 7 not in look
     state["cid"] = None  # the driver cannot tell captures apart
     n1, n2 = counters.zeroed(dev, 4, 7)[0], counters.zeroed(dev, 4, 7)[0]
     assert n1.data_ptr() != n2.data_ptr() and int(n1.count_nonzero()) == 0
+    assert not lo <= n1.data_ptr() < hi
+    state["cid"] = 7  # a capture before any eager call: no arena, words of each launch
+    monkeypatch.setattr(counters, "_ARENAS", {})
+    f1, f2 = counters.zeroed(dev, 4, 9)[0], counters.zeroed(dev, 4, 9)[0]
+    assert f1.data_ptr() != f2.data_ptr() and int(f1.count_nonzero()) == 0
+
+
+def test_arena_turns_over_on_the_eager_path(monkeypatch):
+    """Slices are never handed out twice; once half of an arena is used, the next eager lookup makes
+    a new one (the old one stays among the buffers: graphs may still count in it)."""
+    from factory.runtime import counters
+
+    dev = torch.device("cpu")
+    monkeypatch.setattr(counters, "ARENA_WORDS", 256)
+    monkeypatch.setattr(counters, "_ARENAS", {})
+    monkeypatch.setattr(counters, "_OLD_ARENAS", [])
+    look = counters.StreamWords(dev, 2)
+    look.ptr(3)
+    first = counters._ARENAS[dev][0]
+    monkeypatch.setattr(counters, "_capturing", lambda d: True)
+    monkeypatch.setattr(counters, "capture_id", lambda s: 1)
+    seen = {counters.zeroed(dev, 64, s)[0].data_ptr() for s in range(4)}  # four captures' streams
+    assert len(seen) == 4 and counters._ARENAS[dev][1] == 256
+    assert counters.zeroed(dev, 64, 5)[0].data_ptr() not in seen  # full: a launch's own words
+    monkeypatch.setattr(counters, "_capturing", lambda d: False)
+    look.ptr(3)
+    assert counters._ARENAS[dev][0] is not first and any(t is first for t in counters.buffers(dev))
 
 
 def test_selection_takes_the_varlen_twin(tmp_path):

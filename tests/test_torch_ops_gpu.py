@@ -186,26 +186,43 @@ def test_first_load_inside_a_capture_is_a_clear_error():
     assert r.returncode == 0 and "CONTEXT OK" in r.stdout, r.stdout + r.stderr
 
 
-def test_reduce_overhead_with_split_gemms(kf):
-    """torch.compile(mode="reduce-overhead") (torch's CUDA-graph trees) of two GEMMs the selection
-    may run split along K (2048x2112x7168 and a few-tile 64x2112x7168): the split workspaces come
-    from the capture (runtime/workspaces.py); replays with new data match float32."""
+def test_reduce_overhead_with_counting_and_split_kernels(kf):
+    """torch.compile(mode="reduce-overhead") (torch's CUDA-graph trees, which refuse any tensor left
+    alive in their pool that is not an output) of the kernels that take runtime-kept words: GEMMs the
+    selection may split along K (2048x2112x7168; a few-tile 64x2112x7168), causal attention over many
+    short sequences (the dynamic-schedule twins count tiles: B32 H32 S512 D64) and MQA decode over a
+    paged cache (the last-arrival merge counts splits: B8 H16/1 4k, page 16).  Recorded after eager
+    warm-up runs, replayed with new data: every output matches float32."""
     import torch._dynamo
 
-    from factory.testing import TOLERANCE, rel_error
+    from factory.testing import TOLERANCE, attention_kvcache_reference, attention_reference, rel_error
 
     b, ops = kf
     w1 = bf(2112, 7168)
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    pages, ps = 8 * 256, 16
+    kc = torch.randn(pages, ps, 1, 128, device="cuda", generator=gen).to(torch.bfloat16)
+    vc = torch.randn(pages, ps, 1, 128, device="cuda", generator=gen).to(torch.bfloat16)
+    bt = torch.randperm(pages, device="cuda", generator=gen).to(torch.int32).view(8, 256)
+    lens = torch.tensor([4096, 4000, 1, 3000, 4096, 17, 2048, 4095], dtype=torch.int32, device="cuda")
 
-    def g(x, y):
-        return ops.gemm(x, w1), ops.gemm(y, w1)
+    def g(x, y, q, kv, qd):
+        o, _ = ops.attention(q, kv, kv, causal=True)
+        od, _ = ops.attention_kvcache(qd, kc, vc, lens, block_table=bt)
+        return ops.gemm(x, w1), ops.gemm(y, w1), o, od
 
     torch._dynamo.reset()
     ro = torch.compile(g, mode="reduce-overhead", fullgraph=True)
     for _ in range(4):  # warm-up runs, then graph replays with new data
         x, y = bf(2048, 7168), bf(64, 7168)
-        ox, oy = (t.clone() for t in ro(x, y))
-        for o, a in ((ox, x), (oy, y)):
-            err = rel_error(o, a.float() @ w1.float().t())
+        q, kv, qd = bf(32, 512, 32, 64), bf(32, 512, 32, 64), bf(8, 1, 16, 128)
+        ox, oy, o, od = (t.clone() for t in ro(x, y, q, kv, qd))
+        for out, a in ((ox, x), (oy, y)):
+            err = rel_error(out, a.float() @ w1.float().t())
             assert err < TOLERANCE["bf16"], err
-    print("picks:", [v for k, v in b.selections.items() if k[3:5] == (2112, 7168)])
+        err = rel_error(o, attention_reference(q, kv, kv, True, 64 ** -0.5)[0])
+        assert err < TOLERANCE["bf16"], err
+        ref = attention_kvcache_reference(qd, kc, vc, lens, block_table=bt)
+        err = rel_error(od, ref[0] if isinstance(ref, tuple) else ref)
+        assert err < TOLERANCE["bf16"], err
+    print("picks:", sorted(set(b.selections.values())))

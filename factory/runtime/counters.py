@@ -8,15 +8,18 @@ Eager launches count in their stream's words: per device and stream one buffer, 
 allocated, grown (a new, larger buffer) when a problem needs more, never freed (a hot plan keeps its
 pointer), so kernels running at the same time on two streams never share a word.
 
-A launch captured into a CUDA graph counts in words of that capture: allocated inside the capture
-(from the graph's memory pool, with a fill node that zeroes them at the start of every replay), one
-buffer per capture and stream, shared by that capture's later launches on that stream (they run one
-after another).  So two graphs replayed at the same time on two streams count in words of their own,
-and so do a graph and eager launches.  The capture is told apart by the driver's capture id
-(``cuStreamGetCaptureInfo``); where the driver cannot say, each captured launch takes words of its
-own (one fill node per launch).  The words of a capture are held until the next capture on the same
-stream asks for words, then released to the graph's pool (the graph keeps them, as torch keeps any
-tensor allocated in its capture)."""
+A launch captured into a CUDA graph counts in words of that capture: a slice of the device's arena
+(a buffer made on the eager path, outside any capture and outside every graph's memory pool), zeroed
+by a fill node captured before the launch (so at the start of every replay), one slice per capture
+and stream, shared by that capture's later launches on that stream (they run one after another).  So
+two graphs replayed at the same time on two streams count in words of their own, and so do a graph
+and eager launches; and no tensor of the runtime's stays alive in a graph's pool after its capture
+(torch.compile's CUDA graphs, ``mode="reduce-overhead"``, refuse such tensors).  Slices are never
+reused (a graph may be replayed at any later time): when an arena is half used, the next eager call
+starts a new one (the old ones are kept).  The capture is told apart by the driver's capture id
+(``cuStreamGetCaptureInfo``); where the driver cannot say, where no arena was made yet (a capture
+before any eager call) or the arena is full, a captured launch takes words of its own from the
+graph's pool (one fill node per launch), held only until that launch is queued."""
 
 from __future__ import annotations
 
@@ -27,8 +30,12 @@ import torch
 from torch import Tensor
 
 _BUFFERS: dict = {}  # (device, stream handle) -> eager buffers, the newest last
-_CAPTURED: dict = {}  # (device, stream handle) -> (capture id, its buffers, the newest last)
+_CAPTURED: dict = {}  # (device, stream handle) -> (capture id, its arena slice)
+_ARENAS: dict = {}  # device -> [arena, words handed out]
+_OLD_ARENAS: list = []  # earlier arenas (graphs may still count in their slices)
 MIN_WORDS = 4096
+ARENA_WORDS = 1 << 20  # 4 MiB of words per arena
+_SLICE_ALIGN = 32  # words (128 bytes)
 _CAPTURE_INFO = None  # the driver's cuStreamGetCaptureInfo (False: not available), bound on first use
 
 
@@ -80,26 +87,48 @@ def _new(dev, n: int, size: int | None = None) -> Tensor:
     return torch.zeros(max(n, size or 0), dtype=torch.int32, device=dev)
 
 
+def _arena(dev) -> None:
+    """On the eager path (never inside a capture): make sure ``dev`` has an arena with room."""
+    a = _ARENAS.get(dev)
+    if a is None or a[1] > ARENA_WORDS // 2:
+        if a is not None:
+            _OLD_ARENAS.append(a[0])
+        _ARENAS[dev] = [_new(dev, ARENA_WORDS), 0]
+
+
+def _slice(dev, n: int) -> Tensor | None:
+    """Inside a capture: ``n`` fresh words of the device's arena, zeroed by a captured fill, or None."""
+    a = _ARENAS.get(dev)
+    m = -(-n // _SLICE_ALIGN) * _SLICE_ALIGN
+    if a is None or a[1] + m > a[0].numel():
+        return None
+    t = a[0][a[1]:a[1] + m]
+    a[1] += m
+    t.zero_()
+    return t
+
+
 def _captured(dev, n: int, stream) -> Tensor:
     """``n`` zeroed words of the capture ``stream`` is in (see the module's text)."""
     cid = capture_id(stream)
-    if cid is None:  # the driver cannot tell captures apart: words of this launch alone
-        return _new(dev, n)
-    held = _CAPTURED.get((dev, stream))
-    if held is None or held[0] != cid:  # the stream's earlier capture has ended: its graph keeps the memory
-        held = _CAPTURED[(dev, stream)] = (cid, [])
-    kept = held[1]
-    if not kept or kept[-1].numel() < n:
-        kept.append(_new(dev, n))
-    return kept[-1]
+    if cid is not None:
+        held = _CAPTURED.get((dev, stream))
+        if held is not None and held[0] == cid and held[1].numel() >= n:
+            return held[1]
+        t = _slice(dev, n)
+        if t is not None:
+            _CAPTURED[(dev, stream)] = (cid, t)
+            return t
+    return _new(dev, n)  # words of this launch alone, from the graph's pool
 
 
 def zeroed(dev, n: int, stream=None) -> tuple[Tensor, bool]:
     """The first ``n`` words (1-D int32) of the buffer of ``stream`` (a raw stream handle) on
     ``dev`` — while a CUDA graph is being captured, of that capture's words — and whether they are
-    a capture's."""
+    a capture's.  (A capture's words may be a launch's own: keep the tensor until it is queued.)"""
     if _capturing(dev):
         return _captured(dev, n, stream)[:n], True
+    _arena(dev)
     kept = _BUFFERS.get((dev, stream))
     if kept is None or kept[-1].numel() < n:
         size = max(n, MIN_WORDS, 2 * kept[-1].numel() if kept else 0)
@@ -127,7 +156,11 @@ class StreamWords(dict):
 
     def ptr(self, stream) -> int:
         if self.capturing():
-            return zeroed(self.dev, self.n, stream)[0].data_ptr()
+            self.keep = zeroed(self.dev, self.n, stream)[0]  # (a launch's own words: alive until queued)
+            return self.keep.data_ptr()
+        a = _ARENAS.get(self.dev)  # (room for the next capture's words, made while not capturing)
+        if a is None or a[1] > ARENA_WORDS // 2:
+            _arena(self.dev)
         return self[stream]
 
     def __missing__(self, stream) -> int:
@@ -137,10 +170,10 @@ class StreamWords(dict):
 
 
 def buffers(dev) -> list[Tensor]:
-    """Every eager counter buffer of ``dev`` (each stream's, old ones included) and the words the
-    runtime still holds of each stream's latest capture."""
+    """Every eager counter buffer of ``dev`` (each stream's, old ones included) and its arenas (the
+    captures' words)."""
     out = [t for (d, _), kept in _BUFFERS.items() if d == dev for t in kept]
-    return out + [t for (d, _), (_, kept) in _CAPTURED.items() if d == dev for t in kept]
+    return out + [a[0] for d, a in _ARENAS.items() if d == dev] + [t for t in _OLD_ARENAS if t.device == dev]
 
 
 def buffer(dev, stream=None) -> Tensor | None:
