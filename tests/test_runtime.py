@@ -197,8 +197,11 @@ def test_gemm_launch_path_without_a_gpu(test_bundle, monkeypatch):
     assert rec.calls[-1][3:5] == [one.data_ptr()] * 2  # reused, not remade
 
     # The capture rule, for a CUDA device (faked: tensors are made on the CPU here).
+    from factory.runtime import devmem
+
     real_ones = torch.ones
     monkeypatch.setattr(torch, "ones", lambda *a, device=None, **k: real_ones(*a, **k))
+    monkeypatch.setattr(devmem, "empty", lambda n, dtype, dev: torch.empty(n, dtype=dtype))  # (kept memory)
     cuda0 = torch.device("cuda", 0)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     first = rgemm._unit_scale(b, cuda0)
@@ -272,3 +275,27 @@ def test_a_call_passes_through_each_op_module_once(test_bundle):
         assert cold[op] == 1 and hot.get(op, 0) == (op == "gemm.py"), (cold, hot)
         assert all(n == 1 for m, n in hot.items() if m != "loader.py"), hot
         assert hot.get("loader.py", 0) <= 1, hot  # (a thread's first hot launch makes its argument buffer)
+
+
+def test_kept_memory_outside_torch_pools(monkeypatch):
+    """runtime/devmem.py: on a CUDA device (faked here) a kept tensor wraps driver memory through
+    ``__cuda_array_interface__`` (no torch pool owns it) and is never made inside a capture; on the
+    CPU, or without the driver, torch's allocator; prototypes are cached per (device, dtype)."""
+    from factory.runtime import devmem
+
+    cpu = torch.device("cpu")
+    t = devmem.full(5, 7, torch.int32, cpu, sync=True)
+    assert t.shape == (5,) and int(t.sum()) == 35
+    p = devmem.proto(torch.bfloat16, cpu)
+    assert p.numel() == 1 and p.dtype == torch.bfloat16 and devmem.proto(torch.bfloat16, cpu) is p
+    assert torch.empty_like(p.expand(3, 4)).stride() == (4, 1)
+    made = []
+    monkeypatch.setattr(devmem, "_driver_alloc", lambda index, nbytes: made.append((index, nbytes)) or 4096)
+    monkeypatch.setattr(torch, "as_tensor", lambda obj, device=None: torch.empty(
+        obj.__cuda_array_interface__["shape"], dtype=torch.uint8))
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    k = devmem.empty(6, torch.float32, torch.device("cuda", 1))
+    assert made == [(1, 24)] and k.dtype == torch.float32 and k.numel() == 6 and devmem._LIVE.pop(4096)[0] == 1
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    monkeypatch.setattr(torch, "empty", lambda n, dtype=None, device=None: ("torch's", n))
+    assert devmem.empty(6, torch.float32, torch.device("cuda", 1)) == ("torch's", 6) and len(made) == 1

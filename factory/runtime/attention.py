@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from . import counters as _counters
-from . import validate
+from . import devmem, validate
 from .bundle import BundleCore, not_current
 from .errors import InputError, LaunchError, NoVariantError
 
@@ -260,8 +260,7 @@ def _hot_launch(bundle, name: str, splits: int, q, k, v, o, lse, args: list, dev
     if fixed is None:  # a stand-in bundle or launch (tests): every call takes the checked path
         return None
     cur, raw = bundle.device_api()
-    one = torch.empty(1, dtype=torch.float32, device=q.device)
-    lproto = one.expand(lse.shape)  # empty_like of a zero-stride view: a new compact tensor
+    lproto = devmem.proto(torch.float32, q.device).expand(lse.shape)  # empty_like of a zero-stride view: a new compact tensor
     empty_like = torch.empty_like
     if empty_like(lproto).stride() != lse.stride() or (not out_given and empty_like(q).stride() != o.stride()):
         raise AssertionError(f"{name}: empty_like does not reproduce the checked output layouts")
@@ -321,9 +320,9 @@ def lse_scratch(bundle, device, nbytes: int) -> int | None:
         return None
     buf = bundle.scratch.get(device)
     if buf is None:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        if devmem.capturing(device):
             return None
-        buf = bundle.scratch[device] = torch.empty(LSE_SCRATCH_BYTES // 4, dtype=torch.float32, device=device)
+        buf = bundle.scratch[device] = devmem.empty(LSE_SCRATCH_BYTES // 4, torch.float32, device)
     return buf.data_ptr()
 
 

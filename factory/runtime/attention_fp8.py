@@ -21,7 +21,7 @@ import math
 
 import torch
 
-from . import validate
+from . import devmem, validate
 from .bundle import BundleCore, not_current
 from .errors import InputError, LaunchError, NoVariantError
 
@@ -306,7 +306,9 @@ def _descale(name, t, b, hkv, device, data: bool = True):
         key = device.index
         one = _ONES.get(key)
         if one is None:
-            one = _ONES[key] = torch.ones(1, dtype=torch.float32, device=device)
+            if devmem.capturing(device):  # (not kept: the capture's pool, filled when the graph runs)
+                return torch.ones(1, dtype=torch.float32, device=device).expand(b, hkv)
+            one = _ONES[key] = devmem.full(1, 1.0, torch.float32, device, sync=True)
         return one.expand(b, hkv)
     if not isinstance(t, torch.Tensor):
         raise InputError(f"{name} must be a float32 tensor or None, got {type(t).__name__}")

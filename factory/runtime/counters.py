@@ -29,6 +29,8 @@ import sys
 import torch
 from torch import Tensor
 
+from . import devmem
+
 _BUFFERS: dict = {}  # (device, stream handle) -> eager buffers, the newest last
 _CAPTURED: dict = {}  # (device, stream handle) -> (capture id, its arena slice)
 _ARENAS: dict = {}  # device -> [arena, words handed out]
@@ -84,7 +86,9 @@ def capture_id(stream) -> int | None:
 
 
 def _new(dev, n: int, size: int | None = None) -> Tensor:
-    return torch.zeros(max(n, size or 0), dtype=torch.int32, device=dev)
+    """Zeroed words kept for the process (runtime/devmem.py: outside torch's pools; zeroed on the
+    current stream, the one whose launches use them first)."""
+    return devmem.full(max(n, size or 0), 0, torch.int32, dev)
 
 
 def _arena(dev) -> None:
@@ -119,7 +123,7 @@ def _captured(dev, n: int, stream) -> Tensor:
         if t is not None:
             _CAPTURED[(dev, stream)] = (cid, t)
             return t
-    return _new(dev, n)  # words of this launch alone, from the graph's pool
+    return torch.zeros(n, dtype=torch.int32, device=dev)  # words of this launch alone, from the graph's pool
 
 
 def zeroed(dev, n: int, stream=None) -> tuple[Tensor, bool]:

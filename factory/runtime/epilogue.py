@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 from . import fp8 as fp8_forms
-from . import fused
+from . import devmem, fused
 from . import gemm as plain
 from . import validate
 from .bundle import not_current
@@ -391,7 +391,7 @@ def _hot(bundle, name, entry, specs, dev, out, out_given, fp8, unit, flags):
     go = fixed.go
     cur, raw = bundle.device_api()
     empty_like = torch.empty_like
-    oproto = None if out_given else out.new_empty(1).expand(out.shape)
+    oproto = None if out_given else devmem.proto(out.dtype, out.device).expand(out.shape)
     if oproto is not None and empty_like(oproto).stride() != out.stride():
         return None
     unit_ptr = unit.data_ptr() if unit is not None else 0

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from . import fp8 as fp8_forms
-from . import counters, validate, workspaces
+from . import counters, devmem, validate, workspaces
 from .bundle import not_current
 from .errors import InputError, LaunchError, NoVariantError
 
@@ -218,12 +218,9 @@ def _unit_scale(bundle, device):
     Kept only once its fill has finished, so a launch on any other stream may read it."""
     s = bundle.unit_scales.get(device)
     if s is None:
-        s = torch.ones(1, dtype=torch.float32, device=device)
-        if device.type != "cuda":
-            bundle.unit_scales[device] = s
-        elif not torch.cuda.is_current_stream_capturing():
-            torch.cuda.current_stream(device).synchronize()
-            bundle.unit_scales[device] = s
+        if devmem.capturing(device):
+            return torch.ones(1, dtype=torch.float32, device=device)
+        s = bundle.unit_scales[device] = devmem.full(1, 1.0, torch.float32, device, sync=True)
     return s
 
 
@@ -480,7 +477,7 @@ def hot_launch(bundle, name: str, entry: dict, specs: list, dev: int, out, out_g
     go = fixed.go
     cur, raw = bundle.device_api()
     empty_like = torch.empty_like
-    oproto = None if out_given else out.new_empty(1).expand(out.shape)
+    oproto = None if out_given else devmem.proto(out.dtype, out.device).expand(out.shape)
     if oproto is not None and empty_like(oproto).stride() != out.stride():
         raise AssertionError(f"{name}: empty_like does not reproduce the checked output layout")
     wproto = wflat = None  # a split-K workspace: (split_k, M, N) per launch, or a flat one per stream
@@ -493,7 +490,7 @@ def hot_launch(bundle, name: str, entry: dict, specs: list, dev: int, out, out_g
                                           sem_words(w, M, N, L)).get
         else:
             words = _workspace_spec(entry, M, N, 0, L)[0][1]
-            wproto = out.new_empty(1, dtype=torch.float32).expand(math.prod(words))
+            wproto = devmem.proto(torch.float32, out.device).expand(math.prod(words))
     fp8 = entry["dtypes"]["a"] == "e4m3"
     unit_ptr = unit.data_ptr() if unit is not None else 0
     # A given ``out`` must share no byte with a, b (or a given scale): checked per call, the

@@ -41,7 +41,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from . import fp8, validate
+from . import devmem, fp8, validate
 from . import gemm as dense
 from .bundle import not_current
 from .errors import InputError, LaunchError, NoVariantError
@@ -218,7 +218,7 @@ def _hot_launch(bundle, name: str, args: list, dev: int, out, given: bool):
     eg = 4 * g1[1][0]
     esa, esb = ((validate.span(s[1], s[2]) * 4 for s in args[4:6]) if scaled else (0, 0))
     empty_like = torch.empty_like
-    oproto = None if given else out.new_empty(1).expand(out.shape)
+    oproto = None if given else devmem.proto(out.dtype, out.device).expand(out.shape)
     if oproto is not None and empty_like(oproto).stride() != out.stride():
         raise AssertionError(f"{name}: empty_like does not reproduce the checked output layout")
 

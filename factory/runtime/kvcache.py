@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from . import counters as _counters
-from . import validate
+from . import devmem, validate
 from .attention import split_workspace
 from .bundle import BundleCore, not_current
 from .errors import LaunchError
@@ -490,15 +490,13 @@ def _dummy(kind: str, dev, n: int) -> Tensor:
     key = (kind, dev, n)
     t = _DUMMIES.get(key)
     if t is None:
+        value, dtype, shape = {"sinks": (-math.inf, torch.float32, (n,)), "descale": (1.0, torch.float32, (2, n))}.get(
+            kind, (0, torch.int32, (1, 1)))
+        if devmem.capturing(dev):  # (not kept: memory of the capture's pool, filled when the graph runs)
+            return torch.full(shape, value, dtype=dtype, device=dev)
         if len(_DUMMIES) > 1024:
             _DUMMIES.clear()
-        if kind == "sinks":
-            t = torch.full((n,), -math.inf, dtype=torch.float32, device=dev)
-        elif kind == "descale":
-            t = torch.ones((2, n), dtype=torch.float32, device=dev)
-        else:
-            t = torch.zeros((1, 1), dtype=torch.int32, device=dev)
-        _DUMMIES[key] = t
+        t = _DUMMIES[key] = devmem.full(math.prod(shape), value, dtype, dev, sync=True).view(shape)
     return t
 
 
@@ -731,7 +729,7 @@ def _hot_launch(bundle, name: str, splits: int, args: list, has_out: bool, k_des
     qd_arg = args[at + 3] if fp8_q else None
     o_dtype = torch.bfloat16 if fp8_q else q.dtype
     empty_like = torch.empty_like
-    one = torch.empty(1, dtype=torch.float32, device=q.device)
+    one = devmem.proto(torch.float32, q.device)
     lproto = one.expand(lse.shape)  # empty_like of a zero-stride view: a new compact tensor
     if empty_like(lproto).stride() != lse.stride() or (not has_out and empty_like(q, dtype=o_dtype).stride()
                                                        != o.stride()):
@@ -743,7 +741,10 @@ def _hot_launch(bundle, name: str, splits: int, args: list, has_out: bool, k_des
     unit = _dummy("descale", q.device, hkv)[0]
     cnt_arg = args[7] if last else None  # the arrival counters of the checked launch's stream
     qd_dummy = qd_arg.data_ptr() if fp8_q else None  # (read only where the key's q_descale is None)
-    keep = (bt_arg, sk_arg, desc_arg, unit, cnt_arg, qd_arg)  # (alive as long as this closure)
+    # the dummies among them stay alive as long as this closure (never the caller's tensors: one made
+    # in a CUDA-graph pool and kept here would stay alive past its graph's capture)
+    dummy_ptrs = {t.data_ptr() for t in _DUMMIES.values()}
+    keep = (unit, *(t for t in (bt_arg, sk_arg, desc_arg, qd_arg) if t is not None and t.data_ptr() in dummy_ptrs))
     wproto = lse_at = None
     # the arrival counters per call: the stream's words (runtime/counters.py), found once per stream
     cnt_ptr = _counters.StreamWords(q.device, cnt_arg.numel() if last else 0).ptr

@@ -27,11 +27,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from . import counters
+from . import counters, devmem
 
 ZERO_WORDS = 16384  # the zero region: the semaphores of up to this many output tiles (64 KB)
 _GRANULE = 1 << 18  # eager scratch grows in steps of this many words (1 MiB)
 _EAGER: dict = {}  # (device, stream handle) -> the stream's buffer
+_RETIRED: list = []  # buffers replaced by larger ones (launches queued before may still use them)
 
 
 def _fresh(dev, words: int, sem: int) -> Tensor:
@@ -50,8 +51,10 @@ def flat(dev, stream, words: int, sem: int) -> tuple[int, Tensor]:
     need = ZERO_WORDS + words - sem
     t = _EAGER.get((dev, stream))
     if t is None or t.numel() < need:
-        t = _EAGER[(dev, stream)] = torch.zeros(-(-need // _GRANULE) * _GRANULE, dtype=torch.float32,
-                                               device=dev)
+        if t is not None:
+            _RETIRED.append(t)
+        size = -(-max(need, 2 * t.numel() if t is not None else 0) // _GRANULE) * _GRANULE
+        t = _EAGER[(dev, stream)] = devmem.full(size, 0, torch.float32, dev)  # (outside torch's pools)
     return t.data_ptr() + 4 * (ZERO_WORDS - sem), t
 
 
@@ -75,10 +78,13 @@ class StreamFlat:
 
 
 def release(device=None) -> None:
-    """Drop the eager buffers (of ``device``, or of every device); the next split launch on a stream
-    allocates its buffer again."""
-    for key in [k for k in _EAGER if device is None or k[0] == torch.device(device)]:
-        del _EAGER[key]
+    """Give the eager buffers (of ``device``, or of every device) back, after the device finished what
+    was queued on them; the next split launch on a stream allocates its buffer again."""
+    dev = None if device is None else torch.device(device)
+    gone = [_EAGER.pop(k) for k in [k for k in _EAGER if dev is None or k[0] == dev]]
+    gone += [t for t in _RETIRED if dev is None or t.device == dev]
+    _RETIRED[:] = [t for t in _RETIRED if not (dev is None or t.device == dev)]
+    devmem.free(gone)
 
 
 def held(dev=None) -> list[Tensor]:
