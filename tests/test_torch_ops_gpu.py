@@ -225,4 +225,4 @@ def test_reduce_overhead_with_counting_and_split_kernels(kf):
         ref = attention_kvcache_reference(qd, kc, vc, lens, block_table=bt)
         err = rel_error(od, ref[0] if isinstance(ref, tuple) else ref)
         assert err < TOLERANCE["bf16"], err
-    print("picks:", sorted(set(b.selections.values())))
+    print("picks:", sorted({str(v)[:120] for v in b.selections.values()}))
