@@ -260,7 +260,8 @@ def _hot_launch(bundle, name: str, splits: int, q, k, v, o, lse, args: list, dev
     if fixed is None:  # a stand-in bundle or launch (tests): every call takes the checked path
         return None
     cur, raw = bundle.device_api()
-    lproto = devmem.proto(torch.float32, q.device).expand(lse.shape)  # empty_like of a zero-stride view: a new compact tensor
+    one = devmem.proto(torch.float32, q.device)
+    lproto = one.expand(lse.shape)  # empty_like of a zero-stride view: a new compact tensor
     empty_like = torch.empty_like
     if empty_like(lproto).stride() != lse.stride() or (not out_given and empty_like(q).stride() != o.stride()):
         raise AssertionError(f"{name}: empty_like does not reproduce the checked output layouts")
