@@ -356,6 +356,24 @@ class GemmSm90SplitKernel(GemmSm90Kernel):
             self.consume_split(tiled_mma, tma_c, sA, sB, sC, gC, ab_pipe, sched_params, k_tiles,
                                tidx - 128, warp_idx, workspace)
 
+    def _tail_setup(self, gC, workspace, frag_size, n_acc):
+        """The tail consumers' fixed values: the grid's tiles, the semaphore words and a partial
+        tile's words, the cluster size, the semaphores, the 16-byte copy atom and its staging
+        fragments, the epilogue's sub-tiles per tile."""
+        tiles_m = cute.size(gC, mode=[2])
+        tiles_n = cute.size(gC, mode=[3])
+        n_tiles = tiles_m * tiles_n * cute.size(gC, mode=[4])
+        sem_words = (n_tiles + SEM_ALIGN - 1) // SEM_ALIGN * SEM_ALIGN
+        tile_words = self.tile[0] * self.tile[1]
+        cluster_ctas = self.cluster[0] * self.cluster[1]
+        sems = cute.recast_ptr(workspace.iterator, dtype=cutlass.Int32)
+        vec = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), cutlass.Float32, num_bits_per_copy=128)
+        t4 = cute.make_rmem_tensor((4, 1), cutlass.Float32)
+        pbuf = cute.make_rmem_tensor((4, self.splits), cutlass.Float32)  # one vector of every part
+        n_epi_all = cute.size(cute.zipped_divide(gC[(None, None, 0, 0, 0)], self.epi_tile), mode=[1])
+        assert frag_size % 4 == 0 and n_acc == n_epi_all * frag_size, (frag_size, n_acc, n_epi_all)
+        return tiles_m, tiles_n, sem_words, tile_words, cluster_ctas, sems, vec, t4, pbuf, n_epi_all
+
     @cute.jit
     def _slot(self, workspace, base, n_acc: cutlass.Constexpr):
         """This thread's view of one partial tile in the workspace: n_acc floats in 16-byte
@@ -665,18 +683,8 @@ class GemmSm90TailKernel(GemmSm90SplitKernel):
         c_dtype = sC.element_type
         store_warp = 4
 
-        tiles_m = cute.size(gC, mode=[2])
-        tiles_n = cute.size(gC, mode=[3])
-        n_tiles = tiles_m * tiles_n * cute.size(gC, mode=[4])
-        sem_words = (n_tiles + SEM_ALIGN - 1) // SEM_ALIGN * SEM_ALIGN
-        tile_words = self.tile[0] * self.tile[1]
-        cluster_ctas = self.cluster[0] * self.cluster[1]
-        sems = cute.recast_ptr(workspace.iterator, dtype=cutlass.Int32)
-        vec = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), cutlass.Float32, num_bits_per_copy=128)
-        t4 = cute.make_rmem_tensor((4, 1), cutlass.Float32)
-        pbuf = cute.make_rmem_tensor((4, self.splits), cutlass.Float32)  # one vector of every part
-        n_epi_all = cute.size(cute.zipped_divide(gC[(None, None, 0, 0, 0)], self.epi_tile), mode=[1])
-        assert frag_size % 4 == 0 and n_acc == n_epi_all * frag_size, (frag_size, n_acc, n_epi_all)
+        (tiles_m, tiles_n, sem_words, tile_words, cluster_ctas, sems, vec, t4, pbuf,
+         n_epi_all) = self._tail_setup(gC, workspace, frag_size, n_acc)
 
         read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stages)
         release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stages)
@@ -812,18 +820,8 @@ class GemmSm90TailKernel(GemmSm90SplitKernel):
         c_dtype = sC.element_type
         store_warp = 4
 
-        tiles_m = cute.size(gC, mode=[2])
-        tiles_n = cute.size(gC, mode=[3])
-        n_tiles = tiles_m * tiles_n * cute.size(gC, mode=[4])
-        sem_words = (n_tiles + SEM_ALIGN - 1) // SEM_ALIGN * SEM_ALIGN
-        tile_words = self.tile[0] * self.tile[1]
-        cluster_ctas = self.cluster[0] * self.cluster[1]
-        sems = cute.recast_ptr(workspace.iterator, dtype=cutlass.Int32)
-        vec = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), cutlass.Float32, num_bits_per_copy=128)
-        t4 = cute.make_rmem_tensor((4, 1), cutlass.Float32)
-        pbuf = cute.make_rmem_tensor((4, self.splits), cutlass.Float32)  # one vector of every part
-        n_epi_all = cute.size(cute.zipped_divide(gC[(None, None, 0, 0, 0)], self.epi_tile), mode=[1])
-        assert frag_size % 4 == 0 and n_acc == n_epi_all * frag_size, (frag_size, n_acc, n_epi_all)
+        (tiles_m, tiles_n, sem_words, tile_words, cluster_ctas, sems, vec, t4, pbuf,
+         n_epi_all) = self._tail_setup(gC, workspace, frag_size, n_acc)
         row_form = self.scale_mode == "row"
         cC = None
         scale = cutlass.Float32(1.0)
