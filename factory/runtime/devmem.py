@@ -83,7 +83,7 @@ def empty(numel: int, dtype, dev) -> Tensor:
     """A 1-D tensor of ``numel`` elements kept for the process (contents undefined): driver memory on
     a CUDA device outside a capture, else torch's allocator's."""
     nbytes = numel * dtype.itemsize
-    if dev.type == "cuda" and not torch.cuda.is_current_stream_capturing():
+    if dev.type == "cuda" and not capturing(dev):
         index = dev.index if dev.index is not None else torch.cuda.current_device()
         ptr = _driver_alloc(index, nbytes)
         if ptr is not None:

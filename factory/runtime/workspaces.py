@@ -13,8 +13,9 @@ words into the buffer: its semaphores are the last ``sem`` words of the zero reg
 tiles start right after it, so no launch ever writes a partial tile where a later, larger problem
 expects a zero semaphore.
 
-Eager launches use their stream's buffer (zeroed once when allocated; replaced by a larger one when a
-problem needs more scratch: the old one is freed on its own stream, after the launches queued on it).
+Eager launches use their stream's buffer (driver memory outside torch's pools, runtime/devmem.py;
+zeroed once when allocated; replaced by one at least twice as large when a problem needs more
+scratch: the old one is kept, launches queued before may still use it, until :func:`release`).
 A launch captured into a CUDA graph takes a workspace of its own from the graph's memory pool, its
 semaphores zeroed by a fill node captured before it, held only until the launch is queued: a buffer
 kept across a capture would be a live tensor in the graph's pool, which torch.compile's CUDA graphs
@@ -45,7 +46,7 @@ def flat(dev, stream, words: int, sem: int) -> tuple[int, Tensor]:
     """The data pointer of a flat split-K workspace of ``words`` float32 words whose first ``sem``
     are zero (the semaphores), for a launch on ``stream`` (a raw handle) of ``dev``, and the tensor
     that holds it (keep it until the launch is queued)."""
-    if sem > ZERO_WORDS or dev.type != "cuda" or torch.cuda.is_current_stream_capturing():
+    if sem > ZERO_WORDS or dev.type != "cuda" or devmem.capturing(dev):
         t = _fresh(dev, words, sem)
         return t.data_ptr(), t
     need = ZERO_WORDS + words - sem
