@@ -740,11 +740,11 @@ def check_attention_kvcache_fp8q(bundle, entry, gen, device="cuda") -> list[dict
         sl = torch.tensor(lens, dtype=torch.int32, device=device)
         q = (torch.randn(b, sq, hq, d, device=device, generator=gen) * 2).to(f8)
         q_descale = torch.rand(b, hkv, device=device, generator=gen) + 0.5
-        kv_descale = torch.rand(2, hkv, device=device, generator=gen) + 0.5
-        kv_descale[1] = kv_descale[1, :1].clone()  # v_descale per tensor
+        k_descale = torch.rand(hkv, device=device, generator=gen) + 0.5
+        v_descale = (torch.rand(1, device=device, generator=gen) + 0.5).expand(hkv)  # per tensor: stride 0
         o = torch.full((b, sq, hq, d), math.nan, dtype=torch.bfloat16, device=device)
         scale = d ** -0.5
-        tail = [torch.zeros(hq, device=device), q_descale, kv_descale, scale, 0.0, -1, -1]
+        tail = [torch.zeros(hq, device=device), q_descale, k_descale, v_descale, scale, 0.0, -1, -1]
         if entry.get("varlen"):
             cu = torch.arange(0, b * sq + 1, sq, dtype=torch.int32, device=device)
             lse = torch.full((hq, b * sq), math.nan, device=device)
@@ -754,7 +754,7 @@ def check_attention_kvcache_fp8q(bundle, entry, gen, device="cuda") -> list[dict
             lse = torch.full((b, hq, sq), math.nan, device=device)
             bundle.launch(entry["name"], [q, pool, vpool, o, lse, bt, sl, *tail])
         ref, _ = attention_kvcache_reference(dequantize_q(q, q_descale), pool, vpool, sl, bt, causal=causal,
-                                             scale=scale, k_descale=kv_descale[0], v_descale=kv_descale[1])
+                                             scale=scale, k_descale=k_descale, v_descale=v_descale)
         out.append(_judge(entry["name"], [lens, hq, hkv, sq], o, ref, 5e-2))
     return out
 

@@ -89,7 +89,9 @@ def manifest_fields(dtype: str, head_dim: int, causal: bool, varlen: bool) -> di
 #   cache_seqlens (B,)             i32  each sequence's key count (read on the device only)
 #   [cu_seqlens_q (B+1,) i32: varlen q only]
 #   sinks         (Hq,)            f32  learned sink logits (a variant without sinks ignores it)
-#   kv_descale    (2, Hkv)         f32  row 0 k_descale, row 1 v_descale (per-tensor: broadcast)
+#   kv_descale    (2, Hkv)         f32  bf16/f16 caches: unread (a unit stand-in)
+#   [e4m3 caches instead: k_descale (Hkv,) f32 and v_descale (Hkv,) f32, each with its own stride:
+#    the caller's tensors as given, per kv head (stride 1) or per tensor (stride 0)]
 #   softmax_scale f32, softcap f32 (0: off), window_left i32, window_right i32 (-1: unbounded)
 #   [max_seqlen_q i32: varlen q only]
 # Causal is bottom-right: query s of Sq sees keys j <= s + L - Sq, L = cache_seqlens[b]; with a
@@ -143,9 +145,15 @@ def signature_kvcache(dtype: str, kv_dtype: str, head_dim: int, paged: bool, pag
     ]
     if varlen_q:
         args.append(TensorArg("cu_seqlens_q", "i32", ("B1",), (1,), align=4))
+    args.append(TensorArg("sinks", "f32", ("Hq",), (1,), align=4))
+    if kt == "e4m3":
+        args += [
+            TensorArg("k_descale", "f32", ("Hkv",), ("sKD",), align=4),
+            TensorArg("v_descale", "f32", ("Hkv",), ("sVD",), align=4),
+        ]
+    else:
+        args.append(TensorArg("kv_descale", "f32", (2, "Hkv"), ("sDk", 1), align=4))
     args += [
-        TensorArg("sinks", "f32", ("Hq",), (1,), align=4),
-        TensorArg("kv_descale", "f32", (2, "Hkv"), ("sDk", 1), align=4),
         ScalarArg("softmax_scale", "f32"),
         ScalarArg("softcap", "f32"),
         ScalarArg("window_left", "i32"),

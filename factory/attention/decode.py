@@ -322,6 +322,10 @@ class AttentionDecodeKV(AttentionDecode):
             fp8=self.kv_dtype == "e4m3", direct=self.direct, own=self.own, fast_addr=self.fast_addr,
             last=self.last, page_run=self.page_run, tail_zero=self.tail_zero,
         )
+        if self.kv_dtype == "e4m3":  # (the contract's k_descale and v_descale in place of kv_descale)
+            if self.last:
+                return k.kvcache_last_f8
+            return k.kvcache_split_f8 if self.splits > 1 and not self.cluster else k.kvcache_f8
         if self.last:
             return k.kvcache_last
         return k.kvcache_split if self.splits > 1 and not self.cluster else k.kvcache
@@ -639,6 +643,41 @@ class FlashDecodeSm90:
         self._launch(q, k_cache, v_cache, o, lse, o_partial, lse_partial, softmax_scale, stream,
                      block_table, cache_seqlens, sinks, softcap, window_left, window_right, kv_descale, mCnt=counters)
 
+    # e4m3 caches: the contract's k_descale and v_descale (Hkv,) tensors, each with its own stride
+    # (0: one factor for every kv head), reach the kernel as the pair mDesc.
+    @cute.jit
+    def kvcache_f8(self, q: cute.Tensor, k_cache: cute.Tensor, v_cache: cute.Tensor, o: cute.Tensor,
+                   lse: cute.Tensor, block_table: cute.Tensor, cache_seqlens: cute.Tensor, sinks: cute.Tensor,
+                   k_descale: cute.Tensor, v_descale: cute.Tensor, softmax_scale: cutlass.Float32,
+                   softcap: cutlass.Float32, window_left: cutlass.Int32, window_right: cutlass.Int32,
+                   stream: cuda.CUstream):
+        self._launch(q, k_cache, v_cache, o, lse, None, None, softmax_scale, stream,
+                     block_table, cache_seqlens, sinks, softcap, window_left, window_right, (k_descale, v_descale))
+
+    @cute.jit
+    def kvcache_split_f8(self, q: cute.Tensor, k_cache: cute.Tensor, v_cache: cute.Tensor, o: cute.Tensor,
+                         lse: cute.Tensor, o_partial: cute.Tensor, lse_partial: cute.Tensor,
+                         block_table: cute.Tensor, cache_seqlens: cute.Tensor, sinks: cute.Tensor,
+                         k_descale: cute.Tensor, v_descale: cute.Tensor, softmax_scale: cutlass.Float32,
+                         softcap: cutlass.Float32, window_left: cutlass.Int32, window_right: cutlass.Int32,
+                         stream: cuda.CUstream):
+        self._launch(q, k_cache, v_cache, o, lse, o_partial, lse_partial, softmax_scale, stream,
+                     block_table, cache_seqlens, sinks, softcap, window_left, window_right, (k_descale, v_descale))
+        self.combine(o_partial, lse_partial, o, lse, sinks).launch(
+            grid=(cute.ceil_div(q.shape[1], COMBINE_WARPS), q.shape[2], q.shape[0]),
+            block=[32 * COMBINE_WARPS, 1, 1], stream=stream, use_pdl=True)
+
+    @cute.jit
+    def kvcache_last_f8(self, q: cute.Tensor, k_cache: cute.Tensor, v_cache: cute.Tensor, o: cute.Tensor,
+                        lse: cute.Tensor, o_partial: cute.Tensor, lse_partial: cute.Tensor, counters: cute.Tensor,
+                        block_table: cute.Tensor, cache_seqlens: cute.Tensor, sinks: cute.Tensor,
+                        k_descale: cute.Tensor, v_descale: cute.Tensor, softmax_scale: cutlass.Float32,
+                        softcap: cutlass.Float32, window_left: cutlass.Int32, window_right: cutlass.Int32,
+                        stream: cuda.CUstream):
+        self._launch(q, k_cache, v_cache, o, lse, o_partial, lse_partial, softmax_scale, stream,
+                     block_table, cache_seqlens, sinks, softcap, window_left, window_right, (k_descale, v_descale),
+                     mCnt=counters)
+
     @cute.jit
     def _launch(self, mQ, mK, mV, mO, mLSE, mOp, mLp, softmax_scale, stream,
                 mBT=None, mSeq=None, mSinks=None, softcap=None, wl=None, wr=None, mDesc=None, mCS=None,
@@ -715,8 +754,8 @@ class FlashDecodeSm90:
         if cutlass.const_expr(self.fp8):
             # s·k_descale: the scale (and, with softcap on, tanh's argument; its output keeps the
             # softcap in true units: divided here, multiplied back by the scale)
-            k_descale = mDesc[0, kv_head]
-            v_descale = mDesc[1, kv_head]
+            k_descale = mDesc[0][kv_head]
+            v_descale = mDesc[1][kv_head]
             scale_log2 = scale_log2 * k_descale
             if cutlass.const_expr(self.softcap):
                 score_mul = score_mul * k_descale

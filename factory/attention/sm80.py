@@ -335,6 +335,8 @@ class AttentionKvcacheSm80(Variant):
         k = FlashFwdSm80(
             dtype=cutlass_dtype(self.dtype), head_dim=self.head_dim, tile_m=self.tile_m,
             tile_n=self.tile_n, warps=self.warps, stages=self.stages, causal=self.causal, kv=kv)
+        if self.fp8:  # (the contract's k_descale and v_descale in place of kv_descale)
+            return k.kvcache_packed_f8 if self.varlen else k.kvcache_f8
         return k.kvcache_packed if self.varlen else k.kvcache
 
 
@@ -451,6 +453,32 @@ class FlashFwdSm80(AttentionKernel):
         # the packed-q form: q/o (Tq, Hq, D), lse (Hq, Tq), sequence b's queries cu[b]:cu[b+1]
         grid = (cute.ceil_div(max_seqlen_q, self.tile_m), q.shape[1], cu_seqlens_q.shape[0] - 1)
         cache = KvArgs(block_table, cache_seqlens, sinks, kv_descale, softcap, window_left, window_right)
+        self._launch(q, k_cache, v_cache, o, lse, cu_seqlens_q, None, softmax_scale, grid, stream, cache)
+
+    # e4m3 caches: the contract's k_descale and v_descale (Hkv,) tensors, each with its own stride
+    # (0: one factor for every kv head), reach the kernel as the pair ``KvArgs.kv_descale``.
+    @cute.jit
+    def kvcache_f8(self, q: cute.Tensor, k_cache: cute.Tensor, v_cache: cute.Tensor, o: cute.Tensor,
+                   lse: cute.Tensor, block_table: cute.Tensor, cache_seqlens: cute.Tensor,
+                   sinks: cute.Tensor, k_descale: cute.Tensor, v_descale: cute.Tensor,
+                   softmax_scale: cutlass.Float32, softcap: cutlass.Float32, window_left: cutlass.Int32,
+                   window_right: cutlass.Int32, stream: cuda.CUstream):
+        grid = (cute.ceil_div(q.shape[1], self.tile_m), q.shape[2], q.shape[0])
+        cache = KvArgs(block_table, cache_seqlens, sinks, (k_descale, v_descale), softcap, window_left,
+                       window_right)
+        self._launch(q, k_cache, v_cache, o, lse, None, None, softmax_scale, grid, stream, cache)
+
+    @cute.jit
+    def kvcache_packed_f8(self, q: cute.Tensor, k_cache: cute.Tensor, v_cache: cute.Tensor,
+                          o: cute.Tensor, lse: cute.Tensor, block_table: cute.Tensor,
+                          cache_seqlens: cute.Tensor, cu_seqlens_q: cute.Tensor, sinks: cute.Tensor,
+                          k_descale: cute.Tensor, v_descale: cute.Tensor, softmax_scale: cutlass.Float32,
+                          softcap: cutlass.Float32, window_left: cutlass.Int32,
+                          window_right: cutlass.Int32, max_seqlen_q: cutlass.Int32,
+                          stream: cuda.CUstream):
+        grid = (cute.ceil_div(max_seqlen_q, self.tile_m), q.shape[1], cu_seqlens_q.shape[0] - 1)
+        cache = KvArgs(block_table, cache_seqlens, sinks, (k_descale, v_descale), softcap, window_left,
+                       window_right)
         self._launch(q, k_cache, v_cache, o, lse, cu_seqlens_q, None, softmax_scale, grid, stream, cache)
 
     @cute.jit
@@ -610,8 +638,8 @@ class FlashFwdSm80(AttentionKernel):
         win = (None, None)
         if cutlass.const_expr(kv is not None):
             if cutlass.const_expr(fp8):
-                scale_log2 = scale_log2 * mDescale[0, kv_head]
-                o_scale = mDescale[1, kv_head]
+                scale_log2 = scale_log2 * mDescale[0][kv_head]
+                o_scale = mDescale[1][kv_head]
             if cutlass.const_expr(kv.softcap):
                 use_cap = softcap > 0.0
                 cap = cutlass.max(softcap, 1e-30)

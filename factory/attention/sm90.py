@@ -787,6 +787,8 @@ class AttentionKvcacheSm90(AttentionSm90):
             kv_dtype=cutlass_dtype(self.kv_dtype) if self.kv_fp8 else None,
             fp8_stages=2 if self.deep_staging else 1,
         )
+        if self.kv_fp8:  # (the contract's k_descale and v_descale in place of kv_descale)
+            return k.kvcache_packed_f8 if self.varlen else k.kvcache_f8
         return k.kvcache_packed if self.varlen else k.kvcache
 
 
@@ -984,7 +986,7 @@ class FlashFwdSm90(layout.TmaViewsKernel):
         grid = (cute.ceil_div(q.shape[1], self.tile_m), q.shape[2], q.shape[0])
         self._launch(mQ, mK, mVt, mO, lse, None, None, softmax_scale, grid, stream,
                      block_table, cache_seqlens, (sinks, softcap, window_left, window_right),
-                     kv_descale if self.kv_fp8 else None)
+                     None)
 
     @cute.jit
     def kvcache_packed(self, q: cute.Tensor, k_cache: cute.Tensor, v_cache: cute.Tensor,
@@ -1000,7 +1002,37 @@ class FlashFwdSm90(layout.TmaViewsKernel):
         grid = (cute.ceil_div(max_seqlen_q, self.tile_m), q.shape[1], cu_seqlens_q.shape[0] - 1)
         self._launch(mQ, mK, mVt, mO, lse, cu_seqlens_q, None, softmax_scale, grid, stream,
                      block_table, cache_seqlens, (sinks, softcap, window_left, window_right),
-                     kv_descale if self.kv_fp8 else None)
+                     None)
+
+    @cute.jit
+    def kvcache_f8(self, q: cute.Tensor, k_cache: cute.Tensor, v_cache: cute.Tensor, o: cute.Tensor,
+                   lse: cute.Tensor, block_table: cute.Tensor, cache_seqlens: cute.Tensor,
+                   sinks: cute.Tensor, k_descale: cute.Tensor, v_descale: cute.Tensor,
+                   softmax_scale: cutlass.Float32, softcap: cutlass.Float32, window_left: cutlass.Int32,
+                   window_right: cutlass.Int32, stream: cuda.CUstream):
+        # ``kvcache`` over e4m3 pages: the contract's k_descale and v_descale (Hkv,) as the pair
+        # the consumers read (each with its own stride, 0 for one factor per tensor)
+        mQ, mK, mVt, mO = layout.dense_views(q, k_cache, v_cache, o)
+        grid = (cute.ceil_div(q.shape[1], self.tile_m), q.shape[2], q.shape[0])
+        self._launch(mQ, mK, mVt, mO, lse, None, None, softmax_scale, grid, stream,
+                     block_table, cache_seqlens, (sinks, softcap, window_left, window_right),
+                     (k_descale, v_descale))
+
+    @cute.jit
+    def kvcache_packed_f8(self, q: cute.Tensor, k_cache: cute.Tensor, v_cache: cute.Tensor,
+                          o: cute.Tensor, lse: cute.Tensor, block_table: cute.Tensor,
+                          cache_seqlens: cute.Tensor, cu_seqlens_q: cute.Tensor, sinks: cute.Tensor,
+                          k_descale: cute.Tensor, v_descale: cute.Tensor, softmax_scale: cutlass.Float32,
+                          softcap: cutlass.Float32, window_left: cutlass.Int32,
+                          window_right: cutlass.Int32, max_seqlen_q: cutlass.Int32,
+                          stream: cuda.CUstream):
+        # ``kvcache_packed`` over e4m3 pages (the descales as in ``kvcache_f8``)
+        mQ, _, _, mO = layout.packed_views(q, q, q, o)
+        _, mK, mVt, _ = layout.dense_views(k_cache, k_cache, v_cache, k_cache)
+        grid = (cute.ceil_div(max_seqlen_q, self.tile_m), q.shape[1], cu_seqlens_q.shape[0] - 1)
+        self._launch(mQ, mK, mVt, mO, lse, cu_seqlens_q, None, softmax_scale, grid, stream,
+                     block_table, cache_seqlens, (sinks, softcap, window_left, window_right),
+                     (k_descale, v_descale))
 
     @cute.jit
     def _launch(self, mQ, mK, mVt, mO, lse, mCuQ, mCuK, softmax_scale, grid, stream,
@@ -2533,10 +2565,10 @@ class FlashFwdSm90(layout.TmaViewsKernel):
     def problem_scales(self, scale_log2, mDescale, head, batch, n_heads, n_kv_heads):
         """(score scale in log2 units, factor on O) of one (q head, batch) problem: the launch's
         scale and no factor; the fp8 subclass folds its descales in, as does an fp8 KV cache
-        (``mDescale`` the contract's (2, Hkv) kv_descale: k_descale on the scores, v_descale on O)."""
+        (``mDescale`` the contract's (k_descale, v_descale): k_descale on the scores, v_descale on O)."""
         if cutlass.const_expr(self.kv_fp8):
             kv_head = head // (n_heads // n_kv_heads)
-            return scale_log2 * mDescale[0, kv_head], mDescale[1, kv_head]
+            return scale_log2 * mDescale[0][kv_head], mDescale[1][kv_head]
         return scale_log2, None
 
     @cute.jit

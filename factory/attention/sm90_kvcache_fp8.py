@@ -14,7 +14,7 @@ fp8 cache), K/V pages read by TMA boxes, the fp8 forward's consumers (attention/
 
 Arguments (:func:`signature_kvcache_fp8`): the kvcache contract (contract.signature_kvcache) with
 q e4m3, o bf16 and ``q_descale`` (B, Hkv) f32 (any strides: a per-tensor factor is a zero-stride
-view) before ``kv_descale`` (2, Hkv).  No window, softcap or sinks (their arguments are ignored).
+view) before the cache's ``k_descale`` and ``v_descale`` (Hkv,) each.  No window, softcap or sinks (their arguments are ignored).
 Accuracy: that of fp8 attention (P in e4m3 for P·V), judged against float32 attention of the
 de-scaled e4m3 inputs.
 """
@@ -52,13 +52,13 @@ def transposed_key(col):
 
 def signature_kvcache_fp8(head_dim: int, varlen_q: bool = False) -> Signature:
     """contract.signature_kvcache for q e4m3 over an e4m3 cache: o bf16, ``q_descale`` (B, Hkv) f32
-    inserted before ``kv_descale`` (B: sequences; packed q: cu_seqlens_q's B1 - 1)."""
+    inserted before ``k_descale`` (B: sequences; packed q: cu_seqlens_q's B1 - 1)."""
     base = contract.signature_kvcache("e4m3", "e4m3", head_dim, True, None, varlen_q=varlen_q)
     args = []
     for a in base.args:
         if a.name == "o":
             a = TensorArg("o", "bf16", a.shape, a.stride)
-        if a.name == "kv_descale":
+        if a.name == "k_descale":
             args.append(TensorArg("q_descale", "f32", ("B", "Hkv"), ("sQDb", "sQDh"), align=4))
         args.append(a)
     div = dict(base.divisibility)
@@ -177,8 +177,8 @@ class FlashFwdSm90KvcacheFp8(FlashFwdSm90Fp8):
     @cute.jit
     def kvcache_fp8(self, q: cute.Tensor, k_cache: cute.Tensor, v_cache: cute.Tensor, o: cute.Tensor,
                     lse: cute.Tensor, block_table: cute.Tensor, cache_seqlens: cute.Tensor,
-                    sinks: cute.Tensor, q_descale: cute.Tensor, kv_descale: cute.Tensor,
-                    softmax_scale: cutlass.Float32, softcap: cutlass.Float32, window_left: cutlass.Int32,
+                    sinks: cute.Tensor, q_descale: cute.Tensor, k_descale: cute.Tensor,
+                    v_descale: cute.Tensor, softmax_scale: cutlass.Float32, softcap: cutlass.Float32, window_left: cutlass.Int32,
                     window_right: cutlass.Int32, stream: cuda.CUstream):
         # q/o (B, Sq, Hq, D) -> (Sq, D, Hq, B); both caches (P, PS, Hkv, D) -> (PS, D, Hkv, P)
         # (V as K: its (keys, D) boxes land in the staging slots)
@@ -187,13 +187,14 @@ class FlashFwdSm90KvcacheFp8(FlashFwdSm90Fp8):
         grid = (cute.ceil_div(q.shape[1], self.tile_m), q.shape[2], q.shape[0])
         self._launch(mQ, mK, mV, mO, lse, None, None, softmax_scale, grid, stream,
                      block_table, cache_seqlens, (sinks, softcap, window_left, window_right),
-                     (q_descale, kv_descale))
+                     (q_descale, k_descale, v_descale))
 
     @cute.jit
     def kvcache_fp8_packed(self, q: cute.Tensor, k_cache: cute.Tensor, v_cache: cute.Tensor,
                            o: cute.Tensor, lse: cute.Tensor, block_table: cute.Tensor,
                            cache_seqlens: cute.Tensor, cu_seqlens_q: cute.Tensor, sinks: cute.Tensor,
-                           q_descale: cute.Tensor, kv_descale: cute.Tensor, softmax_scale: cutlass.Float32,
+                           q_descale: cute.Tensor, k_descale: cute.Tensor, v_descale: cute.Tensor,
+                           softmax_scale: cutlass.Float32,
                            softcap: cutlass.Float32, window_left: cutlass.Int32,
                            window_right: cutlass.Int32, max_seqlen_q: cutlass.Int32,
                            stream: cuda.CUstream):
@@ -204,13 +205,13 @@ class FlashFwdSm90KvcacheFp8(FlashFwdSm90Fp8):
         grid = (cute.ceil_div(max_seqlen_q, self.tile_m), q.shape[1], cu_seqlens_q.shape[0] - 1)
         self._launch(mQ, mK, mV, mO, lse, cu_seqlens_q, None, softmax_scale, grid, stream,
                      block_table, cache_seqlens, (sinks, softcap, window_left, window_right),
-                     (q_descale, kv_descale))
+                     (q_descale, k_descale, v_descale))
 
     def problem_scales(self, scale_log2, mDescale, head, batch, n_heads, n_kv_heads):
         """scale·log2(e)·q_descale[batch, kv head]·k_descale[kv head], and v_descale[kv head]."""
         kv_head = head // (n_heads // n_kv_heads)
-        qd, kvd = mDescale
-        return scale_log2 * (qd[batch, kv_head] * kvd[0, kv_head]), kvd[1, kv_head]
+        qd, kd, vd = mDescale
+        return scale_log2 * (qd[batch, kv_head] * kd[kv_head]), vd[kv_head]
 
     @cute.jit
     def zero_v_tail(self, sV, slot, tile, k_len, ltid, wg):

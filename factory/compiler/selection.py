@@ -30,7 +30,7 @@ GROUPED_IDS = {"contig": 1, "masked": 2}
 # fx_block_format_t (csrc/fx_api.h)
 FORMAT_IDS = {"mxf8e4m3": 1, "mxf8e5m2": 2, "nvf4": 3}
 ACC_IDS = {"promoted": 1, "fast": 2}
-MAX_RANK, MAX_SYMS, MAX_ARGS = 6, 64, 16  # as csrc/fx_select.h
+MAX_RANK, MAX_SYMS, MAX_ARGS = 6, 64, 20  # as csrc/fx_select.h
 MAX_TARGET_CCS = 8  # FX_MAX_TARGET_CCS
 # tuning.MODEL's and cost_sm100.MODEL's keys in fx_model's / fx_model_sm100's order (defined there:
 # the order fx_cost_model_set reads them in): a key added to a Python model must be ported to C.

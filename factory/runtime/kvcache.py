@@ -3,8 +3,9 @@ conventions: argument checks, variant choice, launch.  No DSL import.
 
 The kernels take the arguments of ``contract.signature_kvcache`` (factory/attention/contract.py):
   q (B,Sq,Hq,D), k_cache/v_cache (P,PS,Hkv,D) [dense: (B,Sk,Hkv,D)], o, lse (B,Hq,Sq) f32,
-  block_table (B,MP) i32, cache_seqlens (B,) i32, sinks (Hq,) f32, kv_descale (2,Hkv) f32,
-  softmax_scale, softcap, window_left, window_right
+  block_table (B,MP) i32, cache_seqlens (B,) i32, sinks (Hq,) f32, kv_descale (2,Hkv) f32
+  [e4m3 caches: k_descale (Hkv,) f32, v_descale (Hkv,) f32, the caller's tensors as zero-stride
+  (per tensor) or per-head views], softmax_scale, softcap, window_left, window_right
 A variant whose switch is off ignores the matching argument; this module passes a cached dummy
 where the caller gave none (a (B,1) block table, -inf sinks, unit descales).
 
@@ -500,6 +501,15 @@ def _dummy(kind: str, dev, n: int) -> Tensor:
     return t
 
 
+def descale_view(t, dev, hkv: int) -> Tensor:
+    """An e4m3 cache's k_descale / v_descale as the kernels take it: a (hkv,) view of the caller's
+    tensor (checked: 1 or hkv float32 elements; stride 0 for one factor), or of a cached unit
+    factor where the caller gave none.  No copy, no kernel."""
+    if t is None:
+        return _dummy("descale", dev, 1)[0].expand(hkv)
+    return t.reshape(1).expand(hkv) if t.numel() == 1 else t.reshape(hkv)
+
+
 def attention_kvcache(bundle, q, k_cache, v_cache, cache_seqlens, block_table=None, causal=True,
                       softmax_scale=None, window_size=(-1, -1), softcap=0.0, sinks=None, k_descale=None,
                       v_descale=None, return_lse=False, out=None, cu_seqlens_q=None, max_seqlen_q=None,
@@ -584,12 +594,10 @@ def attention_kvcache(bundle, q, k_cache, v_cache, cache_seqlens, block_table=No
         return (o, lse) if return_lse else o
     bt = block_table if block_table is not None else _dummy("table", q.device, 1).expand(p.batch, 1)
     sk = sinks if sinks is not None else _dummy("sinks", q.device, p.heads_q)
-    if k_descale is None and v_descale is None:
-        desc = _dummy("descale", q.device, p.heads_kv)
-    else:  # (fp8 caches only: one small tensor per call)
-        one = _dummy("descale", q.device, p.heads_kv)[0]
-        desc = torch.stack([(t.reshape(-1) if t is not None else one).expand(p.heads_kv)
-                            for t in (k_descale, v_descale)])
+    if p.kv_dtype == "e4m3":  # the caller's descales as (Hkv,) views (stride 0: per tensor), unit where left out
+        desc = [descale_view(t, q.device, p.heads_kv) for t in (k_descale, v_descale)]
+    else:  # (unread by bf16/f16 caches)
+        desc = [_dummy("descale", q.device, p.heads_kv)]
     wl, wr = window_size
     args = [q, k_cache, v_cache, o, lse, bt, cache_seqlens]
     if splits > 1:  # the workspace of a split merged by the combine kernel or the last split (dense q only)
@@ -606,7 +614,7 @@ def attention_kvcache(bundle, q, k_cache, v_cache, cache_seqlens, block_table=No
         elif qd.dim() == 1:
             qd = qd.reshape(1, p.heads_kv).expand(p.batch, p.heads_kv)
         args.append(qd)
-    args.append(desc)
+    args += desc
     if rope:
         args.append(rotary_cos_sin)
     args += [scale, float(softcap), wl if wl >= 0 else -1, wr if wr >= 0 else -1]
@@ -614,8 +622,8 @@ def attention_kvcache(bundle, q, k_cache, v_cache, cache_seqlens, block_table=No
         args.append(max_seqlen_q)
     bundle.launch(name, args, device=dev)
     if key is not None and not p.varlen_q:
-        fire = _hot_launch(bundle, name, splits, args, out is not None, k_descale, v_descale, p.heads_kv, dev,
-                           last=last, fp8_q=fp8_q)
+        fire = _hot_launch(bundle, name, splits, args, out is not None, k_descale, v_descale, dev,
+                           last=last, fp8_q=fp8_q, fp8_kv=p.kv_dtype == "e4m3")
         if fire is not None:
             cache = _hot(bundle)
             if len(cache) >= 4096:
@@ -705,8 +713,8 @@ def _hot(bundle) -> dict:
         return _NO_CACHE
 
 
-def _hot_launch(bundle, name: str, splits: int, args: list, has_out: bool, k_descale, v_descale, hkv: int,
-                dev: int, last: bool = False, fp8_q: bool = False):
+def _hot_launch(bundle, name: str, splits: int, args: list, has_out: bool, k_descale, v_descale,
+                dev: int, last: bool = False, fp8_q: bool = False, fp8_kv: bool = False):
     """``fire(q, k_cache, v_cache, cache_seqlens, block_table, sinks, k_descale, v_descale, out,
     q_descale)``
     for the problem just launched (and so checked) with ``args``: the sizes, strides and scalars
@@ -714,7 +722,8 @@ def _hot_launch(bundle, name: str, splits: int, args: list, has_out: bool, k_des
     ``out``), lse (and a workspace split's workspace), and launches.  Returns (o, lse), or None
     without launching when a pointer breaks its alignment (the checked path then names it).
     The dummies (a (B, 1) block table, -inf sinks, unit descales) are this closure's own
-    references.  None instead of ``fire`` when the variant was not loaded by that launch (a
+    references.  ``fp8_kv``: the variant takes k_descale and v_descale (the caller's pointers, whose
+    shapes and strides the hot key fixed), else the one (2, Hkv) stand-in.  None instead of ``fire`` when the variant was not loaded by that launch (a
     stand-in launch in tests)."""
     specs = [a if isinstance(a, (int, float)) else (a.data_ptr(), tuple(a.shape), tuple(a.stride())) for a in args]
     fixed = bundle.fixed(name, specs) if isinstance(bundle, BundleCore) else None
@@ -724,7 +733,9 @@ def _hot_launch(bundle, name: str, splits: int, args: list, has_out: bool, k_des
     cur, raw = bundle.device_api()
     q, o, lse = args[0], args[3], args[4]
     at = (8 if last else 7) if splits > 1 else 5
-    bt_arg, sk_arg, desc_arg = args[at], args[at + 2], args[at + 3 + fp8_q]
+    bt_arg, sk_arg = args[at], args[at + 2]
+    kd_arg = args[at + 3 + fp8_q]
+    vd_arg = args[at + 4 + fp8_q] if fp8_kv else None
     # e4m3 q: its q_descale (B, Hkv) view between the sinks and the cache descales, o bfloat16
     qd_arg = args[at + 3] if fp8_q else None
     o_dtype = torch.bfloat16 if fp8_q else q.dtype
@@ -737,14 +748,14 @@ def _hot_launch(bundle, name: str, splits: int, args: list, has_out: bool, k_des
     # Arguments the caller left out: the dummies this launch used (fixed pointers).
     bt_dummy = bt_arg.data_ptr()  # (read only where the key's block_table is None: then the dummy)
     sk_dummy = sk_arg.data_ptr()
-    desc_fixed = desc_arg.data_ptr() if k_descale is None and v_descale is None else None
-    unit = _dummy("descale", q.device, hkv)[0]
+    kd_dummy = kd_arg.data_ptr()  # (read only where the key's k_descale is None, or for bf16/f16 caches)
+    vd_dummy = vd_arg.data_ptr() if fp8_kv else None  # (read only where the key's v_descale is None)
     cnt_arg = args[7] if last else None  # the arrival counters of the checked launch's stream
     qd_dummy = qd_arg.data_ptr() if fp8_q else None  # (read only where the key's q_descale is None)
     # the dummies among them stay alive as long as this closure (never the caller's tensors: one made
     # in a CUDA-graph pool and kept here would stay alive past its graph's capture)
     dummy_ptrs = {t.data_ptr() for t in _DUMMIES.values()}
-    keep = (unit, *(t for t in (bt_arg, sk_arg, desc_arg, qd_arg) if t is not None and t.data_ptr() in dummy_ptrs))
+    keep = tuple(t for t in (bt_arg, sk_arg, kd_arg, vd_arg, qd_arg) if t is not None and t.data_ptr() in dummy_ptrs)
     wproto = lse_at = None
     # the arrival counters per call: the stream's words (runtime/counters.py), found once per stream
     cnt_ptr = _counters.StreamWords(q.device, cnt_arg.numel() if last else 0).ptr
@@ -761,27 +772,37 @@ def _hot_launch(bundle, name: str, splits: int, args: list, has_out: bool, k_des
             not_current(dev, here)
         bt = bt_dummy if block_table is None else block_table.data_ptr()
         sk = sk_dummy if sinks is None else sinks.data_ptr()
-        if desc_fixed is not None:
-            desc = desc_fixed
-        else:  # (fp8 caches with descales: one small tensor per call, as on the checked path)
-            d = torch.stack([(t.reshape(-1) if t is not None else unit).expand(hkv) for t in (k_descale, v_descale)])
-            desc = d.data_ptr()
-        if fp8_q:  # (no split builds take e4m3 q)
-            qd = qd_dummy if q_descale is None else q_descale.data_ptr()
-            err = go(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), o.data_ptr(), lse.data_ptr(), bt,
-                     cache_seqlens.data_ptr(), sk, qd, desc, raw(here))
+        if fp8_kv:  # (the kernel's (Hkv,) views start at the caller's pointers)
+            kd = kd_dummy if k_descale is None else k_descale.data_ptr()
+            vd = vd_dummy if v_descale is None else v_descale.data_ptr()
+            if fp8_q:  # (no split builds take e4m3 q)
+                qd = qd_dummy if q_descale is None else q_descale.data_ptr()
+                err = go(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), o.data_ptr(), lse.data_ptr(), bt,
+                         cache_seqlens.data_ptr(), sk, qd, kd, vd, raw(here))
+            elif wproto is None:
+                err = go(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), o.data_ptr(), lse.data_ptr(), bt,
+                         cache_seqlens.data_ptr(), sk, kd, vd, raw(here))
+            elif cnt_arg is None:
+                w = empty_like(wproto).data_ptr()
+                err = go(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), o.data_ptr(), lse.data_ptr(), w,
+                         w + lse_at, bt, cache_seqlens.data_ptr(), sk, kd, vd, raw(here))
+            else:
+                w = empty_like(wproto).data_ptr()
+                s = raw(here)
+                err = go(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), o.data_ptr(), lse.data_ptr(), w,
+                         w + lse_at, cnt_ptr(s), bt, cache_seqlens.data_ptr(), sk, kd, vd, s)
         elif wproto is None:
             err = go(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), o.data_ptr(), lse.data_ptr(), bt,
-                     cache_seqlens.data_ptr(), sk, desc, raw(here))
+                     cache_seqlens.data_ptr(), sk, kd_dummy, raw(here))
         elif cnt_arg is None:
             w = empty_like(wproto).data_ptr()
             err = go(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), o.data_ptr(), lse.data_ptr(), w,
-                     w + lse_at, bt, cache_seqlens.data_ptr(), sk, desc, raw(here))
+                     w + lse_at, bt, cache_seqlens.data_ptr(), sk, kd_dummy, raw(here))
         else:
             w = empty_like(wproto).data_ptr()
             s = raw(here)
             err = go(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), o.data_ptr(), lse.data_ptr(), w,
-                     w + lse_at, cnt_ptr(s), bt, cache_seqlens.data_ptr(), sk, desc, s)
+                     w + lse_at, cnt_ptr(s), bt, cache_seqlens.data_ptr(), sk, kd_dummy, s)
         if err != 0:
             if err is None:
                 return None

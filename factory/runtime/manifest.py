@@ -26,7 +26,7 @@ MAX_MANIFEST_BYTES = 64 << 20  # the default bundle's manifest (462 variants) is
 MAX_DEPTH = 24                 # nesting of objects and arrays (a built manifest has 7)
 MAX_FILE_BYTES = 1 << 31       # any one file of the bundle (a host library is ~100 MB at most)
 MAX_RANK = 6                   # fx_select.h FX_MAX_RANK / FX_MAX_ARGS
-MAX_ARGS = 16
+MAX_ARGS = 20
 PROOFS = ("executed", "portability-build", "compiled", "sass-only")  # docs/proof.md
 FILE_KINDS = ("cubin", "header", "object")  # what the builder records per variant
 

@@ -2626,8 +2626,14 @@ static int32_t kv_select(const fx_device_t *dev, const fx_attention_kvcache_prob
     if (varlen) spec(&vals[k++], p->cu_seqlens_q, 1, b1, one);
     const int64_t hsh[1] = {Hq};
     spec(&vals[k++], p->sinks ? (const void *)p->sinks : any, 1, hsh, one);
-    const int64_t dsh[2] = {2, Hkv}, dst[2] = {Hkv, 1};
-    spec(&vals[k++], p->kv_descale ? (const void *)p->kv_descale : any, 2, dsh, dst);
+    if (p->kv_dtype == FX_DTYPE_E4M3) { /* e4m3 caches: k_descale and v_descale, rows 0 and 1 of kv_descale */
+        const int64_t hkv1[1] = {Hkv};
+        spec(&vals[k++], p->kv_descale, 1, hkv1, one);
+        spec(&vals[k++], (const void *)(p->kv_descale ? p->kv_descale + Hkv : NULL), 1, hkv1, one);
+    } else {
+        const int64_t dsh[2] = {2, Hkv}, dst[2] = {Hkv, 1};
+        spec(&vals[k++], p->kv_descale ? (const void *)p->kv_descale : any, 2, dsh, dst);
+    }
     vals[k++].f = scale;
     vals[k++].f = p->softcap;
     vals[k++].i = p->window_left;
