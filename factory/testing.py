@@ -707,6 +707,14 @@ def check_attention_kvcache(bundle, entry, gen=None, device="cuda") -> list[dict
     return out
 
 
+def kvcache_descale_args(entry: dict, kv_descale) -> list:
+    """A kvcache variant's descale arguments from a (2, Hkv) float32 tensor (row 0 k, row 1 v):
+    its two rows where the variant takes ``k_descale`` and ``v_descale`` (e4m3 caches), else the
+    tensor itself (``kv_descale``)."""
+    names = [a["name"] for a in entry["signature"]["args"]]
+    return [kv_descale[0], kv_descale[1]] if "k_descale" in names else [kv_descale]
+
+
 def dequantize_q(q, q_descale):
     """float32 q (B, Sq, Hq, D) times q_descale (B, Hkv): each q head scaled by its kv head's factor."""
     rep = q.shape[2] // q_descale.shape[1]

@@ -34,6 +34,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from factory.benchmark import default_out, time_interleaved  # noqa: E402
+from factory.testing import kvcache_descale_args  # noqa: E402
 
 # (B, Sq, L, Hq, Hkv, D, PS)
 SHAPES = [
@@ -177,8 +178,9 @@ def main() -> None:
                     out=on, softmax_scale=scale))(*kv[name], on)
                 continue
             outs[name] = on
+            extra = extra + kvcache_descale_args(meta[name], desc)
             calls[name] = (lambda bd, n, qn, kcn, vcn, on, extra: lambda _i: bd.launch(
-                n, [qn, kcn, vcn, on, lse_kv, table, seqlens, sinks, *extra, desc, scale, 0.0, -1, -1]))(
+                n, [qn, kcn, vcn, on, lse_kv, table, seqlens, sinks, *extra, scale, 0.0, -1, -1]))(
                     *kv[name], qn, kcn, vcn, on, extra)
         for name in dense_names:
             if db.manifest["variants"][name]["dtype"] == "e4m3":  # the dense fp8 varlen forward

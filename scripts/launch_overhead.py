@@ -83,7 +83,7 @@ def _pairs(ours: dict, base: dict | None) -> dict:
     return out
 
 
-def host_only(bundle_path: str, repeats: int, baseline: str | None) -> dict:
+def host_only(bundle_path: str, repeats: int, baseline: str | None, baseline_bundle: str | None = None) -> dict:
     import ctypes
     import subprocess
     import tempfile
@@ -111,8 +111,8 @@ def host_only(bundle_path: str, repeats: int, baseline: str | None) -> dict:
     r = [torch.randn(1, 512, 8, 64, dtype=torch.bfloat16) for _ in range(3)]
     kv = kvcache_inputs(torch, "cpu")
 
-    def rows(cls):
-        b = cls.open(bundle_path, capability=(9, 0), device={"name": "planned H100", "sm_count": 132})
+    def rows(cls, path=bundle_path):
+        b = cls.open(path, capability=(9, 0), device={"name": "planned H100", "sm_count": 132})
         b.simulate(NoLaunch())  # CPU tensors as device -1, stream 0
         out_rows = {}
         if b.candidates("gemm"):  # (a bundle of some ops only: their rows)
@@ -139,7 +139,8 @@ def host_only(bundle_path: str, repeats: int, baseline: str | None) -> dict:
             out_rows.update(kvcache_rows(b, kv))
         return out_rows
 
-    fns = _pairs(rows(Bundle), rows(baseline_bundle_class(baseline)) if baseline else None)
+    fns = _pairs(rows(Bundle), rows(baseline_bundle_class(baseline), baseline_bundle or bundle_path)
+                 if baseline else None)
     fns["ctypes call of the no-op launcher"] = lambda: noop(0)
     res = {}
     for name, (med, least) in timed(fns, repeats=repeats, sync=False).items():
@@ -209,13 +210,16 @@ def main() -> int:
     p.add_argument("--split-only", action="store_true", help="on a GPU: the GEMM shapes the selection splits "
                    "along K (split-K workspaces): eager wall and graph replay per call, ours and the baseline's")
     p.add_argument("--baseline", help="a directory holding another copy of the package, timed alongside")
+    p.add_argument("--baseline-bundle", help="the bundle the baseline package opens (default: --bundle; "
+                   "--host-only and --kvcache-only), e.g. one built by that package where the kernels' "
+                   "arguments differ")
     p.add_argument("--repeats", type=int, default=7, help="timings per row")
     p.add_argument("--json", help="write the figures here")
     a = p.parse_args()
     if a.host_only:
-        res = host_only(a.bundle, a.repeats, a.baseline)
+        res = host_only(a.bundle, a.repeats, a.baseline, a.baseline_bundle)
     elif a.kvcache_only:
-        res = kvcache_gpu(a.bundle, a.baseline, a.repeats)
+        res = kvcache_gpu(a.bundle, a.baseline, a.repeats, a.baseline_bundle)
     elif a.split_only:
         res = split_gpu(a.bundle, a.baseline, a.repeats)
     elif a.attention_only:
@@ -300,7 +304,7 @@ def split_gpu(bundle: str, baseline: str | None = None, repeats: int = 7) -> dic
     return res
 
 
-def kvcache_gpu(bundle: str, baseline: str | None = None, repeats: int = 7) -> dict:
+def kvcache_gpu(bundle: str, baseline: str | None = None, repeats: int = 7, baseline_bundle: str | None = None) -> dict:
     """Host µs per call of the kvcache rows (ours and the baseline's, alternately), and for B1
     H32/8 D128 at a 32k context, page 16: eager wall time per call of 200 back-to-back calls by
     CUDA events (host time included where it exceeds the kernel's) beside graph replay."""
@@ -309,7 +313,7 @@ def kvcache_gpu(bundle: str, baseline: str | None = None, repeats: int = 7) -> d
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
     kv = kvcache_inputs(torch, "cuda")
     b = Bundle.open(bundle)
-    b0 = baseline_bundle_class(baseline).open(bundle) if baseline else None
+    b0 = baseline_bundle_class(baseline).open(baseline_bundle or bundle) if baseline else None
     fns = _pairs(kvcache_rows(b, kv), kvcache_rows(b0, kv) if b0 is not None else None)
     host = timed(fns, repeats=repeats)
     res["host_us_per_call"] = {k: round(v[0], 2) for k, v in host.items()}
@@ -364,6 +368,24 @@ def kvcache_gpu(bundle: str, baseline: str | None = None, repeats: int = 7) -> d
                                           for n, v in wall.items()},
                                        "ours_graph_replay_us": round(statistics.median(times), 2)}
     print("B1 H32/8 D128 32k page 16, µs per call:", res["B1_H32_8_D128_32k_page16"])
+    fp8 = "attention_kvcache B8 H32/8 D128 paged 16 fp8 (descales)"
+    if fp8 in fns:  # the fp8 decode step of kvcache_inputs: eager wall per call and per call in a graph
+        row = {}
+        for name in [fp8] + ([fp8 + " [baseline]"] if fp8 + " [baseline]" in fns else []):
+            graph = torch.cuda.CUDAGraph()
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                fns[name]()
+            torch.cuda.current_stream().wait_stream(s)
+            with torch.cuda.graph(graph):
+                for _ in range(20):
+                    fns[name]()
+            tag = "baseline" if name.endswith("[baseline]") else "ours"
+            row[f"{tag}_eager_wall_us"] = round(_events_per_call(fns[name], 200, repeats), 2)
+            row[f"{tag}_graph_replay_us"] = round(_events_per_call(graph.replay, 10, repeats, replay=1 / 20), 2)
+        res["B8_H32_8_D128_fp8_page16"] = row
+        print("B8 H32/8 D128 fp8 page 16 (descales), µs per call:", row)
     return res
 
 

@@ -31,6 +31,7 @@ def main() -> None:
     import torch
 
     from factory.runtime import Bundle
+    from factory.testing import kvcache_descale_args
 
     bundles = [Bundle.open(b) for b in args.bundle]
     b, sq, L, hq, hkv, d = 4, 512, args.cached, 32, 8, 128
@@ -61,7 +62,7 @@ def main() -> None:
         o = torch.empty(b, sq, hq, d, device="cuda", dtype=torch.bfloat16)
         lse = torch.empty(b, hq, sq, device="cuda")
         argv = [qn, kc, vc, o, lse, table, seqlens, torch.zeros(hq, device="cuda"), *extra,
-                torch.ones(2, hkv, device="cuda"), 1 / math.sqrt(d), 0.0, -1, -1]
+                *kvcache_descale_args(meta, torch.ones(2, hkv, device="cuda")), 1 / math.sqrt(d), 0.0, -1, -1]
         calls.append((run, (lambda bd, name, argv: lambda: bd.launch(name, argv))(bd, name, argv)))
     qp, kp, vp = q.reshape(b * sq, hq, d), k.reshape(b * L, hkv, d), v.reshape(b * L, hkv, d)
     cu_q = torch.arange(0, b * sq + 1, sq, dtype=torch.int32, device="cuda")

@@ -31,6 +31,12 @@ def test_signature_kvcache():
     assert k.shape == ("P", 16, "Hkv", 128) and k.stride == ("sKp", "sKs", "sKh", 1)
     assert s.args[5].shape == ("B", "MP") and s.args[6].shape == ("B",)
     assert [a.dtype for a in s.args[9:]] == ["f32", "f32", "i32", "i32"]
+    # e4m3 caches: k_descale and v_descale (Hkv,) each with its own stride (0: per tensor), no kv_descale
+    s8 = contract.signature_kvcache("bf16", "e4m3", 128, paged=True)
+    names = [a.name for a in s8.args]
+    assert names[7:11] == ["sinks", "k_descale", "v_descale", "softmax_scale"] and "kv_descale" not in names
+    assert [(a.shape, a.stride, a.dtype) for a in s8.args[8:10]] == [(("Hkv",), ("sKD",), "f32"),
+                                                                     (("Hkv",), ("sVD",), "f32")]
     # a page-size class (the kernel takes any size at launch) and the dense cache
     assert contract.signature_kvcache("bf16", "bf16", 128, True).args[1].shape[1] == "PS"
     assert contract.signature_kvcache("bf16", "bf16", 128, False).args[1].shape[:2] == ("B", "Sk")

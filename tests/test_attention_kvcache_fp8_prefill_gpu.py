@@ -65,7 +65,12 @@ def run_case(bundle, e, lengths, sqs, hq, hkv, ps, *, seed=0, per_tensor_q=False
     kv_descale = torch.rand(2, hkv, device="cuda", generator=gen) + 0.5
     scale = 0.9 / math.sqrt(d)
     ref = dict(causal=e["causal"], scale=scale, k_descale=kv_descale[0], v_descale=kv_descale[1])
-    tail = [torch.zeros(hq, device="cuda"), q_descale, kv_descale, scale, 0.0, -1, -1]
+    if per_tensor_q:  # (v_descale per tensor too: a zero-stride view)
+        kv_descale[1] = kv_descale[1, :1].clone()
+        tail = [torch.zeros(hq, device="cuda"), q_descale, kv_descale[0], kv_descale[1, :1].expand(hkv), scale, 0.0,
+                -1, -1]
+    else:
+        tail = [torch.zeros(hq, device="cuda"), q_descale, kv_descale[0], kv_descale[1], scale, 0.0, -1, -1]
     if e["varlen"]:
         cu = torch.tensor([0, *itertools.accumulate(sqs)], dtype=torch.int32, device="cuda")
         tq = int(cu[-1])
@@ -142,8 +147,8 @@ def test_fp8_prefill_graph_replay(bundle):
         lse = torch.full((2, hq, sq), math.nan, device="cuda")
         q_descale = torch.rand(2, hkv, device="cuda", generator=gen) + 0.5
         kv_descale = torch.rand(2, hkv, device="cuda", generator=gen) + 0.5
-        args = [q, kc, vc, o, lse, table, seqlens, torch.zeros(hq, device="cuda"), q_descale, kv_descale,
-                0.8 / math.sqrt(d), 0.0, -1, -1]
+        args = [q, kc, vc, o, lse, table, seqlens, torch.zeros(hq, device="cuda"), q_descale, kv_descale[0],
+                kv_descale[1], 0.8 / math.sqrt(d), 0.0, -1, -1]
         load(k1, v1, t1, first)
         g = captured(bundle, e["name"], args)
         for lengths, (k, v, t) in ((second, (k2, v2, t2)), (first, (k1, v1, t1))):

@@ -114,7 +114,7 @@ def run_case(bundle, e, lengths, sqs, hq, hkv, ps, *, window=(-1, -1), softcap=0
     ref = dict(causal=e["causal"], scale=scale, window_size=window, softcap=softcap,
                sinks=sinks if e["sinks"] else None,
                k_descale=descale[0] if fp8 else None, v_descale=descale[1] if fp8 else None)
-    tail = [sinks, descale, scale, softcap, window[0], window[1]]
+    tail = [sinks, *(descale if fp8 else [descale]), scale, softcap, window[0], window[1]]  # (fp8: its rows)
     if e["varlen"]:
         cu = torch.tensor([0, *itertools.accumulate(sqs)], dtype=torch.int32, device="cuda")
         tq = int(cu[-1])
