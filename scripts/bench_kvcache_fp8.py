@@ -43,8 +43,8 @@ def main(argv=None) -> int:
     p.add_argument("--shapes", nargs="+", type=int, default=None, metavar="I", help="rows of SHAPES (default: all)")
     p.add_argument("--pages", nargs="+", type=int, default=list(PAGES))
     p.add_argument("--no-descale", action="store_true",
-                   help="also time --new's selection without descales (new-nodesc: unit descales, no per-call "
-                        "stacking of k_descale and v_descale; its output is left unchecked)")
+                   help="also time --new's selection without descales (new-nodesc: the cached unit descales; "
+                        "its output is left unchecked)")
     p.add_argument("--names", default="*", help="glob over --new's fp8 variant names timed by name")
     p.add_argument("--budget", type=float, default=0.02, help="GPU seconds per pass and candidate")
     p.add_argument("--out", default=default_out("bench_kvcache_fp8"))
