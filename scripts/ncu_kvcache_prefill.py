@@ -31,7 +31,6 @@ def main() -> None:
     import torch
 
     from factory.runtime import Bundle
-    from factory.testing import kvcache_descale_args
 
     bundles = [Bundle.open(b) for b in args.bundle]
     b, sq, L, hq, hkv, d = 4, 512, args.cached, 32, 8, 128
@@ -41,6 +40,8 @@ def main() -> None:
     k = torch.randn(b, L, hkv, d, device="cuda", generator=g).to(f8).bfloat16()
     v = torch.randn(b, L, hkv, d, device="cuda", generator=g).to(f8).bfloat16()
     seqlens = torch.full((b,), L, dtype=torch.int32, device="cuda")
+    from factory.testing import kvcache_descale_args
+
     calls = []
     for run in args.runs:
         name, ps = run.rsplit(":", 1)
