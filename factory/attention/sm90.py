@@ -276,6 +276,12 @@ class AttentionSm90(AttentionVariant):
         merge = _round_up(merge_floats(self.head_dim) * 4 + 8, _SMEM_ALIGN) if self.kv_split else 0
         return _BARRIER_BYTES + q * (2 if self.persistent and not self.o_in_q else 1) + kv + merge
 
+    @property
+    def epilogue_options_built(self) -> bool:
+        """Whether this class's kernel takes ``o_stmatrix`` and ``diag_half`` (the stmatrix
+        epilogue and the diagonal tile's half softmax of the shared consumer code)."""
+        return type(self).make_kernel is AttentionSm90.make_kernel
+
     def can_implement(self) -> str | None:
         t = self.tgt
         if t.family != "sm90":
@@ -304,11 +310,10 @@ class AttentionSm90(AttentionVariant):
             return "dynamic needs persistent and this family's own kernels"
         if self.slot_coords and not self.dynamic:
             return "slot_coords needs dynamic"
-        if self.o_stmatrix and (self.dtype not in ("bf16", "f16")
-                                or type(self).make_kernel is not AttentionSm90.make_kernel):
+        if self.o_stmatrix and (self.dtype not in ("bf16", "f16") or not self.epilogue_options_built):
             return "o_stmatrix needs 16-bit O and this family's own kernels"
         if self.diag_half and (not self.causal or self.tile_n % 32 or self.ex2_fma or self.ex2_pairs
-                               or type(self).make_kernel is not AttentionSm90.make_kernel):
+                               or not self.epilogue_options_built):
             return "diag_half needs causal, tile_n a multiple of 32, the plain exponentials and this family's own kernels"
         if self.kv_split and (self.tile_m != WG_ROWS or not self.overlap or self.persistent or self.varlen
                               or self.early_rescale or self.lazy_rescale or self.k_first):
@@ -769,6 +774,12 @@ class AttentionKvcacheSm90(AttentionSm90):
                 and type(self).make_kernel is AttentionKvcacheSm90.make_kernel)
 
     @property
+    def epilogue_options_built(self) -> bool:
+        """The stmatrix epilogue and the diagonal tile's half softmax: on the 16-bit page-box
+        builds without switches (the consumer code they share with the dense kernel)."""
+        return self.persistent_preferred and not (self.local or self.softcap or self.sinks)
+
+    @property
     def wide_producer(self) -> bool:
         """The producer warpgroup takes the gathers' 40 registers (``register_split``); so do the
         persistent builds' producer warps issuing several boxes a tile or boxes of head_dim 256
@@ -782,7 +793,7 @@ class AttentionKvcacheSm90(AttentionSm90):
             tile_n=self.tile_n, stages=self.stages, causal=self.causal, overlap=self.overlap,
             pingpong=self.pingpong, early_rescale=self.early_rescale, persistent=self.persistent,
             o_in_q=self.o_in_q, lazy_rescale=self.lazy_rescale, k_first=False, page_box=self.page_box,
-            gather=not self.page_box, local=self.local,
+            o_stmatrix=self.o_stmatrix, diag_half=self.diag_half, gather=not self.page_box, local=self.local,
             softcap=self.softcap, sinks=self.sinks, wide_producer=self.wide_producer,
             kv_dtype=cutlass_dtype(self.kv_dtype) if self.kv_fp8 else None,
             fp8_stages=2 if self.deep_staging else 1,
@@ -853,6 +864,12 @@ def enumerate_attention_kvcache(target: Target, tier: str) -> list[AttentionKvca
         ps = [v for v in out if v.persistent and v.stages == 2 and not v.local and v.page_box in (16, PAGE_BOX)]
         out += [dataclasses.replace(v, early_rescale=True) if v.head_dim == 128 else
                 dataclasses.replace(v, lazy_rescale=True) for v in ps if v.head_dim in (128, 256)]
+        # and the dense varlen default's other options: head_dim 128 with both rescales, then
+        # also the diagonal tile's half softmax and the stmatrix epilogue (head_dim 256 on the lazy one)
+        out += [dataclasses.replace(v, early_rescale=True, lazy_rescale=True, **kw) for v in ps
+                if v.head_dim == 128 for kw in ({}, {"diag_half": True, "o_stmatrix": True})]
+        out += [dataclasses.replace(v, lazy_rescale=True, diag_half=True, o_stmatrix=True) for v in ps
+                if v.head_dim == 256]
     return [v for v in out if v.can_implement() is None]
 
 
