@@ -805,9 +805,10 @@ def box_schedule(head_dim: int, varlen: bool) -> dict[str, bool]:
     """The schedule of the 16-bit page-box builds (``AttentionKvcacheSm90.persistent_preferred``):
     persistent CTAs and, at head_dim 128, the dense varlen default's consumer options: the early
     and the lazy rescale, the diagonal tile's half softmax, O into smem by stmatrix; at head_dim
-    256 the lazy rescale (and for dense q the other two).  H100, chunked prefill, each beside the
-    persistent build without them (notes/attention-kvcache.md): head_dim 128 2.6-3.6 % faster
-    (geomean), head_dim 256 8-14 %."""
+    256 the lazy rescale (and for dense q the other two).  H100, chunked prefill, beside the
+    persistent builds without them (with the producer's shift addressing; notes/attention-kvcache.md):
+    16-row boxes 6.5-7.4 % faster (geomean), 64-row boxes 3.7-4.0 %, head_dim 256 10-12 %; the early
+    rescale alone gains nothing, the lazy one without it 1-4 % less."""
     sched = {**default_schedule(head_dim, True, varlen=True), "persistent": True,
              "diag_half": False, "o_stmatrix": False}
     if head_dim == 128:
@@ -853,7 +854,7 @@ def enumerate_attention_kvcache(target: Target, tier: str) -> list[AttentionKvca
         # our dense varlen path; 16-row boxes -6 to +9 %, +2.5 % on average, the dense-q ones in two
         # stages instead of three; head_dim 256 -1 to +13 %; notes/attention-kvcache.md), on the
         # page-box schedule (box_schedule: the lazy rescale and at head_dim 128 the dense varlen
-        # default's other consumer options; H100 2.6-3.6 % at head_dim 128, 8-14 % at 256).
+        # default's other consumer options; H100 4-7 % at head_dim 128, 10-12 % at 256).
         out = [make("bf16", 128, vl, page_box=pb, boxes=bool(pb)) for vl in (False, True)
                for pb in (PAGE_BOX, 0)]
         out += [make("bf16", 128, True, page_box=16, boxes=True)]
