@@ -106,6 +106,7 @@ def main() -> None:
     import torch
 
     from factory.runtime import Bundle
+    from factory.runtime.attention import dense_workspace
 
     kvb, db = Bundle.open(args.kv_bundle), Bundle.open(args.dense_bundle)
     bases = {}
@@ -186,9 +187,10 @@ def main() -> None:
             if db.manifest["variants"][name]["dtype"] == "e4m3":  # the dense fp8 varlen forward
                 calls[name] = (lambda n: lambda _i: db.launch(
                     n, [qp8, kp8, vp8, o_d, lse_d, cu_q, cu_k, qdesc_d, kdesc_d, kdesc_d, scale, sq]))(name)
-            else:
-                calls[name] = (lambda n: lambda _i: db.launch(
-                    n, [qp, kp_, vp_, o_d, lse_d, cu_q, cu_k, scale, sq]))(name)
+            else:  # (a dynamic build's tile counters after lse: the stream's or the capture's words)
+                calls[name] = (lambda n, e: lambda _i: db.launch(
+                    n, [qp, kp_, vp_, o_d, lse_d, *dense_workspace(torch, e, qp), cu_q, cu_k, scale, sq]))(
+                        name, db.manifest["variants"][name])
         # every candidate against the first dense one (an unwritten output shows as NaN)
         o_d.fill_(math.nan)
         calls[dense_names[0]](0)

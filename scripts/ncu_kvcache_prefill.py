@@ -31,6 +31,7 @@ def main() -> None:
     import torch
 
     from factory.runtime import Bundle
+    from factory.runtime.attention import dense_workspace
 
     bundles = [Bundle.open(b) for b in args.bundle]
     b, sq, L, hq, hkv, d = 4, 512, args.cached, 32, 8, 128
@@ -71,7 +72,9 @@ def main() -> None:
     o_d, lse_d = torch.empty_like(qp), torch.empty(hq, b * sq, device="cuda")
     for name in args.dense:  # (packed q, contiguous packed K/V holding the same values)
         bd = next(x for x in bundles if name in x.manifest["variants"])
-        argv = [qp, kp, vp, o_d, lse_d, cu_q, cu_k, 1 / math.sqrt(d), sq]
+        # (a dynamic build's tile counters after lse)
+        argv = [qp, kp, vp, o_d, lse_d, *dense_workspace(torch, bd.manifest["variants"][name], qp), cu_q, cu_k,
+                1 / math.sqrt(d), sq]
         calls.append((f"{name}:dense", (lambda bd, name, argv: lambda: bd.launch(name, argv))(bd, name, argv)))
     for _, c in calls:
         c()

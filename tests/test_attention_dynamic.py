@@ -94,8 +94,11 @@ def test_slot_coords_twins():
     assert any(v.varlen for v in om)
     from factory.attention.sm90 import AttentionKvcacheSm90
 
-    kv = next(x for x in _kvcache() if isinstance(x, AttentionKvcacheSm90))
+    # (the kvcache family: on its 16-bit page-box builds, not on the cp.async gathers)
+    kv = next(x for x in _kvcache() if isinstance(x, AttentionKvcacheSm90) and not x.page_box)
     assert "o_stmatrix needs 16-bit O" in dataclasses.replace(kv, o_stmatrix=True).can_implement()
+    boxes = next(x for x in _kvcache() if isinstance(x, AttentionKvcacheSm90) and x.page_box and x.head_dim == 128)
+    assert boxes.o_stmatrix and boxes.diag_half and boxes.can_implement() is None
     # diag_half (the diagonal key tile's upper half skipped where a warpgroup sees none of it):
     # likewise "..._dh_sc_dy", causal only
     dh = [v for v in full if v.diag_half and not v.o_stmatrix]

@@ -62,7 +62,8 @@ def test_default_tier_sm90a():
     gathers, and the switch build on the gathers (any page size), each for dense and packed q;
     boxes of 16 rows for packed and dense q (two stages); the same at head_dim 256 (no 16-row
     boxes; the switch build for packed q); the fp8-cache gathers at head_dim 128.  The page-box
-    builds are persistent and preferred (selection: fewest page sizes, then preferred)."""
+    builds are persistent, on the page-box schedule (``box_schedule``) and preferred (selection:
+    fewest page sizes, then preferred)."""
     # (e4m3 q, the fp8-WGMMA builds: tests/test_attention_kvcache_fp8_prefill.py)
     vs = [v for v in _variants("sm_90a", "default") if v.dtype != "e4m3"]
     assert all(v.dtype == "bf16" and v.causal for v in vs)
@@ -74,6 +75,10 @@ def test_default_tier_sm90a():
         assert v.persistent == (v.page_box > 0 and v.kv_dtype == "bf16"), v.name
         if v.persistent:
             assert v.describe()["preferred"] and v.describe()["tile_scheduler"]["persistent"], v.name
+            # the page-box schedule: the lazy rescale; at head_dim 128 also the early rescale, the
+            # diagonal half softmax and the stmatrix epilogue (at 256 those two for dense q)
+            assert v.lazy_rescale and v.early_rescale == (v.head_dim == 128), v.name
+            assert v.diag_half == v.o_stmatrix == (v.head_dim == 128 or not v.varlen), v.name
     sw = [v for v in d128 if v.local]
     assert {(v.page_box, v.varlen) for v in sw} == {(0, False), (0, True)}
     assert all(v.softcap and v.sinks for v in sw)
@@ -129,12 +134,19 @@ def test_manifest_fields():
 def test_sm90_refusals():
     import dataclasses
 
-    v = dataclasses.replace(_variants("sm_90a", "test")[0], persistent=False)
-    # persistent CTAs: on the TMA page boxes of 16-bit caches only; preferred over one tile per CTA
-    ps = dataclasses.replace(v, persistent=True)
+    ps = _variants("sm_90a", "test")[0]
+    v = dataclasses.replace(ps, persistent=False, early_rescale=False, lazy_rescale=False, diag_half=False,
+                            o_stmatrix=False)
+    # persistent CTAs: on the TMA page boxes of 16-bit caches only; preferred over one tile per CTA,
+    # with the page-box schedule's consumer options (the lazy rescale on persistent builds only;
+    # the stmatrix epilogue and the diagonal half softmax not on the gathers)
     assert ps.can_implement() is None and ps.describe()["tile_scheduler"]["persistent"]
     assert "_ps_" in ps.name and "_ps_" not in v.name
     assert ps.describe()["preferred"] and not v.describe()["preferred"]
+    assert not dataclasses.replace(ps, lazy_rescale=False).describe()["preferred"]
+    assert "lazy_rescale" in dataclasses.replace(v, lazy_rescale=True).can_implement()
+    assert "o_stmatrix" in dataclasses.replace(v, page_box=0, o_stmatrix=True).can_implement()
+    assert "diag_half" in dataclasses.replace(v, page_box=0, diag_half=True).can_implement()
     assert "persistent" in dataclasses.replace(v, persistent=True, page_box=0).can_implement()
     assert "persistent" in dataclasses.replace(v, persistent=True, page_box=0, kv_dtype="e4m3").can_implement()
     assert "k_first" in dataclasses.replace(v, k_first=True).can_implement()

@@ -276,6 +276,12 @@ class AttentionSm90(AttentionVariant):
         merge = _round_up(merge_floats(self.head_dim) * 4 + 8, _SMEM_ALIGN) if self.kv_split else 0
         return _BARRIER_BYTES + q * (2 if self.persistent and not self.o_in_q else 1) + kv + merge
 
+    @property
+    def epilogue_options_built(self) -> bool:
+        """Whether this class's kernel takes ``o_stmatrix`` and ``diag_half`` (the stmatrix
+        epilogue and the diagonal tile's half softmax of the shared consumer code)."""
+        return type(self).make_kernel is AttentionSm90.make_kernel
+
     def can_implement(self) -> str | None:
         t = self.tgt
         if t.family != "sm90":
@@ -304,11 +310,10 @@ class AttentionSm90(AttentionVariant):
             return "dynamic needs persistent and this family's own kernels"
         if self.slot_coords and not self.dynamic:
             return "slot_coords needs dynamic"
-        if self.o_stmatrix and (self.dtype not in ("bf16", "f16")
-                                or type(self).make_kernel is not AttentionSm90.make_kernel):
+        if self.o_stmatrix and (self.dtype not in ("bf16", "f16") or not self.epilogue_options_built):
             return "o_stmatrix needs 16-bit O and this family's own kernels"
         if self.diag_half and (not self.causal or self.tile_n % 32 or self.ex2_fma or self.ex2_pairs
-                               or type(self).make_kernel is not AttentionSm90.make_kernel):
+                               or not self.epilogue_options_built):
             return "diag_half needs causal, tile_n a multiple of 32, the plain exponentials and this family's own kernels"
         if self.kv_split and (self.tile_m != WG_ROWS or not self.overlap or self.persistent or self.varlen
                               or self.early_rescale or self.lazy_rescale or self.k_first):
@@ -756,7 +761,7 @@ class AttentionKvcacheSm90(AttentionSm90):
             # 16-bit caches by TMA page boxes: the persistent build of the default tile is the
             # preferred one (selection: fewest page sizes, then preferred)
             tile = (self.tile_m, self.tile_n, self.stages, self.overlap, self.pingpong)
-            sched = {**default_schedule(self.head_dim, True, varlen=True), "persistent": True}
+            sched = box_schedule(self.head_dim, self.varlen)
             d["preferred"] = (tile == default_config(self.head_dim, True, cache=True)
                               and all(getattr(self, k) == v for k, v in sched.items()))
         return d
@@ -767,6 +772,12 @@ class AttentionKvcacheSm90(AttentionSm90):
         preferred schedule (H100, chunked prefill beside one tile per CTA: notes/attention-kvcache.md)."""
         return (bool(self.page_box) and not self.kv_fp8 and self.dtype in ("bf16", "f16")
                 and type(self).make_kernel is AttentionKvcacheSm90.make_kernel)
+
+    @property
+    def epilogue_options_built(self) -> bool:
+        """The stmatrix epilogue and the diagonal tile's half softmax: on the 16-bit page-box
+        builds without switches (the consumer code they share with the dense kernel)."""
+        return self.persistent_preferred and not (self.local or self.softcap or self.sinks)
 
     @property
     def wide_producer(self) -> bool:
@@ -782,7 +793,7 @@ class AttentionKvcacheSm90(AttentionSm90):
             tile_n=self.tile_n, stages=self.stages, causal=self.causal, overlap=self.overlap,
             pingpong=self.pingpong, early_rescale=self.early_rescale, persistent=self.persistent,
             o_in_q=self.o_in_q, lazy_rescale=self.lazy_rescale, k_first=False, page_box=self.page_box,
-            gather=not self.page_box, local=self.local,
+            o_stmatrix=self.o_stmatrix, diag_half=self.diag_half, gather=not self.page_box, local=self.local,
             softcap=self.softcap, sinks=self.sinks, wide_producer=self.wide_producer,
             kv_dtype=cutlass_dtype(self.kv_dtype) if self.kv_fp8 else None,
             fp8_stages=2 if self.deep_staging else 1,
@@ -792,27 +803,46 @@ class AttentionKvcacheSm90(AttentionSm90):
         return k.kvcache_packed if self.varlen else k.kvcache
 
 
+def box_schedule(head_dim: int, varlen: bool) -> dict[str, bool]:
+    """The schedule of the 16-bit page-box builds (``AttentionKvcacheSm90.persistent_preferred``):
+    persistent CTAs and, at head_dim 128, the dense varlen default's consumer options: the early
+    and the lazy rescale, the diagonal tile's half softmax, O into smem by stmatrix; at head_dim
+    256 the lazy rescale (and for dense q the other two).  H100, chunked prefill, beside the
+    persistent builds without them (with the producer's shift addressing; notes/attention-kvcache.md):
+    16-row boxes 6.5-7.4 % faster (geomean), 64-row boxes 3.7-4.0 %, head_dim 256 10-12 %; the early
+    rescale alone gains nothing, the lazy one without it 1-4 % less."""
+    sched = {**default_schedule(head_dim, True, varlen=True), "persistent": True,
+             "diag_half": False, "o_stmatrix": False}
+    if head_dim == 128:
+        sched.update(early_rescale=True, lazy_rescale=True, diag_half=True, o_stmatrix=True)
+    elif head_dim == 256:
+        sched.update(lazy_rescale=True, diag_half=not varlen, o_stmatrix=not varlen)
+    return sched
+
+
 @register("attention_kvcache")
 def enumerate_attention_kvcache(target: Target, tier: str) -> list[AttentionKvcacheSm90]:
     if target.family != "sm90" or target.name != "sm_90a":
         return []
 
     def make(dtype, d, varlen, page_box=PAGE_BOX, switches=False, causal=True, kv_dtype=None, deep=False,
-             stages=None, persistent=False):
-        # the causal tiles for both masks (head_dim 256: 64-key tiles, one 64-row box each)
+             stages=None, persistent=False, boxes=False):
+        # the causal tiles for both masks (head_dim 256: 64-key tiles, one 64-row box each);
+        # boxes: the page-box builds' schedule (box_schedule)
         tm, tn, s, ov, pp = default_config(d, True, cache=True)
         s = stages or s
+        sched = (box_schedule(d, varlen) if boxes else
+                 {**default_schedule(d, True, varlen=True), **({"persistent": True} if persistent else {})})
         return AttentionKvcacheSm90(
             target=target.name, dtype=dtype, kv_dtype=kv_dtype or dtype, head_dim=d, causal=causal, tile_m=tm,
             tile_n=tn, stages=s, overlap=ov, pingpong=pp, varlen=varlen, page_box=page_box,
-            local=switches, softcap=switches, sinks=switches, deep_staging=deep,
-            **{**default_schedule(d, True, varlen=True), **({"persistent": True} if persistent else {})})
+            local=switches, softcap=switches, sinks=switches, deep_staging=deep, **sched)
 
     if tier == "test":
-        out = [make("bf16", 128, False, persistent=True), make("bf16", 128, True, persistent=True),
+        out = [make("bf16", 128, False, boxes=True), make("bf16", 128, True, boxes=True),
                make("bf16", 128, False, page_box=0), make("f16", 64, True, page_box=0, switches=True),
                # head_dim 256 (TMA boxes; the gathers, packed q and no mask: "full")
-               make("bf16", 256, False, persistent=True),
+               make("bf16", 256, False, boxes=True),
                # fp8 e4m3 caches: the gathers converting into the dtype rings
                make("bf16", 128, False, page_box=0, kv_dtype="e4m3")]
         return [v for v in out if v.can_implement() is None]
@@ -824,17 +854,19 @@ def enumerate_attention_kvcache(target: Target, tier: str) -> list[AttentionKvca
         # The page-box builds are persistent (132 CTAs walking the query tiles, longest rows
         # first; H100 and H200, beside one tile per CTA: 64-row boxes 3-7 % faster, 0.90-1.00x
         # our dense varlen path; 16-row boxes -6 to +9 %, +2.5 % on average, the dense-q ones in two
-        # stages instead of three; head_dim 256 -1 to +13 %; notes/attention-kvcache.md).
-        out = [make("bf16", 128, vl, page_box=pb, persistent=bool(pb)) for vl in (False, True)
+        # stages instead of three; head_dim 256 -1 to +13 %; notes/attention-kvcache.md), on the
+        # page-box schedule (box_schedule: the lazy rescale and at head_dim 128 the dense varlen
+        # default's other consumer options; H100 4-7 % at head_dim 128, 10-12 % at 256).
+        out = [make("bf16", 128, vl, page_box=pb, boxes=bool(pb)) for vl in (False, True)
                for pb in (PAGE_BOX, 0)]
-        out += [make("bf16", 128, True, page_box=16, persistent=True)]
+        out += [make("bf16", 128, True, page_box=16, boxes=True)]
         # dense q over pages of 16 and 32: 16-row boxes (the three-stage one-tile-per-CTA build,
         # 5-13 % over the gathers on an H100, is in "full")
-        out += [make("bf16", 128, False, page_box=16, persistent=True)]
+        out += [make("bf16", 128, False, page_box=16, boxes=True)]
         out += [make("bf16", 128, vl, page_box=0, switches=True) for vl in (False, True)]
         # head_dim 256 (Gemma 2/3 layers): 64-row boxes (pages of 64-256) and the gathers (any
         # page size), dense and packed q, and the switch build (window/softcap/sinks) for packed q
-        out += [make("bf16", 256, vl, page_box=pb, persistent=bool(pb)) for vl in (False, True)
+        out += [make("bf16", 256, vl, page_box=pb, boxes=bool(pb)) for vl in (False, True)
                 for pb in (PAGE_BOX, 0)]
         out += [make("bf16", 256, True, page_box=0, switches=True)]
         # fp8 e4m3 caches under bf16 q, head_dim 128: the converting gathers, dense and packed q
@@ -850,11 +882,20 @@ def enumerate_attention_kvcache(target: Target, tier: str) -> list[AttentionKvca
         out += [dataclasses.replace(v, persistent=True) for v in out
                 if v.page_box and not v.kv_fp8 and not v.local and v.dtype == "bf16" and v.causal]
         out += [make("bf16", 128, False, page_box=16, stages=3, persistent=ps) for ps in (False, True)]
-        # the dense varlen defaults' consumer options on the persistent builds: the early rescale
-        # (head_dim 128) and the lazy rescale (head_dim 256); built, not yet timed
+        # the dense varlen defaults' consumer options on the persistent builds one by one: the
+        # early rescale (head_dim 128) and the lazy rescale (head_dim 256)
         ps = [v for v in out if v.persistent and v.stages == 2 and not v.local and v.page_box in (16, PAGE_BOX)]
         out += [dataclasses.replace(v, early_rescale=True) if v.head_dim == 128 else
                 dataclasses.replace(v, lazy_rescale=True) for v in ps if v.head_dim in (128, 256)]
+        # and the dense varlen default's other options: head_dim 128 with both rescales, then
+        # also the diagonal tile's half softmax and the stmatrix epilogue (head_dim 256 on the lazy one)
+        out += [dataclasses.replace(v, early_rescale=True, lazy_rescale=True, **kw) for v in ps
+                if v.head_dim == 128 for kw in ({}, {"diag_half": True, "o_stmatrix": True})]
+        out += [dataclasses.replace(v, lazy_rescale=True, diag_half=True, o_stmatrix=True) for v in ps
+                if v.head_dim in (128, 256)]
+        # the 32-row boxes (pages of 32) on the page-box schedule too
+        out += [dataclasses.replace(v, **box_schedule(v.head_dim, v.varlen)) for v in out
+                if v.persistent and v.page_box == 32 and v.head_dim in (128, 256) and v.dtype == "bf16"]
     return [v for v in out if v.can_implement() is None]
 
 
@@ -914,6 +955,7 @@ class FlashFwdSm90(layout.TmaViewsKernel):
         # KV cache (paged): K/V tiles arrive as tile_n / page_box TMA boxes of page_box rows, each
         # from the page the block table names; 0: the plain dense/varlen kernel.
         self.page_box = page_box
+        self.box_shift = max(page_box, 1).bit_length() - 1  # log2(page_box): boxes are 16-128 rows
         # KV cache (paged, pages of any size): the producer warpgroup's 128 threads gather K/V
         # rows by cp.async, each row from its own page (``produce_gather``).
         self.gather = gather
@@ -1931,6 +1973,14 @@ class FlashFwdSm90(layout.TmaViewsKernel):
         the staging slots the transposing warps read (``sV``/``kv_pipes`` are then the staging
         ring and its pipes)."""
         k_pipe, v_pipe = kv_pipes
+        lg, in_page, last_col = 0, 0, 0
+        if cutlass.const_expr(self.persistent):
+            # page sizes are powers of two (the manifest's page_sizes): a box's page and its
+            # place in the page by shifts and masks instead of two integer divisions (8-16
+            # boxes a tile); the page's index kept inside the table row for any other size
+            lg = cutlass.Int32(cute.arch.bfind(seqK.shape[0]))
+            in_page = (cutlass.Int32(1) << lg) - 1
+            last_col = mTable.shape[1] - 1
         if n_hi > n_lo:
             D, BN, KB = self.head_dim, self.tile_n, self.page_box
             page_size = seqK.shape[0]
@@ -1947,8 +1997,12 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                 pages, boxes = [], []
                 for b in cutlass.range_constexpr(BN // KB):
                     j0 = cutlass.min(n * BN + b * KB, k_len - 1)
-                    pages.append(mTable[batch, j0 // page_size])
-                    boxes.append((j0 % page_size) // KB)
+                    if cutlass.const_expr(self.persistent):
+                        pages.append(mTable[batch, cutlass.min(j0 >> lg, last_col)])
+                        boxes.append((j0 & in_page) >> self.box_shift)
+                    else:
+                        pages.append(mTable[batch, j0 // page_size])
+                        boxes.append((j0 % page_size) // KB)
                 if do_k:
                     k_pipe.producer_acquire(state)
                     for b in cutlass.range_constexpr(BN // KB):
