@@ -555,6 +555,16 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm90]:
             if v.causal and v.persistent
             and (not v.varlen or (v.head_dim <= 128 and v.dtype == "bf16"))
             and (v.head_dim, v.tile_m) in ((64, 128), (64, 192), (128, 128), (256, 128))]
+    # not causal, bf16: the persistent builds' dynamic twins with the producer's coordinates and the
+    # stmatrix epilogue (dense head_dim 64 on 192 rows, 128 (also the deferred O-store wait), 256;
+    # varlen head_dim 128), which the selection takes in their place (fx_select.c attn_choose).
+    # H100, interleaved by name, B8 H16 S2048 (us, vs the static build): head_dim 128 405.2 vs 412.9,
+    # 256 749.6 vs 756.9, varlen 128 398.8 vs 403.0; B32 H32 S512 head_dim 64 170.4 vs 174.4; ncu, one
+    # launch, B8 H16 S2048 head_dim 128: 650 k cycles vs 665 k (cuDNN 726 k), 256: 1.20 M vs 1.21 M
+    out += [dataclasses.replace(v, dynamic=True, slot_coords=True, o_stmatrix=True,
+                                store_defer=v.head_dim == 128 and not v.varlen) for v in out
+            if not v.causal and v.persistent and v.dtype == "bf16" and not v.dynamic
+            and (v.head_dim, v.tile_m) in ((64, 192), (128, 128), (256, 128)) and (not v.varlen or v.head_dim == 128)]
     if tier == "full":
         # The tuner's alternatives (dense): scripts/tune.py attention picks among them per shape bucket.
         out += [make(dt, d, c, tile_m=tm, tile_n=tn, stages=s, overlap=ov, pingpong=pp, const_wg=False)
@@ -622,6 +632,14 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm90]:
         out += [dataclasses.replace(v, **kw) for v in out
                 if v.slot_coords and v.causal and not (v.diag_half or v.o_stmatrix)
                 for kw in ({"o_stmatrix": True}, {"diag_half": True}, {"o_stmatrix": True, "diag_half": True})]
+        # the non-causal bf16 persistent builds (also head_dim 64 on 128 rows) with the dynamic tile
+        # counter, the producer's coordinates and the stmatrix epilogue, each step alone (head_dim
+        # 128 dense also with the deferred O-store wait), for --candidates
+        nc = [v for v in out[:len(problems) * 2] + [make("bf16", 64, False, tile_m=128)]
+              if v.dtype == "bf16" and not v.causal and v.persistent and (not v.varlen or v.head_dim == 128)]
+        out += [dataclasses.replace(v, store_defer=sd, dynamic=True, **kw) for v in nc
+                for sd in ((False, True) if v.head_dim == 128 and not v.varlen else (False,))
+                for kw in ({}, {"slot_coords": True}, {"slot_coords": True, "o_stmatrix": True})]
     out = list({v.name: v for v in out}.values())
     return [v for v in out if v.can_implement() is None]
 
