@@ -49,14 +49,14 @@ def test_names_configs_and_manifest():
         assert tc.dtype == "i32" and tuple(tc.shape) == (2,)
     # the default tier has the causal head_dim 64 (128 and 192 rows), 128 and 256 persistent builds'
     # twins (bf16 and fp16) (launches that may run at once count in different words: runtime/counters.py),
-    # the bf16 varlen causal head_dim 64 and 128 ones, and the bf16 non-causal ones of head_dim 64
-    # (192 rows), 128, 256 and varlen 128; the full tier those and more
+    # the bf16 varlen causal head_dim 64 and 128 ones, and the bf16 non-causal head_dim 128 ones
+    # (dense and varlen); the full tier those and more
     default_dyn = [v for v in _sm90("default") if v.dynamic]
     assert sorted((v.dtype, v.head_dim, v.tile_m, v.varlen) for v in default_dyn if v.causal) == sorted(
         [(dt, d, m, False) for dt in ("bf16", "f16") for d, m in ((64, 128), (64, 192), (128, 128), (256, 128))]
         + [("bf16", 64, 192, True), ("bf16", 128, 128, True)])
     assert sorted((v.dtype, v.head_dim, v.tile_m, v.varlen) for v in default_dyn if not v.causal) == sorted(
-        [("bf16", 64, 192, False), ("bf16", 128, 128, False), ("bf16", 256, 128, False), ("bf16", 128, 128, True)])
+        [("bf16", 128, 128, False), ("bf16", 128, 128, True)])
     assert all(v.slot_coords and v.diag_half and v.o_stmatrix and v.name.endswith("_dh_om_sc_dy")
                for v in default_dyn if v.causal)  # (test_slot_coords_twins)
     # not causal: "_om_sc_dy", dense head_dim 128 with the deferred O-store wait ("_sd_om_sc_dy")
@@ -268,10 +268,10 @@ def test_selection_takes_the_varlen_twin(tmp_path):
 
 
 def test_selection_takes_the_non_causal_twin(tmp_path):
-    """A bundle of the bf16 non-causal dense head_dim 64 build (192 rows) and its dynamic twin (the
-    producer's coordinates, the stmatrix epilogue): the selection (C; the Python loader asks it) takes
-    the twin for a full grid and for an under-filled one (no smaller tile here), never for causal
-    problems, and its workspace is the two counter words."""
+    """A bundle of the bf16 non-causal dense head_dim 128 build and its dynamic twin (the producer's
+    coordinates, the stmatrix epilogue, the deferred O-store wait): the selection (C; the Python
+    loader asks it) takes the twin for a full grid and for an under-filled one (no smaller tile
+    here), never for causal problems, and its workspace is the two counter words."""
     pytest.importorskip("cutlass")
     from factory.compiler.builder import build
     from factory.runtime import Bundle
@@ -281,16 +281,16 @@ def test_selection_takes_the_non_causal_twin(tmp_path):
 
     (tmp_path / "no-runs").mkdir()
     build(tmp_path / "b", ["sm_90a"], ["attention"], tier="default", jobs=1, evidence=tmp_path / "no-runs",
-          name_filter="attention_sm90a_bf16_d64_m192_n128_s2_ov_pp_er_ps_kf*")
+          name_filter="attention_sm90a_bf16_d128_m128_n128_s2_ov_pp_er_ps_kf_lz*")
     b = Bundle.open(tmp_path / "b", capability=(9, 0), device={"name": "sim", "sm_count": 132})
     assert len(b.manifest["variants"]) == 2
     for rows, dims in ((32 * 32 * 512, (32, 32, 32, 512, 512)), (8 * 512, (1, 8, 8, 512, 512))):
-        name = _choose(b, "bf16", 64, False, False, rows, dims)[0]
-        assert name.endswith("_om_sc_dy") and uses_tile_counters(b.manifest["variants"][name]), name
-        assert name[:-len("_om_sc_dy")] in b.manifest["variants"]
+        name = _choose(b, "bf16", 128, False, False, rows, dims)[0]
+        assert name.endswith("_sd_om_sc_dy") and uses_tile_counters(b.manifest["variants"][name]), name
+        assert name[:-len("_sd_om_sc_dy")] in b.manifest["variants"]
     with pytest.raises(NoVariantError):
-        _choose(b, "bf16", 64, True, False, 32 * 32 * 512, (32, 32, 32, 512, 512))
-    B, h, s, d = 32, 32, 512, 64
+        _choose(b, "bf16", 128, True, False, 32 * 32 * 512, (32, 32, 32, 512, 512))
+    B, h, s, d = 32, 32, 512, 128
     qs = _I64x3(s * h * d, h * d, d)
     p = AttentionProblem(DTYPE["bf16"], 0, B, s, s, h, h, d, None, None, None, None, qs, qs, qs,
                          _I64x3(s * h * d, h * d, d), 1 << 20, _I64x2(h * s, s), None, None, 0, 0, 0.0)

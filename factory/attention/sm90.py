@@ -555,16 +555,18 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm90]:
             if v.causal and v.persistent
             and (not v.varlen or (v.head_dim <= 128 and v.dtype == "bf16"))
             and (v.head_dim, v.tile_m) in ((64, 128), (64, 192), (128, 128), (256, 128))]
-    # not causal, bf16: the persistent builds' dynamic twins with the producer's coordinates and the
-    # stmatrix epilogue (dense head_dim 64 on 192 rows, 128 (also the deferred O-store wait), 256;
-    # varlen head_dim 128), which the selection takes in their place (fx_select.c attn_choose).
-    # H100, interleaved by name, B8 H16 S2048 (us, vs the static build): head_dim 128 405.2 vs 412.9,
-    # 256 749.6 vs 756.9, varlen 128 398.8 vs 403.0; B32 H32 S512 head_dim 64 170.4 vs 174.4; ncu, one
-    # launch, B8 H16 S2048 head_dim 128: 650 k cycles vs 665 k (cuDNN 726 k), 256: 1.20 M vs 1.21 M
-    out += [dataclasses.replace(v, dynamic=True, slot_coords=True, o_stmatrix=True,
-                                store_defer=v.head_dim == 128 and not v.varlen) for v in out
-            if not v.causal and v.persistent and v.dtype == "bf16" and not v.dynamic
-            and (v.head_dim, v.tile_m) in ((64, 192), (128, 128), (256, 128)) and (not v.varlen or v.head_dim == 128)]
+    # not causal, bf16, head_dim 128 (dense and varlen): the persistent builds' dynamic twins with the
+    # producer's coordinates and the stmatrix epilogue (dense: also the deferred O-store wait), which
+    # the selection takes in their place (fx_select.c attn_choose).  H100, interleaved by name, two
+    # calls (us, twin vs the static build): B8 H16 S2048 405.2 / 385.6 vs 412.9 / 391.4, B32 H32 S512
+    # 235.1 vs 241.8, B4 H32 S4096 1641.2 / 1522.4 vs 1721.8 / 1563.5; varlen (8 x 2048) 398.8 / 393.5
+    # vs 403.0 / 397.3.  Head_dim 256's twin (B8 H16 S2048 749.6 / 732.1 vs 756.9 / 739.3, B32 H32
+    # S512 484.6 vs 491.8, S4096 / S16384 within 0.2 %) is in the full tier (its cubin alone is 76 KB);
+    # head_dim 64's (192 rows: B32 H32 S512 171.4 vs 173.2 but B8 H16 S2048 271.5 vs 264.8, B1 H16
+    # S16384 2157.5 vs 2092.3) too, and the selection takes it nowhere.
+    out += [dataclasses.replace(v, dynamic=True, slot_coords=True, o_stmatrix=True, store_defer=not v.varlen)
+            for v in out if not v.causal and v.persistent and v.dtype == "bf16" and not v.dynamic
+            and (v.head_dim, v.tile_m) == (128, 128)]
     if tier == "full":
         # The tuner's alternatives (dense): scripts/tune.py attention picks among them per shape bucket.
         out += [make(dt, d, c, tile_m=tm, tile_n=tn, stages=s, overlap=ov, pingpong=pp, const_wg=False)

@@ -1623,11 +1623,15 @@ done:
        Varlen too (the producer passes over the virtual grid's empty slots): H200, 8 packed sequences of
        2048, H16, by name, "_dh_om_sc_dy" vs the static build: head_dim 64 160.7 vs 182.0 us (cuDNN
        dense 181.1), head_dim 128 (lazy rescale) 227.0 vs 233.8.
-       Not causal: the twin with the producer's coordinates and the stmatrix epilogue (dense head_dim
-       128 also with the deferred O-store wait: "_sd_om_sc_dy"), then "_om_sc_dy", "_sc_dy", "_dy".
-       H100, interleaved by name, B8 H16 S2048 (notes/attention-sm90.md): head_dim 128 405.2 vs 412.9 us,
-       256 749.6 vs 756.9, varlen 128 398.8 vs 403.0; B32 H32 S512 head_dim 64 170.4 vs 174.4. */
-    if (result >= 0 && (decode || varlen) && fx_variants[result].attn_sched >= 1) { /* persistent (O in Q's slabs too) */
+       Not causal, head_dim 128 and 256 (the default tier: head_dim 128's, dense and varlen): the twin
+       with the producer's coordinates and the stmatrix epilogue (dense head_dim 128 also with the
+       deferred O-store wait: "_sd_om_sc_dy"), then
+       "_om_sc_dy", "_sc_dy", "_dy".  H100, interleaved by name, two calls (notes/attention-sm90.md):
+       B8 H16 S2048 head_dim 128 405.2 / 385.6 us vs 412.9 / 391.4, 256 749.6 / 732.1 vs 756.9 / 739.3,
+       varlen 128 398.8 / 393.5 vs 403.0 / 397.3; head_dim 64 (192 rows) not: B8 H16 S2048 271.5 vs
+       264.8, B1 H16 S16384 2157.5 vs 2092.3 (its twin gains at S512 only, 171.4 vs 173.2). */
+    if (result >= 0 && (decode || varlen) && fx_variants[result].attn_sched >= 1 && (causal || head_dim >= 128)) {
+        /* (persistent, O in Q's slabs too) */
         static const char *const twin_causal[3] = {"_dh_om_sc_dy", "_sc_dy", "_dy"};
         static const char *const twin_full[4] = {"_sd_om_sc_dy", "_om_sc_dy", "_sc_dy", "_dy"};
         const char *const *twin = causal ? twin_causal : twin_full;
