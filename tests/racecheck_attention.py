@@ -19,16 +19,16 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from factory.runtime import Bundle  # noqa: E402
-from factory.runtime.attention import _choose  # noqa: E402
+from factory.runtime.attention import _choose, dense_workspace  # noqa: E402
 
 
 def _check(b, name, q, k, v, causal=True) -> None:
-    """Launch ``name`` by name on (q, k, v) and compare with float32 SDPA (bottom-right causal with
-    Sq == Sk is SDPA's top-left)."""
+    """Launch ``name`` by name on (q, k, v) (a dynamic variant with its tile counters) and compare
+    with float32 SDPA (bottom-right causal with Sq == Sk is SDPA's top-left)."""
     B, S, H, d = q.shape
     o = torch.full_like(q, float("nan"))
     lse = torch.empty(B, H, S, device="cuda")
-    b.launch(name, [q, k, v, o, lse, d ** -0.5])
+    b.launch(name, [q, k, v, o, lse, *dense_workspace(torch, b.manifest["variants"][name], q), d ** -0.5])
     qt, kt, vt = (x.transpose(1, 2).float() for x in (q, k, v))
     ref = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, enable_gqa=True).transpose(1, 2)
     err = float((o.float() - ref).norm() / ref.norm())

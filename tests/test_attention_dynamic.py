@@ -49,14 +49,19 @@ def test_names_configs_and_manifest():
         assert tc.dtype == "i32" and tuple(tc.shape) == (2,)
     # the default tier has the causal head_dim 64 (128 and 192 rows), 128 and 256 persistent builds'
     # twins (bf16 and fp16) (launches that may run at once count in different words: runtime/counters.py),
-    # and the bf16 varlen causal head_dim 64 and 128 ones; the full tier those and more
+    # the bf16 varlen causal head_dim 64 and 128 ones, and the bf16 non-causal head_dim 128 ones
+    # (dense and varlen); the full tier those and more
     default_dyn = [v for v in _sm90("default") if v.dynamic]
-    assert sorted((v.dtype, v.head_dim, v.tile_m, v.varlen) for v in default_dyn) == sorted(
+    assert sorted((v.dtype, v.head_dim, v.tile_m, v.varlen) for v in default_dyn if v.causal) == sorted(
         [(dt, d, m, False) for dt in ("bf16", "f16") for d, m in ((64, 128), (64, 192), (128, 128), (256, 128))]
         + [("bf16", 64, 192, True), ("bf16", 128, 128, True)])
-    assert all(v.causal for v in default_dyn)
+    assert sorted((v.dtype, v.head_dim, v.tile_m, v.varlen) for v in default_dyn if not v.causal) == sorted(
+        [("bf16", 128, 128, False), ("bf16", 128, 128, True)])
     assert all(v.slot_coords and v.diag_half and v.o_stmatrix and v.name.endswith("_dh_om_sc_dy")
-               for v in default_dyn)  # (test_slot_coords_twins)
+               for v in default_dyn if v.causal)  # (test_slot_coords_twins)
+    # not causal: "_om_sc_dy", dense head_dim 128 with the deferred O-store wait ("_sd_om_sc_dy")
+    assert all(v.slot_coords and v.o_stmatrix and not v.diag_half and v.name.endswith("_om_sc_dy")
+               and v.store_defer == (v.head_dim == 128 and not v.varlen) for v in default_dyn if not v.causal)
     assert {(64, 128), (64, 192), (128, 128)} <= {(v.head_dim, v.tile_m) for v in _sm90("full") if v.dynamic and v.causal}
 
 
@@ -83,7 +88,7 @@ def test_slot_coords_twins():
     # the default tier holds these twins only (the selection tries "<name>_sc_dy", then "<name>_dy")
     assert all(v.slot_coords for v in _sm90("default") if v.dynamic)
     # o_stmatrix (O into its smem slab by stmatrix; varlen: the slab the 16-byte global stores read):
-    # causal candidates in the full tier, named "..._om_sc_dy", refused for other families' kernels
+    # candidates in the full tier, named "..._om_sc_dy", refused for other families' kernels
     om = [v for v in full if v.o_stmatrix and not v.diag_half]
     assert om and all(v.name.endswith("_om_sc_dy") and v.config() == {**by_name[v.name.replace("_om_", "_")].config(),
                                                                       "o_stmatrix": True} for v in om)
@@ -106,7 +111,8 @@ def test_slot_coords_twins():
                                                                       "diag_half": True} for v in dh)
     assert all("diag_half" not in v.config() for v in full if not v.diag_half)
     # both together: "..._dh_om_sc_dy"
-    assert {v.name for v in full if v.diag_half and v.o_stmatrix} == {v.name.replace("_om_", "_dh_om_") for v in om}
+    assert {v.name for v in full if v.diag_half and v.o_stmatrix} == {v.name.replace("_om_", "_dh_om_") for v in om
+                                                                      if v.causal}
     nc = next(v for v in full if not v.causal and v.dtype == "bf16" and v.persistent)
     assert "diag_half needs causal" in dataclasses.replace(nc, diag_half=True).can_implement()
 
@@ -262,3 +268,34 @@ def test_selection_takes_the_varlen_twin(tmp_path):
                              _I64x3(0, hq * d, d), lse, _I64x2(0, tq), None, None, 1500, 1, 0.0)
         sel = b.selector.select("attention", p)
         assert sel.name.decode() == name and sel.workspace_bytes == want, (sel.name, sel.workspace_bytes)
+
+
+def test_selection_takes_the_non_causal_twin(tmp_path):
+    """A bundle of the bf16 non-causal dense head_dim 128 build and its dynamic twin (the producer's
+    coordinates, the stmatrix epilogue, the deferred O-store wait): the selection (C; the Python
+    loader asks it) takes the twin for a full grid and for an under-filled one (no smaller tile
+    here), never for causal problems, and its workspace is the two counter words."""
+    pytest.importorskip("cutlass")
+    from factory.compiler.builder import build
+    from factory.runtime import Bundle
+    from factory.runtime.attention import _choose, uses_tile_counters
+    from factory.runtime.errors import NoVariantError
+    from factory.runtime.selector import DTYPE, AttentionProblem, _I64x2, _I64x3
+
+    (tmp_path / "no-runs").mkdir()
+    build(tmp_path / "b", ["sm_90a"], ["attention"], tier="default", jobs=1, evidence=tmp_path / "no-runs",
+          name_filter="attention_sm90a_bf16_d128_m128_n128_s2_ov_pp_er_ps_kf_lz*")
+    b = Bundle.open(tmp_path / "b", capability=(9, 0), device={"name": "sim", "sm_count": 132})
+    assert len(b.manifest["variants"]) == 2
+    for rows, dims in ((32 * 32 * 512, (32, 32, 32, 512, 512)), (8 * 512, (1, 8, 8, 512, 512))):
+        name = _choose(b, "bf16", 128, False, False, rows, dims)[0]
+        assert name.endswith("_sd_om_sc_dy") and uses_tile_counters(b.manifest["variants"][name]), name
+        assert name[:-len("_sd_om_sc_dy")] in b.manifest["variants"]
+    with pytest.raises(NoVariantError):
+        _choose(b, "bf16", 128, True, False, 32 * 32 * 512, (32, 32, 32, 512, 512))
+    B, h, s, d = 32, 32, 512, 128
+    qs = _I64x3(s * h * d, h * d, d)
+    p = AttentionProblem(DTYPE["bf16"], 0, B, s, s, h, h, d, None, None, None, None, qs, qs, qs,
+                         _I64x3(s * h * d, h * d, d), 1 << 20, _I64x2(h * s, s), None, None, 0, 0, 0.0)
+    sel = b.selector.select("attention", p)
+    assert sel.name.decode() == name and sel.workspace_bytes == 16, (sel.name, sel.workspace_bytes)

@@ -161,14 +161,18 @@ def test_enumeration_and_names():
                                       "attention_sm90a_bf16_d128_m128_n128_s2_causal_ov_pp_er_ps_kf_lz_sd_sc_dy"]
     default = sm90.enumerate_attention(get_target("sm_90a"), "default")
     # the dynamic twins of the causal dense persistent builds of head_dim 64 (128 and 192 rows), 128
-    # and 256, and of the bf16 causal varlen ones of head_dim 64 and 128, which the selection takes
-    # in their place (tests/test_attention_dynamic.py)
+    # and 256, of the bf16 causal varlen ones of head_dim 64 and 128, and of the bf16 non-causal
+    # dense and varlen ones of head_dim 128, which the selection takes in their place
+    # (tests/test_attention_dynamic.py)
     dyn = [v for v in default if v.dynamic]
-    assert sorted((v.dtype, v.head_dim, v.tile_m, v.varlen) for v in dyn) == sorted(
-        [(dt, d, m, False) for dt in ("bf16", "f16") for d, m in ((64, 128), (64, 192), (128, 128), (256, 128))]
-        + [("bf16", 64, 192, True), ("bf16", 128, 128, True)])
-    assert all(v.causal and v.persistent for v in dyn)
-    assert all(dataclasses.replace(v, dynamic=False, slot_coords=False, diag_half=False, o_stmatrix=False).name in {u.name for u in default} for v in dyn)
+    assert sorted((v.dtype, v.head_dim, v.tile_m, v.causal, v.varlen) for v in dyn) == sorted(
+        [(dt, d, m, True, False) for dt in ("bf16", "f16") for d, m in ((64, 128), (64, 192), (128, 128), (256, 128))]
+        + [("bf16", 64, 192, True, True), ("bf16", 128, 128, True, True)]
+        + [("bf16", 128, 128, False, vl) for vl in (False, True)])
+    assert all(v.persistent for v in dyn)
+    assert all(dataclasses.replace(v, dynamic=False, slot_coords=False, diag_half=False, o_stmatrix=False,
+                                   store_defer=v.store_defer and v.causal).name in {u.name for u in default}
+               for v in dyn)
     default = [v for v in default if not v.dynamic]
     problems = {(dt, d, c) for dt in ("bf16", "f16") for d in (64, 128, 256) for c in (False, True)}
     varlen = [v for v in default if v.varlen]
@@ -242,9 +246,12 @@ def test_const_wg_is_the_head_dim_256_non_causal_default():
         (dt, 256, False, vl) for dt in ("bf16", "f16") for vl in (False, True)}
     pref = [v for v in cw if v.describe()["preferred"]]
     assert len(pref) == 4 and all(v.name.endswith("_lz_cw") for v in pref)
-    assert all(v.varlen and not v.lazy_rescale for v in cw if v not in pref)  # varlen without the lazy rescale
+    # varlen without the lazy rescale; the dynamic twins (bf16, dense)
+    assert all(v.varlen and not v.lazy_rescale for v in cw if v not in pref and not v.dynamic)
+    assert all(v.dtype == "bf16" and not v.varlen and v.lazy_rescale for v in cw if v.dynamic)
     default = sm90.enumerate_attention(get_target("sm_90a"), "default")
-    assert {v.name for v in default if v.const_wg} == {v.name for v in pref}
+    assert {v.name for v in default if v.const_wg and not v.dynamic} == {v.name for v in pref}
+    assert not any(v.const_wg and v.dynamic for v in default)
     cw = pref
     plain = {v.name: v for v in full if v.head_dim == 256 and not v.causal and not v.const_wg}
     assert all(v.name.removesuffix("_cw") in plain for v in cw)  # the plain twin, for --candidates

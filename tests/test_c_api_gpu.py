@@ -208,7 +208,8 @@ def _attention(lib, dev, p, workspace: list | None = None) -> cs.Selection:
 
 @pytest.mark.parametrize("B,Sq,Sk,Hq,Hkv,D,causal", [
     (2, 1024, 1024, 16, 4, 128, True), (1, 100, 300, 8, 8, 64, False), (4, 1, 2048, 8, 8, 64, False),
-    (2, 128, 512, 8, 2, 128, True), (8, 1, 4096, 32, 8, 128, False), (4, 512, 512, 32, 32, 64, True)])
+    (2, 128, 512, 8, 2, 128, True), (8, 1, 4096, 32, 8, 128, False), (4, 512, 512, 32, 32, 64, True),
+    (2, 1024, 1024, 16, 16, 128, False)])
 def test_fx_attention_matches_python(lib, bundle, monkeypatch, B, Sq, Sk, Hq, Hkv, D, causal):
     dev = _device(lib)
     g = torch.Generator(device="cuda").manual_seed(15)
@@ -232,10 +233,11 @@ def test_fx_attention_matches_python(lib, bundle, monkeypatch, B, Sq, Sk, Hq, Hk
     assert _rel(o, o_py.float()) < 1e-2 and _rel(lse, lse_py) < 1e-4
 
 
-@pytest.mark.parametrize("dtype,D", [("f16", 128), ("bf16", 64), ("bf16", 128)])
+@pytest.mark.parametrize("dtype,D,causal", [("f16", 128, True), ("bf16", 64, True), ("bf16", 128, True),
+                                            ("bf16", 128, False)])
 @pytest.mark.parametrize("lse_given", [False, True], ids=["lse-in-workspace", "lse"])
-def test_fx_attention_varlen_matches_python(lib, bundle, lse_given, dtype, D):
-    """Packed sequences (causal; lse NULL: written into the workspace, or given and NaN-poisoned)
+def test_fx_attention_varlen_matches_python(lib, bundle, lse_given, dtype, D, causal):
+    """Packed sequences (causal or not; lse NULL: written into the workspace, or given and NaN-poisoned)
     against a float32 reference per sequence, and the Python launch; where the choice is a dynamic
     variant, its tile counters come first in the workspace (zeroed by fx_attention), then the lse."""
     from factory.runtime.attention import uses_tile_counters
@@ -258,7 +260,7 @@ def test_fx_attention_varlen_matches_python(lib, bundle, lse_given, dtype, D):
                             v.data_ptr(), o.data_ptr(), cs.I64x3(0, *q.stride()[:2]), cs.I64x3(0, *k.stride()[:2]),
                             cs.I64x3(0, *v.stride()[:2]), cs.I64x3(0, *o.stride()[:2]),
                             lse.data_ptr() if lse_given else None, st,
-                            cu_q.data_ptr(), cu_k.data_ptr(), max(lens_q), 1, 0.0)
+                            cu_q.data_ptr(), cu_k.data_ptr(), max(lens_q), int(causal), 0.0)
     ws = []
     sel = _attention(lib, dev, p, ws)
     name = sel.name.decode()
@@ -268,15 +270,15 @@ def test_fx_attention_varlen_matches_python(lib, bundle, lse_given, dtype, D):
         assert int(ws[0][:counters].count_nonzero()) == 0  # the kernel leaves its counters at 0
     if not lse_given:  # the lse fx_attention wrote into the workspace
         lse = ws[0][counters:counters + 4 * H * q.shape[0]].view(torch.float32).view(H, q.shape[0])
-    o_py, lse_py = bundle.attention(q, k, v, causal=True, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+    o_py, lse_py = bundle.attention(q, k, v, causal=causal, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
                                     max_seqlen_q=max(lens_q), return_lse=True)
-    assert name == rt_attention._choose(bundle, dtype, D, True, True)[0]
+    assert name == rt_attention._choose(bundle, dtype, D, causal, True)[0]
     print(name, "bitwise equal to Python's launch:", torch.equal(o, o_py))
     for i in range(len(lens_q)):  # each sequence against float32
         qs, ks = slice(cu_q[i].item(), cu_q[i + 1].item()), slice(cu_k[i].item(), cu_k[i + 1].item())
         if qs.start == qs.stop:  # (a sequence of no query)
             continue
-        ref_o, ref_lse = attention_reference(q[None, qs], k[None, ks], v[None, ks], True, D ** -0.5)
+        ref_o, ref_lse = attention_reference(q[None, qs], k[None, ks], v[None, ks], causal, D ** -0.5)
         r = judge_attention(name, [i], o[None, qs], lse[None, :, qs], ref_o, ref_lse, TOLERANCE[dtype])
         assert r["ok"], r
     assert _rel(o, o_py.float()) < 1e-2 and _rel(lse, lse_py) < 1e-4

@@ -560,6 +560,18 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm90]:
             if v.causal and v.persistent
             and (not v.varlen or (v.head_dim <= 128 and v.dtype == "bf16"))
             and (v.head_dim, v.tile_m) in ((64, 128), (64, 192), (128, 128), (256, 128))]
+    # not causal, bf16, head_dim 128 (dense and varlen): the persistent builds' dynamic twins with the
+    # producer's coordinates and the stmatrix epilogue (dense: also the deferred O-store wait), which
+    # the selection takes in their place (fx_select.c attn_choose).  H100, interleaved by name, two
+    # calls (us, twin vs the static build): B8 H16 S2048 405.2 / 385.6 vs 412.9 / 391.4, B32 H32 S512
+    # 235.1 vs 241.8, B4 H32 S4096 1641.2 / 1522.4 vs 1721.8 / 1563.5; varlen (8 x 2048) 398.8 / 393.5
+    # vs 403.0 / 397.3.  Head_dim 256's twin (B8 H16 S2048 749.6 / 732.1 vs 756.9 / 739.3, B32 H32
+    # S512 484.6 vs 491.8, S4096 / S16384 within 0.2 %) is in the full tier (its cubin alone is 76 KB);
+    # head_dim 64's (192 rows: B32 H32 S512 171.4 vs 173.2 but B8 H16 S2048 271.5 vs 264.8, B1 H16
+    # S16384 2157.5 vs 2092.3) too, and the selection takes it nowhere.
+    out += [dataclasses.replace(v, dynamic=True, slot_coords=True, o_stmatrix=True, store_defer=not v.varlen)
+            for v in out if not v.causal and v.persistent and v.dtype == "bf16" and not v.dynamic
+            and (v.head_dim, v.tile_m) == (128, 128)]
     if tier == "full":
         # The tuner's alternatives (dense): scripts/tune.py attention picks among them per shape bucket.
         out += [make(dt, d, c, tile_m=tm, tile_n=tn, stages=s, overlap=ov, pingpong=pp, const_wg=False)
@@ -627,6 +639,14 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm90]:
         out += [dataclasses.replace(v, **kw) for v in out
                 if v.slot_coords and v.causal and not (v.diag_half or v.o_stmatrix)
                 for kw in ({"o_stmatrix": True}, {"diag_half": True}, {"o_stmatrix": True, "diag_half": True})]
+        # the non-causal bf16 persistent builds (also head_dim 64 on 128 rows) with the dynamic tile
+        # counter, the producer's coordinates and the stmatrix epilogue, each step alone (head_dim
+        # 128 dense also with the deferred O-store wait), for --candidates
+        nc = [v for v in out[:len(problems) * 2] + [make("bf16", 64, False, tile_m=128)]
+              if v.dtype == "bf16" and not v.causal and v.persistent and (not v.varlen or v.head_dim == 128)]
+        out += [dataclasses.replace(v, store_defer=sd, dynamic=True, **kw) for v in nc
+                for sd in ((False, True) if v.head_dim == 128 and not v.varlen else (False,))
+                for kw in ({}, {"slot_coords": True}, {"slot_coords": True, "o_stmatrix": True})]
     out = list({v.name: v for v in out}.values())
     return [v for v in out if v.can_implement() is None]
 

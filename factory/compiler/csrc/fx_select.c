@@ -1609,7 +1609,7 @@ static int32_t attn_choose(const fx_device_t *dev, int32_t dtype, int32_t head_d
         }
     }
 done:
-    /* Causal, whichever rule or table chose it: the persistent variant's dynamic
+    /* Whichever rule or table chose it: the persistent variant's dynamic
        twin (the same build whose CTAs take each next tile from a global counter, manifest workspace
        "tile_counters", named as it with "_dy") where the bundle has it.  H100, interleaved by name, two calls
        (notes/attention-sm90.md): B32 H32 S512 head_dim 64 (128 rows) 140.2 / 142.6 us vs 147.8 / 148.9;
@@ -1622,13 +1622,24 @@ done:
        B32 H32 S512 head_dim 64 137.9 vs 140.7 us, head_dim 128 197.4 vs 197.9); the plain twin.
        Varlen too (the producer passes over the virtual grid's empty slots): H200, 8 packed sequences of
        2048, H16, by name, "_dh_om_sc_dy" vs the static build: head_dim 64 160.7 vs 182.0 us (cuDNN
-       dense 181.1), head_dim 128 (lazy rescale) 227.0 vs 233.8. */
-    if (result >= 0 && (decode || varlen) && causal && fx_variants[result].attn_sched >= 1) { /* persistent (O in Q's slabs too) */
-        static const char *const twin[3] = {"_dh_om_sc_dy", "_sc_dy", "_dy"};
+       dense 181.1), head_dim 128 (lazy rescale) 227.0 vs 233.8.
+       Not causal, head_dim 128 and 256 (the default tier: head_dim 128's, dense and varlen): the twin
+       with the producer's coordinates and the stmatrix epilogue (dense head_dim 128 also with the
+       deferred O-store wait: "_sd_om_sc_dy"), then
+       "_om_sc_dy", "_sc_dy", "_dy".  H100, interleaved by name, two calls (notes/attention-sm90.md):
+       B8 H16 S2048 head_dim 128 405.2 / 385.6 us vs 412.9 / 391.4, 256 749.6 / 732.1 vs 756.9 / 739.3,
+       varlen 128 398.8 / 393.5 vs 403.0 / 397.3; head_dim 64 (192 rows) not: B8 H16 S2048 271.5 vs
+       264.8, B1 H16 S16384 2157.5 vs 2092.3 (its twin gains at S512 only, 171.4 vs 173.2). */
+    if (result >= 0 && (decode || varlen) && fx_variants[result].attn_sched >= 1 && (causal || head_dim >= 128)) {
+        /* (persistent, O in Q's slabs too) */
+        static const char *const twin_causal[3] = {"_dh_om_sc_dy", "_sc_dy", "_dy"};
+        static const char *const twin_full[4] = {"_sd_om_sc_dy", "_om_sc_dy", "_sc_dy", "_dy"};
+        const char *const *twin = causal ? twin_causal : twin_full;
+        int32_t n_twin = causal ? 3 : 4;
         const char *rn = fx_variants[result].name;
         size_t ln = strlen(rn);
         int32_t found = -1;
-        for (int32_t t = 0; t < 3 && found < 0; t++)
+        for (int32_t t = 0; t < n_twin && found < 0; t++)
             for (int32_t i = 0; i < n; i++) {
                 const fx_variant *e = &fx_variants[cand[i]];
                 if (e->workspace == FX_WORKSPACE_TILE_COUNTERS && e->target == fx_variants[result].target &&
