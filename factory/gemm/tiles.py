@@ -184,6 +184,11 @@ SM90_SCALED_FULL = SM90_BLOCK_TILES + tuple(dict(d, promote_ahead=True) for d in
     dict(**FP8, tile=(128, 128, 128), cluster=(2, 1), schedule="pp", fast_accum=True, swizzle=8, swizzle_exact=True,
          row_scale=True),
     dict(**FP8, tile=(128, 256, 128), cluster=(2, 1), fast_accum=True, swizzle=8, swizzle_exact=True, row_scale=True),
+    # Wide row tiles without a cluster: one round of tiles where 128x128 needs two (M <= 128, N
+    # 16.9k..33.8k: 128 x 24576 x 1536 is 192 tiles of 128x128 on 132 SMs, 128 of 128x192).
+    dict(**FP8, tile=(128, 192, 128), fast_accum=True, row_scale=True),
+    dict(**FP8, tile=(128, 256, 128), fast_accum=True, row_scale=True),
+    dict(**FP8, tile=(128, 192, 128), cluster=(1, 2), fast_accum=True, row_scale=True),
 ) + tuple(
     # On the coop block tiles: scale_b staged and the two warpgroups' pair loops offset by one
     # k-block (stagger; 6-10 % slower than scale_b_stage alone on an H100).
@@ -368,7 +373,8 @@ SM90_TAIL_FP8_DEFAULT = tuple(
 SM90_TAIL_FP8_FULL = tuple(
     dict(**FP8, tile=t, schedule="coop", cluster=(2, 1), splits=sp, tail=True, fast_accum=True, row_scale=row)
     for t, sp, row in (((128, 256, 128), 4, True), ((128, 192, 128), 8, False))
-)
+) + (dict(**FP8, tile=(128, 128, 128), schedule="coop", cluster=(1, 1), splits=8, tail=True, fast_accum=True,
+          row_scale=True),)
 SM90_TAIL_TEST = (dict(**BF16, tile=(128, 128, 64), schedule="coop", cluster=(1, 1), splits=16, tail=True),)
 SM90_SPLITK_FULL = tuple(
     dict(**BF16, tile=t, schedule=s, cluster=c, splits=k)
