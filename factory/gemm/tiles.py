@@ -149,6 +149,10 @@ SM90_SCALED_DEFAULT = (
     # The 2x1 ping-pong tile (B multicast): the selection's pick at M 512..1024 (the fastest of these
     # tiles at all 8 such shapes timed on an H100; notes/gemm-fp8.md).
     dict(**FP8, tile=(128, 128, 128), cluster=(2, 1), schedule="pp", fast_accum=True, row_scale=True),
+    # A clusterless 128x192 tile: fewer waves where 128-wide tiles leave a short last round (by name
+    # on an H100 0.73-0.92x the other picks at M 384..4096, e.g. 2048 x 1536 x 7168 33.5 vs 41.8 us,
+    # 4096 x 576 x 7168 30.6 vs 41.0); the selection takes it from M 384 (fx_select.c wide_fp8_c1x1).
+    dict(**FP8, tile=(128, 192, 128), fast_accum=True, row_scale=True),
 )
 # The block-scaled tiles (DeepSeek-V3 scales).  Default: each with scale_b staged with the k-block
 # (scale_b_stage: 1058-1069 vs 991-1029 TFLOP/s at 4096x7168x16384 for 128x128 c2x1 on an H100, same
@@ -184,9 +188,9 @@ SM90_SCALED_FULL = SM90_BLOCK_TILES + tuple(dict(d, promote_ahead=True) for d in
     dict(**FP8, tile=(128, 128, 128), cluster=(2, 1), schedule="pp", fast_accum=True, swizzle=8, swizzle_exact=True,
          row_scale=True),
     dict(**FP8, tile=(128, 256, 128), cluster=(2, 1), fast_accum=True, swizzle=8, swizzle_exact=True, row_scale=True),
-    # Wide row tiles without a cluster: one round of tiles where 128x128 needs two (M <= 128, N
-    # 16.9k..33.8k: 128 x 24576 x 1536 is 192 tiles of 128x128 on 132 SMs, 128 of 128x192).
-    dict(**FP8, tile=(128, 192, 128), fast_accum=True, row_scale=True),
+    # Wide row tiles for fewer waves (the clusterless 128x192 one is in the default tier): by name on
+    # an H100 the 1x2 128x192 tile ran level with it or up to 4 % faster at M 768-1024, 38 % slower
+    # at 4096 x 576 x 7168 (N padded to whole clusters); the 128x256 one lost at M <= 128.
     dict(**FP8, tile=(128, 256, 128), fast_accum=True, row_scale=True),
     dict(**FP8, tile=(128, 192, 128), cluster=(1, 2), fast_accum=True, row_scale=True),
 ) + tuple(
