@@ -284,18 +284,17 @@ def test_row_selection_takes_the_pingpong_tiles_by_m(row_tiles_bundle):
 
 def test_row_selection_takes_the_tail_split_where_the_last_round_is_short(row_tiles_bundle):
     """The fp8 tail splits (128x128 / 128x192, 2x1) compete from one whole round of cluster tiles up
-    to four, where the last round leaves at least a quarter of the clusters idle: taken at M 1024 /
-    2048 x 2112 x 7168 (by name on an H100: 31.5 / 52.9 us against the ping-pong pick's 38.6 / 61.2)
-    and at the other shapes timed where they won; the ping-pong picks stay where the grid runs
-    many rounds, or one round exactly, or under one."""
+    to four, where the last round leaves at least a quarter of the clusters idle: taken at 2048 x
+    2112 x 7168 (by name on an H100: 52.9 us against the ping-pong pick's 61.2) and, the 128x128 one,
+    at 1536 x 1536 x 14336 (the clusterless 128x192 tile takes most of its other shapes from M 384);
+    the ping-pong picks stay where the grid runs many rounds, or one round exactly, or under one."""
     sel = row_tiles_bundle.selector
     pre = "gemm_sm90a_e4m3_obf16_ak_bk_t"
     t128 = pre + "128x128x128_c2x1_coop_rm_sw1_fastacc_sk1_pdl_rowsc_skw8_tail"
     t192 = pre + "128x192x128_c2x1_coop_rm_sw1_fastacc_sk1_pdl_rowsc_skw8_tail"
     assert {t128, t192} <= set(row_tiles_bundle.manifest["variants"])
     assert _row_pick(sel, 2048, 2112, 7168) == t192
-    for M, N, K in ((1024, 2112, 7168), (768, 4096, 14336), (1536, 1536, 7168), (768, 3072, 5120), (512, 4608, 7168)):
-        assert _row_pick(sel, M, N, K) == t128, (M, N, K)
+    assert _row_pick(sel, 1536, 1536, 14336) == t128
     for M, N, K in ((8192, 2112, 7168), (4096, 2112, 7168), (2048, 7168, 16384), (8192, 7168, 2048),
                     (4096, 4096, 4096), (1536, 1408, 2048), (512, 2112, 7168), (128, 2112, 7168)):
         assert "tail" not in _row_pick(sel, M, N, K), (M, N, K)
@@ -308,3 +307,24 @@ def test_row_selection_takes_the_tail_split_where_the_last_round_is_short(row_ti
     finally:
         sel.set_cost_model()
     assert _row_pick(sel, 2048, 2112, 7168) == t192
+
+
+def test_row_selection_takes_the_clusterless_128x192_tile_from_m_384(row_tiles_bundle):
+    """The clusterless 128x192 fp8 tile is rated at the multicast tiles' rate and competes from M 384:
+    taken where a 192-wide tile rounds the grid to fewer waves (by name on an H100 0.73-0.92x the
+    earlier picks at the 11 such shapes timed, M 384..4096), never below M 384 (at M 16..256 it lost
+    to the swapped, ping-pong or 2x1 tiles), and no pick of the 30 row-bench shapes moves."""
+    sel = row_tiles_bundle.selector
+    pre = "gemm_sm90a_e4m3_obf16_ak_bk_t"
+    wide = pre + "128x192x128_c1x1_coop_rm_sw1_fastacc_sk1_pdl_rowsc"
+    assert wide in row_tiles_bundle.manifest["variants"]
+    for M, N, K in ((384, 14336, 4096), (384, 7168, 2048), (384, 24576, 1536), (384, 28672, 4096), (384, 8192, 8192),
+                    (512, 6144, 4096), (768, 4096, 4096), (1024, 3072, 5120), (1024, 2112, 7168), (2048, 1536, 7168),
+                    (4096, 576, 7168)):
+        assert _row_pick(sel, M, N, K) == wide, (M, N, K)
+    for M, N, K in ((16, 24576, 1536), (64, 24576, 1536), (128, 24576, 1536), (128, 18432, 7168),
+                    (128, 57344, 8192), (192, 12288, 4096), (256, 24576, 1536), (383, 14336, 4096)):
+        assert _row_pick(sel, M, N, K) != wide, (M, N, K)
+    for N, K in ((4096, 4096), (14336, 4096), (4096, 14336), (2112, 7168), (7168, 2048), (24576, 1536)):
+        for M in (16, 128, 512, 2048, 8192):
+            assert _row_pick(sel, M, N, K) != wide, (M, N, K)

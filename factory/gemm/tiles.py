@@ -133,7 +133,6 @@ SM90_SCALED_DEFAULT = (
     dict(**FP8, tile=(128, 128, 128), row_scale=True),
     dict(**FP8, tile=(128, 128, 128), cluster=(2, 1), row_scale=True),
     dict(**FP8, tile=(128, 256, 128), cluster=(2, 1), fast_accum=True, row_scale=True),
-    dict(**FP8, tile=(64, 256, 128), cluster=(2, 1), schedule="pp", fast_accum=True, row_scale=True),
     dict(**FP8, tile=(64, 128, 128), cluster=(2, 1), schedule="ws", row_scale=True),
     dict(**FP8, tile=(16, 64, 128), schedule="ws", swap_ab=True, row_scale=True),
     dict(**FP8, tile=(64, 64, 128), schedule="ws", swap_ab=True, row_scale=True),
@@ -149,6 +148,10 @@ SM90_SCALED_DEFAULT = (
     # The 2x1 ping-pong tile (B multicast): the selection's pick at M 512..1024 (the fastest of these
     # tiles at all 8 such shapes timed on an H100; notes/gemm-fp8.md).
     dict(**FP8, tile=(128, 128, 128), cluster=(2, 1), schedule="pp", fast_accum=True, row_scale=True),
+    # A clusterless 128x192 tile: fewer waves where 128-wide tiles leave a short last round (by name
+    # on an H100 0.73-0.92x the other picks at M 384..4096, e.g. 2048 x 1536 x 7168 33.5 vs 41.8 us,
+    # 4096 x 576 x 7168 30.6 vs 41.0); the selection takes it from M 384 (fx_select.c wide_fp8_c1x1).
+    dict(**FP8, tile=(128, 192, 128), fast_accum=True, row_scale=True),
 )
 # The block-scaled tiles (DeepSeek-V3 scales).  Default: each with scale_b staged with the k-block
 # (scale_b_stage: 1058-1069 vs 991-1029 TFLOP/s at 4096x7168x16384 for 128x128 c2x1 on an H100, same
@@ -173,6 +176,9 @@ SM90_SCALED_FULL = SM90_BLOCK_TILES + tuple(dict(d, promote_ahead=True) for d in
     dict(**FP8, tile=(256, 128, 128), cluster=(1, 2), fast_accum=True, row_scale=True),
     dict(**FP8, tile=(256, 128, 128), cluster=(1, 2), fast_accum=True, swizzle=8, row_scale=True),
     dict(**FP8, tile=(64, 256, 128), cluster=(1, 2), schedule="pp", fast_accum=True, row_scale=True),
+    # (the 2x1 one left the default tier: the selection picked it for no row problem of 5500, M 1-16384,
+    # on 132 / 114 / 78 / 66 SMs, once the ping-pong and 128x192 tiles were in)
+    dict(**FP8, tile=(64, 256, 128), cluster=(2, 1), schedule="pp", fast_accum=True, row_scale=True),
     # Row scales on 128x128 ping-pong tiles (each consumer warpgroup a whole 128x128 tile, its
     # epilogue under the other's main loop; the plain 1x2 and 2x1 ones and the swizzled 1x2 one are
     # in the default tier).
@@ -184,6 +190,11 @@ SM90_SCALED_FULL = SM90_BLOCK_TILES + tuple(dict(d, promote_ahead=True) for d in
     dict(**FP8, tile=(128, 128, 128), cluster=(2, 1), schedule="pp", fast_accum=True, swizzle=8, swizzle_exact=True,
          row_scale=True),
     dict(**FP8, tile=(128, 256, 128), cluster=(2, 1), fast_accum=True, swizzle=8, swizzle_exact=True, row_scale=True),
+    # Wide row tiles for fewer waves (the clusterless 128x192 one is in the default tier): by name on
+    # an H100 the 1x2 128x192 tile ran level with it or up to 4 % faster at M 768-1024, 38 % slower
+    # at 4096 x 576 x 7168 (N padded to whole clusters); the 128x256 one lost at M <= 128.
+    dict(**FP8, tile=(128, 256, 128), fast_accum=True, row_scale=True),
+    dict(**FP8, tile=(128, 192, 128), cluster=(1, 2), fast_accum=True, row_scale=True),
 ) + tuple(
     # On the coop block tiles: scale_b staged and the two warpgroups' pair loops offset by one
     # k-block (stagger; 6-10 % slower than scale_b_stage alone on an H100).
@@ -368,7 +379,8 @@ SM90_TAIL_FP8_DEFAULT = tuple(
 SM90_TAIL_FP8_FULL = tuple(
     dict(**FP8, tile=t, schedule="coop", cluster=(2, 1), splits=sp, tail=True, fast_accum=True, row_scale=row)
     for t, sp, row in (((128, 256, 128), 4, True), ((128, 192, 128), 8, False))
-)
+) + (dict(**FP8, tile=(128, 128, 128), schedule="coop", cluster=(1, 1), splits=8, tail=True, fast_accum=True,
+          row_scale=True),)
 SM90_TAIL_TEST = (dict(**BF16, tile=(128, 128, 64), schedule="coop", cluster=(1, 1), splits=16, tail=True),)
 SM90_SPLITK_FULL = tuple(
     dict(**BF16, tile=t, schedule=s, cluster=c, splits=k)

@@ -487,6 +487,17 @@ static int pp_fp8_competes(const fx_variant *v, int64_t M) {
     return M > FX_PP_FP8_MIN_M;
 }
 
+/* A 128x192 fp8 cooperative tile with fast accumulation and no cluster, unsplit (row scales).  By name
+   on an H100 (notes/gemm-fp8.md) it ran at the multicast tiles' rate, not the clusterless 128x128
+   one's: 0.73-0.92x the default pick at M 384..4096 where a wide tile rounds the grid to fewer waves
+   (2048 x 1536 x 7168 33.5 vs 41.8 us, 4096 x 576 x 7168 30.6 vs 41.0), but 1.09-1.15x the swapped
+   tiles at M 16..64. */
+#define FX_WIDE_FP8_MIN_M 384
+static int wide_fp8_c1x1(const fx_variant *v) {
+    return !v->sched_pp && !v->swap_ab && v->fp8_acc == FX_ACC_FAST && v->tile[0] == 128 && v->tile[1] == 192 &&
+           v->cluster[0] == 1 && v->cluster[1] == 1 && v->split_k == 1 && v->workspace == 0;
+}
+
 static double efficiency(const fx_variant *v, int64_t busy, int32_t sm_count) {
     const fx_model *p = model90();
     int32_t tm = v->tile[0], tn = v->tile[1];
@@ -502,7 +513,7 @@ static double efficiency(const fx_variant *v, int64_t busy, int32_t sm_count) {
     } else if ((int64_t)tm * tn >= 128 * 128) {
         int sparse = busy * 2 <= sm_count;
         eff = v->sched_pp ? (pp_fp8_128(v) ? p->eff_pp_fp8 : p->eff_pp)
-              : (multicast || sparse) ? p->eff_coop_mc : p->eff_coop;
+              : (multicast || sparse || wide_fp8_c1x1(v)) ? p->eff_coop_mc : p->eff_coop;
     } else if (tm >= 128 && !v->sched_pp) {
         /* two consumer warpgroups on a narrow tile (128x64, 128x96): N granularity for grids of
            few tiles (2112 = 33 x 64 columns) */
@@ -892,6 +903,8 @@ static int32_t gemm_choose(const gemm_ctx *g, int32_t *fits, int32_t n) {
                scales: the 1x2 one 0.95-1.06x torch's row-wise kernel at M 2048-8192 against
                0.82-0.97x for the 128x256 2x1 tile; pp_fp8_competes) */
             if (family == FX_FAMILY_SM90 && pp_fp8_128(v) && others > 0 && !pp_fp8_competes(v, g->M)) continue;
+            /* the clusterless 128x192 fp8 tile from M 128 (below it the swapped tiles ran faster) */
+            if (family == FX_FAMILY_SM90 && wide_fp8_c1x1(v) && g->M < FX_WIDE_FP8_MIN_M) continue;
             double t = family == FX_FAMILY_SM100 ? sm100_estimate_us(v, g->M, g->N, g->K, g->L, sms)
                                                  : estimate_us(v, g->M, g->N, g->K, g->L, sms);
             if (best < 0 || t < best_t || (t == best_t && strcmp(v->name, fx_variants[best].name) < 0)) {
