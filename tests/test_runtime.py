@@ -1,5 +1,6 @@
 """The DSL-free loader on this GPU-less machine: opening, selection, errors (no launches)."""
 
+import json
 import shutil
 import subprocess
 import sys
@@ -299,3 +300,28 @@ def test_kept_memory_outside_torch_pools(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     monkeypatch.setattr(torch, "empty", lambda n, dtype=None, device=None: ("torch's", n))
     assert devmem.empty(6, torch.float32, torch.device("cuda", 1)) == ("torch's", 6) and len(made) == 1
+
+
+def test_launch_by_name_refuses_a_page_size_the_variant_was_not_built_for(test_bundle):
+    """A paged variant that takes its page size at launch finds pages by shifts, so a launch by
+    name with any size outside the manifest's ``page_sizes`` (48: a multiple of 16, not a power
+    of two) is refused before packing; a built size passes the same check."""
+    from factory.runtime.errors import InputError
+    from factory.runtime.loader import Binder
+    from factory.runtime.manifest import load_manifest
+
+    entries = [e for e in load_manifest(test_bundle)["variants"].values()
+               if e.get("page_sizes") and "PS" in json.dumps(e["signature"])]
+    if not entries:
+        pytest.skip("the test bundle has no variant taking its page size at launch")
+    for entry in entries:
+        binder = Binder(entry)
+
+        def specs(ps):
+            val = lambda d: (ps if d == "PS" else 64) if isinstance(d, str) else d  # noqa: E731
+            return [(0x10000 * (i + 1), tuple(val(d) for d in a.shape), tuple(val(d) for d in a.stride))
+                    if a.kind == "tensor" else (1.0 if a.dtype == "f32" else 1)
+                    for i, a in enumerate(binder.sig.args)]
+        binder.check(specs(entry["page_sizes"][-1]))
+        with pytest.raises(InputError, match="page size 48 is not one this variant was built for"):
+            binder.check(specs(48))

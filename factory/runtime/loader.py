@@ -64,6 +64,9 @@ class Binder:
     def __init__(self, entry: dict):
         self.name = entry["name"]
         self.sig = Signature.from_json(entry["signature"])
+        # a paged variant that takes its page size at launch addresses pages by shifts: only the
+        # sizes it was built for (the manifest's page_sizes) give right answers
+        self.page_sizes = tuple(entry.get("page_sizes") or ())
         params = entry["abi"]["params"][1:]  # [0] is the module
         structs = entry["abi"]["structs"]
         if len(params) != len(self.sig.args) + 1:
@@ -187,6 +190,9 @@ class Binder:
                 raise InputError(f"{self.name}: {a.name} data pointer is not {a.align}-byte aligned")
             if shape32 and any(shape[i] > _INT32_MAX for i in dyn_shape):
                 raise InputError(f"{self.name}: {a.name} sizes {shape} exceed the kernel's 32-bit size slots")
+        if self.page_sizes and syms.get("PS", self.page_sizes[0]) not in self.page_sizes:
+            raise InputError(f"{self.name}: page size {syms['PS']} is not one this variant was built for "
+                             f"({', '.join(map(str, self.page_sizes))})")
 
     def fixed(self, fn, specs: list) -> "FixedLaunch":
         """``fn`` (the variant's launcher) bound to these specs' sizes, strides and scalars, which
