@@ -324,9 +324,9 @@ class AttentionSm90(AttentionVariant):
                               or self.early_rescale or self.lazy_rescale or self.k_first):
             return ("kv_split takes one 64-row query tile per CTA pair, overlap, dense, one tile per CTA "
                     "and the plain mainloop")
-        if self.kv_mcast and (not self.persistent or self.causal or self.varlen or self.dynamic or self.o_in_q
-                              or self.kv_split or type(self).make_kernel is not AttentionSm90.make_kernel):
-            return "kv_mcast needs persistent, dense, not causal, the static schedule and this family's own kernels"
+        if self.kv_mcast and (not self.persistent or self.varlen or self.dynamic or self.kv_split
+                              or type(self).make_kernel is not AttentionSm90.make_kernel):
+            return "kv_mcast needs persistent, dense, the static schedule and this family's own kernels"
         if self.ex2_fma or self.ex2_pairs:
             if not type(self).ex2_built():
                 return "ex2_fma / ex2_pairs are built for the sm90 and fp8 kernels only"
@@ -605,8 +605,8 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm90]:
         # earlier); head_dim 128 causal with 3 stages (O through Q's slabs then)
         out += [make(dt, 64, True, tile_m=128, stages=s) for dt in DTYPES for s in (3, 4)]
         out += [make(dt, 128, True, stages=3) for dt in DTYPES]
-        # the dense non-causal head_dim 128 default with K/V multicast over a CTA pair (kv_mcast)
-        out += [dataclasses.replace(make("bf16", 128, False), kv_mcast=True)]
+        # the dense persistent bf16 defaults with K/V multicast over a CTA pair (kv_mcast)
+        out += [dataclasses.replace(make("bf16", d, c), kv_mcast=True) for d in HEAD_DIMS for c in (False, True)]
         # every variant with store_defer also without it (the defaults before it)
         out += [dataclasses.replace(v, store_defer=False) for v in out if v.store_defer and not v.dynamic]
         # varlen with one tile per CTA (the grid sized by the longest sequence)
@@ -1358,9 +1358,10 @@ class FlashFwdSm90(layout.TmaViewsKernel):
             first, _, _ = cute.arch.block_idx()
             # the CTAs that take part: one per SM of this device at most
             stride = cutlass.min(cute.arch.grid_dim()[0], cute.arch.nsmid())
+            n_slots = self.slots(n_tiles, stride)
             if cutlass.const_expr(self.kv_mcast):
                 stride = stride - stride % 2  # (whole pairs: CTAs 2i and 2i + 1 take part or leave together)
-            n_slots = self.slots(n_tiles, stride)
+                n_slots = 2 * self.slots(n_tiles // 2, stride // 2)  # (the schedule over pairs, ``pair_coords``)
             if first >= stride:
                 n_slots = first  # (no slot: this CTA leaves)
             q_phase = cutlass.Int32(0)
@@ -1385,15 +1386,27 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                         state = self.kv_state(True)
                         rank = first % 2 if self.kv_mcast else 0
                         for t in cutlass.range(first, n_slots, stride, unroll=1):
-                            m_block, head, batch, real = self.tile_coords(t, stride, n_m, mQ.shape[2],
-                                                                          n_batch, mK.shape[2], mCuQ)
+                            if cutlass.const_expr(self.kv_mcast):
+                                m_block, head, batch, real = self.pair_coords(t, stride, n_m, mQ.shape[2],
+                                                                              n_batch, mK.shape[2])
+                            else:
+                                m_block, head, batch, real = self.tile_coords(t, stride, n_m, mQ.shape[2],
+                                                                              n_batch, mK.shape[2], mCuQ)
                             if real:
                                 q_len, k_len, seqQ, seqK, seqVt, seqO, seqL = layout.sequence_views(
                                     mQ, mK, mVt, mO, mLSE, mCuQ, mCuK, head, batch)
                                 _, n_hi, _, n_mask = self.key_range(m_block, q_len, k_len)
-                                state = self.produce(tma_q, seqQ, tma_k, seqK, tma_v, seqVt, sQ, sK,
-                                                     sV_load, q_bars, load_pipes, m_block, n_hi, state,
-                                                     q_phase, rank=rank)
+                                if cutlass.const_expr(self.kv_mcast):
+                                    # K/V: the key tiles of the pair's upper query tile (both CTAs'
+                                    # slots receive them); Q: only where this tile sees a key
+                                    _, kv_hi, _, _ = self.key_range(m_block - rank + 1, q_len, k_len)
+                                    state = self.produce(tma_q, seqQ, tma_k, seqK, tma_v, seqVt, sQ, sK,
+                                                         sV_load, q_bars, load_pipes, m_block, kv_hi, state,
+                                                         q_phase, rank=rank, q_hi=n_hi)
+                                else:
+                                    state = self.produce(tma_q, seqQ, tma_k, seqK, tma_v, seqVt, sQ, sK,
+                                                         sV_load, q_bars, load_pipes, m_block, n_hi, state,
+                                                         q_phase)
                                 if cutlass.const_expr(self.o_in_q):
                                     if n_hi == 0:
                                         self.pass_q_slabs(q_bars, q_phase)
@@ -1564,6 +1577,8 @@ class FlashFwdSm90(layout.TmaViewsKernel):
         if cutlass.const_expr(coords is not None):
             m_block, head, batch = coords
             real = True
+        elif cutlass.const_expr(self.kv_mcast):
+            m_block, head, batch, real = self.pair_coords(t, stride, n_m, mQ.shape[2], n_batch, mK.shape[2])
         else:
             m_block, head, batch, real = self.tile_coords(t, stride, n_m, mQ.shape[2],
                                                           n_batch, mK.shape[2], mCuQ)
@@ -1571,6 +1586,15 @@ class FlashFwdSm90(layout.TmaViewsKernel):
             q_len, k_len, seqQ, seqK, seqVt, seqO, seqL = layout.sequence_views(
                 mQ, mK, mVt, mO, mLSE, mCuQ, mCuK, head, batch)
             _, n_hi, _, n_mask = self.key_range(m_block, q_len, k_len)
+            if cutlass.const_expr(self.kv_mcast):
+                # the pair's upper tile's top key tiles this one does not see (causal): each
+                # waited for and released unused
+                _, kv_hi, _, _ = self.key_range(m_block - m_block % 2 + 1, q_len, k_len)
+                for _ in cutlass.range(kv_hi - n_hi, unroll=1):
+                    for pipe in kv_pipes:
+                        pipe.consumer_wait(read)
+                        pipe.consumer_release(read)
+                    read.advance()
             scale_t, o_scale = self.problem_scales(scale_log2, mDescale, head, batch,
                                                    mQ.shape[2], mK.shape[2])
             read = self.consume(tiled_mma_qk, tiled_mma_pv, tma_o, seqO, s2g, seqL,
@@ -1819,6 +1843,15 @@ class FlashFwdSm90(layout.TmaViewsKernel):
             return m_block, hb % n_heads, hb // n_heads, (p < n_tiles) & (m_block * self.tile_m < mCuQ[b + 1] - mCuQ[b])
         return m_block, hb % n_heads, hb // n_heads, p < n_tiles
 
+    @cute.jit
+    def pair_coords(self, t, grid, n_m, n_heads, n_batch, n_kv_heads):
+        """kv_mcast: (query tile, q head, batch, real) of slot ``t``: CTAs 2i and 2i + 1 take the
+        two query tiles of unit t // 2 of the schedule (``tile_coords``) over pairs of adjacent
+        query tiles (``n_m`` even: n_m / 2 pairs per head, grid / 2 pairs of CTAs), the lower tile
+        to the even CTA."""
+        m_pair, head, batch, real = self.tile_coords(t // 2, grid // 2, n_m // 2, n_heads, n_batch, n_kv_heads)
+        return 2 * m_pair + t % 2, head, batch, real
+
     def pair_tiles(self, n_m):
         """kv_mcast: query tiles per (batch, head) rounded up to whole CTA pairs (a pair's second
         tile past the end loads Q as zeros and writes no row)."""
@@ -1840,13 +1873,14 @@ class FlashFwdSm90(layout.TmaViewsKernel):
 
     @cute.jit
     def produce(self, tma_q, seqQ, tma_k, seqK, tma_v, seqVt, sQ, sK, sV, q_bars, kv_pipes,
-                m_block, n_hi, state, q_phase, n_lo=0, rank=0):
+                m_block, n_hi, state, q_phase, n_lo=0, rank=0, q_hi=None):
         """The TMA warp: Q slabs (persistent: each once its warpgroup has released the previous
         tile's), then K and V of tiles n_hi-1 down to 0.  ``k_first``: the first K before Q (a
         persistent CTA's next tile starts on it while the consumers still finish the last one),
         then each K one tile ahead of the V it pairs with (K(n) before V(n+1): the order the
-        consumers use them in).  kv_split: the tiles n_hi-1 down to ``n_lo`` (this rank's).  Returns
-        the K/V ring state."""
+        consumers use them in).  kv_split: the tiles n_hi-1 down to ``n_lo`` (this rank's).  kv_mcast:
+        this CTA's half of each K/V tile (``rank``) into both CTAs' slots, Q only where ``q_hi`` (this
+        tile's key tiles) > 0.  Returns the K/V ring state."""
         k_pipe, v_pipe = kv_pipes
         if n_hi > 0:
             W, D, BN = self.consumers, self.head_dim, self.tile_n
@@ -1870,13 +1904,17 @@ class FlashFwdSm90(layout.TmaViewsKernel):
             tQsQ, tQgQ = cpasync.tma_partition(tma_q, 0, cute.make_layout(1),
                                                cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
             slab_bytes = cute.size_in_bytes(self.dtype, cute.slice_(sQ.layout, (None, None, 0)))
-            for w in cutlass.range_constexpr(W):
-                if cutlass.const_expr(self.persistent):
-                    cute.arch.mbarrier_wait(q_bars + W + w, q_phase ^ 1)
-                with cute.arch.elect_one():
-                    cute.arch.mbarrier_arrive_and_expect_tx(q_bars + w, slab_bytes)
-                cute.copy(tma_q, tQgQ[(None, m_block * W + w)], tQsQ[(None, w)],
-                          tma_bar_ptr=q_bars + w)
+            if cutlass.const_expr(q_hi is not None):
+                if q_hi > 0:
+                    self.load_q(tma_q, seqQ, sQ, q_bars, m_block, q_phase)
+            else:
+                for w in cutlass.range_constexpr(W):
+                    if cutlass.const_expr(self.persistent):
+                        cute.arch.mbarrier_wait(q_bars + W + w, q_phase ^ 1)
+                    with cute.arch.elect_one():
+                        cute.arch.mbarrier_arrive_and_expect_tx(q_bars + w, slab_bytes)
+                    cute.copy(tma_q, tQgQ[(None, m_block * W + w)], tQsQ[(None, w)],
+                              tma_bar_ptr=q_bars + w)
 
             if cutlass.const_expr(self.k_first):
                 state_v = state.clone()  # V(n + 1) goes where K(n + 1) went
