@@ -606,9 +606,9 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm90]:
         out += [make(dt, 64, True, tile_m=128, stages=s) for dt in DTYPES for s in (3, 4)]
         out += [make(dt, 128, True, stages=3) for dt in DTYPES]
         # the dense persistent bf16 defaults with K/V multicast over a CTA pair (kv_mcast)
-        # (and fp16 at head_dim 128)
+        # (and fp16 at head_dim 128 and 256, not causal)
         out += [dataclasses.replace(make(dt, d, c), kv_mcast=True) for dt in DTYPES for d in HEAD_DIMS
-                for c in (False, True) if dt == "bf16" or d == 128]
+                for c in (False, True) if dt == "bf16" or (d >= 128 and not c)]
         # every variant with store_defer also without it (the defaults before it)
         out += [dataclasses.replace(v, store_defer=False) for v in out if v.store_defer and not v.dynamic]
         # varlen with one tile per CTA (the grid sized by the longest sequence)
