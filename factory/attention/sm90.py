@@ -609,6 +609,8 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm90]:
         # (and fp16 at head_dim 128 and 256, not causal)
         out += [dataclasses.replace(make(dt, d, c), kv_mcast=True) for dt in DTYPES for d in HEAD_DIMS
                 for c in (False, True) if dt == "bf16" or (d >= 128 and not c)]
+        # (head_dim 128 not causal: 3 K/V stages, O through Q's slabs, more slack between the pair)
+        out += [dataclasses.replace(make("bf16", 128, False), kv_mcast=True, stages=3)]
         # every variant with store_defer also without it (the defaults before it)
         out += [dataclasses.replace(v, store_defer=False) for v in out if v.store_defer and not v.dynamic]
         # varlen with one tile per CTA (the grid sized by the longest sequence)
