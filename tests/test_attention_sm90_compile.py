@@ -241,7 +241,7 @@ def test_const_wg_is_the_head_dim_256_non_causal_default():
     from factory.atoms.targets import get_target
 
     full = sm90.enumerate_attention(get_target("sm_90a"), "full")
-    cw = [v for v in full if v.const_wg]
+    cw = [v for v in full if v.const_wg and not v.kv_mcast]  # (the kv_mcast twins: their own test)
     assert {(v.dtype, v.head_dim, v.causal, v.varlen) for v in cw} == {
         (dt, 256, False, vl) for dt in ("bf16", "f16") for vl in (False, True)}
     pref = [v for v in cw if v.describe()["preferred"]]
@@ -297,6 +297,33 @@ def test_exponential_options_off_by_default_and_named_where_used():
 
     kv = AttentionKvcacheSm90(target="sm_90a", head_dim=128, overlap=True, pingpong=True, ex2_fma=4)
     assert "sm90 and fp8 kernels only" in kv.can_implement()
+
+
+@needs_dsl
+def test_kv_multicast_pairs_off_by_default():
+    """kv_mcast (a cluster of two persistent CTAs on adjacent query tiles, K/V halves multicast
+    into both): no default-tier variant has it (names and configs as before); the full tier's
+    twins of the dense persistent defaults are clusters of two, not preferred, and must show the
+    multicast TMA load; the dynamic, varlen and one-tile-per-CTA builds refuse it."""
+    sm90 = _family()
+    from factory.atoms.targets import get_target
+
+    t = get_target("sm_90a")
+    default = sm90.enumerate_attention(t, "default")
+    assert not any(v.kv_mcast or "mc" in v.name.split("_") or "kv_mcast" in v.config() for v in default)
+    mc = [v for v in sm90.enumerate_attention(t, "full") if v.kv_mcast]
+    assert {(v.dtype, v.head_dim, v.causal) for v in mc} == {
+        (dt, d, c) for dt in ("bf16", "f16") for d in (64, 128, 256) for c in (False, True) if dt == "bf16" or (d >= 128 and not c)}
+    for v in mc:
+        d = v.describe()
+        assert v.name.endswith("_mc") and v.config()["kv_mcast"] and d["cluster"] == [2, 1], v.name
+        assert d["tile_scheduler"]["persistent"] and not d["preferred"] and not v.dynamic and not v.varlen
+        assert r"\bUTMALDG\.4D\.MULTICAST\b" in v.sass_requirements()
+        assert dataclasses.replace(v, kv_mcast=False, stages=2).name in {u.name for u in default} | {
+            dataclasses.replace(u, store_defer=False).name for u in default}
+    base = next(v for v in mc if v.head_dim == 128 and not v.causal and v.dtype == "bf16")
+    for bad in ({"dynamic": True}, {"varlen": True}, {"persistent": False, "k_first": False}):
+        assert "kv_mcast needs" in dataclasses.replace(base, **bad).can_implement(), bad
 
 
 @needs_dsl

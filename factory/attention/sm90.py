@@ -192,6 +192,13 @@ class AttentionSm90(AttentionVariant):
     # and an arrival counter are the runtime's zeroed int32 words (``tile_counters``); the last CTA
     # to finish sets both back to 0.
     dynamic: bool = field(default=False, metadata={"tag": "dy"})
+    # Persistent, dense, not causal: a cluster of two CTAs on adjacent query tiles of one (batch,
+    # head), both walking the same key tiles; each CTA's producer loads half of every K and V tile
+    # and multicasts it into both CTAs' slots (TMA multicast), so each SM reads half of the K/V
+    # bytes from L2.  A slot is free once the consumers of both CTAs have released it.  With an
+    # odd number of query tiles the pair's second tile of a head lies past the end (its Q loads as
+    # zeros, its O and LSE rows are not written).
+    kv_mcast: bool = field(default=False, metadata={"tag": "mc"})
 
     @property
     def name(self) -> str:
@@ -202,7 +209,8 @@ class AttentionSm90(AttentionVariant):
         # the exponential options appear only where used (manifests and cache keys of the other
         # variants stay as they were)
         c = super().config()
-        for k in ("store_defer", "ex2_fma", "ex2_pairs", "dynamic", "slot_coords", "o_stmatrix", "diag_half"):
+        for k in ("store_defer", "ex2_fma", "ex2_pairs", "dynamic", "slot_coords", "o_stmatrix", "diag_half",
+                  "kv_mcast"):
             if not c[k]:
                 del c[k]
         return c
@@ -254,7 +262,9 @@ class AttentionSm90(AttentionVariant):
             r"\bSYNCS\.", r"\bUSETMAXREG\.", r"\bMUFU\.EX2\b",
         ) + ((r"\bVOTE\.ANY\b",) if self.lazy_rescale else ()) + ((r"\bSTSM\.",) if self.o_stmatrix else ()) + (
             # kv_split: rank 1's partial by st.async into rank 0, after the cluster's barrier
-            (r"\bSTAS\.128\b", r"\bUCGABAR_ARV\b") if self.kv_split else ()) + self.ex2_sass()
+            (r"\bSTAS\.128\b", r"\bUCGABAR_ARV\b") if self.kv_split else ()) + (
+            # kv_mcast: K/V halves multicast into both CTAs of the cluster
+            (r"\bUTMALDG\.4D\.MULTICAST\b",) if self.kv_mcast else ()) + self.ex2_sass()
 
     def _smem_parts(self) -> tuple[int, int]:
         e = DTYPE_BYTES[self.dtype]
@@ -319,6 +329,9 @@ class AttentionSm90(AttentionVariant):
                               or self.early_rescale or self.lazy_rescale or self.k_first):
             return ("kv_split takes one 64-row query tile per CTA pair, overlap, dense, one tile per CTA "
                     "and the plain mainloop")
+        if self.kv_mcast and (not self.persistent or self.varlen or self.dynamic or self.kv_split
+                              or type(self).make_kernel is not AttentionSm90.make_kernel):
+            return "kv_mcast needs persistent, dense, the static schedule and this family's own kernels"
         if self.ex2_fma or self.ex2_pairs:
             if not type(self).ex2_built():
                 return "ex2_fma / ex2_pairs are built for the sm90 and fp8 kernels only"
@@ -361,13 +374,15 @@ class AttentionSm90(AttentionVariant):
             "threads": self.threads,
             "registers_per_role": {"producer": atoms.PRODUCER_REGS[self.consumers],
                                    "consumer": atoms.CONSUMER_REGS[self.consumers]},
-            "preferred": not self.dynamic and (self.tile_m, self.tile_n, self.stages, self.overlap, self.pingpong)
+            "preferred": not self.dynamic and not self.kv_mcast and (self.tile_m, self.tile_n, self.stages, self.overlap, self.pingpong)
                          == default_config(self.head_dim, self.causal, cache=getattr(self, "paged", False))
                          and all(getattr(self, k) == v for k, v in
                                  default_schedule(self.head_dim, self.causal, self.varlen,
                                                   persistent_all=not getattr(self, "paged", False)).items()),
             # the key tiles split between the two CTAs of a cluster per query tile (kv_split)
             **({"kv_splits": 2, "cluster": [2, 1]} if self.kv_split else {}),
+            # two CTAs on adjacent query tiles, K/V multicast into both (kv_mcast)
+            **({"cluster": [2, 1], "kv_multicast": 2} if self.kv_mcast else {}),
             **self.ex2_describe(),
             # dynamic: the runtime's two zeroed int32 words (tile counter, arrival counter)
             **({"workspace": {"form": "tile_counters", "words": TILE_COUNTER_WORDS}} if self.dynamic else {}),
@@ -390,6 +405,7 @@ class AttentionSm90(AttentionVariant):
             const_wg=self.const_wg,
             kv_split=self.kv_split, store_defer=self.store_defer, dynamic=self.dynamic,
             slot_coords=self.slot_coords, o_stmatrix=self.o_stmatrix, diag_half=self.diag_half,
+            kv_mcast=self.kv_mcast,
         )
         self.set_ex2(k)
         if self.dynamic:
@@ -606,6 +622,12 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm90]:
         # earlier); head_dim 128 causal with 3 stages (O through Q's slabs then)
         out += [make(dt, 64, True, tile_m=128, stages=s) for dt in DTYPES for s in (3, 4)]
         out += [make(dt, 128, True, stages=3) for dt in DTYPES]
+        # the dense persistent bf16 defaults with K/V multicast over a CTA pair (kv_mcast)
+        # (and fp16 at head_dim 128 and 256, not causal)
+        out += [dataclasses.replace(make(dt, d, c), kv_mcast=True) for dt in DTYPES for d in HEAD_DIMS
+                for c in (False, True) if dt == "bf16" or (d >= 128 and not c)]
+        # (head_dim 128 not causal: 3 K/V stages, O through Q's slabs, more slack between the pair)
+        out += [dataclasses.replace(make("bf16", 128, False), kv_mcast=True, stages=3)]
         # every variant with store_defer also without it (the defaults before it)
         out += [dataclasses.replace(v, store_defer=False) for v in out if v.store_defer and not v.dynamic]
         # varlen with one tile per CTA (the grid sized by the longest sequence)
@@ -938,8 +960,12 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                  sinks: bool = False, wide_producer: bool = False, kv_dtype=None, fp8_stages: int = 1,
                  o_in_q: bool = False, lazy_rescale: bool = False, const_wg: bool = False,
                  kv_split: bool = False, store_defer: bool = False, dynamic: bool = False,
-                 slot_coords: bool = False, o_stmatrix: bool = False, diag_half: bool = False):
+                 slot_coords: bool = False, o_stmatrix: bool = False, diag_half: bool = False,
+                 kv_mcast: bool = False):
         super().__init__(dtype=dtype, head_dim=head_dim, causal=causal, local=local)
+        # persistent, dense: a cluster of two CTAs on adjacent query tiles, K/V halves multicast
+        # into both (AttentionSm90.kv_mcast)
+        self.kv_mcast = persistent and kv_mcast
         # persistent: the next tile from a global counter (AttentionSm90.dynamic)
         self.dynamic = persistent and dynamic
         # dynamic: each tile's coordinates pass through the slot with its index (``take_tile``)
@@ -1009,7 +1035,10 @@ class FlashFwdSm90(layout.TmaViewsKernel):
     # --- host ------------------------------------------------------------------------------------
     # (dense, packed: layout.TmaViewsKernel)
     def dense_grid(self, grid):
-        if cutlass.const_expr(self.persistent):
+        if cutlass.const_expr(self.kv_mcast):
+            # whole CTA pairs: the query tiles rounded up to even (``pair_tiles``)
+            grid = (cutlass.min(self.pair_tiles(grid[0]) * grid[1] * grid[2], PERSISTENT_CTAS), 1, 1)
+        elif cutlass.const_expr(self.persistent):
             grid = (cutlass.min(grid[0] * grid[1] * grid[2], PERSISTENT_CTAS), 1, 1)
         if cutlass.const_expr(self.kv_split):
             grid = (grid[0] * 2, grid[1], grid[2])  # a cluster of two CTAs per query tile
@@ -1146,6 +1175,10 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                 tma_v, tV = atoms.tma_load_box_atom(mVt, v_box, (D, KB))
             if cutlass.const_expr(self.gather):
                 tK, tV = mK, mVt
+        elif cutlass.const_expr(self.kv_mcast):
+            # each CTA of the pair loads half of a K/V tile and multicasts it into both
+            tma_k, tK = atoms.tma_load_atom(mK, sK_layout, (BN, D), 2)
+            tma_v, tV = atoms.tma_load_atom(mVt, sV_layout, (D, BN), 2)
         else:
             tma_k, tK = atoms.tma_load_atom(mK, sK_layout, (BN, D))
             if cutlass.const_expr(self.v_transpose):
@@ -1207,7 +1240,7 @@ class FlashFwdSm90(layout.TmaViewsKernel):
             softmax_scale * LOG2_E, tiled_mma_qk, tiled_mma_pv, sQ_layout, sK_layout, sV_layout,
             sO_layout, mTable, mSeqlens, *switches, mDescale, *varlen_tiles,
         ).launch(grid=grid, block=[self.threads, 1, 1], min_blocks_per_mp=1, stream=stream,
-                 **({"cluster": (2, 1, 1)} if self.kv_split else {}))
+                 **({"cluster": (2, 1, 1)} if self.kv_split or self.kv_mcast else {}))
 
     # --- device ----------------------------------------------------------------------------------
     @cute.kernel
@@ -1274,9 +1307,12 @@ class FlashFwdSm90(layout.TmaViewsKernel):
             load_pipes = [kv_pipes[0], vs_pipe]
             sV_load = storage.sVs.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         else:
+            # (kv_mcast: each consumer warp releases a slot to both CTAs of the pair, whose
+            # producers both write into it)
+            pair = 2 if self.kv_mcast else 1
             kv_pipes = [
-                atoms.tma_pipeline(bars, self.stages, atoms.stage_bytes(self.dtype, layout), 4 * self.consumers,
-                                   cute.make_layout((1, 1, 1, 1)))
+                atoms.tma_pipeline(bars, self.stages, atoms.stage_bytes(self.dtype, layout),
+                                   pair * 4 * self.consumers, cute.make_layout((1, pair, 1, 1)))
                 for bars, layout in ((storage.k_bars.data_ptr(), sK_layout),
                                      (storage.v_bars.data_ptr(), sV_layout))
             ]
@@ -1302,10 +1338,11 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                     for i in cutlass.range_constexpr(2):
                         cute.arch.mbarrier_init(tile_bars + i, 1)  # slot i written (the producer warp)
                         cute.arch.mbarrier_init(tile_bars + 2 + i, 128 * self.consumers)  # read by all
-        # (kv_split: the barrier spans the cluster)
-        pipeline.pipeline_init_arrive(cluster_shape_mn=(2, 1) if self.kv_split else (1, 1), is_relaxed=True)
+        # (kv_split, kv_mcast: the barrier spans the cluster)
+        cluster_mn = (2, 1) if self.kv_split or self.kv_mcast else (1, 1)
+        pipeline.pipeline_init_arrive(cluster_shape_mn=cluster_mn, is_relaxed=True)
 
-        pipeline.pipeline_init_wait(cluster_shape_mn=(2, 1) if self.kv_split else (1, 1))
+        pipeline.pipeline_init_wait(cluster_shape_mn=cluster_mn)
         warpgroup_idx = cute.arch.make_warp_uniform(tidx // 128)
         wg = warpgroup_idx - 1
         if cutlass.const_expr(not self.persistent):
@@ -1408,6 +1445,8 @@ class FlashFwdSm90(layout.TmaViewsKernel):
             # (the O epilogue has its own smem), K/V rings run on across tiles.
             if cutlass.const_expr(mCuQ is None):
                 n_m = cute.ceil_div(mQ.shape[0], self.tile_m)
+                if cutlass.const_expr(self.kv_mcast):
+                    n_m = self.pair_tiles(n_m)
                 n_batch = mQ.shape[3]
             else:
                 # varlen: the virtual grid's slots past a sequence's last query tile are empty
@@ -1418,6 +1457,9 @@ class FlashFwdSm90(layout.TmaViewsKernel):
             # the CTAs that take part: one per SM of this device at most
             stride = cutlass.min(cute.arch.grid_dim()[0], cute.arch.nsmid())
             n_slots = self.slots(n_tiles, stride)
+            if cutlass.const_expr(self.kv_mcast):
+                stride = stride - stride % 2  # (whole pairs: CTAs 2i and 2i + 1 take part or leave together)
+                n_slots = 2 * self.slots(n_tiles // 2, stride // 2)  # (the schedule over pairs, ``pair_coords``)
             if first >= stride:
                 n_slots = first  # (no slot: this CTA leaves)
             q_phase = cutlass.Int32(0)
@@ -1440,16 +1482,29 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                 else:
                     if warp_idx == 0:
                         state = self.kv_state(True)
+                        rank = first % 2 if self.kv_mcast else 0
                         for t in cutlass.range(first, n_slots, stride, unroll=1):
-                            m_block, head, batch, real = self.tile_coords(t, stride, n_m, mQ.shape[2],
-                                                                          n_batch, mK.shape[2], mCuQ)
+                            if cutlass.const_expr(self.kv_mcast):
+                                m_block, head, batch, real = self.pair_coords(t, stride, n_m, mQ.shape[2],
+                                                                              n_batch, mK.shape[2])
+                            else:
+                                m_block, head, batch, real = self.tile_coords(t, stride, n_m, mQ.shape[2],
+                                                                              n_batch, mK.shape[2], mCuQ)
                             if real:
                                 q_len, k_len, seqQ, seqK, seqVt, seqO, seqL = layout.sequence_views(
                                     mQ, mK, mVt, mO, mLSE, mCuQ, mCuK, head, batch)
                                 _, n_hi, _, n_mask = self.key_range(m_block, q_len, k_len)
-                                state = self.produce(tma_q, seqQ, tma_k, seqK, tma_v, seqVt, sQ, sK,
-                                                     sV_load, q_bars, load_pipes, m_block, n_hi, state,
-                                                     q_phase)
+                                if cutlass.const_expr(self.kv_mcast):
+                                    # K/V: the key tiles of the pair's upper query tile (both CTAs'
+                                    # slots receive them); Q: only where this tile sees a key
+                                    _, kv_hi, _, _ = self.key_range(m_block - rank + 1, q_len, k_len)
+                                    state = self.produce(tma_q, seqQ, tma_k, seqK, tma_v, seqVt, sQ, sK,
+                                                         sV_load, q_bars, load_pipes, m_block, kv_hi, state,
+                                                         q_phase, rank=rank, q_hi=n_hi)
+                                else:
+                                    state = self.produce(tma_q, seqQ, tma_k, seqK, tma_v, seqVt, sQ, sK,
+                                                         sV_load, q_bars, load_pipes, m_block, n_hi, state,
+                                                         q_phase)
                                 if cutlass.const_expr(self.o_in_q):
                                     if n_hi == 0:
                                         self.pass_q_slabs(q_bars, q_phase)
@@ -1457,6 +1512,11 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                                 else:
                                     if n_hi > 0:
                                         q_phase = q_phase ^ 1
+                        if cutlass.const_expr(self.kv_mcast):
+                            # the peer multicasts into this CTA's slots and releases them here:
+                            # stay until both CTAs' consumers have released every slot
+                            load_pipes[0].producer_tail(state.clone())
+                            load_pipes[1].producer_tail(state.clone())
                 if cutlass.const_expr(self.v_transpose):
                     if warp_idx >= 1 and warp_idx <= self.transpose_warps:
                         t_read = self.kv_state(False)
@@ -1615,6 +1675,8 @@ class FlashFwdSm90(layout.TmaViewsKernel):
         if cutlass.const_expr(coords is not None):
             m_block, head, batch = coords
             real = True
+        elif cutlass.const_expr(self.kv_mcast):
+            m_block, head, batch, real = self.pair_coords(t, stride, n_m, mQ.shape[2], n_batch, mK.shape[2])
         else:
             m_block, head, batch, real = self.tile_coords(t, stride, n_m, mQ.shape[2],
                                                           n_batch, mK.shape[2], mCuQ)
@@ -1622,6 +1684,15 @@ class FlashFwdSm90(layout.TmaViewsKernel):
             q_len, k_len, seqQ, seqK, seqVt, seqO, seqL = layout.sequence_views(
                 mQ, mK, mVt, mO, mLSE, mCuQ, mCuK, head, batch)
             _, n_hi, _, n_mask = self.key_range(m_block, q_len, k_len)
+            if cutlass.const_expr(self.kv_mcast):
+                # the pair's upper tile's top key tiles this one does not see (causal): each
+                # waited for and released unused
+                _, kv_hi, _, _ = self.key_range(m_block - m_block % 2 + 1, q_len, k_len)
+                for _ in cutlass.range(kv_hi - n_hi, unroll=1):
+                    for pipe in kv_pipes:
+                        pipe.consumer_wait(read)
+                        pipe.consumer_release(read)
+                    read.advance()
             scale_t, o_scale = self.problem_scales(scale_log2, mDescale, head, batch,
                                                    mQ.shape[2], mK.shape[2])
             read = self.consume(tiled_mma_qk, tiled_mma_pv, tma_o, seqO, s2g, seqL,
@@ -1870,6 +1941,20 @@ class FlashFwdSm90(layout.TmaViewsKernel):
             return m_block, hb % n_heads, hb // n_heads, (p < n_tiles) & (m_block * self.tile_m < mCuQ[b + 1] - mCuQ[b])
         return m_block, hb % n_heads, hb // n_heads, p < n_tiles
 
+    @cute.jit
+    def pair_coords(self, t, grid, n_m, n_heads, n_batch, n_kv_heads):
+        """kv_mcast: (query tile, q head, batch, real) of slot ``t``: CTAs 2i and 2i + 1 take the
+        two query tiles of unit t // 2 of the schedule (``tile_coords``) over pairs of adjacent
+        query tiles (``n_m`` even: n_m / 2 pairs per head, grid / 2 pairs of CTAs), the lower tile
+        to the even CTA."""
+        m_pair, head, batch, real = self.tile_coords(t // 2, grid // 2, n_m // 2, n_heads, n_batch, n_kv_heads)
+        return 2 * m_pair + t % 2, head, batch, real
+
+    def pair_tiles(self, n_m):
+        """kv_mcast: query tiles per (batch, head) rounded up to whole CTA pairs (a pair's second
+        tile past the end loads Q as zeros and writes no row)."""
+        return n_m + n_m % 2
+
     def slots(self, n_tiles, grid):
         """Slots the persistent loop walks: every tile (causal: whole zigzag rounds, some
         slots of the last one empty)."""
@@ -1886,13 +1971,14 @@ class FlashFwdSm90(layout.TmaViewsKernel):
 
     @cute.jit
     def produce(self, tma_q, seqQ, tma_k, seqK, tma_v, seqVt, sQ, sK, sV, q_bars, kv_pipes,
-                m_block, n_hi, state, q_phase, n_lo=0):
+                m_block, n_hi, state, q_phase, n_lo=0, rank=0, q_hi=None):
         """The TMA warp: Q slabs (persistent: each once its warpgroup has released the previous
         tile's), then K and V of tiles n_hi-1 down to 0.  ``k_first``: the first K before Q (a
         persistent CTA's next tile starts on it while the consumers still finish the last one),
         then each K one tile ahead of the V it pairs with (K(n) before V(n+1): the order the
-        consumers use them in).  kv_split: the tiles n_hi-1 down to ``n_lo`` (this rank's).  Returns
-        the K/V ring state."""
+        consumers use them in).  kv_split: the tiles n_hi-1 down to ``n_lo`` (this rank's).  kv_mcast:
+        this CTA's half of each K/V tile (``rank``) into both CTAs' slots, Q only where ``q_hi`` (this
+        tile's key tiles) > 0.  Returns the K/V ring state."""
         k_pipe, v_pipe = kv_pipes
         if n_hi > 0:
             W, D, BN = self.consumers, self.head_dim, self.tile_n
@@ -1901,25 +1987,32 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                 gV = cute.local_tile(seqVt, (BN, D), (None, 0))  # (keys, D) tiles into staging
             else:
                 gV = cute.local_tile(seqVt, (D, BN), (0, None))
-            tKsK, tKgK = cpasync.tma_partition(tma_k, 0, cute.make_layout(1),
+            # (kv_mcast: this CTA's half of each tile, multicast into both CTAs of the pair)
+            pair = 2 if self.kv_mcast else 1
+            mc = {"mcast_mask": cutlass.Int16(3)} if self.kv_mcast else {}
+            tKsK, tKgK = cpasync.tma_partition(tma_k, rank, cute.make_layout(pair),
                                                cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
-            tVsV, tVgV = cpasync.tma_partition(tma_v, 0, cute.make_layout(1),
+            tVsV, tVgV = cpasync.tma_partition(tma_v, rank, cute.make_layout(pair),
                                                cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
             if cutlass.const_expr(self.k_first):
                 k_pipe.producer_acquire(state)
                 cute.copy(tma_k, tKgK[(None, n_hi - 1)], tKsK[(None, state.index)],
-                          tma_bar_ptr=k_pipe.producer_get_barrier(state))
+                          tma_bar_ptr=k_pipe.producer_get_barrier(state), **mc)
             gQ = cute.local_tile(seqQ, (WG_ROWS, D), (None, 0))
             tQsQ, tQgQ = cpasync.tma_partition(tma_q, 0, cute.make_layout(1),
                                                cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
             slab_bytes = cute.size_in_bytes(self.dtype, cute.slice_(sQ.layout, (None, None, 0)))
-            for w in cutlass.range_constexpr(W):
-                if cutlass.const_expr(self.persistent):
-                    cute.arch.mbarrier_wait(q_bars + W + w, q_phase ^ 1)
-                with cute.arch.elect_one():
-                    cute.arch.mbarrier_arrive_and_expect_tx(q_bars + w, slab_bytes)
-                cute.copy(tma_q, tQgQ[(None, m_block * W + w)], tQsQ[(None, w)],
-                          tma_bar_ptr=q_bars + w)
+            if cutlass.const_expr(q_hi is not None):
+                if q_hi > 0:
+                    self.load_q(tma_q, seqQ, sQ, q_bars, m_block, q_phase)
+            else:
+                for w in cutlass.range_constexpr(W):
+                    if cutlass.const_expr(self.persistent):
+                        cute.arch.mbarrier_wait(q_bars + W + w, q_phase ^ 1)
+                    with cute.arch.elect_one():
+                        cute.arch.mbarrier_arrive_and_expect_tx(q_bars + w, slab_bytes)
+                    cute.copy(tma_q, tQgQ[(None, m_block * W + w)], tQsQ[(None, w)],
+                              tma_bar_ptr=q_bars + w)
 
             if cutlass.const_expr(self.k_first):
                 state_v = state.clone()  # V(n + 1) goes where K(n + 1) went
@@ -1928,15 +2021,15 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                     n = n_hi - 1 - i
                     k_pipe.producer_acquire(state)
                     cute.copy(tma_k, tKgK[(None, n)], tKsK[(None, state.index)],
-                              tma_bar_ptr=k_pipe.producer_get_barrier(state))
+                              tma_bar_ptr=k_pipe.producer_get_barrier(state), **mc)
                     v_pipe.producer_acquire(state_v)
                     cute.copy(tma_v, tVgV[(None, n + 1)], tVsV[(None, state_v.index)],
-                              tma_bar_ptr=v_pipe.producer_get_barrier(state_v))
+                              tma_bar_ptr=v_pipe.producer_get_barrier(state_v), **mc)
                     state_v = state.clone()
                     state.advance()
                 v_pipe.producer_acquire(state_v)
                 cute.copy(tma_v, tVgV[(None, 0)], tVsV[(None, state_v.index)],
-                          tma_bar_ptr=v_pipe.producer_get_barrier(state_v))
+                          tma_bar_ptr=v_pipe.producer_get_barrier(state_v), **mc)
             else:
                 count = n_hi
                 if cutlass.const_expr(self.kv_split):
@@ -1945,10 +2038,10 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                     n = n_hi - 1 - i
                     k_pipe.producer_acquire(state)
                     cute.copy(tma_k, tKgK[(None, n)], tKsK[(None, state.index)],
-                              tma_bar_ptr=k_pipe.producer_get_barrier(state))
+                              tma_bar_ptr=k_pipe.producer_get_barrier(state), **mc)
                     v_pipe.producer_acquire(state)
                     cute.copy(tma_v, tVgV[(None, n)], tVsV[(None, state.index)],
-                              tma_bar_ptr=v_pipe.producer_get_barrier(state))
+                              tma_bar_ptr=v_pipe.producer_get_barrier(state), **mc)
                     state.advance()
         return state
 
