@@ -190,7 +190,7 @@ class Binder:
                 raise InputError(f"{self.name}: {a.name} data pointer is not {a.align}-byte aligned")
             if shape32 and any(shape[i] > _INT32_MAX for i in dyn_shape):
                 raise InputError(f"{self.name}: {a.name} sizes {shape} exceed the kernel's 32-bit size slots")
-        if self.page_sizes and syms.get("PS", self.page_sizes[0]) not in self.page_sizes:
+        if self.page_sizes and "PS" in syms and syms["PS"] not in self.page_sizes:
             raise InputError(f"{self.name}: page size {syms['PS']} is not one this variant was built for "
                              f"({', '.join(map(str, self.page_sizes))})")
 
