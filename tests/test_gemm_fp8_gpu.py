@@ -1,7 +1,8 @@
 """fp8 GEMM with row-wise and DeepSeek-V3 block scales on the GPU (runtime/fp8.py): every such
 variant of the bundle by name, the selection's choice on edge shapes (M from 1, N and K not
 multiples of 128), CUDA-graph capture, the hot path with new scale tensors, the torch op, and bad
-scales refused before any launch.  References: float32 products of the dequantized operands;
+scales refused before any launch.  The row form runs on whichever family the bundle has for this
+GPU (on an H100 without sm_90a builds: the mma.sync family's sm_90 build).  References: float32 products of the dequantized operands;
 outputs NaN-poisoned."""
 
 import pytest
@@ -10,7 +11,8 @@ from conftest import gpu_marks
 
 pytestmark = gpu_marks()
 
-ROW_SHAPES = [(1, 24, 16), (7, 200, 48), (129, 504, 1008), (300, 4096, 4096), (64, 7168, 2048), (1000, 1032, 1008)]
+ROW_SHAPES = [(1, 24, 16), (7, 200, 48), (129, 504, 1008), (300, 4096, 4096), (64, 7168, 2048), (1000, 1032, 1008),
+              (1, 4104, 4096), (257, 136, 208)]
 # K: one partial block, several with a partial last one, exact; N: under one block, partial last block.
 BLOCK_SHAPES = [(1, 8, 144), (7, 200, 272), (129, 504, 1008), (300, 1032, 4160), (64, 2112, 7168),
                 (1000, 7168, 1040), (4096, 512, 384), (33, 136, 128)]
@@ -160,6 +162,35 @@ def test_bad_scales_refused_then_the_process_still_works(bundle):
             bundle.gemm(a, b, **kw)
     with pytest.raises(InputError):  # batched operands take per-tensor scales only
         bundle.gemm(a[None], b[None], scale_a=rs["scale_a"], scale_b=rs["scale_b"])
+    out = bundle.gemm(a, b, scale_a=sa, scale_b=sb)
+    torch.cuda.synchronize()
+    assert testing.rel_error(out, ref) < 1e-2
+
+
+def test_row_torch_op_fake_and_bad_scales(bundle):
+    """The row form through the torch op and its fake, bad row scales refused before any launch,
+    then a good call still works."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from factory import testing
+    from factory.runtime import InputError
+
+    _entries(bundle, "row")
+    ops = bundle.torch_ops()
+    M, N, K = 136, 264, 528
+    a, b, sc, ref = testing.fp8_scaled_problem("row", M, N, K)
+    sa, sb = sc["scale_a"], sc["scale_b"]
+    assert testing.rel_error(ops.gemm(a, b, None, sa, sb), ref) < 1e-2
+    with FakeTensorMode() as mode:
+        f = ops.gemm(mode.from_tensor(a), mode.from_tensor(b), None, mode.from_tensor(sa), mode.from_tensor(sb))
+        assert f.shape == (M, N) and f.dtype == torch.bfloat16
+    bad = [dict(scale_a=sa.half(), scale_b=sb), dict(scale_a=sa, scale_b=sb[:-1]), dict(scale_a=sa.cpu(), scale_b=sb),
+           dict(scale_a=torch.ones(2 * M, device="cuda")[::2], scale_b=sb), dict(scale_a=sa, scale_b=None),
+           dict(scale_a=sa[:, None].expand(M, 2), scale_b=sb), dict(scale_a=sa, scale_b=sb, scale_mode="block")]
+    for kw in bad:
+        with pytest.raises(InputError):
+            bundle.gemm(a, b, **kw)
     out = bundle.gemm(a, b, scale_a=sa, scale_b=sb)
     torch.cuda.synchronize()
     assert testing.rel_error(out, ref) < 1e-2

@@ -1,11 +1,13 @@
-"""Epilogue building blocks of the mma.sync GEMM (sm_80/86/89; sm_90 portability build): the
-fields ``bias``, ``silu_mul`` and ``residual`` applied per output vector to fp32 accumulators
-staged in shared memory."""
+"""Epilogue building blocks of the mma.sync GEMM (sm_80/86/89, sm_120a; sm_90 portability build):
+the fields ``bias``, ``silu_mul`` and ``residual`` applied per output vector to fp32 accumulators
+staged in shared memory, and fp8's row-wise scales applied to the accumulators in registers."""
 
 from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
+
+from .sm80 import acc_mn_view
 
 _LOG2_E = 1.4426950408889634
 
@@ -40,3 +42,23 @@ def epilogue_vector(sC: cute.Tensor, coords: cute.Tensor, vals: cute.Tensor, mBi
 
 
 __all__ = ["epilogue_vector", "silu"]
+
+
+@cute.jit
+def apply_row_col_scales(acc: cute.Tensor, coords: cute.Tensor, row_scale: cute.Tensor, col_scale: cute.Tensor):
+    """fp8 row-wise scales on m16n8 accumulators: ``acc[i] *= row_scale[m]·col_scale[n]`` at each
+    accumulator's output coordinate (m, n) (``coords``: an identity tensor over the output,
+    partitioned like ``acc``).  Each thread reads its rows' scales once, then each of its columns'
+    once; coordinates past the end read the last scale (those outputs are never stored)."""
+    acc_mn = acc_mn_view(acc)
+    c_mn = acc_mn_view(coords)
+    rows = cute.size(acc_mn, mode=[0])
+    last_r = cute.size(row_scale) - 1
+    last_c = cute.size(col_scale) - 1
+    sr = cute.make_rmem_tensor(rows, cutlass.Float32)
+    for r in cutlass.range_constexpr(rows):
+        sr[r] = row_scale[cutlass.min(c_mn[r, 0][0], last_r)]
+    for c in cutlass.range_constexpr(cute.size(acc_mn, mode=[1])):
+        sc = col_scale[cutlass.min(c_mn[0, c][1], last_c)]
+        for r in cutlass.range_constexpr(rows):
+            acc_mn[r, c] = acc_mn[r, c] * (sr[r] * sc)

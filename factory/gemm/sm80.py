@@ -16,6 +16,11 @@ Epilogue fields (``bias``, ``silu_mul``, ``residual``; off by default, the same 
 same packed gate/up weight layout as the sm90 family's): the fp32 accumulators are staged in
 shared memory as fp32, and each thread's 16-byte output vector is computed from them,
 ``act(acc + bias[col]) + residual[row, col]``, before the same vector store.
+
+fp8 scales: one per tensor (``scale_a``, ``scale_b`` of one element), or with ``row_scale`` one per
+row of A and one per row of B (torch ``_scaled_mm``'s row-wise form, the sm90 family's
+``scale_mode`` "row"): each accumulator is multiplied by scale_a[row]·scale_b[col] in registers
+before the conversion to bf16.
 """
 
 from __future__ import annotations
@@ -60,6 +65,14 @@ class GemmSm80(GemmVariant):
     bias: bool = field(default=False, metadata={"tag": "bias"})
     silu_mul: bool = field(default=False, metadata={"tag": "silumul"})
     residual: bool = field(default=False, metadata={"tag": "res"})
+    # fp8: scale_a (M,) and scale_b (N,) float32, C[m, n] = scale_a[m]·scale_b[n]·Σ_k A[m, k]·B[n, k]
+    # (``scale_mode`` "row"); off: one scale per tensor.
+    row_scale: bool = field(default=False, metadata={"tag": "rowsc"})
+
+    @property
+    def scale_mode(self) -> str:
+        """fp8 scales: "tensor" (one each) or "row" (scale_a (M,), scale_b (N,))."""
+        return "row" if self.row_scale else "tensor"
 
     @property
     def has_epilogue(self) -> bool:
@@ -72,6 +85,11 @@ class GemmSm80(GemmVariant):
 
     def signature(self) -> Signature:
         sig = super().signature()
+        if self.row_scale:  # contiguous float32 vectors, one scale per row of A and of B
+            args = tuple(a for a in sig.args if a.name not in ("scale_a", "scale_b"))
+            args += (TensorArg("scale_a", "f32", ("M",), (1,), align=4),
+                     TensorArg("scale_b", "f32", ("N",), (1,), align=4))
+            return Signature(args, sig.divisibility)
         if not self.has_epilogue:
             return sig
         args, div = sig.args, dict(sig.divisibility)
@@ -142,6 +160,10 @@ class GemmSm80(GemmVariant):
                 return "fp8 mma.sync takes K-major operands only"
             if self.c != "bf16":
                 return "fp8 GEMM writes bf16"
+            if self.row_scale and getattr(self, "split_k", 1) > 1:
+                return "row scales run unsplit"
+        elif self.row_scale:
+            return "row scales apply to fp8 only"
         m, n, k = self.tile
         wm, wn = self.warps
         mma_k = 32 if self.is_fp8 else 16
@@ -174,6 +196,8 @@ class GemmSm80(GemmVariant):
     def describe(self) -> dict:
         d = super().describe()
         d.update(tile=list(self.tile), warps=list(self.warps), stages=self.stages, threads=self.threads)
+        if self.is_fp8:
+            d["scale_mode"] = self.scale_mode
         if self.has_epilogue:
             d["epilogue"] = self.epilogue
             if self.silu_mul:
@@ -224,7 +248,8 @@ def enumerate_sm80(target: Target, tier: str) -> list[GemmVariant]:
     if tier == "test":
         specs = tiles.SM80_TEST + fp8[:1] + tiles.SM80_EPILOGUE_TEST
     else:
-        specs = tiles.SM80_DEFAULT + fp8 + (tiles.SM80_FULL_EXTRA if tier == "full" else ())
+        specs = (tiles.SM80_DEFAULT + fp8 + tiles.SM80_FP8_ROW[target.fp8_mma_native]
+                 + (tiles.SM80_FULL_EXTRA if tier == "full" else ()))
     out: list[GemmVariant] = [GemmSm80(target=target.name, **s) for s in specs]
     splits = tiles.SM80_SPLIT_K["test" if tier == "test" else "default"]
     out += [GemmSm80SplitK(target=target.name, **s) for s in splits]
@@ -244,6 +269,7 @@ class GemmSm80Kernel:
         self.a_contig = 1 if v.a_major == "k" else 0  # mode of (M, K) that is contiguous
         self.b_contig = 1 if v.b_major == "k" else 0
         self.is_fp8 = v.is_fp8
+        self.row_scale = v.row_scale
         self.split_k = getattr(v, "split_k", 1)
         self.bias = v.bias
         self.silu_mul = v.silu_mul
@@ -307,7 +333,8 @@ class GemmSm80Kernel:
         self, mA: cute.Tensor, mB: cute.Tensor, mC: cute.Tensor, mScaleA: cute.Tensor,
         mScaleB: cute.Tensor, stream: cuda.CUstream,
     ):
-        """fp8: C = (scale_a·scale_b)·A·Bᵀ with the scales read on the device (graph-safe)."""
+        """fp8: C = (scale_a·scale_b)·A·Bᵀ with the scales read on the device (graph-safe); with
+        ``row_scale`` C[m, n] = scale_a[m]·scale_b[n]·(A·Bᵀ)[m, n]."""
         self._launch(mA, mB, mC, mScaleA, mScaleB, stream)
 
     def _launch(self, mA, mB, mC, mScaleA, mScaleB, stream, mBias=None, mRes=None):
@@ -490,7 +517,10 @@ class GemmSm80Kernel:
         else:
             # ---- epilogue: registers -> padded smem -> 16-byte global stores -------------------
             out = cute.make_fragment_like(acc, c_dtype)
-            if cutlass.const_expr(self.is_fp8):
+            if cutlass.const_expr(self.row_scale):
+                epi.apply_row_col_scales(acc, thr_mma.partition_C(cC), mScaleA, mScaleB)
+                out.store(acc.load().to(c_dtype))
+            elif cutlass.const_expr(self.is_fp8):
                 scale = mScaleA[0] * mScaleB[0]
                 out.store((acc.load() * scale).to(c_dtype))
             else:

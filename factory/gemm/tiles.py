@@ -31,6 +31,9 @@ SM80_FP8 = {
     True: (dict(**FP8, tile=(128, 128, 64), warps=(2, 2)), dict(**FP8, tile=(128, 256, 64), warps=(2, 4))),
     False: (dict(**FP8, tile=(128, 128, 64), warps=(4, 2)),),
 }
+# Row-wise fp8 scales (torch ``_scaled_mm`` row-wise, the form fp8 servers run on Ada): the
+# per-tensor tiles' row-scaled twins, default tier.
+SM80_FP8_ROW = {native: tuple(dict(s, row_scale=True) for s in rows) for native, rows in SM80_FP8.items()}
 SM80_FULL_EXTRA = tuple(
     row for ab in ("bf16", "f16") for row in (
         dict(ab=ab, c=ab, tile=(256, 128, 32), warps=(4, 2)),

@@ -638,6 +638,7 @@ typedef struct {
     int32_t ab, c, am, bm;
     int64_t M, N, K, L;
     int32_t epilogue; /* fx_gemm_epilogue_flags_t: only variants with exactly these */
+    int32_t scale_mode; /* fx_scale_mode_t (named in the refusal; the contracts tell the forms apart) */
     fx_value vals[FX_MAX_ARGS]; /* a, b, c [, scale_a, scale_b] [, bias] [, residual] */
     int32_t n_vals;
 } gemm_ctx;
@@ -703,8 +704,10 @@ static int32_t gemm_fits(const gemm_ctx *g, int32_t early_b, int32_t **fits, int
         free(cand);
         *fits = NULL;
         *n_fits = 0;
-        return fail(FX_ERR_NO_VARIANT, "no gemm variant for a=%s (%s-major) b=%s (%s-major) -> %s, M=%lld N=%lld K=%lld L=%lld "
-                    "on compute capability %d.%d%s%s%s", dtype_name(g->ab), g->am == FX_MAJOR_K ? "k" : "m",
+        return fail(FX_ERR_NO_VARIANT, "no gemm variant%s for a=%s (%s-major) b=%s (%s-major) -> %s, M=%lld N=%lld K=%lld L=%lld "
+                    "on compute capability %d.%d%s%s%s",
+                    g->scale_mode == FX_SCALE_ROW ? " with row fp8 scales" : g->scale_mode == FX_SCALE_BLOCK ? " with block fp8 scales" : "",
+                    dtype_name(g->ab), g->am == FX_MAJOR_K ? "k" : "m",
                     dtype_name(g->ab), g->bm == FX_MAJOR_K ? "k" : "n", dtype_name(g->c), (long long)g->M,
                     (long long)g->N, (long long)g->K, (long long)g->L, g->dev->cc_major, g->dev->cc_minor,
                     reason[0] ? " (closest: " : "", reason, reason[0] ? ")" : "");
@@ -1203,6 +1206,7 @@ static int32_t gemm_select(const fx_device_t *dev, const fx_gemm_problem_t *p, c
     g->c = c;
     g->M = p->m, g->N = p->n, g->K = p->k, g->L = p->l;
     g->epilogue = flags;
+    g->scale_mode = mode;
     spec(&g->vals[0], p->a, 3, sa, p->a_stride);
     spec(&g->vals[1], p->b, 3, sb, p->b_stride);
     spec(&g->vals[2], p->c, 3, sc3, p->c_stride);
