@@ -127,6 +127,7 @@ def test_bundle_selects_the_row_scaled_variant(built):
         for M, N, K in SHAPES:
             row, tensor = _pick(b, M, N, K), _pick(b, M, N, K, row=False)
             assert row == tensor + "_rowsc" and row.startswith(f"gemm_{target}_e4m3"), (cc, M, N, K, row)
+            assert row == _row(b, M, N, K)  # what the loader launched is the C entry's answer
         M, N = 300, 504  # torch._scaled_mm's (M, 1) and (1, N) shapes
         a, w = torch.zeros(M, 1008, dtype=torch.float8_e4m3fn), torch.zeros(N, 1008, dtype=torch.float8_e4m3fn)
         b.gemm(a, w, scale_a=torch.ones(M, 1), scale_b=torch.ones(1, N))
@@ -152,9 +153,11 @@ def _entries(targets: dict[str, list[dict]]) -> list[dict]:
 
 
 def _row(lib, M, N, K):
+    """``fx_gemm_scaled_select`` of a row-scaled problem (``lib``: a selection_lib.Lib or a Bundle)."""
     a3, b3, c3 = (1 << 41, (M, K, 1), (K, 1, 0)), (1 << 42, (N, K, 1), (K, 1, 0)), (1 << 40, (M, N, 1), (N, 1, 0))
     p = rs.Selector.gemm_problem(a3, b3, c3, "e4m3", "bf16", [(1 << 43, (M,), (1,)), (1 << 44, (N,), (1,))], False)
-    return lib.sel.select_scaled(p, (1, (1, 0), (1, 0))).name.decode()
+    sel = lib.sel if isinstance(lib, sl.Lib) else lib.selector
+    return sel.select_scaled(p, (1, (1, 0), (1, 0))).name.decode()
 
 
 def test_library_picks_the_twin_of_the_per_tensor_choice():
