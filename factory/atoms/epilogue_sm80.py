@@ -41,8 +41,6 @@ def epilogue_vector(sC: cute.Tensor, coords: cute.Tensor, vals: cute.Tensor, mBi
         vals[v] = x
 
 
-__all__ = ["epilogue_vector", "silu"]
-
 
 @cute.jit
 def apply_row_col_scales(acc: cute.Tensor, coords: cute.Tensor, row_scale: cute.Tensor, col_scale: cute.Tensor):
@@ -62,3 +60,6 @@ def apply_row_col_scales(acc: cute.Tensor, coords: cute.Tensor, row_scale: cute.
         sc = col_scale[cutlass.min(c_mn[0, c][1], last_c)]
         for r in cutlass.range_constexpr(rows):
             acc_mn[r, c] = acc_mn[r, c] * (sr[r] * sc)
+
+
+__all__ = ["apply_row_col_scales", "epilogue_vector", "silu"]
