@@ -251,6 +251,10 @@ def main() -> int:
         from bench_attention import main as attention_main
 
         return attention_main(sys.argv[2:])
+    if len(sys.argv) > 1 and sys.argv[1] == "gemm-targets":  # the targets table (bench_gemm_targets.py)
+        from bench_gemm_targets import main as targets_main
+
+        return targets_main(sys.argv[2:])
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("op", choices=["gemm", "attention"], help="attention takes bench_attention.py's options")
     p.add_argument("--bundle", default="artifacts/default")

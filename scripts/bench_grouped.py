@@ -64,7 +64,9 @@ def others(bundle, layout: str, chosen: str, every: bool) -> dict:
             if v.get("grouped") == layout and v["name"] != chosen and v["dtypes"]["a"] == "bf16"}
 
 
-def bench_contig(bundle, E, N, K, M, gen, quick: bool, every: bool = False) -> dict:
+def bench_contig(bundle, E, N, K, M, gen, quick: bool, every: bool = False, f32: bool = False) -> dict:
+    """One contiguous problem, ours beside torch._grouped_mm; ``f32``: ours also checked against
+    the float32 product (grouped.reference; ``rel_err_f32`` = max abs error / max abs value)."""
     import torch
 
     b = (torch.randn(E, N, K, device="cuda", dtype=torch.bfloat16) * 0.05).transpose(1, 2)
@@ -100,6 +102,13 @@ def bench_contig(bundle, E, N, K, M, gen, quick: bool, every: bool = False) -> d
     row["max_abs_err_vs_torch"] = err
     row["ref_absmax"] = ref.float().abs().max().item()
     row["ok"] = row["nan_rows"] == 0 and err <= 2e-2 * row["ref_absmax"]
+    if f32:
+        from factory.runtime import grouped
+
+        r32 = grouped.reference(a, b, offs=offs)
+        row["rel_err_f32"] = (out.float() - r32).abs().max().item() / max(r32.abs().max().item(), 1e-30)
+        row["ok"] = row["ok"] and row["rel_err_f32"] <= 2e-2
+        del r32
     row["ours_eager_us"] = time_eager(calls["ours"], 1, 5) * 1e6
     row["torch_eager_us"] = time_eager(calls["torch"], 1, 5) * 1e6
     flops = 2.0 * Mt * N * K

@@ -47,6 +47,8 @@ def _close(out, ref):
     (8, 4096, 7168, [512, 0, 1, 700, 129, 127, 3000, 64]),
     (64, 7168, 2048, [0] * 40 + [33] * 24),
     (128, 1536, 4096, [1] * 128),
+    # N and K off the tile (520, 1040), 256 experts, two thirds empty, one with 2000 rows: skewed.
+    (256, 520, 1040, [2000 if i == 77 else (0 if i % 3 else 1 + i % 4) for i in range(256)]),
 ])
 def test_contiguous_selected_variant(bundle, E, N, K, counts):
     from factory.runtime import grouped
@@ -434,3 +436,66 @@ def test_moe_example_fp8_checks(bundle):
                         "--fp8", "block", "--experts", "16", "--tokens", "512", "--decode-tokens", "16"], cwd=ROOT,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and r.stdout.strip().endswith("OK"), r.stdout[-2000:] + r.stderr[-3000:]
+
+
+# Out-of-range routing for the fp8 forms, every fp8 variant by name: the scale tensors are read per
+# owned row and k-block, so offsets past M (or negative, or decreasing) and masked counts past the
+# capacity must clamp the scale reads as they clamp a and out.  K 208 (a partial last scale block)
+# and N 264 (a partial n-block).
+_CHILD_FP8 = r"""
+import sys, torch
+from factory.runtime import Bundle, fp8, grouped
+bundle = Bundle.open(sys.argv[1])
+E, N, K, M, CAP = 8, 264, 208, 300, 40
+w = torch.randn(E, N, K, device="cuda", dtype=torch.bfloat16)
+seen = 0
+for v in bundle.candidates("gemm_grouped"):
+    form = v.get("scale_mode")
+    if v["dtypes"]["a"] != "e4m3" or not form:
+        continue
+    seen += 1
+    qb, sb = fp8.quantize_grouped_b(w, form)
+    b = qb.transpose(1, 2)
+    if v["grouped"] == "contig":
+        a, sa = fp8.quantize_grouped_a(torch.randn(M, K, device="cuda", dtype=torch.bfloat16), form)
+        for offs in ([100, 50, 400, 2**31 - 1, 0, 300, -5, 10**9], [2**31 - 1] * 8, [-1] * 8, [0] * 7 + [M + 1]):
+            out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
+            bundle.grouped_gemm(a, b, offs=torch.tensor(offs, dtype=torch.int32, device="cuda"), out=out,
+                                scale_a=sa, scale_b=sb, variant=v["name"])
+            torch.cuda.synchronize()
+    else:
+        a, sa = fp8.quantize_grouped_a(torch.randn(E, CAP, K, device="cuda", dtype=torch.bfloat16), form)
+        for mm in ([2**31 - 1] * 8, [-2**31] * 8, [41, 40, 39, -1, 0, 1, 10**9, 7]):
+            m = torch.tensor(mm, dtype=torch.int32, device="cuda")
+            out = torch.full((E, CAP, N), float("nan"), dtype=torch.bfloat16, device="cuda")
+            bundle.grouped_gemm(a, b, masked_m=m, out=out, scale_a=sa, scale_b=sb, variant=v["name"])
+            torch.cuda.synchronize()
+            ref = grouped.reference(a, b, masked_m=m, scale_a=sa, scale_b=sb)
+            owned = ~torch.isnan(ref)
+            if owned.any():
+                err = (out[owned].float() - ref[owned]).abs().max().item()
+                assert err <= 1e-2 * ref[owned].abs().max().item() + 1e-3, (v["name"], mm, err)
+            assert not (~torch.isnan(out[~owned])).any().item(), (v["name"], mm)
+assert seen, "no fp8 gemm_grouped variant"
+a, sa = fp8.quantize_grouped_a(torch.randn(M, K, device="cuda", dtype=torch.bfloat16), "block")
+qb, sb = fp8.quantize_grouped_b(w, "block")
+o = torch.tensor([0, 1, 40, 100, 150, 200, 290, 300], dtype=torch.int32, device="cuda")
+out = bundle.grouped_gemm(a, qb.transpose(1, 2), offs=o, scale_a=sa, scale_b=sb)
+torch.cuda.synchronize()
+ref = grouped.reference(a, qb.transpose(1, 2), offs=o, scale_a=sa, scale_b=sb)
+assert (out.float() - ref).abs().max().item() <= 1e-2 * ref.abs().max().item() + 1e-3
+x = torch.randn(64, 64, device="cuda")
+assert torch.allclose(x @ x, (x.double() @ x.double()).float(), atol=1e-3)
+print("OK", seen)
+"""
+
+
+def test_fp8_out_of_range_routing_leaves_the_process_usable(bundle):
+    """fp8 (row and block scales), every variant by name: offsets past M, negative, decreasing;
+    masked counts past the capacity or negative.  Rows and their scale reads are clamped (masked:
+    owned rows match float32, the rest stay NaN), then the process computes correctly."""
+    if not _fp8_variants(bundle):
+        pytest.skip("no fp8 gemm_grouped variant here")
+    r = subprocess.run([sys.executable, "-c", _CHILD_FP8, str(GPU_BUNDLE)], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0 and r.stdout.strip().split()[0] == "OK", r.stdout[-1000:] + r.stderr[-3000:]
