@@ -103,6 +103,10 @@ SM90_DEFAULT = (
     # Tall problems (M >= 16384): swizzled raster.
     dict(**BF16, tile=(128, 256, 64), cluster=(2, 1), swizzle=8),
     dict(**BF16, tile=(256, 128, 64), cluster=(1, 2), swizzle=8),
+    # Their twins without the swizzle's padding tiles (the last group of clusters along N only as
+    # wide as the clusters left): where N's clusters do not divide by 8.
+    dict(**BF16, tile=(128, 256, 64), cluster=(2, 1), swizzle=8, swizzle_exact=True),
+    dict(**BF16, tile=(256, 128, 64), cluster=(1, 2), swizzle=8, swizzle_exact=True),
     dict(**FP8, tile=(128, 256, 128), cluster=(2, 1), fast_accum=True, swizzle=8),
     dict(**FP8, tile=(32, 64, 128), schedule="ws", swap_ab=True),
     dict(**FP8, tile=(32, 64, 128), schedule="ws", swap_ab=True, split_k=2),
