@@ -409,6 +409,29 @@ def test_swizzled_schedule_pays_for_its_padding_clusters(N, slower):
     assert (ratio > 1.0) if slower else (ratio <= 1.0), ratio
 
 
+# The swizzled tall-problem tile and its twin without padding clusters (swizzle_exact: the last
+# group along N only as wide as the clusters left).
+SWX = dict(_entry((256, 128), (1, 2), swizzle=8), name="t256x128_c1x2_coop_sw8_swx_sk1", swizzle_exact=True)
+
+
+@pytest.mark.parametrize("M,N,K,want", [
+    (16384, 3072, 5120, "t256x128_c1x2_coop_sw8_swx_sk1"),  # 12 clusters along N: sw8 pads to 16
+    (16384, 5120, 4096, "t256x128_c1x2_coop_sw8_swx_sk1"),  # 20 -> 24
+    (8192, 3584, 4096, "t256x128_c1x2_coop_sw8_swx_sk1"),  # 14 -> 16
+    (16384, 8192, 6144, "t256x128_c1x2_coop_sw8_sk1"),  # 32: no padding, the same estimate, sw8 by name
+    (8192, 4096, 7168, "t256x128_c1x2_coop_sw8_sk1"),  # 16
+])
+def test_swizzle_exact_twin_takes_the_shapes_whose_clusters_pad(M, N, K, want):
+    """Where N's clusters do not divide by the swizzle, the twin without padding tiles is
+    estimated as the swizzled tile without its padding and is picked (H100 by name, notes/gemm-
+    sm90.md); where they divide, both estimates are equal and the plain swizzled tile keeps the
+    pick (ties by name)."""
+    lib = sl.Lib(OFFGRID + [SWX])
+    assert lib.gemm(M, N, K, 1, "bf16", "bf16") == want
+    sw8, swx = (lib.sel.estimate_us(n, M, N, K, 1) for n in ("t256x128_c1x2_coop_sw8_sk1", SWX["name"]))
+    assert (swx < sw8) if want == SWX["name"] else (swx == sw8), (sw8, swx)
+
+
 def test_split_k_competes_only_under_one_wave():
     """A split-K tile is chosen only where its unsplit tile grid leaves SMs idle: at M = 128 and
     N = 5120 (160 swap tiles of 64x64) the cost model alone ranks the split tile first, the
