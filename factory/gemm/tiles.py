@@ -100,12 +100,11 @@ SM90_DEFAULT = (
     dict(**BF16, tile=(64, 64, 64), schedule="ws", swap_ab=True, split_k=2),
     dict(**FP8, tile=(64, 64, 128), schedule="ws", swap_ab=True),
     dict(**FP8, tile=(64, 64, 128), schedule="ws", swap_ab=True, split_k=2),
-    # Tall problems (M >= 16384): swizzled raster.
-    dict(**BF16, tile=(128, 256, 64), cluster=(2, 1), swizzle=8),
+    # Tall problems (the cost model takes them from M ~3072): swizzled raster, 8 clusters along N.  Where N's clusters
+    # divide by 8 the library's swizzle; elsewhere its twin without padding tiles (swizzle_exact: the
+    # last group only as wide as the clusters left; H100 by name 16384 x 3072 x 5120: 712.7 us
+    # against 984.1 swizzled with padding and 828.3 unswizzled; notes/gemm-sm90.md).
     dict(**BF16, tile=(256, 128, 64), cluster=(1, 2), swizzle=8),
-    # Their twins without the swizzle's padding tiles (the last group of clusters along N only as
-    # wide as the clusters left): where N's clusters do not divide by 8.
-    dict(**BF16, tile=(128, 256, 64), cluster=(2, 1), swizzle=8, swizzle_exact=True),
     dict(**BF16, tile=(256, 128, 64), cluster=(1, 2), swizzle=8, swizzle_exact=True),
     dict(**FP8, tile=(128, 256, 128), cluster=(2, 1), fast_accum=True, swizzle=8),
     dict(**FP8, tile=(32, 64, 128), schedule="ws", swap_ab=True),
@@ -133,6 +132,13 @@ SM90_DEFAULT = (
     # Large fp8: ping-pong 64x256 tiles.
     dict(**FP8, tile=(64, 256, 128), cluster=(2, 1), schedule="pp", fast_accum=True),
     dict(**FP8, tile=(64, 256, 128), cluster=(1, 2), schedule="pp", fast_accum=True),
+)
+# Full tier: the 128x256 2x1 tile swizzled, with and without padding tiles (the selection took
+# neither for any of 6520 bf16 problems, M 256..65536, on 132 / 114 / 78 / 66 SMs; the 256x128 1x2
+# ones above win its shapes in the cost model).
+SM90_SWIZZLED_FULL = (
+    dict(**BF16, tile=(128, 256, 64), cluster=(2, 1), swizzle=8),
+    dict(**BF16, tile=(128, 256, 64), cluster=(2, 1), swizzle=8, swizzle_exact=True),
 )
 # fp8 with a scale per row of A and of B (row_scale) and DeepSeek-V3 block scales (block_scale):
 # built with pdl=True like the rows above (swap rows also as early_b twins).
@@ -215,6 +221,8 @@ SM90_SCALED_FULL = SM90_BLOCK_TILES + tuple(dict(d, promote_ahead=True) for d in
 ) + (dict(**FP8, tile=(128, 128, 128), cluster=(2, 1), block_scale=True, promote_ahead=True, scale_b_stage=True,
           ffma_yield=True),
 )
+# (the full tier builds this list's rows with pdl=True: the swizzled bf16 ones ride along)
+SM90_SCALED_FULL += SM90_SWIZZLED_FULL
 # Fused epilogues (bias, silu_mul, residual), built with pdl=True.  Default: what a Llama-3 layer
 # calls (bf16, no bias): residual for o_proj / down_proj at the tiles the plain GEMM's selection
 # takes for those shapes (H100, 132 SMs, M 1..8192: the swapped decode tiles up to M 128, then
