@@ -458,7 +458,7 @@ def chart_targets(tables: dict[str, list[dict]], path, title: str) -> str:
         if kind == "µs":
             series = [("ours (graph)", "tab:red", [r["ours_us"] for r in rows]),
                       ("best torch (graph)", "tab:gray", [r["best_torch_us"] or 0 for r in rows]),
-                      ("ours eager / sync", "tab:orange", [r.get("ours_eager_us") or 0 for r in rows])]
+                      ("ours eager, synchronised", "tab:orange", [r.get("ours_eager_us") or 0 for r in rows])]
             ax.set_ylabel("µs per call")
             for i, r in enumerate(rows):
                 for v in r["verdicts"]:
@@ -485,7 +485,7 @@ def chart_targets(tables: dict[str, list[dict]], path, title: str) -> str:
         ax.set_title({"bf16": "bf16", "e4m3": "fp8 e4m3 (torch: bf16 on de-scaled values)"}.get(kind, "small problem"),
                      fontsize=8)
         ax.set_ylim(0, 1.3 * max([y for _, _, ys in series for y in ys] + [1.0]))
-        ax.legend(fontsize=6, loc="upper left", ncol=3)
+        ax.legend(fontsize=6, loc="upper left", ncol=1 if kind == "µs" else 3)
     fig.suptitle(title + "  (dashed: target)", fontsize=8.5)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
@@ -532,7 +532,8 @@ def summary(raws: list[dict]) -> dict:
             best = [round(x["best_torch_us"] if us else x["best_torch_tflops"], nd) for x in rs]
             if len(r["verdicts"]) > 1:
                 out["verdicts"][r["id"]] = [v["what"] for v in r["verdicts"][:-1]]
-            row = [r["id"], "µs" if us else "TF/s", ours, r["best_torch"], best, [round(x["ratio"], 3) for x in rs],
+            names = [x["best_torch"] for x in rs]
+            row = [r["id"], "µs" if us else "TF/s", ours, names[0] if len(set(names)) == 1 else names, best, [round(x["ratio"], 3) for x in rs],
                    [[int(v["met"]) for v in x["verdicts"]] for x in rs]]
             extra = {}
             if us:
