@@ -8,7 +8,8 @@ TFLOP/s of ours and of each SDPA backend, and best SDPA / ours); ``--out`` defau
 
 Grids (``--grid``): ``default`` (the notes' shapes), ``decode`` (= ``--decode``), ``d256``
 (head_dim 256: FA3's published B1 H16 S16384 point and smaller), ``wide`` (head_dim 64/128/256,
-seqlen 512-16384, batch x heads 1x8 to 32x32, causal and not, GQA 32/8, varlen).  A varlen row
+seqlen 512-16384, batch x heads 1x8 to 32x32, causal and not, GQA 32/8, varlen), ``targets`` (the
+speed targets' bf16 and fp8 tables beside published figures: ``scripts/attention_targets.py``).  A varlen row
 packs B sequences of equal length S (cu_seqlens) for ours; the SDPA backends run the same tokens
 as a dense (B, S) batch: the same FLOPs."""
 
@@ -655,9 +656,17 @@ def main(argv=None) -> int:
                    help="path stem of the output, OUT.json (default: %(default)s)")
     p.add_argument("--decode", action="store_true", help="the decode grid (batch 1-256, context 512-32k) "
                    "with the KV-read floor of this run's copy bandwidth (= --grid decode)")
-    p.add_argument("--grid", default="default", choices=["default", "decode", "d256", "wide", "kvcache"],
+    p.add_argument("--grid", default="default", choices=["default", "decode", "d256", "wide", "kvcache", "targets"],
                    help="kvcache: attention_kvcache decode over paged and dense caches beside the KV-read floor, "
-                        "SDPA on the gathered K/V and our dense path")
+                        "SDPA on the gathered K/V and our dense path; targets: the speed targets' bf16 and fp8 "
+                        "tables beside every SDPA backend and published figures (scripts/attention_targets.py)")
+    p.add_argument("--tables", nargs="+", default=["bf16", "fp8"], choices=["bf16", "fp8"],
+                   help="--grid targets: which tables")
+    p.add_argument("--wide", action="store_true", help="--grid targets: also the wide grid's summary (geomean of "
+                   "best SDPA / ours, rows under 1.0)")
+    p.add_argument("--from-json", nargs="+", metavar="RAW", help="--grid targets: no GPU; draw OUT.png from "
+                   "these runs' JSON (the first) and write --summary")
+    p.add_argument("--summary", metavar="PATH", help="--grid targets --from-json: the compact summary of the runs")
     p.add_argument("--candidates", metavar="REGEX", help="instead: time every variant whose name matches "
                    "REGEX by name, interleaved with the SDPA backends (the prefill shapes of --grid: default, d256 "
                    "or wide; varlen rows take the varlen variants)")
@@ -670,6 +679,10 @@ def main(argv=None) -> int:
                         "back (the second half timed), with the SM clock and board power")
     p.add_argument("--budget", type=float, default=0.4, help="GPU seconds per timed graph (default: %(default)s)")
     a = p.parse_args(argv)
+    if a.grid == "targets":
+        import attention_targets
+
+        return attention_targets.main(a)
     import torch
 
     from factory.runtime import Bundle

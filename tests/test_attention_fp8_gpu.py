@@ -265,3 +265,47 @@ def test_bad_descales_refused_in_a_fresh_process(gpu_bundle, bundle):
     assert sum(x.startswith("REFUSED") for x in lines) == 12, r.stdout
     err = float(next(x for x in lines if x.startswith("ERR")).split()[1])
     assert err < TOL, err
+
+
+def test_api_every_head_dim_dense_and_packed(bundle):
+    """``bundle.attention`` with fp8 q/k/v for each head_dim the bundle builds: dense GQA 8/2 with
+    V as K and pre-transposed, packed sequences (where a varlen variant is built), non-causal and
+    causal, per-(batch, kv head) descales, against float32 of the de-scaled inputs; a packed call
+    with descales of the wrong sequence count is refused."""
+    from factory.runtime import InputError
+
+    gen = torch.Generator(device="cuda").manual_seed(13)
+    built = {(e["head_dim"], bool(e["varlen"])) for e in bundle.candidates("attention_fp8")}
+    checked = []
+    for d in sorted({hd for hd, _ in built}):
+        for causal in (False, True):
+            q, k, v, ds = _inputs(2, 200, 333, 8, 2, d, gen)
+            ref, ref_lse = _reference(q, k, v, ds, causal, 1 / math.sqrt(d))
+            for layout, vin in (("bshd", v), ("bhds", pretransposed(v))):
+                o, lse = bundle.attention(q, k, vin, causal, return_lse=True, q_descale=ds[0], k_descale=ds[1],
+                                          v_descale=ds[2], v_layout=layout)
+                r = _judge(o, lse, ref, ref_lse, f"D{d} causal={causal} {layout}")
+                assert r["ok"], r
+                checked.append(r["shape"])
+            if (d, True) not in built:
+                continue
+            lq, lk, hq, hkv = [5, 130, 64], [70, 129, 200], 8, 2
+            tq, tk = sum(lq), sum(lk)
+            qp = torch.randn(tq, hq, d, generator=gen, device="cuda").to(torch.float8_e4m3fn)
+            kp, vp = (torch.randn(tk, hkv, d, generator=gen, device="cuda").to(torch.float8_e4m3fn) for _ in range(2))
+            dsp = [0.5 + torch.rand(3, hkv, generator=gen, device="cuda") for _ in range(3)]
+            cu_q = torch.tensor([0, 5, 135, 199], dtype=torch.int32, device="cuda")
+            cu_k = torch.tensor([0, 70, 199, 399], dtype=torch.int32, device="cuda")
+            o, lse = bundle.attention(qp, kp, vp, causal, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=130,
+                                      return_lse=True, q_descale=dsp[0], k_descale=dsp[1], v_descale=dsp[2])
+            for i in range(3):
+                qs, ks = slice(int(cu_q[i]), int(cu_q[i + 1])), slice(int(cu_k[i]), int(cu_k[i + 1]))
+                rf, rl = _reference(qp[None, qs], kp[None, ks], vp[None, ks], [x[i:i + 1] for x in dsp], causal,
+                                    1 / math.sqrt(d))
+                r = _judge(o[None, qs], lse[None, :, qs], rf, rl, f"packed D{d} causal={causal} sequence {i}")
+                assert r["ok"], r
+            checked.append(f"packed D{d} causal={causal}")
+            with pytest.raises(InputError):  # descales for 2 sequences, 3 given
+                bundle.attention(qp, kp, vp, causal, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=130,
+                                 q_descale=dsp[0][:2])
+    assert checked
