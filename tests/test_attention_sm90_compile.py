@@ -307,8 +307,7 @@ def test_exponential_options_off_by_default_and_named_where_used():
 def test_kv_multicast_pairs_preferred_at_head_dim_256_non_causal():
     """kv_mcast (a cluster of two persistent CTAs on adjacent query tiles, K/V halves multicast
     into both): in the default tier only the preferred dense non-causal head_dim 256 builds (bf16,
-    f16), whose static twins stay in the full tier (not preferred; bf16 with its dynamic and o_direct
-    twins); the
+    f16), whose static twins stay in the full tier (not preferred; bf16 with its dynamic twins); the
     varlen, one-tile-per-CTA, under-filled-grid and dynamic builds of that problem do not inherit
     it; the full tier's twins of the other dense persistent defaults are clusters of two, not
     preferred; every one must show the multicast TMA load; the dynamic, varlen and
@@ -336,7 +335,7 @@ def test_kv_multicast_pairs_preferred_at_head_dim_256_non_causal():
         static = by_name[v.name.removesuffix("_mc")]
         assert not static.kv_mcast and not static.describe()["preferred"]
         twins = {n[len(static.name):] for n in by_name if n.startswith(static.name + "_")}
-        assert twins == ({"_mc", "_dy", "_sc_dy", "_om_sc_dy", "_od", "_od_mc"} if v.dtype == "bf16" else {"_mc"}), twins
+        assert twins == ({"_mc", "_dy", "_sc_dy", "_om_sc_dy"} if v.dtype == "bf16" else {"_mc"}), twins
     mc = [v for v in full if v.kv_mcast]
     assert {(v.dtype, v.head_dim, v.causal) for v in mc} == {
         (dt, d, c) for dt in ("bf16", "f16") for d in (64, 128, 256) for c in (False, True) if dt == "bf16" or (d >= 128 and not c)}
@@ -384,42 +383,6 @@ def test_head_dim_256_selection_takes_the_multicast_pair():
         assert lib.attention(8, 16, 16, 2048, 2048, d=256, dtype=dt, causal=True)[0] == (
             p + "m128_n64_s2_causal_ov_pp_ps_kf_lz_dh_om_sc_dy")
         assert lib.attention(32, 32, 32, 512, 512, d=256, dtype=dt, causal=True)[0] == p + "m128_n64_s2_causal_ov_pp_lz"
-
-
-@needs_dsl
-def test_o_direct_builds():
-    """o_direct (O from registers straight to global memory, no smem slab for O): full-tier
-    head_dim 256 bf16 builds only, never preferred, no O-through-Q (smem: Q and the K/V stages),
-    32-bit global stores required in the SASS instead of the TMA store; absent from every other
-    variant's key; refused without persistence, beside an O-slab option and for fp8 inputs."""
-    sm90 = _family()
-    from factory.atoms.targets import get_target
-
-    t = get_target("sm_90a")
-    assert not any(v.o_direct for v in sm90.enumerate_attention(t, "default"))
-    full = sm90.enumerate_attention(t, "full")
-    od = [v for v in full if v.o_direct]
-    assert sorted(v.name.split("d256_")[1] for v in od) == [
-        "m128_n64_s2_causal_ov_pp_ps_kf_lz_od", "m128_n64_s2_causal_varlen_ov_pp_ps_kf_lz_od",
-        "m128_n80_s2_ov_pp_ps_kf_lz_cw_od", "m128_n80_s2_ov_pp_ps_kf_lz_cw_od_mc"]
-    by_name = {v.name: v for v in full}
-    for v in od:
-        twin = by_name[v.name.replace("_od", "")]
-        d = v.describe()
-        assert v.config() == {**twin.config(), "o_direct": True} and not d["preferred"]
-        assert twin.o_in_q and not v.o_in_q and d["tile_scheduler"]["o_smem"] == "none: registers to global"
-        assert v.smem_bytes() == twin.smem_bytes() and v.signature() == twin.signature()
-        req = v.sass_requirements()
-        assert r"\bSTG\.E\b" in req and not any("UTMASTG" in r or "STG\\.E\\.128" in r for r in req)
-    assert all("o_direct" not in v.config() for v in full if not v.o_direct)
-    base = next(v for v in od if v.causal and not v.varlen)
-    for bad in ({"persistent": False, "k_first": False}, {"o_stmatrix": True}, {"store_defer": True}):
-        assert "o_direct needs" in dataclasses.replace(base, **bad).can_implement(), bad
-    from factory.attention.sm90_fp8 import AttentionFp8Sm90
-
-    fp8 = AttentionFp8Sm90(target="sm_90a", head_dim=128, overlap=True, pingpong=True, persistent=True,
-                           o_direct=True)
-    assert "o_direct needs" in fp8.can_implement()
 
 
 @needs_dsl

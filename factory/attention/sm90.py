@@ -166,12 +166,6 @@ class AttentionSm90(AttentionVariant):
     # not wait for the store to read the slab; it waits before the next tile's O is written there
     # (and once before the CTA exits), so the next tile's first GEMM does not wait on the store.
     store_defer: bool = field(default=False, metadata={"tag": "sd"})
-    # Persistent, 16-bit O: each consumer thread stores its O fragment from registers straight to
-    # global memory (32-bit stores; rows past the sequence predicated), no smem slab for O, so
-    # Q's slab takes the next tile's Q once this tile's last S GEMM has read it (head_dim 256:
-    # instead of O leaving through Q's slab, which holds the next Q's load until O's store has
-    # read it).
-    o_direct: bool = field(default=False, metadata={"tag": "od"})
     # Exponentials of the key tiles' softmax off the MUFU pipe in part (attention/softmax_ex2.py):
     # ``ex2_fma`` of every 16 of a thread's scores by a polynomial on the FMA pipe (degree 2 where
     # P is e4m3, 3 where it is 16-bit; 0: none, and the name has no tag), or ``ex2_pairs``: pairs
@@ -216,7 +210,7 @@ class AttentionSm90(AttentionVariant):
         # variants stay as they were)
         c = super().config()
         for k in ("store_defer", "ex2_fma", "ex2_pairs", "dynamic", "slot_coords", "o_stmatrix", "diag_half",
-                  "kv_mcast", "o_direct"):
+                  "kv_mcast"):
             if not c[k]:
                 del c[k]
         return c
@@ -259,8 +253,7 @@ class AttentionSm90(AttentionVariant):
         # Varlen: (tokens, D, heads) TMA boxes (3D) and O by 16-byte stores (a TMA store would
         # write past the sequence into the next one).
         d = r"\.BF16" if self.dtype == "bf16" else ""
-        store = (r"\bSTG\.E\b" if self.o_direct else r"\bSTG\.E\.128\b" if self.varlen
-                 else r"\bUTMASTG\.4D\b")
+        store = r"\bSTG\.E\.128\b" if self.varlen else r"\bUTMASTG\.4D\b"
         # lazy_rescale: the warp's vote on whether a reference max moves
         return (
             rf"\bHGMMA\.64x{self.tile_n}x16\.F32{d} R\d+, gdesc\[",
@@ -283,7 +276,7 @@ class AttentionSm90(AttentionVariant):
     def o_in_q(self) -> bool:
         """Persistent, with O leaving through Q's slabs (the next tile's Q loads once O's TMA store
         has read them) where O's own slabs do not fit beside Q and the K/V stages: head_dim 256."""
-        if not self.persistent or self.o_direct:
+        if not self.persistent:
             return False
         q, kv = self._smem_parts()
         return _BARRIER_BYTES + 2 * q + kv + _STATIC_SMEM > self.tgt.smem_per_cta
@@ -291,7 +284,7 @@ class AttentionSm90(AttentionVariant):
     def smem_bytes(self) -> int:
         q, kv = self._smem_parts()
         merge = _round_up(merge_floats(self.head_dim) * 4 + 8, _SMEM_ALIGN) if self.kv_split else 0
-        return _BARRIER_BYTES + q * (2 if self.persistent and not self.o_in_q and not self.o_direct else 1) + kv + merge
+        return _BARRIER_BYTES + q * (2 if self.persistent and not self.o_in_q else 1) + kv + merge
 
     @property
     def epilogue_options_built(self) -> bool:
@@ -323,9 +316,6 @@ class AttentionSm90(AttentionVariant):
             return "const_wg is built for this family's own kernels only"
         if self.store_defer and (not self.persistent or self.o_in_q or self.varlen):
             return "store_defer needs persistent, dense, O in its own smem slabs"
-        if self.o_direct and (not self.persistent or self.dtype not in ("bf16", "f16") or self.store_defer
-                              or self.o_stmatrix or self.kv_split or not self.epilogue_options_built):
-            return "o_direct needs persistent, 16-bit O, no O slab option (store_defer, o_stmatrix) and this family's own kernels"
         if self.dynamic and (not self.persistent or type(self).make_kernel is not AttentionSm90.make_kernel):
             return "dynamic needs persistent and this family's own kernels"
         if self.slot_coords and not self.dynamic:
@@ -376,8 +366,7 @@ class AttentionSm90(AttentionVariant):
                                 else "query tiles fastest",
                                 **({"dynamic": "global tile counter"} if self.dynamic else {}),
                                 **({"coords": "from the producer warp"} if self.slot_coords else {}),
-                                **({"o_smem": "q slabs"} if self.o_in_q else {}),
-                                **({"o_smem": "none: registers to global"} if self.o_direct else {})} if self.persistent
+                                **({"o_smem": "q slabs"} if self.o_in_q else {})} if self.persistent
                                else {"persistent": False}),
             # Resident CTAs per SM: the setmaxnreg budgets hand the CTA the whole register file
             # (and the 128-row tiles' smem leaves no room for a second CTA): selection counts waves.
@@ -385,7 +374,7 @@ class AttentionSm90(AttentionVariant):
             "threads": self.threads,
             "registers_per_role": {"producer": atoms.PRODUCER_REGS[self.consumers],
                                    "consumer": atoms.CONSUMER_REGS[self.consumers]},
-            "preferred": not self.dynamic and not self.o_direct and (self.tile_m, self.tile_n, self.stages, self.overlap, self.pingpong)
+            "preferred": not self.dynamic and (self.tile_m, self.tile_n, self.stages, self.overlap, self.pingpong)
                          == default_config(self.head_dim, self.causal, cache=getattr(self, "paged", False))
                          and all(getattr(self, k) == v for k, v in
                                  default_schedule(self.head_dim, self.causal, self.varlen,
@@ -416,7 +405,7 @@ class AttentionSm90(AttentionVariant):
             const_wg=self.const_wg,
             kv_split=self.kv_split, store_defer=self.store_defer, dynamic=self.dynamic,
             slot_coords=self.slot_coords, o_stmatrix=self.o_stmatrix, diag_half=self.diag_half,
-            kv_mcast=self.kv_mcast, o_direct=self.o_direct,
+            kv_mcast=self.kv_mcast,
         )
         self.set_ex2(k)
         if self.dynamic:
@@ -691,10 +680,6 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm90]:
         out += [dataclasses.replace(v, store_defer=sd, dynamic=True, kv_mcast=False, **kw) for v in nc
                 for sd in ((False, True) if v.head_dim == 128 and not v.varlen else (False,))
                 for kw in ({}, {"slot_coords": True}, {"slot_coords": True, "o_stmatrix": True})]
-        # head_dim 256 (bf16): O from registers to global memory instead of through Q's slabs, dense
-        # (causal; not causal, with and without the pair) and causal varlen
-        od = [dataclasses.replace(make("bf16", 256, c), o_direct=True) for c in (False, True)]
-        out += od + [dataclasses.replace(od[0], kv_mcast=True), dataclasses.replace(od[1], varlen=True)]
     out = list({v.name: v for v in out}.values())
     return [v for v in out if v.can_implement() is None]
 
@@ -987,10 +972,8 @@ class FlashFwdSm90(layout.TmaViewsKernel):
                  o_in_q: bool = False, lazy_rescale: bool = False, const_wg: bool = False,
                  kv_split: bool = False, store_defer: bool = False, dynamic: bool = False,
                  slot_coords: bool = False, o_stmatrix: bool = False, diag_half: bool = False,
-                 kv_mcast: bool = False, o_direct: bool = False):
+                 kv_mcast: bool = False):
         super().__init__(dtype=dtype, head_dim=head_dim, causal=causal, local=local)
-        # persistent: O from registers to global memory, no smem slab (AttentionSm90.o_direct)
-        self.o_direct = persistent and o_direct
         # persistent, dense: a cluster of two CTAs on adjacent query tiles, K/V halves multicast
         # into both (AttentionSm90.kv_mcast)
         self.kv_mcast = persistent and kv_mcast
@@ -1175,7 +1158,7 @@ class FlashFwdSm90(layout.TmaViewsKernel):
             LayoutEnum.ROW_MAJOR if self.v_k_major else LayoutEnum.COL_MAJOR, (WG_ROWS, D, BN), dt,
             self.stages)
         # O's slabs: Q's layout, or the same tiles in O's own element type
-        own_o = ((self.persistent and not self.o_in_q) or ot is not dt) and not self.o_direct
+        own_o = (self.persistent and not self.o_in_q) or ot is not dt
         sO_layout = sQ_layout
         if cutlass.const_expr(ot is not dt):
             sO_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (WG_ROWS, BN, D), ot,
@@ -1214,7 +1197,7 @@ class FlashFwdSm90(layout.TmaViewsKernel):
             else:
                 tma_v, tV = atoms.tma_load_atom(mVt, sV_layout, (D, BN))
         tma_o, tO, s2g = None, mO, None
-        if cutlass.const_expr(mCuQ is None and not self.o_direct):
+        if cutlass.const_expr(mCuQ is None):
             tma_o, tO = atoms.tma_store_atom(mO, sO_layout, (WG_ROWS, D))
         else:
             # 16-byte stores of a warpgroup's O slab, 8 threads per 64 columns, rows predicated.
@@ -1290,8 +1273,7 @@ class FlashFwdSm90(layout.TmaViewsKernel):
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
         sO = sQ
-        if cutlass.const_expr(((self.persistent and not self.o_in_q) or self.out_dtype is not self.dtype)
-                              and not self.o_direct):
+        if cutlass.const_expr((self.persistent and not self.o_in_q) or self.out_dtype is not self.dtype):
             sO = storage.sO.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
         q_bars = storage.q_bars.data_ptr()
 
@@ -2585,87 +2567,65 @@ class FlashFwdSm90(layout.TmaViewsKernel):
     def epilogue(self, tiled_mma_pv, tma_o, seqO, s2g, seqL, sO, q_bars, acc_O, cS, row_max, row_sum,
                  scale_log2, m_block, q_len, row0, wg, ltid, sink, o_scale):
         """A consumer warpgroup's epilogue: O / rowsum and LSE, O -> its Q slab (or O's own) ->
-        global (TMA store; varlen: 16-byte stores of the rows inside the sequence); o_direct: O
-        from registers to global."""
+        global (TMA store; varlen: 16-byte stores of the rows inside the sequence)."""
         D = self.head_dim
         softmax.finalize(atoms.acc_mn_view(acc_O), cS, row_max, row_sum, scale_log2, row0, q_len, seqL, ltid,
                          sink=sink)
         if cutlass.const_expr(o_scale is not None):
             for i in cutlass.range_constexpr(cute.size(acc_O)):
                 acc_O[i] = acc_O[i] * o_scale
-        if cutlass.const_expr(self.o_direct):
-            rO = cute.make_rmem_tensor(acc_O.layout, self.out_dtype)
-            rO.store(acc_O.load().to(self.out_dtype))
-            gO = cute.local_tile(seqO, (WG_ROWS, D), (m_block * self.consumers + wg, 0))
-            if row0 + WG_ROWS <= q_len:
-                # the whole slab inside the sequence: two elements per 32-bit store
-                r2g = cute.make_tiled_copy_C(
-                    cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.out_dtype, num_bits_per_copy=32),
-                    tiled_mma_pv).get_slice(ltid)
-                cute.copy(r2g, r2g.retile(rO), r2g.partition_D(gO))
-            else:
-                # the sequence's last slab: element by element, rows inside the sequence only
-                thr = tiled_mma_pv.get_slice(ltid)
-                tOgO = thr.partition_C(gO)
-                tOcO = thr.partition_C(cute.make_identity_tensor((WG_ROWS, D)))
-                for i in cutlass.range_constexpr(cute.size(rO)):
-                    if row0 + tOcO[i][0] < q_len:
-                        tOgO[i] = rO[i]
-        else:
-            # O through its smem slab (Q's or its own): TMA store, or 16-byte stores of the rows
-            # inside the sequence (varlen)
-            sO = sO[None, None, wg]
-            rO = cute.make_rmem_tensor(acc_O.layout, self.out_dtype)
-            if cutlass.const_expr(self.persistent and not self.o_in_q):
-                if cutlass.const_expr(self.store_defer):
-                    # the issuing warp: the previous tile's O store has read this slab
-                    if ltid < 32:
-                        cute.arch.cp_async_bulk_wait_group(0, read=True)
-                # the previous tile's TMA store has read this slab (its issuing warp waited)
-                cute.arch.barrier(barrier_id=int(_Bar.EPILOGUE) + wg, number_of_threads=128)
-            rO.store(acc_O.load().to(self.out_dtype))
-            if cutlass.const_expr(self.o_stmatrix):
-                st = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(False, 4), self.out_dtype)
-                r2s = cute.make_tiled_copy_C(st, tiled_mma_pv).get_slice(ltid)
-                cute.copy(r2s, r2s.retile(rO), r2s.partition_D(sO))
-            else:
-                r2s = cute.make_tiled_copy_C(
-                    cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.out_dtype, num_bits_per_copy=32),
-                    tiled_mma_pv).get_slice(ltid)
-                cute.copy(r2s, r2s.retile(rO), r2s.partition_D(sO))
-            # generic-proxy smem writes -> visible to the TMA (async proxy), then all 128 threads
-            cute.arch.fence_proxy("async.shared", space="cta")
-            cute.arch.barrier(barrier_id=int(_Bar.EPILOGUE) + wg, number_of_threads=128)
-            gO = cute.local_tile(seqO, (WG_ROWS, D), (m_block * self.consumers + wg, 0))
-            if cutlass.const_expr(tma_o is not None):
+        sO = sO[None, None, wg]
+        rO = cute.make_rmem_tensor(acc_O.layout, self.out_dtype)
+        if cutlass.const_expr(self.persistent and not self.o_in_q):
+            if cutlass.const_expr(self.store_defer):
+                # the issuing warp: the previous tile's O store has read this slab
                 if ltid < 32:
-                    tOsO, tOgO = cpasync.tma_partition(tma_o, 0, cute.make_layout(1),
-                                                       cute.group_modes(sO, 0, 2),
-                                                       cute.group_modes(gO, 0, 2))
-                    cute.copy(tma_o, tOsO, tOgO)
-                    cute.arch.cp_async_bulk_commit_group()
-                    if cutlass.const_expr(not self.store_defer):
-                        cute.arch.cp_async_bulk_wait_group(0, read=True)
-                    if cutlass.const_expr(self.o_in_q):
-                        # the store has read O out of Q's slab: the next tile's Q may land there
-                        with cute.arch.elect_one():
-                            cute.arch.mbarrier_arrive(q_bars + self.consumers + wg)
-            else:
-                thr = s2g.get_slice(ltid)
-                tOsO = thr.partition_S(sO)
-                tOgO = thr.partition_D(gO)
-                tOcO = thr.partition_D(cute.make_identity_tensor((WG_ROWS, D)))
-                tOrO = cute.make_fragment_like(tOsO, self.out_dtype)
-                cute.copy(s2g, tOsO, tOrO)
+                    cute.arch.cp_async_bulk_wait_group(0, read=True)
+            # the previous tile's TMA store has read this slab (its issuing warp waited)
+            cute.arch.barrier(barrier_id=int(_Bar.EPILOGUE) + wg, number_of_threads=128)
+        rO.store(acc_O.load().to(self.out_dtype))
+        if cutlass.const_expr(self.o_stmatrix):
+            st = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(False, 4), self.out_dtype)
+            r2s = cute.make_tiled_copy_C(st, tiled_mma_pv).get_slice(ltid)
+            cute.copy(r2s, r2s.retile(rO), r2s.partition_D(sO))
+        else:
+            r2s = cute.make_tiled_copy_C(
+                cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.out_dtype, num_bits_per_copy=32),
+                tiled_mma_pv).get_slice(ltid)
+            cute.copy(r2s, r2s.retile(rO), r2s.partition_D(sO))
+        # generic-proxy smem writes -> visible to the TMA (async proxy), then all 128 threads
+        cute.arch.fence_proxy("async.shared", space="cta")
+        cute.arch.barrier(barrier_id=int(_Bar.EPILOGUE) + wg, number_of_threads=128)
+        gO = cute.local_tile(seqO, (WG_ROWS, D), (m_block * self.consumers + wg, 0))
+        if cutlass.const_expr(tma_o is not None):
+            if ltid < 32:
+                tOsO, tOgO = cpasync.tma_partition(tma_o, 0, cute.make_layout(1),
+                                                   cute.group_modes(sO, 0, 2),
+                                                   cute.group_modes(gO, 0, 2))
+                cute.copy(tma_o, tOsO, tOgO)
+                cute.arch.cp_async_bulk_commit_group()
+                if cutlass.const_expr(not self.store_defer):
+                    cute.arch.cp_async_bulk_wait_group(0, read=True)
                 if cutlass.const_expr(self.o_in_q):
-                    # every thread has read its rows of O out of Q's slab: the next Q may land there
-                    cute.arch.fence_proxy("async.shared", space="cta")
-                    cute.arch.barrier(barrier_id=int(_Bar.EPILOGUE) + wg, number_of_threads=128)
-                    if ltid == 0:
+                    # the store has read O out of Q's slab: the next tile's Q may land there
+                    with cute.arch.elect_one():
                         cute.arch.mbarrier_arrive(q_bars + self.consumers + wg)
-                for r in cutlass.range_constexpr(cute.size(tOrO.shape[1])):
-                    if row0 + tOcO[0, r, 0][0] < q_len:
-                        cute.copy(s2g, tOrO[None, r, None], tOgO[None, r, None])
+        else:
+            thr = s2g.get_slice(ltid)
+            tOsO = thr.partition_S(sO)
+            tOgO = thr.partition_D(gO)
+            tOcO = thr.partition_D(cute.make_identity_tensor((WG_ROWS, D)))
+            tOrO = cute.make_fragment_like(tOsO, self.out_dtype)
+            cute.copy(s2g, tOsO, tOrO)
+            if cutlass.const_expr(self.o_in_q):
+                # every thread has read its rows of O out of Q's slab: the next Q may land there
+                cute.arch.fence_proxy("async.shared", space="cta")
+                cute.arch.barrier(barrier_id=int(_Bar.EPILOGUE) + wg, number_of_threads=128)
+                if ltid == 0:
+                    cute.arch.mbarrier_arrive(q_bars + self.consumers + wg)
+            for r in cutlass.range_constexpr(cute.size(tOrO.shape[1])):
+                if row0 + tOcO[0, r, 0][0] < q_len:
+                    cute.copy(s2g, tOrO[None, r, None], tOgO[None, r, None])
 
     @cute.jit
     def send_half(self, acc_O, row_max, row_sum, sM, m_bar, ltid):
