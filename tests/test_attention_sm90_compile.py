@@ -92,7 +92,7 @@ def test_head_dim_256_sass(tmp_path):
     Q's slabs, the lazy rescale): P·V as m64n256k16 with A from registers (tile_n/16 k-steps), S = Q·Kᵀ as
     m64n<tile_n>k16 from smem (256/16 k-steps), setmaxnreg 24 / 240, no spills although O alone
     holds 128 of the consumer's 240 registers."""
-    names = ["attention_sm90a_bf16_d256_m128_n80_s2_ov_pp_ps_kf_lz_cw",
+    names = ["attention_sm90a_bf16_d256_m128_n80_s2_ov_pp_ps_kf_lz_cw_mc",
              "attention_sm90a_bf16_d256_m128_n64_s2_causal_ov_pp_ps_kf_lz"]
     report = _compile_report(tmp_path, "default", *names)
     assert sorted(report) == sorted(names)
@@ -235,26 +235,30 @@ def test_enumeration_and_names():
 @needs_dsl
 def test_const_wg_is_the_head_dim_256_non_causal_default():
     """The per-warpgroup copy of the consumer code: the preferred head_dim 256 non-causal persistent
-    builds (bf16, f16; dense and varlen) and their full-tier twins, the plain twins in the full tier
-    not preferred, refused without persistence and by the subclasses' own kernels."""
+    builds (bf16, f16; dense (with the K/V multicast pair) and varlen) and their full-tier twins, the
+    plain twins in the full tier not preferred, refused without persistence and by the subclasses'
+    own kernels."""
     sm90 = _family()
     from factory.atoms.targets import get_target
 
     full = sm90.enumerate_attention(get_target("sm_90a"), "full")
-    cw = [v for v in full if v.const_wg and not v.kv_mcast]  # (the kv_mcast twins: their own test)
+    cw = [v for v in full if v.const_wg and not v.kv_mcast]
     assert {(v.dtype, v.head_dim, v.causal, v.varlen) for v in cw} == {
         (dt, 256, False, vl) for dt in ("bf16", "f16") for vl in (False, True)}
-    pref = [v for v in cw if v.describe()["preferred"]]
-    assert len(pref) == 4 and all(v.name.endswith("_lz_cw") for v in pref)
-    # varlen without the lazy rescale; the dynamic twins (bf16, dense)
-    assert all(v.varlen and not v.lazy_rescale for v in cw if v not in pref and not v.dynamic)
+    pref = [v for v in full if v.const_wg and v.describe()["preferred"]]
+    assert sorted((v.dtype, v.varlen) for v in pref) == sorted((dt, vl) for dt in ("bf16", "f16") for vl in (False, True))
+    assert all(v.name.endswith("_lz_cw_mc" if not v.varlen else "_lz_cw") for v in pref)
+    # dense: the multicast pair's static twin (--candidates); varlen without the lazy rescale; the
+    # dynamic twins (bf16, dense)
+    assert all(v.varlen != v.lazy_rescale for v in cw if v not in pref and not v.dynamic)
+    assert {(v.dtype, v.varlen) for v in cw if not v.dynamic and not v.varlen} == {("bf16", False), ("f16", False)}
     assert all(v.dtype == "bf16" and not v.varlen and v.lazy_rescale for v in cw if v.dynamic)
     default = sm90.enumerate_attention(get_target("sm_90a"), "default")
     assert {v.name for v in default if v.const_wg and not v.dynamic} == {v.name for v in pref}
     assert not any(v.const_wg and v.dynamic for v in default)
     cw = pref
     plain = {v.name: v for v in full if v.head_dim == 256 and not v.causal and not v.const_wg}
-    assert all(v.name.removesuffix("_cw") in plain for v in cw)  # the plain twin, for --candidates
+    assert all(v.name.removesuffix("_mc").removesuffix("_cw") in plain for v in cw)  # the plain twin, for --candidates
     assert not any(v.describe()["preferred"] for v in plain.values())
     assert "const_wg needs persistent" in dataclasses.replace(cw[0], persistent=False).can_implement()
     from factory.attention.sm90_fp8 import AttentionFp8Sm90
@@ -300,30 +304,85 @@ def test_exponential_options_off_by_default_and_named_where_used():
 
 
 @needs_dsl
-def test_kv_multicast_pairs_off_by_default():
+def test_kv_multicast_pairs_preferred_at_head_dim_256_non_causal():
     """kv_mcast (a cluster of two persistent CTAs on adjacent query tiles, K/V halves multicast
-    into both): no default-tier variant has it (names and configs as before); the full tier's
-    twins of the dense persistent defaults are clusters of two, not preferred, and must show the
-    multicast TMA load; the dynamic, varlen and one-tile-per-CTA builds refuse it."""
+    into both): in the default tier only the preferred dense non-causal head_dim 256 builds (bf16,
+    f16), whose static twins stay in the full tier (not preferred; bf16 with its dynamic twins); the
+    varlen, one-tile-per-CTA, under-filled-grid and dynamic builds of that problem do not inherit
+    it; the full tier's twins of the other dense persistent defaults are clusters of two, not
+    preferred; every one must show the multicast TMA load; the dynamic, varlen and
+    one-tile-per-CTA builds refuse it."""
     sm90 = _family()
     from factory.atoms.targets import get_target
 
     t = get_target("sm_90a")
     default = sm90.enumerate_attention(t, "default")
-    assert not any(v.kv_mcast or "mc" in v.name.split("_") or "kv_mcast" in v.config() for v in default)
-    mc = [v for v in sm90.enumerate_attention(t, "full") if v.kv_mcast]
+    dmc = [v for v in default if v.kv_mcast or "mc" in v.name.split("_") or "kv_mcast" in v.config()]
+    assert sorted((v.dtype, v.head_dim, v.causal, v.varlen) for v in dmc) == [("bf16", 256, False, False),
+                                                                             ("f16", 256, False, False)]
+    assert all(v.kv_mcast and v.describe()["preferred"] and v.name.endswith("_lz_cw_mc") for v in dmc)
+    assert all(sm90.default_schedule(256, False, persistent_all=True)["kv_mcast"] for _ in dmc)
+    assert not any(sm90.default_schedule(d, c, vl, persistent_all=pa)["kv_mcast"]
+                   for d in (64, 128, 256) for c in (False, True) for vl in (False, True) for pa in (False, True)
+                   if (d, c, vl, pa) != (256, False, False, True))
+    assert not sm90.default_schedule(256, False, small=True, persistent_all=True)["kv_mcast"]
+    # the same problem's other default builds: no pair (varlen, the 64-row tile)
+    assert {(v.varlen, v.tile_m) for v in default if v.head_dim == 256 and not v.causal and not v.kv_mcast} == {
+        (True, 128), (False, 64)}
+    full = sm90.enumerate_attention(t, "full")
+    by_name = {v.name: v for v in full}
+    for v in dmc:
+        static = by_name[v.name.removesuffix("_mc")]
+        assert not static.kv_mcast and not static.describe()["preferred"]
+        twins = {n[len(static.name):] for n in by_name if n.startswith(static.name + "_")}
+        assert twins == ({"_mc", "_dy", "_sc_dy", "_om_sc_dy"} if v.dtype == "bf16" else {"_mc"}), twins
+    mc = [v for v in full if v.kv_mcast]
     assert {(v.dtype, v.head_dim, v.causal) for v in mc} == {
         (dt, d, c) for dt in ("bf16", "f16") for d in (64, 128, 256) for c in (False, True) if dt == "bf16" or (d >= 128 and not c)}
     for v in mc:
         d = v.describe()
         assert v.name.endswith("_mc") and v.config()["kv_mcast"] and d["cluster"] == [2, 1], v.name
-        assert d["tile_scheduler"]["persistent"] and not d["preferred"] and not v.dynamic and not v.varlen
+        assert d["tile_scheduler"]["persistent"] and not v.dynamic and not v.varlen
+        assert d["preferred"] == (v in dmc or v.name in {u.name for u in dmc}), v.name
         assert r"\bUTMALDG\.4D\.MULTICAST\b" in v.sass_requirements()
-        assert dataclasses.replace(v, kv_mcast=False, stages=2).name in {u.name for u in default} | {
-            dataclasses.replace(u, store_defer=False).name for u in default}
+        assert dataclasses.replace(v, kv_mcast=False, stages=2).name in {u.name for u in full}
     base = next(v for v in mc if v.head_dim == 128 and not v.causal and v.dtype == "bf16")
     for bad in ({"dynamic": True}, {"varlen": True}, {"persistent": False, "k_first": False}):
         assert "kv_mcast needs" in dataclasses.replace(base, **bad).can_implement(), bad
+
+
+@needs_dsl
+def test_head_dim_256_selection_takes_the_multicast_pair():
+    """The host library's choice (C; the Python loader asks it) among the default tier's head_dim
+    256 manifest entries, with the full tier's static twin of the multicast pair and that twin's
+    dynamic twins beside them: full dense non-causal grids take the pair (bf16, f16), never a
+    dynamic twin of the static build; the under-filled grid its 64-row tile; varlen and causal
+    problems the builds they took before."""
+    sm90 = _family()
+    from factory.atoms.targets import get_target
+
+    t = get_target("sm_90a")
+
+    def entry(v):
+        return {"name": v.name, "op": v.op, "family": v.family, "target": v.target, "config": v.config(),
+                **v.describe(), "signature": v.signature().to_json()}
+
+    default = [v for v in sm90.enumerate_attention(t, "default") if v.head_dim == 256]
+    full = {v.name: v for v in sm90.enumerate_attention(t, "full")}
+    static = [full[v.name.removesuffix("_mc")] for v in default if v.kv_mcast]
+    twins = [full[n] for n in full for s in static if n.startswith(s.name + "_") and full[n].dynamic]
+    assert len(static) == 2 and len(twins) == 3
+    lib = sl.Lib([entry(v) for v in default + static + twins], sm_count=132)
+    for dt in ("bf16", "f16"):
+        p = f"attention_sm90a_{dt}_d256_"
+        for dims in ((4, 32, 32, 4096, 4096), (1, 16, 16, 16384, 16384), (8, 16, 16, 2048, 2048), (32, 32, 32, 512, 512)):
+            assert lib.attention(*dims, d=256, dtype=dt, causal=False) == (p + "m128_n80_s2_ov_pp_ps_kf_lz_cw_mc", 1)
+        assert lib.attention(1, 8, 8, 512, 512, d=256, dtype=dt, causal=False)[0] == p + "m64_n80_s2_ov"
+        assert lib.attention(8, 16, 16, 2048, 2048, d=256, dtype=dt, causal=False, varlen=True)[0] == (
+            p + "m128_n80_s2_varlen_ov_pp_ps_kf_lz_cw")
+        assert lib.attention(8, 16, 16, 2048, 2048, d=256, dtype=dt, causal=True)[0] == (
+            p + "m128_n64_s2_causal_ov_pp_ps_kf_lz_dh_om_sc_dy")
+        assert lib.attention(32, 32, 32, 512, 512, d=256, dtype=dt, causal=True)[0] == p + "m128_n64_s2_causal_ov_pp_lz"
 
 
 @needs_dsl

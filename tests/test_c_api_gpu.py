@@ -209,7 +209,7 @@ def _attention(lib, dev, p, workspace: list | None = None) -> cs.Selection:
 @pytest.mark.parametrize("B,Sq,Sk,Hq,Hkv,D,causal", [
     (2, 1024, 1024, 16, 4, 128, True), (1, 100, 300, 8, 8, 64, False), (4, 1, 2048, 8, 8, 64, False),
     (2, 128, 512, 8, 2, 128, True), (8, 1, 4096, 32, 8, 128, False), (4, 512, 512, 32, 32, 64, True),
-    (2, 1024, 1024, 16, 16, 128, False)])
+    (2, 1024, 1024, 16, 16, 128, False), (2, 1024, 1024, 16, 16, 256, False)])
 def test_fx_attention_matches_python(lib, bundle, monkeypatch, B, Sq, Sk, Hq, Hkv, D, causal):
     dev = _device(lib)
     g = torch.Generator(device="cuda").manual_seed(15)

@@ -374,7 +374,7 @@ class AttentionSm90(AttentionVariant):
             "threads": self.threads,
             "registers_per_role": {"producer": atoms.PRODUCER_REGS[self.consumers],
                                    "consumer": atoms.CONSUMER_REGS[self.consumers]},
-            "preferred": not self.dynamic and not self.kv_mcast and (self.tile_m, self.tile_n, self.stages, self.overlap, self.pingpong)
+            "preferred": not self.dynamic and (self.tile_m, self.tile_n, self.stages, self.overlap, self.pingpong)
                          == default_config(self.head_dim, self.causal, cache=getattr(self, "paged", False))
                          and all(getattr(self, k) == v for k, v in
                                  default_schedule(self.head_dim, self.causal, self.varlen,
@@ -492,7 +492,12 @@ def default_schedule(head_dim: int, causal: bool, varlen: bool = False,
             "k_first": big,
             "lazy_rescale": big and persistent_all and head_dim >= 128,
             "const_wg": big and persistent_all and head_dim == 256 and not causal,
-            "store_defer": big and persistent_all and head_dim <= 128 and causal and not varlen}
+            "store_defer": big and persistent_all and head_dim <= 128 and causal and not varlen,
+            # kv_mcast (head_dim 256 non-causal, dense): a cluster of two CTAs on adjacent query tiles,
+            # K/V halves multicast into both (half the L2->SM bytes): H100, by name, µs vs the static
+            # build, sustained at the power cap / burst: B4 H32 S4096 3261 / 3289 vs 3349 / 3366, B1
+            # H16 S16384 6364 / 6086 vs 6344 / 6191 (notes/attention-sm90.md)
+            "kv_mcast": big and persistent_all and head_dim == 256 and not causal and not varlen}
 
 
 # Ablations of the default configs (tier "full"): each mainloop/scheduler option on and off, so
@@ -512,12 +517,13 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm90]:
              pingpong=None, **schedule):
         tm, tn, s, ov, pp = default_config(d, causal)
         ov = ov if overlap is None else overlap
-        # (the lazy rescale lives in the overlapped mainloop only)
+        # (the lazy rescale lives in the overlapped mainloop only; the CTA pair's K/V multicast
+        # only where asked: the ablations, twins and varlen builds below derive from these)
         return AttentionSm90(
             target=target.name, dtype=dtype, head_dim=d, causal=causal, tile_m=tile_m or tm,
             tile_n=tile_n or tn, stages=stages or s, overlap=ov, pingpong=pp if pingpong is None else pingpong,
-            **{**default_schedule(d, causal, persistent_all=True), **({} if ov else {"lazy_rescale": False}),
-               **schedule})
+            **{**default_schedule(d, causal, persistent_all=True), "kv_mcast": False,
+               **({} if ov else {"lazy_rescale": False}), **schedule})
 
     if tier == "test":
         # The preferred tile and its 64-row twin: the loader's under-filled-grid rule and a tuning
@@ -528,7 +534,8 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm90]:
                 make("bf16", 128, True, tile_m=64, pingpong=False, **default_schedule(128, True, small=True)),
                 make("bf16", 128, True, dynamic=True, slot_coords=True)]
     problems = [(dt, d, c) for dt in DTYPES for d in HEAD_DIMS for c in (False, True)]
-    out = [make(*p) for p in problems]
+    # (the preferred builds: head_dim 256 non-causal with the K/V multicast pair)
+    out = [make(*p, kv_mcast=default_schedule(*p[1:], persistent_all=True)["kv_mcast"]) for p in problems]
     # Packed variable-length batches (cu_seqlens): the dense problems' tiles and schedule.
     out += [dataclasses.replace(make(*p), varlen=True, **{k: default_schedule(*p[1:], varlen=True, persistent_all=True)[k]
                                                           for k in ("lazy_rescale", "const_wg", "store_defer")})
@@ -589,6 +596,9 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm90]:
             for v in out if not v.causal and v.persistent and v.dtype == "bf16" and not v.dynamic
             and (v.head_dim, v.tile_m) == (128, 128)]
     if tier == "full":
+        # head_dim 256 non-causal, dense: the preferred build without the K/V multicast pair (for
+        # --candidates; the dynamic twins below are its)
+        out += [make(dt, 256, False) for dt in DTYPES]
         # The tuner's alternatives (dense): scripts/tune.py attention picks among them per shape bucket.
         out += [make(dt, d, c, tile_m=tm, tile_n=tn, stages=s, overlap=ov, pingpong=pp, const_wg=False)
                 for dt, d, c in problems for tm, tn, s, ov, pp in TUNE_CONFIGS[d]]
@@ -625,7 +635,8 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm90]:
         # the dense persistent bf16 defaults with K/V multicast over a CTA pair (kv_mcast)
         # (and fp16 at head_dim 128 and 256, not causal)
         out += [dataclasses.replace(make(dt, d, c), kv_mcast=True) for dt in DTYPES for d in HEAD_DIMS
-                for c in (False, True) if dt == "bf16" or (d >= 128 and not c)]
+                for c in (False, True) if (dt == "bf16" or (d >= 128 and not c))
+                and not default_schedule(d, c, persistent_all=True)["kv_mcast"]]  # (not the preferred ones again)
         # (head_dim 128 not causal: 3 K/V stages, O through Q's slabs, more slack between the pair)
         out += [dataclasses.replace(make("bf16", 128, False), kv_mcast=True, stages=3)]
         # every variant with store_defer also without it (the defaults before it)
@@ -666,7 +677,7 @@ def enumerate_attention(target: Target, tier: str) -> list[AttentionSm90]:
         # 128 dense also with the deferred O-store wait), for --candidates
         nc = [v for v in out[:len(problems) * 2] + [make("bf16", 64, False, tile_m=128)]
               if v.dtype == "bf16" and not v.causal and v.persistent and (not v.varlen or v.head_dim == 128)]
-        out += [dataclasses.replace(v, store_defer=sd, dynamic=True, **kw) for v in nc
+        out += [dataclasses.replace(v, store_defer=sd, dynamic=True, kv_mcast=False, **kw) for v in nc
                 for sd in ((False, True) if v.head_dim == 128 and not v.varlen else (False,))
                 for kw in ({}, {"slot_coords": True}, {"slot_coords": True, "o_stmatrix": True})]
     out = list({v.name: v for v in out}.values())
