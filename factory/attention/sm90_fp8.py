@@ -50,9 +50,20 @@ TRANSPOSE_PRODUCER_REGS, TRANSPOSE_CONSUMER_REGS = 40, 232
 # (three consumer warpgroups: 40 + 3·152 of the 512 per thread slot)
 TRANSPOSE_CONSUMER_REGS_3 = 152
 # two consumer warpgroups whose accumulators need more than 232 (head_dim 256, 128-key tiles:
-# 64 + 128 + 16 live + 32 = 240): 32 + 2·240; the transposing warps then keep two
-# ldmatrix.x4 results in flight instead of four
-TRANSPOSE_PRODUCER_REGS_WIDE, TRANSPOSE_CONSUMER_REGS_WIDE = 32, 240
+# 64 + 128 + 16 live + 32 = 240): 24 + 2·240; the transposing warps then keep one ldmatrix.x4
+# result in flight instead of four (no spills at 24)
+TRANSPOSE_PRODUCER_REGS_WIDE, TRANSPOSE_CONSUMER_REGS_WIDE = 24, 240
+
+
+def register_pool_fits(producer: int, consumer: int, consumers: int) -> bool:
+    """Whether the setmaxnreg budgets fit the registers the CTA holds from its launch: every
+    thread starts with the launch count (65536 / threads, rounded down to a multiple of 8: 168
+    for 384 threads), the producer warpgroup's decrease returns registers to the CTA's pool and
+    the consumers' increase waits until the pool holds what it asks for -- for ever where the
+    budgets add up to more than the launch gave (2 consumers: producer + 2·consumer <= 504)."""
+    threads = 128 * (1 + consumers)
+    launch = min(255, 65536 // threads) // 8 * 8
+    return producer + consumers * consumer <= (1 + consumers) * launch
 
 
 def fp8_live_registers(head_dim: int, tile_n: int) -> int:
@@ -124,6 +135,9 @@ class AttentionFp8Sm90(AttentionSm90):
         return self._smem_total(not self.o_in_staging)
 
     def can_implement(self) -> str | None:
+        if self.v_layout == "bshd" and not register_pool_fits(
+                *transpose_register_split(self.consumers, self.head_dim, self.tile_n), self.consumers):
+            return "the setmaxnreg budgets exceed the registers the CTA holds from its launch"
         if self.v_layout not in ("bshd", "bhds"):
             return "v_layout must be 'bshd' (transposed in the kernel) or 'bhds' (keys contiguous)"
         if self.v_layout == "bshd" and self.tile_n % 64:
@@ -185,9 +199,10 @@ class AttentionFp8Sm90(AttentionSm90):
 
 def fp8_config(head_dim: int, causal: bool, v_layout: str = "bshd", varlen: bool = False) -> dict[str, Any]:
     """The fp8 tile per problem: 128 query rows (two consumer warpgroups, ping-pong, overlap);
-    keys per tile 128 (packed varlen at head_dim 256: 64).  Head_dim 256 with V transposed in the
-    kernel: O's slabs over the V staging slots (AttentionFp8Sm90.o_in_staging) leave smem for
-    128-key tiles.  H100, B1 H16 S16384, TFLOP/s, two runs each (notes/attention-fp8.md):
+    keys per tile 128 (head_dim 256 with V transposed in the kernel: 64, the tile measured so
+    far; the full tier also holds its 128-key tiles, O's slabs over the V staging slots:
+    AttentionFp8Sm90.o_in_staging).  H100, B1 H16 S16384, TFLOP/s, two runs each
+    (notes/attention-fp8.md):
     V pre-transposed at head_dim 128 (no staging ring): three stages non-causal, 192-key tiles
     causal (884/915 vs 862/883 and 846/837 vs 822/818; with the in-kernel transpose three
     stages lose: 765/739 vs 836/850); V transposed in the kernel, causal: 192-key tiles (815/821
@@ -196,7 +211,7 @@ def fp8_config(head_dim: int, causal: bool, v_layout: str = "bshd", varlen: bool
     head_dim 64, non-causal: 192 query rows (three consumer warpgroups; 616 vs 519 V as K, 597
     vs 504 pre-transposed).  (Packed varlen keeps the 128 x 128 tiles: the others were measured
     dense only.)"""
-    cfg = {"tile_m": 128, "tile_n": 64 if head_dim == 256 and varlen else 128, "stages": 2, "overlap": True,
+    cfg = {"tile_m": 128, "tile_n": 64 if head_dim == 256 else 128, "stages": 2, "overlap": True,
            "pingpong": True, **default_schedule(head_dim, causal)}
     if v_layout == "bhds" and head_dim == 128:
         cfg.update({"tile_n": 192} if causal else {"stages": 3})
@@ -231,6 +246,8 @@ def enumerate_attention_fp8(target: Target, tier: str) -> list[AttentionFp8Sm90]
         # are half the bytes of 16-bit ones: 196 KB with the staging ring)
         out += [make(128, c, tile_n=n, stages=st, v_layout=vl) for c in (False, True)
                 for n, st in ((128, 2), (160, 2), (192, 2), (128, 3)) for vl in ("bshd", "bhds")]
+        # head_dim 256, V transposed in the kernel: 128-key tiles, O's slabs over the staging ring
+        out += [make(256, c, tile_n=128) for c in (False, True)]
         # packed variable-length batches (cu_seqlens): one tile per CTA, V transposed in the kernel
         out += [make(d, c, varlen=True, **default_schedule(d, c, varlen=True)) for d in FP8_HEAD_DIMS
                 for c in (False, True)]
@@ -365,7 +382,7 @@ class FlashFwdSm90Fp8(FlashFwdSm90):
         v_base = v_ptr.toint()
         # (the instructions are ordered as written: a group's loads are issued before its stores,
         # at most four in flight: 16 of the 40 registers; two at a 32-register budget)
-        IF = 4 if self.producer_regs >= TRANSPOSE_PRODUCER_REGS else 2
+        IF = 4 if self.producer_regs >= TRANSPOSE_PRODUCER_REGS else 1
         for g in cutlass.range(warp, BN // 16, NT, unroll=1):
             for c0 in cutlass.range_constexpr(0, D // 32, IF):
                 regs = []
