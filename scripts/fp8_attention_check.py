@@ -311,7 +311,7 @@ def main():
     ap.add_argument("--sustained", type=float, default=1.0, metavar="S")
     ap.add_argument("--head-dim", type=int, default=128, help="--interleaved: the head_dim (default 128)")
     ap.add_argument("--bench-only", type=int, nargs="+", metavar="HEAD_DIM",
-                    help="only the TFLOP/s table of these head_dims (B1 H16 S16384; 128: causal too)")
+                    help="only the TFLOP/s table of these head_dims (B1 H16 S16384; 128 and 256: causal too)")
     a = ap.parse_args()
     bundle = Bundle.open(a.bundle)
     if a.launch:
@@ -339,7 +339,7 @@ def main():
             Path(a.out).write_text(json.dumps({"device": torch.cuda.get_device_name(), "interleaved": rows}, indent=1))
         return
     if a.bench_only:
-        rows = [r for d in a.bench_only for r in bench(bundle, d=d, causals=(False, True) if d == 128 else (False,))]
+        rows = [r for d in a.bench_only for r in bench(bundle, d=d, causals=(False, True) if d in (128, 256) else (False,))]
         for row in rows:
             print(json.dumps(row), flush=True)
         if a.out:

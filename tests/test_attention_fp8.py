@@ -165,7 +165,9 @@ def test_fp8_tiles_and_register_budgets():
     tile fits its consumers' setmaxnreg budget, the budgets fit the 512 registers per thread
     slot (transposing warps beside two or three consumer warpgroups), and a tile that would
     not fit is refused."""
-    from factory.attention.sm90_fp8 import AttentionFp8Sm90, fp8_config, transpose_register_split
+    from factory.atoms.sm90 import CONSUMER_REGS, PRODUCER_REGS
+    from factory.attention.sm90_fp8 import (AttentionFp8Sm90, fp8_config, register_pool_fits,
+                                            transpose_register_split)
 
     def tile(d, causal, vl, varlen=False):
         c = fp8_config(d, causal, vl, varlen)
@@ -174,11 +176,20 @@ def test_fp8_tiles_and_register_budgets():
     assert tile(128, False, "bshd") == (128, 128, 2) and tile(128, True, "bshd") == (128, 192, 2)
     assert tile(128, True, "bshd", varlen=True) == (128, 128, 2)
     assert tile(128, False, "bhds") == (128, 128, 3) and tile(128, True, "bhds") == (128, 192, 2)
-    assert tile(256, False, "bhds")[1] == tile(256, True, "bhds")[1] == 128 and tile(256, False, "bshd")[1] == 64
+    assert tile(256, False, "bhds")[1] == tile(256, True, "bhds")[1] == 128
+    assert tile(256, False, "bshd")[1] == tile(256, True, "bshd")[1] == tile(256, False, "bshd", True)[1] == 64
     assert tile(64, False, "bshd")[0] == tile(64, False, "bhds")[0] == 192 and tile(64, True, "bshd")[0] == 128
-    for consumers in (2, 3):
-        producer, consumer = transpose_register_split(consumers)
-        assert producer + consumers * consumer <= 512 and producer % 8 == consumer % 8 == 0
+    for consumers, d, bn in ((2, 128, 128), (2, 128, 192), (2, 256, 64), (2, 256, 128), (3, 128, 96), (3, 64, 128)):
+        producer, consumer = transpose_register_split(consumers, d, bn)
+        # (the launch gives each of 384 threads 168 registers, of 512 threads 128: the consumers'
+        # setmaxnreg increase waits for ever where the budgets add up to more)
+        assert register_pool_fits(producer, consumer, consumers) and producer % 8 == consumer % 8 == 0
+        assert producer + consumers * consumer <= {2: 3 * 168, 3: 4 * 128}[consumers]
+    # head_dim 256, 128-key tiles: 64 + 128 + 16 live + 32 = 240 -> 24 / 240
+    assert transpose_register_split(2, 256, 128) == (24, 240) and transpose_register_split(2, 256, 64) == (40, 232)
+    assert not register_pool_fits(32, 240, 2) and register_pool_fits(40, 232, 2) and register_pool_fits(40, 152, 3)
+    for c in (1, 2, 3):  # the 16-bit family's budgets sum to its launch's registers too
+        assert register_pool_fits(PRODUCER_REGS[c], CONSUMER_REGS[c], c)
     for d in (64, 128, 256):
         for causal in (False, True):
             for vl in ("bshd", "bhds"):
@@ -187,6 +198,46 @@ def test_fp8_tiles_and_register_budgets():
     too_big = AttentionFp8Sm90(target="sm_90a", head_dim=128, causal=False, v_layout="bhds",
                                **{**fp8_config(128, False, "bhds"), "tile_m": 192, "tile_n": 128})
     assert "live accumulator registers" in too_big.can_implement()
+
+
+def test_d256_o_slabs_over_the_v_staging_ring():
+    """Head_dim 256, 128-key tiles, V transposed in the kernel: Q 32 KB + K, V, staging 3 x 64 KB
+    leave no room for O's 64 KB of bf16 slabs, which then lie over the staging ring (one tile per
+    CTA); every other fp8 tile keeps O's own slabs.  The ring holds O exactly, and the DSL's
+    swizzled layouts of the staging ring (keys x 256 bytes), the V slots (256 rows x 128 keys)
+    and O (64 x 256 bf16 per consumer warpgroup) are the 128-byte-swizzle K-major tiles the
+    transpose replay above models."""
+    from factory.attention.sm90_fp8 import AttentionFp8Sm90, fp8_config
+
+    from factory.registry import enumerate_variants
+
+    def make(d, causal, vl, **kw):
+        return AttentionFp8Sm90(target="sm_90a", head_dim=d, causal=causal, v_layout=vl,
+                                **{**fp8_config(d, causal, vl), **kw})
+
+    full = {v.name: v for v in enumerate_variants(["sm_90a"], ["attention_fp8"], tier="full")}
+    for causal in (False, True):
+        v = make(256, causal, "bshd", tile_n=128)
+        assert v.name in full and v.o_in_staging and v.can_implement() is None
+        assert v.describe()["tile_scheduler"] == {"persistent": False, "o_smem": "v staging slots"}
+        assert v.smem_bytes() == make(256, causal, "bhds").smem_bytes() <= 227 * 1024 - 1024
+        assert not make(256, causal, "bshd", tile_n=64).o_in_staging
+        assert not make(256, causal, "bhds").o_in_staging
+    for d in (64, 128):
+        for causal in (False, True):
+            assert not make(d, causal, "bshd").o_in_staging
+    pytest.importorskip("cutlass")
+    import dsl_layouts
+
+    staging, vslot, o = dsl_layouts.fp8_d256_layouts()
+    s_off, _ = kmajor(128, 128)
+    v_off, _ = kmajor(256, 128)
+    assert staging["swizzle"] == vslot["swizzle"] == o["swizzle"] == "S<3,4,3>"
+    for key, col in dsl_layouts.STAGING_COORDS:
+        assert staging["offset"](key, col, 1) == s_off(key, col) + 128 * 256
+    for row, key in dsl_layouts.V_COORDS:
+        assert vslot["offset"](row, key, 1) == v_off(row, key) + 128 * 256
+    assert 2 * o["cosize"] == staging["cosize"] == 2 * 128 * 256
 
 
 # --- the test bundle's cubins --------------------------------------------------------------------

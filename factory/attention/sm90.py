@@ -1037,6 +1037,9 @@ class FlashFwdSm90(layout.TmaViewsKernel):
         # producer warpgroup write it K-major into the slots P·V reads (``transpose_tile``)
         self.v_transpose = False
         self.transpose_warps = 0
+        # (v_transpose, one tile per CTA) O's slabs over the V staging slots: every staged V tile
+        # has been transposed before the last P·V the epilogue waits for
+        self.o_in_vs = False
         self.threads = 128 * (1 + self.consumers)
         self.producer_regs, self.consumer_regs = register_split(self.consumers, gather or wide_producer)
         if kv_dtype is not None and fp8_stages > 1 and self.consumers == 2:
@@ -1158,7 +1161,7 @@ class FlashFwdSm90(layout.TmaViewsKernel):
             LayoutEnum.ROW_MAJOR if self.v_k_major else LayoutEnum.COL_MAJOR, (WG_ROWS, D, BN), dt,
             self.stages)
         # O's slabs: Q's layout, or the same tiles in O's own element type
-        own_o = (self.persistent and not self.o_in_q) or ot is not dt
+        own_o = ((self.persistent and not self.o_in_q) or ot is not dt) and not self.o_in_vs
         sO_layout = sQ_layout
         if cutlass.const_expr(ot is not dt):
             sO_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (WG_ROWS, BN, D), ot,
@@ -1273,7 +1276,9 @@ class FlashFwdSm90(layout.TmaViewsKernel):
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
         sO = sQ
-        if cutlass.const_expr((self.persistent and not self.o_in_q) or self.out_dtype is not self.dtype):
+        if cutlass.const_expr(self.o_in_vs):
+            sO = storage.sVs.get_tensor(sO_layout.outer, swizzle=sO_layout.inner, dtype=self.out_dtype)
+        elif cutlass.const_expr((self.persistent and not self.o_in_q) or self.out_dtype is not self.dtype):
             sO = storage.sO.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
         q_bars = storage.q_bars.data_ptr()
 

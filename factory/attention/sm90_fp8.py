@@ -49,11 +49,36 @@ FP8_HEAD_DIMS = (64, 128, 256)
 TRANSPOSE_PRODUCER_REGS, TRANSPOSE_CONSUMER_REGS = 40, 232
 # (three consumer warpgroups: 40 + 3·152 of the 512 per thread slot)
 TRANSPOSE_CONSUMER_REGS_3 = 152
+# two consumer warpgroups whose accumulators need more than 232 (head_dim 256, 128-key tiles:
+# 64 + 128 + 16 live + 32 = 240): 24 + 2·240; the transposing warps then keep one ldmatrix.x4
+# result in flight instead of four (no spills at 24)
+TRANSPOSE_PRODUCER_REGS_WIDE, TRANSPOSE_CONSUMER_REGS_WIDE = 24, 240
 
 
-def transpose_register_split(consumers: int) -> tuple[int, int]:
+def register_pool_fits(producer: int, consumer: int, consumers: int) -> bool:
+    """Whether the setmaxnreg budgets fit the registers the CTA holds from its launch: every
+    thread starts with the launch count (65536 / threads, rounded down to a multiple of 8: 168
+    for 384 threads), the producer warpgroup's decrease returns registers to the CTA's pool and
+    the consumers' increase waits until the pool holds what it asks for -- for ever where the
+    budgets add up to more than the launch gave (2 consumers: producer + 2·consumer <= 504)."""
+    threads = 128 * (1 + consumers)
+    launch = min(255, 65536 // threads) // 8 * 8
+    return producer + consumers * consumer <= (1 + consumers) * launch
+
+
+def fp8_live_registers(head_dim: int, tile_n: int) -> int:
+    """fp32 accumulator registers per consumer thread: S (tile_n / 2), O (head_dim / 2), and the
+    e4m3 P of the previous tile (tile_n / 8) beside the next S (overlap)."""
+    return tile_n // 2 + head_dim // 2 + tile_n // 8
+
+
+def transpose_register_split(consumers: int, head_dim: int = 128, tile_n: int = 128) -> tuple[int, int]:
     """setmaxnreg budgets (producer warpgroup, consumers) per thread with the transposing warps."""
-    return TRANSPOSE_PRODUCER_REGS, TRANSPOSE_CONSUMER_REGS_3 if consumers == 3 else TRANSPOSE_CONSUMER_REGS
+    if consumers == 3:
+        return TRANSPOSE_PRODUCER_REGS, TRANSPOSE_CONSUMER_REGS_3
+    if fp8_live_registers(head_dim, tile_n) + 32 > TRANSPOSE_CONSUMER_REGS:
+        return TRANSPOSE_PRODUCER_REGS_WIDE, TRANSPOSE_CONSUMER_REGS_WIDE
+    return TRANSPOSE_PRODUCER_REGS, TRANSPOSE_CONSUMER_REGS
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,14 +113,31 @@ class AttentionFp8Sm90(AttentionSm90):
             *self.ex2_sass(),
         )
 
-    def smem_bytes(self) -> int:
+    @property
+    def o_in_staging(self) -> bool:
+        """O's bf16 slabs over the V staging slots (V transposed in the kernel, one tile per CTA)
+        where O's own slabs do not fit beside Q and the K / V / staging rings (head_dim 256 with
+        128-key tiles: 32 + 3·64 + 64 KB).  The staging slots are idle by then: the last P·V
+        the epilogue waits for read a V tile the transposing warps wrote after all staged tiles."""
+        from ..atoms.smem import STATIC_SMEM
+        if self.v_layout != "bshd" or self.persistent or self.stages * self.tile_n < 2 * self.tile_m:
+            return False
+        return self._smem_total(True) + STATIC_SMEM > self.tgt.smem_per_cta
+
+    def _smem_total(self, own_o: bool) -> int:
         from ..atoms.smem import BARRIER_BYTES, SMEM_ALIGN, round_up
         q = round_up(self.tile_m * self.head_dim, SMEM_ALIGN)
         kv = (3 if self.v_layout == "bshd" else 2) * self.stages * round_up(self.tile_n * self.head_dim, SMEM_ALIGN)
-        o = round_up(self.tile_m * self.head_dim * 2, SMEM_ALIGN)
+        o = round_up(self.tile_m * self.head_dim * 2, SMEM_ALIGN) if own_o else 0
         return BARRIER_BYTES + q + kv + o
 
+    def smem_bytes(self) -> int:
+        return self._smem_total(not self.o_in_staging)
+
     def can_implement(self) -> str | None:
+        if self.v_layout == "bshd" and not register_pool_fits(
+                *transpose_register_split(self.consumers, self.head_dim, self.tile_n), self.consumers):
+            return "the setmaxnreg budgets exceed the registers the CTA holds from its launch"
         if self.v_layout not in ("bshd", "bhds"):
             return "v_layout must be 'bshd' (transposed in the kernel) or 'bhds' (keys contiguous)"
         if self.v_layout == "bshd" and self.tile_n % 64:
@@ -114,9 +156,9 @@ class AttentionFp8Sm90(AttentionSm90):
             # registers per consumer thread; the rule is the last check before the smem one)
             from ..atoms.sm90 import CONSUMER_REGS
             from ..atoms.smem import STATIC_SMEM
-            live = self.tile_n // 2 + self.head_dim // 2 + self.tile_n // 8
-            budget = (transpose_register_split(self.consumers)[1] if self.v_layout == "bshd"
-                      else CONSUMER_REGS[self.consumers])
+            live = fp8_live_registers(self.head_dim, self.tile_n)
+            budget = (transpose_register_split(self.consumers, self.head_dim, self.tile_n)[1]
+                      if self.v_layout == "bshd" else CONSUMER_REGS[self.consumers])
             if live + 32 > budget:
                 return f"{live} live accumulator registers do not fit {budget}"
             return self.smem_problem(STATIC_SMEM)
@@ -133,9 +175,11 @@ class AttentionFp8Sm90(AttentionSm90):
         cfg = fp8_config(self.head_dim, self.causal, self.v_layout, self.varlen)
         d["preferred"] = (self.tile_n, self.stages) == (cfg["tile_n"], cfg["stages"])
         if self.v_layout == "bshd":
-            producer, consumer = transpose_register_split(self.consumers)
+            producer, consumer = transpose_register_split(self.consumers, self.head_dim, self.tile_n)
             d["registers_per_role"] = {"producer": producer, "consumer": consumer}
             d["v_transpose"] = {"warps": 3, "order": "keys of each 16-key group as P's registers hold them"}
+            if self.o_in_staging:
+                d["tile_scheduler"] = {**d["tile_scheduler"], "o_smem": "v staging slots"}
         return d
 
     def make_kernel(self):
@@ -143,7 +187,7 @@ class AttentionFp8Sm90(AttentionSm90):
             head_dim=self.head_dim, tile_m=self.tile_m, tile_n=self.tile_n, stages=self.stages,
             causal=self.causal, overlap=self.overlap, pingpong=self.pingpong,
             early_rescale=self.early_rescale, persistent=self.persistent, k_first=self.k_first,
-            v_transpose=self.v_layout == "bshd",
+            v_transpose=self.v_layout == "bshd", o_in_staging=self.o_in_staging,
         )
         self.set_ex2(k)
         return k.packed_fp8 if self.varlen else k.dense_fp8
@@ -155,8 +199,10 @@ class AttentionFp8Sm90(AttentionSm90):
 
 def fp8_config(head_dim: int, causal: bool, v_layout: str = "bshd", varlen: bool = False) -> dict[str, Any]:
     """The fp8 tile per problem: 128 query rows (two consumer warpgroups, ping-pong, overlap);
-    keys per tile 128 (D256: 64 where V is transposed in the kernel, its staging ring leaves no
-    smem for more).  H100, B1 H16 S16384, TFLOP/s, two runs each (notes/attention-fp8.md):
+    keys per tile 128 (head_dim 256 with V transposed in the kernel: 64, the tile measured so
+    far; the full tier also holds its 128-key tiles, O's slabs over the V staging slots:
+    AttentionFp8Sm90.o_in_staging).  H100, B1 H16 S16384, TFLOP/s, two runs each
+    (notes/attention-fp8.md):
     V pre-transposed at head_dim 128 (no staging ring): three stages non-causal, 192-key tiles
     causal (884/915 vs 862/883 and 846/837 vs 822/818; with the in-kernel transpose three
     stages lose: 765/739 vs 836/850); V transposed in the kernel, causal: 192-key tiles (815/821
@@ -200,6 +246,8 @@ def enumerate_attention_fp8(target: Target, tier: str) -> list[AttentionFp8Sm90]
         # are half the bytes of 16-bit ones: 196 KB with the staging ring)
         out += [make(128, c, tile_n=n, stages=st, v_layout=vl) for c in (False, True)
                 for n, st in ((128, 2), (160, 2), (192, 2), (128, 3)) for vl in ("bshd", "bhds")]
+        # head_dim 256, V transposed in the kernel: 128-key tiles, O's slabs over the staging ring
+        out += [make(256, c, tile_n=128) for c in (False, True)]
         # packed variable-length batches (cu_seqlens): one tile per CTA, V transposed in the kernel
         out += [make(d, c, varlen=True, **default_schedule(d, c, varlen=True)) for d in FP8_HEAD_DIMS
                 for c in (False, True)]
@@ -227,7 +275,7 @@ class FlashFwdSm90Fp8(FlashFwdSm90):
 
     def __init__(self, *, head_dim: int, tile_m: int, tile_n: int, stages: int, causal: bool,
                  overlap: bool, pingpong: bool, early_rescale: bool, persistent: bool, k_first: bool,
-                 v_transpose: bool):
+                 v_transpose: bool, o_in_staging: bool = False):
         super().__init__(dtype=cutlass.Float8E4M3FN, head_dim=head_dim, tile_m=tile_m, tile_n=tile_n,
                          stages=stages, causal=causal, overlap=overlap, pingpong=pingpong,
                          early_rescale=early_rescale, persistent=persistent, k_first=k_first)
@@ -238,7 +286,9 @@ class FlashFwdSm90Fp8(FlashFwdSm90):
             # warps 1..3 of the producer warpgroup transpose V; they need more registers than
             # the TMA warp's budget: 40 + 2·232 per thread slot
             self.transpose_warps = 3
-            self.producer_regs, self.consumer_regs = transpose_register_split(self.consumers)
+            self.producer_regs, self.consumer_regs = transpose_register_split(self.consumers, head_dim, tile_n)
+            # (AttentionFp8Sm90.o_in_staging: one tile per CTA, O's slabs over the staging slots)
+            self.o_in_vs = o_in_staging and not persistent
 
     @cute.jit
     def dense_fp8(self, q: cute.Tensor, k: cute.Tensor, v: cute.Tensor, o: cute.Tensor,
@@ -331,14 +381,15 @@ class FlashFwdSm90Fp8(FlashFwdSm90):
         vs_base = vs_ptr.toint()
         v_base = v_ptr.toint()
         # (the instructions are ordered as written: a group's loads are issued before its stores,
-        # at most four in flight: 16 of the 40 registers)
+        # at most four in flight: 16 of the 40 registers; two at a 32-register budget)
+        IF = 4 if self.producer_regs >= TRANSPOSE_PRODUCER_REGS else 1
         for g in cutlass.range(warp, BN // 16, NT, unroll=1):
-            for c0 in cutlass.range_constexpr(0, D // 32, 4):
+            for c0 in cutlass.range_constexpr(0, D // 32, IF):
                 regs = []
-                for c in cutlass.range_constexpr(c0, min(c0 + 4, D // 32)):
+                for c in cutlass.range_constexpr(c0, min(c0 + IF, D // 32)):
                     src = cute.crd2idx((16 * g, 32 * c, vs_slot), vs_layout.outer)
                     regs.append(ldsm_x4_trans(vs_base + (src ^ vs_lane)))
-                for c in cutlass.range_constexpr(c0, min(c0 + 4, D // 32)):
+                for c in cutlass.range_constexpr(c0, min(c0 + IF, D // 32)):
                     r = regs[c - c0]
                     dst = cute.crd2idx((32 * c, 16 * g, v_slot), v_layout.outer)
                     stsm_x4(v_base + (dst ^ v_lane),
