@@ -234,12 +234,15 @@ def bench(bundle, b=1, h=16, s=16384, d=128, causals=(False, True)):
     return rows
 
 
-def launch_only(bundle, names, b=1, s=8192, h=16, d=128):
-    q = torch.randn(b, s, h, d, device="cuda").to(F8)
-    k, v = torch.randn(b, s, h, d, device="cuda").to(F8), torch.randn(b, s, h, d, device="cuda").to(F8)
-    vt = v.permute(0, 2, 3, 1).contiguous()
+def launch_only(bundle, names, b=1, s=8192, h=16):
+    """Two launches of each variant by name, at its own head_dim (read from the name)."""
+    import re
+
     ones = torch.ones(b, h, device="cuda")
     for n in names:
+        d = int(re.search(r"_d(\d+)_", n).group(1))
+        q, k, v = (torch.randn(b, s, h, d, device="cuda").to(F8) for _ in range(3))
+        vt = v.permute(0, 2, 3, 1).contiguous()
         o = torch.empty(b, s, h, d, device="cuda", dtype=torch.bfloat16)
         lse = torch.empty(b, h, s, device="cuda")
         for _ in range(2):
