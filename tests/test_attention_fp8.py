@@ -177,7 +177,8 @@ def test_fp8_tiles_and_register_budgets():
     assert tile(128, True, "bshd", varlen=True) == (128, 128, 2)
     assert tile(128, False, "bhds") == (128, 128, 3) and tile(128, True, "bhds") == (128, 192, 2)
     assert tile(256, False, "bhds")[1] == tile(256, True, "bhds")[1] == 128
-    assert tile(256, False, "bshd")[1] == tile(256, True, "bshd")[1] == tile(256, False, "bshd", True)[1] == 64
+    assert tile(256, False, "bshd")[1] == tile(256, True, "bshd")[1] == 128  # O over the staging ring
+    assert tile(256, False, "bshd", True)[1] == tile(256, True, "bshd", True)[1] == 64  # packed varlen
     assert tile(64, False, "bshd")[0] == tile(64, False, "bhds")[0] == 192 and tile(64, True, "bshd")[0] == 128
     for consumers, d, bn in ((2, 128, 128), (2, 128, 192), (2, 256, 64), (2, 256, 128), (3, 128, 96), (3, 64, 128)):
         producer, consumer = transpose_register_split(consumers, d, bn)
@@ -221,7 +222,9 @@ def test_d256_o_slabs_over_the_v_staging_ring():
         assert v.name in full and v.o_in_staging and v.can_implement() is None
         assert v.describe()["tile_scheduler"] == {"persistent": False, "o_smem": "v staging slots"}
         assert v.smem_bytes() == make(256, causal, "bhds").smem_bytes() <= 227 * 1024 - 1024
+        assert v.describe()["preferred"]  # the selection's pick for V as K at head_dim 256
         assert not make(256, causal, "bshd", tile_n=64).o_in_staging
+        assert make(256, causal, "bshd", tile_n=64).name in full
         assert not make(256, causal, "bhds").o_in_staging
     for d in (64, 128):
         for causal in (False, True):

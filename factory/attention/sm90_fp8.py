@@ -199,16 +199,16 @@ class AttentionFp8Sm90(AttentionSm90):
 
 def fp8_config(head_dim: int, causal: bool, v_layout: str = "bshd", varlen: bool = False) -> dict[str, Any]:
     """The fp8 tile per problem: 128 query rows (two consumer warpgroups, ping-pong, overlap);
-    keys per tile 128 (head_dim 256 with V transposed in the kernel: 64, the tile measured so
-    far; the full tier also holds its 128-key tiles, O's slabs over the V staging slots:
-    AttentionFp8Sm90.o_in_staging).  H100, B1 H16 S16384, TFLOP/s, two runs each
-    (notes/attention-fp8.md):
+    keys per tile 128 (dense head_dim 256 with V transposed in the kernel: O's slabs over the V
+    staging slots, AttentionFp8Sm90.o_in_staging; packed varlen there: 64).  H100, B1 H16 S16384,
+    TFLOP/s, two runs each unless one (notes/attention-fp8.md):
     V pre-transposed at head_dim 128 (no staging ring): three stages non-causal, 192-key tiles
     causal (884/915 vs 862/883 and 846/837 vs 822/818; with the in-kernel transpose three
     stages lose: 765/739 vs 836/850); V transposed in the kernel, causal: 192-key tiles (815/821
     vs 767/769; non-causal they lose: 776/805 vs 831/831); head_dim 256 with V pre-transposed:
     128-key tiles (non-causal 1,122 vs 942 at 64 keys, 96 keys 1,053; causal 1,175 vs 1,012);
-    head_dim 64, non-causal: 192 query rows (three consumer warpgroups; 616 vs 519 V as K, 597
+    head_dim 256 with V transposed in the kernel: 128-key tiles (one run: non-causal 1,036 vs 913
+    at 64 keys, causal 1,026 vs 919); head_dim 64, non-causal: 192 query rows (three consumer warpgroups; 616 vs 519 V as K, 597
     vs 504 pre-transposed).  (Packed varlen keeps the 128 x 128 tiles: the others were measured
     dense only.)"""
     cfg = {"tile_m": 128, "tile_n": 64 if head_dim == 256 else 128, "stages": 2, "overlap": True,
@@ -217,7 +217,7 @@ def fp8_config(head_dim: int, causal: bool, v_layout: str = "bshd", varlen: bool
         cfg.update({"tile_n": 192} if causal else {"stages": 3})
     if v_layout == "bshd" and head_dim == 128 and causal and not varlen:
         cfg.update({"tile_n": 192})
-    if v_layout == "bhds" and head_dim == 256:
+    if head_dim == 256 and (v_layout == "bhds" or not varlen):
         cfg.update({"tile_n": 128})
     if head_dim == 64 and not causal and not varlen:
         cfg.update({"tile_m": 192})
@@ -246,8 +246,8 @@ def enumerate_attention_fp8(target: Target, tier: str) -> list[AttentionFp8Sm90]
         # are half the bytes of 16-bit ones: 196 KB with the staging ring)
         out += [make(128, c, tile_n=n, stages=st, v_layout=vl) for c in (False, True)
                 for n, st in ((128, 2), (160, 2), (192, 2), (128, 3)) for vl in ("bshd", "bhds")]
-        # head_dim 256, V transposed in the kernel: 128-key tiles, O's slabs over the staging ring
-        out += [make(256, c, tile_n=128) for c in (False, True)]
+        # head_dim 256, V transposed in the kernel: the 64-key tiles (a staging ring beside O's slabs)
+        out += [make(256, c, tile_n=64) for c in (False, True)]
         # packed variable-length batches (cu_seqlens): one tile per CTA, V transposed in the kernel
         out += [make(d, c, varlen=True, **default_schedule(d, c, varlen=True)) for d in FP8_HEAD_DIMS
                 for c in (False, True)]
