@@ -493,12 +493,9 @@ def chart_targets(tables: dict[str, list[dict]], path, title: str) -> str:
     return "matplotlib"
 
 
-def wide_summary(bundle, dtype: str, budget: float) -> dict:
-    """The wide grid (bench_attention.WIDE_SHAPES, its own timing) summed up: geomean of best torch
-    / ours and the rows under 1.0."""
-    from bench_attention import WIDE_SHAPES, bench_attention
-
-    rows = bench_attention(bundle, dtype, WIDE_SHAPES, None, budget)
+def wide_summary(rows: list[dict]) -> dict:
+    """The wide grid's rows (bench_attention's, its own timing) summed up: geomean of best torch /
+    ours and the rows under 1.0."""
     r = [x["ratio_vs_best_sdpa"] for x in rows]
     return {"shapes": len(r), "geomean": statistics.geometric_mean(r), "under_1": sum(x < 1.0 for x in r),
             "min": min(r), "targets": {"geomean": 1.15, "under_1": 0}}
@@ -548,10 +545,11 @@ def summary(raws: list[dict]) -> dict:
     return out
 
 
-def main(a) -> int:
+def main(a, wide_rows=None) -> int:
     """``--grid targets``: both tables (``--tables``), optionally the wide grid's summary
-    (``--wide``); ``--from-json RAW.json ...``: no GPU, the chart and the note's summary of runs
-    already made (the summary to ``--summary PATH``)."""
+    (``--wide``: ``wide_rows(bundle, dtype, budget)`` gives the wide grid's rows; bench_attention
+    passes its own grid runner, this module does not import it); ``--from-json RAW.json ...``: no
+    GPU, the chart and the note's summary of runs already made (the summary to ``--summary PATH``)."""
     import json
     import os
     from pathlib import Path
@@ -589,7 +587,7 @@ def main(a) -> int:
         print_table(table)
         Path(str(out) + ".json").write_text(json.dumps(raw, indent=1))  # (what ran survives a later failure)
     if a.wide:
-        raw["wide"] = wide_summary(bundle, "bf16", a.budget)
+        raw["wide"] = wide_summary(wide_rows(bundle, "bf16", a.budget))
         print(f"wide grid: {raw['wide']}", flush=True)
     Path(str(out) + ".json").write_text(json.dumps(raw, indent=1))
     how = chart_targets(raw["tables"], Path(str(out) + ".png"), _title(raw))

@@ -682,7 +682,8 @@ def main(argv=None) -> int:
     if a.grid == "targets":
         import attention_targets
 
-        return attention_targets.main(a)
+        return attention_targets.main(a, wide_rows=lambda bundle, dtype, budget: bench_attention(
+            bundle, dtype, WIDE_SHAPES, None, budget))
     import torch
 
     from factory.runtime import Bundle
